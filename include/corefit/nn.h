@@ -1,0 +1,203 @@
+/* corefit/nn.h — modules, containers, models, parameter groups, losses and initialisation.
+ *
+ * A module is a small vtable plus its parameters. Modules form a tree (Sequential, residual
+ * blocks); a cf_model owns the tree and keeps every parameter in flat blocks:
+ *   - weights: trainable values (weights, biases, BatchNorm affine), one contiguous block;
+ *   - grads:   same layout as weights;
+ *   - buffers: saved but not trained (BatchNorm running statistics and batch counter).
+ * Each parameter has the name PyTorch's state_dict would give it ("0.weight",
+ * "1.convpath.0.running_mean"). Activations and their gradients live in one arena sized on the
+ * first batch (re-planned only when a batch is larger than any seen): no allocation in a
+ * training step.
+ *
+ * Layout: images are NCHW, dense inputs (N, F), like PyTorch. */
+#ifndef COREFIT_NN_H
+#define COREFIT_NN_H
+
+#include "corefit/core.h"
+#include "corefit/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cf_param_kind {
+    CF_PARAM_WEIGHT,  /* trainable; weight decay applies */
+    CF_PARAM_BIAS,    /* trainable bias; no weight decay unless wd_bn_bias */
+    CF_PARAM_NORM,    /* trainable normalisation affine (BatchNorm weight/bias): no weight decay
+                         unless wd_bn_bias, keeps training when frozen if train_bn */
+    CF_PARAM_BUFFER,  /* saved, not trained (running_mean, running_var) */
+    CF_PARAM_COUNTER, /* saved as int64, not trained (num_batches_tracked) */
+} cf_param_kind;
+
+#define CF_MODULE_MAX_PARAMS 6
+
+typedef struct cf_param {
+    const char *name; /* local name, e.g. "weight" (static string) */
+    char *full_name;  /* state_dict name set by the model, e.g. "0.convpath.1.weight" */
+    cf_param_kind kind;
+    cf_shape shape;
+    size_t numel;
+    float *data;      /* into the model's weights or buffers block */
+    float *grad;      /* into the model's grads block; NULL for buffers */
+    size_t offset;    /* element offset in its block */
+    int group;        /* parameter group (0 unless set) */
+    bool trainable;   /* false while frozen */
+} cf_param;
+
+typedef struct cf_module cf_module;
+
+typedef struct cf_module_ops {
+    const char *kind; /* "Conv2d", "Linear", ... */
+    /* The output shape for an input shape; CF_ERR_INVALID, naming the layer and both shapes,
+     * when the input does not fit. Required. */
+    cf_status (*out_shape)(cf_module *m, const cf_shape *in, cf_shape *out);
+    /* Reserves activation memory for inputs of up to `in` (the batch capacity). Called twice
+     * with the same input: first while the arena measures, then to hand out pointers. Optional:
+     * by default m->out gets numel(out) floats and m->dx numel(in) floats. A layer that needs
+     * more (masks, saved statistics, per-thread scratch) reserves it here; a layer that defines
+     * plan must also reserve out/dx itself (cf_module_plan_default does that). */
+    void (*plan)(cf_module *m, const cf_shape *in, cf_arena *arena);
+    /* Initialises parameters and buffers (PyTorch's defaults). Optional. */
+    void (*init)(cf_module *m, cf_rng *rng);
+    /* y = f(x). x stays valid until backward; the result lives in this module's memory. */
+    const cf_tensor *(*forward)(cf_module *m, const cf_tensor *x);
+    /* Given dL/dy for the last forward: accumulates (+=) parameter gradients and returns
+     * dL/dx in this module's memory, or NULL when need_dx is false. */
+    const cf_tensor *(*backward)(cf_module *m, const cf_tensor *dy, bool need_dx);
+    /* Frees what the layer allocated itself (not the struct, params or children). Optional. */
+    void (*destroy)(cf_module *m);
+} cf_module_ops;
+
+struct cf_module {
+    const cf_module_ops *ops;
+    cf_param params[CF_MODULE_MAX_PARAMS];
+    int n_params;
+    cf_module **children;
+    char **child_names; /* "0", "1", ... for Sequential; "convpath", "idpath" for residual */
+    int n_children;
+    bool training;
+    cf_rng rng;          /* per-module stream (dropout), seeded by the model */
+    const cf_tensor *in; /* input of the last forward */
+    cf_tensor out;       /* output memory (arena) */
+    cf_tensor dx;        /* input-gradient memory (arena) */
+    void *impl;          /* layer-specific state, owned by the layer */
+};
+
+/* ---- building modules ---------------------------------------------------------------------- */
+
+/* Allocates a module with `ops` and impl (taken over). Returns NULL on allocation failure. */
+cf_module *cf_module_new(const cf_module_ops *ops, void *impl);
+/* Declares a parameter (before the module joins a model); returns it. */
+cf_param *cf_module_add_param(cf_module *m, const char *name, cf_param_kind kind, cf_shape shape);
+/* Frees a module, its impl (through ops->destroy and cf_free) and its children. NULL is ok. */
+void cf_module_free(cf_module *m);
+/* Reserves m->out (numel(out_shape)) and m->dx (numel(in)) from the arena. */
+void cf_module_plan_default(cf_module *m, const cf_shape *in, cf_arena *arena);
+/* Sets m->out's shape for this batch and returns its storage (for use in forward). */
+cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape);
+/* Sets m->dx's shape to m->in's shape and returns it (for use in backward). */
+cf_tensor *cf_module_input_grad(cf_module *m);
+
+/* Containers take ownership of their children, also on failure. */
+cf_module *cf_sequential(int n, cf_module *const *children);
+/* Appends a child to a Sequential (takes ownership). */
+cf_status cf_sequential_append(cf_module *seq, cf_module *child);
+/* relu_after: apply ReLU to convpath(x) + idpath(x). idpath NULL means identity. */
+cf_module *cf_residual(cf_module *convpath, cf_module *idpath, bool relu_after);
+
+/* Layers. Constructors return NULL (with cf_last_error) on bad arguments. */
+cf_module *cf_linear(int in_features, int out_features, bool bias);
+cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
+                     bool bias);
+cf_module *cf_batchnorm1d(int features); /* eps 1e-5, momentum 0.1, affine */
+cf_module *cf_batchnorm2d(int channels);
+cf_module *cf_batchnorm_ex(int features, bool spatial, float eps, float momentum);
+cf_module *cf_relu(void);
+cf_module *cf_leaky_relu(float negative_slope); /* PyTorch's default slope is 0.01 */
+cf_module *cf_maxpool2d(int kernel, int stride, int padding);
+cf_module *cf_avgpool2d(int kernel, int stride, int padding); /* count_include_pad = true */
+cf_module *cf_adaptive_avgpool2d(int out_h, int out_w);
+cf_module *cf_adaptive_maxpool2d(int out_h, int out_w);
+cf_module *cf_adaptive_concat_pool2d(void); /* cat(max, avg) over 1x1: (N, 2C, 1, 1) */
+cf_module *cf_flatten(void);                /* (N, ...) -> (N, prod) */
+cf_module *cf_dropout(float p);             /* inverted dropout, identity in eval */
+/* Input (N) or (N, k) of category codes stored as floats; output (N, dim) or (N, k*dim). */
+cf_module *cf_embedding(int num_embeddings, int dim);
+
+/* ---- initialisation ------------------------------------------------------------------------ */
+
+/* kaiming_normal_(fan_in, relu gain) on every weight under m with bias set to 0, skipping
+ * BatchNorm (as fastai's apply_init on heads). Must be called after the model is built. */
+void cf_init_kaiming_normal(cf_module *m, cf_rng *rng);
+
+/* ---- models -------------------------------------------------------------------------------- */
+
+typedef struct cf_model {
+    cf_module *root;
+    cf_param **params; /* every parameter and buffer, in state_dict order */
+    int n_params;
+    float *weights, *grads;
+    size_t n_weights;
+    float *buffers;
+    size_t n_buffers;
+    int n_groups;
+    bool training;
+    uint64_t seed;
+    /* activation memory */
+    cf_arena arena;
+    cf_shape planned; /* input shape the arena was sized for (ndim 0: none yet) */
+    int planned_threads;
+} cf_model;
+
+/* Takes ownership of root (also on failure), assigns names and flat storage, and initialises
+ * every parameter from `seed`. */
+cf_status cf_model_new(cf_model **out, cf_module *root, uint64_t seed);
+void cf_model_free(cf_model *model);
+/* Train (batch statistics, dropout) or eval mode for every module. */
+void cf_model_train(cf_model *model, bool training);
+/* Runs the forward pass; *y is valid until the next forward. Plans the arena on the first
+ * batch (or a larger one) and checks the input shape. */
+cf_status cf_model_forward(cf_model *model, const cf_tensor *x, const cf_tensor **y);
+/* Backward from dL/dy of the last forward; accumulates into model->grads. */
+cf_status cf_model_backward(cf_model *model, const cf_tensor *dy);
+void cf_model_zero_grad(cf_model *model);
+/* Looks up a parameter by state_dict name; NULL when absent. */
+cf_param *cf_model_param(const cf_model *model, const char *full_name);
+/* Parameter groups: every parameter under `sub` joins `group` (n_groups grows to fit). */
+cf_status cf_model_set_group(cf_model *model, const cf_module *sub, int group);
+/* fastai's freeze_to(n): groups before n stop training (BatchNorm affine keeps training when
+ * train_bn); n < 0 counts from the end; freeze_to(0) unfreezes. */
+void cf_model_freeze_to(cf_model *model, int n, bool train_bn);
+/* Copies weights and buffers from src to dst (same architecture). */
+cf_status cf_model_copy_state(cf_model *dst, const cf_model *src);
+/* Total trainable parameters. */
+size_t cf_model_num_weights(const cf_model *model);
+
+/* ---- losses -------------------------------------------------------------------------------- */
+
+typedef enum cf_loss_kind {
+    CF_LOSS_CROSS_ENTROPY, /* pred (N, C) logits, target (N) class codes as floats */
+    CF_LOSS_MSE,           /* pred and target of the same shape */
+    CF_LOSS_BCE_LOGITS,    /* pred and target of the same shape, targets in [0, 1] */
+} cf_loss_kind;
+
+typedef struct cf_loss {
+    cf_loss_kind kind;
+    float label_smoothing; /* cross-entropy only, as PyTorch's label_smoothing */
+} cf_loss;
+
+/* Mean loss over the batch; per_item (N floats) receives each sample's loss when not NULL. */
+cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_tensor *target,
+                          float *mean_loss, float *per_item);
+/* dL/dpred of the mean loss, written into dpred (same shape as pred). */
+void cf_loss_backward(const cf_loss *loss, const cf_tensor *pred, const cf_tensor *target,
+                      cf_tensor *dpred);
+/* The loss's activation (fastai's loss_func.activation): softmax over the last dim for
+ * cross-entropy, sigmoid for BCE, identity for MSE. out may equal pred. */
+void cf_loss_activation(const cf_loss *loss, const cf_tensor *pred, cf_tensor *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

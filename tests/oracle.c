@@ -1,0 +1,105 @@
+#include "oracle.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void oracle_init(oracle *o) {
+    snprintf(o->dir, sizeof o->dir, "/tmp/cf-oracle-XXXXXX");
+    assert_non_null(mkdtemp(o->dir));
+}
+
+void oracle_cleanup(oracle *o) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", o->dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", o->dir);
+}
+
+void oracle_put(oracle *o, const char *name, const float *data, cf_shape shape) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.f32", o->dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    int32_t nd = shape.ndim;
+    fwrite(&nd, 4, 1, f);
+    for (int i = 0; i < shape.ndim; i++) {
+        int32_t d = shape.dim[i];
+        fwrite(&d, 4, 1, f);
+    }
+    fwrite(data, sizeof(float), cf_shape_numel(&shape), f);
+    assert_int_equal(fclose(f), 0);
+}
+
+void oracle_put_values(oracle *o, const char *name, int n, ...) {
+    float *v = calloc((size_t)n + 1, sizeof(float));
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) v[i] = (float)va_arg(ap, double);
+    va_end(ap);
+    oracle_put(o, name, v, cf_shape1(n));
+    free(v);
+}
+
+void oracle_run(oracle *o, const char *script, const char *args) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/oracle/%s %s %s", CF_SOURCE_DIR, script,
+             o->dir, args ? args : "");
+    int rc = system(cmd);
+    if (rc != 0) fail_msg("oracle %s failed (status %d): %s", script, rc, cmd);
+}
+
+cf_tensor oracle_get(oracle *o, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.f32", o->dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("oracle output %s missing", path);
+    int32_t nd = 0;
+    assert_int_equal(fread(&nd, 4, 1, f), 1);
+    assert_true(nd >= 0 && nd <= CF_MAX_DIMS);
+    cf_shape s = {.ndim = nd};
+    for (int i = 0; i < nd; i++) {
+        int32_t d;
+        assert_int_equal(fread(&d, 4, 1, f), 1);
+        s.dim[i] = d;
+    }
+    size_t n = nd ? cf_shape_numel(&s) : 1;
+    float *data = malloc((n + 1) * sizeof(float));
+    assert_int_equal(fread(data, sizeof(float), n, f), n);
+    fclose(f);
+    return cf_tensor_view(data, s);
+}
+
+void fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi) {
+    cf_rng rng;
+    cf_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * (float)cf_rng_uniform(&rng);
+}
+
+double max_rel_err(const float *a, const float *b, size_t n, double floor) {
+    double worst = 0, scale = floor;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / scale);
+    return worst;
+}
+
+void assert_close(const char *what, const float *a, const float *b, size_t n, double rtol,
+                  double atol) {
+    size_t worst = 0;
+    double worst_excess = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)a[i] - b[i]), tol = atol + rtol * fabs(b[i]);
+        if (!(diff <= tol)) {
+            bad++;
+            if (diff - tol > worst_excess || bad == 1) {
+                worst_excess = diff - tol;
+                worst = i;
+            }
+        }
+    }
+    if (bad)
+        fail_msg("%s: %d of %zu elements differ; worst at %zu: %.9g vs reference %.9g", what, bad,
+                 n, worst, a[worst], b[worst]);
+}

@@ -1,0 +1,42 @@
+/* Test helpers: exchanging tensors with the PyTorch oracle scripts in tests/oracle/, and
+ * comparing floats. A C test writes its inputs into a temporary folder, runs a script with
+ * /usr/bin/python3 (Debian's python3-torch), and reads the reference outputs back. */
+#ifndef CF_TEST_ORACLE_H
+#define CF_TEST_ORACLE_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "corefit/core.h"
+#include "corefit/tensor.h"
+
+typedef struct oracle {
+    char dir[256];
+} oracle;
+
+/* Creates a fresh temporary folder. */
+void oracle_init(oracle *o);
+/* Removes the folder and everything in it. */
+void oracle_cleanup(oracle *o);
+/* Writes a tensor as <dir>/<name>.f32: int32 ndim, int32 dims[ndim], float32 data. */
+void oracle_put(oracle *o, const char *name, const float *data, cf_shape shape);
+/* Writes a small integer/float scalar list as <dir>/<name>.f32 with shape (n). */
+void oracle_put_values(oracle *o, const char *name, int n, ...); /* doubles */
+/* Runs /usr/bin/python3 tests/oracle/<script> <dir> [args]; fails the test on non-zero exit. */
+void oracle_run(oracle *o, const char *script, const char *args);
+/* Reads <dir>/<name>.f32; the caller frees t.data with free(). Fails the test if missing. */
+cf_tensor oracle_get(oracle *o, const char *name);
+
+/* Fills with uniform values in [lo, hi) from a seeded generator. */
+void fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* Asserts |a-b| <= atol + rtol*|b| elementwise, reporting the worst element. */
+void assert_close(const char *what, const float *a, const float *b, size_t n, double rtol,
+                  double atol);
+/* Largest relative error max|a-b| / max(|b|, floor). */
+double max_rel_err(const float *a, const float *b, size_t n, double floor);
+
+#endif

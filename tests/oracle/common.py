@@ -1,0 +1,36 @@
+"""Shared helpers for the oracle scripts: read and write the .f32 tensors the C tests exchange."""
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def path(d, name):
+    return os.path.join(d, name + ".f32")
+
+
+def get(d, name):
+    with open(path(d, name), "rb") as f:
+        (nd,) = struct.unpack("<i", f.read(4))
+        shape = struct.unpack("<%di" % nd, f.read(4 * nd)) if nd else ()
+        data = np.frombuffer(f.read(), dtype="<f4").copy()
+    return data.reshape(shape)
+
+
+def put(d, name, array):
+    a = np.ascontiguousarray(np.asarray(array, dtype="<f4"))
+    with open(path(d, name), "wb") as f:
+        f.write(struct.pack("<i", a.ndim))
+        if a.ndim:
+            f.write(struct.pack("<%di" % a.ndim, *a.shape))
+        f.write(a.tobytes())
+
+
+def tensor(d, name, requires_grad=False):
+    import torch
+    return torch.tensor(get(d, name), requires_grad=requires_grad)
+
+
+def folder():
+    return sys.argv[1]

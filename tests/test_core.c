@@ -1,0 +1,103 @@
+/* Core layer: errors, RNG, arena, thread pool. */
+#include "oracle.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "corefit/core.h"
+
+static void test_error_messages(void **state) {
+    (void)state;
+    cf_clear_error();
+    assert_string_equal(cf_last_error(), "");
+    assert_int_equal(cf_fail(CF_ERR_FORMAT, "bad magic 0x%x", 0x1234), CF_ERR_FORMAT);
+    assert_string_equal(cf_last_error(), "bad magic 0x1234");
+    cf_fail_context(CF_ERR_FORMAT, "reading %s", "x.idx");
+    assert_string_equal(cf_last_error(), "reading x.idx: bad magic 0x1234");
+    assert_string_equal(cf_status_str(CF_ERR_NOMEM), "out of memory");
+}
+
+static void test_rng_reproducible_and_uniform(void **state) {
+    (void)state;
+    cf_rng a, b;
+    cf_rng_seed(&a, 42);
+    cf_rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++) assert_true(cf_rng_next(&a) == cf_rng_next(&b));
+    double sum = 0, sq = 0;
+    int n = 200000;
+    for (int i = 0; i < n; i++) {
+        double z = cf_rng_normal(&a);
+        sum += z;
+        sq += z * z;
+    }
+    assert_true(fabs(sum / n) < 0.01);
+    assert_true(fabs(sq / n - 1.0) < 0.02);
+    int64_t idx[50];
+    for (int i = 0; i < 50; i++) idx[i] = i;
+    cf_rng_shuffle(&a, idx, 50);
+    int seen[50] = {0};
+    for (int i = 0; i < 50; i++) seen[idx[i]]++;
+    for (int i = 0; i < 50; i++) assert_int_equal(seen[i], 1);
+}
+
+static void test_arena_two_pass(void **state) {
+    (void)state;
+    cf_arena arena = {0};
+    cf_arena_begin_measure(&arena);
+    assert_null(cf_arena_floats(&arena, 10));
+    assert_null(cf_arena_floats(&arena, 100));
+    assert_int_equal(cf_arena_commit(&arena), CF_OK);
+    float *a = cf_arena_floats(&arena, 10), *b = cf_arena_floats(&arena, 100);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_true(((uintptr_t)a & 63) == 0 && ((uintptr_t)b & 63) == 0);
+    assert_true(b >= a + 10);
+    assert_null(cf_arena_floats(&arena, 1)); /* beyond the measured size */
+    cf_arena_release(&arena);
+}
+
+typedef struct sum_ctx {
+    atomic_long total;
+    int hits[1000];
+} sum_ctx;
+
+static void add_range(void *ctx, int64_t b, int64_t e, int thread) {
+    sum_ctx *s = ctx;
+    (void)thread;
+    for (int64_t i = b; i < e; i++) {
+        s->hits[i]++;
+        atomic_fetch_add(&s->total, (long)i);
+    }
+}
+
+static void test_parallel_for_covers_range_and_survives_fork(void **state) {
+    (void)state;
+    cf_set_num_threads(2);
+    static sum_ctx s;
+    memset(&s, 0, sizeof s);
+    cf_parallel_for(1000, add_range, &s);
+    assert_int_equal(atomic_load(&s.total), 999 * 1000 / 2);
+    for (int i = 0; i < 1000; i++) assert_int_equal(s.hits[i], 1);
+    pid_t pid = fork();
+    if (pid == 0) {
+        memset(&s, 0, sizeof s);
+        cf_parallel_for(1000, add_range, &s); /* the pool must be re-created in the child */
+        _exit(atomic_load(&s.total) == 999 * 1000 / 2 ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cf_set_num_threads(0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_rng_reproducible_and_uniform),
+        cmocka_unit_test(test_arena_two_pass),
+        cmocka_unit_test(test_parallel_for_covers_range_and_survives_fork),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
