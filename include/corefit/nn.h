@@ -124,6 +124,10 @@ cf_module *cf_flatten(void);                /* (N, ...) -> (N, prod) */
 cf_module *cf_dropout(float p);             /* inverted dropout, identity in eval */
 /* Input (N) or (N, k) of category codes stored as floats; output (N, dim) or (N, k*dim). */
 cf_module *cf_embedding(int num_embeddings, int dim);
+/* A code that is not an integer in [0, num_embeddings) gives a zero row and no gradient (the
+ * forward pass cannot fail); this counts such codes seen by an Embedding module (-1 when m is
+ * not one). */
+int64_t cf_embedding_invalid_codes(const cf_module *m);
 
 /* ---- initialisation ------------------------------------------------------------------------ */
 

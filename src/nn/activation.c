@@ -1,0 +1,267 @@
+/* Element-wise and shape layers: ReLU, LeakyReLU, Flatten, Dropout. */
+#include "corefit/nn.h"
+
+#include <math.h>
+#include <string.h>
+
+static cf_status same_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    (void)m;
+    *out = *in;
+    return CF_OK;
+}
+
+/* Large element-wise loops are split over the thread pool (memory-bound, but the stem's
+ * activations are a few MB). Chunks are contiguous, so results do not depend on the split. */
+#define PAR_MIN (1 << 16)
+
+typedef struct ew_ctx {
+    const float *a, *b;
+    float *out;
+    float slope;
+} ew_ctx;
+
+typedef void (*ew_kernel)(const ew_ctx *c, int64_t begin, int64_t end);
+
+typedef struct ew_job {
+    ew_ctx ctx;
+    ew_kernel kernel;
+} ew_job;
+
+static void ew_range(void *vjob, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    ew_job *job = vjob;
+    job->kernel(&job->ctx, begin, end);
+}
+
+static void ew_run(ew_kernel kernel, ew_ctx ctx, int64_t n) {
+    if (n >= PAR_MIN && cf_get_num_threads() > 1) {
+        ew_job job = {ctx, kernel};
+        cf_parallel_for(n, ew_range, &job);
+    } else {
+        kernel(&ctx, 0, n);
+    }
+}
+
+/* ---- ReLU ---------------------------------------------------------------------------------- */
+
+static void relu_fwd_k(const ew_ctx *c, int64_t b, int64_t e) {
+    const float *restrict x = c->a;
+    float *restrict y = c->out;
+    for (int64_t i = b; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void relu_bwd_k(const ew_ctx *c, int64_t b, int64_t e) {
+    const float *restrict y = c->a, *restrict g = c->b;
+    float *restrict dx = c->out;
+    for (int64_t i = b; i < e; i++) dx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+}
+
+static const cf_tensor *relu_forward(cf_module *m, const cf_tensor *x) {
+    m->in = x;
+    cf_tensor *y = cf_module_output(m, &x->shape);
+    ew_run(relu_fwd_k, (ew_ctx){.a = x->data, .out = y->data}, (int64_t)cf_tensor_numel(x));
+    return y;
+}
+
+static const cf_tensor *relu_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    if (!need_dx) return NULL;
+    cf_tensor *dx = cf_module_input_grad(m);
+    ew_run(relu_bwd_k, (ew_ctx){.a = m->out.data, .b = dy->data, .out = dx->data},
+           (int64_t)cf_tensor_numel(dx));
+    return dx;
+}
+
+static const cf_module_ops relu_ops = {
+    .kind = "ReLU",
+    .out_shape = same_shape,
+    .forward = relu_forward,
+    .backward = relu_backward,
+};
+
+cf_module *cf_relu(void) {
+    return cf_module_new(&relu_ops, NULL);
+}
+
+/* ---- LeakyReLU ----------------------------------------------------------------------------- */
+
+typedef struct leaky_impl {
+    float slope;
+} leaky_impl;
+
+static void leaky_fwd_k(const ew_ctx *c, int64_t b, int64_t e) {
+    const float *restrict x = c->a;
+    float *restrict y = c->out;
+    const float s = c->slope;
+    for (int64_t i = b; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : x[i] * s;
+}
+
+/* PyTorch's leaky_relu_backward: grad where x > 0, grad * slope elsewhere. */
+static void leaky_bwd_k(const ew_ctx *c, int64_t b, int64_t e) {
+    const float *restrict x = c->a, *restrict g = c->b;
+    float *restrict dx = c->out;
+    const float s = c->slope;
+    for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? g[i] : g[i] * s;
+}
+
+static const cf_tensor *leaky_forward(cf_module *m, const cf_tensor *x) {
+    leaky_impl *l = m->impl;
+    m->in = x;
+    cf_tensor *y = cf_module_output(m, &x->shape);
+    ew_run(leaky_fwd_k, (ew_ctx){.a = x->data, .out = y->data, .slope = l->slope},
+           (int64_t)cf_tensor_numel(x));
+    return y;
+}
+
+static const cf_tensor *leaky_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    leaky_impl *l = m->impl;
+    if (!need_dx) return NULL;
+    cf_tensor *dx = cf_module_input_grad(m);
+    ew_run(leaky_bwd_k,
+           (ew_ctx){.a = m->in->data, .b = dy->data, .out = dx->data, .slope = l->slope},
+           (int64_t)cf_tensor_numel(dx));
+    return dx;
+}
+
+static const cf_module_ops leaky_ops = {
+    .kind = "LeakyReLU",
+    .out_shape = same_shape,
+    .forward = leaky_forward,
+    .backward = leaky_backward,
+};
+
+cf_module *cf_leaky_relu(float negative_slope) {
+    if (!isfinite(negative_slope)) {
+        cf_fail(CF_ERR_INVALID, "cf_leaky_relu: negative_slope %g is not finite",
+                (double)negative_slope);
+        return NULL;
+    }
+    leaky_impl *l = cf_calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->slope = negative_slope;
+    return cf_module_new(&leaky_ops, l);
+}
+
+/* ---- Flatten: a view, no copy -------------------------------------------------------------- */
+
+static cf_status flatten_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    (void)m;
+    size_t per = cf_shape_sample_numel(in);
+    if (per > (size_t)INT32_MAX) {
+        char s[64];
+        return cf_fail(CF_ERR_INVALID, "Flatten: input %s has too many values per sample",
+                       cf_shape_str(in, s, sizeof s));
+    }
+    *out = cf_shape2(in->dim[0], (int)per);
+    return CF_OK;
+}
+
+/* Output and input gradient alias the input and the upstream gradient; nothing is reserved. */
+static void flatten_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    (void)m;
+    (void)in;
+    (void)arena;
+}
+
+static const cf_tensor *flatten_forward(cf_module *m, const cf_tensor *x) {
+    m->in = x;
+    m->out.data = x->data;
+    m->out.shape = cf_shape2(x->shape.dim[0], (int)cf_shape_sample_numel(&x->shape));
+    return &m->out;
+}
+
+static const cf_tensor *flatten_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    if (!need_dx) return NULL;
+    m->dx.data = dy->data;
+    m->dx.shape = m->in->shape;
+    return &m->dx;
+}
+
+static const cf_module_ops flatten_ops = {
+    .kind = "Flatten",
+    .out_shape = flatten_out_shape,
+    .plan = flatten_plan,
+    .forward = flatten_forward,
+    .backward = flatten_backward,
+};
+
+cf_module *cf_flatten(void) {
+    return cf_module_new(&flatten_ops, NULL);
+}
+
+/* ---- Dropout ------------------------------------------------------------------------------- *
+ * Inverted dropout: in training each value is kept with probability 1 - p and scaled by
+ * 1 / (1 - p); the mask comes from the module's own stream (m->rng, seeded by the model), so one
+ * seed gives the same masks run after run. Each 64-bit draw decides two values (32 bits each).
+ * Eval (and p = 0): identity. p = 1 drops everything (output 0, as PyTorch). */
+
+typedef struct dropout_impl {
+    float p;
+    bool masked;   /* the last forward applied a mask */
+    uint8_t *mask; /* arena: 1 = kept */
+} dropout_impl;
+
+static void dropout_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    dropout_impl *d = m->impl;
+    cf_module_plan_default(m, in, arena);
+    d->mask = cf_arena_bytes(arena, cf_shape_numel(in));
+}
+
+static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
+    dropout_impl *d = m->impl;
+    m->in = x;
+    cf_tensor *y = cf_module_output(m, &x->shape);
+    size_t n = cf_tensor_numel(x);
+    d->masked = m->training && d->p > 0.0f;
+    if (!d->masked) {
+        memcpy(y->data, x->data, n * sizeof(float));
+        return y;
+    }
+    const uint64_t threshold = (uint64_t)llround((double)d->p * 4294967296.0);
+    uint8_t *restrict mask = d->mask;
+    for (size_t i = 0; i < n; i += 2) {
+        uint64_t r = cf_rng_next(&m->rng);
+        mask[i] = (r & 0xffffffffu) >= threshold;
+        if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold;
+    }
+    const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
+    const float *restrict xd = x->data;
+    float *restrict yd = y->data;
+    for (size_t i = 0; i < n; i++) yd[i] = mask[i] ? xd[i] * scale : 0.0f;
+    return y;
+}
+
+static const cf_tensor *dropout_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    dropout_impl *d = m->impl;
+    if (!need_dx) return NULL;
+    cf_tensor *dx = cf_module_input_grad(m);
+    size_t n = cf_tensor_numel(dx);
+    if (!d->masked) {
+        memcpy(dx->data, dy->data, n * sizeof(float));
+        return dx;
+    }
+    const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
+    const uint8_t *restrict mask = d->mask;
+    const float *restrict g = dy->data;
+    float *restrict o = dx->data;
+    for (size_t i = 0; i < n; i++) o[i] = mask[i] ? g[i] * scale : 0.0f;
+    return dx;
+}
+
+static const cf_module_ops dropout_ops = {
+    .kind = "Dropout",
+    .out_shape = same_shape,
+    .plan = dropout_plan,
+    .forward = dropout_forward,
+    .backward = dropout_backward,
+};
+
+cf_module *cf_dropout(float p) {
+    if (!(p >= 0.0f && p <= 1.0f)) {
+        cf_fail(CF_ERR_INVALID, "cf_dropout: p %g must be in [0, 1]", (double)p);
+        return NULL;
+    }
+    dropout_impl *d = cf_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->p = p;
+    return cf_module_new(&dropout_ops, d);
+}

@@ -1,0 +1,401 @@
+/* BatchNorm1d / BatchNorm2d with PyTorch's semantics.
+ *
+ * Input (N, C) or (N, C, L) for BatchNorm1d, (N, C, H, W) for BatchNorm2d; statistics are taken
+ * per channel over the other dims (M = N * L or N * H * W values). Training: normalise with the
+ * batch mean and biased variance; running_mean/var move by `momentum` towards the batch mean and
+ * the UNBIASED batch variance; num_batches_tracked counts forwards. Eval: the running statistics.
+ * Training with M == 1 is refused when the layer is planned (PyTorch raises "Expected more than 1
+ * value per channel"); should a smaller batch with M == 1 reach a planned layer anyway, the
+ * output is beta and the running variance is updated with the biased (zero) variance.
+ *
+ * Sums are two-pass (mean, then centred squares) and accumulated in float lanes over blocks of
+ * at most 4096 values, then in double. Channel planes are processed in parallel for large inputs;
+ * each channel is computed by one thread in a fixed order, so results do not depend on the
+ * thread count. */
+#include "corefit/nn.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { P_WEIGHT, P_BIAS, P_RMEAN, P_RVAR, P_COUNT };
+
+typedef struct bn_impl {
+    int features;
+    bool spatial;
+    float eps, momentum;
+    bool fwd_training; /* mode of the last forward */
+    /* scratch from the arena, per channel */
+    float *mean, *invstd; /* statistics the last forward used */
+    float *coef;          /* 3C: backward coefficients (1d path) */
+    double *acc;          /* 2C: sums */
+} bn_impl;
+
+#define LANES 16
+#define BLOCK 4096
+
+static double sum_plane(const float *restrict x, int64_t n) {
+    double total = 0;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
+        float lane[LANES] = {0};
+        for (; i + LANES <= e; i += LANES)
+            for (int k = 0; k < LANES; k++) lane[k] += x[i + k];
+        for (; i < e; i++) total += x[i];
+        for (int k = 0; k < LANES; k++) total += lane[k];
+    }
+    return total;
+}
+
+static double sqdev_plane(const float *restrict x, int64_t n, float mean) {
+    double total = 0;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
+        float lane[LANES] = {0};
+        for (; i + LANES <= e; i += LANES)
+            for (int k = 0; k < LANES; k++) {
+                float d = x[i + k] - mean;
+                lane[k] += d * d;
+            }
+        for (; i < e; i++) total += (double)(x[i] - mean) * (x[i] - mean);
+        for (int k = 0; k < LANES; k++) total += lane[k];
+    }
+    return total;
+}
+
+/* sum(dy) and sum(dy * (x - mean)) over a plane. */
+static void dy_sums_plane(const float *restrict dy, const float *restrict x, int64_t n, float mean,
+                          double *sdy, double *sdyx) {
+    double t1 = 0, t2 = 0;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
+        float l1[LANES] = {0}, l2[LANES] = {0};
+        for (; i + LANES <= e; i += LANES)
+            for (int k = 0; k < LANES; k++) {
+                l1[k] += dy[i + k];
+                l2[k] += dy[i + k] * (x[i + k] - mean);
+            }
+        for (; i < e; i++) {
+            t1 += dy[i];
+            t2 += (double)dy[i] * (x[i] - mean);
+        }
+        for (int k = 0; k < LANES; k++) {
+            t1 += l1[k];
+            t2 += l2[k];
+        }
+    }
+    *sdy += t1;
+    *sdyx += t2;
+}
+
+typedef struct geom {
+    int n, c;
+    int64_t s; /* values per sample and channel */
+} geom;
+
+static geom geometry(const cf_shape *in) {
+    geom g = {in->dim[0], in->dim[1], 1};
+    for (int i = 2; i < in->ndim; i++) g.s *= in->dim[i];
+    return g;
+}
+
+static const char *bn_name(const cf_module *m) {
+    return m->ops->kind;
+}
+
+static cf_status bn_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    bn_impl *b = m->impl;
+    bool ok = b->spatial ? in->ndim == 4 : (in->ndim == 2 || in->ndim == 3);
+    if (!ok || in->dim[1] != b->features) {
+        char s[64];
+        return cf_fail(CF_ERR_INVALID, "%s(%d): input %s does not fit (expected %s)", bn_name(m),
+                       b->features, cf_shape_str(in, s, sizeof s),
+                       b->spatial ? "(N, C, H, W)" : "(N, C) or (N, C, L)");
+    }
+    geom g = geometry(in);
+    if (m->training && (int64_t)g.n * g.s < 2) {
+        char s[64];
+        return cf_fail(CF_ERR_INVALID,
+                       "%s(%d): expected more than 1 value per channel when training, got input %s",
+                       bn_name(m), b->features, cf_shape_str(in, s, sizeof s));
+    }
+    *out = *in;
+    return CF_OK;
+}
+
+static void bn_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    bn_impl *b = m->impl;
+    size_t c = (size_t)b->features;
+    cf_module_plan_default(m, in, arena);
+    b->mean = cf_arena_floats(arena, c);
+    b->invstd = cf_arena_floats(arena, c);
+    b->coef = cf_arena_floats(arena, 3 * c);
+    b->acc = cf_arena_bytes(arena, 2 * c * sizeof(double));
+}
+
+static void bn_init(cf_module *m, cf_rng *rng) {
+    (void)rng;
+    int c = ((bn_impl *)m->impl)->features;
+    for (int i = 0; i < c; i++) {
+        m->params[P_WEIGHT].data[i] = 1.0f;
+        m->params[P_BIAS].data[i] = 0.0f;
+        m->params[P_RMEAN].data[i] = 0.0f;
+        m->params[P_RVAR].data[i] = 1.0f;
+    }
+    m->params[P_COUNT].data[0] = 0.0f;
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+typedef struct bn_ctx {
+    cf_module *m;
+    const float *x, *dy;
+    float *y, *dx;
+    geom g;
+    bool training, need_dx, grads;
+} bn_ctx;
+
+/* Channel planes (s > 1): statistics (training) and output for channels [c0, c1). */
+static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
+    (void)thread;
+    bn_ctx *ctx = vctx;
+    bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
+    const double count = (double)g.n * (double)g.s;
+    const float *gamma = ctx->m->params[P_WEIGHT].data, *beta = ctx->m->params[P_BIAS].data;
+    for (int64_t c = c0; c < c1; c++) {
+        if (ctx->training) {
+            double s = 0;
+            for (int n = 0; n < g.n; n++) s += sum_plane(ctx->x + ((size_t)n * g.c + c) * g.s, g.s);
+            float mean = (float)(s / count);
+            double v = 0;
+            for (int n = 0; n < g.n; n++)
+                v += sqdev_plane(ctx->x + ((size_t)n * g.c + c) * g.s, g.s, mean);
+            v /= count;
+            b->mean[c] = mean;
+            b->acc[c] = v;
+            b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
+        }
+        const float scale = gamma[c] * b->invstd[c], shift = beta[c] - b->mean[c] * scale;
+        for (int n = 0; n < g.n; n++) {
+            const float *restrict xp = ctx->x + ((size_t)n * g.c + c) * g.s;
+            float *restrict yp = ctx->y + ((size_t)n * g.c + c) * g.s;
+            for (int64_t i = 0; i < g.s; i++) yp[i] = xp[i] * scale + shift;
+        }
+    }
+}
+
+/* Rows of features (s == 1): statistics across the batch, feature-vectorised. */
+static void bn_forward_rows(bn_ctx *ctx) {
+    bn_impl *b = ctx->m->impl;
+    const int n = ctx->g.n, c = ctx->g.c;
+    const float *gamma = ctx->m->params[P_WEIGHT].data, *beta = ctx->m->params[P_BIAS].data;
+    float *restrict mean = b->mean, *restrict invstd = b->invstd;
+    float *restrict scale = b->coef, *restrict shift = b->coef + c;
+    if (ctx->training) {
+        double *restrict s = b->acc, *restrict v = b->acc + c;
+        for (int f = 0; f < c; f++) s[f] = v[f] = 0;
+        for (int i = 0; i < n; i++) {
+            const float *xr = ctx->x + (size_t)i * c;
+            for (int f = 0; f < c; f++) s[f] += xr[f];
+        }
+        for (int f = 0; f < c; f++) mean[f] = (float)(s[f] / n);
+        for (int i = 0; i < n; i++) {
+            const float *xr = ctx->x + (size_t)i * c;
+            for (int f = 0; f < c; f++) {
+                double d = xr[f] - mean[f];
+                v[f] += d * d;
+            }
+        }
+        for (int f = 0; f < c; f++) {
+            s[f] = v[f] / n; /* biased variance, kept in acc[0..c) as the planes path does */
+            invstd[f] = (float)(1.0 / sqrt(s[f] + b->eps));
+        }
+    }
+    for (int f = 0; f < c; f++) {
+        scale[f] = gamma[f] * invstd[f];
+        shift[f] = beta[f] - mean[f] * scale[f];
+    }
+    for (int i = 0; i < n; i++) {
+        const float *restrict xr = ctx->x + (size_t)i * c;
+        float *restrict yr = ctx->y + (size_t)i * c;
+        for (int f = 0; f < c; f++) yr[f] = xr[f] * scale[f] + shift[f];
+    }
+}
+
+static bool worth_threads(const geom *g) {
+    return g->c > 1 && (int64_t)g->n * g->c * g->s >= (1 << 15) && cf_get_num_threads() > 1;
+}
+
+static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
+    bn_impl *b = m->impl;
+    m->in = x;
+    cf_tensor *y = cf_module_output(m, &x->shape);
+    bn_ctx ctx = {
+        .m = m, .x = x->data, .y = y->data, .g = geometry(&x->shape), .training = m->training};
+    const int c = ctx.g.c;
+    b->fwd_training = m->training;
+    if (!m->training) {
+        const float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
+        for (int f = 0; f < c; f++) {
+            b->mean[f] = rm[f];
+            b->invstd[f] = (float)(1.0 / sqrt((double)rv[f] + b->eps));
+        }
+    }
+    if (ctx.g.s == 1)
+        bn_forward_rows(&ctx);
+    else if (worth_threads(&ctx.g))
+        cf_parallel_for(c, bn_forward_planes, &ctx);
+    else
+        bn_forward_planes(&ctx, 0, c, 0);
+    if (m->training) {
+        const double count = (double)ctx.g.n * (double)ctx.g.s;
+        const double unbias = count > 1 ? count / (count - 1) : 1.0, mom = b->momentum;
+        float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
+        for (int f = 0; f < c; f++) {
+            rm[f] = (float)((1 - mom) * rm[f] + mom * b->mean[f]);
+            rv[f] = (float)((1 - mom) * rv[f] + mom * b->acc[f] * unbias);
+        }
+        m->params[P_COUNT].data[0] += 1.0f;
+    }
+    return y;
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
+    (void)thread;
+    bn_ctx *ctx = vctx;
+    cf_module *m = ctx->m;
+    bn_impl *b = m->impl;
+    const geom g = ctx->g;
+    const double count = (double)g.n * (double)g.s;
+    const float *gamma = m->params[P_WEIGHT].data;
+    for (int64_t c = c0; c < c1; c++) {
+        const float mean = b->mean[c], invstd = b->invstd[c];
+        double sdy = 0, sdyx = 0;
+        for (int n = 0; n < g.n; n++) {
+            size_t at = ((size_t)n * g.c + c) * g.s;
+            dy_sums_plane(ctx->dy + at, ctx->x + at, g.s, mean, &sdy, &sdyx);
+        }
+        if (ctx->grads) {
+            if (m->params[P_WEIGHT].trainable)
+                m->params[P_WEIGHT].grad[c] += (float)(sdyx * invstd);
+            if (m->params[P_BIAS].trainable) m->params[P_BIAS].grad[c] += (float)sdy;
+        }
+        if (!ctx->need_dx) continue;
+        /* dx = k1 * dy + k2 * (x - mean) + k3 */
+        const float k1 = gamma[c] * invstd;
+        float k2 = 0, k3 = 0;
+        if (ctx->training) {
+            k2 = (float)(-(double)k1 * invstd * invstd * sdyx / count);
+            k3 = (float)(-(double)k1 * sdy / count);
+        }
+        for (int n = 0; n < g.n; n++) {
+            size_t at = ((size_t)n * g.c + c) * g.s;
+            const float *restrict dyp = ctx->dy + at, *restrict xp = ctx->x + at;
+            float *restrict dxp = ctx->dx + at;
+            for (int64_t i = 0; i < g.s; i++) dxp[i] = k1 * dyp[i] + k2 * (xp[i] - mean) + k3;
+        }
+    }
+}
+
+static void bn_backward_rows(bn_ctx *ctx) {
+    cf_module *m = ctx->m;
+    bn_impl *b = m->impl;
+    const int n = ctx->g.n, c = ctx->g.c;
+    const float *gamma = m->params[P_WEIGHT].data, *mean = b->mean, *invstd = b->invstd;
+    double *restrict sdy = b->acc, *restrict sdyx = b->acc + c;
+    for (int f = 0; f < c; f++) sdy[f] = sdyx[f] = 0;
+    for (int i = 0; i < n; i++) {
+        const float *dyr = ctx->dy + (size_t)i * c, *xr = ctx->x + (size_t)i * c;
+        for (int f = 0; f < c; f++) {
+            sdy[f] += dyr[f];
+            sdyx[f] += (double)dyr[f] * (xr[f] - mean[f]);
+        }
+    }
+    if (ctx->grads && m->params[P_WEIGHT].trainable)
+        for (int f = 0; f < c; f++) m->params[P_WEIGHT].grad[f] += (float)(sdyx[f] * invstd[f]);
+    if (ctx->grads && m->params[P_BIAS].trainable)
+        for (int f = 0; f < c; f++) m->params[P_BIAS].grad[f] += (float)sdy[f];
+    if (!ctx->need_dx) return;
+    float *restrict k1 = b->coef, *restrict k2 = b->coef + c, *restrict k3 = b->coef + 2 * c;
+    for (int f = 0; f < c; f++) {
+        k1[f] = gamma[f] * invstd[f];
+        k2[f] = ctx->training ? (float)(-(double)k1[f] * invstd[f] * invstd[f] * sdyx[f] / n) : 0;
+        k3[f] = ctx->training ? (float)(-(double)k1[f] * sdy[f] / n) : 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const float *restrict dyr = ctx->dy + (size_t)i * c, *restrict xr = ctx->x + (size_t)i * c;
+        float *restrict dxr = ctx->dx + (size_t)i * c;
+        for (int f = 0; f < c; f++) dxr[f] = k1[f] * dyr[f] + k2[f] * (xr[f] - mean[f]) + k3[f];
+    }
+}
+
+static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    bn_impl *b = m->impl;
+    bool grads = m->params[P_WEIGHT].trainable || m->params[P_BIAS].trainable;
+    if (!grads && !need_dx) return NULL;
+    cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;
+    bn_ctx ctx = {.m = m,
+                  .x = m->in->data,
+                  .dy = dy->data,
+                  .dx = dx ? dx->data : NULL,
+                  .g = geometry(&m->in->shape),
+                  .training = b->fwd_training,
+                  .need_dx = need_dx,
+                  .grads = grads};
+    if (ctx.g.s == 1)
+        bn_backward_rows(&ctx);
+    else if (worth_threads(&ctx.g))
+        cf_parallel_for(ctx.g.c, bn_backward_planes, &ctx);
+    else
+        bn_backward_planes(&ctx, 0, ctx.g.c, 0);
+    return dx;
+}
+
+static const cf_module_ops bn1d_ops = {
+    .kind = "BatchNorm1d",
+    .out_shape = bn_out_shape,
+    .plan = bn_plan,
+    .init = bn_init,
+    .forward = bn_forward,
+    .backward = bn_backward,
+};
+static const cf_module_ops bn2d_ops = {
+    .kind = "BatchNorm2d",
+    .out_shape = bn_out_shape,
+    .plan = bn_plan,
+    .init = bn_init,
+    .forward = bn_forward,
+    .backward = bn_backward,
+};
+
+cf_module *cf_batchnorm_ex(int features, bool spatial, float eps, float momentum) {
+    if (features < 1 || !(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f)) {
+        cf_fail(CF_ERR_INVALID,
+                "cf_batchnorm: features %d must be >= 1, eps %g > 0, momentum %g in [0, 1]",
+                features, (double)eps, (double)momentum);
+        return NULL;
+    }
+    bn_impl *b = cf_calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->features = features;
+    b->spatial = spatial;
+    b->eps = eps;
+    b->momentum = momentum;
+    cf_module *m = cf_module_new(spatial ? &bn2d_ops : &bn1d_ops, b);
+    if (!m) return NULL;
+    cf_module_add_param(m, "weight", CF_PARAM_NORM, cf_shape1(features));
+    cf_module_add_param(m, "bias", CF_PARAM_NORM, cf_shape1(features));
+    cf_module_add_param(m, "running_mean", CF_PARAM_BUFFER, cf_shape1(features));
+    cf_module_add_param(m, "running_var", CF_PARAM_BUFFER, cf_shape1(features));
+    cf_module_add_param(m, "num_batches_tracked", CF_PARAM_COUNTER, cf_shape1(1));
+    return m;
+}
+
+cf_module *cf_batchnorm1d(int features) {
+    return cf_batchnorm_ex(features, false, 1e-5f, 0.1f);
+}
+cf_module *cf_batchnorm2d(int channels) {
+    return cf_batchnorm_ex(channels, true, 1e-5f, 0.1f);
+}
