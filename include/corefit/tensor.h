@@ -43,6 +43,37 @@ bool cf_shape_equal(const cf_shape *a, const cf_shape *b);
 const char *cf_shape_str(const cf_shape *s, char *buf, size_t size);
 cf_tensor cf_tensor_view(float *data, cf_shape shape);
 
+/* ---- CPU kernels: GEMM and image lowering (src/tensor/kernels.c) -------------------------- */
+
+/* Row-major single-precision GEMM through CBLAS (OpenBLAS):
+ * C (m x n) = alpha * op(A) * op(B) + beta * C, op(A) (m x k), op(B) (k x n). lda, ldb, ldc are
+ * the row strides of A, B and C as stored. Runs on the calling thread's BLAS settings
+ * (corefit holds OpenBLAS to one thread; cf_parallel_for provides the parallelism). */
+void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+              int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
+/* The geometry of a 2-D sliding window over one (C, H, W) image: kernel kh x kw, stride sh x sw,
+ * zero padding ph x pw, output oh x ow = floor((H + 2p - k) / s) + 1. */
+typedef struct cf_conv_geom {
+    int c, h, w;
+    int kh, kw, sh, sw, ph, pw;
+    int oh, ow;
+} cf_conv_geom;
+
+/* Fills in oh and ow; false when the padded input is smaller than the kernel (or any size
+ * is not positive). */
+bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw,
+                       int ph, int pw);
+
+/* Lowers one NCHW image x (C, H, W) into the patch matrix col (C*kh*kw rows, oh*ow columns,
+ * row stride ldcol >= oh*ow, so that several images can sit side by side): row
+ * (c*kh + i)*kw + j holds x[c, oy*sh - ph + i, ox*sw - pw + j] (0 outside the image) at
+ * column oy*ow + ox. */
+void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol);
+/* The adjoint of cf_im2col: x (C, H, W) = sum of the patch entries of col (row stride ldcol)
+ * that read each pixel (x is overwritten, not accumulated into). */
+void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x);
+
 #ifdef __cplusplus
 }
 #endif

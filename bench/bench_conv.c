@@ -1,0 +1,127 @@
+/* Times Conv2d forward + backward on the convolutions of workload W1 (mini-resnet on
+ * Fashion-MNIST, batch 64) and prints the achieved GFLOP/s per shape, beside the single-thread
+ * SGEMM rate measured in the same run.
+ *
+ *   bench_conv [threads] [seconds per shape]     (default: 1 thread, 0.5 s)
+ *
+ * Times are the best repetition per shape (the median of the totals is printed too): on a shared
+ * machine the memory bandwidth of neighbours makes single repetitions vary by 2x. OpenBLAS picks
+ * its kernels from the CPU model at load time; the line above the table names the one in use
+ * (OPENBLAS_CORETYPE overrides it when OpenBLAS does not know the CPU).
+ * The stem's backward computes no input gradient (nothing before it needs one), as in training. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+#include "corefit/nn.h"
+
+typedef struct conv_shape {
+    const char *name;
+    int in, out, k, stride, pad, hw;
+    bool need_dx;
+} conv_shape;
+
+static const conv_shape shapes[] = {
+    {"stem 1->16 3x3 28x28", 1, 16, 3, 1, 1, 28, false},
+    {"b1 16->32 3x3 s2 28x28", 16, 32, 3, 2, 1, 28, true},
+    {"b1 32->32 3x3 14x14", 32, 32, 3, 1, 1, 14, true},
+    {"b1 short 16->32 1x1 s2", 16, 32, 1, 2, 0, 28, true},
+    {"b2 32->64 3x3 s2 14x14", 32, 64, 3, 2, 1, 14, true},
+    {"b2 64->64 3x3 7x7", 64, 64, 3, 1, 1, 7, true},
+    {"b2 short 32->64 1x1 s2", 32, 64, 1, 2, 0, 14, true},
+};
+
+static double sgemm_rate(int n, double seconds) {
+    float *a = cf_malloc((size_t)n * n * sizeof(float)), *b = cf_malloc((size_t)n * n * 4),
+          *c = cf_malloc((size_t)n * n * 4);
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = 0.001f * (float)(i % 1000);
+    cf_sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n);
+    double best = 1e30, start = cf_now();
+    while (cf_now() - start < seconds) {
+        double t = cf_now();
+        cf_sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n);
+        t = cf_now() - t;
+        if (t < best) best = t;
+    }
+    cf_free(a);
+    cf_free(b);
+    cf_free(c);
+    return 2.0 * n * n * n / best * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    double seconds = argc > 2 ? atof(argv[2]) : 0.5;
+    const int batch = 64;
+    cf_set_num_threads(threads);
+    printf("corefit Conv2d, batch %d, %d thread(s); OpenBLAS core %s; single-thread SGEMM 512^3: "
+           "%.1f GFLOP/s\n",
+           batch, threads, openblas_get_corename(), sgemm_rate(512, 0.3));
+    printf("%-26s %9s %9s %9s %9s %9s\n", "shape", "fwd ms", "bwd ms", "fwd GF/s", "bwd GF/s",
+           "all GF/s");
+    double total_flops = 0, total_time = 0, total_median = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const conv_shape *c = &shapes[s];
+        cf_model *model = NULL;
+        if (cf_model_new(&model, cf_conv2d(c->in, c->out, c->k, c->stride, c->pad, false), 1) !=
+            CF_OK) {
+            fprintf(stderr, "%s\n", cf_last_error());
+            return 1;
+        }
+        cf_shape xs = cf_shape4(batch, c->in, c->hw, c->hw);
+        float *x = cf_malloc(cf_shape_numel(&xs) * sizeof(float));
+        cf_rng rng;
+        cf_rng_seed(&rng, 5);
+        for (size_t i = 0; i < cf_shape_numel(&xs); i++) x[i] = (float)cf_rng_normal(&rng);
+        cf_tensor xt = cf_tensor_view(x, xs);
+        const cf_tensor *y = NULL;
+        cf_model_forward(model, &xt, &y);
+        float *dy = cf_malloc(cf_tensor_numel(y) * sizeof(float));
+        for (size_t i = 0; i < cf_tensor_numel(y); i++) dy[i] = (float)cf_rng_normal(&rng);
+        cf_tensor dyt = cf_tensor_view(dy, y->shape);
+        double K = (double)c->in * c->k * c->k, P = (double)y->shape.dim[2] * y->shape.dim[3];
+        double gemm = 2.0 * batch * c->out * K * P; /* one of the three products */
+        double fwd_flops = gemm, bwd_flops = gemm * (c->need_dx ? 2 : 1);
+        enum { MAX_REPS = 2000 };
+        static double tf[MAX_REPS], tb[MAX_REPS];
+        int reps = 0;
+        double start = cf_now();
+        for (int warm = 0; warm < 2; warm++) {
+            cf_model_forward(model, &xt, &y);
+            model->root->ops->backward(model->root, &dyt, c->need_dx);
+        }
+        while (reps < MAX_REPS && (reps < 5 || cf_now() - start < seconds)) {
+            double t0 = cf_now();
+            cf_model_forward(model, &xt, &y);
+            double t1 = cf_now();
+            model->root->ops->backward(model->root, &dyt, c->need_dx);
+            double t2 = cf_now();
+            tf[reps] = t1 - t0;
+            tb[reps] = t2 - t1;
+            reps++;
+        }
+        qsort(tf, (size_t)reps, sizeof(double), cmp_double);
+        qsort(tb, (size_t)reps, sizeof(double), cmp_double);
+        double f = tf[0], b = tb[0];
+        total_median += tf[reps / 2] + tb[reps / 2];
+        printf("%-26s %9.3f %9.3f %9.1f %9.1f %9.1f\n", c->name, 1e3 * f, 1e3 * b,
+               fwd_flops / f * 1e-9, bwd_flops / b * 1e-9,
+               (fwd_flops + bwd_flops) / (f + b) * 1e-9);
+        total_flops += fwd_flops + bwd_flops;
+        total_time += f + b;
+        cf_free(x);
+        cf_free(dy);
+        cf_model_free(model);
+    }
+    printf("%-26s %19.3f ms %29.1f\n", "all W1 convs (best)", 1e3 * total_time,
+           total_flops / total_time * 1e-9);
+    printf("%-26s %19.3f ms %29.1f\n", "all W1 convs (median)", 1e3 * total_median,
+           total_flops / total_median * 1e-9);
+    return 0;
+}

@@ -1,0 +1,309 @@
+/* Conv2d (NCHW, square kernel, zero padding): im2col + GEMM per image, the batch split over the
+ * thread pool.
+ *
+ *   forward   y_n = W (O x K) . col(x_n) (K x P)           K = C*k*k, P = OH*OW
+ *   backward  dW += dy_n (O x P) . col(x_n)^T              per-thread buffers, reduced in order
+ *             dx_n = col2im(W^T (K x O) . dy_n (O x P))
+ *
+ * Small images (P below GROUP_COLS) are lowered in fixed groups of G images side by side, so
+ * that one GEMM has N = G*P columns: small GEMMs run far below the BLAS peak. The groups are a
+ * function of the batch index alone, never of the thread split, so the forward pass and dx are
+ * bitwise the same for any thread count. The patch matrix is rebuilt in backward rather than
+ * kept from forward (it is k*k times the input and cheap to rebuild), so each thread needs only
+ * one K x G*P scratch matrix, which stays in cache. A 1x1 stride-1 convolution without padding
+ * reads the image directly. */
+#include "corefit/nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Target GEMM width when grouping the images of a batch. */
+#define GROUP_COLS 256
+
+typedef struct conv_impl {
+    int in_c, out_c, k, stride, pad;
+    bool has_bias;
+    bool direct;        /* 1x1, stride 1, no padding: the image is its own patch matrix */
+    cf_conv_geom g;     /* per-image geometry, set by plan */
+    int group;          /* images per GEMM */
+    int n_threads;      /* copies of the per-thread scratch */
+    size_t col_stride;  /* floats per thread in col */
+    size_t buf_stride;  /* floats per thread in buf */
+    size_t dw_stride;   /* floats per thread in dw */
+    size_t db_stride;   /* floats per thread in db */
+    float *col;         /* n_threads x (K x G*P) patch matrices */
+    float *buf;         /* n_threads x (O x G*P) grouped output / output gradient (G > 1) */
+    float *dw;          /* n_threads x (O x K) weight-gradient partial sums */
+    float *db;          /* n_threads x O bias-gradient partial sums */
+    unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
+    /* the call in progress */
+    const float *x, *dy;
+    float *y, *dx;
+    int64_t batch;
+    bool need_dx, want_dw, want_db;
+} conv_impl;
+
+static size_t round16(size_t n) {
+    return (n + 15) & ~(size_t)15;
+}
+
+static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
+    snprintf(buf, size, "Conv2d(%d, %d, kernel_size=%d, stride=%d, padding=%d, bias=%s)", c->in_c,
+             c->out_c, c->k, c->stride, c->pad, c->has_bias ? "True" : "False");
+    return buf;
+}
+
+static cf_status conv_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    conv_impl *c = m->impl;
+    char r[128], s[64];
+    if (in->ndim != 4)
+        return cf_fail(CF_ERR_INVALID, "%s: expects a 4-D input (N, %d, H, W), got %s",
+                       conv_repr(c, r, sizeof r), c->in_c, cf_shape_str(in, s, sizeof s));
+    if (in->dim[1] != c->in_c)
+        return cf_fail(CF_ERR_INVALID, "%s: expects %d input channels, got input %s with %d",
+                       conv_repr(c, r, sizeof r), c->in_c, cf_shape_str(in, s, sizeof s),
+                       in->dim[1]);
+    cf_conv_geom g;
+    if (!cf_conv_geom_init(&g, c->in_c, in->dim[2], in->dim[3], c->k, c->k, c->stride, c->stride,
+                           c->pad, c->pad))
+        return cf_fail(CF_ERR_INVALID,
+                       "%s: input %s is smaller than the kernel (padded %dx%d < %dx%d)",
+                       conv_repr(c, r, sizeof r), cf_shape_str(in, s, sizeof s),
+                       in->dim[2] + 2 * c->pad, in->dim[3] + 2 * c->pad, c->k, c->k);
+    *out = cf_shape4(in->dim[0], c->out_c, g.oh, g.ow);
+    return CF_OK;
+}
+
+static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    conv_impl *c = m->impl;
+    cf_module_plan_default(m, in, arena);
+    cf_conv_geom_init(&c->g, c->in_c, in->dim[2], in->dim[3], c->k, c->k, c->stride, c->stride,
+                      c->pad, c->pad);
+    size_t K = (size_t)c->in_c * c->k * c->k, P = (size_t)c->g.oh * c->g.ow;
+    c->group = c->direct || P >= GROUP_COLS ? 1 : (int)(GROUP_COLS / P);
+    if (c->group > in->dim[0]) c->group = in->dim[0];
+    size_t G = (size_t)c->group;
+    c->n_threads = cf_get_num_threads();
+    size_t t = (size_t)c->n_threads;
+    c->col_stride = c->direct ? 0 : round16(K * P * G);
+    c->buf_stride = G > 1 ? round16((size_t)c->out_c * P * G) : 0;
+    c->buf = c->buf_stride ? cf_arena_floats(arena, t * c->buf_stride) : NULL;
+    c->dw_stride = round16((size_t)c->out_c * K);
+    c->db_stride = c->has_bias ? round16((size_t)c->out_c) : 0;
+    c->col = c->col_stride ? cf_arena_floats(arena, t * c->col_stride) : NULL;
+    c->dw = cf_arena_floats(arena, t * c->dw_stride);
+    c->db = c->db_stride ? cf_arena_floats(arena, t * c->db_stride) : NULL;
+    c->ran = cf_arena_bytes(arena, t);
+}
+
+static void conv_init(cf_module *m, cf_rng *rng) {
+    conv_impl *c = m->impl;
+    /* PyTorch's reset_parameters: kaiming_uniform_(a=sqrt(5)) gives U(-1/sqrt(fan_in), ..), and
+     * the bias is U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
+    double bound = 1.0 / sqrt((double)c->in_c * c->k * c->k);
+    for (int i = 0; i < m->n_params; i++) {
+        cf_param *p = &m->params[i];
+        for (size_t j = 0; j < p->numel; j++)
+            p->data[j] = (float)((2.0 * cf_rng_uniform(rng) - 1.0) * bound);
+    }
+}
+
+/* Runs fn over the batch on the pool, or inline when there are more threads than the plan
+ * reserved scratch for (the thread count changed without a re-plan). */
+static void run_batch(const conv_impl *c, int64_t n, cf_range_fn fn, void *ctx) {
+    if (cf_get_num_threads() > c->n_threads)
+        fn(ctx, 0, n, 0);
+    else
+        cf_parallel_for(n, fn, ctx);
+}
+
+/* The images [*n0, *n1) of group gi. */
+static void group_range(const conv_impl *c, int64_t gi, int64_t *n0, int64_t *n1) {
+    *n0 = gi * c->group;
+    *n1 = *n0 + c->group < c->batch ? *n0 + c->group : c->batch;
+}
+
+static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const int O = c->out_c, K = c->in_c * c->k * c->k, P = g->oh * g->ow;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)O * P;
+    const float *w = m->params[0].data;
+    const float *b = c->has_bias ? m->params[1].data : NULL;
+    float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
+    float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
+    for (int64_t gi = begin; gi < end; gi++) {
+        int64_t n0, n1;
+        group_range(c, gi, &n0, &n1);
+        const int cols = (int)(n1 - n0) * P;
+        const float *patches = c->x + (size_t)n0 * in_n; /* direct: the image itself */
+        if (!c->direct) {
+            for (int64_t n = n0; n < n1; n++)
+                cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, cols);
+            patches = col;
+        }
+        if (!buf) {
+            float *yn = c->y + (size_t)n0 * out_n;
+            cf_sgemm(false, false, O, P, K, 1.0f, w, K, patches, P, 0.0f, yn, P);
+            if (b)
+                for (int o = 0; o < O; o++) {
+                    float *row = yn + (size_t)o * P, bo = b[o];
+                    for (int p = 0; p < P; p++) row[p] += bo;
+                }
+            continue;
+        }
+        cf_sgemm(false, false, O, cols, K, 1.0f, w, K, patches, cols, 0.0f, buf, cols);
+        for (int64_t n = n0; n < n1; n++) {
+            float *yn = c->y + (size_t)n * out_n;
+            for (int o = 0; o < O; o++) {
+                const float *src = buf + (size_t)o * cols + (size_t)(n - n0) * P;
+                float *row = yn + (size_t)o * P, bo = b ? b[o] : 0.0f;
+                for (int p = 0; p < P; p++) row[p] = src[p] + bo;
+            }
+        }
+    }
+}
+
+/* Runs fn over the groups of the batch. */
+static void run_groups(conv_impl *c, int64_t batch, cf_range_fn fn, void *ctx) {
+    c->batch = batch;
+    run_batch(c, (batch + c->group - 1) / c->group, fn, ctx);
+}
+
+static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
+    conv_impl *c = m->impl;
+    m->in = x;
+    const cf_conv_geom *g = &c->g;
+    cf_tensor *y = cf_module_output(m, &(cf_shape){4, {x->shape.dim[0], c->out_c, g->oh, g->ow}});
+    c->x = x->data;
+    c->y = y->data;
+    run_groups(c, x->shape.dim[0], conv_forward_range, m);
+    return y;
+}
+
+static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const int O = c->out_c, K = c->in_c * c->k * c->k, P = g->oh * g->ow;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)O * P;
+    const float *w = m->params[0].data;
+    float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
+    float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
+    float *dw = c->dw + (size_t)thread * c->dw_stride;
+    float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
+    c->ran[thread] = 1;
+    for (int64_t gi = begin; gi < end; gi++) {
+        int64_t n0, n1;
+        group_range(c, gi, &n0, &n1);
+        const int cols = (int)(n1 - n0) * P;
+        const float beta = gi == begin ? 0.0f : 1.0f; /* the first group overwrites */
+        /* dy of the group as one O x cols matrix */
+        const float *dyg = c->dy + (size_t)n0 * out_n;
+        if (buf) {
+            for (int64_t n = n0; n < n1; n++)
+                for (int o = 0; o < O; o++)
+                    memcpy(buf + (size_t)o * cols + (size_t)(n - n0) * P,
+                           c->dy + (size_t)n * out_n + (size_t)o * P, (size_t)P * sizeof(float));
+            dyg = buf;
+        }
+        if (c->want_dw) {
+            const float *patches = c->x + (size_t)n0 * in_n;
+            if (!c->direct) {
+                for (int64_t n = n0; n < n1; n++)
+                    cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, cols);
+                patches = col;
+            }
+            cf_sgemm(false, true, O, K, cols, 1.0f, dyg, cols, patches, cols, beta, dw, K);
+        }
+        if (c->want_db)
+            for (int o = 0; o < O; o++) {
+                float s = 0.0f;
+                for (int64_t n = n0; n < n1; n++) {
+                    const float *row = c->dy + (size_t)n * out_n + (size_t)o * P;
+                    for (int p = 0; p < P; p++) s += row[p];
+                }
+                db[o] = beta == 0.0f ? s : db[o] + s;
+            }
+        if (c->need_dx) {
+            float *dxg = c->dx + (size_t)n0 * in_n;
+            if (c->direct) {
+                cf_sgemm(true, false, K, P, O, 1.0f, w, K, dyg, P, 0.0f, dxg, P);
+            } else {
+                cf_sgemm(true, false, K, cols, O, 1.0f, w, K, dyg, cols, 0.0f, col, cols);
+                for (int64_t n = n0; n < n1; n++)
+                    cf_col2im(g, col + (size_t)(n - n0) * P, cols, c->dx + (size_t)n * in_n);
+            }
+        }
+    }
+}
+
+static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    conv_impl *c = m->impl;
+    const int64_t N = dy->shape.dim[0];
+    cf_param *wp = &m->params[0], *bp = c->has_bias ? &m->params[1] : NULL;
+    c->dy = dy->data;
+    c->need_dx = need_dx;
+    c->want_dw = wp->trainable;
+    c->want_db = bp && bp->trainable;
+    cf_tensor *dx = NULL;
+    if (need_dx) {
+        dx = cf_module_input_grad(m);
+        c->dx = dx->data;
+    }
+    if (!need_dx && !c->want_dw && !c->want_db) return NULL;
+    /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
+     * its first image (beta 0); threads without a chunk keep their flag clear. */
+    memset(c->ran, 0, (size_t)c->n_threads);
+    run_groups(c, N, conv_backward_range, m);
+    /* Reduce the partial sums in thread order: deterministic for a given thread count. */
+    for (int t = 0; t < c->n_threads; t++) {
+        if (!c->ran[t]) continue;
+        if (c->want_dw) {
+            const float *part = c->dw + (size_t)t * c->dw_stride;
+            for (size_t i = 0; i < wp->numel; i++) wp->grad[i] += part[i];
+        }
+        if (c->want_db) {
+            const float *part = c->db + (size_t)t * c->db_stride;
+            for (size_t i = 0; i < bp->numel; i++) bp->grad[i] += part[i];
+        }
+    }
+    return dx;
+}
+
+static const cf_module_ops conv_ops = {
+    .kind = "Conv2d",
+    .out_shape = conv_out_shape,
+    .plan = conv_plan,
+    .init = conv_init,
+    .forward = conv_forward,
+    .backward = conv_backward,
+};
+
+cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
+                     bool bias) {
+    if (in_channels < 1 || out_channels < 1 || kernel < 1 || stride < 1 || padding < 0) {
+        cf_fail(CF_ERR_INVALID,
+                "cf_conv2d: invalid arguments in_channels=%d out_channels=%d kernel=%d "
+                "stride=%d padding=%d (need channels, kernel and stride >= 1, padding >= 0)",
+                in_channels, out_channels, kernel, stride, padding);
+        return NULL;
+    }
+    conv_impl *c = cf_calloc(1, sizeof *c);
+    if (!c) return NULL;
+    *c = (conv_impl){.in_c = in_channels,
+                     .out_c = out_channels,
+                     .k = kernel,
+                     .stride = stride,
+                     .pad = padding,
+                     .has_bias = bias,
+                     .direct = kernel == 1 && stride == 1 && padding == 0};
+    cf_module *m = cf_module_new(&conv_ops, c);
+    if (!m) return NULL;
+    cf_module_add_param(m, "weight", CF_PARAM_WEIGHT,
+                        cf_shape4(out_channels, in_channels, kernel, kernel));
+    if (bias) cf_module_add_param(m, "bias", CF_PARAM_BIAS, cf_shape1(out_channels));
+    return m;
+}

@@ -1,0 +1,282 @@
+/* Pooling layers on NCHW images: MaxPool2d, AvgPool2d (count_include_pad), the adaptive
+ * average and max pools (PyTorch's windows start = floor(i*H/oh), end = ceil((i+1)*H/oh)), and
+ * fastai's AdaptiveConcatPool2d (max then average over the whole image). Every (n, c) plane is
+ * independent, so the planes are split over the thread pool. Max pools keep the argmax of each
+ * window (first maximum, like PyTorch; NaN wins) to route the gradient in backward. */
+#include "corefit/nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef enum pool_kind {
+    POOL_MAX,
+    POOL_AVG,
+    POOL_ADAPTIVE_MAX,
+    POOL_ADAPTIVE_AVG,
+    POOL_CONCAT, /* (N, C, H, W) -> (N, 2C, 1, 1): [max | mean] */
+} pool_kind;
+
+typedef struct pool_impl {
+    pool_kind kind;
+    int k, stride, pad; /* fixed windows */
+    int out_h, out_w;   /* adaptive output size */
+    int32_t *idx;       /* argmax (offset in its plane) of every max output, from the arena */
+    /* the call in progress */
+    int C, H, W, OH, OW;
+    const float *x, *dy;
+    float *y, *dx;
+} pool_impl;
+
+static bool is_max(pool_kind k) {
+    return k == POOL_MAX || k == POOL_ADAPTIVE_MAX || k == POOL_CONCAT;
+}
+
+static const char *pool_repr(const cf_module *m, char *buf, size_t size) {
+    const pool_impl *p = m->impl;
+    if (p->kind == POOL_MAX || p->kind == POOL_AVG)
+        snprintf(buf, size, "%s(kernel_size=%d, stride=%d, padding=%d)", m->ops->kind, p->k,
+                 p->stride, p->pad);
+    else if (p->kind == POOL_CONCAT)
+        snprintf(buf, size, "%s()", m->ops->kind);
+    else
+        snprintf(buf, size, "%s(output_size=(%d, %d))", m->ops->kind, p->out_h, p->out_w);
+    return buf;
+}
+
+static cf_status pool_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    pool_impl *p = m->impl;
+    char r[96], s[64];
+    if (in->ndim != 4)
+        return cf_fail(CF_ERR_INVALID, "%s: expects a 4-D input (N, C, H, W), got %s",
+                       pool_repr(m, r, sizeof r), cf_shape_str(in, s, sizeof s));
+    const int n = in->dim[0], c = in->dim[1], h = in->dim[2], w = in->dim[3];
+    switch (p->kind) {
+    case POOL_MAX:
+    case POOL_AVG: {
+        cf_conv_geom g;
+        if (!cf_conv_geom_init(&g, c, h, w, p->k, p->k, p->stride, p->stride, p->pad, p->pad))
+            return cf_fail(CF_ERR_INVALID,
+                           "%s: input %s is smaller than the kernel (padded %dx%d < %dx%d)",
+                           pool_repr(m, r, sizeof r), cf_shape_str(in, s, sizeof s), h + 2 * p->pad,
+                           w + 2 * p->pad, p->k, p->k);
+        *out = cf_shape4(n, c, g.oh, g.ow);
+        break;
+    }
+    case POOL_ADAPTIVE_MAX:
+    case POOL_ADAPTIVE_AVG:
+        *out = cf_shape4(n, c, p->out_h, p->out_w);
+        break;
+    case POOL_CONCAT:
+        *out = cf_shape4(n, 2 * c, 1, 1);
+        break;
+    }
+    return CF_OK;
+}
+
+static void pool_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    pool_impl *p = m->impl;
+    cf_module_plan_default(m, in, arena);
+    if (is_max(p->kind)) {
+        size_t n = (size_t)in->dim[0] * in->dim[1];
+        if (p->kind != POOL_CONCAT) n = cf_shape_numel(&m->out.shape);
+        p->idx = cf_arena_bytes(arena, n * sizeof(int32_t));
+    }
+}
+
+/* The input rows [*lo, *hi) of output row i, and for the fixed windows the padded extent that
+ * AvgPool2d divides by (count_include_pad). */
+static void window(const pool_impl *p, bool rows, int i, int *lo, int *hi, int *span) {
+    int size = rows ? p->H : p->W, out = rows ? p->OH : p->OW;
+    if (p->kind == POOL_MAX || p->kind == POOL_AVG) {
+        int start = i * p->stride - p->pad;
+        int end = start + p->k < size + p->pad ? start + p->k : size + p->pad;
+        *span = end - start;
+        *lo = start < 0 ? 0 : start;
+        *hi = end < size ? end : size;
+    } else {
+        *lo = (int)((int64_t)i * size / out);
+        *hi = (int)(((int64_t)(i + 1) * size + out - 1) / out);
+        *span = *hi - *lo;
+    }
+}
+
+static void pool_forward_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    pool_impl *p = ctx;
+    const size_t plane = (size_t)p->H * p->W, oplane = (size_t)p->OH * p->OW;
+    for (int64_t pl = begin; pl < end; pl++) {
+        const float *x = p->x + (size_t)pl * plane;
+        if (p->kind == POOL_CONCAT) {
+            float best = -INFINITY, sum = 0.0f;
+            int32_t arg = 0;
+            for (size_t i = 0; i < plane; i++) {
+                float v = x[i];
+                if (v > best || isnan(v)) {
+                    best = v;
+                    arg = (int32_t)i;
+                }
+            }
+            for (size_t i = 0; i < plane; i++) sum += x[i];
+            int64_t n = pl / p->C, c = pl % p->C;
+            p->y[n * 2 * p->C + c] = best;
+            p->y[n * 2 * p->C + p->C + c] = sum / (float)plane;
+            p->idx[pl] = arg;
+            continue;
+        }
+        float *y = p->y + (size_t)pl * oplane;
+        int32_t *idx = is_max(p->kind) ? p->idx + (size_t)pl * oplane : NULL;
+        for (int oy = 0; oy < p->OH; oy++) {
+            int y0, y1, sy;
+            window(p, true, oy, &y0, &y1, &sy);
+            for (int ox = 0; ox < p->OW; ox++) {
+                int x0, x1, sx;
+                window(p, false, ox, &x0, &x1, &sx);
+                size_t o = (size_t)oy * p->OW + ox;
+                if (idx) {
+                    float best = -INFINITY;
+                    int32_t arg = y0 * p->W + x0;
+                    for (int iy = y0; iy < y1; iy++)
+                        for (int ix = x0; ix < x1; ix++) {
+                            float v = x[(size_t)iy * p->W + ix];
+                            if (v > best || isnan(v)) {
+                                best = v;
+                                arg = iy * p->W + ix;
+                            }
+                        }
+                    y[o] = best;
+                    idx[o] = arg;
+                } else {
+                    float sum = 0.0f;
+                    for (int iy = y0; iy < y1; iy++)
+                        for (int ix = x0; ix < x1; ix++) sum += x[(size_t)iy * p->W + ix];
+                    y[o] = sum / (float)(sy * sx);
+                }
+            }
+        }
+    }
+}
+
+static void pool_backward_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    pool_impl *p = ctx;
+    const size_t plane = (size_t)p->H * p->W, oplane = (size_t)p->OH * p->OW;
+    for (int64_t pl = begin; pl < end; pl++) {
+        float *dx = p->dx + (size_t)pl * plane;
+        if (p->kind == POOL_CONCAT) {
+            int64_t n = pl / p->C, c = pl % p->C;
+            float g = p->dy[n * 2 * p->C + p->C + c] / (float)plane;
+            for (size_t i = 0; i < plane; i++) dx[i] = g;
+            dx[p->idx[pl]] += p->dy[n * 2 * p->C + c];
+            continue;
+        }
+        const float *dy = p->dy + (size_t)pl * oplane;
+        memset(dx, 0, plane * sizeof(float));
+        if (is_max(p->kind)) {
+            const int32_t *idx = p->idx + (size_t)pl * oplane;
+            for (size_t o = 0; o < oplane; o++) dx[idx[o]] += dy[o];
+            continue;
+        }
+        for (int oy = 0; oy < p->OH; oy++) {
+            int y0, y1, sy;
+            window(p, true, oy, &y0, &y1, &sy);
+            for (int ox = 0; ox < p->OW; ox++) {
+                int x0, x1, sx;
+                window(p, false, ox, &x0, &x1, &sx);
+                float g = dy[(size_t)oy * p->OW + ox] / (float)(sy * sx);
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) dx[(size_t)iy * p->W + ix] += g;
+            }
+        }
+    }
+}
+
+static const cf_tensor *pool_forward(cf_module *m, const cf_tensor *x) {
+    pool_impl *p = m->impl;
+    m->in = x;
+    cf_shape os;
+    pool_out_shape(m, &x->shape, &os); /* checked when the model planned */
+    cf_tensor *y = cf_module_output(m, &os);
+    p->C = x->shape.dim[1];
+    p->H = x->shape.dim[2];
+    p->W = x->shape.dim[3];
+    p->OH = os.dim[2];
+    p->OW = os.dim[3];
+    p->x = x->data;
+    p->y = y->data;
+    cf_parallel_for((int64_t)x->shape.dim[0] * p->C, pool_forward_range, p);
+    return y;
+}
+
+static const cf_tensor *pool_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    pool_impl *p = m->impl;
+    if (!need_dx) return NULL; /* no parameters */
+    cf_tensor *dx = cf_module_input_grad(m);
+    p->dy = dy->data;
+    p->dx = dx->data;
+    cf_parallel_for((int64_t)dx->shape.dim[0] * p->C, pool_backward_range, p);
+    return dx;
+}
+
+#define POOL_OPS(name, str)                                                                        \
+    static const cf_module_ops name = {                                                            \
+        .kind = str,                                                                               \
+        .out_shape = pool_out_shape,                                                               \
+        .plan = pool_plan,                                                                         \
+        .forward = pool_forward,                                                                   \
+        .backward = pool_backward,                                                                 \
+    }
+POOL_OPS(maxpool_ops, "MaxPool2d");
+POOL_OPS(avgpool_ops, "AvgPool2d");
+POOL_OPS(adaptive_max_ops, "AdaptiveMaxPool2d");
+POOL_OPS(adaptive_avg_ops, "AdaptiveAvgPool2d");
+POOL_OPS(concat_ops, "AdaptiveConcatPool2d");
+
+static cf_module *pool_new(const cf_module_ops *ops, pool_impl init) {
+    pool_impl *p = cf_calloc(1, sizeof *p);
+    if (!p) return NULL;
+    *p = init;
+    return cf_module_new(ops, p);
+}
+
+static cf_module *fixed_pool(const cf_module_ops *ops, pool_kind kind, int kernel, int stride,
+                             int padding) {
+    if (stride == 0) stride = kernel; /* PyTorch's stride=None */
+    if (kernel < 1 || stride < 1 || padding < 0 || padding > kernel / 2) {
+        cf_fail(CF_ERR_INVALID,
+                "cf_%s: invalid arguments kernel=%d stride=%d padding=%d (need kernel >= 1, "
+                "stride >= 1 or 0 for the kernel size, 0 <= padding <= kernel/2)",
+                kind == POOL_MAX ? "maxpool2d" : "avgpool2d", kernel, stride, padding);
+        return NULL;
+    }
+    return pool_new(ops, (pool_impl){.kind = kind, .k = kernel, .stride = stride, .pad = padding});
+}
+
+cf_module *cf_maxpool2d(int kernel, int stride, int padding) {
+    return fixed_pool(&maxpool_ops, POOL_MAX, kernel, stride, padding);
+}
+
+cf_module *cf_avgpool2d(int kernel, int stride, int padding) {
+    return fixed_pool(&avgpool_ops, POOL_AVG, kernel, stride, padding);
+}
+
+static cf_module *adaptive_pool(const cf_module_ops *ops, pool_kind kind, int out_h, int out_w) {
+    if (out_h < 1 || out_w < 1) {
+        cf_fail(CF_ERR_INVALID, "cf_adaptive_%spool2d: output size (%d, %d) must be positive",
+                kind == POOL_ADAPTIVE_MAX ? "max" : "avg", out_h, out_w);
+        return NULL;
+    }
+    return pool_new(ops, (pool_impl){.kind = kind, .out_h = out_h, .out_w = out_w});
+}
+
+cf_module *cf_adaptive_avgpool2d(int out_h, int out_w) {
+    return adaptive_pool(&adaptive_avg_ops, POOL_ADAPTIVE_AVG, out_h, out_w);
+}
+
+cf_module *cf_adaptive_maxpool2d(int out_h, int out_w) {
+    return adaptive_pool(&adaptive_max_ops, POOL_ADAPTIVE_MAX, out_h, out_w);
+}
+
+cf_module *cf_adaptive_concat_pool2d(void) {
+    return pool_new(&concat_ops, (pool_impl){.kind = POOL_CONCAT, .out_h = 1, .out_w = 1});
+}
