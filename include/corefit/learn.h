@@ -1,0 +1,536 @@
+/* corefit/learn.h — the Learner: fastai's training loop, callbacks, schedules, fit methods,
+ * lr_find, fine_tune, get_preds, metrics and the Recorder.
+ *
+ * Semantics follow fastai 2.x (learner.py, callback/ *.py): the same events in the same order,
+ * the same cancellations, the same defaults and schedule formulas. Options are passed by name
+ * through macros over option structs; a field left at zero takes fastai's default:
+ *
+ *     cf_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3));
+ *     cf_fine_tune(learn, 3, .base_lr = 1e-3, .freeze_epochs = 1);
+ *     cf_lr_find_result r; cf_lr_find(learn, &r);
+ *
+ * Nothing here knows about processes: the par layer runs these very functions in every worker
+ * (corefit/par.h), adding one callback, a shard setting on the loaders and a communicator. */
+#ifndef COREFIT_LEARN_H
+#define COREFIT_LEARN_H
+
+#include <stdio.h>
+
+#include "corefit/core.h"
+#include "corefit/data.h"
+#include "corefit/nn.h"
+#include "corefit/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cf_learner cf_learner;
+typedef struct cf_callback cf_callback;
+typedef struct cf_comm cf_comm;
+
+/* ---- learning rates: fastai's scalar, slice(stop) and slice(start, stop) ------------------- */
+
+typedef enum cf_lr_kind { CF_LR_UNSET = 0, CF_LR_SCALAR, CF_LR_SLICE } cf_lr_kind;
+typedef struct cf_lr {
+    cf_lr_kind kind;
+    double start; /* slice start; 0 for slice(stop) */
+    double stop;  /* the value, or the slice's stop */
+} cf_lr;
+#define CF_LR(x) ((cf_lr){.kind = CF_LR_SCALAR, .stop = (x)})
+/* slice(stop): every group but the last at stop/10, the last at stop. */
+#define CF_SLICE(stop_) ((cf_lr){.kind = CF_LR_SLICE, .stop = (stop_)})
+/* slice(start, stop): geometric from start (first group) to stop (last group). */
+#define CF_SLICE2(start_, stop_) ((cf_lr){.kind = CF_LR_SLICE, .start = (start_), .stop = (stop_)})
+/* Per-group values of an lr for n groups (fastai's set_hyper with slices). */
+void cf_lr_expand(cf_lr lr, int n_groups, double *out);
+
+/* ---- events and callbacks ------------------------------------------------------------------ */
+
+typedef enum cf_event {
+    CF_EV_AFTER_CREATE,
+    CF_EV_BEFORE_FIT,
+    CF_EV_BEFORE_EPOCH,
+    CF_EV_BEFORE_TRAIN,
+    CF_EV_BEFORE_BATCH,
+    CF_EV_AFTER_PRED,
+    CF_EV_AFTER_LOSS,
+    CF_EV_BEFORE_BACKWARD,
+    CF_EV_AFTER_CANCEL_BACKWARD,
+    CF_EV_AFTER_BACKWARD,
+    CF_EV_BEFORE_STEP,
+    CF_EV_AFTER_CANCEL_STEP,
+    CF_EV_AFTER_STEP,
+    CF_EV_AFTER_CANCEL_BATCH,
+    CF_EV_AFTER_BATCH,
+    CF_EV_AFTER_CANCEL_TRAIN,
+    CF_EV_AFTER_TRAIN,
+    CF_EV_BEFORE_VALIDATE,
+    CF_EV_AFTER_CANCEL_VALIDATE,
+    CF_EV_AFTER_VALIDATE,
+    CF_EV_AFTER_CANCEL_EPOCH,
+    CF_EV_AFTER_EPOCH,
+    CF_EV_AFTER_CANCEL_FIT,
+    CF_EV_AFTER_FIT,
+    CF_EV_COUNT
+} cf_event;
+
+/* fastai's event name ("before_fit", ...). */
+const char *cf_event_name(cf_event ev);
+
+/* fastai's Cancel*Exception, requested with cf_learner_cancel from a callback. */
+typedef enum cf_cancel {
+    CF_CANCEL_NONE = 0,
+    CF_CANCEL_BATCH,
+    CF_CANCEL_TRAIN,
+    CF_CANCEL_VALIDATE,
+    CF_CANCEL_EPOCH,
+    CF_CANCEL_STEP,
+    CF_CANCEL_BACKWARD,
+    CF_CANCEL_FIT,
+} cf_cancel;
+
+typedef cf_status (*cf_event_fn)(cf_callback *cb, cf_learner *learn);
+
+/* A callback: a table of event functions plus its state. Events of the inner loop (before_batch
+ * ... after_batch) run in training unless skip_train, in validation unless skip_valid. Callbacks
+ * run sorted by order (stable). A failing event function stops the fit with its status. */
+struct cf_callback {
+    const char *name;
+    int order;
+    bool skip_train, skip_valid;
+    cf_event_fn on[CF_EV_COUNT];
+    void *state;
+    /* Frees state and the callback itself; NULL for callbacks the caller owns (static). */
+    void (*free)(cf_callback *cb);
+    /* Copies what a parallel worker's instance learned back into the caller's instance
+     * (optional; e.g. the LR finder's suggestions). Serialised through `export`/`import`. */
+    size_t (*export_state)(const cf_callback *cb, void *buf, size_t size);
+    void (*import_state)(cf_callback *cb, const void *buf, size_t size);
+    bool running; /* internal: false after a callback asked to stop itself (fastai's run) */
+};
+
+/* fastai's orders for the built-in callbacks. */
+enum {
+    CF_ORDER_TRAIN_EVAL = -10,
+    CF_ORDER_TERMINATE_ON_NAN = -9,
+    CF_ORDER_PARALLEL = -5, /* the par layer's callback: after train/eval, before the rest */
+    CF_ORDER_DEFAULT = 0,
+    CF_ORDER_RECORDER = 50,
+    CF_ORDER_SCHEDULER = 60,
+    CF_ORDER_PROGRESS = 60,
+    CF_ORDER_SAVE_MODEL = 61,
+    CF_ORDER_REDUCE_LR = 62,
+    CF_ORDER_EARLY_STOPPING = 63,
+};
+
+/* Frees a callback through its free function (no-op for NULL or caller-owned callbacks). */
+void cf_callback_free(cf_callback *cb);
+
+/* ---- metrics ------------------------------------------------------------------------------- */
+
+/* A metric accumulates additive statistics (sums, counts, confusion counts) in acc, so that
+ * the sum of several processes' acc is the metric over their union (the par layer all-reduces
+ * acc). value() turns acc into the metric. */
+typedef struct cf_metric cf_metric;
+struct cf_metric {
+    char name[48];
+    int n_acc;
+    double *acc;
+    /* Adds one batch; samples with pad[i] true (may be NULL) are left out. pred is the model's
+     * raw output (before the loss activation); targ as in cf_batch.y. */
+    void (*accumulate)(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ,
+                       const bool *pad);
+    double (*value)(const cf_metric *m);
+    void *state;
+    void (*free)(cf_metric *m);
+    bool lower_is_better; /* for trackers: error_rate, mse, ... */
+};
+/* fastai's metrics. Frees with cf_metric_free. */
+cf_metric *cf_accuracy(void);
+cf_metric *cf_error_rate(void);
+cf_metric *cf_top_k_accuracy(int k);
+/* Binary (pos_label 1) when n_classes == 2 and !macro; otherwise macro-averaged over classes. */
+cf_metric *cf_precision(int n_classes, bool macro);
+cf_metric *cf_recall(int n_classes, bool macro);
+cf_metric *cf_f1_score(int n_classes, bool macro);
+cf_metric *cf_mse_metric(void);
+cf_metric *cf_mae(void);
+cf_metric *cf_rmse(void);
+/* A user metric averaged over samples as fastai's AvgMetric: fn returns the batch mean over
+ * the n non-padding rows it is given. */
+typedef double (*cf_batch_metric_fn)(const cf_tensor *pred, const cf_tensor *targ,
+                                     const bool *pad, int *n_counted);
+cf_metric *cf_avg_metric(const char *name, cf_batch_metric_fn fn);
+void cf_metric_reset(cf_metric *m);
+void cf_metric_free(cf_metric *m);
+/* NaN when nothing was accumulated. */
+double cf_metric_value(const cf_metric *m);
+
+/* ---- the Recorder -------------------------------------------------------------------------- */
+
+typedef struct cf_recorder {
+    /* per training batch */
+    double *lrs, *moms, *losses; /* lr and mom of the last group; smoothed (debiased) loss */
+    int64_t n_batches, batch_capacity;
+    /* per epoch: values[e * n_values + j], columns = metric_names[1 .. n_names-2]
+     * (train_loss, valid_loss, metrics...) ; NaN for a column that was cancelled */
+    double *values;
+    int64_t *iters;  /* cumulative number of training batches at the end of each epoch */
+    double *times;   /* seconds per epoch */
+    int n_epochs, epoch_capacity;
+    int n_values;
+    char **metric_names; /* "epoch", "train_loss", "valid_loss", metrics..., "time" */
+    int n_names;
+    /* the schedule: hps per training batch recorded by the ParamScheduler (lr and mom) */
+    double *hp_lr, *hp_mom;
+    int64_t n_hps;
+    /* smoothed loss state (fastai AvgSmoothLoss, beta 0.98, reset per fit) */
+    double smooth_val;
+    int64_t smooth_count;
+    /* validation loss of the current pass (fastai AvgLoss), padding excluded; the par layer
+     * sums these over replicas before after_validate */
+    double valid_loss_total, valid_loss_count;
+    double epoch_start; /* cf_now() at before_epoch */
+    bool cancel_train, cancel_valid;
+} cf_recorder;
+
+/* Writes the per-epoch table as CSV (fastai's CSVLogger format) or the whole recorder as JSON. */
+cf_status cf_recorder_write_csv(const cf_recorder *rec, const char *path);
+cf_status cf_recorder_write_json(const cf_recorder *rec, const char *path);
+/* Deep copy (dst is cleared first). */
+cf_status cf_recorder_copy(cf_recorder *dst, const cf_recorder *src);
+void cf_recorder_clear(cf_recorder *rec);
+
+/* ---- the Learner --------------------------------------------------------------------------- */
+
+typedef struct cf_learner_opts {
+    cf_loss loss;             /* default (kind 0 = cross-entropy) */
+    bool loss_set;            /* true to use .loss as given for a regression data set */
+    cf_opt_config opt;        /* default: fastai's Adam (opt.kind SGD with opt_set) */
+    bool opt_set;
+    double lr;                /* 1e-3 */
+    double wd;                /* 0: the optimizer's default (Adam 0.01) */
+    bool wd_bn_bias;          /* false */
+    bool no_train_bn;         /* fastai's train_bn=False */
+    double moms[3];           /* (0.95, 0.85, 0.95) */
+    cf_metric **metrics;      /* taken over */
+    int n_metrics;
+    cf_callback **cbs;        /* taken over */
+    int n_cbs;
+    const char *path;         /* "." ; model files go to path/model_dir */
+    const char *model_dir;    /* "models" */
+    bool quiet;               /* no progress display */
+    uint64_t seed;
+} cf_learner_opts;
+
+/* The state a fit exposes to callbacks (fastai's Learner attributes). */
+struct cf_learner {
+    cf_dls *dls;        /* borrowed */
+    cf_model *model;    /* owned */
+    cf_loss loss;
+    cf_opt_config opt_config;
+    cf_optimizer *opt;  /* created lazily (create_opt) */
+    cf_metric **metrics;
+    int n_metrics;
+    cf_callback **cbs;  /* the learner's callbacks, default ones included */
+    int n_cbs;
+    cf_callback **master_cbs; /* run on rank 0 only in parallel fits */
+    int n_master_cbs;
+    double lr, wd;
+    bool wd_bn_bias, train_bn;
+    double moms[3];
+    char *path, *model_dir;
+    bool quiet;
+    uint64_t seed;
+    cf_recorder recorder;
+
+    /* during a fit */
+    int n_epoch, epoch;
+    int64_t iter, n_iter, train_iter;
+    double pct_train;
+    bool training;
+    cf_dataloader *dl;
+    const cf_batch *batch;
+    const cf_tensor *pred;
+    float loss_value;  /* this batch's mean loss */
+    /* fastai's loss_grad scaling: the loop sets it to 1 before after_loss of each batch and
+     * multiplies dL/dpred by it before backward (0 counts as 1); GradientAccumulation sets it. */
+    float loss_grad_scale;
+    double smooth_loss;
+    cf_cancel cancel;  /* set by cf_learner_cancel */
+    bool logging;      /* false inside lr_find / validate / get_preds (no_logging) */
+    bool in_lr_find;
+    double *final_record; /* [valid_loss, metrics...] of the last validation */
+    int n_final_record;
+    /* per-call callbacks sorted with the learner's, rebuilt for each fit */
+    cf_callback **active;
+    int n_active;
+    /* memory reused across batches */
+    cf_tensor dpred;
+    float *per_item_loss;
+    int64_t scratch_rows;
+    /* data-parallel group this learner is one replica of (NULL: single process) */
+    cf_comm *comm;
+    bool is_master; /* rank 0 (or single process): prints, plots, runs master callbacks */
+    /* Set by the par layer: called by the loop at the end of every batch and epoch so that
+     * every replica agrees on a pending cancellation requested on any of them. */
+    cf_status (*sync_cancel)(cf_learner *learn);
+    void *par_state;
+    bool validating; /* inside validate/get_preds: the Recorder keeps its history */
+    /* shard of this replica (world 1: the whole data set), applied to loaders made on the fly */
+    int shard_rank, shard_world;
+    cf_shard_mode shard_mode;
+    /* figures written during the fit (paths), so that a parallel fit can report them home */
+    char **figures;
+    int n_figures;
+};
+
+#define cf_learner_new(out, dls, model, ...)                                                       \
+    cf_learner_new_((out), (dls), (model), &(cf_learner_opts){__VA_ARGS__})
+/* Takes ownership of model, metrics and callbacks (also on failure). dls is borrowed and must
+ * outlive the learner. */
+cf_status cf_learner_new_(cf_learner **out, cf_dls *dls, cf_model *model,
+                          const cf_learner_opts *opts);
+void cf_learner_free(cf_learner *learn);
+cf_status cf_learner_add_cb(cf_learner *learn, cf_callback *cb);
+/* Removes (and frees) the learner's callbacks with this name; returns how many. */
+int cf_learner_remove_cb(cf_learner *learn, const char *name);
+cf_status cf_learner_add_master_cbs(cf_learner *learn, cf_callback **cbs, int n);
+int cf_learner_remove_master_cbs(cf_learner *learn, const char *name);
+/* Requests a cancellation (from a callback). */
+void cf_learner_cancel(cf_learner *learn, cf_cancel what);
+cf_status cf_learner_create_opt(cf_learner *learn);
+/* fastai's freeze_to / freeze / unfreeze (creates the optimizer if needed, clears its state). */
+cf_status cf_learner_freeze_to(cf_learner *learn, int n);
+cf_status cf_learner_freeze(cf_learner *learn);
+cf_status cf_learner_unfreeze(cf_learner *learn);
+/* Weights, buffers and (with_opt) optimizer state, atomically (path/model_dir/name.safetensors
+ * when name has no '/'). */
+cf_status cf_learner_save(cf_learner *learn, const char *name, bool with_opt);
+cf_status cf_learner_load(cf_learner *learn, const char *name, bool with_opt);
+/* The model only, for inference (cf_model_load reads it). */
+cf_status cf_learner_export(cf_learner *learn, const char *path);
+/* Records a figure written during a fit (used by plotting callbacks). */
+cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
+
+/* ---- fit methods --------------------------------------------------------------------------- */
+
+/* Options of the parallel twins (cf_par_X); ignored by the single-process methods. */
+typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI } cf_start_method;
+typedef struct cf_par_opts {
+    int num_cores;               /* 0: the cores this process may run on */
+    cf_start_method start_method;
+    cf_callback **master_cbs;    /* run on rank 0 only for this call (taken over) */
+    int n_master_cbs;
+    bool split_batch;            /* cut each global batch across cores (results = 1 process) */
+    double deadline_s;           /* a worker silent this long is declared hung (0: 120 s) */
+} cf_par_opts;
+
+/* Options shared by every fit method. */
+#define CF_FIT_COMMON                                                                              \
+    double wd;             /* 0: learner's wd, else the optimizer's default */                   \
+    cf_callback **cbs;     /* for this call only (taken over) */                                 \
+    int n_cbs;                                                                                     \
+    bool reset_opt;                                                                                \
+    int start_epoch;                                                                               \
+    cf_par_opts par
+
+typedef struct cf_fit_opts {
+    cf_lr lr; /* unset: learner's lr */
+    CF_FIT_COMMON;
+} cf_fit_opts;
+
+typedef struct cf_one_cycle_opts {
+    cf_lr lr_max;     /* unset: learner's lr */
+    double div;       /* 25 */
+    double div_final; /* 1e5 */
+    double pct_start; /* 0.25 */
+    const double *moms; /* 3 values; NULL: learner's moms */
+    CF_FIT_COMMON;
+} cf_one_cycle_opts;
+
+typedef struct cf_flat_cos_opts {
+    cf_lr lr;         /* unset: learner's lr */
+    double div_final; /* 1e5 */
+    double pct_start; /* 0.75 */
+    CF_FIT_COMMON;
+} cf_flat_cos_opts;
+
+typedef struct cf_sgdr_opts {
+    cf_lr lr_max;      /* unset: learner's lr */
+    int cycle_mult;    /* 2 */
+    CF_FIT_COMMON;
+} cf_sgdr_opts;
+
+typedef struct cf_fine_tune_opts {
+    double base_lr;    /* 2e-3 */
+    int freeze_epochs; /* 1 (-1 for none) */
+    double lr_mult;    /* 100 */
+    double pct_start;  /* 0.3 */
+    double div;        /* 5 */
+    CF_FIT_COMMON;
+} cf_fine_tune_opts;
+
+/* lr_find suggestions (fastai's SuggestionMethod): a bit set. */
+enum { CF_SUGGEST_VALLEY = 1, CF_SUGGEST_SLIDE = 2, CF_SUGGEST_MINIMUM = 4, CF_SUGGEST_STEEP = 8 };
+
+typedef struct cf_lr_find_opts {
+    double start_lr; /* 1e-7 */
+    double end_lr;   /* 10 */
+    int num_it;      /* 100 */
+    bool no_stop_div; /* fastai's stop_div=False */
+    int suggest;     /* bit set; 0: valley */
+    CF_FIT_COMMON;
+} cf_lr_find_opts;
+
+typedef struct cf_lr_find_result {
+    double *lrs, *losses; /* the recorded points */
+    int n;
+    int suggest;           /* which suggestions were computed */
+    double valley, slide, minimum, steep;                  /* suggested lrs (NaN: none) */
+    double valley_loss, slide_loss, minimum_lr_at, minimum_loss, steep_loss; /* plot points */
+} cf_lr_find_result;
+void cf_lr_find_result_free(cf_lr_find_result *r);
+
+cf_status cf_fit_(cf_learner *learn, int n_epoch, const cf_fit_opts *opts);
+cf_status cf_fit_one_cycle_(cf_learner *learn, int n_epoch, const cf_one_cycle_opts *opts);
+cf_status cf_fit_flat_cos_(cf_learner *learn, int n_epoch, const cf_flat_cos_opts *opts);
+cf_status cf_fit_sgdr_(cf_learner *learn, int n_cycles, int cycle_len, const cf_sgdr_opts *opts);
+cf_status cf_fine_tune_(cf_learner *learn, int epochs, const cf_fine_tune_opts *opts);
+cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_find_opts *opts);
+
+#define cf_fit(learn, n, ...) cf_fit_((learn), (n), &(cf_fit_opts){__VA_ARGS__})
+#define cf_fit_one_cycle(learn, n, ...)                                                            \
+    cf_fit_one_cycle_((learn), (n), &(cf_one_cycle_opts){__VA_ARGS__})
+#define cf_fit_flat_cos(learn, n, ...)                                                             \
+    cf_fit_flat_cos_((learn), (n), &(cf_flat_cos_opts){__VA_ARGS__})
+#define cf_fit_sgdr(learn, n_cycles, cycle_len, ...)                                               \
+    cf_fit_sgdr_((learn), (n_cycles), (cycle_len), &(cf_sgdr_opts){__VA_ARGS__})
+#define cf_fine_tune(learn, epochs, ...)                                                           \
+    cf_fine_tune_((learn), (epochs), &(cf_fine_tune_opts){__VA_ARGS__})
+#define cf_lr_find(learn, result, ...)                                                             \
+    cf_lr_find_((learn), (result), &(cf_lr_find_opts){__VA_ARGS__})
+
+/* lr_find's suggestion functions on recorded curves (fastai's valley, slide, minimum, steep),
+ * applied to lrs[num_it/10 : n-5] as fastai does. */
+void cf_lr_find_suggest(cf_lr_find_result *r, int num_it, int which);
+
+/* ---- validation and predictions ------------------------------------------------------------ */
+
+typedef struct cf_validate_opts {
+    bool train_set;   /* fastai's ds_idx=0: the training set (default: validation) */
+    cf_callback **cbs;
+    int n_cbs;
+    cf_par_opts par;
+} cf_validate_opts;
+
+typedef struct cf_get_preds_opts {
+    bool train_set;     /* fastai's ds_idx=0: the training set, in order, undropped (default:
+                           the validation set) */
+    bool with_input;
+    bool with_decoded;
+    bool with_loss;
+    bool raw;           /* true: no loss activation (fastai act=noop) */
+    cf_callback **cbs;
+    int n_cbs;
+    cf_par_opts par;
+} cf_get_preds_opts;
+
+/* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free. */
+typedef struct cf_preds {
+    int64_t n;
+    cf_tensor preds;   /* (n, C): after the loss activation unless raw */
+    cf_tensor targs;   /* (n) or (n, T) */
+    cf_tensor inputs;  /* with_input */
+    int64_t *decoded;  /* with_decoded: argmax (classifiers) */
+    float *losses;     /* with_loss: per-item loss */
+} cf_preds;
+void cf_preds_free(cf_preds *p);
+
+/* Returns [valid_loss, metrics...] (n_values = 1 + n_metrics) in values (caller's array). */
+cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts *opts);
+cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts);
+#define cf_validate(learn, values, ...)                                                            \
+    cf_validate_((learn), (values), &(cf_validate_opts){__VA_ARGS__})
+#define cf_get_preds(learn, out, ...)                                                              \
+    cf_get_preds_((learn), (out), &(cf_get_preds_opts){__VA_ARGS__})
+/* One item (sample_shape floats): class probabilities (or outputs) into probs (n_out), and the
+ * decoded class. */
+cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded);
+
+/* ---- built-in callbacks -------------------------------------------------------------------- */
+
+/* fastai's tracker callbacks: monitor "valid_loss" (default) or a metric name; comparison
+ * chosen as fastai (lower is better for names containing "loss" or "error"). */
+typedef struct cf_tracker_opts {
+    const char *monitor; /* "valid_loss" */
+    double min_delta;
+    int patience;        /* EarlyStopping / ReduceLROnPlateau: 1 */
+    double factor;       /* ReduceLROnPlateau: 10 */
+    double min_lr;       /* ReduceLROnPlateau: 0 */
+    const char *fname;   /* SaveModel: "model" */
+    bool every_epoch;    /* SaveModel */
+    bool with_opt;       /* SaveModel */
+    bool at_end;         /* SaveModel: save at the end of the fit instead of loading the best */
+    int comp;            /* 0: lower is better when the name holds "loss" or "error" (fastai)
+                            or the metric says lower_is_better (mse, mae, _rmse); -1: lower is
+                            better; 1: higher is better */
+} cf_tracker_opts;
+cf_callback *cf_save_model_cb_(const cf_tracker_opts *o);
+cf_callback *cf_early_stopping_cb_(const cf_tracker_opts *o);
+cf_callback *cf_reduce_lr_on_plateau_cb_(const cf_tracker_opts *o);
+#define cf_save_model_cb(...) cf_save_model_cb_(&(cf_tracker_opts){__VA_ARGS__})
+#define cf_early_stopping_cb(...) cf_early_stopping_cb_(&(cf_tracker_opts){__VA_ARGS__})
+#define cf_reduce_lr_on_plateau_cb(...) cf_reduce_lr_on_plateau_cb_(&(cf_tracker_opts){__VA_ARGS__})
+/* fastai's TerminateOnNaNCallback (order -9), checking before the weights can change: a NaN or
+ * infinite loss (after_loss, training or validation) or gradient (before_step) stops the fit,
+ * which returns CF_ERR_NONFINITE naming the epoch and batch. No step is taken with the bad
+ * values, and the buffers (BatchNorm running statistics) are restored to their values before the
+ * batch, so the learner keeps the last good weights. */
+cf_callback *cf_terminate_on_nan_cb(void);
+/* fastai's CSVLogger (order 60, master only): "epoch,train_loss,valid_loss,<metrics>,time" then
+ * a row per epoch (floats as Python's str, time mm:ss), flushed at each epoch's end. A relative
+ * path is taken under learn->path (NULL: "history.csv"). Skipped while !learn->logging. */
+cf_callback *cf_csv_logger_cb(const char *path, bool append);
+/* fastai's GradientClip (before_step): clip_grad_norm_(trainable params, max_norm) with the
+ * 2-norm (max_norm <= 0: 1). */
+cf_callback *cf_gradient_clip_cb(double max_norm);
+/* fastai's GradientAccumulation (order 6, training only): scales the loss gradient by
+ * bs / n_acc (through learn->loss_grad_scale) and cancels the batch before the step (skipping
+ * step and zero_grad) until n_acc samples have been seen (n_acc <= 0: 32). */
+cf_callback *cf_gradient_accumulation_cb(int n_acc);
+/* The progress display (fastai's ProgressCallback with fastprogress's console bars, order 60),
+ * added by the learner unless quiet, on the master only. On a terminal (stderr) a live bar
+ * "epoch 1/5  [####......] 37/120  00:04<00:09  loss 0.4213" refreshed at most 10 times a
+ * second and erased when done; when learn->logging, fastprogress's table on stdout: the header
+ * (recorder metric names, each padded to 8 characters, joined by 2 spaces) at before_fit, a row
+ * per epoch at after_epoch (floats with 6 decimals, time mm:ss). Without a terminal only the
+ * table is written (no carriage returns or escape codes). */
+cf_callback *cf_progress_cb(void);
+/* The same writing the table to `table` and the bars to `bar` (NULL: stdout, stderr); tty 1
+ * draws live bars, 0 never, -1 when isatty(bar). */
+cf_callback *cf_progress_cb_to(FILE *table, FILE *bar, int tty);
+/* fastprogress's format_time: whole seconds (truncated) as "mm:ss", or "h:mm:ss" from an hour.
+ * Returns buf. */
+const char *cf_format_time(double seconds, char *buf, size_t n);
+/* Python's str(float): the shortest repr that reads back exactly ("0.1", "1e-05", "3.0",
+ * "nan", "inf"). Returns buf (n >= 32 is always enough). */
+const char *cf_format_float(double x, char *buf, size_t n);
+/* A parameter scheduler: fn(pos in [0,1), group, ctx) for "lr" and/or "mom" (NULL: not
+ * scheduled). Used by the fit methods; public for custom schedules. */
+typedef double (*cf_sched_fn)(double pos, int group, const void *ctx);
+cf_callback *cf_param_scheduler_cb(cf_sched_fn lr, cf_sched_fn mom, const void *ctx,
+                                   size_t ctx_size);
+
+/* fastai's schedule functions (callback/schedule.py). */
+double cf_sched_lin(double start, double end, double pos);
+double cf_sched_cos(double start, double end, double pos);
+double cf_sched_exp(double start, double end, double pos);
+double cf_sched_no(double start, double end, double pos);
+double cf_combined_cos(double pct, double start, double middle, double end, double pos);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,174 @@
+/* validate, get_preds and predict: inference passes through the same loop and callbacks. */
+#include "corefit/learn.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "learn/internal.h"
+
+cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts *o) {
+    cf_dataloader *dl = o->train_set ? learn->dls->train : learn->dls->valid;
+    if (!dl) return cf_fail(CF_ERR_INVALID, "validate: no %s set", o->train_set ? "training" : "validation");
+    cf_status st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, NULL, NULL);
+    if (st != CF_OK) return st;
+    if (values) memcpy(values, learn->final_record, (size_t)learn->n_final_record * sizeof(double));
+    return CF_OK;
+}
+
+typedef struct gather_ctx {
+    cf_preds *out;
+    const cf_get_preds_opts *opts;
+    int64_t pred_cols, targ_cols, input_cols;
+    cf_tensor act; /* activation scratch, sized on the first batch */
+    cf_status status;
+} gather_ctx;
+
+static void gather_batch(cf_learner *learn, const cf_batch *b, const cf_tensor *pred,
+                         const float *per_item_loss, void *vctx) {
+    gather_ctx *g = vctx;
+    cf_preds *out = g->out;
+    if (g->status != CF_OK) return;
+    const float *rows = pred->data;
+    if (!g->opts->raw) {
+        size_t need = cf_tensor_numel(pred);
+        if (!g->act.data || cf_tensor_numel(&g->act) < need) {
+            cf_free(g->act.data);
+            g->act.data = cf_malloc(need * sizeof(float));
+            if (!g->act.data) {
+                g->status = CF_ERR_NOMEM;
+                return;
+            }
+        }
+        g->act.shape = pred->shape;
+        cf_loss_activation(&learn->loss, pred, &g->act);
+        rows = g->act.data;
+    }
+    for (int i = 0; i < b->size; i++) {
+        if (b->pad && b->pad[i]) continue;
+        int64_t at = b->idx[i];
+        if (at < 0 || at >= out->n) continue;
+        memcpy(out->preds.data + at * g->pred_cols, rows + i * g->pred_cols,
+               (size_t)g->pred_cols * sizeof(float));
+        memcpy(out->targs.data + at * g->targ_cols, b->y.data + i * g->targ_cols,
+               (size_t)g->targ_cols * sizeof(float));
+        if (out->inputs.data)
+            memcpy(out->inputs.data + at * g->input_cols, b->x.data + i * g->input_cols,
+                   (size_t)g->input_cols * sizeof(float));
+        if (out->losses) out->losses[at] = per_item_loss[i];
+        if (out->decoded) {
+            const float *r = rows + i * g->pred_cols;
+            int64_t best = 0;
+            for (int64_t c = 1; c < g->pred_cols; c++)
+                if (r[c] > r[best]) best = c;
+            out->decoded[at] = g->pred_cols == 1 ? (r[0] > (g->opts->raw ? 0.0f : 0.5f)) : best;
+        }
+    }
+}
+
+void cf_preds_free(cf_preds *p) {
+    if (!p) return;
+    cf_free(p->preds.data);
+    cf_free(p->targs.data);
+    cf_free(p->inputs.data);
+    cf_free(p->decoded);
+    cf_free(p->losses);
+    memset(p, 0, sizeof *p);
+}
+
+/* A loader over a dataset in order, without dropping, without augmentation, sharded as this
+ * replica is (fastai's dl.new(shuffle=False, drop_last=False)). */
+static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_dataloader **out) {
+    cf_dl_options opt = *cf_dataloader_options(like);
+    opt.shuffle = false;
+    opt.drop_last = false;
+    opt.crop_pad = 0;
+    opt.flip = false;
+    cf_status st = cf_dataloader_new(cf_dataloader_dataset(like), &opt, out);
+    if (st == CF_OK && learn->shard_world > 1)
+        st = cf_dataloader_set_shard(*out, learn->shard_rank, learn->shard_world, learn->shard_mode);
+    if (st != CF_OK) {
+        cf_dataloader_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *o) {
+    memset(out, 0, sizeof *out);
+    cf_dataloader *like = o->train_set ? learn->dls->train : learn->dls->valid;
+    if (!like) return cf_fail(CF_ERR_INVALID, "get_preds: no %s set", o->train_set ? "training" : "validation");
+    const cf_dataset *ds = cf_dataloader_dataset(like);
+    cf_dataloader *dl = NULL;
+    cf_status st = ordered_loader(learn, like, &dl);
+    if (st != CF_OK) return st;
+    /* The prediction width comes from the model: one forward on a single item. */
+    cf_model_train(learn->model, false);
+    cf_shape one = ds->sample_shape;
+    int in_shape[CF_MAX_DIMS] = {1};
+    for (int i = 0; i < one.ndim && i + 1 < CF_MAX_DIMS; i++) in_shape[i + 1] = one.dim[i];
+    cf_shape probe_shape = cf_shape_make(one.ndim + 1, in_shape);
+    float *probe = cf_calloc(cf_shape_numel(&probe_shape), sizeof(float));
+    const cf_tensor *y = NULL;
+    if (!probe) st = CF_ERR_NOMEM;
+    if (st == CF_OK) {
+        cf_tensor x = cf_tensor_view(probe, probe_shape);
+        st = cf_model_forward(learn->model, &x, &y);
+    }
+    gather_ctx g = {.out = out, .opts = o};
+    if (st == CF_OK) {
+        g.pred_cols = (int64_t)cf_shape_sample_numel(&y->shape);
+        g.targ_cols = ds->target_dim;
+        g.input_cols = (int64_t)cf_shape_numel(&ds->sample_shape);
+        out->n = ds->n;
+        out->preds = cf_tensor_view(cf_calloc((size_t)(ds->n * g.pred_cols) + 1, sizeof(float)),
+                                    g.pred_cols > 1 ? cf_shape2((int)ds->n, (int)g.pred_cols)
+                                                    : cf_shape1((int)ds->n));
+        out->targs = cf_tensor_view(cf_calloc((size_t)(ds->n * g.targ_cols) + 1, sizeof(float)),
+                                    g.targ_cols > 1 ? cf_shape2((int)ds->n, ds->target_dim)
+                                                    : cf_shape1((int)ds->n));
+        if (o->with_input) {
+            int dims[CF_MAX_DIMS] = {(int)ds->n};
+            for (int i = 0; i < ds->sample_shape.ndim && i + 1 < CF_MAX_DIMS; i++)
+                dims[i + 1] = ds->sample_shape.dim[i];
+            out->inputs = cf_tensor_view(cf_calloc((size_t)(ds->n * g.input_cols) + 1, sizeof(float)),
+                                         cf_shape_make(ds->sample_shape.ndim + 1, dims));
+        }
+        if (o->with_decoded) out->decoded = cf_calloc((size_t)ds->n + 1, sizeof(int64_t));
+        if (o->with_loss) out->losses = cf_calloc((size_t)ds->n + 1, sizeof(float));
+        if (!out->preds.data || !out->targs.data || (o->with_input && !out->inputs.data) ||
+            (o->with_decoded && !out->decoded) || (o->with_loss && !out->losses))
+            st = cf_fail(CF_ERR_NOMEM, "get_preds: %lld predictions", (long long)ds->n);
+    }
+    if (st == CF_OK) st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, gather_batch, &g);
+    else
+        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
+    if (st == CF_OK) st = g.status;
+    cf_free(g.act.data);
+    cf_free(probe);
+    cf_dataloader_free(dl);
+    if (st != CF_OK) cf_preds_free(out);
+    return st;
+}
+
+cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded) {
+    const cf_dataset *ds = learn->dls->train_ds ? learn->dls->train_ds : learn->dls->valid_ds;
+    if (!ds) return cf_fail(CF_ERR_STATE, "predict: the learner has no data set for shapes");
+    int dims[CF_MAX_DIMS] = {1};
+    for (int i = 0; i < ds->sample_shape.ndim && i + 1 < CF_MAX_DIMS; i++)
+        dims[i + 1] = ds->sample_shape.dim[i];
+    cf_tensor x = cf_tensor_view((float *)item, cf_shape_make(ds->sample_shape.ndim + 1, dims));
+    cf_model_train(learn->model, false);
+    const cf_tensor *y = NULL;
+    cf_status st = cf_model_forward(learn->model, &x, &y);
+    if (st != CF_OK) return st;
+    cf_tensor out = cf_tensor_view(probs, y->shape);
+    cf_loss_activation(&learn->loss, y, &out);
+    if (decoded) {
+        size_t n = cf_tensor_numel(y);
+        int best = 0;
+        for (size_t c = 1; c < n; c++)
+            if (probs[c] > probs[best]) best = (int)c;
+        *decoded = n == 1 ? probs[0] > 0.5f : best;
+    }
+    return CF_OK;
+}

@@ -1,0 +1,478 @@
+/* The Learner's loop against fastai: event order with every cancellation, schedules of every fit
+ * method (all groups, every batch), lr_find's points, suggestions and restoration, get_preds
+ * order and validate. */
+#include "learn_fixture.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- events -------------------------------------------------------------------------------- */
+
+typedef struct event_log {
+    char names[4096][32];
+    int n;
+    /* cancellation to raise once */
+    cf_cancel kind;
+    cf_event at;
+    int epoch, iter;
+    bool training;
+    bool armed;
+} event_log;
+
+static cf_status record_event(cf_callback *cb, cf_learner *learn, cf_event ev) {
+    event_log *log = cb->state;
+    if (log->n < 4096) snprintf(log->names[log->n++], 32, "%s", cf_event_name(ev));
+    bool inner = ev >= CF_EV_BEFORE_BATCH && ev <= CF_EV_AFTER_BATCH;
+    if (log->armed && ev == log->at && learn->epoch == log->epoch &&
+        (!inner || learn->iter == log->iter) && learn->training == log->training) {
+        log->armed = false;
+        cf_learner_cancel(learn, log->kind);
+    }
+    return CF_OK;
+}
+
+#define EVENT_FN(ev)                                                                               \
+    static cf_status on_##ev(cf_callback *cb, cf_learner *l) { return record_event(cb, l, ev); }
+EVENT_FN(CF_EV_BEFORE_FIT)
+EVENT_FN(CF_EV_BEFORE_EPOCH)
+EVENT_FN(CF_EV_BEFORE_TRAIN)
+EVENT_FN(CF_EV_BEFORE_BATCH)
+EVENT_FN(CF_EV_AFTER_PRED)
+EVENT_FN(CF_EV_AFTER_LOSS)
+EVENT_FN(CF_EV_BEFORE_BACKWARD)
+EVENT_FN(CF_EV_AFTER_CANCEL_BACKWARD)
+EVENT_FN(CF_EV_AFTER_BACKWARD)
+EVENT_FN(CF_EV_BEFORE_STEP)
+EVENT_FN(CF_EV_AFTER_CANCEL_STEP)
+EVENT_FN(CF_EV_AFTER_STEP)
+EVENT_FN(CF_EV_AFTER_CANCEL_BATCH)
+EVENT_FN(CF_EV_AFTER_BATCH)
+EVENT_FN(CF_EV_AFTER_CANCEL_TRAIN)
+EVENT_FN(CF_EV_AFTER_TRAIN)
+EVENT_FN(CF_EV_BEFORE_VALIDATE)
+EVENT_FN(CF_EV_AFTER_CANCEL_VALIDATE)
+EVENT_FN(CF_EV_AFTER_VALIDATE)
+EVENT_FN(CF_EV_AFTER_CANCEL_EPOCH)
+EVENT_FN(CF_EV_AFTER_EPOCH)
+EVENT_FN(CF_EV_AFTER_CANCEL_FIT)
+EVENT_FN(CF_EV_AFTER_FIT)
+
+static void init_logger(cf_callback *cb, event_log *log) {
+    memset(cb, 0, sizeof *cb);
+    cb->name = "EventLog";
+    cb->state = log;
+    cf_event_fn fns[CF_EV_COUNT] = {
+        [CF_EV_BEFORE_FIT] = on_CF_EV_BEFORE_FIT,
+        [CF_EV_BEFORE_EPOCH] = on_CF_EV_BEFORE_EPOCH,
+        [CF_EV_BEFORE_TRAIN] = on_CF_EV_BEFORE_TRAIN,
+        [CF_EV_BEFORE_BATCH] = on_CF_EV_BEFORE_BATCH,
+        [CF_EV_AFTER_PRED] = on_CF_EV_AFTER_PRED,
+        [CF_EV_AFTER_LOSS] = on_CF_EV_AFTER_LOSS,
+        [CF_EV_BEFORE_BACKWARD] = on_CF_EV_BEFORE_BACKWARD,
+        [CF_EV_AFTER_CANCEL_BACKWARD] = on_CF_EV_AFTER_CANCEL_BACKWARD,
+        [CF_EV_AFTER_BACKWARD] = on_CF_EV_AFTER_BACKWARD,
+        [CF_EV_BEFORE_STEP] = on_CF_EV_BEFORE_STEP,
+        [CF_EV_AFTER_CANCEL_STEP] = on_CF_EV_AFTER_CANCEL_STEP,
+        [CF_EV_AFTER_STEP] = on_CF_EV_AFTER_STEP,
+        [CF_EV_AFTER_CANCEL_BATCH] = on_CF_EV_AFTER_CANCEL_BATCH,
+        [CF_EV_AFTER_BATCH] = on_CF_EV_AFTER_BATCH,
+        [CF_EV_AFTER_CANCEL_TRAIN] = on_CF_EV_AFTER_CANCEL_TRAIN,
+        [CF_EV_AFTER_TRAIN] = on_CF_EV_AFTER_TRAIN,
+        [CF_EV_BEFORE_VALIDATE] = on_CF_EV_BEFORE_VALIDATE,
+        [CF_EV_AFTER_CANCEL_VALIDATE] = on_CF_EV_AFTER_CANCEL_VALIDATE,
+        [CF_EV_AFTER_VALIDATE] = on_CF_EV_AFTER_VALIDATE,
+        [CF_EV_AFTER_CANCEL_EPOCH] = on_CF_EV_AFTER_CANCEL_EPOCH,
+        [CF_EV_AFTER_EPOCH] = on_CF_EV_AFTER_EPOCH,
+        [CF_EV_AFTER_CANCEL_FIT] = on_CF_EV_AFTER_CANCEL_FIT,
+        [CF_EV_AFTER_FIT] = on_CF_EV_AFTER_FIT,
+    };
+    memcpy(cb->on, fns, sizeof fns);
+}
+
+typedef struct cancel_case {
+    const char *kind_name;
+    cf_cancel kind;
+    cf_event at;
+    int epoch, iter;
+    bool training;
+} cancel_case;
+
+static void check_events(const cancel_case *c) {
+    /* 10 training samples at bs 4 with drop_last: 2 batches; 5 validation samples: 2 batches */
+    cf_dls *dls = fixture_dls(10, 5, 4);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(3, false), .quiet = true), CF_OK);
+    static event_log log;
+    memset(&log, 0, sizeof log);
+    cf_callback logger;
+    init_logger(&logger, &log);
+    if (c) {
+        log.kind = c->kind;
+        log.at = c->at;
+        log.epoch = c->epoch;
+        log.iter = c->iter;
+        log.training = c->training;
+        log.armed = true;
+    }
+    cf_callback *cbs[] = {&logger};
+    assert_int_equal(cf_fit(learn, 2, .lr = CF_LR(0.01), .cbs = cbs, .n_cbs = 1), CF_OK);
+
+    oracle o;
+    oracle_init(&o);
+    char args[256] = "2 2 2";
+    if (c)
+        snprintf(args, sizeof args, "2 2 2 %s %s %d %d %d", c->kind_name, cf_event_name(c->at),
+                 c->epoch, c->iter, c->training);
+    oracle_run(&o, "fastai_loop.py", args);
+    char path[512], line[64];
+    snprintf(path, sizeof path, "%s/events.txt", o.dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int i = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0]) continue;
+        if (i >= log.n) fail_msg("event %d: corefit stopped, fastai has %s", i, line);
+        if (strcmp(line, log.names[i]) != 0)
+            fail_msg("case %s at %s: event %d is %s, fastai's is %s", c ? c->kind_name : "none",
+                     c ? cf_event_name(c->at) : "-", i, log.names[i], line);
+        i++;
+    }
+    fclose(f);
+    assert_int_equal(i, log.n);
+    oracle_cleanup(&o);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+static void test_events_without_cancellation(void **state) {
+    (void)state;
+    check_events(NULL);
+}
+
+static void test_events_with_each_cancellation(void **state) {
+    (void)state;
+    const cancel_case cases[] = {
+        {"batch", CF_CANCEL_BATCH, CF_EV_BEFORE_BATCH, 0, 1, true},
+        {"batch", CF_CANCEL_BATCH, CF_EV_AFTER_PRED, 1, 0, false},
+        {"batch", CF_CANCEL_BATCH, CF_EV_AFTER_LOSS, 0, 0, true},
+        {"backward", CF_CANCEL_BACKWARD, CF_EV_BEFORE_BACKWARD, 0, 1, true},
+        {"step", CF_CANCEL_STEP, CF_EV_BEFORE_STEP, 1, 0, true},
+        {"train", CF_CANCEL_TRAIN, CF_EV_AFTER_BATCH, 0, 0, true},
+        {"train", CF_CANCEL_TRAIN, CF_EV_BEFORE_TRAIN, 1, 0, true},
+        {"validate", CF_CANCEL_VALIDATE, CF_EV_BEFORE_VALIDATE, 0, 0, false},
+        {"validate", CF_CANCEL_VALIDATE, CF_EV_AFTER_BATCH, 1, 0, false},
+        {"epoch", CF_CANCEL_EPOCH, CF_EV_BEFORE_TRAIN, 1, 0, true},
+        {"epoch", CF_CANCEL_EPOCH, CF_EV_AFTER_STEP, 0, 1, true},
+        {"fit", CF_CANCEL_FIT, CF_EV_AFTER_STEP, 0, 1, true},
+        {"fit", CF_CANCEL_FIT, CF_EV_AFTER_EPOCH, 0, 0, false},
+        {"fit", CF_CANCEL_FIT, CF_EV_BEFORE_VALIDATE, 1, 0, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_events(&cases[i]);
+}
+
+/* ---- schedules ----------------------------------------------------------------------------- */
+
+typedef struct hp_log {
+    double lr[4096][2];
+    double mom[4096];
+    int n;
+} hp_log;
+
+static cf_status log_hypers(cf_callback *cb, cf_learner *learn) {
+    hp_log *h = cb->state;
+    if (h->n < 4096) {
+        for (int g = 0; g < learn->opt->n_groups && g < 2; g++)
+            h->lr[h->n][g] = learn->opt->hypers[g].lr;
+        h->mom[h->n] = learn->opt->hypers[learn->opt->n_groups - 1].mom;
+        h->n++;
+    }
+    return CF_OK;
+}
+
+static void check_schedule(const hp_log *h, int from, const char *kind, int n_epoch, int n_iter,
+                           const char *params, bool check_mom) {
+    oracle o;
+    oracle_init(&o);
+    char args[512];
+    snprintf(args, sizeof args, "%s %d %d 2 %s", kind, n_epoch, n_iter, params);
+    oracle_run(&o, "schedules.py", args);
+    cf_tensor lr = oracle_get(&o, "lr");
+    assert_int_equal(lr.shape.dim[0], n_epoch * n_iter);
+    assert_true(h->n - from >= n_epoch * n_iter);
+    for (int i = 0; i < n_epoch * n_iter; i++)
+        for (int g = 0; g < 2; g++) {
+            double want = lr.data[i * 2 + g], got = h->lr[from + i][g];
+            if (fabs(got - want) > 1e-6 * fabs(want) + 1e-12)
+                fail_msg("%s: batch %d group %d lr %.9g, fastai %.9g", kind, i, g, got, want);
+        }
+    if (check_mom) {
+        cf_tensor mom = oracle_get(&o, "mom");
+        for (int i = 0; i < n_epoch * n_iter; i++)
+            if (fabs(h->mom[from + i] - mom.data[i]) > 1e-6)
+                fail_msg("%s: batch %d mom %.9g, fastai %.9g", kind, i, h->mom[from + i],
+                         mom.data[i]);
+        free(mom.data);
+    }
+    free(lr.data);
+    oracle_cleanup(&o);
+}
+
+static cf_learner *schedule_learner(cf_dls *dls, hp_log *h, cf_callback *cb) {
+    memset(cb, 0, sizeof *cb);
+    cb->name = "HpLog";
+    cb->state = h;
+    cb->skip_valid = true;
+    cb->on[CF_EV_BEFORE_STEP] = log_hypers;
+    cf_learner *learn = NULL;
+    cf_callback *cbs[] = {cb};
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(5, true), .quiet = true,
+                                    .cbs = cbs, .n_cbs = 1),
+                     CF_OK);
+    return learn;
+}
+
+static void test_schedules_equal_fastai_formulas(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(40, 8, 8); /* 5 batches per epoch */
+    static hp_log h;
+    cf_callback cb;
+
+    memset(&h, 0, sizeof h);
+    cf_learner *learn = schedule_learner(dls, &h, &cb);
+    assert_int_equal(cf_fit_one_cycle(learn, 3, .lr_max = CF_SLICE2(1e-4, 1e-2)), CF_OK);
+    check_schedule(&h, 0, "one_cycle", 3, 5, "1e-4 1e-2 0.25 25 1e5 0.95 0.85 0.95", true);
+    /* the Recorder keeps the last group's lr and mom per batch, as fastai's hps */
+    assert_int_equal(learn->recorder.n_hps, 15);
+    for (int i = 0; i < 15; i++) {
+        assert_true(learn->recorder.hp_lr[i] == h.lr[i][1]);
+        assert_true(learn->recorder.hp_mom[i] == h.mom[i]);
+        assert_true(learn->recorder.lrs[i] == h.lr[i][1]);
+    }
+    cf_learner_free(learn);
+
+    memset(&h, 0, sizeof h);
+    learn = schedule_learner(dls, &h, &cb);
+    assert_int_equal(cf_fit_one_cycle(learn, 2, .lr_max = CF_SLICE(3e-3), .pct_start = 0.4,
+                                      .div = 10, .div_final = 1e4),
+                     CF_OK);
+    check_schedule(&h, 0, "one_cycle", 2, 5, "0 3e-3 0.4 10 1e4 0.95 0.85 0.95", true);
+    cf_learner_free(learn);
+
+    memset(&h, 0, sizeof h);
+    learn = schedule_learner(dls, &h, &cb);
+    assert_int_equal(cf_fit_flat_cos(learn, 2, .lr = CF_SLICE(1e-3)), CF_OK);
+    check_schedule(&h, 0, "flat_cos", 2, 5, "0 1e-3 0.75 1e5", false);
+    cf_learner_free(learn);
+
+    memset(&h, 0, sizeof h);
+    learn = schedule_learner(dls, &h, &cb);
+    assert_int_equal(cf_fit_sgdr(learn, 3, 1, .lr_max = CF_SLICE2(1e-3, 1e-2)), CF_OK);
+    check_schedule(&h, 0, "sgdr", 7, 5, "1e-3 1e-2 3 1 2", false);
+    cf_learner_free(learn);
+
+    /* fine_tune: frozen one-cycle (pct 0.99, div 25, slice(base_lr)), then unfrozen one-cycle
+     * with slice(base_lr/2/lr_mult, base_lr/2), pct 0.3, div 5 */
+    memset(&h, 0, sizeof h);
+    learn = schedule_learner(dls, &h, &cb);
+    assert_int_equal(cf_fine_tune(learn, 2, .base_lr = 2e-3, .freeze_epochs = 1), CF_OK);
+    check_schedule(&h, 0, "one_cycle", 1, 5, "0 2e-3 0.99 25 1e5 0.95 0.85 0.95", true);
+    check_schedule(&h, 5, "one_cycle", 2, 5, "1e-5 1e-3 0.3 5 1e5 0.95 0.85 0.95", true);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+static void test_freeze_keeps_body_fixed(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(40, 8, 8);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(5, true), .quiet = true), CF_OK);
+    assert_int_equal(cf_learner_freeze(learn), CF_OK);
+    cf_param *body = cf_model_param(learn->model, "0.weight");
+    cf_param *head = cf_model_param(learn->model, "2.weight");
+    float body0[32], head0[24];
+    memcpy(body0, body->data, sizeof body0);
+    memcpy(head0, head->data, sizeof head0);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_memory_equal(body->data, body0, sizeof body0);
+    assert_memory_not_equal(head->data, head0, sizeof head0);
+    assert_int_equal(cf_learner_unfreeze(learn), CF_OK);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_memory_not_equal(body->data, body0, sizeof body0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* ---- lr_find ------------------------------------------------------------------------------- */
+
+static void test_lr_find_suggestions_equal_fastai(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 3; trial++) {
+        int n = 100;
+        cf_lr_find_result r = {.n = n};
+        r.lrs = calloc(n, sizeof(double));
+        r.losses = calloc(n, sizeof(double));
+        float lrs_f[100], losses_f[100];
+        cf_rng rng;
+        cf_rng_seed(&rng, 100 + trial);
+        for (int i = 0; i < n; i++) {
+            double lr = cf_sched_exp(1e-7, 10, i / 100.0);
+            double x = log10(lr);
+            double loss = 2.3 - 1.5 / (1 + exp(-(x + 4 + trial))) + 0.02 * cf_rng_normal(&rng) +
+                          (x > -1 ? 3 * (x + 1) * (x + 1) : 0);
+            lrs_f[i] = (float)lr;
+            losses_f[i] = (float)loss;
+            r.lrs[i] = lrs_f[i];
+            r.losses[i] = losses_f[i];
+        }
+        cf_lr_find_suggest(&r, 100,
+                           CF_SUGGEST_VALLEY | CF_SUGGEST_SLIDE | CF_SUGGEST_MINIMUM |
+                               CF_SUGGEST_STEEP);
+        oracle o;
+        oracle_init(&o);
+        oracle_put(&o, "lrs", lrs_f, cf_shape1(n));
+        oracle_put(&o, "losses", losses_f, cf_shape1(n));
+        oracle_run(&o, "lr_suggest.py", "100");
+        cf_tensor s = oracle_get(&o, "suggest");
+        double got[4] = {r.valley, r.slide, r.minimum, r.steep};
+        const char *names[4] = {"valley", "slide", "minimum", "steep"};
+        for (int k = 0; k < 4; k++)
+            if (fabs(got[k] - s.data[k]) > 1e-5 * fabs(s.data[k]))
+                fail_msg("trial %d %s: %.9g, fastai %.9g", trial, names[k], got[k], s.data[k]);
+        free(s.data);
+        oracle_cleanup(&o);
+        cf_lr_find_result_free(&r);
+    }
+}
+
+static void test_lr_find_points_and_restoration(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(64, 16, 8); /* 8 batches per epoch */
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(9, false), .quiet = true), CF_OK);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK); /* non-trivial optimizer state */
+    size_t nw = learn->model->n_weights;
+    float *w0 = malloc(nw * sizeof(float)), *m0 = malloc(nw * sizeof(float)),
+          *v0 = malloc(nw * sizeof(float));
+    memcpy(w0, learn->model->weights, nw * sizeof(float));
+    memcpy(m0, learn->opt->grad_avg, nw * sizeof(float));
+    memcpy(v0, learn->opt->sqr_avg, nw * sizeof(float));
+    float steps0[16];
+    memcpy(steps0, learn->opt->steps, learn->model->n_params * sizeof(float));
+
+    cf_lr_find_result r;
+    assert_int_equal(cf_lr_find(learn, &r, .num_it = 20, .no_stop_div = true), CF_OK);
+    assert_int_equal(r.n, 20);
+    for (int i = 0; i < r.n; i++) {
+        double want = cf_sched_exp(1e-7, 10, i / 20.0);
+        assert_true(fabs(r.lrs[i] - want) <= 1e-12 * want);
+    }
+    assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
+    assert_memory_equal(learn->opt->grad_avg, m0, nw * sizeof(float));
+    assert_memory_equal(learn->opt->sqr_avg, v0, nw * sizeof(float));
+    assert_memory_equal(learn->opt->steps, steps0, learn->model->n_params * sizeof(float));
+    /* as fastai: the optimizer is saved after fit() set lr to the learner's lr */
+    assert_true(learn->opt->hypers[0].lr == learn->lr);
+    cf_lr_find_result_free(&r);
+
+    /* stop_div: a loss that explodes stops the sweep early */
+    assert_int_equal(cf_lr_find(learn, &r, .num_it = 100, .end_lr = 1e6), CF_OK);
+    assert_true(r.n < 100);
+    assert_false(isnan(r.valley));
+    cf_lr_find_result_free(&r);
+    free(w0);
+    free(m0);
+    free(v0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* ---- get_preds and validate ---------------------------------------------------------------- */
+
+static void test_get_preds_in_dataset_order(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(40, 13, 4);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(11, false), .quiet = true), CF_OK);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    cf_preds p;
+    assert_int_equal(cf_get_preds(learn, &p, .with_decoded = true, .with_loss = true,
+                                  .with_input = true),
+                     CF_OK);
+    const cf_dataset *ds = dls->valid_ds;
+    assert_int_equal(p.n, 13);
+    double loss_sum = 0;
+    for (int64_t i = 0; i < p.n; i++) {
+        float probs[3];
+        int decoded;
+        assert_int_equal(cf_predict(learn, ds->x + i * 4, probs, &decoded), CF_OK);
+        assert_close("preds", p.preds.data + i * 3, probs, 3, 1e-6, 1e-7);
+        assert_true(p.targs.data[i] == ds->y[i]);
+        assert_memory_equal(p.inputs.data + i * 4, ds->x + i * 4, 4 * sizeof(float));
+        assert_int_equal(p.decoded[i], decoded);
+        double ce = -log(probs[(int)ds->y[i]]);
+        assert_true(fabs(p.losses[i] - ce) < 1e-5 * (1 + ce));
+        loss_sum += p.losses[i];
+    }
+    double values[1];
+    assert_int_equal(cf_validate(learn, values), CF_OK);
+    assert_true(fabs(values[0] - loss_sum / 13) < 1e-6 * (1 + values[0]));
+    cf_preds_free(&p);
+
+    /* the training set, in order and undropped */
+    assert_int_equal(cf_get_preds(learn, &p, .train_set = true), CF_OK);
+    assert_int_equal(p.n, 40);
+    for (int64_t i = 0; i < p.n; i++) assert_true(p.targs.data[i] == dls->train_ds->y[i]);
+    cf_preds_free(&p);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+static void test_training_reduces_loss_and_records_history(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(256, 64, 16);
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(13, false), .quiet = true,
+                                    .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    double before[2], after[2];
+    assert_int_equal(cf_validate(learn, before), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 4, .lr_max = CF_LR(2e-2)), CF_OK);
+    assert_int_equal(cf_validate(learn, after), CF_OK);
+    assert_true(after[0] < before[0] * 0.7);
+    assert_true(after[1] > 0.8);
+    const cf_recorder *rec = &learn->recorder;
+    assert_int_equal(rec->n_epochs, 4);
+    assert_int_equal(rec->n_batches, 4 * 16);
+    assert_int_equal(rec->n_names, 5);
+    assert_string_equal(rec->metric_names[0], "epoch");
+    assert_string_equal(rec->metric_names[3], "accuracy");
+    assert_string_equal(rec->metric_names[4], "time");
+    for (int e = 0; e < 4; e++) assert_int_equal(rec->iters[e], 16 * (e + 1));
+    /* the last epoch's valid_loss and accuracy are what validate says afterwards */
+    if (fabs(rec->values[3 * 3 + 1] - after[0]) >= 1e-9)
+        fail_msg("valid_loss %.9g in the recorder, %.9g from validate", rec->values[3 * 3 + 1],
+                 after[0]);
+    assert_true(fabs(rec->values[3 * 3 + 2] - after[1]) < 1e-9);
+    /* train_loss is the debiased smoothed loss of the last batch */
+    assert_true(rec->values[3 * 3 + 0] == rec->losses[rec->n_batches - 1]);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+int main(void) {
+    cf_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_events_without_cancellation),
+        cmocka_unit_test(test_events_with_each_cancellation),
+        cmocka_unit_test(test_schedules_equal_fastai_formulas),
+        cmocka_unit_test(test_freeze_keeps_body_fixed),
+        cmocka_unit_test(test_lr_find_suggestions_equal_fastai),
+        cmocka_unit_test(test_lr_find_points_and_restoration),
+        cmocka_unit_test(test_get_preds_in_dataset_order),
+        cmocka_unit_test(test_training_reduces_loss_and_records_history),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
