@@ -1,0 +1,328 @@
+/* The fork launcher and supervisor.
+ *
+ * The caller's process maps the shared region, forks the workers and then only watches them:
+ * every 10 ms (or at once on SIGINT) it reaps those that ended and checks the heartbeats. On the
+ * first fault it sets the abort flag, SIGKILLs every other worker, reaps all of them, unmaps the
+ * region, restores the signal dispositions it changed and returns an error naming the rank and
+ * the cause. On success the results area stays mapped and is handed to the caller. */
+#include "par_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CF_MAX_WORKERS 256
+#define CF_DEFAULT_DEADLINE_S 60.0
+#define CF_DEFAULT_COMM_BYTES ((size_t)512 << 10) /* measured best for 1M floats on 2 cores */
+#define POLL_NS (10 * 1000 * 1000)
+
+static volatile sig_atomic_t sigint_seen;
+static atomic_flag launch_busy = ATOMIC_FLAG_INIT;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    sigint_seen = 1;
+}
+
+void cf_results_release(cf_results *results) {
+    if (!results) return;
+    if (results->map_) munmap(results->map_, results->map_bytes_);
+    memset(results, 0, sizeof *results);
+}
+
+/* ---- the worker side ----------------------------------------------------------------------- */
+
+static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus, int ncpus,
+                                  bool pin, cf_worker_fn fn, void *ctx) {
+    /* Die with the supervisor; if it is already gone, leave now. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != hdr->supervisor_pid) _exit(125);
+    signal(SIGINT, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (pin && ncpus > 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[rank % ncpus], &set);
+        sched_setaffinity(0, sizeof set, &set); /* best effort */
+    }
+    cf_set_num_threads(1);
+    cf_clear_error();
+
+    cf_shm_comm comm;
+    cf_shm_comm_init(&comm, hdr, rank);
+    cf_shm_rank *slot = cf_shm_rank_at(hdr, rank);
+    atomic_store(&slot->heartbeat_ns, cf_shm_now_ns());
+
+    cf_status st = fn(&comm.base, ctx);
+    const char *msg = cf_last_error();
+    if (st == CF_OK && comm.base.broken != CF_OK) {
+        /* A collective failed but fn carried on: the group is out of step. */
+        st = comm.base.broken;
+        msg = comm.base.broken_msg;
+    }
+    slot->status = (int32_t)st;
+    if (st != CF_OK)
+        snprintf(slot->message, sizeof slot->message, "%s", msg && *msg ? msg : cf_status_str(st));
+    atomic_store(&slot->state, st == CF_OK ? CF_SHM_DONE_OK : CF_SHM_DONE_ERR);
+    fflush(NULL);
+    _exit(st == CF_OK ? 0 : 1);
+}
+
+/* ---- the supervisor -------------------------------------------------------------------------- */
+
+typedef struct supervisor {
+    cf_shm_header *hdr;
+    int n;
+    pid_t pids[CF_MAX_WORKERS];
+    bool alive[CF_MAX_WORKERS];
+    int n_alive;
+    struct sigaction old_int, old_chld;
+    bool int_changed, chld_changed;
+} supervisor;
+
+static const char *signal_name(int sig, char *buf, size_t cap) {
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev)
+        snprintf(buf, cap, "SIG%s", abbrev);
+    else
+        snprintf(buf, cap, "signal %d", sig);
+    return buf;
+}
+
+/* Turns a reaped worker's wait status into CF_OK (finished cleanly) or a fault message.
+ * *consequence is set when the worker failed only because another one left the group; its
+ * message then names that other worker's own failure when there is one. */
+static cf_status judge_exit(supervisor *s, int r, int wstatus, bool *consequence) {
+    cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
+    uint32_t state = atomic_load(&slot->state);
+    *consequence = false;
+    if (WIFSIGNALED(wstatus)) {
+        char name[32];
+        int sig = WTERMSIG(wstatus);
+        return cf_fail(CF_ERR_WORKER, "worker %d was killed by signal %d (%s)", r, sig,
+                       signal_name(sig, name, sizeof name));
+    }
+    int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+    if (state == CF_SHM_DONE_ERR) {
+        int b = slot->blame - 1;
+        if (b >= 0 && b < s->n && b != r &&
+            atomic_load(&cf_shm_rank_at(s->hdr, b)->state) == CF_SHM_DONE_ERR) {
+            r = b; /* report the cause, not the consequence */
+            slot = cf_shm_rank_at(s->hdr, b);
+        } else if (b >= 0) {
+            *consequence = true;
+        }
+        char msg[CF_SHM_MSG];
+        memcpy(msg, slot->message, sizeof msg);
+        msg[sizeof msg - 1] = '\0';
+        return cf_fail(CF_ERR_WORKER, "worker %d failed: %s", r, msg);
+    }
+    if (state == CF_SHM_DONE_OK && code == 0) return CF_OK;
+    return cf_fail(CF_ERR_WORKER, "worker %d exited with code %d before finishing", r, code);
+}
+
+/* Aborts the group: flag, SIGKILL, reap everything. Keeps the current error message. */
+static void stop_all(supervisor *s) {
+    if (s->hdr) cf_shm_abort(s->hdr);
+    for (int r = 0; r < s->n; r++)
+        if (s->alive[r]) kill(s->pids[r], SIGKILL);
+    for (int r = 0; r < s->n; r++) {
+        if (!s->alive[r]) continue;
+        int ws;
+        while (waitpid(s->pids[r], &ws, 0) < 0 && errno == EINTR) {
+        }
+        s->alive[r] = false;
+    }
+    s->n_alive = 0;
+}
+
+static void restore_signals(supervisor *s) {
+    if (s->int_changed) sigaction(SIGINT, &s->old_int, NULL);
+    if (s->chld_changed) sigaction(SIGCHLD, &s->old_chld, NULL);
+    s->int_changed = s->chld_changed = false;
+}
+
+/* Describes what rank r waits for in its current collective (for the hung message). */
+static void describe_wait(supervisor *s, int r, char *buf, size_t cap) {
+    cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
+    uint64_t arrival = atomic_load(&slot->arrived);
+    size_t at = (size_t)snprintf(buf, cap, " (waiting in %s #%llu for worker",
+                                 cf_shm_op_name(atomic_load(&slot->op)),
+                                 (unsigned long long)atomic_load(&slot->op_seq));
+    int count = 0;
+    for (int p = 0; p < s->n && at < cap; p++) {
+        if (p == r || atomic_load(&cf_shm_rank_at(s->hdr, p)->arrived) >= arrival) continue;
+        int w = snprintf(buf + at, cap - at, "%s %d", count ? "," : "", p);
+        if (w > 0) at += (size_t)w;
+        count++;
+    }
+    if (at < cap) snprintf(buf + at, cap - at, ")");
+}
+
+/* Checks the deadline. Ranks silent outside a collective are blamed before ranks that wait in
+ * one (a wait is usually the consequence of another rank's silence). */
+static cf_status check_progress(supervisor *s) {
+    uint64_t now = cf_shm_now_ns();
+    uint64_t limit = (uint64_t)(s->hdr->deadline_s * 1e9);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = 0; r < s->n; r++) {
+            if (!s->alive[r]) continue;
+            cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
+            if (atomic_load(&slot->state) != CF_SHM_RUNNING) continue;
+            uint64_t since = atomic_load(&slot->wait_since_ns);
+            uint64_t hb = atomic_load(&slot->heartbeat_ns);
+            if (pass == 0 && since == 0 && now > hb && now - hb > limit)
+                return cf_fail(CF_ERR_WORKER, "worker %d made no progress for %.1f s", r,
+                               (double)(now - hb) * 1e-9);
+            if (pass == 1 && since != 0 && now > since && now - since > limit) {
+                char what[256];
+                describe_wait(s, r, what, sizeof what);
+                return cf_fail(CF_ERR_WORKER, "worker %d made no progress for %.1f s%s", r,
+                               (double)(now - since) * 1e-9, what);
+            }
+        }
+    }
+    return CF_OK;
+}
+
+static cf_status supervise(supervisor *s) {
+    char fault[CF_SHM_MSG + 64];
+    for (;;) {
+        /* Reap whoever ended. Of several faults seen together, report a cause before a
+         * consequence, then the lowest rank. */
+        bool have_fault = false, fault_is_consequence = true;
+        for (int r = 0; r < s->n; r++) {
+            if (!s->alive[r]) continue;
+            int ws;
+            pid_t w = waitpid(s->pids[r], &ws, WNOHANG);
+            if (w == 0 || (w < 0 && errno == EINTR)) continue;
+            s->alive[r] = false;
+            s->n_alive--;
+            bool consequence = false;
+            cf_status st = w < 0 ? cf_fail(CF_ERR_WORKER, "worker %d could not be waited for: %s",
+                                           r, strerror(errno))
+                                 : judge_exit(s, r, ws, &consequence);
+            if (st == CF_OK) continue;
+            if (!have_fault || (fault_is_consequence && !consequence)) {
+                snprintf(fault, sizeof fault, "%s", cf_last_error());
+                fault_is_consequence = consequence;
+                have_fault = true;
+            }
+        }
+        if (have_fault) return cf_fail(CF_ERR_WORKER, "%s", fault);
+        if (s->n_alive == 0) return CF_OK;
+        if (sigint_seen) return cf_fail(CF_ERR_INTERRUPTED, "interrupted");
+        cf_status st = check_progress(s);
+        if (st != CF_OK) return st;
+        struct timespec ts = {0, POLL_NS};
+        nanosleep(&ts, NULL); /* SIGINT cuts it short */
+    }
+}
+
+static cf_status check_options(const cf_launch_options *opt, cf_worker_fn fn) {
+    if (!opt) return cf_fail(CF_ERR_INVALID, "cf_launch_fork: options are NULL");
+    if (!fn) return cf_fail(CF_ERR_INVALID, "cf_launch_fork: worker function is NULL");
+    if (opt->num_workers < 0 || opt->num_workers > CF_MAX_WORKERS)
+        return cf_fail(CF_ERR_INVALID, "cf_launch_fork: num_workers = %d (allowed 0..%d)",
+                       opt->num_workers, CF_MAX_WORKERS);
+    if (!(opt->deadline_s >= 0) || opt->deadline_s > 1e7)
+        return cf_fail(CF_ERR_INVALID, "cf_launch_fork: deadline_s = %g (must be >= 0)",
+                       opt->deadline_s);
+    if (opt->comm_bytes > ((size_t)1 << 32))
+        return cf_fail(CF_ERR_INVALID, "cf_launch_fork: comm_bytes = %zu (at most 4 GiB)",
+                       opt->comm_bytes);
+    return CF_OK;
+}
+
+cf_status cf_launch_fork(const cf_launch_options *opt, cf_worker_fn fn, void *ctx,
+                         cf_results *results_out) {
+    if (results_out) memset(results_out, 0, sizeof *results_out);
+    cf_status st = check_options(opt, fn);
+    if (st != CF_OK) return st;
+    if (atomic_flag_test_and_set(&launch_busy))
+        return cf_fail(CF_ERR_STATE, "cf_launch_fork: another launch is running in this process");
+
+    int n = opt->num_workers ? opt->num_workers : cf_available_cores();
+    if (n > CF_MAX_WORKERS) n = CF_MAX_WORKERS;
+    double deadline = opt->deadline_s > 0 ? opt->deadline_s : CF_DEFAULT_DEADLINE_S;
+    size_t comm_bytes = opt->comm_bytes ? opt->comm_bytes : CF_DEFAULT_COMM_BYTES;
+
+    /* The cores we may use, for pinning. */
+    int cpus[CPU_SETSIZE], ncpus = 0;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &allowed)) cpus[ncpus++] = c;
+
+    supervisor s;
+    memset(&s, 0, sizeof s);
+    s.n = n;
+    st = cf_shm_region_create(n, comm_bytes, opt->results_bytes, deadline, &s.hdr);
+    if (st != CF_OK) {
+        atomic_flag_clear(&launch_busy);
+        return cf_fail_context(st, "cf_launch_fork");
+    }
+
+    /* Catch SIGINT (unless the caller ignores it) and make sure our children can be waited
+     * for. Installed before fork: a worker inherits a handler that only sets a flag, until it
+     * ignores SIGINT itself. */
+    sigint_seen = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, NULL, &s.old_int);
+    if (s.old_int.sa_handler != SIG_IGN || (s.old_int.sa_flags & SA_SIGINFO)) {
+        sa.sa_handler = on_sigint;
+        if (sigaction(SIGINT, &sa, NULL) == 0) s.int_changed = true;
+    }
+    sa.sa_handler = SIG_DFL;
+    if (sigaction(SIGCHLD, &sa, &s.old_chld) == 0) s.chld_changed = true;
+
+    fflush(NULL); /* so workers do not inherit and repeat buffered output */
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid == 0) worker_main(s.hdr, r, cpus, ncpus, opt->pin_cores, fn, ctx);
+        if (pid < 0) {
+            st = cf_fail(CF_ERR_WORKER, "cf_launch_fork: fork of worker %d of %d failed: %s", r, n,
+                         strerror(errno));
+            break;
+        }
+        s.pids[r] = pid;
+        s.alive[r] = true;
+        s.n_alive++;
+    }
+    if (st == CF_OK) st = supervise(&s);
+    if (st != CF_OK) stop_all(&s);
+    restore_signals(&s);
+
+    if (st != CF_OK) {
+        cf_shm_region_destroy(s.hdr);
+    } else {
+        /* Hand the results area over and drop the rest of the region. */
+        cf_shm_header *h = s.hdr;
+        size_t off = h->results_offset, total = h->total_bytes, rbytes = h->results_bytes;
+        char *base = (char *)h;
+        if (results_out && rbytes) {
+            results_out->data = base + off;
+            results_out->bytes = rbytes;
+            results_out->map_ = base + off;
+            results_out->map_bytes_ = total - off;
+            munmap(base, off);
+        } else {
+            munmap(base, total);
+        }
+    }
+    atomic_flag_clear(&launch_busy);
+    return st;
+}

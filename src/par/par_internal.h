@@ -1,0 +1,93 @@
+/* Private to the par layer: the shared-memory region that cf_launch_fork maps before forking
+ * and the shm communicator built on it. */
+#ifndef CF_PAR_INTERNAL_H
+#define CF_PAR_INTERNAL_H
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "corefit/par.h"
+
+#define CF_SHM_LINE 64
+#define CF_SHM_MSG 1024
+
+enum { CF_SHM_RUNNING = 0, CF_SHM_DONE_OK = 1, CF_SHM_DONE_ERR = 2 };
+
+/* Collective kinds, recorded by each rank before it arrives so mismatched calls are caught. */
+enum {
+    CF_OP_NONE = 0,
+    CF_OP_ALLREDUCE_SUM_F32,
+    CF_OP_ALLREDUCE_MEAN_F32,
+    CF_OP_ALLREDUCE_SUM_F64,
+    CF_OP_BROADCAST,
+    CF_OP_GATHER,
+    CF_OP_BARRIER,
+    CF_OP_ANY,
+};
+
+/* One per rank, each on its own cache lines. Written by that rank only (except at setup). */
+typedef struct cf_shm_rank {
+    alignas(CF_SHM_LINE) _Atomic uint64_t heartbeat_ns; /* last sign of progress */
+    _Atomic uint64_t wait_since_ns; /* when a collective wait went slow; 0 when not waiting */
+    _Atomic uint64_t arrived;       /* barrier arrivals so far */
+    _Atomic uint32_t state;         /* CF_SHM_RUNNING / DONE_OK / DONE_ERR */
+    /* the collective in progress, published like a seqlock: op_seq = 0, the fields, then
+     * op_seq = the collective's number (release) */
+    _Atomic uint64_t op_seq;
+    _Atomic uint32_t op;
+    _Atomic int32_t root;
+    _Atomic uint64_t op_count;
+    /* the worker's outcome, written before state */
+    alignas(CF_SHM_LINE) int32_t status;
+    int32_t blame; /* 1 + the rank whose departure made a collective fail here; 0: none */
+    char message[CF_SHM_MSG];
+} cf_shm_rank;
+
+typedef struct cf_shm_header {
+    uint32_t magic;
+    int32_t nranks;
+    int32_t supervisor_pid;
+    int32_t cores; /* cores the supervisor may run on */
+    double deadline_s;
+    size_t slot_bytes;     /* per data slot, multiple of 64 */
+    size_t ranks_offset;   /* cf_shm_rank[nranks] */
+    size_t slots_offset;   /* (nranks + 1) slots: one per rank, then the shared result slot */
+    size_t results_offset; /* page aligned */
+    size_t results_bytes;
+    size_t total_bytes;
+    alignas(CF_SHM_LINE) _Atomic uint32_t abort_flag;
+    alignas(CF_SHM_LINE) _Atomic uint32_t bar_count;
+    alignas(CF_SHM_LINE) _Atomic uint32_t bar_gen; /* futex word */
+    _Atomic uint32_t bar_sleepers;
+} cf_shm_header;
+
+/* The communicator a worker receives (lives on the worker's stack). */
+typedef struct cf_shm_comm {
+    cf_comm base;
+    cf_shm_header *hdr;
+    cf_shm_rank *ranks;
+    char *slots;
+    uint64_t seq; /* collectives started by this rank */
+    int spin;     /* busy-wait iterations before yielding */
+    int yields;   /* sched_yield calls before sleeping on the futex */
+} cf_shm_comm;
+
+/* Maps and initialises a region (anonymous MAP_SHARED | MAP_NORESERVE). */
+cf_status cf_shm_region_create(int nranks, size_t slot_bytes, size_t results_bytes,
+                               double deadline_s, cf_shm_header **out);
+void cf_shm_region_destroy(cf_shm_header *hdr);
+static inline cf_shm_rank *cf_shm_rank_at(cf_shm_header *h, int r) {
+    return (cf_shm_rank *)((char *)h + h->ranks_offset) + r;
+}
+/* Builds rank r's communicator over the region (in the worker, after fork). */
+void cf_shm_comm_init(cf_shm_comm *c, cf_shm_header *hdr, int rank);
+/* Sets the abort flag and wakes every rank sleeping in a collective. */
+void cf_shm_abort(cf_shm_header *hdr);
+/* Monotonic clock in nanoseconds (the same clock in every process). */
+uint64_t cf_shm_now_ns(void);
+/* "barrier", "allreduce_sum_f32", ... */
+const char *cf_shm_op_name(uint32_t op);
+
+#endif
