@@ -8,6 +8,7 @@
 #include "corefit/par.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -603,6 +604,10 @@ typedef struct worker_ctx {
 
 static cf_status worker_main(cf_comm *comm, void *vctx) {
     worker_ctx *w = vctx;
+    /* A worker that crashes must die of it, whatever handlers the caller installed (a test
+     * framework's, a crash reporter's): the supervisor then reports the signal. */
+    static const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+    for (size_t i = 0; i < sizeof fatal / sizeof *fatal; i++) signal(fatal[i], SIG_DFL);
     cf_learner *learn = w->learn;
     par_job *job = w->job;
     /* The caller's figures are the caller's: the worker reports only what it writes now. */

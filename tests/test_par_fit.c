@@ -1,0 +1,378 @@
+/* The cf_par_ twins: equivalence with one process, determinism, everything coming home, master
+ * callbacks, and faults (crash, abort, kill, error, hang, Ctrl-C) leaving the learner intact. */
+#include "learn_fixture.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "corefit/par.h"
+
+static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(seed, false), .quiet = true,
+                                    .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    return learn;
+}
+
+static void assert_no_children(void) {
+    errno = 0;
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+}
+
+static void assert_weights_close(const cf_model *a, const cf_model *b, double rtol) {
+    assert_int_equal(a->n_weights, b->n_weights);
+    double err = max_rel_err(a->weights, b->weights, a->n_weights, 1e-3);
+    if (err > rtol) fail_msg("weights differ: max relative error %.3g > %.3g", err, rtol);
+}
+
+/* ---- equivalence ---------------------------------------------------------------------------- */
+
+static void test_split_batches_equal_one_process(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(96, 20, 12);
+    cf_learner *single = make_learner(dls, 21);
+    assert_int_equal(cf_fit_one_cycle(single, 2, .lr_max = CF_LR(1e-2)), CF_OK);
+    double single_values[2];
+    assert_int_equal(cf_validate(single, single_values), CF_OK);
+    for (int world = 1; world <= 4; world++) {
+        if (world == 1) continue;
+        cf_learner *par = make_learner(dls, 21);
+        cf_status st = cf_par_fit_one_cycle(par, 2, .lr_max = CF_LR(1e-2),
+                                            .par = {.num_cores = world, .split_batch = true});
+        if (st != CF_OK) fail_msg("world %d: %s", world, cf_last_error());
+        assert_weights_close(par->model, single->model, 1e-5);
+        /* the Recorder came home with the same structure and (nearly) the same values */
+        const cf_recorder *a = &par->recorder, *b = &single->recorder;
+        assert_int_equal(a->n_batches, b->n_batches);
+        assert_int_equal(a->n_epochs, b->n_epochs);
+        assert_int_equal(a->n_hps, b->n_hps);
+        assert_int_equal(a->n_names, b->n_names);
+        for (int i = 0; i < a->n_names; i++)
+            assert_string_equal(a->metric_names[i], b->metric_names[i]);
+        for (int64_t i = 0; i < a->n_batches; i++) {
+            assert_true(a->lrs[i] == b->lrs[i]);
+            assert_true(fabs(a->losses[i] - b->losses[i]) < 1e-5 * (1 + b->losses[i]));
+        }
+        for (int i = 0; i < a->n_epochs * a->n_values; i++)
+            assert_true(fabs(a->values[i] - b->values[i]) < 1e-5 * (1 + fabs(b->values[i])));
+        /* validation metrics of the run equal cf_validate on the trained model */
+        double values[2];
+        assert_int_equal(cf_validate(par, values), CF_OK);
+        int last = (a->n_epochs - 1) * a->n_values;
+        assert_true(fabs(a->values[last + 1] - values[0]) < 1e-6);
+        assert_true(fabs(a->values[last + 2] - values[1]) < 1e-9);
+        /* the optimizer state came home too */
+        assert_non_null(par->opt);
+        double err = max_rel_err(par->opt->sqr_avg, single->opt->sqr_avg, par->model->n_weights,
+                                 1e-9);
+        assert_true(err < 1e-4);
+        cf_learner_free(par);
+    }
+    cf_learner_free(single);
+    cf_dls_free(dls);
+}
+
+/* Per-core batches: W workers with batches of b equal one process whose batch k is the
+ * concatenation of the workers' batches k. The single-process data set is rearranged so its
+ * own shuffled order yields exactly those concatenations. */
+static void test_per_core_batches_equal_concatenated_batch(void **state) {
+    (void)state;
+    const int world = 2, bs = 8, n = 64;
+    cf_dataset *ds = fixture_dataset(n, 31);
+    cf_dl_options lo = {.bs = bs, .shuffle = true, .drop_last = true, .seed = 5};
+    int64_t concat[64];
+    int at = 0;
+    const cf_batch *b;
+    cf_dataloader *shards[2];
+    for (int r = 0; r < world; r++) {
+        assert_int_equal(cf_dataloader_new(ds, &lo, &shards[r]), CF_OK);
+        assert_int_equal(cf_dataloader_set_shard(shards[r], r, world, CF_SHARD_PER_RANK), CF_OK);
+        assert_int_equal(cf_dataloader_begin_epoch(shards[r], 0), CF_OK);
+    }
+    for (int k = 0; k < n / (bs * world); k++)
+        for (int r = 0; r < world; r++) {
+            assert_int_equal(cf_dataloader_next(shards[r], &b), CF_OK);
+            for (int i = 0; i < b->size; i++) concat[at++] = b->idx[i];
+        }
+    for (int r = 0; r < world; r++) cf_dataloader_free(shards[r]);
+    /* the order a single loader (bs * world, same seed) visits positions in */
+    cf_dl_options big = lo;
+    big.bs = bs * world;
+    cf_dataloader *one;
+    int64_t order[64];
+    at = 0;
+    assert_int_equal(cf_dataloader_new(ds, &big, &one), CF_OK);
+    assert_int_equal(cf_dataloader_begin_epoch(one, 0), CF_OK);
+    while (cf_dataloader_next(one, &b) == CF_OK && b)
+        for (int i = 0; i < b->size; i++) order[at++] = b->idx[i];
+    cf_dataloader_free(one);
+    assert_int_equal(at, n);
+    float x2[64 * 4], y2[64];
+    for (int j = 0; j < n; j++) {
+        memcpy(x2 + order[j] * 4, ds->x + concat[j] * 4, 4 * sizeof(float));
+        y2[order[j]] = ds->y[concat[j]];
+    }
+    cf_dataset *ds2 = NULL;
+    assert_int_equal(cf_dataset_from_arrays(x2, y2, n, cf_shape1(4), 1, 3, &ds2), CF_OK);
+
+    cf_dls *dls_par = NULL, *dls_one = NULL;
+    cf_dls_options po = {.bs = bs, .seed = 5}, oo = {.bs = bs * world, .seed = 5};
+    assert_int_equal(cf_dls_new(ds, fixture_dataset(16, 2), &po, &dls_par), CF_OK);
+    assert_int_equal(cf_dls_new(ds2, fixture_dataset(16, 2), &oo, &dls_one), CF_OK);
+    cf_learner *par = make_learner(dls_par, 41), *single = make_learner(dls_one, 41);
+    assert_int_equal(cf_fit(single, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_int_equal(cf_par_fit(par, 1, .lr = CF_LR(1e-2), .par.num_cores = world), CF_OK);
+    assert_weights_close(par->model, single->model, 1e-5);
+    cf_learner_free(par);
+    cf_learner_free(single);
+    cf_dls_free(dls_par);
+    cf_dls_free(dls_one);
+}
+
+static void test_deterministic_and_one_core(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(96, 20, 8);
+    cf_learner *a = make_learner(dls, 51), *b = make_learner(dls, 51), *one = make_learner(dls, 51),
+               *single = make_learner(dls, 51);
+    assert_int_equal(cf_par_fit_one_cycle(a, 2, .par.num_cores = 3), CF_OK);
+    assert_int_equal(cf_par_fit_one_cycle(b, 2, .par.num_cores = 3), CF_OK);
+    assert_memory_equal(a->model->weights, b->model->weights, a->model->n_weights * sizeof(float));
+    assert_int_equal(cf_par_fit_one_cycle(one, 2, .par.num_cores = 1), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(single, 2), CF_OK);
+    assert_weights_close(one->model, single->model, 1e-6);
+    cf_learner_free(a);
+    cf_learner_free(b);
+    cf_learner_free(one);
+    cf_learner_free(single);
+    cf_dls_free(dls);
+}
+
+static void test_lr_find_get_preds_and_validate_come_home(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(128, 23, 8);
+    cf_learner *learn = make_learner(dls, 61);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    size_t nw = learn->model->n_weights;
+    float *w0 = malloc(nw * sizeof(float));
+    memcpy(w0, learn->model->weights, nw * sizeof(float));
+
+    cf_lr_find_result r;
+    assert_int_equal(cf_par_lr_find(learn, &r, .num_it = 12, .no_stop_div = true,
+                                    .par.num_cores = 2),
+                     CF_OK);
+    assert_int_equal(r.n, 12);
+    assert_false(isnan(r.valley) && r.n > 12);
+    for (int i = 0; i < r.n; i++)
+        assert_true(fabs(r.lrs[i] - cf_sched_exp(1e-7, 10, i / 12.0)) < 1e-12);
+    assert_memory_equal(learn->model->weights, w0, nw * sizeof(float)); /* restored */
+    assert_int_equal(learn->recorder.n_batches, 12); /* the caller's plot_lr_find can draw it */
+    cf_lr_find_result_free(&r);
+
+    cf_preds one, par;
+    assert_int_equal(cf_get_preds(learn, &one, .with_decoded = true, .with_loss = true), CF_OK);
+    assert_int_equal(cf_par_get_preds(learn, &par, .with_decoded = true, .with_loss = true,
+                                      .par.num_cores = 3),
+                     CF_OK);
+    assert_int_equal(par.n, one.n);
+    assert_close("preds", par.preds.data, one.preds.data, cf_tensor_numel(&one.preds), 1e-6, 1e-7);
+    assert_memory_equal(par.targs.data, one.targs.data, (size_t)one.n * sizeof(float));
+    assert_memory_equal(par.decoded, one.decoded, (size_t)one.n * sizeof(int64_t));
+    assert_close("losses", par.losses, one.losses, (size_t)one.n, 1e-6, 1e-7);
+    cf_preds_free(&one);
+    cf_preds_free(&par);
+
+    double v1[2], v3[2];
+    assert_int_equal(cf_validate(learn, v1), CF_OK);
+    assert_int_equal(cf_par_validate(learn, v3, .par.num_cores = 3), CF_OK);
+    assert_true(fabs(v1[0] - v3[0]) < 1e-6 && fabs(v1[1] - v3[1]) < 1e-12);
+    free(w0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* ---- master callbacks ----------------------------------------------------------------------- */
+
+static char count_file[256];
+
+static cf_status count_fit(cf_callback *cb, cf_learner *learn) {
+    (void)learn;
+    FILE *f = fopen(count_file, "a");
+    if (!f) return cf_fail(CF_ERR_IO, "cannot open %s", count_file);
+    fprintf(f, "%s %d\n", cb->name, (int)getpid());
+    fclose(f);
+    return CF_OK;
+}
+
+static void free_counter(cf_callback *cb) { free(cb); }
+
+static cf_callback *counter(const char *name) {
+    cf_callback *cb = calloc(1, sizeof *cb);
+    cb->name = name;
+    cb->free = free_counter;
+    cb->on[CF_EV_BEFORE_FIT] = count_fit;
+    return cb;
+}
+
+static int count_lines(const char *name) {
+    FILE *f = fopen(count_file, "r");
+    if (!f) return 0;
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, name, strlen(name)) == 0 && line[strlen(name)] == ' ') n++;
+    fclose(f);
+    return n;
+}
+
+static void test_master_callbacks_run_on_rank_zero_only(void **state) {
+    (void)state;
+    snprintf(count_file, sizeof count_file, "/tmp/cf-count-%d", (int)getpid());
+    unlink(count_file);
+    cf_dls *dls = fixture_dls(64, 16, 8);
+    cf_learner *learn = make_learner(dls, 71);
+    assert_int_equal(cf_learner_add_cb(learn, counter("everywhere")), CF_OK);
+    cf_callback *m[] = {counter("learner_master")};
+    assert_int_equal(cf_learner_add_master_cbs(learn, m, 1), CF_OK);
+    cf_callback *call_master[] = {counter("call_master")};
+    cf_callback *call_cbs[] = {counter("call")};
+    assert_int_equal(cf_par_fit(learn, 1, .cbs = call_cbs, .n_cbs = 1,
+                                .par = {.num_cores = 3, .master_cbs = call_master,
+                                        .n_master_cbs = 1}),
+                     CF_OK);
+    assert_int_equal(count_lines("everywhere"), 3);
+    assert_int_equal(count_lines("call"), 3);
+    assert_int_equal(count_lines("learner_master"), 1);
+    assert_int_equal(count_lines("call_master"), 1);
+    assert_int_equal(cf_learner_remove_master_cbs(learn, "learner_master"), 1);
+    unlink(count_file);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* ---- faults --------------------------------------------------------------------------------- */
+
+typedef enum fault { FAULT_CRASH, FAULT_ABORT, FAULT_KILL, FAULT_ERROR, FAULT_HANG } fault;
+
+typedef struct fault_spec {
+    fault kind;
+    int rank, batch;
+} fault_spec;
+
+static cf_status inject(cf_callback *cb, cf_learner *learn) {
+    const fault_spec *f = cb->state;
+    if (!learn->comm || cf_comm_rank(learn->comm) != f->rank || learn->train_iter != f->batch)
+        return CF_OK;
+    switch (f->kind) {
+    case FAULT_CRASH: raise(SIGSEGV); break;
+    case FAULT_ABORT: abort();
+    case FAULT_KILL: raise(SIGKILL); break;
+    case FAULT_ERROR: return cf_fail(CF_ERR_IO, "injected failure at batch %d", f->batch);
+    case FAULT_HANG:
+        for (;;) pause();
+    }
+    return CF_OK;
+}
+
+static void run_fault(fault kind, const char *expect, cf_status expect_status) {
+    cf_dls *dls = fixture_dls(256, 16, 8);
+    cf_learner *learn = make_learner(dls, 81);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-3)), CF_OK);
+    size_t nw = learn->model->n_weights;
+    float *w0 = malloc(nw * sizeof(float)), *m0 = malloc(nw * sizeof(float));
+    memcpy(w0, learn->model->weights, nw * sizeof(float));
+    memcpy(m0, learn->opt->grad_avg, nw * sizeof(float));
+    int64_t batches0 = learn->recorder.n_batches;
+
+    static fault_spec spec;
+    spec = (fault_spec){kind, 1, 5};
+    cf_callback cb = {.name = "Fault", .state = &spec};
+    cb.on[CF_EV_BEFORE_BATCH] = inject;
+    cf_callback *cbs[] = {&cb};
+    double t0 = cf_now();
+    cf_status st = cf_fit(learn, 50, .cbs = cbs, .n_cbs = 1); /* single process: no fault */
+    assert_int_equal(st, CF_OK);
+    memcpy(w0, learn->model->weights, nw * sizeof(float));
+    memcpy(m0, learn->opt->grad_avg, nw * sizeof(float));
+    batches0 = learn->recorder.n_batches;
+    t0 = cf_now();
+    st = cf_par_fit(learn, 50, .cbs = cbs, .n_cbs = 1,
+                    .par = {.num_cores = 2, .deadline_s = kind == FAULT_HANG ? 1.0 : 0});
+    double elapsed = cf_now() - t0;
+    assert_int_equal(st, expect_status);
+    if (!strstr(cf_last_error(), expect))
+        fail_msg("error \"%s\" does not mention \"%s\"", cf_last_error(), expect);
+    if (!strstr(cf_last_error(), "worker 1")) fail_msg("error \"%s\" names no rank", cf_last_error());
+    assert_true(elapsed < (kind == FAULT_HANG ? 4.0 : 2.5));
+    assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
+    assert_memory_equal(learn->opt->grad_avg, m0, nw * sizeof(float));
+    assert_int_equal(learn->recorder.n_batches, batches0);
+    assert_no_children();
+    free(w0);
+    free(m0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+static void test_worker_crash(void **s) { (void)s, run_fault(FAULT_CRASH, "SIGSEGV", CF_ERR_WORKER); }
+static void test_worker_abort(void **s) { (void)s, run_fault(FAULT_ABORT, "SIGABRT", CF_ERR_WORKER); }
+static void test_worker_killed(void **s) { (void)s, run_fault(FAULT_KILL, "SIGKILL", CF_ERR_WORKER); }
+static void test_worker_error(void **s) {
+    (void)s, run_fault(FAULT_ERROR, "injected failure at batch 5", CF_ERR_WORKER);
+}
+static void test_worker_hang(void **s) { (void)s, run_fault(FAULT_HANG, "no progress", CF_ERR_WORKER); }
+
+static void *send_sigint(void *arg) {
+    (void)arg;
+    usleep(300 * 1000);
+    kill(getpid(), SIGINT);
+    return NULL;
+}
+
+static void test_ctrl_c_stops_every_worker(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(4096, 16, 8);
+    cf_learner *learn = make_learner(dls, 91);
+    size_t nw = learn->model->n_weights;
+    float *w0 = malloc(nw * sizeof(float));
+    memcpy(w0, learn->model->weights, nw * sizeof(float));
+    pthread_t t;
+    pthread_create(&t, NULL, send_sigint, NULL);
+    double t0 = cf_now();
+    cf_status st = cf_par_fit(learn, 100, .par.num_cores = 2);
+    double elapsed = cf_now() - t0;
+    pthread_join(t, NULL);
+    assert_int_equal(st, CF_ERR_INTERRUPTED);
+    assert_true(elapsed < 2.5);
+    assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
+    assert_null(learn->opt);
+    assert_no_children();
+    free(w0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+int main(void) {
+    cf_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_batches_equal_one_process),
+        cmocka_unit_test(test_per_core_batches_equal_concatenated_batch),
+        cmocka_unit_test(test_deterministic_and_one_core),
+        cmocka_unit_test(test_lr_find_get_preds_and_validate_come_home),
+        cmocka_unit_test(test_master_callbacks_run_on_rank_zero_only),
+        cmocka_unit_test(test_worker_crash),
+        cmocka_unit_test(test_worker_abort),
+        cmocka_unit_test(test_worker_killed),
+        cmocka_unit_test(test_worker_error),
+        cmocka_unit_test(test_worker_hang),
+        cmocka_unit_test(test_ctrl_c_stops_every_worker),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
