@@ -1,0 +1,96 @@
+/* corefit/plot.h — PNG figures of a fit: fastai's Recorder plots (plot_loss, plot_sched,
+ * plot_lr_find, plot_metrics) and ClassificationInterpretation's confusion matrix and top losses.
+ *
+ * Figures are drawn with PLplot's pngcairo driver on a white background (800x600 pixels unless
+ * set otherwise) and written atomically: to a temporary file in the target's folder, renamed
+ * into place once complete, so a reader never sees half a PNG. The functions take the plain
+ * result structs (cf_recorder, cf_lr_find_result, cf_preds) so that they also draw data that came
+ * home from parallel workers; the cf_learner_plot_* wrappers read the learner's recorder.
+ *
+ * PLplot is not thread-safe: calls are serialised inside the library. Every figure is its own
+ * PLplot stream, ended before the call returns. PLplot's fatal errors are caught (the process
+ * is never exited) and reported as CF_ERR_IO / CF_ERR_UNSUPPORTED with PLplot's message.
+ * Without PLplot (built without CF_HAVE_PLPLOT) or without its pngcairo device, every plotting
+ * call returns CF_ERR_UNSUPPORTED; cf_confusion_from_preds and cf_top_losses always work. */
+#ifndef COREFIT_PLOT_H
+#define COREFIT_PLOT_H
+
+#include "corefit/core.h"
+#include "corefit/learn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* True when PNG figures can be written here (PLplot built in and its pngcairo device present). */
+bool cf_plot_available(void);
+
+/* The size in pixels of figures drawn from now on (all threads); 0, 0 restores 800x600.
+ * Each side must be in [64, 8192]. */
+cf_status cf_plot_set_size(int width, int height);
+
+/* fastai's Recorder.plot_loss. A field left at zero takes fastai's default. */
+typedef struct cf_plot_loss_opts {
+    int skip_start;    /* 5; negative: 0 (plot from the first batch) */
+    bool no_valid;     /* fastai's with_valid=False */
+    bool log;          /* log-log axes */
+    bool show_epochs;  /* dotted vertical lines at the end of each epoch */
+    int width, height; /* pixels; 0: the size set by cf_plot_set_size (800x600) */
+} cf_plot_loss_opts;
+
+/* The smoothed training loss per batch (losses[skip_start:] at x = skip_start..n-1) labelled
+ * "train", and the per-epoch valid_loss at x = iters (epochs ending at or after skip_start)
+ * labelled "valid"; xlabel "steps", ylabel "loss", title "learning curve". opts may be NULL.
+ * CF_ERR_STATE when there is nothing to plot (no batch after skip_start). */
+cf_status cf_plot_loss(const cf_recorder *rec, const char *png_path, const cf_plot_loss_opts *opts);
+
+/* fastai's Recorder.plot_sched: lr and mom per training batch side by side (ylabels "lr" and
+ * "mom", xlabel "iterations"), from the scheduler's record (hp_lr, hp_mom) or, when that is
+ * empty, the recorder's lrs and moms. CF_ERR_STATE when no batch was recorded. */
+cf_status cf_plot_sched(const cf_recorder *rec, const char *png_path);
+
+/* fastai's plot_lr_find(skip_end=5): loss against learning rate on a log x axis (all points but
+ * the last five), with each computed suggestion (r->suggest) as an 'o' marker, named in the
+ * legend with its value ("valley = 1.2e-03"). CF_ERR_STATE when fewer than 2 points remain. */
+cf_status cf_plot_lr_find(const cf_lr_find_result *r, const char *png_path);
+
+/* fastai's plot_metrics: per-epoch values against epoch in a grid of subplots — the first
+ * holds train_loss ("train") and valid_loss ("valid") under the title "losses", then one
+ * subplot per metric, titled with its name. NaN values (cancelled phases) leave gaps.
+ * CF_ERR_STATE when no epoch was recorded. */
+cf_status cf_plot_metrics(const cf_recorder *rec, const char *png_path);
+
+/* Confusion counts of a classifier's predictions: counts[actual * n_classes + predicted]
+ * (n_classes^2 entries, overwritten). Predicted classes come from p->decoded when present,
+ * else the argmax of p->preds (n, n_classes); actual classes from p->targs (n) as class ids.
+ * CF_ERR_INVALID for shapes that do not match or a target outside [0, n_classes). */
+cf_status cf_confusion_from_preds(const cf_preds *p, int n_classes, int64_t *counts);
+
+/* ClassificationInterpretation.plot_confusion_matrix: a heat map (white to blue) of
+ * counts[actual * n_classes + predicted], each cell labelled with its count (or, when
+ * normalize, its share of the row to two decimals), "Actual" on y, "Predicted" on x and the
+ * class names (vocab, or "0", "1", ... when NULL) as tick labels. Up to 100 classes. */
+cf_status cf_plot_confusion_matrix(const int64_t *counts, int n_classes, char *const *vocab,
+                                   const char *png_path, bool normalize);
+
+/* Indices of the k items with the largest per-item loss (p->losses), largest first (ties: lower
+ * index first), as ClassificationInterpretation.top_losses. 1 <= k <= p->n. */
+cf_status cf_top_losses(const cf_preds *p, int k, int64_t *idx_out);
+
+/* plot_top_losses: the k top-loss input images (p->inputs (n, C, H, W), C 1 or 3; each image is
+ * rescaled to its own min..max) in a grid, each titled "pred/actual / loss / prob" (prob: the
+ * predicted class's probability) under the figure title "Prediction/Actual/Loss/Probability".
+ * Needs p->inputs, p->losses and p->preds; vocab may be NULL. 1 <= k <= min(p->n, 64). */
+cf_status cf_plot_top_losses(const cf_preds *p, int k, char *const *vocab, const char *png_path);
+
+/* The same figures from a learner's recorder (e.g. after a fit, or a parallel fit whose
+ * recorder came home). opts may be NULL. */
+cf_status cf_learner_plot_loss(const cf_learner *learn, const char *png_path,
+                               const cf_plot_loss_opts *opts);
+cf_status cf_learner_plot_sched(const cf_learner *learn, const char *png_path);
+cf_status cf_learner_plot_metrics(const cf_learner *learn, const char *png_path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,12 @@
+/* Plot layer internals shared with the tests. */
+#ifndef COREFIT_PLOT_INTERNAL_H
+#define COREFIT_PLOT_INTERNAL_H
+
+#include "corefit/core.h"
+
+/* Draws a trivial figure straight to path through PLplot, without the temporary file and its
+ * checks, so that a test can drive PLplot into its fatal-error path (an unwritable path makes
+ * PLplot give up with "Too many tries") and see the error reported instead of an exit. */
+cf_status cf_plot__raw_figure(const char *path);
+
+#endif
