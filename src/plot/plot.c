@@ -435,6 +435,17 @@ cf_status cf_plot__raw_figure(const char *path) {
 
 /* ---- drawing helpers (PLplot calls only; run inside a figure) ------------------------------ */
 
+/* Copies user text for PLplot, doubling '#' (PLplot's escape character) so that names such
+ * as fastai's "#na#" are drawn as written. */
+static void plot_text(char *dst, size_t size, const char *src) {
+    size_t o = 0;
+    for (; src && *src && o + 2 < size; src++) {
+        if (*src == '#') dst[o++] = '#';
+        dst[o++] = *src;
+    }
+    dst[o] = 0;
+}
+
 typedef struct range {
     double lo, hi;
 } range;
@@ -910,7 +921,8 @@ static void draw_metrics(void *ctx) {
             if (ne <= 30) markers(f->x, f->cols + (int64_t)c * ne, ne, col, 0.6);
             e[n++] = (legend_entry){c == 0 ? "train" : "valid", col, false};
         }
-        const char *title = p == 0 ? "losses" : rec->metric_names[c0 + 1];
+        char title[96];
+        plot_text(title, sizeof title, p == 0 ? "losses" : rec->metric_names[c0 + 1]);
         labels("epoch", "", title);
         curve c[2] = {{f->x, f->cols + (int64_t)c0 * ne, ne},
                       {f->x, f->cols + (int64_t)c1 * ne, ne}};
@@ -992,7 +1004,7 @@ static void blues(double t, PLINT rgb[3]) {
 
 static void class_name(char *const *vocab, int i, char *buf, size_t size) {
     if (vocab && vocab[i])
-        snprintf(buf, size, "%s", vocab[i]);
+        plot_text(buf, size, vocab[i]);
     else
         snprintf(buf, size, "%d", i);
 }
