@@ -177,6 +177,16 @@ void cf_results_release(cf_results *results);
  * the lr_find result or predictions (in dataset order, without padding). On any failure the
  * caller's learner is left exactly as it was and the error names the rank and the cause. */
 struct cf_learner;
+struct cf_fit_opts;
+struct cf_one_cycle_opts;
+struct cf_flat_cos_opts;
+struct cf_sgdr_opts;
+struct cf_fine_tune_opts;
+struct cf_lr_find_opts;
+struct cf_lr_find_result;
+struct cf_validate_opts;
+struct cf_get_preds_opts;
+struct cf_preds;
 cf_status cf_par_fit_(struct cf_learner *learn, int n_epoch, const struct cf_fit_opts *opts);
 cf_status cf_par_fit_one_cycle_(struct cf_learner *learn, int n_epoch,
                                 const struct cf_one_cycle_opts *opts);

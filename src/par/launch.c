@@ -46,7 +46,17 @@ static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus,
     /* Die with the supervisor; if it is already gone, leave now. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != hdr->supervisor_pid) _exit(125);
+    /* No handler of the caller's may run here: one that longjmps (a test framework's crash
+     * handler, say) would carry on in the caller's code. A crash kills the worker, and the
+     * supervisor reports the signal. (This drops a sanitizer's SEGV report too.) Ignored
+     * signals stay ignored. */
     signal(SIGINT, SIG_IGN);
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction old;
+        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &old) != 0) continue;
+        if ((old.sa_flags & SA_SIGINFO) || (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN))
+            signal(sig, SIG_DFL);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
