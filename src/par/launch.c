@@ -46,6 +46,7 @@ static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus,
     /* Die with the supervisor; if it is already gone, leave now. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != hdr->supervisor_pid) _exit(125);
+    atomic_flag_clear(&launch_busy); /* this process is not supervising (yet) */
     /* No handler of the caller's may run here: one that longjmps (a test framework's crash
      * handler, say) would carry on in the caller's code. A crash kills the worker, and the
      * supervisor reports the signal. (This drops a sanitizer's SEGV report too.) Ignored
