@@ -1,0 +1,70 @@
+/* corefit/io.h — model files in the safetensors format (https://huggingface.co/docs/safetensors):
+ * an 8-byte little-endian header length, a JSON header {"name": {"dtype", "shape",
+ * "data_offsets": [begin, end]}, "__metadata__": {...}}, then the raw little-endian data.
+ *
+ * Writes are atomic: a temporary file in the same folder (mode 0600, O_EXCL), fsync, rename.
+ * The reader checks the header length, the JSON, dtypes, shapes, offsets and sizes against the
+ * file before trusting any of it, and names the file and the entry at fault on error. */
+#ifndef COREFIT_IO_H
+#define COREFIT_IO_H
+
+#include "corefit/core.h"
+#include "corefit/nn.h"
+#include "corefit/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cf_dtype { CF_DTYPE_F32, CF_DTYPE_I64 } cf_dtype;
+
+/* One tensor in a file. data is float32 in memory whatever the dtype on disk (I64 values are
+ * converted, exactly up to 2^24). */
+typedef struct cf_st_entry {
+    char *name;
+    cf_dtype dtype;
+    cf_shape shape; /* ndim 0 means a scalar */
+    size_t numel;
+    float *data;
+} cf_st_entry;
+
+typedef struct cf_st_file {
+    cf_st_entry *entries;
+    int n_entries;
+    char **meta_keys, **meta_values; /* __metadata__ string pairs */
+    int n_meta;
+} cf_st_file;
+
+/* Reads and validates a whole file. On failure *out is NULL and nothing leaks. */
+cf_status cf_st_read(const char *path, cf_st_file **out);
+/* Validates an in-memory image (used by the reader and the fuzzer). */
+cf_status cf_st_parse(const unsigned char *bytes, size_t size, const char *name, cf_st_file **out);
+void cf_st_free(cf_st_file *file);
+const cf_st_entry *cf_st_find(const cf_st_file *file, const char *name);
+const char *cf_st_meta(const cf_st_file *file, const char *key);
+
+/* Writes entries (data taken as float32, converted for I64) atomically, in the given order,
+ * the header padded with spaces so the data starts at a multiple of 8 bytes. A new file gets
+ * mode 0666 & ~umask; an existing one keeps its mode. Names must be unique and non-empty. */
+cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entries,
+                      const char *const *meta_keys, const char *const *meta_values, int n_meta);
+
+/* Saves every parameter and buffer under its state_dict name (num_batches_tracked as an I64
+ * 0-dim tensor, as PyTorch keeps it), and with opt the optimizer state as "opt.<name>.grad_avg",
+ * "opt.<name>.sqr_avg" (when the optimizer keeps them), "opt.<name>.step" (I64 scalar) plus
+ * per-group hypers "opt.hypers" (n_groups x 5: lr, mom, sqr_mom, eps, wd). Metadata: "format":
+ * "pt"; with opt also "corefit.optimizer" ("Adam"/"SGD") and "corefit.opt.hypers" (the hypers as
+ * text in full double precision, so a reloaded optimizer continues bit for bit). Without the
+ * "opt." entries the file is what torch's load_state_dict(strict=True) expects. */
+cf_status cf_model_save(const cf_model *model, const cf_optimizer *opt, const char *path);
+/* Loads into an existing model of the same architecture: every name must be present with the
+ * same shape, and no other tensor (besides "opt." entries) may be (PyTorch's strict loading).
+ * With opt non-NULL and the state present, loads it too (it must be of the same optimizer kind
+ * and groups); a file without optimizer state leaves opt alone. On any error the model and
+ * optimizer are left exactly as they were. */
+cf_status cf_model_load(cf_model *model, cf_optimizer *opt, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
