@@ -83,6 +83,11 @@ cf_status cf__ensure_scratch(cf_learner *learn, const cf_shape *pred_shape) {
 static cf_status do_backward(cf_learner *learn, void *ctx) {
     (void)ctx;
     cf_loss_backward(&learn->loss, learn->pred, &learn->batch->y, &learn->dpred);
+    float scale = learn->loss_grad_scale; /* fastai's loss_grad scaling (GradientAccumulation) */
+    if (scale != 0.0f && scale != 1.0f) {
+        size_t n = cf_tensor_numel(&learn->dpred);
+        for (size_t i = 0; i < n; i++) learn->dpred.data[i] *= scale;
+    }
     return cf_model_backward(learn->model, &learn->dpred);
 }
 
@@ -103,6 +108,7 @@ static cf_status do_one_batch(cf_learner *learn, void *ctx) {
     st = cf_loss_forward(&learn->loss, learn->pred, &b->y, &mean, learn->per_item_loss);
     if (st != CF_OK) return st;
     learn->loss_value = mean;
+    learn->loss_grad_scale = 1.0f;
     if ((st = cf__event(learn, CF_EV_AFTER_LOSS)) != CF_OK || learn->cancel) return st;
     if (!learn->training) return CF_OK;
     st = with_events(learn, CF_EV_BEFORE_BACKWARD, do_backward, NULL, CF_CANCEL_BACKWARD,
