@@ -1,0 +1,279 @@
+/* corefit/data.h — datasets, transforms, splitters and DataLoaders with fastai's defaults,
+ * sharding for data-parallel training, and a background thread that prepares batches ahead.
+ *
+ * Samples are float32: images (C, H, W) scaled to [0, 1] (then normalised), tabular rows
+ * (n_cat codes as floats, then n_cont values). Targets are floats: class codes for classifiers,
+ * values for regression.
+ *
+ * Option structs: a field left 0 / NULL / false takes fastai's default (noted per field), so
+ * `&(cf_dls_options){.bs = 128}` reads like keyword arguments.
+ *
+ * Readers validate everything they read (magic numbers, sizes against the file, counts, values)
+ * before trusting it. On failure they return a status, set cf_last_error() to a message naming
+ * the file, the line or byte offset and the value, leave *out NULL and free all they built. */
+#ifndef COREFIT_DATA_H
+#define COREFIT_DATA_H
+
+#include "corefit/core.h"
+#include "corefit/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- datasets ------------------------------------------------------------------------------ */
+
+/* An in-memory dataset: n samples of sample_shape (x) and target_dim targets each (y). */
+typedef struct cf_dataset {
+    int64_t n;
+    cf_shape sample_shape; /* without the batch dim: (C, H, W) or (F) */
+    int target_dim;        /* 1 for class codes */
+    float *x;              /* n * numel(sample_shape) */
+    float *y;              /* n * target_dim */
+    int n_classes;         /* 0 for regression */
+    char **vocab;          /* n_classes class names (sorted, as fastai's Categorize), or NULL */
+    /* tabular: the first n_cat features are category codes with these cardinalities */
+    int n_cat, n_cont;
+    int *cat_cardinality;
+    char *source; /* where it came from (for messages) */
+    /* tabular only (NULL otherwise): */
+    char **feature_names; /* n_cat + n_cont column names; `<name>_na` flags follow the caller's
+                             categorical columns */
+    char ***cat_vocab;    /* per categorical feature, cat_cardinality[i] names; [0] = "#na#" */
+    float *cont_mean, *cont_std, *cont_fill; /* training-set statistics per continuous column:
+                                                Normalize's mean/std, FillMissing's median */
+} cf_dataset;
+
+/* Frees everything the dataset owns (NULL is a no-op). */
+void cf_dataset_free(cf_dataset *ds);
+
+/* From caller memory (copied). y holds n * target_dim values; n_classes 0 for regression. */
+cf_status cf_dataset_from_arrays(const float *x, const float *y, int64_t n, cf_shape sample_shape,
+                                 int target_dim, int n_classes, cf_dataset **out);
+/* Sets (copies) the class names; n must equal ds->n_classes. */
+cf_status cf_dataset_set_vocab(cf_dataset *ds, const char *const *names, int n);
+/* A new dataset holding the samples idx[0..n) of ds, in that order (vocab and tabular metadata
+ * are copied). */
+cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out);
+/* Per-channel mean and std (unbiased, + 1e-7 as fastai's Normalize) of an image dataset
+ * (sample_shape (C, H, W), C <= 4); mean and std receive C values. */
+cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std);
+
+/* fastai's RandomSplitter(valid_pct, seed): a permutation of n drawn from seed, cut =
+ * (int64)(valid_pct * n); valid = the first cut indices of the permutation, train = the rest.
+ * Both arrays are allocated with cf_malloc (free with cf_free). */
+cf_status cf_random_split(int64_t n, double valid_pct, uint64_t seed, int64_t **train_idx,
+                          int64_t *n_train, int64_t **valid_idx, int64_t *n_valid);
+
+/* ---- IDX files ----------------------------------------------------------------------------- */
+
+/* One IDX file of unsigned bytes (magic 0x00 0x00 0x08 ndim, big-endian int32 dims). */
+typedef struct cf_idx {
+    int ndim; /* 1..4 */
+    int64_t dim[4];
+    uint8_t *data; /* prod(dim) bytes, cf_malloc'd */
+} cf_idx;
+
+/* Largest IDX payload accepted from a gzip'd file (raw files are checked against their size). */
+#define CF_IDX_MAX_BYTES ((int64_t)1 << 34)
+
+/* Parses an in-memory IDX image; `name` is used in messages. The payload must match the header
+ * exactly (no trailing bytes). */
+cf_status cf_idx_parse(const void *bytes, size_t size, const char *name, cf_idx *out);
+/* Reads an IDX file, gzip'd or raw (zlib's gzread reads both). */
+cf_status cf_idx_read(const char *path, cf_idx *out);
+void cf_idx_free(cf_idx *idx);
+
+/* IDX files, gzip'd or raw (idx3 images, idx1 labels), e.g. Fashion-MNIST. Pixels / 255; sample
+ * shape (1, H, W) (idx2 images give (F)); n_classes = largest label + 1; vocab "0", "1", ... */
+cf_status cf_dataset_from_idx(const char *images_path, const char *labels_path, cf_dataset **out);
+/* The same from two in-memory IDX images (for fuzzing and embedding). */
+cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, const void *labels,
+                                     size_t labels_size, const char *name, cf_dataset **out);
+
+/* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- */
+
+typedef struct cf_image_folder_options {
+    int size;          /* resize every image to size x size with stbir_resize_uint8 (0: keep the
+                          size; all images must then share it) */
+    int channels;      /* 1 (grayscale) or 3 (RGB); 0: 3 */
+    const char *train; /* GrandparentSplitter folders: "train" */
+    const char *valid; /* "valid" */
+    double valid_pct;  /* > 0: RandomSplitter(valid_pct, seed) over root/<class>/ instead */
+    uint64_t seed;
+    bool follow_symlinks; /* false: refuse links that lead out of root (realpath + prefix) */
+} cf_image_folder_options;
+
+/* Decodes one PNG/JPEG/BMP image from memory into out (channels * size * size floats in [0, 1],
+ * CHW), resizing when size > 0 (size 0: the image must be exactly *w x *h when they are > 0;
+ * w and h receive the decoded size). `name` is used in messages. */
+cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int channels, int size,
+                          float *out, int *w, int *h);
+/* One subfolder per class (vocab sorted, from the training set). train and valid are new
+ * datasets; *valid is empty (n 0) when valid_pct is 0 and there is no valid folder. */
+cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,
+                                        cf_dataset **train, cf_dataset **valid);
+
+/* ---- CSV tables ---------------------------------------------------------------------------- */
+
+/* A parsed CSV: a header row, then rows of n_cols fields (RFC 4180 quoting: fields in double
+ * quotes may hold commas, newlines and "" for a quote). */
+typedef struct cf_csv_table {
+    int n_cols;
+    int64_t n_rows;
+    char **header;       /* n_cols names */
+    char **cells;        /* n_rows * n_cols fields (point into one block) */
+    int64_t *row_line;   /* 1-based line number where each row starts (for messages) */
+    char *source, *text; /* owned */
+} cf_csv_table;
+
+/* Parses CSV text; rows with a different field count than the header are refused with the line
+ * number. A final empty line is ignored. */
+cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, char delimiter,
+                              cf_csv_table **out);
+cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out);
+void cf_csv_table_free(cf_csv_table *table);
+
+/* fastai's TabularPandas with procs [Categorify, FillMissing, Normalize]:
+ * - categorical columns get a sorted vocabulary of the training values (numerically sorted when
+ *   every value is a number) with "#na#" at code 0; missing and unseen values get code 0;
+ * - continuous columns with missing values in the training set are filled with the training
+ *   median and get a `<name>_na` categorical flag (vocab #na#, false, true: codes 1 and 2)
+ *   appended after the caller's categorical columns (missing values in other columns, seen only
+ *   in validation, are filled with the median too, without a flag);
+ * - continuous columns are normalised with the training mean and std (ddof 0, + 1e-7).
+ * Missing values: empty fields and pandas' NA strings (NA, NaN, nan, null, NULL, None, N/A, n/a,
+ * #N/A, <NA>, ...). The target is a class (vocab sorted, no #na#) or a float (regression); a
+ * missing target is refused. */
+typedef struct cf_tabular_options {
+    const char *const *cat_names;
+    int n_cat;
+    const char *const *cont_names;
+    int n_cont;
+    const char *y_name;
+    bool y_regression; /* false: the target is a class */
+    char delimiter;    /* ',' */
+    double valid_pct;  /* RandomSplitter(valid_pct, seed) over the rows; 0: no validation */
+    uint64_t seed;
+    const int64_t *valid_idx; /* rows (0-based, after the header) of the validation set;
+                                 overrides valid_pct */
+    int64_t n_valid_idx;
+} cf_tabular_options;
+
+cf_status cf_tabular_from_table(const cf_csv_table *table, const cf_tabular_options *opt,
+                                cf_dataset **train, cf_dataset **valid);
+cf_status cf_tabular_from_csv(const char *path, const cf_tabular_options *opt, cf_dataset **train,
+                              cf_dataset **valid);
+cf_status cf_tabular_from_csv_buffer(const char *text, size_t size, const char *name,
+                                     const cf_tabular_options *opt, cf_dataset **train,
+                                     cf_dataset **valid);
+
+/* ---- DataLoaders --------------------------------------------------------------------------- */
+
+typedef enum cf_shard_mode {
+    CF_SHARD_PER_RANK,    /* each rank takes its contiguous chunk of the padded permutation and
+                             batches it with bs (global batch = bs * world) */
+    CF_SHARD_SPLIT_BATCH, /* each global batch of bs is cut into world slices (results equal
+                             one process) */
+} cf_shard_mode;
+
+typedef struct cf_batch {
+    cf_tensor x;        /* (B, ...) */
+    cf_tensor y;        /* (B) or (B, target_dim) */
+    const int64_t *idx; /* dataset index of each sample */
+    const bool *pad;    /* true for samples that are wrap-around padding (sharding) */
+    int size;           /* B */
+    int n_real;         /* samples that are not padding */
+    int global_size;    /* CF_SHARD_SPLIT_BATCH: real samples in the whole global batch (sum of
+                           n_real over ranks); otherwise n_real */
+} cf_batch;
+
+typedef struct cf_dataloader cf_dataloader;
+
+typedef struct cf_dl_options {
+    int bs;         /* 64 */
+    bool shuffle;   /* train: true */
+    bool drop_last; /* train: true */
+    uint64_t seed;  /* order: seed + epoch; augmentation: (seed, epoch, sample index) */
+    /* augmentation (image datasets): random crop after zero padding, horizontal flip */
+    int crop_pad; /* 0: off */
+    bool flip;
+    /* normalisation of image channels: mean/std per channel, n_norm channels (0: none; 1:
+     * the same for every channel) */
+    int n_norm;
+    float mean[4], std[4];
+    int prefetch; /* batches prepared ahead by the background thread (>= 2; 0: default 3;
+                     < 0: no thread, batches are made in next()) */
+} cf_dl_options;
+
+/* The loader keeps a pointer to ds (not owned; it must outlive the loader). Buffers for
+ * `prefetch` batches are allocated here; iterating allocates nothing per batch.
+ *
+ * Threads: the prefetch thread is started lazily by the first cf_dataloader_next of an epoch,
+ * in the process that iterates, and is joined when the epoch ends (next returns NULL), at the
+ * next begin_epoch and in free. So no loader thread lives between epochs, and a fork between
+ * epochs is safe. A process forked in the middle of an epoch notices (getpid) on its next call,
+ * re-creates the loader's lock and condition variables and restarts production from the batch
+ * it is at (batches are a pure function of seed, epoch and position, so nothing changes). */
+cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_dataloader **out);
+void cf_dataloader_free(cf_dataloader *dl);
+/* Batches per epoch for this rank, as fastai computes it (n//bs + (n%bs && !drop_last)), where
+ * n is this rank's chunk for CF_SHARD_PER_RANK. */
+int64_t cf_dataloader_len(const cf_dataloader *dl);
+/* Shard for data-parallel training (world 1 = off). Takes effect at the next begin_epoch.
+ *
+ * CF_SHARD_PER_RANK: every rank draws the same permutation (seed + epoch; identity without
+ * shuffle), pads it to total = ceil(n/world)*world with perm[i % n] (pad = true), and takes the
+ * contiguous chunk [rank*total/world, (rank+1)*total/world); batches of bs from the chunk
+ * (drop_last applies to the chunk).
+ *
+ * CF_SHARD_SPLIT_BATCH: global batches of bs are drawn from the whole permutation as one process
+ * would draw them (same count, same drop_last); a global batch of B rows is cut so that rank r
+ * takes rows [r*B/world, (r+1)*B/world) (integer division: slices differ by at most one row and
+ * concatenating them in rank order gives the global batch). A rank whose slice would be empty
+ * (B < world) gets one padding row (the global batch's first sample, pad = true, n_real 0).
+ * Weight losses/gradients by n_real / global_size to reproduce one process. */
+cf_status cf_dataloader_set_shard(cf_dataloader *dl, int rank, int world, cf_shard_mode mode);
+/* Starts an epoch: draws the permutation from seed + epoch. Prefetching starts with the first
+ * cf_dataloader_next. */
+cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch);
+/* The next batch, or *batch = NULL at the end of the epoch. The batch stays valid until the
+ * next call. */
+cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch);
+const cf_dataset *cf_dataloader_dataset(const cf_dataloader *dl);
+const cf_dl_options *cf_dataloader_options(const cf_dataloader *dl);
+
+/* fastai's DataLoaders: a training and a validation loader over their datasets. */
+typedef struct cf_dls {
+    cf_dataset *train_ds, *valid_ds; /* owned */
+    cf_dataloader *train, *valid;    /* owned */
+} cf_dls;
+
+typedef struct cf_dls_options {
+    int bs, val_bs; /* 64; val_bs 0 = bs */
+    uint64_t seed;
+    int crop_pad; /* augmentation of the training set */
+    bool flip;
+    bool normalize; /* true: statistics from the training set unless given (n_norm > 0) */
+    int n_norm;     /* given statistics (used whenever n_norm > 0) */
+    float mean[4], std[4];
+    int prefetch; /* as cf_dl_options.prefetch */
+} cf_dls_options;
+
+/* Takes ownership of both datasets (also on failure). Train: shuffle + drop_last; valid: in
+ * order, not dropped. */
+cf_status cf_dls_new(cf_dataset *train, cf_dataset *valid, const cf_dls_options *opt, cf_dls **out);
+/* Fashion-MNIST style folder: train-images-idx3-ubyte(.gz) etc.; t10k files are validation. */
+cf_status cf_dls_from_idx_dir(const char *dir, const cf_dls_options *opt, cf_dls **out);
+/* ImageDataLoaders.from_folder. */
+cf_status cf_dls_from_image_folder(const char *root, const cf_image_folder_options *iopt,
+                                   const cf_dls_options *opt, cf_dls **out);
+/* TabularDataLoaders.from_csv (augmentation and image normalisation options are ignored). */
+cf_status cf_dls_from_csv(const char *path, const cf_tabular_options *topt,
+                          const cf_dls_options *opt, cf_dls **out);
+void cf_dls_free(cf_dls *dls);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,270 @@
+/* In-memory datasets: allocation, copies, subsets, statistics, RandomSplitter. */
+#include "data_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void cf__strv_free(char **v, int n) {
+    if (!v) return;
+    for (int i = 0; i < n; i++) cf_free(v[i]);
+    cf_free(v);
+}
+
+char **cf__strv_dup(const char *const *v, int n) {
+    char **out = cf_calloc((size_t)(n > 0 ? n : 1), sizeof *out);
+    if (!out) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (!v[i]) continue;
+        out[i] = cf_strdup(v[i]);
+        if (!out[i]) {
+            cf__strv_free(out, n);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+bool cf__dataset_set_source(cf_dataset *ds, const char *s) {
+    char *copy = cf_strdup(s ? s : "");
+    if (!copy) return false;
+    cf_free(ds->source);
+    ds->source = copy;
+    return true;
+}
+
+static bool shape_valid(const cf_shape *s) {
+    if (s->ndim < 1 || s->ndim > 3) return false; /* the batch dim makes it 4 at most */
+    for (int i = 0; i < s->ndim; i++)
+        if (s->dim[i] <= 0) return false;
+    return true;
+}
+
+cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim) {
+    char buf[64];
+    if (n < 0 || !shape_valid(&shape) || target_dim < 1) {
+        cf_fail(CF_ERR_INVALID, "dataset of %lld samples of shape %s with %d targets is invalid",
+                (long long)n, cf_shape_str(&shape, buf, sizeof buf), target_dim);
+        return NULL;
+    }
+    size_t per = cf_shape_numel(&shape);
+    if (per > ((size_t)1 << 40) / sizeof(float) || (uint64_t)n > ((uint64_t)1 << 40) / per ||
+        (uint64_t)n > ((uint64_t)1 << 40) / (uint64_t)target_dim) {
+        cf_fail(CF_ERR_NOMEM, "dataset of %lld samples of shape %s is too large", (long long)n,
+                cf_shape_str(&shape, buf, sizeof buf));
+        return NULL;
+    }
+    cf_dataset *ds = cf_calloc(1, sizeof *ds);
+    if (!ds) return NULL;
+    ds->n = n;
+    ds->sample_shape = shape;
+    ds->target_dim = target_dim;
+    ds->x = cf_calloc((size_t)n * per, sizeof(float));
+    ds->y = cf_calloc((size_t)n * (size_t)target_dim, sizeof(float));
+    if (!ds->x || !ds->y || !cf__dataset_set_source(ds, "")) {
+        cf_dataset_free(ds);
+        cf_fail(CF_ERR_NOMEM, "out of memory for a dataset of %lld samples of shape %s",
+                (long long)n, cf_shape_str(&shape, buf, sizeof buf));
+        return NULL;
+    }
+    return ds;
+}
+
+void cf_dataset_free(cf_dataset *ds) {
+    if (!ds) return;
+    cf_free(ds->x);
+    cf_free(ds->y);
+    cf__strv_free(ds->vocab, ds->n_classes);
+    if (ds->cat_vocab) {
+        for (int i = 0; i < ds->n_cat; i++)
+            cf__strv_free(ds->cat_vocab[i], ds->cat_cardinality ? ds->cat_cardinality[i] : 0);
+        cf_free(ds->cat_vocab);
+    }
+    cf__strv_free(ds->feature_names, ds->n_cat + ds->n_cont);
+    cf_free(ds->cat_cardinality);
+    cf_free(ds->cont_mean);
+    cf_free(ds->cont_std);
+    cf_free(ds->cont_fill);
+    cf_free(ds->source);
+    cf_free(ds);
+}
+
+cf_status cf_dataset_from_arrays(const float *x, const float *y, int64_t n, cf_shape sample_shape,
+                                 int target_dim, int n_classes, cf_dataset **out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataset_from_arrays: out is NULL");
+    *out = NULL;
+    if ((n > 0 && (!x || !y)) || n_classes < 0)
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_from_arrays: NULL data or n_classes %d < 0",
+                       n_classes);
+    cf_dataset *ds = cf__dataset_alloc(n, sample_shape, target_dim);
+    if (!ds) return cf_fail_context(CF_ERR_NOMEM, "cf_dataset_from_arrays");
+    size_t per = cf_shape_numel(&sample_shape);
+    if (n > 0) {
+        memcpy(ds->x, x, (size_t)n * per * sizeof(float));
+        memcpy(ds->y, y, (size_t)n * (size_t)target_dim * sizeof(float));
+    }
+    if (n_classes > 0) {
+        for (int64_t i = 0; i < n * target_dim; i++) {
+            float v = y[i];
+            if (!(v >= 0 && v < (float)n_classes) || v != floorf(v)) {
+                cf_dataset_free(ds);
+                return cf_fail(CF_ERR_INVALID,
+                               "cf_dataset_from_arrays: target %lld is %g, not a class code in "
+                               "[0, %d)",
+                               (long long)i, (double)v, n_classes);
+            }
+        }
+    }
+    ds->n_classes = n_classes;
+    if (!cf__dataset_set_source(ds, "arrays")) {
+        cf_dataset_free(ds);
+        return CF_ERR_NOMEM;
+    }
+    *out = ds;
+    return CF_OK;
+}
+
+cf_status cf_dataset_set_vocab(cf_dataset *ds, const char *const *names, int n) {
+    if (!ds || !names || n != ds->n_classes)
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_set_vocab: %d names for %d classes", n,
+                       ds ? ds->n_classes : -1);
+    for (int i = 0; i < n; i++)
+        if (!names[i]) return cf_fail(CF_ERR_INVALID, "cf_dataset_set_vocab: name %d is NULL", i);
+    char **v = cf__strv_dup(names, n);
+    if (!v) return CF_ERR_NOMEM;
+    cf__strv_free(ds->vocab, ds->n_classes);
+    ds->vocab = v;
+    return CF_OK;
+}
+
+static float *floats_dup(const float *v, int n) {
+    if (!v) return NULL;
+    float *out = cf_malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (out && n > 0) memcpy(out, v, (size_t)n * sizeof(float));
+    return out;
+}
+
+cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src) {
+    dst->n_classes = src->n_classes;
+    if (src->vocab && !(dst->vocab = cf__strv_dup((const char *const *)src->vocab, src->n_classes)))
+        return CF_ERR_NOMEM;
+    if (src->source && !cf__dataset_set_source(dst, src->source)) return CF_ERR_NOMEM;
+    dst->n_cat = src->n_cat;
+    dst->n_cont = src->n_cont;
+    if (src->cat_cardinality) {
+        dst->cat_cardinality = cf_malloc((size_t)(src->n_cat > 0 ? src->n_cat : 1) * sizeof(int));
+        if (!dst->cat_cardinality) return CF_ERR_NOMEM;
+        memcpy(dst->cat_cardinality, src->cat_cardinality, (size_t)src->n_cat * sizeof(int));
+    }
+    if (src->feature_names &&
+        !(dst->feature_names =
+              cf__strv_dup((const char *const *)src->feature_names, src->n_cat + src->n_cont)))
+        return CF_ERR_NOMEM;
+    if (src->cat_vocab) {
+        dst->cat_vocab = cf_calloc((size_t)(src->n_cat > 0 ? src->n_cat : 1), sizeof(char **));
+        if (!dst->cat_vocab) return CF_ERR_NOMEM;
+        for (int i = 0; i < src->n_cat; i++)
+            if (src->cat_vocab[i] &&
+                !(dst->cat_vocab[i] = cf__strv_dup((const char *const *)src->cat_vocab[i],
+                                                   src->cat_cardinality[i])))
+                return CF_ERR_NOMEM;
+    }
+    if ((src->cont_mean && !(dst->cont_mean = floats_dup(src->cont_mean, src->n_cont))) ||
+        (src->cont_std && !(dst->cont_std = floats_dup(src->cont_std, src->n_cont))) ||
+        (src->cont_fill && !(dst->cont_fill = floats_dup(src->cont_fill, src->n_cont))))
+        return CF_ERR_NOMEM;
+    return CF_OK;
+}
+
+cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataset_subset: out is NULL");
+    *out = NULL;
+    if (!ds || n < 0 || (n > 0 && !idx))
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_subset: invalid arguments");
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= ds->n)
+            return cf_fail(CF_ERR_INVALID,
+                           "cf_dataset_subset: index %lld is %lld, outside [0, %lld)", (long long)i,
+                           (long long)idx[i], (long long)ds->n);
+    cf_dataset *sub = cf__dataset_alloc(n, ds->sample_shape, ds->target_dim);
+    if (!sub) return CF_ERR_NOMEM;
+    if (cf__dataset_copy_meta(sub, ds) != CF_OK) {
+        cf_dataset_free(sub);
+        return cf_fail(CF_ERR_NOMEM, "cf_dataset_subset: out of memory");
+    }
+    size_t per = cf_shape_numel(&ds->sample_shape), td = (size_t)ds->target_dim;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(sub->x + (size_t)i * per, ds->x + (size_t)idx[i] * per, per * sizeof(float));
+        memcpy(sub->y + (size_t)i * td, ds->y + (size_t)idx[i] * td, td * sizeof(float));
+    }
+    *out = sub;
+    return CF_OK;
+}
+
+cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std) {
+    if (!ds || !mean || !std || ds->sample_shape.ndim != 3 || ds->sample_shape.dim[0] > 4)
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_dataset_channel_stats: needs an image dataset (C, H, W) with C <= 4");
+    int c = ds->sample_shape.dim[0];
+    size_t hw = (size_t)ds->sample_shape.dim[1] * (size_t)ds->sample_shape.dim[2];
+    if (ds->n * (int64_t)hw < 2)
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_channel_stats: %s has too few values",
+                       ds->source ? ds->source : "dataset");
+    for (int ch = 0; ch < c; ch++) {
+        /* Two passes in double: mean, then the sum of squared deviations. */
+        double sum = 0, count = (double)ds->n * (double)hw;
+        for (int64_t i = 0; i < ds->n; i++) {
+            const float *p = ds->x + ((size_t)i * (size_t)c + (size_t)ch) * hw;
+            double s = 0;
+            for (size_t j = 0; j < hw; j++) s += p[j];
+            sum += s;
+        }
+        double m = sum / count, ss = 0;
+        for (int64_t i = 0; i < ds->n; i++) {
+            const float *p = ds->x + ((size_t)i * (size_t)c + (size_t)ch) * hw;
+            double s = 0;
+            for (size_t j = 0; j < hw; j++) {
+                double d = p[j] - m;
+                s += d * d;
+            }
+            ss += s;
+        }
+        mean[ch] = (float)m;
+        std[ch] = (float)(sqrt(ss / (count - 1)) + 1e-7);
+    }
+    return CF_OK;
+}
+
+cf_status cf_random_split(int64_t n, double valid_pct, uint64_t seed, int64_t **train_idx,
+                          int64_t *n_train, int64_t **valid_idx, int64_t *n_valid) {
+    if (!train_idx || !n_train || !valid_idx || !n_valid)
+        return cf_fail(CF_ERR_INVALID, "cf_random_split: NULL output");
+    *train_idx = *valid_idx = NULL;
+    *n_train = *n_valid = 0;
+    if (n < 0 || !(valid_pct >= 0 && valid_pct <= 1))
+        return cf_fail(CF_ERR_INVALID, "cf_random_split: valid_pct %g outside [0, 1] (n %lld)",
+                       valid_pct, (long long)n);
+    int64_t *perm = cf_malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!perm) return CF_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    cf_rng rng;
+    cf_rng_seed(&rng, seed);
+    cf_rng_shuffle(&rng, perm, n);
+    int64_t cut = (int64_t)(valid_pct * (double)n);
+    int64_t *tr = cf_malloc((size_t)(n - cut > 0 ? n - cut : 1) * sizeof(int64_t));
+    int64_t *va = cf_malloc((size_t)(cut > 0 ? cut : 1) * sizeof(int64_t));
+    if (!tr || !va) {
+        cf_free(perm);
+        cf_free(tr);
+        cf_free(va);
+        return CF_ERR_NOMEM;
+    }
+    memcpy(va, perm, (size_t)cut * sizeof(int64_t));
+    memcpy(tr, perm + cut, (size_t)(n - cut) * sizeof(int64_t));
+    cf_free(perm);
+    *train_idx = tr;
+    *valid_idx = va;
+    *n_train = n - cut;
+    *n_valid = cut;
+    return CF_OK;
+}

@@ -1,0 +1,281 @@
+/* IDX files (LeCun's MNIST format): magic 0x00 0x00 0x08 ndim, ndim big-endian uint32 dims, then
+ * prod(dims) unsigned bytes. gzip'd or raw files are both read through zlib's gzread. */
+#include "data_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+/* deflate cannot compress better than about 1032:1; a gz file whose header promises more data
+ * than that ratio allows is refused before allocating. */
+#define CF_DEFLATE_MAX_RATIO 1032
+
+static uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* Validates the 4-byte magic; fills ndim. */
+static cf_status check_magic(const uint8_t *m, const char *name, int *ndim) {
+    uint32_t magic = be32(m);
+    if (m[0] != 0 || m[1] != 0 || m[2] != 0x08 || m[3] < 1 || m[3] > 4) {
+        if (m[0] == 0 && m[1] == 0 && m[2] >= 0x09 && m[2] <= 0x0E && m[3] >= 1)
+            return cf_fail(CF_ERR_FORMAT,
+                           "%s: IDX data type 0x%02x at byte offset 2 is not supported (only "
+                           "unsigned bytes, 0x08)",
+                           name, m[2]);
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: bad magic number 0x%08x at byte offset 0 (expected 0x000008NN with "
+                       "NN = 1..4 dimensions, e.g. 0x00000803 for images, 0x00000801 for labels)",
+                       name, magic);
+    }
+    *ndim = m[3];
+    return CF_OK;
+}
+
+/* Validates the dims; fills out->dim and *numel. The payload may not exceed max_bytes: for raw
+ * data the bytes present, for gzip'd data what the compressed size can hold (`why`). */
+static cf_status check_dims(const uint8_t *d, int ndim, const char *name, int64_t max_bytes,
+                            const char *why, cf_idx *out, int64_t *numel) {
+    double need = 1;
+    char dims[96] = "";
+    size_t at = 0;
+    for (int i = 0; i < ndim; i++) {
+        uint32_t v = be32(d + 4 * i);
+        if (v == 0)
+            return cf_fail(CF_ERR_FORMAT, "%s: dimension %d (byte offset %d) is 0", name, i,
+                           4 + 4 * i);
+        if (v > INT_MAX)
+            return cf_fail(CF_ERR_FORMAT, "%s: dimension %d (byte offset %d) is %u, too large",
+                           name, i, 4 + 4 * i, v);
+        out->dim[i] = v;
+        need *= v;
+        at += (size_t)snprintf(dims + at, sizeof dims - at, i ? " x %u" : "%u", v);
+    }
+    if (need > (double)max_bytes) {
+        if (!why)
+            return cf_fail(CF_ERR_FORMAT,
+                           "%s: truncated: the header's dimensions (%s) need %.0f bytes of data, "
+                           "there are %lld after the header",
+                           name, dims, need, (long long)max_bytes);
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: the header's dimensions (%s) need %.0f bytes of data, refused (%s: "
+                       "at most %lld)",
+                       name, dims, need, why, (long long)max_bytes);
+    }
+    out->ndim = ndim;
+    *numel = (int64_t)need;
+    return CF_OK;
+}
+
+void cf_idx_free(cf_idx *idx) {
+    if (!idx) return;
+    cf_free(idx->data);
+    memset(idx, 0, sizeof *idx);
+}
+
+cf_status cf_idx_parse(const void *bytes, size_t size, const char *name, cf_idx *out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_idx_parse: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!name) name = "IDX data";
+    const uint8_t *b = bytes;
+    if (!b || size < 4)
+        return cf_fail(CF_ERR_FORMAT, "%s: truncated: %zu bytes, the magic number needs 4", name,
+                       size);
+    int ndim;
+    cf_status st = check_magic(b, name, &ndim);
+    if (st) return st;
+    size_t hdr = 4 + 4 * (size_t)ndim;
+    if (size < hdr)
+        return cf_fail(CF_ERR_FORMAT, "%s: truncated header: %zu bytes, %d dimensions need %zu",
+                       name, size, ndim, hdr);
+    int64_t numel;
+    cf_idx tmp = {0};
+    st = check_dims(b + 4, ndim, name, (int64_t)(size - hdr), NULL, &tmp, &numel);
+    if (st) return st;
+    if ((size_t)numel != size - hdr)
+        return cf_fail(CF_ERR_FORMAT, "%s: %zu bytes of data after the header, dimensions say %lld",
+                       name, size - hdr, (long long)numel);
+    tmp.data = cf_malloc((size_t)numel);
+    if (!tmp.data) return cf_fail_context(CF_ERR_NOMEM, "%s", name);
+    memcpy(tmp.data, b + hdr, (size_t)numel);
+    *out = tmp;
+    return CF_OK;
+}
+
+/* Reads exactly n bytes; returns the count read (short on EOF or error). */
+static int64_t gz_read_all(gzFile f, uint8_t *dst, int64_t n) {
+    int64_t done = 0;
+    while (done < n) {
+        int64_t want = n - done;
+        if (want > (1 << 30)) want = 1 << 30;
+        int got = gzread(f, dst + done, (unsigned)want);
+        if (got <= 0) break;
+        done += got;
+    }
+    return done;
+}
+
+static const char *gz_why(gzFile f) {
+    int err = 0;
+    const char *msg = gzerror(f, &err);
+    if (err == Z_OK || !msg || !*msg) return "end of file";
+    return msg;
+}
+
+cf_status cf_idx_read(const char *path, cf_idx *out) {
+    if (!out || !path) return cf_fail(CF_ERR_INVALID, "cf_idx_read: NULL argument");
+    memset(out, 0, sizeof *out);
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return cf_fail(CF_ERR_IO, "%s is not a regular file", path);
+    gzFile f = gzopen(path, "rb");
+    if (!f) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno ? errno : ENOMEM));
+    gzbuffer(f, 1 << 17);
+    cf_idx tmp = {0};
+    cf_status st = CF_OK;
+    uint8_t hdr[20];
+    int64_t got = gz_read_all(f, hdr, 4);
+    if (got < 4) {
+        st = cf_fail(CF_ERR_FORMAT, "%s: truncated: %lld bytes, the magic number needs 4 (%s)",
+                     path, (long long)got, gz_why(f));
+        goto done;
+    }
+    int ndim;
+    if ((st = check_magic(hdr, path, &ndim))) goto done;
+    int64_t hdr_size = 4 + 4 * (int64_t)ndim;
+    got = gz_read_all(f, hdr + 4, hdr_size - 4);
+    if (got < hdr_size - 4) {
+        st = cf_fail(CF_ERR_FORMAT, "%s: truncated header at byte offset %lld (%s)", path,
+                     (long long)(4 + got), gz_why(f));
+        goto done;
+    }
+    int64_t max_bytes;
+    const char *why;
+    bool raw = gzdirect(f) == 1;
+    if (raw) {
+        max_bytes = (int64_t)sb.st_size - hdr_size;
+        why = NULL;
+    } else {
+        int64_t by_ratio = (int64_t)sb.st_size * CF_DEFLATE_MAX_RATIO;
+        max_bytes = by_ratio < CF_IDX_MAX_BYTES ? by_ratio : CF_IDX_MAX_BYTES;
+        why = by_ratio < CF_IDX_MAX_BYTES ? "more than gzip can hold in this file"
+                                          : "above the limit for gzip'd files";
+    }
+    int64_t numel;
+    if ((st = check_dims(hdr + 4, ndim, path, max_bytes, why, &tmp, &numel))) goto done;
+    if (raw && numel != max_bytes) {
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: the file has %lld bytes of data after the header, its "
+                     "dimensions say %lld",
+                     path, (long long)max_bytes, (long long)numel);
+        goto done;
+    }
+    tmp.data = cf_malloc((size_t)numel);
+    if (!tmp.data) {
+        st = cf_fail_context(CF_ERR_NOMEM, "%s", path);
+        goto done;
+    }
+    got = gz_read_all(f, tmp.data, numel);
+    if (got < numel) {
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: truncated: data ends at byte offset %lld%s, the header promises %lld "
+                     "(%s)",
+                     path, (long long)(hdr_size + got), raw ? "" : " (uncompressed)",
+                     (long long)(hdr_size + numel), gz_why(f));
+        goto done;
+    }
+    uint8_t extra;
+    if (gzread(f, &extra, 1) == 1) {
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: unexpected data after byte offset %lld (the end of the "
+                     "data its header describes)",
+                     path, (long long)(hdr_size + numel));
+        goto done;
+    }
+done:
+    gzclose(f);
+    if (st) {
+        cf_idx_free(&tmp);
+        return st;
+    }
+    *out = tmp;
+    return CF_OK;
+}
+
+/* Builds a dataset from parsed image and label files. */
+static cf_status dataset_from_parsed(const cf_idx *im, const cf_idx *lb, const char *im_name,
+                                     const char *lb_name, cf_dataset **out) {
+    cf_shape shape;
+    if (im->ndim == 3)
+        shape = cf_shape_make(3, (int[]){1, (int)im->dim[1], (int)im->dim[2]});
+    else if (im->ndim == 2)
+        shape = cf_shape1((int)im->dim[1]);
+    else
+        return cf_fail(CF_ERR_FORMAT, "%s: expected idx3 images (n, rows, cols), got %d dimensions",
+                       im_name, im->ndim);
+    if (lb->ndim != 1)
+        return cf_fail(CF_ERR_FORMAT, "%s: expected idx1 labels (n), got %d dimensions", lb_name,
+                       lb->ndim);
+    if (im->dim[0] != lb->dim[0])
+        return cf_fail(CF_ERR_FORMAT, "%s has %lld images but %s has %lld labels", im_name,
+                       (long long)im->dim[0], lb_name, (long long)lb->dim[0]);
+    int64_t n = im->dim[0];
+    cf_dataset *ds = cf__dataset_alloc(n, shape, 1);
+    if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", im_name);
+    size_t numel = (size_t)n * cf_shape_numel(&shape);
+    float lut[256]; /* byte / 255 rounded once from double, as numpy's uint8 / 255.0 */
+    for (int v = 0; v < 256; v++) lut[v] = (float)(v / 255.0);
+    for (size_t i = 0; i < numel; i++) ds->x[i] = lut[im->data[i]];
+    int max_label = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ds->y[i] = (float)lb->data[i];
+        if (lb->data[i] > max_label) max_label = lb->data[i];
+    }
+    ds->n_classes = max_label + 1;
+    ds->vocab = cf_calloc((size_t)ds->n_classes, sizeof(char *));
+    bool ok = ds->vocab != NULL;
+    for (int c = 0; ok && c < ds->n_classes; c++) {
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", c);
+        ok = (ds->vocab[c] = cf_strdup(buf)) != NULL;
+    }
+    if (!ok || !cf__dataset_set_source(ds, im_name)) {
+        cf_dataset_free(ds);
+        return cf_fail_context(CF_ERR_NOMEM, "%s", im_name);
+    }
+    *out = ds;
+    return CF_OK;
+}
+
+cf_status cf_dataset_from_idx(const char *images_path, const char *labels_path, cf_dataset **out) {
+    if (!out || !images_path || !labels_path)
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_from_idx: NULL argument");
+    *out = NULL;
+    cf_idx im = {0}, lb = {0};
+    cf_status st = cf_idx_read(images_path, &im);
+    if (!st) st = cf_idx_read(labels_path, &lb);
+    if (!st) st = dataset_from_parsed(&im, &lb, images_path, labels_path, out);
+    cf_idx_free(&im);
+    cf_idx_free(&lb);
+    return st;
+}
+
+cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, const void *labels,
+                                     size_t labels_size, const char *name, cf_dataset **out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataset_from_idx_memory: out is NULL");
+    *out = NULL;
+    char im_name[256], lb_name[256];
+    snprintf(im_name, sizeof im_name, "%s (images)", name ? name : "memory");
+    snprintf(lb_name, sizeof lb_name, "%s (labels)", name ? name : "memory");
+    cf_idx im = {0}, lb = {0};
+    cf_status st = cf_idx_parse(images, images_size, im_name, &im);
+    if (!st) st = cf_idx_parse(labels, labels_size, lb_name, &lb);
+    if (!st) st = dataset_from_parsed(&im, &lb, im_name, lb_name, out);
+    cf_idx_free(&im);
+    cf_idx_free(&lb);
+    return st;
+}

@@ -1,0 +1,482 @@
+/* Image folders: one subfolder per class, PNG/JPEG/BMP decoded with stb_image and resized with
+ * stb_image_resize; GrandparentSplitter (train/ and valid/) or RandomSplitter. */
+#include "data_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#ifdef CF_HAVE_STB
+#include <stb_image.h>
+#include <stb_image_resize.h>
+#endif
+
+/* Images with more pixels than this are refused before decoding. */
+#define CF_IMAGE_MAX_PIXELS ((int64_t)1 << 26)
+/* Image files larger than this are refused before reading. */
+#define CF_IMAGE_MAX_FILE ((int64_t)1 << 28)
+
+/* stb_image 2.27 (Debian 12's libstb) does not check that a JPEG Huffman table (DHT) holds at
+ * most 256 codes, and writes past its tables when one holds more. Walk the JPEG's marker
+ * segments and refuse such tables before stb sees them; returns the byte offset of the bad
+ * table, or -1. Non-JPEG data passes. */
+static int64_t jpeg_bad_huffman_table(const uint8_t *b, size_t n) {
+    if (n < 4 || b[0] != 0xFF || b[1] != 0xD8) return -1;
+    size_t i = 2;
+    while (i + 4 <= n) {
+        if (b[i] != 0xFF) { /* entropy-coded data between markers */
+            i++;
+            continue;
+        }
+        uint8_t m = b[i + 1];
+        if (m == 0xFF) {
+            i++;
+            continue;
+        }
+        if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD8)) {
+            i += 2;
+            continue;
+        }
+        if (m == 0xD9) break;
+        size_t len = (size_t)b[i + 2] << 8 | b[i + 3];
+        if (len < 2) return -1; /* stb refuses it */
+        if (m == 0xC4) {
+            size_t p = i + 4, end = i + 2 + len;
+            if (end > n) end = n;
+            while (p + 17 <= end) {
+                unsigned codes = 0;
+                for (int k = 1; k <= 16; k++) codes += b[p + k];
+                if (codes > 256) return (int64_t)p;
+                p += 17 + codes;
+            }
+        }
+        i += 2 + len;
+    }
+    return -1;
+}
+
+cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int channels, int size,
+                          float *out, int *w, int *h) {
+    if (!name) name = "image";
+    if (!bytes || !out || (channels != 1 && channels != 3) || size < 0 || size > 65536)
+        return cf_fail(CF_ERR_INVALID, "%s: cf_image_decode: bad arguments (channels %d, size %d)",
+                       name, channels, size);
+#ifndef CF_HAVE_STB
+    (void)n;
+    (void)w;
+    (void)h;
+    return cf_fail(CF_ERR_UNSUPPORTED, "%s: corefit was built without stb (libstb-dev)", name);
+#else
+    if (n > INT_MAX)
+        return cf_fail(CF_ERR_FORMAT, "%s: %zu bytes is too large for an image file", name, n);
+    int64_t bad = jpeg_bad_huffman_table(bytes, n);
+    if (bad >= 0)
+        return cf_fail(
+            CF_ERR_FORMAT,
+            "%s: corrupt JPEG: Huffman table at byte offset %lld has more than 256 codes", name,
+            (long long)bad);
+    int iw = 0, ih = 0, comp = 0;
+    if (!stbi_info_from_memory(bytes, (int)n, &iw, &ih, &comp))
+        return cf_fail(CF_ERR_FORMAT, "%s: cannot decode image (%zu bytes): %s", name, n,
+                       stbi_failure_reason() ? stbi_failure_reason() : "unknown format");
+    if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > CF_IMAGE_MAX_PIXELS)
+        return cf_fail(CF_ERR_FORMAT, "%s: image size %d x %d refused (more than %lld pixels)",
+                       name, iw, ih, (long long)CF_IMAGE_MAX_PIXELS);
+    int expect_w = w ? *w : 0, expect_h = h ? *h : 0;
+    if (size == 0 && expect_w > 0 && expect_h > 0 && (iw != expect_w || ih != expect_h))
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: image is %d x %d, the others are %d x %d (pass a size to resize)", name,
+                       iw, ih, expect_w, expect_h);
+    int dw = 0, dh = 0, dc = 0;
+    unsigned char *pix = stbi_load_from_memory(bytes, (int)n, &dw, &dh, &dc, channels);
+    if (!pix)
+        return cf_fail(CF_ERR_FORMAT, "%s: cannot decode image (%zu bytes): %s", name, n,
+                       stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+    if (dw != iw || dh != ih) {
+        stbi_image_free(pix);
+        return cf_fail(CF_ERR_FORMAT, "%s: decoded size %d x %d differs from the header's %d x %d",
+                       name, dw, dh, iw, ih);
+    }
+    const unsigned char *src = pix;
+    unsigned char *resized = NULL;
+    int ow = dw, oh = dh;
+    if (size > 0 && (dw != size || dh != size)) {
+        resized = malloc((size_t)size * size * channels);
+        if (!resized) {
+            stbi_image_free(pix);
+            return cf_fail(CF_ERR_NOMEM, "%s: out of memory resizing to %d x %d", name, size, size);
+        }
+        if (!stbir_resize_uint8(pix, dw, dh, 0, resized, size, size, 0, channels)) {
+            free(resized);
+            stbi_image_free(pix);
+            return cf_fail(CF_ERR_FORMAT, "%s: cannot resize %d x %d to %d x %d", name, dw, dh,
+                           size, size);
+        }
+        src = resized;
+        ow = oh = size;
+    }
+    float lut[256];
+    for (int v = 0; v < 256; v++) lut[v] = (float)(v / 255.0);
+    size_t hw = (size_t)ow * oh;
+    for (int c = 0; c < channels; c++)
+        for (size_t i = 0; i < hw; i++) out[c * hw + i] = lut[src[i * channels + c]];
+    free(resized);
+    stbi_image_free(pix);
+    if (w) *w = dw;
+    if (h) *h = dh;
+    return CF_OK;
+#endif
+}
+
+/* ---- walking the folders ------------------------------------------------------------------ */
+
+typedef struct item {
+    char *path;
+    int label;
+} item;
+
+typedef struct items {
+    item *v;
+    int64_t n, cap;
+} items;
+
+static void items_free(items *it) {
+    for (int64_t i = 0; i < it->n; i++) cf_free(it->v[i].path);
+    cf_free(it->v);
+    memset(it, 0, sizeof *it);
+}
+
+static cf_status items_push(items *it, const char *path, int label) {
+    if (it->n == it->cap) {
+        int64_t cap = it->cap ? it->cap * 2 : 64;
+        item *v = cf_malloc((size_t)cap * sizeof *v);
+        if (!v) return CF_ERR_NOMEM;
+        if (it->n) memcpy(v, it->v, (size_t)it->n * sizeof *v);
+        cf_free(it->v);
+        it->v = v;
+        it->cap = cap;
+    }
+    char *p = cf_strdup(path);
+    if (!p) return CF_ERR_NOMEM;
+    it->v[it->n].path = p;
+    it->v[it->n].label = label;
+    it->n++;
+    return CF_OK;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Sorted names of the entries of dir (no "." entries, no hidden files). */
+static cf_status list_dir(const char *dir, char ***names, int *count) {
+    *names = NULL;
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return cf_fail(CF_ERR_IO, "cannot open folder %s: %s", dir, strerror(errno));
+    int n = 0, cap = 0;
+    char **v = NULL;
+    struct dirent *e;
+    cf_status st = CF_OK;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        if (n == cap) {
+            int ncap = cap ? cap * 2 : 32;
+            char **nv = cf_malloc((size_t)ncap * sizeof *nv);
+            if (!nv) {
+                st = CF_ERR_NOMEM;
+                break;
+            }
+            if (n) memcpy(nv, v, (size_t)n * sizeof *nv);
+            cf_free(v);
+            v = nv;
+            cap = ncap;
+        }
+        if (!(v[n] = cf_strdup(e->d_name))) {
+            st = CF_ERR_NOMEM;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (st) {
+        cf__strv_free(v, n);
+        return cf_fail_context(st, "listing %s", dir);
+    }
+    if (n > 1) qsort(v, (size_t)n, sizeof *v, cmp_str);
+    *names = v;
+    *count = n;
+    return CF_OK;
+}
+
+/* Checks that path does not lead out of root_real (unless allowed); fills *st_out. */
+static cf_status check_inside(const char *path, const char *root_real, bool follow,
+                              struct stat *st_out) {
+    if (stat(path, st_out) != 0)
+        return cf_fail(CF_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    if (follow) return CF_OK;
+    struct stat lst;
+    if (lstat(path, &lst) != 0)
+        return cf_fail(CF_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    if (!S_ISLNK(lst.st_mode)) return CF_OK;
+    char *real = realpath(path, NULL);
+    if (!real) return cf_fail(CF_ERR_IO, "cannot resolve %s: %s", path, strerror(errno));
+    size_t rl = strlen(root_real);
+    bool inside = strncmp(real, root_real, rl) == 0 && (real[rl] == '/' || real[rl] == '\0');
+    if (!inside) {
+        cf_status s = cf_fail(CF_ERR_IO,
+                              "%s is a symbolic link leading out of the data root %s (to %s); "
+                              "set follow_symlinks to allow it",
+                              path, root_real, real);
+        free(real);
+        return s;
+    }
+    free(real);
+    return CF_OK;
+}
+
+static bool is_image_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    if (!dot) return false;
+    static const char *const ext[] = {".png", ".jpg", ".jpeg", ".bmp"};
+    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
+        if (strcasecmp(dot, ext[i]) == 0) return true;
+    return false;
+}
+
+static cf_status join(char *buf, size_t size, const char *a, const char *b) {
+    int k = snprintf(buf, size, "%s/%s", a, b);
+    if (k < 0 || (size_t)k >= size) return cf_fail(CF_ERR_INVALID, "path too long: %s/%s", a, b);
+    return CF_OK;
+}
+
+/* Class folders of dir: their sorted names. */
+static cf_status class_folders(const char *dir, const char *root_real, bool follow, char ***classes,
+                               int *n_classes) {
+    char **names;
+    int n;
+    cf_status st = list_dir(dir, &names, &n);
+    if (st) return st;
+    int k = 0;
+    char path[PATH_MAX];
+    for (int i = 0; i < n; i++) {
+        struct stat sb;
+        if ((st = join(path, sizeof path, dir, names[i])) ||
+            (st = check_inside(path, root_real, follow, &sb))) {
+            cf__strv_free(names, n);
+            return st;
+        }
+        if (S_ISDIR(sb.st_mode)) {
+            char *keep = names[i];
+            names[i] = NULL;
+            names[k++] = keep;
+        } else {
+            cf_free(names[i]);
+            names[i] = NULL;
+        }
+    }
+    *classes = names;
+    *n_classes = k;
+    return CF_OK;
+}
+
+/* Adds the images of dir/<class>/ for every class folder, labelled by its index in vocab. */
+static cf_status collect(const char *dir, const char *root_real, bool follow, char **vocab,
+                         int n_vocab, items *out) {
+    char **classes;
+    int n_classes;
+    cf_status st = class_folders(dir, root_real, follow, &classes, &n_classes);
+    if (st) return st;
+    char cdir[PATH_MAX], path[PATH_MAX];
+    for (int c = 0; c < n_classes && !st; c++) {
+        int label = -1;
+        for (int v = 0; v < n_vocab; v++)
+            if (strcmp(vocab[v], classes[c]) == 0) label = v;
+        if (label < 0) {
+            st = cf_fail(CF_ERR_FORMAT, "%s/%s: class '%s' is not among the training classes", dir,
+                         classes[c], classes[c]);
+            break;
+        }
+        if ((st = join(cdir, sizeof cdir, dir, classes[c]))) break;
+        char **files;
+        int n_files;
+        if ((st = list_dir(cdir, &files, &n_files))) break;
+        int64_t before = out->n;
+        for (int f = 0; f < n_files && !st; f++) {
+            struct stat sb;
+            if (!is_image_name(files[f])) continue;
+            if ((st = join(path, sizeof path, cdir, files[f]))) break;
+            if ((st = check_inside(path, root_real, follow, &sb))) break;
+            if (!S_ISREG(sb.st_mode)) continue;
+            if ((st = items_push(out, path, label))) cf_fail_context(st, "listing %s", cdir);
+        }
+        cf__strv_free(files, n_files);
+        if (!st && out->n == before)
+            st = cf_fail(CF_ERR_FORMAT, "class folder %s has no images (.png, .jpg, .jpeg, .bmp)",
+                         cdir);
+    }
+    cf__strv_free(classes, n_classes);
+    return st;
+}
+
+static cf_status read_file(const char *path, unsigned char **data, size_t *size) {
+    *data = NULL;
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || sb.st_size > CF_IMAGE_MAX_FILE) {
+        fclose(f);
+        return cf_fail(CF_ERR_FORMAT, "%s: file of %lld bytes refused (limit %lld)", path,
+                       (long long)sb.st_size, (long long)CF_IMAGE_MAX_FILE);
+    }
+    unsigned char *buf = cf_malloc((size_t)sb.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        return cf_fail_context(CF_ERR_NOMEM, "%s", path);
+    }
+    size_t got = fread(buf, 1, (size_t)sb.st_size, f);
+    fclose(f);
+    if (got != (size_t)sb.st_size) {
+        cf_free(buf);
+        return cf_fail(CF_ERR_IO, "%s: read %zu of %lld bytes", path, got, (long long)sb.st_size);
+    }
+    *data = buf;
+    *size = got;
+    return CF_OK;
+}
+
+/* Decodes the items into a new dataset. w and h carry the common size when opt size is 0. */
+static cf_status build(const items *it, int channels, int size, int *w, int *h, char **vocab,
+                       int n_vocab, const char *source, cf_dataset **out) {
+    *out = NULL;
+    /* The size of the images: size, or the first image's. */
+    if (size == 0 && *w == 0 && it->n > 0) {
+        unsigned char *data;
+        size_t n;
+        cf_status st = read_file(it->v[0].path, &data, &n);
+        if (st) return st;
+#ifdef CF_HAVE_STB
+        int comp;
+        int ok = n <= INT_MAX && stbi_info_from_memory(data, (int)n, w, h, &comp);
+        if (!ok) {
+            cf_free(data);
+            return cf_fail(CF_ERR_FORMAT, "%s: cannot decode image (%zu bytes): %s", it->v[0].path,
+                           n, stbi_failure_reason() ? stbi_failure_reason() : "?");
+        }
+        if ((int64_t)*w * *h > CF_IMAGE_MAX_PIXELS) {
+            cf_free(data);
+            return cf_fail(CF_ERR_FORMAT, "%s: image size %d x %d refused", it->v[0].path, *w, *h);
+        }
+#endif
+        cf_free(data);
+        if (*w <= 0) return cf_fail(CF_ERR_FORMAT, "%s: cannot read the image size", it->v[0].path);
+    }
+    int ow = size ? size : (*w > 0 ? *w : 1), oh = size ? size : (*h > 0 ? *h : 1);
+    cf_dataset *ds = cf__dataset_alloc(it->n, cf_shape_make(3, (int[]){channels, oh, ow}), 1);
+    if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", source);
+    size_t per = cf_shape_numel(&ds->sample_shape);
+    cf_status st = CF_OK;
+    for (int64_t i = 0; i < it->n && !st; i++) {
+        unsigned char *data;
+        size_t n;
+        if ((st = read_file(it->v[i].path, &data, &n))) break;
+        int iw = size ? 0 : *w, ih = size ? 0 : *h;
+        st = cf_image_decode(data, n, it->v[i].path, channels, size, ds->x + (size_t)i * per, &iw,
+                             &ih);
+        cf_free(data);
+        ds->y[i] = (float)it->v[i].label;
+    }
+    if (!st) {
+        ds->n_classes = n_vocab;
+        if (!(ds->vocab = cf__strv_dup((const char *const *)vocab, n_vocab)) ||
+            !cf__dataset_set_source(ds, source))
+            st = CF_ERR_NOMEM;
+    }
+    if (st) {
+        cf_dataset_free(ds);
+        return st;
+    }
+    *out = ds;
+    return CF_OK;
+}
+
+cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,
+                                        cf_dataset **train, cf_dataset **valid) {
+    if (!train || !valid || !root)
+        return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_folder: NULL argument");
+    *train = *valid = NULL;
+    cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
+    if (o.channels == 0) o.channels = 3;
+    if (!o.train) o.train = "train";
+    if (!o.valid) o.valid = "valid";
+    if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
+        !(o.valid_pct >= 0 && o.valid_pct < 1))
+        return cf_fail(CF_ERR_INVALID,
+                       "%s: image folder options: channels %d (1 or 3), size %d, valid_pct %g",
+                       root, o.channels, o.size, o.valid_pct);
+#ifndef CF_HAVE_STB
+    return cf_fail(CF_ERR_UNSUPPORTED, "%s: corefit was built without stb (libstb-dev)", root);
+#endif
+    char *root_real = realpath(root, NULL);
+    if (!root_real) return cf_fail(CF_ERR_IO, "cannot open folder %s: %s", root, strerror(errno));
+    char tdir[PATH_MAX], vdir[PATH_MAX];
+    char **vocab = NULL;
+    int n_vocab = 0, w = 0, h = 0;
+    items tr = {0}, va = {0}, all = {0};
+    int64_t *ti = NULL, *vi = NULL;
+    cf_status st = CF_OK;
+    if (o.valid_pct > 0) {
+        snprintf(tdir, sizeof tdir, "%s", root);
+        if ((st = class_folders(tdir, root_real, o.follow_symlinks, &vocab, &n_vocab))) goto done;
+        if (n_vocab == 0) {
+            st = cf_fail(CF_ERR_FORMAT, "%s has no class folders", tdir);
+            goto done;
+        }
+        if ((st = collect(tdir, root_real, o.follow_symlinks, vocab, n_vocab, &all))) goto done;
+        int64_t nt, nv;
+        if ((st = cf_random_split(all.n, o.valid_pct, o.seed, &ti, &nt, &vi, &nv))) goto done;
+        for (int64_t i = 0; i < nt && !st; i++)
+            st = items_push(&tr, all.v[ti[i]].path, all.v[ti[i]].label);
+        for (int64_t i = 0; i < nv && !st; i++)
+            st = items_push(&va, all.v[vi[i]].path, all.v[vi[i]].label);
+        if (st) goto done;
+    } else {
+        if ((st = join(tdir, sizeof tdir, root, o.train)) ||
+            (st = join(vdir, sizeof vdir, root, o.valid)))
+            goto done;
+        if ((st = class_folders(tdir, root_real, o.follow_symlinks, &vocab, &n_vocab))) goto done;
+        if (n_vocab == 0) {
+            st = cf_fail(CF_ERR_FORMAT, "%s has no class folders", tdir);
+            goto done;
+        }
+        if ((st = collect(tdir, root_real, o.follow_symlinks, vocab, n_vocab, &tr))) goto done;
+        struct stat sb;
+        if (stat(vdir, &sb) == 0 &&
+            (st = collect(vdir, root_real, o.follow_symlinks, vocab, n_vocab, &va)))
+            goto done;
+    }
+    if ((st = build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, tdir, train))) goto done;
+    if ((st = build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, o.valid_pct > 0 ? tdir : vdir,
+                    valid)))
+        goto done;
+done:
+    if (st) {
+        cf_dataset_free(*train);
+        cf_dataset_free(*valid);
+        *train = *valid = NULL;
+    }
+    free(root_real);
+    cf__strv_free(vocab, n_vocab);
+    items_free(&tr);
+    items_free(&va);
+    items_free(&all);
+    cf_free(ti);
+    cf_free(vi);
+    return st;
+}

@@ -1,0 +1,414 @@
+/* DataLoader: per-epoch order (shuffle, sharding), batches assembled into a preallocated ring of
+ * buffers by a per-epoch background thread, augmentation and normalisation on the fly.
+ *
+ * Thread model (fork safety): the prefetch thread is created by the first cf_dataloader_next of
+ * an epoch and joined when the epoch's batches are exhausted, at the next begin_epoch, and in
+ * free; no loader thread outlives an epoch. A process forked mid-epoch detects the new pid on
+ * its next call, re-initialises the lock and condition variables (the parent's thread does not
+ * exist in the child) and restarts production at the batch it has reached. Batches are a pure
+ * function of (seed, epoch, shard, position), so the restart changes nothing. */
+#include "data_internal.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct slot {
+    float *x, *y;
+    int64_t *idx;
+    bool *pad;
+    cf_batch batch;
+} slot;
+
+struct cf_dataloader {
+    const cf_dataset *ds;
+    cf_dl_options opt;
+    size_t per; /* floats per sample */
+    int td;
+    bool image; /* sample_shape (C, H, W) */
+    float scale[4], shift[4];
+    /* requested shard (applies at begin_epoch) and the shard of the running epoch */
+    int rank, world;
+    cf_shard_mode mode;
+    int e_rank, e_world;
+    cf_shard_mode e_mode;
+    int epoch;
+    bool in_epoch;
+    int64_t *order; /* this epoch's sample list: PER_RANK the rank's chunk, SPLIT the whole perm */
+    bool *order_pad;
+    int64_t order_cap, n_order, n_batches, next_b;
+    int nslots;
+    slot *slots;
+    /* producer thread */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_prod, cv_cons;
+    pthread_t thread;
+    bool threaded, thread_running, stop;
+    int64_t produced, released;
+    pid_t pid;
+};
+
+static int64_t batches_for(int64_t n, int bs, bool drop_last) {
+    return n / bs + ((!drop_last && n % bs) ? 1 : 0);
+}
+
+/* Length of this rank's sample list for the given shard. */
+static int64_t chunk_len(int64_t n, int world, cf_shard_mode mode) {
+    if (world <= 1 || mode == CF_SHARD_SPLIT_BATCH) return n;
+    int64_t total = (n + world - 1) / world * world;
+    return total / world;
+}
+
+int64_t cf_dataloader_len(const cf_dataloader *dl) {
+    if (!dl) return 0;
+    return batches_for(chunk_len(dl->ds->n, dl->world, dl->mode), dl->opt.bs, dl->opt.drop_last);
+}
+
+const cf_dataset *cf_dataloader_dataset(const cf_dataloader *dl) {
+    return dl ? dl->ds : NULL;
+}
+const cf_dl_options *cf_dataloader_options(const cf_dataloader *dl) {
+    return dl ? &dl->opt : NULL;
+}
+
+static void free_slots(cf_dataloader *dl) {
+    if (!dl->slots) return;
+    for (int i = 0; i < dl->nslots; i++) {
+        cf_free(dl->slots[i].x);
+        cf_free(dl->slots[i].y);
+        cf_free(dl->slots[i].idx);
+        cf_free(dl->slots[i].pad);
+    }
+    cf_free(dl->slots);
+    dl->slots = NULL;
+}
+
+cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_dataloader **out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: out is NULL");
+    *out = NULL;
+    if (!ds) return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: dataset is NULL");
+    cf_dl_options o = opt ? *opt : (cf_dl_options){0};
+    if (o.bs == 0) o.bs = 64;
+    if (o.prefetch == 0) o.prefetch = 3;
+    if (o.prefetch > 0 && o.prefetch < 2) o.prefetch = 2;
+    if (o.bs < 0 || o.bs > (1 << 20))
+        return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: batch size %d outside [1, 2^20]", o.bs);
+    if (o.prefetch > 64)
+        return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: prefetch %d above 64", o.prefetch);
+    bool image = ds->sample_shape.ndim == 3;
+    int channels = image ? ds->sample_shape.dim[0] : 1;
+    if ((o.crop_pad || o.flip) && !image)
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_dataloader_new: crop/flip augmentation needs an image dataset (C, H, "
+                       "W), %s has %d dims",
+                       ds->source ? ds->source : "dataset", ds->sample_shape.ndim);
+    if (o.crop_pad < 0 || o.crop_pad > 1024)
+        return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: crop_pad %d outside [0, 1024]",
+                       o.crop_pad);
+    if (o.n_norm < 0 || o.n_norm > 4 || (o.n_norm > 1 && o.n_norm != channels))
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_dataloader_new: %d normalisation channels for samples with %d "
+                       "channels",
+                       o.n_norm, channels);
+    for (int c = 0; c < o.n_norm; c++)
+        if (!(o.std[c] > 0) || o.mean[c] != o.mean[c])
+            return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: normalisation std[%d] = %g", c,
+                           (double)o.std[c]);
+
+    cf_dataloader *dl = cf_calloc(1, sizeof *dl);
+    if (!dl) return CF_ERR_NOMEM;
+    dl->ds = ds;
+    dl->opt = o;
+    dl->per = cf_shape_numel(&ds->sample_shape);
+    dl->td = ds->target_dim;
+    dl->image = image;
+    for (int c = 0; c < 4; c++) {
+        int k = o.n_norm == 1 ? 0 : c;
+        dl->scale[c] = o.n_norm ? 1.0f / o.std[k] : 1.0f;
+        dl->shift[c] = o.n_norm ? -o.mean[k] / o.std[k] : 0.0f;
+    }
+    dl->world = 1;
+    dl->mode = CF_SHARD_PER_RANK;
+    dl->threaded = o.prefetch > 0;
+    dl->nslots = o.prefetch > 0 ? o.prefetch + 1 : 1;
+    dl->pid = getpid();
+    pthread_mutex_init(&dl->mu, NULL);
+    pthread_cond_init(&dl->cv_prod, NULL);
+    pthread_cond_init(&dl->cv_cons, NULL);
+    dl->slots = cf_calloc((size_t)dl->nslots, sizeof(slot));
+    bool ok = dl->slots != NULL;
+    for (int i = 0; ok && i < dl->nslots; i++) {
+        slot *s = &dl->slots[i];
+        s->x = cf_malloc((size_t)o.bs * dl->per * sizeof(float));
+        s->y = cf_malloc((size_t)o.bs * (size_t)dl->td * sizeof(float));
+        s->idx = cf_malloc((size_t)o.bs * sizeof(int64_t));
+        s->pad = cf_malloc((size_t)o.bs * sizeof(bool));
+        ok = s->x && s->y && s->idx && s->pad;
+    }
+    if (!ok) {
+        cf_dataloader_free(dl);
+        return cf_fail(CF_ERR_NOMEM, "cf_dataloader_new: out of memory for %d batch buffers",
+                       o.prefetch);
+    }
+    *out = dl;
+    return CF_OK;
+}
+
+/* A process forked mid-epoch has no producer thread: reset the synchronisation state. */
+static void after_fork_check(cf_dataloader *dl) {
+    pid_t now = getpid();
+    if (now == dl->pid) return;
+    dl->pid = now;
+    pthread_mutex_init(&dl->mu, NULL);
+    pthread_cond_init(&dl->cv_prod, NULL);
+    pthread_cond_init(&dl->cv_cons, NULL);
+    dl->thread_running = false;
+    dl->stop = false;
+    dl->produced = dl->released = dl->next_b;
+}
+
+static void stop_thread(cf_dataloader *dl) {
+    if (!dl->thread_running) return;
+    pthread_mutex_lock(&dl->mu);
+    dl->stop = true;
+    pthread_cond_broadcast(&dl->cv_prod);
+    pthread_mutex_unlock(&dl->mu);
+    pthread_join(dl->thread, NULL);
+    dl->thread_running = false;
+    dl->stop = false;
+}
+
+void cf_dataloader_free(cf_dataloader *dl) {
+    if (!dl) return;
+    after_fork_check(dl);
+    stop_thread(dl);
+    free_slots(dl);
+    cf_free(dl->order);
+    cf_free(dl->order_pad);
+    pthread_mutex_destroy(&dl->mu);
+    pthread_cond_destroy(&dl->cv_prod);
+    pthread_cond_destroy(&dl->cv_cons);
+    cf_free(dl);
+}
+
+cf_status cf_dataloader_set_shard(cf_dataloader *dl, int rank, int world, cf_shard_mode mode) {
+    if (!dl) return cf_fail(CF_ERR_INVALID, "cf_dataloader_set_shard: loader is NULL");
+    if (world < 1 || rank < 0 || rank >= world ||
+        (mode != CF_SHARD_PER_RANK && mode != CF_SHARD_SPLIT_BATCH))
+        return cf_fail(CF_ERR_INVALID, "cf_dataloader_set_shard: rank %d, world %d, mode %d", rank,
+                       world, (int)mode);
+    dl->rank = rank;
+    dl->world = world;
+    dl->mode = mode;
+    return CF_OK;
+}
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch) {
+    if (!dl) return cf_fail(CF_ERR_INVALID, "cf_dataloader_begin_epoch: loader is NULL");
+    after_fork_check(dl);
+    stop_thread(dl);
+    int64_t n = dl->ds->n;
+    int world = dl->world, rank = dl->rank;
+    cf_shard_mode mode = dl->mode;
+    int64_t total = world > 1 && mode == CF_SHARD_PER_RANK ? (n + world - 1) / world * world : n;
+    int64_t cap = total > n ? total : n;
+    if (cap > dl->order_cap) {
+        int64_t *order = cf_malloc((size_t)(cap > 0 ? cap : 1) * sizeof(int64_t));
+        bool *pad = cf_malloc((size_t)(cap > 0 ? cap : 1) * sizeof(bool));
+        if (!order || !pad) {
+            cf_free(order);
+            cf_free(pad);
+            return cf_fail_context(CF_ERR_NOMEM, "cf_dataloader_begin_epoch");
+        }
+        cf_free(dl->order);
+        cf_free(dl->order_pad);
+        dl->order = order;
+        dl->order_pad = pad;
+        dl->order_cap = cap;
+    }
+    /* The whole (padded) permutation, then this rank's contiguous chunk moved to the front. */
+    int64_t *perm = dl->order;
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    if (dl->opt.shuffle) {
+        cf_rng rng;
+        cf_rng_seed(&rng, dl->opt.seed + (uint64_t)(int64_t)epoch);
+        cf_rng_shuffle(&rng, perm, n);
+    }
+    for (int64_t i = 0; i < total; i++) dl->order_pad[i] = i >= n;
+    for (int64_t i = n; i < total; i++) perm[i] = perm[i % n];
+    if (world > 1 && mode == CF_SHARD_PER_RANK) {
+        int64_t len = total / world, start = (int64_t)rank * len;
+        memmove(perm, perm + start, (size_t)len * sizeof(int64_t));
+        memmove(dl->order_pad, dl->order_pad + start, (size_t)len * sizeof(bool));
+        dl->n_order = len;
+    } else {
+        dl->n_order = n;
+    }
+    dl->e_rank = rank;
+    dl->e_world = world;
+    dl->e_mode = mode;
+    dl->epoch = epoch;
+    dl->n_batches = batches_for(dl->n_order, dl->opt.bs, dl->opt.drop_last);
+    dl->next_b = dl->produced = dl->released = 0;
+    dl->in_epoch = true;
+    return CF_OK;
+}
+
+/* Copies sample `src` of the dataset into dst with augmentation and normalisation. */
+static void make_sample(const cf_dataloader *dl, int64_t src, float *dst) {
+    const float *x = dl->ds->x + (size_t)src * dl->per;
+    if (!dl->image) {
+        float a = dl->scale[0], b = dl->shift[0];
+        if (dl->opt.n_norm)
+            for (size_t i = 0; i < dl->per; i++) dst[i] = x[i] * a + b;
+        else
+            memcpy(dst, x, dl->per * sizeof(float));
+        return;
+    }
+    int C = dl->ds->sample_shape.dim[0], H = dl->ds->sample_shape.dim[1],
+        W = dl->ds->sample_shape.dim[2];
+    int p = dl->opt.crop_pad, ox = p, oy = p;
+    bool flip = false;
+    if (p > 0 || dl->opt.flip) {
+        /* Augmentation draws depend only on (seed, epoch, sample index). */
+        cf_rng rng;
+        cf_rng_seed(&rng, mix64(dl->opt.seed ^ mix64((uint64_t)(int64_t)dl->epoch + 0x9e37u) ^
+                                mix64((uint64_t)src * 0xd1b54a32d192ed03ULL + 1)));
+        if (p > 0) {
+            ox = (int)cf_rng_below(&rng, (uint64_t)(2 * p + 1));
+            oy = (int)cf_rng_below(&rng, (uint64_t)(2 * p + 1));
+        }
+        if (dl->opt.flip) flip = (cf_rng_next(&rng) >> 63) != 0;
+    }
+    int dx = ox - p, dy = oy - p; /* out(y, x) = in(y + dy, x' + dx), x' = flipped x */
+    for (int c = 0; c < C; c++) {
+        const float a = dl->scale[c], b = dl->shift[c];
+        const float *in = x + (size_t)c * H * W;
+        float *out = dst + (size_t)c * H * W;
+        if (dx == 0 && dy == 0 && !flip) {
+            for (int i = 0; i < H * W; i++) out[i] = in[i] * a + b;
+            continue;
+        }
+        for (int y = 0; y < H; y++) {
+            float *orow = out + (size_t)y * W;
+            int sy = y + dy;
+            if (sy < 0 || sy >= H) {
+                for (int i = 0; i < W; i++) orow[i] = b;
+                continue;
+            }
+            const float *irow = in + (size_t)sy * W;
+            for (int xo = 0; xo < W; xo++) {
+                int sx = (flip ? W - 1 - xo : xo) + dx;
+                orow[xo] = (sx >= 0 && sx < W) ? irow[sx] * a + b : b;
+            }
+        }
+    }
+}
+
+/* Assembles batch b of the current epoch into slot s. */
+static void fill_batch(cf_dataloader *dl, int64_t b, slot *s) {
+    int bs = dl->opt.bs;
+    int64_t start, count;
+    bool pad_slice = false;
+    int global = 0;
+    if (dl->e_world > 1 && dl->e_mode == CF_SHARD_SPLIT_BATCH) {
+        int64_t g0 = b * bs, B = dl->n_order - g0 < bs ? dl->n_order - g0 : bs;
+        int64_t r = dl->e_rank, w = dl->e_world;
+        start = g0 + r * B / w;
+        count = g0 + (r + 1) * B / w - start;
+        global = (int)B;
+        if (count == 0) { /* one padding row: the global batch's first sample */
+            start = g0;
+            count = 1;
+            pad_slice = true;
+        }
+    } else {
+        start = b * bs;
+        count = dl->n_order - start < bs ? dl->n_order - start : bs;
+    }
+    int n_real = 0;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t src = dl->order[start + i];
+        bool pad = pad_slice || dl->order_pad[start + i];
+        s->idx[i] = src;
+        s->pad[i] = pad;
+        n_real += !pad;
+        make_sample(dl, src, s->x + (size_t)i * dl->per);
+        memcpy(s->y + (size_t)i * dl->td, dl->ds->y + (size_t)src * dl->td,
+               (size_t)dl->td * sizeof(float));
+    }
+    cf_batch *bt = &s->batch;
+    const cf_shape *ss = &dl->ds->sample_shape;
+    bt->x.data = s->x;
+    bt->x.shape.ndim = ss->ndim + 1;
+    bt->x.shape.dim[0] = (int)count;
+    for (int d = 0; d < ss->ndim; d++) bt->x.shape.dim[d + 1] = ss->dim[d];
+    bt->y.data = s->y;
+    bt->y.shape = dl->td == 1 ? cf_shape1((int)count) : cf_shape2((int)count, dl->td);
+    bt->idx = s->idx;
+    bt->pad = s->pad;
+    bt->size = (int)count;
+    bt->n_real = n_real;
+    bt->global_size = global ? global : n_real;
+}
+
+static void *producer(void *arg) {
+    cf_dataloader *dl = arg;
+    for (;;) {
+        pthread_mutex_lock(&dl->mu);
+        while (!dl->stop && dl->produced < dl->n_batches &&
+               dl->produced - dl->released >= dl->nslots)
+            pthread_cond_wait(&dl->cv_prod, &dl->mu);
+        if (dl->stop || dl->produced >= dl->n_batches) {
+            pthread_mutex_unlock(&dl->mu);
+            return NULL;
+        }
+        int64_t b = dl->produced;
+        pthread_mutex_unlock(&dl->mu);
+        fill_batch(dl, b, &dl->slots[b % dl->nslots]);
+        pthread_mutex_lock(&dl->mu);
+        dl->produced = b + 1;
+        pthread_cond_signal(&dl->cv_cons);
+        pthread_mutex_unlock(&dl->mu);
+    }
+}
+
+cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch) {
+    if (!batch) return cf_fail(CF_ERR_INVALID, "cf_dataloader_next: batch is NULL");
+    *batch = NULL;
+    if (!dl) return cf_fail(CF_ERR_INVALID, "cf_dataloader_next: loader is NULL");
+    after_fork_check(dl);
+    if (!dl->in_epoch)
+        return cf_fail(CF_ERR_STATE, "cf_dataloader_next: no epoch started (call "
+                                     "cf_dataloader_begin_epoch)");
+    int64_t b = dl->next_b;
+    if (b >= dl->n_batches) {
+        stop_thread(dl);
+        dl->in_epoch = false;
+        return CF_OK;
+    }
+    slot *s = &dl->slots[b % dl->nslots];
+    if (dl->threaded && !dl->thread_running) {
+        dl->produced = dl->released = b;
+        dl->stop = false;
+        if (pthread_create(&dl->thread, NULL, producer, dl) == 0) dl->thread_running = true;
+    }
+    if (dl->thread_running) {
+        pthread_mutex_lock(&dl->mu);
+        dl->released = b; /* the batch handed out last time is free again */
+        pthread_cond_signal(&dl->cv_prod);
+        while (dl->produced <= b) pthread_cond_wait(&dl->cv_cons, &dl->mu);
+        pthread_mutex_unlock(&dl->mu);
+    } else {
+        fill_batch(dl, b, s); /* no thread (prefetch < 0, or it could not be created) */
+    }
+    dl->next_b = b + 1;
+    *batch = &s->batch;
+    return CF_OK;
+}

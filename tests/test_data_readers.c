@@ -1,0 +1,509 @@
+/* Readers: IDX (raw and gzip'd), CSV tables with fastai's tabular processing, image folders;
+ * and every kind of bad input, checked for its message. */
+#include "oracle.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "corefit/data.h"
+
+#ifdef CF_HAVE_STB
+#include <stb_image_write.h>
+#endif
+
+static char tmp[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp, sizeof tmp, "/tmp/cf-data-XXXXXX");
+    return mkdtemp(tmp) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *at(const char *name) {
+    static char buf[8][512];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, 512, "%s/%s", tmp, name);
+    return p;
+}
+
+static void write_bytes(const char *path, const void *data, size_t n, bool gz) {
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(gzwrite(f, data, (unsigned)n), (int)n);
+        assert_int_equal(gzclose(f), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(data, 1, n, f), n);
+        fclose(f);
+    }
+}
+
+static void expect_error(cf_status st, cf_status want, const char *a, const char *b) {
+    if (st != want)
+        fail_msg("status %d (%s), wanted %d; message: %s", st, cf_status_str(st), want,
+                 cf_last_error());
+    if (a && !strstr(cf_last_error(), a)) fail_msg("'%s' not in: %s", a, cf_last_error());
+    if (b && !strstr(cf_last_error(), b)) fail_msg("'%s' not in: %s", b, cf_last_error());
+}
+
+/* IDX header + payload. */
+static size_t make_idx(uint8_t *buf, int ndim, const uint32_t *dims, const uint8_t *data) {
+    buf[0] = buf[1] = 0;
+    buf[2] = 8;
+    buf[3] = (uint8_t)ndim;
+    size_t n = 1, k = 4;
+    for (int i = 0; i < ndim; i++) {
+        buf[k++] = (uint8_t)(dims[i] >> 24);
+        buf[k++] = (uint8_t)(dims[i] >> 16);
+        buf[k++] = (uint8_t)(dims[i] >> 8);
+        buf[k++] = (uint8_t)dims[i];
+        n *= dims[i];
+    }
+    if (data) memcpy(buf + k, data, n);
+    return k + (data ? n : 0);
+}
+
+static void test_idx(void **state) {
+    (void)state;
+    uint8_t pix[5 * 3 * 2], lab[5] = {2, 0, 1, 2, 4};
+    for (int i = 0; i < 30; i++) pix[i] = (uint8_t)(i * 8);
+    uint8_t im[64], lb[32];
+    size_t nim = make_idx(im, 3, (uint32_t[]){5, 3, 2}, pix);
+    size_t nlb = make_idx(lb, 1, (uint32_t[]){5}, lab);
+    for (int gz = 0; gz < 2; gz++) {
+        write_bytes(at("im"), im, nim, gz);
+        write_bytes(at("lb"), lb, nlb, gz);
+        cf_dataset *ds;
+        assert_int_equal(cf_dataset_from_idx(at("im"), at("lb"), &ds), CF_OK);
+        assert_int_equal(ds->n, 5);
+        assert_int_equal(ds->sample_shape.ndim, 3);
+        assert_int_equal(ds->sample_shape.dim[1], 3);
+        assert_int_equal(ds->sample_shape.dim[2], 2);
+        assert_int_equal(ds->n_classes, 5);
+        for (int i = 0; i < 30; i++) assert_true(fabsf(ds->x[i] - pix[i] / 255.0f) < 1e-7f);
+        for (int i = 0; i < 5; i++) assert_true(ds->y[i] == lab[i]);
+        cf_dataset_free(ds);
+    }
+    cf_dataset *ds = (cf_dataset *)1;
+    assert_int_equal(cf_dataset_from_idx_memory(im, nim, lb, nlb, "mem", &ds), CF_OK);
+    assert_int_equal(ds->n, 5);
+    cf_dataset_free(ds);
+
+    /* Missing file. */
+    expect_error(cf_dataset_from_idx(at("nope"), at("lb"), &ds), CF_ERR_IO, at("nope"),
+                 "No such file");
+    assert_null(ds);
+    /* Wrong magic number. */
+    uint8_t bad[64];
+    memcpy(bad, im, nim);
+    bad[0] = 0x12, bad[1] = 0x34, bad[2] = 0x56, bad[3] = 0x78;
+    for (int gz = 0; gz < 2; gz++) {
+        write_bytes(at("bad"), bad, nim, gz);
+        expect_error(cf_dataset_from_idx(at("bad"), at("lb"), &ds), CF_ERR_FORMAT, "0x12345678",
+                     at("bad"));
+        assert_null(ds);
+    }
+    bad[0] = 0, bad[1] = 0, bad[2] = 0x0D, bad[3] = 3; /* floats */
+    write_bytes(at("bad"), bad, nim, false);
+    expect_error(cf_dataset_from_idx(at("bad"), at("lb"), &ds), CF_ERR_FORMAT, "0x0d",
+                 "not supported");
+    /* Truncated: raw, gzip'd, and a gzip stream cut short. */
+    write_bytes(at("short"), im, nim - 3, false);
+    expect_error(cf_dataset_from_idx(at("short"), at("lb"), &ds), CF_ERR_FORMAT, at("short"),
+                 "need 30 bytes of data, there are 27");
+    write_bytes(at("short"), im, nim - 3, true);
+    expect_error(cf_dataset_from_idx(at("short"), at("lb"), &ds), CF_ERR_FORMAT, "truncated",
+                 "byte offset 43");
+    write_bytes(at("short"), im, 10, false);
+    expect_error(cf_dataset_from_idx(at("short"), at("lb"), &ds), CF_ERR_FORMAT, "truncated header",
+                 at("short"));
+    {
+        /* A gzip file cut in its middle. */
+        uint8_t big[4096 + 16];
+        for (int i = 0; i < 4096; i++) big[16 + i] = (uint8_t)(i * 7919 >> 3);
+        make_idx(big, 3, (uint32_t[]){4, 32, 32}, NULL);
+        write_bytes(at("cut.gz"), big, sizeof big, true);
+        struct stat sb;
+        assert_int_equal(stat(at("cut.gz"), &sb), 0);
+        assert_int_equal(truncate(at("cut.gz"), sb.st_size / 2), 0);
+        expect_error(cf_dataset_from_idx(at("cut.gz"), at("lb"), &ds), CF_ERR_FORMAT, "truncated",
+                     at("cut.gz"));
+    }
+    /* Image/label count mismatch. */
+    size_t n4 = make_idx(lb, 1, (uint32_t[]){4}, lab);
+    write_bytes(at("lb4"), lb, n4, true);
+    expect_error(cf_dataset_from_idx(at("im"), at("lb4"), &ds), CF_ERR_FORMAT, "5 images",
+                 "4 labels");
+    /* Absurd sizes (10^12 images) are refused before allocating: raw and gzip'd. */
+    uint8_t hdr[16];
+    size_t nh = make_idx(hdr, 3, (uint32_t[]){1000000, 1000000, 1}, NULL);
+    write_bytes(at("huge"), hdr, nh, false);
+    expect_error(cf_dataset_from_idx(at("huge"), at("lb"), &ds), CF_ERR_FORMAT,
+                 "(1000000 x 1000000 x 1) need 1000000000000 bytes", "there are 0");
+    write_bytes(at("huge"), hdr, nh, true);
+    expect_error(cf_dataset_from_idx(at("huge"), at("lb"), &ds), CF_ERR_FORMAT, "gzip", at("huge"));
+    /* Trailing bytes in memory; zero dimension. */
+    uint8_t more[64];
+    memcpy(more, im, nim);
+    more[nim] = 1;
+    cf_idx idx;
+    expect_error(cf_idx_parse(more, nim + 1, "m", &idx), CF_ERR_FORMAT, "31 bytes", "say 30");
+    expect_error(cf_idx_parse(im, nim - 1, "m", &idx), CF_ERR_FORMAT, "truncated", "need 30");
+    nh = make_idx(hdr, 1, (uint32_t[]){0}, NULL);
+    expect_error(cf_idx_parse(hdr, nh, "z", &idx), CF_ERR_FORMAT, "dimension 0", "is 0");
+    /* Labels must be idx1, images idx2/idx3. */
+    expect_error(cf_dataset_from_idx(at("im"), at("im"), &ds), CF_ERR_FORMAT, "idx1", at("im"));
+}
+
+/* ---- CSV ---------------------------------------------------------------------------------- */
+
+static const char *fixture = "id,city,grade,age,income,note,label\n"
+                             "1,\"Paris, FR\",B,34,52000.5,\"said \"\"hi\"\"\",yes\n"
+                             "2,Berlin,A,,61000,plain,no\r\n"
+                             "3,Oslo,,45,,x,yes\n"
+                             "4,\"Paris, FR\",C,29,48000,y,no\n"
+                             "5,Berlin,B,51,NA,\"multi\nline\",yes\n"
+                             "\n"
+                             "6,Rome,A,38,55000,z,no\n"
+                             "7,Lisbon,B,,70000,w,yes\n"
+                             "8,Madrid,C, 41 ,39000,v,no\n";
+
+static void test_csv_table(void **state) {
+    (void)state;
+    cf_csv_table *t;
+    assert_int_equal(cf_csv_parse_buffer(fixture, strlen(fixture), "fx.csv", ',', &t), CF_OK);
+    assert_int_equal(t->n_cols, 7);
+    assert_int_equal(t->n_rows, 8);
+    assert_string_equal(t->header[6], "label");
+    assert_string_equal(t->cells[0 * 7 + 1], "Paris, FR");
+    assert_string_equal(t->cells[0 * 7 + 5], "said \"hi\"");
+    assert_string_equal(t->cells[1 * 7 + 6], "no");
+    assert_string_equal(t->cells[4 * 7 + 5], "multi\nline");
+    assert_string_equal(t->cells[2 * 7 + 2], "");
+    assert_int_equal(t->row_line[5], 9); /* after the two-line field and the blank line */
+    cf_csv_table_free(t);
+    /* No final newline; a trailing empty field. */
+    const char *s = "a,b\n1,";
+    assert_int_equal(cf_csv_parse_buffer(s, strlen(s), "s", ',', &t), CF_OK);
+    assert_int_equal(t->n_rows, 1);
+    assert_string_equal(t->cells[1], "");
+    cf_csv_table_free(t);
+}
+
+static void test_tabular_against_numpy(void **state) {
+    (void)state;
+    write_bytes(at("fx.csv"), fixture, strlen(fixture), false);
+    const char *cats[] = {"city", "grade"}, *conts[] = {"age", "income"};
+    int64_t vrows[] = {1, 6};
+    cf_tabular_options o = {.cat_names = cats,
+                            .n_cat = 2,
+                            .cont_names = conts,
+                            .n_cont = 2,
+                            .y_name = "label",
+                            .valid_idx = vrows,
+                            .n_valid_idx = 2};
+    cf_dataset *tr, *va;
+    assert_int_equal(cf_tabular_from_csv(at("fx.csv"), &o, &tr, &va), CF_OK);
+    oracle orc;
+    oracle_init(&orc);
+    char args[600];
+    snprintf(args, sizeof args, "%s city,grade age,income label 1,6", at("fx.csv"));
+    oracle_run(&orc, "data_tabular.py", args);
+    /* Layout: city, grade, income_na (age has no missing value in training), age, income. */
+    assert_int_equal(tr->n, 6);
+    assert_int_equal(va->n, 2);
+    assert_int_equal(tr->n_cat, 3);
+    assert_int_equal(tr->n_cont, 2);
+    assert_int_equal(tr->sample_shape.dim[0], 5);
+    assert_string_equal(tr->feature_names[2], "income_na");
+    assert_string_equal(tr->feature_names[3], "age");
+    assert_string_equal(tr->cat_vocab[0][0], "#na#");
+    assert_string_equal(tr->cat_vocab[0][1], "Berlin");
+    assert_string_equal(tr->cat_vocab[0][4], "Paris, FR");
+    assert_int_equal(tr->n_classes, 2);
+    assert_string_equal(tr->vocab[0], "no");
+    assert_string_equal(va->vocab[1], "yes");
+    cf_tensor card = oracle_get(&orc, "cardinality");
+    assert_int_equal(card.shape.dim[0], 3);
+    for (int j = 0; j < 3; j++) assert_int_equal(tr->cat_cardinality[j], (int)card.data[j]);
+    free(card.data);
+    const char *names[2] = {"train", "valid"};
+    cf_dataset *sets[2] = {tr, va};
+    for (int p = 0; p < 2; p++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "%s_x", names[p]);
+        cf_tensor x = oracle_get(&orc, nm);
+        assert_int_equal(x.shape.dim[1], 5);
+        assert_close(nm, sets[p]->x, x.data, cf_tensor_numel(&x), 1e-5, 1e-5);
+        free(x.data);
+        snprintf(nm, sizeof nm, "%s_y", names[p]);
+        cf_tensor y = oracle_get(&orc, nm);
+        assert_memory_equal(y.data, sets[p]->y, (size_t)sets[p]->n * sizeof(float));
+        free(y.data);
+    }
+    /* Statistics kept for new data: the median fill of income over the training rows. */
+    assert_true(fabsf(tr->cont_fill[1] - 50000.25f) < 1e-2f);
+    /* Lisbon (unseen) gets #na#; the missing age in validation is filled, not flagged. */
+    assert_true(va->x[5 + 0] == 0.0f);
+    oracle_cleanup(&orc);
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+    /* Regression target, random split, numeric categories sorted by value. */
+    const char *cats2[] = {"id"};
+    cf_tabular_options r = {.cat_names = cats2,
+                            .n_cat = 1,
+                            .cont_names = conts,
+                            .n_cont = 1,
+                            .y_name = "id",
+                            .y_regression = true,
+                            .valid_pct = 0.25,
+                            .seed = 3};
+    assert_int_equal(cf_tabular_from_csv_buffer(fixture, strlen(fixture), "fx", &r, &tr, &va),
+                     CF_OK);
+    assert_int_equal(tr->n, 6);
+    assert_int_equal(va->n, 2);
+    assert_int_equal(tr->n_classes, 0);
+    for (int64_t i = 0; i < tr->n; i++) {
+        int id = (int)tr->y[i];
+        int code = (int)tr->x[i * tr->sample_shape.dim[0]];
+        char want[4] = {(char)('0' + id), 0};
+        assert_string_equal(tr->cat_vocab[0][code], want);
+    }
+    for (int j = 2; j < tr->cat_cardinality[0]; j++)
+        assert_true(atoi(tr->cat_vocab[0][j - 1]) < atoi(tr->cat_vocab[0][j]));
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+    /* cf_dls_from_csv: tabular batches (n_cat codes then n_cont values). */
+    cf_dls *dls;
+    assert_int_equal(cf_dls_from_csv(at("fx.csv"), &o, &(cf_dls_options){.bs = 4}, &dls), CF_OK);
+    assert_int_equal(cf_dataloader_len(dls->train), 1);
+    assert_int_equal(cf_dataloader_len(dls->valid), 1);
+    cf_dls_free(dls);
+}
+
+static void test_csv_bad_input(void **state) {
+    (void)state;
+    const char *cats[] = {"c"}, *conts[] = {"v"};
+    cf_tabular_options o = {
+        .cat_names = cats, .n_cat = 1, .cont_names = conts, .n_cont = 1, .y_name = "y"};
+    cf_dataset *tr = (cf_dataset *)1, *va = (cf_dataset *)1;
+    const char *ragged = "c,v,y\na,1,0\nb,2\nc,3,1\n";
+    expect_error(cf_tabular_from_csv_buffer(ragged, strlen(ragged), "r.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "r.csv: line 3", "has 2 fields, the header has 3");
+    assert_null(tr);
+    assert_null(va);
+    const char *nonnum = "c,v,y\na,1,0\nb,\"1,5\",1\nc,abc,1\n";
+    expect_error(cf_tabular_from_csv_buffer(nonnum, strlen(nonnum), "n.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "n.csv: line 3", "'1,5' is not a number");
+    const char *nonnum2 = "c,v,y\na,1,0\nc,abc,1\n";
+    expect_error(cf_tabular_from_csv_buffer(nonnum2, strlen(nonnum2), "n.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "line 3, continuous column 'v'", "'abc'");
+    const char *quote = "c,v,y\na,1,0\n\"b,2,1\n";
+    expect_error(cf_tabular_from_csv_buffer(quote, strlen(quote), "q.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "q.csv: line 3", "never closed");
+    const char *after = "c,v,y\n\"a\"x,1,0\n";
+    expect_error(cf_tabular_from_csv_buffer(after, strlen(after), "q.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "line 2", "after a closing quote");
+    const char *nocol = "c,w,y\na,1,0\n";
+    expect_error(cf_tabular_from_csv_buffer(nocol, strlen(nocol), "h.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "no column 'v'", "h.csv");
+    const char *noy = "c,v,y\na,1,0\nb,2,\n";
+    expect_error(cf_tabular_from_csv_buffer(noy, strlen(noy), "y.csv", &o, &tr, &va), CF_ERR_FORMAT,
+                 "line 3", "target 'y' is missing");
+    expect_error(cf_tabular_from_csv_buffer("", 0, "e.csv", &o, &tr, &va), CF_ERR_FORMAT, "e.csv",
+                 "no header");
+    expect_error(cf_tabular_from_csv(at("absent.csv"), &o, &tr, &va), CF_ERR_IO, "absent.csv",
+                 NULL);
+    const char *allna = "c,v,y\na,,0\nb,NA,1\n";
+    expect_error(cf_tabular_from_csv_buffer(allna, strlen(allna), "a.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "'v'", "no values in the training set");
+    assert_null(tr);
+}
+
+/* ---- image folders ------------------------------------------------------------------------ */
+
+#ifdef CF_HAVE_STB
+static void mkdirs(const char *rel) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/%s'", tmp, rel);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* An 8x8 RGB image: a gradient seeded by k, or a constant colour. */
+static void rgb(uint8_t *p, int k, bool constant) {
+    for (int i = 0; i < 64; i++)
+        for (int c = 0; c < 3; c++)
+            p[i * 3 + c] = constant ? (uint8_t)(40 + 60 * c + k) : (uint8_t)(i * 3 + c * 50 + k);
+}
+
+static void test_image_folder(void **state) {
+    (void)state;
+    uint8_t a[192], b[192], c[192], d[192], e[192];
+    rgb(a, 1, false);
+    rgb(b, 5, true);
+    rgb(c, 9, false);
+    rgb(d, 13, false);
+    rgb(e, 17, true);
+    mkdirs("img/train/zebra");
+    mkdirs("img/train/ant");
+    mkdirs("img/valid/zebra");
+    mkdirs("img/valid/ant");
+    assert_true(stbi_write_png(at("img/train/zebra/a.png"), 8, 8, 3, a, 24));
+    assert_true(stbi_write_jpg(at("img/train/zebra/b.jpg"), 8, 8, 3, b, 95));
+    assert_true(stbi_write_png(at("img/train/ant/c.PNG"), 8, 8, 3, c, 24));
+    write_bytes(at("img/train/ant/notes.txt"), "skip me", 7, false);
+    assert_true(stbi_write_png(at("img/valid/ant/d.png"), 8, 8, 3, d, 24));
+    assert_true(stbi_write_bmp(at("img/valid/zebra/e.bmp"), 8, 8, 3, e));
+    cf_dataset *tr, *va;
+    assert_int_equal(cf_datasets_from_image_folder(at("img"), NULL, &tr, &va), CF_OK);
+    assert_int_equal(tr->n, 3);
+    assert_int_equal(va->n, 2);
+    assert_int_equal(tr->n_classes, 2);
+    assert_string_equal(tr->vocab[0], "ant");
+    assert_string_equal(tr->vocab[1], "zebra");
+    assert_int_equal(tr->sample_shape.dim[0], 3);
+    assert_int_equal(tr->sample_shape.dim[1], 8);
+    /* Order: classes sorted, files sorted: ant/c, zebra/a, zebra/b. */
+    assert_true(tr->y[0] == 0 && tr->y[1] == 1 && tr->y[2] == 1);
+    const uint8_t *png[2] = {c, a};
+    for (int k = 0; k < 2; k++)
+        for (int ch = 0; ch < 3; ch++)
+            for (int i = 0; i < 64; i++)
+                assert_true(tr->x[k * 192 + ch * 64 + i] == (float)(png[k][i * 3 + ch] / 255.0));
+    for (int ch = 0; ch < 3; ch++) /* JPEG: a constant colour comes back within a few levels */
+        for (int i = 0; i < 64; i++)
+            assert_true(fabsf(tr->x[2 * 192 + ch * 64 + i] * 255.0f - b[ch]) <= 3.0f);
+    assert_true(va->y[0] == 0 && va->y[1] == 1);
+    for (int ch = 0; ch < 3; ch++) /* BMP is lossless */
+        assert_true(va->x[192 + ch * 64 + 5] == (float)(e[ch] / 255.0));
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+    /* Resized to 4x4 and grayscale; a constant image stays constant. */
+    cf_image_folder_options o = {.size = 4, .channels = 1};
+    assert_int_equal(cf_datasets_from_image_folder(at("img"), &o, &tr, &va), CF_OK);
+    assert_int_equal(tr->sample_shape.dim[0], 1);
+    assert_int_equal(tr->sample_shape.dim[1], 4);
+    assert_int_equal(tr->sample_shape.dim[2], 4);
+    float gray = (float)(((77 * e[0] + 150 * e[1] + 29 * e[2]) >> 8) / 255.0);
+    for (int i = 0; i < 16; i++) assert_true(fabsf(va->x[16 + i] - gray) < 1.5f / 255);
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+    /* Random split over root/<class>/ with a DataLoaders on top. */
+    mkdirs("flat/one");
+    mkdirs("flat/two");
+    for (int i = 0; i < 10; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "flat/%s/%d.png", i % 2 ? "two" : "one", i);
+        uint8_t p[192];
+        rgb(p, i, true);
+        assert_true(stbi_write_png(at(name), 8, 8, 3, p, 24));
+    }
+    cf_dls *dls;
+    assert_int_equal(cf_dls_from_image_folder(
+                         at("flat"), &(cf_image_folder_options){.valid_pct = 0.2, .seed = 1},
+                         &(cf_dls_options){.bs = 4}, &dls),
+                     CF_OK);
+    assert_int_equal(dls->train_ds->n, 8);
+    assert_int_equal(dls->valid_ds->n, 2);
+    float seen[10] = {0};
+    for (int s = 0; s < 2; s++) {
+        cf_dataset *ds = s ? dls->valid_ds : dls->train_ds;
+        for (int64_t i = 0; i < ds->n; i++) {
+            int k = (int)lroundf(ds->x[i * 192] * 255.0f) - 40; /* the image's seed */
+            assert_true(k >= 0 && k < 10);
+            assert_true(ds->y[i] == (k % 2 ? 1.0f : 0.0f));
+            seen[k]++;
+        }
+    }
+    for (int k = 0; k < 10; k++) assert_true(seen[k] == 1);
+    cf_dls_free(dls);
+}
+
+static void test_image_folder_bad_input(void **state) {
+    (void)state;
+    uint8_t a[192];
+    rgb(a, 0, false);
+    cf_dataset *tr = (cf_dataset *)1, *va = (cf_dataset *)1;
+    /* Empty class folder. */
+    mkdirs("e/train/full");
+    mkdirs("e/train/empty");
+    assert_true(stbi_write_png(at("e/train/full/a.png"), 8, 8, 3, a, 24));
+    expect_error(cf_datasets_from_image_folder(at("e"), NULL, &tr, &va), CF_ERR_FORMAT,
+                 "e/train/empty", "has no images");
+    assert_null(tr);
+    assert_null(va);
+    /* Undecodable image. */
+    mkdirs("u/train/x");
+    write_bytes(at("u/train/x/broken.png"), "\x89PNG\r\n\x1a\nnot really", 18, false);
+    expect_error(cf_datasets_from_image_folder(at("u"), NULL, &tr, &va), CF_ERR_FORMAT,
+                 "u/train/x/broken.png", "cannot decode");
+    /* A symbolic link that leads out of the root is refused unless asked for. */
+    mkdirs("s/train/x");
+    mkdirs("outside");
+    assert_true(stbi_write_png(at("outside/o.png"), 8, 8, 3, a, 24));
+    assert_true(stbi_write_png(at("s/train/x/in.png"), 8, 8, 3, a, 24));
+    assert_int_equal(symlink(at("outside/o.png"), at("s/train/x/link.png")), 0);
+    assert_int_equal(symlink("in.png", at("s/train/x/inner.png")), 0);
+    expect_error(cf_datasets_from_image_folder(at("s"), NULL, &tr, &va), CF_ERR_IO,
+                 "s/train/x/link.png", "leading out of the data root");
+    assert_int_equal(cf_datasets_from_image_folder(
+                         at("s"), &(cf_image_folder_options){.follow_symlinks = true}, &tr, &va),
+                     CF_OK);
+    assert_int_equal(tr->n, 3);
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+    /* Images of different sizes without a size to resize to. */
+    mkdirs("z/train/x");
+    assert_true(stbi_write_png(at("z/train/x/a.png"), 8, 8, 3, a, 24));
+    assert_true(stbi_write_png(at("z/train/x/b.png"), 4, 4, 3, a, 12));
+    expect_error(cf_datasets_from_image_folder(at("z"), NULL, &tr, &va), CF_ERR_FORMAT,
+                 "z/train/x/b.png", "4 x 4");
+    /* A valid class that training does not have; a missing root. */
+    mkdirs("v/train/x");
+    mkdirs("v/valid/y");
+    assert_true(stbi_write_png(at("v/train/x/a.png"), 8, 8, 3, a, 24));
+    assert_true(stbi_write_png(at("v/valid/y/a.png"), 8, 8, 3, a, 24));
+    expect_error(cf_datasets_from_image_folder(at("v"), NULL, &tr, &va), CF_ERR_FORMAT, "'y'",
+                 "not among the training classes");
+    expect_error(cf_datasets_from_image_folder(at("none"), NULL, &tr, &va), CF_ERR_IO, at("none"),
+                 NULL);
+    /* A JPEG Huffman table with more than 256 codes (stb 2.27 would write past its tables). */
+    uint8_t dht[2 + 4 + 17 + 2] = {0xFF, 0xD8, 0xFF, 0xC4, 0x00, 19, 0x00};
+    memset(dht + 7, 0xFF, 16);
+    dht[23] = 0xFF, dht[24] = 0xD9;
+    expect_error(cf_image_decode(dht, sizeof dht, "dht.jpg", 3, 8, (float[192]){0}, NULL, NULL),
+                 CF_ERR_FORMAT, "dht.jpg", "more than 256 codes");
+    /* In-memory decoding refuses garbage with the name. */
+    float out[192];
+    expect_error(cf_image_decode("abc", 3, "mem.png", 3, 8, out, NULL, NULL), CF_ERR_FORMAT,
+                 "mem.png", "cannot decode");
+}
+#endif
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_idx),
+        cmocka_unit_test(test_csv_table),
+        cmocka_unit_test(test_tabular_against_numpy),
+        cmocka_unit_test(test_csv_bad_input),
+#ifdef CF_HAVE_STB
+        cmocka_unit_test(test_image_folder),
+        cmocka_unit_test(test_image_folder_bad_input),
+#endif
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
