@@ -50,6 +50,10 @@ typedef struct cf_optimizer {
     void *work;        /* internal: per-parameter coefficients of the current step */
 } cf_optimizer;
 
+/* Groups are model->n_groups at creation (parameters in groups added later use the last group's
+ * hypers). As in fastai, SGD keeps a momentum average only when created with mom != 0 (a mom
+ * set later on an SGD created with mom 0 is ignored). Large models are stepped on the thread
+ * pool; the result does not depend on the thread count. No allocation after creation. */
 cf_status cf_optimizer_new(cf_optimizer **out, cf_model *model, const cf_opt_config *config);
 void cf_optimizer_free(cf_optimizer *opt);
 /* One step over every trainable parameter, using model->grads. */
