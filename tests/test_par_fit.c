@@ -329,10 +329,21 @@ static void test_worker_error(void **s) {
 }
 static void test_worker_hang(void **s) { (void)s, run_fault(FAULT_HANG, "no progress", CF_ERR_WORKER); }
 
+/* The workers say when they train (a byte down a pipe), so SIGINT arrives mid-fit, once the
+ * supervisor is surely waiting. */
+static int started_pipe[2];
+
+static cf_status say_started(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (learn->train_iter == 2 && write(started_pipe[1], "x", 1) != 1)
+        return cf_fail(CF_ERR_IO, "pipe");
+    return CF_OK;
+}
+
 static void *send_sigint(void *arg) {
     (void)arg;
-    usleep(300 * 1000);
-    kill(getpid(), SIGINT);
+    char c;
+    if (read(started_pipe[0], &c, 1) == 1) kill(getpid(), SIGINT);
     return NULL;
 }
 
@@ -343,12 +354,18 @@ static void test_ctrl_c_stops_every_worker(void **state) {
     size_t nw = learn->model->n_weights;
     float *w0 = malloc(nw * sizeof(float));
     memcpy(w0, learn->model->weights, nw * sizeof(float));
+    assert_int_equal(pipe(started_pipe), 0);
+    cf_callback started = {.name = "Started"};
+    started.on[CF_EV_BEFORE_BATCH] = say_started;
+    cf_callback *cbs[] = {&started};
     pthread_t t;
     pthread_create(&t, NULL, send_sigint, NULL);
     double t0 = cf_now();
-    cf_status st = cf_par_fit(learn, 100, .par.num_cores = 2);
+    cf_status st = cf_par_fit(learn, 100, .cbs = cbs, .n_cbs = 1, .par.num_cores = 2);
     double elapsed = cf_now() - t0;
     pthread_join(t, NULL);
+    close(started_pipe[0]);
+    close(started_pipe[1]);
     assert_int_equal(st, CF_ERR_INTERRUPTED);
     assert_true(elapsed < 2.5);
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));

@@ -94,6 +94,11 @@ int cf_available_cores(void);
 typedef void (*cf_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx);
 
+/* The BLAS kernels in use ("SkylakeX", "Haswell", ...). On CPUs the system's OpenBLAS does not
+ * recognise (it would fall back to slow generic kernels), corefit selects kernels for the
+ * instruction set the CPU reports, unless OPENBLAS_CORETYPE is set. */
+const char *cf_blas_core(void);
+
 /* Seconds from a monotonic clock. */
 double cf_now(void);
 

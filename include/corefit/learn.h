@@ -114,7 +114,10 @@ struct cf_callback {
 enum {
     CF_ORDER_TRAIN_EVAL = -10,
     CF_ORDER_TERMINATE_ON_NAN = -9,
-    CF_ORDER_PARALLEL = -5, /* the par layer's callback: after train/eval, before the rest */
+    CF_ORDER_GRAD_ACCUMULATION = 6,
+    CF_ORDER_PARALLEL = 8, /* the par layer's callback: gradients are all-reduced at before_step,
+                              after gradient accumulation and before gradient clipping */
+    CF_ORDER_GRAD_CLIP = 11,
     CF_ORDER_DEFAULT = 0,
     CF_ORDER_RECORDER = 50,
     CF_ORDER_SCHEDULER = 60,
@@ -204,24 +207,28 @@ void cf_recorder_clear(cf_recorder *rec);
 
 /* ---- the Learner --------------------------------------------------------------------------- */
 
+/* The Learner's options (fastai's Learner arguments); shared by the learner factories. */
+#define CF_LEARNER_FIELDS                                                                          \
+    cf_loss loss;          /* default: cross-entropy for classes, MSE otherwise */               \
+    bool loss_set;         /* use .loss as given */                                               \
+    cf_opt_config opt;     /* default: fastai's Adam (set .opt_set to use .opt) */               \
+    bool opt_set;                                                                                 \
+    double lr;             /* 1e-3 */                                                             \
+    double wd;             /* 0: the optimizer's default (Adam 0.01) */                          \
+    bool wd_bn_bias;       /* false */                                                            \
+    bool no_train_bn;      /* fastai's train_bn=False */                                          \
+    double moms[3];        /* (0.95, 0.85, 0.95) */                                               \
+    cf_metric **metrics;   /* taken over */                                                       \
+    int n_metrics;                                                                                \
+    cf_callback **cbs;     /* taken over */                                                       \
+    int n_cbs;                                                                                    \
+    const char *path;      /* "." ; model files go to path/model_dir */                          \
+    const char *model_dir; /* "models" */                                                         \
+    bool quiet;            /* no progress display */                                              \
+    uint64_t seed
+
 typedef struct cf_learner_opts {
-    cf_loss loss;             /* default (kind 0 = cross-entropy) */
-    bool loss_set;            /* true to use .loss as given for a regression data set */
-    cf_opt_config opt;        /* default: fastai's Adam (opt.kind SGD with opt_set) */
-    bool opt_set;
-    double lr;                /* 1e-3 */
-    double wd;                /* 0: the optimizer's default (Adam 0.01) */
-    bool wd_bn_bias;          /* false */
-    bool no_train_bn;         /* fastai's train_bn=False */
-    double moms[3];           /* (0.95, 0.85, 0.95) */
-    cf_metric **metrics;      /* taken over */
-    int n_metrics;
-    cf_callback **cbs;        /* taken over */
-    int n_cbs;
-    const char *path;         /* "." ; model files go to path/model_dir */
-    const char *model_dir;    /* "models" */
-    bool quiet;               /* no progress display */
-    uint64_t seed;
+    CF_LEARNER_FIELDS;
 } cf_learner_opts;
 
 /* The state a fit exposes to callbacks (fastai's Learner attributes). */
@@ -458,6 +465,57 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
 /* One item (sample_shape floats): class probabilities (or outputs) into probs (n_out), and the
  * decoded class. */
 cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded);
+
+/* ---- learner factories (fastai's vision_learner and tabular_learner) ---------------------- */
+
+typedef enum cf_arch {
+    CF_ARCH_MINI_RESNET, /* W1 of WORKLOADS.md: the default for small images */
+    CF_ARCH_SIMPLE_CNN,
+    CF_ARCH_XRESNET18,
+    CF_ARCH_XRESNET34,
+    CF_ARCH_XRESNET50,
+} cf_arch;
+
+/* "mini-resnet", "simple-cnn", "xresnet18", ...; and back (-1 when unknown). */
+const char *cf_arch_name(cf_arch arch);
+int cf_arch_from_name(const char *name);
+
+typedef struct cf_vision_opts {
+    CF_LEARNER_FIELDS;
+    int n_out;              /* 0: the data set's number of classes */
+    const char *pretrained; /* a corefit model file of the same arch: its body is loaded and
+                               the learner frozen (fastai's pretrained=True) */
+    bool no_concat_pool;    /* fastai's concat_pool=False */
+    int n_lin_ftrs;         /* hidden head layers (0: the arch's default) */
+    int lin_ftrs[CF_HEAD_MAX_LAYERS];
+    int n_ps;               /* 0: the arch's default */
+    float ps[CF_HEAD_MAX_LAYERS + 1];
+    bool no_first_bn, bn_final;
+} cf_vision_opts;
+
+/* fastai's vision_learner: body + create_head for dls (images (C, H, W); xresnets use their
+ * small-image stem when H < 64), body and head parameter groups, kaiming-normal head. */
+#define cf_vision_learner(out, dls, arch, ...)                                                     \
+    cf_vision_learner_((out), (dls), (arch), &(cf_vision_opts){__VA_ARGS__})
+cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
+                             const cf_vision_opts *opts);
+
+typedef struct cf_tabular_learner_opts {
+    CF_LEARNER_FIELDS;
+    int n_layers;         /* 0: [200, 100] */
+    int layers[CF_TABULAR_MAX_LAYERS];
+    float ps;             /* dropout of hidden layers */
+    float embed_p;
+    int n_out;            /* 0: classes, or target_dim for regression */
+    bool y_range;         /* regression output squashed into [y_lo, y_hi] */
+    float y_lo, y_hi;
+} cf_tabular_learner_opts;
+
+/* fastai's tabular_learner over a tabular data set (cf_dataset.n_cat, n_cont,
+ * cat_cardinality), embedding sizes by fastai's rule. */
+#define cf_tabular_learner(out, dls, ...)                                                          \
+    cf_tabular_learner_((out), (dls), &(cf_tabular_learner_opts){__VA_ARGS__})
+cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_learner_opts *opts);
 
 /* ---- built-in callbacks -------------------------------------------------------------------- */
 

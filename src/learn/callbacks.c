@@ -144,7 +144,7 @@ cf_callback *cf_gradient_clip_cb(double max_norm) {
     if (!state) return NULL;
     *state = max_norm > 0 ? max_norm : 1.0;
     /* fastai: MixedPrecision.order + 1 */
-    cf_callback *cb = callback_new("GradientClip", 11, state, free_with_state);
+    cf_callback *cb = callback_new("GradientClip", CF_ORDER_GRAD_CLIP, state, free_with_state);
     if (!cb) {
         cf_free(state);
         return NULL;
@@ -201,7 +201,7 @@ cf_callback *cf_gradient_accumulation_cb(int n_acc) {
     if (!a) return NULL;
     a->n_acc = n_acc > 0 ? n_acc : 32;
     /* fastai: MixedPrecision.order - 4 */
-    cf_callback *cb = callback_new("GradientAccumulation", 6, a, free_with_state);
+    cf_callback *cb = callback_new("GradientAccumulation", CF_ORDER_GRAD_ACCUMULATION, a, free_with_state);
     if (!cb) {
         cf_free(a);
         return NULL;

@@ -2,7 +2,7 @@
  * data-parallel group (fork workers or MPI ranks), then bring everything home.
  *
  * A replica differs from a single-process learner by three things only: the parallel callback
- * below (broadcast parameters at the start, all-reduce gradients after backward, average
+ * below (broadcast parameters at the start, all-reduce gradients before each step, average
  * BatchNorm statistics before validation, sum validation totals and metric statistics, agree on
  * cancellations), the loaders' shard setting, and the communicator. */
 #include "corefit/par.h"
@@ -42,8 +42,10 @@ static cf_status pc_before_fit(cf_callback *cb, cf_learner *learn) {
 
 /* Gradients: sum_r w_r g_r / sum_r w_r, with w_r the rows this replica's loss averaged over
  * (split batches: its real rows, so N replicas reproduce one process). The smoothed loss sees
- * the same weighted mean. */
-static cf_status pc_after_backward(cf_callback *cb, cf_learner *learn) {
+ * the same weighted mean. Done at before_step, so that gradients accumulated over several
+ * batches (GradientAccumulation cancels the batches before it) are reduced once, and gradient
+ * clipping sees the global gradient. */
+static cf_status pc_before_step(cf_callback *cb, cf_learner *learn) {
     par_cb_state *s = cb->state;
     const cf_batch *b = learn->batch;
     cf_model *m = learn->model;
@@ -116,7 +118,7 @@ static cf_callback *parallel_cb(cf_comm *comm, bool split_batch) {
     cb->state = s;
     cb->free = pc_free;
     cb->on[CF_EV_BEFORE_FIT] = pc_before_fit;
-    cb->on[CF_EV_AFTER_BACKWARD] = pc_after_backward;
+    cb->on[CF_EV_BEFORE_STEP] = pc_before_step;
     cb->on[CF_EV_AFTER_TRAIN] = pc_after_train;
     cb->on[CF_EV_AFTER_VALIDATE] = pc_after_validate;
     return cb;

@@ -1,0 +1,202 @@
+/* fastai's vision_learner and tabular_learner. */
+#include "corefit/learn.h"
+
+#include "corefit/io.h"
+
+#include <string.h>
+#include <strings.h>
+
+static const char *const arch_names[] = {
+    [CF_ARCH_MINI_RESNET] = "mini-resnet", [CF_ARCH_SIMPLE_CNN] = "simple-cnn",
+    [CF_ARCH_XRESNET18] = "xresnet18",     [CF_ARCH_XRESNET34] = "xresnet34",
+    [CF_ARCH_XRESNET50] = "xresnet50",
+};
+
+const char *cf_arch_name(cf_arch arch) {
+    return (unsigned)arch < sizeof arch_names / sizeof *arch_names ? arch_names[arch] : "unknown";
+}
+
+int cf_arch_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof arch_names / sizeof *arch_names; i++)
+        if (strcasecmp(name, arch_names[i]) == 0) return (int)i;
+    return -1;
+}
+
+/* The learner options shared by the factories. */
+#define COPY_LEARNER_FIELDS(dst, src)                                                              \
+    do {                                                                                           \
+        (dst).loss = (src)->loss;                                                                  \
+        (dst).loss_set = (src)->loss_set;                                                          \
+        (dst).opt = (src)->opt;                                                                    \
+        (dst).opt_set = (src)->opt_set;                                                            \
+        (dst).lr = (src)->lr;                                                                      \
+        (dst).wd = (src)->wd;                                                                      \
+        (dst).wd_bn_bias = (src)->wd_bn_bias;                                                      \
+        (dst).no_train_bn = (src)->no_train_bn;                                                    \
+        memcpy((dst).moms, (src)->moms, sizeof(dst).moms);                                         \
+        (dst).metrics = (src)->metrics;                                                            \
+        (dst).n_metrics = (src)->n_metrics;                                                        \
+        (dst).cbs = (src)->cbs;                                                                    \
+        (dst).n_cbs = (src)->n_cbs;                                                                \
+        (dst).path = (src)->path;                                                                  \
+        (dst).model_dir = (src)->model_dir;                                                        \
+        (dst).quiet = (src)->quiet;                                                                \
+        (dst).seed = (src)->seed;                                                                  \
+    } while (0)
+
+static void drop_owned(cf_metric **metrics, int n_metrics, cf_callback **cbs, int n_cbs) {
+    for (int i = 0; i < n_metrics; i++) cf_metric_free(metrics[i]);
+    for (int i = 0; i < n_cbs; i++) cf_callback_free(cbs[i]);
+}
+
+static cf_head_opts head_options(cf_arch arch, const cf_vision_opts *o) {
+    cf_head_opts h = cf_head_defaults();
+    if (arch == CF_ARCH_MINI_RESNET) { /* W1's head */
+        h.n_lin_ftrs = 1;
+        h.lin_ftrs[0] = 256;
+        h.n_ps = 2;
+        h.ps[0] = 0.25f;
+        h.ps[1] = 0.5f;
+    }
+    if (o->n_lin_ftrs > 0) {
+        h.n_lin_ftrs = o->n_lin_ftrs;
+        memcpy(h.lin_ftrs, o->lin_ftrs, sizeof h.lin_ftrs);
+    }
+    if (o->n_ps > 0) {
+        h.n_ps = o->n_ps;
+        memcpy(h.ps, o->ps, sizeof h.ps);
+    }
+    h.concat_pool = !o->no_concat_pool;
+    h.first_bn = !o->no_first_bn;
+    h.bn_final = o->bn_final;
+    return h;
+}
+
+/* Copies the body ("0.*") of a saved model into this one, by name and shape. */
+static cf_status load_body(cf_model *model, const char *path) {
+    cf_st_file *file = NULL;
+    cf_status st = cf_st_read(path, &file);
+    if (st != CF_OK) return cf_fail_context(st, "pretrained model");
+    int copied = 0;
+    for (int i = 0; i < model->n_params && st == CF_OK; i++) {
+        cf_param *p = model->params[i];
+        if (strncmp(p->full_name, "0.", 2) != 0) continue;
+        const cf_st_entry *e = cf_st_find(file, p->full_name);
+        if (!e) {
+            st = cf_fail(CF_ERR_FORMAT, "pretrained model %s has no %s", path, p->full_name);
+        } else if (e->numel != p->numel) {
+            st = cf_fail(CF_ERR_FORMAT, "pretrained model %s: %s has %zu values, expected %zu",
+                         path, p->full_name, e->numel, p->numel);
+        }
+        copied++;
+    }
+    if (st == CF_OK && copied == 0)
+        st = cf_fail(CF_ERR_FORMAT, "pretrained model %s: the model has no body parameters", path);
+    /* validated: now copy */
+    for (int i = 0; i < model->n_params && st == CF_OK; i++) {
+        cf_param *p = model->params[i];
+        if (strncmp(p->full_name, "0.", 2) != 0) continue;
+        memcpy(p->data, cf_st_find(file, p->full_name)->data, p->numel * sizeof(float));
+    }
+    cf_st_free(file);
+    return st;
+}
+
+cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
+                             const cf_vision_opts *o) {
+    *out = NULL;
+    const cf_dataset *ds = dls ? dls->train_ds : NULL;
+    cf_status st = CF_OK;
+    if (!ds || ds->sample_shape.ndim != 3)
+        st = cf_fail(CF_ERR_INVALID, "vision_learner needs image data (C, H, W)");
+    int n_out = o->n_out > 0 ? o->n_out : (ds ? ds->n_classes : 0);
+    if (st == CF_OK && n_out < 1)
+        st = cf_fail(CF_ERR_INVALID, "vision_learner: the data set has no classes; set n_out");
+    if (st != CF_OK) {
+        drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
+        return st;
+    }
+    int c_in = ds->sample_shape.dim[0], h = ds->sample_shape.dim[1];
+    cf_head_opts head = head_options(arch, o);
+    cf_module *root = NULL;
+    switch (arch) {
+    case CF_ARCH_MINI_RESNET: root = cf_mini_resnet_ex(c_in, n_out, &head); break;
+    case CF_ARCH_SIMPLE_CNN: {
+        int filters[] = {c_in, 16, 32, 64};
+        cf_module *body = cf_simple_cnn(4, filters, NULL, NULL, true);
+        head.pool = false; /* simple_cnn ends pooled and flattened */
+        head.concat_pool = false;
+        cf_module *parts[] = {body, body ? cf_create_head(64, n_out, &head) : NULL};
+        root = parts[1] ? cf_sequential(2, parts) : NULL;
+        if (!parts[1]) cf_module_free(body);
+        break;
+    }
+    case CF_ARCH_XRESNET18:
+    case CF_ARCH_XRESNET34:
+    case CF_ARCH_XRESNET50: {
+        cf_xresnet_opts xo = cf_xresnet_defaults();
+        xo.c_in = c_in;
+        xo.small_images = h < 64;
+        xo.head = head;
+        int depth = arch == CF_ARCH_XRESNET18 ? 18 : arch == CF_ARCH_XRESNET34 ? 34 : 50;
+        root = cf_xresnet(depth, n_out, &xo);
+        break;
+    }
+    default: st = cf_fail(CF_ERR_INVALID, "unknown architecture %d", (int)arch);
+    }
+    cf_model *model = NULL;
+    if (st == CF_OK && !root) st = cf_fail_context(CF_ERR_INVALID, "building %s", cf_arch_name(arch));
+    if (st == CF_OK) st = cf_model_new(&model, root, o->seed);
+    if (st == CF_OK) st = cf_split_default(model);
+    if (st == CF_OK && o->pretrained) st = load_body(model, o->pretrained);
+    if (st != CF_OK) {
+        cf_model_free(model);
+        drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
+        return st;
+    }
+    cf_learner_opts lo = {0};
+    COPY_LEARNER_FIELDS(lo, o);
+    if ((st = cf_learner_new_(out, dls, model, &lo)) != CF_OK) return st;
+    if (o->pretrained && (st = cf_learner_freeze(*out)) != CF_OK) {
+        cf_learner_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_learner_opts *o) {
+    *out = NULL;
+    const cf_dataset *ds = dls ? dls->train_ds : NULL;
+    cf_status st = CF_OK;
+    if (!ds || ds->sample_shape.ndim != 1 || ds->n_cat + ds->n_cont != ds->sample_shape.dim[0])
+        st = cf_fail(CF_ERR_INVALID, "tabular_learner needs a tabular data set (categorical "
+                                     "codes then continuous values)");
+    int n_out = o->n_out > 0 ? o->n_out : ds ? (ds->n_classes > 0 ? ds->n_classes : ds->target_dim) : 0;
+    if (st != CF_OK) {
+        drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
+        return st;
+    }
+    cf_tabular_opts to = cf_tabular_defaults();
+    if (o->n_layers > 0) {
+        to.n_layers = o->n_layers;
+        memcpy(to.layers, o->layers, sizeof to.layers);
+    }
+    if (o->ps > 0) {
+        to.n_ps = 1;
+        to.ps[0] = o->ps;
+    }
+    to.embed_p = o->embed_p;
+    to.y_range = o->y_range;
+    to.y_lo = o->y_lo;
+    to.y_hi = o->y_hi;
+    cf_module *root = cf_tabular_model(ds->n_cat, ds->cat_cardinality, NULL, ds->n_cont, n_out, &to);
+    cf_model *model = NULL;
+    st = root ? cf_model_new(&model, root, o->seed) : cf_fail_context(CF_ERR_INVALID, "tabular model");
+    if (st != CF_OK) {
+        drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
+        return st;
+    }
+    cf_learner_opts lo = {0};
+    COPY_LEARNER_FIELDS(lo, o);
+    return cf_learner_new_(out, dls, model, &lo);
+}
