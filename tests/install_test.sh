@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix and builds a program against it, with pkg-config
+# and with CMake's find_package.
+set -euo pipefail
+build=$1
+prefix=$(mktemp -d /tmp/cf-install-XXXXXX)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$build" --prefix "$prefix" > "$prefix/install.log"
+test -f "$prefix/include/corefit.h"
+test -f "$prefix/lib/libcorefit.a"
+ls "$prefix"/lib/libcorefit.so* > /dev/null
+test -f "$prefix/lib/pkgconfig/corefit.pc"
+test -f "$prefix/lib/cmake/corefit/corefitConfig.cmake"
+
+mkdir -p "$prefix/app"
+cat > "$prefix/app/main.c" <<'C'
+#include <corefit.h>
+#include <stdio.h>
+int main(void) {
+    cf_module *layers[] = {cf_linear(3, 4, true), cf_relu(), cf_linear(4, 2, true)};
+    cf_model *m = NULL;
+    if (cf_model_new(&m, cf_sequential(3, layers), 1) != CF_OK) return 1;
+    float x[6] = {1, 2, 3, 4, 5, 6};
+    const cf_tensor *y;
+    cf_tensor in = cf_tensor_view(x, cf_shape2(2, 3));
+    if (cf_model_forward(m, &in, &y) != CF_OK) return 1;
+    printf("ok %d parameters, output (%d, %d)\n", (int)cf_model_num_weights(m), y->shape.dim[0],
+           y->shape.dim[1]);
+    cf_model_free(m);
+    return 0;
+}
+C
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+gcc -std=c11 -Wall -Wextra -Werror "$prefix/app/main.c" -o "$prefix/app/shared" \
+    $(pkg-config --cflags --libs corefit) -Wl,-rpath,"$prefix/lib"
+"$prefix/app/shared" | grep -q "ok 26 parameters, output (2, 2)"
+gcc -std=c11 "$prefix/app/main.c" -o "$prefix/app/static" \
+    $(pkg-config --cflags corefit) "$prefix/lib/libcorefit.a" \
+    $(pkg-config --libs --static corefit | sed 's/-lcorefit//')
+"$prefix/app/static" | grep -q "ok 26 parameters"
+
+cat > "$prefix/app/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.25)
+project(app C)
+find_package(corefit REQUIRED)
+add_executable(app main.c)
+target_link_libraries(app PRIVATE corefit::corefit_static)
+CM
+cmake -S "$prefix/app" -B "$prefix/app/build" -DCMAKE_PREFIX_PATH="$prefix" > "$prefix/cmake.log"
+cmake --build "$prefix/app/build" > "$prefix/build.log"
+"$prefix/app/build/app" | grep -q "ok 26 parameters"
+echo "installed corefit builds and runs with pkg-config (shared, static) and find_package"
