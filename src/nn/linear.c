@@ -1,4 +1,4 @@
-/* Linear (fully connected) layer: y = x W^T + b, as PyTorch's nn.Linear, through cblas_sgemm. */
+/* Linear (fully connected) layer: y = x W^T + b, as PyTorch's nn.Linear, through cf_sgemm (OpenBLAS). */
 #include "corefit/nn.h"
 
 #include <cblas.h>
@@ -46,7 +46,7 @@ static const cf_tensor *linear_forward(cf_module *m, const cf_tensor *x) {
             for (int j = 0; j < out; j++) row[j] = b[j];
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x->data, in, w, in,
+    cf_sgemm(false, true, n, out, in, 1.0f, x->data, in, w, in,
                 l->has_bias ? 1.0f : 0.0f, y->data, out);
     return y;
 }
@@ -57,7 +57,7 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     const int n = x->shape.dim[0], in = l->in_features, out = l->out_features;
     cf_param *w = &m->params[0];
     if (w->trainable) /* dW += dy^T x */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy->data, out,
+        cf_sgemm(true, false, out, in, n, 1.0f, dy->data, out,
                     x->data, in, 1.0f, w->grad, in);
     if (l->has_bias && m->params[1].trainable) {
         float *restrict db = m->params[1].grad;
@@ -68,7 +68,7 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     }
     if (!need_dx) return NULL;
     cf_tensor *dx = cf_module_input_grad(m); /* dx = dy W */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy->data, out, w->data,
+    cf_sgemm(false, false, n, in, out, 1.0f, dy->data, out, w->data,
                 in, 0.0f, dx->data, in);
     return dx;
 }
