@@ -6,13 +6,12 @@
 #include <cblas.h>
 #include <string.h>
 
-/* Row-major C = A B is computed as the column-major C^T = B^T A^T: the same arithmetic, and it
- * keeps OpenBLAS off its row-major "direct" small-matrix path, which allocates on every call
- * (OpenBLAS 0.3.21, SkylakeX kernels) — the training step must not allocate. */
+/* Note: with its SkylakeX kernels, OpenBLAS 0.3.21 allocates a packing buffer inside some
+ * small untransposed products (its small-matrix path); tests/test_alloc.c reports those apart. */
 void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc) {
-    cblas_sgemm(CblasColMajor, trans_b ? CblasTrans : CblasNoTrans,
-                trans_a ? CblasTrans : CblasNoTrans, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw, int ph,
