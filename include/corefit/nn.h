@@ -201,6 +201,143 @@ void cf_loss_backward(const cf_loss *loss, const cf_tensor *pred, const cf_tenso
  * cross-entropy, sigmoid for BCE, identity for MSE. out may equal pred. */
 void cf_loss_activation(const cf_loss *loss, const cf_tensor *pred, cf_tensor *out);
 
+/* ---- model zoo ----------------------------------------------------------------------------- */
+
+/* Ready-made models built from the layers above, with the parameter names PyTorch's state_dict
+ * gives the equivalent fastai model, so weights copy both ways by name. Each constructor returns
+ * a module tree (NULL with cf_last_error on bad arguments) for cf_model_new, which also runs
+ * fastai's initialisation for the model: through a parameterless "InitHook" child appended to
+ * the Sequential it initialises (the head's, the xresnet body's, SimpleCNN's, TabularModel's
+ * "init"); it never appears in the names and costs nothing in forward or backward, but it is
+ * counted in n_children (e.g. the xresnet body has children 0-7 and the hook at 8).
+ *
+ * Vision models are Sequential(body, head) like fastai's vision_learner: names start with "0."
+ * for the body and "1." for the head; cf_split_default makes the body group 0 and the head
+ * group 1 (fastai's default_split). */
+
+#define CF_HEAD_MAX_LAYERS 8
+
+/* fastai's create_head(nf, n_out, lin_ftrs, ps, pool, concat_pool, first_bn, bn_final,
+ * lin_first, y_range). cf_head_defaults() gives fastai's defaults: lin_ftrs [512], ps [0.5]
+ * (one p means p/2 for the hidden layers and p for the last), pool, concat_pool, first_bn, no
+ * bn_final, no lin_first, no y_range, and vision_learner's apply_init(head, kaiming_normal_). */
+typedef struct cf_head_opts {
+    int n_lin_ftrs;                   /* number of hidden layers (0: a single Linear block) */
+    int lin_ftrs[CF_HEAD_MAX_LAYERS]; /* hidden sizes */
+    int n_ps;                         /* 1, or n_lin_ftrs + 1 */
+    float ps[CF_HEAD_MAX_LAYERS + 1]; /* dropout per block; p == 0 leaves the Dropout out */
+    bool pool;                        /* start with pooling + Flatten (else input is (N, nf)) */
+    bool concat_pool;                 /* AdaptiveConcatPool2d (2*nf features), else avg pool */
+    bool first_bn;                    /* BatchNorm1d in the first block */
+    bool bn_final;                    /* BatchNorm1d(n_out, momentum 0.01) at the end */
+    bool lin_first;                   /* LinBnDrop order Linear, ReLU, BN, Dropout */
+    bool y_range;                     /* end with SigmoidRange(y_lo, y_hi) */
+    float y_lo, y_hi;
+    bool init; /* kaiming_normal_ Linear weights, biases 0 */
+} cf_head_opts;
+
+cf_head_opts cf_head_defaults(void);
+/* The head for a body with nf output channels (NULL opts: defaults). Names "0", "1", ... as
+ * fastai's flat Sequential: [pool, Flatten, (BatchNorm1d, Dropout, Linear, ReLU)..., ...].
+ * The BatchNorm1d layers start with weight 1 and bias 1e-3 (fastai's BatchNorm helper). */
+cf_module *cf_create_head(int nf, int n_out, const cf_head_opts *opts);
+
+/* W1 of WORKLOADS.md ("mini-resnet"): body = Sequential(Conv2d(c_in,16,3,p1,no bias), BN(16),
+ * ReLU, block(16->32, stride 2), block(32->64, stride 2)) where a block is
+ * cf_residual(convpath = [Conv3x3 s2, BN, ReLU, Conv3x3, BN], idpath = [Conv1x1 s2, BN],
+ * relu_after); head = create_head(64, n_out, lin_ftrs [256], ps [0.25, 0.5]).
+ * Names: "0.0.weight" (stem conv), "0.1.*" (stem BN), "0.3.convpath.0.weight",
+ * "0.3.idpath.1.running_mean", ..., "1.2.weight" (head BatchNorm1d(128)), "1.8.weight" (last
+ * Linear). Body: PyTorch's default initialisation; head: as cf_create_head. */
+cf_module *cf_mini_resnet(int c_in, int n_out);
+/* The same with another head (e.g. ps 0 for deterministic training). */
+cf_module *cf_mini_resnet_ex(int c_in, int n_out, const cf_head_opts *head);
+cf_module *cf_mini_resnet_body(int c_in); /* 64 output channels */
+
+/* fastai's XResNet (vision/models/xresnet.py) cut as vision_learner cuts it (the last four
+ * children dropped), followed by create_head(512 * expansion, n_out). Body children: 0-2 the
+ * stem ConvLayers (c_in->32 stride 2, 32->32, 32->64; each Sequential(Conv2d no bias,
+ * BatchNorm2d, ReLU)), 3 MaxPool2d(3, 2, 1), 4-7 the stages of ResBlocks ("convpath" of
+ * ConvLayers, the last without ReLU and with its BatchNorm weight 0; "idpath" = [AvgPool2d(2,
+ * ceil_mode) if stride 2] + [ConvLayer 1x1 without ReLU if channels change], ReLU after the
+ * add). E.g. "0.0.0.weight", "0.4.0.convpath.1.1.weight", "0.5.0.idpath.1.0.weight".
+ * Initialisation as fastai's init_cnn: conv weights kaiming_normal_, every bias 0 (BatchNorm
+ * too), BatchNorm weight 1 except the zeroed ones. */
+typedef struct cf_xresnet_opts {
+    int c_in;          /* input channels (3) */
+    bool small_images; /* for 28x28-class inputs: the first stem conv has stride 1 (the max
+                          pool stays), so 28x28 reaches the stages at 14, 7, 4 and 2 pixels
+                          instead of 7, 4, 2 and 1; names and parameters are unchanged (false) */
+    cf_head_opts head; /* cf_head_defaults() */
+} cf_xresnet_opts;
+
+cf_xresnet_opts cf_xresnet_defaults(void);
+/* depth 18 ([2,2,2,2], basic blocks), 34 ([3,4,6,3]) or 50 ([3,4,6,3], bottlenecks). */
+cf_module *cf_xresnet(int depth, int n_out, const cf_xresnet_opts *opts);
+cf_module *cf_xresnet_body(int depth, const cf_xresnet_opts *opts);
+/* The body's output channels: 512 for depth 18/34, 2048 for 50 (0 for another depth). */
+int cf_xresnet_nf(int depth);
+cf_module *cf_xresnet18(int c_in, int n_out);
+cf_module *cf_xresnet34(int c_in, int n_out);
+cf_module *cf_xresnet50(int c_in, int n_out);
+
+/* A vision model by architecture name (the command line's --arch): "mini-resnet" (W1),
+ * "xresnet18", "xresnet34", "xresnet50", and "xresnet18-small" etc. (small_images), each with
+ * fastai's default head (mini-resnet: its own). NULL with a message naming the choices for
+ * another name. */
+cf_module *cf_vision_model(const char *arch, int c_in, int n_out);
+
+/* fastai's SimpleCNN(filters, kernel_szs, strides, bn): n_filters - 1 ConvLayers
+ * filters[i] -> filters[i+1] (kernel kernel_szs[i] (default 3), stride strides[i] (default 2),
+ * padding (k-1)/2; Conv2d, BatchNorm2d (when bn, except the last layer), ReLU; a conv without
+ * BatchNorm has a bias), then Sequential(AdaptiveAvgPool2d(1), Flatten()). Output
+ * (N, filters[n_filters-1]). Initialisation as fastai's ConvLayer: kaiming_uniform_ weights,
+ * biases N(0, 0.01), BatchNorm bias 1e-3. kernel_szs/strides may be NULL. */
+cf_module *cf_simple_cnn(int n_filters, const int *filters, const int *kernel_szs,
+                         const int *strides, bool bn);
+
+#define CF_TABULAR_MAX_LAYERS 16
+
+/* fastai's TabularModel options; cf_tabular_defaults(): layers [200, 100], ps 0, embed_p 0,
+ * use_bn, no bn_final, bn_cont, lin_first, no y_range. */
+typedef struct cf_tabular_opts {
+    int n_layers;
+    int layers[CF_TABULAR_MAX_LAYERS];
+    int n_ps; /* 0: all 0; 1: the same p for every hidden layer;
+                 n_layers: one each */
+    float ps[CF_TABULAR_MAX_LAYERS];
+    float embed_p; /* dropout after the embeddings */
+    bool use_bn, bn_final, bn_cont, lin_first;
+    bool y_range;
+    float y_lo, y_hi;
+} cf_tabular_opts;
+
+cf_tabular_opts cf_tabular_defaults(void);
+/* fastai's emb_sz_rule: min(600, round(1.6 * n_cat^0.56)) (round half to even, as Python). */
+int cf_emb_sz_rule(int n_cat);
+/* fastai's TabularModel for n_cat categorical columns (cardinalities[i] classes, #na#
+ * included; emb_dims[i] > 0 or, when emb_dims is NULL or emb_dims[i] <= 0, emb_sz_rule) and
+ * n_cont continuous columns. Input (N, n_cat + n_cont): the category codes first (as floats),
+ * then the continuous values; output (N, out_sz). Names as fastai: "embeds.0.weight",
+ * "bn_cont.weight", ..., "layers.0.0.weight" (Linear), "layers.0.2.weight" (BatchNorm1d),
+ * "layers.2.0.weight", "layers.2.0.bias" (final Linear). bn_cont is left out when n_cont is
+ * 0. Embeddings start as fastai's trunc_normal_(std 0.01) (normal, fmod 2, times 0.01);
+ * LinBnDrop BatchNorms with bias 1e-3; Linear layers as PyTorch. The input gradient of the
+ * code columns is 0. */
+cf_module *cf_tabular_model(int n_cat, const int *cardinalities, const int *emb_dims, int n_cont,
+                            int out_sz, const cf_tabular_opts *opts);
+
+/* ---- parameter groups for the zoo ---- */
+
+/* fastai's default_split: the root's first child (the body) is group 0, the rest group 1.
+ * The root must have at least two children. Sets n_groups to 2. */
+cf_status cf_split_default(cf_model *model);
+/* fastai's _resnet_split for a Sequential(body, head): body children [0, 6) group 0, body
+ * children [6, ...) group 1, the head group 2. Sets n_groups to 3. */
+cf_status cf_split_resnet(cf_model *model);
+/* Every parameter in group 0 (fastai's trainable_params splitter); n_groups 1. */
+void cf_split_none(cf_model *model);
+
 #ifdef __cplusplus
 }
 #endif
