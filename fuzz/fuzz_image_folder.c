@@ -9,14 +9,7 @@
 
 #include "corefit/data.h"
 
-/* stb compiled into the target (with the fuzzer's instrumentation) instead of libstb's
- * uninstrumented copy, so that coverage guides the fuzzer through the decoders too. */
-#ifdef CF_HAVE_STB
-#define STB_IMAGE_IMPLEMENTATION
-#define STB_IMAGE_RESIZE_IMPLEMENTATION
-#include <stb_image.h>
-#include <stb_image_resize.h>
-#endif
+/* stb's decoders are linked from fuzz/stb_impl.c, instrumented (see fuzz/run). */
 
 static char root[64];
 

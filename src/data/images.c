@@ -16,8 +16,10 @@
 #include <stb_image_resize.h>
 #endif
 
-/* Images with more pixels than this are refused before decoding. */
+/* Images with more pixels than this are refused before decoding (the fuzzer builds with less). */
+#ifndef CF_IMAGE_MAX_PIXELS
 #define CF_IMAGE_MAX_PIXELS ((int64_t)1 << 26)
+#endif
 /* Image files larger than this are refused before reading. */
 #define CF_IMAGE_MAX_FILE ((int64_t)1 << 28)
 
@@ -26,10 +28,14 @@
  * segments and refuse such tables before stb sees them; returns the byte offset of the bad
  * table, or -1. Non-JPEG data passes. */
 static int64_t jpeg_bad_huffman_table(const uint8_t *b, size_t n) {
-    if (n < 4 || b[0] != 0xFF || b[1] != 0xD8) return -1;
-    size_t i = 2;
+    /* stb's marker reader skips 0xFF fill bytes, also before the start-of-image marker. */
+    size_t i = 0;
+    if (n < 2 || b[0] != 0xFF) return -1;
+    while (i < n && b[i] == 0xFF) i++;
+    if (i >= n || b[i] != 0xD8) return -1;
+    i++;
     while (i + 4 <= n) {
-        if (b[i] != 0xFF) { /* entropy-coded data between markers */
+        if (b[i] != 0xFF) { /* entropy-coded data, or bytes stb skips between markers */
             i++;
             continue;
         }
@@ -44,17 +50,20 @@ static int64_t jpeg_bad_huffman_table(const uint8_t *b, size_t n) {
         }
         if (m == 0xD9) break;
         size_t len = (size_t)b[i + 2] << 8 | b[i + 3];
-        if (len < 2) return -1; /* stb refuses it */
         if (m == 0xC4) {
-            size_t p = i + 4, end = i + 2 + len;
-            if (end > n) end = n;
-            while (p + 17 <= end) {
+            /* As stb reads it: tables of 1 + 16 count bytes + codes while the length lasts,
+             * bytes past the end reading as 0. */
+            int64_t left = (int64_t)len - 2;
+            size_t p = i + 4;
+            while (left > 0) {
                 unsigned codes = 0;
-                for (int k = 1; k <= 16; k++) codes += b[p + k];
+                for (size_t k = 1; k <= 16; k++) codes += p + k < n ? b[p + k] : 0;
                 if (codes > 256) return (int64_t)p;
                 p += 17 + codes;
+                left -= 17 + (int64_t)codes;
             }
         }
+        if (len < 2) return -1; /* stb refuses it */
         i += 2 + len;
     }
     return -1;
