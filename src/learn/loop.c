@@ -148,12 +148,14 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
 
 static cf_status do_epoch_train(cf_learner *learn) {
     learn->dl = learn->dls->train;
+    learn->n_iter = cf_dataloader_len(learn->dl); /* known to before_train (progress bars) */
     return with_events(learn, CF_EV_BEFORE_TRAIN, all_batches, NULL, CF_CANCEL_TRAIN,
                        CF_EV_AFTER_CANCEL_TRAIN, CF_EV_AFTER_TRAIN);
 }
 
 static cf_status do_epoch_validate(cf_learner *learn, cf_dataloader *dl) {
     learn->dl = dl;
+    learn->n_iter = cf_dataloader_len(dl);
     return with_events(learn, CF_EV_BEFORE_VALIDATE, all_batches, NULL, CF_CANCEL_VALIDATE,
                        CF_EV_AFTER_CANCEL_VALIDATE, CF_EV_AFTER_VALIDATE);
 }
