@@ -324,7 +324,8 @@ cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
 /* ---- fit methods --------------------------------------------------------------------------- */
 
 /* Options of the parallel twins (cf_par_X); ignored by the single-process methods. */
-typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI } cf_start_method;
+/* CF_START_AUTO: mpi when the program was started by mpirun, else fork. */
+typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI, CF_START_AUTO } cf_start_method;
 typedef struct cf_par_opts {
     int num_cores;               /* 0: the cores this process may run on */
     cf_start_method start_method;

@@ -157,8 +157,9 @@ void cf_results_release(cf_results *results);
 /* cf_par_X runs cf_X in every replica of a data-parallel group and brings everything home.
  * Same options as the single-process method, plus .par (cf_par_opts in corefit/learn.h):
  *   .par.num_cores    worker processes (0: the cores this process may run on);
- *   .par.start_method CF_START_FORK (the caller supervises forked workers) or CF_START_MPI
- *                     (SPMD under mpirun: every rank calls the same method);
+ *   .par.start_method CF_START_FORK (the caller supervises forked workers), CF_START_MPI
+ *                     (SPMD under mpirun: every rank calls the same method; see docs/mpi.md)
+ *                     or CF_START_AUTO (mpi when started by mpirun, else fork);
  *   .par.master_cbs   callbacks run on rank 0 only for this call (added to the learner's
  *                     master callbacks, cf_learner_add_master_cbs);
  *   .par.split_batch  cut each global batch of bs across the workers (results equal one
@@ -202,6 +203,15 @@ cf_status cf_par_validate_(struct cf_learner *learn, double *values,
                            const struct cf_validate_opts *opts);
 cf_status cf_par_get_preds_(struct cf_learner *learn, struct cf_preds *out,
                             const struct cf_get_preds_opts *opts);
+
+/* The MPI world the twins use with start_method mpi (made at the first call, kept for the
+ * process; MPI is finalized at exit when corefit initialised it). Call it on every rank, e.g.
+ * to learn this rank (cf_comm_rank) before writing files from rank 0 only. Under MPI every
+ * rank of a twin ends with the same learner state; a rank that fails makes every rank return
+ * an error (CF_ERR_WORKER "rank R failed: ..." on the others) instead of hanging; a rank
+ * silent past .par.deadline_s inside a collective ends the job (MPI_Abort). Returns
+ * CF_ERR_UNSUPPORTED when corefit was built without MPI. */
+cf_status cf_par_mpi_comm(cf_comm **out);
 
 #define cf_par_fit(learn, n, ...) cf_par_fit_((learn), (n), &(cf_fit_opts){__VA_ARGS__})
 #define cf_par_fit_one_cycle(learn, n, ...)                                                        \

@@ -10,10 +10,12 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "corefit/learn.h"
 #include "learn/internal.h"
+#include "par/par_internal.h"
 
 /* ---- the parallel callback ----------------------------------------------------------------- */
 
@@ -132,7 +134,7 @@ static cf_status sync_cancel(cf_learner *learn) {
     votes[learn->cancel] = 1;
     cf_status st = cf_comm_allreduce_sum_f64(comm, votes, CF_CANCEL_FIT + 1);
     if (st != CF_OK) return st;
-    static const cf_cancel strength[] = {CF_CANCEL_FIT, CF_CANCEL_EPOCH, CF_CANCEL_TRAIN,
+    static const cf_cancel strength[] = {CF_CANCEL_FIT,      CF_CANCEL_EPOCH, CF_CANCEL_TRAIN,
                                          CF_CANCEL_VALIDATE, CF_CANCEL_BATCH, CF_CANCEL_STEP,
                                          CF_CANCEL_BACKWARD};
     for (size_t i = 0; i < sizeof strength / sizeof *strength; i++)
@@ -181,27 +183,51 @@ typedef struct par_job {
 /* Sets the call's callbacks into the job's options. */
 static void set_cbs(par_job *job, cf_callback **cbs, int n) {
     switch (job->kind) {
-    case JOB_FIT: job->o.fit.cbs = cbs, job->o.fit.n_cbs = n; break;
-    case JOB_ONE_CYCLE: job->o.one_cycle.cbs = cbs, job->o.one_cycle.n_cbs = n; break;
-    case JOB_FLAT_COS: job->o.flat_cos.cbs = cbs, job->o.flat_cos.n_cbs = n; break;
-    case JOB_SGDR: job->o.sgdr.cbs = cbs, job->o.sgdr.n_cbs = n; break;
-    case JOB_FINE_TUNE: job->o.fine_tune.cbs = cbs, job->o.fine_tune.n_cbs = n; break;
-    case JOB_LR_FIND: job->o.lr_find.cbs = cbs, job->o.lr_find.n_cbs = n; break;
-    case JOB_VALIDATE: job->o.validate.cbs = cbs, job->o.validate.n_cbs = n; break;
-    case JOB_GET_PREDS: job->o.get_preds.cbs = cbs, job->o.get_preds.n_cbs = n; break;
+    case JOB_FIT:
+        job->o.fit.cbs = cbs, job->o.fit.n_cbs = n;
+        break;
+    case JOB_ONE_CYCLE:
+        job->o.one_cycle.cbs = cbs, job->o.one_cycle.n_cbs = n;
+        break;
+    case JOB_FLAT_COS:
+        job->o.flat_cos.cbs = cbs, job->o.flat_cos.n_cbs = n;
+        break;
+    case JOB_SGDR:
+        job->o.sgdr.cbs = cbs, job->o.sgdr.n_cbs = n;
+        break;
+    case JOB_FINE_TUNE:
+        job->o.fine_tune.cbs = cbs, job->o.fine_tune.n_cbs = n;
+        break;
+    case JOB_LR_FIND:
+        job->o.lr_find.cbs = cbs, job->o.lr_find.n_cbs = n;
+        break;
+    case JOB_VALIDATE:
+        job->o.validate.cbs = cbs, job->o.validate.n_cbs = n;
+        break;
+    case JOB_GET_PREDS:
+        job->o.get_preds.cbs = cbs, job->o.get_preds.n_cbs = n;
+        break;
     }
 }
 
 static cf_status run_method(cf_learner *learn, par_job *job) {
     switch (job->kind) {
-    case JOB_FIT: return cf_fit_(learn, job->n, &job->o.fit);
-    case JOB_ONE_CYCLE: return cf_fit_one_cycle_(learn, job->n, &job->o.one_cycle);
-    case JOB_FLAT_COS: return cf_fit_flat_cos_(learn, job->n, &job->o.flat_cos);
-    case JOB_SGDR: return cf_fit_sgdr_(learn, job->n, job->n2, &job->o.sgdr);
-    case JOB_FINE_TUNE: return cf_fine_tune_(learn, job->n, &job->o.fine_tune);
-    case JOB_LR_FIND: return cf_lr_find_(learn, &job->lr_result, &job->o.lr_find);
-    case JOB_VALIDATE: return cf_validate_(learn, job->values, &job->o.validate);
-    case JOB_GET_PREDS: return cf_get_preds_(learn, &job->preds, &job->o.get_preds);
+    case JOB_FIT:
+        return cf_fit_(learn, job->n, &job->o.fit);
+    case JOB_ONE_CYCLE:
+        return cf_fit_one_cycle_(learn, job->n, &job->o.one_cycle);
+    case JOB_FLAT_COS:
+        return cf_fit_flat_cos_(learn, job->n, &job->o.flat_cos);
+    case JOB_SGDR:
+        return cf_fit_sgdr_(learn, job->n, job->n2, &job->o.sgdr);
+    case JOB_FINE_TUNE:
+        return cf_fine_tune_(learn, job->n, &job->o.fine_tune);
+    case JOB_LR_FIND:
+        return cf_lr_find_(learn, &job->lr_result, &job->o.lr_find);
+    case JOB_VALIDATE:
+        return cf_validate_(learn, job->values, &job->o.validate);
+    case JOB_GET_PREDS:
+        return cf_get_preds_(learn, &job->preds, &job->o.get_preds);
     }
     return cf_fail(CF_ERR_INVALID, "unknown parallel job");
 }
@@ -264,8 +290,7 @@ static cf_status run_replica(cf_learner *learn, cf_comm *comm, par_job *job,
             st = cf_comm_allreduce_sum_f32(comm, p->targs.data, cf_tensor_numel(&p->targs));
         if (st == CF_OK && p->inputs.data)
             st = cf_comm_allreduce_sum_f32(comm, p->inputs.data, cf_tensor_numel(&p->inputs));
-        if (st == CF_OK && p->losses)
-            st = cf_comm_allreduce_sum_f32(comm, p->losses, (size_t)p->n);
+        if (st == CF_OK && p->losses) st = cf_comm_allreduce_sum_f32(comm, p->losses, (size_t)p->n);
         if (st == CF_OK && p->decoded) {
             double *d = cf_calloc((size_t)p->n + 1, sizeof *d);
             if (!d) st = CF_ERR_NOMEM;
@@ -298,7 +323,9 @@ static void put(stream *s, const void *data, size_t n) {
     if (n) memcpy(s->p + s->at, data, n);
     s->at += n;
 }
-static void put_i64(stream *s, int64_t v) { put(s, &v, sizeof v); }
+static void put_i64(stream *s, int64_t v) {
+    put(s, &v, sizeof v);
+}
 static void put_doubles(stream *s, const double *v, int64_t n) {
     put_i64(s, n);
     put(s, v, (size_t)n * sizeof *v);
@@ -577,21 +604,28 @@ static cf_status read_home(cf_learner *learn, par_job *job, void *area, size_t b
     cf_free(figs);
     job->lr_result = lr;
     job->preds = preds;
-    if (job->values && final)
-        memcpy(job->values, final, (size_t)n_final * sizeof(double));
+    if (job->values && final) memcpy(job->values, final, (size_t)n_final * sizeof(double));
     return CF_OK;
 }
 
 /* ---- launching ----------------------------------------------------------------------------- */
 
 /* The MPI world of this process, created at the first mpi call and kept (MPI can be
- * initialised once per process). */
+ * initialised once per process); freed at exit, which finalizes MPI if corefit initialised it. */
 static cf_comm *mpi_world;
 
-static cf_status cf_par_mpi_comm(cf_comm **out) {
+static void free_mpi_world(void) {
+    cf_comm_free(mpi_world);
+    mpi_world = NULL;
+}
+
+cf_status cf_par_mpi_comm(cf_comm **out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_par_mpi_comm: out is NULL");
+    *out = NULL;
     if (!mpi_world) {
         cf_status st = cf_comm_mpi_new(&mpi_world);
         if (st != CF_OK) return cf_fail_context(st, "start_method mpi");
+        atexit(free_mpi_world);
     }
     *out = mpi_world;
     return CF_OK;
@@ -640,7 +674,54 @@ static size_t results_size(const cf_learner *learn) {
     return model + data + ((size_t)1 << 30);
 }
 
-static cf_status cf_par_mpi_comm(cf_comm **out);
+/* Rank 0's model (and, after a fit, optimizer state) on every rank. */
+static cf_status share_state(cf_learner *learn, cf_comm *comm, bool with_opt) {
+    cf_model *m = learn->model;
+    cf_status st = cf_comm_broadcast(comm, m->weights, m->n_weights * sizeof(float), 0);
+    if (st == CF_OK && m->n_buffers)
+        st = cf_comm_broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0);
+    cf_optimizer *opt = learn->opt;
+    if (with_opt && opt) {
+        size_t bytes = m->n_weights * sizeof(float);
+        if (st == CF_OK && opt->grad_avg) st = cf_comm_broadcast(comm, opt->grad_avg, bytes, 0);
+        if (st == CF_OK && opt->sqr_avg) st = cf_comm_broadcast(comm, opt->sqr_avg, bytes, 0);
+    }
+    return st;
+}
+
+/* SPMD under mpirun: this process is one rank and its learner one replica. Every rank starts
+ * from rank 0's model (ranks may have built theirs differently), runs the method with one
+ * thread when it shares its machine (binding to cores is mpirun's), agrees with the others on
+ * the outcome, and on success ends with rank 0's state. */
+static cf_status par_run_mpi(cf_learner *learn, cf_comm *comm, par_job *job, cf_callback **master,
+                             int n_master) {
+    const cf_par_opts *par = job->par;
+    cf_mpi_begin_job(comm, par->deadline_s);
+    cf_status st = CF_OK;
+    if (par->num_cores != 0 && par->num_cores != cf_comm_size(comm))
+        st = cf_fail(CF_ERR_INVALID,
+                     "start_method mpi: num_cores is %d but the MPI world has %d ranks (mpirun -np "
+                     "sets the world; pass 0)",
+                     par->num_cores, cf_comm_size(comm));
+    if (st == CF_OK) st = share_state(learn, comm, false);
+    if (st == CF_OK) {
+        int threads = cf_get_num_threads();
+        if (cf_comm_local_size(comm) > 1) cf_set_num_threads(1);
+        st = run_replica(learn, comm, job, master, n_master);
+        cf_set_num_threads(threads);
+    } else {
+        for (int i = 0; i < job->n_cbs; i++) cf_callback_free(job->cbs[i]);
+        for (int i = 0; i < n_master; i++) cf_callback_free(master[i]);
+    }
+    st = cf_mpi_agree(comm, st);
+    bool fit = job->kind != JOB_LR_FIND && job->kind != JOB_VALIDATE && job->kind != JOB_GET_PREDS;
+    if (st == CF_OK) st = share_state(learn, comm, fit);
+    if (st != CF_OK) {
+        cf_preds_free(&job->preds);
+        cf_lr_find_result_free(&job->lr_result);
+    }
+    return st;
+}
 
 static cf_status par_run(cf_learner *learn, par_job *job) {
     const cf_par_opts *par = job->par;
@@ -648,10 +729,12 @@ static cf_status par_run(cf_learner *learn, par_job *job) {
     int n_master = par->n_master_cbs;
     cf_status st = CF_OK;
     if (par->num_cores < 0) st = cf_fail(CF_ERR_INVALID, "num_cores %d < 0", par->num_cores);
-    if (st == CF_OK && par->start_method == CF_START_MPI) {
+    cf_start_method method = par->start_method;
+    if (method == CF_START_AUTO) method = cf_mpi_launched() ? CF_START_MPI : CF_START_FORK;
+    if (st == CF_OK && method == CF_START_MPI) {
         cf_comm *comm = NULL;
         st = cf_par_mpi_comm(&comm);
-        if (st == CF_OK) return run_replica(learn, comm, job, master, n_master);
+        if (st == CF_OK) return par_run_mpi(learn, comm, job, master, n_master);
     }
     if (st != CF_OK) {
         for (int i = 0; i < job->n_cbs; i++) cf_callback_free(job->cbs[i]);
@@ -676,8 +759,12 @@ static cf_status par_run(cf_learner *learn, par_job *job) {
 /* ---- the twins ----------------------------------------------------------------------------- */
 
 #define PAR_TWIN(kind_, field_, learn_, n_, n2_, opts_)                                            \
-    par_job job = {.kind = (kind_), .n = (n_), .n2 = (n2_), .par = &(opts_)->par,                  \
-                   .cbs = (opts_)->cbs, .n_cbs = (opts_)->n_cbs};                                  \
+    par_job job = {.kind = (kind_),                                                                \
+                   .n = (n_),                                                                      \
+                   .n2 = (n2_),                                                                    \
+                   .par = &(opts_)->par,                                                           \
+                   .cbs = (opts_)->cbs,                                                            \
+                   .n_cbs = (opts_)->n_cbs};                                                       \
     job.o.field_ = *(opts_);                                                                       \
     return par_run((learn_), &job)
 
@@ -707,8 +794,8 @@ cf_status cf_par_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf
 }
 
 cf_status cf_par_validate_(cf_learner *learn, double *values, const cf_validate_opts *o) {
-    par_job job = {.kind = JOB_VALIDATE, .par = &o->par, .cbs = o->cbs, .n_cbs = o->n_cbs,
-                   .values = values};
+    par_job job = {
+        .kind = JOB_VALIDATE, .par = &o->par, .cbs = o->cbs, .n_cbs = o->n_cbs, .values = values};
     job.o.validate = *o;
     return par_run(learn, &job);
 }

@@ -90,4 +90,16 @@ uint64_t cf_shm_now_ns(void);
 /* "barrier", "allreduce_sum_f32", ... */
 const char *cf_shm_op_name(uint32_t op);
 
+/* MPI backend hooks for the parallel twins (comm_mpi.c; harmless without MPI). */
+/* True when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE). */
+bool cf_mpi_launched(void);
+/* Before each job: the deadline for a collective's vote (0: 120 s), and a communicator whose
+ * last failure every rank agreed on is usable again. */
+void cf_mpi_begin_job(cf_comm *comm, double deadline_s);
+/* After each job, on every rank: returns the job's status agreed by the group. A rank that
+ * failed (local != CF_OK) casts a failing vote, which the others' next collective or their own
+ * cf_mpi_agree sees: they get CF_ERR_WORKER "rank R failed: <R's message>"; the failed rank
+ * keeps its own error. At most one vote per job, so the group stays in step. */
+cf_status cf_mpi_agree(cf_comm *comm, cf_status local);
+
 #endif
