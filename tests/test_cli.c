@@ -1,0 +1,594 @@
+/* The corefit command on small data: every subcommand's output and files, usage errors (message
+ * and exit status), and `corefit predict` against cf_get_preds on the same inputs. */
+#include "oracle.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "corefit.h"
+
+#ifdef CF_HAVE_STB
+#include <stb_image_write.h>
+#endif
+
+#define COREFIT CF_BUILD_DIR "/corefit"
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+static char dir[256];
+static const char *const fmnist_names[10] = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                             "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                             "Bag",         "Ankle boot"};
+static char model_path[512]; /* a mini-resnet trained on a Fashion-MNIST subset */
+
+typedef struct run_result {
+    int status;
+    char *out, *err;
+} run_result;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t k = fread(s, 1, (size_t)n, f);
+    s[k] = '\0';
+    fclose(f);
+    return s;
+}
+
+/* Runs `corefit <args>` in the test folder, capturing stdout and stderr. */
+static run_result run(const char *fmt, ...) {
+    char args[4096], cmd[8192], out[600], err[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(out, sizeof out, "%s/stdout.txt", dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", dir, COREFIT, args, out,
+             err);
+    int s = system(cmd);
+    run_result r = {.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s)};
+    r.out = slurp(out);
+    r.err = slurp(err);
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    return r;
+}
+
+static void run_free(run_result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static void expect(run_result *r, int status, const char *in_out, const char *in_err) {
+    if (r->status != status || (in_out && !strstr(r->out, in_out)) ||
+        (in_err && !strstr(r->err, in_err)))
+        fail_msg("exit %d (expected %d)\nstdout: %s\nstderr: %s\nexpected stdout to hold '%s' and "
+                 "stderr '%s'",
+                 r->status, status, r->out, r->err, in_out ? in_out : "", in_err ? in_err : "");
+}
+
+static bool is_png(const char *path) {
+    FILE *f = fopen(path, "rb");
+    unsigned char b[8] = {0};
+    bool ok = f && fread(b, 1, 8, f) == 8 && memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0;
+    if (f) fclose(f);
+    return ok;
+}
+
+static bool file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* The value after "key: " on its own line of text. */
+static double value_of(const char *text, const char *key) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "%s: ", key);
+    const char *p = strstr(text, pat);
+    if (!p) fail_msg("no '%s' in:\n%s", pat, text);
+    return strtod(p + strlen(pat), NULL);
+}
+
+/* ---- usage errors -------------------------------------------------------------------------- */
+
+static void test_usage_errors(void **state) {
+    (void)state;
+    /* a file that is not a model */
+    char junk[600];
+    snprintf(junk, sizeof junk, "%s/junk.safetensors", dir);
+    FILE *f = fopen(junk, "wb");
+    fputs("not a model", f);
+    fclose(f);
+    static const struct {
+        const char *args;
+        int status;
+        const char *err;
+    } cases[] = {
+        {"", 2, "Usage: corefit <command>"},
+        {"frob", 2, "unknown command 'frob'"},
+        {"train --bogus", 2, "corefit train: unknown option '--bogus'"},
+        {"train --epochs x", 2, "--epochs expects a whole number"},
+        {"train --epochs 0", 2, "--epochs expects a whole number in [1,"},
+        {"train --bs", 2, "--bs expects a value"},
+        {"train --quiet=1", 2, "--quiet takes no value"},
+        {"train --arch foo", 2, "unknown --arch 'foo' (choose mini-resnet"},
+        {"train --schedule warp", 2, "unknown --schedule 'warp'"},
+        {"train --lr -1", 2, "--lr expects a positive number or 'auto'"},
+        {"train --lr fast", 2, "--lr expects a positive number or 'auto'"},
+        {"train --valid-pct 2", 2, "--valid-pct expects a number in"},
+        {"train --start smoke", 2, "--start must be fork or mpi"},
+        {"train --channels 2", 2, "--channels must be 1 or 3"},
+        {"train --csv t.csv --cat a", 2, "--csv needs --target"},
+        {"train --cat a", 2, "need --csv"},
+        {"train --idx a --images b", 2, "give one data source"},
+        {"train --arch tabular", 2, "--arch tabular needs --csv"},
+        {"train extra", 2, "unexpected argument 'extra'"},
+        {"train --idx /nonexistent/fmnist", 1, "--idx /nonexistent/fmnist: No such file"},
+        {"train --idx /tmp --limit 10", 1, "no train-images-idx3-ubyte(.gz) in /tmp"},
+        {"train --pretrained /nonexistent.safetensors", 1, "/nonexistent.safetensors"},
+        {"train --metrics nonsense --limit 10", 2, "unknown --metrics name 'nonsense'"},
+        {"lr-find --num-it 2", 2, "--num-it expects a whole number in [6,"},
+        {"lr-find --start-lr 1 --end-lr 0.1", 2, "--end-lr 0.1 must exceed --start-lr 1"},
+        {"eval", 2, "corefit eval: expects one model file"},
+        {"eval /nonexistent.safetensors", 1, "model file /nonexistent.safetensors: No such file"},
+        {"eval junk.safetensors", 1, "corefit eval: reading the model:"},
+        {"predict", 2, "corefit predict: expects a model file"},
+        {"predict junk.safetensors", 2, "expects image files after the model"},
+        {"predict junk.safetensors a.png --csv b.csv", 2, "not both"},
+        {"predict --top 0 junk.safetensors a.png", 2, "--top expects a whole number"},
+        {"predict junk.safetensors a.png", 1, "corefit predict: reading the model:"},
+        {"info", 2, "corefit info: expects one model file"},
+        {"info a b", 2, "unexpected argument 'b'"},
+        {"info /nonexistent.safetensors", 1, "corefit info: reading the model:"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        run_result r = run("%s", cases[i].args);
+        if (r.status != cases[i].status || !strstr(r.err, cases[i].err))
+            fail_msg("corefit %s: exit %d (expected %d), stderr: %s(expected '%s')", cases[i].args,
+                     r.status, cases[i].status, r.err, cases[i].err);
+        run_free(&r);
+    }
+}
+
+static void test_help(void **state) {
+    (void)state;
+    static const char *const cmds[] = {"train", "lr-find", "eval", "predict", "info"};
+    run_result r = run("--help");
+    expect(&r, 0, "Commands:", NULL);
+    run_free(&r);
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char usage[64];
+        snprintf(usage, sizeof usage, "Usage: corefit %s", cmds[i]);
+        r = run("%s --help", cmds[i]);
+        expect(&r, 0, usage, NULL);
+        assert_non_null(strstr(r.out, "--help"));
+        run_free(&r);
+    }
+    r = run("train -h");
+    expect(&r, 0, "--csv-log FILE", NULL);
+    run_free(&r);
+}
+
+/* ---- train, eval, info on a Fashion-MNIST subset -------------------------------------------- */
+
+static void test_train_eval_info(void **state) {
+    (void)state;
+    /* 2 fork workers, figures, a CSV log; --show without a terminal says so */
+    run_result r = run("train --limit 640 --bs 32 --epochs 2 --cores 2 --plots figs --csv-log "
+                       "log.csv --out model.safetensors --show");
+    expect(&r, 0, "model: model.safetensors", "--show needs a terminal");
+    /* fastprogress's table on stdout: the header, then a row per epoch */
+    assert_non_null(strstr(r.out, "epoch     train_loss  valid_loss  accuracy  time"));
+    assert_non_null(strstr(r.out, "log: log.csv"));
+    assert_non_null(strstr(r.err, "640 training and 128 validation samples"));
+    snprintf(model_path, sizeof model_path, "%s/model.safetensors", dir);
+    assert_true(file_exists(model_path));
+    /* fastai's CSVLogger format */
+    char path[600];
+    snprintf(path, sizeof path, "%s/log.csv", dir);
+    char *log = slurp(path);
+    assert_non_null(log);
+    assert_true(strncmp(log, "epoch,train_loss,valid_loss,accuracy,time\n0,", 44) == 0);
+    const char *row2 = strstr(log, "\n1,");
+    assert_non_null(row2);
+    assert_null(strstr(row2 + 1, "\n2,"));
+    double cols[4];
+    assert_int_equal(sscanf(row2 + 1, "1,%lf,%lf,%lf", &cols[0], &cols[1], &cols[2]), 3);
+    assert_true(cols[2] >= 0 && cols[2] <= 1);
+    /* the result line agrees with the log */
+    const char *res = strstr(r.out, "result: ");
+    assert_non_null(res);
+    const char *acc = strstr(res, " accuracy ");
+    assert_non_null(acc);
+    assert_true(fabs(strtod(acc + 10, NULL) - cols[2]) < 1e-12);
+    if (cf_plot_available()) {
+        static const char *const figs[] = {"loss", "schedule", "metrics", "confusion"};
+        for (size_t i = 0; i < 4; i++) {
+            snprintf(path, sizeof path, "%s/figs/%s.png", dir, figs[i]);
+            if (!is_png(path)) fail_msg("%s is not a PNG file", path);
+            char line[64];
+            snprintf(line, sizeof line, "figure: figs/%s.png\n", figs[i]);
+            assert_non_null(strstr(r.out, line));
+        }
+    }
+    run_free(&r);
+
+    /* eval on the same validation subset gives the fit's last validation */
+    r = run("eval model.safetensors --limit 640");
+    expect(&r, 0, "samples: 128", NULL);
+    assert_true(fabs(value_of(r.out, "accuracy") - cols[2]) <= 1.0 / 128 + 1e-12);
+    assert_true(fabs(value_of(r.out, "valid_loss") - cols[1]) <= 1e-4 * fabs(cols[1]) + 1e-6);
+    run_free(&r);
+    r = run("eval model.safetensors --limit 640 --json");
+    expect(&r, 0, NULL, NULL);
+    cJSON *j = cJSON_Parse(r.out);
+    assert_non_null(j);
+    assert_true(cJSON_GetObjectItem(j, "n")->valuedouble == 128);
+    assert_true(fabs(cJSON_GetObjectItem(j, "accuracy")->valuedouble - cols[2]) <= 1.0 / 128);
+    cJSON_Delete(j);
+    run_free(&r);
+    free(log);
+
+    /* info: what the file holds, and the parameter count of the model it rebuilds */
+    cf_module *root = cf_mini_resnet(1, 10);
+    cf_model *m = NULL;
+    assert_int_equal(cf_model_new(&m, root, 1), CF_OK);
+    char count[64];
+    snprintf(count, sizeof count, "parameters:  %zu trainable", cf_model_num_weights(m));
+    cf_model_free(m);
+    r = run("info model.safetensors");
+    expect(&r, 0, "arch:        mini-resnet", NULL);
+    assert_non_null(strstr(r.out, count));
+    assert_non_null(strstr(r.out, "input:       1 x 28 x 28"));
+    assert_non_null(strstr(r.out, "outputs:     10"));
+    assert_non_null(strstr(r.out, "classes:     T-shirt/top, Trouser,"));
+    run_free(&r);
+    r = run("info model.safetensors --json");
+    expect(&r, 0, NULL, NULL);
+    j = cJSON_Parse(r.out);
+    assert_non_null(j);
+    cJSON *meta = cJSON_GetObjectItem(j, "metadata");
+    assert_string_equal(cJSON_GetObjectItem(meta, "format")->valuestring, "pt");
+    assert_string_equal(cJSON_GetObjectItem(meta, "corefit.arch")->valuestring, "mini-resnet");
+    assert_string_equal(cJSON_GetObjectItem(meta, "corefit.image_size")->valuestring, "28x28");
+    assert_non_null(cJSON_GetObjectItem(meta, "corefit.normalize"));
+    cJSON_Delete(j);
+    run_free(&r);
+    /* the file is what cf_model_load takes */
+    cf_st_file *st = NULL;
+    assert_int_equal(cf_st_read(model_path, &st), CF_OK);
+    assert_non_null(cf_st_find(st, "0.0.weight"));
+    assert_null(cf_st_find(st, "opt.hypers"));
+    cf_st_free(st);
+}
+
+/* ---- predict agrees with cf_get_preds ------------------------------------------------------ */
+
+static void read_norm(const char *path, float *mean, float *std) {
+    cf_st_file *f = NULL;
+    assert_int_equal(cf_st_read(path, &f), CF_OK);
+    cJSON *j = cJSON_Parse(cf_st_meta(f, "corefit.normalize"));
+    assert_non_null(j);
+    mean[0] = (float)cJSON_GetArrayItem(cJSON_GetObjectItem(j, "mean"), 0)->valuedouble;
+    std[0] = (float)cJSON_GetArrayItem(cJSON_GetObjectItem(j, "std"), 0)->valuedouble;
+    cJSON_Delete(j);
+    cf_st_free(f);
+}
+
+static void test_predict_matches_get_preds(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    if (!model_path[0]) skip();
+    enum { N = 7 };
+    cf_dataset *all = NULL, *ds = NULL;
+    assert_int_equal(cf_dataset_from_idx(FMNIST "/t10k-images-idx3-ubyte.gz",
+                                         FMNIST "/t10k-labels-idx1-ubyte.gz", &all),
+                     CF_OK);
+    int64_t idx[N] = {0, 1, 2, 3, 4, 5, 6};
+    assert_int_equal(cf_dataset_subset(all, idx, N, &ds), CF_OK);
+    cf_dataset_free(all);
+    /* the images as PNG files: pixel / 255 reads back exactly */
+    char args[4096] = "predict model.safetensors --json";
+    for (int i = 0; i < N; i++) {
+        unsigned char px[28 * 28];
+        for (int k = 0; k < 28 * 28; k++) px[k] = (unsigned char)lrintf(ds->x[i * 784 + k] * 255);
+        char path[600];
+        snprintf(path, sizeof path, "%s/img%d.png", dir, i);
+        assert_true(stbi_write_png(path, 28, 28, 1, px, 28) != 0);
+        snprintf(args + strlen(args), sizeof args - strlen(args), " img%d.png", i);
+    }
+    run_result r = run("%s", args);
+    expect(&r, 0, NULL, NULL);
+    cJSON *j = cJSON_Parse(r.out);
+    if (!cJSON_IsArray(j)) fail_msg("not a JSON array: %s", r.out);
+    assert_int_equal(cJSON_GetArraySize(j), N);
+
+    /* the library's get_preds on the same images with the model file */
+    float mean[4] = {0}, std[4] = {0};
+    read_norm(model_path, mean, std);
+    cf_dataset *first = NULL;
+    assert_int_equal(cf_dataset_subset(ds, idx, 1, &first), CF_OK);
+    cf_dls *dls = NULL;
+    cf_dls_options o = {.bs = 3, .n_norm = 1, .mean = {mean[0]}, .std = {std[0]}};
+    assert_int_equal(cf_dls_new(first, ds, &o, &dls), CF_OK);
+    cf_learner *learn = NULL;
+    assert_int_equal(
+        cf_vision_learner(&learn, dls, CF_ARCH_MINI_RESNET, .n_out = 10, .quiet = true), CF_OK);
+    assert_int_equal(cf_model_load(learn->model, NULL, model_path), CF_OK);
+    cf_preds p = {0};
+    assert_int_equal(cf_get_preds(learn, &p), CF_OK);
+    assert_int_equal(p.n, N);
+    for (int i = 0; i < N; i++) {
+        cJSON *item = cJSON_GetArrayItem(j, i);
+        char name[32];
+        snprintf(name, sizeof name, "img%d.png", i);
+        assert_string_equal(cJSON_GetObjectItem(item, "input")->valuestring, name);
+        cJSON *probs = cJSON_GetObjectItem(item, "probabilities");
+        assert_int_equal(cJSON_GetArraySize(probs), 10);
+        int best = 0;
+        for (int k = 0; k < 10; k++) {
+            double got = cJSON_GetArrayItem(probs, k)->valuedouble;
+            double want = p.preds.data[i * 10 + k];
+            if (fabs(got - want) > 1e-5)
+                fail_msg("image %d class %d: corefit predict %.8f, cf_get_preds %.8f", i, k, got,
+                         want);
+            if (want > p.preds.data[i * 10 + best]) best = k;
+        }
+        assert_int_equal((int)cJSON_GetObjectItem(item, "index")->valuedouble, best);
+        assert_string_equal(cJSON_GetObjectItem(item, "class")->valuestring, fmnist_names[best]);
+    }
+    cJSON_Delete(j);
+    run_free(&r);
+    /* text output: input, class, probability */
+    r = run("predict model.safetensors img0.png --top 2");
+    expect(&r, 0, "img0.png\t", NULL);
+    int best = 0;
+    for (int k = 1; k < 10; k++)
+        if (p.preds.data[k] > p.preds.data[best]) best = k;
+    char line[128];
+    snprintf(line, sizeof line, "img0.png\t%s\t%.6f\t", fmnist_names[best], p.preds.data[best]);
+    if (strncmp(r.out, line, strlen(line)) != 0) fail_msg("'%s' does not start '%s'", r.out, line);
+    run_free(&r);
+    cf_preds_free(&p);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+#endif
+}
+
+/* ---- lr-find and --lr auto ----------------------------------------------------------------- */
+
+static void test_lr_find(void **state) {
+    (void)state;
+    run_result r =
+        run("lr-find --limit 320 --bs 16 --num-it 30 --cores 1 --threads 1 --plot lr.png");
+    expect(&r, 0, "valley: ", NULL);
+    double valley = value_of(r.out, "valley");
+    assert_true(valley > 1e-7 && valley < 10);
+    assert_true(value_of(r.out, "minimum") > 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/lr.png", dir);
+    if (cf_plot_available()) {
+        assert_true(is_png(path));
+        assert_non_null(strstr(r.out, "figure: lr.png"));
+    }
+    run_free(&r);
+    /* train --lr auto takes lr_find's valley */
+    r = run("train --limit 320 --bs 16 --cores 2 --lr auto --quiet --plots auto --out "
+            "auto.safetensors");
+    expect(&r, 0, "lr_find's valley", NULL);
+    const char *lr = strstr(r.out, "lr: ");
+    assert_non_null(lr);
+    assert_true(strtod(lr + 4, NULL) > 0);
+    if (cf_plot_available()) {
+        snprintf(path, sizeof path, "%s/auto/lr_find.png", dir);
+        assert_true(is_png(path));
+    }
+    run_free(&r);
+}
+
+/* ---- tabular: train, predict (against cf_get_preds), eval ---------------------------------- */
+
+static void test_tabular(void **state) {
+    (void)state;
+    enum { ROWS = 300 };
+    char csv[600], csv2[600];
+    snprintf(csv, sizeof csv, "%s/table.csv", dir);
+    snprintf(csv2, sizeof csv2, "%s/rows.csv", dir);
+    FILE *f = fopen(csv, "w"), *g = fopen(csv2, "w");
+    fprintf(f, "color,size,weight,label\n");
+    fprintf(g, "weight,size,color\n");
+    static const char *const colors[] = {"red", "green", "blue"};
+    cf_rng rng;
+    cf_rng_seed(&rng, 5);
+    for (int i = 0; i < ROWS; i++) {
+        const char *c = colors[cf_rng_below(&rng, 3)];
+        double size = cf_rng_uniform(&rng) * 10, weight = cf_rng_normal(&rng) * 3 + 20;
+        bool yes = (size > 5) != (c[0] == 'b');
+        char sz[32];
+        if (i % 17 == 3)
+            snprintf(sz, sizeof sz, "NA"); /* missing: filled with the median, flagged */
+        else
+            snprintf(sz, sizeof sz, "%.3f", size);
+        fprintf(f, "%s,%s,%.3f,%s\n", c, sz, weight, yes ? "yes" : "no");
+        fprintf(g, "%.3f,%s,%s\n", weight, sz, c);
+    }
+    fclose(f);
+    fclose(g);
+    run_result r = run("train --csv table.csv --cat color --cont size,weight --target label "
+                       "--epochs 3 --cores 1 --bs 16 --lr 1e-2 --out tab.safetensors --csv-log "
+                       "tab.csv");
+    expect(&r, 0, "model: tab.safetensors", NULL);
+    run_free(&r);
+    r = run("info tab.safetensors");
+    expect(&r, 0, "arch:        tabular", NULL);
+    assert_non_null(
+        strstr(r.out, "categorical: size_na (3 categories, missing-value flag of size)"));
+    assert_non_null(strstr(r.out, "target:      label (classes)"));
+    run_free(&r);
+
+    /* the library's view: the same split and procs, the trained weights */
+    char model[600];
+    snprintf(model, sizeof model, "%s/tab.safetensors", dir);
+    const char *cat[] = {"color"}, *cont[] = {"size", "weight"};
+    cf_tabular_options to = {.cat_names = cat,
+                             .n_cat = 1,
+                             .cont_names = cont,
+                             .n_cont = 2,
+                             .y_name = "label",
+                             .valid_pct = 0.2,
+                             .seed = 42};
+    cf_dls *dls = NULL;
+    assert_int_equal(cf_dls_from_csv(csv, &to, &(cf_dls_options){.bs = 16}, &dls), CF_OK);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_tabular_learner(&learn, dls, .quiet = true), CF_OK);
+    assert_int_equal(cf_model_load(learn->model, NULL, model), CF_OK);
+    cf_preds p = {0};
+    assert_int_equal(cf_get_preds(learn, &p, .train_set = true), CF_OK);
+    int64_t *tr = NULL, *va = NULL, ntr = 0, nva = 0;
+    assert_int_equal(cf_random_split(ROWS, 0.2, 42, &tr, &ntr, &va, &nva), CF_OK);
+    assert_int_equal(p.n, ntr);
+
+    /* predict every row, from the training table and from one without the target */
+    for (int pass = 0; pass < 2; pass++) {
+        r = run("predict tab.safetensors --csv %s --json", pass ? "rows.csv" : "table.csv");
+        expect(&r, 0, NULL, NULL);
+        cJSON *j = cJSON_Parse(r.out);
+        if (!cJSON_IsArray(j)) fail_msg("not a JSON array: %s", r.out);
+        assert_int_equal(cJSON_GetArraySize(j), ROWS);
+        for (int64_t i = 0; i < ntr; i++) {
+            cJSON *item = cJSON_GetArrayItem(j, (int)tr[i]);
+            cJSON *probs = cJSON_GetObjectItem(item, "probabilities");
+            for (int k = 0; k < 2; k++) {
+                double got = cJSON_GetObjectItem(probs, dls->train_ds->vocab[k])->valuedouble;
+                double want = p.preds.data[i * 2 + k];
+                if (fabs(got - want) > 2e-5)
+                    fail_msg("row %lld class %d: corefit predict %.8f, cf_get_preds %.8f",
+                             (long long)tr[i], k, got, want);
+            }
+        }
+        cJSON_Delete(j);
+        run_free(&r);
+    }
+    r = run("eval tab.safetensors --csv table.csv");
+    expect(&r, 0, "samples: 300", NULL);
+    assert_true(value_of(r.out, "accuracy") >= 0.5);
+    run_free(&r);
+    r = run("eval tab.safetensors --csv rows.csv");
+    expect(&r, 1, NULL, "no target column 'label'");
+    run_free(&r);
+    r = run("eval tab.safetensors --limit 10");
+    expect(&r, 2, NULL, "a tabular model needs --csv");
+    run_free(&r);
+    cf_free(tr);
+    cf_free(va);
+    cf_preds_free(&p);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* ---- fine-tuning the saved model on an image folder ---------------------------------------- */
+
+#ifdef CF_HAVE_STB
+/* root/{train,valid}/{bright,dark}/k.png: 28x28 grayscale. */
+static void write_image_folder(const char *root) {
+    static const char *const parts[] = {"train", "valid"};
+    static const char *const classes[] = {"bright", "dark"};
+    char path[700];
+    mkdir(root, 0777);
+    cf_rng rng;
+    cf_rng_seed(&rng, 3);
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/%s", root, parts[s]);
+        mkdir(path, 0777);
+        for (int c = 0; c < 2; c++) {
+            snprintf(path, sizeof path, "%s/%s/%s", root, parts[s], classes[c]);
+            mkdir(path, 0777);
+            for (int k = 0; k < (s ? 4 : 12); k++) {
+                unsigned char px[28 * 28];
+                for (int i = 0; i < 28 * 28; i++)
+                    px[i] = (unsigned char)((c ? 40 : 180) + cf_rng_below(&rng, 60));
+                snprintf(path, sizeof path, "%s/%s/%s/%d.png", root, parts[s], classes[c], k);
+                assert_true(stbi_write_png(path, 28, 28, 1, px, 28) != 0);
+            }
+        }
+    }
+}
+#endif
+
+static void test_fine_tune_image_folder(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    if (!model_path[0]) skip();
+    char root[600];
+    snprintf(root, sizeof root, "%s/pics", dir);
+    write_image_folder(root);
+    run_result r = run("train --images pics --pretrained model.safetensors --schedule fine-tune "
+                       "--freeze-epochs 1 --epochs 1 --cores 1 --bs 8 --out ft.safetensors "
+                       "--csv-log ft.csv");
+    expect(&r, 0, "model: ft.safetensors", NULL);
+    run_free(&r);
+    /* fine_tune: the frozen epoch and the unfrozen one */
+    char path[700];
+    snprintf(path, sizeof path, "%s/ft.csv", dir);
+    char *log = slurp(path);
+    assert_non_null(log);
+    assert_true(strncmp(log, "epoch,train_loss,valid_loss,accuracy,time\n0,", 44) == 0);
+    free(log);
+    /* channels and size come from the pretrained model */
+    r = run("info ft.safetensors");
+    expect(&r, 0, "classes:     bright, dark", NULL);
+    assert_non_null(strstr(r.out, "input:       1 x 28 x 28"));
+    assert_non_null(strstr(r.out, "trained on:  images"));
+    run_free(&r);
+    r = run("eval ft.safetensors --images pics");
+    expect(&r, 0, "samples: 8", NULL);
+    run_free(&r);
+    r = run("predict ft.safetensors pics/valid/dark/0.png pics/valid/bright/1.png");
+    expect(&r, 0, "pics/valid/dark/0.png\t", NULL);
+    assert_non_null(strstr(r.out, "pics/valid/bright/1.png\t"));
+    run_free(&r);
+    /* a pretrained model of another arch is refused */
+    r = run("train --images pics --pretrained model.safetensors --arch xresnet18");
+    expect(&r, 2, NULL, "--arch xresnet18 differs from the pretrained model's mini-resnet");
+    run_free(&r);
+#endif
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/cf_cli_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_train_eval_info),
+        cmocka_unit_test(test_predict_matches_get_preds),
+        cmocka_unit_test(test_lr_find),
+        cmocka_unit_test(test_tabular),
+        cmocka_unit_test(test_fine_tune_image_folder),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,368 @@
+/* corefit eval and corefit predict: a saved model (rebuilt from its metadata) on a data set, or on
+ * images and CSV rows. */
+#include "corefit.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int read_model_meta(const char *cmd, const char *path, cli_meta *m) {
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return cli_error(CLI_FAIL, cmd, "model file %s: %s", path, strerror(errno));
+    if (cli_meta_read(path, m)) return cli_lib_error(cmd, "reading the model");
+    return CLI_OK;
+}
+
+/* Maps an image folder's labels (its own vocab) onto the model's classes, by name. */
+static cf_status remap_labels(cf_dataset *ds, const cli_meta *m) {
+    if (!ds->vocab) return CF_OK;
+    for (int64_t i = 0; i < ds->n; i++) {
+        int code = (int)ds->y[i], k = -1;
+        for (int j = 0; j < m->n_vocab && k < 0; j++)
+            if (strcmp(ds->vocab[code], m->vocab[j]) == 0) k = j;
+        if (k < 0)
+            return cf_fail(CF_ERR_FORMAT, "%s: class '%s' is not one of the model's %d classes",
+                           ds->source ? ds->source : "images", ds->vocab[code], m->n_vocab);
+        ds->y[i] = (float)k;
+    }
+    return CF_OK;
+}
+
+static cf_status check_image_shape(const cf_dataset *ds, const cli_meta *m) {
+    const cf_shape *s = &ds->sample_shape;
+    if (s->ndim != 3 || s->dim[0] != m->n_in || s->dim[1] != m->height || s->dim[2] != m->width)
+        return cf_fail(CF_ERR_FORMAT,
+                       "the data's samples are not %d x %d x %d images as the model expects",
+                       m->n_in, m->height, m->width);
+    return CF_OK;
+}
+
+/* ---- eval ---------------------------------------------------------------------------------- */
+
+static void eval_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f, "Usage: corefit eval [options] MODEL.safetensors\n\n"
+               "Validation loss and metrics of a saved model on a data set: the t10k files of an\n"
+               "IDX folder, the valid/ images of a folder (or every image when there is none), or\n"
+               "every row of a CSV file (with the target column).\n\nOptions:\n");
+    cli_print_options(f, opts);
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *cmd = "eval";
+    cli_data d = {.seed = 42};
+    bool json = false;
+    int threads = 0;
+    cli_opt opts[] = {
+        {"--idx", OPT_STR, &d.idx, "DIR", "IDX folder (its t10k files) [Fashion-MNIST]", 0, 0, 0},
+        {"--images", OPT_STR, &d.images, "DIR", "class-per-folder images", 0, 0, 0},
+        {"--csv", OPT_STR, &d.csv, "FILE", "a table with the model's columns and target", 0, 0, 0},
+        {"--limit", OPT_INT, &d.limit, "N", "IDX: the first N/5 validation images (as train)", 1,
+         1e9, 0},
+        {"--bs", OPT_INT, &d.bs, "N", "batch size [64]", 1, 1 << 20, 0},
+        {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
+        {"--json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0, 0},
+        {0},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 1, &n_pos);
+    if (rc < 0) {
+        eval_usage(stdout, opts);
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (n_pos != 1)
+        return cli_error(CLI_USAGE, cmd, "expects one model file (see corefit eval --help)");
+    if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
+        return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
+    if (threads > 0) cf_set_num_threads(threads);
+    cli_meta m;
+    if ((rc = read_model_meta(cmd, pos[0], &m))) return rc;
+    bool tabular = strcmp(m.arch, "tabular") == 0;
+    if (tabular != (d.csv != NULL)) {
+        cli_meta_free(&m);
+        return cli_error(CLI_USAGE, cmd,
+                         tabular ? "a tabular model needs --csv data"
+                                 : "an image model needs --idx or --images data");
+    }
+    cf_dataset *ds = NULL;
+    cf_status st = CF_OK;
+    if (tabular) {
+        cf_csv_table *t = NULL;
+        st = cf_csv_read(d.csv, ',', &t);
+        if (st == CF_OK) st = cli_tabular_encode(&m, t, true, &ds);
+        cf_csv_table_free(t);
+    } else {
+        d.size = m.height;
+        d.channels = m.n_in;
+        d.valid_pct = 0;
+        const char *input;
+        cf_dataset *train = NULL, *valid = NULL;
+        d.eval = true; /* a flat class folder: every image is evaluated */
+        st = cli_load_data(&d, &input, &train, &valid);
+        if (st == CF_OK) {
+            if (valid->n > 0) {
+                ds = valid;
+                cf_dataset_free(train);
+            } else {
+                ds = train;
+                cf_dataset_free(valid);
+            }
+            if (d.images) st = remap_labels(ds, &m);
+            if (st == CF_OK) st = check_image_shape(ds, &m);
+            if (st == CF_OK && ds->n_classes != m.n_out) {
+                if (ds->n_classes > m.n_out)
+                    st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d",
+                                 ds->n_classes, m.n_out);
+                else
+                    ds->n_classes = m.n_out; /* vocab names are not needed from here on */
+            }
+        }
+    }
+    if (st) {
+        cf_dataset_free(ds);
+        cli_meta_free(&m);
+        return cli_lib_error(cmd, "loading the data");
+    }
+    int64_t n = ds->n;
+    cf_learner *learn = NULL;
+    cf_dls *dls = NULL;
+    if (cli_load_learner(pos[0], &m, ds, d.bs, &learn, &dls)) {
+        cli_meta_free(&m);
+        return cli_lib_error(cmd, "loading the model");
+    }
+    double values[8];
+    if (cf_validate(learn, values)) {
+        cf_learner_free(learn);
+        cf_dls_free(dls);
+        cli_meta_free(&m);
+        return cli_lib_error(cmd, "validation");
+    }
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "model", pos[0]);
+        cJSON_AddNumberToObject(j, "n", (double)n);
+        cJSON_AddNumberToObject(j, "valid_loss", values[0]);
+        for (int i = 0; i < learn->n_metrics; i++)
+            cJSON_AddNumberToObject(j, learn->metrics[i]->name, values[1 + i]);
+        char *s = cJSON_Print(j);
+        if (s) printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(j);
+    } else {
+        char b[32];
+        printf("samples: %lld\n", (long long)n);
+        printf("valid_loss: %s\n", cf_format_float(values[0], b, sizeof b));
+        for (int i = 0; i < learn->n_metrics; i++)
+            printf("%s: %s\n", learn->metrics[i]->name,
+                   cf_format_float(values[1 + i], b, sizeof b));
+    }
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    cli_meta_free(&m);
+    return CLI_OK;
+}
+
+/* ---- predict ------------------------------------------------------------------------------- */
+
+static void predict_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f, "Usage: corefit predict [options] MODEL.safetensors IMAGE...\n"
+               "       corefit predict [options] MODEL.safetensors --csv FILE\n\n"
+               "Classes and probabilities (or predicted values) of a saved model for image files\n"
+               "(decoded and resized as in training) or the rows of a CSV file (encoded with the\n"
+               "training vocabularies and statistics; the target column may be absent). One line\n"
+               "per input: the input, the predicted class and its probability; --json gives every\n"
+               "probability.\n\nOptions:\n");
+    cli_print_options(f, opts);
+}
+
+static cf_status images_dataset(const cli_meta *m, const char *const *files, int n,
+                                cf_dataset **out) {
+    size_t per = (size_t)m->n_in * m->height * m->width;
+    float *x = cf_malloc((size_t)n * per * sizeof(float));
+    float *y = cf_calloc((size_t)n, sizeof(float));
+    cf_status st = x && y ? CF_OK : CF_ERR_NOMEM;
+    for (int i = 0; i < n && st == CF_OK; i++) {
+        FILE *f = fopen(files[i], "rb");
+        if (!f) {
+            st = cf_fail(CF_ERR_IO, "cannot open image %s: %s", files[i], strerror(errno));
+            break;
+        }
+        unsigned char *buf = NULL;
+        size_t len = 0, cap = 0;
+        for (;;) {
+            if (len == cap) {
+                cap = cap ? cap * 2 : 65536;
+                unsigned char *g = realloc(buf, cap);
+                if (!g) {
+                    st = CF_ERR_NOMEM;
+                    break;
+                }
+                buf = g;
+            }
+            size_t k = fread(buf + len, 1, cap - len, f);
+            if (k == 0) break;
+            len += k;
+        }
+        fclose(f);
+        int w = m->width, h = m->height;
+        if (st == CF_OK)
+            st = cf_image_decode(buf, len, files[i], m->n_in, m->height == m->width ? m->height : 0,
+                                 x + (size_t)i * per, &w, &h);
+        free(buf);
+    }
+    if (st == CF_OK)
+        st = cf_dataset_from_arrays(
+            x, y, n, cf_shape_make(3, (int[]){m->n_in, m->height, m->width}), 1, m->n_out, out);
+    cf_free(x);
+    cf_free(y);
+    return st;
+}
+
+int cmd_predict(int argc, char **argv) {
+    const char *cmd = "predict";
+    const char *csv = NULL;
+    bool json = false;
+    int top = 1, bs = 64, threads = 0;
+    cli_opt opts[] = {
+        {"--csv", OPT_STR, &csv, "FILE", "predict every row of this table", 0, 0, 0},
+        {"--json", OPT_FLAG, &json, NULL, "print a JSON array with every probability", 0, 0, 0},
+        {"--top", OPT_INT, &top, "K", "text output: the K most likely classes [1]", 1, 1000, 0},
+        {"--bs", OPT_INT, &bs, "N", "batch size [64]", 1, 1 << 20, 0},
+        {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
+        {0},
+    };
+    enum { MAX_POS = 1 << 16 };
+    const char **pos = cf_calloc(MAX_POS, sizeof *pos);
+    if (!pos) return cli_error(CLI_FAIL, cmd, "out of memory");
+    int n_pos;
+    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, MAX_POS, &n_pos);
+    if (rc < 0) {
+        predict_usage(stdout, opts);
+        cf_free(pos);
+        return CLI_OK;
+    }
+    if (rc == CLI_OK && n_pos < 1)
+        rc = cli_error(CLI_USAGE, cmd, "expects a model file (see corefit predict --help)");
+    if (rc == CLI_OK && csv && n_pos > 1)
+        rc = cli_error(CLI_USAGE, cmd, "give image files or --csv, not both");
+    if (rc == CLI_OK && !csv && n_pos < 2)
+        rc = cli_error(CLI_USAGE, cmd, "expects image files after the model, or --csv FILE");
+    if (rc) {
+        cf_free(pos);
+        return rc;
+    }
+    if (threads > 0) cf_set_num_threads(threads);
+    cli_meta m;
+    if ((rc = read_model_meta(cmd, pos[0], &m))) {
+        cf_free(pos);
+        return rc;
+    }
+    bool tabular = strcmp(m.arch, "tabular") == 0;
+    if (tabular != (csv != NULL)) {
+        cli_meta_free(&m);
+        cf_free(pos);
+        return cli_error(CLI_USAGE, cmd,
+                         tabular ? "a tabular model predicts --csv rows"
+                                 : "an image model predicts image files");
+    }
+    cf_dataset *ds = NULL;
+    cf_status st;
+    int64_t *lines = NULL;
+    if (tabular) {
+        cf_csv_table *t = NULL;
+        st = cf_csv_read(csv, ',', &t);
+        if (st == CF_OK) st = cli_tabular_encode(&m, t, false, &ds);
+        if (st == CF_OK && (lines = cf_malloc((size_t)t->n_rows * sizeof *lines)))
+            memcpy(lines, t->row_line, (size_t)t->n_rows * sizeof *lines);
+        cf_csv_table_free(t);
+    } else {
+        st = images_dataset(&m, pos + 1, n_pos - 1, &ds);
+    }
+    if (st) {
+        cli_meta_free(&m);
+        cf_free(pos);
+        cf_free(lines);
+        return cli_lib_error(cmd, "reading the inputs");
+    }
+    cf_learner *learn = NULL;
+    cf_dls *dls = NULL;
+    cf_preds p = {0};
+    if (cli_load_learner(pos[0], &m, ds, bs, &learn, &dls) || cf_get_preds(learn, &p)) {
+        cf_learner_free(learn);
+        cf_dls_free(dls);
+        cli_meta_free(&m);
+        cf_free(pos);
+        cf_free(lines);
+        return cli_lib_error(cmd, "predicting");
+    }
+    int c = p.preds.shape.ndim > 1 ? p.preds.shape.dim[1] : 1;
+    bool classes = !m.regression && m.n_vocab == c;
+    cJSON *arr = json ? cJSON_CreateArray() : NULL;
+    for (int64_t i = 0; i < p.n; i++) {
+        const float *row = p.preds.data + i * c;
+        char name[64];
+        const char *input = name;
+        if (tabular)
+            snprintf(name, sizeof name, "row %lld (line %lld)", (long long)i + 1,
+                     (long long)(lines ? lines[i] : i + 2));
+        else
+            input = pos[1 + i];
+        int best = 0;
+        for (int k = 1; k < c; k++)
+            if (row[k] > row[best]) best = k;
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            if (tabular)
+                cJSON_AddNumberToObject(o, "row", (double)i);
+            else
+                cJSON_AddStringToObject(o, "input", input);
+            if (classes) {
+                cJSON_AddStringToObject(o, "class", m.vocab[best]);
+                cJSON_AddNumberToObject(o, "index", best);
+                cJSON_AddNumberToObject(o, "probability", row[best]);
+                cJSON *pr = cJSON_AddObjectToObject(o, "probabilities");
+                for (int k = 0; k < c; k++) cJSON_AddNumberToObject(pr, m.vocab[k], row[k]);
+            } else {
+                cJSON *v = cJSON_AddArrayToObject(o, "prediction");
+                for (int k = 0; k < c; k++) cJSON_AddItemToArray(v, cJSON_CreateNumber(row[k]));
+            }
+            cJSON_AddItemToArray(arr, o);
+        } else if (classes) {
+            printf("%s\t%s\t%.6f", input, m.vocab[best], row[best]);
+            /* the next most likely classes */
+            bool *used = cf_calloc((size_t)c, sizeof(bool));
+            if (used) used[best] = true;
+            for (int t = 1; used && t < top && t < c; t++) {
+                int b = -1;
+                for (int k = 0; k < c; k++)
+                    if (!used[k] && (b < 0 || row[k] > row[b])) b = k;
+                used[b] = true;
+                printf("\t%s\t%.6f", m.vocab[b], row[b]);
+            }
+            cf_free(used);
+            printf("\n");
+        } else {
+            printf("%s", input);
+            for (int k = 0; k < c; k++) printf("\t%.6g", row[k]);
+            printf("\n");
+        }
+    }
+    if (json) {
+        char *s = cJSON_Print(arr);
+        if (s) printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(arr);
+    }
+    cf_preds_free(&p);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    cli_meta_free(&m);
+    cf_free(pos);
+    cf_free(lines);
+    return CLI_OK;
+}

@@ -1,0 +1,834 @@
+/* corefit train and corefit lr-find: data, learner, the fit (in-process or on every core),
+ * the model file, the CSV log and the figures. */
+#include "corefit.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef CF_FASHION_MNIST_DEFAULT_DIR
+#define CF_FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#endif
+
+/* ---- data ---------------------------------------------------------------------------------- */
+
+static bool exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static cf_status idx_file(const char *dir, const char *prefix, const char *kind, int d, char *path,
+                          size_t size) {
+    snprintf(path, size, "%s/%s-%s-idx%d-ubyte.gz", dir, prefix, kind, d);
+    if (exists(path)) return CF_OK;
+    snprintf(path, size, "%s/%s-%s-idx%d-ubyte", dir, prefix, kind, d);
+    if (exists(path)) return CF_OK;
+    return cf_fail(CF_ERR_IO, "no %s-%s-idx%d-ubyte(.gz) in %s", prefix, kind, d, dir);
+}
+
+/* The first n samples of *ds (n < ds->n), replacing it. */
+static cf_status take_first(cf_dataset **ds, int64_t n) {
+    if (n <= 0 || n >= (*ds)->n) return CF_OK;
+    int64_t *idx = cf_malloc((size_t)n * sizeof *idx);
+    if (!idx) return CF_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    cf_dataset *sub = NULL;
+    cf_status st = cf_dataset_subset(*ds, idx, n, &sub);
+    cf_free(idx);
+    if (st) return st;
+    cf_dataset_free(*ds);
+    *ds = sub;
+    return CF_OK;
+}
+
+static bool looks_like_fmnist(const char *dir) {
+    for (const char *p = dir; *p; p++)
+        if (strncasecmp(p, "fashion", 7) == 0) return true;
+    return false;
+}
+
+cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
+                        cf_dataset **valid) {
+    *train = *valid = NULL;
+    cf_status st = CF_OK;
+    if (d->csv) {
+        *input = "csv";
+        strlist cat = {0}, cont = {0};
+        if (strlist_split(d->cat, &cat) || strlist_split(d->cont, &cont)) {
+            strlist_free(&cat);
+            strlist_free(&cont);
+            return CF_ERR_NOMEM;
+        }
+        cf_tabular_options o = {.cat_names = (const char *const *)cat.v,
+                                .n_cat = cat.n,
+                                .cont_names = (const char *const *)cont.v,
+                                .n_cont = cont.n,
+                                .y_name = d->target,
+                                .y_regression = d->regression,
+                                .valid_pct = d->valid_pct,
+                                .seed = d->seed};
+        st = cf_tabular_from_csv(d->csv, &o, train, valid);
+        strlist_free(&cat);
+        strlist_free(&cont);
+    } else if (d->images) {
+        *input = "images";
+        char tdir[4096];
+        snprintf(tdir, sizeof tdir, "%s/train", d->images);
+        cf_image_folder_options o = {.size = d->size,
+                                     .channels = d->channels,
+                                     .valid_pct = exists(tdir) ? 0 : d->valid_pct,
+                                     .seed = d->seed};
+        st = cf_datasets_from_image_folder(d->images, &o, train, valid);
+        if (st == CF_OK && (*valid)->n == 0 && !d->eval)
+            st = cf_fail(CF_ERR_FORMAT,
+                         "%s: no validation images (add a valid/ folder beside train/)", d->images);
+    } else {
+        *input = "idx";
+        const char *dir = d->idx ? d->idx : CF_FASHION_MNIST_DEFAULT_DIR;
+        char ti[4096], tl[4096], vi[4096], vl[4096];
+        if ((st = idx_file(dir, "train", "images", 3, ti, sizeof ti)) ||
+            (st = idx_file(dir, "train", "labels", 1, tl, sizeof tl)) ||
+            (st = idx_file(dir, "t10k", "images", 3, vi, sizeof vi)) ||
+            (st = idx_file(dir, "t10k", "labels", 1, vl, sizeof vl)))
+            return st;
+        if ((st = cf_dataset_from_idx(ti, tl, train)) || (st = cf_dataset_from_idx(vi, vl, valid)))
+            goto fail;
+        int nc =
+            (*train)->n_classes > (*valid)->n_classes ? (*train)->n_classes : (*valid)->n_classes;
+        const char *const *names = NULL;
+        char **digits = NULL;
+        if (nc == 10 && looks_like_fmnist(dir)) {
+            names = cli_fmnist_classes;
+        } else {
+            digits = cf_calloc((size_t)nc, sizeof(char *));
+            for (int i = 0; digits && i < nc; i++) {
+                char b[16];
+                snprintf(b, sizeof b, "%d", i);
+                digits[i] = cf_strdup(b);
+            }
+            names = (const char *const *)digits;
+        }
+        for (int k = 0; k < 2 && st == CF_OK; k++) {
+            cf_dataset *ds = k ? *valid : *train;
+            /* both sets get the same class count and names */
+            if (ds->vocab)
+                for (int i = 0; i < ds->n_classes; i++) cf_free(ds->vocab[i]);
+            cf_free(ds->vocab);
+            ds->vocab = NULL;
+            ds->n_classes = nc;
+            st = names ? cf_dataset_set_vocab(ds, names, nc) : CF_ERR_NOMEM;
+        }
+        if (digits)
+            for (int i = 0; i < nc; i++) cf_free(digits[i]);
+        cf_free(digits);
+    }
+    if (st) goto fail;
+    if (d->limit > 0) {
+        int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
+        if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
+    }
+    return CF_OK;
+fail:
+    cf_dataset_free(*train);
+    cf_dataset_free(*valid);
+    *train = *valid = NULL;
+    return st;
+}
+
+/* ---- shared options of train and lr-find ---------------------------------------------------- */
+
+typedef struct train_args {
+    cli_data data;
+    const char *arch, *pretrained, *lr, *schedule, *start, *out, *plots, *csv_log, *metrics,
+        *layers, *plot;
+    int epochs, freeze_epochs, cores, threads, cycle_len, num_it;
+    double wd, start_lr, end_lr;
+    bool show, quiet, split_batch;
+} train_args;
+
+static const char *const schedules[] = {"one-cycle", "flat-cos", "sgdr", "fine-tune"};
+
+static int check_args(const char *cmd, train_args *a, bool train) {
+    cli_data *d = &a->data;
+    int sources = (d->idx != NULL) + (d->images != NULL) + (d->csv != NULL);
+    if (sources > 1)
+        return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
+    if (d->csv && !d->target)
+        return cli_error(CLI_USAGE, cmd, "--csv needs --target NAME (and --cat and/or --cont)");
+    if (d->csv && !d->cat && !d->cont)
+        return cli_error(CLI_USAGE, cmd, "--csv needs --cat and/or --cont column lists");
+    if (!d->csv && (d->cat || d->cont || d->target || d->regression))
+        return cli_error(CLI_USAGE, cmd, "--cat, --cont, --target and --regression need --csv");
+    if (d->channels != 0 && d->channels != 1 && d->channels != 3)
+        return cli_error(CLI_USAGE, cmd, "--channels must be 1 or 3, got %d", d->channels);
+    if (a->arch) {
+        bool tab = strcmp(a->arch, "tabular") == 0;
+        if (!tab && cf_arch_from_name(a->arch) < 0)
+            return cli_error(CLI_USAGE, cmd,
+                             "unknown --arch '%s' (choose mini-resnet, simple-cnn, xresnet18, "
+                             "xresnet34, xresnet50 or tabular)",
+                             a->arch);
+        if (tab != (d->csv != NULL))
+            return cli_error(CLI_USAGE, cmd,
+                             tab ? "--arch tabular needs --csv data"
+                                 : "--csv data needs --arch tabular");
+    }
+    if (a->start && strcmp(a->start, "fork") != 0 && strcmp(a->start, "mpi") != 0)
+        return cli_error(CLI_USAGE, cmd, "--start must be fork or mpi, got '%s'", a->start);
+    if (train) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof schedules / sizeof *schedules; i++)
+            ok |= strcmp(a->schedule, schedules[i]) == 0;
+        if (!ok)
+            return cli_error(CLI_USAGE, cmd,
+                             "unknown --schedule '%s' (choose one-cycle, flat-cos, sgdr or "
+                             "fine-tune)",
+                             a->schedule);
+        if (a->lr && strcmp(a->lr, "auto") != 0) {
+            char *end;
+            double v = strtod(a->lr, &end);
+            if (end == a->lr || *end || !(v > 0) || !isfinite(v))
+                return cli_error(CLI_USAGE, cmd,
+                                 "--lr expects a positive number or 'auto', got '%s'", a->lr);
+        }
+        if (a->pretrained && d->csv)
+            return cli_error(CLI_USAGE, cmd, "--pretrained is for image models");
+    }
+    if (a->pretrained && !exists(a->pretrained))
+        return cli_error(CLI_FAIL, cmd, "--pretrained %s: %s", a->pretrained, strerror(ENOENT));
+    if (d->csv && !exists(d->csv))
+        return cli_error(CLI_FAIL, cmd, "--csv %s: %s", d->csv, strerror(ENOENT));
+    if (d->images && !exists(d->images))
+        return cli_error(CLI_FAIL, cmd, "--images %s: %s", d->images, strerror(ENOENT));
+    if (d->idx && !exists(d->idx))
+        return cli_error(CLI_FAIL, cmd, "--idx %s: %s", d->idx, strerror(ENOENT));
+    return CLI_OK;
+}
+
+/* Metrics by name for a classifier or a regression. */
+static int make_metrics(const char *cmd, const char *list, int n_classes, cf_metric ***out,
+                        int *n) {
+    *out = NULL;
+    *n = 0;
+    strlist names = {0};
+    const char *def = n_classes > 0 ? "accuracy" : "";
+    if (strlist_split(list ? list : def, &names)) return cli_error(CLI_FAIL, cmd, "out of memory");
+    cf_metric **m = cf_calloc((size_t)names.n + 1, sizeof *m);
+    int k = 0, rc = CLI_OK;
+    for (int i = 0; i < names.n && rc == CLI_OK; i++) {
+        const char *s = names.v[i];
+        bool cls = n_classes > 0;
+        cf_metric *x = NULL;
+        if (!strcmp(s, "accuracy") && cls)
+            x = cf_accuracy();
+        else if (!strcmp(s, "error_rate") && cls)
+            x = cf_error_rate();
+        else if (!strcmp(s, "top_5_accuracy") && cls)
+            x = cf_top_k_accuracy(5);
+        else if (!strcmp(s, "precision") && cls)
+            x = cf_precision(n_classes, n_classes != 2);
+        else if (!strcmp(s, "recall") && cls)
+            x = cf_recall(n_classes, n_classes != 2);
+        else if (!strcmp(s, "f1_score") && cls)
+            x = cf_f1_score(n_classes, n_classes != 2);
+        else if (!strcmp(s, "mse") && !cls)
+            x = cf_mse_metric();
+        else if (!strcmp(s, "mae") && !cls)
+            x = cf_mae();
+        else if (!strcmp(s, "rmse") && !cls)
+            x = cf_rmse();
+        else
+            rc = cli_error(CLI_USAGE, cmd,
+                           "unknown --metrics name '%s' for a %s (classifiers: accuracy, "
+                           "error_rate, top_5_accuracy, precision, recall, f1_score; regression: "
+                           "mse, mae, rmse)",
+                           s, cls ? "classifier" : "regression");
+        if (x) m[k++] = x;
+    }
+    strlist_free(&names);
+    if (rc != CLI_OK) {
+        for (int i = 0; i < k; i++) cf_metric_free(m[i]);
+        cf_free(m);
+        return rc;
+    }
+    *out = m;
+    *n = k;
+    return CLI_OK;
+}
+
+typedef struct session {
+    cf_dls *dls;
+    cf_learner *learn;
+    cli_meta meta;
+    const char *input;
+    cf_comm *mpi;
+    bool master;
+    cf_par_opts par;
+    bool parallel;
+} session;
+
+static void session_free(session *s) {
+    cf_learner_free(s->learn);
+    cf_dls_free(s->dls);
+    cli_meta_free(&s->meta);
+    if (s->mpi) cf_comm_free(s->mpi);
+}
+
+/* Data, model and learner for train and lr-find. */
+static int setup(const char *cmd, train_args *a, session *s) {
+    memset(s, 0, sizeof *s);
+    s->master = true;
+    cli_data *d = &a->data;
+    if (a->start && strcmp(a->start, "mpi") == 0) {
+        if (cf_comm_mpi_new(&s->mpi)) return cli_lib_error(cmd, "--start mpi");
+        s->master = cf_comm_rank(s->mpi) == 0;
+        s->parallel = true;
+        s->par.start_method = CF_START_MPI;
+    } else {
+        s->par.num_cores = a->cores > 0 ? a->cores : cf_available_cores();
+        s->parallel = s->par.num_cores > 1;
+    }
+    s->par.split_batch = a->split_batch;
+    if (a->threads > 0) cf_set_num_threads(a->threads);
+    /* a pretrained model says which arch, channels and size the body expects */
+    cli_meta pre = {0};
+    if (a->pretrained) {
+        if (cli_meta_read(a->pretrained, &pre)) return cli_lib_error(cmd, "--pretrained");
+        if (strcmp(pre.arch, "tabular") == 0) {
+            cli_meta_free(&pre);
+            return cli_error(CLI_USAGE, cmd, "--pretrained %s is a tabular model", a->pretrained);
+        }
+        if (a->arch && strcmp(a->arch, pre.arch) != 0) {
+            int rc = cli_error(CLI_USAGE, cmd, "--arch %s differs from the pretrained model's %s",
+                               a->arch, pre.arch);
+            cli_meta_free(&pre);
+            return rc;
+        }
+        if (!d->channels) d->channels = pre.n_in;
+        if (!d->size) d->size = pre.height;
+    }
+    if (d->images && !d->size) d->size = 64;
+    cf_dataset *train = NULL, *valid = NULL;
+    double t0 = cf_now();
+    if (cli_load_data(d, &s->input, &train, &valid)) {
+        cli_meta_free(&pre);
+        return cli_lib_error(cmd, "loading the data");
+    }
+    if (!a->quiet && s->master)
+        fprintf(stderr, "data: %lld training and %lld validation samples (%.1f s)\n",
+                (long long)train->n, (long long)valid->n, cf_now() - t0);
+    bool tabular = d->csv != NULL;
+    char arch[32];
+    if (pre.arch[0])
+        snprintf(arch, sizeof arch, "%s", pre.arch);
+    else if (a->arch)
+        snprintf(arch, sizeof arch, "%s", a->arch);
+    else
+        snprintf(arch, sizeof arch, "%s",
+                 tabular                            ? "tabular"
+                 : train->sample_shape.dim[1] <= 64 ? "mini-resnet"
+                                                    : "xresnet18");
+    cli_meta_free(&pre);
+    int n_norm = 0;
+    float mean[4] = {0}, std[4] = {0};
+    if (!tabular) {
+        n_norm = train->sample_shape.dim[0];
+        if (n_norm > 4 || cf_dataset_channel_stats(train, mean, std)) {
+            cf_dataset_free(train);
+            cf_dataset_free(valid);
+            return cli_lib_error(cmd, "normalisation statistics");
+        }
+    }
+    int n_out = train->n_classes > 0 ? train->n_classes : train->target_dim;
+    if (cli_meta_from_dataset(&s->meta, train, arch, s->input, n_out, n_norm, mean, std)) {
+        cf_dataset_free(train);
+        cf_dataset_free(valid);
+        return cli_lib_error(cmd, "model metadata");
+    }
+    if (tabular && !(s->meta.target = cf_strdup(d->target))) return cli_lib_error(cmd, "metadata");
+    cf_metric **metrics = NULL;
+    int n_metrics = 0;
+    int rc = make_metrics(cmd, a->metrics, train->n_classes, &metrics, &n_metrics);
+    if (rc != CLI_OK) {
+        cf_dataset_free(train);
+        cf_dataset_free(valid);
+        return rc;
+    }
+    cf_dls_options o = {.bs = d->bs, .seed = d->seed, .n_norm = n_norm};
+    memcpy(o.mean, mean, sizeof o.mean);
+    memcpy(o.std, std, sizeof o.std);
+    if (cf_dls_new(train, valid, &o, &s->dls)) {
+        for (int i = 0; i < n_metrics; i++) cf_metric_free(metrics[i]);
+        cf_free(metrics);
+        return cli_lib_error(cmd, "DataLoaders");
+    }
+    cf_status st;
+    bool quiet = a->quiet || !s->master;
+    if (tabular) {
+        strlist layers = {0};
+        cf_tabular_learner_opts to = {
+            .metrics = metrics, .n_metrics = n_metrics, .seed = d->seed, .quiet = quiet};
+        if (a->layers) {
+            if (strlist_split(a->layers, &layers)) return cli_error(CLI_FAIL, cmd, "out of memory");
+            for (int i = 0; i < layers.n; i++) {
+                char *end;
+                long v = strtol(layers.v[i], &end, 10);
+                if (i >= CF_TABULAR_MAX_LAYERS || end == layers.v[i] || *end || v < 1 ||
+                    v > 1 << 20) {
+                    strlist_free(&layers);
+                    for (int k = 0; k < n_metrics; k++) cf_metric_free(metrics[k]);
+                    cf_free(metrics);
+                    return cli_error(CLI_USAGE, cmd,
+                                     "--layers expects up to %d sizes like 200,100, got '%s'",
+                                     CF_TABULAR_MAX_LAYERS, a->layers);
+                }
+                to.layers[to.n_layers++] = (int)v;
+            }
+            strlist_free(&layers);
+        }
+        s->meta.n_layers = to.n_layers;
+        memcpy(s->meta.layers, to.layers, sizeof s->meta.layers);
+        st = cf_tabular_learner_(&s->learn, s->dls, &to);
+    } else {
+        st = cf_vision_learner(&s->learn, s->dls, (cf_arch)cf_arch_from_name(arch),
+                               .metrics = metrics, .n_metrics = n_metrics, .seed = d->seed,
+                               .quiet = quiet, .pretrained = a->pretrained);
+    }
+    cf_free(metrics);
+    if (st) return cli_lib_error(cmd, "building the learner");
+    if (a->wd > 0) s->learn->wd = a->wd;
+    if (!a->quiet && s->master)
+        fprintf(stderr, "model: %s, %zu parameters; %s\n", arch,
+                cf_model_num_weights(s->learn->model),
+                s->par.start_method == CF_START_MPI
+                    ? "MPI ranks (--start mpi)"
+                    : (s->parallel ? "worker processes (fork)" : "in-process"));
+    if (!a->quiet && s->master && s->par.start_method != CF_START_MPI && s->parallel)
+        fprintf(stderr, "cores: %d worker processes, batch size %d each\n", s->par.num_cores,
+                d->bs ? d->bs : 64);
+    return CLI_OK;
+}
+
+static int mkdirs(const char *dir) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) && errno != EEXIST) return -1;
+    return 0;
+}
+
+typedef struct figures {
+    char *paths[8];
+    int n;
+} figures;
+
+static void figure_done(const char *cmd, figures *f, cf_status st, const char *path,
+                        const char *what) {
+    if (st == CF_OK) {
+        printf("figure: %s\n", path);
+        f->paths[f->n++] = cf_strdup(path);
+    } else {
+        fprintf(stderr, "corefit %s: %s figure not written: %s\n", cmd, what, cf_last_error());
+    }
+}
+
+static int run_lr_find(const char *cmd, train_args *a, session *s, cf_lr_find_result *r) {
+    memset(r, 0, sizeof *r);
+    int all = CF_SUGGEST_VALLEY | CF_SUGGEST_SLIDE | CF_SUGGEST_MINIMUM | CF_SUGGEST_STEEP;
+    cf_status st;
+    if (s->parallel)
+        st = cf_par_lr_find(s->learn, r, .start_lr = a->start_lr, .end_lr = a->end_lr,
+                            .num_it = a->num_it, .suggest = all, .par = s->par);
+    else
+        st = cf_lr_find(s->learn, r, .start_lr = a->start_lr, .end_lr = a->end_lr,
+                        .num_it = a->num_it, .suggest = all);
+    if (st) return cli_lib_error(cmd, "lr_find");
+    return CLI_OK;
+}
+
+static void print_suggestions(const cf_lr_find_result *r) {
+    printf("lr_find: valley %.3e, slide %.3e, minimum %.3e, steep %.3e\n", r->valley, r->slide,
+           r->minimum, r->steep);
+}
+
+/* ---- the command line ---------------------------------------------------------------------- */
+
+#define DATA_OPTIONS(a)                                                                              \
+    {"--idx",                                                                                        \
+     OPT_STR,                                                                                        \
+     &(a).data.idx,                                                                                  \
+     "DIR",                                                                                          \
+     "IDX folder (train-* and t10k-* files; t10k is validation) [" CF_FASHION_MNIST_DEFAULT_DIR      \
+     "]",                                                                                            \
+     0,                                                                                              \
+     0,                                                                                              \
+     0},                                                                                             \
+        {"--images",                                                                                 \
+         OPT_STR,                                                                                    \
+         &(a).data.images,                                                                           \
+         "DIR",                                                                                      \
+         "class-per-folder images (train/ and valid/, or one folder split by --valid-pct)",          \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+        {"--size",                                                                                   \
+         OPT_INT,                                                                                    \
+         &(a).data.size,                                                                             \
+         "N",                                                                                        \
+         "resize images to N x N [64; pretrained: its size]",                                        \
+         1,                                                                                          \
+         4096,                                                                                       \
+         0},                                                                                         \
+        {"--channels",                                                                               \
+         OPT_INT,                                                                                    \
+         &(a).data.channels,                                                                         \
+         "N",                                                                                        \
+         "image channels, 1 or 3 [3; pretrained: its]",                                              \
+         1,                                                                                          \
+         3,                                                                                          \
+         0},                                                                                         \
+        {"--csv", OPT_STR, &(a).data.csv, "FILE", "a table: one row per sample, a header row", 0,    \
+         0,       0},                                                                                \
+        {"--cat", OPT_STR, &(a).data.cat, "LIST", "categorical columns (comma-separated)", 0, 0, 0}, \
+        {"--cont", OPT_STR, &(a).data.cont, "LIST", "continuous columns (comma-separated)", 0,       \
+         0,        0},                                                                               \
+        {"--target", OPT_STR, &(a).data.target, "NAME", "the column to predict", 0, 0, 0},           \
+        {"--regression",                                                                             \
+         OPT_FLAG,                                                                                   \
+         &(a).data.regression,                                                                       \
+         NULL,                                                                                       \
+         "the target is a number (default: a class)",                                                \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+        {"--valid-pct",                                                                              \
+         OPT_DOUBLE,                                                                                 \
+         &(a).data.valid_pct,                                                                        \
+         "F",                                                                                        \
+         "validation share of a random split (CSV, flat image folder) [0.2]",                        \
+         0.01,                                                                                       \
+         0.99,                                                                                       \
+         0},                                                                                         \
+        {"--limit",                                                                                  \
+         OPT_INT,                                                                                    \
+         &(a).data.limit,                                                                            \
+         "N",                                                                                        \
+         "use the first N training and N/5 validation samples",                                      \
+         1,                                                                                          \
+         1e9,                                                                                        \
+         0},                                                                                         \
+        {"--bs", OPT_INT, &(a).data.bs, "N", "batch size (per core) [64]", 1, 1 << 20, 0}, {         \
+        "--seed", OPT_U64, &(a).data.seed, "N", "random seed [42]", 0, 0, 0                          \
+    }
+
+#define MODEL_OPTIONS(a)                                                                             \
+    {"--arch",                                                                                       \
+     OPT_STR,                                                                                        \
+     &(a).arch,                                                                                      \
+     "NAME",                                                                                         \
+     "mini-resnet, simple-cnn, xresnet18, xresnet34, xresnet50, tabular [mini-resnet for "           \
+     "images up to 64 px, else xresnet18; tabular for --csv]",                                       \
+     0,                                                                                              \
+     0,                                                                                              \
+     0},                                                                                             \
+        {"--pretrained",                                                                             \
+         OPT_STR,                                                                                    \
+         &(a).pretrained,                                                                            \
+         "FILE",                                                                                     \
+         "start from a corefit model's body (frozen, as fastai's pretrained)",                       \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+        {"--layers", OPT_STR, &(a).layers, "LIST", "tabular hidden layer sizes [200,100]", 0, 0, 0}, \
+        {"--cores",                                                                                  \
+         OPT_INT,                                                                                    \
+         &(a).cores,                                                                                 \
+         "N",                                                                                        \
+         "worker processes (1: in-process) [all cores this process may use]",                        \
+         1,                                                                                          \
+         4096,                                                                                       \
+         0},                                                                                         \
+        {"--start", OPT_STR, &(a).start, "METHOD", "fork (default) or mpi (under mpirun)", 0, 0, 0}, \
+        {"--threads", OPT_INT, &(a).threads, "N", "threads of an in-process fit [all]", 1, 4096, 0}, \
+        {"--split-batch",                                                                            \
+         OPT_FLAG,                                                                                   \
+         &(a).split_batch,                                                                           \
+         NULL,                                                                                       \
+         "cut each batch across the cores (default: --bs per core)",                                 \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+        {"--quiet", OPT_FLAG, &(a).quiet, NULL, "no progress display", 0, 0, 0}, {                   \
+        "--show", OPT_FLAG, &(a).show, NULL,                                                         \
+            "draw the figures in the terminal (sixel, needs libsixel)", 0, 0, 0                      \
+    }
+
+static void train_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f,
+            "Usage: corefit train [options]\n\n"
+            "Trains a model the fastai way (Adam, cross-entropy for classes, MSE for numbers) on\n"
+            "every core, prints fastai's table, and writes the model, a CSV log and figures.\n"
+            "Default: the mini-resnet on Fashion-MNIST with fit_one_cycle for 1 epoch.\n\n"
+            "Options:\n");
+    cli_print_options(f, opts);
+}
+
+static void defaults(train_args *a) {
+    memset(a, 0, sizeof *a);
+    a->data.seed = 42;
+    a->data.valid_pct = 0.2;
+    a->epochs = 1;
+    a->freeze_epochs = 1;
+    a->schedule = "one-cycle";
+    a->out = "model.safetensors";
+    a->cycle_len = 1;
+}
+
+int cmd_train(int argc, char **argv) {
+    const char *cmd = "train";
+    train_args a;
+    defaults(&a);
+    cli_opt opts[] = {
+        DATA_OPTIONS(a),
+        MODEL_OPTIONS(a),
+        {"--epochs", OPT_INT, &a.epochs, "N", "epochs (sgdr: cycles) [1]", 1, 100000, 0},
+        {"--lr", OPT_STR, &a.lr, "X|auto",
+         "learning rate, or auto for lr_find's valley [3e-3; fine-tune 2e-3]", 0, 0, 0},
+        {"--schedule", OPT_STR, &a.schedule, "NAME",
+         "one-cycle, flat-cos, sgdr or fine-tune [one-cycle]", 0, 0, 0},
+        {"--freeze-epochs", OPT_INT, &a.freeze_epochs, "N", "fine-tune: epochs frozen first [1]", 0,
+         100000, 0},
+        {"--cycle-len", OPT_INT, &a.cycle_len, "N", "sgdr: epochs of the first cycle [1]", 1,
+         100000, 0},
+        {"--wd", OPT_DOUBLE, &a.wd, "X", "weight decay [0.01]", 0, 10, 0},
+        {"--metrics", OPT_STR, &a.metrics, "LIST", "metrics to report [accuracy for classes]", 0, 0,
+         0},
+        {"--out", OPT_STR, &a.out, "FILE", "the model file (safetensors) [model.safetensors]", 0, 0,
+         0},
+        {"--plots", OPT_STR, &a.plots, "DIR",
+         "write loss, schedule, metrics, lr_find and confusion-matrix PNGs here", 0, 0, 0},
+        {"--csv-log", OPT_STR, &a.csv_log, "FILE",
+         "fastai's CSVLogger: epoch,train_loss,valid_loss,<metrics>,time", 0, 0, 0},
+        {0},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 0, &n_pos);
+    if (rc < 0) {
+        train_usage(stdout, opts);
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if ((rc = check_args(cmd, &a, true))) return rc;
+    bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
+    if (a.show && !a.plots) a.plots = ".";
+    session s;
+    if ((rc = setup(cmd, &a, &s))) {
+        session_free(&s);
+        return rc;
+    }
+    cf_learner *learn = s.learn;
+    /* master callbacks: the CSV log (rank 0 writes it) */
+    if (a.csv_log) {
+        cf_callback *cb = cf_csv_logger_cb(a.csv_log, false);
+        if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
+            session_free(&s);
+            return cli_lib_error(cmd, "CSV logger");
+        }
+    }
+    if (a.plots && s.master && mkdirs(a.plots)) {
+        rc = cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
+                       strerror(errno));
+        session_free(&s);
+        return rc;
+    }
+    figures figs = {0};
+    char path[4096];
+    double lr = fine_tune ? 2e-3 : 3e-3;
+    double t0 = cf_now();
+    if (a.lr && strcmp(a.lr, "auto") == 0) {
+        cf_lr_find_result r;
+        if ((rc = run_lr_find(cmd, &a, &s, &r))) {
+            session_free(&s);
+            return rc;
+        }
+        if (s.master) print_suggestions(&r);
+        if (!isfinite(r.valley) || !(r.valley > 0)) {
+            cf_lr_find_result_free(&r);
+            session_free(&s);
+            return cli_error(CLI_FAIL, cmd, "lr_find gave no valley suggestion; pass --lr");
+        }
+        lr = r.valley;
+        if (s.master) printf("lr: %.3e (lr_find's valley)\n", lr);
+        if (a.plots && s.master) {
+            snprintf(path, sizeof path, "%s/lr_find.png", a.plots);
+            figure_done(cmd, &figs, cf_plot_lr_find(&r, path), path, "lr_find");
+        }
+        cf_lr_find_result_free(&r);
+    } else if (a.lr) {
+        lr = strtod(a.lr, NULL);
+    }
+    cf_status st;
+    const cf_par_opts par = s.par;
+    if (!strcmp(a.schedule, "one-cycle"))
+        st = s.parallel ? cf_par_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .par = par)
+                        : cf_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr));
+    else if (!strcmp(a.schedule, "flat-cos"))
+        st = s.parallel ? cf_par_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr), .par = par)
+                        : cf_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr));
+    else if (!strcmp(a.schedule, "sgdr"))
+        st = s.parallel
+                 ? cf_par_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr), .par = par)
+                 : cf_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr));
+    else
+        st = s.parallel ? cf_par_fine_tune(learn, a.epochs, .base_lr = lr,
+                                           .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
+                                           .par = par)
+                        : cf_fine_tune(learn, a.epochs, .base_lr = lr,
+                                       .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1);
+    double seconds = cf_now() - t0;
+    if (st) {
+        session_free(&s);
+        return cli_lib_error(cmd, "training");
+    }
+    /* predictions for the confusion matrix (every rank takes part under MPI) */
+    cf_preds preds = {0};
+    bool classes = s.dls->train_ds->n_classes > 0;
+    bool have_preds = false;
+    if (a.plots && classes) {
+        st = s.parallel ? cf_par_get_preds(learn, &preds, .par = par) : cf_get_preds(learn, &preds);
+        if (st) {
+            session_free(&s);
+            return cli_lib_error(cmd, "predictions for the confusion matrix");
+        }
+        have_preds = true;
+    }
+    if (s.master) {
+        if (cli_model_write(learn->model, &s.meta, a.out)) {
+            cf_preds_free(&preds);
+            session_free(&s);
+            return cli_lib_error(cmd, "saving the model");
+        }
+        const cf_recorder *rec = &learn->recorder;
+        if (rec->n_epochs > 0) {
+            const double *last = rec->values + (size_t)(rec->n_epochs - 1) * rec->n_values;
+            printf("result:");
+            for (int j = 0; j < rec->n_values; j++) {
+                char b[32];
+                printf(" %s %s", rec->metric_names[j + 1], cf_format_float(last[j], b, sizeof b));
+            }
+            printf("\n");
+        }
+        printf("time: %.1f s (%d epoch%s, %s)\n", seconds, rec->n_epochs,
+               rec->n_epochs == 1 ? "" : "s",
+               s.par.start_method == CF_START_MPI ? "MPI"
+               : s.parallel                       ? "fork workers"
+                                                  : "in-process");
+        printf("model: %s\n", a.out);
+        if (a.csv_log) printf("log: %s\n", a.csv_log);
+        if (a.plots) {
+            if (!cf_plot_available()) {
+                fprintf(stderr, "corefit train: figures need PLplot with its pngcairo driver "
+                                "(plot-driver-cairo); none written\n");
+            } else {
+                snprintf(path, sizeof path, "%s/loss.png", a.plots);
+                figure_done(cmd, &figs, cf_plot_loss(rec, path, NULL), path, "loss");
+                snprintf(path, sizeof path, "%s/schedule.png", a.plots);
+                figure_done(cmd, &figs, cf_plot_sched(rec, path), path, "schedule");
+                snprintf(path, sizeof path, "%s/metrics.png", a.plots);
+                figure_done(cmd, &figs, cf_plot_metrics(rec, path), path, "metrics");
+                if (have_preds) {
+                    int nc = s.dls->train_ds->n_classes;
+                    int64_t *counts = cf_calloc((size_t)nc * nc, sizeof *counts);
+                    snprintf(path, sizeof path, "%s/confusion.png", a.plots);
+                    st = counts ? cf_confusion_from_preds(&preds, nc, counts) : CF_ERR_NOMEM;
+                    if (st == CF_OK)
+                        st = cf_plot_confusion_matrix(counts, nc, s.dls->train_ds->vocab, path,
+                                                      false);
+                    figure_done(cmd, &figs, st, path, "confusion matrix");
+                    cf_free(counts);
+                }
+            }
+        }
+        fflush(stdout);
+        if (a.show && figs.n) cli_show_figures((const char *const *)figs.paths, figs.n);
+    }
+    for (int i = 0; i < figs.n; i++) cf_free(figs.paths[i]);
+    cf_preds_free(&preds);
+    session_free(&s);
+    return CLI_OK;
+}
+
+static void lr_find_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f,
+            "Usage: corefit lr-find [options]\n\n"
+            "Runs fastai's learning-rate finder (an exponential sweep from --start-lr to --end-lr\n"
+            "over --num-it batches) on every core, prints the valley, slide, minimum and steep\n"
+            "suggestions and plots loss against learning rate.\n\nOptions:\n");
+    cli_print_options(f, opts);
+}
+
+int cmd_lr_find(int argc, char **argv) {
+    const char *cmd = "lr-find";
+    train_args a;
+    defaults(&a);
+    a.plot = "lr_find.png";
+    cli_opt opts[] = {
+        DATA_OPTIONS(a),
+        MODEL_OPTIONS(a),
+        {"--start-lr", OPT_DOUBLE, &a.start_lr, "X", "first learning rate [1e-7]", 1e-12, 1e3, 0},
+        {"--end-lr", OPT_DOUBLE, &a.end_lr, "X", "last learning rate [10]", 1e-12, 1e6, 0},
+        {"--num-it", OPT_INT, &a.num_it, "N", "batches in the sweep [100]", 6, 1000000, 0},
+        {"--plot", OPT_STR, &a.plot, "FILE", "the figure [lr_find.png]", 0, 0, 0},
+        {0},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 0, &n_pos);
+    if (rc < 0) {
+        lr_find_usage(stdout, opts);
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if ((rc = check_args(cmd, &a, false))) return rc;
+    if (a.start_lr > 0 && a.end_lr > 0 && a.end_lr <= a.start_lr)
+        return cli_error(CLI_USAGE, cmd, "--end-lr %g must exceed --start-lr %g", a.end_lr,
+                         a.start_lr);
+    session s;
+    if ((rc = setup(cmd, &a, &s))) {
+        session_free(&s);
+        return rc;
+    }
+    cf_lr_find_result r;
+    if ((rc = run_lr_find(cmd, &a, &s, &r))) {
+        session_free(&s);
+        return rc;
+    }
+    if (s.master) {
+        print_suggestions(&r);
+        printf("valley: %.6e\nslide: %.6e\nminimum: %.6e\nsteep: %.6e\n", r.valley, r.slide,
+               r.minimum, r.steep);
+        figures figs = {0};
+        if (!cf_plot_available())
+            fprintf(stderr,
+                    "corefit lr-find: figures need PLplot's pngcairo driver; none written\n");
+        else
+            figure_done(cmd, &figs, cf_plot_lr_find(&r, a.plot), a.plot, "lr_find");
+        fflush(stdout);
+        if (a.show && figs.n) cli_show_figures((const char *const *)figs.paths, figs.n);
+        for (int i = 0; i < figs.n; i++) cf_free(figs.paths[i]);
+    }
+    cf_lr_find_result_free(&r);
+    session_free(&s);
+    return CLI_OK;
+}
