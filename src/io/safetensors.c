@@ -676,17 +676,19 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
                      strerror(errno));
         goto fail;
     }
-    (void)fchmod(w.fd, mode); /* best effort: the file stays 0600 otherwise */
-    int fd = w.fd;
-    w.fd = -1;
-    if (close(fd) != 0) {
-        st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s (the file is unchanged)", path,
-                     strerror(errno));
-        goto fail;
-    }
     if (rename(tmp, path) != 0) {
         st = cf_fail(CF_ERR_IO, "writing %s: cannot rename %s over it: %s (the file is unchanged)",
                      path, tmp, strerror(errno));
+        goto fail;
+    }
+    /* The temporary file stays 0600 until it is the target; only then does it get the target's
+     * mode (best effort: it stays 0600 otherwise). */
+    tmp[0] = '\0';
+    (void)fchmod(w.fd, mode);
+    int fd = w.fd;
+    w.fd = -1;
+    if (close(fd) != 0) {
+        st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s", path, strerror(errno));
         goto fail;
     }
     /* Make the rename durable (best effort). */

@@ -166,22 +166,24 @@ static int missing_peers(cf_shm_comm *c, uint64_t arrival, char *buf, size_t cap
 static cf_status wait_slow(cf_shm_comm *c, uint32_t gen, uint64_t arrival, const char *what) {
     cf_shm_header *h = c->hdr;
     cf_shm_rank *m = me(c);
-    uint64_t start = 0;
+    /* Waiting from here on, yields included: on a busy machine a yield can take a whole time
+     * slice, and a rank that waits must not look silent outside a collective (the supervisor
+     * would blame it instead of the peer it waits for). */
+    uint64_t start = cf_shm_now_ns();
+    atomic_store(&m->wait_since_ns, start);
     uint64_t give_up_ns = (uint64_t)(2.0 * h->deadline_s * 1e9) + 1000000000u;
     for (int i = 0;; i++) {
         if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) break;
-        if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed))
+        if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) {
+            atomic_store(&m->wait_since_ns, 0);
             return cf_fail(CF_ERR_WORKER, "%s: the group was aborted (another worker failed)",
                            what);
+        }
         if (i < c->yields) {
             sched_yield();
             continue;
         }
         uint64_t now = cf_shm_now_ns();
-        if (!start) {
-            start = now;
-            atomic_store(&m->wait_since_ns, now);
-        }
         if (getppid() != h->supervisor_pid) {
             atomic_store(&m->wait_since_ns, 0);
             return cf_fail(CF_ERR_WORKER, "%s: the supervisor (pid %d) is gone", what,
@@ -209,7 +211,9 @@ static cf_status wait_slow(cf_shm_comm *c, uint32_t gen, uint64_t arrival, const
         }
         atomic_fetch_sub(&h->bar_sleepers, 1);
     }
-    if (start) atomic_store(&m->wait_since_ns, 0);
+    /* Progress first, then out of the wait: never silent-looking in between. */
+    atomic_store(&m->heartbeat_ns, cf_shm_now_ns());
+    atomic_store(&m->wait_since_ns, 0);
     return CF_OK;
 }
 

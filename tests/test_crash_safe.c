@@ -1,0 +1,290 @@
+/* Crash-safe model and checkpoint files: a saving process killed (SIGKILL) at random points of
+ * the write leaves the previous file intact and loadable (or the new one complete), temporary
+ * files are private (0600 even with umask 0), and a full disk (RLIMIT_FSIZE, a size-limited
+ * tmpfs) gives a clear error and keeps the old file with no temporary file left. */
+#include "oracle.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "corefit/io.h"
+
+/* A checkpoint of a few MB: weights, Adam's two averages and step counts. */
+typedef struct ckpt {
+    cf_model *model;
+    cf_optimizer *opt;
+} ckpt;
+
+static ckpt make_ckpt(uint64_t seed) {
+    cf_module *layers[] = {cf_linear(512, 1024, true), cf_relu(), cf_linear(1024, 10, true)};
+    ckpt c = {0};
+    assert_int_equal(cf_model_new(&c.model, cf_sequential(3, layers), seed), CF_OK);
+    assert_int_equal(cf_optimizer_new(&c.opt, c.model, &(cf_opt_config){.kind = CF_OPT_ADAM}),
+                     CF_OK);
+    size_t n = c.model->n_weights;
+    fill_uniform(c.opt->grad_avg, n, seed + 1, -1, 1);
+    fill_uniform(c.opt->sqr_avg, n, seed + 2, 0, 1);
+    for (int i = 0; i < c.model->n_params; i++) c.opt->steps[i] = (float)(seed % 100 + 1);
+    return c;
+}
+
+static void free_ckpt(ckpt *c) {
+    cf_optimizer_free(c->opt);
+    cf_model_free(c->model);
+}
+
+/* Which of a, b the loaded c equals exactly (0 for a, 1 for b, -1 for neither). */
+static int which(const ckpt *c, const ckpt *a, const ckpt *b) {
+    size_t bytes = c->model->n_weights * sizeof(float);
+    const ckpt *cand[2] = {a, b};
+    for (int i = 0; i < 2; i++)
+        if (!memcmp(c->model->weights, cand[i]->model->weights, bytes) &&
+            !memcmp(c->opt->grad_avg, cand[i]->opt->grad_avg, bytes) &&
+            !memcmp(c->opt->sqr_avg, cand[i]->opt->sqr_avg, bytes) &&
+            !memcmp(c->opt->steps, cand[i]->opt->steps, (size_t)c->model->n_params * sizeof(float)))
+            return i;
+    return -1;
+}
+
+/* Removes temporary files left next to `base` in dir; returns how many; fails unless each is
+ * private to the user (0600). */
+static int sweep_temp_files(const char *dir, const char *base) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s.tmp-", base);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) {
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, base))
+                fail_msg("unexpected file %s/%s", dir, e->d_name);
+            continue;
+        }
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        assert_int_equal(stat(path, &sb), 0);
+        if ((sb.st_mode & 07777) != 0600)
+            fail_msg("temporary file %s has mode %04o, not 0600", path, sb.st_mode & 07777);
+        unlink(path);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_kill_during_save_keeps_a_loadable_file(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    char path[400];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir.dir);
+    ckpt a = make_ckpt(11), b = make_ckpt(12), c = make_ckpt(13);
+    assert_int_equal(cf_model_save(a.model, a.opt, path), CF_OK);
+    /* How long one save takes here, so the kills spread over the whole write. */
+    double t0 = cf_now();
+    assert_int_equal(cf_model_save(a.model, a.opt, path), CF_OK);
+    double save_s = cf_now() - t0;
+    cf_rng rng;
+    cf_rng_seed(&rng, (uint64_t)time(NULL));
+    int current = 0, kept_old = 0, got_new = 0, mid_write = 0, iters = 0;
+    double start = cf_now();
+    while (iters < 200 && (cf_now() - start < 3.0 || mid_write < 3) && cf_now() - start < 20) {
+        const ckpt *next = current ? &a : &b;
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            umask(0); /* the temporary file must still be 0600 */
+            _exit(cf_model_save(next->model, next->opt, path) == CF_OK ? 0 : 1);
+        }
+        useconds_t delay = (useconds_t)(cf_rng_uniform(&rng) * save_s * 1.3e6);
+        usleep(delay);
+        kill(pid, SIGKILL);
+        int ws;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        if (WIFEXITED(ws)) assert_int_equal(WEXITSTATUS(ws), 0);
+        mid_write += sweep_temp_files(dir.dir, "ckpt.safetensors");
+        cf_status st = cf_model_load(c.model, c.opt, path);
+        if (st != CF_OK)
+            fail_msg("after a kill %d us into a save: %s", (int)delay, cf_last_error());
+        int w = which(&c, &a, &b);
+        if (w < 0)
+            fail_msg("after a kill %d us into a save the file holds neither version", (int)delay);
+        if (w == current) {
+            kept_old++;
+        } else {
+            got_new++;
+            current = w;
+        }
+        iters++;
+    }
+    printf("crash-safe: %d saves killed at random points (save takes %.1f ms): old file kept %d, "
+           "new file complete %d, killed with the temporary file written %d\n",
+           iters, save_s * 1e3, kept_old, got_new, mid_write);
+    assert_true(mid_write > 0); /* some kills did land inside the write */
+    assert_true(kept_old > 0);
+    free_ckpt(&a), free_ckpt(&b), free_ckpt(&c);
+    oracle_cleanup(&dir);
+}
+
+/* A fresh file gets 0666 & ~umask like any new file; an existing one keeps its mode. */
+static void test_modes(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    char path[400];
+    snprintf(path, sizeof path, "%s/m.safetensors", dir.dir);
+    ckpt a = make_ckpt(21);
+    mode_t old = umask(027);
+    assert_int_equal(cf_model_save(a.model, NULL, path), CF_OK);
+    umask(old);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0640);
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(cf_model_save(a.model, a.opt, path), CF_OK);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0600);
+    assert_int_equal(sweep_temp_files(dir.dir, "m.safetensors"), 0);
+    free_ckpt(&a);
+    oracle_cleanup(&dir);
+}
+
+/* Runs fn in a child and returns its status and message. The child may change its limits,
+ * signals and mounts without touching the test process. */
+typedef struct outcome {
+    int status; /* cf_status, or -1: skipped (reason in msg) */
+    char msg[512];
+} outcome;
+
+static outcome in_child(void (*fn)(const char *dir, outcome *out), const char *dir) {
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        outcome o = {0};
+        fn(dir, &o);
+        ssize_t w = write(p[1], &o, sizeof o);
+        _exit(w == (ssize_t)sizeof o ? 0 : 1);
+    }
+    close(p[1]);
+    outcome o = {0};
+    ssize_t r = read(p[0], &o, sizeof o);
+    close(p[0]);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    if (r != (ssize_t)sizeof o || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        fail_msg("the child died (status 0x%x)", ws);
+    return o;
+}
+
+static void save_under_fsize_limit(const char *dir, outcome *o) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    ckpt b = make_ckpt(32);
+    signal(SIGXFSZ, SIG_IGN); /* write() then fails with EFBIG instead of killing */
+    struct rlimit rl = {1 << 20, 1 << 20};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    o->status = (int)cf_model_save(b.model, b.opt, path);
+    snprintf(o->msg, sizeof o->msg, "%s", cf_last_error());
+    free_ckpt(&b);
+}
+
+/* Saves a (fits) then b (does not fit) on a tmpfs a little larger than one checkpoint, mounted in
+ * a private mount namespace; then checks a is what loads. */
+static void save_on_small_tmpfs(const char *dir, outcome *o) {
+    char mnt[400], path[500];
+    snprintf(mnt, sizeof mnt, "%s/small", dir);
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", mnt);
+    mkdir(mnt, 0700);
+    ckpt a = make_ckpt(41), b = make_ckpt(42), c = make_ckpt(43);
+    size_t bytes = a.model->n_weights * 3 * sizeof(float);
+    char opts[64];
+    snprintf(opts, sizeof opts, "size=%zuk", bytes * 3 / 2 / 1024);
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", mnt, "tmpfs", 0, opts) != 0) {
+        o->status = -1;
+        snprintf(o->msg, sizeof o->msg, "cannot mount a tmpfs here: %s", strerror(errno));
+        goto out;
+    }
+    if (cf_model_save(a.model, a.opt, path) != CF_OK) {
+        o->status = -2;
+        snprintf(o->msg, sizeof o->msg, "the first save failed: %s", cf_last_error());
+        goto out;
+    }
+    o->status = (int)cf_model_save(b.model, b.opt, path);
+    snprintf(o->msg, sizeof o->msg, "%s", cf_last_error());
+    if (cf_model_load(c.model, c.opt, path) != CF_OK || which(&c, &a, &b) != 0) {
+        o->status = -3;
+        snprintf(o->msg, sizeof o->msg, "the old file did not load back: %s", cf_last_error());
+    }
+    DIR *d = opendir(mnt);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.' && strcmp(e->d_name, "ckpt.safetensors")) {
+            o->status = -4;
+            snprintf(o->msg, sizeof o->msg, "%s was left on the full disk", e->d_name);
+        }
+    if (d) closedir(d);
+    umount(mnt);
+out:
+    free_ckpt(&a), free_ckpt(&b), free_ckpt(&c);
+}
+
+static void test_full_disk_keeps_the_old_file(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    char path[400];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir.dir);
+    /* static: the forked children exit with these still reachable */
+    static ckpt a, b, c;
+    a = make_ckpt(31), b = make_ckpt(32), c = make_ckpt(33);
+    assert_int_equal(cf_model_save(a.model, a.opt, path), CF_OK);
+
+    /* RLIMIT_FSIZE: the file size limit of the saving process. */
+    outcome o = in_child(save_under_fsize_limit, dir.dir);
+    assert_int_equal(o.status, CF_ERR_IO);
+    if (!strstr(o.msg, path) || !strstr(o.msg, strerror(EFBIG)) || !strstr(o.msg, "unchanged"))
+        fail_msg("unclear message: %s", o.msg);
+    assert_int_equal(cf_model_load(c.model, c.opt, path), CF_OK);
+    assert_int_equal(which(&c, &a, &b), 0);
+    assert_int_equal(sweep_temp_files(dir.dir, "ckpt.safetensors"), 0);
+
+    /* A full file system. */
+    o = in_child(save_on_small_tmpfs, dir.dir);
+    if (o.status == -1) {
+        printf("crash-safe: full tmpfs case skipped: %s\n", o.msg);
+    } else {
+        if (o.status != CF_ERR_IO) fail_msg("full tmpfs: status %d: %s", o.status, o.msg);
+        if (!strstr(o.msg, strerror(ENOSPC)) || !strstr(o.msg, "unchanged"))
+            fail_msg("unclear message: %s", o.msg);
+    }
+    rmdir(strcat(strcpy(path, dir.dir), "/small"));
+    free_ckpt(&a), free_ckpt(&b), free_ckpt(&c);
+    oracle_cleanup(&dir);
+}
+
+int main(void) {
+    cf_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kill_during_save_keeps_a_loadable_file),
+        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_full_disk_keeps_the_old_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

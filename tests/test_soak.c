@@ -1,0 +1,530 @@
+/* Fault soak of the fork launcher: cf_par_fit_one_cycle on small data, run over and over, with
+ * one fault injected per run on a random rank at a random training batch (or at the end of the
+ * fit) and event: a crash (invalid write), abort, SIGKILL, an error return, a hang, or SIGINT sent
+ * to the caller; one run in seven has no fault.
+ *
+ * Every run must end with either the trained result (bitwise the same as a fault-free reference
+ * run with the same number of workers) or the expected error naming the rank and the cause, and
+ * after every run: the caller's learner bitwise as it was when the run failed, no child process,
+ * no shared mapping and no new file descriptor in the caller, the caller's SIGINT and SIGCHLD
+ * dispositions restored, nothing new in /dev/shm or in TMPDIR, and the caller's heap flat.
+ *
+ * Short by default (a few seconds, for `make test`); CF_SOAK_SECONDS=n runs for n seconds
+ * (`make soak`), CF_SOAK_SEED=n repeats a sequence. The counts are printed at the end. */
+#include "learn_fixture.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "corefit/par.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SOAK_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SOAK_ASAN 1
+#endif
+#endif
+#ifndef SOAK_ASAN
+#define SOAK_ASAN 0
+#endif
+
+enum { N_TRAIN = 192, N_VALID = 32, BS = 8, N_EPOCH = 2 };
+
+typedef enum kind { K_NONE, K_CRASH, K_ABORT, K_KILL, K_ERROR, K_HANG, K_SIGINT, K_COUNT } kind;
+static const char *const kind_name[K_COUNT] = {"none",  "crash", "abort", "kill",
+                                               "error", "hang",  "sigint"};
+
+/* Where the fault strikes; read by the forked workers (their copy of the caller's memory). */
+typedef struct plan {
+    kind k;
+    int rank;
+    int64_t batch;
+    cf_event ev;
+} plan;
+static plan g_plan;
+/* When the fault struck (cf_now(), a system-wide monotonic clock), written by the worker into a
+ * page shared with the caller, so the caller measures how long the report took. */
+static volatile double *g_fault_at;
+static int g_pipe[2] = {-1, -1};
+static volatile uintptr_t g_bad_address = 8; /* not NULL: a plain invalid write, not UB checks */
+
+static cf_status strike(cf_learner *learn) {
+    *g_fault_at = cf_now();
+    switch (g_plan.k) {
+    case K_NONE:
+        break;
+    case K_CRASH:
+        *(volatile int *)g_bad_address = 1;
+        break;
+    case K_ABORT:
+        abort();
+    case K_KILL:
+        raise(SIGKILL);
+        break;
+    case K_ERROR:
+        return cf_fail(CF_ERR_IO, "injected failure at batch %lld", (long long)g_plan.batch);
+    case K_HANG:
+        for (;;) pause();
+    case K_SIGINT:
+        /* Ask the caller's helper thread to send SIGINT, then keep beating until killed, so the
+         * interruption always lands while the supervisor waits. */
+        if (write(g_pipe[1], "i", 1) != 1) return cf_fail(CF_ERR_IO, "pipe");
+        for (int i = 0; i < 3000; i++) {
+            cf_comm_heartbeat(learn->comm);
+            usleep(5000);
+        }
+        return cf_fail(CF_ERR_STATE, "SIGINT did not stop the group");
+    case K_COUNT:
+        break;
+    }
+    return CF_OK;
+}
+
+static cf_status maybe_strike(cf_learner *learn, cf_event ev) {
+    if (g_plan.k == K_NONE || !learn->comm || cf_comm_rank(learn->comm) != g_plan.rank ||
+        ev != g_plan.ev)
+        return CF_OK;
+    if (ev != CF_EV_AFTER_FIT && (!learn->training || learn->train_iter != g_plan.batch))
+        return CF_OK;
+    return strike(learn);
+}
+
+static cf_status on_before_batch(cf_callback *cb, cf_learner *l) {
+    (void)cb;
+    return maybe_strike(l, CF_EV_BEFORE_BATCH);
+}
+static cf_status on_after_backward(cf_callback *cb, cf_learner *l) {
+    (void)cb;
+    return maybe_strike(l, CF_EV_AFTER_BACKWARD);
+}
+static cf_status on_before_step(cf_callback *cb, cf_learner *l) {
+    (void)cb;
+    return maybe_strike(l, CF_EV_BEFORE_STEP);
+}
+static cf_status on_after_step(cf_callback *cb, cf_learner *l) {
+    (void)cb;
+    return maybe_strike(l, CF_EV_AFTER_STEP);
+}
+static cf_status on_after_fit(cf_callback *cb, cf_learner *l) {
+    (void)cb;
+    return maybe_strike(l, CF_EV_AFTER_FIT);
+}
+static const cf_event strike_events[] = {CF_EV_BEFORE_BATCH, CF_EV_AFTER_BACKWARD,
+                                         CF_EV_BEFORE_STEP, CF_EV_AFTER_STEP, CF_EV_AFTER_FIT};
+
+/* The caller's helper thread: one SIGINT per byte a worker writes; 'q' ends it. */
+static void *sigint_sender(void *arg) {
+    (void)arg;
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, NULL); /* delivered to the supervising thread */
+    for (;;) {
+        char c;
+        ssize_t r = read(g_pipe[0], &c, 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r != 1 || c == 'q') return NULL;
+        kill(getpid(), SIGINT);
+    }
+}
+
+/* ---- the caller's state ---------------------------------------------------------------------- */
+
+typedef struct snapshot {
+    float *weights, *buffers, *grad_avg, *sqr_avg, *steps;
+    cf_hypers *hypers;
+    bool *trainable;
+    const cf_optimizer *opt;
+    int64_t n_batches;
+    int n_epochs;
+} snapshot;
+
+static void *dup_mem(const void *p, size_t n) {
+    if (!p) return NULL;
+    void *q = malloc(n ? n : 1);
+    memcpy(q, p, n);
+    return q;
+}
+
+static void take(snapshot *s, const cf_learner *learn) {
+    const cf_model *m = learn->model;
+    const cf_optimizer *o = learn->opt;
+    size_t nw = m->n_weights * sizeof(float);
+    s->weights = dup_mem(m->weights, nw);
+    s->buffers = dup_mem(m->buffers, m->n_buffers * sizeof(float));
+    s->grad_avg = dup_mem(o->grad_avg, nw);
+    s->sqr_avg = dup_mem(o->sqr_avg, nw);
+    s->steps = dup_mem(o->steps, (size_t)m->n_params * sizeof(float));
+    s->hypers = dup_mem(o->hypers, (size_t)o->n_groups * sizeof *o->hypers);
+    s->trainable = malloc((size_t)m->n_params * sizeof(bool));
+    for (int i = 0; i < m->n_params; i++) s->trainable[i] = m->params[i]->trainable;
+    s->opt = o;
+    s->n_batches = learn->recorder.n_batches;
+    s->n_epochs = learn->recorder.n_epochs;
+}
+
+static void drop(snapshot *s) {
+    free(s->weights), free(s->buffers), free(s->grad_avg), free(s->sqr_avg), free(s->steps);
+    free(s->hypers), free(s->trainable);
+    memset(s, 0, sizeof *s);
+}
+
+/* Puts the snapshot back into the learner (after a run that succeeded). */
+static void restore(cf_learner *learn, const snapshot *s) {
+    cf_model *m = learn->model;
+    cf_optimizer *o = learn->opt;
+    size_t nw = m->n_weights * sizeof(float);
+    memcpy(m->weights, s->weights, nw);
+    memcpy(m->buffers, s->buffers, m->n_buffers * sizeof(float));
+    if (o->grad_avg) memcpy(o->grad_avg, s->grad_avg, nw);
+    if (o->sqr_avg) memcpy(o->sqr_avg, s->sqr_avg, nw);
+    memcpy(o->steps, s->steps, (size_t)m->n_params * sizeof(float));
+    memcpy(o->hypers, s->hypers, (size_t)o->n_groups * sizeof *o->hypers);
+}
+
+static void assert_unchanged(const cf_learner *learn, const snapshot *s, int run) {
+    const cf_model *m = learn->model;
+    const cf_optimizer *o = learn->opt;
+    size_t nw = m->n_weights * sizeof(float);
+    if (o != s->opt) fail_msg("run %d: the optimizer was replaced after a failure", run);
+    if (memcmp(m->weights, s->weights, nw) ||
+        memcmp(m->buffers, s->buffers, m->n_buffers * sizeof(float)))
+        fail_msg("run %d: weights or buffers changed after a failure", run);
+    if ((o->grad_avg && memcmp(o->grad_avg, s->grad_avg, nw)) ||
+        (o->sqr_avg && memcmp(o->sqr_avg, s->sqr_avg, nw)) ||
+        memcmp(o->steps, s->steps, (size_t)m->n_params * sizeof(float)) ||
+        memcmp(o->hypers, s->hypers, (size_t)o->n_groups * sizeof *o->hypers))
+        fail_msg("run %d: optimizer state changed after a failure", run);
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->trainable != s->trainable[i])
+            fail_msg("run %d: freezing changed after a failure", run);
+    if (learn->recorder.n_batches != s->n_batches || learn->recorder.n_epochs != s->n_epochs)
+        fail_msg("run %d: the Recorder changed after a failure", run);
+}
+
+/* ---- the process's resources --------------------------------------------------------------- */
+
+static void assert_no_children(int run) {
+    errno = 0;
+    pid_t p = waitpid(-1, NULL, WNOHANG);
+    if (p != -1 || errno != ECHILD) fail_msg("run %d: a child process is left (%d)", run, (int)p);
+}
+
+/* Shared mappings (MAP_SHARED, shm, memfd) in this process. */
+static int count_shared_mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char perms[8] = "";
+        if (sscanf(line, "%*s %7s", perms) == 1 && perms[3] == 's') n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static int count_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+/* Names in a folder, as one string list; `skip` leaves out names other programs make there. */
+typedef struct names {
+    char **v;
+    int n;
+} names;
+
+static bool foreign_shm_name(const char *name) {
+    /* Open MPI and PMIx segments of MPI jobs that may run next to this test. */
+    static const char *const prefixes[] = {"vader_segment", "sm_segment", "ompi",    "pmix",
+                                           "opal",          "psm",        "sem.ompi"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return true;
+    return false;
+}
+
+static names list_dir(const char *dir, bool skip_foreign) {
+    names out = {0};
+    DIR *d = opendir(dir);
+    if (!d) return out;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (skip_foreign && foreign_shm_name(e->d_name)) continue;
+        out.v = realloc(out.v, (size_t)(out.n + 1) * sizeof *out.v);
+        out.v[out.n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    return out;
+}
+
+static void free_names(names *n) {
+    for (int i = 0; i < n->n; i++) free(n->v[i]);
+    free(n->v);
+    memset(n, 0, sizeof *n);
+}
+
+/* Fails on a name in `now` that was not in `before`. */
+static void assert_nothing_new(const names *before, const names *now, const char *dir) {
+    for (int i = 0; i < now->n; i++) {
+        bool seen = false;
+        for (int j = 0; j < before->n && !seen; j++) seen = !strcmp(now->v[i], before->v[j]);
+        if (!seen) fail_msg("%s/%s appeared during the soak", dir, now->v[i]);
+    }
+}
+
+static size_t heap_in_use(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld", &kib) == 1) break;
+    if (f) fclose(f);
+    return kib;
+}
+
+static bool same_disposition(const struct sigaction *a, const struct sigaction *b) {
+    return a->sa_handler == b->sa_handler &&
+           (a->sa_flags & SA_SIGINFO) == (b->sa_flags & SA_SIGINFO);
+}
+
+/* ---- the soak ------------------------------------------------------------------------------- */
+
+static double env_double(const char *name, double dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atof(v) : dflt;
+}
+
+static void test_fault_soak(void **state) {
+    (void)state;
+    /* Under valgrind everything is some 30 times slower: only the first two blocks of runs,
+     * with deadlines and time limits to match. */
+    const char *preload = getenv("LD_PRELOAD");
+    double slow = preload && strstr(preload, "vgpreload") ? 30 : 1;
+    double seconds = env_double("CF_SOAK_SECONDS", slow > 1 ? 0 : 8);
+    g_fault_at = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(g_fault_at != MAP_FAILED);
+    uint64_t seed = (uint64_t)env_double("CF_SOAK_SEED", (double)(uint64_t)time(NULL));
+    cf_rng rng;
+    cf_rng_seed(&rng, seed);
+
+    /* A private TMPDIR: anything the library might put there shows. */
+    char tmpdir[] = "/tmp/cf_soak_XXXXXX";
+    assert_non_null(mkdtemp(tmpdir));
+    setenv("TMPDIR", tmpdir, 1);
+    names shm_before = list_dir("/dev/shm", true);
+
+    assert_int_equal(pipe(g_pipe), 0);
+    pthread_t sender;
+    assert_int_equal(pthread_create(&sender, NULL, sigint_sender, NULL), 0);
+
+    cf_dls *dls = fixture_dls(N_TRAIN, N_VALID, BS);
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(5, false), .quiet = true,
+                                    .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    /* Start from a trained learner, so that the optimizer state is part of what must survive. */
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    snapshot s0 = {0};
+    take(&s0, learn);
+    size_t nw = learn->model->n_weights;
+    float *reference[4] = {0}; /* per number of workers (2, 3) */
+
+    cf_callback inject = {.name = "FaultInjection"};
+    inject.on[CF_EV_BEFORE_BATCH] = on_before_batch;
+    inject.on[CF_EV_AFTER_BACKWARD] = on_after_backward;
+    inject.on[CF_EV_BEFORE_STEP] = on_before_step;
+    inject.on[CF_EV_AFTER_STEP] = on_after_step;
+    inject.on[CF_EV_AFTER_FIT] = on_after_fit;
+    cf_callback *cbs[] = {&inject};
+
+    /* The SIGINT runs need SIGINT to reach the launcher: a caller that ignores it (a process
+     * started in the background by a shell) keeps ignoring it during the call. */
+    signal(SIGINT, SIG_DFL);
+    struct sigaction int0, chld0;
+    sigaction(SIGINT, NULL, &int0);
+    sigaction(SIGCHLD, NULL, &chld0);
+    int fds0 = count_fds(), maps0 = count_shared_mappings();
+
+    int runs = 0, failures = 0, per_kind[K_COUNT] = {0}, per_event[CF_EV_COUNT] = {0};
+    size_t heap0 = 0, heap_max_growth = 0;
+    long rss0 = 0, rss_growth = 0;
+    double t_start = cf_now(), worst_latency[K_COUNT] = {0};
+    kind order[K_COUNT];
+    /* Blocks of one run of each kind in random order; reference runs first. */
+    for (int block = 0; cf_now() - t_start < seconds || block < 2; block++) {
+        for (int i = 0; i < K_COUNT; i++) order[i] = (kind)i;
+        for (int i = K_COUNT - 1; i > 0; i--) {
+            int j = (int)cf_rng_below(&rng, (uint64_t)i + 1);
+            kind t = order[i];
+            order[i] = order[j], order[j] = t;
+        }
+        for (int i = 0; i < K_COUNT; i++) {
+            int world = 2 + (int)cf_rng_below(&rng, 2);
+            int64_t batches = (int64_t)((N_TRAIN + world - 1) / world / BS) * N_EPOCH;
+            kind k = order[i];
+            if (!reference[world]) k = K_NONE; /* the fault-free reference comes first */
+            g_plan = (plan){k, (int)cf_rng_below(&rng, (uint64_t)world),
+                            (int64_t)cf_rng_below(&rng, (uint64_t)batches),
+                            strike_events[cf_rng_below(&rng, 5)]};
+            double deadline = (k == K_HANG ? 0.5 : 60) * slow;
+            *g_fault_at = 0;
+            cf_clear_error();
+            double t0 = cf_now();
+            cf_status st =
+                cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1,
+                                     .par = {.num_cores = world, .deadline_s = deadline});
+            double took = cf_now() - t0;
+            const char *msg = cf_last_error();
+            runs++;
+            per_kind[k]++;
+            if (k != K_NONE) per_event[g_plan.ev]++;
+
+            char want_rank[32];
+            snprintf(want_rank, sizeof want_rank, "worker %d", g_plan.rank);
+            static const char *const cause[K_COUNT] = {
+                "",           "SIGSEGV",          "SIGABRT",
+                "SIGKILL",    "injected failure", "made no progress",
+                "interrupted"};
+            bool ok;
+            if (k == K_NONE) {
+                ok = st == CF_OK;
+            } else if (k == K_SIGINT) {
+                ok = st == CF_ERR_INTERRUPTED && strstr(msg, cause[k]);
+            } else {
+                ok = st == CF_ERR_WORKER && strstr(msg, cause[k]) && strstr(msg, want_rank);
+            }
+            if (!ok) {
+                failures++;
+                fail_msg("run %d (%s on rank %d of %d at batch %lld, %s, seed %llu): status %s, "
+                         "\"%s\"",
+                         runs, kind_name[k], g_plan.rank, world, (long long)g_plan.batch,
+                         cf_event_name(g_plan.ev), (unsigned long long)seed, cf_status_str(st),
+                         msg);
+            }
+            /* The report comes within seconds of the fault (of the deadline for a hang). */
+            double latency = *g_fault_at > 0 ? cf_now() - *g_fault_at : 0;
+            if (k != K_NONE && *g_fault_at == 0 && st != CF_OK)
+                fail_msg("run %d (%s): failed before the fault struck", runs, kind_name[k]);
+            if (latency > worst_latency[k]) worst_latency[k] = latency;
+            if (latency > (k == K_HANG ? deadline : 0) + 5 * slow)
+                fail_msg("run %d (%s): reported %.1f s after the fault", runs, kind_name[k],
+                         latency);
+            if (took > 120 * slow) fail_msg("run %d (%s): took %.1f s", runs, kind_name[k], took);
+
+            if (st == CF_OK) {
+                /* The trained result: the same as every other fault-free run on this many
+                 * workers, and a full Recorder. */
+                if (!reference[world]) {
+                    reference[world] = dup_mem(learn->model->weights, nw * sizeof(float));
+                } else if (memcmp(reference[world], learn->model->weights, nw * sizeof(float))) {
+                    fail_msg("run %d: the trained weights differ from the reference", runs);
+                }
+                assert_int_equal(learn->recorder.n_epochs, N_EPOCH);
+                if (learn->opt == s0.opt) fail_msg("run %d: no optimizer came home", runs);
+                restore(learn, &s0);
+                s0.opt = learn->opt;
+                s0.n_batches = learn->recorder.n_batches;
+                s0.n_epochs = learn->recorder.n_epochs;
+            } else {
+                assert_unchanged(learn, &s0, runs);
+            }
+            assert_no_children(runs);
+            struct sigaction now;
+            sigaction(SIGINT, NULL, &now);
+            if (!same_disposition(&now, &int0)) fail_msg("run %d: SIGINT not restored", runs);
+            sigaction(SIGCHLD, NULL, &now);
+            if (!same_disposition(&now, &chld0)) fail_msg("run %d: SIGCHLD not restored", runs);
+            if (count_fds() != fds0)
+                fail_msg("run %d: %d file descriptors, %d before", runs, count_fds(), fds0);
+            if (count_shared_mappings() != maps0)
+                fail_msg("run %d: %d shared mappings, %d before", runs, count_shared_mappings(),
+                         maps0);
+            /* Memory: flat once the first runs have sized every buffer. */
+            if (runs == 2 * K_COUNT) {
+                heap0 = heap_in_use();
+                rss0 = rss_kib();
+            } else if (runs > 2 * K_COUNT) {
+                size_t h = heap_in_use();
+                if (h > heap0 && h - heap0 > heap_max_growth) heap_max_growth = h - heap0;
+                long r = rss_kib() - rss0;
+                if (r > rss_growth) rss_growth = r;
+            }
+        }
+    }
+    double total = cf_now() - t_start;
+
+    names shm_after = list_dir("/dev/shm", true);
+    assert_nothing_new(&shm_before, &shm_after, "/dev/shm");
+    names tmp_after = list_dir(tmpdir, false);
+    if (tmp_after.n) fail_msg("%s/%s was left behind", tmpdir, tmp_after.v[0]);
+    rmdir(tmpdir);
+    unsetenv("TMPDIR");
+
+    if (!SOAK_ASAN) {
+        /* No leak per run: the heap in use may wobble by a few allocations, not grow with
+         * the number of runs. */
+        if (heap_max_growth > 256 * 1024)
+            fail_msg("the caller's heap grew by %zu bytes over %d runs", heap_max_growth, runs);
+        if (rss_growth > 16 * 1024)
+            fail_msg("the caller's resident memory grew by %ld KiB over %d runs", rss_growth, runs);
+    }
+
+    printf("soak: %d runs in %.1f s (seed %llu), failures %d\n", runs, total,
+           (unsigned long long)seed, failures);
+    printf("soak: runs per kind:");
+    for (int k = 0; k < K_COUNT; k++) printf(" %s %d", kind_name[k], per_kind[k]);
+    printf("\nsoak: faults per event:");
+    for (size_t e = 0; e < sizeof strike_events / sizeof *strike_events; e++)
+        printf(" %s %d", cf_event_name(strike_events[e]), per_event[strike_events[e]]);
+    printf("\nsoak: slowest report after the fault (s):");
+    for (int k = 1; k < K_COUNT; k++) printf(" %s %.2f", kind_name[k], worst_latency[k]);
+    printf(" (hang: deadline %.1f s)\nsoak: caller heap growth %zu bytes, RSS growth %ld KiB%s\n",
+           0.5 * slow, heap_max_growth, rss_growth, SOAK_ASAN ? " (not measured under ASan)" : "");
+    fflush(stdout);
+
+    assert_int_equal(write(g_pipe[1], "q", 1), 1);
+    pthread_join(sender, NULL);
+    close(g_pipe[0]);
+    close(g_pipe[1]);
+    free_names(&shm_before);
+    free_names(&shm_after);
+    free_names(&tmp_after);
+    for (int i = 0; i < 4; i++) free(reference[i]);
+    drop(&s0);
+    munmap((void *)g_fault_at, 4096);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+int main(void) {
+    cf_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fault_soak),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
