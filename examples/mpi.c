@@ -15,7 +15,6 @@
         cf_status st_ = (call);                                                                    \
         if (st_ != CF_OK) {                                                                        \
             fprintf(stderr, "rank %d: error: %s\n", rank, cf_last_error());                        \
-            cf_comm_free(world);                                                                   \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
@@ -26,8 +25,8 @@ int main(int argc, char **argv) {
     const char *limit = getenv("COREFIT_EXAMPLE_LIMIT");
     int rank = 0;
     cf_comm *world = NULL;
-    /* The MPI world: which rank this process is (MPI is initialised here). */
-    CHECK(cf_comm_mpi_new(&world));
+    /* The MPI world the cf_par_ methods use: which rank this process is. */
+    CHECK(cf_par_mpi_comm(&world));
     rank = cf_comm_rank(world);
     if (rank == 0) printf("%d MPI ranks\n", cf_comm_size(world));
 
@@ -73,6 +72,5 @@ int main(int argc, char **argv) {
     }
     cf_learner_free(learn);
     cf_dls_free(dls);
-    cf_comm_free(world);
     return 0;
 }

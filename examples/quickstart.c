@@ -65,7 +65,8 @@ int main(int argc, char **argv) {
 
     /* lr_find on every core, then fit_one_cycle on every core. */
     cf_lr_find_result lr;
-    CHECK(cf_par_lr_find(learn, &lr));
+    /* (small-data mode sweeps 30 batches instead of fastai's 100) */
+    CHECK(cf_par_lr_find(learn, &lr, .num_it = limit && atoi(limit) > 0 ? 30 : 0));
     printf("lr_find: valley %.2e\n", lr.valley);
     snprintf(path, sizeof path, "%s/lr_find.png", out);
     if (cf_plot_lr_find(&lr, path) == CF_OK) printf("wrote %s\n", path);

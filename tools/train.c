@@ -275,8 +275,7 @@ typedef struct session {
 static void session_free(session *s) {
     cf_learner_free(s->learn);
     cf_dls_free(s->dls);
-    cli_meta_free(&s->meta);
-    if (s->mpi) cf_comm_free(s->mpi);
+    cli_meta_free(&s->meta); /* s->mpi belongs to the par layer (kept for the process) */
 }
 
 /* Data, model and learner for train and lr-find. */
@@ -285,7 +284,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
     s->master = true;
     cli_data *d = &a->data;
     if (a->start && strcmp(a->start, "mpi") == 0) {
-        if (cf_comm_mpi_new(&s->mpi)) return cli_lib_error(cmd, "--start mpi");
+        if (cf_par_mpi_comm(&s->mpi)) return cli_lib_error(cmd, "--start mpi");
         s->master = cf_comm_rank(s->mpi) == 0;
         s->parallel = true;
         s->par.start_method = CF_START_MPI;
