@@ -34,8 +34,12 @@ if(CF_HAVE_MPI AND MPIEXEC_EXECUTABLE)
   add_test(NAME test_mpi_fit_two_hosts
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/netns_two_hosts.sh $<TARGET_FILE:mpi_fit>
             ${MPIEXEC_EXECUTABLE})
+  set(CF_TWO_HOSTS_ENV "OPENBLAS_NUM_THREADS=1")
+  if(CF_SANITIZE)
+    string(APPEND CF_TWO_HOSTS_ENV ";ASAN_OPTIONS=detect_leaks=0") # passed on with mpirun -x
+  endif()
   set_tests_properties(test_mpi_fit_two_hosts PROPERTIES LABELS "unit;mpi" TIMEOUT 180
-    SKIP_RETURN_CODE 77 RUN_SERIAL TRUE ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+    SKIP_RETURN_CODE 77 RUN_SERIAL TRUE ENVIRONMENT "${CF_TWO_HOSTS_ENV}")
 endif()
 
 # start_method mpi without mpirun (a world of one), auto, and the error of a build without MPI.

@@ -98,7 +98,7 @@ static cf_status wait_req(mpi_comm *c, MPI_Request *req, const char *what) {
             MPI_Abort(MPI_COMM_WORLD, 3);
             return cf_fail(CF_ERR_WORKER, "%s: the group stopped answering", what);
         }
-        if (waited < 0.02) {
+        if (waited < 0.001) {
             sched_yield();
         } else {
             struct timespec nap = {0, 100 * 1000};
