@@ -321,6 +321,21 @@ static int setup(const char *cmd, train_args *a, session *s) {
     if (!a->quiet && s->master)
         fprintf(stderr, "data: %lld training and %lld validation samples (%.1f s)\n",
                 (long long)train->n, (long long)valid->n, cf_now() - t0);
+    int world = s->par.start_method == CF_START_MPI ? cf_comm_size(s->mpi)
+                : s->parallel                       ? s->par.num_cores
+                                                    : 1;
+    int bs = d->bs ? d->bs : 64;
+    int64_t per_rank = a->split_batch ? train->n : train->n / world;
+    if (per_rank < bs) {
+        int rc = cli_error(CLI_FAIL, cmd,
+                           "the training set has %lld samples: no full batch of %d%s for %d "
+                           "process%s (drop_last); lower --bs%s",
+                           (long long)train->n, bs, a->split_batch ? "" : " per process", world,
+                           world == 1 ? "" : "es", world > 1 ? " or --cores" : "");
+        cf_dataset_free(train);
+        cf_dataset_free(valid);
+        return rc;
+    }
     bool tabular = d->csv != NULL;
     char arch[32];
     if (pre.arch[0])
