@@ -27,7 +27,9 @@ static inline size_t cf_shape_numel(const cf_shape *s) {
     for (int i = 0; i < s->ndim; i++) n *= (size_t)s->dim[i];
     return n;
 }
-static inline size_t cf_tensor_numel(const cf_tensor *t) { return cf_shape_numel(&t->shape); }
+static inline size_t cf_tensor_numel(const cf_tensor *t) {
+    return cf_shape_numel(&t->shape);
+}
 /* Elements per sample (all dims but the first). */
 static inline size_t cf_shape_sample_numel(const cf_shape *s) {
     size_t n = 1;
@@ -49,8 +51,23 @@ cf_tensor cf_tensor_view(float *data, cf_shape shape);
  * C (m x n) = alpha * op(A) * op(B) + beta * C, op(A) (m x k), op(B) (k x n). lda, ldb, ldc are
  * the row strides of A, B and C as stored. Runs on the calling thread's BLAS settings
  * (corefit holds OpenBLAS to one thread; cf_parallel_for provides the parallelism). */
-void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-              int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc);
+
+/* C (m x n) = A (m x k) . B (k x n), or C += A . B when accumulate, where A's element (i, p) is
+ * a[i * a_row + p * a_col] (so A may be read row-major, a_col = 1, or transposed, a_row = 1,
+ * without a copy), B is row-major with row stride ldb and C with row stride ldc. Built for the
+ * small, skinny products of convolutions: with AVX-512 it runs a register-blocked kernel that
+ * broadcasts A and reads B in place (no packing); otherwise, and for shapes where OpenBLAS is
+ * faster, it calls cf_sgemm. The result does not depend on the thread calling it. */
+void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
+                      const float *b, int ldb, float *c, int ldc, bool accumulate);
+
+/* true: cf_sgemm_strided, cf_im2col and cf_col2im take their plain reference paths (CBLAS and
+ * scalar loops) instead of the vectorised ones, for tests that compare the two. Process-wide;
+ * set it only while no kernel runs. */
+void cf_kernels_set_reference(bool reference);
+bool cf_kernels_reference(void);
 
 /* The geometry of a 2-D sliding window over one (C, H, W) image: kernel kh x kw, stride sh x sw,
  * zero padding ph x pw, output oh x ow = floor((H + 2p - k) / s) + 1. */
@@ -62,8 +79,8 @@ typedef struct cf_conv_geom {
 
 /* Fills in oh and ow; false when the padded input is smaller than the kernel (or any size
  * is not positive). */
-bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw,
-                       int ph, int pw);
+bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw, int ph,
+                       int pw);
 
 /* Lowers one NCHW image x (C, H, W) into the patch matrix col (C*kh*kw rows, oh*ow columns,
  * row stride ldcol >= oh*ow, so that several images can sit side by side): row

@@ -33,6 +33,7 @@ typedef struct bn_impl {
 #define LANES 16
 #define BLOCK 4096
 
+#if !defined(__AVX512F__) /* the portable paths (the AVX-512 ones follow) */
 static double sum_plane(const float *restrict x, int64_t n) {
     double total = 0;
     for (int64_t b = 0; b < n; b += BLOCK) {
@@ -86,6 +87,135 @@ static void dy_sums_plane(const float *restrict dy, const float *restrict x, int
     *sdy += t1;
     *sdyx += t2;
 }
+
+#endif
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* AVX-512 paths for the channel planes of BatchNorm2d: planes are short (49 to 784 values in W1)
+ * and rarely a multiple of 16, so the lane accumulators run across the planes of a channel and
+ * each plane's tail is one masked load; the lanes are flushed into double every FLUSH values
+ * (a float lane then holds the sum of at most FLUSH / 16 values). The statistics take one pass:
+ * sums of d = x - k and d^2 with k the channel's first value (the shifted-data algorithm: exact
+ * in exact arithmetic, and accurate while k lies within a few deviations of the mean, which the
+ * first value of a channel does), var = E[d^2] - E[d]^2. */
+#define BN_AVX512 1
+#define FLUSH (1 << 14)
+
+static inline double hsum_d(__m512 v) {
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+}
+
+static inline __mmask16 tail_mask(int64_t s) {
+    return (__mmask16)((1u << (s & 15)) - 1u);
+}
+
+/* sum(x - k) and sum((x - k)^2) over the n planes x + i*stride (s values each). */
+static void shifted_sums_v(const float *x, int n, size_t stride, int64_t s, float k, double *s1,
+                           double *s2) {
+    const int64_t full = s & ~(int64_t)15;
+    const __mmask16 tail = tail_mask(s);
+    const __m512 kk = _mm512_set1_ps(k);
+    __m512 a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps();
+    double t1 = 0, t2 = 0;
+    int64_t since = 0;
+    for (int p = 0; p < n; p++) {
+        const float *xp = x + (size_t)p * stride;
+        for (int64_t i = 0; i < full; i += 16) {
+            __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xp + i), kk);
+            a1 = _mm512_add_ps(a1, d);
+            a2 = _mm512_fmadd_ps(d, d, a2);
+        }
+        if (tail) {
+            __m512 d = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, xp + full), kk);
+            a1 = _mm512_add_ps(a1, d);
+            a2 = _mm512_fmadd_ps(d, d, a2);
+        }
+        if ((since += s) >= FLUSH) {
+            t1 += hsum_d(a1);
+            t2 += hsum_d(a2);
+            a1 = a2 = _mm512_setzero_ps();
+            since = 0;
+        }
+    }
+    *s1 = t1 + hsum_d(a1);
+    *s2 = t2 + hsum_d(a2);
+}
+
+/* y = x * scale + shift over the n planes. */
+static void affine_v(const float *x, float *y, int n, size_t stride, int64_t s, float scale,
+                     float shift) {
+    const int64_t full = s & ~(int64_t)15;
+    const __mmask16 tail = tail_mask(s);
+    const __m512 a = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift);
+    for (int p = 0; p < n; p++) {
+        const float *xp = x + (size_t)p * stride;
+        float *yp = y + (size_t)p * stride;
+        for (int64_t i = 0; i < full; i += 16)
+            _mm512_storeu_ps(yp + i, _mm512_fmadd_ps(_mm512_loadu_ps(xp + i), a, b));
+        if (tail)
+            _mm512_mask_storeu_ps(yp + full, tail,
+                                  _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xp + full), a, b));
+    }
+}
+
+/* sum(dy) and sum(dy * (x - mean)) over the n planes. */
+static void dy_sums_v(const float *dy, const float *x, int n, size_t stride, int64_t s, float mean,
+                      double *sdy, double *sdyx) {
+    const int64_t full = s & ~(int64_t)15;
+    const __mmask16 tail = tail_mask(s);
+    const __m512 m = _mm512_set1_ps(mean);
+    __m512 a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps();
+    double t1 = 0, t2 = 0;
+    int64_t since = 0;
+    for (int p = 0; p < n; p++) {
+        const float *gp = dy + (size_t)p * stride, *xp = x + (size_t)p * stride;
+        for (int64_t i = 0; i < full; i += 16) {
+            __m512 g = _mm512_loadu_ps(gp + i);
+            a1 = _mm512_add_ps(a1, g);
+            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(_mm512_loadu_ps(xp + i), m), a2);
+        }
+        if (tail) {
+            __m512 g = _mm512_maskz_loadu_ps(tail, gp + full);
+            a1 = _mm512_add_ps(a1, g);
+            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, xp + full), m), a2);
+        }
+        if ((since += s) >= FLUSH) {
+            t1 += hsum_d(a1);
+            t2 += hsum_d(a2);
+            a1 = a2 = _mm512_setzero_ps();
+            since = 0;
+        }
+    }
+    *sdy += t1 + hsum_d(a1);
+    *sdyx += t2 + hsum_d(a2);
+}
+
+/* dx = k1 * dy + k2 * (x - mean) + k3 over the n planes. */
+static void dx_v(const float *dy, const float *x, float *dx, int n, size_t stride, int64_t s,
+                 float mean, float k1, float k2, float k3) {
+    const int64_t full = s & ~(int64_t)15;
+    const __mmask16 tail = tail_mask(s);
+    const __m512 m = _mm512_set1_ps(mean), a = _mm512_set1_ps(k1), b = _mm512_set1_ps(k2),
+                 c = _mm512_set1_ps(k3);
+    for (int p = 0; p < n; p++) {
+        const float *gp = dy + (size_t)p * stride, *xp = x + (size_t)p * stride;
+        float *op = dx + (size_t)p * stride;
+        for (int64_t i = 0; i < full; i += 16) {
+            __m512 t = _mm512_fmadd_ps(b, _mm512_sub_ps(_mm512_loadu_ps(xp + i), m), c);
+            _mm512_storeu_ps(op + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(gp + i), t));
+        }
+        if (tail) {
+            __m512 t =
+                _mm512_fmadd_ps(b, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, xp + full), m), c);
+            _mm512_mask_storeu_ps(op + full, tail,
+                                  _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(tail, gp + full), t));
+        }
+    }
+}
+#endif
 
 typedef struct geom {
     int n, c;
@@ -162,25 +292,77 @@ static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     const geom g = ctx->g;
     const double count = (double)g.n * (double)g.s;
     const float *gamma = ctx->m->params[P_WEIGHT].data, *beta = ctx->m->params[P_BIAS].data;
+#ifdef BN_AVX512
+    /* Sample-major: the planes of channels [c0, c1) of one sample are contiguous, so memory is
+     * read in order (a channel-major walk jumps a whole sample per plane and defeats the
+     * prefetchers). Each plane's sums go into double per channel; the order of the additions
+     * per channel is fixed (sample 0, 1, ...), whatever the channel split. */
+    const size_t cs = (size_t)g.s;
+    if (ctx->training) {
+        double *s1 = b->acc, *s2 = b->acc + g.c;
+        for (int64_t c = c0; c < c1; c++) s1[c] = s2[c] = 0;
+        for (int n = 0; n < g.n; n++) {
+            const float *xn = ctx->x + (size_t)n * g.c * cs;
+            for (int64_t c = c0; c < c1; c++) {
+                double a1, a2;
+                shifted_sums_v(xn + c * cs, 1, 0, g.s, ctx->x[c * cs], &a1, &a2);
+                s1[c] += a1;
+                s2[c] += a2;
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            const double d = s1[c] / count;
+            double v = s2[c] / count - d * d;
+            if (v < 0) v = 0;
+            b->mean[c] = (float)(ctx->x[c * cs] + d);
+            b->acc[c] = v; /* the biased variance, for the running statistics */
+            b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
+        }
+    }
+    for (int n = 0; n < g.n; n++) {
+        const size_t at = (size_t)n * g.c * cs;
+        for (int64_t c = c0; c < c1; c++) {
+            const float scale = gamma[c] * b->invstd[c], shift = beta[c] - b->mean[c] * scale;
+            affine_v(ctx->x + at + c * cs, ctx->y + at + c * cs, 1, 0, g.s, scale, shift);
+        }
+    }
+    return;
+#endif
     for (int64_t c = c0; c < c1; c++) {
+        const float *xc = ctx->x + (size_t)c * g.s;
+        float *yc = ctx->y + (size_t)c * g.s;
+        const size_t stride = (size_t)g.c * g.s; /* from one sample's plane to the next */
         if (ctx->training) {
+#ifdef BN_AVX512
+            double s1, s2;
+            const float k = xc[0];
+            shifted_sums_v(xc, g.n, stride, g.s, k, &s1, &s2);
+            const double d = s1 / count;
+            float mean = (float)(k + d);
+            double v = s2 / count - d * d;
+            if (v < 0) v = 0;
+#else
             double s = 0;
-            for (int n = 0; n < g.n; n++) s += sum_plane(ctx->x + ((size_t)n * g.c + c) * g.s, g.s);
+            for (int n = 0; n < g.n; n++) s += sum_plane(xc + n * stride, g.s);
             float mean = (float)(s / count);
             double v = 0;
-            for (int n = 0; n < g.n; n++)
-                v += sqdev_plane(ctx->x + ((size_t)n * g.c + c) * g.s, g.s, mean);
+            for (int n = 0; n < g.n; n++) v += sqdev_plane(xc + n * stride, g.s, mean);
             v /= count;
+#endif
             b->mean[c] = mean;
             b->acc[c] = v;
             b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
         }
         const float scale = gamma[c] * b->invstd[c], shift = beta[c] - b->mean[c] * scale;
+#ifdef BN_AVX512
+        affine_v(xc, yc, g.n, stride, g.s, scale, shift);
+#else
         for (int n = 0; n < g.n; n++) {
-            const float *restrict xp = ctx->x + ((size_t)n * g.c + c) * g.s;
-            float *restrict yp = ctx->y + ((size_t)n * g.c + c) * g.s;
+            const float *restrict xp = xc + n * stride;
+            float *restrict yp = yc + n * stride;
             for (int64_t i = 0; i < g.s; i++) yp[i] = xp[i] * scale + shift;
         }
+#endif
     }
 }
 
@@ -270,13 +452,53 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     const geom g = ctx->g;
     const double count = (double)g.n * (double)g.s;
     const float *gamma = m->params[P_WEIGHT].data;
+#ifdef BN_AVX512
+    /* sample-major, as the forward pass */
+    const size_t cs = (size_t)g.s;
+    {
+        double *sdy = b->acc, *sdyx = b->acc + g.c;
+        for (int64_t c = c0; c < c1; c++) sdy[c] = sdyx[c] = 0;
+        for (int n = 0; n < g.n; n++) {
+            const size_t at = (size_t)n * g.c * cs;
+            for (int64_t c = c0; c < c1; c++)
+                dy_sums_v(ctx->dy + at + c * cs, ctx->x + at + c * cs, 1, 0, g.s, b->mean[c],
+                          &sdy[c], &sdyx[c]);
+        }
+        float *k = b->coef; /* k1, k2, k3 per channel */
+        for (int64_t c = c0; c < c1; c++) {
+            const float invstd = b->invstd[c];
+            if (ctx->grads) {
+                if (m->params[P_WEIGHT].trainable)
+                    m->params[P_WEIGHT].grad[c] += (float)(sdyx[c] * invstd);
+                if (m->params[P_BIAS].trainable) m->params[P_BIAS].grad[c] += (float)sdy[c];
+            }
+            const float k1 = gamma[c] * invstd;
+            k[c] = k1;
+            k[g.c + c] =
+                ctx->training ? (float)(-(double)k1 * invstd * invstd * sdyx[c] / count) : 0;
+            k[2 * g.c + c] = ctx->training ? (float)(-(double)k1 * sdy[c] / count) : 0;
+        }
+        if (!ctx->need_dx) return;
+        for (int n = 0; n < g.n; n++) {
+            const size_t at = (size_t)n * g.c * cs;
+            for (int64_t c = c0; c < c1; c++)
+                dx_v(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs, 1, 0, g.s,
+                     b->mean[c], k[c], k[g.c + c], k[2 * g.c + c]);
+        }
+        return;
+    }
+#endif
     for (int64_t c = c0; c < c1; c++) {
         const float mean = b->mean[c], invstd = b->invstd[c];
+        const size_t stride = (size_t)g.c * g.s;
+        const float *dyc = ctx->dy + (size_t)c * g.s, *xc = ctx->x + (size_t)c * g.s;
         double sdy = 0, sdyx = 0;
-        for (int n = 0; n < g.n; n++) {
-            size_t at = ((size_t)n * g.c + c) * g.s;
-            dy_sums_plane(ctx->dy + at, ctx->x + at, g.s, mean, &sdy, &sdyx);
-        }
+#ifdef BN_AVX512
+        dy_sums_v(dyc, xc, g.n, stride, g.s, mean, &sdy, &sdyx);
+#else
+        for (int n = 0; n < g.n; n++)
+            dy_sums_plane(dyc + n * stride, xc + n * stride, g.s, mean, &sdy, &sdyx);
+#endif
         if (ctx->grads) {
             if (m->params[P_WEIGHT].trainable)
                 m->params[P_WEIGHT].grad[c] += (float)(sdyx * invstd);
@@ -290,12 +512,16 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
             k2 = (float)(-(double)k1 * invstd * invstd * sdyx / count);
             k3 = (float)(-(double)k1 * sdy / count);
         }
+        float *dxc = ctx->dx + (size_t)c * g.s;
+#ifdef BN_AVX512
+        dx_v(dyc, xc, dxc, g.n, stride, g.s, mean, k1, k2, k3);
+#else
         for (int n = 0; n < g.n; n++) {
-            size_t at = ((size_t)n * g.c + c) * g.s;
-            const float *restrict dyp = ctx->dy + at, *restrict xp = ctx->x + at;
-            float *restrict dxp = ctx->dx + at;
+            const float *restrict dyp = dyc + n * stride, *restrict xp = xc + n * stride;
+            float *restrict dxp = dxc + n * stride;
             for (int64_t i = 0; i < g.s; i++) dxp[i] = k1 * dyp[i] + k2 * (xp[i] - mean) + k3;
         }
+#endif
     }
 }
 

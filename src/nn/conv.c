@@ -2,11 +2,16 @@
  * thread pool.
  *
  *   forward   y_n = W (O x K) . col(x_n) (K x P)           K = C*k*k, P = OH*OW
- *   backward  dW += dy_n (O x P) . col(x_n)^T              per-thread buffers, reduced in order
+ *   backward  dW^T += col(x_n) (K x P) . dy_n^T (P x O)    per-thread buffers, reduced in order
  *             dx_n = col2im(W^T (K x O) . dy_n (O x P))
  *
+ * The products go through cf_sgemm_strided, which reads W^T and the patch matrix in place (no
+ * packing); the weight gradient is formed transposed (K x O), from dy transposed per group,
+ * so that its kernel's rows are the patch rows, and it is transposed once when the threads'
+ * partial sums are added into the gradient.
+ *
  * Small images (P below GROUP_COLS) are lowered in fixed groups of G images side by side, so
- * that one GEMM has N = G*P columns: small GEMMs run far below the BLAS peak. The groups are a
+ * that one GEMM has N = G*P columns: small GEMMs run far below the peak. The groups are a
  * function of the batch index alone, never of the thread split, so the forward pass and dx are
  * bitwise the same for any thread count. The patch matrix is rebuilt in backward rather than
  * kept from forward (it is k*k times the input and cheap to rebuild), so each thread needs only
@@ -17,6 +22,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* Target GEMM width when grouping the images of a batch. */
 #define GROUP_COLS 256
@@ -30,11 +38,13 @@ typedef struct conv_impl {
     int n_threads;      /* copies of the per-thread scratch */
     size_t col_stride;  /* floats per thread in col */
     size_t buf_stride;  /* floats per thread in buf */
-    size_t dw_stride;   /* floats per thread in dw */
+    size_t dyt_stride;  /* floats per thread in dyt */
+    size_t dw_stride;   /* floats per thread in dwt */
     size_t db_stride;   /* floats per thread in db */
     float *col;         /* n_threads x (K x G*P) patch matrices */
     float *buf;         /* n_threads x (O x G*P) grouped output / output gradient (G > 1) */
-    float *dw;          /* n_threads x (O x K) weight-gradient partial sums */
+    float *dyt;         /* n_threads x (G*P x O) output gradient, transposed */
+    float *dwt;         /* n_threads x (K x O) weight-gradient partial sums, transposed */
     float *db;          /* n_threads x O bias-gradient partial sums */
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     /* the call in progress */
@@ -88,11 +98,13 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     size_t t = (size_t)c->n_threads;
     c->col_stride = c->direct ? 0 : round16(K * P * G);
     c->buf_stride = G > 1 ? round16((size_t)c->out_c * P * G) : 0;
-    c->buf = c->buf_stride ? cf_arena_floats(arena, t * c->buf_stride) : NULL;
+    c->dyt_stride = round16((size_t)c->out_c * P * G);
     c->dw_stride = round16((size_t)c->out_c * K);
     c->db_stride = c->has_bias ? round16((size_t)c->out_c) : 0;
     c->col = c->col_stride ? cf_arena_floats(arena, t * c->col_stride) : NULL;
-    c->dw = cf_arena_floats(arena, t * c->dw_stride);
+    c->buf = c->buf_stride ? cf_arena_floats(arena, t * c->buf_stride) : NULL;
+    c->dyt = cf_arena_floats(arena, t * c->dyt_stride);
+    c->dwt = cf_arena_floats(arena, t * c->dw_stride);
     c->db = c->db_stride ? cf_arena_floats(arena, t * c->db_stride) : NULL;
     c->ran = cf_arena_bytes(arena, t);
 }
@@ -146,7 +158,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
         }
         if (!buf) {
             float *yn = c->y + (size_t)n0 * out_n;
-            cf_sgemm(false, false, O, P, K, 1.0f, w, K, patches, P, 0.0f, yn, P);
+            cf_sgemm_strided(O, P, K, w, K, 1, patches, P, yn, P, false);
             if (b)
                 for (int o = 0; o < O; o++) {
                     float *row = yn + (size_t)o * P, bo = b[o];
@@ -154,7 +166,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                 }
             continue;
         }
-        cf_sgemm(false, false, O, cols, K, 1.0f, w, K, patches, cols, 0.0f, buf, cols);
+        cf_sgemm_strided(O, cols, K, w, K, 1, patches, cols, buf, cols, false);
         for (int64_t n = n0; n < n1; n++) {
             float *yn = c->y + (size_t)n * out_n;
             for (int o = 0; o < O; o++) {
@@ -183,6 +195,42 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     return y;
 }
 
+/* dyt (rows x O) = the group's output gradient transposed: row (n - n0)*P + p holds
+ * dy[n, :, p]. */
+static void transpose_dy(const conv_impl *c, int64_t n0, int64_t n1, float *dyt) {
+    const int O = c->out_c, P = c->g.oh * c->g.ow;
+    const size_t out_n = (size_t)O * P;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *dyn = c->dy + (size_t)n * out_n;
+        float *t = dyt + (size_t)(n - n0) * P * O;
+#if defined(__AVX512F__)
+        /* 16 channels of one position per gather */
+        if (!cf_kernels_reference()) {
+            const __m512i idx = _mm512_mullo_epi32(
+                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                _mm512_set1_epi32(P));
+            for (int o0 = 0; o0 < O; o0 += 16) {
+                const __mmask16 m =
+                    O - o0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (O - o0)) - 1u);
+                const float *src = dyn + (size_t)o0 * P;
+                for (int p = 0; p < P; p++)
+                    _mm512_mask_storeu_ps(
+                        t + (size_t)p * O + o0, m,
+                        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, src + p, 4));
+            }
+            continue;
+        }
+#endif
+        for (int p0 = 0; p0 < P; p0 += 16) { /* blocks of 16 positions keep both sides cached */
+            const int p1 = p0 + 16 < P ? p0 + 16 : P;
+            for (int o = 0; o < O; o++) {
+                const float *src = dyn + (size_t)o * P;
+                for (int p = p0; p < p1; p++) t[(size_t)p * O + o] = src[p];
+            }
+        }
+    }
+}
+
 static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
@@ -192,31 +240,24 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     const float *w = m->params[0].data;
     float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
     float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
-    float *dw = c->dw + (size_t)thread * c->dw_stride;
+    float *dyt = c->dyt + (size_t)thread * c->dyt_stride;
+    float *dwt = c->dwt + (size_t)thread * c->dw_stride;
     float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
         const int cols = (int)(n1 - n0) * P;
-        const float beta = gi == begin ? 0.0f : 1.0f; /* the first group overwrites */
-        /* dy of the group as one O x cols matrix */
-        const float *dyg = c->dy + (size_t)n0 * out_n;
-        if (buf) {
-            for (int64_t n = n0; n < n1; n++)
-                for (int o = 0; o < O; o++)
-                    memcpy(buf + (size_t)o * cols + (size_t)(n - n0) * P,
-                           c->dy + (size_t)n * out_n + (size_t)o * P, (size_t)P * sizeof(float));
-            dyg = buf;
-        }
+        const bool first = gi == begin; /* the first group overwrites the partial sums */
         if (c->want_dw) {
-            const float *patches = c->x + (size_t)n0 * in_n;
+            const float *patches = c->x + (size_t)n0 * in_n; /* direct: one image, K x P */
             if (!c->direct) {
                 for (int64_t n = n0; n < n1; n++)
                     cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, cols);
                 patches = col;
             }
-            cf_sgemm(false, true, O, K, cols, 1.0f, dyg, cols, patches, cols, beta, dw, K);
+            transpose_dy(c, n0, n1, dyt);
+            cf_sgemm_strided(K, O, cols, patches, cols, 1, dyt, O, dwt, O, !first);
         }
         if (c->want_db)
             for (int o = 0; o < O; o++) {
@@ -225,14 +266,24 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                     const float *row = c->dy + (size_t)n * out_n + (size_t)o * P;
                     for (int p = 0; p < P; p++) s += row[p];
                 }
-                db[o] = beta == 0.0f ? s : db[o] + s;
+                db[o] = first ? s : db[o] + s;
             }
         if (c->need_dx) {
+            /* dy of the group as one O x cols matrix */
+            const float *dyg = c->dy + (size_t)n0 * out_n;
+            if (buf) {
+                for (int64_t n = n0; n < n1; n++)
+                    for (int o = 0; o < O; o++)
+                        memcpy(buf + (size_t)o * cols + (size_t)(n - n0) * P,
+                               c->dy + (size_t)n * out_n + (size_t)o * P,
+                               (size_t)P * sizeof(float));
+                dyg = buf;
+            }
             float *dxg = c->dx + (size_t)n0 * in_n;
             if (c->direct) {
-                cf_sgemm(true, false, K, P, O, 1.0f, w, K, dyg, P, 0.0f, dxg, P);
+                cf_sgemm_strided(K, P, O, w, 1, K, dyg, P, dxg, P, false);
             } else {
-                cf_sgemm(true, false, K, cols, O, 1.0f, w, K, dyg, cols, 0.0f, col, cols);
+                cf_sgemm_strided(K, cols, O, w, 1, K, dyg, cols, col, cols, false);
                 for (int64_t n = n0; n < n1; n++)
                     cf_col2im(g, col + (size_t)(n - n0) * P, cols, c->dx + (size_t)n * in_n);
             }
@@ -255,15 +306,20 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     }
     if (!need_dx && !c->want_dw && !c->want_db) return NULL;
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
-     * its first image (beta 0); threads without a chunk keep their flag clear. */
+     * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     run_groups(c, N, conv_backward_range, m);
-    /* Reduce the partial sums in thread order: deterministic for a given thread count. */
+    /* Reduce the partial sums in thread order (deterministic for a given thread count); the
+     * weight gradient's partial sums are K x O, the gradient O x K. */
+    const int O = c->out_c, K = c->in_c * c->k * c->k;
     for (int t = 0; t < c->n_threads; t++) {
         if (!c->ran[t]) continue;
         if (c->want_dw) {
-            const float *part = c->dw + (size_t)t * c->dw_stride;
-            for (size_t i = 0; i < wp->numel; i++) wp->grad[i] += part[i];
+            const float *part = c->dwt + (size_t)t * c->dw_stride;
+            for (int o = 0; o < O; o++) {
+                float *gr = wp->grad + (size_t)o * K;
+                for (int kk = 0; kk < K; kk++) gr[kk] += part[(size_t)kk * O + o];
+            }
         }
         if (c->want_db) {
             const float *part = c->db + (size_t)t * c->db_stride;

@@ -4,7 +4,11 @@
 #include "corefit/tensor.h"
 
 #include <cblas.h>
+#include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* Note: with its SkylakeX kernels, OpenBLAS 0.3.21 allocates a packing buffer inside some
  * small untransposed products (its small-matrix path); tests/test_alloc.c reports those apart. */
@@ -12,6 +16,125 @@ void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
               const float *b, int ldb, float beta, float *c, int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static bool use_reference;
+
+void cf_kernels_set_reference(bool reference) {
+    use_reference = reference;
+}
+bool cf_kernels_reference(void) {
+    return use_reference;
+}
+
+/* The reference product through CBLAS when A is row-major or transposed, else plain loops. */
+static void sgemm_strided_ref(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
+                              const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (a_col == 1 && a_row >= k && a_row <= INT32_MAX) {
+        cf_sgemm(false, false, m, n, k, 1.0f, a, (int)a_row, b, ldb, beta, c, ldc);
+        return;
+    }
+    if (a_row == 1 && a_col >= m && a_col <= INT32_MAX) {
+        cf_sgemm(true, false, m, n, k, 1.0f, a, (int)a_col, b, ldb, beta, c, ldc);
+        return;
+    }
+    for (int i = 0; i < m; i++) {
+        float *ci = c + (size_t)i * ldc;
+        if (!accumulate)
+            for (int j = 0; j < n; j++) ci[j] = 0.0f;
+        for (int p = 0; p < k; p++) {
+            const float av = a[i * a_row + p * a_col];
+            const float *bp = b + (size_t)p * ldb;
+            for (int j = 0; j < n; j++) ci[j] += av * bp[j];
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+/* Register-blocked kernel: a tile of MR rows of C by up to NV_MAX vectors of 16 columns lives in
+ * 24 zmm registers; each step of the reduction loads the tile's B row (the last vector masked at
+ * the right edge) and broadcasts MR values of A. B is read in place: conv patch matrices are a
+ * few hundred KB and stay in L2, so packing them would only add a copy. */
+#define MR 8
+#define NV_MAX 3
+
+static inline __attribute__((always_inline)) void
+gemm_tile(int mr, int nv, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col, const float *b,
+          int ldb, float *c, int ldc, __mmask16 last, bool accumulate) {
+    __m512 acc[MR][NV_MAX];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV_MAX; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (size_t)p * ldb;
+        __m512 bv[NV_MAX];
+        for (int v = 0; v < nv; v++)
+            bv[v] = v == nv - 1 ? _mm512_maskz_loadu_ps(last, bp + 16 * v)
+                                : _mm512_loadu_ps(bp + 16 * v);
+        const float *ap = a + p * a_col;
+        for (int i = 0; i < mr; i++) {
+            const __m512 av = _mm512_set1_ps(ap[i * a_row]);
+            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 mask = v == nv - 1 ? last : (__mmask16)0xffff;
+            float *cp = c + (size_t)i * ldc + 16 * v;
+            __m512 r = acc[i][v];
+            if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, cp));
+            _mm512_mask_storeu_ps(cp, mask, r);
+        }
+}
+
+/* The full-height tiles get their own instances (mr and nv constant, loops unrolled). */
+#define TILE(mr_, nv_) gemm_tile(mr_, nv_, k, ap, a_row, a_col, bp, ldb, cp, ldc, last, accumulate)
+
+static void sgemm_strided_avx512(int m, int n, int k, const float *a, ptrdiff_t a_row,
+                                 ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
+                                 bool accumulate) {
+    for (int n0 = 0; n0 < n; n0 += 16 * NV_MAX) {
+        const int rem = n - n0;
+        const int nv = rem >= 16 * NV_MAX ? NV_MAX : (rem + 15) / 16;
+        const int tail = rem - 16 * (nv - 1) >= 16 ? 16 : rem - 16 * (nv - 1);
+        const __mmask16 last = (__mmask16)((1u << tail) - 1u);
+        const float *bp = b + n0;
+        for (int m0 = 0; m0 < m; m0 += MR) {
+            const float *ap = a + m0 * a_row;
+            float *cp = c + (size_t)m0 * ldc + n0;
+            if (m - m0 >= MR) {
+                if (nv == 3)
+                    TILE(MR, 3);
+                else if (nv == 2)
+                    TILE(MR, 2);
+                else
+                    TILE(MR, 1);
+            } else {
+                gemm_tile(m - m0, nv, k, ap, a_row, a_col, bp, ldb, cp, ldc, last, accumulate);
+            }
+        }
+    }
+}
+#undef TILE
+#endif
+
+void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
+                      const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        if (!accumulate)
+            for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, (size_t)n * sizeof(float));
+        return;
+    }
+#if defined(__AVX512F__)
+    /* One vector of columns and few rows (a stem's weight gradient) leaves the kernel bound by
+     * its broadcasts; OpenBLAS does better there. */
+    if (!use_reference && (n > 16 || m >= 2 * MR)) {
+        sgemm_strided_avx512(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+        return;
+    }
+#endif
+    sgemm_strided_ref(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 }
 
 bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw, int ph,
@@ -38,30 +161,219 @@ static void valid_cols(const cf_conv_geom *g, int j, int *lo, int *hi) {
     *hi = h;
 }
 
+/* The output rows [lo, hi) whose input row oy*sh - ph + i lies inside [0, h). */
+static void valid_rows(const cf_conv_geom *g, int i, int *lo, int *hi) {
+    int first = g->ph - i;
+    int l = first > 0 ? (first + g->sh - 1) / g->sh : 0;
+    int last = g->h - 1 + g->ph - i;
+    int h = last < 0 ? 0 : last / g->sh + 1;
+    if (h > g->oh) h = g->oh;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+/* One patch row segment: r[ox] = xr[ox*sw] for ox in [0, n). The stride-1 and stride-2 copies
+ * are separate loops so that the compiler vectorises them. */
+static inline void gather_row(float *restrict r, const float *restrict xr, int n, int sw) {
+    if (sw == 1)
+        for (int ox = 0; ox < n; ox++) r[ox] = xr[ox];
+    else if (sw == 2)
+        for (int ox = 0; ox < n; ox++) r[ox] = xr[2 * ox];
+    else
+        for (int ox = 0; ox < n; ox++) r[ox] = xr[(size_t)ox * sw];
+}
+
+/* The adjoint of gather_row: xr[ox*sw] += r[ox]. */
+static inline void scatter_add_row(float *restrict xr, const float *restrict r, int n, int sw) {
+    if (sw == 1)
+        for (int ox = 0; ox < n; ox++) xr[ox] += r[ox];
+    else if (sw == 2)
+        for (int ox = 0; ox < n; ox++) xr[2 * ox] += r[ox];
+    else
+        for (int ox = 0; ox < n; ox++) xr[(size_t)ox * sw] += r[ox];
+}
+
+#if defined(__AVX512F__) && defined(__BMI2__)
+#define CF_IM2COL_AVX512 1
+/* Image rows are short (7 to 28 values in W1), so a row costs its loop overhead more than its
+ * copy: with AVX-512 a row of up to 16 outputs is one masked load (lanes outside the image
+ * read nothing and give 0) and one masked store, the masks computed once per kernel tap.
+ * Stride 2 loads 32 inputs and keeps the even ones. Rows of up to 64 outputs take this path. */
+#define CF_VEC_CHUNKS 4
+#define CF_MASK_TAPS 11 /* kernel widths with masks made once per call */
+
+static inline __mmask16 lane_range(int lo, int hi) { /* lanes [lo, hi) of 16, clamped */
+    if (lo < 0) lo = 0;
+    if (hi > 16) hi = 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
+}
+
+typedef struct row_masks {
+    int chunks;
+    __mmask16 store[CF_VEC_CHUNKS]; /* output lanes of the chunk */
+    __mmask16 valid[CF_VEC_CHUNKS]; /* output lanes whose input lies inside the row */
+    __mmask16 in0[CF_VEC_CHUNKS];   /* stride 2: inputs 0-15 of the chunk inside the row */
+    __mmask16 in1[CF_VEC_CHUNKS];   /* stride 2: inputs 16-31 */
+    __mmask16 even0[CF_VEC_CHUNKS]; /* stride 2: even inputs 0-15 that receive a valid lane */
+    __mmask16 even1[CF_VEC_CHUNKS];
+} row_masks;
+
+static bool vector_rows(const cf_conv_geom *g) {
+    return g->sw <= 2 && g->ow <= 16 * CF_VEC_CHUNKS;
+}
+
+static void make_masks(row_masks *m, int ow, int off, int lo, int hi, int w) {
+    m->chunks = (ow + 15) / 16;
+    for (int k = 0; k < m->chunks; k++) {
+        const int base = 16 * k;
+        m->store[k] = lane_range(0, ow - base);
+        m->valid[k] = lane_range(lo - base, hi - base);
+        const int q = 2 * base + off; /* stride 2: input column of lane 0 */
+        m->in0[k] = lane_range(-q, w - q);
+        m->in1[k] = lane_range(-q - 16, w - q - 16);
+        m->even0[k] = (__mmask16)_pdep_u32(m->valid[k] & 0xffu, 0x5555u);
+        m->even1[k] = (__mmask16)_pdep_u32((m->valid[k] >> 8) & 0xffu, 0x5555u);
+    }
+}
+
+/* Rows [0, rows) of one patch row: r[oy*ow + ox] = xr[oy*xstride + ox*sw + off] (masked). */
+static void im2col_rows_v(float *r, const float *xr, size_t xstride, int rows, int ow, int sw,
+                          int off, const row_masks *m) {
+    const __m512i even =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    if (sw == 1 && m->chunks == 1) {
+        const __mmask16 st = m->store[0], va = m->valid[0];
+        for (int y = 0; y < rows; y++, r += ow, xr += xstride)
+            _mm512_mask_storeu_ps(r, st, _mm512_maskz_loadu_ps(va, xr + off));
+        return;
+    }
+    for (int y = 0; y < rows; y++, r += ow, xr += xstride)
+        for (int k = 0; k < m->chunks; k++) {
+            __m512 v;
+            if (sw == 1) {
+                v = _mm512_maskz_loadu_ps(m->valid[k], xr + 16 * k + off);
+            } else {
+                const float *src = xr + 32 * k + off;
+                const __m512 a = _mm512_maskz_loadu_ps(m->in0[k], src);
+                const __m512 b = _mm512_maskz_loadu_ps(m->in1[k], src + 16);
+                v = _mm512_maskz_mov_ps(m->valid[k], _mm512_permutex2var_ps(a, even, b));
+            }
+            _mm512_mask_storeu_ps(r + 16 * k, m->store[k], v);
+        }
+}
+
+/* The adjoint: xr[oy*xstride + ox*sw + off] += r[oy*ow + ox] for the valid lanes. */
+static void col2im_rows_v(float *xr, const float *r, size_t xstride, int rows, int ow, int sw,
+                          int off, const row_masks *m) {
+    const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i hi_idx =
+        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    if (sw == 1 && m->chunks == 1) {
+        const __mmask16 va = m->valid[0];
+        for (int y = 0; y < rows; y++, r += ow, xr += xstride) {
+            float *d = xr + off;
+            const __m512 v = _mm512_maskz_loadu_ps(va, r);
+            _mm512_mask_storeu_ps(d, va, _mm512_add_ps(_mm512_maskz_loadu_ps(va, d), v));
+        }
+        return;
+    }
+    for (int y = 0; y < rows; y++, r += ow, xr += xstride)
+        for (int k = 0; k < m->chunks; k++) {
+            const __mmask16 va = m->valid[k];
+            const __m512 v = _mm512_maskz_loadu_ps(va, r + 16 * k);
+            if (sw == 1) {
+                float *d = xr + 16 * k + off;
+                _mm512_mask_storeu_ps(d, va, _mm512_add_ps(_mm512_maskz_loadu_ps(va, d), v));
+            } else {
+                float *d = xr + 32 * k + off;
+                const __mmask16 m0 = m->even0[k], m1 = m->even1[k];
+                _mm512_mask_storeu_ps(
+                    d, m0,
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d), _mm512_permutexvar_ps(lo_idx, v)));
+                _mm512_mask_storeu_ps(d + 16, m1,
+                                      _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d + 16),
+                                                    _mm512_permutexvar_ps(hi_idx, v)));
+            }
+        }
+}
+
+/* Stride 1 with input rows of at most 16 values: each input row gathers the contributions of
+ * every kernel tap in a register and is stored once (no read-modify-write of the image). */
+static bool col2im_by_rows(const cf_conv_geom *g) {
+    return g->sw == 1 && g->sh == 1 && g->w <= 16 && g->kw <= 16;
+}
+
+static void col2im_rows_s1(const cf_conv_geom *g, const float *col, size_t cols, float *x) {
+    const int ow = g->ow, oh = g->oh, w = g->w;
+    const size_t plane = (size_t)g->h * w;
+    __mmask16 tap[16]; /* input lanes fed by kernel column j */
+    for (int j = 0; j < g->kw; j++) {
+        int lo, hi;
+        valid_cols(g, j, &lo, &hi);
+        const int off = j - g->pw;
+        tap[j] = lane_range(lo + off, hi + off) & lane_range(0, w);
+    }
+    const __mmask16 store = lane_range(0, w);
+    for (int c = 0; c < g->c; c++) {
+        const float *colc = col + (size_t)c * g->kh * g->kw * cols;
+        float *xc = x + (size_t)c * plane;
+        for (int iy = 0; iy < g->h; iy++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int i = 0; i < g->kh; i++) {
+                const int oy = iy + g->ph - i;
+                if (oy < 0 || oy >= oh) continue;
+                const float *r = colc + (size_t)i * g->kw * cols + (size_t)oy * ow;
+                for (int j = 0; j < g->kw; j++, r += cols) /* x[t] += r[t - off] */
+                    acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tap[j], r - (j - g->pw)));
+            }
+            _mm512_mask_storeu_ps(xc + (size_t)iy * w, store, acc);
+        }
+    }
+}
+#endif
+
 void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol) {
-    const int oh = g->oh, ow = g->ow, sw = g->sw;
+    const int oh = g->oh, ow = g->ow, sw = g->sw, sh = g->sh;
     const size_t plane = (size_t)g->h * g->w, cols = (size_t)ldcol;
+#ifdef CF_IM2COL_AVX512
+    const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
+    row_masks masks[CF_MASK_TAPS];
+    if (vec)
+        for (int j = 0; j < g->kw; j++) {
+            int lo, hi;
+            valid_cols(g, j, &lo, &hi);
+            make_masks(&masks[j], ow, j - g->pw, lo, hi, g->w);
+        }
+#endif
     for (int c = 0; c < g->c; c++) {
         const float *xc = x + c * plane;
         for (int i = 0; i < g->kh; i++) {
+            int ylo, yhi;
+            valid_rows(g, i, &ylo, &yhi);
             for (int j = 0; j < g->kw; j++) {
                 float *row = col + ((size_t)(c * g->kh + i) * g->kw + j) * cols;
                 int lo, hi;
                 valid_cols(g, j, &lo, &hi);
-                for (int oy = 0; oy < oh; oy++) {
+                const int off = j - g->pw; /* input column of ox is ox*sw + off */
+                if (ylo > 0) memset(row, 0, (size_t)ylo * ow * sizeof(float));
+                if (yhi < oh)
+                    memset(row + (size_t)yhi * ow, 0, (size_t)(oh - yhi) * ow * sizeof(float));
+                if (yhi <= ylo) continue;
+                const float *x0 = xc + (size_t)(ylo * sh - g->ph + i) * g->w;
+#ifdef CF_IM2COL_AVX512
+                if (vec) {
+                    im2col_rows_v(row + (size_t)ylo * ow, x0, (size_t)sh * g->w, yhi - ylo, ow, sw,
+                                  off, &masks[j]);
+                    continue;
+                }
+#endif
+                for (int oy = ylo; oy < yhi; oy++) {
                     float *r = row + (size_t)oy * ow;
-                    int iy = oy * g->sh - g->ph + i;
-                    if (iy < 0 || iy >= g->h) {
-                        memset(r, 0, (size_t)ow * sizeof(float));
-                        continue;
-                    }
-                    const float *xr = xc + (size_t)iy * g->w;
-                    const int off = j - g->pw; /* input column of ox is ox*sw + off */
+                    const float *xr = x0 + (size_t)(oy - ylo) * sh * g->w;
                     for (int ox = 0; ox < lo; ox++) r[ox] = 0.0f;
-                    if (sw == 1 && hi > lo)
-                        memcpy(r + lo, xr + lo + off, (size_t)(hi - lo) * sizeof(float));
-                    else
-                        for (int ox = lo; ox < hi; ox++) r[ox] = xr[ox * sw + off];
+                    gather_row(r + lo, xr + lo * sw + off, hi - lo, sw);
                     for (int ox = hi; ox < ow; ox++) r[ox] = 0.0f;
                 }
             }
@@ -70,23 +382,46 @@ void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol) {
 }
 
 void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
-    const int oh = g->oh, ow = g->ow, sw = g->sw;
+    const int ow = g->ow, sw = g->sw, sh = g->sh;
     const size_t plane = (size_t)g->h * g->w, cols = (size_t)ldcol;
+#ifdef CF_IM2COL_AVX512
+    const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
+    if (!use_reference && col2im_by_rows(g)) {
+        col2im_rows_s1(g, col, cols, x);
+        return;
+    }
+    row_masks masks[CF_MASK_TAPS];
+    if (vec)
+        for (int j = 0; j < g->kw; j++) {
+            int lo, hi;
+            valid_cols(g, j, &lo, &hi);
+            make_masks(&masks[j], ow, j - g->pw, lo, hi, g->w);
+        }
+#endif
     memset(x, 0, (size_t)g->c * plane * sizeof(float));
     for (int c = 0; c < g->c; c++) {
         float *xc = x + c * plane;
         for (int i = 0; i < g->kh; i++) {
+            int ylo, yhi;
+            valid_rows(g, i, &ylo, &yhi);
+            if (yhi <= ylo) continue;
             for (int j = 0; j < g->kw; j++) {
                 const float *row = col + ((size_t)(c * g->kh + i) * g->kw + j) * cols;
                 int lo, hi;
                 valid_cols(g, j, &lo, &hi);
-                for (int oy = 0; oy < oh; oy++) {
-                    int iy = oy * g->sh - g->ph + i;
-                    if (iy < 0 || iy >= g->h) continue;
+                const int off = j - g->pw;
+                float *x0 = xc + (size_t)(ylo * sh - g->ph + i) * g->w;
+#ifdef CF_IM2COL_AVX512
+                if (vec) {
+                    col2im_rows_v(x0, row + (size_t)ylo * ow, (size_t)sh * g->w, yhi - ylo, ow, sw,
+                                  off, &masks[j]);
+                    continue;
+                }
+#endif
+                for (int oy = ylo; oy < yhi; oy++) {
                     const float *r = row + (size_t)oy * ow;
-                    float *xr = xc + (size_t)iy * g->w;
-                    const int off = j - g->pw;
-                    for (int ox = lo; ox < hi; ox++) xr[ox * sw + off] += r[ox];
+                    float *xr = x0 + (size_t)(oy - ylo) * sh * g->w;
+                    scatter_add_row(xr + lo * sw + off, r + lo, hi - lo, sw);
                 }
             }
         }
