@@ -1,0 +1,294 @@
+#!/usr/bin/python3
+"""corefit's benchmark suite (`make bench`): workload W1 of WORKLOADS.md, corefit against PyTorch
+on the same machine in one run, each configuration run alternately and quoted as medians.
+
+    /usr/bin/python3 bench/run.py --build build [--quick] [--pairs 3] [--batches 200]
+                                  [--cores N] [--accuracy [--epochs 5]] [--out FILE]
+
+Configurations (N = the cores this process may run on, or --cores):
+  1t    one process, 1 thread          bench_w1 --threads 1    w1_torch.py --threads 1
+  Nt    one process, N threads         bench_w1 --threads N    w1_torch.py --threads N
+  dp    data-parallel, N processes     bench_w1 --cores N      w1_torch.py --ddp N (gloo)
+  mpi   mpirun -np N                   bench_w1 --mpi          (against torch DDP)
+plus the single-thread SGEMM rate (bench/sgemm.c) at the start and at the end of the run, and
+with --accuracy the test accuracy of both after --epochs epochs of the recipe (one process,
+N threads, bs 64, seed 42).
+
+Builds nothing: expects bench_w1 and sgemm in --build (`make build`). PyTorch runs with
+OPENBLAS_CORETYPE set to the kernel set corefit uses (cf_blas_core(), printed by sgemm), as
+corefit reselects OpenBLAS kernels when OpenBLAS falls back to generic ones on this CPU.
+See bench/README.md for what each number means.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = "/usr/bin/python3"
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build", help="CMake build directory with bench_w1 and sgemm")
+    ap.add_argument("--quick", action="store_true", help="about 2 minutes on an idle 2-core machine")
+    ap.add_argument("--pairs", type=int, default=3, help="alternating corefit/PyTorch pairs per configuration")
+    ap.add_argument("--batches", type=int, default=0, help="training steps per measurement (200; --quick 60)")
+    ap.add_argument("--cores", type=int, default=0, help="N (default: the cores this process may use)")
+    ap.add_argument("--only", default="", help="comma-separated subset of 1t,Nt,dp,mpi")
+    ap.add_argument("--accuracy", action="store_true", help="also the test accuracy after --epochs epochs")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
+    ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-w1.json)")
+    return ap.parse_args()
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_json(cmd, env=None, timeout=1800):
+    """Runs cmd, returns the last JSON line it printed (or a dict with 'error')."""
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s", "cmd": " ".join(cmd)}
+    wall = time.time() - t
+    for line in reversed(p.stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+                r["run_s"] = wall
+                if p.returncode != 0:
+                    r["error"] = f"exit {p.returncode}: {p.stderr.strip()[-300:]}"
+                return r
+            except json.JSONDecodeError:
+                pass
+    return {"error": f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-500:]}", "cmd": " ".join(cmd)}
+
+
+def loadavg():
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, spec=".0f"):
+    return "—" if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def main():
+    a = parse_args()
+    build = os.path.abspath(a.build)
+    bench = os.path.join(build, "bench_w1")
+    sgemm = os.path.join(build, "sgemm")
+    for exe in (bench, sgemm):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
+    torch_py = os.path.join(HERE, "w1_torch.py")
+    n = a.cores or len(os.sched_getaffinity(0))
+    batches = a.batches or (60 if a.quick else 200)
+    pairs = a.pairs
+    only = set(a.only.split(",")) if a.only else {"1t", "Nt", "dp", "mpi"}
+    if n < 2:
+        only -= {"Nt", "dp", "mpi"}
+
+    started = datetime.datetime.now().astimezone()
+    load0 = loadavg()
+    log(f"[bench] {cpu_model()}, {n} cores, load average {load0:.2f}; {pairs} pairs of {batches} steps")
+
+    sg = [run_json([sgemm, "0.5" if a.quick else "1"], timeout=120)]
+    if "error" in sg[0]:
+        sys.exit(f"run.py: sgemm failed: {sg[0]['error']}")
+    core = sg[0]["blas_core"]
+    log(f"[bench] SGEMM 1 thread: {sg[0]['sgemm_gflops_cpu']:.1f} GFLOP/CPU-s, {sg[0]['sgemm_gflops']:.1f} best wall; "
+        f"corefit's OpenBLAS kernels: {core}; PyTorch runs with OPENBLAS_CORETYPE={core}")
+
+    cf_env = dict(os.environ)
+    torch_env = dict(os.environ, OPENBLAS_CORETYPE=core)
+
+    mpirun = shutil.which("mpirun")
+    mpi_cmd = None
+    if mpirun and "mpi" in only:
+        mpi_cmd = [mpirun, "-np", str(n), "--oversubscribe"]
+        if os.geteuid() == 0:
+            mpi_cmd.insert(1, "--allow-run-as-root")
+    notes = []
+    if "mpi" in only and not mpirun:
+        notes.append("mpirun not found: the mpi configuration was skipped")
+        only.discard("mpi")
+
+    steps = ["--batches", str(batches)]
+    configs = []  # (key, label, corefit cmd, torch cmd or None, torch key reused)
+    if "1t" in only:
+        configs.append(("1t", "1 process, 1 thread", [bench, "--threads", "1"] + steps,
+                        [PY, torch_py, "--threads", "1"] + steps))
+    if "Nt" in only:
+        configs.append(("Nt", f"1 process, {n} threads", [bench, "--threads", str(n)] + steps,
+                        [PY, torch_py, "--threads", str(n)] + steps))
+    if "dp" in only:
+        configs.append(("dp", f"data-parallel, {n} processes (fork / DDP gloo)", [bench, "--cores", str(n)] + steps,
+                        [PY, torch_py, "--ddp", str(n)] + steps))
+    if "mpi" in only:
+        configs.append(("mpi", f"mpirun -np {n} (vs DDP gloo)", mpi_cmd + [bench, "--mpi"] + steps, None))
+
+    results = {c[0]: {"cf": [], "torch": []} for c in configs}
+    for i in range(pairs):
+        for key, label, cf_cmd, t_cmd in configs:
+            order = [("cf", cf_cmd, cf_env), ("torch", t_cmd, torch_env)]
+            if i % 2:
+                order.reverse()  # alternate who goes first, so that drift hits both alike
+            for impl, cmd, env in order:
+                if cmd is None:
+                    continue
+                if impl == "torch":
+                    cmd = cmd + ["--port", str(random.randint(20000, 60000))]
+                r = run_json(cmd, env=env, timeout=a.timeout)
+                r["load"] = loadavg()
+                results[key][impl].append(r)
+                msg = r.get("error") or f"{r['images_per_s']:.0f} img/s, {r['images_per_cpu_s']:.0f} img/CPU-s"
+                log(f"[bench] pair {i + 1}/{pairs} {label:<44} {'corefit' if impl == 'cf' else 'PyTorch':<8} {msg}")
+
+    sg.append(run_json([sgemm, "0.5" if a.quick else "1"], timeout=120))
+    sg_ok = [s for s in sg if "error" not in s]
+    sgemm_cpu = max(s["sgemm_gflops_cpu"] for s in sg_ok)
+    sgemm_wall = max(s["sgemm_gflops"] for s in sg_ok)
+
+    acc = {}
+    if a.accuracy:
+        ep = ["--epochs", str(a.epochs)]
+        log(f"[bench] accuracy: {a.epochs} epochs, 1 process, {n} threads, each")
+        acc["cf"] = run_json([bench, "--threads", str(n)] + ep, env=cf_env, timeout=max(a.timeout, 7200))
+        acc["torch"] = run_json([PY, torch_py, "--threads", str(n)] + ep, env=torch_env, timeout=max(a.timeout, 7200))
+        for k, v in acc.items():
+            log(f"[bench] accuracy {k}: {v.get('error') or v.get('test_acc')}")
+
+    # ---- summary -----------------------------------------------------------------------------
+    def summary(rs):
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            return None
+        return {
+            "n": len(ok),
+            "ips": med([r["images_per_s"] for r in ok]),
+            "ips_all": [round(r["images_per_s"], 1) for r in ok],
+            "ipc": med([r["images_per_cpu_s"] for r in ok]),
+            "gflops": med([r["gflops"] for r in ok]),
+            "rss": med([r["peak_rss_mb"] for r in ok]),
+            "pss": med([r["pss_mb"] for r in ok]),
+            "mflop": ok[0]["mflop_per_image"],
+            "procs": ok[0]["procs"],
+            "threads": ok[0]["threads"],
+        }
+
+    summ = {k: {impl: summary(v[impl]) for impl in ("cf", "torch")} for k, v in results.items()}
+    if "mpi" in summ and "dp" in summ:
+        summ["mpi"]["torch"] = summ["dp"]["torch"]
+    one = summ.get("1t", {})
+
+    rows = []
+    for key, label, _, _ in configs:
+        s = summ[key]
+        cf, tt = s["cf"], s["torch"]
+        cores = 1 if key == "1t" else n
+
+        def eff(x, base):
+            if x is None or base is None or key == "1t":
+                return None
+            return x["ips"] / (cores * base["ips"])
+
+        def pct(x):  # achieved GFLOP per CPU-second against SGEMM's, per core
+            return None if x is None else 100 * x["ipc"] * x["mflop"] / 1e3 / sgemm_cpu
+
+        rows.append({
+            "key": key, "label": label,
+            "cf_ips": cf and cf["ips"], "torch_ips": tt and tt["ips"],
+            "ratio": ratio(cf and cf["ips"], tt and tt["ips"]),
+            "cf_ipc": cf and cf["ipc"], "torch_ipc": tt and tt["ipc"],
+            "ratio_cpu": ratio(cf and cf["ipc"], tt and tt["ipc"]),
+            "cf_eff": eff(cf, one.get("cf")), "torch_eff": eff(tt, one.get("torch")),
+            "cf_gflops": cf and cf["gflops"], "torch_gflops": tt and tt["gflops"],
+            "cf_pct": pct(cf), "torch_pct": pct(tt),
+            "cf_rss": cf and cf["rss"], "torch_rss": tt and tt["rss"],
+            "cf_pss": cf and cf["pss"], "torch_pss": tt and tt["pss"],
+        })
+
+    load1 = loadavg()
+    cmdline = "/usr/bin/python3 bench/run.py " + " ".join(sys.argv[1:])
+    print()
+    print(f"W1 (mini-resnet, Fashion-MNIST, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
+    print(f"{cpu_model()}, {n} cores; load average {load0:.1f} at start, {load1:.1f} at end; "
+          f"medians of {pairs} alternating pairs of {batches} training steps (first 5 excluded)")
+    print(f"SGEMM 1 thread ({core} kernels, 1024^3): {sgemm_cpu:.1f} GFLOP per CPU-second "
+          f"({sgemm_wall:.1f} best wall); PyTorch ran with OPENBLAS_CORETYPE={core}")
+    print()
+    print("| configuration | corefit img/s | PyTorch img/s | ratio | corefit img/CPU-s | PyTorch img/CPU-s | ratio (CPU) "
+          "| scaling eff. corefit / PyTorch | GFLOP/s corefit / PyTorch | % of SGEMM (per CPU-s) corefit / PyTorch "
+          "| peak RSS MB corefit / PyTorch | PSS MB corefit / PyTorch |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in rows:
+        torch_note = " (DDP)" if r["key"] == "mpi" else ""
+        print(
+            f"| {r['label']} | {fmt(r['cf_ips'])} | {fmt(r['torch_ips'])}{torch_note} | {fmt(r['ratio'], '.2f')} "
+            f"| {fmt(r['cf_ipc'])} | {fmt(r['torch_ipc'])} | {fmt(r['ratio_cpu'], '.2f')} "
+            f"| {fmt(r['cf_eff'], '.2f')} / {fmt(r['torch_eff'], '.2f')} "
+            f"| {fmt(r['cf_gflops'], '.1f')} / {fmt(r['torch_gflops'], '.1f')} "
+            f"| {fmt(r['cf_pct'], '.0f')}% / {fmt(r['torch_pct'], '.0f')}% "
+            f"| {fmt(r['cf_rss'])} / {fmt(r['torch_rss'])} | {fmt(r['cf_pss'])} / {fmt(r['torch_pss'])} |"
+        )
+    if acc:
+        ca, ta = acc.get("cf", {}).get("test_acc"), acc.get("torch", {}).get("test_acc")
+        print(f"| test accuracy after {a.epochs} epochs (1 process, {n} threads, seed 42) | "
+              f"{fmt(ca and 100 * ca, '.2f')}% | {fmt(ta and 100 * ta, '.2f')}% | | | | | | | | | |")
+    print()
+    errors = [(k, impl, r["error"]) for k, v in results.items() for impl in v for r in v[impl] if "error" in r]
+    for k, impl, e in errors:
+        notes.append(f"{k} {impl} failed: {e}")
+    notes.append("img/s: wall time; img/CPU-s: images per CPU-second of all the run's processes in the timed window "
+                 "(less sensitive to other load on a shared machine). Scaling eff. = N-core img/s / (N x 1-thread img/s). "
+                 "% of SGEMM = achieved GFLOP per CPU-second / SGEMM's. Peak RSS sums each process's own peak "
+                 "(pages shared after fork counted in each); PSS is the sum at the end of training. "
+                 "mpirun's own processes are not counted.")
+    for note in notes:
+        print(f"- {note}")
+
+    out = a.out or os.path.join(build, "bench-w1.json")
+    with open(out, "w") as f:
+        json.dump({"started": started.isoformat(), "command": cmdline, "cpu": cpu_model(), "cores": n,
+                   "batches": batches, "pairs": pairs, "load_start": load0, "load_end": load1,
+                   "sgemm": sg, "rows": rows, "raw": results, "accuracy": acc, "notes": notes}, f, indent=1)
+    log(f"[bench] raw results: {out}")
+    return 1 if errors and not any(r["cf_ips"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
