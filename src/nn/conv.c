@@ -35,6 +35,7 @@ typedef struct conv_impl {
     bool direct;        /* 1x1, stride 1, no padding: the image is its own patch matrix */
     cf_conv_geom g;     /* per-image geometry, set by plan */
     int group;          /* images per GEMM */
+    int ld;             /* row stride of col and buf: G*P rounded up to 16 (aligned rows) */
     int n_threads;      /* copies of the per-thread scratch */
     size_t col_stride;  /* floats per thread in col */
     size_t buf_stride;  /* floats per thread in buf */
@@ -96,8 +97,9 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     size_t G = (size_t)c->group;
     c->n_threads = cf_get_num_threads();
     size_t t = (size_t)c->n_threads;
-    c->col_stride = c->direct ? 0 : round16(K * P * G);
-    c->buf_stride = G > 1 ? round16((size_t)c->out_c * P * G) : 0;
+    c->ld = (int)round16(P * G);
+    c->col_stride = c->direct ? 0 : K * (size_t)c->ld;
+    c->buf_stride = G > 1 ? (size_t)c->out_c * c->ld : 0;
     c->dyt_stride = round16((size_t)c->out_c * P * G);
     c->dw_stride = round16((size_t)c->out_c * K);
     c->db_stride = c->has_bias ? round16((size_t)c->out_c) : 0;
@@ -130,6 +132,14 @@ static void run_batch(const conv_impl *c, int64_t n, cf_range_fn fn, void *ctx) 
         cf_parallel_for(n, fn, ctx);
 }
 
+/* Asks for [p, p + bytes) to be brought into L2 while the current group computes: a layer's
+ * input was written by an earlier layer and has left the caches, and the lowering of the next
+ * group would otherwise wait for it. */
+static void prefetch_range(const float *p, size_t bytes) {
+    const char *c = (const char *)p;
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
 /* The images [*n0, *n1) of group gi. */
 static void group_range(const conv_impl *c, int64_t gi, int64_t *n0, int64_t *n1) {
     *n0 = gi * c->group;
@@ -150,15 +160,21 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
         const int cols = (int)(n1 - n0) * P;
+        if (n1 < c->batch && gi + 1 < end) {
+            int64_t m0, m1;
+            group_range(c, gi + 1, &m0, &m1);
+            prefetch_range(c->x + (size_t)m0 * in_n, (size_t)(m1 - m0) * in_n * sizeof(float));
+        }
         const float *patches = c->x + (size_t)n0 * in_n; /* direct: the image itself */
         if (!c->direct) {
             for (int64_t n = n0; n < n1; n++)
-                cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, cols);
+                cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, c->ld);
             patches = col;
         }
+        const int ldp = c->direct ? P : c->ld;
         if (!buf) {
             float *yn = c->y + (size_t)n0 * out_n;
-            cf_sgemm_strided(O, P, K, w, K, 1, patches, P, yn, P, false);
+            cf_sgemm_strided(O, P, K, w, K, 1, patches, ldp, yn, P, false);
             if (b)
                 for (int o = 0; o < O; o++) {
                     float *row = yn + (size_t)o * P, bo = b[o];
@@ -166,11 +182,11 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                 }
             continue;
         }
-        cf_sgemm_strided(O, cols, K, w, K, 1, patches, cols, buf, cols, false);
+        cf_sgemm_strided(O, cols, K, w, K, 1, patches, ldp, buf, c->ld, false);
         for (int64_t n = n0; n < n1; n++) {
             float *yn = c->y + (size_t)n * out_n;
             for (int o = 0; o < O; o++) {
-                const float *src = buf + (size_t)o * cols + (size_t)(n - n0) * P;
+                const float *src = buf + (size_t)o * c->ld + (size_t)(n - n0) * P;
                 float *row = yn + (size_t)o * P, bo = b ? b[o] : 0.0f;
                 for (int p = 0; p < P; p++) row[p] = src[p] + bo;
             }
@@ -195,6 +211,45 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     return y;
 }
 
+#if defined(__AVX512F__)
+/* dst[j * ldd + i] = src[i * lds + j] for i < 16, j < cols (cols <= 16; lanes outside m are
+ * not read). */
+static void transpose16(const float *src, int lds, __mmask16 m, float *dst, int ldd, int cols) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(m, src + (size_t)i * lds);
+    /* 2x2 blocks of 1, then of 2 (within 128-bit lanes), then 128-bit lanes across rows */
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(
+            _mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(
+            _mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(
+            _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(
+            _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    /* r[4q + s] now holds, in 128-bit lane L, elements (rows 4q..4q+3, column 4L + s) */
+    for (int q = 0; q < 4; q += 2)
+        for (int s = 0; s < 4; s++) {
+            __m512 a = r[4 * q + s], b = r[4 * q + 4 + s];
+            t[4 * q + s] = _mm512_shuffle_f32x4(a, b, 0x88);     /* lanes 0, 2 of a then of b */
+            t[4 * q + 4 + s] = _mm512_shuffle_f32x4(a, b, 0xdd); /* lanes 1, 3 */
+        }
+    for (int s = 0; s < 4; s++) {
+        __m512 a0 = t[s], a1 = t[4 + s], b0 = t[8 + s], b1 = t[12 + s];
+        r[s] = _mm512_shuffle_f32x4(a0, b0, 0x88);      /* column s      */
+        r[8 + s] = _mm512_shuffle_f32x4(a0, b0, 0xdd);  /* column 8 + s  */
+        r[4 + s] = _mm512_shuffle_f32x4(a1, b1, 0x88);  /* column 4 + s  */
+        r[12 + s] = _mm512_shuffle_f32x4(a1, b1, 0xdd); /* column 12 + s */
+    }
+    for (int j = 0; j < cols; j++) _mm512_storeu_ps(dst + (size_t)j * ldd, r[j]);
+}
+#endif
+
 /* dyt (rows x O) = the group's output gradient transposed: row (n - n0)*P + p holds
  * dy[n, :, p]. */
 static void transpose_dy(const conv_impl *c, int64_t n0, int64_t n1, float *dyt) {
@@ -204,19 +259,13 @@ static void transpose_dy(const conv_impl *c, int64_t n0, int64_t n1, float *dyt)
         const float *dyn = c->dy + (size_t)n * out_n;
         float *t = dyt + (size_t)(n - n0) * P * O;
 #if defined(__AVX512F__)
-        /* 16 channels of one position per gather */
-        if (!cf_kernels_reference()) {
-            const __m512i idx = _mm512_mullo_epi32(
-                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                _mm512_set1_epi32(P));
-            for (int o0 = 0; o0 < O; o0 += 16) {
-                const __mmask16 m =
-                    O - o0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (O - o0)) - 1u);
-                const float *src = dyn + (size_t)o0 * P;
-                for (int p = 0; p < P; p++)
-                    _mm512_mask_storeu_ps(
-                        t + (size_t)p * O + o0, m,
-                        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, src + p, 4));
+        if (!cf_kernels_reference() && O % 16 == 0) {
+            /* 16 x 16 blocks transposed in registers; the last block of positions is masked */
+            for (int p0 = 0; p0 < P; p0 += 16) {
+                const int np = P - p0 < 16 ? P - p0 : 16;
+                const __mmask16 m = (__mmask16)((1u << np) - 1u);
+                for (int o0 = 0; o0 < O; o0 += 16)
+                    transpose16(dyn + (size_t)o0 * P + p0, P, m, t + (size_t)p0 * O + o0, O, np);
             }
             continue;
         }
@@ -231,6 +280,23 @@ static void transpose_dy(const conv_impl *c, int64_t n0, int64_t n1, float *dyt)
     }
 }
 
+/* The group's output gradient as one O x cols matrix: dy itself for one image, else gathered
+ * into buf (row stride c->ld). */
+static const float *group_dy(const conv_impl *c, int64_t n0, int64_t n1, float *buf, int *ld) {
+    const int O = c->out_c, P = c->g.oh * c->g.ow;
+    const size_t out_n = (size_t)O * P;
+    if (!buf) {
+        *ld = P;
+        return c->dy + (size_t)n0 * out_n;
+    }
+    for (int64_t n = n0; n < n1; n++)
+        for (int o = 0; o < O; o++)
+            memcpy(buf + (size_t)o * c->ld + (size_t)(n - n0) * P,
+                   c->dy + (size_t)n * out_n + (size_t)o * P, (size_t)P * sizeof(float));
+    *ld = c->ld;
+    return buf;
+}
+
 static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
@@ -243,21 +309,41 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     float *dyt = c->dyt + (size_t)thread * c->dyt_stride;
     float *dwt = c->dwt + (size_t)thread * c->dw_stride;
     float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
+    /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
+     * goes to OpenBLAS as col . dy^T, which transposes dy as it packs it. */
+    const bool dw_blas = K < 16 && O <= 16;
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
         const int cols = (int)(n1 - n0) * P;
         const bool first = gi == begin; /* the first group overwrites the partial sums */
+        if (n1 < c->batch && gi + 1 < end) {
+            int64_t m0, m1;
+            group_range(c, gi + 1, &m0, &m1);
+            if (c->want_dw)
+                prefetch_range(c->x + (size_t)m0 * in_n, (size_t)(m1 - m0) * in_n * sizeof(float));
+            prefetch_range(c->dy + (size_t)m0 * out_n, (size_t)(m1 - m0) * out_n * sizeof(float));
+        }
+        const float *dyg = NULL;
+        int ldg = 0;
         if (c->want_dw) {
             const float *patches = c->x + (size_t)n0 * in_n; /* direct: one image, K x P */
+            int ldp = P;
             if (!c->direct) {
                 for (int64_t n = n0; n < n1; n++)
-                    cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, cols);
+                    cf_im2col(g, c->x + (size_t)n * in_n, col + (size_t)(n - n0) * P, c->ld);
                 patches = col;
+                ldp = c->ld;
             }
-            transpose_dy(c, n0, n1, dyt);
-            cf_sgemm_strided(K, O, cols, patches, cols, 1, dyt, O, dwt, O, !first);
+            if (dw_blas) {
+                dyg = group_dy(c, n0, n1, buf, &ldg);
+                cf_sgemm(false, true, K, O, cols, 1.0f, patches, ldp, dyg, ldg, first ? 0.0f : 1.0f,
+                         dwt, O);
+            } else {
+                transpose_dy(c, n0, n1, dyt);
+                cf_sgemm_strided(K, O, cols, patches, ldp, 1, dyt, O, dwt, O, !first);
+            }
         }
         if (c->want_db)
             for (int o = 0; o < O; o++) {
@@ -269,23 +355,14 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 db[o] = first ? s : db[o] + s;
             }
         if (c->need_dx) {
-            /* dy of the group as one O x cols matrix */
-            const float *dyg = c->dy + (size_t)n0 * out_n;
-            if (buf) {
-                for (int64_t n = n0; n < n1; n++)
-                    for (int o = 0; o < O; o++)
-                        memcpy(buf + (size_t)o * cols + (size_t)(n - n0) * P,
-                               c->dy + (size_t)n * out_n + (size_t)o * P,
-                               (size_t)P * sizeof(float));
-                dyg = buf;
-            }
+            if (!dyg) dyg = group_dy(c, n0, n1, buf, &ldg);
             float *dxg = c->dx + (size_t)n0 * in_n;
             if (c->direct) {
-                cf_sgemm_strided(K, P, O, w, 1, K, dyg, P, dxg, P, false);
+                cf_sgemm_strided(K, P, O, w, 1, K, dyg, ldg, dxg, P, false);
             } else {
-                cf_sgemm_strided(K, cols, O, w, 1, K, dyg, cols, col, cols, false);
+                cf_sgemm_strided(K, cols, O, w, 1, K, dyg, ldg, col, c->ld, false);
                 for (int64_t n = n0; n < n1; n++)
-                    cf_col2im(g, col + (size_t)(n - n0) * P, cols, c->dx + (size_t)n * in_n);
+                    cf_col2im(g, col + (size_t)(n - n0) * P, c->ld, c->dx + (size_t)n * in_n);
             }
         }
     }

@@ -93,9 +93,13 @@ gemm_tile(int mr, int nv, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_co
 static void sgemm_strided_avx512(int m, int n, int k, const float *a, ptrdiff_t a_row,
                                  ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
                                  bool accumulate) {
-    for (int n0 = 0; n0 < n; n0 += 16 * NV_MAX) {
-        const int rem = n - n0;
-        const int nv = rem >= 16 * NV_MAX ? NV_MAX : (rem + 15) / 16;
+    const int vectors = (n + 15) / 16;
+    for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
+        const int left = vectors - v0;
+        /* tiles of three vectors; a last tile of one would be bound by its broadcasts, so four
+         * vectors left make two tiles of two */
+        nv = left == 4 ? 2 : left >= NV_MAX ? NV_MAX : left;
+        const int n0 = 16 * v0, rem = n - n0;
         const int tail = rem - 16 * (nv - 1) >= 16 ? 16 : rem - 16 * (nv - 1);
         const __mmask16 last = (__mmask16)((1u << tail) - 1u);
         const float *bp = b + n0;
@@ -332,12 +336,144 @@ static void col2im_rows_s1(const cf_conv_geom *g, const float *col, size_t cols,
         }
     }
 }
+
+/* Any stride, input rows of at most 32 values and output rows of at most 16: as above, each
+ * input row is summed in registers; a patch row segment (one output row) is spread over the
+ * input lanes it feeds by a permutation made once per kernel column. */
+static bool col2im_by_rows_any(const cf_conv_geom *g) {
+    return g->w <= 32 && g->ow <= 16 && g->kw <= CF_MASK_TAPS;
+}
+
+static void col2im_rows_any(const cf_conv_geom *g, const float *col, size_t cols, float *x) {
+    const int ow = g->ow, oh = g->oh, w = g->w, sw = g->sw, sh = g->sh;
+    const int nvec = (w + 15) / 16;
+    const size_t plane = (size_t)g->h * w;
+    __m512i idx[CF_MASK_TAPS][2];
+    __mmask16 feed[CF_MASK_TAPS][2]; /* input lanes fed by kernel column j */
+    for (int j = 0; j < g->kw; j++) {
+        const int off = j - g->pw; /* input column of ox is ox*sw + off */
+        for (int h = 0; h < 2; h++) {
+            int lanes[16];
+            unsigned bits = 0;
+            for (int l = 0; l < 16; l++) {
+                const int t = 16 * h + l, d = t - off;
+                lanes[l] = 0;
+                if (t < w && d >= 0 && d % sw == 0 && d / sw < ow) {
+                    lanes[l] = d / sw;
+                    bits |= 1u << l;
+                }
+            }
+            idx[j][h] = _mm512_loadu_si512(lanes);
+            feed[j][h] = (__mmask16)bits;
+        }
+    }
+    const __mmask16 row_in = lane_range(0, ow);
+    for (int c = 0; c < g->c; c++) {
+        const float *colc = col + (size_t)c * g->kh * g->kw * cols;
+        float *xc = x + (size_t)c * plane;
+        for (int iy = 0; iy < g->h; iy++) {
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+            for (int i = 0; i < g->kh; i++) {
+                const int t = iy + g->ph - i;
+                if (t < 0 || t % sh) continue;
+                const int oy = t / sh;
+                if (oy >= oh) continue;
+                const float *r = colc + (size_t)i * g->kw * cols + (size_t)oy * ow;
+                for (int j = 0; j < g->kw; j++, r += cols) {
+                    const __m512 v = _mm512_maskz_loadu_ps(row_in, r);
+                    acc0 = _mm512_mask_add_ps(acc0, feed[j][0], acc0,
+                                              _mm512_permutexvar_ps(idx[j][0], v));
+                    if (nvec > 1)
+                        acc1 = _mm512_mask_add_ps(acc1, feed[j][1], acc1,
+                                                  _mm512_permutexvar_ps(idx[j][1], v));
+                }
+            }
+            float *xr = xc + (size_t)iy * w;
+            _mm512_mask_storeu_ps(xr, lane_range(0, w), acc0);
+            if (nvec > 1) _mm512_mask_storeu_ps(xr + 16, lane_range(0, w - 16), acc1);
+        }
+    }
+}
+
+/* Stride 1 with the output as large as the input (same padding): the output rows of a patch
+ * row follow each other as the input rows do, so the whole patch row is the channel plane
+ * shifted by (i - ph) rows and (j - pw) columns: one masked load and store per 16 values, the
+ * masks (input column inside the row) made once per kernel column. */
+#define CF_PLANE_CHUNKS 64
+
+static bool im2col_by_planes(const cf_conv_geom *g) {
+    return g->sw == 1 && g->sh == 1 && g->oh == g->h && g->ow == g->w && g->kw <= CF_MASK_TAPS &&
+           (size_t)g->h * g->w <= 16 * CF_PLANE_CHUNKS;
+}
+
+/* The column masks of a geometry, kept per thread: a layer lowers its images one by one, and
+ * making the masks costs about as much as a small image's lowering. */
+typedef struct plane_masks {
+    int w, h, kw, pw;
+    __mmask16 m[CF_MASK_TAPS][CF_PLANE_CHUNKS];
+} plane_masks;
+
+static const plane_masks *get_plane_masks(const cf_conv_geom *g) {
+    enum { SLOTS = 4 };
+    static _Thread_local plane_masks cache[SLOTS];
+    static _Thread_local int filled, next;
+    for (int s = 0; s < filled; s++)
+        if (cache[s].w == g->w && cache[s].h == g->h && cache[s].kw == g->kw &&
+            cache[s].pw == g->pw)
+            return &cache[s];
+    plane_masks *pm = &cache[next];
+    next = (next + 1) % SLOTS;
+    if (filled < SLOTS) filled++;
+    *pm = (plane_masks){.w = g->w, .h = g->h, .kw = g->kw, .pw = g->pw};
+    const int w = g->w, P = g->h * g->w, chunks = (P + 15) / 16;
+    for (int j = 0; j < g->kw; j++) {
+        const int off = j - g->pw; /* input column = ox + off */
+        for (int k = 0, ox = 0; k < chunks; k++) {
+            unsigned bits = 0;
+            for (int l = 0; l < 16 && 16 * k + l < P; l++) {
+                if (ox + off >= 0 && ox + off < w) bits |= 1u << l;
+                if (++ox == w) ox = 0;
+            }
+            pm->m[j][k] = (__mmask16)bits;
+        }
+    }
+    return pm;
+}
+
+static void im2col_planes(const cf_conv_geom *g, const float *x, float *col, size_t cols) {
+    const int w = g->w, P = g->h * g->w, chunks = (P + 15) / 16;
+    const plane_masks *pm = get_plane_masks(g);
+    const __mmask16 last = (__mmask16)(P % 16 ? (1u << (P % 16)) - 1u : 0xffffu);
+    const size_t plane = (size_t)P;
+    for (int c = 0; c < g->c; c++) {
+        const float *xc = x + c * plane;
+        for (int i = 0; i < g->kh; i++) {
+            int ylo, yhi;
+            valid_rows(g, i, &ylo, &yhi);
+            const int qlo = ylo * w, qhi = yhi * w; /* outputs whose input row exists */
+            for (int j = 0; j < g->kw; j++) {
+                float *row = col + ((size_t)(c * g->kh + i) * g->kw + j) * cols;
+                const float *src = xc + (ptrdiff_t)(i - g->ph) * w + (j - g->pw);
+                for (int k = 0; k < chunks; k++) {
+                    const int q0 = 16 * k;
+                    const __mmask16 m = pm->m[j][k] & lane_range(qlo - q0, qhi - q0);
+                    _mm512_mask_storeu_ps(row + q0, k == chunks - 1 ? last : (__mmask16)0xffff,
+                                          _mm512_maskz_loadu_ps(m, src + q0));
+                }
+            }
+        }
+    }
+}
 #endif
 
 void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol) {
     const int oh = g->oh, ow = g->ow, sw = g->sw, sh = g->sh;
     const size_t plane = (size_t)g->h * g->w, cols = (size_t)ldcol;
 #ifdef CF_IM2COL_AVX512
+    if (!use_reference && im2col_by_planes(g)) {
+        im2col_planes(g, x, col, cols);
+        return;
+    }
     const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
     row_masks masks[CF_MASK_TAPS];
     if (vec)
@@ -388,6 +524,10 @@ void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
     const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
     if (!use_reference && col2im_by_rows(g)) {
         col2im_rows_s1(g, col, cols, x);
+        return;
+    }
+    if (!use_reference && col2im_by_rows_any(g)) {
+        col2im_rows_any(g, col, cols, x);
         return;
     }
     row_masks masks[CF_MASK_TAPS];

@@ -1,0 +1,134 @@
+/* The vectorised kernels under Conv2d against their plain reference paths (cf_kernels_set_
+ * reference): cf_sgemm_strided on every tile shape and edge (rows 1..20, columns 1..100, both
+ * ways of reading A, accumulate or not), cf_im2col (bitwise) and cf_col2im on strides 1-3,
+ * kernels 1-5, paddings 0-2 and row widths that take each of the fast paths. The reference
+ * paths are the ones the oracle tests check against PyTorch in builds without AVX-512 (and
+ * the plain loops are the definitions in tensor.h), so agreement here carries those checks over
+ * to the fast paths. Without AVX-512 both sides are the reference and the test is trivial. */
+#include "oracle.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "corefit/tensor.h"
+
+static void fill(cf_rng *rng, float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(2.0 * cf_rng_uniform(rng) - 1.0);
+}
+
+/* |fast - ref| <= 1e-5 * (sum over the products of |a||b|) + tiny, elementwise */
+static void check_gemm(int m, int n, int k, bool trans_a, bool accumulate, cf_rng *rng) {
+    const int ldb = n + 3, ldc = n + 5;
+    const ptrdiff_t a_row = trans_a ? 1 : k + 2, a_col = trans_a ? m + 1 : 1;
+    size_t na = trans_a ? (size_t)(m + 1) * k : (size_t)m * (k + 2);
+    float *a = malloc(na * sizeof(float)), *b = malloc((size_t)k * ldb * sizeof(float));
+    float *c1 = malloc((size_t)m * ldc * sizeof(float)),
+          *c2 = malloc((size_t)m * ldc * sizeof(float));
+    fill(rng, a, na);
+    fill(rng, b, (size_t)k * ldb);
+    fill(rng, c1, (size_t)m * ldc);
+    memcpy(c2, c1, (size_t)m * ldc * sizeof(float));
+    cf_kernels_set_reference(false);
+    cf_sgemm_strided(m, n, k, a, a_row, a_col, b, ldb, c1, ldc, accumulate);
+    cf_kernels_set_reference(true);
+    cf_sgemm_strided(m, n, k, a, a_row, a_col, b, ldb, c2, ldc, accumulate);
+    cf_kernels_set_reference(false);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            float x = c1[(size_t)i * ldc + j], y = c2[(size_t)i * ldc + j];
+            if (j >= n) { /* columns past n are never written */
+                if (memcmp(&x, &y, sizeof x) != 0)
+                    fail_msg("gemm %dx%dx%d wrote column %d past n", m, n, k, j);
+                continue;
+            }
+            double mag = accumulate ? fabs(y) : 0;
+            for (int p = 0; p < k; p++)
+                mag += fabs(a[i * a_row + p * a_col]) * fabs(b[(size_t)p * ldb + j]);
+            if (fabs((double)x - y) > 1e-5 * mag + 1e-30)
+                fail_msg("gemm m=%d n=%d k=%d trans_a=%d acc=%d: C[%d,%d] = %g, reference %g", m, n,
+                         k, trans_a, accumulate, i, j, (double)x, (double)y);
+        }
+    free(a);
+    free(b);
+    free(c1);
+    free(c2);
+}
+
+static void test_sgemm_strided_matches_reference(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 3);
+    const int ns[] = {1, 5, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 80, 100, 196};
+    const int ks[] = {1, 9, 32, 77};
+    for (int m = 1; m <= 20; m++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+                check_gemm(m, ns[ni], ks[ki], (m + ni + ki) % 2 == 1, (m + ni) % 3 == 0, &rng);
+    check_gemm(64, 245, 576, false, false, &rng); /* W1 shapes */
+    check_gemm(288, 196, 32, true, false, &rng);
+    check_gemm(576, 64, 245, false, true, &rng);
+}
+
+typedef struct geom_case {
+    int c, h, w, k, s, p;
+} geom_case;
+
+static const geom_case geoms[] = {
+    {1, 28, 28, 3, 1, 1},  {16, 28, 28, 3, 2, 1}, {32, 14, 14, 3, 1, 1}, {16, 28, 28, 1, 2, 0},
+    {32, 14, 14, 3, 2, 1}, {64, 7, 7, 3, 1, 1},   {32, 14, 14, 1, 2, 0}, {3, 9, 7, 3, 1, 1},
+    {2, 10, 6, 5, 2, 2},   {3, 11, 8, 2, 3, 0},   {2, 5, 6, 3, 2, 2},    {2, 3, 3, 3, 1, 0},
+    {2, 40, 37, 3, 1, 1},  {2, 33, 33, 3, 2, 1},  {2, 20, 70, 3, 1, 1},  {1, 12, 12, 5, 1, 2},
+    {2, 9, 9, 3, 1, 2},    {1, 6, 40, 3, 2, 0},   {3, 17, 17, 4, 1, 1},  {2, 8, 8, 3, 3, 1},
+};
+
+static void test_im2col_col2im_match_reference(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 4);
+    for (size_t t = 0; t < sizeof geoms / sizeof *geoms; t++) {
+        const geom_case *gc = &geoms[t];
+        cf_conv_geom g;
+        assert_true(
+            cf_conv_geom_init(&g, gc->c, gc->h, gc->w, gc->k, gc->k, gc->s, gc->s, gc->p, gc->p));
+        const int P = g.oh * g.ow, ld = P + 7; /* a row stride past the image's columns */
+        const size_t K = (size_t)gc->c * gc->k * gc->k, nx = (size_t)gc->c * gc->h * gc->w;
+        /* the image sits between guard values that must never be read into the patches */
+        float *xb = malloc((nx + 64) * sizeof(float)), *x = xb + 32;
+        float *col1 = malloc(K * ld * sizeof(float)), *col2 = malloc(K * ld * sizeof(float));
+        float *dx1 = malloc(nx * sizeof(float)), *dx2 = malloc(nx * sizeof(float));
+        for (size_t i = 0; i < nx + 64; i++) xb[i] = NAN;
+        fill(&rng, x, nx);
+        for (size_t i = 0; i < K * ld; i++) col1[i] = col2[i] = -7.0f;
+        cf_im2col(&g, x, col1, ld);
+        cf_kernels_set_reference(true);
+        cf_im2col(&g, x, col2, ld);
+        cf_kernels_set_reference(false);
+        if (memcmp(col1, col2, K * ld * sizeof(float)) != 0)
+            fail_msg("im2col differs from the reference for c=%d h=%d w=%d k=%d s=%d p=%d", gc->c,
+                     gc->h, gc->w, gc->k, gc->s, gc->p);
+        fill(&rng, col1, K * ld);
+        cf_col2im(&g, col1, ld, dx1);
+        cf_kernels_set_reference(true);
+        cf_col2im(&g, col1, ld, dx2);
+        cf_kernels_set_reference(false);
+        char what[128];
+        snprintf(what, sizeof what, "col2im c=%d h=%d w=%d k=%d s=%d p=%d", gc->c, gc->h, gc->w,
+                 gc->k, gc->s, gc->p);
+        assert_close(what, dx1, dx2, nx, 1e-6, 1e-6);
+        free(xb);
+        free(col1);
+        free(col2);
+        free(dx1);
+        free(dx2);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sgemm_strided_matches_reference),
+        cmocka_unit_test(test_im2col_col2im_match_reference),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
