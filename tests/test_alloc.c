@@ -15,6 +15,13 @@
 
 #include "corefit.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+/* AddressSanitizer owns malloc; this program's counting malloc cannot stand in for it. */
+int main(void) {
+    printf("skipped under AddressSanitizer\n");
+    return 0;
+}
+#else
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
@@ -132,3 +139,4 @@ int main(void) {
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
+#endif
