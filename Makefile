@@ -59,7 +59,7 @@ test-valgrind: deps build-valgrind/CMakeCache.txt
 	cmake --build build-valgrind -j $(JOBS)
 	@mkdir -p build-valgrind/valgrind
 	@cd build-valgrind/tests && ls test_* | grep -v '^test_e2e_' | grep -E '$(VALGRIND_TESTS)' | \
-	  OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell xargs -P $(JOBS) -I{} sh -c \
+	  OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell CF_TEST_TIME_SCALE=30 xargs -P $(JOBS) -I{} sh -c \
 	  'if valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
 	      --show-leak-kinds=definite --child-silent-after-fork=no \
 	      --suppressions=$(CURDIR)/tests/valgrind.supp --log-file=../valgrind/{}.%p.log \

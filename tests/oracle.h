@@ -37,6 +37,14 @@ void fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
 /* Asserts |a-b| <= atol + rtol*|b| elementwise, reporting the worst element. */
 void assert_close(const char *what, const float *a, const float *b, size_t n, double rtol,
                   double atol);
+/* Time limits in tests (fault reaction, liveness) are multiplied by CF_TEST_TIME_SCALE when set
+ * (make test-valgrind sets it: everything runs tens of times slower there). */
+static inline double test_time_scale(void) {
+    const char *s = getenv("CF_TEST_TIME_SCALE");
+    double v = s ? atof(s) : 1.0;
+    return v >= 1.0 ? v : 1.0;
+}
+
 /* Largest relative error max|a-b| / max(|b|, floor). */
 double max_rel_err(const float *a, const float *b, size_t n, double floor);
 

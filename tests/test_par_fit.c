@@ -198,6 +198,92 @@ static void test_lr_find_get_preds_and_validate_come_home(void **state) {
     cf_dls_free(dls);
 }
 
+/* Every twin brings home a Recorder shaped as its single-process method's: same batches,
+ * epochs, metric names and schedule (per batch, exactly, as the schedule is a formula). */
+static void assert_same_structure(const cf_recorder *a, const cf_recorder *b) {
+    assert_int_equal(a->n_batches, b->n_batches);
+    assert_int_equal(a->n_hps, b->n_hps);
+    assert_int_equal(a->n_epochs, b->n_epochs);
+    assert_int_equal(a->n_names, b->n_names);
+    for (int i = 0; i < a->n_names; i++) assert_string_equal(a->metric_names[i], b->metric_names[i]);
+    for (int64_t i = 0; i < a->n_hps; i++) {
+        assert_true(a->hp_lr[i] == b->hp_lr[i]);
+        assert_true(a->hp_mom[i] == b->hp_mom[i]);
+    }
+    for (int e = 0; e < a->n_epochs; e++) assert_int_equal(a->iters[e], b->iters[e]);
+}
+
+static void test_every_twin_brings_the_recorder_home(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(96, 20, 8);
+    for (int method = 0; method < 4; method++) {
+        cf_learner *one = make_learner(dls, 101), *par = make_learner(dls, 101);
+        assert_int_equal(cf_split_default(one->model), CF_OK);
+        assert_int_equal(cf_split_default(par->model), CF_OK);
+        cf_par_opts po = {.num_cores = 2, .split_batch = true};
+        switch (method) {
+        case 0:
+            assert_int_equal(cf_fit_flat_cos(one, 2), CF_OK);
+            assert_int_equal(cf_par_fit_flat_cos(par, 2, .par = po), CF_OK);
+            break;
+        case 1:
+            assert_int_equal(cf_fit_sgdr(one, 2, 1), CF_OK);
+            assert_int_equal(cf_par_fit_sgdr(par, 2, 1, .par = po), CF_OK);
+            break;
+        case 2:
+            assert_int_equal(cf_fine_tune(one, 2, .freeze_epochs = 1), CF_OK);
+            assert_int_equal(cf_par_fine_tune(par, 2, .freeze_epochs = 1, .par = po), CF_OK);
+            /* unfrozen at the end, like the single-process learner */
+            for (int i = 0; i < par->model->n_params; i++)
+                assert_int_equal(par->model->params[i]->trainable,
+                                 one->model->params[i]->trainable);
+            break;
+        case 3:
+            assert_int_equal(cf_fit(one, 2, .lr = CF_SLICE(1e-2)), CF_OK);
+            assert_int_equal(cf_par_fit(par, 2, .lr = CF_SLICE(1e-2), .par = po), CF_OK);
+            break;
+        }
+        assert_same_structure(&par->recorder, &one->recorder);
+        assert_weights_close(par->model, one->model, 1e-5);
+        cf_learner_free(one);
+        cf_learner_free(par);
+    }
+    cf_dls_free(dls);
+}
+
+/* Exactly one progress display: the fastai table's header appears once for 3 workers. */
+static void test_one_progress_display(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(64, 16, 8);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(7, false)), CF_OK);
+    char path[] = "/tmp/cf-progress-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stdout);
+    int saved = dup(1);
+    dup2(fd, 1);
+    cf_status st = cf_par_fit(learn, 2, .par.num_cores = 3);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(fd);
+    assert_int_equal(st, CF_OK);
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int headers = 0, rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "epoch     train_loss", 20) == 0) headers++;
+        if (line[0] == '0' || line[0] == '1') rows++;
+    }
+    fclose(f);
+    unlink(path);
+    assert_int_equal(headers, 1);
+    assert_int_equal(rows, 2);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 /* ---- master callbacks ----------------------------------------------------------------------- */
 
 static char count_file[256];
@@ -310,7 +396,7 @@ static void run_fault(fault kind, const char *expect, cf_status expect_status) {
     if (!strstr(cf_last_error(), expect))
         fail_msg("error \"%s\" does not mention \"%s\"", cf_last_error(), expect);
     if (!strstr(cf_last_error(), "worker 1")) fail_msg("error \"%s\" names no rank", cf_last_error());
-    assert_true(elapsed < (kind == FAULT_HANG ? 4.0 : 2.5));
+    assert_true(elapsed < (kind == FAULT_HANG ? 4.0 : 2.5) * test_time_scale());
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
     assert_memory_equal(learn->opt->grad_avg, m0, nw * sizeof(float));
     assert_int_equal(learn->recorder.n_batches, batches0);
@@ -367,7 +453,7 @@ static void test_ctrl_c_stops_every_worker(void **state) {
     close(started_pipe[0]);
     close(started_pipe[1]);
     assert_int_equal(st, CF_ERR_INTERRUPTED);
-    assert_true(elapsed < 2.5);
+    assert_true(elapsed < 2.5 * test_time_scale());
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
     assert_null(learn->opt);
     assert_no_children();
@@ -383,6 +469,8 @@ int main(void) {
         cmocka_unit_test(test_per_core_batches_equal_concatenated_batch),
         cmocka_unit_test(test_deterministic_and_one_core),
         cmocka_unit_test(test_lr_find_get_preds_and_validate_come_home),
+        cmocka_unit_test(test_every_twin_brings_the_recorder_home),
+        cmocka_unit_test(test_one_progress_display),
         cmocka_unit_test(test_master_callbacks_run_on_rank_zero_only),
         cmocka_unit_test(test_worker_crash),
         cmocka_unit_test(test_worker_abort),

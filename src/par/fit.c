@@ -249,13 +249,18 @@ static cf_status run_replica(cf_learner *learn, cf_comm *comm, par_job *job,
     int rank = cf_comm_rank(comm), world = cf_comm_size(comm);
     bool is_master = rank == 0;
     cf_shard_mode mode = job->par->split_batch ? CF_SHARD_SPLIT_BATCH : CF_SHARD_PER_RANK;
-    int n_all = job->n_cbs + 1 + (is_master ? n_master : 0);
+    int n_all = job->n_cbs + (is_master ? n_master : 0);
     cf_callback **all = cf_calloc((size_t)n_all + 1, sizeof *all);
+    /* The parallel callback joins the learner itself for the call, so that it runs in every fit
+     * a method makes (fine_tune's two phases); the call's callbacks go with the call. */
     cf_callback *pcb = parallel_cb(comm, job->par->split_batch);
     cf_status st = all && pcb ? CF_OK : CF_ERR_NOMEM;
+    if (st == CF_OK) {
+        st = cf_learner_add_cb(learn, pcb); /* frees pcb on failure */
+        pcb = NULL;
+    }
     int n = 0;
     if (st == CF_OK) {
-        all[n++] = pcb;
         for (int i = 0; i < job->n_cbs; i++) all[n++] = job->cbs[i];
         for (int i = 0; i < n_master; i++) {
             if (is_master)
@@ -282,6 +287,7 @@ static cf_status run_replica(cf_learner *learn, cf_comm *comm, par_job *job,
         for (int i = 0; i < n; i++) cf_callback_free(all[i]);
     }
     cf_free(all);
+    cf_learner_remove_cb(learn, "ParallelCallback");
     /* get_preds: each replica filled its own rows (padding excluded): sums give every row. */
     if (st == CF_OK && job->kind == JOB_GET_PREDS && world > 1) {
         cf_preds *p = &job->preds;
