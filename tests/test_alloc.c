@@ -62,7 +62,9 @@ void *aligned_alloc(size_t align, size_t n) {
     count(__builtin_return_address(0));
     return __libc_memalign(align, n);
 }
-void free(void *p) { __libc_free(p); }
+void free(void *p) {
+    __libc_free(p);
+}
 
 static long counted_steps;
 
@@ -82,21 +84,22 @@ static cf_status stop_counting(cf_callback *cb, cf_learner *learn) {
 static void run(int threads) {
     cf_set_num_threads(threads);
     int n = 256;
-    float *x = __libc_malloc((size_t)n * 144 * sizeof(float)), *y = __libc_malloc(n * sizeof(float));
+    float *x = __libc_malloc((size_t)n * 144 * sizeof(float)),
+          *y = __libc_malloc(n * sizeof(float));
     fill_uniform(x, (size_t)n * 144, 3, 0, 1);
     for (int i = 0; i < n; i++) y[i] = (float)(i % 4);
     cf_dataset *train = NULL, *valid = NULL;
-    assert_int_equal(cf_dataset_from_arrays(x, y, n, cf_shape_make(3, (int[]){1, 12, 12}), 1, 4,
-                                            &train),
-                     CF_OK);
-    assert_int_equal(cf_dataset_from_arrays(x, y, 64, cf_shape_make(3, (int[]){1, 12, 12}), 1, 4,
-                                            &valid),
-                     CF_OK);
+    assert_int_equal(
+        cf_dataset_from_arrays(x, y, n, cf_shape_make(3, (int[]){1, 12, 12}), 1, 4, &train), CF_OK);
+    assert_int_equal(
+        cf_dataset_from_arrays(x, y, 64, cf_shape_make(3, (int[]){1, 12, 12}), 1, 4, &valid),
+        CF_OK);
     __libc_free(x);
     __libc_free(y);
     cf_dls *dls = NULL;
-    assert_int_equal(cf_dls_new(train, valid, &(cf_dls_options){.bs = 16, .flip = true, .crop_pad = 1}, &dls),
-                     CF_OK);
+    assert_int_equal(
+        cf_dls_new(train, valid, &(cf_dls_options){.bs = 16, .flip = true, .crop_pad = 1}, &dls),
+        CF_OK);
     cf_learner *learn = NULL;
     cf_metric *metrics[] = {cf_accuracy()};
     assert_int_equal(cf_vision_learner(&learn, dls, CF_ARCH_MINI_RESNET, .metrics = metrics,

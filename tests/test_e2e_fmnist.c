@@ -3,10 +3,10 @@
  * cores with the same global batch.
  *
  * On the development machine this reaches 88.3% in one process and 88.0% on 2 cores. PyTorch
- * on the benchmark recipe (bench/README.md, lr_max 3e-3) gets 87.0-87.6% after one epoch depending on the seed, and
- * corefit 87.2-88.0%. One-epoch accuracy moves by a few tenths with the seed and with the
- * floating-point order of the kernels a CPU gets, so the assertions keep a margin below those
- * figures: at least 87% for both, and the two within one point. */
+ * on the benchmark recipe (bench/README.md, lr_max 3e-3) gets 87.0-87.6% after one epoch depending
+ * on the seed, and corefit 87.2-88.0%. One-epoch accuracy moves by a few tenths with the seed and
+ * with the floating-point order of the kernels a CPU gets, so the assertions keep a margin below
+ * those figures: at least 87% for both, and the two within one point. */
 #include "oracle.h"
 
 #include <stdio.h>
@@ -28,8 +28,7 @@ static double train_w1(bool parallel) {
                      CF_OK);
     double t0 = cf_now();
     cf_status st;
-    if (parallel)
-        /* split batches: the global batch stays 64, as in the single-process run */
+    if (parallel) /* split batches: the global batch stays 64, as in the single-process run */
         st = cf_par_fit_one_cycle(learn, 1, .lr_max = CF_LR(6e-3),
                                   .par = {.num_cores = 2, .split_batch = true});
     else
@@ -39,8 +38,8 @@ static double train_w1(bool parallel) {
     double values[2];
     assert_int_equal(cf_validate(learn, values), CF_OK);
     printf("W1 1 epoch %s: accuracy %.4f, valid_loss %.4f, %.1f s\n",
-           parallel ? "cf_par_fit_one_cycle on 2 cores" : "cf_fit_one_cycle", values[1],
-           values[0], seconds);
+           parallel ? "cf_par_fit_one_cycle on 2 cores" : "cf_fit_one_cycle", values[1], values[0],
+           seconds);
     /* the parallel run's recorder came home and its last accuracy is the model's */
     int last = (learn->recorder.n_epochs - 1) * learn->recorder.n_values;
     assert_true(fabs(learn->recorder.values[last + 2] - values[1]) < 1e-9);

@@ -33,7 +33,9 @@ static cf_status record_event(cf_callback *cb, cf_learner *learn, cf_event ev) {
 }
 
 #define EVENT_FN(ev)                                                                               \
-    static cf_status on_##ev(cf_callback *cb, cf_learner *l) { return record_event(cb, l, ev); }
+    static cf_status on_##ev(cf_callback *cb, cf_learner *l) {                                     \
+        return record_event(cb, l, ev);                                                            \
+    }
 EVENT_FN(CF_EV_BEFORE_FIT)
 EVENT_FN(CF_EV_BEFORE_EPOCH)
 EVENT_FN(CF_EV_BEFORE_TRAIN)
@@ -227,9 +229,9 @@ static cf_learner *schedule_learner(cf_dls *dls, hp_log *h, cf_callback *cb) {
     cb->on[CF_EV_BEFORE_STEP] = log_hypers;
     cf_learner *learn = NULL;
     cf_callback *cbs[] = {cb};
-    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(5, true), .quiet = true,
-                                    .cbs = cbs, .n_cbs = 1),
-                     CF_OK);
+    assert_int_equal(
+        cf_learner_new(&learn, dls, fixture_model(5, true), .quiet = true, .cbs = cbs, .n_cbs = 1),
+        CF_OK);
     return learn;
 }
 
@@ -326,9 +328,8 @@ static void test_lr_find_suggestions_equal_fastai(void **state) {
             r.lrs[i] = lrs_f[i];
             r.losses[i] = losses_f[i];
         }
-        cf_lr_find_suggest(&r, 100,
-                           CF_SUGGEST_VALLEY | CF_SUGGEST_SLIDE | CF_SUGGEST_MINIMUM |
-                               CF_SUGGEST_STEEP);
+        cf_lr_find_suggest(
+            &r, 100, CF_SUGGEST_VALLEY | CF_SUGGEST_SLIDE | CF_SUGGEST_MINIMUM | CF_SUGGEST_STEEP);
         oracle o;
         oracle_init(&o);
         oracle_put(&o, "lrs", lrs_f, cf_shape1(n));
@@ -397,9 +398,9 @@ static void test_get_preds_in_dataset_order(void **state) {
     assert_int_equal(cf_learner_new(&learn, dls, fixture_model(11, false), .quiet = true), CF_OK);
     assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
     cf_preds p;
-    assert_int_equal(cf_get_preds(learn, &p, .with_decoded = true, .with_loss = true,
-                                  .with_input = true),
-                     CF_OK);
+    assert_int_equal(
+        cf_get_preds(learn, &p, .with_decoded = true, .with_loss = true, .with_input = true),
+        CF_OK);
     const cf_dataset *ds = dls->valid_ds;
     assert_int_equal(p.n, 13);
     double loss_sum = 0;

@@ -71,8 +71,8 @@ static void test_split_batches_equal_one_process(void **state) {
         assert_true(fabs(a->values[last + 2] - values[1]) < 1e-9);
         /* the optimizer state came home too */
         assert_non_null(par->opt);
-        double err = max_rel_err(par->opt->sqr_avg, single->opt->sqr_avg, par->model->n_weights,
-                                 1e-9);
+        double err =
+            max_rel_err(par->opt->sqr_avg, single->opt->sqr_avg, par->model->n_weights, 1e-9);
         assert_true(err < 1e-4);
         cf_learner_free(par);
     }
@@ -165,9 +165,8 @@ static void test_lr_find_get_preds_and_validate_come_home(void **state) {
     memcpy(w0, learn->model->weights, nw * sizeof(float));
 
     cf_lr_find_result r;
-    assert_int_equal(cf_par_lr_find(learn, &r, .num_it = 12, .no_stop_div = true,
-                                    .par.num_cores = 2),
-                     CF_OK);
+    assert_int_equal(
+        cf_par_lr_find(learn, &r, .num_it = 12, .no_stop_div = true, .par.num_cores = 2), CF_OK);
     assert_int_equal(r.n, 12);
     assert_false(isnan(r.valley) && r.n > 12);
     for (int i = 0; i < r.n; i++)
@@ -178,9 +177,9 @@ static void test_lr_find_get_preds_and_validate_come_home(void **state) {
 
     cf_preds one, par;
     assert_int_equal(cf_get_preds(learn, &one, .with_decoded = true, .with_loss = true), CF_OK);
-    assert_int_equal(cf_par_get_preds(learn, &par, .with_decoded = true, .with_loss = true,
-                                      .par.num_cores = 3),
-                     CF_OK);
+    assert_int_equal(
+        cf_par_get_preds(learn, &par, .with_decoded = true, .with_loss = true, .par.num_cores = 3),
+        CF_OK);
     assert_int_equal(par.n, one.n);
     assert_close("preds", par.preds.data, one.preds.data, cf_tensor_numel(&one.preds), 1e-6, 1e-7);
     assert_memory_equal(par.targs.data, one.targs.data, (size_t)one.n * sizeof(float));
@@ -205,7 +204,8 @@ static void assert_same_structure(const cf_recorder *a, const cf_recorder *b) {
     assert_int_equal(a->n_hps, b->n_hps);
     assert_int_equal(a->n_epochs, b->n_epochs);
     assert_int_equal(a->n_names, b->n_names);
-    for (int i = 0; i < a->n_names; i++) assert_string_equal(a->metric_names[i], b->metric_names[i]);
+    for (int i = 0; i < a->n_names; i++)
+        assert_string_equal(a->metric_names[i], b->metric_names[i]);
     for (int64_t i = 0; i < a->n_hps; i++) {
         assert_true(a->hp_lr[i] == b->hp_lr[i]);
         assert_true(a->hp_mom[i] == b->hp_mom[i]);
@@ -297,7 +297,9 @@ static cf_status count_fit(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
-static void free_counter(cf_callback *cb) { free(cb); }
+static void free_counter(cf_callback *cb) {
+    free(cb);
+}
 
 static cf_callback *counter(const char *name) {
     cf_callback *cb = calloc(1, sizeof *cb);
@@ -329,10 +331,10 @@ static void test_master_callbacks_run_on_rank_zero_only(void **state) {
     assert_int_equal(cf_learner_add_master_cbs(learn, m, 1), CF_OK);
     cf_callback *call_master[] = {counter("call_master")};
     cf_callback *call_cbs[] = {counter("call")};
-    assert_int_equal(cf_par_fit(learn, 1, .cbs = call_cbs, .n_cbs = 1,
-                                .par = {.num_cores = 3, .master_cbs = call_master,
-                                        .n_master_cbs = 1}),
-                     CF_OK);
+    assert_int_equal(
+        cf_par_fit(learn, 1, .cbs = call_cbs, .n_cbs = 1,
+                   .par = {.num_cores = 3, .master_cbs = call_master, .n_master_cbs = 1}),
+        CF_OK);
     assert_int_equal(count_lines("everywhere"), 3);
     assert_int_equal(count_lines("call"), 3);
     assert_int_equal(count_lines("learner_master"), 1);
@@ -357,10 +359,16 @@ static cf_status inject(cf_callback *cb, cf_learner *learn) {
     if (!learn->comm || cf_comm_rank(learn->comm) != f->rank || learn->train_iter != f->batch)
         return CF_OK;
     switch (f->kind) {
-    case FAULT_CRASH: raise(SIGSEGV); break;
-    case FAULT_ABORT: abort();
-    case FAULT_KILL: raise(SIGKILL); break;
-    case FAULT_ERROR: return cf_fail(CF_ERR_IO, "injected failure at batch %d", f->batch);
+    case FAULT_CRASH:
+        raise(SIGSEGV);
+        break;
+    case FAULT_ABORT:
+        abort();
+    case FAULT_KILL:
+        raise(SIGKILL);
+        break;
+    case FAULT_ERROR:
+        return cf_fail(CF_ERR_IO, "injected failure at batch %d", f->batch);
     case FAULT_HANG:
         for (;;) pause();
     }
@@ -395,7 +403,8 @@ static void run_fault(fault kind, const char *expect, cf_status expect_status) {
     assert_int_equal(st, expect_status);
     if (!strstr(cf_last_error(), expect))
         fail_msg("error \"%s\" does not mention \"%s\"", cf_last_error(), expect);
-    if (!strstr(cf_last_error(), "worker 1")) fail_msg("error \"%s\" names no rank", cf_last_error());
+    if (!strstr(cf_last_error(), "worker 1"))
+        fail_msg("error \"%s\" names no rank", cf_last_error());
     assert_true(elapsed < (kind == FAULT_HANG ? 4.0 : 2.5) * test_time_scale());
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
     assert_memory_equal(learn->opt->grad_avg, m0, nw * sizeof(float));
@@ -407,13 +416,21 @@ static void run_fault(fault kind, const char *expect, cf_status expect_status) {
     cf_dls_free(dls);
 }
 
-static void test_worker_crash(void **s) { (void)s, run_fault(FAULT_CRASH, "SIGSEGV", CF_ERR_WORKER); }
-static void test_worker_abort(void **s) { (void)s, run_fault(FAULT_ABORT, "SIGABRT", CF_ERR_WORKER); }
-static void test_worker_killed(void **s) { (void)s, run_fault(FAULT_KILL, "SIGKILL", CF_ERR_WORKER); }
+static void test_worker_crash(void **s) {
+    (void)s, run_fault(FAULT_CRASH, "SIGSEGV", CF_ERR_WORKER);
+}
+static void test_worker_abort(void **s) {
+    (void)s, run_fault(FAULT_ABORT, "SIGABRT", CF_ERR_WORKER);
+}
+static void test_worker_killed(void **s) {
+    (void)s, run_fault(FAULT_KILL, "SIGKILL", CF_ERR_WORKER);
+}
 static void test_worker_error(void **s) {
     (void)s, run_fault(FAULT_ERROR, "injected failure at batch 5", CF_ERR_WORKER);
 }
-static void test_worker_hang(void **s) { (void)s, run_fault(FAULT_HANG, "no progress", CF_ERR_WORKER); }
+static void test_worker_hang(void **s) {
+    (void)s, run_fault(FAULT_HANG, "no progress", CF_ERR_WORKER);
+}
 
 /* The workers say when they train (a byte down a pipe), so SIGINT arrives mid-fit, once the
  * supervisor is surely waiting. */

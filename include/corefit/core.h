@@ -32,7 +32,8 @@ typedef enum cf_status {
 const char *cf_last_error(void);
 /* A short fixed name for a status, e.g. "invalid argument". */
 const char *cf_status_str(cf_status status);
-/* Records a printf-style message for this thread and returns `status` (for `return cf_fail(...)`). */
+/* Records a printf-style message for this thread and returns `status` (for `return cf_fail(...)`).
+ */
 cf_status cf_fail(cf_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes the current message with context ("loading x.safetensors: ..."); returns `status`. */
 cf_status cf_fail_context(cf_status status, const char *fmt, ...)
@@ -73,9 +74,9 @@ typedef struct cf_rng {
 
 void cf_rng_seed(cf_rng *rng, uint64_t seed);
 uint64_t cf_rng_next(cf_rng *rng);
-double cf_rng_uniform(cf_rng *rng);            /* [0, 1) */
+double cf_rng_uniform(cf_rng *rng);             /* [0, 1) */
 uint64_t cf_rng_below(cf_rng *rng, uint64_t n); /* [0, n), unbiased */
-double cf_rng_normal(cf_rng *rng);             /* standard normal */
+double cf_rng_normal(cf_rng *rng);              /* standard normal */
 /* Fisher–Yates shuffle of an index array. */
 void cf_rng_shuffle(cf_rng *rng, int64_t *idx, int64_t n);
 

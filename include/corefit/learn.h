@@ -142,8 +142,7 @@ struct cf_metric {
     double *acc;
     /* Adds one batch; samples with pad[i] true (may be NULL) are left out. pred is the model's
      * raw output (before the loss activation); targ as in cf_batch.y. */
-    void (*accumulate)(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ,
-                       const bool *pad);
+    void (*accumulate)(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ, const bool *pad);
     double (*value)(const cf_metric *m);
     void *state;
     void (*free)(cf_metric *m);
@@ -162,8 +161,8 @@ cf_metric *cf_mae(void);
 cf_metric *cf_rmse(void);
 /* A user metric averaged over samples as fastai's AvgMetric: fn returns the batch mean over
  * the n non-padding rows it is given. */
-typedef double (*cf_batch_metric_fn)(const cf_tensor *pred, const cf_tensor *targ,
-                                     const bool *pad, int *n_counted);
+typedef double (*cf_batch_metric_fn)(const cf_tensor *pred, const cf_tensor *targ, const bool *pad,
+                                     int *n_counted);
 cf_metric *cf_avg_metric(const char *name, cf_batch_metric_fn fn);
 void cf_metric_reset(cf_metric *m);
 void cf_metric_free(cf_metric *m);
@@ -179,8 +178,8 @@ typedef struct cf_recorder {
     /* per epoch: values[e * n_values + j], columns = metric_names[1 .. n_names-2]
      * (train_loss, valid_loss, metrics...) ; NaN for a column that was cancelled */
     double *values;
-    int64_t *iters;  /* cumulative number of training batches at the end of each epoch */
-    double *times;   /* seconds per epoch */
+    int64_t *iters; /* cumulative number of training batches at the end of each epoch */
+    double *times;  /* seconds per epoch */
     int n_epochs, epoch_capacity;
     int n_values;
     char **metric_names; /* "epoch", "train_loss", "valid_loss", metrics..., "time" */
@@ -209,22 +208,22 @@ void cf_recorder_clear(cf_recorder *rec);
 
 /* The Learner's options (fastai's Learner arguments); shared by the learner factories. */
 #define CF_LEARNER_FIELDS                                                                          \
-    cf_loss loss;          /* default: cross-entropy for classes, MSE otherwise */               \
-    bool loss_set;         /* use .loss as given */                                               \
-    cf_opt_config opt;     /* default: fastai's Adam (set .opt_set to use .opt) */               \
-    bool opt_set;                                                                                 \
-    double lr;             /* 1e-3 */                                                             \
-    double wd;             /* 0: the optimizer's default (Adam 0.01) */                          \
-    bool wd_bn_bias;       /* false */                                                            \
-    bool no_train_bn;      /* fastai's train_bn=False */                                          \
-    double moms[3];        /* (0.95, 0.85, 0.95) */                                               \
-    cf_metric **metrics;   /* taken over */                                                       \
-    int n_metrics;                                                                                \
-    cf_callback **cbs;     /* taken over */                                                       \
-    int n_cbs;                                                                                    \
-    const char *path;      /* "." ; model files go to path/model_dir */                          \
-    const char *model_dir; /* "models" */                                                         \
-    bool quiet;            /* no progress display */                                              \
+    cf_loss loss;      /* default: cross-entropy for classes, MSE otherwise */                     \
+    bool loss_set;     /* use .loss as given */                                                    \
+    cf_opt_config opt; /* default: fastai's Adam (set .opt_set to use .opt) */                     \
+    bool opt_set;                                                                                  \
+    double lr;           /* 1e-3 */                                                                \
+    double wd;           /* 0: the optimizer's default (Adam 0.01) */                              \
+    bool wd_bn_bias;     /* false */                                                               \
+    bool no_train_bn;    /* fastai's train_bn=False */                                             \
+    double moms[3];      /* (0.95, 0.85, 0.95) */                                                  \
+    cf_metric **metrics; /* taken over */                                                          \
+    int n_metrics;                                                                                 \
+    cf_callback **cbs; /* taken over */                                                            \
+    int n_cbs;                                                                                     \
+    const char *path;      /* "." ; model files go to path/model_dir */                            \
+    const char *model_dir; /* "models" */                                                          \
+    bool quiet;            /* no progress display */                                               \
     uint64_t seed
 
 typedef struct cf_learner_opts {
@@ -233,14 +232,14 @@ typedef struct cf_learner_opts {
 
 /* The state a fit exposes to callbacks (fastai's Learner attributes). */
 struct cf_learner {
-    cf_dls *dls;        /* borrowed */
-    cf_model *model;    /* owned */
+    cf_dls *dls;     /* borrowed */
+    cf_model *model; /* owned */
     cf_loss loss;
     cf_opt_config opt_config;
-    cf_optimizer *opt;  /* created lazily (create_opt) */
+    cf_optimizer *opt; /* created lazily (create_opt) */
     cf_metric **metrics;
     int n_metrics;
-    cf_callback **cbs;  /* the learner's callbacks, default ones included */
+    cf_callback **cbs; /* the learner's callbacks, default ones included */
     int n_cbs;
     cf_callback **master_cbs; /* run on rank 0 only in parallel fits */
     int n_master_cbs;
@@ -260,13 +259,13 @@ struct cf_learner {
     cf_dataloader *dl;
     const cf_batch *batch;
     const cf_tensor *pred;
-    float loss_value;  /* this batch's mean loss */
+    float loss_value; /* this batch's mean loss */
     /* fastai's loss_grad scaling: the loop sets it to 1 before after_loss of each batch and
      * multiplies dL/dpred by it before backward (0 counts as 1); GradientAccumulation sets it. */
     float loss_grad_scale;
     double smooth_loss;
-    cf_cancel cancel;  /* set by cf_learner_cancel */
-    bool logging;      /* false inside lr_find / validate / get_preds (no_logging) */
+    cf_cancel cancel; /* set by cf_learner_cancel */
+    bool logging;     /* false inside lr_find / validate / get_preds (no_logging) */
     bool in_lr_find;
     double *final_record; /* [valid_loss, metrics...] of the last validation */
     int n_final_record;
@@ -327,18 +326,18 @@ cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
 /* CF_START_AUTO: mpi when the program was started by mpirun, else fork. */
 typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI, CF_START_AUTO } cf_start_method;
 typedef struct cf_par_opts {
-    int num_cores;               /* 0: the cores this process may run on */
+    int num_cores; /* 0: the cores this process may run on */
     cf_start_method start_method;
-    cf_callback **master_cbs;    /* run on rank 0 only for this call (taken over) */
+    cf_callback **master_cbs; /* run on rank 0 only for this call (taken over) */
     int n_master_cbs;
-    bool split_batch;            /* cut each global batch across cores (results = 1 process) */
-    double deadline_s;           /* a worker silent this long is declared hung (0: 120 s) */
+    bool split_batch;  /* cut each global batch across cores (results = 1 process) */
+    double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
 } cf_par_opts;
 
 /* Options shared by every fit method. */
 #define CF_FIT_COMMON                                                                              \
-    double wd;             /* 0: learner's wd, else the optimizer's default */                   \
-    cf_callback **cbs;     /* for this call only (taken over) */                                 \
+    double wd;         /* 0: learner's wd, else the optimizer's default */                         \
+    cf_callback **cbs; /* for this call only (taken over) */                                       \
     int n_cbs;                                                                                     \
     bool reset_opt;                                                                                \
     int start_epoch;                                                                               \
@@ -350,10 +349,10 @@ typedef struct cf_fit_opts {
 } cf_fit_opts;
 
 typedef struct cf_one_cycle_opts {
-    cf_lr lr_max;     /* unset: learner's lr */
-    double div;       /* 25 */
-    double div_final; /* 1e5 */
-    double pct_start; /* 0.25 */
+    cf_lr lr_max;       /* unset: learner's lr */
+    double div;         /* 25 */
+    double div_final;   /* 1e5 */
+    double pct_start;   /* 0.25 */
     const double *moms; /* 3 values; NULL: learner's moms */
     CF_FIT_COMMON;
 } cf_one_cycle_opts;
@@ -366,8 +365,8 @@ typedef struct cf_flat_cos_opts {
 } cf_flat_cos_opts;
 
 typedef struct cf_sgdr_opts {
-    cf_lr lr_max;      /* unset: learner's lr */
-    int cycle_mult;    /* 2 */
+    cf_lr lr_max;   /* unset: learner's lr */
+    int cycle_mult; /* 2 */
     CF_FIT_COMMON;
 } cf_sgdr_opts;
 
@@ -384,19 +383,19 @@ typedef struct cf_fine_tune_opts {
 enum { CF_SUGGEST_VALLEY = 1, CF_SUGGEST_SLIDE = 2, CF_SUGGEST_MINIMUM = 4, CF_SUGGEST_STEEP = 8 };
 
 typedef struct cf_lr_find_opts {
-    double start_lr; /* 1e-7 */
-    double end_lr;   /* 10 */
-    int num_it;      /* 100 */
+    double start_lr;  /* 1e-7 */
+    double end_lr;    /* 10 */
+    int num_it;       /* 100 */
     bool no_stop_div; /* fastai's stop_div=False */
-    int suggest;     /* bit set; 0: valley */
+    int suggest;      /* bit set; 0: valley */
     CF_FIT_COMMON;
 } cf_lr_find_opts;
 
 typedef struct cf_lr_find_result {
     double *lrs, *losses; /* the recorded points */
     int n;
-    int suggest;           /* which suggestions were computed */
-    double valley, slide, minimum, steep;                  /* suggested lrs (NaN: none) */
+    int suggest;                          /* which suggestions were computed */
+    double valley, slide, minimum, steep; /* suggested lrs (NaN: none) */
     double valley_loss, slide_loss, minimum_lr_at, minimum_loss, steep_loss; /* plot points */
 } cf_lr_find_result;
 void cf_lr_find_result_free(cf_lr_find_result *r);
@@ -427,19 +426,19 @@ void cf_lr_find_suggest(cf_lr_find_result *r, int num_it, int which);
 /* ---- validation and predictions ------------------------------------------------------------ */
 
 typedef struct cf_validate_opts {
-    bool train_set;   /* fastai's ds_idx=0: the training set (default: validation) */
+    bool train_set; /* fastai's ds_idx=0: the training set (default: validation) */
     cf_callback **cbs;
     int n_cbs;
     cf_par_opts par;
 } cf_validate_opts;
 
 typedef struct cf_get_preds_opts {
-    bool train_set;     /* fastai's ds_idx=0: the training set, in order, undropped (default:
-                           the validation set) */
+    bool train_set; /* fastai's ds_idx=0: the training set, in order, undropped (default:
+                       the validation set) */
     bool with_input;
     bool with_decoded;
     bool with_loss;
-    bool raw;           /* true: no loss activation (fastai act=noop) */
+    bool raw; /* true: no loss activation (fastai act=noop) */
     cf_callback **cbs;
     int n_cbs;
     cf_par_opts par;
@@ -448,11 +447,11 @@ typedef struct cf_get_preds_opts {
 /* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free. */
 typedef struct cf_preds {
     int64_t n;
-    cf_tensor preds;   /* (n, C): after the loss activation unless raw */
-    cf_tensor targs;   /* (n) or (n, T) */
-    cf_tensor inputs;  /* with_input */
-    int64_t *decoded;  /* with_decoded: argmax (classifiers) */
-    float *losses;     /* with_loss: per-item loss */
+    cf_tensor preds;  /* (n, C): after the loss activation unless raw */
+    cf_tensor targs;  /* (n) or (n, T) */
+    cf_tensor inputs; /* with_input */
+    int64_t *decoded; /* with_decoded: argmax (classifiers) */
+    float *losses;    /* with_loss: per-item loss */
 } cf_preds;
 void cf_preds_free(cf_preds *p);
 
@@ -489,7 +488,7 @@ typedef struct cf_vision_opts {
     bool no_concat_pool;    /* fastai's concat_pool=False */
     int n_lin_ftrs;         /* hidden head layers (0: the arch's default) */
     int lin_ftrs[CF_HEAD_MAX_LAYERS];
-    int n_ps;               /* 0: the arch's default */
+    int n_ps; /* 0: the arch's default */
     float ps[CF_HEAD_MAX_LAYERS + 1];
     bool no_first_bn, bn_final;
 } cf_vision_opts;
@@ -503,12 +502,12 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
 
 typedef struct cf_tabular_learner_opts {
     CF_LEARNER_FIELDS;
-    int n_layers;         /* 0: [200, 100] */
+    int n_layers; /* 0: [200, 100] */
     int layers[CF_TABULAR_MAX_LAYERS];
-    float ps;             /* dropout of hidden layers */
+    float ps; /* dropout of hidden layers */
     float embed_p;
-    int n_out;            /* 0: classes, or target_dim for regression */
-    bool y_range;         /* regression output squashed into [y_lo, y_hi] */
+    int n_out;    /* 0: classes, or target_dim for regression */
+    bool y_range; /* regression output squashed into [y_lo, y_hi] */
     float y_lo, y_hi;
 } cf_tabular_learner_opts;
 
@@ -525,16 +524,16 @@ cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_le
 typedef struct cf_tracker_opts {
     const char *monitor; /* "valid_loss" */
     double min_delta;
-    int patience;        /* EarlyStopping / ReduceLROnPlateau: 1 */
-    double factor;       /* ReduceLROnPlateau: 10 */
-    double min_lr;       /* ReduceLROnPlateau: 0 */
-    const char *fname;   /* SaveModel: "model" */
-    bool every_epoch;    /* SaveModel */
-    bool with_opt;       /* SaveModel */
-    bool at_end;         /* SaveModel: save at the end of the fit instead of loading the best */
-    int comp;            /* 0: lower is better when the name holds "loss" or "error" (fastai)
-                            or the metric says lower_is_better (mse, mae, _rmse); -1: lower is
-                            better; 1: higher is better */
+    int patience;      /* EarlyStopping / ReduceLROnPlateau: 1 */
+    double factor;     /* ReduceLROnPlateau: 10 */
+    double min_lr;     /* ReduceLROnPlateau: 0 */
+    const char *fname; /* SaveModel: "model" */
+    bool every_epoch;  /* SaveModel */
+    bool with_opt;     /* SaveModel */
+    bool at_end;       /* SaveModel: save at the end of the fit instead of loading the best */
+    int comp;          /* 0: lower is better when the name holds "loss" or "error" (fastai)
+                          or the metric says lower_is_better (mse, mae, _rmse); -1: lower is
+                          better; 1: higher is better */
 } cf_tracker_opts;
 cf_callback *cf_save_model_cb_(const cf_tracker_opts *o);
 cf_callback *cf_early_stopping_cb_(const cf_tracker_opts *o);

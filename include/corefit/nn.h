@@ -38,11 +38,11 @@ typedef struct cf_param {
     cf_param_kind kind;
     cf_shape shape;
     size_t numel;
-    float *data;      /* into the model's weights or buffers block */
-    float *grad;      /* into the model's grads block; NULL for buffers */
-    size_t offset;    /* element offset in its block */
-    int group;        /* parameter group (0 unless set) */
-    bool trainable;   /* false while frozen */
+    float *data;    /* into the model's weights or buffers block */
+    float *grad;    /* into the model's grads block; NULL for buffers */
+    size_t offset;  /* element offset in its block */
+    int group;      /* parameter group (0 unless set) */
+    bool trainable; /* false while frozen */
 } cf_param;
 
 typedef struct cf_module cf_module;

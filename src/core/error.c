@@ -9,22 +9,36 @@
 
 static _Thread_local char last_error[CF_ERROR_MAX];
 
-const char *cf_last_error(void) { return last_error; }
+const char *cf_last_error(void) {
+    return last_error;
+}
 
-void cf_clear_error(void) { last_error[0] = '\0'; }
+void cf_clear_error(void) {
+    last_error[0] = '\0';
+}
 
 const char *cf_status_str(cf_status status) {
     switch (status) {
-    case CF_OK: return "ok";
-    case CF_ERR_INVALID: return "invalid argument";
-    case CF_ERR_IO: return "i/o error";
-    case CF_ERR_FORMAT: return "bad file format";
-    case CF_ERR_NOMEM: return "out of memory";
-    case CF_ERR_STATE: return "bad state";
-    case CF_ERR_UNSUPPORTED: return "unsupported";
-    case CF_ERR_WORKER: return "worker failed";
-    case CF_ERR_INTERRUPTED: return "interrupted";
-    case CF_ERR_NONFINITE: return "non-finite value";
+    case CF_OK:
+        return "ok";
+    case CF_ERR_INVALID:
+        return "invalid argument";
+    case CF_ERR_IO:
+        return "i/o error";
+    case CF_ERR_FORMAT:
+        return "bad file format";
+    case CF_ERR_NOMEM:
+        return "out of memory";
+    case CF_ERR_STATE:
+        return "bad state";
+    case CF_ERR_UNSUPPORTED:
+        return "unsupported";
+    case CF_ERR_WORKER:
+        return "worker failed";
+    case CF_ERR_INTERRUPTED:
+        return "interrupted";
+    case CF_ERR_NONFINITE:
+        return "non-finite value";
     }
     return "unknown status";
 }

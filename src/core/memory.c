@@ -26,7 +26,9 @@ void *cf_calloc(size_t count, size_t size) {
     return ptr;
 }
 
-void cf_free(void *ptr) { free(ptr); }
+void cf_free(void *ptr) {
+    free(ptr);
+}
 
 char *cf_strdup(const char *s) {
     size_t n = strlen(s) + 1;

@@ -14,7 +14,9 @@ void cf_rng_seed(cf_rng *rng, uint64_t seed) {
     for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 uint64_t cf_rng_next(cf_rng *rng) {
     uint64_t *s = rng->s;
@@ -29,7 +31,9 @@ uint64_t cf_rng_next(cf_rng *rng) {
     return result;
 }
 
-double cf_rng_uniform(cf_rng *rng) { return (double)(cf_rng_next(rng) >> 11) * 0x1.0p-53; }
+double cf_rng_uniform(cf_rng *rng) {
+    return (double)(cf_rng_next(rng) >> 11) * 0x1.0p-53;
+}
 
 uint64_t cf_rng_below(cf_rng *rng, uint64_t n) {
     if (n <= 1) return 0;

@@ -186,8 +186,8 @@ static const char *better_core(void) {
 }
 
 static bool generic_core(const char *name) {
-    static const char *const generic[] = {"Prescott", "Core2", "Nehalem", "Katmai", "Northwood",
-                                          "Banias", "Generic"};
+    static const char *const generic[] = {"Prescott",  "Core2",  "Nehalem", "Katmai",
+                                          "Northwood", "Banias", "Generic"};
     for (size_t i = 0; i < sizeof generic / sizeof *generic; i++)
         if (name && strcmp(name, generic[i]) == 0) return true;
     return false;
@@ -203,7 +203,9 @@ __attribute__((constructor)) static void select_blas_kernels(void) {
     unsetenv("OPENBLAS_CORETYPE"); /* leave the environment as the user had it */
 }
 
-const char *cf_blas_core(void) { return openblas_get_corename(); }
+const char *cf_blas_core(void) {
+    return openblas_get_corename();
+}
 
 double cf_now(void) {
     struct timespec ts;

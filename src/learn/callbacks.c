@@ -201,7 +201,8 @@ cf_callback *cf_gradient_accumulation_cb(int n_acc) {
     if (!a) return NULL;
     a->n_acc = n_acc > 0 ? n_acc : 32;
     /* fastai: MixedPrecision.order - 4 */
-    cf_callback *cb = callback_new("GradientAccumulation", CF_ORDER_GRAD_ACCUMULATION, a, free_with_state);
+    cf_callback *cb =
+        callback_new("GradientAccumulation", CF_ORDER_GRAD_ACCUMULATION, a, free_with_state);
     if (!cb) {
         cf_free(a);
         return NULL;

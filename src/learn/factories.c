@@ -102,8 +102,7 @@ static cf_status load_body(cf_model *model, const char *path) {
     return st;
 }
 
-cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
-                             const cf_vision_opts *o) {
+cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const cf_vision_opts *o) {
     *out = NULL;
     const cf_dataset *ds = dls ? dls->train_ds : NULL;
     cf_status st = CF_OK;
@@ -120,7 +119,9 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
     cf_head_opts head = head_options(arch, o);
     cf_module *root = NULL;
     switch (arch) {
-    case CF_ARCH_MINI_RESNET: root = cf_mini_resnet_ex(c_in, n_out, &head); break;
+    case CF_ARCH_MINI_RESNET:
+        root = cf_mini_resnet_ex(c_in, n_out, &head);
+        break;
     case CF_ARCH_SIMPLE_CNN: {
         int filters[] = {c_in, 16, 32, 64};
         cf_module *body = cf_simple_cnn(4, filters, NULL, NULL, true);
@@ -142,10 +143,12 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
         root = cf_xresnet(depth, n_out, &xo);
         break;
     }
-    default: st = cf_fail(CF_ERR_INVALID, "unknown architecture %d", (int)arch);
+    default:
+        st = cf_fail(CF_ERR_INVALID, "unknown architecture %d", (int)arch);
     }
     cf_model *model = NULL;
-    if (st == CF_OK && !root) st = cf_fail_context(CF_ERR_INVALID, "building %s", cf_arch_name(arch));
+    if (st == CF_OK && !root)
+        st = cf_fail_context(CF_ERR_INVALID, "building %s", cf_arch_name(arch));
     if (st == CF_OK) st = cf_model_new(&model, root, o->seed);
     if (st == CF_OK) st = cf_split_default(model);
     if (st == CF_OK && o->pretrained) st = load_body(model, o->pretrained);
@@ -171,7 +174,9 @@ cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_le
     if (!ds || ds->sample_shape.ndim != 1 || ds->n_cat + ds->n_cont != ds->sample_shape.dim[0])
         st = cf_fail(CF_ERR_INVALID, "tabular_learner needs a tabular data set (categorical "
                                      "codes then continuous values)");
-    int n_out = o->n_out > 0 ? o->n_out : ds ? (ds->n_classes > 0 ? ds->n_classes : ds->target_dim) : 0;
+    int n_out = o->n_out > 0 ? o->n_out
+                : ds         ? (ds->n_classes > 0 ? ds->n_classes : ds->target_dim)
+                             : 0;
     if (st != CF_OK) {
         drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
         return st;
@@ -189,9 +194,11 @@ cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_le
     to.y_range = o->y_range;
     to.y_lo = o->y_lo;
     to.y_hi = o->y_hi;
-    cf_module *root = cf_tabular_model(ds->n_cat, ds->cat_cardinality, NULL, ds->n_cont, n_out, &to);
+    cf_module *root =
+        cf_tabular_model(ds->n_cat, ds->cat_cardinality, NULL, ds->n_cont, n_out, &to);
     cf_model *model = NULL;
-    st = root ? cf_model_new(&model, root, o->seed) : cf_fail_context(CF_ERR_INVALID, "tabular model");
+    st = root ? cf_model_new(&model, root, o->seed)
+              : cf_fail_context(CF_ERR_INVALID, "tabular model");
     if (st != CF_OK) {
         drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
         return st;

@@ -49,9 +49,12 @@ cf_status cf_learner_new_(cf_learner **out, cf_dls *dls, cf_model *model,
     cf_status st = CF_OK;
     cf_learner *learn = cf_calloc(1, sizeof *learn);
     if (!learn || !dls || !model) {
-        if (learn && !dls) st = cf_fail(CF_ERR_INVALID, "cf_learner_new: no DataLoaders");
-        else if (learn) st = cf_fail(CF_ERR_INVALID, "cf_learner_new: no model");
-        else st = CF_ERR_NOMEM;
+        if (learn && !dls)
+            st = cf_fail(CF_ERR_INVALID, "cf_learner_new: no DataLoaders");
+        else if (learn)
+            st = cf_fail(CF_ERR_INVALID, "cf_learner_new: no model");
+        else
+            st = CF_ERR_NOMEM;
         cf_model_free(model);
         for (int i = 0; i < o->n_metrics; i++) cf_metric_free(o->metrics[i]);
         for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
@@ -64,9 +67,9 @@ cf_status cf_learner_new_(cf_learner **out, cf_dls *dls, cf_model *model,
         learn->loss = o->loss;
     } else {
         /* fastai's default loss follows the targets: cross-entropy for classes, else MSE. */
-        learn->loss = (cf_loss){.kind = dls->train_ds && dls->train_ds->n_classes > 0
-                                            ? CF_LOSS_CROSS_ENTROPY
-                                            : CF_LOSS_MSE};
+        learn->loss =
+            (cf_loss){.kind = dls->train_ds && dls->train_ds->n_classes > 0 ? CF_LOSS_CROSS_ENTROPY
+                                                                            : CF_LOSS_MSE};
         learn->loss.label_smoothing = o->loss.label_smoothing;
     }
     learn->opt_config = o->opt_set ? o->opt : cf_opt_adam_defaults();
@@ -185,8 +188,12 @@ cf_status cf_learner_freeze_to(cf_learner *learn, int n) {
     return CF_OK;
 }
 
-cf_status cf_learner_freeze(cf_learner *learn) { return cf_learner_freeze_to(learn, -1); }
-cf_status cf_learner_unfreeze(cf_learner *learn) { return cf_learner_freeze_to(learn, 0); }
+cf_status cf_learner_freeze(cf_learner *learn) {
+    return cf_learner_freeze_to(learn, -1);
+}
+cf_status cf_learner_unfreeze(cf_learner *learn) {
+    return cf_learner_freeze_to(learn, 0);
+}
 
 /* name -> path/model_dir/name.safetensors unless name already looks like a path. */
 static cf_status model_file(const cf_learner *learn, const char *name, bool make_dir, char *buf,

@@ -9,12 +9,30 @@
 #include "learn/internal.h"
 
 static const char *const event_names[CF_EV_COUNT] = {
-    "after_create",    "before_fit",         "before_epoch",     "before_train",
-    "before_batch",    "after_pred",         "after_loss",       "before_backward",
-    "after_cancel_backward", "after_backward", "before_step",     "after_cancel_step",
-    "after_step",      "after_cancel_batch", "after_batch",      "after_cancel_train",
-    "after_train",     "before_validate",    "after_cancel_validate", "after_validate",
-    "after_cancel_epoch", "after_epoch",     "after_cancel_fit", "after_fit",
+    "after_create",
+    "before_fit",
+    "before_epoch",
+    "before_train",
+    "before_batch",
+    "after_pred",
+    "after_loss",
+    "before_backward",
+    "after_cancel_backward",
+    "after_backward",
+    "before_step",
+    "after_cancel_step",
+    "after_step",
+    "after_cancel_batch",
+    "after_batch",
+    "after_cancel_train",
+    "after_train",
+    "before_validate",
+    "after_cancel_validate",
+    "after_validate",
+    "after_cancel_epoch",
+    "after_epoch",
+    "after_cancel_fit",
+    "after_fit",
 };
 
 const char *cf_event_name(cf_event ev) {
@@ -23,14 +41,16 @@ const char *cf_event_name(cf_event ev) {
 
 /* Events of the inner loop obey a callback's skip_train / skip_valid (fastai's run_train,
  * run_valid). */
-static bool inner_event(cf_event ev) { return ev >= CF_EV_BEFORE_BATCH && ev <= CF_EV_AFTER_BATCH; }
+static bool inner_event(cf_event ev) {
+    return ev >= CF_EV_BEFORE_BATCH && ev <= CF_EV_AFTER_BATCH;
+}
 
 cf_status cf__event(cf_learner *learn, cf_event ev) {
     for (int i = 0; i < learn->n_active; i++) {
         cf_callback *cb = learn->active[i];
         if (!cb->on[ev] || !cb->running) continue;
-        if (inner_event(ev) && ((learn->training && cb->skip_train) ||
-                                (!learn->training && cb->skip_valid)))
+        if (inner_event(ev) &&
+            ((learn->training && cb->skip_train) || (!learn->training && cb->skip_valid)))
             continue;
         cf_status st = cb->on[ev](cb, learn);
         if (st != CF_OK)

@@ -48,7 +48,8 @@ static cf_status lf_after_batch(cf_callback *cb, cf_learner *learn) {
         rec->n_hps++;
     }
     if (learn->smooth_loss < s->best_loss) s->best_loss = learn->smooth_loss;
-    if (learn->smooth_loss > 4 * s->best_loss && s->stop_div) cf_learner_cancel(learn, CF_CANCEL_FIT);
+    if (learn->smooth_loss > 4 * s->best_loss && s->stop_div)
+        cf_learner_cancel(learn, CF_CANCEL_FIT);
     if (learn->train_iter >= s->num_it) cf_learner_cancel(learn, CF_CANCEL_FIT);
     return CF_OK;
 }
@@ -89,8 +90,8 @@ static cf_callback *lr_finder_cb(double start_lr, double end_lr, int num_it, boo
         cf_free(s);
         return NULL;
     }
-    *s = (finder_state){.start_lr = start_lr, .end_lr = end_lr, .num_it = num_it,
-                        .stop_div = stop_div};
+    *s = (finder_state){
+        .start_lr = start_lr, .end_lr = end_lr, .num_it = num_it, .stop_div = stop_div};
     cb->name = "LRFinder";
     cb->order = CF_ORDER_SCHEDULER;
     cb->skip_valid = true;
@@ -112,7 +113,8 @@ static double interp(double x, const double *xs, const double *ys, int n) {
     if (x <= xs[0]) return ys[0];
     if (x >= xs[n - 1]) return ys[n - 1];
     for (int i = 1; i < n; i++)
-        if (x <= xs[i]) return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
+        if (x <= xs[i])
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
     return ys[n - 1];
 }
 

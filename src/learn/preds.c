@@ -8,7 +8,9 @@
 
 cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts *o) {
     cf_dataloader *dl = o->train_set ? learn->dls->train : learn->dls->valid;
-    if (!dl) return cf_fail(CF_ERR_INVALID, "validate: no %s set", o->train_set ? "training" : "validation");
+    if (!dl)
+        return cf_fail(CF_ERR_INVALID, "validate: no %s set",
+                       o->train_set ? "training" : "validation");
     cf_status st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, NULL, NULL);
     if (st != CF_OK) return st;
     if (values) memcpy(values, learn->final_record, (size_t)learn->n_final_record * sizeof(double));
@@ -85,7 +87,8 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_datal
     opt.flip = false;
     cf_status st = cf_dataloader_new(cf_dataloader_dataset(like), &opt, out);
     if (st == CF_OK && learn->shard_world > 1)
-        st = cf_dataloader_set_shard(*out, learn->shard_rank, learn->shard_world, learn->shard_mode);
+        st =
+            cf_dataloader_set_shard(*out, learn->shard_rank, learn->shard_world, learn->shard_mode);
     if (st != CF_OK) {
         cf_dataloader_free(*out);
         *out = NULL;
@@ -96,7 +99,9 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_datal
 cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *o) {
     memset(out, 0, sizeof *out);
     cf_dataloader *like = o->train_set ? learn->dls->train : learn->dls->valid;
-    if (!like) return cf_fail(CF_ERR_INVALID, "get_preds: no %s set", o->train_set ? "training" : "validation");
+    if (!like)
+        return cf_fail(CF_ERR_INVALID, "get_preds: no %s set",
+                       o->train_set ? "training" : "validation");
     const cf_dataset *ds = cf_dataloader_dataset(like);
     cf_dataloader *dl = NULL;
     cf_status st = ordered_loader(learn, like, &dl);
@@ -130,8 +135,9 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
             int dims[CF_MAX_DIMS] = {(int)ds->n};
             for (int i = 0; i < ds->sample_shape.ndim && i + 1 < CF_MAX_DIMS; i++)
                 dims[i + 1] = ds->sample_shape.dim[i];
-            out->inputs = cf_tensor_view(cf_calloc((size_t)(ds->n * g.input_cols) + 1, sizeof(float)),
-                                         cf_shape_make(ds->sample_shape.ndim + 1, dims));
+            out->inputs =
+                cf_tensor_view(cf_calloc((size_t)(ds->n * g.input_cols) + 1, sizeof(float)),
+                               cf_shape_make(ds->sample_shape.ndim + 1, dims));
         }
         if (o->with_decoded) out->decoded = cf_calloc((size_t)ds->n + 1, sizeof(int64_t));
         if (o->with_loss) out->losses = cf_calloc((size_t)ds->n + 1, sizeof(float));
@@ -139,7 +145,8 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
             (o->with_decoded && !out->decoded) || (o->with_loss && !out->losses))
             st = cf_fail(CF_ERR_NOMEM, "get_preds: %lld predictions", (long long)ds->n);
     }
-    if (st == CF_OK) st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, gather_batch, &g);
+    if (st == CF_OK)
+        st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, gather_batch, &g);
     else
         for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
     if (st == CF_OK) st = g.status;

@@ -44,7 +44,9 @@ static cf_status te_before_validate(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
-static void free_plain(cf_callback *cb) { cf_free(cb); }
+static void free_plain(cf_callback *cb) {
+    cf_free(cb);
+}
 
 cf_callback *cf__train_eval_cb(void) {
     cf_callback *cb = cf_calloc(1, sizeof *cb);
@@ -268,7 +270,8 @@ cf_status cf_recorder_copy(cf_recorder *dst, const cf_recorder *src) {
     r.metric_names = cf_calloc((size_t)src->n_names + 1, sizeof *r.metric_names);
     bool ok = r.lrs && r.moms && r.losses && r.hp_lr && r.hp_mom && r.values && r.times &&
               r.iters && r.metric_names;
-    if (r.iters && src->n_epochs) memcpy(r.iters, src->iters, (size_t)src->n_epochs * sizeof *r.iters);
+    if (r.iters && src->n_epochs)
+        memcpy(r.iters, src->iters, (size_t)src->n_epochs * sizeof *r.iters);
     for (int i = 0; ok && i < src->n_names; i++)
         ok = (r.metric_names[i] = cf_strdup(src->metric_names[i])) != NULL;
     if (!ok) {
@@ -279,7 +282,6 @@ cf_status cf_recorder_copy(cf_recorder *dst, const cf_recorder *src) {
     *dst = r;
     return CF_OK;
 }
-
 
 /* Python's str(float): the shortest representation that reads back to the same double. */
 static void format_float(double v, char *buf, size_t size) {

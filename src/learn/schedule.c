@@ -7,7 +7,9 @@
 
 #include "learn/internal.h"
 
-double cf_sched_lin(double start, double end, double pos) { return start + pos * (end - start); }
+double cf_sched_lin(double start, double end, double pos) {
+    return start + pos * (end - start);
+}
 double cf_sched_cos(double start, double end, double pos) {
     return start + (1 + cos(M_PI * (1 - pos))) * (end - start) / 2;
 }
@@ -16,7 +18,9 @@ double cf_sched_no(double start, double end, double pos) {
     (void)pos;
     return start;
 }
-double cf_sched_exp(double start, double end, double pos) { return start * pow(end / start, pos); }
+double cf_sched_exp(double start, double end, double pos) {
+    return start * pow(end / start, pos);
+}
 
 /* combine_scheds([pct, 1-pct], [SchedCos(start, middle), SchedCos(middle, end)]) */
 double cf_combined_cos(double pct, double start, double middle, double end, double pos) {

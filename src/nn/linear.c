@@ -1,4 +1,5 @@
-/* Linear (fully connected) layer: y = x W^T + b, as PyTorch's nn.Linear, through cf_sgemm (OpenBLAS). */
+/* Linear (fully connected) layer: y = x W^T + b, as PyTorch's nn.Linear, through cf_sgemm
+ * (OpenBLAS). */
 #include "corefit/nn.h"
 
 #include <cblas.h>
@@ -46,8 +47,8 @@ static const cf_tensor *linear_forward(cf_module *m, const cf_tensor *x) {
             for (int j = 0; j < out; j++) row[j] = b[j];
         }
     }
-    cf_sgemm(false, true, n, out, in, 1.0f, x->data, in, w, in,
-                l->has_bias ? 1.0f : 0.0f, y->data, out);
+    cf_sgemm(false, true, n, out, in, 1.0f, x->data, in, w, in, l->has_bias ? 1.0f : 0.0f, y->data,
+             out);
     return y;
 }
 
@@ -57,8 +58,7 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     const int n = x->shape.dim[0], in = l->in_features, out = l->out_features;
     cf_param *w = &m->params[0];
     if (w->trainable) /* dW += dy^T x */
-        cf_sgemm(true, false, out, in, n, 1.0f, dy->data, out,
-                    x->data, in, 1.0f, w->grad, in);
+        cf_sgemm(true, false, out, in, n, 1.0f, dy->data, out, x->data, in, 1.0f, w->grad, in);
     if (l->has_bias && m->params[1].trainable) {
         float *restrict db = m->params[1].grad;
         for (int i = 0; i < n; i++) {
@@ -68,8 +68,7 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     }
     if (!need_dx) return NULL;
     cf_tensor *dx = cf_module_input_grad(m); /* dx = dy W */
-    cf_sgemm(false, false, n, in, out, 1.0f, dy->data, out, w->data,
-                in, 0.0f, dx->data, in);
+    cf_sgemm(false, false, n, in, out, 1.0f, dy->data, out, w->data, in, 0.0f, dx->data, in);
     return dx;
 }
 

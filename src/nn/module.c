@@ -490,4 +490,6 @@ cf_status cf_model_copy_state(cf_model *dst, const cf_model *src) {
     return CF_OK;
 }
 
-size_t cf_model_num_weights(const cf_model *model) { return model->n_weights; }
+size_t cf_model_num_weights(const cf_model *model) {
+    return model->n_weights;
+}

@@ -8,8 +8,12 @@ cf_shape cf_shape_make(int ndim, const int *dims) {
     for (int i = 0; i < ndim && i < CF_MAX_DIMS; i++) s.dim[i] = dims[i];
     return s;
 }
-cf_shape cf_shape1(int a) { return (cf_shape){.ndim = 1, .dim = {a}}; }
-cf_shape cf_shape2(int a, int b) { return (cf_shape){.ndim = 2, .dim = {a, b}}; }
+cf_shape cf_shape1(int a) {
+    return (cf_shape){.ndim = 1, .dim = {a}};
+}
+cf_shape cf_shape2(int a, int b) {
+    return (cf_shape){.ndim = 2, .dim = {a, b}};
+}
 cf_shape cf_shape4(int n, int c, int h, int w) {
     return (cf_shape){.ndim = 4, .dim = {n, c, h, w}};
 }
@@ -30,4 +34,6 @@ const char *cf_shape_str(const cf_shape *s, char *buf, size_t size) {
     return buf;
 }
 
-cf_tensor cf_tensor_view(float *data, cf_shape shape) { return (cf_tensor){data, shape}; }
+cf_tensor cf_tensor_view(float *data, cf_shape shape) {
+    return (cf_tensor){data, shape};
+}
