@@ -437,16 +437,6 @@ cf_status cli_meta_read(const char *path, cli_meta *m) {
 
 /* ---- tabular rows -------------------------------------------------------------------------- */
 
-static bool is_na(const char *s) {
-    static const char *const na[] = {"",         "#N/A", "#N/A N/A", "#NA",    "-1.#IND",
-                                     "-1.#QNAN", "-NaN", "-nan",     "1.#IND", "1.#QNAN",
-                                     "<NA>",     "N/A",  "NA",       "NULL",   "NaN",
-                                     "None",     "n/a",  "nan",      "null"};
-    for (size_t i = 0; i < sizeof na / sizeof *na; i++)
-        if (strcmp(s, na[i]) == 0) return true;
-    return false;
-}
-
 static const char *trim(const char *s, char *buf, size_t size) {
     while (*s == ' ' || *s == '\t') s++;
     size_t n = strlen(s);
@@ -468,7 +458,7 @@ static bool parse_number(const char *s, double *v) {
 
 /* Code of s in a vocabulary ([0] = "#na#"): as Categorify, numeric vocabularies match by value. */
 static int vocab_code(char *const *voc, int card, const char *raw) {
-    if (is_na(raw)) return 0;
+    if (cf_csv_is_missing(raw)) return 0;
     char tb[4096], vb[4096];
     double x, y;
     bool numeric = card > 1;
@@ -529,15 +519,16 @@ cf_status cli_tabular_encode(const cli_meta *m, const cf_csv_table *t, bool need
         for (int i = 0; i < m->n_cat; i++) {
             const char *s = cell[col[i]];
             if (m->flag_of[i]) /* FillMissing's flag: codes 1 (False) and 2 (True) */
-                row[i] = (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i],
-                                           is_na(trim(s, tb, sizeof tb)) ? "True" : "False");
+                row[i] =
+                    (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i],
+                                      cf_csv_is_missing(trim(s, tb, sizeof tb)) ? "True" : "False");
             else
                 row[i] = (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i], s);
         }
         for (int j = 0; j < m->n_cont; j++) {
             const char *s = trim(cell[col[m->n_cat + j]], tb, sizeof tb);
             double v;
-            if (is_na(s)) {
+            if (cf_csv_is_missing(s)) {
                 v = m->cont_fill[j];
             } else if (!parse_number(s, &v)) {
                 st = cf_fail(CF_ERR_FORMAT,
@@ -549,7 +540,7 @@ cf_status cli_tabular_encode(const cli_meta *m, const cf_csv_table *t, bool need
         }
         if (ycol >= 0 && need_target) {
             const char *s = cell[ycol];
-            if (is_na(s)) {
+            if (cf_csv_is_missing(s)) {
                 st = cf_fail(CF_ERR_FORMAT, "%s: line %lld: the target '%s' is missing", src,
                              (long long)t->row_line[r], m->target);
                 goto done;

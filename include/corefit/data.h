@@ -129,6 +129,8 @@ typedef struct cf_csv_table {
 
 /* Parses CSV text; rows with a different field count than the header are refused with the line
  * number. A final empty line is ignored. */
+/* True for the strings pandas reads as missing ("", "NA", "NaN", "null", "#N/A", ...). */
+bool cf_csv_is_missing(const char *s);
 cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, char delimiter,
                               cf_csv_table **out);
 cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out);

@@ -99,6 +99,10 @@ cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape);
 /* Sets m->dx's shape to m->in's shape and returns it (for use in backward). */
 cf_tensor *cf_module_input_grad(cf_module *m);
 
+/* Appends a named child to any module (for custom containers); takes ownership of the child,
+ * also on failure. */
+cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *name);
+
 /* Containers take ownership of their children, also on failure. */
 cf_module *cf_sequential(int n, cf_module *const *children);
 /* Appends a child to a Sequential (takes ownership). */

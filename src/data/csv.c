@@ -234,7 +234,7 @@ static const char *trim(const char *s, char *buf, size_t size) {
 }
 
 /* pandas' default missing-value strings. */
-static bool is_na(const char *s) {
+bool cf_csv_is_missing(const char *s) {
     static const char *const na[] = {"",         "#N/A", "#N/A N/A", "#NA",    "-1.#IND",
                                      "-1.#QNAN", "-NaN", "-nan",     "1.#IND", "1.#QNAN",
                                      "<NA>",     "N/A",  "NA",       "NULL",   "NaN",
@@ -290,7 +290,7 @@ static cf_status build_vocab(const cf_csv_table *t, int c, const int64_t *rows, 
     char tb[TRIM_MAX];
     for (int64_t i = 0; i < n; i++) {
         const char *raw = t->cells[rows[i] * t->n_cols + c];
-        if (is_na(raw)) continue;
+        if (cf_csv_is_missing(raw)) continue;
         double v = 0;
         if (!parse_number(trim(raw, tb, sizeof tb), &v)) numeric = false;
         k[m].s = raw;
@@ -417,7 +417,7 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
         for (int64_t r = 0; r < n; r++) {
             const char *s = trim(t->cells[r * t->n_cols + c], tb, sizeof tb);
             double v;
-            if (!is_na(s) && !parse_number(s, &v)) {
+            if (!cf_csv_is_missing(s) && !parse_number(s, &v)) {
                 st = cf_fail(CF_ERR_FORMAT,
                              "%s: line %lld, continuous column '%s': '%s' is not a number", src,
                              (long long)t->row_line[r], t->header[c], s);
@@ -427,7 +427,7 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
         int64_t m = 0;
         for (int64_t i = 0; i < ntr; i++) {
             const char *s = trim(t->cells[tr[i] * t->n_cols + c], tb, sizeof tb);
-            if (is_na(s))
+            if (cf_csv_is_missing(s))
                 has_na[j] = true;
             else
                 parse_number(s, &vals[m++]);
@@ -541,13 +541,13 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
             float *x = ds->x + (size_t)i * (size_t)nf;
             for (int j = 0; j < ncat; j++) {
                 const char *s = cell[cat_col[j]];
-                int64_t code = is_na(s) ? -1 : vocab_find(&cvoc[j], s);
+                int64_t code = cf_csv_is_missing(s) ? -1 : vocab_find(&cvoc[j], s);
                 x[j] = (float)(code + 1); /* missing or unseen: 0 (#na#) */
             }
             for (int j = 0, k = ncat; j < ncont; j++) {
                 const char *s = trim(cell[cont_col[j]], tb, sizeof tb);
                 double v;
-                bool missing = is_na(s);
+                bool missing = cf_csv_is_missing(s);
                 if (missing)
                     v = median[j];
                 else
@@ -556,7 +556,7 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
                 if (has_na[j]) x[k++] = missing ? 2.0f : 1.0f;
             }
             const char *ys = cell[ycol];
-            if (is_na(ys)) {
+            if (cf_csv_is_missing(ys)) {
                 st = cf_fail(CF_ERR_FORMAT, "%s: line %lld: the target '%s' is missing", src,
                              (long long)t->row_line[r], opt->y_name);
                 goto done;

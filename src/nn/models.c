@@ -125,33 +125,6 @@ static bool zoo_finish(cf_module *seq, cf_module *hook, bool ok) {
     return cf_sequential_append(seq, hook) == CF_OK;
 }
 
-static cf_status zoo_add_child(cf_module *parent, cf_module *child, const char *name) {
-    if (!child) return cf_fail_context(CF_ERR_INVALID, "child %s", name);
-    int n = parent->n_children;
-    cf_module **children = cf_calloc((size_t)n + 1, sizeof *children);
-    char **names = cf_calloc((size_t)n + 1, sizeof *names);
-    char *copy = cf_strdup(name);
-    if (!children || !names || !copy) {
-        cf_free(children);
-        cf_free(names);
-        cf_free(copy);
-        cf_module_free(child);
-        return cf_fail(CF_ERR_NOMEM, "adding child %s", name);
-    }
-    if (n) {
-        memcpy(children, parent->children, (size_t)n * sizeof *children);
-        memcpy(names, parent->child_names, (size_t)n * sizeof *names);
-    }
-    children[n] = child;
-    names[n] = copy;
-    cf_free(parent->children);
-    cf_free(parent->child_names);
-    parent->children = children;
-    parent->child_names = names;
-    parent->n_children = n + 1;
-    return CF_OK;
-}
-
 static void zoo_add(cf_module *seq, bool *ok, cf_module *child) {
     if (!*ok || !seq) {
         cf_module_free(child);
@@ -1042,21 +1015,21 @@ cf_module *cf_tabular_model(int n_cat, const int *cardinalities, const int *emb_
         }
         char name[16];
         snprintf(name, sizeof name, "%d", i);
-        if (zoo_add_child(embeds, e, name) != CF_OK) ok = false;
+        if (cf_module_add_child(embeds, e, name) != CF_OK) ok = false;
     }
     if (ok) {
         t->embeds = embeds;
-        ok = zoo_add_child(m, embeds, "embeds") == CF_OK;
+        ok = cf_module_add_child(m, embeds, "embeds") == CF_OK;
     } else {
         cf_module_free(embeds);
     }
     if (ok) {
         t->emb_drop = cf_dropout(o.embed_p);
-        ok = t->emb_drop && zoo_add_child(m, t->emb_drop, "emb_drop") == CF_OK;
+        ok = t->emb_drop && cf_module_add_child(m, t->emb_drop, "emb_drop") == CF_OK;
     }
     if (ok && n_cont > 0 && o.bn_cont) {
         t->bn_cont = cf_batchnorm1d(n_cont);
-        ok = t->bn_cont && zoo_add_child(m, t->bn_cont, "bn_cont") == CF_OK;
+        ok = t->bn_cont && cf_module_add_child(m, t->bn_cont, "bn_cont") == CF_OK;
     }
     cf_module *layers = ok ? cf_sequential(0, NULL) : NULL;
     if (!layers) ok = false;
@@ -1086,13 +1059,13 @@ cf_module *cf_tabular_model(int n_cat, const int *cardinalities, const int *emb_
     if (o.y_range) zoo_add(layers, &ok, zoo_sigmoid_range(o.y_lo, o.y_hi));
     if (ok) {
         t->layers = layers;
-        ok = zoo_add_child(m, layers, "layers") == CF_OK;
+        ok = cf_module_add_child(m, layers, "layers") == CF_OK;
     } else {
         cf_module_free(layers);
     }
     if (ok) {
         ((zoo_init_hook *)hook->impl)->target = m;
-        ok = zoo_add_child(m, hook, "init") == CF_OK;
+        ok = cf_module_add_child(m, hook, "init") == CF_OK;
     } else {
         cf_module_free(hook);
     }

@@ -75,7 +75,7 @@ cf_tensor *cf_module_input_grad(cf_module *m) {
     return &m->dx;
 }
 
-static cf_status add_child(cf_module *parent, cf_module *child, const char *name) {
+cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *name) {
     int n = parent->n_children;
     cf_module **children = cf_calloc((size_t)n + 1, sizeof *children);
     char **names = cf_calloc((size_t)n + 1, sizeof *names);
@@ -168,7 +168,7 @@ cf_status cf_sequential_append(cf_module *seq, cf_module *child) {
     if (!child) return cf_fail(CF_ERR_INVALID, "cf_sequential_append: NULL child");
     char name[16];
     snprintf(name, sizeof name, "%d", seq->n_children);
-    return add_child(seq, child, name);
+    return cf_module_add_child(seq, child, name);
 }
 
 /* ---- residual block: act(convpath(x) + idpath(x)) ------------------------------------------ */
@@ -273,8 +273,8 @@ cf_module *cf_residual(cf_module *convpath, cf_module *idpath, bool relu_after) 
     }
     r->relu_after = relu_after;
     r->has_idpath = idpath != NULL;
-    if (add_child(m, convpath, "convpath") != CF_OK ||
-        (idpath && add_child(m, idpath, "idpath") != CF_OK)) {
+    if (cf_module_add_child(m, convpath, "convpath") != CF_OK ||
+        (idpath && cf_module_add_child(m, idpath, "idpath") != CF_OK)) {
         if (m->n_children == 1 && idpath) cf_module_free(idpath);
         cf_module_free(m);
         return NULL;
