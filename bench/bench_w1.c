@@ -1,4 +1,4 @@
-/* Trains workload W1 of WORKLOADS.md (mini-resnet on Fashion-MNIST, fastai's Adam,
+/* Trains the W1 workload (mini-resnet on Fashion-MNIST, fastai's Adam,
  * fit_one_cycle lr_max 3e-3, batch 64 per process) and prints one JSON line: training images/s,
  * achieved GFLOP/s, test accuracy (epoch runs), peak memory of the whole run.
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""corefit's benchmark suite (`make bench`): workload W1 of WORKLOADS.md, corefit against PyTorch
+"""corefit's benchmark suite (`make bench`): the W1 workload, corefit against PyTorch
 on the same machine in one run, each configuration run alternately and quoted as medians.
 
     /usr/bin/python3 bench/run.py --build build [--quick] [--pairs 3] [--batches 200]

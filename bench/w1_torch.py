@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""W1 (mini-resnet on Fashion-MNIST, WORKLOADS.md) in PyTorch, the reference side of `make bench`.
+"""W1 (mini-resnet on Fashion-MNIST) in PyTorch, the reference side of `make bench`.
 
 The same model, data, normalisation and recipe as corefit's bench_w1:
   fastai's Adam = AdamW(betas 0.9/0.99, eps 1e-5, weight_decay 0.01), no weight decay on
@@ -15,7 +15,7 @@ Modes:
                                                         each with 1 thread and bs 64
 Prints one JSON line (see bench/README.md for the fields).
 
-Thread settings follow WORKLOADS.md: OMP_NUM_THREADS=N and OPENBLAS_NUM_THREADS=1 are set
+Thread settings give PyTorch its best configuration: OMP_NUM_THREADS=N and OPENBLAS_NUM_THREADS=1 are set
 before torch is imported, then torch.set_num_threads(N). OPENBLAS_CORETYPE is passed through
 (bench/run.py sets it to the kernel set corefit selects).
 """

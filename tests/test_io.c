@@ -716,7 +716,7 @@ static void test_torch_loads_saved_model(void **state) {
     cf_model_free(m);
 }
 
-/* W1 of WORKLOADS.md, the mini-resnet, as the fit would save it. */
+/* W1, the mini-resnet, as the fit would save it. */
 static void test_torch_loads_saved_w1(void **state) {
     (void)state;
     cf_model *m;

@@ -1,4 +1,4 @@
-/* The W1 model of shared/WORKLOADS.md assembled from corefit modules, against the same model in
+/* The W1 model (the mini-resnet benchmark workload) assembled from corefit modules, against the same model in
  * PyTorch (tests/oracle/w1.py) with PyTorch's weights copied in by state_dict name: logits,
  * cross-entropy loss, the gradient of every parameter and the BatchNorm buffers after one
  * training step on a batch of 16 random images, then the same in eval mode.

@@ -469,7 +469,7 @@ cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *de
 /* ---- learner factories (fastai's vision_learner and tabular_learner) ---------------------- */
 
 typedef enum cf_arch {
-    CF_ARCH_MINI_RESNET, /* W1 of WORKLOADS.md: the default for small images */
+    CF_ARCH_MINI_RESNET, /* W1, the benchmark workload: the default for small images */
     CF_ARCH_SIMPLE_CNN,
     CF_ARCH_XRESNET18,
     CF_ARCH_XRESNET34,

@@ -169,7 +169,7 @@ void cf_results_release(cf_results *results);
  *     cf_par_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3), .par.num_cores = 8);
  *
  * Each replica: one core, one BLAS thread, loaders sharded by rank, progress and master
- * callbacks on rank 0 only, gradients all-reduced (averaged) after every backward, BatchNorm
+ * callbacks on rank 0 only, gradients all-reduced (averaged) before every step, BatchNorm
  * statistics averaged before each validation, validation loss and metrics summed over the
  * whole set without padding, cancellations agreed at every batch.
  *

@@ -13,8 +13,8 @@ usage:
                           metadata {"format": "pt", "source": "numpy"}.
   io.py DIR torch FILE ARCH
                           load FILE (without its "opt." entries) into the torch module equivalent
-                          to test_io.c's model ARCH ("small": conv/bn/linear; "mini_resnet": W1 of
-                          WORKLOADS.md, built here from its description with corefit's state_dict
+                          to test_io.c's model ARCH ("small": conv/bn/linear; "mini_resnet": W1, the
+                          mini-resnet, built here from its description with corefit's state_dict
                           names) with load_state_dict(strict=True), run it in eval mode on x.f32,
                           write y.f32.
 """

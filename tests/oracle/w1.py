@@ -1,4 +1,4 @@
-"""Oracle for tests/test_w1_model.c: the W1 model of shared/WORKLOADS.md in PyTorch, with the
+"""Oracle for tests/test_w1_model.c: the W1 model (the mini-resnet benchmark workload) in PyTorch, with the
 state_dict names corefit gives its module tree.
 
 usage: w1.py DIR SEED P1 P2
