@@ -6,15 +6,25 @@
 #include <string.h>
 #include <unistd.h>
 
+void test_tmpdir_make(char *dir, size_t size, const char *prefix) {
+    snprintf(dir, size, "/tmp/%sXXXXXX", prefix);
+    assert_non_null(mkdtemp(dir));
+}
+
+int test_tmpdir_remove(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    int rc = system(cmd);
+    if (rc != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return rc == 0 ? 0 : -1;
+}
+
 void oracle_init(oracle *o) {
-    snprintf(o->dir, sizeof o->dir, "/tmp/cf-oracle-XXXXXX");
-    assert_non_null(mkdtemp(o->dir));
+    test_tmpdir_make(o->dir, sizeof o->dir, "cf-oracle-");
 }
 
 void oracle_cleanup(oracle *o) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", o->dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", o->dir);
+    test_tmpdir_remove(o->dir);
 }
 
 void oracle_put(oracle *o, const char *name, const float *data, cf_shape shape) {

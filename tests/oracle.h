@@ -23,6 +23,10 @@ typedef struct oracle {
 void oracle_init(oracle *o);
 /* Removes the folder and everything in it. */
 void oracle_cleanup(oracle *o);
+/* A fresh temporary folder /tmp/<prefix>XXXXXX in dir (size bytes); removed with everything in
+ * it by test_tmpdir_remove. */
+void test_tmpdir_make(char *dir, size_t size, const char *prefix);
+int test_tmpdir_remove(const char *dir); /* 0 on success */
 /* Writes a tensor as <dir>/<name>.f32: int32 ndim, int32 dims[ndim], float32 data. */
 void oracle_put(oracle *o, const char *name, const float *data, cf_shape shape);
 /* Writes a small integer/float scalar list as <dir>/<name>.f32 with shape (n). */

@@ -569,16 +569,13 @@ static void test_fine_tune_image_folder(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/cf_cli_XXXXXX");
-    assert_non_null(mkdtemp(dir));
+    test_tmpdir_make(dir, sizeof dir, "cf_cli_");
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_tmpdir_remove(dir);
 }
 
 int main(void) {
