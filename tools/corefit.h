@@ -29,7 +29,8 @@ typedef struct cli_opt {
 int cli_parse(const char *cmd, int argc, char **argv, int first, cli_opt *opts, const char **pos,
               int max_pos, int *n_pos);
 void cli_print_options(FILE *f, const cli_opt *opts);
-/* "corefit <cmd>: <message>" on stderr; returns code. */
+/* "corefit <cmd>: <message>" on stderr (or cli_messages when set); returns code. */
+extern FILE *cli_messages;
 int cli_error(int code, const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Reports cf_last_error() for a failed library call; returns CLI_FAIL. */
