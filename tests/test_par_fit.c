@@ -284,6 +284,43 @@ static void test_one_progress_display(void **state) {
     cf_dls_free(dls);
 }
 
+/* A non-finite value on one worker stops every worker at the same step (TerminateOnNaN decides
+ * alike on all replicas), and the last good state comes home with the error: the weights equal
+ * those of one process that stopped at the same batch. */
+static void test_nonfinite_brings_last_good_weights_home(void **state) {
+    (void)state;
+    cf_dataset *train = fixture_dataset(96, 1);
+    train->x[37 * 4 + 2] = NAN; /* one poisoned sample */
+    cf_dataset *train2 = NULL;
+    assert_int_equal(cf_dataset_from_arrays(train->x, train->y, 96, cf_shape1(4), 1, 3, &train2),
+                     CF_OK);
+    cf_dls *dls = NULL, *dls2 = NULL;
+    cf_dls_options o = {.bs = 8, .seed = 7};
+    assert_int_equal(cf_dls_new(train, fixture_dataset(16, 2), &o, &dls), CF_OK);
+    assert_int_equal(cf_dls_new(train2, fixture_dataset(16, 2), &o, &dls2), CF_OK);
+    cf_learner *one = make_learner(dls, 111), *par = make_learner(dls2, 111);
+    assert_int_equal(cf_learner_add_cb(one, cf_terminate_on_nan_cb()), CF_OK);
+    assert_int_equal(cf_learner_add_cb(par, cf_terminate_on_nan_cb()), CF_OK);
+    size_t nw = par->model->n_weights;
+    float *w0 = malloc(nw * sizeof(float));
+    memcpy(w0, par->model->weights, nw * sizeof(float));
+    assert_int_equal(cf_fit(one, 2, .lr = CF_LR(1e-2)), CF_ERR_NONFINITE);
+    cf_status st =
+        cf_par_fit(par, 2, .lr = CF_LR(1e-2), .par = {.num_cores = 2, .split_batch = true});
+    assert_int_equal(st, CF_ERR_NONFINITE);
+    assert_non_null(strstr(cf_last_error(), "TerminateOnNaN"));
+    for (size_t i = 0; i < nw; i++) assert_true(isfinite(par->model->weights[i]));
+    assert_weights_close(par->model, one->model, 1e-5);
+    assert_int_equal(par->recorder.n_batches, one->recorder.n_batches);
+    if (one->recorder.n_batches > 0) /* it trained before stopping: that progress came home */
+        assert_memory_not_equal(par->model->weights, w0, nw * sizeof(float));
+    free(w0);
+    cf_learner_free(one);
+    cf_learner_free(par);
+    cf_dls_free(dls);
+    cf_dls_free(dls2);
+}
+
 /* ---- master callbacks ----------------------------------------------------------------------- */
 
 static char count_file[256];
@@ -488,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_lr_find_get_preds_and_validate_come_home),
         cmocka_unit_test(test_every_twin_brings_the_recorder_home),
         cmocka_unit_test(test_one_progress_display),
+        cmocka_unit_test(test_nonfinite_brings_last_good_weights_home),
         cmocka_unit_test(test_master_callbacks_run_on_rank_zero_only),
         cmocka_unit_test(test_worker_crash),
         cmocka_unit_test(test_worker_abort),

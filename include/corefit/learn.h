@@ -282,6 +282,9 @@ struct cf_learner {
     /* Set by the par layer: called by the loop at the end of every batch and epoch so that
      * every replica agrees on a pending cancellation requested on any of them. */
     cf_status (*sync_cancel)(cf_learner *learn);
+    /* Set by the par layer: the OR of a flag over every replica (a collective: every replica
+     * must call it at the same point). Callbacks that must decide alike everywhere use it. */
+    cf_status (*agree_any)(cf_learner *learn, bool flag, bool *any);
     void *par_state;
     bool validating; /* inside validate/get_preds: the Recorder keeps its history */
     /* shard of this replica (world 1: the whole data set), applied to loaders made on the fly */

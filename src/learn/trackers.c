@@ -311,10 +311,27 @@ static cf_status nan_before_batch(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
+/* In a data-parallel replica the decision is taken by every replica alike (agree_any), once a
+ * batch: at before_step in training (after the local loss and gradients are known, before they
+ * are all-reduced and stepped), at after_loss in validation. */
+static cf_status nan_agree(cf_learner *learn, bool *bad) {
+    return learn->agree_any ? learn->agree_any(learn, *bad, bad) : CF_OK;
+}
+
 static cf_status nan_after_loss(cf_callback *cb, cf_learner *learn) {
-    if (isfinite(learn->loss_value) || !nan_applies(learn)) return CF_OK;
+    if (!nan_applies(learn)) return CF_OK;
+    bool bad = !isfinite(learn->loss_value);
+    if (learn->agree_any) {
+        if (learn->training) return CF_OK; /* decided at before_step */
+        cf_status st = nan_agree(learn, &bad);
+        if (st != CF_OK) return st;
+    }
+    if (!bad) return CF_OK;
     char what[64];
-    snprintf(what, sizeof what, "the loss is %s", isnan(learn->loss_value) ? "nan" : "inf");
+    snprintf(what, sizeof what, "the loss is %s on a replica or here",
+             isnan(learn->loss_value) ? "nan" : "not finite");
+    if (!learn->agree_any)
+        snprintf(what, sizeof what, "the loss is %s", isnan(learn->loss_value) ? "nan" : "inf");
     return nan_stop(learn, cb->state, what);
 }
 
@@ -333,6 +350,16 @@ static bool any_nonfinite(const float *x, size_t n) {
 static cf_status nan_before_step(cf_callback *cb, cf_learner *learn) {
     if (!nan_applies(learn)) return CF_OK;
     const cf_model *model = learn->model;
+    if (learn->agree_any) {
+        bool bad = !isfinite(learn->loss_value);
+        for (int i = 0; i < model->n_params && !bad; i++) {
+            const cf_param *p = model->params[i];
+            if (p->grad && p->trainable) bad = any_nonfinite(p->grad, p->numel);
+        }
+        cf_status st = nan_agree(learn, &bad);
+        if (st != CF_OK || !bad) return st;
+        return nan_stop(learn, cb->state, "the loss or a gradient is not finite on some replica");
+    }
     for (int i = 0; i < model->n_params; i++) {
         const cf_param *p = model->params[i];
         if (!p->grad || !p->trainable) continue;

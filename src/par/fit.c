@@ -145,6 +145,10 @@ static cf_status sync_cancel(cf_learner *learn) {
     return CF_OK;
 }
 
+static cf_status agree_any(cf_learner *learn, bool flag, bool *any) {
+    return cf_comm_any(learn->comm, flag, any);
+}
+
 /* ---- jobs ---------------------------------------------------------------------------------- */
 
 typedef enum job_kind {
@@ -280,6 +284,7 @@ static cf_status run_replica(cf_learner *learn, cf_comm *comm, par_job *job,
     learn->comm = comm;
     learn->is_master = is_master;
     learn->sync_cancel = sync_cancel;
+    learn->agree_any = agree_any;
     st = set_shards(learn, rank, world, mode);
     if (st == CF_OK) {
         st = run_method(learn, job);
@@ -310,6 +315,7 @@ static cf_status run_replica(cf_learner *learn, cf_comm *comm, par_job *job,
     learn->comm = NULL;
     learn->is_master = was_master;
     learn->sync_cancel = NULL;
+    learn->agree_any = NULL;
     return st != CF_OK ? st : restore;
 }
 
@@ -445,10 +451,14 @@ static cf_status get_recorder(stream *s, cf_recorder *r) {
 
 /* Rank 0 writes the learner state (weights, buffers, optimizer, freezing, Recorder, figures)
  * and the job's outputs. */
-static cf_status write_home(cf_learner *learn, par_job *job, void *area, size_t bytes) {
+static cf_status write_home(cf_learner *learn, par_job *job, cf_status outcome,
+                            const char *outcome_msg, void *area, size_t bytes) {
     stream s = {area, bytes, 0, false};
     cf_model *m = learn->model;
     put_i64(&s, HOME_MAGIC);
+    /* the outcome: CF_OK, or CF_ERR_NONFINITE with its message (the state is the last good) */
+    put_i64(&s, outcome);
+    put_str(&s, outcome_msg);
     put_i64(&s, (int64_t)m->n_weights);
     put(&s, m->weights, m->n_weights * sizeof(float));
     put_i64(&s, (int64_t)m->n_buffers);
@@ -496,6 +506,12 @@ static cf_status read_home(cf_learner *learn, par_job *job, void *area, size_t b
     stream s = {area, bytes, 0, false};
     cf_model *m = learn->model;
     if (get_i64(&s) != HOME_MAGIC) return cf_fail(CF_ERR_WORKER, "no results came home");
+    cf_status outcome = (cf_status)get_i64(&s);
+    char outcome_msg[1024];
+    char *msg = get_str(&s);
+    if (!msg) return cf_fail(CF_ERR_WORKER, "the results from the workers are incomplete");
+    snprintf(outcome_msg, sizeof outcome_msg, "%s", msg);
+    cf_free(msg);
     if (get_i64(&s) != (int64_t)m->n_weights)
         return cf_fail(CF_ERR_WORKER, "results: weight count differs");
     const float *weights = (const float *)(s.p + s.at);
@@ -611,7 +627,7 @@ static cf_status read_home(cf_learner *learn, par_job *job, void *area, size_t b
     job->lr_result = lr;
     job->preds = preds;
     if (job->values && final) memcpy(job->values, final, (size_t)n_final * sizeof(double));
-    return CF_OK;
+    return outcome == CF_OK ? CF_OK : cf_fail(outcome, "%s", outcome_msg);
 }
 
 /* ---- launching ----------------------------------------------------------------------------- */
@@ -656,11 +672,20 @@ static cf_status worker_main(cf_comm *comm, void *vctx) {
     learn->n_figures = 0;
     learn->figures = NULL;
     cf_status st = run_replica(learn, comm, job, w->master_cbs, w->n_master);
+    /* A fit that every replica stopped alike on a non-finite loss (TerminateOnNaN agrees across
+     * replicas) brings its last good state home, with the error. */
+    cf_status outcome = CF_OK;
+    char outcome_msg[1024] = "";
+    if (st == CF_ERR_NONFINITE) {
+        outcome = st;
+        snprintf(outcome_msg, sizeof outcome_msg, "%s", cf_last_error());
+        st = CF_OK;
+    }
     if (st != CF_OK) return st;
     if (cf_comm_rank(comm) == 0) {
         size_t bytes = 0;
         void *area = cf_comm_results(comm, &bytes);
-        st = write_home(learn, job, area, bytes);
+        st = write_home(learn, job, outcome, outcome_msg, area, bytes);
     }
     if (st == CF_OK) st = cf_comm_barrier(comm);
     return st;
