@@ -3,6 +3,7 @@
  * order and validate. */
 #include "learn_fixture.h"
 
+#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -463,6 +464,70 @@ static void test_training_reduces_loss_and_records_history(void **state) {
     cf_dls_free(dls);
 }
 
+/* The Recorder's files: CSV as fastai's CSVLogger (values read back exactly), JSON with every
+ * per-batch and per-epoch series. */
+static void test_recorder_files(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(64, 16, 8);
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(17, false), .quiet = true,
+                                    .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 2), CF_OK);
+    const cf_recorder *rec = &learn->recorder;
+    char dir[256], csv[300], json[300], line[512];
+    test_tmpdir_make(dir, sizeof dir, "cf-recorder-");
+    snprintf(csv, sizeof csv, "%s/log.csv", dir);
+    snprintf(json, sizeof json, "%s/rec.json", dir);
+    assert_int_equal(cf_recorder_write_csv(rec, csv), CF_OK);
+    assert_int_equal(cf_recorder_write_json(rec, json), CF_OK);
+
+    FILE *f = fopen(csv, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_string_equal(line, "epoch,train_loss,valid_loss,accuracy,time\n");
+    for (int e = 0; e < rec->n_epochs; e++) {
+        assert_non_null(fgets(line, sizeof line, f));
+        char *at = line;
+        assert_int_equal(strtol(at, &at, 10), e);
+        for (int j = 0; j < rec->n_values; j++) {
+            assert_true(*at == ',');
+            double v = strtod(at + 1, &at);
+            assert_true(v == rec->values[e * rec->n_values + j]); /* shortest repr round-trips */
+        }
+        assert_true(*at == ',' && at[3] == ':'); /* time as mm:ss */
+    }
+    assert_null(fgets(line, sizeof line, f));
+    fclose(f);
+
+    f = fopen(json, "rb");
+    assert_non_null(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    cJSON *root = cJSON_Parse(text);
+    assert_non_null(root);
+    const char *series[] = {"lrs", "moms", "losses"};
+    const double *want[] = {rec->lrs, rec->moms, rec->losses};
+    for (int k = 0; k < 3; k++) {
+        cJSON *a = cJSON_GetObjectItem(root, series[k]);
+        assert_int_equal(cJSON_GetArraySize(a), rec->n_batches);
+        for (int i = 0; i < rec->n_batches; i++)
+            assert_true(cJSON_GetArrayItem(a, i)->valuedouble == want[k][i]);
+    }
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "values")), rec->n_epochs);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "metric_names")), rec->n_names);
+    cJSON_Delete(root);
+    assert_int_equal(test_tmpdir_remove(dir), 0);
+    /* an unwritable path is an error naming it, not a crash */
+    assert_int_not_equal(cf_recorder_write_csv(rec, "/nonexistent-dir/log.csv"), CF_OK);
+    assert_non_null(strstr(cf_last_error(), "/nonexistent-dir/log.csv"));
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 int main(void) {
     cf_set_num_threads(1);
     const struct CMUnitTest tests[] = {
@@ -474,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_lr_find_points_and_restoration),
         cmocka_unit_test(test_get_preds_in_dataset_order),
         cmocka_unit_test(test_training_reduces_loss_and_records_history),
+        cmocka_unit_test(test_recorder_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

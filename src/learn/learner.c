@@ -251,18 +251,9 @@ cf_status cf_learner_note_figure(cf_learner *learn, const char *path) {
 
 void cf_lr_expand(cf_lr lr, int n, double *out) {
     if (n < 1) return;
-    if (lr.kind != CF_LR_SLICE) {
-        for (int i = 0; i < n; i++) out[i] = lr.stop;
-    } else if (lr.start > 0) {
-        /* even_mults(start, stop, n) */
-        if (n == 1) {
-            out[0] = lr.stop;
-            return;
-        }
-        double step = pow(lr.stop / lr.start, 1.0 / (n - 1));
-        for (int i = 0; i < n; i++) out[i] = lr.start * pow(step, i);
-    } else {
-        for (int i = 0; i < n - 1; i++) out[i] = lr.stop / 10;
-        out[n - 1] = lr.stop;
+    if (lr.kind == CF_LR_SLICE) {
+        cf_hyper_slice(lr.start, lr.stop, n, out);
+        return;
     }
+    for (int i = 0; i < n; i++) out[i] = lr.stop;
 }

@@ -102,7 +102,6 @@ static cf_callback *lr_finder_cb(double start_lr, double end_lr, int num_it, boo
     cb->on[CF_EV_AFTER_BATCH] = lf_after_batch;
     cb->on[CF_EV_BEFORE_VALIDATE] = lf_before_validate;
     cb->on[CF_EV_AFTER_FIT] = lf_after_fit;
-    cb->on[CF_EV_AFTER_CANCEL_FIT] = NULL;
     return cb;
 }
 

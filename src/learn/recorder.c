@@ -283,19 +283,6 @@ cf_status cf_recorder_copy(cf_recorder *dst, const cf_recorder *src) {
     return CF_OK;
 }
 
-/* Python's str(float): the shortest representation that reads back to the same double. */
-static void format_float(double v, char *buf, size_t size) {
-    if (isnan(v)) {
-        snprintf(buf, size, "nan");
-        return;
-    }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, size, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    if (!strpbrk(buf, ".eni")) strncat(buf, ".0", size - strlen(buf) - 1);
-}
-
 static cf_status open_for_write(const char *path, FILE **f) {
     *f = fopen(path, "w");
     if (!*f) return cf_fail(CF_ERR_IO, "cannot write %s: %s", path, strerror(errno));
@@ -312,7 +299,7 @@ cf_status cf_recorder_write_csv(const cf_recorder *rec, const char *path) {
         fprintf(f, "%d", e);
         for (int j = 0; j < rec->n_values; j++) {
             char num[64];
-            format_float(rec->values[(size_t)e * rec->n_values + j], num, sizeof num);
+            cf_format_float(rec->values[(size_t)e * rec->n_values + j], num, sizeof num);
             fprintf(f, ",%s", num);
         }
         char t[32];
@@ -328,7 +315,7 @@ static void json_array(FILE *f, const char *name, const double *v, int64_t n, bo
     for (int64_t i = 0; i < n; i++) {
         char num[64];
         if (isfinite(v[i]))
-            format_float(v[i], num, sizeof num);
+            cf_format_float(v[i], num, sizeof num);
         else
             snprintf(num, sizeof num, "null");
         fprintf(f, "%s%s", i ? ", " : "", num);
@@ -361,7 +348,7 @@ cf_status cf_recorder_write_json(const cf_recorder *rec, const char *path) {
             double v = rec->values[(size_t)e * rec->n_values + j];
             char num[64];
             if (isfinite(v))
-                format_float(v, num, sizeof num);
+                cf_format_float(v, num, sizeof num);
             else
                 snprintf(num, sizeof num, "null");
             fprintf(f, "%s%s", j ? ", " : "", num);

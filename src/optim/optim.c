@@ -311,8 +311,9 @@ void cf_hyper_slice(double start, double stop, int n, double *out) {
             out[0] = stop;
             return;
         }
-        double mult = stop / start;
-        for (int i = 0; i < n; i++) out[i] = start * pow(mult, (double)i / (double)(n - 1));
+        /* fastai's even_mults: step = (stop/start)**(1/(n-1)), start * step**i */
+        double step = pow(stop / start, 1.0 / (double)(n - 1));
+        for (int i = 0; i < n; i++) out[i] = start * pow(step, (double)i);
         return;
     }
     for (int i = 0; i < n - 1; i++) out[i] = stop / 10.0;
