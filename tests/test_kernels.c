@@ -125,10 +125,138 @@ static void test_im2col_col2im_match_reference(void **state) {
     }
 }
 
+/* cf_conv_same against im2col and the reference GEMM, image by image: several images in one
+ * call (vectors that hold the end of one image and the start of the next), row counts that are
+ * not multiples of the tile, image strides with gaps (guard values that must not be read), and
+ * the output gaps left untouched. */
+static int same_checked;
+
+static void check_conv_same(int c, int h, int w, int k, int m, int n_images, cf_rng *rng) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, 1, 1, k / 2, k / 2));
+    if (!cf_conv_same_supported(&g)) return; /* no AVX-512, or the plane is out of range */
+    same_checked++;
+    const int P = h * w, K = c * k * k;
+    const size_t x_image = (size_t)c * P + 5, y_image = (size_t)m * P + 3;
+    const size_t nx = x_image * n_images + 64, ny = y_image * n_images;
+    float *xb = malloc(nx * sizeof(float)), *x = xb + 32;
+    float *a = malloc((size_t)m * (K + 1) * sizeof(float));
+    float *y = malloc(ny * sizeof(float)), *col = malloc((size_t)K * P * sizeof(float));
+    float *ref = malloc((size_t)m * P * sizeof(float));
+    for (size_t i = 0; i < nx; i++) xb[i] = NAN;
+    for (int n = 0; n < n_images; n++) fill(rng, x + n * x_image, (size_t)c * P);
+    fill(rng, a, (size_t)m * (K + 1));
+    for (size_t i = 0; i < ny; i++) y[i] = -7.0f;
+    cf_conv_same(&g, m, a, K + 1, x, x_image, n_images, y, y_image);
+    cf_kernels_set_reference(true);
+    for (int n = 0; n < n_images; n++) {
+        cf_im2col(&g, x + n * x_image, col, P);
+        cf_sgemm_strided(m, P, K, a, K + 1, 1, col, P, ref, P, false);
+        char what[160];
+        snprintf(what, sizeof what, "conv_same c=%d h=%d w=%d k=%d m=%d image %d of %d", c, h, w, k,
+                 m, n, n_images);
+        assert_close(what, y + n * y_image, ref, (size_t)m * P, 1e-5, 1e-5);
+        for (size_t i = (size_t)m * P; i < y_image; i++)
+            if (y[n * y_image + i] != -7.0f) fail_msg("%s: wrote into the gap at %zu", what, i);
+    }
+    cf_kernels_set_reference(false);
+    free(xb);
+    free(a);
+    free(y);
+    free(col);
+    free(ref);
+}
+
+/* cf_conv_same_wgrad (and cf_transpose, which lays out its input) against the patch matrix:
+ * dW[r][c][t] = sum_p dy[r][p] * col[c*T + t][p]. */
+static void check_wgrad(int c, int h, int w, int k, int m, cf_rng *rng) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, 1, 1, k / 2, k / 2));
+    if (!cf_conv_same_supported(&g)) return;
+    same_checked++;
+    const int P = h * w, T = k * k, K = c * T, hp = h + k - 1, wp = w + k - 1;
+    float *x = malloc((size_t)c * P * sizeof(float)), *dy = malloc((size_t)m * P * sizeof(float));
+    float *xt = calloc((size_t)hp * wp * c, sizeof(float));
+    float *dwt = malloc((size_t)T * m * c * sizeof(float));
+    float *col = malloc((size_t)K * P * sizeof(float)), *ref = malloc((size_t)K * sizeof(float));
+    fill(rng, x, (size_t)c * P);
+    fill(rng, dy, (size_t)m * P);
+    for (int y = 0; y < h; y++)
+        cf_transpose(c, w, x + y * w, P, xt + ((size_t)(y + k / 2) * wp + k / 2) * c, c);
+    for (int y = 0; y < h; y++) /* the transpose itself, exactly */
+        for (int xx = 0; xx < w; xx++)
+            for (int ch = 0; ch < c; ch++)
+                assert_true(xt[((size_t)(y + k / 2) * wp + xx + k / 2) * c + ch] ==
+                            x[(size_t)ch * P + y * w + xx]);
+    fill(rng, dwt, (size_t)T * m * c);
+    float *before = malloc((size_t)T * m * c * sizeof(float));
+    memcpy(before, dwt, (size_t)T * m * c * sizeof(float));
+    const bool accumulate = (c + m) % 2 == 1;
+    cf_conv_same_wgrad(&g, m, dy, xt, dwt, accumulate);
+    cf_kernels_set_reference(true);
+    cf_im2col(&g, x, col, P);
+    cf_kernels_set_reference(false);
+    for (int r = 0; r < m; r++) {
+        for (int kk = 0; kk < K; kk++) {
+            double sum = 0;
+            for (int p = 0; p < P; p++)
+                sum += (double)dy[(size_t)r * P + p] * col[(size_t)kk * P + p];
+            const int ch = kk / T, t = kk % T;
+            ref[kk] = (float)(sum + (accumulate ? before[((size_t)t * m + r) * c + ch] : 0));
+        }
+        for (int kk = 0; kk < K; kk++) {
+            const int ch = kk / T, t = kk % T;
+            const float got = dwt[((size_t)t * m + r) * c + ch];
+            if (fabsf(got - ref[kk]) > 1e-4f * (1.0f + fabsf(ref[kk])))
+                fail_msg("wgrad c=%d h=%d w=%d k=%d m=%d: dW[%d][%d][%d] = %g, expected %g", c, h,
+                         w, k, m, r, ch, t, (double)got, (double)ref[kk]);
+        }
+    }
+    free(x);
+    free(dy);
+    free(xt);
+    free(dwt);
+    free(col);
+    free(ref);
+    free(before);
+}
+
+static void test_conv_same_matches_im2col(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 5);
+    check_conv_same(1, 28, 28, 3, 16, 3, &rng); /* W1's stem */
+    check_conv_same(32, 14, 14, 3, 32, 2, &rng);
+    check_conv_same(64, 7, 7, 3, 64, 5, &rng); /* 49-value planes: vectors span two images */
+    check_conv_same(3, 4, 4, 3, 5, 7, &rng);   /* 16-value planes */
+    check_conv_same(2, 5, 7, 5, 13, 4, &rng);
+    check_conv_same(4, 6, 9, 1, 9, 3, &rng);
+    check_conv_same(2, 9, 11, 7, 3, 2, &rng);
+    check_conv_same(2, 64, 64, 3, 8, 1, &rng); /* the largest plane */
+    for (int m = 1; m <= 17; m += 4)
+        for (int n = 1; n <= 4; n++) check_conv_same(3, 5, 5, 3, m, n, &rng);
+    check_wgrad(32, 14, 14, 3, 32, &rng); /* W1's shapes */
+    check_wgrad(64, 7, 7, 3, 64, &rng);
+    check_wgrad(20, 5, 6, 3, 13, &rng); /* channel and row tails */
+    check_wgrad(9, 4, 4, 5, 3, &rng);
+    check_wgrad(40, 6, 3, 1, 17, &rng);
+#if defined(__AVX512F__)
+    assert_int_equal(same_checked, 33); /* every case above ran */
+#endif
+    cf_conv_geom g;
+    cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 2, 2, 1, 1);
+    assert_false(cf_conv_same_supported(&g)); /* stride 2 */
+    cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 1, 1, 0, 0);
+    assert_false(cf_conv_same_supported(&g)); /* not "same" */
+    cf_conv_geom_init(&g, 2, 3, 3, 3, 3, 1, 1, 1, 1);
+    assert_false(cf_conv_same_supported(&g)); /* plane under 16 */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
+        cmocka_unit_test(test_conv_same_matches_im2col),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -91,6 +91,42 @@ void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol);
  * that read each pixel (x is overwritten, not accumulated into). */
 void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x);
 
+/* Stride-1 convolutions whose output is as large as the input (odd kernel, padding (k-1)/2, as
+ * ResNets' 3x3 layers), computed without a patch matrix: the kernel reads the shifted image
+ * planes in place with masked loads (an "implicit GEMM"). For the images n < n_images of x
+ * (each g->c planes of h*w values, images x_image floats apart):
+ *
+ *   y[n][r][p] = sum over c < g->c and taps t < kh*kw of a[r*lda + c*kh*kw + t] * x[n][c][p +
+ * shift(t)]
+ *
+ * (zero where the tap falls outside the image), for rows r < m, written (not accumulated) at
+ * y + n*y_image + r*h*w + p. With a = the weights (out x in*kh*kw) this is the forward pass; with
+ * a = the weights transposed and flipped, over the output gradient, it is the input gradient.
+ * Each output's sum runs in a fixed order whatever n_images, so splitting a batch over threads
+ * does not change results. cf_conv_same_supported says whether a geometry can use it (AVX-512,
+ * not in reference mode, planes of 16 to CF_SAME_MAX_PLANE values, at most CF_SAME_MAX_TAPS
+ * taps); callers lower with cf_im2col otherwise. */
+#define CF_SAME_MAX_TAPS 49
+#define CF_SAME_MAX_PLANE 4096
+bool cf_conv_same_supported(const cf_conv_geom *g);
+void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, const float *x,
+                  size_t x_image, int n_images, float *y, size_t y_image);
+
+/* The weight gradient of a cf_conv_same convolution for one image, from its output gradient
+ * dy (m planes of h*w values) and the image transposed and zero-padded, xt ((h + 2*ph) rows of
+ * (w + 2*pw) positions of g->c channels, channels contiguous; see cf_transpose):
+ *
+ *   dwt[t][r][c] (+)= sum over positions p of dy[r][p] * x[c][p + shift(t)]
+ *
+ * for taps t < kh*kw, rows r < m, channels c < g->c (the gradient of w[r][c][t]). Only where
+ * cf_conv_same_supported. */
+void cf_conv_same_wgrad(const cf_conv_geom *g, int m, const float *dy, const float *xt, float *dwt,
+                        bool accumulate);
+
+/* dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols (16 x 16 blocks in registers with
+ * AVX-512). */
+void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd);
+
 #ifdef __cplusplus
 }
 #endif

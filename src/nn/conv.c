@@ -22,9 +22,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 /* Target GEMM width when grouping the images of a batch. */
 #define GROUP_COLS 256
@@ -47,6 +44,9 @@ typedef struct conv_impl {
     float *dyt;         /* n_threads x (G*P x O) output gradient, transposed */
     float *dwt;         /* n_threads x (K x O) weight-gradient partial sums, transposed */
     float *db;          /* n_threads x O bias-gradient partial sums */
+    float *wflip;       /* in x (out*k*k): weights transposed and flipped (dx by cf_conv_same) */
+    float *xt;          /* n_threads x one image transposed and padded (dW, cf_conv_same_wgrad) */
+    size_t xt_stride;   /* floats per thread in xt (0: the layer never uses cf_conv_same) */
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     /* the call in progress */
     const float *x, *dy;
@@ -109,6 +109,14 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->dwt = cf_arena_floats(arena, t * c->dw_stride);
     c->db = c->db_stride ? cf_arena_floats(arena, t * c->db_stride) : NULL;
     c->ran = cf_arena_bytes(arena, t);
+    c->wflip = cf_arena_floats(arena, (size_t)c->out_c * K);
+    /* "same" stride-1 geometry (whether cf_conv_same runs is decided per call: the reference
+     * mode may change between plans) */
+    const bool same_geometry = c->stride == 1 && c->k % 2 == 1 && 2 * c->pad == c->k - 1;
+    c->xt_stride = same_geometry && c->in_c >= 8
+                       ? round16((size_t)(c->g.h + 2 * c->pad) * (c->g.w + 2 * c->pad) * c->in_c)
+                       : 0;
+    c->xt = c->xt_stride ? cf_arena_floats(arena, t * c->xt_stride) : NULL;
 }
 
 static void conv_init(cf_module *m, cf_rng *rng) {
@@ -200,6 +208,35 @@ static void run_groups(conv_impl *c, int64_t batch, cf_range_fn fn, void *ctx) {
     run_batch(c, (batch + c->group - 1) / c->group, fn, ctx);
 }
 
+/* Whether the layer reads its images in place through cf_conv_same (forward and dx) rather than
+ * lowering them. With few input channels (a stem on gray or RGB images) the implicit kernel's
+ * tap loop is too short to pay for its masks, and the patch matrix is small anyway. */
+static bool use_same(const conv_impl *c) {
+    return c->xt_stride && cf_conv_same_supported(&c->g);
+}
+
+/* Adds the bias to the images [n0, n1) of y. */
+static void add_bias(const conv_impl *c, const float *b, int64_t n0, int64_t n1) {
+    const int O = c->out_c, P = c->g.oh * c->g.ow;
+    for (int64_t n = n0; n < n1; n++)
+        for (int o = 0; o < O; o++) {
+            float *row = c->y + ((size_t)n * O + o) * P, bo = b[o];
+            for (int p = 0; p < P; p++) row[p] += bo;
+        }
+}
+
+/* Stride-1 "same" convolutions: the images [begin, end) straight from x, no patch matrix. */
+static void conv_forward_same_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const int O = c->out_c, K = c->in_c * c->k * c->k, P = c->g.oh * c->g.ow;
+    const size_t in_n = (size_t)c->in_c * P, out_n = (size_t)O * P;
+    cf_conv_same(&c->g, O, m->params[0].data, K, c->x + (size_t)begin * in_n, in_n,
+                 (int)(end - begin), c->y + (size_t)begin * out_n, out_n);
+    if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
+}
+
 static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     conv_impl *c = m->impl;
     m->in = x;
@@ -207,77 +244,21 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     cf_tensor *y = cf_module_output(m, &(cf_shape){4, {x->shape.dim[0], c->out_c, g->oh, g->ow}});
     c->x = x->data;
     c->y = y->data;
-    run_groups(c, x->shape.dim[0], conv_forward_range, m);
+    c->batch = x->shape.dim[0];
+    if (use_same(c))
+        run_batch(c, c->batch, conv_forward_same_range, m);
+    else
+        run_groups(c, c->batch, conv_forward_range, m);
     return y;
 }
-
-#if defined(__AVX512F__)
-/* dst[j * ldd + i] = src[i * lds + j] for i < 16, j < cols (cols <= 16; lanes outside m are
- * not read). */
-static void transpose16(const float *src, int lds, __mmask16 m, float *dst, int ldd, int cols) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(m, src + (size_t)i * lds);
-    /* 2x2 blocks of 1, then of 2 (within 128-bit lanes), then 128-bit lanes across rows */
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_castpd_ps(
-            _mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 1] = _mm512_castpd_ps(
-            _mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 2] = _mm512_castpd_ps(
-            _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-        r[i + 3] = _mm512_castpd_ps(
-            _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    }
-    /* r[4q + s] now holds, in 128-bit lane L, elements (rows 4q..4q+3, column 4L + s) */
-    for (int q = 0; q < 4; q += 2)
-        for (int s = 0; s < 4; s++) {
-            __m512 a = r[4 * q + s], b = r[4 * q + 4 + s];
-            t[4 * q + s] = _mm512_shuffle_f32x4(a, b, 0x88);     /* lanes 0, 2 of a then of b */
-            t[4 * q + 4 + s] = _mm512_shuffle_f32x4(a, b, 0xdd); /* lanes 1, 3 */
-        }
-    for (int s = 0; s < 4; s++) {
-        __m512 a0 = t[s], a1 = t[4 + s], b0 = t[8 + s], b1 = t[12 + s];
-        r[s] = _mm512_shuffle_f32x4(a0, b0, 0x88);      /* column s      */
-        r[8 + s] = _mm512_shuffle_f32x4(a0, b0, 0xdd);  /* column 8 + s  */
-        r[4 + s] = _mm512_shuffle_f32x4(a1, b1, 0x88);  /* column 4 + s  */
-        r[12 + s] = _mm512_shuffle_f32x4(a1, b1, 0xdd); /* column 12 + s */
-    }
-    for (int j = 0; j < cols; j++) _mm512_storeu_ps(dst + (size_t)j * ldd, r[j]);
-}
-#endif
 
 /* dyt (rows x O) = the group's output gradient transposed: row (n - n0)*P + p holds
  * dy[n, :, p]. */
 static void transpose_dy(const conv_impl *c, int64_t n0, int64_t n1, float *dyt) {
     const int O = c->out_c, P = c->g.oh * c->g.ow;
     const size_t out_n = (size_t)O * P;
-    for (int64_t n = n0; n < n1; n++) {
-        const float *dyn = c->dy + (size_t)n * out_n;
-        float *t = dyt + (size_t)(n - n0) * P * O;
-#if defined(__AVX512F__)
-        if (!cf_kernels_reference() && O % 16 == 0) {
-            /* 16 x 16 blocks transposed in registers; the last block of positions is masked */
-            for (int p0 = 0; p0 < P; p0 += 16) {
-                const int np = P - p0 < 16 ? P - p0 : 16;
-                const __mmask16 m = (__mmask16)((1u << np) - 1u);
-                for (int o0 = 0; o0 < O; o0 += 16)
-                    transpose16(dyn + (size_t)o0 * P + p0, P, m, t + (size_t)p0 * O + o0, O, np);
-            }
-            continue;
-        }
-#endif
-        for (int p0 = 0; p0 < P; p0 += 16) { /* blocks of 16 positions keep both sides cached */
-            const int p1 = p0 + 16 < P ? p0 + 16 : P;
-            for (int o = 0; o < O; o++) {
-                const float *src = dyn + (size_t)o * P;
-                for (int p = p0; p < p1; p++) t[(size_t)p * O + o] = src[p];
-            }
-        }
-    }
+    for (int64_t n = n0; n < n1; n++)
+        cf_transpose(O, P, c->dy + (size_t)n * out_n, P, dyt + (size_t)(n - n0) * P * O, O);
 }
 
 /* The group's output gradient as one O x cols matrix: dy itself for one image, else gathered
@@ -312,6 +293,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
      * goes to OpenBLAS as col . dy^T, which transposes dy as it packs it. */
     const bool dw_blas = K < 16 && O <= 16;
+    const bool same = use_same(c);
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -327,7 +309,20 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         }
         const float *dyg = NULL;
         int ldg = 0;
-        if (c->want_dw) {
+        if (c->want_dw && same) {
+            /* per image: transpose it into xt's interior (the border stays zero), then every
+             * tap is a shifted walk over xt */
+            float *xt = c->xt + (size_t)thread * c->xt_stride;
+            const int wp = g->w + 2 * c->pad;
+            if (first) memset(xt, 0, c->xt_stride * sizeof(float));
+            for (int64_t n = n0; n < n1; n++) {
+                const float *xn = c->x + (size_t)n * in_n;
+                for (int y = 0; y < g->h; y++)
+                    cf_transpose(g->c, g->w, xn + (size_t)y * g->w, P,
+                                 xt + ((size_t)(y + c->pad) * wp + c->pad) * g->c, g->c);
+                cf_conv_same_wgrad(g, O, c->dy + (size_t)n * out_n, xt, dwt, !(first && n == n0));
+            }
+        } else if (c->want_dw) {
             const float *patches = c->x + (size_t)n0 * in_n; /* direct: one image, K x P */
             int ldp = P;
             if (!c->direct) {
@@ -354,7 +349,14 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 }
                 db[o] = first ? s : db[o] + s;
             }
-        if (c->need_dx) {
+        if (c->need_dx && same) {
+            /* dx is the "same" convolution of dy with the flipped, transposed weights */
+            cf_conv_geom gd = *g;
+            gd.c = O;
+            cf_conv_same(&gd, g->c, c->wflip, (ptrdiff_t)O * c->k * c->k,
+                         c->dy + (size_t)n0 * out_n, out_n, (int)(n1 - n0),
+                         c->dx + (size_t)n0 * in_n, in_n);
+        } else if (c->need_dx) {
             if (!dyg) dyg = group_dy(c, n0, n1, buf, &ldg);
             float *dxg = c->dx + (size_t)n0 * in_n;
             if (c->direct) {
@@ -385,13 +387,33 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
+    if (need_dx && use_same(c)) {
+        /* wflip[i][o*T + t] = w[o][i][T - 1 - t] */
+        const int T = c->k * c->k, I = c->in_c, O = c->out_c;
+        for (int o = 0; o < O; o++)
+            for (int i = 0; i < I; i++) {
+                const float *src = wp->data + ((size_t)o * I + i) * T;
+                float *dst = c->wflip + (size_t)i * O * T + (size_t)o * T;
+                for (int t = 0; t < T; t++) dst[t] = src[T - 1 - t];
+            }
+    }
     run_groups(c, N, conv_backward_range, m);
     /* Reduce the partial sums in thread order (deterministic for a given thread count); the
      * weight gradient's partial sums are K x O, the gradient O x K. */
     const int O = c->out_c, K = c->in_c * c->k * c->k;
+    const bool same = use_same(c);
     for (int t = 0; t < c->n_threads; t++) {
         if (!c->ran[t]) continue;
-        if (c->want_dw) {
+        if (c->want_dw && same) { /* partial sums [tap][o][in] */
+            const float *part = c->dwt + (size_t)t * c->dw_stride;
+            const int T = c->k * c->k, I = c->in_c;
+            for (int o = 0; o < O; o++)
+                for (int i = 0; i < I; i++) {
+                    float *gr = wp->grad + ((size_t)o * I + i) * T;
+                    for (int tap = 0; tap < T; tap++)
+                        gr[tap] += part[((size_t)tap * O + o) * I + i];
+                }
+        } else if (c->want_dw) {
             const float *part = c->dwt + (size_t)t * c->dw_stride;
             for (int o = 0; o < O; o++) {
                 float *gr = wp->grad + (size_t)o * K;

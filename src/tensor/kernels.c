@@ -141,6 +141,308 @@ void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrd
     sgemm_strided_ref(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 }
 
+#if defined(__AVX512F__)
+/* dst[j * ldd + i] = src[i * lds + j] for i < 16, j < cols (cols <= 16; lanes outside m are
+ * not read). */
+static void transpose16(const float *src, int lds, __mmask16 m, float *dst, int ldd, int cols) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(m, src + (size_t)i * lds);
+    /* 2x2 blocks of 1, then of 2 (within 128-bit lanes), then 128-bit lanes across rows */
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(
+            _mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(
+            _mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(
+            _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(
+            _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    /* r[4q + s] now holds, in 128-bit lane L, elements (rows 4q..4q+3, column 4L + s) */
+    for (int q = 0; q < 4; q += 2)
+        for (int s = 0; s < 4; s++) {
+            __m512 a = r[4 * q + s], b = r[4 * q + 4 + s];
+            t[4 * q + s] = _mm512_shuffle_f32x4(a, b, 0x88);     /* lanes 0, 2 of a then of b */
+            t[4 * q + 4 + s] = _mm512_shuffle_f32x4(a, b, 0xdd); /* lanes 1, 3 */
+        }
+    for (int s = 0; s < 4; s++) {
+        __m512 a0 = t[s], a1 = t[4 + s], b0 = t[8 + s], b1 = t[12 + s];
+        r[s] = _mm512_shuffle_f32x4(a0, b0, 0x88);      /* column s      */
+        r[8 + s] = _mm512_shuffle_f32x4(a0, b0, 0xdd);  /* column 8 + s  */
+        r[4 + s] = _mm512_shuffle_f32x4(a1, b1, 0x88);  /* column 4 + s  */
+        r[12 + s] = _mm512_shuffle_f32x4(a1, b1, 0xdd); /* column 12 + s */
+    }
+    for (int j = 0; j < cols; j++) _mm512_storeu_ps(dst + (size_t)j * ldd, r[j]);
+}
+#endif
+
+/* ---- stride-1 "same" convolutions without a patch matrix ------------------------------------ */
+
+bool cf_conv_same_supported(const cf_conv_geom *g) {
+#if defined(__AVX512F__)
+    const int p = g->h * g->w;
+    return !use_reference && g->sh == 1 && g->sw == 1 && g->kh % 2 == 1 && g->kw % 2 == 1 &&
+           2 * g->ph == g->kh - 1 && 2 * g->pw == g->kw - 1 && g->kh * g->kw <= CF_SAME_MAX_TAPS &&
+           p >= 16 && p <= CF_SAME_MAX_PLANE;
+#else
+    (void)g;
+    return false;
+#endif
+}
+
+#if defined(__AVX512F__)
+/* The tap's validity bits: bit p of row t is set when output position p reads inside the image
+ * for kernel tap t. Rows are padded with zero bytes so that 16 bits can be read at any p < P. */
+#define SAME_ROW_BYTES ((CF_SAME_MAX_PLANE + 16) / 8 + 8)
+
+typedef struct same_plan {
+    int taps, plane;
+    ptrdiff_t shift[CF_SAME_MAX_TAPS];
+    unsigned char valid[CF_SAME_MAX_TAPS][SAME_ROW_BYTES];
+} same_plan;
+
+static void same_plan_make(same_plan *sp, const cf_conv_geom *g) {
+    sp->taps = g->kh * g->kw;
+    sp->plane = g->h * g->w;
+    for (int t = 0; t < sp->taps; t++) {
+        const int di = t / g->kw - g->ph, dj = t % g->kw - g->pw;
+        sp->shift[t] = (ptrdiff_t)di * g->w + dj;
+        unsigned char *row = sp->valid[t];
+        memset(row, 0, SAME_ROW_BYTES);
+        for (int y = 0, p = 0; y < g->h; y++)
+            for (int x = 0; x < g->w; x++, p++)
+                if (y + di >= 0 && y + di < g->h && x + dj >= 0 && x + dj < g->w)
+                    row[p >> 3] |= (unsigned char)(1u << (p & 7));
+    }
+}
+
+/* 16 validity bits of tap t from position p. */
+static inline unsigned same_bits(const same_plan *sp, int t, int p) {
+    uint32_t word;
+    memcpy(&word, sp->valid[t] + (p >> 3), sizeof word);
+    return (word >> (p & 7)) & 0xffffu;
+}
+
+/* A tile of MR output rows by nv vectors of columns. Columns run over the images one after the
+ * other, so a vector may hold the end of one image and the start of the next: its lanes then
+ * come from two masked loads (two == true) and go out in two masked stores. Per tap the
+ * offsets and masks are fixed, so the reduction runs taps outside and channels inside. */
+typedef struct same_cols {
+    ptrdiff_t x1[CF_SAME_MAX_TAPS][NV_MAX], x2[CF_SAME_MAX_TAPS][NV_MAX]; /* load offsets */
+    __mmask16 m1[CF_SAME_MAX_TAPS][NV_MAX], m2[CF_SAME_MAX_TAPS][NV_MAX]; /* load masks */
+    ptrdiff_t y1[NV_MAX], y2[NV_MAX];                                     /* store offsets */
+    __mmask16 s1[NV_MAX], s2[NV_MAX];                                     /* store masks */
+} same_cols;
+
+static inline __attribute__((always_inline)) void
+same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, ptrdiff_t lda,
+          const float *x, size_t x_plane, const same_cols *sc, float *y, size_t y_plane) {
+    __m512 acc[MR][NV_MAX];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV_MAX; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int t = 0; t < taps; t++) {
+        const float *p1[NV_MAX], *p2[NV_MAX];
+        __mmask16 m1[NV_MAX], m2[NV_MAX];
+        for (int v = 0; v < nv; v++) {
+            p1[v] = x + sc->x1[t][v];
+            m1[v] = sc->m1[t][v];
+            if (two) {
+                p2[v] = x + sc->x2[t][v];
+                m2[v] = sc->m2[t][v];
+            }
+        }
+        const float *at = a + t;
+        for (int c = 0; c < channels; c++, at += taps) {
+            const size_t off = (size_t)c * x_plane;
+            __m512 bv[NV_MAX];
+            for (int v = 0; v < nv; v++) {
+                bv[v] = _mm512_maskz_loadu_ps(m1[v], p1[v] + off);
+                if (two) bv[v] = _mm512_mask_loadu_ps(bv[v], m2[v], p2[v] + off);
+            }
+            for (int i = 0; i < mr; i++) {
+                const __m512 av = _mm512_set1_ps(at[i * lda]);
+                for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) {
+            float *row = y + (size_t)i * y_plane;
+            _mm512_mask_storeu_ps(row + sc->y1[v], sc->s1[v], acc[i][v]);
+            if (two) _mm512_mask_storeu_ps(row + sc->y2[v], sc->s2[v], acc[i][v]);
+        }
+}
+
+#define SAME_TILE(mr_, nv_, two_)                                                                  \
+    same_tile(mr_, nv_, two_, g->c, sp.taps, ap, lda, x, x_plane, &sc, yp, plane)
+#define SAME_TILES(mr_, two_)                                                                      \
+    do {                                                                                           \
+        if (nv == 3)                                                                               \
+            SAME_TILE(mr_, 3, two_);                                                               \
+        else if (nv == 2)                                                                          \
+            SAME_TILE(mr_, 2, two_);                                                               \
+        else                                                                                       \
+            SAME_TILE(mr_, 1, two_);                                                               \
+    } while (0)
+
+void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, const float *x,
+                  size_t x_image, int n_images, float *y, size_t y_image) {
+    same_plan sp;
+    same_plan_make(&sp, g);
+    const int plane = sp.plane;
+    const size_t x_plane = (size_t)plane;
+    const int64_t cols = (int64_t)n_images * plane;
+    const int64_t vectors = (cols + 15) / 16;
+    same_cols sc;
+    for (int64_t v0 = 0, nv; v0 < vectors; v0 += nv) {
+        const int64_t left = vectors - v0;
+        nv = left == 4 ? 2 : left >= NV_MAX ? NV_MAX : left;
+        bool two = false;
+        for (int v = 0; v < nv; v++) {
+            const int64_t q = 16 * (v0 + v), img = q / plane;
+            const int p1 = (int)(q - img * plane);
+            int n1 = plane - p1 < 16 ? plane - p1 : 16;
+            if (cols - q < n1) n1 = (int)(cols - q);
+            int n2 = cols - q - n1 < 16 - n1 ? (int)(cols - q - n1) : 16 - n1;
+            const unsigned low1 = (1u << n1) - 1u, low2 = (1u << n2) - 1u;
+            two |= n2 > 0;
+            sc.y1[v] = (ptrdiff_t)(img * (int64_t)y_image + p1);
+            sc.y2[v] = (ptrdiff_t)((img + 1) * (int64_t)y_image + p1 - plane);
+            sc.s1[v] = (__mmask16)low1;
+            sc.s2[v] = (__mmask16)(low2 << n1);
+            for (int t = 0; t < sp.taps; t++) {
+                sc.x1[t][v] = (ptrdiff_t)(img * (int64_t)x_image + p1) + sp.shift[t];
+                sc.m1[t][v] = (__mmask16)(same_bits(&sp, t, p1) & low1);
+                sc.x2[t][v] = (ptrdiff_t)((img + 1) * (int64_t)x_image + p1 - plane) + sp.shift[t];
+                sc.m2[t][v] = (__mmask16)(n2 ? (same_bits(&sp, t, 0) & low2) << n1 : 0u);
+            }
+        }
+        for (int m0 = 0; m0 < m; m0 += MR) {
+            const float *ap = a + m0 * lda;
+            float *yp = y + (size_t)m0 * plane;
+            if (m - m0 >= MR) {
+                if (two)
+                    SAME_TILES(MR, true);
+                else
+                    SAME_TILES(MR, false);
+            } else {
+                same_tile(m - m0, (int)nv, two, g->c, sp.taps, ap, lda, x, x_plane, &sc, yp, plane);
+            }
+        }
+    }
+}
+#undef SAME_TILES
+#undef SAME_TILE
+
+/* The weight gradient of one image: a tile of MR output channels by nv vectors of input
+ * channels, summed over the image's positions; the transposed, padded image gives each
+ * position's input channels as one contiguous row, so every tap is a plain shifted walk. */
+static inline __attribute__((always_inline)) void
+wgrad_tile(int mr, int nv, int h, int w, const float *dy, size_t plane, const float *b,
+           ptrdiff_t row_step, int channels, float *out, int ldo, __mmask16 last, bool accumulate) {
+    __m512 acc[MR][NV_MAX];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV_MAX; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int y = 0; y < h; y++) {
+        const float *by = b + y * row_step, *ay = dy + (size_t)y * w;
+        for (int x = 0; x < w; x++) {
+            const float *bp = by + (size_t)x * channels;
+            __m512 bv[NV_MAX];
+            for (int v = 0; v < nv; v++)
+                bv[v] = v == nv - 1 ? _mm512_maskz_loadu_ps(last, bp + 16 * v)
+                                    : _mm512_loadu_ps(bp + 16 * v);
+            for (int i = 0; i < mr; i++) {
+                const __m512 av = _mm512_set1_ps(ay[i * plane + x]);
+                for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 mask = v == nv - 1 ? last : (__mmask16)0xffff;
+            float *cp = out + (size_t)i * ldo + 16 * v;
+            __m512 r = acc[i][v];
+            if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, cp));
+            _mm512_mask_storeu_ps(cp, mask, r);
+        }
+}
+
+#define WGRAD_TILE(mr_, nv_)                                                                       \
+    wgrad_tile(mr_, nv_, g->h, g->w, dyp, plane, bp, row_step, C, op, C, last, accumulate)
+
+void cf_conv_same_wgrad(const cf_conv_geom *g, int m, const float *dy, const float *xt, float *dwt,
+                        bool accumulate) {
+    const int C = g->c, T = g->kh * g->kw, wp = g->w + 2 * g->pw;
+    const size_t plane = (size_t)g->h * g->w;
+    const ptrdiff_t row_step = (ptrdiff_t)wp * C;
+    const int vectors = (C + 15) / 16;
+    for (int t = 0; t < T; t++) {
+        const float *bt = xt + ((size_t)(t / g->kw) * wp + t % g->kw) * C;
+        for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
+            const int left = vectors - v0;
+            nv = left == 4 ? 2 : left >= NV_MAX ? NV_MAX : left;
+            const int rem = C - 16 * v0,
+                      tail = rem - 16 * (nv - 1) >= 16 ? 16 : rem - 16 * (nv - 1);
+            const __mmask16 last = (__mmask16)((1u << tail) - 1u);
+            const float *bp = bt + 16 * v0;
+            for (int m0 = 0; m0 < m; m0 += MR) {
+                const float *dyp = dy + (size_t)m0 * plane;
+                float *op = dwt + ((size_t)t * m + m0) * C + 16 * v0;
+                if (m - m0 >= MR) {
+                    if (nv == 3)
+                        WGRAD_TILE(MR, 3);
+                    else if (nv == 2)
+                        WGRAD_TILE(MR, 2);
+                    else
+                        WGRAD_TILE(MR, 1);
+                } else {
+                    wgrad_tile(m - m0, nv, g->h, g->w, dyp, plane, bp, row_step, C, op, C, last,
+                               accumulate);
+                }
+            }
+        }
+    }
+}
+#undef WGRAD_TILE
+#else
+void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, const float *x,
+                  size_t x_image, int n_images, float *y, size_t y_image) {
+    /* never called: cf_conv_same_supported is false without AVX-512 */
+    (void)g, (void)m, (void)a, (void)lda, (void)x, (void)x_image, (void)n_images, (void)y,
+        (void)y_image;
+}
+void cf_conv_same_wgrad(const cf_conv_geom *g, int m, const float *dy, const float *xt, float *dwt,
+                        bool accumulate) {
+    (void)g, (void)m, (void)dy, (void)xt, (void)dwt, (void)accumulate;
+}
+#endif
+
+void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd) {
+#if defined(__AVX512F__)
+    if (!use_reference) {
+        for (int j0 = 0; j0 < cols; j0 += 16) {
+            const int nj = cols - j0 < 16 ? cols - j0 : 16;
+            const __mmask16 m = (__mmask16)((1u << nj) - 1u);
+            int i0 = 0;
+            for (; i0 + 16 <= rows; i0 += 16)
+                transpose16(src + i0 * lds + j0, lds, m, dst + j0 * ldd + i0, ldd, nj);
+            for (int j = j0; j < j0 + nj; j++) /* rows past the last block of 16 */
+                for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
+        }
+        return;
+    }
+#endif
+    for (int i0 = 0; i0 < rows; i0 += 16) { /* blocks of 16 rows keep both sides cached */
+        const int i1 = i0 + 16 < rows ? i0 + 16 : rows;
+        for (int j = 0; j < cols; j++)
+            for (int i = i0; i < i1; i++) dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
 bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw, int ph,
                        int pw) {
     *g = (cf_conv_geom){
