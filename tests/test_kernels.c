@@ -147,7 +147,10 @@ static void check_conv_same(int c, int h, int w, int k, int m, int n_images, cf_
     for (int n = 0; n < n_images; n++) fill(rng, x + n * x_image, (size_t)c * P);
     fill(rng, a, (size_t)m * (K + 1));
     for (size_t i = 0; i < ny; i++) y[i] = -7.0f;
-    cf_conv_same(&g, m, a, K + 1, x, x_image, n_images, y, y_image);
+    float *packed = malloc(cf_conv_same_packed_size(&g, m) * sizeof(float));
+    cf_conv_same_pack(&g, m, a, K + 1, k * k, 1, packed);
+    cf_conv_same(&g, m, packed, x, x_image, n_images, y, y_image);
+    free(packed);
     cf_kernels_set_reference(true);
     for (int n = 0; n < n_images; n++) {
         cf_im2col(&g, x + n * x_image, col, P);

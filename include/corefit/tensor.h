@@ -96,12 +96,12 @@ void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x);
  * planes in place with masked loads (an "implicit GEMM"). For the images n < n_images of x
  * (each g->c planes of h*w values, images x_image floats apart):
  *
- *   y[n][r][p] = sum over c < g->c and taps t < kh*kw of a[r*lda + c*kh*kw + t] * x[n][c][p +
- * shift(t)]
+ *   y[n][r][p] = sum over c < g->c and taps t < kh*kw of A(r, c, t) * x[n][c][p + shift(t)]
  *
  * (zero where the tap falls outside the image), for rows r < m, written (not accumulated) at
- * y + n*y_image + r*h*w + p. With a = the weights (out x in*kh*kw) this is the forward pass; with
- * a = the weights transposed and flipped, over the output gradient, it is the input gradient.
+ * y + n*y_image + r*h*w + p. A comes packed by cf_conv_same_pack (cf_conv_same_packed_size
+ * floats): with A(r, c, t) = w[r][c][t], the weights, this is the forward pass; with
+ * A(r, c, t) = w[c][r][kh*kw - 1 - t], over the output gradient, the input gradient.
  * Each output's sum runs in a fixed order whatever n_images, so splitting a batch over threads
  * does not change results. cf_conv_same_supported says whether a geometry can use it (AVX-512,
  * not in reference mode, planes of 16 to CF_SAME_MAX_PLANE values, at most CF_SAME_MAX_TAPS
@@ -109,8 +109,13 @@ void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x);
 #define CF_SAME_MAX_TAPS 49
 #define CF_SAME_MAX_PLANE 4096
 bool cf_conv_same_supported(const cf_conv_geom *g);
-void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, const float *x,
-                  size_t x_image, int n_images, float *y, size_t y_image);
+size_t cf_conv_same_packed_size(const cf_conv_geom *g, int m);
+/* packed = A in the kernel's order, A(r, c, t) = a[r*a_row + c*a_c + t*a_t] (strides may be
+ * negative). */
+void cf_conv_same_pack(const cf_conv_geom *g, int m, const float *a, ptrdiff_t a_row, ptrdiff_t a_c,
+                       ptrdiff_t a_t, float *packed);
+void cf_conv_same(const cf_conv_geom *g, int m, const float *packed, const float *x, size_t x_image,
+                  int n_images, float *y, size_t y_image);
 
 /* The weight gradient of a cf_conv_same convolution for one image, from its output gradient
  * dy (m planes of h*w values) and the image transposed and zero-padded, xt ((h + 2*ph) rows of

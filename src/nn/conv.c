@@ -44,7 +44,8 @@ typedef struct conv_impl {
     float *dyt;         /* n_threads x (G*P x O) output gradient, transposed */
     float *dwt;         /* n_threads x (K x O) weight-gradient partial sums, transposed */
     float *db;          /* n_threads x O bias-gradient partial sums */
-    float *wflip;       /* in x (out*k*k): weights transposed and flipped (dx by cf_conv_same) */
+    float *wpack;       /* the weights packed for cf_conv_same (forward) */
+    float *wpack_dx;    /* the weights transposed and flipped, packed (dx) */
     float *xt;          /* n_threads x one image transposed and padded (dW, cf_conv_same_wgrad) */
     size_t xt_stride;   /* floats per thread in xt (0: the layer never uses cf_conv_same) */
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
@@ -109,7 +110,6 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->dwt = cf_arena_floats(arena, t * c->dw_stride);
     c->db = c->db_stride ? cf_arena_floats(arena, t * c->db_stride) : NULL;
     c->ran = cf_arena_bytes(arena, t);
-    c->wflip = cf_arena_floats(arena, (size_t)c->out_c * K);
     /* "same" stride-1 geometry (whether cf_conv_same runs is decided per call: the reference
      * mode may change between plans) */
     const bool same_geometry = c->stride == 1 && c->k % 2 == 1 && 2 * c->pad == c->k - 1;
@@ -117,6 +117,12 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
                        ? round16((size_t)(c->g.h + 2 * c->pad) * (c->g.w + 2 * c->pad) * c->in_c)
                        : 0;
     c->xt = c->xt_stride ? cf_arena_floats(arena, t * c->xt_stride) : NULL;
+    if (c->xt_stride) {
+        cf_conv_geom gd = c->g;
+        gd.c = c->out_c;
+        c->wpack = cf_arena_floats(arena, cf_conv_same_packed_size(&c->g, c->out_c));
+        c->wpack_dx = cf_arena_floats(arena, cf_conv_same_packed_size(&gd, c->in_c));
+    }
 }
 
 static void conv_init(cf_module *m, cf_rng *rng) {
@@ -230,10 +236,10 @@ static void conv_forward_same_range(void *ctx, int64_t begin, int64_t end, int t
     (void)thread;
     cf_module *m = ctx;
     conv_impl *c = m->impl;
-    const int O = c->out_c, K = c->in_c * c->k * c->k, P = c->g.oh * c->g.ow;
+    const int O = c->out_c, P = c->g.oh * c->g.ow;
     const size_t in_n = (size_t)c->in_c * P, out_n = (size_t)O * P;
-    cf_conv_same(&c->g, O, m->params[0].data, K, c->x + (size_t)begin * in_n, in_n,
-                 (int)(end - begin), c->y + (size_t)begin * out_n, out_n);
+    cf_conv_same(&c->g, O, c->wpack, c->x + (size_t)begin * in_n, in_n, (int)(end - begin),
+                 c->y + (size_t)begin * out_n, out_n);
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
@@ -245,9 +251,11 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     c->x = x->data;
     c->y = y->data;
     c->batch = x->shape.dim[0];
-    if (use_same(c))
+    if (use_same(c)) {
+        const int T = c->k * c->k;
+        cf_conv_same_pack(g, c->out_c, m->params[0].data, (ptrdiff_t)c->in_c * T, T, 1, c->wpack);
         run_batch(c, c->batch, conv_forward_same_range, m);
-    else
+    } else
         run_groups(c, c->batch, conv_forward_range, m);
     return y;
 }
@@ -353,8 +361,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             /* dx is the "same" convolution of dy with the flipped, transposed weights */
             cf_conv_geom gd = *g;
             gd.c = O;
-            cf_conv_same(&gd, g->c, c->wflip, (ptrdiff_t)O * c->k * c->k,
-                         c->dy + (size_t)n0 * out_n, out_n, (int)(n1 - n0),
+            cf_conv_same(&gd, g->c, c->wpack_dx, c->dy + (size_t)n0 * out_n, out_n, (int)(n1 - n0),
                          c->dx + (size_t)n0 * in_n, in_n);
         } else if (c->need_dx) {
             if (!dyg) dyg = group_dy(c, n0, n1, buf, &ldg);
@@ -388,14 +395,12 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     if (need_dx && use_same(c)) {
-        /* wflip[i][o*T + t] = w[o][i][T - 1 - t] */
-        const int T = c->k * c->k, I = c->in_c, O = c->out_c;
-        for (int o = 0; o < O; o++)
-            for (int i = 0; i < I; i++) {
-                const float *src = wp->data + ((size_t)o * I + i) * T;
-                float *dst = c->wflip + (size_t)i * O * T + (size_t)o * T;
-                for (int t = 0; t < T; t++) dst[t] = src[T - 1 - t];
-            }
+        /* A(i, o, t) = w[o][i][T - 1 - t] */
+        const int T = c->k * c->k;
+        cf_conv_geom gd = c->g;
+        gd.c = c->out_c;
+        cf_conv_same_pack(&gd, c->in_c, wp->data + T - 1, T, (ptrdiff_t)c->in_c * T, -1,
+                          c->wpack_dx);
     }
     run_groups(c, N, conv_backward_range, m);
     /* Reduce the partial sums in thread order (deterministic for a given thread count); the

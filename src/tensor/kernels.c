@@ -182,6 +182,23 @@ static void transpose16(const float *src, int lds, __mmask16 m, float *dst, int 
 
 /* ---- stride-1 "same" convolutions without a patch matrix ------------------------------------ */
 
+size_t cf_conv_same_packed_size(const cf_conv_geom *g, int m) {
+    return (size_t)((m + 7) / 8 * 8) * g->c * g->kh * g->kw;
+}
+
+void cf_conv_same_pack(const cf_conv_geom *g, int m, const float *a, ptrdiff_t a_row, ptrdiff_t a_c,
+                       ptrdiff_t a_t, float *packed) {
+    /* blocks of 8 rows; in a block, tap-major then channel, the 8 rows' values side by side */
+    const int C = g->c, T = g->kh * g->kw;
+    for (int m0 = 0; m0 < m; m0 += 8)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                float *d = packed + (((size_t)m0 * T + (size_t)t * 8) * C) + (size_t)c * 8;
+                for (int i = 0; i < 8; i++)
+                    d[i] = m0 + i < m ? a[(m0 + i) * a_row + c * a_c + t * a_t] : 0.0f;
+            }
+}
+
 bool cf_conv_same_supported(const cf_conv_geom *g) {
 #if defined(__AVX512F__)
     const int p = g->h * g->w;
@@ -239,8 +256,8 @@ typedef struct same_cols {
 } same_cols;
 
 static inline __attribute__((always_inline)) void
-same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, ptrdiff_t lda,
-          const float *x, size_t x_plane, const same_cols *sc, float *y, size_t y_plane) {
+same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, const float *x,
+          size_t x_plane, const same_cols *sc, float *y, size_t y_plane) {
     __m512 acc[MR][NV_MAX];
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV_MAX; v++) acc[i][v] = _mm512_setzero_ps();
@@ -255,8 +272,8 @@ same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, ptrd
                 m2[v] = sc->m2[t][v];
             }
         }
-        const float *at = a + t;
-        for (int c = 0; c < channels; c++, at += taps) {
+        const float *at = a + (size_t)t * channels * MR;
+        for (int c = 0; c < channels; c++, at += MR) {
             const size_t off = (size_t)c * x_plane;
             __m512 bv[NV_MAX];
             for (int v = 0; v < nv; v++) {
@@ -264,7 +281,7 @@ same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, ptrd
                 if (two) bv[v] = _mm512_mask_loadu_ps(bv[v], m2[v], p2[v] + off);
             }
             for (int i = 0; i < mr; i++) {
-                const __m512 av = _mm512_set1_ps(at[i * lda]);
+                const __m512 av = _mm512_set1_ps(at[i]);
                 for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
             }
         }
@@ -278,7 +295,7 @@ same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, ptrd
 }
 
 #define SAME_TILE(mr_, nv_, two_)                                                                  \
-    same_tile(mr_, nv_, two_, g->c, sp.taps, ap, lda, x, x_plane, &sc, yp, plane)
+    same_tile(mr_, nv_, two_, g->c, sp.taps, ap, x, x_plane, &sc, yp, plane)
 #define SAME_TILES(mr_, two_)                                                                      \
     do {                                                                                           \
         if (nv == 3)                                                                               \
@@ -289,8 +306,8 @@ same_tile(int mr, int nv, bool two, int channels, int taps, const float *a, ptrd
             SAME_TILE(mr_, 1, two_);                                                               \
     } while (0)
 
-void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, const float *x,
-                  size_t x_image, int n_images, float *y, size_t y_image) {
+void cf_conv_same(const cf_conv_geom *g, int m, const float *a, const float *x, size_t x_image,
+                  int n_images, float *y, size_t y_image) {
     same_plan sp;
     same_plan_make(&sp, g);
     const int plane = sp.plane;
@@ -322,7 +339,7 @@ void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, c
             }
         }
         for (int m0 = 0; m0 < m; m0 += MR) {
-            const float *ap = a + m0 * lda;
+            const float *ap = a + (size_t)m0 * g->c * sp.taps;
             float *yp = y + (size_t)m0 * plane;
             if (m - m0 >= MR) {
                 if (two)
@@ -330,7 +347,7 @@ void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, c
                 else
                     SAME_TILES(MR, false);
             } else {
-                same_tile(m - m0, (int)nv, two, g->c, sp.taps, ap, lda, x, x_plane, &sc, yp, plane);
+                same_tile(m - m0, (int)nv, two, g->c, sp.taps, ap, x, x_plane, &sc, yp, plane);
             }
         }
     }
@@ -409,11 +426,10 @@ void cf_conv_same_wgrad(const cf_conv_geom *g, int m, const float *dy, const flo
 }
 #undef WGRAD_TILE
 #else
-void cf_conv_same(const cf_conv_geom *g, int m, const float *a, ptrdiff_t lda, const float *x,
-                  size_t x_image, int n_images, float *y, size_t y_image) {
+void cf_conv_same(const cf_conv_geom *g, int m, const float *a, const float *x, size_t x_image,
+                  int n_images, float *y, size_t y_image) {
     /* never called: cf_conv_same_supported is false without AVX-512 */
-    (void)g, (void)m, (void)a, (void)lda, (void)x, (void)x_image, (void)n_images, (void)y,
-        (void)y_image;
+    (void)g, (void)m, (void)a, (void)x, (void)x_image, (void)n_images, (void)y, (void)y_image;
 }
 void cf_conv_same_wgrad(const cf_conv_geom *g, int m, const float *dy, const float *xt, float *dwt,
                         bool accumulate) {
