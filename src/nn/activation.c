@@ -1,5 +1,6 @@
 /* Element-wise and shape layers: ReLU, LeakyReLU, Flatten, Dropout. */
 #include "corefit/nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -42,7 +43,29 @@ static void ew_run(ew_kernel kernel, ew_ctx ctx, int64_t n) {
     }
 }
 
-/* ---- ReLU ---------------------------------------------------------------------------------- */
+/* ---- ReLU ----------------------------------------------------------------------------------
+ * A ReLU that follows a BatchNorm fused with it (see nn_internal.h) passes its input and the
+ * upstream gradient through: the BatchNorm already wrote max(bn(x), 0) and masks the gradient
+ * itself. Nothing is reserved for it then; out and dx alias x and dy, as Flatten's do. */
+
+typedef struct relu_impl {
+    const cf_module *bn; /* the BatchNorm before it, when planned fused */
+} relu_impl;
+
+static const cf_module_ops relu_ops;
+
+bool cf_nn_is_relu(const cf_module *m) {
+    return m && m->ops == &relu_ops;
+}
+
+void cf_nn_relu_follow_bn(cf_module *relu, const cf_module *bn) {
+    ((relu_impl *)relu->impl)->bn = bn;
+}
+
+static bool relu_passes(const cf_module *m) {
+    const relu_impl *r = m->impl;
+    return r->bn && cf_nn_bn_fused_with(r->bn, m);
+}
 
 static void relu_fwd_k(const ew_ctx *c, int64_t b, int64_t e) {
     const float *restrict x = c->a;
@@ -56,8 +79,20 @@ static void relu_bwd_k(const ew_ctx *c, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) dx[i] = y[i] > 0.0f ? g[i] : 0.0f;
 }
 
+static void relu_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    if (relu_passes(m)) {
+        m->out.data = m->dx.data = NULL;
+        return;
+    }
+    cf_module_plan_default(m, in, arena);
+}
+
 static const cf_tensor *relu_forward(cf_module *m, const cf_tensor *x) {
     m->in = x;
+    if (relu_passes(m)) {
+        m->out = *x;
+        return x;
+    }
     cf_tensor *y = cf_module_output(m, &x->shape);
     ew_run(relu_fwd_k, (ew_ctx){.a = x->data, .out = y->data}, (int64_t)cf_tensor_numel(x));
     return y;
@@ -65,6 +100,10 @@ static const cf_tensor *relu_forward(cf_module *m, const cf_tensor *x) {
 
 static const cf_tensor *relu_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     if (!need_dx) return NULL;
+    if (relu_passes(m)) {
+        m->dx = *dy;
+        return dy;
+    }
     cf_tensor *dx = cf_module_input_grad(m);
     ew_run(relu_bwd_k, (ew_ctx){.a = m->out.data, .b = dy->data, .out = dx->data},
            (int64_t)cf_tensor_numel(dx));
@@ -74,12 +113,15 @@ static const cf_tensor *relu_backward(cf_module *m, const cf_tensor *dy, bool ne
 static const cf_module_ops relu_ops = {
     .kind = "ReLU",
     .out_shape = same_shape,
+    .plan = relu_plan,
     .forward = relu_forward,
     .backward = relu_backward,
 };
 
 cf_module *cf_relu(void) {
-    return cf_module_new(&relu_ops, NULL);
+    relu_impl *r = cf_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    return cf_module_new(&relu_ops, r);
 }
 
 /* ---- LeakyReLU ----------------------------------------------------------------------------- */

@@ -11,8 +11,17 @@
  * Sums are two-pass (mean, then centred squares) and accumulated in float lanes over blocks of
  * at most 4096 values, then in double. Channel planes are processed in parallel for large inputs;
  * each channel is computed by one thread in a fixed order, so results do not depend on the
- * thread count. */
+ * thread count.
+ *
+ * Fused with a following ReLU (planned by Sequential, see nn_internal.h) the layer writes
+ * max(y, 0) and, in backward, uses dy where y > 0 and 0 elsewhere in place of dy, in every path;
+ * results are bitwise those of BatchNorm then ReLU. The AVX-512 planes path does not read y
+ * back: it recomputes x * scale + shift with the forward's per-channel scale and shift (kept in
+ * the arena), which gives y's sign exactly. As the last layer of a residual block's idpath it
+ * may also be asked to write the block's max(a + y, 0) for one forward (the backward is then
+ * the plain one: the block masks the gradient). */
 #include "corefit/nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -23,15 +32,23 @@ typedef struct bn_impl {
     int features;
     bool spatial;
     float eps, momentum;
-    bool fwd_training; /* mode of the last forward */
+    bool fwd_training;     /* mode of the last forward */
+    const cf_module *relu; /* the ReLU fused after this layer (planned by Sequential) */
+    bool fwd_relu;         /* the last forward applied the ReLU */
+    const float *add;      /* residual for the next forward only: y = max(bn(x) + add, 0) */
     /* scratch from the arena, per channel */
     float *mean, *invstd; /* statistics the last forward used */
     float *coef;          /* 3C: backward coefficients (1d path) */
     double *acc;          /* 2C: sums */
+    float *ss;            /* 2C: scale and shift of the last forward (planes paths) */
 } bn_impl;
 
 #define LANES 16
 #define BLOCK 4096
+
+/* The upstream gradient at i in the portable and rows paths: dy, or, with a fused ReLU whose
+ * output is y, dy where y > 0 and 0 elsewhere (ReLU's backward). */
+#define DY_AT(i) (y && !(y[i] > 0.0f) ? 0.0f : dy[i])
 
 #if !defined(__AVX512F__) /* the portable paths (the AVX-512 ones follow) */
 static double sum_plane(const float *restrict x, int64_t n) {
@@ -63,21 +80,24 @@ static double sqdev_plane(const float *restrict x, int64_t n, float mean) {
     return total;
 }
 
-/* sum(dy) and sum(dy * (x - mean)) over a plane. */
-static void dy_sums_plane(const float *restrict dy, const float *restrict x, int64_t n, float mean,
-                          double *sdy, double *sdyx) {
+/* sum(dy) and sum(dy * (x - mean)) over a plane; y: the fused ReLU's output, or NULL. */
+static void dy_sums_plane(const float *restrict dy, const float *restrict x,
+                          const float *restrict y, int64_t n, float mean, double *sdy,
+                          double *sdyx) {
     double t1 = 0, t2 = 0;
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
         float l1[LANES] = {0}, l2[LANES] = {0};
         for (; i + LANES <= e; i += LANES)
             for (int k = 0; k < LANES; k++) {
-                l1[k] += dy[i + k];
-                l2[k] += dy[i + k] * (x[i + k] - mean);
+                const float g = DY_AT(i + k);
+                l1[k] += g;
+                l2[k] += g * (x[i + k] - mean);
             }
         for (; i < e; i++) {
-            t1 += dy[i];
-            t2 += (double)dy[i] * (x[i] - mean);
+            const float g = DY_AT(i);
+            t1 += g;
+            t2 += (double)g * (x[i] - mean);
         }
         for (int k = 0; k < LANES; k++) {
             t1 += l1[k];
@@ -161,26 +181,78 @@ static void affine_v(const float *x, float *y, int n, size_t stride, int64_t s, 
     }
 }
 
-/* sum(dy) and sum(dy * (x - mean)) over the n planes. */
-static void dy_sums_v(const float *dy, const float *x, int n, size_t stride, int64_t s, float mean,
-                      double *sdy, double *sdyx) {
+/* y = max(x * scale + shift, 0) over the n planes. max_ps(z, 0) returns its second operand
+ * unless z > 0, as ReLU's z > 0 ? z : 0 (NaN and -0 give +0). */
+static void affine_relu_v(const float *x, float *y, int n, size_t stride, int64_t s, float scale,
+                          float shift) {
     const int64_t full = s & ~(int64_t)15;
     const __mmask16 tail = tail_mask(s);
-    const __m512 m = _mm512_set1_ps(mean);
+    const __m512 a = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift), z = _mm512_setzero_ps();
+    for (int p = 0; p < n; p++) {
+        const float *xp = x + (size_t)p * stride;
+        float *yp = y + (size_t)p * stride;
+        for (int64_t i = 0; i < full; i += 16)
+            _mm512_storeu_ps(yp + i,
+                             _mm512_max_ps(_mm512_fmadd_ps(_mm512_loadu_ps(xp + i), a, b), z));
+        if (tail)
+            _mm512_mask_storeu_ps(
+                yp + full, tail,
+                _mm512_max_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xp + full), a, b), z));
+    }
+}
+
+/* y = max(a + (x * scale + shift), 0) over the n planes (a residual block's add and ReLU). */
+static void affine_add_relu_v(const float *x, const float *add, float *y, int n, size_t stride,
+                              int64_t s, float scale, float shift) {
+    const int64_t full = s & ~(int64_t)15;
+    const __mmask16 tail = tail_mask(s);
+    const __m512 a = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift), z = _mm512_setzero_ps();
+    for (int p = 0; p < n; p++) {
+        const float *xp = x + (size_t)p * stride, *ap = add + (size_t)p * stride;
+        float *yp = y + (size_t)p * stride;
+        for (int64_t i = 0; i < full; i += 16) {
+            __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xp + i), a, b);
+            _mm512_storeu_ps(yp + i, _mm512_max_ps(_mm512_add_ps(_mm512_loadu_ps(ap + i), t), z));
+        }
+        if (tail) {
+            __m512 t = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xp + full), a, b);
+            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, ap + full), t);
+            _mm512_mask_storeu_ps(yp + full, tail, _mm512_max_ps(v, z));
+        }
+    }
+}
+
+/* The lanes of m where the fused ReLU's output is positive: x * scale + shift > 0, computed as
+ * the forward computed it (relu false: m itself). */
+static inline __mmask16 relu_lanes(__mmask16 m, bool relu, __m512 x, __m512 a, __m512 b) {
+    if (!relu) return m;
+    return _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(x, a, b), _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+
+/* sum(dy) and sum(dy * (x - mean)) over the n planes; relu: dy only where the fused ReLU's
+ * output (x * scale + shift > 0) is positive. */
+static void dy_sums_v(const float *dy, const float *x, int n, size_t stride, int64_t s, float mean,
+                      bool relu, float scale, float shift, double *sdy, double *sdyx) {
+    const int64_t full = s & ~(int64_t)15;
+    const __mmask16 tail = tail_mask(s);
+    const __m512 m = _mm512_set1_ps(mean), sa = _mm512_set1_ps(scale), sb = _mm512_set1_ps(shift);
     __m512 a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps();
     double t1 = 0, t2 = 0;
     int64_t since = 0;
     for (int p = 0; p < n; p++) {
         const float *gp = dy + (size_t)p * stride, *xp = x + (size_t)p * stride;
         for (int64_t i = 0; i < full; i += 16) {
-            __m512 g = _mm512_loadu_ps(gp + i);
+            __m512 xv = _mm512_loadu_ps(xp + i);
+            __m512 g = relu ? _mm512_maskz_loadu_ps(relu_lanes(0xffff, true, xv, sa, sb), gp + i)
+                            : _mm512_loadu_ps(gp + i);
             a1 = _mm512_add_ps(a1, g);
-            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(_mm512_loadu_ps(xp + i), m), a2);
+            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(xv, m), a2);
         }
         if (tail) {
-            __m512 g = _mm512_maskz_loadu_ps(tail, gp + full);
+            __m512 xv = _mm512_maskz_loadu_ps(tail, xp + full);
+            __m512 g = _mm512_maskz_loadu_ps(relu_lanes(tail, relu, xv, sa, sb), gp + full);
             a1 = _mm512_add_ps(a1, g);
-            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, xp + full), m), a2);
+            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(xv, m), a2);
         }
         if ((since += s) >= FLUSH) {
             t1 += hsum_d(a1);
@@ -193,25 +265,28 @@ static void dy_sums_v(const float *dy, const float *x, int n, size_t stride, int
     *sdyx += t2 + hsum_d(a2);
 }
 
-/* dx = k1 * dy + k2 * (x - mean) + k3 over the n planes. */
+/* dx = k1 * dy + k2 * (x - mean) + k3 over the n planes (relu: as in dy_sums_v). */
 static void dx_v(const float *dy, const float *x, float *dx, int n, size_t stride, int64_t s,
-                 float mean, float k1, float k2, float k3) {
+                 float mean, float k1, float k2, float k3, bool relu, float scale, float shift) {
     const int64_t full = s & ~(int64_t)15;
     const __mmask16 tail = tail_mask(s);
     const __m512 m = _mm512_set1_ps(mean), a = _mm512_set1_ps(k1), b = _mm512_set1_ps(k2),
-                 c = _mm512_set1_ps(k3);
+                 c = _mm512_set1_ps(k3), sa = _mm512_set1_ps(scale), sb = _mm512_set1_ps(shift);
     for (int p = 0; p < n; p++) {
         const float *gp = dy + (size_t)p * stride, *xp = x + (size_t)p * stride;
         float *op = dx + (size_t)p * stride;
         for (int64_t i = 0; i < full; i += 16) {
-            __m512 t = _mm512_fmadd_ps(b, _mm512_sub_ps(_mm512_loadu_ps(xp + i), m), c);
-            _mm512_storeu_ps(op + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(gp + i), t));
+            __m512 xv = _mm512_loadu_ps(xp + i);
+            __m512 g = relu ? _mm512_maskz_loadu_ps(relu_lanes(0xffff, true, xv, sa, sb), gp + i)
+                            : _mm512_loadu_ps(gp + i);
+            __m512 t = _mm512_fmadd_ps(b, _mm512_sub_ps(xv, m), c);
+            _mm512_storeu_ps(op + i, _mm512_fmadd_ps(a, g, t));
         }
         if (tail) {
-            __m512 t =
-                _mm512_fmadd_ps(b, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, xp + full), m), c);
-            _mm512_mask_storeu_ps(op + full, tail,
-                                  _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(tail, gp + full), t));
+            __m512 xv = _mm512_maskz_loadu_ps(tail, xp + full);
+            __m512 g = _mm512_maskz_loadu_ps(relu_lanes(tail, relu, xv, sa, sb), gp + full);
+            __m512 t = _mm512_fmadd_ps(b, _mm512_sub_ps(xv, m), c);
+            _mm512_mask_storeu_ps(op + full, tail, _mm512_fmadd_ps(a, g, t));
         }
     }
 }
@@ -260,6 +335,25 @@ static void bn_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     b->invstd = cf_arena_floats(arena, c);
     b->coef = cf_arena_floats(arena, 3 * c);
     b->acc = cf_arena_bytes(arena, 2 * c * sizeof(double));
+    b->ss = cf_arena_floats(arena, 2 * c);
+}
+
+static const cf_module_ops bn1d_ops, bn2d_ops;
+
+bool cf_nn_is_batchnorm(const cf_module *m) {
+    return m && (m->ops == &bn1d_ops || m->ops == &bn2d_ops);
+}
+
+void cf_nn_bn_fuse_relu(cf_module *bn, const cf_module *relu) {
+    ((bn_impl *)bn->impl)->relu = relu;
+}
+
+void cf_nn_bn_add_relu_next(cf_module *bn, const float *add) {
+    ((bn_impl *)bn->impl)->add = add;
+}
+
+bool cf_nn_bn_fused_with(const cf_module *bn, const cf_module *relu) {
+    return relu && ((const bn_impl *)bn->impl)->relu == relu;
 }
 
 static void bn_init(cf_module *m, cf_rng *rng) {
@@ -282,6 +376,8 @@ typedef struct bn_ctx {
     float *y, *dx;
     geom g;
     bool training, need_dx, grads;
+    bool relu;        /* fused ReLU (forward: apply it; backward: mask dy) */
+    const float *add; /* forward: y = max(add + bn(x), 0) (a residual block's sum) */
 } bn_ctx;
 
 /* Channel planes (s > 1): statistics (training) and output for channels [c0, c1). */
@@ -319,51 +415,63 @@ static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
             b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
         }
     }
+    float *scale = b->ss, *shift = b->ss + g.c;
+    for (int64_t c = c0; c < c1; c++) {
+        scale[c] = gamma[c] * b->invstd[c];
+        shift[c] = beta[c] - b->mean[c] * scale[c];
+    }
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        for (int64_t c = c0; c < c1; c++) {
-            const float scale = gamma[c] * b->invstd[c], shift = beta[c] - b->mean[c] * scale;
-            affine_v(ctx->x + at + c * cs, ctx->y + at + c * cs, 1, 0, g.s, scale, shift);
-        }
+        if (ctx->add)
+            for (int64_t c = c0; c < c1; c++)
+                affine_add_relu_v(ctx->x + at + c * cs, ctx->add + at + c * cs,
+                                  ctx->y + at + c * cs, 1, 0, g.s, scale[c], shift[c]);
+        else if (ctx->relu)
+            for (int64_t c = c0; c < c1; c++)
+                affine_relu_v(ctx->x + at + c * cs, ctx->y + at + c * cs, 1, 0, g.s, scale[c],
+                              shift[c]);
+        else
+            for (int64_t c = c0; c < c1; c++)
+                affine_v(ctx->x + at + c * cs, ctx->y + at + c * cs, 1, 0, g.s, scale[c], shift[c]);
     }
-    return;
-#endif
+#else
     for (int64_t c = c0; c < c1; c++) {
         const float *xc = ctx->x + (size_t)c * g.s;
         float *yc = ctx->y + (size_t)c * g.s;
         const size_t stride = (size_t)g.c * g.s; /* from one sample's plane to the next */
         if (ctx->training) {
-#ifdef BN_AVX512
-            double s1, s2;
-            const float k = xc[0];
-            shifted_sums_v(xc, g.n, stride, g.s, k, &s1, &s2);
-            const double d = s1 / count;
-            float mean = (float)(k + d);
-            double v = s2 / count - d * d;
-            if (v < 0) v = 0;
-#else
             double s = 0;
             for (int n = 0; n < g.n; n++) s += sum_plane(xc + n * stride, g.s);
             float mean = (float)(s / count);
             double v = 0;
             for (int n = 0; n < g.n; n++) v += sqdev_plane(xc + n * stride, g.s, mean);
             v /= count;
-#endif
             b->mean[c] = mean;
             b->acc[c] = v;
             b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
         }
         const float scale = gamma[c] * b->invstd[c], shift = beta[c] - b->mean[c] * scale;
-#ifdef BN_AVX512
-        affine_v(xc, yc, g.n, stride, g.s, scale, shift);
-#else
+        b->ss[c] = scale;
+        b->ss[g.c + c] = shift;
         for (int n = 0; n < g.n; n++) {
             const float *restrict xp = xc + n * stride;
             float *restrict yp = yc + n * stride;
-            for (int64_t i = 0; i < g.s; i++) yp[i] = xp[i] * scale + shift;
+            if (ctx->add) {
+                const float *restrict ap = ctx->add + (size_t)c * g.s + n * stride;
+                for (int64_t i = 0; i < g.s; i++) {
+                    const float t = xp[i] * scale + shift, v = ap[i] + t;
+                    yp[i] = v > 0.0f ? v : 0.0f;
+                }
+            } else if (ctx->relu)
+                for (int64_t i = 0; i < g.s; i++) {
+                    const float v = xp[i] * scale + shift;
+                    yp[i] = v > 0.0f ? v : 0.0f;
+                }
+            else
+                for (int64_t i = 0; i < g.s; i++) yp[i] = xp[i] * scale + shift;
         }
-#endif
     }
+#endif
 }
 
 /* Rows of features (s == 1): statistics across the batch, feature-vectorised. */
@@ -400,7 +508,19 @@ static void bn_forward_rows(bn_ctx *ctx) {
     for (int i = 0; i < n; i++) {
         const float *restrict xr = ctx->x + (size_t)i * c;
         float *restrict yr = ctx->y + (size_t)i * c;
-        for (int f = 0; f < c; f++) yr[f] = xr[f] * scale[f] + shift[f];
+        if (ctx->add) {
+            const float *restrict ar = ctx->add + (size_t)i * c;
+            for (int f = 0; f < c; f++) {
+                const float t = xr[f] * scale[f] + shift[f], v = ar[f] + t;
+                yr[f] = v > 0.0f ? v : 0.0f;
+            }
+        } else if (ctx->relu)
+            for (int f = 0; f < c; f++) {
+                const float v = xr[f] * scale[f] + shift[f];
+                yr[f] = v > 0.0f ? v : 0.0f;
+            }
+        else
+            for (int f = 0; f < c; f++) yr[f] = xr[f] * scale[f] + shift[f];
     }
 }
 
@@ -412,10 +532,17 @@ static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
     bn_impl *b = m->impl;
     m->in = x;
     cf_tensor *y = cf_module_output(m, &x->shape);
-    bn_ctx ctx = {
-        .m = m, .x = x->data, .y = y->data, .g = geometry(&x->shape), .training = m->training};
+    bn_ctx ctx = {.m = m,
+                  .x = x->data,
+                  .y = y->data,
+                  .g = geometry(&x->shape),
+                  .training = m->training,
+                  .relu = b->relu != NULL,
+                  .add = b->add};
     const int c = ctx.g.c;
+    b->add = NULL;
     b->fwd_training = m->training;
+    b->fwd_relu = ctx.relu;
     if (!m->training) {
         const float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
         for (int f = 0; f < c; f++) {
@@ -462,7 +589,7 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
             const size_t at = (size_t)n * g.c * cs;
             for (int64_t c = c0; c < c1; c++)
                 dy_sums_v(ctx->dy + at + c * cs, ctx->x + at + c * cs, 1, 0, g.s, b->mean[c],
-                          &sdy[c], &sdyx[c]);
+                          ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
         }
         float *k = b->coef; /* k1, k2, k3 per channel */
         for (int64_t c = c0; c < c1; c++) {
@@ -483,22 +610,20 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
             const size_t at = (size_t)n * g.c * cs;
             for (int64_t c = c0; c < c1; c++)
                 dx_v(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs, 1, 0, g.s,
-                     b->mean[c], k[c], k[g.c + c], k[2 * g.c + c]);
+                     b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu, b->ss[c],
+                     b->ss[g.c + c]);
         }
-        return;
     }
-#endif
+#else
     for (int64_t c = c0; c < c1; c++) {
         const float mean = b->mean[c], invstd = b->invstd[c];
         const size_t stride = (size_t)g.c * g.s;
         const float *dyc = ctx->dy + (size_t)c * g.s, *xc = ctx->x + (size_t)c * g.s;
+        const float *yc = ctx->relu ? ctx->y + (size_t)c * g.s : NULL;
         double sdy = 0, sdyx = 0;
-#ifdef BN_AVX512
-        dy_sums_v(dyc, xc, g.n, stride, g.s, mean, &sdy, &sdyx);
-#else
         for (int n = 0; n < g.n; n++)
-            dy_sums_plane(dyc + n * stride, xc + n * stride, g.s, mean, &sdy, &sdyx);
-#endif
+            dy_sums_plane(dyc + n * stride, xc + n * stride, yc ? yc + n * stride : NULL, g.s, mean,
+                          &sdy, &sdyx);
         if (ctx->grads) {
             if (m->params[P_WEIGHT].trainable)
                 m->params[P_WEIGHT].grad[c] += (float)(sdyx * invstd);
@@ -513,16 +638,14 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
             k3 = (float)(-(double)k1 * sdy / count);
         }
         float *dxc = ctx->dx + (size_t)c * g.s;
-#ifdef BN_AVX512
-        dx_v(dyc, xc, dxc, g.n, stride, g.s, mean, k1, k2, k3);
-#else
         for (int n = 0; n < g.n; n++) {
-            const float *restrict dyp = dyc + n * stride, *restrict xp = xc + n * stride;
+            const float *restrict dy = dyc + n * stride, *restrict xp = xc + n * stride;
+            const float *restrict y = yc ? yc + n * stride : NULL;
             float *restrict dxp = dxc + n * stride;
-            for (int64_t i = 0; i < g.s; i++) dxp[i] = k1 * dyp[i] + k2 * (xp[i] - mean) + k3;
+            for (int64_t i = 0; i < g.s; i++) dxp[i] = k1 * DY_AT(i) + k2 * (xp[i] - mean) + k3;
         }
-#endif
     }
+#endif
 }
 
 static void bn_backward_rows(bn_ctx *ctx) {
@@ -533,10 +656,12 @@ static void bn_backward_rows(bn_ctx *ctx) {
     double *restrict sdy = b->acc, *restrict sdyx = b->acc + c;
     for (int f = 0; f < c; f++) sdy[f] = sdyx[f] = 0;
     for (int i = 0; i < n; i++) {
-        const float *dyr = ctx->dy + (size_t)i * c, *xr = ctx->x + (size_t)i * c;
+        const float *dy = ctx->dy + (size_t)i * c, *xr = ctx->x + (size_t)i * c;
+        const float *y = ctx->relu ? ctx->y + (size_t)i * c : NULL;
         for (int f = 0; f < c; f++) {
-            sdy[f] += dyr[f];
-            sdyx[f] += (double)dyr[f] * (xr[f] - mean[f]);
+            const float g = DY_AT(f);
+            sdy[f] += g;
+            sdyx[f] += (double)g * (xr[f] - mean[f]);
         }
     }
     if (ctx->grads && m->params[P_WEIGHT].trainable)
@@ -551,9 +676,10 @@ static void bn_backward_rows(bn_ctx *ctx) {
         k3[f] = ctx->training ? (float)(-(double)k1[f] * sdy[f] / n) : 0;
     }
     for (int i = 0; i < n; i++) {
-        const float *restrict dyr = ctx->dy + (size_t)i * c, *restrict xr = ctx->x + (size_t)i * c;
+        const float *restrict dy = ctx->dy + (size_t)i * c, *restrict xr = ctx->x + (size_t)i * c;
+        const float *restrict y = ctx->relu ? ctx->y + (size_t)i * c : NULL;
         float *restrict dxr = ctx->dx + (size_t)i * c;
-        for (int f = 0; f < c; f++) dxr[f] = k1[f] * dyr[f] + k2[f] * (xr[f] - mean[f]) + k3[f];
+        for (int f = 0; f < c; f++) dxr[f] = k1[f] * DY_AT(f) + k2[f] * (xr[f] - mean[f]) + k3[f];
     }
 }
 
@@ -569,7 +695,9 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                   .g = geometry(&m->in->shape),
                   .training = b->fwd_training,
                   .need_dx = need_dx,
-                  .grads = grads};
+                  .grads = grads,
+                  .relu = b->fwd_relu,
+                  .y = b->fwd_relu ? m->out.data : NULL};
     if (ctx.g.s == 1)
         bn_backward_rows(&ctx);
     else if (worth_threads(&ctx.g))

@@ -1,5 +1,6 @@
 /* Modules, the Sequential and residual containers, and models (names, flat blocks, arena). */
 #include "corefit/nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -115,7 +116,39 @@ static cf_status seq_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) 
     return CF_OK;
 }
 
+static bool fusion_enabled = true;
+
+void cf_nn_set_fusion(bool enabled) {
+    fusion_enabled = enabled;
+}
+
+bool cf_nn_fusion_enabled(void) {
+    return fusion_enabled;
+}
+
+/* Links each BatchNorm child to a ReLU child right after it (nn_internal.h); a child whose ops
+ * are not the layer's own (a wrapper's: timers, hooks) is never fused. Every link from an
+ * earlier plan is dropped first. */
+static void seq_fuse(cf_module *m) {
+    for (int i = 0; i < m->n_children; i++) {
+        cf_module *c = m->children[i];
+        if (cf_nn_is_batchnorm(c))
+            cf_nn_bn_fuse_relu(c, NULL);
+        else if (cf_nn_is_relu(c))
+            cf_nn_relu_follow_bn(c, NULL);
+    }
+    if (!fusion_enabled) return;
+    for (int i = 0; i + 1 < m->n_children; i++) {
+        cf_module *bn = m->children[i], *relu = m->children[i + 1];
+        if (cf_nn_is_batchnorm(bn) && cf_nn_is_relu(relu)) {
+            cf_nn_bn_fuse_relu(bn, relu);
+            cf_nn_relu_follow_bn(relu, bn);
+        }
+    }
+}
+
 static void seq_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    seq_fuse(m);
     cf_shape s = *in;
     for (int i = 0; i < m->n_children; i++) {
         cf_shape next;
@@ -171,13 +204,67 @@ cf_status cf_sequential_append(cf_module *seq, cf_module *child) {
     return cf_module_add_child(seq, child, name);
 }
 
-/* ---- residual block: act(convpath(x) + idpath(x)) ------------------------------------------ */
+/* ---- residual block: act(convpath(x) + idpath(x)) ------------------------------------------ *
+ * The element-wise passes (sum and ReLU forward; ReLU's mask and the sum of the two input
+ * gradients backward) are memory-bound over the block's activations; large ones are split over
+ * the thread pool in contiguous chunks (results do not depend on the split). With ReLU after the
+ * sum and an idpath that ends in a BatchNorm, that BatchNorm writes relu(a + bn(.)) itself
+ * (nn_internal.h) and its output is the block's output. The input gradient is summed into the
+ * convpath's input gradient in place (that buffer is dead once the convpath's backward has
+ * returned, and writing it back where it was just read costs no extra read of a fresh
+ * destination), unless that buffer is the upstream gradient itself (a convpath that passes its
+ * gradient through, without ReLU after the sum) or the idpath's: then into the block's own
+ * buffer. */
 
 typedef struct residual_impl {
     bool relu_after;
     bool has_idpath;
-    cf_tensor dz; /* gradient after the activation */
+    cf_module *fold; /* the idpath's last BatchNorm, which writes the block's output */
+    cf_tensor dz;    /* gradient after the activation */
+    cf_tensor gx;    /* the input gradient when summed into the convpath's */
 } residual_impl;
+
+#define RES_PAR_MIN (1 << 16)
+
+typedef enum { RES_ADD, RES_ADD_TO, RES_ADD_RELU, RES_MASK } res_op;
+
+typedef struct res_ew {
+    res_op op;
+    const float *a, *b;
+    float *out;
+} res_ew;
+
+static void res_ew_range(void *vctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const res_ew *c = vctx;
+    const float *restrict a = c->a, *restrict b = c->b;
+    float *restrict o = c->out; /* never a or b (but for RES_ADD_TO, where a is unused) */
+    switch (c->op) {
+    case RES_ADD:
+        for (int64_t i = begin; i < end; i++) o[i] = a[i] + b[i];
+        break;
+    case RES_ADD_TO: /* out is a (a separate pointer to it would break restrict) */
+        for (int64_t i = begin; i < end; i++) o[i] += b[i];
+        break;
+    case RES_ADD_RELU:
+        for (int64_t i = begin; i < end; i++) {
+            const float v = a[i] + b[i];
+            o[i] = v > 0.0f ? v : 0.0f;
+        }
+        break;
+    case RES_MASK: /* a: the ReLU's output, b: the gradient */
+        for (int64_t i = begin; i < end; i++) o[i] = a[i] > 0.0f ? b[i] : 0.0f;
+        break;
+    }
+}
+
+static void res_ew_run(res_op op, const float *a, const float *b, float *out, size_t n) {
+    res_ew ctx = {op, a, b, out};
+    if (n >= RES_PAR_MIN && cf_get_num_threads() > 1)
+        cf_parallel_for((int64_t)n, res_ew_range, &ctx);
+    else
+        res_ew_range(&ctx, 0, (int64_t)n, 0);
+}
 
 static cf_status res_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
     residual_impl *r = m->impl;
@@ -195,11 +282,28 @@ static cf_status res_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) 
     return CF_OK;
 }
 
+/* The idpath's last module when it is a BatchNorm (its own ops, in a Sequential with its own
+ * ops or alone) that can write the block's output; NULL otherwise. */
+static cf_module *res_fold_target(cf_module *m) {
+    residual_impl *r = m->impl;
+    if (!fusion_enabled || !r->relu_after || !r->has_idpath) return NULL;
+    cf_module *last = m->children[1];
+    if (last->ops == &sequential_ops && last->n_children > 0)
+        last = last->children[last->n_children - 1];
+    return cf_nn_is_batchnorm(last) ? last : NULL;
+}
+
 static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     residual_impl *r = m->impl;
     for (int i = 0; i < m->n_children; i++) module_plan(m->children[i], in, arena);
-    cf_module_plan_default(m, in, arena);
-    r->dz.data = cf_arena_floats(arena, cf_shape_numel(&m->out.shape));
+    r->fold = res_fold_target(m);
+    cf_shape out;
+    if (res_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
+    m->out.data = r->fold ? NULL : cf_arena_floats(arena, cf_shape_numel(&out));
+    m->out.shape = out;
+    m->dx.data = cf_arena_floats(arena, cf_shape_numel(in));
+    m->dx.shape = *in;
+    r->dz.data = cf_arena_floats(arena, cf_shape_numel(&out));
 }
 
 static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
@@ -212,31 +316,25 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     if (r->has_idpath) {
         cf_module *ip = m->children[1];
         ip->in = x;
+        if (r->fold) cf_nn_bn_add_relu_next(r->fold, a->data);
         b = ip->ops->forward(ip, x);
+        if (r->fold) { /* b is relu(a + idpath(x)) */
+            m->out = *b;
+            return &m->out;
+        }
     }
     cf_tensor *y = cf_module_output(m, &a->shape);
-    size_t n = cf_tensor_numel(y);
-    float *restrict yd = y->data;
-    const float *ad = a->data, *bd = b->data;
-    if (r->relu_after)
-        for (size_t i = 0; i < n; i++) {
-            float v = ad[i] + bd[i];
-            yd[i] = v > 0.0f ? v : 0.0f;
-        }
-    else
-        for (size_t i = 0; i < n; i++) yd[i] = ad[i] + bd[i];
+    res_ew_run(r->relu_after ? RES_ADD_RELU : RES_ADD, a->data, b->data, y->data,
+               cf_tensor_numel(y));
     return y;
 }
 
 static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     residual_impl *r = m->impl;
-    size_t n = cf_tensor_numel(dy);
     const cf_tensor *dz = dy;
     if (r->relu_after) {
         r->dz.shape = dy->shape;
-        const float *yd = m->out.data, *g = dy->data;
-        float *restrict d = r->dz.data;
-        for (size_t i = 0; i < n; i++) d[i] = yd[i] > 0.0f ? g[i] : 0.0f;
+        res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, cf_tensor_numel(dy));
         dz = &r->dz;
     }
     cf_module *cp = m->children[0];
@@ -247,9 +345,13 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
         db = ip->ops->backward(ip, dz, need_dx);
     }
     if (!need_dx) return NULL;
+    if (da->data != dy->data && da->data != db->data) {
+        r->gx = (cf_tensor){.data = da->data, .shape = m->in->shape};
+        res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, cf_tensor_numel(&r->gx));
+        return &r->gx;
+    }
     cf_tensor *dx = cf_module_input_grad(m);
-    size_t nx = cf_tensor_numel(dx);
-    for (size_t i = 0; i < nx; i++) dx->data[i] = da->data[i] + db->data[i];
+    res_ew_run(RES_ADD, da->data, db->data, dx->data, cf_tensor_numel(dx));
     return dx;
 }
 

@@ -1,0 +1,44 @@
+/* Internal to src/nn: the layer fusions a Sequential plans.
+ *
+ * BatchNorm + ReLU: when a Sequential is planned, each child that is a BatchNorm (its ops are
+ * BatchNorm's own, not a wrapper's) directly followed by a ReLU (ReLU's own ops) is linked to
+ * it: the BatchNorm then writes max(bn(x), 0) and masks the upstream gradient itself, and the
+ * ReLU passes its input and the upstream gradient through untouched. The ReLU passes through
+ * only while the link is mutual (the BatchNorm points at it and it points at the BatchNorm), so
+ * a re-plan that can no longer see one of the two (a wrapper replaced its ops) falls back to
+ * ReLU's own pass; a BatchNorm that stays fused in front of a ReLU of its own is still exact
+ * (ReLU is idempotent, and its mask is the BatchNorm's). Results are bitwise identical to the
+ * unfused layers.
+ *
+ * Residual add: a residual block with ReLU after the sum whose idpath ends in a BatchNorm (ops
+ * its own) has that BatchNorm write relu(convpath(x) + bn(...)) straight into its output, which
+ * becomes the block's output: one pass less over the block's output. */
+#ifndef COREFIT_NN_INTERNAL_H
+#define COREFIT_NN_INTERNAL_H
+
+#include "corefit/nn.h"
+
+/* True when m's ops are BatchNorm1d's or BatchNorm2d's (not a wrapper's). */
+bool cf_nn_is_batchnorm(const cf_module *m);
+/* True when m's ops are ReLU's (not a wrapper's). */
+bool cf_nn_is_relu(const cf_module *m);
+/* Links a BatchNorm to the ReLU that follows it (NULL: unlinks). bn must pass
+ * cf_nn_is_batchnorm. */
+void cf_nn_bn_fuse_relu(cf_module *bn, const cf_module *relu);
+/* True when bn, a module that was a BatchNorm when it was linked (its ops may have been wrapped
+ * since), is linked to relu. */
+bool cf_nn_bn_fused_with(const cf_module *bn, const cf_module *relu);
+/* Links a ReLU to the BatchNorm before it (NULL: unlinks). relu must pass cf_nn_is_relu. */
+void cf_nn_relu_follow_bn(cf_module *relu, const cf_module *bn);
+
+/* Residual add + ReLU: the next forward of bn (a BatchNorm when the residual block was planned;
+ * not linked to a ReLU) writes max(add + bn(x), 0), with add of the output's shape, bitwise a
+ * residual block's relu(a + b). Consumed by that forward. */
+void cf_nn_bn_add_relu_next(cf_module *bn, const float *add);
+
+/* Whether Sequential plans BatchNorm + ReLU fusion (default true). Takes effect the next time a
+ * model is planned; for tests that compare the fused and unfused paths. Not thread-safe. */
+void cf_nn_set_fusion(bool enabled);
+bool cf_nn_fusion_enabled(void);
+
+#endif
