@@ -125,141 +125,124 @@ static void test_im2col_col2im_match_reference(void **state) {
     }
 }
 
-/* cf_conv_same against im2col and the reference GEMM, image by image: several images in one
- * call (vectors that hold the end of one image and the start of the next), row counts that are
- * not multiples of the tile, image strides with gaps (guard values that must not be read), and
- * the output gaps left untouched. */
-static int same_checked;
+/* cf_conv_implicit_* against the patch matrix (reference im2col, GEMM, col2im), on W1's
+ * layers and on odd shapes: several images per call (vectors that hold the end of one image and
+ * the start of the next), row and channel counts that are not multiples of the tiles, stride 2
+ * with kernels 1, 3, 5 and 7. */
+static int implicit_checked;
 
-static void check_conv_same(int c, int h, int w, int k, int m, int n_images, cf_rng *rng) {
+static void check_implicit(int c, int h, int w, int k, int s, int p, int o, int n_images,
+                           cf_rng *rng) {
     cf_conv_geom g;
-    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, 1, 1, k / 2, k / 2));
-    if (!cf_conv_same_supported(&g)) return; /* no AVX-512, or the plane is out of range */
-    same_checked++;
-    const int P = h * w, K = c * k * k;
-    const size_t x_image = (size_t)c * P + 5, y_image = (size_t)m * P + 3;
-    const size_t nx = x_image * n_images + 64, ny = y_image * n_images;
-    float *xb = malloc(nx * sizeof(float)), *x = xb + 32;
-    float *a = malloc((size_t)m * (K + 1) * sizeof(float));
-    float *y = malloc(ny * sizeof(float)), *col = malloc((size_t)K * P * sizeof(float));
-    float *ref = malloc((size_t)m * P * sizeof(float));
-    for (size_t i = 0; i < nx; i++) xb[i] = NAN;
-    for (int n = 0; n < n_images; n++) fill(rng, x + n * x_image, (size_t)c * P);
-    fill(rng, a, (size_t)m * (K + 1));
-    for (size_t i = 0; i < ny; i++) y[i] = -7.0f;
-    float *packed = malloc(cf_conv_same_packed_size(&g, m) * sizeof(float));
-    cf_conv_same_pack(&g, m, a, K + 1, k * k, 1, packed);
-    cf_conv_same(&g, m, packed, x, x_image, n_images, y, y_image);
-    free(packed);
+    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, s, s, p, p));
+    if (!cf_conv_implicit_supported(&g)) return; /* no AVX-512 */
+    implicit_checked++;
+    const int P = g.oh * g.ow, T = k * k, K = c * T;
+    const size_t in_n = (size_t)c * h * w, out_n = (size_t)o * P, nx = in_n * n_images;
+    char what[160];
+    snprintf(what, sizeof what, "implicit c=%d h=%d w=%d k=%d s=%d p=%d o=%d n=%d", c, h, w, k, s,
+             p, o, n_images);
+    /* inputs between NaN guards that must never be read */
+    float *xb = malloc((nx + 64) * sizeof(float)), *x = xb + 32;
+    float *dyb = malloc((out_n * n_images + 64) * sizeof(float)), *dy = dyb + 32;
+    float *wt = malloc((size_t)o * K * sizeof(float));
+    float *scratch = malloc(cf_conv_implicit_scratch(&g) * sizeof(float));
+    float *packed = malloc(cf_conv_implicit_packed_size(&g, o) * sizeof(float));
+    float *y = malloc(out_n * n_images * sizeof(float)), *dx = malloc(nx * sizeof(float));
+    float *dwt = malloc((size_t)o * K * sizeof(float));
+    float *col = malloc((size_t)K * P * sizeof(float)), *ref = malloc((in_n > out_n ? in_n : out_n) * sizeof(float));
+    float *dw_ref = calloc((size_t)o * K, sizeof(float));
+    for (size_t i = 0; i < nx + 64; i++) xb[i] = NAN;
+    for (size_t i = 0; i < out_n * n_images + 64; i++) dyb[i] = NAN;
+    fill(rng, x, nx);
+    fill(rng, dy, out_n * n_images);
+    fill(rng, wt, (size_t)o * K);
+    cf_conv_implicit_pack(&g, o, wt, packed);
+    cf_conv_implicit_forward(&g, o, packed, x, n_images, y, scratch);
+    cf_conv_implicit_pack_dx(&g, o, wt, packed);
+    cf_conv_implicit_dx(&g, o, packed, dy, n_images, dx, scratch);
+    for (int n = 0; n < n_images; n++)
+        cf_conv_implicit_wgrad(&g, o, dy + n * out_n, x + n * in_n, dwt, n > 0, scratch);
     cf_kernels_set_reference(true);
     for (int n = 0; n < n_images; n++) {
-        cf_im2col(&g, x + n * x_image, col, P);
-        cf_sgemm_strided(m, P, K, a, K + 1, 1, col, P, ref, P, false);
-        char what[160];
-        snprintf(what, sizeof what, "conv_same c=%d h=%d w=%d k=%d m=%d image %d of %d", c, h, w, k,
-                 m, n, n_images);
-        assert_close(what, y + n * y_image, ref, (size_t)m * P, 1e-5, 1e-5);
-        for (size_t i = (size_t)m * P; i < y_image; i++)
-            if (y[n * y_image + i] != -7.0f) fail_msg("%s: wrote into the gap at %zu", what, i);
+        cf_im2col(&g, x + n * in_n, col, P);
+        cf_sgemm_strided(o, P, K, wt, K, 1, col, P, ref, P, false);
+        assert_close(what, y + n * out_n, ref, out_n, 1e-5, 1e-5);
+        for (int r = 0; r < o; r++) /* dW += dy . col^T */
+            for (int kk = 0; kk < K; kk++) {
+                double sum = 0;
+                for (int q = 0; q < P; q++)
+                    sum += (double)dy[n * out_n + (size_t)r * P + q] * col[(size_t)kk * P + q];
+                dw_ref[(size_t)r * K + kk] += (float)sum;
+            }
+        cf_sgemm_strided(K, P, o, wt, 1, K, dy + n * out_n, P, col, P, false); /* W^T . dy */
+        cf_col2im(&g, col, P, ref);
+        assert_close(what, dx + n * in_n, ref, in_n, 1e-5, 1e-5);
     }
     cf_kernels_set_reference(false);
+    for (int r = 0; r < o; r++)
+        for (int kk = 0; kk < K; kk++) {
+            const float got = dwt[((size_t)(kk % T) * o + r) * c + kk / T];
+            const float want = dw_ref[(size_t)r * K + kk];
+            if (fabsf(got - want) > 1e-4f * (1.0f + fabsf(want)))
+                fail_msg("%s: dW[%d][%d][%d] = %g, expected %g", what, r, kk / T, kk % T,
+                         (double)got, (double)want);
+        }
     free(xb);
-    free(a);
+    free(dyb);
+    free(wt);
+    free(scratch);
+    free(packed);
     free(y);
-    free(col);
-    free(ref);
-}
-
-/* cf_conv_same_wgrad (and cf_transpose, which lays out its input) against the patch matrix:
- * dW[r][c][t] = sum_p dy[r][p] * col[c*T + t][p]. */
-static void check_wgrad(int c, int h, int w, int k, int m, cf_rng *rng) {
-    cf_conv_geom g;
-    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, 1, 1, k / 2, k / 2));
-    if (!cf_conv_same_supported(&g)) return;
-    same_checked++;
-    const int P = h * w, T = k * k, K = c * T, hp = h + k - 1, wp = w + k - 1;
-    float *x = malloc((size_t)c * P * sizeof(float)), *dy = malloc((size_t)m * P * sizeof(float));
-    float *xt = calloc((size_t)hp * wp * c, sizeof(float));
-    float *dwt = malloc((size_t)T * m * c * sizeof(float));
-    float *col = malloc((size_t)K * P * sizeof(float)), *ref = malloc((size_t)K * sizeof(float));
-    fill(rng, x, (size_t)c * P);
-    fill(rng, dy, (size_t)m * P);
-    for (int y = 0; y < h; y++)
-        cf_transpose(c, w, x + y * w, P, xt + ((size_t)(y + k / 2) * wp + k / 2) * c, c);
-    for (int y = 0; y < h; y++) /* the transpose itself, exactly */
-        for (int xx = 0; xx < w; xx++)
-            for (int ch = 0; ch < c; ch++)
-                assert_true(xt[((size_t)(y + k / 2) * wp + xx + k / 2) * c + ch] ==
-                            x[(size_t)ch * P + y * w + xx]);
-    fill(rng, dwt, (size_t)T * m * c);
-    float *before = malloc((size_t)T * m * c * sizeof(float));
-    memcpy(before, dwt, (size_t)T * m * c * sizeof(float));
-    const bool accumulate = (c + m) % 2 == 1;
-    cf_conv_same_wgrad(&g, m, dy, xt, dwt, accumulate);
-    cf_kernels_set_reference(true);
-    cf_im2col(&g, x, col, P);
-    cf_kernels_set_reference(false);
-    for (int r = 0; r < m; r++) {
-        for (int kk = 0; kk < K; kk++) {
-            double sum = 0;
-            for (int p = 0; p < P; p++)
-                sum += (double)dy[(size_t)r * P + p] * col[(size_t)kk * P + p];
-            const int ch = kk / T, t = kk % T;
-            ref[kk] = (float)(sum + (accumulate ? before[((size_t)t * m + r) * c + ch] : 0));
-        }
-        for (int kk = 0; kk < K; kk++) {
-            const int ch = kk / T, t = kk % T;
-            const float got = dwt[((size_t)t * m + r) * c + ch];
-            if (fabsf(got - ref[kk]) > 1e-4f * (1.0f + fabsf(ref[kk])))
-                fail_msg("wgrad c=%d h=%d w=%d k=%d m=%d: dW[%d][%d][%d] = %g, expected %g", c, h,
-                         w, k, m, r, ch, t, (double)got, (double)ref[kk]);
-        }
-    }
-    free(x);
-    free(dy);
-    free(xt);
+    free(dx);
     free(dwt);
     free(col);
     free(ref);
-    free(before);
+    free(dw_ref);
 }
 
-static void test_conv_same_matches_im2col(void **state) {
+static void test_conv_implicit_matches_patch_matrix(void **state) {
     (void)state;
     cf_rng rng;
     cf_rng_seed(&rng, 5);
-    check_conv_same(1, 28, 28, 3, 16, 3, &rng); /* W1's stem */
-    check_conv_same(32, 14, 14, 3, 32, 2, &rng);
-    check_conv_same(64, 7, 7, 3, 64, 5, &rng); /* 49-value planes: vectors span two images */
-    check_conv_same(3, 4, 4, 3, 5, 7, &rng);   /* 16-value planes */
-    check_conv_same(2, 5, 7, 5, 13, 4, &rng);
-    check_conv_same(4, 6, 9, 1, 9, 3, &rng);
-    check_conv_same(2, 9, 11, 7, 3, 2, &rng);
-    check_conv_same(2, 64, 64, 3, 8, 1, &rng); /* the largest plane */
-    for (int m = 1; m <= 17; m += 4)
-        for (int n = 1; n <= 4; n++) check_conv_same(3, 5, 5, 3, m, n, &rng);
-    check_wgrad(32, 14, 14, 3, 32, &rng); /* W1's shapes */
-    check_wgrad(64, 7, 7, 3, 64, &rng);
-    check_wgrad(20, 5, 6, 3, 13, &rng); /* channel and row tails */
-    check_wgrad(9, 4, 4, 5, 3, &rng);
-    check_wgrad(40, 6, 3, 1, 17, &rng);
+    /* W1's layers */
+    check_implicit(16, 28, 28, 3, 2, 1, 32, 3, &rng);
+    check_implicit(32, 14, 14, 3, 1, 1, 32, 2, &rng);
+    check_implicit(16, 28, 28, 1, 2, 0, 32, 2, &rng);
+    check_implicit(32, 14, 14, 3, 2, 1, 64, 7, &rng);
+    check_implicit(64, 7, 7, 3, 1, 1, 64, 5, &rng); /* 49-value planes */
+    check_implicit(32, 14, 14, 1, 2, 0, 64, 3, &rng);
+    /* odd shapes */
+    check_implicit(1, 28, 28, 3, 1, 1, 16, 3, &rng);
+    check_implicit(3, 4, 4, 3, 1, 1, 5, 7, &rng); /* 16-value planes */
+    check_implicit(2, 5, 7, 5, 1, 2, 13, 4, &rng);
+    check_implicit(20, 6, 3, 1, 1, 0, 17, 3, &rng);
+    check_implicit(2, 9, 11, 7, 1, 3, 3, 2, &rng);
+    check_implicit(20, 8, 10, 3, 2, 1, 9, 4, &rng);
+    check_implicit(9, 12, 12, 5, 2, 2, 3, 3, &rng);
+    check_implicit(4, 14, 14, 7, 2, 3, 8, 2, &rng);
+    check_implicit(3, 64, 64, 3, 1, 1, 8, 1, &rng); /* the largest plane */
+    for (int o = 1; o <= 17; o += 4)
+        for (int n = 1; n <= 4; n++) check_implicit(3, 10, 10, 3, 2, 1, o, n, &rng);
 #if defined(__AVX512F__)
-    assert_int_equal(same_checked, 33); /* every case above ran */
+    assert_int_equal(implicit_checked, 35); /* every case above ran */
 #endif
     cf_conv_geom g;
-    cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 2, 2, 1, 1);
-    assert_false(cf_conv_same_supported(&g)); /* stride 2 */
+    cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 3, 3, 1, 1);
+    assert_false(cf_conv_implicit_supported(&g)); /* stride 3 */
     cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 1, 1, 0, 0);
-    assert_false(cf_conv_same_supported(&g)); /* not "same" */
+    assert_false(cf_conv_implicit_supported(&g)); /* stride 1, output smaller than the input */
+    cf_conv_geom_init(&g, 2, 15, 15, 3, 3, 2, 2, 1, 1);
+    assert_false(cf_conv_implicit_supported(&g)); /* stride 2 on an odd size */
     cf_conv_geom_init(&g, 2, 3, 3, 3, 3, 1, 1, 1, 1);
-    assert_false(cf_conv_same_supported(&g)); /* plane under 16 */
+    assert_false(cf_conv_implicit_supported(&g)); /* plane under 16 */
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
-        cmocka_unit_test(test_conv_same_matches_im2col),
+        cmocka_unit_test(test_conv_implicit_matches_patch_matrix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

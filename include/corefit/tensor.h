@@ -91,42 +91,40 @@ void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol);
  * that read each pixel (x is overwritten, not accumulated into). */
 void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x);
 
-/* Stride-1 convolutions whose output is as large as the input (odd kernel, padding (k-1)/2, as
- * ResNets' 3x3 layers), computed without a patch matrix: the kernel reads the shifted image
- * planes in place with masked loads (an "implicit GEMM"). For the images n < n_images of x
- * (each g->c planes of h*w values, images x_image floats apart):
- *
- *   y[n][r][p] = sum over c < g->c and taps t < kh*kw of A(r, c, t) * x[n][c][p + shift(t)]
- *
- * (zero where the tap falls outside the image), for rows r < m, written (not accumulated) at
- * y + n*y_image + r*h*w + p. A comes packed by cf_conv_same_pack (cf_conv_same_packed_size
- * floats): with A(r, c, t) = w[r][c][t], the weights, this is the forward pass; with
- * A(r, c, t) = w[c][r][kh*kw - 1 - t], over the output gradient, the input gradient.
- * Each output's sum runs in a fixed order whatever n_images, so splitting a batch over threads
- * does not change results. cf_conv_same_supported says whether a geometry can use it (AVX-512,
- * not in reference mode, planes of 16 to CF_SAME_MAX_PLANE values, at most CF_SAME_MAX_TAPS
- * taps); callers lower with cf_im2col otherwise. */
-#define CF_SAME_MAX_TAPS 49
-#define CF_SAME_MAX_PLANE 4096
-bool cf_conv_same_supported(const cf_conv_geom *g);
-size_t cf_conv_same_packed_size(const cf_conv_geom *g, int m);
-/* packed = A in the kernel's order, A(r, c, t) = a[r*a_row + c*a_c + t*a_t] (strides may be
- * negative). */
-void cf_conv_same_pack(const cf_conv_geom *g, int m, const float *a, ptrdiff_t a_row, ptrdiff_t a_c,
-                       ptrdiff_t a_t, float *packed);
-void cf_conv_same(const cf_conv_geom *g, int m, const float *packed, const float *x, size_t x_image,
-                  int n_images, float *y, size_t y_image);
+/* ---- convolutions without a patch matrix ("implicit GEMM"): src/tensor/conv_implicit.c ---- */
 
-/* The weight gradient of a cf_conv_same convolution for one image, from its output gradient
- * dy (m planes of h*w values) and the image transposed and zero-padded, xt ((h + 2*ph) rows of
- * (w + 2*pw) positions of g->c channels, channels contiguous; see cf_transpose):
+/* For stride 1 with the output as large as the input (odd kernel, padding (k-1)/2) and for
+ * stride 2 on even-sized images with output half the size (3x3 padding 1, 1x1 padding 0, ...):
+ * the kernel reads shifted image planes in place with masked loads (stride 2: the image's four
+ * phase planes x[2u + a][2v + b]) instead of building a patch matrix. Batches are contiguous
+ * NCHW images; w is the (out_channels, g->c, kh, kw) weight tensor.
  *
- *   dwt[t][r][c] (+)= sum over positions p of dy[r][p] * x[c][p + shift(t)]
+ *   forward  y  = conv(x, w)                   n_images images
+ *   dx       dx = the adjoint of conv(., w) at dy  (overwritten)
+ *   wgrad    dwt[t][o][c] (+)= sum over positions of dy[o][p] * (the input tap t reads)[c], one
+ *            image: the gradient of w[o][c][t], tap-major
  *
- * for taps t < kh*kw, rows r < m, channels c < g->c (the gradient of w[r][c][t]). Only where
- * cf_conv_same_supported. */
-void cf_conv_same_wgrad(const cf_conv_geom *g, int m, const float *dy, const float *xt, float *dwt,
-                        bool accumulate);
+ * Each output's sum runs in a fixed order whatever n_images, so splitting a batch over threads
+ * does not change the forward pass or dx. cf_conv_implicit_supported says whether a geometry can
+ * use these (AVX-512, output planes of 16 to CF_IMPLICIT_MAX_PLANE values, at most
+ * CF_IMPLICIT_MAX_TAPS taps); callers lower with cf_im2col otherwise, and in reference mode. */
+#define CF_IMPLICIT_MAX_TAPS 49
+#define CF_IMPLICIT_MAX_PLANE 4096
+bool cf_conv_implicit_supported(const cf_conv_geom *g);
+/* Floats of scratch per calling thread for the three calls below. */
+size_t cf_conv_implicit_scratch(const cf_conv_geom *g);
+/* Floats of a packed weight copy (either kind). */
+size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels);
+/* The weights in the kernel's order for the forward pass, and for dx. */
+void cf_conv_implicit_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed);
+void cf_conv_implicit_pack_dx(const cf_conv_geom *g, int out_channels, const float *w,
+                              float *packed);
+void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
+                              const float *x, int n_images, float *y, float *scratch);
+void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *packed_dx,
+                         const float *dy, int n_images, float *dx, float *scratch);
+void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                            const float *x, float *dwt, bool accumulate, float *scratch);
 
 /* dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols (16 x 16 blocks in registers with
  * AVX-512). */

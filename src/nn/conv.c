@@ -29,25 +29,26 @@
 typedef struct conv_impl {
     int in_c, out_c, k, stride, pad;
     bool has_bias;
-    bool direct;        /* 1x1, stride 1, no padding: the image is its own patch matrix */
-    cf_conv_geom g;     /* per-image geometry, set by plan */
-    int group;          /* images per GEMM */
-    int ld;             /* row stride of col and buf: G*P rounded up to 16 (aligned rows) */
-    int n_threads;      /* copies of the per-thread scratch */
-    size_t col_stride;  /* floats per thread in col */
-    size_t buf_stride;  /* floats per thread in buf */
-    size_t dyt_stride;  /* floats per thread in dyt */
-    size_t dw_stride;   /* floats per thread in dwt */
-    size_t db_stride;   /* floats per thread in db */
-    float *col;         /* n_threads x (K x G*P) patch matrices */
-    float *buf;         /* n_threads x (O x G*P) grouped output / output gradient (G > 1) */
-    float *dyt;         /* n_threads x (G*P x O) output gradient, transposed */
-    float *dwt;         /* n_threads x (K x O) weight-gradient partial sums, transposed */
-    float *db;          /* n_threads x O bias-gradient partial sums */
-    float *wpack;       /* the weights packed for cf_conv_same (forward) */
-    float *wpack_dx;    /* the weights transposed and flipped, packed (dx) */
-    float *xt;          /* n_threads x one image transposed and padded (dW, cf_conv_same_wgrad) */
-    size_t xt_stride;   /* floats per thread in xt (0: the layer never uses cf_conv_same) */
+    bool direct;       /* 1x1, stride 1, no padding: the image is its own patch matrix */
+    cf_conv_geom g;    /* per-image geometry, set by plan */
+    int group;         /* images per GEMM */
+    int ld;            /* row stride of col and buf: G*P rounded up to 16 (aligned rows) */
+    int n_threads;     /* copies of the per-thread scratch */
+    size_t col_stride; /* floats per thread in col */
+    size_t buf_stride; /* floats per thread in buf */
+    size_t dyt_stride; /* floats per thread in dyt */
+    size_t dw_stride;  /* floats per thread in dwt */
+    size_t db_stride;  /* floats per thread in db */
+    float *col;        /* n_threads x (K x G*P) patch matrices */
+    float *buf;        /* n_threads x (O x G*P) grouped output / output gradient (G > 1) */
+    float *dyt;        /* n_threads x (G*P x O) output gradient, transposed */
+    float *dwt;        /* n_threads x (K x O) weight-gradient partial sums, transposed */
+    float *db;         /* n_threads x O bias-gradient partial sums */
+    bool implicit;     /* the geometry suits cf_conv_implicit_* (used unless in reference mode) */
+    float *wpack;      /* the weights packed for cf_conv_implicit_forward */
+    float *wpack_dx;   /* the weights packed for cf_conv_implicit_dx */
+    float *scratch;    /* n_threads x scratch of cf_conv_implicit_* */
+    size_t scratch_stride;
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     /* the call in progress */
     const float *x, *dy;
@@ -110,18 +111,16 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->dwt = cf_arena_floats(arena, t * c->dw_stride);
     c->db = c->db_stride ? cf_arena_floats(arena, t * c->db_stride) : NULL;
     c->ran = cf_arena_bytes(arena, t);
-    /* "same" stride-1 geometry (whether cf_conv_same runs is decided per call: the reference
-     * mode may change between plans) */
-    const bool same_geometry = c->stride == 1 && c->k % 2 == 1 && 2 * c->pad == c->k - 1;
-    c->xt_stride = same_geometry && c->in_c >= 8
-                       ? round16((size_t)(c->g.h + 2 * c->pad) * (c->g.w + 2 * c->pad) * c->in_c)
-                       : 0;
-    c->xt = c->xt_stride ? cf_arena_floats(arena, t * c->xt_stride) : NULL;
-    if (c->xt_stride) {
-        cf_conv_geom gd = c->g;
-        gd.c = c->out_c;
-        c->wpack = cf_arena_floats(arena, cf_conv_same_packed_size(&c->g, c->out_c));
-        c->wpack_dx = cf_arena_floats(arena, cf_conv_same_packed_size(&gd, c->in_c));
+    /* Layers of a few input channels (a stem on gray or RGB images) keep the patch matrix: the
+     * implicit kernel's channel loop is too short to pay for its masks. So do 1x1 layers: their
+     * patch matrix is the (strided) image itself, and one tap is too short a loop (measured with
+     * bench_conv: W1's 1x1 stride-2 shortcuts were up to 20% slower through the phase split). */
+    c->implicit = c->in_c >= 8 && c->k > 1 && cf_conv_implicit_supported(&c->g);
+    if (c->implicit) {
+        c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g));
+        c->scratch = cf_arena_floats(arena, t * c->scratch_stride);
+        c->wpack = cf_arena_floats(arena, cf_conv_implicit_packed_size(&c->g, c->out_c));
+        c->wpack_dx = cf_arena_floats(arena, cf_conv_implicit_packed_size(&c->g, c->out_c));
     }
 }
 
@@ -214,11 +213,9 @@ static void run_groups(conv_impl *c, int64_t batch, cf_range_fn fn, void *ctx) {
     run_batch(c, (batch + c->group - 1) / c->group, fn, ctx);
 }
 
-/* Whether the layer reads its images in place through cf_conv_same (forward and dx) rather than
- * lowering them. With few input channels (a stem on gray or RGB images) the implicit kernel's
- * tap loop is too short to pay for its masks, and the patch matrix is small anyway. */
-static bool use_same(const conv_impl *c) {
-    return c->xt_stride && cf_conv_same_supported(&c->g);
+/* Whether this call reads the images in place (cf_conv_implicit_*) rather than lowering them. */
+static bool use_implicit(const conv_impl *c) {
+    return c->implicit && !cf_kernels_reference();
 }
 
 /* Adds the bias to the images [n0, n1) of y. */
@@ -231,15 +228,15 @@ static void add_bias(const conv_impl *c, const float *b, int64_t n0, int64_t n1)
         }
 }
 
-/* Stride-1 "same" convolutions: the images [begin, end) straight from x, no patch matrix. */
-static void conv_forward_same_range(void *ctx, int64_t begin, int64_t end, int thread) {
-    (void)thread;
+/* The images [begin, end) without a patch matrix. */
+static void conv_forward_implicit_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
-    const int O = c->out_c, P = c->g.oh * c->g.ow;
-    const size_t in_n = (size_t)c->in_c * P, out_n = (size_t)O * P;
-    cf_conv_same(&c->g, O, c->wpack, c->x + (size_t)begin * in_n, in_n, (int)(end - begin),
-                 c->y + (size_t)begin * out_n, out_n);
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    cf_conv_implicit_forward(g, c->out_c, c->wpack, c->x + (size_t)begin * in_n, (int)(end - begin),
+                             c->y + (size_t)begin * out_n,
+                             c->scratch + (size_t)thread * c->scratch_stride);
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
@@ -251,10 +248,9 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     c->x = x->data;
     c->y = y->data;
     c->batch = x->shape.dim[0];
-    if (use_same(c)) {
-        const int T = c->k * c->k;
-        cf_conv_same_pack(g, c->out_c, m->params[0].data, (ptrdiff_t)c->in_c * T, T, 1, c->wpack);
-        run_batch(c, c->batch, conv_forward_same_range, m);
+    if (use_implicit(c)) {
+        cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
+        run_batch(c, c->batch, conv_forward_implicit_range, m);
     } else
         run_groups(c, c->batch, conv_forward_range, m);
     return y;
@@ -286,6 +282,19 @@ static const float *group_dy(const conv_impl *c, int64_t n0, int64_t n1, float *
     return buf;
 }
 
+/* The bias gradient of the images [n0, n1), into db (overwritten when first). */
+static void bias_grad(const conv_impl *c, int64_t n0, int64_t n1, float *db, bool first) {
+    const int O = c->out_c, P = c->g.oh * c->g.ow;
+    for (int o = 0; o < O; o++) {
+        float s = 0.0f;
+        for (int64_t n = n0; n < n1; n++) {
+            const float *row = c->dy + ((size_t)n * O + o) * P;
+            for (int p = 0; p < P; p++) s += row[p];
+        }
+        db[o] = first ? s : db[o] + s;
+    }
+}
+
 static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
@@ -301,7 +310,6 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
      * goes to OpenBLAS as col . dy^T, which transposes dy as it packs it. */
     const bool dw_blas = K < 16 && O <= 16;
-    const bool same = use_same(c);
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -317,20 +325,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         }
         const float *dyg = NULL;
         int ldg = 0;
-        if (c->want_dw && same) {
-            /* per image: transpose it into xt's interior (the border stays zero), then every
-             * tap is a shifted walk over xt */
-            float *xt = c->xt + (size_t)thread * c->xt_stride;
-            const int wp = g->w + 2 * c->pad;
-            if (first) memset(xt, 0, c->xt_stride * sizeof(float));
-            for (int64_t n = n0; n < n1; n++) {
-                const float *xn = c->x + (size_t)n * in_n;
-                for (int y = 0; y < g->h; y++)
-                    cf_transpose(g->c, g->w, xn + (size_t)y * g->w, P,
-                                 xt + ((size_t)(y + c->pad) * wp + c->pad) * g->c, g->c);
-                cf_conv_same_wgrad(g, O, c->dy + (size_t)n * out_n, xt, dwt, !(first && n == n0));
-            }
-        } else if (c->want_dw) {
+        if (c->want_dw) {
             const float *patches = c->x + (size_t)n0 * in_n; /* direct: one image, K x P */
             int ldp = P;
             if (!c->direct) {
@@ -348,22 +343,8 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 cf_sgemm_strided(K, O, cols, patches, ldp, 1, dyt, O, dwt, O, !first);
             }
         }
-        if (c->want_db)
-            for (int o = 0; o < O; o++) {
-                float s = 0.0f;
-                for (int64_t n = n0; n < n1; n++) {
-                    const float *row = c->dy + (size_t)n * out_n + (size_t)o * P;
-                    for (int p = 0; p < P; p++) s += row[p];
-                }
-                db[o] = first ? s : db[o] + s;
-            }
-        if (c->need_dx && same) {
-            /* dx is the "same" convolution of dy with the flipped, transposed weights */
-            cf_conv_geom gd = *g;
-            gd.c = O;
-            cf_conv_same(&gd, g->c, c->wpack_dx, c->dy + (size_t)n0 * out_n, out_n, (int)(n1 - n0),
-                         c->dx + (size_t)n0 * in_n, in_n);
-        } else if (c->need_dx) {
+        if (c->want_db) bias_grad(c, n0, n1, db, first);
+        if (c->need_dx) {
             if (!dyg) dyg = group_dy(c, n0, n1, buf, &ldg);
             float *dxg = c->dx + (size_t)n0 * in_n;
             if (c->direct) {
@@ -375,6 +356,25 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             }
         }
     }
+}
+
+/* The images [begin, end) without a patch matrix: the weight gradient image by image into this
+ * thread's partial sums ([tap][out][in]), dx in one call. */
+static void conv_backward_implicit_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
+    c->ran[thread] = 1;
+    if (c->want_dw)
+        for (int64_t n = begin; n < end; n++)
+            cf_conv_implicit_wgrad(g, c->out_c, c->dy + (size_t)n * out_n, c->x + (size_t)n * in_n,
+                                   c->dwt + (size_t)thread * c->dw_stride, n > begin, scratch);
+    if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+    if (c->need_dx)
+        cf_conv_implicit_dx(g, c->out_c, c->wpack_dx, c->dy + (size_t)begin * out_n,
+                            (int)(end - begin), c->dx + (size_t)begin * in_n, scratch);
 }
 
 static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
@@ -394,22 +394,20 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
-    if (need_dx && use_same(c)) {
-        /* A(i, o, t) = w[o][i][T - 1 - t] */
-        const int T = c->k * c->k;
-        cf_conv_geom gd = c->g;
-        gd.c = c->out_c;
-        cf_conv_same_pack(&gd, c->in_c, wp->data + T - 1, T, (ptrdiff_t)c->in_c * T, -1,
-                          c->wpack_dx);
+    const bool implicit = use_implicit(c);
+    if (implicit) {
+        if (need_dx) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
+        c->batch = N;
+        run_batch(c, N, conv_backward_implicit_range, m);
+    } else {
+        run_groups(c, N, conv_backward_range, m);
     }
-    run_groups(c, N, conv_backward_range, m);
     /* Reduce the partial sums in thread order (deterministic for a given thread count); the
      * weight gradient's partial sums are K x O, the gradient O x K. */
     const int O = c->out_c, K = c->in_c * c->k * c->k;
-    const bool same = use_same(c);
     for (int t = 0; t < c->n_threads; t++) {
         if (!c->ran[t]) continue;
-        if (c->want_dw && same) { /* partial sums [tap][o][in] */
+        if (c->want_dw && implicit) { /* partial sums [tap][o][in] */
             const float *part = c->dwt + (size_t)t * c->dw_stride;
             const int T = c->k * c->k, I = c->in_c;
             for (int o = 0; o < O; o++)
