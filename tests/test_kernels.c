@@ -117,6 +117,26 @@ static void test_im2col_col2im_match_reference(void **state) {
         snprintf(what, sizeof what, "col2im c=%d h=%d w=%d k=%d s=%d p=%d", gc->c, gc->h, gc->w,
                  gc->k, gc->s, gc->p);
         assert_close(what, dx1, dx2, nx, 1e-6, 1e-6);
+        /* cf_col2im_add: base + the gradient; exactly that sum for 1x1 kernels, whose pixels get
+         * at most one entry (a residual block relies on it), on both paths */
+        for (int ref = 0; ref < 2; ref++) {
+            cf_kernels_set_reference(ref == 1);
+            float *base = malloc(nx * sizeof(float));
+            fill(&rng, base, nx);
+            memcpy(dx2, base, nx * sizeof(float));
+            cf_col2im_add(&g, col1, ld, dx2);
+            cf_col2im(&g, col1, ld, dx1);
+            cf_kernels_set_reference(false);
+            for (size_t i = 0; i < nx; i++) dx1[i] += base[i];
+            if (gc->k == 1) {
+                if (memcmp(dx1, dx2, nx * sizeof(float)) != 0)
+                    fail_msg("col2im_add (reference %d) is not base + col2im exactly: %s", ref,
+                             what);
+            } else {
+                assert_close(what, dx2, dx1, nx, 1e-6, 1e-6);
+            }
+            free(base);
+        }
         free(xb);
         free(col1);
         free(col2);
@@ -150,7 +170,8 @@ static void check_implicit(int c, int h, int w, int k, int s, int p, int o, int 
     float *packed = malloc(cf_conv_implicit_packed_size(&g, o) * sizeof(float));
     float *y = malloc(out_n * n_images * sizeof(float)), *dx = malloc(nx * sizeof(float));
     float *dwt = malloc((size_t)o * K * sizeof(float));
-    float *col = malloc((size_t)K * P * sizeof(float)), *ref = malloc((in_n > out_n ? in_n : out_n) * sizeof(float));
+    float *col = malloc((size_t)K * P * sizeof(float)),
+          *ref = malloc((in_n > out_n ? in_n : out_n) * sizeof(float));
     float *dw_ref = calloc((size_t)o * K, sizeof(float));
     for (size_t i = 0; i < nx + 64; i++) xb[i] = NAN;
     for (size_t i = 0; i < out_n * n_images + 64; i++) dyb[i] = NAN;

@@ -90,6 +90,9 @@ void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol);
 /* The adjoint of cf_im2col: x (C, H, W) = sum of the patch entries of col (row stride ldcol)
  * that read each pixel (x is overwritten, not accumulated into). */
 void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x);
+/* The same added into x: x += the sum of the patch entries that read each pixel; where each
+ * pixel gets at most one entry (a 1x1 kernel), x + entry exactly. */
+void cf_col2im_add(const cf_conv_geom *g, const float *col, int ldcol, float *x);
 
 /* ---- convolutions without a patch matrix ("implicit GEMM"): src/tensor/conv_implicit.c ---- */
 

@@ -18,6 +18,7 @@
  * one K x G*P scratch matrix, which stays in cache. A 1x1 stride-1 convolution without padding
  * reads the image directly. */
 #include "corefit/nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +51,9 @@ typedef struct conv_impl {
     float *scratch;    /* n_threads x scratch of cf_conv_implicit_* */
     size_t scratch_stride;
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
+    float *add_dx_next; /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
+    bool add_dx;        /* this backward adds dx into c->dx (col2im without zeroing) */
+    cf_tensor dx_sum;   /* the returned gradient when adding */
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -351,8 +355,13 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 cf_sgemm_strided(K, P, O, w, 1, K, dyg, ldg, dxg, P, false);
             } else {
                 cf_sgemm_strided(K, cols, O, w, 1, K, dyg, ldg, col, c->ld, false);
-                for (int64_t n = n0; n < n1; n++)
-                    cf_col2im(g, col + (size_t)(n - n0) * P, c->ld, c->dx + (size_t)n * in_n);
+                for (int64_t n = n0; n < n1; n++) {
+                    float *dxn = c->dx + (size_t)n * in_n;
+                    if (c->add_dx)
+                        cf_col2im_add(g, col + (size_t)(n - n0) * P, c->ld, dxn);
+                    else
+                        cf_col2im(g, col + (size_t)(n - n0) * P, c->ld, dxn);
+                }
             }
         }
     }
@@ -386,15 +395,22 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     c->want_dw = wp->trainable;
     c->want_db = bp && bp->trainable;
     cf_tensor *dx = NULL;
-    if (need_dx) {
+    const bool implicit = use_implicit(c);
+    /* exact only when every input value gets at most one term: 1x1, stride above 1 */
+    c->add_dx = need_dx && c->add_dx_next && c->k == 1 && c->stride > 1 && !implicit;
+    if (c->add_dx) {
+        c->dx_sum = (cf_tensor){.data = c->add_dx_next, .shape = m->in->shape};
+        dx = &c->dx_sum;
+        c->dx = dx->data;
+    } else if (need_dx) {
         dx = cf_module_input_grad(m);
         c->dx = dx->data;
     }
+    c->add_dx_next = NULL;
     if (!need_dx && !c->want_dw && !c->want_db) return NULL;
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
-    const bool implicit = use_implicit(c);
     if (implicit) {
         if (need_dx) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
         c->batch = N;
@@ -429,6 +445,16 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
         }
     }
     return dx;
+}
+
+static const cf_module_ops conv_ops;
+
+bool cf_nn_is_conv(const cf_module *m) {
+    return m && m->ops == &conv_ops;
+}
+
+void cf_nn_conv_add_dx_next(cf_module *conv, float *target) {
+    ((conv_impl *)conv->impl)->add_dx_next = target;
 }
 
 static const cf_module_ops conv_ops = {

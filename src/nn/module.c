@@ -342,7 +342,14 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
     const cf_tensor *db = dz;
     if (r->has_idpath) {
         cf_module *ip = m->children[1];
+        /* an idpath that starts with a convolution may add its gradient into the convpath's
+         * (a buffer of the convpath's own, dead once read here) */
+        cf_module *first = ip->ops == &sequential_ops && ip->n_children ? ip->children[0] : ip;
+        const bool add = fusion_enabled && need_dx && da->data != dy->data &&
+                         da->data != dz->data && cf_nn_is_conv(first);
+        if (add) cf_nn_conv_add_dx_next(first, da->data);
         db = ip->ops->backward(ip, dz, need_dx);
+        if (add && db->data == da->data) return db; /* added in place */
     }
     if (!need_dx) return NULL;
     if (da->data != dy->data && da->data != db->data) {

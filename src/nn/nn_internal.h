@@ -12,7 +12,9 @@
  *
  * Residual add: a residual block with ReLU after the sum whose idpath ends in a BatchNorm (ops
  * its own) has that BatchNorm write relu(convpath(x) + bn(...)) straight into its output, which
- * becomes the block's output: one pass less over the block's output. */
+ * becomes the block's output: one pass less over the block's output. Backward, an idpath that
+ * starts with a strided 1x1 convolution adds its input gradient into the convpath's
+ * (cf_nn_conv_add_dx_next) instead of the block summing the two. */
 #ifndef COREFIT_NN_INTERNAL_H
 #define COREFIT_NN_INTERNAL_H
 
@@ -35,6 +37,14 @@ void cf_nn_relu_follow_bn(cf_module *relu, const cf_module *bn);
  * not linked to a ReLU) writes max(add + bn(x), 0), with add of the output's shape, bitwise a
  * residual block's relu(a + b). Consumed by that forward. */
 void cf_nn_bn_add_relu_next(cf_module *bn, const float *add);
+
+/* Residual input gradient: the next backward of conv (a Conv2d, ops its own) with need_dx adds
+ * its input gradient into target (the input's shape) instead of writing its own, and returns a
+ * tensor over target, when it can do so exactly (a 1x1 layer with stride above 1: each input
+ * value receives at most one term, so target + term is bitwise the sum a residual block forms);
+ * otherwise it returns its own gradient as usual. Consumed by that backward. */
+bool cf_nn_is_conv(const cf_module *m);
+void cf_nn_conv_add_dx_next(cf_module *conv, float *target);
 
 /* Whether Sequential plans BatchNorm + ReLU fusion (default true). Takes effect the next time a
  * model is planned; for tests that compare the fused and unfused paths. Not thread-safe. */

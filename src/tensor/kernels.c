@@ -370,7 +370,8 @@ static bool col2im_by_rows(const cf_conv_geom *g) {
     return g->sw == 1 && g->sh == 1 && g->w <= 16 && g->kw <= 16;
 }
 
-static void col2im_rows_s1(const cf_conv_geom *g, const float *col, size_t cols, float *x) {
+static void col2im_rows_s1(const cf_conv_geom *g, const float *col, size_t cols, float *x,
+                           bool add) {
     const int ow = g->ow, oh = g->oh, w = g->w;
     const size_t plane = (size_t)g->h * w;
     __mmask16 tap[16]; /* input lanes fed by kernel column j */
@@ -393,7 +394,9 @@ static void col2im_rows_s1(const cf_conv_geom *g, const float *col, size_t cols,
                 for (int j = 0; j < g->kw; j++, r += cols) /* x[t] += r[t - off] */
                     acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tap[j], r - (j - g->pw)));
             }
-            _mm512_mask_storeu_ps(xc + (size_t)iy * w, store, acc);
+            float *xr = xc + (size_t)iy * w;
+            if (add) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(store, xr));
+            _mm512_mask_storeu_ps(xr, store, acc);
         }
     }
 }
@@ -405,7 +408,8 @@ static bool col2im_by_rows_any(const cf_conv_geom *g) {
     return g->w <= 32 && g->ow <= 16 && g->kw <= CF_MASK_TAPS;
 }
 
-static void col2im_rows_any(const cf_conv_geom *g, const float *col, size_t cols, float *x) {
+static void col2im_rows_any(const cf_conv_geom *g, const float *col, size_t cols, float *x,
+                            bool add) {
     const int ow = g->ow, oh = g->oh, w = g->w, sw = g->sw, sh = g->sh;
     const int nvec = (w + 15) / 16;
     const size_t plane = (size_t)g->h * w;
@@ -450,6 +454,12 @@ static void col2im_rows_any(const cf_conv_geom *g, const float *col, size_t cols
                 }
             }
             float *xr = xc + (size_t)iy * w;
+            if (add) {
+                acc0 = _mm512_add_ps(acc0, _mm512_maskz_loadu_ps(lane_range(0, w), xr));
+                if (nvec > 1)
+                    acc1 =
+                        _mm512_add_ps(acc1, _mm512_maskz_loadu_ps(lane_range(0, w - 16), xr + 16));
+            }
             _mm512_mask_storeu_ps(xr, lane_range(0, w), acc0);
             if (nvec > 1) _mm512_mask_storeu_ps(xr + 16, lane_range(0, w - 16), acc1);
         }
@@ -578,17 +588,17 @@ void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol) {
     }
 }
 
-void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
+static void col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x, bool add) {
     const int ow = g->ow, sw = g->sw, sh = g->sh;
     const size_t plane = (size_t)g->h * g->w, cols = (size_t)ldcol;
 #ifdef CF_IM2COL_AVX512
     const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
     if (!use_reference && col2im_by_rows(g)) {
-        col2im_rows_s1(g, col, cols, x);
+        col2im_rows_s1(g, col, cols, x, add);
         return;
     }
     if (!use_reference && col2im_by_rows_any(g)) {
-        col2im_rows_any(g, col, cols, x);
+        col2im_rows_any(g, col, cols, x, add);
         return;
     }
     row_masks masks[CF_MASK_TAPS];
@@ -599,7 +609,7 @@ void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
             make_masks(&masks[j], ow, j - g->pw, lo, hi, g->w);
         }
 #endif
-    memset(x, 0, (size_t)g->c * plane * sizeof(float));
+    if (!add) memset(x, 0, (size_t)g->c * plane * sizeof(float));
     for (int c = 0; c < g->c; c++) {
         float *xc = x + c * plane;
         for (int i = 0; i < g->kh; i++) {
@@ -627,4 +637,12 @@ void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
             }
         }
     }
+}
+
+void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
+    col2im(g, col, ldcol, x, false);
+}
+
+void cf_col2im_add(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
+    col2im(g, col, ldcol, x, true);
 }
