@@ -241,6 +241,12 @@ static void run(const taps *tp, int channels, int m, const float *packed, const 
     const int plane = tp->plane;
     const int64_t n_cols = (int64_t)n_images * plane, vectors = (n_cols + 15) / 16;
     cols sc;
+    ptrdiff_t lo_offset = tp->offset[0], hi_offset = tp->offset[0];
+    for (int t = 1; t < tp->n; t++) {
+        if (tp->offset[t] < lo_offset) lo_offset = tp->offset[t];
+        if (tp->offset[t] > hi_offset) hi_offset = tp->offset[t];
+    }
+    const ptrdiff_t span = hi_offset - lo_offset + 16 * NV_MAX;
     for (int64_t v0 = 0, nv; v0 < vectors; v0 += nv) {
         const int64_t left = vectors - v0;
         nv = left == 4 ? 2 : left >= NV_MAX ? NV_MAX : left; /* no lone last vector */
@@ -264,6 +270,16 @@ static void run(const taps *tp, int channels, int m, const float *packed, const 
                     (ptrdiff_t)((img + 1) * (int64_t)x_image + p1 - plane) + tp->offset[t];
                 sc.m2[t][v] = (__mmask16)(n2 ? (valid_bits(tp, t, 0) & low2) << n1 : 0u);
             }
+        }
+        /* the next tile's columns of every channel plane (from the lowest to the highest tap
+         * offset) are brought into cache while this tile computes: a layer's input was written
+         * long before and the hardware prefetchers do not follow dozens of plane streams */
+        if (v0 + nv < vectors && span <= 256) { /* not the phase split, just written */
+            const int64_t q = 16 * (v0 + nv), img = q / plane;
+            const float *base = x + img * (int64_t)x_image + (q - img * plane) + lo_offset;
+            for (int c = 0; c < channels; c++)
+                for (ptrdiff_t off = 0; off < span; off += 16)
+                    __builtin_prefetch(base + (size_t)c * x_plane + off, 0, 3);
         }
         for (int m0 = 0; m0 < m; m0 += MR) {
             const float *ap = packed + (size_t)m0 * channels * tp->n;
