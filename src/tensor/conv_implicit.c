@@ -80,6 +80,22 @@ bool cf_conv_implicit_supported(const cf_conv_geom *g) {
 #endif
 }
 
+#define ROW_BYTES ((CF_IMPLICIT_MAX_PLANE + 16) / 8 + 8)
+
+/* The taps of one kernel call: per tap, the offset of its shifted plane from an image's start
+ * and the validity bits (bit p set when output position p reads inside the plane; rows padded
+ * with zero bytes so that 16 bits can be read at any p < plane). */
+typedef struct taps {
+    int n, plane;
+    ptrdiff_t offset[CF_IMPLICIT_MAX_TAPS];
+    unsigned char valid[CF_IMPLICIT_MAX_TAPS][ROW_BYTES];
+} taps;
+
+/* The scratch starts with room for four tap lists (dx has one per phase), in floats rounded up
+ * to a cache line. */
+#define TAPS_FLOATS ((sizeof(taps) + 63) / 64 * 16)
+#define TAP_LISTS 4
+
 /* Images per block of a stride-2 call: the phase split of a block sits in the scratch, and a
  * block has at least 1024 output positions (mostly full tiles of 3 vectors; measured: 256 left
  * a fifth of the tiles at 2 vectors and cost 10% on W1's stride-2 layers). */
@@ -95,7 +111,7 @@ size_t cf_conv_implicit_scratch(const cf_conv_geom *g) {
                  wp = (size_t)(l.ow + l.pad_lo + l.pad_hi);
     size_t wgrad = (size_t)l.phases * hp * wp * g->c + (l.stride == 1 ? 0 : image);
     size_t blocks = l.stride == 1 ? 0 : (size_t)block_images(&l) * image;
-    return wgrad > blocks ? wgrad : blocks;
+    return TAP_LISTS * TAPS_FLOATS + (wgrad > blocks ? wgrad : blocks);
 }
 
 size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels) {
@@ -145,16 +161,6 @@ void cf_conv_implicit_pack_dx(const cf_conv_geom *g, int out_channels, const flo
 #if defined(__AVX512F__)
 #define MR PACK_ROWS
 #define NV_MAX 3
-#define ROW_BYTES ((CF_IMPLICIT_MAX_PLANE + 16) / 8 + 8)
-
-/* The taps of one kernel call: per tap, the offset of its shifted plane from an image's start
- * and the validity bits (bit p set when output position p reads inside the plane; rows padded
- * with zero bytes so that 16 bits can be read at any p < plane). */
-typedef struct taps {
-    int n, plane;
-    ptrdiff_t offset[CF_IMPLICIT_MAX_TAPS];
-    unsigned char valid[CF_IMPLICIT_MAX_TAPS][ROW_BYTES];
-} taps;
 
 /* Adds a tap reading the plane at base, shifted by (di, dj) in an oh x ow plane. */
 static void taps_add(taps *tp, const layout *l, ptrdiff_t base, int di, int dj) {
@@ -380,14 +386,15 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
                               const float *x, int n_images, float *y, float *scratch) {
     layout l;
     layout_make(&l, g);
-    static _Thread_local taps tp; /* 25 KB: off the stack */
-    tp.n = 0;
+    taps *tp = (taps *)scratch;
+    scratch += TAP_LISTS * TAPS_FLOATS;
+    tp->n = 0;
     for (int t = 0; t < l.taps; t++)
-        taps_add(&tp, &l, (ptrdiff_t)l.phase[t] * l.plane, l.di[t], l.dj[t]);
+        taps_add(tp, &l, (ptrdiff_t)l.phase[t] * l.plane, l.di[t], l.dj[t]);
     const size_t image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * l.plane;
     if (l.stride == 1) {
-        run(&tp, g->c, out_channels, packed, x, (size_t)l.plane, image, n_images, y,
-            (size_t)l.plane, y_image);
+        run(tp, g->c, out_channels, packed, x, (size_t)l.plane, image, n_images, y, (size_t)l.plane,
+            y_image);
         return;
     }
     const unsigned used = phases_used(&l);
@@ -396,7 +403,7 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
         const int nb = n_images - n0 < block ? n_images - n0 : block;
         for (int n = 0; n < nb; n++)
             split_phases(g, x + (size_t)(n0 + n) * image, scratch + (size_t)n * image, used);
-        run(&tp, g->c, out_channels, packed, scratch, 4 * (size_t)l.plane, image, nb,
+        run(tp, g->c, out_channels, packed, scratch, 4 * (size_t)l.plane, image, nb,
             y + (size_t)n0 * y_image, (size_t)l.plane, y_image);
     }
 }
@@ -410,7 +417,8 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
     /* stride 1 writes dx itself, all images in one call; stride 2 writes a block's phases into
      * the scratch, then merges them into dx */
     const int block = l.stride == 1 ? n_images : block_images(&l);
-    static _Thread_local taps phase_taps[4]; /* 100 KB: off the stack */
+    taps *phase_taps = (taps *)scratch;
+    scratch += TAP_LISTS * TAPS_FLOATS;
     for (int ph = 0; ph < l.phases; ph++) {
         phase_taps[ph].n = 0;
         phase_taps[ph].plane = l.plane;
@@ -484,6 +492,7 @@ void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float
     const int hp = l.oh + l.pad_lo + l.pad_hi, wp = l.ow + l.pad_lo + l.pad_hi;
     const size_t plane = (size_t)l.plane, tplane = (size_t)hp * wp * C;
     /* the phases, transposed into the scratch's zero-bordered planes */
+    scratch += TAP_LISTS * TAPS_FLOATS;
     float *xt = scratch, *xs = scratch + (size_t)l.phases * tplane;
     const float *src = x;
     const unsigned used = phases_used(&l);
