@@ -229,6 +229,10 @@ static void test_conv2d_matches_pytorch(void **state) {
         {CONV, 16, 32, 3, 2, 1, false, 5, 16, 14, 14, 0, -1, 1}, /* W1 block conv, odd batch */
         {CONV, 1, 16, 3, 1, 1, false, 3, 1, 28, 28, 0, -1, 1},   /* W1 stem */
         {CONV, 2, 2, 3, 1, 0, true, 2, 2, 3, 3, 0, -1, 1},       /* output 1x1 */
+        /* without a patch matrix (cf_conv_implicit_*): stride 1 and 2, bias, odd rows */
+        {CONV, 8, 12, 3, 1, 1, true, 3, 8, 9, 7, 0, -1, 1},
+        {CONV, 8, 8, 3, 2, 1, true, 2, 8, 10, 12, 0, -1, 1},
+        {CONV, 9, 4, 5, 1, 2, false, 2, 9, 6, 7, 0, -1, 1},
     };
     check_cases(cases, (int)(sizeof cases / sizeof cases[0]));
 }
@@ -406,6 +410,7 @@ static void test_thread_counts_agree(void **state) {
         {CONV, 16, 32, 3, 2, 1, false, 7, 16, 14, 14, 0, -1, 1},
         {CONV, 6, 8, 1, 1, 0, true, 5, 6, 9, 9, 0, -1, 1},
         {CONV, 3, 4, 3, 1, 1, true, 3, 3, 10, 9, 0, -1, 1},
+        {CONV, 8, 12, 3, 1, 1, true, 5, 8, 9, 7, 0, -1, 1}, /* implicit, stride 1 */
         {MAXPOOL, 0, 0, 3, 2, 1, false, 5, 3, 9, 7, 0, -1, 1},
         {AVGPOOL, 0, 0, 3, 2, 1, false, 5, 3, 9, 7, 0, -1, 1},
         {CONCAT, 0, 0, 0, 0, 0, false, 5, 6, 7, 7, 0, -1, 1},
