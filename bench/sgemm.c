@@ -5,20 +5,22 @@
  *
  * Shapes: 1024^3, and the largest W1 GEMM (block 2's 64->64 3x3 convolution over a batch of
  * 64 7x7 images: M 64, K 576, N 3136). For each shape the GEMM is repeated for the given time;
- * gflops is from the best repetition's wall time, gflops_cpu from CPU time (user + system) over
- * all repetitions, which other processes on a shared machine disturb much less. */
+ * gflops is from the best repetition's wall time, gflops_cpu from the calling thread's CPU time
+ * over all repetitions, which other processes on a shared machine disturb much less. */
 #include <corefit.h>
 
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
+#include <time.h>
 
+/* CPU time of the calling thread: OpenBLAS's own worker threads, started when the library loads
+ * and idle here (one BLAS thread), spin in sched_yield for a while, and counting them would
+ * lower the yardstick by up to a third from run to run. */
 static double cpu_now(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void rate(int m, int n, int k, double seconds, double *best_gflops, double *cpu_gflops) {
