@@ -1,6 +1,6 @@
-/* The W1 model (the mini-resnet benchmark workload) assembled from corefit modules, against the same model in
- * PyTorch (tests/oracle/w1.py) with PyTorch's weights copied in by state_dict name: logits,
- * cross-entropy loss, the gradient of every parameter and the BatchNorm buffers after one
+/* The W1 model (the mini-resnet benchmark workload) assembled from corefit modules, against the
+ * same model in PyTorch (tests/oracle/w1.py) with PyTorch's weights copied in by state_dict name:
+ * logits, cross-entropy loss, the gradient of every parameter and the BatchNorm buffers after one
  * training step on a batch of 16 random images, then the same in eval mode.
  *
  * Dropout is built with p = 0 for the training comparison (its masks cannot match PyTorch's);

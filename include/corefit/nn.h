@@ -246,8 +246,8 @@ cf_head_opts cf_head_defaults(void);
  * The BatchNorm1d layers start with weight 1 and bias 1e-3 (fastai's BatchNorm helper). */
 cf_module *cf_create_head(int nf, int n_out, const cf_head_opts *opts);
 
-/* W1, the benchmark workload ("mini-resnet"): body = Sequential(Conv2d(c_in,16,3,p1,no bias), BN(16),
- * ReLU, block(16->32, stride 2), block(32->64, stride 2)) where a block is
+/* W1, the benchmark workload ("mini-resnet"): body = Sequential(Conv2d(c_in,16,3,p1,no bias),
+ * BN(16), ReLU, block(16->32, stride 2), block(32->64, stride 2)) where a block is
  * cf_residual(convpath = [Conv3x3 s2, BN, ReLU, Conv3x3, BN], idpath = [Conv1x1 s2, BN],
  * relu_after); head = create_head(64, n_out, lin_ftrs [256], ps [0.25, 0.5]).
  * Names: "0.0.weight" (stem conv), "0.1.*" (stem BN), "0.3.convpath.0.weight",
