@@ -17,9 +17,9 @@ typedef struct pool {
     pthread_cond_t work_ready;
     pthread_cond_t work_done;
     pthread_t threads[CF_MAX_THREADS];
-    int n_threads;       /* workers started (excluding the caller) */
-    uint64_t generation; /* bumped for each job */
-    int pending;         /* workers still running the current job */
+    int n_threads;               /* workers started (excluding the caller) */
+    _Atomic uint64_t generation; /* bumped for each job (under lock) */
+    _Atomic int pending;         /* workers still running the current job (under lock) */
     bool stopping;
     /* the current job */
     cf_range_fn fn;
@@ -61,11 +61,48 @@ static void chunk(int64_t n, int parts, int part, int64_t *begin, int64_t *end) 
     *end = *begin + base + (part < extra ? 1 : 0);
 }
 
+/* A training step dispatches a job per layer and pass, tens of them per step, each a fraction of
+ * a millisecond: waking a thread blocked on a condition variable costs tens of microseconds each
+ * time. So a worker that has finished a job, and the caller waiting for the workers, first spin
+ * for a short while (SPIN_NS) on the atomic counters, then block. The spin is bounded, so idle
+ * pools and machines shared with other work lose little CPU to it. */
+#define SPIN_NS 50000
+
+static double spin_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
+}
+
+/* Spins until *v != value (true) or SPIN_NS pass (false). */
+static bool spin_until_changed_u64(_Atomic uint64_t *v, uint64_t value) {
+    const double start = spin_clock();
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != value) return true;
+        if ((i & 63) == 63 && spin_clock() - start > SPIN_NS) return false;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
+static bool spin_until_zero(_Atomic int *v) {
+    const double start = spin_clock();
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) == 0) return true;
+        if ((i & 63) == 63 && spin_clock() - start > SPIN_NS) return false;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
 static void *worker_main(void *arg) {
     int id = (int)(intptr_t)arg; /* 1..n_threads */
     uint64_t seen = 0;
     pool *p = &the_pool;
     for (;;) {
+        spin_until_changed_u64(&p->generation, seen);
         pthread_mutex_lock(&p->lock);
         while (!p->stopping && p->generation == seen) pthread_cond_wait(&p->work_ready, &p->lock);
         if (p->stopping) {
@@ -157,6 +194,7 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     chunk(n, parts, 0, &b, &e);
     if (b < e) fn(ctx, b, e, 0);
 
+    spin_until_zero(&p->pending);
     pthread_mutex_lock(&p->lock);
     while (p->pending > 0) pthread_cond_wait(&p->work_done, &p->lock);
     pthread_mutex_unlock(&p->lock);
