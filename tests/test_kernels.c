@@ -259,11 +259,43 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
     assert_false(cf_conv_implicit_supported(&g)); /* plane under 16 */
 }
 
+/* cf_transpose, exactly, on both paths: row and column counts below, at and past the 16 x 16
+ * blocks, with strides wider than the matrix (the gaps are never written). */
+static void test_transpose(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 6);
+    const int sizes[] = {1, 7, 16, 17, 33, 49};
+    for (int ref = 0; ref < 2; ref++)
+        for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+            for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
+                const int rows = sizes[a], cols = sizes[b], lds = cols + 3, ldd = rows + 5;
+                float *src = malloc((size_t)rows * lds * sizeof(float));
+                float *dst = malloc((size_t)cols * ldd * sizeof(float));
+                fill(&rng, src, (size_t)rows * lds);
+                for (size_t i = 0; i < (size_t)cols * ldd; i++) dst[i] = -7.0f;
+                cf_kernels_set_reference(ref == 1);
+                cf_transpose(rows, cols, src, lds, dst, ldd);
+                cf_kernels_set_reference(false);
+                for (int j = 0; j < cols; j++)
+                    for (int i = 0; i < ldd; i++) {
+                        const float want = i < rows ? src[(size_t)i * lds + j] : -7.0f;
+                        if (dst[(size_t)j * ldd + i] != want)
+                            fail_msg("transpose %dx%d (reference %d): dst[%d][%d] = %g, want %g",
+                                     rows, cols, ref, j, i, (double)dst[(size_t)j * ldd + i],
+                                     (double)want);
+                    }
+                free(src);
+                free(dst);
+            }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
         cmocka_unit_test(test_conv_implicit_matches_patch_matrix),
+        cmocka_unit_test(test_transpose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

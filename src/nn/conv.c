@@ -405,7 +405,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     cf_tensor *dx = NULL;
     const bool implicit = use_implicit(c);
     /* exact only when every input value gets at most one term: 1x1, stride above 1 */
-    c->add_dx = need_dx && c->add_dx_next && c->k == 1 && c->stride > 1 && !implicit;
+    c->add_dx = need_dx && c->add_dx_next && c->k == 1 && c->stride > 1; /* never implicit */
     if (c->add_dx) {
         c->dx_sum = (cf_tensor){.data = c->add_dx_next, .shape = m->in->shape};
         dx = &c->dx_sum;

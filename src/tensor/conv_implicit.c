@@ -27,6 +27,10 @@
 
 enum { PACK_ROWS = 8 }; /* rows per packed block: the kernel's tile height */
 
+static size_t round_rows(int rows) { /* rows padded to whole packed blocks */
+    return (size_t)((rows + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS);
+}
+
 typedef struct layout {
     int stride, phases; /* 1 and 1, or 2 and 4 */
     int oh, ow, plane;  /* output (= phase plane) size */
@@ -116,8 +120,7 @@ size_t cf_conv_implicit_scratch(const cf_conv_geom *g) {
 
 size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels) {
     /* forward: blocks of output channels by input channels; dx: the other way round */
-    const size_t fwd = (size_t)((out_channels + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS) * g->c;
-    const size_t dx = (size_t)((g->c + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS) * out_channels;
+    const size_t fwd = round_rows(out_channels) * g->c, dx = round_rows(g->c) * out_channels;
     return (fwd > dx ? fwd : dx) * g->kh * g->kw;
 }
 
@@ -134,7 +137,7 @@ static float *pack(int m, int channels, const int *list, int n, const float *a, 
                 for (int i = 0; i < PACK_ROWS; i++)
                     d[i] = m0 + i < m ? a[(m0 + i) * a_row + c * a_c + list[s]] : 0.0f;
             }
-    return packed + (size_t)((m + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS) * n * channels;
+    return packed + round_rows(m) * n * channels;
 }
 
 void cf_conv_implicit_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed) {
@@ -305,6 +308,11 @@ static void run(const taps *tp, int channels, int m, const float *packed, const 
 #undef TILES
 #undef TILE
 
+/* Lanes [0, n) of a vector, n clamped to 0..16. */
+static inline __mmask16 first_lanes(int n) {
+    return (__mmask16)(n >= 16 ? 0xffffu : n <= 0 ? 0u : (1u << n) - 1u);
+}
+
 /* Stride 2: the phase planes of one image, xs[c][a*2 + b][u][v] = x[c][2u + a][2v + b], for
  * the phases whose bit is set in `used`. */
 static void split_phases(const cf_conv_geom *g, const float *x, float *xs, unsigned used) {
@@ -322,16 +330,12 @@ static void split_phases(const cf_conv_geom *g, const float *x, float *xs, unsig
             float *d0 = sc + (size_t)(2 * a) * plane, *d1 = d0 + plane;
             for (int u = 0; u < oh; u++) {
                 const float *r = xc + (size_t)(2 * u + a) * w;
-                for (int v0 = 0; v0 < ow; v0 += 16) { /* 32 inputs give 16 of each phase */
-                    const int n = ow - v0 < 16 ? ow - v0 : 16;
-                    const __mmask16 out = (__mmask16)((1u << n) - 1u);
-                    const int left = 2 * n; /* inputs of this chunk: 2n <= 32 */
-                    const __mmask16 in0 = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
-                    const __mmask16 in1 = (__mmask16)(left >= 32   ? 0xffffu
-                                                      : left <= 16 ? 0u
-                                                                   : (1u << (left - 16)) - 1u);
-                    const __m512 lo = _mm512_maskz_loadu_ps(in0, r + 2 * v0);
-                    const __m512 hi = _mm512_maskz_loadu_ps(in1, r + 2 * v0 + 16);
+                for (int v0 = 0; v0 < ow; v0 += 16) {          /* 32 inputs give 16 of each phase */
+                    const int n = ow - v0 < 16 ? ow - v0 : 16; /* from 2n <= 32 inputs */
+                    const __mmask16 out = first_lanes(n);
+                    const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(2 * n), r + 2 * v0);
+                    const __m512 hi =
+                        _mm512_maskz_loadu_ps(first_lanes(2 * n - 16), r + 2 * v0 + 16);
                     if (want0)
                         _mm512_mask_storeu_ps(d0 + (size_t)u * ow + v0, out,
                                               _mm512_permutex2var_ps(lo, even, hi));
@@ -359,12 +363,9 @@ static void merge_phases(const cf_conv_geom *g, const float *xs, float *x) {
             for (int u = 0; u < oh; u++) {
                 float *r = xc + (size_t)(2 * u + a) * w;
                 for (int v0 = 0; v0 < ow; v0 += 16) {
-                    const int n = ow - v0 < 16 ? ow - v0 : 16, left = 2 * n;
-                    const __mmask16 in = (__mmask16)((1u << n) - 1u);
-                    const __mmask16 out0 = (__mmask16)(left >= 16 ? 0xffffu : (1u << left) - 1u);
-                    const __mmask16 out1 = (__mmask16)(left >= 32   ? 0xffffu
-                                                       : left <= 16 ? 0u
-                                                                    : (1u << (left - 16)) - 1u);
+                    const int n = ow - v0 < 16 ? ow - v0 : 16; /* to 2n <= 32 outputs */
+                    const __mmask16 in = first_lanes(n), out0 = first_lanes(2 * n),
+                                    out1 = first_lanes(2 * n - 16);
                     const __m512 e = _mm512_maskz_loadu_ps(in, s0 + (size_t)u * ow + v0);
                     const __m512 o = _mm512_maskz_loadu_ps(in, s1 + (size_t)u * ow + v0);
                     _mm512_mask_storeu_ps(r + 2 * v0, out0, _mm512_permutex2var_ps(e, lo_idx, o));
@@ -413,7 +414,7 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
     layout l;
     layout_make(&l, g);
     const size_t image = (size_t)g->c * g->h * g->w, dy_image = (size_t)out_channels * l.plane;
-    const size_t block_size = (size_t)((g->c + MR - 1) / MR * MR) * out_channels;
+    const size_t per_tap = round_rows(g->c) * out_channels; /* packed floats per tap */
     /* stride 1 writes dx itself, all images in one call; stride 2 writes a block's phases into
      * the scratch, then merges them into dx */
     const int block = l.stride == 1 ? n_images : block_images(&l);
@@ -441,7 +442,7 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
             }
             run(tp, out_channels, g->c, a, dy + (size_t)n0 * dy_image, (size_t)l.plane, dy_image,
                 nb, yp, y_row, image);
-            a += block_size * tp->n;
+            a += per_tap * tp->n;
         }
         if (l.stride == 2)
             for (int n = 0; n < nb; n++)
