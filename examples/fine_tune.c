@@ -10,8 +10,11 @@
  * COREFIT_EXAMPLE_CORES=N sets the worker processes (default: every core). */
 #include <corefit.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #define CHECK(call)                                                                                \
     do {                                                                                           \
@@ -30,6 +33,10 @@ int main(int argc, char **argv) {
     const char *pretrained = argv[1], *images = argv[2], *out = argc > 3 ? argv[3] : ".";
     int epochs = argc > 4 ? atoi(argv[4]) : 1;
     const char *cores = getenv("COREFIT_EXAMPLE_CORES");
+    if (mkdir(out, 0777) != 0 && errno != EEXIST) { /* the model goes here */
+        fprintf(stderr, "error: cannot create %s: %s\n", out, strerror(errno));
+        return 1;
+    }
 
     /* What the pretrained model expects. */
     int channels = 1, size = 28;

@@ -1,5 +1,5 @@
-/* The seed's exemplar in C: ordinary fastai-style setup, then the same fit on every core, with
- * a master callback, and the Recorder's plots drawn in the caller.
+/* corefit's quick start: ordinary fastai-style setup, then the same fit on every core, with a
+ * master callback, and the Recorder's plots drawn in the caller.
  *
  *   example_quickstart [OUT_DIR] [EPOCHS]
  *
@@ -20,26 +20,6 @@
         }                                                                                          \
     } while (0)
 
-/* Keeps the first n training and n/5 validation samples of dls (small-data mode). */
-static cf_status limit_dls(cf_dls **dls, int64_t n, const cf_dls_options *opt) {
-    cf_dataset *part[2] = {NULL, NULL};
-    int64_t count[2] = {n, n / 5 > 0 ? n / 5 : 1};
-    const cf_dataset *from[2] = {(*dls)->train_ds, (*dls)->valid_ds};
-    for (int k = 0; k < 2; k++) {
-        if (count[k] > from[k]->n) count[k] = from[k]->n;
-        int64_t *idx = malloc((size_t)count[k] * sizeof *idx);
-        for (int64_t i = 0; idx && i < count[k]; i++) idx[i] = i;
-        cf_status st = idx ? cf_dataset_subset(from[k], idx, count[k], &part[k]) : CF_ERR_NOMEM;
-        free(idx);
-        if (st != CF_OK) {
-            cf_dataset_free(part[0]);
-            return st;
-        }
-    }
-    cf_dls_free(*dls);
-    return cf_dls_new(part[0], part[1], opt, dls);
-}
-
 int main(int argc, char **argv) {
     const char *out = argc > 1 ? argv[1] : ".";
     int epochs = argc > 2 ? atoi(argv[2]) : 1;
@@ -50,8 +30,11 @@ int main(int argc, char **argv) {
     /* DataLoaders: Fashion-MNIST as Debian installs it, normalised, bs 64 per core. */
     cf_dls *dls = NULL;
     cf_dls_options dopt = {.bs = 64, .seed = 42, .n_norm = 1, .mean = {0.2860f}, .std = {0.3530f}};
+    if (limit && atoi(limit) > 0) { /* fastai's dls.train.n and dls.valid.n */
+        dopt.n_train = atoi(limit);
+        dopt.n_valid = dopt.n_train / 5 > 0 ? dopt.n_train / 5 : 1;
+    }
     CHECK(cf_dls_from_idx_dir("/usr/share/datasets/fashion-mnist", &dopt, &dls));
-    if (limit && atoi(limit) > 0) CHECK(limit_dls(&dls, atoi(limit), &dopt));
 
     /* A vision learner with the W1 model and accuracy, as in fastai. */
     cf_learner *learn = NULL;

@@ -31,9 +31,32 @@ int main(void) {
 }
 C
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+# the .pc's run-time path finds libcorefit.so in the prefix (no LD_LIBRARY_PATH, no ldconfig)
 gcc -std=c11 -Wall -Wextra -Werror "$prefix/app/main.c" -o "$prefix/app/shared" \
-    $(pkg-config --cflags --libs corefit) -Wl,-rpath,"$prefix/lib"
-"$prefix/app/shared" | grep -q "ok 26 parameters, output (2, 2)"
+    $(pkg-config --cflags --libs corefit)
+env -u LD_LIBRARY_PATH "$prefix/app/shared" | grep -q "ok 26 parameters, output (2, 2)"
+
+# The README's quick start, exactly as printed, is ISO C11 (pedantic, no warnings) and builds
+# with the line the README gives; with a wrong data folder it stops with a message naming it.
+src=$(dirname "$0")/..
+awk '/^## Quick start in C/ {on = 1} on && /^```c$/ {grab = 1; next} grab && /^```$/ {exit}
+     grab {print}' "$src/README.md" > "$prefix/app/readme.c"
+grep -q "cf_par_fit_one_cycle" "$prefix/app/readme.c"
+gcc -std=c11 -pedantic -Wall -Wextra -Werror "$prefix/app/readme.c" -o "$prefix/app/readme" \
+    $(pkg-config --cflags --libs corefit)
+if command -v clang > /dev/null; then
+    clang -std=c11 -pedantic -Wall -Wextra -Werror -fsyntax-only "$prefix/app/readme.c" \
+        $(pkg-config --cflags corefit)
+fi
+set +e
+(cd "$prefix/app" && env -u LD_LIBRARY_PATH ./readme /nonexistent/fmnist) > "$prefix/app/readme.out" 2>&1
+rc=$?
+set -e
+if [ $rc -ne 1 ] || ! grep -q "error: .*/nonexistent/fmnist" "$prefix/app/readme.out"; then
+    echo "README quick start with a wrong folder: exit $rc, expected 1 and a message:"
+    cat "$prefix/app/readme.out"
+    exit 1
+fi
 gcc -std=c11 "$prefix/app/main.c" -o "$prefix/app/static" \
     $(pkg-config --cflags corefit) "$prefix/lib/libcorefit.a" \
     $(pkg-config --libs --static corefit | sed 's/-lcorefit//')

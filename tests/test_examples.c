@@ -146,7 +146,9 @@ static void test_fine_tune(void **state) {
         }
     }
     char *out, *err;
-    run_example("COREFIT_EXAMPLE_CORES=2", "fine_tune", "pre.safetensors pics . 1", &out, &err);
+    /* the output folder does not exist yet: the example creates it */
+    run_example("COREFIT_EXAMPLE_CORES=2", "fine_tune", "pre.safetensors pics ft_out 1", &out,
+                &err);
     assert_non_null(strstr(out, "24 training and 8 validation images of 2 classes"));
     assert_non_null(strstr(out, "fine-tuned: valid_loss "));
     assert_non_null(strstr(out, "first validation image: "));
@@ -155,7 +157,7 @@ static void test_fine_tune(void **state) {
     assert_non_null(h);
     assert_non_null(strstr(h + 1, "epoch     train_loss"));
     /* the new head has two outputs; the body was trained on from the saved one */
-    snprintf(path, sizeof path, "%s/fine_tuned.safetensors", dir);
+    snprintf(path, sizeof path, "%s/ft_out/fine_tuned.safetensors", dir);
     cf_st_file *ft = NULL, *pre = NULL;
     assert_int_equal(cf_st_read(path, &ft), CF_OK);
     snprintf(path, sizeof path, "%s/pre.safetensors", dir);

@@ -103,6 +103,43 @@ const char *cf_blas_core(void);
 /* Seconds from a monotonic clock. */
 double cf_now(void);
 
+/* ---- keyword-argument macros ----------------------------------------------------------------
+ * The option macros (cf_fit_one_cycle(learn, 5, .lr_max = ...), cf_save_model_cb(), ...) pass
+ * their optional arguments as a compound literal of the options struct. These helpers keep them
+ * valid ISO C11 (-std=c11 -pedantic) when no option is given: the struct is then written {0}
+ * (an empty initializer `{}` is not C11), and a variadic macro is never left without an
+ * argument. Not for direct use. */
+#define CF_PICK64_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17,     \
+                   _18, _19, _20, _21, _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, _33, \
+                   _34, _35, _36, _37, _38, _39, _40, _41, _42, _43, _44, _45, _46, _47, _48, _49, \
+                   _50, _51, _52, _53, _54, _55, _56, _57, _58, _59, _60, _61, _62, _63, _64, ...) \
+    _64
+/* 1 when the arguments hold a top-level comma (up to 63 of them), else 0 */
+#define CF_HAS_COMMA_(...)                                                                         \
+    CF_PICK64_(__VA_ARGS__, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,   \
+               1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, \
+               1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
+#define CF_CAT_(a, b) CF_CAT2_(a, b)
+#define CF_CAT2_(a, b) a##b
+#define CF_COMMA_(...) ,
+/* &(T){options}, or &(T){0} when there are none. The callers below append a comma after the
+ * options, so "none" is exactly "no top-level comma". */
+#define CF_OPTS_(T, ...) CF_CAT_(CF_OPTS_IF_, CF_HAS_COMMA_(__VA_ARGS__))(T, __VA_ARGS__)
+#define CF_OPTS_IF_0(T, ...) (&(T){0})
+#define CF_OPTS_IF_1(T, ...) (&(T){__VA_ARGS__})
+/* For macros whose only arguments are options (no comma appended): empty when there is no
+ * comma and `CF_COMMA_ <args> ()` makes one. */
+#define CF_OPTS0_(T, ...) CF_CAT_(CF_OPTS0_A, CF_HAS_COMMA_(__VA_ARGS__))(T, __VA_ARGS__)
+#define CF_OPTS0_A1(T, ...) (&(T){__VA_ARGS__})
+#define CF_OPTS0_A0(T, ...)                                                                        \
+    CF_CAT_(CF_OPTS0_B, CF_HAS_COMMA_(CF_COMMA_ __VA_ARGS__()))(T, __VA_ARGS__)
+#define CF_OPTS0_B0(T, ...) (&(T){__VA_ARGS__})
+#define CF_OPTS0_B1(T, ...) (&(T){0})
+/* fn(a, [b, [c,]] options): the fixed arguments, then the options struct */
+#define CF_CALL1_(fn, T, a, ...) fn((a), CF_OPTS_(T, __VA_ARGS__))
+#define CF_CALL2_(fn, T, a, b, ...) fn((a), (b), CF_OPTS_(T, __VA_ARGS__))
+#define CF_CALL3_(fn, T, a, b, c, ...) fn((a), (b), (c), CF_OPTS_(T, __VA_ARGS__))
+
 #ifdef __cplusplus
 }
 #endif

@@ -260,12 +260,18 @@ typedef struct cf_dls_options {
     int n_norm;     /* given statistics (used whenever n_norm > 0) */
     float mean[4], std[4];
     int prefetch; /* as cf_dl_options.prefetch */
+    /* fastai's dls.train.n / dls.valid.n: use only the first n_train training and n_valid
+     * validation samples (0: all), e.g. for a quick run */
+    int64_t n_train, n_valid;
 } cf_dls_options;
 
 /* Takes ownership of both datasets (also on failure). Train: shuffle + drop_last; valid: in
  * order, not dropped. */
 cf_status cf_dls_new(cf_dataset *train, cf_dataset *valid, const cf_dls_options *opt, cf_dls **out);
-/* Fashion-MNIST style folder: train-images-idx3-ubyte(.gz) etc.; t10k files are validation. */
+/* Fashion-MNIST style folder: train-images-idx3-ubyte(.gz) etc.; t10k files are validation.
+ * When the folder's name holds "fashion" (any case) and there are 10 classes, the vocabulary is
+ * Fashion-MNIST's class names (cf_fashion_mnist_classes), else "0", "1", ... */
+extern const char *const cf_fashion_mnist_classes[10];
 cf_status cf_dls_from_idx_dir(const char *dir, const cf_dls_options *opt, cf_dls **out);
 /* ImageDataLoaders.from_folder. */
 cf_status cf_dls_from_image_folder(const char *root, const cf_image_folder_options *iopt,

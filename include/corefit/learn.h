@@ -295,8 +295,7 @@ struct cf_learner {
     int n_figures;
 };
 
-#define cf_learner_new(out, dls, model, ...)                                                       \
-    cf_learner_new_((out), (dls), (model), &(cf_learner_opts){__VA_ARGS__})
+#define cf_learner_new(...) CF_CALL3_(cf_learner_new_, cf_learner_opts, __VA_ARGS__, )
 /* Takes ownership of model, metrics and callbacks (also on failure). dls is borrowed and must
  * outlive the learner. */
 cf_status cf_learner_new_(cf_learner **out, cf_dls *dls, cf_model *model,
@@ -410,17 +409,12 @@ cf_status cf_fit_sgdr_(cf_learner *learn, int n_cycles, int cycle_len, const cf_
 cf_status cf_fine_tune_(cf_learner *learn, int epochs, const cf_fine_tune_opts *opts);
 cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_find_opts *opts);
 
-#define cf_fit(learn, n, ...) cf_fit_((learn), (n), &(cf_fit_opts){__VA_ARGS__})
-#define cf_fit_one_cycle(learn, n, ...)                                                            \
-    cf_fit_one_cycle_((learn), (n), &(cf_one_cycle_opts){__VA_ARGS__})
-#define cf_fit_flat_cos(learn, n, ...)                                                             \
-    cf_fit_flat_cos_((learn), (n), &(cf_flat_cos_opts){__VA_ARGS__})
-#define cf_fit_sgdr(learn, n_cycles, cycle_len, ...)                                               \
-    cf_fit_sgdr_((learn), (n_cycles), (cycle_len), &(cf_sgdr_opts){__VA_ARGS__})
-#define cf_fine_tune(learn, epochs, ...)                                                           \
-    cf_fine_tune_((learn), (epochs), &(cf_fine_tune_opts){__VA_ARGS__})
-#define cf_lr_find(learn, result, ...)                                                             \
-    cf_lr_find_((learn), (result), &(cf_lr_find_opts){__VA_ARGS__})
+#define cf_fit(...) CF_CALL2_(cf_fit_, cf_fit_opts, __VA_ARGS__, )
+#define cf_fit_one_cycle(...) CF_CALL2_(cf_fit_one_cycle_, cf_one_cycle_opts, __VA_ARGS__, )
+#define cf_fit_flat_cos(...) CF_CALL2_(cf_fit_flat_cos_, cf_flat_cos_opts, __VA_ARGS__, )
+#define cf_fit_sgdr(...) CF_CALL3_(cf_fit_sgdr_, cf_sgdr_opts, __VA_ARGS__, )
+#define cf_fine_tune(...) CF_CALL2_(cf_fine_tune_, cf_fine_tune_opts, __VA_ARGS__, )
+#define cf_lr_find(...) CF_CALL2_(cf_lr_find_, cf_lr_find_opts, __VA_ARGS__, )
 
 /* lr_find's suggestion functions on recorded curves (fastai's valley, slide, minimum, steep),
  * applied to lrs[num_it/10 : n-5] as fastai does. */
@@ -461,10 +455,8 @@ void cf_preds_free(cf_preds *p);
 /* Returns [valid_loss, metrics...] (n_values = 1 + n_metrics) in values (caller's array). */
 cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts *opts);
 cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts);
-#define cf_validate(learn, values, ...)                                                            \
-    cf_validate_((learn), (values), &(cf_validate_opts){__VA_ARGS__})
-#define cf_get_preds(learn, out, ...)                                                              \
-    cf_get_preds_((learn), (out), &(cf_get_preds_opts){__VA_ARGS__})
+#define cf_validate(...) CF_CALL2_(cf_validate_, cf_validate_opts, __VA_ARGS__, )
+#define cf_get_preds(...) CF_CALL2_(cf_get_preds_, cf_get_preds_opts, __VA_ARGS__, )
 /* One item (sample_shape floats): class probabilities (or outputs) into probs (n_out), and the
  * decoded class. */
 cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded);
@@ -498,8 +490,7 @@ typedef struct cf_vision_opts {
 
 /* fastai's vision_learner: body + create_head for dls (images (C, H, W); xresnets use their
  * small-image stem when H < 64), body and head parameter groups, kaiming-normal head. */
-#define cf_vision_learner(out, dls, arch, ...)                                                     \
-    cf_vision_learner_((out), (dls), (arch), &(cf_vision_opts){__VA_ARGS__})
+#define cf_vision_learner(...) CF_CALL3_(cf_vision_learner_, cf_vision_opts, __VA_ARGS__, )
 cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
                              const cf_vision_opts *opts);
 
@@ -516,8 +507,8 @@ typedef struct cf_tabular_learner_opts {
 
 /* fastai's tabular_learner over a tabular data set (cf_dataset.n_cat, n_cont,
  * cat_cardinality), embedding sizes by fastai's rule. */
-#define cf_tabular_learner(out, dls, ...)                                                          \
-    cf_tabular_learner_((out), (dls), &(cf_tabular_learner_opts){__VA_ARGS__})
+#define cf_tabular_learner(...)                                                                    \
+    CF_CALL2_(cf_tabular_learner_, cf_tabular_learner_opts, __VA_ARGS__, )
 cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_learner_opts *opts);
 
 /* ---- built-in callbacks -------------------------------------------------------------------- */
@@ -541,9 +532,10 @@ typedef struct cf_tracker_opts {
 cf_callback *cf_save_model_cb_(const cf_tracker_opts *o);
 cf_callback *cf_early_stopping_cb_(const cf_tracker_opts *o);
 cf_callback *cf_reduce_lr_on_plateau_cb_(const cf_tracker_opts *o);
-#define cf_save_model_cb(...) cf_save_model_cb_(&(cf_tracker_opts){__VA_ARGS__})
-#define cf_early_stopping_cb(...) cf_early_stopping_cb_(&(cf_tracker_opts){__VA_ARGS__})
-#define cf_reduce_lr_on_plateau_cb(...) cf_reduce_lr_on_plateau_cb_(&(cf_tracker_opts){__VA_ARGS__})
+#define cf_save_model_cb(...) cf_save_model_cb_(CF_OPTS0_(cf_tracker_opts, __VA_ARGS__))
+#define cf_early_stopping_cb(...) cf_early_stopping_cb_(CF_OPTS0_(cf_tracker_opts, __VA_ARGS__))
+#define cf_reduce_lr_on_plateau_cb(...)                                                            \
+    cf_reduce_lr_on_plateau_cb_(CF_OPTS0_(cf_tracker_opts, __VA_ARGS__))
 /* fastai's TerminateOnNaNCallback (order -9), checking before the weights can change: a NaN or
  * infinite loss (after_loss, training or validation) or gradient (before_step) stops the fit,
  * which returns CF_ERR_NONFINITE naming the epoch and batch. No step is taken with the bad

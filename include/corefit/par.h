@@ -213,21 +213,14 @@ cf_status cf_par_get_preds_(struct cf_learner *learn, struct cf_preds *out,
  * CF_ERR_UNSUPPORTED when corefit was built without MPI. */
 cf_status cf_par_mpi_comm(cf_comm **out);
 
-#define cf_par_fit(learn, n, ...) cf_par_fit_((learn), (n), &(cf_fit_opts){__VA_ARGS__})
-#define cf_par_fit_one_cycle(learn, n, ...)                                                        \
-    cf_par_fit_one_cycle_((learn), (n), &(cf_one_cycle_opts){__VA_ARGS__})
-#define cf_par_fit_flat_cos(learn, n, ...)                                                         \
-    cf_par_fit_flat_cos_((learn), (n), &(cf_flat_cos_opts){__VA_ARGS__})
-#define cf_par_fit_sgdr(learn, n_cycles, cycle_len, ...)                                           \
-    cf_par_fit_sgdr_((learn), (n_cycles), (cycle_len), &(cf_sgdr_opts){__VA_ARGS__})
-#define cf_par_fine_tune(learn, epochs, ...)                                                       \
-    cf_par_fine_tune_((learn), (epochs), &(cf_fine_tune_opts){__VA_ARGS__})
-#define cf_par_lr_find(learn, result, ...)                                                         \
-    cf_par_lr_find_((learn), (result), &(cf_lr_find_opts){__VA_ARGS__})
-#define cf_par_validate(learn, values, ...)                                                        \
-    cf_par_validate_((learn), (values), &(cf_validate_opts){__VA_ARGS__})
-#define cf_par_get_preds(learn, out, ...)                                                          \
-    cf_par_get_preds_((learn), (out), &(cf_get_preds_opts){__VA_ARGS__})
+#define cf_par_fit(...) CF_CALL2_(cf_par_fit_, cf_fit_opts, __VA_ARGS__, )
+#define cf_par_fit_one_cycle(...) CF_CALL2_(cf_par_fit_one_cycle_, cf_one_cycle_opts, __VA_ARGS__, )
+#define cf_par_fit_flat_cos(...) CF_CALL2_(cf_par_fit_flat_cos_, cf_flat_cos_opts, __VA_ARGS__, )
+#define cf_par_fit_sgdr(...) CF_CALL3_(cf_par_fit_sgdr_, cf_sgdr_opts, __VA_ARGS__, )
+#define cf_par_fine_tune(...) CF_CALL2_(cf_par_fine_tune_, cf_fine_tune_opts, __VA_ARGS__, )
+#define cf_par_lr_find(...) CF_CALL2_(cf_par_lr_find_, cf_lr_find_opts, __VA_ARGS__, )
+#define cf_par_validate(...) CF_CALL2_(cf_par_validate_, cf_validate_opts, __VA_ARGS__, )
+#define cf_par_get_preds(...) CF_CALL2_(cf_par_get_preds_, cf_get_preds_opts, __VA_ARGS__, )
 
 #ifdef __cplusplus
 }

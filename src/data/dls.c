@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 void cf_dls_free(cf_dls *dls) {
@@ -13,6 +14,21 @@ void cf_dls_free(cf_dls *dls) {
     cf_dataset_free(dls->train_ds);
     cf_dataset_free(dls->valid_ds);
     cf_free(dls);
+}
+
+/* Replaces *ds by its first n samples (n 0 or >= its size: unchanged). */
+static cf_status keep_first(cf_dataset **ds, int64_t n) {
+    if (n <= 0 || n >= (*ds)->n) return CF_OK;
+    int64_t *idx = cf_malloc((size_t)n * sizeof *idx);
+    if (!idx) return CF_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    cf_dataset *sub = NULL;
+    cf_status st = cf_dataset_subset(*ds, idx, n, &sub);
+    cf_free(idx);
+    if (st) return st;
+    cf_dataset_free(*ds);
+    *ds = sub;
+    return CF_OK;
 }
 
 cf_status cf_dls_new(cf_dataset *train, cf_dataset *valid, const cf_dls_options *opt,
@@ -34,6 +50,12 @@ cf_status cf_dls_new(cf_dataset *train, cf_dataset *valid, const cf_dls_options 
                      cf_shape_str(&valid->sample_shape, b, sizeof b), valid->target_dim);
         goto fail;
     }
+    if (o.n_train < 0 || o.n_valid < 0) {
+        st = cf_fail(CF_ERR_INVALID, "cf_dls_new: n_train %lld and n_valid %lld must be >= 0",
+                     (long long)o.n_train, (long long)o.n_valid);
+        goto fail;
+    }
+    if ((st = keep_first(&train, o.n_train)) || (st = keep_first(&valid, o.n_valid))) goto fail;
     if (o.bs == 0) o.bs = 64;
     if (o.val_bs == 0) o.val_bs = o.bs;
     cf_dl_options to = {.bs = o.bs,
@@ -94,6 +116,21 @@ static cf_status find_idx(const char *dir, const char *prefix, const char *kind,
     return cf_fail(CF_ERR_IO, "no %s-%s-idx%d-ubyte(.gz) in %s", prefix, kind, d, dir);
 }
 
+const char *const cf_fashion_mnist_classes[10] = {"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                                  "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                                  "Bag",         "Ankle boot"};
+
+/* Fashion-MNIST's class names for a 10-class data set from a folder named like it (the IDX
+ * files hold only label numbers). */
+static cf_status name_fashion_mnist(const char *dir, cf_dataset *ds) {
+    bool fashion = false;
+    for (const char *p = dir; *p && !fashion; p++) fashion = strncasecmp(p, "fashion", 7) == 0;
+    if (!fashion || ds->n_classes != 10) return CF_OK;
+    cf__strv_free(ds->vocab, ds->n_classes);
+    ds->vocab = NULL;
+    return cf_dataset_set_vocab(ds, cf_fashion_mnist_classes, 10);
+}
+
 cf_status cf_dls_from_idx_dir(const char *dir, const cf_dls_options *opt, cf_dls **out) {
     if (!out || !dir) return cf_fail(CF_ERR_INVALID, "cf_dls_from_idx_dir: NULL argument");
     *out = NULL;
@@ -108,6 +145,11 @@ cf_status cf_dls_from_idx_dir(const char *dir, const cf_dls_options *opt, cf_dls
     if ((st = cf_dataset_from_idx(ti, tl, &train))) return st;
     if ((st = cf_dataset_from_idx(vi, vl, &valid))) {
         cf_dataset_free(train);
+        return st;
+    }
+    if ((st = name_fashion_mnist(dir, train)) || (st = name_fashion_mnist(dir, valid))) {
+        cf_dataset_free(train);
+        cf_dataset_free(valid);
         return st;
     }
     if (valid->n_classes < train->n_classes) {
