@@ -28,7 +28,9 @@
 typedef struct shared_page {
     _Atomic double fault_at; /* cf_now() when the fault was injected */
     _Atomic int started;
+    _Atomic int release; /* the pause test lets its workers finish */
     int pids[16];
+    char msg[1024];
 } shared_page;
 
 static shared_page *page;
@@ -381,6 +383,80 @@ static void test_supervisor_death_kills_workers(void **state) {
     assert_true(took < 2.0 * test_time_scale());
 }
 
+/* ---- a pause of the whole group ----------------------------------------------------------- */
+
+/* Spins until this thread has used `seconds` of CPU time (which a stopped process does not). */
+static void spin_cpu(double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    double until = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + seconds;
+    do clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    while ((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 < until);
+}
+
+/* Collectives until released; rank 1 computes for a quarter of the deadline between them
+ * (silent outside a collective), so rank 0 waits in one most of the time. A pause lands in
+ * that work almost always, and after it both stay silent until rank 1 has finished it. */
+static cf_status pause_worker(cf_comm *comm, void *ctx) {
+    double nap = *(const double *)ctx * 0.25;
+    int rank = cf_comm_rank(comm);
+    page->pids[rank] = (int)getpid();
+    atomic_fetch_add(&page->started, 1);
+    float v[256] = {0};
+    while (!atomic_load(&page->release)) {
+        if (rank == 1) spin_cpu(nap);
+        cf_status st = cf_comm_allreduce_sum_f32(comm, v, 256);
+        if (st != CF_OK) return st;
+    }
+    return cf_comm_barrier(comm);
+}
+
+/* Stopping the whole process group (Ctrl-Z, kill -STOP, a freezer) for longer than the deadline
+ * and then continuing it is not a hang: the fit carries on and completes. Both the supervisor's
+ * deadline and a waiting worker's own give-up (twice the deadline plus 1 s) are passed. */
+static void test_pause_of_the_group_is_not_a_hang(void **state) {
+    (void)state;
+    memset(page, 0, sizeof *page);
+    double deadline = 0.5 * test_time_scale();
+    pid_t sup = fork();
+    assert_true(sup >= 0);
+    if (sup == 0) {
+        setpgid(0, 0);
+        cf_launch_options opt = {.num_workers = 2, .deadline_s = deadline};
+        cf_status st = cf_launch_fork(&opt, pause_worker, &deadline, NULL);
+        snprintf(page->msg, sizeof page->msg, "%s", st == CF_OK ? "ok" : cf_last_error());
+        _exit(st == CF_OK ? 0 : 1);
+    }
+    setpgid(sup, sup); /* whichever of the two runs first */
+    double t0 = cf_now();
+    while (atomic_load(&page->started) < 2 && cf_now() - t0 < 10 * test_time_scale())
+        sleep_s(0.005);
+    assert_int_equal(atomic_load(&page->started), 2);
+    sleep_s(0.1);
+    assert_int_equal(kill(-sup, SIGSTOP), 0);
+    int ws;
+    assert_int_equal(waitpid(sup, &ws, WUNTRACED), sup);
+    assert_true(WIFSTOPPED(ws));
+    sleep_s(2 * deadline + 2.0);
+    assert_int_equal(kill(-sup, SIGCONT), 0);
+    sleep_s(2 * deadline); /* the fit goes on past a deadline after the pause */
+    atomic_store(&page->release, 1);
+    pid_t w;
+    t0 = cf_now();
+    while ((w = waitpid(sup, &ws, WNOHANG)) == 0 && cf_now() - t0 < 20 * test_time_scale())
+        sleep_s(0.01);
+    if (w == 0) {
+        kill(-sup, SIGKILL);
+        waitpid(sup, &ws, 0);
+        fail_msg("the fit did not end after the pause");
+    }
+    print_message("after a %.1f s pause (deadline %.1f s): %s\n", 2 * deadline + 2.0, deadline,
+                  page->msg);
+    assert_true(WIFEXITED(ws));
+    assert_string_equal(page->msg, "ok");
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 static int setup(void **state) {
     (void)state;
     page = mmap(NULL, sizeof *page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -408,6 +484,7 @@ int main(void) {
         cmocka_unit_test(test_sigint),
         cmocka_unit_test(test_ignored_sigint_stays_ignored),
         cmocka_unit_test(test_supervisor_death_kills_workers),
+        cmocka_unit_test(test_pause_of_the_group_is_not_a_hang),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -147,7 +147,7 @@ typedef struct train_args {
     const char *arch, *pretrained, *lr, *schedule, *start, *out, *plots, *csv_log, *metrics,
         *layers, *plot;
     int epochs, freeze_epochs, cores, threads, cycle_len, num_it;
-    double wd, start_lr, end_lr;
+    double wd, start_lr, end_lr, deadline;
     bool show, quiet, split_batch;
 } train_args;
 
@@ -293,6 +293,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
         s->parallel = s->par.num_cores > 1;
     }
     s->par.split_batch = a->split_batch;
+    s->par.deadline_s = a->deadline;
     if (a->threads > 0) cf_set_num_threads(a->threads);
     /* a pretrained model says which arch, channels and size the body expects */
     cli_meta pre = {0};
@@ -574,6 +575,14 @@ static void print_suggestions(const cf_lr_find_result *r) {
          0},                                                                                         \
         {"--start", OPT_STR, &(a).start, "METHOD", "fork (default) or mpi (under mpirun)", 0, 0, 0}, \
         {"--threads", OPT_INT, &(a).threads, "N", "threads of an in-process fit [all]", 1, 4096, 0}, \
+        {"--deadline",                                                                               \
+         OPT_DOUBLE,                                                                                 \
+         &(a).deadline,                                                                              \
+         "SECONDS",                                                                                  \
+         "a worker silent this long is declared hung and the fit fails [120]",                       \
+         0.1,                                                                                        \
+         1e7,                                                                                        \
+         0},                                                                                         \
         {"--split-batch",                                                                            \
          OPT_FLAG,                                                                                   \
          &(a).split_batch,                                                                           \

@@ -172,6 +172,7 @@ static cf_status wait_slow(cf_shm_comm *c, uint32_t gen, uint64_t arrival, const
     uint64_t start = cf_shm_now_ns();
     atomic_store(&m->wait_since_ns, start);
     uint64_t give_up_ns = (uint64_t)(2.0 * h->deadline_s * 1e9) + 1000000000u;
+    uint64_t last_look = start;
     for (int i = 0;; i++) {
         if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) break;
         if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) {
@@ -184,6 +185,10 @@ static cf_status wait_slow(cf_shm_comm *c, uint32_t gen, uint64_t arrival, const
             continue;
         }
         uint64_t now = cf_shm_now_ns();
+        /* Naps are 10 ms: a look a second after the last means this process was stopped (the
+         * group was paused); the pause is not waiting time. */
+        if (now - last_look > 1000000000u) start += now - last_look;
+        last_look = now;
         if (getppid() != h->supervisor_pid) {
             atomic_store(&m->wait_since_ns, 0);
             return cf_fail(CF_ERR_WORKER, "%s: the supervisor (pid %d) is gone", what,

@@ -24,6 +24,9 @@
 #define CF_DEFAULT_DEADLINE_S 60.0
 #define CF_DEFAULT_COMM_BYTES ((size_t)512 << 10) /* measured best for 1M floats on 2 cores */
 #define POLL_NS (10 * 1000 * 1000)
+/* A supervisor nap that lasts this long (or half the deadline, if less) means this process was
+ * not running: the whole group was stopped (SIGSTOP/SIGTSTP then SIGCONT, a cgroup freezer). */
+#define PAUSE_GAP_NS ((uint64_t)1000 * 1000 * 1000)
 
 static volatile sig_atomic_t sigint_seen;
 static atomic_flag launch_busy = ATOMIC_FLAG_INIT;
@@ -100,6 +103,9 @@ typedef struct supervisor {
     int n_alive;
     struct sigaction old_int, old_chld;
     bool int_changed, chld_changed;
+    uint64_t awake_ns;   /* when the supervisor last checked (CLOCK_MONOTONIC) */
+    uint64_t resumed_ns; /* the end of its last pause: silence before it is not held against
+                          * a worker, which gets a whole deadline from here to show progress */
 } supervisor;
 
 static const char *signal_name(int sig, char *buf, size_t cap) {
@@ -181,10 +187,20 @@ static void describe_wait(supervisor *s, int r, char *buf, size_t cap) {
     if (at < cap) snprintf(buf + at, cap - at, ")");
 }
 
+/* Notes a pause of the supervisor itself. Its naps are POLL_NS long; one that took far longer
+ * means the process did not run, and when the whole group is stopped the workers did not run
+ * either: their heartbeats are old because they were stopped, not because they hang. CLOCK_
+ * MONOTONIC keeps counting while stopped (a system suspend stops it, so needs no care). */
+static void note_pause(supervisor *s, uint64_t now) {
+    uint64_t gap = (uint64_t)(s->hdr->deadline_s * 0.5e9);
+    if (gap > PAUSE_GAP_NS) gap = PAUSE_GAP_NS;
+    if (s->awake_ns && now > s->awake_ns && now - s->awake_ns > gap) s->resumed_ns = now;
+    s->awake_ns = now;
+}
+
 /* Checks the deadline. Ranks silent outside a collective are blamed before ranks that wait in
  * one (a wait is usually the consequence of another rank's silence). */
-static cf_status check_progress(supervisor *s) {
-    uint64_t now = cf_shm_now_ns();
+static cf_status check_progress(supervisor *s, uint64_t now) {
     uint64_t limit = (uint64_t)(s->hdr->deadline_s * 1e9);
     for (int pass = 0; pass < 2; pass++) {
         for (int r = 0; r < s->n; r++) {
@@ -193,6 +209,8 @@ static cf_status check_progress(supervisor *s) {
             if (atomic_load(&slot->state) != CF_SHM_RUNNING) continue;
             uint64_t since = atomic_load(&slot->wait_since_ns);
             uint64_t hb = atomic_load(&slot->heartbeat_ns);
+            if (hb < s->resumed_ns) hb = s->resumed_ns;
+            if (since != 0 && since < s->resumed_ns) since = s->resumed_ns;
             if (pass == 0 && since == 0 && now > hb && now - hb > limit)
                 return cf_fail(CF_ERR_WORKER, "worker %d made no progress for %.1f s", r,
                                (double)(now - hb) * 1e-9);
@@ -234,7 +252,9 @@ static cf_status supervise(supervisor *s) {
         if (have_fault) return cf_fail(CF_ERR_WORKER, "%s", fault);
         if (s->n_alive == 0) return CF_OK;
         if (sigint_seen) return cf_fail(CF_ERR_INTERRUPTED, "interrupted");
-        cf_status st = check_progress(s);
+        uint64_t now = cf_shm_now_ns();
+        note_pause(s, now);
+        cf_status st = check_progress(s, now);
         if (st != CF_OK) return st;
         struct timespec ts = {0, POLL_NS};
         nanosleep(&ts, NULL); /* SIGINT cuts it short */
