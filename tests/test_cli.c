@@ -567,6 +567,118 @@ static void test_fine_tune_image_folder(void **state) {
 #endif
 }
 
+/* ---- a model exported by the library is one the command line reads (and back) -------------- */
+
+static void test_library_export(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    char root[600], path[700];
+    snprintf(root, sizeof root, "%s/pics", dir);
+    struct stat sb;
+    if (stat(root, &sb) != 0) write_image_folder(root);
+    /* an image learner with its own head, trained and exported by the library */
+    cf_dls *dls = NULL;
+    assert_int_equal(
+        cf_dls_from_image_folder(root, &(cf_image_folder_options){.size = 28, .channels = 1},
+                                 &(cf_dls_options){.bs = 8, .seed = 1, .normalize = true}, &dls),
+        CF_OK);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_vision_learner(&learn, dls, CF_ARCH_MINI_RESNET, .quiet = true, .seed = 2,
+                                       .n_lin_ftrs = 1, .lin_ftrs = {24}),
+                     CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(1e-2)), CF_OK);
+    snprintf(path, sizeof path, "%s/lib.safetensors", dir);
+    assert_int_equal(cf_learner_export(learn, path), CF_OK);
+    run_result r = run("info lib.safetensors");
+    expect(&r, 0, "arch:        mini-resnet", NULL);
+    assert_non_null(strstr(r.out, "classes:     bright, dark"));
+    assert_non_null(strstr(r.out, "input:       1 x 28 x 28"));
+    run_free(&r);
+    r = run("eval lib.safetensors --images pics");
+    expect(&r, 0, "samples: 8", NULL);
+    run_free(&r);
+    /* predict on the command line = cf_load_learner + cf_predict_image_file = the learner's own
+     * get_preds on the same image (valid/dark/0.png is the 5th validation image) */
+    r = run("predict lib.safetensors pics/valid/dark/0.png --json");
+    expect(&r, 0, NULL, NULL);
+    cJSON *j = cJSON_Parse(r.out);
+    cJSON *probs = cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "probabilities");
+    assert_int_equal(cJSON_GetArraySize(probs), 2);
+    cf_learner *loaded = NULL;
+    assert_int_equal(cf_load_learner(path, &loaded), CF_OK);
+    assert_string_equal(loaded->recipe.arch, "mini-resnet");
+    assert_int_equal(loaded->recipe.lin_ftrs[0], 24);
+    float got[2];
+    int cls = -1;
+    snprintf(path, sizeof path, "%s/pics/valid/dark/0.png", dir);
+    assert_int_equal(cf_predict_image_file(loaded, path, got, &cls), CF_OK);
+    cf_preds p = {0};
+    assert_int_equal(cf_get_preds(learn, &p), CF_OK);
+    assert_int_equal((int)dls->valid_ds->y[4], 1);
+    for (int k = 0; k < 2; k++) {
+        assert_float_equal(got[k], p.preds.data[4 * 2 + k], 1e-5);
+        assert_float_equal(cJSON_GetArrayItem(probs, k)->valuedouble, got[k], 1e-5);
+    }
+    assert_int_equal(cls, got[1] > got[0]);
+    cf_preds_free(&p);
+    cJSON_Delete(j);
+    run_free(&r);
+    /* the loaded learner exports the same metadata again */
+    snprintf(path, sizeof path, "%s/again.safetensors", dir);
+    assert_int_equal(cf_learner_export(loaded, path), CF_OK);
+    r = run("info again.safetensors --json");
+    expect(&r, 0, "\"corefit.vocab\":\t\"[\\\"bright\\\",\\\"dark\\\"]\"", NULL);
+    assert_non_null(strstr(r.out, "\"corefit.head\""));
+    run_free(&r);
+    /* missing image: a clear error naming it */
+    assert_int_equal(cf_predict_image_file(loaded, "/nonexistent.png", got, NULL), CF_ERR_IO);
+    assert_non_null(strstr(cf_last_error(), "/nonexistent.png"));
+    cf_learner_free(loaded);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    /* a missing file: an error, nothing built */
+    assert_int_equal(cf_load_learner("/nonexistent.safetensors", &loaded), CF_ERR_IO);
+    assert_null(loaded);
+#endif
+}
+
+/* A tabular learner exported by the library: eval and predict read its columns and target. */
+static void test_library_export_tabular(void **state) {
+    (void)state;
+    char csv[600], path[600];
+    snprintf(csv, sizeof csv, "%s/table.csv", dir);
+    const char *cat[] = {"color"}, *cont[] = {"size", "weight"};
+    cf_tabular_options to = {.cat_names = cat,
+                             .n_cat = 1,
+                             .cont_names = cont,
+                             .n_cont = 2,
+                             .y_name = "label",
+                             .valid_pct = 0.2,
+                             .seed = 42};
+    cf_dls *dls = NULL;
+    assert_int_equal(cf_dls_from_csv(csv, &to, &(cf_dls_options){.bs = 16}, &dls), CF_OK);
+    cf_learner *learn = NULL;
+    assert_int_equal(
+        cf_tabular_learner(&learn, dls, .quiet = true, .n_layers = 2, .layers = {20, 10}), CF_OK);
+    snprintf(path, sizeof path, "%s/libtab.safetensors", dir);
+    assert_int_equal(cf_learner_export(learn, path), CF_OK);
+    run_result r = run("info libtab.safetensors");
+    expect(&r, 0, "target:      label (classes)", NULL);
+    run_free(&r);
+    r = run("eval libtab.safetensors --csv table.csv");
+    expect(&r, 0, "samples: 300", NULL);
+    run_free(&r);
+    cf_learner *loaded = NULL;
+    assert_int_equal(cf_load_learner(path, &loaded), CF_OK);
+    assert_int_equal(loaded->recipe.layers[1], 10);
+    assert_string_equal(loaded->dls->train_ds->y_name, "label");
+    cf_learner_free(loaded);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 static int setup(void **state) {
     (void)state;
     test_tmpdir_make(dir, sizeof dir, "cf_cli_");
@@ -587,6 +699,8 @@ int main(void) {
         cmocka_unit_test(test_lr_find),
         cmocka_unit_test(test_tabular),
         cmocka_unit_test(test_fine_tune_image_folder),
+        cmocka_unit_test(test_library_export),
+        cmocka_unit_test(test_library_export_tabular),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -62,50 +62,8 @@ void strlist_free(strlist *l);
 
 /* ---- model files ---------------------------------------------------------------------------- */
 
-#define CLI_MAX_NORM 4
-
-/* What a corefit model file says about how to rebuild the model and feed it. Stored as
- * safetensors __metadata__ under "corefit.*" keys (see docs/cli.md). */
-typedef struct cli_meta {
-    char arch[32];  /* mini-resnet, simple-cnn, xresnet18/34/50, tabular */
-    char input[16]; /* idx, images, csv */
-    int n_in;       /* image channels, or tabular features (n_cat + n_cont) */
-    int height, width;
-    int n_out;
-    char **vocab; /* n_vocab class names (classifiers) */
-    int n_vocab;
-    int n_norm; /* image normalisation */
-    float mean[CLI_MAX_NORM], std[CLI_MAX_NORM];
-    /* tabular */
-    char *target;
-    bool regression;
-    int n_cat, n_cont;
-    char **feature_names; /* n_cat + n_cont */
-    char ***cat_vocab;    /* per categorical feature */
-    int *cat_cardinality; /* per categorical feature */
-    char **flag_of;       /* per categorical feature: the continuous column of a _na flag */
-    float *cont_mean, *cont_std, *cont_fill;
-    int n_layers;
-    int layers[CF_TABULAR_MAX_LAYERS];
-} cli_meta;
-
-void cli_meta_free(cli_meta *m);
-/* Fills meta from a training set (and the arch / normalisation used). */
-cf_status cli_meta_from_dataset(cli_meta *m, const cf_dataset *ds, const char *arch,
-                                const char *input, int n_out, int n_norm, const float *mean,
-                                const float *std);
-/* Writes the model with its metadata (the tensors are exactly cf_learner_export's). */
-cf_status cli_model_write(const cf_model *model, const cli_meta *meta, const char *path);
-/* Reads the metadata of a corefit model file. */
-cf_status cli_meta_read(const char *path, cli_meta *m);
-cf_status cli_meta_from_file(const cf_st_file *f, const char *path, cli_meta *m);
-
-/* Encodes CSV rows with a saved tabular spec (Categorify, FillMissing, Normalize as trained).
- * With need_target the target column must be present (eval). */
-cf_status cli_tabular_encode(const cli_meta *m, const cf_csv_table *t, bool need_target,
-                             cf_dataset **out);
 /* A learner for the model in `path` over a dls whose validation set is ds (taken over). */
-cf_status cli_load_learner(const char *path, const cli_meta *m, cf_dataset *ds, int bs,
+cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset *ds, int bs,
                            cf_learner **learn, cf_dls **dls);
 
 /* ---- figures ------------------------------------------------------------------------------- */
@@ -113,9 +71,6 @@ cf_status cli_load_learner(const char *path, const cli_meta *m, cf_dataset *ds, 
 /* Draws PNG files in the terminal as sixel (libsixel through dlopen). Prints why not on
  * stderr when it cannot. */
 void cli_show_figures(const char *const *paths, int n);
-
-/* Fashion-MNIST's class names (for an IDX folder named like it). */
-extern const char *const cli_fmnist_classes[10];
 
 /* ---- subcommands --------------------------------------------------------------------------- */
 

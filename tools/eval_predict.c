@@ -9,16 +9,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int read_model_meta(const char *cmd, const char *path, cli_meta *m) {
+static int read_model_meta(const char *cmd, const char *path, cf_model_info *m) {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return cli_error(CLI_FAIL, cmd, "model file %s: %s", path, strerror(errno));
-    if (cli_meta_read(path, m)) return cli_lib_error(cmd, "reading the model");
+    if (cf_model_info_read(path, m)) return cli_lib_error(cmd, "reading the model");
     return CLI_OK;
 }
 
 /* Maps an image folder's labels (its own vocab) onto the model's classes, by name. */
-static cf_status remap_labels(cf_dataset *ds, const cli_meta *m) {
+static cf_status remap_labels(cf_dataset *ds, const cf_model_info *m) {
     if (!ds->vocab) return CF_OK;
     for (int64_t i = 0; i < ds->n; i++) {
         int code = (int)ds->y[i], k = -1;
@@ -32,13 +32,22 @@ static cf_status remap_labels(cf_dataset *ds, const cli_meta *m) {
     return CF_OK;
 }
 
-static cf_status check_image_shape(const cf_dataset *ds, const cli_meta *m) {
+static cf_status check_image_shape(const cf_dataset *ds, const cf_model_info *m) {
     const cf_shape *s = &ds->sample_shape;
     if (s->ndim != 3 || s->dim[0] != m->n_in || s->dim[1] != m->height || s->dim[2] != m->width)
         return cf_fail(CF_ERR_FORMAT,
                        "the data's samples are not %d x %d x %d images as the model expects",
                        m->n_in, m->height, m->width);
     return CF_OK;
+}
+
+/* Categorify maps values training never saw to #na#, as fastai does; say how many there were. */
+static void warn_unseen(const char *cmd, int64_t unseen, const char *csv) {
+    if (unseen > 0)
+        fprintf(stderr,
+                "corefit %s: warning: %lld categorical value%s in %s %s not seen in training "
+                "(encoded as #na#)\n",
+                cmd, (long long)unseen, unseen == 1 ? "" : "s", csv, unseen == 1 ? "was" : "were");
 }
 
 /* ---- eval ---------------------------------------------------------------------------------- */
@@ -80,21 +89,23 @@ int cmd_eval(int argc, char **argv) {
     if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
         return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
     if (threads > 0) cf_set_num_threads(threads);
-    cli_meta m;
+    cf_model_info m;
     if ((rc = read_model_meta(cmd, pos[0], &m))) return rc;
-    bool tabular = strcmp(m.arch, "tabular") == 0;
+    bool tabular = strcmp(m.recipe.arch, "tabular") == 0;
     if (tabular != (d.csv != NULL)) {
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         return cli_error(CLI_USAGE, cmd,
                          tabular ? "a tabular model needs --csv data"
                                  : "an image model needs --idx or --images data");
     }
     cf_dataset *ds = NULL;
     cf_status st = CF_OK;
+    int64_t unseen = 0;
     if (tabular) {
         cf_csv_table *t = NULL;
         st = cf_csv_read(d.csv, ',', &t);
-        if (st == CF_OK) st = cli_tabular_encode(&m, t, true, &ds);
+        if (st == CF_OK) st = cf_tabular_encode(&m, t, true, &ds, &unseen);
+        warn_unseen(cmd, unseen, d.csv);
         cf_csv_table_free(t);
     } else {
         d.size = m.height;
@@ -114,32 +125,32 @@ int cmd_eval(int argc, char **argv) {
             }
             if (d.images) st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
-            if (st == CF_OK && ds->n_classes != m.n_out) {
-                if (ds->n_classes > m.n_out)
+            if (st == CF_OK && ds->n_classes != m.recipe.n_out) {
+                if (ds->n_classes > m.recipe.n_out)
                     st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d",
-                                 ds->n_classes, m.n_out);
+                                 ds->n_classes, m.recipe.n_out);
                 else
-                    ds->n_classes = m.n_out; /* vocab names are not needed from here on */
+                    ds->n_classes = m.recipe.n_out; /* vocab names are not needed from here on */
             }
         }
     }
     if (st) {
         cf_dataset_free(ds);
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         return cli_lib_error(cmd, "loading the data");
     }
     int64_t n = ds->n;
     cf_learner *learn = NULL;
     cf_dls *dls = NULL;
     if (cli_load_learner(pos[0], &m, ds, d.bs, &learn, &dls)) {
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         return cli_lib_error(cmd, "loading the model");
     }
     double values[8];
     if (cf_validate(learn, values)) {
         cf_learner_free(learn);
         cf_dls_free(dls);
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         return cli_lib_error(cmd, "validation");
     }
     if (json) {
@@ -163,7 +174,7 @@ int cmd_eval(int argc, char **argv) {
     }
     cf_learner_free(learn);
     cf_dls_free(dls);
-    cli_meta_free(&m);
+    cf_model_info_free(&m);
     return CLI_OK;
 }
 
@@ -180,7 +191,7 @@ static void predict_usage(FILE *f, const cli_opt *opts) {
     cli_print_options(f, opts);
 }
 
-static cf_status images_dataset(const cli_meta *m, const char *const *files, int n,
+static cf_status images_dataset(const cf_model_info *m, const char *const *files, int n,
                                 cf_dataset **out) {
     size_t per = (size_t)m->n_in * m->height * m->width;
     float *x = cf_malloc((size_t)n * per * sizeof(float));
@@ -216,8 +227,9 @@ static cf_status images_dataset(const cli_meta *m, const char *const *files, int
         free(buf);
     }
     if (st == CF_OK)
-        st = cf_dataset_from_arrays(
-            x, y, n, cf_shape_make(3, (int[]){m->n_in, m->height, m->width}), 1, m->n_out, out);
+        st =
+            cf_dataset_from_arrays(x, y, n, cf_shape_make(3, (int[]){m->n_in, m->height, m->width}),
+                                   1, m->recipe.n_out, out);
     cf_free(x);
     cf_free(y);
     return st;
@@ -257,14 +269,14 @@ int cmd_predict(int argc, char **argv) {
         return rc;
     }
     if (threads > 0) cf_set_num_threads(threads);
-    cli_meta m;
+    cf_model_info m;
     if ((rc = read_model_meta(cmd, pos[0], &m))) {
         cf_free(pos);
         return rc;
     }
-    bool tabular = strcmp(m.arch, "tabular") == 0;
+    bool tabular = strcmp(m.recipe.arch, "tabular") == 0;
     if (tabular != (csv != NULL)) {
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         cf_free(pos);
         return cli_error(CLI_USAGE, cmd,
                          tabular ? "a tabular model predicts --csv rows"
@@ -272,11 +284,13 @@ int cmd_predict(int argc, char **argv) {
     }
     cf_dataset *ds = NULL;
     cf_status st;
+    int64_t unseen = 0;
     int64_t *lines = NULL;
     if (tabular) {
         cf_csv_table *t = NULL;
         st = cf_csv_read(csv, ',', &t);
-        if (st == CF_OK) st = cli_tabular_encode(&m, t, false, &ds);
+        if (st == CF_OK) st = cf_tabular_encode(&m, t, false, &ds, &unseen);
+        warn_unseen(cmd, unseen, csv);
         if (st == CF_OK && (lines = cf_malloc((size_t)t->n_rows * sizeof *lines)))
             memcpy(lines, t->row_line, (size_t)t->n_rows * sizeof *lines);
         cf_csv_table_free(t);
@@ -284,7 +298,7 @@ int cmd_predict(int argc, char **argv) {
         st = images_dataset(&m, pos + 1, n_pos - 1, &ds);
     }
     if (st) {
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         cf_free(pos);
         cf_free(lines);
         return cli_lib_error(cmd, "reading the inputs");
@@ -295,7 +309,7 @@ int cmd_predict(int argc, char **argv) {
     if (cli_load_learner(pos[0], &m, ds, bs, &learn, &dls) || cf_get_preds(learn, &p)) {
         cf_learner_free(learn);
         cf_dls_free(dls);
-        cli_meta_free(&m);
+        cf_model_info_free(&m);
         cf_free(pos);
         cf_free(lines);
         return cli_lib_error(cmd, "predicting");
@@ -361,7 +375,7 @@ int cmd_predict(int argc, char **argv) {
     cf_preds_free(&p);
     cf_learner_free(learn);
     cf_dls_free(dls);
-    cli_meta_free(&m);
+    cf_model_info_free(&m);
     cf_free(pos);
     cf_free(lines);
     return CLI_OK;

@@ -103,7 +103,7 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         const char *const *names = NULL;
         char **digits = NULL;
         if (nc == 10 && looks_like_fmnist(dir)) {
-            names = cli_fmnist_classes;
+            names = cf_fashion_mnist_classes;
         } else {
             digits = cf_calloc((size_t)nc, sizeof(char *));
             for (int i = 0; digits && i < nc; i++) {
@@ -264,7 +264,6 @@ static int make_metrics(const char *cmd, const char *list, int n_classes, cf_met
 typedef struct session {
     cf_dls *dls;
     cf_learner *learn;
-    cli_meta meta;
     const char *input;
     cf_comm *mpi;
     bool master;
@@ -275,7 +274,7 @@ typedef struct session {
 static void session_free(session *s) {
     cf_learner_free(s->learn);
     cf_dls_free(s->dls);
-    cli_meta_free(&s->meta); /* s->mpi belongs to the par layer (kept for the process) */
+    /* s->mpi belongs to the par layer (kept for the process) */
 }
 
 /* Data, model and learner for train and lr-find. */
@@ -296,17 +295,17 @@ static int setup(const char *cmd, train_args *a, session *s) {
     s->par.deadline_s = a->deadline;
     if (a->threads > 0) cf_set_num_threads(a->threads);
     /* a pretrained model says which arch, channels and size the body expects */
-    cli_meta pre = {0};
+    cf_model_info pre = {0};
     if (a->pretrained) {
-        if (cli_meta_read(a->pretrained, &pre)) return cli_lib_error(cmd, "--pretrained");
-        if (strcmp(pre.arch, "tabular") == 0) {
-            cli_meta_free(&pre);
+        if (cf_model_info_read(a->pretrained, &pre)) return cli_lib_error(cmd, "--pretrained");
+        if (strcmp(pre.recipe.arch, "tabular") == 0) {
+            cf_model_info_free(&pre);
             return cli_error(CLI_USAGE, cmd, "--pretrained %s is a tabular model", a->pretrained);
         }
-        if (a->arch && strcmp(a->arch, pre.arch) != 0) {
+        if (a->arch && strcmp(a->arch, pre.recipe.arch) != 0) {
             int rc = cli_error(CLI_USAGE, cmd, "--arch %s differs from the pretrained model's %s",
-                               a->arch, pre.arch);
-            cli_meta_free(&pre);
+                               a->arch, pre.recipe.arch);
+            cf_model_info_free(&pre);
             return rc;
         }
         if (!d->channels) d->channels = pre.n_in;
@@ -316,7 +315,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
     cf_dataset *train = NULL, *valid = NULL;
     double t0 = cf_now();
     if (cli_load_data(d, &s->input, &train, &valid)) {
-        cli_meta_free(&pre);
+        cf_model_info_free(&pre);
         return cli_lib_error(cmd, "loading the data");
     }
     if (!a->quiet && s->master)
@@ -339,8 +338,8 @@ static int setup(const char *cmd, train_args *a, session *s) {
     }
     bool tabular = d->csv != NULL;
     char arch[32];
-    if (pre.arch[0])
-        snprintf(arch, sizeof arch, "%s", pre.arch);
+    if (pre.recipe.arch[0])
+        snprintf(arch, sizeof arch, "%s", pre.recipe.arch);
     else if (a->arch)
         snprintf(arch, sizeof arch, "%s", a->arch);
     else
@@ -348,7 +347,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
                  tabular                            ? "tabular"
                  : train->sample_shape.dim[1] <= 64 ? "mini-resnet"
                                                     : "xresnet18");
-    cli_meta_free(&pre);
+    cf_model_info_free(&pre);
     int n_norm = 0;
     float mean[4] = {0}, std[4] = {0};
     if (!tabular) {
@@ -359,13 +358,6 @@ static int setup(const char *cmd, train_args *a, session *s) {
             return cli_lib_error(cmd, "normalisation statistics");
         }
     }
-    int n_out = train->n_classes > 0 ? train->n_classes : train->target_dim;
-    if (cli_meta_from_dataset(&s->meta, train, arch, s->input, n_out, n_norm, mean, std)) {
-        cf_dataset_free(train);
-        cf_dataset_free(valid);
-        return cli_lib_error(cmd, "model metadata");
-    }
-    if (tabular && !(s->meta.target = cf_strdup(d->target))) return cli_lib_error(cmd, "metadata");
     cf_metric **metrics = NULL;
     int n_metrics = 0;
     int rc = make_metrics(cmd, a->metrics, train->n_classes, &metrics, &n_metrics);
@@ -406,8 +398,6 @@ static int setup(const char *cmd, train_args *a, session *s) {
             }
             strlist_free(&layers);
         }
-        s->meta.n_layers = to.n_layers;
-        memcpy(s->meta.layers, to.layers, sizeof s->meta.layers);
         st = cf_tabular_learner_(&s->learn, s->dls, &to);
     } else {
         st = cf_vision_learner(&s->learn, s->dls, (cf_arch)cf_arch_from_name(arch),
@@ -737,7 +727,7 @@ int cmd_train(int argc, char **argv) {
         have_preds = true;
     }
     if (s.master) {
-        if (cli_model_write(learn->model, &s.meta, a.out)) {
+        if (cf_learner_export(learn, a.out)) {
             cf_preds_free(&preds);
             session_free(&s);
             return cli_lib_error(cmd, "saving the model");

@@ -42,6 +42,7 @@ typedef struct cf_dataset {
     char ***cat_vocab;    /* per categorical feature, cat_cardinality[i] names; [0] = "#na#" */
     float *cont_mean, *cont_std, *cont_fill; /* training-set statistics per continuous column:
                                                 Normalize's mean/std, FillMissing's median */
+    char *y_name;                            /* the target column */
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */

@@ -231,8 +231,28 @@ typedef struct cf_learner_opts {
 } cf_learner_opts;
 
 /* The state a fit exposes to callbacks (fastai's Learner attributes). */
+/* How a learner factory built the model: what cf_learner_export writes so that
+ * cf_load_learner (and the corefit command) can build it again. All zero for a learner made
+ * with cf_learner_new from a hand-made model. */
+typedef struct cf_learner_recipe {
+    char arch[32]; /* cf_arch_name(arch), "tabular", or "" when not made by a factory */
+    int n_out;
+    /* vision_learner's head, as asked (0 / false: the arch's default) */
+    int n_lin_ftrs;
+    int lin_ftrs[CF_HEAD_MAX_LAYERS];
+    int n_ps;
+    float ps[CF_HEAD_MAX_LAYERS + 1];
+    bool no_concat_pool, no_first_bn, bn_final;
+    /* tabular_learner */
+    int n_layers;
+    int layers[CF_TABULAR_MAX_LAYERS];
+    float tab_ps, embed_p;
+    bool y_range;
+    float y_lo, y_hi;
+} cf_learner_recipe;
+
 struct cf_learner {
-    cf_dls *dls;     /* borrowed */
+    cf_dls *dls;     /* borrowed (owned when made by cf_load_learner) */
     cf_model *model; /* owned */
     cf_loss loss;
     cf_opt_config opt_config;
@@ -293,6 +313,8 @@ struct cf_learner {
     /* figures written during the fit (paths), so that a parallel fit can report them home */
     char **figures;
     int n_figures;
+    cf_learner_recipe recipe;
+    cf_dls *owned_dls; /* freed with the learner (cf_load_learner's placeholder data) */
 };
 
 #define cf_learner_new(...) CF_CALL3_(cf_learner_new_, cf_learner_opts, __VA_ARGS__, )
@@ -317,8 +339,82 @@ cf_status cf_learner_unfreeze(cf_learner *learn);
  * when name has no '/'). */
 cf_status cf_learner_save(cf_learner *learn, const char *name, bool with_opt);
 cf_status cf_learner_load(cf_learner *learn, const char *name, bool with_opt);
-/* The model only, for inference (cf_model_load reads it). */
+/* fastai's export: the model's weights and buffers (as cf_model_save without the optimizer, so
+ * cf_model_load and PyTorch's load_state_dict read it) plus, as safetensors metadata, what
+ * rebuilds the model and prepares its input (cf_model_info: architecture and head, classes,
+ * image size and normalisation, tabular columns with their vocabularies and statistics). This is
+ * the one model file format: `corefit train` writes it, and cf_load_learner and `corefit
+ * info/eval/predict/train --pretrained` read it. */
 cf_status cf_learner_export(cf_learner *learn, const char *path);
+
+/* ---- the metadata of an exported model ------------------------------------------------------
+ * Stored as safetensors __metadata__ strings:
+ *   corefit.version     "1"
+ *   corefit.arch        mini-resnet | simple-cnn | xresnet18 | xresnet34 | xresnet50 | tabular
+ *   corefit.input       idx | images | csv (what it was trained on)
+ *   corefit.n_in        image channels, or tabular features (categorical + continuous)
+ *   corefit.image_size  "HxW" (images)
+ *   corefit.n_out       model outputs (classes, or regression targets)
+ *   corefit.vocab       JSON array of class names (classifiers)
+ *   corefit.normalize   JSON {"mean": [...], "std": [...]} per channel (images)
+ *   corefit.head        JSON {"lin_ftrs": [...], "ps": [...], "concat_pool", "first_bn",
+ *                       "bn_final"} (images; absent: the arch's default head)
+ *   corefit.tabular     JSON {"target", "regression", "layers": [...], "y_range"?: [lo, hi],
+ *                       "cat": [{"name", "vocab": [...], "flag_of"?}],
+ *                       "cont": [{"name", "mean", "std", "fill"}]} */
+#define CF_MODEL_MAX_NORM 4
+typedef struct cf_model_info {
+    cf_learner_recipe recipe; /* arch, n_out, head or tabular layers */
+    char input[16];
+    int n_in; /* image channels, or tabular features (n_cat + n_cont) */
+    int height, width;
+    char **vocab; /* n_vocab class names (classifiers) */
+    int n_vocab;
+    int n_norm; /* image normalisation */
+    float mean[CF_MODEL_MAX_NORM], std[CF_MODEL_MAX_NORM];
+    /* tabular */
+    char *target;
+    bool regression;
+    int n_cat, n_cont;
+    char **feature_names; /* n_cat + n_cont */
+    char ***cat_vocab;    /* per categorical feature ([0] = "#na#") */
+    int *cat_cardinality; /* per categorical feature */
+    char **flag_of;       /* per categorical feature: the continuous column of a _na flag */
+    float *cont_mean, *cont_std, *cont_fill;
+} cf_model_info;
+
+void cf_model_info_free(cf_model_info *info);
+/* What cf_learner_export would write for this learner (its recipe, its training set, its
+ * training loader's normalisation). */
+cf_status cf_learner_info(const cf_learner *learn, cf_model_info *info);
+/* Writes model with info as metadata (the tensors are exactly cf_learner_export's). */
+cf_status cf_model_export(const cf_model *model, const cf_model_info *info, const char *path);
+/* Reads an exported file's metadata; a file without corefit.arch is refused with a message
+ * saying that the model cannot be rebuilt from it. */
+cf_status cf_model_info_read(const char *path, cf_model_info *info);
+struct cf_st_file;
+cf_status cf_model_info_from_file(const struct cf_st_file *file, const char *path,
+                                  cf_model_info *info);
+/* Encodes a table's rows as the exported tabular model was trained (Categorify with its
+ * vocabularies, FillMissing, Normalize with its statistics). With need_target the target column
+ * must be present. Values a vocabulary has not seen become #na# (code 0); *n_unseen (may be
+ * NULL) receives how many cells did. */
+cf_status cf_tabular_encode(const cf_model_info *info, const cf_csv_table *table, bool need_target,
+                            cf_dataset **out, int64_t *n_unseen);
+
+/* A learner of an exported model's architecture and head over dls (borrowed), quiet, with the
+ * metrics taken over; the weights are not loaded (cf_model_load does that). */
+cf_status cf_learner_from_info(const cf_model_info *info, cf_dls *dls, cf_metric **metrics,
+                               int n_metrics, cf_learner **out);
+/* fastai's load_learner: the learner exported to path, ready to predict (its data is a
+ * placeholder that carries the classes, image size, normalisation and tabular columns). */
+cf_status cf_load_learner(const char *path, cf_learner **out);
+/* fastai's learn.predict on an image (PNG, JPEG, BMP), decoded and resized as the training
+ * images were and normalised as the training loader did: probabilities (n_out) into probs and
+ * the class index into decoded (may be NULL). From memory (name for messages) or from a file. */
+cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, const char *name,
+                           float *probs, int *decoded);
+cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *probs, int *decoded);
 /* Records a figure written during a fit (used by plotting callbacks). */
 cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
 

@@ -489,7 +489,8 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
         ds->cont_std = cf_calloc((size_t)(ncont + 1), sizeof(float));
         ds->cont_fill = cf_calloc((size_t)(ncont + 1), sizeof(float));
         if (!ds->cat_cardinality || !ds->cat_vocab || !ds->feature_names || !ds->cont_mean ||
-            !ds->cont_std || !ds->cont_fill || !cf__dataset_set_source(ds, src)) {
+            !ds->cont_std || !ds->cont_fill || !cf__dataset_set_source(ds, src) ||
+            !(ds->y_name = cf_strdup(opt->y_name))) {
             st = cf_fail(CF_ERR_NOMEM, "%s: out of memory", src);
             goto done;
         }

@@ -86,6 +86,7 @@ void cf_dataset_free(cf_dataset *ds) {
     cf_free(ds->cont_std);
     cf_free(ds->cont_fill);
     cf_free(ds->source);
+    cf_free(ds->y_name);
     cf_free(ds);
 }
 
@@ -149,6 +150,7 @@ cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src) {
     if (src->vocab && !(dst->vocab = cf__strv_dup((const char *const *)src->vocab, src->n_classes)))
         return CF_ERR_NOMEM;
     if (src->source && !cf__dataset_set_source(dst, src->source)) return CF_ERR_NOMEM;
+    if (src->y_name && !(dst->y_name = cf_strdup(src->y_name))) return CF_ERR_NOMEM;
     dst->n_cat = src->n_cat;
     dst->n_cont = src->n_cont;
     if (src->cat_cardinality) {

@@ -3,6 +3,7 @@
 
 #include "corefit/io.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -160,6 +161,16 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const 
     cf_learner_opts lo = {0};
     COPY_LEARNER_FIELDS(lo, o);
     if ((st = cf_learner_new_(out, dls, model, &lo)) != CF_OK) return st;
+    cf_learner_recipe *r = &(*out)->recipe;
+    snprintf(r->arch, sizeof r->arch, "%s", cf_arch_name(arch));
+    r->n_out = n_out;
+    r->n_lin_ftrs = o->n_lin_ftrs;
+    memcpy(r->lin_ftrs, o->lin_ftrs, sizeof r->lin_ftrs);
+    r->n_ps = o->n_ps;
+    memcpy(r->ps, o->ps, sizeof r->ps);
+    r->no_concat_pool = o->no_concat_pool;
+    r->no_first_bn = o->no_first_bn;
+    r->bn_final = o->bn_final;
     if (o->pretrained && (st = cf_learner_freeze(*out)) != CF_OK) {
         cf_learner_free(*out);
         *out = NULL;
@@ -205,5 +216,16 @@ cf_status cf_tabular_learner_(cf_learner **out, cf_dls *dls, const cf_tabular_le
     }
     cf_learner_opts lo = {0};
     COPY_LEARNER_FIELDS(lo, o);
-    return cf_learner_new_(out, dls, model, &lo);
+    if ((st = cf_learner_new_(out, dls, model, &lo)) != CF_OK) return st;
+    cf_learner_recipe *r = &(*out)->recipe;
+    snprintf(r->arch, sizeof r->arch, "tabular");
+    r->n_out = n_out;
+    r->n_layers = o->n_layers;
+    memcpy(r->layers, o->layers, sizeof r->layers);
+    r->tab_ps = o->ps;
+    r->embed_p = o->embed_p;
+    r->y_range = o->y_range;
+    r->y_lo = o->y_lo;
+    r->y_hi = o->y_hi;
+    return CF_OK;
 }

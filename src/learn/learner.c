@@ -135,6 +135,7 @@ void cf_learner_free(cf_learner *learn) {
     cf_recorder_clear(&learn->recorder);
     cf_optimizer_free(learn->opt);
     cf_model_free(learn->model);
+    cf_dls_free(learn->owned_dls);
     cf_free(learn);
 }
 
@@ -228,10 +229,6 @@ cf_status cf_learner_load(cf_learner *learn, const char *name, bool with_opt) {
     if (st != CF_OK) return st;
     if (with_opt && !learn->opt && (st = cf_learner_create_opt(learn)) != CF_OK) return st;
     return cf_model_load(learn->model, with_opt ? learn->opt : NULL, path);
-}
-
-cf_status cf_learner_export(cf_learner *learn, const char *path) {
-    return cf_model_save(learn->model, NULL, path);
 }
 
 cf_status cf_learner_note_figure(cf_learner *learn, const char *path) {

@@ -1,0 +1,864 @@
+/* fastai's export in one format: the model's tensors plus the metadata that rebuilds the model
+ * and prepares its input (documented with cf_model_info in corefit/learn.h), read back by
+ * cf_model_info_read, and the encoding of table rows with an exported tabular model's
+ * vocabularies and statistics. */
+#include "corefit/learn.h"
+
+#include "corefit/io.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void strv_free(char **v, int n) {
+    if (!v) return;
+    for (int i = 0; i < n; i++) cf_free(v[i]);
+    cf_free(v);
+}
+
+static char **strv_dup(char *const *v, int n) {
+    char **out = cf_calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+    if (!out) return NULL;
+    for (int i = 0; i < n; i++)
+        if (!(out[i] = cf_strdup(v[i] ? v[i] : ""))) {
+            strv_free(out, n);
+            return NULL;
+        }
+    return out;
+}
+
+void cf_model_info_free(cf_model_info *m) {
+    strv_free(m->vocab, m->n_vocab);
+    cf_free(m->target);
+    if (m->cat_vocab)
+        for (int i = 0; i < m->n_cat; i++)
+            strv_free(m->cat_vocab[i], m->cat_cardinality ? m->cat_cardinality[i] : 0);
+    cf_free(m->cat_vocab);
+    strv_free(m->feature_names, m->n_cat + m->n_cont);
+    if (m->flag_of)
+        for (int i = 0; i < m->n_cat; i++) cf_free(m->flag_of[i]);
+    cf_free(m->flag_of);
+    cf_free(m->cat_cardinality);
+    cf_free(m->cont_mean);
+    cf_free(m->cont_std);
+    cf_free(m->cont_fill);
+    memset(m, 0, sizeof *m);
+}
+
+/* "idx" for a data set read from IDX files (its source names them), else "images". */
+static const char *image_input(const cf_dataset *ds) {
+    return ds->source && strstr(ds->source, "-idx") ? "idx" : "images";
+}
+
+static cf_status learner_info(const cf_learner *learn, cf_model_info *m) {
+    memset(m, 0, sizeof *m);
+    const cf_dataset *ds = learn && learn->dls ? learn->dls->train_ds : NULL;
+    if (!ds) return cf_fail(CF_ERR_STATE, "export: the learner has no training set");
+    m->recipe = learn->recipe;
+    if (!m->recipe.n_out) m->recipe.n_out = ds->n_classes > 0 ? ds->n_classes : ds->target_dim;
+    bool tabular = ds->sample_shape.ndim == 1 && ds->feature_names;
+    snprintf(m->input, sizeof m->input, "%s", tabular ? "csv" : image_input(ds));
+    if (ds->sample_shape.ndim == 3) {
+        m->n_in = ds->sample_shape.dim[0];
+        m->height = ds->sample_shape.dim[1];
+        m->width = ds->sample_shape.dim[2];
+    } else {
+        m->n_in = ds->sample_shape.dim[0];
+    }
+    const cf_dl_options *lo = learn->dls->train ? cf_dataloader_options(learn->dls->train) : NULL;
+    int n_norm = lo && ds->sample_shape.ndim == 3 ? lo->n_norm : 0;
+    const float *mean = lo ? lo->mean : NULL, *std = lo ? lo->std : NULL;
+    if (tabular && ds->y_name && !(m->target = cf_strdup(ds->y_name))) return CF_ERR_NOMEM;
+    if (n_norm > CF_MODEL_MAX_NORM)
+        return cf_fail(CF_ERR_INVALID, "%d normalisation channels", n_norm);
+    m->n_norm = n_norm;
+    for (int i = 0; i < n_norm; i++) {
+        m->mean[i] = mean[i];
+        m->std[i] = std[i];
+    }
+    if (ds->n_classes > 0) {
+        m->n_vocab = ds->n_classes;
+        if (ds->vocab) {
+            m->vocab = strv_dup(ds->vocab, ds->n_classes);
+        } else {
+            m->vocab = cf_calloc((size_t)ds->n_classes, sizeof(char *));
+            for (int i = 0; m->vocab && i < ds->n_classes; i++) {
+                char b[16];
+                snprintf(b, sizeof b, "%d", i);
+                m->vocab[i] = cf_strdup(b);
+            }
+        }
+        if (!m->vocab) return CF_ERR_NOMEM;
+    }
+    if (ds->sample_shape.ndim == 1 && ds->feature_names) {
+        m->n_cat = ds->n_cat;
+        m->n_cont = ds->n_cont;
+        m->regression = ds->n_classes == 0;
+        int nf = m->n_cat + m->n_cont;
+        m->feature_names = strv_dup(ds->feature_names, nf);
+        m->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
+        m->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
+        m->flag_of = cf_calloc((size_t)m->n_cat + 1, sizeof(char *));
+        m->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+        m->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+        m->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+        if (!m->feature_names || !m->cat_vocab || !m->cat_cardinality || !m->flag_of ||
+            !m->cont_mean || !m->cont_std || !m->cont_fill)
+            return CF_ERR_NOMEM;
+        for (int i = 0; i < m->n_cat; i++) {
+            m->cat_cardinality[i] = ds->cat_cardinality[i];
+            if (!(m->cat_vocab[i] = strv_dup(ds->cat_vocab[i], ds->cat_cardinality[i])))
+                return CF_ERR_NOMEM;
+            /* FillMissing's flags are named "<cont>_na" after a continuous column */
+            const char *nm = ds->feature_names[i];
+            size_t len = strlen(nm);
+            for (int j = 0; j < m->n_cont && len > 3 && !strcmp(nm + len - 3, "_na"); j++) {
+                const char *cn = ds->feature_names[m->n_cat + j];
+                if (strlen(cn) == len - 3 && !strncmp(cn, nm, len - 3) &&
+                    !(m->flag_of[i] = cf_strdup(cn)))
+                    return CF_ERR_NOMEM;
+            }
+        }
+        for (int j = 0; j < m->n_cont; j++) {
+            m->cont_mean[j] = ds->cont_mean[j];
+            m->cont_std[j] = ds->cont_std[j];
+            m->cont_fill[j] = ds->cont_fill[j];
+        }
+    }
+    return CF_OK;
+}
+
+cf_status cf_learner_info(const cf_learner *learn, cf_model_info *m) {
+    cf_status st = learner_info(learn, m);
+    if (st) cf_model_info_free(m);
+    return st;
+}
+
+static cJSON *str_array(char *const *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateString(v[i]));
+    return a;
+}
+
+static char *print_json(cJSON *j) {
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    char *out = s ? cf_strdup(s) : NULL;
+    if (s) cJSON_free(s);
+    cJSON_Delete(j);
+    return out;
+}
+
+cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const char *path) {
+    cf_st_entry *entries = cf_calloc((size_t)model->n_params + 1, sizeof *entries);
+    if (!entries) return cf_fail_context(CF_ERR_NOMEM, "saving %s", path);
+    for (int i = 0; i < model->n_params; i++) {
+        const cf_param *p = model->params[i];
+        bool counter = p->kind == CF_PARAM_COUNTER;
+        entries[i] = (cf_st_entry){
+            .name = p->full_name,
+            .dtype = counter ? CF_DTYPE_I64 : CF_DTYPE_F32,
+            .shape = counter && p->numel == 1 ? (cf_shape){.ndim = 0} : p->shape,
+            .numel = p->numel,
+            .data = p->data,
+        };
+    }
+    char n_in[32], size[64], n_out[32];
+    snprintf(n_in, sizeof n_in, "%d", m->n_in);
+    snprintf(size, sizeof size, "%dx%d", m->height, m->width);
+    snprintf(n_out, sizeof n_out, "%d", m->recipe.n_out);
+    char *vocab = m->n_vocab ? print_json(str_array(m->vocab, m->n_vocab)) : NULL;
+    char *norm = NULL, *tab = NULL, *head = NULL;
+    const cf_learner_recipe *r = &m->recipe;
+    bool tabular = strcmp(r->arch, "tabular") == 0;
+    if (r->arch[0] && !tabular) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *lin = cJSON_AddArrayToObject(j, "lin_ftrs"), *ps = cJSON_AddArrayToObject(j, "ps");
+        for (int i = 0; i < r->n_lin_ftrs; i++)
+            cJSON_AddItemToArray(lin, cJSON_CreateNumber(r->lin_ftrs[i]));
+        for (int i = 0; i < r->n_ps; i++) cJSON_AddItemToArray(ps, cJSON_CreateNumber(r->ps[i]));
+        cJSON_AddBoolToObject(j, "concat_pool", !r->no_concat_pool);
+        cJSON_AddBoolToObject(j, "first_bn", !r->no_first_bn);
+        cJSON_AddBoolToObject(j, "bn_final", r->bn_final);
+        head = print_json(j);
+    }
+    if (m->n_norm > 0) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *mean = cJSON_AddArrayToObject(j, "mean"), *std = cJSON_AddArrayToObject(j, "std");
+        for (int i = 0; i < m->n_norm; i++) {
+            cJSON_AddItemToArray(mean, cJSON_CreateNumber(m->mean[i]));
+            cJSON_AddItemToArray(std, cJSON_CreateNumber(m->std[i]));
+        }
+        norm = print_json(j);
+    }
+    if (m->feature_names) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "target", m->target ? m->target : "");
+        cJSON_AddBoolToObject(j, "regression", m->regression);
+        cJSON *layers = cJSON_AddArrayToObject(j, "layers");
+        for (int i = 0; i < m->recipe.n_layers; i++)
+            cJSON_AddItemToArray(layers, cJSON_CreateNumber(m->recipe.layers[i]));
+        if (r->y_range) {
+            cJSON *yr = cJSON_AddArrayToObject(j, "y_range");
+            cJSON_AddItemToArray(yr, cJSON_CreateNumber(r->y_lo));
+            cJSON_AddItemToArray(yr, cJSON_CreateNumber(r->y_hi));
+        }
+        if (r->tab_ps > 0) cJSON_AddNumberToObject(j, "ps", r->tab_ps);
+        if (r->embed_p > 0) cJSON_AddNumberToObject(j, "embed_p", r->embed_p);
+        cJSON *cat = cJSON_AddArrayToObject(j, "cat"), *cont = cJSON_AddArrayToObject(j, "cont");
+        for (int i = 0; i < m->n_cat; i++) {
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddStringToObject(c, "name", m->feature_names[i]);
+            cJSON_AddItemToObject(c, "vocab", str_array(m->cat_vocab[i], m->cat_cardinality[i]));
+            if (m->flag_of[i]) cJSON_AddStringToObject(c, "flag_of", m->flag_of[i]);
+            cJSON_AddItemToArray(cat, c);
+        }
+        for (int i = 0; i < m->n_cont; i++) {
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddStringToObject(c, "name", m->feature_names[m->n_cat + i]);
+            cJSON_AddNumberToObject(c, "mean", m->cont_mean[i]);
+            cJSON_AddNumberToObject(c, "std", m->cont_std[i]);
+            cJSON_AddNumberToObject(c, "fill", m->cont_fill[i]);
+            cJSON_AddItemToArray(cont, c);
+        }
+        tab = print_json(j);
+    }
+    const char *keys[12], *values[12];
+    int n = 0;
+#define META(k, v)                                                                                 \
+    do {                                                                                           \
+        keys[n] = (k);                                                                             \
+        values[n++] = (v);                                                                         \
+    } while (0)
+    META("format", "pt");
+    META("corefit.version", "1");
+    if (r->arch[0]) META("corefit.arch", r->arch); /* not for a hand-made model */
+    META("corefit.input", m->input);
+    META("corefit.n_in", n_in);
+    if (m->height > 0) META("corefit.image_size", size);
+    META("corefit.n_out", n_out);
+    if (vocab) META("corefit.vocab", vocab);
+    if (norm) META("corefit.normalize", norm);
+    if (tab) META("corefit.tabular", tab);
+    if (head) META("corefit.head", head);
+#undef META
+    cf_status st = CF_OK;
+    if ((m->n_vocab && !vocab) || (m->n_norm && !norm) || (m->feature_names && !tab) ||
+        (r->arch[0] && !tabular && !head))
+        st = cf_fail_context(CF_ERR_NOMEM, "saving %s", path);
+    else
+        st = cf_st_write(path, entries, model->n_params, keys, values, n);
+    cf_free(vocab);
+    cf_free(norm);
+    cf_free(tab);
+    cf_free(head);
+    cf_free(entries);
+    return st;
+}
+
+cf_status cf_learner_export(cf_learner *learn, const char *path) {
+    if (!learn || !path) return cf_fail(CF_ERR_INVALID, "export: NULL learner or path");
+    cf_model_info info;
+    cf_status st = cf_learner_info(learn, &info);
+    if (st) return cf_fail_context(st, "exporting %s", path);
+    st = cf_model_export(learn->model, &info, path);
+    cf_model_info_free(&info);
+    return st;
+}
+
+/* ---- reading ---- */
+
+static cf_status parse_int(const char *path, const char *key, const char *v, int lo, int hi,
+                           int *out) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end || errno || x < lo || x > hi)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: metadata %s is %s%s%s (expected a whole number in [%d, %d])", path, key,
+                       v ? "'" : "missing", v ? v : "", v ? "'" : "", lo, hi);
+    *out = (int)x;
+    return CF_OK;
+}
+
+static cf_status json_strings(const char *path, const char *key, const cJSON *a, char ***out,
+                              int *n) {
+    if (!cJSON_IsArray(a))
+        return cf_fail(CF_ERR_FORMAT, "%s: metadata %s: expected an array of strings", path, key);
+    int k = cJSON_GetArraySize(a);
+    char **v = cf_calloc((size_t)(k > 0 ? k : 1), sizeof(char *));
+    if (!v) return CF_ERR_NOMEM;
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (!cJSON_IsString(it) || !(v[i] = cf_strdup(it->valuestring))) {
+            strv_free(v, k);
+            return cf_fail(CF_ERR_FORMAT, "%s: metadata %s: item %d is not a string", path, key, i);
+        }
+        i++;
+    }
+    *out = v;
+    *n = k;
+    return CF_OK;
+}
+
+static bool json_num(const cJSON *o, const char *name, float *out) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return false;
+    *out = (float)x->valuedouble;
+    return true;
+}
+
+static cf_status read_tabular(const char *path, const char *text, cf_model_info *m) {
+    cJSON *j = cJSON_Parse(text);
+    cf_status st = CF_OK;
+    const char *key = "corefit.tabular";
+    const cJSON *target = cJSON_GetObjectItemCaseSensitive(j, "target");
+    const cJSON *cat = cJSON_GetObjectItemCaseSensitive(j, "cat");
+    const cJSON *cont = cJSON_GetObjectItemCaseSensitive(j, "cont");
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(j, "layers");
+    if (!cJSON_IsObject(j) || !cJSON_IsString(target) || !cJSON_IsArray(cat) ||
+        !cJSON_IsArray(cont)) {
+        cJSON_Delete(j);
+        return cf_fail(CF_ERR_FORMAT, "%s: metadata %s is not a tabular spec", path, key);
+    }
+    m->target = cf_strdup(target->valuestring);
+    m->regression = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "regression"));
+    m->n_cat = cJSON_GetArraySize(cat);
+    m->n_cont = cJSON_GetArraySize(cont);
+    int nf = m->n_cat + m->n_cont;
+    m->feature_names = cf_calloc((size_t)nf + 1, sizeof(char *));
+    m->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
+    m->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
+    m->flag_of = cf_calloc((size_t)m->n_cat + 1, sizeof(char *));
+    m->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+    m->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+    m->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+    if (!m->target || !m->feature_names || !m->cat_vocab || !m->cat_cardinality || !m->flag_of ||
+        !m->cont_mean || !m->cont_std || !m->cont_fill) {
+        cJSON_Delete(j);
+        return CF_ERR_NOMEM;
+    }
+    if (cJSON_IsArray(layers)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, layers) {
+            if (m->recipe.n_layers < CF_TABULAR_MAX_LAYERS && cJSON_IsNumber(it) &&
+                it->valuedouble >= 1 && it->valuedouble < 1e6)
+                m->recipe.layers[m->recipe.n_layers++] = (int)it->valuedouble;
+        }
+    }
+    const cJSON *yr = cJSON_GetObjectItemCaseSensitive(j, "y_range");
+    if (yr) {
+        const cJSON *lo = cJSON_GetArrayItem(yr, 0), *hi = cJSON_GetArrayItem(yr, 1);
+        if (!cJSON_IsArray(yr) || cJSON_GetArraySize(yr) != 2 || !cJSON_IsNumber(lo) ||
+            !cJSON_IsNumber(hi) || !(lo->valuedouble < hi->valuedouble)) {
+            cJSON_Delete(j);
+            return cf_fail(CF_ERR_FORMAT, "%s: %s: y_range is not [low, high]", path, key);
+        }
+        m->recipe.y_range = true;
+        m->recipe.y_lo = (float)lo->valuedouble;
+        m->recipe.y_hi = (float)hi->valuedouble;
+    }
+    json_num(j, "ps", &m->recipe.tab_ps);
+    json_num(j, "embed_p", &m->recipe.embed_p);
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cat) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+        const cJSON *flag = cJSON_GetObjectItemCaseSensitive(it, "flag_of");
+        if (!cJSON_IsString(name)) {
+            st = cf_fail(CF_ERR_FORMAT, "%s: %s: categorical column %d has no name", path, key, i);
+            break;
+        }
+        m->feature_names[i] = cf_strdup(name->valuestring);
+        if (cJSON_IsString(flag)) m->flag_of[i] = cf_strdup(flag->valuestring);
+        if ((st = json_strings(path, key, cJSON_GetObjectItemCaseSensitive(it, "vocab"),
+                               &m->cat_vocab[i], &m->cat_cardinality[i])))
+            break;
+        if (m->cat_cardinality[i] < 1) {
+            st = cf_fail(CF_ERR_FORMAT, "%s: %s: column %s has an empty vocabulary", path, key,
+                         name->valuestring);
+            break;
+        }
+        i++;
+    }
+    i = 0;
+    cJSON_ArrayForEach(it, cont) {
+        if (st) break;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+        if (!cJSON_IsString(name) || !json_num(it, "mean", &m->cont_mean[i]) ||
+            !json_num(it, "std", &m->cont_std[i]) || !json_num(it, "fill", &m->cont_fill[i]) ||
+            !(m->cont_std[i] > 0)) {
+            st = cf_fail(CF_ERR_FORMAT,
+                         "%s: %s: continuous column %d needs a name, mean, std > 0 and fill", path,
+                         key, i);
+            break;
+        }
+        m->feature_names[m->n_cat + i] = cf_strdup(name->valuestring);
+        i++;
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+/* The vision head (absent: the arch's default). */
+static cf_status read_head(const char *path, const char *text, cf_learner_recipe *r) {
+    if (!text) return CF_OK;
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *lin = cJSON_GetObjectItemCaseSensitive(j, "lin_ftrs");
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(j, "ps");
+    bool ok = cJSON_IsObject(j) &&
+              (!lin || (cJSON_IsArray(lin) && cJSON_GetArraySize(lin) <= CF_HEAD_MAX_LAYERS)) &&
+              (!ps || (cJSON_IsArray(ps) && cJSON_GetArraySize(ps) <= CF_HEAD_MAX_LAYERS + 1));
+    const cJSON *it;
+    if (ok && lin) cJSON_ArrayForEach(it, lin) {
+            ok = ok && cJSON_IsNumber(it) && it->valuedouble >= 1 && it->valuedouble < 1e7;
+            if (ok) r->lin_ftrs[r->n_lin_ftrs++] = (int)it->valuedouble;
+        }
+    if (ok && ps) cJSON_ArrayForEach(it, ps) {
+            ok = ok && cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < 1;
+            if (ok) r->ps[r->n_ps++] = (float)it->valuedouble;
+        }
+    if (ok) {
+        r->no_concat_pool = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "concat_pool"));
+        r->no_first_bn = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "first_bn"));
+        r->bn_final = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "bn_final"));
+    }
+    cJSON_Delete(j);
+    if (!ok)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: metadata corefit.head is not {\"lin_ftrs\": [...], \"ps\": [...], ...}",
+                       path);
+    return CF_OK;
+}
+
+cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_model_info *m) {
+    memset(m, 0, sizeof *m);
+    const char *arch = cf_st_meta(f, "corefit.arch");
+    if (!arch)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s holds no corefit.arch metadata: it was not written by 'corefit train', "
+                       "so the model cannot be rebuilt",
+                       path);
+    if (strcmp(arch, "tabular") != 0 && cf_arch_from_name(arch) < 0)
+        return cf_fail(CF_ERR_FORMAT, "%s: unknown architecture '%s' in corefit.arch", path, arch);
+    snprintf(m->recipe.arch, sizeof m->recipe.arch, "%s", arch);
+    const char *input = cf_st_meta(f, "corefit.input");
+    snprintf(m->input, sizeof m->input, "%s", input ? input : "");
+    cf_status st;
+    if ((st = parse_int(path, "corefit.n_in", cf_st_meta(f, "corefit.n_in"), 1, 1 << 20,
+                        &m->n_in)) ||
+        (st = parse_int(path, "corefit.n_out", cf_st_meta(f, "corefit.n_out"), 1, 1 << 24,
+                        &m->recipe.n_out)))
+        return st;
+    const char *size = cf_st_meta(f, "corefit.image_size");
+    if (size) {
+        char tail;
+        if (sscanf(size, "%dx%d%c", &m->height, &m->width, &tail) != 2 || m->height < 1 ||
+            m->width < 1 || m->height > 65536 || m->width > 65536)
+            return cf_fail(CF_ERR_FORMAT, "%s: metadata corefit.image_size is '%s' (expected HxW)",
+                           path, size);
+    }
+    const char *vocab = cf_st_meta(f, "corefit.vocab");
+    if (vocab) {
+        cJSON *j = cJSON_Parse(vocab);
+        st = json_strings(path, "corefit.vocab", j, &m->vocab, &m->n_vocab);
+        cJSON_Delete(j);
+        if (st) return st;
+        if (m->n_vocab != m->recipe.n_out)
+            return cf_fail(CF_ERR_FORMAT, "%s: corefit.vocab has %d names for %d outputs", path,
+                           m->n_vocab, m->recipe.n_out);
+    }
+    const char *norm = cf_st_meta(f, "corefit.normalize");
+    if (norm) {
+        cJSON *j = cJSON_Parse(norm);
+        const cJSON *mean = cJSON_GetObjectItemCaseSensitive(j, "mean");
+        const cJSON *sd = cJSON_GetObjectItemCaseSensitive(j, "std");
+        int n = cJSON_GetArraySize(mean);
+        bool ok = cJSON_IsArray(mean) && cJSON_IsArray(sd) && n >= 1 && n <= CF_MODEL_MAX_NORM &&
+                  cJSON_GetArraySize(sd) == n;
+        for (int i = 0; ok && i < n; i++) {
+            const cJSON *a = cJSON_GetArrayItem(mean, i), *b = cJSON_GetArrayItem(sd, i);
+            ok = cJSON_IsNumber(a) && cJSON_IsNumber(b) && b->valuedouble > 0;
+            if (ok) {
+                m->mean[i] = (float)a->valuedouble;
+                m->std[i] = (float)b->valuedouble;
+            }
+        }
+        cJSON_Delete(j);
+        if (!ok)
+            return cf_fail(
+                CF_ERR_FORMAT,
+                "%s: metadata corefit.normalize is not {\"mean\": [...], \"std\": [...]}", path);
+        m->n_norm = n;
+    }
+    if (strcmp(arch, "tabular") == 0) {
+        const char *tab = cf_st_meta(f, "corefit.tabular");
+        if (!tab)
+            return cf_fail(CF_ERR_FORMAT, "%s: a tabular model without corefit.tabular", path);
+        if ((st = read_tabular(path, tab, m))) return st;
+        if (m->n_cat + m->n_cont != m->n_in)
+            return cf_fail(CF_ERR_FORMAT, "%s: corefit.tabular has %d columns but n_in is %d", path,
+                           m->n_cat + m->n_cont, m->n_in);
+    } else if (!size) {
+        return cf_fail(CF_ERR_FORMAT, "%s: an image model without corefit.image_size", path);
+    } else if ((st = read_head(path, cf_st_meta(f, "corefit.head"), &m->recipe))) {
+        return st;
+    }
+    return CF_OK;
+}
+
+cf_status cf_model_info_read(const char *path, cf_model_info *m) {
+    memset(m, 0, sizeof *m);
+    cf_st_file *f = NULL;
+    cf_status st = cf_st_read(path, &f);
+    if (st) return st;
+    st = cf_model_info_from_file(f, path, m);
+    if (st) cf_model_info_free(m);
+    cf_st_free(f);
+    return st;
+}
+
+/* ---- tabular rows -------------------------------------------------------------------------- */
+
+static const char *trim(const char *s, char *buf, size_t size) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
+    if (n >= size) n = size - 1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+static bool parse_number(const char *s, double *v) {
+    if (!*s) return false;
+    char *end;
+    double d = strtod(s, &end);
+    if (end == s || *end || !isfinite(d)) return false;
+    *v = d;
+    return true;
+}
+
+/* Code of s in a vocabulary ([0] = "#na#"): as Categorify, numeric vocabularies match by value. */
+static int vocab_code(char *const *voc, int card, const char *raw) {
+    if (cf_csv_is_missing(raw)) return 0;
+    char tb[4096], vb[4096];
+    double x, y;
+    bool numeric = card > 1;
+    for (int i = 1; i < card && numeric; i++)
+        numeric = parse_number(trim(voc[i], vb, sizeof vb), &y);
+    if (numeric) {
+        if (!parse_number(trim(raw, tb, sizeof tb), &x)) return 0;
+        for (int i = 1; i < card; i++)
+            if (parse_number(trim(voc[i], vb, sizeof vb), &y) && x == y) return i;
+        return 0;
+    }
+    for (int i = 1; i < card; i++)
+        if (strcmp(voc[i], raw) == 0) return i;
+    return 0;
+}
+
+static int find_col(const cf_csv_table *t, const char *name) {
+    for (int c = 0; c < t->n_cols; c++)
+        if (strcmp(t->header[c], name) == 0) return c;
+    return -1;
+}
+
+cf_status cf_tabular_encode(const cf_model_info *m, const cf_csv_table *t, bool need_target,
+                            cf_dataset **out, int64_t *n_unseen) {
+    *out = NULL;
+    if (n_unseen) *n_unseen = 0;
+    int64_t unseen = 0;
+    const char *src = t->source ? t->source : "CSV";
+    int nf = m->n_cat + m->n_cont;
+    int *col = cf_calloc((size_t)nf + 1, sizeof(int));
+    float *x = cf_calloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * (size_t)nf + 1, sizeof(float));
+    float *y = cf_calloc((size_t)(t->n_rows > 0 ? t->n_rows : 1), sizeof(float));
+    cf_status st = CF_OK;
+    if (!col || !x || !y) {
+        st = CF_ERR_NOMEM;
+        goto done;
+    }
+    if (t->n_rows == 0) {
+        st = cf_fail(CF_ERR_FORMAT, "%s has no rows", src);
+        goto done;
+    }
+    for (int i = 0; i < nf; i++) {
+        const char *name = i < m->n_cat && m->flag_of[i] ? m->flag_of[i] : m->feature_names[i];
+        if ((col[i] = find_col(t, name)) < 0) {
+            st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header (the model needs it)",
+                         src, name);
+            goto done;
+        }
+    }
+    int ycol = m->target ? find_col(t, m->target) : -1;
+    if (need_target && ycol < 0) {
+        st = cf_fail(CF_ERR_FORMAT, "%s: no target column '%s' in the header", src,
+                     m->target ? m->target : "");
+        goto done;
+    }
+    char tb[4096];
+    for (int64_t r = 0; r < t->n_rows; r++) {
+        char *const *cell = t->cells + r * t->n_cols;
+        float *row = x + r * nf;
+        for (int i = 0; i < m->n_cat; i++) {
+            const char *s = cell[col[i]];
+            if (m->flag_of[i]) /* FillMissing's flag: codes 1 (False) and 2 (True) */
+                row[i] =
+                    (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i],
+                                      cf_csv_is_missing(trim(s, tb, sizeof tb)) ? "True" : "False");
+            else if ((row[i] = (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i], s)) == 0 &&
+                     !cf_csv_is_missing(trim(s, tb, sizeof tb)))
+                unseen++; /* a value training never saw: #na#, as Categorify */
+        }
+        for (int j = 0; j < m->n_cont; j++) {
+            const char *s = trim(cell[col[m->n_cat + j]], tb, sizeof tb);
+            double v;
+            if (cf_csv_is_missing(s)) {
+                v = m->cont_fill[j];
+            } else if (!parse_number(s, &v)) {
+                st = cf_fail(CF_ERR_FORMAT,
+                             "%s: line %lld, continuous column '%s': '%s' is not a number", src,
+                             (long long)t->row_line[r], m->feature_names[m->n_cat + j], s);
+                goto done;
+            }
+            row[m->n_cat + j] = (float)((v - m->cont_mean[j]) / m->cont_std[j]);
+        }
+        if (ycol >= 0 && need_target) {
+            const char *s = cell[ycol];
+            if (cf_csv_is_missing(s)) {
+                st = cf_fail(CF_ERR_FORMAT, "%s: line %lld: the target '%s' is missing", src,
+                             (long long)t->row_line[r], m->target);
+                goto done;
+            }
+            if (m->regression) {
+                double v;
+                if (!parse_number(trim(s, tb, sizeof tb), &v)) {
+                    st = cf_fail(CF_ERR_FORMAT, "%s: line %lld, target '%s': '%s' is not a number",
+                                 src, (long long)t->row_line[r], m->target, s);
+                    goto done;
+                }
+                y[r] = (float)v;
+            } else {
+                int code = -1;
+                for (int k = 0; k < m->n_vocab && code < 0; k++)
+                    if (strcmp(m->vocab[k], s) == 0) code = k;
+                if (code < 0) { /* numeric class names match by value, as Categorify */
+                    double a, b;
+                    for (int k = 0; k < m->n_vocab && code < 0; k++)
+                        if (parse_number(trim(s, tb, sizeof tb), &a) &&
+                            parse_number(m->vocab[k], &b) && a == b)
+                            code = k;
+                }
+                if (code < 0) {
+                    st =
+                        cf_fail(CF_ERR_FORMAT,
+                                "%s: line %lld, target '%s': class '%s' is not one the model knows",
+                                src, (long long)t->row_line[r], m->target, s);
+                    goto done;
+                }
+                y[r] = (float)code;
+            }
+        }
+    }
+    cf_dataset *ds = NULL;
+    if ((st = cf_dataset_from_arrays(x, y, t->n_rows, cf_shape1(nf), 1,
+                                     m->regression ? 0 : m->recipe.n_out, &ds)))
+        goto done;
+    ds->n_cat = m->n_cat;
+    ds->n_cont = m->n_cont;
+    if (n_unseen) *n_unseen = unseen;
+    ds->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
+    if (!ds->cat_cardinality) {
+        cf_dataset_free(ds);
+        st = CF_ERR_NOMEM;
+        goto done;
+    }
+    memcpy(ds->cat_cardinality, m->cat_cardinality, (size_t)m->n_cat * sizeof(int));
+    if (m->vocab && !m->regression &&
+        (st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab))) {
+        cf_dataset_free(ds);
+        goto done;
+    }
+    *out = ds;
+done:
+    cf_free(col);
+    cf_free(x);
+    cf_free(y);
+    return st;
+}
+
+/* ---- load_learner -------------------------------------------------------------------------- */
+
+cf_status cf_learner_from_info(const cf_model_info *m, cf_dls *dls, cf_metric **metrics,
+                               int n_metrics, cf_learner **out) {
+    *out = NULL;
+    const cf_learner_recipe *r = &m->recipe;
+    cf_status st;
+    if (strcmp(r->arch, "tabular") == 0) {
+        cf_tabular_learner_opts to = {.n_out = r->n_out,
+                                      .n_layers = r->n_layers,
+                                      .ps = r->tab_ps,
+                                      .embed_p = r->embed_p,
+                                      .y_range = r->y_range,
+                                      .y_lo = r->y_lo,
+                                      .y_hi = r->y_hi,
+                                      .metrics = metrics,
+                                      .n_metrics = n_metrics,
+                                      .quiet = true};
+        memcpy(to.layers, r->layers, sizeof to.layers);
+        st = cf_tabular_learner_(out, dls, &to);
+    } else {
+        int arch = cf_arch_from_name(r->arch);
+        if (arch < 0) {
+            for (int i = 0; i < n_metrics; i++) cf_metric_free(metrics[i]);
+            return cf_fail(CF_ERR_FORMAT, "unknown architecture '%s'", r->arch);
+        }
+        cf_vision_opts vo = {.n_out = r->n_out,
+                             .n_lin_ftrs = r->n_lin_ftrs,
+                             .n_ps = r->n_ps,
+                             .no_concat_pool = r->no_concat_pool,
+                             .no_first_bn = r->no_first_bn,
+                             .bn_final = r->bn_final,
+                             .metrics = metrics,
+                             .n_metrics = n_metrics,
+                             .quiet = true};
+        memcpy(vo.lin_ftrs, r->lin_ftrs, sizeof vo.lin_ftrs);
+        memcpy(vo.ps, r->ps, sizeof vo.ps);
+        st = cf_vision_learner_(out, dls, (cf_arch)arch, &vo);
+    }
+    return st;
+}
+
+/* One zero sample shaped and labelled as the model's training data, carrying its vocabularies
+ * and statistics (so that a loaded learner exports the same metadata again). */
+static cf_status placeholder(const cf_model_info *m, cf_dataset **out) {
+    bool tabular = strcmp(m->recipe.arch, "tabular") == 0;
+    cf_shape shape =
+        tabular ? cf_shape1(m->n_in) : cf_shape_make(3, (int[]){m->n_in, m->height, m->width});
+    size_t per = cf_shape_numel(&shape);
+    float *x = cf_calloc(per, sizeof(float)), y = 0;
+    if (!x) return CF_ERR_NOMEM;
+    int n_classes = m->regression || m->n_vocab == 0 ? 0 : m->recipe.n_out;
+    cf_status st = cf_dataset_from_arrays(x, &y, 1, shape, 1, n_classes, out);
+    cf_free(x);
+    if (st) return st;
+    cf_dataset *ds = *out;
+    if (m->n_vocab && n_classes == m->n_vocab)
+        st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
+    if (st == CF_OK && tabular) {
+        int nf = m->n_cat + m->n_cont;
+        ds->n_cat = m->n_cat;
+        ds->n_cont = m->n_cont;
+        ds->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
+        ds->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
+        ds->feature_names = strv_dup(m->feature_names, nf);
+        ds->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+        ds->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+        ds->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+        ds->y_name = cf_strdup(m->target ? m->target : "");
+        if (!ds->cat_cardinality || !ds->cat_vocab || !ds->feature_names || !ds->cont_mean ||
+            !ds->cont_std || !ds->cont_fill || !ds->y_name)
+            st = CF_ERR_NOMEM;
+        for (int i = 0; st == CF_OK && i < m->n_cat; i++) {
+            ds->cat_cardinality[i] = m->cat_cardinality[i];
+            if (!(ds->cat_vocab[i] = strv_dup(m->cat_vocab[i], m->cat_cardinality[i])))
+                st = CF_ERR_NOMEM;
+        }
+        for (int j = 0; st == CF_OK && j < m->n_cont; j++) {
+            ds->cont_mean[j] = m->cont_mean[j];
+            ds->cont_std[j] = m->cont_std[j];
+            ds->cont_fill[j] = m->cont_fill[j];
+        }
+    }
+    if (st) {
+        cf_dataset_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+cf_status cf_load_learner(const char *path, cf_learner **out) {
+    if (!out || !path) return cf_fail(CF_ERR_INVALID, "load_learner: NULL path or out");
+    *out = NULL;
+    cf_model_info m;
+    cf_status st = cf_model_info_read(path, &m);
+    if (st) return st;
+    cf_dataset *a = NULL, *b = NULL;
+    cf_dls *dls = NULL;
+    cf_learner *learn = NULL;
+    cf_dls_options o = {.bs = 1, .prefetch = -1, .n_norm = m.n_norm};
+    memcpy(o.mean, m.mean, sizeof o.mean);
+    memcpy(o.std, m.std, sizeof o.std);
+    if ((st = placeholder(&m, &a)) || (st = placeholder(&m, &b))) {
+        cf_dataset_free(a);
+        goto done;
+    }
+    if ((st = cf_dls_new(a, b, &o, &dls))) goto done;
+    if ((st = cf_learner_from_info(&m, dls, NULL, 0, &learn))) goto done;
+    learn->owned_dls = dls;
+    dls = NULL;
+    if ((st = cf_model_load(learn->model, NULL, path))) goto done;
+    *out = learn;
+    learn = NULL;
+done:
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    cf_model_info_free(&m);
+    if (st) cf_fail_context(st, "load_learner %s", path);
+    return st;
+}
+
+cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, const char *name,
+                           float *probs, int *decoded) {
+    const cf_dataset *ds = learn && learn->dls ? learn->dls->train_ds : NULL;
+    if (!ds || ds->sample_shape.ndim != 3)
+        return cf_fail(CF_ERR_STATE, "predict %s: the learner is not an image model", name);
+    int c = ds->sample_shape.dim[0], h = ds->sample_shape.dim[1], w = ds->sample_shape.dim[2];
+    float *x = cf_malloc((size_t)c * h * w * sizeof(float));
+    if (!x) return CF_ERR_NOMEM;
+    int iw = w, ih = h;
+    /* decoded and resized as the training images were (square), then normalised as the
+     * training loader did */
+    cf_status st = cf_image_decode(bytes, size, name, c, h == w ? h : 0, x, &iw, &ih);
+    const cf_dl_options *lo = cf_dataloader_options(learn->dls->train);
+    for (int ch = 0; st == CF_OK && lo && lo->n_norm > 0 && ch < c; ch++) {
+        int k = lo->n_norm == 1 ? 0 : ch;
+        const float a = 1.0f / lo->std[k], b = -lo->mean[k] / lo->std[k]; /* as the loader */
+        for (size_t i = 0; i < (size_t)h * w; i++)
+            x[(size_t)ch * h * w + i] = x[(size_t)ch * h * w + i] * a + b;
+    }
+    if (st == CF_OK) st = cf_predict(learn, x, probs, decoded);
+    cf_free(x);
+    return st;
+}
+
+cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *probs, int *decoded) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return cf_fail(CF_ERR_IO, "cannot open image %s: %s", path, strerror(errno));
+    unsigned char *buf = NULL;
+    size_t len = 0, cap = 0;
+    cf_status st = CF_OK;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 65536;
+            unsigned char *g = realloc(buf, cap);
+            if (!g) {
+                st = CF_ERR_NOMEM;
+                break;
+            }
+            buf = g;
+        }
+        size_t k = fread(buf + len, 1, cap - len, f);
+        if (k == 0) break;
+        len += k;
+    }
+    if (st == CF_OK && ferror(f)) st = cf_fail(CF_ERR_IO, "reading %s failed", path);
+    fclose(f);
+    if (st == CF_OK) st = cf_predict_image(learn, buf, len, path, probs, decoded);
+    free(buf);
+    return st;
+}
