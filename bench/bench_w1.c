@@ -93,11 +93,11 @@ static cf_status finish(timing *t, cf_learner *learn) {
     t->done = true;
     double sums[3] = {peak_rss_kb_self(), pss_kb_self(), t->cpu_last - t->cpu_skip};
     /* every replica runs this callback at the same event, so the collective matches */
-    if (learn->comm && cf_comm_size(learn->comm) > 1) {
-        cf_status st = cf_comm_allreduce_sum_f64(learn->comm, sums, 3);
+    if (learn->replica.comm && cf_comm_size(learn->replica.comm) > 1) {
+        cf_status st = cf_comm_allreduce_sum_f64(learn->replica.comm, sums, 3);
         if (st != CF_OK) return st;
     }
-    if (!learn->comm || cf_comm_rank(learn->comm) == 0) {
+    if (!learn->replica.comm || cf_comm_rank(learn->replica.comm) == 0) {
         report *r = t->out;
         r->steps = t->steps;
         r->t_skip = t->t_skip;
@@ -105,7 +105,7 @@ static cf_status finish(timing *t, cf_learner *learn) {
         r->rss_kb = sums[0];
         r->pss_kb = sums[1];
         r->cpu_s = sums[2];
-        r->world = learn->comm ? cf_comm_size(learn->comm) : 1;
+        r->world = learn->replica.comm ? cf_comm_size(learn->replica.comm) : 1;
         r->done = 1;
     }
     return CF_OK;

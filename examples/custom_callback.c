@@ -67,7 +67,7 @@ static cf_status stats_after_batch(cf_callback *cb, cf_learner *learn) {
 
 static cf_status stats_after_epoch(cf_callback *cb, cf_learner *learn) {
     batch_stats *s = cb->state;
-    if (learn->is_master && learn->logging)
+    if (learn->replica.is_master && learn->logging)
         fprintf(
             stderr,
             "callback: epoch %d done, %ld training batches on this core, worst batch loss %.4f\n",

@@ -74,7 +74,7 @@ typedef struct fake {
 
 static void fake_init(fake *f, const double *valid_loss, const double *accuracy) {
     memset(f, 0, sizeof *f);
-    f->learn.is_master = true;
+    f->learn.replica.is_master = true;
     f->learn.logging = true;
     f->learn.quiet = false;
     f->learn.n_epoch = FE;

@@ -528,6 +528,188 @@ static void test_recorder_files(void **state) {
     cf_dls_free(dls);
 }
 
+/* ---- the learner's state as bytes ---------------------------------------------------------- */
+
+static cf_learner *state_learner(cf_dls *dls, uint64_t seed, int n_trackers) {
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_callback *cbs[2] = {cf_early_stopping_cb(.patience = 3),
+                           cf_reduce_lr_on_plateau_cb(.monitor = "accuracy", .patience = 5)};
+    for (int i = n_trackers; i < 2; i++) cf_callback_free(cbs[i]);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(seed, true), .quiet = true,
+                                    .metrics = metrics, .n_metrics = 1, .cbs = cbs,
+                                    .n_cbs = n_trackers),
+                     CF_OK);
+    return learn;
+}
+
+static void *export_all(const cf_learner *learn, size_t *n) {
+    *n = cf_learner_export_state(learn, NULL, 0);
+    void *buf = malloc(*n);
+    assert_int_equal(cf_learner_export_state(learn, buf, *n), *n);
+    return buf;
+}
+
+/* Everything a fit changed reads back into another learner of the same shape, and bytes that
+ * are not such a state (truncated, another magic or version, another learner's callbacks, an
+ * absurd count) are refused with the offset, leaving the learner as it was. */
+static void test_learner_state_round_trip_and_refusals(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(128, 64, 16);
+    cf_learner *a = state_learner(dls, 13, 2);
+    assert_int_equal(cf_fit_one_cycle(a, 2, .lr_max = CF_LR(1e-2)), CF_OK);
+    assert_int_equal(cf_learner_note_figure(a, "figures/loss.png"), CF_OK);
+    size_t n = 0;
+    unsigned char *bytes = export_all(a, &n);
+    /* too small a buffer is not written */
+    unsigned char probe[16] = {0};
+    assert_int_equal(cf_learner_export_state(a, probe, sizeof probe), n);
+    for (size_t i = 0; i < sizeof probe; i++) assert_int_equal(probe[i], 0);
+
+    cf_learner *b = state_learner(dls, 99, 2);
+    assert_int_equal(cf_learner_import_state(b, bytes, n), CF_OK);
+    assert_memory_equal(b->model->weights, a->model->weights, a->model->n_weights * 4);
+    assert_non_null(b->opt);
+    assert_memory_equal(b->opt->grad_avg, a->opt->grad_avg, a->model->n_weights * 4);
+    assert_memory_equal(b->opt->sqr_avg, a->opt->sqr_avg, a->model->n_weights * 4);
+    assert_memory_equal(b->opt->hypers, a->opt->hypers,
+                        (size_t)a->opt->n_groups * sizeof(cf_hypers));
+    assert_int_equal(b->recorder.n_batches, a->recorder.n_batches);
+    assert_int_equal(b->recorder.n_epochs, 2);
+    assert_memory_equal(b->recorder.losses, a->recorder.losses, (size_t)a->recorder.n_batches * 8);
+    assert_memory_equal(b->recorder.values, a->recorder.values,
+                        (size_t)(a->recorder.n_epochs * a->recorder.n_values) * 8);
+    assert_string_equal(b->recorder.metric_names[3], "accuracy");
+    assert_int_equal(b->n_final_record, a->n_final_record);
+    assert_memory_equal(b->final_record, a->final_record, (size_t)a->n_final_record * 8);
+    assert_int_equal(b->n_figures, 1);
+    assert_string_equal(b->figures[0], "figures/loss.png");
+    /* the trackers' state came along: b exports exactly what a did */
+    size_t nb = 0;
+    unsigned char *again = export_all(b, &nb);
+    assert_int_equal(nb, n);
+    assert_memory_equal(again, bytes, n);
+    free(again);
+
+    /* refusals: c stays a fresh learner */
+    cf_learner *c = state_learner(dls, 5, 2);
+    float *w0 = malloc(c->model->n_weights * 4);
+    memcpy(w0, c->model->weights, c->model->n_weights * 4);
+    size_t cuts[] = {0, 3, 8, 40, n / 2, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        assert_int_equal(cf_learner_import_state(c, bytes, cuts[i]), CF_ERR_INVALID);
+        assert_non_null(strstr(cf_last_error(), "offset"));
+    }
+    unsigned char *bad = malloc(n);
+    memcpy(bad, bytes, n);
+    bad[0] = 'X';
+    assert_int_equal(cf_learner_import_state(c, bad, n), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "magic"));
+    memcpy(bad, bytes, n);
+    bad[4] = 9; /* version */
+    assert_int_equal(cf_learner_import_state(c, bad, n), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "version 9"));
+    memcpy(bad, bytes, n);
+    uint64_t huge = (uint64_t)1 << 40; /* the weight count */
+    memcpy(bad + 8, &huge, sizeof huge);
+    assert_int_equal(cf_learner_import_state(c, bad, n), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "offset 8"));
+    /* one byte more than the state */
+    unsigned char *longer = calloc(1, n + 1);
+    memcpy(longer, bytes, n);
+    assert_int_equal(cf_learner_import_state(c, longer, n + 1), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "left over"));
+    free(longer);
+    assert_memory_equal(c->model->weights, w0, c->model->n_weights * 4);
+    assert_null(c->opt);
+    assert_int_equal(c->recorder.n_epochs, 0);
+    assert_int_equal(c->n_figures, 0);
+    /* a learner with other callbacks does not take this state */
+    cf_learner *d = state_learner(dls, 5, 1);
+    assert_int_equal(cf_learner_import_state(d, bytes, n), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "2 callbacks, this learner has 1"));
+    assert_null(d->opt);
+    free(bad);
+    free(w0);
+    free(bytes);
+    cf_learner_free(a);
+    cf_learner_free(b);
+    cf_learner_free(c);
+    cf_learner_free(d);
+    cf_dls_free(dls);
+}
+
+/* The optimizer's, the recorder's, lr_find's and the predictions' formats check what they read. */
+static void test_part_states_refuse_what_is_not_theirs(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(64, 32, 16);
+    cf_learner *a = state_learner(dls, 1, 0);
+    assert_int_equal(cf_learner_create_opt(a), CF_OK);
+    cf_model *other = fixture_model(2, false);
+    cf_optimizer *o2 = NULL;
+    cf_opt_config sgd = cf_opt_sgd_defaults();
+    assert_int_equal(cf_optimizer_new(&o2, other, &sgd), CF_OK);
+    size_t n = cf_optimizer_export(a->opt, NULL, 0);
+    unsigned char *buf = malloc(n);
+    assert_int_equal(cf_optimizer_export(a->opt, buf, n), n);
+    assert_int_equal(cf_optimizer_import(o2, buf, n), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "kind 1, 2 groups"));
+    assert_int_equal(cf_optimizer_import(a->opt, buf, n - 4), CF_ERR_INVALID);
+    assert_int_equal(cf_optimizer_import(a->opt, buf, n), CF_OK);
+    free(buf);
+    cf_optimizer_free(o2);
+    cf_model_free(other);
+
+    /* a recorder whose lrs count claims more than the bytes hold */
+    assert_int_equal(cf_fit(a, 1), CF_OK);
+    n = cf_recorder_export(&a->recorder, NULL, 0);
+    buf = malloc(n);
+    cf_recorder_export(&a->recorder, buf, n);
+    uint64_t lie = 1000000;
+    memcpy(buf + 8, &lie, sizeof lie);
+    cf_recorder r = {0};
+    assert_int_equal(cf_recorder_import(&r, buf, n), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "recorder state: offset 8: lrs count 1000000"));
+    assert_null(r.lrs);
+    free(buf);
+
+    cf_lr_find_result lr = {.n = 2,
+                            .lrs = (double[]){1e-3, 1e-2},
+                            .losses = (double[]){2, 1},
+                            .suggest = CF_SUGGEST_VALLEY,
+                            .valley = 3e-3};
+    n = cf_lr_find_result_export(&lr, NULL, 0);
+    buf = malloc(n);
+    cf_lr_find_result_export(&lr, buf, n);
+    cf_lr_find_result back = {0};
+    assert_int_equal(cf_lr_find_result_import(&back, buf, n), CF_OK);
+    assert_int_equal(back.n, 2);
+    assert_true(back.losses[1] == 1 && back.valley == 3e-3);
+    assert_int_equal(cf_lr_find_result_import(&back, buf, n - 1), CF_ERR_INVALID);
+    assert_int_equal(back.n, 2); /* unchanged */
+    cf_lr_find_result_free(&back);
+    free(buf);
+
+    cf_preds p = {0};
+    assert_int_equal(cf_get_preds(a, &p, .with_decoded = true, .with_loss = true), CF_OK);
+    n = cf_preds_export(&p, NULL, 0);
+    buf = malloc(n);
+    cf_preds_export(&p, buf, n);
+    cf_preds q = {0};
+    assert_int_equal(cf_preds_import(&q, buf, n), CF_OK);
+    assert_int_equal(q.n, p.n);
+    assert_memory_equal(q.preds.data, p.preds.data, cf_tensor_numel(&p.preds) * 4);
+    assert_memory_equal(q.decoded, p.decoded, (size_t)p.n * 8);
+    assert_memory_equal(q.losses, p.losses, (size_t)p.n * 4);
+    assert_int_equal(cf_preds_import(&q, buf, 20), CF_ERR_INVALID);
+    assert_int_equal(q.n, p.n);
+    cf_preds_free(&q);
+    cf_preds_free(&p);
+    free(buf);
+    cf_learner_free(a);
+    cf_dls_free(dls);
+}
+
 int main(void) {
     cf_set_num_threads(1);
     const struct CMUnitTest tests[] = {
@@ -540,6 +722,8 @@ int main(void) {
         cmocka_unit_test(test_get_preds_in_dataset_order),
         cmocka_unit_test(test_training_reduces_loss_and_records_history),
         cmocka_unit_test(test_recorder_files),
+        cmocka_unit_test(test_learner_state_round_trip_and_refusals),
+        cmocka_unit_test(test_part_states_refuse_what_is_not_theirs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -393,7 +393,8 @@ typedef struct fault_spec {
 
 static cf_status inject(cf_callback *cb, cf_learner *learn) {
     const fault_spec *f = cb->state;
-    if (!learn->comm || cf_comm_rank(learn->comm) != f->rank || learn->train_iter != f->batch)
+    if (!learn->replica.comm || cf_comm_rank(learn->replica.comm) != f->rank ||
+        learn->train_iter != f->batch)
         return CF_OK;
     switch (f->kind) {
     case FAULT_CRASH:

@@ -115,7 +115,7 @@ typedef struct fake {
 
 static void fake_init(fake *f) {
     memset(f, 0, sizeof *f);
-    f->learn.is_master = true;
+    f->learn.replica.is_master = true;
     f->learn.logging = true;
     f->learn.n_epoch = E;
     f->learn.recorder.metric_names = (char **)names;
@@ -238,7 +238,7 @@ static void test_quiet_cases(void **state) {
         FILE *table = tmpfile(), *bar = tmpfile();
         cf_callback *cb = cf_progress_cb_to(table, bar, c == 0 ? 1 : 0);
         f.learn.logging = c != 0;
-        f.learn.is_master = c == 0;
+        f.learn.replica.is_master = c == 0;
         drive(cb, &f, 2);
         char *got = read_all(table), *bars = read_all(bar);
         assert_string_equal(got, "");

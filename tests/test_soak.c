@@ -81,7 +81,7 @@ static cf_status strike(cf_learner *learn) {
          * interruption always lands while the supervisor waits. */
         if (write(g_pipe[1], "i", 1) != 1) return cf_fail(CF_ERR_IO, "pipe");
         for (int i = 0; i < 3000; i++) {
-            cf_comm_heartbeat(learn->comm);
+            cf_comm_heartbeat(learn->replica.comm);
             usleep(5000);
         }
         return cf_fail(CF_ERR_STATE, "SIGINT did not stop the group");
@@ -92,8 +92,8 @@ static cf_status strike(cf_learner *learn) {
 }
 
 static cf_status maybe_strike(cf_learner *learn, cf_event ev) {
-    if (g_plan.k == K_NONE || !learn->comm || cf_comm_rank(learn->comm) != g_plan.rank ||
-        ev != g_plan.ev)
+    if (g_plan.k == K_NONE || !learn->replica.comm ||
+        cf_comm_rank(learn->replica.comm) != g_plan.rank || ev != g_plan.ev)
         return CF_OK;
     if (ev != CF_EV_AFTER_FIT && (!learn->training || learn->train_iter != g_plan.batch))
         return CF_OK;

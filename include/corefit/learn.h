@@ -20,6 +20,8 @@
 #include "corefit/data.h"
 #include "corefit/nn.h"
 #include "corefit/optim.h"
+/* cf_par_opts, the options the parallel twins read, travels in every fit method's options. */
+#include "corefit/par.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -103,10 +105,15 @@ struct cf_callback {
     void *state;
     /* Frees state and the callback itself; NULL for callbacks the caller owns (static). */
     void (*free)(cf_callback *cb);
-    /* Copies what a parallel worker's instance learned back into the caller's instance
-     * (optional; e.g. the LR finder's suggestions). Serialised through `export`/`import`. */
+    /* The state a fit leaves in the callback (a tracker's best value, a counter), as bytes,
+     * so that it comes home from a parallel fit and is restored when a fit under MPI fails
+     * (both optional: NULL for callbacks whose state does not outlive a fit). export_state
+     * returns the bytes needed and writes them only when size is at least that (buf may be
+     * NULL to ask). import_state checks the bytes (a magic or version of the callback's own
+     * and the exact size) and returns CF_ERR_INVALID with a message naming the callback,
+     * offset and value when they are not its state, leaving the callback unchanged. */
     size_t (*export_state)(const cf_callback *cb, void *buf, size_t size);
-    void (*import_state)(cf_callback *cb, const void *buf, size_t size);
+    cf_status (*import_state)(cf_callback *cb, const void *buf, size_t size);
     bool running; /* internal: false after a callback asked to stop itself (fastai's run) */
 };
 
@@ -203,6 +210,13 @@ cf_status cf_recorder_write_json(const cf_recorder *rec, const char *path);
 /* Deep copy (dst is cleared first). */
 cf_status cf_recorder_copy(cf_recorder *dst, const cf_recorder *src);
 void cf_recorder_clear(cf_recorder *rec);
+/* The whole recorder as bytes (versioned format "CFRE" v1, host byte order: for moving state
+ * between processes of one program). Export returns the bytes needed and writes them only when
+ * size is at least that (buf may be NULL to ask). Import reads into a new recorder and replaces
+ * *rec only when every length was checked against size and the limits (1e9 batches, 1e6
+ * epochs, 1e4 columns); otherwise CF_ERR_INVALID naming the offset and value, *rec unchanged. */
+size_t cf_recorder_export(const cf_recorder *rec, void *buf, size_t size);
+cf_status cf_recorder_import(cf_recorder *rec, const void *buf, size_t size);
 
 /* ---- the Learner --------------------------------------------------------------------------- */
 
@@ -229,6 +243,22 @@ void cf_recorder_clear(cf_recorder *rec);
 typedef struct cf_learner_opts {
     CF_LEARNER_FIELDS;
 } cf_learner_opts;
+
+/* What makes a learner one replica of a data-parallel group. A single-process learner has
+ * comm NULL, is_master true, rank 0, world 1; the par layer sets the rest for a parallel call
+ * and restores these afterwards. */
+typedef struct cf_replica {
+    cf_comm *comm;            /* the group (NULL: single process) */
+    bool is_master;           /* rank 0 (or single process): prints, plots, runs master callbacks */
+    int rank, world;          /* this replica's shard of the data (world 1: the whole set), also */
+    cf_shard_mode shard_mode; /* applied to loaders made on the fly (get_preds) */
+    /* called by the loop at the end of every batch and epoch so that every replica agrees on a
+     * pending cancellation requested on any of them (NULL: single process) */
+    cf_status (*sync_cancel)(cf_learner *learn);
+    /* the OR of a flag over every replica, a collective: every replica must call it at the
+     * same point. Callbacks that must decide alike everywhere use it (NULL: single process) */
+    cf_status (*agree_any)(cf_learner *learn, bool flag, bool *any);
+} cf_replica;
 
 /* The state a fit exposes to callbacks (fastai's Learner attributes). */
 /* How a learner factory built the model: what cf_learner_export writes so that
@@ -296,21 +326,10 @@ struct cf_learner {
     cf_tensor dpred;
     float *per_item_loss;
     int64_t scratch_rows;
-    /* data-parallel group this learner is one replica of (NULL: single process) */
-    cf_comm *comm;
-    bool is_master; /* rank 0 (or single process): prints, plots, runs master callbacks */
-    /* Set by the par layer: called by the loop at the end of every batch and epoch so that
-     * every replica agrees on a pending cancellation requested on any of them. */
-    cf_status (*sync_cancel)(cf_learner *learn);
-    /* Set by the par layer: the OR of a flag over every replica (a collective: every replica
-     * must call it at the same point). Callbacks that must decide alike everywhere use it. */
-    cf_status (*agree_any)(cf_learner *learn, bool flag, bool *any);
-    void *par_state;
     bool validating; /* inside validate/get_preds: the Recorder keeps its history */
-    /* shard of this replica (world 1: the whole data set), applied to loaders made on the fly */
-    int shard_rank, shard_world;
-    cf_shard_mode shard_mode;
-    /* figures written during the fit (paths), so that a parallel fit can report them home */
+    /* the data-parallel group this learner is one replica of (set by the par layer) */
+    cf_replica replica;
+    /* figures written during fits (paths), oldest first: they come home from parallel fits */
     char **figures;
     int n_figures;
     cf_learner_recipe recipe;
@@ -418,75 +437,88 @@ cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *prob
 /* Records a figure written during a fit (used by plotting callbacks). */
 cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
 
+/* Everything a fit changes in a learner, as bytes (versioned format "CFLS" v1, host byte order):
+ * weights, buffers, which parameters are trainable, the optimizer (or its absence) with its
+ * state, the Recorder, final_record, the figure paths, and the state of every callback of the
+ * learner and of its master callbacks that has export_state (matched on import by position
+ * and name). This is what a parallel fit brings home and what a failed fit under MPI is rolled
+ * back to. Export returns the bytes needed and writes them only when size is at least that
+ * (buf may be NULL to ask). Import checks every length against size and this learner's model
+ * and callbacks and replaces the learner's state only when all of it reads back; on error it
+ * returns CF_ERR_INVALID naming the part, offset and value, and the learner is unchanged. */
+size_t cf_learner_export_state(const cf_learner *learn, void *buf, size_t size);
+cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t size);
+
 /* ---- fit methods --------------------------------------------------------------------------- */
 
-/* Options of the parallel twins (cf_par_X); ignored by the single-process methods. */
-/* CF_START_AUTO: mpi when the program was started by mpirun, else fork. */
-typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI, CF_START_AUTO } cf_start_method;
-typedef struct cf_par_opts {
-    int num_cores; /* 0: the cores this process may run on */
-    cf_start_method start_method;
-    cf_callback **master_cbs; /* run on rank 0 only for this call (taken over) */
-    int n_master_cbs;
-    bool split_batch;  /* cut each global batch across cores (results = 1 process) */
-    double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
-} cf_par_opts;
-
-/* Options shared by every fit method. */
-#define CF_FIT_COMMON                                                                              \
+/* Options shared by every fit method (validate and get_preds use cbs and par only). */
+#define CF_FIT_COMMON_FIELDS                                                                       \
     double wd;         /* 0: learner's wd, else the optimizer's default */                         \
     cf_callback **cbs; /* for this call only (taken over) */                                       \
     int n_cbs;                                                                                     \
     bool reset_opt;                                                                                \
     int start_epoch;                                                                               \
-    cf_par_opts par
+    cf_par_opts par /* the parallel twins' options (corefit/par.h); ignored by cf_X */
+typedef struct cf_fit_common {
+    CF_FIT_COMMON_FIELDS;
+} cf_fit_common;
+/* Every options struct begins with this member: its fields read directly (o->cbs, .par.num_cores
+ * = 8 in a call), and o->common is the same memory as a cf_fit_common, which is how the par layer
+ * handles every method alike (a union of structs with a common initial sequence). */
+#define CF_FIT_COMMON                                                                              \
+    union {                                                                                        \
+        cf_fit_common common;                                                                      \
+        struct {                                                                                   \
+            CF_FIT_COMMON_FIELDS;                                                                  \
+        };                                                                                         \
+    }
 
 typedef struct cf_fit_opts {
-    cf_lr lr; /* unset: learner's lr */
     CF_FIT_COMMON;
+    cf_lr lr; /* unset: learner's lr */
 } cf_fit_opts;
 
 typedef struct cf_one_cycle_opts {
+    CF_FIT_COMMON;
     cf_lr lr_max;       /* unset: learner's lr */
     double div;         /* 25 */
     double div_final;   /* 1e5 */
     double pct_start;   /* 0.25 */
     const double *moms; /* 3 values; NULL: learner's moms */
-    CF_FIT_COMMON;
 } cf_one_cycle_opts;
 
 typedef struct cf_flat_cos_opts {
+    CF_FIT_COMMON;
     cf_lr lr;         /* unset: learner's lr */
     double div_final; /* 1e5 */
     double pct_start; /* 0.75 */
-    CF_FIT_COMMON;
 } cf_flat_cos_opts;
 
 typedef struct cf_sgdr_opts {
+    CF_FIT_COMMON;
     cf_lr lr_max;   /* unset: learner's lr */
     int cycle_mult; /* 2 */
-    CF_FIT_COMMON;
 } cf_sgdr_opts;
 
 typedef struct cf_fine_tune_opts {
+    CF_FIT_COMMON;
     double base_lr;    /* 2e-3 */
     int freeze_epochs; /* 1 (-1 for none) */
     double lr_mult;    /* 100 */
     double pct_start;  /* 0.3 */
     double div;        /* 5 */
-    CF_FIT_COMMON;
 } cf_fine_tune_opts;
 
 /* lr_find suggestions (fastai's SuggestionMethod): a bit set. */
 enum { CF_SUGGEST_VALLEY = 1, CF_SUGGEST_SLIDE = 2, CF_SUGGEST_MINIMUM = 4, CF_SUGGEST_STEEP = 8 };
 
 typedef struct cf_lr_find_opts {
+    CF_FIT_COMMON;
     double start_lr;  /* 1e-7 */
     double end_lr;    /* 10 */
     int num_it;       /* 100 */
     bool no_stop_div; /* fastai's stop_div=False */
     int suggest;      /* bit set; 0: valley */
-    CF_FIT_COMMON;
 } cf_lr_find_opts;
 
 typedef struct cf_lr_find_result {
@@ -497,6 +529,10 @@ typedef struct cf_lr_find_result {
     double valley_loss, slide_loss, minimum_lr_at, minimum_loss, steep_loss; /* plot points */
 } cf_lr_find_result;
 void cf_lr_find_result_free(cf_lr_find_result *r);
+/* The result as bytes ("CFLF" v1) and back; conventions as cf_recorder_export/import (import
+ * replaces *r, freeing what it held, only when the bytes read back). */
+size_t cf_lr_find_result_export(const cf_lr_find_result *r, void *buf, size_t size);
+cf_status cf_lr_find_result_import(cf_lr_find_result *r, const void *buf, size_t size);
 
 cf_status cf_fit_(cf_learner *learn, int n_epoch, const cf_fit_opts *opts);
 cf_status cf_fit_one_cycle_(cf_learner *learn, int n_epoch, const cf_one_cycle_opts *opts);
@@ -519,22 +555,18 @@ void cf_lr_find_suggest(cf_lr_find_result *r, int num_it, int which);
 /* ---- validation and predictions ------------------------------------------------------------ */
 
 typedef struct cf_validate_opts {
+    CF_FIT_COMMON;
     bool train_set; /* fastai's ds_idx=0: the training set (default: validation) */
-    cf_callback **cbs;
-    int n_cbs;
-    cf_par_opts par;
 } cf_validate_opts;
 
 typedef struct cf_get_preds_opts {
+    CF_FIT_COMMON;
     bool train_set; /* fastai's ds_idx=0: the training set, in order, undropped (default:
                        the validation set) */
     bool with_input;
     bool with_decoded;
     bool with_loss;
     bool raw; /* true: no loss activation (fastai act=noop) */
-    cf_callback **cbs;
-    int n_cbs;
-    cf_par_opts par;
 } cf_get_preds_opts;
 
 /* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free. */
@@ -547,6 +579,10 @@ typedef struct cf_preds {
     float *losses;    /* with_loss: per-item loss */
 } cf_preds;
 void cf_preds_free(cf_preds *p);
+/* Predictions as bytes ("CFPR" v1) and back; conventions as cf_recorder_export/import (import
+ * replaces *p, freeing what it held, only when the bytes read back). */
+size_t cf_preds_export(const cf_preds *p, void *buf, size_t size);
+cf_status cf_preds_import(cf_preds *p, const void *buf, size_t size);
 
 /* Returns [valid_loss, metrics...] (n_values = 1 + n_metrics) in values (caller's array). */
 cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts *opts);

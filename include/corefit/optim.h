@@ -73,6 +73,14 @@ void cf_hyper_slice(double start, double stop, int n, double *out);
 cf_status cf_optimizer_copy_state(cf_optimizer *dst, const cf_optimizer *src);
 /* Size in floats of the optimizer state (grad_avg, sqr_avg, steps), for transfer. */
 size_t cf_optimizer_state_floats(const cf_optimizer *opt);
+/* The optimizer's state (hypers, moving averages, steps) as bytes, in a versioned format that
+ * names its kind and shape. Export returns the bytes needed and writes them only when size is
+ * at least that (buf may be NULL to ask); 0 for a NULL optimizer. Import checks the magic, the
+ * version, that kind, groups, weights and parameters match this optimizer and that size is
+ * exact; on any mismatch it returns CF_ERR_INVALID naming the offset and the values, and
+ * leaves the optimizer unchanged. */
+size_t cf_optimizer_export(const cf_optimizer *opt, void *buf, size_t size);
+cf_status cf_optimizer_import(cf_optimizer *opt, const void *buf, size_t size);
 
 #ifdef __cplusplus
 }

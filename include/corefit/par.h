@@ -154,8 +154,24 @@ void cf_results_release(cf_results *results);
 
 /* ---- the parallel twins of the fit methods ------------------------------------------------- */
 
+/* How the replicas of a parallel twin start. CF_START_AUTO: mpi when the program was started by
+ * mpirun, else fork. */
+typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI, CF_START_AUTO } cf_start_method;
+
+/* The options of the parallel twins: the .par member of every fit method's options (corefit/
+ * learn.h's cf_fit_common), ignored by the single-process methods. */
+struct cf_callback;
+typedef struct cf_par_opts {
+    int num_cores; /* worker processes (0: the cores this process may run on) */
+    cf_start_method start_method;
+    struct cf_callback **master_cbs; /* run on rank 0 only for this call (taken over) */
+    int n_master_cbs;
+    bool split_batch;  /* cut each global batch across cores (results = 1 process) */
+    double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
+} cf_par_opts;
+
 /* cf_par_X runs cf_X in every replica of a data-parallel group and brings everything home.
- * Same options as the single-process method, plus .par (cf_par_opts in corefit/learn.h):
+ * Same options as the single-process method, plus .par (cf_par_opts above):
  *   .par.num_cores    worker processes (0: the cores this process may run on);
  *   .par.start_method CF_START_FORK (the caller supervises forked workers), CF_START_MPI
  *                     (SPMD under mpirun: every rank calls the same method; see docs/mpi.md)

@@ -45,7 +45,7 @@ static void csv_close(csv_logger *c) {
 static cf_status csv_before_fit(cf_callback *cb, cf_learner *learn) {
     csv_logger *c = cb->state;
     csv_close(c); /* a fit that failed before after_fit left it open */
-    if (!learn->is_master || !learn->logging || learn->in_lr_find) return CF_OK;
+    if (!learn->replica.is_master || !learn->logging || learn->in_lr_find) return CF_OK;
     const char *base = learn->path && *learn->path ? learn->path : ".";
     int n = c->fname[0] == '/' ? snprintf(c->path, sizeof c->path, "%s", c->fname)
                                : snprintf(c->path, sizeof c->path, "%s/%s", base, c->fname);

@@ -89,7 +89,7 @@ cf_status cf_learner_new_(cf_learner **out, cf_dls *dls, cf_model *model,
     learn->model_dir = cf_strdup(o->model_dir ? o->model_dir : "models");
     learn->quiet = o->quiet;
     learn->seed = o->seed;
-    learn->is_master = true;
+    learn->replica = (cf_replica){.is_master = true, .world = 1};
     learn->logging = true;
     learn->metrics = cf_calloc((size_t)o->n_metrics + 1, sizeof *learn->metrics);
     if (!learn->path || !learn->model_dir || !learn->metrics) st = CF_ERR_NOMEM;

@@ -142,7 +142,7 @@ static cf_status do_one_batch(cf_learner *learn, void *ctx) {
 }
 
 static cf_status sync_cancel(cf_learner *learn) {
-    return learn->sync_cancel ? learn->sync_cancel(learn) : CF_OK;
+    return learn->replica.sync_cancel ? learn->replica.sync_cancel(learn) : CF_OK;
 }
 
 static cf_status all_batches(cf_learner *learn, void *ctx) {
@@ -229,13 +229,13 @@ typedef struct call_cbs {
 
 static cf_status activate(cf_learner *learn, call_cbs *call) {
     int total = call->n_defaults + learn->n_cbs + call->n_extra +
-                (learn->is_master ? learn->n_master_cbs : 0);
+                (learn->replica.is_master ? learn->n_master_cbs : 0);
     cf_callback **active = cf_calloc((size_t)total + 1, sizeof *active);
     if (!active) return CF_ERR_NOMEM;
     int n = 0;
     for (int i = 0; i < call->n_defaults; i++) active[n++] = call->defaults[i];
     for (int i = 0; i < learn->n_cbs; i++) active[n++] = learn->cbs[i];
-    if (learn->is_master)
+    if (learn->replica.is_master)
         for (int i = 0; i < learn->n_master_cbs; i++) active[n++] = learn->master_cbs[i];
     for (int i = 0; i < call->n_extra; i++) active[n++] = call->extra[i];
     sort_stable(active, n);
@@ -257,7 +257,7 @@ static void release_call(cf_learner *learn, call_cbs *call) {
 static cf_status make_defaults(cf_learner *learn, call_cbs *call) {
     call->defaults[call->n_defaults++] = cf__train_eval_cb();
     call->defaults[call->n_defaults++] = cf__recorder_cb();
-    if (!learn->quiet && learn->is_master && learn->logging)
+    if (!learn->quiet && learn->replica.is_master && learn->logging)
         call->defaults[call->n_defaults++] = cf_progress_cb();
     for (int i = 0; i < call->n_defaults; i++)
         if (!call->defaults[i]) return CF_ERR_NOMEM;

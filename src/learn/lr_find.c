@@ -248,3 +248,47 @@ cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_
     cf_lr_find_suggest(result, num_it, o->suggest);
     return CF_OK;
 }
+
+/* ---- the result as bytes ------------------------------------------------------------------- */
+
+static void put_lr_find_result(const void *obj, cf__writer *w) {
+    const cf_lr_find_result *r = obj;
+    cf__put_header(w, "CFLF", 1);
+    cf__put_array(w, r->lrs, r->n, sizeof(double));
+    cf__put_array(w, r->losses, r->n, sizeof(double));
+    cf__put_u64(w, (uint64_t)(uint32_t)r->suggest);
+    const double v[] = {r->valley,        r->slide,        r->minimum,
+                        r->steep,         r->valley_loss,  r->slide_loss,
+                        r->minimum_lr_at, r->minimum_loss, r->steep_loss};
+    cf__put(w, v, sizeof v);
+}
+
+size_t cf_lr_find_result_export(const cf_lr_find_result *r, void *buf, size_t size) {
+    return cf__export(put_lr_find_result, r, buf, size);
+}
+
+cf_status cf_lr_find_result_import(cf_lr_find_result *out, const void *buf, size_t size) {
+    cf__reader rd = cf__reader_make(buf, size, "lr_find result");
+    cf_lr_find_result t = {0};
+    int64_t n = 0, n2 = 0;
+    cf__get_header(&rd, "CFLF", 1);
+    t.lrs = cf__get_array(&rd, "lrs", INT32_MAX, sizeof(double), &n);
+    t.losses = cf__get_array(&rd, "losses", INT32_MAX, sizeof(double), &n2);
+    if (rd.st == CF_OK && n != n2)
+        cf__reader_fail(&rd, "%lld lrs and %lld losses differ", (long long)n, (long long)n2);
+    t.n = (int)n;
+    t.suggest = (int)cf__get_u64(&rd);
+    double v[9] = {0};
+    cf__get(&rd, v, sizeof v);
+    cf__get_end(&rd);
+    if (rd.st != CF_OK) {
+        cf_lr_find_result_free(&t);
+        return rd.st;
+    }
+    t.valley = v[0], t.slide = v[1], t.minimum = v[2], t.steep = v[3];
+    t.valley_loss = v[4], t.slide_loss = v[5], t.minimum_lr_at = v[6], t.minimum_loss = v[7];
+    t.steep_loss = v[8];
+    cf_lr_find_result_free(out);
+    *out = t;
+    return CF_OK;
+}

@@ -86,9 +86,9 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_datal
     opt.crop_pad = 0;
     opt.flip = false;
     cf_status st = cf_dataloader_new(cf_dataloader_dataset(like), &opt, out);
-    if (st == CF_OK && learn->shard_world > 1)
-        st =
-            cf_dataloader_set_shard(*out, learn->shard_rank, learn->shard_world, learn->shard_mode);
+    if (st == CF_OK && learn->replica.world > 1)
+        st = cf_dataloader_set_shard(*out, learn->replica.rank, learn->replica.world,
+                                     learn->replica.shard_mode);
     if (st != CF_OK) {
         cf_dataloader_free(*out);
         *out = NULL;
@@ -177,5 +177,97 @@ cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *de
             if (probs[c] > probs[best]) best = (int)c;
         *decoded = n == 1 ? probs[0] > 0.5f : best;
     }
+    return CF_OK;
+}
+
+/* ---- predictions as bytes ------------------------------------------------------------------ */
+
+static void put_tensor(cf__writer *w, const cf_tensor *t) {
+    bool present = t->data != NULL;
+    cf__put_u64(w, present);
+    if (!present) return;
+    cf__put_u64(w, (uint64_t)t->shape.ndim);
+    for (int i = 0; i < t->shape.ndim; i++) cf__put_u64(w, (uint64_t)t->shape.dim[i]);
+    cf__put_array(w, t->data, (int64_t)cf_tensor_numel(t), sizeof(float));
+}
+
+/* A tensor whose first dimension is n (or absent when optional). */
+static void get_tensor(cf__reader *r, const char *field, int64_t n, bool optional, cf_tensor *t) {
+    uint64_t present = cf__get_u64(r);
+    if (r->st != CF_OK) return;
+    if (!present) {
+        if (!optional) cf__reader_fail(r, "%s is missing", field);
+        return;
+    }
+    uint64_t ndim = cf__get_u64(r);
+    if (r->st == CF_OK && (ndim < 1 || ndim > CF_MAX_DIMS)) {
+        cf__reader_fail(r, "%s has %llu dimensions (1 to %d allowed)", field,
+                        (unsigned long long)ndim, CF_MAX_DIMS);
+        return;
+    }
+    int dims[CF_MAX_DIMS] = {0};
+    for (uint64_t i = 0; r->st == CF_OK && i < ndim; i++) {
+        uint64_t d = cf__get_u64(r);
+        if (r->st == CF_OK && (d > INT32_MAX || (i == 0 && d != (uint64_t)n)))
+            cf__reader_fail(r, "%s dimension %llu is %llu (%lld rows)", field,
+                            (unsigned long long)i, (unsigned long long)d, (long long)n);
+        dims[i] = (int)d;
+    }
+    if (r->st != CF_OK) return;
+    cf_shape shape = cf_shape_make((int)ndim, dims);
+    int64_t count = 0;
+    float *data = cf__get_array(r, field, INT64_MAX / 8, sizeof(float), &count);
+    if (r->st == CF_OK && (size_t)count != cf_shape_numel(&shape))
+        cf__reader_fail(r, "%s holds %lld values for a shape of %zu", field, (long long)count,
+                        cf_shape_numel(&shape));
+    if (r->st != CF_OK) {
+        cf_free(data);
+        return;
+    }
+    *t = cf_tensor_view(data, shape);
+}
+
+static void put_preds(const void *obj, cf__writer *w) {
+    const cf_preds *p = obj;
+    cf__put_header(w, "CFPR", 1);
+    cf__put_u64(w, (uint64_t)p->n);
+    put_tensor(w, &p->preds);
+    put_tensor(w, &p->targs);
+    put_tensor(w, &p->inputs);
+    cf__put_u64(w, p->decoded != NULL);
+    if (p->decoded) cf__put_array(w, p->decoded, p->n, sizeof(int64_t));
+    cf__put_u64(w, p->losses != NULL);
+    if (p->losses) cf__put_array(w, p->losses, p->n, sizeof(float));
+}
+
+size_t cf_preds_export(const cf_preds *p, void *buf, size_t size) {
+    return cf__export(put_preds, p, buf, size);
+}
+
+cf_status cf_preds_import(cf_preds *out, const void *buf, size_t size) {
+    cf__reader rd = cf__reader_make(buf, size, "predictions");
+    cf_preds t = {0};
+    cf__get_header(&rd, "CFPR", 1);
+    uint64_t n = cf__get_u64(&rd);
+    if (rd.st == CF_OK && n > INT32_MAX)
+        cf__reader_fail(&rd, "%llu rows exceed the %d allowed", (unsigned long long)n, INT32_MAX);
+    t.n = (int64_t)n;
+    get_tensor(&rd, "preds", t.n, false, &t.preds);
+    get_tensor(&rd, "targs", t.n, false, &t.targs);
+    get_tensor(&rd, "inputs", t.n, true, &t.inputs);
+    int64_t count = t.n;
+    if (cf__get_u64(&rd)) t.decoded = cf__get_array(&rd, "decoded", INT32_MAX, 8, &count);
+    if (rd.st == CF_OK && count != t.n)
+        cf__reader_fail(&rd, "%lld decoded rows for %lld", (long long)count, (long long)t.n);
+    if (cf__get_u64(&rd)) t.losses = cf__get_array(&rd, "losses", INT32_MAX, 4, &count);
+    if (rd.st == CF_OK && count != t.n)
+        cf__reader_fail(&rd, "%lld losses for %lld rows", (long long)count, (long long)t.n);
+    cf__get_end(&rd);
+    if (rd.st != CF_OK) {
+        cf_preds_free(&t);
+        return rd.st;
+    }
+    cf_preds_free(out);
+    *out = t;
     return CF_OK;
 }

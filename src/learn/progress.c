@@ -191,7 +191,7 @@ static cf_status pg_before_fit(cf_callback *cb, cf_learner *learn) {
     s->bar_shown = false;
     s->tty = false;
     s->table = false;
-    if (!learn->is_master) return CF_OK;
+    if (!learn->replica.is_master) return CF_OK;
     s->tty = s->tty_mode > 0 || (s->tty_mode < 0 && isatty(fileno(bar_file(s))));
     s->table = learn->logging && learn->recorder.n_names > 0;
     if (s->table) write_header(s, &learn->recorder);

@@ -359,3 +359,87 @@ cf_status cf_recorder_write_json(const cf_recorder *rec, const char *path) {
     if (fclose(f) != 0) return cf_fail(CF_ERR_IO, "writing %s failed", path);
     return CF_OK;
 }
+
+/* ---- the recorder as bytes ----------------------------------------------------------------- */
+
+#define REC_MAX_BATCHES ((int64_t)1000000000)
+#define REC_MAX_EPOCHS ((int64_t)1000000)
+#define REC_MAX_COLUMNS ((int64_t)10000)
+
+static void put_recorder(const void *obj, cf__writer *w) {
+    const cf_recorder *r = obj;
+    cf__put_header(w, "CFRE", 1);
+    cf__put_array(w, r->lrs, r->n_batches, sizeof(double));
+    cf__put_array(w, r->moms, r->n_batches, sizeof(double));
+    cf__put_array(w, r->losses, r->n_batches, sizeof(double));
+    cf__put_array(w, r->hp_lr, r->n_hps, sizeof(double));
+    cf__put_array(w, r->hp_mom, r->n_hps, sizeof(double));
+    cf__put_u64(w, (uint64_t)r->n_values);
+    cf__put_array(w, r->values, (int64_t)r->n_epochs * r->n_values, sizeof(double));
+    cf__put_array(w, r->iters, r->n_epochs, sizeof(int64_t));
+    cf__put_array(w, r->times, r->n_epochs, sizeof(double));
+    cf__put_u64(w, (uint64_t)r->n_names);
+    for (int i = 0; i < r->n_names; i++) cf__put_str(w, r->metric_names[i]);
+    cf__put_f64(w, r->smooth_val);
+    cf__put_u64(w, (uint64_t)r->smooth_count);
+}
+
+size_t cf_recorder_export(const cf_recorder *r, void *buf, size_t size) {
+    return cf__export(put_recorder, r, buf, size);
+}
+
+cf_status cf_recorder_import(cf_recorder *rec, const void *buf, size_t size) {
+    cf__reader rd = cf__reader_make(buf, size, "recorder state");
+    cf__reader *r = &rd;
+    cf_recorder t = {0};
+    int64_t n[5] = {0};
+    cf__get_header(r, "CFRE", 1);
+    t.lrs = cf__get_array(r, "lrs", REC_MAX_BATCHES, sizeof(double), &n[0]);
+    t.moms = cf__get_array(r, "moms", REC_MAX_BATCHES, sizeof(double), &n[1]);
+    t.losses = cf__get_array(r, "losses", REC_MAX_BATCHES, sizeof(double), &n[2]);
+    if (rd.st == CF_OK && (n[1] != n[0] || n[2] != n[0]))
+        cf__reader_fail(r, "%lld lrs, %lld moms and %lld losses differ", (long long)n[0],
+                        (long long)n[1], (long long)n[2]);
+    t.n_batches = n[0];
+    t.hp_lr = cf__get_array(r, "hp_lr", REC_MAX_BATCHES, sizeof(double), &n[3]);
+    t.hp_mom = cf__get_array(r, "hp_mom", REC_MAX_BATCHES, sizeof(double), &n[4]);
+    if (rd.st == CF_OK && n[4] != n[3])
+        cf__reader_fail(r, "%lld hp_lr and %lld hp_mom differ", (long long)n[3], (long long)n[4]);
+    t.n_hps = n[3];
+    t.batch_capacity = t.n_batches > t.n_hps ? t.n_batches : t.n_hps;
+    uint64_t n_values = cf__get_u64(r);
+    if (rd.st == CF_OK && n_values > (uint64_t)REC_MAX_COLUMNS)
+        cf__reader_fail(r, "%llu columns exceed the %lld allowed", (unsigned long long)n_values,
+                        (long long)REC_MAX_COLUMNS);
+    t.n_values = (int)n_values;
+    int64_t n_cells = 0, n_iters = 0, n_times = 0;
+    t.values =
+        cf__get_array(r, "values", REC_MAX_EPOCHS * REC_MAX_COLUMNS, sizeof(double), &n_cells);
+    t.iters = cf__get_array(r, "iters", REC_MAX_EPOCHS, sizeof(int64_t), &n_iters);
+    t.times = cf__get_array(r, "times", REC_MAX_EPOCHS, sizeof(double), &n_times);
+    if (rd.st == CF_OK && (n_times != n_iters || n_cells != n_iters * t.n_values))
+        cf__reader_fail(r,
+                        "%lld epochs of times, %lld of iters and %lld values for %d columns "
+                        "do not agree",
+                        (long long)n_times, (long long)n_iters, (long long)n_cells, t.n_values);
+    t.n_epochs = t.epoch_capacity = (int)n_iters;
+    int64_t n_names = cf__get_count(r, "metric names", REC_MAX_COLUMNS + 2, 8);
+    if (rd.st == CF_OK) {
+        t.metric_names = cf_calloc((size_t)n_names + 1, sizeof *t.metric_names);
+        if (!t.metric_names) rd.st = cf_fail(CF_ERR_NOMEM, "recorder state: metric names");
+    }
+    for (int64_t i = 0; rd.st == CF_OK && i < n_names; i++) {
+        t.metric_names[i] = cf__get_str(r, "metric name");
+        if (t.metric_names[i]) t.n_names++;
+    }
+    t.smooth_val = cf__get_f64(r);
+    t.smooth_count = (int64_t)cf__get_u64(r);
+    cf__get_end(r);
+    if (rd.st != CF_OK) {
+        cf_recorder_clear(&t);
+        return rd.st;
+    }
+    cf_recorder_clear(rec);
+    *rec = t;
+    return CF_OK;
+}

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "learn/internal.h"
+
 typedef enum tracker_kind { TK_SAVE_MODEL, TK_EARLY_STOPPING, TK_REDUCE_LR } tracker_kind;
 
 typedef struct tracker {
@@ -36,7 +38,7 @@ static const char *tracker_name(tracker_kind k) {
 }
 
 static bool speaks(const cf_learner *learn) {
-    return learn->is_master && !learn->quiet;
+    return learn->replica.is_master && !learn->quiet;
 }
 
 static bool lower_is_better(const tracker *t, const cf_learner *learn) {
@@ -177,6 +179,46 @@ static cf_status tr_after_fit(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
+/* What a tracker learned during a fit (its best value, patience used, whether it saved), so
+ * that it comes home from a parallel fit: "CFTR" v1, kind, then the fields below. */
+static void tr_put(const void *obj, cf__writer *w) {
+    const tracker *t = obj;
+    cf__put_header(w, "CFTR", 1);
+    const uint64_t u[] = {t->kind,
+                          t->active,
+                          t->lower,
+                          t->new_best,
+                          t->saved,
+                          (uint64_t)(int64_t)t->idx,
+                          (uint64_t)(int64_t)t->wait};
+    cf__put(w, u, sizeof u);
+    cf__put_f64(w, t->best);
+}
+
+static size_t tr_export(const cf_callback *cb, void *buf, size_t size) {
+    return cf__export(tr_put, cb->state, buf, size);
+}
+
+static cf_status tr_import(cf_callback *cb, const void *buf, size_t size) {
+    tracker *t = cb->state;
+    cf__reader r = cf__reader_make(buf, size, cb->name);
+    uint64_t u[7] = {0};
+    cf__get_header(&r, "CFTR", 1);
+    cf__get(&r, u, sizeof u);
+    double best = cf__get_f64(&r);
+    cf__get_end(&r);
+    if (r.st == CF_OK && u[0] != (uint64_t)t->kind) {
+        r.at = 8;
+        cf__reader_fail(&r, "the state of a %s, not of a %s", tracker_name((tracker_kind)u[0] % 3),
+                        tracker_name(t->kind));
+    }
+    if (r.st != CF_OK) return r.st;
+    t->active = u[1], t->lower = u[2], t->new_best = u[3], t->saved = u[4];
+    t->idx = (int)(int64_t)u[5], t->wait = (int)(int64_t)u[6];
+    t->best = best;
+    return CF_OK;
+}
+
 static void free_with_state(cf_callback *cb) {
     if (!cb) return;
     cf_free(cb->state);
@@ -226,6 +268,8 @@ static cf_callback *tracker_new(tracker_kind kind, const cf_tracker_opts *o) {
     cb->name = tracker_name(kind);
     cb->state = t;
     cb->free = free_with_state;
+    cb->export_state = tr_export;
+    cb->import_state = tr_import;
     cb->running = true;
     cb->on[CF_EV_BEFORE_FIT] = tr_before_fit;
     cb->on[CF_EV_AFTER_FIT] = tr_after_fit;
@@ -315,13 +359,13 @@ static cf_status nan_before_batch(cf_callback *cb, cf_learner *learn) {
  * batch: at before_step in training (after the local loss and gradients are known, before they
  * are all-reduced and stepped), at after_loss in validation. */
 static cf_status nan_agree(cf_learner *learn, bool *bad) {
-    return learn->agree_any ? learn->agree_any(learn, *bad, bad) : CF_OK;
+    return learn->replica.agree_any ? learn->replica.agree_any(learn, *bad, bad) : CF_OK;
 }
 
 static cf_status nan_after_loss(cf_callback *cb, cf_learner *learn) {
     if (!nan_applies(learn)) return CF_OK;
     bool bad = !isfinite(learn->loss_value);
-    if (learn->agree_any) {
+    if (learn->replica.agree_any) {
         if (learn->training) return CF_OK; /* decided at before_step */
         cf_status st = nan_agree(learn, &bad);
         if (st != CF_OK) return st;
@@ -330,7 +374,7 @@ static cf_status nan_after_loss(cf_callback *cb, cf_learner *learn) {
     char what[64];
     snprintf(what, sizeof what, "the loss is %s on a replica or here",
              isnan(learn->loss_value) ? "nan" : "not finite");
-    if (!learn->agree_any)
+    if (!learn->replica.agree_any)
         snprintf(what, sizeof what, "the loss is %s", isnan(learn->loss_value) ? "nan" : "inf");
     return nan_stop(learn, cb->state, what);
 }
@@ -350,7 +394,7 @@ static bool any_nonfinite(const float *x, size_t n) {
 static cf_status nan_before_step(cf_callback *cb, cf_learner *learn) {
     if (!nan_applies(learn)) return CF_OK;
     const cf_model *model = learn->model;
-    if (learn->agree_any) {
+    if (learn->replica.agree_any) {
         bool bad = !isfinite(learn->loss_value);
         for (int i = 0; i < model->n_params && !bad; i++) {
             const cf_param *p = model->params[i];

@@ -353,3 +353,81 @@ size_t cf_optimizer_state_floats(const cf_optimizer *opt) {
     if (opt->sqr_avg) n += opt->model->n_weights;
     return n;
 }
+
+/* ---- state as bytes ------------------------------------------------------------------------ */
+
+/* Format v1 (host byte order; for moving state between processes of one program):
+ *   u32 magic "CFOP", u32 version, u32 kind, u32 n_groups, u64 n_weights, u64 n_params,
+ *   u32 has_grad_avg, u32 has_sqr_avg, cf_hypers[n_groups] (5 doubles each),
+ *   f32 grad_avg[n_weights] (if present), f32 sqr_avg[n_weights] (if present),
+ *   f32 steps[n_params]. */
+#define OPT_MAGIC 0x504f4643u /* "CFOP" */
+#define OPT_VERSION 1u
+#define OPT_HEADER_BYTES (4 * 4 + 2 * 8 + 2 * 4)
+
+static size_t opt_state_bytes(const cf_optimizer *opt) {
+    return OPT_HEADER_BYTES + (size_t)opt->n_groups * sizeof(cf_hypers) +
+           cf_optimizer_state_floats(opt) * sizeof(float);
+}
+
+size_t cf_optimizer_export(const cf_optimizer *opt, void *buf, size_t size) {
+    if (!opt) return 0;
+    size_t need = opt_state_bytes(opt);
+    if (!buf || size < need) return need;
+    unsigned char *p = buf;
+    uint32_t u32[4] = {OPT_MAGIC, OPT_VERSION, (uint32_t)opt->config.kind, (uint32_t)opt->n_groups};
+    uint64_t u64[2] = {opt->model->n_weights, (uint64_t)opt->model->n_params};
+    uint32_t has[2] = {opt->grad_avg != NULL, opt->sqr_avg != NULL};
+    memcpy(p, u32, sizeof u32), p += sizeof u32;
+    memcpy(p, u64, sizeof u64), p += sizeof u64;
+    memcpy(p, has, sizeof has), p += sizeof has;
+    size_t hb = (size_t)opt->n_groups * sizeof(cf_hypers),
+           wb = opt->model->n_weights * sizeof(float);
+    memcpy(p, opt->hypers, hb), p += hb;
+    if (opt->grad_avg) memcpy(p, opt->grad_avg, wb), p += wb;
+    if (opt->sqr_avg) memcpy(p, opt->sqr_avg, wb), p += wb;
+    memcpy(p, opt->steps, (size_t)opt->model->n_params * sizeof(float));
+    return need;
+}
+
+cf_status cf_optimizer_import(cf_optimizer *opt, const void *buf, size_t size) {
+    if (!opt || (!buf && size))
+        return cf_fail(CF_ERR_INVALID, "optimizer state: NULL optimizer or buffer");
+    if (size < OPT_HEADER_BYTES)
+        return cf_fail(CF_ERR_INVALID,
+                       "optimizer state: %zu bytes, shorter than its %d-byte header", size,
+                       OPT_HEADER_BYTES);
+    const unsigned char *p = buf;
+    uint32_t u32[4], has[2];
+    uint64_t u64[2];
+    memcpy(u32, p, sizeof u32), p += sizeof u32;
+    memcpy(u64, p, sizeof u64), p += sizeof u64;
+    memcpy(has, p, sizeof has), p += sizeof has;
+    if (u32[0] != OPT_MAGIC)
+        return cf_fail(CF_ERR_INVALID, "optimizer state: offset 0: magic 0x%08x is not \"CFOP\"",
+                       u32[0]);
+    if (u32[1] != OPT_VERSION)
+        return cf_fail(CF_ERR_INVALID,
+                       "optimizer state: offset 4: version %u (this build reads %u)", u32[1],
+                       OPT_VERSION);
+    if (u32[2] != (uint32_t)opt->config.kind || u32[3] != (uint32_t)opt->n_groups ||
+        u64[0] != opt->model->n_weights || u64[1] != (uint64_t)opt->model->n_params ||
+        has[0] != (opt->grad_avg != NULL) || has[1] != (opt->sqr_avg != NULL))
+        return cf_fail(CF_ERR_INVALID,
+                       "optimizer state: offset 8: kind %u, %u groups, %llu weights, %llu "
+                       "parameters, averages %u/%u; this optimizer has kind %d, %d groups, %zu "
+                       "weights, %d parameters, averages %d/%d",
+                       u32[2], u32[3], (unsigned long long)u64[0], (unsigned long long)u64[1],
+                       has[0], has[1], (int)opt->config.kind, opt->n_groups, opt->model->n_weights,
+                       opt->model->n_params, opt->grad_avg != NULL, opt->sqr_avg != NULL);
+    size_t need = opt_state_bytes(opt);
+    if (size != need)
+        return cf_fail(CF_ERR_INVALID, "optimizer state: %zu bytes, expected %zu", size, need);
+    size_t hb = (size_t)opt->n_groups * sizeof(cf_hypers),
+           wb = opt->model->n_weights * sizeof(float);
+    memcpy(opt->hypers, p, hb), p += hb;
+    if (opt->grad_avg) memcpy(opt->grad_avg, p, wb), p += wb;
+    if (opt->sqr_avg) memcpy(opt->sqr_avg, p, wb), p += wb;
+    memcpy(opt->steps, p, (size_t)opt->model->n_params * sizeof(float));
+    return CF_OK;
+}

@@ -1,0 +1,72 @@
+/* Private to the par layer: how a parallel twin describes its fit method to the runners.
+ *
+ * A twin is one line in twins.c: it names the method, its options type and its argument. The
+ * runners (run_fork.c, run_mpi.c) know nothing of individual methods: they call `run` in every
+ * replica with a copy of the options whose common member (first in every options struct) holds
+ * the call's callbacks, and bring home the learner's state (cf_learner_export_state) and, for
+ * methods that return something, the output through its `home` description. */
+#ifndef CF_PAR_TWIN_H
+#define CF_PAR_TWIN_H
+
+#include "corefit/learn.h"
+#include "corefit/par.h"
+
+/* A method's output (lr_find's result, validate's values, get_preds' predictions). */
+typedef struct cf__par_output {
+    /* bytes of the output at *out, in the replica that computed it (rank 0) */
+    size_t (*export_fn)(const cf_learner *learn, const void *out, void *buf, size_t size);
+    /* reads them into *out in the caller (or another rank); out unchanged on error */
+    cf_status (*import_fn)(const cf_learner *learn, void *out, const void *buf, size_t size);
+    /* every rank, after the method: combines the ranks' partial outputs (NULL: none needed) */
+    cf_status (*combine)(cf_comm *comm, void *out);
+    void (*release)(void *out); /* frees an output after a failure (NULL: nothing owned) */
+    size_t clear_bytes;         /* zeroed at the start of the call */
+} cf__par_output;
+
+typedef struct cf__par_method {
+    /* runs the single-process method with (a copy of) the options and the call's arguments */
+    cf_status (*run)(cf_learner *learn, const void *opts, void *args);
+    const void *opts; /* the caller's options: a cf_fit_common first */
+    size_t opts_size;
+    void *args;                   /* the method's arguments (its output pointer first) */
+    const cf__par_output *output; /* NULL: the method returns nothing but the learner */
+} cf__par_method;
+
+/* The output pointer a method writes to (args point at it), or NULL. */
+static inline void *cf__par_out(const cf__par_method *m) {
+    return m->output ? *(void **)m->args : NULL;
+}
+
+/* The outputs of lr_find, validate and get_preds (home.c). */
+extern const cf__par_output cf__par_lr_find_output, cf__par_values_output, cf__par_preds_output;
+
+/* One call of a method in this process as one replica of comm's group (replica.c): joins the
+ * group (parallel callback, shards, agreement hooks), runs the method with the call's
+ * callbacks (cbs, and master_cbs on rank 0; all taken over), combines the output, and makes
+ * the learner a single-process learner again. opts is a private copy the call may change. */
+cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_method *method,
+                              void *opts, cf_callback **master_cbs, int n_master);
+
+/* What comes home (home.c): the envelope "CFHM" v1 = the outcome (CF_OK, or CF_ERR_NONFINITE
+ * when every replica stopped alike on a non-finite loss and the state is the last good one)
+ * with its message, the learner's state, and the output. Returns the bytes needed; writes them
+ * only when size is enough. */
+size_t cf__par_home_write(const cf_learner *learn, const cf__par_method *method, cf_status outcome,
+                          const char *outcome_msg, void *buf, size_t size);
+/* Reads an envelope into the learner and the output, all or nothing, and returns the outcome
+ * (with its message) or the error that kept it from reading. */
+cf_status cf__par_home_read(cf_learner *learn, const cf__par_method *method, const void *buf,
+                            size_t size);
+
+/* The runners: run the method in forked workers (run_fork.c) or as this MPI rank (run_mpi.c).
+ * Both take over the call's callbacks (opts' cbs and master_cbs) in every case. */
+cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
+                           const cf_fit_common *common);
+cf_status cf__par_run_mpi(cf_learner *learn, cf_comm *comm, const cf__par_method *method,
+                          const cf_fit_common *common);
+/* A private copy of the method's options (NULL: out of memory, error set). */
+void *cf__par_copy_opts(const cf__par_method *method);
+/* Frees the call's callbacks (those of opts' common member and its par.master_cbs). */
+void cf__par_free_call_cbs(const cf_fit_common *common);
+
+#endif
