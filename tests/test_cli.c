@@ -3,6 +3,8 @@
 #include "oracle.h"
 
 #include <cJSON.h>
+#include <signal.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -135,6 +137,16 @@ static void test_usage_errors(void **state) {
         {"train --idx /tmp --limit 10", 1, "no train-images-idx3-ubyte(.gz) in /tmp"},
         {"train --pretrained /nonexistent.safetensors", 1, "/nonexistent.safetensors"},
         {"train --metrics nonsense --limit 200 --bs 8", 2, "unknown --metrics name 'nonsense'"},
+        /* checked before any data is read (the folder does not exist) */
+        {"train --metrics foo --idx /nonexistent", 2, "unknown --metrics name 'foo'"},
+        {"train --csv t.csv --target y --cont a --regression --metrics accuracy", 2,
+         "unknown --metrics name 'accuracy' for a regression"},
+        {"train --cores 999", 2, "--cores expects a whole number in [1, 256], got '999'"},
+        {"train --cores 0", 2, "--cores expects a whole number in [1, 256]"},
+        {"train --csv t.csv --target y --cont a --regression --y-range 5,1", 2,
+         "--y-range expects LOW,HIGH with LOW < HIGH"},
+        {"train --y-range 0,1", 2, "--y-range is for --regression"},
+        {"lr-find --plot a.png --plots figs", 2, "give --plot FILE or --plots DIR, not both"},
         {"train --limit 100 --cores 2", 1, "100 samples: no full batch of 64 per process for 2"},
         {"lr-find --num-it 2", 2, "--num-it expects a whole number in [6,"},
         {"lr-find --start-lr 1 --end-lr 0.1", 2, "--end-lr 0.1 must exceed --start-lr 1"},
@@ -679,6 +691,167 @@ static void test_library_export_tabular(void **state) {
     cf_dls_free(dls);
 }
 
+/* ---- a newcomer's rough edges ------------------------------------------------------------- */
+
+/* More workers than cores: a warning before the data is read. */
+static void test_cores_warning(void **state) {
+    (void)state;
+    run_result r = run("train --cores 64 --limit 100");
+    if (!strstr(r.err, "warning: --cores 64 runs more worker processes than the"))
+        fail_msg("no warning: %s", r.err);
+    assert_true(strstr(r.err, "warning:") < strstr(r.err, "data:") || !strstr(r.err, "data:"));
+    run_free(&r);
+}
+
+/* lr-find takes --plots DIR as train does (the README's form). */
+static void test_lr_find_plots_dir(void **state) {
+    (void)state;
+    run_result r = run("lr-find --limit 320 --bs 16 --num-it 10 --cores 1 --plots lrdir");
+    expect(&r, 0, "valley: ", NULL);
+    run_free(&r);
+    if (cf_plot_available()) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/lrdir/lr_find.png", dir);
+        assert_true(is_png(path));
+    }
+}
+
+/* A diverged fit stops (TerminateOnNaN), fails, writes no model and leaves no empty log or
+ * figures folder behind. */
+static void test_diverged_fit_fails(void **state) {
+    (void)state;
+    run_result r = run("train --limit 256 --bs 32 --cores 1 --lr 1e9 --out nan.safetensors "
+                       "--csv-log nan.csv --plots nanfigs");
+    expect(&r, 1, NULL, "corefit train: training:");
+    assert_non_null(strstr(r.err, "no model written"));
+    char path[600];
+    snprintf(path, sizeof path, "%s/nan.safetensors", dir);
+    assert_false(file_exists(path));
+    snprintf(path, sizeof path, "%s/nan.csv", dir);
+    assert_false(file_exists(path));
+    snprintf(path, sizeof path, "%s/nanfigs", dir);
+    assert_false(file_exists(path));
+    run_free(&r);
+}
+
+/* Ctrl-C: the same in one process and under fork workers: a message, exit 130, and with
+ * --save-every-epoch the last completed epoch's model (one `corefit info` reads). */
+static void interrupt_run(const char *cores) {
+    char out[600], err[600], log[600], model[600];
+    snprintf(out, sizeof out, "%s/int_stdout.txt", dir);
+    snprintf(err, sizeof err, "%s/int_stderr.txt", dir);
+    snprintf(log, sizeof log, "%s/int_%s.csv", dir, cores);
+    snprintf(model, sizeof model, "%s/int_%s.safetensors", dir, cores);
+    unlink(log);
+    unlink(model);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0); /* Ctrl-C reaches the whole foreground process group */
+        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 1);
+        dup2(e, 2);
+        if (chdir(dir) != 0) _exit(99);
+        execl(COREFIT, COREFIT, "train", "--limit", "640", "--bs", "32", "--epochs", "200",
+              "--cores", cores, "--save-every-epoch", "--out", model, "--csv-log", log,
+              (char *)NULL);
+        _exit(98);
+    }
+    setpgid(pid, pid);
+    /* wait (liveness: while the process runs) until the log has an epoch in it */
+    for (;;) {
+        char *text = slurp(log);
+        int lines = 0;
+        for (const char *p = text; p && *p; p++) lines += *p == '\n';
+        free(text);
+        if (lines >= 2) break;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("corefit train ended early");
+        usleep(100000);
+    }
+    kill(-pid, SIGINT);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    char *e = slurp(err);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 130 ||
+        !strstr(e, "corefit train: interrupted (Ctrl-C)") ||
+        !strstr(e, "holds the model of the last completed epoch"))
+        fail_msg("--cores %s: status %d, stderr: %s", cores, status, e);
+    free(e);
+    run_result r = run("info %s", model);
+    expect(&r, 0, "arch:        mini-resnet", NULL);
+    run_free(&r);
+}
+
+static void test_interrupt(void **state) {
+    (void)state;
+    interrupt_run("1");
+    interrupt_run("2");
+}
+
+/* --quiet: no bars or messages, but the table and the results. */
+static void test_quiet_keeps_table(void **state) {
+    (void)state;
+    run_result r = run("train --limit 320 --bs 32 --cores 1 --quiet --out q.safetensors");
+    expect(&r, 0, "epoch     train_loss  valid_loss  accuracy  time", NULL);
+    assert_non_null(strstr(r.out, "result: "));
+    assert_null(strstr(r.err, "data:"));
+    run_free(&r);
+}
+
+/* Regression on the command line: targets far from 0 are learned (y_range), the table's columns
+ * stay apart, eval reports errors in the target's units. */
+static void test_regression(void **state) {
+    (void)state;
+    char csv[600];
+    snprintf(csv, sizeof csv, "%s/prices.csv", dir);
+    FILE *f = fopen(csv, "w");
+    fprintf(f, "rooms,area,price\n");
+    cf_rng rng;
+    cf_rng_seed(&rng, 11);
+    for (int i = 0; i < 400; i++) {
+        double area = 40 + cf_rng_uniform(&rng) * 100;
+        int rooms = 1 + (int)cf_rng_below(&rng, 5);
+        fprintf(f, "%d,%.2f,%.2f\n", rooms, area, 20000 + 100 * area + 1000 * rooms);
+    }
+    fclose(f);
+    run_result r = run("train --csv prices.csv --cat rooms --cont area --target price --regression "
+                       "--epochs 4 --cores 1 --bs 32 --lr 1e-2 --out price.safetensors");
+    expect(&r, 0, "model: price.safetensors", "y_range: [");
+    /* each row of the table: 5 separate fields (epoch, train_loss, valid_loss, mae, time) */
+    const char *h = strstr(r.out, "epoch     train_loss  valid_loss  mae       time");
+    if (!h) fail_msg("no table header: %s", r.out);
+    const char *row = strchr(h, '\n') + 1;
+    char a[64], b[64], c[64], d[64], e[64];
+    assert_int_equal(sscanf(row, "%63s %63s %63s %63s %63s", a, b, c, d, e), 5);
+    assert_non_null(strchr(e, ':')); /* the time column */
+    run_free(&r);
+    r = run("eval price.safetensors --csv prices.csv");
+    expect(&r, 0, "mae: ", NULL);
+    double mae = value_of(r.out, "mae");
+    assert_non_null(strstr(r.out, "_rmse: "));
+    /* the targets are 24000..36000: a model stuck near 0 would be ~30000 off */
+    if (!(mae < 3000)) fail_msg("mae %g:\n%s", mae, r.out);
+    run_free(&r);
+}
+
+/* eval on a flat class folder, and on a folder with only valid/. */
+static void test_eval_flat_folder(void **state) {
+    (void)state;
+    if (!model_path[0]) skip();
+    run_result r = run("eval ft.safetensors --images pics/valid");
+    expect(&r, 0, "samples: 8", NULL);
+    run_free(&r);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/onlyvalid' && cp -r '%s/pics/valid' '%s/onlyvalid/'",
+             dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    r = run("eval ft.safetensors --images onlyvalid");
+    expect(&r, 0, "samples: 8", NULL);
+    run_free(&r);
+}
+
 static int setup(void **state) {
     (void)state;
     test_tmpdir_make(dir, sizeof dir, "cf_cli_");
@@ -701,6 +874,13 @@ int main(void) {
         cmocka_unit_test(test_fine_tune_image_folder),
         cmocka_unit_test(test_library_export),
         cmocka_unit_test(test_library_export_tabular),
+        cmocka_unit_test(test_eval_flat_folder),
+        cmocka_unit_test(test_cores_warning),
+        cmocka_unit_test(test_lr_find_plots_dir),
+        cmocka_unit_test(test_diverged_fit_fails),
+        cmocka_unit_test(test_interrupt),
+        cmocka_unit_test(test_quiet_keeps_table),
+        cmocka_unit_test(test_regression),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,8 +6,9 @@
 
 #include <stdio.h>
 
-/* Exit statuses: 0 success, 1 a failure (a file, the data, a fit), 2 a usage error. */
-enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+/* Exit statuses: 0 success, 1 a failure (a file, the data, a fit), 2 a usage error, 130 stopped
+ * by Ctrl-C (the shell's 128 + SIGINT, with a message, in every mode). */
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_INTERRUPTED = 130 };
 
 /* ---- options ------------------------------------------------------------------------------- */
 

@@ -26,9 +26,13 @@ cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset 
     memcpy(o.mean, m->mean, sizeof o.mean);
     memcpy(o.std, m->std, sizeof o.std);
     if ((st = cf_dls_new(first, ds, &o, dls))) return st;
-    cf_metric *metrics[1] = {NULL};
+    cf_metric *metrics[2] = {NULL};
     int n_metrics = 0;
     if (!m->regression && m->recipe.n_out > 1) metrics[n_metrics++] = cf_accuracy();
+    if (m->regression) { /* valid_loss is the MSE; these are in the target's own units */
+        metrics[n_metrics++] = cf_mae();
+        metrics[n_metrics++] = cf_rmse();
+    }
     st = cf_learner_from_info(m, *dls, metrics, n_metrics, learn);
     if (st == CF_OK) st = cf_model_load((*learn)->model, NULL, path);
     if (st) {

@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -83,6 +84,15 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
                                      .channels = d->channels,
                                      .valid_pct = exists(tdir) ? 0 : d->valid_pct,
                                      .seed = d->seed};
+        if (d->eval && !exists(tdir)) {
+            /* eval: a folder with only valid/, or class folders directly, is read whole (the
+             * name below is one no folder has, so nothing is taken twice) */
+            char vdir[4096];
+            snprintf(vdir, sizeof vdir, "%s/valid", d->images);
+            o.train = exists(vdir) ? "valid" : ".";
+            o.valid = ".corefit-no-validation-folder";
+            o.valid_pct = 0;
+        }
         st = cf_datasets_from_image_folder(d->images, &o, train, valid);
         if (st == CF_OK && (*valid)->n == 0 && !d->eval)
             st = cf_fail(CF_ERR_FORMAT,
@@ -148,10 +158,16 @@ typedef struct train_args {
         *layers, *plot;
     int epochs, freeze_epochs, cores, threads, cycle_len, num_it;
     double wd, start_lr, end_lr, deadline;
-    bool show, quiet, split_batch;
+    bool show, quiet, split_batch, save_every_epoch;
+    const char *y_range;
 } train_args;
 
+/* The fork launcher's limit on worker processes (src/par/launch.c). */
+#define CLI_MAX_CORES 256
+
 static const char *const schedules[] = {"one-cycle", "flat-cos", "sgdr", "fine-tune"};
+
+static int check_metric_names(const char *cmd, const char *list, bool regression);
 
 static int check_args(const char *cmd, train_args *a, bool train) {
     cli_data *d = &a->data;
@@ -178,6 +194,28 @@ static int check_args(const char *cmd, train_args *a, bool train) {
                              tab ? "--arch tabular needs --csv data"
                                  : "--csv data needs --arch tabular");
     }
+    if (a->metrics) {
+        int rc = check_metric_names(cmd, a->metrics, d->regression);
+        if (rc) return rc;
+    }
+    if (a->y_range && !d->regression)
+        return cli_error(CLI_USAGE, cmd, "--y-range is for --regression");
+    if (a->y_range && strcmp(a->y_range, "auto") != 0 && strcmp(a->y_range, "none") != 0) {
+        double lo, hi;
+        char tail;
+        if (sscanf(a->y_range, "%lf,%lf%c", &lo, &hi, &tail) != 2 || !isfinite(lo) ||
+            !isfinite(hi) || !(lo < hi))
+            return cli_error(CLI_USAGE, cmd,
+                             "--y-range expects LOW,HIGH with LOW < HIGH, auto or none, got '%s'",
+                             a->y_range);
+    }
+    if (a->cores > 1 && (!a->start || strcmp(a->start, "mpi") != 0) &&
+        a->cores > cf_available_cores())
+        fprintf(stderr,
+                "corefit %s: warning: --cores %d runs more worker processes than the %d core%s "
+                "this process may use; they will share them and each step will wait for the "
+                "slowest\n",
+                cmd, a->cores, cf_available_cores(), cf_available_cores() == 1 ? "" : "s");
     if (a->start && strcmp(a->start, "fork") != 0 && strcmp(a->start, "mpi") != 0)
         return cli_error(CLI_USAGE, cmd, "--start must be fork or mpi, got '%s'", a->start);
     if (train) {
@@ -210,13 +248,38 @@ static int check_args(const char *cmd, train_args *a, bool train) {
     return CLI_OK;
 }
 
+static const char *const class_metrics[] = {"accuracy",  "error_rate", "top_5_accuracy",
+                                            "precision", "recall",     "f1_score"};
+static const char *const regression_metrics[] = {"mse", "mae", "rmse"};
+
+/* Checks --metrics names before any data is read (a regression is known from --regression). */
+static int check_metric_names(const char *cmd, const char *list, bool regression) {
+    strlist names = {0};
+    if (strlist_split(list, &names)) return cli_error(CLI_FAIL, cmd, "out of memory");
+    int rc = CLI_OK;
+    for (int i = 0; i < names.n && rc == CLI_OK; i++) {
+        bool ok = false;
+        const char *const *known = regression ? regression_metrics : class_metrics;
+        size_t n = regression ? 3 : 6;
+        for (size_t k = 0; k < n; k++) ok |= strcmp(names.v[i], known[k]) == 0;
+        if (!ok)
+            rc = cli_error(CLI_USAGE, cmd,
+                           "unknown --metrics name '%s' for a %s (classifiers: accuracy, "
+                           "error_rate, top_5_accuracy, precision, recall, f1_score; regression: "
+                           "mse, mae, rmse)",
+                           names.v[i], regression ? "regression" : "classifier");
+    }
+    strlist_free(&names);
+    return rc;
+}
+
 /* Metrics by name for a classifier or a regression. */
 static int make_metrics(const char *cmd, const char *list, int n_classes, cf_metric ***out,
                         int *n) {
     *out = NULL;
     *n = 0;
     strlist names = {0};
-    const char *def = n_classes > 0 ? "accuracy" : "";
+    const char *def = n_classes > 0 ? "accuracy" : "mae";
     if (strlist_split(list ? list : def, &names)) return cli_error(CLI_FAIL, cmd, "out of memory");
     cf_metric **m = cf_calloc((size_t)names.n + 1, sizeof *m);
     int k = 0, rc = CLI_OK;
@@ -380,6 +443,31 @@ static int setup(const char *cmd, train_args *a, session *s) {
         strlist layers = {0};
         cf_tabular_learner_opts to = {
             .metrics = metrics, .n_metrics = n_metrics, .seed = d->seed, .quiet = quiet};
+        if (d->regression && (!a->y_range || strcmp(a->y_range, "none") != 0)) {
+            /* fastai's y_range: a sigmoid squashes the output into [low, high], so the model
+             * starts near the targets' scale instead of near 0 */
+            double lo, hi;
+            if (a->y_range && strcmp(a->y_range, "auto") != 0) {
+                sscanf(a->y_range, "%lf,%lf", &lo, &hi);
+            } else { /* auto: the training targets' range, widened by 5% of it each side */
+                lo = INFINITY, hi = -INFINITY;
+                for (int64_t i = 0; i < train->n; i++) {
+                    lo = fmin(lo, train->y[i * train->target_dim]);
+                    hi = fmax(hi, train->y[i * train->target_dim]);
+                }
+                double pad = hi > lo ? 0.05 * (hi - lo) : fabs(hi) * 0.05 + 1;
+                lo -= pad;
+                hi += pad;
+            }
+            to.y_range = true;
+            to.y_lo = (float)lo;
+            to.y_hi = (float)hi;
+            if (!a->quiet && s->master)
+                fprintf(stderr, "y_range: [%g, %g]%s\n", lo, hi,
+                        a->y_range && strcmp(a->y_range, "auto") != 0
+                            ? ""
+                            : " (the training targets' range + 5%; --y-range to change)");
+        }
         if (a->layers) {
             if (strlist_split(a->layers, &layers)) return cli_error(CLI_FAIL, cmd, "out of memory");
             for (int i = 0; i < layers.n; i++) {
@@ -559,9 +647,9 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_INT,                                                                                    \
          &(a).cores,                                                                                 \
          "N",                                                                                        \
-         "worker processes (1: in-process) [all cores this process may use]",                        \
+         "worker processes, up to 256 (1: in-process) [all cores this process may use]",             \
          1,                                                                                          \
-         4096,                                                                                       \
+         CLI_MAX_CORES,                                                                              \
          0},                                                                                         \
         {"--start", OPT_STR, &(a).start, "METHOD", "fork (default) or mpi (under mpirun)", 0, 0, 0}, \
         {"--threads", OPT_INT, &(a).threads, "N", "threads of an in-process fit [all]", 1, 4096, 0}, \
@@ -581,10 +669,68 @@ static void print_suggestions(const cf_lr_find_result *r) {
          0,                                                                                          \
          0,                                                                                          \
          0},                                                                                         \
-        {"--quiet", OPT_FLAG, &(a).quiet, NULL, "no progress display", 0, 0, 0}, {                   \
+        {"--quiet",                                                                                  \
+         OPT_FLAG,                                                                                   \
+         &(a).quiet,                                                                                 \
+         NULL,                                                                                       \
+         "no progress bar or messages (the table and results stay)",                                 \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+    {                                                                                                \
         "--show", OPT_FLAG, &(a).show, NULL,                                                         \
             "draw the figures in the terminal (sixel, needs libsixel)", 0, 0, 0                      \
     }
+
+/* ---- stopping early: NaN, Ctrl-C --------------------------------------------------------------
+ */
+
+/* Set by SIGINT during an in-process fit; the callback below turns it into fastai's
+ * CancelFitException at the next batch, so both modes stop the same way. */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static cf_status stop_on_interrupt(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (interrupted) cf_learner_cancel(learn, CF_CANCEL_FIT);
+    return CF_OK;
+}
+
+static cf_callback interrupt_cb = {
+    .name = "interrupt", .order = -20, .on = {[CF_EV_AFTER_BATCH] = stop_on_interrupt}};
+
+/* --save-every-epoch: the model file (with its metadata) after every completed epoch (a master
+ * callback: rank 0 writes it). */
+static const char *epoch_model_path;
+static int epochs_saved;
+
+static cf_status save_epoch(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    cf_status st = cf_learner_export(learn, epoch_model_path);
+    if (st == CF_OK) epochs_saved++;
+    return st;
+}
+
+static cf_callback save_epoch_cb = {.name = "save_every_epoch",
+                                    .order = CF_ORDER_SAVE_MODEL,
+                                    .on = {[CF_EV_AFTER_EPOCH] = save_epoch}};
+
+/* After a fit that did not finish: no header-only log and no empty figures folder stay behind
+ * (a log with epochs in it does). */
+static void clean_up_partial(const char *csv_log, const char *plots, bool made_plots) {
+    if (csv_log) {
+        FILE *f = fopen(csv_log, "r");
+        int lines = 0, c;
+        while (f && (c = fgetc(f)) != EOF) lines += c == '\n';
+        if (f) fclose(f);
+        if (f && lines <= 1) unlink(csv_log);
+    }
+    if (plots && made_plots) rmdir(plots); /* only when empty */
+}
 
 static void train_usage(FILE *f, const cli_opt *opts) {
     fprintf(f,
@@ -632,6 +778,14 @@ int cmd_train(int argc, char **argv) {
          "write loss, schedule, metrics, lr_find and confusion-matrix PNGs here", 0, 0, 0},
         {"--csv-log", OPT_STR, &a.csv_log, "FILE",
          "fastai's CSVLogger: epoch,train_loss,valid_loss,<metrics>,time", 0, 0, 0},
+        {"--save-every-epoch", OPT_FLAG, &a.save_every_epoch, NULL,
+         "write --out after every epoch, so that a fit stopped by Ctrl-C or a NaN keeps the last "
+         "completed epoch's model (default: only a finished fit writes it)",
+         0, 0, 0},
+        {"--y-range", OPT_STR, &a.y_range, "LOW,HIGH",
+         "regression: squash outputs into [LOW, HIGH] (fastai's y_range); auto: the training "
+         "targets' range + 5%; none [auto]",
+         0, 0, 0},
         {0},
     };
     const char *pos[1];
@@ -659,6 +813,30 @@ int cmd_train(int argc, char **argv) {
             return cli_lib_error(cmd, "CSV logger");
         }
     }
+    /* fastai's TerminateOnNaN: a diverged fit stops and fails instead of saving NaN weights */
+    cf_callback *nan_cb = cf_terminate_on_nan_cb();
+    cf_callback *icb = &interrupt_cb;
+    if (!nan_cb || cf_learner_add_cb(learn, nan_cb) || cf_learner_add_cb(learn, icb)) {
+        session_free(&s);
+        return cli_lib_error(cmd, "callbacks");
+    }
+    if (a.save_every_epoch) {
+        cf_callback *cb = &save_epoch_cb;
+        epoch_model_path = a.out;
+        if (cf_learner_add_master_cbs(learn, &cb, 1)) {
+            session_free(&s);
+            return cli_lib_error(cmd, "--save-every-epoch");
+        }
+    }
+    if (a.quiet && s.master) { /* no bars or messages, but the table */
+        cf_callback *cb = cf_progress_cb_to(NULL, NULL, 0);
+        if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
+            session_free(&s);
+            return cli_lib_error(cmd, "progress table");
+        }
+    }
+    struct stat plots_sb;
+    bool made_plots = a.plots && s.master && stat(a.plots, &plots_sb) != 0;
     if (a.plots && s.master && mkdirs(a.plots)) {
         rc = cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
                        strerror(errno));
@@ -669,6 +847,13 @@ int cmd_train(int argc, char **argv) {
     char path[4096];
     double lr = fine_tune ? 2e-3 : 3e-3;
     double t0 = cf_now();
+    /* Ctrl-C: fork workers and MPI are stopped by the par layer (CF_ERR_INTERRUPTED); in this
+     * process the interrupt callback cancels the fit at the next batch */
+    struct stat out_before;
+    bool had_out = stat(a.out, &out_before) == 0;
+    struct sigaction sa = {.sa_handler = on_sigint}, old_sa;
+    sigemptyset(&sa.sa_mask);
+    bool own_sigint = !s.parallel && sigaction(SIGINT, &sa, &old_sa) == 0;
     if (a.lr && strcmp(a.lr, "auto") == 0) {
         cf_lr_find_result r;
         if ((rc = run_lr_find(cmd, &a, &s, &r))) {
@@ -710,9 +895,31 @@ int cmd_train(int argc, char **argv) {
                         : cf_fine_tune(learn, a.epochs, .base_lr = lr,
                                        .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1);
     double seconds = cf_now() - t0;
-    if (st) {
+    if (own_sigint) sigaction(SIGINT, &old_sa, NULL);
+    if (st || interrupted) {
+        bool stopped = interrupted || st == CF_ERR_INTERRUPTED;
+        if (stopped)
+            rc = cli_error(CLI_INTERRUPTED, cmd, "interrupted (Ctrl-C)");
+        else
+            rc = cli_lib_error(cmd, "training");
+        if (s.master) {
+            /* a worker process wrote it (its count stays there): look at the file */
+            struct stat now;
+            bool rewritten = stat(a.out, &now) == 0 &&
+                             (!had_out || now.st_mtim.tv_sec != out_before.st_mtim.tv_sec ||
+                              now.st_mtim.tv_nsec != out_before.st_mtim.tv_nsec ||
+                              now.st_ino != out_before.st_ino);
+            if (a.save_every_epoch && (epochs_saved > 0 || rewritten))
+                fprintf(stderr, "corefit %s: %s holds the model of the last completed epoch\n", cmd,
+                        a.out);
+            else
+                fprintf(stderr, "corefit %s: no model written%s\n", cmd,
+                        a.save_every_epoch ? " (no epoch completed)"
+                                           : " (--save-every-epoch keeps each completed epoch's)");
+            clean_up_partial(a.csv_log, a.plots, made_plots);
+        }
         session_free(&s);
-        return cli_lib_error(cmd, "training");
+        return rc;
     }
     /* predictions for the confusion matrix (every rank takes part under MPI) */
     cf_preds preds = {0};
@@ -803,6 +1010,8 @@ int cmd_lr_find(int argc, char **argv) {
         {"--end-lr", OPT_DOUBLE, &a.end_lr, "X", "last learning rate [10]", 1e-12, 1e6, 0},
         {"--num-it", OPT_INT, &a.num_it, "N", "batches in the sweep [100]", 6, 1000000, 0},
         {"--plot", OPT_STR, &a.plot, "FILE", "the figure [lr_find.png]", 0, 0, 0},
+        {"--plots", OPT_STR, &a.plots, "DIR", "write the figure as DIR/lr_find.png (as train)", 0,
+         0, 0},
         {0},
     };
     const char *pos[1];
@@ -817,6 +1026,17 @@ int cmd_lr_find(int argc, char **argv) {
     if (a.start_lr > 0 && a.end_lr > 0 && a.end_lr <= a.start_lr)
         return cli_error(CLI_USAGE, cmd, "--end-lr %g must exceed --start-lr %g", a.end_lr,
                          a.start_lr);
+    char plot_path[4096];
+    if (a.plots) {
+        for (const cli_opt *o = opts; o->name; o++)
+            if (o->dest == (void *)&a.plot && o->seen)
+                return cli_error(CLI_USAGE, cmd, "give --plot FILE or --plots DIR, not both");
+        if (mkdirs(a.plots))
+            return cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
+                             strerror(errno));
+        snprintf(plot_path, sizeof plot_path, "%s/lr_find.png", a.plots);
+        a.plot = plot_path;
+    }
     session s;
     if ((rc = setup(cmd, &a, &s))) {
         session_free(&s);

@@ -164,7 +164,9 @@ static void write_header(progress_state *s, const cf_recorder *rec) {
 
 static void write_cell(FILE *f, const char *t, int width) {
     int pad = 2 + width - (int)strlen(t);
-    fprintf(f, "%s%*s", t, pad > 0 ? pad : 0, "");
+    /* a value wider than its column still gets a space (fastprogress would run it into the
+     * next one) */
+    fprintf(f, "%s%*s", t, pad > 0 ? pad : 1, "");
 }
 
 static void write_row(progress_state *s, cf_learner *learn) {
