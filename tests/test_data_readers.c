@@ -143,6 +143,43 @@ static void test_idx(void **state) {
         expect_error(cf_dataset_from_idx(at("cut.gz"), at("lb"), &ds), CF_ERR_FORMAT, "truncated",
                      at("cut.gz"));
     }
+    {
+        /* A bad CRC-32 in the gzip trailer (the data itself complete): named as such, with the
+         * trailer's offset; a damaged byte in the compressed data: named as corrupt data. */
+        write_bytes(at("crc.gz"), im, nim, true);
+        struct stat sb;
+        assert_int_equal(stat(at("crc.gz"), &sb), 0);
+        FILE *f = fopen(at("crc.gz"), "r+b");
+        assert_non_null(f);
+        fseek(f, sb.st_size - 8, SEEK_SET);
+        int c = fgetc(f);
+        fseek(f, sb.st_size - 8, SEEK_SET);
+        fputc(c ^ 0xFF, f);
+        fclose(f);
+        char want[64];
+        snprintf(want, sizeof want, "trailer at byte offset %lld", (long long)sb.st_size - 8);
+        expect_error(cf_dataset_from_idx(at("crc.gz"), at("lb"), &ds), CF_ERR_FORMAT,
+                     "corrupt gzip file: incorrect data check", want);
+        assert_null(ds);
+        /* --limit: only the first images, raw and gzip'd. */
+        for (int gz = 0; gz < 2; gz++) {
+            write_bytes(at("im"), im, nim, gz);
+            write_bytes(at("lb"), lb, nlb, gz);
+            assert_int_equal(cf_dataset_from_idx_first(at("im"), at("lb"), 2, &ds), CF_OK);
+            assert_int_equal(ds->n, 2);
+            for (int i = 0; i < 12; i++) assert_true(fabsf(ds->x[i] - pix[i] / 255.0f) < 1e-7f);
+            for (int i = 0; i < 2; i++) assert_true(ds->y[i] == lab[i]);
+            cf_dataset_free(ds);
+            ds = NULL;
+        }
+        expect_error(cf_dataset_from_idx_first(at("im"), at("lb"), -1, &ds), CF_ERR_INVALID,
+                     "max_items = -1", NULL);
+        cf_idx first;
+        assert_int_equal(cf_idx_read_first(at("im"), 3, &first), CF_OK);
+        assert_int_equal(first.dim[0], 3);
+        assert_int_equal(memcmp(first.data, pix, 18), 0);
+        cf_idx_free(&first);
+    }
     /* Image/label count mismatch. */
     size_t n4 = make_idx(lb, 1, (uint32_t[]){4}, lab);
     write_bytes(at("lb4"), lb, n4, true);
@@ -450,7 +487,7 @@ static void test_image_folder_bad_input(void **state) {
     mkdirs("u/train/x");
     write_bytes(at("u/train/x/broken.png"), "\x89PNG\r\n\x1a\nnot really", 18, false);
     expect_error(cf_datasets_from_image_folder(at("u"), NULL, &tr, &va), CF_ERR_FORMAT,
-                 "u/train/x/broken.png", "cannot decode");
+                 "u/train/x/broken.png", "corrupt or truncated PNG image");
     /* A symbolic link that leads out of the root is refused unless asked for. */
     mkdirs("s/train/x");
     mkdirs("outside");
@@ -490,7 +527,22 @@ static void test_image_folder_bad_input(void **state) {
     /* In-memory decoding refuses garbage with the name. */
     float out[192];
     expect_error(cf_image_decode("abc", 3, "mem.png", 3, 8, out, NULL, NULL), CF_ERR_FORMAT,
-                 "mem.png", "cannot decode");
+                 "mem.png", "not an image corefit reads");
+    /* A truncated JPEG is named as one (stb_image's own last complaint is "bad png sig"). */
+    assert_true(stbi_write_jpg(at("t.jpg"), 8, 8, 3, a, 90));
+    FILE *jf = fopen(at("t.jpg"), "rb");
+    assert_non_null(jf);
+    uint8_t jpg[4096];
+    size_t jn = fread(jpg, 1, sizeof jpg, jf);
+    fclose(jf);
+    assert_true(jn > 200);
+    expect_error(cf_image_decode(jpg, jn / 2, "t.jpg", 3, 8, out, NULL, NULL), CF_ERR_FORMAT,
+                 "t.jpg", "corrupt or truncated JPEG image");
+    assert_int_equal(cf_image_decode(jpg, jn, "t.jpg", 3, 8, out, NULL, NULL), CF_OK);
+    /* cf_image_read: the same from a file, and a directory refused. */
+    assert_int_equal(cf_image_read(at("t.jpg"), 3, 8, out, NULL, NULL), CF_OK);
+    expect_error(cf_image_read(at("u"), 3, 8, out, NULL, NULL), CF_ERR_IO, at("u"),
+                 "is a directory");
 }
 #endif
 

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -301,8 +303,8 @@ static int absurd_sizes(char *msg, size_t n) {
         st = cf_image_decode(png, at, "huge.png", 3, 8, pix, &w, &h);
         EXPECT(st != CF_OK && st != CF_ERR_NOMEM, "PNG %u x %u: %s (%s)", sides[k], sides[k],
                cf_status_str(st), cf_last_error());
-        EXPECT(k == 0 || strstr(cf_last_error(), "10000"), "PNG: unclear message: %s",
-               cf_last_error());
+        EXPECT(strstr(cf_last_error(), k == 0 ? "100000 x 100000" : "10000 x 10000"),
+               "PNG: unclear message: %s", cf_last_error());
     }
 
     snprintf(msg, n, "IDX, safetensors, checkpoint and PNG headers refused (last: %s)",
@@ -315,6 +317,146 @@ static int absurd_sizes(char *msg, size_t n) {
 static void test_absurd_sizes_refused_before_allocation(void **state) {
     (void)state;
     in_child("absurd sizes", absurd_sizes);
+}
+
+/* ---- bounded readers ------------------------------------------------------------------------- */
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Writes an IDX image file (gzip'd): n x 28 x 28 bytes, image i filled with the byte i % 251
+ * (noisy: pseudo-random bytes, which do not compress). */
+static bool write_idx_gz(const char *path, uint32_t n_declared, uint32_t n_written, int ndim,
+                         bool noisy) {
+    gzFile gz = gzopen(path, "wb1");
+    if (!gz) return false;
+    unsigned char hdr[16] = {0, 0, 8, (unsigned char)ndim};
+    be32(hdr + 4, n_declared);
+    be32(hdr + 8, 28), be32(hdr + 12, 28);
+    bool ok = gzwrite(gz, hdr, 4 + 4 * ndim) == 4 + 4 * ndim;
+    unsigned char img[28 * 28];
+    uint64_t rng = 88172645463325252ull;
+    for (uint32_t i = 0; ok && i < n_written; i++) {
+        memset(img, (int)(i % 251), sizeof img);
+        for (size_t k = 0; noisy && k < sizeof img; k++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            img[k] = (unsigned char)(rng >> 32);
+        }
+        ok = gzwrite(gz, img, ndim == 1 ? 1 : sizeof img) > 0;
+    }
+    return gzclose(gz) == Z_OK && ok;
+}
+
+/* Every reader under an address-space limit: endless devices, FIFOs, directories, a gzip'd IDX
+ * file whose header promises far more than it holds, a --limit that reads only what it keeps,
+ * and a data set too large for the limit: each a clear error within seconds. */
+static int bounded_readers(char *msg, size_t n) {
+    char dir[] = "/tmp/cf_bounded_XXXXXX";
+    EXPECT(mkdtemp(dir), "mkdtemp");
+    char path[300], labels[300];
+    /* Written before the limit: 60000 images, 47 MB as bytes, 188 MB as float32. */
+    snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", dir);
+    snprintf(labels, sizeof labels, "%s/train-labels-idx1-ubyte.gz", dir);
+    EXPECT(write_idx_gz(path, 60000, 60000, 3, false) &&
+               write_idx_gz(labels, 60000, 60000, 1, false),
+           "writing the IDX files");
+    bool limited = can_limit_address_space();
+    if (limited) limit_address_space(600L << 20);
+    double t0 = seconds_now();
+    float pix[3 * 8 * 8];
+    int w = 0, h = 0;
+    cf_status st;
+
+    /* /dev/zero never ends: each reader stops at its limit. */
+    st = cf_image_read("/dev/zero", 3, 8, pix, &w, &h);
+    EXPECT(st == CF_ERR_FORMAT && strstr(cf_last_error(), "/dev/zero") &&
+               strstr(cf_last_error(), "limit"),
+           "image from /dev/zero: %s (%s)", cf_status_str(st), cf_last_error());
+    cf_csv_table *t = NULL;
+    st = cf_csv_read("/dev/zero", ',', &t);
+    EXPECT(st != CF_OK && !t && strstr(cf_last_error(), "/dev/zero"), "CSV from /dev/zero: %s (%s)",
+           cf_status_str(st), cf_last_error());
+    cf_st_file *sf = NULL;
+    st = cf_st_read("/dev/zero", &sf);
+    EXPECT(st != CF_OK && !sf && strstr(cf_last_error(), "/dev/zero"),
+           "safetensors from /dev/zero: %s (%s)", cf_status_str(st), cf_last_error());
+    /* A directory. */
+    st = cf_image_read(dir, 3, 8, pix, &w, &h);
+    EXPECT(st == CF_ERR_IO && strstr(cf_last_error(), "directory"), "directory: %s (%s)",
+           cf_status_str(st), cf_last_error());
+    /* A FIFO with a writer is read; one without is refused after a while instead of never. */
+    char fifo[320];
+    snprintf(fifo, sizeof fifo, "%s/table.csv", dir);
+    EXPECT(mkfifo(fifo, 0600) == 0, "mkfifo");
+    pid_t writer = fork();
+    if (writer == 0) {
+        FILE *f = fopen(fifo, "w");
+        if (f) fputs("a,b\n1,2\n3,4\n", f);
+        _exit(f && fclose(f) == 0 ? 0 : 1);
+    }
+    st = cf_csv_read(fifo, ',', &t);
+    waitpid(writer, NULL, 0);
+    EXPECT(st == CF_OK && t && t->n_rows == 2, "CSV from a FIFO with a writer: %s (%s)",
+           cf_status_str(st), cf_last_error());
+    cf_csv_table_free(t);
+    t = NULL;
+    double f0 = seconds_now();
+    st = cf_csv_read(fifo, ',', &t);
+    double waited = seconds_now() - f0;
+    EXPECT(st == CF_ERR_IO && strstr(cf_last_error(), "FIFO") && waited < 30,
+           "CSV from a FIFO nobody writes to: %s (%s) after %.1f s", cf_status_str(st),
+           cf_last_error(), waited);
+
+    /* A gzip'd IDX header that promises 10^6 images (784 MB) in a file that holds 1000 (of
+     * noise, so that the file is large enough for gzip to hold that much): the error is that it
+     * is truncated, not out of memory (the buffer grows with the data). */
+    char lie[320];
+    snprintf(lie, sizeof lie, "%s/lie-images-idx3-ubyte.gz", dir);
+    EXPECT(write_idx_gz(lie, 1000000, 1000, 3, true), "writing the lying file");
+    cf_idx idx;
+    st = cf_idx_read(lie, &idx);
+    EXPECT(st == CF_ERR_FORMAT && strstr(cf_last_error(), "truncated"),
+           "IDX promising more than it holds: %s (%s)", cf_status_str(st), cf_last_error());
+
+    /* The whole set needs 235 MB as float32 besides its bytes: fine. Its first 500 images
+     * (--limit) read only those. */
+    cf_dataset *ds = NULL;
+    st = cf_dataset_from_idx_first(path, labels, 500, &ds);
+    EXPECT(st == CF_OK && ds && ds->n == 500, "first 500: %s (%s)", cf_status_str(st),
+           cf_last_error());
+    size_t per = 28 * 28;
+    for (int64_t i = 0; i < ds->n; i++)
+        EXPECT(ds->x[i * per] == (float)((i % 251) / 255.0) && ds->y[i] == (float)(i % 251),
+               "first 500: sample %lld differs", (long long)i);
+    cf_dataset_free(ds);
+    ds = NULL;
+    if (limited) {
+        /* Under a limit that leaves less than the whole set needs: a clear error up front. */
+        limit_address_space(100L << 20);
+        st = cf_dataset_from_idx(path, labels, &ds);
+        EXPECT(st == CF_ERR_NOMEM && !ds && strstr(cf_last_error(), "MB") &&
+                   strstr(cf_last_error(), "ulimit -v"),
+               "a data set larger than the limit: %s (%s)", cf_status_str(st), cf_last_error());
+        st = cf_dataset_from_idx_first(path, labels, 500, &ds);
+        EXPECT(st == CF_OK && ds && ds->n == 500, "first 500 under 100 MB: %s (%s)",
+               cf_status_str(st), cf_last_error());
+        cf_dataset_free(ds);
+    }
+    double took = seconds_now() - t0 - waited;
+    EXPECT(took < 20 * test_time_scale(), "the readers took %.1f s", took);
+    snprintf(msg, n, "devices, FIFOs, a directory, a lying IDX header and --limit (last: %s)",
+             cf_last_error());
+    char cmd[340];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : 0;
+}
+
+static void test_bounded_readers(void **state) {
+    (void)state;
+    in_child("bounded readers", bounded_readers);
 }
 
 /* ---- non-finite values ----------------------------------------------------------------------- */
@@ -410,6 +552,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_absurd_sizes_refused_before_allocation),
+        cmocka_unit_test(test_bounded_readers),
         cmocka_unit_test(test_divergence_stops_with_last_good_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -198,33 +198,9 @@ static cf_status images_dataset(const cf_model_info *m, const char *const *files
     float *y = cf_calloc((size_t)n, sizeof(float));
     cf_status st = x && y ? CF_OK : CF_ERR_NOMEM;
     for (int i = 0; i < n && st == CF_OK; i++) {
-        FILE *f = fopen(files[i], "rb");
-        if (!f) {
-            st = cf_fail(CF_ERR_IO, "cannot open image %s: %s", files[i], strerror(errno));
-            break;
-        }
-        unsigned char *buf = NULL;
-        size_t len = 0, cap = 0;
-        for (;;) {
-            if (len == cap) {
-                cap = cap ? cap * 2 : 65536;
-                unsigned char *g = realloc(buf, cap);
-                if (!g) {
-                    st = CF_ERR_NOMEM;
-                    break;
-                }
-                buf = g;
-            }
-            size_t k = fread(buf + len, 1, cap - len, f);
-            if (k == 0) break;
-            len += k;
-        }
-        fclose(f);
         int w = m->width, h = m->height;
-        if (st == CF_OK)
-            st = cf_image_decode(buf, len, files[i], m->n_in, m->height == m->width ? m->height : 0,
-                                 x + (size_t)i * per, &w, &h);
-        free(buf);
+        st = cf_image_read(files[i], m->n_in, m->height == m->width ? m->height : 0,
+                           x + (size_t)i * per, &w, &h);
     }
     if (st == CF_OK)
         st =

@@ -106,7 +106,11 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
             (st = idx_file(dir, "t10k", "images", 3, vi, sizeof vi)) ||
             (st = idx_file(dir, "t10k", "labels", 1, vl, sizeof vl)))
             return st;
-        if ((st = cf_dataset_from_idx(ti, tl, train)) || (st = cf_dataset_from_idx(vi, vl, valid)))
+        /* --limit reads only the samples it keeps */
+        int64_t keep = d->limit > 0 ? d->limit : 0,
+                keep_valid = keep ? (keep / 5 ? keep / 5 : 1) : 0;
+        if ((st = cf_dataset_from_idx_first(ti, tl, keep, train)) ||
+            (st = cf_dataset_from_idx_first(vi, vl, keep_valid, valid)))
             goto fail;
         int nc =
             (*train)->n_classes > (*valid)->n_classes ? (*train)->n_classes : (*valid)->n_classes;

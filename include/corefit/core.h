@@ -49,6 +49,20 @@ void *cf_calloc(size_t count, size_t size);
 void cf_free(void *ptr);
 char *cf_strdup(const char *s);
 
+/* Whether `bytes` more may be allocated for `what`: CF_OK, or CF_ERR_NOMEM naming what, the size
+ * and the limit when it exceeds this process's address-space or data limit (ulimit -v / -d) or
+ * the machine's physical memory. Readers call it before an allocation sized by their input, so
+ * that a file that would need more memory than there is gets a clear error instead of a swap
+ * storm or the out-of-memory killer. */
+cf_status cf_memory_check(uint64_t bytes, const char *what);
+
+/* Reads a whole file into a new buffer (free with cf_free), NUL-terminated after *size bytes.
+ * A regular file larger than max_bytes is refused before anything is allocated; a pipe, FIFO,
+ * socket or character device (/dev/stdin, a process substitution, /dev/zero) is read up to
+ * max_bytes (at most 1 GiB) and refused beyond it; a FIFO that no writer opens within 10 s and a
+ * directory are refused. Errors name the path, the size and the limit. */
+cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *size);
+
 /* A bump allocator for activations. Two phases: a measuring pass (cf_arena_begin_measure, then
  * cf_arena_floats returns NULL and counts), then cf_arena_commit allocates the counted size and
  * a second identical pass hands out real pointers. Nothing is freed individually. */

@@ -83,11 +83,18 @@ typedef struct cf_idx {
 cf_status cf_idx_parse(const void *bytes, size_t size, const char *name, cf_idx *out);
 /* Reads an IDX file, gzip'd or raw (zlib's gzread reads both). */
 cf_status cf_idx_read(const char *path, cf_idx *out);
+/* The same for the first max_items items (dimension 0; 0: all): only their bytes are read and
+ * decompressed, and the rest of the file is not checked. */
+cf_status cf_idx_read_first(const char *path, int64_t max_items, cf_idx *out);
 void cf_idx_free(cf_idx *idx);
 
 /* IDX files, gzip'd or raw (idx3 images, idx1 labels), e.g. Fashion-MNIST. Pixels / 255; sample
  * shape (1, H, W) (idx2 images give (F)); n_classes = largest label + 1; vocab "0", "1", ... */
 cf_status cf_dataset_from_idx(const char *images_path, const char *labels_path, cf_dataset **out);
+/* The same for the first max_items samples only (0: all), reading only their bytes (a --limit
+ * that costs what it keeps). */
+cf_status cf_dataset_from_idx_first(const char *images_path, const char *labels_path,
+                                    int64_t max_items, cf_dataset **out);
 /* The same from two in-memory IDX images (for fuzzing and embedding). */
 cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, const void *labels,
                                      size_t labels_size, const char *name, cf_dataset **out);
@@ -110,6 +117,9 @@ typedef struct cf_image_folder_options {
  * w and h receive the decoded size). `name` is used in messages. */
 cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int channels, int size,
                           float *out, int *w, int *h);
+/* The same from a file, read with the image folders' limit on its size (256 MiB; a pipe or a
+ * device is read up to it, a FIFO nobody writes to is refused after 10 s). */
+cf_status cf_image_read(const char *path, int channels, int size, float *out, int *w, int *h);
 /* One subfolder per class (vocab sorted, from the training set). train and valid are new
  * datasets; *valid is empty (n 0) when valid_pct is 0 and there is no valid folder. */
 cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,

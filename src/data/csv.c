@@ -196,25 +196,10 @@ fail:
 cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out) {
     if (!out || !path) return cf_fail(CF_ERR_INVALID, "cf_csv_read: NULL argument");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > CF_CSV_MAX_BYTES) {
-        fclose(f);
-        return cf_fail(CF_ERR_IO, "%s: not a regular file or larger than %lld bytes", path,
-                       (long long)CF_CSV_MAX_BYTES);
-    }
-    char *buf = cf_malloc((size_t)sb.st_size + 1);
-    if (!buf) {
-        fclose(f);
-        return cf_fail_context(CF_ERR_NOMEM, "%s", path);
-    }
-    size_t got = fread(buf, 1, (size_t)sb.st_size, f);
-    fclose(f);
-    if (got != (size_t)sb.st_size) {
-        cf_free(buf);
-        return cf_fail(CF_ERR_IO, "%s: read %zu of %lld bytes", path, got, (long long)sb.st_size);
-    }
+    char *buf;
+    size_t got;
+    cf_status rd = cf_read_file(path, (size_t)CF_CSV_MAX_BYTES, (void **)&buf, &got);
+    if (rd != CF_OK) return rd;
     cf_status st = cf_csv_parse_buffer(buf, got, path, delimiter, out);
     cf_free(buf);
     return st;

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -125,8 +126,58 @@ static const char *gz_why(gzFile f) {
     return msg;
 }
 
-cf_status cf_idx_read(const char *path, cf_idx *out) {
-    if (!out || !path) return cf_fail(CF_ERR_INVALID, "cf_idx_read: NULL argument");
+/* When a short read was zlib finding damage rather than the end of the file, records that
+ * error and returns true: a gzip trailer whose CRC-32 or length does not match the data (zlib
+ * checks it as soon as it has inflated the last block, which for a small file is during the
+ * first read), or corrupt compressed data. */
+static bool gz_corrupt(gzFile f, const char *path, long long file_size, cf_status *st) {
+    int err = 0;
+    const char *msg = gzerror(f, &err);
+    if (err != Z_DATA_ERROR) return false;
+    size_t plen = strlen(path);
+    if (msg && strncmp(msg, path, plen) == 0 && strncmp(msg + plen, ": ", 2) == 0)
+        msg += plen + 2; /* zlib's message starts with the path */
+    if (msg && strstr(msg, "check"))
+        *st = cf_fail(CF_ERR_FORMAT,
+                      "%s: corrupt gzip file: %s (the trailer at byte offset %lld does not match "
+                      "the data)",
+                      path, msg, file_size - 8);
+    else
+        *st = cf_fail(CF_ERR_FORMAT, "%s: corrupt gzip data: %s (near compressed byte offset %lld)",
+                      path, msg ? msg : "?", (long long)gzoffset(f));
+    return true;
+}
+
+/* Reads into a buffer that grows with the data actually decompressed (doubling from 1 MiB up
+ * to n): a header that promises more than the file holds costs only what the file holds.
+ * Returns the bytes read, or -1 with the error recorded. */
+static int64_t gz_read_growing(gzFile f, const char *path, uint8_t **buf, int64_t n) {
+    int64_t cap = 0, done = 0;
+    *buf = NULL;
+    while (done < n) {
+        if (done == cap) {
+            int64_t next = cap ? cap * 2 : (int64_t)1 << 20;
+            if (next > n) next = n;
+            if (cf_memory_check((uint64_t)next, path) != CF_OK) return -1;
+            uint8_t *g = realloc(*buf, (size_t)next);
+            if (!g) {
+                cf_fail(CF_ERR_NOMEM, "%s: out of memory decompressing %lld bytes", path,
+                        (long long)next);
+                return -1;
+            }
+            *buf = g;
+            cap = next;
+        }
+        int64_t got = gz_read_all(f, *buf + done, cap - done);
+        done += got;
+        if (done < cap) break;
+    }
+    return done;
+}
+
+/* Reads the file's header and the data of its first max_items items (all when max_items is 0).
+ * Only what is kept is decompressed and allocated. */
+static cf_status idx_read(const char *path, int64_t max_items, cf_idx *out) {
     memset(out, 0, sizeof *out);
     struct stat sb;
     if (stat(path, &sb) != 0)
@@ -138,19 +189,22 @@ cf_status cf_idx_read(const char *path, cf_idx *out) {
     cf_idx tmp = {0};
     cf_status st = CF_OK;
     uint8_t hdr[20];
+    long long fsize = (long long)sb.st_size;
     int64_t got = gz_read_all(f, hdr, 4);
-    if (got < 4) {
+    if (got < 4 && !gz_corrupt(f, path, fsize, &st)) {
         st = cf_fail(CF_ERR_FORMAT, "%s: truncated: %lld bytes, the magic number needs 4 (%s)",
                      path, (long long)got, gz_why(f));
         goto done;
     }
+    if (st) goto done;
     int ndim;
     if ((st = check_magic(hdr, path, &ndim))) goto done;
     int64_t hdr_size = 4 + 4 * (int64_t)ndim;
     got = gz_read_all(f, hdr + 4, hdr_size - 4);
     if (got < hdr_size - 4) {
-        st = cf_fail(CF_ERR_FORMAT, "%s: truncated header at byte offset %lld (%s)", path,
-                     (long long)(4 + got), gz_why(f));
+        if (!gz_corrupt(f, path, fsize, &st))
+            st = cf_fail(CF_ERR_FORMAT, "%s: truncated header at byte offset %lld (%s)", path,
+                         (long long)(4 + got), gz_why(f));
         goto done;
     }
     int64_t max_bytes;
@@ -174,28 +228,46 @@ cf_status cf_idx_read(const char *path, cf_idx *out) {
                      path, (long long)max_bytes, (long long)numel);
         goto done;
     }
-    tmp.data = cf_malloc((size_t)numel);
-    if (!tmp.data) {
-        st = cf_fail_context(CF_ERR_NOMEM, "%s", path);
+    int64_t keep = numel;
+    if (max_items > 0 && max_items < tmp.dim[0]) {
+        keep = numel / tmp.dim[0] * max_items;
+        tmp.dim[0] = max_items;
+    }
+    if (raw) {
+        if ((st = cf_memory_check((uint64_t)keep, path))) goto done;
+        tmp.data = cf_malloc((size_t)keep);
+        if (!tmp.data) {
+            st = cf_fail_context(CF_ERR_NOMEM, "%s", path);
+            goto done;
+        }
+        got = gz_read_all(f, tmp.data, keep);
+    } else {
+        got = gz_read_growing(f, path, &tmp.data, keep);
+        if (got < 0) {
+            st = CF_ERR_NOMEM;
+            goto done;
+        }
+    }
+    if (got < keep) {
+        if (!gz_corrupt(f, path, fsize, &st))
+            st = cf_fail(CF_ERR_FORMAT,
+                         "%s: truncated: data ends at byte offset %lld%s, the header promises "
+                         "%lld (%s)",
+                         path, (long long)(hdr_size + got), raw ? "" : " (uncompressed)",
+                         (long long)(hdr_size + numel), gz_why(f));
         goto done;
     }
-    got = gz_read_all(f, tmp.data, numel);
-    if (got < numel) {
-        st = cf_fail(CF_ERR_FORMAT,
-                     "%s: truncated: data ends at byte offset %lld%s, the header promises %lld "
-                     "(%s)",
-                     path, (long long)(hdr_size + got), raw ? "" : " (uncompressed)",
-                     (long long)(hdr_size + numel), gz_why(f));
-        goto done;
-    }
+    if (keep < numel) goto done; /* the rest is neither read nor checked */
     uint8_t extra;
-    if (gzread(f, &extra, 1) == 1) {
+    int more = gzread(f, &extra, 1);
+    if (more == 1) {
         st = cf_fail(CF_ERR_FORMAT,
                      "%s: unexpected data after byte offset %lld (the end of the "
                      "data its header describes)",
                      path, (long long)(hdr_size + numel));
         goto done;
     }
+    if (more < 0 && gz_corrupt(f, path, fsize, &st)) goto done;
 done:
     gzclose(f);
     if (st) {
@@ -204,6 +276,19 @@ done:
     }
     *out = tmp;
     return CF_OK;
+}
+
+cf_status cf_idx_read(const char *path, cf_idx *out) {
+    if (!out || !path) return cf_fail(CF_ERR_INVALID, "cf_idx_read: NULL argument");
+    return idx_read(path, 0, out);
+}
+
+cf_status cf_idx_read_first(const char *path, int64_t max_items, cf_idx *out) {
+    if (!out || !path) return cf_fail(CF_ERR_INVALID, "cf_idx_read_first: NULL argument");
+    if (max_items < 0)
+        return cf_fail(CF_ERR_INVALID, "cf_idx_read_first: max_items = %lld (must be >= 0)",
+                       (long long)max_items);
+    return idx_read(path, max_items, out);
 }
 
 /* Builds a dataset from parsed image and label files. */
@@ -224,6 +309,9 @@ static cf_status dataset_from_parsed(const cf_idx *im, const cf_idx *lb, const c
         return cf_fail(CF_ERR_FORMAT, "%s has %lld images but %s has %lld labels", im_name,
                        (long long)im->dim[0], lb_name, (long long)lb->dim[0]);
     int64_t n = im->dim[0];
+    cf_status st = cf_memory_check(
+        ((uint64_t)n * cf_shape_numel(&shape) + (uint64_t)n) * sizeof(float), im_name);
+    if (st != CF_OK) return st;
     cf_dataset *ds = cf__dataset_alloc(n, shape, 1);
     if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", im_name);
     size_t numel = (size_t)n * cf_shape_numel(&shape);
@@ -251,17 +339,25 @@ static cf_status dataset_from_parsed(const cf_idx *im, const cf_idx *lb, const c
     return CF_OK;
 }
 
-cf_status cf_dataset_from_idx(const char *images_path, const char *labels_path, cf_dataset **out) {
+cf_status cf_dataset_from_idx_first(const char *images_path, const char *labels_path,
+                                    int64_t max_items, cf_dataset **out) {
     if (!out || !images_path || !labels_path)
         return cf_fail(CF_ERR_INVALID, "cf_dataset_from_idx: NULL argument");
     *out = NULL;
+    if (max_items < 0)
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_from_idx_first: max_items = %lld (must be >= 0)",
+                       (long long)max_items);
     cf_idx im = {0}, lb = {0};
-    cf_status st = cf_idx_read(images_path, &im);
-    if (!st) st = cf_idx_read(labels_path, &lb);
+    cf_status st = idx_read(images_path, max_items, &im);
+    if (!st) st = idx_read(labels_path, max_items, &lb);
     if (!st) st = dataset_from_parsed(&im, &lb, images_path, labels_path, out);
     cf_idx_free(&im);
     cf_idx_free(&lb);
     return st;
+}
+
+cf_status cf_dataset_from_idx(const char *images_path, const char *labels_path, cf_dataset **out) {
+    return cf_dataset_from_idx_first(images_path, labels_path, 0, out);
 }
 
 cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, const void *labels,

@@ -69,6 +69,43 @@ static int64_t jpeg_bad_huffman_table(const uint8_t *b, size_t n) {
     return -1;
 }
 
+/* The format the first bytes announce ("PNG", "JPEG", "BMP"), or NULL. stb_image tries every
+ * decoder in turn and reports the last one's complaint ("bad png sig" for a truncated JPEG): the
+ * messages name the format the file claims instead. */
+static const char *image_kind(const uint8_t *b, size_t n) {
+    if (n >= 8 && memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0) return "PNG";
+    if (n >= 2 && b[0] == 0xFF && b[1] == 0xD8) return "JPEG";
+    if (n >= 2 && b[0] == 'B' && b[1] == 'M') return "BMP";
+    return NULL;
+}
+
+/* Width and height from a PNG's IHDR chunk (bytes 16..23), so that an oversized PNG is named as
+ * such; false when the header is not there. */
+static bool png_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h) {
+    if (n < 24 || memcmp(b + 12, "IHDR", 4) != 0) return false;
+    *w = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
+    *h = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
+    return true;
+}
+
+/* The error for data stb_image could not read. */
+static cf_status undecodable(const uint8_t *b, size_t n, const char *name) {
+    const char *kind = image_kind(b, n);
+    uint32_t pw, ph;
+    if (kind && strcmp(kind, "PNG") == 0 && png_size(b, n, &pw, &ph) &&
+        (uint64_t)pw * ph > (uint64_t)CF_IMAGE_MAX_PIXELS)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: PNG image size %u x %u (byte offset 16) refused (more than %lld "
+                       "pixels)",
+                       name, pw, ph, (long long)CF_IMAGE_MAX_PIXELS);
+    if (kind)
+        return cf_fail(CF_ERR_FORMAT, "%s: corrupt or truncated %s image (%zu bytes)", name, kind,
+                       n);
+    return cf_fail(CF_ERR_FORMAT,
+                   "%s: not an image corefit reads (%zu bytes; PNG, JPEG or BMP expected)", name,
+                   n);
+}
+
 cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int channels, int size,
                           float *out, int *w, int *h) {
     if (!name) name = "image";
@@ -90,9 +127,7 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
             "%s: corrupt JPEG: Huffman table at byte offset %lld has more than 256 codes", name,
             (long long)bad);
     int iw = 0, ih = 0, comp = 0;
-    if (!stbi_info_from_memory(bytes, (int)n, &iw, &ih, &comp))
-        return cf_fail(CF_ERR_FORMAT, "%s: cannot decode image (%zu bytes): %s", name, n,
-                       stbi_failure_reason() ? stbi_failure_reason() : "unknown format");
+    if (!stbi_info_from_memory(bytes, (int)n, &iw, &ih, &comp)) return undecodable(bytes, n, name);
     if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > CF_IMAGE_MAX_PIXELS)
         return cf_fail(CF_ERR_FORMAT, "%s: image size %d x %d refused (more than %lld pixels)",
                        name, iw, ih, (long long)CF_IMAGE_MAX_PIXELS);
@@ -103,9 +138,7 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
                        iw, ih, expect_w, expect_h);
     int dw = 0, dh = 0, dc = 0;
     unsigned char *pix = stbi_load_from_memory(bytes, (int)n, &dw, &dh, &dc, channels);
-    if (!pix)
-        return cf_fail(CF_ERR_FORMAT, "%s: cannot decode image (%zu bytes): %s", name, n,
-                       stbi_failure_reason() ? stbi_failure_reason() : "unknown error");
+    if (!pix) return undecodable(bytes, n, name);
     if (dw != iw || dh != ih) {
         stbi_image_free(pix);
         return cf_fail(CF_ERR_FORMAT, "%s: decoded size %d x %d differs from the header's %d x %d",
@@ -334,30 +367,18 @@ static cf_status collect(const char *dir, const char *root_real, bool follow, ch
 }
 
 static cf_status read_file(const char *path, unsigned char **data, size_t *size) {
-    *data = NULL;
-    *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || sb.st_size > CF_IMAGE_MAX_FILE) {
-        fclose(f);
-        return cf_fail(CF_ERR_FORMAT, "%s: file of %lld bytes refused (limit %lld)", path,
-                       (long long)sb.st_size, (long long)CF_IMAGE_MAX_FILE);
-    }
-    unsigned char *buf = cf_malloc((size_t)sb.st_size + 1);
-    if (!buf) {
-        fclose(f);
-        return cf_fail_context(CF_ERR_NOMEM, "%s", path);
-    }
-    size_t got = fread(buf, 1, (size_t)sb.st_size, f);
-    fclose(f);
-    if (got != (size_t)sb.st_size) {
-        cf_free(buf);
-        return cf_fail(CF_ERR_IO, "%s: read %zu of %lld bytes", path, got, (long long)sb.st_size);
-    }
-    *data = buf;
-    *size = got;
-    return CF_OK;
+    return cf_read_file(path, CF_IMAGE_MAX_FILE, (void **)data, size);
+}
+
+cf_status cf_image_read(const char *path, int channels, int size, float *out, int *w, int *h) {
+    if (!path) return cf_fail(CF_ERR_INVALID, "cf_image_read: NULL path");
+    unsigned char *data;
+    size_t n;
+    cf_status st = read_file(path, &data, &n);
+    if (st != CF_OK) return st;
+    st = cf_image_decode(data, n, path, channels, size, out, w, h);
+    cf_free(data);
+    return st;
 }
 
 /* Decodes the items into a new dataset. w and h carry the common size when opt size is 0. */
@@ -374,9 +395,9 @@ static cf_status build(const items *it, int channels, int size, int *w, int *h, 
         int comp;
         int ok = n <= INT_MAX && stbi_info_from_memory(data, (int)n, w, h, &comp);
         if (!ok) {
+            st = undecodable(data, n, it->v[0].path);
             cf_free(data);
-            return cf_fail(CF_ERR_FORMAT, "%s: cannot decode image (%zu bytes): %s", it->v[0].path,
-                           n, stbi_failure_reason() ? stbi_failure_reason() : "?");
+            return st;
         }
         if ((int64_t)*w * *h > CF_IMAGE_MAX_PIXELS) {
             cf_free(data);
@@ -387,6 +408,9 @@ static cf_status build(const items *it, int channels, int size, int *w, int *h, 
         if (*w <= 0) return cf_fail(CF_ERR_FORMAT, "%s: cannot read the image size", it->v[0].path);
     }
     int ow = size ? size : (*w > 0 ? *w : 1), oh = size ? size : (*h > 0 ? *h : 1);
+    cf_status check = cf_memory_check(
+        (uint64_t)it->n * (uint64_t)channels * (uint64_t)oh * (uint64_t)ow * sizeof(float), source);
+    if (check != CF_OK) return check;
     cf_dataset *ds = cf__dataset_alloc(it->n, cf_shape_make(3, (int[]){channels, oh, ow}), 1);
     if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", source);
     size_t per = cf_shape_numel(&ds->sample_shape);

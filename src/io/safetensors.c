@@ -30,6 +30,7 @@
 #define CF_ST_MAX_HEADER ((uint64_t)100 << 20) /* 100 MiB of JSON is already absurd */
 #define CF_ST_MAX_OFFSET 9007199254740992.0    /* 2^53: exact in a JSON double */
 #define CF_ST_CHUNK 65536                      /* bytes converted at a time when writing */
+#define CF_ST_MAX_FILE ((size_t)1 << 36)       /* 64 GiB: refused before reading */
 
 static const char *dtype_name(cf_dtype d) {
     return d == CF_DTYPE_I64 ? "I64" : "F32";
@@ -441,48 +442,10 @@ cf_status cf_st_read(const char *path, cf_st_file **out) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_st_read: NULL out");
     *out = NULL;
     if (!path) return cf_fail(CF_ERR_INVALID, "cf_st_read: NULL path");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return cf_fail(CF_ERR_IO, "cannot stat %s: %s", path, strerror(err));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return cf_fail(CF_ERR_IO, "%s is not a regular file", path);
-    }
-    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX / 2) {
-        close(fd);
-        return cf_fail(CF_ERR_NOMEM, "%s: %lld bytes is too large to read", path,
-                       (long long)sb.st_size);
-    }
-    size_t size = (size_t)sb.st_size;
-    unsigned char *buf = cf_malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return cf_fail_context(CF_ERR_NOMEM, "reading %s", path);
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int err = errno;
-            close(fd);
-            cf_free(buf);
-            return cf_fail(CF_ERR_IO, "reading %s at byte %zu: %s", path, got, strerror(err));
-        }
-        if (r == 0) {
-            close(fd);
-            cf_free(buf);
-            return cf_fail(CF_ERR_IO, "%s shrank while being read (%zu of %zu bytes)", path, got,
-                           size);
-        }
-        got += (size_t)r;
-    }
-    close(fd);
+    void *buf;
+    size_t size;
+    cf_status rd = cf_read_file(path, CF_ST_MAX_FILE, &buf, &size);
+    if (rd != CF_OK) return rd;
     cf_status st = cf_st_parse(buf, size, path, out);
     cf_free(buf);
     return st;
