@@ -2,7 +2,9 @@
  *
  * The callback (fastai's Callback with before_fit / after_batch / after_epoch) counts the
  * training batches, keeps the largest loss it saw, and prints a line after each epoch; it runs in
- * every replica of a parallel fit but prints on the master only. The metric ("true_prob", the mean
+ * every replica of a parallel fit but prints on the master only. It exports and imports its
+ * state, so that what rank 0's copy counted comes home to the caller's callback after a
+ * parallel fit (and is restored when a fit under MPI fails). The metric ("true_prob", the mean
  * probability the model gives the true class) is an AvgMetric: a function of one batch, averaged
  * over samples, reduced across cores by the par layer.
  *
@@ -14,6 +16,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHECK(call)                                                                                \
     do {                                                                                           \
@@ -75,6 +78,32 @@ static cf_status stats_after_epoch(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
+/* The state as bytes: a magic and version of its own, then the two fields. import_state checks
+ * them, so bytes meant for another callback are refused instead of misread. */
+#define STATS_MAGIC 0x31535442u /* "BTS1" */
+typedef struct stats_bytes {
+    unsigned magic;
+    batch_stats stats;
+} stats_bytes;
+
+static size_t stats_export(const cf_callback *cb, void *buf, size_t size) {
+    if (buf && size >= sizeof(stats_bytes)) {
+        stats_bytes b = {STATS_MAGIC, *(const batch_stats *)cb->state};
+        memcpy(buf, &b, sizeof b);
+    }
+    return sizeof(stats_bytes);
+}
+
+static cf_status stats_import(cf_callback *cb, const void *buf, size_t size) {
+    stats_bytes b;
+    if (size != sizeof b) return cf_fail(CF_ERR_INVALID, "BatchStats: %zu bytes of state", size);
+    memcpy(&b, buf, sizeof b);
+    if (b.magic != STATS_MAGIC)
+        return cf_fail(CF_ERR_INVALID, "BatchStats: offset 0: magic 0x%08x", b.magic);
+    *(batch_stats *)cb->state = b.stats;
+    return CF_OK;
+}
+
 static void stats_free(cf_callback *cb) {
     free(cb->state);
     free(cb);
@@ -88,6 +117,8 @@ static cf_callback *batch_stats_cb(void) {
     cb->skip_valid = true; /* after_batch counts training batches only */
     cb->state = calloc(1, sizeof(batch_stats));
     cb->free = stats_free;
+    cb->export_state = stats_export;
+    cb->import_state = stats_import;
     cb->on[CF_EV_BEFORE_FIT] = stats_before_fit;
     cb->on[CF_EV_AFTER_BATCH] = stats_after_batch;
     cb->on[CF_EV_AFTER_EPOCH] = stats_after_epoch;
@@ -134,6 +165,10 @@ int main(int argc, char **argv) {
 
     /* The callback travels with the learner into every worker. */
     CHECK(cf_par_fit_one_cycle(learn, epochs, .lr_max = CF_LR(3e-3)));
+    /* ... and its state came home from rank 0 */
+    const batch_stats *s = learn->cbs[0]->state;
+    printf("callback: %ld training batches on rank 0, worst batch loss %.4f\n", s->batches,
+           s->worst_loss);
     const cf_recorder *rec = &learn->recorder;
     const double *last = rec->values + (size_t)(rec->n_epochs - 1) * rec->n_values;
     printf("final: accuracy %.4f, true_prob %.4f\n", last[2], last[3]);

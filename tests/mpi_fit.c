@@ -5,8 +5,12 @@
  *                   same state, and rank 0 repeats the same calls with start_method fork and
  *                   the same world size and seed, and checks that everything agrees to 1e-6.
  *   mpi_fit hosts   the same, one rank per host (tests/netns_two_hosts.sh).
+ *                   The callbacks' state (trackers, a user's counter) is rank 0's everywhere
+ *                   and equals fork's.
  *   mpi_fit fail R  rank R's callback fails mid-fit: every rank returns an error at once (the
- *                   others "rank R failed: ..."), then the group runs another fit normally;
+ *                   others "rank R failed: ..."), every rank's learner is byte for byte its
+ *                   state before the call (weights, optimizer, Recorder, callbacks' state),
+ *                   then the group runs another fit normally;
  *                   ranks calling different collectives get an error, not a hang.
  *   mpi_fit hang    rank 1 stops answering: rank 0's collective passes its deadline and the
  *                   job ends (MPI_Abort) with a message; the ctest expects that message.
@@ -114,6 +118,59 @@ static void check_same_everywhere(cf_comm *comm, const char *what, const void *d
     free(mine);
 }
 
+/* A user's callback with state: training batches and epochs seen. */
+typedef struct tally {
+    int64_t batches, epochs;
+} tally;
+static cf_status tally_batch(cf_callback *cb, cf_learner *learn) {
+    if (learn->training) ((tally *)cb->state)->batches++;
+    return CF_OK;
+}
+static cf_status tally_epoch(cf_callback *cb, cf_learner *learn) {
+    (void)learn;
+    ((tally *)cb->state)->epochs++;
+    return CF_OK;
+}
+static size_t tally_export(const cf_callback *cb, void *buf, size_t size) {
+    if (buf && size >= sizeof(tally)) memcpy(buf, cb->state, sizeof(tally));
+    return sizeof(tally);
+}
+static cf_status tally_import(cf_callback *cb, const void *buf, size_t size) {
+    if (size != sizeof(tally)) return cf_fail(CF_ERR_INVALID, "Tally: %zu bytes", size);
+    memcpy(cb->state, buf, sizeof(tally));
+    return CF_OK;
+}
+static void tally_free(cf_callback *cb) {
+    free(cb->state);
+    free(cb);
+}
+static cf_callback *tally_cb(void) {
+    cf_callback *cb = calloc(1, sizeof *cb);
+    cb->name = "Tally";
+    cb->state = calloc(1, sizeof(tally));
+    cb->free = tally_free;
+    cb->export_state = tally_export;
+    cb->import_state = tally_import;
+    cb->on[CF_EV_AFTER_BATCH] = tally_batch;
+    cb->on[CF_EV_AFTER_EPOCH] = tally_epoch;
+    return cb;
+}
+
+/* Trackers and a tally on the learner, a tally among its master callbacks. */
+static void add_stateful_cbs(cf_learner *learn) {
+    OK(cf_learner_add_cb(learn, cf_early_stopping_cb(.patience = 5)));
+    OK(cf_learner_add_cb(learn, cf_reduce_lr_on_plateau_cb(.monitor = "accuracy", .patience = 1)));
+    OK(cf_learner_add_cb(learn, tally_cb()));
+    cf_callback *m[] = {tally_cb()};
+    OK(cf_learner_add_master_cbs(learn, m, 1));
+}
+
+static size_t cb_state(const cf_callback *cb, unsigned char *buf, size_t size) {
+    size_t n = cb->export_state(cb, buf, size);
+    CHECK(n <= size, "%s: state of %zu bytes", cb->name, n);
+    return n;
+}
+
 typedef struct outcome {
     cf_learner *learn;
     cf_lr_find_result lr;
@@ -208,8 +265,21 @@ static int equivalence(cf_comm *comm) {
     }
     /* the Recorder of the fit (before lr_find replaced it) on a fresh run: epoch values */
     outcome again = {.learn = make_learner(dls, 21)};
+    add_stateful_cbs(again.learn);
     OK(cf_par_fit_one_cycle(again.learn, 2, .lr_max = CF_LR(1e-2),
                             .par.start_method = CF_START_AUTO));
+    /* the callbacks' state is rank 0's on every rank */
+    cf_callback *cbs[] = {again.learn->cbs[0], again.learn->cbs[1], again.learn->cbs[2],
+                          again.learn->master_cbs[0]};
+    unsigned char st_mpi[4][128];
+    size_t n_mpi[4];
+    for (int i = 0; i < 4; i++) {
+        n_mpi[i] = cb_state(cbs[i], st_mpi[i], sizeof st_mpi[i]);
+        check_same_everywhere(comm, cbs[i]->name, st_mpi[i], n_mpi[i]);
+    }
+    const tally *t = cbs[2]->state;
+    CHECK(t->epochs == 2 && t->batches > 0, "tally: %lld epochs, %lld batches",
+          (long long)t->epochs, (long long)t->batches);
     check_same_everywhere(comm, "epoch values", again.learn->recorder.values,
                           (size_t)again.learn->recorder.n_epochs * 3 * sizeof(double));
     CHECK(again.learn->recorder.n_epochs == 2 && again.learn->recorder.n_values == 3,
@@ -217,7 +287,25 @@ static int equivalence(cf_comm *comm) {
           again.learn->recorder.n_values);
     if (rank == 0) {
         cf_learner *f = make_learner(dls, 21);
+        add_stateful_cbs(f);
         OK(cf_par_fit_one_cycle(f, 2, .lr_max = CF_LR(1e-2), .par.num_cores = world));
+        /* and equal to what fork brings home: trackers' fields exactly, their best to 1e-6 */
+        cf_callback *fc[] = {f->cbs[0], f->cbs[1], f->cbs[2], f->master_cbs[0]};
+        for (int i = 0; i < 4; i++) {
+            unsigned char st_fork[128];
+            size_t n = cb_state(fc[i], st_fork, sizeof st_fork);
+            CHECK(n == n_mpi[i], "%s: %zu bytes of state, fork %zu", fc[i]->name, n_mpi[i], n);
+            size_t exact = i < 2 ? 64 : n; /* a tracker's best is its last 8 bytes */
+            CHECK(n != n_mpi[i] || memcmp(st_fork, st_mpi[i], exact) == 0,
+                  "%s: state differs from fork's", fc[i]->name);
+            if (i < 2 && n == n_mpi[i]) {
+                double a, b;
+                memcpy(&a, st_mpi[i] + 64, 8);
+                memcpy(&b, st_fork + 64, 8);
+                CHECK(isfinite(a) && close_to(a, b, 1e-6), "%s: best %.9g, fork %.9g", fc[i]->name,
+                      a, b);
+            }
+        }
         check_doubles("recorder epoch values", again.learn->recorder.values, f->recorder.values, 6);
         check_floats("weights (auto)", again.learn->model->weights, f->model->weights,
                      f->model->n_weights);
@@ -248,6 +336,13 @@ static cf_status inject(cf_callback *cb, cf_learner *learn) {
 static int faults(cf_comm *comm, int bad_rank, char kind) {
     cf_dls *dls = make_dls(256, 16, 8);
     cf_learner *learn = make_learner(dls, 81);
+    add_stateful_cbs(learn);
+    /* a learner with history: optimizer state, a Recorder, trackers' and tallies' state */
+    OK(cf_par_fit(learn, 1, .par.start_method = CF_START_MPI));
+    OK(cf_learner_note_figure(learn, "before.png"));
+    size_t n_before = cf_learner_export_state(learn, NULL, 0);
+    unsigned char *before = malloc(n_before);
+    CHECK(cf_learner_export_state(learn, before, n_before) == n_before, "export");
     static fault spec;
     spec = (fault){bad_rank, 3, kind};
     cf_callback cb = {.name = "Fault", .state = &spec};
@@ -270,6 +365,16 @@ static int faults(cf_comm *comm, int bad_rank, char kind) {
     if (rank == 0 || (bad_rank == 0 && rank == 1))
         printf("rank %d: cf_par_fit returned after %.2f s: %s\n", rank, elapsed, msg);
     CHECK(elapsed < 10, "the failure took %.1f s to reach every rank", elapsed);
+    /* every rank's learner is as the call found it, byte for byte */
+    size_t n_after = cf_learner_export_state(learn, NULL, 0);
+    unsigned char *after = malloc(n_after);
+    cf_learner_export_state(learn, after, n_after);
+    CHECK(n_after == n_before && memcmp(after, before, n_before) == 0,
+          "the learner was not rolled back (%zu bytes of state, %zu before)", n_after, n_before);
+    CHECK(learn->recorder.n_epochs == 1 && learn->n_figures == 1, "recorder %d epochs, %d figures",
+          learn->recorder.n_epochs, learn->n_figures);
+    free(after);
+    free(before);
 
     /* The group is still in step: the next fit runs, and every rank ends equal. */
     OK(cf_par_fit(learn, 1, .par.start_method = CF_START_MPI));

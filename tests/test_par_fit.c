@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -382,6 +383,131 @@ static void test_master_callbacks_run_on_rank_zero_only(void **state) {
     cf_dls_free(dls);
 }
 
+/* ---- callback state comes home ------------------------------------------------------------- */
+
+/* A user's callback with state that outlives a fit: training batches and epochs seen. */
+typedef struct tally {
+    int64_t batches, epochs;
+} tally;
+
+static cf_status tally_batch(cf_callback *cb, cf_learner *learn) {
+    if (learn->training) ((tally *)cb->state)->batches++;
+    return CF_OK;
+}
+static cf_status tally_epoch(cf_callback *cb, cf_learner *learn) {
+    (void)learn;
+    ((tally *)cb->state)->epochs++;
+    return CF_OK;
+}
+static size_t tally_export(const cf_callback *cb, void *buf, size_t size) {
+    if (buf && size >= sizeof(tally)) memcpy(buf, cb->state, sizeof(tally));
+    return sizeof(tally);
+}
+static cf_status tally_import(cf_callback *cb, const void *buf, size_t size) {
+    if (size != sizeof(tally)) return cf_fail(CF_ERR_INVALID, "Tally: %zu bytes", size);
+    memcpy(cb->state, buf, sizeof(tally));
+    return CF_OK;
+}
+static void tally_free(cf_callback *cb) {
+    free(cb->state);
+    free(cb);
+}
+static cf_callback *tally_cb(void) {
+    cf_callback *cb = calloc(1, sizeof *cb);
+    cb->name = "Tally";
+    cb->state = calloc(1, sizeof(tally));
+    cb->free = tally_free;
+    cb->export_state = tally_export;
+    cb->import_state = tally_import;
+    cb->on[CF_EV_AFTER_BATCH] = tally_batch;
+    cb->on[CF_EV_AFTER_EPOCH] = tally_epoch;
+    return cb;
+}
+
+/* A tracker's state as its export writes it ("CFTR" v1: kind, active, lower, new_best, saved,
+ * idx, wait as u64, then best). */
+typedef struct tracker_view {
+    uint64_t u[7];
+    double best;
+} tracker_view;
+
+static tracker_view view_tracker(const cf_callback *cb) {
+    unsigned char buf[128];
+    assert_non_null(cb->export_state);
+    size_t n = cb->export_state(cb, buf, sizeof buf);
+    assert_int_equal(n, 8 + 7 * 8 + 8);
+    assert_memory_equal(buf, "CFTR", 4);
+    tracker_view v;
+    memcpy(v.u, buf + 8, sizeof v.u);
+    memcpy(&v.best, buf + 64, sizeof v.best);
+    return v;
+}
+
+static char save_dir[64];
+
+/* The trackers (learner callbacks), a user's callback (learner and master callbacks) */
+static cf_learner *stateful_learner(cf_dls *dls) {
+    cf_learner *learn = make_learner(dls, 33);
+    char fname[128];
+    snprintf(fname, sizeof fname, "%s/best", save_dir);
+    assert_int_equal(cf_learner_add_cb(learn, cf_early_stopping_cb(.patience = 2)), CF_OK);
+    assert_int_equal(
+        cf_learner_add_cb(learn, cf_reduce_lr_on_plateau_cb(.monitor = "accuracy", .patience = 1)),
+        CF_OK);
+    assert_int_equal(cf_learner_add_cb(learn, cf_save_model_cb(.fname = fname)), CF_OK);
+    assert_int_equal(cf_learner_add_cb(learn, tally_cb()), CF_OK);
+    cf_callback *m[] = {tally_cb()};
+    assert_int_equal(cf_learner_add_master_cbs(learn, m, 1), CF_OK);
+    return learn;
+}
+
+/* After a parallel fit the caller's callbacks hold what the same single-process fit leaves
+ * them: each tracker's best, patience used and whether it saved; a user's counts. */
+static void test_callback_state_comes_home(void **state) {
+    (void)state;
+    snprintf(save_dir, sizeof save_dir, "/tmp/cf-cbstate-%d", (int)getpid());
+    mkdir(save_dir, 0755);
+    cf_dls *dls = fixture_dls(96, 20, 12);
+    cf_learner *single = stateful_learner(dls);
+    assert_int_equal(cf_fit_one_cycle(single, 4, .lr_max = CF_LR(1e-2)), CF_OK);
+    const tally *t1 = single->cbs[3]->state;
+    assert_int_equal(t1->epochs, 4);
+    assert_int_equal(t1->batches, 4 * 8);
+    for (int world = 2; world <= 3; world++) {
+        cf_learner *par = stateful_learner(dls);
+        cf_status st = cf_par_fit_one_cycle(par, 4, .lr_max = CF_LR(1e-2),
+                                            .par = {.num_cores = world, .split_batch = true});
+        if (st != CF_OK) fail_msg("world %d: %s", world, cf_last_error());
+        for (int i = 0; i < 3; i++) {
+            tracker_view a = view_tracker(par->cbs[i]), b = view_tracker(single->cbs[i]);
+            for (int k = 0; k < 7; k++)
+                if (a.u[k] != b.u[k])
+                    fail_msg("world %d, %s: field %d is %llu, one process %llu", world,
+                             par->cbs[i]->name, k, (unsigned long long)a.u[k],
+                             (unsigned long long)b.u[k]);
+            if (!(fabs(a.best - b.best) <= 1e-5 * (1 + fabs(b.best))))
+                fail_msg("world %d, %s: best %.9g, one process %.9g", world, par->cbs[i]->name,
+                         a.best, b.best);
+        }
+        assert_true(isfinite(view_tracker(par->cbs[0]).best));
+        assert_int_equal(view_tracker(par->cbs[2]).u[4], 1); /* SaveModel saved */
+        const tally *t = par->cbs[3]->state, *tm = par->master_cbs[0]->state;
+        assert_int_equal(t->batches, t1->batches);
+        assert_int_equal(t->epochs, t1->epochs);
+        assert_int_equal(tm->batches, t1->batches);
+        assert_int_equal(tm->epochs, t1->epochs);
+        cf_learner_free(par);
+    }
+    cf_learner_free(single);
+    cf_dls_free(dls);
+    char path[128];
+    snprintf(path, sizeof path, "%s/best.safetensors", save_dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/best", save_dir);
+    unlink(path);
+    rmdir(save_dir);
+}
+
 /* ---- faults --------------------------------------------------------------------------------- */
 
 typedef enum fault { FAULT_CRASH, FAULT_ABORT, FAULT_KILL, FAULT_ERROR, FAULT_HANG } fault;
@@ -528,6 +654,7 @@ int main(void) {
         cmocka_unit_test(test_one_progress_display),
         cmocka_unit_test(test_nonfinite_brings_last_good_weights_home),
         cmocka_unit_test(test_master_callbacks_run_on_rank_zero_only),
+        cmocka_unit_test(test_callback_state_comes_home),
         cmocka_unit_test(test_worker_crash),
         cmocka_unit_test(test_worker_abort),
         cmocka_unit_test(test_worker_killed),
