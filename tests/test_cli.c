@@ -834,6 +834,15 @@ static void test_regression(void **state) {
     /* the targets are 24000..36000: a model stuck near 0 would be ~30000 off */
     if (!(mae < 3000)) fail_msg("mae %g:\n%s", mae, r.out);
     run_free(&r);
+    /* a category training never saw: #na#, and said */
+    snprintf(csv, sizeof csv, "%s/new_prices.csv", dir);
+    f = fopen(csv, "w");
+    fprintf(f, "rooms,area,price\n2,50,26000\n9,60,35000\n12,70,39000\n");
+    fclose(f);
+    r = run("eval price.safetensors --csv new_prices.csv");
+    expect(&r, 0, "samples: 3",
+           "warning: 2 categorical values in new_prices.csv were not seen in training");
+    run_free(&r);
 }
 
 /* eval on a flat class folder, and on a folder with only valid/. */

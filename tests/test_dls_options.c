@@ -106,6 +106,38 @@ static void test_fashion_mnist_names(void **state) {
     cf_dls_free(dls);
 }
 
+/* Categories the training rows never had become #na# (as fastai's Categorify) and are counted. */
+static void test_unseen_categories_counted(void **state) {
+    (void)state;
+    const char csv[] = "city,size,y\n"
+                       "Paris,1,a\n"
+                       "Rome,2,b\n"
+                       "Paris,3,a\n"
+                       "Rome,4,b\n"
+                       "Lisbon,5,a\n" /* validation: unseen */
+                       "Oslo,6,b\n"   /* validation: unseen */
+                       ",7,a\n"       /* validation: missing, not unseen */
+                       "Rome,8,b\n";  /* validation: seen */
+    const char *cat[] = {"city"}, *cont[] = {"size"};
+    int64_t valid_idx[] = {4, 5, 6, 7};
+    cf_tabular_options o = {.cat_names = cat,
+                            .n_cat = 1,
+                            .cont_names = cont,
+                            .n_cont = 1,
+                            .y_name = "y",
+                            .valid_idx = valid_idx,
+                            .n_valid_idx = 4};
+    cf_dataset *train = NULL, *valid = NULL;
+    assert_int_equal(
+        cf_tabular_from_csv_buffer(csv, sizeof csv - 1, "cities.csv", &o, &train, &valid), CF_OK);
+    assert_int_equal(train->n_unseen, 0);
+    assert_int_equal(valid->n_unseen, 2);
+    assert_float_equal(valid->x[0], 0, 0); /* #na# */
+    assert_string_equal(valid->y_name, "y");
+    cf_dataset_free(train);
+    cf_dataset_free(valid);
+}
+
 static int setup(void **state) {
     (void)state;
     test_tmpdir_make(dir, sizeof dir, "cf_dls_options_");
@@ -122,6 +154,7 @@ int main(void) {
         cmocka_unit_test(test_n_train_n_valid),
         cmocka_unit_test(test_n_train_normalize),
         cmocka_unit_test(test_fashion_mnist_names),
+        cmocka_unit_test(test_unseen_categories_counted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

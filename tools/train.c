@@ -388,6 +388,12 @@ static int setup(const char *cmd, train_args *a, session *s) {
     if (!a->quiet && s->master)
         fprintf(stderr, "data: %lld training and %lld validation samples (%.1f s)\n",
                 (long long)train->n, (long long)valid->n, cf_now() - t0);
+    if (valid->n_unseen > 0 && s->master) /* Categorify's #na#, as fastai, but said */
+        fprintf(stderr,
+                "corefit %s: warning: %lld categorical value%s of the validation set %s not seen "
+                "in training (encoded as #na#)\n",
+                cmd, (long long)valid->n_unseen, valid->n_unseen == 1 ? "" : "s",
+                valid->n_unseen == 1 ? "was" : "were");
     int world = s->par.start_method == CF_START_MPI ? cf_comm_size(s->mpi)
                 : s->parallel                       ? s->par.num_cores
                                                     : 1;

@@ -43,6 +43,7 @@ typedef struct cf_dataset {
     float *cont_mean, *cont_std, *cont_fill; /* training-set statistics per continuous column:
                                                 Normalize's mean/std, FillMissing's median */
     char *y_name;                            /* the target column */
+    int64_t n_unseen; /* categorical values the training set never had, made #na# (validation) */
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */

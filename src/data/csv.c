@@ -527,8 +527,10 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
             float *x = ds->x + (size_t)i * (size_t)nf;
             for (int j = 0; j < ncat; j++) {
                 const char *s = cell[cat_col[j]];
-                int64_t code = cf_csv_is_missing(s) ? -1 : vocab_find(&cvoc[j], s);
+                bool missing = cf_csv_is_missing(s);
+                int64_t code = missing ? -1 : vocab_find(&cvoc[j], s);
                 x[j] = (float)(code + 1); /* missing or unseen: 0 (#na#) */
+                ds->n_unseen += !missing && code < 0;
             }
             for (int j = 0, k = ncat; j < ncont; j++) {
                 const char *s = trim(cell[cont_col[j]], tb, sizeof tb);
