@@ -635,8 +635,38 @@ static void test_plot_unsupported(void **state) {
 
 #endif /* CF_HAVE_PLPLOT */
 
+/* Tick labels as matplotlib writes them, not PLplot's "(x10^-1)" factor. */
+static void test_tick_labels(void **state) {
+    (void)state;
+    static const struct {
+        double value, step;
+        const char *want;
+    } cases[] = {
+        {0.1, 0.1, "0.1"},
+        {0.3, 0.05, "0.30"},
+        {0.25, 0.05, "0.25"},
+        {2, 0.5, "2.0"},
+        {2, 1, "2"},
+        {40000, 20000, "40000"},
+        {0.75, 0.25, "0.75"},
+        {1e-16, 0.2, "0.0"},
+        {-0.4, 0.2, "-0.4"},
+        {3e-5, 1e-5, "3e-05"},
+        {2.5e6, 5e5, "2.5e+06"},
+        {0.002, 0.002, "0.002"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char b[64];
+        cf_plot__tick_label(cases[i].value, cases[i].step, b, sizeof b);
+        if (strcmp(b, cases[i].want) != 0)
+            fail_msg("tick %g (step %g): '%s', expected '%s'", cases[i].value, cases[i].step, b,
+                     cases[i].want);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tick_labels),
         cmocka_unit_test(test_confusion_counts),
         cmocka_unit_test(test_top_losses),
 #ifdef CF_HAVE_PLPLOT

@@ -118,6 +118,24 @@ cf_status cf_learner_plot_metrics(const cf_learner *learn, const char *png_path)
     return cf_plot_metrics(&learn->recorder, png_path);
 }
 
+/* A tick label as matplotlib's ScalarFormatter writes it: every tick of an axis with the decimals
+ * its step needs ("0.25", "0.30"; "2.0" for a step of 0.5; "20000"), never PLplot's shared
+ * "(x10^-1)" factor; very large or small values in scientific notation ("2e-05"). */
+void cf_plot__tick_label(double value, double step, char *buf, size_t n) {
+    if (step > 0 && fabs(value) < step * 1e-9) value = 0; /* no "-0.0" */
+    double mag = fabs(value) > 0 ? fabs(value) : step;
+    if (!(step > 0) || mag >= 1e6 || step < 1e-4) {
+        snprintf(buf, n, "%g", value);
+        return;
+    }
+    int decimals = (int)ceil(-log10(step) - 1e-9);
+    /* a step of 2.5 x 10^k needs one more digit than 10^k */
+    double scaled = step * pow(10, decimals);
+    if (fabs(scaled - round(scaled)) > 1e-6) decimals++;
+    if (decimals < 0) decimals = 0;
+    snprintf(buf, n, "%.*f", decimals, value);
+}
+
 #ifndef CF_HAVE_PLPLOT
 
 /* ---- built without PLplot ----------------------------------------------------------------- */
@@ -503,6 +521,15 @@ static double nice_step(double span, double target, bool integer) {
     return step;
 }
 
+typedef struct tick_steps {
+    double x, y;
+} tick_steps;
+
+static void label_tick(PLINT axis, PLFLT value, char *label, PLINT length, PLPointer data) {
+    const tick_steps *s = data;
+    cf_plot__tick_label(value, axis == PL_X_AXIS ? s->x : s->y, label, (size_t)length);
+}
+
 /* Light grid, then the dark frame with ticks and numeric labels. x_integer: the x values are
  * counts (steps, epochs), so ticks fall on whole numbers. */
 static void draw_axes_ex(range x, range y, bool logx, bool logy, bool x_integer) {
@@ -520,7 +547,12 @@ static void draw_axes_ex(range x, range y, bool logx, bool logy, bool x_integer)
     pllsty(1);
     plbox(logx ? "gl" : "g", xt, 0, logy ? "gl" : "g", yt, 0);
     plcol0(COL_FG);
-    plbox(logx ? "bcnstl" : "bcnst", xt, 0, logy ? "bcnstl" : "bcnst", yt, 0);
+    /* linear axes: our labels ("o"); log axes keep PLplot's 10^k, as matplotlib's */
+    static tick_steps steps;
+    steps = (tick_steps){xt, yt};
+    plslabelfunc(label_tick, &steps);
+    plbox(logx ? "bcnstl" : "bcnsto", xt, 0, logy ? "bcnstl" : "bcnsto", yt, 0);
+    plslabelfunc(NULL, NULL);
 }
 
 static void draw_axes(range x, range y, bool logx, bool logy) {

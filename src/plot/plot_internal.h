@@ -9,4 +9,7 @@
  * PLplot give up with "Too many tries") and see the error reported instead of an exit. */
 cf_status cf_plot__raw_figure(const char *path);
 
+/* The label of a tick at value on a linear axis with ticks every step (matplotlib's style). */
+void cf_plot__tick_label(double value, double step, char *buf, size_t n);
+
 #endif
