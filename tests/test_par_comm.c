@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "corefit/par.h"
+#include "par_time.h"
 
 /* Small slots (256 floats) so that most sizes below take several chunks. */
 #define SLOT_BYTES 1024
@@ -329,7 +330,7 @@ static void test_oversubscribed(void **state) {
         workers, cf_available_cores(), ctx.iters, dt, dt / ctx.iters * 1e6);
     /* a liveness bound, not a speed test: spinning workers that starve each other would take
      * minutes; yielding ones take well under a second even on a loaded machine */
-    assert_true(dt < 60.0 * test_time_scale());
+    assert_true(dt < 60.0 * par_time_scale());
 }
 
 /* A mismatched collective is reported, not silently paired with another one. */
@@ -350,7 +351,7 @@ static void test_collective_mismatch(void **state) {
     assert_non_null(strstr(cf_last_error(), "collective mismatch"));
     assert_non_null(strstr(cf_last_error(), "barrier"));
     assert_non_null(strstr(cf_last_error(), "allreduce_sum_f32"));
-    assert_true(cf_now() - t0 < 2.0 * test_time_scale());
+    assert_true(cf_now() - t0 < 2.0 * par_time_scale());
 }
 
 /* After a failed collective the communicator stays broken: a worker that ignores the error

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "corefit/par.h"
+#include "par_time.h"
 
 static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
     cf_metric *metrics[] = {cf_accuracy()};
@@ -169,7 +170,6 @@ static void test_lr_find_get_preds_and_validate_come_home(void **state) {
     assert_int_equal(
         cf_par_lr_find(learn, &r, .num_it = 12, .no_stop_div = true, .par.num_cores = 2), CF_OK);
     assert_int_equal(r.n, 12);
-    assert_false(isnan(r.valley) && r.n > 12);
     for (int i = 0; i < r.n; i++)
         assert_true(fabs(r.lrs[i] - cf_sched_exp(1e-7, 10, i / 12.0)) < 1e-12);
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float)); /* restored */
@@ -195,6 +195,46 @@ static void test_lr_find_get_preds_and_validate_come_home(void **state) {
     assert_true(fabs(v1[0] - v3[0]) < 1e-6 && fabs(v1[1] - v3[1]) < 1e-12);
     free(w0);
     cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* lr_find with split batches on N workers records the same points and suggests the same lrs as
+ * one process (to float rounding), and restores the weights either way. */
+static void test_parallel_lr_find_equals_one_process(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(192, 24, 12);
+    cf_learner *single = make_learner(dls, 17);
+    const int all = CF_SUGGEST_VALLEY | CF_SUGGEST_SLIDE | CF_SUGGEST_MINIMUM | CF_SUGGEST_STEEP;
+    cf_lr_find_result one;
+    assert_int_equal(cf_lr_find(single, &one, .num_it = 40, .suggest = all), CF_OK);
+    assert_true(one.n > 20);
+    for (int world = 2; world <= 3; world++) {
+        cf_learner *par = make_learner(dls, 17);
+        cf_lr_find_result r;
+        cf_status st = cf_par_lr_find(par, &r, .num_it = 40, .suggest = all,
+                                      .par = {.num_cores = world, .split_batch = true});
+        if (st != CF_OK) fail_msg("world %d: %s", world, cf_last_error());
+        if (r.n != one.n) fail_msg("world %d: %d points, one process %d", world, r.n, one.n);
+        for (int i = 0; i < r.n; i++) {
+            assert_true(r.lrs[i] == one.lrs[i]);
+            if (!(fabs(r.losses[i] - one.losses[i]) <= 1e-5 * (1 + fabs(one.losses[i]))))
+                fail_msg("world %d: loss %d is %.9g, one process %.9g", world, i, r.losses[i],
+                         one.losses[i]);
+        }
+        assert_int_equal(r.suggest, one.suggest);
+        const double a[] = {r.valley, r.slide, r.minimum, r.steep, r.minimum_lr_at},
+                     b[] = {one.valley, one.slide, one.minimum, one.steep, one.minimum_lr_at};
+        for (int k = 0; k < 5; k++)
+            if (!(fabs(a[k] - b[k]) <= 1e-5 * fabs(b[k])))
+                fail_msg("world %d: suggestion %d is %.9g, one process %.9g", world, k, a[k], b[k]);
+        assert_true(isfinite(r.valley));
+        assert_memory_equal(par->model->weights, single->model->weights,
+                            par->model->n_weights * sizeof(float));
+        cf_lr_find_result_free(&r);
+        cf_learner_free(par);
+    }
+    cf_lr_find_result_free(&one);
+    cf_learner_free(single);
     cf_dls_free(dls);
 }
 
@@ -569,7 +609,7 @@ static void run_fault(fault kind, const char *expect, cf_status expect_status) {
         fail_msg("error \"%s\" does not mention \"%s\"", cf_last_error(), expect);
     if (!strstr(cf_last_error(), "worker 1"))
         fail_msg("error \"%s\" names no rank", cf_last_error());
-    assert_true(elapsed < (kind == FAULT_HANG ? 4.0 : 2.5) * test_time_scale());
+    assert_true(elapsed < (kind == FAULT_HANG ? 4.0 : 2.5) * par_time_scale());
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
     assert_memory_equal(learn->opt->grad_avg, m0, nw * sizeof(float));
     assert_int_equal(learn->recorder.n_batches, batches0);
@@ -634,7 +674,7 @@ static void test_ctrl_c_stops_every_worker(void **state) {
     close(started_pipe[0]);
     close(started_pipe[1]);
     assert_int_equal(st, CF_ERR_INTERRUPTED);
-    assert_true(elapsed < 2.5 * test_time_scale());
+    assert_true(elapsed < 2.5 * par_time_scale());
     assert_memory_equal(learn->model->weights, w0, nw * sizeof(float));
     assert_null(learn->opt);
     assert_no_children();
@@ -650,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_per_core_batches_equal_concatenated_batch),
         cmocka_unit_test(test_deterministic_and_one_core),
         cmocka_unit_test(test_lr_find_get_preds_and_validate_come_home),
+        cmocka_unit_test(test_parallel_lr_find_equals_one_process),
         cmocka_unit_test(test_every_twin_brings_the_recorder_home),
         cmocka_unit_test(test_one_progress_display),
         cmocka_unit_test(test_nonfinite_brings_last_good_weights_home),

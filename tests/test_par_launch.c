@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "corefit/par.h"
+#include "par_time.h"
 
 /* Shared with the workers (mapped before launching). */
 typedef struct shared_page {
@@ -380,7 +381,7 @@ static void test_supervisor_death_kills_workers(void **state) {
     prctl(PR_SET_CHILD_SUBREAPER, 0);
     print_message("supervisor killed: %d workers gone %.3f s later\n", reaped, took);
     assert_int_equal(reaped, 2);
-    assert_true(took < 2.0 * test_time_scale());
+    assert_true(took < 2.0 * par_time_scale());
 }
 
 /* ---- a pause of the whole group ----------------------------------------------------------- */
@@ -417,7 +418,7 @@ static cf_status pause_worker(cf_comm *comm, void *ctx) {
 static void test_pause_of_the_group_is_not_a_hang(void **state) {
     (void)state;
     memset(page, 0, sizeof *page);
-    double deadline = 0.5 * test_time_scale();
+    double deadline = 0.5 * par_time_scale();
     pid_t sup = fork();
     assert_true(sup >= 0);
     if (sup == 0) {
@@ -429,8 +430,7 @@ static void test_pause_of_the_group_is_not_a_hang(void **state) {
     }
     setpgid(sup, sup); /* whichever of the two runs first */
     double t0 = cf_now();
-    while (atomic_load(&page->started) < 2 && cf_now() - t0 < 10 * test_time_scale())
-        sleep_s(0.005);
+    while (atomic_load(&page->started) < 2 && cf_now() - t0 < 10 * par_time_scale()) sleep_s(0.005);
     assert_int_equal(atomic_load(&page->started), 2);
     sleep_s(0.1);
     assert_int_equal(kill(-sup, SIGSTOP), 0);
@@ -443,7 +443,7 @@ static void test_pause_of_the_group_is_not_a_hang(void **state) {
     atomic_store(&page->release, 1);
     pid_t w;
     t0 = cf_now();
-    while ((w = waitpid(sup, &ws, WNOHANG)) == 0 && cf_now() - t0 < 20 * test_time_scale())
+    while ((w = waitpid(sup, &ws, WNOHANG)) == 0 && cf_now() - t0 < 20 * par_time_scale())
         sleep_s(0.01);
     if (w == 0) {
         kill(-sup, SIGKILL);
