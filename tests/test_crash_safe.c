@@ -1,7 +1,9 @@
 /* Crash-safe model and checkpoint files: a saving process killed (SIGKILL) at random points of
  * the write leaves the previous file intact and loadable (or the new one complete), temporary
  * files are private (0600 even with umask 0), and a full disk (RLIMIT_FSIZE, a size-limited
- * tmpfs) gives a clear error and keeps the old file with no temporary file left. */
+ * tmpfs) gives a clear error and keeps the old file with no temporary file left; SIGINT, SIGTERM
+ * and SIGHUP during a save leave no temporary file, and one left by SIGKILL is removed by the
+ * next save to the same target. */
 #include "oracle.h"
 
 #include <dirent.h>
@@ -11,6 +13,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -279,12 +283,134 @@ static void test_full_disk_keeps_the_old_file(void **state) {
     oracle_cleanup(&dir);
 }
 
+/* ---- temporary files after signals ------------------------------------------------------- */
+
+/* Temporary files of `base` in dir (not removed). */
+static int count_temp_files(const char *dir, const char *base) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s.tmp-", base);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+    closedir(d);
+    return n;
+}
+
+/* Saves a 32 MB tensor again and again (the child of the signal tests). */
+static _Noreturn void save_forever(const char *path) {
+    size_t n = (size_t)8 << 20;
+    float *w = calloc(n, sizeof *w);
+    if (!w) _exit(2);
+    cf_st_entry e = {
+        .name = "w", .dtype = CF_DTYPE_F32, .shape = cf_shape1((int)n), .numel = n, .data = w};
+    for (;;)
+        if (cf_st_write(path, &e, 1, NULL, NULL, 0) != CF_OK) _exit(3);
+}
+
+/* Starts save_forever and waits until it is inside a write (its temporary file exists). */
+static pid_t start_saving(const char *dir, const char *path) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+        save_forever(path);
+    }
+    double t0 = cf_now();
+    while (count_temp_files(dir, "big.safetensors") == 0 && cf_now() - t0 < 20 * test_time_scale())
+        usleep(200);
+    return pid;
+}
+
+/* SIGINT, SIGTERM and SIGHUP in the middle of a save end the process as before (by that
+ * signal) but leave no temporary file; the target stays a complete file. */
+static void test_signals_remove_the_temporary_file(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    char path[400];
+    snprintf(path, sizeof path, "%s/big.safetensors", dir.dir);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int k = 0; k < 3; k++) {
+        pid_t pid = start_saving(dir.dir, path);
+        int seen = count_temp_files(dir.dir, "big.safetensors");
+        kill(pid, sigs[k]);
+        int ws;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        if (!WIFSIGNALED(ws) || WTERMSIG(ws) != sigs[k])
+            fail_msg("the saving process did not end by signal %d (status 0x%x)", sigs[k], ws);
+        assert_int_equal(seen, 1);
+        int left = count_temp_files(dir.dir, "big.safetensors");
+        printf("crash-safe: signal %d during a save: %d temporary file(s) left\n", sigs[k], left);
+        assert_int_equal(left, 0);
+        cf_st_file *f = NULL;
+        if (access(path, F_OK) == 0) {
+            assert_int_equal(cf_st_read(path, &f), CF_OK);
+            cf_st_free(f);
+        }
+    }
+    oracle_cleanup(&dir);
+}
+
+/* A save killed with SIGKILL leaves its temporary file; the next save to the same target removes
+ * it, and leaves alone another target's and one that a live save holds (locked). */
+static void test_next_save_removes_stale_temporaries(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    char path[400], other[400], held[420];
+    snprintf(path, sizeof path, "%s/big.safetensors", dir.dir);
+    snprintf(other, sizeof other, "%s/other.safetensors.tmp-abc123", dir.dir);
+    snprintf(held, sizeof held, "%s.tmp-HELD00", path);
+    pid_t pid = start_saving(dir.dir, path);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(count_temp_files(dir.dir, "big.safetensors"), 1);
+    FILE *f = fopen(other, "w");
+    assert_non_null(f);
+    fclose(f);
+    /* A save in progress elsewhere: its temporary file is locked by a live process. */
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t holder = fork();
+    assert_true(holder >= 0);
+    if (holder == 0) {
+        int fd = open(held, O_CREAT | O_EXCL | O_WRONLY, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0) _exit(1);
+        ssize_t w = write(ready[1], "x", 1);
+        (void)w;
+        pause();
+        _exit(0);
+    }
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    float x[4] = {1, 2, 3, 4};
+    cf_st_entry e = {
+        .name = "w", .dtype = CF_DTYPE_F32, .shape = cf_shape1(4), .numel = 4, .data = x};
+    assert_int_equal(cf_st_write(path, &e, 1, NULL, NULL, 0), CF_OK);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(ready[0]), close(ready[1]);
+    assert_int_equal(count_temp_files(dir.dir, "big.safetensors"), 1); /* the held one */
+    assert_int_equal(access(held, F_OK), 0);
+    assert_int_equal(access(other, F_OK), 0);
+    /* Now nobody holds it: the next save removes it too. */
+    assert_int_equal(cf_st_write(path, &e, 1, NULL, NULL, 0), CF_OK);
+    assert_int_equal(count_temp_files(dir.dir, "big.safetensors"), 0);
+    assert_int_equal(access(other, F_OK), 0);
+    oracle_cleanup(&dir);
+}
+
 int main(void) {
     cf_set_num_threads(1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_during_save_keeps_a_loadable_file),
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_full_disk_keeps_the_old_file),
+        cmocka_unit_test(test_signals_remove_the_temporary_file),
+        cmocka_unit_test(test_next_save_removes_stale_temporaries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

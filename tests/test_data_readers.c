@@ -365,6 +365,30 @@ static void test_csv_bad_input(void **state) {
                  "no header");
     expect_error(cf_tabular_from_csv(at("absent.csv"), &o, &tr, &va), CF_ERR_IO, "absent.csv",
                  NULL);
+    /* An embedded NUL byte: refused with its place (a field would silently end there). */
+    const char nul[] = "c,v,y\na,1,0\nb\0x,2,1\n";
+    expect_error(cf_tabular_from_csv_buffer(nul, sizeof nul - 1, "z.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "z.csv: line 3, byte offset 13", "NUL byte");
+    /* Categories that a saved model could not carry: one of 5000 bytes, and 3000 categories of
+     * 3000 bytes (9 MB in all). Refused before training, naming the line and the column. */
+    size_t big = 3000 * 3010 + 64;
+    char *text = malloc(big);
+    assert_non_null(text);
+    int at_ = snprintf(text, big, "c,v,y\na,1,0\n");
+    memset(text + at_, 'x', 5000);
+    at_ += 5000;
+    at_ += snprintf(text + at_, big - (size_t)at_, ",2,1\n");
+    expect_error(cf_tabular_from_csv_buffer(text, (size_t)at_, "long.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "long.csv: line 3, column 'c'", "category of 5000 bytes");
+    at_ = snprintf(text, big, "c,v,y\n");
+    for (int i = 0; i < 3000; i++) {
+        memset(text + at_, 'a' + i % 26, 2990);
+        at_ += 2990;
+        at_ += snprintf(text + at_, big - (size_t)at_, "%05d,1,%d\n", i, i % 2);
+    }
+    expect_error(cf_tabular_from_csv_buffer(text, (size_t)at_, "many.csv", &o, &tr, &va),
+                 CF_ERR_FORMAT, "many.csv", "vocabularies hold");
+    free(text);
     const char *allna = "c,v,y\na,,0\nb,NA,1\n";
     expect_error(cf_tabular_from_csv_buffer(allna, strlen(allna), "a.csv", &o, &tr, &va),
                  CF_ERR_FORMAT, "'v'", "no values in the training set");

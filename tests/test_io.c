@@ -589,6 +589,37 @@ static void test_specific_errors(void **state) {
 
 /* ---- atomic writes ------------------------------------------------------------------------- */
 
+/* The writer refuses a header that the reader would refuse (over 100 MiB of JSON), naming the
+ * metadata value that makes it so, and writes nothing. */
+static void test_writer_keeps_to_the_readers_limits(void **state) {
+    (void)state;
+    oracle o;
+    oracle_init(&o);
+    char path[512];
+    path_in(path, sizeof path, &o, "big-header.safetensors");
+    size_t n = (size_t)101 << 20;
+    char *value = malloc(n + 1);
+    assert_non_null(value);
+    memset(value, 'v', n);
+    value[n] = '\0';
+    float x[2] = {1, 2};
+    cf_st_entry e = {
+        .name = "w", .dtype = CF_DTYPE_F32, .shape = cf_shape1(2), .numel = 2, .data = x};
+    const char *keys[] = {"small", "vocab"}, *values[] = {"1", value};
+    assert_int_equal(cf_st_write(path, &e, 1, keys, values, 2), CF_ERR_INVALID);
+    if (!strstr(cf_last_error(), "over the limit") || !strstr(cf_last_error(), "'vocab'"))
+        fail_msg("unclear message: %s", cf_last_error());
+    assert_int_equal(access(path, F_OK), -1);
+    /* Just under the limit: written and read back. */
+    value[(size_t)99 << 20] = '\0';
+    assert_int_equal(cf_st_write(path, &e, 1, keys, values, 2), CF_OK);
+    cf_st_file *f = NULL;
+    assert_int_equal(cf_st_read(path, &f), CF_OK);
+    cf_st_free(f);
+    free(value);
+    oracle_cleanup(&o);
+}
+
 static void test_atomic_write(void **state) {
     (void)state;
     oracle o;
@@ -736,6 +767,7 @@ int main(void) {
         cmocka_unit_test(test_corrupted_header_bytes),
         cmocka_unit_test(test_specific_errors),
         cmocka_unit_test(test_atomic_write),
+        cmocka_unit_test(test_writer_keeps_to_the_readers_limits),
         cmocka_unit_test(test_torch_loads_saved_model),
         cmocka_unit_test(test_torch_loads_saved_w1),
     };

@@ -11,6 +11,12 @@
 #include <sys/stat.h>
 
 #define CF_CSV_MAX_BYTES ((int64_t)1 << 34)
+/* Vocabularies travel in a saved model's header, which readers accept up to 100 MiB of JSON
+ * (escaped twice, as a JSON string holding JSON: up to 7 bytes a byte). A category longer than
+ * CF_TAB_MAX_CATEGORY bytes, or vocabularies of more than CF_TAB_MAX_VOCAB_BYTES in all, are
+ * refused before training, so that every model trained can be saved and read back. */
+#define CF_TAB_MAX_CATEGORY 4096
+#define CF_TAB_MAX_VOCAB_BYTES ((int64_t)8 << 20)
 
 void cf_csv_table_free(cf_csv_table *t) {
     if (!t) return;
@@ -66,6 +72,18 @@ cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, c
     t->text[size] = '\0';
     char *buf = t->text;
     size_t r = 0, w = 0;
+    const char *nul = size ? memchr(t->text, '\0', size) : NULL;
+    if (nul) {
+        /* A field would silently end there: binary data, or a text in UTF-16. */
+        size_t at = (size_t)(nul - t->text);
+        int64_t nul_line = 1;
+        for (size_t i = 0; i < at; i++) nul_line += t->text[i] == '\n';
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: line %lld, byte offset %zu: a NUL byte (binary data or UTF-16, not a "
+                     "CSV text)",
+                     name, (long long)nul_line, at);
+        goto fail;
+    }
     if (size >= 3 && (unsigned char)buf[0] == 0xEF && (unsigned char)buf[1] == 0xBB &&
         (unsigned char)buf[2] == 0xBF)
         r = w = 3; /* UTF-8 byte order mark */
@@ -445,6 +463,35 @@ cf_status cf_tabular_from_table(const cf_csv_table *t, const cf_tabular_options 
                          (long long)yvoc.n);
             goto done;
         }
+    }
+    int64_t vocab_bytes = 0;
+    for (int j = 0; j <= ncat; j++) {
+        const vocab *voc = j < ncat ? &cvoc[j] : &yvoc;
+        const char *col = j < ncat ? t->header[cat_col[j]] : opt->y_name;
+        for (int64_t i = 0; i < voc->n; i++) {
+            size_t len = strlen(voc->keys[i].s);
+            vocab_bytes += (int64_t)len + 1;
+            if (len > CF_TAB_MAX_CATEGORY) {
+                /* Name the first training row holding it. */
+                int64_t line = 0;
+                int c = j < ncat ? cat_col[j] : ycol;
+                for (int64_t r = 0; r < ntr && !line; r++)
+                    if (t->cells[tr[r] * t->n_cols + c] == voc->keys[i].s)
+                        line = t->row_line[tr[r]];
+                st = cf_fail(CF_ERR_FORMAT,
+                             "%s: line %lld, column '%s': a category of %zu bytes (at most %d: "
+                             "a saved model carries its categories)",
+                             src, (long long)line, col, len, CF_TAB_MAX_CATEGORY);
+                goto done;
+            }
+        }
+    }
+    if (vocab_bytes > CF_TAB_MAX_VOCAB_BYTES) {
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: the categorical vocabularies hold %lld bytes in all (at most %lld: a "
+                     "saved model carries them)",
+                     src, (long long)vocab_bytes, (long long)CF_TAB_MAX_VOCAB_BYTES);
+        goto done;
     }
     for (int j = 0; j < ncat; j++)
         if (cvoc[j].n + 1 > (1 << 24)) {

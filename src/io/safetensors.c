@@ -9,21 +9,28 @@
  * Writer: the header is padded with spaces so the data starts at a multiple of 8 bytes, like the
  * reference implementation. The file is written to a temporary file next to the target
  * (mkostemp: O_EXCL, mode 0600), fsync'd and renamed over the target; on any failure the
- * temporary file is removed and the target is left as it was. */
+ * temporary file is removed and the target is left as it was. While it is written, the temporary
+ * file is locked (flock) and SIGINT, SIGTERM and SIGHUP, when they would end the process, remove
+ * it first; one left by a process that could not clean up (SIGKILL, a power cut) is unlocked, and
+ * the next save to the same target removes it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* mkostemp */
 #endif
 #include "corefit/io.h"
 
 #include <cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -577,6 +584,120 @@ static char *build_header(const cf_st_entry *entries, int n, const char *const *
     return text;
 }
 
+/* ---- temporary files: removed on the signals that would end the process, and when stale ---- */
+
+#define TMP_SLOTS 16
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define N_CLEANUP_SIGNALS ((int)(sizeof cleanup_signals / sizeof cleanup_signals[0]))
+static char tmp_paths[TMP_SLOTS][PATH_MAX];
+static volatile sig_atomic_t tmp_used[TMP_SLOTS];
+static pthread_mutex_t tmp_lock = PTHREAD_MUTEX_INITIALIZER;
+static int tmp_active; /* saves in progress */
+static struct sigaction tmp_old[N_CLEANUP_SIGNALS];
+static bool tmp_installed[N_CLEANUP_SIGNALS];
+
+/* Installed only over a default disposition (which would end the process): removes the
+ * temporary files being written, then ends the process by the same signal. */
+static void remove_temporaries_and_die(int sig) {
+    for (int i = 0; i < TMP_SLOTS; i++)
+        if (tmp_used[i]) unlink(tmp_paths[i]);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig); /* delivered when this handler returns */
+}
+
+/* Blocks (or unblocks) the cleanup signals in this thread: a temporary file is created and
+ * registered, or unregistered and forgotten, with none of them in between. */
+static void block_cleanup_signals(bool block, sigset_t *old) {
+    if (block) {
+        sigset_t set;
+        sigemptyset(&set);
+        for (int i = 0; i < N_CLEANUP_SIGNALS; i++) sigaddset(&set, cleanup_signals[i]);
+        pthread_sigmask(SIG_BLOCK, &set, old);
+    } else {
+        pthread_sigmask(SIG_SETMASK, old, NULL);
+    }
+}
+
+/* Registers a temporary file for removal on a signal; returns its slot or -1 (all in use: it
+ * is then only removed by the next save). */
+static int register_temporary(const char *tmp) {
+    if (strlen(tmp) >= PATH_MAX) return -1;
+    pthread_mutex_lock(&tmp_lock);
+    if (tmp_active++ == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = remove_temporaries_and_die;
+        sigemptyset(&sa.sa_mask);
+        for (int i = 0; i < N_CLEANUP_SIGNALS; i++) {
+            tmp_installed[i] = false;
+            if (sigaction(cleanup_signals[i], NULL, &tmp_old[i]) == 0 &&
+                !(tmp_old[i].sa_flags & SA_SIGINFO) && tmp_old[i].sa_handler == SIG_DFL)
+                tmp_installed[i] = sigaction(cleanup_signals[i], &sa, NULL) == 0;
+        }
+    }
+    int slot = -1;
+    for (int i = 0; i < TMP_SLOTS && slot < 0; i++)
+        if (!tmp_used[i]) {
+            snprintf(tmp_paths[i], PATH_MAX, "%s", tmp);
+            tmp_used[i] = 1;
+            slot = i;
+        }
+    pthread_mutex_unlock(&tmp_lock);
+    return slot;
+}
+
+static void unregister_temporary(int slot) {
+    pthread_mutex_lock(&tmp_lock);
+    if (slot >= 0) tmp_used[slot] = 0;
+    if (--tmp_active == 0)
+        for (int i = 0; i < N_CLEANUP_SIGNALS; i++) {
+            /* Put back only what is still ours (the caller may have changed it since). */
+            struct sigaction now;
+            if (tmp_installed[i] && sigaction(cleanup_signals[i], NULL, &now) == 0 &&
+                now.sa_handler == remove_temporaries_and_die)
+                sigaction(cleanup_signals[i], &tmp_old[i], NULL);
+            tmp_installed[i] = false;
+        }
+    pthread_mutex_unlock(&tmp_lock);
+}
+
+/* Removes temporary files of the same target (`<name>.tmp-XXXXXX`, ours, regular) that no
+ * process has locked: they were left by a save that was killed. A save in progress holds the
+ * lock on its own. */
+static void remove_stale_temporaries(const char *path) {
+    char *copy = cf_strdup(path);
+    if (!copy) return;
+    char *slash = strrchr(copy, '/');
+    const char *dir = ".", *base = copy;
+    if (slash) {
+        *slash = '\0';
+        dir = slash == copy ? "/" : copy;
+        base = slash + 1;
+    }
+    size_t blen = strlen(base);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *name = e->d_name;
+        if (strlen(name) != blen + 11 || strncmp(name, base, blen) != 0 ||
+            strncmp(name + blen, ".tmp-", 5) != 0)
+            continue;
+        int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0)
+            unlinkat(dirfd(d), name, 0);
+        close(fd);
+    }
+    if (d) closedir(d);
+    cf_free(copy);
+}
+
 /* The mode a newly created file would get (0666 & ~umask), without touching the umask. */
 static mode_t default_mode(void) {
     mode_t mask = 022;
@@ -602,6 +723,24 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     char *json = build_header(entries, n_entries, meta_keys, meta_values, n_meta, &data_size);
     if (!json) return cf_fail(CF_ERR_NOMEM, "writing %s: out of memory building the header", path);
     size_t len = strlen(json), pad = (8 - len % 8) % 8;
+    if ((uint64_t)(len + pad) > CF_ST_MAX_HEADER) {
+        /* The reader refuses such a header: never write a file that cannot be read back. */
+        cJSON_free(json);
+        int big = -1;
+        size_t big_len = 0;
+        for (int i = 0; i < n_meta; i++)
+            if (strlen(meta_values[i]) > big_len) big_len = strlen(meta_values[i]), big = i;
+        if (big >= 0)
+            return cf_fail(CF_ERR_INVALID,
+                           "writing %s: the header would be %zu bytes, over the limit of %llu "
+                           "that readers accept (the largest metadata value, '%s', is %zu bytes)",
+                           path, len + pad, (unsigned long long)CF_ST_MAX_HEADER, meta_keys[big],
+                           big_len);
+        return cf_fail(CF_ERR_INVALID,
+                       "writing %s: the header would be %zu bytes, over the limit of %llu that "
+                       "readers accept",
+                       path, len + pad, (unsigned long long)CF_ST_MAX_HEADER);
+    }
     unsigned char *head = cf_malloc(8 + len + pad);
     unsigned char *chunk = cf_malloc(CF_ST_CHUNK);
     size_t plen = strlen(path);
@@ -622,12 +761,21 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) mode = sb.st_mode & 07777;
 
+    remove_stale_temporaries(path);
     snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
     writer w = {.path = path, .fd = -1, .total = 8 + len + pad + data_size};
+    sigset_t mask;
+    block_cleanup_signals(true, &mask);
     w.fd = mkostemp(tmp, O_CLOEXEC); /* O_CREAT | O_EXCL, mode 0600 */
+    int err = errno, slot = -1;
+    if (w.fd >= 0) {
+        flock(w.fd, LOCK_EX | LOCK_NB); /* in use: not stale (see remove_stale_temporaries) */
+        slot = register_temporary(tmp);
+    }
+    block_cleanup_signals(false, &mask);
     if (w.fd < 0) {
         st = cf_fail(CF_ERR_IO, "writing %s: cannot create a temporary file %s: %s", path, tmp,
-                     strerror(errno));
+                     strerror(err));
         tmp[0] = '\0';
         goto fail;
     }
@@ -646,6 +794,10 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     }
     /* The temporary file stays 0600 until it is the target; only then does it get the target's
      * mode (best effort: it stays 0600 otherwise). */
+    block_cleanup_signals(true, &mask);
+    unregister_temporary(slot);
+    slot = -1;
+    block_cleanup_signals(false, &mask);
     tmp[0] = '\0';
     (void)fchmod(w.fd, mode);
     int fd = w.fd;
@@ -679,6 +831,11 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
 fail:
     if (w.fd >= 0) close(w.fd);
     if (tmp[0]) unlink(tmp);
+    if (slot >= 0) {
+        block_cleanup_signals(true, &mask);
+        unregister_temporary(slot);
+        block_cleanup_signals(false, &mask);
+    }
     cf_free(head);
     cf_free(chunk);
     cf_free(tmp);
