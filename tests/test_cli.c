@@ -202,6 +202,8 @@ static void test_train_eval_info(void **state) {
     assert_non_null(strstr(r.out, "epoch     train_loss  valid_loss  accuracy  time"));
     assert_non_null(strstr(r.out, "log: log.csv"));
     assert_non_null(strstr(r.err, "640 training and 128 validation samples"));
+    /* 640 samples in steps of 2 x 32, twice: the hint that this is too little to learn from */
+    assert_non_null(strstr(r.err, "note: only 20 optimizer steps (640 samples, 64 per step)"));
     snprintf(model_path, sizeof model_path, "%s/model.safetensors", dir);
     assert_true(file_exists(model_path));
     /* fastai's CSVLogger format */

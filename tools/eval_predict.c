@@ -191,26 +191,6 @@ static void predict_usage(FILE *f, const cli_opt *opts) {
     cli_print_options(f, opts);
 }
 
-static cf_status images_dataset(const cf_model_info *m, const char *const *files, int n,
-                                cf_dataset **out) {
-    size_t per = (size_t)m->n_in * m->height * m->width;
-    float *x = cf_malloc((size_t)n * per * sizeof(float));
-    float *y = cf_calloc((size_t)n, sizeof(float));
-    cf_status st = x && y ? CF_OK : CF_ERR_NOMEM;
-    for (int i = 0; i < n && st == CF_OK; i++) {
-        int w = m->width, h = m->height;
-        st = cf_image_read(files[i], m->n_in, m->height == m->width ? m->height : 0,
-                           x + (size_t)i * per, &w, &h);
-    }
-    if (st == CF_OK)
-        st =
-            cf_dataset_from_arrays(x, y, n, cf_shape_make(3, (int[]){m->n_in, m->height, m->width}),
-                                   1, m->recipe.n_out, out);
-    cf_free(x);
-    cf_free(y);
-    return st;
-}
-
 int cmd_predict(int argc, char **argv) {
     const char *cmd = "predict";
     const char *csv = NULL;
@@ -220,7 +200,7 @@ int cmd_predict(int argc, char **argv) {
         {"--csv", OPT_STR, &csv, "FILE", "predict every row of this table", 0, 0, 0},
         {"--json", OPT_FLAG, &json, NULL, "print a JSON array with every probability", 0, 0, 0},
         {"--top", OPT_INT, &top, "K", "text output: the K most likely classes [1]", 1, 1000, 0},
-        {"--bs", OPT_INT, &bs, "N", "batch size [64]", 1, 1 << 20, 0},
+        {"--bs", OPT_INT, &bs, "N", "batch size of --csv rows [64]", 1, 1 << 20, 0},
         {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
         {0},
     };
@@ -259,7 +239,7 @@ int cmd_predict(int argc, char **argv) {
                                  : "an image model predicts image files");
     }
     cf_dataset *ds = NULL;
-    cf_status st;
+    cf_status st = CF_OK;
     int64_t unseen = 0;
     int64_t *lines = NULL;
     if (tabular) {
@@ -270,8 +250,6 @@ int cmd_predict(int argc, char **argv) {
         if (st == CF_OK && (lines = cf_malloc((size_t)t->n_rows * sizeof *lines)))
             memcpy(lines, t->row_line, (size_t)t->n_rows * sizeof *lines);
         cf_csv_table_free(t);
-    } else {
-        st = images_dataset(&m, pos + 1, n_pos - 1, &ds);
     }
     if (st) {
         cf_model_info_free(&m);
@@ -282,7 +260,22 @@ int cmd_predict(int argc, char **argv) {
     cf_learner *learn = NULL;
     cf_dls *dls = NULL;
     cf_preds p = {0};
-    if (cli_load_learner(pos[0], &m, ds, bs, &learn, &dls) || cf_get_preds(learn, &p)) {
+    if (!tabular) {
+        /* fastai's load_learner + predict, one image file at a time */
+        int n = n_pos - 1, c = m.recipe.n_out;
+        st = cf_load_learner(pos[0], &learn);
+        if (st == CF_OK && !(p.preds.data = cf_malloc((size_t)n * c * sizeof(float))))
+            st = CF_ERR_NOMEM;
+        for (int i = 0; i < n && st == CF_OK; i++)
+            st = cf_predict_image_file(learn, pos[1 + i], p.preds.data + (size_t)i * c, NULL);
+        p.n = n;
+        p.preds.shape = cf_shape2(n, c);
+    } else {
+        st = cli_load_learner(pos[0], &m, ds, bs, &learn, &dls);
+        if (st == CF_OK) st = cf_get_preds(learn, &p);
+    }
+    if (st) {
+        cf_preds_free(&p);
         cf_learner_free(learn);
         cf_dls_free(dls);
         cf_model_info_free(&m);

@@ -514,6 +514,16 @@ static int setup(const char *cmd, train_args *a, session *s) {
     if (!a->quiet && s->master && s->par.start_method != CF_START_MPI && s->parallel)
         fprintf(stderr, "cores: %d worker processes, batch size %d each\n", s->par.num_cores,
                 d->bs ? d->bs : 64);
+    int64_t steps = (a->split_batch ? train->n : train->n / world) / bs;
+    int epochs = a->epochs + (strcmp(a->schedule, "fine-tune") == 0 ? a->freeze_epochs : 0);
+    if (!a->quiet && s->master && strcmp(cmd, "train") == 0 && steps * epochs < 100)
+        /* fit_one_cycle warms up over a quarter of the steps and anneals over the rest: a handful
+         * of steps ends where it began */
+        fprintf(stderr,
+                "note: only %lld optimizer step%s (%lld samples, %d per step); that is too few to "
+                "learn much: raise --epochs or --limit, or lower --bs\n",
+                (long long)(steps * epochs), steps * epochs == 1 ? "" : "s", (long long)train->n,
+                a->split_batch ? bs : bs * world);
     return CLI_OK;
 }
 
