@@ -6,7 +6,8 @@
  *                   the same world size and seed, and checks that everything agrees to 1e-6.
  *   mpi_fit hosts   the same, one rank per host (tests/netns_two_hosts.sh).
  *                   The callbacks' state (trackers, a user's counter) is rank 0's everywhere
- *                   and equals fork's.
+ *                   and equals fork's; ShowGraph's figures are drawn once, by rank 0, from the
+ *                   whole run, and their paths are in every rank's learner.
  *   mpi_fit fail R  rank R's callback fails mid-fit: every rank returns an error at once (the
  *                   others "rank R failed: ..."), every rank's learner is byte for byte its
  *                   state before the call (weights, optimizer, Recorder, callbacks' state),
@@ -22,10 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "corefit/plot.h"
 
 static int rank, world, failures;
 
@@ -266,6 +269,15 @@ static int equivalence(cf_comm *comm) {
     /* the Recorder of the fit (before lr_find replaced it) on a fresh run: epoch values */
     outcome again = {.learn = make_learner(dls, 21)};
     add_stateful_cbs(again.learn);
+    /* figures: one folder for the job (rank 0's pid) */
+    int64_t job = getpid();
+    OK(cf_comm_broadcast(comm, &job, sizeof job, 0));
+    char fig_dir[64], loss_png[128], metrics_png[128];
+    snprintf(fig_dir, sizeof fig_dir, "/tmp/cf-mpi-figures-%lld", (long long)job);
+    snprintf(loss_png, sizeof loss_png, "%s/show_graph_loss.png", fig_dir);
+    snprintf(metrics_png, sizeof metrics_png, "%s/show_graph_metrics.png", fig_dir);
+    bool plots = cf_plot_available();
+    if (plots) OK(cf_learner_add_cb(again.learn, cf_show_graph_cb(.dir = fig_dir)));
     OK(cf_par_fit_one_cycle(again.learn, 2, .lr_max = CF_LR(1e-2),
                             .par.start_method = CF_START_AUTO));
     /* the callbacks' state is rank 0's on every rank */
@@ -276,6 +288,44 @@ static int equivalence(cf_comm *comm) {
     for (int i = 0; i < 4; i++) {
         n_mpi[i] = cb_state(cbs[i], st_mpi[i], sizeof st_mpi[i]);
         check_same_everywhere(comm, cbs[i]->name, st_mpi[i], n_mpi[i]);
+    }
+    if (plots) {
+        CHECK(again.learn->n_figures == 2 && strcmp(again.learn->figures[0], loss_png) == 0 &&
+                  strcmp(again.learn->figures[1], metrics_png) == 0,
+              "%d figures noted, want %s and %s", again.learn->n_figures, loss_png, metrics_png);
+        if (rank == 0) {
+            /* one file per figure, byte for byte what the Recorder that came home draws */
+            const char *drawn[2] = {loss_png, metrics_png};
+            char check[160];
+            snprintf(check, sizeof check, "%s/check.png", fig_dir);
+            for (int i = 0; i < 2; i++) {
+                cf_status st = i == 0 ? cf_plot_loss(&again.learn->recorder, check,
+                                                     &(cf_plot_loss_opts){.skip_start = -1})
+                                      : cf_plot_metrics(&again.learn->recorder, check);
+                CHECK(st == CF_OK, "drawing the check figure: %s", cf_last_error());
+                FILE *a = fopen(drawn[i], "rb"), *b = fopen(check, "rb");
+                CHECK(a && b, "%s missing", drawn[i]);
+                int ca = 0, cb = 0;
+                long at = 0;
+                unsigned char head[8] = {0};
+                while (a && b && (ca = fgetc(a)) == (cb = fgetc(b)) && ca != EOF)
+                    if (at < 8) head[at++] = (unsigned char)ca;
+                CHECK(a && b && ca == EOF && cb == EOF,
+                      "%s differs from the figure drawn from "
+                      "the Recorder that came home",
+                      drawn[i]);
+                CHECK(memcmp(head, "\x89PNG\r\n\x1a\n", 8) == 0, "%s is not a PNG", drawn[i]);
+                if (a) fclose(a);
+                if (b) fclose(b);
+            }
+            unlink(check);
+        }
+        OK(cf_comm_barrier(comm));
+        if (rank == 0) {
+            unlink(loss_png);
+            unlink(metrics_png);
+            CHECK(rmdir(fig_dir) == 0, "%s holds other files than the two figures", fig_dir);
+        }
     }
     const tally *t = cbs[2]->state;
     CHECK(t->epochs == 2 && t->batches > 0, "tally: %lld epochs, %lld batches",

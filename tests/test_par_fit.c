@@ -7,11 +7,13 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "corefit/par.h"
+#include "corefit/plot.h"
 #include "par_time.h"
 
 static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
@@ -548,6 +550,126 @@ static void test_callback_state_comes_home(void **state) {
     rmdir(save_dir);
 }
 
+/* ---- figures drawn during a fit ------------------------------------------------------------ */
+
+static unsigned char *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)size + 1);
+    *n = fread(buf, 1, (size_t)size, f);
+    fclose(f);
+    return buf;
+}
+
+/* A PNG of 800x600 (signature and IHDR), byte for byte the figure the caller draws from what
+ * came home (so it was drawn from the whole run, not from one replica's part). */
+static void assert_png_equal(const char *path, const char *expected) {
+    size_t n = 0, m = 0;
+    unsigned char *a = read_all(path, &n), *b = read_all(expected, &m);
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (n < 24 || memcmp(a, sig, 8) != 0 || memcmp(a + 12, "IHDR", 4) != 0)
+        fail_msg("%s is not a PNG", path);
+    unsigned w = (unsigned)a[16] << 24 | a[17] << 16 | a[18] << 8 | a[19];
+    unsigned h = (unsigned)a[20] << 24 | a[21] << 16 | a[22] << 8 | a[23];
+    if (w != 800 || h != 600) fail_msg("%s is %ux%u", path, w, h);
+    if (n != m || memcmp(a, b, n) != 0)
+        fail_msg("%s (%zu bytes) differs from %s drawn from the learner (%zu bytes)", path, n,
+                 expected, m);
+    free(a);
+    free(b);
+}
+
+static int count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.') n++;
+    if (d) closedir(d);
+    return n;
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    char path[512];
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* ShowGraph in a fit on 1 process and on 1, 2 and 3 workers, and lr_find's plot on 2: one file
+ * per figure (rank 0 draws), drawn from the whole run, its path in the caller's learner. */
+static void test_figures_drawn_during_a_fit_come_home(void **state) {
+    (void)state;
+    if (!cf_plot_available()) {
+        print_message("figures: PLplot's pngcairo is not available here; skipped\n");
+        return;
+    }
+    cf_dls *dls = fixture_dls(96, 20, 12);
+    char root[64];
+    snprintf(root, sizeof root, "/tmp/cf-figures-%d", (int)getpid());
+    mkdir(root, 0755);
+    for (int world = 0; world <= 3; world++) { /* 0: a single-process fit */
+        char dir[128], loss[192], metrics[192], check[192];
+        snprintf(dir, sizeof dir, "%s/w%d", root, world);
+        cf_learner *learn = make_learner(dls, 44);
+        assert_int_equal(cf_learner_note_figure(learn, "earlier.png"), CF_OK);
+        assert_int_equal(cf_learner_add_cb(learn, cf_show_graph_cb(.dir = dir)), CF_OK);
+        cf_status st = world ? cf_par_fit_one_cycle(learn, 3, .par.num_cores = world)
+                             : cf_fit_one_cycle(learn, 3);
+        if (st != CF_OK) fail_msg("world %d: %s", world, cf_last_error());
+        snprintf(loss, sizeof loss, "%s/show_graph_loss.png", dir);
+        snprintf(metrics, sizeof metrics, "%s/show_graph_metrics.png", dir);
+        if (learn->n_figures != 3) fail_msg("world %d: %d figures", world, learn->n_figures);
+        assert_string_equal(learn->figures[0], "earlier.png");
+        assert_string_equal(learn->figures[1], loss);
+        assert_string_equal(learn->figures[2], metrics);
+        assert_int_equal(count_files(dir), 2);
+        snprintf(check, sizeof check, "%s/check.png", root);
+        assert_int_equal(
+            cf_plot_loss(&learn->recorder, check, &(cf_plot_loss_opts){.skip_start = -1}), CF_OK);
+        assert_png_equal(loss, check);
+        assert_int_equal(cf_plot_metrics(&learn->recorder, check), CF_OK);
+        assert_png_equal(metrics, check);
+        if (world == 2) {
+            /* lr_find draws its plot where it runs */
+            char lr_path[192];
+            snprintf(lr_path, sizeof lr_path, "%s/lr_find.png", dir);
+            cf_lr_find_result r;
+            st = cf_par_lr_find(learn, &r, .num_it = 20, CF_LR_FIND_PLOT(lr_path),
+                                .par.num_cores = 2);
+            if (st != CF_OK) fail_msg("lr_find: %s", cf_last_error());
+            assert_int_equal(learn->n_figures, 4);
+            assert_string_equal(learn->figures[3], lr_path);
+            assert_int_equal(count_files(dir), 3);
+            assert_int_equal(cf_plot_lr_find(&r, check), CF_OK);
+            assert_png_equal(lr_path, check);
+            cf_lr_find_result_free(&r);
+        }
+        /* the library's show call lists them (not a terminal: paths only) */
+        FILE *out = tmpfile();
+        assert_int_equal(cf_learner_show_figures(learn, out), 0);
+        char line[256];
+        rewind(out);
+        assert_non_null(fgets(line, sizeof line, out));
+        assert_string_equal(line, "earlier.png\n");
+        assert_non_null(fgets(line, sizeof line, out));
+        assert_non_null(strstr(line, "show_graph_loss.png"));
+        fclose(out);
+        unlink(check);
+        remove_dir(dir);
+        cf_learner_free(learn);
+    }
+    rmdir(root);
+    cf_dls_free(dls);
+}
+
 /* ---- faults --------------------------------------------------------------------------------- */
 
 typedef enum fault { FAULT_CRASH, FAULT_ABORT, FAULT_KILL, FAULT_ERROR, FAULT_HANG } fault;
@@ -696,6 +818,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_brings_last_good_weights_home),
         cmocka_unit_test(test_master_callbacks_run_on_rank_zero_only),
         cmocka_unit_test(test_callback_state_comes_home),
+        cmocka_unit_test(test_figures_drawn_during_a_fit_come_home),
         cmocka_unit_test(test_worker_crash),
         cmocka_unit_test(test_worker_abort),
         cmocka_unit_test(test_worker_killed),

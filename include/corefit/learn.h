@@ -434,7 +434,8 @@ cf_status cf_load_learner(const char *path, cf_learner **out);
 cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, const char *name,
                            float *probs, int *decoded);
 cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *probs, int *decoded);
-/* Records a figure written during a fit (used by plotting callbacks). */
+/* Records a figure written during a fit (used by plotting callbacks); a path already recorded is
+ * not added again (a figure redrawn every epoch is one figure). */
 cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
 
 /* Everything a fit changes in a learner, as bytes (versioned format "CFLS" v1, host byte order):
@@ -519,6 +520,12 @@ typedef struct cf_lr_find_opts {
     int num_it;       /* 100 */
     bool no_stop_div; /* fastai's stop_div=False */
     int suggest;      /* bit set; 0: valley */
+    /* Draws the result where lr_find runs (rank 0 of a parallel call) and notes the path on the
+     * learner (cf_learner_note_figure), e.g. CF_LR_FIND_PLOT("lr_find.png") from corefit/plot.h,
+     * which sets plot = cf_plot_lr_find. A relative path is taken under learn->path. A failed
+     * drawing fails the call. NULL: no figure. */
+    cf_status (*plot)(const struct cf_lr_find_result *r, const char *png_path);
+    const char *plot_path;
 } cf_lr_find_opts;
 
 typedef struct cf_lr_find_result {

@@ -90,6 +90,39 @@ cf_status cf_learner_plot_loss(const cf_learner *learn, const char *png_path,
 cf_status cf_learner_plot_sched(const cf_learner *learn, const char *png_path);
 cf_status cf_learner_plot_metrics(const cf_learner *learn, const char *png_path);
 
+/* ---- figures drawn during a fit, and showing them ------------------------------------------- */
+
+typedef struct cf_show_graph_opts {
+    const char *dir;    /* folder of the figures (created if missing); NULL: learn->path */
+    const char *prefix; /* file names PREFIX_loss.png and PREFIX_metrics.png; NULL: "show_graph" */
+    bool no_metrics;    /* the loss figure only */
+} cf_show_graph_opts;
+
+/* fastai's ShowGraphCallback, drawn to files (order 65, training fits only: not in lr_find,
+ * validate or get_preds): after every epoch it redraws the learning curve (cf_plot_loss from the
+ * first batch, with the validation losses so far) and, unless no_metrics and when the learner
+ * has metrics, the per-epoch losses and metrics (cf_plot_metrics), each into one file, and notes
+ * each path once on the learner (cf_learner_note_figure). It draws on the master only: in a
+ * parallel fit rank 0 draws from the whole run's Recorder (losses and metrics are reduced over
+ * the replicas) and the paths come home in the caller's learner. Add it to the learner
+ * (cf_learner_add_cb) or to a call's cbs. NULL when out of memory or the options are too long;
+ * a fit with it fails at before_fit when figures cannot be written here (cf_plot_available). */
+cf_callback *cf_show_graph_cb_(const cf_show_graph_opts *opts);
+#define cf_show_graph_cb(...) cf_show_graph_cb_(&(cf_show_graph_opts){__VA_ARGS__})
+
+/* lr_find's option to draw its plot where it runs (rank 0 of a parallel call):
+ *     cf_lr_find(learn, &r, CF_LR_FIND_PLOT("lr_find.png"));  */
+#define CF_LR_FIND_PLOT(png_path) .plot = cf_plot_lr_find, .plot_path = (png_path)
+
+/* Shows figures in the terminal: each path is printed on `out` (NULL: stdout) and, when `out` is
+ * a terminal that draws sixel graphics (it answers the primary device attributes query with 4,
+ * or COREFIT_SIXEL=1 says so) and libsixel is installed (loaded at run time), the figure is drawn
+ * under it. COREFIT_SIXEL=0 prints the paths only. Returns the number of figures drawn as
+ * sixel (0 when only paths were printed). */
+int cf_show_figures(const char *const *paths, int n, FILE *out);
+/* The same for the figures noted on a learner (learn->figures), e.g. after a parallel fit. */
+int cf_learner_show_figures(const cf_learner *learn, FILE *out);
+
 #ifdef __cplusplus
 }
 #endif

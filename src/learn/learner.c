@@ -232,6 +232,9 @@ cf_status cf_learner_load(cf_learner *learn, const char *name, bool with_opt) {
 }
 
 cf_status cf_learner_note_figure(cf_learner *learn, const char *path) {
+    if (!learn || !path) return cf_fail(CF_ERR_INVALID, "cf_learner_note_figure: NULL argument");
+    for (int i = 0; i < learn->n_figures; i++)
+        if (strcmp(learn->figures[i], path) == 0) return CF_OK;
     char *copy = cf_strdup(path);
     char **grown = cf_calloc((size_t)learn->n_figures + 1, sizeof *grown);
     if (!copy || !grown) {

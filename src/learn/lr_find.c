@@ -246,6 +246,19 @@ cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_
     memcpy(result->lrs, rec->lrs, (size_t)result->n * sizeof(double));
     memcpy(result->losses, rec->losses, (size_t)result->n * sizeof(double));
     cf_lr_find_suggest(result, num_it, o->suggest);
+    if (o->plot && o->plot_path && learn->replica.is_master) {
+        char path[4096];
+        if (o->plot_path[0] == '/' || !learn->path)
+            snprintf(path, sizeof path, "%s", o->plot_path);
+        else
+            snprintf(path, sizeof path, "%s/%s", learn->path, o->plot_path);
+        st = o->plot(result, path);
+        if (st == CF_OK) st = cf_learner_note_figure(learn, path);
+        if (st != CF_OK) {
+            cf_lr_find_result_free(result);
+            return cf_fail_context(st, "lr_find: drawing %s", path);
+        }
+    }
     return CF_OK;
 }
 
