@@ -369,6 +369,18 @@ static void test_model_load_mismatch(void **state) {
     assert_true(same(m, &before));
     cf_model_free(other);
 
+    /* NaN and infinite weights: refused, naming the tensor and the element */
+    cf_model *diverged = small_model(4);
+    for (int k = 0; k < 2; k++) {
+        diverged->weights[5] = k ? -INFINITY : NAN;
+        assert_int_equal(cf_model_save(diverged, NULL, path), CF_OK);
+        assert_int_equal(cf_model_load(m, NULL, path), CF_ERR_NONFINITE);
+        assert_non_null(strstr(cf_last_error(), path));
+        assert_non_null(strstr(cf_last_error(), k ? "an infinity at element" : "NaN at element"));
+        assert_true(same(m, &before));
+    }
+    cf_model_free(diverged);
+
     /* a missing tensor */
     cf_st_entry e[1] = {{"0.weight", CF_DTYPE_F32, cf_shape2(3, 4), 12, w}};
     assert_int_equal(cf_st_write(path, e, 1, NULL, NULL, 0), CF_OK);
@@ -620,6 +632,38 @@ static void test_writer_keeps_to_the_readers_limits(void **state) {
     oracle_cleanup(&o);
 }
 
+/* A save's target is checked before a long job: missing folder, a directory, a read-only
+ * folder (unless root, who may write anyway); nothing is left behind. */
+static void test_check_writable(void **state) {
+    (void)state;
+    oracle o;
+    oracle_init(&o);
+    char path[512], ro[512];
+    path_in(path, sizeof path, &o, "m.safetensors");
+    assert_int_equal(cf_st_check_writable(path), CF_OK);
+    assert_int_equal(access(path, F_OK), -1);
+    DIR *d = opendir(o.dir);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));) entries += e->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(entries, 0);
+    path_in(path, sizeof path, &o, "missing/m.safetensors");
+    assert_int_equal(cf_st_check_writable(path), CF_ERR_IO);
+    assert_non_null(strstr(cf_last_error(), "missing/m.safetensors"));
+    assert_non_null(strstr(cf_last_error(), "No such file"));
+    assert_int_equal(cf_st_check_writable(o.dir), CF_ERR_IO);
+    assert_non_null(strstr(cf_last_error(), "is a directory"));
+    path_in(ro, sizeof ro, &o, "ro");
+    assert_int_equal(mkdir(ro, 0500), 0);
+    path_in(path, sizeof path, &o, "ro/m.safetensors");
+    if (geteuid() != 0) {
+        assert_int_equal(cf_st_check_writable(path), CF_ERR_IO);
+        assert_non_null(strstr(cf_last_error(), "Permission denied"));
+    }
+    chmod(ro, 0700);
+    oracle_cleanup(&o);
+}
+
 static void test_atomic_write(void **state) {
     (void)state;
     oracle o;
@@ -768,6 +812,7 @@ int main(void) {
         cmocka_unit_test(test_specific_errors),
         cmocka_unit_test(test_atomic_write),
         cmocka_unit_test(test_writer_keeps_to_the_readers_limits),
+        cmocka_unit_test(test_check_writable),
         cmocka_unit_test(test_torch_loads_saved_model),
         cmocka_unit_test(test_torch_loads_saved_w1),
     };

@@ -855,6 +855,11 @@ int cmd_train(int argc, char **argv) {
             return cli_lib_error(cmd, "progress table");
         }
     }
+    /* a read-only or missing output folder fails now, not after the fit */
+    if (s.master && cf_st_check_writable(a.out)) {
+        session_free(&s);
+        return cli_lib_error(cmd, "--out");
+    }
     struct stat plots_sb;
     bool made_plots = a.plots && s.master && stat(a.plots, &plots_sb) != 0;
     if (a.plots && s.master && mkdirs(a.plots)) {

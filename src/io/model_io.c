@@ -249,6 +249,13 @@ cf_status cf_model_load(cf_model *model, cf_optimizer *opt, const char *path) {
         if (e && p->kind == CF_PARAM_COUNTER && p->numel == 1 && e->numel == 1)
             continue; /* a counter may be a scalar or a one-element vector */
         st = expect_shape(path, e, p->full_name, &p->shape);
+        /* NaN or infinite weights (a diverged fit saved) would only predict NaN. */
+        for (size_t k = 0; st == CF_OK && k < p->numel; k++)
+            if (!isfinite(e->data[k]))
+                st = cf_fail(CF_ERR_NONFINITE,
+                             "%s: tensor '%s' holds %s at element %zu (a diverged fit? the model "
+                             "is left as it was)",
+                             path, p->full_name, isnan(e->data[k]) ? "NaN" : "an infinity", k);
     }
     for (int i = 0; i < f->n_entries && st == CF_OK; i++) {
         const char *name = f->entries[i].name;

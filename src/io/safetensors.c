@@ -698,6 +698,29 @@ static void remove_stale_temporaries(const char *path) {
     cf_free(copy);
 }
 
+cf_status cf_st_check_writable(const char *path) {
+    if (!path || !path[0]) return cf_fail(CF_ERR_INVALID, "cf_st_check_writable: empty path");
+    size_t plen = strlen(path);
+    char *tmp = cf_malloc(plen + 16);
+    if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "checking %s", path);
+    struct stat sb;
+    cf_status st = CF_OK;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        st = cf_fail(CF_ERR_IO, "cannot write %s: it is a directory", path);
+    } else {
+        snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
+        int fd = mkostemp(tmp, O_CLOEXEC);
+        if (fd < 0) {
+            st = cf_fail(CF_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+        } else {
+            close(fd);
+            unlink(tmp);
+        }
+    }
+    cf_free(tmp);
+    return st;
+}
+
 /* The mode a newly created file would get (0666 & ~umask), without touching the umask. */
 static mode_t default_mode(void) {
     mode_t mask = 022;
