@@ -32,20 +32,22 @@ MEAN, STD = 0.2860, 0.3530
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
-def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(workload):
+    ap = argparse.ArgumentParser(description=workload["doc"], formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--threads", type=int, default=1, help="one process with N threads")
     g.add_argument("--ddp", type=int, default=0, help="N processes, DDP over gloo")
     ap.add_argument("--batches", type=int, default=0, help="train this many batches (per process) and stop")
     ap.add_argument("--epochs", type=int, default=1, help="epochs of the one-cycle schedule")
     ap.add_argument("--bs", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=workload["lr"])
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
     ap.add_argument("--port", type=int, default=29517)
-    return ap.parse_args()
+    args = ap.parse_args()
+    args.workload = workload
+    return args
 
 
 def read_idx(path):
@@ -157,16 +159,11 @@ def train(rank, world, args, result_q=None):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     xtr, ytr = load(args.data, "train")
-    model = build_model()
+    wl = args.workload
+    model = wl["build_model"]()
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    bn_params = [p for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters()]
-    bn_ids = {id(p) for p in bn_params}
-    other = [p for p in model.parameters() if id(p) not in bn_ids]
-    opt = torch.optim.AdamW(
-        [{"params": other, "weight_decay": 0.01}, {"params": bn_params, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.99), eps=1e-5,
-    )
+    opt = wl["optimizer"](model, args.lr)
     loss_fn = nn.CrossEntropyLoss()
     n_local = len(xtr) // world  # DistributedSampler-like shard, same size on every rank
     n_iter = n_local // args.bs
@@ -178,7 +175,7 @@ def train(rank, world, args, result_q=None):
     # the schedule spans the whole fit (epochs * n_iter) even when stopped early by --batches
     sched_total = max(args.epochs * n_iter, total)
     lr_f = combined_cos(0.25, args.lr / 25, args.lr, args.lr / 1e5)
-    mom_f = combined_cos(0.25, 0.95, 0.85, 0.95)
+    mom_f = combined_cos(0.25, *wl["moms"])
     g = np.random.default_rng(args.seed)
     stamps = []  # end of each training step
     cpus = []  # this process's CPU seconds at the end of each step
@@ -196,7 +193,7 @@ def train(rank, world, args, result_q=None):
             pct = it / sched_total
             for grp in opt.param_groups:
                 grp["lr"] = lr_f(pct)
-                grp["betas"] = (mom_f(pct), 0.99)
+                wl["set_mom"](grp, mom_f(pct))
             loss = loss_fn(model(xb), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -258,8 +255,9 @@ def ddp_worker(rank, world, args, q):
         raise
 
 
-def main():
-    args = parse_args()
+def main(workload=None):
+    """Runs a workload (a dict as W1 below; default W1) and prints its JSON line."""
+    args = parse_args(workload or W1)
     world = args.ddp if args.ddp else 1
     nthreads = 1 if world > 1 else args.threads
     os.environ["OMP_NUM_THREADS"] = str(nthreads)
@@ -295,7 +293,7 @@ def main():
     imgs = r["timed_steps"] * args.bs * world
     ips = imgs / span if span > 0 else 0.0
     cpu_total = sum(x["cpu_s"] for x in ranks)
-    mflop = w1_train_mflop_per_image()
+    mflop = args.workload["mflop_per_image"]()
     print(
         json.dumps(
             {
@@ -338,6 +336,37 @@ def w1_train_mflop_per_image():
     fwd = [2 * ci * co * k * k * h * w for ci, co, k, h, w in convs] + [2 * 128 * 256, 2 * 256 * 10]
     return (3 * sum(fwd) - fwd[0]) / 1e6
 
+
+def w1_optimizer(model, lr):
+    """fastai's Adam: AdamW(0.9/0.99, eps 1e-5, wd 0.01), no weight decay on BatchNorm."""
+    import torch
+    from torch import nn
+
+    bn_params = [p for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters()]
+    bn_ids = {id(p) for p in bn_params}
+    other = [p for p in model.parameters() if id(p) not in bn_ids]
+    return torch.optim.AdamW(
+        [{"params": other, "weight_decay": 0.01}, {"params": bn_params, "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.99), eps=1e-5,
+    )
+
+
+def w1_set_mom(group, mom):
+    group["betas"] = (mom, 0.99)
+
+
+# What the shared training loop needs from a workload: the default lr_max, the model, the
+# optimizer for (model, lr), the one-cycle momentum (start, middle, end) and how to set it on a
+# parameter group, and the FLOP count of a training step per image.
+W1 = {
+    "doc": __doc__,
+    "lr": 3e-3,
+    "build_model": build_model,
+    "optimizer": w1_optimizer,
+    "moms": (0.95, 0.85, 0.95),
+    "set_mom": w1_set_mom,
+    "mflop_per_image": w1_train_mflop_per_image,
+}
 
 if __name__ == "__main__":
     main()
