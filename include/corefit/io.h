@@ -68,6 +68,17 @@ cf_status cf_model_save(const cf_model *model, const cf_optimizer *opt, const ch
  * optimizer are left exactly as they were. */
 cf_status cf_model_load(cf_model *model, cf_optimizer *opt, const char *path);
 
+/* Loads a pretrained torchvision or timm ResNet (safetensors, float32, with their state_dict
+ * names; convert a torchvision .pth with tools/convert_pth.py) into a model built by
+ * cf_resnet_learner_model (the body "0.*"; the head keeps its own initialisation),
+ * cf_resnet_body, or cf_resnet (everything; fc only when its shape matches, else it keeps its
+ * initialisation). Names are mapped with cf_resnet_param_name. Every body parameter and running
+ * statistic must be in the file with the model's shape (num_batches_tracked may be absent), and
+ * every tensor of the file but the classifier must have a place in the model; otherwise the
+ * error names the first tensor at fault (file name and model name, both shapes) and the model
+ * is left exactly as it was. */
+cf_status cf_resnet_load_pretrained(cf_model *model, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -100,7 +100,9 @@ cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape);
 cf_tensor *cf_module_input_grad(cf_module *m);
 
 /* Appends a named child to any module (for custom containers); takes ownership of the child,
- * also on failure. */
+ * also on failure. An empty name makes the child transparent in state_dict names: its
+ * parameters continue the parent's prefix (how torchvision's blocks, whose layers sit directly
+ * under the block, run their main path through cf_residual). */
 cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *name);
 
 /* Containers take ownership of their children, also on failure. */
@@ -285,9 +287,41 @@ cf_module *cf_xresnet18(int c_in, int n_out);
 cf_module *cf_xresnet34(int c_in, int n_out);
 cf_module *cf_xresnet50(int c_in, int n_out);
 
+/* torchvision's ResNet (resnet18/34 with BasicBlocks, 50/101/152 with Bottlenecks, the stride
+ * on the 3x3 conv) with torchvision's state_dict names: "conv1.weight", "bn1.running_mean",
+ * "layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "layer2.0.downsample.1.weight", ...,
+ * "fc.weight", "fc.bias", in the same order. Initialisation as torchvision: conv weights
+ * kaiming_normal_(mode fan_out, relu), BatchNorm weight 1 and bias 0, fc as nn.Linear. c_in 3
+ * for ImageNet weights. */
+cf_module *cf_resnet(int depth, int c_in, int num_classes);
+/* fastai's create_body(resnet, cut=-2): Sequential(conv1, bn1, relu, maxpool, layer1, ...,
+ * layer4) as children "0".."7" (names "0.weight", "4.0.conv1.weight", "5.0.downsample.0.weight";
+ * an InitHook follows at 8), as torchvision initialises it. Output (N, nf, H/32, W/32). */
+cf_module *cf_resnet_body(int depth, int c_in);
+/* The body's output channels: 512 for depth 18/34, 2048 for 50/101/152 (0 for another depth). */
+int cf_resnet_nf(int depth);
+/* fastai's vision_learner model for a torchvision resnet: Sequential(cf_resnet_body,
+ * cf_create_head(nf, n_out, head)) with names "0.0.weight" (conv1), "0.4.0.conv1.weight"
+ * (layer1.0.conv1), ..., "1.*" (the head). head NULL: fastai's defaults. Use cf_split_resnet for
+ * fastai's three parameter groups. */
+cf_module *cf_resnet_learner_model(int depth, int c_in, int n_out, const cf_head_opts *head);
+/* The name, in a corefit model, of a pretrained ResNet tensor. `name` is torchvision's or timm's
+ * (the same for the plain ResNets; a "module." or "model." prefix is dropped). body_prefix NULL:
+ * the model is cf_resnet's (names unchanged); otherwise the model holds fastai's cut body under
+ * body_prefix ("0." for cf_resnet_learner_model, "" for cf_resnet_body), so "conv1.*" becomes
+ * "<prefix>0.*", "bn1.*" "<prefix>1.*" and "layerK.*" "<prefix>(3+K).*". Returns 1 and writes
+ * out, 0 for the classifier ("fc.*", which a fastai body has no place for), -1 for a name that
+ * is not part of a torchvision ResNet (e.g. timm's deep-stem "conv1.0.weight"). */
+int cf_resnet_param_name(const char *name, const char *body_prefix, char *out, size_t size);
+/* The inverse for messages: torchvision's name of a body parameter of a fastai-cut model
+ * (false when `name` is not under body_prefix or not a body name). */
+bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out,
+                                size_t size);
+
 /* A vision model by architecture name (the command line's --arch): "mini-resnet" (W1),
- * "xresnet18", "xresnet34", "xresnet50", and "xresnet18-small" etc. (small_images), each with
- * fastai's default head (mini-resnet: its own). NULL with a message naming the choices for
+ * "xresnet18", "xresnet34", "xresnet50", and "xresnet18-small" etc. (small_images),
+ * "resnet18", "resnet34", "resnet50", "resnet101", "resnet152" (cf_resnet_learner_model), each
+ * with fastai's default head (mini-resnet: its own). NULL with a message naming the choices for
  * another name. */
 cf_module *cf_vision_model(const char *arch, int c_in, int n_out);
 

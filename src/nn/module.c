@@ -437,7 +437,10 @@ static cf_status walk(cf_module *m, const char *prefix, walk_state *ws) {
     }
     for (int i = 0; i < m->n_children; i++) {
         char child_prefix[512];
-        snprintf(child_prefix, sizeof child_prefix, "%s%s.", prefix, m->child_names[i]);
+        if (m->child_names[i][0]) /* an empty name adds nothing (nn.h, cf_module_add_child) */
+            snprintf(child_prefix, sizeof child_prefix, "%s%s.", prefix, m->child_names[i]);
+        else
+            snprintf(child_prefix, sizeof child_prefix, "%s", prefix);
         cf_status st = walk(m->children[i], child_prefix, ws);
         if (st != CF_OK) return st;
     }

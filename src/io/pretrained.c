@@ -1,0 +1,108 @@
+/* Pretrained ResNet weights from torchvision's and timm's safetensors files. */
+#include "corefit/io.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Where the model keeps its body: NULL for cf_resnet's torchvision layout, "0." for
+ * cf_resnet_learner_model, "" for cf_resnet_body; false when it is none of them. */
+static bool body_layout(const cf_model *model, const char **prefix) {
+    if (cf_model_param(model, "conv1.weight") && cf_model_param(model, "layer1.0.conv1.weight")) {
+        *prefix = NULL;
+        return true;
+    }
+    if (cf_model_param(model, "0.0.weight") && cf_model_param(model, "0.4.0.conv1.weight")) {
+        *prefix = "0.";
+        return true;
+    }
+    if (cf_model_param(model, "0.weight") && cf_model_param(model, "4.0.conv1.weight")) {
+        *prefix = "";
+        return true;
+    }
+    return false;
+}
+
+static int param_index(const cf_model *model, const char *name) {
+    for (int i = 0; i < model->n_params; i++)
+        if (strcmp(model->params[i]->full_name, name) == 0) return i;
+    return -1;
+}
+
+static bool same_shape(const cf_st_entry *e, const cf_param *p) {
+    if (p->kind == CF_PARAM_COUNTER) return e->numel == 1;
+    return cf_shape_equal(&e->shape, &p->shape);
+}
+
+/* A body parameter: everything under the prefix (fastai layout), everything but fc. */
+static bool in_body(const cf_param *p, const char *prefix) {
+    if (!prefix) return strncmp(p->full_name, "fc.", 3) != 0;
+    return strncmp(p->full_name, prefix, strlen(prefix)) == 0;
+}
+
+static cf_status check_and_copy(cf_model *model, const cf_st_file *file, const char *path,
+                                const char *prefix) {
+    const cf_st_entry **src = cf_calloc((size_t)model->n_params + 1, sizeof *src);
+    if (!src) return CF_ERR_NOMEM;
+    cf_status st = CF_OK;
+    char name[512], a[64], b[64];
+    for (int i = 0; i < file->n_entries && st == CF_OK; i++) {
+        const cf_st_entry *e = &file->entries[i];
+        int kind = cf_resnet_param_name(e->name, prefix, name, sizeof name);
+        if (kind < 0) {
+            st = cf_fail(CF_ERR_FORMAT,
+                         "%s: tensor '%s' is not part of a torchvision/timm ResNet (a deep-stem "
+                         "or other variant is not supported)",
+                         path, e->name);
+            break;
+        }
+        if (kind == 0) { /* the classifier: kept by cf_resnet's model when it fits */
+            if (prefix) continue;
+            int j = param_index(model, strstr(e->name, "fc.")); /* after module./model. */
+            if (j >= 0 && same_shape(e, model->params[j])) src[j] = e;
+            continue;
+        }
+        int j = param_index(model, name);
+        if (j < 0) {
+            st = cf_fail(CF_ERR_FORMAT,
+                         "%s: tensor '%s' has no place in the model (no parameter %s): is the "
+                         "file for another depth?",
+                         path, e->name, name);
+        } else if (!same_shape(e, model->params[j])) {
+            st = cf_fail(CF_ERR_FORMAT, "%s: tensor '%s' has shape %s but the model's %s is %s",
+                         path, e->name, cf_shape_str(&e->shape, a, sizeof a), name,
+                         cf_shape_str(&model->params[j]->shape, b, sizeof b));
+        } else {
+            src[j] = e;
+        }
+    }
+    for (int j = 0; j < model->n_params && st == CF_OK; j++) {
+        const cf_param *p = model->params[j];
+        if (src[j] || !in_body(p, prefix) || p->kind == CF_PARAM_COUNTER) continue;
+        const char *tv = p->full_name;
+        if (prefix && cf_resnet_torchvision_name(p->full_name, prefix, name, sizeof name))
+            tv = name;
+        st = cf_fail(CF_ERR_FORMAT, "%s has no tensor '%s' (the model's %s, shape %s)", path, tv,
+                     p->full_name, cf_shape_str(&p->shape, a, sizeof a));
+    }
+    if (st == CF_OK) /* validated: now copy */
+        for (int j = 0; j < model->n_params; j++)
+            if (src[j]) memcpy(model->params[j]->data, src[j]->data, src[j]->numel * sizeof(float));
+    cf_free(src);
+    return st;
+}
+
+cf_status cf_resnet_load_pretrained(cf_model *model, const char *path) {
+    const char *prefix;
+    if (!model || !path) return cf_fail(CF_ERR_INVALID, "cf_resnet_load_pretrained: NULL argument");
+    if (!body_layout(model, &prefix))
+        return cf_fail(CF_ERR_INVALID,
+                       "%s: the model is not a torchvision ResNet "
+                       "(cf_resnet, cf_resnet_body or cf_resnet_learner_model)",
+                       path);
+    cf_st_file *file = NULL;
+    cf_status st = cf_st_read(path, &file);
+    if (st != CF_OK) return cf_fail_context(st, "pretrained ResNet weights");
+    st = check_and_copy(model, file, path, prefix);
+    cf_st_free(file);
+    return st;
+}

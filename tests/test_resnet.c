@@ -1,0 +1,319 @@
+/* torchvision's ResNets (tests/oracle/resnet.py): torchvision builds resnet18/50 with random
+ * weights and saves them as safetensors (with torchvision's names, timm's, or converted from a
+ * .pth by tools/convert_pth.py); corefit loads them into its own resnets and must give the same
+ * outputs, parameter gradients of L = sum(out * r) and BatchNorm running statistics, in train
+ * and eval mode, for fastai's cut body and for the whole model. Also: the errors for a missing
+ * or mis-shaped tensor, the model left untouched by a failed load, the fastai learner model's
+ * names and head. */
+#include "oracle.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "corefit/io.h"
+#include "corefit/nn.h"
+
+#define RTOL 1e-4
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+/* |a - b| <= RTOL * |b| + max(RTOL * max|b|, 4 * PyTorch's own float32 error on the tensor) */
+/* allow_frac > 0: up to that fraction of the elements may be out of bounds (see
+ * test_resnet50_body_train). */
+static void check_close(const char *what, const float *a, const float *b, size_t n,
+                        double torch_err, double allow_frac) {
+    double atol = fmax(RTOL * max_abs(b, n), 4.0 * torch_err);
+    if (allow_frac > 0) {
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!(fabs((double)a[i] - b[i]) <= atol + RTOL * fabs(b[i]))) bad++;
+        if ((double)bad <= allow_frac * (double)n) return;
+    }
+    if (getenv("RESNET_DEBUG")) { /* print every element out of bounds instead of failing */
+        for (size_t i = 0; i < n; i++)
+            if (fabs((double)a[i] - b[i]) > atol + RTOL * fabs(b[i]))
+                fprintf(stderr, "%s [%zu]: %.7g vs %.7g (atol %.3g, torch32 %.3g)\n", what, i, a[i],
+                        b[i], atol, torch_err);
+        return;
+    }
+    assert_close(what, a, b, n, RTOL, atol);
+}
+
+static char **read_lines(const char *dir, const char *file, int *count) {
+    char path[512], line[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int cap = 64, n = 0;
+    char **lines = malloc((size_t)cap * sizeof *lines);
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0]) continue;
+        if (n == cap) lines = realloc(lines, (size_t)(cap *= 2) * sizeof *lines);
+        lines[n++] = strdup(line);
+    }
+    fclose(f);
+    *count = n;
+    return lines;
+}
+
+static void free_lines(char **lines, int n) {
+    for (int i = 0; i < n; i++) free(lines[i]);
+    free(lines);
+}
+
+static cf_shape out_shape(int depth, bool body, int n, int size) {
+    return body ? cf_shape4(n, cf_resnet_nf(depth), size / 32, size / 32) : cf_shape2(n, 10);
+}
+
+/* Writes x (2, 3, size, size) and r into o and runs resnet.py. */
+static void run_oracle(oracle *o, int depth, bool train, bool body, const char *variant, int size,
+                       float **x_out, float **r_out) {
+    cf_shape xs = cf_shape4(2, 3, size, size), ys = out_shape(depth, body, 2, size);
+    float *x = malloc(cf_shape_numel(&xs) * sizeof(float));
+    float *r = malloc(cf_shape_numel(&ys) * sizeof(float));
+    fill_uniform(x, cf_shape_numel(&xs), 7, -1.0f, 1.0f);
+    fill_uniform(r, cf_shape_numel(&ys), 9, -1.0f, 1.0f);
+    oracle_put(o, "x", x, xs);
+    oracle_put(o, "r", r, ys);
+    char args[256];
+    snprintf(args, sizeof args, "depth=%d mode=%s layout=%s variant=%s", depth,
+             train ? "train" : "eval", body ? "body" : "full", variant);
+    oracle_run(o, "resnet.py", args);
+    *x_out = x;
+    *r_out = r;
+}
+
+static void weights_path(const oracle *o, char *path, size_t size) {
+    snprintf(path, size, "%s/weights.safetensors", o->dir);
+}
+
+static void run_case(int depth, bool train, bool body, const char *variant, int size,
+                     double allow_frac) {
+    oracle o;
+    oracle_init(&o);
+    float *x, *r;
+    run_oracle(&o, depth, train, body, variant, size, &x, &r);
+
+    cf_model *model;
+    assert_int_equal(
+        cf_model_new(&model, body ? cf_resnet_body(depth, 3) : cf_resnet(depth, 3, 10), 4321),
+        CF_OK);
+    char path[512];
+    weights_path(&o, path, sizeof path);
+    if (cf_resnet_load_pretrained(model, path) != CF_OK) fail_msg("%s", cf_last_error());
+
+    /* names: torchvision's (whole model) or fastai's cut body, in state_dict order */
+    int nt;
+    char **tnames = read_lines(o.dir, "torch_names.txt", &nt);
+    assert_int_equal(model->n_params, nt);
+    for (int i = 0; i < nt; i++)
+        if (strcmp(model->params[i]->full_name, tnames[i]) != 0)
+            fail_msg("resnet%d: parameter %d is %s in corefit, %s in torch", depth, i,
+                     model->params[i]->full_name, tnames[i]);
+    free_lines(tnames, nt);
+
+    cf_shape xs = cf_shape4(2, 3, size, size);
+    cf_tensor xt = cf_tensor_view(x, xs);
+    cf_model_train(model, train);
+    cf_model_zero_grad(model);
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    cf_shape ys = out_shape(depth, body, 2, size);
+    assert_true(cf_shape_equal(&y->shape, &ys));
+    cf_tensor terr = oracle_get(&o, "torch_err");
+    assert_int_equal(cf_shape_numel(&terr.shape), model->n_params + 1);
+    cf_tensor ref = oracle_get(&o, "out");
+    check_close("output", y->data, ref.data, cf_shape_numel(&ys), terr.data[model->n_params], 0);
+    free(ref.data);
+    cf_tensor rt = cf_tensor_view(r, ys);
+    assert_int_equal(cf_model_backward(model, &rt), CF_OK);
+
+    for (int i = 0; i < model->n_params; i++) {
+        cf_param *p = model->params[i];
+        char name[32], what[300];
+        bool buffer = p->grad == NULL;
+        /* timm's files have no num_batches_tracked: corefit keeps its own 0 */
+        if (p->kind == CF_PARAM_COUNTER && strcmp(variant, "timm") == 0) continue;
+        snprintf(name, sizeof name, "%s%d", buffer ? "b" : "g", i);
+        snprintf(what, sizeof what, "resnet%d %s %s %s (%s)", depth, body ? "body" : "model",
+                 buffer ? "buffer" : "gradient", p->full_name, train ? "train" : "eval");
+        cf_tensor t = oracle_get(&o, name);
+        assert_int_equal(cf_shape_numel(&t.shape), p->numel);
+        check_close(what, buffer ? p->data : p->grad, t.data, p->numel, terr.data[i],
+                    buffer ? 0 : allow_frac);
+        free(t.data);
+    }
+    free(terr.data);
+    free(x);
+    free(r);
+    cf_model_free(model);
+    oracle_cleanup(&o);
+}
+
+static void test_resnet18_body_train(void **state) {
+    (void)state;
+    run_case(18, true, true, "tv", 64, 0);
+}
+
+static void test_resnet18_body_eval_timm_names(void **state) {
+    (void)state;
+    run_case(18, false, true, "timm", 64, 0);
+}
+
+static void test_resnet18_full_eval(void **state) {
+    (void)state;
+    run_case(18, false, false, "tv", 64, 0);
+}
+
+static void test_resnet50_body_eval_from_pth(void **state) {
+    (void)state;
+    run_case(50, false, true, "pth", 64, 0);
+}
+
+/* Train mode through 16 Bottlenecks: a value that lands within float32 rounding of 0 before a
+ * ReLU switches its mask in one of the two computations (PyTorch's own float32 run flips
+ * others), which moves that one channel's gradients by O(1) from there back. So up to 0.1% of a
+ * gradient's elements may differ (in practice one channel of one or two layers); the output,
+ * the running statistics and every other element must agree, and an error in the layers
+ * themselves shows everywhere (resnet18 in train mode and resnet50 in eval mode are checked
+ * without this allowance). */
+static void test_resnet50_body_train(void **state) {
+    (void)state;
+    run_case(50, true, true, "tv", 64, 1e-3);
+}
+
+/* ---- errors and the fastai learner model --------------------------------------------------- */
+
+static float *snapshot(const cf_model *m) {
+    float *s = malloc((m->n_weights + m->n_buffers) * sizeof(float));
+    memcpy(s, m->weights, m->n_weights * sizeof(float));
+    memcpy(s + m->n_weights, m->buffers, m->n_buffers * sizeof(float));
+    return s;
+}
+
+static void assert_unchanged(const cf_model *m, const float *s) {
+    assert_memory_equal(m->weights, s, m->n_weights * sizeof(float));
+    assert_memory_equal(m->buffers, s + m->n_weights, m->n_buffers * sizeof(float));
+}
+
+static void test_missing_tensor_named(void **state) {
+    (void)state;
+    oracle o;
+    oracle_init(&o);
+    float *x, *r;
+    run_oracle(&o, 18, false, true, "missing", 64, &x, &r);
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, cf_resnet_learner_model(18, 3, 5, NULL), 1), CF_OK);
+    float *before = snapshot(model);
+    char path[512];
+    weights_path(&o, path, sizeof path);
+    assert_int_equal(cf_resnet_load_pretrained(model, path), CF_ERR_FORMAT);
+    const char *msg = cf_last_error();
+    assert_non_null(strstr(msg, path));
+    assert_non_null(strstr(msg, "layer3.1.bn2.running_var"));
+    assert_non_null(strstr(msg, "0.6.1.bn2.running_var"));
+    assert_unchanged(model, before);
+    free(before);
+    free(x);
+    free(r);
+    cf_model_free(model);
+    oracle_cleanup(&o);
+}
+
+static void test_wrong_depth_names_first_misshaped(void **state) {
+    (void)state;
+    oracle o;
+    oracle_init(&o);
+    float *x, *r;
+    run_oracle(&o, 50, false, true, "tv", 64, &x, &r); /* resnet50's weights */
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, cf_resnet_learner_model(18, 3, 5, NULL), 1), CF_OK);
+    float *before = snapshot(model);
+    char path[512];
+    weights_path(&o, path, sizeof path);
+    assert_int_equal(cf_resnet_load_pretrained(model, path), CF_ERR_FORMAT);
+    const char *msg = cf_last_error();
+    /* conv1 and bn1 fit; layer1.0.conv1 is 1x1 in a Bottleneck, 3x3 in a BasicBlock */
+    assert_non_null(strstr(msg, "'layer1.0.conv1.weight' has shape (64, 64, 1, 1)"));
+    assert_non_null(strstr(msg, "0.4.0.conv1.weight is (64, 64, 3, 3)"));
+    assert_unchanged(model, before);
+    free(before);
+
+    /* into a resnet50 learner model: the body loads, the head keeps its initialisation */
+    cf_model *m50;
+    assert_int_equal(cf_model_new(&m50, cf_resnet_learner_model(50, 3, 5, NULL), 1), CF_OK);
+    cf_param *head_w = cf_model_param(m50, "1.4.weight");
+    assert_non_null(head_w);
+    float *head = malloc(head_w->numel * sizeof(float));
+    memcpy(head, head_w->data, head_w->numel * sizeof(float));
+    if (cf_resnet_load_pretrained(m50, path) != CF_OK) fail_msg("%s", cf_last_error());
+    assert_memory_equal(head, head_w->data, head_w->numel * sizeof(float));
+    free(head);
+    /* the body's values came from the file: compare one tensor read back from it */
+    cf_st_file *file;
+    assert_int_equal(cf_st_read(path, &file), CF_OK);
+    const cf_st_entry *e = cf_st_find(file, "layer4.2.bn3.running_var");
+    assert_non_null(e);
+    cf_param *p = cf_model_param(m50, "0.7.2.bn3.running_var");
+    assert_non_null(p);
+    assert_memory_equal(e->data, p->data, p->numel * sizeof(float));
+    cf_st_free(file);
+    cf_model_free(m50);
+    free(x);
+    free(r);
+    cf_model_free(model);
+    oracle_cleanup(&o);
+}
+
+static void test_name_mapping(void **state) {
+    (void)state;
+    char out[128];
+    assert_int_equal(cf_resnet_param_name("conv1.weight", "0.", out, sizeof out), 1);
+    assert_string_equal(out, "0.0.weight");
+    assert_int_equal(cf_resnet_param_name("module.bn1.running_mean", "0.", out, sizeof out), 1);
+    assert_string_equal(out, "0.1.running_mean");
+    assert_int_equal(cf_resnet_param_name("layer4.1.downsample.1.bias", "", out, sizeof out), 1);
+    assert_string_equal(out, "7.1.downsample.1.bias");
+    assert_int_equal(cf_resnet_param_name("model.layer2.0.conv1.weight", NULL, out, sizeof out), 1);
+    assert_string_equal(out, "layer2.0.conv1.weight");
+    assert_int_equal(cf_resnet_param_name("fc.weight", "0.", out, sizeof out), 0);
+    assert_int_equal(cf_resnet_param_name("conv1.0.weight", "0.", out, sizeof out), -1);
+    assert_int_equal(cf_resnet_param_name("stem.conv.weight", "0.", out, sizeof out), -1);
+    assert_true(cf_resnet_torchvision_name("0.5.0.downsample.0.weight", "0.", out, sizeof out));
+    assert_string_equal(out, "layer2.0.downsample.0.weight");
+    assert_false(cf_resnet_torchvision_name("1.2.weight", "0.", out, sizeof out));
+
+    /* the learner model: fastai's cut body, create_head(512 -> concat 1024) */
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, cf_vision_model("resnet34", 3, 7), 1), CF_OK);
+    assert_non_null(cf_model_param(model, "0.6.5.conv2.weight"));
+    assert_null(cf_model_param(model, "0.6.6.conv2.weight"));
+    cf_param *bn = cf_model_param(model, "1.2.weight"); /* BatchNorm1d(1024) */
+    assert_non_null(bn);
+    assert_int_equal(bn->numel, 1024);
+    assert_int_equal(cf_model_param(model, "1.8.weight")->shape.dim[0], 7);
+    cf_model_free(model);
+    assert_null(cf_resnet(19, 3, 10));
+    assert_non_null(strstr(cf_last_error(), "depth 19"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_name_mapping),
+        cmocka_unit_test(test_resnet18_body_train),
+        cmocka_unit_test(test_resnet18_body_eval_timm_names),
+        cmocka_unit_test(test_resnet18_full_eval),
+        cmocka_unit_test(test_resnet50_body_eval_from_pth),
+        cmocka_unit_test(test_resnet50_body_train),
+        cmocka_unit_test(test_missing_tensor_named),
+        cmocka_unit_test(test_wrong_depth_names_first_misshaped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
