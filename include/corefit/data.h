@@ -182,6 +182,111 @@ cf_status cf_tabular_from_csv_buffer(const char *text, size_t size, const char *
                                      const cf_tabular_options *opt, cf_dataset **train,
                                      cf_dataset **valid);
 
+/* ---- transforms (src/data/transforms.c): fastai's item and batch transforms ----------------- *
+ * Images are float CHW. Every random choice for an item is drawn from (seed, epoch, item index)
+ * alone, never from a generator shared across items, so results do not depend on how items are
+ * spread over threads or processes. */
+
+typedef enum cf_resize_method {
+    CF_RESIZE_CROP,   /* fastai's ResizeMethod.Crop (default): the largest region of the target
+                         aspect, random position in training, centred in validation */
+    CF_RESIZE_PAD,    /* ResizeMethod.Pad: the smallest region of the target aspect holding the
+                         whole image, padded */
+    CF_RESIZE_SQUISH, /* ResizeMethod.Squish: the whole image, aspect not kept */
+} cf_resize_method;
+
+typedef enum cf_pad_mode {
+    CF_PAD_REFLECTION, /* fastai's default: mirror without repeating the edge */
+    CF_PAD_ZEROS,
+    CF_PAD_BORDER, /* repeat the edge pixel */
+} cf_pad_mode;
+
+/* A region of a w x h source image in pixels; it may reach outside (then padded). */
+typedef struct cf_crop_box {
+    int left, top, width, height;
+} cf_crop_box;
+
+/* Cuts box out of img (c planes of h x w), padding what lies outside with pad, and resizes it
+ * to out_w x out_h with stb_image_resize's triangle filter (bilinear, averaging when it shrinks,
+ * as PIL's BILINEAR that fastai uses). out holds c * out_h * out_w floats. */
+cf_status cf_crop_pad_resize(const float *img, int c, int h, int w, cf_crop_box box,
+                             cf_pad_mode pad, int out_w, int out_h, float *out);
+
+typedef enum cf_item_tfm_kind {
+    CF_ITEM_TFM_NONE,
+    CF_ITEM_TFM_RESIZE,              /* fastai's Resize(size, method, pad_mode) */
+    CF_ITEM_TFM_RANDOM_RESIZED_CROP, /* RandomResizedCrop(size, min_scale, ratio, val_xtra) */
+} cf_item_tfm_kind;
+
+typedef struct cf_item_tfm {
+    cf_item_tfm_kind kind;
+    int width, height; /* output size */
+    cf_resize_method method;
+    cf_pad_mode pad_mode;
+    /* RandomResizedCrop: area fraction in [min_scale, max_scale] (0.08, 1), log-uniform aspect
+     * in [ratio_lo, ratio_hi] (3/4, 4/3); validation: squish to size + ceil(size * val_xtra / 8)
+     * * 8 (val_xtra 0.14), then a centre crop */
+    float min_scale, max_scale, ratio_lo, ratio_hi, val_xtra;
+} cf_item_tfm;
+
+/* fastai's defaults for Resize(size, method) and RandomResizedCrop(size). */
+cf_item_tfm cf_resize_tfm(int size, cf_resize_method method);
+cf_item_tfm cf_random_resized_crop_tfm(int size, float min_scale);
+/* The source region the transform takes from a w x h image, as fastai computes it (train: drawn
+ * from (seed, epoch, item); valid: the deterministic choice). For RandomResizedCrop in
+ * validation the region is the whole image (then resized to size + extra and centre-cropped by
+ * cf_item_tfm_apply). */
+cf_crop_box cf_item_tfm_box(const cf_item_tfm *t, int w, int h, bool train, uint64_t seed,
+                            int epoch, int64_t item);
+/* Applies the transform to one image: out holds c * t->height * t->width floats. */
+cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h, int w,
+                            bool train, uint64_t seed, int epoch, int64_t item, float *out);
+
+/* fastai's aug_transforms(): options with fastai's defaults from cf_aug_transforms_defaults().
+ * The flip/dihedral, rotation and zoom matrices are multiplied (in that order) and the warp is
+ * applied to the grid they give, so each image is sampled once (bilinear, pad_mode, corners
+ * aligned) as fastai's combined AffineCoordTfm does; brightness and contrast then act on the
+ * logits (sigmoid((logit(x) + logit(b)) * c)). Training loaders only, as fastai. */
+typedef struct cf_aug_opts {
+    bool do_flip;      /* true: Flip(p=0.5), horizontal */
+    bool flip_vert;    /* true: Dihedral(p=0.5) instead (the 8 flips/rotations by 90 degrees) */
+    float max_rotate;  /* 10 degrees, drawn uniform in [-max, max] */
+    float min_zoom;    /* 1 */
+    float max_zoom;    /* 1.1 */
+    float max_lighting; /* 0.2: brightness uniform in 0.5 * (1 -+ max), contrast log-uniform in
+                           [1 - max, 1 / (1 - max)] */
+    float max_warp;     /* 0.2: perspective warp, corner moves uniform in [-max, max] */
+    float p_affine;     /* 0.75: probability of each of rotate, zoom, warp */
+    float p_lighting;   /* 0.75: probability of each of brightness, contrast */
+    cf_pad_mode pad_mode; /* reflection */
+} cf_aug_opts;
+
+/* fastai's defaults; mult scales max_rotate, max_lighting and max_warp (aug_transforms' mult). */
+cf_aug_opts cf_aug_transforms_defaults(float mult);
+
+/* What was drawn for one item, and the transform it gives. */
+typedef struct cf_aug_params {
+    /* draws (for tests and show_batch): flip -1/1, dihedral index 0..7, rotation in degrees,
+     * zoom scale (1 / zoom factor as fastai's s), zoom centre (col, row) in [0, 1), warp
+     * magnitudes, brightness change (0.5 neutral), contrast change (1 neutral) */
+    float flip;
+    int dihedral;
+    float rotate_deg, zoom, col_pct, row_pct, warp_x, warp_y, brightness, contrast;
+    /* the result: mat maps output grid coordinates (x, y in [-1, 1], corners aligned) to source
+     * coordinates, after fastai's _prepare_mat aspect correction; warp (8 perspective
+     * coefficients, fastai's find_coeffs) is applied to those when has_warp */
+    float mat[2][3];
+    bool has_affine, has_warp, has_lighting;
+    double warp[8];
+} cf_aug_params;
+
+/* Draws item's parameters for an h x w image from (seed, epoch, item). */
+void cf_aug_draw(const cf_aug_opts *o, uint64_t seed, int epoch, int64_t item, int h, int w,
+                 cf_aug_params *out);
+/* out = the augmented image (c planes of h x w); in and out must not overlap. */
+void cf_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *in, int c, int h, int w,
+                  float *out);
+
 /* ---- DataLoaders --------------------------------------------------------------------------- */
 
 typedef enum cf_shard_mode {
@@ -218,6 +323,9 @@ typedef struct cf_dl_options {
     float mean[4], std[4];
     int prefetch; /* batches prepared ahead by the background thread (>= 2; 0: default 3;
                      < 0: no thread, batches are made in next()) */
+    /* fastai's batch transforms (aug_transforms) for image datasets, drawn per sample from
+     * (seed, epoch, sample index), applied before normalisation (NULL: none; copied) */
+    const cf_aug_opts *aug;
 } cf_dl_options;
 
 /* The loader keeps a pointer to ds (not owned; it must outlive the loader). Buffers for
@@ -275,6 +383,7 @@ typedef struct cf_dls_options {
     /* fastai's dls.train.n / dls.valid.n: use only the first n_train training and n_valid
      * validation samples (0: all), e.g. for a quick run */
     int64_t n_train, n_valid;
+    const cf_aug_opts *aug; /* batch transforms of the training set (NULL: none) */
 } cf_dls_options;
 
 /* Takes ownership of both datasets (also on failure). Train: shuffle + drop_last; valid: in

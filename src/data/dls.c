@@ -64,7 +64,8 @@ cf_status cf_dls_new(cf_dataset *train, cf_dataset *valid, const cf_dls_options 
                         .seed = o.seed,
                         .crop_pad = o.crop_pad,
                         .flip = o.flip,
-                        .prefetch = o.prefetch};
+                        .prefetch = o.prefetch,
+                        .aug = o.aug};
     if (o.n_norm > 0) {
         if (o.n_norm > 4) {
             st = cf_fail(CF_ERR_INVALID, "cf_dls_new: n_norm %d above 4", o.n_norm);
@@ -186,6 +187,7 @@ cf_status cf_dls_from_csv(const char *path, const cf_tabular_options *topt,
     cf_dls_options o = opt ? *opt : (cf_dls_options){0};
     o.crop_pad = 0;
     o.flip = false;
+    o.aug = NULL;
     o.normalize = false;
     o.n_norm = 0;
     return cf_dls_new(train, valid, &o, out);

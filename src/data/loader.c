@@ -25,7 +25,8 @@ struct cf_dataloader {
     cf_dl_options opt;
     size_t per; /* floats per sample */
     int td;
-    bool image; /* sample_shape (C, H, W) */
+    bool image;      /* sample_shape (C, H, W) */
+    cf_aug_opts aug; /* batch transforms (opt.aug points here) */
     float scale[4], shift[4];
     /* requested shard (applies at begin_epoch) and the shard of the running epoch */
     int rank, world;
@@ -97,7 +98,7 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
         return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: prefetch %d above 64", o.prefetch);
     bool image = ds->sample_shape.ndim == 3;
     int channels = image ? ds->sample_shape.dim[0] : 1;
-    if ((o.crop_pad || o.flip) && !image)
+    if ((o.crop_pad || o.flip || o.aug) && !image)
         return cf_fail(CF_ERR_INVALID,
                        "cf_dataloader_new: crop/flip augmentation needs an image dataset (C, H, "
                        "W), %s has %d dims",
@@ -119,6 +120,10 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
     if (!dl) return CF_ERR_NOMEM;
     dl->ds = ds;
     dl->opt = o;
+    if (o.aug) {
+        dl->aug = *o.aug;
+        dl->opt.aug = &dl->aug;
+    }
     dl->per = cf_shape_numel(&ds->sample_shape);
     dl->td = ds->target_dim;
     dl->image = image;
@@ -273,6 +278,15 @@ static void make_sample(const cf_dataloader *dl, int64_t src, float *dst) {
     }
     int C = dl->ds->sample_shape.dim[0], H = dl->ds->sample_shape.dim[1],
         W = dl->ds->sample_shape.dim[2];
+    if (dl->opt.aug) { /* fastai's batch transforms, then normalisation */
+        cf_aug_params prm;
+        cf_aug_draw(dl->opt.aug, dl->opt.seed, dl->epoch, src, H, W, &prm);
+        cf_aug_apply(&prm, dl->opt.aug->pad_mode, x, C, H, W, dst);
+        for (int c = 0; c < C && dl->opt.n_norm; c++)
+            for (size_t i = (size_t)c * H * W; i < (size_t)(c + 1) * H * W; i++)
+                dst[i] = dst[i] * dl->scale[c] + dl->shift[c];
+        return;
+    }
     int p = dl->opt.crop_pad, ox = p, oy = p;
     bool flip = false;
     if (p > 0 || dl->opt.flip) {

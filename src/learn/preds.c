@@ -85,6 +85,7 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_datal
     opt.drop_last = false;
     opt.crop_pad = 0;
     opt.flip = false;
+    opt.aug = NULL;
     cf_status st = cf_dataloader_new(cf_dataloader_dataset(like), &opt, out);
     if (st == CF_OK && learn->replica.world > 1)
         st = cf_dataloader_set_shard(*out, learn->replica.rank, learn->replica.world,

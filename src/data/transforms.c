@@ -1,0 +1,414 @@
+/* fastai's item transforms (Resize, RandomResizedCrop) and batch transforms (aug_transforms:
+ * flip or dihedral, rotate, zoom, warp, brightness, contrast), per image.
+ *
+ * Randomness: each item's draws come from a generator seeded with (seed, epoch, item, a tag per
+ * transform family), always consumed in the same order (also for a transform that is off or
+ * masked), so an item's parameters do not depend on which thread or process handles it, or on
+ * the other items. fastai draws per batch on the GPU; the distributions and probabilities are
+ * the same (fastai/vision/augment.py). */
+#include "corefit/data.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifdef CF_HAVE_STB
+#include <stb_image_resize.h>
+#endif
+
+enum { TAG_ITEM = 0x17e3, TAG_AUG = 0xa06 };
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void item_rng(cf_rng *rng, uint64_t seed, int epoch, int64_t item, uint64_t tag) {
+    uint64_t z = mix64(seed ^ mix64(tag));
+    z = mix64(z ^ (uint64_t)(int64_t)epoch);
+    z = mix64(z ^ (uint64_t)item);
+    cf_rng_seed(rng, z);
+}
+
+static double uniform(cf_rng *rng, double lo, double hi) {
+    return lo + (hi - lo) * cf_rng_uniform(rng);
+}
+
+/* ---- crop, pad and resize ------------------------------------------------------------------ */
+
+/* A source index for position i of an axis of n pixels under the pad mode (-1: zero). */
+static int pad_index(int i, int n, cf_pad_mode pad) {
+    if (i >= 0 && i < n) return i;
+    switch (pad) {
+    case CF_PAD_ZEROS:
+        return -1;
+    case CF_PAD_BORDER:
+        return i < 0 ? 0 : n - 1;
+    case CF_PAD_REFLECTION:
+    default:
+        if (n == 1) return 0;
+        /* mirror without repeating the edge: period 2(n - 1) */
+        int period = 2 * (n - 1);
+        int k = i % period;
+        if (k < 0) k += period;
+        return k < n ? k : period - k;
+    }
+}
+
+cf_status cf_crop_pad_resize(const float *img, int c, int h, int w, cf_crop_box box,
+                             cf_pad_mode pad, int out_w, int out_h, float *out) {
+    if (c < 1 || h < 1 || w < 1 || box.width < 1 || box.height < 1 || out_w < 1 || out_h < 1)
+        return cf_fail(CF_ERR_INVALID,
+                       "crop_pad_resize: image %dx%dx%d, region %dx%d at (%d, %d), output %dx%d", c,
+                       h, w, box.width, box.height, box.left, box.top, out_w, out_h);
+    bool inside =
+        box.left >= 0 && box.top >= 0 && box.left + box.width <= w && box.top + box.height <= h;
+    float *region = NULL;
+    if (!inside || (box.width != w && box.width != out_w)) {
+        region = cf_malloc((size_t)c * box.width * box.height * sizeof(float));
+        if (!region)
+            return cf_fail(CF_ERR_NOMEM, "crop_pad_resize: %dx%d region", box.width, box.height);
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < box.height; y++) {
+                int sy = pad_index(box.top + y, h, pad);
+                float *row = region + ((size_t)ch * box.height + y) * box.width;
+                for (int x = 0; x < box.width; x++) {
+                    int sx = pad_index(box.left + x, w, pad);
+                    row[x] = sy < 0 || sx < 0 ? 0.0f : img[((size_t)ch * h + sy) * w + sx];
+                }
+            }
+    }
+    /* the region as planes with a row stride */
+    const float *src = region ? region : img + (size_t)box.top * w + box.left;
+    size_t row_stride = region ? (size_t)box.width : (size_t)w;
+    size_t plane = region ? (size_t)box.width * box.height : (size_t)w * h;
+    cf_status st = CF_OK;
+    for (int ch = 0; ch < c && st == CF_OK; ch++) {
+        const float *p = src + (size_t)ch * plane;
+        float *o = out + (size_t)ch * out_w * out_h;
+        if (box.width == out_w && box.height == out_h) {
+            for (int y = 0; y < out_h; y++)
+                memcpy(o + (size_t)y * out_w, p + (size_t)y * row_stride, out_w * sizeof(float));
+            continue;
+        }
+#ifdef CF_HAVE_STB
+        if (!stbir_resize_float_generic(p, box.width, box.height, (int)(row_stride * sizeof(float)),
+                                        o, out_w, out_h, 0, 1, STBIR_ALPHA_CHANNEL_NONE, 0,
+                                        STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
+                                        STBIR_COLORSPACE_LINEAR, NULL))
+            st = cf_fail(CF_ERR_NOMEM, "crop_pad_resize: resizing %dx%d to %dx%d", box.width,
+                         box.height, out_w, out_h);
+#else
+        st = cf_fail(CF_ERR_UNSUPPORTED, "crop_pad_resize: corefit was built without stb");
+#endif
+    }
+    cf_free(region);
+    return st;
+}
+
+/* ---- item transforms ----------------------------------------------------------------------- */
+
+cf_item_tfm cf_resize_tfm(int size, cf_resize_method method) {
+    return (cf_item_tfm){.kind = CF_ITEM_TFM_RESIZE,
+                         .width = size,
+                         .height = size,
+                         .method = method,
+                         .pad_mode = CF_PAD_REFLECTION};
+}
+
+cf_item_tfm cf_random_resized_crop_tfm(int size, float min_scale) {
+    return (cf_item_tfm){.kind = CF_ITEM_TFM_RANDOM_RESIZED_CROP,
+                         .width = size,
+                         .height = size,
+                         .pad_mode = CF_PAD_REFLECTION,
+                         .min_scale = min_scale > 0 ? min_scale : 0.08f,
+                         .max_scale = 1.0f,
+                         .ratio_lo = 3.0f / 4.0f,
+                         .ratio_hi = 4.0f / 3.0f,
+                         .val_xtra = 0.14f};
+}
+
+/* fastai's Resize.encodes: the crop (or padded) region of the target aspect. */
+static cf_crop_box resize_box(const cf_item_tfm *t, int w, int h, bool train, cf_rng *rng) {
+    if (t->method == CF_RESIZE_SQUISH) return (cf_crop_box){0, 0, w, h};
+    double pct_x = 0.5, pct_y = 0.5;
+    if (train) {
+        pct_x = cf_rng_uniform(rng);
+        pct_y = cf_rng_uniform(rng);
+    }
+    double rw = (double)w / t->width, rh = (double)h / t->height;
+    bool take_w = t->method == CF_RESIZE_PAD ? rw > rh : rw < rh;
+    double m = take_w ? rw : rh;
+    int cw = (int)(m * t->width), chh = (int)(m * t->height);
+    return (cf_crop_box){(int)(pct_x * (w - cw)), (int)(pct_y * (h - chh)), cw, chh};
+}
+
+/* fastai's RandomResizedCrop.before_call (training). */
+static cf_crop_box rrc_box(const cf_item_tfm *t, int w, int h, cf_rng *rng) {
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double area = uniform(rng, t->min_scale, t->max_scale) * w * h;
+        double ratio = exp(uniform(rng, log(t->ratio_lo), log(t->ratio_hi)));
+        int nw = (int)nearbyint(sqrt(area * ratio)), nh = (int)nearbyint(sqrt(area / ratio));
+        if (nw <= w && nh <= h) {
+            int left = (int)cf_rng_below(rng, (uint64_t)(w - nw + 1));
+            int top = (int)cf_rng_below(rng, (uint64_t)(h - nh + 1));
+            return (cf_crop_box){left, top, nw, nh};
+        }
+    }
+    int cw = w, chh = h;
+    if ((double)w / h < t->ratio_lo)
+        chh = (int)(w / t->ratio_lo);
+    else if ((double)w / h > t->ratio_hi)
+        cw = (int)(h * t->ratio_hi);
+    return (cf_crop_box){(w - cw) / 2, (h - chh) / 2, cw, chh};
+}
+
+cf_crop_box cf_item_tfm_box(const cf_item_tfm *t, int w, int h, bool train, uint64_t seed,
+                            int epoch, int64_t item) {
+    cf_rng rng;
+    item_rng(&rng, seed, epoch, item, TAG_ITEM);
+    switch (t->kind) {
+    case CF_ITEM_TFM_RESIZE:
+        return resize_box(t, w, h, train, &rng);
+    case CF_ITEM_TFM_RANDOM_RESIZED_CROP:
+        return train ? rrc_box(t, w, h, &rng) : (cf_crop_box){0, 0, w, h};
+    default:
+        return (cf_crop_box){0, 0, w, h};
+    }
+}
+
+cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h, int w, bool train,
+                            uint64_t seed, int epoch, int64_t item, float *out) {
+    if (!t || t->kind == CF_ITEM_TFM_NONE || t->width < 1 || t->height < 1)
+        return cf_fail(CF_ERR_INVALID, "item transform: no transform or size %dx%d",
+                       t ? t->width : 0, t ? t->height : 0);
+    cf_crop_box box = cf_item_tfm_box(t, w, h, train, seed, epoch, item);
+    if (t->kind != CF_ITEM_TFM_RANDOM_RESIZED_CROP || train)
+        return cf_crop_pad_resize(img, c, h, w, box, t->pad_mode, t->width, t->height, out);
+    /* validation: squish to size + extra, then the centre */
+    int big = t->width > t->height ? t->width : t->height;
+    int xtra = (int)ceil(big * (double)t->val_xtra / 8.0) * 8;
+    int fw = t->width + xtra, fh = t->height + xtra;
+    float *tmp = cf_malloc((size_t)c * fw * fh * sizeof(float));
+    if (!tmp) return cf_fail(CF_ERR_NOMEM, "RandomResizedCrop: %dx%d buffer", fw, fh);
+    cf_status st = cf_crop_pad_resize(img, c, h, w, box, t->pad_mode, fw, fh, tmp);
+    if (st == CF_OK)
+        st = cf_crop_pad_resize(
+            tmp, c, fh, fw,
+            (cf_crop_box){(fw - t->width) / 2, (fh - t->height) / 2, t->width, t->height},
+            t->pad_mode, t->width, t->height, out);
+    cf_free(tmp);
+    return st;
+}
+
+/* ---- batch transforms ---------------------------------------------------------------------- */
+
+cf_aug_opts cf_aug_transforms_defaults(float mult) {
+    if (!(mult > 0)) mult = 1.0f;
+    return (cf_aug_opts){.do_flip = true,
+                         .flip_vert = false,
+                         .max_rotate = 10.0f * mult,
+                         .min_zoom = 1.0f,
+                         .max_zoom = 1.1f,
+                         .max_lighting = 0.2f * mult,
+                         .max_warp = 0.2f * mult,
+                         .p_affine = 0.75f,
+                         .p_lighting = 0.75f,
+                         .pad_mode = CF_PAD_REFLECTION};
+}
+
+static void matmul3(double a[3][3], const double b[3][3]) {
+    double r[3][3];
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            r[i][j] = a[i][0] * b[0][j] + a[i][1] * b[1][j] + a[i][2] * b[2][j];
+    memcpy(a, r, sizeof r);
+}
+
+/* Solves the 8x8 system a x = b by Gaussian elimination with partial pivoting (fastai's
+ * find_coeffs uses torch.solve). */
+static bool solve8(double a[8][8], double b[8], double x[8]) {
+    for (int col = 0; col < 8; col++) {
+        int piv = col;
+        for (int r = col + 1; r < 8; r++)
+            if (fabs(a[r][col]) > fabs(a[piv][col])) piv = r;
+        if (fabs(a[piv][col]) < 1e-12) return false;
+        if (piv != col) {
+            for (int k = 0; k < 8; k++) {
+                double t = a[col][k];
+                a[col][k] = a[piv][k];
+                a[piv][k] = t;
+            }
+            double t = b[col];
+            b[col] = b[piv];
+            b[piv] = t;
+        }
+        for (int r = col + 1; r < 8; r++) {
+            double f = a[r][col] / a[col][col];
+            for (int k = col; k < 8; k++) a[r][k] -= f * a[col][k];
+            b[r] -= f * b[col];
+        }
+    }
+    for (int r = 7; r >= 0; r--) {
+        double s = b[r];
+        for (int k = r + 1; k < 8; k++) s -= a[r][k] * x[k];
+        x[r] = s / a[r][r];
+    }
+    return true;
+}
+
+/* fastai's _WarpCoord: the perspective taking the corners (-1, -1), (-1, 1), (1, -1), (1, 1) to
+ * the moved ones (find_coeffs(orig, targ)). */
+static bool warp_coeffs(double xt, double yt, double c[8]) {
+    const double p1[4][2] = {{-1, -1}, {-1, 1}, {1, -1}, {1, 1}};
+    const double p2[4][2] = {
+        {-1 - yt, -1 - xt}, {-1 + yt, 1 + xt}, {1 + yt, -1 + xt}, {1 - yt, 1 - xt}};
+    double a[8][8], b[8];
+    for (int i = 0; i < 4; i++) {
+        const double X = p2[i][0], Y = p2[i][1];
+        const double ra[8] = {X, Y, 1, 0, 0, 0, -p1[i][0] * X, -p1[i][0] * Y};
+        const double rb[8] = {0, 0, 0, X, Y, 1, -p1[i][1] * X, -p1[i][1] * Y};
+        memcpy(a[2 * i], ra, sizeof ra);
+        memcpy(a[2 * i + 1], rb, sizeof rb);
+        b[2 * i] = p1[i][0];
+        b[2 * i + 1] = p1[i][1];
+    }
+    return solve8(a, b, c);
+}
+
+void cf_aug_draw(const cf_aug_opts *o, uint64_t seed, int epoch, int64_t item, int h, int w,
+                 cf_aug_params *p) {
+    cf_rng rng;
+    item_rng(&rng, seed, epoch, item, TAG_AUG);
+    memset(p, 0, sizeof *p);
+    /* every draw is made whether or not it is used, so the stream's order never changes */
+    const int dihedral = (int)cf_rng_below(&rng, 8);
+    const bool flip_on = cf_rng_uniform(&rng) < 0.5;
+    const double deg = uniform(&rng, -o->max_rotate, o->max_rotate);
+    const bool rot_on = cf_rng_uniform(&rng) < o->p_affine;
+    const double zoom = uniform(&rng, o->min_zoom, o->max_zoom);
+    const bool zoom_on = cf_rng_uniform(&rng) < o->p_affine;
+    const double col = cf_rng_uniform(&rng), row = cf_rng_uniform(&rng);
+    const double wx = uniform(&rng, -o->max_warp, o->max_warp);
+    const bool wx_on = cf_rng_uniform(&rng) < o->p_affine;
+    const double wy = uniform(&rng, -o->max_warp, o->max_warp);
+    const bool wy_on = cf_rng_uniform(&rng) < o->p_affine;
+    const double ml = o->max_lighting;
+    const double bright = uniform(&rng, 0.5 * (1 - ml), 0.5 * (1 + ml));
+    const bool bright_on = cf_rng_uniform(&rng) < o->p_lighting;
+    const double contrast = ml < 1 ? exp(uniform(&rng, log(1 - ml), -log(1 - ml))) : 1.0;
+    const bool contrast_on = cf_rng_uniform(&rng) < o->p_lighting;
+
+    p->flip = 1.0f;
+    p->zoom = 1.0f;
+    p->brightness = 0.5f;
+    p->contrast = 1.0f;
+    p->col_pct = (float)col;
+    p->row_pct = (float)row;
+    if (o->flip_vert)
+        p->dihedral = flip_on ? dihedral : 0;
+    else if (o->do_flip && flip_on)
+        p->flip = -1.0f;
+    if (o->max_rotate > 0 && rot_on) p->rotate_deg = (float)deg;
+    if ((o->min_zoom < 1 || o->max_zoom > 1) && zoom_on) p->zoom = (float)(1.0 / zoom);
+    if (o->max_warp > 0) {
+        p->warp_x = wx_on ? (float)wx : 0.0f;
+        p->warp_y = wy_on ? (float)wy : 0.0f;
+    }
+    if (ml > 0) {
+        if (bright_on) p->brightness = (float)bright;
+        if (contrast_on) p->contrast = (float)contrast;
+    }
+
+    /* aff_m = flip (or dihedral) @ rotate @ zoom, as setup_aug_tfms composes them */
+    double m[3][3] = {{p->flip, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+    if (o->flip_vert) {
+        static const int xs[8] = {1, -1, 1, -1, -1, 1, 1, -1}, ys[8] = {1, 1, -1, 1, -1, -1, 1, -1};
+        static const int m0[8] = {1, 1, 1, 0, 1, 0, 0, 0}, m1[8] = {0, 0, 0, 1, 0, 1, 1, 1};
+        int k = p->dihedral;
+        const double d[3][3] = {
+            {xs[k] * m0[k], xs[k] * m1[k], 0}, {ys[k] * m1[k], ys[k] * m0[k], 0}, {0, 0, 1}};
+        memcpy(m, d, sizeof d);
+    }
+    const double th = p->rotate_deg * M_PI / 180.0;
+    const double r[3][3] = {{cos(th), sin(th), 0}, {-sin(th), cos(th), 0}, {0, 0, 1}};
+    matmul3(m, r);
+    const double s = p->zoom;
+    const double z[3][3] = {
+        {s, 0, (1 - s) * (2 * col - 1)}, {0, s, (1 - s) * (2 * row - 1)}, {0, 0, 1}};
+    matmul3(m, z);
+    m[0][1] *= (double)h / w; /* _prepare_mat */
+    m[1][0] *= (double)w / h;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) p->mat[i][j] = (float)m[i][j];
+    p->has_affine = !(m[0][0] == 1 && m[0][1] == 0 && m[0][2] == 0 && m[1][0] == 0 &&
+                      m[1][1] == 1 && m[1][2] == 0);
+    p->has_warp = (p->warp_x != 0 || p->warp_y != 0) && warp_coeffs(p->warp_x, p->warp_y, p->warp);
+    p->has_lighting = p->brightness != 0.5f || p->contrast != 1.0f;
+}
+
+/* grid_sample's source coordinate (align_corners) for a grid value g over n pixels. */
+static float source_coord(float g, int n, cf_pad_mode pad) {
+    float x = (g + 1.0f) * 0.5f * (float)(n - 1);
+    if (pad == CF_PAD_ZEROS) return x;
+    if (pad == CF_PAD_REFLECTION) { /* PyTorch's reflect_coordinates(x, 0, 2 (n - 1)) */
+        if (n == 1) return 0.0f;
+        float span = (float)(n - 1);
+        x = fabsf(x);
+        float extra = fmodf(x, span);
+        int flips = (int)floorf(x / span);
+        x = flips % 2 == 0 ? extra : span - extra;
+    }
+    return x < 0 ? 0.0f : x > (float)(n - 1) ? (float)(n - 1) : x;
+}
+
+static float logit(float x) {
+    const float lo = 1e-7f, hi = 1.0f - 1e-7f;
+    x = x < lo ? lo : x > hi ? hi : x;
+    return -logf(1.0f / x - 1.0f);
+}
+
+void cf_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *in, int c, int h, int w,
+                  float *out) {
+    const size_t plane = (size_t)h * w;
+    if (!p->has_affine && !p->has_warp) {
+        memcpy(out, in, (size_t)c * plane * sizeof(float));
+    } else {
+        for (int i = 0; i < h; i++) {
+            const float yn = h > 1 ? -1.0f + 2.0f * (float)i / (float)(h - 1) : -1.0f;
+            for (int j = 0; j < w; j++) {
+                const float xn = w > 1 ? -1.0f + 2.0f * (float)j / (float)(w - 1) : -1.0f;
+                float gx = p->mat[0][0] * xn + p->mat[0][1] * yn + p->mat[0][2];
+                float gy = p->mat[1][0] * xn + p->mat[1][1] * yn + p->mat[1][2];
+                if (p->has_warp) {
+                    const double *k = p->warp;
+                    double X = k[0] * gx + k[1] * gy + k[2], Y = k[3] * gx + k[4] * gy + k[5];
+                    double Z = k[6] * gx + k[7] * gy + 1.0;
+                    if (Z != 0.0) {
+                        gx = (float)(X / Z);
+                        gy = (float)(Y / Z);
+                    }
+                }
+                const float ix = source_coord(gx, w, pad), iy = source_coord(gy, h, pad);
+                const int x0 = (int)floorf(ix), y0 = (int)floorf(iy);
+                const float ax = ix - (float)x0, ay = iy - (float)y0;
+                const float wt[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
+                const int tx[4] = {x0, x0 + 1, x0, x0 + 1}, ty[4] = {y0, y0, y0 + 1, y0 + 1};
+                for (int ch = 0; ch < c; ch++) {
+                    const float *src = in + (size_t)ch * plane;
+                    float v = 0.0f;
+                    for (int t = 0; t < 4; t++)
+                        if (tx[t] >= 0 && tx[t] < w && ty[t] >= 0 && ty[t] < h)
+                            v += src[(size_t)ty[t] * w + tx[t]] * wt[t];
+                    out[(size_t)ch * plane + (size_t)i * w + j] = v;
+                }
+            }
+        }
+    }
+    if (p->has_lighting) {
+        const float lb = logit(p->brightness), k = p->contrast;
+        const size_t n = (size_t)c * plane;
+        for (size_t i = 0; i < n; i++) out[i] = 1.0f / (1.0f + expf(-(logit(out[i]) + lb) * k));
+    }
+}
