@@ -527,8 +527,8 @@ static void test_errors(void **state) {
     assert_null(cf_simple_cnn(3, f3, ks_bad, NULL, true));
     assert_non_null(strstr(cf_last_error(), "kernel 0"));
 
-    assert_null(cf_vision_model("resnet18", 3, 10));
-    assert_non_null(strstr(cf_last_error(), "unknown architecture 'resnet18'"));
+    assert_null(cf_vision_model("resnet19", 3, 10));
+    assert_non_null(strstr(cf_last_error(), "unknown architecture 'resnet19'"));
     cf_module *v = cf_vision_model("xresnet18-small", 1, 10);
     assert_non_null(v);
     cf_module_free(v);
