@@ -802,6 +802,21 @@ static void test_quiet_keeps_table(void **state) {
     run_free(&r);
 }
 
+/* --out into a folder that does not exist yet: made before the fit; "DIR/" prints as DIR. */
+static void test_out_folder(void **state) {
+    (void)state;
+    run_result r =
+        run("train --limit 256 --bs 32 --cores 1 --quiet --out new/sub/m.safetensors --plots f2/");
+    expect(&r, 0, "model: new/sub/m.safetensors", NULL);
+    if (cf_plot_available()) assert_non_null(strstr(r.out, "figure: f2/loss.png"));
+    assert_null(strstr(r.out, "//"));
+    run_free(&r);
+    r = run("lr-find --limit 320 --bs 16 --num-it 10 --cores 1 --plots f3/");
+    expect(&r, 0, NULL, NULL);
+    if (cf_plot_available()) assert_non_null(strstr(r.out, "figure: f3/lr_find.png"));
+    run_free(&r);
+}
+
 /* Regression on the command line: targets far from 0 are learned (y_range), the table's columns
  * stay apart, eval reports errors in the target's units. */
 static void test_regression(void **state) {
@@ -892,6 +907,7 @@ int main(void) {
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_quiet_keeps_table),
         cmocka_unit_test(test_regression),
+        cmocka_unit_test(test_out_folder),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

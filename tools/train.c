@@ -527,6 +527,29 @@ static int setup(const char *cmd, train_args *a, session *s) {
     return CLI_OK;
 }
 
+/* DIR without trailing slashes ("out/" -> "out"), so that paths print as out/loss.png. */
+static const char *folder_name(const char *dir, char *buf, size_t size) {
+    snprintf(buf, size, "%s", dir);
+    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--) buf[n - 1] = '\0';
+    return buf;
+}
+
+static int mkdirs(const char *dir);
+
+/* The folder --out goes into, created before the data is read so that a fit never ends unable
+ * to save (as --plots is). */
+static int make_out_folder(const char *cmd, const char *out) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", out);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return CLI_OK;
+    *slash = '\0';
+    if (mkdirs(dir))
+        return cli_error(CLI_FAIL, cmd, "cannot create the folder of --out %s: %s", out,
+                         strerror(errno));
+    return CLI_OK;
+}
+
 static int mkdirs(const char *dir) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", dir);
@@ -819,6 +842,9 @@ int cmd_train(int argc, char **argv) {
     if ((rc = check_args(cmd, &a, true))) return rc;
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
     if (a.show && !a.plots) a.plots = ".";
+    char plots_dir[4096];
+    if (a.plots) a.plots = folder_name(a.plots, plots_dir, sizeof plots_dir);
+    if ((rc = make_out_folder(cmd, a.out))) return rc;
     session s;
     if ((rc = setup(cmd, &a, &s))) {
         session_free(&s);
@@ -1051,8 +1077,9 @@ int cmd_lr_find(int argc, char **argv) {
     if (a.start_lr > 0 && a.end_lr > 0 && a.end_lr <= a.start_lr)
         return cli_error(CLI_USAGE, cmd, "--end-lr %g must exceed --start-lr %g", a.end_lr,
                          a.start_lr);
-    char plot_path[4096];
+    char plot_path[4096], plots_dir[4096];
     if (a.plots) {
+        a.plots = folder_name(a.plots, plots_dir, sizeof plots_dir);
         for (const cli_opt *o = opts; o->name; o++)
             if (o->dest == (void *)&a.plot && o->seen)
                 return cli_error(CLI_USAGE, cmd, "give --plot FILE or --plots DIR, not both");
