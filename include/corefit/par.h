@@ -189,10 +189,16 @@ typedef struct cf_par_opts {
  * statistics averaged before each validation, validation loss and metrics summed over the
  * whole set without padding, cancellations agreed at every batch.
  *
- * Coming home (fork), only when every worker succeeded: weights and buffers, optimizer state,
- * freezing, the whole Recorder, final_record, figure paths written by rank 0's callbacks, and
- * the lr_find result or predictions (in dataset order, without padding). On any failure the
- * caller's learner is left exactly as it was and the error names the rank and the cause. */
+ * Coming home, only when every worker succeeded: rank 0's learner state as
+ * cf_learner_export_state writes it (weights and buffers, freezing, the optimizer and its state,
+ * the whole Recorder, final_record, the figure paths noted on the learner, and the state of the
+ * learner's callbacks and master callbacks that have export_state), and the method's output
+ * (lr_find's result, validate's values, or get_preds' predictions in dataset order without
+ * padding). Not coming home: the state of the call's own callbacks (.cbs, .par.master_cbs: the
+ * call takes them over and frees them), of callbacks without export_state, and anything a worker
+ * changes outside its learner other than files it writes. On any failure the caller's learner
+ * is left exactly as it was (fork: nothing is copied; mpi: every rank is rolled back to its
+ * state at the call) and the error names the rank and the cause. */
 struct cf_learner;
 struct cf_fit_opts;
 struct cf_one_cycle_opts;
