@@ -7,6 +7,7 @@
  * the cause. On success the results area stays mapped and is handed to the caller. */
 #include "par_internal.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -16,6 +17,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +46,54 @@ void cf_results_release(cf_results *results) {
 }
 
 /* ---- the worker side ----------------------------------------------------------------------- */
+
+/* OpenBLAS maps a work buffer on its first call in a process (128 MiB on some builds) and, when
+ * the mapping fails (an address-space limit, vm.overcommit_memory=2), retries for ever: a worker
+ * would spin at full CPU until the deadline. So each worker makes that first call before the
+ * job, under a CPU-time alarm that a real first call never reaches, and fails clearly if it
+ * fires. The message is prepared beforehand: the handler only copies it. */
+#define BLAS_WARM_UP_CPU_S 1
+#define BLAS_WARM_UP_N 128
+static cf_shm_rank *warm_up_slot;
+static char warm_up_message[CF_SHM_MSG];
+
+static void blas_stuck(int sig) {
+    (void)sig;
+    memcpy(warm_up_slot->message, warm_up_message, sizeof warm_up_message);
+    warm_up_slot->status = (int32_t)CF_ERR_NOMEM;
+    atomic_store(&warm_up_slot->state, CF_SHM_DONE_ERR);
+    _exit(1);
+}
+
+static void warm_up_blas(cf_shm_rank *slot, int rank) {
+    struct rlimit as;
+    double limit_mb = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY
+                          ? (double)as.rlim_cur / 1e6
+                          : -1;
+    char limit[96] = "no address-space limit: vm.overcommit_memory=2 or the machine's memory";
+    if (limit_mb > 0) snprintf(limit, sizeof limit, "address-space limit %.0f MB", limit_mb);
+    snprintf(warm_up_message, sizeof warm_up_message,
+             "out of memory: OpenBLAS could not map its work buffer in worker %d (%s; a worker "
+             "needs room for it besides the model)",
+             rank, limit);
+    warm_up_slot = slot;
+    float *m = malloc(3 * BLAS_WARM_UP_N * BLAS_WARM_UP_N * sizeof(float));
+    if (!m) return; /* the job's own allocations will report it */
+    memset(m, 0, 3 * BLAS_WARM_UP_N * BLAS_WARM_UP_N * sizeof(float));
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = blas_stuck;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPROF, &sa, &old);
+    struct itimerval arm = {{0, 0}, {BLAS_WARM_UP_CPU_S, 0}}, off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_PROF, &arm, NULL);
+    int n = BLAS_WARM_UP_N;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, m, n, m + n * n, n, 0.0f,
+                m + 2 * n * n, n);
+    setitimer(ITIMER_PROF, &off, NULL);
+    sigaction(SIGPROF, &old, NULL);
+    free(m);
+}
 
 static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus, int ncpus,
                                   bool pin, cf_worker_fn fn, void *ctx) {
@@ -76,6 +127,8 @@ static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus,
     cf_shm_comm comm;
     cf_shm_comm_init(&comm, hdr, rank);
     cf_shm_rank *slot = cf_shm_rank_at(hdr, rank);
+    atomic_store(&slot->heartbeat_ns, cf_shm_now_ns());
+    warm_up_blas(slot, rank);
     atomic_store(&slot->heartbeat_ns, cf_shm_now_ns());
 
     cf_status st = fn(&comm.base, ctx);

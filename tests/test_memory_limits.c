@@ -1,0 +1,178 @@
+/* Memory limits give clear errors within seconds, never a spin or a hang:
+ * - fork workers under an address-space limit that leaves no room for OpenBLAS's work buffer
+ *   (which OpenBLAS would otherwise retry to map for ever, at full CPU) fail with a message
+ *   that says so, long before the hang deadline; with room they run as usual;
+ * - `corefit train --cores 2` under `ulimit -v` (set in a child shell) too small for its workers
+ *   ends with an out-of-memory message and exit status 1 within seconds, and trains under one
+ *   that leaves room.
+ * Everything runs in child processes: the limits never touch the test process. Address-space
+ * limits cannot be tested under AddressSanitizer or valgrind (they reserve or manage the address
+ * space themselves), so the tests skip there. */
+#include "oracle.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "corefit/par.h"
+
+#define COREFIT CF_BUILD_DIR "/corefit"
+#ifndef CF_FASHION_MNIST_DEFAULT_DIR
+#define CF_FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#endif
+
+static bool can_limit_address_space(void) {
+    const char *pre = getenv("LD_PRELOAD");
+#if defined(__SANITIZE_ADDRESS__)
+    return false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    return false;
+#endif
+#endif
+    return !(pre && strstr(pre, "vgpreload"));
+}
+
+static long vm_size_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = -1;
+    if (f && fscanf(f, "%ld", &pages) != 1) pages = -1;
+    if (f) fclose(f);
+    return pages * sysconf(_SC_PAGESIZE);
+}
+
+/* Workers that multiply matrices (OpenBLAS's first call maps its buffer). */
+static cf_status gemm_worker(cf_comm *comm, void *ctx) {
+    (void)ctx;
+    enum { N = 256 };
+    float *m = calloc(3 * N * N, sizeof(float));
+    if (!m) return cf_fail(CF_ERR_NOMEM, "test matrices");
+    for (int i = 0; i < N * N; i++) m[i] = m[N * N + i] = 1.0f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, m, N, m + N * N, N, 0.0f,
+                m + 2 * N * N, N);
+    cf_status st = m[2 * N * N] == (float)N ? CF_OK : cf_fail(CF_ERR_STATE, "wrong product");
+    free(m);
+    if (st == CF_OK) st = cf_comm_barrier(comm);
+    return st;
+}
+
+typedef struct outcome {
+    int status;
+    double seconds;
+    char msg[1024];
+} outcome;
+
+/* Runs a 2-worker launch in a child whose address space may grow by `extra` bytes; kills it
+ * after `give_up` seconds (a spin). */
+static outcome launch_under_limit(long extra, double give_up) {
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    fflush(NULL);
+    double t0 = cf_now();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        struct rlimit rl = {(rlim_t)(vm_size_bytes() + extra), (rlim_t)(vm_size_bytes() + extra)};
+        outcome o = {0};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) {
+            o.status = -1;
+        } else {
+            cf_launch_options opt = {.num_workers = 2, .deadline_s = 120};
+            o.status = cf_launch_fork(&opt, gemm_worker, NULL, NULL);
+            snprintf(o.msg, sizeof o.msg, "%s", cf_last_error());
+        }
+        ssize_t w = write(p[1], &o, sizeof o);
+        _exit(w == (ssize_t)sizeof o ? 0 : 1);
+    }
+    close(p[1]);
+    outcome o = {.status = -2};
+    int ws;
+    pid_t w;
+    while ((w = waitpid(pid, &ws, WNOHANG)) == 0 && cf_now() - t0 < give_up) usleep(10000);
+    o.seconds = cf_now() - t0;
+    if (w == 0) {
+        kill(pid, SIGKILL); /* its workers die with it */
+        waitpid(pid, &ws, 0);
+        snprintf(o.msg, sizeof o.msg, "still running after %.0f s", give_up);
+    } else if (read(p[0], &o, sizeof o) != (ssize_t)sizeof o) {
+        snprintf(o.msg, sizeof o.msg, "the child wrote nothing (wait status 0x%x)", ws);
+    }
+    o.seconds = cf_now() - t0;
+    close(p[0]);
+    return o;
+}
+
+static void test_workers_without_room_for_blas_fail_clearly(void **state) {
+    (void)state;
+    if (!can_limit_address_space()) skip();
+    /* 48 MB more: the workers' stacks and matrices fit, OpenBLAS's buffer does not. */
+    outcome o = launch_under_limit(48L << 20, 60 * test_time_scale());
+    print_message("48 MB of room: status %d after %.2f s: %s\n", o.status, o.seconds, o.msg);
+    assert_int_equal(o.status, CF_ERR_WORKER);
+    assert_non_null(strstr(o.msg, "out of memory"));
+    assert_non_null(strstr(o.msg, "OpenBLAS could not map its work buffer"));
+    assert_non_null(strstr(o.msg, "address-space limit"));
+    assert_true(o.seconds < 20 * test_time_scale()); /* liveness: not the 120 s deadline */
+    /* With room, the same workers run. */
+    o = launch_under_limit(1L << 30, 60 * test_time_scale());
+    print_message("1 GB of room: status %d after %.2f s: %s\n", o.status, o.seconds, o.msg);
+    if (o.status != CF_OK) fail_msg("with room: %s", o.msg);
+}
+
+/* Runs `corefit train` in a shell with `ulimit -v kib`; returns the exit status, fills err. */
+static int train_under_ulimit(long kib, const char *cores, char *err, size_t cap, double *secs) {
+    char dir[256];
+    test_tmpdir_make(dir, sizeof dir, "cf_ulimit_");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && ulimit -v %ld && exec timeout -s KILL %d '%s' train --limit 640 --bs 32 "
+             "--epochs 1 --cores %s --quiet --out m.safetensors >out.txt 2>err.txt </dev/null",
+             dir, kib, (int)(120 * test_time_scale()), COREFIT, cores);
+    double t0 = cf_now();
+    int ws = system(cmd);
+    *secs = cf_now() - t0;
+    char path[400];
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+    err[n] = '\0';
+    if (f) fclose(f);
+    test_tmpdir_remove(dir);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
+
+static void test_cli_under_ulimit(void **state) {
+    (void)state;
+    struct stat sb;
+    if (!can_limit_address_space() || stat(CF_FASHION_MNIST_DEFAULT_DIR, &sb) != 0) skip();
+    char err[4096];
+    double secs;
+    /* 250 MB: the process starts and reads the data, the workers do not get OpenBLAS's
+     * buffer (without the warm-up they spun until the 120 s deadline). */
+    int rc = train_under_ulimit(250000, "2", err, sizeof err, &secs);
+    print_message("--cores 2 under ulimit -v 250000: exit %d after %.1f s: %s\n", rc, secs, err);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "out of memory"));
+    assert_true(secs < 60 * test_time_scale());
+    /* With room the same command trains. */
+    rc = train_under_ulimit(3000000, "2", err, sizeof err, &secs);
+    print_message("--cores 2 under ulimit -v 3000000: exit %d after %.1f s\n", rc, secs);
+    if (rc != 0) fail_msg("exit %d: %s", rc, err);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_workers_without_room_for_blas_fail_clearly),
+        cmocka_unit_test(test_cli_under_ulimit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
