@@ -9,11 +9,11 @@ if(CF_HAVE_MPI AND MPIEXEC_EXECUTABLE)
   endif()
   add_test(NAME test_example_mpi_np2
     COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${CF_EX_MPI_ENV}
-            -x COREFIT_EXAMPLE_LIMIT=256 -np 2 $<TARGET_FILE:example_mpi> . 1
+            -x COREFIT_EXAMPLE_LIMIT=256 -np 2 $<TARGET_FILE:example_mpi> mpi_out 1
     WORKING_DIRECTORY ${CF_EXAMPLES_MPI_DIR})
   set_tests_properties(test_example_mpi_np2 PROPERTIES LABELS "unit;mpi" TIMEOUT 300
     ENVIRONMENT "OPENBLAS_NUM_THREADS=1"
-    PASS_REGULAR_EXPRESSION "2 MPI ranks.*rank 0: accuracy [0-9.]+ after 1 epoch.*wrote ./mpi_model.safetensors"
+    PASS_REGULAR_EXPRESSION "2 MPI ranks.*rank 0: accuracy [0-9.]+ after 1 epoch.*wrote mpi_out/mpi_model.safetensors"
     FAIL_REGULAR_EXPRESSION "error:")
   add_test(NAME test_cli_mpi_np2
     COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${CF_EX_MPI_ENV}

@@ -20,7 +20,7 @@ static void usage(FILE *f) {
                "  info       what a model file holds\n"
                "\n"
                "Run 'corefit <command> --help' for a command's options. Exit status: 0 success,\n"
-               "1 failure, 2 usage error. See corefit(1).\n");
+               "1 failure, 2 usage error, 130 stopped by Ctrl-C. See corefit(1).\n");
 }
 
 int main(int argc, char **argv) {
