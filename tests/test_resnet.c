@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "corefit/data.h"
 #include "corefit/io.h"
+#include "corefit/learn.h"
 #include "corefit/nn.h"
 
 #define RTOL 1e-4
@@ -304,6 +306,76 @@ static void test_name_mapping(void **state) {
     assert_non_null(strstr(cf_last_error(), "depth 19"));
 }
 
+/* fastai's vision_learner(dls, resnet18, pretrained): the body from torchvision's file, three
+ * parameter groups with the body frozen (BatchNorm still training), ImageNet's normalisation
+ * added to loaders that had none, and fine_tune runs and trains only what it should. */
+static void test_vision_learner_pretrained(void **state) {
+    (void)state;
+    oracle o;
+    oracle_init(&o);
+    float *x, *r;
+    run_oracle(&o, 18, false, true, "tv", 64, &x, &r);
+    char path[512];
+    weights_path(&o, path, sizeof path);
+
+    enum { N = 8, S = 3 * 64 * 64 };
+    float *imgs = malloc(N * S * sizeof(float)), y[N];
+    fill_uniform(imgs, N * S, 3, 0.0f, 1.0f);
+    for (int i = 0; i < N; i++) y[i] = (float)(i % 2);
+    cf_dataset *train, *valid;
+    cf_shape ss = cf_shape_make(3, (int[]){3, 64, 64});
+    assert_int_equal(cf_dataset_from_arrays(imgs, y, N, ss, 1, 2, &train), CF_OK);
+    assert_int_equal(cf_dataset_from_arrays(imgs, y, 4, ss, 1, 2, &valid), CF_OK);
+    cf_aug_opts aug = cf_aug_transforms_defaults(1.0f);
+    cf_dls *dls;
+    assert_int_equal(cf_dls_new(train, valid, &(cf_dls_options){.bs = 4, .aug = &aug}, &dls),
+                     CF_OK);
+    cf_learner *learn = NULL;
+    if (cf_vision_learner(&learn, dls, CF_ARCH_RESNET18, .pretrained = path, .quiet = true,
+                          .seed = 5) != CF_OK)
+        fail_msg("%s", cf_last_error());
+    cf_model *m = learn->model;
+    assert_int_equal(m->n_groups, 3);
+    const cf_dl_options *lo = cf_dataloader_options(dls->train);
+    assert_int_equal(lo->n_norm, 3);
+    assert_true(fabsf(lo->mean[1] - 0.456f) < 1e-7f && fabsf(lo->std[2] - 0.225f) < 1e-7f);
+    assert_int_equal(cf_dataloader_options(dls->valid)->n_norm, 3);
+
+    cf_st_file *file;
+    assert_int_equal(cf_st_read(path, &file), CF_OK);
+    const cf_st_entry *e = cf_st_find(file, "layer2.1.conv2.weight");
+    cf_param *conv = cf_model_param(m, "0.5.1.conv2.weight"),
+             *bn = cf_model_param(m, "0.5.1.bn2.weight"), *head = cf_model_param(m, "1.4.weight");
+    assert_non_null(conv);
+    assert_memory_equal(conv->data, e->data, conv->numel * sizeof(float));
+    assert_int_equal(conv->group, 0);
+    assert_int_equal(cf_model_param(m, "0.7.0.conv1.weight")->group, 1);
+    assert_int_equal(head->group, 2);
+    assert_false(conv->trainable);
+    assert_true(bn->trainable); /* train_bn */
+    assert_true(head->trainable);
+
+    /* fine_tune(1, freeze_epochs 1): the frozen epoch moves the head and BatchNorm only */
+    float *conv0 = malloc(conv->numel * sizeof(float)),
+          *head0 = malloc(head->numel * sizeof(float));
+    memcpy(conv0, conv->data, conv->numel * sizeof(float));
+    memcpy(head0, head->data, head->numel * sizeof(float));
+    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = 1e-3), CF_OK);
+    assert_memory_equal(conv0, conv->data, conv->numel * sizeof(float));
+    assert_true(memcmp(head0, head->data, head->numel * sizeof(float)) != 0);
+    if (cf_fine_tune(learn, 1, .base_lr = 1e-3) != CF_OK) fail_msg("%s", cf_last_error());
+    assert_true(memcmp(conv0, conv->data, conv->numel * sizeof(float)) != 0);
+    free(conv0);
+    free(head0);
+    cf_st_free(file);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    free(imgs);
+    free(x);
+    free(r);
+    oracle_cleanup(&o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_name_mapping),
@@ -314,6 +386,7 @@ int main(void) {
         cmocka_unit_test(test_resnet50_body_train),
         cmocka_unit_test(test_missing_tensor_named),
         cmocka_unit_test(test_wrong_depth_names_first_misshaped),
+        cmocka_unit_test(test_vision_learner_pretrained),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -364,6 +364,10 @@ cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch);
 cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch);
 const cf_dataset *cf_dataloader_dataset(const cf_dataloader *dl);
 const cf_dl_options *cf_dataloader_options(const cf_dataloader *dl);
+/* Sets the channel normalisation (n_norm 1 or the samples' channels; 0 removes it) for the
+ * batches made from the next epoch on; CF_ERR_STATE during an epoch. */
+cf_status cf_dataloader_set_normalize(cf_dataloader *dl, int n_norm, const float *mean,
+                                      const float *std);
 
 /* fastai's DataLoaders: a training and a validation loader over their datasets. */
 typedef struct cf_dls {

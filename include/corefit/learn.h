@@ -608,17 +608,24 @@ typedef enum cf_arch {
     CF_ARCH_XRESNET18,
     CF_ARCH_XRESNET34,
     CF_ARCH_XRESNET50,
+    CF_ARCH_RESNET18, /* torchvision's ResNets (cf_resnet_learner_model), fastai's 3 groups */
+    CF_ARCH_RESNET34,
+    CF_ARCH_RESNET50,
 } cf_arch;
 
-/* "mini-resnet", "simple-cnn", "xresnet18", ...; and back (-1 when unknown). */
+/* "mini-resnet", "simple-cnn", "xresnet18", ..., "resnet50"; and back (-1 when unknown). */
 const char *cf_arch_name(cf_arch arch);
 int cf_arch_from_name(const char *name);
 
 typedef struct cf_vision_opts {
     CF_LEARNER_FIELDS;
     int n_out;              /* 0: the data set's number of classes */
-    const char *pretrained; /* a corefit model file of the same arch: its body is loaded and
-                               the learner frozen (fastai's pretrained=True) */
+    const char *pretrained; /* a corefit model file of the same arch, or for resnet18/34/50
+                               torchvision's or timm's ImageNet weights as safetensors
+                               (cf_resnet_load_pretrained): the body is loaded and the learner
+                               frozen (fastai's pretrained=True); a resnet's loaders then get
+                               ImageNet's normalisation when they have none (fastai's
+                               Normalize.from_stats(*imagenet_stats)) */
     bool no_concat_pool;    /* fastai's concat_pool=False */
     int n_lin_ftrs;         /* hidden head layers (0: the arch's default) */
     int lin_ftrs[CF_HEAD_MAX_LAYERS];
@@ -628,7 +635,8 @@ typedef struct cf_vision_opts {
 } cf_vision_opts;
 
 /* fastai's vision_learner: body + create_head for dls (images (C, H, W); xresnets use their
- * small-image stem when H < 64), body and head parameter groups, kaiming-normal head. */
+ * small-image stem when H < 64), body and head parameter groups (resnets: fastai's
+ * _resnet_split, body[:6], body[6:], head), kaiming-normal head. */
 #define cf_vision_learner(...) CF_CALL3_(cf_vision_learner_, cf_vision_opts, __VA_ARGS__, )
 cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
                              const cf_vision_opts *opts);

@@ -72,6 +72,39 @@ const cf_dl_options *cf_dataloader_options(const cf_dataloader *dl) {
     return dl ? &dl->opt : NULL;
 }
 
+static void set_norm_factors(cf_dataloader *dl) {
+    const cf_dl_options *o = &dl->opt;
+    for (int c = 0; c < 4; c++) {
+        int k = o->n_norm == 1 ? 0 : c;
+        dl->scale[c] = o->n_norm ? 1.0f / o->std[k] : 1.0f;
+        dl->shift[c] = o->n_norm ? -o->mean[k] / o->std[k] : 0.0f;
+    }
+}
+
+cf_status cf_dataloader_set_normalize(cf_dataloader *dl, int n_norm, const float *mean,
+                                      const float *std) {
+    if (!dl) return cf_fail(CF_ERR_INVALID, "cf_dataloader_set_normalize: loader is NULL");
+    if (dl->in_epoch)
+        return cf_fail(CF_ERR_STATE, "cf_dataloader_set_normalize: an epoch is running");
+    int channels = dl->image ? dl->ds->sample_shape.dim[0] : 1;
+    if (n_norm < 0 || n_norm > 4 || (n_norm > 1 && n_norm != channels) ||
+        (n_norm > 0 && (!mean || !std)))
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_dataloader_set_normalize: %d channels for samples with %d channels",
+                       n_norm, channels);
+    for (int c = 0; c < n_norm; c++)
+        if (!(std[c] > 0) || mean[c] != mean[c])
+            return cf_fail(CF_ERR_INVALID, "cf_dataloader_set_normalize: std[%d] = %g", c,
+                           (double)std[c]);
+    dl->opt.n_norm = n_norm;
+    for (int c = 0; c < 4; c++) {
+        dl->opt.mean[c] = c < n_norm ? mean[c] : 0.0f;
+        dl->opt.std[c] = c < n_norm ? std[c] : 0.0f;
+    }
+    set_norm_factors(dl);
+    return CF_OK;
+}
+
 static void free_slots(cf_dataloader *dl) {
     if (!dl->slots) return;
     for (int i = 0; i < dl->nslots; i++) {
@@ -127,11 +160,7 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
     dl->per = cf_shape_numel(&ds->sample_shape);
     dl->td = ds->target_dim;
     dl->image = image;
-    for (int c = 0; c < 4; c++) {
-        int k = o.n_norm == 1 ? 0 : c;
-        dl->scale[c] = o.n_norm ? 1.0f / o.std[k] : 1.0f;
-        dl->shift[c] = o.n_norm ? -o.mean[k] / o.std[k] : 0.0f;
-    }
+    set_norm_factors(dl);
     dl->world = 1;
     dl->mode = CF_SHARD_PER_RANK;
     dl->threaded = o.prefetch > 0;

@@ -10,8 +10,20 @@
 static const char *const arch_names[] = {
     [CF_ARCH_MINI_RESNET] = "mini-resnet", [CF_ARCH_SIMPLE_CNN] = "simple-cnn",
     [CF_ARCH_XRESNET18] = "xresnet18",     [CF_ARCH_XRESNET34] = "xresnet34",
-    [CF_ARCH_XRESNET50] = "xresnet50",
+    [CF_ARCH_XRESNET50] = "xresnet50",     [CF_ARCH_RESNET18] = "resnet18",
+    [CF_ARCH_RESNET34] = "resnet34",       [CF_ARCH_RESNET50] = "resnet50",
 };
+
+static int resnet_depth(cf_arch arch) {
+    return arch == CF_ARCH_RESNET18   ? 18
+           : arch == CF_ARCH_RESNET34 ? 34
+           : arch == CF_ARCH_RESNET50 ? 50
+                                      : 0;
+}
+
+/* ImageNet's statistics (fastai's imagenet_stats). */
+static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},
+                   imagenet_std[3] = {0.229f, 0.224f, 0.225f};
 
 const char *cf_arch_name(cf_arch arch) {
     return (unsigned)arch < sizeof arch_names / sizeof *arch_names ? arch_names[arch] : "unknown";
@@ -103,6 +115,28 @@ static cf_status load_body(cf_model *model, const char *path) {
     return st;
 }
 
+/* A model file corefit wrote (fastai's names, "0.0.weight") rather than torchvision's. */
+static bool is_corefit_file(const char *path) {
+    cf_st_file *file = NULL;
+    if (cf_st_read(path, &file) != CF_OK) return false; /* the loader reports the error */
+    bool ours = cf_st_find(file, "0.0.weight") != NULL;
+    cf_st_free(file);
+    return ours;
+}
+
+/* fastai's vision_learner adds Normalize.from_stats(*imagenet_stats) when the loaders have no
+ * Normalize and the model is pretrained. */
+static cf_status imagenet_normalize(cf_dls *dls) {
+    cf_dataloader *dl[2] = {dls->train, dls->valid};
+    for (int i = 0; i < 2; i++) {
+        const cf_dl_options *o = dl[i] ? cf_dataloader_options(dl[i]) : NULL;
+        if (!o || o->n_norm > 0) continue;
+        cf_status st = cf_dataloader_set_normalize(dl[i], 3, imagenet_mean, imagenet_std);
+        if (st != CF_OK) return st;
+    }
+    return CF_OK;
+}
+
 cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const cf_vision_opts *o) {
     *out = NULL;
     const cf_dataset *ds = dls ? dls->train_ds : NULL;
@@ -144,6 +178,11 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const 
         root = cf_xresnet(depth, n_out, &xo);
         break;
     }
+    case CF_ARCH_RESNET18:
+    case CF_ARCH_RESNET34:
+    case CF_ARCH_RESNET50:
+        root = cf_resnet_learner_model(resnet_depth(arch), c_in, n_out, &head);
+        break;
     default:
         st = cf_fail(CF_ERR_INVALID, "unknown architecture %d", (int)arch);
     }
@@ -151,8 +190,13 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const 
     if (st == CF_OK && !root)
         st = cf_fail_context(CF_ERR_INVALID, "building %s", cf_arch_name(arch));
     if (st == CF_OK) st = cf_model_new(&model, root, o->seed);
-    if (st == CF_OK) st = cf_split_default(model);
-    if (st == CF_OK && o->pretrained) st = load_body(model, o->pretrained);
+    const bool resnet = resnet_depth(arch) > 0;
+    if (st == CF_OK) st = resnet ? cf_split_resnet(model) : cf_split_default(model);
+    if (st == CF_OK && o->pretrained)
+        st = resnet && !is_corefit_file(o->pretrained)
+                 ? cf_resnet_load_pretrained(model, o->pretrained)
+                 : load_body(model, o->pretrained);
+    if (st == CF_OK && o->pretrained && resnet && c_in == 3) st = imagenet_normalize(dls);
     if (st != CF_OK) {
         cf_model_free(model);
         drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
