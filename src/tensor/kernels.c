@@ -1,14 +1,13 @@
 /* CPU kernels under the layers: GEMM through CBLAS (OpenBLAS) and im2col/col2im for NCHW
  * images. Each works on one image on the calling thread; the layers split a batch over threads
- * with cf_parallel_for. */
+ * with cf_parallel_for. The portable code lives here; the vectorised kernels are in the active
+ * kernel table (kernel_table.h), which these functions consult first. */
 #include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
 
 #include <cblas.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 /* Note: with its SkylakeX kernels, OpenBLAS 0.3.21 allocates a packing buffer inside some
  * small untransposed products (its small-matrix path); tests/test_alloc.c reports those apart. */
@@ -51,77 +50,6 @@ static void sgemm_strided_ref(int m, int n, int k, const float *a, ptrdiff_t a_r
     }
 }
 
-#if defined(__AVX512F__)
-/* Register-blocked kernel: a tile of MR rows of C by up to NV_MAX vectors of 16 columns lives in
- * 24 zmm registers; each step of the reduction loads the tile's B row (the last vector masked at
- * the right edge) and broadcasts MR values of A. B is read in place: conv patch matrices are a
- * few hundred KB and stay in L2, so packing them would only add a copy. */
-#define MR 8
-#define NV_MAX 3
-
-static inline __attribute__((always_inline)) void
-gemm_tile(int mr, int nv, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col, const float *b,
-          int ldb, float *c, int ldc, __mmask16 last, bool accumulate) {
-    __m512 acc[MR][NV_MAX];
-    for (int i = 0; i < MR; i++)
-        for (int v = 0; v < NV_MAX; v++) acc[i][v] = _mm512_setzero_ps();
-    for (int p = 0; p < k; p++) {
-        const float *bp = b + (size_t)p * ldb;
-        __m512 bv[NV_MAX];
-        for (int v = 0; v < nv; v++)
-            bv[v] = v == nv - 1 ? _mm512_maskz_loadu_ps(last, bp + 16 * v)
-                                : _mm512_loadu_ps(bp + 16 * v);
-        const float *ap = a + p * a_col;
-        for (int i = 0; i < mr; i++) {
-            const __m512 av = _mm512_set1_ps(ap[i * a_row]);
-            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-        }
-    }
-    for (int i = 0; i < mr; i++)
-        for (int v = 0; v < nv; v++) {
-            const __mmask16 mask = v == nv - 1 ? last : (__mmask16)0xffff;
-            float *cp = c + (size_t)i * ldc + 16 * v;
-            __m512 r = acc[i][v];
-            if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, cp));
-            _mm512_mask_storeu_ps(cp, mask, r);
-        }
-}
-
-/* The full-height tiles get their own instances (mr and nv constant, loops unrolled). */
-#define TILE(mr_, nv_) gemm_tile(mr_, nv_, k, ap, a_row, a_col, bp, ldb, cp, ldc, last, accumulate)
-
-static void sgemm_strided_avx512(int m, int n, int k, const float *a, ptrdiff_t a_row,
-                                 ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
-                                 bool accumulate) {
-    const int vectors = (n + 15) / 16;
-    for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
-        const int left = vectors - v0;
-        /* tiles of three vectors; a last tile of one would be bound by its broadcasts, so four
-         * vectors left make two tiles of two */
-        nv = left == 4 ? 2 : left >= NV_MAX ? NV_MAX : left;
-        const int n0 = 16 * v0, rem = n - n0;
-        const int tail = rem - 16 * (nv - 1) >= 16 ? 16 : rem - 16 * (nv - 1);
-        const __mmask16 last = (__mmask16)((1u << tail) - 1u);
-        const float *bp = b + n0;
-        for (int m0 = 0; m0 < m; m0 += MR) {
-            const float *ap = a + m0 * a_row;
-            float *cp = c + (size_t)m0 * ldc + n0;
-            if (m - m0 >= MR) {
-                if (nv == 3)
-                    TILE(MR, 3);
-                else if (nv == 2)
-                    TILE(MR, 2);
-                else
-                    TILE(MR, 1);
-            } else {
-                gemm_tile(m - m0, nv, k, ap, a_row, a_col, bp, ldb, cp, ldc, last, accumulate);
-            }
-        }
-    }
-}
-#undef TILE
-#endif
-
 void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
                       const float *b, int ldb, float *c, int ldc, bool accumulate) {
     if (m <= 0 || n <= 0) return;
@@ -130,71 +58,18 @@ void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrd
             for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, (size_t)n * sizeof(float));
         return;
     }
-#if defined(__AVX512F__)
-    /* One vector of columns and few rows (a stem's weight gradient) leaves the kernel bound by
-     * its broadcasts; OpenBLAS does better there. */
-    if (!use_reference && (n > 16 || m >= 2 * MR)) {
-        sgemm_strided_avx512(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+    const cf_kernel_table *kt = cf_active_kernels;
+    if (!use_reference && kt->sgemm_strided &&
+        kt->sgemm_strided(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate))
         return;
-    }
-#endif
     sgemm_strided_ref(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 }
 
-#if defined(__AVX512F__)
-/* dst[j * ldd + i] = src[i * lds + j] for i < 16, j < cols (cols <= 16; lanes outside m are
- * not read). */
-static void transpose16(const float *src, int lds, __mmask16 m, float *dst, int ldd, int cols) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(m, src + (size_t)i * lds);
-    /* 2x2 blocks of 1, then of 2 (within 128-bit lanes), then 128-bit lanes across rows */
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_castpd_ps(
-            _mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 1] = _mm512_castpd_ps(
-            _mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 2] = _mm512_castpd_ps(
-            _mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-        r[i + 3] = _mm512_castpd_ps(
-            _mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    }
-    /* r[4q + s] now holds, in 128-bit lane L, elements (rows 4q..4q+3, column 4L + s) */
-    for (int q = 0; q < 4; q += 2)
-        for (int s = 0; s < 4; s++) {
-            __m512 a = r[4 * q + s], b = r[4 * q + 4 + s];
-            t[4 * q + s] = _mm512_shuffle_f32x4(a, b, 0x88);     /* lanes 0, 2 of a then of b */
-            t[4 * q + 4 + s] = _mm512_shuffle_f32x4(a, b, 0xdd); /* lanes 1, 3 */
-        }
-    for (int s = 0; s < 4; s++) {
-        __m512 a0 = t[s], a1 = t[4 + s], b0 = t[8 + s], b1 = t[12 + s];
-        r[s] = _mm512_shuffle_f32x4(a0, b0, 0x88);      /* column s      */
-        r[8 + s] = _mm512_shuffle_f32x4(a0, b0, 0xdd);  /* column 8 + s  */
-        r[4 + s] = _mm512_shuffle_f32x4(a1, b1, 0x88);  /* column 4 + s  */
-        r[12 + s] = _mm512_shuffle_f32x4(a1, b1, 0xdd); /* column 12 + s */
-    }
-    for (int j = 0; j < cols; j++) _mm512_storeu_ps(dst + (size_t)j * ldd, r[j]);
-}
-#endif
-
 void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd) {
-#if defined(__AVX512F__)
-    if (!use_reference) {
-        for (int j0 = 0; j0 < cols; j0 += 16) {
-            const int nj = cols - j0 < 16 ? cols - j0 : 16;
-            const __mmask16 m = (__mmask16)((1u << nj) - 1u);
-            int i0 = 0;
-            for (; i0 + 16 <= rows; i0 += 16)
-                transpose16(src + i0 * lds + j0, lds, m, dst + j0 * ldd + i0, ldd, nj);
-            for (int j = j0; j < j0 + nj; j++) /* rows past the last block of 16 */
-                for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
-        }
+    if (!use_reference && cf_active_kernels->transpose) {
+        cf_active_kernels->transpose(rows, cols, src, lds, dst, ldd);
         return;
     }
-#endif
     for (int i0 = 0; i0 < rows; i0 += 16) { /* blocks of 16 rows keep both sides cached */
         const int i1 = i0 + 16 < rows ? i0 + 16 : rows;
         for (int j = 0; j < cols; j++)
@@ -214,29 +89,6 @@ bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int
     return true;
 }
 
-/* The output columns [lo, hi) whose input column ox*sw - pw + j lies inside [0, w). */
-static void valid_cols(const cf_conv_geom *g, int j, int *lo, int *hi) {
-    int first = g->pw - j; /* ox*sw >= first */
-    int l = first > 0 ? (first + g->sw - 1) / g->sw : 0;
-    int last = g->w - 1 + g->pw - j; /* ox*sw <= last */
-    int h = last < 0 ? 0 : last / g->sw + 1;
-    if (h > g->ow) h = g->ow;
-    if (l > h) l = h;
-    *lo = l;
-    *hi = h;
-}
-
-/* The output rows [lo, hi) whose input row oy*sh - ph + i lies inside [0, h). */
-static void valid_rows(const cf_conv_geom *g, int i, int *lo, int *hi) {
-    int first = g->ph - i;
-    int l = first > 0 ? (first + g->sh - 1) / g->sh : 0;
-    int last = g->h - 1 + g->ph - i;
-    int h = last < 0 ? 0 : last / g->sh + 1;
-    if (h > g->oh) h = g->oh;
-    if (l > h) l = h;
-    *lo = l;
-    *hi = h;
-}
 
 /* One patch row segment: r[ox] = xr[ox*sw] for ox in [0, n). The stride-1 and stride-2 copies
  * are separate loops so that the compiler vectorises them. */
@@ -259,323 +111,26 @@ static inline void scatter_add_row(float *restrict xr, const float *restrict r, 
         for (int ox = 0; ox < n; ox++) xr[(size_t)ox * sw] += r[ox];
 }
 
-#if defined(__AVX512F__) && defined(__BMI2__)
-#define CF_IM2COL_AVX512 1
-/* Image rows are short (7 to 28 values in W1), so a row costs its loop overhead more than its
- * copy: with AVX-512 a row of up to 16 outputs is one masked load (lanes outside the image
- * read nothing and give 0) and one masked store, the masks computed once per kernel tap.
- * Stride 2 loads 32 inputs and keeps the even ones. Rows of up to 64 outputs take this path. */
-#define CF_VEC_CHUNKS 4
-#define CF_MASK_TAPS 11 /* kernel widths with masks made once per call */
-
-static inline __mmask16 lane_range(int lo, int hi) { /* lanes [lo, hi) of 16, clamped */
-    if (lo < 0) lo = 0;
-    if (hi > 16) hi = 16;
-    if (hi <= lo) return 0;
-    return (__mmask16)(((1u << (hi - lo)) - 1u) << lo);
-}
-
-typedef struct row_masks {
-    int chunks;
-    __mmask16 store[CF_VEC_CHUNKS]; /* output lanes of the chunk */
-    __mmask16 valid[CF_VEC_CHUNKS]; /* output lanes whose input lies inside the row */
-    __mmask16 in0[CF_VEC_CHUNKS];   /* stride 2: inputs 0-15 of the chunk inside the row */
-    __mmask16 in1[CF_VEC_CHUNKS];   /* stride 2: inputs 16-31 */
-    __mmask16 even0[CF_VEC_CHUNKS]; /* stride 2: even inputs 0-15 that receive a valid lane */
-    __mmask16 even1[CF_VEC_CHUNKS];
-} row_masks;
-
-static bool vector_rows(const cf_conv_geom *g) {
-    return g->sw <= 2 && g->ow <= 16 * CF_VEC_CHUNKS;
-}
-
-static void make_masks(row_masks *m, int ow, int off, int lo, int hi, int w) {
-    m->chunks = (ow + 15) / 16;
-    for (int k = 0; k < m->chunks; k++) {
-        const int base = 16 * k;
-        m->store[k] = lane_range(0, ow - base);
-        m->valid[k] = lane_range(lo - base, hi - base);
-        const int q = 2 * base + off; /* stride 2: input column of lane 0 */
-        m->in0[k] = lane_range(-q, w - q);
-        m->in1[k] = lane_range(-q - 16, w - q - 16);
-        m->even0[k] = (__mmask16)_pdep_u32(m->valid[k] & 0xffu, 0x5555u);
-        m->even1[k] = (__mmask16)_pdep_u32((m->valid[k] >> 8) & 0xffu, 0x5555u);
-    }
-}
-
-/* Rows [0, rows) of one patch row: r[oy*ow + ox] = xr[oy*xstride + ox*sw + off] (masked). */
-static void im2col_rows_v(float *r, const float *xr, size_t xstride, int rows, int ow, int sw,
-                          int off, const row_masks *m) {
-    const __m512i even =
-        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    if (sw == 1 && m->chunks == 1) {
-        const __mmask16 st = m->store[0], va = m->valid[0];
-        for (int y = 0; y < rows; y++, r += ow, xr += xstride)
-            _mm512_mask_storeu_ps(r, st, _mm512_maskz_loadu_ps(va, xr + off));
-        return;
-    }
-    for (int y = 0; y < rows; y++, r += ow, xr += xstride)
-        for (int k = 0; k < m->chunks; k++) {
-            __m512 v;
-            if (sw == 1) {
-                v = _mm512_maskz_loadu_ps(m->valid[k], xr + 16 * k + off);
-            } else {
-                const float *src = xr + 32 * k + off;
-                const __m512 a = _mm512_maskz_loadu_ps(m->in0[k], src);
-                const __m512 b = _mm512_maskz_loadu_ps(m->in1[k], src + 16);
-                v = _mm512_maskz_mov_ps(m->valid[k], _mm512_permutex2var_ps(a, even, b));
-            }
-            _mm512_mask_storeu_ps(r + 16 * k, m->store[k], v);
-        }
-}
-
-/* The adjoint: xr[oy*xstride + ox*sw + off] += r[oy*ow + ox] for the valid lanes. */
-static void col2im_rows_v(float *xr, const float *r, size_t xstride, int rows, int ow, int sw,
-                          int off, const row_masks *m) {
-    const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i hi_idx =
-        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-    if (sw == 1 && m->chunks == 1) {
-        const __mmask16 va = m->valid[0];
-        for (int y = 0; y < rows; y++, r += ow, xr += xstride) {
-            float *d = xr + off;
-            const __m512 v = _mm512_maskz_loadu_ps(va, r);
-            _mm512_mask_storeu_ps(d, va, _mm512_add_ps(_mm512_maskz_loadu_ps(va, d), v));
-        }
-        return;
-    }
-    for (int y = 0; y < rows; y++, r += ow, xr += xstride)
-        for (int k = 0; k < m->chunks; k++) {
-            const __mmask16 va = m->valid[k];
-            const __m512 v = _mm512_maskz_loadu_ps(va, r + 16 * k);
-            if (sw == 1) {
-                float *d = xr + 16 * k + off;
-                _mm512_mask_storeu_ps(d, va, _mm512_add_ps(_mm512_maskz_loadu_ps(va, d), v));
-            } else {
-                float *d = xr + 32 * k + off;
-                const __mmask16 m0 = m->even0[k], m1 = m->even1[k];
-                _mm512_mask_storeu_ps(
-                    d, m0,
-                    _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d), _mm512_permutexvar_ps(lo_idx, v)));
-                _mm512_mask_storeu_ps(d + 16, m1,
-                                      _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d + 16),
-                                                    _mm512_permutexvar_ps(hi_idx, v)));
-            }
-        }
-}
-
-/* Stride 1 with input rows of at most 16 values: each input row gathers the contributions of
- * every kernel tap in a register and is stored once (no read-modify-write of the image). */
-static bool col2im_by_rows(const cf_conv_geom *g) {
-    return g->sw == 1 && g->sh == 1 && g->w <= 16 && g->kw <= 16;
-}
-
-static void col2im_rows_s1(const cf_conv_geom *g, const float *col, size_t cols, float *x,
-                           bool add) {
-    const int ow = g->ow, oh = g->oh, w = g->w;
-    const size_t plane = (size_t)g->h * w;
-    __mmask16 tap[16]; /* input lanes fed by kernel column j */
-    for (int j = 0; j < g->kw; j++) {
-        int lo, hi;
-        valid_cols(g, j, &lo, &hi);
-        const int off = j - g->pw;
-        tap[j] = lane_range(lo + off, hi + off) & lane_range(0, w);
-    }
-    const __mmask16 store = lane_range(0, w);
-    for (int c = 0; c < g->c; c++) {
-        const float *colc = col + (size_t)c * g->kh * g->kw * cols;
-        float *xc = x + (size_t)c * plane;
-        for (int iy = 0; iy < g->h; iy++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int i = 0; i < g->kh; i++) {
-                const int oy = iy + g->ph - i;
-                if (oy < 0 || oy >= oh) continue;
-                const float *r = colc + (size_t)i * g->kw * cols + (size_t)oy * ow;
-                for (int j = 0; j < g->kw; j++, r += cols) /* x[t] += r[t - off] */
-                    acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tap[j], r - (j - g->pw)));
-            }
-            float *xr = xc + (size_t)iy * w;
-            if (add) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(store, xr));
-            _mm512_mask_storeu_ps(xr, store, acc);
-        }
-    }
-}
-
-/* Any stride, input rows of at most 32 values and output rows of at most 16: as above, each
- * input row is summed in registers; a patch row segment (one output row) is spread over the
- * input lanes it feeds by a permutation made once per kernel column. */
-static bool col2im_by_rows_any(const cf_conv_geom *g) {
-    return g->w <= 32 && g->ow <= 16 && g->kw <= CF_MASK_TAPS;
-}
-
-static void col2im_rows_any(const cf_conv_geom *g, const float *col, size_t cols, float *x,
-                            bool add) {
-    const int ow = g->ow, oh = g->oh, w = g->w, sw = g->sw, sh = g->sh;
-    const int nvec = (w + 15) / 16;
-    const size_t plane = (size_t)g->h * w;
-    __m512i idx[CF_MASK_TAPS][2];
-    __mmask16 feed[CF_MASK_TAPS][2]; /* input lanes fed by kernel column j */
-    for (int j = 0; j < g->kw; j++) {
-        const int off = j - g->pw; /* input column of ox is ox*sw + off */
-        for (int h = 0; h < 2; h++) {
-            int lanes[16];
-            unsigned bits = 0;
-            for (int l = 0; l < 16; l++) {
-                const int t = 16 * h + l, d = t - off;
-                lanes[l] = 0;
-                if (t < w && d >= 0 && d % sw == 0 && d / sw < ow) {
-                    lanes[l] = d / sw;
-                    bits |= 1u << l;
-                }
-            }
-            idx[j][h] = _mm512_loadu_si512(lanes);
-            feed[j][h] = (__mmask16)bits;
-        }
-    }
-    const __mmask16 row_in = lane_range(0, ow);
-    for (int c = 0; c < g->c; c++) {
-        const float *colc = col + (size_t)c * g->kh * g->kw * cols;
-        float *xc = x + (size_t)c * plane;
-        for (int iy = 0; iy < g->h; iy++) {
-            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-            for (int i = 0; i < g->kh; i++) {
-                const int t = iy + g->ph - i;
-                if (t < 0 || t % sh) continue;
-                const int oy = t / sh;
-                if (oy >= oh) continue;
-                const float *r = colc + (size_t)i * g->kw * cols + (size_t)oy * ow;
-                for (int j = 0; j < g->kw; j++, r += cols) {
-                    const __m512 v = _mm512_maskz_loadu_ps(row_in, r);
-                    acc0 = _mm512_mask_add_ps(acc0, feed[j][0], acc0,
-                                              _mm512_permutexvar_ps(idx[j][0], v));
-                    if (nvec > 1)
-                        acc1 = _mm512_mask_add_ps(acc1, feed[j][1], acc1,
-                                                  _mm512_permutexvar_ps(idx[j][1], v));
-                }
-            }
-            float *xr = xc + (size_t)iy * w;
-            if (add) {
-                acc0 = _mm512_add_ps(acc0, _mm512_maskz_loadu_ps(lane_range(0, w), xr));
-                if (nvec > 1)
-                    acc1 =
-                        _mm512_add_ps(acc1, _mm512_maskz_loadu_ps(lane_range(0, w - 16), xr + 16));
-            }
-            _mm512_mask_storeu_ps(xr, lane_range(0, w), acc0);
-            if (nvec > 1) _mm512_mask_storeu_ps(xr + 16, lane_range(0, w - 16), acc1);
-        }
-    }
-}
-
-/* Stride 1 with the output as large as the input (same padding): the output rows of a patch
- * row follow each other as the input rows do, so the whole patch row is the channel plane
- * shifted by (i - ph) rows and (j - pw) columns: one masked load and store per 16 values, the
- * masks (input column inside the row) made once per kernel column. */
-#define CF_PLANE_CHUNKS 64
-
-static bool im2col_by_planes(const cf_conv_geom *g) {
-    return g->sw == 1 && g->sh == 1 && g->oh == g->h && g->ow == g->w && g->kw <= CF_MASK_TAPS &&
-           (size_t)g->h * g->w <= 16 * CF_PLANE_CHUNKS;
-}
-
-/* The column masks of a geometry, kept per thread: a layer lowers its images one by one, and
- * making the masks costs about as much as a small image's lowering. */
-typedef struct plane_masks {
-    int w, h, kw, pw;
-    __mmask16 m[CF_MASK_TAPS][CF_PLANE_CHUNKS];
-} plane_masks;
-
-static const plane_masks *get_plane_masks(const cf_conv_geom *g) {
-    enum { SLOTS = 4 };
-    static _Thread_local plane_masks cache[SLOTS];
-    static _Thread_local int filled, next;
-    for (int s = 0; s < filled; s++)
-        if (cache[s].w == g->w && cache[s].h == g->h && cache[s].kw == g->kw &&
-            cache[s].pw == g->pw)
-            return &cache[s];
-    plane_masks *pm = &cache[next];
-    next = (next + 1) % SLOTS;
-    if (filled < SLOTS) filled++;
-    *pm = (plane_masks){.w = g->w, .h = g->h, .kw = g->kw, .pw = g->pw};
-    const int w = g->w, P = g->h * g->w, chunks = (P + 15) / 16;
-    for (int j = 0; j < g->kw; j++) {
-        const int off = j - g->pw; /* input column = ox + off */
-        for (int k = 0, ox = 0; k < chunks; k++) {
-            unsigned bits = 0;
-            for (int l = 0; l < 16 && 16 * k + l < P; l++) {
-                if (ox + off >= 0 && ox + off < w) bits |= 1u << l;
-                if (++ox == w) ox = 0;
-            }
-            pm->m[j][k] = (__mmask16)bits;
-        }
-    }
-    return pm;
-}
-
-static void im2col_planes(const cf_conv_geom *g, const float *x, float *col, size_t cols) {
-    const int w = g->w, P = g->h * g->w, chunks = (P + 15) / 16;
-    const plane_masks *pm = get_plane_masks(g);
-    const __mmask16 last = (__mmask16)(P % 16 ? (1u << (P % 16)) - 1u : 0xffffu);
-    const size_t plane = (size_t)P;
-    for (int c = 0; c < g->c; c++) {
-        const float *xc = x + c * plane;
-        for (int i = 0; i < g->kh; i++) {
-            int ylo, yhi;
-            valid_rows(g, i, &ylo, &yhi);
-            const int qlo = ylo * w, qhi = yhi * w; /* outputs whose input row exists */
-            for (int j = 0; j < g->kw; j++) {
-                float *row = col + ((size_t)(c * g->kh + i) * g->kw + j) * cols;
-                const float *src = xc + (ptrdiff_t)(i - g->ph) * w + (j - g->pw);
-                for (int k = 0; k < chunks; k++) {
-                    const int q0 = 16 * k;
-                    const __mmask16 m = pm->m[j][k] & lane_range(qlo - q0, qhi - q0);
-                    _mm512_mask_storeu_ps(row + q0, k == chunks - 1 ? last : (__mmask16)0xffff,
-                                          _mm512_maskz_loadu_ps(m, src + q0));
-                }
-            }
-        }
-    }
-}
-#endif
-
 void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol) {
+    if (!use_reference && cf_active_kernels->im2col && cf_active_kernels->im2col(g, x, col, ldcol))
+        return;
     const int oh = g->oh, ow = g->ow, sw = g->sw, sh = g->sh;
     const size_t plane = (size_t)g->h * g->w, cols = (size_t)ldcol;
-#ifdef CF_IM2COL_AVX512
-    if (!use_reference && im2col_by_planes(g)) {
-        im2col_planes(g, x, col, cols);
-        return;
-    }
-    const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
-    row_masks masks[CF_MASK_TAPS];
-    if (vec)
-        for (int j = 0; j < g->kw; j++) {
-            int lo, hi;
-            valid_cols(g, j, &lo, &hi);
-            make_masks(&masks[j], ow, j - g->pw, lo, hi, g->w);
-        }
-#endif
     for (int c = 0; c < g->c; c++) {
         const float *xc = x + c * plane;
         for (int i = 0; i < g->kh; i++) {
             int ylo, yhi;
-            valid_rows(g, i, &ylo, &yhi);
+            cf_conv_valid_rows(g, i, &ylo, &yhi);
             for (int j = 0; j < g->kw; j++) {
                 float *row = col + ((size_t)(c * g->kh + i) * g->kw + j) * cols;
                 int lo, hi;
-                valid_cols(g, j, &lo, &hi);
+                cf_conv_valid_cols(g, j, &lo, &hi);
                 const int off = j - g->pw; /* input column of ox is ox*sw + off */
                 if (ylo > 0) memset(row, 0, (size_t)ylo * ow * sizeof(float));
                 if (yhi < oh)
                     memset(row + (size_t)yhi * ow, 0, (size_t)(oh - yhi) * ow * sizeof(float));
                 if (yhi <= ylo) continue;
                 const float *x0 = xc + (size_t)(ylo * sh - g->ph + i) * g->w;
-#ifdef CF_IM2COL_AVX512
-                if (vec) {
-                    im2col_rows_v(row + (size_t)ylo * ow, x0, (size_t)sh * g->w, yhi - ylo, ow, sw,
-                                  off, &masks[j]);
-                    continue;
-                }
-#endif
                 for (int oy = ylo; oy < yhi; oy++) {
                     float *r = row + (size_t)oy * ow;
                     const float *xr = x0 + (size_t)(oy - ylo) * sh * g->w;
@@ -589,46 +144,24 @@ void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol) {
 }
 
 static void col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x, bool add) {
+    if (!use_reference && cf_active_kernels->col2im &&
+        cf_active_kernels->col2im(g, col, ldcol, x, add))
+        return;
     const int ow = g->ow, sw = g->sw, sh = g->sh;
     const size_t plane = (size_t)g->h * g->w, cols = (size_t)ldcol;
-#ifdef CF_IM2COL_AVX512
-    const bool vec = !use_reference && vector_rows(g) && g->kw <= CF_MASK_TAPS;
-    if (!use_reference && col2im_by_rows(g)) {
-        col2im_rows_s1(g, col, cols, x, add);
-        return;
-    }
-    if (!use_reference && col2im_by_rows_any(g)) {
-        col2im_rows_any(g, col, cols, x, add);
-        return;
-    }
-    row_masks masks[CF_MASK_TAPS];
-    if (vec)
-        for (int j = 0; j < g->kw; j++) {
-            int lo, hi;
-            valid_cols(g, j, &lo, &hi);
-            make_masks(&masks[j], ow, j - g->pw, lo, hi, g->w);
-        }
-#endif
     if (!add) memset(x, 0, (size_t)g->c * plane * sizeof(float));
     for (int c = 0; c < g->c; c++) {
         float *xc = x + c * plane;
         for (int i = 0; i < g->kh; i++) {
             int ylo, yhi;
-            valid_rows(g, i, &ylo, &yhi);
+            cf_conv_valid_rows(g, i, &ylo, &yhi);
             if (yhi <= ylo) continue;
             for (int j = 0; j < g->kw; j++) {
                 const float *row = col + ((size_t)(c * g->kh + i) * g->kw + j) * cols;
                 int lo, hi;
-                valid_cols(g, j, &lo, &hi);
+                cf_conv_valid_cols(g, j, &lo, &hi);
                 const int off = j - g->pw;
                 float *x0 = xc + (size_t)(ylo * sh - g->ph + i) * g->w;
-#ifdef CF_IM2COL_AVX512
-                if (vec) {
-                    col2im_rows_v(x0, row + (size_t)ylo * ow, (size_t)sh * g->w, yhi - ylo, ow, sw,
-                                  off, &masks[j]);
-                    continue;
-                }
-#endif
                 for (int oy = ylo; oy < yhi; oy++) {
                     const float *r = row + (size_t)oy * ow;
                     float *xr = x0 + (size_t)(oy - ylo) * sh * g->w;

@@ -1,0 +1,83 @@
+/* Choosing the kernel table: once, when the library is loaded, from what the CPU reports
+ * (cpuid through the compiler's __builtin_cpu_supports), capped by the environment variable
+ * CF_ISA. Holding OpenBLAS to one thread happens here too, for the same reason: corefit owns the
+ * threading of every kernel it calls (its pool splits work over the batch; a BLAS call inside a
+ * pool job must not start threads of its own), whatever the program does or does not call. */
+#include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const cf_kernel_table *cf_active_kernels = &cf_kernels_generic;
+
+static const cf_kernel_table *table_for(cf_isa isa) {
+#if defined(__x86_64__)
+    if (isa == CF_ISA_AVX512) return &cf_kernels_avx512;
+    if (isa == CF_ISA_AVX2) return &cf_kernels_avx2;
+#endif
+    (void)isa;
+    return &cf_kernels_generic;
+}
+
+cf_isa cf_isa_best(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    /* every extension each table is compiled with (the compiler may use any of them) */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("avx2"))
+        return CF_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CF_ISA_AVX2;
+#endif
+    return CF_ISA_GENERIC;
+}
+
+const char *cf_isa_name(cf_isa isa) {
+    switch (isa) {
+    case CF_ISA_AVX512:
+        return "avx512";
+    case CF_ISA_AVX2:
+        return "avx2";
+    case CF_ISA_GENERIC:
+        return "generic";
+    }
+    return "unknown";
+}
+
+bool cf_isa_parse(const char *name, cf_isa *isa) {
+    static const cf_isa all[] = {CF_ISA_GENERIC, CF_ISA_AVX2, CF_ISA_AVX512};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(name, cf_isa_name(all[i])) == 0) {
+            *isa = all[i];
+            return true;
+        }
+    return false;
+}
+
+cf_isa cf_isa_active(void) {
+    return cf_active_kernels->isa;
+}
+
+cf_isa cf_set_isa(cf_isa cap) {
+    cf_isa best = cf_isa_best();
+    cf_active_kernels = table_for(cap < best ? cap : best);
+    return cf_active_kernels->isa;
+}
+
+/* Runs before main (and before any constructor of a program linked against the library uses
+ * it): a library cannot report an error here, so an unknown CF_ISA is named on stderr, once,
+ * and ignored. */
+__attribute__((constructor)) static void cf_isa_init(void) {
+    cf_isa cap = CF_ISA_AVX512;
+    const char *env = getenv("CF_ISA");
+    if (env && *env && !cf_isa_parse(env, &cap)) {
+        fprintf(stderr, "corefit: CF_ISA=%s is not one of generic, avx2, avx512; ignored\n", env);
+        cap = CF_ISA_AVX512;
+    }
+    cf_set_isa(cap);
+    openblas_set_num_threads(1);
+}

@@ -1,0 +1,96 @@
+/* The kernel table: the hot kernels of the tensor layer, one table per instruction set
+ * (isa_generic.c, isa_avx2.c, isa_avx512.c), the best one the CPU supports chosen once when the
+ * library is loaded (capped by CF_ISA or cf_set_isa). Entries a table leaves NULL, and entries
+ * that return false for a shape, fall back to the portable code in kernels.c and
+ * conv_implicit.c. Private to the tensor layer: layers above call the cf_ functions of
+ * corefit/tensor.h, which read the table, and never test an instruction set themselves. */
+#ifndef COREFIT_KERNEL_TABLE_H
+#define COREFIT_KERNEL_TABLE_H
+
+#include "corefit/tensor.h"
+
+#include <stdint.h>
+
+/* ---- sliding-window geometry shared by the tables ------------------------------------------ */
+
+/* The output columns [lo, hi) whose input column ox*sw - pw + j lies inside [0, w). */
+static inline void cf_conv_valid_cols(const cf_conv_geom *g, int j, int *lo, int *hi) {
+    int first = g->pw - j; /* ox*sw >= first */
+    int l = first > 0 ? (first + g->sw - 1) / g->sw : 0;
+    int last = g->w - 1 + g->pw - j; /* ox*sw <= last */
+    int h = last < 0 ? 0 : last / g->sw + 1;
+    if (h > g->ow) h = g->ow;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+/* The output rows [lo, hi) whose input row oy*sh - ph + i lies inside [0, h). */
+static inline void cf_conv_valid_rows(const cf_conv_geom *g, int i, int *lo, int *hi) {
+    int first = g->ph - i;
+    int l = first > 0 ? (first + g->sh - 1) / g->sh : 0;
+    int last = g->h - 1 + g->ph - i;
+    int h = last < 0 ? 0 : last / g->sh + 1;
+    if (h > g->oh) h = g->oh;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+/* ---- the implicit convolutions' tap lists (ISA-independent, built by conv_implicit.c) ----- */
+
+#define CF_TAPS_ROW_BYTES ((CF_IMPLICIT_MAX_PLANE + 16) / 8 + 8)
+#define CF_PACK_ROWS 8 /* output rows per packed weight block; every table's tile divides it */
+
+/* The taps of one kernel call: per tap, the offset of its shifted plane from an image's start
+ * and the validity bits (bit p set when output position p reads inside the plane; rows padded
+ * with zero bytes so that 32 bits can be read at any p < plane). */
+typedef struct cf_implicit_taps {
+    int n, plane;
+    ptrdiff_t offset[CF_IMPLICIT_MAX_TAPS];
+    unsigned char valid[CF_IMPLICIT_MAX_TAPS][CF_TAPS_ROW_BYTES];
+} cf_implicit_taps;
+
+typedef struct cf_kernel_table {
+    cf_isa isa;
+    /* C (+)= A . B as cf_sgemm_strided; false: this shape is left to the reference path */
+    bool (*sgemm_strided)(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
+                          const float *b, int ldb, float *c, int ldc, bool accumulate);
+    void (*transpose)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                      ptrdiff_t ldd);
+    /* false: left to the portable loops */
+    bool (*im2col)(const cf_conv_geom *g, const float *x, float *col, int ldcol);
+    bool (*col2im)(const cf_conv_geom *g, const float *col, int ldcol, float *x, bool add);
+    /* Implicit convolutions (NULL: not supported, layers lower with im2col).
+     * y[n][r][p] (row r at y + n*y_image + r*y_row + p) = sum over taps t and channels c of
+     * A(r, c, t) * x[n][c][p + offset(t)] (channel c at c*x_plane), n < n_images, r < m, with A
+     * packed in blocks of CF_PACK_ROWS rows (conv_implicit.c's pack). */
+    void (*implicit_run)(const cf_implicit_taps *tp, int channels, int m, const float *packed,
+                         const float *x, size_t x_plane, size_t x_image, int n_images, float *y,
+                         size_t y_row, size_t y_image);
+    /* One tap's weight gradient over one image: out[o][c] (+)= sum over the oh x ow positions
+     * of dy[o][y*ow + x] * b[y*row_step + x*channels + c], o < m, c < channels. */
+    void (*implicit_wgrad)(int m, int channels, int oh, int ow, const float *dy, size_t plane,
+                           const float *b, ptrdiff_t row_step, float *out, bool accumulate);
+    /* Stride 2's phase planes (NULL: the portable loops); see conv_implicit.c. */
+    void (*split_phases)(const cf_conv_geom *g, const float *x, float *xs, unsigned used);
+    void (*merge_phases)(const cf_conv_geom *g, const float *xs, float *x);
+    /* BatchNorm over channel planes (NULL: the portable two-pass paths in src/nn/batchnorm.c);
+     * see corefit/tensor.h's cf_bn_* for what each computes. */
+    const struct cf_bn_kernels *bn;
+    /* AdaptiveConcatPool2d on one plane (NULL or false: the scalar loop) */
+    bool (*concat_pool_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
+    /* the optimizers' element-wise updates over one segment */
+    const struct cf_optim_kernels *optim;
+} cf_kernel_table;
+
+extern const cf_kernel_table cf_kernels_generic;
+#if defined(__x86_64__)
+extern const cf_kernel_table cf_kernels_avx2;
+extern const cf_kernel_table cf_kernels_avx512;
+#endif
+
+/* The active table (never NULL once the library is loaded). */
+extern const cf_kernel_table *cf_active_kernels;
+
+#endif

@@ -1,0 +1,341 @@
+/* The register-blocked kernels shared by the vector instruction sets, written once over a small
+ * vector vocabulary that the including file defines (isa_avx2.c, isa_avx512.c):
+ *
+ *   VL          floats per vector (8 or 16)          MR, NV_MAX  tile: MR rows x NV_MAX vectors
+ *   vf          a vector of VL floats                vmaskv      a lane mask, ready to use
+ *   VMASK_ALL   the bits of all VL lanes             V_MASKV(b)  bits -> vmaskv
+ *   V_ZERO() V_SET1(x) V_LOADU(p) V_STOREU(p, v) V_ADD(a, b) V_FMA(a, b, c) (a*b + c)
+ *   V_LOADZ(mv, p)       lanes in mv from p, others 0 (masked-out lanes never touch memory)
+ *   V_LOADM(src, mv, p)  lanes in mv from p, others from src
+ *   V_STOREM(p, mv, v)   lanes in mv to p
+ *
+ * The tile keeps MR x NV_MAX accumulators in registers: 8 x 3 zmm (24 of 32) with AVX-512,
+ * 4 x 3 ymm (12 of 16) with AVX2. Each step of the reduction loads the tile's B row (masked
+ * only where a lane must not be read) and broadcasts MR values of A. Sums run in a fixed order
+ * whatever the thread, so results are reproducible for a given instruction set. */
+#ifndef COREFIT_SIMD_KERNELS_H
+#define COREFIT_SIMD_KERNELS_H
+
+#include "tensor/kernel_table.h"
+
+#include <string.h>
+
+_Static_assert(CF_PACK_ROWS % MR == 0, "the tile height must divide the packed block height");
+
+#define CF_INLINE static inline __attribute__((always_inline))
+
+static inline unsigned simd_first_lanes(int n) { /* lanes [0, n) of a vector, n clamped */
+    return n >= VL ? VMASK_ALL : n <= 0 ? 0u : (1u << n) - 1u;
+}
+
+/* Stores v to p, masked unless every lane is wanted. */
+CF_INLINE void simd_store(float *p, unsigned mask, vf v) {
+    if (mask == VMASK_ALL)
+        V_STOREU(p, v);
+    else
+        V_STOREM(p, V_MASKV(mask), v);
+}
+
+/* ---- cf_sgemm_strided ---------------------------------------------------------------------- */
+
+CF_INLINE void gemm_tile(int mr, int nv, bool masked, int k, const float *a, ptrdiff_t a_row,
+                         ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
+                         unsigned last, bool accumulate) {
+    vf acc[MR][NV_MAX];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
+    const vmaskv lastv = V_MASKV(last);
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (size_t)p * ldb;
+        vf bv[NV_MAX];
+        for (int v = 0; v < nv; v++)
+            bv[v] = masked && v == nv - 1 ? V_LOADZ(lastv, bp + VL * v) : V_LOADU(bp + VL * v);
+        const float *ap = a + p * a_col;
+        for (int i = 0; i < mr; i++) {
+            const vf av = V_SET1(ap[i * a_row]);
+            for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) {
+            const unsigned mask = v == nv - 1 ? last : VMASK_ALL;
+            float *cp = c + (size_t)i * ldc + VL * v;
+            vf r = acc[i][v];
+            if (accumulate) r = V_ADD(r, V_LOADZ(V_MASKV(mask), cp));
+            simd_store(cp, mask, r);
+        }
+}
+
+/* Full-height tiles get their own instances (mr, nv and masking constant, loops unrolled). */
+#define GEMM_TILE(nv_, masked_)                                                                    \
+    gemm_tile(MR, nv_, masked_, k, ap, a_row, a_col, bp, ldb, cp, ldc, last, accumulate)
+#define GEMM_TILES(masked_)                                                                        \
+    do {                                                                                           \
+        if (nv == 3)                                                                               \
+            GEMM_TILE(3, masked_);                                                                 \
+        else if (nv == 2)                                                                          \
+            GEMM_TILE(2, masked_);                                                                 \
+        else                                                                                       \
+            GEMM_TILE(1, masked_);                                                                 \
+    } while (0)
+
+/* Tiles of NV_MAX (3) vectors; four vectors left make two tiles of two, since a last tile of
+ * one would be bound by its broadcasts. */
+static inline int simd_tile_vectors(int64_t left) {
+    return left == 4 ? 2 : left >= NV_MAX ? NV_MAX : (int)left;
+}
+
+static bool simd_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row,
+                               ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
+                               bool accumulate) {
+    /* One vector of columns and few rows (a stem's weight gradient) leaves the kernel bound by
+     * its broadcasts; OpenBLAS does better there. */
+    if (!(n > VL || m >= 2 * MR)) return false;
+    const int vectors = (n + VL - 1) / VL;
+    for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
+        nv = simd_tile_vectors(vectors - v0);
+        const int n0 = VL * v0, rem = n - n0;
+        const unsigned last = simd_first_lanes(rem - VL * (nv - 1));
+        const float *bp = b + n0;
+        for (int m0 = 0; m0 < m; m0 += MR) {
+            const float *ap = a + m0 * a_row;
+            float *cp = c + (size_t)m0 * ldc + n0;
+            if (m - m0 >= MR) {
+                if (last == VMASK_ALL)
+                    GEMM_TILES(false);
+                else
+                    GEMM_TILES(true);
+            } else {
+                gemm_tile(m - m0, nv, true, k, ap, a_row, a_col, bp, ldb, cp, ldc, last,
+                          accumulate);
+            }
+        }
+    }
+    return true;
+}
+#undef GEMM_TILES
+#undef GEMM_TILE
+
+/* ---- implicit convolutions ----------------------------------------------------------------- */
+
+static inline unsigned simd_valid_bits(const cf_implicit_taps *tp, int t, int p) {
+    uint32_t word;
+    memcpy(&word, tp->valid[t] + (p >> 3), sizeof word);
+    return (word >> (p & 7)) & VMASK_ALL;
+}
+
+/* One column tile's offsets and masks: per vector, the first image's lanes (1) and, where the
+ * vector runs into the next image, the second's (2). */
+typedef struct simd_cols {
+    ptrdiff_t x1[CF_IMPLICIT_MAX_TAPS][NV_MAX], x2[CF_IMPLICIT_MAX_TAPS][NV_MAX];
+    unsigned m1[CF_IMPLICIT_MAX_TAPS][NV_MAX], m2[CF_IMPLICIT_MAX_TAPS][NV_MAX];
+    bool full[CF_IMPLICIT_MAX_TAPS]; /* every lane of every vector reads inside one plane */
+    ptrdiff_t y1[NV_MAX], y2[NV_MAX];
+    unsigned s1[NV_MAX], s2[NV_MAX];
+} simd_cols;
+
+/* a: the tile's rows in its packed block (row i of channel c, tap t at a[(t*channels + c) *
+ * CF_PACK_ROWS + i]). */
+CF_INLINE void implicit_tile(int mr, int nv, bool two, int channels, int n_taps, const float *a,
+                             const float *x, size_t x_plane, const simd_cols *sc, float *y,
+                             size_t y_row) {
+    vf acc[MR][NV_MAX];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
+    for (int t = 0; t < n_taps; t++) {
+        const float *p1[NV_MAX], *p2[NV_MAX];
+        for (int v = 0; v < nv; v++) {
+            p1[v] = x + sc->x1[t][v];
+            p2[v] = x + sc->x2[t][v];
+        }
+        const float *at = a + (size_t)t * channels * CF_PACK_ROWS;
+        if (!two && sc->full[t]) { /* the interior: plain loads */
+            for (int c = 0; c < channels; c++, at += CF_PACK_ROWS) {
+                const size_t off = (size_t)c * x_plane;
+                vf bv[NV_MAX];
+                for (int v = 0; v < nv; v++) bv[v] = V_LOADU(p1[v] + off);
+                for (int i = 0; i < mr; i++) {
+                    const vf av = V_SET1(at[i]);
+                    for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+                }
+            }
+            continue;
+        }
+        vmaskv m1[NV_MAX], m2[NV_MAX];
+        for (int v = 0; v < nv; v++) {
+            m1[v] = V_MASKV(sc->m1[t][v]);
+            m2[v] = V_MASKV(two ? sc->m2[t][v] : 0u);
+        }
+        for (int c = 0; c < channels; c++, at += CF_PACK_ROWS) {
+            const size_t off = (size_t)c * x_plane;
+            vf bv[NV_MAX];
+            for (int v = 0; v < nv; v++) {
+                bv[v] = V_LOADZ(m1[v], p1[v] + off);
+                if (two) bv[v] = V_LOADM(bv[v], m2[v], p2[v] + off);
+            }
+            for (int i = 0; i < mr; i++) {
+                const vf av = V_SET1(at[i]);
+                for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) {
+            float *row = y + (size_t)i * y_row;
+            simd_store(row + sc->y1[v], sc->s1[v], acc[i][v]);
+            if (two && sc->s2[v]) simd_store(row + sc->y2[v], sc->s2[v], acc[i][v]);
+        }
+}
+
+#define IMPLICIT_TILE(nv_, two_)                                                                   \
+    implicit_tile(MR, nv_, two_, channels, tp->n, ap, x, x_plane, &sc, yp, y_row)
+#define IMPLICIT_TILES(two_)                                                                       \
+    do {                                                                                           \
+        if (nv == 3)                                                                               \
+            IMPLICIT_TILE(3, two_);                                                                \
+        else if (nv == 2)                                                                          \
+            IMPLICIT_TILE(2, two_);                                                                \
+        else                                                                                       \
+            IMPLICIT_TILE(1, two_);                                                                \
+    } while (0)
+
+static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m,
+                              const float *packed, const float *x, size_t x_plane,
+                              size_t x_image, int n_images, float *y, size_t y_row,
+                              size_t y_image) {
+    const int plane = tp->plane;
+    const int64_t n_cols = (int64_t)n_images * plane, vectors = (n_cols + VL - 1) / VL;
+    simd_cols sc;
+    ptrdiff_t lo_offset = tp->offset[0], hi_offset = tp->offset[0];
+    for (int t = 1; t < tp->n; t++) {
+        if (tp->offset[t] < lo_offset) lo_offset = tp->offset[t];
+        if (tp->offset[t] > hi_offset) hi_offset = tp->offset[t];
+    }
+    const ptrdiff_t span = hi_offset - lo_offset + VL * NV_MAX;
+    for (int64_t v0 = 0, nv; v0 < vectors; v0 += nv) {
+        nv = simd_tile_vectors(vectors - v0); /* no lone last vector */
+        bool two = false;
+        for (int t = 0; t < tp->n; t++) sc.full[t] = true;
+        for (int v = 0; v < nv; v++) {
+            const int64_t q = VL * (v0 + v), img = q / plane;
+            const int p1 = (int)(q - img * plane);
+            int n1 = plane - p1 < VL ? plane - p1 : VL;
+            if (n_cols - q < n1) n1 = (int)(n_cols - q);
+            const int n2 = n_cols - q - n1 < VL - n1 ? (int)(n_cols - q - n1) : VL - n1;
+            const unsigned low1 = simd_first_lanes(n1), low2 = simd_first_lanes(n2);
+            two |= n2 > 0;
+            sc.y1[v] = (ptrdiff_t)(img * (int64_t)y_image + p1);
+            sc.y2[v] = (ptrdiff_t)((img + 1) * (int64_t)y_image + p1 - plane);
+            sc.s1[v] = low1;
+            sc.s2[v] = (low2 << n1) & VMASK_ALL;
+            for (int t = 0; t < tp->n; t++) {
+                sc.x1[t][v] = (ptrdiff_t)(img * (int64_t)x_image + p1) + tp->offset[t];
+                sc.m1[t][v] = simd_valid_bits(tp, t, p1) & low1;
+                sc.x2[t][v] =
+                    (ptrdiff_t)((img + 1) * (int64_t)x_image + p1 - plane) + tp->offset[t];
+                sc.m2[t][v] = n2 ? ((simd_valid_bits(tp, t, 0) & low2) << n1) & VMASK_ALL : 0u;
+                if (sc.m1[t][v] != VMASK_ALL) sc.full[t] = false;
+            }
+        }
+        /* the next tile's columns of every channel plane (from the lowest to the highest tap
+         * offset) are brought into cache while this tile computes: a layer's input was written
+         * long before and the hardware prefetchers do not follow dozens of plane streams */
+        if (v0 + nv < vectors && span <= 256) { /* not the phase split, just written */
+            const int64_t q = VL * (v0 + nv), img = q / plane;
+            const float *base = x + img * (int64_t)x_image + (q - img * plane) + lo_offset;
+            for (int c = 0; c < channels; c++)
+                for (ptrdiff_t off = 0; off < span; off += 16)
+                    __builtin_prefetch(base + (size_t)c * x_plane + off, 0, 3);
+        }
+        for (int m0 = 0; m0 < m; m0 += MR) {
+            const int in_block = m0 % CF_PACK_ROWS;
+            const float *ap = packed + (size_t)(m0 - in_block) * channels * tp->n + in_block;
+            float *yp = y + (size_t)m0 * y_row;
+            if (m - m0 >= MR) {
+                if (two)
+                    IMPLICIT_TILES(true);
+                else
+                    IMPLICIT_TILES(false);
+            } else {
+                implicit_tile(m - m0, (int)nv, two, channels, tp->n, ap, x, x_plane, &sc, yp,
+                              y_row);
+            }
+        }
+    }
+}
+#undef IMPLICIT_TILES
+#undef IMPLICIT_TILE
+
+/* The weight gradient of one tap over one image: a tile of MR output channels by nv vectors of
+ * input channels, summed over the positions; b is the tap's start in the transposed, padded
+ * phase. */
+CF_INLINE void wgrad_tile(int mr, int nv, bool masked, int oh, int ow, const float *dy,
+                          size_t plane, const float *b, ptrdiff_t row_step, int channels,
+                          float *out, int ldo, unsigned last, bool accumulate) {
+    vf acc[MR][NV_MAX];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
+    const vmaskv lastv = V_MASKV(last);
+    for (int y = 0; y < oh; y++) {
+        const float *by = b + y * row_step, *ay = dy + (size_t)y * ow;
+        for (int x = 0; x < ow; x++) {
+            const float *bp = by + (size_t)x * channels;
+            vf bv[NV_MAX];
+            for (int v = 0; v < nv; v++)
+                bv[v] = masked && v == nv - 1 ? V_LOADZ(lastv, bp + VL * v) : V_LOADU(bp + VL * v);
+            for (int i = 0; i < mr; i++) {
+                const vf av = V_SET1(ay[i * plane + x]);
+                for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) {
+            const unsigned mask = v == nv - 1 ? last : VMASK_ALL;
+            float *cp = out + (size_t)i * ldo + VL * v;
+            vf r = acc[i][v];
+            if (accumulate) r = V_ADD(r, V_LOADZ(V_MASKV(mask), cp));
+            simd_store(cp, mask, r);
+        }
+}
+
+#define WGRAD_TILE(nv_, masked_)                                                                   \
+    wgrad_tile(MR, nv_, masked_, oh, ow, dyp, plane, bp, row_step, channels, op, channels, last,   \
+               accumulate)
+#define WGRAD_TILES(masked_)                                                                       \
+    do {                                                                                           \
+        if (nv == 3)                                                                               \
+            WGRAD_TILE(3, masked_);                                                                \
+        else if (nv == 2)                                                                          \
+            WGRAD_TILE(2, masked_);                                                                \
+        else                                                                                       \
+            WGRAD_TILE(1, masked_);                                                                \
+    } while (0)
+
+static void simd_implicit_wgrad(int m, int channels, int oh, int ow, const float *dy,
+                                size_t plane, const float *b, ptrdiff_t row_step, float *out,
+                                bool accumulate) {
+    const int vectors = (channels + VL - 1) / VL;
+    for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
+        nv = simd_tile_vectors(vectors - v0);
+        const unsigned last = simd_first_lanes(channels - VL * v0 - VL * (nv - 1));
+        const float *bp = b + VL * v0;
+        for (int m0 = 0; m0 < m; m0 += MR) {
+            const float *dyp = dy + (size_t)m0 * plane;
+            float *op = out + (size_t)m0 * channels + VL * v0;
+            if (m - m0 >= MR) {
+                if (last == VMASK_ALL)
+                    WGRAD_TILES(false);
+                else
+                    WGRAD_TILES(true);
+            } else {
+                wgrad_tile(m - m0, nv, true, oh, ow, dyp, plane, bp, row_step, channels, op,
+                           channels, last, accumulate);
+            }
+        }
+    }
+}
+#undef WGRAD_TILES
+#undef WGRAD_TILE
+
+#endif
