@@ -69,6 +69,50 @@ void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrd
 void cf_kernels_set_reference(bool reference);
 bool cf_kernels_reference(void);
 
+/* ---- BatchNorm over one channel plane (src/tensor/kernels.c, the active kernel table) ------ */
+
+/* The statistics take one pass: s1 = sum(x - k), s2 = sum((x - k)^2) over s values, with k the
+ * channel's first value (the shifted-data algorithm; var = E[d^2] - E[d]^2). */
+void cf_bn_plane_sums(const float *x, int64_t s, float k, double *s1, double *s2);
+/* y = x * scale + shift; relu: max(y, 0); add (not NULL): max(add + y, 0). */
+void cf_bn_plane_affine(const float *x, const float *add, float *y, int64_t s, float scale,
+                        float shift, bool relu);
+/* sdy += sum(g), sdyx += sum(g * (x - mean)), with g = dy, or with relu (a fused ReLU) dy where
+ * x * scale + shift > 0, recomputed exactly as cf_bn_plane_affine computed it, and 0 elsewhere. */
+void cf_bn_plane_dy_sums(const float *dy, const float *x, int64_t s, float mean, bool relu,
+                         float scale, float shift, double *sdy, double *sdyx);
+/* dx = k1 * g + k2 * (x - mean) + k3, g as in cf_bn_plane_dy_sums. */
+void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
+                    float k2, float k3, bool relu, float scale, float shift);
+
+/* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
+
+/* The maximum of x[0..n) and its first position (a NaN wins, at its first position), and the
+ * sum (AdaptiveConcatPool2d's two halves on one plane). n > 0. */
+void cf_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float *sum);
+
+/* ---- optimizer updates over a segment of a flat weight block (src/tensor/kernels.c) -------- */
+
+/* One parameter's coefficients for a step (fastai's SGD and Adam; see src/optim/optim.c). */
+typedef struct cf_opt_update {
+    bool decoupled;     /* decoupled weight decay: p *= decay first */
+    bool l2;            /* L2 weight decay: g += wd * p */
+    float decay;        /* 1 - lr * wd */
+    float wd, lr;       /* weight decay, learning rate */
+    float mom, mom_w;   /* grad_avg = mom * grad_avg + mom_w * g (mom_w: 1 for SGD, 1 - mom Adam) */
+    float sqr_mom;      /* Adam: sqr_avg = sqr_mom * sqr_avg + sqr_w * g^2 */
+    float sqr_w;        /* 1 - sqr_mom */
+    float step_size;    /* Adam: lr / (1 - mom^step) */
+    float debias2_sqrt; /* Adam: sqrt(1 - sqr_mom^step) */
+    float eps;
+} cf_opt_update;
+
+/* SGD over n values: w -= lr * (momentum-averaged) g; grad_avg NULL: no momentum. */
+void cf_sgd_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg, size_t n);
+/* Adam over n values: w = p - step_size * m / (sqrt(v) / debias2_sqrt + eps). */
+void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg,
+                    float *sqr_avg, size_t n);
+
 /* ---- instruction sets (src/tensor/isa.c) --------------------------------------------------- */
 
 /* One build runs on every CPU of its architecture: the hot kernels are compiled for several

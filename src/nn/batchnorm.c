@@ -8,18 +8,19 @@
  * value per channel"); should a smaller batch with M == 1 reach a planned layer anyway, the
  * output is beta and the running variance is updated with the biased (zero) variance.
  *
- * Sums are two-pass (mean, then centred squares) and accumulated in float lanes over blocks of
- * at most 4096 values, then in double. Channel planes are processed in parallel for large inputs;
- * each channel is computed by one thread in a fixed order, so results do not depend on the
- * thread count.
+ * Channel planes (BatchNorm2d, BatchNorm1d on (N, C, L)) go through the tensor layer's plane
+ * kernels (cf_bn_plane_*: one-pass shifted sums in vector lanes, then double per plane); rows of
+ * features (BatchNorm1d on (N, C)) take two passes in double here. Channels are processed in
+ * parallel for large inputs; each channel is computed by one thread in a fixed order, so results
+ * do not depend on the thread count.
  *
  * Fused with a following ReLU (planned by Sequential, see nn_internal.h) the layer writes
  * max(y, 0) and, in backward, uses dy where y > 0 and 0 elsewhere in place of dy, in every path;
- * results are bitwise those of BatchNorm then ReLU. The AVX-512 planes path does not read y
- * back: it recomputes x * scale + shift with the forward's per-channel scale and shift (kept in
- * the arena), which gives y's sign exactly. As the last layer of a residual block's idpath it
- * may also be asked to write the block's max(a + y, 0) for one forward (the backward is then
- * the plain one: the block masks the gradient). */
+ * results are bitwise those of BatchNorm then ReLU. The planes path does not read y back: it
+ * recomputes x * scale + shift with the forward's per-channel scale and shift (kept in the arena),
+ * which gives y's sign exactly. As the last layer of a residual block's idpath it may also be asked
+ * to write the block's max(a + y, 0) for one forward (the backward is then the plain one: the block
+ * masks the gradient). */
 #include "corefit/nn.h"
 #include "nn_internal.h"
 
@@ -43,254 +44,9 @@ typedef struct bn_impl {
     float *ss;            /* 2C: scale and shift of the last forward (planes paths) */
 } bn_impl;
 
-#define LANES 16
-#define BLOCK 4096
-
-/* The upstream gradient at i in the portable and rows paths: dy, or, with a fused ReLU whose
+/* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
  * output is y, dy where y > 0 and 0 elsewhere (ReLU's backward). */
 #define DY_AT(i) (y && !(y[i] > 0.0f) ? 0.0f : dy[i])
-
-#if !defined(__AVX512F__) /* the portable paths (the AVX-512 ones follow) */
-static double sum_plane(const float *restrict x, int64_t n) {
-    double total = 0;
-    for (int64_t b = 0; b < n; b += BLOCK) {
-        int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
-        float lane[LANES] = {0};
-        for (; i + LANES <= e; i += LANES)
-            for (int k = 0; k < LANES; k++) lane[k] += x[i + k];
-        for (; i < e; i++) total += x[i];
-        for (int k = 0; k < LANES; k++) total += lane[k];
-    }
-    return total;
-}
-
-static double sqdev_plane(const float *restrict x, int64_t n, float mean) {
-    double total = 0;
-    for (int64_t b = 0; b < n; b += BLOCK) {
-        int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
-        float lane[LANES] = {0};
-        for (; i + LANES <= e; i += LANES)
-            for (int k = 0; k < LANES; k++) {
-                float d = x[i + k] - mean;
-                lane[k] += d * d;
-            }
-        for (; i < e; i++) total += (double)(x[i] - mean) * (x[i] - mean);
-        for (int k = 0; k < LANES; k++) total += lane[k];
-    }
-    return total;
-}
-
-/* sum(dy) and sum(dy * (x - mean)) over a plane; y: the fused ReLU's output, or NULL. */
-static void dy_sums_plane(const float *restrict dy, const float *restrict x,
-                          const float *restrict y, int64_t n, float mean, double *sdy,
-                          double *sdyx) {
-    double t1 = 0, t2 = 0;
-    for (int64_t b = 0; b < n; b += BLOCK) {
-        int64_t e = b + BLOCK < n ? b + BLOCK : n, i = b;
-        float l1[LANES] = {0}, l2[LANES] = {0};
-        for (; i + LANES <= e; i += LANES)
-            for (int k = 0; k < LANES; k++) {
-                const float g = DY_AT(i + k);
-                l1[k] += g;
-                l2[k] += g * (x[i + k] - mean);
-            }
-        for (; i < e; i++) {
-            const float g = DY_AT(i);
-            t1 += g;
-            t2 += (double)g * (x[i] - mean);
-        }
-        for (int k = 0; k < LANES; k++) {
-            t1 += l1[k];
-            t2 += l2[k];
-        }
-    }
-    *sdy += t1;
-    *sdyx += t2;
-}
-
-#endif
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-/* AVX-512 paths for the channel planes of BatchNorm2d: planes are short (49 to 784 values in W1)
- * and rarely a multiple of 16, so the lane accumulators run across the planes of a channel and
- * each plane's tail is one masked load; the lanes are flushed into double every FLUSH values
- * (a float lane then holds the sum of at most FLUSH / 16 values). The statistics take one pass:
- * sums of d = x - k and d^2 with k the channel's first value (the shifted-data algorithm: exact
- * in exact arithmetic, and accurate while k lies within a few deviations of the mean, which the
- * first value of a channel does), var = E[d^2] - E[d]^2. */
-#define BN_AVX512 1
-#define FLUSH (1 << 14)
-
-static inline double hsum_d(__m512 v) {
-    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
-}
-
-static inline __mmask16 tail_mask(int64_t s) {
-    return (__mmask16)((1u << (s & 15)) - 1u);
-}
-
-/* sum(x - k) and sum((x - k)^2) over the n planes x + i*stride (s values each). */
-static void shifted_sums_v(const float *x, int n, size_t stride, int64_t s, float k, double *s1,
-                           double *s2) {
-    const int64_t full = s & ~(int64_t)15;
-    const __mmask16 tail = tail_mask(s);
-    const __m512 kk = _mm512_set1_ps(k);
-    __m512 a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps();
-    double t1 = 0, t2 = 0;
-    int64_t since = 0;
-    for (int p = 0; p < n; p++) {
-        const float *xp = x + (size_t)p * stride;
-        for (int64_t i = 0; i < full; i += 16) {
-            __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xp + i), kk);
-            a1 = _mm512_add_ps(a1, d);
-            a2 = _mm512_fmadd_ps(d, d, a2);
-        }
-        if (tail) {
-            __m512 d = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, xp + full), kk);
-            a1 = _mm512_add_ps(a1, d);
-            a2 = _mm512_fmadd_ps(d, d, a2);
-        }
-        if ((since += s) >= FLUSH) {
-            t1 += hsum_d(a1);
-            t2 += hsum_d(a2);
-            a1 = a2 = _mm512_setzero_ps();
-            since = 0;
-        }
-    }
-    *s1 = t1 + hsum_d(a1);
-    *s2 = t2 + hsum_d(a2);
-}
-
-/* y = x * scale + shift over the n planes. */
-static void affine_v(const float *x, float *y, int n, size_t stride, int64_t s, float scale,
-                     float shift) {
-    const int64_t full = s & ~(int64_t)15;
-    const __mmask16 tail = tail_mask(s);
-    const __m512 a = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift);
-    for (int p = 0; p < n; p++) {
-        const float *xp = x + (size_t)p * stride;
-        float *yp = y + (size_t)p * stride;
-        for (int64_t i = 0; i < full; i += 16)
-            _mm512_storeu_ps(yp + i, _mm512_fmadd_ps(_mm512_loadu_ps(xp + i), a, b));
-        if (tail)
-            _mm512_mask_storeu_ps(yp + full, tail,
-                                  _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xp + full), a, b));
-    }
-}
-
-/* y = max(x * scale + shift, 0) over the n planes. max_ps(z, 0) returns its second operand
- * unless z > 0, as ReLU's z > 0 ? z : 0 (NaN and -0 give +0). */
-static void affine_relu_v(const float *x, float *y, int n, size_t stride, int64_t s, float scale,
-                          float shift) {
-    const int64_t full = s & ~(int64_t)15;
-    const __mmask16 tail = tail_mask(s);
-    const __m512 a = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift), z = _mm512_setzero_ps();
-    for (int p = 0; p < n; p++) {
-        const float *xp = x + (size_t)p * stride;
-        float *yp = y + (size_t)p * stride;
-        for (int64_t i = 0; i < full; i += 16)
-            _mm512_storeu_ps(yp + i,
-                             _mm512_max_ps(_mm512_fmadd_ps(_mm512_loadu_ps(xp + i), a, b), z));
-        if (tail)
-            _mm512_mask_storeu_ps(
-                yp + full, tail,
-                _mm512_max_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xp + full), a, b), z));
-    }
-}
-
-/* y = max(a + (x * scale + shift), 0) over the n planes (a residual block's add and ReLU). */
-static void affine_add_relu_v(const float *x, const float *add, float *y, int n, size_t stride,
-                              int64_t s, float scale, float shift) {
-    const int64_t full = s & ~(int64_t)15;
-    const __mmask16 tail = tail_mask(s);
-    const __m512 a = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift), z = _mm512_setzero_ps();
-    for (int p = 0; p < n; p++) {
-        const float *xp = x + (size_t)p * stride, *ap = add + (size_t)p * stride;
-        float *yp = y + (size_t)p * stride;
-        for (int64_t i = 0; i < full; i += 16) {
-            __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xp + i), a, b);
-            _mm512_storeu_ps(yp + i, _mm512_max_ps(_mm512_add_ps(_mm512_loadu_ps(ap + i), t), z));
-        }
-        if (tail) {
-            __m512 t = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xp + full), a, b);
-            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, ap + full), t);
-            _mm512_mask_storeu_ps(yp + full, tail, _mm512_max_ps(v, z));
-        }
-    }
-}
-
-/* The lanes of m where the fused ReLU's output is positive: x * scale + shift > 0, computed as
- * the forward computed it (relu false: m itself). */
-static inline __mmask16 relu_lanes(__mmask16 m, bool relu, __m512 x, __m512 a, __m512 b) {
-    if (!relu) return m;
-    return _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(x, a, b), _mm512_setzero_ps(), _CMP_GT_OQ);
-}
-
-/* sum(dy) and sum(dy * (x - mean)) over the n planes; relu: dy only where the fused ReLU's
- * output (x * scale + shift > 0) is positive. */
-static void dy_sums_v(const float *dy, const float *x, int n, size_t stride, int64_t s, float mean,
-                      bool relu, float scale, float shift, double *sdy, double *sdyx) {
-    const int64_t full = s & ~(int64_t)15;
-    const __mmask16 tail = tail_mask(s);
-    const __m512 m = _mm512_set1_ps(mean), sa = _mm512_set1_ps(scale), sb = _mm512_set1_ps(shift);
-    __m512 a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps();
-    double t1 = 0, t2 = 0;
-    int64_t since = 0;
-    for (int p = 0; p < n; p++) {
-        const float *gp = dy + (size_t)p * stride, *xp = x + (size_t)p * stride;
-        for (int64_t i = 0; i < full; i += 16) {
-            __m512 xv = _mm512_loadu_ps(xp + i);
-            __m512 g = relu ? _mm512_maskz_loadu_ps(relu_lanes(0xffff, true, xv, sa, sb), gp + i)
-                            : _mm512_loadu_ps(gp + i);
-            a1 = _mm512_add_ps(a1, g);
-            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(xv, m), a2);
-        }
-        if (tail) {
-            __m512 xv = _mm512_maskz_loadu_ps(tail, xp + full);
-            __m512 g = _mm512_maskz_loadu_ps(relu_lanes(tail, relu, xv, sa, sb), gp + full);
-            a1 = _mm512_add_ps(a1, g);
-            a2 = _mm512_fmadd_ps(g, _mm512_sub_ps(xv, m), a2);
-        }
-        if ((since += s) >= FLUSH) {
-            t1 += hsum_d(a1);
-            t2 += hsum_d(a2);
-            a1 = a2 = _mm512_setzero_ps();
-            since = 0;
-        }
-    }
-    *sdy += t1 + hsum_d(a1);
-    *sdyx += t2 + hsum_d(a2);
-}
-
-/* dx = k1 * dy + k2 * (x - mean) + k3 over the n planes (relu: as in dy_sums_v). */
-static void dx_v(const float *dy, const float *x, float *dx, int n, size_t stride, int64_t s,
-                 float mean, float k1, float k2, float k3, bool relu, float scale, float shift) {
-    const int64_t full = s & ~(int64_t)15;
-    const __mmask16 tail = tail_mask(s);
-    const __m512 m = _mm512_set1_ps(mean), a = _mm512_set1_ps(k1), b = _mm512_set1_ps(k2),
-                 c = _mm512_set1_ps(k3), sa = _mm512_set1_ps(scale), sb = _mm512_set1_ps(shift);
-    for (int p = 0; p < n; p++) {
-        const float *gp = dy + (size_t)p * stride, *xp = x + (size_t)p * stride;
-        float *op = dx + (size_t)p * stride;
-        for (int64_t i = 0; i < full; i += 16) {
-            __m512 xv = _mm512_loadu_ps(xp + i);
-            __m512 g = relu ? _mm512_maskz_loadu_ps(relu_lanes(0xffff, true, xv, sa, sb), gp + i)
-                            : _mm512_loadu_ps(gp + i);
-            __m512 t = _mm512_fmadd_ps(b, _mm512_sub_ps(xv, m), c);
-            _mm512_storeu_ps(op + i, _mm512_fmadd_ps(a, g, t));
-        }
-        if (tail) {
-            __m512 xv = _mm512_maskz_loadu_ps(tail, xp + full);
-            __m512 g = _mm512_maskz_loadu_ps(relu_lanes(tail, relu, xv, sa, sb), gp + full);
-            __m512 t = _mm512_fmadd_ps(b, _mm512_sub_ps(xv, m), c);
-            _mm512_mask_storeu_ps(op + full, tail, _mm512_fmadd_ps(a, g, t));
-        }
-    }
-}
-#endif
 
 typedef struct geom {
     int n, c;
@@ -388,7 +144,6 @@ static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     const geom g = ctx->g;
     const double count = (double)g.n * (double)g.s;
     const float *gamma = ctx->m->params[P_WEIGHT].data, *beta = ctx->m->params[P_BIAS].data;
-#ifdef BN_AVX512
     /* Sample-major: the planes of channels [c0, c1) of one sample are contiguous, so memory is
      * read in order (a channel-major walk jumps a whole sample per plane and defeats the
      * prefetchers). Each plane's sums go into double per channel; the order of the additions
@@ -401,7 +156,7 @@ static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
             const float *xn = ctx->x + (size_t)n * g.c * cs;
             for (int64_t c = c0; c < c1; c++) {
                 double a1, a2;
-                shifted_sums_v(xn + c * cs, 1, 0, g.s, ctx->x[c * cs], &a1, &a2);
+                cf_bn_plane_sums(xn + c * cs, g.s, ctx->x[c * cs], &a1, &a2);
                 s1[c] += a1;
                 s2[c] += a2;
             }
@@ -422,56 +177,10 @@ static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     }
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        if (ctx->add)
-            for (int64_t c = c0; c < c1; c++)
-                affine_add_relu_v(ctx->x + at + c * cs, ctx->add + at + c * cs,
-                                  ctx->y + at + c * cs, 1, 0, g.s, scale[c], shift[c]);
-        else if (ctx->relu)
-            for (int64_t c = c0; c < c1; c++)
-                affine_relu_v(ctx->x + at + c * cs, ctx->y + at + c * cs, 1, 0, g.s, scale[c],
-                              shift[c]);
-        else
-            for (int64_t c = c0; c < c1; c++)
-                affine_v(ctx->x + at + c * cs, ctx->y + at + c * cs, 1, 0, g.s, scale[c], shift[c]);
+        for (int64_t c = c0; c < c1; c++)
+            cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
+                               ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
     }
-#else
-    for (int64_t c = c0; c < c1; c++) {
-        const float *xc = ctx->x + (size_t)c * g.s;
-        float *yc = ctx->y + (size_t)c * g.s;
-        const size_t stride = (size_t)g.c * g.s; /* from one sample's plane to the next */
-        if (ctx->training) {
-            double s = 0;
-            for (int n = 0; n < g.n; n++) s += sum_plane(xc + n * stride, g.s);
-            float mean = (float)(s / count);
-            double v = 0;
-            for (int n = 0; n < g.n; n++) v += sqdev_plane(xc + n * stride, g.s, mean);
-            v /= count;
-            b->mean[c] = mean;
-            b->acc[c] = v;
-            b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
-        }
-        const float scale = gamma[c] * b->invstd[c], shift = beta[c] - b->mean[c] * scale;
-        b->ss[c] = scale;
-        b->ss[g.c + c] = shift;
-        for (int n = 0; n < g.n; n++) {
-            const float *restrict xp = xc + n * stride;
-            float *restrict yp = yc + n * stride;
-            if (ctx->add) {
-                const float *restrict ap = ctx->add + (size_t)c * g.s + n * stride;
-                for (int64_t i = 0; i < g.s; i++) {
-                    const float t = xp[i] * scale + shift, v = ap[i] + t;
-                    yp[i] = v > 0.0f ? v : 0.0f;
-                }
-            } else if (ctx->relu)
-                for (int64_t i = 0; i < g.s; i++) {
-                    const float v = xp[i] * scale + shift;
-                    yp[i] = v > 0.0f ? v : 0.0f;
-                }
-            else
-                for (int64_t i = 0; i < g.s; i++) yp[i] = xp[i] * scale + shift;
-        }
-    }
-#endif
 }
 
 /* Rows of features (s == 1): statistics across the batch, feature-vectorised. */
@@ -579,7 +288,6 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     const geom g = ctx->g;
     const double count = (double)g.n * (double)g.s;
     const float *gamma = m->params[P_WEIGHT].data;
-#ifdef BN_AVX512
     /* sample-major, as the forward pass */
     const size_t cs = (size_t)g.s;
     {
@@ -588,8 +296,8 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs;
             for (int64_t c = c0; c < c1; c++)
-                dy_sums_v(ctx->dy + at + c * cs, ctx->x + at + c * cs, 1, 0, g.s, b->mean[c],
-                          ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
+                cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
+                                    ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
         }
         float *k = b->coef; /* k1, k2, k3 per channel */
         for (int64_t c = c0; c < c1; c++) {
@@ -609,43 +317,11 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs;
             for (int64_t c = c0; c < c1; c++)
-                dx_v(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs, 1, 0, g.s,
-                     b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu, b->ss[c],
-                     b->ss[g.c + c]);
+                cf_bn_plane_dx(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs,
+                               g.s, b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu,
+                               b->ss[c], b->ss[g.c + c]);
         }
     }
-#else
-    for (int64_t c = c0; c < c1; c++) {
-        const float mean = b->mean[c], invstd = b->invstd[c];
-        const size_t stride = (size_t)g.c * g.s;
-        const float *dyc = ctx->dy + (size_t)c * g.s, *xc = ctx->x + (size_t)c * g.s;
-        const float *yc = ctx->relu ? ctx->y + (size_t)c * g.s : NULL;
-        double sdy = 0, sdyx = 0;
-        for (int n = 0; n < g.n; n++)
-            dy_sums_plane(dyc + n * stride, xc + n * stride, yc ? yc + n * stride : NULL, g.s, mean,
-                          &sdy, &sdyx);
-        if (ctx->grads) {
-            if (m->params[P_WEIGHT].trainable)
-                m->params[P_WEIGHT].grad[c] += (float)(sdyx * invstd);
-            if (m->params[P_BIAS].trainable) m->params[P_BIAS].grad[c] += (float)sdy;
-        }
-        if (!ctx->need_dx) continue;
-        /* dx = k1 * dy + k2 * (x - mean) + k3 */
-        const float k1 = gamma[c] * invstd;
-        float k2 = 0, k3 = 0;
-        if (ctx->training) {
-            k2 = (float)(-(double)k1 * invstd * invstd * sdyx / count);
-            k3 = (float)(-(double)k1 * sdy / count);
-        }
-        float *dxc = ctx->dx + (size_t)c * g.s;
-        for (int n = 0; n < g.n; n++) {
-            const float *restrict dy = dyc + n * stride, *restrict xp = xc + n * stride;
-            const float *restrict y = yc ? yc + n * stride : NULL;
-            float *restrict dxp = dxc + n * stride;
-            for (int64_t i = 0; i < g.s; i++) dxp[i] = k1 * DY_AT(i) + k2 * (xp[i] - mean) + k3;
-        }
-    }
-#endif
 }
 
 static void bn_backward_rows(bn_ctx *ctx) {

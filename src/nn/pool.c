@@ -101,37 +101,6 @@ static void window(const pool_impl *p, bool rows, int i, int *lo, int *hi, int *
     }
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-/* AdaptiveConcatPool2d on one plane: the maximum, its first index and the sum, 16 lanes at a
- * time. Returns false, leaving the plane to the scalar loop, when the plane holds a NaN (which
- * must win the maximum at its first position). */
-static bool concat_plane_v(const float *x, size_t n, float *best, int32_t *arg, float *sum) {
-    __m512 mx = _mm512_set1_ps(-INFINITY), s = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return false;
-        mx = _mm512_max_ps(mx, v);
-        s = _mm512_add_ps(s, v);
-    }
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        if (_mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q)) return false;
-        mx = _mm512_mask_max_ps(mx, m, mx, v);
-        s = _mm512_add_ps(s, v);
-    }
-    const float b = _mm512_reduce_max_ps(mx);
-    size_t k = 0;
-    while (x[k] != b) k++; /* the first position of the maximum */
-    *best = b;
-    *arg = (int32_t)k;
-    *sum = _mm512_reduce_add_ps(s);
-    return true;
-}
-#endif
-
 static void pool_forward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     pool_impl *p = ctx;
@@ -139,25 +108,9 @@ static void pool_forward_range(void *ctx, int64_t begin, int64_t end, int thread
     for (int64_t pl = begin; pl < end; pl++) {
         const float *x = p->x + (size_t)pl * plane;
         if (p->kind == POOL_CONCAT) {
-            float best = -INFINITY, sum = 0.0f;
-            int32_t arg = 0;
-#if defined(__AVX512F__)
-            if (concat_plane_v(x, plane, &best, &arg, &sum)) goto store;
-            best = -INFINITY;
-            arg = 0;
-            sum = 0.0f;
-#endif
-            for (size_t i = 0; i < plane; i++) {
-                float v = x[i];
-                if (v > best || isnan(v)) {
-                    best = v;
-                    arg = (int32_t)i;
-                }
-            }
-            for (size_t i = 0; i < plane; i++) sum += x[i];
-#if defined(__AVX512F__)
-        store:;
-#endif
+            float best, sum;
+            int32_t arg;
+            cf_max_sum_plane(x, plane, &best, &arg, &sum);
             int64_t n = pl / p->C, c = pl % p->C;
             p->y[n * 2 * p->C + c] = best;
             p->y[n * 2 * p->C + p->C + c] = sum / (float)plane;

@@ -17,16 +17,7 @@
 typedef struct opt_coef {
     size_t begin, end; /* element range in the weight block */
     bool active;       /* trainable this step */
-    bool decoupled;    /* p *= decay first */
-    bool l2;           /* g += wd * p */
-    float decay;       /* 1 - lr*wd */
-    float wd;
-    float lr;
-    float mom, mom_w; /* grad_avg = mom*grad_avg + mom_w*g (mom_w is 1 for SGD, 1-mom for Adam) */
-    float sqr_mom, sqr_w;
-    float step_size;    /* Adam: lr / (1 - mom^step) */
-    float debias2_sqrt; /* Adam: sqrt(1 - sqr_mom^step) */
-    float eps;
+    cf_opt_update u;   /* the update's coefficients */
 } opt_coef;
 
 typedef struct opt_work {
@@ -147,23 +138,24 @@ static void prepare_step(cf_optimizer *opt) {
         if (g >= opt->n_groups) g = opt->n_groups - 1; /* groups added after the optimizer */
         const cf_hypers *h = &opt->hypers[g];
         bool wd = opt->do_wd[i] && h->wd != 0.0;
-        c->decoupled = wd && opt->config.decouple_wd;
-        c->l2 = wd && !opt->config.decouple_wd;
-        c->decay = (float)(1.0 - h->lr * h->wd);
-        c->wd = (float)h->wd;
-        c->lr = (float)h->lr;
-        c->mom = (float)h->mom;
-        c->mom_w = adam ? (float)(1.0 - h->mom) : 1.0f;
-        c->sqr_mom = (float)h->sqr_mom;
-        c->sqr_w = (float)(1.0 - h->sqr_mom);
-        c->eps = (float)h->eps;
+        cf_opt_update *u = &c->u;
+        u->decoupled = wd && opt->config.decouple_wd;
+        u->l2 = wd && !opt->config.decouple_wd;
+        u->decay = (float)(1.0 - h->lr * h->wd);
+        u->wd = (float)h->wd;
+        u->lr = (float)h->lr;
+        u->mom = (float)h->mom;
+        u->mom_w = adam ? (float)(1.0 - h->mom) : 1.0f;
+        u->sqr_mom = (float)h->sqr_mom;
+        u->sqr_w = (float)(1.0 - h->sqr_mom);
+        u->eps = (float)h->eps;
         opt->steps[i] += 1.0f;
         if (adam) {
             double step = opt->steps[i];
             double debias1 = 1.0 - pow(h->mom, step);
             double debias2 = 1.0 - pow(h->sqr_mom, step);
-            c->step_size = (float)(h->lr / debias1);
-            c->debias2_sqrt = (float)sqrt(debias2);
+            u->step_size = (float)(h->lr / debias1);
+            u->debias2_sqrt = (float)sqrt(debias2);
         }
     }
 }
@@ -172,58 +164,14 @@ typedef struct step_ctx {
     cf_optimizer *opt;
 } step_ctx;
 
+/* The update of one coefficient's elements [s, t): the tensor layer's element-wise kernels. */
 static void step_segment(const cf_optimizer *opt, const opt_coef *c, size_t s, size_t t) {
-    float *restrict wt = opt->model->weights;
-    const float *restrict gr = opt->model->grads;
-    float *restrict ga = opt->grad_avg;
-    float *restrict sa = opt->sqr_avg;
-    const float decay = c->decay, wd = c->wd, lr = c->lr, mom = c->mom, mom_w = c->mom_w;
-    if (opt->config.kind == CF_OPT_SGD) {
-        if (!ga) {
-            if (c->decoupled)
-                for (size_t i = s; i < t; i++) wt[i] = wt[i] * decay - lr * gr[i];
-            else if (c->l2)
-                for (size_t i = s; i < t; i++) wt[i] = wt[i] - lr * (gr[i] + wd * wt[i]);
-            else
-                for (size_t i = s; i < t; i++) wt[i] = wt[i] - lr * gr[i];
-            return;
-        }
-        if (c->decoupled)
-            for (size_t i = s; i < t; i++) {
-                float p = wt[i] * decay;
-                float m = mom * ga[i] + gr[i];
-                ga[i] = m;
-                wt[i] = p - lr * m;
-            }
-        else if (c->l2)
-            for (size_t i = s; i < t; i++) {
-                float p = wt[i];
-                float m = mom * ga[i] + (gr[i] + wd * p);
-                ga[i] = m;
-                wt[i] = p - lr * m;
-            }
-        else
-            for (size_t i = s; i < t; i++) {
-                float m = mom * ga[i] + gr[i];
-                ga[i] = m;
-                wt[i] = wt[i] - lr * m;
-            }
-        return;
-    }
-    /* Adam */
-    const float sqr_mom = c->sqr_mom, sqr_w = c->sqr_w, step_size = c->step_size;
-    const float debias2_sqrt = c->debias2_sqrt, eps = c->eps;
-    for (size_t i = s; i < t; i++) {
-        float p = wt[i];
-        float g = gr[i];
-        if (c->l2) g += wd * p;
-        if (c->decoupled) p *= decay;
-        float m = mom * ga[i] + mom_w * g;
-        float v = sqr_mom * sa[i] + sqr_w * g * g;
-        ga[i] = m;
-        sa[i] = v;
-        wt[i] = p - step_size * m / (sqrtf(v) / debias2_sqrt + eps);
-    }
+    float *w = opt->model->weights + s, *ga = opt->grad_avg ? opt->grad_avg + s : NULL;
+    const float *g = opt->model->grads + s;
+    if (opt->config.kind == CF_OPT_SGD)
+        cf_sgd_update(&c->u, w, g, ga, t - s);
+    else
+        cf_adam_update(&c->u, w, g, ga, opt->sqr_avg + s, t - s);
 }
 
 static void step_range(void *ctx, int64_t begin, int64_t end, int thread) {

@@ -225,8 +225,8 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
         taps_add(tp, &l, (ptrdiff_t)l.phase[t] * l.plane, l.di[t], l.dj[t]);
     const size_t image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * l.plane;
     if (l.stride == 1) {
-        cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, x, (size_t)l.plane, image, n_images, y, (size_t)l.plane,
-            y_image);
+        cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, x, (size_t)l.plane, image,
+                                        n_images, y, (size_t)l.plane, y_image);
         return;
     }
     const unsigned used = phases_used(&l);
@@ -235,8 +235,9 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
         const int nb = n_images - n0 < block ? n_images - n0 : block;
         for (int n = 0; n < nb; n++)
             split_phases(g, x + (size_t)(n0 + n) * image, scratch + (size_t)n * image, used);
-        cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, scratch, 4 * (size_t)l.plane, image, nb,
-            y + (size_t)n0 * y_image, (size_t)l.plane, y_image);
+        cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, scratch,
+                                        4 * (size_t)l.plane, image, nb, y + (size_t)n0 * y_image,
+                                        (size_t)l.plane, y_image);
     }
 }
 
@@ -271,8 +272,8 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
                         memset(yp + n * image + c * y_row, 0, (size_t)l.plane * sizeof(float));
                 continue;
             }
-            cf_active_kernels->implicit_run(tp, out_channels, g->c, a, dy + (size_t)n0 * dy_image, (size_t)l.plane, dy_image,
-                nb, yp, y_row, image);
+            cf_active_kernels->implicit_run(tp, out_channels, g->c, a, dy + (size_t)n0 * dy_image,
+                                            (size_t)l.plane, dy_image, nb, yp, y_row, image);
             a += per_tap * tp->n;
         }
         if (l.stride == 2)

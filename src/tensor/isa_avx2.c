@@ -31,6 +31,20 @@ static inline __m256i avx2_lane_mask(unsigned bits) { /* bit i -> lane i all one
 #define V_LOADM(src, mv, p)                                                                        \
     _mm256_blendv_ps((src), _mm256_maskload_ps((p), (mv)), _mm256_castsi256_ps(mv))
 #define V_STOREM(p, mv, v) _mm256_maskstore_ps((p), (mv), (v))
+#define V_SUB(a, b) _mm256_sub_ps((a), (b))
+#define V_MAX(a, b) _mm256_max_ps((a), (b))
+#define V_ZMASK(mv, v) _mm256_and_ps((v), _mm256_castsi256_ps(mv))
+#define V_GT0(v) _mm256_castps_si256(_mm256_cmp_ps((v), _mm256_setzero_ps(), _CMP_GT_OQ))
+#define V_MASK_AND(a, b) _mm256_and_si256((a), (b))
+
+static inline double avx2_hsum_d(__m256 v) {
+    const __m256d s = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                                    _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+#define V_HSUM_D(v) avx2_hsum_d(v)
+#include "tensor/optim_loops.h"
 #include "tensor/simd_kernels.h"
 
 const cf_kernel_table cf_kernels_avx2 = {
@@ -38,5 +52,7 @@ const cf_kernel_table cf_kernels_avx2 = {
     .sgemm_strided = simd_sgemm_strided,
     .implicit_run = simd_implicit_run,
     .implicit_wgrad = simd_implicit_wgrad,
+    .bn = &simd_bn_kernels,
+    .optim = &loops_optim,
 };
 #endif

@@ -23,6 +23,19 @@ typedef __mmask16 vmaskv;
 #define V_LOADZ(mv, p) _mm512_maskz_loadu_ps((mv), (p))
 #define V_LOADM(src, mv, p) _mm512_mask_loadu_ps((src), (mv), (p))
 #define V_STOREM(p, mv, v) _mm512_mask_storeu_ps((p), (mv), (v))
+#define V_SUB(a, b) _mm512_sub_ps((a), (b))
+#define V_MAX(a, b) _mm512_max_ps((a), (b))
+#define V_ZMASK(mv, v) _mm512_maskz_mov_ps((mv), (v))
+#define V_GT0(v) _mm512_cmp_ps_mask((v), _mm512_setzero_ps(), _CMP_GT_OQ)
+#define V_MASK_AND(a, b) ((__mmask16)((a) & (b)))
+
+static inline double avx512_hsum_d(__m512 v) {
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+}
+#define V_HSUM_D(v) avx512_hsum_d(v)
+#include "tensor/optim_loops.h"
 #include "tensor/simd_kernels.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */
@@ -381,8 +394,8 @@ static bool avx512_im2col(const cf_conv_geom *g, const float *x, float *col, int
                     memset(row + (size_t)yhi * ow, 0, (size_t)(oh - yhi) * ow * sizeof(float));
                 if (yhi <= ylo) continue;
                 const float *x0 = xc + (size_t)(ylo * sh - g->ph + i) * g->w;
-                im2col_rows_v(row + (size_t)ylo * ow, x0, (size_t)sh * g->w, yhi - ylo, ow, sw,
-                              off, &masks[j]);
+                im2col_rows_v(row + (size_t)ylo * ow, x0, (size_t)sh * g->w, yhi - ylo, ow, sw, off,
+                              &masks[j]);
             }
         }
     }
@@ -496,6 +509,36 @@ static void avx512_merge_phases(const cf_conv_geom *g, const float *xs, float *x
     }
 }
 
+/* ---- pooling -------------------------------------------------------------------------------- */
+
+/* AdaptiveConcatPool2d on one plane: the maximum, its first index and the sum, 16 lanes at a
+ * time. Returns false, leaving the plane to the scalar loop, when the plane holds a NaN (which
+ * must win the maximum at its first position). */
+static bool avx512_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float *sum) {
+    __m512 mx = _mm512_set1_ps(-INFINITY), s = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return false;
+        mx = _mm512_max_ps(mx, v);
+        s = _mm512_add_ps(s, v);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        if (_mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q)) return false;
+        mx = _mm512_mask_max_ps(mx, m, mx, v);
+        s = _mm512_add_ps(s, v);
+    }
+    const float b = _mm512_reduce_max_ps(mx);
+    size_t k = 0;
+    while (x[k] != b) k++; /* the first position of the maximum */
+    *best = b;
+    *arg = (int32_t)k;
+    *sum = _mm512_reduce_add_ps(s);
+    return true;
+}
+
 const cf_kernel_table cf_kernels_avx512 = {
     .isa = CF_ISA_AVX512,
     .sgemm_strided = simd_sgemm_strided,
@@ -506,5 +549,8 @@ const cf_kernel_table cf_kernels_avx512 = {
     .implicit_wgrad = simd_implicit_wgrad,
     .split_phases = avx512_split_phases,
     .merge_phases = avx512_merge_phases,
+    .bn = &simd_bn_kernels,
+    .max_sum_plane = avx512_max_sum_plane,
+    .optim = &loops_optim,
 };
 #endif

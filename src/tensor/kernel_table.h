@@ -51,6 +51,33 @@ typedef struct cf_implicit_taps {
     unsigned char valid[CF_IMPLICIT_MAX_TAPS][CF_TAPS_ROW_BYTES];
 } cf_implicit_taps;
 
+/* BatchNorm over one channel plane of s values. The statistics take one pass: sums of d = x - k
+ * and d^2 with k the channel's first value (the shifted-data algorithm: exact in exact
+ * arithmetic, and accurate while k lies within a few deviations of the mean, which the first
+ * value of a channel does), var = E[d^2] - E[d]^2; lanes are summed into double at the end of
+ * the plane. A fused ReLU's mask is recomputed in backward from x * scale + shift exactly as the
+ * forward computed it, so results are bitwise those of BatchNorm then ReLU. */
+typedef struct cf_bn_kernels {
+    /* s1 = sum(x - k), s2 = sum((x - k)^2) */
+    void (*shifted_sums)(const float *x, int64_t s, float k, double *s1, double *s2);
+    /* y = x * scale + shift; relu: max(y, 0); add (not NULL): max(add + y, 0) */
+    void (*affine)(const float *x, const float *add, float *y, int64_t s, float scale, float shift,
+                   bool relu);
+    /* sdy += sum(g), sdyx += sum(g * (x - mean)), g = dy, or with relu dy where
+     * x * scale + shift > 0 and 0 elsewhere */
+    void (*dy_sums)(const float *dy, const float *x, int64_t s, float mean, bool relu, float scale,
+                    float shift, double *sdy, double *sdyx);
+    /* dx = k1 * g + k2 * (x - mean) + k3 (g as in dy_sums) */
+    void (*dx)(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
+               float k2, float k3, bool relu, float scale, float shift);
+} cf_bn_kernels;
+
+typedef struct cf_optim_kernels {
+    void (*sgd)(const cf_opt_update *u, float *w, const float *g, float *grad_avg, size_t n);
+    void (*adam)(const cf_opt_update *u, float *w, const float *g, float *grad_avg, float *sqr_avg,
+                 size_t n);
+} cf_optim_kernels;
+
 typedef struct cf_kernel_table {
     cf_isa isa;
     /* C (+)= A . B as cf_sgemm_strided; false: this shape is left to the reference path */
@@ -75,13 +102,10 @@ typedef struct cf_kernel_table {
     /* Stride 2's phase planes (NULL: the portable loops); see conv_implicit.c. */
     void (*split_phases)(const cf_conv_geom *g, const float *x, float *xs, unsigned used);
     void (*merge_phases)(const cf_conv_geom *g, const float *xs, float *x);
-    /* BatchNorm over channel planes (NULL: the portable two-pass paths in src/nn/batchnorm.c);
-     * see corefit/tensor.h's cf_bn_* for what each computes. */
-    const struct cf_bn_kernels *bn;
-    /* AdaptiveConcatPool2d on one plane (NULL or false: the scalar loop) */
-    bool (*concat_pool_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
-    /* the optimizers' element-wise updates over one segment */
-    const struct cf_optim_kernels *optim;
+    const cf_bn_kernels *bn; /* never NULL */
+    /* cf_max_sum_plane (NULL, or false for a plane holding a NaN: the scalar loop) */
+    bool (*max_sum_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
+    const cf_optim_kernels *optim; /* never NULL */
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;

@@ -6,6 +6,7 @@
 #include "tensor/kernel_table.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -88,7 +89,6 @@ bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int
     g->ow = (w + 2 * pw - kw) / sw + 1;
     return true;
 }
-
 
 /* One patch row segment: r[ox] = xr[ox*sw] for ox in [0, n). The stride-1 and stride-2 copies
  * are separate loops so that the compiler vectorises them. */
@@ -178,4 +178,51 @@ void cf_col2im(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
 
 void cf_col2im_add(const cf_conv_geom *g, const float *col, int ldcol, float *x) {
     col2im(g, col, ldcol, x, true);
+}
+
+void cf_bn_plane_sums(const float *x, int64_t s, float k, double *s1, double *s2) {
+    cf_active_kernels->bn->shifted_sums(x, s, k, s1, s2);
+}
+
+void cf_bn_plane_affine(const float *x, const float *add, float *y, int64_t s, float scale,
+                        float shift, bool relu) {
+    cf_active_kernels->bn->affine(x, add, y, s, scale, shift, relu);
+}
+
+void cf_bn_plane_dy_sums(const float *dy, const float *x, int64_t s, float mean, bool relu,
+                         float scale, float shift, double *sdy, double *sdyx) {
+    cf_active_kernels->bn->dy_sums(dy, x, s, mean, relu, scale, shift, sdy, sdyx);
+}
+
+void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
+                    float k2, float k3, bool relu, float scale, float shift) {
+    cf_active_kernels->bn->dx(dy, x, dx, s, mean, k1, k2, k3, relu, scale, shift);
+}
+
+void cf_sgd_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg, size_t n) {
+    cf_active_kernels->optim->sgd(u, w, g, grad_avg, n);
+}
+
+void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg,
+                    float *sqr_avg, size_t n) {
+    cf_active_kernels->optim->adam(u, w, g, grad_avg, sqr_avg, n);
+}
+
+void cf_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float *sum) {
+    if (cf_active_kernels->max_sum_plane && cf_active_kernels->max_sum_plane(x, n, best, arg, sum))
+        return;
+    float b = -INFINITY, s = 0.0f;
+    int32_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float v = x[i];
+        if (v > b || isnan(v)) {
+            b = v;
+            at = (int32_t)i;
+            if (isnan(v)) break; /* the first NaN wins */
+        }
+    }
+    for (size_t i = 0; i < n; i++) s += x[i];
+    *best = b;
+    *arg = at;
+    *sum = s;
 }

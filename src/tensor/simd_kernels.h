@@ -8,6 +8,8 @@
  *   V_LOADZ(mv, p)       lanes in mv from p, others 0 (masked-out lanes never touch memory)
  *   V_LOADM(src, mv, p)  lanes in mv from p, others from src
  *   V_STOREM(p, mv, v)   lanes in mv to p
+ *   V_SUB(a, b) V_MAX(a, b) V_ZMASK(mv, v) (lanes outside mv zeroed) V_GT0(v) (mask of v > 0)
+ *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double)
  *
  * The tile keeps MR x NV_MAX accumulators in registers: 8 x 3 zmm (24 of 32) with AVX-512,
  * 4 x 3 ymm (12 of 16) with AVX2. Each step of the reduction loads the tile's B row (masked
@@ -39,8 +41,8 @@ CF_INLINE void simd_store(float *p, unsigned mask, vf v) {
 /* ---- cf_sgemm_strided ---------------------------------------------------------------------- */
 
 CF_INLINE void gemm_tile(int mr, int nv, bool masked, int k, const float *a, ptrdiff_t a_row,
-                         ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
-                         unsigned last, bool accumulate) {
+                         ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc, unsigned last,
+                         bool accumulate) {
     vf acc[MR][NV_MAX];
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
@@ -199,10 +201,9 @@ CF_INLINE void implicit_tile(int mr, int nv, bool two, int channels, int n_taps,
             IMPLICIT_TILE(1, two_);                                                                \
     } while (0)
 
-static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m,
-                              const float *packed, const float *x, size_t x_plane,
-                              size_t x_image, int n_images, float *y, size_t y_row,
-                              size_t y_image) {
+static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, const float *packed,
+                              const float *x, size_t x_plane, size_t x_image, int n_images,
+                              float *y, size_t y_row, size_t y_image) {
     const int plane = tp->plane;
     const int64_t n_cols = (int64_t)n_images * plane, vectors = (n_cols + VL - 1) / VL;
     simd_cols sc;
@@ -312,9 +313,8 @@ CF_INLINE void wgrad_tile(int mr, int nv, bool masked, int oh, int ow, const flo
             WGRAD_TILE(1, masked_);                                                                \
     } while (0)
 
-static void simd_implicit_wgrad(int m, int channels, int oh, int ow, const float *dy,
-                                size_t plane, const float *b, ptrdiff_t row_step, float *out,
-                                bool accumulate) {
+static void simd_implicit_wgrad(int m, int channels, int oh, int ow, const float *dy, size_t plane,
+                                const float *b, ptrdiff_t row_step, float *out, bool accumulate) {
     const int vectors = (channels + VL - 1) / VL;
     for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
         nv = simd_tile_vectors(vectors - v0);
@@ -337,5 +337,124 @@ static void simd_implicit_wgrad(int m, int channels, int oh, int ow, const float
 }
 #undef WGRAD_TILES
 #undef WGRAD_TILE
+
+/* ---- BatchNorm over one channel plane (see cf_bn_kernels in kernel_table.h) ---------------- */
+
+static inline unsigned simd_tail(int64_t s) {
+    return (unsigned)((1u << (s & (VL - 1))) - 1u);
+}
+
+static void simd_bn_shifted_sums(const float *x, int64_t s, float k, double *s1, double *s2) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf kk = V_SET1(k);
+    vf a1 = V_ZERO(), a2 = V_ZERO();
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf d = V_SUB(V_LOADU(x + i), kk);
+        a1 = V_ADD(a1, d);
+        a2 = V_FMA(d, d, a2);
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf d = V_ZMASK(tm, V_SUB(V_LOADZ(tm, x + full), kk));
+        a1 = V_ADD(a1, d);
+        a2 = V_FMA(d, d, a2);
+    }
+    *s1 = V_HSUM_D(a1);
+    *s2 = V_HSUM_D(a2);
+}
+
+/* y = x * scale + shift; relu: max(., 0); add: max(add + (x * scale + shift), 0). max(z, 0)
+ * returns its second operand unless z > 0, as ReLU's z > 0 ? z : 0 (NaN and -0 give +0). */
+static void simd_bn_affine(const float *x, const float *add, float *y, int64_t s, float scale,
+                           float shift, bool relu) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf a = V_SET1(scale), b = V_SET1(shift), z = V_ZERO();
+    if (add) {
+        for (int64_t i = 0; i < full; i += VL)
+            V_STOREU(y + i, V_MAX(V_ADD(V_LOADU(add + i), V_FMA(V_LOADU(x + i), a, b)), z));
+        if (tail) {
+            const vmaskv tm = V_MASKV(tail);
+            const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
+            V_STOREM(y + full, tm, V_MAX(V_ADD(V_LOADZ(tm, add + full), t), z));
+        }
+    } else if (relu) {
+        for (int64_t i = 0; i < full; i += VL)
+            V_STOREU(y + i, V_MAX(V_FMA(V_LOADU(x + i), a, b), z));
+        if (tail) {
+            const vmaskv tm = V_MASKV(tail);
+            V_STOREM(y + full, tm, V_MAX(V_FMA(V_LOADZ(tm, x + full), a, b), z));
+        }
+    } else {
+        for (int64_t i = 0; i < full; i += VL) V_STOREU(y + i, V_FMA(V_LOADU(x + i), a, b));
+        if (tail) {
+            const vmaskv tm = V_MASKV(tail);
+            V_STOREM(y + full, tm, V_FMA(V_LOADZ(tm, x + full), a, b));
+        }
+    }
+}
+
+/* The lanes of m where the fused ReLU's output is positive: x * scale + shift > 0, computed as
+ * the forward computed it (relu false: m itself). */
+CF_INLINE vmaskv simd_relu_lanes(vmaskv m, bool relu, vf x, vf a, vf b) {
+    if (!relu) return m;
+    return V_MASK_AND(m, V_GT0(V_FMA(x, a, b)));
+}
+
+static void simd_bn_dy_sums(const float *dy, const float *x, int64_t s, float mean, bool relu,
+                            float scale, float shift, double *sdy, double *sdyx) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf m = V_SET1(mean), sa = V_SET1(scale), sb = V_SET1(shift);
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    vf a1 = V_ZERO(), a2 = V_ZERO();
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf xv = V_LOADU(x + i);
+        const vf g =
+            relu ? V_LOADZ(simd_relu_lanes(all, true, xv, sa, sb), dy + i) : V_LOADU(dy + i);
+        a1 = V_ADD(a1, g);
+        a2 = V_FMA(g, V_SUB(xv, m), a2);
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf xv = V_LOADZ(tm, x + full);
+        const vf g = V_LOADZ(simd_relu_lanes(tm, relu, xv, sa, sb), dy + full);
+        a1 = V_ADD(a1, g);
+        a2 = V_FMA(g, V_SUB(xv, m), a2);
+    }
+    *sdy += V_HSUM_D(a1);
+    *sdyx += V_HSUM_D(a2);
+}
+
+static void simd_bn_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
+                       float k2, float k3, bool relu, float scale, float shift) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf m = V_SET1(mean), a = V_SET1(k1), b = V_SET1(k2), c = V_SET1(k3), sa = V_SET1(scale),
+             sb = V_SET1(shift);
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf xv = V_LOADU(x + i);
+        const vf g =
+            relu ? V_LOADZ(simd_relu_lanes(all, true, xv, sa, sb), dy + i) : V_LOADU(dy + i);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STOREU(dx + i, V_FMA(a, g, t));
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf xv = V_LOADZ(tm, x + full);
+        const vf g = V_LOADZ(simd_relu_lanes(tm, relu, xv, sa, sb), dy + full);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STOREM(dx + full, tm, V_FMA(a, g, t));
+    }
+}
+
+static const cf_bn_kernels simd_bn_kernels = {
+    .shifted_sums = simd_bn_shifted_sums,
+    .affine = simd_bn_affine,
+    .dy_sums = simd_bn_dy_sums,
+    .dx = simd_bn_dx,
+};
 
 #endif
