@@ -60,9 +60,10 @@ int main(int argc, char **argv) {
     double seconds = argc > 2 ? atof(argv[2]) : 0.5;
     const int batch = 64;
     cf_set_num_threads(threads);
-    printf("corefit Conv2d, batch %d, %d thread(s); OpenBLAS core %s; single-thread SGEMM 512^3: "
-           "%.1f GFLOP/s\n",
-           batch, threads, openblas_get_corename(), sgemm_rate(512, 0.3));
+    printf("corefit Conv2d, batch %d, %d thread(s); kernels %s; OpenBLAS core %s; single-thread "
+           "SGEMM 512^3: %.1f GFLOP/s\n",
+           batch, threads, cf_isa_name(cf_isa_active()), openblas_get_corename(),
+           sgemm_rate(512, 0.3));
     printf("%-26s %9s %9s %9s %9s %9s\n", "shape", "fwd ms", "bwd ms", "fwd GF/s", "bwd GF/s",
            "all GF/s");
     double total_flops = 0, total_time = 0, total_median = 0;

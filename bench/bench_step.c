@@ -337,9 +337,9 @@ int main(int argc, char **argv) {
     double med =
         reps % 2 ? per_step[reps / 2] : 0.5 * (per_step[reps / 2 - 1] + per_step[reps / 2]);
     double best = per_step[0];
-    printf("W1 training step (mini-resnet, batch %d, fwd+loss+bwd+Adam), %d thread(s), OpenBLAS "
-           "core %s\n",
-           batch, threads, cf_blas_core());
+    printf("W1 training step (mini-resnet, batch %d, fwd+loss+bwd+Adam), %d thread(s), kernels %s, "
+           "OpenBLAS core %s\n",
+           batch, threads, cf_isa_name(cf_isa_active()), cf_blas_core());
     printf("FLOPs per image per step: %.1f M (forward %.1f M)\n", f.step / batch * 1e-6,
            f.fwd / batch * 1e-6);
     printf("single-thread SGEMM 512^3: %.1f GFLOP/s (wall), %.1f GFLOP/s (CPU time)\n", sgemm,

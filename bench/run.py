@@ -4,6 +4,7 @@ on the same machine in one run, each configuration run alternately and quoted as
 
     /usr/bin/python3 bench/run.py --build build [--quick] [--pairs 3] [--batches 200]
                                   [--cores N] [--accuracy [--epochs 5]] [--out FILE]
+                                  [--isa avx512,avx2] [--workload w1|vgg]
 
 Configurations (N = the cores this process may run on, or --cores):
   1t    one process, 1 thread          bench_w1 --threads 1    w1_torch.py --threads 1
@@ -14,7 +15,16 @@ plus the single-thread SGEMM rate (bench/sgemm.c) at the start and at the end of
 with --accuracy the test accuracy of both after --epochs epochs of the recipe (one process,
 N threads, bs 64, seed 42).
 
-Builds nothing: expects bench_w1 and sgemm in --build (`make build`). PyTorch runs with
+Instruction sets (--isa, default: every vector set this CPU has): each configuration runs once
+per set, both sides capped alike: corefit with CF_ISA, PyTorch with ATEN_CPU_CAPABILITY and
+ONEDNN_MAX_CPU_ISA, and OpenBLAS (both sides) with OPENBLAS_CORETYPE (Haswell for avx2; at the
+best set, the kernels corefit's OpenBLAS chose). A capped AVX-512 machine is not an AVX2 machine
+(clock and FMA ports differ): quote both where you have both.
+
+Workloads (--workload): w1, the mini-resnet (bench_w1, w1_torch.py), and vgg, a plain VGG-style
+CNN with a large Linear layer and SGD with momentum (bench_vgg, vgg_torch.py).
+
+Builds nothing: expects bench_w1 (bench_vgg) and sgemm in --build (`make build`). PyTorch runs with
 OPENBLAS_CORETYPE set to the kernel set corefit uses (cf_blas_core(), printed by sgemm), as
 corefit reselects OpenBLAS kernels when OpenBLAS falls back to generic ones on this CPU.
 See bench/README.md for what each number means.
@@ -46,7 +56,10 @@ def parse_args():
     ap.add_argument("--accuracy", action="store_true", help="also the test accuracy after --epochs epochs")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
-    ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-w1.json)")
+    ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-WORKLOAD.json)")
+    ap.add_argument("--isa", default="", help="comma-separated instruction sets to compare at "
+                    "(generic, avx2, avx512; default: every vector set this CPU has)")
+    ap.add_argument("--workload", default="w1", choices=["w1", "vgg"], help="the model to train")
     return ap.parse_args()
 
 
@@ -93,6 +106,34 @@ def cpu_model():
     return platform.processor()
 
 
+# How PyTorch (ATen's kernels, oneDNN) and OpenBLAS are held to each set.
+TORCH_ISA_ENV = {
+    "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+BLAS_CORE = {"generic": "Nehalem", "avx2": "Haswell"}
+ISA_ORDER = ["generic", "avx2", "avx512"]
+
+
+def cpu_isas():
+    """The vector instruction sets this CPU reports, as corefit's dispatch checks them."""
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    have = ["generic"]
+    if {"avx2", "fma"} <= flags:
+        have.append("avx2")
+        if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "bmi2"} <= flags:
+            have.append("avx512")
+    return have
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -109,12 +150,18 @@ def ratio(a, b):
 def main():
     a = parse_args()
     build = os.path.abspath(a.build)
-    bench = os.path.join(build, "bench_w1")
+    bench = os.path.join(build, "bench_w1" if a.workload == "w1" else "bench_vgg")
     sgemm = os.path.join(build, "sgemm")
     for exe in (bench, sgemm):
         if not os.access(exe, os.X_OK):
             sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
-    torch_py = os.path.join(HERE, "w1_torch.py")
+    torch_py = os.path.join(HERE, "w1_torch.py" if a.workload == "w1" else "vgg_torch.py")
+    have = cpu_isas()
+    isas = [x for x in a.isa.split(",") if x] if a.isa else [x for x in have if x != "generic"] or ["generic"]
+    for x in isas:
+        if x not in have:
+            sys.exit(f"run.py: --isa {x}: this CPU supports {', '.join(have)}")
+    isas.sort(key=ISA_ORDER.index, reverse=True)
     n = a.cores or len(os.sched_getaffinity(0))
     batches = a.batches or (60 if a.quick else 200)
     pairs = a.pairs
@@ -133,8 +180,11 @@ def main():
     log(f"[bench] SGEMM 1 thread: {sg[0]['sgemm_gflops_cpu']:.1f} GFLOP/CPU-s, {sg[0]['sgemm_gflops']:.1f} best wall; "
         f"corefit's OpenBLAS kernels: {core}; PyTorch runs with OPENBLAS_CORETYPE={core}")
 
-    cf_env = dict(os.environ)
-    torch_env = dict(os.environ, OPENBLAS_CORETYPE=core)
+    def envs(isa):
+        blas = core if isa == have[-1] else BLAS_CORE[isa]
+        cf = dict(os.environ, CF_ISA=isa, OPENBLAS_CORETYPE=blas)
+        torch = dict(os.environ, OPENBLAS_CORETYPE=blas, **TORCH_ISA_ENV[isa])
+        return cf, torch
 
     mpirun = shutil.which("mpirun")
     mpi_cmd = None
@@ -148,26 +198,32 @@ def main():
         only.discard("mpi")
 
     steps = ["--batches", str(batches)]
-    configs = []  # (key, label, corefit cmd, [(PyTorch variant, cmd, extra env)])
-    if "1t" in only:
-        configs.append(("1t", "1 process, 1 thread", [bench, "--threads", "1"] + steps,
-                        [("default", [PY, torch_py, "--threads", "1"] + steps, {})]))
-    if "Nt" in only:
-        # libgomp's threads spin while they wait (OMP_WAIT_POLICY active): on a machine whose
-        # cores are busy with other work that can cost PyTorch 10x; passive waiting is its best
-        # setting there. Both are measured and the faster one is compared.
-        t_cmd = [PY, torch_py, "--threads", str(n)] + steps
-        configs.append(("Nt", f"1 process, {n} threads", [bench, "--threads", str(n)] + steps,
-                        [("default", t_cmd, {}), ("OMP_WAIT_POLICY=passive", t_cmd, {"OMP_WAIT_POLICY": "passive"})]))
-    if "dp" in only:
-        configs.append(("dp", f"data-parallel, {n} processes (fork / DDP gloo)", [bench, "--cores", str(n)] + steps,
-                        [("default", [PY, torch_py, "--ddp", str(n)] + steps, {})]))
-    if "mpi" in only:
-        configs.append(("mpi", f"mpirun -np {n} (vs DDP gloo)", mpi_cmd + [bench, "--mpi"] + steps, []))
+    configs = []  # (key, label, corefit cmd, [(PyTorch variant, cmd, extra env)], isa)
+    for isa in isas:
+        tag = f"{isa}: " if len(isas) > 1 else ""
+        if "1t" in only:
+            configs.append((f"{isa}:1t", f"{tag}1 process, 1 thread", [bench, "--threads", "1"] + steps,
+                            [("default", [PY, torch_py, "--threads", "1"] + steps, {})], isa))
+        if "Nt" in only:
+            # libgomp's threads spin while they wait (OMP_WAIT_POLICY active): on a machine whose
+            # cores are busy with other work that can cost PyTorch 10x; passive waiting is its best
+            # setting there. Both are measured and the faster one is compared.
+            t_cmd = [PY, torch_py, "--threads", str(n)] + steps
+            configs.append((f"{isa}:Nt", f"{tag}1 process, {n} threads", [bench, "--threads", str(n)] + steps,
+                            [("default", t_cmd, {}), ("OMP_WAIT_POLICY=passive", t_cmd, {"OMP_WAIT_POLICY": "passive"})],
+                            isa))
+        if "dp" in only:
+            configs.append((f"{isa}:dp", f"{tag}data-parallel, {n} processes (fork / DDP gloo)",
+                            [bench, "--cores", str(n)] + steps,
+                            [("default", [PY, torch_py, "--ddp", str(n)] + steps, {})], isa))
+        if "mpi" in only:
+            configs.append((f"{isa}:mpi", f"{tag}mpirun -np {n} (vs DDP gloo)", mpi_cmd + [bench, "--mpi"] + steps,
+                            [], isa))
 
     results = {c[0]: {"cf": [], "torch": {v[0]: [] for v in c[3]}} for c in configs}
     for i in range(pairs):
-        for key, label, cf_cmd, variants in configs:
+        for key, label, cf_cmd, variants, isa in configs:
+            cf_env, torch_env = envs(isa)
             order = [("cf", "", cf_cmd, cf_env)] + [("torch", v, cmd, dict(torch_env, **extra)) for v, cmd, extra in variants]
             if i % 2:
                 order.reverse()  # alternate who goes first, so that drift hits both alike
@@ -190,6 +246,7 @@ def main():
     if a.accuracy:
         ep = ["--epochs", str(a.epochs)]
         log(f"[bench] accuracy: {a.epochs} epochs, 1 process, {n} threads, each")
+        cf_env, torch_env = envs(isas[0])
         acc["cf"] = run_json([bench, "--threads", str(n)] + ep, env=cf_env, timeout=max(a.timeout, 7200))
         acc["torch"] = run_json([PY, torch_py, "--threads", str(n)] + ep, env=torch_env, timeout=max(a.timeout, 7200))
         for k, v in acc.items():
@@ -224,18 +281,19 @@ def main():
         if len(v["torch"]) > 1:
             alt = ", ".join(f"{var}: {fmt(summary(rs) and summary(rs)['ips'])} img/s" for var, rs in v["torch"].items())
             notes.append(f"{k}: PyTorch medians per setting ({alt}); the table shows the faster ({best_v})")
-    if "mpi" in summ and "dp" in summ:
-        summ["mpi"]["torch"] = summ["dp"]["torch"]
-    one = summ.get("1t", {})
+    for isa in isas:
+        if f"{isa}:mpi" in summ and f"{isa}:dp" in summ:
+            summ[f"{isa}:mpi"]["torch"] = summ[f"{isa}:dp"]["torch"]
 
     rows = []
-    for key, label, _, _ in configs:
+    for key, label, _, _, isa in configs:
         s = summ[key]
         cf, tt = s["cf"], s["torch"]
-        cores = 1 if key == "1t" else n
+        one = summ.get(f"{isa}:1t", {})
+        cores = 1 if key.endswith(":1t") else n
 
         def eff(x, base):
-            if x is None or base is None or key == "1t":
+            if x is None or base is None or key.endswith(":1t"):
                 return None
             return x["ips"] / (cores * base["ips"])
 
@@ -243,7 +301,7 @@ def main():
             return None if x is None else 100 * x["ipc"] * x["mflop"] / 1e3 / sgemm_cpu
 
         rows.append({
-            "key": key, "label": label,
+            "key": key, "label": label, "isa": isa,
             "cf_ips": cf and cf["ips"], "torch_ips": tt and tt["ips"],
             "ratio": ratio(cf and cf["ips"], tt and tt["ips"]),
             "cf_ipc": cf and cf["ipc"], "torch_ipc": tt and tt["ipc"],
@@ -258,7 +316,8 @@ def main():
     load1 = loadavg()
     cmdline = "/usr/bin/python3 bench/run.py " + " ".join(sys.argv[1:])
     print()
-    print(f"W1 (mini-resnet, Fashion-MNIST, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
+    title = "W1 (mini-resnet" if a.workload == "w1" else "W2 (VGG-style CNN"
+    print(f"{title}, Fashion-MNIST, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
     print(f"{cpu_model()}, {n} cores; load average {load0:.1f} at start, {load1:.1f} at end; "
           f"medians of {pairs} alternating pairs of {batches} training steps (first 5 excluded)")
     print(f"SGEMM 1 thread ({core} kernels, 1024^3): {sgemm_cpu:.1f} GFLOP per CPU-second "
@@ -269,7 +328,7 @@ def main():
           "| peak RSS MB corefit / PyTorch | PSS MB corefit / PyTorch |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
-        torch_note = " (DDP)" if r["key"] == "mpi" else ""
+        torch_note = " (DDP)" if r["key"].endswith(":mpi") else ""
         print(
             f"| {r['label']} | {fmt(r['cf_ips'])} | {fmt(r['torch_ips'])}{torch_note} | {fmt(r['ratio'], '.2f')} "
             f"| {fmt(r['cf_ipc'])} | {fmt(r['torch_ipc'])} | {fmt(r['ratio_cpu'], '.2f')} "
@@ -296,10 +355,13 @@ def main():
     for note in notes:
         print(f"- {note}")
 
-    out = a.out or os.path.join(build, "bench-w1.json")
+    notes.append("Instruction sets: corefit capped with CF_ISA; PyTorch with ATEN_CPU_CAPABILITY and "
+                 "ONEDNN_MAX_CPU_ISA; OpenBLAS on both sides with OPENBLAS_CORETYPE (Haswell at avx2). "
+                 "A capped machine is not a machine without the set (clock, ports): quote real ones too.")
+    out = a.out or os.path.join(build, f"bench-{a.workload}.json")
     with open(out, "w") as f:
         json.dump({"started": started.isoformat(), "command": cmdline, "cpu": cpu_model(), "cores": n,
-                   "batches": batches, "pairs": pairs, "load_start": load0, "load_end": load1,
+                   "workload": a.workload, "isas": isas, "batches": batches, "pairs": pairs, "load_start": load0, "load_end": load1,
                    "sgemm": sg, "rows": rows, "raw": results, "accuracy": acc, "notes": notes}, f, indent=1)
     log(f"[bench] raw results: {out}")
     return 1 if errors and not any(r["cf_ips"] for r in rows) else 0

@@ -33,8 +33,12 @@ int main(int argc, char **argv) {
         usage(stdout);
         return CLI_OK;
     }
-    if (strcmp(cmd, "--version") == 0) {
-        printf("corefit 0.1.0\n");
+    if (strcmp(cmd, "--version") == 0 || (strcmp(cmd, "info") == 0 && argc == 2)) {
+        /* with no model file, `info` describes this machine as corefit sees it */
+        printf("corefit 0.1.0\nkernels: %s (best on this CPU: %s; cap with CF_ISA)\n"
+               "BLAS: OpenBLAS, %s kernels\ncores: %d\n",
+               cf_isa_name(cf_isa_active()), cf_isa_name(cf_isa_best()), cf_blas_core(),
+               cf_available_cores());
         return CLI_OK;
     }
     if (strcmp(cmd, "train") == 0) return cmd_train(argc, argv);

@@ -96,8 +96,11 @@ void cf_rng_shuffle(cf_rng *rng, int64_t *idx, int64_t n);
 
 /* ---- threads ------------------------------------------------------------------------------- */
 
-/* The number of threads a single-process fit uses. Default: the cores this process may run on.
- * cf_set_num_threads(1) also holds the BLAS library to one thread (parallel workers use it). */
+/* The number of threads a single-process fit uses. Default: the cores this process may run on,
+ * with no call needed: that default is the fast configuration. corefit owns the threading of
+ * every kernel it calls: its pool splits work over the batch, and the BLAS library is held to one
+ * thread from the moment the library is loaded (a BLAS call inside a pool job must not start
+ * threads of its own), in one process, in fork workers and under MPI alike. */
 void cf_set_num_threads(int n);
 int cf_get_num_threads(void);
 /* The cores in this process's affinity mask. */

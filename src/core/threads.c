@@ -51,7 +51,8 @@ int cf_get_num_threads(void) {
 
 void cf_set_num_threads(int n) {
     requested_threads = n < 1 ? 0 : n;
-    /* Kernels split work over the batch themselves; BLAS runs single-threaded inside them. */
+    /* Kernels split work over the batch themselves; BLAS runs single-threaded inside them (set
+     * when the library loads, src/tensor/isa.c; again here in case a program changed it). */
     openblas_set_num_threads(1);
 }
 
@@ -215,12 +216,16 @@ extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 
 static const char *better_core(void) {
+#if !defined(__x86_64__)
+    return NULL; /* OpenBLAS's own choice stands on other architectures */
+#else
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
         return "SkylakeX";
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
     return NULL;
+#endif
 }
 
 static bool generic_core(const char *name) {

@@ -1,0 +1,32 @@
+# Instruction sets. ctest runs the kernel and layer tests once per instruction set below the
+# best one this CPU supports (the plain runs above use the best), each capped with CF_ISA; on a
+# CPU without a set the cap gives the best it has, and test_isa says which ran. test_isa itself
+# runs without OPENBLAS_NUM_THREADS, to check the default thread configuration.
+set(CF_ISA_TESTS test_kernels test_layers test_conv_pool test_fusion test_optim test_loss
+  test_w1_model test_models test_alloc)
+set_tests_properties(test_isa PROPERTIES ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:"
+  ENVIRONMENT "")
+foreach(isa generic avx2)
+  foreach(name ${CF_ISA_TESTS})
+    add_test(NAME ${name}_${isa} COMMAND ${name})
+    set_tests_properties(${name}_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
+      ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
+  endforeach()
+  add_test(NAME test_isa_${isa} COMMAND test_isa)
+  set_tests_properties(test_isa_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 120
+    ENVIRONMENT "CF_ISA=${isa}" ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:")
+endforeach()
+
+# A portable build must run on any CPU of its architecture: outside the AVX2 and AVX-512
+# tables, no object of the library may contain a vector instruction beyond the baseline, and
+# the AVX2 table none of AVX-512's (checked by disassembly).
+if(NOT CF_NATIVE AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  find_program(CF_OBJDUMP objdump)
+  if(CF_OBJDUMP)
+    add_test(NAME test_isa_objects
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/isa_objects.sh ${CF_OBJDUMP}
+        "$<TARGET_OBJECTS:corefit_objects>"
+      COMMAND_EXPAND_LISTS)
+    set_tests_properties(test_isa_objects PROPERTIES LABELS "unit;isa" TIMEOUT 120)
+  endif()
+endif()
