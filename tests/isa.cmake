@@ -2,8 +2,9 @@
 # best one this CPU supports (the plain runs above use the best), each capped with CF_ISA; on a
 # CPU without a set the cap gives the best it has, and test_isa says which ran. test_isa itself
 # runs without OPENBLAS_NUM_THREADS, to check the default thread configuration.
+# (test_models, minutes of whole-model oracles, runs at the best set only)
 set(CF_ISA_TESTS test_kernels test_layers test_conv_pool test_fusion test_optim test_loss
-  test_w1_model test_models test_alloc)
+  test_w1_model test_alloc)
 set_tests_properties(test_isa PROPERTIES ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:"
   ENVIRONMENT "")
 foreach(isa generic avx2)
