@@ -287,8 +287,9 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
         printf("\"cpu_s\": %.3f, \"images_per_cpu_s\": %.3f, ", rep->cpu_s,
                rep->cpu_s > 0 ? (double)timed * bs * world / rep->cpu_s : 0);
         printf("\"call_s\": %.3f, \"setup_s\": %.3f, \"peak_rss_mb\": %.1f, \"pss_mb\": %.1f, "
-               "\"blas_core\": \"%s\"}\n",
-               t_end - t_fit, t_fit - t0, rss_kb / 1024, pss_kb / 1024, cf_blas_core());
+               "\"blas_core\": \"%s\", \"isa\": \"%s\"}\n",
+               t_end - t_fit, t_fit - t0, rss_kb / 1024, pss_kb / 1024, cf_blas_core(),
+               cf_isa_name(cf_isa_active()));
         fflush(stdout);
     }
     cf_learner_free(learn);

@@ -234,6 +234,9 @@ def main():
                 r["load"] = loadavg()
                 (results[key]["cf"] if impl == "cf" else results[key]["torch"][variant]).append(r)
                 msg = r.get("error") or f"{r['images_per_s']:.0f} img/s, {r['images_per_cpu_s']:.0f} img/CPU-s"
+                if impl == "cf" and "error" not in r and r.get("isa", isa) != isa:
+                    r["error"] = f"ran with {r.get('isa')} kernels, not {isa}"
+                    msg = r["error"]
                 who = "corefit" if impl == "cf" else "PyTorch" + ("" if variant == "default" else f" ({variant})")
                 log(f"[bench] pair {i + 1}/{pairs} {label:<44} {who:<8} {msg}")
 
