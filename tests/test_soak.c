@@ -1,7 +1,10 @@
 /* Fault soak of the fork launcher: cf_par_fit_one_cycle on small data, run over and over, with
  * one fault injected per run on a random rank at a random training batch (or at the end of the
- * fit) and event: a crash (invalid write), abort, SIGKILL, an error return, a hang, or SIGINT sent
- * to the caller; one run in seven has no fault.
+ * fit) and event: a crash (invalid write), abort, SIGKILL, an error return, a hang, SIGINT sent
+ * to the caller, a pause (the supervisor and every worker stopped with SIGSTOP for longer than
+ * the deadline, then continued: the fit must complete), or a memory-limited run (the fit in a
+ * child under an address-space limit with little headroom: it must train or stop with an
+ * out-of-memory error within the time limit); one run in nine has no fault.
  *
  * Every run must end with either the trained result (bitwise the same as a fault-free reference
  * run with the same number of workers) or the expected error naming the rank and the cause, and
@@ -10,7 +13,8 @@
  * dispositions restored, nothing new in /dev/shm or in TMPDIR, and the caller's heap flat.
  *
  * Short by default (a few seconds, for `make test`); CF_SOAK_SECONDS=n runs for n seconds
- * (`make soak`), CF_SOAK_SEED=n repeats a sequence. The counts are printed at the end. */
+ * (`make soak`), CF_SOAK_SEED=n repeats a sequence. The counts are printed at the end, with a
+ * summary of runs, faults, hangs, leaks and stale files (each of the last three must be 0). */
 #include "learn_fixture.h"
 
 #include <dirent.h>
@@ -18,9 +22,11 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -41,9 +47,31 @@
 
 enum { N_TRAIN = 192, N_VALID = 32, BS = 8, N_EPOCH = 2 };
 
-typedef enum kind { K_NONE, K_CRASH, K_ABORT, K_KILL, K_ERROR, K_HANG, K_SIGINT, K_COUNT } kind;
-static const char *const kind_name[K_COUNT] = {"none",  "crash", "abort", "kill",
-                                               "error", "hang",  "sigint"};
+typedef enum kind {
+    K_NONE,
+    K_CRASH,
+    K_ABORT,
+    K_KILL,
+    K_ERROR,
+    K_HANG,
+    K_SIGINT,
+    K_PAUSE,  /* the supervisor and every worker stopped past the deadline, then continued */
+    K_MEMORY, /* the whole fit in a child under an address-space limit (random headroom) */
+    K_COUNT
+} kind;
+static const char *const kind_name[K_COUNT] = {"none", "crash",  "abort", "kill",  "error",
+                                               "hang", "sigint", "pause", "memory"};
+
+/* Shared with the workers and the pausing process (one page). */
+typedef struct shared {
+    double fault_at; /* cf_now() when the fault struck */
+    int pids[4];     /* the workers of the current run */
+    int supervisor;
+    _Atomic int stopped; /* the pausing process has stopped everyone */
+} shared;
+static shared *g_shared;
+#define PAUSE_DEADLINE_S 1.0
+#define PAUSE_S (2 * PAUSE_DEADLINE_S + 1.5) /* past the workers' own give-up as well */
 
 /* Where the fault strikes; read by the forked workers (their copy of the caller's memory). */
 typedef struct plan {
@@ -55,15 +83,47 @@ typedef struct plan {
 static plan g_plan;
 /* When the fault struck (cf_now(), a system-wide monotonic clock), written by the worker into a
  * page shared with the caller, so the caller measures how long the report took. */
-static volatile double *g_fault_at;
+static volatile double *g_fault_at; /* &g_shared->fault_at */
 static int g_pipe[2] = {-1, -1};
 static volatile uintptr_t g_bad_address = 8; /* not NULL: a plain invalid write, not UB checks */
+
+/* The pausing process (a grandchild of the striking worker, outside the fit): stops the
+ * supervisor and every worker, waits past the deadline, continues them. Only kill(2) and
+ * nanosleep: nothing of the fit's state is touched. */
+static _Noreturn void pause_everyone(int world) {
+    int pids[5];
+    pids[0] = g_shared->supervisor;
+    for (int r = 0; r < world; r++) pids[r + 1] = g_shared->pids[r];
+    for (int i = 0; i <= world; i++) kill(pids[i], SIGSTOP);
+    atomic_store(&g_shared->stopped, 1);
+    struct timespec ts = {(time_t)PAUSE_S, (long)((PAUSE_S - (double)(time_t)PAUSE_S) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+    for (int i = 0; i <= world; i++) kill(pids[i], SIGCONT);
+    _exit(0);
+}
 
 static cf_status strike(cf_learner *learn) {
     *g_fault_at = cf_now();
     switch (g_plan.k) {
     case K_NONE:
+    case K_MEMORY:
         break;
+    case K_PAUSE: {
+        /* Double fork: the pausing process belongs to nobody in the fit. */
+        int world = cf_comm_size(learn->replica.comm);
+        atomic_store(&g_shared->stopped, 0);
+        pid_t p = fork();
+        if (p < 0) return cf_fail(CF_ERR_IO, "fork: %s", strerror(errno));
+        if (p == 0) {
+            if (fork() == 0) pause_everyone(world);
+            _exit(0);
+        }
+        waitpid(p, NULL, 0);
+        /* Carry on only once stopped and continued (this worker is stopped too). */
+        while (!atomic_load(&g_shared->stopped)) usleep(1000);
+        break;
+    }
     case K_CRASH:
         *(volatile int *)g_bad_address = 1;
         break;
@@ -92,6 +152,10 @@ static cf_status strike(cf_learner *learn) {
 }
 
 static cf_status maybe_strike(cf_learner *learn, cf_event ev) {
+    if (learn->replica.comm && ev == CF_EV_BEFORE_BATCH) {
+        g_shared->pids[cf_comm_rank(learn->replica.comm)] = (int)getpid();
+        g_shared->supervisor = (int)getppid();
+    }
     if (g_plan.k == K_NONE || !learn->replica.comm ||
         cf_comm_rank(learn->replica.comm) != g_plan.rank || ev != g_plan.ev)
         return CF_OK;
@@ -318,6 +382,80 @@ static double env_double(const char *name, double dflt) {
     return v && *v ? atof(v) : dflt;
 }
 
+/* ---- memory-limited runs ------------------------------------------------------------------- */
+
+static long vm_size_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = -1;
+    if (f && fscanf(f, "%ld", &pages) != 1) pages = -1;
+    if (f) fclose(f);
+    return pages * sysconf(_SC_PAGESIZE);
+}
+
+/* The fit in a child process under an address-space limit with random headroom (0 to 2 MB:
+ * the small fixture trains in about 1 MB): it must either train or stop with an out-of-memory
+ * error, within the time limit (no spin, no hang, at exit either). Address-space limits are
+ * meaningless under ASan and valgrind: there the run is an unlimited one. Returns false with why in
+ * msg. */
+static bool memory_limited_run(cf_learner *learn, cf_callback **cbs, int world, cf_rng *rng,
+                               char *msg, size_t cap, int *hangs) {
+    const char *pre = getenv("LD_PRELOAD");
+    bool limit = !SOAK_ASAN && !(pre && strstr(pre, "vgpreload"));
+    long headroom = (long)cf_rng_below(rng, 2048) * 1024;
+    int p[2];
+    if (pipe(p) != 0) return snprintf(msg, cap, "pipe"), false;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return snprintf(msg, cap, "fork"), false;
+    if (pid == 0) {
+        close(p[0]);
+        signal(SIGINT, SIG_IGN); /* the SIGINT runs are the caller's */
+        struct rlimit rl = {(rlim_t)(vm_size_bytes() + headroom),
+                            (rlim_t)(vm_size_bytes() + headroom)};
+        char out[1024];
+        if (limit && setrlimit(RLIMIT_AS, &rl) != 0) {
+            snprintf(out, sizeof out, "setrlimit failed");
+        } else {
+            cf_status st =
+                cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1,
+                                     .par = {.num_cores = world, .deadline_s = 30});
+            snprintf(out, sizeof out, "%s: %s", st == CF_OK ? "trained" : cf_status_str(st),
+                     st == CF_OK ? "" : cf_last_error());
+        }
+        ssize_t w = write(p[1], out, strlen(out) + 1);
+        (void)w;
+        _exit(0); /* no exit handlers: the caller's own state is not this child's to tear down */
+    }
+    close(p[1]);
+    double t0 = cf_now(), limit_s = 60;
+    int ws;
+    pid_t w;
+    while ((w = waitpid(pid, &ws, WNOHANG)) == 0 && cf_now() - t0 < limit_s) usleep(5000);
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &ws, 0);
+        close(p[0]);
+        (*hangs)++;
+        return snprintf(msg, cap, "headroom %ld KB: still running after %.0f s", headroom >> 10,
+                        limit_s),
+               false;
+    }
+    ssize_t r = read(p[0], msg, cap - 1);
+    msg[r > 0 ? r : 0] = '\0';
+    close(p[0]);
+    if (WIFSIGNALED(ws))
+        return snprintf(msg, cap, "headroom %ld KB: the child died of signal %d", headroom >> 10,
+                        WTERMSIG(ws)),
+               false;
+    /* Trained, or out of memory said clearly (a worker's or the caller's). */
+    if (strncmp(msg, "trained", 7) == 0) return true;
+    if (strstr(msg, "out of memory") || strstr(msg, "memory")) return true;
+    char why[1024];
+    snprintf(why, sizeof why, "headroom %ld KB: %s", headroom >> 10, msg);
+    snprintf(msg, cap, "%s", why);
+    return false;
+}
+
 static void test_fault_soak(void **state) {
     (void)state;
     /* Under valgrind everything is some 30 times slower: only the first two blocks of runs,
@@ -325,8 +463,9 @@ static void test_fault_soak(void **state) {
     const char *preload = getenv("LD_PRELOAD");
     double slow = preload && strstr(preload, "vgpreload") ? 30 : 1;
     double seconds = env_double("CF_SOAK_SECONDS", slow > 1 ? 0 : 8);
-    g_fault_at = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    assert_true(g_fault_at != MAP_FAILED);
+    g_shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(g_shared != MAP_FAILED);
+    g_fault_at = &g_shared->fault_at;
     uint64_t seed = (uint64_t)env_double("CF_SOAK_SEED", (double)(uint64_t)time(NULL));
     cf_rng rng;
     cf_rng_seed(&rng, seed);
@@ -371,6 +510,8 @@ static void test_fault_soak(void **state) {
     int fds0 = count_fds(), maps0 = count_shared_mappings();
 
     int runs = 0, failures = 0, per_kind[K_COUNT] = {0}, per_event[CF_EV_COUNT] = {0};
+    int faults = 0, hangs = 0, leaks = 0, stale = 0, per_memory_outcome[2] = {0};
+    char last_oom[512] = "none";
     size_t heap0 = 0, heap_max_growth = 0;
     long rss0 = 0, rss_growth = 0;
     double t_start = cf_now(), worst_latency[K_COUNT] = {0};
@@ -387,31 +528,55 @@ static void test_fault_soak(void **state) {
             int world = 2 + (int)cf_rng_below(&rng, 2);
             int64_t batches = (int64_t)((N_TRAIN + world - 1) / world / BS) * N_EPOCH;
             kind k = order[i];
-            if (!reference[world]) k = K_NONE; /* the fault-free reference comes first */
+            if (!reference[world]) k = K_NONE;        /* the fault-free reference comes first */
+            if (k == K_PAUSE && slow > 1) k = K_NONE; /* stopped processes confuse valgrind */
             g_plan = (plan){k, (int)cf_rng_below(&rng, (uint64_t)world),
                             (int64_t)cf_rng_below(&rng, (uint64_t)batches),
                             strike_events[cf_rng_below(&rng, 5)]};
-            double deadline = (k == K_HANG ? 0.5 : 60) * slow;
+            if (k == K_PAUSE) { /* from the second batch on: every worker's pid is known */
+                g_plan.ev = CF_EV_BEFORE_BATCH;
+                if (g_plan.batch == 0) g_plan.batch = 1;
+            }
+            double deadline = (k == K_HANG ? 0.5 : k == K_PAUSE ? PAUSE_DEADLINE_S : 60) * slow;
             *g_fault_at = 0;
+            memset(g_shared->pids, 0, sizeof g_shared->pids);
             cf_clear_error();
             double t0 = cf_now();
-            cf_status st =
-                cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1,
-                                     .par = {.num_cores = world, .deadline_s = deadline});
+            cf_status st;
+            char child_msg[1024] = "";
+            if (k == K_MEMORY) {
+                if (!memory_limited_run(learn, cbs, world, &rng, child_msg, sizeof child_msg,
+                                        &hangs)) {
+                    failures++;
+                    fail_msg("run %d (memory, %d workers, seed %llu): %s", runs + 1, world,
+                             (unsigned long long)seed, child_msg);
+                }
+                st = CF_OK;
+            } else {
+                st = cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs,
+                                          .n_cbs = 1,
+                                          .par = {.num_cores = world, .deadline_s = deadline});
+            }
             double took = cf_now() - t0;
             const char *msg = cf_last_error();
             runs++;
             per_kind[k]++;
-            if (k != K_NONE) per_event[g_plan.ev]++;
+            if (k != K_NONE && k != K_MEMORY) per_event[g_plan.ev]++;
+            if (k != K_NONE) faults++;
 
             char want_rank[32];
             snprintf(want_rank, sizeof want_rank, "worker %d", g_plan.rank);
-            static const char *const cause[K_COUNT] = {
-                "",           "SIGSEGV",          "SIGABRT",
-                "SIGKILL",    "injected failure", "made no progress",
-                "interrupted"};
+            static const char *const cause[K_COUNT] = {"",
+                                                       "SIGSEGV",
+                                                       "SIGABRT",
+                                                       "SIGKILL",
+                                                       "injected failure",
+                                                       "made no progress",
+                                                       "interrupted",
+                                                       "",
+                                                       "memory"};
             bool ok;
-            if (k == K_NONE) {
+            if (k == K_NONE || k == K_PAUSE || k == K_MEMORY) {
                 ok = st == CF_OK;
             } else if (k == K_SIGINT) {
                 ok = st == CF_ERR_INTERRUPTED && strstr(msg, cause[k]);
@@ -431,12 +596,20 @@ static void test_fault_soak(void **state) {
             if (k != K_NONE && *g_fault_at == 0 && st != CF_OK)
                 fail_msg("run %d (%s): failed before the fault struck", runs, kind_name[k]);
             if (latency > worst_latency[k]) worst_latency[k] = latency;
-            if (latency > (k == K_HANG ? deadline : 0) + 5 * slow)
+            if (k != K_PAUSE && k != K_MEMORY && latency > (k == K_HANG ? deadline : 0) + 5 * slow)
                 fail_msg("run %d (%s): reported %.1f s after the fault", runs, kind_name[k],
                          latency);
-            if (took > 120 * slow) fail_msg("run %d (%s): took %.1f s", runs, kind_name[k], took);
+            if (took > 120 * slow) {
+                hangs++;
+                fail_msg("run %d (%s): took %.1f s", runs, kind_name[k], took);
+            }
 
-            if (st == CF_OK) {
+            if (k == K_MEMORY) {
+                bool trained = strncmp(child_msg, "trained", 7) == 0;
+                per_memory_outcome[trained ? 0 : 1]++;
+                if (!trained) snprintf(last_oom, sizeof last_oom, "%s", child_msg);
+                assert_unchanged(learn, &s0, runs); /* the fit ran in a child */
+            } else if (st == CF_OK) {
                 /* The trained result: the same as every other fault-free run on this many
                  * workers, and a full Recorder. */
                 if (!reference[world]) {
@@ -479,8 +652,16 @@ static void test_fault_soak(void **state) {
     double total = cf_now() - t_start;
 
     names shm_after = list_dir("/dev/shm", true);
-    assert_nothing_new(&shm_before, &shm_after, "/dev/shm");
     names tmp_after = list_dir(tmpdir, false);
+    stale = tmp_after.n + (shm_after.n > shm_before.n ? shm_after.n - shm_before.n : 0);
+    if (!SOAK_ASAN) leaks = (heap_max_growth > 256 * 1024) + (rss_growth > 16 * 1024);
+    printf("soak: summary: runs %d, faults %d, hangs %d, leaks %d, stale files %d\n", runs, faults,
+           hangs, leaks, stale);
+    printf("soak: memory-limited runs: %d trained, %d stopped with an out-of-memory error (last: "
+           "%s)\n",
+           per_memory_outcome[0], per_memory_outcome[1], last_oom);
+    fflush(stdout);
+    assert_nothing_new(&shm_before, &shm_after, "/dev/shm");
     if (tmp_after.n) fail_msg("%s/%s was left behind", tmpdir, tmp_after.v[0]);
     rmdir(tmpdir);
     unsetenv("TMPDIR");
@@ -516,7 +697,7 @@ static void test_fault_soak(void **state) {
     free_names(&tmp_after);
     for (int i = 0; i < 4; i++) free(reference[i]);
     drop(&s0);
-    munmap((void *)g_fault_at, 4096);
+    munmap(g_shared, 4096);
     cf_learner_free(learn);
     cf_dls_free(dls);
 }
