@@ -649,6 +649,22 @@ static void test_library_export(void **state) {
     /* missing image: a clear error naming it */
     assert_int_equal(cf_predict_image_file(loaded, "/nonexistent.png", got, NULL), CF_ERR_IO);
     assert_non_null(strstr(cf_last_error(), "/nonexistent.png"));
+    /* a hand-made model exports its tensors and what the data says, but no architecture: the
+     * command line says why it cannot rebuild it */
+    cf_module *layers[] = {cf_flatten(), cf_linear(28 * 28, 2, true)};
+    cf_model *hand = NULL;
+    assert_int_equal(cf_model_new(&hand, cf_sequential(2, layers), 1), CF_OK);
+    cf_learner *hl = NULL;
+    assert_int_equal(cf_learner_new(&hl, dls, hand, .quiet = true), CF_OK);
+    snprintf(path, sizeof path, "%s/hand.safetensors", dir);
+    assert_int_equal(cf_learner_export(hl, path), CF_OK);
+    cf_learner_free(hl);
+    r = run("eval hand.safetensors --images pics");
+    expect(&r, 1, NULL, "holds no corefit.arch metadata, so the model cannot be rebuilt");
+    run_free(&r);
+    r = run("info hand.safetensors --json");
+    expect(&r, 0, "\"corefit.vocab\"", NULL);
+    run_free(&r);
     cf_learner_free(loaded);
     cf_learner_free(learn);
     cf_dls_free(dls);

@@ -151,7 +151,11 @@ static void test_fine_tune(void **state) {
                 &err);
     assert_non_null(strstr(out, "24 training and 8 validation images of 2 classes"));
     assert_non_null(strstr(out, "fine-tuned: valid_loss "));
-    assert_non_null(strstr(out, "first validation image: "));
+    const char *first = strstr(out, "first validation image: ");
+    assert_non_null(first);
+    char first_class[64];
+    double first_prob;
+    assert_int_equal(sscanf(first + 24, "%63s (%lf)", first_class, &first_prob), 2);
     /* fine_tune's two fits: the frozen one and the unfrozen one (two tables) */
     const char *h = strstr(out, "epoch     train_loss");
     assert_non_null(h);
@@ -175,6 +179,15 @@ static void test_fine_tune(void **state) {
     assert_true(diff > 0 && diff < 0.5 * norm); /* moved, but from the saved weights */
     cf_st_free(ft);
     cf_st_free(pre);
+    free(out);
+    free(err);
+    /* another program loads the exported learner and predicts: the same class and probability
+     * as the fine-tuned model's get_preds gave for the first validation image */
+    run_example("", "predict", "ft_out/fine_tuned.safetensors pics/valid/cat/0.png", &out, &err);
+    char want[128];
+    snprintf(want, sizeof want, "pics/valid/cat/0.png\t%s\t", first_class);
+    if (strncmp(out, want, strlen(want)) != 0) fail_msg("'%s' does not start '%s'", out, want);
+    assert_float_equal(strtod(out + strlen(want), NULL), first_prob, 6e-4); /* printed %.3f */
     free(out);
     free(err);
 #endif

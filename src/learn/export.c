@@ -439,8 +439,9 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
     const char *arch = cf_st_meta(f, "corefit.arch");
     if (!arch)
         return cf_fail(CF_ERR_FORMAT,
-                       "%s holds no corefit.arch metadata: it was not written by 'corefit train', "
-                       "so the model cannot be rebuilt",
+                       "%s holds no corefit.arch metadata, so the model cannot be rebuilt: "
+                       "cf_learner_export writes it for learners made by cf_vision_learner or "
+                       "cf_tabular_learner (and corefit train)",
                        path);
     if (strcmp(arch, "tabular") != 0 && cf_arch_from_name(arch) < 0)
         return cf_fail(CF_ERR_FORMAT, "%s: unknown architecture '%s' in corefit.arch", path, arch);

@@ -112,7 +112,10 @@ def table(d):
         cells = [f"{v:.6f}" if isinstance(v, float) else str(v) for v in log]
         text = ""
         for t, name in zip(cells, padded):
-            text += t + " " * (2 + len(name) - len(t))
+            # fastprogress pads with " " * (2 + len(name) - len(t)), which is nothing for a value
+            # wider than its column; corefit keeps one space there (README: where corefit
+            # differs), so the reference does too
+            text += t + " " * max(1, 2 + len(name) - len(t))
         lines.append(text)
         csv.append(",".join(str(t) for t in log))
     with open(os.path.join(d, "table.txt"), "w") as f:
