@@ -5,10 +5,14 @@
 #include <string.h>
 
 #include "corefit/data.h"
+#include "expansion.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cf_csv_table *t;
+    expansion_begin();
     if (cf_csv_parse_buffer((const char *)data, size, "fuzz.csv", ',', &t) != CF_OK) return 0;
+    /* the text, a pointer per field (a field can be one byte) and a line number per row */
+    expansion_check("cf_csv_parse_buffer", size, 1 + 2 * sizeof(char *) + sizeof(int64_t), 4096);
     const char *cats[] = {"a", "b"}, *conts[] = {"c", "d"};
     for (int mode = 0; mode < 2; mode++) {
         cf_tabular_options o = {.cat_names = cats,
@@ -20,7 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                 .valid_pct = 0.25,
                                 .seed = 1};
         cf_dataset *tr = NULL, *va = NULL;
+        expansion_begin();
         if (cf_tabular_from_table(t, &o, &tr, &va) == CF_OK) {
+            /* a float per field, the vocabularies (copies of fields) and the statistics */
+            expansion_check("cf_tabular_from_table", size, 64, 1 << 16);
             cf_dls *dls;
             if (cf_dls_new(tr, va, &(cf_dls_options){.bs = 2, .prefetch = -1}, &dls) == CF_OK) {
                 const cf_batch *b;

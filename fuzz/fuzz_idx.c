@@ -4,18 +4,26 @@
 #include <string.h>
 
 #include "corefit/data.h"
+#include "expansion.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cf_idx idx;
-    if (cf_idx_parse(data, size, "fuzz", &idx) == CF_OK) cf_idx_free(&idx);
+    expansion_begin();
+    if (cf_idx_parse(data, size, "fuzz", &idx) == CF_OK) {
+        expansion_check("cf_idx_parse", size, 1, 4096); /* the bytes, at most the input's */
+        cf_idx_free(&idx);
+    }
     if (size < 4) return 0;
     uint32_t split = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 |
                      (uint32_t)data[3] << 24;
     size_t rest = size - 4;
     size_t cut = rest ? split % (rest + 1) : 0;
     cf_dataset *ds = NULL;
+    expansion_begin();
     if (cf_dataset_from_idx_memory(data + 4, cut, data + 4 + cut, rest - cut, "fuzz", &ds) ==
         CF_OK) {
+        /* float32 samples and targets: 4 bytes per input byte, and the vocabulary */
+        expansion_check("cf_dataset_from_idx_memory", size, 8, 1 << 16);
         /* A short walk through a loader over what was read. */
         cf_dataloader *dl;
         if (cf_dataloader_new(

@@ -6,11 +6,15 @@
 #include <string.h>
 
 #include "corefit/io.h"
+#include "expansion.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cf_st_file *file = NULL;
+    expansion_begin();
     cf_status st = cf_st_parse(data, size, "fuzz", &file);
     if (st == CF_OK) {
+        /* the tensors as float32 (at most the input's bytes), names, metadata and shapes */
+        expansion_check("cf_st_parse", size, 4, 1 << 16);
         /* a file that parses is internally consistent */
         for (int i = 0; i < file->n_entries; i++) {
             const cf_st_entry *e = &file->entries[i];

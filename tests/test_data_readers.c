@@ -563,6 +563,16 @@ static void test_image_folder_bad_input(void **state) {
     expect_error(cf_image_decode(jpg, jn / 2, "t.jpg", 3, 8, out, NULL, NULL), CF_ERR_FORMAT,
                  "t.jpg", "corrupt or truncated JPEG image");
     assert_int_equal(cf_image_decode(jpg, jn, "t.jpg", 3, 8, out, NULL, NULL), CF_OK);
+    /* A 68-byte PNG whose image-data chunk declares 512 MiB (stb_image would allocate that much
+     * before reading it; found by the fuzzer under -malloc_limit_mb). */
+    static const uint8_t png_bomb[] = {
+        0x89, 0x50, 0x4e, 0x47, 0xd,  0xa,  0x1a, 0xa,  0x0,  0x0,  0x0,  0xd,  0x49,
+        0x48, 0x44, 0x52, 0x0,  0x0,  0x0,  0x4,  0x0,  0x0,  0x0,  0x4,  0x8,  0x6,
+        0x0,  0x0,  0x0,  0xa9, 0xf1, 0x9e, 0x7e, 0x20, 0x0,  0x0,  0x22, 0x49, 0x44,
+        0x41, 0x54, 0x78, 0x5e, 0x63, 0x64, 0x60, 0xe7, 0x13, 0x95, 0x41, 0x0,  0x0,
+        0x0,  0x4,  0x0,  0x0,  0x0,  0x0,  0x6,  0x0,  0x8,  0x0,  0xfd, 0x60, 0x82};
+    expect_error(cf_image_decode(png_bomb, sizeof png_bomb, "bomb.png", 3, 8, out, NULL, NULL),
+                 CF_ERR_FORMAT, "bomb.png: corrupt or truncated PNG image", "byte offset 33");
     /* cf_image_read: the same from a file, and a directory refused. */
     assert_int_equal(cf_image_read(at("t.jpg"), 3, 8, out, NULL, NULL), CF_OK);
     expect_error(cf_image_read(at("u"), 3, 8, out, NULL, NULL), CF_ERR_IO, at("u"),

@@ -69,6 +69,25 @@ static int64_t jpeg_bad_huffman_table(const uint8_t *b, size_t n) {
     return -1;
 }
 
+/* stb_image grows its buffer for a PNG's image data to the length a chunk header declares
+ * before reading it: a 100-byte file can make it allocate 512 MiB. Walk the chunks and refuse one
+ * that runs past the end of the data; returns its byte offset and length, or -1. */
+static int64_t png_bad_chunk(const uint8_t *b, size_t n, uint32_t *len_out) {
+    if (n < 8 || memcmp(b, "\x89PNG\r\n\x1a\n", 8) != 0) return -1;
+    size_t i = 8;
+    while (i + 8 <= n) {
+        uint32_t len =
+            (uint32_t)b[i] << 24 | (uint32_t)b[i + 1] << 16 | (uint32_t)b[i + 2] << 8 | b[i + 3];
+        if ((uint64_t)len + 12 > (uint64_t)(n - i)) {
+            *len_out = len;
+            return (int64_t)i;
+        }
+        if (memcmp(b + i + 4, "IEND", 4) == 0) break;
+        i += 12 + (size_t)len;
+    }
+    return -1;
+}
+
 /* The format the first bytes announce ("PNG", "JPEG", "BMP"), or NULL. stb_image tries every
  * decoder in turn and reports the last one's complaint ("bad png sig" for a truncated JPEG): the
  * messages name the format the file claims instead. */
@@ -126,6 +145,14 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
             CF_ERR_FORMAT,
             "%s: corrupt JPEG: Huffman table at byte offset %lld has more than 256 codes", name,
             (long long)bad);
+    uint32_t chunk_len = 0;
+    int64_t bad_chunk = png_bad_chunk(bytes, n, &chunk_len);
+    if (bad_chunk >= 0)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: corrupt or truncated PNG image: the chunk at byte offset %lld declares "
+                       "%u bytes, the file has %lld after its header",
+                       name, (long long)bad_chunk, chunk_len,
+                       (long long)n - (long long)bad_chunk - 8);
     int iw = 0, ih = 0, comp = 0;
     if (!stbi_info_from_memory(bytes, (int)n, &iw, &ih, &comp)) return undecodable(bytes, n, name);
     if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > CF_IMAGE_MAX_PIXELS)
