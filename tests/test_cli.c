@@ -758,7 +758,7 @@ static void test_diverged_fit_fails(void **state) {
 
 /* Ctrl-C: the same in one process and under fork workers: a message, exit 130, and with
  * --save-every-epoch the last completed epoch's model (one `corefit info` reads). */
-static void interrupt_run(const char *cores) {
+static void interrupt_run(const char *cores, bool save) {
     char out[600], err[600], log[600], model[600];
     snprintf(out, sizeof out, "%s/int_stdout.txt", dir);
     snprintf(err, sizeof err, "%s/int_stderr.txt", dir);
@@ -776,8 +776,8 @@ static void interrupt_run(const char *cores) {
         dup2(e, 2);
         if (chdir(dir) != 0) _exit(99);
         execl(COREFIT, COREFIT, "train", "--limit", "640", "--bs", "32", "--epochs", "200",
-              "--cores", cores, "--save-every-epoch", "--out", model, "--csv-log", log,
-              (char *)NULL);
+              "--cores", cores, "--out", model, "--csv-log", log,
+              save ? "--save-every-epoch" : "--quiet", (char *)NULL);
         _exit(98);
     }
     setpgid(pid, pid);
@@ -787,7 +787,7 @@ static void interrupt_run(const char *cores) {
         int lines = 0;
         for (const char *p = text; p && *p; p++) lines += *p == '\n';
         free(text);
-        if (lines >= 2) break;
+        if (lines >= (save ? 2 : 1)) break; /* an epoch done, or the fit begun */
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("corefit train ended early");
         usleep(100000);
@@ -798,18 +798,29 @@ static void interrupt_run(const char *cores) {
     char *e = slurp(err);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 130 ||
         !strstr(e, "corefit train: interrupted (Ctrl-C)") ||
-        !strstr(e, "holds the model of the last completed epoch"))
+        !strstr(e, save ? "holds the model of the last completed epoch" : "no model written"))
         fail_msg("--cores %s: status %d, stderr: %s", cores, status, e);
     free(e);
-    run_result r = run("info %s", model);
-    expect(&r, 0, "arch:        mini-resnet", NULL);
-    run_free(&r);
+    if (save) {
+        run_result r = run("info %s", model);
+        expect(&r, 0, "arch:        mini-resnet", NULL);
+        run_free(&r);
+    } else { /* nothing saved, and no header-only log left behind */
+        assert_false(file_exists(model));
+        char *text = slurp(log);
+        int lines = 0;
+        for (const char *p = text; p && *p; p++) lines += *p == '\n';
+        if (text && lines <= 1) fail_msg("--cores %s: a header-only log stayed: %s", cores, text);
+        free(text);
+    }
 }
 
 static void test_interrupt(void **state) {
     (void)state;
-    interrupt_run("1");
-    interrupt_run("2");
+    interrupt_run("1", true);
+    interrupt_run("2", true);
+    interrupt_run("1", false);
+    interrupt_run("2", false);
 }
 
 /* --quiet: no bars or messages, but the table and the results. */
