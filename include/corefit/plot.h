@@ -83,6 +83,28 @@ cf_status cf_top_losses(const cf_preds *p, int k, int64_t *idx_out);
  * Needs p->inputs, p->losses and p->preds; vocab may be NULL. 1 <= k <= min(p->n, 64). */
 cf_status cf_plot_top_losses(const cf_preds *p, int k, char *const *vocab, const char *png_path);
 
+/* ClassificationInterpretation.most_confused(min_val): the off-diagonal cells of
+ * counts[actual * n_classes + predicted] with a count >= min_val (min_val < 1 counts as 1),
+ * largest count first (ties in row-major order, as fastai's stable sort of np.where). Writes
+ * at most max_out of them to out (which may be NULL with max_out 0) and returns how many
+ * there are in all, or -1 (with the error set) for bad arguments. */
+typedef struct cf_confused_pair {
+    int actual, predicted;
+    int64_t count;
+} cf_confused_pair;
+int64_t cf_most_confused(const int64_t *counts, int n_classes, int64_t min_val,
+                         cf_confused_pair *out, int64_t max_out);
+
+/* fastai's show_batch: the first n images of a batch (x (B, C, H, W), C 1 or 3; each image
+ * rescaled to its own min..max, so normalised inputs show as they look) in a grid, each titled
+ * with its class name (vocab, or the class id). 1 <= n <= min(B, 64). */
+cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const char *png_path);
+
+/* fastai's show_results for a classifier: the first n items of get_preds(with_input) titled
+ * "actual/predicted", in green when right and red when wrong. Needs p->inputs and p->preds;
+ * 1 <= n <= min(p->n, 64). */
+cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path);
+
 /* The same figures from a learner's recorder (e.g. after a fit, or a parallel fit whose
  * recorder came home). opts may be NULL. */
 cf_status cf_learner_plot_loss(const cf_learner *learn, const char *png_path,

@@ -136,6 +136,31 @@ void cf_plot__tick_label(double value, double step, char *buf, size_t n) {
     snprintf(buf, n, "%.*f", decimals, value);
 }
 
+int64_t cf_most_confused(const int64_t *counts, int n_classes, int64_t min_val,
+                         cf_confused_pair *out, int64_t max_out) {
+    if (!counts || n_classes < 1 || max_out < 0 || (max_out > 0 && !out)) {
+        cf_fail(CF_ERR_INVALID, "most_confused: NULL counts or output, or n_classes %d", n_classes);
+        return -1;
+    }
+    if (min_val < 1) min_val = 1;
+    int64_t n = 0;
+    /* insertion into the sorted prefix: stable, largest first */
+    for (int a = 0; a < n_classes; a++)
+        for (int b = 0; b < n_classes; b++) {
+            int64_t k = counts[(int64_t)a * n_classes + b];
+            if (a == b || k < min_val) continue;
+            n++;
+            if (max_out == 0) continue;
+            int64_t at = n - 1 < max_out ? n - 1 : max_out;
+            while (at > 0 && out[at - 1].count < k) at--;
+            if (at >= max_out) continue;
+            int64_t last = n - 1 < max_out ? n - 1 : max_out - 1;
+            for (int64_t j = last; j > at; j--) out[j] = out[j - 1];
+            out[at] = (cf_confused_pair){a, b, k};
+        }
+    return n;
+}
+
 #ifndef CF_HAVE_PLPLOT
 
 /* ---- built without PLplot ----------------------------------------------------------------- */
@@ -179,6 +204,14 @@ cf_status cf_plot_confusion_matrix(const int64_t *counts, int n_classes, char *c
 cf_status cf_plot_top_losses(const cf_preds *p, int k, char *const *vocab, const char *png_path) {
     (void)p, (void)k, (void)vocab, (void)png_path;
     return no_plplot("plot_top_losses");
+}
+cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const char *png_path) {
+    (void)batch, (void)n, (void)vocab, (void)png_path;
+    return no_plplot("show_batch");
+}
+cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path) {
+    (void)p, (void)n, (void)vocab, (void)png_path;
+    return no_plplot("show_results");
 }
 cf_status cf_plot__raw_figure(const char *path) {
     (void)path;
@@ -1290,6 +1323,165 @@ done:
     cf_free(idx);
     cf_free(f.pix);
     cf_free(f.titles);
+    return st;
+}
+
+/* ---- show_batch and show_results: a grid of images with coloured titles --------------------- */
+
+typedef struct image_grid_fig {
+    int k, h, w;
+    float *pix; /* k images, (h, w, 3) in [0, 1] */
+    char (*titles)[96];
+    int *colour; /* per image: 0 the foreground, 1 green, 2 red */
+} image_grid_fig;
+
+static void draw_image_grid(void *ctx) {
+    image_grid_fig *f = ctx;
+    pladv(0);
+    int ncols = (int)ceil(sqrt((double)f->k));
+    int nrows = (f->k + ncols - 1) / ncols;
+    double tscale = ncols <= 3 ? 0.9 : ncols <= 5 ? 0.7 : 0.55;
+    static const PLINT rgb[3][3] = {{0, 0, 0}, {0, 128, 0}, {200, 0, 0}};
+    for (int i = 0; i < f->k; i++) {
+        int r = i / ncols, c = i % ncols;
+        double cw = 1.0 / ncols, chh = 1.0 / nrows;
+        double x0 = c * cw, y1 = 1.0 - r * chh;
+        plvpas(x0 + 0.02 * cw, x0 + 0.98 * cw, y1 - chh + 0.03 * chh, y1 - 0.16 * chh,
+               (double)f->h / f->w);
+        plwind(0, f->w, 0, f->h);
+        const float *img = f->pix + (int64_t)i * f->h * f->w * 3;
+        for (int y = 0; y < f->h; y++)
+            for (int x = 0; x < f->w; x++) {
+                const float *p = img + ((int64_t)y * f->w + x) * 3;
+                plscol0(COL_SCRATCH, (PLINT)lround(p[0] * 255), (PLINT)lround(p[1] * 255),
+                        (PLINT)lround(p[2] * 255));
+                plcol0(COL_SCRATCH);
+                double xa = x > 0 ? x - 0.02 : 0, xb = x + 1 < f->w ? x + 1.02 : f->w;
+                double ya = y + 1 < f->h ? f->h - y - 1.02 : 0, yb = y > 0 ? f->h - y + 0.02 : f->h;
+                PLFLT px[4] = {xa, xb, xb, xa}, py[4] = {ya, ya, yb, yb};
+                plfill(4, px, py);
+            }
+        const PLINT *col = rgb[f->colour ? f->colour[i] : 0];
+        plscol0(COL_SCRATCH, col[0], col[1], col[2]);
+        plcol0(COL_SCRATCH);
+        plschr(0, tscale);
+        plmtex("t", 0.9, 0.5, 0.5, f->titles[i]);
+        plcol0(COL_FG);
+    }
+    plschr(0, 1.0);
+}
+
+/* Image `item` of an (n, c, h, w) tensor, box-downsampled to at most 64 pixels a side and
+ * rescaled to its own min..max, as (f->h, f->w, 3) into tile i of f (sizes set on i 0). */
+static void grid_tile(image_grid_fig *f, int i, const cf_tensor *x, int64_t item) {
+    int c = x->shape.dim[1];
+    int64_t sh = x->shape.dim[2], sw = x->shape.dim[3];
+    int factor = 1;
+    while (sh / factor > 64 || sw / factor > 64) factor++;
+    const float *src = x->data + item * (int64_t)c * sh * sw;
+    float lo = INFINITY, hi = -INFINITY;
+    for (int64_t j = 0; j < (int64_t)c * sh * sw; j++)
+        if (isfinite(src[j])) {
+            if (src[j] < lo) lo = src[j];
+            if (src[j] > hi) hi = src[j];
+        }
+    float scale = hi > lo ? 1.0f / (hi - lo) : 0.0f;
+    float *dst = f->pix + (int64_t)i * f->h * f->w * 3;
+    for (int y = 0; y < f->h; y++)
+        for (int xx = 0; xx < f->w; xx++)
+            for (int ch = 0; ch < 3; ch++) {
+                int sc = c == 1 ? 0 : ch;
+                double acc = 0;
+                for (int dy = 0; dy < factor; dy++)
+                    for (int dx = 0; dx < factor; dx++) {
+                        float v = src[((int64_t)sc * sh + (int64_t)y * factor + dy) * sw +
+                                      (int64_t)xx * factor + dx];
+                        acc += isfinite(v) ? (v - lo) * scale : 0;
+                    }
+                double v = acc / (factor * factor);
+                dst[((int64_t)y * f->w + xx) * 3 + ch] = (float)(v < 0 ? 0 : v > 1 ? 1 : v);
+            }
+}
+
+static cf_status grid_alloc(image_grid_fig *f, const cf_tensor *x, int k, const char *what) {
+    int64_t sh = x->shape.dim[2], sw = x->shape.dim[3];
+    int factor = 1;
+    while (sh / factor > 64 || sw / factor > 64) factor++;
+    f->k = k;
+    f->h = (int)(sh / factor);
+    f->w = (int)(sw / factor);
+    f->pix = cf_malloc(sizeof(float) * (size_t)k * f->h * f->w * 3);
+    f->titles = cf_calloc((size_t)k, sizeof(*f->titles));
+    f->colour = cf_calloc((size_t)k, sizeof(int));
+    if (!f->pix || !f->titles || !f->colour) return cf_fail_context(CF_ERR_NOMEM, "%s", what);
+    return CF_OK;
+}
+
+static void grid_free(image_grid_fig *f) {
+    cf_free(f->pix);
+    cf_free(f->titles);
+    cf_free(f->colour);
+}
+
+static bool is_image_batch(const cf_tensor *x) {
+    return x->data && x->shape.ndim == 4 && (x->shape.dim[1] == 1 || x->shape.dim[1] == 3);
+}
+
+/* The class name of a target value, or the value itself when it is not a class id. */
+static void target_name(char *const *vocab, int n_classes, double t, char *buf, size_t size) {
+    if (t >= 0 && t == floor(t) && (n_classes <= 0 || t < n_classes))
+        class_name(vocab, (int)t, buf, size);
+    else
+        snprintf(buf, size, "%g", t);
+}
+
+cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const char *png_path) {
+    if (!batch || !is_image_batch(&batch->x)) {
+        char buf[64];
+        return cf_fail(
+            CF_ERR_INVALID, "show_batch: the batch %s must hold images (B, 1 or 3, H, W)",
+            batch && batch->x.data ? cf_shape_str(&batch->x.shape, buf, sizeof buf) : "(none)");
+    }
+    int b = batch->x.shape.dim[0];
+    if (n < 1 || n > b || n > 64)
+        return cf_fail(CF_ERR_INVALID, "show_batch: n = %d must be in [1, %d]", n, b < 64 ? b : 64);
+    image_grid_fig f = {0};
+    cf_status st = grid_alloc(&f, &batch->x, n, "show_batch");
+    for (int i = 0; i < n && st == CF_OK; i++) {
+        grid_tile(&f, i, &batch->x, i);
+        int td = batch->y.shape.ndim == 2 ? batch->y.shape.dim[1] : 1;
+        if (batch->y.data && td == 1)
+            target_name(vocab, 0, batch->y.data[i], f.titles[i], sizeof f.titles[0]);
+    }
+    if (st == CF_OK) st = run_figure("show_batch", png_path, 0, 0, draw_image_grid, &f);
+    grid_free(&f);
+    return st;
+}
+
+cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path) {
+    if (!p || !is_image_batch(&p->inputs) || p->inputs.shape.dim[0] != p->n)
+        return cf_fail(CF_ERR_INVALID, "show_results: the predictions carry no input images "
+                                       "(get_preds with_input)");
+    if (!p->preds.data || p->preds.shape.ndim != 2 || p->preds.shape.dim[0] != p->n)
+        return cf_fail(CF_ERR_INVALID, "show_results: predictions must be (n, n_classes)");
+    if (n < 1 || n > p->n || n > 64)
+        return cf_fail(CF_ERR_INVALID, "show_results: n = %d must be in [1, %lld]", n,
+                       (long long)(p->n < 64 ? p->n : 64));
+    image_grid_fig f = {0};
+    cf_status st = grid_alloc(&f, &p->inputs, n, "show_results");
+    int nc = p->preds.shape.dim[1];
+    bool have_targs = p->targs.data && (int64_t)cf_tensor_numel(&p->targs) == p->n;
+    for (int i = 0; i < n && st == CF_OK; i++) {
+        grid_tile(&f, i, &p->inputs, i);
+        int64_t pred = p->decoded ? p->decoded[i] : row_argmax(p->preds.data + (int64_t)i * nc, nc);
+        char pn[40], an[40] = "?";
+        target_name(vocab, nc, (double)pred, pn, sizeof pn);
+        if (have_targs) target_name(vocab, nc, p->targs.data[i], an, sizeof an);
+        snprintf(f.titles[i], sizeof f.titles[0], "%s/%s", an, pn);
+        f.colour[i] = have_targs ? ((double)pred == p->targs.data[i] ? 1 : 2) : 0;
+    }
+    if (st == CF_OK) st = run_figure("show_results", png_path, 0, 0, draw_image_grid, &f);
+    grid_free(&f);
     return st;
 }
 
