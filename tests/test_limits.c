@@ -445,6 +445,16 @@ static int bounded_readers(char *msg, size_t n) {
                cf_status_str(st), cf_last_error());
         cf_dataset_free(ds);
     }
+    /* A sample shape from a file that asks for more memory than the machine has (a model's
+     * image size of 10^5 x 10^5): refused before allocating, saying how much. */
+    if (limited) {
+        ds = NULL;
+        float one = 0;
+        st = cf_dataset_from_arrays(&one, &one, 1, cf_shape_make(3, (int[]){3, 100000, 100000}), 1,
+                                    0, &ds);
+        EXPECT(st == CF_ERR_NOMEM && !ds && strstr(cf_last_error(), "needs 120000.0 MB"),
+               "a dataset of 120 GB: %s (%s)", cf_status_str(st), cf_last_error());
+    }
     double took = seconds_now() - t0 - waited;
     EXPECT(took < 20 * test_time_scale(), "the readers took %.1f s", took);
     snprintf(msg, n, "devices, FIFOs, a directory, a lying IDX header and --limit (last: %s)",

@@ -54,6 +54,14 @@ cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim) {
                 cf_shape_str(&shape, buf, sizeof buf));
         return NULL;
     }
+    /* A shape from a file (a model's image size, an IDX header) can ask for more than there is:
+     * say so before trying. */
+    char what[128];
+    snprintf(what, sizeof what, "a dataset of %lld samples of shape %s", (long long)n,
+             cf_shape_str(&shape, buf, sizeof buf));
+    if (cf_memory_check(((uint64_t)n * per + (uint64_t)n * (uint64_t)target_dim) * sizeof(float),
+                        what) != CF_OK)
+        return NULL;
     cf_dataset *ds = cf_calloc(1, sizeof *ds);
     if (!ds) return NULL;
     ds->n = n;
