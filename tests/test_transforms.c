@@ -12,6 +12,11 @@
 
 #include "corefit/data.h"
 
+#ifdef CF_HAVE_STB
+#include <stb_image_write.h>
+#include <sys/stat.h>
+#endif
+
 /* ---- the affine/warp/lighting pass against PyTorch ----------------------------------------- */
 
 static void affine_case(const cf_aug_opts *o, const char *pad_name, cf_pad_mode pad,
@@ -370,6 +375,63 @@ static void test_loader_applies_per_item_augmentation(void **state) {
     free(x);
 }
 
+/* ---- the image-folder hook: item transforms applied as images are decoded ------------------- */
+
+static void test_image_folder_item_tfm(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    char dir[256], path[512];
+    test_tmpdir_make(dir, sizeof dir, "cf-itfm-");
+    static const char *const parts[2] = {"train", "valid"}, *const cls[2] = {"a", "b"};
+    const int sizes[2][2] = {{40, 30}, {30, 50}}; /* w, h per class */
+    cf_rng rng;
+    cf_rng_seed(&rng, 3);
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/%s", dir, parts[s]);
+        mkdir(path, 0777);
+        for (int c = 0; c < 2; c++) {
+            snprintf(path, sizeof path, "%s/%s/%s", dir, parts[s], cls[c]);
+            mkdir(path, 0777);
+            int w = sizes[c][0], h = sizes[c][1];
+            unsigned char px[50 * 50 * 3];
+            for (int i = 0; i < w * h * 3; i++) px[i] = (unsigned char)cf_rng_below(&rng, 256);
+            snprintf(path, sizeof path, "%s/%s/%s/0.png", dir, parts[s], cls[c]);
+            assert_true(stbi_write_png(path, w, h, 3, px, w * 3) != 0);
+        }
+    }
+    cf_item_tfm t = cf_resize_tfm(24, CF_RESIZE_CROP);
+    cf_dataset *train, *valid;
+    if (cf_datasets_from_image_folder(dir, &(cf_image_folder_options){.item_tfm = &t, .seed = 9},
+                                      &train, &valid) != CF_OK)
+        fail_msg("%s", cf_last_error());
+    assert_int_equal(train->sample_shape.dim[0], 3);
+    assert_int_equal(train->sample_shape.dim[1], 24);
+    assert_int_equal(train->sample_shape.dim[2], 24);
+    float full[3 * 50 * 50], ref[3 * 24 * 24];
+    for (int s = 0; s < 2; s++)
+        for (int c = 0; c < 2; c++) {
+            int w = 0, h = 0;
+            snprintf(path, sizeof path, "%s/%s/%s/0.png", dir, parts[s], cls[c]);
+            assert_int_equal(cf_image_read(path, 3, 0, full, &w, &h), CF_OK);
+            assert_int_equal(w, sizes[c][0]);
+            assert_int_equal(cf_item_tfm_apply(&t, full, 3, h, w, s == 0, 9, 0, c, ref), CF_OK);
+            const cf_dataset *ds = s ? valid : train;
+            assert_memory_equal(ds->x + (size_t)c * 3 * 24 * 24, ref, sizeof ref);
+        }
+    cf_dataset_free(train);
+    cf_dataset_free(valid);
+    cf_item_tfm bad = t;
+    bad.width = 0;
+    assert_int_equal(cf_datasets_from_image_folder(
+                         dir, &(cf_image_folder_options){.item_tfm = &bad}, &train, &valid),
+                     CF_ERR_INVALID);
+    assert_null(train);
+    test_tmpdir_remove(dir);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_affine_defaults_reflection),
@@ -381,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_aug_frequencies),
         cmocka_unit_test(test_draws_depend_on_seed_epoch_item_only),
         cmocka_unit_test(test_loader_applies_per_item_augmentation),
+        cmocka_unit_test(test_image_folder_item_tfm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,6 +111,12 @@ typedef struct cf_image_folder_options {
     double valid_pct;  /* > 0: RandomSplitter(valid_pct, seed) over root/<class>/ instead */
     uint64_t seed;
     bool follow_symlinks; /* false: refuse links that lead out of root (realpath + prefix) */
+    /* fastai's item transform (cf_resize_tfm, cf_random_resized_crop_tfm), applied as each
+     * image is decoded; the data set holds the transform's size (`size` is then unused).
+     * Training images get the region drawn from (seed, epoch 0, index in the training set),
+     * validation images fastai's validation choice. Images decoded once keep that one region
+     * for every epoch. NULL: none. */
+    const struct cf_item_tfm *item_tfm;
 } cf_image_folder_options;
 
 /* Decodes one PNG/JPEG/BMP image from memory into out (channels * size * size floats in [0, 1],
@@ -238,9 +244,14 @@ cf_item_tfm cf_random_resized_crop_tfm(int size, float min_scale);
  * cf_item_tfm_apply). */
 cf_crop_box cf_item_tfm_box(const cf_item_tfm *t, int w, int h, bool train, uint64_t seed,
                             int epoch, int64_t item);
+/* Decodes one PNG/JPEG/BMP image from memory at its own size and applies the transform
+ * (as cf_image_decode, then cf_item_tfm_apply); out holds channels * height * width floats. */
+cf_status cf_image_decode_tfm(const void *bytes, size_t n, const char *name, int channels,
+                              const cf_item_tfm *t, bool train, uint64_t seed, int epoch,
+                              int64_t item, float *out);
 /* Applies the transform to one image: out holds c * t->height * t->width floats. */
-cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h, int w,
-                            bool train, uint64_t seed, int epoch, int64_t item, float *out);
+cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h, int w, bool train,
+                            uint64_t seed, int epoch, int64_t item, float *out);
 
 /* fastai's aug_transforms(): options with fastai's defaults from cf_aug_transforms_defaults().
  * The flip/dihedral, rotation and zoom matrices are multiplied (in that order) and the warp is
@@ -248,16 +259,16 @@ cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h
  * aligned) as fastai's combined AffineCoordTfm does; brightness and contrast then act on the
  * logits (sigmoid((logit(x) + logit(b)) * c)). Training loaders only, as fastai. */
 typedef struct cf_aug_opts {
-    bool do_flip;      /* true: Flip(p=0.5), horizontal */
-    bool flip_vert;    /* true: Dihedral(p=0.5) instead (the 8 flips/rotations by 90 degrees) */
-    float max_rotate;  /* 10 degrees, drawn uniform in [-max, max] */
-    float min_zoom;    /* 1 */
-    float max_zoom;    /* 1.1 */
-    float max_lighting; /* 0.2: brightness uniform in 0.5 * (1 -+ max), contrast log-uniform in
-                           [1 - max, 1 / (1 - max)] */
-    float max_warp;     /* 0.2: perspective warp, corner moves uniform in [-max, max] */
-    float p_affine;     /* 0.75: probability of each of rotate, zoom, warp */
-    float p_lighting;   /* 0.75: probability of each of brightness, contrast */
+    bool do_flip;         /* true: Flip(p=0.5), horizontal */
+    bool flip_vert;       /* true: Dihedral(p=0.5) instead (the 8 flips/rotations by 90 degrees) */
+    float max_rotate;     /* 10 degrees, drawn uniform in [-max, max] */
+    float min_zoom;       /* 1 */
+    float max_zoom;       /* 1.1 */
+    float max_lighting;   /* 0.2: brightness uniform in 0.5 * (1 -+ max), contrast log-uniform in
+                             [1 - max, 1 / (1 - max)] */
+    float max_warp;       /* 0.2: perspective warp, corner moves uniform in [-max, max] */
+    float p_affine;       /* 0.75: probability of each of rotate, zoom, warp */
+    float p_lighting;     /* 0.75: probability of each of brightness, contrast */
     cf_pad_mode pad_mode; /* reflection */
 } cf_aug_opts;
 

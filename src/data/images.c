@@ -410,10 +410,11 @@ cf_status cf_image_read(const char *path, int channels, int size, float *out, in
 
 /* Decodes the items into a new dataset. w and h carry the common size when opt size is 0. */
 static cf_status build(const items *it, int channels, int size, int *w, int *h, char **vocab,
-                       int n_vocab, const char *source, cf_dataset **out) {
+                       int n_vocab, const char *source, const cf_item_tfm *tfm, bool train,
+                       uint64_t seed, cf_dataset **out) {
     *out = NULL;
     /* The size of the images: size, or the first image's. */
-    if (size == 0 && *w == 0 && it->n > 0) {
+    if (!tfm && size == 0 && *w == 0 && it->n > 0) {
         unsigned char *data;
         size_t n;
         cf_status st = read_file(it->v[0].path, &data, &n);
@@ -435,6 +436,7 @@ static cf_status build(const items *it, int channels, int size, int *w, int *h, 
         if (*w <= 0) return cf_fail(CF_ERR_FORMAT, "%s: cannot read the image size", it->v[0].path);
     }
     int ow = size ? size : (*w > 0 ? *w : 1), oh = size ? size : (*h > 0 ? *h : 1);
+    if (tfm) ow = tfm->width, oh = tfm->height;
     cf_status check = cf_memory_check(
         (uint64_t)it->n * (uint64_t)channels * (uint64_t)oh * (uint64_t)ow * sizeof(float), source);
     if (check != CF_OK) return check;
@@ -447,8 +449,10 @@ static cf_status build(const items *it, int channels, int size, int *w, int *h, 
         size_t n;
         if ((st = read_file(it->v[i].path, &data, &n))) break;
         int iw = size ? 0 : *w, ih = size ? 0 : *h;
-        st = cf_image_decode(data, n, it->v[i].path, channels, size, ds->x + (size_t)i * per, &iw,
-                             &ih);
+        st = tfm ? cf_image_decode_tfm(data, n, it->v[i].path, channels, tfm, train, seed, 0, i,
+                                       ds->x + (size_t)i * per)
+                 : cf_image_decode(data, n, it->v[i].path, channels, size, ds->x + (size_t)i * per,
+                                   &iw, &ih);
         cf_free(data);
         ds->y[i] = (float)it->v[i].label;
     }
@@ -475,6 +479,12 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
     if (o.channels == 0) o.channels = 3;
     if (!o.train) o.train = "train";
     if (!o.valid) o.valid = "valid";
+    if (o.item_tfm &&
+        (o.item_tfm->kind == CF_ITEM_TFM_NONE || o.item_tfm->width < 1 || o.item_tfm->height < 1 ||
+         o.item_tfm->width > 65536 || o.item_tfm->height > 65536))
+        return cf_fail(CF_ERR_INVALID, "%s: image folder options: item transform %d, size %d x %d",
+                       root, o.item_tfm ? (int)o.item_tfm->kind : 0, o.item_tfm->width,
+                       o.item_tfm->height);
     if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
         !(o.valid_pct >= 0 && o.valid_pct < 1))
         return cf_fail(CF_ERR_INVALID,
@@ -521,9 +531,11 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
             (st = collect(vdir, root_real, o.follow_symlinks, vocab, n_vocab, &va)))
             goto done;
     }
-    if ((st = build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, tdir, train))) goto done;
+    if ((st = build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, tdir, o.item_tfm, true, o.seed,
+                    train)))
+        goto done;
     if ((st = build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, o.valid_pct > 0 ? tdir : vdir,
-                    valid)))
+                    o.item_tfm, false, o.seed, valid)))
         goto done;
 done:
     if (st) {

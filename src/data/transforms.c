@@ -12,8 +12,10 @@
 #include <string.h>
 
 #ifdef CF_HAVE_STB
+#include <stb_image.h>
 #include <stb_image_resize.h>
 #endif
+#include <limits.h>
 
 enum { TAG_ITEM = 0x17e3, TAG_AUG = 0xa06 };
 
@@ -200,6 +202,31 @@ cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h
             t->pad_mode, t->width, t->height, out);
     cf_free(tmp);
     return st;
+}
+
+cf_status cf_image_decode_tfm(const void *bytes, size_t n, const char *name, int channels,
+                              const cf_item_tfm *t, bool train, uint64_t seed, int epoch,
+                              int64_t item, float *out) {
+    if (!bytes || !out || !t || (channels != 1 && channels != 3))
+        return cf_fail(CF_ERR_INVALID, "%s: cf_image_decode_tfm: bad arguments", name);
+#ifdef CF_HAVE_STB
+    int w = 0, h = 0, comp = 0;
+    if (n > INT_MAX || !stbi_info_from_memory(bytes, (int)n, &w, &h, &comp) || w < 1 || h < 1)
+        /* cf_image_decode says what is wrong with the file */
+        return cf_image_decode(bytes, n, name, channels, 1, out, &w, &h);
+    if ((int64_t)w * h > ((int64_t)1 << 26))
+        return cf_fail(CF_ERR_FORMAT, "%s: image size %d x %d refused", name, w, h);
+    float *full = cf_malloc((size_t)channels * w * h * sizeof(float));
+    if (!full) return cf_fail(CF_ERR_NOMEM, "%s: %d x %d image", name, w, h);
+    cf_status st = cf_image_decode(bytes, n, name, channels, 0, full, &w, &h);
+    if (st == CF_OK) st = cf_item_tfm_apply(t, full, channels, h, w, train, seed, epoch, item, out);
+    if (st != CF_OK) cf_fail_context(st, "%s", name);
+    cf_free(full);
+    return st;
+#else
+    (void)n, (void)train, (void)seed, (void)epoch, (void)item;
+    return cf_fail(CF_ERR_UNSUPPORTED, "%s: corefit was built without stb", name);
+#endif
 }
 
 /* ---- batch transforms ---------------------------------------------------------------------- */
