@@ -8,8 +8,8 @@
  *
  * PRETRAINED is a model corefit exported, or torchvision's / timm's ImageNet ResNet-18, 34 or
  * 50 as safetensors (tools/convert_pth.py converts a torchvision .pth): then the model is
- * fastai's resnet with a new head, the images are RGB at COREFIT_EXAMPLE_SIZE pixels (224) and
- * ImageNet's statistics normalise them.
+ * fastai's resnet with a new head, the images are RGB, cut to squares of COREFIT_EXAMPLE_SIZE
+ * pixels (224) by Resize's crop, and ImageNet's statistics normalise them.
  * IMAGE_DIR holds train/CLASS/NAME.png and valid/CLASS/NAME.png (fastai's GrandparentSplitter).
  * For a corefit model the images are read with as many channels and resized to the size it was
  * trained on (its corefit.n_in and corefit.image_size metadata; 1 and 28 when it has none).
@@ -68,9 +68,14 @@ int main(int argc, char **argv) {
     /* ImageDataLoaders.from_folder(..., batch_tfms=aug_transforms()): the statistics of the new
      * images normalise them (a pretrained resnet gets ImageNet's from vision_learner). */
     cf_aug_opts aug = cf_aug_transforms_defaults(1.0f);
+    cf_item_tfm resize = cf_resize_tfm(size, CF_RESIZE_CROP); /* item_tfms=Resize(size) */
     cf_dls *dls = NULL;
     CHECK(cf_dls_from_image_folder(
-        images, &(cf_image_folder_options){.size = size, .channels = channels},
+        images,
+        &(cf_image_folder_options){.size = size,
+                                   .channels = channels,
+                                   .item_tfm = arch == CF_ARCH_MINI_RESNET ? NULL : &resize,
+                                   .seed = 42},
         &(cf_dls_options){
             .bs = 8, .seed = 42, .normalize = arch == CF_ARCH_MINI_RESNET, .aug = &aug},
         &dls));
