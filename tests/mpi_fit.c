@@ -7,7 +7,9 @@
  *   mpi_fit hosts   the same, one rank per host (tests/netns_two_hosts.sh).
  *                   The callbacks' state (trackers, a user's counter) is rank 0's everywhere
  *                   and equals fork's; ShowGraph's figures are drawn once, by rank 0, from the
- *                   whole run, and their paths are in every rank's learner.
+ *                   whole run, and their paths are in every rank's learner. With sync_bn and
+ *                   split batches every rank's weights and BatchNorm buffers equal one
+ *                   process's to 1e-5.
  *   mpi_fit fail R  rank R's callback fails mid-fit: every rank returns an error at once (the
  *                   others "rank R failed: ..."), every rank's learner is byte for byte its
  *                   state before the call (weights, optimizer, Recorder, callbacks' state),
@@ -75,9 +77,10 @@ static cf_dls *make_dls(int64_t n_train, int64_t n_valid, int bs) {
     return dls;
 }
 
-/* Linear(4,16) -> BatchNorm1d(16) -> ReLU -> Linear(16,3), accuracy. */
-static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
-    cf_module *layers[] = {cf_linear(4, 16, true), cf_batchnorm1d(16), cf_relu(),
+/* Linear(4,16) -> BatchNorm1d(16) -> ReLU -> Linear(16,3), accuracy; the first Linear's bias
+ * optional. */
+static cf_learner *make_learner_ex(cf_dls *dls, uint64_t seed, bool bias) {
+    cf_module *layers[] = {cf_linear(4, 16, bias), cf_batchnorm1d(16), cf_relu(),
                            cf_linear(16, 3, true)};
     cf_model *m = NULL;
     cf_learner *learn = NULL;
@@ -89,6 +92,10 @@ static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
         exit(1);
     }
     return learn;
+}
+
+static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
+    return make_learner_ex(dls, seed, true);
 }
 
 static bool close_to(double a, double b, double tol) {
@@ -362,6 +369,30 @@ static int equivalence(cf_comm *comm) {
         cf_learner_free(f);
     }
     cf_learner_free(again.learn);
+
+    /* synchronised BatchNorm with split batches: every rank equals one process. (A bias right
+     * before BatchNorm has no gradient but rounding noise, which Adam turns into steps that
+     * differ with the summation order: the layer goes without, as W1's convolutions do.) */
+    cf_learner *sync = make_learner_ex(dls, 21, false);
+    OK(cf_par_fit_one_cycle(
+        sync, 2, .lr_max = CF_LR(3e-3),
+        .par = {.start_method = CF_START_MPI, .split_batch = true, .sync_bn = true}));
+    cf_learner *one = make_learner_ex(dls, 21, false);
+    OK(cf_fit_one_cycle(one, 2, .lr_max = CF_LR(3e-3)));
+    for (size_t i = 0; i < one->model->n_weights; i++)
+        if (!close_to(sync->model->weights[i], one->model->weights[i], 1e-5)) {
+            CHECK(0, "sync_bn: weight %zu is %.9g, one process %.9g", i, sync->model->weights[i],
+                  one->model->weights[i]);
+            break;
+        }
+    for (size_t i = 0; i < one->model->n_buffers; i++)
+        if (!close_to(sync->model->buffers[i], one->model->buffers[i], 1e-5)) {
+            CHECK(0, "sync_bn: buffer %zu is %.9g, one process %.9g", i, sync->model->buffers[i],
+                  one->model->buffers[i]);
+            break;
+        }
+    cf_learner_free(sync);
+    cf_learner_free(one);
     free_outcome(&mpi);
     cf_dls_free(dls);
     return failures;

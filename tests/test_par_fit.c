@@ -43,13 +43,13 @@ static void test_split_batches_equal_one_process(void **state) {
     (void)state;
     cf_dls *dls = fixture_dls(96, 20, 12);
     cf_learner *single = make_learner(dls, 21);
-    assert_int_equal(cf_fit_one_cycle(single, 2, .lr_max = CF_LR(1e-2)), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(single, 2, .lr_max = CF_LR(3e-3)), CF_OK);
     double single_values[2];
     assert_int_equal(cf_validate(single, single_values), CF_OK);
     for (int world = 1; world <= 4; world++) {
         if (world == 1) continue;
         cf_learner *par = make_learner(dls, 21);
-        cf_status st = cf_par_fit_one_cycle(par, 2, .lr_max = CF_LR(1e-2),
+        cf_status st = cf_par_fit_one_cycle(par, 2, .lr_max = CF_LR(3e-3),
                                             .par = {.num_cores = world, .split_batch = true});
         if (st != CF_OK) fail_msg("world %d: %s", world, cf_last_error());
         assert_weights_close(par->model, single->model, 1e-5);
@@ -670,6 +670,89 @@ static void test_figures_drawn_during_a_fit_come_home(void **state) {
     cf_dls_free(dls);
 }
 
+/* ---- synchronised BatchNorm ----------------------------------------------------------------- */
+
+/* W1 (the mini-resnet: BatchNorm2d throughout, BatchNorm1d in the head) on 48 random 28x28
+ * images of 10 classes, batches of 12; its head's dropout off (masks are drawn per process, so
+ * with dropout no two process counts agree, BatchNorm or not). */
+static cf_learner *w1_learner(cf_dls **dls) {
+    float *x = malloc(60 * 28 * 28 * sizeof(float)), y[60];
+    fill_uniform(x, 60 * 28 * 28, 3, -1, 1);
+    for (int i = 0; i < 60; i++) y[i] = (float)((i * 7) % 10);
+    cf_dataset *tr = NULL, *va = NULL;
+    int dims[3] = {1, 28, 28};
+    assert_int_equal(cf_dataset_from_arrays(x, y, 48, cf_shape_make(3, dims), 1, 10, &tr), CF_OK);
+    assert_int_equal(
+        cf_dataset_from_arrays(x + 48 * 28 * 28, y + 48, 12, cf_shape_make(3, dims), 1, 10, &va),
+        CF_OK);
+    free(x);
+    assert_int_equal(cf_dls_new(tr, va, &(cf_dls_options){.bs = 12, .seed = 9}, dls), CF_OK);
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_vision_learner(&learn, *dls, CF_ARCH_MINI_RESNET, .quiet = true,
+                                       .metrics = metrics, .n_metrics = 1, .seed = 5, .n_ps = 2,
+                                       .ps = {0, 0}),
+                     CF_OK);
+    return learn;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    return max_rel_err(a, b, n, 1e-3);
+}
+
+/* With .par.sync_bn and split batches, W1 on 2, 3 and 4 workers equals one process to 1e-5:
+ * weights, BatchNorm running statistics, the Recorder. Without sync_bn it does not (each replica
+ * normalises with its slice's statistics), which shows the comparison can fail. W1's recipe
+ * (one-cycle, lr_max 3e-3, Adam): at lr 1e-2 on random labels Adam turns float rounding into
+ * weight differences of 1e-4 on some weights (plain SGD stays within 1e-6 there). */
+static void test_sync_batchnorm_equals_one_process(void **state) {
+    (void)state;
+    cf_dls *dls = NULL;
+    cf_learner *single = w1_learner(&dls);
+    assert_true(single->model->n_buffers > 0);
+    assert_int_equal(cf_fit_one_cycle(single, 2, .lr_max = CF_LR(3e-3)), CF_OK);
+    for (int world = 2; world <= 4; world++) {
+        cf_learner *par = w1_learner(&(cf_dls *){NULL});
+        double t0 = cf_now();
+        cf_status st =
+            cf_par_fit_one_cycle(par, 2, .lr_max = CF_LR(3e-3),
+                                 .par = {.num_cores = world, .split_batch = true, .sync_bn = true});
+        double took = cf_now() - t0;
+        if (st != CF_OK) fail_msg("world %d: %s", world, cf_last_error());
+        const cf_model *a = par->model, *b = single->model;
+        double ew = max_diff(a->weights, b->weights, a->n_weights);
+        double eb = max_diff(a->buffers, b->buffers, a->n_buffers);
+        if (ew > 1e-5 || eb > 1e-5)
+            fail_msg("world %d: weights differ by %.3g, BatchNorm buffers by %.3g", world, ew, eb);
+        const cf_recorder *ra = &par->recorder, *rb = &single->recorder;
+        assert_int_equal(ra->n_batches, rb->n_batches);
+        for (int64_t i = 0; i < ra->n_batches; i++)
+            if (!(fabs(ra->losses[i] - rb->losses[i]) <= 1e-5 * (1 + rb->losses[i])))
+                fail_msg("world %d: smoothed loss %lld is %.9g, one process %.9g", world,
+                         (long long)i, ra->losses[i], rb->losses[i]);
+        for (int i = 0; i < ra->n_epochs * ra->n_values; i++)
+            assert_true(fabs(ra->values[i] - rb->values[i]) <= 1e-5 * (1 + fabs(rb->values[i])));
+        print_message("sync BatchNorm, %d workers: weights within %.2g, buffers within %.2g (%.2f "
+                      "s)\n",
+                      world, ew, eb, took);
+        cf_dls *pd = par->dls;
+        cf_learner_free(par);
+        cf_dls_free(pd);
+    }
+    /* the control: no synchronisation, no equality */
+    cf_learner *plain = w1_learner(&(cf_dls *){NULL});
+    assert_int_equal(cf_par_fit_one_cycle(plain, 2, .lr_max = CF_LR(3e-3),
+                                          .par = {.num_cores = 2, .split_batch = true}),
+                     CF_OK);
+    double e = max_diff(plain->model->weights, single->model->weights, plain->model->n_weights);
+    if (!(e > 1e-4)) fail_msg("without sync_bn the weights differ by only %.3g", e);
+    cf_dls *pd = plain->dls;
+    cf_learner_free(plain);
+    cf_dls_free(pd);
+    cf_learner_free(single);
+    cf_dls_free(dls);
+}
+
 /* ---- faults --------------------------------------------------------------------------------- */
 
 typedef enum fault { FAULT_CRASH, FAULT_ABORT, FAULT_KILL, FAULT_ERROR, FAULT_HANG } fault;
@@ -819,6 +902,7 @@ int main(void) {
         cmocka_unit_test(test_master_callbacks_run_on_rank_zero_only),
         cmocka_unit_test(test_callback_state_comes_home),
         cmocka_unit_test(test_figures_drawn_during_a_fit_come_home),
+        cmocka_unit_test(test_sync_batchnorm_equals_one_process),
         cmocka_unit_test(test_worker_crash),
         cmocka_unit_test(test_worker_abort),
         cmocka_unit_test(test_worker_killed),

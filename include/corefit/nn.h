@@ -119,6 +119,21 @@ cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, 
 cf_module *cf_batchnorm1d(int features); /* eps 1e-5, momentum 0.1, affine */
 cf_module *cf_batchnorm2d(int channels);
 cf_module *cf_batchnorm_ex(int features, bool spatial, float eps, float momentum);
+
+/* Synchronised BatchNorm (PyTorch's SyncBatchNorm), for the replicas of a data-parallel group.
+ * reduce(buf, n, backward, ctx) is called by every replica at the same point of every training
+ * forward and backward of each BatchNorm layer, with buf = [count, C sums, C sums] of this
+ * replica (forward: the values per channel, sum of x, sum of x^2; backward: sum of dy, sum of
+ * dy * (x - mean)); it replaces buf with the sums to use: forward, the sums over the replicas
+ * (every replica normalises with the whole batch's statistics, and the running statistics move
+ * alike); backward, the sums over the replicas in this replica's gradient scale, count the
+ * total. The weight and bias gradients stay this replica's own (the group reduces gradients).
+ * A failed reduce leaves the layer with this replica's statistics; the caller's next collective
+ * reports the failure. Set on every BatchNorm layer of the model (all or none: CF_ERR_NOMEM leaves
+ * it off); fn NULL turns it off. */
+struct cf_model;
+typedef cf_status (*cf_bn_reduce_fn)(double *buf, size_t n, bool backward, void *ctx);
+cf_status cf_model_set_bn_reduce(struct cf_model *model, cf_bn_reduce_fn fn, void *ctx);
 cf_module *cf_relu(void);
 cf_module *cf_leaky_relu(float negative_slope); /* PyTorch's default slope is 0.01 */
 cf_module *cf_maxpool2d(int kernel, int stride, int padding);
@@ -315,8 +330,7 @@ cf_module *cf_resnet_learner_model(int depth, int c_in, int n_out, const cf_head
 int cf_resnet_param_name(const char *name, const char *body_prefix, char *out, size_t size);
 /* The inverse for messages: torchvision's name of a body parameter of a fastai-cut model
  * (false when `name` is not under body_prefix or not a body name). */
-bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out,
-                                size_t size);
+bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out, size_t size);
 
 /* A vision model by architecture name (the command line's --arch): "mini-resnet" (W1),
  * "xresnet18", "xresnet34", "xresnet50", and "xresnet18-small" etc. (small_images),

@@ -168,6 +168,7 @@ typedef struct cf_par_opts {
     int n_master_cbs;
     bool split_batch;  /* cut each global batch across cores (results = 1 process) */
     double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
+    bool sync_bn;      /* BatchNorm statistics over the whole batch of every replica */
 } cf_par_opts;
 
 /* cf_par_X runs cf_X in every replica of a data-parallel group and brings everything home.
@@ -180,7 +181,15 @@ typedef struct cf_par_opts {
  *                     master callbacks, cf_learner_add_master_cbs);
  *   .par.split_batch  cut each global batch of bs across the workers (results equal one
  *                     process); by default each worker takes batches of bs (global bs * cores);
- *   .par.deadline_s   a worker silent this long is declared hung (0: 120 s).
+ *   .par.deadline_s   a worker silent this long is declared hung (0: 120 s);
+ *   .par.sync_bn      synchronised BatchNorm (PyTorch's SyncBatchNorm): in training, every
+ *                     BatchNorm layer normalises with the statistics of the global batch (its
+ *                     sums reduced over the replicas in forward, the sums its input gradient
+ *                     needs in backward), so with .par.split_batch N workers equal one process
+ *                     for models with BatchNorm too; it costs two small all-reduces per
+ *                     BatchNorm layer and step. Without it each replica normalises with its own
+ *                     slice's statistics and the running statistics are averaged before each
+ *                     validation.
  *
  *     cf_par_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3), .par.num_cores = 8);
  *

@@ -20,7 +20,12 @@
  * recomputes x * scale + shift with the forward's per-channel scale and shift (kept in the arena),
  * which gives y's sign exactly. As the last layer of a residual block's idpath it may also be asked
  * to write the block's max(a + y, 0) for one forward (the backward is then the plain one: the block
- * masks the gradient). */
+ * masks the gradient).
+ *
+ * Synchronised (cf_model_set_bn_reduce): a training forward first takes this replica's sums per
+ * channel, has the group reduce them, and normalises with the whole batch's statistics through
+ * the same output path as eval; a backward takes this replica's sums (and its weight and bias
+ * gradients), has them reduced, and forms dx with them and the total count. */
 #include "corefit/nn.h"
 #include "nn_internal.h"
 
@@ -42,6 +47,11 @@ typedef struct bn_impl {
     float *coef;          /* 3C: backward coefficients (1d path) */
     double *acc;          /* 2C: sums */
     float *ss;            /* 2C: scale and shift of the last forward (planes paths) */
+    /* synchronised statistics (NULL: this replica's own) */
+    cf_bn_reduce_fn reduce;
+    void *reduce_ctx;
+    double *sync;     /* 1 + 2C doubles for reduce (allocated when reduce is set) */
+    double fwd_count; /* values per channel the last training forward normalised over */
 } bn_impl;
 
 /* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
@@ -134,6 +144,8 @@ typedef struct bn_ctx {
     bool training, need_dx, grads;
     bool relu;        /* fused ReLU (forward: apply it; backward: mask dy) */
     const float *add; /* forward: y = max(add + bn(x), 0) (a residual block's sum) */
+    bool sums_ready;  /* backward: acc holds the (reduced) sums; count is their total */
+    double count;
 } bn_ctx;
 
 /* Channel planes (s > 1): statistics (training) and output for channels [c0, c1). */
@@ -237,6 +249,46 @@ static bool worth_threads(const geom *g) {
     return g->c > 1 && (int64_t)g->n * g->c * g->s >= (1 << 15) && cf_get_num_threads() > 1;
 }
 
+/* Synchronised training forward: this replica's count and sums of x and x^2 per channel,
+ * reduced over the group, become the batch statistics (b->mean, b->invstd, the biased variance
+ * in b->acc). Returns the total count, or 0 when the reduce failed (local statistics then). */
+static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
+    bn_impl *b = m->impl;
+    const geom g = ctx->g;
+    const size_t cs = (size_t)g.s;
+    double *buf = b->sync, *sx = buf + 1, *sxx = buf + 1 + g.c;
+    const double count = (double)g.n * (double)g.s;
+    buf[0] = count;
+    for (int c = 0; c < g.c; c++) {
+        double a1 = 0, a2 = 0;
+        const float k = g.s > 1 ? ctx->x[c * cs] : 0.0f;
+        for (int n = 0; n < g.n; n++) {
+            const float *p = ctx->x + ((size_t)n * g.c + c) * cs;
+            if (g.s > 1) {
+                double p1, p2;
+                cf_bn_plane_sums(p, g.s, k, &p1, &p2);
+                a1 += p1, a2 += p2;
+            } else {
+                a1 += p[0], a2 += (double)p[0] * p[0];
+            }
+        }
+        /* unshifted: sum x = count k + a1, sum x^2 = a2 + 2 k a1 + count k^2 */
+        sx[c] = count * k + a1;
+        sxx[c] = a2 + 2.0 * k * a1 + count * (double)k * k;
+    }
+    bool ok = b->reduce(buf, 1 + 2 * (size_t)g.c, false, b->reduce_ctx) == CF_OK && buf[0] > 0;
+    const double total = ok ? buf[0] : count;
+    for (int c = 0; c < g.c; c++) {
+        const double mean = sx[c] / total;
+        double v = sxx[c] / total - mean * mean;
+        if (v < 0) v = 0;
+        b->mean[c] = (float)mean;
+        b->acc[c] = v;
+        b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
+    }
+    return total;
+}
+
 static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
     bn_impl *b = m->impl;
     m->in = x;
@@ -259,6 +311,12 @@ static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
             b->invstd[f] = (float)(1.0 / sqrt((double)rv[f] + b->eps));
         }
     }
+    double count = (double)ctx.g.n * (double)ctx.g.s;
+    if (m->training && b->reduce) {
+        count = bn_sync_stats(m, &ctx);
+        ctx.training = false; /* normalise with the statistics just set, as eval does */
+    }
+    b->fwd_count = count;
     if (ctx.g.s == 1)
         bn_forward_rows(&ctx);
     else if (worth_threads(&ctx.g))
@@ -266,7 +324,6 @@ static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
     else
         bn_forward_planes(&ctx, 0, c, 0);
     if (m->training) {
-        const double count = (double)ctx.g.n * (double)ctx.g.s;
         const double unbias = count > 1 ? count / (count - 1) : 1.0, mom = b->momentum;
         float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
         for (int f = 0; f < c; f++) {
@@ -286,14 +343,15 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     cf_module *m = ctx->m;
     bn_impl *b = m->impl;
     const geom g = ctx->g;
-    const double count = (double)g.n * (double)g.s;
+    const double count = ctx->sums_ready ? ctx->count : (double)g.n * (double)g.s;
     const float *gamma = m->params[P_WEIGHT].data;
     /* sample-major, as the forward pass */
     const size_t cs = (size_t)g.s;
     {
         double *sdy = b->acc, *sdyx = b->acc + g.c;
-        for (int64_t c = c0; c < c1; c++) sdy[c] = sdyx[c] = 0;
-        for (int n = 0; n < g.n; n++) {
+        if (!ctx->sums_ready)
+            for (int64_t c = c0; c < c1; c++) sdy[c] = sdyx[c] = 0;
+        for (int n = 0; n < g.n && !ctx->sums_ready; n++) {
             const size_t at = (size_t)n * g.c * cs;
             for (int64_t c = c0; c < c1; c++)
                 cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
@@ -330,8 +388,10 @@ static void bn_backward_rows(bn_ctx *ctx) {
     const int n = ctx->g.n, c = ctx->g.c;
     const float *gamma = m->params[P_WEIGHT].data, *mean = b->mean, *invstd = b->invstd;
     double *restrict sdy = b->acc, *restrict sdyx = b->acc + c;
-    for (int f = 0; f < c; f++) sdy[f] = sdyx[f] = 0;
-    for (int i = 0; i < n; i++) {
+    const double count = ctx->sums_ready ? ctx->count : (double)n;
+    if (!ctx->sums_ready)
+        for (int f = 0; f < c; f++) sdy[f] = sdyx[f] = 0;
+    for (int i = 0; i < n && !ctx->sums_ready; i++) {
         const float *dy = ctx->dy + (size_t)i * c, *xr = ctx->x + (size_t)i * c;
         const float *y = ctx->relu ? ctx->y + (size_t)i * c : NULL;
         for (int f = 0; f < c; f++) {
@@ -348,8 +408,9 @@ static void bn_backward_rows(bn_ctx *ctx) {
     float *restrict k1 = b->coef, *restrict k2 = b->coef + c, *restrict k3 = b->coef + 2 * c;
     for (int f = 0; f < c; f++) {
         k1[f] = gamma[f] * invstd[f];
-        k2[f] = ctx->training ? (float)(-(double)k1[f] * invstd[f] * invstd[f] * sdyx[f] / n) : 0;
-        k3[f] = ctx->training ? (float)(-(double)k1[f] * sdy[f] / n) : 0;
+        k2[f] =
+            ctx->training ? (float)(-(double)k1[f] * invstd[f] * invstd[f] * sdyx[f] / count) : 0;
+        k3[f] = ctx->training ? (float)(-(double)k1[f] * sdy[f] / count) : 0;
     }
     for (int i = 0; i < n; i++) {
         const float *restrict dy = ctx->dy + (size_t)i * c, *restrict xr = ctx->x + (size_t)i * c;
@@ -357,6 +418,27 @@ static void bn_backward_rows(bn_ctx *ctx) {
         float *restrict dxr = ctx->dx + (size_t)i * c;
         for (int f = 0; f < c; f++) dxr[f] = k1[f] * DY_AT(f) + k2[f] * (xr[f] - mean[f]) + k3[f];
     }
+}
+
+/* Synchronised backward sums: this replica's (its weight and bias gradients come from these),
+ * then reduced into acc for dx. Returns the total count, or 0 when the reduce failed. */
+static double bn_sync_backward_sums(bn_ctx *ctx) {
+    bn_impl *b = ctx->m->impl;
+    const int c = ctx->g.c;
+    bn_ctx local = *ctx;
+    local.need_dx = false; /* sums and parameter gradients only */
+    if (local.g.s == 1)
+        bn_backward_rows(&local);
+    else if (worth_threads(&local.g))
+        cf_parallel_for(c, bn_backward_planes, &local);
+    else
+        bn_backward_planes(&local, 0, c, 0);
+    double *buf = b->sync;
+    buf[0] = (double)ctx->g.n * (double)ctx->g.s;
+    memcpy(buf + 1, b->acc, 2 * (size_t)c * sizeof(double));
+    if (b->reduce(buf, 1 + 2 * (size_t)c, true, b->reduce_ctx) != CF_OK || !(buf[0] > 0)) return 0;
+    memcpy(b->acc, buf + 1, 2 * (size_t)c * sizeof(double));
+    return buf[0];
 }
 
 static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
@@ -374,6 +456,13 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                   .grads = grads,
                   .relu = b->fwd_relu,
                   .y = b->fwd_relu ? m->out.data : NULL};
+    if (b->reduce && ctx.training) {
+        double total = bn_sync_backward_sums(&ctx);
+        if (!need_dx) return dx;
+        ctx.grads = false; /* accumulated from this replica's sums above */
+        ctx.sums_ready = total > 0;
+        ctx.count = total;
+    }
     if (ctx.g.s == 1)
         bn_backward_rows(&ctx);
     else if (worth_threads(&ctx.g))
@@ -383,7 +472,9 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
     return dx;
 }
 
+static void bn_destroy(cf_module *m);
 static const cf_module_ops bn1d_ops = {
+    .destroy = bn_destroy,
     .kind = "BatchNorm1d",
     .out_shape = bn_out_shape,
     .plan = bn_plan,
@@ -392,6 +483,7 @@ static const cf_module_ops bn1d_ops = {
     .backward = bn_backward,
 };
 static const cf_module_ops bn2d_ops = {
+    .destroy = bn_destroy,
     .kind = "BatchNorm2d",
     .out_shape = bn_out_shape,
     .plan = bn_plan,
@@ -421,6 +513,34 @@ cf_module *cf_batchnorm_ex(int features, bool spatial, float eps, float momentum
     cf_module_add_param(m, "running_var", CF_PARAM_BUFFER, cf_shape1(features));
     cf_module_add_param(m, "num_batches_tracked", CF_PARAM_COUNTER, cf_shape1(1));
     return m;
+}
+
+static void bn_destroy(cf_module *m) {
+    bn_impl *b = m->impl;
+    if (b) cf_free(b->sync);
+}
+
+static void set_reduce(cf_module *m, cf_bn_reduce_fn fn, void *ctx, cf_status *st) {
+    if (m->ops == &bn1d_ops || m->ops == &bn2d_ops) {
+        bn_impl *b = m->impl;
+        if (fn && !b->sync) {
+            b->sync = cf_calloc(1 + 2 * (size_t)b->features, sizeof(double));
+            if (!b->sync) *st = CF_ERR_NOMEM;
+        }
+        b->reduce = b->sync ? fn : NULL;
+        b->reduce_ctx = ctx;
+    }
+    for (int i = 0; i < m->n_children; i++) set_reduce(m->children[i], fn, ctx, st);
+}
+
+cf_status cf_model_set_bn_reduce(cf_model *model, cf_bn_reduce_fn fn, void *ctx) {
+    cf_status st = CF_OK;
+    if (model && model->root) set_reduce(model->root, fn, ctx, &st);
+    if (st != CF_OK) {
+        set_reduce(model->root, NULL, NULL, &st); /* all or none */
+        return cf_fail(CF_ERR_NOMEM, "synchronised BatchNorm: scratch");
+    }
+    return CF_OK;
 }
 
 cf_module *cf_batchnorm1d(int features) {

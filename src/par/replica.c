@@ -14,7 +14,7 @@
 
 typedef struct par_cb_state {
     cf_comm *comm;
-    bool split_batch;
+    bool split_batch, sync_bn;
     double *metric_buf; /* valid totals + metric statistics, sized at before_fit */
     size_t metric_len;
 } par_cb_state;
@@ -62,7 +62,8 @@ static cf_status pc_before_step(cf_callback *cb, cf_learner *learn) {
 static cf_status pc_after_train(cf_callback *cb, cf_learner *learn) {
     par_cb_state *s = cb->state;
     cf_model *m = learn->model;
-    if (!m->n_buffers) return CF_OK;
+    /* synchronised BatchNorm: every replica already holds the same statistics */
+    if (!m->n_buffers || s->sync_bn) return CF_OK;
     return cf_comm_allreduce_mean_f32(s->comm, m->buffers, m->n_buffers);
 }
 
@@ -98,7 +99,7 @@ static void pc_free(cf_callback *cb) {
     cf_free(cb);
 }
 
-static cf_callback *parallel_cb(cf_comm *comm, bool split_batch) {
+static cf_callback *parallel_cb(cf_comm *comm, bool split_batch, bool sync_bn) {
     cf_callback *cb = cf_calloc(1, sizeof *cb);
     par_cb_state *s = cf_calloc(1, sizeof *s);
     if (!cb || !s) {
@@ -108,6 +109,7 @@ static cf_callback *parallel_cb(cf_comm *comm, bool split_batch) {
     }
     s->comm = comm;
     s->split_batch = split_batch;
+    s->sync_bn = sync_bn;
     cb->name = "ParallelCallback";
     cb->order = CF_ORDER_PARALLEL;
     cb->state = s;
@@ -142,6 +144,20 @@ static cf_status agree_any(cf_learner *learn, bool flag, bool *any) {
     return cf_comm_any(learn->replica.comm, flag, any);
 }
 
+/* Synchronised BatchNorm's reduce (cf_model_set_bn_reduce). Forward: plain sums. Backward:
+ * each replica's sums are in its own gradient scale (its loss is the mean over its count rows),
+ * so they are weighted by that count before the sum and the result is brought back into this
+ * replica's scale: sum_r count_r S_r / count_self, with the total count in buf[0]. */
+static cf_status bn_reduce(double *buf, size_t n, bool backward, void *ctx) {
+    cf_comm *comm = ctx;
+    if (!backward) return cf_comm_allreduce_sum_f64(comm, buf, n);
+    const double own = buf[0];
+    for (size_t i = 1; i < n; i++) buf[i] *= own;
+    cf_status st = cf_comm_allreduce_sum_f64(comm, buf, n);
+    for (size_t i = 1; st == CF_OK && i < n; i++) buf[i] = own > 0 ? buf[i] / own : 0;
+    return st;
+}
+
 /* ---- a call in a replica ------------------------------------------------------------------- */
 
 static cf_status set_shards(cf_learner *learn, int rank, int world, cf_shard_mode mode) {
@@ -164,7 +180,7 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
     cf_callback **all = cf_calloc((size_t)n_all + 1, sizeof *all);
     /* The parallel callback joins the learner itself for the call, so that it runs in every fit
      * a method makes (fine_tune's two phases); the call's callbacks go with the call. */
-    cf_callback *pcb = parallel_cb(comm, common->par.split_batch);
+    cf_callback *pcb = parallel_cb(comm, common->par.split_batch, common->par.sync_bn);
     cf_status st = all && pcb ? CF_OK : CF_ERR_NOMEM;
     if (st == CF_OK) {
         st = cf_learner_add_cb(learn, pcb); /* frees pcb on failure */
@@ -193,6 +209,8 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
     learn->replica.sync_cancel = sync_cancel;
     learn->replica.agree_any = agree_any;
     st = set_shards(learn, rank, world, mode);
+    if (st == CF_OK && common->par.sync_bn)
+        st = cf_model_set_bn_reduce(learn->model, bn_reduce, comm);
     if (st == CF_OK) {
         st = method->run(learn, opts, method->args);
     } else {
@@ -200,6 +218,7 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
     }
     cf_free(all);
     cf_learner_remove_cb(learn, "ParallelCallback");
+    if (common->par.sync_bn) cf_model_set_bn_reduce(learn->model, NULL, NULL);
     /* Outputs that each replica computed in part (get_preds: its own rows) are made whole. */
     if (st == CF_OK && world > 1 && method->output && method->output->combine)
         st = method->output->combine(comm, cf__par_out(method));
