@@ -5,6 +5,7 @@
  * - `corefit train --cores 2` under `ulimit -v` (set in a child shell) too small for its workers
  *   ends with an out-of-memory message and exit status 1 within seconds, and trains under one
  *   that leaves room.
+ * - `corefit predict` on /dev/zero or a FIFO nobody writes to ends with a clear error.
  * Everything runs in child processes: the limits never touch the test process. Address-space
  * limits cannot be tested under AddressSanitizer or valgrind (they reserve or manage the address
  * space themselves), so the tests skip there. */
@@ -178,10 +179,47 @@ static void test_cli_under_ulimit(void **state) {
     assert_true(refused > 0);
 }
 
+/* `corefit predict MODEL /dev/zero` and a FIFO nobody writes to: clear errors, not a process
+ * that grows without end or waits for ever. */
+static void test_predict_bounded_inputs(void **state) {
+    (void)state;
+    struct stat sb;
+    if (stat(CF_FASHION_MNIST_DEFAULT_DIR, &sb) != 0) skip();
+    char dir[256], cmd[2048], path[400];
+    test_tmpdir_make(dir, sizeof dir, "cf_predict_");
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' train --limit 640 --epochs 1 --cores 1 --quiet --out m.safetensors "
+             ">/dev/null 2>&1 && mkfifo fifo.png",
+             dir, COREFIT);
+    assert_int_equal(system(cmd), 0);
+    const char *inputs[] = {"/dev/zero", "fifo.png"}, *want[] = {"the limit", "no writer"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && exec timeout -s KILL 60 '%s' predict m.safetensors %s >/dev/null "
+                 "2>err.txt </dev/null",
+                 dir, COREFIT, inputs[i]);
+        double t0 = cf_now();
+        int ws = system(cmd);
+        double secs = cf_now() - t0;
+        snprintf(path, sizeof path, "%s/err.txt", dir);
+        FILE *f = fopen(path, "r");
+        char err[2048] = "";
+        size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
+        err[n] = '\0';
+        if (f) fclose(f);
+        print_message("predict %s: wait status 0x%x after %.1f s: %s", inputs[i], ws, secs, err);
+        assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 1);
+        assert_non_null(strstr(err, inputs[i]));
+        assert_non_null(strstr(err, want[i]));
+    }
+    test_tmpdir_remove(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_workers_without_room_for_blas_fail_clearly),
         cmocka_unit_test(test_cli_under_ulimit),
+        cmocka_unit_test(test_predict_bounded_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

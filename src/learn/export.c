@@ -838,28 +838,12 @@ cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, co
 }
 
 cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *probs, int *decoded) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return cf_fail(CF_ERR_IO, "cannot open image %s: %s", path, strerror(errno));
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0;
-    cf_status st = CF_OK;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 65536;
-            unsigned char *g = realloc(buf, cap);
-            if (!g) {
-                st = CF_ERR_NOMEM;
-                break;
-            }
-            buf = g;
-        }
-        size_t k = fread(buf + len, 1, cap - len, f);
-        if (k == 0) break;
-        len += k;
-    }
-    if (st == CF_OK && ferror(f)) st = cf_fail(CF_ERR_IO, "reading %s failed", path);
-    fclose(f);
-    if (st == CF_OK) st = cf_predict_image(learn, buf, len, path, probs, decoded);
-    free(buf);
+    /* Bounded as the image folders' reader: a device or a FIFO is an error, not a runaway. */
+    void *buf;
+    size_t len;
+    cf_status st = cf_read_file(path, (size_t)1 << 28, &buf, &len);
+    if (st != CF_OK) return st;
+    st = cf_predict_image(learn, buf, len, path, probs, decoded);
+    cf_free(buf);
     return st;
 }
