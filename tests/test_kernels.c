@@ -247,9 +247,8 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
     check_implicit(3, 64, 64, 3, 1, 1, 8, 1, &rng); /* the largest plane */
     for (int o = 1; o <= 17; o += 4)
         for (int n = 1; n <= 4; n++) check_implicit(3, 10, 10, 3, 2, 1, o, n, &rng);
-#if defined(__AVX512F__)
-    assert_int_equal(implicit_checked, 35); /* every case above ran */
-#endif
+    /* every case above ran wherever the kernels have implicit convolutions (AVX2, AVX-512) */
+    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(implicit_checked, 35);
     cf_conv_geom g;
     cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 3, 3, 1, 1);
     assert_false(cf_conv_implicit_supported(&g)); /* stride 3 */
