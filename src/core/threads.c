@@ -52,7 +52,8 @@ int cf_get_num_threads(void) {
 void cf_set_num_threads(int n) {
     requested_threads = n < 1 ? 0 : n;
     /* Kernels split work over the batch themselves; BLAS runs single-threaded inside them (set
-     * when the library loads, src/tensor/isa.c; again here in case a program changed it). */
+     * when the library loads, select_blas_kernels below; again here in case a program changed
+     * it). */
     openblas_set_num_threads(1);
 }
 
@@ -236,7 +237,11 @@ static bool generic_core(const char *name) {
     return false;
 }
 
+/* Also holds OpenBLAS to one thread from load: corefit owns the threading of every kernel it
+ * calls (its pool splits work over the batch; a BLAS call inside a pool job must not start threads
+ * of its own), whatever the program does or does not call, in one process, fork workers and MPI. */
 __attribute__((constructor)) static void select_blas_kernels(void) {
+    openblas_set_num_threads(1);
     if (getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
     const char *core = better_core();
     if (!core || !generic_core(openblas_get_corename())) return;

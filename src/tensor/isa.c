@@ -1,12 +1,10 @@
 /* Choosing the kernel table: once, when the library is loaded, from what the CPU reports
  * (cpuid through the compiler's __builtin_cpu_supports), capped by the environment variable
- * CF_ISA. Holding OpenBLAS to one thread happens here too, for the same reason: corefit owns the
- * threading of every kernel it calls (its pool splits work over the batch; a BLAS call inside a
- * pool job must not start threads of its own), whatever the program does or does not call. */
+ * CF_ISA. (OpenBLAS's own kernels and threads are set beside the thread pool, src/core/threads.c.)
+ */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,5 +77,4 @@ __attribute__((constructor)) static void cf_isa_init(void) {
         cap = CF_ISA_AVX512;
     }
     cf_set_isa(cap);
-    openblas_set_num_threads(1);
 }
