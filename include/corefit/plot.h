@@ -142,6 +142,10 @@ cf_callback *cf_show_graph_cb_(const cf_show_graph_opts *opts);
  * under it. COREFIT_SIXEL=0 prints the paths only. Returns the number of figures drawn as
  * sixel (0 when only paths were printed). */
 int cf_show_figures(const char *const *paths, int n, FILE *out);
+
+/* Why cf_show_figures would print only paths on `out` (NULL: stdout): a sentence such as "the
+ * output is not a terminal", or NULL when it would draw the figures. */
+const char *cf_show_figures_unavailable(FILE *out);
 /* The same for the figures noted on a learner (learn->figures), e.g. after a parallel fit. */
 int cf_learner_show_figures(const cf_learner *learn, FILE *out);
 

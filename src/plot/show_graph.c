@@ -134,35 +134,73 @@ typedef int (*encoder_setopt_fn)(void *encoder, int arg, const char *value);
 typedef int (*encoder_encode_fn)(void *encoder, const char *filename);
 typedef void (*encoder_unref_fn)(void *encoder);
 
+/* libsixel's encoder, loaded at run time so that corefit neither needs it to build nor to run. */
+typedef struct sixel_lib {
+    void *handle;
+    encoder_new_fn enc_new;
+    encoder_setopt_fn enc_setopt;
+    encoder_encode_fn enc_encode;
+    encoder_unref_fn enc_unref;
+} sixel_lib;
+
+/* Loads libsixel and decides whether `out` can show sixel graphics. Returns NULL when it can
+ * (lib is then open), or why not (lib closed). The terminal is asked at most once a process. */
+static const char *sixel_open(FILE *out, sixel_lib *lib) {
+    static int terminal_answer = -1; /* -1: not asked yet */
+    memset(lib, 0, sizeof *lib);
+    const char *env = getenv("COREFIT_SIXEL");
+    if (env && strcmp(env, "0") == 0) return "COREFIT_SIXEL=0 turns it off";
+    if (!isatty(fileno(out))) return "the output is not a terminal";
+    lib->handle = dlopen("libsixel.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib->handle) lib->handle = dlopen("libsixel.so", RTLD_NOW | RTLD_LOCAL);
+    if (!lib->handle)
+        return "figures are drawn with libsixel, which is not installed here (Debian: apt-get "
+               "install libsixel1)";
+    lib->enc_new = (encoder_new_fn)dlsym(lib->handle, "sixel_encoder_new");
+    lib->enc_setopt = (encoder_setopt_fn)dlsym(lib->handle, "sixel_encoder_setopt");
+    lib->enc_encode = (encoder_encode_fn)dlsym(lib->handle, "sixel_encoder_encode");
+    lib->enc_unref = (encoder_unref_fn)dlsym(lib->handle, "sixel_encoder_unref");
+    const char *why = NULL;
+    if (!lib->enc_new || !lib->enc_encode || !lib->enc_unref) {
+        why = "this libsixel lacks the encoder API";
+    } else if (!(env && strcmp(env, "1") == 0)) {
+        if (terminal_answer < 0) terminal_answer = terminal_has_sixel();
+        if (!terminal_answer)
+            why = "this terminal does not report sixel graphics (COREFIT_SIXEL=1 draws anyway)";
+    }
+    if (why) {
+        dlclose(lib->handle);
+        memset(lib, 0, sizeof *lib);
+    }
+    return why;
+}
+
+const char *cf_show_figures_unavailable(FILE *out) {
+    sixel_lib lib;
+    const char *why = sixel_open(out ? out : stdout, &lib);
+    if (lib.handle) dlclose(lib.handle);
+    return why;
+}
+
 int cf_show_figures(const char *const *paths, int n, FILE *out) {
     if (!out) out = stdout;
-    const char *env = getenv("COREFIT_SIXEL");
-    bool want = !(env && strcmp(env, "0") == 0) && n > 0 && isatty(fileno(out));
-    void *lib = want ? dlopen("libsixel.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
-    if (want && !lib) lib = dlopen("libsixel.so", RTLD_NOW | RTLD_LOCAL);
-    encoder_new_fn enc_new = lib ? (encoder_new_fn)dlsym(lib, "sixel_encoder_new") : NULL;
-    encoder_setopt_fn enc_setopt =
-        lib ? (encoder_setopt_fn)dlsym(lib, "sixel_encoder_setopt") : NULL;
-    encoder_encode_fn enc_encode =
-        lib ? (encoder_encode_fn)dlsym(lib, "sixel_encoder_encode") : NULL;
-    encoder_unref_fn enc_unref = lib ? (encoder_unref_fn)dlsym(lib, "sixel_encoder_unref") : NULL;
-    bool sixel = enc_new && enc_encode && enc_unref &&
-                 ((env && strcmp(env, "1") == 0) || terminal_has_sixel());
+    sixel_lib lib;
+    bool sixel = n > 0 && sixel_open(out, &lib) == NULL;
     int drawn = 0;
     for (int i = 0; i < n; i++) {
         fprintf(out, "%s\n", paths[i]);
         fflush(out);
         void *enc = NULL;
-        if (!sixel || enc_new(&enc, NULL) != 0 || !enc) continue;
+        if (!sixel || lib.enc_new(&enc, NULL) != 0 || !enc) continue;
         /* libsixel writes to stdout unless told a file (SIXEL_OPTFLAG_OUTFILE, 'o') */
         char out_path[32];
         snprintf(out_path, sizeof out_path, "/dev/fd/%d", fileno(out));
-        if (out != stdout && enc_setopt) enc_setopt(enc, 'o', out_path);
-        if (enc_encode(enc, paths[i]) == 0) drawn++;
-        enc_unref(enc);
+        if (out != stdout && lib.enc_setopt) lib.enc_setopt(enc, 'o', out_path);
+        if (lib.enc_encode(enc, paths[i]) == 0) drawn++;
+        lib.enc_unref(enc);
         fflush(out);
     }
-    if (lib) dlclose(lib);
+    if (sixel) dlclose(lib.handle);
     return drawn;
 }
 
