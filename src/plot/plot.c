@@ -1196,6 +1196,23 @@ typedef struct top_losses_fig {
     char (*titles)[96];
 } top_losses_fig;
 
+/* An (h, w, 3) image in [0, 1] drawn into the current viewport, one filled cell a pixel. */
+static void draw_rgb_image(const float *img, int h, int w) {
+    plwind(0, w, 0, h);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            const float *p = img + ((int64_t)y * w + x) * 3;
+            plscol0(COL_SCRATCH, (PLINT)lround(p[0] * 255), (PLINT)lround(p[1] * 255),
+                    (PLINT)lround(p[2] * 255));
+            plcol0(COL_SCRATCH);
+            /* slightly oversized cells hide the anti-aliased seams between pixels */
+            double xa = x > 0 ? x - 0.02 : 0, xb = x + 1 < w ? x + 1.02 : w;
+            double ya = y + 1 < h ? h - y - 1.02 : 0, yb = y > 0 ? h - y + 0.02 : h;
+            PLFLT px[4] = {xa, xb, xb, xa}, py[4] = {ya, ya, yb, yb};
+            plfill(4, px, py);
+        }
+}
+
 static void draw_top_losses(void *ctx) {
     top_losses_fig *f = ctx;
     pladv(0);
@@ -1215,20 +1232,7 @@ static void draw_top_losses(void *ctx) {
         /* leave room for the item's title above the image */
         plvpas(x0 + 0.02 * cw, x0 + 0.98 * cw, y1 - chh + 0.03 * chh, y1 - 0.16 * chh,
                (double)f->h / f->w);
-        plwind(0, f->w, 0, f->h);
-        const float *img = f->pix + (int64_t)i * f->h * f->w * 3;
-        for (int y = 0; y < f->h; y++)
-            for (int x = 0; x < f->w; x++) {
-                const float *p = img + ((int64_t)y * f->w + x) * 3;
-                plscol0(COL_SCRATCH, (PLINT)lround(p[0] * 255), (PLINT)lround(p[1] * 255),
-                        (PLINT)lround(p[2] * 255));
-                plcol0(COL_SCRATCH);
-                /* slightly oversized cells hide the anti-aliased seams between pixels */
-                double xa = x > 0 ? x - 0.02 : 0, xb = x + 1 < f->w ? x + 1.02 : f->w;
-                double ya = y + 1 < f->h ? f->h - y - 1.02 : 0, yb = y > 0 ? f->h - y + 0.02 : f->h;
-                PLFLT px[4] = {xa, xb, xb, xa}, py[4] = {ya, ya, yb, yb};
-                plfill(4, px, py);
-            }
+        draw_rgb_image(f->pix + (int64_t)i * f->h * f->w * 3, f->h, f->w);
         plcol0(COL_FG);
         plschr(0, tscale);
         plmtex("t", 0.9, 0.5, 0.5, f->titles[i]);
@@ -1348,19 +1352,7 @@ static void draw_image_grid(void *ctx) {
         double x0 = c * cw, y1 = 1.0 - r * chh;
         plvpas(x0 + 0.02 * cw, x0 + 0.98 * cw, y1 - chh + 0.03 * chh, y1 - 0.16 * chh,
                (double)f->h / f->w);
-        plwind(0, f->w, 0, f->h);
-        const float *img = f->pix + (int64_t)i * f->h * f->w * 3;
-        for (int y = 0; y < f->h; y++)
-            for (int x = 0; x < f->w; x++) {
-                const float *p = img + ((int64_t)y * f->w + x) * 3;
-                plscol0(COL_SCRATCH, (PLINT)lround(p[0] * 255), (PLINT)lround(p[1] * 255),
-                        (PLINT)lround(p[2] * 255));
-                plcol0(COL_SCRATCH);
-                double xa = x > 0 ? x - 0.02 : 0, xb = x + 1 < f->w ? x + 1.02 : f->w;
-                double ya = y + 1 < f->h ? f->h - y - 1.02 : 0, yb = y > 0 ? f->h - y + 0.02 : f->h;
-                PLFLT px[4] = {xa, xb, xb, xa}, py[4] = {ya, ya, yb, yb};
-                plfill(4, px, py);
-            }
+        draw_rgb_image(f->pix + (int64_t)i * f->h * f->w * 3, f->h, f->w);
         const PLINT *col = rgb[f->colour ? f->colour[i] : 0];
         plscol0(COL_SCRATCH, col[0], col[1], col[2]);
         plcol0(COL_SCRATCH);
