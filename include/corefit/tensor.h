@@ -117,26 +117,29 @@ void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *gra
 
 /* One build runs on every CPU of its architecture: the hot kernels are compiled for several
  * instruction sets, and the best one the CPU reports is chosen when the library is loaded.
- * The environment variable CF_ISA (generic, avx2 or avx512) caps the choice, for tests,
+ * The environment variable CF_ISA (generic, avx2, avx512 or neon) caps the choice, for tests,
  * benchmarks, and users who need results from a given set; a cap above what the CPU has is
  * ignored. Results agree across instruction sets to float rounding, not bitwise. */
 typedef enum cf_isa {
     CF_ISA_GENERIC = 0, /* portable C (and OpenBLAS's own kernels) */
     CF_ISA_AVX2 = 1,    /* x86-64 AVX2 + FMA */
     CF_ISA_AVX512 = 2,  /* x86-64 AVX-512 F/BW/DQ/VL + BMI2 */
+    CF_ISA_NEON = 3,    /* arm64 Advanced SIMD (every arm64 CPU has it) */
 } cf_isa;
 
 /* The instruction set of the kernels in use. */
 cf_isa cf_isa_active(void);
 /* The best instruction set this CPU supports (and this build contains), ignoring any cap. */
 cf_isa cf_isa_best(void);
-/* "generic", "avx2", "avx512". */
+/* "generic", "avx2", "avx512", "neon". */
 const char *cf_isa_name(cf_isa isa);
 /* Parses a name as CF_ISA takes it; false (and *isa untouched) for an unknown name. */
 bool cf_isa_parse(const char *name, cf_isa *isa);
-/* Caps the kernels at `cap`: the best instruction set the CPU supports that is not above it.
- * Returns the one chosen. Process-wide; call it only while no kernel runs (layers planned
- * before the call keep weights packed for the old kernels: re-plan them, as a new fit does). */
+/* Caps the kernels at `cap`: the best instruction set the CPU supports that is not above it in
+ * the order of cf_isa (an architecture has only its own sets: on arm64 a cap of avx2 or avx512
+ * gives generic, on x86-64 neon caps nothing). Returns the one chosen. Process-wide; call it only
+ * while no kernel runs (layers planned before the call keep weights packed for the old kernels:
+ * re-plan them, as a new fit does). */
 cf_isa cf_set_isa(cf_isa cap);
 
 /* The geometry of a 2-D sliding window over one (C, H, W) image: kernel kh x kw, stride sh x sw,

@@ -1,8 +1,8 @@
 /* The kernel table: the hot kernels of the tensor layer, one table per instruction set
- * (isa_generic.c, isa_avx2.c, isa_avx512.c), the best one the CPU supports chosen once when the
- * library is loaded (capped by CF_ISA or cf_set_isa). Entries a table leaves NULL, and entries
- * that return false for a shape, fall back to the portable code in kernels.c and
- * conv_implicit.c. Private to the tensor layer: layers above call the cf_ functions of
+ * (isa_generic.c, isa_avx2.c, isa_avx512.c, isa_neon.c), the best one the CPU supports chosen
+ * once when the library is loaded (capped by CF_ISA or cf_set_isa). Entries a table leaves
+ * NULL, and entries that return false for a shape, fall back to the portable code in kernels.c
+ * and conv_implicit.c. Private to the tensor layer: layers above call the cf_ functions of
  * corefit/tensor.h, which read the table, and never test an instruction set themselves. */
 #ifndef COREFIT_KERNEL_TABLE_H
 #define COREFIT_KERNEL_TABLE_H
@@ -112,6 +112,9 @@ extern const cf_kernel_table cf_kernels_generic;
 #if defined(__x86_64__)
 extern const cf_kernel_table cf_kernels_avx2;
 extern const cf_kernel_table cf_kernels_avx512;
+#endif
+#if defined(__aarch64__)
+extern const cf_kernel_table cf_kernels_neon;
 #endif
 
 /* The active table (never NULL once the library is loaded). */

@@ -1,7 +1,7 @@
 /* The register-blocked kernels shared by the vector instruction sets, written once over a small
- * vector vocabulary that the including file defines (isa_avx2.c, isa_avx512.c):
+ * vector vocabulary that the including file defines (isa_avx2.c, isa_avx512.c, isa_neon.c):
  *
- *   VL          floats per vector (8 or 16)          MR, NV_MAX  tile: MR rows x NV_MAX vectors
+ *   VL          floats per vector (4, 8 or 16)       MR, NV_MAX  tile: MR rows x NV_MAX vectors
  *   vf          a vector of VL floats                vmaskv      a lane mask, ready to use
  *   VMASK_ALL   the bits of all VL lanes             V_MASKV(b)  bits -> vmaskv
  *   V_ZERO() V_SET1(x) V_LOADU(p) V_STOREU(p, v) V_ADD(a, b) V_FMA(a, b, c) (a*b + c)
@@ -10,11 +10,14 @@
  *   V_STOREM(p, mv, v)   lanes in mv to p
  *   V_SUB(a, b) V_MAX(a, b) V_ZMASK(mv, v) (lanes outside mv zeroed) V_GT0(v) (mask of v > 0)
  *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double)
+ *   V_LOADZ_READABLE(mv, p)  V_LOADZ where all VL lanes at p may be read (optional: a set
+ *                        without masked loads defines it as a plain load, then a lane select)
  *
  * The tile keeps MR x NV_MAX accumulators in registers: 8 x 3 zmm (24 of 32) with AVX-512,
- * 4 x 3 ymm (12 of 16) with AVX2. Each step of the reduction loads the tile's B row (masked
- * only where a lane must not be read) and broadcasts MR values of A. Sums run in a fixed order
- * whatever the thread, so results are reproducible for a given instruction set. */
+ * 4 x 3 ymm (12 of 16) with AVX2, 8 x 3 q registers (24 of 32) with NEON. Each step of the
+ * reduction loads the tile's B row (masked only where a lane must not be read) and broadcasts
+ * MR values of A. Sums run in a fixed order whatever the thread, so results are reproducible
+ * for a given instruction set. */
 #ifndef COREFIT_SIMD_KERNELS_H
 #define COREFIT_SIMD_KERNELS_H
 
@@ -25,6 +28,10 @@
 _Static_assert(CF_PACK_ROWS % MR == 0, "the tile height must divide the packed block height");
 
 #define CF_INLINE static inline __attribute__((always_inline))
+
+#ifndef V_LOADZ_READABLE
+#define V_LOADZ_READABLE(mv, p) V_LOADZ(mv, p)
+#endif
 
 static inline unsigned simd_first_lanes(int n) { /* lanes [0, n) of a vector, n clamped */
     return n >= VL ? VMASK_ALL : n <= 0 ? 0u : (1u << n) - 1u;
@@ -411,8 +418,8 @@ static void simd_bn_dy_sums(const float *dy, const float *x, int64_t s, float me
     vf a1 = V_ZERO(), a2 = V_ZERO();
     for (int64_t i = 0; i < full; i += VL) {
         const vf xv = V_LOADU(x + i);
-        const vf g =
-            relu ? V_LOADZ(simd_relu_lanes(all, true, xv, sa, sb), dy + i) : V_LOADU(dy + i);
+        const vf g = relu ? V_LOADZ_READABLE(simd_relu_lanes(all, true, xv, sa, sb), dy + i)
+                          : V_LOADU(dy + i);
         a1 = V_ADD(a1, g);
         a2 = V_FMA(g, V_SUB(xv, m), a2);
     }
@@ -436,8 +443,8 @@ static void simd_bn_dx(const float *dy, const float *x, float *dx, int64_t s, fl
     const vmaskv all = V_MASKV(VMASK_ALL);
     for (int64_t i = 0; i < full; i += VL) {
         const vf xv = V_LOADU(x + i);
-        const vf g =
-            relu ? V_LOADZ(simd_relu_lanes(all, true, xv, sa, sb), dy + i) : V_LOADU(dy + i);
+        const vf g = relu ? V_LOADZ_READABLE(simd_relu_lanes(all, true, xv, sa, sb), dy + i)
+                          : V_LOADU(dy + i);
         const vf t = V_FMA(b, V_SUB(xv, m), c);
         V_STOREU(dx + i, V_FMA(a, g, t));
     }
