@@ -4,8 +4,8 @@
  * with bitwise the same weights, buffers and optimizer state as the uninterrupted run: the data
  * order of each epoch is a function of seed + epoch, and the schedule position of start_epoch.
  *
- * The model has no dropout: a module's dropout generator (cf_module.rng) is not part of the
- * checkpoint, so a model with dropout resumes with other masks. */
+ * This is resuming from model files at epoch ends; tests/test_resume_exact.c resumes from
+ * checkpoints taken at any batch (cf_checkpoint_cb, .resume), with dropout and augmentation. */
 #include "learn_fixture.h"
 
 #include <stdio.h>

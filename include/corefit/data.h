@@ -370,6 +370,12 @@ cf_status cf_dataloader_set_shard(cf_dataloader *dl, int rank, int world, cf_sha
 /* Starts an epoch: draws the permutation from seed + epoch. Prefetching starts with the first
  * cf_dataloader_next. */
 cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch);
+/* Moves the epoch just started (before its first cf_dataloader_next) to batch `batch` of
+ * cf_dataloader_len's: the next call returns that batch, exactly as it would have come after
+ * the ones skipped (batches are a pure function of seed, epoch and position), without making
+ * the skipped ones. batch == len gives an epoch with nothing left. CF_ERR_STATE outside that
+ * point, CF_ERR_INVALID for a batch outside [0, len]. */
+cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch);
 /* The next batch, or *batch = NULL at the end of the epoch. The batch stays valid until the
  * next call. */
 cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch);

@@ -258,6 +258,11 @@ typedef struct cf_replica {
     /* the OR of a flag over every replica, a collective: every replica must call it at the
      * same point. Callbacks that must decide alike everywhere use it (NULL: single process) */
     cf_status (*agree_any)(cf_learner *learn, bool flag, bool *any);
+    /* collectives for checkpoints (NULL: single process): rank 0's `bytes` of buf copied into
+     * every replica's buf; every replica's `bytes` of send concatenated in rank order into recv
+     * on rank 0 (recv ignored elsewhere) */
+    cf_status (*broadcast)(cf_learner *learn, void *buf, size_t bytes);
+    cf_status (*gather)(cf_learner *learn, const void *send, size_t bytes, void *recv);
 } cf_replica;
 
 /* The state a fit exposes to callbacks (fastai's Learner attributes). */
@@ -334,6 +339,10 @@ struct cf_learner {
     int n_figures;
     cf_learner_recipe recipe;
     cf_dls *owned_dls; /* freed with the learner (cf_load_learner's placeholder data) */
+    /* internal, during a fit: the fit's parameters as a checkpoint records them, and the
+     * checkpoint a resumed fit continues from until its position is reached */
+    char *fit_params;
+    struct cf__resume *resume;
 };
 
 #define cf_learner_new(...) CF_CALL3_(cf_learner_new_, cf_learner_opts, __VA_ARGS__, )
@@ -459,7 +468,8 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
     int n_cbs;                                                                                     \
     bool reset_opt;                                                                                \
     int start_epoch;                                                                               \
-    cf_par_opts par /* the parallel twins' options (corefit/par.h); ignored by cf_X */
+    const char *resume; /* a checkpoint (cf_checkpoint_cb) to continue from; see below */          \
+    cf_par_opts par     /* the parallel twins' options (corefit/par.h); ignored by cf_X */
 typedef struct cf_fit_common {
     CF_FIT_COMMON_FIELDS;
 } cf_fit_common;
@@ -554,6 +564,58 @@ cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_
 #define cf_fit_sgdr(...) CF_CALL3_(cf_fit_sgdr_, cf_sgdr_opts, __VA_ARGS__, )
 #define cf_fine_tune(...) CF_CALL2_(cf_fine_tune_, cf_fine_tune_opts, __VA_ARGS__, )
 #define cf_lr_find(...) CF_CALL2_(cf_lr_find_, cf_lr_find_opts, __VA_ARGS__, )
+
+/* ---- checkpoints: exact resume ----------------------------------------------------------------
+ *
+ * A checkpoint is everything the rest of a fit depends on, taken at a training batch boundary:
+ * the learner's state (cf_learner_export_state: weights, BatchNorm buffers, freezing, optimizer
+ * and its state, the Recorder, callback states), the state of the call's own callbacks that have
+ * export_state, the schedule position (epoch, batch, iteration, pct_train, smoothed loss), the
+ * loader's position (its batches are a pure function of seed, epoch and position), every
+ * module's random stream, each replica's own BatchNorm buffers (a parallel fit without sync_bn
+ * averages them only at the end of each epoch), and the fit's parameters. Random draws do not
+ * depend on how many steps a process has run: shuffling on (seed, epoch), augmentation on
+ * (seed, epoch, sample), dropout on (model seed, module, epoch, sample) (cf_model_set_draw_key).
+ *
+ * Resuming: any fit method with .resume = path (the single-process method or its cf_par_ twin
+ * with the same world size and options) continues the fit at the checkpoint's position, and
+ * ends with bitwise the same weights, buffers, optimizer state and Recorder (but the epoch
+ * times) as the fit that was never stopped. The call must be the one that wrote the checkpoint:
+ * the same method, epochs, learning rates and schedule options, weight decay, model size, data
+ * (sizes, batches per epoch, loader seed), world size and sharding; otherwise CF_ERR_INVALID
+ * names the first parameter that differs, both values, and the learner is unchanged. fine_tune
+ * resumes its unfrozen phase (its frozen phase runs no call callbacks, so writes none).
+ * Under a parallel twin rank 0 reads the file and broadcasts it.
+ *
+ * File ("CFCK" v1, host byte order, for the machine that wrote it): magic, version, the fit's
+ * parameters as text, the position, the parts above as length-prefixed blobs, a CRC-32 of all
+ * the bytes before it. Written atomically (cf_write_file_atomic) by the master replica. */
+
+/* fastai's SaveModelCallback, at batch granularity: writes a checkpoint every `every_batches`
+ * training batches and, when a stop was requested (cf_checkpoint_request: SIGTERM or SIGINT
+ * with .signals, or the caller's own handler), at the next batch boundary, after which the fit
+ * stops with CF_ERR_INTERRUPTED and a message naming the file and how to resume. Every replica
+ * of a parallel fit must run it (give it in .cbs, not .par.master_cbs): replicas agree on a stop
+ * at every batch, and rank 0 writes the file. Order CF_ORDER_CHECKPOINT: after every other
+ * callback's after_batch. */
+typedef struct cf_checkpoint_opts {
+    const char *fname; /* "checkpoint": path/model_dir/fname.ckpt when it has no '/', else the
+                          path as given */
+    int every_batches; /* 0: only on request */
+    bool signals;      /* while the callback exists, SIGTERM and SIGINT request a checkpoint
+                          (handlers installed at creation, the previous ones put back when it is
+                          freed; under fork workers SIGINT stays the launcher's, which stops the
+                          call without a checkpoint) */
+} cf_checkpoint_opts;
+enum { CF_ORDER_CHECKPOINT = 90 };
+cf_callback *cf_checkpoint_cb_(const cf_checkpoint_opts *o);
+#define cf_checkpoint_cb(...) cf_checkpoint_cb_(CF_OPTS0_(cf_checkpoint_opts, __VA_ARGS__))
+/* Asks every running fit with a checkpoint callback, in this process and in the fork workers
+ * it starts, to write its checkpoint at the next batch boundary and stop. Async-signal-safe (for
+ * a caller's own SIGTERM handler). A request made while no fit runs is kept for the next one. */
+void cf_checkpoint_request(void);
+/* The path a checkpoint callback with this fname writes for this learner (buf of n bytes). */
+const char *cf_checkpoint_path(const cf_learner *learn, const char *fname, char *buf, size_t n);
 
 /* lr_find's suggestion functions on recorded curves (fastai's valley, slide, minimum, steep),
  * applied to lrs[num_it/10 : n-5] as fastai does. */

@@ -47,6 +47,16 @@ typedef struct cf_param {
 
 typedef struct cf_module cf_module;
 
+/* What the random draws of a training forward (dropout) are drawn from, so that they depend on
+ * where a fit is (seed, epoch, sample) and not on how many forwards a process has run: a
+ * restarted or resumed fit, and any sharding of the batch over processes, draws the same
+ * numbers. Set for each batch by the learner (cf_model_set_draw_key). */
+typedef struct cf_draw_key {
+    uint64_t key;       /* the fit's position (the learner passes its epoch) */
+    const int64_t *ids; /* the dataset index of each row of the batch; NULL: not set */
+    int n;              /* rows in ids */
+} cf_draw_key;
+
 typedef struct cf_module_ops {
     const char *kind; /* "Conv2d", "Linear", ... */
     /* The output shape for an input shape; CF_ERR_INVALID, naming the layer and both shapes,
@@ -77,11 +87,12 @@ struct cf_module {
     char **child_names; /* "0", "1", ... for Sequential; "convpath", "idpath" for residual */
     int n_children;
     bool training;
-    cf_rng rng;          /* per-module stream (dropout), seeded by the model */
-    const cf_tensor *in; /* input of the last forward */
-    cf_tensor out;       /* output memory (arena) */
-    cf_tensor dx;        /* input-gradient memory (arena) */
-    void *impl;          /* layer-specific state, owned by the layer */
+    cf_rng rng;                  /* per-module stream (dropout), seeded by the model */
+    const cf_draw_key *draw_key; /* the model's key (set when the module joins a model) */
+    const cf_tensor *in;         /* input of the last forward */
+    cf_tensor out;               /* output memory (arena) */
+    cf_tensor dx;                /* input-gradient memory (arena) */
+    void *impl;                  /* layer-specific state, owned by the layer */
 };
 
 /* ---- building modules ---------------------------------------------------------------------- */
@@ -169,6 +180,7 @@ typedef struct cf_model {
     int n_groups;
     bool training;
     uint64_t seed;
+    cf_draw_key draw_key; /* cf_model_set_draw_key */
     /* activation memory */
     cf_arena arena;
     cf_shape planned; /* input shape the arena was sized for (ndim 0: none yet) */
@@ -179,6 +191,12 @@ typedef struct cf_model {
  * every parameter from `seed`. */
 cf_status cf_model_new(cf_model **out, cf_module *root, uint64_t seed);
 void cf_model_free(cf_model *model);
+/* Keys the random draws of the next training forwards: row b of the batch draws from (the
+ * model's seed, the module, key, ids[b]) alone (ids: the dataset index of each row, n rows; the
+ * array must stay valid until the forward; NULL clears it). Without ids, or when a forward's
+ * batch does not have n rows, a module draws from its own stream (cf_module.rng), which depends
+ * on how many forwards it has run. */
+void cf_model_set_draw_key(cf_model *model, uint64_t key, const int64_t *ids, int n);
 /* Train (batch statistics, dropout) or eval mode for every module. */
 void cf_model_train(cf_model *model, bool training);
 /* Runs the forward pass; *y is valid until the next forward. Plans the arena on the first

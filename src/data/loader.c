@@ -294,6 +294,19 @@ cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch) {
     return CF_OK;
 }
 
+cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch) {
+    if (!dl) return cf_fail(CF_ERR_INVALID, "cf_dataloader_seek: loader is NULL");
+    after_fork_check(dl);
+    if (!dl->in_epoch || dl->next_b != 0 || dl->thread_running)
+        return cf_fail(CF_ERR_STATE, "cf_dataloader_seek: only right after "
+                                     "cf_dataloader_begin_epoch");
+    if (batch < 0 || batch > dl->n_batches)
+        return cf_fail(CF_ERR_INVALID, "cf_dataloader_seek: batch %lld of an epoch of %lld",
+                       (long long)batch, (long long)dl->n_batches);
+    dl->next_b = dl->produced = dl->released = batch;
+    return CF_OK;
+}
+
 /* Copies sample `src` of the dataset into dst with augmentation and normalisation. */
 static void make_sample(const cf_dataloader *dl, int64_t src, float *dst) {
     const float *x = dl->ds->x + (size_t)src * dl->per;

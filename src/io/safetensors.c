@@ -864,3 +864,68 @@ fail:
     cf_free(tmp);
     return st;
 }
+
+/* ---- any bytes, atomically ----------------------------------------------------------------- */
+
+cf_status cf_write_file_atomic(const char *path, const void *data, size_t size) {
+    if (!path || !path[0]) return cf_fail(CF_ERR_INVALID, "cf_write_file_atomic: empty path");
+    size_t plen = strlen(path);
+    char *tmp = cf_malloc(plen + 16);
+    if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "writing %s", path);
+    mode_t mode = default_mode();
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) mode = sb.st_mode & 07777;
+    remove_stale_temporaries(path);
+    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
+    writer w = {.path = path, .fd = -1, .total = size};
+    sigset_t mask;
+    block_cleanup_signals(true, &mask);
+    w.fd = mkostemp(tmp, O_CLOEXEC);
+    int err = errno, slot = -1;
+    if (w.fd >= 0) {
+        flock(w.fd, LOCK_EX | LOCK_NB);
+        slot = register_temporary(tmp);
+    }
+    block_cleanup_signals(false, &mask);
+    cf_status st = CF_OK;
+    if (w.fd < 0) {
+        st = cf_fail(CF_ERR_IO, "writing %s: cannot create a temporary file %s: %s", path, tmp,
+                     strerror(err));
+        tmp[0] = '\0';
+    }
+    if (st == CF_OK) st = write_all(&w, data, size);
+    if (st == CF_OK && fsync(w.fd) != 0)
+        st = cf_fail(CF_ERR_IO, "writing %s: fsync failed: %s (the file is unchanged)", path,
+                     strerror(errno));
+    if (st == CF_OK && rename(tmp, path) != 0)
+        st = cf_fail(CF_ERR_IO, "writing %s: cannot rename %s over it: %s (the file is unchanged)",
+                     path, tmp, strerror(errno));
+    if (st == CF_OK) {
+        tmp[0] = '\0';
+        (void)fchmod(w.fd, mode);
+    }
+    if (w.fd >= 0 && close(w.fd) != 0 && st == CF_OK)
+        st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s", path, strerror(errno));
+    if (tmp[0]) unlink(tmp);
+    if (slot >= 0) {
+        block_cleanup_signals(true, &mask);
+        unregister_temporary(slot);
+        block_cleanup_signals(false, &mask);
+    }
+    if (st == CF_OK) { /* make the rename durable (best effort) */
+        snprintf(tmp, plen + 16, "%s", path);
+        char *slash = strrchr(tmp, '/');
+        const char *d = slash == tmp ? "/" : ".";
+        if (slash && slash != tmp) {
+            *slash = '\0';
+            d = tmp;
+        }
+        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+    }
+    cf_free(tmp);
+    return st;
+}

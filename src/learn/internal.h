@@ -7,7 +7,28 @@
 /* fastai's Learner.fit: the loop with every event, for n_epoch epochs, with extra callbacks for
  * this call (taken over). lr may be unset (learner's lr). */
 cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callback **extra,
-                  int n_extra, bool reset_opt, int start_epoch);
+                  int n_extra, bool reset_opt, int start_epoch, const char *resume,
+                  const char *method_params);
+
+/* ---- checkpoints (checkpoint.c) ------------------------------------------------------------ */
+
+/* The fit's parameters as text ("key=value" separated by spaces): the method's (method_params)
+ * and the data's, the model's and the group's. Allocated (cf_free). */
+char *cf__fit_params(const cf_learner *learn, int n_epoch, cf_lr lr, double wd, bool reset_opt,
+                     int start_epoch, const char *method_params);
+/* Reads a checkpoint (rank 0 reads and broadcasts), checks it and its parameters against
+ * params; on success *out holds it (cf__resume_free). Changes nothing in the learner. */
+cf_status cf__resume_load(cf_learner *learn, const char *path, const char *params,
+                          struct cf__resume **out);
+/* After before_fit: puts the learner's state, the call's callback states, the module streams
+ * and this replica's buffers back; returns the epoch to continue at. */
+cf_status cf__resume_apply_state(cf_learner *learn, int *epoch);
+/* At the start of the resumed training epoch: the batch to continue at, with the position
+ * (train_iter, pct_train, smoothed loss) put back. Frees learn->resume. */
+int64_t cf__resume_apply_position(cf_learner *learn);
+void cf__resume_free(struct cf__resume *r);
+/* Grows the recorder's arrays to hold a whole fit, keeping what they hold. */
+cf_status cf__recorder_reserve_keep(cf_recorder *rec, int64_t batches, int epochs);
 /* Raises one event on the active callbacks. */
 cf_status cf__event(cf_learner *learn, cf_event ev);
 /* Per-group lr of the optimizer after setting it from an lr spec (creating the optimizer). */

@@ -151,17 +151,25 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     learn->n_iter = cf_dataloader_len(dl);
     cf_status st = cf_dataloader_begin_epoch(dl, learn->epoch);
     if (st != CF_OK) return st;
-    for (int64_t i = 0;; i++) {
+    int64_t first = 0;
+    if (learn->resume && learn->training) { /* a resumed fit continues at its checkpoint */
+        first = cf__resume_apply_position(learn);
+        if ((st = cf_dataloader_seek(dl, first)) != CF_OK) return st;
+    }
+    for (int64_t i = first;; i++) {
         const cf_batch *b = NULL;
-        if ((st = cf_dataloader_next(dl, &b)) != CF_OK) return st;
+        if ((st = cf_dataloader_next(dl, &b)) != CF_OK) break;
         if (!b) break;
         learn->iter = i;
         learn->batch = b;
+        /* dropout draws from (epoch, sample), not from how many batches ran */
+        cf_model_set_draw_key(learn->model, (uint64_t)learn->epoch, b->idx, b->size);
         st = with_events(learn, CF_EV_BEFORE_BATCH, do_one_batch, NULL, CF_CANCEL_BATCH,
                          CF_EV_AFTER_CANCEL_BATCH, CF_EV_AFTER_BATCH);
         if (st == CF_OK) st = sync_cancel(learn);
         if (st != CF_OK || learn->cancel != CF_CANCEL_NONE) break;
     }
+    cf_model_set_draw_key(learn->model, 0, NULL, 0);
     learn->batch = NULL;
     return st;
 }
@@ -189,7 +197,12 @@ static cf_status do_epoch(cf_learner *learn, void *ctx) {
 
 static cf_status do_fit(cf_learner *learn, void *ctx) {
     (void)ctx;
-    for (int epoch = 0; epoch < learn->n_epoch; epoch++) {
+    int first = 0;
+    if (learn->resume) {
+        cf_status st = cf__resume_apply_state(learn, &first);
+        if (st != CF_OK) return st;
+    }
+    for (int epoch = first; epoch < learn->n_epoch; epoch++) {
         learn->epoch = epoch;
         cf_status st = with_events(learn, CF_EV_BEFORE_EPOCH, do_epoch, NULL, CF_CANCEL_EPOCH,
                                    CF_EV_AFTER_CANCEL_EPOCH, CF_EV_AFTER_EPOCH);
@@ -312,7 +325,8 @@ cf_status cf__set_lr(cf_learner *learn, cf_lr lr) {
 }
 
 cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callback **extra,
-                  int n_extra, bool reset_opt, int start_epoch) {
+                  int n_extra, bool reset_opt, int start_epoch, const char *resume,
+                  const char *method_params) {
     call_cbs call = {.n_extra = 0};
     cf_status st = CF_OK;
     call.extra = cf_calloc((size_t)n_extra + 2, sizeof *call.extra);
@@ -331,6 +345,15 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         else
             st = CF_ERR_NOMEM;
     }
+    char *params = NULL;
+    struct cf__resume *from = NULL;
+    if (st == CF_OK) {
+        params = cf__fit_params(learn, n_epoch, lr, wd == 0 ? learn->wd : wd, reset_opt,
+                                start_epoch, method_params);
+        if (!params) st = CF_ERR_NOMEM;
+    }
+    /* the checkpoint is read and checked before anything changes */
+    if (st == CF_OK && resume) st = cf__resume_load(learn, resume, params, &from);
     if (st == CF_OK) st = make_defaults(learn, &call);
     if (st == CF_OK && (reset_opt || !learn->opt)) st = cf_learner_create_opt(learn);
     if (st == CF_OK && wd == 0) wd = learn->wd;
@@ -338,10 +361,15 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
     if (st == CF_OK) st = cf__set_lr(learn, lr);
     if (st == CF_OK) st = activate(learn, &call);
     if (st != CF_OK) {
+        cf__resume_free(from);
+        cf_free(params);
         release_call(learn, &call);
         cf_free(call.extra);
         return st;
     }
+    cf_free(learn->fit_params);
+    learn->fit_params = params;
+    learn->resume = from;
     learn->n_epoch = n_epoch;
     learn->cancel = CF_CANCEL_NONE;
     learn->validating = false;
@@ -355,6 +383,10 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         if (st == CF_OK) st = cf__event(learn, CF_EV_AFTER_FIT);
     }
     learn->cancel = CF_CANCEL_NONE;
+    cf__resume_free(learn->resume); /* a fit that ended before reaching its position */
+    learn->resume = NULL;
+    cf_free(learn->fit_params);
+    learn->fit_params = NULL;
     cf_model_train(learn->model, false);
     release_call(learn, &call);
     cf_free(call.extra);
@@ -362,7 +394,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
 }
 
 cf_status cf_fit_(cf_learner *learn, int n_epoch, const cf_fit_opts *o) {
-    return cf__fit(learn, n_epoch, o->lr, o->wd, o->cbs, o->n_cbs, o->reset_opt, o->start_epoch);
+    return cf__fit(learn, n_epoch, o->lr, o->wd, o->cbs, o->n_cbs, o->reset_opt, o->start_epoch,
+                   o->resume, "method=fit");
 }
 
 /* ---- inference passes (validate, get_preds) ------------------------------------------------ */

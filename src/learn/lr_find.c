@@ -230,7 +230,8 @@ cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_
     for (int i = 0; i < o->n_cbs; i++) all[1 + i] = o->cbs[i];
     bool saved_logging = learn->logging;
     learn->logging = false; /* fastai's no_logging */
-    cf_status st = cf__fit(learn, n_epoch, (cf_lr){0}, o->wd, all, o->n_cbs + 1, o->reset_opt, 0);
+    cf_status st = cf__fit(learn, n_epoch, (cf_lr){0}, o->wd, all, o->n_cbs + 1, o->reset_opt, 0,
+                           NULL, "method=lr_find");
     learn->logging = saved_logging;
     learn->in_lr_find = false;
     cf_free(all);

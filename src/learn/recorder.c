@@ -443,3 +443,36 @@ cf_status cf_recorder_import(cf_recorder *rec, const void *buf, size_t size) {
     *rec = t;
     return CF_OK;
 }
+
+/* Grows an array of n items of elem bytes to cap items, keeping its content. */
+static cf_status grow_keep(void **arr, int64_t n, int64_t cap, size_t elem) {
+    unsigned char *grown = cf_calloc((size_t)cap + 1, elem);
+    if (!grown) return CF_ERR_NOMEM;
+    if (*arr && n > 0) memcpy(grown, *arr, (size_t)n * elem);
+    cf_free(*arr);
+    *arr = grown;
+    return CF_OK;
+}
+
+cf_status cf__recorder_reserve_keep(cf_recorder *rec, int64_t batches, int epochs) {
+    cf_status st = CF_OK;
+    if (batches > rec->batch_capacity) {
+        if ((st = grow_keep((void **)&rec->lrs, rec->n_batches, batches, sizeof(double))) ||
+            (st = grow_keep((void **)&rec->moms, rec->n_batches, batches, sizeof(double))) ||
+            (st = grow_keep((void **)&rec->losses, rec->n_batches, batches, sizeof(double))) ||
+            (st = grow_keep((void **)&rec->hp_lr, rec->n_hps, batches, sizeof(double))) ||
+            (st = grow_keep((void **)&rec->hp_mom, rec->n_hps, batches, sizeof(double))))
+            return cf_fail_context(st, "recorder for %lld batches", (long long)batches);
+        rec->batch_capacity = batches;
+    }
+    if (epochs > rec->epoch_capacity) {
+        int width = rec->n_values > 0 ? rec->n_values : 1;
+        if ((st = grow_keep((void **)&rec->values, (int64_t)rec->n_epochs * width,
+                            (int64_t)epochs * width, sizeof(double))) ||
+            (st = grow_keep((void **)&rec->iters, rec->n_epochs, epochs, sizeof(int64_t))) ||
+            (st = grow_keep((void **)&rec->times, rec->n_epochs, epochs, sizeof(double))))
+            return cf_fail_context(st, "recorder for %d epochs", epochs);
+        rec->epoch_capacity = epochs;
+    }
+    return CF_OK;
+}

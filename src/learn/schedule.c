@@ -133,9 +133,28 @@ static cf_status group_lrs(cf_learner *learn, cf_lr lr, cycle_ctx *c) {
     return CF_OK;
 }
 
-static cf_status run_scheduled(cf_learner *learn, int n_epoch, cycle_ctx *c, cf_sched_fn lr,
-                               cf_sched_fn mom, double wd, cf_callback **cbs, int n_cbs,
-                               bool reset_opt, int start_epoch) {
+/* The schedule's parameters as a checkpoint records them (full precision). */
+static void schedule_params(const char *method, const cycle_ctx *c, int n_groups, char *buf,
+                            size_t n) {
+    size_t at = 0;
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        int k_ = snprintf(buf + at, at < n ? n - at : 0, __VA_ARGS__);                             \
+        if (k_ > 0) at = at + (size_t)k_ < n ? at + (size_t)k_ : n - 1;                            \
+    } while (0)
+    ADD("method=%s pct=%.17g div=%.17g div_final=%.17g moms=%.17g,%.17g,%.17g lr_max=", method,
+        c->pct, c->div, c->div_final, c->moms[0], c->moms[1], c->moms[2]);
+    for (int g = 0; g < n_groups && g < MAX_GROUPS; g++) ADD("%s%.17g", g ? "," : "", c->lr_max[g]);
+    ADD(" cycles=%d", c->n_cycles);
+    for (int i = 0; i < c->n_cycles && i < 32; i++) ADD("%s%.17g", i ? "," : ":", c->pcts[i]);
+#undef ADD
+}
+
+static cf_status run_scheduled(cf_learner *learn, const char *method, int n_epoch, cycle_ctx *c,
+                               cf_sched_fn lr, cf_sched_fn mom, double wd, cf_callback **cbs,
+                               int n_cbs, bool reset_opt, int start_epoch, const char *resume) {
+    char params[4096];
+    schedule_params(method, c, learn->opt->n_groups, params, sizeof params);
     cf_callback *sched = cf_param_scheduler_cb(lr, mom, c, sizeof *c);
     cf_callback **all = cf_calloc((size_t)n_cbs + 1, sizeof *all);
     if (!sched || !all) {
@@ -146,7 +165,8 @@ static cf_status run_scheduled(cf_learner *learn, int n_epoch, cycle_ctx *c, cf_
     }
     all[0] = sched;
     for (int i = 0; i < n_cbs; i++) all[1 + i] = cbs[i];
-    cf_status st = cf__fit(learn, n_epoch, (cf_lr){0}, wd, all, n_cbs + 1, reset_opt, start_epoch);
+    cf_status st = cf__fit(learn, n_epoch, (cf_lr){0}, wd, all, n_cbs + 1, reset_opt, start_epoch,
+                           resume, params);
     cf_free(all);
     return st;
 }
@@ -165,8 +185,8 @@ cf_status cf_fit_one_cycle_(cf_learner *learn, int n_epoch, const cf_one_cycle_o
         free_cbs(o->cbs, o->n_cbs);
         return st;
     }
-    return run_scheduled(learn, n_epoch, &c, one_cycle_lr, one_cycle_mom, o->wd, o->cbs, o->n_cbs,
-                         o->reset_opt, o->start_epoch);
+    return run_scheduled(learn, "fit_one_cycle", n_epoch, &c, one_cycle_lr, one_cycle_mom, o->wd,
+                         o->cbs, o->n_cbs, o->reset_opt, o->start_epoch, o->resume);
 }
 
 static double flat_cos_lr(double pos, int g, const void *vctx) {
@@ -183,8 +203,8 @@ cf_status cf_fit_flat_cos_(cf_learner *learn, int n_epoch, const cf_flat_cos_opt
         free_cbs(o->cbs, o->n_cbs);
         return st;
     }
-    return run_scheduled(learn, n_epoch, &c, flat_cos_lr, NULL, o->wd, o->cbs, o->n_cbs,
-                         o->reset_opt, o->start_epoch);
+    return run_scheduled(learn, "fit_flat_cos", n_epoch, &c, flat_cos_lr, NULL, o->wd, o->cbs,
+                         o->n_cbs, o->reset_opt, o->start_epoch, o->resume);
 }
 
 /* combine_scheds(pcts, [SchedCos(lr_max, 0)] * n_cycles) */
@@ -223,8 +243,8 @@ cf_status cf_fit_sgdr_(cf_learner *learn, int n_cycles, int cycle_len, const cf_
         free_cbs(o->cbs, o->n_cbs);
         return st;
     }
-    return run_scheduled(learn, (int)n_epoch, &c, sgdr_lr, NULL, o->wd, o->cbs, o->n_cbs,
-                         o->reset_opt, o->start_epoch);
+    return run_scheduled(learn, "fit_sgdr", (int)n_epoch, &c, sgdr_lr, NULL, o->wd, o->cbs,
+                         o->n_cbs, o->reset_opt, o->start_epoch, o->resume);
 }
 
 /* fastai's fine_tune: one frozen one-cycle phase (pct_start 0.99, div 25), then the unfrozen
@@ -237,8 +257,10 @@ cf_status cf_fine_tune_(cf_learner *learn, int epochs, const cf_fine_tune_opts *
     double lr_mult = o->lr_mult > 0 ? o->lr_mult : 100;
     double pct_start = o->pct_start > 0 ? o->pct_start : 0.3;
     double div = o->div > 0 ? o->div : 5.0;
-    cf_status st = cf_learner_freeze(learn);
-    if (st == CF_OK && freeze_epochs > 0)
+    /* resuming: the checkpoint is of the unfrozen phase (the only one that runs the call's
+     * callbacks), so the frozen phase is not run again */
+    cf_status st = o->resume ? CF_OK : cf_learner_freeze(learn);
+    if (st == CF_OK && freeze_epochs > 0 && !o->resume)
         st = cf_fit_one_cycle(learn, freeze_epochs, .lr_max = CF_SLICE(base_lr), .pct_start = 0.99,
                               .wd = o->wd, .reset_opt = o->reset_opt);
     if (st != CF_OK) {
@@ -253,5 +275,5 @@ cf_status cf_fine_tune_(cf_learner *learn, int epochs, const cf_fine_tune_opts *
     }
     return cf_fit_one_cycle(learn, epochs, .lr_max = CF_SLICE2(base_lr / lr_mult, base_lr),
                             .pct_start = pct_start, .div = div, .wd = o->wd, .cbs = o->cbs,
-                            .n_cbs = o->n_cbs);
+                            .n_cbs = o->n_cbs, .resume = o->resume);
 }

@@ -232,15 +232,43 @@ cf_module *cf_flatten(void) {
 
 /* ---- Dropout ------------------------------------------------------------------------------- *
  * Inverted dropout: in training each value is kept with probability 1 - p and scaled by
- * 1 / (1 - p); the mask comes from the module's own stream (m->rng, seeded by the model), so one
- * seed gives the same masks run after run. Each 64-bit draw decides two values (32 bits each).
- * Eval (and p = 0): identity. p = 1 drops everything (output 0, as PyTorch). */
+ * 1 / (1 - p). Each 64-bit draw decides two values (32 bits each). Inside a fit the model's
+ * draw key is set (cf_model_set_draw_key): the draws of row b are a counter-based hash of (this
+ * module's stream state, the key, the row's dataset index, the position in the row), so they do not
+ * depend on how many batches a process has run, on which process runs the row, or on the rows
+ * around it — a resumed or restarted fit, and a batch split over processes, draw the same masks.
+ * Without a key the mask comes from the module's own stream (m->rng, seeded by the model), so
+ * one seed still gives the same masks run after run. Eval (and p = 0): identity. p = 1 drops
+ * everything (output 0, as PyTorch). */
 
 typedef struct dropout_impl {
     float p;
     bool masked;   /* the last forward applied a mask */
     uint8_t *mask; /* arena: 1 = kept */
 } dropout_impl;
+
+/* splitmix64's finaliser: a bijective mix, so distinct counters give independent-looking words */
+static inline uint64_t dropout_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* The keyed mask: rows of `per` values, row b keyed by ids[b]. */
+static void dropout_keyed_mask(uint64_t seed, const cf_draw_key *k, size_t per, uint64_t threshold,
+                               uint8_t *restrict mask) {
+    const uint64_t base = dropout_mix(seed ^ dropout_mix(k->key + 0x9e3779b97f4a7c15ULL));
+    for (int b = 0; b < k->n; b++) {
+        const uint64_t row =
+            dropout_mix(base ^ dropout_mix((uint64_t)k->ids[b] + 0x632be59bd9b4e019ULL));
+        uint8_t *restrict mr = mask + (size_t)b * per;
+        for (size_t i = 0; i < per; i += 2) {
+            uint64_t r = dropout_mix(row + (uint64_t)(i / 2 + 1) * 0x9e3779b97f4a7c15ULL);
+            mr[i] = (r & 0xffffffffu) >= threshold;
+            if (i + 1 < per) mr[i + 1] = (r >> 32) >= threshold;
+        }
+    }
+}
 
 static void dropout_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     dropout_impl *d = m->impl;
@@ -260,10 +288,18 @@ static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
     }
     const uint64_t threshold = (uint64_t)llround((double)d->p * 4294967296.0);
     uint8_t *restrict mask = d->mask;
-    for (size_t i = 0; i < n; i += 2) {
-        uint64_t r = cf_rng_next(&m->rng);
-        mask[i] = (r & 0xffffffffu) >= threshold;
-        if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold;
+    const cf_draw_key *k = m->draw_key;
+    if (k && k->ids && x->shape.ndim > 0 && x->shape.dim[0] == k->n && k->n > 0) {
+        /* the module's seed is its stream's state, which keyed draws never advance (so a
+         * checkpoint, which keeps the streams, keeps it) */
+        const uint64_t seed = dropout_mix(m->rng.s[0] ^ dropout_mix(m->rng.s[1]));
+        dropout_keyed_mask(seed, k, n / (size_t)k->n, threshold, mask);
+    } else {
+        for (size_t i = 0; i < n; i += 2) {
+            uint64_t r = cf_rng_next(&m->rng);
+            mask[i] = (r & 0xffffffffu) >= threshold;
+            if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold;
+        }
     }
     const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
     const float *restrict xd = x->data;

@@ -432,6 +432,7 @@ static cf_status walk(cf_module *m, const char *prefix, walk_state *ws) {
     }
     if (ws->assign) {
         cf_rng_seed(&m->rng, ws->model->seed * 0x9E3779B97F4A7C15ULL + (uint64_t)ws->module_index);
+        m->draw_key = &ws->model->draw_key;
         ws->module_index++;
         if (m->ops->init) m->ops->init(m, &ws->rng);
     }
@@ -497,6 +498,10 @@ void cf_model_free(cf_model *model) {
 static void set_training(cf_module *m, bool training) {
     m->training = training;
     for (int i = 0; i < m->n_children; i++) set_training(m->children[i], training);
+}
+
+void cf_model_set_draw_key(cf_model *model, uint64_t key, const int64_t *ids, int n) {
+    model->draw_key = (cf_draw_key){.key = key, .ids = ids, .n = ids ? n : 0};
 }
 
 void cf_model_train(cf_model *model, bool training) {

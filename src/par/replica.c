@@ -144,6 +144,14 @@ static cf_status agree_any(cf_learner *learn, bool flag, bool *any) {
     return cf_comm_any(learn->replica.comm, flag, any);
 }
 
+static cf_status broadcast0(cf_learner *learn, void *buf, size_t bytes) {
+    return bytes ? cf_comm_broadcast(learn->replica.comm, buf, bytes, 0) : CF_OK;
+}
+
+static cf_status gather0(cf_learner *learn, const void *send, size_t bytes, void *recv) {
+    return bytes ? cf_comm_gather(learn->replica.comm, send, bytes, recv, 0) : CF_OK;
+}
+
 /* Synchronised BatchNorm's reduce (cf_model_set_bn_reduce). Forward: plain sums. Backward:
  * each replica's sums are in its own gradient scale (its loss is the mean over its count rows),
  * so they are weighted by that count before the sum and the result is brought back into this
@@ -208,6 +216,8 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
     learn->replica.is_master = is_master;
     learn->replica.sync_cancel = sync_cancel;
     learn->replica.agree_any = agree_any;
+    learn->replica.broadcast = broadcast0;
+    learn->replica.gather = gather0;
     st = set_shards(learn, rank, world, mode);
     if (st == CF_OK && common->par.sync_bn)
         st = cf_model_set_bn_reduce(learn->model, bn_reduce, comm);

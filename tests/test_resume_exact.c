@@ -1,0 +1,280 @@
+/* Exact resume from a checkpoint taken at any batch boundary (corefit/learn.h, "checkpoints"):
+ * a fit stopped on request (cf_checkpoint_request, what SIGTERM raises) writes a checkpoint, and
+ * a new learner with other initial weights that resumes from it ends with bitwise the same
+ * weights, BatchNorm buffers, optimizer state and Recorder as the fit that was never stopped —
+ * with dropout and augmentation (random crop, flip and fastai's batch transforms) on, in one
+ * process and with 1, 2 and 3 fork workers. A resume with other parameters, or from a damaged
+ * file, is refused with a clear error and leaves the learner as it was. */
+#include "learn_fixture.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "corefit/par.h"
+
+enum { N_EPOCH = 2, SIDE = 8 };
+
+/* Random 1 x 8 x 8 images, 3 classes by the sign of two pixel sums. */
+static cf_dataset *image_dataset(int64_t n, uint64_t seed) {
+    size_t per = SIDE * SIDE;
+    float *x = malloc((size_t)n * per * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    fill_uniform(x, (size_t)n * per, seed, 0, 1);
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = x + i * per;
+        float a = r[0] + r[9] - r[18] - r[27], b = r[36] - r[45];
+        y[i] = a > 0 ? 0 : (b > 0 ? 1 : 2);
+    }
+    cf_dataset *ds = NULL;
+    assert_int_equal(cf_dataset_from_arrays(x, y, n, (cf_shape){3, {1, SIDE, SIDE}}, 1, 3, &ds),
+                     CF_OK);
+    free(x);
+    free(y);
+    return ds;
+}
+
+static cf_aug_opts aug;
+
+static cf_dls *image_dls(void) {
+    aug = cf_aug_transforms_defaults(1.0f);
+    cf_dls *dls = NULL;
+    cf_dls_options o = {.bs = 8, .seed = 11, .crop_pad = 1, .flip = true, .aug = &aug};
+    assert_int_equal(cf_dls_new(image_dataset(96, 1), image_dataset(24, 2), &o, &dls), CF_OK);
+    return dls;
+}
+
+/* Conv -> BatchNorm2d -> ReLU -> Flatten -> Dropout(0.3) -> Linear. */
+static cf_learner *learner(cf_dls *dls, uint64_t seed, const char *path) {
+    cf_module *layers[] = {cf_conv2d(1, 4, 3, 1, 1, false),
+                           cf_batchnorm2d(4),
+                           cf_relu(),
+                           cf_flatten(),
+                           cf_dropout(0.3f),
+                           cf_linear(4 * SIDE * SIDE, 3, true)};
+    cf_model *m = NULL;
+    assert_int_equal(cf_model_new(&m, cf_sequential(6, layers), seed), CF_OK);
+    cf_learner *learn = NULL;
+    cf_metric *metrics[] = {cf_accuracy()};
+    assert_int_equal(cf_learner_new(&learn, dls, m, .quiet = true, .path = path, .metrics = metrics,
+                                    .n_metrics = 1, .wd = 0.05),
+                     CF_OK);
+    return learn;
+}
+
+/* Asks for a stop after training batch `at` of the fit (counted from 1), as a SIGTERM would. */
+static cf_status request_at(cf_callback *cb, cf_learner *learn) {
+    if (learn->training && learn->train_iter == *(int64_t *)cb->state) cf_checkpoint_request();
+    return CF_OK;
+}
+static void free_request(cf_callback *cb) {
+    cf_free(cb->state);
+    cf_free(cb);
+}
+static cf_callback *request_cb(int64_t at) {
+    cf_callback *cb = cf_calloc(1, sizeof *cb);
+    int64_t *s = cf_calloc(1, sizeof *s);
+    *s = at;
+    cb->name = "RequestStop";
+    cb->order = 0;
+    cb->state = s;
+    cb->free = free_request;
+    cb->on[CF_EV_AFTER_BATCH] = request_at;
+    return cb;
+}
+
+static void same_doubles(const double *a, const double *b, int64_t n, const char *what,
+                         const char *part) {
+    if (n && memcmp(a, b, (size_t)n * sizeof(double)))
+        fail_msg("%s: the Recorder's %s differ from the uninterrupted fit", what, part);
+}
+
+static void assert_same_fit(const cf_learner *a, const cf_learner *b, const char *what) {
+    const cf_model *ma = a->model, *mb = b->model;
+    size_t nw = ma->n_weights * sizeof(float);
+    if (memcmp(ma->weights, mb->weights, nw)) {
+        double err = max_rel_err(mb->weights, ma->weights, ma->n_weights, 1e-6);
+        fail_msg("%s: weights differ from the uninterrupted fit (max rel err %.3g)", what, err);
+    }
+    if (memcmp(ma->buffers, mb->buffers, ma->n_buffers * sizeof(float)))
+        fail_msg("%s: BatchNorm buffers differ from the uninterrupted fit", what);
+    if (memcmp(a->opt->grad_avg, b->opt->grad_avg, nw) ||
+        memcmp(a->opt->sqr_avg, b->opt->sqr_avg, nw) ||
+        memcmp(a->opt->steps, b->opt->steps, (size_t)ma->n_params * sizeof(float)) ||
+        memcmp(a->opt->hypers, b->opt->hypers, (size_t)a->opt->n_groups * sizeof(cf_hypers)))
+        fail_msg("%s: optimizer state differs from the uninterrupted fit", what);
+    const cf_recorder *ra = &a->recorder, *rb = &b->recorder;
+    assert_int_equal(ra->n_batches, rb->n_batches);
+    assert_int_equal(ra->n_hps, rb->n_hps);
+    assert_int_equal(ra->n_epochs, rb->n_epochs);
+    same_doubles(ra->lrs, rb->lrs, ra->n_batches, what, "lrs");
+    same_doubles(ra->moms, rb->moms, ra->n_batches, what, "moms");
+    same_doubles(ra->losses, rb->losses, ra->n_batches, what, "smoothed losses");
+    same_doubles(ra->hp_lr, rb->hp_lr, ra->n_hps, what, "scheduled lrs");
+    same_doubles(ra->hp_mom, rb->hp_mom, ra->n_hps, what, "scheduled moms");
+    same_doubles(ra->values, rb->values, (int64_t)ra->n_epochs * ra->n_values, what,
+                 "per-epoch values");
+    if (memcmp(ra->iters, rb->iters, (size_t)ra->n_epochs * sizeof(int64_t)))
+        fail_msg("%s: the Recorder's iterations differ", what);
+    assert_true(ra->smooth_val == rb->smooth_val && ra->smooth_count == rb->smooth_count);
+}
+
+/* workers 0: in this process; else cf_par_ with that many fork workers. */
+static cf_status run_fit(cf_learner *learn, int workers, cf_callback **cbs, int n_cbs, double lr,
+                         const char *resume) {
+    cf_one_cycle_opts o = {.lr_max = CF_LR(lr), .cbs = cbs, .n_cbs = n_cbs, .resume = resume};
+    if (!workers) return cf_fit_one_cycle_(learn, N_EPOCH, &o);
+    o.par.num_cores = workers;
+    return cf_par_fit_one_cycle_(learn, N_EPOCH, &o);
+}
+
+static void run_exact(int workers) {
+    oracle dir;
+    oracle_init(&dir);
+    cf_dls *dls = image_dls();
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/fit.ckpt", dir.dir);
+
+    cf_learner *full = learner(dls, 3, dir.dir);
+    cf_callback *cbs0[] = {cf_checkpoint_cb(.fname = ckpt)};
+    assert_int_equal(run_fit(full, workers, cbs0, 1, 2e-2, NULL), CF_OK);
+    int64_t per_epoch = cf_dataloader_len(dls->train);
+    if (workers > 1) per_epoch = full->recorder.n_batches / N_EPOCH;
+    assert_int_equal(full->recorder.n_batches, per_epoch * N_EPOCH);
+
+    /* stops: after the first batch, mid-epoch, after the last training batch of an epoch
+     * (before its validation), and mid-way through the last epoch */
+    int64_t stops[] = {1, per_epoch / 2 + 1, per_epoch, per_epoch + per_epoch / 2};
+    for (size_t k = 0; k < sizeof stops / sizeof *stops; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "%d workers, stopped after batch %lld", workers,
+                 (long long)stops[k]);
+        cf_learner *stopped = learner(dls, 3, dir.dir);
+        cf_callback *cbs1[] = {request_cb(stops[k]), cf_checkpoint_cb(.fname = ckpt)};
+        cf_status st = run_fit(stopped, workers, cbs1, 2, 2e-2, NULL);
+        if (st != (workers ? CF_ERR_WORKER : CF_ERR_INTERRUPTED))
+            fail_msg("%s: status %d: %s", what, st, cf_last_error());
+        assert_non_null(strstr(cf_last_error(), "resume"));
+        assert_non_null(strstr(cf_last_error(), ckpt));
+        cf_learner_free(stopped);
+
+        /* a new learner, other initial weights; the same call with .resume */
+        cf_learner *resumed = learner(dls, 1000 + k, dir.dir);
+        cf_callback *cbs2[] = {request_cb(-1), cf_checkpoint_cb(.fname = ckpt)};
+        st = run_fit(resumed, workers, cbs2, 2, 2e-2, ckpt);
+        if (st != CF_OK) fail_msg("%s: resume failed: %s", what, cf_last_error());
+        assert_same_fit(full, resumed, what);
+        cf_learner_free(resumed);
+    }
+
+    /* Another learning rate: refused, naming the parameter; the learner is unchanged. */
+    cf_learner *other = learner(dls, 5, dir.dir);
+    float *before = malloc(other->model->n_weights * sizeof(float));
+    memcpy(before, other->model->weights, other->model->n_weights * sizeof(float));
+    cf_callback *cbs3[] = {cf_checkpoint_cb(.fname = ckpt)};
+    cf_status st = run_fit(other, workers, cbs3, 1, 1e-2, ckpt);
+    assert_int_not_equal(st, CF_OK);
+    if (!strstr(cf_last_error(), "lr_max=0.02") || !strstr(cf_last_error(), "lr_max=0.01"))
+        fail_msg("unclear error for another lr: %s", cf_last_error());
+    assert_memory_equal(before, other->model->weights, other->model->n_weights * sizeof(float));
+    assert_int_equal(other->recorder.n_batches, 0);
+    free(before);
+    cf_learner_free(other);
+
+    cf_learner_free(full);
+    cf_dls_free(dls);
+    oracle_cleanup(&dir);
+}
+
+static void test_exact_in_process(void **state) {
+    (void)state;
+    run_exact(0);
+}
+static void test_exact_fork_1(void **state) {
+    (void)state;
+    run_exact(1);
+}
+static void test_exact_fork_2(void **state) {
+    (void)state;
+    run_exact(2);
+}
+static void test_exact_fork_3(void **state) {
+    (void)state;
+    run_exact(3);
+}
+
+/* A damaged checkpoint (one byte changed) is refused by its CRC; a truncated one by its size. */
+static void test_damaged_checkpoint(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    cf_dls *dls = image_dls();
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/fit.ckpt", dir.dir);
+    cf_learner *a = learner(dls, 3, dir.dir);
+    cf_callback *cbs[] = {request_cb(3), cf_checkpoint_cb(.fname = ckpt)};
+    assert_int_equal(run_fit(a, 0, cbs, 2, 2e-2, NULL), CF_ERR_INTERRUPTED);
+    cf_learner_free(a);
+    void *bytes = NULL;
+    size_t size = 0;
+    assert_int_equal(cf_read_file(ckpt, 1 << 30, &bytes, &size), CF_OK);
+    ((unsigned char *)bytes)[size / 2] ^= 0x10;
+    FILE *f = fopen(ckpt, "wb");
+    fwrite(bytes, 1, size, f);
+    fclose(f);
+    cf_learner *b = learner(dls, 4, dir.dir);
+    assert_int_equal(run_fit(b, 0, NULL, 0, 2e-2, ckpt), CF_ERR_INVALID);
+    if (!strstr(cf_last_error(), "CRC") || !strstr(cf_last_error(), ckpt))
+        fail_msg("unclear error for a damaged file: %s", cf_last_error());
+    f = fopen(ckpt, "wb");
+    fwrite(bytes, 1, 6, f);
+    fclose(f);
+    assert_int_equal(run_fit(b, 0, NULL, 0, 2e-2, ckpt), CF_ERR_INVALID);
+    assert_int_equal(b->recorder.n_batches, 0);
+    cf_free(bytes);
+    cf_learner_free(b);
+    cf_dls_free(dls);
+    oracle_cleanup(&dir);
+}
+
+/* Dropout's masks are keyed by (model seed, module, key, sample): the same sample gives the same
+ * mask whatever batch it is in and however many forwards ran before; another key or sample
+ * another mask. */
+static void test_dropout_keyed(void **state) {
+    (void)state;
+    enum { F = 64 };
+    cf_model *m = NULL;
+    assert_int_equal(cf_model_new(&m, cf_dropout(0.5f), 9), CF_OK);
+    cf_model_train(m, true);
+    float x[3 * F];
+    for (int i = 0; i < 3 * F; i++) x[i] = 1.0f;
+    cf_tensor tx = {.shape = cf_shape2(3, F), .data = x};
+    const cf_tensor *y = NULL;
+    float first[3 * F], again[3 * F];
+    int64_t ids[3] = {5, 6, 7}, other[3] = {7, 5, 6};
+    cf_model_set_draw_key(m, 1, ids, 3);
+    assert_int_equal(cf_model_forward(m, &tx, &y), CF_OK);
+    memcpy(first, y->data, sizeof first);
+    assert_int_equal(cf_model_forward(m, &tx, &y), CF_OK); /* a second forward: the same */
+    assert_memory_equal(first, y->data, sizeof first);
+    cf_model_set_draw_key(m, 1, other, 3); /* rows moved: the masks move with their samples */
+    assert_int_equal(cf_model_forward(m, &tx, &y), CF_OK);
+    memcpy(again, y->data, sizeof again);
+    assert_memory_equal(first + 2 * F, again, F * sizeof(float));
+    assert_memory_equal(first, again + F, 2 * F * sizeof(float));
+    cf_model_set_draw_key(m, 2, ids, 3); /* another epoch: other masks */
+    assert_int_equal(cf_model_forward(m, &tx, &y), CF_OK);
+    assert_true(memcmp(first, y->data, sizeof first) != 0);
+    int kept = 0;
+    for (int i = 0; i < 3 * F; i++) kept += first[i] != 0;
+    assert_in_range(kept, 3 * F / 4, 3 * F * 3 / 4);
+    cf_model_free(m);
+}
+
+int main(void) {
+    cf_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dropout_keyed),      cmocka_unit_test(test_exact_in_process),
+        cmocka_unit_test(test_damaged_checkpoint), cmocka_unit_test(test_exact_fork_1),
+        cmocka_unit_test(test_exact_fork_2),       cmocka_unit_test(test_exact_fork_3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
