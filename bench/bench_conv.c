@@ -1,8 +1,8 @@
 /* Times Conv2d forward + backward on the convolutions of workload W1 (mini-resnet on
- * Fashion-MNIST, batch 64) and prints the achieved GFLOP/s per shape, beside the single-thread
- * SGEMM rate measured in the same run.
+ * Fashion-MNIST, batch 64), or of W2 (the VGG-style CNN) with `vgg`, and prints the achieved
+ * GFLOP/s per shape, beside the single-thread SGEMM rate measured in the same run.
  *
- *   bench_conv [threads] [seconds per shape]     (default: 1 thread, 0.5 s)
+ *   bench_conv [threads] [seconds per shape] [w1|vgg]    (default: 1 thread, 0.5 s, w1)
  *
  * Times are the best repetition per shape (the median of the totals is printed too): on a shared
  * machine the memory bandwidth of neighbours makes single repetitions vary by 2x. OpenBLAS picks
@@ -11,6 +11,7 @@
  * The stem's backward computes no input gradient (nothing before it needs one), as in training. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cblas.h>
 
@@ -30,6 +31,15 @@ static const conv_shape shapes[] = {
     {"b2 32->64 3x3 s2 14x14", 32, 64, 3, 2, 1, 14, true},
     {"b2 64->64 3x3 7x7", 64, 64, 3, 1, 1, 7, true},
     {"b2 short 32->64 1x1 s2", 32, 64, 1, 2, 0, 14, true},
+};
+
+static const conv_shape vgg_shapes[] = {
+    {"vgg0 1->32 3x3 28x28", 1, 32, 3, 1, 1, 28, false},
+    {"vgg0 32->32 3x3 28x28", 32, 32, 3, 1, 1, 28, true},
+    {"vgg1 32->64 3x3 14x14", 32, 64, 3, 1, 1, 14, true},
+    {"vgg1 64->64 3x3 14x14", 64, 64, 3, 1, 1, 14, true},
+    {"vgg2 64->128 3x3 7x7", 64, 128, 3, 1, 1, 7, true},
+    {"vgg2 128->128 3x3 7x7", 128, 128, 3, 1, 1, 7, true},
 };
 
 static double sgemm_rate(int n, double seconds) {
@@ -58,6 +68,11 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     double seconds = argc > 2 ? atof(argv[2]) : 0.5;
+    const bool vgg = argc > 3 && !strcmp(argv[3], "vgg");
+    const conv_shape *list = vgg ? vgg_shapes : shapes;
+    const size_t n_shapes =
+        vgg ? sizeof vgg_shapes / sizeof vgg_shapes[0] : sizeof shapes / sizeof shapes[0];
+    const char *what = vgg ? "W2" : "W1";
     const int batch = 64;
     cf_set_num_threads(threads);
     printf("corefit Conv2d, batch %d, %d thread(s); kernels %s; OpenBLAS core %s; single-thread "
@@ -67,8 +82,8 @@ int main(int argc, char **argv) {
     printf("%-26s %9s %9s %9s %9s %9s\n", "shape", "fwd ms", "bwd ms", "fwd GF/s", "bwd GF/s",
            "all GF/s");
     double total_flops = 0, total_time = 0, total_median = 0;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const conv_shape *c = &shapes[s];
+    for (size_t s = 0; s < n_shapes; s++) {
+        const conv_shape *c = &list[s];
         cf_model *model = NULL;
         if (cf_model_new(&model, cf_conv2d(c->in, c->out, c->k, c->stride, c->pad, false), 1) !=
             CF_OK) {
@@ -120,9 +135,9 @@ int main(int argc, char **argv) {
         cf_free(dy);
         cf_model_free(model);
     }
-    printf("%-26s %19.3f ms %29.1f\n", "all W1 convs (best)", 1e3 * total_time,
+    printf("all %s convs (best)%7s %19.3f ms %29.1f\n", what, "", 1e3 * total_time,
            total_flops / total_time * 1e-9);
-    printf("%-26s %19.3f ms %29.1f\n", "all W1 convs (median)", 1e3 * total_median,
+    printf("all %s convs (median)%5s %19.3f ms %29.1f\n", what, "", 1e3 * total_median,
            total_flops / total_median * 1e-9);
     return 0;
 }

@@ -26,12 +26,23 @@ SHAPES = [  # name, in, out, kernel, stride, padding, size, input gradient
     ("b2 short 32->64 1x1 s2", 32, 64, 1, 2, 0, 14, True),
 ]
 
+VGG_SHAPES = [  # W2, the VGG-style CNN (bench_conv ... vgg)
+    ("vgg0 1->32 3x3 28x28", 1, 32, 3, 1, 1, 28, False),
+    ("vgg0 32->32 3x3 28x28", 32, 32, 3, 1, 1, 28, True),
+    ("vgg1 32->64 3x3 14x14", 32, 64, 3, 1, 1, 14, True),
+    ("vgg1 64->64 3x3 14x14", 64, 64, 3, 1, 1, 14, True),
+    ("vgg2 64->128 3x3 7x7", 64, 128, 3, 1, 1, 7, True),
+    ("vgg2 128->128 3x3 7x7", 128, 128, 3, 1, 1, 7, True),
+]
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=0.5, help="time per shape")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--workload", choices=["w1", "vgg"], default="w1")
     args = ap.parse_args()
+    what = "W2" if args.workload == "vgg" else "W1"
     torch.set_num_threads(args.threads)
     torch.manual_seed(5)
     batch = 64
@@ -40,7 +51,7 @@ def main():
     print(f"{'shape':<26} {'fwd ms':>9} {'bwd ms':>9} {'fwd GF/s':>9} {'bwd GF/s':>9} "
           f"{'all GF/s':>9}")
     total_flops = total_best = total_median = 0.0
-    for name, cin, cout, k, s, p, hw, need_dx in SHAPES:
+    for name, cin, cout, k, s, p, hw, need_dx in VGG_SHAPES if args.workload == "vgg" else SHAPES:
         conv = torch.nn.Conv2d(cin, cout, k, stride=s, padding=p, bias=False)
         x = torch.randn(batch, cin, hw, hw, requires_grad=need_dx)
         y = conv(x)
@@ -69,9 +80,9 @@ def main():
               f"{bwd_flops / b * 1e-9:9.1f} {(fwd_flops + bwd_flops) / (f + b) * 1e-9:9.1f}")
         total_flops += fwd_flops + bwd_flops
         total_best += f + b
-    print(f"{'all W1 convs (best)':<26} {1e3 * total_best:19.3f} ms "
+    print(f"{'all ' + what + ' convs (best)':<26} {1e3 * total_best:19.3f} ms "
           f"{total_flops / total_best * 1e-9:29.1f}")
-    print(f"{'all W1 convs (median)':<26} {1e3 * total_median:19.3f} ms "
+    print(f"{'all ' + what + ' convs (median)':<26} {1e3 * total_median:19.3f} ms "
           f"{total_flops / total_median * 1e-9:29.1f}")
     return 0
 

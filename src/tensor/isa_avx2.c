@@ -28,8 +28,9 @@ static inline __m256i avx2_lane_mask(unsigned bits) { /* bit i -> lane i all one
 #define V_ADD(a, b) _mm256_add_ps((a), (b))
 #define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define V_LOADZ(mv, p) _mm256_maskload_ps((p), (mv))
-#define V_LOADM(src, mv, p)                                                                        \
-    _mm256_blendv_ps((src), _mm256_maskload_ps((p), (mv)), _mm256_castsi256_ps(mv))
+/* src is 0 in mv's lanes: an OR, which needs no mask register beside the load's own (a blend's
+ * mask operand would keep one more of the 16 registers busy and spill an accumulator) */
+#define V_LOADM(src, mv, p) _mm256_or_ps((src), _mm256_maskload_ps((p), (mv)))
 #define V_STOREM(p, mv, v) _mm256_maskstore_ps((p), (mv), (v))
 #define V_SUB(a, b) _mm256_sub_ps((a), (b))
 #define V_MAX(a, b) _mm256_max_ps((a), (b))

@@ -6,7 +6,7 @@
  *   VMASK_ALL   the bits of all VL lanes             V_MASKV(b)  bits -> vmaskv
  *   V_ZERO() V_SET1(x) V_LOADU(p) V_STOREU(p, v) V_ADD(a, b) V_FMA(a, b, c) (a*b + c)
  *   V_LOADZ(mv, p)       lanes in mv from p, others 0 (masked-out lanes never touch memory)
- *   V_LOADM(src, mv, p)  lanes in mv from p, others from src
+ *   V_LOADM(src, mv, p)  lanes in mv from p, others from src (src is 0 in mv's lanes)
  *   V_STOREM(p, mv, v)   lanes in mv to p
  *   V_SUB(a, b) V_MAX(a, b) V_ZMASK(mv, v) (lanes outside mv zeroed) V_GT0(v) (mask of v > 0)
  *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double)
@@ -143,70 +143,113 @@ typedef struct simd_cols {
     unsigned s1[NV_MAX], s2[NV_MAX];
 } simd_cols;
 
+/* Where a column tile's vectors run into the next image: in none, in vector v only (the usual
+ * case when a tile is narrower than an image: one pair of masks, so that AVX2's 16 registers
+ * hold the accumulators without spilling), or in several. */
+#define CROSS_NONE (-1)
+#define CROSS_MANY (-2)
+
 /* a: the tile's rows in its packed block (row i of channel c, tap t at a[(t*channels + c) *
  * CF_PACK_ROWS + i]). */
-CF_INLINE void implicit_tile(int mr, int nv, bool two, int channels, int n_taps, const float *a,
+CF_INLINE void implicit_tile(int mr, int nv, int cross, int channels, int n_taps, const float *a,
                              const float *x, size_t x_plane, const simd_cols *sc, float *y,
                              size_t y_row) {
     vf acc[MR][NV_MAX];
-    for (int i = 0; i < MR; i++)
-        for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)
+        _Pragma("GCC unroll 16") for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
     for (int t = 0; t < n_taps; t++) {
         const float *p1[NV_MAX], *p2[NV_MAX];
-        for (int v = 0; v < nv; v++) {
+        _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) {
             p1[v] = x + sc->x1[t][v];
             p2[v] = x + sc->x2[t][v];
         }
         const float *at = a + (size_t)t * channels * CF_PACK_ROWS;
-        if (!two && sc->full[t]) { /* the interior: plain loads */
+        if (cross == CROSS_NONE && sc->full[t]) { /* the interior: plain loads */
             for (int c = 0; c < channels; c++, at += CF_PACK_ROWS) {
                 const size_t off = (size_t)c * x_plane;
                 vf bv[NV_MAX];
-                for (int v = 0; v < nv; v++) bv[v] = V_LOADU(p1[v] + off);
-                for (int i = 0; i < mr; i++) {
+                _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) bv[v] = V_LOADU(p1[v] + off);
+                _Pragma("GCC unroll 16") for (int i = 0; i < mr; i++) {
                     const vf av = V_SET1(at[i]);
-                    for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+                    _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) acc[i][v] =
+                        V_FMA(av, bv[v], acc[i][v]);
                 }
             }
             continue;
         }
         vmaskv m1[NV_MAX], m2[NV_MAX];
-        for (int v = 0; v < nv; v++) {
+        _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) {
             m1[v] = V_MASKV(sc->m1[t][v]);
-            m2[v] = V_MASKV(two ? sc->m2[t][v] : 0u);
+            m2[v] = V_MASKV(cross == CROSS_MANY || cross == v ? sc->m2[t][v] : 0u);
         }
         for (int c = 0; c < channels; c++, at += CF_PACK_ROWS) {
             const size_t off = (size_t)c * x_plane;
             vf bv[NV_MAX];
-            for (int v = 0; v < nv; v++) {
+            _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) {
                 bv[v] = V_LOADZ(m1[v], p1[v] + off);
-                if (two) bv[v] = V_LOADM(bv[v], m2[v], p2[v] + off);
+                if (cross == CROSS_MANY || cross == v) bv[v] = V_LOADM(bv[v], m2[v], p2[v] + off);
             }
-            for (int i = 0; i < mr; i++) {
+            _Pragma("GCC unroll 16") for (int i = 0; i < mr; i++) {
                 const vf av = V_SET1(at[i]);
-                for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+                _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) acc[i][v] =
+                    V_FMA(av, bv[v], acc[i][v]);
             }
         }
     }
-    for (int i = 0; i < mr; i++)
-        for (int v = 0; v < nv; v++) {
-            float *row = y + (size_t)i * y_row;
-            simd_store(row + sc->y1[v], sc->s1[v], acc[i][v]);
-            if (two && sc->s2[v]) simd_store(row + sc->y2[v], sc->s2[v], acc[i][v]);
-        }
+    _Pragma("GCC unroll 16") for (int i = 0; i < mr; i++)
+        _Pragma("GCC unroll 16") for (int v = 0; v < nv; v++) {
+        float *row = y + (size_t)i * y_row;
+        simd_store(row + sc->y1[v], sc->s1[v], acc[i][v]);
+        if ((cross == CROSS_MANY || cross == v) && sc->s2[v])
+            simd_store(row + sc->y2[v], sc->s2[v], acc[i][v]);
+    }
 }
 
-#define IMPLICIT_TILE(nv_, two_)                                                                   \
-    implicit_tile(MR, nv_, two_, channels, tp->n, ap, x, x_plane, &sc, yp, y_row)
-#define IMPLICIT_TILES(two_)                                                                       \
-    do {                                                                                           \
-        if (nv == 3)                                                                               \
-            IMPLICIT_TILE(3, two_);                                                                \
-        else if (nv == 2)                                                                          \
-            IMPLICIT_TILE(2, two_);                                                                \
-        else                                                                                       \
-            IMPLICIT_TILE(1, two_);                                                                \
-    } while (0)
+/* Each full-height tile variant is a function of its own: inlined together into one large
+ * function, GCC kept the accumulators of some variants on the stack (a store and a load of each
+ * per step). */
+typedef void (*implicit_tile_fn)(int channels, int n_taps, const float *a, const float *x,
+                                 size_t x_plane, const simd_cols *sc, float *y, size_t y_row);
+#define IMPLICIT_TILE_FN(nv_, name_, cross_)                                                       \
+    static __attribute__((noinline)) void implicit_tile_##nv_##_##name_(                           \
+        int channels, int n_taps, const float *a, const float *x, size_t x_plane,                  \
+        const simd_cols *sc, float *y, size_t y_row) {                                             \
+        implicit_tile(MR, nv_, cross_, channels, n_taps, a, x, x_plane, sc, y, y_row);             \
+    }
+#define IMPLICIT_TILE_FNS(nv_)                                                                     \
+    IMPLICIT_TILE_FN(nv_, none, CROSS_NONE)                                                        \
+    IMPLICIT_TILE_FN(nv_, many, CROSS_MANY)                                                        \
+    IMPLICIT_TILE_FN(nv_, 0, 0)
+IMPLICIT_TILE_FNS(1)
+IMPLICIT_TILE_FNS(2)
+IMPLICIT_TILE_FNS(3)
+IMPLICIT_TILE_FN(2, 1, 1)
+IMPLICIT_TILE_FN(3, 1, 1)
+IMPLICIT_TILE_FN(3, 2, 2)
+#undef IMPLICIT_TILE_FNS
+#undef IMPLICIT_TILE_FN
+
+/* [nv][cross + 2]: many, none, then the vector that runs into the next image */
+static const implicit_tile_fn implicit_tiles[NV_MAX + 1][5] = {
+    {NULL},
+    {implicit_tile_1_many, implicit_tile_1_none, implicit_tile_1_0, NULL, NULL},
+    {implicit_tile_2_many, implicit_tile_2_none, implicit_tile_2_0, implicit_tile_2_1, NULL},
+    {implicit_tile_3_many, implicit_tile_3_none, implicit_tile_3_0, implicit_tile_3_1,
+     implicit_tile_3_2},
+};
+_Static_assert(NV_MAX == 3, "implicit_tiles lists the variants of tiles of 1 to 3 vectors");
+
+/* The last rows when MR does not divide them (the vector count constant, as in every variant). */
+static __attribute__((noinline)) void
+implicit_partial_tile(int mr, int nv, int cross, int channels, int n_taps, const float *a,
+                      const float *x, size_t x_plane, const simd_cols *sc, float *y, size_t y_row) {
+    if (nv == 3)
+        implicit_tile(mr, 3, cross, channels, n_taps, a, x, x_plane, sc, y, y_row);
+    else if (nv == 2)
+        implicit_tile(mr, 2, cross, channels, n_taps, a, x, x_plane, sc, y, y_row);
+    else
+        implicit_tile(mr, 1, cross, channels, n_taps, a, x, x_plane, sc, y, y_row);
+}
 
 static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, const float *packed,
                               const float *x, size_t x_plane, size_t x_image, int n_images,
@@ -222,7 +265,7 @@ static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, c
     const ptrdiff_t span = hi_offset - lo_offset + VL * NV_MAX;
     for (int64_t v0 = 0, nv; v0 < vectors; v0 += nv) {
         nv = simd_tile_vectors(vectors - v0); /* no lone last vector */
-        bool two = false;
+        int cross = CROSS_NONE;
         for (int t = 0; t < tp->n; t++) sc.full[t] = true;
         for (int v = 0; v < nv; v++) {
             const int64_t q = VL * (v0 + v), img = q / plane;
@@ -231,7 +274,7 @@ static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, c
             if (n_cols - q < n1) n1 = (int)(n_cols - q);
             const int n2 = n_cols - q - n1 < VL - n1 ? (int)(n_cols - q - n1) : VL - n1;
             const unsigned low1 = simd_first_lanes(n1), low2 = simd_first_lanes(n2);
-            two |= n2 > 0;
+            if (n2 > 0) cross = cross == CROSS_NONE ? v : CROSS_MANY;
             sc.y1[v] = (ptrdiff_t)(img * (int64_t)y_image + p1);
             sc.y2[v] = (ptrdiff_t)((img + 1) * (int64_t)y_image + p1 - plane);
             sc.s1[v] = low1;
@@ -259,20 +302,16 @@ static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, c
             const int in_block = m0 % CF_PACK_ROWS;
             const float *ap = packed + (size_t)(m0 - in_block) * channels * tp->n + in_block;
             float *yp = y + (size_t)m0 * y_row;
-            if (m - m0 >= MR) {
-                if (two)
-                    IMPLICIT_TILES(true);
-                else
-                    IMPLICIT_TILES(false);
-            } else {
-                implicit_tile(m - m0, (int)nv, two, channels, tp->n, ap, x, x_plane, &sc, yp,
-                              y_row);
-            }
+            if (m - m0 < MR)
+                implicit_partial_tile(m - m0, (int)nv, cross == CROSS_NONE ? cross : CROSS_MANY,
+                                      channels, tp->n, ap, x, x_plane, &sc, yp, y_row);
+            else
+                implicit_tiles[nv][cross + 2](channels, tp->n, ap, x, x_plane, &sc, yp, y_row);
         }
     }
 }
-#undef IMPLICIT_TILES
-#undef IMPLICIT_TILE
+#undef CROSS_NONE
+#undef CROSS_MANY
 
 /* The weight gradient of one tap over one image: a tile of MR output channels by nv vectors of
  * input channels, summed over the positions; b is the tap's start in the transposed, padded
