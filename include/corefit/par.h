@@ -169,6 +169,8 @@ typedef struct cf_par_opts {
     bool split_batch;  /* cut each global batch across cores (results = 1 process) */
     double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
     bool sync_bn;      /* BatchNorm statistics over the whole batch of every replica */
+    int max_restarts;  /* fork: a lost worker restarts the group from the last commit, at most
+                          this many times (0: a lost worker ends the call) */
 } cf_par_opts;
 
 /* cf_par_X runs cf_X in every replica of a data-parallel group and brings everything home.
@@ -190,6 +192,26 @@ typedef struct cf_par_opts {
  *                     BatchNorm layer and step. Without it each replica normalises with its own
  *                     slice's statistics and the running statistics are averaged before each
  *                     validation.
+ *   .par.max_restarts fork: recover in place from a lost worker, at most this many times
+ *                     (0: none, a lost worker ends the call as below). Every replica keeps a
+ *                     commit of its state in shared memory at the end of every epoch; when a
+ *                     worker is killed, crashes, exits early or makes no progress for
+ *                     .par.deadline_s, the supervisor stops the others, says on stderr what
+ *                     happened and where the group restarts from ("worker 1 was killed by
+ *                     signal 9 (SIGKILL) at epoch 0 batch 37; restarting 2 workers from epoch 1
+ *                     (restart 1 of 3)"; nothing when the learner is quiet), forks a
+ *                     fresh set from the last commit every replica completed, and carries on.
+ *                     The fit's results (weights, BatchNorm buffers, optimizer state, the
+ *                     Recorder of the whole fit) are bitwise those of an undisturbed fit. A
+ *                     worker that fails with an error (bad data, a non-finite loss) and Ctrl-C
+ *                     are not retried. After max_restarts restarts the next fault ends the call
+ *                     as without recovery. Methods that cannot resume mid-way (fine_tune,
+ *                     lr_find, validate, get_preds) restart from their beginning, and so
+ *                     do the others before their first epoch ends. Not committed, so not
+ *                     exact across a restart: the state of the call's own callbacks (.cbs,
+ *                     .par.master_cbs) and of callbacks without export_state (begun afresh),
+ *                     and a model's dropout masks (they depend on how many steps its process
+ *                     ran). cf_par_last_restarts() says how many restarts a call made.
  *
  *     cf_par_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3), .par.num_cores = 8);
  *
@@ -234,6 +256,10 @@ cf_status cf_par_validate_(struct cf_learner *learn, double *values,
                            const struct cf_validate_opts *opts);
 cf_status cf_par_get_preds_(struct cf_learner *learn, struct cf_preds *out,
                             const struct cf_get_preds_opts *opts);
+
+/* How many times this thread's last fork-started parallel call restarted its workers
+ * (.par.max_restarts). */
+int cf_par_last_restarts(void);
 
 /* The MPI world the twins use with start_method mpi (made at the first call, kept for the
  * process; MPI is finalized at exit when corefit initialised it). Call it on every rank, e.g.

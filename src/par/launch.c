@@ -32,6 +32,11 @@
 #define PAUSE_GAP_NS ((uint64_t)1000 * 1000 * 1000)
 
 static volatile sig_atomic_t sigint_seen;
+static _Thread_local cf__launch_fault last_fault;
+
+cf__launch_fault cf__launch_last_fault(void) {
+    return last_fault;
+}
 static atomic_flag launch_busy = ATOMIC_FLAG_INIT;
 
 static void on_sigint(int sig) {
@@ -156,9 +161,10 @@ typedef struct supervisor {
     int n_alive;
     struct sigaction old_int, old_chld;
     bool int_changed, chld_changed;
-    uint64_t awake_ns;   /* when the supervisor last checked (CLOCK_MONOTONIC) */
-    uint64_t resumed_ns; /* the end of its last pause: silence before it is not held against
-                          * a worker, which gets a whole deadline from here to show progress */
+    uint64_t awake_ns;      /* when the supervisor last checked (CLOCK_MONOTONIC) */
+    uint64_t resumed_ns;    /* the end of its last pause: silence before it is not held against
+                             * a worker, which gets a whole deadline from here to show progress */
+    cf__launch_fault fault; /* what the returned error reports */
 } supervisor;
 
 static const char *signal_name(int sig, char *buf, size_t cap) {
@@ -173,13 +179,16 @@ static const char *signal_name(int sig, char *buf, size_t cap) {
 /* Turns a reaped worker's wait status into CF_OK (finished cleanly) or a fault message.
  * *consequence is set when the worker failed only because another one left the group; its
  * message then names that other worker's own failure when there is one. */
-static cf_status judge_exit(supervisor *s, int r, int wstatus, bool *consequence) {
+static cf_status judge_exit(supervisor *s, int r, int wstatus, bool *consequence,
+                            cf__launch_fault *fault) {
     cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
     uint32_t state = atomic_load(&slot->state);
     *consequence = false;
+    *fault = (cf__launch_fault){CF_FAULT_NONE, r, 0};
     if (WIFSIGNALED(wstatus)) {
         char name[32];
         int sig = WTERMSIG(wstatus);
+        *fault = (cf__launch_fault){CF_FAULT_KILLED, r, sig};
         return cf_fail(CF_ERR_WORKER, "worker %d was killed by signal %d (%s)", r, sig,
                        signal_name(sig, name, sizeof name));
     }
@@ -196,9 +205,13 @@ static cf_status judge_exit(supervisor *s, int r, int wstatus, bool *consequence
         char msg[CF_SHM_MSG];
         memcpy(msg, slot->message, sizeof msg);
         msg[sizeof msg - 1] = '\0';
+        /* a consequence: worker b left the group without an outcome (killed, or silent) */
+        *fault = *consequence ? (cf__launch_fault){CF_FAULT_HUNG, b, 0}
+                              : (cf__launch_fault){CF_FAULT_FAILED, r, 0};
         return cf_fail(CF_ERR_WORKER, "worker %d failed: %s", r, msg);
     }
     if (state == CF_SHM_DONE_OK && code == 0) return CF_OK;
+    *fault = (cf__launch_fault){CF_FAULT_EXITED, r, 0};
     return cf_fail(CF_ERR_WORKER, "worker %d exited with code %d before finishing", r, code);
 }
 
@@ -264,6 +277,9 @@ static cf_status check_progress(supervisor *s, uint64_t now) {
             uint64_t hb = atomic_load(&slot->heartbeat_ns);
             if (hb < s->resumed_ns) hb = s->resumed_ns;
             if (since != 0 && since < s->resumed_ns) since = s->resumed_ns;
+            if ((pass == 0 && since == 0 && now > hb && now - hb > limit) ||
+                (pass == 1 && since != 0 && now > since && now - since > limit))
+                s->fault = (cf__launch_fault){CF_FAULT_HUNG, r, 0};
             if (pass == 0 && since == 0 && now > hb && now - hb > limit)
                 return cf_fail(CF_ERR_WORKER, "worker %d made no progress for %.1f s", r,
                                (double)(now - hb) * 1e-9);
@@ -292,12 +308,14 @@ static cf_status supervise(supervisor *s) {
             s->alive[r] = false;
             s->n_alive--;
             bool consequence = false;
+            cf__launch_fault what = {CF_FAULT_OTHER, r, 0};
             cf_status st = w < 0 ? cf_fail(CF_ERR_WORKER, "worker %d could not be waited for: %s",
                                            r, strerror(errno))
-                                 : judge_exit(s, r, ws, &consequence);
+                                 : judge_exit(s, r, ws, &consequence, &what);
             if (st == CF_OK) continue;
             if (!have_fault || (fault_is_consequence && !consequence)) {
                 snprintf(fault, sizeof fault, "%s", cf_last_error());
+                s->fault = what;
                 fault_is_consequence = consequence;
                 have_fault = true;
             }
@@ -332,6 +350,7 @@ static cf_status check_options(const cf_launch_options *opt, cf_worker_fn fn) {
 cf_status cf_launch_fork(const cf_launch_options *opt, cf_worker_fn fn, void *ctx,
                          cf_results *results_out) {
     if (results_out) memset(results_out, 0, sizeof *results_out);
+    last_fault = (cf__launch_fault){CF_FAULT_OTHER, -1, 0};
     cf_status st = check_options(opt, fn);
     if (st != CF_OK) return st;
     if (atomic_flag_test_and_set(&launch_busy))
@@ -352,6 +371,7 @@ cf_status cf_launch_fork(const cf_launch_options *opt, cf_worker_fn fn, void *ct
     supervisor s;
     memset(&s, 0, sizeof s);
     s.n = n;
+    s.fault = (cf__launch_fault){CF_FAULT_OTHER, -1, 0};
     st = cf_shm_region_create(n, comm_bytes, opt->results_bytes, deadline, &s.hdr);
     if (st != CF_OK) {
         atomic_flag_clear(&launch_busy);
@@ -388,6 +408,7 @@ cf_status cf_launch_fork(const cf_launch_options *opt, cf_worker_fn fn, void *ct
     }
     if (st == CF_OK) st = supervise(&s);
     if (st != CF_OK) stop_all(&s);
+    last_fault = st == CF_OK ? (cf__launch_fault){CF_FAULT_NONE, -1, 0} : s.fault;
     restore_signals(&s);
 
     if (st != CF_OK) {

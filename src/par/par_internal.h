@@ -90,6 +90,22 @@ uint64_t cf_shm_now_ns(void);
 /* "barrier", "allreduce_sum_f32", ... */
 const char *cf_shm_op_name(uint32_t op);
 
+/* What ended the calling thread's last cf_launch_fork call, for the fit runner's recovery. */
+typedef enum cf__fault_kind {
+    CF_FAULT_NONE = 0, /* success */
+    CF_FAULT_KILLED,   /* a worker died of a signal */
+    CF_FAULT_HUNG,     /* a worker made no progress within the deadline */
+    CF_FAULT_EXITED,   /* a worker exited without reporting an outcome */
+    CF_FAULT_FAILED,   /* a worker returned an error (its own, not a lost peer's) */
+    CF_FAULT_OTHER,    /* interrupted, bad options, no memory, no fork */
+} cf__fault_kind;
+typedef struct cf__launch_fault {
+    cf__fault_kind kind;
+    int rank;   /* the worker at fault (-1: none) */
+    int signal; /* CF_FAULT_KILLED: the signal */
+} cf__launch_fault;
+cf__launch_fault cf__launch_last_fault(void);
+
 /* MPI backend hooks for the parallel twins (comm_mpi.c; harmless without MPI). */
 /* True when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE). */
 bool cf_mpi_launched(void);

@@ -179,13 +179,14 @@ static cf_status set_shards(cf_learner *learn, int rank, int world, cf_shard_mod
 }
 
 cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_method *method,
-                              void *opts, cf_callback **master_cbs, int n_master) {
+                              void *opts, cf_callback **master_cbs, int n_master,
+                              const cf__par_recovery *recovery) {
     cf_fit_common *common = opts;
     int rank = cf_comm_rank(comm), world = cf_comm_size(comm);
     bool is_master = rank == 0;
     cf_shard_mode mode = common->par.split_batch ? CF_SHARD_SPLIT_BATCH : CF_SHARD_PER_RANK;
     int n_all = common->n_cbs + (is_master ? n_master : 0);
-    cf_callback **all = cf_calloc((size_t)n_all + 1, sizeof *all);
+    cf_callback **all = cf_calloc((size_t)n_all + 4, sizeof *all); /* + recovery's */
     /* The parallel callback joins the learner itself for the call, so that it runs in every fit
      * a method makes (fine_tune's two phases); the call's callbacks go with the call. */
     cf_callback *pcb = parallel_cb(comm, common->par.split_batch, common->par.sync_bn);
@@ -209,6 +210,8 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
         else
             cf_callback_free(master_cbs[i]);
     }
+    /* A restarted replica takes its commit now that its callbacks are those it committed with. */
+    if (recovery && recovery->area) st = cf__recovery_join(learn, recovery, rank, common, all, &n);
     common->cbs = all;
     common->n_cbs = n;
     cf_replica single = learn->replica;
@@ -218,7 +221,7 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
     learn->replica.agree_any = agree_any;
     learn->replica.broadcast = broadcast0;
     learn->replica.gather = gather0;
-    st = set_shards(learn, rank, world, mode);
+    if (st == CF_OK) st = set_shards(learn, rank, world, mode);
     if (st == CF_OK && common->par.sync_bn)
         st = cf_model_set_bn_reduce(learn->model, bn_reduce, comm);
     if (st == CF_OK) {

@@ -1,6 +1,7 @@
 /* The fork runner: the caller supervises num_cores forked workers (cf_launch_fork), rank 0
  * writes what comes home into a results file, and the caller reads it into its learner only
- * when every worker succeeded.
+ * when every worker succeeded. With .par.max_restarts, a group that lost a worker is forked
+ * again from the last commit every replica holds (recover.c), up to max_restarts times.
  *
  * The results file is an anonymous in-memory file (memfd) made before the fork: rank 0 sizes
  * it to exactly what it writes (one pass to measure, one to write), so nothing is reserved up
@@ -15,6 +16,7 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "par/par_internal.h"
 #include "par/twin.h"
 
 typedef struct worker_ctx {
@@ -22,7 +24,14 @@ typedef struct worker_ctx {
     const cf__par_method *method;
     const cf_fit_common *common;
     int results_fd;
+    cf__par_recovery recovery;
 } worker_ctx;
+
+static _Thread_local int last_restarts;
+
+int cf_par_last_restarts(void) {
+    return last_restarts;
+}
 
 /* Rank 0: the envelope into the results file. */
 static cf_status write_results(int fd, const cf_learner *learn, const cf__par_method *method,
@@ -54,7 +63,7 @@ static cf_status worker_main(cf_comm *comm, void *vctx) {
     void *opts = cf__par_copy_opts(w->method);
     if (!opts) return CF_ERR_NOMEM;
     cf_status st = cf__par_run_replica(w->learn, comm, w->method, opts, w->common->par.master_cbs,
-                                       w->common->par.n_master_cbs);
+                                       w->common->par.n_master_cbs, &w->recovery);
     cf_free(opts);
     /* A fit that every replica stopped alike on a non-finite loss (TerminateOnNaN agrees across
      * replicas) brings its last good state home, with the error. */
@@ -95,19 +104,67 @@ static cf_status read_results(int fd, cf_learner *learn, const cf__par_method *m
     return st;
 }
 
+/* Faults that a fresh group may not meet again: a lost worker (killed, crashed, gone, silent).
+ * A worker's own error (bad data, a non-finite loss) or Ctrl-C would only repeat. */
+static bool retryable(cf__fault_kind kind) {
+    return kind == CF_FAULT_KILLED || kind == CF_FAULT_HUNG || kind == CF_FAULT_EXITED;
+}
+
+/* "worker 1 was killed by signal 9 (SIGKILL) at epoch 0 batch 37; restarting 2 workers from
+ * epoch 1 (restart 1 of 3)" */
+static void say_restart(const cf__commit_area *area, cf__launch_fault fault, const char *what,
+                        int n, int64_t from_epoch, int restart, int max) {
+    char where[96] = "";
+    int64_t epoch, batch;
+    if (cf__commit_position(area, fault.rank, &epoch, &batch))
+        snprintf(where, sizeof where, " at epoch %lld batch %lld", (long long)epoch,
+                 (long long)batch);
+    char from[64] = "the beginning";
+    if (from_epoch > 0) snprintf(from, sizeof from, "epoch %lld", (long long)from_epoch);
+    fprintf(stderr, "%s%s; restarting %d workers from %s (restart %d of %d)\n", what, where, n,
+            from, restart, max);
+    fflush(stderr);
+}
+
 cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
                            const cf_fit_common *common) {
     const cf_par_opts *par = &common->par;
+    last_restarts = 0;
+    if (par->max_restarts < 0) {
+        cf__par_free_call_cbs(common);
+        return cf_fail(CF_ERR_INVALID, "max_restarts %d < 0", par->max_restarts);
+    }
     int fd = results_file();
     if (fd < 0) {
         cf__par_free_call_cbs(common);
         return cf_fail(CF_ERR_NOMEM, "cannot create the results file: %s", strerror(errno));
     }
-    worker_ctx w = {learn, method, common, fd};
+    int n = par->num_cores ? par->num_cores : cf_available_cores();
+    worker_ctx w = {learn, method, common, fd, {NULL, 0, method->resumable}};
+    cf_status st = CF_OK;
+    if (par->max_restarts > 0 && n >= 1 && n <= 256) st = cf__commit_area_new(n, &w.recovery.area);
     cf_launch_options lo = {.num_workers = par->num_cores,
                             .deadline_s = par->deadline_s > 0 ? par->deadline_s : 120,
                             .pin_cores = true};
-    cf_status st = cf_launch_fork(&lo, worker_main, &w, NULL);
+    for (int restart = 0; st == CF_OK; restart++) {
+        st = cf_launch_fork(&lo, worker_main, &w, NULL);
+        cf__launch_fault fault = cf__launch_last_fault();
+        if (st == CF_OK || !w.recovery.area || restart >= par->max_restarts ||
+            !retryable(fault.kind))
+            break;
+        char what[1024];
+        snprintf(what, sizeof what, "%s", cf_last_error());
+        /* A fresh group: an empty results file, the last commit every replica holds. */
+        if (ftruncate(fd, 0) != 0) break;
+        w.recovery.resume_seq = cf__commit_latest(w.recovery.area);
+        int64_t from = cf__commit_epoch(w.recovery.area, w.recovery.resume_seq);
+        if (!learn->quiet)
+            say_restart(w.recovery.area, fault, what, n, from, restart + 1, par->max_restarts);
+        cf__commit_forget_positions(w.recovery.area);
+        last_restarts = restart + 1;
+        st = CF_OK;
+    }
+    cf__commit_area_free(w.recovery.area);
     /* The workers took over copies of the call's callbacks; the caller's copies go now. */
     cf__par_free_call_cbs(common);
     if (st == CF_OK) st = read_results(fd, learn, method);

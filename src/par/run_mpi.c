@@ -115,7 +115,8 @@ cf_status cf__par_run_mpi(cf_learner *learn, cf_comm *comm, const cf__par_method
     if (st == CF_OK) {
         int threads = cf_get_num_threads();
         if (cf_comm_local_size(comm) > 1) cf_set_num_threads(1);
-        st = cf__par_run_replica(learn, comm, method, opts, par->master_cbs, par->n_master_cbs);
+        st = cf__par_run_replica(learn, comm, method, opts, par->master_cbs, par->n_master_cbs,
+                                 NULL);
         cf_set_num_threads(threads);
     } else {
         cf__par_free_call_cbs(common);

@@ -30,6 +30,7 @@ typedef struct cf__par_method {
     size_t opts_size;
     void *args;                   /* the method's arguments (its output pointer first) */
     const cf__par_output *output; /* NULL: the method returns nothing but the learner */
+    bool resumable;               /* one fit that honours start_epoch (fit, one_cycle, ...) */
 } cf__par_method;
 
 /* The output pointer a method writes to (args point at it), or NULL. */
@@ -40,12 +41,40 @@ static inline void *cf__par_out(const cf__par_method *m) {
 /* The outputs of lr_find, validate and get_preds (home.c). */
 extern const cf__par_output cf__par_lr_find_output, cf__par_values_output, cf__par_preds_output;
 
+/* In-place recovery of a fork group (recover.c): the commits every replica keeps in shared
+ * memory. The supervisor makes the area before the first fork and keeps it across restarts. */
+typedef struct cf__commit_area cf__commit_area;
+cf_status cf__commit_area_new(int nranks, cf__commit_area **out);
+void cf__commit_area_free(cf__commit_area *area);
+/* The latest commit every replica holds (0: none yet). */
+uint64_t cf__commit_latest(const cf__commit_area *area);
+/* The first epoch still to run after commit seq (0 for seq 0). */
+int64_t cf__commit_epoch(const cf__commit_area *area, uint64_t seq);
+/* The training batch replica rank last started (false: none since the last forget). */
+bool cf__commit_position(const cf__commit_area *area, int rank, int64_t *epoch, int64_t *batch);
+void cf__commit_forget_positions(cf__commit_area *area);
+
+typedef struct cf__par_recovery {
+    cf__commit_area *area; /* NULL: no recovery */
+    uint64_t resume_seq;   /* the commit to resume from (0: the beginning of the call) */
+    bool resumable;        /* the method can start at an epoch (start_epoch); others restart
+                              from the beginning and commit nothing */
+} cf__par_recovery;
+
+/* In a replica, before the method runs: adds to extra (room for 3) the callbacks that note the
+ * replica's position and write its commits, and, when resuming, imports the replica's commit
+ * into the learner, sets common->start_epoch and adds the callback that puts the committed
+ * Recorder back. Nothing when rec is NULL or has no area. */
+cf_status cf__recovery_join(cf_learner *learn, const cf__par_recovery *rec, int rank,
+                            cf_fit_common *common, cf_callback **extra, int *n_extra);
+
 /* One call of a method in this process as one replica of comm's group (replica.c): joins the
  * group (parallel callback, shards, agreement hooks), runs the method with the call's
  * callbacks (cbs, and master_cbs on rank 0; all taken over), combines the output, and makes
  * the learner a single-process learner again. opts is a private copy the call may change. */
 cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_method *method,
-                              void *opts, cf_callback **master_cbs, int n_master);
+                              void *opts, cf_callback **master_cbs, int n_master,
+                              const cf__par_recovery *recovery);
 
 /* What comes home (home.c): the envelope "CFHM" v1 = the outcome (CF_OK, or CF_ERR_NONFINITE
  * when every replica stopped alike on a non-finite loss and the state is the last good one)

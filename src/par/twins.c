@@ -50,14 +50,14 @@ static cf_status par_run(cf_learner *learn, const cf__par_method *method) {
 
 /* cf_par_NAME_(learn, ARG, opts) runs cf_NAME_(learn, ARG, opts) in every replica. OUTPUT is
  * how the method's output comes home (NULL: it has none). */
-#define PAR_TWIN(name, opts_t, arg_t, output)                                                      \
+#define PAR_TWIN(name, opts_t, arg_t, output, resumable)                                           \
     _Static_assert(offsetof(opts_t, common) == 0, #opts_t " must begin with CF_FIT_COMMON");       \
     static cf_status name##_in_replica(cf_learner *learn, const void *opts, void *args) {          \
         return cf_##name##_(learn, *(arg_t *)args, opts);                                          \
     }                                                                                              \
     cf_status cf_par_##name##_(cf_learner *learn, arg_t arg, const opts_t *opts) {                 \
-        return par_run(learn,                                                                      \
-                       &(cf__par_method){name##_in_replica, opts, sizeof *opts, &arg, output});    \
+        return par_run(learn, &(cf__par_method){name##_in_replica, opts, sizeof *opts, &arg,       \
+                                                output, resumable});                               \
     }
 
 /* The same for methods with two arguments. */
@@ -72,16 +72,16 @@ typedef struct two_ints {
     }                                                                                              \
     cf_status cf_par_##name##_(cf_learner *learn, int a, int b, const opts_t *opts) {              \
         return par_run(learn, &(cf__par_method){name##_in_replica, opts, sizeof *opts,             \
-                                                &(two_ints){a, b}, NULL});                         \
+                                                &(two_ints){a, b}, NULL, true});                   \
     }
 
 /* clang-format off */
-PAR_TWIN(fit, cf_fit_opts, int, NULL)
-PAR_TWIN(fit_one_cycle, cf_one_cycle_opts, int, NULL)
-PAR_TWIN(fit_flat_cos, cf_flat_cos_opts, int, NULL)
+PAR_TWIN(fit, cf_fit_opts, int, NULL, true)
+PAR_TWIN(fit_one_cycle, cf_one_cycle_opts, int, NULL, true)
+PAR_TWIN(fit_flat_cos, cf_flat_cos_opts, int, NULL, true)
 PAR_TWIN2(fit_sgdr, cf_sgdr_opts)
-PAR_TWIN(fine_tune, cf_fine_tune_opts, int, NULL)
-PAR_TWIN(lr_find, cf_lr_find_opts, cf_lr_find_result *, &cf__par_lr_find_output)
-PAR_TWIN(validate, cf_validate_opts, double *, &cf__par_values_output)
-PAR_TWIN(get_preds, cf_get_preds_opts, cf_preds *, &cf__par_preds_output)
+PAR_TWIN(fine_tune, cf_fine_tune_opts, int, NULL, false)
+PAR_TWIN(lr_find, cf_lr_find_opts, cf_lr_find_result *, &cf__par_lr_find_output, false)
+PAR_TWIN(validate, cf_validate_opts, double *, &cf__par_values_output, false)
+PAR_TWIN(get_preds, cf_get_preds_opts, cf_preds *, &cf__par_preds_output, false)
 /* clang-format on */

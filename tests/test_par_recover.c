@@ -1,0 +1,334 @@
+/* In-place recovery of fork workers (.par.max_restarts): a fit whose worker is SIGKILLed or
+ * SIGSTOPped at a random batch ends with bitwise the weights, BatchNorm buffers, optimizer
+ * state and Recorder of the undisturbed fit, at 2 and 3 workers; the restart is reported; after
+ * max_restarts restarts the next fault ends the call as without recovery, the learner
+ * untouched; no process or file descriptor is left behind.
+ *
+ * The fault comes from a callback that stops its own process at a chosen rank, epoch and batch
+ * while a flag in shared memory (set by the test, cleared by the first shot) says to. The seed
+ * of the random positions is printed (CF_TEST_SEED repeats a run). */
+#include "learn_fixture.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "corefit/par.h"
+#include "par_time.h"
+
+enum { N_EPOCH = 3 };
+
+/* ---- the fault ---------------------------------------------------------------------------- */
+
+typedef struct shot {
+    _Atomic int shots_left; /* faults still to cause (one per attempt) */
+    int rank, epoch, batch, sig;
+} shot;
+
+static shot *shared_shot(void) {
+    shot *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(s != MAP_FAILED);
+    memset(s, 0, sizeof *s);
+    return s;
+}
+
+static cf_status fault_before_batch(cf_callback *cb, cf_learner *learn) {
+    shot *s = cb->state;
+    if (!learn->training || learn->replica.rank != s->rank || learn->epoch != s->epoch ||
+        learn->iter != s->batch)
+        return CF_OK;
+    if (atomic_load(&s->shots_left) <= 0) return CF_OK;
+    atomic_fetch_sub(&s->shots_left, 1);
+    raise(s->sig);
+    return CF_OK;
+}
+
+static void free_plain(cf_callback *cb) {
+    free(cb);
+}
+
+static cf_callback *fault_cb(shot *s) {
+    cf_callback *cb = calloc(1, sizeof *cb);
+    cb->name = "Fault";
+    cb->state = s;
+    cb->free = free_plain;
+    cb->on[CF_EV_BEFORE_BATCH] = fault_before_batch;
+    return cb;
+}
+
+/* ---- the fit ------------------------------------------------------------------------------ */
+
+/* Linear -> BatchNorm1d -> ReLU -> Linear: weights, buffers and optimizer state to compare. */
+static cf_learner *learner(cf_dls *dls, bool quiet) {
+    cf_module *layers[] = {cf_linear(4, 16, true), cf_batchnorm1d(16), cf_relu(),
+                           cf_linear(16, 3, true)};
+    cf_model *m = NULL;
+    assert_int_equal(cf_model_new(&m, cf_sequential(4, layers), 5), CF_OK);
+    cf_learner *learn = NULL;
+    cf_metric *metrics[] = {cf_accuracy()};
+    assert_int_equal(cf_learner_new(&learn, dls, m, .quiet = quiet, .metrics = metrics,
+                                    .n_metrics = 1, .wd = 0.05),
+                     CF_OK);
+    return learn;
+}
+
+static cf_status fit(cf_learner *learn, int world, int max_restarts, double deadline_s, shot *s) {
+    cf_callback *cbs[1] = {s ? fault_cb(s) : NULL};
+    return cf_par_fit_one_cycle(
+        learn, N_EPOCH, .lr_max = CF_LR(2e-2), .cbs = cbs, .n_cbs = s ? 1 : 0,
+        .par = {.num_cores = world, .max_restarts = max_restarts, .deadline_s = deadline_s});
+}
+
+static void same_doubles(const double *a, const double *b, int64_t n, const char *what,
+                         const char *part) {
+    if (n && memcmp(a, b, (size_t)n * sizeof *a))
+        fail_msg("%s: the Recorder's %s differ from the undisturbed fit", what, part);
+}
+
+static void assert_same_fit(const cf_learner *a, const cf_learner *b, const char *what) {
+    const cf_model *ma = a->model, *mb = b->model;
+    size_t nw = ma->n_weights * sizeof(float);
+    if (memcmp(ma->weights, mb->weights, nw))
+        fail_msg("%s: weights differ from the undisturbed fit (max rel err %.3g)", what,
+                 max_rel_err(mb->weights, ma->weights, ma->n_weights, 1e-6));
+    if (memcmp(ma->buffers, mb->buffers, ma->n_buffers * sizeof(float)))
+        fail_msg("%s: BatchNorm buffers differ from the undisturbed fit", what);
+    assert_non_null(a->opt);
+    assert_non_null(b->opt);
+    if (memcmp(a->opt->grad_avg, b->opt->grad_avg, nw) ||
+        memcmp(a->opt->sqr_avg, b->opt->sqr_avg, nw) ||
+        memcmp(a->opt->steps, b->opt->steps, (size_t)ma->n_params * sizeof(float)))
+        fail_msg("%s: optimizer state differs from the undisturbed fit", what);
+    const cf_recorder *ra = &a->recorder, *rb = &b->recorder;
+    if (ra->n_batches != rb->n_batches || ra->n_epochs != rb->n_epochs || ra->n_hps != rb->n_hps ||
+        ra->n_values != rb->n_values)
+        fail_msg("%s: the Recorder has %lld batches, %d epochs, %lld hps (undisturbed: %lld, %d, "
+                 "%lld)",
+                 what, (long long)ra->n_batches, ra->n_epochs, (long long)ra->n_hps,
+                 (long long)rb->n_batches, rb->n_epochs, (long long)rb->n_hps);
+    same_doubles(ra->lrs, rb->lrs, ra->n_batches, what, "lrs");
+    same_doubles(ra->moms, rb->moms, ra->n_batches, what, "moms");
+    same_doubles(ra->losses, rb->losses, ra->n_batches, what, "smoothed losses");
+    same_doubles(ra->hp_lr, rb->hp_lr, ra->n_hps, what, "scheduled lrs");
+    same_doubles(ra->values, rb->values, (int64_t)ra->n_epochs * ra->n_values, what,
+                 "per-epoch values");
+    if (ra->n_epochs && memcmp(ra->iters, rb->iters, (size_t)ra->n_epochs * sizeof *ra->iters))
+        fail_msg("%s: the Recorder's iters differ from the undisturbed fit", what);
+    assert_int_equal(a->n_final_record, b->n_final_record);
+    same_doubles(a->final_record, b->final_record, a->n_final_record, what, "final record");
+}
+
+static int open_fds(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
+
+static void assert_nothing_left(int fds_before) {
+    errno = 0;
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+    assert_int_equal(open_fds(), fds_before);
+}
+
+static uint64_t test_seed(void) {
+    const char *env = getenv("CF_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    print_message("recovery positions from seed %llu (CF_TEST_SEED=%llu repeats them)\n",
+                  (unsigned long long)seed, (unsigned long long)seed);
+    return seed;
+}
+
+static uint64_t next(uint64_t *x) { /* splitmix64 */
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* One fault of kind sig at a random rank and batch of epoch (or a random epoch when < 0). */
+static void recover_once(int world, int sig, int epoch, uint64_t *rng) {
+    cf_dls *dls = fixture_dls(192, 40, 8);
+    cf_learner *ref = learner(dls, true);
+    assert_int_equal(fit(ref, world, 0, 0, NULL), CF_OK);
+    int64_t per_epoch = ref->recorder.n_batches / N_EPOCH;
+
+    shot *s = shared_shot();
+    s->rank = (int)(next(rng) % (uint64_t)world);
+    s->epoch = epoch >= 0 ? epoch : (int)(next(rng) % N_EPOCH);
+    s->batch = (int)(next(rng) % (uint64_t)per_epoch);
+    s->sig = sig;
+    atomic_store(&s->shots_left, 1);
+    char what[128];
+    snprintf(what, sizeof what, "%d workers, %s of worker %d at epoch %d batch %d", world,
+             sig == SIGKILL ? "SIGKILL" : "SIGSTOP", s->rank, s->epoch, s->batch);
+    print_message("%s\n", what);
+
+    int fds = open_fds();
+    cf_learner *hit = learner(dls, true);
+    /* a stopped worker is found by the deadline; under load a busy one may be too (another
+     * restart, the same result), so the bound is a liveness one */
+    double deadline = sig == SIGSTOP ? 2.0 * par_time_scale() : 0;
+    cf_status st = fit(hit, world, 3, deadline, s);
+    if (st != CF_OK) fail_msg("%s: %s", what, cf_last_error());
+    assert_int_equal(atomic_load(&s->shots_left), 0);
+    assert_true(cf_par_last_restarts() >= 1);
+    assert_same_fit(hit, ref, what);
+    assert_nothing_left(fds);
+
+    cf_learner_free(hit);
+    cf_learner_free(ref);
+    munmap(s, sizeof *s);
+    cf_dls_free(dls);
+}
+
+static void test_sigkill_2_workers(void **state) {
+    (void)state;
+    uint64_t rng = test_seed();
+    recover_once(2, SIGKILL, 1 + (int)(next(&rng) % (N_EPOCH - 1)), &rng); /* from a commit */
+    recover_once(2, SIGKILL, 0, &rng); /* before the first commit: from the beginning */
+}
+
+static void test_sigkill_3_workers(void **state) {
+    (void)state;
+    uint64_t rng = test_seed() + 1;
+    recover_once(3, SIGKILL, -1, &rng);
+}
+
+static void test_sigstop_2_workers(void **state) {
+    (void)state;
+    uint64_t rng = test_seed() + 2;
+    recover_once(2, SIGSTOP, 1 + (int)(next(&rng) % (N_EPOCH - 1)), &rng);
+}
+
+static void test_sigstop_3_workers(void **state) {
+    (void)state;
+    uint64_t rng = test_seed() + 3;
+    recover_once(3, SIGSTOP, -1, &rng);
+}
+
+/* Recovery costs nothing in the result when nothing goes wrong (the commits change no state). */
+static void test_commits_change_nothing(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(192, 40, 8);
+    cf_learner *ref = learner(dls, true), *with = learner(dls, true);
+    assert_int_equal(fit(ref, 2, 0, 0, NULL), CF_OK);
+    assert_int_equal(fit(with, 2, 2, 0, NULL), CF_OK);
+    assert_int_equal(cf_par_last_restarts(), 0);
+    assert_same_fit(with, ref, "2 workers, no fault");
+    cf_learner_free(with);
+    cf_learner_free(ref);
+    cf_dls_free(dls);
+}
+
+/* The display says what happened and where the group carries on from. */
+static void test_restart_is_reported(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(192, 40, 8);
+    cf_learner *learn = learner(dls, false);
+    shot *s = shared_shot();
+    *s = (shot){.rank = 1, .epoch = 1, .batch = 5, .sig = SIGKILL};
+    atomic_store(&s->shots_left, 1);
+    fflush(stderr);
+    FILE *err = tmpfile();
+    int saved = dup(2);
+    dup2(fileno(err), 2);
+    cf_status st = fit(learn, 2, 3, 0, s);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    assert_int_equal(st, CF_OK);
+    char text[4096] = "";
+    rewind(err);
+    size_t n = fread(text, 1, sizeof text - 1, err);
+    text[n] = '\0';
+    fclose(err);
+    const char *want = "worker 1 was killed by signal 9 (SIGKILL) at epoch 1 batch 5; restarting "
+                       "2 workers from epoch 1 (restart 1 of 3)";
+    if (!strstr(text, want)) fail_msg("stderr lacks \"%s\":\n%s", want, text);
+    munmap(s, sizeof *s);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* max_restarts + 1 faults: the call fails as without recovery and the learner is untouched. */
+static void test_too_many_faults(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(192, 40, 8);
+    cf_learner *learn = learner(dls, true);
+    size_t before_n = cf_learner_export_state(learn, NULL, 0);
+    void *before = malloc(before_n), *after = malloc(before_n);
+    cf_learner_export_state(learn, before, before_n);
+    shot *s = shared_shot();
+    *s = (shot){.rank = 0, .epoch = 1, .batch = 2, .sig = SIGKILL};
+    atomic_store(&s->shots_left, 3);
+    int fds = open_fds();
+    cf_status st = fit(learn, 2, 2, 0, s);
+    assert_int_equal(st, CF_ERR_WORKER);
+    if (!strstr(cf_last_error(), "worker 0 was killed by signal 9 (SIGKILL)"))
+        fail_msg("unexpected error: %s", cf_last_error());
+    assert_int_equal(atomic_load(&s->shots_left), 0);
+    assert_int_equal(cf_par_last_restarts(), 2);
+    assert_int_equal(cf_learner_export_state(learn, NULL, 0), before_n);
+    cf_learner_export_state(learn, after, before_n);
+    assert_memory_equal(before, after, before_n);
+    assert_nothing_left(fds);
+    free(before);
+    free(after);
+    munmap(s, sizeof *s);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* A worker's own error is not a lost worker: it would only repeat, so it is not retried. */
+static cf_status fail_at_epoch_1(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (learn->epoch == 1 && learn->replica.rank == 1)
+        return cf_fail(CF_ERR_INVALID, "bad batch on purpose");
+    return CF_OK;
+}
+
+static void test_errors_are_not_retried(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(192, 40, 8);
+    cf_learner *learn = learner(dls, true);
+    cf_callback *cb = calloc(1, sizeof *cb);
+    cb->name = "Fails";
+    cb->free = free_plain;
+    cb->on[CF_EV_BEFORE_EPOCH] = fail_at_epoch_1;
+    cf_callback *cbs[] = {cb};
+    cf_status st = cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(2e-2), .cbs = cbs,
+                                        .n_cbs = 1, .par = {.num_cores = 2, .max_restarts = 3});
+    assert_int_equal(st, CF_ERR_WORKER);
+    if (!strstr(cf_last_error(), "bad batch on purpose"))
+        fail_msg("unexpected error: %s", cf_last_error());
+    assert_int_equal(cf_par_last_restarts(), 0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+int main(void) {
+    cf_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_commits_change_nothing),
+        cmocka_unit_test(test_sigkill_2_workers),
+        cmocka_unit_test(test_sigkill_3_workers),
+        cmocka_unit_test(test_sigstop_2_workers),
+        cmocka_unit_test(test_sigstop_3_workers),
+        cmocka_unit_test(test_restart_is_reported),
+        cmocka_unit_test(test_too_many_faults),
+        cmocka_unit_test(test_errors_are_not_retried),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
