@@ -20,7 +20,8 @@
  * Every buffer a kernel reads or writes ends (or starts) at a page that may not be touched, so a
  * masked-out lane that reached memory past a tail would crash the test. The instruction-set
  * choice is checked too: NEON is the best on arm64 and CF_ISA-style caps behave as documented.
- * Usage: neon_kernels [seed]. Exit status 0 when every check passes. */
+ * Usage: neon_kernels [seed], or neon_kernels dispatch (the instruction-set choice alone, e.g.
+ * under CF_ISA). Exit status 0 when every check passes. */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
@@ -128,10 +129,15 @@ static bool close_to(double got, double want, double scale, double rel) {
 
 static void test_dispatch(void) {
     CHECK(cf_isa_best() == CF_ISA_NEON, "best is %s", cf_isa_name(cf_isa_best()));
+    /* at load: the best, or as CF_ISA caps it (x86 caps leave the portable kernels) */
     const char *env = getenv("CF_ISA");
-    if (!env || !*env)
-        CHECK(cf_isa_active() == CF_ISA_NEON && cf_active_kernels == &cf_kernels_neon,
-              "active is %s", cf_isa_name(cf_isa_active()));
+    cf_isa want = CF_ISA_NEON;
+    if (env && *env) {
+        CHECK(cf_isa_parse(env, &want), "CF_ISA=%s", env);
+        if (want != CF_ISA_NEON) want = CF_ISA_GENERIC;
+    }
+    CHECK(cf_isa_active() == want && cf_active_kernels->isa == want, "active is %s, want %s",
+          cf_isa_name(cf_isa_active()), cf_isa_name(want));
     cf_isa parsed = CF_ISA_GENERIC;
     CHECK(cf_isa_parse("neon", &parsed) && parsed == CF_ISA_NEON, "parse neon");
     CHECK(strcmp(cf_isa_name(CF_ISA_NEON), "neon") == 0, "name %s", cf_isa_name(CF_ISA_NEON));
@@ -487,6 +493,12 @@ static void test_optim(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "dispatch") == 0) {
+        test_dispatch();
+        printf("dispatch under CF_ISA=%s: %ld checks, %ld failed\n",
+               getenv("CF_ISA") ? getenv("CF_ISA") : "", checks, failures);
+        return failures == 0 ? 0 : 1;
+    }
     const unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 20260601ull;
     rng_state = seed;
     struct timespec t0, t1;

@@ -4,8 +4,8 @@
 #
 #   neon_run.sh kernels CC QEMU SRC OUT
 #       builds tests/neon_kernels.c with every source of the tensor layer for arm64 (static, -O3,
-#       warnings as errors) into OUT and runs it under QEMU: the NEON kernel table against the
-#       portable one.
+#       warnings as errors) into OUT and runs it under QEMU: the instruction-set choice under
+#       CF_ISA, then the NEON kernel table against the portable one.
 #   neon_run.sh compile CC SRC FLAGS...
 #       every other C file of the library and the command-line tool through the arm64
 #       compiler's front end (-fsyntax-only, warnings as errors; FLAGS: the build's defines and
@@ -23,6 +23,9 @@ kernels)
         -I"$src/include" -I"$src/src" -I"$src/tests/neon" \
         "$src/tests/neon_kernels.c" "$src"/src/tensor/*.c -lm -o "$out/neon_kernels"
     echo "built for arm64 in $(($(date +%s) - start)) s"
+    for cap in generic avx2 neon; do # the choice at load, capped as users cap it
+        CF_ISA=$cap "$qemu" "$out/neon_kernels" dispatch
+    done
     exec "$qemu" "$out/neon_kernels"
     ;;
 compile)
