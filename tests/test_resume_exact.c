@@ -7,8 +7,13 @@
  * file, is refused with a clear error and leaves the learner as it was. */
 #include "learn_fixture.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "corefit/par.h"
 
@@ -269,12 +274,112 @@ static void test_dropout_keyed(void **state) {
     cf_model_free(m);
 }
 
+/* ---- the command line: SIGTERM, then --resume ------------------------------------------------
+ * A pre-empted `corefit train` (SIGTERM once its first checkpoint exists, so mid-fit) exits
+ * non-zero saying how to continue; the command it prints finishes the fit with a model file of
+ * the same bytes as a fit never stopped. In this process (--cores 1) and with 2 fork workers. */
+
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
+#define TRAIN_ARGS "train --limit 640 --bs 32 --epochs 2 --quiet --checkpoint-every 3"
+
+/* Starts `corefit <args>` in dir with stdout and stderr to files; returns its pid. */
+static pid_t start_cli(const char *dir, const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "cd '%s' && exec '%s/corefit' %s >out.txt 2>err.txt </dev/null", dir,
+             CF_BUILD_DIR, args);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_cli(pid_t pid) {
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static char *slurp(const char *dir, const char *name, size_t *n) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    void *data = NULL;
+    size_t size = 0;
+    if (cf_read_file(path, (size_t)1 << 30, &data, &size) != CF_OK) return NULL;
+    if (n) *n = size;
+    return data;
+}
+
+static void run_cli_resume(int cores) {
+    struct stat sb;
+    if (stat(FMNIST_DIR, &sb) != 0) skip();
+    oracle dir;
+    oracle_init(&dir);
+    char args[1024];
+    snprintf(args, sizeof args, TRAIN_ARGS " --cores %d --out full.safetensors", cores);
+    assert_int_equal(wait_cli(start_cli(dir.dir, args)), 0);
+
+    snprintf(args, sizeof args, TRAIN_ARGS " --cores %d --out part.safetensors", cores);
+    pid_t pid = start_cli(dir.dir, args);
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/part.ckpt", dir.dir);
+    /* liveness, not timing: wait for the first checkpoint (batch 3 of 40), however long */
+    while (stat(ckpt, &sb) != 0) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("corefit ended before a checkpoint");
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
+    }
+    kill(pid, SIGTERM);
+    int rc = wait_cli(pid);
+    char *err = slurp(dir.dir, "err.txt", NULL);
+    assert_non_null(err);
+    if (rc == 0 || !strstr(err, "SIGTERM") || !strstr(err, "--resume ./part.ckpt"))
+        fail_msg("after SIGTERM: exit %d, stderr: %s", rc, err);
+    snprintf(ckpt, sizeof ckpt, "%s/part.safetensors", dir.dir);
+    assert_int_not_equal(stat(ckpt, &sb), 0); /* no model from a fit that did not finish */
+    /* the command it printed */
+    const char *hint = strstr(err, "  corefit ");
+    assert_non_null(hint);
+    char resume[1024];
+    snprintf(resume, sizeof resume, "%.*s", (int)strcspn(hint + 10, "\n"), hint + 10);
+    cf_free(err);
+    rc = wait_cli(start_cli(dir.dir, resume));
+    if (rc != 0) fail_msg("resume: exit %d: %s", rc, slurp(dir.dir, "err.txt", NULL));
+    size_t n_full = 0, n_part = 0;
+    char *full = slurp(dir.dir, "full.safetensors", &n_full);
+    char *part = slurp(dir.dir, "part.safetensors", &n_part);
+    assert_non_null(full);
+    assert_non_null(part);
+    assert_int_equal(n_full, n_part);
+    if (memcmp(full, part, n_full))
+        fail_msg("the resumed fit's model file differs (%d cores)", cores);
+    cf_free(full);
+    cf_free(part);
+    oracle_cleanup(&dir);
+}
+
+static void test_cli_sigterm_resume_in_process(void **state) {
+    (void)state;
+    run_cli_resume(1);
+}
+static void test_cli_sigterm_resume_fork(void **state) {
+    (void)state;
+    run_cli_resume(2);
+}
+
 int main(void) {
     cf_set_num_threads(1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dropout_keyed),      cmocka_unit_test(test_exact_in_process),
-        cmocka_unit_test(test_damaged_checkpoint), cmocka_unit_test(test_exact_fork_1),
-        cmocka_unit_test(test_exact_fork_2),       cmocka_unit_test(test_exact_fork_3),
+        cmocka_unit_test(test_dropout_keyed),
+        cmocka_unit_test(test_exact_in_process),
+        cmocka_unit_test(test_damaged_checkpoint),
+        cmocka_unit_test(test_exact_fork_1),
+        cmocka_unit_test(test_exact_fork_2),
+        cmocka_unit_test(test_exact_fork_3),
+        cmocka_unit_test(test_cli_sigterm_resume_in_process),
+        cmocka_unit_test(test_cli_sigterm_resume_fork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

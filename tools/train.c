@@ -164,6 +164,8 @@ typedef struct train_args {
     double wd, start_lr, end_lr, deadline;
     bool show, quiet, split_batch, save_every_epoch;
     const char *y_range;
+    const char *resume, *checkpoint; /* --resume FILE, --checkpoint FILE */
+    int checkpoint_every;            /* --checkpoint-every N (batches) */
 } train_args;
 
 /* The fork launcher's limit on worker processes (src/par/launch.c). */
@@ -746,6 +748,46 @@ static cf_status stop_on_interrupt(cf_callback *cb, cf_learner *learn) {
 static cf_callback interrupt_cb = {
     .name = "interrupt", .order = -20, .on = {[CF_EV_AFTER_BATCH] = stop_on_interrupt}};
 
+/* SIGTERM (a pre-empted machine, a batch system's time limit): every fit writes its checkpoint
+ * at the next batch boundary and stops (cf_checkpoint_request reaches fork workers too). */
+static volatile sig_atomic_t terminated;
+
+static void on_sigterm(int sig) {
+    (void)sig;
+    terminated = 1;
+    cf_checkpoint_request();
+}
+
+/* The checkpoint file: --checkpoint, else --out with .ckpt for .safetensors. */
+static const char *checkpoint_file(const train_args *a, char *buf, size_t n) {
+    /* a name with a '/' is a path to the library (without one it goes under models/) */
+    const char *dot = strchr(a->checkpoint ? a->checkpoint : a->out, '/') ? "" : "./";
+    if (a->checkpoint) {
+        snprintf(buf, n, "%s%s", dot, a->checkpoint);
+        return buf;
+    }
+    size_t len = strlen(a->out);
+    const char *ext = ".safetensors";
+    size_t el = strlen(ext);
+    if (len > el && strcmp(a->out + len - el, ext) == 0) len -= el;
+    snprintf(buf, n, "%s%.*s.ckpt", dot, (int)len, a->out);
+    return buf;
+}
+
+/* How to continue: this command line with --resume FILE (any earlier --resume dropped). */
+static void print_resume_hint(int argc, char **argv, const char *ckpt) {
+    fprintf(stderr, "corefit train: to continue, run:\n  corefit");
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--resume") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(argv[i], "--resume=", 9) == 0) continue;
+        fprintf(stderr, " %s", argv[i]);
+    }
+    fprintf(stderr, " --resume %s\n", ckpt);
+}
+
 /* --save-every-epoch: the model file (with its metadata) after every completed epoch (a master
  * callback: rank 0 writes it). */
 static const char *epoch_model_path;
@@ -825,6 +867,15 @@ int cmd_train(int argc, char **argv) {
          "write --out after every epoch, so that a fit stopped by Ctrl-C or a NaN keeps the last "
          "completed epoch's model (default: only a finished fit writes it)",
          0, 0, 0},
+        {"--checkpoint-every", OPT_INT, &a.checkpoint_every, "N",
+         "write a checkpoint (everything the rest of the fit needs) every N batches; SIGTERM "
+         "always writes one at the next batch and stops [0: only on SIGTERM]",
+         0, 1 << 30, 0},
+        {"--checkpoint", OPT_STR, &a.checkpoint, "FILE", "the checkpoint file [OUT.ckpt]", 0, 0, 0},
+        {"--resume", OPT_STR, &a.resume, "FILE",
+         "continue the fit a checkpoint was taken from (the same options): the result is the "
+         "same model, bit for bit, as a fit never stopped",
+         0, 0, 0},
         {"--y-range", OPT_STR, &a.y_range, "LOW,HIGH",
          "regression: squash outputs into [LOW, HIGH] (fastai's y_range); auto: the training "
          "targets' range + 5%; none [auto]",
@@ -840,6 +891,8 @@ int cmd_train(int argc, char **argv) {
     }
     if (rc) return rc;
     if ((rc = check_args(cmd, &a, true))) return rc;
+    if (a.resume && access(a.resume, R_OK) != 0)
+        return cli_error(CLI_FAIL, cmd, "--resume %s: %s", a.resume, strerror(errno));
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
     if (a.show && !a.plots) a.plots = ".";
     char plots_dir[4096];
@@ -929,24 +982,57 @@ int cmd_train(int argc, char **argv) {
     }
     cf_status st;
     const cf_par_opts par = s.par;
+    /* the checkpoint callback runs in every replica (they agree on a stop; rank 0 writes) */
+    char ckpt_buf[4096];
+    const char *ckpt = checkpoint_file(&a, ckpt_buf, sizeof ckpt_buf);
+    cf_callback *ckpt_cb = cf_checkpoint_cb(.fname = ckpt, .every_batches = a.checkpoint_every);
+    if (!ckpt_cb) {
+        session_free(&s);
+        return cli_lib_error(cmd, "checkpoint callback");
+    }
+    cf_callback *call_cbs[] = {ckpt_cb};
+    struct sigaction term_sa = {.sa_handler = on_sigterm}, old_term;
+    sigemptyset(&term_sa.sa_mask);
+    term_sa.sa_flags = SA_RESTART;
+    bool own_sigterm = sigaction(SIGTERM, &term_sa, &old_term) == 0;
+    const char *resume = a.resume;
     if (!strcmp(a.schedule, "one-cycle"))
-        st = s.parallel ? cf_par_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .par = par)
-                        : cf_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr));
+        st = s.parallel ? cf_par_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .par = par,
+                                               .cbs = call_cbs, .n_cbs = 1, .resume = resume)
+                        : cf_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .cbs = call_cbs,
+                                           .n_cbs = 1, .resume = resume);
     else if (!strcmp(a.schedule, "flat-cos"))
-        st = s.parallel ? cf_par_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr), .par = par)
-                        : cf_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr));
+        st = s.parallel ? cf_par_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr), .par = par,
+                                              .cbs = call_cbs, .n_cbs = 1, .resume = resume)
+                        : cf_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr), .cbs = call_cbs,
+                                          .n_cbs = 1, .resume = resume);
     else if (!strcmp(a.schedule, "sgdr"))
-        st = s.parallel
-                 ? cf_par_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr), .par = par)
-                 : cf_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr));
+        st = s.parallel ? cf_par_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr),
+                                          .par = par, .cbs = call_cbs, .n_cbs = 1, .resume = resume)
+                        : cf_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr),
+                                      .cbs = call_cbs, .n_cbs = 1, .resume = resume);
     else
-        st = s.parallel ? cf_par_fine_tune(learn, a.epochs, .base_lr = lr,
-                                           .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
-                                           .par = par)
-                        : cf_fine_tune(learn, a.epochs, .base_lr = lr,
-                                       .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1);
+        st = s.parallel
+                 ? cf_par_fine_tune(learn, a.epochs, .base_lr = lr,
+                                    .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
+                                    .par = par, .cbs = call_cbs, .n_cbs = 1, .resume = resume)
+                 : cf_fine_tune(learn, a.epochs, .base_lr = lr,
+                                .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
+                                .cbs = call_cbs, .n_cbs = 1, .resume = resume);
     double seconds = cf_now() - t0;
     if (own_sigint) sigaction(SIGINT, &old_sa, NULL);
+    if (own_sigterm) sigaction(SIGTERM, &old_term, NULL);
+    if (st && terminated) {
+        /* pre-empted: the checkpoint holds the fit; say how to continue */
+        rc = cli_lib_error(cmd, "stopped by SIGTERM");
+        if (s.master) {
+            struct stat cs;
+            if (stat(ckpt, &cs) == 0) print_resume_hint(argc, argv, ckpt);
+            clean_up_partial(a.csv_log, a.plots, made_plots);
+        }
+        session_free(&s);
+        return rc == CLI_OK ? CLI_FAIL : rc;
+    }
     if (st || interrupted) {
         bool stopped = interrupted || st == CF_ERR_INTERRUPTED;
         if (stopped)

@@ -193,6 +193,15 @@ static cf_status write_checkpoint(cf_learner *learn, const char *path) {
         }
     }
     cf_free(all);
+    /* every replica learns how the write went before going on: one that returns (to stop)
+     * while rank 0 still writes would have the group torn down under it */
+    if (world > 1 && learn->replica.broadcast) {
+        int64_t outcome = st;
+        cf_status bs = learn->replica.broadcast(learn, &outcome, sizeof outcome);
+        if (bs != CF_OK) return bs;
+        if (!learn->replica.is_master && outcome != CF_OK)
+            return cf_fail((cf_status)outcome, "checkpoint %s: rank 0 could not write it", path);
+    }
     return st;
 }
 
