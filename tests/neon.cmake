@@ -1,7 +1,7 @@
 # arm64. Where Debian's cross compiler and user-mode QEMU are installed (gcc-aarch64-linux-gnu,
 # libc6-dev-arm64-cross, qemu-user: scripts/install-deps), ctest checks the NEON kernel table
 # (src/tensor/isa_neon.c) against the portable one under QEMU (tests/neon_kernels.c), and that
-# every other C file of the library compiles for arm64 without warnings (tests/neon_run.sh).
+# every other C file a build compiles compiles for arm64 without warnings (tests/neon_run.sh).
 find_program(CF_AARCH64_CC aarch64-linux-gnu-gcc)
 find_program(CF_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static)
 if(CF_AARCH64_CC AND CF_QEMU_AARCH64)

@@ -7,8 +7,8 @@
 #       warnings as errors) into OUT and runs it under QEMU: the instruction-set choice under
 #       CF_ISA, then the NEON kernel table against the portable one.
 #   neon_run.sh compile CC SRC FLAGS...
-#       every other C file of the library and the command-line tool through the arm64
-#       compiler's front end (-fsyntax-only, warnings as errors; FLAGS: the build's defines and
+#       every other C file of the library, the command-line tool, the examples and the
+#       benchmarks (all of which a build compiles) through the arm64 compiler's front end (-fsyntax-only, warnings as errors; FLAGS: the build's defines and
 #       the host's header folders, searched after the arm64 C library's), so that an arm64 build
 #       keeps compiling without an arm64 OpenBLAS at hand.
 set -eu
@@ -32,7 +32,7 @@ compile)
     cc=$1 src=$2
     shift 2
     status=0 files=0
-    for f in "$src"/src/*/*.c "$src"/tools/*.c; do
+    for f in "$src"/src/*/*.c "$src"/tools/*.c "$src"/examples/*.c "$src"/bench/*.c; do
         case $f in "$src"/src/tensor/*) continue ;; esac # compiled whole by the kernels test
         files=$((files + 1))
         if ! "$cc" -std=c11 -D_GNU_SOURCE -fsyntax-only -Wall -Wextra -Werror \
