@@ -89,6 +89,7 @@ int cmd_eval(int argc, char **argv) {
     if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
         return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
     if (threads > 0) cf_set_num_threads(threads);
+    if (cf_blas_reserve(cf_get_num_threads())) return cli_lib_error(cmd, "BLAS");
     cf_model_info m;
     if ((rc = read_model_meta(cmd, pos[0], &m))) return rc;
     bool tabular = strcmp(m.recipe.arch, "tabular") == 0;
@@ -225,6 +226,10 @@ int cmd_predict(int argc, char **argv) {
         return rc;
     }
     if (threads > 0) cf_set_num_threads(threads);
+    if (cf_blas_reserve(cf_get_num_threads())) {
+        cf_free(pos);
+        return cli_lib_error(cmd, "BLAS");
+    }
     cf_model_info m;
     if ((rc = read_model_meta(cmd, pos[0], &m))) {
         cf_free(pos);

@@ -6,6 +6,61 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* OpenBLAS starts its own thread pool when the library loads, before any constructor of ours can
+ * hold it to one thread, and each of those threads maps a work buffer (128 MiB in Debian's build)
+ * at once: under an address-space limit too small for it the thread retries the mapping for
+ * ever, at full CPU, and the process then never exits (OpenBLAS joins its threads at exit).
+ * corefit never uses those threads (every BLAS call runs on one thread), so the tool runs with
+ * OPENBLAS_NUM_THREADS=1. Set in the environment OpenBLAS reads when it loads: an entry in
+ * .preinit_array runs before any shared library is initialised, but setenv there is undone when
+ * the C library initialises its environment from the original array. So a value the user set is
+ * replaced in that array, and when there is none the tool starts itself again with one (one
+ * exec, before anything else has run). main puts the user's environment back, so that the
+ * processes corefit starts see it as it was. */
+#define CF_OPENBLAS_ONE "OPENBLAS_NUM_THREADS=1"
+#define CF_OPENBLAS_ADDED "COREFIT_ADDED_OPENBLAS_NUM_THREADS=1"
+static char *user_openblas_threads; /* the user's "OPENBLAS_NUM_THREADS=..." entry, if replaced */
+
+static void hold_openblas_to_one_thread(int argc, char **argv, char **envp) {
+    (void)argc;
+    static const char name[] = "OPENBLAS_NUM_THREADS=";
+    size_t n = 0;
+    for (; envp && envp[n]; n++) {
+        if (strncmp(envp[n], name, sizeof name - 1) != 0) continue;
+        if (strcmp(envp[n], CF_OPENBLAS_ONE) != 0) {
+            user_openblas_threads = envp[n];
+            envp[n] = CF_OPENBLAS_ONE;
+        }
+        return;
+    }
+    /* valgrind would run the new image without its instrumentation */
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(envp[i], "LD_PRELOAD=", 11) == 0 && strstr(envp[i], "vgpreload")) return;
+    /* the program's own path, not /proc/self/exe, which would rename the process "exe" */
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0 || len >= (ssize_t)sizeof self - 1) return; /* no /proc: OpenBLAS's threads */
+    self[len] = '\0';
+    char *env[n + 3];
+    memcpy(env, envp, n * sizeof *env);
+    env[n] = CF_OPENBLAS_ONE;
+    env[n + 1] = CF_OPENBLAS_ADDED;
+    env[n + 2] = NULL;
+    execve(self, argv, env); /* returns only on failure (the file replaced or removed: run on) */
+}
+__attribute__((section(".preinit_array"), used)) static void (*const cf_preinit_openblas)(
+    int, char **, char **) = hold_openblas_to_one_thread;
+
+static void restore_openblas_threads(void) {
+    if (user_openblas_threads) {
+        putenv(user_openblas_threads);
+    } else if (getenv("COREFIT_ADDED_OPENBLAS_NUM_THREADS")) {
+        unsetenv("OPENBLAS_NUM_THREADS");
+        unsetenv("COREFIT_ADDED_OPENBLAS_NUM_THREADS");
+    }
+}
 
 static void usage(FILE *f) {
     fprintf(f, "Usage: corefit <command> [options]\n"
@@ -24,6 +79,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    restore_openblas_threads();
     if (argc < 2) {
         usage(stderr);
         return CLI_USAGE;

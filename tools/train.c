@@ -363,6 +363,11 @@ static int setup(const char *cmd, train_args *a, session *s) {
     s->par.split_batch = a->split_batch;
     s->par.deadline_s = a->deadline;
     if (a->threads > 0) cf_set_num_threads(a->threads);
+    /* An in-process fit (and each MPI rank) runs BLAS on this process's threads: room for
+     * OpenBLAS's work buffers first, or a clear error (fork workers see to their own). */
+    if ((!s->parallel || s->par.start_method == CF_START_MPI) &&
+        cf_blas_reserve(cf_get_num_threads()))
+        return cli_lib_error(cmd, "BLAS");
     /* a pretrained model says which arch, channels and size the body expects */
     cf_model_info pre = {0};
     if (a->pretrained) {

@@ -105,6 +105,12 @@ void cf_set_num_threads(int n);
 int cf_get_num_threads(void);
 /* The cores in this process's affinity mask. */
 int cf_available_cores(void);
+/* Makes room, before the first BLAS call, for the work buffers OpenBLAS keeps for `concurrent`
+ * BLAS calls in flight at once (one per thread of a fit: cf_get_num_threads()): CF_OK, or
+ * CF_ERR_NOMEM with a message naming the size and the limit. Without it, OpenBLAS retries a
+ * mapping that cannot succeed for ever, at full CPU. Cheap once done; the buffers (128 MiB of
+ * address space each, touched only as used) stay for the life of the process and its forks. */
+cf_status cf_blas_reserve(int concurrent);
 
 /* Runs fn(ctx, begin, end, thread) over [0, n) split into contiguous chunks, one per thread,
  * on a persistent pool started lazily in the process that uses it (re-created after fork).

@@ -3,11 +3,15 @@
 #include "corefit/core.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #define CF_MAX_THREADS 256
@@ -249,6 +253,56 @@ __attribute__((constructor)) static void select_blas_kernels(void) {
     gotoblas_dynamic_quit();
     gotoblas_dynamic_init();
     unsetenv("OPENBLAS_CORETYPE"); /* leave the environment as the user had it */
+}
+
+/* ---- room for OpenBLAS's work buffers -----------------------------------------------------
+ * OpenBLAS (0.3.21 as Debian builds it) takes a work buffer from a pool of its own for each BLAS
+ * call in flight, and maps a new one (128 MiB and a page) when every buffer is in use; when that
+ * mapping fails (an address-space limit, vm.overcommit_memory=2) it retries for ever, at full
+ * CPU, holding its lock. The buffers stay in the pool for the life of the process (and of its
+ * forks). cf_blas_reserve checks the room with a mapping of the same kind, released at once, and
+ * only then has OpenBLAS fill its pool: afterwards BLAS calls on that many threads map nothing. */
+extern void *blas_memory_alloc(int procpos) __attribute__((weak));
+extern void blas_memory_free(void *buffer) __attribute__((weak));
+
+#define CF_BLAS_BUFFER_BYTES (((size_t)128 << 20) + 4096)
+#define CF_BLAS_MAX_RESERVED 64 /* below the pool's own size (NUM_BUFFERS) */
+
+static pthread_mutex_t reserve_lock = PTHREAD_MUTEX_INITIALIZER;
+static int blas_reserved; /* buffers known to be in OpenBLAS's pool */
+
+cf_status cf_blas_reserve(int concurrent) {
+    if (concurrent < 1) concurrent = 1;
+    if (concurrent > CF_BLAS_MAX_RESERVED) concurrent = CF_BLAS_MAX_RESERVED;
+    if (!blas_memory_alloc || !blas_memory_free) return CF_OK; /* not OpenBLAS's pool */
+    pthread_mutex_lock(&reserve_lock);
+    if (concurrent <= blas_reserved) {
+        pthread_mutex_unlock(&reserve_lock);
+        return CF_OK;
+    }
+    const size_t bytes = (size_t)(concurrent - blas_reserved) * CF_BLAS_BUFFER_BYTES;
+    void *room = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (room == MAP_FAILED) {
+        const int err = errno;
+        pthread_mutex_unlock(&reserve_lock);
+        struct rlimit as;
+        char limit[96] = "no address-space limit: vm.overcommit_memory=2 or the machine's memory";
+        if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+            snprintf(limit, sizeof limit, "the address-space limit (ulimit -v) is %.0f MB",
+                     (double)as.rlim_cur / 1e6);
+        return cf_fail(CF_ERR_NOMEM,
+                       "out of memory: no room for OpenBLAS's work buffers (%.0f MB for %d "
+                       "thread%s: %s; %s; fewer --threads need less)",
+                       (double)bytes / 1e6, concurrent - blas_reserved,
+                       concurrent - blas_reserved == 1 ? "" : "s", strerror(err), limit);
+    }
+    munmap(room, bytes);
+    void *held[CF_BLAS_MAX_RESERVED];
+    for (int i = 0; i < concurrent; i++) held[i] = blas_memory_alloc(0);
+    for (int i = 0; i < concurrent; i++) blas_memory_free(held[i]);
+    blas_reserved = concurrent;
+    pthread_mutex_unlock(&reserve_lock);
+    return CF_OK;
 }
 
 const char *cf_blas_core(void) {
