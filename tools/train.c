@@ -809,16 +809,10 @@ static cf_callback save_epoch_cb = {.name = "save_every_epoch",
                                     .order = CF_ORDER_SAVE_MODEL,
                                     .on = {[CF_EV_AFTER_EPOCH] = save_epoch}};
 
-/* After a fit that did not finish: no header-only log and no empty figures folder stay behind
- * (a log with epochs in it does). */
-static void clean_up_partial(const char *csv_log, const char *plots, bool made_plots) {
-    if (csv_log) {
-        FILE *f = fopen(csv_log, "r");
-        int lines = 0, c;
-        while (f && (c = fgetc(f)) != EOF) lines += c == '\n';
-        if (f) fclose(f);
-        if (f && lines <= 1) unlink(csv_log);
-    }
+/* After a fit that did not finish: no empty figures folder stays behind. (The CSV log is
+ * written only from the first completed epoch on: a fit that failed before it left an existing
+ * log as it was, and one with epochs in it keeps them.) */
+static void clean_up_partial(const char *plots, bool made_plots) {
     if (plots && made_plots) rmdir(plots); /* only when empty */
 }
 
@@ -1058,7 +1052,7 @@ int cmd_train(int argc, char **argv) {
                 fprintf(stderr, "corefit %s: no model written%s\n", cmd,
                         a.save_every_epoch ? " (no epoch completed)"
                                            : " (--save-every-epoch keeps each completed epoch's)");
-            clean_up_partial(a.csv_log, a.plots, made_plots);
+            clean_up_partial(a.plots, made_plots);
         }
         session_free(&s);
         return rc;

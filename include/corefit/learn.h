@@ -753,7 +753,11 @@ cf_callback *cf_reduce_lr_on_plateau_cb_(const cf_tracker_opts *o);
 cf_callback *cf_terminate_on_nan_cb(void);
 /* fastai's CSVLogger (order 60, master only): "epoch,train_loss,valid_loss,<metrics>,time" then
  * a row per epoch (floats as Python's str, time mm:ss), flushed at each epoch's end. A relative
- * path is taken under learn->path (NULL: "history.csv"). Skipped while !learn->logging. */
+ * path is taken under learn->path (NULL: "history.csv"). Skipped while !learn->logging. The log
+ * is written from the first completed epoch on (whether it can be is checked at before_fit): a
+ * fit that fails or is cancelled before it leaves an existing log as it was. Without append the
+ * new log replaces the old one by a rename (a symbolic link is replaced, not the file it points
+ * to); with append, the header and rows are added at its end. */
 cf_callback *cf_csv_logger_cb(const char *path, bool append);
 /* fastai's GradientClip (before_step): clip_grad_norm_(trainable params, max_norm) with the
  * 2-norm (max_norm <= 0: 1). */

@@ -2,11 +2,16 @@
  * (callback/training.py). */
 #include "corefit/learn.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void free_with_state(cf_callback *cb) {
     if (!cb) return;
@@ -28,18 +33,131 @@ static cf_callback *callback_new(const char *name, int order, void *state,
 
 /* ---- CSVLogger ----------------------------------------------------------------------------- */
 
-/* The log is appended to as the fit goes (flushed every epoch, as fastai's fsync'd lines), so
- * it is written in place rather than through a temporary file. */
+/* The log is written as the fit goes (flushed every epoch, as fastai's fsync'd lines), from the
+ * first completed epoch on: a fit that fails before it leaves an existing log as it was (before
+ * the fit, the folder is only checked to take a new file). Then, without append, the header and
+ * the first row go to a temporary file beside the log (`<log>.tmp-XXXXXX`, flushed), renamed over
+ * the log at once, and later rows to the same file under the log's name: the rename replaces a
+ * symbolic link, never the file it points to. With append (fastai's append=True), the log is
+ * opened for appending at that moment instead. A fit without epochs that ends well (not
+ * cancelled) writes the header alone, as fastai's. */
 typedef struct csv_logger {
     char *fname;
     bool append;
-    FILE *f;
+    bool due; /* a logging fit is on and the log not opened yet */
+    FILE *f;  /* the log, from the first row on */
     char path[4096];
 } csv_logger;
 
 static void csv_close(csv_logger *c) {
     if (c->f) fclose(c->f);
     c->f = NULL;
+    c->due = false;
+}
+
+/* The file mode a log created by fopen would have (0666 less the umask), read without changing
+ * the umask (umask(2) cannot be read without setting it, and other threads may create files). */
+static mode_t new_file_mode(void) {
+    mode_t mask = 022;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    unsigned m;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &m) == 1) mask = (mode_t)m;
+    if (f) fclose(f);
+    return 0666 & ~mask;
+}
+
+/* Removes temporaries of this log left by a process killed while it wrote one (regular files of
+ * ours that nobody holds a lock on: a logger holds one on its own while it writes it). */
+static void csv_remove_stale(const csv_logger *c) {
+    const char *slash = strrchr(c->path, '/');
+    char dir[4096];
+    const char *base = c->path;
+    if (slash) {
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - c->path), c->path);
+        if (!dir[0]) snprintf(dir, sizeof dir, "/");
+        base = slash + 1;
+    } else {
+        snprintf(dir, sizeof dir, ".");
+    }
+    size_t blen = strlen(base);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *name = e->d_name;
+        if (strlen(name) != blen + 11 || strncmp(name, base, blen) != 0 ||
+            strncmp(name + blen, ".tmp-", 5) != 0)
+            continue;
+        int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0)
+            unlinkat(dirfd(d), name, 0);
+        close(fd);
+    }
+    if (d) closedir(d);
+}
+
+static void csv_write_header(FILE *f, const cf_learner *learn) {
+    const cf_recorder *rec = &learn->recorder;
+    for (int j = 0; j < rec->n_names; j++)
+        fprintf(f, "%s%s", j ? "," : "", rec->metric_names[j] ? rec->metric_names[j] : "");
+    fputc('\n', f);
+}
+
+static void csv_write_row(FILE *f, const cf_learner *learn) {
+    const cf_recorder *rec = &learn->recorder;
+    int e = rec->n_epochs - 1;
+    char t[48];
+    fprintf(f, "%d", learn->epoch);
+    for (int j = 0; j < rec->n_values; j++)
+        fprintf(f, ",%s",
+                cf_format_float(rec->values[(size_t)e * (size_t)rec->n_values + (size_t)j], t,
+                                sizeof t));
+    fprintf(f, ",%s\n", cf_format_time(rec->times ? rec->times[e] : 0, t, sizeof t));
+}
+
+/* Opens the log with its header and, when `row`, the last epoch's row in it. */
+static cf_status csv_open(csv_logger *c, const cf_learner *learn, bool row) {
+    c->due = false;
+    if (c->append) {
+        c->f = fopen(c->path, "a");
+        if (!c->f)
+            return cf_fail(CF_ERR_IO, "CSVLogger: cannot open %s: %s", c->path, strerror(errno));
+        csv_write_header(c->f, learn);
+        if (row) csv_write_row(c->f, learn);
+        if (fflush(c->f) != 0)
+            return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
+        return CF_OK;
+    }
+    char tmp[sizeof c->path + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", c->path);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0)
+        return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
+    flock(fd, LOCK_EX | LOCK_NB); /* in use: not stale (csv_remove_stale) */
+    /* the mode the log had, or the one fopen would give a new one (mkostemp makes it 0600) */
+    struct stat sb;
+    fchmod(fd,
+           stat(c->path, &sb) == 0 && S_ISREG(sb.st_mode) ? sb.st_mode & 07777 : new_file_mode());
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        return cf_fail(CF_ERR_NOMEM, "CSVLogger: %s", strerror(errno));
+    }
+    csv_write_header(f, learn);
+    if (row) csv_write_row(f, learn);
+    if (fflush(f) != 0 || rename(tmp, c->path) != 0) {
+        int err = errno;
+        fclose(f);
+        unlink(tmp);
+        return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(err));
+    }
+    c->f = f;
+    return CF_OK;
 }
 
 static cf_status csv_before_fit(cf_callback *cb, cf_learner *learn) {
@@ -53,36 +171,46 @@ static cf_status csv_before_fit(cf_callback *cb, cf_learner *learn) {
         return cf_fail(CF_ERR_INVALID, "CSVLogger: path too long: %s/%s", base, c->fname);
     if (c->fname[0] != '/' && mkdir(base, 0755) != 0 && errno != EEXIST)
         return cf_fail(CF_ERR_IO, "CSVLogger: cannot create folder %s: %s", base, strerror(errno));
-    c->f = fopen(c->path, c->append ? "a" : "w");
-    if (!c->f) return cf_fail(CF_ERR_IO, "CSVLogger: cannot open %s: %s", c->path, strerror(errno));
-    const cf_recorder *rec = &learn->recorder;
-    for (int j = 0; j < rec->n_names; j++)
-        fprintf(c->f, "%s%s", j ? "," : "", rec->metric_names[j] ? rec->metric_names[j] : "");
-    fputc('\n', c->f);
-    if (fflush(c->f) != 0) return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s", c->path);
+    /* whether the log can be written is checked now, not after the first epoch */
+    struct stat sb;
+    if (stat(c->path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: it is a directory", c->path);
+    if (c->append && access(c->path, F_OK) == 0 && access(c->path, W_OK) != 0)
+        return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
+    csv_remove_stale(c);
+    char tmp[sizeof c->path + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", c->path);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0)
+        return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    c->due = true;
     return CF_OK;
 }
 
 static cf_status csv_after_epoch(cf_callback *cb, cf_learner *learn) {
     csv_logger *c = cb->state;
     const cf_recorder *rec = &learn->recorder;
-    if (!c->f || !learn->logging || rec->n_epochs < 1) return CF_OK;
-    int e = rec->n_epochs - 1;
-    char t[48];
-    fprintf(c->f, "%d", learn->epoch);
-    for (int j = 0; j < rec->n_values; j++)
-        fprintf(c->f, ",%s",
-                cf_format_float(rec->values[(size_t)e * (size_t)rec->n_values + (size_t)j], t,
-                                sizeof t));
-    fprintf(c->f, ",%s\n", cf_format_time(rec->times ? rec->times[e] : 0, t, sizeof t));
+    if ((!c->f && !c->due) || !learn->logging || rec->n_epochs < 1) return CF_OK;
+    if (!c->f) return csv_open(c, learn, true);
+    csv_write_row(c->f, learn);
     if (fflush(c->f) != 0) return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s", c->path);
     return CF_OK;
 }
 
-static cf_status csv_after_fit(cf_callback *cb, cf_learner *learn) {
+/* A fit cancelled before its first epoch (Ctrl-C) writes no header-only log. */
+static cf_status csv_after_cancel_fit(cf_callback *cb, cf_learner *learn) {
     (void)learn;
-    csv_close(cb->state);
+    ((csv_logger *)cb->state)->due = false;
     return CF_OK;
+}
+
+static cf_status csv_after_fit(cf_callback *cb, cf_learner *learn) {
+    csv_logger *c = cb->state;
+    cf_status st = c->due ? csv_open(c, learn, false) : CF_OK;
+    csv_close(c);
+    return st;
 }
 
 static void csv_free(cf_callback *cb) {
@@ -109,6 +237,7 @@ cf_callback *cf_csv_logger_cb(const char *path, bool append) {
     }
     cb->on[CF_EV_BEFORE_FIT] = csv_before_fit;
     cb->on[CF_EV_AFTER_EPOCH] = csv_after_epoch;
+    cb->on[CF_EV_AFTER_CANCEL_FIT] = csv_after_cancel_fit;
     cb->on[CF_EV_AFTER_FIT] = csv_after_fit;
     return cb;
 }
