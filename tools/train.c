@@ -1027,7 +1027,7 @@ int cmd_train(int argc, char **argv) {
         if (s.master) {
             struct stat cs;
             if (stat(ckpt, &cs) == 0) print_resume_hint(argc, argv, ckpt);
-            clean_up_partial(a.csv_log, a.plots, made_plots);
+            clean_up_partial(a.plots, made_plots);
         }
         session_free(&s);
         return rc == CLI_OK ? CLI_FAIL : rc;
