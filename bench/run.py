@@ -11,22 +11,25 @@ Configurations (N = the cores this process may run on, or --cores):
   Nt    one process, N threads         bench_w1 --threads N    w1_torch.py --threads N
   dp    data-parallel, N processes     bench_w1 --cores N      w1_torch.py --ddp N (gloo)
   mpi   mpirun -np N                   bench_w1 --mpi          (against torch DDP)
-plus the single-thread SGEMM rate (bench/sgemm.c) at the start and at the end of the run, and
+plus the single-thread SGEMM rate (bench/sgemm.c, per instruction set) at the start and at the
+end of the run, and
 with --accuracy the test accuracy of both after --epochs epochs of the recipe (one process,
 N threads, bs 64, seed 42).
 
 Instruction sets (--isa, default: every vector set this CPU has): each configuration runs once
 per set, both sides capped alike: corefit with CF_ISA, PyTorch with ATEN_CPU_CAPABILITY and
-ONEDNN_MAX_CPU_ISA, and OpenBLAS (both sides) with OPENBLAS_CORETYPE (Haswell for avx2; at the
-best set, the kernels corefit's OpenBLAS chose). A capped AVX-512 machine is not an AVX2 machine
-(clock and FMA ports differ): quote both where you have both.
+ONEDNN_MAX_CPU_ISA. corefit selects OpenBLAS's kernels for its set itself (SkylakeX or
+OpenBLAS's own AVX-512 choice at avx512, Haswell at avx2; src/tensor/isa.c), and PyTorch runs
+with OPENBLAS_CORETYPE set to the same kernels. OPENBLAS_CORETYPE in run.py's own environment is
+not passed on. A capped AVX-512 machine is not an AVX2 machine (clock and FMA ports differ):
+quote both where you have both.
 
 Workloads (--workload): w1, the mini-resnet (bench_w1, w1_torch.py), and vgg, a plain VGG-style
 CNN with a large Linear layer and SGD with momentum (bench_vgg, vgg_torch.py).
 
-Builds nothing: expects bench_w1 (bench_vgg) and sgemm in --build (`make build`). PyTorch runs with
-OPENBLAS_CORETYPE set to the kernel set corefit uses (cf_blas_core(), printed by sgemm), as
-corefit reselects OpenBLAS kernels when OpenBLAS falls back to generic ones on this CPU.
+Builds nothing: expects bench_w1 (bench_vgg) and sgemm in --build (`make build`). The OpenBLAS
+kernels of each set are those sgemm reports under its CF_ISA (cf_blas_core()); every corefit run
+must report the same ones.
 See bench/README.md for what each number means.
 """
 import argparse
@@ -112,7 +115,6 @@ TORCH_ISA_ENV = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
 }
-BLAS_CORE = {"generic": "Nehalem", "avx2": "Haswell"}
 ISA_ORDER = ["generic", "avx2", "avx512"]
 
 
@@ -173,17 +175,30 @@ def main():
     load0 = loadavg()
     log(f"[bench] {cpu_model()}, {n} cores, load average {load0:.2f}; {pairs} pairs of {batches} steps")
 
-    sg = [run_json([sgemm, "0.5" if a.quick else "1"], timeout=120)]
-    if "error" in sg[0]:
-        sys.exit(f"run.py: sgemm failed: {sg[0]['error']}")
-    core = sg[0]["blas_core"]
-    log(f"[bench] SGEMM 1 thread: {sg[0]['sgemm_gflops_cpu']:.1f} GFLOP/CPU-s, {sg[0]['sgemm_gflops']:.1f} best wall; "
-        f"corefit's OpenBLAS kernels: {core}; PyTorch runs with OPENBLAS_CORETYPE={core}")
+    # corefit chooses OpenBLAS's kernels for each set; an inherited OPENBLAS_CORETYPE would pin them
+    base_env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if "OPENBLAS_CORETYPE" in os.environ:
+        log(f"[bench] OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} in the environment is not passed on")
+
+    def sgemm_run(isa):
+        r = run_json([sgemm, "0.5" if a.quick else "1"], env=dict(base_env, CF_ISA=isa), timeout=120)
+        if "error" not in r and r.get("isa", isa) != isa:
+            r["error"] = f"ran with {r.get('isa')} kernels, not {isa}"
+        return r
+
+    sg = {isa: [sgemm_run(isa)] for isa in isas}
+    core = {}
+    for isa in isas:
+        if "error" in sg[isa][0]:
+            sys.exit(f"run.py: sgemm failed at {isa}: {sg[isa][0]['error']}")
+        core[isa] = sg[isa][0]["blas_core"]
+        log(f"[bench] {isa}: SGEMM 1 thread: {sg[isa][0]['sgemm_gflops_cpu']:.1f} GFLOP/CPU-s, "
+            f"{sg[isa][0]['sgemm_gflops']:.1f} best wall; OpenBLAS kernels {core[isa]} "
+            f"(PyTorch runs with OPENBLAS_CORETYPE={core[isa]})")
 
     def envs(isa):
-        blas = core if isa == have[-1] else BLAS_CORE[isa]
-        cf = dict(os.environ, CF_ISA=isa, OPENBLAS_CORETYPE=blas)
-        torch = dict(os.environ, OPENBLAS_CORETYPE=blas, **TORCH_ISA_ENV[isa])
+        cf = dict(base_env, CF_ISA=isa)
+        torch = dict(base_env, OPENBLAS_CORETYPE=core[isa], **TORCH_ISA_ENV[isa])
         return cf, torch
 
     mpirun = shutil.which("mpirun")
@@ -237,13 +252,18 @@ def main():
                 if impl == "cf" and "error" not in r and r.get("isa", isa) != isa:
                     r["error"] = f"ran with {r.get('isa')} kernels, not {isa}"
                     msg = r["error"]
+                if impl == "cf" and "error" not in r and r.get("blas_core", core[isa]) != core[isa]:
+                    r["error"] = f"ran with OpenBLAS kernels {r.get('blas_core')}, not {core[isa]}"
+                    msg = r["error"]
                 who = "corefit" if impl == "cf" else "PyTorch" + ("" if variant == "default" else f" ({variant})")
                 log(f"[bench] pair {i + 1}/{pairs} {label:<44} {who:<8} {msg}")
 
-    sg.append(run_json([sgemm, "0.5" if a.quick else "1"], timeout=120))
-    sg_ok = [s for s in sg if "error" not in s]
-    sgemm_cpu = max(s["sgemm_gflops_cpu"] for s in sg_ok)
-    sgemm_wall = max(s["sgemm_gflops"] for s in sg_ok)
+    sgemm_cpu, sgemm_wall = {}, {}
+    for isa in isas:
+        sg[isa].append(sgemm_run(isa))
+        sg_ok = [s for s in sg[isa] if "error" not in s]
+        sgemm_cpu[isa] = max(s["sgemm_gflops_cpu"] for s in sg_ok)
+        sgemm_wall[isa] = max(s["sgemm_gflops"] for s in sg_ok)
 
     acc = {}
     if a.accuracy:
@@ -301,7 +321,7 @@ def main():
             return x["ips"] / (cores * base["ips"])
 
         def pct(x):  # achieved GFLOP per CPU-second against SGEMM's, per core
-            return None if x is None else 100 * x["ipc"] * x["mflop"] / 1e3 / sgemm_cpu
+            return None if x is None else 100 * x["ipc"] * x["mflop"] / 1e3 / sgemm_cpu[isa]
 
         rows.append({
             "key": key, "label": label, "isa": isa,
@@ -323,8 +343,9 @@ def main():
     print(f"{title}, Fashion-MNIST, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
     print(f"{cpu_model()}, {n} cores; load average {load0:.1f} at start, {load1:.1f} at end; "
           f"medians of {pairs} alternating pairs of {batches} training steps (first 5 excluded)")
-    print(f"SGEMM 1 thread ({core} kernels, 1024^3): {sgemm_cpu:.1f} GFLOP per CPU-second "
-          f"({sgemm_wall:.1f} best wall); PyTorch ran with OPENBLAS_CORETYPE={core}")
+    for isa in isas:
+        print(f"{isa}: SGEMM 1 thread (OpenBLAS {core[isa]} kernels, 1024^3): {sgemm_cpu[isa]:.1f} GFLOP per "
+              f"CPU-second ({sgemm_wall[isa]:.1f} best wall); PyTorch ran with OPENBLAS_CORETYPE={core[isa]}")
     print()
     print("| configuration | corefit img/s | PyTorch img/s | ratio | corefit img/CPU-s | PyTorch img/CPU-s | ratio (CPU) "
           "| scaling eff. corefit / PyTorch | GFLOP/s corefit / PyTorch | % of SGEMM (per CPU-s) corefit / PyTorch "
@@ -352,14 +373,15 @@ def main():
         notes.insert(0, f"{k} {impl} failed: {e}")
     notes.append("img/s: wall time; img/CPU-s: images per CPU-second of all the run's processes in the timed window "
                  "(less sensitive to other load on a shared machine). Scaling eff. = N-core img/s / (N x 1-thread img/s). "
-                 "% of SGEMM = achieved GFLOP per CPU-second / SGEMM's. Peak RSS sums each process's own peak "
+                 "% of SGEMM = achieved GFLOP per CPU-second / SGEMM's at the same instruction set. Peak RSS sums each process's own peak "
                  "(pages shared after fork counted in each); PSS is the sum at the end of training. "
                  "mpirun's own processes are not counted.")
     for note in notes:
         print(f"- {note}")
 
     notes.append("Instruction sets: corefit capped with CF_ISA; PyTorch with ATEN_CPU_CAPABILITY and "
-                 "ONEDNN_MAX_CPU_ISA; OpenBLAS on both sides with OPENBLAS_CORETYPE (Haswell at avx2). "
+                 "ONEDNN_MAX_CPU_ISA; OpenBLAS kernels chosen by corefit for each set, and PyTorch given the same "
+                 "with OPENBLAS_CORETYPE. "
                  "A capped machine is not a machine without the set (clock, ports): quote real ones too.")
     out = a.out or os.path.join(build, f"bench-{a.workload}.json")
     with open(out, "w") as f:

@@ -1,5 +1,6 @@
-/* Single-thread SGEMM rate of the BLAS corefit uses (OpenBLAS, with corefit's kernel
- * selection), the yardstick of `make bench`. Prints one JSON line.
+/* Single-thread SGEMM rate of the BLAS corefit uses (OpenBLAS, with the kernels corefit selects
+ * for its instruction set: CF_ISA caps both), the yardstick of `make bench`. Prints one JSON
+ * line, naming the OpenBLAS kernels and corefit's instruction set.
  *
  *   sgemm [seconds per shape]      (default 1)
  *
@@ -56,8 +57,9 @@ int main(int argc, char **argv) {
     double g1, c1, g2, c2;
     rate(1024, 1024, 1024, seconds, &g1, &c1);
     rate(64, 3136, 576, seconds, &g2, &c2);
-    printf("{\"sgemm_gflops\": %.3f, \"sgemm_gflops_cpu\": %.3f, \"w1_gemm_gflops\": %.3f, "
-           "\"w1_gemm_gflops_cpu\": %.3f, \"threads\": 1, \"blas_core\": \"%s\"}\n",
-           g1, c1, g2, c2, cf_blas_core());
+    printf(
+        "{\"sgemm_gflops\": %.3f, \"sgemm_gflops_cpu\": %.3f, \"w1_gemm_gflops\": %.3f, "
+        "\"w1_gemm_gflops_cpu\": %.3f, \"threads\": 1, \"blas_core\": \"%s\", \"isa\": \"%s\"}\n",
+        g1, c1, g2, c2, cf_blas_core(), cf_isa_name(cf_isa_active()));
     return 0;
 }

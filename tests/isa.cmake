@@ -1,12 +1,17 @@
 # Instruction sets. ctest runs the kernel and layer tests once per instruction set below the
 # best one this CPU supports (the plain runs above use the best), each capped with CF_ISA; on a
 # CPU without a set the cap gives the best it has, and test_isa says which ran. test_isa itself
-# runs without OPENBLAS_NUM_THREADS, to check the default thread configuration.
+# runs without OPENBLAS_NUM_THREADS, to check the default thread configuration, and without
+# OPENBLAS_CORETYPE, to check that OpenBLAS's kernels follow the cap (test_isa_user_blas: with it,
+# that the user's choice stands).
 # (test_models, minutes of whole-model oracles, runs at the best set only)
 set(CF_ISA_TESTS test_kernels test_layers test_conv_pool test_fusion test_optim test_loss
   test_w1_model test_alloc)
-set_tests_properties(test_isa PROPERTIES ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:"
-  ENVIRONMENT "")
+set_tests_properties(test_isa PROPERTIES ENVIRONMENT_MODIFICATION
+  "OPENBLAS_NUM_THREADS=unset:;OPENBLAS_CORETYPE=unset:" ENVIRONMENT "")
+add_test(NAME test_isa_user_blas COMMAND test_isa)
+set_tests_properties(test_isa_user_blas PROPERTIES LABELS "unit;isa" TIMEOUT 120
+  ENVIRONMENT "OPENBLAS_CORETYPE=Haswell" ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:")
 foreach(isa generic avx2)
   foreach(name ${CF_ISA_TESTS})
     add_test(NAME ${name}_${isa} COMMAND ${name})
@@ -15,7 +20,8 @@ foreach(isa generic avx2)
   endforeach()
   add_test(NAME test_isa_${isa} COMMAND test_isa)
   set_tests_properties(test_isa_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 120
-    ENVIRONMENT "CF_ISA=${isa}" ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:")
+    ENVIRONMENT "CF_ISA=${isa}"
+    ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:;OPENBLAS_CORETYPE=unset:")
 endforeach()
 
 # A portable build must run on any CPU of its architecture: outside the AVX2 and AVX-512

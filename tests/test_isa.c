@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,12 @@
 
 /* Read before anything else runs: the configuration a program gets by default. */
 static int blas_threads_at_start;
+static char blas_core_at_start[32];
+
+#if defined(__x86_64__)
+/* Exported by DYNAMIC_ARCH builds of OpenBLAS (Debian's), which corefit reselects through. */
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+#endif
 
 static void test_default_blas_threads(void **state) {
     (void)state;
@@ -86,6 +93,57 @@ static void test_set_isa(void **state) {
     assert_int_equal(cf_isa_active(), before);
 }
 
+/* OpenBLAS's kernels follow corefit's instruction set (CF_ISA at load, cf_set_isa later), unless
+ * the user chose them with OPENBLAS_CORETYPE, and still give the right product on one thread.
+ * (ctest runs this without OPENBLAS_CORETYPE, and once with it, tests/isa.cmake.) */
+static void test_blas_follows_isa(void **state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (!gotoblas_dynamic_init) skip();
+    const cf_isa before = cf_isa_active(), best = cf_isa_best();
+    if (getenv("OPENBLAS_CORETYPE")) { /* the user's choice stands under every cap */
+        for (int isa = CF_ISA_GENERIC; isa <= (int)best; isa++) {
+            cf_set_isa((cf_isa)isa);
+            assert_string_equal(cf_blas_core(), blas_core_at_start);
+        }
+        cf_set_isa(before);
+        return;
+    }
+    /* below the CPU's best, the capped set's kernels; at the best, OpenBLAS's own choice when it
+     * is of that set (Cooperlake, say, on a CPU with AVX-512 BF16), else SkylakeX or Haswell */
+    static const char *const expect[] = {"Nehalem", "Haswell", "SkylakeX"};
+    static const char *const same_level[][3] = {{"Nehalem", NULL, NULL},
+                                                {"Haswell", "Zen", NULL},
+                                                {"SkylakeX", "Cooperlake", "SapphireRapids"}};
+    print_message("OpenBLAS kernels at load: %s\n", blas_core_at_start);
+    enum { M = 45, N = 67, K = 39 };
+    static float a[M * K], b[K * N], ref[M * N], got[M * N];
+    for (int i = 0; i < M * K; i++) a[i] = (float)((i * 7919) % 201 - 100) / 100.0f;
+    for (int i = 0; i < K * N; i++) b[i] = (float)((i * 104729) % 199 - 99) / 99.0f;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += (double)a[i * K + k] * b[k * N + j];
+            ref[i * N + j] = (float)sum;
+        }
+    for (int isa = CF_ISA_GENERIC; isa <= (int)best; isa++) {
+        cf_set_isa((cf_isa)isa);
+        const char *core = cf_blas_core();
+        bool ok = strcmp(core, expect[isa]) == 0;
+        for (int i = 0; i < 3 && isa == (int)best && !ok; i++)
+            ok = same_level[isa][i] && strcmp(core, same_level[isa][i]) == 0;
+        if (!ok) fail_msg("cap %s: OpenBLAS kernels %s", cf_isa_name((cf_isa)isa), core);
+        if (isa == (int)before) assert_string_equal(core, blas_core_at_start);
+        assert_int_equal(openblas_get_num_threads(), 1);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1, a, K, b, N, 0, got, N);
+        for (int i = 0; i < M * N; i++) assert_float_equal(got[i], ref[i], 1e-4);
+    }
+    cf_set_isa(before);
+#else
+    skip();
+#endif
+}
+
 /* The same small product through every table the CPU supports agrees to rounding. */
 static void test_tables_agree(void **state) {
     (void)state;
@@ -108,6 +166,7 @@ static void test_tables_agree(void **state) {
 
 int main(void) {
     blas_threads_at_start = openblas_get_num_threads();
+    snprintf(blas_core_at_start, sizeof blas_core_at_start, "%s", cf_blas_core());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_blas_threads),
         cmocka_unit_test(test_blas_threads_inside_pool),
@@ -115,6 +174,7 @@ int main(void) {
         cmocka_unit_test(test_env_cap),
         cmocka_unit_test(test_set_isa),
         cmocka_unit_test(test_tables_agree),
+        cmocka_unit_test(test_blas_follows_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

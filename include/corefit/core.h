@@ -118,9 +118,9 @@ cf_status cf_blas_reserve(int concurrent);
 typedef void (*cf_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx);
 
-/* The BLAS kernels in use ("SkylakeX", "Haswell", ...). On CPUs the system's OpenBLAS does not
- * recognise (it would fall back to slow generic kernels), corefit selects kernels for the
- * instruction set the CPU reports, unless OPENBLAS_CORETYPE is set. */
+/* The BLAS kernels in use ("SkylakeX", "Haswell", ...). Unless OPENBLAS_CORETYPE is set,
+ * corefit selects OpenBLAS's kernels for the instruction set of its own (cf_isa_active(): the
+ * CPU's best, or the CF_ISA cap): SkylakeX at avx512, Haswell at avx2, Nehalem at generic. */
 const char *cf_blas_core(void);
 
 /* Seconds from a monotonic clock. */

@@ -137,9 +137,10 @@ const char *cf_isa_name(cf_isa isa);
 bool cf_isa_parse(const char *name, cf_isa *isa);
 /* Caps the kernels at `cap`: the best instruction set the CPU supports that is not above it in
  * the order of cf_isa (an architecture has only its own sets: on arm64 a cap of avx2 or avx512
- * gives generic, on x86-64 neon caps nothing). Returns the one chosen. Process-wide; call it only
- * while no kernel runs (layers planned before the call keep weights packed for the old kernels:
- * re-plan them, as a new fit does). */
+ * gives generic, on x86-64 neon caps nothing). Returns the one chosen. OpenBLAS's kernels follow
+ * unless OPENBLAS_CORETYPE is set (cf_blas_core() in corefit/core.h). Process-wide; call it only
+ * while no kernel or BLAS call runs (layers planned before the call keep weights packed for the
+ * old kernels: re-plan them, as a new fit does). */
 cf_isa cf_set_isa(cf_isa cap);
 
 /* The geometry of a 2-D sliding window over one (C, H, W) image: kernel kh x kw, stride sh x sw,

@@ -207,52 +207,15 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     pthread_mutex_unlock(&dispatch_lock);
 }
 
-/* ---- BLAS kernels ----------------------------------------------------------------------------
- * Debian's OpenBLAS (0.3.21, a DYNAMIC_ARCH build) picks its kernels from the CPU model when it
- * loads. On CPUs newer than the release (some Xeons with AVX-512) it falls back to its generic
- * "Prescott" kernels and runs SGEMM at a fifth of the speed. When that happens, and the user has
- * not chosen a core with OPENBLAS_CORETYPE, corefit asks OpenBLAS to select again for the
- * instruction set the CPU reports, through OpenBLAS's own dynamic-arch entry points.
- * It lives here, beside the thread settings, so that every program using corefit's kernels
- * links it (and its constructor) in. */
-
-/* Exported by DYNAMIC_ARCH builds of OpenBLAS; absent (NULL) elsewhere. */
-extern void gotoblas_dynamic_init(void) __attribute__((weak));
-extern void gotoblas_dynamic_quit(void) __attribute__((weak));
-
-static const char *better_core(void) {
-#if !defined(__x86_64__)
-    return NULL; /* OpenBLAS's own choice stands on other architectures */
-#else
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return "SkylakeX";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-    return NULL;
-#endif
-}
-
-static bool generic_core(const char *name) {
-    static const char *const generic[] = {"Prescott",  "Core2",  "Nehalem", "Katmai",
-                                          "Northwood", "Banias", "Generic"};
-    for (size_t i = 0; i < sizeof generic / sizeof *generic; i++)
-        if (name && strcmp(name, generic[i]) == 0) return true;
-    return false;
-}
-
-/* Also holds OpenBLAS to one thread from load: corefit owns the threading of every kernel it
- * calls (its pool splits work over the batch; a BLAS call inside a pool job must not start threads
- * of its own), whatever the program does or does not call, in one process, fork workers and MPI. */
-__attribute__((constructor)) static void select_blas_kernels(void) {
+/* ---- BLAS threads ----------------------------------------------------------------------------
+ * OpenBLAS's kernels follow corefit's instruction set (src/tensor/isa.c). Its threads are held
+ * to one from load: corefit owns the threading of every kernel it calls (its pool splits work
+ * over the batch; a BLAS call inside a pool job must not start threads of its own), whatever the
+ * program does or does not call, in one process, fork workers and MPI. It lives here, beside the
+ * thread settings, so that every program using corefit's kernels links it (and its constructor)
+ * in. */
+__attribute__((constructor)) static void hold_blas_to_one_thread(void) {
     openblas_set_num_threads(1);
-    if (getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
-    const char *core = better_core();
-    if (!core || !generic_core(openblas_get_corename())) return;
-    setenv("OPENBLAS_CORETYPE", core, 1);
-    gotoblas_dynamic_quit();
-    gotoblas_dynamic_init();
-    unsetenv("OPENBLAS_CORETYPE"); /* leave the environment as the user had it */
 }
 
 /* ---- room for OpenBLAS's work buffers -----------------------------------------------------

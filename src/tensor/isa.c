@@ -1,11 +1,12 @@
 /* Choosing the kernel table: once, when the library is loaded, from what the CPU reports
  * (cpuid through the compiler's __builtin_cpu_supports on x86-64; NEON is part of every arm64
- * CPU), capped by the environment variable CF_ISA. (OpenBLAS's own kernels and threads are set
- * beside the thread pool, src/core/threads.c.)
+ * CPU), capped by the environment variable CF_ISA; and OpenBLAS's kernels to match (below).
+ * (OpenBLAS's threads are set beside the thread pool, src/core/threads.c.)
  */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,9 +70,53 @@ cf_isa cf_isa_active(void) {
     return cf_active_kernels->isa;
 }
 
+/* ---- OpenBLAS's kernels follow corefit's ------------------------------------------------------
+ * Debian's OpenBLAS (a DYNAMIC_ARCH build) picks its kernels from the CPU model when it loads,
+ * whatever CF_ISA says, and knows no CPU newer than its release: it falls back to its generic
+ * kernels on some Xeons (SGEMM at a fifth of the speed) and gives AMD CPUs with AVX-512 its AVX2
+ * kernels. Unless the user chose a core with OPENBLAS_CORETYPE, corefit asks OpenBLAS, through
+ * its own dynamic-arch entry points, for the kernels of the instruction set corefit's kernels
+ * use: SkylakeX at avx512, Haswell at avx2, Nehalem (SSE only) at generic. A build of OpenBLAS
+ * without those entry points keeps its own choice; cf_blas_core() names the one in use. */
+#if defined(__x86_64__)
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+/* The widest vectors of an OpenBLAS x86-64 core's kernels: 3 AVX-512, 2 AVX2, 1 AVX, 0 SSE. */
+static int blas_core_level(const char *name) {
+    static const char *const levels[][4] = {
+        {"SkylakeX", "Cooperlake", "SapphireRapids", NULL},
+        {"Haswell", "Zen", "Excavator", NULL},
+        {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller"},
+    };
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < 4 && levels[l][i]; i++)
+            if (name && strcmp(name, levels[l][i]) == 0) return 3 - l;
+    return 0;
+}
+
+static void blas_follow_isa(cf_isa isa) {
+    if (getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
+    static int own_level = -1; /* of OpenBLAS's own choice, seen at the first call (at load) */
+    if (own_level < 0) own_level = blas_core_level(openblas_get_corename());
+    const int want = isa == CF_ISA_AVX512 ? 3 : isa == CF_ISA_AVX2 ? 2 : 0;
+    if (blas_core_level(openblas_get_corename()) == want) return;
+    const char *core = want == 3 ? "SkylakeX" : want == 2 ? "Haswell" : "Nehalem";
+    if (want != own_level) setenv("OPENBLAS_CORETYPE", core, 1); /* else OpenBLAS chooses again */
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE"); /* leave the environment as the user had it */
+}
+#else
+static void blas_follow_isa(cf_isa isa) { /* OpenBLAS's own choice stands elsewhere */
+    (void)isa;
+}
+#endif
+
 cf_isa cf_set_isa(cf_isa cap) {
     cf_isa best = cf_isa_best();
     cf_active_kernels = table_for(cap < best ? cap : best);
+    blas_follow_isa(cf_active_kernels->isa);
     return cf_active_kernels->isa;
 }
 
