@@ -44,6 +44,10 @@ typedef struct cf_dataset {
                                                 Normalize's mean/std, FillMissing's median */
     char *y_name;                            /* the target column */
     int64_t n_unseen; /* categorical values the training set never had, made #na# (validation) */
+    /* A streamed image set (cf_image_load CF_IMAGE_LOAD_STREAM): x is NULL and the loaders
+     * decode each sample from its file when a batch needs it; y, the vocabulary and
+     * sample_shape are as for an in-memory set. NULL for in-memory sets. */
+    struct cf_image_files *files;
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */
@@ -58,7 +62,9 @@ cf_status cf_dataset_set_vocab(cf_dataset *ds, const char *const *names, int n);
  * are copied). */
 cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out);
 /* Per-channel mean and std (unbiased, + 1e-7 as fastai's Normalize) of an image dataset
- * (sample_shape (C, H, W), C <= 4); mean and std receive C values. */
+ * (sample_shape (C, H, W), C <= 4); mean and std receive C values. A streamed set is measured
+ * on at most 256 images spread evenly over it (as fastai's Normalize measures one batch),
+ * decoded as validation images. */
 cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std);
 
 /* fastai's RandomSplitter(valid_pct, seed): a permutation of n drawn from seed, cut =
@@ -100,7 +106,29 @@ cf_status cf_dataset_from_idx_first(const char *images_path, const char *labels_
 cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, const void *labels,
                                      size_t labels_size, const char *name, cf_dataset **out);
 
-/* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- */
+/* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- *
+ * JPEG files are decoded with libjpeg-turbo when corefit is built with it (libjpeg62-turbo-dev;
+ * CF_HAVE_JPEG), PNG and BMP with stb_image. On 160 x 160 RGB JPEGs of quality 90 libjpeg-turbo
+ * decodes about 2.8x as fast as stb_image (bench/bench_imgfolder --decode; bench/README.md). */
+
+/* How an image set's pixels are held. */
+typedef enum cf_image_load {
+    /* CF_IMAGE_LOAD_STREAM when the decoded set (n x C x H x W floats) would take more than
+     * CF_IMAGE_MEMORY_BUDGET bytes or more than a quarter of the memory this process may use
+     * (ulimit -v / -d, physical memory), else CF_IMAGE_LOAD_MEMORY: a set that fits is faster
+     * decoded once (each later epoch copies floats instead of decoding files again). */
+    CF_IMAGE_LOAD_AUTO,
+    CF_IMAGE_LOAD_MEMORY, /* decode every image up front into one float array (ds->x) */
+    /* Keep only the file names and labels; the loaders decode each image when a batch needs it,
+     * on `decode_threads` threads, at most prefetch + 1 batches ahead: memory does not grow
+     * with the number of images. Training images get their item transform drawn anew every
+     * epoch from (seed, epoch, index) (fastai's RandomResizedCrop/Resize), where an up-front
+     * set keeps epoch 0's region. Same batches for any decode_threads. */
+    CF_IMAGE_LOAD_STREAM,
+} cf_image_load;
+
+/* The AUTO threshold on the decoded size of one set (training or validation). */
+#define CF_IMAGE_MEMORY_BUDGET ((uint64_t)2 << 30)
 
 typedef struct cf_image_folder_options {
     int size;          /* resize every image to size x size with stbir_resize_uint8 (0: keep the
@@ -117,6 +145,14 @@ typedef struct cf_image_folder_options {
      * validation images fastai's validation choice. Images decoded once keep that one region
      * for every epoch. NULL: none. */
     const struct cf_item_tfm *item_tfm;
+    cf_image_load load; /* AUTO (above) */
+    int decode_threads; /* streamed sets: threads decoding for each loader (0: the fit's thread
+                           count, cf_get_num_threads(), which is 1 in a parallel worker) */
+    /* Streamed sets: a file that cannot be read or decoded is left out of its batch (the batch
+     * is one sample shorter) and counted (cf_dataloader_skipped) instead of failing the epoch
+     * with an error naming it. A batch left with no sample fails. Up-front sets always fail
+     * on a bad file. */
+    bool skip_bad;
 } cf_image_folder_options;
 
 /* Decodes one PNG/JPEG/BMP image from memory into out (channels * size * size floats in [0, 1],
@@ -131,6 +167,29 @@ cf_status cf_image_read(const char *path, int channels, int size, float *out, in
  * datasets; *valid is empty (n 0) when valid_pct is 0 and there is no valid folder. */
 cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,
                                         cf_dataset **train, cf_dataset **valid);
+
+/* fastai's ImageDataLoaders.from_csv: a CSV with a header row lists one image a row. fn_col
+ * names the column of file names (NULL: the first column), relative to `folder` (NULL: the
+ * CSV's own folder; a relative folder is taken from the CSV's folder), label_col the class
+ * (NULL: the second column). valid_col (NULL: none) names a column of booleans (1/0, true/false,
+ * True/False) marking the validation rows; without it opt->valid_pct splits at random, and with
+ * neither every row is training. The classes are the sorted labels of the training rows; a
+ * validation label outside them is refused with its line. Loading (up front or streamed) and
+ * decoding follow opt as for folders (opt->train/valid are unused). */
+cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, const char *fn_col,
+                                     const char *label_col, const char *valid_col,
+                                     const cf_image_folder_options *opt, cf_dataset **train,
+                                     cf_dataset **valid);
+/* Whether the set is streamed (ds->files), and how many of its files a loader has skipped as
+ * unreadable in this process so far (skip_bad; each file counted once). */
+bool cf_dataset_is_streamed(const cf_dataset *ds);
+int64_t cf_dataset_skipped(const cf_dataset *ds);
+/* The path of sample i of a streamed set (NULL for in-memory sets or i out of range). */
+const char *cf_dataset_file(const cf_dataset *ds, int64_t i);
+/* Decodes sample i of a set into out (numel(sample_shape) floats, [0, 1], before
+ * normalisation), as a loader would for `epoch` (streamed training sets draw their item
+ * transform from (seed, epoch, i)); an in-memory set's sample is copied. */
+cf_status cf_dataset_get(const cf_dataset *ds, int64_t i, int epoch, float *out);
 
 /* ---- CSV tables ---------------------------------------------------------------------------- */
 
@@ -339,7 +398,13 @@ typedef struct cf_dl_options {
     const cf_aug_opts *aug;
 } cf_dl_options;
 
-/* The loader keeps a pointer to ds (not owned; it must outlive the loader). Buffers for
+/* Samples of a streamed set (ds->files) are decoded by the set's decode_threads threads, which
+ * take the samples of the batches ahead in order, each into its place in the batch, so that
+ * at most prefetch + 1 batches are held whatever the data set's size; with prefetch < 0 the
+ * samples are decoded in next(). A file that fails fails that batch's next() with the error
+ * naming it (the first failing sample of the batch), unless the set skips bad files.
+ *
+ * The loader keeps a pointer to ds (not owned; it must outlive the loader). Buffers for
  * `prefetch` batches are allocated here; iterating allocates nothing per batch.
  *
  * Threads: the prefetch thread is started lazily by the first cf_dataloader_next of an epoch,
@@ -380,6 +445,9 @@ cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch);
  * next call. */
 cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch);
 const cf_dataset *cf_dataloader_dataset(const cf_dataloader *dl);
+/* Samples this loader left out of its batches (bad files of a streamed set with skip_bad),
+ * counted every time one is left out, since the loader was made. */
+int64_t cf_dataloader_skipped(const cf_dataloader *dl);
 const cf_dl_options *cf_dataloader_options(const cf_dataloader *dl);
 /* Sets the channel normalisation (n_norm 1 or the samples' channels; 0 removes it) for the
  * batches made from the next epoch on; CF_ERR_STATE during an epoch. */

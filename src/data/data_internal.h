@@ -15,4 +15,39 @@ bool cf__dataset_set_source(cf_dataset *ds, const char *s);
 /* Copies the tabular metadata (names, vocabularies, statistics) of src into dst. */
 cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src);
 
+/* ---- streamed image sets (stream.c) --------------------------------------------------------- */
+
+#include <stdatomic.h>
+
+/* What a streamed set needs to decode sample i: its path and how to decode it. */
+struct cf_image_files {
+    int64_t n;
+    char **paths;       /* n paths */
+    int channels;       /* 1 or 3 */
+    int size;           /* resize to size x size (0: keep; then all images are w x h) */
+    int w, h;           /* the common size when size is 0 and there is no item transform */
+    bool has_tfm;       /* tfm applies (then size is unused) */
+    cf_item_tfm tfm;    /* item transform, drawn from (seed, epoch, i) for a training set */
+    bool train;         /* the training set (random item transforms) */
+    uint64_t seed;      /* item transforms */
+    bool skip_bad;      /* loaders leave bad files out of their batches */
+    int decode_threads; /* 0: cf_get_num_threads() */
+    atomic_uchar *bad;  /* per file: found bad (skip_bad) */
+    atomic_llong n_bad; /* distinct files found bad in this process */
+};
+
+/* A new streamed dataset of n images (paths copied, labels as class codes); NULL with the error
+ * set on failure. proto's decoding fields (channels .. decode_threads) are copied. */
+cf_dataset *cf__dataset_stream_new(int64_t n, const char *const *paths, const int *labels,
+                                   const struct cf_image_files *proto, cf_shape shape);
+void cf__image_files_free(struct cf_image_files *f);
+/* The files idx[0..n) of f, in that order, as a new set of files. */
+struct cf_image_files *cf__image_files_subset(const struct cf_image_files *f, const int64_t *idx,
+                                              int64_t n);
+/* Decodes file i of f for `epoch` into out (channels * H * W floats in [0, 1]); the error names
+ * the file. Thread-safe. */
+cf_status cf__image_files_decode(const struct cf_image_files *f, int64_t i, int epoch, float *out);
+/* Marks file i bad (skip_bad); true the first time. */
+bool cf__image_files_mark_bad(struct cf_image_files *f, int64_t i);
+
 #endif

@@ -82,6 +82,7 @@ void cf_dataset_free(cf_dataset *ds) {
     if (!ds) return;
     cf_free(ds->x);
     cf_free(ds->y);
+    cf__image_files_free(ds->files);
     cf__strv_free(ds->vocab, ds->n_classes);
     if (ds->cat_vocab) {
         for (int i = 0; i < ds->n_cat; i++)
@@ -196,6 +197,24 @@ cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n,
             return cf_fail(CF_ERR_INVALID,
                            "cf_dataset_subset: index %lld is %lld, outside [0, %lld)", (long long)i,
                            (long long)idx[i], (long long)ds->n);
+    if (ds->files) { /* a streamed set: the subset of its files */
+        cf_dataset *sub = cf_calloc(1, sizeof *sub);
+        if (!sub) return CF_ERR_NOMEM;
+        sub->n = n;
+        sub->sample_shape = ds->sample_shape;
+        sub->target_dim = ds->target_dim;
+        sub->y = cf_calloc((size_t)(n > 0 ? n : 1) * (size_t)ds->target_dim, sizeof(float));
+        sub->files = cf__image_files_subset(ds->files, idx, n);
+        if (!sub->y || !sub->files || cf__dataset_copy_meta(sub, ds) != CF_OK) {
+            cf_dataset_free(sub);
+            return cf_fail(CF_ERR_NOMEM, "cf_dataset_subset: out of memory");
+        }
+        for (int64_t i = 0; i < n; i++)
+            memcpy(sub->y + (size_t)i * ds->target_dim, ds->y + (size_t)idx[i] * ds->target_dim,
+                   (size_t)ds->target_dim * sizeof(float));
+        *out = sub;
+        return CF_OK;
+    }
     cf_dataset *sub = cf__dataset_alloc(n, ds->sample_shape, ds->target_dim);
     if (!sub) return CF_ERR_NOMEM;
     if (cf__dataset_copy_meta(sub, ds) != CF_OK) {
@@ -217,6 +236,33 @@ cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std
                        "cf_dataset_channel_stats: needs an image dataset (C, H, W) with C <= 4");
     int c = ds->sample_shape.dim[0];
     size_t hw = (size_t)ds->sample_shape.dim[1] * (size_t)ds->sample_shape.dim[2];
+    if (ds->files && ds->n > 0) { /* measure a sample of a streamed set, decoded up front */
+        int64_t k = ds->n < 256 ? ds->n : 256;
+        const struct cf_image_files *f = ds->files;
+        struct cf_image_files probe = *f;
+        probe.train = false; /* validation's deterministic item transform */
+        float *x = cf_malloc((size_t)k * (size_t)c * hw * sizeof(float));
+        if (!x) return cf_fail_context(CF_ERR_NOMEM, "cf_dataset_channel_stats");
+        cf_status st = CF_OK;
+        int64_t m = 0; /* decoded (bad files are passed over when the set skips them) */
+        for (int64_t i = 0; i < k && !st; i++) {
+            int64_t j = i * ds->n / k;
+            st = cf__image_files_decode(&probe, j, 0, x + (size_t)m * (size_t)c * hw);
+            if (st && f->skip_bad) {
+                cf__image_files_mark_bad(ds->files, j);
+                st = CF_OK;
+            } else if (!st) {
+                m++;
+            }
+        }
+        cf_dataset view = {.n = m, .sample_shape = ds->sample_shape, .x = x, .source = ds->source};
+        if (!st) st = cf_dataset_channel_stats(&view, mean, std);
+        cf_free(x);
+        return st;
+    }
+    if (!ds->x)
+        return cf_fail(CF_ERR_STATE, "cf_dataset_channel_stats: %s holds no samples",
+                       ds->source ? ds->source : "dataset");
     if (ds->n * (int64_t)hw < 2)
         return cf_fail(CF_ERR_INVALID, "cf_dataset_channel_stats: %s has too few values",
                        ds->source ? ds->source : "dataset");

@@ -15,6 +15,11 @@
 #include <stb_image.h>
 #include <stb_image_resize.h>
 #endif
+#ifdef CF_HAVE_JPEG
+#include <jpeglib.h>
+#include <jerror.h>
+#include <setjmp.h>
+#endif
 
 /* Images with more pixels than this are refused before decoding (the fuzzer builds with less). */
 #ifndef CF_IMAGE_MAX_PIXELS
@@ -125,6 +130,96 @@ static cf_status undecodable(const uint8_t *b, size_t n, const char *name) {
                    n);
 }
 
+#ifdef CF_HAVE_JPEG
+/* libjpeg reports errors through a callback that must not return: jump back instead, and keep
+ * the message. A premature end of the data is only a warning to libjpeg (it fills the rest with
+ * grey); corefit refuses such a file as truncated. */
+typedef struct jpeg_errors {
+    struct jpeg_error_mgr mgr;
+    jmp_buf jump;
+    bool truncated;
+    char message[JMSG_LENGTH_MAX];
+} jpeg_errors;
+
+static void jpeg_error_jump(j_common_ptr cinfo) {
+    jpeg_errors *e = (jpeg_errors *)cinfo->err;
+    cinfo->err->format_message(cinfo, e->message);
+    longjmp(e->jump, 1);
+}
+
+static void jpeg_message(j_common_ptr cinfo, int level) {
+    jpeg_errors *e = (jpeg_errors *)cinfo->err;
+    if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) e->truncated = true;
+}
+
+/* Decodes a JPEG with libjpeg-turbo into interleaved 8-bit pixels of `channels` channels (free
+ * with free()); NULL when libjpeg cannot read it (then *message says why). */
+static unsigned char *jpeg_turbo_decode(const uint8_t *bytes, size_t n, int channels, int *w,
+                                        int *h, char *message, size_t message_size) {
+    struct jpeg_decompress_struct cinfo;
+    jpeg_errors err = {0};
+    unsigned char *volatile pix = NULL;
+    cinfo.err = jpeg_std_error(&err.mgr);
+    err.mgr.error_exit = jpeg_error_jump;
+    err.mgr.emit_message = jpeg_message;
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        free(pix);
+        snprintf(message, message_size, "%s", err.message);
+        return NULL;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, bytes, (unsigned long)n);
+    jpeg_read_header(&cinfo, TRUE);
+    cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_start_decompress(&cinfo);
+    int ow = (int)cinfo.output_width, oh = (int)cinfo.output_height;
+    if (ow <= 0 || oh <= 0 || (int64_t)ow * oh > CF_IMAGE_MAX_PIXELS ||
+        cinfo.output_components != channels) {
+        snprintf(message, message_size, "image size %d x %d with %d channels refused", ow, oh,
+                 cinfo.output_components);
+        jpeg_destroy_decompress(&cinfo);
+        return NULL;
+    }
+    size_t stride = (size_t)ow * (size_t)channels;
+    pix = malloc(stride * (size_t)oh);
+    if (!pix) {
+        snprintf(message, message_size, "out of memory for %d x %d pixels", ow, oh);
+        jpeg_destroy_decompress(&cinfo);
+        return NULL;
+    }
+    while (cinfo.output_scanline < cinfo.output_height) {
+        JSAMPROW row = pix + (size_t)cinfo.output_scanline * stride;
+        jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    if (err.truncated) {
+        free(pix);
+        snprintf(message, message_size, "the data ends before the image does");
+        return NULL;
+    }
+    *w = ow;
+    *h = oh;
+    return pix;
+}
+#endif
+
+/* Whether JPEGs are decoded with libjpeg-turbo (for benchmarks: CF_JPEG_DECODER=stb turns it
+ * off in this process). */
+static bool use_jpeg_turbo(void) {
+#ifdef CF_HAVE_JPEG
+    static int use = -1;
+    if (use < 0) {
+        const char *e = getenv("CF_JPEG_DECODER");
+        use = !(e && strcmp(e, "stb") == 0);
+    }
+    return use;
+#else
+    return false;
+#endif
+}
+
 cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int channels, int size,
                           float *out, int *w, int *h) {
     if (!name) name = "image";
@@ -164,10 +259,23 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
                        "%s: image is %d x %d, the others are %d x %d (pass a size to resize)", name,
                        iw, ih, expect_w, expect_h);
     int dw = 0, dh = 0, dc = 0;
-    unsigned char *pix = stbi_load_from_memory(bytes, (int)n, &dw, &dh, &dc, channels);
-    if (!pix) return undecodable(bytes, n, name);
+    unsigned char *pix = NULL;
+    bool from_stb = true;
+#ifdef CF_HAVE_JPEG
+    const char *kind = image_kind(bytes, n);
+    if (kind && strcmp(kind, "JPEG") == 0 && use_jpeg_turbo()) {
+        char why[JMSG_LENGTH_MAX + 64] = "";
+        pix = jpeg_turbo_decode(bytes, n, channels, &dw, &dh, why, sizeof why);
+        if (!pix)
+            return cf_fail(CF_ERR_FORMAT, "%s: corrupt or truncated JPEG image (%zu bytes): %s",
+                           name, n, why);
+        from_stb = false;
+    }
+#endif
+    if (from_stb && !(pix = stbi_load_from_memory(bytes, (int)n, &dw, &dh, &dc, channels)))
+        return undecodable(bytes, n, name);
     if (dw != iw || dh != ih) {
-        stbi_image_free(pix);
+        from_stb ? stbi_image_free(pix) : free(pix);
         return cf_fail(CF_ERR_FORMAT, "%s: decoded size %d x %d differs from the header's %d x %d",
                        name, dw, dh, iw, ih);
     }
@@ -177,12 +285,12 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
     if (size > 0 && (dw != size || dh != size)) {
         resized = malloc((size_t)size * size * channels);
         if (!resized) {
-            stbi_image_free(pix);
+            from_stb ? stbi_image_free(pix) : free(pix);
             return cf_fail(CF_ERR_NOMEM, "%s: out of memory resizing to %d x %d", name, size, size);
         }
         if (!stbir_resize_uint8(pix, dw, dh, 0, resized, size, size, 0, channels)) {
             free(resized);
-            stbi_image_free(pix);
+            from_stb ? stbi_image_free(pix) : free(pix);
             return cf_fail(CF_ERR_FORMAT, "%s: cannot resize %d x %d to %d x %d", name, dw, dh,
                            size, size);
         }
@@ -195,7 +303,7 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
     for (int c = 0; c < channels; c++)
         for (size_t i = 0; i < hw; i++) out[c * hw + i] = lut[src[i * channels + c]];
     free(resized);
-    stbi_image_free(pix);
+    from_stb ? stbi_image_free(pix) : free(pix);
     if (w) *w = dw;
     if (h) *h = dh;
     return CF_OK;
@@ -411,8 +519,9 @@ cf_status cf_image_read(const char *path, int channels, int size, float *out, in
 /* Decodes the items into a new dataset. w and h carry the common size when opt size is 0. */
 static cf_status build(const items *it, int channels, int size, int *w, int *h, char **vocab,
                        int n_vocab, const char *source, const cf_item_tfm *tfm, bool train,
-                       uint64_t seed, cf_dataset **out) {
+                       const cf_image_folder_options *o, cf_dataset **out) {
     *out = NULL;
+    uint64_t seed = o->seed;
     /* The size of the images: size, or the first image's. */
     if (!tfm && size == 0 && *w == 0 && it->n > 0) {
         unsigned char *data;
@@ -437,8 +546,49 @@ static cf_status build(const items *it, int channels, int size, int *w, int *h, 
     }
     int ow = size ? size : (*w > 0 ? *w : 1), oh = size ? size : (*h > 0 ? *h : 1);
     if (tfm) ow = tfm->width, oh = tfm->height;
-    cf_status check = cf_memory_check(
-        (uint64_t)it->n * (uint64_t)channels * (uint64_t)oh * (uint64_t)ow * sizeof(float), source);
+    uint64_t bytes =
+        (uint64_t)it->n * (uint64_t)channels * (uint64_t)oh * (uint64_t)ow * sizeof(float);
+    bool stream = o->load == CF_IMAGE_LOAD_STREAM;
+    if (o->load == CF_IMAGE_LOAD_AUTO) {
+        /* Up front only when the set takes at most the budget and a quarter of what this
+         * process may allocate. */
+        stream = bytes > CF_IMAGE_MEMORY_BUDGET || cf_memory_check(bytes * 4, source) != CF_OK;
+        cf_clear_error();
+    }
+    if (stream) {
+        const char **paths = cf_malloc((size_t)(it->n > 0 ? it->n : 1) * sizeof *paths);
+        int *labels = cf_malloc((size_t)(it->n > 0 ? it->n : 1) * sizeof *labels);
+        cf_status st = paths && labels ? CF_OK : CF_ERR_NOMEM;
+        for (int64_t i = 0; i < it->n && !st; i++) {
+            paths[i] = it->v[i].path;
+            labels[i] = it->v[i].label;
+        }
+        struct cf_image_files proto = {.channels = channels,
+                                       .size = size,
+                                       .w = *w,
+                                       .h = *h,
+                                       .has_tfm = tfm != NULL,
+                                       .tfm = tfm ? *tfm : (cf_item_tfm){0},
+                                       .train = train,
+                                       .seed = seed,
+                                       .skip_bad = o->skip_bad,
+                                       .decode_threads = o->decode_threads};
+        cf_dataset *ds = st ? NULL
+                            : cf__dataset_stream_new(it->n, paths, labels, &proto,
+                                                     cf_shape_make(3, (int[]){channels, oh, ow}));
+        cf_free(paths);
+        cf_free(labels);
+        if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", source);
+        ds->n_classes = n_vocab;
+        if (!(ds->vocab = cf__strv_dup((const char *const *)vocab, n_vocab)) ||
+            !cf__dataset_set_source(ds, source)) {
+            cf_dataset_free(ds);
+            return CF_ERR_NOMEM;
+        }
+        *out = ds;
+        return CF_OK;
+    }
+    cf_status check = cf_memory_check(bytes, source);
     if (check != CF_OK) return check;
     cf_dataset *ds = cf__dataset_alloc(it->n, cf_shape_make(3, (int[]){channels, oh, ow}), 1);
     if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", source);
@@ -486,10 +636,12 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
                        root, o.item_tfm ? (int)o.item_tfm->kind : 0, o.item_tfm->width,
                        o.item_tfm->height);
     if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
-        !(o.valid_pct >= 0 && o.valid_pct < 1))
+        !(o.valid_pct >= 0 && o.valid_pct < 1) || o.load < CF_IMAGE_LOAD_AUTO ||
+        o.load > CF_IMAGE_LOAD_STREAM || o.decode_threads < 0 || o.decode_threads > 1024)
         return cf_fail(CF_ERR_INVALID,
-                       "%s: image folder options: channels %d (1 or 3), size %d, valid_pct %g",
-                       root, o.channels, o.size, o.valid_pct);
+                       "%s: image folder options: channels %d (1 or 3), size %d, valid_pct %g, "
+                       "load %d, decode_threads %d",
+                       root, o.channels, o.size, o.valid_pct, (int)o.load, o.decode_threads);
 #ifndef CF_HAVE_STB
     return cf_fail(CF_ERR_UNSUPPORTED, "%s: corefit was built without stb (libstb-dev)", root);
 #endif
@@ -531,11 +683,11 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
             (st = collect(vdir, root_real, o.follow_symlinks, vocab, n_vocab, &va)))
             goto done;
     }
-    if ((st = build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, tdir, o.item_tfm, true, o.seed,
+    if ((st = build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, tdir, o.item_tfm, true, &o,
                     train)))
         goto done;
     if ((st = build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, o.valid_pct > 0 ? tdir : vdir,
-                    o.item_tfm, false, o.seed, valid)))
+                    o.item_tfm, false, &o, valid)))
         goto done;
 done:
     if (st) {
@@ -550,5 +702,165 @@ done:
     items_free(&all);
     cf_free(ti);
     cf_free(vi);
+    return st;
+}
+
+/* ---- images listed in a CSV ---------------------------------------------------------------- */
+
+static int find_col(const cf_csv_table *t, const char *name, int fallback) {
+    if (!name) return fallback < t->n_cols ? fallback : -1;
+    for (int c = 0; c < t->n_cols; c++)
+        if (strcmp(t->header[c], name) == 0) return c;
+    return -1;
+}
+
+/* 1 for a true value, 0 for false, -1 for anything else. */
+static int parse_bool(const char *v) {
+    static const char *const yes[] = {"1", "true", "True", "TRUE"};
+    static const char *const no[] = {"0", "false", "False", "FALSE"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcmp(v, yes[i]) == 0) return 1;
+        if (strcmp(v, no[i]) == 0) return 0;
+    }
+    return -1;
+}
+
+cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, const char *fn_col,
+                                     const char *label_col, const char *valid_col,
+                                     const cf_image_folder_options *opt, cf_dataset **train,
+                                     cf_dataset **valid) {
+    if (!train || !valid || !csv_path)
+        return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_csv: NULL argument");
+    *train = *valid = NULL;
+    cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
+    if (o.channels == 0) o.channels = 3;
+    if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
+        !(o.valid_pct >= 0 && o.valid_pct < 1) || o.load < CF_IMAGE_LOAD_AUTO ||
+        o.load > CF_IMAGE_LOAD_STREAM || o.decode_threads < 0 || o.decode_threads > 1024)
+        return cf_fail(CF_ERR_INVALID,
+                       "%s: image options: channels %d (1 or 3), size %d, valid_pct %g, load %d, "
+                       "decode_threads %d",
+                       csv_path, o.channels, o.size, o.valid_pct, (int)o.load, o.decode_threads);
+    cf_csv_table *t = NULL;
+    cf_status st = cf_csv_read(csv_path, ',', &t);
+    if (st) return st;
+    int fc = find_col(t, fn_col, 0), lc = find_col(t, label_col, 1);
+    int vc = valid_col ? find_col(t, valid_col, -1) : -1;
+    char base[PATH_MAX], path[PATH_MAX];
+    char **vocab = NULL;
+    int n_vocab = 0, w = 0, h = 0;
+    items tr = {0}, va = {0};
+    int64_t *ti = NULL, *vi = NULL, nt = 0, nv = 0;
+    int8_t *is_valid = NULL;
+    if (fc < 0 || lc < 0 || (valid_col && vc < 0)) {
+        st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header", csv_path,
+                     fc < 0   ? (fn_col ? fn_col : "(first)")
+                     : lc < 0 ? (label_col ? label_col : "(second)")
+                              : valid_col);
+        goto done;
+    }
+    /* The folder the names are relative to. */
+    {
+        const char *slash = strrchr(csv_path, '/');
+        int dir_len = slash ? (int)(slash - csv_path) : 1;
+        const char *dir = slash ? csv_path : ".";
+        int k = folder && folder[0] == '/' ? snprintf(base, sizeof base, "%s", folder)
+                : folder ? snprintf(base, sizeof base, "%.*s/%s", dir_len, dir, folder)
+                         : snprintf(base, sizeof base, "%.*s", dir_len, dir);
+        if (k < 0 || (size_t)k >= sizeof base) {
+            st = cf_fail(CF_ERR_INVALID, "%s: folder path too long", csv_path);
+            goto done;
+        }
+    }
+    if (!(is_valid = cf_calloc((size_t)(t->n_rows > 0 ? t->n_rows : 1), 1))) {
+        st = CF_ERR_NOMEM;
+        goto done;
+    }
+    if (vc >= 0) {
+        for (int64_t r = 0; r < t->n_rows; r++) {
+            const char *v = t->cells[r * t->n_cols + vc];
+            int b = parse_bool(v);
+            if (b < 0) {
+                st = cf_fail(CF_ERR_FORMAT, "%s:%lld: column %s is '%s', not a boolean", csv_path,
+                             (long long)t->row_line[r], valid_col, v);
+                goto done;
+            }
+            is_valid[r] = (int8_t)b;
+        }
+    } else if (o.valid_pct > 0) {
+        if ((st = cf_random_split(t->n_rows, o.valid_pct, o.seed, &ti, &nt, &vi, &nv))) goto done;
+        for (int64_t i = 0; i < nv; i++) is_valid[vi[i]] = 1;
+    }
+    /* The classes: the sorted labels of the training rows. */
+    {
+        char **labels = cf_malloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * sizeof *labels);
+        if (!labels) {
+            st = CF_ERR_NOMEM;
+            goto done;
+        }
+        int64_t m = 0;
+        for (int64_t r = 0; r < t->n_rows; r++)
+            if (!is_valid[r]) labels[m++] = t->cells[r * t->n_cols + lc];
+        if (m > 1) qsort(labels, (size_t)m, sizeof *labels, cmp_str);
+        int64_t u = 0;
+        for (int64_t i = 0; i < m; i++)
+            if (u == 0 || strcmp(labels[u - 1], labels[i]) != 0) labels[u++] = labels[i];
+        if (u == 0 || u > INT_MAX) {
+            cf_free(labels);
+            st = cf_fail(CF_ERR_FORMAT, "%s has no training rows", csv_path);
+            goto done;
+        }
+        vocab = cf__strv_dup((const char *const *)labels, (int)u);
+        cf_free(labels);
+        if (!vocab) {
+            st = CF_ERR_NOMEM;
+            goto done;
+        }
+        n_vocab = (int)u;
+    }
+    for (int64_t r = 0; r < t->n_rows && !st; r++) {
+        const char *fn = t->cells[r * t->n_cols + fc], *lab = t->cells[r * t->n_cols + lc];
+        int label = -1, lo = 0, hi = n_vocab - 1;
+        while (lo <= hi) { /* vocab is sorted */
+            int mid = (lo + hi) / 2, c = strcmp(vocab[mid], lab);
+            if (c == 0) {
+                label = mid;
+                break;
+            }
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid - 1;
+        }
+        if (label < 0) {
+            st = cf_fail(CF_ERR_FORMAT, "%s:%lld: class '%s' is not among the training classes",
+                         csv_path, (long long)t->row_line[r], lab);
+            break;
+        }
+        if (fn[0] == '\0') {
+            st = cf_fail(CF_ERR_FORMAT, "%s:%lld: empty file name", csv_path,
+                         (long long)t->row_line[r]);
+            break;
+        }
+        if ((st = join(path, sizeof path, base, fn))) break;
+        st = items_push(is_valid[r] ? &va : &tr, path, label);
+    }
+    if (st) goto done;
+    if ((st = build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, csv_path, o.item_tfm, true, &o,
+                    train)) ||
+        (st = build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, csv_path, o.item_tfm, false,
+                    &o, valid))) {
+        cf_dataset_free(*train);
+        cf_dataset_free(*valid);
+        *train = *valid = NULL;
+    }
+done:
+    cf_csv_table_free(t);
+    cf__strv_free(vocab, n_vocab);
+    items_free(&tr);
+    items_free(&va);
+    cf_free(ti);
+    cf_free(vi);
+    cf_free(is_valid);
     return st;
 }

@@ -9,7 +9,9 @@
  * function of (seed, epoch, shard, position), so the restart changes nothing. */
 #include "data_internal.h"
 
+#include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,7 +20,22 @@ typedef struct slot {
     int64_t *idx;
     bool *pad;
     cf_batch batch;
+    /* streamed sets: the batch this slot holds, samples still being decoded, whether it is
+     * complete, samples found bad (skip_bad) and the first failure (by sample position) */
+    int64_t batch_no;
+    int remaining;
+    bool ready;
+    bool *bad;
+    cf_status st;
+    int err_item;
+    char err[1024];
 } slot;
+
+typedef struct cf_dataloader cf_dataloader;
+typedef struct decoder_arg {
+    cf_dataloader *dl;
+    int index;
+} decoder_arg;
 
 struct cf_dataloader {
     const cf_dataset *ds;
@@ -47,6 +64,16 @@ struct cf_dataloader {
     bool threaded, thread_running, stop;
     int64_t produced, released;
     pid_t pid;
+    /* streamed sets: decoding threads (per epoch), their scratch images, the next sample to
+     * claim (batch, position in it) and the samples left out so far */
+    struct cf_image_files *files;
+    pthread_t *decoders;
+    decoder_arg *decoder_args;
+    int n_decoders, n_scratch;
+    float **scratch;
+    int64_t claim_b;
+    int claim_i;
+    int64_t skipped;
 };
 
 static int64_t batches_for(int64_t n, int bs, bool drop_last) {
@@ -106,8 +133,15 @@ cf_status cf_dataloader_set_normalize(cf_dataloader *dl, int n_norm, const float
 }
 
 static void free_slots(cf_dataloader *dl) {
+    for (int i = 0; i < dl->n_scratch; i++) cf_free(dl->scratch[i]);
+    cf_free(dl->scratch);
+    cf_free(dl->decoders);
+    cf_free(dl->decoder_args);
+    dl->scratch = NULL;
+    dl->n_scratch = 0;
     if (!dl->slots) return;
     for (int i = 0; i < dl->nslots; i++) {
+        cf_free(dl->slots[i].bad);
         cf_free(dl->slots[i].x);
         cf_free(dl->slots[i].y);
         cf_free(dl->slots[i].idx);
@@ -115,6 +149,37 @@ static void free_slots(cf_dataloader *dl) {
     }
     cf_free(dl->slots);
     dl->slots = NULL;
+}
+
+/* At least n scratch images for decoding (one per decoding thread). */
+static bool ensure_scratch(cf_dataloader *dl, int n) {
+    if (n <= dl->n_scratch) return true;
+    float **v = cf_calloc((size_t)n, sizeof *v);
+    pthread_t *t = cf_calloc((size_t)n, sizeof *t);
+    decoder_arg *a = cf_calloc((size_t)n, sizeof *a);
+    if (!v || !t || !a) {
+        cf_free(v);
+        cf_free(t);
+        cf_free(a);
+        return false;
+    }
+    for (int i = 0; i < dl->n_scratch; i++) v[i] = dl->scratch[i];
+    for (int i = dl->n_scratch; i < n; i++)
+        if (!(v[i] = cf_malloc(dl->per * sizeof(float)))) {
+            for (int k = dl->n_scratch; k < i; k++) cf_free(v[k]);
+            cf_free(v);
+            cf_free(t);
+            cf_free(a);
+            return false;
+        }
+    cf_free(dl->scratch);
+    cf_free(dl->decoders);
+    cf_free(dl->decoder_args);
+    dl->scratch = v;
+    dl->decoders = t;
+    dl->decoder_args = a;
+    dl->n_scratch = n;
+    return true;
 }
 
 cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_dataloader **out) {
@@ -177,8 +242,11 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
         s->y = cf_malloc((size_t)o.bs * (size_t)dl->td * sizeof(float));
         s->idx = cf_malloc((size_t)o.bs * sizeof(int64_t));
         s->pad = cf_malloc((size_t)o.bs * sizeof(bool));
-        ok = s->x && s->y && s->idx && s->pad;
+        s->bad = cf_calloc((size_t)o.bs, sizeof(bool));
+        ok = s->x && s->y && s->idx && s->pad && s->bad;
     }
+    dl->files = ds->files;
+    if (ok && dl->files && !ds->x) ok = ensure_scratch(dl, 1);
     if (!ok) {
         cf_dataloader_free(dl);
         return cf_fail(CF_ERR_NOMEM, "cf_dataloader_new: out of memory for %d batch buffers",
@@ -197,6 +265,7 @@ static void after_fork_check(cf_dataloader *dl) {
     pthread_cond_init(&dl->cv_prod, NULL);
     pthread_cond_init(&dl->cv_cons, NULL);
     dl->thread_running = false;
+    dl->n_decoders = 0; /* the parent's decoding threads do not exist here */
     dl->stop = false;
     dl->produced = dl->released = dl->next_b;
 }
@@ -207,7 +276,11 @@ static void stop_thread(cf_dataloader *dl) {
     dl->stop = true;
     pthread_cond_broadcast(&dl->cv_prod);
     pthread_mutex_unlock(&dl->mu);
-    pthread_join(dl->thread, NULL);
+    if (dl->n_decoders > 0)
+        for (int i = 0; i < dl->n_decoders; i++) pthread_join(dl->decoders[i], NULL);
+    else
+        pthread_join(dl->thread, NULL);
+    dl->n_decoders = 0;
     dl->thread_running = false;
     dl->stop = false;
 }
@@ -307,9 +380,9 @@ cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch) {
     return CF_OK;
 }
 
-/* Copies sample `src` of the dataset into dst with augmentation and normalisation. */
-static void make_sample(const cf_dataloader *dl, int64_t src, float *dst) {
-    const float *x = dl->ds->x + (size_t)src * dl->per;
+/* Writes sample `src` of the dataset, whose pixels are x, into dst with augmentation and
+ * normalisation. */
+static void make_sample(const cf_dataloader *dl, int64_t src, const float *x, float *dst) {
     if (!dl->image) {
         float a = dl->scale[0], b = dl->shift[0];
         if (dl->opt.n_norm)
@@ -367,8 +440,9 @@ static void make_sample(const cf_dataloader *dl, int64_t src, float *dst) {
     }
 }
 
-/* Assembles batch b of the current epoch into slot s. */
-static void fill_batch(cf_dataloader *dl, int64_t b, slot *s) {
+/* Sets up batch b of the current epoch in slot s: which samples, their targets and flags; the
+ * samples themselves are made by the caller. */
+static void setup_batch(cf_dataloader *dl, int64_t b, slot *s) {
     int bs = dl->opt.bs;
     int64_t start, count;
     bool pad_slice = false;
@@ -395,7 +469,6 @@ static void fill_batch(cf_dataloader *dl, int64_t b, slot *s) {
         s->idx[i] = src;
         s->pad[i] = pad;
         n_real += !pad;
-        make_sample(dl, src, s->x + (size_t)i * dl->per);
         memcpy(s->y + (size_t)i * dl->td, dl->ds->y + (size_t)src * dl->td,
                (size_t)dl->td * sizeof(float));
     }
@@ -412,6 +485,135 @@ static void fill_batch(cf_dataloader *dl, int64_t b, slot *s) {
     bt->size = (int)count;
     bt->n_real = n_real;
     bt->global_size = global ? global : n_real;
+    s->batch_no = b;
+    s->remaining = (int)count;
+    s->ready = false;
+    s->st = CF_OK;
+    s->err_item = INT_MAX;
+    memset(s->bad, 0, (size_t)count * sizeof(bool));
+}
+
+/* Assembles batch b of an in-memory set into slot s. */
+static void fill_batch(cf_dataloader *dl, int64_t b, slot *s) {
+    setup_batch(dl, b, s);
+    for (int i = 0; i < s->batch.size; i++) {
+        int64_t src = s->idx[i];
+        make_sample(dl, src, dl->ds->x + (size_t)src * dl->per, s->x + (size_t)i * dl->per);
+    }
+    s->remaining = 0;
+    s->ready = true;
+}
+
+/* Decodes sample i of the batch in slot s (streamed sets) through the scratch image; a failure
+ * is returned with its message in the thread's last error, or noted in s->bad (skip_bad). */
+static cf_status decode_item(cf_dataloader *dl, slot *s, int i, float *scratch) {
+    int64_t src = s->idx[i];
+    struct cf_image_files *f = dl->files;
+    if (f->skip_bad && atomic_load(&f->bad[src])) { /* known bad: not read again */
+        s->bad[i] = true;
+        return CF_OK;
+    }
+    cf_status st = cf__image_files_decode(f, src, dl->epoch, scratch);
+    if (st != CF_OK) {
+        if (!f->skip_bad) return st;
+        cf__image_files_mark_bad(f, src);
+        s->bad[i] = true;
+        return CF_OK;
+    }
+    make_sample(dl, src, scratch, s->x + (size_t)i * dl->per);
+    return CF_OK;
+}
+
+/* Records sample i's failure in its slot when it comes first in the batch. Under the lock. */
+static void note_failure(slot *s, int i, cf_status st) {
+    if (st == CF_OK || i > s->err_item) return;
+    s->err_item = i;
+    s->st = st;
+    snprintf(s->err, sizeof s->err, "%s", cf_last_error());
+}
+
+/* One decoding thread: claims the next sample of the batches ahead (at most nslots batches past
+ * the one the consumer holds), decodes it into its place, and marks batches complete in order. */
+static void *decoder(void *arg) {
+    decoder_arg *a = arg;
+    cf_dataloader *dl = a->dl;
+    float *scratch = dl->scratch[a->index];
+    pthread_mutex_lock(&dl->mu);
+    for (;;) {
+        while (!dl->stop && dl->claim_b < dl->n_batches && dl->claim_b - dl->released >= dl->nslots)
+            pthread_cond_wait(&dl->cv_prod, &dl->mu);
+        if (dl->stop || dl->claim_b >= dl->n_batches) break;
+        int64_t b = dl->claim_b;
+        slot *s = &dl->slots[b % dl->nslots];
+        if (dl->claim_i == 0) setup_batch(dl, b, s);
+        int i = dl->claim_i++;
+        if (dl->claim_i >= s->batch.size) {
+            dl->claim_b++;
+            dl->claim_i = 0;
+        }
+        pthread_mutex_unlock(&dl->mu);
+        cf_status st = decode_item(dl, s, i, scratch);
+        pthread_mutex_lock(&dl->mu);
+        note_failure(s, i, st);
+        if (--s->remaining == 0) {
+            s->ready = true;
+            while (dl->produced < dl->n_batches) {
+                slot *p = &dl->slots[dl->produced % dl->nslots];
+                if (!p->ready || p->batch_no != dl->produced) break;
+                dl->produced++;
+            }
+            pthread_cond_broadcast(&dl->cv_cons);
+        }
+    }
+    pthread_mutex_unlock(&dl->mu);
+    return NULL;
+}
+
+/* Assembles batch b of a streamed set in the caller's thread (no prefetching). */
+static void fill_batch_inline(cf_dataloader *dl, int64_t b, slot *s) {
+    setup_batch(dl, b, s);
+    for (int i = 0; i < s->batch.size; i++)
+        note_failure(s, i, decode_item(dl, s, i, dl->scratch[0]));
+    s->remaining = 0;
+    s->ready = true;
+}
+
+/* A complete streamed batch before it is handed out: the first failure, or the bad samples
+ * left out (the rows after them move up). */
+static cf_status finish_batch(cf_dataloader *dl, slot *s) {
+    if (s->st != CF_OK) return cf_fail(s->st, "%s", s->err);
+    int n = s->batch.size, k = 0, n_real = 0;
+    for (int i = 0; i < n; i++) {
+        if (s->bad[i]) continue;
+        if (k != i) {
+            memmove(s->x + (size_t)k * dl->per, s->x + (size_t)i * dl->per,
+                    dl->per * sizeof(float));
+            memmove(s->y + (size_t)k * dl->td, s->y + (size_t)i * dl->td,
+                    (size_t)dl->td * sizeof(float));
+            s->idx[k] = s->idx[i];
+            s->pad[k] = s->pad[i];
+        }
+        n_real += !s->pad[k];
+        k++;
+    }
+    if (k == n) return CF_OK;
+    if (k == 0)
+        return cf_fail(CF_ERR_FORMAT,
+                       "batch %lld of epoch %d: none of its %d images could be read (%s, ...)",
+                       (long long)s->batch_no, dl->epoch, n, dl->files->paths[s->idx[0]]);
+    dl->skipped += n - k;
+    cf_batch *bt = &s->batch;
+    bt->x.shape.dim[0] = k;
+    bt->y.shape.dim[0] = k;
+    bt->size = k;
+    if (bt->global_size == bt->n_real) bt->global_size = n_real;
+    bt->n_real = n_real;
+    memset(s->bad, 0, (size_t)n * sizeof(bool));
+    return CF_OK;
+}
+
+int64_t cf_dataloader_skipped(const cf_dataloader *dl) {
+    return dl ? dl->skipped : 0;
 }
 
 static void *producer(void *arg) {
@@ -450,19 +652,46 @@ cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch) {
         return CF_OK;
     }
     slot *s = &dl->slots[b % dl->nslots];
+    bool stream = dl->files && !dl->ds->x;
     if (dl->threaded && !dl->thread_running) {
-        dl->produced = dl->released = b;
+        dl->produced = dl->released = dl->claim_b = b;
+        dl->claim_i = 0;
         dl->stop = false;
-        if (pthread_create(&dl->thread, NULL, producer, dl) == 0) dl->thread_running = true;
+        if (stream) {
+            int n =
+                dl->files->decode_threads > 0 ? dl->files->decode_threads : cf_get_num_threads();
+            if (n > 256) n = 256;
+            dl->n_decoders = 0;
+            if (ensure_scratch(dl, n))
+                for (int i = 0; i < n; i++) {
+                    dl->decoder_args[i] = (decoder_arg){dl, i};
+                    if (pthread_create(&dl->decoders[i], NULL, decoder, &dl->decoder_args[i]) != 0)
+                        break;
+                    dl->n_decoders++;
+                }
+            dl->thread_running = dl->n_decoders > 0;
+        } else if (pthread_create(&dl->thread, NULL, producer, dl) == 0) {
+            dl->thread_running = true;
+        }
     }
     if (dl->thread_running) {
         pthread_mutex_lock(&dl->mu);
         dl->released = b; /* the batch handed out last time is free again */
-        pthread_cond_signal(&dl->cv_prod);
+        pthread_cond_broadcast(&dl->cv_prod);
         while (dl->produced <= b) pthread_cond_wait(&dl->cv_cons, &dl->mu);
         pthread_mutex_unlock(&dl->mu);
+    } else if (stream) {
+        fill_batch_inline(dl, b, s); /* no thread (prefetch < 0, or none could be created) */
     } else {
-        fill_batch(dl, b, s); /* no thread (prefetch < 0, or it could not be created) */
+        fill_batch(dl, b, s);
+    }
+    if (stream) {
+        cf_status st = finish_batch(dl, s);
+        if (st != CF_OK) {
+            stop_thread(dl);
+            dl->in_epoch = false;
+            return st;
+        }
     }
     dl->next_b = b + 1;
     *batch = &s->batch;
