@@ -15,6 +15,14 @@ bool cf__dataset_set_source(cf_dataset *ds, const char *s);
 /* Copies the tabular metadata (names, vocabularies, statistics) of src into dst. */
 cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src);
 
+/* stb_image_resize without its aborting assertions (resize.c): stbir_resize_uint8, and
+ * stbir_resize_float_generic with one channel, the triangle filter and clamped edges. Strides
+ * in bytes (0: packed). Nonzero on success. */
+int cf__resize_uint8(const unsigned char *in, int in_w, int in_h, int in_stride, unsigned char *out,
+                     int out_w, int out_h, int out_stride, int channels);
+int cf__resize_float_triangle(const float *in, int in_w, int in_h, int in_stride, float *out,
+                              int out_w, int out_h, int out_stride);
+
 /* ---- streamed image sets (stream.c) --------------------------------------------------------- */
 
 #include <stdatomic.h>

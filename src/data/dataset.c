@@ -236,29 +236,43 @@ cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std
                        "cf_dataset_channel_stats: needs an image dataset (C, H, W) with C <= 4");
     int c = ds->sample_shape.dim[0];
     size_t hw = (size_t)ds->sample_shape.dim[1] * (size_t)ds->sample_shape.dim[2];
-    if (ds->files && ds->n > 0) { /* measure a sample of a streamed set, decoded up front */
+    if (ds->files && ds->n > 0) {
+        /* A streamed set: a sample of its images decoded one at a time (memory for one image);
+         * sums in double around 0.5 (pixels lie in [0, 1]), so nothing cancels badly. */
         int64_t k = ds->n < 256 ? ds->n : 256;
-        const struct cf_image_files *f = ds->files;
-        struct cf_image_files probe = *f;
+        struct cf_image_files probe = *ds->files;
         probe.train = false; /* validation's deterministic item transform */
-        float *x = cf_malloc((size_t)k * (size_t)c * hw * sizeof(float));
+        float *x = cf_malloc((size_t)c * hw * sizeof(float));
         if (!x) return cf_fail_context(CF_ERR_NOMEM, "cf_dataset_channel_stats");
+        double s1[4] = {0}, s2[4] = {0}, count = 0;
         cf_status st = CF_OK;
-        int64_t m = 0; /* decoded (bad files are passed over when the set skips them) */
         for (int64_t i = 0; i < k && !st; i++) {
             int64_t j = i * ds->n / k;
-            st = cf__image_files_decode(&probe, j, 0, x + (size_t)m * (size_t)c * hw);
-            if (st && f->skip_bad) {
+            st = cf__image_files_decode(&probe, j, 0, x);
+            if (st && ds->files->skip_bad) { /* bad files are passed over when the set skips them */
                 cf__image_files_mark_bad(ds->files, j);
                 st = CF_OK;
-            } else if (!st) {
-                m++;
+                continue;
             }
+            for (int ch = 0; ch < c && !st; ch++)
+                for (size_t p = 0; p < hw; p++) {
+                    double d = x[(size_t)ch * hw + p] - 0.5;
+                    s1[ch] += d;
+                    s2[ch] += d * d;
+                }
+            count += (double)hw;
         }
-        cf_dataset view = {.n = m, .sample_shape = ds->sample_shape, .x = x, .source = ds->source};
-        if (!st) st = cf_dataset_channel_stats(&view, mean, std);
         cf_free(x);
-        return st;
+        if (st) return st;
+        if (count < 2)
+            return cf_fail(CF_ERR_INVALID, "cf_dataset_channel_stats: %s has too few values",
+                           ds->source ? ds->source : "dataset");
+        for (int ch = 0; ch < c; ch++) {
+            double var = (s2[ch] - s1[ch] * s1[ch] / count) / (count - 1);
+            mean[ch] = (float)(0.5 + s1[ch] / count);
+            std[ch] = (float)(sqrt(var > 0 ? var : 0) + 1e-7);
+        }
+        return CF_OK;
     }
     if (!ds->x)
         return cf_fail(CF_ERR_STATE, "cf_dataset_channel_stats: %s holds no samples",

@@ -13,7 +13,6 @@
 
 #ifdef CF_HAVE_STB
 #include <stb_image.h>
-#include <stb_image_resize.h>
 #endif
 #ifdef CF_HAVE_JPEG
 #include <jpeglib.h>
@@ -288,7 +287,7 @@ cf_status cf_image_decode(const void *bytes, size_t n, const char *name, int cha
             from_stb ? stbi_image_free(pix) : free(pix);
             return cf_fail(CF_ERR_NOMEM, "%s: out of memory resizing to %d x %d", name, size, size);
         }
-        if (!stbir_resize_uint8(pix, dw, dh, 0, resized, size, size, 0, channels)) {
+        if (!cf__resize_uint8(pix, dw, dh, 0, resized, size, size, 0, channels)) {
             free(resized);
             from_stb ? stbi_image_free(pix) : free(pix);
             return cf_fail(CF_ERR_FORMAT, "%s: cannot resize %d x %d to %d x %d", name, dw, dh,

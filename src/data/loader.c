@@ -657,6 +657,10 @@ cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch) {
         dl->produced = dl->released = dl->claim_b = b;
         dl->claim_i = 0;
         dl->stop = false;
+        for (int i = 0; i < dl->nslots; i++) { /* no slot holds a batch of this run yet */
+            dl->slots[i].ready = false;
+            dl->slots[i].batch_no = -1;
+        }
         if (stream) {
             int n =
                 dl->files->decode_threads > 0 ? dl->files->decode_threads : cf_get_num_threads();

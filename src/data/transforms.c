@@ -6,14 +6,13 @@
  * masked), so an item's parameters do not depend on which thread or process handles it, or on
  * the other items. fastai draws per batch on the GPU; the distributions and probabilities are
  * the same (fastai/vision/augment.py). */
-#include "corefit/data.h"
+#include "data_internal.h"
 
 #include <math.h>
 #include <string.h>
 
 #ifdef CF_HAVE_STB
 #include <stb_image.h>
-#include <stb_image_resize.h>
 #endif
 #include <limits.h>
 
@@ -95,10 +94,8 @@ cf_status cf_crop_pad_resize(const float *img, int c, int h, int w, cf_crop_box 
             continue;
         }
 #ifdef CF_HAVE_STB
-        if (!stbir_resize_float_generic(p, box.width, box.height, (int)(row_stride * sizeof(float)),
-                                        o, out_w, out_h, 0, 1, STBIR_ALPHA_CHANNEL_NONE, 0,
-                                        STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
-                                        STBIR_COLORSPACE_LINEAR, NULL))
+        if (!cf__resize_float_triangle(p, box.width, box.height, (int)(row_stride * sizeof(float)),
+                                       o, out_w, out_h, 0))
             st = cf_fail(CF_ERR_NOMEM, "crop_pad_resize: resizing %dx%d to %dx%d", box.width,
                          box.height, out_w, out_h);
 #else
