@@ -39,7 +39,7 @@ static const char *at(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 static const char *at(const char *fmt, ...) {
     static char buf[8][512];
     static int k;
-    char *p = buf[k++ % 8], name[400];
+    char *p = buf[k++ % 8], name[240];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
