@@ -31,17 +31,28 @@ enum { N_EPOCH = 3 };
 typedef struct shot {
     _Atomic int shots_left; /* faults still to cause (one per attempt) */
     int rank, epoch, batch, sig;
+    /* rank 0 of the first group, and the training iteration a later group's rank 0 began at */
+    _Atomic int first_pid;
+    _Atomic long long resumed_at;
 } shot;
 
 static shot *shared_shot(void) {
     shot *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(s != MAP_FAILED);
     memset(s, 0, sizeof *s);
+    atomic_store(&s->resumed_at, -1);
     return s;
 }
 
 static cf_status fault_before_batch(cf_callback *cb, cf_learner *learn) {
     shot *s = cb->state;
+    if (learn->training && learn->replica.rank == 0) {
+        int none = 0, pid = (int)getpid();
+        long long unset = -1;
+        if (!atomic_compare_exchange_strong(&s->first_pid, &none, pid) && none != pid)
+            atomic_compare_exchange_strong(&s->resumed_at, &unset,
+                                           (long long)(learn->epoch * learn->n_iter + learn->iter));
+    }
     if (!learn->training || learn->replica.rank != s->rank || learn->epoch != s->epoch ||
         learn->iter != s->batch)
         return CF_OK;
@@ -66,12 +77,13 @@ static cf_callback *fault_cb(shot *s) {
 
 /* ---- the fit ------------------------------------------------------------------------------ */
 
-/* Linear -> BatchNorm1d -> ReLU -> Linear: weights, buffers and optimizer state to compare. */
+/* Linear -> BatchNorm1d -> ReLU -> Dropout -> Linear: weights, buffers, optimizer state and
+ * dropout masks that a restart must reproduce. */
 static cf_learner *learner(cf_dls *dls, bool quiet) {
-    cf_module *layers[] = {cf_linear(4, 16, true), cf_batchnorm1d(16), cf_relu(),
+    cf_module *layers[] = {cf_linear(4, 16, true), cf_batchnorm1d(16), cf_relu(), cf_dropout(0.3f),
                            cf_linear(16, 3, true)};
     cf_model *m = NULL;
-    assert_int_equal(cf_model_new(&m, cf_sequential(4, layers), 5), CF_OK);
+    assert_int_equal(cf_model_new(&m, cf_sequential(5, layers), 5), CF_OK);
     cf_learner *learn = NULL;
     cf_metric *metrics[] = {cf_accuracy()};
     assert_int_equal(cf_learner_new(&learn, dls, m, .quiet = quiet, .metrics = metrics,
@@ -80,11 +92,16 @@ static cf_learner *learner(cf_dls *dls, bool quiet) {
     return learn;
 }
 
+enum { COMMIT_EVERY = 5 };
+
 static cf_status fit(cf_learner *learn, int world, int max_restarts, double deadline_s, shot *s) {
     cf_callback *cbs[1] = {s ? fault_cb(s) : NULL};
-    return cf_par_fit_one_cycle(
-        learn, N_EPOCH, .lr_max = CF_LR(2e-2), .cbs = cbs, .n_cbs = s ? 1 : 0,
-        .par = {.num_cores = world, .max_restarts = max_restarts, .deadline_s = deadline_s});
+    return cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(2e-2), .cbs = cbs,
+                                .n_cbs = s ? 1 : 0,
+                                .par = {.num_cores = world,
+                                        .max_restarts = max_restarts,
+                                        .commit_every = COMMIT_EVERY,
+                                        .deadline_s = deadline_s});
 }
 
 static void same_doubles(const double *a, const double *b, int64_t n, const char *what,
@@ -135,11 +152,25 @@ static int open_fds(void) {
     return n;
 }
 
+/* No worker, no open file, no commit directory of this process in shared memory. */
 static void assert_nothing_left(int fds_before) {
     errno = 0;
     assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
     assert_int_equal(errno, ECHILD);
     assert_int_equal(open_fds(), fds_before);
+    char mine[64];
+    snprintf(mine, sizeof mine, "corefit-commit-%ld-", (long)getpid());
+    const char *tmp = getenv("TMPDIR");
+    const char *dirs[] = {"/dev/shm", tmp && *tmp ? tmp : "/tmp"};
+    for (int i = 0; i < 2; i++) {
+        DIR *d = opendir(dirs[i]);
+        if (!d) continue;
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (!strncmp(e->d_name, mine, strlen(mine)))
+                fail_msg("%s/%s is left behind", dirs[i], e->d_name);
+        closedir(d);
+    }
 }
 
 static uint64_t test_seed(void) {
@@ -184,6 +215,11 @@ static void recover_once(int world, int sig, int epoch, uint64_t *rng) {
     if (st != CF_OK) fail_msg("%s: %s", what, cf_last_error());
     assert_int_equal(atomic_load(&s->shots_left), 0);
     assert_true(cf_par_last_restarts() >= 1);
+    /* the fresh group began at the last commit before the fault (every COMMIT_EVERY training
+     * iterations), not at the beginning */
+    long long at = (long long)s->epoch * per_epoch + s->batch;
+    if (cf_par_last_restarts() == 1)
+        assert_int_equal(atomic_load(&s->resumed_at), at / COMMIT_EVERY * COMMIT_EVERY);
     assert_same_fit(hit, ref, what);
     assert_nothing_left(fds);
 
@@ -232,6 +268,42 @@ static void test_commits_change_nothing(void **state) {
     cf_dls_free(dls);
 }
 
+/* fine_tune: its unfrozen phase commits and resumes (the frozen one runs no call callbacks, so
+ * the fault comes in the unfrozen phase). */
+static void test_fine_tune_sigkill(void **state) {
+    (void)state;
+    uint64_t rng = test_seed() + 4;
+    cf_dls *dls = fixture_dls(192, 40, 8);
+    cf_learner *ref = NULL, *hit = NULL;
+    cf_metric *m1[] = {cf_accuracy()}, *m2[] = {cf_accuracy()};
+    assert_int_equal(cf_learner_new(&ref, dls, fixture_model(9, true), .quiet = true, .metrics = m1,
+                                    .n_metrics = 1),
+                     CF_OK);
+    assert_int_equal(cf_learner_new(&hit, dls, fixture_model(9, true), .quiet = true, .metrics = m2,
+                                    .n_metrics = 1),
+                     CF_OK);
+    assert_int_equal(cf_par_fine_tune(ref, 2, .base_lr = 1e-2, .par.num_cores = 2), CF_OK);
+    shot *s = shared_shot();
+    *s = (shot){
+        .rank = (int)(next(&rng) % 2), .epoch = 1, .batch = (int)(next(&rng) % 12), .sig = SIGKILL};
+    atomic_store(&s->resumed_at, -1);
+    atomic_store(&s->shots_left, 1);
+    cf_callback *cbs[] = {fault_cb(s)};
+    cf_status st =
+        cf_par_fine_tune(hit, 2, .base_lr = 1e-2, .cbs = cbs, .n_cbs = 1,
+                         .par = {.num_cores = 2, .max_restarts = 2, .commit_every = COMMIT_EVERY});
+    if (st != CF_OK) fail_msg("fine_tune: %s", cf_last_error());
+    assert_int_equal(atomic_load(&s->shots_left), 0);
+    assert_int_equal(cf_par_last_restarts(), 1);
+    long long at = 12 + s->batch;
+    assert_int_equal(atomic_load(&s->resumed_at), at / COMMIT_EVERY * COMMIT_EVERY);
+    assert_same_fit(hit, ref, "fine_tune, SIGKILL in the unfrozen phase");
+    munmap(s, sizeof *s);
+    cf_learner_free(hit);
+    cf_learner_free(ref);
+    cf_dls_free(dls);
+}
+
 /* The display says what happened and where the group carries on from. */
 static void test_restart_is_reported(void **state) {
     (void)state;
@@ -254,8 +326,10 @@ static void test_restart_is_reported(void **state) {
     size_t n = fread(text, 1, sizeof text - 1, err);
     text[n] = '\0';
     fclose(err);
+    /* 12 batches an epoch: the last commit before batch 5 of epoch 1 (iteration 18) was made
+     * after iteration 15, so the group carries on at epoch 1 batch 3 */
     const char *want = "worker 1 was killed by signal 9 (SIGKILL) at epoch 1 batch 5; restarting "
-                       "2 workers from epoch 1 (restart 1 of 3)";
+                       "2 workers from epoch 1 batch 3 (restart 1 of 3)";
     if (!strstr(text, want)) fail_msg("stderr lacks \"%s\":\n%s", want, text);
     munmap(s, sizeof *s);
     cf_learner_free(learn);
@@ -321,13 +395,10 @@ static void test_errors_are_not_retried(void **state) {
 int main(void) {
     cf_set_num_threads(1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_commits_change_nothing),
-        cmocka_unit_test(test_sigkill_2_workers),
-        cmocka_unit_test(test_sigkill_3_workers),
-        cmocka_unit_test(test_sigstop_2_workers),
-        cmocka_unit_test(test_sigstop_3_workers),
-        cmocka_unit_test(test_restart_is_reported),
-        cmocka_unit_test(test_too_many_faults),
+        cmocka_unit_test(test_commits_change_nothing), cmocka_unit_test(test_sigkill_2_workers),
+        cmocka_unit_test(test_sigkill_3_workers),      cmocka_unit_test(test_sigstop_2_workers),
+        cmocka_unit_test(test_sigstop_3_workers),      cmocka_unit_test(test_fine_tune_sigkill),
+        cmocka_unit_test(test_restart_is_reported),    cmocka_unit_test(test_too_many_faults),
         cmocka_unit_test(test_errors_are_not_retried),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -171,7 +171,13 @@ typedef struct cf_par_opts {
     bool sync_bn;      /* BatchNorm statistics over the whole batch of every replica */
     int max_restarts;  /* fork: a lost worker restarts the group from the last commit, at most
                           this many times (0: a lost worker ends the call) */
+    int commit_every;  /* fork with max_restarts: training batches between commits (0: the
+                          default, CF_PAR_COMMIT_EVERY) */
 } cf_par_opts;
+
+/* The default of .par.commit_every: a commit every 50 training batches costs about 1% of a W1
+ * epoch on fork workers (bench/bench_w1.c --commit-every). */
+#define CF_PAR_COMMIT_EVERY 50
 
 /* cf_par_X runs cf_X in every replica of a data-parallel group and brings everything home.
  * Same options as the single-process method, plus .par (cf_par_opts above):
@@ -193,25 +199,27 @@ typedef struct cf_par_opts {
  *                     slice's statistics and the running statistics are averaged before each
  *                     validation.
  *   .par.max_restarts fork: recover in place from a lost worker, at most this many times
- *                     (0: none, a lost worker ends the call as below). Every replica keeps a
- *                     commit of its state in shared memory at the end of every epoch; when a
- *                     worker is killed, crashes, exits early or makes no progress for
- *                     .par.deadline_s, the supervisor stops the others, says on stderr what
- *                     happened and where the group restarts from ("worker 1 was killed by
- *                     signal 9 (SIGKILL) at epoch 0 batch 37; restarting 2 workers from epoch 1
- *                     (restart 1 of 3)"; nothing when the learner is quiet), forks a
- *                     fresh set from the last commit every replica completed, and carries on.
- *                     The fit's results (weights, BatchNorm buffers, optimizer state, the
- *                     Recorder of the whole fit) are bitwise those of an undisturbed fit. A
- *                     worker that fails with an error (bad data, a non-finite loss) and Ctrl-C
- *                     are not retried. After max_restarts restarts the next fault ends the call
- *                     as without recovery. Methods that cannot resume mid-way (fine_tune,
- *                     lr_find, validate, get_preds) restart from their beginning, and so
- *                     do the others before their first epoch ends. Not committed, so not
- *                     exact across a restart: the state of the call's own callbacks (.cbs,
- *                     .par.master_cbs) and of callbacks without export_state (begun afresh),
- *                     and a model's dropout masks (they depend on how many steps its process
- *                     ran). cf_par_last_restarts() says how many restarts a call made.
+ *                     (0: none, a lost worker ends the call as below). Rank 0 keeps a commit
+ *                     of the fit every .par.commit_every training batches: the checkpoint of
+ *                     cf_checkpoint_cb (corefit/learn.h: everything the rest of the fit
+ *                     depends on, every replica's BatchNorm buffers included) in a private
+ *                     directory on /dev/shm (a memory file system; the temporary directory
+ *                     where there is none), removed when the call ends. When a worker is
+ *                     killed, crashes, exits early or makes no progress for .par.deadline_s,
+ *                     the supervisor stops the others, says on stderr what happened and where
+ *                     the group carries on from ("worker 1 was killed by signal 9 (SIGKILL)
+ *                     at epoch 0 batch 37; restarting 2 workers from epoch 0 batch 35 (restart
+ *                     1 of 3)"; nothing when the learner is quiet), forks a fresh group that
+ *                     resumes from the commit (.resume) and carries on: the fit's results
+ *                     (weights, BatchNorm buffers, optimizer state, the Recorder of the whole
+ *                     fit) are bitwise those of an undisturbed fit. A fault before the first
+ *                     commit restarts from the beginning, as do lr_find, validate and
+ *                     get_preds (they take no commits) and fine_tune in its frozen phase. A
+ *                     worker that fails with an error of its own (bad data, a non-finite
+ *                     loss) and Ctrl-C are not retried: they would only repeat. After
+ *                     max_restarts restarts the next fault ends the call as without recovery.
+ *                     cf_par_last_restarts() says how many restarts a call made.
+ *   .par.commit_every training batches between commits (0: CF_PAR_COMMIT_EVERY).
  *
  *     cf_par_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3), .par.num_cores = 8);
  *

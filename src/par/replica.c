@@ -210,8 +210,7 @@ cf_status cf__par_run_replica(cf_learner *learn, cf_comm *comm, const cf__par_me
         else
             cf_callback_free(master_cbs[i]);
     }
-    /* A restarted replica takes its commit now that its callbacks are those it committed with. */
-    if (recovery && recovery->area) st = cf__recovery_join(learn, recovery, rank, common, all, &n);
+    if (recovery && recovery->area) st = cf__recovery_join(recovery, rank, common, all, &n);
     common->cbs = all;
     common->n_cbs = n;
     cf_replica single = learn->replica;

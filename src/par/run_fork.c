@@ -111,16 +111,16 @@ static bool retryable(cf__fault_kind kind) {
 }
 
 /* "worker 1 was killed by signal 9 (SIGKILL) at epoch 0 batch 37; restarting 2 workers from
- * epoch 1 (restart 1 of 3)" */
+ * epoch 0 batch 32 (restart 1 of 3)" */
 static void say_restart(const cf__commit_area *area, cf__launch_fault fault, const char *what,
-                        int n, int64_t from_epoch, int restart, int max) {
-    char where[96] = "";
+                        int n, int restart, int max) {
+    char where[96] = "", from[96] = "the beginning";
     int64_t epoch, batch;
     if (cf__commit_position(area, fault.rank, &epoch, &batch))
         snprintf(where, sizeof where, " at epoch %lld batch %lld", (long long)epoch,
                  (long long)batch);
-    char from[64] = "the beginning";
-    if (from_epoch > 0) snprintf(from, sizeof from, "epoch %lld", (long long)from_epoch);
+    if (cf__commit_latest(area, &epoch, &batch))
+        snprintf(from, sizeof from, "epoch %lld batch %lld", (long long)epoch, (long long)batch);
     fprintf(stderr, "%s%s; restarting %d workers from %s (restart %d of %d)\n", what, where, n,
             from, restart, max);
     fflush(stderr);
@@ -130,9 +130,10 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
                            const cf_fit_common *common) {
     const cf_par_opts *par = &common->par;
     last_restarts = 0;
-    if (par->max_restarts < 0) {
+    if (par->max_restarts < 0 || par->commit_every < 0) {
         cf__par_free_call_cbs(common);
-        return cf_fail(CF_ERR_INVALID, "max_restarts %d < 0", par->max_restarts);
+        return cf_fail(CF_ERR_INVALID, "max_restarts %d and commit_every %d must be >= 0",
+                       par->max_restarts, par->commit_every);
     }
     int fd = results_file();
     if (fd < 0) {
@@ -140,9 +141,11 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
         return cf_fail(CF_ERR_NOMEM, "cannot create the results file: %s", strerror(errno));
     }
     int n = par->num_cores ? par->num_cores : cf_available_cores();
-    worker_ctx w = {learn, method, common, fd, {NULL, 0, method->resumable}};
+    worker_ctx w = {learn, method, common, fd, {NULL, false, method->resumable}};
     cf_status st = CF_OK;
-    if (par->max_restarts > 0 && n >= 1 && n <= 256) st = cf__commit_area_new(n, &w.recovery.area);
+    if (par->max_restarts > 0 && n >= 1 && n <= 256)
+        st = cf__commit_area_new(n, par->commit_every ? par->commit_every : CF_PAR_COMMIT_EVERY,
+                                 &w.recovery.area);
     cf_launch_options lo = {.num_workers = par->num_cores,
                             .deadline_s = par->deadline_s > 0 ? par->deadline_s : 120,
                             .pin_cores = true};
@@ -154,12 +157,12 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
             break;
         char what[1024];
         snprintf(what, sizeof what, "%s", cf_last_error());
-        /* A fresh group: an empty results file, the last commit every replica holds. */
+        /* A fresh group: an empty results file, the last commit (if any). */
         if (ftruncate(fd, 0) != 0) break;
-        w.recovery.resume_seq = cf__commit_latest(w.recovery.area);
-        int64_t from = cf__commit_epoch(w.recovery.area, w.recovery.resume_seq);
+        int64_t epoch, batch;
+        w.recovery.resume = cf__commit_latest(w.recovery.area, &epoch, &batch);
         if (!learn->quiet)
-            say_restart(w.recovery.area, fault, what, n, from, restart + 1, par->max_restarts);
+            say_restart(w.recovery.area, fault, what, n, restart + 1, par->max_restarts);
         cf__commit_forget_positions(w.recovery.area);
         last_restarts = restart + 1;
         st = CF_OK;

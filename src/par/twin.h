@@ -41,32 +41,32 @@ static inline void *cf__par_out(const cf__par_method *m) {
 /* The outputs of lr_find, validate and get_preds (home.c). */
 extern const cf__par_output cf__par_lr_find_output, cf__par_values_output, cf__par_preds_output;
 
-/* In-place recovery of a fork group (recover.c): the commits every replica keeps in shared
- * memory. The supervisor makes the area before the first fork and keeps it across restarts. */
+/* In-place recovery of a fork group (recover.c): the commit the group keeps (the learn layer's
+ * checkpoint, on a memory file system) and where each replica is. The supervisor makes the area
+ * before the first fork and keeps it across restarts. */
 typedef struct cf__commit_area cf__commit_area;
-cf_status cf__commit_area_new(int nranks, cf__commit_area **out);
+/* every: training batches between commits. */
+cf_status cf__commit_area_new(int nranks, int every, cf__commit_area **out);
+/* Removes the commit and its directory, and unmaps the area. NULL is ignored. */
 void cf__commit_area_free(cf__commit_area *area);
-/* The latest commit every replica holds (0: none yet). */
-uint64_t cf__commit_latest(const cf__commit_area *area);
-/* The first epoch still to run after commit seq (0 for seq 0). */
-int64_t cf__commit_epoch(const cf__commit_area *area, uint64_t seq);
-/* The training batch replica rank last started (false: none since the last forget). */
+/* Whether there is a commit, and the batch a fit resumed from it begins with. */
+bool cf__commit_latest(const cf__commit_area *area, int64_t *epoch, int64_t *batch);
+/* The training batch replica rank last began (false: none since the last forget). */
 bool cf__commit_position(const cf__commit_area *area, int rank, int64_t *epoch, int64_t *batch);
 void cf__commit_forget_positions(cf__commit_area *area);
 
 typedef struct cf__par_recovery {
     cf__commit_area *area; /* NULL: no recovery */
-    uint64_t resume_seq;   /* the commit to resume from (0: the beginning of the call) */
-    bool resumable;        /* the method can start at an epoch (start_epoch); others restart
+    bool resume;           /* resume from the area's commit */
+    bool resumable;        /* the method resumes from a checkpoint (.resume); others restart
                               from the beginning and commit nothing */
 } cf__par_recovery;
 
 /* In a replica, before the method runs: adds to extra (room for 3) the callbacks that note the
- * replica's position and write its commits, and, when resuming, imports the replica's commit
- * into the learner, sets common->start_epoch and adds the callback that puts the committed
- * Recorder back. Nothing when rec is NULL or has no area. */
-cf_status cf__recovery_join(cf_learner *learn, const cf__par_recovery *rec, int rank,
-                            cf_fit_common *common, cf_callback **extra, int *n_extra);
+ * replica's position and write the group's commits (cf_checkpoint_cb), and, when resuming,
+ * points common->resume at the commit. Nothing when rec is NULL or has no area. */
+cf_status cf__recovery_join(const cf__par_recovery *rec, int rank, cf_fit_common *common,
+                            cf_callback **extra, int *n_extra);
 
 /* One call of a method in this process as one replica of comm's group (replica.c): joins the
  * group (parallel callback, shards, agreement hooks), runs the method with the call's
