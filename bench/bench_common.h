@@ -4,7 +4,7 @@
  * bench/run.py reads every workload's line alike.
  *
  *   PROG [--threads N | --cores N | --mpi] [--batches B | --epochs E] [--skip S]
- *        [--data DIR] [--seed S]
+ *        [--data DIR] [--seed S] [--checkpoint-every K]
  *
  *   --threads N   one process, N threads (cf_set_num_threads)            (default: 1)
  *   --cores N     cf_par_fit_one_cycle over N forked workers, bs 64 each
@@ -12,6 +12,8 @@
  *                 rank 0 prints the line
  *   --batches B   stop the fit after B training steps (the schedule still spans --epochs
  *                 epochs); no validation. Default: whole epochs and the test accuracy.
+ *   --checkpoint-every K  a checkpoint (cf_checkpoint_cb) every K training steps, to a file in
+ *                 /tmp removed at the end (0, the default: no checkpoint callback at all)
  *
  * What is measured: a callback on every replica takes a timestamp at the end of each training
  * batch (after_batch: forward, loss, backward, gradient all-reduce, optimizer step and the
@@ -38,6 +40,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 /* What a workload program supplies to bench_main. */
 typedef struct bench_workload {
@@ -155,7 +158,7 @@ static cf_status bench_timing_after_train(cf_callback *cb, cf_learner *learn) {
 static void bench_usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--threads N | --cores N | --mpi] [--batches B | --epochs E] "
-            "[--skip S] [--data DIR] [--seed S]\n",
+            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K]\n",
             prog);
 }
 
@@ -173,7 +176,7 @@ static void bench_usage(const char *prog) {
 static int bench_main(int argc, char **argv, const bench_workload *w) {
     const char *prog = w->prog;
     bench_mode md = BENCH_THREADS;
-    int n = 1, batches = 0, epochs = 1, skip = 5;
+    int n = 1, batches = 0, epochs = 1, skip = 5, ckpt_every = 0;
     unsigned long long seed = 42;
     const char *data = "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i < argc; i++) {
@@ -203,6 +206,8 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
             data = v;
         else if (!strcmp(a, "--seed"))
             seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--checkpoint-every"))
+            ckpt_every = atoi(v);
         else {
             bench_usage(prog);
             return 2;
@@ -244,18 +249,23 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
                     &dls));
     cf_learner *learn = NULL;
     BENCH_CHECK(prog, w->make_learner(&learn, dls, seed));
-    cf_callback *cbs[] = {&tcb};
+    char ckpt[64];
+    snprintf(ckpt, sizeof ckpt, "/tmp/%s-%ld.ckpt", prog, (long)getpid());
+    cf_callback *cbs[] = {
+        &tcb, ckpt_every > 0 ? cf_checkpoint_cb(.fname = ckpt, .every_batches = ckpt_every) : NULL};
+    int n_cbs = ckpt_every > 0 ? 2 : 1;
     double t_fit = cf_now();
     cf_status st;
     if (md == BENCH_THREADS)
         st = cf_fit_one_cycle(learn, epochs, .lr_max = CF_LR(w->lr_max), .moms = w->moms,
-                              .cbs = cbs, .n_cbs = 1);
+                              .cbs = cbs, .n_cbs = n_cbs);
     else
         st = cf_par_fit_one_cycle(
-            learn, epochs, .lr_max = CF_LR(w->lr_max), .moms = w->moms, .cbs = cbs, .n_cbs = 1,
+            learn, epochs, .lr_max = CF_LR(w->lr_max), .moms = w->moms, .cbs = cbs, .n_cbs = n_cbs,
             .par = {.num_cores = md == BENCH_FORK ? n : 0,
                     .start_method = md == BENCH_MPI ? CF_START_MPI : CF_START_FORK});
     double t_end = cf_now();
+    if (ckpt_every > 0 && is_rank0) unlink(ckpt);
     BENCH_CHECK(prog, st);
 
     if (is_rank0) {
@@ -284,6 +294,7 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
             printf("\"test_acc\": null, ");
         else
             printf("\"test_acc\": %.4f, ", acc);
+        printf("\"checkpoint_every\": %d, ", ckpt_every);
         printf("\"cpu_s\": %.3f, \"images_per_cpu_s\": %.3f, ", rep->cpu_s,
                rep->cpu_s > 0 ? (double)timed * bs * world / rep->cpu_s : 0);
         printf("\"call_s\": %.3f, \"setup_s\": %.3f, \"peak_rss_mb\": %.1f, \"pss_mb\": %.1f, "

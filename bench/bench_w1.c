@@ -3,7 +3,7 @@
  * achieved GFLOP/s, test accuracy (epoch runs), peak memory of the whole run.
  *
  *   bench_w1 [--threads N | --cores N | --mpi] [--batches B | --epochs E] [--skip S]
- *            [--data DIR] [--seed S]
+ *            [--data DIR] [--seed S] [--checkpoint-every K]
  *
  * The options, what is measured and the JSON line are bench_common.h's (shared with the other
  * workloads).
