@@ -447,6 +447,40 @@ static void test_stream_under_address_space_limit(void **state) {
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* corefit train on a folder: streamed with --aug on 2 fork workers; a bad file stops it with its
+ * name, unless --skip-bad. */
+static void test_stream_cli(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#endif
+    make_folder(at("cli"), 6);
+    char cmd[2048];
+    const char *common = "--load stream --aug --size 24 --epochs 1 --bs 4 --valid-pct 0.25 --quiet";
+    snprintf(cmd, sizeof cmd, "%s/corefit train --images %s %s --cores 2 --out %s > %s 2>&1",
+             CF_BUILD_DIR, at("cli"), common, at("m.safetensors"), at("log1"));
+    assert_int_equal(system(cmd), 0);
+    struct stat sb;
+    assert_int_equal(stat(at("m.safetensors"), &sb), 0);
+    FILE *f = fopen(at("cli/dog/003.jpg"), "w");
+    assert_non_null(f);
+    fputs("junk", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/corefit train --images %s %s --out %s > %s 2>&1", CF_BUILD_DIR,
+             at("cli"), common, at("m2.safetensors"), at("log2"));
+    assert_int_not_equal(system(cmd), 0);
+    char log[4096] = "";
+    f = fopen(at("log2"), "r");
+    assert_non_null(f);
+    size_t n = fread(log, 1, sizeof log - 1, f);
+    log[n] = '\0';
+    fclose(f);
+    assert_non_null(strstr(log, "dog/003.jpg"));
+    snprintf(cmd, sizeof cmd, "%s/corefit train --images %s %s --skip-bad --out %s > %s 2>&1",
+             CF_BUILD_DIR, at("cli"), common, at("m3.safetensors"), at("log3"));
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stream_equals_memory, setup, teardown),
@@ -454,6 +488,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stream_bad_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_csv, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_under_address_space_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_cli, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

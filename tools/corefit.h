@@ -46,7 +46,10 @@ typedef struct cli_data {
     bool regression;
     double valid_pct;
     uint64_t seed;
-    bool eval; /* an image folder may lack validation images */
+    bool eval;        /* an image folder may lack validation images */
+    const char *load; /* --load auto|memory|stream (image folders) */
+    bool skip_bad;    /* --skip-bad: streamed images that cannot be read are left out, counted */
+    bool aug;         /* --aug: fastai's aug_transforms() on the training images */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */

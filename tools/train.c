@@ -83,7 +83,11 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         cf_image_folder_options o = {.size = d->size,
                                      .channels = d->channels,
                                      .valid_pct = exists(tdir) ? 0 : d->valid_pct,
-                                     .seed = d->seed};
+                                     .seed = d->seed,
+                                     .skip_bad = d->skip_bad};
+        /* large folders are streamed from disk (AUTO), unless --load says otherwise */
+        if (d->load && strcmp(d->load, "memory") == 0) o.load = CF_IMAGE_LOAD_MEMORY;
+        if (d->load && strcmp(d->load, "stream") == 0) o.load = CF_IMAGE_LOAD_STREAM;
         if (d->eval && !exists(tdir)) {
             /* eval: a folder with only valid/, or class folders directly, is read whole (the
              * name below is one no folder has, so nothing is taken twice) */
@@ -186,6 +190,13 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         return cli_error(CLI_USAGE, cmd, "--csv needs --cat and/or --cont column lists");
     if (!d->csv && (d->cat || d->cont || d->target || d->regression))
         return cli_error(CLI_USAGE, cmd, "--cat, --cont, --target and --regression need --csv");
+    if (d->load && strcmp(d->load, "auto") != 0 && strcmp(d->load, "memory") != 0 &&
+        strcmp(d->load, "stream") != 0)
+        return cli_error(CLI_USAGE, cmd, "--load must be auto, memory or stream, got '%s'",
+                         d->load);
+    if ((d->load || d->skip_bad) && !d->images)
+        return cli_error(CLI_USAGE, cmd, "--load and --skip-bad are for --images");
+    if (d->aug && d->csv) return cli_error(CLI_USAGE, cmd, "--aug is for images, not --csv");
     if (d->channels != 0 && d->channels != 1 && d->channels != 3)
         return cli_error(CLI_USAGE, cmd, "--channels must be 1 or 3, got %d", d->channels);
     if (a->arch) {
@@ -446,7 +457,9 @@ static int setup(const char *cmd, train_args *a, session *s) {
         cf_dataset_free(valid);
         return rc;
     }
-    cf_dls_options o = {.bs = d->bs, .seed = d->seed, .n_norm = n_norm};
+    cf_aug_opts aug = cf_aug_transforms_defaults(1.0f);
+    cf_dls_options o = {
+        .bs = d->bs, .seed = d->seed, .n_norm = n_norm, .aug = d->aug && !tabular ? &aug : NULL};
     memcpy(o.mean, mean, sizeof o.mean);
     memcpy(o.std, std, sizeof o.std);
     if (cf_dls_new(train, valid, &o, &s->dls)) {
@@ -669,6 +682,32 @@ static void print_suggestions(const cf_lr_find_result *r) {
          "use the first N training and N/5 validation samples",                                      \
          1,                                                                                          \
          1e9,                                                                                        \
+         0},                                                                                         \
+        {"--load",                                                                                   \
+         OPT_STR,                                                                                    \
+         &(a).data.load,                                                                             \
+         "HOW",                                                                                      \
+         "images: auto (stream from disk when decoded they would take over 2 GiB or a quarter of "   \
+         "memory), memory or stream [auto]",                                                         \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+        {"--skip-bad",                                                                               \
+         OPT_FLAG,                                                                                   \
+         &(a).data.skip_bad,                                                                         \
+         NULL,                                                                                       \
+         "streamed images: leave out and count files that cannot be read (default: stop, naming "    \
+         "the file)",                                                                                \
+         0,                                                                                          \
+         0,                                                                                          \
+         0},                                                                                         \
+        {"--aug",                                                                                    \
+         OPT_FLAG,                                                                                   \
+         &(a).data.aug,                                                                              \
+         NULL,                                                                                       \
+         "fastai's aug_transforms() on the training images (flip, rotate, zoom, warp, lighting)",    \
+         0,                                                                                          \
+         0,                                                                                          \
          0},                                                                                         \
         {"--bs", OPT_INT, &(a).data.bs, "N", "batch size (per core) [64]", 1, 1 << 20, 0}, {         \
         "--seed", OPT_U64, &(a).data.seed, "N", "random seed [42]", 0, 0, 0                          \
