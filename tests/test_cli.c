@@ -880,6 +880,56 @@ static void test_csv_log_replaced_only_by_a_log(void **state) {
     assert_int_not_equal(system(cmd), 0);
 }
 
+/* A model file whose corefit.image_size is absurd: predict, eval and info name the file and the
+ * value, before sizing anything from it. */
+static void test_absurd_image_size(void **state) {
+    (void)state;
+    if (!model_path[0]) skip(); /* test_train_eval_info makes it */
+    FILE *f = fopen(model_path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 64);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)b[i] << (8 * i);
+    char *header = malloc(hl + 64);
+    memcpy(header, b + 8, hl);
+    header[hl] = '\0';
+    const char *key = "\"corefit.image_size\":\"";
+    char *at = strstr(header, key);
+    assert_non_null(at);
+    at += strlen(key);
+    char *end = strchr(at, '"');
+    /* the new value, then the rest of the header (the header grows: its length changes) */
+    char *patched = malloc(hl + 64);
+    snprintf(patched, hl + 64, "%.*s16384x16384%s", (int)(at - header), header, end);
+    uint64_t pl = strlen(patched);
+    char path[600];
+    snprintf(path, sizeof path, "%s/absurd.safetensors", dir);
+    f = fopen(path, "wb");
+    for (int i = 0; i < 8; i++) fputc((int)((pl >> (8 * i)) & 0xff), f);
+    fwrite(patched, 1, pl, f);
+    fwrite(b + 8 + hl, 1, (size_t)n - 8 - hl, f);
+    fclose(f);
+    free(b);
+    free(header);
+    free(patched);
+    const char *want = "absurd.safetensors: metadata corefit.image_size is '16384x16384': "
+                       "268435456 values per image for 1 channel";
+    run_result r = run("predict absurd.safetensors absurd.safetensors");
+    expect(&r, 1, NULL, want);
+    run_free(&r);
+    r = run("eval absurd.safetensors --limit 64");
+    expect(&r, 1, NULL, want);
+    run_free(&r);
+    r = run("info absurd.safetensors");
+    expect(&r, 0, want, NULL);
+    run_free(&r);
+}
+
 /* --quiet: no bars or messages, but the table and the results. */
 static void test_quiet_keeps_table(void **state) {
     (void)state;
@@ -994,6 +1044,7 @@ int main(void) {
         cmocka_unit_test(test_diverged_fit_fails),
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_csv_log_replaced_only_by_a_log),
+        cmocka_unit_test(test_absurd_image_size),
         cmocka_unit_test(test_quiet_keeps_table),
         cmocka_unit_test(test_regression),
         cmocka_unit_test(test_out_folder),

@@ -307,6 +307,22 @@ static int absurd_sizes(char *msg, size_t n) {
                "PNG: unclear message: %s", cf_last_error());
     }
 
+    /* A loader whose batch buffers do not fit (4 x 200000 samples of 1000 values, 3.2 GB, under
+     * the 512 MB limit): the message says how many buffers of what, and the size. */
+    {
+        static float x[4 * 1000], y[4];
+        cf_dataset *small = NULL;
+        EXPECT(cf_dataset_from_arrays(x, y, 4, cf_shape1(1000), 1, 0, &small) == CF_OK, "dataset");
+        cf_dataloader *dl = NULL;
+        cf_dl_options o = {.bs = 200000, .prefetch = 3};
+        st = cf_dataloader_new(small, &o, &dl);
+        EXPECT(st == CF_ERR_NOMEM && !dl, "loader: %s (%s)", cf_status_str(st), cf_last_error());
+        EXPECT(strstr(cf_last_error(), "4 batch buffers of 200000 samples of 1000 values") &&
+                   strstr(cf_last_error(), "MB)") && !strstr(cf_last_error(), "-1"),
+               "loader: unclear message: %s", cf_last_error());
+        cf_dataset_free(small);
+    }
+
     snprintf(msg, n, "IDX, safetensors, checkpoint and PNG headers refused (last: %s)",
              cf_last_error());
     char cmd[300];

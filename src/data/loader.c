@@ -182,6 +182,12 @@ static bool ensure_scratch(cf_dataloader *dl, int n) {
     return true;
 }
 
+/* What the batch buffers of a loader take: inputs, targets, indices, padding and bad flags. */
+static double dl_nslots_bytes(int bs, int64_t per, int64_t td, int nslots) {
+    return (double)nslots * (double)bs *
+           ((double)per * sizeof(float) + (double)td * sizeof(float) + sizeof(int64_t) + 2.0);
+}
+
 cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_dataloader **out) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: out is NULL");
     *out = NULL;
@@ -248,9 +254,14 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
     dl->files = ds->files;
     if (ok && dl->files && !ds->x) ok = ensure_scratch(dl, 1);
     if (!ok) {
+        const int nslots = dl->nslots;
+        const int64_t per = (int64_t)dl->per, td = (int64_t)dl->td;
         cf_dataloader_free(dl);
-        return cf_fail(CF_ERR_NOMEM, "cf_dataloader_new: out of memory for %d batch buffers",
-                       o.prefetch);
+        const double mb = (double)dl_nslots_bytes(o.bs, per, td, nslots) / 1e6;
+        return cf_fail(CF_ERR_NOMEM,
+                       "cf_dataloader_new: out of memory for %d batch buffer%s of %d samples of "
+                       "%lld values (%.1f MB)",
+                       nslots, nslots == 1 ? "" : "s", o.bs, (long long)per, mb);
     }
     *out = dl;
     return CF_OK;

@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The largest input an image model may declare (channels x height x width): 2^26 values, 256 MB
+ * as float32 per image (a 4096x4096 RGB image is 50M). */
+#define CF_MODEL_MAX_IMAGE_VALUES ((int64_t)1 << 26)
+
 static void strv_free(char **v, int n) {
     if (!v) return;
     for (int i = 0; i < n; i++) cf_free(v[i]);
@@ -461,6 +465,14 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
             m->width < 1 || m->height > 65536 || m->width > 65536)
             return cf_fail(CF_ERR_FORMAT, "%s: metadata corefit.image_size is '%s' (expected HxW)",
                            path, size);
+        /* Refused before anything is sized from it: a predict batch holds bs such images. */
+        const int64_t values = (int64_t)m->n_in * m->height * m->width;
+        if (values > CF_MODEL_MAX_IMAGE_VALUES)
+            return cf_fail(CF_ERR_FORMAT,
+                           "%s: metadata corefit.image_size is '%s': %lld values per image for %d "
+                           "channel%s, over the %lld an image model may take",
+                           path, size, (long long)values, m->n_in, m->n_in == 1 ? "" : "s",
+                           (long long)CF_MODEL_MAX_IMAGE_VALUES);
     }
     const char *vocab = cf_st_meta(f, "corefit.vocab");
     if (vocab) {
