@@ -930,6 +930,31 @@ static void test_absurd_image_size(void **state) {
     run_free(&r);
 }
 
+/* An --out that cannot be written fails before the fit (no epoch in the table): a folder that is
+ * a regular file, and a read-only folder (unless root, who may write there anyway). */
+static void test_unwritable_out_fails_first(void **state) {
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/plain_file", dir);
+    FILE *f = fopen(path, "w");
+    fputs("x\n", f);
+    fclose(f);
+    run_result r = run("train --limit 256 --bs 32 --cores 1 --out plain_file/m.safetensors");
+    expect(&r, 1, NULL, "corefit train: --out: cannot write plain_file/m.safetensors: Not a dir");
+    assert_null(strstr(r.out, "train_loss"));
+    run_free(&r);
+    snprintf(path, sizeof path, "%s/read_only", dir);
+    assert_int_equal(mkdir(path, 0500), 0);
+    if (geteuid() != 0) {
+        r = run("train --limit 256 --bs 32 --cores 2 --out read_only/m.safetensors");
+        expect(&r, 1, NULL, "corefit train: --out: cannot write read_only/m.safetensors");
+        assert_non_null(strstr(r.err, "Permission denied"));
+        assert_null(strstr(r.out, "train_loss"));
+        run_free(&r);
+    }
+    chmod(path, 0700);
+}
+
 /* --quiet: no bars or messages, but the table and the results. */
 static void test_quiet_keeps_table(void **state) {
     (void)state;
@@ -1045,6 +1070,7 @@ int main(void) {
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_csv_log_replaced_only_by_a_log),
         cmocka_unit_test(test_absurd_image_size),
+        cmocka_unit_test(test_unwritable_out_fails_first),
         cmocka_unit_test(test_quiet_keeps_table),
         cmocka_unit_test(test_regression),
         cmocka_unit_test(test_out_folder),
