@@ -3,12 +3,15 @@
 #include "oracle.h"
 
 #include <cJSON.h>
-#include <signal.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "corefit.h"
@@ -142,6 +145,14 @@ static void test_usage_errors(void **state) {
         {"train --csv t.csv --target y --cont a --regression --metrics accuracy", 2,
          "unknown --metrics name 'accuracy' for a regression"},
         {"train --cores 999", 2, "--cores expects a whole number in [1, 256], got '999'"},
+        {"train --max-restarts -1", 2, "--max-restarts expects a whole number in [0,"},
+        {"train --max-restarts 2 --start mpi", 2,
+         "under mpirun run the job with corefit-mpirun --max-restarts 2"},
+        {"train --max-restarts 1 --cores 1", 2,
+         "--max-restarts restarts fork workers: give "
+         "--cores 2 or more"},
+        {"train --commit-every 5", 2, "--commit-every is how often --max-restarts commits"},
+        {"train --commit-every 0 --max-restarts 1", 2, "--commit-every expects a whole number"},
         {"train --cores 0", 2, "--cores expects a whole number in [1, 256]"},
         {"train --csv t.csv --target y --cont a --regression --y-range 5,1", 2,
          "--y-range expects LOW,HIGH with LOW < HIGH"},
@@ -191,6 +202,8 @@ static void test_help(void **state) {
     run_free(&r);
     r = run("train -h");
     expect(&r, 0, "--csv-log FILE", NULL);
+    assert_non_null(strstr(r.out, "--max-restarts N"));
+    assert_non_null(strstr(r.out, "--commit-every K"));
     run_free(&r);
 }
 
@@ -1041,6 +1054,161 @@ static void test_eval_flat_folder(void **state) {
     run_free(&r);
 }
 
+/* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
+ * With --max-restarts the workers are restarted from the last commit and the model file has the
+ * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
+ * worker or commit left) and says how to continue from the checkpoint, which also gives those
+ * bytes. The fault: SIGKILL to one of corefit's worker processes once the first checkpoint (after
+ * batch 3 of 80) exists. */
+
+#define RESTART_ARGS "train --limit 1280 --bs 16 --epochs 2 --cores 2 --checkpoint-every 3"
+
+/* Starts `corefit <args>` in the test folder, stdout and stderr to files; returns its pid. */
+static pid_t start_corefit(const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && exec '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt' </dev/null", dir, COREFIT,
+             args, dir, dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static run_result wait_corefit(pid_t pid) {
+    int s = 0;
+    assert_int_equal(waitpid(pid, &s, 0), pid);
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/stdout.txt", dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    run_result r = {.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s)};
+    r.out = slurp(out);
+    r.err = slurp(err);
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    return r;
+}
+
+/* The processes whose parent is `parent` (its fork workers), from /proc. */
+static int children_of(pid_t parent, pid_t *out, int cap) {
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        char path[64], line[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t k = fread(line, 1, sizeof line - 1, f);
+        fclose(f);
+        line[k] = '\0';
+        const char *rp = strrchr(line, ')'); /* the command name may hold spaces */
+        char state;
+        long ppid;
+        if (rp && sscanf(rp + 1, " %c %ld", &state, &ppid) == 2 && ppid == parent && state != 'Z')
+            out[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Once the checkpoint exists (liveness: however long that takes), SIGKILLs one worker of the
+ * running corefit. Returns the workers seen then. */
+static int kill_a_worker(pid_t pid, const char *ckpt, pid_t *workers, int cap) {
+    struct stat sb;
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, ckpt);
+    int n = 0;
+    for (;;) {
+        if (stat(path, &sb) == 0 && (n = children_of(pid, workers, cap)) >= 2) break;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("corefit ended before %s", ckpt);
+        usleep(2000);
+    }
+    pid_t victim = workers[(unsigned)time(NULL) % (unsigned)n];
+    print_message("SIGKILL to worker pid %d of %d workers\n", (int)victim, n);
+    assert_int_equal(kill(victim, SIGKILL), 0);
+    return n;
+}
+
+/* Every worker gone, and no commit directory of this corefit in shared memory. */
+static void assert_workers_gone(pid_t pid, const pid_t *workers, int n) {
+    for (int i = 0; i < n; i++)
+        if (kill(workers[i], 0) == 0 || errno != ESRCH)
+            fail_msg("worker pid %d is still there", (int)workers[i]);
+    char mine[64];
+    snprintf(mine, sizeof mine, "corefit-commit-%ld-", (long)pid);
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, mine, strlen(mine))) fail_msg("/dev/shm/%s is left", e->d_name);
+    if (d) closedir(d);
+}
+
+static void assert_same_file(const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", dir, b);
+    void *da = NULL, *db = NULL;
+    size_t na = 0, nb = 0;
+    assert_int_equal(cf_read_file(pa, (size_t)1 << 30, &da, &na), CF_OK);
+    assert_int_equal(cf_read_file(pb, (size_t)1 << 30, &db, &nb), CF_OK);
+    if (na != nb || memcmp(da, db, na))
+        fail_msg("%s differs from %s (%zu, %zu bytes)", b, a, na, nb);
+    cf_free(da);
+    cf_free(db);
+}
+
+static void test_max_restarts(void **state) {
+    (void)state;
+    run_result r = run(RESTART_ARGS " --quiet --out undisturbed.safetensors");
+    expect(&r, 0, "model: undisturbed.safetensors", NULL);
+    run_free(&r);
+
+    /* the worker is restarted from a commit (every 2 batches) and the fit finishes */
+    pid_t workers[8];
+    pid_t pid = start_corefit(RESTART_ARGS " --max-restarts 1 --commit-every 2 --out "
+                                           "restarted.safetensors");
+    int n = kill_a_worker(pid, "restarted.ckpt", workers, 8);
+    r = wait_corefit(pid);
+    expect(&r, 0, "(2 epochs, fork workers, 1 restart)", "was killed by signal 9 (SIGKILL)");
+    if (!strstr(r.err, "restarting 2 workers from epoch 0 batch") ||
+        !strstr(r.err, "(restart 1 of 1)"))
+        fail_msg("no restart from a commit reported: %s", r.err);
+    run_free(&r);
+    assert_same_file("undisturbed.safetensors", "restarted.safetensors");
+    assert_workers_gone(pid, workers, n);
+
+    /* without --max-restarts: a clean failure, and the command that continues */
+    pid = start_corefit(RESTART_ARGS " --out lost.safetensors");
+    n = kill_a_worker(pid, "lost.ckpt", workers, 8);
+    r = wait_corefit(pid);
+    expect(&r, 1, NULL, "corefit train: training: worker ");
+    assert_non_null(strstr(r.err, "was killed by signal 9 (SIGKILL)"));
+    assert_non_null(strstr(r.err, "no model written"));
+    assert_workers_gone(pid, workers, n);
+    char path[600];
+    snprintf(path, sizeof path, "%s/lost.safetensors", dir);
+    assert_false(file_exists(path));
+    const char *hint = strstr(r.err, "  corefit ");
+    if (!hint || !strstr(hint, "--resume ./lost.ckpt")) fail_msg("no resume hint: %s", r.err);
+    char again[1024];
+    snprintf(again, sizeof again, "%.*s", (int)strcspn(hint + 10, "\n"), hint + 10);
+    run_free(&r);
+    r = run("%s", again);
+    expect(&r, 0, "model: lost.safetensors", NULL);
+    run_free(&r);
+    assert_same_file("undisturbed.safetensors", "lost.safetensors");
+}
+
 static int setup(void **state) {
     (void)state;
     test_tmpdir_make(dir, sizeof dir, "cf_cli_");
@@ -1074,6 +1242,7 @@ int main(void) {
         cmocka_unit_test(test_quiet_keeps_table),
         cmocka_unit_test(test_regression),
         cmocka_unit_test(test_out_folder),
+        cmocka_unit_test(test_max_restarts),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));

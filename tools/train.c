@@ -170,7 +170,11 @@ typedef struct train_args {
     const char *y_range;
     const char *resume, *checkpoint; /* --resume FILE, --checkpoint FILE */
     int checkpoint_every;            /* --checkpoint-every N (batches) */
+    int max_restarts, commit_every;  /* --max-restarts N, --commit-every K (fork workers) */
 } train_args;
+
+#define CLI_STR_(x) #x
+#define CLI_STR(x) CLI_STR_(x)
 
 /* The fork launcher's limit on worker processes (src/par/launch.c). */
 #define CLI_MAX_CORES 256
@@ -373,6 +377,8 @@ static int setup(const char *cmd, train_args *a, session *s) {
     }
     s->par.split_batch = a->split_batch;
     s->par.deadline_s = a->deadline;
+    s->par.max_restarts = a->max_restarts;
+    s->par.commit_every = a->commit_every;
     if (a->threads > 0) cf_set_num_threads(a->threads);
     /* An in-process fit (and each MPI rank) runs BLAS on this process's threads: room for
      * OpenBLAS's work buffers first, or a clear error (fork workers see to their own). */
@@ -848,11 +854,39 @@ static cf_callback save_epoch_cb = {.name = "save_every_epoch",
                                     .order = CF_ORDER_SAVE_MODEL,
                                     .on = {[CF_EV_AFTER_EPOCH] = save_epoch}};
 
+/* Whether path exists and is not the file stat gave in *before (had: it existed then). */
+static bool written_since(const char *path, bool had, const struct stat *before) {
+    struct stat now;
+    return stat(path, &now) == 0 &&
+           (!had || now.st_mtim.tv_sec != before->st_mtim.tv_sec ||
+            now.st_mtim.tv_nsec != before->st_mtim.tv_nsec || now.st_ino != before->st_ino);
+}
+
 /* After a fit that did not finish: no empty figures folder stays behind. (The CSV log is
  * written only from the first completed epoch on: a fit that failed before it left an existing
  * log as it was, and one with epochs in it keeps them.) */
 static void clean_up_partial(const char *plots, bool made_plots) {
     if (plots && made_plots) rmdir(plots); /* only when empty */
+}
+
+/* --max-restarts and --commit-every: in-place recovery of fork workers (the library's
+ * .par.max_restarts); an MPI job cannot lose a rank and go on, so there a wrapper reruns it. */
+static int check_restarts(const char *cmd, const train_args *a) {
+    bool mpi = a->start && strcmp(a->start, "mpi") == 0;
+    if (a->commit_every > 0 && a->max_restarts == 0)
+        return cli_error(CLI_USAGE, cmd,
+                         "--commit-every is how often --max-restarts commits the fit; give "
+                         "--max-restarts N too");
+    if (a->max_restarts > 0 && mpi)
+        return cli_error(CLI_USAGE, cmd,
+                         "--max-restarts restarts fork workers; under mpirun run the job with "
+                         "corefit-mpirun --max-restarts %d (docs/mpi.md)",
+                         a->max_restarts);
+    if (a->max_restarts > 0 && a->cores == 1)
+        return cli_error(CLI_USAGE, cmd,
+                         "--max-restarts restarts fork workers: give --cores 2 or more (--cores 1 "
+                         "trains in this process)");
+    return CLI_OK;
 }
 
 static void train_usage(FILE *f, const cli_opt *opts) {
@@ -916,6 +950,15 @@ int cmd_train(int argc, char **argv) {
          "continue the fit a checkpoint was taken from (the same options): the result is the "
          "same model, bit for bit, as a fit never stopped",
          0, 0, 0},
+        {"--max-restarts", OPT_INT, &a.max_restarts, "N",
+         "fork workers: a killed, crashed or hung worker restarts the workers from the last "
+         "commit, up to N times, with the same result as an undisturbed fit (under mpirun: "
+         "corefit-mpirun --max-restarts N) [0]",
+         0, 1000000, 0},
+        {"--commit-every", OPT_INT, &a.commit_every, "K",
+         "with --max-restarts: training batches between the commits a restart resumes from "
+         "(kept in memory, /dev/shm) [" CLI_STR(CF_PAR_COMMIT_EVERY) "]",
+         1, 1 << 30, 0},
         {"--y-range", OPT_STR, &a.y_range, "LOW,HIGH",
          "regression: squash outputs into [LOW, HIGH] (fastai's y_range); auto: the training "
          "targets' range + 5%; none [auto]",
@@ -931,6 +974,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (rc) return rc;
     if ((rc = check_args(cmd, &a, true))) return rc;
+    if ((rc = check_restarts(cmd, &a))) return rc;
     if (a.resume && access(a.resume, R_OK) != 0)
         return cli_error(CLI_FAIL, cmd, "--resume %s: %s", a.resume, strerror(errno));
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
@@ -944,6 +988,11 @@ int cmd_train(int argc, char **argv) {
         return rc;
     }
     cf_learner *learn = s.learn;
+    if (a.max_restarts > 0 && !s.parallel && s.master)
+        fprintf(stderr,
+                "corefit %s: warning: --max-restarts has no effect: the fit runs in this process "
+                "(one core)\n",
+                cmd);
     /* master callbacks: the CSV log (rank 0 writes it) */
     if (a.csv_log) {
         cf_callback *cb = cf_csv_logger_cb(a.csv_log, false);
@@ -1025,6 +1074,8 @@ int cmd_train(int argc, char **argv) {
     /* the checkpoint callback runs in every replica (they agree on a stop; rank 0 writes) */
     char ckpt_buf[4096];
     const char *ckpt = checkpoint_file(&a, ckpt_buf, sizeof ckpt_buf);
+    struct stat ckpt_before;
+    bool had_ckpt = stat(ckpt, &ckpt_before) == 0;
     cf_callback *ckpt_cb = cf_checkpoint_cb(.fname = ckpt, .every_batches = a.checkpoint_every);
     if (!ckpt_cb) {
         session_free(&s);
@@ -1060,6 +1111,7 @@ int cmd_train(int argc, char **argv) {
                                 .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
                                 .cbs = call_cbs, .n_cbs = 1, .resume = resume);
     double seconds = cf_now() - t0;
+    int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
     if (own_sigint) sigaction(SIGINT, &old_sa, NULL);
     if (own_sigterm) sigaction(SIGTERM, &old_term, NULL);
     if (st && terminated) {
@@ -1077,15 +1129,14 @@ int cmd_train(int argc, char **argv) {
         bool stopped = interrupted || st == CF_ERR_INTERRUPTED;
         if (stopped)
             rc = cli_error(CLI_INTERRUPTED, cmd, "interrupted (Ctrl-C)");
+        else if (restarts > 0)
+            rc = cli_error(CLI_FAIL, cmd, "training: %s (after %d restart%s, --max-restarts %d)",
+                           cf_last_error(), restarts, restarts == 1 ? "" : "s", a.max_restarts);
         else
             rc = cli_lib_error(cmd, "training");
         if (s.master) {
             /* a worker process wrote it (its count stays there): look at the file */
-            struct stat now;
-            bool rewritten = stat(a.out, &now) == 0 &&
-                             (!had_out || now.st_mtim.tv_sec != out_before.st_mtim.tv_sec ||
-                              now.st_mtim.tv_nsec != out_before.st_mtim.tv_nsec ||
-                              now.st_ino != out_before.st_ino);
+            bool rewritten = written_since(a.out, had_out, &out_before);
             if (a.save_every_epoch && (epochs_saved > 0 || rewritten))
                 fprintf(stderr, "corefit %s: %s holds the model of the last completed epoch\n", cmd,
                         a.out);
@@ -1093,6 +1144,15 @@ int cmd_train(int argc, char **argv) {
                 fprintf(stderr, "corefit %s: no model written%s\n", cmd,
                         a.save_every_epoch ? " (no epoch completed)"
                                            : " (--save-every-epoch keeps each completed epoch's)");
+            /* a lost worker (or a failed one) leaves this run's last checkpoint: say how to
+             * go on from it (--max-restarts does that by itself) */
+            if (!stopped && st == CF_ERR_WORKER && written_since(ckpt, had_ckpt, &ckpt_before)) {
+                fprintf(stderr,
+                        "corefit %s: checkpoint %s holds the fit up to its last batch "
+                        "checkpoint\n",
+                        cmd, ckpt);
+                print_resume_hint(argc, argv, ckpt);
+            }
             clean_up_partial(a.plots, made_plots);
         }
         session_free(&s);
@@ -1128,11 +1188,16 @@ int cmd_train(int argc, char **argv) {
             }
             printf("\n");
         }
-        printf("time: %.1f s (%d epoch%s, %s)\n", seconds, rec->n_epochs,
+        char restarted[64] = "";
+        if (restarts > 0) /* the workers were restarted in place (--max-restarts) */
+            snprintf(restarted, sizeof restarted, ", %d restart%s", restarts,
+                     restarts == 1 ? "" : "s");
+        printf("time: %.1f s (%d epoch%s, %s%s)\n", seconds, rec->n_epochs,
                rec->n_epochs == 1 ? "" : "s",
                s.par.start_method == CF_START_MPI ? "MPI"
                : s.parallel                       ? "fork workers"
-                                                  : "in-process");
+                                                  : "in-process",
+               restarted);
         printf("model: %s\n", a.out);
         if (a.csv_log) printf("log: %s\n", a.csv_log);
         if (a.plots) {
