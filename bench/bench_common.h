@@ -1,17 +1,18 @@
-/* The measuring harness shared by the workload benchmarks (bench_w1, bench_vgg): command line,
- * timing callback, memory accounting and the one JSON line. A workload supplies its learner, its
- * one-cycle recipe and its FLOP count; everything else is identical between workloads, so that
- * bench/run.py reads every workload's line alike.
+/* The measuring harness shared by the workload benchmarks (bench_w1, bench_vgg, bench_images):
+ * command line, timing callback, memory accounting and the one JSON line. A workload supplies
+ * its learner, its one-cycle recipe (or its own fit and loaders) and its FLOP count; everything
+ * else is identical between workloads, so that bench/run.py reads every workload's line alike.
  *
  *   PROG [--threads N | --cores N | --mpi] [--batches B | --epochs E] [--skip S]
- *        [--data DIR] [--seed S] [--checkpoint-every K]
+ *        [--data DIR] [--seed S] [--checkpoint-every K] [workload options]
  *
  *   --threads N   one process, N threads (cf_set_num_threads)            (default: 1)
  *   --cores N     cf_par_fit_one_cycle over N forked workers, bs 64 each
  *   --mpi         cf_par_fit_one_cycle with start_method mpi: run it under mpirun -np N;
  *                 rank 0 prints the line
  *   --batches B   stop the fit after B training steps (the schedule still spans --epochs
- *                 epochs); no validation. Default: whole epochs and the test accuracy.
+ *                 epochs, or as many as B steps need when an epoch has fewer); no validation.
+ *                 Default: whole epochs and the test accuracy.
  *   --checkpoint-every K  a checkpoint (cf_checkpoint_cb) every K training steps, to a file in
  *                 /tmp removed at the end (0, the default: no checkpoint callback at all)
  *
@@ -51,6 +52,22 @@ typedef struct bench_workload {
     /* Builds the learner on dls, with the test accuracy as its only metric (the JSON line reads
      * final_record[1]) and .quiet set. */
     cf_status (*make_learner)(cf_learner **out, cf_dls *dls, uint64_t seed);
+    /* Optional; NULL takes the default given. */
+    const char *default_data; /* --data (NULL: Debian's Fashion-MNIST folder) */
+    /* The loaders, bs per process (NULL: Fashion-MNIST through cf_dls_from_idx_dir, normalised
+     * with its statistics). */
+    cf_status (*make_dls)(cf_dls **out, const char *data, int bs, uint64_t seed);
+    /* The fit, with the harness's callbacks (NULL: fit_one_cycle(lr_max, moms)). timing is true
+     * for --batches, when the callbacks stop the fit. par is NULL for one process, else the
+     * options of the parallel twin to call. */
+    cf_status (*fit)(cf_learner *learn, int epochs, bool timing, cf_callback **cbs, int n_cbs,
+                     const cf_par_opts *par);
+    /* Options of the workload's own: 1 when it took NAME VALUE, 0 when NAME is not its own, -1
+     * for a bad VALUE (it says why on stderr). usage_extra lists them for the usage line. */
+    int (*parse_opt)(const char *name, const char *value);
+    const char *usage_extra;
+    /* Fields of the workload's own for the JSON line, each written as `"key": value, `. */
+    void (*json_extra)(FILE *f, const cf_dls *dls);
 } bench_workload;
 
 typedef enum bench_mode { BENCH_THREADS, BENCH_FORK, BENCH_MPI } bench_mode;
@@ -155,11 +172,26 @@ static cf_status bench_timing_after_train(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
-static void bench_usage(const char *prog) {
+/* A timing run measures training only: a fit of several short epochs skips their validation. */
+static cf_status bench_timing_before_validate(cf_callback *cb, cf_learner *learn) {
+    bench_timing *t = cb->state;
+    if (t->max_steps > 0) cf_learner_cancel(learn, CF_CANCEL_VALIDATE);
+    return CF_OK;
+}
+
+static void bench_usage(const bench_workload *w) {
     fprintf(stderr,
             "usage: %s [--threads N | --cores N | --mpi] [--batches B | --epochs E] "
-            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K]\n",
-            prog);
+            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K]%s%s\n",
+            w->prog, w->usage_extra ? " " : "", w->usage_extra ? w->usage_extra : "");
+}
+
+/* The training batches per epoch of each of `world` replicas (fastai's drop_last, after
+ * CF_SHARD_PER_RANK's padding to a multiple of world). */
+static int64_t bench_batches_per_epoch(const cf_dls *dls, int bs, int world) {
+    int64_t n = dls->train_ds->n;
+    int64_t chunk = (n + world - 1) / world;
+    return chunk / bs;
 }
 
 #define BENCH_CHECK(prog, call)                                                                    \
@@ -170,15 +202,15 @@ static void bench_usage(const char *prog) {
         }                                                                                          \
     } while (0)
 
-/* Parses the command line, trains the workload on Fashion-MNIST (bs 64 per process) and prints
- * the JSON line on rank 0. Returns the process's exit status: 0, 1 on a failed call, 2 on a bad
- * command line. */
+/* Parses the command line, trains the workload on its data (Fashion-MNIST unless it has
+ * make_dls; bs 64 per process) and prints the JSON line on rank 0. Returns the process's exit
+ * status: 0, 1 on a failed call, 2 on a bad command line. */
 static int bench_main(int argc, char **argv, const bench_workload *w) {
     const char *prog = w->prog;
     bench_mode md = BENCH_THREADS;
     int n = 1, batches = 0, epochs = 1, skip = 5, ckpt_every = 0;
     unsigned long long seed = 42;
-    const char *data = "/usr/share/datasets/fashion-mnist";
+    const char *data = w->default_data ? w->default_data : "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -187,7 +219,7 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
             continue;
         }
         if (!v) {
-            bench_usage(prog);
+            bench_usage(w);
             return 2;
         }
         if (!strcmp(a, "--threads")) {
@@ -209,8 +241,12 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
         else if (!strcmp(a, "--checkpoint-every"))
             ckpt_every = atoi(v);
         else {
-            bench_usage(prog);
-            return 2;
+            int took = w->parse_opt ? w->parse_opt(a, v) : 0;
+            if (took < 0) return 2;
+            if (took == 0) {
+                bench_usage(w);
+                return 2;
+            }
         }
         i++;
     }
@@ -237,16 +273,30 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
     static cf_callback tcb = {.name = "BenchTiming", .skip_valid = true};
     tcb.on[CF_EV_AFTER_BATCH] = bench_timing_after_batch;
     tcb.on[CF_EV_AFTER_TRAIN] = bench_timing_after_train;
+    tcb.on[CF_EV_BEFORE_VALIDATE] = bench_timing_before_validate;
     tcb.state = &tstate;
 
     double t0 = cf_now();
     cf_dls *dls = NULL;
-    BENCH_CHECK(prog,
-                cf_dls_from_idx_dir(
-                    data,
-                    &(cf_dls_options){
-                        .bs = bs, .seed = seed, .n_norm = 1, .mean = {0.2860f}, .std = {0.3530f}},
-                    &dls));
+    if (w->make_dls)
+        BENCH_CHECK(prog, w->make_dls(&dls, data, bs, seed));
+    else
+        BENCH_CHECK(
+            prog, cf_dls_from_idx_dir(
+                      data,
+                      &(cf_dls_options){
+                          .bs = bs, .seed = seed, .n_norm = 1, .mean = {0.2860f}, .std = {0.3530f}},
+                      &dls));
+    /* A timing run needs its B steps inside the schedule: more epochs when one is shorter. */
+    int world = md == BENCH_FORK ? n : md == BENCH_MPI ? cf_comm_size(mpi) : 1;
+    int64_t per_epoch = bench_batches_per_epoch(dls, bs, world);
+    if (per_epoch < 1) {
+        fprintf(stderr, "%s: %lld training images are under one batch of %d per replica\n", prog,
+                (long long)dls->train_ds->n, bs);
+        return 1;
+    }
+    if (batches && (int64_t)epochs * per_epoch < batches)
+        epochs = (int)((batches + per_epoch - 1) / per_epoch);
     cf_learner *learn = NULL;
     BENCH_CHECK(prog, w->make_learner(&learn, dls, seed));
     char ckpt[64];
@@ -256,20 +306,22 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
     int n_cbs = ckpt_every > 0 ? 2 : 1;
     double t_fit = cf_now();
     cf_status st;
-    if (md == BENCH_THREADS)
+    const cf_par_opts par = {.num_cores = md == BENCH_FORK ? n : 0,
+                             .start_method = md == BENCH_MPI ? CF_START_MPI : CF_START_FORK};
+    if (w->fit)
+        st = w->fit(learn, epochs, batches > 0, cbs, n_cbs, md == BENCH_THREADS ? NULL : &par);
+    else if (md == BENCH_THREADS)
         st = cf_fit_one_cycle(learn, epochs, .lr_max = CF_LR(w->lr_max), .moms = w->moms,
                               .cbs = cbs, .n_cbs = n_cbs);
     else
-        st = cf_par_fit_one_cycle(
-            learn, epochs, .lr_max = CF_LR(w->lr_max), .moms = w->moms, .cbs = cbs, .n_cbs = n_cbs,
-            .par = {.num_cores = md == BENCH_FORK ? n : 0,
-                    .start_method = md == BENCH_MPI ? CF_START_MPI : CF_START_FORK});
+        st = cf_par_fit_one_cycle(learn, epochs, .lr_max = CF_LR(w->lr_max), .moms = w->moms,
+                                  .cbs = cbs, .n_cbs = n_cbs, .par = par);
     double t_end = cf_now();
     if (ckpt_every > 0 && is_rank0) unlink(ckpt);
     BENCH_CHECK(prog, st);
 
     if (is_rank0) {
-        int world = rep->world > 0 ? rep->world : 1;
+        world = rep->world > 0 ? rep->world : 1;
         double rss_kb = rep->rss_kb, pss_kb = rep->pss_kb;
         if (md == BENCH_FORK) { /* the supervisor itself */
             rss_kb += bench_peak_rss_kb_self();
@@ -294,7 +346,8 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
             printf("\"test_acc\": null, ");
         else
             printf("\"test_acc\": %.4f, ", acc);
-        printf("\"checkpoint_every\": %d, ", ckpt_every);
+        printf("\"checkpoint_every\": %d, \"epochs\": %d, ", ckpt_every, epochs);
+        if (w->json_extra) w->json_extra(stdout, dls);
         printf("\"cpu_s\": %.3f, \"images_per_cpu_s\": %.3f, ", rep->cpu_s,
                rep->cpu_s > 0 ? (double)timed * bs * world / rep->cpu_s : 0);
         printf("\"call_s\": %.3f, \"setup_s\": %.3f, \"peak_rss_mb\": %.1f, \"pss_mb\": %.1f, "
