@@ -4,7 +4,8 @@ on the same machine in one run, each configuration run alternately and quoted as
 
     /usr/bin/python3 bench/run.py --build build [--quick] [--pairs 3] [--batches 200]
                                   [--cores N] [--accuracy [--epochs 5]] [--out FILE]
-                                  [--isa avx512,avx2] [--workload w1|vgg]
+                                  [--isa avx512,avx2] [--workload w1|vgg|images]
+                                  [--torch-workers 0,1]
 
 Configurations (N = the cores this process may run on, or --cores):
   1t    one process, 1 thread          bench_w1 --threads 1    w1_torch.py --threads 1
@@ -24,12 +25,18 @@ with OPENBLAS_CORETYPE set to the same kernels. OPENBLAS_CORETYPE in run.py's ow
 not passed on. A capped AVX-512 machine is not an AVX2 machine (clock and FMA ports differ):
 quote both where you have both.
 
-Workloads (--workload): w1, the mini-resnet (bench_w1, w1_torch.py), and vgg, a plain VGG-style
-CNN with a large Linear layer and SGD with momentum (bench_vgg, vgg_torch.py).
+Workloads (--workload): w1, the mini-resnet (bench_w1, w1_torch.py); vgg, a plain VGG-style
+CNN with a large Linear layer and SGD with momentum (bench_vgg, vgg_torch.py); images (W3),
+fastai's fine_tune of a resnet18 on a folder of RGB JPEGs at 128 px with aug_transforms
+(bench_images, images_torch.py), whose folder bench/make_images.py writes into BUILD/w3-images
+first when it is missing (from Fashion-MNIST; about 10 s). For images, --torch-workers lists the
+DataLoader worker counts PyTorch is measured with (each a variant; the faster median is
+compared), and --accuracy reports the validation accuracy of fine_tune(--epochs) (one frozen
+epoch first).
 
-Builds nothing: expects bench_w1 (bench_vgg) and sgemm in --build (`make build`). The OpenBLAS
-kernels of each set are those sgemm reports under its CF_ISA (cf_blas_core()); every corefit run
-must report the same ones.
+Builds nothing: expects bench_w1 (bench_vgg, bench_images) and sgemm in --build (`make build`).
+The OpenBLAS kernels of each set are those sgemm reports under its CF_ISA (cf_blas_core());
+every corefit run must report the same ones.
 See bench/README.md for what each number means.
 """
 import argparse
@@ -62,7 +69,9 @@ def parse_args():
     ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-WORKLOAD.json)")
     ap.add_argument("--isa", default="", help="comma-separated instruction sets to compare at "
                     "(generic, avx2, avx512; default: every vector set this CPU has)")
-    ap.add_argument("--workload", default="w1", choices=["w1", "vgg"], help="the model to train")
+    ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images"], help="the model to train")
+    ap.add_argument("--torch-workers", default="0,1", help="images: comma-separated DataLoader worker counts "
+                    "to measure PyTorch with (each a variant; the faster is compared)")
     return ap.parse_args()
 
 
@@ -152,12 +161,26 @@ def ratio(a, b):
 def main():
     a = parse_args()
     build = os.path.abspath(a.build)
-    bench = os.path.join(build, "bench_w1" if a.workload == "w1" else "bench_vgg")
+    programs = {"w1": ("bench_w1", "w1_torch.py"), "vgg": ("bench_vgg", "vgg_torch.py"),
+                "images": ("bench_images", "images_torch.py")}
+    bench = os.path.join(build, programs[a.workload][0])
     sgemm = os.path.join(build, "sgemm")
     for exe in (bench, sgemm):
         if not os.access(exe, os.X_OK):
             sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
-    torch_py = os.path.join(HERE, "w1_torch.py" if a.workload == "w1" else "vgg_torch.py")
+    torch_py = os.path.join(HERE, programs[a.workload][1])
+    data_args = []  # both sides' --data
+    torch_variants = [("default", [], {})]  # (name, extra PyTorch arguments, extra environment)
+    if a.workload == "images":
+        images = os.path.join(build, "w3-images")
+        if not os.path.exists(os.path.join(images, "w3.json")):
+            log(f"[bench] writing W3's image folder {images} (bench/make_images.py)")
+            p = subprocess.run([PY, os.path.join(HERE, "make_images.py"), "--out", images])
+            if p.returncode != 0:
+                sys.exit(f"run.py: bench/make_images.py --out {images} failed")
+        data_args = ["--data", images]
+        workers = [int(x) for x in a.torch_workers.split(",") if x]
+        torch_variants = [(f"workers={w}", ["--workers", str(w)], {}) for w in workers]
     have = cpu_isas()
     isas = [x for x in a.isa.split(",") if x] if a.isa else [x for x in have if x != "generic"] or ["generic"]
     for x in isas:
@@ -212,25 +235,33 @@ def main():
         notes.append("mpirun not found: the mpi configuration was skipped")
         only.discard("mpi")
 
-    steps = ["--batches", str(batches)]
+    steps = ["--batches", str(batches)] + data_args
+
+    def tv(cmd, name=None, env=None):  # PyTorch's variants of one command, with a setting of its own
+        out = []
+        for v, args, e in torch_variants:
+            label = v if not name else name if v == "default" else f"{v}, {name}"
+            out.append((label, cmd + args, dict(e, **(env or {}))))
+        return out
+
     configs = []  # (key, label, corefit cmd, [(PyTorch variant, cmd, extra env)], isa)
     for isa in isas:
         tag = f"{isa}: " if len(isas) > 1 else ""
         if "1t" in only:
             configs.append((f"{isa}:1t", f"{tag}1 process, 1 thread", [bench, "--threads", "1"] + steps,
-                            [("default", [PY, torch_py, "--threads", "1"] + steps, {})], isa))
+                            tv([PY, torch_py, "--threads", "1"] + steps), isa))
         if "Nt" in only:
             # libgomp's threads spin while they wait (OMP_WAIT_POLICY active): on a machine whose
             # cores are busy with other work that can cost PyTorch 10x; passive waiting is its best
             # setting there. Both are measured and the faster one is compared.
             t_cmd = [PY, torch_py, "--threads", str(n)] + steps
             configs.append((f"{isa}:Nt", f"{tag}1 process, {n} threads", [bench, "--threads", str(n)] + steps,
-                            [("default", t_cmd, {}), ("OMP_WAIT_POLICY=passive", t_cmd, {"OMP_WAIT_POLICY": "passive"})],
+                            tv(t_cmd) + tv(t_cmd, "OMP_WAIT_POLICY=passive", {"OMP_WAIT_POLICY": "passive"}),
                             isa))
         if "dp" in only:
             configs.append((f"{isa}:dp", f"{tag}data-parallel, {n} processes (fork / DDP gloo)",
                             [bench, "--cores", str(n)] + steps,
-                            [("default", [PY, torch_py, "--ddp", str(n)] + steps, {})], isa))
+                            tv([PY, torch_py, "--ddp", str(n)] + steps), isa))
         if "mpi" in only:
             configs.append((f"{isa}:mpi", f"{tag}mpirun -np {n} (vs DDP gloo)", mpi_cmd + [bench, "--mpi"] + steps,
                             [], isa))
@@ -267,11 +298,13 @@ def main():
 
     acc = {}
     if a.accuracy:
-        ep = ["--epochs", str(a.epochs)]
+        ep = ["--epochs", str(a.epochs)] + data_args
         log(f"[bench] accuracy: {a.epochs} epochs, 1 process, {n} threads, each")
         cf_env, torch_env = envs(isas[0])
         acc["cf"] = run_json([bench, "--threads", str(n)] + ep, env=cf_env, timeout=max(a.timeout, 7200))
-        acc["torch"] = run_json([PY, torch_py, "--threads", str(n)] + ep, env=torch_env, timeout=max(a.timeout, 7200))
+        # PyTorch's first variant (for images: the first --torch-workers)
+        acc["torch"] = run_json([PY, torch_py, "--threads", str(n)] + ep + torch_variants[0][1],
+                                env=torch_env, timeout=max(a.timeout, 7200))
         for k, v in acc.items():
             log(f"[bench] accuracy {k}: {v.get('error') or v.get('test_acc')}")
 
@@ -339,8 +372,9 @@ def main():
     load1 = loadavg()
     cmdline = "/usr/bin/python3 bench/run.py " + " ".join(sys.argv[1:])
     print()
-    title = "W1 (mini-resnet" if a.workload == "w1" else "W2 (VGG-style CNN"
-    print(f"{title}, Fashion-MNIST, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
+    title = {"w1": "W1 (mini-resnet, Fashion-MNIST", "vgg": "W2 (VGG-style CNN, Fashion-MNIST",
+             "images": "W3 (resnet18 fine_tune, unfrozen phase, RGB JPEG folder at 128 px"}[a.workload]
+    print(f"{title}, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
     print(f"{cpu_model()}, {n} cores; load average {load0:.1f} at start, {load1:.1f} at end; "
           f"medians of {pairs} alternating pairs of {batches} training steps (first 5 excluded)")
     for isa in isas:
@@ -363,7 +397,9 @@ def main():
         )
     if acc:
         ca, ta = acc.get("cf", {}).get("test_acc"), acc.get("torch", {}).get("test_acc")
-        print(f"| test accuracy after {a.epochs} epochs (1 process, {n} threads, seed 42) | "
+        what = (f"validation accuracy after fine_tune({a.epochs}), 1 frozen + {a.epochs} epochs" if a.workload == "images"
+                else f"test accuracy after {a.epochs} epochs")
+        print(f"| {what} (1 process, {n} threads, seed 42) | "
               f"{fmt(ca and 100 * ca, '.2f')}% | {fmt(ta and 100 * ta, '.2f')}% | | | | | | | | | |")
     print()
     errors = [(k, "corefit", r["error"]) for k, v in results.items() for r in v["cf"] if "error" in r]
