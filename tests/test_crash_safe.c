@@ -403,6 +403,48 @@ static void test_next_save_removes_stale_temporaries(void **state) {
     oracle_cleanup(&dir);
 }
 
+/* Processes saving to one target at the same time: each save removes the others' temporary
+ * files only when no one holds them, so every save succeeds (a file taken for stale between its
+ * creation and its lock once made a concurrent save fail with "cannot rename ... No such
+ * file") and the target is always one complete model. */
+static void test_concurrent_saves_all_succeed(void **state) {
+    (void)state;
+    oracle dir;
+    oracle_init(&dir);
+    char path[400];
+    snprintf(path, sizeof path, "%s/shared.safetensors", dir.dir);
+    enum { WRITERS = 4, SAVES = 300 };
+    pid_t pids[WRITERS];
+    for (int k = 0; k < WRITERS; k++) {
+        pids[k] = fork();
+        assert_true(pids[k] >= 0);
+        if (pids[k] == 0) {
+            float x[64];
+            for (int i = 0; i < 64; i++) x[i] = (float)(k * 1000 + i);
+            cf_st_entry e = {
+                .name = "w", .dtype = CF_DTYPE_F32, .shape = cf_shape1(64), .numel = 64, .data = x};
+            for (int i = 0; i < SAVES; i++)
+                if (cf_write_file_atomic(path, x, sizeof x) != CF_OK ||
+                    cf_st_write(path, &e, 1, NULL, NULL, 0) != CF_OK) {
+                    fprintf(stderr, "writer %d, save %d: %s\n", k, i, cf_last_error());
+                    _exit(1);
+                }
+            _exit(0);
+        }
+    }
+    for (int k = 0; k < WRITERS; k++) {
+        int status;
+        assert_int_equal(waitpid(pids[k], &status, 0), pids[k]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail_msg("writer %d failed a save (status %d)", k, status);
+    }
+    cf_st_file *f;
+    if (cf_st_read(path, &f) != CF_OK) fail_msg("%s", cf_last_error());
+    cf_st_free(f);
+    assert_int_equal(count_temp_files(dir.dir, "shared.safetensors"), 0);
+    oracle_cleanup(&dir);
+}
+
 int main(void) {
     cf_set_num_threads(1);
     const struct CMUnitTest tests[] = {
@@ -411,6 +453,7 @@ int main(void) {
         cmocka_unit_test(test_full_disk_keeps_the_old_file),
         cmocka_unit_test(test_signals_remove_the_temporary_file),
         cmocka_unit_test(test_next_save_removes_stale_temporaries),
+        cmocka_unit_test(test_concurrent_saves_all_succeed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

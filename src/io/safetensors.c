@@ -665,6 +665,25 @@ static void unregister_temporary(int slot) {
     pthread_mutex_unlock(&tmp_lock);
 }
 
+/* Creates and locks the temporary file tmp (a mkostemp template, rewritten). A concurrent save
+ * to the same target may take a file for stale in the moment between its creation and its lock
+ * (remove_stale_temporaries: it locks, then unlinks): a file whose lock is taken, or that has no
+ * name any more once locked, is left to it and another one made. -1 with errno on failure. */
+static int create_locked_temporary(char *tmp) {
+    const size_t len = strlen(tmp);
+    for (int attempt = 0; attempt < 16; attempt++) {
+        memcpy(tmp + len - 6, "XXXXXX", 6);
+        const int fd = mkostemp(tmp, O_CLOEXEC); /* O_CREAT | O_EXCL, mode 0600 */
+        if (fd < 0) return -1;
+        struct stat sb;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &sb) == 0 && sb.st_nlink > 0)
+            return fd; /* in use: not stale (see remove_stale_temporaries) */
+        close(fd);
+    }
+    errno = EBUSY;
+    return -1;
+}
+
 /* Removes temporary files of the same target (`<name>.tmp-XXXXXX`, ours, regular) that no
  * process has locked: they were left by a save that was killed. A save in progress holds the
  * lock on its own. */
@@ -789,12 +808,9 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     writer w = {.path = path, .fd = -1, .total = 8 + len + pad + data_size};
     sigset_t mask;
     block_cleanup_signals(true, &mask);
-    w.fd = mkostemp(tmp, O_CLOEXEC); /* O_CREAT | O_EXCL, mode 0600 */
+    w.fd = create_locked_temporary(tmp);
     int err = errno, slot = -1;
-    if (w.fd >= 0) {
-        flock(w.fd, LOCK_EX | LOCK_NB); /* in use: not stale (see remove_stale_temporaries) */
-        slot = register_temporary(tmp);
-    }
+    if (w.fd >= 0) slot = register_temporary(tmp);
     block_cleanup_signals(false, &mask);
     if (w.fd < 0) {
         st = cf_fail(CF_ERR_IO, "writing %s: cannot create a temporary file %s: %s", path, tmp,
@@ -880,12 +896,9 @@ cf_status cf_write_file_atomic(const char *path, const void *data, size_t size) 
     writer w = {.path = path, .fd = -1, .total = size};
     sigset_t mask;
     block_cleanup_signals(true, &mask);
-    w.fd = mkostemp(tmp, O_CLOEXEC);
+    w.fd = create_locked_temporary(tmp);
     int err = errno, slot = -1;
-    if (w.fd >= 0) {
-        flock(w.fd, LOCK_EX | LOCK_NB);
-        slot = register_temporary(tmp);
-    }
+    if (w.fd >= 0) slot = register_temporary(tmp);
     block_cleanup_signals(false, &mask);
     cf_status st = CF_OK;
     if (w.fd < 0) {
