@@ -375,6 +375,18 @@ static int setup(const char *cmd, train_args *a, session *s) {
         s->par.num_cores = a->cores > 0 ? a->cores : cf_available_cores();
         s->parallel = s->par.num_cores > 1;
     }
+    /* before the data is read; under MPI only rank 0 reads the checkpoint (and sends it on),
+     * so only its machine needs the file, and every rank stops alike when it is missing (a
+     * rank that left alone would leave the others waiting for it until the deadline) */
+    if (a->resume) {
+        int missing = s->master && access(a->resume, R_OK) != 0 ? errno : 0;
+        if (s->mpi && cf_comm_broadcast(s->mpi, &missing, sizeof missing, 0))
+            return cli_lib_error(cmd, "--start mpi");
+        if (missing)
+            return s->master
+                       ? cli_error(CLI_FAIL, cmd, "--resume %s: %s", a->resume, strerror(missing))
+                       : CLI_FAIL;
+    }
     s->par.split_batch = a->split_batch;
     s->par.deadline_s = a->deadline;
     s->par.max_restarts = a->max_restarts;
@@ -975,8 +987,6 @@ int cmd_train(int argc, char **argv) {
     if (rc) return rc;
     if ((rc = check_args(cmd, &a, true))) return rc;
     if ((rc = check_restarts(cmd, &a))) return rc;
-    if (a.resume && access(a.resume, R_OK) != 0)
-        return cli_error(CLI_FAIL, cmd, "--resume %s: %s", a.resume, strerror(errno));
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
     if (a.show && !a.plots) a.plots = ".";
     char plots_dir[4096];
@@ -1016,7 +1026,9 @@ int cmd_train(int argc, char **argv) {
             return cli_lib_error(cmd, "--save-every-epoch");
         }
     }
-    if (a.quiet && s.master) { /* no bars or messages, but the table */
+    /* no bars or messages, but the table; on every rank, as the other master callbacks: MPI
+     * ranks must hold the same ones to take rank 0's learner state at the end */
+    if (a.quiet) {
         cf_callback *cb = cf_progress_cb_to(NULL, NULL, 0);
         if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
             session_free(&s);
