@@ -2,19 +2,23 @@
  * one fault injected per run on a random rank at a random training batch (or at the end of the
  * fit) and event: a crash (invalid write), abort, SIGKILL, an error return, a hang, SIGINT sent
  * to the caller, a pause (the supervisor and every worker stopped with SIGSTOP for longer than
- * the deadline, then continued: the fit must complete), or a memory-limited run (the fit in a
+ * the deadline, then continued: the fit must complete), a memory-limited run (the fit in a
  * child under an address-space limit with little headroom: it must train or stop with an
- * out-of-memory error within the time limit); one run in nine has no fault.
+ * out-of-memory error within the time limit), or a recovered one (.par.max_restarts with a
+ * random commit interval: the worker SIGKILLs or SIGSTOPs itself once, and the fit must finish
+ * after at least one restart); one run in ten has no fault.
  *
- * Every run must end with either the trained result (bitwise the same as a fault-free reference
- * run with the same number of workers) or the expected error naming the rank and the cause, and
+ * Every run must end with either the trained result (bitwise the same weights, BatchNorm
+ * buffers, optimizer state and Recorder losses and values as a fault-free reference run with the
+ * same number of workers) or the expected error naming the rank and the cause, and
  * after every run: the caller's learner bitwise as it was when the run failed, no child process,
  * no shared mapping and no new file descriptor in the caller, the caller's SIGINT and SIGCHLD
  * dispositions restored, nothing new in /dev/shm or in TMPDIR, and the caller's heap flat.
  *
  * Short by default (a few seconds, for `make test`); CF_SOAK_SECONDS=n runs for n seconds
  * (`make soak`), CF_SOAK_SEED=n repeats a sequence. The counts are printed at the end, with a
- * summary of runs, faults, hangs, leaks and stale files (each of the last three must be 0). */
+ * summary of runs, faults, restarts, hangs, leaks and stale files (each of the last three must
+ * be 0). */
 #include "learn_fixture.h"
 
 #include <dirent.h>
@@ -55,12 +59,13 @@ typedef enum kind {
     K_ERROR,
     K_HANG,
     K_SIGINT,
-    K_PAUSE,  /* the supervisor and every worker stopped past the deadline, then continued */
-    K_MEMORY, /* the whole fit in a child under an address-space limit (random headroom) */
+    K_PAUSE,   /* the supervisor and every worker stopped past the deadline, then continued */
+    K_MEMORY,  /* the whole fit in a child under an address-space limit (random headroom) */
+    K_RECOVER, /* SIGKILL or SIGSTOP once, with .par.max_restarts: the fit must finish */
     K_COUNT
 } kind;
-static const char *const kind_name[K_COUNT] = {"none", "crash",  "abort", "kill",  "error",
-                                               "hang", "sigint", "pause", "memory"};
+static const char *const kind_name[K_COUNT] = {"none", "crash",  "abort", "kill",   "error",
+                                               "hang", "sigint", "pause", "memory", "recover"};
 
 /* Shared with the workers and the pausing process (one page). */
 typedef struct shared {
@@ -68,6 +73,7 @@ typedef struct shared {
     int pids[4];     /* the workers of the current run */
     int supervisor;
     _Atomic int stopped; /* the pausing process has stopped everyone */
+    _Atomic int shots;   /* recover: faults still to cause (a restarted group replays the batch) */
 } shared;
 static shared *g_shared;
 #define PAUSE_DEADLINE_S 1.0
@@ -79,6 +85,7 @@ typedef struct plan {
     int rank;
     int64_t batch;
     cf_event ev;
+    int sig; /* recover: SIGKILL or SIGSTOP */
 } plan;
 static plan g_plan;
 /* When the fault struck (cf_now(), a system-wide monotonic clock), written by the worker into a
@@ -104,6 +111,10 @@ static _Noreturn void pause_everyone(int world) {
 }
 
 static cf_status strike(cf_learner *learn) {
+    if (g_plan.k == K_RECOVER) {
+        int one = 1;
+        if (!atomic_compare_exchange_strong(&g_shared->shots, &one, 0)) return CF_OK;
+    }
     *g_fault_at = cf_now();
     switch (g_plan.k) {
     case K_NONE:
@@ -131,6 +142,9 @@ static cf_status strike(cf_learner *learn) {
         abort();
     case K_KILL:
         raise(SIGKILL);
+        break;
+    case K_RECOVER:
+        raise(g_plan.sig); /* a stopped worker stays stopped until the supervisor kills it */
         break;
     case K_ERROR:
         return cf_fail(CF_ERR_IO, "injected failure at batch %lld", (long long)g_plan.batch);
@@ -275,6 +289,60 @@ static void assert_unchanged(const cf_learner *learn, const snapshot *s, int run
             fail_msg("run %d: freezing changed after a failure", run);
     if (learn->recorder.n_batches != s->n_batches || learn->recorder.n_epochs != s->n_epochs)
         fail_msg("run %d: the Recorder changed after a failure", run);
+}
+
+/* What a fault-free fit on some number of workers ends with: every trained run must match it
+ * bitwise. */
+typedef struct result {
+    float *weights, *buffers, *grad_avg, *sqr_avg;
+    double *losses, *values;
+    size_t n_weights, n_buffers, n_losses, n_values;
+} result;
+
+static void keep_result(result *r, const cf_learner *learn) {
+    const cf_model *m = learn->model;
+    const cf_recorder *rec = &learn->recorder;
+    r->n_weights = m->n_weights;
+    r->n_buffers = m->n_buffers;
+    r->n_losses = (size_t)rec->n_batches;
+    r->n_values = (size_t)rec->n_epochs * (size_t)rec->n_values;
+    r->weights = dup_mem(m->weights, r->n_weights * sizeof(float));
+    r->buffers = dup_mem(m->buffers, r->n_buffers * sizeof(float));
+    r->grad_avg = dup_mem(learn->opt->grad_avg, r->n_weights * sizeof(float));
+    r->sqr_avg = dup_mem(learn->opt->sqr_avg, r->n_weights * sizeof(float));
+    r->losses = dup_mem(rec->losses, r->n_losses * sizeof(double));
+    r->values = dup_mem(rec->values, r->n_values * sizeof(double));
+}
+
+static bool same_mem(const void *a, const void *b, size_t n) {
+    return n == 0 || (a && b && memcmp(a, b, n) == 0);
+}
+
+/* The part of the learner that differs from r, or NULL. */
+static const char *differs(const result *r, const cf_learner *learn) {
+    const cf_model *m = learn->model;
+    const cf_recorder *rec = &learn->recorder;
+    size_t nw = r->n_weights * sizeof(float);
+    if (m->n_weights != r->n_weights || !same_mem(m->weights, r->weights, nw)) return "weights";
+    if (m->n_buffers != r->n_buffers ||
+        !same_mem(m->buffers, r->buffers, r->n_buffers * sizeof(float)))
+        return "BatchNorm buffers";
+    if (!same_mem(learn->opt->grad_avg, r->grad_avg, r->grad_avg ? nw : 0) ||
+        !same_mem(learn->opt->sqr_avg, r->sqr_avg, r->sqr_avg ? nw : 0))
+        return "optimizer state";
+    if ((size_t)rec->n_batches != r->n_losses ||
+        !same_mem(rec->losses, r->losses, r->n_losses * sizeof(double)))
+        return "Recorder losses";
+    if ((size_t)rec->n_epochs * (size_t)rec->n_values != r->n_values ||
+        !same_mem(rec->values, r->values, r->n_values * sizeof(double)))
+        return "Recorder values";
+    return NULL;
+}
+
+static void drop_result(result *r) {
+    free(r->weights), free(r->buffers), free(r->grad_avg), free(r->sqr_avg);
+    free(r->losses), free(r->values);
+    memset(r, 0, sizeof *r);
 }
 
 /* ---- the process's resources --------------------------------------------------------------- */
@@ -490,8 +558,7 @@ static void test_fault_soak(void **state) {
     assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
     snapshot s0 = {0};
     take(&s0, learn);
-    size_t nw = learn->model->n_weights;
-    float *reference[4] = {0}; /* per number of workers (2, 3) */
+    result reference[4] = {0}; /* per number of workers (2, 3) */
 
     cf_callback inject = {.name = "FaultInjection"};
     inject.on[CF_EV_BEFORE_BATCH] = on_before_batch;
@@ -510,7 +577,8 @@ static void test_fault_soak(void **state) {
     int fds0 = count_fds(), maps0 = count_shared_mappings();
 
     int runs = 0, failures = 0, per_kind[K_COUNT] = {0}, per_event[CF_EV_COUNT] = {0};
-    int faults = 0, hangs = 0, leaks = 0, stale = 0, per_memory_outcome[2] = {0};
+    int faults = 0, restarts = 0, hangs = 0, leaks = 0, stale = 0, per_memory_outcome[2] = {0};
+    int per_recover_signal[2] = {0}; /* SIGKILL, SIGSTOP */
     char last_oom[512] = "none";
     size_t heap0 = 0, heap_max_growth = 0;
     long rss0 = 0, rss_growth = 0;
@@ -528,16 +596,25 @@ static void test_fault_soak(void **state) {
             int world = 2 + (int)cf_rng_below(&rng, 2);
             int64_t batches = (int64_t)((N_TRAIN + world - 1) / world / BS) * N_EPOCH;
             kind k = order[i];
-            if (!reference[world]) k = K_NONE;        /* the fault-free reference comes first */
-            if (k == K_PAUSE && slow > 1) k = K_NONE; /* stopped processes confuse valgrind */
+            if (!reference[world].weights) k = K_NONE; /* the fault-free reference comes first */
+            if (k == K_PAUSE && slow > 1) k = K_NONE;  /* stopped processes confuse valgrind */
             g_plan = (plan){k, (int)cf_rng_below(&rng, (uint64_t)world),
                             (int64_t)cf_rng_below(&rng, (uint64_t)batches),
-                            strike_events[cf_rng_below(&rng, 5)]};
+                            strike_events[cf_rng_below(&rng, 5)], SIGKILL};
+            /* recover: SIGKILL or SIGSTOP (found by the deadline; not under valgrind), a commit
+             * every 1 to 6 training batches */
+            int commit_every = 1 + (int)cf_rng_below(&rng, 6);
+            if (k == K_RECOVER && slow == 1 && cf_rng_below(&rng, 2)) g_plan.sig = SIGSTOP;
+            atomic_store(&g_shared->shots, 1);
             if (k == K_PAUSE) { /* from the second batch on: every worker's pid is known */
                 g_plan.ev = CF_EV_BEFORE_BATCH;
                 if (g_plan.batch == 0) g_plan.batch = 1;
             }
-            double deadline = (k == K_HANG ? 0.5 : k == K_PAUSE ? PAUSE_DEADLINE_S : 60) * slow;
+            double deadline = (k == K_HANG                               ? 0.5
+                               : k == K_PAUSE                            ? PAUSE_DEADLINE_S
+                               : k == K_RECOVER && g_plan.sig == SIGSTOP ? 1.0
+                                                                         : 60) *
+                              slow;
             *g_fault_at = 0;
             memset(g_shared->pids, 0, sizeof g_shared->pids);
             cf_clear_error();
@@ -553,10 +630,18 @@ static void test_fault_soak(void **state) {
                 }
                 st = CF_OK;
             } else {
-                st = cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs,
-                                          .n_cbs = 1,
-                                          .par = {.num_cores = world, .deadline_s = deadline});
+                /* recover: up to 3 restarts, so that a busy worker that a loaded machine makes
+                 * look hung costs another restart, not the run */
+                st = cf_par_fit_one_cycle(
+                    learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1,
+                    .par = {.num_cores = world,
+                            .deadline_s = deadline,
+                            .max_restarts = k == K_RECOVER ? 3 : 0,
+                            .commit_every = k == K_RECOVER ? commit_every : 0});
             }
+            int restarted = k == K_MEMORY ? 0 : cf_par_last_restarts();
+            restarts += restarted;
+            if (k == K_RECOVER) per_recover_signal[g_plan.sig == SIGSTOP]++;
             double took = cf_now() - t0;
             const char *msg = cf_last_error();
             runs++;
@@ -574,10 +659,15 @@ static void test_fault_soak(void **state) {
                                                        "made no progress",
                                                        "interrupted",
                                                        "",
-                                                       "memory"};
+                                                       "memory",
+                                                       ""};
             bool ok;
             if (k == K_NONE || k == K_PAUSE || k == K_MEMORY) {
-                ok = st == CF_OK;
+                ok = st == CF_OK && restarted == 0;
+            } else if (k == K_RECOVER) {
+                /* struck, restarted, finished (the result is checked below) */
+                ok = st == CF_OK && restarted >= 1 && *g_fault_at > 0 &&
+                     atomic_load(&g_shared->shots) == 0;
             } else if (k == K_SIGINT) {
                 ok = st == CF_ERR_INTERRUPTED && strstr(msg, cause[k]);
             } else {
@@ -585,18 +675,22 @@ static void test_fault_soak(void **state) {
             }
             if (!ok) {
                 failures++;
-                fail_msg("run %d (%s on rank %d of %d at batch %lld, %s, seed %llu): status %s, "
-                         "\"%s\"",
-                         runs, kind_name[k], g_plan.rank, world, (long long)g_plan.batch,
-                         cf_event_name(g_plan.ev), (unsigned long long)seed, cf_status_str(st),
-                         msg);
+                fail_msg(
+                    "run %d (%s%s on rank %d of %d at batch %lld, %s, seed %llu): status %s, "
+                    "%d restarts, \"%s\"",
+                    runs, kind_name[k],
+                    k == K_RECOVER ? (g_plan.sig == SIGSTOP ? " by SIGSTOP" : " by SIGKILL") : "",
+                    g_plan.rank, world, (long long)g_plan.batch, cf_event_name(g_plan.ev),
+                    (unsigned long long)seed, cf_status_str(st), restarted, st == CF_OK ? "" : msg);
             }
             /* The report comes within seconds of the fault (of the deadline for a hang). */
             double latency = *g_fault_at > 0 ? cf_now() - *g_fault_at : 0;
             if (k != K_NONE && *g_fault_at == 0 && st != CF_OK)
                 fail_msg("run %d (%s): failed before the fault struck", runs, kind_name[k]);
             if (latency > worst_latency[k]) worst_latency[k] = latency;
-            if (k != K_PAUSE && k != K_MEMORY && latency > (k == K_HANG ? deadline : 0) + 5 * slow)
+            /* (recover: from the fault to the finished fit, a restart and the rest of the fit) */
+            if (k != K_PAUSE && k != K_MEMORY && k != K_RECOVER &&
+                latency > (k == K_HANG ? deadline : 0) + 5 * slow)
                 fail_msg("run %d (%s): reported %.1f s after the fault", runs, kind_name[k],
                          latency);
             if (took > 120 * slow) {
@@ -612,11 +706,13 @@ static void test_fault_soak(void **state) {
             } else if (st == CF_OK) {
                 /* The trained result: the same as every other fault-free run on this many
                  * workers, and a full Recorder. */
-                if (!reference[world]) {
-                    reference[world] = dup_mem(learn->model->weights, nw * sizeof(float));
-                } else if (memcmp(reference[world], learn->model->weights, nw * sizeof(float))) {
-                    fail_msg("run %d: the trained weights differ from the reference", runs);
-                }
+                const char *part = NULL;
+                if (!reference[world].weights)
+                    keep_result(&reference[world], learn);
+                else if ((part = differs(&reference[world], learn)))
+                    fail_msg("run %d (%s, %d workers, seed %llu): the trained %s differ from the "
+                             "reference",
+                             runs, kind_name[k], world, (unsigned long long)seed, part);
                 assert_int_equal(learn->recorder.n_epochs, N_EPOCH);
                 if (learn->opt == s0.opt) fail_msg("run %d: no optimizer came home", runs);
                 restore(learn, &s0);
@@ -655,8 +751,8 @@ static void test_fault_soak(void **state) {
     names tmp_after = list_dir(tmpdir, false);
     stale = tmp_after.n + (shm_after.n > shm_before.n ? shm_after.n - shm_before.n : 0);
     if (!SOAK_ASAN) leaks = (heap_max_growth > 256 * 1024) + (rss_growth > 16 * 1024);
-    printf("soak: summary: runs %d, faults %d, hangs %d, leaks %d, stale files %d\n", runs, faults,
-           hangs, leaks, stale);
+    printf("soak: summary: runs %d, faults %d, restarts %d, hangs %d, leaks %d, stale files %d\n",
+           runs, faults, restarts, hangs, leaks, stale);
     printf("soak: memory-limited runs: %d trained, %d stopped with an out-of-memory error (last: "
            "%s)\n",
            per_memory_outcome[0], per_memory_outcome[1], last_oom);
@@ -683,9 +779,14 @@ static void test_fault_soak(void **state) {
     for (size_t e = 0; e < sizeof strike_events / sizeof *strike_events; e++)
         printf(" %s %d", cf_event_name(strike_events[e]), per_event[strike_events[e]]);
     printf("\nsoak: slowest report after the fault (s):");
-    for (int k = 1; k < K_COUNT; k++) printf(" %s %.2f", kind_name[k], worst_latency[k]);
-    printf(" (hang: deadline %.1f s)\nsoak: caller heap growth %zu bytes, RSS growth %ld KiB%s\n",
-           0.5 * slow, heap_max_growth, rss_growth, SOAK_ASAN ? " (not measured under ASan)" : "");
+    for (int k = 1; k < K_COUNT; k++)
+        if (k != K_RECOVER) printf(" %s %.2f", kind_name[k], worst_latency[k]);
+    printf(" (hang: deadline %.1f s)\n", 0.5 * slow);
+    printf("soak: recovered runs: %d by SIGKILL, %d by SIGSTOP; slowest from the fault to the "
+           "finished fit %.2f s\n",
+           per_recover_signal[0], per_recover_signal[1], worst_latency[K_RECOVER]);
+    printf("soak: caller heap growth %zu bytes, RSS growth %ld KiB%s\n", heap_max_growth,
+           rss_growth, SOAK_ASAN ? " (not measured under ASan)" : "");
     fflush(stdout);
 
     assert_int_equal(write(g_pipe[1], "q", 1), 1);
@@ -695,7 +796,7 @@ static void test_fault_soak(void **state) {
     free_names(&shm_before);
     free_names(&shm_after);
     free_names(&tmp_after);
-    for (int i = 0; i < 4; i++) free(reference[i]);
+    for (int i = 0; i < 4; i++) drop_result(&reference[i]);
     drop(&s0);
     munmap(g_shared, 4096);
     cf_learner_free(learn);
