@@ -262,6 +262,136 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
 
 /* cf_transpose, exactly, on both paths: row and column counts below, at and past the 16 x 16
  * blocks, with strides wider than the matrix (the gaps are never written). */
+/* cf_conv_winograd_* against the direct convolution summed in double (forward, dx and the
+ * weight gradient), on W1's and W2's 3x3 stride-1 layers and on odd shapes: odd and tiny
+ * planes (tiles that hang over the edge), channel counts off the vector and tile sizes,
+ * several images per call and blocks of images that end mid-batch, and a batch split into
+ * calls (which must not change a bit of y or dx). Inputs sit between NaN guards. */
+static int winograd_checked;
+
+/* |got - want| <= tol * (1 + the sum of |products| behind want), elementwise */
+static void check_against(const char *what, const char *part, const float *got, const double *want,
+                          const double *mag, size_t n, double tol) {
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + mag[i])))
+            fail_msg("%s: %s[%zu] = %.9g, expected %.9g (magnitude %.3g)", what, part, i,
+                     (double)got[i], want[i], mag[i]);
+}
+
+static void check_winograd(int c, int h, int w, int o, int n_images, cf_rng *rng) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1));
+    if (!cf_conv_winograd_supported(&g)) return; /* the portable table */
+    winograd_checked++;
+    const size_t plane = (size_t)h * w, in_n = (size_t)c * plane, out_n = (size_t)o * plane;
+    const size_t nx = in_n * n_images, ny = out_n * n_images, nw = (size_t)o * c * 9;
+    char what[160];
+    snprintf(what, sizeof what, "winograd c=%d h=%d w=%d o=%d n=%d", c, h, w, o, n_images);
+    float *xb = malloc((nx + 64) * sizeof(float)), *x = xb + 32;
+    float *dyb = malloc((ny + 64) * sizeof(float)), *dy = dyb + 32;
+    float *wt = malloc(nw * sizeof(float)), *dw = calloc(nw, sizeof(float));
+    float *scratch = malloc(cf_conv_winograd_scratch(&g, o) * sizeof(float));
+    float *u = malloc(cf_conv_winograd_packed_size(&g, o) * sizeof(float));
+    float *du = malloc(cf_conv_winograd_packed_size(&g, o) * sizeof(float));
+    float *y = malloc(ny * sizeof(float)), *dx = malloc(nx * sizeof(float));
+    float *y2 = malloc(ny * sizeof(float)), *dx2 = malloc(nx * sizeof(float));
+    double *ry = calloc(ny, sizeof(double)), *my = calloc(ny, sizeof(double));
+    double *rdx = calloc(nx, sizeof(double)), *mdx = calloc(nx, sizeof(double));
+    double *rdw = calloc(nw, sizeof(double)), *mdw = calloc(nw, sizeof(double));
+    for (size_t i = 0; i < nx + 64; i++) xb[i] = NAN;
+    for (size_t i = 0; i < ny + 64; i++) dyb[i] = NAN;
+    fill(rng, x, nx);
+    fill(rng, dy, ny);
+    fill(rng, wt, nw);
+    cf_conv_winograd_pack(&g, o, wt, u);
+    cf_conv_winograd_forward(&g, o, u, x, n_images, y, scratch);
+    for (int n0 = 0; n0 < n_images; n0 += 2) /* the same batch in calls of two images */
+        cf_conv_winograd_forward(&g, o, u, x + n0 * in_n, n_images - n0 < 2 ? 1 : 2,
+                                 y2 + n0 * out_n, scratch);
+    cf_conv_winograd_pack_dx(&g, o, wt, u);
+    cf_conv_winograd_dx(&g, o, u, dy, n_images, dx, scratch);
+    for (int n0 = 0; n0 < n_images; n0 += 2)
+        cf_conv_winograd_dx(&g, o, u, dy + n0 * out_n, n_images - n0 < 2 ? 1 : 2, dx2 + n0 * in_n,
+                            scratch);
+    /* the weight gradient in two calls: the first overwrites du, the second accumulates */
+    const int first = n_images / 2;
+    cf_conv_winograd_wgrad(&g, o, dy, x, first, du, false, scratch);
+    cf_conv_winograd_wgrad(&g, o, dy + first * out_n, x + first * in_n, n_images - first, du, true,
+                           scratch);
+    cf_conv_winograd_wgrad_add(&g, o, du, dw);
+    for (int n = 0; n < n_images; n++)
+        for (int r = 0; r < o; r++)
+            for (int ch = 0; ch < c; ch++)
+                for (int i = 0; i < 3; i++)
+                    for (int j = 0; j < 3; j++) {
+                        const double wv = wt[(((size_t)r * c + ch) * 3 + i) * 3 + j];
+                        for (int py = 0; py < h; py++)
+                            for (int px = 0; px < w; px++) {
+                                const int iy = py + i - 1, ix = px + j - 1;
+                                if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                                const size_t xi = n * in_n + ch * plane + (size_t)iy * w + ix;
+                                const size_t yi = n * out_n + r * plane + (size_t)py * w + px;
+                                const size_t wi = (((size_t)r * c + ch) * 3 + i) * 3 + j;
+                                ry[yi] += wv * x[xi];
+                                my[yi] += fabs(wv * x[xi]);
+                                rdx[xi] += wv * dy[yi];
+                                mdx[xi] += fabs(wv * dy[yi]);
+                                rdw[wi] += (double)dy[yi] * x[xi];
+                                mdw[wi] += fabs((double)dy[yi] * x[xi]);
+                            }
+                    }
+    /* F(2x2, 3x3) rounds each product's transformed factors once more than the direct sum:
+     * a few float epsilons of the magnitude */
+    check_against(what, "y", y, ry, my, ny, 3e-6);
+    check_against(what, "dx", dx, rdx, mdx, nx, 3e-6);
+    check_against(what, "dW", dw, rdw, mdw, nw, 3e-6);
+    if (memcmp(y, y2, ny * sizeof(float)) != 0) fail_msg("%s: y depends on the calls", what);
+    if (memcmp(dx, dx2, nx * sizeof(float)) != 0) fail_msg("%s: dx depends on the calls", what);
+    free(xb);
+    free(dyb);
+    free(wt);
+    free(dw);
+    free(scratch);
+    free(u);
+    free(du);
+    free(y);
+    free(dx);
+    free(y2);
+    free(dx2);
+    free(ry);
+    free(my);
+    free(rdx);
+    free(mdx);
+    free(rdw);
+    free(mdw);
+}
+
+static void test_conv_winograd_matches_direct(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 11);
+    check_winograd(32, 28, 28, 32, 2, &rng); /* W2's layers */
+    check_winograd(32, 14, 14, 64, 3, &rng);
+    check_winograd(64, 7, 7, 128, 5, &rng);
+    check_winograd(32, 14, 14, 32, 3, &rng); /* W1's */
+    check_winograd(64, 7, 7, 64, 7, &rng);
+    check_winograd(17, 7, 9, 19, 3, &rng); /* odd planes, channels off the vectors */
+    check_winograd(16, 5, 5, 16, 9, &rng);
+    check_winograd(20, 2, 2, 24, 4, &rng); /* one tile */
+    check_winograd(16, 3, 2, 16, 3, &rng);
+    check_winograd(16, 2, 37, 16, 2, &rng); /* a row longer than two vectors of tiles */
+    check_winograd(16, 33, 35, 18, 1, &rng);
+    check_winograd(3, 6, 6, 5, 3, &rng); /* few channels (Conv2d keeps these on im2col) */
+    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(winograd_checked, 12);
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, 16, 8, 8, 3, 3, 2, 2, 1, 1));
+    assert_false(cf_conv_winograd_supported(&g)); /* stride 2 */
+    assert_true(cf_conv_geom_init(&g, 16, 8, 8, 3, 3, 1, 1, 0, 0));
+    assert_false(cf_conv_winograd_supported(&g)); /* no padding */
+    assert_true(cf_conv_geom_init(&g, 16, 8, 8, 5, 5, 1, 1, 2, 2));
+    assert_false(cf_conv_winograd_supported(&g)); /* 5x5 */
+}
+
 static void test_transpose(void **state) {
     (void)state;
     cf_rng rng;
@@ -296,6 +426,7 @@ int main(void) {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
         cmocka_unit_test(test_conv_implicit_matches_patch_matrix),
+        cmocka_unit_test(test_conv_winograd_matches_direct),
         cmocka_unit_test(test_transpose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -203,6 +203,39 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                             const float *x, float *dwt, bool accumulate, float *scratch);
 
+/* ---- Winograd F(2x2, 3x3) convolutions: src/tensor/winograd.c ----------------------------- */
+
+/* For 3x3 kernels with stride 1 and padding 1 (output as large as the input): each 2x2 output
+ * tile comes from its 4x4 input patch through 16 products per channel pair instead of 36, the
+ * products batched into 16 GEMMs over the tiles of a block of images. Equal to the direct
+ * convolution in exact arithmetic; in float within a few units in the last place of the
+ * transformed values. w is the (out_channels, g->c, 3, 3) weight tensor.
+ *
+ *   forward  y  = conv(x, w)                       n_images images
+ *   dx       dx = the adjoint of conv(., w) at dy  (overwritten)
+ *   wgrad    du (+)= the weight gradient of n_images images in the transformed domain
+ *            ([16][in][out]); cf_conv_winograd_wgrad_add adds G^T du G into dw (out, in, 3, 3)
+ *
+ * The forward pass and dx do not depend on how a batch is split into calls.
+ * cf_conv_winograd_supported: the geometry suits these and the active kernel table has the
+ * transforms (the vector tables; the portable one lowers with cf_im2col). */
+bool cf_conv_winograd_supported(const cf_conv_geom *g);
+/* Floats of scratch per calling thread for forward, dx and wgrad. */
+size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels);
+/* Floats of transformed weights (either kind) and of a wgrad accumulator: 16 * out * in. */
+size_t cf_conv_winograd_packed_size(const cf_conv_geom *g, int out_channels);
+void cf_conv_winograd_pack(const cf_conv_geom *g, int out_channels, const float *w, float *u);
+void cf_conv_winograd_pack_dx(const cf_conv_geom *g, int out_channels, const float *w, float *u);
+void cf_conv_winograd_forward(const cf_conv_geom *g, int out_channels, const float *u,
+                              const float *x, int n_images, float *y, float *scratch);
+void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                         const float *dy, int n_images, float *dx, float *scratch);
+void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                            const float *x, int n_images, float *du, bool accumulate,
+                            float *scratch);
+void cf_conv_winograd_wgrad_add(const cf_conv_geom *g, int out_channels, const float *du,
+                                float *dw);
+
 /* dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols (16 x 16 blocks in registers with
  * AVX-512). */
 void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd);

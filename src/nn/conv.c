@@ -56,7 +56,12 @@ typedef struct conv_impl {
     bool implicit;     /* the geometry suits cf_conv_implicit_* (used unless in reference mode) */
     float *wpack;      /* the weights packed for cf_conv_implicit_forward */
     float *wpack_dx;   /* the weights packed for cf_conv_implicit_dx */
-    float *scratch;    /* n_threads x scratch of cf_conv_implicit_* */
+    bool winograd;     /* 3x3, stride 1, padding 1: cf_conv_winograd_* (unless in reference mode) */
+    float *wino_u;     /* the weights transformed for cf_conv_winograd_forward */
+    float *wino_u_dx;  /* ... and for cf_conv_winograd_dx */
+    float *wino_du;    /* n_threads x transformed weight-gradient partial sums */
+    size_t wino_du_stride;
+    float *scratch; /* n_threads x scratch of cf_conv_implicit_* */
     size_t scratch_stride;
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     float *add_dx_next; /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
@@ -128,6 +133,20 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
      * patch matrix is the (strided) image itself, and one tap is too short a loop (measured with
      * bench_conv: W1's 1x1 stride-2 shortcuts were up to 20% slower through the phase split). */
     c->implicit = c->in_c >= 8 && c->k > 1 && cf_conv_implicit_supported(&c->g);
+    /* 3x3 stride-1 layers on 16 channels or more take Winograd F(2x2, 3x3): 2.25 times fewer
+     * multiplications than the implicit kernel, which already runs near the GEMM peak (measured
+     * with bench_conv on W1's and W2's layers). */
+    c->winograd = c->in_c >= 16 && c->out_c >= 16 && cf_conv_winograd_supported(&c->g);
+    if (c->winograd) {
+        c->implicit = false;
+        const size_t packed = cf_conv_winograd_packed_size(&c->g, c->out_c);
+        c->scratch_stride = round16(cf_conv_winograd_scratch(&c->g, c->out_c));
+        c->scratch = cf_arena_floats(arena, t * c->scratch_stride);
+        c->wino_u = cf_arena_floats(arena, packed);
+        c->wino_u_dx = cf_arena_floats(arena, packed);
+        c->wino_du_stride = round16(packed);
+        c->wino_du = cf_arena_floats(arena, t * c->wino_du_stride);
+    }
     if (c->implicit) {
         c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g));
         c->scratch = cf_arena_floats(arena, t * c->scratch_stride);
@@ -230,6 +249,12 @@ static bool use_implicit(const conv_impl *c) {
     return c->implicit && !cf_kernels_reference();
 }
 
+/* Whether this call goes through cf_conv_winograd_* (the kernel table may have changed since the
+ * plan: then the patch matrix, which every non-direct plan keeps room for). */
+static bool use_winograd(const conv_impl *c) {
+    return c->winograd && !cf_kernels_reference() && cf_conv_winograd_supported(&c->g);
+}
+
 /* Adds the bias to the images [n0, n1) of y. */
 static void add_bias(const conv_impl *c, const float *b, int64_t n0, int64_t n1) {
     const int O = c->out_c, P = c->g.oh * c->g.ow;
@@ -252,6 +277,18 @@ static void conv_forward_implicit_range(void *ctx, int64_t begin, int64_t end, i
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
+/* The images [begin, end) through Winograd F(2x2, 3x3). */
+static void conv_forward_winograd_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    cf_conv_winograd_forward(g, c->out_c, c->wino_u, c->x + (size_t)begin * in_n,
+                             (int)(end - begin), c->y + (size_t)begin * out_n,
+                             c->scratch + (size_t)thread * c->scratch_stride);
+    if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
+}
+
 static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     conv_impl *c = m->impl;
     m->in = x;
@@ -260,7 +297,10 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     c->x = x->data;
     c->y = y->data;
     c->batch = x->shape.dim[0];
-    if (use_implicit(c)) {
+    if (use_winograd(c)) {
+        cf_conv_winograd_pack(g, c->out_c, m->params[0].data, c->wino_u);
+        run_batch(c, c->batch, conv_forward_winograd_range, m);
+    } else if (use_implicit(c)) {
         cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
         run_batch(c, c->batch, conv_forward_implicit_range, m);
     } else
@@ -394,6 +434,25 @@ static void conv_backward_implicit_range(void *ctx, int64_t begin, int64_t end, 
                             (int)(end - begin), c->dx + (size_t)begin * in_n, scratch);
 }
 
+/* The images [begin, end) through Winograd: the weight gradient into this thread's transformed
+ * partial sums, dx in one call. */
+static void conv_backward_winograd_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
+    c->ran[thread] = 1;
+    if (c->want_dw)
+        cf_conv_winograd_wgrad(g, c->out_c, c->dy + (size_t)begin * out_n,
+                               c->x + (size_t)begin * in_n, (int)(end - begin),
+                               c->wino_du + (size_t)thread * c->wino_du_stride, false, scratch);
+    if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+    if (c->need_dx)
+        cf_conv_winograd_dx(g, c->out_c, c->wino_u_dx, c->dy + (size_t)begin * out_n,
+                            (int)(end - begin), c->dx + (size_t)begin * in_n, scratch);
+}
+
 static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     conv_impl *c = m->impl;
     const int64_t N = dy->shape.dim[0];
@@ -403,7 +462,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     c->want_dw = wp->trainable;
     c->want_db = bp && bp->trainable;
     cf_tensor *dx = NULL;
-    const bool implicit = use_implicit(c);
+    const bool winograd = use_winograd(c), implicit = !winograd && use_implicit(c);
     /* exact only when every input value gets at most one term: 1x1, stride above 1 */
     c->add_dx = need_dx && c->add_dx_next && c->k == 1 && c->stride > 1; /* never implicit */
     if (c->add_dx) {
@@ -419,7 +478,11 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
-    if (implicit) {
+    if (winograd) {
+        if (need_dx) cf_conv_winograd_pack_dx(&c->g, c->out_c, wp->data, c->wino_u_dx);
+        c->batch = N;
+        run_batch(c, N, conv_backward_winograd_range, m);
+    } else if (implicit) {
         if (need_dx) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
         c->batch = N;
         run_batch(c, N, conv_backward_implicit_range, m);
@@ -431,7 +494,10 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     const int O = c->out_c, K = c->in_c * c->k * c->k;
     for (int t = 0; t < c->n_threads; t++) {
         if (!c->ran[t]) continue;
-        if (c->want_dw && implicit) { /* partial sums [tap][o][in] */
+        if (c->want_dw && winograd) {
+            cf_conv_winograd_wgrad_add(&c->g, O, c->wino_du + (size_t)t * c->wino_du_stride,
+                                       wp->grad);
+        } else if (c->want_dw && implicit) { /* partial sums [tap][o][in] */
             const float *part = c->dwt + (size_t)t * c->dw_stride;
             const int T = c->k * c->k, I = c->in_c;
             for (int o = 0; o < O; o++)

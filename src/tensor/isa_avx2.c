@@ -45,15 +45,71 @@ static inline double avx2_hsum_d(__m256 v) {
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 #define V_HSUM_D(v) avx2_hsum_d(v)
+/* lo = a0 b0 a1 b1 a2 b2 a3 b3, hi = a4 b4 ... a7 b7 */
+#define V_ZIP(a, b, lo, hi)                                                                        \
+    do {                                                                                           \
+        const __m256 zip_l_ = _mm256_unpacklo_ps((a), (b)), zip_h_ = _mm256_unpackhi_ps((a), (b)); \
+        (lo) = _mm256_permute2f128_ps(zip_l_, zip_h_, 0x20);                                       \
+        (hi) = _mm256_permute2f128_ps(zip_l_, zip_h_, 0x31);                                       \
+    } while (0)
+/* ev = a0 a2 a4 a6 b0 b2 b4 b6, od = a1 a3 ... b7 */
+#define V_UNZIP(a, b, ev, od)                                                                      \
+    do {                                                                                           \
+        const __m256 unzip_a_ = (a), unzip_b_ = (b);                                               \
+        (ev) = _mm256_castpd_ps(_mm256_permute4x64_pd(                                             \
+            _mm256_castps_pd(_mm256_shuffle_ps(unzip_a_, unzip_b_, 0x88)), 0xd8));                 \
+        (od) = _mm256_castpd_ps(_mm256_permute4x64_pd(                                             \
+            _mm256_castps_pd(_mm256_shuffle_ps(unzip_a_, unzip_b_, 0xdd)), 0xd8));                 \
+    } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/simd_kernels.h"
+#include "tensor/winograd_loops.h"
+
+/* ---- transpose ------------------------------------------------------------------------------ */
+
+/* dst[j * ldd + i] = src[i * lds + j] for one 8x8 block in registers. */
+static inline void transpose8(const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * ldd, t[i]);
+}
+
+static void avx2_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                           ptrdiff_t ldd) {
+    int j0 = 0;
+    for (; j0 + 8 <= cols; j0 += 8) {
+        int i0 = 0;
+        for (; i0 + 8 <= rows; i0 += 8)
+            transpose8(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+        for (int j = j0; j < j0 + 8; j++) /* rows past the last block of 8 */
+            for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
+    }
+    for (int j = j0; j < cols; j++) /* columns past the last block of 8 */
+        for (int i = 0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
+}
 
 const cf_kernel_table cf_kernels_avx2 = {
     .isa = CF_ISA_AVX2,
     .sgemm_strided = simd_sgemm_strided,
+    .transpose = avx2_transpose,
     .implicit_run = simd_implicit_run,
     .implicit_wgrad = simd_implicit_wgrad,
     .bn = &simd_bn_kernels,
     .optim = &loops_optim,
+    .wino = &loops_wino,
 };
 #endif

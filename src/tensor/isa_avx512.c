@@ -35,8 +35,29 @@ static inline double avx512_hsum_d(__m512 v) {
     return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
 }
 #define V_HSUM_D(v) avx512_hsum_d(v)
+/* lo = a0 b0 a1 b1 ... a7 b7, hi = a8 b8 ... a15 b15 */
+#define V_ZIP(a, b, lo, hi)                                                                        \
+    do {                                                                                           \
+        const __m512i zip_lo_ =                                                                    \
+            _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);             \
+        const __m512i zip_hi_ = _mm512_add_epi32(zip_lo_, _mm512_set1_epi32(8));                   \
+        const __m512 zip_a_ = (a), zip_b_ = (b);                                                   \
+        (lo) = _mm512_permutex2var_ps(zip_a_, zip_lo_, zip_b_);                                    \
+        (hi) = _mm512_permutex2var_ps(zip_a_, zip_hi_, zip_b_);                                    \
+    } while (0)
+/* ev = the even lanes of a then b, od = the odd ones */
+#define V_UNZIP(a, b, ev, od)                                                                      \
+    do {                                                                                           \
+        const __m512i unzip_ev_ =                                                                  \
+            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);          \
+        const __m512i unzip_od_ = _mm512_add_epi32(unzip_ev_, _mm512_set1_epi32(1));               \
+        const __m512 unzip_a_ = (a), unzip_b_ = (b);                                               \
+        (ev) = _mm512_permutex2var_ps(unzip_a_, unzip_ev_, unzip_b_);                              \
+        (od) = _mm512_permutex2var_ps(unzip_a_, unzip_od_, unzip_b_);                              \
+    } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/simd_kernels.h"
+#include "tensor/winograd_loops.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */
 
@@ -552,5 +573,6 @@ const cf_kernel_table cf_kernels_avx512 = {
     .bn = &simd_bn_kernels,
     .max_sum_plane = avx512_max_sum_plane,
     .optim = &loops_optim,
+    .wino = &loops_wino,
 };
 #endif

@@ -78,6 +78,32 @@ typedef struct cf_optim_kernels {
                  size_t n);
 } cf_optim_kernels;
 
+/* The transforms of the Winograd F(2x2, 3x3) convolutions (winograd.c; layouts in
+ * winograd_loops.h). pad: cf_wino_pad_floats(h, w) floats of scratch. */
+typedef struct cf_wino_kernels {
+    /* V = B^T d B of every 4x4 input patch of n_images images of `channels` planes */
+    void (*input)(const float *x, int channels, int h, int w, int n_images, size_t x_image,
+                  float *v, size_t v_xi, int ldv, float *pad);
+    /* Y = A^T M A into n_images images of `channels` planes */
+    void (*output)(const float *m, size_t m_xi, int ldm, int channels, int h, int w, int n_images,
+                   float *y, size_t y_image, float *pad);
+    /* Mg = A dY A^T of the output gradient (the adjoint of output) */
+    void (*dy)(const float *dy, int channels, int h, int w, int n_images, size_t dy_image, float *m,
+               size_t m_xi, int ldm, float *pad);
+    /* the same transposed, tile-major (element (xi, t, k) at m + xi * m_xi + t * channels + k),
+     * from the output gradient in pixel-major order (pixel p of image n, channel k at
+     * dyt + (n*h*w + p) * channels + k) */
+    void (*dy_nhwc)(const float *dyt, int channels, int h, int w, int n_images, float *m,
+                    size_t m_xi);
+} cf_wino_kernels;
+
+static inline size_t cf_wino_pad_floats(int h, int w) {
+    /* two split planes: eight arrays of (th + 1) * tw floats and a vector of slack (any
+     * table's vector length up to 16), and the slack of the last row's vector */
+    const size_t th = (size_t)(h + 1) / 2, tw = (size_t)(w + 1) / 2;
+    return 2 * (8 * ((th + 1) * tw + 16) + 16);
+}
+
 typedef struct cf_kernel_table {
     cf_isa isa;
     /* C (+)= A . B as cf_sgemm_strided; false: this shape is left to the reference path */
@@ -106,6 +132,7 @@ typedef struct cf_kernel_table {
     /* cf_max_sum_plane (NULL, or false for a plane holding a NaN: the scalar loop) */
     bool (*max_sum_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
     const cf_optim_kernels *optim; /* never NULL */
+    const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;

@@ -1,0 +1,258 @@
+/* The transforms of the Winograd F(2x2, 3x3) convolutions (winograd.c), written once over the
+ * vector vocabulary of simd_kernels.h (included first) and compiled into each vector kernel
+ * table. The including file also defines
+ *
+ *   V_ZIP(a, b, lo, hi)     lo = a0 b0 a1 b1 ..., hi = the same from the upper halves
+ *   V_UNZIP(a, b, ev, od)   ev = the even lanes of the 2*VL values a then b, od = the odd ones
+ *
+ * Tile (ty, tx) covers output rows 2ty, 2ty+1 and columns 2tx, 2tx+1; its 4x4 input patch
+ * starts at row 2ty - 1, column 2tx - 1 (padding 1). Vectors run over the tiles of one tile row
+ * (tail lanes masked), so every load and store is a plain walk:
+ *
+ *   input   V  = B^T d B     B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]
+ *   output  Y  = A^T M A     A^T = [1 1 1 0; 0 1 -1 -1]
+ *   dy      Mg = A dY A^T    (the adjoint of the output transform, for the weight gradient)
+ *
+ * The input is first split into a zero-padded plane held de-interleaved, E[r][u] = P[r][2u] and
+ * O[r][u] = P[r][2u + 1] with P[r][q] = x[r - 1][q - 1]: tile tx reads the patch columns E[tx],
+ * O[tx], E[tx + 1], O[tx + 1]. Element (xi = 4i + j, channel c, tile t) of a transformed block
+ * lies at base + xi * xi_stride + c * ld + t, with tiles numbered image by image, row by row. */
+#ifndef COREFIT_WINOGRAD_LOOPS_H
+#define COREFIT_WINOGRAD_LOOPS_H
+
+#include "tensor/kernel_table.h"
+
+#include <string.h>
+
+/* n lanes from p, the others 0 (n may be <= 0 or >= VL) */
+CF_INLINE vf wino_load(const float *p, int n) {
+    return n >= VL ? V_LOADU(p) : n <= 0 ? V_ZERO() : V_LOADZ(V_MASKV(simd_first_lanes(n)), p);
+}
+
+CF_INLINE void wino_store(float *p, int n, vf v) {
+    if (n >= VL)
+        V_STOREU(p, v);
+    else if (n > 0)
+        V_STOREM(p, V_MASKV(simd_first_lanes(n)), v);
+}
+
+/* Lanes [lo, hi) from p (lane j reads p[j]; the others 0 and never touched, so p may point
+ * before a row's start). */
+CF_INLINE vf wino_load_lanes(const float *p, int lo, int hi) {
+    if (lo <= 0 && hi >= VL) return V_LOADU(p);
+    if (lo < 0) lo = 0;
+    if (hi <= lo) return V_ZERO();
+    return V_LOADZ(V_MASKV(simd_first_lanes(hi) & ~simd_first_lanes(lo)), p);
+}
+
+/* One plane x (h x w) split into the four patch columns of every tile, E0[u] = x[2u - 1],
+ * O0[u] = x[2u], E1[u] = x[2u + 1], O1[u] = x[2u + 2] (0 outside the image), each kept for the
+ * even rows of P (P's row r is x's row r - 1) and for the odd ones: eight arrays q[8 * par +
+ * col] of th + 1 rows of tw floats, back to back with no padding, so that the patch row r of
+ * tile t = ty * tw + tx is at index t + (r / 2) * tw of parity r % 2 — one walk over all the
+ * plane's tiles. The columns are the even and odd lanes of a row read from column 2u0 - 1 and
+ * from 2u0 + 1; a row's last vector runs into the next row, which is written after it (the
+ * arrays are followed by a vector of slack). next: the plane after this one (prefetched), or
+ * NULL. */
+static void wino_split_plane(const float *x, int h, int w, int th, int tw, float *q,
+                             const float *next) {
+    const size_t part = (size_t)(th + 1) * tw + VL;
+    for (int r = 0; r < 2 * th + 2; r++) {
+        float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw;
+        const int xr = r - 1;
+        if (xr < 0 || xr >= h) {
+            for (int u0 = 0; u0 < tw; u0 += VL)
+                for (int k = 0; k < 4; k++) V_STOREU(row + k * part + u0, V_ZERO());
+            continue;
+        }
+        const float *xrow = x + (size_t)xr * w;
+        if (next)
+            for (int c = 0; c < w; c += 16) __builtin_prefetch(next + (size_t)xr * w + c, 0, 3);
+        for (int u0 = 0; u0 < tw; u0 += VL)
+            for (int s = 0; s < 2; s++) { /* the column of lane 0: 2u0 - 1, then 2u0 + 1 */
+                const int base = 2 * u0 + 2 * s - 1;
+                const vf a = wino_load_lanes(xrow + base, -base, w - base);
+                const vf b = wino_load_lanes(xrow + base + VL, -base - VL, w - base - VL);
+                vf ev, od;
+                V_UNZIP(a, b, ev, od);
+                V_STOREU(row + (2 * s) * part + u0, ev);
+                V_STOREU(row + (2 * s + 1) * part + u0, od);
+            }
+    }
+}
+
+/* V for n_images images of `channels` planes (image n, channel c at x + n*x_image + c*h*w):
+ * the rows of B^T d (d0 - d2, d1 + d2, d2 - d1, d1 - d3 over the patch rows) for each patch
+ * column, then t B (t0 - t2, t1 + t2, t2 - t1, t1 - t3 over the columns), vectors over all the
+ * tiles of a plane. */
+static void loops_wino_input(const float *x, int channels, int h, int w, int n_images,
+                             size_t x_image, float *v, size_t v_xi, int ldv, float *pad) {
+    const int th = (h + 1) / 2, tw = (w + 1) / 2, tiles = th * tw;
+    const size_t part = (size_t)(th + 1) * tw + VL, plane = (size_t)h * w;
+    const size_t split = 8 * part + VL; /* one split plane; pad holds two */
+    const int planes = n_images * channels;
+#define PLANE_AT(i) (x + (size_t)((i) / channels) * x_image + (size_t)((i) % channels) * plane)
+    /* Plane i + 1 is split while plane i is transformed, so that the transform never reads what
+     * the split has only just stored. */
+    wino_split_plane(PLANE_AT(0), h, w, th, tw, pad, planes > 1 ? PLANE_AT(1) : NULL);
+    for (int i = 0; i < planes; i++) {
+        const float *even = pad + (size_t)(i % 2) * split, *odd = even + 4 * part;
+        if (i + 1 < planes)
+            wino_split_plane(PLANE_AT(i + 1), h, w, th, tw, pad + (size_t)((i + 1) % 2) * split,
+                             i + 2 < planes ? PLANE_AT(i + 2) : NULL);
+        const int n = i / channels, c = i % channels;
+        float *out = v + (size_t)c * ldv + (size_t)n * tiles;
+        for (int t0 = 0; t0 < tiles; t0 += VL) {
+            const int left = tiles - t0;
+            vf d1[4], d2[4]; /* patch rows 1 and 2, columns 0..3 */
+            for (int k = 0; k < 4; k++) {
+                d1[k] = V_LOADU(odd + k * part + t0);
+                d2[k] = V_LOADU(even + k * part + tw + t0);
+            }
+#define WINO_T_B(i, t)                                                                             \
+    do {                                                                                           \
+        float *o_ = out + (size_t)(4 * (i)) * v_xi + t0;                                           \
+        wino_store(o_, left, V_SUB((t)[0], (t)[2]));                                               \
+        wino_store(o_ + v_xi, left, V_ADD((t)[1], (t)[2]));                                        \
+        wino_store(o_ + 2 * v_xi, left, V_SUB((t)[2], (t)[1]));                                    \
+        wino_store(o_ + 3 * v_xi, left, V_SUB((t)[1], (t)[3]));                                    \
+    } while (0)
+            vf t[4];
+            for (int k = 0; k < 4; k++) t[k] = V_ADD(d1[k], d2[k]);
+            WINO_T_B(1, t);
+            for (int k = 0; k < 4; k++) t[k] = V_SUB(d2[k], d1[k]);
+            WINO_T_B(2, t);
+            for (int k = 0; k < 4; k++) t[k] = V_SUB(V_LOADU(even + k * part + t0), d2[k]);
+            WINO_T_B(0, t);
+            for (int k = 0; k < 4; k++) t[k] = V_SUB(d1[k], V_LOADU(odd + k * part + tw + t0));
+            WINO_T_B(3, t);
+#undef WINO_T_B
+        }
+    }
+#undef PLANE_AT
+}
+
+/* Y from M for n_images images of `channels` planes (image n, channel k at y + n*y_image +
+ * k*h*w). */
+static void loops_wino_output(const float *m, size_t m_xi, int ldm, int channels, int h, int w,
+                              int n_images, float *y, size_t y_image, float *pad) {
+    (void)pad;
+    const int th = (h + 1) / 2, tw = (w + 1) / 2;
+    for (int n = 0; n < n_images; n++)
+        for (int k = 0; k < channels; k++) {
+            float *yk = y + n * y_image + (size_t)k * h * w;
+            for (int ty = 0; ty < th; ty++) {
+                const float *mt = m + (size_t)k * ldm + (size_t)(n * th + ty) * tw;
+                float *row0 = yk + (size_t)(2 * ty) * w, *row1 = row0 + w;
+                const bool second = 2 * ty + 1 < h;
+                for (int t0 = 0; t0 < tw; t0 += VL) {
+                    const int n_t = tw - t0;
+                    vf a[4], b[4]; /* A^T over the columns of each row i */
+                    for (int i = 0; i < 4; i++) {
+                        const float *p = mt + (size_t)(4 * i) * m_xi + t0;
+                        const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
+                                 m2 = wino_load(p + 2 * m_xi, n_t),
+                                 m3 = wino_load(p + 3 * m_xi, n_t);
+                        a[i] = V_ADD(V_ADD(m0, m1), m2);
+                        b[i] = V_SUB(V_SUB(m1, m2), m3);
+                    }
+                    const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
+                    const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
+                    vf lo, hi;
+                    const int rem = w - 2 * t0;
+                    V_ZIP(y00, y01, lo, hi);
+                    wino_store(row0 + 2 * t0, rem, lo);
+                    wino_store(row0 + 2 * t0 + VL, rem - VL, hi);
+                    if (second) {
+                        const vf y10 = V_SUB(V_SUB(a[1], a[2]), a[3]);
+                        const vf y11 = V_SUB(V_SUB(b[1], b[2]), b[3]);
+                        V_ZIP(y10, y11, lo, hi);
+                        wino_store(row1 + 2 * t0, rem, lo);
+                        wino_store(row1 + 2 * t0 + VL, rem - VL, hi);
+                    }
+                }
+            }
+        }
+}
+
+/* Mg = A dY A^T from the output gradient (image n, channel k at dy + n*dy_image + k*h*w; 0 past
+ * the image's edge). */
+static void loops_wino_dy(const float *dy, int channels, int h, int w, int n_images,
+                          size_t dy_image, float *m, size_t m_xi, int ldm, float *pad) {
+    (void)pad;
+    const int th = (h + 1) / 2, tw = (w + 1) / 2;
+    for (int n = 0; n < n_images; n++)
+        for (int k = 0; k < channels; k++) {
+            const float *plane = dy + n * dy_image + (size_t)k * h * w;
+            for (int ty = 0; ty < th; ty++) {
+                const float *row0 = plane + (size_t)(2 * ty) * w, *row1 = row0 + w;
+                const bool second = 2 * ty + 1 < h;
+                float *out = m + (size_t)k * ldm + (size_t)(n * th + ty) * tw;
+                for (int t0 = 0; t0 < tw; t0 += VL) {
+                    const int rem = w - 2 * t0, n_t = tw - t0;
+                    vf y00, y01, y10 = V_ZERO(), y11 = V_ZERO();
+                    V_UNZIP(wino_load(row0 + 2 * t0, rem), wino_load(row0 + 2 * t0 + VL, rem - VL),
+                            y00, y01);
+                    if (second)
+                        V_UNZIP(wino_load(row1 + 2 * t0, rem),
+                                wino_load(row1 + 2 * t0 + VL, rem - VL), y10, y11);
+                    /* A dY: rows dY0, dY0 + dY1, dY0 - dY1, -dY1; then the same over columns */
+                    const vf z[4][2] = {{y00, y01},
+                                        {V_ADD(y00, y10), V_ADD(y01, y11)},
+                                        {V_SUB(y00, y10), V_SUB(y01, y11)},
+                                        {V_SUB(V_ZERO(), y10), V_SUB(V_ZERO(), y11)}};
+                    for (int i = 0; i < 4; i++) {
+                        float *p = out + (size_t)(4 * i) * m_xi + t0;
+                        wino_store(p, n_t, z[i][0]);
+                        wino_store(p + m_xi, n_t, V_ADD(z[i][0], z[i][1]));
+                        wino_store(p + 2 * m_xi, n_t, V_SUB(z[i][0], z[i][1]));
+                        wino_store(p + 3 * m_xi, n_t, V_SUB(V_ZERO(), z[i][1]));
+                    }
+                }
+            }
+        }
+}
+
+/* Mg^T, tile-major (element (xi, t, k) at m + xi * m_xi + t * channels + k), from the output
+ * gradient in pixel-major order (image n, pixel p, channel k at dyt + (n*h*w + p) * channels +
+ * k): vectors over the channels, 0 for the pixels past the image's edge. */
+static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int n_images, float *m,
+                               size_t m_xi) {
+    const int th = (h + 1) / 2, tw = (w + 1) / 2, K = channels;
+    for (int n = 0; n < n_images; n++)
+        for (int ty = 0; ty < th; ty++)
+            for (int tx = 0; tx < tw; tx++) {
+                const float *p00 = dyt + ((size_t)(n * h + 2 * ty) * w + 2 * tx) * K;
+                const bool right = 2 * tx + 1 < w, down = 2 * ty + 1 < h;
+                float *out = m + ((size_t)(n * th + ty) * tw + tx) * K;
+                for (int k0 = 0; k0 < K; k0 += VL) {
+                    const int nk = K - k0;
+                    const vf y00 = wino_load(p00 + k0, nk);
+                    const vf y01 = right ? wino_load(p00 + K + k0, nk) : V_ZERO();
+                    const vf y10 = down ? wino_load(p00 + (size_t)w * K + k0, nk) : V_ZERO();
+                    const vf y11 =
+                        right && down ? wino_load(p00 + (size_t)(w + 1) * K + k0, nk) : V_ZERO();
+                    /* A dY: rows dY0, dY0 + dY1, dY0 - dY1, -dY1; then the same over columns */
+                    const vf z[4][2] = {{y00, y01},
+                                        {V_ADD(y00, y10), V_ADD(y01, y11)},
+                                        {V_SUB(y00, y10), V_SUB(y01, y11)},
+                                        {V_SUB(V_ZERO(), y10), V_SUB(V_ZERO(), y11)}};
+                    for (int i = 0; i < 4; i++) {
+                        float *q = out + (size_t)(4 * i) * m_xi + k0;
+                        wino_store(q, nk, z[i][0]);
+                        wino_store(q + m_xi, nk, V_ADD(z[i][0], z[i][1]));
+                        wino_store(q + 2 * m_xi, nk, V_SUB(z[i][0], z[i][1]));
+                        wino_store(q + 3 * m_xi, nk, V_SUB(V_ZERO(), z[i][1]));
+                    }
+                }
+            }
+}
+
+static const cf_wino_kernels loops_wino = {
+    .input = loops_wino_input,
+    .output = loops_wino_output,
+    .dy = loops_wino_dy,
+    .dy_nhwc = loops_wino_dy_nhwc,
+};
+
+#endif
