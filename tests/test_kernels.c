@@ -265,8 +265,9 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
 /* cf_conv_winograd_* against the direct convolution summed in double (forward, dx and the
  * weight gradient), on W1's and W2's 3x3 stride-1 layers and on odd shapes: odd and tiny
  * planes (tiles that hang over the edge), channel counts off the vector and tile sizes,
- * several images per call and blocks of images that end mid-batch, and a batch split into
- * calls (which must not change a bit of y or dx). Inputs sit between NaN guards. */
+ * several images per call and blocks of images that end mid-batch, an image cut into bands, and a
+ * batch split into calls (which must not change a bit of y or dx). Inputs sit between NaN guards.
+ */
 static int winograd_checked;
 
 /* |got - want| <= tol * (1 + the sum of |products| behind want), elementwise */
@@ -381,8 +382,9 @@ static void test_conv_winograd_matches_direct(void **state) {
     check_winograd(16, 3, 2, 16, 3, &rng);
     check_winograd(16, 2, 37, 16, 2, &rng); /* a row longer than two vectors of tiles */
     check_winograd(16, 33, 35, 18, 1, &rng);
-    check_winograd(3, 6, 6, 5, 3, &rng); /* few channels (Conv2d keeps these on im2col) */
-    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(winograd_checked, 12);
+    check_winograd(16, 71, 46, 16, 2, &rng); /* bands of tile rows, the last one short */
+    check_winograd(3, 6, 6, 5, 3, &rng);     /* few channels (Conv2d keeps these on im2col) */
+    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(winograd_checked, 13);
     cf_conv_geom g;
     assert_true(cf_conv_geom_init(&g, 16, 8, 8, 3, 3, 2, 2, 1, 1));
     assert_false(cf_conv_winograd_supported(&g)); /* stride 2 */

@@ -81,20 +81,18 @@ typedef struct cf_optim_kernels {
 /* The transforms of the Winograd F(2x2, 3x3) convolutions (winograd.c; layouts in
  * winograd_loops.h). pad: cf_wino_pad_floats(h, w) floats of scratch. */
 typedef struct cf_wino_kernels {
-    /* V = B^T d B of every 4x4 input patch of n_images images of `channels` planes */
-    void (*input)(const float *x, int channels, int h, int w, int n_images, size_t x_image,
-                  float *v, size_t v_xi, int ldv, float *pad);
-    /* Y = A^T M A into n_images images of `channels` planes */
+    /* V = B^T d B of the 4x4 input patches of the tile rows [ty0, ty0 + th) of n_images images
+     * of `channels` planes */
+    void (*input)(const float *x, int channels, int h, int w, int n_images, size_t x_image, int ty0,
+                  int th, float *v, size_t v_xi, int ldv, float *pad);
+    /* Y = A^T M A into those tile rows of n_images images of `channels` planes */
     void (*output)(const float *m, size_t m_xi, int ldm, int channels, int h, int w, int n_images,
-                   float *y, size_t y_image, float *pad);
-    /* Mg = A dY A^T of the output gradient (the adjoint of output) */
-    void (*dy)(const float *dy, int channels, int h, int w, int n_images, size_t dy_image, float *m,
-               size_t m_xi, int ldm, float *pad);
-    /* the same transposed, tile-major (element (xi, t, k) at m + xi * m_xi + t * channels + k),
-     * from the output gradient in pixel-major order (pixel p of image n, channel k at
-     * dyt + (n*h*w + p) * channels + k) */
-    void (*dy_nhwc)(const float *dyt, int channels, int h, int w, int n_images, float *m,
-                    size_t m_xi);
+                   int ty0, int th, float *y, size_t y_image);
+    /* Mg^T = (A dY A^T)^T of those tile rows, tile-major (element (xi, t, k) at m + xi * m_xi +
+     * t * channels + k), from the output gradient in pixel-major order (pixel p of image n,
+     * channel k at dyt + (n*h*w + p) * channels + k) */
+    void (*dy_nhwc)(const float *dyt, int channels, int h, int w, int n_images, int ty0, int th,
+                    float *m, size_t m_xi);
 } cf_wino_kernels;
 
 static inline size_t cf_wino_pad_floats(int h, int w) {

@@ -25,25 +25,31 @@
 
 #define POINTS 16 /* 4x4 transformed values per tile */
 
-static int tiles_per_image(const cf_conv_geom *g) {
-    return ((g->h + 1) / 2) * ((g->w + 1) / 2);
-}
-
 static size_t round16(size_t n) {
     return (n + 15) & ~(size_t)15;
 }
 
-/* Images per block: the transformed input and output of a block (16 x (C + K) x tiles floats)
- * stay within about 1 MiB, so the GEMMs read them from L2. */
-static int block_images(const cf_conv_geom *g, int out_channels) {
-    const int tiles = tiles_per_image(g);
-    const int target = 16384 / (g->c + out_channels);
-    const int n = target / tiles;
-    return n < 1 ? 1 : n;
-}
+/* How a call is cut into blocks: the transformed input and output of a block (16 x (C + K) x
+ * tiles floats) stay within about 1 MiB, so that the GEMMs read them from L2. A block is
+ * `images` whole images, or, when one image has more tiles than that, a band of `rows` tile rows
+ * of one image. It depends on the geometry alone. */
+typedef struct blocking {
+    int images, rows, th, tw;
+    size_t ld; /* the tiles of a block, rounded up */
+} blocking;
 
-static size_t block_ld(const cf_conv_geom *g, int out_channels) {
-    return round16((size_t)block_images(g, out_channels) * tiles_per_image(g));
+static blocking block_of(const cf_conv_geom *g, int out_channels) {
+    blocking b = {.th = (g->h + 1) / 2, .tw = (g->w + 1) / 2};
+    const int target = 16384 / (g->c + out_channels), tiles = b.th * b.tw;
+    if (tiles <= target) {
+        b.images = target / tiles;
+        b.rows = b.th;
+    } else {
+        b.images = 1;
+        b.rows = target / b.tw < 1 ? 1 : target / b.tw;
+    }
+    b.ld = round16((size_t)b.images * b.rows * b.tw);
+    return b;
 }
 
 bool cf_conv_winograd_supported(const cf_conv_geom *g) {
@@ -52,11 +58,11 @@ bool cf_conv_winograd_supported(const cf_conv_geom *g) {
 }
 
 size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
-    /* the transformed input and output of a block, a block of dy transposed (wgrad), the
-     * transforms' own */
-    return POINTS * (size_t)(g->c + out_channels) * block_ld(g, out_channels) +
-           (size_t)block_images(g, out_channels) * out_channels * g->h * g->w +
-           cf_wino_pad_floats(g->h, g->w);
+    /* the transformed input and output of a block, dy transposed (wgrad: the block's images),
+     * the transforms' own */
+    const blocking b = block_of(g, out_channels);
+    return POINTS * (size_t)(g->c + out_channels) * b.ld +
+           (size_t)b.images * out_channels * g->h * g->w + cf_wino_pad_floats(g->h, g->w);
 }
 
 size_t cf_conv_winograd_packed_size(const cf_conv_geom *g, int out_channels) {
@@ -99,63 +105,76 @@ void cf_conv_winograd_pack_dx(const cf_conv_geom *g, int out_channels, const flo
             weight_transform(w + ((size_t)k * C + c) * 9 + 8, -3, -1, u + (size_t)c * K + k, plane);
 }
 
+static int min_int(int a, int b) {
+    return a < b ? a : b;
+}
+
 /* y (n_images x cout x h x w) = the 3x3 "same" convolution of x (cin channels) with the
- * transformed weights u ([xi][cout][cin]). */
-static void run(const cf_conv_geom *g, int cin, int cout, int nb, size_t ld, const float *u,
+ * transformed weights u ([xi][cout][cin]), block by block (b: the forward pass's blocking,
+ * whichever way the channels run). */
+static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, const float *u,
                 const float *x, int n_images, float *y, float *scratch) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
-    const int h = g->h, w = g->w, tiles = tiles_per_image(g);
-    const size_t plane = (size_t)h * w;
+    const int h = g->h, w = g->w;
+    const size_t plane = (size_t)h * w, ld = b->ld;
     float *v = scratch, *m = v + POINTS * (size_t)cin * ld, *pad = m + POINTS * (size_t)cout * ld;
-    for (int n0 = 0; n0 < n_images; n0 += nb) {
-        const int count = n_images - n0 < nb ? n_images - n0 : nb, cols = count * tiles;
-        wk->input(x + (size_t)n0 * cin * plane, cin, h, w, count, cin * plane, v, cin * ld, (int)ld,
-                  pad);
-        for (int xi = 0; xi < POINTS; xi++)
-            cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
-                             v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
-                             (int)ld, false);
-        wk->output(m, cout * ld, (int)ld, cout, h, w, count, y + (size_t)n0 * cout * plane,
-                   cout * plane, pad);
+    for (int n0 = 0; n0 < n_images; n0 += b->images) {
+        const int count = min_int(b->images, n_images - n0);
+        const float *xb = x + (size_t)n0 * cin * plane;
+        float *yb = y + (size_t)n0 * cout * plane;
+        for (int ty0 = 0; ty0 < b->th; ty0 += b->rows) {
+            const int rows = min_int(b->rows, b->th - ty0), cols = count * rows * b->tw;
+            wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, cin * ld, (int)ld, pad);
+            for (int xi = 0; xi < POINTS; xi++)
+                cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
+                                 v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
+                                 (int)ld, false);
+            wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
+        }
     }
 }
 
 void cf_conv_winograd_forward(const cf_conv_geom *g, int out_channels, const float *u,
                               const float *x, int n_images, float *y, float *scratch) {
-    run(g, g->c, out_channels, block_images(g, out_channels), block_ld(g, out_channels), u, x,
-        n_images, y, scratch);
+    const blocking b = block_of(g, out_channels);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch);
 }
 
 void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u_dx,
                          const float *dy, int n_images, float *dx, float *scratch) {
-    run(g, out_channels, g->c, block_images(g, out_channels), block_ld(g, out_channels), u_dx, dy,
-        n_images, dx, scratch);
+    const blocking b = block_of(g, out_channels);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch);
 }
 
 void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                             const float *x, int n_images, float *du, bool accumulate,
                             float *scratch) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
-    const int C = g->c, K = out_channels, h = g->h, w = g->w, tiles = tiles_per_image(g);
-    const int nb = block_images(g, K);
-    const size_t ld = block_ld(g, K), plane = (size_t)h * w;
+    const int C = g->c, K = out_channels, h = g->h, w = g->w;
+    const blocking b = block_of(g, K);
+    const size_t ld = b.ld, plane = (size_t)h * w;
     /* V as in the forward pass, [xi][c][t]; Mg^T [xi][t][k] from dy transposed image by image
      * (pixel-major), so that dU^T[xi] (C x K) = V[xi] (C x T) . Mg^T[xi] (T x K) reads both in
      * place, with the long sum over the tiles inside the register tiles */
     float *v = scratch, *mgt = v + POINTS * (size_t)C * ld, *dyt = mgt + POINTS * (size_t)K * ld;
-    float *pad = dyt + (size_t)nb * K * plane;
+    float *pad = dyt + (size_t)b.images * K * plane;
     if (n_images <= 0 && !accumulate) memset(du, 0, POINTS * (size_t)K * C * sizeof(float));
-    for (int n0 = 0; n0 < n_images; n0 += nb) {
-        const int count = n_images - n0 < nb ? n_images - n0 : nb, cols = count * tiles;
-        wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, v, C * ld, (int)ld, pad);
+    bool add = accumulate;
+    for (int n0 = 0; n0 < n_images; n0 += b.images) {
+        const int count = min_int(b.images, n_images - n0);
         for (int n = 0; n < count; n++)
             cf_transpose(K, (int)plane, dy + (size_t)(n0 + n) * K * plane, (ptrdiff_t)plane,
                          dyt + (size_t)n * K * plane, K);
-        wk->dy_nhwc(dyt, K, h, w, count, mgt, ld * K);
-        for (int xi = 0; xi < POINTS; xi++)
-            cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
-                             mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K,
-                             accumulate || n0 > 0);
+        for (int ty0 = 0; ty0 < b.th; ty0 += b.rows) {
+            const int rows = min_int(b.rows, b.th - ty0), cols = count * rows * b.tw;
+            wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, C * ld,
+                      (int)ld, pad);
+            wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, ld * K);
+            for (int xi = 0; xi < POINTS; xi++)
+                cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
+                                 mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+            add = true;
+        }
     }
 }
 

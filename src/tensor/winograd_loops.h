@@ -6,8 +6,9 @@
  *   V_UNZIP(a, b, ev, od)   ev = the even lanes of the 2*VL values a then b, od = the odd ones
  *
  * Tile (ty, tx) covers output rows 2ty, 2ty+1 and columns 2tx, 2tx+1; its 4x4 input patch
- * starts at row 2ty - 1, column 2tx - 1 (padding 1). Vectors run over the tiles of one tile row
- * (tail lanes masked), so every load and store is a plain walk:
+ * starts at row 2ty - 1, column 2tx - 1 (padding 1). A call covers the tile rows [ty0, ty0 +
+ * th) of each of its images (all of them, or a band of a large image). Vectors run over the tiles
+ * of one tile row (tail lanes masked), so every load and store is a plain walk:
  *
  *   input   V  = B^T d B     B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]
  *   output  Y  = A^T M A     A^T = [1 1 1 0; 0 1 -1 -1]
@@ -16,7 +17,8 @@
  * The input is first split into a zero-padded plane held de-interleaved, E[r][u] = P[r][2u] and
  * O[r][u] = P[r][2u + 1] with P[r][q] = x[r - 1][q - 1]: tile tx reads the patch columns E[tx],
  * O[tx], E[tx + 1], O[tx + 1]. Element (xi = 4i + j, channel c, tile t) of a transformed block
- * lies at base + xi * xi_stride + c * ld + t, with tiles numbered image by image, row by row. */
+ * lies at base + xi * xi_stride + c * ld + t, with the call's tiles numbered image by image, row by
+ * row. */
 #ifndef COREFIT_WINOGRAD_LOOPS_H
 #define COREFIT_WINOGRAD_LOOPS_H
 
@@ -54,31 +56,53 @@ CF_INLINE vf wino_load_lanes(const float *p, int lo, int hi) {
  * from 2u0 + 1; a row's last vector runs into the next row, which is written after it (the
  * arrays are followed by a vector of slack). next: the plane after this one (prefetched), or
  * NULL. */
-static void wino_split_plane(const float *x, int h, int w, int th, int tw, float *q,
+/* P's row r set to 0 */
+CF_INLINE void wino_split_zero_row(float *q, size_t part, int tw, int r) {
+    float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw;
+    for (int u0 = 0; u0 < tw; u0 += VL)
+        for (int k = 0; k < 4; k++) V_STOREU(row + k * part + u0, V_ZERO());
+}
+
+static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int tw, float *q,
                              const float *next) {
     const size_t part = (size_t)(th + 1) * tw + VL;
-    for (int r = 0; r < 2 * th + 2; r++) {
-        float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw;
-        const int xr = r - 1;
-        if (xr < 0 || xr >= h) {
-            for (int u0 = 0; u0 < tw; u0 += VL)
-                for (int k = 0; k < 4; k++) V_STOREU(row + k * part + u0, V_ZERO());
-            continue;
-        }
-        const float *xrow = x + (size_t)xr * w;
-        if (next)
-            for (int c = 0; c < w; c += 16) __builtin_prefetch(next + (size_t)xr * w + c, 0, 3);
-        for (int u0 = 0; u0 < tw; u0 += VL)
-            for (int s = 0; s < 2; s++) { /* the column of lane 0: 2u0 - 1, then 2u0 + 1 */
-                const int base = 2 * u0 + 2 * s - 1;
-                const vf a = wino_load_lanes(xrow + base, -base, w - base);
-                const vf b = wino_load_lanes(xrow + base + VL, -base - VL, w - base - VL);
-                vf ev, od;
+    /* the split's rows [lo, hi) are x's rows xr0 + r; the others are 0 */
+    const int xr0 = 2 * ty0 - 1;
+    const int lo = xr0 < 0 ? 1 : 0, hi = h - xr0 < 2 * th + 2 ? h - xr0 : 2 * th + 2;
+    if (next)
+        for (int r = lo; r < hi; r++)
+            for (int c = 0; c < w; c += 16)
+                __builtin_prefetch(next + (size_t)(xr0 + r) * w + c, 0, 3);
+    /* A row's last vector runs into the row after it in its array (the split's row r + 2), so
+     * the rows below are written after the rows above them: the zero rows above first, the
+     * image's rows with the column chunks from the last (whose lane masks are the same on every
+     * row), then the zero rows below. */
+    for (int r = 0; r < lo; r++) wino_split_zero_row(q, part, tw, r);
+    for (int u0 = (tw - 1) / VL * VL; u0 >= 0; u0 -= VL)
+        for (int s = 0; s < 2; s++) { /* the column of lane 0: 2u0 - 1, then 2u0 + 1 */
+            const int base = 2 * u0 + 2 * s - 1;
+            const bool full = base >= 0 && base + 2 * VL <= w;
+            const unsigned bits_a = simd_first_lanes(w - base) & ~simd_first_lanes(-base);
+            const unsigned bits_b = simd_first_lanes(w - base - VL) & ~simd_first_lanes(-base - VL);
+            const vmaskv ma = V_MASKV(bits_a), mb = V_MASKV(bits_b);
+            for (int r = lo; r < hi; r++) {
+                const int xr = xr0 + r;
+                float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw + u0;
+                const float *src = x + (size_t)xr * w + base;
+                vf a, b, ev, od;
+                if (full) {
+                    a = V_LOADU(src);
+                    b = V_LOADU(src + VL);
+                } else {
+                    a = bits_a ? V_LOADZ(ma, src) : V_ZERO();
+                    b = bits_b ? V_LOADZ(mb, src + VL) : V_ZERO();
+                }
                 V_UNZIP(a, b, ev, od);
-                V_STOREU(row + (2 * s) * part + u0, ev);
-                V_STOREU(row + (2 * s + 1) * part + u0, od);
+                V_STOREU(row + (2 * s) * part, ev);
+                V_STOREU(row + (2 * s + 1) * part, od);
             }
-    }
+        }
+    for (int r = hi; r < 2 * th + 2; r++) wino_split_zero_row(q, part, tw, r);
 }
 
 /* V for n_images images of `channels` planes (image n, channel c at x + n*x_image + c*h*w):
@@ -86,19 +110,21 @@ static void wino_split_plane(const float *x, int h, int w, int th, int tw, float
  * column, then t B (t0 - t2, t1 + t2, t2 - t1, t1 - t3 over the columns), vectors over all the
  * tiles of a plane. */
 static void loops_wino_input(const float *x, int channels, int h, int w, int n_images,
-                             size_t x_image, float *v, size_t v_xi, int ldv, float *pad) {
-    const int th = (h + 1) / 2, tw = (w + 1) / 2, tiles = th * tw;
+                             size_t x_image, int ty0, int th, float *v, size_t v_xi, int ldv,
+                             float *pad) {
+    const int tw = (w + 1) / 2, tiles = th * tw;
     const size_t part = (size_t)(th + 1) * tw + VL, plane = (size_t)h * w;
     const size_t split = 8 * part + VL; /* one split plane; pad holds two */
     const int planes = n_images * channels;
 #define PLANE_AT(i) (x + (size_t)((i) / channels) * x_image + (size_t)((i) % channels) * plane)
     /* Plane i + 1 is split while plane i is transformed, so that the transform never reads what
      * the split has only just stored. */
-    wino_split_plane(PLANE_AT(0), h, w, th, tw, pad, planes > 1 ? PLANE_AT(1) : NULL);
+    wino_split_plane(PLANE_AT(0), h, w, ty0, th, tw, pad, planes > 1 ? PLANE_AT(1) : NULL);
     for (int i = 0; i < planes; i++) {
         const float *even = pad + (size_t)(i % 2) * split, *odd = even + 4 * part;
         if (i + 1 < planes)
-            wino_split_plane(PLANE_AT(i + 1), h, w, th, tw, pad + (size_t)((i + 1) % 2) * split,
+            wino_split_plane(PLANE_AT(i + 1), h, w, ty0, th, tw,
+                             pad + (size_t)((i + 1) % 2) * split,
                              i + 2 < planes ? PLANE_AT(i + 2) : NULL);
         const int n = i / channels, c = i % channels;
         float *out = v + (size_t)c * ldv + (size_t)n * tiles;
@@ -135,14 +161,13 @@ static void loops_wino_input(const float *x, int channels, int h, int w, int n_i
 /* Y from M for n_images images of `channels` planes (image n, channel k at y + n*y_image +
  * k*h*w). */
 static void loops_wino_output(const float *m, size_t m_xi, int ldm, int channels, int h, int w,
-                              int n_images, float *y, size_t y_image, float *pad) {
-    (void)pad;
-    const int th = (h + 1) / 2, tw = (w + 1) / 2;
+                              int n_images, int ty0, int th, float *y, size_t y_image) {
+    const int tw = (w + 1) / 2;
     for (int n = 0; n < n_images; n++)
         for (int k = 0; k < channels; k++) {
             float *yk = y + n * y_image + (size_t)k * h * w;
-            for (int ty = 0; ty < th; ty++) {
-                const float *mt = m + (size_t)k * ldm + (size_t)(n * th + ty) * tw;
+            for (int ty = ty0; ty < ty0 + th; ty++) {
+                const float *mt = m + (size_t)k * ldm + (size_t)(n * th + ty - ty0) * tw;
                 float *row0 = yk + (size_t)(2 * ty) * w, *row1 = row0 + w;
                 const bool second = 2 * ty + 1 < h;
                 for (int t0 = 0; t0 < tw; t0 += VL) {
@@ -175,56 +200,18 @@ static void loops_wino_output(const float *m, size_t m_xi, int ldm, int channels
         }
 }
 
-/* Mg = A dY A^T from the output gradient (image n, channel k at dy + n*dy_image + k*h*w; 0 past
- * the image's edge). */
-static void loops_wino_dy(const float *dy, int channels, int h, int w, int n_images,
-                          size_t dy_image, float *m, size_t m_xi, int ldm, float *pad) {
-    (void)pad;
-    const int th = (h + 1) / 2, tw = (w + 1) / 2;
-    for (int n = 0; n < n_images; n++)
-        for (int k = 0; k < channels; k++) {
-            const float *plane = dy + n * dy_image + (size_t)k * h * w;
-            for (int ty = 0; ty < th; ty++) {
-                const float *row0 = plane + (size_t)(2 * ty) * w, *row1 = row0 + w;
-                const bool second = 2 * ty + 1 < h;
-                float *out = m + (size_t)k * ldm + (size_t)(n * th + ty) * tw;
-                for (int t0 = 0; t0 < tw; t0 += VL) {
-                    const int rem = w - 2 * t0, n_t = tw - t0;
-                    vf y00, y01, y10 = V_ZERO(), y11 = V_ZERO();
-                    V_UNZIP(wino_load(row0 + 2 * t0, rem), wino_load(row0 + 2 * t0 + VL, rem - VL),
-                            y00, y01);
-                    if (second)
-                        V_UNZIP(wino_load(row1 + 2 * t0, rem),
-                                wino_load(row1 + 2 * t0 + VL, rem - VL), y10, y11);
-                    /* A dY: rows dY0, dY0 + dY1, dY0 - dY1, -dY1; then the same over columns */
-                    const vf z[4][2] = {{y00, y01},
-                                        {V_ADD(y00, y10), V_ADD(y01, y11)},
-                                        {V_SUB(y00, y10), V_SUB(y01, y11)},
-                                        {V_SUB(V_ZERO(), y10), V_SUB(V_ZERO(), y11)}};
-                    for (int i = 0; i < 4; i++) {
-                        float *p = out + (size_t)(4 * i) * m_xi + t0;
-                        wino_store(p, n_t, z[i][0]);
-                        wino_store(p + m_xi, n_t, V_ADD(z[i][0], z[i][1]));
-                        wino_store(p + 2 * m_xi, n_t, V_SUB(z[i][0], z[i][1]));
-                        wino_store(p + 3 * m_xi, n_t, V_SUB(V_ZERO(), z[i][1]));
-                    }
-                }
-            }
-        }
-}
-
 /* Mg^T, tile-major (element (xi, t, k) at m + xi * m_xi + t * channels + k), from the output
  * gradient in pixel-major order (image n, pixel p, channel k at dyt + (n*h*w + p) * channels +
  * k): vectors over the channels, 0 for the pixels past the image's edge. */
-static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int n_images, float *m,
-                               size_t m_xi) {
-    const int th = (h + 1) / 2, tw = (w + 1) / 2, K = channels;
+static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int n_images, int ty0,
+                               int th, float *m, size_t m_xi) {
+    const int tw = (w + 1) / 2, K = channels;
     for (int n = 0; n < n_images; n++)
-        for (int ty = 0; ty < th; ty++)
+        for (int ty = ty0; ty < ty0 + th; ty++)
             for (int tx = 0; tx < tw; tx++) {
                 const float *p00 = dyt + ((size_t)(n * h + 2 * ty) * w + 2 * tx) * K;
                 const bool right = 2 * tx + 1 < w, down = 2 * ty + 1 < h;
-                float *out = m + ((size_t)(n * th + ty) * tw + tx) * K;
+                float *out = m + ((size_t)(n * th + ty - ty0) * tw + tx) * K;
                 for (int k0 = 0; k0 < K; k0 += VL) {
                     const int nk = K - k0;
                     const vf y00 = wino_load(p00 + k0, nk);
@@ -251,7 +238,6 @@ static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int
 static const cf_wino_kernels loops_wino = {
     .input = loops_wino_input,
     .output = loops_wino_output,
-    .dy = loops_wino_dy,
     .dy_nhwc = loops_wino_dy_nhwc,
 };
 
