@@ -394,6 +394,45 @@ static void test_conv_winograd_matches_direct(void **state) {
     assert_false(cf_conv_winograd_supported(&g)); /* 5x5 */
 }
 
+/* cf_max_pool_2x2_plane of the active table against the portable loop, bitwise in values and
+ * positions: odd and even sizes, rows of whole vectors and tails, ties, NaN (the last NaN of a
+ * window wins, as PyTorch's), -inf and windows of -inf only. */
+static void test_max_pool_2x2_matches_portable(void **state) {
+    (void)state;
+    const cf_isa active = cf_isa_active();
+    cf_rng rng;
+    cf_rng_seed(&rng, 13);
+    const int sizes[][2] = {{2, 2}, {3, 5}, {8, 8}, {7, 33}, {36, 37}, {5, 66}, {64, 64}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const int h = sizes[s][0], w = sizes[s][1], n = (h / 2) * (w / 2);
+        float *x = malloc((size_t)h * w * sizeof(float));
+        float *y1 = malloc((size_t)n * sizeof(float)), *y2 = malloc((size_t)n * sizeof(float));
+        int32_t *i1 = malloc((size_t)n * sizeof(int32_t)),
+                *i2 = malloc((size_t)n * sizeof(int32_t));
+        for (int i = 0; i < h * w; i++) {
+            const double u = cf_rng_uniform(&rng);
+            x[i] = u < 0.05 ? NAN : u < 0.1 ? -INFINITY : (float)(0.5 * floor(8 * u - 4));
+        }
+        cf_max_pool_2x2_plane(x, h, w, y1, i1);
+        cf_set_isa(CF_ISA_GENERIC);
+        cf_max_pool_2x2_plane(x, h, w, y2, i2);
+        cf_set_isa(active);
+        if (memcmp(y1, y2, (size_t)n * sizeof(float)) != 0 ||
+            memcmp(i1, i2, (size_t)n * sizeof(int32_t)) != 0)
+            fail_msg("max pool 2x2 %dx%d differs from the portable loop", h, w);
+        for (int o = 0; o < n; o++) { /* the position holds the value */
+            const float at = x[i2[o]];
+            if (memcmp(&at, &y2[o], sizeof at) != 0)
+                fail_msg("max pool 2x2 %dx%d: output %d", h, w, o);
+        }
+        free(x);
+        free(y1);
+        free(y2);
+        free(i1);
+        free(i2);
+    }
+}
+
 static void test_transpose(void **state) {
     (void)state;
     cf_rng rng;
@@ -429,6 +468,7 @@ int main(void) {
         cmocka_unit_test(test_im2col_col2im_match_reference),
         cmocka_unit_test(test_conv_implicit_matches_patch_matrix),
         cmocka_unit_test(test_conv_winograd_matches_direct),
+        cmocka_unit_test(test_max_pool_2x2_matches_portable),
         cmocka_unit_test(test_transpose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

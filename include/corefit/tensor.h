@@ -90,6 +90,10 @@ void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float
 /* The maximum of x[0..n) and its first position (a NaN wins, at its first position), and the
  * sum (AdaptiveConcatPool2d's two halves on one plane). n > 0. */
 void cf_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float *sum);
+/* MaxPool2d(2) (kernel 2, stride 2, no padding) over one h x w plane: y (h/2 x w/2) and the
+ * position in the plane of each maximum (the window in row order, a value taken when greater
+ * than the best so far or NaN: PyTorch's choice). */
+void cf_max_pool_2x2_plane(const float *x, int h, int w, float *y, int32_t *idx);
 
 /* ---- optimizer updates over a segment of a flat weight block (src/tensor/kernels.c) -------- */
 

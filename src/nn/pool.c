@@ -101,32 +101,6 @@ static void window(const pool_impl *p, bool rows, int i, int *lo, int *hi, int *
     }
 }
 
-/* MaxPool2d(2) (kernel 2, stride 2, no padding) on one plane: the general loop's choice (the
- * window in row order, a value taken when greater or NaN) unrolled, without its per-window
- * bounds. */
-static void max_pool_2x2(const pool_impl *p, const float *x, float *y, int32_t *idx) {
-    const int W = p->W;
-    for (int oy = 0; oy < p->OH; oy++) {
-        const float *r0 = x + (size_t)(2 * oy) * W, *r1 = r0 + W;
-        float *yo = y + (size_t)oy * p->OW;
-        int32_t *io = idx + (size_t)oy * p->OW;
-        for (int ox = 0; ox < p->OW; ox++) {
-            const int32_t at = 2 * oy * W + 2 * ox;
-            const float v[4] = {r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
-            const int32_t pos[4] = {at, at + 1, at + W, at + W + 1};
-            float best = v[0] > -INFINITY || isnan(v[0]) ? v[0] : -INFINITY;
-            int32_t arg = at;
-            for (int i = 1; i < 4; i++)
-                if (v[i] > best || isnan(v[i])) {
-                    best = v[i];
-                    arg = pos[i];
-                }
-            yo[ox] = best;
-            io[ox] = arg;
-        }
-    }
-}
-
 static void pool_forward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     pool_impl *p = ctx;
@@ -135,7 +109,8 @@ static void pool_forward_range(void *ctx, int64_t begin, int64_t end, int thread
     for (int64_t pl = begin; pl < end; pl++) {
         const float *x = p->x + (size_t)pl * plane;
         if (max_2x2) {
-            max_pool_2x2(p, x, p->y + (size_t)pl * oplane, p->idx + (size_t)pl * oplane);
+            cf_max_pool_2x2_plane(x, p->H, p->W, p->y + (size_t)pl * oplane,
+                                  p->idx + (size_t)pl * oplane);
             continue;
         }
         if (p->kind == POOL_CONCAT) {

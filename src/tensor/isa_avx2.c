@@ -102,6 +102,42 @@ static void avx2_transpose(int rows, int cols, const float *src, ptrdiff_t lds, 
         for (int i = 0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
 }
 
+/* ---- MaxPool2d(2) ---------------------------------------------------------------------------- */
+
+/* Vectors of 8 outputs: the window's four values are the even and odd lanes of two input rows;
+ * each later value replaces the best where it is greater or NaN, as the scalar loop. */
+static void avx2_max_pool_2x2(const float *x, int h, int w, float *y, int32_t *idx) {
+    const int oh = h / 2, ow = w / 2;
+    const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int oy = 0; oy < oh; oy++) {
+        const float *r0 = x + (size_t)(2 * oy) * w, *r1 = r0 + w;
+        for (int ox0 = 0; ox0 < ow; ox0 += 8) {
+            const int n_in = 2 * (ow - ox0), n_out = ow - ox0;
+            const __m256i m_lo = avx2_lane_mask(simd_first_lanes(n_in)),
+                          m_hi = avx2_lane_mask(simd_first_lanes(n_in - 8)),
+                          m_out = avx2_lane_mask(simd_first_lanes(n_out));
+            __m256 v[4];
+            V_UNZIP(_mm256_maskload_ps(r0 + 2 * ox0, m_lo),
+                    _mm256_maskload_ps(r0 + 2 * ox0 + 8, m_hi), v[0], v[1]);
+            V_UNZIP(_mm256_maskload_ps(r1 + 2 * ox0, m_lo),
+                    _mm256_maskload_ps(r1 + 2 * ox0 + 8, m_hi), v[2], v[3]);
+            const __m256i at = _mm256_add_epi32(_mm256_set1_epi32(2 * oy * w + 2 * ox0), lane2);
+            const int off[4] = {0, 1, w, w + 1};
+            __m256 best = v[0], arg = _mm256_castsi256_ps(at);
+            for (int i = 1; i < 4; i++) {
+                const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v[i], best, _CMP_GT_OQ),
+                                                 _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+                best = _mm256_blendv_ps(best, v[i], take);
+                arg = _mm256_blendv_ps(
+                    arg, _mm256_castsi256_ps(_mm256_add_epi32(at, _mm256_set1_epi32(off[i]))),
+                    take);
+            }
+            _mm256_maskstore_ps(y + (size_t)oy * ow + ox0, m_out, best);
+            _mm256_maskstore_ps((float *)(idx + (size_t)oy * ow + ox0), m_out, arg);
+        }
+    }
+}
+
 const cf_kernel_table cf_kernels_avx2 = {
     .isa = CF_ISA_AVX2,
     .sgemm_strided = simd_sgemm_strided,
@@ -111,5 +147,6 @@ const cf_kernel_table cf_kernels_avx2 = {
     .bn = &simd_bn_kernels,
     .optim = &loops_optim,
     .wino = &loops_wino,
+    .max_pool_2x2 = avx2_max_pool_2x2,
 };
 #endif

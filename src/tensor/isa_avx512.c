@@ -560,6 +560,41 @@ static bool avx512_max_sum_plane(const float *x, size_t n, float *best, int32_t 
     return true;
 }
 
+/* ---- MaxPool2d(2) ---------------------------------------------------------------------------- */
+
+/* Vectors of 16 outputs, as the AVX2 kernel. */
+static void avx512_max_pool_2x2(const float *x, int h, int w, float *y, int32_t *idx) {
+    const int oh = h / 2, ow = w / 2;
+    const __m512i lane2 =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (int oy = 0; oy < oh; oy++) {
+        const float *r0 = x + (size_t)(2 * oy) * w, *r1 = r0 + w;
+        for (int ox0 = 0; ox0 < ow; ox0 += 16) {
+            const int n_in = 2 * (ow - ox0), n_out = ow - ox0;
+            const __mmask16 m_lo = (__mmask16)simd_first_lanes(n_in),
+                            m_hi = (__mmask16)simd_first_lanes(n_in - 16),
+                            m_out = (__mmask16)simd_first_lanes(n_out);
+            __m512 v[4];
+            V_UNZIP(_mm512_maskz_loadu_ps(m_lo, r0 + 2 * ox0),
+                    _mm512_maskz_loadu_ps(m_hi, r0 + 2 * ox0 + 16), v[0], v[1]);
+            V_UNZIP(_mm512_maskz_loadu_ps(m_lo, r1 + 2 * ox0),
+                    _mm512_maskz_loadu_ps(m_hi, r1 + 2 * ox0 + 16), v[2], v[3]);
+            const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(2 * oy * w + 2 * ox0), lane2);
+            const int off[4] = {0, 1, w, w + 1};
+            __m512 best = v[0];
+            __m512i arg = at;
+            for (int i = 1; i < 4; i++) {
+                const __mmask16 take = _mm512_cmp_ps_mask(v[i], best, _CMP_GT_OQ) |
+                                       _mm512_cmp_ps_mask(v[i], v[i], _CMP_UNORD_Q);
+                best = _mm512_mask_mov_ps(best, take, v[i]);
+                arg = _mm512_mask_add_epi32(arg, take, at, _mm512_set1_epi32(off[i]));
+            }
+            _mm512_mask_storeu_ps(y + (size_t)oy * ow + ox0, m_out, best);
+            _mm512_mask_storeu_epi32(idx + (size_t)oy * ow + ox0, m_out, arg);
+        }
+    }
+}
+
 const cf_kernel_table cf_kernels_avx512 = {
     .isa = CF_ISA_AVX512,
     .sgemm_strided = simd_sgemm_strided,
@@ -574,5 +609,6 @@ const cf_kernel_table cf_kernels_avx512 = {
     .max_sum_plane = avx512_max_sum_plane,
     .optim = &loops_optim,
     .wino = &loops_wino,
+    .max_pool_2x2 = avx512_max_pool_2x2,
 };
 #endif

@@ -129,6 +129,8 @@ typedef struct cf_kernel_table {
     const cf_bn_kernels *bn; /* never NULL */
     /* cf_max_sum_plane (NULL, or false for a plane holding a NaN: the scalar loop) */
     bool (*max_sum_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
+    /* cf_max_pool_2x2_plane (NULL: the scalar loop) */
+    void (*max_pool_2x2)(const float *x, int h, int w, float *y, int32_t *idx);
     const cf_optim_kernels *optim; /* never NULL */
     const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
 } cf_kernel_table;

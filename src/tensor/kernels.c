@@ -226,3 +226,28 @@ void cf_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float
     *arg = at;
     *sum = s;
 }
+
+void cf_max_pool_2x2_plane(const float *x, int h, int w, float *y, int32_t *idx) {
+    if (cf_active_kernels->max_pool_2x2) {
+        cf_active_kernels->max_pool_2x2(x, h, w, y, idx);
+        return;
+    }
+    const int oh = h / 2, ow = w / 2;
+    for (int oy = 0; oy < oh; oy++) {
+        const float *r0 = x + (size_t)(2 * oy) * w, *r1 = r0 + w;
+        for (int ox = 0; ox < ow; ox++) {
+            const int32_t at = 2 * oy * w + 2 * ox;
+            const float v[4] = {r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
+            const int32_t pos[4] = {at, at + 1, at + w, at + w + 1};
+            float best = v[0];
+            int32_t arg = at;
+            for (int i = 1; i < 4; i++)
+                if (v[i] > best || isnan(v[i])) {
+                    best = v[i];
+                    arg = pos[i];
+                }
+            y[(size_t)oy * ow + ox] = best;
+            idx[(size_t)oy * ow + ox] = arg;
+        }
+    }
+}
