@@ -11,6 +11,8 @@
  *                   adjoint in double
  *   implicit_wgrad  through cf_conv_implicit_wgrad (and with it transpose), against the weight
  *                   gradient in double
+ *   wino            through cf_conv_winograd_* (forward, dx, wgrad, bands of large images),
+ *                   against the convolution, its adjoint and its weight gradient in double
  *   transpose       bitwise, padding untouched
  *   bn              the four plane kernels against the portable table's, NaN and -0 under the
  *                   fused ReLU bitwise
@@ -335,6 +337,92 @@ static void test_conv(void) {
     }
 }
 
+/* Winograd F(2x2, 3x3) (the wino transforms, through cf_conv_winograd_*): forward, dx and the
+ * weight gradient against the direct sums in double; inputs and outputs fenced. */
+static void check_winograd(int c, int o, int h, int w, int n, bool fence_end) {
+    cf_conv_geom g;
+    CHECK(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1), "geometry");
+    if (!cf_conv_winograd_supported(&g)) {
+        CHECK(false, "winograd not supported: %dx%d", h, w);
+        return;
+    }
+    const size_t image = (size_t)c * h * w, out_image = (size_t)o * h * w;
+    const size_t nw = (size_t)o * c * 9, nx = n * image, ny = n * out_image;
+    float *wt = malloc(nw * sizeof(float)), *dw = calloc(nw, sizeof(float));
+    float *u = malloc(cf_conv_winograd_packed_size(&g, o) * sizeof(float));
+    float *du = malloc(cf_conv_winograd_packed_size(&g, o) * sizeof(float));
+    float *scratch = malloc(cf_conv_winograd_scratch(&g, o) * sizeof(float));
+    fenced fx = fenced_alloc(nx, fence_end), fy = fenced_alloc(ny, fence_end);
+    fenced fdy = fenced_alloc(ny, fence_end), fdx = fenced_alloc(nx, fence_end);
+    float *x = fx.p, *y = fy.p, *dy = fdy.p, *dx = fdx.p;
+    fill(wt, nw);
+    fill(x, nx);
+    fill(dy, ny);
+    cf_conv_winograd_pack(&g, o, wt, u);
+    cf_conv_winograd_forward(&g, o, u, x, n, y, scratch);
+    cf_conv_winograd_pack_dx(&g, o, wt, u);
+    cf_conv_winograd_dx(&g, o, u, dy, n, dx, scratch);
+    cf_conv_winograd_wgrad(&g, o, dy, x, n, du, false, scratch);
+    cf_conv_winograd_wgrad_add(&g, o, du, dw);
+    double *ry = calloc(ny, sizeof(double)), *my = calloc(ny, sizeof(double));
+    double *rdx = calloc(nx, sizeof(double)), *mdx = calloc(nx, sizeof(double));
+    double *rdw = calloc(nw, sizeof(double)), *mdw = calloc(nw, sizeof(double));
+    for (int b = 0; b < n; b++)
+        for (int oc = 0; oc < o; oc++)
+            for (int ic = 0; ic < c; ic++)
+                for (int t = 0; t < 9; t++) {
+                    const size_t wi = ((size_t)oc * c + ic) * 9 + t;
+                    for (int py = 0; py < h; py++)
+                        for (int px = 0; px < w; px++) {
+                            const int iy = py + t / 3 - 1, ix = px + t % 3 - 1;
+                            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                            const size_t xi = b * image + ((size_t)ic * h + iy) * w + ix;
+                            const size_t yi = b * out_image + ((size_t)oc * h + py) * w + px;
+                            ry[yi] += (double)wt[wi] * x[xi];
+                            my[yi] += fabs((double)wt[wi] * x[xi]);
+                            rdx[xi] += (double)wt[wi] * dy[yi];
+                            mdx[xi] += fabs((double)wt[wi] * dy[yi]);
+                            rdw[wi] += (double)dy[yi] * x[xi];
+                            mdw[wi] += fabs((double)dy[yi] * x[xi]);
+                        }
+                }
+    int bad = 0;
+    for (size_t i = 0; i < ny; i++)
+        if (!close_to(y[i], ry[i], my[i], 3e-6) && bad++ < 3)
+            CHECK(false, "winograd forward c%d o%d %dx%d n%d at %zu: %g, want %g", c, o, h, w, n, i,
+                  y[i], ry[i]);
+    for (size_t i = 0; i < nx; i++)
+        if (!close_to(dx[i], rdx[i], mdx[i], 3e-6) && bad++ < 3)
+            CHECK(false, "winograd dx c%d o%d %dx%d n%d at %zu: %g, want %g", c, o, h, w, n, i,
+                  dx[i], rdx[i]);
+    for (size_t i = 0; i < nw; i++)
+        if (!close_to(dw[i], rdw[i], mdw[i], 3e-6) && bad++ < 3)
+            CHECK(false, "winograd dW c%d o%d %dx%d n%d at %zu: %g, want %g", c, o, h, w, n, i,
+                  dw[i], rdw[i]);
+    CHECK(bad == 0, "winograd c%d o%d %dx%d n%d: %d values off", c, o, h, w, n, bad);
+    free(ry);
+    free(my);
+    free(rdx);
+    free(mdx);
+    free(rdw);
+    free(mdw);
+    free(wt);
+    free(dw);
+    free(u);
+    free(du);
+    free(scratch);
+    fenced_free(&fx);
+    fenced_free(&fy);
+    fenced_free(&fdy);
+    fenced_free(&fdx);
+}
+
+static void test_winograd(void) {
+    for (int t = 0; t < 24; t++)
+        check_winograd(1 + rnd(20), 1 + rnd(20), 2 + rnd(13), 2 + rnd(13), 1 + rnd(3), t % 2 == 0);
+    check_winograd(16, 16, 71, 46, 1, true); /* bands of tile rows */
+}
+
 /* ---- BatchNorm planes ---------------------------------------------------------------------- */
 
 static void check_bn(int64_t s) {
@@ -508,9 +596,13 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*run)(void);
-    } parts[] = {{"sgemm_strided", test_gemm},         {"transpose", test_transpose},
-                 {"implicit convolutions", test_conv}, {"bn", test_bn},
-                 {"max_sum_plane", test_max_sum},      {"optim", test_optim}};
+    } parts[] = {{"sgemm_strided", test_gemm},
+                 {"transpose", test_transpose},
+                 {"implicit convolutions", test_conv},
+                 {"winograd", test_winograd},
+                 {"bn", test_bn},
+                 {"max_sum_plane", test_max_sum},
+                 {"optim", test_optim}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         const long before = failures;
         parts[i].run();

@@ -78,7 +78,21 @@ static inline double neon_hsum_d(float32x4_t v) {
 }
 #define V_HSUM_D(v) neon_hsum_d(v)
 #include "tensor/optim_loops.h"
+/* lo = a0 b0 a1 b1, hi = a2 b2 a3 b3; ev = a0 a2 b0 b2, od = a1 a3 b1 b3 */
+#define V_ZIP(a, b, lo, hi)                                                                        \
+    do {                                                                                           \
+        const float32x4_t zip_a_ = (a), zip_b_ = (b);                                              \
+        (lo) = vzip1q_f32(zip_a_, zip_b_);                                                         \
+        (hi) = vzip2q_f32(zip_a_, zip_b_);                                                         \
+    } while (0)
+#define V_UNZIP(a, b, ev, od)                                                                      \
+    do {                                                                                           \
+        const float32x4_t unzip_a_ = (a), unzip_b_ = (b);                                          \
+        (ev) = vuzp1q_f32(unzip_a_, unzip_b_);                                                     \
+        (od) = vuzp2q_f32(unzip_a_, unzip_b_);                                                     \
+    } while (0)
 #include "tensor/simd_kernels.h"
+#include "tensor/winograd_loops.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */
 
@@ -147,5 +161,6 @@ const cf_kernel_table cf_kernels_neon = {
     .bn = &simd_bn_kernels,
     .max_sum_plane = neon_max_sum_plane,
     .optim = &loops_optim,
+    .wino = &loops_wino,
 };
 #endif
