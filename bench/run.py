@@ -175,7 +175,7 @@ def main():
         images = os.path.join(build, "w3-images")
         if not os.path.exists(os.path.join(images, "w3.json")):
             log(f"[bench] writing W3's image folder {images} (bench/make_images.py)")
-            p = subprocess.run([PY, os.path.join(HERE, "make_images.py"), "--out", images])
+            p = subprocess.run([PY, os.path.join(HERE, "make_images.py"), "--out", images], stdout=sys.stderr)
             if p.returncode != 0:
                 sys.exit(f"run.py: bench/make_images.py --out {images} failed")
         data_args = ["--data", images]
