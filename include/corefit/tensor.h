@@ -224,6 +224,9 @@ void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float
  * cf_conv_winograd_supported: the geometry suits these and the active kernel table has the
  * transforms (the vector tables; the portable one lowers with cf_im2col). */
 bool cf_conv_winograd_supported(const cf_conv_geom *g);
+/* Supported, and faster than the implicit kernels with the active table for this geometry and
+ * channel count (short image rows with few channels are not, on the wider vectors). */
+bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels);
 /* Floats of scratch per calling thread for forward, dx and wgrad. */
 size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels);
 /* Floats of transformed weights (either kind) and of a wgrad accumulator: 16 * out * in. */

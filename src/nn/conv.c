@@ -133,10 +133,10 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
      * patch matrix is the (strided) image itself, and one tap is too short a loop (measured with
      * bench_conv: W1's 1x1 stride-2 shortcuts were up to 20% slower through the phase split). */
     c->implicit = c->in_c >= 8 && c->k > 1 && cf_conv_implicit_supported(&c->g);
-    /* 3x3 stride-1 layers on 16 channels or more take Winograd F(2x2, 3x3): 2.25 times fewer
-     * multiplications than the implicit kernel, which already runs near the GEMM peak (measured
-     * with bench_conv on W1's and W2's layers). */
-    c->winograd = c->in_c >= 16 && c->out_c >= 16 && cf_conv_winograd_supported(&c->g);
+    /* 3x3 stride-1 layers on 16 channels or more take Winograd F(2x2, 3x3) where it pays: 2.25
+     * times fewer multiplications than the implicit kernel, which already runs near the GEMM
+     * peak (measured with bench_conv on W1's and W2's layers). */
+    c->winograd = c->in_c >= 16 && c->out_c >= 16 && cf_conv_winograd_pays(&c->g, c->out_c);
     if (c->winograd) {
         c->implicit = false;
         const size_t packed = cf_conv_winograd_packed_size(&c->g, c->out_c);

@@ -57,6 +57,19 @@ bool cf_conv_winograd_supported(const cf_conv_geom *g) {
            g->ph == 1 && g->pw == 1 && g->h >= 2 && g->w >= 2 && g->oh == g->h && g->ow == g->w;
 }
 
+bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels) {
+    if (!cf_conv_winograd_supported(g)) return false;
+    /* The transforms run their vectors along a tile row of (w + 1) / 2 tiles; with rows shorter
+     * than half a vector they cost more than the GEMMs save, unless the channels are many (the
+     * GEMMs grow as C * K, the transforms as C + K). Measured with bench_conv (1 thread, Xeon,
+     * Sapphire Rapids): at AVX-512 Winograd took 0.81x the time of the implicit kernel on
+     * 32->32 28x28, 1.13x less on 64->64 14x14, and was slower on 32->32 14x14 and 64->64 7x7
+     * (1.2x); at AVX2 (8 lanes) it was as fast or faster on every W1 and W2 layer. */
+    const int lanes = cf_active_kernels->wino->lanes, row = (g->w + 1) / 2;
+    const long C = g->c, K = out_channels;
+    return 2 * row >= lanes || (2 * row + 2 >= lanes && C * K >= 32 * (C + K));
+}
+
 size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
     /* the transformed input and output of a block, dy transposed (wgrad: the block's images),
      * the transforms' own */

@@ -236,6 +236,7 @@ static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int
 }
 
 static const cf_wino_kernels loops_wino = {
+    .lanes = VL,
     .input = loops_wino_input,
     .output = loops_wino_output,
     .dy_nhwc = loops_wino_dy_nhwc,
