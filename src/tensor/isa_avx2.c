@@ -63,6 +63,8 @@ static inline double avx2_hsum_d(__m256 v) {
     } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/simd_kernels.h"
+/* cf_conv_winograd_pays: bench_conv on W1 and W2 */
+#define WINO_SHORT_ROW_COST 140
 #include "tensor/winograd_loops.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */

@@ -57,6 +57,8 @@ static inline double avx512_hsum_d(__m512 v) {
     } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/simd_kernels.h"
+/* cf_conv_winograd_pays: bench_conv on W1 and W2 */
+#define WINO_SHORT_ROW_COST 224
 #include "tensor/winograd_loops.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */

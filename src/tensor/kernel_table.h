@@ -81,7 +81,9 @@ typedef struct cf_optim_kernels {
 /* The transforms of the Winograd F(2x2, 3x3) convolutions (winograd.c; layouts in
  * winograd_loops.h). pad: cf_wino_pad_floats(h, w) floats of scratch. */
 typedef struct cf_wino_kernels {
-    int lanes; /* floats per vector of the table's transforms */
+    /* Winograd pays on image rows of fewer than 14 tiles only when
+     * C * K * row >= short_row_cost * (C + K) (cf_conv_winograd_pays; measured per table) */
+    int short_row_cost;
     /* V = B^T d B of the 4x4 input patches of the tile rows [ty0, ty0 + th) of n_images images
      * of `channels` planes */
     void (*input)(const float *x, int channels, int h, int w, int n_images, size_t x_image, int ty0,

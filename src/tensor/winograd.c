@@ -57,17 +57,24 @@ bool cf_conv_winograd_supported(const cf_conv_geom *g) {
            g->ph == 1 && g->pw == 1 && g->h >= 2 && g->w >= 2 && g->oh == g->h && g->ow == g->w;
 }
 
+#define LONG_ROW 14 /* tiles: a 27-28 pixel wide image */
+
 bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels) {
     if (!cf_conv_winograd_supported(g)) return false;
-    /* The transforms run their vectors along a tile row of (w + 1) / 2 tiles; with rows shorter
-     * than half a vector they cost more than the GEMMs save, unless the channels are many (the
-     * GEMMs grow as C * K, the transforms as C + K). Measured with bench_conv (1 thread, Xeon,
-     * Sapphire Rapids): at AVX-512 Winograd took 0.81x the time of the implicit kernel on
-     * 32->32 28x28, 1.13x less on 64->64 14x14, and was slower on 32->32 14x14 and 64->64 7x7
-     * (1.2x); at AVX2 (8 lanes) it was as fast or faster on every W1 and W2 layer. */
-    const int lanes = cf_active_kernels->wino->lanes, row = (g->w + 1) / 2;
+    /* The transforms run their vectors along a tile row of (w + 1) / 2 tiles. Rows of LONG_ROW
+     * tiles or more pay at every vector width measured; shorter rows waste lanes and per-row
+     * work, which pays only when the GEMMs are large beside the transforms (they grow as C * K,
+     * the transforms as C + K, the lanes wasted as 1 / row): C * K * row >= cost * (C + K), the
+     * cost measured for each table. Measured with
+     * bench_conv (1 thread, Xeon, Sapphire Rapids), Winograd's time against the implicit kernel's:
+     * at AVX-512, 0.81 on 32->32 28x28, 0.88 on 64->64 14x14, 1.0 on 32->64 14x14, 1.2 on 32->32
+     * 14x14 and 64->64 7x7; at AVX2, 0.75 on 32->32 28x28, 0.85 on 32->64 14x14, 1.0 on 64->64 7x7
+     * and 1.03 on 32->32 14x14 (W1 trained 3% faster without it there). */
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    const int row = (g->w + 1) / 2;
     const long C = g->c, K = out_channels;
-    return 2 * row >= lanes || (2 * row + 2 >= lanes && C * K >= 32 * (C + K));
+    if (row >= LONG_ROW) return true;
+    return C * K * row >= (long)wk->short_row_cost * (C + K);
 }
 
 size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {

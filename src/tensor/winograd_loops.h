@@ -5,6 +5,8 @@
  *   V_ZIP(a, b, lo, hi)     lo = a0 b0 a1 b1 ..., hi = the same from the upper halves
  *   V_UNZIP(a, b, ev, od)   ev = the even lanes of the 2*VL values a then b, od = the odd ones
  *
+ *   WINO_SHORT_ROW_COST     (optional) cf_wino_kernels.short_row_cost, measured per set
+ *
  * Tile (ty, tx) covers output rows 2ty, 2ty+1 and columns 2tx, 2tx+1; its 4x4 input patch
  * starts at row 2ty - 1, column 2tx - 1 (padding 1). A call covers the tile rows [ty0, ty0 +
  * th) of each of its images (all of them, or a band of a large image). Vectors run over the tiles
@@ -235,8 +237,11 @@ static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int
             }
 }
 
+#ifndef WINO_SHORT_ROW_COST /* not measured: 4-float vectors waste fewer lanes on short rows */
+#define WINO_SHORT_ROW_COST 64
+#endif
 static const cf_wino_kernels loops_wino = {
-    .lanes = VL,
+    .short_row_cost = WINO_SHORT_ROW_COST,
     .input = loops_wino_input,
     .output = loops_wino_output,
     .dy_nhwc = loops_wino_dy_nhwc,
