@@ -207,6 +207,23 @@ static void test_stream_random_resized_crop(void **state) {
     while (b) assert_int_equal(cf_dataloader_next(one->train, &b), CF_OK);
     free(x0);
     free(x1);
+
+    /* AUTO streams a training set with a RandomResizedCrop (a region per epoch, as fastai),
+     * however small; its validation set, whose region is fixed, is decoded up front. */
+    cf_image_folder_options io = {
+        .valid_pct = 0.25, .seed = 3, .item_tfm = &tfm, .load = CF_IMAGE_LOAD_AUTO};
+    cf_dataset *tr = NULL, *va = NULL;
+    assert_int_equal(cf_datasets_from_image_folder(root, &io, &tr, &va), CF_OK);
+    assert_true(cf_dataset_is_streamed(tr));
+    assert_false(cf_dataset_is_streamed(va));
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+    cf_item_tfm resize = cf_resize_tfm(12, CF_RESIZE_CROP);
+    io.item_tfm = &resize; /* a fixed region: small sets stay up front */
+    assert_int_equal(cf_datasets_from_image_folder(root, &io, &tr, &va), CF_OK);
+    assert_false(cf_dataset_is_streamed(tr));
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
     cf_dls_free(mem);
     cf_dls_free(one);
     cf_dls_free(three);

@@ -109,14 +109,16 @@ cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, con
 /* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- *
  * JPEG files are decoded with libjpeg-turbo when corefit is built with it (libjpeg62-turbo-dev;
  * CF_HAVE_JPEG), PNG and BMP with stb_image. On 160 x 160 RGB JPEGs of quality 90 libjpeg-turbo
- * decodes about 2.8x as fast as stb_image (bench/bench_imgfolder --decode; bench/README.md). */
+ * decodes faster than stb_image (bench/README.md, W3). */
 
 /* How an image set's pixels are held. */
 typedef enum cf_image_load {
     /* CF_IMAGE_LOAD_STREAM when the decoded set (n x C x H x W floats) would take more than
      * CF_IMAGE_MEMORY_BUDGET bytes or more than a quarter of the memory this process may use
-     * (ulimit -v / -d, physical memory), else CF_IMAGE_LOAD_MEMORY: a set that fits is faster
-     * decoded once (each later epoch copies floats instead of decoding files again). */
+     * (ulimit -v / -d, physical memory), or when it is a training set with a RandomResizedCrop
+     * item transform (drawn anew each epoch, as fastai does, only when streamed); else
+     * CF_IMAGE_LOAD_MEMORY: a set that fits is faster decoded once (each later epoch copies
+     * floats instead of decoding files again). */
     CF_IMAGE_LOAD_AUTO,
     CF_IMAGE_LOAD_MEMORY, /* decode every image up front into one float array (ds->x) */
     /* Keep only the file names and labels; the loaders decode each image when a batch needs it,

@@ -550,8 +550,10 @@ static cf_status build(const items *it, int channels, int size, int *w, int *h, 
     bool stream = o->load == CF_IMAGE_LOAD_STREAM;
     if (o->load == CF_IMAGE_LOAD_AUTO) {
         /* Up front only when the set takes at most the budget and a quarter of what this
-         * process may allocate. */
-        stream = bytes > CF_IMAGE_MEMORY_BUDGET || cf_memory_check(bytes * 4, source) != CF_OK;
+         * process may allocate, and no training region is drawn at random: a decoded set would
+         * keep epoch 0's RandomResizedCrop for every epoch, where fastai draws one per epoch. */
+        stream = bytes > CF_IMAGE_MEMORY_BUDGET || cf_memory_check(bytes * 4, source) != CF_OK ||
+                 (train && tfm && tfm->kind == CF_ITEM_TFM_RANDOM_RESIZED_CROP);
         cf_clear_error();
     }
     if (stream) {
