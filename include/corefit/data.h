@@ -108,8 +108,8 @@ cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, con
 
 /* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- *
  * JPEG files are decoded with libjpeg-turbo when corefit is built with it (libjpeg62-turbo-dev;
- * CF_HAVE_JPEG), PNG and BMP with stb_image. On 160 x 160 RGB JPEGs of quality 90 libjpeg-turbo
- * decodes faster than stb_image (bench/README.md, W3). */
+ * CF_HAVE_JPEG), PNG and BMP with stb_image. On W3's 128-160 px RGB JPEGs libjpeg-turbo decodes
+ * 1.3x as fast as stb_image (bench/bench_decode; bench/README.md). */
 
 /* How an image set's pixels are held. */
 typedef enum cf_image_load {
