@@ -61,7 +61,8 @@ typedef struct conv_impl {
     float *wino_u_dx;  /* ... and for cf_conv_winograd_dx */
     float *wino_du;    /* n_threads x transformed weight-gradient partial sums */
     size_t wino_du_stride;
-    float *scratch; /* n_threads x scratch of cf_conv_implicit_* */
+    bool winograd_call; /* the call in progress goes through cf_conv_winograd_* */
+    float *scratch;     /* n_threads x scratch of cf_conv_implicit_* */
     size_t scratch_stride;
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     float *add_dx_next; /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
@@ -265,27 +266,19 @@ static void add_bias(const conv_impl *c, const float *b, int64_t n0, int64_t n1)
         }
 }
 
-/* The images [begin, end) without a patch matrix. */
-static void conv_forward_implicit_range(void *ctx, int64_t begin, int64_t end, int thread) {
+/* The images [begin, end) without a patch matrix: through Winograd or the implicit kernels. */
+static void conv_forward_in_place_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    cf_conv_implicit_forward(g, c->out_c, c->wpack, c->x + (size_t)begin * in_n, (int)(end - begin),
-                             c->y + (size_t)begin * out_n,
-                             c->scratch + (size_t)thread * c->scratch_stride);
-    if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
-}
-
-/* The images [begin, end) through Winograd F(2x2, 3x3). */
-static void conv_forward_winograd_range(void *ctx, int64_t begin, int64_t end, int thread) {
-    cf_module *m = ctx;
-    conv_impl *c = m->impl;
-    const cf_conv_geom *g = &c->g;
-    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    cf_conv_winograd_forward(g, c->out_c, c->wino_u, c->x + (size_t)begin * in_n,
-                             (int)(end - begin), c->y + (size_t)begin * out_n,
-                             c->scratch + (size_t)thread * c->scratch_stride);
+    const float *x = c->x + (size_t)begin * in_n;
+    float *y = c->y + (size_t)begin * out_n,
+          *scratch = c->scratch + (size_t)thread * c->scratch_stride;
+    if (c->winograd_call)
+        cf_conv_winograd_forward(g, c->out_c, c->wino_u, x, (int)(end - begin), y, scratch);
+    else
+        cf_conv_implicit_forward(g, c->out_c, c->wpack, x, (int)(end - begin), y, scratch);
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
@@ -297,12 +290,13 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     c->x = x->data;
     c->y = y->data;
     c->batch = x->shape.dim[0];
-    if (use_winograd(c)) {
-        cf_conv_winograd_pack(g, c->out_c, m->params[0].data, c->wino_u);
-        run_batch(c, c->batch, conv_forward_winograd_range, m);
-    } else if (use_implicit(c)) {
-        cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
-        run_batch(c, c->batch, conv_forward_implicit_range, m);
+    c->winograd_call = use_winograd(c);
+    if (c->winograd_call || use_implicit(c)) {
+        if (c->winograd_call)
+            cf_conv_winograd_pack(g, c->out_c, m->params[0].data, c->wino_u);
+        else
+            cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
+        run_batch(c, c->batch, conv_forward_in_place_range, m);
     } else
         run_groups(c, c->batch, conv_forward_range, m);
     return y;
@@ -415,42 +409,32 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     }
 }
 
-/* The images [begin, end) without a patch matrix: the weight gradient image by image into this
- * thread's partial sums ([tap][out][in]), dx in one call. */
-static void conv_backward_implicit_range(void *ctx, int64_t begin, int64_t end, int thread) {
+/* The images [begin, end) without a patch matrix: the weight gradient into this thread's partial
+ * sums (Winograd: transformed, [16][in][out]; implicit: image by image, [tap][out][in]), dx in
+ * one call. */
+static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    const int count = (int)(end - begin);
+    const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
-    if (c->want_dw)
-        for (int64_t n = begin; n < end; n++)
-            cf_conv_implicit_wgrad(g, c->out_c, c->dy + (size_t)n * out_n, c->x + (size_t)n * in_n,
-                                   c->dwt + (size_t)thread * c->dw_stride, n > begin, scratch);
-    if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
-    if (c->need_dx)
-        cf_conv_implicit_dx(g, c->out_c, c->wpack_dx, c->dy + (size_t)begin * out_n,
-                            (int)(end - begin), c->dx + (size_t)begin * in_n, scratch);
-}
-
-/* The images [begin, end) through Winograd: the weight gradient into this thread's transformed
- * partial sums, dx in one call. */
-static void conv_backward_winograd_range(void *ctx, int64_t begin, int64_t end, int thread) {
-    cf_module *m = ctx;
-    conv_impl *c = m->impl;
-    const cf_conv_geom *g = &c->g;
-    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
-    c->ran[thread] = 1;
-    if (c->want_dw)
-        cf_conv_winograd_wgrad(g, c->out_c, c->dy + (size_t)begin * out_n,
-                               c->x + (size_t)begin * in_n, (int)(end - begin),
+    if (c->want_dw && c->winograd_call)
+        cf_conv_winograd_wgrad(g, c->out_c, dy, x, count,
                                c->wino_du + (size_t)thread * c->wino_du_stride, false, scratch);
+    else if (c->want_dw)
+        for (int n = 0; n < count; n++)
+            cf_conv_implicit_wgrad(g, c->out_c, dy + (size_t)n * out_n, x + (size_t)n * in_n,
+                                   c->dwt + (size_t)thread * c->dw_stride, n > 0, scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
-    if (c->need_dx)
-        cf_conv_winograd_dx(g, c->out_c, c->wino_u_dx, c->dy + (size_t)begin * out_n,
-                            (int)(end - begin), c->dx + (size_t)begin * in_n, scratch);
+    if (c->need_dx && c->winograd_call)
+        cf_conv_winograd_dx(g, c->out_c, c->wino_u_dx, dy, count, c->dx + (size_t)begin * in_n,
+                            scratch);
+    else if (c->need_dx)
+        cf_conv_implicit_dx(g, c->out_c, c->wpack_dx, dy, count, c->dx + (size_t)begin * in_n,
+                            scratch);
 }
 
 static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
@@ -463,6 +447,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     c->want_db = bp && bp->trainable;
     cf_tensor *dx = NULL;
     const bool winograd = use_winograd(c), implicit = !winograd && use_implicit(c);
+    c->winograd_call = winograd;
     /* exact only when every input value gets at most one term: 1x1, stride above 1 */
     c->add_dx = need_dx && c->add_dx_next && c->k == 1 && c->stride > 1; /* never implicit */
     if (c->add_dx) {
@@ -478,14 +463,11 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
-    if (winograd) {
-        if (need_dx) cf_conv_winograd_pack_dx(&c->g, c->out_c, wp->data, c->wino_u_dx);
+    if (winograd || implicit) {
+        if (need_dx && winograd) cf_conv_winograd_pack_dx(&c->g, c->out_c, wp->data, c->wino_u_dx);
+        if (need_dx && implicit) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
         c->batch = N;
-        run_batch(c, N, conv_backward_winograd_range, m);
-    } else if (implicit) {
-        if (need_dx) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
-        c->batch = N;
-        run_batch(c, N, conv_backward_implicit_range, m);
+        run_batch(c, N, conv_backward_in_place_range, m);
     } else {
         run_groups(c, N, conv_backward_range, m);
     }
