@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#if __has_include(<jpeglib.h>)
+#if __has_include(<jpeglib.h>) && __has_include(<jconfig.h>) /* jconfig.h: the target's own */
 #include <jpeglib.h>
 #define HAVE_LIBJPEG 1
 #endif

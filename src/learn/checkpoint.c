@@ -471,9 +471,10 @@ cf_status cf__resume_load(cf_learner *learn, const char *path, const char *param
         return cf_fail_context(st, "resuming from checkpoint");
     }
     if (r->size < 4 + 8) {
+        const size_t size = r->size;
         cf__resume_free(r);
         return cf_fail(CF_ERR_INVALID, "checkpoint %s: %zu bytes is too short to be one", path,
-                       r->size);
+                       size);
     }
     size_t n = r->size - 4;
     const unsigned char *b = r->bytes;
