@@ -445,7 +445,6 @@ def main():
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     os.environ.setdefault("MKL_NUM_THREADS", str(nthreads))
     import torch
-    import torch.multiprocessing as mp
 
     if world == 1:
         r = train(0, 1, args)
@@ -453,19 +452,7 @@ def main():
         pss_total = r["pss_mb"]
         ranks = [r]
     else:
-        ctx = mp.get_context("fork")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=ddp_worker, args=(i, world, args, q)) for i in range(world)]
-        for p in procs:
-            p.start()
-        ranks = [q.get() for _ in range(world)]
-        for p in procs:
-            p.join()
-        errs = [x for x in ranks if "error" in x]
-        if errs:
-            print(json.dumps({"impl": "torch", "error": errs}))
-            sys.exit(1)
-        ranks.sort(key=lambda x: x["rank"])
+        ranks = w1_torch.run_ddp(ddp_worker, world, args)
         r = ranks[0]
         rss_total = w1_torch.peak_rss_mb()[0] + sum(x["rss_mb"] for x in ranks)
         pss_total = w1_torch.pss_mb() + sum(x["pss_mb"] for x in ranks)

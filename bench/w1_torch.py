@@ -255,6 +255,26 @@ def ddp_worker(rank, world, args, q):
         raise
 
 
+def run_ddp(worker, world, args):
+    """Forks `world` processes running worker(rank, world, args, queue) and returns their results
+    in rank order; prints the errors and exits if any rank failed."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(i, world, args, q)) for i in range(world)]
+    for p in procs:
+        p.start()
+    ranks = [q.get() for _ in range(world)]
+    for p in procs:
+        p.join()
+    errs = [x for x in ranks if "error" in x]
+    if errs:
+        print(json.dumps({"impl": "torch", "error": errs}))
+        sys.exit(1)
+    return sorted(ranks, key=lambda x: x["rank"])
+
+
 def main(workload=None):
     """Runs a workload (a dict as W1 below; default W1) and prints its JSON line."""
     args = parse_args(workload or W1)
@@ -264,7 +284,6 @@ def main(workload=None):
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     os.environ.setdefault("MKL_NUM_THREADS", str(nthreads))
     import torch
-    import torch.multiprocessing as mp
 
     if world == 1:
         r = train(0, 1, args)
@@ -272,19 +291,7 @@ def main(workload=None):
         pss_total = r["pss_mb"]
         ranks = [r]
     else:
-        ctx = mp.get_context("fork")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=ddp_worker, args=(i, world, args, q)) for i in range(world)]
-        for p in procs:
-            p.start()
-        ranks = [q.get() for _ in range(world)]
-        for p in procs:
-            p.join()
-        errs = [x for x in ranks if "error" in x]
-        if errs:
-            print(json.dumps({"impl": "torch", "error": errs}))
-            sys.exit(1)
-        ranks.sort(key=lambda x: x["rank"])
+        ranks = run_ddp(ddp_worker, world, args)
         r = ranks[0]
         # sum of each process's own peak: an upper bound on the simultaneous total
         rss_total = peak_rss_mb()[0] + sum(x["rss_mb"] for x in ranks)
