@@ -62,7 +62,7 @@ typedef struct conv_impl {
     float *wino_du;    /* n_threads x transformed weight-gradient partial sums */
     size_t wino_du_stride;
     bool winograd_call; /* the call in progress goes through cf_conv_winograd_* */
-    float *scratch;     /* n_threads x scratch of cf_conv_implicit_* */
+    float *scratch;     /* n_threads x scratch of cf_conv_implicit_* or cf_conv_winograd_* */
     size_t scratch_stride;
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     float *add_dx_next; /* cf_nn_conv_add_dx_next: the next backward adds dx into this */

@@ -8,13 +8,13 @@
  *            for each of the 16 points xi, with U = G g G^T the transformed weights; Y = A^T M A
  *   dx       the same with the weights flipped and their channels swapped (the adjoint of a
  *            stride-1 "same" convolution is one)
- *   dW       the adjoint of the forward pass in the weights: dU[xi] (K x C) = sum over tiles of
- *            Mg[xi] (K x T) . V[xi]^T with Mg = A dY A^T, then dW = G^T dU G
+ *   dW       the adjoint of the forward pass in the weights: dU[xi]^T (C x K) = sum over tiles
+ *            of V[xi] (C x T) . Mg[xi]^T (T x K) with Mg = A dY A^T, then dW = G^T dU G
  *
  * In exact arithmetic these equal the direct convolution and its gradients; in float their
  * rounding differs from it by a few units in the last place of the tile's transformed values
  * (F(2x2, 3x3)'s coefficients are 0, +-1 and 1/2). The transforms are the active kernel table's
- * (winograd_loops.h); the GEMMs go through cf_sgemm_strided and cf_sgemm. Images are taken in
+ * (winograd_loops.h); the GEMMs go through cf_sgemm_strided. Images are taken in
  * blocks whose size depends on the geometry alone, and every output value comes from its own
  * tile's column of the GEMMs, so the forward pass and dx do not depend on how a batch is split
  * over threads. */
@@ -61,15 +61,16 @@ bool cf_conv_winograd_supported(const cf_conv_geom *g) {
 
 bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels) {
     if (!cf_conv_winograd_supported(g)) return false;
-    /* The transforms run their vectors along a tile row of (w + 1) / 2 tiles. Rows of LONG_ROW
-     * tiles or more pay at every vector width measured; shorter rows waste lanes and per-row
-     * work, which pays only when the GEMMs are large beside the transforms (they grow as C * K,
-     * the transforms as C + K, the lanes wasted as 1 / row): C * K * row >= cost * (C + K), the
-     * cost measured for each table. Measured with
-     * bench_conv (1 thread, Xeon, Sapphire Rapids), Winograd's time against the implicit kernel's:
-     * at AVX-512, 0.81 on 32->32 28x28, 0.88 on 64->64 14x14, 1.0 on 32->64 14x14, 1.2 on 32->32
-     * 14x14 and 64->64 7x7; at AVX2, 0.75 on 32->32 28x28, 0.85 on 32->64 14x14, 1.0 on 64->64 7x7
-     * and 1.03 on 32->32 14x14 (W1 trained 3% faster without it there). */
+    /* The transforms' vectors run along image rows of (w + 1) / 2 tiles. Rows of LONG_ROW tiles
+     * or more pay at every vector width measured; shorter rows waste lanes and per-row work,
+     * which pays only when the GEMMs are large beside the transforms (they grow as C * K, the
+     * transforms as C + K, the waste as 1 / row): C * K * row >= cost * (C + K), the cost
+     * measured for each table. Measured with bench_conv (1 thread, Xeon, Sapphire Rapids),
+     * Winograd's time against the implicit kernel's: at AVX-512, 0.81 on 32->32 28x28, 0.88 on
+     * 64->64 14x14, 1.0 on 32->64 14x14, 1.2 on 32->32 14x14 and 64->64 7x7; at AVX2, 0.75 on
+     * 32->32 28x28, 0.85 on 32->64 14x14 and on 64->128 and 128->128 7x7, 1.0 on 64->64 7x7 and
+     * 1.03 on 32->32 14x14 (W1, whose 3x3 stride-1 layers are the last two, trained 3% faster
+     * without it). */
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int row = (g->w + 1) / 2;
     const long C = g->c, K = out_channels;

@@ -9,18 +9,18 @@
  *
  * Tile (ty, tx) covers output rows 2ty, 2ty+1 and columns 2tx, 2tx+1; its 4x4 input patch
  * starts at row 2ty - 1, column 2tx - 1 (padding 1). A call covers the tile rows [ty0, ty0 +
- * th) of each of its images (all of them, or a band of a large image). Vectors run over the tiles
- * of one tile row (tail lanes masked), so every load and store is a plain walk:
+ * th) of each of its images (all of them, or a band of a large image):
  *
  *   input   V  = B^T d B     B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]
  *   output  Y  = A^T M A     A^T = [1 1 1 0; 0 1 -1 -1]
  *   dy      Mg = A dY A^T    (the adjoint of the output transform, for the weight gradient)
  *
- * The input is first split into a zero-padded plane held de-interleaved, E[r][u] = P[r][2u] and
- * O[r][u] = P[r][2u + 1] with P[r][q] = x[r - 1][q - 1]: tile tx reads the patch columns E[tx],
- * O[tx], E[tx + 1], O[tx + 1]. Element (xi = 4i + j, channel c, tile t) of a transformed block
- * lies at base + xi * xi_stride + c * ld + t, with the call's tiles numbered image by image, row by
- * row. */
+ * The input transform first splits each plane into its tiles' four patch columns (see
+ * wino_split_plane), then runs its vectors over all the plane's tiles; the output transform runs
+ * them along each tile row (tail lanes masked) and interleaves the two output columns of a
+ * tile; the dy transform reads dy pixel-major and runs them over the channels. Element (xi =
+ * 4i + j, channel c, tile t) of V and M lies at base + xi * xi_stride + c * ld + t, with the
+ * call's tiles numbered image by image, row by row; Mg is tile-major (see dy_nhwc). */
 #ifndef COREFIT_WINOGRAD_LOOPS_H
 #define COREFIT_WINOGRAD_LOOPS_H
 
@@ -40,24 +40,6 @@ CF_INLINE void wino_store(float *p, int n, vf v) {
         V_STOREM(p, V_MASKV(simd_first_lanes(n)), v);
 }
 
-/* Lanes [lo, hi) from p (lane j reads p[j]; the others 0 and never touched, so p may point
- * before a row's start). */
-CF_INLINE vf wino_load_lanes(const float *p, int lo, int hi) {
-    if (lo <= 0 && hi >= VL) return V_LOADU(p);
-    if (lo < 0) lo = 0;
-    if (hi <= lo) return V_ZERO();
-    return V_LOADZ(V_MASKV(simd_first_lanes(hi) & ~simd_first_lanes(lo)), p);
-}
-
-/* One plane x (h x w) split into the four patch columns of every tile, E0[u] = x[2u - 1],
- * O0[u] = x[2u], E1[u] = x[2u + 1], O1[u] = x[2u + 2] (0 outside the image), each kept for the
- * even rows of P (P's row r is x's row r - 1) and for the odd ones: eight arrays q[8 * par +
- * col] of th + 1 rows of tw floats, back to back with no padding, so that the patch row r of
- * tile t = ty * tw + tx is at index t + (r / 2) * tw of parity r % 2 — one walk over all the
- * plane's tiles. The columns are the even and odd lanes of a row read from column 2u0 - 1 and
- * from 2u0 + 1; a row's last vector runs into the next row, which is written after it (the
- * arrays are followed by a vector of slack). next: the plane after this one (prefetched), or
- * NULL. */
 /* P's row r set to 0 */
 CF_INLINE void wino_split_zero_row(float *q, size_t part, int tw, int r) {
     float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw;
@@ -65,6 +47,14 @@ CF_INLINE void wino_split_zero_row(float *q, size_t part, int tw, int r) {
         for (int k = 0; k < 4; k++) V_STOREU(row + k * part + u0, V_ZERO());
 }
 
+/* The tile rows [ty0, ty0 + th) of one plane x (h x w) split into the four patch columns of
+ * every tile, E0[u] = x[2u - 1], O0[u] = x[2u], E1[u] = x[2u + 1], O1[u] = x[2u + 2] (0 outside
+ * the image), for each of the split's 2 * th + 2 rows (row r is x's row 2 * ty0 - 1 + r), kept
+ * apart for the even and the odd rows: eight arrays, array 4 * parity + column at q + (4 *
+ * parity + column) * part, of th + 1 rows of tw floats back to back, so that patch row r of
+ * tile t = ty * tw + tx is at index t + (r / 2) * tw of parity r % 2 (one walk over all the
+ * tiles). The columns are the even and odd lanes of a row read from column 2u0 - 1 and from
+ * 2u0 + 1. next: the plane after this one (prefetched), or NULL. */
 static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int tw, float *q,
                              const float *next) {
     const size_t part = (size_t)(th + 1) * tw + VL;
