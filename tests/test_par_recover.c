@@ -31,8 +31,11 @@ enum { N_EPOCH = 3 };
 typedef struct shot {
     _Atomic int shots_left; /* faults still to cause (one per attempt) */
     int rank, epoch, batch, sig;
-    /* rank 0 of the first group, and the training iteration a later group's rank 0 began at */
-    _Atomic int first_pid;
+    /* rank 0 of the latest group, and the training iteration it began at. The latest group, not
+     * "a later one than the first": a fault at the first batch may come before the first
+     * group's rank 0 has run any batch, and then the only group rank 0 is seen in is the
+     * restarted one. */
+    _Atomic int group_pid;
     _Atomic long long resumed_at;
 } shot;
 
@@ -47,11 +50,9 @@ static shot *shared_shot(void) {
 static cf_status fault_before_batch(cf_callback *cb, cf_learner *learn) {
     shot *s = cb->state;
     if (learn->training && learn->replica.rank == 0) {
-        int none = 0, pid = (int)getpid();
-        long long unset = -1;
-        if (!atomic_compare_exchange_strong(&s->first_pid, &none, pid) && none != pid)
-            atomic_compare_exchange_strong(&s->resumed_at, &unset,
-                                           (long long)(learn->epoch * learn->n_iter + learn->iter));
+        int pid = (int)getpid();
+        if (atomic_exchange(&s->group_pid, pid) != pid)
+            atomic_store(&s->resumed_at, (long long)(learn->epoch * learn->n_iter + learn->iter));
     }
     if (!learn->training || learn->replica.rank != s->rank || learn->epoch != s->epoch ||
         learn->iter != s->batch)
