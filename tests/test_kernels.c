@@ -245,10 +245,11 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
     check_implicit(9, 12, 12, 5, 2, 2, 3, 3, &rng);
     check_implicit(4, 14, 14, 7, 2, 3, 8, 2, &rng);
     check_implicit(3, 64, 64, 3, 1, 1, 8, 1, &rng); /* the largest plane */
+    check_implicit(8, 32, 48, 3, 2, 1, 8, 2, &rng); /* phase rows of 16 and 24 */
     for (int o = 1; o <= 17; o += 4)
         for (int n = 1; n <= 4; n++) check_implicit(3, 10, 10, 3, 2, 1, o, n, &rng);
     /* every case above ran wherever the kernels have implicit convolutions (AVX2, AVX-512) */
-    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(implicit_checked, 35);
+    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(implicit_checked, 36);
     cf_conv_geom g;
     cf_conv_geom_init(&g, 2, 14, 14, 3, 3, 3, 3, 1, 1);
     assert_false(cf_conv_implicit_supported(&g)); /* stride 3 */
