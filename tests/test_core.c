@@ -58,6 +58,51 @@ static void test_arena_two_pass(void **state) {
     cf_arena_release(&arena);
 }
 
+/* The transient pool: first fit from the bottom, blocks given back in any order are reused,
+ * a view of a block keeps it, and what is not a block is ignored. */
+static void test_arena_transient_pool(void **state) {
+    (void)state;
+    cf_arena arena = {0};
+    int owner_a, owner_b;
+    for (int pass = 0; pass < 2; pass++) { /* measure, then the same reservations again */
+        if (pass == 0) cf_arena_begin_measure(&arena);
+        cf_arena_floats(&arena, 4);
+        cf_arena_reserve_transient(&arena, 1000);
+        cf_arena_reserve_transient(&arena, 2000);
+        cf_arena_reserve_transient(&arena, 1000);
+        if (pass == 0) assert_int_equal(cf_arena_commit(&arena), CF_OK);
+    }
+    assert_int_equal(arena.pool_capacity, 1024 + 2048 + 1024);
+    char *a = cf_arena_take(&arena, 1000, &owner_a);
+    char *b = cf_arena_take(&arena, 2000, &owner_b);
+    assert_non_null(a);
+    assert_ptr_equal(b, a + 1024);
+    assert_true(((uintptr_t)a & 63) == 0);
+    assert_true(cf_arena_holds(&arena, a, &owner_a));
+    assert_false(cf_arena_holds(&arena, a, &owner_b));
+    assert_false(cf_arena_holds(&arena, a + 64, &owner_a));
+    memset(a, 1, 1000);
+    memset(b, 2, 2000);
+    cf_arena_give(&arena, a, a + 10); /* a view into a: kept */
+    assert_true(cf_arena_holds(&arena, a, &owner_a));
+    cf_arena_give(&arena, a + 64, NULL);   /* not a block's start: ignored */
+    cf_arena_give(&arena, &owner_a, NULL); /* not the pool's: ignored */
+    assert_true(cf_arena_holds(&arena, a, &owner_a));
+    cf_arena_give(&arena, a, b);
+    assert_false(cf_arena_holds(&arena, a, &owner_a));
+    assert_ptr_equal(cf_arena_take(&arena, 512, &owner_a), a); /* the lowest gap that fits */
+    char *c = cf_arena_take(&arena, 1000, &owner_a);           /* a's rest is too short */
+    assert_ptr_equal(c, b + 2048);
+    assert_null(cf_arena_take(&arena, 64, &owner_a)); /* as many blocks as were reserved */
+    assert_int_equal(arena.pool_high, 4096);
+    for (int i = 0; i < 2000; i++) assert_int_equal(b[i], 2); /* b was never handed out again */
+    cf_arena_give_all(&arena);
+    assert_false(cf_arena_holds(&arena, b, &owner_b));
+    assert_ptr_equal(cf_arena_take(&arena, 4096, &owner_b), a);
+    assert_null(cf_arena_take(&arena, 64, &owner_b)); /* the pool is full */
+    cf_arena_release(&arena);
+}
+
 typedef struct sum_ctx {
     atomic_long total;
     int hits[1000];
@@ -97,6 +142,7 @@ int main(void) {
         cmocka_unit_test(test_error_messages),
         cmocka_unit_test(test_rng_reproducible_and_uniform),
         cmocka_unit_test(test_arena_two_pass),
+        cmocka_unit_test(test_arena_transient_pool),
         cmocka_unit_test(test_parallel_for_covers_range_and_survives_fork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -65,12 +65,32 @@ cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *
 
 /* A bump allocator for activations. Two phases: a measuring pass (cf_arena_begin_measure, then
  * cf_arena_floats returns NULL and counts), then cf_arena_commit allocates the counted size and
- * a second identical pass hands out real pointers. Nothing is freed individually. */
+ * a second identical pass hands out real pointers. Nothing is freed individually.
+ *
+ * Beside it, a pool of transient blocks: memory that is live for part of a pass only (backward's
+ * input gradients, dead once the layer before has read them). Each pass reserves the most it
+ * may take at once (cf_arena_reserve_transient, one call per block); at run time blocks are
+ * taken and given back in any order, first fit from the bottom of the pool, so that a long
+ * chain of layers reuses a few blocks' memory. The pool's pages are mapped on first touch: the
+ * memory a process holds is the most that was ever live at once, not the sum of what was
+ * reserved. */
+typedef struct cf_arena_block {
+    size_t at, size;   /* bytes from the pool's base */
+    const void *owner; /* who took it (cf_arena_holds) */
+} cf_arena_block;
+
 typedef struct cf_arena {
     char *base;
     size_t capacity; /* bytes allocated */
     size_t used;     /* bytes handed out (or counted, while measuring) */
     bool measuring;
+    /* the transient pool */
+    char *pool;
+    size_t pool_capacity;   /* bytes mapped */
+    size_t pool_reserved;   /* bytes reserved by this pass */
+    size_t pool_high;       /* the highest end of a block taken since the pool was mapped */
+    cf_arena_block *blocks; /* blocks taken now, by offset */
+    int n_blocks, max_blocks, blocks_reserved;
 } cf_arena;
 
 void cf_arena_begin_measure(cf_arena *arena);
@@ -78,6 +98,19 @@ cf_status cf_arena_commit(cf_arena *arena); /* allocates `used` bytes (if larger
 float *cf_arena_floats(cf_arena *arena, size_t count); /* 64-byte aligned, zeroed */
 void *cf_arena_bytes(cf_arena *arena, size_t bytes);
 void cf_arena_release(cf_arena *arena);
+/* Counts one transient block of up to `bytes` (in both passes, like cf_arena_bytes). */
+void cf_arena_reserve_transient(cf_arena *arena, size_t bytes);
+/* A 64-byte aligned block of `bytes` from the pool for owner, not zeroed; NULL when the pool has
+ * no room (never while at most the reserved blocks, each within its reservation, are taken at
+ * once). */
+void *cf_arena_take(cf_arena *arena, size_t bytes, const void *owner);
+/* True when p is the start of a block that owner took and that is not given back. */
+bool cf_arena_holds(const cf_arena *arena, const void *p, const void *owner);
+/* Gives back the block that starts at p, unless `keep` points into it (a result that is a view
+ * of the block); any other pointer (not from the pool, or not a block's start) is ignored. */
+void cf_arena_give(cf_arena *arena, const void *p, const void *keep);
+/* Gives back every block (the start of a pass); pointers taken before must not be used. */
+void cf_arena_give_all(cf_arena *arena);
 
 /* ---- random numbers ------------------------------------------------------------------------ */
 

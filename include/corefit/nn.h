@@ -91,7 +91,8 @@ struct cf_module {
     const cf_draw_key *draw_key; /* the model's key (set when the module joins a model) */
     const cf_tensor *in;         /* input of the last forward */
     cf_tensor out;               /* output memory (arena) */
-    cf_tensor dx;                /* input-gradient memory (arena) */
+    cf_tensor dx;                /* input-gradient memory (see cf_module_input_grad) */
+    cf_arena *grad_arena;        /* the arena whose pool dx is taken from (NULL: dx is own) */
     void *impl;                  /* layer-specific state, owned by the layer */
 };
 
@@ -103,12 +104,22 @@ cf_module *cf_module_new(const cf_module_ops *ops, void *impl);
 cf_param *cf_module_add_param(cf_module *m, const char *name, cf_param_kind kind, cf_shape shape);
 /* Frees a module, its impl (through ops->destroy and cf_free) and its children. NULL is ok. */
 void cf_module_free(cf_module *m);
-/* Reserves m->out (numel(out_shape)) and m->dx (numel(in)) from the arena. */
+/* Reserves m->out (numel(out_shape)) from the arena, and m->dx (numel(in)) from its transient
+ * pool: cf_module_input_grad takes it when backward asks for it. */
 void cf_module_plan_default(cf_module *m, const cf_shape *in, cf_arena *arena);
 /* Sets m->out's shape for this batch and returns its storage (for use in forward). */
 cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape);
-/* Sets m->dx's shape to m->in's shape and returns it (for use in backward). */
+/* Sets m->dx's shape to m->in's shape and returns it (for use in backward). When m->dx comes
+ * from the arena's transient pool (cf_module_plan_default), its memory is taken from the pool
+ * here, and the container that receives the gradient gives it back once the layer before has
+ * read it: an input gradient is valid until the caller of backward is done with it, so a chain
+ * of layers holds a few gradients at once, not one per layer. Call it once in each backward,
+ * before writing to m->dx. */
 cf_tensor *cf_module_input_grad(cf_module *m);
+/* Gives the transient block that starts at p back to m's arena, unless keep points into it (a
+ * gradient that passed through as a view); for containers, once a child's gradient is read.
+ * Pointers that are not a block (the caller's dy, a layer's own memory) are ignored. */
+void cf_module_give_grad(const cf_module *m, const float *p, const float *keep);
 
 /* Appends a named child to any module (for custom containers); takes ownership of the child,
  * also on failure. An empty name makes the child transparent in state_dict names: its

@@ -7,11 +7,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define CF_ALIGN 64
+
+/* Under AddressSanitizer the transient pool is poisoned except for the blocks taken, so that a
+ * layer that reads a gradient after its container gave it back is reported where it happens. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/asan_interface.h>
+#define POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#endif
+#endif
+#ifndef POOL_POISON
+#define POOL_POISON(p, n) ((void)(p), (void)(n))
+#define POOL_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 void *cf_malloc(size_t bytes) {
     void *ptr = NULL;
@@ -219,12 +238,51 @@ cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *
 void cf_arena_begin_measure(cf_arena *arena) {
     arena->measuring = true;
     arena->used = 0;
+    arena->pool_reserved = 0;
+    arena->blocks_reserved = 0;
+}
+
+/* Maps the transient pool (and its block list) for what the measuring pass reserved. Its pages
+ * are the kernel's zero pages until a block is first written, so only what is live at once
+ * becomes resident. */
+static cf_status pool_commit(cf_arena *arena) {
+    size_t need = arena->pool_reserved;
+    int blocks = arena->blocks_reserved;
+    arena->pool_reserved = 0;
+    arena->blocks_reserved = 0;
+    arena->n_blocks = 0;
+    if (need <= arena->pool_capacity && blocks <= arena->max_blocks) {
+        if (arena->pool) POOL_POISON(arena->pool, arena->pool_capacity);
+        return CF_OK;
+    }
+    cf_arena_block *list = cf_calloc((size_t)blocks + 1, sizeof *list);
+    void *pool = need ? mmap(NULL, need, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                      : NULL;
+    if (!list || pool == MAP_FAILED) {
+        cf_free(list);
+        return cf_fail(CF_ERR_NOMEM, "out of memory mapping %zu bytes of transient activations",
+                       need);
+    }
+    if (arena->pool) {
+        POOL_UNPOISON(arena->pool, arena->pool_capacity);
+        munmap(arena->pool, arena->pool_capacity);
+    }
+    cf_free(arena->blocks);
+    arena->pool = pool;
+    arena->pool_capacity = need;
+    if (pool) POOL_POISON(pool, need);
+    arena->pool_high = 0;
+    arena->blocks = list;
+    arena->max_blocks = blocks;
+    return CF_OK;
 }
 
 cf_status cf_arena_commit(cf_arena *arena) {
     size_t need = arena->used;
     arena->measuring = false;
     arena->used = 0;
+    if (pool_commit(arena) != CF_OK) return cf_fail_context(CF_ERR_NOMEM, "activation arena");
     if (need <= arena->capacity) {
         if (arena->base) memset(arena->base, 0, arena->capacity);
         return CF_OK;
@@ -247,11 +305,79 @@ void *cf_arena_bytes(cf_arena *arena, size_t bytes) {
     return arena->base + at;
 }
 
+void cf_arena_reserve_transient(cf_arena *arena, size_t bytes) {
+    arena->pool_reserved += (bytes + CF_ALIGN - 1) & ~(size_t)(CF_ALIGN - 1);
+    arena->blocks_reserved++;
+}
+
+void *cf_arena_take(cf_arena *arena, size_t bytes, const void *owner) {
+    size_t size = (bytes + CF_ALIGN - 1) & ~(size_t)(CF_ALIGN - 1);
+    if (size == 0) size = CF_ALIGN;
+    if (arena->n_blocks >= arena->max_blocks) return NULL;
+    /* first fit: the lowest gap between the blocks (kept by offset) that holds size */
+    size_t at = 0;
+    int i = 0;
+    for (; i < arena->n_blocks; i++) {
+        if (arena->blocks[i].at - at >= size) break;
+        at = arena->blocks[i].at + arena->blocks[i].size;
+    }
+    if (at + size > arena->pool_capacity) return NULL;
+    memmove(arena->blocks + i + 1, arena->blocks + i,
+            (size_t)(arena->n_blocks - i) * sizeof *arena->blocks);
+    arena->blocks[i] = (cf_arena_block){.at = at, .size = size, .owner = owner};
+    arena->n_blocks++;
+    if (at + size > arena->pool_high) arena->pool_high = at + size;
+    POOL_UNPOISON(arena->pool + at, size);
+    return arena->pool + at;
+}
+
+/* The index of the block that starts at p, or -1. */
+static int block_at(const cf_arena *arena, const void *p) {
+    const char *c = p;
+    if (!c || !arena->pool || c < arena->pool || c >= arena->pool + arena->pool_capacity) return -1;
+    size_t at = (size_t)(c - arena->pool);
+    int lo = 0, hi = arena->n_blocks;
+    while (lo < hi) { /* blocks are kept by offset */
+        int mid = (lo + hi) / 2;
+        if (arena->blocks[mid].at < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < arena->n_blocks && arena->blocks[lo].at == at ? lo : -1;
+}
+
+bool cf_arena_holds(const cf_arena *arena, const void *p, const void *owner) {
+    int i = block_at(arena, p);
+    return i >= 0 && arena->blocks[i].owner == owner;
+}
+
+void cf_arena_give(cf_arena *arena, const void *p, const void *keep) {
+    int i = block_at(arena, p);
+    if (i < 0) return;
+    uintptr_t at = (uintptr_t)p, k = (uintptr_t)keep;
+    if (keep && k >= at && k < at + arena->blocks[i].size) return;
+    POOL_POISON(arena->pool + arena->blocks[i].at, arena->blocks[i].size);
+    memmove(arena->blocks + i, arena->blocks + i + 1,
+            (size_t)(arena->n_blocks - i - 1) * sizeof *arena->blocks);
+    arena->n_blocks--;
+}
+
+void cf_arena_give_all(cf_arena *arena) {
+    arena->n_blocks = 0;
+    if (arena->pool) POOL_POISON(arena->pool, arena->pool_capacity);
+}
+
 float *cf_arena_floats(cf_arena *arena, size_t count) {
     return cf_arena_bytes(arena, count * sizeof(float));
 }
 
 void cf_arena_release(cf_arena *arena) {
     cf_free(arena->base);
+    if (arena->pool) {
+        POOL_UNPOISON(arena->pool, arena->pool_capacity);
+        munmap(arena->pool, arena->pool_capacity);
+    }
+    cf_free(arena->blocks);
     memset(arena, 0, sizeof *arena);
 }

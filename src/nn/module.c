@@ -55,8 +55,10 @@ void cf_module_plan_default(cf_module *m, const cf_shape *in, cf_arena *arena) {
     if (module_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
     m->out.data = cf_arena_floats(arena, cf_shape_numel(&out));
     m->out.shape = out;
-    m->dx.data = cf_arena_floats(arena, cf_shape_numel(in));
+    m->dx.data = NULL;
     m->dx.shape = *in;
+    cf_arena_reserve_transient(arena, cf_shape_numel(in) * sizeof(float));
+    m->grad_arena = arena;
 }
 
 static void module_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
@@ -73,7 +75,14 @@ cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape) {
 
 cf_tensor *cf_module_input_grad(cf_module *m) {
     m->dx.shape = m->in->shape;
+    cf_arena *pool = m->grad_arena;
+    if (pool && !cf_arena_holds(pool, m->dx.data, m))
+        m->dx.data = cf_arena_take(pool, cf_shape_numel(&m->dx.shape) * sizeof(float), m);
     return &m->dx;
+}
+
+void cf_module_give_grad(const cf_module *m, const float *p, const float *keep) {
+    if (m->grad_arena) cf_arena_give(m->grad_arena, p, keep);
 }
 
 cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *name) {
@@ -149,6 +158,7 @@ static void seq_fuse(cf_module *m) {
 
 static void seq_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     seq_fuse(m);
+    m->grad_arena = arena; /* where the children's gradients are given back */
     cf_shape s = *in;
     for (int i = 0; i < m->n_children; i++) {
         cf_shape next;
@@ -169,9 +179,14 @@ static const cf_tensor *seq_forward(cf_module *m, const cf_tensor *x) {
 }
 
 static const cf_tensor *seq_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    const float *given = dy->data; /* the caller's */
     for (int i = m->n_children - 1; i >= 0; i--) {
         cf_module *c = m->children[i];
-        dy = c->ops->backward(c, dy, i > 0 || need_dx);
+        const cf_tensor *dx = c->ops->backward(c, dy, i > 0 || need_dx);
+        /* the child has read its upstream gradient: a block a later child returned is dead
+         * unless it passed through (the same memory) */
+        if (dy->data != given) cf_module_give_grad(m, dy->data, dx ? dx->data : NULL);
+        dy = dx;
     }
     return need_dx ? dy : NULL;
 }
@@ -301,9 +316,12 @@ static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     if (res_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
     m->out.data = r->fold ? NULL : cf_arena_floats(arena, cf_shape_numel(&out));
     m->out.shape = out;
-    m->dx.data = cf_arena_floats(arena, cf_shape_numel(in));
+    m->dx.data = NULL;
     m->dx.shape = *in;
-    r->dz.data = cf_arena_floats(arena, cf_shape_numel(&out));
+    cf_arena_reserve_transient(arena, cf_shape_numel(in) * sizeof(float));
+    m->grad_arena = arena;
+    r->dz.data = NULL;
+    if (r->relu_after) cf_arena_reserve_transient(arena, cf_shape_numel(&out) * sizeof(float));
 }
 
 static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
@@ -329,17 +347,25 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     return y;
 }
 
+/* Gives back a gradient the block has read (not dy, the caller's, nor keep, what it returns). */
+static void res_give(const cf_module *m, const cf_tensor *t, const cf_tensor *dy,
+                     const float *keep) {
+    if (t && t->data != dy->data && t->data != keep) cf_module_give_grad(m, t->data, keep);
+}
+
 static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     residual_impl *r = m->impl;
     const cf_tensor *dz = dy;
     if (r->relu_after) {
         r->dz.shape = dy->shape;
+        r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
         res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, cf_tensor_numel(dy));
         dz = &r->dz;
     }
     cf_module *cp = m->children[0];
     const cf_tensor *da = cp->ops->backward(cp, dz, need_dx);
     const cf_tensor *db = dz;
+    const cf_tensor *dx = NULL;
     if (r->has_idpath) {
         cf_module *ip = m->children[1];
         /* an idpath that starts with a convolution may add its gradient into the convpath's
@@ -349,16 +375,24 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
                          da->data != dz->data && cf_nn_is_conv(first);
         if (add) cf_nn_conv_add_dx_next(first, da->data);
         db = ip->ops->backward(ip, dz, need_dx);
-        if (add && db->data == da->data) return db; /* added in place */
+        if (add && db->data == da->data) dx = db; /* added in place */
     }
-    if (!need_dx) return NULL;
-    if (da->data != dy->data && da->data != db->data) {
-        r->gx = (cf_tensor){.data = da->data, .shape = m->in->shape};
-        res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, cf_tensor_numel(&r->gx));
-        return &r->gx;
+    if (need_dx && !dx) {
+        if (da->data != dy->data && da->data != db->data && da->data != dz->data) {
+            r->gx = (cf_tensor){.data = da->data, .shape = m->in->shape};
+            res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, cf_tensor_numel(&r->gx));
+            dx = &r->gx;
+        } else {
+            cf_tensor *sum = cf_module_input_grad(m);
+            res_ew_run(RES_ADD, da->data, db->data, sum->data, cf_tensor_numel(sum));
+            dx = sum;
+        }
     }
-    cf_tensor *dx = cf_module_input_grad(m);
-    res_ew_run(RES_ADD, da->data, db->data, dx->data, cf_tensor_numel(dx));
+    /* what the paths returned and the masked gradient are dead now, unless returned */
+    const float *keep = dx ? dx->data : NULL;
+    res_give(m, da, dy, keep);
+    if (db != dz) res_give(m, db, dy, keep);
+    if (dz != dy) res_give(m, dz, dy, keep);
     return dx;
 }
 
@@ -550,6 +584,8 @@ cf_status cf_model_forward(cf_model *model, const cf_tensor *x, const cf_tensor 
 
 cf_status cf_model_backward(cf_model *model, const cf_tensor *dy) {
     if (!model->root->in) return cf_fail(CF_ERR_STATE, "backward before forward");
+    /* a container that does not give its children's gradients back holds them until here */
+    cf_arena_give_all(&model->arena);
     model->root->ops->backward(model->root, dy, false);
     return CF_OK;
 }
