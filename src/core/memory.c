@@ -364,8 +364,9 @@ void cf_arena_give(cf_arena *arena, const void *p, const void *keep) {
 }
 
 void cf_arena_give_all(cf_arena *arena) {
+    for (int i = 0; i < arena->n_blocks; i++) /* the rest of the pool is poisoned already */
+        POOL_POISON(arena->pool + arena->blocks[i].at, arena->blocks[i].size);
     arena->n_blocks = 0;
-    if (arena->pool) POOL_POISON(arena->pool, arena->pool_capacity);
 }
 
 float *cf_arena_floats(cf_arena *arena, size_t count) {
