@@ -244,7 +244,7 @@ static void check_conv(int stride, int k, int c, int o, int h, int w, int n, boo
     const size_t nw = (size_t)o * c * T, nx = n * image, ny = n * out_image;
     float *wt = malloc(nw * sizeof(float));
     float *packed = malloc(cf_conv_implicit_packed_size(&g, o) * sizeof(float));
-    float *scratch = malloc(cf_conv_implicit_scratch(&g) * sizeof(float));
+    float *scratch = malloc(cf_conv_implicit_scratch(&g, o) * sizeof(float));
     float *dwt = malloc(nw * sizeof(float));
     fenced fx = fenced_alloc(nx, fence_end), fy = fenced_alloc(ny, fence_end);
     fenced fdy = fenced_alloc(ny, fence_end), fdx = fenced_alloc(nx, fence_end);
@@ -259,8 +259,7 @@ static void check_conv(int stride, int k, int c, int o, int h, int w, int n, boo
     cf_conv_implicit_forward(&g, o, packed, x, n, y, scratch);
     cf_conv_implicit_pack_dx(&g, o, wt, packed);
     cf_conv_implicit_dx(&g, o, packed, dy, n, dx, scratch);
-    for (int b = 0; b < n; b++)
-        cf_conv_implicit_wgrad(&g, o, dy + b * out_image, x + b * image, dwt, b > 0, scratch);
+    cf_conv_implicit_wgrad(&g, o, dy, x, n, dwt, false, scratch);
 
     double *rdx = calloc(nx, sizeof(double)), *mdx = calloc(nx, sizeof(double));
     double *rdw = calloc(nw, sizeof(double)), *mdw = calloc(nw, sizeof(double));

@@ -166,7 +166,7 @@ static void check_implicit(int c, int h, int w, int k, int s, int p, int o, int 
     float *xb = malloc((nx + 64) * sizeof(float)), *x = xb + 32;
     float *dyb = malloc((out_n * n_images + 64) * sizeof(float)), *dy = dyb + 32;
     float *wt = malloc((size_t)o * K * sizeof(float));
-    float *scratch = malloc(cf_conv_implicit_scratch(&g) * sizeof(float));
+    float *scratch = malloc(cf_conv_implicit_scratch(&g, o) * sizeof(float));
     float *packed = malloc(cf_conv_implicit_packed_size(&g, o) * sizeof(float));
     float *y = malloc(out_n * n_images * sizeof(float)), *dx = malloc(nx * sizeof(float));
     float *dwt = malloc((size_t)o * K * sizeof(float));
@@ -182,8 +182,7 @@ static void check_implicit(int c, int h, int w, int k, int s, int p, int o, int 
     cf_conv_implicit_forward(&g, o, packed, x, n_images, y, scratch);
     cf_conv_implicit_pack_dx(&g, o, wt, packed);
     cf_conv_implicit_dx(&g, o, packed, dy, n_images, dx, scratch);
-    for (int n = 0; n < n_images; n++)
-        cf_conv_implicit_wgrad(&g, o, dy + n * out_n, x + n * in_n, dwt, n > 0, scratch);
+    cf_conv_implicit_wgrad(&g, o, dy, x, n_images, dwt, false, scratch);
     cf_kernels_set_reference(true);
     for (int n = 0; n < n_images; n++) {
         cf_im2col(&g, x + n * in_n, col, P);
@@ -261,6 +260,102 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
     assert_false(cf_conv_implicit_supported(&g)); /* plane under 16 */
 }
 
+/* |got - want| <= tol * (1 + the sum of |products| behind want), elementwise */
+static void check_against(const char *what, const char *part, const float *got, const double *want,
+                          const double *mag, size_t n, double tol) {
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + mag[i])))
+            fail_msg("%s: %s[%zu] = %.9g, expected %.9g (magnitude %.3g)", what, part, i,
+                     (double)got[i], want[i], mag[i]);
+}
+
+/* cf_conv_implicit_wgrad against the weight gradient summed in double, image by image and tap
+ * by tap: batches of several blocks of images (the kernel sums a block in its registers) with a
+ * last block cut short, in two calls (the first overwrites or adds to what dwt holds, the second
+ * adds), tile heights and widths that divide the rows unevenly, channel counts off the vector
+ * size (a masked last vector), strides 1 and 2. Inputs sit between NaN guards; dwt's neighbours
+ * are never written. */
+static int wgrad_checked;
+
+static void check_implicit_wgrad(int c, int h, int w, int k, int s, int o, int n_images,
+                                 bool overwrite, cf_rng *rng) {
+    const int p = (k - 1) / 2, T = k * k;
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, s, s, p, p));
+    if (!cf_conv_implicit_supported(&g)) return; /* the portable table */
+    wgrad_checked++;
+    const int oh = g.oh, ow = g.ow;
+    const size_t in_n = (size_t)c * h * w, out_n = (size_t)o * oh * ow;
+    const size_t nx = in_n * n_images, ny = out_n * n_images, nw = (size_t)o * c * T;
+    char what[160];
+    snprintf(what, sizeof what, "implicit wgrad c=%d h=%d w=%d k=%d s=%d o=%d n=%d overwrite=%d", c,
+             h, w, k, s, o, n_images, overwrite);
+    float *xb = malloc((nx + 64) * sizeof(float)), *x = xb + 32;
+    float *dyb = malloc((ny + 64) * sizeof(float)), *dy = dyb + 32;
+    float *dwb = malloc((nw + 64) * sizeof(float)), *dwt = dwb + 32;
+    float *scratch = malloc(cf_conv_implicit_scratch(&g, o) * sizeof(float));
+    double *want = calloc(nw, sizeof(double)), *mag = calloc(nw, sizeof(double));
+    for (size_t i = 0; i < nx + 64; i++) xb[i] = NAN;
+    for (size_t i = 0; i < ny + 64; i++) dyb[i] = NAN;
+    for (size_t i = 0; i < nw + 64; i++) dwb[i] = -3.0f;
+    fill(rng, x, nx);
+    fill(rng, dy, ny);
+    fill(rng, dwt, nw);
+    if (overwrite) {
+        for (size_t i = 0; i < nw; i++) dwt[i] = NAN; /* the first call must not read it */
+    } else {
+        for (size_t i = 0; i < nw; i++) want[i] = dwt[i];
+    }
+    const int first = n_images / 2 + 1;
+    cf_conv_implicit_wgrad(&g, o, dy, x, first, dwt, !overwrite, scratch);
+    cf_conv_implicit_wgrad(&g, o, dy + first * out_n, x + first * in_n, n_images - first, dwt, true,
+                           scratch);
+    for (int n = 0; n < n_images; n++)
+        for (int r = 0; r < o; r++)
+            for (int ch = 0; ch < c; ch++)
+                for (int t = 0; t < T; t++) {
+                    const int i = t / k, j = t % k;
+                    const size_t wi = ((size_t)t * o + r) * c + ch; /* [tap][out][in] */
+                    for (int oy = 0; oy < oh; oy++)
+                        for (int ox = 0; ox < ow; ox++) {
+                            const int iy = oy * s - p + i, ix = ox * s - p + j;
+                            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                            const double v =
+                                (double)dy[n * out_n + ((size_t)r * oh + oy) * ow + ox] *
+                                x[n * in_n + ((size_t)ch * h + iy) * w + ix];
+                            want[wi] += v;
+                            mag[wi] += fabs(v);
+                        }
+                }
+    check_against(what, "dwt", dwt, want, mag, nw, 1e-5);
+    for (int i = 0; i < 32; i++)
+        if (dwb[i] != -3.0f || dwt[nw + i] != -3.0f)
+            fail_msg("%s: wrote outside dwt (%d before or after)", what, i);
+    free(xb);
+    free(dyb);
+    free(dwb);
+    free(scratch);
+    free(want);
+    free(mag);
+}
+
+static void test_conv_implicit_wgrad_blocks(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 9);
+    check_implicit_wgrad(64, 7, 7, 3, 1, 64, 7, false, &rng); /* W1's: blocks of 3 7x7 images */
+    check_implicit_wgrad(32, 14, 14, 3, 1, 32, 3, true, &rng);
+    check_implicit_wgrad(16, 28, 28, 3, 2, 32, 3, false, &rng);
+    check_implicit_wgrad(32, 14, 14, 3, 2, 64, 9, true, &rng);
+    check_implicit_wgrad(20, 8, 8, 3, 1, 13, 4, false, &rng);  /* a masked last vector */
+    check_implicit_wgrad(5, 6, 6, 3, 1, 30, 11, true, &rng);   /* one masked vector, tall tiles */
+    check_implicit_wgrad(8, 10, 10, 5, 1, 25, 5, false, &rng); /* one vector, uneven rows */
+    check_implicit_wgrad(12, 12, 16, 3, 2, 7, 4, true, &rng);
+    check_implicit_wgrad(40, 8, 6, 3, 1, 3, 3, false, &rng);  /* fewer rows than a tile */
+    check_implicit_wgrad(3, 4, 4, 3, 1, 70, 17, false, &rng); /* 16-value planes, blocks of 8 */
+    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(wgrad_checked, 10);
+}
+
 /* cf_transpose, exactly, on both paths: row and column counts below, at and past the 16 x 16
  * blocks, with strides wider than the matrix (the gaps are never written). */
 /* cf_conv_winograd_* against the direct convolution summed in double (forward, dx and the
@@ -270,15 +365,6 @@ static void test_conv_implicit_matches_patch_matrix(void **state) {
  * batch split into calls (which must not change a bit of y or dx). Inputs sit between NaN guards.
  */
 static int winograd_checked;
-
-/* |got - want| <= tol * (1 + the sum of |products| behind want), elementwise */
-static void check_against(const char *what, const char *part, const float *got, const double *want,
-                          const double *mag, size_t n, double tol) {
-    for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)got[i] - want[i]) <= tol * (1.0 + mag[i])))
-            fail_msg("%s: %s[%zu] = %.9g, expected %.9g (magnitude %.3g)", what, part, i,
-                     (double)got[i], want[i], mag[i]);
-}
 
 static void check_winograd(int c, int h, int w, int o, int n_images, cf_rng *rng) {
     cf_conv_geom g;
@@ -468,6 +554,7 @@ int main(void) {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
         cmocka_unit_test(test_conv_implicit_matches_patch_matrix),
+        cmocka_unit_test(test_conv_implicit_wgrad_blocks),
         cmocka_unit_test(test_conv_winograd_matches_direct),
         cmocka_unit_test(test_max_pool_2x2_matches_portable),
         cmocka_unit_test(test_transpose),

@@ -182,18 +182,20 @@ void cf_col2im_add(const cf_conv_geom *g, const float *col, int ldcol, float *x)
  *
  *   forward  y  = conv(x, w)                   n_images images
  *   dx       dx = the adjoint of conv(., w) at dy  (overwritten)
- *   wgrad    dwt[t][o][c] (+)= sum over positions of dy[o][p] * (the input tap t reads)[c], one
- *            image: the gradient of w[o][c][t], tap-major
+ *   wgrad    dwt[t][o][c] (+)= sum over the images and positions of dy[o][p] * (the input tap t
+ *            reads)[c]: the gradient of w[o][c][t], tap-major
  *
  * Each output's sum runs in a fixed order whatever n_images, so splitting a batch over threads
- * does not change the forward pass or dx. cf_conv_implicit_supported says whether a geometry can
- * use these (AVX-512, output planes of 16 to CF_IMPLICIT_MAX_PLANE values, at most
- * CF_IMPLICIT_MAX_TAPS taps); callers lower with cf_im2col otherwise, and in reference mode. */
+ * does not change the forward pass or dx. wgrad sums blocks of images in registers, so its
+ * rounding depends on n_images (a fixed order for a given call). cf_conv_implicit_supported says
+ * whether a geometry can use these (AVX-512, output planes of 16 to CF_IMPLICIT_MAX_PLANE values,
+ * at most CF_IMPLICIT_MAX_TAPS taps); callers lower with cf_im2col otherwise, and in reference
+ * mode. */
 #define CF_IMPLICIT_MAX_TAPS 49
 #define CF_IMPLICIT_MAX_PLANE 4096
 bool cf_conv_implicit_supported(const cf_conv_geom *g);
-/* Floats of scratch per calling thread for the three calls below. */
-size_t cf_conv_implicit_scratch(const cf_conv_geom *g);
+/* Floats of scratch per calling thread for the three calls below (any n_images). */
+size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels);
 /* Floats of a packed weight copy (either kind). */
 size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels);
 /* The weights in the kernel's order for the forward pass, and for dx. */
@@ -205,7 +207,8 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
 void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *packed_dx,
                          const float *dy, int n_images, float *dx, float *scratch);
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
-                            const float *x, float *dwt, bool accumulate, float *scratch);
+                            const float *x, int n_images, float *dwt, bool accumulate,
+                            float *scratch);
 
 /* ---- Winograd F(2x2, 3x3) convolutions: src/tensor/winograd.c ----------------------------- */
 

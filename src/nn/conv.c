@@ -149,7 +149,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->wino_du = cf_arena_floats(arena, t * c->wino_du_stride);
     }
     if (c->implicit) {
-        c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g));
+        c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g, c->out_c));
         c->scratch = cf_arena_floats(arena, t * c->scratch_stride);
         c->wpack = cf_arena_floats(arena, cf_conv_implicit_packed_size(&c->g, c->out_c));
         c->wpack_dx = cf_arena_floats(arena, cf_conv_implicit_packed_size(&c->g, c->out_c));
@@ -410,8 +410,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
 }
 
 /* The images [begin, end) without a patch matrix: the weight gradient into this thread's partial
- * sums (Winograd: transformed, [16][in][out]; implicit: image by image, [tap][out][in]), dx in
- * one call. */
+ * sums (Winograd: transformed, [16][in][out]; implicit: [tap][out][in]), dx in one call. */
 static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
@@ -425,9 +424,8 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
         cf_conv_winograd_wgrad(g, c->out_c, dy, x, count,
                                c->wino_du + (size_t)thread * c->wino_du_stride, false, scratch);
     else if (c->want_dw)
-        for (int n = 0; n < count; n++)
-            cf_conv_implicit_wgrad(g, c->out_c, dy + (size_t)n * out_n, x + (size_t)n * in_n,
-                                   c->dwt + (size_t)thread * c->dw_stride, n > 0, scratch);
+        cf_conv_implicit_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
+                               false, scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
     if (c->need_dx && c->winograd_call)
         cf_conv_winograd_dx(g, c->out_c, c->wino_u_dx, dy, count, c->dx + (size_t)begin * in_n,

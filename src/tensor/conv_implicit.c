@@ -16,7 +16,8 @@
  *   dx        phase ab of dx[c] = sum over the taps of phase ab, o of w[o][c][t] * shift_-t(dy[o])
  *   dW        dW[o][c][t] = sum over positions p of dy[o][p] * x_phase(t)[c][p + shift(t)],
  *             from the phases transposed (channels contiguous) and zero-padded, so that every
- *             tap is a plain walk with no masks. */
+ *             tap is a plain walk with no masks, and dy transposed (positions major); a register
+ *             tile sums the positions of a block of images (wgrad_block). */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
@@ -93,13 +94,31 @@ static int block_images(const layout *l) {
     return l->stride == 1 ? 1 : (1024 + l->plane - 1) / l->plane;
 }
 
-size_t cf_conv_implicit_scratch(const cf_conv_geom *g) {
+/* Images per block of the weight gradient: the kernel's register tiles sum over the positions
+ * of a whole block, at least WGRAD_POSITIONS of them (1 image of 14x14, 3 of 7x7). Longer blocks
+ * lost more than they saved: a tap's rows of a block of 14x14 images no longer stay in L1 while
+ * every tile of output channels reads them (measured at AVX2: 512 positions took W1's 32-channel
+ * 14x14 layer from 108 to 100 GFLOP/s; 128 took its 7x7 layer from 102 to 105). */
+#define WGRAD_POSITIONS 128
+
+static int wgrad_block(const layout *l) {
+    return (WGRAD_POSITIONS + l->plane - 1) / l->plane;
+}
+
+/* Floats per image of the weight gradient's transposed, zero-bordered phases. */
+static size_t wgrad_phases_floats(const layout *l, int channels) {
+    return (size_t)l->phases * (l->oh + l->pad_lo + l->pad_hi) * (l->ow + l->pad_lo + l->pad_hi) *
+           channels;
+}
+
+size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels) {
     layout l;
     layout_make(&l, g);
     const size_t image = (size_t)g->c * g->h * g->w; /* = phases * c * plane */
-    const size_t hp = (size_t)(l.oh + l.pad_lo + l.pad_hi),
-                 wp = (size_t)(l.ow + l.pad_lo + l.pad_hi);
-    size_t wgrad = (size_t)l.phases * hp * wp * g->c + (l.stride == 1 ? 0 : image);
+    /* a block's transposed phases, and one image's phase split */
+    (void)out_channels;
+    const size_t wgrad =
+        (size_t)wgrad_block(&l) * wgrad_phases_floats(&l, g->c) + (l.stride == 1 ? 0 : image);
     size_t blocks = l.stride == 1 ? 0 : (size_t)block_images(&l) * image;
     return TAP_LISTS * TAPS_FLOATS + (wgrad > blocks ? wgrad : blocks);
 }
@@ -282,46 +301,63 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
     }
 }
 
-void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
-                            const float *x, float *dwt, bool accumulate, float *scratch) {
-    layout l;
-    layout_make(&l, g);
-    const int C = g->c, m = out_channels;
-    const int hp = l.oh + l.pad_lo + l.pad_hi, wp = l.ow + l.pad_lo + l.pad_hi;
-    const size_t plane = (size_t)l.plane, tplane = (size_t)hp * wp * C;
-    /* the phases, transposed into the scratch's zero-bordered planes */
-    scratch += TAP_LISTS * TAPS_FLOATS;
-    float *xt = scratch, *xs = scratch + (size_t)l.phases * tplane;
+/* One image's phases, transposed (channels contiguous) into xt's zero-bordered planes. */
+static void wgrad_transpose(const cf_conv_geom *g, const layout *l, const float *x, float *xt,
+                            float *xs) {
+    const int C = g->c;
+    const int hp = l->oh + l->pad_lo + l->pad_hi, wp = l->ow + l->pad_lo + l->pad_hi;
+    const size_t plane = (size_t)l->plane, tplane = (size_t)hp * wp * C;
     const float *src = x;
-    const unsigned used = phases_used(&l);
-    if (l.stride == 2) {
+    const unsigned used = phases_used(l);
+    if (l->stride == 2) {
         split_phases(g, x, xs, used);
         src = xs;
     }
-    for (int ph = 0; ph < l.phases; ph++) {
+    for (int ph = 0; ph < l->phases; ph++) {
         if (!(used >> ph & 1u)) continue;
         float *t = xt + (size_t)ph * tplane;
         const size_t row = (size_t)wp * C;
         for (int y = 0; y < hp; y++) { /* the border */
-            if (y < l.pad_lo || y >= l.pad_lo + l.oh) {
+            if (y < l->pad_lo || y >= l->pad_lo + l->oh) {
                 memset(t + y * row, 0, row * sizeof(float));
                 continue;
             }
-            memset(t + y * row, 0, (size_t)l.pad_lo * C * sizeof(float));
-            memset(t + y * row + (size_t)(l.pad_lo + l.ow) * C, 0,
-                   (size_t)l.pad_hi * C * sizeof(float));
+            memset(t + y * row, 0, (size_t)l->pad_lo * C * sizeof(float));
+            memset(t + y * row + (size_t)(l->pad_lo + l->ow) * C, 0,
+                   (size_t)l->pad_hi * C * sizeof(float));
         }
         const float *s = src + (size_t)ph * plane;
-        const size_t s_plane = (size_t)l.phases * plane; /* channel stride of the phase */
-        for (int y = 0; y < l.oh; y++)
-            cf_transpose(C, l.ow, s + (size_t)y * l.ow, (ptrdiff_t)s_plane,
-                         t + (size_t)(y + l.pad_lo) * row + (size_t)l.pad_lo * C, C);
+        const size_t s_plane = (size_t)l->phases * plane; /* channel stride of the phase */
+        for (int y = 0; y < l->oh; y++)
+            cf_transpose(C, l->ow, s + (size_t)y * l->ow, (ptrdiff_t)s_plane,
+                         t + (size_t)(y + l->pad_lo) * row + (size_t)l->pad_lo * C, C);
     }
+}
+
+void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                            const float *x, int n_images, float *dwt, bool accumulate,
+                            float *scratch) {
+    layout l;
+    layout_make(&l, g);
+    const int C = g->c, m = out_channels, block = wgrad_block(&l);
+    const int wp = l.ow + l.pad_lo + l.pad_hi;
+    const size_t plane = (size_t)l.plane, image = (size_t)C * g->h * g->w,
+                 dy_image = (size_t)m * plane, xt_image = wgrad_phases_floats(&l, C),
+                 tplane = xt_image / (size_t)l.phases;
+    /* a block's transposed phases, then one image's phase split */
+    scratch += TAP_LISTS * TAPS_FLOATS;
+    float *xt = scratch, *xs = xt + (size_t)block * xt_image;
     const ptrdiff_t row_step = (ptrdiff_t)wp * C;
-    for (int tap = 0; tap < l.taps; tap++) {
-        const float *bt = xt + (size_t)l.phase[tap] * tplane +
-                          ((size_t)(l.di[tap] + l.pad_lo) * wp + (l.dj[tap] + l.pad_lo)) * C;
-        cf_active_kernels->implicit_wgrad(m, C, l.oh, l.ow, dy, plane, bt, row_step,
-                                          dwt + (size_t)tap * m * C, accumulate);
+    for (int n0 = 0; n0 < n_images; n0 += block) {
+        const int nb = n_images - n0 < block ? n_images - n0 : block;
+        for (int n = 0; n < nb; n++)
+            wgrad_transpose(g, &l, x + (size_t)(n0 + n) * image, xt + (size_t)n * xt_image, xs);
+        for (int tap = 0; tap < l.taps; tap++) {
+            const float *bt = xt + (size_t)l.phase[tap] * tplane +
+                              ((size_t)(l.di[tap] + l.pad_lo) * wp + (l.dj[tap] + l.pad_lo)) * C;
+            cf_active_kernels->implicit_wgrad(m, C, l.oh, l.ow, nb, dy + (size_t)n0 * dy_image,
+                                              (ptrdiff_t)plane, dy_image, bt, row_step, xt_image,
+                                              dwt + (size_t)tap * m * C, accumulate || n0 > 0);
+        }
     }
 }

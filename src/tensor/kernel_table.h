@@ -122,10 +122,12 @@ typedef struct cf_kernel_table {
     void (*implicit_run)(const cf_implicit_taps *tp, int channels, int m, const float *packed,
                          const float *x, size_t x_plane, size_t x_image, int n_images, float *y,
                          size_t y_row, size_t y_image);
-    /* One tap's weight gradient over one image: out[o][c] (+)= sum over the oh x ow positions
-     * of dy[o][y*ow + x] * b[y*row_step + x*channels + c], o < m, c < channels. */
-    void (*implicit_wgrad)(int m, int channels, int oh, int ow, const float *dy, size_t plane,
-                           const float *b, ptrdiff_t row_step, float *out, bool accumulate);
+    /* One tap's weight gradient over n_images images: out[o][c] (+)= sum over the images n and
+     * the oh x ow positions p = y*ow + x of a[n*a_image + o*a_row + p] *
+     * b[n*b_image + y*row_step + x*channels + c], o < m, c < channels (out's row stride). */
+    void (*implicit_wgrad)(int m, int channels, int oh, int ow, int n_images, const float *a,
+                           ptrdiff_t a_row, size_t a_image, const float *b, ptrdiff_t row_step,
+                           size_t b_image, float *out, bool accumulate);
     /* Stride 2's phase planes (NULL: the portable loops); see conv_implicit.c. */
     void (*split_phases)(const cf_conv_geom *g, const float *x, float *xs, unsigned used);
     void (*merge_phases)(const cf_conv_geom *g, const float *xs, float *x);

@@ -313,76 +313,140 @@ static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, c
 #undef CROSS_NONE
 #undef CROSS_MANY
 
-/* The weight gradient of one tap over one image: a tile of MR output channels by nv vectors of
- * input channels, summed over the positions; b is the tap's start in the transposed, padded
- * phase. */
-CF_INLINE void wgrad_tile(int mr, int nv, bool masked, int oh, int ow, const float *dy,
-                          size_t plane, const float *b, ptrdiff_t row_step, int channels,
-                          float *out, int ldo, unsigned last, bool accumulate) {
-    vf acc[MR][NV_MAX];
-    for (int i = 0; i < MR; i++)
-        for (int v = 0; v < NV_MAX; v++) acc[i][v] = V_ZERO();
+/* The weight gradient of one tap over a block of images: a tile of mr output channels by nv
+ * vectors of input channels, summed over the positions of every image of the block in one
+ * register tile; a is the output gradient (rows of positions), b the tap's start in the first
+ * image's transposed, padded phase.
+ *
+ * The tile's height follows its width: WGRAD_ACC accumulators (those of the GEMM tile) of nv
+ * vectors each, so that a tile of fewer vectors has more rows and still keeps enough independent
+ * FMAs in flight. With AVX2, W1's 16- and 32-channel layers had tiles of 4 x 2 ymm: 8 chains of
+ * 4-cycle FMAs on 2 ports, no slack; 6 x 2 took their weight gradient from 97 to 108 GFLOP/s
+ * (14x14, 1 thread). */
+#ifndef WGRAD_ACC
+#define WGRAD_ACC (MR * NV_MAX)
+#endif
+
+typedef struct simd_wgrad_call {
+    int oh, ow, n_images, channels;
+    const float *a; /* a[n*a_image + o*a_row + y*ow + x] */
+    ptrdiff_t a_row;
+    size_t a_image;
+    const float *b; /* b[n*b_image + y*row_step + x*channels + c] */
+    ptrdiff_t row_step;
+    size_t b_image;
+    float *out; /* out[o*channels + c] */
+    bool accumulate;
+} simd_wgrad_call;
+
+CF_INLINE void wgrad_tile(int mr, int nv, bool masked, const simd_wgrad_call *w, int m0, int c0,
+                          unsigned last) {
+    vf acc[WGRAD_ACC][NV_MAX];
+    _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++)
+        _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) acc[i][v] = V_ZERO();
     const vmaskv lastv = V_MASKV(last);
-    for (int y = 0; y < oh; y++) {
-        const float *by = b + y * row_step, *ay = dy + (size_t)y * ow;
-        for (int x = 0; x < ow; x++) {
-            const float *bp = by + (size_t)x * channels;
-            vf bv[NV_MAX];
-            for (int v = 0; v < nv; v++)
-                bv[v] = masked && v == nv - 1 ? V_LOADZ(lastv, bp + VL * v) : V_LOADU(bp + VL * v);
-            for (int i = 0; i < mr; i++) {
-                const vf av = V_SET1(ay[i * plane + x]);
-                for (int v = 0; v < nv; v++) acc[i][v] = V_FMA(av, bv[v], acc[i][v]);
+    const ptrdiff_t a_row = w->a_row, channels = w->channels;
+    for (int n = 0; n < w->n_images; n++) {
+        const float *bn = w->b + n * w->b_image + c0;
+        const float *ap = w->a + n * w->a_image + m0 * a_row;
+        for (int y = 0; y < w->oh; y++) {
+            const float *bp = bn + y * w->row_step;
+            for (int x = 0; x < w->ow; x++, bp += channels, ap++) {
+                vf bv[NV_MAX];
+                _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) bv[v] =
+                    masked && v == nv - 1 ? V_LOADZ(lastv, bp + VL * v) : V_LOADU(bp + VL * v);
+                _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++) {
+                    const vf av = V_SET1(ap[i * a_row]);
+                    _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) acc[i][v] =
+                        V_FMA(av, bv[v], acc[i][v]);
+                }
             }
         }
     }
-    for (int i = 0; i < mr; i++)
-        for (int v = 0; v < nv; v++) {
-            const unsigned mask = v == nv - 1 ? last : VMASK_ALL;
-            float *cp = out + (size_t)i * ldo + VL * v;
-            vf r = acc[i][v];
-            if (accumulate) r = V_ADD(r, V_LOADZ(V_MASKV(mask), cp));
-            simd_store(cp, mask, r);
-        }
+    _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++)
+        _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) {
+        const unsigned mask = v == nv - 1 ? last : VMASK_ALL;
+        float *cp = w->out + (size_t)(m0 + i) * channels + c0 + VL * v;
+        vf r = acc[i][v];
+        if (w->accumulate) r = V_ADD(r, V_LOADZ(V_MASKV(mask), cp));
+        simd_store(cp, mask, r);
+    }
 }
 
-#define WGRAD_TILE(nv_, masked_)                                                                   \
-    wgrad_tile(MR, nv_, masked_, oh, ow, dyp, plane, bp, row_step, channels, op, channels, last,   \
-               accumulate)
-#define WGRAD_TILES(masked_)                                                                       \
-    do {                                                                                           \
-        if (nv == 3)                                                                               \
-            WGRAD_TILE(3, masked_);                                                                \
-        else if (nv == 2)                                                                          \
-            WGRAD_TILE(2, masked_);                                                                \
-        else                                                                                       \
-            WGRAD_TILE(1, masked_);                                                                \
-    } while (0)
+/* One function per tile shape (rows, vectors, a masked last vector or not), as the implicit
+ * tiles above: all of them inlined into one function, GCC would not keep every variant's
+ * accumulators in registers. A call runs `tiles` tiles of the shape, one under the other (the
+ * tiles of a 7x7 plane are short: a call per tile cost AVX-512 a tenth of the kernel). */
+typedef void (*wgrad_tile_fn)(const simd_wgrad_call *w, int m0, int tiles, int c0, unsigned last);
+#define WGRAD_TILE_FN(nv_, mr_)                                                                    \
+    static __attribute__((noinline)) void wgrad_tile_##nv_##_##mr_(                                \
+        const simd_wgrad_call *w, int m0, int tiles, int c0, unsigned last) {                      \
+        for (int t = 0; t < tiles; t++) wgrad_tile(mr_, nv_, false, w, m0 + t * mr_, c0, last);    \
+    }                                                                                              \
+    static __attribute__((noinline)) void wgrad_tile_##nv_##_##mr_##_masked(                       \
+        const simd_wgrad_call *w, int m0, int tiles, int c0, unsigned last) {                      \
+        for (int t = 0; t < tiles; t++) wgrad_tile(mr_, nv_, true, w, m0 + t * mr_, c0, last);     \
+    }
+#define WGRAD_TILE_ENTRY(nv_, mr_)                                                                 \
+    [0][nv_][mr_] = wgrad_tile_##nv_##_##mr_, [1][nv_][mr_] = wgrad_tile_##nv_##_##mr_##_masked,
+#define WGRAD_ROWS_4(X, nv) X(nv, 1) X(nv, 2) X(nv, 3) X(nv, 4)
+#define WGRAD_ROWS_6(X, nv) WGRAD_ROWS_4(X, nv) X(nv, 5) X(nv, 6)
+#define WGRAD_ROWS_8(X, nv) WGRAD_ROWS_6(X, nv) X(nv, 7) X(nv, 8)
+#define WGRAD_ROWS_12(X, nv) WGRAD_ROWS_8(X, nv) X(nv, 9) X(nv, 10) X(nv, 11) X(nv, 12)
+#define WGRAD_ROWS_24(X, nv)                                                                       \
+    WGRAD_ROWS_12(X, nv)                                                                           \
+    X(nv, 13)                                                                                      \
+    X(nv, 14)                                                                                      \
+    X(nv, 15)                                                                                      \
+    X(nv, 16) X(nv, 17) X(nv, 18) X(nv, 19) X(nv, 20) X(nv, 21) X(nv, 22) X(nv, 23) X(nv, 24)
+#if WGRAD_ACC == 12
+#define WGRAD_SHAPES(X) WGRAD_ROWS_12(X, 1) WGRAD_ROWS_6(X, 2) WGRAD_ROWS_4(X, 3)
+#elif WGRAD_ACC == 24
+#define WGRAD_SHAPES(X) WGRAD_ROWS_24(X, 1) WGRAD_ROWS_12(X, 2) WGRAD_ROWS_8(X, 3)
+#else
+#error "WGRAD_ACC: the tile shapes are listed for 12 and 24 accumulators"
+#endif
+WGRAD_SHAPES(WGRAD_TILE_FN)
+/* [masked][vectors][rows] */
+static const wgrad_tile_fn wgrad_tiles[2][NV_MAX + 1][WGRAD_ACC + 1] = {
+    WGRAD_SHAPES(WGRAD_TILE_ENTRY)};
+#undef WGRAD_SHAPES
+#undef WGRAD_ROWS_24
+#undef WGRAD_ROWS_12
+#undef WGRAD_ROWS_8
+#undef WGRAD_ROWS_6
+#undef WGRAD_ROWS_4
+#undef WGRAD_TILE_ENTRY
+#undef WGRAD_TILE_FN
 
-static void simd_implicit_wgrad(int m, int channels, int oh, int ow, const float *dy, size_t plane,
-                                const float *b, ptrdiff_t row_step, float *out, bool accumulate) {
+static void simd_implicit_wgrad(int m, int channels, int oh, int ow, int n_images, const float *a,
+                                ptrdiff_t a_row, size_t a_image, const float *b, ptrdiff_t row_step,
+                                size_t b_image, float *out, bool accumulate) {
+    const simd_wgrad_call w = {.oh = oh,
+                               .ow = ow,
+                               .n_images = n_images,
+                               .channels = channels,
+                               .a = a,
+                               .a_row = a_row,
+                               .a_image = a_image,
+                               .b = b,
+                               .row_step = row_step,
+                               .b_image = b_image,
+                               .out = out,
+                               .accumulate = accumulate};
     const int vectors = (channels + VL - 1) / VL;
     for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
         nv = simd_tile_vectors(vectors - v0);
         const unsigned last = simd_first_lanes(channels - VL * v0 - VL * (nv - 1));
-        const float *bp = b + VL * v0;
-        for (int m0 = 0; m0 < m; m0 += MR) {
-            const float *dyp = dy + (size_t)m0 * plane;
-            float *op = out + (size_t)m0 * channels + VL * v0;
-            if (m - m0 >= MR) {
-                if (last == VMASK_ALL)
-                    WGRAD_TILES(false);
-                else
-                    WGRAD_TILES(true);
-            } else {
-                wgrad_tile(m - m0, nv, true, oh, ow, dyp, plane, bp, row_step, channels, op,
-                           channels, last, accumulate);
-            }
-        }
+        const int masked = last != VMASK_ALL;
+        /* the rows in tiles of at most WGRAD_ACC / nv, as even as they go (32 rows of 6 at
+         * most: 6 6 5 5 5 5) */
+        const int most = WGRAD_ACC / nv, tiles = (m + most - 1) / most;
+        const int rows = m / tiles, taller = m % tiles;
+        if (taller) wgrad_tiles[masked][nv][rows + 1](&w, 0, taller, VL * v0, last);
+        wgrad_tiles[masked][nv][rows](&w, taller * (rows + 1), tiles - taller, VL * v0, last);
     }
 }
-#undef WGRAD_TILES
-#undef WGRAD_TILE
 
 /* ---- BatchNorm over one channel plane (see cf_bn_kernels in kernel_table.h) ---------------- */
 
