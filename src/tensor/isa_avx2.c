@@ -69,10 +69,8 @@ static inline double avx2_hsum_d(__m256 v) {
 
 /* ---- transpose ------------------------------------------------------------------------------ */
 
-/* dst[j * ldd + i] = src[i * lds + j] for one 8x8 block in registers. */
-static inline void transpose8(const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd) {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+/* t[j] lane i = r[i] lane j: one 8x8 block transposed in registers (r is clobbered). */
+static inline void transpose8_regs(__m256 r[8], __m256 t[8]) {
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -87,6 +85,13 @@ static inline void transpose8(const float *src, ptrdiff_t lds, float *dst, ptrdi
         t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
         t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
     }
+}
+
+/* dst[j * ldd + i] = src[i * lds + j] for one 8x8 block in registers. */
+static inline void transpose8(const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    transpose8_regs(r, t);
     for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * ldd, t[i]);
 }
 
@@ -100,8 +105,20 @@ static void avx2_transpose(int rows, int cols, const float *src, ptrdiff_t lds, 
         for (int j = j0; j < j0 + 8; j++) /* rows past the last block of 8 */
             for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
     }
-    for (int j = j0; j < cols; j++) /* columns past the last block of 8 */
-        for (int i = 0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
+    if (j0 == cols) return;
+    /* the last cols - j0 < 8 columns: blocks of 8 rows read with masked loads, the block's first
+     * cols - j0 rows of the transpose stored (a 7x7 plane's rows are all such columns) */
+    const int n = cols - j0;
+    const __m256i m = avx2_lane_mask(simd_first_lanes(n));
+    int i0 = 0;
+    for (; i0 + 8 <= rows; i0 += 8) {
+        __m256 r[8], t[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_maskload_ps(src + (i0 + i) * lds + j0, m);
+        transpose8_regs(r, t);
+        for (int j = 0; j < n; j++) _mm256_storeu_ps(dst + (j0 + j) * ldd + i0, t[j]);
+    }
+    for (int j = j0; j < cols; j++) /* and the rows past the last block of 8 */
+        for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
 }
 
 /* ---- stride 2's phase planes ---------------------------------------------------------------- */
