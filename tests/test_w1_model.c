@@ -134,13 +134,14 @@ static void test_w1_matches_pytorch(void **state) {
     check("train: loss", &loss, ref.data, 1);
     free(ref.data);
     compare_grads(&o, train, "g_", "train");
-    /* the input gradients share the arena's transient pool: at most a few of the widest (the
-     * stem's, 16 x 28 x 28 per image) are live at once, not one per layer */
+    /* the input gradients and the convolutions' per-call buffers share the arena's transient
+     * pool: a few of the widest gradients (the stem's, 16 x 28 x 28 per image) and one layer's
+     * buffers are live at once, not one of each per layer */
     const size_t widest = (size_t)BATCH * 16 * 28 * 28 * sizeof(float);
-    print_message("input gradients: %.2f MB reserved, %.2f MB touched\n",
+    print_message("transient pool: %.2f MB reserved, %.2f MB touched\n",
                   train->arena.pool_capacity / 1e6, train->arena.pool_high / 1e6);
-    assert_true(train->arena.pool_capacity > 5 * widest);
-    assert_true(train->arena.pool_high <= 4 * widest);
+    assert_true(train->arena.pool_capacity > 10 * widest);
+    assert_true(train->arena.pool_high <= 5 * widest);
 
     /* eval on a model with W1's dropout, from the trained state (running statistics moved) */
     assert_int_equal(cf_model_copy_state(eval, train), CF_OK);

@@ -15,16 +15,19 @@
 #define CF_ALIGN 64
 
 /* Under AddressSanitizer the transient pool is poisoned except for the blocks taken, so that a
- * layer that reads a gradient after its container gave it back is reported where it happens. */
+ * layer that reads a gradient after its container gave it back is reported where it happens,
+ * and a block taken is filled with NaN. */
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #define POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
 #define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#define POOL_SANITIZED 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #include <sanitizer/asan_interface.h>
 #define POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
 #define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#define POOL_SANITIZED 1
 #endif
 #endif
 #ifndef POOL_POISON
@@ -328,6 +331,10 @@ void *cf_arena_take(cf_arena *arena, size_t bytes, const void *owner) {
     arena->n_blocks++;
     if (at + size > arena->pool_high) arena->pool_high = at + size;
     POOL_UNPOISON(arena->pool + at, size);
+#ifdef POOL_SANITIZED
+    /* a block is not zeroed: NaN in every float flushes out a layer that reads before writing */
+    memset(arena->pool + at, 0xff, size);
+#endif
     return arena->pool + at;
 }
 

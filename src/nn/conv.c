@@ -64,6 +64,8 @@ typedef struct conv_impl {
     bool winograd_call; /* the call in progress goes through cf_conv_winograd_* */
     float *scratch;     /* n_threads x scratch of cf_conv_implicit_* or cf_conv_winograd_* */
     size_t scratch_stride;
+    size_t wino_packed, implicit_packed; /* floats of the packed weights */
+    cf_arena *arena;    /* whose transient pool lends each call its buffers (call_buffers) */
     unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
     float *add_dx_next; /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
     bool add_dx;        /* this backward adds dx into c->dx (col2im without zeroing) */
@@ -106,6 +108,49 @@ static cf_status conv_out_shape(cf_module *m, const cf_shape *in, cf_shape *out)
     return CF_OK;
 }
 
+/* The next `floats` of a call's memory from base (NULL when base is, or nothing is asked). */
+static float *carve(float *base, size_t *at, size_t floats) {
+    float *p = base && floats ? base + *at : NULL;
+    *at += round16(floats);
+    return p;
+}
+
+/* The buffers that one call writes and reads and no other call needs (patch matrices, the
+ * per-thread scratch and partial sums, the packed weights, which every call packs anew) are lent
+ * by the arena's transient pool for the call, so that all the layers share that memory. Lays
+ * out the forward's (or the backward's) buffers from base and returns the floats they take. */
+static size_t call_buffers(conv_impl *c, bool backward, float *base) {
+    const size_t t = (size_t)c->n_threads;
+    size_t at = 0;
+    c->col = carve(base, &at, t * c->col_stride);
+    c->buf = carve(base, &at, t * c->buf_stride);
+    c->scratch = carve(base, &at, t * c->scratch_stride);
+    if (!backward) {
+        c->wino_u = carve(base, &at, c->wino_packed);
+        c->wpack = carve(base, &at, c->implicit_packed);
+    } else {
+        c->dyt = carve(base, &at, t * c->dyt_stride);
+        c->dwt = carve(base, &at, t * c->dw_stride);
+        c->db = carve(base, &at, t * c->db_stride);
+        c->wino_u_dx = carve(base, &at, c->wino_packed);
+        c->wino_du = carve(base, &at, t * c->wino_du_stride);
+        c->wpack_dx = carve(base, &at, c->implicit_packed);
+    }
+    return at;
+}
+
+/* Takes the call's buffers from the pool (give them back with call_end). */
+static float *call_begin(conv_impl *c, bool backward) {
+    const size_t floats = call_buffers(c, backward, NULL);
+    float *mem = cf_arena_take(c->arena, floats * sizeof(float), c);
+    call_buffers(c, backward, mem);
+    return mem;
+}
+
+static void call_end(conv_impl *c, float *mem) {
+    cf_arena_give(c->arena, mem, NULL);
+}
+
 static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     conv_impl *c = m->impl;
     cf_module_plan_default(m, in, arena);
@@ -123,11 +168,6 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->dyt_stride = round16((size_t)c->out_c * P * G);
     c->dw_stride = round16((size_t)c->out_c * K);
     c->db_stride = c->has_bias ? round16((size_t)c->out_c) : 0;
-    c->col = c->col_stride ? cf_arena_floats(arena, t * c->col_stride) : NULL;
-    c->buf = c->buf_stride ? cf_arena_floats(arena, t * c->buf_stride) : NULL;
-    c->dyt = cf_arena_floats(arena, t * c->dyt_stride);
-    c->dwt = cf_arena_floats(arena, t * c->dw_stride);
-    c->db = c->db_stride ? cf_arena_floats(arena, t * c->db_stride) : NULL;
     c->ran = cf_arena_bytes(arena, t);
     /* Layers of a few input channels (a stem on gray or RGB images) keep the patch matrix: the
      * implicit kernel's channel loop is too short to pay for its masks. So do 1x1 layers: their
@@ -138,22 +178,20 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
      * times fewer multiplications than the implicit kernel, which already runs near the GEMM
      * peak (measured with bench_conv on W1's and W2's layers). */
     c->winograd = c->in_c >= 16 && c->out_c >= 16 && cf_conv_winograd_pays(&c->g, c->out_c);
+    c->scratch_stride = c->wino_packed = c->wino_du_stride = c->implicit_packed = 0;
     if (c->winograd) {
         c->implicit = false;
-        const size_t packed = cf_conv_winograd_packed_size(&c->g, c->out_c);
+        c->wino_packed = cf_conv_winograd_packed_size(&c->g, c->out_c);
         c->scratch_stride = round16(cf_conv_winograd_scratch(&c->g, c->out_c));
-        c->scratch = cf_arena_floats(arena, t * c->scratch_stride);
-        c->wino_u = cf_arena_floats(arena, packed);
-        c->wino_u_dx = cf_arena_floats(arena, packed);
-        c->wino_du_stride = round16(packed);
-        c->wino_du = cf_arena_floats(arena, t * c->wino_du_stride);
+        c->wino_du_stride = round16(c->wino_packed);
     }
     if (c->implicit) {
         c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g, c->out_c));
-        c->scratch = cf_arena_floats(arena, t * c->scratch_stride);
-        c->wpack = cf_arena_floats(arena, cf_conv_implicit_packed_size(&c->g, c->out_c));
-        c->wpack_dx = cf_arena_floats(arena, cf_conv_implicit_packed_size(&c->g, c->out_c));
+        c->implicit_packed = cf_conv_implicit_packed_size(&c->g, c->out_c);
     }
+    c->arena = arena;
+    cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
+    cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
 }
 
 static void conv_init(cf_module *m, cf_rng *rng) {
@@ -291,6 +329,7 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     c->y = y->data;
     c->batch = x->shape.dim[0];
     c->winograd_call = use_winograd(c);
+    float *mem = call_begin(c, false);
     if (c->winograd_call || use_implicit(c)) {
         if (c->winograd_call)
             cf_conv_winograd_pack(g, c->out_c, m->params[0].data, c->wino_u);
@@ -299,6 +338,7 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
         run_batch(c, c->batch, conv_forward_in_place_range, m);
     } else
         run_groups(c, c->batch, conv_forward_range, m);
+    call_end(c, mem);
     return y;
 }
 
@@ -458,6 +498,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     }
     c->add_dx_next = NULL;
     if (!need_dx && !c->want_dw && !c->want_db) return NULL;
+    float *mem = call_begin(c, true);
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
@@ -498,6 +539,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
             for (size_t i = 0; i < bp->numel; i++) bp->grad[i] += part[i];
         }
     }
+    call_end(c, mem);
     return dx;
 }
 
