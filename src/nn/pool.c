@@ -133,16 +133,19 @@ static void pool_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                 window(p, false, ox, &x0, &x1, &sx);
                 size_t o = (size_t)oy * p->OW + ox;
                 if (idx) {
+                    /* branch-free: on real data which tap wins is a coin toss, and a
+                     * mispredicted branch per tap cost more than the comparisons */
                     float best = -INFINITY;
                     int32_t arg = y0 * p->W + x0;
-                    for (int iy = y0; iy < y1; iy++)
+                    for (int iy = y0; iy < y1; iy++) {
+                        const float *row = x + (size_t)iy * p->W;
                         for (int ix = x0; ix < x1; ix++) {
-                            float v = x[(size_t)iy * p->W + ix];
-                            if (v > best || isnan(v)) {
-                                best = v;
-                                arg = iy * p->W + ix;
-                            }
+                            const float v = row[ix];
+                            const bool take = v > best || v != v; /* NaN wins */
+                            best = take ? v : best;
+                            arg = take ? iy * p->W + ix : arg;
                         }
+                    }
                     y[o] = best;
                     idx[o] = arg;
                 } else {
