@@ -99,7 +99,44 @@ static void test_arena_transient_pool(void **state) {
     cf_arena_give_all(&arena);
     assert_false(cf_arena_holds(&arena, b, &owner_b));
     assert_ptr_equal(cf_arena_take(&arena, 4096, &owner_b), a);
-    assert_null(cf_arena_take(&arena, 64, &owner_b)); /* the pool is full */
+    char *d = cf_arena_take(&arena, 64, &owner_a); /* the pool is full: from the heap */
+    assert_true(d && (d < arena.pool || d >= arena.pool + arena.pool_capacity));
+    cf_arena_release(&arena);
+}
+
+/* A pool too fragmented for a take lends a block from the heap instead, and frees it when it is
+ * given back; a reservation of nothing is a take of nothing. */
+static void test_arena_transient_spill(void **state) {
+    (void)state;
+    cf_arena arena = {0};
+    int a, b, c, z;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) cf_arena_begin_measure(&arena);
+        cf_arena_reserve_transient(&arena, 128);
+        cf_arena_reserve_transient(&arena, 64);
+        cf_arena_reserve_transient(&arena, 64);
+        cf_arena_reserve_transient(&arena, 0);
+        if (pass == 0) assert_int_equal(cf_arena_commit(&arena), CF_OK);
+    }
+    char *pa = cf_arena_take(&arena, 64, &a), *pb = cf_arena_take(&arena, 64, &b);
+    char *pc = cf_arena_take(&arena, 64, &c);
+    assert_non_null(cf_arena_take(&arena, 0, &z)); /* the last 64 bytes */
+    assert_ptr_equal(pc, pa + 128);
+    cf_arena_give(&arena, pa, NULL);
+    cf_arena_give(&arena, pb, NULL);
+    assert_ptr_equal(cf_arena_take(&arena, 64, &b), pa);
+    char *big = cf_arena_take(&arena, 128, &a); /* two gaps of 64: none fits */
+    assert_non_null(big);
+    assert_true(big < arena.pool || big >= arena.pool + arena.pool_capacity);
+    assert_int_equal(arena.spills, 1);
+    assert_true(cf_arena_holds(&arena, big, &a));
+    memset(big, 3, 128);
+    cf_arena_give(&arena, big, big + 5); /* a view into it: kept */
+    assert_true(cf_arena_holds(&arena, big, &a));
+    cf_arena_give(&arena, big, NULL);
+    assert_false(cf_arena_holds(&arena, big, &a));
+    assert_int_equal(arena.n_spilled, 0);
+    assert_non_null(cf_arena_take(&arena, 128, &a)); /* spilled again, freed by the release */
     cf_arena_release(&arena);
 }
 
@@ -143,6 +180,7 @@ int main(void) {
         cmocka_unit_test(test_rng_reproducible_and_uniform),
         cmocka_unit_test(test_arena_two_pass),
         cmocka_unit_test(test_arena_transient_pool),
+        cmocka_unit_test(test_arena_transient_spill),
         cmocka_unit_test(test_parallel_for_covers_range_and_survives_fork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

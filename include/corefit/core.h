@@ -68,15 +68,17 @@ cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *
  * a second identical pass hands out real pointers. Nothing is freed individually.
  *
  * Beside it, a pool of transient blocks: memory that is live for part of a pass only (backward's
- * input gradients, dead once the layer before has read them). Each pass reserves the most it
- * may take at once (cf_arena_reserve_transient, one call per block); at run time blocks are
- * taken and given back in any order, first fit from the bottom of the pool, so that a long
- * chain of layers reuses a few blocks' memory. The pool's pages are mapped on first touch: the
- * memory a process holds is the most that was ever live at once, not the sum of what was
- * reserved. */
+ * input gradients, dead once the layer before has read them; a layer's per-call scratch). Each
+ * pass reserves what may be taken (cf_arena_reserve_transient, one call per owner's block); at
+ * run time blocks are taken and given back in any order, first fit from the bottom of the pool,
+ * so that a long chain of layers reuses a few blocks' memory. The pool's pages are mapped on
+ * first touch: a process holds the pool up to the highest end of a block ever taken, about the
+ * most that is live at once, not the sum of what was reserved. A take that finds no gap (the
+ * pool fragmented) is served from the heap instead and freed when given back. */
 typedef struct cf_arena_block {
     size_t at, size;   /* bytes from the pool's base */
     const void *owner; /* who took it (cf_arena_holds) */
+    char *heap;        /* a block served from the heap (the pool had no gap), else NULL */
 } cf_arena_block;
 
 typedef struct cf_arena {
@@ -91,6 +93,9 @@ typedef struct cf_arena {
     size_t pool_high;       /* the highest end of a block taken since the pool was mapped */
     cf_arena_block *blocks; /* blocks taken now, by offset */
     int n_blocks, max_blocks, blocks_reserved;
+    cf_arena_block *spilled; /* blocks taken now from the heap */
+    int n_spilled;
+    long spills; /* takes served from the heap since the pool was mapped */
 } cf_arena;
 
 void cf_arena_begin_measure(cf_arena *arena);
@@ -100,9 +105,9 @@ void *cf_arena_bytes(cf_arena *arena, size_t bytes);
 void cf_arena_release(cf_arena *arena);
 /* Counts one transient block of up to `bytes` (in both passes, like cf_arena_bytes). */
 void cf_arena_reserve_transient(cf_arena *arena, size_t bytes);
-/* A 64-byte aligned block of `bytes` from the pool for owner, not zeroed; NULL when the pool has
- * no room (never while at most the reserved blocks, each within its reservation, are taken at
- * once). */
+/* A 64-byte aligned block of `bytes` for owner, not zeroed: from the pool, or from the heap when
+ * the pool has no gap that fits; NULL only when more blocks are taken at once than were reserved
+ * or the heap is out of memory. */
 void *cf_arena_take(cf_arena *arena, size_t bytes, const void *owner);
 /* True when p is the start of a block that owner took and that is not given back. */
 bool cf_arena_holds(const cf_arena *arena, const void *p, const void *owner);

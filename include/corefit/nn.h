@@ -73,7 +73,9 @@ typedef struct cf_module_ops {
     /* y = f(x). x stays valid until backward; the result lives in this module's memory. */
     const cf_tensor *(*forward)(cf_module *m, const cf_tensor *x);
     /* Given dL/dy for the last forward: accumulates (+=) parameter gradients and returns
-     * dL/dx in this module's memory, or NULL when need_dx is false. */
+     * dL/dx (from cf_module_input_grad, or dy itself when the layer passes it through), or NULL
+     * when need_dx is false. The result is valid until the caller gives it back
+     * (cf_module_give_grad) or the next cf_model_backward. */
     const cf_tensor *(*backward)(cf_module *m, const cf_tensor *dy, bool need_dx);
     /* Frees what the layer allocated itself (not the struct, params or children). Optional. */
     void (*destroy)(cf_module *m);
@@ -118,7 +120,8 @@ cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape);
 cf_tensor *cf_module_input_grad(cf_module *m);
 /* Gives the transient block that starts at p back to m's arena, unless keep points into it (a
  * gradient that passed through as a view); for containers, once a child's gradient is read.
- * Pointers that are not a block (the caller's dy, a layer's own memory) are ignored. */
+ * Pointers that are not a block (a layer's own memory) are ignored; a container must not give
+ * back the dy it was called with (its caller's, which may be a block). */
 void cf_module_give_grad(const cf_module *m, const float *p, const float *keep);
 
 /* Appends a named child to any module (for custom containers); takes ownership of the child,

@@ -253,17 +253,18 @@ static cf_status pool_commit(cf_arena *arena) {
     int blocks = arena->blocks_reserved;
     arena->pool_reserved = 0;
     arena->blocks_reserved = 0;
-    arena->n_blocks = 0;
+    cf_arena_give_all(arena);
     if (need <= arena->pool_capacity && blocks <= arena->max_blocks) {
         if (arena->pool) POOL_POISON(arena->pool, arena->pool_capacity);
         return CF_OK;
     }
-    cf_arena_block *list = cf_calloc((size_t)blocks + 1, sizeof *list);
+    cf_arena_block *list = cf_calloc(2 * ((size_t)blocks + 1), sizeof *list);
     void *pool = need ? mmap(NULL, need, PROT_READ | PROT_WRITE,
                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
                       : NULL;
     if (!list || pool == MAP_FAILED) {
         cf_free(list);
+        if (pool && pool != MAP_FAILED) munmap(pool, need);
         return cf_fail(CF_ERR_NOMEM, "out of memory mapping %zu bytes of transient activations",
                        need);
     }
@@ -277,7 +278,9 @@ static cf_status pool_commit(cf_arena *arena) {
     if (pool) POOL_POISON(pool, need);
     arena->pool_high = 0;
     arena->blocks = list;
+    arena->spilled = list + blocks + 1;
     arena->max_blocks = blocks;
+    arena->spills = 0;
     return CF_OK;
 }
 
@@ -309,14 +312,34 @@ void *cf_arena_bytes(cf_arena *arena, size_t bytes) {
 }
 
 void cf_arena_reserve_transient(cf_arena *arena, size_t bytes) {
-    arena->pool_reserved += (bytes + CF_ALIGN - 1) & ~(size_t)(CF_ALIGN - 1);
+    const size_t size = (bytes + CF_ALIGN - 1) & ~(size_t)(CF_ALIGN - 1);
+    arena->pool_reserved += size ? size : CF_ALIGN; /* as cf_arena_take counts it */
     arena->blocks_reserved++;
+}
+
+/* A block from the heap, for a take that found no gap in the pool. */
+static void *spill(cf_arena *arena, size_t size, const void *owner) {
+    char *p = cf_malloc(size);
+    if (!p) return NULL;
+    arena->spilled[arena->n_spilled++] = (cf_arena_block){.size = size, .owner = owner, .heap = p};
+    arena->spills++;
+#ifdef POOL_SANITIZED
+    memset(p, 0xff, size);
+#endif
+    return p;
+}
+
+/* The index of the spilled block at p, or -1. */
+static int spilled_at(const cf_arena *arena, const void *p) {
+    for (int i = 0; p && i < arena->n_spilled; i++)
+        if (arena->spilled[i].heap == p) return i;
+    return -1;
 }
 
 void *cf_arena_take(cf_arena *arena, size_t bytes, const void *owner) {
     size_t size = (bytes + CF_ALIGN - 1) & ~(size_t)(CF_ALIGN - 1);
     if (size == 0) size = CF_ALIGN;
-    if (arena->n_blocks >= arena->max_blocks) return NULL;
+    if (arena->n_blocks + arena->n_spilled >= arena->max_blocks) return NULL;
     /* first fit: the lowest gap between the blocks (kept by offset) that holds size */
     size_t at = 0;
     int i = 0;
@@ -324,7 +347,7 @@ void *cf_arena_take(cf_arena *arena, size_t bytes, const void *owner) {
         if (arena->blocks[i].at - at >= size) break;
         at = arena->blocks[i].at + arena->blocks[i].size;
     }
-    if (at + size > arena->pool_capacity) return NULL;
+    if (at + size > arena->pool_capacity) return spill(arena, size, owner);
     memmove(arena->blocks + i + 1, arena->blocks + i,
             (size_t)(arena->n_blocks - i) * sizeof *arena->blocks);
     arena->blocks[i] = (cf_arena_block){.at = at, .size = size, .owner = owner};
@@ -356,13 +379,21 @@ static int block_at(const cf_arena *arena, const void *p) {
 
 bool cf_arena_holds(const cf_arena *arena, const void *p, const void *owner) {
     int i = block_at(arena, p);
-    return i >= 0 && arena->blocks[i].owner == owner;
+    if (i >= 0) return arena->blocks[i].owner == owner;
+    i = spilled_at(arena, p);
+    return i >= 0 && arena->spilled[i].owner == owner;
 }
 
 void cf_arena_give(cf_arena *arena, const void *p, const void *keep) {
-    int i = block_at(arena, p);
-    if (i < 0) return;
     uintptr_t at = (uintptr_t)p, k = (uintptr_t)keep;
+    int i = block_at(arena, p);
+    if (i < 0) {
+        if ((i = spilled_at(arena, p)) < 0) return;
+        if (keep && k >= at && k < at + arena->spilled[i].size) return;
+        cf_free(arena->spilled[i].heap);
+        arena->spilled[i] = arena->spilled[--arena->n_spilled];
+        return;
+    }
     if (keep && k >= at && k < at + arena->blocks[i].size) return;
     POOL_POISON(arena->pool + arena->blocks[i].at, arena->blocks[i].size);
     memmove(arena->blocks + i, arena->blocks + i + 1,
@@ -374,6 +405,8 @@ void cf_arena_give_all(cf_arena *arena) {
     for (int i = 0; i < arena->n_blocks; i++) /* the rest of the pool is poisoned already */
         POOL_POISON(arena->pool + arena->blocks[i].at, arena->blocks[i].size);
     arena->n_blocks = 0;
+    for (int i = 0; i < arena->n_spilled; i++) cf_free(arena->spilled[i].heap);
+    arena->n_spilled = 0;
 }
 
 float *cf_arena_floats(cf_arena *arena, size_t count) {
@@ -381,6 +414,7 @@ float *cf_arena_floats(cf_arena *arena, size_t count) {
 }
 
 void cf_arena_release(cf_arena *arena) {
+    cf_arena_give_all(arena);
     cf_free(arena->base);
     if (arena->pool) {
         POOL_UNPOISON(arena->pool, arena->pool_capacity);
