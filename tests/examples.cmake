@@ -15,8 +15,11 @@ if(CF_HAVE_MPI AND MPIEXEC_EXECUTABLE)
     ENVIRONMENT "OPENBLAS_NUM_THREADS=1"
     PASS_REGULAR_EXPRESSION "2 MPI ranks.*rank 0: accuracy [0-9.]+ after 1 epoch.*wrote mpi_out/mpi_model.safetensors"
     FAIL_REGULAR_EXPRESSION "error:")
+  # mpirun forwards each rank's stdout and stderr through separate pipes, so a stderr line
+  # ("note: ...") can land between stdout lines under load: stderr is printed after stdout
   add_test(NAME test_cli_mpi_np2
-    COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${CF_EX_MPI_ENV}
+    COMMAND sh -c "\"$0\" \"$@\" 2>cli_mpi.err; rc=$?; cat cli_mpi.err; exit $rc"
+            ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${CF_EX_MPI_ENV}
             -np 2 $<TARGET_FILE:corefit> train --start mpi --limit 256 --bs 32
             --out cli_mpi.safetensors --csv-log cli_mpi.csv
     WORKING_DIRECTORY ${CF_EXAMPLES_MPI_DIR})
