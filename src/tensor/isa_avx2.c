@@ -121,78 +121,6 @@ static void avx2_transpose(int rows, int cols, const float *src, ptrdiff_t lds, 
         for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
 }
 
-/* ---- stride 2's phase planes ---------------------------------------------------------------- */
-
-/* Stride 2: the phase planes of one image, xs[c][a*2 + b][u][v] = x[c][2u + a][2v + b], for
- * the phases whose bit is set in `used`: 16 inputs of a row give 8 of each phase (V_UNZIP). */
-static void avx2_split_phases(const cf_conv_geom *g, const float *x, float *xs, unsigned used) {
-    const int oh = g->oh, ow = g->ow, w = g->w;
-    const size_t plane = (size_t)oh * ow;
-    for (int c = 0; c < g->c; c++) {
-        const float *xc = x + (size_t)c * g->h * w;
-        float *sc = xs + (size_t)c * 4 * plane;
-        for (int a = 0; a < 2; a++) {
-            const bool want0 = used >> (2 * a) & 1u, want1 = used >> (2 * a + 1) & 1u;
-            if (!want0 && !want1) continue;
-            float *d0 = sc + (size_t)(2 * a) * plane, *d1 = d0 + plane;
-            for (int u = 0; u < oh; u++) {
-                const float *r = xc + (size_t)(2 * u + a) * w;
-                for (int v0 = 0; v0 < ow; v0 += 8) {
-                    const int n = ow - v0 < 8 ? ow - v0 : 8; /* from 2n <= 16 inputs */
-                    __m256 ev, od;
-                    if (n == 8) {
-                        V_UNZIP(_mm256_loadu_ps(r + 2 * v0), _mm256_loadu_ps(r + 2 * v0 + 8), ev,
-                                od);
-                        if (want0) _mm256_storeu_ps(d0 + (size_t)u * ow + v0, ev);
-                        if (want1) _mm256_storeu_ps(d1 + (size_t)u * ow + v0, od);
-                        continue;
-                    }
-                    const __m256i out = avx2_lane_mask(simd_first_lanes(n));
-                    V_UNZIP(_mm256_maskload_ps(r + 2 * v0, avx2_lane_mask(simd_first_lanes(2 * n))),
-                            _mm256_maskload_ps(r + 2 * v0 + 8,
-                                               avx2_lane_mask(simd_first_lanes(2 * n - 8))),
-                            ev, od);
-                    if (want0) _mm256_maskstore_ps(d0 + (size_t)u * ow + v0, out, ev);
-                    if (want1) _mm256_maskstore_ps(d1 + (size_t)u * ow + v0, out, od);
-                }
-            }
-        }
-    }
-}
-
-/* The inverse: x[c][2u + a][2v + b] = xs[c][a*2 + b][u][v] (V_ZIP). */
-static void avx2_merge_phases(const cf_conv_geom *g, const float *xs, float *x) {
-    const int oh = g->oh, ow = g->ow, w = g->w;
-    const size_t plane = (size_t)oh * ow;
-    for (int c = 0; c < g->c; c++) {
-        float *xc = x + (size_t)c * g->h * w;
-        const float *sc = xs + (size_t)c * 4 * plane;
-        for (int a = 0; a < 2; a++) {
-            const float *s0 = sc + (size_t)(2 * a) * plane, *s1 = s0 + plane;
-            for (int u = 0; u < oh; u++) {
-                float *r = xc + (size_t)(2 * u + a) * w;
-                for (int v0 = 0; v0 < ow; v0 += 8) {
-                    const int n = ow - v0 < 8 ? ow - v0 : 8; /* to 2n <= 16 outputs */
-                    __m256 lo, hi;
-                    if (n == 8) {
-                        V_ZIP(_mm256_loadu_ps(s0 + (size_t)u * ow + v0),
-                              _mm256_loadu_ps(s1 + (size_t)u * ow + v0), lo, hi);
-                        _mm256_storeu_ps(r + 2 * v0, lo);
-                        _mm256_storeu_ps(r + 2 * v0 + 8, hi);
-                        continue;
-                    }
-                    const __m256i in = avx2_lane_mask(simd_first_lanes(n));
-                    V_ZIP(_mm256_maskload_ps(s0 + (size_t)u * ow + v0, in),
-                          _mm256_maskload_ps(s1 + (size_t)u * ow + v0, in), lo, hi);
-                    _mm256_maskstore_ps(r + 2 * v0, avx2_lane_mask(simd_first_lanes(2 * n)), lo);
-                    _mm256_maskstore_ps(r + 2 * v0 + 8, avx2_lane_mask(simd_first_lanes(2 * n - 8)),
-                                        hi);
-                }
-            }
-        }
-    }
-}
-
 /* ---- MaxPool2d(2) ---------------------------------------------------------------------------- */
 
 /* Vectors of 8 outputs: the window's four values are the even and odd lanes of two input rows;
@@ -235,8 +163,8 @@ const cf_kernel_table cf_kernels_avx2 = {
     .transpose = avx2_transpose,
     .implicit_run = simd_implicit_run,
     .implicit_wgrad = simd_implicit_wgrad,
-    .split_phases = avx2_split_phases,
-    .merge_phases = avx2_merge_phases,
+    .split_phases = simd_split_phases,
+    .merge_phases = simd_merge_phases,
     .bn = &simd_bn_kernels,
     .optim = &loops_optim,
     .wino = &loops_wino,

@@ -468,70 +468,6 @@ static inline __mmask16 first_lanes(int n) {
     return (__mmask16)(n >= 16 ? 0xffffu : n <= 0 ? 0u : (1u << n) - 1u);
 }
 
-/* Stride 2: the phase planes of one image, xs[c][a*2 + b][u][v] = x[c][2u + a][2v + b], for
- * the phases whose bit is set in `used`. */
-static void avx512_split_phases(const cf_conv_geom *g, const float *x, float *xs, unsigned used) {
-    const int oh = g->oh, ow = g->ow, w = g->w;
-    const size_t plane = (size_t)oh * ow;
-    const __m512i even =
-        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    for (int c = 0; c < g->c; c++) {
-        const float *xc = x + (size_t)c * g->h * w;
-        float *sc = xs + (size_t)c * 4 * plane;
-        for (int a = 0; a < 2; a++) {
-            const bool want0 = used >> (2 * a) & 1u, want1 = used >> (2 * a + 1) & 1u;
-            if (!want0 && !want1) continue;
-            float *d0 = sc + (size_t)(2 * a) * plane, *d1 = d0 + plane;
-            for (int u = 0; u < oh; u++) {
-                const float *r = xc + (size_t)(2 * u + a) * w;
-                for (int v0 = 0; v0 < ow; v0 += 16) {          /* 32 inputs give 16 of each phase */
-                    const int n = ow - v0 < 16 ? ow - v0 : 16; /* from 2n <= 32 inputs */
-                    const __mmask16 out = first_lanes(n);
-                    const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(2 * n), r + 2 * v0);
-                    const __m512 hi =
-                        _mm512_maskz_loadu_ps(first_lanes(2 * n - 16), r + 2 * v0 + 16);
-                    if (want0)
-                        _mm512_mask_storeu_ps(d0 + (size_t)u * ow + v0, out,
-                                              _mm512_permutex2var_ps(lo, even, hi));
-                    if (want1)
-                        _mm512_mask_storeu_ps(d1 + (size_t)u * ow + v0, out,
-                                              _mm512_permutex2var_ps(lo, odd, hi));
-                }
-            }
-        }
-    }
-}
-
-/* The inverse: x[c][2u + a][2v + b] = xs[c][a*2 + b][u][v]. */
-static void avx512_merge_phases(const cf_conv_geom *g, const float *xs, float *x) {
-    const int oh = g->oh, ow = g->ow, w = g->w;
-    const size_t plane = (size_t)oh * ow;
-    const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi_idx =
-        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    for (int c = 0; c < g->c; c++) {
-        float *xc = x + (size_t)c * g->h * w;
-        const float *sc = xs + (size_t)c * 4 * plane;
-        for (int a = 0; a < 2; a++) {
-            const float *s0 = sc + (size_t)(2 * a) * plane, *s1 = s0 + plane;
-            for (int u = 0; u < oh; u++) {
-                float *r = xc + (size_t)(2 * u + a) * w;
-                for (int v0 = 0; v0 < ow; v0 += 16) {
-                    const int n = ow - v0 < 16 ? ow - v0 : 16; /* to 2n <= 32 outputs */
-                    const __mmask16 in = first_lanes(n), out0 = first_lanes(2 * n),
-                                    out1 = first_lanes(2 * n - 16);
-                    const __m512 e = _mm512_maskz_loadu_ps(in, s0 + (size_t)u * ow + v0);
-                    const __m512 o = _mm512_maskz_loadu_ps(in, s1 + (size_t)u * ow + v0);
-                    _mm512_mask_storeu_ps(r + 2 * v0, out0, _mm512_permutex2var_ps(e, lo_idx, o));
-                    _mm512_mask_storeu_ps(r + 2 * v0 + 16, out1,
-                                          _mm512_permutex2var_ps(e, hi_idx, o));
-                }
-            }
-        }
-    }
-}
-
 /* ---- pooling -------------------------------------------------------------------------------- */
 
 /* AdaptiveConcatPool2d on one plane: the maximum, its first index and the sum, 16 lanes at a
@@ -605,8 +541,8 @@ const cf_kernel_table cf_kernels_avx512 = {
     .col2im = avx512_col2im,
     .implicit_run = simd_implicit_run,
     .implicit_wgrad = simd_implicit_wgrad,
-    .split_phases = avx512_split_phases,
-    .merge_phases = avx512_merge_phases,
+    .split_phases = simd_split_phases,
+    .merge_phases = simd_merge_phases,
     .bn = &simd_bn_kernels,
     .max_sum_plane = avx512_max_sum_plane,
     .optim = &loops_optim,

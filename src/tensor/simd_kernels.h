@@ -448,6 +448,69 @@ static void simd_implicit_wgrad(int m, int channels, int oh, int ow, int n_image
     }
 }
 
+/* ---- stride 2's phase planes (for the tables whose set defines V_ZIP and V_UNZIP) ---------- */
+
+#ifdef V_UNZIP
+/* The lanes in mask from p (a plain load when all are wanted). */
+CF_INLINE vf simd_load(const float *p, unsigned mask) {
+    return mask == VMASK_ALL ? V_LOADU(p) : V_LOADZ(V_MASKV(mask), p);
+}
+
+/* Stride 2: the phase planes of one image, xs[c][a*2 + b][u][v] = x[c][2u + a][2v + b], for
+ * the phases whose bit is set in `used`: 2 VL inputs of a row give VL of each phase (V_UNZIP). */
+static inline void simd_split_phases(const cf_conv_geom *g, const float *x, float *xs,
+                                     unsigned used) {
+    const int oh = g->oh, ow = g->ow, w = g->w;
+    const size_t plane = (size_t)oh * ow;
+    for (int c = 0; c < g->c; c++) {
+        const float *xc = x + (size_t)c * g->h * w;
+        float *sc = xs + (size_t)c * 4 * plane;
+        for (int a = 0; a < 2; a++) {
+            const bool want0 = used >> (2 * a) & 1u, want1 = used >> (2 * a + 1) & 1u;
+            if (!want0 && !want1) continue;
+            float *d0 = sc + (size_t)(2 * a) * plane, *d1 = d0 + plane;
+            for (int u = 0; u < oh; u++) {
+                const float *r = xc + (size_t)(2 * u + a) * w;
+                for (int v0 = 0; v0 < ow; v0 += VL) {
+                    const int n = ow - v0 < VL ? ow - v0 : VL; /* from 2n <= 2 VL inputs */
+                    const unsigned out = simd_first_lanes(n);
+                    vf ev, od;
+                    V_UNZIP(simd_load(r + 2 * v0, simd_first_lanes(2 * n)),
+                            simd_load(r + 2 * v0 + VL, simd_first_lanes(2 * n - VL)), ev, od);
+                    if (want0) simd_store(d0 + (size_t)u * ow + v0, out, ev);
+                    if (want1) simd_store(d1 + (size_t)u * ow + v0, out, od);
+                }
+            }
+        }
+    }
+}
+
+/* The inverse: x[c][2u + a][2v + b] = xs[c][a*2 + b][u][v] (V_ZIP). */
+static inline void simd_merge_phases(const cf_conv_geom *g, const float *xs, float *x) {
+    const int oh = g->oh, ow = g->ow, w = g->w;
+    const size_t plane = (size_t)oh * ow;
+    for (int c = 0; c < g->c; c++) {
+        float *xc = x + (size_t)c * g->h * w;
+        const float *sc = xs + (size_t)c * 4 * plane;
+        for (int a = 0; a < 2; a++) {
+            const float *s0 = sc + (size_t)(2 * a) * plane, *s1 = s0 + plane;
+            for (int u = 0; u < oh; u++) {
+                float *r = xc + (size_t)(2 * u + a) * w;
+                for (int v0 = 0; v0 < ow; v0 += VL) {
+                    const int n = ow - v0 < VL ? ow - v0 : VL; /* to 2n <= 2 VL outputs */
+                    const unsigned in = simd_first_lanes(n);
+                    vf lo, hi;
+                    V_ZIP(simd_load(s0 + (size_t)u * ow + v0, in),
+                          simd_load(s1 + (size_t)u * ow + v0, in), lo, hi);
+                    simd_store(r + 2 * v0, simd_first_lanes(2 * n), lo);
+                    simd_store(r + 2 * v0 + VL, simd_first_lanes(2 * n - VL), hi);
+                }
+            }
+        }
+    }
+}
+#endif
+
 /* ---- BatchNorm over one channel plane (see cf_bn_kernels in kernel_table.h) ---------------- */
 
 static inline unsigned simd_tail(int64_t s) {
