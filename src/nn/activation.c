@@ -76,7 +76,10 @@ static void relu_fwd_k(const ew_ctx *c, int64_t b, int64_t e) {
 static void relu_bwd_k(const ew_ctx *c, int64_t b, int64_t e) {
     const float *restrict y = c->a, *restrict g = c->b;
     float *restrict dx = c->out;
-    for (int64_t i = b; i < e; i++) dx[i] = y[i] > 0.0f ? g[i] : 0.0f;
+    for (int64_t i = b; i < e; i++) {
+        const float gi = g[i]; /* loaded unconditionally so that the select vectorises */
+        dx[i] = y[i] > 0.0f ? gi : 0.0f;
+    }
 }
 
 static void relu_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
@@ -321,7 +324,10 @@ static const cf_tensor *dropout_backward(cf_module *m, const cf_tensor *dy, bool
     const uint8_t *restrict mask = d->mask;
     const float *restrict g = dy->data;
     float *restrict o = dx->data;
-    for (size_t i = 0; i < n; i++) o[i] = mask[i] ? g[i] * scale : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float gi = g[i] * scale; /* unconditional, so that the select vectorises */
+        o[i] = mask[i] ? gi : 0.0f;
+    }
     return dx;
 }
 

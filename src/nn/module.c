@@ -268,7 +268,10 @@ static void res_ew_range(void *vctx, int64_t begin, int64_t end, int thread) {
         }
         break;
     case RES_MASK: /* a: the ReLU's output, b: the gradient */
-        for (int64_t i = begin; i < end; i++) o[i] = a[i] > 0.0f ? b[i] : 0.0f;
+        for (int64_t i = begin; i < end; i++) {
+            const float g = b[i]; /* loaded unconditionally so that the select vectorises */
+            o[i] = a[i] > 0.0f ? g : 0.0f;
+        }
         break;
     }
 }
