@@ -148,10 +148,30 @@ typedef struct bn_ctx {
     double count;
 } bn_ctx;
 
+/* Channels per block of the two passes over planes (statistics, then output; or the gradient
+ * sums, then dx): a block's planes of every sample, BN_BLOCK_BYTES for each array read, stay in
+ * L2 between its two passes, so the second pass reads from L2 rather than from L3 or memory.
+ * Sums still run over the samples in order per channel, so results do not depend on it. */
+#define BN_BLOCK_BYTES (256 * 1024)
+
+static int64_t bn_block_channels(const geom *g) {
+    const size_t per_channel = (size_t)g->n * (size_t)g->s * sizeof(float);
+    const size_t cb = BN_BLOCK_BYTES / (per_channel ? per_channel : 1);
+    return cb > 1 ? (int64_t)cb : 1;
+}
+
+static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1);
+static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1);
+
 /* Channel planes (s > 1): statistics (training) and output for channels [c0, c1). */
 static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     (void)thread;
     bn_ctx *ctx = vctx;
+    const int64_t cb = bn_block_channels(&ctx->g);
+    for (int64_t b0 = c0; b0 < c1; b0 += cb) bn_forward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
+}
+
+static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
     const double count = (double)g.n * (double)g.s;
@@ -340,6 +360,12 @@ static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
 static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     (void)thread;
     bn_ctx *ctx = vctx;
+    const int64_t cb = bn_block_channels(&ctx->g);
+    for (int64_t b0 = c0; b0 < c1; b0 += cb)
+        bn_backward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
+}
+
+static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     cf_module *m = ctx->m;
     bn_impl *b = m->impl;
     const geom g = ctx->g;

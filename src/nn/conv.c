@@ -223,6 +223,23 @@ static void prefetch_range(const float *p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
 
+/* Prefetches the input rows that images [n0, n1) are lowered from: every row, but for a 1x1
+ * layer of stride s without padding, which reads only every s-th row (the others would take
+ * half the memory bandwidth of W1's stride-2 shortcuts for nothing). */
+static void prefetch_input(const conv_impl *c, int64_t n0, int64_t n1) {
+    const cf_conv_geom *g = &c->g;
+    const size_t row = (size_t)g->w, plane = (size_t)g->h * row, in_n = (size_t)g->c * plane;
+    const float *x = c->x + (size_t)n0 * in_n;
+    if (c->k != 1 || c->pad != 0 || c->stride == 1) {
+        prefetch_range(x, (size_t)(n1 - n0) * in_n * sizeof(float));
+        return;
+    }
+    for (int64_t p = 0; p < (n1 - n0) * g->c; p++)
+        for (int u = 0; u < g->oh; u++)
+            prefetch_range(x + (size_t)p * plane + (size_t)u * c->stride * row,
+                           row * sizeof(float));
+}
+
 /* The images [*n0, *n1) of group gi. */
 static void group_range(const conv_impl *c, int64_t gi, int64_t *n0, int64_t *n1) {
     *n0 = gi * c->group;
@@ -246,7 +263,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
         if (n1 < c->batch && gi + 1 < end) {
             int64_t m0, m1;
             group_range(c, gi + 1, &m0, &m1);
-            prefetch_range(c->x + (size_t)m0 * in_n, (size_t)(m1 - m0) * in_n * sizeof(float));
+            prefetch_input(c, m0, m1);
         }
         const float *patches = c->x + (size_t)n0 * in_n; /* direct: the image itself */
         if (!c->direct) {
@@ -405,8 +422,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         if (n1 < c->batch && gi + 1 < end) {
             int64_t m0, m1;
             group_range(c, gi + 1, &m0, &m1);
-            if (c->want_dw)
-                prefetch_range(c->x + (size_t)m0 * in_n, (size_t)(m1 - m0) * in_n * sizeof(float));
+            if (c->want_dw) prefetch_input(c, m0, m1);
             prefetch_range(c->dy + (size_t)m0 * out_n, (size_t)(m1 - m0) * out_n * sizeof(float));
         }
         const float *dyg = NULL;
