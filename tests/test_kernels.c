@@ -520,6 +520,42 @@ static void test_max_pool_2x2_matches_portable(void **state) {
     }
 }
 
+/* cf_max_sum_plane of the active table against the portable loop: the maximum and its first
+ * position bitwise, the sum within rounding; sizes around each vector length, ties, and NaN
+ * (the first NaN wins, from the portable loop the table leaves such planes to). */
+static void test_max_sum_plane_matches_portable(void **state) {
+    (void)state;
+    const cf_isa active = cf_isa_active();
+    cf_rng rng;
+    cf_rng_seed(&rng, 17);
+    const size_t sizes[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 49, 196, 784};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int variant = 0; variant < 4; variant++) {
+            const size_t n = sizes[s];
+            float *x = malloc(n * sizeof(float));
+            double mag = 0;
+            for (size_t i = 0; i < n; i++) {
+                x[i] = (float)(0.25 * floor(16 * cf_rng_uniform(&rng) - 12)); /* mostly < 0 */
+                mag += fabs(x[i]);
+            }
+            if (variant == 1) x[n / 2] = x[n - 1] = 9.0f; /* a tie: the first wins */
+            if (variant == 2) x[n - 1] = 9.0f;            /* the maximum in the tail */
+            if (variant == 3) x[(n * 2) / 3] = NAN;
+            float b1, b2, s1, s2;
+            int32_t a1, a2;
+            cf_max_sum_plane(x, n, &b1, &a1, &s1);
+            cf_set_isa(CF_ISA_GENERIC);
+            cf_max_sum_plane(x, n, &b2, &a2, &s2);
+            cf_set_isa(active);
+            if (memcmp(&b1, &b2, sizeof b1) != 0 || a1 != a2)
+                fail_msg("max_sum_plane n=%zu variant %d: max %g at %d, want %g at %d", n, variant,
+                         (double)b1, a1, (double)b2, a2);
+            if (variant != 3 && fabs((double)s1 - s2) > 1e-6 * mag + 1e-30)
+                fail_msg("max_sum_plane n=%zu: sum %g, want %g", n, (double)s1, (double)s2);
+            free(x);
+        }
+}
+
 static void test_transpose(void **state) {
     (void)state;
     cf_rng rng;
@@ -557,6 +593,7 @@ int main(void) {
         cmocka_unit_test(test_conv_implicit_wgrad_blocks),
         cmocka_unit_test(test_conv_winograd_matches_direct),
         cmocka_unit_test(test_max_pool_2x2_matches_portable),
+        cmocka_unit_test(test_max_sum_plane_matches_portable),
         cmocka_unit_test(test_transpose),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,6 +7,7 @@
 #include "tensor/kernel_table.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 #define VL 8
 #define VMASK_ALL 0xffu
@@ -157,6 +158,40 @@ static void avx2_max_pool_2x2(const float *x, int h, int w, float *y, int32_t *i
     }
 }
 
+/* ---- pooling -------------------------------------------------------------------------------- */
+
+/* AdaptiveConcatPool2d on one plane: the maximum, its first index and the sum, 8 lanes at a
+ * time and the last values one by one. Returns false, leaving the plane to the scalar loop,
+ * when the plane holds a NaN (which must win the maximum at its first position). */
+static bool avx2_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float *sum) {
+    __m256 mx = _mm256_set1_ps(-INFINITY), s = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) return false;
+        mx = _mm256_max_ps(mx, v);
+        s = _mm256_add_ps(s, v);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    float b = _mm_cvtss_f32(m4), t = _mm_cvtss_f32(s4);
+    for (; i < n; i++) {
+        if (isnan(x[i])) return false;
+        if (x[i] > b) b = x[i];
+        t += x[i];
+    }
+    size_t k = 0;
+    while (x[k] != b) k++; /* the first position of the maximum */
+    *best = b;
+    *arg = (int32_t)k;
+    *sum = t;
+    return true;
+}
+
 const cf_kernel_table cf_kernels_avx2 = {
     .isa = CF_ISA_AVX2,
     .sgemm_strided = simd_sgemm_strided,
@@ -166,6 +201,7 @@ const cf_kernel_table cf_kernels_avx2 = {
     .split_phases = simd_split_phases,
     .merge_phases = simd_merge_phases,
     .bn = &simd_bn_kernels,
+    .max_sum_plane = avx2_max_sum_plane,
     .optim = &loops_optim,
     .wino = &loops_wino,
     .max_pool_2x2 = avx2_max_pool_2x2,
