@@ -184,8 +184,11 @@ static bool avx2_max_sum_plane(const float *x, size_t n, float *best, int32_t *a
         if (x[i] > b) b = x[i];
         t += x[i];
     }
-    size_t k = 0;
-    while (x[k] != b) k++; /* the first position of the maximum */
+    const __m256 bv = _mm256_set1_ps(b);
+    size_t k = 0; /* the first position of the maximum: the first vector holding it, then */
+    while (k + 8 <= n && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + k), bv, _CMP_EQ_OQ)))
+        k += 8;
+    while (x[k] != b) k++;
     *best = b;
     *arg = (int32_t)k;
     *sum = t;

@@ -490,8 +490,10 @@ static bool avx512_max_sum_plane(const float *x, size_t n, float *best, int32_t 
         s = _mm512_add_ps(s, v);
     }
     const float b = _mm512_reduce_max_ps(mx);
-    size_t k = 0;
-    while (x[k] != b) k++; /* the first position of the maximum */
+    const __m512 bv = _mm512_set1_ps(b);
+    size_t k = 0; /* the first position of the maximum: the first vector holding it, then */
+    while (k + 16 <= n && !_mm512_cmp_ps_mask(_mm512_loadu_ps(x + k), bv, _CMP_EQ_OQ)) k += 16;
+    while (x[k] != b) k++;
     *best = b;
     *arg = (int32_t)k;
     *sum = _mm512_reduce_add_ps(s);
