@@ -48,9 +48,11 @@ static void unwrap_all(void) {
 }
 
 /* Pairs (BatchNorm, ReLU) in a Sequential whose ReLU passed the BatchNorm's output through in
- * the last forward, pairs whose BatchNorm is linked to its ReLU, and residual blocks whose
- * output is their idpath's last BatchNorm's (the add and ReLU folded into it). */
-static void count_fused(const cf_module *m, int *passing, int *linked, int *folds) {
+ * the last forward, pairs whose BatchNorm is linked to its ReLU, residual blocks whose output
+ * is their idpath's last BatchNorm's (the add and ReLU folded into it), and strided 1x1
+ * shortcuts whose output the convpath's first convolution computed. */
+static void count_fused(const cf_module *m, int *passing, int *linked, int *folds, int *shortcuts) {
+    if (cf_nn_conv_computed_by_sibling(m)) (*shortcuts)++;
     if (strcmp(m->ops->kind, "ResBlock") == 0 && m->n_children == 2) {
         const cf_module *last = m->children[1];
         if (last->n_children) last = last->children[last->n_children - 1];
@@ -63,7 +65,8 @@ static void count_fused(const cf_module *m, int *passing, int *linked, int *fold
         if (b->out.data == a->out.data) (*passing)++;
         if (cf_nn_bn_fused_with(a, b)) (*linked)++;
     }
-    for (int i = 0; i < m->n_children; i++) count_fused(m->children[i], passing, linked, folds);
+    for (int i = 0; i < m->n_children; i++)
+        count_fused(m->children[i], passing, linked, folds, shortcuts);
 }
 
 /* ---- networks ------------------------------------------------------------------------------ */
@@ -128,14 +131,15 @@ typedef enum variant { FUSED, SWITCHED_OFF, WRAPPED } variant;
 typedef struct result {
     float *y, *dx, *grads, *buffers;
     size_t ny, nx, ng, nb;
-    int passing, linked, folds;
+    int passing, linked, folds, shortcuts;
 } result;
 
 typedef struct spec {
     build_fn build;
     cf_shape x;
-    int pairs; /* fusable pairs in the network */
-    int folds; /* residual blocks whose add and ReLU fold into a BatchNorm */
+    int pairs;     /* fusable pairs in the network */
+    int folds;     /* residual blocks whose add and ReLU fold into a BatchNorm */
+    int shortcuts; /* strided 1x1 shortcuts computed beside the convpath (implicit kernels) */
     int threads;
     bool train;
     int steps;
@@ -200,8 +204,8 @@ static void snapshot(cf_model *model, const cf_tensor *y, const cf_tensor *dx, r
     r->grads = dup(model->grads, r->ng);
     r->nb = model->n_buffers;
     r->buffers = dup(model->buffers, r->nb);
-    r->passing = r->linked = r->folds = 0;
-    count_fused(model->root, &r->passing, &r->linked, &r->folds);
+    r->passing = r->linked = r->folds = r->shortcuts = 0;
+    count_fused(model->root, &r->passing, &r->linked, &r->folds, &r->shortcuts);
 }
 
 static result run(const spec *s, variant v) {
@@ -259,6 +263,11 @@ static void check_spec(const char *name, spec s) {
             if (f.folds != s.folds || w.folds != s.folds)
                 fail_msg("%s: %d and %d of %d residual sums folded", what, f.folds, w.folds,
                          s.folds);
+            const int shortcuts = cf_isa_active() != CF_ISA_GENERIC ? s.shortcuts : 0;
+            if (f.shortcuts != shortcuts || w.shortcuts != shortcuts || o.shortcuts)
+                fail_msg("%s: %d, %d and %d of %d shortcuts computed beside the convpath "
+                         "(fused, wrapped, switched off)",
+                         what, f.shortcuts, w.shortcuts, o.shortcuts, shortcuts);
             if (o.passing || o.linked || o.folds || w.passing || w.linked)
                 fail_msg("%s: fused although switched off (%d) or wrapped (%d)", what,
                          o.passing + o.linked + o.folds, w.passing + w.linked);
@@ -324,6 +333,7 @@ static void test_residual_and_nan(void **state) {
                                  .x = cf_shape4(2, 1, 28, 28),
                                  .pairs = 3,
                                  .folds = 2,
+                                 .shortcuts = 2,
                                  .steps = 2});
     check_spec("nan input", (spec){.build = net_conv,
                                    .x = cf_shape4(2, 3, 5, 5),

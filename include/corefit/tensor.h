@@ -204,6 +204,21 @@ void cf_conv_implicit_pack_dx(const cf_conv_geom *g, int out_channels, const flo
                               float *packed);
 void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                               const float *x, int n_images, float *y, float *scratch);
+/* A 1x1 stride-2 convolution without padding or bias on the same input as a stride-2 layer (a
+ * residual block's shortcut beside its first 3x3): its output is its weights times the input's
+ * phase 0, which cf_conv_implicit_forward_with computes from each block's phase split while the
+ * split is in cache, so that the input is read once for both. The products are those of
+ * cf_sgemm_strided over the shortcut's patch matrix, so the output is bitwise that of the
+ * shortcut run on its own through im2col. */
+typedef struct cf_conv_shortcut {
+    int out_channels;
+    const float *w; /* out_channels x channels, row-major (the layer's own weights) */
+    float *y;       /* its output for the call's images */
+} cf_conv_shortcut;
+/* cf_conv_implicit_forward of a stride-2 layer, and the shortcut's output (NULL: none). */
+void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                                   const float *x, int n_images, float *y, float *scratch,
+                                   const cf_conv_shortcut *shortcut);
 void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *packed_dx,
                          const float *dy, int n_images, float *dx, float *scratch);
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,

@@ -65,11 +65,15 @@ typedef struct conv_impl {
     float *scratch;     /* n_threads x scratch of cf_conv_implicit_* or cf_conv_winograd_* */
     size_t scratch_stride;
     size_t wino_packed, implicit_packed; /* floats of the packed weights */
-    cf_arena *arena;    /* whose transient pool lends each call its buffers (call_buffers) */
-    unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
-    float *add_dx_next; /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
-    bool add_dx;        /* this backward adds dx into c->dx (col2im without zeroing) */
-    cf_tensor dx_sum;   /* the returned gradient when adding */
+    cf_arena *arena;          /* whose transient pool lends each call its buffers (call_buffers) */
+    unsigned char *ran;       /* n_threads flags: thread t holds partial sums for this backward */
+    float *add_dx_next;       /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
+    bool add_dx;              /* this backward adds dx into c->dx (col2im without zeroing) */
+    cf_tensor dx_sum;         /* the returned gradient when adding */
+    cf_module *shortcut_next; /* cf_nn_conv_shortcut_next: computed by the next forward */
+    cf_conv_shortcut shortcut_call; /* ... in the forward in progress (out_channels 0: none) */
+    const float *computed_for;      /* a stride-2 sibling computed this output from this input */
+    bool by_sibling;                /* ... and the last forward returned it */
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -332,9 +336,27 @@ static void conv_forward_in_place_range(void *ctx, int64_t begin, int64_t end, i
           *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     if (c->winograd_call)
         cf_conv_winograd_forward(g, c->out_c, c->wino_u, x, (int)(end - begin), y, scratch);
-    else
+    else if (c->shortcut_call.out_channels) {
+        cf_conv_shortcut sc = c->shortcut_call;
+        sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
+        cf_conv_implicit_forward_with(g, c->out_c, c->wpack, x, (int)(end - begin), y, scratch,
+                                      &sc);
+    } else
         cf_conv_implicit_forward(g, c->out_c, c->wpack, x, (int)(end - begin), y, scratch);
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
+}
+
+/* Whether shortcut (any module) is a 1x1 stride-2 layer without padding or bias whose output c
+ * can compute from its phase split of x: the same channels and output plane. The plane is wider
+ * than any vector so that cf_sgemm_strided takes the same kernel per image as over the
+ * shortcut's grouped patch matrix (bitwise the same products). */
+static bool shortcut_fits(const conv_impl *c, const cf_module *shortcut, const cf_tensor *x) {
+    if (!cf_nn_is_conv(shortcut) || c->stride != 2 || c->winograd_call || !use_implicit(c))
+        return false;
+    const conv_impl *s = shortcut->impl;
+    return s->k == 1 && s->stride == 2 && s->pad == 0 && !s->has_bias && s->in_c == c->in_c &&
+           s->g.h == x->shape.dim[2] && s->g.w == x->shape.dim[3] && s->g.oh == c->g.oh &&
+           s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
 }
 
 static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
@@ -342,10 +364,22 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     m->in = x;
     const cf_conv_geom *g = &c->g;
     cf_tensor *y = cf_module_output(m, &(cf_shape){4, {x->shape.dim[0], c->out_c, g->oh, g->ow}});
-    c->x = x->data;
+    c->x = x->data; /* backward reads them */
     c->y = y->data;
     c->batch = x->shape.dim[0];
+    c->by_sibling = c->computed_for && c->computed_for == x->data;
+    c->computed_for = NULL;
+    if (c->by_sibling) return y; /* computed by the sibling, from this input */
     c->winograd_call = use_winograd(c);
+    cf_module *shortcut = c->shortcut_next;
+    c->shortcut_next = NULL;
+    c->shortcut_call.out_channels = 0;
+    if (shortcut && shortcut_fits(c, shortcut, x)) {
+        conv_impl *s = shortcut->impl;
+        cf_tensor *ys = cf_module_output(
+            shortcut, &(cf_shape){4, {x->shape.dim[0], s->out_c, s->g.oh, s->g.ow}});
+        c->shortcut_call = (cf_conv_shortcut){s->out_c, shortcut->params[0].data, ys->data};
+    }
     float *mem = call_begin(c, false);
     if (c->winograd_call || use_implicit(c)) {
         if (c->winograd_call)
@@ -356,6 +390,8 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     } else
         run_groups(c, c->batch, conv_forward_range, m);
     call_end(c, mem);
+    if (c->shortcut_call.out_channels) ((conv_impl *)shortcut->impl)->computed_for = x->data;
+    c->shortcut_call.out_channels = 0;
     return y;
 }
 
@@ -567,6 +603,19 @@ bool cf_nn_is_conv(const cf_module *m) {
 
 void cf_nn_conv_add_dx_next(cf_module *conv, float *target) {
     ((conv_impl *)conv->impl)->add_dx_next = target;
+}
+
+void cf_nn_conv_shortcut_next(cf_module *conv, cf_module *shortcut) {
+    ((conv_impl *)conv->impl)->shortcut_next = shortcut;
+}
+
+bool cf_nn_conv_computed_by_sibling(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->by_sibling;
+}
+
+void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut) {
+    ((conv_impl *)conv->impl)->shortcut_next = NULL;
+    if (cf_nn_is_conv(shortcut)) ((conv_impl *)shortcut->impl)->computed_for = NULL;
 }
 
 static const cf_module_ops conv_ops = {

@@ -327,11 +327,22 @@ static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     if (r->relu_after) cf_arena_reserve_transient(arena, cf_shape_numel(&out) * sizeof(float));
 }
 
+/* The module a path starts with: its first child when it is a Sequential (ops its own). */
+static cf_module *path_first(cf_module *path) {
+    return path->ops == &sequential_ops && path->n_children ? path->children[0] : path;
+}
+
 static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     residual_impl *r = m->impl;
     m->in = x;
     cf_module *cp = m->children[0];
     cp->in = x;
+    /* a strided convpath conv may compute the idpath's strided 1x1 conv from its phase split */
+    cf_module *first_a = path_first(cp),
+              *first_b = r->has_idpath ? path_first(m->children[1]) : NULL;
+    const bool shortcut =
+        fusion_enabled && first_b && cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b);
+    if (shortcut) cf_nn_conv_shortcut_next(first_a, first_b);
     const cf_tensor *a = cp->ops->forward(cp, x);
     const cf_tensor *b = x;
     if (r->has_idpath) {
@@ -339,6 +350,7 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
         ip->in = x;
         if (r->fold) cf_nn_bn_add_relu_next(r->fold, a->data);
         b = ip->ops->forward(ip, x);
+        if (shortcut) cf_nn_conv_shortcut_done(first_a, first_b);
         if (r->fold) { /* b is relu(a + idpath(x)) */
             m->out = *b;
             return &m->out;
@@ -373,7 +385,7 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
         cf_module *ip = m->children[1];
         /* an idpath that starts with a convolution may add its gradient into the convpath's
          * (a buffer of the convpath's own, dead once read here) */
-        cf_module *first = ip->ops == &sequential_ops && ip->n_children ? ip->children[0] : ip;
+        cf_module *first = path_first(ip);
         const bool add = fusion_enabled && need_dx && da->data != dy->data &&
                          da->data != dz->data && cf_nn_is_conv(first);
         if (add) cf_nn_conv_add_dx_next(first, da->data);

@@ -45,6 +45,16 @@ void cf_nn_bn_add_relu_next(cf_module *bn, const float *add);
  * otherwise it returns its own gradient as usual. Consumed by that backward. */
 bool cf_nn_is_conv(const cf_module *m);
 void cf_nn_conv_add_dx_next(cf_module *conv, float *target);
+/* Residual shortcut: the next forward of conv (a stride-2 Conv2d on the implicit path) also
+ * computes the output of shortcut (a 1x1 stride-2 Conv2d without padding or bias on the same
+ * input) from its own phase split (cf_conv_implicit_forward_with), and shortcut's next forward
+ * on that input returns it without reading the input again; bitwise what shortcut computes
+ * alone. Either conv ignores it when the pair does not qualify; NULL unlinks. Consumed by the
+ * forwards; cf_nn_conv_shortcut_done drops what a forward did not consume. */
+void cf_nn_conv_shortcut_next(cf_module *conv, cf_module *shortcut);
+void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut);
+/* True when conv's last forward returned the output its stride-2 sibling computed (tests). */
+bool cf_nn_conv_computed_by_sibling(const cf_module *conv);
 
 /* Whether Sequential plans BatchNorm + ReLU fusion (default true). Takes effect the next time a
  * model is planned; for tests that compare the fused and unfused paths. Not thread-safe. */

@@ -235,6 +235,12 @@ static unsigned phases_used(const layout *l) {
 
 void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                               const float *x, int n_images, float *y, float *scratch) {
+    cf_conv_implicit_forward_with(g, out_channels, packed, x, n_images, y, scratch, NULL);
+}
+
+void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                                   const float *x, int n_images, float *y, float *scratch,
+                                   const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g);
     taps *tp = (taps *)scratch;
@@ -248,7 +254,7 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
                                         n_images, y, (size_t)l.plane, y_image);
         return;
     }
-    const unsigned used = phases_used(&l);
+    const unsigned used = phases_used(&l) | (shortcut ? 1u : 0u);
     const int block = block_images(&l);
     for (int n0 = 0; n0 < n_images; n0 += block) {
         const int nb = n_images - n0 < block ? n_images - n0 : block;
@@ -257,6 +263,14 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
         cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, scratch,
                                         4 * (size_t)l.plane, image, nb, y + (size_t)n0 * y_image,
                                         (size_t)l.plane, y_image);
+        if (!shortcut) continue;
+        /* phase 0 of channel c at c * 4 * plane: the shortcut's patch matrix, rows 4 planes
+         * apart */
+        const size_t s_image = (size_t)shortcut->out_channels * l.plane;
+        for (int n = 0; n < nb; n++)
+            cf_sgemm_strided(shortcut->out_channels, l.plane, g->c, shortcut->w, g->c, 1,
+                             scratch + (size_t)n * image, 4 * l.plane,
+                             shortcut->y + (size_t)(n0 + n) * s_image, l.plane, false);
     }
 }
 
