@@ -14,7 +14,9 @@
  * its own) has that BatchNorm write relu(convpath(x) + bn(...)) straight into its output, which
  * becomes the block's output: one pass less over the block's output. Backward, an idpath that
  * starts with a strided 1x1 convolution adds its input gradient into the convpath's
- * (cf_nn_conv_add_dx_next) instead of the block summing the two. */
+ * (cf_nn_conv_add_dx_next) instead of the block summing the two. Forward, such a shortcut beside
+ * a strided convpath convolution on the implicit kernels is computed by that convolution from
+ * its phase split (cf_nn_conv_shortcut_next), so the block's input is read once. */
 #ifndef COREFIT_NN_INTERNAL_H
 #define COREFIT_NN_INTERNAL_H
 
