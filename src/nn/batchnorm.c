@@ -160,17 +160,6 @@ static int64_t bn_block_channels(const geom *g) {
     return cb > 1 ? (int64_t)cb : 1;
 }
 
-static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1);
-static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1);
-
-/* Channel planes (s > 1): statistics (training) and output for channels [c0, c1). */
-static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
-    (void)thread;
-    bn_ctx *ctx = vctx;
-    const int64_t cb = bn_block_channels(&ctx->g);
-    for (int64_t b0 = c0; b0 < c1; b0 += cb) bn_forward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
-}
-
 static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
@@ -213,6 +202,14 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
             cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
                                ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
     }
+}
+
+/* Channel planes (s > 1): statistics (training) and output for channels [c0, c1). */
+static void bn_forward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
+    (void)thread;
+    bn_ctx *ctx = vctx;
+    const int64_t cb = bn_block_channels(&ctx->g);
+    for (int64_t b0 = c0; b0 < c1; b0 += cb) bn_forward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
 }
 
 /* Rows of features (s == 1): statistics across the batch, feature-vectorised. */
@@ -357,14 +354,6 @@ static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
 
 /* ---- backward ------------------------------------------------------------------------------ */
 
-static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
-    (void)thread;
-    bn_ctx *ctx = vctx;
-    const int64_t cb = bn_block_channels(&ctx->g);
-    for (int64_t b0 = c0; b0 < c1; b0 += cb)
-        bn_backward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
-}
-
 static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     cf_module *m = ctx->m;
     bn_impl *b = m->impl;
@@ -406,6 +395,14 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
                                b->ss[c], b->ss[g.c + c]);
         }
     }
+}
+
+static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
+    (void)thread;
+    bn_ctx *ctx = vctx;
+    const int64_t cb = bn_block_channels(&ctx->g);
+    for (int64_t b0 = c0; b0 < c1; b0 += cb)
+        bn_backward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
 }
 
 static void bn_backward_rows(bn_ctx *ctx) {
