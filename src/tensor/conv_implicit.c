@@ -14,10 +14,12 @@
  *
  *   forward   y[o] = sum over taps t, channels c of w[o][c][t] * shift_t(x_phase(t)[c])
  *   dx        phase ab of dx[c] = sum over the taps of phase ab, o of w[o][c][t] * shift_-t(dy[o])
- *   dW        dW[o][c][t] = sum over positions p of dy[o][p] * x_phase(t)[c][p + shift(t)],
- *             from the phases transposed (channels contiguous) and zero-padded, so that every
- *             tap is a plain walk with no masks, and dy transposed (positions major); a register
- *             tile sums the positions of a block of images (wgrad_block). */
+ *   dW        dW[o][c][t] = sum over output positions (u, v) of dy[o][u][v] *
+ *             x[c][s*u + ki - pad][s*v + kj - pad] for tap t = (ki, kj), from the image
+ *             transposed (channels contiguous) into a zero border, so that every tap is a plain
+ *             walk with no masks, s positions apart (no phase split: the walk's step is s times
+ *             the channels); a register tile sums the positions of a block of images
+ *             (wgrad_block). */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
@@ -35,7 +37,8 @@ typedef struct layout {
     int oh, ow, plane;  /* output (= phase plane) size */
     int taps;
     int phase[CF_IMPLICIT_MAX_TAPS], di[CF_IMPLICIT_MAX_TAPS], dj[CF_IMPLICIT_MAX_TAPS];
-    int pad_lo, pad_hi; /* zero border of the transposed phases (dW): -min(d), max(d) */
+    /* dW's transposed image: hp x wp positions, the image's first row and column at pad */
+    int hp, wp, pad;
 } layout;
 
 static int floor_div2(int v) {
@@ -49,7 +52,10 @@ static void layout_make(layout *l, const cf_conv_geom *g) {
     l->ow = g->ow;
     l->plane = g->oh * g->ow;
     l->taps = g->kh * g->kw;
-    l->pad_lo = l->pad_hi = 0;
+    /* every tap of every output position inside: rows 0 .. (oh - 1) * s + kh - 1 */
+    l->pad = g->ph;
+    l->hp = (g->oh - 1) * g->sh + g->kh > g->ph + g->h ? (g->oh - 1) * g->sh + g->kh : g->ph + g->h;
+    l->wp = (g->ow - 1) * g->sw + g->kw > g->pw + g->w ? (g->ow - 1) * g->sw + g->kw : g->pw + g->w;
     for (int t = 0; t < l->taps; t++) {
         const int ri = t / g->kw - g->ph, rj = t % g->kw - g->pw; /* input offset from s*out */
         if (l->stride == 1) {
@@ -61,10 +67,6 @@ static void layout_make(layout *l, const cf_conv_geom *g) {
             l->dj[t] = floor_div2(rj);
             l->phase[t] = (ri - 2 * l->di[t]) * 2 + (rj - 2 * l->dj[t]);
         }
-        const int lo = l->di[t] < l->dj[t] ? l->di[t] : l->dj[t];
-        const int hi = l->di[t] > l->dj[t] ? l->di[t] : l->dj[t];
-        if (-lo > l->pad_lo) l->pad_lo = -lo;
-        if (hi > l->pad_hi) l->pad_hi = hi;
     }
 }
 
@@ -105,20 +107,18 @@ static int wgrad_block(const layout *l) {
     return (WGRAD_POSITIONS + l->plane - 1) / l->plane;
 }
 
-/* Floats per image of the weight gradient's transposed, zero-bordered phases. */
-static size_t wgrad_phases_floats(const layout *l, int channels) {
-    return (size_t)l->phases * (l->oh + l->pad_lo + l->pad_hi) * (l->ow + l->pad_lo + l->pad_hi) *
-           channels;
+/* Floats per image of the weight gradient's transposed, zero-bordered image. */
+static size_t wgrad_image_floats(const layout *l, int channels) {
+    return (size_t)l->hp * l->wp * channels;
 }
 
 size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels) {
     layout l;
     layout_make(&l, g);
     const size_t image = (size_t)g->c * g->h * g->w; /* = phases * c * plane */
-    /* a block's transposed phases, and one image's phase split */
+    /* a block's transposed images */
     (void)out_channels;
-    const size_t wgrad =
-        (size_t)wgrad_block(&l) * wgrad_phases_floats(&l, g->c) + (l.stride == 1 ? 0 : image);
+    const size_t wgrad = (size_t)wgrad_block(&l) * wgrad_image_floats(&l, g->c);
     size_t blocks = l.stride == 1 ? 0 : (size_t)block_images(&l) * image;
     return TAP_LISTS * TAPS_FLOATS + (wgrad > blocks ? wgrad : blocks);
 }
@@ -315,36 +315,26 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
     }
 }
 
-/* One image's phases, transposed (channels contiguous) into xt's zero-bordered planes. */
-static void wgrad_transpose(const cf_conv_geom *g, const layout *l, const float *x, float *xt,
-                            float *xs) {
-    const int C = g->c;
-    const int hp = l->oh + l->pad_lo + l->pad_hi, wp = l->ow + l->pad_lo + l->pad_hi;
-    const size_t plane = (size_t)l->plane, tplane = (size_t)hp * wp * C;
-    const float *src = x;
-    const unsigned used = phases_used(l);
-    if (l->stride == 2) {
-        split_phases(g, x, xs, used);
-        src = xs;
-    }
-    for (int ph = 0; ph < l->phases; ph++) {
-        if (!(used >> ph & 1u)) continue;
-        float *t = xt + (size_t)ph * tplane;
-        const size_t row = (size_t)wp * C;
-        for (int y = 0; y < hp; y++) { /* the border */
-            if (y < l->pad_lo || y >= l->pad_lo + l->oh) {
-                memset(t + y * row, 0, row * sizeof(float));
-                continue;
-            }
-            memset(t + y * row, 0, (size_t)l->pad_lo * C * sizeof(float));
-            memset(t + y * row + (size_t)(l->pad_lo + l->ow) * C, 0,
-                   (size_t)l->pad_hi * C * sizeof(float));
+/* One image transposed (channels contiguous) into xt's zero border: xt[(y + pad) * wp + x + pad]
+ * holds x[:][y][x]. Rows that no tap reads (the odd ones of a 1x1 stride-2 layer) are skipped. */
+static void wgrad_transpose(const cf_conv_geom *g, const layout *l, const float *x, float *xt) {
+    const int C = g->c, s = l->stride;
+    const size_t row = (size_t)l->wp * C, x_plane = (size_t)g->h * g->w;
+    for (int y = 0; y < l->hp; y++) {
+        bool read = false; /* y = s*u + ki for some output row u and tap row ki */
+        for (int ki = 0; ki < g->kh && !read; ki++)
+            read = y >= ki && (y - ki) % s == 0 && (y - ki) / s < l->oh;
+        if (!read) continue;
+        float *t = xt + (size_t)y * row;
+        const int iy = y - l->pad;
+        if (iy < 0 || iy >= g->h) {
+            memset(t, 0, row * sizeof(float));
+            continue;
         }
-        const float *s = src + (size_t)ph * plane;
-        const size_t s_plane = (size_t)l->phases * plane; /* channel stride of the phase */
-        for (int y = 0; y < l->oh; y++)
-            cf_transpose(C, l->ow, s + (size_t)y * l->ow, (ptrdiff_t)s_plane,
-                         t + (size_t)(y + l->pad_lo) * row + (size_t)l->pad_lo * C, C);
+        memset(t, 0, (size_t)l->pad * C * sizeof(float));
+        memset(t + (size_t)(l->pad + g->w) * C, 0,
+               (size_t)(l->wp - l->pad - g->w) * C * sizeof(float));
+        cf_transpose(C, g->w, x + (size_t)iy * g->w, (ptrdiff_t)x_plane, t + (size_t)l->pad * C, C);
     }
 }
 
@@ -354,24 +344,21 @@ void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float
     layout l;
     layout_make(&l, g);
     const int C = g->c, m = out_channels, block = wgrad_block(&l);
-    const int wp = l.ow + l.pad_lo + l.pad_hi;
     const size_t plane = (size_t)l.plane, image = (size_t)C * g->h * g->w,
-                 dy_image = (size_t)m * plane, xt_image = wgrad_phases_floats(&l, C),
-                 tplane = xt_image / (size_t)l.phases;
-    /* a block's transposed phases, then one image's phase split */
-    scratch += TAP_LISTS * TAPS_FLOATS;
-    float *xt = scratch, *xs = xt + (size_t)block * xt_image;
-    const ptrdiff_t row_step = (ptrdiff_t)wp * C;
+                 dy_image = (size_t)m * plane, xt_image = wgrad_image_floats(&l, C);
+    /* a block's transposed images */
+    float *xt = scratch + TAP_LISTS * TAPS_FLOATS;
+    const ptrdiff_t row_step = (ptrdiff_t)l.stride * l.wp * C, pos_step = (ptrdiff_t)l.stride * C;
     for (int n0 = 0; n0 < n_images; n0 += block) {
         const int nb = n_images - n0 < block ? n_images - n0 : block;
         for (int n = 0; n < nb; n++)
-            wgrad_transpose(g, &l, x + (size_t)(n0 + n) * image, xt + (size_t)n * xt_image, xs);
+            wgrad_transpose(g, &l, x + (size_t)(n0 + n) * image, xt + (size_t)n * xt_image);
         for (int tap = 0; tap < l.taps; tap++) {
-            const float *bt = xt + (size_t)l.phase[tap] * tplane +
-                              ((size_t)(l.di[tap] + l.pad_lo) * wp + (l.dj[tap] + l.pad_lo)) * C;
-            cf_active_kernels->implicit_wgrad(m, C, l.oh, l.ow, nb, dy + (size_t)n0 * dy_image,
-                                              (ptrdiff_t)plane, dy_image, bt, row_step, xt_image,
-                                              dwt + (size_t)tap * m * C, accumulate || n0 > 0);
+            const int ki = tap / g->kw, kj = tap % g->kw;
+            const float *bt = xt + ((size_t)ki * l.wp + kj) * C;
+            cf_active_kernels->implicit_wgrad(
+                m, C, l.oh, l.ow, nb, dy + (size_t)n0 * dy_image, (ptrdiff_t)plane, dy_image, bt,
+                row_step, pos_step, xt_image, dwt + (size_t)tap * m * C, accumulate || n0 > 0);
         }
     }
 }

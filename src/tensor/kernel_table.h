@@ -124,10 +124,10 @@ typedef struct cf_kernel_table {
                          size_t y_row, size_t y_image);
     /* One tap's weight gradient over n_images images: out[o][c] (+)= sum over the images n and
      * the oh x ow positions p = y*ow + x of a[n*a_image + o*a_row + p] *
-     * b[n*b_image + y*row_step + x*channels + c], o < m, c < channels (out's row stride). */
+     * b[n*b_image + y*row_step + x*pos_step + c], o < m, c < channels (out's row stride). */
     void (*implicit_wgrad)(int m, int channels, int oh, int ow, int n_images, const float *a,
                            ptrdiff_t a_row, size_t a_image, const float *b, ptrdiff_t row_step,
-                           size_t b_image, float *out, bool accumulate);
+                           ptrdiff_t pos_step, size_t b_image, float *out, bool accumulate);
     /* Stride 2's phase planes (NULL: the portable loops); see conv_implicit.c. */
     void (*split_phases)(const cf_conv_geom *g, const float *x, float *xs, unsigned used);
     void (*merge_phases)(const cf_conv_geom *g, const float *xs, float *x);

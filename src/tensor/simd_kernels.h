@@ -332,8 +332,8 @@ typedef struct simd_wgrad_call {
     const float *a; /* a[n*a_image + o*a_row + y*ow + x] */
     ptrdiff_t a_row;
     size_t a_image;
-    const float *b; /* b[n*b_image + y*row_step + x*channels + c] */
-    ptrdiff_t row_step;
+    const float *b; /* b[n*b_image + y*row_step + x*pos_step + c] */
+    ptrdiff_t row_step, pos_step;
     size_t b_image;
     float *out; /* out[o*channels + c] */
     bool accumulate;
@@ -345,13 +345,13 @@ CF_INLINE void wgrad_tile(int mr, int nv, bool masked, const simd_wgrad_call *w,
     _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++)
         _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) acc[i][v] = V_ZERO();
     const vmaskv lastv = V_MASKV(last);
-    const ptrdiff_t a_row = w->a_row, channels = w->channels;
+    const ptrdiff_t a_row = w->a_row, channels = w->channels, pos_step = w->pos_step;
     for (int n = 0; n < w->n_images; n++) {
         const float *bn = w->b + n * w->b_image + c0;
         const float *ap = w->a + n * w->a_image + m0 * a_row;
         for (int y = 0; y < w->oh; y++) {
             const float *bp = bn + y * w->row_step;
-            for (int x = 0; x < w->ow; x++, bp += channels, ap++) {
+            for (int x = 0; x < w->ow; x++, bp += pos_step, ap++) {
                 vf bv[NV_MAX];
                 _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) bv[v] =
                     masked && v == nv - 1 ? V_LOADZ(lastv, bp + VL * v) : V_LOADU(bp + VL * v);
@@ -421,7 +421,7 @@ static const wgrad_tile_fn wgrad_tiles[2][NV_MAX + 1][WGRAD_ACC + 1] = {
 
 static void simd_implicit_wgrad(int m, int channels, int oh, int ow, int n_images, const float *a,
                                 ptrdiff_t a_row, size_t a_image, const float *b, ptrdiff_t row_step,
-                                size_t b_image, float *out, bool accumulate) {
+                                ptrdiff_t pos_step, size_t b_image, float *out, bool accumulate) {
     const simd_wgrad_call w = {.oh = oh,
                                .ow = ow,
                                .n_images = n_images,
@@ -431,6 +431,7 @@ static void simd_implicit_wgrad(int m, int channels, int oh, int ow, int n_image
                                .a_image = a_image,
                                .b = b,
                                .row_step = row_step,
+                               .pos_step = pos_step,
                                .b_image = b_image,
                                .out = out,
                                .accumulate = accumulate};
