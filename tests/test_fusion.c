@@ -49,10 +49,13 @@ static void unwrap_all(void) {
 
 /* Pairs (BatchNorm, ReLU) in a Sequential whose ReLU passed the BatchNorm's output through in
  * the last forward, pairs whose BatchNorm is linked to its ReLU, residual blocks whose output
- * is their idpath's last BatchNorm's (the add and ReLU folded into it), and strided 1x1
- * shortcuts whose output the convpath's first convolution computed. */
-static void count_fused(const cf_module *m, int *passing, int *linked, int *folds, int *shortcuts) {
+ * is their idpath's last BatchNorm's (the add and ReLU folded into it), strided 1x1
+ * shortcuts whose output the convpath's first convolution computed, and those whose input
+ * gradient it computed. */
+static void count_fused(const cf_module *m, int *passing, int *linked, int *folds, int *shortcuts,
+                        int *shortcut_dxs) {
     if (cf_nn_conv_computed_by_sibling(m)) (*shortcuts)++;
+    if (cf_nn_conv_dx_by_sibling(m)) (*shortcut_dxs)++;
     if (strcmp(m->ops->kind, "ResBlock") == 0 && m->n_children == 2) {
         const cf_module *last = m->children[1];
         if (last->n_children) last = last->children[last->n_children - 1];
@@ -66,7 +69,7 @@ static void count_fused(const cf_module *m, int *passing, int *linked, int *fold
         if (cf_nn_bn_fused_with(a, b)) (*linked)++;
     }
     for (int i = 0; i < m->n_children; i++)
-        count_fused(m->children[i], passing, linked, folds, shortcuts);
+        count_fused(m->children[i], passing, linked, folds, shortcuts, shortcut_dxs);
 }
 
 /* ---- networks ------------------------------------------------------------------------------ */
@@ -131,7 +134,7 @@ typedef enum variant { FUSED, SWITCHED_OFF, WRAPPED } variant;
 typedef struct result {
     float *y, *dx, *grads, *buffers;
     size_t ny, nx, ng, nb;
-    int passing, linked, folds, shortcuts;
+    int passing, linked, folds, shortcuts, shortcut_dxs;
 } result;
 
 typedef struct spec {
@@ -204,8 +207,8 @@ static void snapshot(cf_model *model, const cf_tensor *y, const cf_tensor *dx, r
     r->grads = dup(model->grads, r->ng);
     r->nb = model->n_buffers;
     r->buffers = dup(model->buffers, r->nb);
-    r->passing = r->linked = r->folds = r->shortcuts = 0;
-    count_fused(model->root, &r->passing, &r->linked, &r->folds, &r->shortcuts);
+    r->passing = r->linked = r->folds = r->shortcuts = r->shortcut_dxs = 0;
+    count_fused(model->root, &r->passing, &r->linked, &r->folds, &r->shortcuts, &r->shortcut_dxs);
 }
 
 static result run(const spec *s, variant v) {
@@ -268,6 +271,10 @@ static void check_spec(const char *name, spec s) {
                 fail_msg("%s: %d, %d and %d of %d shortcuts computed beside the convpath "
                          "(fused, wrapped, switched off)",
                          what, f.shortcuts, w.shortcuts, o.shortcuts, shortcuts);
+            if (f.shortcut_dxs != shortcuts || w.shortcut_dxs != shortcuts || o.shortcut_dxs)
+                fail_msg("%s: %d, %d and %d of %d shortcuts' input gradients computed beside the "
+                         "convpath's (fused, wrapped, switched off)",
+                         what, f.shortcut_dxs, w.shortcut_dxs, o.shortcut_dxs, shortcuts);
             if (o.passing || o.linked || o.folds || w.passing || w.linked)
                 fail_msg("%s: fused although switched off (%d) or wrapped (%d)", what,
                          o.passing + o.linked + o.folds, w.passing + w.linked);

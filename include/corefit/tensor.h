@@ -212,8 +212,9 @@ void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const flo
  * shortcut run on its own through im2col. */
 typedef struct cf_conv_shortcut {
     int out_channels;
-    const float *w; /* out_channels x channels, row-major (the layer's own weights) */
-    float *y;       /* its output for the call's images */
+    const float *w;  /* out_channels x channels, row-major (the layer's own weights) */
+    float *y;        /* forward: its output for the call's images */
+    const float *dy; /* dx: its output gradient for the call's images */
 } cf_conv_shortcut;
 /* cf_conv_implicit_forward of a stride-2 layer, and the shortcut's output (NULL: none). */
 void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
@@ -221,6 +222,14 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
                                    const cf_conv_shortcut *shortcut);
 void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *packed_dx,
                          const float *dy, int n_images, float *dx, float *scratch);
+/* cf_conv_implicit_dx of a stride-2 layer plus the shortcut's input gradient (its weights'
+ * transpose times its output gradient, which reaches phase 0 only), added into each block's
+ * phase 0 before the merge, so that dx is written once for both. The products are those of
+ * cf_sgemm_strided over the shortcut's output gradient, added last, so dx is bitwise this
+ * layer's dx plus the shortcut's col2im (NULL: none). */
+void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const float *packed_dx,
+                              const float *dy, int n_images, float *dx, float *scratch,
+                              const cf_conv_shortcut *shortcut);
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                             const float *x, int n_images, float *dwt, bool accumulate,
                             float *scratch);

@@ -74,6 +74,9 @@ typedef struct conv_impl {
     cf_conv_shortcut shortcut_call; /* ... in the forward in progress (out_channels 0: none) */
     const float *computed_for;      /* a stride-2 sibling computed this output from this input */
     bool by_sibling;                /* ... and the last forward returned it */
+    cf_module *dx_sibling; /* cf_nn_conv_shortcut_dx_next: the next backward leaves dx to it */
+    bool dx_by_sibling;    /* ... and the last backward did */
+    cf_conv_shortcut shortcut_dx; /* a shortcut's output gradient, for the next backward's dx */
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -378,7 +381,8 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
         conv_impl *s = shortcut->impl;
         cf_tensor *ys = cf_module_output(
             shortcut, &(cf_shape){4, {x->shape.dim[0], s->out_c, s->g.oh, s->g.ow}});
-        c->shortcut_call = (cf_conv_shortcut){s->out_c, shortcut->params[0].data, ys->data};
+        c->shortcut_call = (cf_conv_shortcut){
+            .out_channels = s->out_c, .w = shortcut->params[0].data, .y = ys->data};
     }
     float *mem = call_begin(c, false);
     if (c->winograd_call || use_implicit(c)) {
@@ -522,15 +526,28 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     if (c->need_dx && c->winograd_call)
         cf_conv_winograd_dx(g, c->out_c, c->wino_u_dx, dy, count, c->dx + (size_t)begin * in_n,
                             scratch);
-    else if (c->need_dx)
-        cf_conv_implicit_dx(g, c->out_c, c->wpack_dx, dy, count, c->dx + (size_t)begin * in_n,
-                            scratch);
+    else if (c->need_dx) {
+        cf_conv_shortcut sc = c->shortcut_dx;
+        sc.dy += (size_t)begin * sc.out_channels * g->oh * g->ow;
+        cf_conv_implicit_dx_with(g, c->out_c, c->wpack_dx, dy, count, c->dx + (size_t)begin * in_n,
+                                 scratch, sc.out_channels ? &sc : NULL);
+    }
 }
 
 static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     conv_impl *c = m->impl;
     const int64_t N = dy->shape.dim[0];
     cf_param *wp = &m->params[0], *bp = c->has_bias ? &m->params[1] : NULL;
+    /* a shortcut whose dx its sibling computes hands over its output gradient and returns it:
+     * the caller keeps it alive until the sibling's backward */
+    const bool hand_dx = need_dx && c->dx_sibling;
+    if (hand_dx) {
+        ((conv_impl *)c->dx_sibling->impl)->shortcut_dx =
+            (cf_conv_shortcut){.out_channels = c->out_c, .w = wp->data, .dy = dy->data};
+        need_dx = false;
+    }
+    c->dx_sibling = NULL;
+    c->dx_by_sibling = hand_dx;
     c->dy = dy->data;
     c->need_dx = need_dx;
     c->want_dw = wp->trainable;
@@ -549,7 +566,10 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
         c->dx = dx->data;
     }
     c->add_dx_next = NULL;
-    if (!need_dx && !c->want_dw && !c->want_db) return NULL;
+    if (!need_dx && !c->want_dw && !c->want_db) {
+        c->shortcut_dx.out_channels = 0;
+        return hand_dx ? dy : NULL;
+    }
     float *mem = call_begin(c, true);
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
@@ -592,7 +612,8 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
         }
     }
     call_end(c, mem);
-    return dx;
+    c->shortcut_dx.out_channels = 0;
+    return hand_dx ? dy : dx;
 }
 
 static const cf_module_ops conv_ops;
@@ -611,6 +632,22 @@ void cf_nn_conv_shortcut_next(cf_module *conv, cf_module *shortcut) {
 
 bool cf_nn_conv_computed_by_sibling(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->by_sibling;
+}
+
+bool cf_nn_conv_shortcut_dx_next(cf_module *conv, cf_module *shortcut) {
+    conv_impl *c = conv->impl;
+    /* the conditions of conv's backward taking the implicit path with dx, and of the forward
+     * pair; both inputs the same */
+    if (!conv->in || !shortcut_fits(c, shortcut, conv->in) || use_winograd(c) ||
+        ((conv_impl *)shortcut->impl)->x != c->x)
+        return false;
+    ((conv_impl *)shortcut->impl)->dx_sibling = conv;
+    c->shortcut_dx.out_channels = 0; /* until the shortcut's backward hands it over */
+    return true;
+}
+
+bool cf_nn_conv_dx_by_sibling(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dx_by_sibling;
 }
 
 void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut) {

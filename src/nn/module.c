@@ -378,6 +378,20 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
         dz = &r->dz;
     }
     cf_module *cp = m->children[0];
+    /* a shortcut whose output the convpath's first conv computed may leave its input gradient
+     * to that conv as well: the idpath runs first and returns the shortcut's output gradient,
+     * dead once the convpath has run */
+    cf_module *first_a = path_first(cp),
+              *first_b = r->has_idpath ? path_first(m->children[1]) : NULL;
+    if (fusion_enabled && need_dx && first_b && cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b) &&
+        cf_nn_conv_shortcut_dx_next(first_a, first_b)) {
+        cf_module *ip = m->children[1];
+        const cf_tensor *handed = ip->ops->backward(ip, dz, true);
+        const cf_tensor *dx = cp->ops->backward(cp, dz, true);
+        res_give(m, handed, dy, dx->data);
+        if (dz != dy) res_give(m, dz, dy, dx->data);
+        return dx;
+    }
     const cf_tensor *da = cp->ops->backward(cp, dz, need_dx);
     const cf_tensor *db = dz;
     const cf_tensor *dx = NULL;

@@ -16,7 +16,10 @@
  * starts with a strided 1x1 convolution adds its input gradient into the convpath's
  * (cf_nn_conv_add_dx_next) instead of the block summing the two. Forward, such a shortcut beside
  * a strided convpath convolution on the implicit kernels is computed by that convolution from
- * its phase split (cf_nn_conv_shortcut_next), so the block's input is read once. */
+ * its phase split (cf_nn_conv_shortcut_next), so the block's input is read once; backward, the
+ * idpath runs first and that convolution adds the shortcut's input gradient into its phase
+ * split before the merge (cf_nn_conv_shortcut_dx_next), so the block's input gradient is written
+ * once. */
 #ifndef COREFIT_NN_INTERNAL_H
 #define COREFIT_NN_INTERNAL_H
 
@@ -57,6 +60,16 @@ void cf_nn_conv_shortcut_next(cf_module *conv, cf_module *shortcut);
 void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut);
 /* True when conv's last forward returned the output its stride-2 sibling computed (tests). */
 bool cf_nn_conv_computed_by_sibling(const cf_module *conv);
+/* Residual shortcut, backward: when shortcut and conv qualify as above (conv's last forward
+ * and its next backward on the implicit path, both on the same input), links them and returns
+ * true. shortcut's next backward with need_dx then computes its weight gradient only, hands its
+ * output gradient to conv and returns that gradient (not an input gradient: the caller keeps it
+ * alive until conv's backward); conv's next backward, with need_dx, adds the shortcut's input
+ * gradient into its own (cf_conv_implicit_dx_with), bitwise the sum a residual block forms.
+ * Run shortcut's backward first. */
+bool cf_nn_conv_shortcut_dx_next(cf_module *conv, cf_module *shortcut);
+/* True when conv's last backward left its input gradient to its sibling (tests). */
+bool cf_nn_conv_dx_by_sibling(const cf_module *conv);
 
 /* Whether Sequential plans BatchNorm + ReLU fusion (default true). Takes effect the next time a
  * model is planned; for tests that compare the fused and unfused paths. Not thread-safe. */

@@ -276,6 +276,12 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
 
 void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *packed_dx,
                          const float *dy, int n_images, float *dx, float *scratch) {
+    cf_conv_implicit_dx_with(g, out_channels, packed_dx, dy, n_images, dx, scratch, NULL);
+}
+
+void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const float *packed_dx,
+                              const float *dy, int n_images, float *dx, float *scratch,
+                              const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g);
     const size_t image = (size_t)g->c * g->h * g->w, dy_image = (size_t)out_channels * l.plane;
@@ -308,6 +314,13 @@ void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *p
             cf_active_kernels->implicit_run(tp, out_channels, g->c, a, dy + (size_t)n0 * dy_image,
                                             (size_t)l.plane, dy_image, nb, yp, y_row, image);
             a += per_tap * tp->n;
+        }
+        if (shortcut && l.stride == 2) { /* phase 0 += w^T . dy_shortcut, image by image */
+            const size_t s_image = (size_t)shortcut->out_channels * l.plane;
+            for (int n = 0; n < nb; n++)
+                cf_sgemm_strided(g->c, l.plane, shortcut->out_channels, shortcut->w, 1, g->c,
+                                 shortcut->dy + (size_t)(n0 + n) * s_image, l.plane,
+                                 scratch + (size_t)n * image, 4 * l.plane, true);
         }
         if (l.stride == 2)
             for (int n = 0; n < nb; n++)
