@@ -51,11 +51,12 @@ static void unwrap_all(void) {
  * the last forward, pairs whose BatchNorm is linked to its ReLU, residual blocks whose output
  * is their idpath's last BatchNorm's (the add and ReLU folded into it), strided 1x1
  * shortcuts whose output the convpath's first convolution computed, and those whose input
- * gradient it computed. */
+ * gradient (and weight gradient) it computed. */
 static void count_fused(const cf_module *m, int *passing, int *linked, int *folds, int *shortcuts,
                         int *shortcut_dxs) {
     if (cf_nn_conv_computed_by_sibling(m)) (*shortcuts)++;
     if (cf_nn_conv_dx_by_sibling(m)) (*shortcut_dxs)++;
+    if (cf_nn_conv_dw_by_sibling(m)) (*shortcut_dxs)++;
     if (strcmp(m->ops->kind, "ResBlock") == 0 && m->n_children == 2) {
         const cf_module *last = m->children[1];
         if (last->n_children) last = last->children[last->n_children - 1];
@@ -271,10 +272,11 @@ static void check_spec(const char *name, spec s) {
                 fail_msg("%s: %d, %d and %d of %d shortcuts computed beside the convpath "
                          "(fused, wrapped, switched off)",
                          what, f.shortcuts, w.shortcuts, o.shortcuts, shortcuts);
-            if (f.shortcut_dxs != shortcuts || w.shortcut_dxs != shortcuts || o.shortcut_dxs)
-                fail_msg("%s: %d, %d and %d of %d shortcuts' input gradients computed beside the "
-                         "convpath's (fused, wrapped, switched off)",
-                         what, f.shortcut_dxs, w.shortcut_dxs, o.shortcut_dxs, shortcuts);
+            if (f.shortcut_dxs != 2 * shortcuts || w.shortcut_dxs != 2 * shortcuts ||
+                o.shortcut_dxs)
+                fail_msg("%s: %d, %d and %d of %d shortcuts' input and weight gradients computed "
+                         "beside the convpath's (fused, wrapped, switched off)",
+                         what, f.shortcut_dxs, w.shortcut_dxs, o.shortcut_dxs, 2 * shortcuts);
             if (o.passing || o.linked || o.folds || w.passing || w.linked)
                 fail_msg("%s: fused although switched off (%d) or wrapped (%d)", what,
                          o.passing + o.linked + o.folds, w.passing + w.linked);

@@ -351,9 +351,13 @@ static void test_conv_implicit_wgrad_blocks(void **state) {
     check_implicit_wgrad(5, 6, 6, 3, 1, 30, 11, true, &rng);   /* one masked vector, tall tiles */
     check_implicit_wgrad(8, 10, 10, 5, 1, 25, 5, false, &rng); /* one vector, uneven rows */
     check_implicit_wgrad(12, 12, 16, 3, 2, 7, 4, true, &rng);
+    /* 1x1 stride 2 (residual shortcuts): every other row and column of the image */
+    check_implicit_wgrad(16, 28, 28, 1, 2, 32, 3, false, &rng);
+    check_implicit_wgrad(32, 14, 14, 1, 2, 64, 7, true, &rng);
+    check_implicit_wgrad(12, 12, 16, 1, 2, 7, 4, true, &rng);
     check_implicit_wgrad(40, 8, 6, 3, 1, 3, 3, false, &rng);  /* fewer rows than a tile */
     check_implicit_wgrad(3, 4, 4, 3, 1, 70, 17, false, &rng); /* 16-value planes, blocks of 8 */
-    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(wgrad_checked, 10);
+    if (cf_isa_active() != CF_ISA_GENERIC) assert_int_equal(wgrad_checked, 13);
 }
 
 /* cf_transpose, exactly, on both paths: row and column counts below, at and past the 16 x 16

@@ -196,6 +196,8 @@ void cf_col2im_add(const cf_conv_geom *g, const float *col, int ldcol, float *x)
 bool cf_conv_implicit_supported(const cf_conv_geom *g);
 /* Floats of scratch per calling thread for the three calls below (any n_images). */
 size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels);
+/* ... of cf_conv_implicit_wgrad alone. */
+size_t cf_conv_implicit_wgrad_scratch(const cf_conv_geom *g);
 /* Floats of a packed weight copy (either kind). */
 size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels);
 /* The weights in the kernel's order for the forward pass, and for dx. */
@@ -214,7 +216,8 @@ typedef struct cf_conv_shortcut {
     int out_channels;
     const float *w;  /* out_channels x channels, row-major (the layer's own weights) */
     float *y;        /* forward: its output for the call's images */
-    const float *dy; /* dx: its output gradient for the call's images */
+    const float *dy; /* dx, dW: its output gradient for the call's images */
+    float *dw;       /* dW: its weight gradient, out_channels x channels */
 } cf_conv_shortcut;
 /* cf_conv_implicit_forward of a stride-2 layer, and the shortcut's output (NULL: none). */
 void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
@@ -233,6 +236,13 @@ void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const flo
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                             const float *x, int n_images, float *dwt, bool accumulate,
                             float *scratch);
+/* cf_conv_implicit_wgrad of a stride-2 layer whose padding is below its kernel, plus the
+ * shortcut's weight gradient (into shortcut->dw, overwritten unless accumulate) from the same
+ * transposed blocks of x, whose positions 2u, 2v the tap at the padding reads; bitwise
+ * cf_conv_implicit_wgrad of the shortcut's own 1x1 stride-2 geometry (NULL: none). */
+void cf_conv_implicit_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
+                                 const float *x, int n_images, float *dwt, bool accumulate,
+                                 float *scratch, const cf_conv_shortcut *shortcut);
 
 /* ---- Winograd F(2x2, 3x3) convolutions: src/tensor/winograd.c ----------------------------- */
 

@@ -24,7 +24,9 @@
  * bitwise the same for any thread count. The patch matrix is rebuilt in backward rather than
  * kept from forward (it is k*k times the input and cheap to rebuild), so each thread needs only
  * one K x G*P scratch matrix, which stays in cache. A 1x1 stride-1 convolution without padding
- * reads the image directly. */
+ * reads the image directly. A 1x1 stride-2 layer without padding or bias (a residual shortcut)
+ * takes its weight gradient through cf_conv_implicit_wgrad, so that a strided sibling in the
+ * same residual block can compute it bitwise the same from its own blocks (nn_internal.h). */
 #include "corefit/nn.h"
 #include "nn_internal.h"
 
@@ -76,7 +78,13 @@ typedef struct conv_impl {
     bool by_sibling;                /* ... and the last forward returned it */
     cf_module *dx_sibling; /* cf_nn_conv_shortcut_dx_next: the next backward leaves dx to it */
     bool dx_by_sibling;    /* ... and the last backward did */
+    bool dw_by_sibling;    /* ... and its weight gradient too, into this layer's partial sums */
+    float *held;           /* meanwhile, this layer's backward buffers (call_begin) */
     cf_conv_shortcut shortcut_dx; /* a shortcut's output gradient, for the next backward's dx */
+    cf_module *shortcut_dw;       /* ... and the shortcut whose weight gradient it computes */
+    /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
+     * cf_conv_implicit_wgrad (so that a stride-2 sibling can compute it bitwise the same) */
+    bool implicit_dw;
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -196,6 +204,9 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g, c->out_c));
         c->implicit_packed = cf_conv_implicit_packed_size(&c->g, c->out_c);
     }
+    c->implicit_dw = !c->implicit && !c->winograd && c->k == 1 && c->stride == 2 && c->pad == 0 &&
+                     !c->has_bias && cf_conv_implicit_supported(&c->g);
+    if (c->implicit_dw) c->scratch_stride = round16(cf_conv_implicit_wgrad_scratch(&c->g));
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
     cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
@@ -310,6 +321,11 @@ static void run_groups(conv_impl *c, int64_t batch, cf_range_fn fn, void *ctx) {
 /* Whether this call reads the images in place (cf_conv_implicit_*) rather than lowering them. */
 static bool use_implicit(const conv_impl *c) {
     return c->implicit && !cf_kernels_reference();
+}
+
+/* Whether this call's weight gradient alone goes through cf_conv_implicit_wgrad. */
+static bool use_implicit_dw(const conv_impl *c) {
+    return c->implicit_dw && !cf_kernels_reference();
 }
 
 /* Whether this call goes through cf_conv_winograd_* (the kernel table may have changed since the
@@ -519,7 +535,17 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     if (c->want_dw && c->winograd_call)
         cf_conv_winograd_wgrad(g, c->out_c, dy, x, count,
                                c->wino_du + (size_t)thread * c->wino_du_stride, false, scratch);
-    else if (c->want_dw)
+    else if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
+        conv_impl *s = c->shortcut_dw->impl;
+        s->ran[thread] = 1;
+        const cf_conv_shortcut sc = {
+            .out_channels = s->out_c,
+            .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
+            .dw = s->dwt + (size_t)thread * s->dw_stride,
+        };
+        cf_conv_implicit_wgrad_with(g, c->out_c, dy, x, count,
+                                    c->dwt + (size_t)thread * c->dw_stride, false, scratch, &sc);
+    } else if (c->want_dw)
         cf_conv_implicit_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                                false, scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
@@ -534,6 +560,55 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     }
 }
 
+/* The weight gradient alone of the images [begin, end) of an implicit_dw layer, into this
+ * thread's partial sums [out][in]. */
+static void conv_wgrad_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    c->ran[thread] = 1;
+    cf_conv_implicit_wgrad(g, c->out_c, c->dy + (size_t)begin * out_n, c->x + (size_t)begin * in_n,
+                           (int)(end - begin), c->dwt + (size_t)thread * c->dw_stride, false,
+                           c->scratch + (size_t)thread * c->scratch_stride);
+}
+
+/* Adds the threads' partial sums of m's last backward into its gradients, in thread order
+ * (deterministic for a given thread count). The weight gradient's partial sums are
+ * [16][in][out] (winograd), [tap][out][in] (implicit) or K x O (the gradient is O x K). */
+static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winograd,
+                            bool implicit) {
+    conv_impl *c = m->impl;
+    cf_param *wp = &m->params[0], *bp = c->has_bias ? &m->params[1] : NULL;
+    const int O = c->out_c, K = c->in_c * c->k * c->k;
+    for (int t = 0; t < c->n_threads; t++) {
+        if (!c->ran[t]) continue;
+        if (want_dw && winograd) {
+            cf_conv_winograd_wgrad_add(&c->g, O, c->wino_du + (size_t)t * c->wino_du_stride,
+                                       wp->grad);
+        } else if (want_dw && implicit) {
+            const float *part = c->dwt + (size_t)t * c->dw_stride;
+            const int T = c->k * c->k, I = c->in_c;
+            for (int o = 0; o < O; o++)
+                for (int i = 0; i < I; i++) {
+                    float *gr = wp->grad + ((size_t)o * I + i) * T;
+                    for (int tap = 0; tap < T; tap++)
+                        gr[tap] += part[((size_t)tap * O + o) * I + i];
+                }
+        } else if (want_dw) {
+            const float *part = c->dwt + (size_t)t * c->dw_stride;
+            for (int o = 0; o < O; o++) {
+                float *gr = wp->grad + (size_t)o * K;
+                for (int kk = 0; kk < K; kk++) gr[kk] += part[(size_t)kk * O + o];
+            }
+        }
+        if (want_db && bp) {
+            const float *part = c->db + (size_t)t * c->db_stride;
+            for (size_t i = 0; i < bp->numel; i++) bp->grad[i] += part[i];
+        }
+    }
+}
+
 static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     conv_impl *c = m->impl;
     const int64_t N = dy->shape.dim[0];
@@ -541,16 +616,32 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     /* a shortcut whose dx its sibling computes hands over its output gradient and returns it:
      * the caller keeps it alive until the sibling's backward */
     const bool hand_dx = need_dx && c->dx_sibling;
+    /* ... and its weight gradient, when both go through the implicit kernel: the sibling writes
+     * this layer's partial sums, in buffers held until it reduces them */
+    bool hand_dw = hand_dx && wp->trainable && use_implicit_dw(c) &&
+                   c->dx_sibling->params[0].trainable &&
+                   ((conv_impl *)c->dx_sibling->impl)->pad < ((conv_impl *)c->dx_sibling->impl)->k;
+    if (hand_dw) { /* only the partial sums */
+        c->held = cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
+        hand_dw = c->held != NULL;
+    }
     if (hand_dx) {
-        ((conv_impl *)c->dx_sibling->impl)->shortcut_dx =
+        conv_impl *sib = c->dx_sibling->impl;
+        sib->shortcut_dx =
             (cf_conv_shortcut){.out_channels = c->out_c, .w = wp->data, .dy = dy->data};
         need_dx = false;
+        if (hand_dw) {
+            c->dwt = c->held;
+            memset(c->ran, 0, (size_t)c->n_threads);
+            sib->shortcut_dw = m;
+        }
     }
     c->dx_sibling = NULL;
     c->dx_by_sibling = hand_dx;
+    c->dw_by_sibling = hand_dw;
     c->dy = dy->data;
     c->need_dx = need_dx;
-    c->want_dw = wp->trainable;
+    c->want_dw = wp->trainable && !hand_dw;
     c->want_db = bp && bp->trainable;
     cf_tensor *dx = NULL;
     const bool winograd = use_winograd(c), implicit = !winograd && use_implicit(c);
@@ -568,6 +659,12 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     c->add_dx_next = NULL;
     if (!need_dx && !c->want_dw && !c->want_db) {
         c->shortcut_dx.out_channels = 0;
+        if (c->shortcut_dw) { /* never: a sibling that computes it wants its own too */
+            conv_impl *sc = c->shortcut_dw->impl;
+            call_end(sc, sc->held);
+            sc->held = NULL;
+            c->shortcut_dw = NULL;
+        }
         return hand_dx ? dy : NULL;
     }
     float *mem = call_begin(c, true);
@@ -579,37 +676,27 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
         if (need_dx && implicit) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
         c->batch = N;
         run_batch(c, N, conv_backward_in_place_range, m);
+    } else if (c->want_dw && use_implicit_dw(c)) {
+        /* dx (no bias) over the groups, then the weight gradient image by image: the flags
+         * are those of the second pass, whose partial sums they mark */
+        const bool want_dw = c->want_dw;
+        c->want_dw = false;
+        if (need_dx) run_groups(c, N, conv_backward_range, m);
+        c->want_dw = want_dw;
+        memset(c->ran, 0, (size_t)c->n_threads);
+        c->batch = N;
+        run_batch(c, N, conv_wgrad_range, m);
     } else {
         run_groups(c, N, conv_backward_range, m);
     }
-    /* Reduce the partial sums in thread order (deterministic for a given thread count); the
-     * weight gradient's partial sums are K x O, the gradient O x K. */
-    const int O = c->out_c, K = c->in_c * c->k * c->k;
-    for (int t = 0; t < c->n_threads; t++) {
-        if (!c->ran[t]) continue;
-        if (c->want_dw && winograd) {
-            cf_conv_winograd_wgrad_add(&c->g, O, c->wino_du + (size_t)t * c->wino_du_stride,
-                                       wp->grad);
-        } else if (c->want_dw && implicit) { /* partial sums [tap][o][in] */
-            const float *part = c->dwt + (size_t)t * c->dw_stride;
-            const int T = c->k * c->k, I = c->in_c;
-            for (int o = 0; o < O; o++)
-                for (int i = 0; i < I; i++) {
-                    float *gr = wp->grad + ((size_t)o * I + i) * T;
-                    for (int tap = 0; tap < T; tap++)
-                        gr[tap] += part[((size_t)tap * O + o) * I + i];
-                }
-        } else if (c->want_dw) {
-            const float *part = c->dwt + (size_t)t * c->dw_stride;
-            for (int o = 0; o < O; o++) {
-                float *gr = wp->grad + (size_t)o * K;
-                for (int kk = 0; kk < K; kk++) gr[kk] += part[(size_t)kk * O + o];
-            }
-        }
-        if (c->want_db) {
-            const float *part = c->db + (size_t)t * c->db_stride;
-            for (size_t i = 0; i < bp->numel; i++) bp->grad[i] += part[i];
-        }
+    reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c));
+    if (c->shortcut_dw) { /* the shortcut's weight gradient, computed beside this one */
+        cf_module *s = c->shortcut_dw;
+        conv_impl *sc = s->impl;
+        reduce_partials(s, true, false, false, true);
+        call_end(sc, sc->held);
+        sc->held = NULL;
+        c->shortcut_dw = NULL;
     }
     call_end(c, mem);
     c->shortcut_dx.out_channels = 0;
@@ -648,6 +735,10 @@ bool cf_nn_conv_shortcut_dx_next(cf_module *conv, cf_module *shortcut) {
 
 bool cf_nn_conv_dx_by_sibling(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dx_by_sibling;
+}
+
+bool cf_nn_conv_dw_by_sibling(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dw_by_sibling;
 }
 
 void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut) {

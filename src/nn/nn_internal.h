@@ -66,10 +66,15 @@ bool cf_nn_conv_computed_by_sibling(const cf_module *conv);
  * output gradient to conv and returns that gradient (not an input gradient: the caller keeps it
  * alive until conv's backward); conv's next backward, with need_dx, adds the shortcut's input
  * gradient into its own (cf_conv_implicit_dx_with), bitwise the sum a residual block forms.
- * Run shortcut's backward first. */
+ * When both weights are trainable, conv also computes the shortcut's weight gradient from its
+ * own transposed blocks of the input (cf_conv_implicit_wgrad_with), bitwise what the shortcut
+ * computes alone (a 1x1 stride-2 layer takes its weight gradient through the implicit kernel
+ * wherever that runs). Run shortcut's backward first. */
 bool cf_nn_conv_shortcut_dx_next(cf_module *conv, cf_module *shortcut);
-/* True when conv's last backward left its input gradient to its sibling (tests). */
+/* True when conv's last backward left its input gradient (its weight gradient) to its sibling
+ * (tests). */
 bool cf_nn_conv_dx_by_sibling(const cf_module *conv);
+bool cf_nn_conv_dw_by_sibling(const cf_module *conv);
 
 /* Whether Sequential plans BatchNorm + ReLU fusion (default true). Takes effect the next time a
  * model is planned; for tests that compare the fused and unfused paths. Not thread-safe. */

@@ -123,6 +123,12 @@ size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels) {
     return TAP_LISTS * TAPS_FLOATS + (wgrad > blocks ? wgrad : blocks);
 }
 
+size_t cf_conv_implicit_wgrad_scratch(const cf_conv_geom *g) {
+    layout l;
+    layout_make(&l, g);
+    return TAP_LISTS * TAPS_FLOATS + (size_t)wgrad_block(&l) * wgrad_image_floats(&l, g->c);
+}
+
 size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels) {
     /* forward: blocks of output channels by input channels; dx: the other way round */
     const size_t fwd = round_rows(out_channels) * g->c, dx = round_rows(g->c) * out_channels;
@@ -354,6 +360,12 @@ static void wgrad_transpose(const cf_conv_geom *g, const layout *l, const float 
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                             const float *x, int n_images, float *dwt, bool accumulate,
                             float *scratch) {
+    cf_conv_implicit_wgrad_with(g, out_channels, dy, x, n_images, dwt, accumulate, scratch, NULL);
+}
+
+void cf_conv_implicit_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
+                                 const float *x, int n_images, float *dwt, bool accumulate,
+                                 float *scratch, const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g);
     const int C = g->c, m = out_channels, block = wgrad_block(&l);
@@ -372,6 +384,13 @@ void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float
             cf_active_kernels->implicit_wgrad(
                 m, C, l.oh, l.ow, nb, dy + (size_t)n0 * dy_image, (ptrdiff_t)plane, dy_image, bt,
                 row_step, pos_step, xt_image, dwt + (size_t)tap * m * C, accumulate || n0 > 0);
+        }
+        if (shortcut) { /* x[2u][2v] sits at padded (2u + pad, 2v + pad) */
+            const size_t s_image = (size_t)shortcut->out_channels * plane;
+            cf_active_kernels->implicit_wgrad(
+                shortcut->out_channels, C, l.oh, l.ow, nb, shortcut->dy + (size_t)n0 * s_image,
+                (ptrdiff_t)plane, s_image, xt + ((size_t)l.pad * l.wp + l.pad) * C, row_step,
+                pos_step, xt_image, shortcut->dw, accumulate || n0 > 0);
         }
     }
 }
