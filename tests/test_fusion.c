@@ -53,10 +53,10 @@ static void unwrap_all(void) {
  * shortcuts whose output the convpath's first convolution computed, and those whose input
  * gradient (and weight gradient) it computed. */
 static void count_fused(const cf_module *m, int *passing, int *linked, int *folds, int *shortcuts,
-                        int *shortcut_dxs) {
+                        int *shortcut_dxs, int *shortcut_dws) {
     if (cf_nn_conv_computed_by_sibling(m)) (*shortcuts)++;
     if (cf_nn_conv_dx_by_sibling(m)) (*shortcut_dxs)++;
-    if (cf_nn_conv_dw_by_sibling(m)) (*shortcut_dxs)++;
+    if (cf_nn_conv_dw_by_sibling(m)) (*shortcut_dws)++;
     if (strcmp(m->ops->kind, "ResBlock") == 0 && m->n_children == 2) {
         const cf_module *last = m->children[1];
         if (last->n_children) last = last->children[last->n_children - 1];
@@ -70,7 +70,7 @@ static void count_fused(const cf_module *m, int *passing, int *linked, int *fold
         if (cf_nn_bn_fused_with(a, b)) (*linked)++;
     }
     for (int i = 0; i < m->n_children; i++)
-        count_fused(m->children[i], passing, linked, folds, shortcuts, shortcut_dxs);
+        count_fused(m->children[i], passing, linked, folds, shortcuts, shortcut_dxs, shortcut_dws);
 }
 
 /* ---- networks ------------------------------------------------------------------------------ */
@@ -135,15 +135,17 @@ typedef enum variant { FUSED, SWITCHED_OFF, WRAPPED } variant;
 typedef struct result {
     float *y, *dx, *grads, *buffers;
     size_t ny, nx, ng, nb;
-    int passing, linked, folds, shortcuts, shortcut_dxs;
+    int passing, linked, folds, shortcuts, shortcut_dxs, shortcut_dws;
 } result;
 
 typedef struct spec {
     build_fn build;
     cf_shape x;
-    int pairs;     /* fusable pairs in the network */
-    int folds;     /* residual blocks whose add and ReLU fold into a BatchNorm */
-    int shortcuts; /* strided 1x1 shortcuts computed beside the convpath (implicit kernels) */
+    int pairs;           /* fusable pairs in the network */
+    int folds;           /* residual blocks whose add and ReLU fold into a BatchNorm */
+    int shortcuts;       /* strided 1x1 shortcuts computed beside the convpath (implicit kernels) */
+    const char *frozen;  /* a weight frozen in every variant (NULL: none) */
+    int frozen_siblings; /* shortcuts that keep their weight gradient because of it */
     int threads;
     bool train;
     int steps;
@@ -208,8 +210,9 @@ static void snapshot(cf_model *model, const cf_tensor *y, const cf_tensor *dx, r
     r->grads = dup(model->grads, r->ng);
     r->nb = model->n_buffers;
     r->buffers = dup(model->buffers, r->nb);
-    r->passing = r->linked = r->folds = r->shortcuts = r->shortcut_dxs = 0;
-    count_fused(model->root, &r->passing, &r->linked, &r->folds, &r->shortcuts, &r->shortcut_dxs);
+    r->passing = r->linked = r->folds = r->shortcuts = r->shortcut_dxs = r->shortcut_dws = 0;
+    count_fused(model->root, &r->passing, &r->linked, &r->folds, &r->shortcuts, &r->shortcut_dxs,
+                &r->shortcut_dws);
 }
 
 static result run(const spec *s, variant v) {
@@ -218,6 +221,11 @@ static result run(const spec *s, variant v) {
     cf_model *model;
     assert_int_equal(cf_model_new(&model, s->build(), 11), CF_OK);
     if (v == WRAPPED) wrap_kind(model->root, "ReLU");
+    if (s->frozen) {
+        cf_param *p = cf_model_param(model, s->frozen);
+        assert_non_null(p);
+        p->trainable = false;
+    }
     uint64_t seed = 500;
     set_affine(model->root, &seed);
     cf_model_train(model, s->train);
@@ -272,11 +280,15 @@ static void check_spec(const char *name, spec s) {
                 fail_msg("%s: %d, %d and %d of %d shortcuts computed beside the convpath "
                          "(fused, wrapped, switched off)",
                          what, f.shortcuts, w.shortcuts, o.shortcuts, shortcuts);
-            if (f.shortcut_dxs != 2 * shortcuts || w.shortcut_dxs != 2 * shortcuts ||
-                o.shortcut_dxs)
-                fail_msg("%s: %d, %d and %d of %d shortcuts' input and weight gradients computed "
-                         "beside the convpath's (fused, wrapped, switched off)",
-                         what, f.shortcut_dxs, w.shortcut_dxs, o.shortcut_dxs, 2 * shortcuts);
+            if (f.shortcut_dxs != shortcuts || w.shortcut_dxs != shortcuts || o.shortcut_dxs)
+                fail_msg("%s: %d, %d and %d of %d shortcuts' input gradients computed beside the "
+                         "convpath's (fused, wrapped, switched off)",
+                         what, f.shortcut_dxs, w.shortcut_dxs, o.shortcut_dxs, shortcuts);
+            const int dws = shortcuts ? shortcuts - s.frozen_siblings : 0;
+            if (f.shortcut_dws != dws || w.shortcut_dws != dws || o.shortcut_dws)
+                fail_msg("%s: %d, %d and %d of %d shortcuts' weight gradients computed beside the "
+                         "convpath's (fused, wrapped, switched off)",
+                         what, f.shortcut_dws, w.shortcut_dws, o.shortcut_dws, dws);
             if (o.passing || o.linked || o.folds || w.passing || w.linked)
                 fail_msg("%s: fused although switched off (%d) or wrapped (%d)", what,
                          o.passing + o.linked + o.folds, w.passing + w.linked);
@@ -344,6 +356,15 @@ static void test_residual_and_nan(void **state) {
                                  .folds = 2,
                                  .shortcuts = 2,
                                  .steps = 2});
+    /* block 1's strided conv frozen: its shortcut computes its own weight gradient */
+    check_spec("W1 body, a sibling frozen", (spec){.build = net_w1_body,
+                                                   .x = cf_shape4(2, 1, 28, 28),
+                                                   .pairs = 3,
+                                                   .folds = 2,
+                                                   .shortcuts = 2,
+                                                   .frozen = "3.convpath.0.weight",
+                                                   .frozen_siblings = 1,
+                                                   .steps = 2});
     check_spec("nan input", (spec){.build = net_conv,
                                    .x = cf_shape4(2, 3, 5, 5),
                                    .pairs = 2,

@@ -79,7 +79,7 @@ typedef struct conv_impl {
     cf_module *dx_sibling; /* cf_nn_conv_shortcut_dx_next: the next backward leaves dx to it */
     bool dx_by_sibling;    /* ... and the last backward did */
     bool dw_by_sibling;    /* ... and its weight gradient too, into this layer's partial sums */
-    float *held;           /* meanwhile, this layer's backward buffers (call_begin) */
+    float *held;           /* meanwhile, its partial sums (from the arena's transient pool) */
     cf_conv_shortcut shortcut_dx; /* a shortcut's output gradient, for the next backward's dx */
     cf_module *shortcut_dw;       /* ... and the shortcut whose weight gradient it computes */
     /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
@@ -609,6 +609,17 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
     }
 }
 
+/* Adds the weight gradient of the shortcut whose partial sums c's backward wrote (the threads
+ * that ran mark them) into its gradient and gives its partial sums back. */
+static void finish_shortcut_dw(conv_impl *c) {
+    if (!c->shortcut_dw) return;
+    conv_impl *s = c->shortcut_dw->impl;
+    reduce_partials(c->shortcut_dw, true, false, false, true);
+    cf_arena_give(s->arena, s->held, NULL);
+    s->held = NULL;
+    c->shortcut_dw = NULL;
+}
+
 static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     conv_impl *c = m->impl;
     const int64_t N = dy->shape.dim[0];
@@ -618,18 +629,18 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     const bool hand_dx = need_dx && c->dx_sibling;
     /* ... and its weight gradient, when both go through the implicit kernel: the sibling writes
      * this layer's partial sums, in buffers held until it reduces them */
-    bool hand_dw = hand_dx && wp->trainable && use_implicit_dw(c) &&
-                   c->dx_sibling->params[0].trainable &&
-                   ((conv_impl *)c->dx_sibling->impl)->pad < ((conv_impl *)c->dx_sibling->impl)->k;
-    if (hand_dw) { /* only the partial sums */
-        c->held = cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
-        hand_dw = c->held != NULL;
-    }
+    bool hand_dw = false;
     if (hand_dx) {
         conv_impl *sib = c->dx_sibling->impl;
         sib->shortcut_dx =
             (cf_conv_shortcut){.out_channels = c->out_c, .w = wp->data, .dy = dy->data};
         need_dx = false;
+        if (wp->trainable && use_implicit_dw(c) && c->dx_sibling->params[0].trainable &&
+            sib->pad < sib->k) {
+            c->held =
+                cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
+            hand_dw = c->held != NULL;
+        }
         if (hand_dw) {
             c->dwt = c->held;
             memset(c->ran, 0, (size_t)c->n_threads);
@@ -659,12 +670,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     c->add_dx_next = NULL;
     if (!need_dx && !c->want_dw && !c->want_db) {
         c->shortcut_dx.out_channels = 0;
-        if (c->shortcut_dw) { /* never: a sibling that computes it wants its own too */
-            conv_impl *sc = c->shortcut_dw->impl;
-            call_end(sc, sc->held);
-            sc->held = NULL;
-            c->shortcut_dw = NULL;
-        }
+        finish_shortcut_dw(c);
         return hand_dx ? dy : NULL;
     }
     float *mem = call_begin(c, true);
@@ -690,14 +696,7 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
         run_groups(c, N, conv_backward_range, m);
     }
     reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c));
-    if (c->shortcut_dw) { /* the shortcut's weight gradient, computed beside this one */
-        cf_module *s = c->shortcut_dw;
-        conv_impl *sc = s->impl;
-        reduce_partials(s, true, false, false, true);
-        call_end(sc, sc->held);
-        sc->held = NULL;
-        c->shortcut_dw = NULL;
-    }
+    finish_shortcut_dw(c);
     call_end(c, mem);
     c->shortcut_dx.out_channels = 0;
     return hand_dx ? dy : dx;

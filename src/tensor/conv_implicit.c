@@ -112,21 +112,22 @@ static size_t wgrad_image_floats(const layout *l, int channels) {
     return (size_t)l->hp * l->wp * channels;
 }
 
-size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels) {
-    layout l;
-    layout_make(&l, g);
-    const size_t image = (size_t)g->c * g->h * g->w; /* = phases * c * plane */
-    /* a block's transposed images */
-    (void)out_channels;
-    const size_t wgrad = (size_t)wgrad_block(&l) * wgrad_image_floats(&l, g->c);
-    size_t blocks = l.stride == 1 ? 0 : (size_t)block_images(&l) * image;
-    return TAP_LISTS * TAPS_FLOATS + (wgrad > blocks ? wgrad : blocks);
-}
-
 size_t cf_conv_implicit_wgrad_scratch(const cf_conv_geom *g) {
     layout l;
     layout_make(&l, g);
+    /* a block's transposed images */
     return TAP_LISTS * TAPS_FLOATS + (size_t)wgrad_block(&l) * wgrad_image_floats(&l, g->c);
+}
+
+size_t cf_conv_implicit_scratch(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g);
+    (void)out_channels;
+    /* the weight gradient's, or a stride-2 block's phase split */
+    const size_t wgrad = cf_conv_implicit_wgrad_scratch(g),
+                 blocks = TAP_LISTS * TAPS_FLOATS +
+                          (l.stride == 1 ? 0 : (size_t)block_images(&l) * g->c * g->h * g->w);
+    return wgrad > blocks ? wgrad : blocks;
 }
 
 size_t cf_conv_implicit_packed_size(const cf_conv_geom *g, int out_channels) {
