@@ -240,6 +240,11 @@ static unsigned phases_used(const layout *l) {
     return used;
 }
 
+static void prefetch_l2(const float *p, size_t floats) {
+    const char *c = (const char *)p;
+    for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
 void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                               const float *x, int n_images, float *y, float *scratch) {
     cf_conv_implicit_forward_with(g, out_channels, packed, x, n_images, y, scratch, NULL);
@@ -265,8 +270,10 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
     const int block = block_images(&l);
     for (int n0 = 0; n0 < n_images; n0 += block) {
         const int nb = n_images - n0 < block ? n_images - n0 : block;
-        for (int n = 0; n < nb; n++)
+        for (int n = 0; n < nb; n++) {
+            if (n0 + n + 1 < n_images) prefetch_l2(x + (size_t)(n0 + n + 1) * image, image);
             split_phases(g, x + (size_t)(n0 + n) * image, scratch + (size_t)n * image, used);
+        }
         cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, scratch,
                                         4 * (size_t)l.plane, image, nb, y + (size_t)n0 * y_image,
                                         (size_t)l.plane, y_image);
@@ -379,7 +386,21 @@ void cf_conv_implicit_wgrad_with(const cf_conv_geom *g, int out_channels, const 
         const int nb = n_images - n0 < block ? n_images - n0 : block;
         for (int n = 0; n < nb; n++)
             wgrad_transpose(g, &l, x + (size_t)(n0 + n) * image, xt + (size_t)n * xt_image);
+        /* the next block's images, a slice per tap, are brought into L2 while this block's taps
+         * compute (a layer's input was written in forward and has left the caches; the
+         * transposes read a row of every channel plane at once, too many streams for the
+         * hardware prefetchers). Not for 1x1 layers, whose transposes skip rows. */
+        const char *next = (const char *)(x + (size_t)(n0 + nb) * image);
+        const size_t next_bytes =
+                         n0 + nb < n_images && l.taps > 1
+                             ? (size_t)(n_images - n0 - nb < block ? n_images - n0 - nb : block) *
+                                   image * sizeof(float)
+                             : 0,
+                     slice = (next_bytes / (size_t)l.taps + 63) / 64 * 64;
         for (int tap = 0; tap < l.taps; tap++) {
+            for (size_t off = (size_t)tap * slice;
+                 off < (size_t)(tap + 1) * slice && off < next_bytes; off += 64)
+                __builtin_prefetch(next + off, 0, 2);
             const int ki = tap / g->kw, kj = tap % g->kw;
             const float *bt = xt + ((size_t)ki * l.wp + kj) * C;
             cf_active_kernels->implicit_wgrad(
