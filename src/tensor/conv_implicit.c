@@ -245,6 +245,11 @@ static void prefetch_l2(const float *p, size_t floats) {
     for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 0, 2);
 }
 
+static void prefetch_l2_write(float *p, size_t floats) {
+    char *c = (char *)p;
+    for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 1, 2);
+}
+
 void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                               const float *x, int n_images, float *y, float *scratch) {
     cf_conv_implicit_forward_with(g, out_channels, packed, x, n_images, y, scratch, NULL);
@@ -337,8 +342,11 @@ void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const flo
                                  scratch + (size_t)n * image, 4 * l.plane, true);
         }
         if (l.stride == 2)
-            for (int n = 0; n < nb; n++)
+            for (int n = 0; n < nb; n++) {
+                if (n0 + n + 1 < n_images)
+                    prefetch_l2_write(dx + (size_t)(n0 + n + 1) * image, image);
                 merge_phases(g, scratch + (size_t)n * image, dx + (size_t)(n0 + n) * image);
+            }
     }
 }
 
