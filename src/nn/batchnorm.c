@@ -188,8 +188,9 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; c++) s1[c] = s2[c] = 0;
         for (int n = 0; n < g.n; n++) {
             const float *xn = ctx->x + (size_t)n * g.c * cs;
-            if (n + 1 < g.n) bn_prefetch_chunk(xn + (size_t)g.c * cs, c0, c1, cs, false);
+            const bool ahead = n + 1 < g.n;
             for (int64_t c = c0; c < c1; c++) {
+                if (ahead) bn_prefetch_chunk(xn + (size_t)g.c * cs, c, c + 1, cs, false);
                 double a1, a2;
                 cf_bn_plane_sums(xn + c * cs, g.s, ctx->x[c * cs], &a1, &a2);
                 s1[c] += a1;
@@ -212,13 +213,16 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     }
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        if (n + 1 < g.n) {
-            bn_prefetch_chunk(ctx->y + at + (size_t)g.c * cs, c0, c1, cs, true);
-            if (ctx->add) bn_prefetch_chunk(ctx->add + at + (size_t)g.c * cs, c0, c1, cs, false);
-        }
-        for (int64_t c = c0; c < c1; c++)
+        const bool ahead = n + 1 < g.n;
+        for (int64_t c = c0; c < c1; c++) {
+            if (ahead) {
+                bn_prefetch_chunk(ctx->y + at + (size_t)g.c * cs, c, c + 1, cs, true);
+                if (ctx->add)
+                    bn_prefetch_chunk(ctx->add + at + (size_t)g.c * cs, c, c + 1, cs, false);
+            }
             cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
                                ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
+        }
     }
 }
 
@@ -386,13 +390,15 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
             for (int64_t c = c0; c < c1; c++) sdy[c] = sdyx[c] = 0;
         for (int n = 0; n < g.n && !ctx->sums_ready; n++) {
             const size_t at = (size_t)n * g.c * cs;
-            if (n + 1 < g.n) {
-                bn_prefetch_chunk(ctx->dy + at + (size_t)g.c * cs, c0, c1, cs, false);
-                bn_prefetch_chunk(ctx->x + at + (size_t)g.c * cs, c0, c1, cs, false);
-            }
-            for (int64_t c = c0; c < c1; c++)
+            const bool ahead = n + 1 < g.n;
+            for (int64_t c = c0; c < c1; c++) {
+                if (ahead) {
+                    bn_prefetch_chunk(ctx->dy + at + (size_t)g.c * cs, c, c + 1, cs, false);
+                    bn_prefetch_chunk(ctx->x + at + (size_t)g.c * cs, c, c + 1, cs, false);
+                }
                 cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
                                     ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
+            }
         }
         float *k = b->coef; /* k1, k2, k3 per channel */
         for (int64_t c = c0; c < c1; c++) {
@@ -411,11 +417,13 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         if (!ctx->need_dx) return;
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs;
-            if (n + 1 < g.n) bn_prefetch_chunk(ctx->dx + at + (size_t)g.c * cs, c0, c1, cs, true);
-            for (int64_t c = c0; c < c1; c++)
+            const bool ahead = n + 1 < g.n;
+            for (int64_t c = c0; c < c1; c++) {
+                if (ahead) bn_prefetch_chunk(ctx->dx + at + (size_t)g.c * cs, c, c + 1, cs, true);
                 cf_bn_plane_dx(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs,
                                g.s, b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu,
                                b->ss[c], b->ss[g.c + c]);
+            }
         }
     }
 }
