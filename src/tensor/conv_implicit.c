@@ -245,6 +245,15 @@ static void prefetch_l2(const float *p, size_t floats) {
     for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 0, 2);
 }
 
+/* Part `part` of `parts` of the floats at p into L2 (spread over the parts of a computation). */
+static void prefetch_part(const float *p, size_t floats, int part, int parts) {
+    const size_t bytes = floats * sizeof(float), slice = (bytes / (size_t)parts + 63) / 64 * 64;
+    const char *c = (const char *)p;
+    for (size_t off = (size_t)part * slice; off < (size_t)(part + 1) * slice && off < bytes;
+         off += 64)
+        __builtin_prefetch(c + off, 0, 2);
+}
+
 static void prefetch_l2_write(float *p, size_t floats) {
     char *c = (char *)p;
     for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 1, 2);
@@ -286,10 +295,13 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
         /* phase 0 of channel c at c * 4 * plane: the shortcut's patch matrix, rows 4 planes
          * apart */
         const size_t s_image = (size_t)shortcut->out_channels * l.plane;
-        for (int n = 0; n < nb; n++)
+        for (int n = 0; n < nb; n++) {
+            if (n0 + n + 1 < n_images)
+                prefetch_l2_write(shortcut->y + (size_t)(n0 + n + 1) * s_image, s_image);
             cf_sgemm_strided(shortcut->out_channels, l.plane, g->c, shortcut->w, g->c, 1,
                              scratch + (size_t)n * image, 4 * l.plane,
                              shortcut->y + (size_t)(n0 + n) * s_image, l.plane, false);
+        }
     }
 }
 
@@ -336,10 +348,13 @@ void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const flo
         }
         if (shortcut && l.stride == 2) { /* phase 0 += w^T . dy_shortcut, image by image */
             const size_t s_image = (size_t)shortcut->out_channels * l.plane;
-            for (int n = 0; n < nb; n++)
+            for (int n = 0; n < nb; n++) {
+                if (n0 + n + 1 < n_images) /* written long before, by the idpath's backward */
+                    prefetch_l2(shortcut->dy + (size_t)(n0 + n + 1) * s_image, s_image);
                 cf_sgemm_strided(g->c, l.plane, shortcut->out_channels, shortcut->w, 1, g->c,
                                  shortcut->dy + (size_t)(n0 + n) * s_image, l.plane,
                                  scratch + (size_t)n * image, 4 * l.plane, true);
+            }
         }
         if (l.stride == 2)
             for (int n = 0; n < nb; n++) {
@@ -394,33 +409,32 @@ void cf_conv_implicit_wgrad_with(const cf_conv_geom *g, int out_channels, const 
         const int nb = n_images - n0 < block ? n_images - n0 : block;
         for (int n = 0; n < nb; n++)
             wgrad_transpose(g, &l, x + (size_t)(n0 + n) * image, xt + (size_t)n * xt_image);
-        /* the next block's images, a slice per tap, are brought into L2 while this block's taps
-         * compute (a layer's input was written in forward and has left the caches; the
-         * transposes read a row of every channel plane at once, too many streams for the
-         * hardware prefetchers). Not for 1x1 layers, whose transposes skip rows. */
-        const char *next = (const char *)(x + (size_t)(n0 + nb) * image);
-        const size_t next_bytes =
-                         n0 + nb < n_images && l.taps > 1
-                             ? (size_t)(n_images - n0 - nb < block ? n_images - n0 - nb : block) *
-                                   image * sizeof(float)
-                             : 0,
-                     slice = (next_bytes / (size_t)l.taps + 63) / 64 * 64;
+        /* the next block's images and output gradients, a slice per tap, are brought into L2
+         * while this block's taps compute (a layer's input was written in forward and has left
+         * the caches; the transposes read a row of every channel plane at once, too many
+         * streams for the hardware prefetchers). Not the images of 1x1 layers, whose
+         * transposes skip rows. */
+        const int next_nb = n0 + nb >= n_images          ? 0
+                            : n_images - n0 - nb < block ? n_images - n0 - nb
+                                                         : block;
+        const size_t s_image = shortcut ? (size_t)shortcut->out_channels * plane : 0;
         for (int tap = 0; tap < l.taps; tap++) {
-            for (size_t off = (size_t)tap * slice;
-                 off < (size_t)(tap + 1) * slice && off < next_bytes; off += 64)
-                __builtin_prefetch(next + off, 0, 2);
+            if (l.taps > 1)
+                prefetch_part(x + (size_t)(n0 + nb) * image, next_nb * image, tap, l.taps);
+            prefetch_part(dy + (size_t)(n0 + nb) * dy_image, next_nb * dy_image, tap, l.taps);
+            if (shortcut)
+                prefetch_part(shortcut->dy + (size_t)(n0 + nb) * s_image, next_nb * s_image, tap,
+                              l.taps);
             const int ki = tap / g->kw, kj = tap % g->kw;
             const float *bt = xt + ((size_t)ki * l.wp + kj) * C;
             cf_active_kernels->implicit_wgrad(
                 m, C, l.oh, l.ow, nb, dy + (size_t)n0 * dy_image, (ptrdiff_t)plane, dy_image, bt,
                 row_step, pos_step, xt_image, dwt + (size_t)tap * m * C, accumulate || n0 > 0);
         }
-        if (shortcut) { /* x[2u][2v] sits at padded (2u + pad, 2v + pad) */
-            const size_t s_image = (size_t)shortcut->out_channels * plane;
+        if (shortcut) /* x[2u][2v] sits at padded (2u + pad, 2v + pad) */
             cf_active_kernels->implicit_wgrad(
                 shortcut->out_channels, C, l.oh, l.ow, nb, shortcut->dy + (size_t)n0 * s_image,
                 (ptrdiff_t)plane, s_image, xt + ((size_t)l.pad * l.wp + l.pad) * C, row_step,
                 pos_step, xt_image, shortcut->dw, accumulate || n0 > 0);
-        }
     }
 }
