@@ -1,10 +1,11 @@
 /* The vectorised kernels under Conv2d against their plain reference paths (cf_kernels_set_
  * reference): cf_sgemm_strided on every tile shape and edge (rows 1..20, columns 1..100, both
- * ways of reading A, accumulate or not), cf_im2col (bitwise) and cf_col2im on strides 1-3,
- * kernels 1-5, paddings 0-2 and row widths that take each of the fast paths. The reference
- * paths are the ones the oracle tests check against PyTorch in builds without AVX-512 (and
- * the plain loops are the definitions in tensor.h), so agreement here carries those checks over
- * to the fast paths. Without AVX-512 both sides are the reference and the test is trivial. */
+ * ways of reading A, accumulate or not), cf_sgemm_nt on every tile edge and chunking of k,
+ * cf_im2col (bitwise) and cf_col2im on strides 1-3, kernels 1-5, paddings 0-2 and row widths that
+ * take each of the fast paths. The reference paths are the ones the oracle tests check against
+ * PyTorch in builds without AVX-512 (and the plain loops are the definitions in tensor.h), so
+ * agreement here carries those checks over to the fast paths. Without AVX-512 both sides are the
+ * reference and the test is trivial. */
 #include "oracle.h"
 
 #include <math.h>
@@ -69,6 +70,57 @@ static void test_sgemm_strided_matches_reference(void **state) {
     check_gemm(64, 245, 576, false, false, &rng); /* W1 shapes */
     check_gemm(288, 196, 32, true, false, &rng);
     check_gemm(576, 64, 245, false, true, &rng);
+}
+
+/* cf_sgemm_nt against its reference (cf_sgemm), the same bound as check_gemm */
+static void check_gemm_nt(int m, int n, int k, bool accumulate, cf_rng *rng) {
+    const int lda = k + 3, ldb = k + 1, ldc = n + 2;
+    float *a = malloc((size_t)m * lda * sizeof(float)),
+          *b = malloc((size_t)n * ldb * sizeof(float));
+    float *c1 = malloc((size_t)m * ldc * sizeof(float)),
+          *c2 = malloc((size_t)m * ldc * sizeof(float));
+    fill(rng, a, (size_t)m * lda);
+    fill(rng, b, (size_t)n * ldb);
+    fill(rng, c1, (size_t)m * ldc);
+    memcpy(c2, c1, (size_t)m * ldc * sizeof(float));
+    cf_kernels_set_reference(false);
+    cf_sgemm_nt(m, n, k, a, lda, b, ldb, c1, ldc, accumulate);
+    cf_kernels_set_reference(true);
+    cf_sgemm_nt(m, n, k, a, lda, b, ldb, c2, ldc, accumulate);
+    cf_kernels_set_reference(false);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            float x = c1[(size_t)i * ldc + j], y = c2[(size_t)i * ldc + j];
+            if (j >= n) {
+                if (memcmp(&x, &y, sizeof x) != 0)
+                    fail_msg("gemm_nt %dx%dx%d wrote column %d past n", m, n, k, j);
+                continue;
+            }
+            double mag = accumulate ? fabs(y) : 0;
+            for (int p = 0; p < k; p++)
+                mag += fabs(a[(size_t)i * lda + p]) * fabs(b[(size_t)j * ldb + p]);
+            if (fabs((double)x - y) > 1e-5 * mag + 1e-30)
+                fail_msg("gemm_nt m=%d n=%d k=%d acc=%d: C[%d,%d] = %g, reference %g", m, n, k,
+                         accumulate, i, j, (double)x, (double)y);
+        }
+    free(a);
+    free(b);
+    free(c1);
+    free(c2);
+}
+
+/* every tile edge (3 x 4 tiles), k below, at and past the vector sizes and the L1 chunks */
+static void test_sgemm_nt_matches_reference(void **state) {
+    (void)state;
+    cf_rng rng;
+    cf_rng_seed(&rng, 5);
+    const int ks[] = {1, 15, 16, 33, 100, 257, 784, 3000};
+    for (int m = 1; m <= 10; m++)
+        for (int n = 1; n <= 17; n += (n < 5 ? 1 : 4))
+            for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+                check_gemm_nt(m, n, ks[ki], (m + n + (int)ki) % 2 == 1, &rng);
+    check_gemm_nt(9, 16, 784 * 4, false, &rng); /* a stem's weight gradient */
+    check_gemm_nt(25, 32, 500, true, &rng);     /* more tiles than one chunk holds: cf_sgemm */
 }
 
 typedef struct geom_case {
@@ -592,6 +644,7 @@ static void test_transpose(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
+        cmocka_unit_test(test_sgemm_nt_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
         cmocka_unit_test(test_conv_implicit_matches_patch_matrix),
         cmocka_unit_test(test_conv_implicit_wgrad_blocks),

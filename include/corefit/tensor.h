@@ -63,9 +63,17 @@ void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
                       const float *b, int ldb, float *c, int ldc, bool accumulate);
 
-/* true: cf_sgemm_strided, cf_im2col and cf_col2im take their plain reference paths (CBLAS and
- * scalar loops) instead of the vectorised ones, for tests that compare the two. Process-wide;
- * set it only while no kernel runs. */
+/* C (m x n, row stride ldc) = A . B^T, or C += A . B^T with accumulate, where A is m x k and B
+ * is n x k, both row-major (lda, ldb): every element a dot product along k, as in the weight
+ * gradient of a layer with few input channels (a stem: patches . dy^T). With a vector kernel
+ * table it sums each element in vector lanes (a fixed order, whatever the thread), else, and
+ * for short k, it calls cf_sgemm. */
+void cf_sgemm_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c,
+                 int ldc, bool accumulate);
+
+/* true: cf_sgemm_strided, cf_sgemm_nt, cf_im2col and cf_col2im take their plain reference paths
+ * (CBLAS and scalar loops) instead of the vectorised ones, for tests that compare the two.
+ * Process-wide; set it only while no kernel runs. */
 void cf_kernels_set_reference(bool reference);
 bool cf_kernels_reference(void);
 

@@ -467,7 +467,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     float *dwt = c->dwt + (size_t)thread * c->dw_stride;
     float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
-     * goes to OpenBLAS as col . dy^T, which transposes dy as it packs it. */
+     * is col . dy^T, dot products along the positions (cf_sgemm_nt), dy read as it is. */
     const bool dw_blas = K < 16 && O <= 16;
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
@@ -494,8 +494,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             }
             if (dw_blas) {
                 dyg = group_dy(c, n0, n1, buf, &ldg);
-                cf_sgemm(false, true, K, O, cols, 1.0f, patches, ldp, dyg, ldg, first ? 0.0f : 1.0f,
-                         dwt, O);
+                cf_sgemm_nt(K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
             } else {
                 transpose_dy(c, n0, n1, dyt);
                 cf_sgemm_strided(K, O, cols, patches, ldp, 1, dyt, O, dwt, O, !first);

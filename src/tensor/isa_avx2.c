@@ -198,6 +198,7 @@ static bool avx2_max_sum_plane(const float *x, size_t n, float *best, int32_t *a
 const cf_kernel_table cf_kernels_avx2 = {
     .isa = CF_ISA_AVX2,
     .sgemm_strided = simd_sgemm_strided,
+    .sgemm_nt = simd_sgemm_nt,
     .transpose = avx2_transpose,
     .implicit_run = simd_implicit_run,
     .implicit_wgrad = simd_implicit_wgrad,

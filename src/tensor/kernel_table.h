@@ -110,6 +110,9 @@ typedef struct cf_kernel_table {
     /* C (+)= A . B as cf_sgemm_strided; false: this shape is left to the reference path */
     bool (*sgemm_strided)(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
                           const float *b, int ldb, float *c, int ldc, bool accumulate);
+    /* C (+)= A . B^T as cf_sgemm_nt (NULL, or false for a shape: cf_sgemm) */
+    bool (*sgemm_nt)(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                     float *c, int ldc, bool accumulate);
     void (*transpose)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                       ptrdiff_t ldd);
     /* false: left to the portable loops */

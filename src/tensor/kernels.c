@@ -66,6 +66,15 @@ void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrd
     sgemm_strided_ref(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 }
 
+void cf_sgemm_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c,
+                 int ldc, bool accumulate) {
+    if (m <= 0 || n <= 0) return;
+    const cf_kernel_table *kt = cf_active_kernels;
+    if (!use_reference && kt->sgemm_nt && kt->sgemm_nt(m, n, k, a, lda, b, ldb, c, ldc, accumulate))
+        return;
+    cf_sgemm(false, true, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}
+
 void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd) {
     if (!use_reference && cf_active_kernels->transpose) {
         cf_active_kernels->transpose(rows, cols, src, lds, dst, ldd);

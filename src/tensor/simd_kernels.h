@@ -125,6 +125,118 @@ static bool simd_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_
 #undef GEMM_TILES
 #undef GEMM_TILE
 
+/* ---- cf_sgemm_nt: C (+)= A . B^T, both read along k ------------------------------------------ */
+
+/* A tile of DOT_MR rows of A by DOT_NR rows of B: DOT_MR x DOT_NR accumulators of vectors along
+ * k (12: with AVX2 the three vectors of A and the accumulators fill the 16 registers, B read
+ * from memory by the FMAs), the lanes summed in double at the end. A stem's weight gradient (9
+ * taps by 16 or fewer output channels, thousands of positions) is 3 x 4 tiles with no edge.
+ * k runs in chunks whose rows of A and B stay in L1 while every tile reads them (a tile reads
+ * each row of A once per tile of B and the other way round); between chunks a tile's
+ * accumulators wait in `part`, so each lane still sums its positions in order. Used by the AVX2
+ * table, where OpenBLAS's Haswell kernels pack such thin products at 29 GFLOP/s (this: 91,
+ * 9 x 16 x 784 in cache); with AVX-512 OpenBLAS's small-matrix kernel is faster (142 against
+ * 82: the lanes' sums cost more beside 16-lane FMAs). */
+#define DOT_MR 3
+#define DOT_NR 4
+#define DOT_MAX_TILES 24
+#define DOT_CHUNK_BYTES (24 * 1024)
+
+typedef struct simd_dots_part {
+    vf acc[DOT_MR][DOT_NR];
+} simd_dots_part;
+
+/* Positions [p0, p1) of one tile (p1 - p0 a multiple of VL but for the last chunk); the first
+ * chunk starts from zero, the last one sums the lanes into C. */
+CF_INLINE void dots_tile(int mr, int nr, int p0, int p1, bool first, bool last, const float *a,
+                         int lda, const float *b, int ldb, simd_dots_part *part, float *c, int ldc,
+                         bool accumulate) {
+    vf acc[DOT_MR][DOT_NR];
+    _Pragma("GCC unroll 4") for (int i = 0; i < DOT_MR; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < DOT_NR; j++) acc[i][j] =
+            first ? V_ZERO() : part->acc[i][j];
+    const int full = p0 + (p1 - p0) / VL * VL;
+    for (int p = p0; p < full; p += VL) {
+        vf av[DOT_MR];
+        _Pragma("GCC unroll 4") for (int i = 0; i < mr; i++) av[i] =
+            V_LOADU(a + (size_t)i * lda + p);
+        _Pragma("GCC unroll 4") for (int j = 0; j < nr; j++) {
+            const vf bv = V_LOADU(b + (size_t)j * ldb + p);
+            _Pragma("GCC unroll 4") for (int i = 0; i < mr; i++) acc[i][j] =
+                V_FMA(av[i], bv, acc[i][j]);
+        }
+    }
+    if (full < p1) {
+        const vmaskv tail = V_MASKV(simd_first_lanes(p1 - full));
+        vf av[DOT_MR];
+        _Pragma("GCC unroll 4") for (int i = 0; i < mr; i++) av[i] =
+            V_LOADZ(tail, a + (size_t)i * lda + full);
+        _Pragma("GCC unroll 4") for (int j = 0; j < nr; j++) {
+            const vf bv = V_LOADZ(tail, b + (size_t)j * ldb + full);
+            _Pragma("GCC unroll 4") for (int i = 0; i < mr; i++) acc[i][j] =
+                V_FMA(av[i], bv, acc[i][j]);
+        }
+    }
+    if (!last) {
+        _Pragma("GCC unroll 4") for (int i = 0; i < DOT_MR; i++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < DOT_NR; j++) part->acc[i][j] = acc[i][j];
+        return;
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < mr; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < nr; j++) {
+        const float s = (float)V_HSUM_D(acc[i][j]);
+        float *cp = c + (size_t)i * ldc + j;
+        *cp = accumulate ? *cp + s : s;
+    }
+}
+
+static __attribute__((noinline)) void dots_tile_full(int p0, int p1, bool first, bool last,
+                                                     const float *a, int lda, const float *b,
+                                                     int ldb, simd_dots_part *part, float *c,
+                                                     int ldc, bool accumulate) {
+    dots_tile(DOT_MR, DOT_NR, p0, p1, first, last, a, lda, b, ldb, part, c, ldc, accumulate);
+}
+
+static __attribute__((noinline)) void dots_tile_edge(int mr, int nr, int p0, int p1, bool first,
+                                                     bool last, const float *a, int lda,
+                                                     const float *b, int ldb, simd_dots_part *part,
+                                                     float *c, int ldc, bool accumulate) {
+    dots_tile(mr, nr, p0, p1, first, last, a, lda, b, ldb, part, c, ldc, accumulate);
+}
+
+static inline bool simd_sgemm_nt(int m, int n, int k, const float *a, int lda, const float *b,
+                                 int ldb, float *c, int ldc, bool accumulate) {
+    const int tiles_m = (m + DOT_MR - 1) / DOT_MR, tiles_n = (n + DOT_NR - 1) / DOT_NR;
+    /* short sums, and products too large for one chunk of rows: OpenBLAS */
+    if (k < 2 * VL || tiles_m * tiles_n > DOT_MAX_TILES) return false;
+    simd_dots_part part[DOT_MAX_TILES];
+    int chunk = DOT_CHUNK_BYTES / ((m + n) * (int)sizeof(float)) / VL * VL;
+    if (chunk < VL) chunk = VL;
+    for (int p0 = 0; p0 < k; p0 += chunk) {
+        const int p1 = k - p0 > chunk ? p0 + chunk : k;
+        const bool first = p0 == 0, last = p1 == k;
+        for (int ti = 0; ti < tiles_m; ti++) {
+            const int i0 = ti * DOT_MR, mr = m - i0 < DOT_MR ? m - i0 : DOT_MR;
+            for (int tj = 0; tj < tiles_n; tj++) {
+                const int j0 = tj * DOT_NR, nr = n - j0 < DOT_NR ? n - j0 : DOT_NR;
+                const float *ap = a + (size_t)i0 * lda, *bp = b + (size_t)j0 * ldb;
+                float *cp = c + (size_t)i0 * ldc + j0;
+                simd_dots_part *pt = &part[ti * tiles_n + tj];
+                if (mr == DOT_MR && nr == DOT_NR)
+                    dots_tile_full(p0, p1, first, last, ap, lda, bp, ldb, pt, cp, ldc, accumulate);
+                else
+                    dots_tile_edge(mr, nr, p0, p1, first, last, ap, lda, bp, ldb, pt, cp, ldc,
+                                   accumulate);
+            }
+        }
+    }
+    return true;
+}
+#undef DOT_MR
+#undef DOT_NR
+#undef DOT_MAX_TILES
+#undef DOT_CHUNK_BYTES
+
 /* ---- implicit convolutions ----------------------------------------------------------------- */
 
 static inline unsigned simd_valid_bits(const cf_implicit_taps *tp, int t, int p) {
