@@ -438,6 +438,19 @@ static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, c
 #ifndef WGRAD_ACC
 #define WGRAD_ACC (MR * NV_MAX)
 #endif
+/* The widest weight-gradient tile, in vectors (a set with registers to spare may allow NV_MAX +
+ * 1: with AVX-512, 64 input channels as one tile of 4 x 6 rows read 10 vectors per 24 FMAs
+ * where two tiles of 2 x 12 read 13 per 22). */
+#ifndef WGRAD_NV
+#define WGRAD_NV NV_MAX
+#endif
+_Static_assert(WGRAD_NV == NV_MAX || WGRAD_NV == NV_MAX + 1, "WGRAD_NV: NV_MAX or one more");
+
+/* Vectors of the next tile of input channels: as simd_tile_vectors, but a last run of WGRAD_NV
+ * vectors is one tile. */
+static inline int wgrad_tile_vectors(int left) {
+    return left == WGRAD_NV ? WGRAD_NV : simd_tile_vectors(left);
+}
 
 typedef struct simd_wgrad_call {
     int oh, ow, n_images, channels;
@@ -453,9 +466,9 @@ typedef struct simd_wgrad_call {
 
 CF_INLINE void wgrad_tile(int mr, int nv, bool masked, const simd_wgrad_call *w, int m0, int c0,
                           unsigned last) {
-    vf acc[WGRAD_ACC][NV_MAX];
+    vf acc[WGRAD_ACC][WGRAD_NV];
     _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++)
-        _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) acc[i][v] = V_ZERO();
+        _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = V_ZERO();
     const vmaskv lastv = V_MASKV(last);
     const ptrdiff_t a_row = w->a_row, channels = w->channels, pos_step = w->pos_step;
     for (int n = 0; n < w->n_images; n++) {
@@ -464,19 +477,19 @@ CF_INLINE void wgrad_tile(int mr, int nv, bool masked, const simd_wgrad_call *w,
         for (int y = 0; y < w->oh; y++) {
             const float *bp = bn + y * w->row_step;
             for (int x = 0; x < w->ow; x++, bp += pos_step, ap++) {
-                vf bv[NV_MAX];
-                _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) bv[v] =
+                vf bv[WGRAD_NV];
+                _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) bv[v] =
                     masked && v == nv - 1 ? V_LOADZ(lastv, bp + VL * v) : V_LOADU(bp + VL * v);
                 _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++) {
                     const vf av = V_SET1(ap[i * a_row]);
-                    _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) acc[i][v] =
+                    _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] =
                         V_FMA(av, bv[v], acc[i][v]);
                 }
             }
         }
     }
     _Pragma("GCC unroll 24") for (int i = 0; i < mr; i++)
-        _Pragma("GCC unroll 3") for (int v = 0; v < nv; v++) {
+        _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) {
         const unsigned mask = v == nv - 1 ? last : VMASK_ALL;
         float *cp = w->out + (size_t)(m0 + i) * channels + c0 + VL * v;
         vf r = acc[i][v];
@@ -513,6 +526,9 @@ typedef void (*wgrad_tile_fn)(const simd_wgrad_call *w, int m0, int tiles, int c
     X(nv, 16) X(nv, 17) X(nv, 18) X(nv, 19) X(nv, 20) X(nv, 21) X(nv, 22) X(nv, 23) X(nv, 24)
 #if WGRAD_ACC == 12
 #define WGRAD_SHAPES(X) WGRAD_ROWS_12(X, 1) WGRAD_ROWS_6(X, 2) WGRAD_ROWS_4(X, 3)
+#elif WGRAD_ACC == 24 && WGRAD_NV == 4
+#define WGRAD_SHAPES(X)                                                                            \
+    WGRAD_ROWS_24(X, 1) WGRAD_ROWS_12(X, 2) WGRAD_ROWS_8(X, 3) WGRAD_ROWS_6(X, 4)
 #elif WGRAD_ACC == 24
 #define WGRAD_SHAPES(X) WGRAD_ROWS_24(X, 1) WGRAD_ROWS_12(X, 2) WGRAD_ROWS_8(X, 3)
 #else
@@ -520,7 +536,7 @@ typedef void (*wgrad_tile_fn)(const simd_wgrad_call *w, int m0, int tiles, int c
 #endif
 WGRAD_SHAPES(WGRAD_TILE_FN)
 /* [masked][vectors][rows] */
-static const wgrad_tile_fn wgrad_tiles[2][NV_MAX + 1][WGRAD_ACC + 1] = {
+static const wgrad_tile_fn wgrad_tiles[2][WGRAD_NV + 1][WGRAD_ACC + 1] = {
     WGRAD_SHAPES(WGRAD_TILE_ENTRY)};
 #undef WGRAD_SHAPES
 #undef WGRAD_ROWS_24
@@ -549,7 +565,7 @@ static void simd_implicit_wgrad(int m, int channels, int oh, int ow, int n_image
                                .accumulate = accumulate};
     const int vectors = (channels + VL - 1) / VL;
     for (int v0 = 0, nv; v0 < vectors; v0 += nv) {
-        nv = simd_tile_vectors(vectors - v0);
+        nv = wgrad_tile_vectors(vectors - v0);
         const unsigned last = simd_first_lanes(channels - VL * v0 - VL * (nv - 1));
         const int masked = last != VMASK_ALL;
         /* the rows in tiles of at most WGRAD_ACC / nv, as even as they go (32 rows of 6 at
