@@ -4,8 +4,8 @@
  * cf_im2col (bitwise) and cf_col2im on strides 1-3, kernels 1-5, paddings 0-2 and row widths that
  * take each of the fast paths. The reference paths are the ones the oracle tests check against
  * PyTorch in builds without AVX-512 (and the plain loops are the definitions in tensor.h), so
- * agreement here carries those checks over to the fast paths. Without AVX-512 both sides are the
- * reference and the test is trivial. */
+ * agreement here carries those checks over to the fast paths. With the portable table both sides
+ * are the reference and the test is trivial (cf_sgemm_nt has a fast path with AVX2 only). */
 #include "oracle.h"
 
 #include <math.h>
@@ -120,7 +120,26 @@ static void test_sgemm_nt_matches_reference(void **state) {
             for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
                 check_gemm_nt(m, n, ks[ki], (m + n + (int)ki) % 2 == 1, &rng);
     check_gemm_nt(9, 16, 784 * 4, false, &rng); /* a stem's weight gradient */
-    check_gemm_nt(25, 32, 500, true, &rng);     /* more tiles than one chunk holds: cf_sgemm */
+    check_gemm_nt(12, 24, 300, true, &rng);     /* 4 x 6 tiles: as many as the kernel holds */
+    check_gemm_nt(12, 25, 300, false, &rng);    /* 4 x 7: more, so cf_sgemm */
+    check_gemm_nt(25, 32, 500, true, &rng);
+    /* With AVX2 the stem's product must take the kernel, not quietly fall back: its sums in
+     * lanes round differently from OpenBLAS's somewhere among 144 sums of 3136 products. */
+    if (cf_isa_active() == CF_ISA_AVX2) {
+        const int m = 9, n = 16, k = 3136;
+        float *a = malloc((size_t)m * k * sizeof(float)),
+              *b = malloc((size_t)n * k * sizeof(float));
+        float c1[9 * 16], c2[9 * 16];
+        fill(&rng, a, (size_t)m * k);
+        fill(&rng, b, (size_t)n * k);
+        cf_sgemm_nt(m, n, k, a, k, b, k, c1, n, false);
+        cf_kernels_set_reference(true);
+        cf_sgemm_nt(m, n, k, a, k, b, k, c2, n, false);
+        cf_kernels_set_reference(false);
+        assert_true(memcmp(c1, c2, sizeof c1) != 0);
+        free(a);
+        free(b);
+    }
 }
 
 typedef struct geom_case {

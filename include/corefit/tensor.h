@@ -65,9 +65,10 @@ void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrd
 
 /* C (m x n, row stride ldc) = A . B^T, or C += A . B^T with accumulate, where A is m x k and B
  * is n x k, both row-major (lda, ldb): every element a dot product along k, as in the weight
- * gradient of a layer with few input channels (a stem: patches . dy^T). With a vector kernel
- * table it sums each element in vector lanes (a fixed order, whatever the thread), else, and
- * for short k, it calls cf_sgemm. */
+ * gradient of a layer with few input channels (a stem: patches . dy^T). With the AVX2 kernel
+ * table it sums each element in vector lanes (a fixed order, whatever the thread); otherwise,
+ * for short k and for large m x n, it calls cf_sgemm (with AVX-512, OpenBLAS's small-matrix
+ * kernel is the faster one). */
 void cf_sgemm_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c,
                  int ldc, bool accumulate);
 

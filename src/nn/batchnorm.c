@@ -160,17 +160,18 @@ static int64_t bn_block_channels(const geom *g) {
     return cb > 1 ? (int64_t)cb : 1;
 }
 
-/* Asks for the planes of channels [c0, c1) of one sample (at p, cs floats each) to be brought
- * into cache while the current sample's are processed: a pass jumps a whole sample between
+/* Asks for the plane at p (s floats) to be brought into cache while the plane beside it (the
+ * same channel of the previous sample) is processed: a pass jumps a whole sample between
  * chunks of a few KB, and the hardware prefetchers, which follow a stream only after a few
- * misses, start each chunk cold. write: the planes are about to be written. */
-static void bn_prefetch_chunk(const float *p, int64_t c0, int64_t c1, size_t cs, bool write) {
-    const char *at = (const char *)(p + (size_t)c0 * cs),
-               *end = (const char *)(p + (size_t)c1 * cs);
+ * misses, start each chunk cold. One plane at a time, beside the work: a chunk's worth at once
+ * held the fill buffers. write: the plane is about to be written. */
+static void bn_prefetch_plane(const float *p, size_t s, bool write) {
+    const char *c = (const char *)p;
+    const size_t bytes = s * sizeof(float);
     if (write)
-        for (; at < end; at += 64) __builtin_prefetch(at, 1, 3);
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1, 3);
     else
-        for (; at < end; at += 64) __builtin_prefetch(at, 0, 3);
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
 static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
@@ -190,7 +191,7 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
             const float *xn = ctx->x + (size_t)n * g.c * cs;
             const bool ahead = n + 1 < g.n;
             for (int64_t c = c0; c < c1; c++) {
-                if (ahead) bn_prefetch_chunk(xn + (size_t)g.c * cs, c, c + 1, cs, false);
+                if (ahead) bn_prefetch_plane(xn + ((size_t)g.c + c) * cs, cs, false);
                 double a1, a2;
                 cf_bn_plane_sums(xn + c * cs, g.s, ctx->x[c * cs], &a1, &a2);
                 s1[c] += a1;
@@ -216,9 +217,8 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         const bool ahead = n + 1 < g.n;
         for (int64_t c = c0; c < c1; c++) {
             if (ahead) {
-                bn_prefetch_chunk(ctx->y + at + (size_t)g.c * cs, c, c + 1, cs, true);
-                if (ctx->add)
-                    bn_prefetch_chunk(ctx->add + at + (size_t)g.c * cs, c, c + 1, cs, false);
+                bn_prefetch_plane(ctx->y + at + ((size_t)g.c + c) * cs, cs, true);
+                if (ctx->add) bn_prefetch_plane(ctx->add + at + ((size_t)g.c + c) * cs, cs, false);
             }
             cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
                                ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
@@ -393,8 +393,8 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
             const bool ahead = n + 1 < g.n;
             for (int64_t c = c0; c < c1; c++) {
                 if (ahead) {
-                    bn_prefetch_chunk(ctx->dy + at + (size_t)g.c * cs, c, c + 1, cs, false);
-                    bn_prefetch_chunk(ctx->x + at + (size_t)g.c * cs, c, c + 1, cs, false);
+                    bn_prefetch_plane(ctx->dy + at + ((size_t)g.c + c) * cs, cs, false);
+                    bn_prefetch_plane(ctx->x + at + ((size_t)g.c + c) * cs, cs, false);
                 }
                 cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
                                     ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
@@ -419,7 +419,7 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
             const size_t at = (size_t)n * g.c * cs;
             const bool ahead = n + 1 < g.n;
             for (int64_t c = c0; c < c1; c++) {
-                if (ahead) bn_prefetch_chunk(ctx->dx + at + (size_t)g.c * cs, c, c + 1, cs, true);
+                if (ahead) bn_prefetch_plane(ctx->dx + at + ((size_t)g.c + c) * cs, cs, true);
                 cf_bn_plane_dx(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs,
                                g.s, b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu,
                                b->ss[c], b->ss[g.c + c]);

@@ -468,7 +468,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
      * is col . dy^T, dot products along the positions (cf_sgemm_nt), dy read as it is. */
-    const bool dw_blas = K < 16 && O <= 16;
+    const bool dw_dots = K < 16 && O <= 16;
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -492,7 +492,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 patches = col;
                 ldp = c->ld;
             }
-            if (dw_blas) {
+            if (dw_dots) {
                 dyg = group_dy(c, n0, n1, buf, &ldg);
                 cf_sgemm_nt(K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
             } else {

@@ -247,7 +247,8 @@ static void prefetch_l2(const float *p, size_t floats) {
 
 /* Part `part` of `parts` of the floats at p into L2 (spread over the parts of a computation). */
 static void prefetch_part(const float *p, size_t floats, int part, int parts) {
-    const size_t bytes = floats * sizeof(float), slice = (bytes / (size_t)parts + 63) / 64 * 64;
+    const size_t bytes = floats * sizeof(float),
+                 slice = ((bytes + (size_t)parts - 1) / (size_t)parts + 63) / 64 * 64;
     const char *c = (const char *)p;
     for (size_t off = (size_t)part * slice; off < (size_t)(part + 1) * slice && off < bytes;
          off += 64)
@@ -412,14 +413,14 @@ void cf_conv_implicit_wgrad_with(const cf_conv_geom *g, int out_channels, const 
         /* the next block's images and output gradients, a slice per tap, are brought into L2
          * while this block's taps compute (a layer's input was written in forward and has left
          * the caches; the transposes read a row of every channel plane at once, too many
-         * streams for the hardware prefetchers). Not the images of 1x1 layers, whose
+         * streams for the hardware prefetchers). Not the images of 1x1 strided layers, whose
          * transposes skip rows. */
         const int next_nb = n0 + nb >= n_images          ? 0
                             : n_images - n0 - nb < block ? n_images - n0 - nb
                                                          : block;
         const size_t s_image = shortcut ? (size_t)shortcut->out_channels * plane : 0;
         for (int tap = 0; tap < l.taps; tap++) {
-            if (l.taps > 1)
+            if (g->kh > 1 || l.stride == 1)
                 prefetch_part(x + (size_t)(n0 + nb) * image, next_nb * image, tap, l.taps);
             prefetch_part(dy + (size_t)(n0 + nb) * dy_image, next_nb * dy_image, tap, l.taps);
             if (shortcut)

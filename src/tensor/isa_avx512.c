@@ -56,7 +56,7 @@ static inline double avx512_hsum_d(__m512 v) {
         (od) = _mm512_permutex2var_ps(unzip_a_, unzip_od_, unzip_b_);                              \
     } while (0)
 #include "tensor/optim_loops.h"
-#define WGRAD_NV 4 /* 24 accumulators, 4 vectors of B and a broadcast: 29 of the 32 registers */
+#define WGRAD_NV 4 /* 6 rows x 4 vectors: 24 accumulators, 4 of B, a broadcast (29 of 32) */
 #include "tensor/simd_kernels.h"
 /* cf_conv_winograd_pays: bench_conv on W1 and W2 */
 #define WINO_SHORT_ROW_COST 224

@@ -128,8 +128,8 @@ static bool simd_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_
 /* ---- cf_sgemm_nt: C (+)= A . B^T, both read along k ------------------------------------------ */
 
 /* A tile of DOT_MR rows of A by DOT_NR rows of B: DOT_MR x DOT_NR accumulators of vectors along
- * k (12: with AVX2 the three vectors of A and the accumulators fill the 16 registers, B read
- * from memory by the FMAs), the lanes summed in double at the end. A stem's weight gradient (9
+ * k (12: with AVX2 they, the three vectors of A and one of B fill the 16 registers), the lanes
+ * summed in double at the end. A stem's weight gradient (9
  * taps by 16 or fewer output channels, thousands of positions) is 3 x 4 tiles with no edge.
  * k runs in chunks whose rows of A and B stay in L1 while every tile reads them (a tile reads
  * each row of A once per tile of B and the other way round); between chunks a tile's
@@ -139,8 +139,10 @@ static bool simd_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_
  * 82: the lanes' sums cost more beside 16-lane FMAs). */
 #define DOT_MR 3
 #define DOT_NR 4
+/* The tiles whose accumulators wait between chunks (on the stack: 9 KB with AVX2, 18 KB with
+ * AVX-512); a stem's product is at most 5 x 4 of them. */
 #define DOT_MAX_TILES 24
-#define DOT_CHUNK_BYTES (24 * 1024)
+#define DOT_CHUNK_BYTES (24 * 1024) /* rows of A and B per chunk: half of a 48 KB L1 */
 
 typedef struct simd_dots_part {
     vf acc[DOT_MR][DOT_NR];
@@ -204,11 +206,15 @@ static __attribute__((noinline)) void dots_tile_edge(int mr, int nr, int p0, int
     dots_tile(mr, nr, p0, p1, first, last, a, lda, b, ldb, part, c, ldc, accumulate);
 }
 
+/* static inline: only some tables use it (an unused static function would be a warning) */
 static inline bool simd_sgemm_nt(int m, int n, int k, const float *a, int lda, const float *b,
                                  int ldb, float *c, int ldc, bool accumulate) {
     const int tiles_m = (m + DOT_MR - 1) / DOT_MR, tiles_n = (n + DOT_NR - 1) / DOT_NR;
-    /* short sums, and products too large for one chunk of rows: OpenBLAS */
-    if (k < 2 * VL || tiles_m * tiles_n > DOT_MAX_TILES) return false;
+    /* sums of a vector or two (where the lanes' sums would cost as much as the FMAs), and
+     * products of more tiles than `part` holds: cf_sgemm */
+    if (k < 2 * VL || tiles_m > DOT_MAX_TILES || tiles_n > DOT_MAX_TILES ||
+        tiles_m * tiles_n > DOT_MAX_TILES)
+        return false;
     simd_dots_part part[DOT_MAX_TILES];
     int chunk = DOT_CHUNK_BYTES / ((m + n) * (int)sizeof(float)) / VL * VL;
     if (chunk < VL) chunk = VL;
@@ -439,8 +445,8 @@ static void simd_implicit_run(const cf_implicit_taps *tp, int channels, int m, c
 #define WGRAD_ACC (MR * NV_MAX)
 #endif
 /* The widest weight-gradient tile, in vectors (a set with registers to spare may allow NV_MAX +
- * 1: with AVX-512, 64 input channels as one tile of 4 x 6 rows read 10 vectors per 24 FMAs
- * where two tiles of 2 x 12 read 13 per 22). */
+ * 1: with AVX-512, 64 input channels as tiles of 6 rows x 4 vectors read 10 vectors per 24
+ * FMAs, where tiles of 11 rows x 2 vectors read 13 per 22). */
 #ifndef WGRAD_NV
 #define WGRAD_NV NV_MAX
 #endif
@@ -524,7 +530,7 @@ typedef void (*wgrad_tile_fn)(const simd_wgrad_call *w, int m0, int tiles, int c
     X(nv, 14)                                                                                      \
     X(nv, 15)                                                                                      \
     X(nv, 16) X(nv, 17) X(nv, 18) X(nv, 19) X(nv, 20) X(nv, 21) X(nv, 22) X(nv, 23) X(nv, 24)
-#if WGRAD_ACC == 12
+#if WGRAD_ACC == 12 && WGRAD_NV == NV_MAX
 #define WGRAD_SHAPES(X) WGRAD_ROWS_12(X, 1) WGRAD_ROWS_6(X, 2) WGRAD_ROWS_4(X, 3)
 #elif WGRAD_ACC == 24 && WGRAD_NV == 4
 #define WGRAD_SHAPES(X)                                                                            \
@@ -532,7 +538,8 @@ typedef void (*wgrad_tile_fn)(const simd_wgrad_call *w, int m0, int tiles, int c
 #elif WGRAD_ACC == 24
 #define WGRAD_SHAPES(X) WGRAD_ROWS_24(X, 1) WGRAD_ROWS_12(X, 2) WGRAD_ROWS_8(X, 3)
 #else
-#error "WGRAD_ACC: the tile shapes are listed for 12 and 24 accumulators"
+#error                                                                                             \
+    "WGRAD_ACC, WGRAD_NV: tile shapes are listed for 12 accumulators of up to NV_MAX vectors, 24 of up to 4"
 #endif
 WGRAD_SHAPES(WGRAD_TILE_FN)
 /* [masked][vectors][rows] */
