@@ -19,7 +19,29 @@ static void fill(cf_rng *rng, float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = (float)(2.0 * cf_rng_uniform(rng) - 1.0);
 }
 
-/* |fast - ref| <= 1e-5 * (sum over the products of |a||b|) + tiny, elementwise */
+/* C from the fast path (c1) against the reference (c2), C[i][j] = sum over p of
+ * a[i*a_row + p*a_col] * b[p*b_k + j*b_j] (+ C): |fast - ref| <= 1e-5 * (sum over the products
+ * of |a||b|, + |C|) + tiny, elementwise, and the columns past n (to ldc) never written */
+static void compare_products(const char *what, int m, int n, int k, const float *a, ptrdiff_t a_row,
+                             ptrdiff_t a_col, const float *b, ptrdiff_t b_k, ptrdiff_t b_j,
+                             const float *c1, const float *c2, int ldc, bool accumulate) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+            float x = c1[(size_t)i * ldc + j], y = c2[(size_t)i * ldc + j];
+            if (j >= n) {
+                if (memcmp(&x, &y, sizeof x) != 0)
+                    fail_msg("%s %dx%dx%d wrote column %d past n", what, m, n, k, j);
+                continue;
+            }
+            double mag = accumulate ? fabs(y) : 0;
+            for (int p = 0; p < k; p++)
+                mag += fabs(a[i * a_row + p * a_col]) * fabs(b[p * b_k + j * b_j]);
+            if (fabs((double)x - y) > 1e-5 * mag + 1e-30)
+                fail_msg("%s m=%d n=%d k=%d acc=%d: C[%d,%d] = %g, reference %g", what, m, n, k,
+                         accumulate, i, j, (double)x, (double)y);
+        }
+}
+
 static void check_gemm(int m, int n, int k, bool trans_a, bool accumulate, cf_rng *rng) {
     const int ldb = n + 3, ldc = n + 5;
     const ptrdiff_t a_row = trans_a ? 1 : k + 2, a_col = trans_a ? m + 1 : 1;
@@ -36,21 +58,9 @@ static void check_gemm(int m, int n, int k, bool trans_a, bool accumulate, cf_rn
     cf_kernels_set_reference(true);
     cf_sgemm_strided(m, n, k, a, a_row, a_col, b, ldb, c2, ldc, accumulate);
     cf_kernels_set_reference(false);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < ldc; j++) {
-            float x = c1[(size_t)i * ldc + j], y = c2[(size_t)i * ldc + j];
-            if (j >= n) { /* columns past n are never written */
-                if (memcmp(&x, &y, sizeof x) != 0)
-                    fail_msg("gemm %dx%dx%d wrote column %d past n", m, n, k, j);
-                continue;
-            }
-            double mag = accumulate ? fabs(y) : 0;
-            for (int p = 0; p < k; p++)
-                mag += fabs(a[i * a_row + p * a_col]) * fabs(b[(size_t)p * ldb + j]);
-            if (fabs((double)x - y) > 1e-5 * mag + 1e-30)
-                fail_msg("gemm m=%d n=%d k=%d trans_a=%d acc=%d: C[%d,%d] = %g, reference %g", m, n,
-                         k, trans_a, accumulate, i, j, (double)x, (double)y);
-        }
+    char what[64];
+    snprintf(what, sizeof what, "gemm trans_a=%d", trans_a);
+    compare_products(what, m, n, k, a, a_row, a_col, b, ldb, 1, c1, c2, ldc, accumulate);
     free(a);
     free(b);
     free(c1);
@@ -72,7 +82,7 @@ static void test_sgemm_strided_matches_reference(void **state) {
     check_gemm(576, 64, 245, false, true, &rng);
 }
 
-/* cf_sgemm_nt against its reference (cf_sgemm), the same bound as check_gemm */
+/* cf_sgemm_nt against its reference (cf_sgemm) */
 static void check_gemm_nt(int m, int n, int k, bool accumulate, cf_rng *rng) {
     const int lda = k + 3, ldb = k + 1, ldc = n + 2;
     float *a = malloc((size_t)m * lda * sizeof(float)),
@@ -88,21 +98,7 @@ static void check_gemm_nt(int m, int n, int k, bool accumulate, cf_rng *rng) {
     cf_kernels_set_reference(true);
     cf_sgemm_nt(m, n, k, a, lda, b, ldb, c2, ldc, accumulate);
     cf_kernels_set_reference(false);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < ldc; j++) {
-            float x = c1[(size_t)i * ldc + j], y = c2[(size_t)i * ldc + j];
-            if (j >= n) {
-                if (memcmp(&x, &y, sizeof x) != 0)
-                    fail_msg("gemm_nt %dx%dx%d wrote column %d past n", m, n, k, j);
-                continue;
-            }
-            double mag = accumulate ? fabs(y) : 0;
-            for (int p = 0; p < k; p++)
-                mag += fabs(a[(size_t)i * lda + p]) * fabs(b[(size_t)j * ldb + p]);
-            if (fabs((double)x - y) > 1e-5 * mag + 1e-30)
-                fail_msg("gemm_nt m=%d n=%d k=%d acc=%d: C[%d,%d] = %g, reference %g", m, n, k,
-                         accumulate, i, j, (double)x, (double)y);
-        }
+    compare_products("gemm_nt", m, n, k, a, lda, 1, b, 1, ldb, c1, c2, ldc, accumulate);
     free(a);
     free(b);
     free(c1);

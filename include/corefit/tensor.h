@@ -22,6 +22,23 @@ typedef struct cf_tensor {
     cf_shape shape;
 } cf_tensor;
 
+/* Asks for the bytes at p to be brought into cache ahead of their use, to be written when write,
+ * into L1 when near (used next) or into L2 only. A hint: it never faults, so p need not be
+ * valid. For passes whose reads the hardware prefetchers do not foresee (many short streams, or
+ * a jump between chunks). */
+static inline void cf_prefetch(const void *p, size_t bytes, bool write, bool near) {
+    const char *c = (const char *)p;
+    /* __builtin_prefetch takes its hints as constants: one loop per pair */
+    if (write && near)
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1, 3);
+    else if (write)
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1, 2);
+    else if (near)
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+    else
+        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
 static inline size_t cf_shape_numel(const cf_shape *s) {
     size_t n = 1;
     for (int i = 0; i < s->ndim; i++) n *= (size_t)s->dim[i];

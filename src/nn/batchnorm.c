@@ -160,18 +160,12 @@ static int64_t bn_block_channels(const geom *g) {
     return cb > 1 ? (int64_t)cb : 1;
 }
 
-/* Asks for the plane at p (s floats) to be brought into cache while the plane beside it (the
- * same channel of the previous sample) is processed: a pass jumps a whole sample between
- * chunks of a few KB, and the hardware prefetchers, which follow a stream only after a few
- * misses, start each chunk cold. One plane at a time, beside the work: a chunk's worth at once
- * held the fill buffers. write: the plane is about to be written. */
+/* BatchNorm's passes ask for the next sample's plane (cf_prefetch, into L1) while they process
+ * the current one: a pass jumps a whole sample between chunks of a few KB, and the hardware
+ * prefetchers, which follow a stream only after a few misses, start each chunk cold. One plane
+ * at a time, beside the work: a chunk's worth at once held the fill buffers. */
 static void bn_prefetch_plane(const float *p, size_t s, bool write) {
-    const char *c = (const char *)p;
-    const size_t bytes = s * sizeof(float);
-    if (write)
-        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1, 3);
-    else
-        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+    cf_prefetch(p, s * sizeof(float), write, true);
 }
 
 static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {

@@ -233,15 +233,9 @@ static void run_batch(const conv_impl *c, int64_t n, cf_range_fn fn, void *ctx) 
         cf_parallel_for(n, fn, ctx);
 }
 
-/* Asks for [p, p + bytes) to be brought into L2 while the current group computes: a layer's
- * input was written by an earlier layer and has left the caches, and the lowering of the next
- * group would otherwise wait for it. */
-static void prefetch_range(const float *p, size_t bytes) {
-    const char *c = (const char *)p;
-    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
-}
-
-/* Prefetches the input rows that images [n0, n1) are lowered from: every row, but for a 1x1
+/* Prefetches (into L2, while the current group computes: a layer's input was written by an
+ * earlier layer and has left the caches, and the lowering of the next group would otherwise wait
+ * for it) the input rows that images [n0, n1) are lowered from: every row, but for a 1x1
  * layer of stride s without padding, which reads only every s-th row (the others would take
  * half the memory bandwidth of W1's stride-2 shortcuts for nothing). */
 static void prefetch_input(const conv_impl *c, int64_t n0, int64_t n1) {
@@ -249,13 +243,13 @@ static void prefetch_input(const conv_impl *c, int64_t n0, int64_t n1) {
     const size_t row = (size_t)g->w, plane = (size_t)g->h * row, in_n = (size_t)g->c * plane;
     const float *x = c->x + (size_t)n0 * in_n;
     if (c->k != 1 || c->pad != 0 || c->stride == 1) {
-        prefetch_range(x, (size_t)(n1 - n0) * in_n * sizeof(float));
+        cf_prefetch(x, (size_t)(n1 - n0) * in_n * sizeof(float), false, false);
         return;
     }
     for (int64_t p = 0; p < (n1 - n0) * g->c; p++)
         for (int u = 0; u < g->oh; u++)
-            prefetch_range(x + (size_t)p * plane + (size_t)u * c->stride * row,
-                           row * sizeof(float));
+            cf_prefetch(x + (size_t)p * plane + (size_t)u * c->stride * row, row * sizeof(float),
+                        false, false);
 }
 
 /* The images [*n0, *n1) of group gi. */
@@ -479,7 +473,8 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             int64_t m0, m1;
             group_range(c, gi + 1, &m0, &m1);
             if (c->want_dw) prefetch_input(c, m0, m1);
-            prefetch_range(c->dy + (size_t)m0 * out_n, (size_t)(m1 - m0) * out_n * sizeof(float));
+            cf_prefetch(c->dy + (size_t)m0 * out_n, (size_t)(m1 - m0) * out_n * sizeof(float),
+                        false, false);
         }
         const float *dyg = NULL;
         int ldg = 0;

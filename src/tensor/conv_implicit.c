@@ -240,24 +240,14 @@ static unsigned phases_used(const layout *l) {
     return used;
 }
 
-static void prefetch_l2(const float *p, size_t floats) {
-    const char *c = (const char *)p;
-    for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 0, 2);
-}
-
 /* Part `part` of `parts` of the floats at p into L2 (spread over the parts of a computation). */
 static void prefetch_part(const float *p, size_t floats, int part, int parts) {
     const size_t bytes = floats * sizeof(float),
-                 slice = ((bytes + (size_t)parts - 1) / (size_t)parts + 63) / 64 * 64;
-    const char *c = (const char *)p;
-    for (size_t off = (size_t)part * slice; off < (size_t)(part + 1) * slice && off < bytes;
-         off += 64)
-        __builtin_prefetch(c + off, 0, 2);
-}
-
-static void prefetch_l2_write(float *p, size_t floats) {
-    char *c = (char *)p;
-    for (size_t off = 0; off < floats * sizeof(float); off += 64) __builtin_prefetch(c + off, 1, 2);
+                 slice = ((bytes + (size_t)parts - 1) / (size_t)parts + 63) / 64 * 64,
+                 from = (size_t)part * slice;
+    if (from < bytes)
+        cf_prefetch((const char *)p + from, bytes - from < slice ? bytes - from : slice, false,
+                    false);
 }
 
 void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
@@ -286,7 +276,8 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
     for (int n0 = 0; n0 < n_images; n0 += block) {
         const int nb = n_images - n0 < block ? n_images - n0 : block;
         for (int n = 0; n < nb; n++) {
-            if (n0 + n + 1 < n_images) prefetch_l2(x + (size_t)(n0 + n + 1) * image, image);
+            if (n0 + n + 1 < n_images)
+                cf_prefetch(x + (size_t)(n0 + n + 1) * image, image * sizeof(float), false, false);
             split_phases(g, x + (size_t)(n0 + n) * image, scratch + (size_t)n * image, used);
         }
         cf_active_kernels->implicit_run(tp, g->c, out_channels, packed, scratch,
@@ -298,7 +289,8 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
         const size_t s_image = (size_t)shortcut->out_channels * l.plane;
         for (int n = 0; n < nb; n++) {
             if (n0 + n + 1 < n_images)
-                prefetch_l2_write(shortcut->y + (size_t)(n0 + n + 1) * s_image, s_image);
+                cf_prefetch(shortcut->y + (size_t)(n0 + n + 1) * s_image, s_image * sizeof(float),
+                            true, false);
             cf_sgemm_strided(shortcut->out_channels, l.plane, g->c, shortcut->w, g->c, 1,
                              scratch + (size_t)n * image, 4 * l.plane,
                              shortcut->y + (size_t)(n0 + n) * s_image, l.plane, false);
@@ -351,7 +343,8 @@ void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const flo
             const size_t s_image = (size_t)shortcut->out_channels * l.plane;
             for (int n = 0; n < nb; n++) {
                 if (n0 + n + 1 < n_images) /* written long before, by the idpath's backward */
-                    prefetch_l2(shortcut->dy + (size_t)(n0 + n + 1) * s_image, s_image);
+                    cf_prefetch(shortcut->dy + (size_t)(n0 + n + 1) * s_image,
+                                s_image * sizeof(float), false, false);
                 cf_sgemm_strided(g->c, l.plane, shortcut->out_channels, shortcut->w, 1, g->c,
                                  shortcut->dy + (size_t)(n0 + n) * s_image, l.plane,
                                  scratch + (size_t)n * image, 4 * l.plane, true);
@@ -360,7 +353,8 @@ void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const flo
         if (l.stride == 2)
             for (int n = 0; n < nb; n++) {
                 if (n0 + n + 1 < n_images)
-                    prefetch_l2_write(dx + (size_t)(n0 + n + 1) * image, image);
+                    cf_prefetch(dx + (size_t)(n0 + n + 1) * image, image * sizeof(float), true,
+                                false);
                 merge_phases(g, scratch + (size_t)n * image, dx + (size_t)(n0 + n) * image);
             }
     }
