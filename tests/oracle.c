@@ -1,6 +1,7 @@
 #include "oracle.h"
 
 #include <math.h>
+#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,10 +89,31 @@ void fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi) {
 }
 
 double max_rel_err(const float *a, const float *b, size_t n, double floor) {
+    /* fmax drops a NaN operand, so a NaN is looked for explicitly: any value that is not finite
+     * on either side makes the error infinite, which no tolerance accepts. */
     double worst = 0, scale = floor;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        scale = fmax(scale, fabs(b[i]));
+    }
     for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / scale);
     return worst;
+}
+
+void assert_rel_err_within(const char *what, const float *a, const float *b, size_t n, double floor,
+                           double rtol) {
+    double err = max_rel_err(a, b, n, floor);
+    if (!(err <= rtol)) {
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(a[i]) || !isfinite(b[i]))
+                fail_msg("%s: element %zu is %.9g against %.9g (not finite)", what, i, a[i], b[i]);
+        fail_msg("%s: max relative error %.3g > %.3g", what, err, rtol);
+    }
+}
+
+void assert_all_finite(const char *what, const float *a, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) fail_msg("%s: element %zu of %zu is %.9g", what, i, n, a[i]);
 }
 
 void assert_close(const char *what, const float *a, const float *b, size_t n, double rtol,
@@ -112,4 +134,20 @@ void assert_close(const char *what, const float *a, const float *b, size_t n, do
     if (bad)
         fail_msg("%s: %d of %zu elements differ; worst at %zu: %.9g vs reference %.9g", what, bad,
                  n, worst, a[worst], b[worst]);
+}
+
+unsigned char *test_png_load_rgb(const char *path, int *width, int *height) {
+    png_image image;
+    memset(&image, 0, sizeof image);
+    image.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&image, path))
+        fail_msg("cannot read %s as PNG: %s", path, image.message);
+    image.format = PNG_FORMAT_RGB; /* any PNG, composed onto black when it has alpha */
+    unsigned char *px = malloc(PNG_IMAGE_SIZE(image));
+    assert_non_null(px);
+    if (!png_image_finish_read(&image, NULL, px, 0, NULL))
+        fail_msg("cannot decode %s: %s", path, image.message);
+    *width = (int)image.width;
+    *height = (int)image.height;
+    return px;
 }

@@ -41,6 +41,10 @@ void fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
 /* Asserts |a-b| <= atol + rtol*|b| elementwise, reporting the worst element. */
 void assert_close(const char *what, const float *a, const float *b, size_t n, double rtol,
                   double atol);
+/* Decodes a PNG file (libpng) as 8-bit RGB, row by row; fails the test naming the file when it is
+ * not a readable PNG. The caller frees the pixels with free(). */
+unsigned char *test_png_load_rgb(const char *path, int *width, int *height);
+
 /* Time limits in tests (fault reaction, liveness) are multiplied by CF_TEST_TIME_SCALE when set
  * (make test-valgrind sets it: everything runs tens of times slower there), and by 3 by default
  * in an AddressSanitizer build (unoptimised, every access checked: test_limits' readers took 22 s
@@ -56,7 +60,14 @@ static inline double test_time_scale(void) {
     return v >= 1.0 ? v : 1.0;
 }
 
-/* Largest relative error max|a-b| / max(|b|, floor). */
+/* Largest relative error max|a-b| / max(|b|, floor); INFINITY when an element of a or b is NaN or
+ * infinite, so that a test comparing with `err <= tol` fails on it. */
 double max_rel_err(const float *a, const float *b, size_t n, double floor);
+/* Fails the test (naming what) unless max_rel_err(a, b, n, floor) <= rtol; a value that is not
+ * finite is reported with its index. */
+void assert_rel_err_within(const char *what, const float *a, const float *b, size_t n, double floor,
+                           double rtol);
+/* Fails the test (naming what and the index) when an element is NaN or infinite. */
+void assert_all_finite(const char *what, const float *a, size_t n);
 
 #endif

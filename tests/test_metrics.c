@@ -226,7 +226,7 @@ static void test_acc_is_additive(void **state) {
         assert_int_equal(a->n_acc, whole->n_acc);
         for (int i = 0; i < a->n_acc; i++) a->acc[i] += b->acc[i];
         double va = cf_metric_value(a), vw = cf_metric_value(whole);
-        if (fabs(va - vw) > 1e-12 * fmax(1.0, fabs(vw)))
+        if (!(fabs(va - vw) <= 1e-12 * fmax(1.0, fabs(vw))))
             fail_msg("%s: summed acc gives %.17g, whole set %.17g", whole->name, va, vw);
         assert_false(isnan(vw));
         cf_metric_free(whole);

@@ -8,6 +8,7 @@
  * while a flag in shared memory (set by the test, cleared by the first shot) says to. The seed
  * of the random positions is printed (CF_TEST_SEED repeats a run). */
 #include "learn_fixture.h"
+#include "same_fit.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -103,45 +104,6 @@ static cf_status fit(cf_learner *learn, int world, int max_restarts, double dead
                                         .max_restarts = max_restarts,
                                         .commit_every = COMMIT_EVERY,
                                         .deadline_s = deadline_s});
-}
-
-static void same_doubles(const double *a, const double *b, int64_t n, const char *what,
-                         const char *part) {
-    if (n && memcmp(a, b, (size_t)n * sizeof *a))
-        fail_msg("%s: the Recorder's %s differ from the undisturbed fit", what, part);
-}
-
-static void assert_same_fit(const cf_learner *a, const cf_learner *b, const char *what) {
-    const cf_model *ma = a->model, *mb = b->model;
-    size_t nw = ma->n_weights * sizeof(float);
-    if (memcmp(ma->weights, mb->weights, nw))
-        fail_msg("%s: weights differ from the undisturbed fit (max rel err %.3g)", what,
-                 max_rel_err(mb->weights, ma->weights, ma->n_weights, 1e-6));
-    if (memcmp(ma->buffers, mb->buffers, ma->n_buffers * sizeof(float)))
-        fail_msg("%s: BatchNorm buffers differ from the undisturbed fit", what);
-    assert_non_null(a->opt);
-    assert_non_null(b->opt);
-    if (memcmp(a->opt->grad_avg, b->opt->grad_avg, nw) ||
-        memcmp(a->opt->sqr_avg, b->opt->sqr_avg, nw) ||
-        memcmp(a->opt->steps, b->opt->steps, (size_t)ma->n_params * sizeof(float)))
-        fail_msg("%s: optimizer state differs from the undisturbed fit", what);
-    const cf_recorder *ra = &a->recorder, *rb = &b->recorder;
-    if (ra->n_batches != rb->n_batches || ra->n_epochs != rb->n_epochs || ra->n_hps != rb->n_hps ||
-        ra->n_values != rb->n_values)
-        fail_msg("%s: the Recorder has %lld batches, %d epochs, %lld hps (undisturbed: %lld, %d, "
-                 "%lld)",
-                 what, (long long)ra->n_batches, ra->n_epochs, (long long)ra->n_hps,
-                 (long long)rb->n_batches, rb->n_epochs, (long long)rb->n_hps);
-    same_doubles(ra->lrs, rb->lrs, ra->n_batches, what, "lrs");
-    same_doubles(ra->moms, rb->moms, ra->n_batches, what, "moms");
-    same_doubles(ra->losses, rb->losses, ra->n_batches, what, "smoothed losses");
-    same_doubles(ra->hp_lr, rb->hp_lr, ra->n_hps, what, "scheduled lrs");
-    same_doubles(ra->values, rb->values, (int64_t)ra->n_epochs * ra->n_values, what,
-                 "per-epoch values");
-    if (ra->n_epochs && memcmp(ra->iters, rb->iters, (size_t)ra->n_epochs * sizeof *ra->iters))
-        fail_msg("%s: the Recorder's iters differ from the undisturbed fit", what);
-    assert_int_equal(a->n_final_record, b->n_final_record);
-    same_doubles(a->final_record, b->final_record, a->n_final_record, what, "final record");
 }
 
 static int open_fds(void) {

@@ -7,6 +7,7 @@
  * This is resuming from model files at epoch ends; tests/test_resume_exact.c resumes from
  * checkpoints taken at any batch (cf_checkpoint_cb, .resume), with dropout and augmentation. */
 #include "learn_fixture.h"
+#include "same_fit.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -31,24 +32,6 @@ static cf_learner *learner(cf_dls *dls, uint64_t seed, const char *path) {
                                     .metrics = metrics, .n_metrics = 1, .wd = 0.05),
                      CF_OK);
     return learn;
-}
-
-static void assert_same_state(const cf_learner *a, const cf_learner *b, const char *what) {
-    const cf_model *ma = a->model, *mb = b->model;
-    size_t nw = ma->n_weights * sizeof(float);
-    assert_int_equal(ma->n_weights, mb->n_weights);
-    if (memcmp(ma->weights, mb->weights, nw)) {
-        double err = max_rel_err(mb->weights, ma->weights, ma->n_weights, 1e-6);
-        fail_msg("%s: weights differ from the uninterrupted run (max rel err %.3g)", what, err);
-    }
-    if (memcmp(ma->buffers, mb->buffers, ma->n_buffers * sizeof(float)))
-        fail_msg("%s: BatchNorm buffers differ from the uninterrupted run", what);
-    assert_non_null(a->opt);
-    assert_non_null(b->opt);
-    if (memcmp(a->opt->grad_avg, b->opt->grad_avg, nw) ||
-        memcmp(a->opt->sqr_avg, b->opt->sqr_avg, nw) ||
-        memcmp(a->opt->steps, b->opt->steps, (size_t)ma->n_params * sizeof(float)))
-        fail_msg("%s: optimizer state differs from the uninterrupted run", what);
 }
 
 static void run_resume(bool parallel) {
@@ -87,7 +70,7 @@ static void run_resume(bool parallel) {
         }
         char what[64];
         snprintf(what, sizeof what, "%s resume at epoch %d", parallel ? "parallel" : "single", k);
-        assert_same_state(full, resumed, what);
+        assert_same_model_state(full, resumed, what);
         /* the resumed run trained only epochs k.. */
         assert_int_equal(resumed->recorder.n_epochs, N_EPOCH);
         cf_learner_free(resumed);

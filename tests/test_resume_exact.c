@@ -6,6 +6,7 @@
  * process and with 1, 2 and 3 fork workers. A resume with other parameters, or from a damaged
  * file, is refused with a clear error and leaves the learner as it was. */
 #include "learn_fixture.h"
+#include "same_fit.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -84,42 +85,6 @@ static cf_callback *request_cb(int64_t at) {
     cb->free = free_request;
     cb->on[CF_EV_AFTER_BATCH] = request_at;
     return cb;
-}
-
-static void same_doubles(const double *a, const double *b, int64_t n, const char *what,
-                         const char *part) {
-    if (n && memcmp(a, b, (size_t)n * sizeof(double)))
-        fail_msg("%s: the Recorder's %s differ from the uninterrupted fit", what, part);
-}
-
-static void assert_same_fit(const cf_learner *a, const cf_learner *b, const char *what) {
-    const cf_model *ma = a->model, *mb = b->model;
-    size_t nw = ma->n_weights * sizeof(float);
-    if (memcmp(ma->weights, mb->weights, nw)) {
-        double err = max_rel_err(mb->weights, ma->weights, ma->n_weights, 1e-6);
-        fail_msg("%s: weights differ from the uninterrupted fit (max rel err %.3g)", what, err);
-    }
-    if (memcmp(ma->buffers, mb->buffers, ma->n_buffers * sizeof(float)))
-        fail_msg("%s: BatchNorm buffers differ from the uninterrupted fit", what);
-    if (memcmp(a->opt->grad_avg, b->opt->grad_avg, nw) ||
-        memcmp(a->opt->sqr_avg, b->opt->sqr_avg, nw) ||
-        memcmp(a->opt->steps, b->opt->steps, (size_t)ma->n_params * sizeof(float)) ||
-        memcmp(a->opt->hypers, b->opt->hypers, (size_t)a->opt->n_groups * sizeof(cf_hypers)))
-        fail_msg("%s: optimizer state differs from the uninterrupted fit", what);
-    const cf_recorder *ra = &a->recorder, *rb = &b->recorder;
-    assert_int_equal(ra->n_batches, rb->n_batches);
-    assert_int_equal(ra->n_hps, rb->n_hps);
-    assert_int_equal(ra->n_epochs, rb->n_epochs);
-    same_doubles(ra->lrs, rb->lrs, ra->n_batches, what, "lrs");
-    same_doubles(ra->moms, rb->moms, ra->n_batches, what, "moms");
-    same_doubles(ra->losses, rb->losses, ra->n_batches, what, "smoothed losses");
-    same_doubles(ra->hp_lr, rb->hp_lr, ra->n_hps, what, "scheduled lrs");
-    same_doubles(ra->hp_mom, rb->hp_mom, ra->n_hps, what, "scheduled moms");
-    same_doubles(ra->values, rb->values, (int64_t)ra->n_epochs * ra->n_values, what,
-                 "per-epoch values");
-    if (memcmp(ra->iters, rb->iters, (size_t)ra->n_epochs * sizeof(int64_t)))
-        fail_msg("%s: the Recorder's iterations differ", what);
-    assert_true(ra->smooth_val == rb->smooth_val && ra->smooth_count == rb->smooth_count);
 }
 
 /* workers 0: in this process; else cf_par_ with that many fork workers. */

@@ -1,7 +1,7 @@
 /* fastai's interpretation views: most_confused against fastai's definition (off-diagonal cells
  * >= min_val, largest first, ties in row-major order); show_batch and show_results as PNGs:
- * the images appear in a grid, show_results' titles are green for right and red for wrong
- * predictions, and bad arguments are refused. */
+ * the images appear in a grid in batch order with their colours, show_results' titles are green for
+ * right and red for wrong predictions, and bad arguments are refused. */
 #include "oracle.h"
 
 #include <stdio.h>
@@ -10,10 +10,6 @@
 
 #include "corefit/data.h"
 #include "corefit/plot.h"
-
-#ifdef CF_HAVE_STB
-#include <stb_image.h>
-#endif
 
 static void test_most_confused(void **state) {
     (void)state;
@@ -54,21 +50,15 @@ static const char *path_in(const char *name) {
 
 /* Pixels whose colour is clearly green (titles of right predictions) or red (wrong ones). */
 static void count_title_colours(const char *path, int64_t *green, int64_t *red) {
-#ifdef CF_HAVE_STB
-    int w, h, comp;
-    unsigned char *px = stbi_load(path, &w, &h, &comp, 3);
-    if (!px) fail_msg("cannot decode %s", path);
+    int w, h;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
     *green = *red = 0;
     for (int64_t i = 0; i < (int64_t)w * h; i++) {
         const unsigned char *p = px + 3 * i;
         if (p[1] > 90 && p[0] < 60 && p[2] < 60) ++*green;
         if (p[0] > 150 && p[1] < 60 && p[2] < 60) ++*red;
     }
-    stbi_image_free(px);
-#else
-    (void)path;
-    *green = *red = -1;
-#endif
+    free(px);
 }
 
 static bool is_png_file(const char *path) {
@@ -80,12 +70,41 @@ static bool is_png_file(const char *path) {
     return n == 8 && memcmp(sig, "\x89PNG\r\n\x1a\n", 8) == 0;
 }
 
+/* Pixels of one pure colour (each channel either <= 30 or >= 225) in each quadrant of the
+ * figure: counts[quadrant][colour], colour = r + 2 g + 4 b of the channels that are on. */
+static void count_pure_colours(const char *path, int64_t counts[4][8]) {
+    int w, h;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
+    memset(counts, 0, 4 * sizeof counts[0]);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            const unsigned char *p = px + 3 * ((int64_t)y * w + x);
+            int colour = 0;
+            bool pure = true;
+            for (int c = 0; c < 3; c++) {
+                if (p[c] >= 225)
+                    colour |= 1 << c;
+                else if (p[c] > 30)
+                    pure = false;
+            }
+            if (pure) counts[(y >= h / 2) * 2 + (x >= w / 2)][colour]++;
+        }
+    free(px);
+}
+
+/* Four images of one colour each in values a normalised batch has (-2 and 2, rescaled per image
+ * to 0..1): red, green, blue, and the channels mixed (yellow). They must appear in a 2 x 2 grid
+ * in batch order, filling a good part of their quadrant, and in no other. */
 static void test_show_batch(void **state) {
     (void)state;
     if (!cf_plot_available()) skip();
     enum { B = 6, C = 3, H = 24, W = 20 };
     float *x = malloc(B * C * H * W * sizeof(float)), y[B];
-    fill_uniform(x, B * C * H * W, 3, -2.0f, 2.0f); /* normalised-looking values */
+    fill_uniform(x, B * C * H * W, 3, -2.0f, 2.0f); /* images 4 and 5 stay noise */
+    static const int on[4] = {1, 2, 4, 3}; /* channel bits: red, green, blue, red + green */
+    for (int i = 0; i < 4; i++)
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < H * W; j++) x[((i * C) + c) * H * W + j] = on[i] >> c & 1 ? 2 : -2;
     for (int i = 0; i < B; i++) y[i] = (float)(i % 3);
     cf_batch b = {.x = cf_tensor_view(x, cf_shape4(B, C, H, W)),
                   .y = cf_tensor_view(y, cf_shape1(B)),
@@ -94,6 +113,21 @@ static void test_show_batch(void **state) {
     char *vocab[3] = {"cat", "dog", "#na#"};
     assert_int_equal(cf_show_batch(&b, 4, vocab, path_in("batch.png")), CF_OK);
     assert_true(is_png_file(path_in("batch.png")));
+    int w, h;
+    free(test_png_load_rgb(path_in("batch.png"), &w, &h));
+    int64_t counts[4][8];
+    count_pure_colours(path_in("batch.png"), counts);
+    int64_t quadrant = (int64_t)(w / 2) * (h / 2);
+    for (int q = 0; q < 4; q++)
+        for (int colour = 1; colour < 7; colour++) {
+            int64_t n = counts[q][colour];
+            if (colour == on[q] && n < quadrant / 10)
+                fail_msg("image %d: only %lld of %lld pixels in its quadrant have its colour %d", q,
+                         (long long)n, (long long)quadrant, colour);
+            if (colour != on[q] && n > 0)
+                fail_msg("quadrant %d has %lld pixels of colour %d, which is image %d's", q,
+                         (long long)n, colour, colour);
+        }
     assert_int_equal(cf_show_batch(&b, 7, vocab, path_in("x.png")), CF_ERR_INVALID);
     assert_non_null(strstr(cf_last_error(), "n = 7"));
     cf_batch flat = b;
@@ -128,10 +162,8 @@ static void test_show_results_colours(void **state) {
     int64_t g_right, r_right, g_wrong, r_wrong;
     results_png(true, "right.png", &g_right, &r_right);
     results_png(false, "wrong.png", &g_wrong, &r_wrong);
-#ifdef CF_HAVE_STB
     assert_true(g_right > 20 && r_right == 0);
     assert_true(r_wrong > 20 && g_wrong == 0);
-#endif
 }
 
 static int setup(void **state) {
