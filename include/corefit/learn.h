@@ -20,8 +20,6 @@
 #include "corefit/data.h"
 #include "corefit/nn.h"
 #include "corefit/optim.h"
-/* cf_par_opts, the options the parallel twins read, travels in every fit method's options. */
-#include "corefit/par.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +28,7 @@ extern "C" {
 typedef struct cf_learner cf_learner;
 typedef struct cf_callback cf_callback;
 typedef struct cf_comm cf_comm;
+typedef struct cf_lr_find_result cf_lr_find_result;
 
 /* ---- learning rates: fastai's scalar, slice(stop) and slice(start, stop) ------------------- */
 
@@ -136,6 +135,10 @@ enum {
 
 /* Frees a callback through its free function (no-op for NULL or caller-owned callbacks). */
 void cf_callback_free(cf_callback *cb);
+/* A new callback: name (a string that outlives it), order, running, no event functions, and
+ * state_size zeroed bytes of state (state NULL when 0). Its free releases the state and the
+ * callback; a callback whose state owns more sets its own free. NULL when out of memory. */
+cf_callback *cf_callback_new(const char *name, int order, size_t state_size);
 
 /* ---- metrics ------------------------------------------------------------------------------- */
 
@@ -461,6 +464,31 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
 
 /* ---- fit methods --------------------------------------------------------------------------- */
 
+/* How the replicas of a parallel twin start. CF_START_AUTO: mpi when the program was started by
+ * mpirun, else fork. */
+typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI, CF_START_AUTO } cf_start_method;
+
+/* The options of the parallel twins (corefit/par.h): the .par member of every fit method's
+ * options (cf_fit_common below), ignored by the single-process methods. Declared here, below
+ * the par layer, because it travels in those options. */
+typedef struct cf_par_opts {
+    int num_cores; /* worker processes (0: the cores this process may run on) */
+    cf_start_method start_method;
+    cf_callback **master_cbs; /* run on rank 0 only for this call (taken over) */
+    int n_master_cbs;
+    bool split_batch;  /* cut each global batch across cores (results = 1 process) */
+    double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
+    bool sync_bn;      /* BatchNorm statistics over the whole batch of every replica */
+    int max_restarts;  /* fork: a lost worker restarts the group from the last commit, at most
+                          this many times (0: a lost worker ends the call) */
+    int commit_every;  /* fork with max_restarts: training batches between commits (0: the
+                          default, CF_PAR_COMMIT_EVERY) */
+} cf_par_opts;
+
+/* The default of .par.commit_every: a commit every 50 training batches costs about 1% of a W1
+ * epoch on fork workers (bench/bench_w1.c --commit-every). */
+#define CF_PAR_COMMIT_EVERY 50
+
 /* Options shared by every fit method (validate and get_preds use cbs and par only). */
 #define CF_FIT_COMMON_FIELDS                                                                       \
     double wd;         /* 0: learner's wd, else the optimizer's default */                         \
@@ -534,17 +562,17 @@ typedef struct cf_lr_find_opts {
      * learner (cf_learner_note_figure), e.g. CF_LR_FIND_PLOT("lr_find.png") from corefit/plot.h,
      * which sets plot = cf_plot_lr_find. A relative path is taken under learn->path. A failed
      * drawing fails the call. NULL: no figure. */
-    cf_status (*plot)(const struct cf_lr_find_result *r, const char *png_path);
+    cf_status (*plot)(const cf_lr_find_result *r, const char *png_path);
     const char *plot_path;
 } cf_lr_find_opts;
 
-typedef struct cf_lr_find_result {
+struct cf_lr_find_result {
     double *lrs, *losses; /* the recorded points */
     int n;
     int suggest;                          /* which suggestions were computed */
     double valley, slide, minimum, steep; /* suggested lrs (NaN: none) */
     double valley_loss, slide_loss, minimum_lr_at, minimum_loss, steep_loss; /* plot points */
-} cf_lr_find_result;
+};
 void cf_lr_find_result_free(cf_lr_find_result *r);
 /* The result as bytes ("CFLF" v1) and back; conventions as cf_recorder_export/import (import
  * replaces *r, freeing what it held, only when the bytes read back). */

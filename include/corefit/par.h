@@ -17,6 +17,8 @@
 #include <stddef.h>
 
 #include "corefit/core.h"
+/* The twins take the fit methods' options, whose .par member (cf_par_opts) is declared there. */
+#include "corefit/learn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -154,33 +156,8 @@ void cf_results_release(cf_results *results);
 
 /* ---- the parallel twins of the fit methods ------------------------------------------------- */
 
-/* How the replicas of a parallel twin start. CF_START_AUTO: mpi when the program was started by
- * mpirun, else fork. */
-typedef enum cf_start_method { CF_START_FORK = 0, CF_START_MPI, CF_START_AUTO } cf_start_method;
-
-/* The options of the parallel twins: the .par member of every fit method's options (corefit/
- * learn.h's cf_fit_common), ignored by the single-process methods. */
-struct cf_callback;
-typedef struct cf_par_opts {
-    int num_cores; /* worker processes (0: the cores this process may run on) */
-    cf_start_method start_method;
-    struct cf_callback **master_cbs; /* run on rank 0 only for this call (taken over) */
-    int n_master_cbs;
-    bool split_batch;  /* cut each global batch across cores (results = 1 process) */
-    double deadline_s; /* a worker silent this long is declared hung (0: 120 s) */
-    bool sync_bn;      /* BatchNorm statistics over the whole batch of every replica */
-    int max_restarts;  /* fork: a lost worker restarts the group from the last commit, at most
-                          this many times (0: a lost worker ends the call) */
-    int commit_every;  /* fork with max_restarts: training batches between commits (0: the
-                          default, CF_PAR_COMMIT_EVERY) */
-} cf_par_opts;
-
-/* The default of .par.commit_every: a commit every 50 training batches costs about 1% of a W1
- * epoch on fork workers (bench/bench_w1.c --commit-every). */
-#define CF_PAR_COMMIT_EVERY 50
-
 /* cf_par_X runs cf_X in every replica of a data-parallel group and brings everything home.
- * Same options as the single-process method, plus .par (cf_par_opts above):
+ * Same options as the single-process method, plus .par (cf_par_opts, corefit/learn.h):
  *   .par.num_cores    worker processes (0: the cores this process may run on);
  *   .par.start_method CF_START_FORK (the caller supervises forked workers), CF_START_MPI
  *                     (SPMD under mpirun: every rank calls the same method; see docs/mpi.md)
@@ -238,32 +215,16 @@ typedef struct cf_par_opts {
  * changes outside its learner other than files it writes. On any failure the caller's learner
  * is left exactly as it was (fork: nothing is copied; mpi: every rank is rolled back to its
  * state at the call) and the error names the rank and the cause. */
-struct cf_learner;
-struct cf_fit_opts;
-struct cf_one_cycle_opts;
-struct cf_flat_cos_opts;
-struct cf_sgdr_opts;
-struct cf_fine_tune_opts;
-struct cf_lr_find_opts;
-struct cf_lr_find_result;
-struct cf_validate_opts;
-struct cf_get_preds_opts;
-struct cf_preds;
-cf_status cf_par_fit_(struct cf_learner *learn, int n_epoch, const struct cf_fit_opts *opts);
-cf_status cf_par_fit_one_cycle_(struct cf_learner *learn, int n_epoch,
-                                const struct cf_one_cycle_opts *opts);
-cf_status cf_par_fit_flat_cos_(struct cf_learner *learn, int n_epoch,
-                               const struct cf_flat_cos_opts *opts);
-cf_status cf_par_fit_sgdr_(struct cf_learner *learn, int n_cycles, int cycle_len,
-                           const struct cf_sgdr_opts *opts);
-cf_status cf_par_fine_tune_(struct cf_learner *learn, int epochs,
-                            const struct cf_fine_tune_opts *opts);
-cf_status cf_par_lr_find_(struct cf_learner *learn, struct cf_lr_find_result *result,
-                          const struct cf_lr_find_opts *opts);
-cf_status cf_par_validate_(struct cf_learner *learn, double *values,
-                           const struct cf_validate_opts *opts);
-cf_status cf_par_get_preds_(struct cf_learner *learn, struct cf_preds *out,
-                            const struct cf_get_preds_opts *opts);
+cf_status cf_par_fit_(cf_learner *learn, int n_epoch, const cf_fit_opts *opts);
+cf_status cf_par_fit_one_cycle_(cf_learner *learn, int n_epoch, const cf_one_cycle_opts *opts);
+cf_status cf_par_fit_flat_cos_(cf_learner *learn, int n_epoch, const cf_flat_cos_opts *opts);
+cf_status cf_par_fit_sgdr_(cf_learner *learn, int n_cycles, int cycle_len,
+                           const cf_sgdr_opts *opts);
+cf_status cf_par_fine_tune_(cf_learner *learn, int epochs, const cf_fine_tune_opts *opts);
+cf_status cf_par_lr_find_(cf_learner *learn, cf_lr_find_result *result,
+                          const cf_lr_find_opts *opts);
+cf_status cf_par_validate_(cf_learner *learn, double *values, const cf_validate_opts *opts);
+cf_status cf_par_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts);
 
 /* How many times this thread's last fork-started parallel call restarted its workers
  * (.par.max_restarts). */
