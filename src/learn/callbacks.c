@@ -13,23 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void free_with_state(cf_callback *cb) {
-    if (!cb) return;
-    cf_free(cb->state);
-    cf_free(cb);
-}
-
-static cf_callback *callback_new(const char *name, int order, void *state,
-                                 void (*free_fn)(cf_callback *)) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    if (!cb) return NULL;
-    cb->name = name;
-    cb->order = order;
-    cb->state = state;
-    cb->free = free_fn;
-    cb->running = true;
-    return cb;
-}
 
 /* ---- CSVLogger ----------------------------------------------------------------------------- */
 
@@ -225,14 +208,14 @@ static void csv_free(cf_callback *cb) {
 }
 
 cf_callback *cf_csv_logger_cb(const char *path, bool append) {
-    csv_logger *c = cf_calloc(1, sizeof *c);
-    if (!c) return NULL;
+    cf_callback *cb = cf_callback_new("CSVLogger", 60, sizeof(csv_logger));
+    if (!cb) return NULL;
+    csv_logger *c = cb->state;
     c->fname = cf_strdup(path && *path ? path : "history.csv");
     c->append = append;
-    cf_callback *cb = c->fname ? callback_new("CSVLogger", 60, c, csv_free) : NULL;
-    if (!cb) {
-        cf_free(c->fname);
-        cf_free(c);
+    cb->free = csv_free;
+    if (!c->fname) {
+        cf_callback_free(cb);
         return NULL;
     }
     cb->on[CF_EV_BEFORE_FIT] = csv_before_fit;
@@ -269,15 +252,10 @@ static cf_status clip_before_step(cf_callback *cb, cf_learner *learn) {
 }
 
 cf_callback *cf_gradient_clip_cb(double max_norm) {
-    double *state = cf_malloc(sizeof *state);
-    if (!state) return NULL;
-    *state = max_norm > 0 ? max_norm : 1.0;
     /* fastai: MixedPrecision.order + 1 */
-    cf_callback *cb = callback_new("GradientClip", CF_ORDER_GRAD_CLIP, state, free_with_state);
-    if (!cb) {
-        cf_free(state);
-        return NULL;
-    }
+    cf_callback *cb = cf_callback_new("GradientClip", CF_ORDER_GRAD_CLIP, sizeof(double));
+    if (!cb) return NULL;
+    *(double *)cb->state = max_norm > 0 ? max_norm : 1.0;
     cb->skip_valid = true;
     cb->on[CF_EV_BEFORE_STEP] = clip_before_step;
     return cb;
@@ -326,16 +304,12 @@ static cf_status acc_after_fit(cf_callback *cb, cf_learner *learn) {
 }
 
 cf_callback *cf_gradient_accumulation_cb(int n_acc) {
-    grad_acc *a = cf_calloc(1, sizeof *a);
-    if (!a) return NULL;
-    a->n_acc = n_acc > 0 ? n_acc : 32;
     /* fastai: MixedPrecision.order - 4 */
     cf_callback *cb =
-        callback_new("GradientAccumulation", CF_ORDER_GRAD_ACCUMULATION, a, free_with_state);
-    if (!cb) {
-        cf_free(a);
-        return NULL;
-    }
+        cf_callback_new("GradientAccumulation", CF_ORDER_GRAD_ACCUMULATION, sizeof(grad_acc));
+    if (!cb) return NULL;
+    grad_acc *a = cb->state;
+    a->n_acc = n_acc > 0 ? n_acc : 32;
     cb->skip_valid = true;
     cb->on[CF_EV_BEFORE_FIT] = acc_before_fit;
     cb->on[CF_EV_AFTER_LOSS] = acc_after_loss;

@@ -11,10 +11,6 @@
 
 #include "learn/internal.h"
 
-void cf_callback_free(cf_callback *cb) {
-    if (cb && cb->free) cb->free(cb);
-}
-
 static cf_status push_cb(cf_callback ***list, int *n, cf_callback *cb) {
     cf_callback **grown = cf_calloc((size_t)*n + 1, sizeof *grown);
     if (!grown) {

@@ -44,17 +44,10 @@ static cf_status te_before_validate(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
-static void free_plain(cf_callback *cb) {
-    cf_free(cb);
-}
-
 cf_callback *cf__train_eval_cb(void) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
+    cf_callback *cb = cf_callback_new("TrainEvalCallback", CF_ORDER_TRAIN_EVAL, 0);
     if (!cb) return NULL;
-    cb->name = "TrainEvalCallback";
-    cb->order = CF_ORDER_TRAIN_EVAL;
     cb->skip_valid = true;
-    cb->free = free_plain;
     cb->on[CF_EV_BEFORE_FIT] = te_before_fit;
     cb->on[CF_EV_BEFORE_TRAIN] = te_before_train;
     cb->on[CF_EV_AFTER_BATCH] = te_after_batch;
@@ -218,11 +211,8 @@ static cf_status rec_after_epoch(cf_callback *cb, cf_learner *learn) {
 }
 
 cf_callback *cf__recorder_cb(void) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
+    cf_callback *cb = cf_callback_new("Recorder", CF_ORDER_RECORDER, 0);
     if (!cb) return NULL;
-    cb->name = "Recorder";
-    cb->order = CF_ORDER_RECORDER;
-    cb->free = free_plain;
     cb->on[CF_EV_BEFORE_FIT] = rec_before_fit;
     cb->on[CF_EV_BEFORE_EPOCH] = rec_before_epoch;
     cb->on[CF_EV_BEFORE_VALIDATE] = rec_before_validate;

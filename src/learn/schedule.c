@@ -77,21 +77,15 @@ static void free_sched(cf_callback *cb) {
 
 cf_callback *cf_param_scheduler_cb(cf_sched_fn lr, cf_sched_fn mom, const void *ctx,
                                    size_t ctx_size) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    sched_state *s = cf_calloc(1, sizeof *s);
-    void *copy = cf_calloc(1, ctx_size ? ctx_size : 1);
-    if (!cb || !s || !copy) {
-        cf_free(cb);
-        cf_free(s);
-        cf_free(copy);
+    cf_callback *cb = cf_callback_new("ParamScheduler", CF_ORDER_SCHEDULER, sizeof(sched_state));
+    void *copy = cb ? cf_calloc(1, ctx_size ? ctx_size : 1) : NULL;
+    if (!copy) {
+        cf_callback_free(cb);
         return NULL;
     }
     if (ctx_size) memcpy(copy, ctx, ctx_size);
-    *s = (sched_state){lr, mom, copy};
-    cb->name = "ParamScheduler";
-    cb->order = CF_ORDER_SCHEDULER;
+    *(sched_state *)cb->state = (sched_state){lr, mom, copy};
     cb->skip_valid = true;
-    cb->state = s;
     cb->free = free_sched;
     cb->on[CF_EV_BEFORE_BATCH] = ps_before_batch;
     cb->on[CF_EV_AFTER_BATCH] = ps_after_batch;

@@ -219,12 +219,6 @@ static cf_status tr_import(cf_callback *cb, const void *buf, size_t size) {
     return CF_OK;
 }
 
-static void free_with_state(cf_callback *cb) {
-    if (!cb) return;
-    cf_free(cb->state);
-    cf_free(cb);
-}
-
 static cf_callback *tracker_new(tracker_kind kind, const cf_tracker_opts *o) {
     cf_tracker_opts none = {0};
     if (!o) o = &none;
@@ -247,13 +241,9 @@ static cf_callback *tracker_new(tracker_kind kind, const cf_tracker_opts *o) {
         cf_fail(CF_ERR_INVALID, "SaveModelCallback: every_epoch and at_end cannot both be set");
         return NULL;
     }
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    tracker *t = cf_calloc(1, sizeof *t);
-    if (!cb || !t) {
-        cf_free(cb);
-        cf_free(t);
-        return NULL;
-    }
+    cf_callback *cb = cf_callback_new(tracker_name(kind), 0, sizeof(tracker));
+    if (!cb) return NULL;
+    tracker *t = cb->state;
     t->kind = kind;
     snprintf(t->monitor, sizeof t->monitor, "%s", monitor);
     snprintf(t->fname, sizeof t->fname, "%s", fname);
@@ -265,12 +255,8 @@ static cf_callback *tracker_new(tracker_kind kind, const cf_tracker_opts *o) {
     t->with_opt = o->with_opt;
     t->at_end = o->at_end;
     t->comp = o->comp;
-    cb->name = tracker_name(kind);
-    cb->state = t;
-    cb->free = free_with_state;
     cb->export_state = tr_export;
     cb->import_state = tr_import;
-    cb->running = true;
     cb->on[CF_EV_BEFORE_FIT] = tr_before_fit;
     cb->on[CF_EV_AFTER_FIT] = tr_after_fit;
     switch (kind) {
@@ -426,18 +412,10 @@ static void nan_free(cf_callback *cb) {
 }
 
 cf_callback *cf_terminate_on_nan_cb(void) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    nan_guard *g = cf_calloc(1, sizeof *g);
-    if (!cb || !g) {
-        cf_free(cb);
-        cf_free(g);
-        return NULL;
-    }
-    cb->name = "TerminateOnNaNCallback";
-    cb->order = CF_ORDER_TERMINATE_ON_NAN;
-    cb->state = g;
+    cf_callback *cb =
+        cf_callback_new("TerminateOnNaNCallback", CF_ORDER_TERMINATE_ON_NAN, sizeof(nan_guard));
+    if (!cb) return NULL;
     cb->free = nan_free;
-    cb->running = true;
     cb->on[CF_EV_BEFORE_FIT] = nan_before_fit;
     cb->on[CF_EV_BEFORE_BATCH] = nan_before_batch;
     cb->on[CF_EV_AFTER_LOSS] = nan_after_loss;

@@ -55,12 +55,6 @@ static cf_status sg_after_epoch(cf_callback *cb, cf_learner *learn) {
     return st == CF_OK ? CF_OK : cf_fail_context(st, "ShowGraphCallback at epoch %d", learn->epoch);
 }
 
-static void sg_free(cf_callback *cb) {
-    if (!cb) return;
-    cf_free(cb->state);
-    cf_free(cb);
-}
-
 cf_callback *cf_show_graph_cb_(const cf_show_graph_opts *o) {
     cf_show_graph_opts none = {0};
     if (!o) o = &none;
@@ -70,22 +64,14 @@ cf_callback *cf_show_graph_cb_(const cf_show_graph_opts *o) {
         cf_fail(CF_ERR_INVALID, "ShowGraphCallback: dir too long, or prefix too long or with '/'");
         return NULL;
     }
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    show_graph *g = cf_calloc(1, sizeof *g);
-    if (!cb || !g) {
-        cf_free(cb);
-        cf_free(g);
-        return NULL;
-    }
+    /* order 65, fastai's: after the Recorder (50) has the epoch's values */
+    cf_callback *cb = cf_callback_new("ShowGraphCallback", 65, sizeof(show_graph));
+    if (!cb) return NULL;
+    show_graph *g = cb->state;
     snprintf(g->dir, sizeof g->dir, "%s", o->dir ? o->dir : "");
     snprintf(g->prefix, sizeof g->prefix, "%s", prefix);
     g->no_metrics = o->no_metrics;
-    cb->name = "ShowGraphCallback";
-    cb->order = 65; /* fastai's: after the Recorder (50) has the epoch's values */
     cb->skip_valid = true;
-    cb->state = g;
-    cb->free = sg_free;
-    cb->running = true;
     cb->on[CF_EV_BEFORE_FIT] = sg_before_fit;
     cb->on[CF_EV_AFTER_EPOCH] = sg_after_epoch;
     return cb;
