@@ -14,6 +14,8 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "core/spin.h"
+
 #define CF_MAX_THREADS 256
 
 typedef struct pool {
@@ -86,9 +88,7 @@ static bool spin_until_changed_u64(_Atomic uint64_t *v, uint64_t value) {
     for (int i = 0;; i++) {
         if (atomic_load_explicit(v, memory_order_acquire) != value) return true;
         if ((i & 63) == 63 && spin_clock() - start > SPIN_NS) return false;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+        cf_spin_pause();
     }
 }
 
@@ -97,9 +97,7 @@ static bool spin_until_zero(_Atomic int *v) {
     for (int i = 0;; i++) {
         if (atomic_load_explicit(v, memory_order_acquire) == 0) return true;
         if ((i & 63) == 63 && spin_clock() - start > SPIN_NS) return false;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+        cf_spin_pause();
     }
 }
 

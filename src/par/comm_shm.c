@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/spin.h"
+
 #define CF_SHM_MAGIC 0x63667368u /* "cfsh" */
 #define REDUCE_BLOCK 2048        /* elements per reduction block (stays in L1) */
 
@@ -115,14 +117,6 @@ void cf_shm_abort(cf_shm_header *hdr) {
     atomic_store(&hdr->abort_flag, 1);
     atomic_fetch_add(&hdr->bar_gen, 0); /* order the flag before the wake */
     futex(&hdr->bar_gen, FUTEX_WAKE, INT_MAX, NULL);
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
 }
 
 static inline cf_shm_comm *shm(cf_comm *c) {
@@ -240,7 +234,7 @@ static cf_status shm_barrier_wait(cf_shm_comm *c, const char *what) {
     for (int i = 0; i < c->spin; i++) {
         if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) return CF_OK;
         if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) break;
-        cpu_relax();
+        cf_spin_pause();
     }
     return wait_slow(c, gen, arrival, what);
 }
