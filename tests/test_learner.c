@@ -286,6 +286,86 @@ static void test_schedules_equal_fastai_formulas(void **state) {
     cf_dls_free(dls);
 }
 
+/* The schedule functions alone (cf_sched_lin and cf_sched_no are not used by the fit methods; a
+ * custom cf_param_scheduler_cb may use them) against fastai's formulas, rising and falling. */
+static void test_schedule_functions_equal_fastai(void **state) {
+    (void)state;
+    enum { N = 11 };
+    float pos[N];
+    for (int i = 0; i < N; i++) pos[i] = (float)i / (N - 1);
+    pos[N - 2] = 0.37f; /* one position off the grid */
+    typedef double (*sched)(double, double, double);
+    const sched fns[4] = {cf_sched_lin, cf_sched_cos, cf_sched_no, cf_sched_exp};
+    const char *names[4] = {"sched_lin", "sched_cos", "sched_no", "sched_exp"};
+    const double ends[2][2] = {{1e-4, 3e-2}, {0.95, 0.85}};
+    for (int e = 0; e < 2; e++) {
+        oracle o;
+        oracle_init(&o);
+        oracle_put(&o, "pos", pos, cf_shape1(N));
+        char args[96];
+        snprintf(args, sizeof args, "formulas %.17g %.17g", ends[e][0], ends[e][1]);
+        oracle_run(&o, "schedules.py", args);
+        for (int k = 0; k < 4; k++) {
+            cf_tensor ref = oracle_get(&o, names[k]);
+            float ours[N];
+            for (int i = 0; i < N; i++) ours[i] = (float)fns[k](ends[e][0], ends[e][1], pos[i]);
+            assert_close(names[k], ours, ref.data, N, 1e-6, 0);
+            free(ref.data);
+        }
+        oracle_cleanup(&o);
+    }
+}
+
+/* cf_recorder_copy: a deep copy of a fit's Recorder into one that held another (cleared first). */
+static void test_recorder_copy_is_deep(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(40, 8, 8);
+    cf_learner *learn = NULL, *other = NULL;
+    cf_metric *metrics[] = {cf_accuracy()};
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(5, false), .quiet = true,
+                                    .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    assert_int_equal(cf_learner_new(&other, dls, fixture_model(6, false), .quiet = true), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 2), CF_OK);
+    assert_int_equal(cf_fit(other, 1, .lr = CF_LR(1e-3)), CF_OK);
+    const cf_recorder *src = &learn->recorder;
+    cf_recorder dst = other->recorder; /* holds a 1-epoch fit: its arrays must be freed */
+    memset(&other->recorder, 0, sizeof other->recorder);
+    assert_int_equal(cf_recorder_copy(&dst, src), CF_OK);
+    assert_int_equal(dst.n_batches, src->n_batches);
+    assert_int_equal(dst.n_hps, src->n_hps);
+    assert_int_equal(dst.n_epochs, 2);
+    assert_int_equal(dst.n_values, src->n_values);
+    assert_int_equal(dst.n_names, src->n_names);
+    assert_true(dst.lrs != src->lrs && dst.values != src->values && dst.iters != src->iters);
+    size_t nb = (size_t)src->n_batches * sizeof(double), nh = (size_t)src->n_hps * sizeof(double);
+    assert_memory_equal(dst.lrs, src->lrs, nb);
+    assert_memory_equal(dst.moms, src->moms, nb);
+    assert_memory_equal(dst.losses, src->losses, nb);
+    assert_memory_equal(dst.hp_lr, src->hp_lr, nh);
+    assert_memory_equal(dst.hp_mom, src->hp_mom, nh);
+    assert_memory_equal(dst.values, src->values,
+                        (size_t)src->n_epochs * src->n_values * sizeof(double));
+    assert_memory_equal(dst.times, src->times, (size_t)src->n_epochs * sizeof(double));
+    assert_memory_equal(dst.iters, src->iters, (size_t)src->n_epochs * sizeof(int64_t));
+    for (int i = 0; i < src->n_names; i++) {
+        assert_ptr_not_equal(dst.metric_names[i], src->metric_names[i]);
+        assert_string_equal(dst.metric_names[i], src->metric_names[i]);
+    }
+    assert_true(dst.smooth_val == src->smooth_val && dst.smooth_count == src->smooth_count);
+    /* deep: the copy outlives the learner it came from */
+    double first_lr = src->lrs[0], last_value = src->values[src->n_epochs * src->n_values - 1];
+    char *name1 = cf_strdup(src->metric_names[1]);
+    cf_learner_free(learn);
+    assert_true(dst.lrs[0] == first_lr);
+    assert_true(dst.values[dst.n_epochs * dst.n_values - 1] == last_value);
+    assert_string_equal(dst.metric_names[1], name1);
+    cf_free(name1);
+    cf_recorder_clear(&dst);
+    cf_learner_free(other);
+    cf_dls_free(dls);
+}
+
 static void test_freeze_keeps_body_fixed(void **state) {
     (void)state;
     cf_dls *dls = fixture_dls(40, 8, 8);
@@ -716,6 +796,8 @@ int main(void) {
         cmocka_unit_test(test_events_without_cancellation),
         cmocka_unit_test(test_events_with_each_cancellation),
         cmocka_unit_test(test_schedules_equal_fastai_formulas),
+        cmocka_unit_test(test_schedule_functions_equal_fastai),
+        cmocka_unit_test(test_recorder_copy_is_deep),
         cmocka_unit_test(test_freeze_keeps_body_fixed),
         cmocka_unit_test(test_lr_find_suggestions_equal_fastai),
         cmocka_unit_test(test_lr_find_points_and_restoration),

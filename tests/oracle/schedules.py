@@ -1,16 +1,27 @@
 """fastai's schedule formulas (callback/schedule.py) evaluated the way the fit loop reaches them:
 pct_train starts at epoch/n_epoch in before_train and grows by 1/(n_iter*n_epoch) per batch.
 Usage: schedules.py DIR kind n_epoch n_iter n_groups params...  -> DIR/lr.f32 (batches x groups),
-DIR/mom.f32 (batches)."""
+DIR/mom.f32 (batches).
+       schedules.py DIR formulas start end n  -> DIR/sched_{lin,cos,no,exp}.f32: each formula at
+the positions DIR/pos.f32 (n values)."""
 import math
 import sys
 
 import numpy as np
 
-from common import put
+from common import get, put
+
+
+def sched_lin(s, e, p): return s + p * (e - s)
 
 
 def sched_cos(s, e, p): return s + (1 + math.cos(math.pi * (1 - p))) * (e - s) / 2
+
+
+def sched_no(s, e, p): return s
+
+
+def sched_exp(s, e, p): return s * (e / s) ** p
 
 
 def combine(pcts, scheds, pos):
@@ -49,6 +60,13 @@ def positions(n_epoch, n_iter):
 
 def main():
     d, kind = sys.argv[1], sys.argv[2]
+    if kind == "formulas":
+        start, end = float(sys.argv[3]), float(sys.argv[4])
+        pos = [float(p) for p in get(d, "pos")]
+        for name, f in (("lin", sched_lin), ("cos", sched_cos), ("no", sched_no),
+                        ("exp", sched_exp)):
+            put(d, "sched_" + name, np.array([f(start, end, p) for p in pos]))
+        return
     n_epoch, n_iter, n_groups = map(int, sys.argv[3:6])
     a = [float(x) for x in sys.argv[6:]]
     pos = positions(n_epoch, n_iter)
