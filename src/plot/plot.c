@@ -13,218 +13,16 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "plot_internal.h"
-
-/* ---- always available: confusion counts and top losses ------------------------------------ */
-
-static int64_t row_argmax(const float *row, int n) {
-    int64_t best = 0;
-    for (int j = 1; j < n; j++)
-        if (row[j] > row[best]) best = j;
-    return best;
-}
-
-cf_status cf_confusion_from_preds(const cf_preds *p, int n_classes, int64_t *counts) {
-    if (!p || !counts) return cf_fail(CF_ERR_INVALID, "confusion matrix: NULL preds or counts");
-    if (n_classes < 1)
-        return cf_fail(CF_ERR_INVALID, "confusion matrix: n_classes %d must be >= 1", n_classes);
-    if (p->n < 0)
-        return cf_fail(CF_ERR_INVALID, "confusion matrix: negative n %lld", (long long)p->n);
-    if (!p->targs.data && p->n > 0)
-        return cf_fail(CF_ERR_INVALID, "confusion matrix: predictions have no targets");
-    if (p->n > 0 && (int64_t)cf_tensor_numel(&p->targs) != p->n) {
-        char buf[64];
-        return cf_fail(CF_ERR_INVALID,
-                       "confusion matrix: targets %s must hold one class id per item (n = %lld)",
-                       cf_shape_str(&p->targs.shape, buf, sizeof buf), (long long)p->n);
-    }
-    if (!p->decoded && p->n > 0) {
-        if (!p->preds.data || p->preds.shape.ndim != 2 || p->preds.shape.dim[0] != p->n ||
-            p->preds.shape.dim[1] != n_classes) {
-            char buf[64];
-            return cf_fail(CF_ERR_INVALID,
-                           "confusion matrix: predictions %s do not match (n = %lld, "
-                           "n_classes = %d) and no decoded classes were given",
-                           cf_shape_str(&p->preds.shape, buf, sizeof buf), (long long)p->n,
-                           n_classes);
-        }
-    }
-    memset(counts, 0, sizeof(int64_t) * (size_t)n_classes * (size_t)n_classes);
-    for (int64_t i = 0; i < p->n; i++) {
-        float t = p->targs.data[i];
-        if (!(t >= 0 && t < n_classes) || t != floorf(t))
-            return cf_fail(CF_ERR_INVALID,
-                           "confusion matrix: target %g of item %lld is not a class in [0, %d)",
-                           (double)t, (long long)i, n_classes);
-        int64_t pred = p->decoded ? p->decoded[i]
-                                  : row_argmax(p->preds.data + i * (int64_t)n_classes, n_classes);
-        if (pred < 0 || pred >= n_classes)
-            return cf_fail(CF_ERR_INVALID,
-                           "confusion matrix: decoded class %lld of item %lld is not in [0, %d)",
-                           (long long)pred, (long long)i, n_classes);
-        counts[(int64_t)t * n_classes + pred]++;
-    }
-    return CF_OK;
-}
-
-typedef struct loss_item {
-    float loss;
-    int64_t idx;
-} loss_item;
-
-static int cmp_loss_desc(const void *a, const void *b) {
-    const loss_item *x = a, *y = b;
-    /* NaN losses sort last; ties by index */
-    bool xn = isnan(x->loss), yn = isnan(y->loss);
-    if (xn != yn) return xn ? 1 : -1;
-    if (!xn && x->loss != y->loss) return x->loss > y->loss ? -1 : 1;
-    return (x->idx > y->idx) - (x->idx < y->idx);
-}
-
-cf_status cf_top_losses(const cf_preds *p, int k, int64_t *idx_out) {
-    if (!p || !idx_out) return cf_fail(CF_ERR_INVALID, "top_losses: NULL preds or output");
-    if (!p->losses)
-        return cf_fail(CF_ERR_INVALID,
-                       "top_losses: predictions carry no per-item losses (get_preds with_loss)");
-    if (k < 1 || k > p->n)
-        return cf_fail(CF_ERR_INVALID, "top_losses: k = %d must be in [1, %lld]", k,
-                       (long long)p->n);
-    loss_item *items = cf_malloc(sizeof(loss_item) * (size_t)p->n);
-    if (!items) return cf_fail_context(CF_ERR_NOMEM, "top_losses");
-    for (int64_t i = 0; i < p->n; i++) items[i] = (loss_item){p->losses[i], i};
-    qsort(items, (size_t)p->n, sizeof *items, cmp_loss_desc);
-    for (int i = 0; i < k; i++) idx_out[i] = items[i].idx;
-    cf_free(items);
-    return CF_OK;
-}
-
-cf_status cf_learner_plot_loss(const cf_learner *learn, const char *png_path,
-                               const cf_plot_loss_opts *opts) {
-    if (!learn) return cf_fail(CF_ERR_INVALID, "plot_loss: NULL learner");
-    return cf_plot_loss(&learn->recorder, png_path, opts);
-}
-
-cf_status cf_learner_plot_sched(const cf_learner *learn, const char *png_path) {
-    if (!learn) return cf_fail(CF_ERR_INVALID, "plot_sched: NULL learner");
-    return cf_plot_sched(&learn->recorder, png_path);
-}
-
-cf_status cf_learner_plot_metrics(const cf_learner *learn, const char *png_path) {
-    if (!learn) return cf_fail(CF_ERR_INVALID, "plot_metrics: NULL learner");
-    return cf_plot_metrics(&learn->recorder, png_path);
-}
-
-/* A tick label as matplotlib's ScalarFormatter writes it: every tick of an axis with the decimals
- * its step needs ("0.25", "0.30"; "2.0" for a step of 0.5; "20000"), never PLplot's shared
- * "(x10^-1)" factor; very large or small values in scientific notation ("2e-05"). */
-void cf_plot__tick_label(double value, double step, char *buf, size_t n) {
-    if (step > 0 && fabs(value) < step * 1e-9) value = 0; /* no "-0.0" */
-    double mag = fabs(value) > 0 ? fabs(value) : step;
-    if (!(step > 0) || mag >= 1e6 || step < 1e-4) {
-        snprintf(buf, n, "%g", value);
-        return;
-    }
-    int decimals = (int)ceil(-log10(step) - 1e-9);
-    /* a step of 2.5 x 10^k needs one more digit than 10^k */
-    double scaled = step * pow(10, decimals);
-    if (fabs(scaled - round(scaled)) > 1e-6) decimals++;
-    if (decimals < 0) decimals = 0;
-    snprintf(buf, n, "%.*f", decimals, value);
-}
-
-int64_t cf_most_confused(const int64_t *counts, int n_classes, int64_t min_val,
-                         cf_confused_pair *out, int64_t max_out) {
-    if (!counts || n_classes < 1 || max_out < 0 || (max_out > 0 && !out)) {
-        cf_fail(CF_ERR_INVALID, "most_confused: NULL counts or output, or n_classes %d", n_classes);
-        return -1;
-    }
-    if (min_val < 1) min_val = 1;
-    int64_t n = 0;
-    /* insertion into the sorted prefix: stable, largest first */
-    for (int a = 0; a < n_classes; a++)
-        for (int b = 0; b < n_classes; b++) {
-            int64_t k = counts[(int64_t)a * n_classes + b];
-            if (a == b || k < min_val) continue;
-            n++;
-            if (max_out == 0) continue;
-            int64_t at = n - 1 < max_out ? n - 1 : max_out;
-            while (at > 0 && out[at - 1].count < k) at--;
-            if (at >= max_out) continue;
-            int64_t last = n - 1 < max_out ? n - 1 : max_out - 1;
-            for (int64_t j = last; j > at; j--) out[j] = out[j - 1];
-            out[at] = (cf_confused_pair){a, b, k};
-        }
-    return n;
-}
-
-#ifndef CF_HAVE_PLPLOT
-
-/* ---- built without PLplot ----------------------------------------------------------------- */
-
-static cf_status no_plplot(const char *what) {
-    return cf_fail(CF_ERR_UNSUPPORTED,
-                   "%s: corefit was built without PLplot (install libplplot-dev and "
-                   "plplot-driver-cairo, then reconfigure); no PNG figures can be written",
-                   what);
-}
-
-bool cf_plot_available(void) {
-    return false;
-}
-cf_status cf_plot_set_size(int width, int height) {
-    (void)width, (void)height;
-    return no_plplot("plot_set_size");
-}
-cf_status cf_plot_loss(const cf_recorder *rec, const char *png_path,
-                       const cf_plot_loss_opts *opts) {
-    (void)rec, (void)png_path, (void)opts;
-    return no_plplot("plot_loss");
-}
-cf_status cf_plot_sched(const cf_recorder *rec, const char *png_path) {
-    (void)rec, (void)png_path;
-    return no_plplot("plot_sched");
-}
-cf_status cf_plot_lr_find(const cf_lr_find_result *r, const char *png_path) {
-    (void)r, (void)png_path;
-    return no_plplot("plot_lr_find");
-}
-cf_status cf_plot_metrics(const cf_recorder *rec, const char *png_path) {
-    (void)rec, (void)png_path;
-    return no_plplot("plot_metrics");
-}
-cf_status cf_plot_confusion_matrix(const int64_t *counts, int n_classes, char *const *vocab,
-                                   const char *png_path, bool normalize) {
-    (void)counts, (void)n_classes, (void)vocab, (void)png_path, (void)normalize;
-    return no_plplot("plot_confusion_matrix");
-}
-cf_status cf_plot_top_losses(const cf_preds *p, int k, char *const *vocab, const char *png_path) {
-    (void)p, (void)k, (void)vocab, (void)png_path;
-    return no_plplot("plot_top_losses");
-}
-cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const char *png_path) {
-    (void)batch, (void)n, (void)vocab, (void)png_path;
-    return no_plplot("show_batch");
-}
-cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path) {
-    (void)p, (void)n, (void)vocab, (void)png_path;
-    return no_plplot("show_results");
-}
-cf_status cf_plot__raw_figure(const char *path) {
-    (void)path;
-    return no_plplot("plot");
-}
-
-#else /* CF_HAVE_PLPLOT */
-
 #include <plplot.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "plot_internal.h"
 
 /* ---- the figure machinery ----------------------------------------------------------------- */
 
@@ -1305,8 +1103,8 @@ cf_status cf_plot_top_losses(const cf_preds *p, int k, char *const *vocab, const
                     dst[((int64_t)y * f.w + x) * 3 + ch] = (float)(v < 0 ? 0 : v > 1 ? 1 : v);
                 }
         const float *row = p->preds.data + item * nc;
-        int64_t pred = p->decoded ? p->decoded[item] : row_argmax(row, nc);
-        double prob = row[row_argmax(row, nc)];
+        int64_t pred = p->decoded ? p->decoded[item] : cf_plot__row_argmax(row, nc);
+        double prob = row[cf_plot__row_argmax(row, nc)];
         char pn[40], an[40];
         if (pred >= 0 && pred < nc)
             class_name(vocab, (int)pred, pn, sizeof pn);
@@ -1465,7 +1263,8 @@ cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const ch
     bool have_targs = p->targs.data && (int64_t)cf_tensor_numel(&p->targs) == p->n;
     for (int i = 0; i < n && st == CF_OK; i++) {
         grid_tile(&f, i, &p->inputs, i);
-        int64_t pred = p->decoded ? p->decoded[i] : row_argmax(p->preds.data + (int64_t)i * nc, nc);
+        int64_t pred =
+            p->decoded ? p->decoded[i] : cf_plot__row_argmax(p->preds.data + (int64_t)i * nc, nc);
         char pn[40], an[40] = "?";
         target_name(vocab, nc, (double)pred, pn, sizeof pn);
         if (have_targs) target_name(vocab, nc, p->targs.data[i], an, sizeof an);
@@ -1476,5 +1275,3 @@ cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const ch
     grid_free(&f);
     return st;
 }
-
-#endif /* CF_HAVE_PLPLOT */

@@ -12,4 +12,7 @@ cf_status cf_plot__raw_figure(const char *path);
 /* The label of a tick at value on a linear axis with ticks every step (matplotlib's style). */
 void cf_plot__tick_label(double value, double step, char *buf, size_t n);
 
+/* The index of the largest of row[0..n) (the first of equal ones). */
+int64_t cf_plot__row_argmax(const float *row, int n);
+
 #endif

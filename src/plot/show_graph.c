@@ -1,5 +1,6 @@
-/* Figures drawn during a fit (fastai's ShowGraphCallback, to files) and showing figures in a
- * terminal (their paths, or sixel graphics through libsixel loaded at run time). */
+/* Figures drawn during a fit (fastai's ShowGraphCallback, to files), a learner's Recorder figures,
+ * and showing figures in a terminal (their paths, or sixel graphics through libsixel loaded at run
+ * time). */
 #include "corefit/plot.h"
 
 #include <dlfcn.h>
@@ -193,4 +194,22 @@ int cf_show_figures(const char *const *paths, int n, FILE *out) {
 int cf_learner_show_figures(const cf_learner *learn, FILE *out) {
     if (!learn) return 0;
     return cf_show_figures((const char *const *)learn->figures, learn->n_figures, out);
+}
+
+/* ---- a learner's Recorder figures ---------------------------------------------------------- */
+
+cf_status cf_learner_plot_loss(const cf_learner *learn, const char *png_path,
+                               const cf_plot_loss_opts *opts) {
+    if (!learn) return cf_fail(CF_ERR_INVALID, "plot_loss: NULL learner");
+    return cf_plot_loss(&learn->recorder, png_path, opts);
+}
+
+cf_status cf_learner_plot_sched(const cf_learner *learn, const char *png_path) {
+    if (!learn) return cf_fail(CF_ERR_INVALID, "plot_sched: NULL learner");
+    return cf_plot_sched(&learn->recorder, png_path);
+}
+
+cf_status cf_learner_plot_metrics(const cf_learner *learn, const char *png_path) {
+    if (!learn) return cf_fail(CF_ERR_INVALID, "plot_metrics: NULL learner");
+    return cf_plot_metrics(&learn->recorder, png_path);
 }
