@@ -8,8 +8,8 @@ python's `re`. The C code must produce exactly what this file produces.
     text_oracle.py rules FILE      one line per text: the text after the rules (JSON string)
     text_oracle.py tokens FILE     one line per text: its tokens (JSON list)
     text_oracle.py vocab TOKFILE [min_freq max_vocab]
-                                   TOKFILE: one text per line, tokens separated by spaces;
-                                   prints fastai's make_vocab result, one word a line
+                                   TOKFILE: the corpus's tokens in order, each followed by a
+                                   NUL byte; prints fastai's make_vocab result as JSON
     text_oracle.py bench FILE...   tokenizes every fortune of the files (one process), prints
                                    texts, tokens and seconds
 Texts in FILE are separated by a line holding only '\\x1e' (record separator), so that they
@@ -245,13 +245,10 @@ def main():
         for t in read_texts(sys.argv[2]):
             out.write(json.dumps(tokenize(t)) + '\n')
     elif mode == 'vocab':
-        count = collections.Counter()
-        with open(sys.argv[2], encoding='utf-8', newline='\n') as f:
-            for line in f:
-                count.update(line.rstrip('\n').split(' '))
+        with open(sys.argv[2], encoding='utf-8', newline='') as f:
+            count = collections.Counter(f.read().split('\0')[:-1])
         args = [int(a) for a in sys.argv[3:5]]
-        for w in make_vocab(count, *args):
-            out.write(w + '\n')
+        out.write(json.dumps(make_vocab(count, *args)) + '\n')
     elif mode == 'bench':
         texts = [t for p in sys.argv[2:] for t in fortunes(p)]
         start = time.perf_counter()

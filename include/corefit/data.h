@@ -580,6 +580,8 @@ typedef struct cf_text_tokens {
 static inline const char *cf_text_token(const cf_text_tokens *toks, int64_t i) {
     return toks->data + toks->start[i];
 }
+/* Appends one token (len bytes, copied; it should hold no NUL). */
+cf_status cf_text_tokens_push(cf_text_tokens *toks, const char *token, size_t len);
 /* Empties the list, keeping its memory. */
 void cf_text_tokens_clear(cf_text_tokens *toks);
 /* Frees the list's memory and zeroes it (the struct itself is the caller's). */

@@ -38,7 +38,15 @@ struct cf_text_counter {
     int64_t counts_cap;
 };
 
-/* Appends one token (len bytes, no NUL inside) to toks. */
-cf_status cf_text_tokens_push(cf_text_tokens *toks, const char *token, size_t len);
+/* Adds `times` to word's count (inserting it last when new: *added); its index, or -1 when out
+ * of memory. */
+int64_t cf_text_counter_add_word(cf_text_counter *c, const char *word, size_t len, int64_t times,
+                                 bool *added);
+
+/* Parses a cached tokenized copy (text_corpus.c's format); true, with the tokens appended,
+ * when it is whole and matches source, settings fingerprint and the source's size and mtime. */
+bool cf_text_cache_parse(const char *data, size_t size, const char *source, uint64_t settings,
+                         int64_t size_stamp, int64_t mtime_s, int64_t mtime_ns,
+                         cf_text_tokens *toks);
 
 #endif

@@ -94,20 +94,28 @@ void cf_text_counter_free(cf_text_counter *counter) {
     free(counter);
 }
 
-static cf_status count_word(cf_text_counter *c, const char *word, size_t len, int64_t times) {
-    int64_t i = cf_text_strset_add(&c->words, word, len, NULL);
-    if (i < 0) return CF_ERR_NOMEM;
+int64_t cf_text_counter_add_word(cf_text_counter *c, const char *word, size_t len, int64_t times,
+                                 bool *added) {
+    int64_t i = cf_text_strset_add(&c->words, word, len, added);
+    if (i < 0) return -1;
     if (i >= c->counts_cap) {
         int64_t cap = c->counts_cap ? c->counts_cap * 2 : 512;
         while (cap <= i) cap *= 2;
         int64_t *n = realloc(c->counts, (size_t)cap * sizeof *n);
-        if (!n) return cf_fail(CF_ERR_NOMEM, "text: out of memory for %lld counts", (long long)cap);
+        if (!n) {
+            cf_fail(CF_ERR_NOMEM, "text: out of memory for %lld counts", (long long)cap);
+            return -1;
+        }
         memset(n + c->counts_cap, 0, (size_t)(cap - c->counts_cap) * sizeof *n);
         c->counts = n;
         c->counts_cap = cap;
     }
     c->counts[i] += times;
-    return CF_OK;
+    return i;
+}
+
+static cf_status count_word(cf_text_counter *c, const char *word, size_t len, int64_t times) {
+    return cf_text_counter_add_word(c, word, len, times, NULL) < 0 ? CF_ERR_NOMEM : CF_OK;
 }
 
 cf_status cf_text_counter_add(cf_text_counter *counter, const cf_text_tokens *toks) {
