@@ -580,14 +580,14 @@ static cf_status run_rules(const char *text, size_t len, const char *source,
 
 cf_status cf_text_tokens_push(cf_text_tokens *t, const char *token, size_t len) {
     if (t->n == t->start_cap) {
-        int64_t cap = t->start_cap ? 2 * t->start_cap : 256;
+        int64_t cap = t->start_cap ? 2 * t->start_cap : 32;
         int64_t *s = realloc(t->start, (size_t)cap * sizeof *s);
         if (!s) return cf_fail(CF_ERR_NOMEM, "text: out of memory for %lld tokens", (long long)cap);
         t->start = s;
         t->start_cap = cap;
     }
     if (t->len + len + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
+        size_t cap = t->cap ? t->cap : 256;
         while (cap < t->len + len + 1) cap *= 2;
         char *d = realloc(t->data, cap);
         if (!d) return cf_fail(CF_ERR_NOMEM, "text: out of memory for %zu bytes of tokens", cap);
@@ -816,6 +816,30 @@ static cf_status split_words(const cps *in, cf_text_splitter splitter, cf_text_t
 
 static const cf_text_tok_options default_options;
 
+/* Each thread keeps its two code-point buffers between texts (up to SCRATCH_KEEP code points
+ * each), so that a corpus of short texts does not allocate twice per text. */
+#define SCRATCH_KEEP ((int64_t)1 << 18)
+static _Thread_local cps scratch[2];
+
+static void take_scratch(cps *a, cps *b) {
+    *a = scratch[0];
+    *b = scratch[1];
+    memset(scratch, 0, sizeof scratch);
+}
+
+static void give_scratch(cps *a, cps *b) {
+    cps *both[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        free(scratch[i].p); /* a nested call's buffers, if any */
+        if (both[i]->cap > SCRATCH_KEEP) {
+            free(both[i]->p);
+            *both[i] = (cps){0};
+        }
+        scratch[i] = *both[i];
+        scratch[i].n = 0;
+    }
+}
+
 static cf_status check_options(const cf_text_tok_options *o) {
     if (o->skip_rules >> CF_TEXT_N_RULES)
         return cf_fail(CF_ERR_INVALID, "text: skip_rules 0x%x names rules beyond the eight",
@@ -834,6 +858,7 @@ cf_status cf_text_apply_rules(const char *text, size_t len, const char *source,
     cf_status st = check_options(o);
     if (st != CF_OK) return st;
     cps a = {0}, b = {0};
+    take_scratch(&a, &b);
     st = run_rules(text, len, source, o, &a, &b);
     char *s = NULL;
     if (st == CF_OK && (s = cf_malloc((size_t)a.n * 4 + 1)) == NULL) st = CF_ERR_NOMEM;
@@ -845,8 +870,7 @@ cf_status cf_text_apply_rules(const char *text, size_t len, const char *source,
         *out = s;
         if (out_len) *out_len = n;
     }
-    free(a.p);
-    free(b.p);
+    give_scratch(&a, &b);
     return st;
 }
 
@@ -857,10 +881,10 @@ cf_status cf_text_tokenize(const char *text, size_t len, const char *source,
     cf_status st = check_options(o);
     if (st != CF_OK) return st;
     cps a = {0}, b = {0};
+    take_scratch(&a, &b);
     st = run_rules(text, len, source, o, &a, &b);
     if (st == CF_OK) st = split_words(&a, o->splitter, toks);
-    free(a.p);
-    free(b.p);
+    give_scratch(&a, &b);
     return st;
 }
 
