@@ -561,10 +561,10 @@ typedef enum cf_text_splitter {
 /* The tokenizer's settings; all zero = fastai's defaults. They travel with a model
  * (cf_text_tok_options_to_json) so that prediction tokenizes as training did. */
 typedef struct cf_text_tok_options {
-    unsigned skip_rules;     /* bits (1 << cf_text_rule) of rules not to run; 0: all eight */
-    bool no_bos;             /* the lowercase rule does not prefix xxbos */
-    bool add_eos;            /* the lowercase rule appends xxeos */
-    bool replace_invalid;    /* invalid UTF-8 and NUL bytes become U+FFFD instead of an error */
+    unsigned skip_rules;  /* bits (1 << cf_text_rule) of rules not to run; 0: all eight */
+    bool no_bos;          /* the lowercase rule does not prefix xxbos */
+    bool add_eos;         /* the lowercase rule appends xxeos */
+    bool replace_invalid; /* invalid UTF-8 and NUL bytes become U+FFFD instead of an error */
     cf_text_splitter splitter;
 } cf_text_tok_options;
 
@@ -573,7 +573,7 @@ typedef struct cf_text_tokens {
     char *data;
     int64_t *start;
     int64_t n;
-    size_t len, cap;  /* bytes used and allocated in data */
+    size_t len, cap; /* bytes used and allocated in data */
     int64_t start_cap;
 } cf_text_tokens;
 
@@ -610,7 +610,7 @@ void cf_text_counter_free(cf_text_counter *counter);
 cf_status cf_text_counter_add(cf_text_counter *counter, const cf_text_tokens *toks);
 /* Adds src's counts to dst; words new to dst are appended in src's order. */
 cf_status cf_text_counter_merge(cf_text_counter *dst, const cf_text_counter *src);
-int64_t cf_text_counter_len(const cf_text_counter *counter);          /* distinct words */
+int64_t cf_text_counter_len(const cf_text_counter *counter);                 /* distinct words */
 const char *cf_text_counter_word(const cf_text_counter *counter, int64_t i); /* i-th seen */
 int64_t cf_text_counter_count(const cf_text_counter *counter, int64_t i);
 int64_t cf_text_counter_get(const cf_text_counter *counter, const char *word); /* 0 if unseen */
@@ -633,7 +633,7 @@ typedef struct cf_text_corpus_options {
      * settings are the same; else the file is tokenized again and the copy replaced (written
      * atomically). NULL: no cache; cf_text_corpus_tokens then tokenizes again. */
     const char *cache_dir;
-    int num_workers;      /* threads; 0: cf_get_num_threads() (every core) */
+    int num_workers;       /* threads; 0: cf_get_num_threads() (every core) */
     size_t max_file_bytes; /* a larger file is refused; 0: 1 GiB */
 } cf_text_corpus_options;
 
