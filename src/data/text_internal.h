@@ -1,4 +1,4 @@
-/* Internals shared by the text files of the data layer (text_tokenize.c, text_corpus.c,
+/* Internals shared by the text files of the data layer (text_tokenize.c, text_tokenize_files.c,
  * text_vocab.c). */
 #ifndef CF_TEXT_INTERNAL_H
 #define CF_TEXT_INTERNAL_H
@@ -43,7 +43,7 @@ struct cf_text_counter {
 int64_t cf_text_counter_add_word(cf_text_counter *c, const char *word, size_t len, int64_t times,
                                  bool *added);
 
-/* Parses a cached tokenized copy (text_corpus.c's format); true, with the tokens appended,
+/* Parses a cached tokenized copy (text_tokenize_files.c's format); true, with the tokens appended,
  * when it is whole and matches source, settings fingerprint and the source's size and mtime. */
 bool cf_text_cache_parse(const char *data, size_t size, const char *source, uint64_t settings,
                          int64_t size_stamp, int64_t mtime_s, int64_t mtime_ns,
