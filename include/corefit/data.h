@@ -493,6 +493,199 @@ cf_status cf_dls_from_csv(const char *path, const cf_tabular_options *topt,
                           const cf_dls_options *opt, cf_dls **out);
 void cf_dls_free(cf_dls *dls);
 
+/* ---- text: tokenizer and vocabulary ------------------------------------------------------
+ * fastai's text pipeline up to token ids (reference/fastai-text.md sections 1-2): the eight
+ * rules in fastai's order, a word splitter after spaCy's English rules, corpora tokenized on
+ * every core and cached on disk, and the vocabulary (Numericalize).
+ *
+ * Text is UTF-8. Code points are classified and lowercased by libutf8proc, with Python's
+ * semantics where fastai's regular expressions use them (\s = str.isspace, \w = letters,
+ * numbers and '_', lower() with U+0130 and the final sigma); [A-Z] and [a-z] are ASCII, as in
+ * fastai. HTML entities are unescaped as Python's html.unescape does for numeric references and
+ * the HTML 4 named entities (libxml2's table; HTML5-only names such as &NotEqual; stay as they
+ * are). Bytes that are not UTF-8, and NUL bytes (binary data), are an error naming the source
+ * and byte offset, or U+FFFD each when replace_invalid is set.
+ *
+ * The splitter (CF_TEXT_SPLIT_SPACY) follows the reference's approximation of spaCy's blank
+ * English tokenizer; tests/text_oracle.py is its executable definition:
+ *   - single U+0020 spaces separate tokens; any other whitespace run is a token (less one
+ *     leading space), with spaces inside a token written U+2581 (fastai's replace_space, which
+ *     is applied here at prediction too, so a raw text gives training's ids);
+ *   - special tokens, the clitics ('s 'm 're 've 'd 'll n't) and abbreviations (mr. e.g. u.s.
+ *     a.m. etc.) are never split;
+ *   - leading ( [ { < " ' ` $ £ € # * & … ‘ “ « ¿ ¡ and trailing ) ] } > " ' , ; : ! ? % … ’ ” »
+ *     and '.' are peeled one at a time, as are symbols of category So (emoji, ©) but not °;
+ *   - clitics: don't -> do n't, can't -> ca n't, it's -> it 's, i'm -> i 'm, you'll -> you 'll
+ *     (after pronouns and could/would/should/might/must), gonna -> gon na, gotta -> got ta,
+ *     wanna -> wan na, cannot -> can not; ' and ’ alike;
+ *   - infixes: - – — ~ between letters, ',' between letters, + - * ^ between digits, : < > =
+ *     between a letter or digit and a letter, and … anywhere;
+ *   - numbers keep their inner '.' and ',' (1.5, 3,000 after fastai's rules: 3 , xxrep 3 0).
+ *     fastai's spec_add_spaces puts spaces around '/', so URLs are split at their slashes, as
+ *     in fastai. */
+
+/* fastai's special tokens, in vocabulary order (ids 0-8). */
+#define CF_TEXT_N_SPECIAL 9
+extern const char *const cf_text_special_tokens[CF_TEXT_N_SPECIAL];
+enum {
+    CF_TEXT_UNK = 0, /* xxunk: unknown word */
+    CF_TEXT_PAD,     /* xxpad: padding (pad_idx 1) */
+    CF_TEXT_BOS,     /* xxbos: start of every text */
+    CF_TEXT_EOS,     /* xxeos: end of text (only with add_eos) */
+    CF_TEXT_FLD,     /* xxfld: next field of a multi-column text */
+    CF_TEXT_REP,     /* xxrep: repeated character */
+    CF_TEXT_WREP,    /* xxwrep: repeated word */
+    CF_TEXT_UP,      /* xxup: the next word was all capitals */
+    CF_TEXT_MAJ,     /* xxmaj: the next word was capitalised */
+};
+
+/* fastai's rules, in order; bit (1 << rule) of cf_text_tok_options.skip_rules skips one. */
+typedef enum cf_text_rule {
+    CF_TEXT_FIX_HTML = 0,
+    CF_TEXT_REPLACE_REP,
+    CF_TEXT_REPLACE_WREP,
+    CF_TEXT_SPEC_ADD_SPACES,
+    CF_TEXT_RM_USELESS_SPACES,
+    CF_TEXT_REPLACE_ALL_CAPS,
+    CF_TEXT_REPLACE_MAJ,
+    CF_TEXT_LOWERCASE, /* also adds xxbos (and xxeos) */
+    CF_TEXT_N_RULES
+} cf_text_rule;
+extern const char *const cf_text_rule_names[CF_TEXT_N_RULES]; /* "fix_html", ... */
+
+typedef enum cf_text_splitter {
+    CF_TEXT_SPLIT_SPACY = 0, /* SpacyTokenizer's English rules (above) */
+    CF_TEXT_SPLIT_SPACES,    /* BaseTokenizer: split on ' ' only */
+} cf_text_splitter;
+
+/* The tokenizer's settings; all zero = fastai's defaults. They travel with a model
+ * (cf_text_tok_options_to_json) so that prediction tokenizes as training did. */
+typedef struct cf_text_tok_options {
+    unsigned skip_rules;  /* bits (1 << cf_text_rule) of rules not to run; 0: all eight */
+    bool no_bos;          /* the lowercase rule does not prefix xxbos */
+    bool add_eos;         /* the lowercase rule appends xxeos */
+    bool replace_invalid; /* invalid UTF-8 and NUL bytes become U+FFFD instead of an error */
+    cf_text_splitter splitter;
+} cf_text_tok_options;
+
+/* A list of tokens: token i is the NUL-terminated string data + start[i]. */
+typedef struct cf_text_tokens {
+    char *data;
+    int64_t *start;
+    int64_t n;
+    size_t len, cap; /* bytes used and allocated in data */
+    int64_t start_cap;
+} cf_text_tokens;
+
+static inline const char *cf_text_token(const cf_text_tokens *toks, int64_t i) {
+    return toks->data + toks->start[i];
+}
+/* Appends one token (len bytes, copied; it should hold no NUL). */
+cf_status cf_text_tokens_push(cf_text_tokens *toks, const char *token, size_t len);
+/* Empties the list, keeping its memory. */
+void cf_text_tokens_clear(cf_text_tokens *toks);
+/* Frees the list's memory and zeroes it (the struct itself is the caller's). */
+void cf_text_tokens_free(cf_text_tokens *toks);
+
+/* Runs fastai's rules on text (len bytes; `source` names it in errors, e.g. a file name) and
+ * gives the result as a new NUL-terminated UTF-8 string (*out, free with cf_free; *out_len
+ * bytes). opt NULL: defaults. */
+cf_status cf_text_apply_rules(const char *text, size_t len, const char *source,
+                              const cf_text_tok_options *opt, char **out, size_t *out_len);
+/* The rules, then the splitter: appends the tokens of text to *toks (which starts zeroed or
+ * cleared). Errors: CF_ERR_FORMAT for bytes that are not UTF-8, naming source and offset. */
+cf_status cf_text_tokenize(const char *text, size_t len, const char *source,
+                           const cf_text_tok_options *opt, cf_text_tokens *toks);
+
+/* The settings as a JSON object (a new string, free with cf_free), and back. from_json refuses
+ * (CF_ERR_FORMAT, naming source) a tokenizer or field it does not know. */
+cf_status cf_text_tok_options_to_json(const cf_text_tok_options *opt, char **json);
+cf_status cf_text_tok_options_from_json(const char *json, size_t len, const char *source,
+                                        cf_text_tok_options *opt);
+
+/* Token counts in first-seen order (Python's Counter). */
+typedef struct cf_text_counter cf_text_counter;
+cf_text_counter *cf_text_counter_new(void); /* NULL when out of memory */
+void cf_text_counter_free(cf_text_counter *counter);
+cf_status cf_text_counter_add(cf_text_counter *counter, const cf_text_tokens *toks);
+/* Adds src's counts to dst; words new to dst are appended in src's order. */
+cf_status cf_text_counter_merge(cf_text_counter *dst, const cf_text_counter *src);
+int64_t cf_text_counter_len(const cf_text_counter *counter);                 /* distinct words */
+const char *cf_text_counter_word(const cf_text_counter *counter, int64_t i); /* i-th seen */
+int64_t cf_text_counter_count(const cf_text_counter *counter, int64_t i);
+int64_t cf_text_counter_get(const cf_text_counter *counter, const char *word); /* 0 if unseen */
+
+/* Tokenizes n in-memory texts on every core (fastai's Tokenizer.from_df): *per_text receives a
+ * new array of n token lists (free each with cf_text_tokens_free, then the array with cf_free)
+ * and *counts, when not NULL, their counts (texts in order). sources[i] (or NULL: "text <i>")
+ * names text i in errors; the first failing text's error is returned. */
+cf_status cf_text_tokenize_texts(const char *const *texts, const size_t *lens,
+                                 const char *const *sources, int64_t n,
+                                 const cf_text_tok_options *opt, cf_text_tokens **per_text,
+                                 cf_text_counter **counts);
+
+/* A tokenized corpus of files (fastai's Tokenizer.from_folder): counts and lengths, with each
+ * file's tokens kept in a cache file, read back with cf_text_corpus_tokens. */
+typedef struct cf_text_corpus_options {
+    cf_text_tok_options tok;
+    /* Folder of the tokenized copies (made if missing), e.g. "<path>_tok" as fastai does. A
+     * copy is reused while its source keeps its size and modification time and the tokenizer's
+     * settings are the same; else the file is tokenized again and the copy replaced (written
+     * atomically). NULL: no cache; cf_text_corpus_tokens then tokenizes again. */
+    const char *cache_dir;
+    int num_workers;       /* threads; 0: cf_get_num_threads() (every core) */
+    size_t max_file_bytes; /* a larger file is refused; 0: 1 GiB */
+} cf_text_corpus_options;
+
+typedef struct cf_text_corpus {
+    int64_t n;               /* files */
+    char **paths;            /* the sources, as given */
+    int64_t *lens;           /* tokens per file */
+    cf_text_counter *counts; /* all files' tokens, files in order */
+    int64_t n_reused;        /* files whose cached copy was valid */
+    cf_text_tok_options tok;
+    char *cache_dir; /* NULL when not cached */
+} cf_text_corpus;
+
+/* Tokenizes each file (one text per file) on every core. Errors name the first failing file
+ * (in order) and its byte offset. */
+cf_status cf_text_tokenize_files(const char *const *paths, int64_t n,
+                                 const cf_text_corpus_options *opt, cf_text_corpus **out);
+/* File i's tokens, appended to *toks: read from its cached copy (checked again against the
+ * source), else tokenized again. */
+cf_status cf_text_corpus_tokens(const cf_text_corpus *corpus, int64_t i, cf_text_tokens *toks);
+void cf_text_corpus_free(cf_text_corpus *corpus);
+
+/* fastai's vocabulary (make_vocab and Numericalize). */
+typedef struct cf_text_vocab cf_text_vocab;
+typedef struct cf_text_vocab_options {
+    int64_t min_freq;  /* a word needs this many occurrences; 0: 3 */
+    int64_t max_vocab; /* at most this many words before the xxfake padding; 0: 60000 */
+} cf_text_vocab_options;
+/* make_vocab: the max_vocab most common words (count descending, ties in first-seen order)
+ * with count >= min_freq; the special tokens moved (or added) to ids 0-8; cut to max_vocab;
+ * then 1-8 "xxfake" so that the length is a multiple of 8. */
+cf_status cf_text_vocab_new(const cf_text_counter *counts, const cf_text_vocab_options *opt,
+                            cf_text_vocab **out);
+/* A given vocabulary, used verbatim (fastai's text_vocab); a repeated word maps to its last
+ * id, as in fastai. */
+cf_status cf_text_vocab_from_words(const char *const *words, int64_t n, cf_text_vocab **out);
+void cf_text_vocab_free(cf_text_vocab *vocab);
+int64_t cf_text_vocab_len(const cf_text_vocab *vocab);
+const char *cf_text_vocab_word(const cf_text_vocab *vocab, int64_t id); /* NULL if out of range */
+/* The id of word: unknown words and xxfake give CF_TEXT_UNK (0). */
+int64_t cf_text_vocab_id(const cf_text_vocab *vocab, const char *word);
+/* ids[i] = the id of token i (toks->n of them); *n_unknown (when not NULL) counts the tokens
+ * that were not in the vocabulary. */
+void cf_text_numericalize(const cf_text_vocab *vocab, const cf_text_tokens *toks, int64_t *ids,
+                          int64_t *n_unknown);
+/* The vocabulary as a JSON array of strings (a new string, free with cf_free), and back; from
+ * JSON refuses (CF_ERR_FORMAT, naming source and the element) anything but an array of
+ * strings. */
+cf_status cf_text_vocab_to_json(const cf_text_vocab *vocab, char **json);
+cf_status cf_text_vocab_from_json(const char *json, size_t len, const char *source,
+                                  cf_text_vocab **out);
+
 #ifdef __cplusplus
 }
 #endif
