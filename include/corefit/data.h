@@ -516,11 +516,11 @@ typedef struct cf_text_corpus {
     const int64_t *offsets; /* n_docs + 1; document d is ids[offsets[d] .. offsets[d + 1]) */
     const int32_t *ids;     /* n_tokens ids in [0, vocab_size) */
     int32_t vocab_size;
-    int target_dim;   /* 0: no labels; 1: class codes; n_classes: multi-hot (multi-label) */
-    float *targets;   /* n_docs * target_dim */
-    int n_classes;    /* label vocabulary (sorted, as fastai's Categorize / MultiCategorize) */
+    int target_dim; /* 0: no labels; 1: class codes; n_classes: multi-hot (multi-label) */
+    float *targets; /* n_docs * target_dim */
+    int n_classes;  /* label vocabulary (sorted, as fastai's Categorize / MultiCategorize) */
     char **classes;
-    char *source;     /* where it came from (for messages) */
+    char *source;                /* where it came from (for messages) */
     struct cf_text_store *store; /* private: memory or mapping, reference count */
 } cf_text_corpus;
 
@@ -542,9 +542,9 @@ cf_status cf_text_corpus_read(const cf_text_corpus *c, int64_t doc, int64_t from
                               int32_t *out);
 
 /* Id files: "CFTEXTID" magic, u32 version 1, i32 vocab_size, u64 n_docs, u64 n_tokens (little
- * endian), then n_tokens int32 ids, then (from the next multiple of 8 bytes) n_docs + 1 int64 offsets (0 first, n_tokens last,
- * non-decreasing). Written document by document (the ids are not held in memory), atomically
- * (a temporary file renamed over path at close). */
+ * endian), then n_tokens int32 ids, then (from the next multiple of 8 bytes) n_docs + 1 int64
+ * offsets (0 first, n_tokens last, non-decreasing). Written document by document (the ids are not
+ * held in memory), atomically (a temporary file renamed over path at close). */
 typedef struct cf_text_idfile_writer cf_text_idfile_writer;
 cf_status cf_text_idfile_open(const char *path, int32_t vocab_size, cf_text_idfile_writer **out);
 cf_status cf_text_idfile_add(cf_text_idfile_writer *w, const int32_t *ids, int64_t n);
@@ -614,8 +614,8 @@ typedef struct cf_text_numericalizer {
 /* Raw labelled texts as the readers find them. */
 typedef struct cf_text_raw {
     int64_t n;
-    char **texts;  /* UTF-8 */
-    char **where;  /* the file, or "file.csv:line", of each text (for messages) */
+    char **texts; /* UTF-8 */
+    char **where; /* the file, or "file.csv:line", of each text (for messages) */
     bool *is_valid;
     int target_dim; /* 1: class codes; n_classes: multi-hot; 0: unlabelled */
     float *targets; /* n * target_dim */
@@ -626,17 +626,17 @@ void cf_text_raw_free(cf_text_raw *r);
 
 typedef struct cf_text_folder_options {
     const char *train, *valid; /* "train", "valid" (GrandparentSplitter) */
-    double valid_pct;          /* > 0: every root/<label>/<name>.txt, RandomSplitter(valid_pct, seed) */
+    double valid_pct; /* > 0: every root/<label>/<name>.txt, RandomSplitter(valid_pct, seed) */
     uint64_t seed;
-    bool unlabelled; /* language models: labels are not needed (none checked) */
+    bool unlabelled;   /* language models: labels are not needed (none checked) */
     int64_t max_bytes; /* largest file read (0: 64 MiB) */
 } cf_text_folder_options;
-/* fastai's TextDataLoaders.from_folder: root/train/<label>/<name>.txt and root/valid/<label>/<name>.txt
- * (label = parent folder), or root/<label>/<name>.txt with valid_pct. Files are read in sorted
- * order. Refused, with the file named: an empty file, a file with a NUL byte or bytes that are
- * not UTF-8 (with the byte offset), a validation label the training set lacks. */
-cf_status cf_text_read_folder(const char *root, const cf_text_folder_options *o,
-                              cf_text_raw **out);
+/* fastai's TextDataLoaders.from_folder: root/train/<label>/<name>.txt and
+ * root/valid/<label>/<name>.txt (label = parent folder), or root/<label>/<name>.txt with valid_pct.
+ * Files are read in sorted order. Refused, with the file named: an empty file, a file with a NUL
+ * byte or bytes that are not UTF-8 (with the byte offset), a validation label the training set
+ * lacks. */
+cf_status cf_text_read_folder(const char *root, const cf_text_folder_options *o, cf_text_raw **out);
 
 typedef struct cf_text_csv_options {
     const char *text_col;          /* "text" */
@@ -661,11 +661,11 @@ cf_status cf_text_corpus_from_raw(const cf_text_raw *raw, bool valid,
                                   const cf_text_numericalizer *nz, cf_text_corpus **out);
 
 typedef struct cf_text_dls_options {
-    int bs, val_bs;  /* 64; val_bs 0 = bs */
-    int seq_len;     /* 72 */
+    int bs, val_bs; /* 64; val_bs 0 = bs */
+    int seq_len;    /* 72 */
     uint64_t seed;
-    bool is_lm;      /* language model (labels ignored) */
-    int prefetch;    /* as cf_dl_options.prefetch */
+    bool is_lm;   /* language model (labels ignored) */
+    int prefetch; /* as cf_dl_options.prefetch */
 } cf_text_dls_options;
 /* fastai's TextDataLoaders: training loader shuffled with drop_last, validation in order. Takes
  * a reference to each corpus (the caller still frees its own). The datasets (train_ds,
@@ -678,9 +678,9 @@ cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericaliz
                                const cf_text_dls_options *o, cf_dls **out);
 
 /* fastai's show_batch for text: the first max_rows rows (0: 9) of a batch of a text loader,
- * each its first max_tokens tokens (0: 150) named by nz->token (special tokens as they are:
- * xxbos, xxmaj, xxpad ...), then the label(s) (classifier: category; language model: the
- * shifted target, text_). Written as a table to out. */
+ * each its first max_tokens tokens (0: 150) named by nz->token, padding left out as fastai's
+ * decoding does (other special tokens as they are: xxbos, xxmaj, xxunk ...), then the label(s)
+ * (classifier: category; language model: the shifted target, text_). Written as a table to out. */
 cf_status cf_text_show_batch(const cf_dataloader *dl, const cf_batch *b,
                              const cf_text_numericalizer *nz, int max_rows, int max_tokens,
                              FILE *out);

@@ -596,13 +596,19 @@ cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericaliz
 
 /* ---- show_batch ---------------------------------------------------------------------------- */
 
-static void put_tokens(FILE *out, const float *ids, int n, const cf_text_numericalizer *nz) {
-    for (int t = 0; t < n; t++) {
-        const char *tok = nz->token ? nz->token(nz->ctx, (int32_t)ids[t]) : NULL;
+/* The first max_tokens tokens of a row other than xxpad (fastai's Numericalize.decodes drops
+ * padding). */
+static void put_tokens(FILE *out, const float *ids, int n, int max_tokens,
+                       const cf_text_numericalizer *nz) {
+    for (int t = 0, shown = 0; t < n && shown < max_tokens; t++) {
+        int32_t id = (int32_t)ids[t];
+        if (id == CF_TEXT_PAD) continue;
+        const char *tok = nz->token ? nz->token(nz->ctx, id) : NULL;
         if (tok)
-            fprintf(out, "%s%s", t ? " " : "", tok);
+            fprintf(out, "%s%s", shown ? " " : "", tok);
         else
-            fprintf(out, "%s<%d>", t ? " " : "", (int)ids[t]);
+            fprintf(out, "%s<%d>", shown ? " " : "", (int)id);
+        shown++;
     }
 }
 
@@ -616,14 +622,14 @@ cf_status cf_text_show_batch(const cf_dataloader *dl, const cf_batch *b,
     if (max_rows <= 0) max_rows = 9;
     if (max_tokens <= 0) max_tokens = 150;
     bool lm = cf_text_loader_is_lm(dl);
-    int T = b->x.shape.ndim == 2 ? b->x.shape.dim[1] : 0, show = T < max_tokens ? T : max_tokens;
+    int T = b->x.shape.ndim == 2 ? b->x.shape.dim[1] : 0;
     fprintf(out, "%-4s %s\t%s\n", "", "text", lm ? "text_" : "category");
     for (int i = 0; i < b->size && i < max_rows; i++) {
         fprintf(out, "%-4d ", i);
-        put_tokens(out, b->x.data + (size_t)i * T, show, nz);
+        put_tokens(out, b->x.data + (size_t)i * T, T, max_tokens, nz);
         fprintf(out, "\t");
         if (lm) {
-            put_tokens(out, b->y.data + (size_t)i * T, show, nz);
+            put_tokens(out, b->y.data + (size_t)i * T, T, max_tokens, nz);
         } else if (c->target_dim == 1) {
             int k = (int)b->y.data[i];
             fprintf(out, "%s", k >= 0 && k < c->n_classes ? c->classes[k] : "?");
