@@ -14,6 +14,8 @@
 #ifndef COREFIT_DATA_H
 #define COREFIT_DATA_H
 
+#include <stdio.h>
+
 #include "corefit/core.h"
 #include "corefit/tensor.h"
 
@@ -685,6 +687,194 @@ void cf_text_numericalize(const cf_text_vocab *vocab, const cf_text_tokens *toks
 cf_status cf_text_vocab_to_json(const cf_text_vocab *vocab, char **json);
 cf_status cf_text_vocab_from_json(const char *json, size_t len, const char *source,
                                   cf_text_vocab **out);
+
+/* ---- text: corpora and DataLoaders ------------------------------------------------------- *
+ * fastai's TextDataLoaders from numericalized documents (int32 token ids per document): the
+ * language-model stream (LMDataLoader) and length-sorted classifier batches (SortedDL with
+ * pad_input_chunk), delivered through cf_dataloader / cf_batch, with seeking and sharding.
+ * Batches hold token ids as floats: x (B, T) ids; y (B, T) next-token ids (language model) or
+ * (B) class codes / (B, n_classes) multi-hot (classifier). The tokenizer and vocabulary plug in
+ * through cf_text_numericalizer. */
+
+/* The special tokens' ids (CF_TEXT_UNK, CF_TEXT_PAD, CF_TEXT_BOS, ...) are those of the
+ * tokenizer section above. */
+
+/* Documents as token offsets and ids, in memory or in a memory-mapped id file (then memory does
+ * not grow with the corpus: pages read are dropped from the mapping as reading moves on).
+ * Labels are optional. Reference counted: loaders keep the corpus alive. */
+typedef struct cf_text_corpus {
+    int64_t n_docs, n_tokens;
+    const int64_t *offsets; /* n_docs + 1; document d is ids[offsets[d] .. offsets[d + 1]) */
+    const int32_t *ids;     /* n_tokens ids in [0, vocab_size) */
+    int32_t vocab_size;
+    int target_dim; /* 0: no labels; 1: class codes; n_classes: multi-hot (multi-label) */
+    float *targets; /* n_docs * target_dim */
+    int n_classes;  /* label vocabulary (sorted, as fastai's Categorize / MultiCategorize) */
+    char **classes;
+    char *source;                /* where it came from (for messages) */
+    struct cf_text_store *store; /* private: memory or mapping, reference count */
+} cf_text_corpus;
+
+/* A corpus in memory from n_docs documents of lens[d] ids each, docs[d] (copied). Every id must
+ * be in [0, vocab_size). */
+cf_status cf_text_corpus_from_docs(const int32_t *const *docs, const int64_t *lens, int64_t n_docs,
+                                   int32_t vocab_size, cf_text_corpus **out);
+/* Sets (copies) the labels: n_docs * target_dim targets, n_classes names. */
+cf_status cf_text_corpus_set_labels(cf_text_corpus *c, const float *targets, int target_dim,
+                                    int n_classes, const char *const *classes);
+/* The documents idx[0..n) of c, in that order, as a new corpus in memory (labels copied). */
+cf_status cf_text_corpus_subset(const cf_text_corpus *c, const int64_t *idx, int64_t n,
+                                cf_text_corpus **out);
+/* Drops a reference (the last frees; NULL is a no-op). */
+void cf_text_corpus_free(cf_text_corpus *c);
+/* Copies n ids of document doc from position `from` into out (range-checked); in a mapped
+ * corpus, pages already read are given back as reading goes on. */
+cf_status cf_text_corpus_read(const cf_text_corpus *c, int64_t doc, int64_t from, int64_t n,
+                              int32_t *out);
+
+/* Id files: "CFTEXTID" magic, u32 version 1, i32 vocab_size, u64 n_docs, u64 n_tokens (little
+ * endian), then n_tokens int32 ids, then (from the next multiple of 8 bytes) n_docs + 1 int64
+ * offsets (0 first, n_tokens last, non-decreasing). Written document by document (the ids are not
+ * held in memory), atomically (a temporary file renamed over path at close). */
+typedef struct cf_text_idfile_writer cf_text_idfile_writer;
+cf_status cf_text_idfile_open(const char *path, int32_t vocab_size, cf_text_idfile_writer **out);
+cf_status cf_text_idfile_add(cf_text_idfile_writer *w, const int32_t *ids, int64_t n);
+/* Finishes the file (or, with abandon, removes the temporary file); frees w either way. */
+cf_status cf_text_idfile_close(cf_text_idfile_writer *w, bool abandon);
+/* Writes a corpus's documents (not its labels) as an id file. */
+cf_status cf_text_corpus_write(const cf_text_corpus *c, const char *path);
+/* Maps an id file read-only. The header, the sizes against the file, the offsets and every id
+ * (against vocab_size) are checked first; the error names the file, the byte offset and the
+ * value. */
+cf_status cf_text_corpus_map(const char *path, cf_text_corpus **out);
+
+/* Options of the text loaders (cf_dl_options gives bs, shuffle, drop_last, seed). */
+typedef struct cf_text_dl_options {
+    int seq_len;   /* 72: language-model sequence length; classifier padding chunk */
+    int pad_idx;   /* CF_TEXT_PAD (1) */
+    bool pad_last; /* false: fastai's pad_first=True (pad chunks before the text) */
+} cf_text_dl_options;
+
+/* fastai's LMDataLoader over the corpus (retained). Per epoch: the stream is the documents
+ * concatenated, in the order of cf_text_epoch_order (shuffle) or as stored; with
+ * corpus = floor((n_tokens - 1) / bs) * bs, bl = corpus / bs, n_batches = ceil(bl / seq_len),
+ * last_len = bl - (n_batches - 1) * seq_len, row j of batch i reads the stream from
+ * j * bl + i * seq_len, sl + 1 tokens (sl = last_len on the last batch): x the first sl, y the
+ * last sl. drop_last is meaningless (every batch is whole). idx[j] = i * bs + j.
+ * Sharding: rank r takes rows [r * B / w, (r + 1) * B / w) of the global batch of B rows, where
+ * B = bs (CF_SHARD_SPLIT_BATCH) or bs * world (CF_SHARD_PER_RANK: bs rows a rank), so the ranks
+ * together read exactly one process's batches; a rank with no row gets row 0 as padding. */
+cf_status cf_text_lm_loader_new(cf_text_corpus *c, const cf_dl_options *opt,
+                                const cf_text_dl_options *topt, cf_dataloader **out);
+/* fastai's SortedDL + Pad_Chunk over a labelled corpus (retained). Without shuffle: documents
+ * sorted by length, longest first (ties in stored order). With shuffle (per epoch, from
+ * cf_rng seeded with seed + epoch): a random permutation (cf_rng_shuffle); the longest document
+ * (first of them) swapped to position 0; chunks of bs * 50 sorted by length, longest first
+ * (stable); cut in batches of bs; the first and the last batch stay, the ones between are
+ * permuted (cf_rng_shuffle of their indices, same generator). drop_last drops a last partial
+ * batch. A batch of maximal length M pads a document of length n with l = M - n pads as
+ * [(l / seq_len) * seq_len pads][text][(l % seq_len) pads] (pad_last: text, then all pads).
+ * Sharding: CF_SHARD_SPLIT_BATCH cuts each global batch into rank slices of rows (each slice
+ * keeps the global batch's length, so rows equal one process's); CF_SHARD_PER_RANK gives rank
+ * r the batches r, r + w, r + 2w, ... of one process's list, padded (wrapping round, pad = true)
+ * so that every rank has the same number. idx holds document indices (get_preds order). */
+cf_status cf_text_clas_loader_new(cf_text_corpus *c, const cf_dl_options *opt,
+                                  const cf_text_dl_options *topt, cf_dataloader **out);
+/* The document order of an epoch: identity, or cf_rng_shuffle with cf_rng seeded seed + epoch. */
+cf_status cf_text_epoch_order(int64_t n, bool shuffle, uint64_t seed, int epoch, int64_t *order);
+/* Whether the loader is a text loader, and over which corpus (NULL otherwise). */
+const cf_text_corpus *cf_text_loader_corpus(const cf_dataloader *dl);
+bool cf_text_loader_is_lm(const cf_dataloader *dl);
+/* A loader of the same kind over the same data with other options (e.g. get_preds' ordered
+ * loader: no shuffle, no drop_last); for image and tabular loaders cf_dataloader_new on the
+ * same dataset. The shard is not copied. */
+cf_status cf_dataloader_new_like(const cf_dataloader *like, const cf_dl_options *opt,
+                                 cf_dataloader **out);
+
+/* The seam where a tokenizer and vocabulary plug in. fit (may be NULL when the vocabulary is
+ * already built) sees the training texts once; encode turns one raw text into ids (xxbos first,
+ * as fastai), cf_malloc'd into *ids; token names an id (for show_batch). */
+typedef struct cf_text_numericalizer {
+    void *ctx;
+    cf_status (*fit)(void *ctx, const char *const *texts, int64_t n);
+    cf_status (*encode)(void *ctx, const char *text, int32_t **ids, int64_t *n_ids);
+    const char *(*token)(void *ctx, int32_t id);
+    int32_t (*vocab_size)(void *ctx);
+} cf_text_numericalizer;
+
+/* Raw labelled texts as the readers find them. */
+typedef struct cf_text_raw {
+    int64_t n;
+    char **texts; /* UTF-8 */
+    char **where; /* the file, or "file.csv:line", of each text (for messages) */
+    bool *is_valid;
+    int target_dim; /* 1: class codes; n_classes: multi-hot; 0: unlabelled */
+    float *targets; /* n * target_dim */
+    int n_classes;
+    char **classes; /* sorted labels of the training texts */
+} cf_text_raw;
+void cf_text_raw_free(cf_text_raw *r);
+
+typedef struct cf_text_folder_options {
+    const char *train, *valid; /* "train", "valid" (GrandparentSplitter) */
+    double valid_pct; /* > 0: every root/<label>/<name>.txt, RandomSplitter(valid_pct, seed) */
+    uint64_t seed;
+    bool unlabelled;   /* language models: labels are not needed (none checked) */
+    int64_t max_bytes; /* largest file read (0: 64 MiB) */
+} cf_text_folder_options;
+/* fastai's TextDataLoaders.from_folder: root/train/<label>/<name>.txt and
+ * root/valid/<label>/<name>.txt (label = parent folder), or root/<label>/<name>.txt with valid_pct.
+ * Files are read in sorted order. Refused, with the file named: an empty file, a file with a NUL
+ * byte or bytes that are not UTF-8 (with the byte offset), a validation label the training set
+ * lacks. */
+cf_status cf_text_read_folder(const char *root, const cf_text_folder_options *o, cf_text_raw **out);
+
+typedef struct cf_text_csv_options {
+    const char *text_col;          /* "text" */
+    const char *const *label_cols; /* one column: single label, or split by label_delim; several
+                                      columns of 0/1: multi-label, the columns are the classes */
+    int n_label_cols;              /* 0: the column "label" */
+    const char *label_delim;       /* NULL: single label */
+    const char *valid_col;         /* NULL: valid_pct */
+    double valid_pct;
+    uint64_t seed;
+    char delimiter; /* ',' */
+} cf_text_csv_options;
+/* fastai's TextDataLoaders.from_csv (cf_csv_read, a header row). A missing column, an empty
+ * text, an unreadable boolean or label: refused with the file, line and value. */
+cf_status cf_text_read_csv(const char *path, const cf_text_csv_options *o, cf_text_raw **out);
+cf_status cf_text_read_csv_buffer(const char *text, size_t size, const char *name,
+                                  const cf_text_csv_options *o, cf_text_raw **out);
+
+/* The training (valid false) or validation texts of raw, numericalized through nz (fit must
+ * have run), with their labels, as a corpus in memory. */
+cf_status cf_text_corpus_from_raw(const cf_text_raw *raw, bool valid,
+                                  const cf_text_numericalizer *nz, cf_text_corpus **out);
+
+typedef struct cf_text_dls_options {
+    int bs, val_bs; /* 64; val_bs 0 = bs */
+    int seq_len;    /* 72 */
+    uint64_t seed;
+    bool is_lm;   /* language model (labels ignored) */
+    int prefetch; /* as cf_dl_options.prefetch */
+} cf_text_dls_options;
+/* fastai's TextDataLoaders: training loader shuffled with drop_last, validation in order. Takes
+ * a reference to each corpus (the caller still frees its own). The datasets (train_ds,
+ * valid_ds) describe the corpora: n documents, the classes, target_dim, sample shape
+ * (seq_len); they hold no samples. */
+cf_status cf_text_dls_new(cf_text_corpus *train, cf_text_corpus *valid,
+                          const cf_text_dls_options *o, cf_dls **out);
+/* Readers' output -> nz->fit on the training texts -> corpora -> cf_text_dls_new. */
+cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericalizer *nz,
+                               const cf_text_dls_options *o, cf_dls **out);
+
+/* fastai's show_batch for text: the first max_rows rows (0: 9) of a batch of a text loader,
+ * each its first max_tokens tokens (0: 150) named by nz->token, padding left out as fastai's
+ * decoding does (other special tokens as they are: xxbos, xxmaj, xxunk ...), then the label(s)
+ * (classifier: category; language model: the shifted target, text_). Written as a table to out. */
+cf_status cf_text_show_batch(const cf_dataloader *dl, const cf_batch *b,
+                             const cf_text_numericalizer *nz, int max_rows, int max_tokens,
+                             FILE *out);
 
 #ifdef __cplusplus
 }

@@ -58,4 +58,30 @@ cf_status cf__image_files_decode(const struct cf_image_files *f, int64_t i, int 
 /* Marks file i bad (skip_bad); true the first time. */
 bool cf__image_files_mark_bad(struct cf_image_files *f, int64_t i);
 
+/* ---- batch producers other than the sample loader (text_loader.c) -------------------------- */
+
+/* A loader whose batches come from these operations instead of a dataset's samples: loader.c
+ * keeps the epoch, seek and shard bookkeeping and calls them; batches are made in
+ * cf_dataloader_next (no prefetch thread). */
+typedef struct cf__batch_ops {
+    /* Batches per epoch for this shard. */
+    int64_t (*len)(void *ctx, const cf_dl_options *opt, int rank, int world, cf_shard_mode mode);
+    /* Prepares the epoch; *n_batches receives its batch count. */
+    cf_status (*begin_epoch)(void *ctx, const cf_dl_options *opt, int epoch, int rank, int world,
+                             cf_shard_mode mode, int64_t *n_batches);
+    /* Batch b of the epoch begun last (valid until the next call). */
+    cf_status (*make)(void *ctx, int64_t b, const cf_batch **out);
+    cf_status (*new_like)(void *ctx, const cf_dl_options *opt, cf_dataloader **out);
+    void (*free)(void *ctx);
+} cf__batch_ops;
+
+/* A loader over ops and ctx (ctx freed with ops->free by cf_dataloader_free, and here on
+ * failure); ds describes the data (not owned). */
+cf_status cf__dataloader_new_ops(const cf_dataset *ds, const cf_dl_options *opt,
+                                 const cf__batch_ops *ops, void *ctx, cf_dataloader **out);
+/* ctx when dl was made with ops, else NULL. */
+void *cf__dataloader_ops_ctx(const cf_dataloader *dl, const cf__batch_ops *ops);
+/* Text corpora: one more reference (released by cf_text_corpus_free). */
+void cf__text_corpus_retain(cf_text_corpus *c);
+
 #endif

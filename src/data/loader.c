@@ -74,6 +74,9 @@ struct cf_dataloader {
     int64_t claim_b;
     int claim_i;
     int64_t skipped;
+    /* batches made by other producers (text): their operations and state, or NULL */
+    const cf__batch_ops *ops;
+    void *ops_ctx;
 };
 
 static int64_t batches_for(int64_t n, int bs, bool drop_last) {
@@ -89,6 +92,7 @@ static int64_t chunk_len(int64_t n, int world, cf_shard_mode mode) {
 
 int64_t cf_dataloader_len(const cf_dataloader *dl) {
     if (!dl) return 0;
+    if (dl->ops) return dl->ops->len(dl->ops_ctx, &dl->opt, dl->rank, dl->world, dl->mode);
     return batches_for(chunk_len(dl->ds->n, dl->world, dl->mode), dl->opt.bs, dl->opt.drop_last);
 }
 
@@ -267,6 +271,41 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
     return CF_OK;
 }
 
+cf_status cf__dataloader_new_ops(const cf_dataset *ds, const cf_dl_options *opt,
+                                 const cf__batch_ops *ops, void *ctx, cf_dataloader **out) {
+    *out = NULL;
+    cf_dataloader *dl = cf_calloc(1, sizeof *dl);
+    if (!dl) {
+        ops->free(ctx);
+        return cf_fail(CF_ERR_NOMEM, "cf_dataloader_new");
+    }
+    dl->ds = ds;
+    dl->opt = *opt;
+    dl->ops = ops;
+    dl->ops_ctx = ctx;
+    dl->world = 1;
+    dl->mode = CF_SHARD_PER_RANK;
+    dl->pid = getpid();
+    pthread_mutex_init(&dl->mu, NULL);
+    pthread_cond_init(&dl->cv_prod, NULL);
+    pthread_cond_init(&dl->cv_cons, NULL);
+    *out = dl;
+    return CF_OK;
+}
+
+void *cf__dataloader_ops_ctx(const cf_dataloader *dl, const cf__batch_ops *ops) {
+    return dl && dl->ops == ops ? dl->ops_ctx : NULL;
+}
+
+cf_status cf_dataloader_new_like(const cf_dataloader *like, const cf_dl_options *opt,
+                                 cf_dataloader **out) {
+    if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataloader_new_like: out is NULL");
+    *out = NULL;
+    if (!like) return cf_fail(CF_ERR_INVALID, "cf_dataloader_new_like: loader is NULL");
+    if (like->ops) return like->ops->new_like(like->ops_ctx, opt ? opt : &like->opt, out);
+    return cf_dataloader_new(like->ds, opt ? opt : &like->opt, out);
+}
+
 /* A process forked mid-epoch has no producer thread: reset the synchronisation state. */
 static void after_fork_check(cf_dataloader *dl) {
     pid_t now = getpid();
@@ -300,6 +339,7 @@ void cf_dataloader_free(cf_dataloader *dl) {
     if (!dl) return;
     after_fork_check(dl);
     stop_thread(dl);
+    if (dl->ops) dl->ops->free(dl->ops_ctx);
     free_slots(dl);
     cf_free(dl->order);
     cf_free(dl->order_pad);
@@ -331,6 +371,16 @@ cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch) {
     if (!dl) return cf_fail(CF_ERR_INVALID, "cf_dataloader_begin_epoch: loader is NULL");
     after_fork_check(dl);
     stop_thread(dl);
+    if (dl->ops) {
+        int64_t nb = 0;
+        cf_status st =
+            dl->ops->begin_epoch(dl->ops_ctx, &dl->opt, epoch, dl->rank, dl->world, dl->mode, &nb);
+        dl->in_epoch = st == CF_OK;
+        dl->epoch = epoch;
+        dl->n_batches = nb;
+        dl->next_b = dl->produced = dl->released = 0;
+        return st;
+    }
     int64_t n = dl->ds->n;
     int world = dl->world, rank = dl->rank;
     cf_shard_mode mode = dl->mode;
@@ -660,6 +710,16 @@ cf_status cf_dataloader_next(cf_dataloader *dl, const cf_batch **batch) {
     if (b >= dl->n_batches) {
         stop_thread(dl);
         dl->in_epoch = false;
+        return CF_OK;
+    }
+    if (dl->ops) {
+        cf_status st = dl->ops->make(dl->ops_ctx, b, batch);
+        if (st != CF_OK) {
+            *batch = NULL;
+            dl->in_epoch = false;
+            return st;
+        }
+        dl->next_b = b + 1;
         return CF_OK;
     }
     slot *s = &dl->slots[b % dl->nslots];

@@ -86,7 +86,7 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_datal
     opt.crop_pad = 0;
     opt.flip = false;
     opt.aug = NULL;
-    cf_status st = cf_dataloader_new(cf_dataloader_dataset(like), &opt, out);
+    cf_status st = cf_dataloader_new_like(like, &opt, out);
     if (st == CF_OK && learn->replica.world > 1)
         st = cf_dataloader_set_shard(*out, learn->replica.rank, learn->replica.world,
                                      learn->replica.shard_mode);
