@@ -44,7 +44,7 @@ static const char *const *path_list(void) {
 }
 
 /* The oracle's vocabulary for the corpus's tokens. */
-static cJSON *oracle_vocab(const cf_text_corpus *c, int64_t min_freq, int64_t max_vocab) {
+static cJSON *oracle_vocab(const cf_text_tok_files *c, int64_t min_freq, int64_t max_vocab) {
     char tokfile[700], out[720], cmd[2048];
     snprintf(tokfile, sizeof tokfile, "%s/corpus.tok", tmpdir);
     snprintf(out, sizeof out, "%s/vocab.json", tmpdir);
@@ -53,7 +53,7 @@ static cJSON *oracle_vocab(const cf_text_corpus *c, int64_t min_freq, int64_t ma
     cf_text_tokens toks = {0};
     for (int64_t i = 0; i < c->n; i++) {
         cf_text_tokens_clear(&toks);
-        assert_int_equal(cf_text_corpus_tokens(c, i, &toks), CF_OK);
+        assert_int_equal(cf_text_tok_files_tokens(c, i, &toks), CF_OK);
         assert_int_equal(toks.n, c->lens[i]);
         for (int64_t k = 0; k < toks.n; k++)
             fwrite(cf_text_token(&toks, k), 1, strlen(cf_text_token(&toks, k)) + 1, f);
@@ -90,9 +90,9 @@ static void test_vocab_matches_make_vocab(void **state) {
     test_tmpdir_make(tmpdir, sizeof tmpdir, "text_vocab");
     char cache[700];
     snprintf(cache, sizeof cache, "%s/fortunes_tok", tmpdir);
-    cf_text_corpus *c;
+    cf_text_tok_files *c;
     assert_int_equal(cf_text_tokenize_files(path_list(), N_FILES,
-                                            &(cf_text_corpus_options){.cache_dir = cache}, &c),
+                                            &(cf_text_tok_files_options){.cache_dir = cache}, &c),
                      CF_OK);
     /* min_freq / max_vocab: the defaults; everything (ties in first-seen order all the way
      * down); a max_vocab that cuts through a run of ties; one that is a multiple of 8 */
@@ -112,7 +112,7 @@ static void test_vocab_matches_make_vocab(void **state) {
         cJSON_Delete(want);
         cf_text_vocab_free(v);
     }
-    cf_text_corpus_free(c);
+    cf_text_tok_files_free(c);
     test_tmpdir_remove(tmpdir);
 }
 
@@ -225,31 +225,31 @@ static void test_corpus_cache_and_threads(void **state) {
     }
     snprintf(cache, sizeof cache, "%s/tok", tmpdir);
     /* one thread without a cache: the reference */
-    cf_text_corpus *ref, *c;
+    cf_text_tok_files *ref, *c;
     assert_int_equal(
-        cf_text_tokenize_files(list, N_FILES, &(cf_text_corpus_options){.num_workers = 1}, &ref),
+        cf_text_tokenize_files(list, N_FILES, &(cf_text_tok_files_options){.num_workers = 1}, &ref),
         CF_OK);
     /* serial counts over the files in order equal the corpus's */
     cf_text_counter *serial = cf_text_counter_new();
     cf_text_tokens t = {0};
     for (int i = 0; i < N_FILES; i++) {
         cf_text_tokens_clear(&t);
-        assert_int_equal(cf_text_corpus_tokens(ref, i, &t), CF_OK);
+        assert_int_equal(cf_text_tok_files_tokens(ref, i, &t), CF_OK);
         assert_int_equal(cf_text_counter_add(serial, &t), CF_OK);
     }
     assert_same_counts(serial, ref->counts);
     /* three threads, cache made */
-    cf_text_corpus_options o = {.cache_dir = cache, .num_workers = 3};
+    cf_text_tok_files_options o = {.cache_dir = cache, .num_workers = 3};
     assert_int_equal(cf_text_tokenize_files(list, N_FILES, &o, &c), CF_OK);
     assert_int_equal(c->n_reused, 0);
     assert_same_counts(ref->counts, c->counts);
-    cf_text_corpus_free(c);
+    cf_text_tok_files_free(c);
     /* again: every copy reused, same counts and lengths */
     assert_int_equal(cf_text_tokenize_files(list, N_FILES, &o, &c), CF_OK);
     assert_int_equal(c->n_reused, N_FILES);
     assert_same_counts(ref->counts, c->counts);
     assert_memory_equal(ref->lens, c->lens, sizeof(int64_t) * N_FILES);
-    cf_text_corpus_free(c);
+    cf_text_tok_files_free(c);
     /* a source changed (appended to: new size and mtime): that file only is tokenized again */
     FILE *f = fopen(src[1], "ab");
     fputs("%\nA BRAND NEW QUOTATION.\n", f);
@@ -269,13 +269,13 @@ static void test_corpus_cache_and_threads(void **state) {
         cf_free(data);
         cf_text_tokens_free(&direct);
     }
-    cf_text_corpus_free(c);
+    cf_text_tok_files_free(c);
     /* other settings: nothing reused */
     o.tok.add_eos = true;
     assert_int_equal(cf_text_tokenize_files(list, N_FILES, &o, &c), CF_OK);
     assert_int_equal(c->n_reused, 0);
     assert_int_equal(cf_text_counter_get(c->counts, "xxeos"), N_FILES);
-    cf_text_corpus_free(c);
+    cf_text_tok_files_free(c);
     o.tok.add_eos = false;
     /* a damaged copy is made again, and gives the same tokens */
     snprintf(cmd, sizeof cmd, "for f in %s/*.tok; do head -c 100 $f > $f.x && mv $f.x $f; done",
@@ -284,7 +284,7 @@ static void test_corpus_cache_and_threads(void **state) {
     assert_int_equal(cf_text_tokenize_files(list, N_FILES, &o, &c), CF_OK);
     assert_int_equal(c->n_reused, 0);
     assert_int_equal(c->lens[0], ref->lens[0]);
-    cf_text_corpus_free(c);
+    cf_text_tok_files_free(c);
     /* a missing file and a file that is not UTF-8: errors naming them */
     snprintf(src[2], sizeof src[2], "%s/missing.txt", tmpdir);
     assert_int_equal(cf_text_tokenize_files(list, N_FILES, &o, &c), CF_ERR_IO);
@@ -297,7 +297,7 @@ static void test_corpus_cache_and_threads(void **state) {
     assert_non_null(strstr(cf_last_error(), "missing.txt: byte offset 10"));
     cf_text_tokens_free(&t);
     cf_text_counter_free(serial);
-    cf_text_corpus_free(ref);
+    cf_text_tok_files_free(ref);
     test_tmpdir_remove(tmpdir);
 }
 

@@ -627,19 +627,19 @@ cf_status cf_text_tokenize_texts(const char *const *texts, const size_t *lens,
                                  cf_text_counter **counts);
 
 /* A tokenized corpus of files (fastai's Tokenizer.from_folder): counts and lengths, with each
- * file's tokens kept in a cache file, read back with cf_text_corpus_tokens. */
-typedef struct cf_text_corpus_options {
+ * file's tokens kept in a cache file, read back with cf_text_tok_files_tokens. */
+typedef struct cf_text_tok_files_options {
     cf_text_tok_options tok;
     /* Folder of the tokenized copies (made if missing), e.g. "<path>_tok" as fastai does. A
      * copy is reused while its source keeps its size and modification time and the tokenizer's
      * settings are the same; else the file is tokenized again and the copy replaced (written
-     * atomically). NULL: no cache; cf_text_corpus_tokens then tokenizes again. */
+     * atomically). NULL: no cache; cf_text_tok_files_tokens then tokenizes again. */
     const char *cache_dir;
     int num_workers;       /* threads; 0: cf_get_num_threads() (every core) */
     size_t max_file_bytes; /* a larger file is refused; 0: 1 GiB */
-} cf_text_corpus_options;
+} cf_text_tok_files_options;
 
-typedef struct cf_text_corpus {
+typedef struct cf_text_tok_files {
     int64_t n;               /* files */
     char **paths;            /* the sources, as given */
     int64_t *lens;           /* tokens per file */
@@ -647,16 +647,17 @@ typedef struct cf_text_corpus {
     int64_t n_reused;        /* files whose cached copy was valid */
     cf_text_tok_options tok;
     char *cache_dir; /* NULL when not cached */
-} cf_text_corpus;
+} cf_text_tok_files;
 
 /* Tokenizes each file (one text per file) on every core. Errors name the first failing file
  * (in order) and its byte offset. */
 cf_status cf_text_tokenize_files(const char *const *paths, int64_t n,
-                                 const cf_text_corpus_options *opt, cf_text_corpus **out);
+                                 const cf_text_tok_files_options *opt, cf_text_tok_files **out);
 /* File i's tokens, appended to *toks: read from its cached copy (checked again against the
  * source), else tokenized again. */
-cf_status cf_text_corpus_tokens(const cf_text_corpus *corpus, int64_t i, cf_text_tokens *toks);
-void cf_text_corpus_free(cf_text_corpus *corpus);
+cf_status cf_text_tok_files_tokens(const cf_text_tok_files *corpus, int64_t i,
+                                   cf_text_tokens *toks);
+void cf_text_tok_files_free(cf_text_tok_files *corpus);
 
 /* fastai's vocabulary (make_vocab and Numericalize). */
 typedef struct cf_text_vocab cf_text_vocab;

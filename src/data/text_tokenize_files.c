@@ -433,7 +433,7 @@ cf_status cf_text_tokenize_texts(const char *const *texts, const size_t *lens,
     return CF_OK;
 }
 
-void cf_text_corpus_free(cf_text_corpus *c) {
+void cf_text_tok_files_free(cf_text_tok_files *c) {
     if (!c) return;
     for (int64_t i = 0; c->paths && i < c->n; i++) free(c->paths[i]);
     free(c->paths);
@@ -444,13 +444,13 @@ void cf_text_corpus_free(cf_text_corpus *c) {
 }
 
 cf_status cf_text_tokenize_files(const char *const *paths, int64_t n,
-                                 const cf_text_corpus_options *opt, cf_text_corpus **out) {
+                                 const cf_text_tok_files_options *opt, cf_text_tok_files **out) {
     if (!out || n < 0 || (n && !paths))
         return cf_fail(CF_ERR_INVALID, "cf_text_tokenize_files: NULL argument or n < 0");
     *out = NULL;
-    static const cf_text_corpus_options defaults;
-    const cf_text_corpus_options *o = opt ? opt : &defaults;
-    cf_text_corpus *c = calloc(1, sizeof *c);
+    static const cf_text_tok_files_options defaults;
+    const cf_text_tok_files_options *o = opt ? opt : &defaults;
+    cf_text_tok_files *c = calloc(1, sizeof *c);
     if (!c) return cf_fail(CF_ERR_NOMEM, "text: out of memory");
     c->n = n;
     c->tok = o->tok;
@@ -483,17 +483,18 @@ cf_status cf_text_tokenize_files(const char *const *paths, int64_t n,
         c->n_reused = (int64_t)atomic_load(&j.reused);
     }
     if (st != CF_OK) {
-        cf_text_corpus_free(c);
+        cf_text_tok_files_free(c);
         return st;
     }
     *out = c;
     return CF_OK;
 }
 
-cf_status cf_text_corpus_tokens(const cf_text_corpus *corpus, int64_t i, cf_text_tokens *toks) {
-    if (!corpus || !toks) return cf_fail(CF_ERR_INVALID, "cf_text_corpus_tokens: NULL argument");
+cf_status cf_text_tok_files_tokens(const cf_text_tok_files *corpus, int64_t i,
+                                   cf_text_tokens *toks) {
+    if (!corpus || !toks) return cf_fail(CF_ERR_INVALID, "cf_text_tok_files_tokens: NULL argument");
     if (i < 0 || i >= corpus->n)
-        return cf_fail(CF_ERR_INVALID, "cf_text_corpus_tokens: text %lld of %lld", (long long)i,
+        return cf_fail(CF_ERR_INVALID, "cf_text_tok_files_tokens: text %lld of %lld", (long long)i,
                        (long long)corpus->n);
     bool reused;
     return file_tokens(corpus->paths[i], corpus->cache_dir, &corpus->tok, fingerprint(&corpus->tok),
