@@ -708,11 +708,10 @@ done:
 
 /* ---- images listed in a CSV ---------------------------------------------------------------- */
 
+/* The column named `name`, or without a name the column at `fallback`; -1 if none. */
 static int find_col(const cf_csv_table *t, const char *name, int fallback) {
     if (!name) return fallback < t->n_cols ? fallback : -1;
-    for (int c = 0; c < t->n_cols; c++)
-        if (strcmp(t->header[c], name) == 0) return c;
-    return -1;
+    return cf_csv_column(t, name);
 }
 
 /* 1 for a true value, 0 for false, -1 for anything else. */

@@ -52,6 +52,35 @@ void cf_model_info_free(cf_model_info *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* The model info's copy of a tabular state (statistics as float, as the file stores them). */
+static cf_status info_from_tabular_state(const cf_tabular_state *s, cf_model_info *m) {
+    m->n_cat = s->n_cat;
+    m->n_cont = s->n_cont;
+    m->regression = s->regression;
+    m->feature_names = strv_dup(s->feature_names, s->n_cat + s->n_cont);
+    m->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
+    m->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
+    m->flag_of = cf_calloc((size_t)m->n_cat + 1, sizeof(char *));
+    m->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+    m->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+    m->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
+    if (!m->feature_names || !m->cat_vocab || !m->cat_cardinality || !m->flag_of || !m->cont_mean ||
+        !m->cont_std || !m->cont_fill)
+        return CF_ERR_NOMEM;
+    for (int i = 0; i < m->n_cat; i++) {
+        m->cat_cardinality[i] = s->cat_cardinality[i];
+        if (!(m->cat_vocab[i] = strv_dup(s->cat_vocab[i], s->cat_cardinality[i])) ||
+            (s->flag_of[i] && !(m->flag_of[i] = cf_strdup(s->flag_of[i]))))
+            return CF_ERR_NOMEM;
+    }
+    for (int j = 0; j < m->n_cont; j++) {
+        m->cont_mean[j] = (float)s->cont_mean[j];
+        m->cont_std[j] = (float)s->cont_std[j];
+        m->cont_fill[j] = (float)s->cont_fill[j];
+    }
+    return CF_OK;
+}
+
 /* "idx" for a data set read from IDX files (its source names them), else "images". */
 static const char *image_input(const cf_dataset *ds) {
     return ds->source && strstr(ds->source, "-idx") ? "idx" : "images";
@@ -97,40 +126,12 @@ static cf_status learner_info(const cf_learner *learn, cf_model_info *m) {
         }
         if (!m->vocab) return CF_ERR_NOMEM;
     }
-    if (ds->sample_shape.ndim == 1 && ds->feature_names) {
-        m->n_cat = ds->n_cat;
-        m->n_cont = ds->n_cont;
-        m->regression = ds->n_classes == 0;
-        int nf = m->n_cat + m->n_cont;
-        m->feature_names = strv_dup(ds->feature_names, nf);
-        m->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
-        m->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
-        m->flag_of = cf_calloc((size_t)m->n_cat + 1, sizeof(char *));
-        m->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-        m->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-        m->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-        if (!m->feature_names || !m->cat_vocab || !m->cat_cardinality || !m->flag_of ||
-            !m->cont_mean || !m->cont_std || !m->cont_fill)
-            return CF_ERR_NOMEM;
-        for (int i = 0; i < m->n_cat; i++) {
-            m->cat_cardinality[i] = ds->cat_cardinality[i];
-            if (!(m->cat_vocab[i] = strv_dup(ds->cat_vocab[i], ds->cat_cardinality[i])))
-                return CF_ERR_NOMEM;
-            /* FillMissing's flags are named "<cont>_na" after a continuous column */
-            const char *nm = ds->feature_names[i];
-            size_t len = strlen(nm);
-            for (int j = 0; j < m->n_cont && len > 3 && !strcmp(nm + len - 3, "_na"); j++) {
-                const char *cn = ds->feature_names[m->n_cat + j];
-                if (strlen(cn) == len - 3 && !strncmp(cn, nm, len - 3) &&
-                    !(m->flag_of[i] = cf_strdup(cn)))
-                    return CF_ERR_NOMEM;
-            }
-        }
-        for (int j = 0; j < m->n_cont; j++) {
-            m->cont_mean[j] = ds->cont_mean[j];
-            m->cont_std[j] = ds->cont_std[j];
-            m->cont_fill[j] = ds->cont_fill[j];
-        }
+    if (tabular) {
+        cf_tabular_state tab;
+        cf_status st = cf_tabular_state_load(ds, &tab);
+        if (st == CF_OK) st = info_from_tabular_state(&tab, m);
+        cf_tabular_state_free(&tab);
+        if (st) return st;
     }
     return CF_OK;
 }
@@ -536,172 +537,54 @@ cf_status cf_model_info_read(const char *path, cf_model_info *m) {
 
 /* ---- tabular rows -------------------------------------------------------------------------- */
 
-static const char *trim(const char *s, char *buf, size_t size) {
-    while (*s == ' ' || *s == '\t') s++;
-    size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
-    if (n >= size) n = size - 1;
-    memcpy(buf, s, n);
-    buf[n] = '\0';
-    return buf;
-}
-
-static bool parse_number(const char *s, double *v) {
-    if (!*s) return false;
-    char *end;
-    double d = strtod(s, &end);
-    if (end == s || *end || !isfinite(d)) return false;
-    *v = d;
-    return true;
-}
-
-/* Code of s in a vocabulary ([0] = "#na#"): as Categorify, numeric vocabularies match by value. */
-static int vocab_code(char *const *voc, int card, const char *raw) {
-    if (cf_csv_is_missing(raw)) return 0;
-    char tb[4096], vb[4096];
-    double x, y;
-    bool numeric = card > 1;
-    for (int i = 1; i < card && numeric; i++)
-        numeric = parse_number(trim(voc[i], vb, sizeof vb), &y);
-    if (numeric) {
-        if (!parse_number(trim(raw, tb, sizeof tb), &x)) return 0;
-        for (int i = 1; i < card; i++)
-            if (parse_number(trim(voc[i], vb, sizeof vb), &y) && x == y) return i;
-        return 0;
+/* The tabular state an exported model's info carries. */
+static cf_status tabular_state_of_info(const cf_model_info *m, cf_tabular_state *s) {
+    cf_status st = cf_tabular_state_alloc(s, m->n_cat, m->n_cont);
+    if (st) return st;
+    s->regression = m->regression;
+    bool ok = (s->y_name = cf_strdup(m->target ? m->target : "")) != NULL;
+    for (int i = 0; ok && i < m->n_cat + m->n_cont; i++)
+        ok = (s->feature_names[i] = cf_strdup(m->feature_names[i])) != NULL;
+    for (int i = 0; ok && i < m->n_cat; i++) {
+        s->cat_cardinality[i] = m->cat_cardinality[i];
+        ok = (s->cat_vocab[i] = strv_dup(m->cat_vocab[i], m->cat_cardinality[i])) &&
+             (!m->flag_of[i] || (s->flag_of[i] = cf_strdup(m->flag_of[i])));
     }
-    for (int i = 1; i < card; i++)
-        if (strcmp(voc[i], raw) == 0) return i;
-    return 0;
+    for (int j = 0; j < m->n_cont; j++) {
+        s->cont_mean[j] = m->cont_mean[j];
+        s->cont_std[j] = m->cont_std[j];
+        s->cont_fill[j] = m->cont_fill[j];
+    }
+    if (ok && !m->regression && m->n_vocab > 0) {
+        s->n_classes = m->n_vocab;
+        ok = (s->y_vocab = strv_dup(m->vocab, m->n_vocab)) != NULL;
+    }
+    if (!ok) {
+        cf_tabular_state_free(s);
+        return CF_ERR_NOMEM;
+    }
+    return CF_OK;
 }
 
-static int find_col(const cf_csv_table *t, const char *name) {
-    for (int c = 0; c < t->n_cols; c++)
-        if (strcmp(t->header[c], name) == 0) return c;
-    return -1;
+/* A classifier's file without class names still has n_out classes. */
+static void info_classes(const cf_model_info *m, cf_dataset *ds) {
+    if (!m->regression && ds->n_classes == 0) ds->n_classes = m->recipe.n_out;
 }
 
 cf_status cf_tabular_encode(const cf_model_info *m, const cf_csv_table *t, bool need_target,
                             cf_dataset **out, int64_t *n_unseen) {
     *out = NULL;
     if (n_unseen) *n_unseen = 0;
-    int64_t unseen = 0;
-    const char *src = t->source ? t->source : "CSV";
-    int nf = m->n_cat + m->n_cont;
-    int *col = cf_calloc((size_t)nf + 1, sizeof(int));
-    float *x = cf_calloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * (size_t)nf + 1, sizeof(float));
-    float *y = cf_calloc((size_t)(t->n_rows > 0 ? t->n_rows : 1), sizeof(float));
-    cf_status st = CF_OK;
-    if (!col || !x || !y) {
-        st = CF_ERR_NOMEM;
-        goto done;
-    }
-    if (t->n_rows == 0) {
-        st = cf_fail(CF_ERR_FORMAT, "%s has no rows", src);
-        goto done;
-    }
-    for (int i = 0; i < nf; i++) {
-        const char *name = i < m->n_cat && m->flag_of[i] ? m->flag_of[i] : m->feature_names[i];
-        if ((col[i] = find_col(t, name)) < 0) {
-            st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header (the model needs it)",
-                         src, name);
-            goto done;
-        }
-    }
-    int ycol = m->target ? find_col(t, m->target) : -1;
-    if (need_target && ycol < 0) {
-        st = cf_fail(CF_ERR_FORMAT, "%s: no target column '%s' in the header", src,
-                     m->target ? m->target : "");
-        goto done;
-    }
-    char tb[4096];
-    for (int64_t r = 0; r < t->n_rows; r++) {
-        char *const *cell = t->cells + r * t->n_cols;
-        float *row = x + r * nf;
-        for (int i = 0; i < m->n_cat; i++) {
-            const char *s = cell[col[i]];
-            if (m->flag_of[i]) /* FillMissing's flag: codes 1 (False) and 2 (True) */
-                row[i] =
-                    (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i],
-                                      cf_csv_is_missing(trim(s, tb, sizeof tb)) ? "True" : "False");
-            else if ((row[i] = (float)vocab_code(m->cat_vocab[i], m->cat_cardinality[i], s)) == 0 &&
-                     !cf_csv_is_missing(trim(s, tb, sizeof tb)))
-                unseen++; /* a value training never saw: #na#, as Categorify */
-        }
-        for (int j = 0; j < m->n_cont; j++) {
-            const char *s = trim(cell[col[m->n_cat + j]], tb, sizeof tb);
-            double v;
-            if (cf_csv_is_missing(s)) {
-                v = m->cont_fill[j];
-            } else if (!parse_number(s, &v)) {
-                st = cf_fail(CF_ERR_FORMAT,
-                             "%s: line %lld, continuous column '%s': '%s' is not a number", src,
-                             (long long)t->row_line[r], m->feature_names[m->n_cat + j], s);
-                goto done;
-            }
-            row[m->n_cat + j] = (float)((v - m->cont_mean[j]) / m->cont_std[j]);
-        }
-        if (ycol >= 0 && need_target) {
-            const char *s = cell[ycol];
-            if (cf_csv_is_missing(s)) {
-                st = cf_fail(CF_ERR_FORMAT, "%s: line %lld: the target '%s' is missing", src,
-                             (long long)t->row_line[r], m->target);
-                goto done;
-            }
-            if (m->regression) {
-                double v;
-                if (!parse_number(trim(s, tb, sizeof tb), &v)) {
-                    st = cf_fail(CF_ERR_FORMAT, "%s: line %lld, target '%s': '%s' is not a number",
-                                 src, (long long)t->row_line[r], m->target, s);
-                    goto done;
-                }
-                y[r] = (float)v;
-            } else {
-                int code = -1;
-                for (int k = 0; k < m->n_vocab && code < 0; k++)
-                    if (strcmp(m->vocab[k], s) == 0) code = k;
-                if (code < 0) { /* numeric class names match by value, as Categorify */
-                    double a, b;
-                    for (int k = 0; k < m->n_vocab && code < 0; k++)
-                        if (parse_number(trim(s, tb, sizeof tb), &a) &&
-                            parse_number(m->vocab[k], &b) && a == b)
-                            code = k;
-                }
-                if (code < 0) {
-                    st =
-                        cf_fail(CF_ERR_FORMAT,
-                                "%s: line %lld, target '%s': class '%s' is not one the model knows",
-                                src, (long long)t->row_line[r], m->target, s);
-                    goto done;
-                }
-                y[r] = (float)code;
-            }
-        }
-    }
-    cf_dataset *ds = NULL;
-    if ((st = cf_dataset_from_arrays(x, y, t->n_rows, cf_shape1(nf), 1,
-                                     m->regression ? 0 : m->recipe.n_out, &ds)))
-        goto done;
-    ds->n_cat = m->n_cat;
-    ds->n_cont = m->n_cont;
-    if (n_unseen) *n_unseen = unseen;
-    ds->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
-    if (!ds->cat_cardinality) {
-        cf_dataset_free(ds);
-        st = CF_ERR_NOMEM;
-        goto done;
-    }
-    memcpy(ds->cat_cardinality, m->cat_cardinality, (size_t)m->n_cat * sizeof(int));
-    if (m->vocab && !m->regression &&
-        (st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab))) {
-        cf_dataset_free(ds);
-        goto done;
-    }
-    *out = ds;
-done:
-    cf_free(col);
-    cf_free(x);
-    cf_free(y);
-    return st;
+    if (t->n_rows == 0)
+        return cf_fail(CF_ERR_FORMAT, "%s has no rows", t->source ? t->source : "CSV");
+    cf_tabular_state s;
+    cf_status st = tabular_state_of_info(m, &s);
+    if (st == CF_OK) st = cf_tabular_dataset(&s, t, NULL, t->n_rows, need_target, out);
+    cf_tabular_state_free(&s);
+    if (st) return st;
+    info_classes(m, *out);
+    if (n_unseen) *n_unseen = (*out)->n_unseen;
+    return CF_OK;
 }
 
 /* ---- load_learner -------------------------------------------------------------------------- */
@@ -755,36 +638,19 @@ static cf_status placeholder(const cf_model_info *m, cf_dataset **out) {
     size_t per = cf_shape_numel(&shape);
     float *x = cf_calloc(per, sizeof(float)), y = 0;
     if (!x) return CF_ERR_NOMEM;
-    int n_classes = m->regression || m->n_vocab == 0 ? 0 : m->recipe.n_out;
+    /* a tabular set takes its classes with the rest of its state */
+    int n_classes = tabular || m->regression || m->n_vocab == 0 ? 0 : m->recipe.n_out;
     cf_status st = cf_dataset_from_arrays(x, &y, 1, shape, 1, n_classes, out);
     cf_free(x);
     if (st) return st;
     cf_dataset *ds = *out;
-    if (m->n_vocab && n_classes == m->n_vocab)
+    if (n_classes && n_classes == m->n_vocab)
         st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
     if (st == CF_OK && tabular) {
-        int nf = m->n_cat + m->n_cont;
-        ds->n_cat = m->n_cat;
-        ds->n_cont = m->n_cont;
-        ds->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
-        ds->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
-        ds->feature_names = strv_dup(m->feature_names, nf);
-        ds->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-        ds->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-        ds->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-        ds->y_name = cf_strdup(m->target ? m->target : "");
-        if (!ds->cat_cardinality || !ds->cat_vocab || !ds->feature_names || !ds->cont_mean ||
-            !ds->cont_std || !ds->cont_fill || !ds->y_name)
-            st = CF_ERR_NOMEM;
-        for (int i = 0; st == CF_OK && i < m->n_cat; i++) {
-            ds->cat_cardinality[i] = m->cat_cardinality[i];
-            if (!(ds->cat_vocab[i] = strv_dup(m->cat_vocab[i], m->cat_cardinality[i])))
-                st = CF_ERR_NOMEM;
-        }
-        for (int j = 0; st == CF_OK && j < m->n_cont; j++) {
-            ds->cont_mean[j] = m->cont_mean[j];
-            ds->cont_std[j] = m->cont_std[j];
-            ds->cont_fill[j] = m->cont_fill[j];
+        cf_tabular_state s;
+        if ((st = tabular_state_of_info(m, &s)) == CF_OK) {
+            st = cf_tabular_state_save(&s, ds);
+            cf_tabular_state_free(&s);
         }
     }
     if (st) {
