@@ -5,9 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Image files larger than this are refused before reading (as the up-front reader). */
-#define CF_IMAGE_MAX_FILE ((int64_t)1 << 28)
-
 void cf__image_files_free(struct cf_image_files *f) {
     if (!f) return;
     if (f->paths)
