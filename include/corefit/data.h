@@ -48,6 +48,9 @@ typedef struct cf_dataset {
      * decode each sample from its file when a batch needs it; y, the vocabulary and
      * sample_shape are as for an in-memory set. NULL for in-memory sets. */
     struct cf_image_files *files;
+    /* Where the samples come from when they are not in x (get, subset, free; streamed image
+     * files are one such source); NULL for in-memory sets. Internal to the data layer. */
+    const struct cf_sample_ops *samples;
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */

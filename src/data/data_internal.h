@@ -4,6 +4,24 @@
 
 #include "corefit/data.h"
 
+/* A source of samples that are not held in ds->x: dataset.c calls these instead of asking how
+ * the samples are stored. */
+typedef struct cf_sample_ops {
+    /* Sample i as a loader would make it for `epoch` (plain: as a validation sample, no random
+     * item transform) into out. With skip_bad, a source that leaves bad samples out marks the
+     * sample bad and sets *skipped instead of failing (skipped may be NULL: then it fails). */
+    cf_status (*get)(const cf_dataset *ds, int64_t i, int epoch, bool plain, float *out,
+                     bool *skipped);
+    /* A new data set of the samples idx[0..n) (the source's samples and y; the caller copies
+     * the metadata). */
+    cf_status (*subset)(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out);
+    /* Frees what the source holds in ds. */
+    void (*free)(cf_dataset *ds);
+} cf_sample_ops;
+
+/* Streamed image files (stream.c). */
+extern const cf_sample_ops cf__image_files_samples;
+
 /* A dataset with room for n samples of `shape` and target_dim targets (x, y zeroed), or NULL
  * with the error set (sizes are checked for overflow and against a sanity cap). */
 cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim);
