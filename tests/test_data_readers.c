@@ -241,6 +241,83 @@ static void test_csv_table(void **state) {
     cf_csv_table_free(t);
 }
 
+/* One processor: the training sets are cf_tabular_fit + cf_tabular_apply; the state a data set
+ * carries (as a model file does) reads back and encodes new rows as training did, numeric
+ * categories matched as in training (a number written otherwise is a category of its own). */
+static void test_tabular_state(void **state) {
+    (void)state;
+    const char *text = "k,v,y\n"
+                       "1,0.5,a\n"
+                       "2, 1.5 ,b\n"
+                       "10,NA,a\n"
+                       "2,2.5,b\n"
+                       "1,,a\n"
+                       "3,4,b\n";
+    cf_csv_table *t;
+    assert_int_equal(cf_csv_parse_buffer(text, strlen(text), "st", ',', &t), CF_OK);
+    assert_int_equal(cf_csv_column(t, "v"), 1);
+    assert_int_equal(cf_csv_column(t, "missing"), -1);
+    const char *cats[] = {"k"}, *conts[] = {"v"};
+    int64_t vrows[] = {5};
+    cf_tabular_options o = {.cat_names = cats,
+                            .n_cat = 1,
+                            .cont_names = conts,
+                            .n_cont = 1,
+                            .y_name = "y",
+                            .valid_idx = vrows,
+                            .n_valid_idx = 1};
+    cf_dataset *tr, *va;
+    assert_int_equal(cf_tabular_from_table(t, &o, &tr, &va), CF_OK);
+    int64_t rows[] = {0, 1, 2, 3, 4};
+    cf_tabular_state fit;
+    assert_int_equal(cf_tabular_fit(t, &o, rows, 5, &fit), CF_OK);
+    assert_int_equal(fit.n_cat, 2); /* k, v_na */
+    assert_string_equal(fit.flag_of[1], "v");
+    assert_null(fit.flag_of[0]);
+    assert_string_equal(fit.cat_vocab[0][3], "10"); /* sorted by value: 1, 2, 10 */
+    float x[5 * 3], y[5];
+    int64_t unseen = -1;
+    assert_int_equal(cf_tabular_apply(&fit, t, rows, 5, true, x, y, &unseen), CF_OK);
+    assert_int_equal(unseen, 0);
+    assert_memory_equal(x, tr->x, sizeof x);
+    assert_memory_equal(y, tr->y, sizeof y);
+    assert_true(x[2 * 3 + 1] == 2.0f && x[0 * 3 + 1] == 1.0f); /* NA flagged True, else False */
+    /* the state a data set carries, as an exported model: the same codes, values within float
+     * rounding of the statistics */
+    cf_tabular_state back;
+    assert_int_equal(cf_tabular_state_load(tr, &back), CF_OK);
+    assert_string_equal(back.flag_of[1], "v");
+    assert_string_equal(back.y_vocab[1], "b");
+    const char *fresh = "y,v,k\n"
+                        "b,7,2\n"
+                        "a,,2.0\n"
+                        "a,1,4\n";
+    cf_csv_table *u;
+    assert_int_equal(cf_csv_parse_buffer(fresh, strlen(fresh), "fresh", ',', &u), CF_OK);
+    cf_dataset *enc;
+    assert_int_equal(cf_tabular_dataset(&back, u, NULL, 3, true, &enc), CF_OK);
+    assert_int_equal(enc->n_unseen, 2); /* "2.0" is not the category "2"; 4 was never seen */
+    assert_true(enc->x[0] == 2.0f && enc->x[3] == 0.0f && enc->x[6] == 0.0f);
+    assert_true(enc->x[1] == 1.0f && enc->x[4] == 2.0f);
+    double want = (7 - fit.cont_mean[0]) / fit.cont_std[0];
+    assert_true(fabs(enc->x[2] - want) < 1e-5);
+    assert_true(enc->y[0] == 1.0f && enc->y[1] == 0.0f);
+    cf_dataset_free(enc);
+    /* bad cells are named with their line */
+    const char *bad = "y,v,k\nb,x1,2\n";
+    cf_csv_table *w;
+    assert_int_equal(cf_csv_parse_buffer(bad, strlen(bad), "bad", ',', &w), CF_OK);
+    assert_int_equal(cf_tabular_dataset(&back, w, NULL, 1, false, &enc), CF_ERR_FORMAT);
+    assert_non_null(strstr(cf_last_error(), "bad: line 2, continuous column 'v': 'x1'"));
+    cf_csv_table_free(w);
+    cf_tabular_state_free(&back);
+    cf_tabular_state_free(&fit);
+    cf_csv_table_free(u);
+    cf_csv_table_free(t);
+    cf_dataset_free(tr);
+    cf_dataset_free(va);
+}
+
 static void test_tabular_against_numpy(void **state) {
     (void)state;
     write_bytes(at("fx.csv"), fixture, strlen(fixture), false);
@@ -582,13 +659,11 @@ static void test_image_folder_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_idx),
-        cmocka_unit_test(test_csv_table),
-        cmocka_unit_test(test_tabular_against_numpy),
+        cmocka_unit_test(test_idx),           cmocka_unit_test(test_csv_table),
+        cmocka_unit_test(test_tabular_state), cmocka_unit_test(test_tabular_against_numpy),
         cmocka_unit_test(test_csv_bad_input),
 #ifdef CF_HAVE_STB
-        cmocka_unit_test(test_image_folder),
-        cmocka_unit_test(test_image_folder_bad_input),
+        cmocka_unit_test(test_image_folder),  cmocka_unit_test(test_image_folder_bad_input),
 #endif
     };
     return cmocka_run_group_tests(tests, setup, teardown);

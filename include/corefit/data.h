@@ -50,6 +50,9 @@ typedef struct cf_dataset {
      * decode each sample from its file when a batch needs it; y, the vocabulary and
      * sample_shape are as for an in-memory set. NULL for in-memory sets. */
     struct cf_image_files *files;
+    /* Where the samples come from when they are not in x (get, subset, free; streamed image
+     * files are one such source); NULL for in-memory sets. Internal to the data layer. */
+    const struct cf_sample_ops *samples;
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */
@@ -210,12 +213,17 @@ typedef struct cf_csv_table {
 
 /* Parses CSV text; rows with a different field count than the header are refused with the line
  * number. A final empty line is ignored. */
-/* True for the strings pandas reads as missing ("", "NA", "NaN", "null", "#N/A", ...). */
-bool cf_csv_is_missing(const char *s);
 cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, char delimiter,
                               cf_csv_table **out);
 cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out);
 void cf_csv_table_free(cf_csv_table *table);
+/* The index of the first column named `name` (exactly), or -1. */
+int cf_csv_column(const cf_csv_table *table, const char *name);
+
+/* ---- tabular processing (src/data/tabular.c) ------------------------------------------------ */
+
+/* True for the strings pandas reads as missing ("", "NA", "NaN", "null", "#N/A", ...). */
+bool cf_csv_is_missing(const char *s);
 
 /* fastai's TabularPandas with procs [Categorify, FillMissing, Normalize]:
  * - categorical columns get a sorted vocabulary of the training values (numerically sorted when
@@ -243,6 +251,47 @@ typedef struct cf_tabular_options {
     int64_t n_valid_idx;
 } cf_tabular_options;
 
+/* What the procs learn from a training set, and all that encoding a row needs: the training
+ * sets, an exported model (cf_model_info) and its inputs at inference use the same state and the
+ * same encoder (cf_tabular_apply). */
+typedef struct cf_tabular_state {
+    int n_cat, n_cont;    /* n_cat counts the `<name>_na` flags too */
+    char **feature_names; /* n_cat + n_cont: categorical (flags after the caller's), continuous */
+    char ***cat_vocab;    /* per categorical feature, cat_cardinality[i] names; [0] = "#na#" */
+    int *cat_cardinality;
+    char **flag_of; /* per categorical feature: the continuous column a flag marks, or NULL */
+    double *cont_mean, *cont_std, *cont_fill; /* Normalize's mean, std; FillMissing's median */
+    char *y_name;                             /* the target column */
+    bool regression;
+    char **y_vocab; /* n_classes class names (sorted as Categorize), classifiers only */
+    int n_classes;
+} cf_tabular_state;
+
+/* A state of n_cat categorical and n_cont continuous features with every array allocated and
+ * zeroed (for readers that fill one in); free with cf_tabular_state_free. */
+cf_status cf_tabular_state_alloc(cf_tabular_state *state, int n_cat, int n_cont);
+void cf_tabular_state_free(cf_tabular_state *state);
+/* Fits the procs on the rows rows[0..n) of the table (the training set); every continuous cell
+ * of the whole table must be a number or missing (the error names the first that is not). */
+cf_status cf_tabular_fit(const cf_csv_table *table, const cf_tabular_options *opt,
+                         const int64_t *rows, int64_t n, cf_tabular_state *out);
+/* Encodes rows rows[0..n) of the table (rows NULL: the first n) with the state: x receives n *
+ * (n_cat + n_cont) features, y (with need_target) n targets. Columns are found by name;
+ * missing and unseen categories get code 0, *n_unseen (may be NULL) how many were unseen. */
+cf_status cf_tabular_apply(const cf_tabular_state *state, const cf_csv_table *table,
+                           const int64_t *rows, int64_t n, bool need_target, float *x, float *y,
+                           int64_t *n_unseen);
+/* A new data set of those rows encoded (cf_tabular_apply) and carrying the state
+ * (cf_tabular_state_save); ds->n_unseen counts the unseen categories. */
+cf_status cf_tabular_dataset(const cf_tabular_state *state, const cf_csv_table *table,
+                             const int64_t *rows, int64_t n, bool need_target, cf_dataset **out);
+/* Saves the state into a data set's tabular fields (feature names, vocabularies, statistics as
+ * float, target name, classes), which must be empty; cf_tabular_state_load reads it back (a
+ * flag is a categorical feature named after a continuous one with "_na"). */
+cf_status cf_tabular_state_save(const cf_tabular_state *state, cf_dataset *ds);
+cf_status cf_tabular_state_load(const cf_dataset *ds, cf_tabular_state *out);
+
+/* TabularPandas: splits the rows, fits the procs on the training rows and encodes both sets. */
 cf_status cf_tabular_from_table(const cf_csv_table *table, const cf_tabular_options *opt,
                                 cf_dataset **train, cf_dataset **valid);
 cf_status cf_tabular_from_csv(const char *path, const cf_tabular_options *opt, cf_dataset **train,

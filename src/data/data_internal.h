@@ -4,6 +4,24 @@
 
 #include "corefit/data.h"
 
+/* A source of samples that are not held in ds->x: dataset.c calls these instead of asking how
+ * the samples are stored. */
+typedef struct cf_sample_ops {
+    /* Sample i as a loader would make it for `epoch` (plain: as a validation sample, no random
+     * item transform) into out. With skip_bad, a source that leaves bad samples out marks the
+     * sample bad and sets *skipped instead of failing (skipped may be NULL: then it fails). */
+    cf_status (*get)(const cf_dataset *ds, int64_t i, int epoch, bool plain, float *out,
+                     bool *skipped);
+    /* A new data set of the samples idx[0..n) (the source's samples and y; the caller copies
+     * the metadata). */
+    cf_status (*subset)(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out);
+    /* Frees what the source holds in ds. */
+    void (*free)(cf_dataset *ds);
+} cf_sample_ops;
+
+/* Streamed image files (stream.c). */
+extern const cf_sample_ops cf__image_files_samples;
+
 /* A dataset with room for n samples of `shape` and target_dim targets (x, y zeroed), or NULL
  * with the error set (sizes are checked for overflow and against a sanity cap). */
 cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim);
@@ -22,6 +40,39 @@ int cf__resize_uint8(const unsigned char *in, int in_w, int in_h, int in_stride,
                      int out_w, int out_h, int out_stride, int channels);
 int cf__resize_float_triangle(const float *in, int in_w, int in_h, int in_stride, float *out,
                               int out_w, int out_h, int out_stride);
+
+/* ---- image files (image_decode.c, image_list.c) --------------------------------------------- */
+
+/* Image files larger than this are refused before reading. */
+#define CF_IMAGE_MAX_FILE ((int64_t)1 << 28)
+
+/* The size of an encoded image without decoding it (left as it is without stb_image); an error
+ * naming the file when it is not an image corefit reads or has more pixels than it takes. */
+cf_status cf__image_size(const void *data, size_t n, const char *name, int *w, int *h);
+
+/* Labelled image files, in the order they were found. */
+typedef struct cf__image_item {
+    char *path;
+    int label;
+} cf__image_item;
+typedef struct cf__image_items {
+    cf__image_item *v;
+    int64_t n, cap;
+} cf__image_items;
+void cf__image_items_free(cf__image_items *items);
+/* qsort comparison of char * (strcmp order). */
+int cf__cmp_str(const void *a, const void *b);
+cf_status cf__image_items_push(cf__image_items *items, const char *path, int label);
+/* buf = a "/" b; an error naming both when it does not fit. */
+cf_status cf__path_join(char *buf, size_t size, const char *a, const char *b);
+/* The items as a new data set (source names it in messages) of channels x size x size images
+ * (size 0: the common size, *w x *h, taken from the first image when 0), or of tfm's size; the
+ * set is streamed or decoded up front as o->load says. train: the training set (random item
+ * transforms). */
+cf_status cf__image_items_build(const cf__image_items *items, int channels, int size, int *w,
+                                int *h, char **vocab, int n_vocab, const char *source,
+                                const cf_item_tfm *tfm, bool train,
+                                const cf_image_folder_options *o, cf_dataset **out);
 
 /* ---- streamed image sets (stream.c) --------------------------------------------------------- */
 

@@ -82,7 +82,7 @@ void cf_dataset_free(cf_dataset *ds) {
     if (!ds) return;
     cf_free(ds->x);
     cf_free(ds->y);
-    cf__image_files_free(ds->files);
+    if (ds->samples) ds->samples->free(ds);
     cf__strv_free(ds->vocab, ds->n_classes);
     if (ds->cat_vocab) {
         for (int i = 0; i < ds->n_cat; i++)
@@ -187,6 +187,19 @@ cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src) {
     return CF_OK;
 }
 
+/* The samples idx[0..n) as a new set: from the set's source, or copied from x. */
+static cf_status samples_subset(const cf_dataset *ds, const int64_t *idx, int64_t n,
+                                cf_dataset **out) {
+    if (ds->samples) return ds->samples->subset(ds, idx, n, out);
+    cf_dataset *sub = cf__dataset_alloc(n, ds->sample_shape, ds->target_dim);
+    if (!sub) return CF_ERR_NOMEM;
+    size_t per = cf_shape_numel(&ds->sample_shape);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(sub->x + (size_t)i * per, ds->x + (size_t)idx[i] * per, per * sizeof(float));
+    *out = sub;
+    return CF_OK;
+}
+
 cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataset_subset: out is NULL");
     *out = NULL;
@@ -197,35 +210,16 @@ cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n,
             return cf_fail(CF_ERR_INVALID,
                            "cf_dataset_subset: index %lld is %lld, outside [0, %lld)", (long long)i,
                            (long long)idx[i], (long long)ds->n);
-    if (ds->files) { /* a streamed set: the subset of its files */
-        cf_dataset *sub = cf_calloc(1, sizeof *sub);
-        if (!sub) return CF_ERR_NOMEM;
-        sub->n = n;
-        sub->sample_shape = ds->sample_shape;
-        sub->target_dim = ds->target_dim;
-        sub->y = cf_calloc((size_t)(n > 0 ? n : 1) * (size_t)ds->target_dim, sizeof(float));
-        sub->files = cf__image_files_subset(ds->files, idx, n);
-        if (!sub->y || !sub->files || cf__dataset_copy_meta(sub, ds) != CF_OK) {
-            cf_dataset_free(sub);
-            return cf_fail(CF_ERR_NOMEM, "cf_dataset_subset: out of memory");
-        }
-        for (int64_t i = 0; i < n; i++)
-            memcpy(sub->y + (size_t)i * ds->target_dim, ds->y + (size_t)idx[i] * ds->target_dim,
-                   (size_t)ds->target_dim * sizeof(float));
-        *out = sub;
-        return CF_OK;
-    }
-    cf_dataset *sub = cf__dataset_alloc(n, ds->sample_shape, ds->target_dim);
-    if (!sub) return CF_ERR_NOMEM;
+    cf_dataset *sub = NULL;
+    cf_status st = samples_subset(ds, idx, n, &sub);
+    if (st) return st;
     if (cf__dataset_copy_meta(sub, ds) != CF_OK) {
         cf_dataset_free(sub);
         return cf_fail(CF_ERR_NOMEM, "cf_dataset_subset: out of memory");
     }
-    size_t per = cf_shape_numel(&ds->sample_shape), td = (size_t)ds->target_dim;
-    for (int64_t i = 0; i < n; i++) {
-        memcpy(sub->x + (size_t)i * per, ds->x + (size_t)idx[i] * per, per * sizeof(float));
+    size_t td = (size_t)ds->target_dim;
+    for (int64_t i = 0; i < n; i++)
         memcpy(sub->y + (size_t)i * td, ds->y + (size_t)idx[i] * td, td * sizeof(float));
-    }
     *out = sub;
     return CF_OK;
 }
@@ -236,24 +230,20 @@ cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std
                        "cf_dataset_channel_stats: needs an image dataset (C, H, W) with C <= 4");
     int c = ds->sample_shape.dim[0];
     size_t hw = (size_t)ds->sample_shape.dim[1] * (size_t)ds->sample_shape.dim[2];
-    if (ds->files && ds->n > 0) {
-        /* A streamed set: a sample of its images decoded one at a time (memory for one image);
-         * sums in double around 0.5 (pixels lie in [0, 1]), so nothing cancels badly. */
+    if (ds->samples && ds->n > 0) {
+        /* Samples from a source (a streamed set): some of them decoded one at a time (memory for
+         * one image); sums in double around 0.5 (pixels lie in [0, 1]), so nothing cancels badly.
+         */
         int64_t k = ds->n < 256 ? ds->n : 256;
-        struct cf_image_files probe = *ds->files;
-        probe.train = false; /* validation's deterministic item transform */
         float *x = cf_malloc((size_t)c * hw * sizeof(float));
         if (!x) return cf_fail_context(CF_ERR_NOMEM, "cf_dataset_channel_stats");
         double s1[4] = {0}, s2[4] = {0}, count = 0;
         cf_status st = CF_OK;
         for (int64_t i = 0; i < k && !st; i++) {
             int64_t j = i * ds->n / k;
-            st = cf__image_files_decode(&probe, j, 0, x);
-            if (st && ds->files->skip_bad) { /* bad files are passed over when the set skips them */
-                cf__image_files_mark_bad(ds->files, j);
-                st = CF_OK;
-                continue;
-            }
+            bool skipped = false;
+            st = ds->samples->get(ds, j, 0, true, x, &skipped);
+            if (skipped) continue;
             for (int ch = 0; ch < c && !st; ch++)
                 for (size_t p = 0; p < hw; p++) {
                     double d = x[(size_t)ch * hw + p] - 0.5;
@@ -336,5 +326,16 @@ cf_status cf_random_split(int64_t n, double valid_pct, uint64_t seed, int64_t **
     *valid_idx = va;
     *n_train = n - cut;
     *n_valid = cut;
+    return CF_OK;
+}
+
+cf_status cf_dataset_get(const cf_dataset *ds, int64_t i, int epoch, float *out) {
+    if (!ds || !out || i < 0 || i >= ds->n)
+        return cf_fail(CF_ERR_INVALID, "cf_dataset_get: sample %lld of %lld", (long long)i,
+                       ds ? (long long)ds->n : 0LL);
+    if (ds->samples) return ds->samples->get(ds, i, epoch, false, out, NULL);
+    if (!ds->x) return cf_fail(CF_ERR_STATE, "cf_dataset_get: the dataset holds no samples");
+    size_t per = cf_shape_numel(&ds->sample_shape);
+    memcpy(out, ds->x + (size_t)i * per, per * sizeof(float));
     return CF_OK;
 }

@@ -5,9 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Image files larger than this are refused before reading (as the up-front reader). */
-#define CF_IMAGE_MAX_FILE ((int64_t)1 << 28)
-
 void cf__image_files_free(struct cf_image_files *f) {
     if (!f) return;
     if (f->paths)
@@ -69,6 +66,7 @@ cf_dataset *cf__dataset_stream_new(int64_t n, const char *const *paths, const in
     ds->target_dim = 1;
     ds->y = cf_calloc((size_t)(n > 0 ? n : 1), sizeof(float));
     ds->files = files_alloc(n, proto);
+    ds->samples = &cf__image_files_samples;
     bool ok = ds->y && ds->files && cf__dataset_set_source(ds, "");
     for (int64_t i = 0; ok && i < n; i++) {
         ok = (ds->files->paths[i] = cf_strdup(paths[i])) != NULL;
@@ -118,13 +116,43 @@ const char *cf_dataset_file(const cf_dataset *ds, int64_t i) {
     return ds->files->paths[i];
 }
 
-cf_status cf_dataset_get(const cf_dataset *ds, int64_t i, int epoch, float *out) {
-    if (!ds || !out || i < 0 || i >= ds->n)
-        return cf_fail(CF_ERR_INVALID, "cf_dataset_get: sample %lld of %lld", (long long)i,
-                       ds ? (long long)ds->n : 0LL);
-    size_t per = cf_shape_numel(&ds->sample_shape);
-    if (ds->files) return cf__image_files_decode(ds->files, i, epoch, out);
-    if (!ds->x) return cf_fail(CF_ERR_STATE, "cf_dataset_get: the dataset holds no samples");
-    memcpy(out, ds->x + (size_t)i * per, per * sizeof(float));
+/* ---- the sample source ---------------------------------------------------------------------- */
+
+static cf_status files_get(const cf_dataset *ds, int64_t i, int epoch, bool plain, float *out,
+                           bool *skipped) {
+    struct cf_image_files probe = *ds->files;
+    if (plain) probe.train = false; /* validation's deterministic item transform */
+    cf_status st = cf__image_files_decode(&probe, i, epoch, out);
+    if (st && skipped &&
+        ds->files->skip_bad) { /* bad files are passed over when the set skips them */
+        cf__image_files_mark_bad(ds->files, i);
+        *skipped = true;
+        return CF_OK;
+    }
+    return st;
+}
+
+static cf_status files_subset(const cf_dataset *ds, const int64_t *idx, int64_t n,
+                              cf_dataset **out) {
+    cf_dataset *sub = cf_calloc(1, sizeof *sub);
+    if (!sub) return cf_fail(CF_ERR_NOMEM, "cf_dataset_subset: out of memory");
+    sub->n = n;
+    sub->sample_shape = ds->sample_shape;
+    sub->target_dim = ds->target_dim;
+    sub->samples = ds->samples;
+    sub->y = cf_calloc((size_t)(n > 0 ? n : 1) * (size_t)ds->target_dim, sizeof(float));
+    sub->files = cf__image_files_subset(ds->files, idx, n);
+    if (!sub->y || !sub->files) {
+        cf_dataset_free(sub);
+        return cf_fail(CF_ERR_NOMEM, "cf_dataset_subset: out of memory");
+    }
+    *out = sub;
     return CF_OK;
 }
+
+static void files_free(cf_dataset *ds) {
+    cf__image_files_free(ds->files);
+    ds->files = NULL;
+}
+
+const cf_sample_ops cf__image_files_samples = {files_get, files_subset, files_free};

@@ -97,4 +97,9 @@ bool cf__reader_fail(cf__reader *r, const char *fmt, ...) __attribute__((format(
 /* Fails the reader unless every byte was read. */
 bool cf__get_end(cf__reader *r);
 
+/* ---- exported models (model_info.c) -------------------------------------------------------- */
+
+/* The tabular state an exported model's info carries (copied; free with cf_tabular_state_free). */
+cf_status cf__tabular_state_of_info(const cf_model_info *info, cf_tabular_state *state);
+
 #endif

@@ -1,0 +1,165 @@
+/* fastai's ImageDataLoaders.from_csv: images listed in a CSV, one a row, with their labels and
+ * an optional column marking the validation rows. */
+#include "data_internal.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The column named `name`, or without a name the column at `fallback`; -1 if none. */
+static int find_col(const cf_csv_table *t, const char *name, int fallback) {
+    if (!name) return fallback < t->n_cols ? fallback : -1;
+    return cf_csv_column(t, name);
+}
+
+/* 1 for a true value, 0 for false, -1 for anything else. */
+static int parse_bool(const char *v) {
+    static const char *const yes[] = {"1", "true", "True", "TRUE"};
+    static const char *const no[] = {"0", "false", "False", "FALSE"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcmp(v, yes[i]) == 0) return 1;
+        if (strcmp(v, no[i]) == 0) return 0;
+    }
+    return -1;
+}
+
+cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, const char *fn_col,
+                                     const char *label_col, const char *valid_col,
+                                     const cf_image_folder_options *opt, cf_dataset **train,
+                                     cf_dataset **valid) {
+    if (!train || !valid || !csv_path)
+        return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_csv: NULL argument");
+    *train = *valid = NULL;
+    cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
+    if (o.channels == 0) o.channels = 3;
+    if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
+        !(o.valid_pct >= 0 && o.valid_pct < 1) || o.load < CF_IMAGE_LOAD_AUTO ||
+        o.load > CF_IMAGE_LOAD_STREAM || o.decode_threads < 0 || o.decode_threads > 1024)
+        return cf_fail(CF_ERR_INVALID,
+                       "%s: image options: channels %d (1 or 3), size %d, valid_pct %g, load %d, "
+                       "decode_threads %d",
+                       csv_path, o.channels, o.size, o.valid_pct, (int)o.load, o.decode_threads);
+    cf_csv_table *t = NULL;
+    cf_status st = cf_csv_read(csv_path, ',', &t);
+    if (st) return st;
+    int fc = find_col(t, fn_col, 0), lc = find_col(t, label_col, 1);
+    int vc = valid_col ? find_col(t, valid_col, -1) : -1;
+    char base[PATH_MAX], path[PATH_MAX];
+    char **vocab = NULL;
+    int n_vocab = 0, w = 0, h = 0;
+    cf__image_items tr = {0}, va = {0};
+    int64_t *ti = NULL, *vi = NULL, nt = 0, nv = 0;
+    int8_t *is_valid = NULL;
+    if (fc < 0 || lc < 0 || (valid_col && vc < 0)) {
+        st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header", csv_path,
+                     fc < 0   ? (fn_col ? fn_col : "(first)")
+                     : lc < 0 ? (label_col ? label_col : "(second)")
+                              : valid_col);
+        goto done;
+    }
+    /* The folder the names are relative to. */
+    {
+        const char *slash = strrchr(csv_path, '/');
+        int dir_len = slash ? (int)(slash - csv_path) : 1;
+        const char *dir = slash ? csv_path : ".";
+        int k = folder && folder[0] == '/' ? snprintf(base, sizeof base, "%s", folder)
+                : folder ? snprintf(base, sizeof base, "%.*s/%s", dir_len, dir, folder)
+                         : snprintf(base, sizeof base, "%.*s", dir_len, dir);
+        if (k < 0 || (size_t)k >= sizeof base) {
+            st = cf_fail(CF_ERR_INVALID, "%s: folder path too long", csv_path);
+            goto done;
+        }
+    }
+    if (!(is_valid = cf_calloc((size_t)(t->n_rows > 0 ? t->n_rows : 1), 1))) {
+        st = CF_ERR_NOMEM;
+        goto done;
+    }
+    if (vc >= 0) {
+        for (int64_t r = 0; r < t->n_rows; r++) {
+            const char *v = t->cells[r * t->n_cols + vc];
+            int b = parse_bool(v);
+            if (b < 0) {
+                st = cf_fail(CF_ERR_FORMAT, "%s:%lld: column %s is '%s', not a boolean", csv_path,
+                             (long long)t->row_line[r], valid_col, v);
+                goto done;
+            }
+            is_valid[r] = (int8_t)b;
+        }
+    } else if (o.valid_pct > 0) {
+        if ((st = cf_random_split(t->n_rows, o.valid_pct, o.seed, &ti, &nt, &vi, &nv))) goto done;
+        for (int64_t i = 0; i < nv; i++) is_valid[vi[i]] = 1;
+    }
+    /* The classes: the sorted labels of the training rows. */
+    {
+        char **labels = cf_malloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * sizeof *labels);
+        if (!labels) {
+            st = CF_ERR_NOMEM;
+            goto done;
+        }
+        int64_t m = 0;
+        for (int64_t r = 0; r < t->n_rows; r++)
+            if (!is_valid[r]) labels[m++] = t->cells[r * t->n_cols + lc];
+        if (m > 1) qsort(labels, (size_t)m, sizeof *labels, cf__cmp_str);
+        int64_t u = 0;
+        for (int64_t i = 0; i < m; i++)
+            if (u == 0 || strcmp(labels[u - 1], labels[i]) != 0) labels[u++] = labels[i];
+        if (u == 0 || u > INT_MAX) {
+            cf_free(labels);
+            st = cf_fail(CF_ERR_FORMAT, "%s has no training rows", csv_path);
+            goto done;
+        }
+        vocab = cf__strv_dup((const char *const *)labels, (int)u);
+        cf_free(labels);
+        if (!vocab) {
+            st = CF_ERR_NOMEM;
+            goto done;
+        }
+        n_vocab = (int)u;
+    }
+    for (int64_t r = 0; r < t->n_rows && !st; r++) {
+        const char *fn = t->cells[r * t->n_cols + fc], *lab = t->cells[r * t->n_cols + lc];
+        int label = -1, lo = 0, hi = n_vocab - 1;
+        while (lo <= hi) { /* vocab is sorted */
+            int mid = (lo + hi) / 2, c = strcmp(vocab[mid], lab);
+            if (c == 0) {
+                label = mid;
+                break;
+            }
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid - 1;
+        }
+        if (label < 0) {
+            st = cf_fail(CF_ERR_FORMAT, "%s:%lld: class '%s' is not among the training classes",
+                         csv_path, (long long)t->row_line[r], lab);
+            break;
+        }
+        if (fn[0] == '\0') {
+            st = cf_fail(CF_ERR_FORMAT, "%s:%lld: empty file name", csv_path,
+                         (long long)t->row_line[r]);
+            break;
+        }
+        if ((st = cf__path_join(path, sizeof path, base, fn))) break;
+        st = cf__image_items_push(is_valid[r] ? &va : &tr, path, label);
+    }
+    if (st) goto done;
+    if ((st = cf__image_items_build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, csv_path,
+                                    o.item_tfm, true, &o, train)) ||
+        (st = cf__image_items_build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, csv_path,
+                                    o.item_tfm, false, &o, valid))) {
+        cf_dataset_free(*train);
+        cf_dataset_free(*valid);
+        *train = *valid = NULL;
+    }
+done:
+    cf_csv_table_free(t);
+    cf__strv_free(vocab, n_vocab);
+    cf__image_items_free(&tr);
+    cf__image_items_free(&va);
+    cf_free(ti);
+    cf_free(vi);
+    cf_free(is_valid);
+    return st;
+}
