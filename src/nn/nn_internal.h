@@ -25,6 +25,12 @@
 
 #include "corefit/nn.h"
 
+/* Layers of fastai's models that PyTorch has no constructor for (the model zoo's). */
+/* AvgPool2d(kernel, stride, padding, ceil_mode=True, count_include_pad=True) (pool.c). */
+cf_module *cf_nn_avgpool2d_ceil(int kernel, int stride, int padding);
+/* fastai's SigmoidRange(lo, hi): lo + (hi - lo) * sigmoid(x) (activation.c). */
+cf_module *cf_nn_sigmoid_range(float lo, float hi);
+
 /* True when m's ops are BatchNorm1d's or BatchNorm2d's (not a wrapper's). */
 bool cf_nn_is_batchnorm(const cf_module *m);
 /* True when m's ops are ReLU's (not a wrapper's). */
