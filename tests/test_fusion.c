@@ -4,7 +4,7 @@
  * gradient and the running statistics, in training and eval mode, with 1 and 2 threads, on the
  * planes paths (BatchNorm2d with planes that are not a multiple of 16, BatchNorm1d on (N, C, L))
  * and the rows path (BatchNorm1d on (N, C)). Each case runs the same network three ways from the
- * same seed: fused (the default), with fusion switched off, and with every ReLU's ops wrapped (a
+ * same seed: fused (the default), with fusion switched off (cf_model.unfused), and with every ReLU's ops wrapped (a
  * wrapper is never fused), and compares with memcmp. Re-planning after wrapping or unwrapping
  * (as bench_step's timers do) must keep the results exact. The unfused layers are checked
  * against PyTorch in test_layers, and the fused ones through W1 in test_w1_model. */
@@ -217,9 +217,9 @@ static void snapshot(cf_model *model, const cf_tensor *y, const cf_tensor *dx, r
 
 static result run(const spec *s, variant v) {
     cf_set_num_threads(s->threads);
-    cf_nn_set_fusion(v != SWITCHED_OFF);
     cf_model *model;
     assert_int_equal(cf_model_new(&model, s->build(), 11), CF_OK);
+    model->unfused = v == SWITCHED_OFF;
     if (v == WRAPPED) wrap_kind(model->root, "ReLU");
     if (s->frozen) {
         cf_param *p = cf_model_param(model, s->frozen);
@@ -239,7 +239,6 @@ static result run(const spec *s, variant v) {
     }
     unwrap_all();
     cf_model_free(model);
-    cf_nn_set_fusion(true);
     return r;
 }
 
@@ -384,8 +383,8 @@ static void test_replan_with_wrappers(void **state) {
     cf_set_num_threads(1);
     cf_model *fused, *plain;
     assert_int_equal(cf_model_new(&fused, net_conv(), 5), CF_OK);
-    cf_nn_set_fusion(false);
     assert_int_equal(cf_model_new(&plain, net_conv(), 5), CF_OK);
+    plain->unfused = true;
     uint64_t seed = 1;
     set_affine(fused->root, &seed);
     seed = 1;
@@ -408,12 +407,10 @@ static void test_replan_with_wrappers(void **state) {
         const cf_tensor *y, *dx;
         cf_shape shape = cf_shape4(steps[i].n, 3, 6, 5);
         if (steps[i].wrap) wrap_kind(fused->root, steps[i].wrap);
-        cf_nn_set_fusion(true);
         cf_model_zero_grad(fused);
         dx = step(fused, shape, 40 + i, false, &y);
         snapshot(fused, y, dx, &rf);
         unwrap_all();
-        cf_nn_set_fusion(false);
         cf_model_zero_grad(plain);
         dx = step(plain, shape, 40 + i, false, &y);
         snapshot(plain, y, dx, &rp);
@@ -425,7 +422,6 @@ static void test_replan_with_wrappers(void **state) {
         free_result(&rf);
         free_result(&rp);
     }
-    cf_nn_set_fusion(true);
     cf_model_free(fused);
     cf_model_free(plain);
 }

@@ -199,6 +199,7 @@ typedef struct cf_model {
     cf_arena arena;
     cf_shape planned; /* input shape the arena was sized for (ndim 0: none yet) */
     int planned_threads;
+    bool unfused; /* plan without layer fusion (for tests that compare the two; the next plan) */
 } cf_model;
 
 /* Takes ownership of root (also on failure), assigns names and flat storage, and initialises

@@ -1,4 +1,5 @@
-/* Modules, the Sequential and residual containers, and models (names, flat blocks, arena). */
+/* The module base type (parameters, children, activation memory) and models (names, flat blocks,
+ * arena, planning). The containers are in sequential.c and residual.c, fusion in fuse.c. */
 #include "corefit/nn.h"
 #include "nn_internal.h"
 
@@ -46,13 +47,13 @@ void cf_module_free(cf_module *m) {
     cf_free(m);
 }
 
-static cf_status module_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+cf_status cf_nn_module_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
     return m->ops->out_shape(m, in, out);
 }
 
 void cf_module_plan_default(cf_module *m, const cf_shape *in, cf_arena *arena) {
     cf_shape out;
-    if (module_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
+    if (cf_nn_module_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
     m->out.data = cf_arena_floats(arena, cf_shape_numel(&out));
     m->out.shape = out;
     m->dx.data = NULL;
@@ -61,7 +62,7 @@ void cf_module_plan_default(cf_module *m, const cf_shape *in, cf_arena *arena) {
     m->grad_arena = arena;
 }
 
-static void module_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+void cf_nn_module_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     if (m->ops->plan)
         m->ops->plan(m, in, arena);
     else
@@ -109,349 +110,6 @@ cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *n
     parent->child_names = names;
     parent->n_children = n + 1;
     return CF_OK;
-}
-
-/* ---- Sequential ---------------------------------------------------------------------------- */
-
-static cf_status seq_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
-    cf_shape s = *in;
-    for (int i = 0; i < m->n_children; i++) {
-        cf_shape next;
-        cf_status st = module_out_shape(m->children[i], &s, &next);
-        if (st != CF_OK) return cf_fail_context(st, "in Sequential child %s", m->child_names[i]);
-        s = next;
-    }
-    *out = s;
-    return CF_OK;
-}
-
-static bool fusion_enabled = true;
-
-void cf_nn_set_fusion(bool enabled) {
-    fusion_enabled = enabled;
-}
-
-bool cf_nn_fusion_enabled(void) {
-    return fusion_enabled;
-}
-
-/* Links each BatchNorm child to a ReLU child right after it (nn_internal.h); a child whose ops
- * are not the layer's own (a wrapper's: timers, hooks) is never fused. Every link from an
- * earlier plan is dropped first. */
-static void seq_fuse(cf_module *m) {
-    for (int i = 0; i < m->n_children; i++) {
-        cf_module *c = m->children[i];
-        if (cf_nn_is_batchnorm(c))
-            cf_nn_bn_fuse_relu(c, NULL);
-        else if (cf_nn_is_relu(c))
-            cf_nn_relu_follow_bn(c, NULL);
-    }
-    if (!fusion_enabled) return;
-    for (int i = 0; i + 1 < m->n_children; i++) {
-        cf_module *bn = m->children[i], *relu = m->children[i + 1];
-        if (cf_nn_is_batchnorm(bn) && cf_nn_is_relu(relu)) {
-            cf_nn_bn_fuse_relu(bn, relu);
-            cf_nn_relu_follow_bn(relu, bn);
-        }
-    }
-}
-
-static void seq_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
-    seq_fuse(m);
-    m->grad_arena = arena; /* where the children's gradients are given back */
-    cf_shape s = *in;
-    for (int i = 0; i < m->n_children; i++) {
-        cf_shape next;
-        module_plan(m->children[i], &s, arena);
-        module_out_shape(m->children[i], &s, &next);
-        s = next;
-    }
-}
-
-static const cf_tensor *seq_forward(cf_module *m, const cf_tensor *x) {
-    m->in = x;
-    for (int i = 0; i < m->n_children; i++) {
-        cf_module *c = m->children[i];
-        c->in = x;
-        x = c->ops->forward(c, x);
-    }
-    return x;
-}
-
-static const cf_tensor *seq_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
-    const float *given = dy->data; /* the caller's */
-    for (int i = m->n_children - 1; i >= 0; i--) {
-        cf_module *c = m->children[i];
-        const cf_tensor *dx = c->ops->backward(c, dy, i > 0 || need_dx);
-        /* the child has read its upstream gradient: a block a later child returned is dead
-         * unless it passed through (the same memory) */
-        if (dy->data != given) cf_module_give_grad(m, dy->data, dx ? dx->data : NULL);
-        dy = dx;
-    }
-    return need_dx ? dy : NULL;
-}
-
-static const cf_module_ops sequential_ops = {
-    .kind = "Sequential",
-    .out_shape = seq_out_shape,
-    .plan = seq_plan,
-    .forward = seq_forward,
-    .backward = seq_backward,
-};
-
-cf_module *cf_sequential(int n, cf_module *const *children) {
-    cf_module *m = cf_module_new(&sequential_ops, NULL);
-    for (int i = 0; i < n; i++) {
-        if (!m || !children[i] || cf_sequential_append(m, children[i]) != CF_OK) {
-            for (int j = i + (m && children[i] ? 1 : 0); j < n; j++) cf_module_free(children[j]);
-            cf_module_free(m);
-            if (!children[i]) cf_fail_context(CF_ERR_INVALID, "Sequential child %d", i);
-            return NULL;
-        }
-    }
-    return m;
-}
-
-cf_status cf_sequential_append(cf_module *seq, cf_module *child) {
-    if (!child) return cf_fail(CF_ERR_INVALID, "cf_sequential_append: NULL child");
-    char name[16];
-    snprintf(name, sizeof name, "%d", seq->n_children);
-    return cf_module_add_child(seq, child, name);
-}
-
-/* ---- residual block: act(convpath(x) + idpath(x)) ------------------------------------------ *
- * The element-wise passes (sum and ReLU forward; ReLU's mask and the sum of the two input
- * gradients backward) are memory-bound over the block's activations; large ones are split over
- * the thread pool in contiguous chunks (results do not depend on the split). With ReLU after the
- * sum and an idpath that ends in a BatchNorm, that BatchNorm writes relu(a + bn(.)) itself
- * (nn_internal.h) and its output is the block's output. The input gradient is summed into the
- * convpath's input gradient in place (that buffer is dead once the convpath's backward has
- * returned, and writing it back where it was just read costs no extra read of a fresh
- * destination), unless that buffer is the upstream gradient itself (a convpath that passes its
- * gradient through, without ReLU after the sum) or the idpath's: then into the block's own
- * buffer. */
-
-typedef struct residual_impl {
-    bool relu_after;
-    bool has_idpath;
-    cf_module *fold; /* the idpath's last BatchNorm, which writes the block's output */
-    cf_tensor dz;    /* gradient after the activation */
-    cf_tensor gx;    /* the input gradient when summed into the convpath's */
-} residual_impl;
-
-#define RES_PAR_MIN (1 << 16)
-
-typedef enum { RES_ADD, RES_ADD_TO, RES_ADD_RELU, RES_MASK } res_op;
-
-typedef struct res_ew {
-    res_op op;
-    const float *a, *b;
-    float *out;
-} res_ew;
-
-static void res_ew_range(void *vctx, int64_t begin, int64_t end, int thread) {
-    (void)thread;
-    const res_ew *c = vctx;
-    const float *restrict a = c->a, *restrict b = c->b;
-    float *restrict o = c->out; /* never a or b (but for RES_ADD_TO, where a is unused) */
-    switch (c->op) {
-    case RES_ADD:
-        for (int64_t i = begin; i < end; i++) o[i] = a[i] + b[i];
-        break;
-    case RES_ADD_TO: /* out is a (a separate pointer to it would break restrict) */
-        for (int64_t i = begin; i < end; i++) o[i] += b[i];
-        break;
-    case RES_ADD_RELU:
-        for (int64_t i = begin; i < end; i++) {
-            const float v = a[i] + b[i];
-            o[i] = v > 0.0f ? v : 0.0f;
-        }
-        break;
-    case RES_MASK: /* a: the ReLU's output, b: the gradient */
-        for (int64_t i = begin; i < end; i++) {
-            const float g = b[i]; /* loaded unconditionally so that the select vectorises */
-            o[i] = a[i] > 0.0f ? g : 0.0f;
-        }
-        break;
-    }
-}
-
-static void res_ew_run(res_op op, const float *a, const float *b, float *out, size_t n) {
-    res_ew ctx = {op, a, b, out};
-    if (n >= RES_PAR_MIN && cf_get_num_threads() > 1)
-        cf_parallel_for((int64_t)n, res_ew_range, &ctx);
-    else
-        res_ew_range(&ctx, 0, (int64_t)n, 0);
-}
-
-static cf_status res_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
-    residual_impl *r = m->impl;
-    cf_shape a, b = *in;
-    cf_status st = module_out_shape(m->children[0], in, &a);
-    if (st != CF_OK) return cf_fail_context(st, "in residual convpath");
-    if (r->has_idpath && (st = module_out_shape(m->children[1], in, &b)) != CF_OK)
-        return cf_fail_context(st, "in residual idpath");
-    if (!cf_shape_equal(&a, &b)) {
-        char sa[64], sb[64];
-        return cf_fail(CF_ERR_INVALID, "residual block: convpath gives %s but idpath gives %s",
-                       cf_shape_str(&a, sa, sizeof sa), cf_shape_str(&b, sb, sizeof sb));
-    }
-    *out = a;
-    return CF_OK;
-}
-
-/* The idpath's last module when it is a BatchNorm (its own ops, in a Sequential with its own
- * ops or alone) that can write the block's output; NULL otherwise. */
-static cf_module *res_fold_target(cf_module *m) {
-    residual_impl *r = m->impl;
-    if (!fusion_enabled || !r->relu_after || !r->has_idpath) return NULL;
-    cf_module *last = m->children[1];
-    if (last->ops == &sequential_ops && last->n_children > 0)
-        last = last->children[last->n_children - 1];
-    return cf_nn_is_batchnorm(last) ? last : NULL;
-}
-
-static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
-    residual_impl *r = m->impl;
-    for (int i = 0; i < m->n_children; i++) module_plan(m->children[i], in, arena);
-    r->fold = res_fold_target(m);
-    cf_shape out;
-    if (res_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
-    m->out.data = r->fold ? NULL : cf_arena_floats(arena, cf_shape_numel(&out));
-    m->out.shape = out;
-    m->dx.data = NULL;
-    m->dx.shape = *in;
-    cf_arena_reserve_transient(arena, cf_shape_numel(in) * sizeof(float));
-    m->grad_arena = arena;
-    r->dz.data = NULL;
-    if (r->relu_after) cf_arena_reserve_transient(arena, cf_shape_numel(&out) * sizeof(float));
-}
-
-/* The module a path starts with: its first child when it is a Sequential (ops its own). */
-static cf_module *path_first(cf_module *path) {
-    return path->ops == &sequential_ops && path->n_children ? path->children[0] : path;
-}
-
-static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
-    residual_impl *r = m->impl;
-    m->in = x;
-    cf_module *cp = m->children[0];
-    cp->in = x;
-    /* a strided convpath conv may compute the idpath's strided 1x1 conv from its phase split */
-    cf_module *first_a = path_first(cp),
-              *first_b = r->has_idpath ? path_first(m->children[1]) : NULL;
-    const bool shortcut =
-        fusion_enabled && first_b && cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b);
-    if (shortcut) cf_nn_conv_shortcut_next(first_a, first_b);
-    const cf_tensor *a = cp->ops->forward(cp, x);
-    const cf_tensor *b = x;
-    if (r->has_idpath) {
-        cf_module *ip = m->children[1];
-        ip->in = x;
-        if (r->fold) cf_nn_bn_add_relu_next(r->fold, a->data);
-        b = ip->ops->forward(ip, x);
-        if (shortcut) cf_nn_conv_shortcut_done(first_a, first_b);
-        if (r->fold) { /* b is relu(a + idpath(x)) */
-            m->out = *b;
-            return &m->out;
-        }
-    }
-    cf_tensor *y = cf_module_output(m, &a->shape);
-    res_ew_run(r->relu_after ? RES_ADD_RELU : RES_ADD, a->data, b->data, y->data,
-               cf_tensor_numel(y));
-    return y;
-}
-
-/* Gives back a gradient the block has read (not dy, the caller's, nor keep, what it returns). */
-static void res_give(const cf_module *m, const cf_tensor *t, const cf_tensor *dy,
-                     const float *keep) {
-    if (t && t->data != dy->data && t->data != keep) cf_module_give_grad(m, t->data, keep);
-}
-
-static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
-    residual_impl *r = m->impl;
-    const cf_tensor *dz = dy;
-    if (r->relu_after) {
-        r->dz.shape = dy->shape;
-        r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
-        res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, cf_tensor_numel(dy));
-        dz = &r->dz;
-    }
-    cf_module *cp = m->children[0];
-    /* a shortcut whose output the convpath's first conv computed may leave its input gradient
-     * to that conv as well: the idpath runs first and returns the shortcut's output gradient,
-     * dead once the convpath has run */
-    cf_module *first_a = path_first(cp),
-              *first_b = r->has_idpath ? path_first(m->children[1]) : NULL;
-    if (fusion_enabled && need_dx && first_b && cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b) &&
-        cf_nn_conv_shortcut_dx_next(first_a, first_b)) {
-        cf_module *ip = m->children[1];
-        const cf_tensor *handed = ip->ops->backward(ip, dz, true);
-        const cf_tensor *dx = cp->ops->backward(cp, dz, true);
-        res_give(m, handed, dy, dx->data);
-        if (dz != dy) res_give(m, dz, dy, dx->data);
-        return dx;
-    }
-    const cf_tensor *da = cp->ops->backward(cp, dz, need_dx);
-    const cf_tensor *db = dz;
-    const cf_tensor *dx = NULL;
-    if (r->has_idpath) {
-        cf_module *ip = m->children[1];
-        /* an idpath that starts with a convolution may add its gradient into the convpath's
-         * (a buffer of the convpath's own, dead once read here) */
-        cf_module *first = path_first(ip);
-        const bool add = fusion_enabled && need_dx && da->data != dy->data &&
-                         da->data != dz->data && cf_nn_is_conv(first);
-        if (add) cf_nn_conv_add_dx_next(first, da->data);
-        db = ip->ops->backward(ip, dz, need_dx);
-        if (add && db->data == da->data) dx = db; /* added in place */
-    }
-    if (need_dx && !dx) {
-        if (da->data != dy->data && da->data != db->data && da->data != dz->data) {
-            r->gx = (cf_tensor){.data = da->data, .shape = m->in->shape};
-            res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, cf_tensor_numel(&r->gx));
-            dx = &r->gx;
-        } else {
-            cf_tensor *sum = cf_module_input_grad(m);
-            res_ew_run(RES_ADD, da->data, db->data, sum->data, cf_tensor_numel(sum));
-            dx = sum;
-        }
-    }
-    /* what the paths returned and the masked gradient are dead now, unless returned */
-    const float *keep = dx ? dx->data : NULL;
-    res_give(m, da, dy, keep);
-    if (db != dz) res_give(m, db, dy, keep);
-    if (dz != dy) res_give(m, dz, dy, keep);
-    return dx;
-}
-
-static const cf_module_ops residual_ops = {
-    .kind = "ResBlock",
-    .out_shape = res_out_shape,
-    .plan = res_plan,
-    .forward = res_forward,
-    .backward = res_backward,
-};
-
-cf_module *cf_residual(cf_module *convpath, cf_module *idpath, bool relu_after) {
-    residual_impl *r = cf_calloc(1, sizeof *r);
-    cf_module *m = r ? cf_module_new(&residual_ops, r) : NULL;
-    if (!m || !convpath) {
-        cf_module_free(m);
-        cf_module_free(convpath);
-        cf_module_free(idpath);
-        if (!convpath) cf_fail(CF_ERR_INVALID, "cf_residual: NULL convpath");
-        return NULL;
-    }
-    r->relu_after = relu_after;
-    r->has_idpath = idpath != NULL;
-    if (cf_module_add_child(m, convpath, "convpath") != CF_OK ||
-        (idpath && cf_module_add_child(m, idpath, "idpath") != CF_OK)) {
-        if (m->n_children == 1 && idpath) cf_module_free(idpath);
-        cf_module_free(m);
-        return NULL;
-    }
-    return m;
 }
 
 /* ---- models -------------------------------------------------------------------------------- */
@@ -583,15 +241,16 @@ static bool needs_plan(const cf_model *model, const cf_shape *in) {
 
 static cf_status plan(cf_model *model, const cf_shape *in) {
     cf_shape out;
-    cf_status st = module_out_shape(model->root, in, &out);
+    cf_status st = cf_nn_module_out_shape(model->root, in, &out);
     if (st != CF_OK) {
         char s[64];
         return cf_fail_context(st, "model input %s", cf_shape_str(in, s, sizeof s));
     }
+    cf_nn_fuse(model->root, !model->unfused);
     cf_arena_begin_measure(&model->arena);
-    module_plan(model->root, in, &model->arena);
+    cf_nn_module_plan(model->root, in, &model->arena);
     if ((st = cf_arena_commit(&model->arena)) != CF_OK) return st;
-    module_plan(model->root, in, &model->arena);
+    cf_nn_module_plan(model->root, in, &model->arena);
     model->planned = *in;
     model->planned_threads = cf_get_num_threads();
     return CF_OK;
