@@ -45,6 +45,8 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
     if (enabled && m->n_children == 2) {
         cf_module *cp = m->children[0], *ip = m->children[1];
         cf_module *first_a = path_first(cp), *first_b = path_first(ip), *last_b = path_last(ip);
+        f.convpath_seq = cf_nn_is_sequential(cp);
+        f.idpath_seq = cf_nn_is_sequential(ip);
         if (relu_after && cf_nn_is_batchnorm(last_b)) f.fold = last_b;
         if (cf_nn_is_conv(first_b)) {
             f.add_into = first_b;

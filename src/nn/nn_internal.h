@@ -45,6 +45,9 @@ typedef struct cf_nn_res_fusion {
     cf_module *pair_b;   /* ... the idpath's first Conv2d (a strided 1x1 shortcut) */
     cf_module *add_into; /* the idpath's first Conv2d, which may add its input gradient into the
                             convpath's */
+    /* whether each path was a Sequential when planned: the fused calls run its children as its
+     * steps (a wrapper installed since, a timer, still sees each child's call) */
+    bool convpath_seq, idpath_seq;
 } cf_nn_res_fusion;
 void cf_nn_residual_set_fusion(cf_module *block, const cf_nn_res_fusion *f);
 /* Whether a residual block applies ReLU after the sum. */

@@ -112,23 +112,25 @@ static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     if (r->relu_after) cf_arena_reserve_transient(arena, cf_shape_numel(&out) * sizeof(float));
 }
 
-/* A path is a Sequential (its children, as planned) or one module. */
-static int path_len(const cf_module *path) {
-    return cf_nn_is_sequential(path) ? path->n_children : 1;
+/* The steps of a path: its children when it was a Sequential at the plan (seq), else the path
+ * itself. */
+static int path_len(const cf_module *path, bool seq) {
+    return seq ? path->n_children : 1;
 }
 
 /* Steps [lo, hi) of a path forward (path->in is the caller's to set). */
-static const cf_tensor *path_forward(cf_module *path, const cf_tensor *x, int lo, int hi) {
-    if (cf_nn_is_sequential(path)) return cf_nn_seq_forward_range(path, x, lo, hi);
+static const cf_tensor *path_forward(cf_module *path, bool seq, const cf_tensor *x, int lo,
+                                     int hi) {
+    if (seq) return cf_nn_seq_forward_range(path, x, lo, hi);
     if (lo >= hi) return x;
     path->in = x;
     return path->ops->forward(path, x);
 }
 
 /* Steps [lo, hi) of a path backward, as the path's own backward runs them. */
-static const cf_tensor *path_backward(cf_module *path, const cf_tensor *dy, int lo, int hi,
-                                      bool need_dx) {
-    if (cf_nn_is_sequential(path)) return cf_nn_seq_backward_range(path, dy, lo, hi, need_dx);
+static const cf_tensor *path_backward(cf_module *path, bool seq, const cf_tensor *dy, int lo,
+                                      int hi, bool need_dx) {
+    if (seq) return cf_nn_seq_backward_range(path, dy, lo, hi, need_dx);
     if (lo >= hi) return dy;
     return path->ops->backward(path, dy, need_dx);
 }
@@ -144,16 +146,21 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     if (f->pair_a) {
         f->pair_a->in = x;
         a = cf_nn_conv_forward_pair(f->pair_a, f->pair_b, x, &shortcut_y);
-        a = path_forward(cp, a, 1, path_len(cp));
+        a = path_forward(cp, f->convpath_seq, a, 1, path_len(cp, f->convpath_seq));
     } else {
-        a = path_forward(cp, x, 0, path_len(cp));
+        a = cp->ops->forward(cp, x);
     }
     const cf_tensor *b = x;
     if (r->has_idpath) {
         cf_module *ip = m->children[1];
         ip->in = x;
-        const int n = path_len(ip), end = f->fold ? n - 1 : n;
-        b = shortcut_y ? path_forward(ip, shortcut_y, 1, end) : path_forward(ip, x, 0, end);
+        const int n = path_len(ip, f->idpath_seq), end = f->fold ? n - 1 : n;
+        if (shortcut_y)
+            b = path_forward(ip, f->idpath_seq, shortcut_y, 1, end);
+        else if (f->fold)
+            b = path_forward(ip, f->idpath_seq, x, 0, end);
+        else
+            b = ip->ops->forward(ip, x);
         if (f->fold) { /* relu(a + idpath(x)), written by its last BatchNorm */
             b = cf_nn_bn_forward_add_relu(f->fold, b, a->data);
             m->out = *b;
@@ -174,9 +181,9 @@ static void res_give(const cf_module *m, const cf_tensor *t, const cf_tensor *dy
 
 /* The idpath's backward with its first conv's input gradient added into target (in place when
  * exact): the steps after it as the path runs them, then that conv. */
-static const cf_tensor *idpath_backward_add(cf_module *ip, cf_module *conv, const cf_tensor *dz,
-                                            float *target) {
-    const cf_tensor *t = path_backward(ip, dz, 1, path_len(ip), true);
+static const cf_tensor *idpath_backward_add(cf_module *ip, bool seq, cf_module *conv,
+                                            const cf_tensor *dz, float *target) {
+    const cf_tensor *t = path_backward(ip, seq, dz, 1, path_len(ip, seq), true);
     const cf_tensor *db = cf_nn_conv_backward_add(conv, t, target);
     if (t->data != dz->data) cf_module_give_grad(ip, t->data, db->data);
     return db;
@@ -198,17 +205,19 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
      * dead once the convpath has run */
     if (f->pair_a && need_dx && cf_nn_conv_pair_backward_fits(f->pair_a, f->pair_b)) {
         cf_module *ip = m->children[1];
-        const cf_tensor *handed = path_backward(ip, dz, 1, path_len(ip), true);
+        const cf_tensor *handed =
+            path_backward(ip, f->idpath_seq, dz, 1, path_len(ip, f->idpath_seq), true);
         cf_nn_conv_handover h;
         cf_nn_conv_shortcut_backward(f->pair_b, handed, f->pair_a, &h);
-        const cf_tensor *da = path_backward(cp, dz, 1, path_len(cp), true);
+        const cf_tensor *da =
+            path_backward(cp, f->convpath_seq, dz, 1, path_len(cp, f->convpath_seq), true);
         const cf_tensor *dx = cf_nn_conv_backward_with_shortcut(f->pair_a, da, &h);
         if (da->data != dz->data) cf_module_give_grad(cp, da->data, dx->data);
         res_give(m, handed, dy, dx->data);
         if (dz != dy) res_give(m, dz, dy, dx->data);
         return dx;
     }
-    const cf_tensor *da = path_backward(cp, dz, 0, path_len(cp), need_dx);
+    const cf_tensor *da = cp->ops->backward(cp, dz, need_dx);
     const cf_tensor *db = dz;
     const cf_tensor *dx = NULL;
     if (r->has_idpath) {
@@ -216,10 +225,10 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
         /* an idpath that starts with a convolution may add its gradient into the convpath's
          * (a buffer of the convpath's own, dead once read here) */
         if (f->add_into && need_dx && da->data != dy->data && da->data != dz->data) {
-            db = idpath_backward_add(ip, f->add_into, dz, da->data);
+            db = idpath_backward_add(ip, f->idpath_seq, f->add_into, dz, da->data);
             if (db->data == da->data) dx = db; /* added in place */
         } else {
-            db = path_backward(ip, dz, 0, path_len(ip), need_dx);
+            db = ip->ops->backward(ip, dz, need_dx);
         }
     }
     if (need_dx && !dx) {
