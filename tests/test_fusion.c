@@ -4,10 +4,11 @@
  * gradient and the running statistics, in training and eval mode, with 1 and 2 threads, on the
  * planes paths (BatchNorm2d with planes that are not a multiple of 16, BatchNorm1d on (N, C, L))
  * and the rows path (BatchNorm1d on (N, C)). Each case runs the same network three ways from the
- * same seed: fused (the default), with fusion switched off, and with every ReLU's ops wrapped (a
- * wrapper is never fused), and compares with memcmp. Re-planning after wrapping or unwrapping
- * (as bench_step's timers do) must keep the results exact. The unfused layers are checked
- * against PyTorch in test_layers, and the fused ones through W1 in test_w1_model. */
+ * same seed: fused (the default), with fusion switched off (cf_model.unfused), and with every
+ * ReLU's ops wrapped (a wrapper is never fused), and compares with memcmp. Re-planning after
+ * wrapping or unwrapping (as bench_step's timers do) must keep the results exact. The unfused
+ * layers are checked against PyTorch in test_layers, and the fused ones through W1 in
+ * test_w1_model. */
 #include "oracle.h"
 
 #include <stdio.h>
@@ -217,9 +218,9 @@ static void snapshot(cf_model *model, const cf_tensor *y, const cf_tensor *dx, r
 
 static result run(const spec *s, variant v) {
     cf_set_num_threads(s->threads);
-    cf_nn_set_fusion(v != SWITCHED_OFF);
     cf_model *model;
     assert_int_equal(cf_model_new(&model, s->build(), 11), CF_OK);
+    model->unfused = v == SWITCHED_OFF;
     if (v == WRAPPED) wrap_kind(model->root, "ReLU");
     if (s->frozen) {
         cf_param *p = cf_model_param(model, s->frozen);
@@ -239,7 +240,6 @@ static result run(const spec *s, variant v) {
     }
     unwrap_all();
     cf_model_free(model);
-    cf_nn_set_fusion(true);
     return r;
 }
 
@@ -384,8 +384,8 @@ static void test_replan_with_wrappers(void **state) {
     cf_set_num_threads(1);
     cf_model *fused, *plain;
     assert_int_equal(cf_model_new(&fused, net_conv(), 5), CF_OK);
-    cf_nn_set_fusion(false);
     assert_int_equal(cf_model_new(&plain, net_conv(), 5), CF_OK);
+    plain->unfused = true;
     uint64_t seed = 1;
     set_affine(fused->root, &seed);
     seed = 1;
@@ -408,12 +408,10 @@ static void test_replan_with_wrappers(void **state) {
         const cf_tensor *y, *dx;
         cf_shape shape = cf_shape4(steps[i].n, 3, 6, 5);
         if (steps[i].wrap) wrap_kind(fused->root, steps[i].wrap);
-        cf_nn_set_fusion(true);
         cf_model_zero_grad(fused);
         dx = step(fused, shape, 40 + i, false, &y);
         snapshot(fused, y, dx, &rf);
         unwrap_all();
-        cf_nn_set_fusion(false);
         cf_model_zero_grad(plain);
         dx = step(plain, shape, 40 + i, false, &y);
         snapshot(plain, y, dx, &rp);
@@ -425,7 +423,49 @@ static void test_replan_with_wrappers(void **state) {
         free_result(&rf);
         free_result(&rp);
     }
-    cf_nn_set_fusion(true);
+    cf_model_free(fused);
+    cf_model_free(plain);
+}
+
+/* Fusion is decided when the model is planned: wrapping every module of W1's body after the plan
+ * (bench_step's timers do, without a re-plan) leaves the residual blocks' fused calls planned,
+ * and each step, fused and wrapped, must stay bitwise the unfused one: every layer of both paths
+ * still runs (a wrapped path is not mistaken for a single layer). */
+static void test_wrapped_after_plan(void **state) {
+    (void)state;
+    cf_set_num_threads(1);
+    cf_model *fused, *plain;
+    assert_int_equal(cf_model_new(&fused, cf_mini_resnet_body(3), 5), CF_OK);
+    assert_int_equal(cf_model_new(&plain, cf_mini_resnet_body(3), 5), CF_OK);
+    plain->unfused = true;
+    uint64_t seed = 1;
+    set_affine(fused->root, &seed);
+    seed = 1;
+    set_affine(plain->root, &seed);
+    static const char *const kinds[] = {"Sequential", "ResBlock", "Conv2d", "BatchNorm2d", "ReLU"};
+    const cf_shape shape = cf_shape4(2, 3, 28, 28);
+    for (int i = 0; i < 2; i++) {
+        result rf = {0}, rp = {0};
+        const cf_tensor *y, *dx;
+        if (i == 1)
+            for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+                wrap_kind(fused->root, kinds[k]);
+        cf_model_zero_grad(fused);
+        dx = step(fused, shape, 60 + (uint64_t)i, false, &y);
+        snapshot(fused, y, dx, &rf);
+        unwrap_all();
+        cf_model_zero_grad(plain);
+        dx = step(plain, shape, 60 + (uint64_t)i, false, &y);
+        snapshot(plain, y, dx, &rp);
+        const int pairs = cf_isa_active() != CF_ISA_GENERIC ? 2 : 0; /* implicit kernels */
+        if (i == 0 && (rf.folds != 2 || rf.shortcuts != pairs || rf.shortcut_dxs != pairs))
+            fail_msg("planned fused: %d folds, %d shortcuts, %d shortcut dx (expected 2, %d, %d)",
+                     rf.folds, rf.shortcuts, rf.shortcut_dxs, pairs, pairs);
+        assert_int_equal(rp.passing + rp.linked + rp.folds + rp.shortcuts + rp.shortcut_dxs, 0);
+        expect_same(i == 0 ? "W1 body fused" : "W1 body fused, wrapped after the plan", &rf, &rp);
+        free_result(&rf);
+        free_result(&rp);
+    }
     cf_model_free(fused);
     cf_model_free(plain);
 }
@@ -473,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_batchnorm1d),
         cmocka_unit_test(test_residual_and_nan),
         cmocka_unit_test(test_replan_with_wrappers),
+        cmocka_unit_test(test_wrapped_after_plan),
         cmocka_unit_test(test_residual_gradient_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

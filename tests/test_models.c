@@ -247,14 +247,13 @@ static void test_xresnet34_eval(void **state) {
     run_case(cf_xresnet34(3, 5), &c);
 }
 
+/* cf_xresnet50 (fastai's defaults, RGB; small_images is covered by xresnet18): names, parameter
+ * and buffer counts, output size, outputs and gradients of PyTorch's build of fastai's xresnet50
+ * with create_head(2048, 10). */
 static void test_xresnet50_eval(void **state) {
     (void)state;
-    cf_xresnet_opts o = cf_xresnet_defaults();
-    o.c_in = 1;
-    o.small_images = true;
-    zoo_case c = {"xresnet depth=50 c_in=1 small=1 n_out=10", cf_shape4(2, 1, 28, 28), false, 0,
-                  NULL};
-    run_case(cf_xresnet(50, 10, &o), &c);
+    zoo_case c = {"xresnet depth=50 c_in=3 n_out=10", cf_shape4(2, 3, 32, 32), false, 0, NULL};
+    run_case(cf_xresnet50(3, 10), &c);
 }
 
 /* ---- heads --------------------------------------------------------------------------------- */

@@ -72,6 +72,18 @@ cf_status cf_model_save(const cf_model *model, const cf_optimizer *opt, const ch
  * optimizer are left exactly as they were. */
 cf_status cf_model_load(cf_model *model, cf_optimizer *opt, const char *path);
 
+/* The name, in a corefit model, of a pretrained ResNet tensor. `name` is torchvision's or timm's
+ * (the same for the plain ResNets; a "module." or "model." prefix is dropped). body_prefix NULL:
+ * the model is cf_resnet's (names unchanged); otherwise the model holds fastai's cut body under
+ * body_prefix ("0." for cf_resnet_learner_model, "" for cf_resnet_body), so "conv1.*" becomes
+ * "<prefix>0.*", "bn1.*" "<prefix>1.*" and "layerK.*" "<prefix>(3+K).*". Returns 1 and writes
+ * out, 0 for the classifier ("fc.*", which a fastai body has no place for), -1 for a name that
+ * is not part of a torchvision ResNet (e.g. timm's deep-stem "conv1.0.weight"). */
+int cf_resnet_param_name(const char *name, const char *body_prefix, char *out, size_t size);
+/* The inverse for messages: torchvision's name of a body parameter of a fastai-cut model
+ * (false when `name` is not under body_prefix or not a body name). */
+bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out, size_t size);
+
 /* Loads a pretrained torchvision or timm ResNet (safetensors, float32, with their state_dict
  * names; convert a torchvision .pth with tools/convert_pth.py) into a model built by
  * cf_resnet_learner_model (the body "0.*"; the head keeps its own initialisation),

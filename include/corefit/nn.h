@@ -199,6 +199,7 @@ typedef struct cf_model {
     cf_arena arena;
     cf_shape planned; /* input shape the arena was sized for (ndim 0: none yet) */
     int planned_threads;
+    bool unfused; /* plan without layer fusion (for tests that compare the two; the next plan) */
 } cf_model;
 
 /* Takes ownership of root (also on failure), assigns names and flat storage, and initialises
@@ -352,18 +353,6 @@ int cf_resnet_nf(int depth);
  * (layer1.0.conv1), ..., "1.*" (the head). head NULL: fastai's defaults. Use cf_split_resnet for
  * fastai's three parameter groups. */
 cf_module *cf_resnet_learner_model(int depth, int c_in, int n_out, const cf_head_opts *head);
-/* The name, in a corefit model, of a pretrained ResNet tensor. `name` is torchvision's or timm's
- * (the same for the plain ResNets; a "module." or "model." prefix is dropped). body_prefix NULL:
- * the model is cf_resnet's (names unchanged); otherwise the model holds fastai's cut body under
- * body_prefix ("0." for cf_resnet_learner_model, "" for cf_resnet_body), so "conv1.*" becomes
- * "<prefix>0.*", "bn1.*" "<prefix>1.*" and "layerK.*" "<prefix>(3+K).*". Returns 1 and writes
- * out, 0 for the classifier ("fc.*", which a fastai body has no place for), -1 for a name that
- * is not part of a torchvision ResNet (e.g. timm's deep-stem "conv1.0.weight"). */
-int cf_resnet_param_name(const char *name, const char *body_prefix, char *out, size_t size);
-/* The inverse for messages: torchvision's name of a body parameter of a fastai-cut model
- * (false when `name` is not under body_prefix or not a body name). */
-bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out, size_t size);
-
 /* A vision model by architecture name (the command line's --arch): "mini-resnet" (W1),
  * "xresnet18", "xresnet34", "xresnet50", and "xresnet18-small" etc. (small_images),
  * "resnet18", "resnet34", "resnet50", "resnet101", "resnet152" (cf_resnet_learner_model), each

@@ -2,7 +2,64 @@
 #include "corefit/io.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* ---- torchvision's names in a corefit model ---- */
+
+static const char *drop_wrapper_prefix(const char *name) {
+    for (;;) {
+        if (strncmp(name, "module.", 7) == 0)
+            name += 7;
+        else if (strncmp(name, "model.", 6) == 0)
+            name += 6;
+        else
+            return name;
+    }
+}
+
+/* The remainder after "<word>." when name starts with it, else NULL. */
+static const char *after(const char *name, const char *word) {
+    size_t n = strlen(word);
+    return strncmp(name, word, n) == 0 && name[n] == '.' ? name + n + 1 : NULL;
+}
+
+int cf_resnet_param_name(const char *name, const char *body_prefix, char *out, size_t size) {
+    name = drop_wrapper_prefix(name);
+    const char *rest;
+    if (after(name, "fc")) return 0;
+    int index = -1;
+    if ((rest = after(name, "conv1")))
+        index = 0;
+    else if ((rest = after(name, "bn1")))
+        index = 1;
+    else
+        for (int k = 1; k <= 4 && index < 0; k++) {
+            char layer[8];
+            snprintf(layer, sizeof layer, "layer%d", k);
+            if ((rest = after(name, layer))) index = 3 + k;
+        }
+    /* the stem's parameters are single tensors: "conv1.weight", "bn1.running_var", ... */
+    if (index < 0 || (index < 2 && strchr(rest, '.'))) return -1;
+    int n = body_prefix ? snprintf(out, size, "%s%d.%s", body_prefix, index, rest)
+                        : snprintf(out, size, "%s", name);
+    return n > 0 && (size_t)n < size ? 1 : -1;
+}
+
+bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out, size_t size) {
+    size_t np = strlen(body_prefix);
+    if (strncmp(name, body_prefix, np) != 0) return false;
+    char *end;
+    long index = strtol(name + np, &end, 10);
+    if (end == name + np || *end != '.' || index < 0 || index > 7 || index == 2 || index == 3)
+        return false;
+    static const char *const stem[2] = {"conv1", "bn1"};
+    int n = index < 2 ? snprintf(out, size, "%s.%s", stem[index], end + 1)
+                      : snprintf(out, size, "layer%ld.%s", index - 3, end + 1);
+    return n > 0 && (size_t)n < size;
+}
+
+/* ---- loading ---- */
 
 /* Where the model keeps its body: NULL for cf_resnet's torchvision layout, "0." for
  * cf_resnet_learner_model, "" for cf_resnet_body; false when it is none of them. */

@@ -349,3 +349,49 @@ cf_module *cf_dropout(float p) {
     d->p = p;
     return cf_module_new(&dropout_ops, d);
 }
+
+/* ---- SigmoidRange(lo, hi): lo + (hi - lo) * sigmoid(x) -------------------------------------- */
+
+typedef struct sigrange_impl {
+    float lo, hi;
+} sigrange_impl;
+
+static const cf_tensor *sigrange_forward(cf_module *m, const cf_tensor *x) {
+    sigrange_impl *r = m->impl;
+    m->in = x;
+    cf_tensor *y = cf_module_output(m, &x->shape);
+    size_t n = cf_tensor_numel(x);
+    for (size_t i = 0; i < n; i++)
+        y->data[i] = r->lo + (r->hi - r->lo) / (1.0f + expf(-x->data[i]));
+    return y;
+}
+
+static const cf_tensor *sigrange_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    sigrange_impl *r = m->impl;
+    if (!need_dx) return NULL;
+    cf_tensor *dx = cf_module_input_grad(m);
+    size_t n = cf_tensor_numel(dy);
+    for (size_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-m->in->data[i]));
+        dx->data[i] = dy->data[i] * (r->hi - r->lo) * s * (1.0f - s);
+    }
+    return dx;
+}
+
+static const cf_module_ops sigrange_ops = {
+    .kind = "SigmoidRange",
+    .out_shape = same_shape,
+    .forward = sigrange_forward,
+    .backward = sigrange_backward,
+};
+
+cf_module *cf_nn_sigmoid_range(float lo, float hi) {
+    if (!(hi > lo)) {
+        cf_fail(CF_ERR_INVALID, "SigmoidRange: y_range (%g, %g) needs low < high", lo, hi);
+        return NULL;
+    }
+    sigrange_impl *r = cf_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    *r = (sigrange_impl){lo, hi};
+    return cf_module_new(&sigrange_ops, r);
+}

@@ -19,8 +19,8 @@
  * results are bitwise those of BatchNorm then ReLU. The planes path does not read y back: it
  * recomputes x * scale + shift with the forward's per-channel scale and shift (kept in the arena),
  * which gives y's sign exactly. As the last layer of a residual block's idpath it may also be asked
- * to write the block's max(a + y, 0) for one forward (the backward is then the plain one: the block
- * masks the gradient).
+ * to write the block's max(a + y, 0) (cf_nn_bn_forward_add_relu; the backward is then the plain
+ * one: the block masks the gradient).
  *
  * Synchronised (cf_model_set_bn_reduce): a training forward first takes this replica's sums per
  * channel, has the group reduce them, and normalises with the whole batch's statistics through
@@ -41,7 +41,6 @@ typedef struct bn_impl {
     bool fwd_training;     /* mode of the last forward */
     const cf_module *relu; /* the ReLU fused after this layer (planned by Sequential) */
     bool fwd_relu;         /* the last forward applied the ReLU */
-    const float *add;      /* residual for the next forward only: y = max(bn(x) + add, 0) */
     /* scratch from the arena, per channel */
     float *mean, *invstd; /* statistics the last forward used */
     float *coef;          /* 3C: backward coefficients (1d path) */
@@ -112,10 +111,6 @@ bool cf_nn_is_batchnorm(const cf_module *m) {
 
 void cf_nn_bn_fuse_relu(cf_module *bn, const cf_module *relu) {
     ((bn_impl *)bn->impl)->relu = relu;
-}
-
-void cf_nn_bn_add_relu_next(cf_module *bn, const float *add) {
-    ((bn_impl *)bn->impl)->add = add;
 }
 
 bool cf_nn_bn_fused_with(const cf_module *bn, const cf_module *relu) {
@@ -322,7 +317,8 @@ static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
     return total;
 }
 
-static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
+/* add: NULL, or a residual block's other path: y = max(add + bn(x), 0). */
+static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const float *add) {
     bn_impl *b = m->impl;
     m->in = x;
     cf_tensor *y = cf_module_output(m, &x->shape);
@@ -332,9 +328,8 @@ static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
                   .g = geometry(&x->shape),
                   .training = m->training,
                   .relu = b->relu != NULL,
-                  .add = b->add};
+                  .add = add};
     const int c = ctx.g.c;
-    b->add = NULL;
     b->fwd_training = m->training;
     b->fwd_relu = ctx.relu;
     if (!m->training) {
@@ -487,6 +482,15 @@ static double bn_sync_backward_sums(bn_ctx *ctx) {
     if (b->reduce(buf, 1 + 2 * (size_t)c, true, b->reduce_ctx) != CF_OK || !(buf[0] > 0)) return 0;
     memcpy(b->acc, buf + 1, 2 * (size_t)c * sizeof(double));
     return buf[0];
+}
+
+static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
+    return bn_forward_with(m, x, NULL);
+}
+
+const cf_tensor *cf_nn_bn_forward_add_relu(cf_module *bn, const cf_tensor *x, const float *add) {
+    bn->in = x;
+    return bn_forward_with(bn, x, add);
 }
 
 static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {

@@ -67,19 +67,16 @@ typedef struct conv_impl {
     float *scratch;     /* n_threads x scratch of cf_conv_implicit_* or cf_conv_winograd_* */
     size_t scratch_stride;
     size_t wino_packed, implicit_packed; /* floats of the packed weights */
-    cf_arena *arena;          /* whose transient pool lends each call its buffers (call_buffers) */
-    unsigned char *ran;       /* n_threads flags: thread t holds partial sums for this backward */
-    float *add_dx_next;       /* cf_nn_conv_add_dx_next: the next backward adds dx into this */
-    bool add_dx;              /* this backward adds dx into c->dx (col2im without zeroing) */
-    cf_tensor dx_sum;         /* the returned gradient when adding */
-    cf_module *shortcut_next; /* cf_nn_conv_shortcut_next: computed by the next forward */
-    cf_conv_shortcut shortcut_call; /* ... in the forward in progress (out_channels 0: none) */
-    const float *computed_for;      /* a stride-2 sibling computed this output from this input */
-    bool by_sibling;                /* ... and the last forward returned it */
-    cf_module *dx_sibling; /* cf_nn_conv_shortcut_dx_next: the next backward leaves dx to it */
-    bool dx_by_sibling;    /* ... and the last backward did */
-    bool dw_by_sibling;    /* ... and its weight gradient too, into this layer's partial sums */
-    float *held;           /* meanwhile, its partial sums (from the arena's transient pool) */
+    cf_arena *arena;    /* whose transient pool lends each call its buffers (call_buffers) */
+    unsigned char *ran; /* n_threads flags: thread t holds partial sums for this backward */
+    bool add_dx;        /* this backward adds dx into c->dx (col2im without zeroing) */
+    cf_tensor dx_sum;   /* the returned gradient when adding */
+    cf_conv_shortcut shortcut_call; /* cf_nn_conv_forward_pair: the shortcut computed by the
+                                       forward in progress (out_channels 0: none) */
+    bool by_sibling;                /* the last forward's output was computed by a sibling */
+    bool dx_by_sibling;             /* the last backward left its input gradient to a sibling */
+    bool dw_by_sibling; /* ... and its weight gradient too, into this layer's partial sums */
+    float *held;        /* meanwhile, its partial sums (from the arena's transient pool) */
     cf_conv_shortcut shortcut_dx; /* a shortcut's output gradient, for the next backward's dx */
     cf_module *shortcut_dw;       /* ... and the shortcut whose weight gradient it computes */
     /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
@@ -372,7 +369,10 @@ static bool shortcut_fits(const conv_impl *c, const cf_module *shortcut, const c
            s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
 }
 
-static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
+/* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
+ * whether it did through *computed). */
+static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_module *shortcut,
+                                          bool *computed) {
     conv_impl *c = m->impl;
     m->in = x;
     const cf_conv_geom *g = &c->g;
@@ -380,12 +380,8 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     c->x = x->data; /* backward reads them */
     c->y = y->data;
     c->batch = x->shape.dim[0];
-    c->by_sibling = c->computed_for && c->computed_for == x->data;
-    c->computed_for = NULL;
-    if (c->by_sibling) return y; /* computed by the sibling, from this input */
+    c->by_sibling = false;
     c->winograd_call = use_winograd(c);
-    cf_module *shortcut = c->shortcut_next;
-    c->shortcut_next = NULL;
     c->shortcut_call.out_channels = 0;
     if (shortcut && shortcut_fits(c, shortcut, x)) {
         conv_impl *s = shortcut->impl;
@@ -404,8 +400,29 @@ static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
     } else
         run_groups(c, c->batch, conv_forward_range, m);
     call_end(c, mem);
-    if (c->shortcut_call.out_channels) ((conv_impl *)shortcut->impl)->computed_for = x->data;
+    if (computed) *computed = c->shortcut_call.out_channels != 0;
     c->shortcut_call.out_channels = 0;
+    return y;
+}
+
+static const cf_tensor *conv_forward(cf_module *m, const cf_tensor *x) {
+    return conv_forward_call(m, x, NULL, NULL);
+}
+
+const cf_tensor *cf_nn_conv_forward_pair(cf_module *conv, cf_module *shortcut, const cf_tensor *x,
+                                         const cf_tensor **shortcut_y) {
+    bool computed = false;
+    const cf_tensor *y = conv_forward_call(conv, x, shortcut, &computed);
+    *shortcut_y = NULL;
+    if (computed) { /* the shortcut's state as its own forward on x would leave it */
+        conv_impl *s = shortcut->impl;
+        shortcut->in = x;
+        s->x = x->data;
+        s->y = shortcut->out.data;
+        s->batch = x->shape.dim[0];
+        s->by_sibling = true;
+        *shortcut_y = &shortcut->out;
+    }
     return y;
 }
 
@@ -614,35 +631,16 @@ static void finish_shortcut_dw(conv_impl *c) {
     c->shortcut_dw = NULL;
 }
 
-static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+/* The backward pass. add_into: add the input gradient into it when that is exact (a 1x1 layer
+ * with stride above 1: each input value receives at most one term) and return a tensor over it.
+ * hand_dw: the weight gradient was handed to a sibling (cf_nn_conv_shortcut_backward). A
+ * sibling's shortcut (c->shortcut_dx, c->shortcut_dw) is the caller's to set. */
+static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bool need_dx,
+                                           float *add_into, bool hand_dw) {
     conv_impl *c = m->impl;
     const int64_t N = dy->shape.dim[0];
     cf_param *wp = &m->params[0], *bp = c->has_bias ? &m->params[1] : NULL;
-    /* a shortcut whose dx its sibling computes hands over its output gradient and returns it:
-     * the caller keeps it alive until the sibling's backward */
-    const bool hand_dx = need_dx && c->dx_sibling;
-    /* ... and its weight gradient, when both go through the implicit kernel: the sibling writes
-     * this layer's partial sums, in buffers held until it reduces them */
-    bool hand_dw = false;
-    if (hand_dx) {
-        conv_impl *sib = c->dx_sibling->impl;
-        sib->shortcut_dx =
-            (cf_conv_shortcut){.out_channels = c->out_c, .w = wp->data, .dy = dy->data};
-        need_dx = false;
-        if (wp->trainable && use_implicit_dw(c) && c->dx_sibling->params[0].trainable &&
-            sib->pad < sib->k) {
-            c->held =
-                cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
-            hand_dw = c->held != NULL;
-        }
-        if (hand_dw) {
-            c->dwt = c->held;
-            memset(c->ran, 0, (size_t)c->n_threads);
-            sib->shortcut_dw = m;
-        }
-    }
-    c->dx_sibling = NULL;
-    c->dx_by_sibling = hand_dx;
+    c->dx_by_sibling = false;
     c->dw_by_sibling = hand_dw;
     c->dy = dy->data;
     c->need_dx = need_dx;
@@ -651,21 +649,19 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     cf_tensor *dx = NULL;
     const bool winograd = use_winograd(c), implicit = !winograd && use_implicit(c);
     c->winograd_call = winograd;
-    /* exact only when every input value gets at most one term: 1x1, stride above 1 */
-    c->add_dx = need_dx && c->add_dx_next && c->k == 1 && c->stride > 1; /* never implicit */
+    c->add_dx = need_dx && add_into && c->k == 1 && c->stride > 1; /* never implicit */
     if (c->add_dx) {
-        c->dx_sum = (cf_tensor){.data = c->add_dx_next, .shape = m->in->shape};
+        c->dx_sum = (cf_tensor){.data = add_into, .shape = m->in->shape};
         dx = &c->dx_sum;
         c->dx = dx->data;
     } else if (need_dx) {
         dx = cf_module_input_grad(m);
         c->dx = dx->data;
     }
-    c->add_dx_next = NULL;
     if (!need_dx && !c->want_dw && !c->want_db) {
         c->shortcut_dx.out_channels = 0;
         finish_shortcut_dw(c);
-        return hand_dx ? dy : NULL;
+        return NULL;
     }
     float *mem = call_begin(c, true);
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
@@ -693,7 +689,53 @@ static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool ne
     finish_shortcut_dw(c);
     call_end(c, mem);
     c->shortcut_dx.out_channels = 0;
-    return hand_dx ? dy : dx;
+    return dx;
+}
+
+static const cf_tensor *conv_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    return conv_backward_call(m, dy, need_dx, NULL, false);
+}
+
+const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, float *target) {
+    return conv_backward_call(conv, dy, true, target, false);
+}
+
+bool cf_nn_conv_pair_backward_fits(const cf_module *conv, const cf_module *shortcut) {
+    const conv_impl *c = conv->impl;
+    /* the conditions of conv's backward taking the implicit path with dx, and of the forward
+     * pair; both inputs the same */
+    return conv->in && shortcut_fits(c, shortcut, conv->in) && !use_winograd(c) &&
+           ((const conv_impl *)shortcut->impl)->x == c->x;
+}
+
+void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, const cf_module *conv,
+                                  cf_nn_conv_handover *h) {
+    conv_impl *c = shortcut->impl;
+    const conv_impl *sib = conv->impl;
+    cf_param *wp = &shortcut->params[0];
+    *h = (cf_nn_conv_handover){.sc = {.out_channels = c->out_c, .w = wp->data, .dy = dy->data}};
+    /* the weight gradient too, when both go through the implicit kernel: the sibling writes this
+     * layer's partial sums, in buffers held until it reduces them */
+    bool hand_dw = false;
+    if (wp->trainable && use_implicit_dw(c) && conv->params[0].trainable && sib->pad < sib->k) {
+        c->held = cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
+        hand_dw = c->held != NULL;
+    }
+    if (hand_dw) {
+        c->dwt = c->held;
+        memset(c->ran, 0, (size_t)c->n_threads);
+        h->dw = shortcut;
+    }
+    conv_backward_call(shortcut, dy, false, NULL, hand_dw);
+    c->dx_by_sibling = true;
+}
+
+const cf_tensor *cf_nn_conv_backward_with_shortcut(cf_module *conv, const cf_tensor *dy,
+                                                   const cf_nn_conv_handover *h) {
+    conv_impl *c = conv->impl;
+    c->shortcut_dx = h->sc;
+    c->shortcut_dw = h->dw;
+    return conv_backward_call(conv, dy, true, NULL, false);
 }
 
 static const cf_module_ops conv_ops;
@@ -702,28 +744,8 @@ bool cf_nn_is_conv(const cf_module *m) {
     return m && m->ops == &conv_ops;
 }
 
-void cf_nn_conv_add_dx_next(cf_module *conv, float *target) {
-    ((conv_impl *)conv->impl)->add_dx_next = target;
-}
-
-void cf_nn_conv_shortcut_next(cf_module *conv, cf_module *shortcut) {
-    ((conv_impl *)conv->impl)->shortcut_next = shortcut;
-}
-
 bool cf_nn_conv_computed_by_sibling(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->by_sibling;
-}
-
-bool cf_nn_conv_shortcut_dx_next(cf_module *conv, cf_module *shortcut) {
-    conv_impl *c = conv->impl;
-    /* the conditions of conv's backward taking the implicit path with dx, and of the forward
-     * pair; both inputs the same */
-    if (!conv->in || !shortcut_fits(c, shortcut, conv->in) || use_winograd(c) ||
-        ((conv_impl *)shortcut->impl)->x != c->x)
-        return false;
-    ((conv_impl *)shortcut->impl)->dx_sibling = conv;
-    c->shortcut_dx.out_channels = 0; /* until the shortcut's backward hands it over */
-    return true;
 }
 
 bool cf_nn_conv_dx_by_sibling(const cf_module *conv) {
@@ -732,11 +754,6 @@ bool cf_nn_conv_dx_by_sibling(const cf_module *conv) {
 
 bool cf_nn_conv_dw_by_sibling(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dw_by_sibling;
-}
-
-void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut) {
-    ((conv_impl *)conv->impl)->shortcut_next = NULL;
-    if (cf_nn_is_conv(shortcut)) ((conv_impl *)shortcut->impl)->computed_for = NULL;
 }
 
 static const cf_module_ops conv_ops = {

@@ -2,7 +2,6 @@
  * (OpenBLAS). */
 #include "corefit/nn.h"
 
-#include <cblas.h>
 #include <math.h>
 
 typedef struct linear_impl {

@@ -1,34 +1,82 @@
-/* Internal to src/nn: the layer fusions a Sequential plans.
+/* Internal to src/nn: the layer fusions a model plans, and the zoo's own layers.
  *
- * BatchNorm + ReLU: when a Sequential is planned, each child that is a BatchNorm (its ops are
- * BatchNorm's own, not a wrapper's) directly followed by a ReLU (ReLU's own ops) is linked to
- * it: the BatchNorm then writes max(bn(x), 0) and masks the upstream gradient itself, and the
- * ReLU passes its input and the upstream gradient through untouched. The ReLU passes through
- * only while the link is mutual (the BatchNorm points at it and it points at the BatchNorm), so
- * a re-plan that can no longer see one of the two (a wrapper replaced its ops) falls back to
- * ReLU's own pass; a BatchNorm that stays fused in front of a ReLU of its own is still exact
- * (ReLU is idempotent, and its mask is the BatchNorm's). Results are bitwise identical to the
- * unfused layers.
- *
- * Residual add: a residual block with ReLU after the sum whose idpath ends in a BatchNorm (ops
- * its own) has that BatchNorm write relu(convpath(x) + bn(...)) straight into its output, which
- * becomes the block's output: one pass less over the block's output. Backward, an idpath that
- * starts with a strided 1x1 convolution adds its input gradient into the convpath's
- * (cf_nn_conv_add_dx_next) instead of the block summing the two. Forward, such a shortcut beside
- * a strided convpath convolution on the implicit kernels is computed by that convolution from
- * its phase split (cf_nn_conv_shortcut_next), so the block's input is read once; backward, the
- * idpath runs first and that convolution adds the shortcut's input gradient into its phase
- * split before the merge (cf_nn_conv_shortcut_dx_next), so the block's input gradient is written
- * once. */
+ * Fusion is decided once, when a model is planned (cf_nn_fuse, fuse.c): BatchNorm + ReLU pairs
+ * in a Sequential are linked, and each residual block is told which fused calls it makes
+ * (cf_nn_res_fusion). The block then calls them explicitly: a strided convpath convolution that
+ * computes the idpath's strided 1x1 shortcut from its phase split (forward, and its input and
+ * weight gradients backward), a shortcut that adds its input gradient into the convpath's, and
+ * an idpath BatchNorm that writes relu(convpath(x) + bn(.)) as the block's output. Every fused
+ * call is bitwise what the unfused layers compute; a module whose ops are not the layer's own (a
+ * wrapper's: timers, hooks) when the model is planned is never fused. */
 #ifndef COREFIT_NN_INTERNAL_H
 #define COREFIT_NN_INTERNAL_H
 
 #include "corefit/nn.h"
+#include "corefit/tensor.h"
+
+/* Layers of fastai's models that PyTorch has no constructor for (the model zoo's). */
+/* AvgPool2d(kernel, stride, padding, ceil_mode=True, count_include_pad=True) (pool.c). */
+cf_module *cf_nn_avgpool2d_ceil(int kernel, int stride, int padding);
+/* fastai's SigmoidRange(lo, hi): lo + (hi - lo) * sigmoid(x) (activation.c). */
+cf_module *cf_nn_sigmoid_range(float lo, float hi);
 
 /* True when m's ops are BatchNorm1d's or BatchNorm2d's (not a wrapper's). */
 bool cf_nn_is_batchnorm(const cf_module *m);
 /* True when m's ops are ReLU's (not a wrapper's). */
 bool cf_nn_is_relu(const cf_module *m);
+/* True when m's ops are Conv2d's (not a wrapper's). */
+bool cf_nn_is_conv(const cf_module *m);
+/* True when m's ops are Sequential's, or a residual block's (not a wrapper's). */
+bool cf_nn_is_sequential(const cf_module *m);
+bool cf_nn_is_residual(const cf_module *m);
+
+/* ---- planning (fuse.c) ---- */
+
+/* Decides every fusion of the tree under root, before it is planned (cf_model's plan): links
+ * each BatchNorm child of a Sequential to a ReLU child right after it, and gives each residual
+ * block the fused calls it makes (cf_nn_res_fusion). Links from an earlier plan are dropped
+ * first; enabled false (cf_model.unfused) plans none. */
+void cf_nn_fuse(cf_module *root, bool enabled);
+
+/* A residual block's fused calls; the modules are the block's own (not owned). */
+typedef struct cf_nn_res_fusion {
+    cf_module *fold;     /* the idpath's last BatchNorm, which writes relu(a + bn(.)) */
+    cf_module *pair_a;   /* the convpath's first Conv2d, which may compute ... */
+    cf_module *pair_b;   /* ... the idpath's first Conv2d (a strided 1x1 shortcut) */
+    cf_module *add_into; /* the idpath's first Conv2d, which may add its input gradient into the
+                            convpath's */
+    /* whether each path was a Sequential when planned: the fused calls run its children as its
+     * steps (a wrapper installed since, a timer, still sees each child's call) */
+    bool convpath_seq, idpath_seq;
+} cf_nn_res_fusion;
+void cf_nn_residual_set_fusion(cf_module *block, const cf_nn_res_fusion *f);
+/* Whether a residual block applies ReLU after the sum. */
+bool cf_nn_residual_relu_after(const cf_module *block);
+
+/* cf_module's out_shape and plan (the default plan when a layer has none) (module.c). */
+cf_status cf_nn_module_out_shape(cf_module *m, const cf_shape *in, cf_shape *out);
+void cf_nn_module_plan(cf_module *m, const cf_shape *in, cf_arena *arena);
+
+/* ---- Sequential's passes over part of its children (sequential.c) ---- */
+
+/* Children [lo, hi) forward from x, as Sequential's forward runs them (seq->in is the caller's
+ * to set). */
+const cf_tensor *cf_nn_seq_forward_range(cf_module *seq, const cf_tensor *x, int lo, int hi);
+/* Children [lo, hi) backward from dy (children hi-1 .. lo), as Sequential's backward runs them:
+ * each gradient a child returned is given back once the child before has read it; the last one
+ * (child lo's, asked only when need_dx) is returned, not given back. */
+const cf_tensor *cf_nn_seq_backward_range(cf_module *seq, const cf_tensor *dy, int lo, int hi,
+                                          bool need_dx);
+
+/* ---- the fused calls ---- */
+
+/* BatchNorm + ReLU: a BatchNorm linked to the ReLU after it writes max(bn(x), 0) and masks the
+ * upstream gradient itself, and the ReLU passes its input and the upstream gradient through. The
+ * ReLU passes through only while the link is mutual (the BatchNorm points at it and it points at
+ * the BatchNorm), so a re-plan that can no longer see one of the two (a wrapper replaced its
+ * ops) falls back to ReLU's own pass; a BatchNorm that stays fused in front of a ReLU of its own
+ * is still exact (ReLU is idempotent, and its mask is the BatchNorm's). Bitwise identical to the
+ * unfused layers. */
 /* Links a BatchNorm to the ReLU that follows it (NULL: unlinks). bn must pass
  * cf_nn_is_batchnorm. */
 void cf_nn_bn_fuse_relu(cf_module *bn, const cf_module *relu);
@@ -38,47 +86,49 @@ bool cf_nn_bn_fused_with(const cf_module *bn, const cf_module *relu);
 /* Links a ReLU to the BatchNorm before it (NULL: unlinks). relu must pass cf_nn_is_relu. */
 void cf_nn_relu_follow_bn(cf_module *relu, const cf_module *bn);
 
-/* Residual add + ReLU: the next forward of bn (a BatchNorm when the residual block was planned;
- * not linked to a ReLU) writes max(add + bn(x), 0), with add of the output's shape, bitwise a
- * residual block's relu(a + b). Consumed by that forward. */
-void cf_nn_bn_add_relu_next(cf_module *bn, const float *add);
+/* Residual add + ReLU: bn's forward (a BatchNorm not linked to a ReLU) writing max(add + bn(x),
+ * 0), add of the output's shape: bitwise a residual block's relu(a + b). The backward is bn's
+ * plain one (the block masks the gradient). */
+const cf_tensor *cf_nn_bn_forward_add_relu(cf_module *bn, const cf_tensor *x, const float *add);
 
-/* Residual input gradient: the next backward of conv (a Conv2d, ops its own) with need_dx adds
- * its input gradient into target (the input's shape) instead of writing its own, and returns a
- * tensor over target, when it can do so exactly (a 1x1 layer with stride above 1: each input
- * value receives at most one term, so target + term is bitwise the sum a residual block forms);
- * otherwise it returns its own gradient as usual. Consumed by that backward. */
-bool cf_nn_is_conv(const cf_module *m);
-void cf_nn_conv_add_dx_next(cf_module *conv, float *target);
-/* Residual shortcut: the next forward of conv (a stride-2 Conv2d on the implicit path) also
- * computes the output of shortcut (a 1x1 stride-2 Conv2d without padding or bias on the same
- * input) from its own phase split (cf_conv_implicit_forward_with), and shortcut's next forward
- * on that input returns it without reading the input again; bitwise what shortcut computes
- * alone. Either conv ignores it when the pair does not qualify; NULL unlinks. Consumed by the
- * forwards; cf_nn_conv_shortcut_done drops what a forward did not consume. */
-void cf_nn_conv_shortcut_next(cf_module *conv, cf_module *shortcut);
-void cf_nn_conv_shortcut_done(cf_module *conv, cf_module *shortcut);
+/* Residual shortcut, forward: conv's forward (a stride-2 Conv2d on the implicit path), which
+ * also computes the output of shortcut (a 1x1 stride-2 Conv2d without padding or bias on the
+ * same input) from its own phase split (cf_conv_implicit_forward_with), bitwise what shortcut
+ * computes alone, and leaves shortcut as its own forward on x would. *shortcut_y: shortcut's
+ * output, or NULL when the pair does not qualify (then run shortcut's forward). */
+const cf_tensor *cf_nn_conv_forward_pair(cf_module *conv, cf_module *shortcut, const cf_tensor *x,
+                                         const cf_tensor **shortcut_y);
 /* True when conv's last forward returned the output its stride-2 sibling computed (tests). */
 bool cf_nn_conv_computed_by_sibling(const cf_module *conv);
-/* Residual shortcut, backward: when shortcut and conv qualify as above (conv's last forward
- * and its next backward on the implicit path, both on the same input), links them and returns
- * true. shortcut's next backward with need_dx then computes its weight gradient only, hands its
- * output gradient to conv and returns that gradient (not an input gradient: the caller keeps it
- * alive until conv's backward); conv's next backward, with need_dx, adds the shortcut's input
- * gradient into its own (cf_conv_implicit_dx_with), bitwise the sum a residual block forms.
- * When both weights are trainable, conv also computes the shortcut's weight gradient from its
- * own transposed blocks of the input (cf_conv_implicit_wgrad_with), bitwise what the shortcut
+
+/* Residual shortcut, backward. When the pair qualifies (conv's last forward and its backward
+ * on the implicit path, both layers' last forwards on the same input:
+ * cf_nn_conv_pair_backward_fits), cf_nn_conv_shortcut_backward runs shortcut's backward without
+ * its input gradient, handing its output gradient (and, when both weights are trainable, its
+ * weight gradient) over in *h, and cf_nn_conv_backward_with_shortcut then runs conv's backward
+ * with dx, adding the shortcut's input gradient into its own (cf_conv_implicit_dx_with) and
+ * computing the shortcut's weight gradient from its own transposed blocks of the input
+ * (cf_conv_implicit_wgrad_with): bitwise the sum a residual block forms and what the shortcut
  * computes alone (a 1x1 stride-2 layer takes its weight gradient through the implicit kernel
- * wherever that runs). Run shortcut's backward first. */
-bool cf_nn_conv_shortcut_dx_next(cf_module *conv, cf_module *shortcut);
+ * wherever that runs). The shortcut's output gradient must stay alive until conv's backward. */
+typedef struct cf_nn_conv_handover {
+    cf_conv_shortcut sc; /* the shortcut's weights and output gradient */
+    cf_module *dw;       /* the shortcut, when conv computes its weight gradient; else NULL */
+} cf_nn_conv_handover;
+bool cf_nn_conv_pair_backward_fits(const cf_module *conv, const cf_module *shortcut);
+void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, const cf_module *conv,
+                                  cf_nn_conv_handover *h);
+const cf_tensor *cf_nn_conv_backward_with_shortcut(cf_module *conv, const cf_tensor *dy,
+                                                   const cf_nn_conv_handover *h);
 /* True when conv's last backward left its input gradient (its weight gradient) to its sibling
  * (tests). */
 bool cf_nn_conv_dx_by_sibling(const cf_module *conv);
 bool cf_nn_conv_dw_by_sibling(const cf_module *conv);
 
-/* Whether Sequential plans BatchNorm + ReLU fusion (default true). Takes effect the next time a
- * model is planned; for tests that compare the fused and unfused paths. Not thread-safe. */
-void cf_nn_set_fusion(bool enabled);
-bool cf_nn_fusion_enabled(void);
+/* Residual input gradient: conv's backward with dx (a Conv2d, ops its own) adding its input
+ * gradient into target (the input's shape) and returning a tensor over target when that is exact
+ * (a 1x1 layer with stride above 1: each input value receives at most one term, so target + term
+ * is bitwise the sum a residual block forms); otherwise its own gradient as usual. */
+const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, float *target);
 
 #endif

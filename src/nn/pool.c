@@ -4,6 +4,7 @@
  * independent, so the planes are split over the thread pool. Max pools keep the argmax of each
  * window (first maximum, like PyTorch; NaN wins) to route the gradient in backward. */
 #include "corefit/nn.h"
+#include "nn_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -281,4 +282,129 @@ cf_module *cf_adaptive_maxpool2d(int out_h, int out_w) {
 
 cf_module *cf_adaptive_concat_pool2d(void) {
     return pool_new(&concat_ops, (pool_impl){.kind = POOL_CONCAT, .out_h = 1, .out_w = 1});
+}
+
+/* ---- AvgPool2d(k, s, p, ceil_mode=True, count_include_pad=True) ----------------------------- */
+
+typedef struct avgpool_impl {
+    int k, s, p;
+} avgpool_impl;
+
+static int ceil_out(int n, int k, int s, int p) {
+    int o = (n + 2 * p - k + s - 1) / s + 1;
+    if ((o - 1) * s >= n + p) o--; /* the last window must start inside the input or left pad */
+    return o;
+}
+
+static cf_status avgpool_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    avgpool_impl *a = m->impl;
+    if (in->ndim != 4 || in->dim[2] + 2 * a->p < a->k || in->dim[3] + 2 * a->p < a->k) {
+        char s[64];
+        return cf_fail(CF_ERR_INVALID,
+                       "AvgPool2d(kernel %d, stride %d, padding %d, ceil_mode): input %s is not "
+                       "(N, C, H, W) with H, W >= %d",
+                       a->k, a->s, a->p, cf_shape_str(in, s, sizeof s), a->k - 2 * a->p);
+    }
+    *out = cf_shape4(in->dim[0], in->dim[1], ceil_out(in->dim[2], a->k, a->s, a->p),
+                     ceil_out(in->dim[3], a->k, a->s, a->p));
+    return CF_OK;
+}
+
+typedef struct avgpool_job {
+    const avgpool_impl *a;
+    int h, w, oh, ow;
+    const float *src; /* forward: x; backward: dy */
+    float *dst;       /* forward: y; backward: dx */
+} avgpool_job;
+
+/* Window [start, end) along one axis and PyTorch's divisor length (window clipped to the
+ * padded input). */
+static void ceil_window(int o, const avgpool_impl *a, int n, int *start, int *end, int *len) {
+    int s0 = o * a->s - a->p;
+    int e0 = s0 + a->k;
+    if (e0 > n + a->p) e0 = n + a->p;
+    *len = e0 - s0;
+    *start = s0 < 0 ? 0 : s0;
+    *end = e0 > n ? n : e0;
+}
+
+static void avgpool_fwd_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const avgpool_job *j = ctx;
+    for (int64_t plane = begin; plane < end; plane++) {
+        const float *x = j->src + plane * j->h * j->w;
+        float *y = j->dst + plane * j->oh * j->ow;
+        for (int oy = 0; oy < j->oh; oy++) {
+            int y0, y1, ly;
+            ceil_window(oy, j->a, j->h, &y0, &y1, &ly);
+            for (int ox = 0; ox < j->ow; ox++) {
+                int x0, x1, lx;
+                ceil_window(ox, j->a, j->w, &x0, &x1, &lx);
+                float sum = 0.0f;
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) sum += x[iy * j->w + ix];
+                y[oy * j->ow + ox] = sum / (float)(ly * lx);
+            }
+        }
+    }
+}
+
+static void avgpool_bwd_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const avgpool_job *j = ctx;
+    for (int64_t plane = begin; plane < end; plane++) {
+        const float *dy = j->src + plane * j->oh * j->ow;
+        float *dx = j->dst + plane * j->h * j->w;
+        memset(dx, 0, (size_t)j->h * (size_t)j->w * sizeof(float));
+        for (int oy = 0; oy < j->oh; oy++) {
+            int y0, y1, ly;
+            ceil_window(oy, j->a, j->h, &y0, &y1, &ly);
+            for (int ox = 0; ox < j->ow; ox++) {
+                int x0, x1, lx;
+                ceil_window(ox, j->a, j->w, &x0, &x1, &lx);
+                float g = dy[oy * j->ow + ox] / (float)(ly * lx);
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) dx[iy * j->w + ix] += g;
+            }
+        }
+    }
+}
+
+static const cf_tensor *avgpool_forward(cf_module *m, const cf_tensor *x) {
+    m->in = x;
+    cf_shape os;
+    avgpool_out_shape(m, &x->shape, &os); /* checked when the model was planned */
+    cf_tensor *y = cf_module_output(m, &os);
+    avgpool_job j = {m->impl,   x->shape.dim[2], x->shape.dim[3], os.dim[2],
+                     os.dim[3], x->data,         y->data};
+    cf_parallel_for((int64_t)x->shape.dim[0] * x->shape.dim[1], avgpool_fwd_range, &j);
+    return y;
+}
+
+static const cf_tensor *avgpool_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    if (!need_dx) return NULL;
+    cf_tensor *dx = cf_module_input_grad(m);
+    avgpool_job j = {m->impl,          dx->shape.dim[2], dx->shape.dim[3], dy->shape.dim[2],
+                     dy->shape.dim[3], dy->data,         dx->data};
+    cf_parallel_for((int64_t)dx->shape.dim[0] * dx->shape.dim[1], avgpool_bwd_range, &j);
+    return dx;
+}
+
+static const cf_module_ops avgpool_ceil_ops = {
+    .kind = "AvgPool2d",
+    .out_shape = avgpool_out_shape,
+    .forward = avgpool_forward,
+    .backward = avgpool_backward,
+};
+
+cf_module *cf_nn_avgpool2d_ceil(int kernel, int stride, int padding) {
+    if (kernel < 1 || stride < 1 || padding < 0 || 2 * padding > kernel) {
+        cf_fail(CF_ERR_INVALID, "AvgPool2d: kernel %d, stride %d, padding %d", kernel, stride,
+                padding);
+        return NULL;
+    }
+    avgpool_impl *a = cf_calloc(1, sizeof *a);
+    if (!a) return NULL;
+    *a = (avgpool_impl){kernel, stride, padding};
+    return cf_module_new(&avgpool_ceil_ops, a);
 }

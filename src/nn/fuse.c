@@ -1,0 +1,70 @@
+/* Fusion, decided once when a model is planned (nn_internal.h): which BatchNorm runs its ReLU,
+ * and which fused calls each residual block makes. Only layers whose ops are their own (not a
+ * wrapper's: timers, hooks) are fused; a container whose ops are wrapped is left as it is. */
+#include "corefit/nn.h"
+#include "nn_internal.h"
+
+/* The module a path starts with, and the one it ends with: its first (last) child when it is a
+ * Sequential, else the path itself. */
+static cf_module *path_first(cf_module *path) {
+    return cf_nn_is_sequential(path) && path->n_children ? path->children[0] : path;
+}
+
+static cf_module *path_last(cf_module *path) {
+    return cf_nn_is_sequential(path) && path->n_children ? path->children[path->n_children - 1]
+                                                         : path;
+}
+
+/* Links each BatchNorm child to a ReLU child right after it. Every link from an earlier plan is
+ * dropped first (a child that is no longer its layer's own keeps what it had: a BatchNorm that
+ * still writes max(y, 0) before a ReLU of its own is exact). */
+static void fuse_sequential(cf_module *m, bool enabled) {
+    for (int i = 0; i < m->n_children; i++) {
+        cf_module *c = m->children[i];
+        if (cf_nn_is_batchnorm(c))
+            cf_nn_bn_fuse_relu(c, NULL);
+        else if (cf_nn_is_relu(c))
+            cf_nn_relu_follow_bn(c, NULL);
+    }
+    if (!enabled) return;
+    for (int i = 0; i + 1 < m->n_children; i++) {
+        cf_module *bn = m->children[i], *relu = m->children[i + 1];
+        if (cf_nn_is_batchnorm(bn) && cf_nn_is_relu(relu)) {
+            cf_nn_bn_fuse_relu(bn, relu);
+            cf_nn_relu_follow_bn(relu, bn);
+        }
+    }
+}
+
+/* A block with ReLU after the sum whose idpath ends in a BatchNorm has that BatchNorm write the
+ * block's output; a convpath and an idpath that both start with a convolution pair them (the
+ * convolution decides at each call whether the pair qualifies); an idpath that starts with a
+ * convolution adds its input gradient into the convpath's. */
+static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
+    cf_nn_res_fusion f = {0};
+    if (enabled && m->n_children == 2) {
+        cf_module *cp = m->children[0], *ip = m->children[1];
+        cf_module *first_a = path_first(cp), *first_b = path_first(ip), *last_b = path_last(ip);
+        f.convpath_seq = cf_nn_is_sequential(cp);
+        f.idpath_seq = cf_nn_is_sequential(ip);
+        if (relu_after && cf_nn_is_batchnorm(last_b)) f.fold = last_b;
+        if (cf_nn_is_conv(first_b)) {
+            f.add_into = first_b;
+            if (cf_nn_is_conv(first_a)) {
+                f.pair_a = first_a;
+                f.pair_b = first_b;
+            }
+        }
+    }
+    cf_nn_residual_set_fusion(m, &f);
+}
+
+static void fuse_tree(cf_module *m, bool enabled) {
+    if (cf_nn_is_sequential(m)) fuse_sequential(m, enabled);
+    if (cf_nn_is_residual(m)) fuse_residual(m, cf_nn_residual_relu_after(m), enabled);
+    for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled);
+}
+
+void cf_nn_fuse(cf_module *root, bool enabled) {
+    if (root) fuse_tree(root, enabled);
+}

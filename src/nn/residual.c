@@ -1,0 +1,280 @@
+/* Residual block: act(convpath(x) + idpath(x)).
+ *
+ * The element-wise passes (sum and ReLU forward; ReLU's mask and the sum of the two input
+ * gradients backward) are memory-bound over the block's activations; large ones are split over
+ * the thread pool in contiguous chunks (results do not depend on the split). With ReLU after the
+ * sum and an idpath that ends in a BatchNorm, that BatchNorm writes relu(a + bn(.)) itself
+ * (nn_internal.h) and its output is the block's output. The fused calls the block makes are
+ * decided when the model is planned (cf_nn_residual_set_fusion, from fuse.c). The input gradient is
+ * summed into the convpath's input gradient in place (that buffer is dead once the convpath's
+ * backward has returned, and writing it back where it was just read costs no extra read of a fresh
+ * destination), unless that buffer is the upstream gradient itself (a convpath that passes its
+ * gradient through, without ReLU after the sum) or the idpath's: then into the block's own
+ * buffer. */
+#include "corefit/nn.h"
+#include "nn_internal.h"
+
+typedef struct residual_impl {
+    bool relu_after;
+    bool has_idpath;
+    cf_nn_res_fusion fuse; /* the fused calls, planned (nn_internal.h) */
+    cf_tensor dz;          /* gradient after the activation */
+    cf_tensor gx;          /* the input gradient when summed into the convpath's */
+} residual_impl;
+
+#define RES_PAR_MIN (1 << 16)
+
+typedef enum { RES_ADD, RES_ADD_TO, RES_ADD_RELU, RES_MASK } res_op;
+
+typedef struct res_ew {
+    res_op op;
+    const float *a, *b;
+    float *out;
+} res_ew;
+
+static void res_ew_range(void *vctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const res_ew *c = vctx;
+    const float *restrict a = c->a, *restrict b = c->b;
+    float *restrict o = c->out; /* never a or b (but for RES_ADD_TO, where a is unused) */
+    switch (c->op) {
+    case RES_ADD:
+        for (int64_t i = begin; i < end; i++) o[i] = a[i] + b[i];
+        break;
+    case RES_ADD_TO: /* out is a (a separate pointer to it would break restrict) */
+        for (int64_t i = begin; i < end; i++) o[i] += b[i];
+        break;
+    case RES_ADD_RELU:
+        for (int64_t i = begin; i < end; i++) {
+            const float v = a[i] + b[i];
+            o[i] = v > 0.0f ? v : 0.0f;
+        }
+        break;
+    case RES_MASK: /* a: the ReLU's output, b: the gradient */
+        for (int64_t i = begin; i < end; i++) {
+            const float g = b[i]; /* loaded unconditionally so that the select vectorises */
+            o[i] = a[i] > 0.0f ? g : 0.0f;
+        }
+        break;
+    }
+}
+
+static void res_ew_run(res_op op, const float *a, const float *b, float *out, size_t n) {
+    res_ew ctx = {op, a, b, out};
+    if (n >= RES_PAR_MIN && cf_get_num_threads() > 1)
+        cf_parallel_for((int64_t)n, res_ew_range, &ctx);
+    else
+        res_ew_range(&ctx, 0, (int64_t)n, 0);
+}
+
+static cf_status res_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
+    residual_impl *r = m->impl;
+    cf_shape a, b = *in;
+    cf_status st = cf_nn_module_out_shape(m->children[0], in, &a);
+    if (st != CF_OK) return cf_fail_context(st, "in residual convpath");
+    if (r->has_idpath && (st = cf_nn_module_out_shape(m->children[1], in, &b)) != CF_OK)
+        return cf_fail_context(st, "in residual idpath");
+    if (!cf_shape_equal(&a, &b)) {
+        char sa[64], sb[64];
+        return cf_fail(CF_ERR_INVALID, "residual block: convpath gives %s but idpath gives %s",
+                       cf_shape_str(&a, sa, sizeof sa), cf_shape_str(&b, sb, sizeof sb));
+    }
+    *out = a;
+    return CF_OK;
+}
+
+static const cf_module_ops residual_ops;
+
+bool cf_nn_is_residual(const cf_module *m) {
+    return m && m->ops == &residual_ops;
+}
+
+void cf_nn_residual_set_fusion(cf_module *block, const cf_nn_res_fusion *f) {
+    ((residual_impl *)block->impl)->fuse = *f;
+}
+
+bool cf_nn_residual_relu_after(const cf_module *block) {
+    return ((const residual_impl *)block->impl)->relu_after;
+}
+
+static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
+    residual_impl *r = m->impl;
+    for (int i = 0; i < m->n_children; i++) cf_nn_module_plan(m->children[i], in, arena);
+    cf_shape out;
+    if (res_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
+    m->out.data = r->fuse.fold ? NULL : cf_arena_floats(arena, cf_shape_numel(&out));
+    m->out.shape = out;
+    m->dx.data = NULL;
+    m->dx.shape = *in;
+    cf_arena_reserve_transient(arena, cf_shape_numel(in) * sizeof(float));
+    m->grad_arena = arena;
+    r->dz.data = NULL;
+    if (r->relu_after) cf_arena_reserve_transient(arena, cf_shape_numel(&out) * sizeof(float));
+}
+
+/* The steps of a path: its children when it was a Sequential at the plan (seq), else the path
+ * itself. */
+static int path_len(const cf_module *path, bool seq) {
+    return seq ? path->n_children : 1;
+}
+
+/* Steps [lo, hi) of a path forward (path->in is the caller's to set). */
+static const cf_tensor *path_forward(cf_module *path, bool seq, const cf_tensor *x, int lo,
+                                     int hi) {
+    if (seq) return cf_nn_seq_forward_range(path, x, lo, hi);
+    if (lo >= hi) return x;
+    path->in = x;
+    return path->ops->forward(path, x);
+}
+
+/* Steps [lo, hi) of a path backward, as the path's own backward runs them. */
+static const cf_tensor *path_backward(cf_module *path, bool seq, const cf_tensor *dy, int lo,
+                                      int hi, bool need_dx) {
+    if (seq) return cf_nn_seq_backward_range(path, dy, lo, hi, need_dx);
+    if (lo >= hi) return dy;
+    return path->ops->backward(path, dy, need_dx);
+}
+
+static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
+    residual_impl *r = m->impl;
+    const cf_nn_res_fusion *f = &r->fuse;
+    m->in = x;
+    cf_module *cp = m->children[0];
+    cp->in = x;
+    /* a strided convpath conv may compute the idpath's strided 1x1 conv from its phase split */
+    const cf_tensor *a, *shortcut_y = NULL;
+    if (f->pair_a) {
+        f->pair_a->in = x;
+        a = cf_nn_conv_forward_pair(f->pair_a, f->pair_b, x, &shortcut_y);
+        a = path_forward(cp, f->convpath_seq, a, 1, path_len(cp, f->convpath_seq));
+    } else {
+        a = cp->ops->forward(cp, x);
+    }
+    const cf_tensor *b = x;
+    if (r->has_idpath) {
+        cf_module *ip = m->children[1];
+        ip->in = x;
+        const int n = path_len(ip, f->idpath_seq), end = f->fold ? n - 1 : n;
+        if (shortcut_y)
+            b = path_forward(ip, f->idpath_seq, shortcut_y, 1, end);
+        else if (f->fold)
+            b = path_forward(ip, f->idpath_seq, x, 0, end);
+        else
+            b = ip->ops->forward(ip, x);
+        if (f->fold) { /* relu(a + idpath(x)), written by its last BatchNorm */
+            b = cf_nn_bn_forward_add_relu(f->fold, b, a->data);
+            m->out = *b;
+            return &m->out;
+        }
+    }
+    cf_tensor *y = cf_module_output(m, &a->shape);
+    res_ew_run(r->relu_after ? RES_ADD_RELU : RES_ADD, a->data, b->data, y->data,
+               cf_tensor_numel(y));
+    return y;
+}
+
+/* Gives back a gradient the block has read (not dy, the caller's, nor keep, what it returns). */
+static void res_give(const cf_module *m, const cf_tensor *t, const cf_tensor *dy,
+                     const float *keep) {
+    if (t && t->data != dy->data && t->data != keep) cf_module_give_grad(m, t->data, keep);
+}
+
+/* The idpath's backward with its first conv's input gradient added into target (in place when
+ * exact): the steps after it as the path runs them, then that conv. */
+static const cf_tensor *idpath_backward_add(cf_module *ip, bool seq, cf_module *conv,
+                                            const cf_tensor *dz, float *target) {
+    const cf_tensor *t = path_backward(ip, seq, dz, 1, path_len(ip, seq), true);
+    const cf_tensor *db = cf_nn_conv_backward_add(conv, t, target);
+    if (t->data != dz->data) cf_module_give_grad(ip, t->data, db->data);
+    return db;
+}
+
+static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    residual_impl *r = m->impl;
+    const cf_nn_res_fusion *f = &r->fuse;
+    const cf_tensor *dz = dy;
+    if (r->relu_after) {
+        r->dz.shape = dy->shape;
+        r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
+        res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, cf_tensor_numel(dy));
+        dz = &r->dz;
+    }
+    cf_module *cp = m->children[0];
+    /* a shortcut whose output the convpath's first conv computed may leave its input gradient
+     * to that conv as well: the idpath runs first and hands over the shortcut's output gradient,
+     * dead once the convpath has run */
+    if (f->pair_a && need_dx && cf_nn_conv_pair_backward_fits(f->pair_a, f->pair_b)) {
+        cf_module *ip = m->children[1];
+        const cf_tensor *handed =
+            path_backward(ip, f->idpath_seq, dz, 1, path_len(ip, f->idpath_seq), true);
+        cf_nn_conv_handover h;
+        cf_nn_conv_shortcut_backward(f->pair_b, handed, f->pair_a, &h);
+        const cf_tensor *da =
+            path_backward(cp, f->convpath_seq, dz, 1, path_len(cp, f->convpath_seq), true);
+        const cf_tensor *dx = cf_nn_conv_backward_with_shortcut(f->pair_a, da, &h);
+        if (da->data != dz->data) cf_module_give_grad(cp, da->data, dx->data);
+        res_give(m, handed, dy, dx->data);
+        if (dz != dy) res_give(m, dz, dy, dx->data);
+        return dx;
+    }
+    const cf_tensor *da = cp->ops->backward(cp, dz, need_dx);
+    const cf_tensor *db = dz;
+    const cf_tensor *dx = NULL;
+    if (r->has_idpath) {
+        cf_module *ip = m->children[1];
+        /* an idpath that starts with a convolution may add its gradient into the convpath's
+         * (a buffer of the convpath's own, dead once read here) */
+        if (f->add_into && need_dx && da->data != dy->data && da->data != dz->data) {
+            db = idpath_backward_add(ip, f->idpath_seq, f->add_into, dz, da->data);
+            if (db->data == da->data) dx = db; /* added in place */
+        } else {
+            db = ip->ops->backward(ip, dz, need_dx);
+        }
+    }
+    if (need_dx && !dx) {
+        if (da->data != dy->data && da->data != db->data && da->data != dz->data) {
+            r->gx = (cf_tensor){.data = da->data, .shape = m->in->shape};
+            res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, cf_tensor_numel(&r->gx));
+            dx = &r->gx;
+        } else {
+            cf_tensor *sum = cf_module_input_grad(m);
+            res_ew_run(RES_ADD, da->data, db->data, sum->data, cf_tensor_numel(sum));
+            dx = sum;
+        }
+    }
+    /* what the paths returned and the masked gradient are dead now, unless returned */
+    const float *keep = dx ? dx->data : NULL;
+    res_give(m, da, dy, keep);
+    if (db != dz) res_give(m, db, dy, keep);
+    if (dz != dy) res_give(m, dz, dy, keep);
+    return dx;
+}
+
+static const cf_module_ops residual_ops = {
+    .kind = "ResBlock",
+    .out_shape = res_out_shape,
+    .plan = res_plan,
+    .forward = res_forward,
+    .backward = res_backward,
+};
+
+cf_module *cf_residual(cf_module *convpath, cf_module *idpath, bool relu_after) {
+    residual_impl *r = cf_calloc(1, sizeof *r);
+    cf_module *m = r ? cf_module_new(&residual_ops, r) : NULL;
+    if (!m || !convpath) {
+        cf_module_free(m);
+        cf_module_free(convpath);
+        cf_module_free(idpath);
+        if (!convpath) cf_fail(CF_ERR_INVALID, "cf_residual: NULL convpath");
+        return NULL;
+    }
+    r->relu_after = relu_after;
+    r->has_idpath = idpath != NULL;
+    if (cf_module_add_child(m, convpath, "convpath") != CF_OK ||
+        (idpath && cf_module_add_child(m, idpath, "idpath") != CF_OK)) {
+        if (m->n_children == 1 && idpath) cf_module_free(idpath);
+        cf_module_free(m);
+        return NULL;
+    }
+    return m;
+}
