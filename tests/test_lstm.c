@@ -8,6 +8,7 @@
 #include "corefit/nn.h"
 #include "nn/rnn_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -210,11 +211,113 @@ static void test_awd_lstm_lm(void **state) {
     cf_model_free(model);
 }
 
+/* WeightDropout: the mask is element-wise, 0 or 1 / (1 - p), about p of it 0, redrawn at each
+ * training forward; eval runs the raw weight; cf_rnn_reset gives the same output again. */
+static void test_weight_dropout_semantics(void **state) {
+    (void)state;
+    const int I = 6, H = 16;
+    const float p = 0.3f;
+    cf_model *model = NULL;
+    assert_int_equal(cf_model_new(&model, cf_weight_dropout(cf_lstm(I, H), p), 3), CF_OK);
+    assert_non_null(cf_model_param(model, "weight_hh_l0_raw"));
+    assert_non_null(cf_model_param(model, "module.weight_ih_l0"));
+    assert_null(cf_model_param(model, "module.weight_hh_l0"));
+    float x[2 * 3 * 6];
+    fill_uniform(x, sizeof x / sizeof x[0], 9, -1, 1);
+    cf_tensor xt = cf_tensor_view(x, (cf_shape){.ndim = 3, .dim = {2, 3, I}});
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    const float *mask = cf_nn_weight_dropout_mask(model->root);
+    assert_non_null(mask);
+    const size_t n = (size_t)4 * H * H;
+    float *first = malloc(n * sizeof(float));
+    memcpy(first, mask, n * sizeof(float));
+    size_t zeros = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(mask[i] == 0.0f || fabsf(mask[i] - 1.0f / (1.0f - p)) < 1e-6f);
+        zeros += mask[i] == 0.0f;
+    }
+    assert_true(zeros > n * 0.2 && zeros < n * 0.4);
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    assert_true(memcmp(first, cf_nn_weight_dropout_mask(model->root), n * sizeof(float)) != 0);
+    free(first);
+    /* eval: no mask, and the output of a plain LSTM holding the raw weight */
+    cf_model_train(model, false);
+    cf_rnn_reset(model->root);
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    assert_null(cf_nn_weight_dropout_mask(model->root));
+    float *ye = malloc(cf_tensor_numel(y) * sizeof(float));
+    memcpy(ye, y->data, cf_tensor_numel(y) * sizeof(float));
+    cf_model *plain = NULL;
+    assert_int_equal(cf_model_new(&plain, cf_lstm(I, H), 4), CF_OK);
+    memcpy(cf_model_param(plain, "weight_ih_l0")->data,
+           cf_model_param(model, "module.weight_ih_l0")->data, (size_t)4 * H * I * sizeof(float));
+    memcpy(cf_model_param(plain, "weight_hh_l0")->data,
+           cf_model_param(model, "weight_hh_l0_raw")->data, n * sizeof(float));
+    memcpy(cf_model_param(plain, "bias_ih_l0")->data,
+           cf_model_param(model, "module.bias_ih_l0")->data, (size_t)4 * H * sizeof(float));
+    memcpy(cf_model_param(plain, "bias_hh_l0")->data,
+           cf_model_param(model, "module.bias_hh_l0")->data, (size_t)4 * H * sizeof(float));
+    const cf_tensor *yp;
+    assert_int_equal(cf_model_forward(plain, &xt, &yp), CF_OK);
+    assert_memory_equal(ye, yp->data, cf_tensor_numel(yp) * sizeof(float));
+    /* the state carried: a second forward differs; after a reset it repeats the first */
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    assert_true(memcmp(ye, y->data, cf_tensor_numel(y) * sizeof(float)) != 0);
+    cf_rnn_reset(model->root);
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    assert_memory_equal(ye, y->data, cf_tensor_numel(y) * sizeof(float));
+    free(ye);
+    cf_model_free(plain);
+    cf_model_free(model);
+}
+
+/* EmbeddingDropout: a dropped token's whole row is 0, a kept one is scaled; the padding row is
+ * looked up but gets no gradient. */
+static void test_embedding_dropout_semantics(void **state) {
+    (void)state;
+    const int V = 40, D = 5;
+    const float p = 0.5f;
+    cf_model *model = NULL;
+    assert_int_equal(cf_model_new(&model, cf_embedding_dropout(V, D, p, 1), 8), CF_OK);
+    const float *w = model->params[0]->data;
+    for (size_t i = 0; i < (size_t)V * D; i++) assert_true(w[i] >= -0.1f && w[i] <= 0.1f);
+    float ids[2 * 20];
+    for (int i = 0; i < 40; i++) ids[i] = (float)(i % V);
+    ids[3] = 1.0f;
+    cf_tensor xt = cf_tensor_view(ids, cf_shape2(2, 20));
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    const float *mask = cf_nn_embedding_dropout_mask(model->root);
+    assert_non_null(mask);
+    int dropped = 0;
+    for (int i = 0; i < 40; i++) {
+        const int c = (int)ids[i];
+        assert_true(mask[c] == 0.0f || mask[c] == 2.0f);
+        dropped += mask[c] == 0.0f;
+        for (int j = 0; j < D; j++)
+            assert_float_equal(y->data[i * D + j], w[c * D + j] * mask[c], 0);
+    }
+    assert_true(dropped > 0 && dropped < 40);
+    float dy[2 * 20 * 5];
+    for (int i = 0; i < 200; i++) dy[i] = 1.0f;
+    cf_model_zero_grad(model);
+    cf_tensor dyt = cf_tensor_view(dy, y->shape);
+    assert_int_equal(cf_model_backward(model, &dyt), CF_OK);
+    const float *g = model->params[0]->grad;
+    for (int j = 0; j < D; j++) assert_float_equal(g[1 * D + j], 0.0f, 0); /* padding */
+    for (int c = 2; c < V; c++) /* once each (ids 0..39 but 3, which became padding) */
+        for (int j = 0; j < D; j++) assert_float_equal(g[c * D + j], c == 3 ? 0.0f : mask[c], 1e-6);
+    cf_model_free(model);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lstm_sizes),
         cmocka_unit_test(test_lstm_truncated_bptt),
         cmocka_unit_test(test_awd_lstm_lm),
+        cmocka_unit_test(test_weight_dropout_semantics),
+        cmocka_unit_test(test_embedding_dropout_semantics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
