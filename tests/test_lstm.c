@@ -311,6 +311,175 @@ static void test_embedding_dropout_semantics(void **state) {
     cf_model_free(model);
 }
 
+/* ---- the ULMFiT classifier ---- */
+
+typedef struct chunk_masks {
+    oracle *o;
+    int batch, V, E, NH, L;
+} chunk_masks;
+
+/* every chunk's dropout masks, as the SentenceEncoder runs it */
+static void put_chunk_masks(void *ctx, int chunk, const cf_module *awd) {
+    const chunk_masks *c = ctx;
+    const int L = c->L, rows = awd->in->shape.dim[0];
+    char name[48];
+    snprintf(name, sizeof name, "b%dc%d_emb", c->batch, chunk);
+    put_mask(c->o, name, cf_nn_embedding_dropout_mask(awd->children[0]), cf_shape1(c->V));
+    snprintf(name, sizeof name, "b%dc%d_in", c->batch, chunk);
+    put_mask(c->o, name, cf_nn_rnn_dropout_mask(awd->children[1 + L]), cf_shape2(rows, c->E));
+    for (int l = 0; l < L; l++) {
+        const int hid = l == L - 1 ? c->E : c->NH;
+        snprintf(name, sizeof name, "b%dc%d_w%d", c->batch, chunk, l);
+        put_mask(c->o, name, cf_nn_weight_dropout_mask(awd->children[1 + l]),
+                 cf_shape2(4 * hid, hid));
+        if (l < L - 1) {
+            snprintf(name, sizeof name, "b%dc%d_h%d", c->batch, chunk, l);
+            put_mask(c->o, name, cf_nn_rnn_dropout_mask(awd->children[2 + L + l]),
+                     cf_shape2(rows, hid));
+        }
+    }
+}
+
+/* a row of T columns holding a text of len tokens as fastai's Pad_Chunk(pad_first) lays it out:
+ * whole chunks of padding, the text, then the rest of the padding */
+static void chunk_padded_row(float *row, int T, int len, int bptt, int V, cf_rng *rng) {
+    const int l = T - len, lead = l / bptt * bptt;
+    for (int t = 0; t < T; t++)
+        row[t] = t >= lead && t < lead + len ? (float)(2 + cf_rng_below(rng, V - 2)) : 1.0f;
+}
+
+static void test_text_classifier(void **state) {
+    (void)state;
+    const int V = 37, E = 8, NH = 12, L = 3, bptt = 4, max_len = 8, n_class = 3, n = 2;
+    cf_awd_lstm_config cfg = cf_awd_lstm_clas_config();
+    cfg.emb_sz = E;
+    cfg.n_hid = NH;
+    cfg.n_layers = L;
+    const int lin_ftrs[] = {6};
+    const float ps[] = {0.3f};
+    cf_text_classifier_opts opts = {
+        .seq_len = bptt, .max_len = max_len, .lin_ftrs = lin_ftrs, .n_lin_ftrs = 1, .ps = ps};
+    cf_module *root = cf_text_classifier(V, n_class, &cfg, 1.0f, &opts);
+    assert_non_null(root);
+    cf_model *model = NULL;
+    assert_int_equal(cf_model_new(&model, root, 17), CF_OK);
+    /* fastai's names and BatchNorm init */
+    assert_non_null(cf_model_param(model, "0.module.encoder.weight"));
+    assert_non_null(cf_model_param(model, "0.module.rnns.2.weight_hh_l0_raw"));
+    assert_non_null(cf_model_param(model, "1.layers.1.2.weight"));
+    assert_null(cf_model_param(model, "1.layers.0.2.bias"));
+    const cf_param *bn_bias = cf_model_param(model, "1.layers.0.0.bias");
+    assert_non_null(bn_bias);
+    assert_int_equal(bn_bias->numel, 3 * E);
+    for (size_t i = 0; i < bn_bias->numel; i++) {
+        assert_float_equal(bn_bias->data[i], 1e-3f, 0);
+        assert_float_equal(cf_model_param(model, "1.layers.0.0.weight")->data[i], 1.0f, 0);
+    }
+    /* the 5 groups of awd_lstm_clas_split */
+    assert_int_equal(cf_split_text_classifier(model), CF_OK);
+    assert_int_equal(model->n_groups, 5);
+    assert_int_equal(cf_model_param(model, "0.module.encoder.weight")->group, 0);
+    assert_int_equal(cf_model_param(model, "0.module.rnns.0.module.weight_ih_l0")->group, 1);
+    assert_int_equal(cf_model_param(model, "0.module.rnns.2.weight_hh_l0_raw")->group, 3);
+    assert_int_equal(cf_model_param(model, "1.layers.0.0.weight")->group, 4);
+
+    cf_module *enc = model->root->children[0], *head = model->root->children[1];
+    cf_module *awd = enc->children[0];
+    oracle o;
+    oracle_init(&o);
+    put_params(&o, model);
+    cf_model_zero_grad(model);
+    /* batch 0: T 14 in chunks of 4 (real_bs 2, 3, 4, 4; the first two only warm the state, the
+     * last two are kept), rows with padding behind the text; batch 1: T 5, every chunk kept */
+    const int bs[2] = {4, 3}, steps[2] = {14, 5};
+    const int lens[2][4] = {{14, 13, 10, 5}, {5, 5, 1, 0}};
+    const int kept[2] = {6, 5};
+    float *logits[2], losses[2];
+    const int n_mod = cf_nn_count_modules(awd);
+    cf_rng *rng_after = malloc((size_t)n_mod * sizeof(cf_rng));
+    cf_rng *rng_now = malloc((size_t)n_mod * sizeof(cf_rng));
+    for (int k = 0; k < n; k++) {
+        const int B = bs[k], T = steps[k];
+        float *x = malloc((size_t)B * T * sizeof(float)), tg[4];
+        cf_rng rng;
+        cf_rng_seed(&rng, 70 + k);
+        for (int b = 0; b < B; b++) {
+            chunk_padded_row(x + b * T, T, lens[k][b], bptt, V, &rng);
+            tg[b] = (float)cf_rng_below(&rng, n_class);
+        }
+        char name[32];
+        snprintf(name, sizeof name, "x%d", k);
+        oracle_put(&o, name, x, cf_shape2(B, T));
+        snprintf(name, sizeof name, "t%d", k);
+        oracle_put(&o, name, tg, cf_shape1(B));
+        chunk_masks cm = {.o = &o, .batch = k, .V = V, .E = E, .NH = NH, .L = L};
+        cf_nn_sentence_encoder_on_chunk(enc, put_chunk_masks, &cm);
+        cf_tensor xt = cf_tensor_view(x, cf_shape2(B, T));
+        const cf_tensor *y;
+        assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+        assert_int_equal(enc->out.shape.dim[1], kept[k]);
+        assert_int_equal(y->shape.dim[0], B);
+        assert_int_equal(y->shape.dim[1], n_class);
+        /* the head's dropout masks, read off its dropouts' outputs */
+        cf_module *layers = head->children[0];
+        for (int i = 0; i < 2; i++) {
+            const cf_module *drop = layers->children[i]->children[1];
+            const float p = i == 0 ? cfg.output_p : ps[0];
+            const size_t nf = cf_tensor_numel(&drop->out);
+            float *mask = malloc(nf * sizeof(float));
+            for (size_t j = 0; j < nf; j++) mask[j] = drop->out.data[j] == 0.0f ? 0 : 1 / (1 - p);
+            snprintf(name, sizeof name, "b%d_hd%d", k, i);
+            oracle_put(&o, name, mask, drop->out.shape);
+            free(mask);
+        }
+        logits[k] = malloc((size_t)B * n_class * sizeof(float));
+        memcpy(logits[k], y->data, (size_t)B * n_class * sizeof(float));
+        cf_loss loss = {.kind = CF_LOSS_CROSS_ENTROPY};
+        cf_tensor target = cf_tensor_view(tg, cf_shape1(B));
+        assert_int_equal(cf_loss_forward(&loss, y, &target, &losses[k], NULL), CF_OK);
+        float dl[4 * 3];
+        cf_tensor dpred = cf_tensor_view(dl, y->shape);
+        cf_loss_backward(&loss, y, &target, &dpred);
+        cf_nn_rng_save(awd, rng_after);
+        assert_int_equal(cf_model_backward(model, &dpred), CF_OK);
+        /* the recomputation backward ran leaves the random streams as the forward did */
+        cf_nn_rng_save(awd, rng_now);
+        assert_memory_equal(rng_after, rng_now, (size_t)n_mod * sizeof(cf_rng));
+        free(x);
+    }
+    cf_nn_sentence_encoder_on_chunk(enc, NULL, NULL);
+    free(rng_after);
+    free(rng_now);
+    char args[96];
+    snprintf(args, sizeof args, "clas %d %d %d %d %d %d %d %d %d", V, E, NH, L, bptt, max_len, n,
+             lin_ftrs[0], n_class);
+    oracle_run(&o, "lstm.py", args);
+    for (int k = 0; k < n; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "logits%d", k);
+        cf_tensor r = oracle_get(&o, name);
+        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
+        free(r.data);
+        free(logits[k]);
+        snprintf(name, sizeof name, "loss%d", k);
+        r = oracle_get(&o, name);
+        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
+        free(r.data);
+    }
+    for (int i = 0; i < model->n_params; i++) {
+        const cf_param *p = model->params[i];
+        if (!p->grad) continue; /* BatchNorm's running statistics */
+        char name[300];
+        snprintf(name, sizeof name, "g_%s", p->full_name);
+        cf_tensor g = oracle_get(&o, name);
+        assert_int_equal(cf_tensor_numel(&g), p->numel);
+        assert_close(name, p->grad, g.data, p->numel, 1e-4, 1e-5);
+        free(g.data);
+    }
+    oracle_cleanup(&o);
+    cf_model_free(model);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lstm_sizes),
@@ -318,6 +487,7 @@ int main(void) {
         cmocka_unit_test(test_awd_lstm_lm),
         cmocka_unit_test(test_weight_dropout_semantics),
         cmocka_unit_test(test_embedding_dropout_semantics),
+        cmocka_unit_test(test_text_classifier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -485,6 +485,50 @@ cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, floa
  * (n_layers + 1 groups). model->root must come from cf_awd_lstm_lm. */
 cf_status cf_split_awd_lstm_lm(struct cf_model *model);
 
+/* ---- fastai's ULMFiT text classifier (fastai/text/models/core.py) ---- */
+
+/* fastai's SentenceEncoder(bptt, AWD_LSTM, pad_idx, max_len): takes ownership of awd_lstm (child
+ * "module"). Input (B, T) ids padded in front in bptt chunks (fastai's Pad_Chunk, rows sorted
+ * longest first); output (B, K, emb_sz), K the columns of the chunks within the last max_len
+ * (a chunk starting at column i is kept when T - i <= max_len; max_len < 0: all). Each forward
+ * resets the state, then runs chunk i = 0, bptt, 2 bptt, ... on its first real_bs rows (real_bs:
+ * the rows whose column i is not pad_idx), the state carried and detached between chunks; rows
+ * past real_bs are zero in the output. Earlier chunks only warm the state (no output, no
+ * gradient). Backward recomputes each kept chunk but the last (same masks and state) instead of
+ * holding all of them. max_len must be >= bptt (or < 0). */
+cf_module *cf_sentence_encoder(int bptt, cf_module *awd_lstm, int pad_idx, int max_len);
+/* fastai's PoolingLinearClassifier(dims, ps, bptt) after `encoder` (a cf_sentence_encoder, whose
+ * input gives the padding): masked_concat_pool of the encoder's output (B, K, E) into (B, 3E) =
+ * [the output at the last non-pad column (index -(pads in the last bptt columns) - 1), max over
+ * non-pad columns, mean over non-pad columns], then child "layers": for each i < n_dims - 1 a
+ * LinBnDrop "layers.<i>" = BatchNorm1d(dims[i]) (weight 1, bias 1e-3), Dropout(ps[i]) when
+ * ps[i] > 0, Linear(dims[i], dims[i + 1], no bias, PyTorch init), ReLU except after the last.
+ * dims[0] must be 3E. Output (B, dims[n_dims - 1]) logits. */
+cf_module *cf_pooling_linear_classifier(const cf_module *encoder, const int *dims, int n_dims,
+                                        const float *ps);
+
+typedef struct cf_text_classifier_opts {
+    int seq_len;         /* bptt of the SentenceEncoder; 0: 72 */
+    int max_len;         /* 0: 72 * 20 = 1440; < 0: no limit */
+    const int *lin_ftrs; /* hidden sizes of the head; NULL: {50} */
+    int n_lin_ftrs;
+    const float *ps; /* n_lin_ftrs dropouts after the first block's; NULL: 0.1 each */
+} cf_text_classifier_opts;
+
+/* fastai's get_text_classifier(AWD_LSTM, vocab_sz, n_class, seq_len, config, drop_mult,
+ * lin_ftrs, ps, max_len): Sequential("0" cf_sentence_encoder(seq_len, cf_awd_lstm(vocab, config,
+ * drop_mult), config->pad_token, max_len), "1" cf_pooling_linear_classifier with dims
+ * [3 emb_sz, *lin_ftrs, n_class] and ps [output_p * drop_mult, *ps]). Names as fastai's
+ * state_dict: "0.module.encoder.weight", "0.module.rnns.0.weight_hh_l0_raw", ...,
+ * "1.layers.0.0.weight" (BatchNorm1d), "1.layers.0.2.weight" (Linear). NULL config:
+ * awd_lstm_clas_config; NULL opts: the defaults. */
+cf_module *cf_text_classifier(int vocab_size, int n_class, const cf_awd_lstm_config *config,
+                              float drop_mult, const cf_text_classifier_opts *opts);
+/* fastai's awd_lstm_clas_split: [encoder], [rnns.0], ..., [rnns.n-1], [head] (n_layers + 2
+ * groups; 5 for the configs, so slice(lr / 2.6^4, lr) spreads over all of them). model->root
+ * must come from cf_text_classifier. */
+cf_status cf_split_text_classifier(struct cf_model *model);
+
 #ifdef __cplusplus
 }
 #endif

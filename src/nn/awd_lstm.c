@@ -197,6 +197,14 @@ static bool is_awd(const cf_module *m) {
     return m && m->ops == &awd_ops;
 }
 
+bool cf_nn_is_awd_lstm(const cf_module *m) {
+    return is_awd(m);
+}
+
+int cf_nn_awd_lstm_layers(const cf_module *m) {
+    return is_awd(m) ? ((const awd_impl *)m->impl)->n_layers : 0;
+}
+
 cf_status cf_split_awd_lstm_lm(cf_model *model) {
     cf_module *root = model->root;
     if (root->n_children != 2 || !is_awd(root->children[0]))

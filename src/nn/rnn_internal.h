@@ -23,6 +23,18 @@ const float *cf_nn_rnn_dropout_mask(const cf_module *m);
 const float *cf_nn_embedding_dropout_mask(const cf_module *m);
 const float *cf_nn_weight_dropout_mask(const cf_module *m);
 
+/* AWD_LSTM (awd_lstm.c): whether m is one, and its number of layers (0 when it is not); its
+ * children are 0 "encoder", 1..n "rnns.<l>", then "input_dp" and "hidden_dps.<l>". */
+bool cf_nn_is_awd_lstm(const cf_module *m);
+int cf_nn_awd_lstm_layers(const cf_module *m);
+
+/* SentenceEncoder (text_classifier.c): fn(ctx, chunk, awd) runs after the AWD_LSTM's forward on
+ * each chunk of each forward (not on the recomputations backward runs), so that a test can read
+ * every chunk's dropout masks; fn NULL: none. */
+void cf_nn_sentence_encoder_on_chunk(cf_module *encoder,
+                                     void (*fn)(void *ctx, int chunk, const cf_module *awd),
+                                     void *ctx);
+
 /* C (m x n) (+)= op(A) . op(B) through cf_sgemm, the rows of C split over the thread pool. */
 void cf_nn_par_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float beta, float *c, int ldc);

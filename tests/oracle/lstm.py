@@ -8,6 +8,12 @@ usage: lstm.py DIR lstm I H N      nn.LSTM(I, H, batch_first) over batches x<k>,
        lstm.py DIR lm V E NH L N   the language model over batches x<k> (ids) and t<k> (targets)
                                    with masks m<k>_emb, m<k>_in, m<k>_w<l>, m<k>_h<l>, m<k>_out;
                                    outputs logits<k>, loss<k>, g_<param>
+       lstm.py DIR clas V E NH L BPTT MAX_LEN N D1 .. Dn
+                                   fastai's text classifier (SentenceEncoder, masked_concat_pool,
+                                   PoolingLinearClassifier with dims [3E, D1, .., Dn]) over
+                                   batches x<k> (ids padded in front), t<k> (classes), with masks
+                                   b<k>c<c>_emb, _in, _w<l>, _h<l> for chunk c and b<k>_hd<i> for
+                                   the head's dropouts; outputs logits<k>, loss<k>, g_<param>
 """
 import os
 import sys
@@ -104,6 +110,73 @@ def run_lm(d, v, e, nh, nl, n):
         common.put(d, "g_" + name, p[name].grad.numpy())
 
 
+def masked_concat_pool(output, mask, bptt):
+    """fastai/text/models/core.py, verbatim."""
+    lens = output.shape[1] - mask.long().sum(dim=1)
+    last_lens = mask[:, -bptt:].long().sum(dim=1)
+    avg_pool = output.masked_fill(mask[:, :, None], 0).sum(dim=1)
+    avg_pool.div_(lens.type(avg_pool.dtype)[:, None])
+    max_pool = output.masked_fill(mask[:, :, None], -float("inf")).max(dim=1)[0]
+    return torch.cat([output[torch.arange(0, output.size(0)), -last_lens - 1], max_pool, avg_pool],
+                     1)
+
+
+def run_clas(d, v, e, nh, nl, bptt, max_len, n, *head):
+    dims = [3 * e] + list(head)
+    names = ["0.module.encoder.weight"]
+    for l in range(nl):
+        pre = "0.module.rnns.%d." % l
+        names += [pre + "weight_hh_l0_raw", pre + "module.weight_ih_l0",
+                  pre + "module.bias_ih_l0", pre + "module.bias_hh_l0"]
+    for i in range(len(dims) - 1):
+        names += ["1.layers.%d.0.weight" % i, "1.layers.%d.0.bias" % i, "1.layers.%d.2.weight" % i]
+    p = {name: t(d, "p_" + name).requires_grad_(True) for name in names}
+    sizes = [nh if l < nl - 1 else e for l in range(nl)]
+    for k in range(n):
+        ids = torch.tensor(common.get(d, "x%d" % k)).long()
+        tgt = torch.tensor(common.get(d, "t%d" % k)).long()
+        bs, sl = ids.shape
+        # SentenceEncoder.forward: reset, then the chunks
+        state = [(torch.zeros(0, hs, dtype=torch.float64),) * 2 for hs in sizes]
+        mask = ids == 1
+        outs, masks = [], []
+        for c, i in enumerate(range(0, sl, bptt)):
+            real_bs = int((ids[:, i] != 1).long().sum())
+            inp = ids[:real_bs, i:min(i + bptt, sl)]
+            state = [tuple(fit_state(s[None], real_bs)[0] for s in st) for st in state]
+            pre = "b%dc%d_" % (k, c)
+            w = p["0.module.encoder.weight"] * t(d, pre + "emb")[:, None]
+            x = F.embedding(inp, w, padding_idx=1) * t(d, pre + "in")[:, None, :]
+            new_state = []
+            for l in range(nl):
+                q = "0.module.rnns.%d." % l
+                whh = p[q + "weight_hh_l0_raw"] * t(d, pre + "w%d" % l)
+                x, h, cc = lstm_steps(x, state[l][0], state[l][1], p[q + "module.weight_ih_l0"],
+                                      whh, p[q + "module.bias_ih_l0"], p[q + "module.bias_hh_l0"])
+                new_state.append((h.detach(), cc.detach()))
+                if l < nl - 1:
+                    x = x * t(d, pre + "h%d" % l)[:, None, :]
+            state = new_state
+            if sl - i <= max_len:
+                outs.append(torch.cat([x, x.new_zeros(bs - real_bs, *x.shape[1:])], 0))
+                masks.append(mask[:, i:min(i + bptt, sl)])
+        out = torch.cat(outs, 1)
+        h = masked_concat_pool(out, torch.cat(masks, 1), bptt)
+        for i in range(len(dims) - 1):
+            h = F.batch_norm(h, None, None, p["1.layers.%d.0.weight" % i],
+                             p["1.layers.%d.0.bias" % i], training=True, eps=1e-5)
+            h = h * t(d, "b%d_hd%d" % (k, i))
+            h = h @ p["1.layers.%d.2.weight" % i].t()
+            if i < len(dims) - 2:
+                h = F.relu(h)
+        loss = F.cross_entropy(h, tgt)
+        loss.backward()
+        common.put(d, "logits%d" % k, h.detach().numpy())
+        common.put(d, "loss%d" % k, loss.detach().reshape(1).numpy())
+    for name in names:
+        common.put(d, "g_" + name, p[name].grad.numpy())
+
+
 def main():
     torch.set_num_threads(1)
     d = common.folder()
@@ -113,6 +186,8 @@ def main():
         run_lstm(d, *args)
     elif mode == "lm":
         run_lm(d, *args)
+    elif mode == "clas":
+        run_clas(d, *args)
     else:
         raise SystemExit("unknown mode " + mode)
 
