@@ -116,8 +116,9 @@ static void put_mask(oracle *o, const char *name, const float *mask, cf_shape sh
     free(ones);
 }
 
-static void test_awd_lstm_lm(void **state) {
-    (void)state;
+/* the language model over three batches; alpha, beta: fastai's RNNRegularizer added to the loss
+ * back-propagated (cf_rnn_regularizer_set) */
+static void check_awd_lstm_lm(float alpha, float beta) {
     const int V = 37, E = 8, NH = 12, L = 3, n = 3;
     cf_awd_lstm_config cfg = cf_awd_lstm_lm_config();
     cfg.emb_sz = E;
@@ -129,12 +130,16 @@ static void test_awd_lstm_lm(void **state) {
     cf_model *model = NULL;
     assert_int_equal(cf_model_new(&model, root, 5), CF_OK);
     cf_module *awd = model->root->children[0], *dec = model->root->children[1];
+    assert_null(cf_awd_lstm_lm_raw_out(model->root)); /* no forward yet */
+    assert_int_equal(cf_rnn_regularizer_set(model->root, alpha, beta), CF_OK);
+    assert_int_equal(cf_rnn_regularizer_set(awd, alpha, beta), CF_ERR_INVALID);
+    assert_int_equal(cf_rnn_regularizer_set(model->root, -1.0f, beta), CF_ERR_INVALID);
     oracle o;
     oracle_init(&o);
     put_params(&o, model);
     cf_model_zero_grad(model);
     const int bs[3] = {3, 3, 2}, steps[3] = {6, 6, 4};
-    float *logits[3], losses[3];
+    float *logits[3], losses[3], regs[3];
     for (int k = 0; k < n; k++) {
         const cf_shape xs = cf_shape2(bs[k], steps[k]);
         const size_t nt = cf_shape_numel(&xs);
@@ -177,6 +182,22 @@ static void test_awd_lstm_lm(void **state) {
         put_mask(&o, name, cf_nn_rnn_dropout_mask(dec->children[0]), cf_shape2(bs[k], E));
         logits[k] = malloc(nt * V * sizeof(float));
         memcpy(logits[k], y->data, nt * V * sizeof(float));
+        /* fastai's (logits, raw_out, out): out is raw_out times the output dropout's mask */
+        const cf_tensor *raw = cf_awd_lstm_lm_raw_out(model->root);
+        const cf_tensor *out = cf_awd_lstm_lm_out(model->root);
+        assert_non_null(raw);
+        assert_non_null(out);
+        assert_int_equal(raw->shape.dim[0], bs[k]);
+        assert_int_equal(raw->shape.dim[1], steps[k]);
+        assert_int_equal(raw->shape.dim[2], E);
+        const float *out_mask = cf_nn_rnn_dropout_mask(dec->children[0]);
+        for (int b = 0; b < bs[k]; b++)
+            for (int t = 0; t < steps[k]; t++)
+                for (int j = 0; j < E; j++) {
+                    const size_t i = ((size_t)b * steps[k] + t) * E + j;
+                    assert_float_equal(out->data[i], raw->data[i] * out_mask[b * E + j], 1e-6);
+                }
+        regs[k] = (float)cf_rnn_regularizer_loss(model->root, alpha, beta);
         /* mean cross-entropy over the tokens, and its gradient */
         cf_loss loss = {.kind = CF_LOSS_CROSS_ENTROPY};
         cf_tensor pred = cf_tensor_view(y->data, cf_shape2((int)nt, V));
@@ -191,8 +212,9 @@ static void test_awd_lstm_lm(void **state) {
         free(x);
         free(tg);
     }
-    char args[64];
-    snprintf(args, sizeof args, "lm %d %d %d %d %d", V, E, NH, L, n);
+    char args[96];
+    snprintf(args, sizeof args, "lm %d %d %d %d %d %.3f %.3f", V, E, NH, L, n, (double)alpha,
+             (double)beta);
     oracle_run(&o, "lstm.py", args);
     for (int k = 0; k < n; k++) {
         char name[32];
@@ -205,10 +227,26 @@ static void test_awd_lstm_lm(void **state) {
         r = oracle_get(&o, name);
         assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
         free(r.data);
+        snprintf(name, sizeof name, "reg%d", k);
+        r = oracle_get(&o, name);
+        assert_close(name, &regs[k], r.data, 1, 1e-4, 1e-6);
+        free(r.data);
     }
     check_grads(&o, model, 1e-4, 1e-5);
     oracle_cleanup(&o);
     cf_model_free(model);
+}
+
+static void test_awd_lstm_lm(void **state) {
+    (void)state;
+    check_awd_lstm_lm(0.0f, 0.0f);
+}
+
+/* AR and TAR (fastai's alpha 2, beta 1; and each alone) against PyTorch autograd */
+static void test_rnn_regularizer(void **state) {
+    (void)state;
+    check_awd_lstm_lm(2.0f, 1.0f);
+    check_awd_lstm_lm(0.0f, 3.0f);
 }
 
 /* WeightDropout: the mask is element-wise, 0 or 1 / (1 - p), about p of it 0, redrawn at each
@@ -485,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_lstm_sizes),
         cmocka_unit_test(test_lstm_truncated_bptt),
         cmocka_unit_test(test_awd_lstm_lm),
+        cmocka_unit_test(test_rnn_regularizer),
         cmocka_unit_test(test_weight_dropout_semantics),
         cmocka_unit_test(test_embedding_dropout_semantics),
         cmocka_unit_test(test_text_classifier),

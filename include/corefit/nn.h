@@ -485,6 +485,21 @@ cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, floa
  * (n_layers + 1 groups). model->root must come from cf_awd_lstm_lm. */
 cf_status cf_split_awd_lstm_lm(struct cf_model *model);
 
+/* fastai's RNNRegularizer (AR and TAR) on a cf_awd_lstm_lm. fastai's language model returns
+ * (logits, raw_out, out): raw_out is the AWD_LSTM's output (B, T, emb_sz), out the decoder's
+ * input after its output dropout. Both are of the last forward and valid until the next one;
+ * NULL before a forward or when lm is not a cf_awd_lstm_lm. */
+const cf_tensor *cf_awd_lstm_lm_raw_out(const cf_module *lm);
+const cf_tensor *cf_awd_lstm_lm_out(const cf_module *lm);
+/* alpha * mean(out^2) + beta * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) of the last forward
+ * (the TAR term is 0 when T is 1); fastai adds it to the loss it back-propagates, not to the
+ * loss it logs. */
+double cf_rnn_regularizer_loss(const cf_module *lm, float alpha, float beta);
+/* From now on every training backward of lm adds the gradient of that term (fastai's
+ * TextLearner: alpha 2, beta 1); eval backwards and alpha = beta = 0 (the default) add nothing.
+ * CF_ERR_INVALID when lm is not a cf_awd_lstm_lm or alpha, beta are negative or not finite. */
+cf_status cf_rnn_regularizer_set(cf_module *lm, float alpha, float beta);
+
 /* ---- fastai's ULMFiT text classifier (fastai/text/models/core.py) ---- */
 
 /* fastai's SentenceEncoder(bptt, AWD_LSTM, pad_idx, max_len): takes ownership of awd_lstm (child

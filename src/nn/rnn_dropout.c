@@ -268,6 +268,7 @@ typedef struct decoder_impl {
     int n_out, n_hid;
     bool bias;
     const cf_module *tied; /* the encoder whose table is the weight (NULL: own "decoder.weight") */
+    float ar_alpha, tar_beta; /* fastai's RNNRegularizer, added by training backwards (0: off) */
 } decoder_impl;
 
 static cf_module *dec_dropout(const cf_module *m) {
@@ -353,7 +354,30 @@ static const cf_tensor *dec_backward(cf_module *m, const cf_tensor *dy, bool nee
     cf_tensor *dxd = cf_module_input_grad(m);
     cf_nn_par_sgemm(false, false, rows, d->n_hid, d->n_out, dy->data, d->n_out, w->data, d->n_hid,
                     0.0f, dxd->data, d->n_hid);
-    return dp->ops->backward(dp, dxd, true);
+    /* AR: alpha * mean(out^2), out the dropped input */
+    const bool reg = m->training && (d->ar_alpha != 0.0f || d->tar_beta != 0.0f);
+    if (reg && d->ar_alpha != 0.0f) {
+        const size_t n = (size_t)rows * d->n_hid;
+        const float s = 2.0f * d->ar_alpha / (float)n;
+        for (size_t i = 0; i < n; i++) dxd->data[i] += s * xd->data[i];
+    }
+    cf_tensor *dx = (cf_tensor *)dp->ops->backward(dp, dxd, true);
+    /* TAR: beta * mean((raw[:, 1:] - raw[:, :-1])^2) over (B, T - 1, n_hid), raw the input */
+    const int B = m->in->shape.dim[0], T = m->in->shape.dim[1], H = d->n_hid;
+    if (reg && d->tar_beta != 0.0f && T > 1) {
+        const float s = 2.0f * d->tar_beta / ((float)B * (float)(T - 1) * (float)H);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t + 1 < T; t++) {
+                const float *r0 = m->in->data + ((size_t)b * T + t) * H, *r1 = r0 + H;
+                float *g0 = dx->data + ((size_t)b * T + t) * H, *g1 = g0 + H;
+                for (int j = 0; j < H; j++) {
+                    const float diff = s * (r1[j] - r0[j]);
+                    g1[j] += diff;
+                    g0[j] -= diff;
+                }
+            }
+    }
+    return dx;
 }
 
 static const cf_module_ops decoder_ops = {
@@ -401,4 +425,53 @@ cf_module *cf_linear_decoder(int n_out, int n_hid, float output_p, const cf_modu
         return NULL;
     }
     return m;
+}
+
+/* ---- fastai's RNNRegularizer on the language model ----------------------------------------- */
+
+static decoder_impl *lm_decoder(const cf_module *lm) {
+    if (!lm || lm->n_children != 2 || !cf_nn_is_awd_lstm(lm->children[0]) ||
+        lm->children[1]->ops != &decoder_ops)
+        return NULL;
+    return lm->children[1]->impl;
+}
+
+const cf_tensor *cf_awd_lstm_lm_raw_out(const cf_module *lm) {
+    return lm_decoder(lm) ? lm->children[1]->in : NULL;
+}
+
+const cf_tensor *cf_awd_lstm_lm_out(const cf_module *lm) {
+    if (!lm_decoder(lm) || !lm->children[1]->in) return NULL;
+    return &dec_dropout(lm->children[1])->out;
+}
+
+double cf_rnn_regularizer_loss(const cf_module *lm, float alpha, float beta) {
+    const cf_tensor *raw = cf_awd_lstm_lm_raw_out(lm), *out = cf_awd_lstm_lm_out(lm);
+    if (!raw || !out) return 0.0;
+    const int B = raw->shape.dim[0], T = raw->shape.dim[1], H = raw->shape.dim[2];
+    double ar = 0.0, tar = 0.0;
+    const size_t n = (size_t)B * T * H;
+    for (size_t i = 0; i < n; i++) ar += (double)out->data[i] * out->data[i];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t + 1 < T; t++) {
+            const float *r0 = raw->data + ((size_t)b * T + t) * H, *r1 = r0 + H;
+            for (int j = 0; j < H; j++) tar += ((double)r1[j] - r0[j]) * ((double)r1[j] - r0[j]);
+        }
+    double loss = alpha * ar / (double)n;
+    if (T > 1) loss += beta * tar / ((double)B * (T - 1) * H);
+    return loss;
+}
+
+cf_status cf_rnn_regularizer_set(cf_module *lm, float alpha, float beta) {
+    decoder_impl *d = lm_decoder(lm);
+    if (!d)
+        return cf_fail(CF_ERR_INVALID, "cf_rnn_regularizer_set: the module is not an AWD-LSTM "
+                                       "language model (cf_awd_lstm_lm)");
+    if (!(alpha >= 0.0f && beta >= 0.0f && isfinite(alpha) && isfinite(beta)))
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_rnn_regularizer_set: alpha %g and beta %g must be finite and >= 0",
+                       (double)alpha, (double)beta);
+    d->ar_alpha = alpha;
+    d->tar_beta = beta;
+    return CF_OK;
 }

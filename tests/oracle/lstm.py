@@ -5,9 +5,12 @@ dropout masks, in float64.
 usage: lstm.py DIR lstm I H N      nn.LSTM(I, H, batch_first) over batches x<k>, dy<k> (k < N) with
                                    the state carried and detached (and cut or zero-padded when a
                                    batch has another size); outputs y<k>, dx<k>, g_<param>
-       lstm.py DIR lm V E NH L N   the language model over batches x<k> (ids) and t<k> (targets)
+       lstm.py DIR lm V E NH L N [ALPHA BETA]
+                                   the language model over batches x<k> (ids) and t<k> (targets)
                                    with masks m<k>_emb, m<k>_in, m<k>_w<l>, m<k>_h<l>, m<k>_out;
-                                   outputs logits<k>, loss<k>, g_<param>
+                                   and the RNNRegularizer's AR/TAR (alpha, beta) added to the
+                                   loss back-propagated; outputs logits<k>, loss<k> (cross-entropy),
+                                   reg<k>, g_<param>
        lstm.py DIR clas V E NH L BPTT MAX_LEN N D1 .. Dn
                                    fastai's text classifier (SentenceEncoder, masked_concat_pool,
                                    PoolingLinearClassifier with dims [3E, D1, .., Dn]) over
@@ -69,7 +72,7 @@ def lstm_steps(x, h, c, wih, whh, bih, bhh):
     return torch.stack(outs, 1), h, c
 
 
-def run_lm(d, v, e, nh, nl, n):
+def run_lm(d, v, e, nh, nl, n, alpha=0.0, beta=0.0):
     names = ["0.encoder.weight"]
     for l in range(nl):
         pre = "0.rnns.%d." % l
@@ -103,9 +106,12 @@ def run_lm(d, v, e, nh, nl, n):
         dec_in = x * t(d, "m%d_out" % k)[:, None, :]
         logits = dec_in @ p["0.encoder.weight"].t() + p["1.decoder.bias"]
         loss = F.cross_entropy(logits.reshape(-1, v), tgt.reshape(-1))
-        loss.backward()
+        # fastai's RNNRegularizer on (raw_out, out) = (x, dec_in)
+        reg = alpha * dec_in.pow(2).mean() + beta * (x[:, 1:] - x[:, :-1]).pow(2).mean()
+        (loss + reg).backward()
         common.put(d, "logits%d" % k, logits.detach().numpy())
         common.put(d, "loss%d" % k, loss.detach().reshape(1).numpy())
+        common.put(d, "reg%d" % k, reg.detach().reshape(1).numpy())
     for name in names:
         common.put(d, "g_" + name, p[name].grad.numpy())
 
@@ -181,7 +187,7 @@ def main():
     torch.set_num_threads(1)
     d = common.folder()
     mode = sys.argv[2]
-    args = [int(a) for a in sys.argv[3:]]
+    args = [float(a) if "." in a else int(a) for a in sys.argv[3:]]
     if mode == "lstm":
         run_lstm(d, *args)
     elif mode == "lm":
