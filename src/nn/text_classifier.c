@@ -161,7 +161,7 @@ static const cf_tensor *se_backward(cf_module *m, const cf_tensor *dy, bool need
     sentence_encoder_impl *s = m->impl;
     cf_module *awd = se_awd(m);
     const cf_tensor *x = m->in;
-    const int B = x->shape.dim[0], T = x->shape.dim[1], E = s->emb;
+    const int T = x->shape.dim[1], E = s->emb;
     const int from = se_kept_from(s, T), K = T - from;
     /* the chunks are independent (the state between them is detached): the last first, while
      * its activations are live, then each earlier kept one recomputed */
@@ -183,7 +183,6 @@ static const cf_tensor *se_backward(cf_module *m, const cf_tensor *dy, bool need
         se_restore(s, awd, s->n_kept);
         s->live = -1;
     }
-    (void)B;
     if (!need_dx) return NULL;
     cf_tensor *dx = cf_module_input_grad(m); /* token ids are not differentiable */
     memset(dx->data, 0, cf_tensor_numel(dx) * sizeof(float));
