@@ -411,6 +411,128 @@ cf_status cf_split_resnet(cf_model *model);
 /* Every parameter in group 0 (fastai's trainable_params splitter); n_groups 1. */
 void cf_split_none(cf_model *model);
 
+/* ---- recurrent layers and fastai's AWD-LSTM text models ------------------------------------ *
+ * Token ids arrive as a float tensor (B, T); the padding id is 1 (xxpad). Recurrent layers are
+ * batch first and carry their hidden state from one forward to the next, detached (truncated
+ * BPTT: no gradient flows into the previous batch); cf_rnn_reset zeroes it (fastai's reset(),
+ * which the learner calls at the start of each epoch and of validation). Dropout masks are
+ * redrawn at every training forward from each module's random stream (seeded by the model). */
+
+/* One LSTM layer as nn.LSTM(input_size, hidden_size, batch_first=True): input (B, T, I), output
+ * (B, T, H). Parameters "weight_ih_l0" (4H, I), "weight_hh_l0" (4H, H), "bias_ih_l0",
+ * "bias_hh_l0" (4H), gates in PyTorch's order i, f, g, o, each U(-1/sqrt(H), 1/sqrt(H)). A batch
+ * of another size keeps the first rows of the carried state or zero-pads new ones (fastai's
+ * AWD_LSTM). */
+cf_module *cf_lstm(int input_size, int hidden_size);
+/* fastai's WeightDropout(lstm, weight_p) on the hidden-to-hidden weight: takes ownership of the
+ * LSTM (child "module", which then has weight_ih_l0, bias_ih_l0, bias_hh_l0) and holds the
+ * weight as "weight_hh_l0_raw"; a training forward runs the LSTM on raw * mask (element-wise,
+ * kept with probability 1 - weight_p, scaled by 1 / (1 - weight_p)), eval on raw. */
+cf_module *cf_weight_dropout(cf_module *lstm, float weight_p);
+/* Zeroes the hidden state of every LSTM under m. */
+void cf_rnn_reset(cf_module *m);
+/* fastai's RNNDropout(p): input (B, ..., F), one mask (B, 1, F) per forward, shared over time. */
+cf_module *cf_rnn_dropout(float p);
+/* fastai's EmbeddingDropout around an nn.Embedding(vocab_size, dim, padding_idx=pad_idx): input
+ * (B, T) ids, output (B, T, dim); a training forward drops whole rows of the table (mask
+ * (vocab, 1), scaled); the padding row is looked up but gets no gradient. Parameter "weight",
+ * U(-0.1, 0.1) (fastai's AWD_LSTM init). An id outside [0, vocab) gives a zero row. */
+cf_module *cf_embedding_dropout(int vocab_size, int dim, float embed_p, int pad_idx);
+/* fastai's LinearDecoder(n_out, n_hid, output_p, tie_encoder, bias): RNNDropout(output_p)
+ * (child "output_dp"), then logits (B, T, n_out) = x W^T + b. With tied_encoder (a
+ * cf_embedding_dropout of (n_out, n_hid)) W is the encoder's table itself (its gradient goes
+ * there, and the decoder has no "decoder.weight"); else "decoder.weight" U(-0.1, 0.1).
+ * "decoder.bias" starts at 0. */
+cf_module *cf_linear_decoder(int n_out, int n_hid, float output_p, const cf_module *tied_encoder,
+                             bool bias);
+
+/* fastai's awd_lstm_lm_config / awd_lstm_clas_config (every *_p is scaled by drop_mult). */
+typedef struct cf_awd_lstm_config {
+    int emb_sz, n_hid, n_layers, pad_token;
+    float output_p, hidden_p, input_p, embed_p, weight_p;
+    bool tie_weights, out_bias; /* language model only */
+} cf_awd_lstm_config;
+
+/* emb 400, n_hid 1152, 3 layers, pad 1, output_p 0.1, hidden_p 0.15, input_p 0.25, embed_p 0.02,
+ * weight_p 0.2, tie_weights, out_bias. */
+cf_awd_lstm_config cf_awd_lstm_lm_config(void);
+/* The same sizes with output_p 0.4, hidden_p 0.3, input_p 0.4, embed_p 0.05, weight_p 0.5. */
+cf_awd_lstm_config cf_awd_lstm_clas_config(void);
+
+/* fastai's AWD_LSTM(vocab_sz, emb_sz, n_hid, n_layers, pad_token, hidden_p, input_p, embed_p,
+ * weight_p) with the config's *_p times drop_mult: input (B, T) ids, output (B, T, emb_sz), the
+ * last layer's output. Children as fastai's state_dict: "encoder" (cf_embedding_dropout),
+ * "rnns.<l>" (cf_weight_dropout of cf_lstm: "rnns.0.weight_hh_l0_raw",
+ * "rnns.0.module.weight_ih_l0", ...), "input_dp", "hidden_dps.<l>" (RNNDropout). fastai's
+ * encoder_dp.emb.weight is the same tensor as encoder.weight and is not repeated. */
+cf_module *cf_awd_lstm(int vocab_size, const cf_awd_lstm_config *config, float drop_mult);
+/* fastai's get_language_model(AWD_LSTM, vocab_sz, config, drop_mult): Sequential("0" AWD_LSTM,
+ * "1" LinearDecoder(vocab, emb_sz, output_p, tied to the encoder when tie_weights, out_bias)).
+ * Output: logits (B, T, vocab). NULL config: awd_lstm_lm_config. */
+cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, float drop_mult);
+/* fastai's language-model splitter: groups [rnns.0], [rnns.1], ..., [encoder + decoder]
+ * (n_layers + 1 groups). model->root must come from cf_awd_lstm_lm. */
+cf_status cf_split_awd_lstm_lm(struct cf_model *model);
+
+/* fastai's RNNRegularizer (AR and TAR) on a cf_awd_lstm_lm. fastai's language model returns
+ * (logits, raw_out, out): raw_out is the AWD_LSTM's output (B, T, emb_sz), out the decoder's
+ * input after its output dropout. Both are of the last forward and valid until the next one;
+ * NULL before a forward or when lm is not a cf_awd_lstm_lm. */
+const cf_tensor *cf_awd_lstm_lm_raw_out(const cf_module *lm);
+const cf_tensor *cf_awd_lstm_lm_out(const cf_module *lm);
+/* alpha * mean(out^2) + beta * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) of the last forward
+ * (the TAR term is 0 when T is 1); fastai adds it to the loss it back-propagates, not to the
+ * loss it logs. */
+double cf_rnn_regularizer_loss(const cf_module *lm, float alpha, float beta);
+/* From now on every training backward of lm adds the gradient of that term (fastai's
+ * TextLearner: alpha 2, beta 1); eval backwards and alpha = beta = 0 (the default) add nothing.
+ * CF_ERR_INVALID when lm is not a cf_awd_lstm_lm or alpha, beta are negative or not finite. */
+cf_status cf_rnn_regularizer_set(cf_module *lm, float alpha, float beta);
+
+/* ---- fastai's ULMFiT text classifier (fastai/text/models/core.py) ---- */
+
+/* fastai's SentenceEncoder(bptt, AWD_LSTM, pad_idx, max_len): takes ownership of awd_lstm (child
+ * "module"). Input (B, T) ids padded in front in bptt chunks (fastai's Pad_Chunk, rows sorted
+ * longest first); output (B, K, emb_sz), K the columns of the chunks within the last max_len
+ * (a chunk starting at column i is kept when T - i <= max_len; max_len < 0: all). Each forward
+ * resets the state, then runs chunk i = 0, bptt, 2 bptt, ... on its first real_bs rows (real_bs:
+ * the rows whose column i is not pad_idx), the state carried and detached between chunks; rows
+ * past real_bs are zero in the output. Earlier chunks only warm the state (no output, no
+ * gradient). Backward recomputes each kept chunk but the last (same masks and state) instead of
+ * holding all of them. max_len must be >= bptt (or < 0). */
+cf_module *cf_sentence_encoder(int bptt, cf_module *awd_lstm, int pad_idx, int max_len);
+/* fastai's PoolingLinearClassifier(dims, ps, bptt) after `encoder` (a cf_sentence_encoder, whose
+ * input gives the padding): masked_concat_pool of the encoder's output (B, K, E) into (B, 3E) =
+ * [the output at the last non-pad column (index -(pads in the last bptt columns) - 1), max over
+ * non-pad columns, mean over non-pad columns], then child "layers": for each i < n_dims - 1 a
+ * LinBnDrop "layers.<i>" = BatchNorm1d(dims[i]) (weight 1, bias 1e-3), Dropout(ps[i]) when
+ * ps[i] > 0, Linear(dims[i], dims[i + 1], no bias, PyTorch init), ReLU except after the last.
+ * dims[0] must be 3E. Output (B, dims[n_dims - 1]) logits. */
+cf_module *cf_pooling_linear_classifier(const cf_module *encoder, const int *dims, int n_dims,
+                                        const float *ps);
+
+typedef struct cf_text_classifier_opts {
+    int seq_len;         /* bptt of the SentenceEncoder; 0: 72 */
+    int max_len;         /* 0: 72 * 20 = 1440; < 0: no limit */
+    const int *lin_ftrs; /* hidden sizes of the head; NULL: {50} */
+    int n_lin_ftrs;
+    const float *ps; /* n_lin_ftrs dropouts after the first block's; NULL: 0.1 each */
+} cf_text_classifier_opts;
+
+/* fastai's get_text_classifier(AWD_LSTM, vocab_sz, n_class, seq_len, config, drop_mult,
+ * lin_ftrs, ps, max_len): Sequential("0" cf_sentence_encoder(seq_len, cf_awd_lstm(vocab, config,
+ * drop_mult), config->pad_token, max_len), "1" cf_pooling_linear_classifier with dims
+ * [3 emb_sz, *lin_ftrs, n_class] and ps [output_p * drop_mult, *ps]). Names as fastai's
+ * state_dict: "0.module.encoder.weight", "0.module.rnns.0.weight_hh_l0_raw", ...,
+ * "1.layers.0.0.weight" (BatchNorm1d), "1.layers.0.2.weight" (Linear). NULL config:
+ * awd_lstm_clas_config; NULL opts: the defaults. */
+cf_module *cf_text_classifier(int vocab_size, int n_class, const cf_awd_lstm_config *config,
+                              float drop_mult, const cf_text_classifier_opts *opts);
+/* fastai's awd_lstm_clas_split: [encoder], [rnns.0], ..., [rnns.n-1], [head] (n_layers + 2
+ * groups; 5 for the configs, so slice(lr / 2.6^4, lr) spreads over all of them). model->root
+ * must come from cf_text_classifier. */
+cf_status cf_split_text_classifier(struct cf_model *model);
+
 #ifdef __cplusplus
 }
 #endif
