@@ -422,6 +422,69 @@ cf_status cf_split_resnet(cf_model *model);
 /* Every parameter in group 0 (fastai's trainable_params splitter); n_groups 1. */
 void cf_split_none(cf_model *model);
 
+/* ---- recurrent layers and fastai's AWD-LSTM text models ------------------------------------ *
+ * Token ids arrive as a float tensor (B, T); the padding id is 1 (xxpad). Recurrent layers are
+ * batch first and carry their hidden state from one forward to the next, detached (truncated
+ * BPTT: no gradient flows into the previous batch); cf_rnn_reset zeroes it (fastai's reset(),
+ * which the learner calls at the start of each epoch and of validation). Dropout masks are
+ * redrawn at every training forward from each module's random stream (seeded by the model). */
+
+/* One LSTM layer as nn.LSTM(input_size, hidden_size, batch_first=True): input (B, T, I), output
+ * (B, T, H). Parameters "weight_ih_l0" (4H, I), "weight_hh_l0" (4H, H), "bias_ih_l0",
+ * "bias_hh_l0" (4H), gates in PyTorch's order i, f, g, o, each U(-1/sqrt(H), 1/sqrt(H)). A batch
+ * of another size keeps the first rows of the carried state or zero-pads new ones (fastai's
+ * AWD_LSTM). */
+cf_module *cf_lstm(int input_size, int hidden_size);
+/* fastai's WeightDropout(lstm, weight_p) on the hidden-to-hidden weight: takes ownership of the
+ * LSTM (child "module", which then has weight_ih_l0, bias_ih_l0, bias_hh_l0) and holds the
+ * weight as "weight_hh_l0_raw"; a training forward runs the LSTM on raw * mask (element-wise,
+ * kept with probability 1 - weight_p, scaled by 1 / (1 - weight_p)), eval on raw. */
+cf_module *cf_weight_dropout(cf_module *lstm, float weight_p);
+/* Zeroes the hidden state of every LSTM under m. */
+void cf_rnn_reset(cf_module *m);
+/* fastai's RNNDropout(p): input (B, ..., F), one mask (B, 1, F) per forward, shared over time. */
+cf_module *cf_rnn_dropout(float p);
+/* fastai's EmbeddingDropout around an nn.Embedding(vocab_size, dim, padding_idx=pad_idx): input
+ * (B, T) ids, output (B, T, dim); a training forward drops whole rows of the table (mask
+ * (vocab, 1), scaled); the padding row is looked up but gets no gradient. Parameter "weight",
+ * U(-0.1, 0.1) (fastai's AWD_LSTM init). An id outside [0, vocab) gives a zero row. */
+cf_module *cf_embedding_dropout(int vocab_size, int dim, float embed_p, int pad_idx);
+/* fastai's LinearDecoder(n_out, n_hid, output_p, tie_encoder, bias): RNNDropout(output_p)
+ * (child "output_dp"), then logits (B, T, n_out) = x W^T + b. With tied_encoder (a
+ * cf_embedding_dropout of (n_out, n_hid)) W is the encoder's table itself (its gradient goes
+ * there, and the decoder has no "decoder.weight"); else "decoder.weight" U(-0.1, 0.1).
+ * "decoder.bias" starts at 0. */
+cf_module *cf_linear_decoder(int n_out, int n_hid, float output_p, const cf_module *tied_encoder,
+                             bool bias);
+
+/* fastai's awd_lstm_lm_config / awd_lstm_clas_config (every *_p is scaled by drop_mult). */
+typedef struct cf_awd_lstm_config {
+    int emb_sz, n_hid, n_layers, pad_token;
+    float output_p, hidden_p, input_p, embed_p, weight_p;
+    bool tie_weights, out_bias; /* language model only */
+} cf_awd_lstm_config;
+
+/* emb 400, n_hid 1152, 3 layers, pad 1, output_p 0.1, hidden_p 0.15, input_p 0.25, embed_p 0.02,
+ * weight_p 0.2, tie_weights, out_bias. */
+cf_awd_lstm_config cf_awd_lstm_lm_config(void);
+/* The same sizes with output_p 0.4, hidden_p 0.3, input_p 0.4, embed_p 0.05, weight_p 0.5. */
+cf_awd_lstm_config cf_awd_lstm_clas_config(void);
+
+/* fastai's AWD_LSTM(vocab_sz, emb_sz, n_hid, n_layers, pad_token, hidden_p, input_p, embed_p,
+ * weight_p) with the config's *_p times drop_mult: input (B, T) ids, output (B, T, emb_sz), the
+ * last layer's output. Children as fastai's state_dict: "encoder" (cf_embedding_dropout),
+ * "rnns.<l>" (cf_weight_dropout of cf_lstm: "rnns.0.weight_hh_l0_raw",
+ * "rnns.0.module.weight_ih_l0", ...), "input_dp", "hidden_dps.<l>" (RNNDropout). fastai's
+ * encoder_dp.emb.weight is the same tensor as encoder.weight and is not repeated. */
+cf_module *cf_awd_lstm(int vocab_size, const cf_awd_lstm_config *config, float drop_mult);
+/* fastai's get_language_model(AWD_LSTM, vocab_sz, config, drop_mult): Sequential("0" AWD_LSTM,
+ * "1" LinearDecoder(vocab, emb_sz, output_p, tied to the encoder when tie_weights, out_bias)).
+ * Output: logits (B, T, vocab). NULL config: awd_lstm_lm_config. */
+cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, float drop_mult);
+/* fastai's language-model splitter: groups [rnns.0], [rnns.1], ..., [encoder + decoder]
+ * (n_layers + 1 groups). model->root must come from cf_awd_lstm_lm. */
+cf_status cf_split_awd_lstm_lm(struct cf_model *model);
+
 #ifdef __cplusplus
 }
 #endif

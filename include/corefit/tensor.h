@@ -310,6 +310,20 @@ void cf_conv_winograd_wgrad_add(const cf_conv_geom *g, int out_channels, const f
  * AVX-512). */
 void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd);
 
+/* ---- the LSTM cell (src/tensor/lstm_cell.c, the active kernel table) ----------------------- */
+
+/* One step of the n cells of one row, PyTorch's LSTM: gates holds the pre-activations
+ * [i | f | g | o] (4n floats: the input projection plus the recurrent one plus both biases) and
+ * receives the activations sigmoid(i), sigmoid(f), tanh(g), sigmoid(o); c = f * c_prev + i * g
+ * and h = o * tanh(c). Every table computes the same tanh approximation (a few units in the last
+ * place), so results differ across instruction sets by float rounding only. */
+void cf_lstm_cell_forward(int n, float *gates, const float *c_prev, float *c, float *h);
+/* The backward of that step. gates holds the activations the forward left and receives dL/d(the
+ * pre-activations); dL/dh = dh_out + dh_rec (dh_rec NULL: dh_out alone); dc holds dL/dc from the
+ * step after (0 after the last) and receives dL/dc_prev. c_prev and c are the step's states. */
+void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float *c,
+                           const float *dh_out, const float *dh_rec, float *dc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
  * baseline has. */
 #include "tensor/kernel_table.h"
 #include "tensor/optim_loops.h"
+#include "tensor/lstm_loops.h"
 
 #define LANES 16
 
@@ -92,4 +93,4 @@ static const cf_bn_kernels generic_bn = {
 };
 
 const cf_kernel_table cf_kernels_generic = {
-    .isa = CF_ISA_GENERIC, .bn = &generic_bn, .optim = &loops_optim};
+    .isa = CF_ISA_GENERIC, .bn = &generic_bn, .optim = &loops_optim, .lstm = &loops_lstm};

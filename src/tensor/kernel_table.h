@@ -98,6 +98,14 @@ typedef struct cf_wino_kernels {
                     float *m, size_t m_xi);
 } cf_wino_kernels;
 
+/* One LSTM step over the n cells of one row (cf_lstm_cell_forward and cf_lstm_cell_backward in
+ * corefit/tensor.h). dh_rec is never NULL here. */
+typedef struct cf_lstm_kernels {
+    void (*cell)(int n, float *gates, const float *c_prev, float *c, float *h);
+    void (*cell_backward)(int n, float *gates, const float *c_prev, const float *c,
+                          const float *dh_out, const float *dh_rec, float *dc);
+} cf_lstm_kernels;
+
 static inline size_t cf_wino_pad_floats(int h, int w) {
     /* two split planes: eight arrays of (th + 1) * tw floats and a vector of slack (any
      * table's vector length up to 16), and the slack of the last row's vector */
@@ -141,6 +149,7 @@ typedef struct cf_kernel_table {
     void (*max_pool_2x2)(const float *x, int h, int w, float *y, int32_t *idx);
     const cf_optim_kernels *optim; /* never NULL */
     const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
+    const cf_lstm_kernels *lstm;   /* never NULL */
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;

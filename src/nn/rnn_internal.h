@@ -1,0 +1,30 @@
+/* Internal to src/nn: what the AWD-LSTM modules (awd_lstm.c) and the tests need from the
+ * recurrent layers (lstm.c, rnn_dropout.c) beyond the public API. */
+#ifndef COREFIT_RNN_INTERNAL_H
+#define COREFIT_RNN_INTERNAL_H
+
+#include "corefit/nn.h"
+
+bool cf_nn_is_lstm(const cf_module *m);
+/* Floats cf_nn_rnn_state_save writes for every LSTM under m with up to `rows` state rows. */
+size_t cf_nn_rnn_state_floats(const cf_module *m, int rows);
+/* Copies the hidden state (rows and values) of every LSTM under m into buf, and back. */
+void cf_nn_rnn_state_save(const cf_module *m, float *buf);
+void cf_nn_rnn_state_restore(cf_module *m, const float *buf);
+/* The random streams of every module under m (pre-order), and back; n: the count. */
+int cf_nn_count_modules(const cf_module *m);
+void cf_nn_rng_save(const cf_module *m, cf_rng *out);
+void cf_nn_rng_restore(cf_module *m, const cf_rng *in);
+
+/* The masks of the last training forward, scaled (0 or 1 / (1 - p)); NULL when the last
+ * forward applied none (eval, p = 0). RNNDropout: (B, F) of its input (B, ..., F);
+ * EmbeddingDropout: (vocab); WeightDropout: (4H, H). */
+const float *cf_nn_rnn_dropout_mask(const cf_module *m);
+const float *cf_nn_embedding_dropout_mask(const cf_module *m);
+const float *cf_nn_weight_dropout_mask(const cf_module *m);
+
+/* C (m x n) (+)= op(A) . op(B) through cf_sgemm, the rows of C split over the thread pool. */
+void cf_nn_par_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc);
+
+#endif
