@@ -234,7 +234,9 @@ size_t cf_model_num_weights(const cf_model *model);
 /* ---- losses -------------------------------------------------------------------------------- */
 
 typedef enum cf_loss_kind {
-    CF_LOSS_CROSS_ENTROPY, /* pred (N, C) logits, target (N) class codes as floats */
+    CF_LOSS_CROSS_ENTROPY, /* pred (N, C) logits, target (N) class codes as floats; or, as
+                              fastai's CrossEntropyLossFlat, pred (N, ..., C) and target (N, ...):
+                              the mean over every row of C (a language model's (B, T, V)) */
     CF_LOSS_MSE,           /* pred and target of the same shape */
     CF_LOSS_BCE_LOGITS,    /* pred and target of the same shape, targets in [0, 1] */
 } cf_loss_kind;
@@ -244,7 +246,8 @@ typedef struct cf_loss {
     float label_smoothing; /* cross-entropy only, as PyTorch's label_smoothing */
 } cf_loss;
 
-/* Mean loss over the batch; per_item (N floats) receives each sample's loss when not NULL. */
+/* Mean loss over the batch; per_item (N floats) receives each sample's loss when not NULL (the
+ * mean over the sample's values, or over its rows for a flat cross-entropy). */
 cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_tensor *target,
                           float *mean_loss, float *per_item);
 /* dL/dpred of the mean loss, written into dpred (same shape as pred). */
