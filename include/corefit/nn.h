@@ -447,6 +447,9 @@ cf_module *cf_weight_dropout(cf_module *lstm, float weight_p);
 void cf_rnn_reset(cf_module *m);
 /* fastai's RNNDropout(p): input (B, ..., F), one mask (B, 1, F) per forward, shared over time. */
 cf_module *cf_rnn_dropout(float p);
+/* An RNNDropout's p (-1 when m is not one): a training forward scales kept values by
+ * 1 / (1 - p). */
+float cf_rnn_dropout_p(const cf_module *m);
 /* fastai's EmbeddingDropout around an nn.Embedding(vocab_size, dim, padding_idx=pad_idx): input
  * (B, T) ids, output (B, T, dim); a training forward drops whole rows of the table (mask
  * (vocab, 1), scaled); the padding row is looked up but gets no gradient. Parameter "weight",
