@@ -321,6 +321,11 @@ struct cf_learner {
     /* fastai's loss_grad scaling: the loop sets it to 1 before after_loss of each batch and
      * multiplies dL/dpred by it before backward (0 counts as 1); GradientAccumulation sets it. */
     float loss_grad_scale;
+    /* The model's backward from dL/dpred for this batch; NULL: cf_model_backward. Set by a
+     * callback that adds gradient inside the model (the RNN regularizer's AR and TAR) at
+     * before_backward, and cleared by it afterwards. */
+    cf_status (*model_backward)(cf_learner *learn, const cf_tensor *dpred, void *ctx);
+    void *model_backward_ctx;
     double smooth_loss;
     cf_cancel cancel; /* set by cf_learner_cancel */
     bool logging;     /* false inside lr_find / validate / get_preds (no_logging) */
@@ -823,6 +828,74 @@ double cf_sched_cos(double start, double end, double pos);
 double cf_sched_exp(double start, double end, double pos);
 double cf_sched_no(double start, double end, double pos);
 double cf_combined_cos(double pct, double start, double middle, double end, double pos);
+
+/* ---- text: language models (fastai's text/learner.py, callback/rnn.py) ---------------------
+ * Text batches (corefit/data.h) hold x (B, T) token ids, T varying between batches, and for a
+ * language model y (B, T) next-token ids; the fit loop, metrics, validation and the cf_par_
+ * twins take them as they are. With CF_SHARD_SPLIT_BATCH each rank reads its rows of every
+ * global batch and carries the hidden state of those rows, so N workers reproduce one process
+ * (model dropouts aside: the text layers draw their masks from each module's own stream). */
+
+typedef struct cf_lm_learner_opts {
+    CF_LEARNER_FIELDS;
+    const cf_awd_lstm_config *config; /* NULL: cf_awd_lstm_lm_config() */
+    float drop_mult;                  /* 0: 1 (scales every dropout of the config) */
+    double alpha, beta; /* AR and TAR (0: fastai's 2 and 1; negative: that term off) */
+} cf_lm_learner_opts;
+
+/* fastai's language_model_learner(dls, AWD_LSTM, config, drop_mult) without pretrained weights:
+ * the AWD-LSTM language model (cf_awd_lstm_lm) over the vocabulary of dls's language-model
+ * corpus, CrossEntropyLossFlat over the (B * T, V) rows, no default metrics, TextLearner's moms
+ * (0.8, 0.7, 0.8), fastai's Adam with decoupled weight decay (0.01 unless .wd) on every
+ * parameter but the decoder's bias (LSTM biases included), the language-model splitter (one
+ * group per LSTM, then embedding + decoder), and the callbacks ModelResetter and RNNRegularizer.
+ * Metrics, callbacks and the learner options as cf_learner_new. */
+#define cf_language_model_learner(...)                                                             \
+    CF_CALL2_(cf_language_model_learner_, cf_lm_learner_opts, __VA_ARGS__, )
+cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_learner_opts *opts);
+
+/* fastai's Perplexity: exp of the validation loss weighted as fastai's (each batch's mean
+ * cross-entropy times its rows), so exp(valid_loss) for a language model. Lower is better. */
+cf_metric *cf_perplexity(void);
+
+/* fastai's ModelResetter: cf_rnn_reset on the model at before_train, before_validate and
+ * after_fit (every language model learner has one). */
+cf_callback *cf_model_resetter_cb(void);
+/* fastai's RNNRegularizer (training only) for a Sequential(AWD_LSTM, LinearDecoder) model: adds
+ * alpha * mean(out^2) (AR, out: the decoder's input after its RNNDropout) and beta *
+ * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) (TAR, raw_out: the AWD-LSTM's output) to the loss
+ * that is differentiated; the logged loss stays the plain cross-entropy. TAR applies when T > 1
+ * (fastai tests the batch size there, which would make a rank holding one row differ). */
+cf_callback *cf_rnn_regularizer_cb(double alpha, double beta);
+/* The AR and TAR terms (before alpha and beta) of the last training batch. */
+cf_status cf_rnn_regularizer_terms(const cf_callback *cb, double *ar, double *tar);
+
+/* fastai's save_encoder / load_encoder: the AWD-LSTM's parameters (names as in the AWD_LSTM's
+ * own state_dict: "encoder.weight", "rnns.0.weight_hh_l0_raw", ...) in a safetensors file
+ * (path/model_dir/name.safetensors unless name holds a '/'). load_encoder finds the AWD-LSTM in
+ * the learner's model (a language model's or a classifier's encoder, by its "encoder.weight"),
+ * checks every tensor's name and shape (the vocabularies must match) before copying any, resets
+ * the hidden state and freezes the learner; on error the learner is unchanged. */
+cf_status cf_learner_save_encoder(cf_learner *learn, const char *name);
+cf_status cf_learner_load_encoder(cf_learner *learn, const char *name);
+
+/* fastai's LMLearner.predict on ids (the raw-text wrapping belongs to the tokenizer): for each
+ * of n_words words, reset, run the whole sequence, take the softmax at the last position, zero
+ * xxunk (unless allow_unk), zero probabilities below min_p when any reaches it, raise to
+ * 1 / temperature, and draw the next id proportionally (from a generator seeded with seed). */
+typedef struct cf_lm_generate_opts {
+    int n_words;        /* 1 */
+    double temperature; /* 1 */
+    bool allow_unk;     /* fastai's no_unk=False */
+    double min_p;       /* 0: none */
+    uint64_t seed;
+} cf_lm_generate_opts;
+/* *out (cf_malloc'd, *n_out ids): the input ids followed by the generated ones. */
+cf_status cf_lm_generate_(cf_learner *learn, const int32_t *ids, int64_t n_ids, int32_t **out,
+                          int64_t *n_out, const cf_lm_generate_opts *opts);
+#define cf_lm_generate(learn, ids, n_ids, out, n_out, ...)                                         \
+    cf_lm_generate_((learn), (ids), (n_ids), (out), (n_out),                                       \
+                    CF_OPTS0_(cf_lm_generate_opts, __VA_ARGS__))
 
 #ifdef __cplusplus
 }

@@ -235,7 +235,9 @@ size_t cf_model_num_weights(const cf_model *model);
 /* ---- losses -------------------------------------------------------------------------------- */
 
 typedef enum cf_loss_kind {
-    CF_LOSS_CROSS_ENTROPY, /* pred (N, C) logits, target (N) class codes as floats */
+    CF_LOSS_CROSS_ENTROPY, /* pred (N, C) logits, target (N) class codes as floats; or, as
+                              fastai's CrossEntropyLossFlat, pred (N, ..., C) and target (N, ...):
+                              the mean over every row of C (a language model's (B, T, V)) */
     CF_LOSS_MSE,           /* pred and target of the same shape */
     CF_LOSS_BCE_LOGITS,    /* pred and target of the same shape, targets in [0, 1] */
 } cf_loss_kind;
@@ -245,7 +247,8 @@ typedef struct cf_loss {
     float label_smoothing; /* cross-entropy only, as PyTorch's label_smoothing */
 } cf_loss;
 
-/* Mean loss over the batch; per_item (N floats) receives each sample's loss when not NULL. */
+/* Mean loss over the batch; per_item (N floats) receives each sample's loss when not NULL (the
+ * mean over the sample's values, or over its rows for a flat cross-entropy). */
 cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_tensor *target,
                           float *mean_loss, float *per_item);
 /* dL/dpred of the mean loss, written into dpred (same shape as pred). */
@@ -433,6 +436,9 @@ cf_module *cf_weight_dropout(cf_module *lstm, float weight_p);
 void cf_rnn_reset(cf_module *m);
 /* fastai's RNNDropout(p): input (B, ..., F), one mask (B, 1, F) per forward, shared over time. */
 cf_module *cf_rnn_dropout(float p);
+/* An RNNDropout's p (-1 when m is not one): a training forward scales kept values by
+ * 1 / (1 - p). */
+float cf_rnn_dropout_p(const cf_module *m);
 /* fastai's EmbeddingDropout around an nn.Embedding(vocab_size, dim, padding_idx=pad_idx): input
  * (B, T) ids, output (B, T, dim); a training forward drops whole rows of the table (mask
  * (vocab, 1), scaled); the padding row is looked up but gets no gradient. Parameter "weight",

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "learn/internal.h"
+
 static const char *const arch_names[] = {
     [CF_ARCH_MINI_RESNET] = "mini-resnet", [CF_ARCH_SIMPLE_CNN] = "simple-cnn",
     [CF_ARCH_XRESNET18] = "xresnet18",     [CF_ARCH_XRESNET34] = "xresnet34",
@@ -34,28 +36,6 @@ int cf_arch_from_name(const char *name) {
         if (strcasecmp(name, arch_names[i]) == 0) return (int)i;
     return -1;
 }
-
-/* The learner options shared by the factories. */
-#define COPY_LEARNER_FIELDS(dst, src)                                                              \
-    do {                                                                                           \
-        (dst).loss = (src)->loss;                                                                  \
-        (dst).loss_set = (src)->loss_set;                                                          \
-        (dst).opt = (src)->opt;                                                                    \
-        (dst).opt_set = (src)->opt_set;                                                            \
-        (dst).lr = (src)->lr;                                                                      \
-        (dst).wd = (src)->wd;                                                                      \
-        (dst).wd_bn_bias = (src)->wd_bn_bias;                                                      \
-        (dst).no_train_bn = (src)->no_train_bn;                                                    \
-        memcpy((dst).moms, (src)->moms, sizeof(dst).moms);                                         \
-        (dst).metrics = (src)->metrics;                                                            \
-        (dst).n_metrics = (src)->n_metrics;                                                        \
-        (dst).cbs = (src)->cbs;                                                                    \
-        (dst).n_cbs = (src)->n_cbs;                                                                \
-        (dst).path = (src)->path;                                                                  \
-        (dst).model_dir = (src)->model_dir;                                                        \
-        (dst).quiet = (src)->quiet;                                                                \
-        (dst).seed = (src)->seed;                                                                  \
-    } while (0)
 
 static void drop_owned(cf_metric **metrics, int n_metrics, cf_callback **cbs, int n_cbs) {
     for (int i = 0; i < n_metrics; i++) cf_metric_free(metrics[i]);

@@ -10,6 +10,33 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
                   int n_extra, bool reset_opt, int start_epoch, const char *resume,
                   const char *method_params);
 
+/* The file of a model named `name`: path/model_dir/name.safetensors (the folders made when
+ * make_dir), or name itself when it holds a '/'. */
+cf_status cf__model_file(const cf_learner *learn, const char *name, bool make_dir, char *buf,
+                         size_t size);
+
+/* The learner options shared by the factories. */
+#define COPY_LEARNER_FIELDS(dst, src)                                                              \
+    do {                                                                                           \
+        (dst).loss = (src)->loss;                                                                  \
+        (dst).loss_set = (src)->loss_set;                                                          \
+        (dst).opt = (src)->opt;                                                                    \
+        (dst).opt_set = (src)->opt_set;                                                            \
+        (dst).lr = (src)->lr;                                                                      \
+        (dst).wd = (src)->wd;                                                                      \
+        (dst).wd_bn_bias = (src)->wd_bn_bias;                                                      \
+        (dst).no_train_bn = (src)->no_train_bn;                                                    \
+        memcpy((dst).moms, (src)->moms, sizeof(dst).moms);                                         \
+        (dst).metrics = (src)->metrics;                                                            \
+        (dst).n_metrics = (src)->n_metrics;                                                        \
+        (dst).cbs = (src)->cbs;                                                                    \
+        (dst).n_cbs = (src)->n_cbs;                                                                \
+        (dst).path = (src)->path;                                                                  \
+        (dst).model_dir = (src)->model_dir;                                                        \
+        (dst).quiet = (src)->quiet;                                                                \
+        (dst).seed = (src)->seed;                                                                  \
+    } while (0)
+
 /* ---- checkpoints (checkpoint.c) ------------------------------------------------------------ */
 
 /* The fit's parameters as text ("key=value" separated by spaces): the method's (method_params)

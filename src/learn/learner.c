@@ -193,8 +193,8 @@ cf_status cf_learner_unfreeze(cf_learner *learn) {
 }
 
 /* name -> path/model_dir/name.safetensors unless name already looks like a path. */
-static cf_status model_file(const cf_learner *learn, const char *name, bool make_dir, char *buf,
-                            size_t size) {
+cf_status cf__model_file(const cf_learner *learn, const char *name, bool make_dir, char *buf,
+                         size_t size) {
     if (strchr(name, '/')) {
         snprintf(buf, size, "%s", name);
         return CF_OK;
@@ -214,14 +214,14 @@ static cf_status model_file(const cf_learner *learn, const char *name, bool make
 
 cf_status cf_learner_save(cf_learner *learn, const char *name, bool with_opt) {
     char path[4096];
-    cf_status st = model_file(learn, name, true, path, sizeof path);
+    cf_status st = cf__model_file(learn, name, true, path, sizeof path);
     if (st != CF_OK) return st;
     return cf_model_save(learn->model, with_opt ? learn->opt : NULL, path);
 }
 
 cf_status cf_learner_load(cf_learner *learn, const char *name, bool with_opt) {
     char path[4096];
-    cf_status st = model_file(learn, name, false, path, sizeof path);
+    cf_status st = cf__model_file(learn, name, false, path, sizeof path);
     if (st != CF_OK) return st;
     if (with_opt && !learn->opt && (st = cf_learner_create_opt(learn)) != CF_OK) return st;
     return cf_model_load(learn->model, with_opt ? learn->opt : NULL, path);

@@ -89,21 +89,24 @@ static void acc_accuracy(cf_metric *m, const cf_tensor *pred, const cf_tensor *t
     const metric_state *s = m->state;
     rows_view v = class_rows(pred, targ);
     if (!v.ok) return;
+    /* fastai's AvgMetric weighs each batch's value by its samples: a sample of k rows (a
+     * language model's tokens) counts 1, each of its rows 1/k */
+    const double w = v.rows_per_sample == 1 ? 1.0 : 1.0 / (double)v.rows_per_sample;
     double correct = 0, count = 0;
     for (int64_t r = 0; r < v.n_rows; r++) {
         if (padded(pad, r, v.rows_per_sample)) continue;
         const float *p = pred->data + r * v.c;
         int64_t t = class_code(targ->data[r]);
-        count += 1;
+        count += w;
         if (s->kind == MK_TOP_K) {
             if (t < 0 || t >= v.c) continue;
             /* rank of the target among the scores (ties: lower index first, as topk) */
             int64_t rank = 0;
             for (int64_t j = 0; j < v.c; j++)
                 if (p[j] > p[t] || (p[j] == p[t] && j < t)) rank++;
-            if (rank < s->k) correct += 1;
+            if (rank < s->k) correct += w;
         } else if (argmax_row(p, v.c) == t) {
-            correct += 1;
+            correct += w;
         }
     }
     if (s->kind == MK_ERROR_RATE) correct = count - correct;

@@ -2,9 +2,13 @@
  * MSELoss, BCEWithLogitsLoss. Sums are taken in double.
  *
  * Shapes: cross-entropy takes pred (N, C) and target (N) or (N, 1) of class codes stored as
- * floats. MSE and BCE take a target of pred's shape, or of the same batch size and number of
- * values (compared flattened, as fastai's MSELossFlat / BCEWithLogitsLossFlat, never
- * broadcast). per_item[i] is sample i's loss (the mean over its values for MSE and BCE). */
+ * floats, or, as fastai's CrossEntropyLossFlat, pred (N, ..., C) and target (N, ...) (a language
+ * model's (B, T, V) logits and (B, T) next-token ids): the mean over every row of C scores, and
+ * per_item[i] the mean over sample i's rows, so that a validation loss weighted by samples is
+ * fastai's (each batch's mean loss times its rows). MSE and BCE take a target of pred's shape, or
+ * of the same batch size and number of values (compared flattened, as fastai's MSELossFlat /
+ * BCEWithLogitsLossFlat, never broadcast). per_item[i] is sample i's loss (the mean over its values
+ * for MSE and BCE). */
 #include "corefit/nn.h"
 
 #include <math.h>
@@ -39,24 +43,32 @@ static cf_status check(const cf_loss *loss, const cf_tensor *pred, const cf_tens
         return cf_fail(CF_ERR_INVALID, "%s loss: empty pred %s or target %s", name, sp, st);
     const int n = pred->shape.dim[0];
     if (loss->kind == CF_LOSS_CROSS_ENTROPY) {
-        if (pred->shape.ndim != 2)
+        if (pred->shape.ndim < 2)
             return cf_fail(CF_ERR_INVALID, "cross-entropy loss: pred %s must be (N, C) logits", sp);
-        bool target_ok =
-            target->shape.dim[0] == n &&
-            (target->shape.ndim == 1 || (target->shape.ndim == 2 && target->shape.dim[1] == 1));
+        /* (N, C) with (N) or (N, 1); flat: (N, ..., C) with (N, ...) */
+        bool target_ok = target->shape.dim[0] == n;
+        if (pred->shape.ndim == 2)
+            target_ok = target_ok && (target->shape.ndim == 1 ||
+                                      (target->shape.ndim == 2 && target->shape.dim[1] == 1));
+        else {
+            target_ok = target_ok && target->shape.ndim == pred->shape.ndim - 1;
+            for (int d = 1; target_ok && d < target->shape.ndim; d++)
+                target_ok = target->shape.dim[d] == pred->shape.dim[d];
+        }
         if (!target_ok)
             return cf_fail(CF_ERR_INVALID,
                            "cross-entropy loss: target %s does not fit pred %s (expected (%d) "
-                           "class codes)",
+                           "class codes, or pred's shape without its last dimension)",
                            st, sp, n);
         if (!(loss->label_smoothing >= 0.0f && loss->label_smoothing <= 1.0f))
             return cf_fail(CF_ERR_INVALID, "cross-entropy loss: label_smoothing %g not in [0, 1]",
                            (double)loss->label_smoothing);
-        const int c = pred->shape.dim[1];
-        for (int i = 0; i < n; i++)
+        const int c = pred->shape.dim[pred->shape.ndim - 1];
+        const size_t rows = cf_tensor_numel(pred) / (size_t)c;
+        for (size_t i = 0; i < rows; i++)
             if (class_code(target->data[i], c) < 0)
                 return cf_fail(CF_ERR_INVALID,
-                               "cross-entropy loss: target[%d] = %g is not a class code in [0, "
+                               "cross-entropy loss: target[%zu] = %g is not a class code in [0, "
                                "%d)",
                                i, (double)target->data[i], c);
         return CF_OK;
@@ -105,21 +117,26 @@ cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_t
     const int n = pred->shape.dim[0];
     double total = 0;
     if (loss->kind == CF_LOSS_CROSS_ENTROPY) {
-        const int c = pred->shape.dim[1];
+        const int c = pred->shape.dim[pred->shape.ndim - 1];
+        const size_t k = cf_tensor_numel(pred) / (size_t)c / (size_t)n; /* rows a sample */
         const double eps = loss->label_smoothing;
         for (int i = 0; i < n; i++) {
-            const float *row = pred->data + (size_t)i * c;
-            double lse = log_sum_exp(row, c);
-            double l = (1 - eps) * (lse - row[class_code(target->data[i], c)]);
-            if (eps > 0) {
-                double s = 0;
-                for (int j = 0; j < c; j++) s += row[j];
-                l += eps * (lse - s / c);
+            double sample = 0;
+            for (size_t r = (size_t)i * k; r < (size_t)(i + 1) * k; r++) {
+                const float *row = pred->data + r * c;
+                double lse = log_sum_exp(row, c);
+                double l = (1 - eps) * (lse - row[class_code(target->data[r], c)]);
+                if (eps > 0) {
+                    double s = 0;
+                    for (int j = 0; j < c; j++) s += row[j];
+                    l += eps * (lse - s / c);
+                }
+                sample += l;
             }
-            total += l;
-            if (per_item) per_item[i] = (float)l;
+            total += sample;
+            if (per_item) per_item[i] = (float)(k == 1 ? sample : sample / (double)k);
         }
-        *mean_loss = (float)(total / n);
+        *mean_loss = (float)(total / ((double)n * (double)k));
         return CF_OK;
     }
     const size_t per = cf_tensor_numel(pred) / (size_t)n;
@@ -142,16 +159,16 @@ cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_t
 
 void cf_loss_backward(const cf_loss *loss, const cf_tensor *pred, const cf_tensor *target,
                       cf_tensor *dpred) {
-    const int n = pred->shape.dim[0];
     const size_t total = cf_tensor_numel(pred);
     dpred->shape = pred->shape;
     if (loss->kind == CF_LOSS_CROSS_ENTROPY) {
-        const int c = pred->shape.dim[1];
-        const float eps = loss->label_smoothing, inv_n = 1.0f / (float)n;
+        const int c = pred->shape.dim[pred->shape.ndim - 1];
+        const size_t rows = total / (size_t)c; /* n, or n times the rows of a sample (flat) */
+        const float eps = loss->label_smoothing, inv_n = 1.0f / (float)rows;
         const float off = eps / (float)c * inv_n, on = (1.0f - eps) * inv_n;
-        for (int i = 0; i < n; i++) {
-            const float *row = pred->data + (size_t)i * c;
-            float *restrict g = dpred->data + (size_t)i * c;
+        for (size_t i = 0; i < rows; i++) {
+            const float *row = pred->data + i * c;
+            float *restrict g = dpred->data + i * c;
             float mx = row[0];
             for (int j = 1; j < c; j++) mx = row[j] > mx ? row[j] : mx;
             double s = 0;

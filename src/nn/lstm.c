@@ -295,8 +295,9 @@ cf_module *cf_lstm(int input_size, int hidden_size) {
     cf_module_add_param(m, "weight_ih_l0", CF_PARAM_WEIGHT, cf_shape2(4 * hidden_size, input_size));
     cf_module_add_param(m, "weight_hh_l0", CF_PARAM_WEIGHT,
                         cf_shape2(4 * hidden_size, hidden_size));
-    cf_module_add_param(m, "bias_ih_l0", CF_PARAM_BIAS, cf_shape1(4 * hidden_size));
-    cf_module_add_param(m, "bias_hh_l0", CF_PARAM_BIAS, cf_shape1(4 * hidden_size));
+    /* weight decay applies to an LSTM's biases (fastai skips only norm and Linear biases) */
+    cf_module_add_param(m, "bias_ih_l0", CF_PARAM_WEIGHT, cf_shape1(4 * hidden_size));
+    cf_module_add_param(m, "bias_hh_l0", CF_PARAM_WEIGHT, cf_shape1(4 * hidden_size));
     return m;
 }
 

@@ -120,6 +120,11 @@ cf_module *cf_rnn_dropout(float p) {
     return cf_module_new(&rnn_dropout_ops, d);
 }
 
+float cf_rnn_dropout_p(const cf_module *m) {
+    if (!m || m->ops != &rnn_dropout_ops) return -1.0f;
+    return ((const rnn_dropout_impl *)m->impl)->p;
+}
+
 const float *cf_nn_rnn_dropout_mask(const cf_module *m) {
     if (!m || m->ops != &rnn_dropout_ops) return NULL;
     const rnn_dropout_impl *d = m->impl;
