@@ -178,21 +178,6 @@ fail:
     return NULL;
 }
 
-/* ---- the language model -------------------------------------------------------------------- */
-
-cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, float drop_mult) {
-    const cf_awd_lstm_config c = config ? *config : cf_awd_lstm_lm_config();
-    cf_module *enc = cf_awd_lstm(vocab_size, &c, drop_mult);
-    if (!enc) return NULL;
-    cf_module *dec = cf_linear_decoder(vocab_size, c.emb_sz, c.output_p * drop_mult,
-                                       c.tie_weights ? awd_encoder(enc) : NULL, c.out_bias);
-    if (!dec) {
-        cf_module_free(enc);
-        return NULL;
-    }
-    return cf_sequential(2, (cf_module *[]){enc, dec});
-}
-
 static bool is_awd(const cf_module *m) {
     return m && m->ops == &awd_ops;
 }
@@ -205,16 +190,10 @@ int cf_nn_awd_lstm_layers(const cf_module *m) {
     return is_awd(m) ? ((const awd_impl *)m->impl)->n_layers : 0;
 }
 
-cf_status cf_split_awd_lstm_lm(cf_model *model) {
-    cf_module *root = model->root;
-    if (root->n_children != 2 || !is_awd(root->children[0]))
-        return cf_fail(CF_ERR_INVALID, "cf_split_awd_lstm_lm: the model is not an AWD-LSTM "
-                                       "language model (cf_awd_lstm_lm)");
-    cf_module *awd = root->children[0];
-    const int n = ((awd_impl *)awd->impl)->n_layers;
-    for (int l = 0; l < n; l++) cf_model_set_group(model, awd_rnn(awd, l), l);
-    cf_model_set_group(model, awd_encoder(awd), n);
-    cf_model_set_group(model, root->children[1], n);
-    model->n_groups = n + 1;
-    return CF_OK;
+cf_module *cf_nn_awd_lstm_encoder(const cf_module *m) {
+    return awd_encoder(m);
+}
+
+cf_module *cf_nn_awd_lstm_rnn(const cf_module *m, int l) {
+    return awd_rnn(m, l);
 }

@@ -27,6 +27,9 @@ const float *cf_nn_weight_dropout_mask(const cf_module *m);
  * children are 0 "encoder", 1..n "rnns.<l>", then "input_dp" and "hidden_dps.<l>". */
 bool cf_nn_is_awd_lstm(const cf_module *m);
 int cf_nn_awd_lstm_layers(const cf_module *m);
+/* Its children: the (dropped) embedding and layer l's WeightDropout LSTM. */
+cf_module *cf_nn_awd_lstm_encoder(const cf_module *m);
+cf_module *cf_nn_awd_lstm_rnn(const cf_module *m, int l);
 
 /* SentenceEncoder (text_classifier.c): fn(ctx, chunk, awd) runs after the AWD_LSTM's forward on
  * each chunk of each forward (not on the recomputations backward runs), so that a test can read
