@@ -56,6 +56,11 @@ cf_status cf_write_file_atomic(const char *path, const void *data, size_t size);
  * way a save does), so that a long job can learn before it starts, not after, that its output
  * folder is missing, read-only or full of inodes. CF_OK, or CF_ERR_IO naming the path and why. */
 cf_status cf_st_check_writable(const char *path);
+/* What a save may do with an existing path: a regular file (or none) is replaced atomically;
+ * a character device such as /dev/null is written through (*write_through set: no temporary
+ * file, no rename, the device stays); anything else (a FIFO, a socket, a block device, a
+ * directory) is refused with CF_ERR_IO naming the path and its kind, and never replaced. */
+cf_status cf_output_check(const char *path, bool *write_through);
 
 /* Saves every parameter and buffer under its state_dict name (num_batches_tracked as an I64
  * 0-dim tensor, as PyTorch keeps it), and with opt the optimizer state as "opt.<name>.grad_avg",

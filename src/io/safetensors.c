@@ -717,16 +717,54 @@ static void remove_stale_temporaries(const char *path) {
     cf_free(copy);
 }
 
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISCHR(mode)) return "a character device";
+    return "not a regular file";
+}
+
+cf_status cf_output_check(const char *path, bool *write_through) {
+    *write_through = false;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || S_ISREG(sb.st_mode)) return CF_OK;
+    if (S_ISCHR(sb.st_mode)) {
+        *write_through = true;
+        return CF_OK;
+    }
+    return cf_fail(CF_ERR_IO,
+                   "cannot write %s: it is %s, which a save would replace (corefit writes regular "
+                   "files, and writes through to character devices such as /dev/null)",
+                   path, file_kind(sb.st_mode));
+}
+
+/* Writes size bytes through to the character device at path (no temporary file, no rename:
+ * /dev/null stays /dev/null). */
+static cf_status write_through(const char *path, const void *data, size_t size) {
+    writer w = {.path = path, .fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY), .total = size};
+    if (w.fd < 0) return cf_fail(CF_ERR_IO, "writing %s: %s", path, strerror(errno));
+    cf_status st = write_all(&w, data, size);
+    if (close(w.fd) != 0 && st == CF_OK)
+        st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s", path, strerror(errno));
+    return st;
+}
+
 cf_status cf_st_check_writable(const char *path) {
     if (!path || !path[0]) return cf_fail(CF_ERR_INVALID, "cf_st_check_writable: empty path");
     size_t plen = strlen(path);
     char *tmp = cf_malloc(plen + 16);
     if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "checking %s", path);
-    struct stat sb;
-    cf_status st = CF_OK;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        st = cf_fail(CF_ERR_IO, "cannot write %s: it is a directory", path);
-    } else {
+    bool through = false;
+    cf_status st = cf_output_check(path, &through);
+    if (st == CF_OK && through) {
+        int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+            st = cf_fail(CF_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+        else
+            close(fd);
+    } else if (st == CF_OK) {
         snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0) {
@@ -803,13 +841,39 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) mode = sb.st_mode & 07777;
 
-    remove_stale_temporaries(path);
-    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
     writer w = {.path = path, .fd = -1, .total = 8 + len + pad + data_size};
     sigset_t mask;
+    int slot = -1;
+    bool through = false;
+    if ((st = cf_output_check(path, &through)) != CF_OK) {
+        tmp[0] = '\0';
+        goto fail;
+    }
+    if (through) { /* a character device: straight into it */
+        tmp[0] = '\0';
+        if ((w.fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY)) < 0) {
+            st = cf_fail(CF_ERR_IO, "writing %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        if ((st = write_all(&w, head, 8 + len + pad)) != CF_OK) goto fail;
+        for (int i = 0; i < n_entries; i++)
+            if ((st = write_entry(&w, &entries[i], chunk)) != CF_OK) goto fail;
+        int fd = w.fd;
+        w.fd = -1;
+        if (close(fd) != 0) {
+            st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s", path, strerror(errno));
+            goto fail;
+        }
+        cf_free(head);
+        cf_free(chunk);
+        cf_free(tmp);
+        return CF_OK;
+    }
+    remove_stale_temporaries(path);
+    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
     block_cleanup_signals(true, &mask);
     w.fd = create_locked_temporary(tmp);
-    int err = errno, slot = -1;
+    int err = errno;
     if (w.fd >= 0) slot = register_temporary(tmp);
     block_cleanup_signals(false, &mask);
     if (w.fd < 0) {
@@ -885,6 +949,10 @@ fail:
 
 cf_status cf_write_file_atomic(const char *path, const void *data, size_t size) {
     if (!path || !path[0]) return cf_fail(CF_ERR_INVALID, "cf_write_file_atomic: empty path");
+    bool through = false;
+    cf_status checked = cf_output_check(path, &through);
+    if (checked != CF_OK) return checked;
+    if (through) return write_through(path, data, size);
     size_t plen = strlen(path);
     char *tmp = cf_malloc(plen + 16);
     if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "writing %s", path);

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "corefit/io.h"
+
 static void free_with_state(cf_callback *cb) {
     if (!cb) return;
     cf_free(cb->state);
@@ -44,8 +46,9 @@ static cf_callback *callback_new(const char *name, int order, void *state,
 typedef struct csv_logger {
     char *fname;
     bool append;
-    bool due; /* a logging fit is on and the log not opened yet */
-    FILE *f;  /* the log, from the first row on */
+    bool due;     /* a logging fit is on and the log not opened yet */
+    bool through; /* the log is a character device (/dev/null): written through, not replaced */
+    FILE *f;      /* the log, from the first row on */
     char path[4096];
 } csv_logger;
 
@@ -122,7 +125,7 @@ static void csv_write_row(FILE *f, const cf_learner *learn) {
 /* Opens the log with its header and, when `row`, the last epoch's row in it. */
 static cf_status csv_open(csv_logger *c, const cf_learner *learn, bool row) {
     c->due = false;
-    if (c->append) {
+    if (c->append || c->through) {
         c->f = fopen(c->path, "a");
         if (!c->f)
             return cf_fail(CF_ERR_IO, "CSVLogger: cannot open %s: %s", c->path, strerror(errno));
@@ -175,6 +178,12 @@ static cf_status csv_before_fit(cf_callback *cb, cf_learner *learn) {
     struct stat sb;
     if (stat(c->path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: it is a directory", c->path);
+    if (cf_output_check(c->path, &c->through) != CF_OK)
+        return cf_fail_context(CF_ERR_IO, "CSVLogger");
+    if (c->through) {
+        c->due = true;
+        return CF_OK;
+    }
     if (c->append && access(c->path, F_OK) == 0 && access(c->path, W_OK) != 0)
         return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
     csv_remove_stale(c);

@@ -17,9 +17,10 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
 char *cf__fit_params(const cf_learner *learn, int n_epoch, cf_lr lr, double wd, bool reset_opt,
                      int start_epoch, const char *method_params);
 /* Reads a checkpoint (rank 0 reads and broadcasts), checks it and its parameters against
- * params; on success *out holds it (cf__resume_free). Changes nothing in the learner. */
-cf_status cf__resume_load(cf_learner *learn, const char *path, const char *params,
-                          struct cf__resume **out);
+ * params, and its position and schedule against a fit of n_epoch epochs from start_epoch; on
+ * success *out holds it (cf__resume_free). Changes nothing in the learner. */
+cf_status cf__resume_load(cf_learner *learn, const char *path, const char *params, int n_epoch,
+                          int start_epoch, struct cf__resume **out);
 /* After before_fit: puts the learner's state, the call's callback states, the module streams
  * and this replica's buffers back; returns the epoch to continue at. */
 cf_status cf__resume_apply_state(cf_learner *learn, int *epoch);
