@@ -58,8 +58,9 @@ cf_status cf_write_file_atomic(const char *path, const void *data, size_t size);
 cf_status cf_st_check_writable(const char *path);
 /* What a save may do with an existing path: a regular file (or none) is replaced atomically;
  * a character device such as /dev/null is written through (*write_through set: no temporary
- * file, no rename, the device stays); anything else (a FIFO, a socket, a block device, a
- * directory) is refused with CF_ERR_IO naming the path and its kind, and never replaced. */
+ * file, no rename, the device stays); a FIFO, a socket or a block device is refused with
+ * CF_ERR_IO naming the path and its kind, and never replaced. (A directory passes: the save's
+ * rename fails on it and says so.) */
 cf_status cf_output_check(const char *path, bool *write_through);
 
 /* Saves every parameter and buffer under its state_dict name (num_batches_tracked as an I64

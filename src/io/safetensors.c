@@ -718,7 +718,6 @@ static void remove_stale_temporaries(const char *path) {
 }
 
 static const char *file_kind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a directory";
     if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
     if (S_ISSOCK(mode)) return "a socket";
     if (S_ISBLK(mode)) return "a block device";
@@ -729,7 +728,8 @@ static const char *file_kind(mode_t mode) {
 cf_status cf_output_check(const char *path, bool *write_through) {
     *write_through = false;
     struct stat sb;
-    if (stat(path, &sb) != 0 || S_ISREG(sb.st_mode)) return CF_OK;
+    /* (a directory is left to the rename, which fails on it and names it) */
+    if (stat(path, &sb) != 0 || S_ISREG(sb.st_mode) || S_ISDIR(sb.st_mode)) return CF_OK;
     if (S_ISCHR(sb.st_mode)) {
         *write_through = true;
         return CF_OK;
@@ -757,7 +757,10 @@ cf_status cf_st_check_writable(const char *path) {
     char *tmp = cf_malloc(plen + 16);
     if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "checking %s", path);
     bool through = false;
-    cf_status st = cf_output_check(path, &through);
+    struct stat sb;
+    cf_status st = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)
+                       ? cf_fail(CF_ERR_IO, "cannot write %s: it is a directory", path)
+                       : cf_output_check(path, &through);
     if (st == CF_OK && through) {
         int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
         if (fd < 0)

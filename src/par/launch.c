@@ -279,10 +279,9 @@ static void describe_wait(supervisor *s, int r, char *buf, size_t cap) {
         count++;
     }
     if (count)
-        snprintf(buf, cap, " (waiting in collective %s #%llu for worker%s %s)", op, seq,
-                 count == 1 ? "" : "s", peers);
+        snprintf(buf, cap, " (waiting in %s #%llu for worker %s)", op, seq, peers);
     else /* every peer got there: this worker itself stopped running inside the collective */
-        snprintf(buf, cap, " (inside collective %s #%llu, which every worker reached)", op, seq);
+        snprintf(buf, cap, " (stopped inside %s #%llu, which every worker reached)", op, seq);
 }
 
 /* Notes a pause of the supervisor itself. Its naps are POLL_NS long; one that took far longer
