@@ -48,20 +48,10 @@ const char *cf_st_meta(const cf_st_file *file, const char *key);
  * mode 0666 & ~umask; an existing one keeps its mode. Names must be unique and non-empty. */
 cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entries,
                       const char *const *meta_keys, const char *const *meta_values, int n_meta);
-/* Writes `size` bytes to path the way cf_st_write writes a model file: a temporary file beside
- * it (O_EXCL, removed on failure or on a signal that ends the process), fsync, rename, so the
- * path holds either its old content or all of the new. CF_ERR_IO naming the path and why. */
-cf_status cf_write_file_atomic(const char *path, const void *data, size_t size);
 /* Whether cf_st_write could write `path`: creates and removes a temporary file beside it (the
  * way a save does), so that a long job can learn before it starts, not after, that its output
  * folder is missing, read-only or full of inodes. CF_OK, or CF_ERR_IO naming the path and why. */
 cf_status cf_st_check_writable(const char *path);
-/* What a save may do with an existing path: a regular file (or none) is replaced atomically;
- * a character device such as /dev/null is written through (*write_through set: no temporary
- * file, no rename, the device stays); a FIFO, a socket or a block device is refused with
- * CF_ERR_IO naming the path and its kind, and never replaced. (A directory passes: the save's
- * rename fails on it and says so.) */
-cf_status cf_output_check(const char *path, bool *write_through);
 
 /* Saves every parameter and buffer under its state_dict name (num_batches_tracked as an I64
  * 0-dim tensor, as PyTorch keeps it), and with opt the optimizer state as "opt.<name>.grad_avg",

@@ -7,7 +7,8 @@
  * the cause. On success the results area stays mapped and is handed to the caller. */
 #include "par_internal.h"
 
-#include <cblas.h>
+#include "corefit/tensor.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -93,8 +94,7 @@ static void warm_up_blas(cf_shm_rank *slot, int rank) {
     struct itimerval arm = {{0, 0}, {BLAS_WARM_UP_CPU_S, 0}}, off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_PROF, &arm, NULL);
     int n = BLAS_WARM_UP_N;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, m, n, m + n * n, n, 0.0f,
-                m + 2 * n * n, n);
+    cf_sgemm(false, false, n, n, n, 1.0f, m, n, m + n * n, n, 0.0f, m + 2 * n * n, n);
     setitimer(ITIMER_PROF, &off, NULL);
     sigaction(SIGPROF, &old, NULL);
     free(m);

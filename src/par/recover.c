@@ -135,10 +135,6 @@ bool cf__commit_latest(const cf__commit_area *a, int64_t *epoch, int64_t *batch)
     return true;
 }
 
-const char *cf__commit_path(const cf__commit_area *a) {
-    return a->path;
-}
-
 bool cf__commit_position(const cf__commit_area *a, int rank, int64_t *epoch, int64_t *batch) {
     if (!a || rank < 0 || rank >= a->nranks) return false;
     *epoch = atomic_load(&a->ranks[rank].epoch);
