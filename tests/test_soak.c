@@ -85,6 +85,7 @@ typedef struct shared {
     int supervisor;
     _Atomic int stopped; /* the pausing process has stopped everyone */
     _Atomic int shots;   /* recover: faults still to cause (a restarted group replays the batch) */
+    _Atomic int term_seen; /* sigterm: the caller's handler has run (the request is raised) */
 } shared;
 static shared *g_shared;
 #define PAUSE_DEADLINE_S 1.0
@@ -111,6 +112,7 @@ static char g_full_ckpt[512]; /* K_DISK: a checkpoint on a full file system */
 static void on_sigterm(int sig) {
     (void)sig;
     cf_checkpoint_request();
+    atomic_store(&g_shared->term_seen, 1);
 }
 
 /* K_DISK: a tmpfs filled to the last byte in a mount namespace of this process's own (root);
@@ -201,6 +203,12 @@ static cf_status strike(cf_learner *learn) {
             for (int r = world - 1; r >= 0; r--)
                 if (g_shared->pids[r] > 0) kill(g_shared->pids[r], SIGTERM);
             if (g_shared->supervisor > 0) kill(g_shared->supervisor, SIGTERM);
+        }
+        /* until the caller's handler has run (however busy the machine), so that the request
+         * stands at this batch's end: the fit stops there, even at its last batch */
+        for (int i = 0; i < 20000 && !atomic_load(&g_shared->term_seen); i++) {
+            cf_comm_heartbeat(learn->replica.comm);
+            usleep(1000);
         }
         break;
     }
@@ -676,6 +684,7 @@ static void test_fault_soak(void **state) {
             int commit_every = 1 + (int)cf_rng_below(&rng, 6);
             if (k == K_RECOVER && slow == 1 && cf_rng_below(&rng, 2)) g_plan.sig = SIGSTOP;
             atomic_store(&g_shared->shots, 1);
+            atomic_store(&g_shared->term_seen, 0);
             if (k == K_TERM && g_plan.ev == CF_EV_AFTER_FIT)
                 g_plan.ev = CF_EV_AFTER_STEP; /* in the fit: a stop with a checkpoint */
             if (k == K_PAUSE) { /* from the second batch on: every worker's pid is known */
