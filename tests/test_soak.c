@@ -6,7 +6,12 @@
  * child under an address-space limit with little headroom: it must train or stop with an
  * out-of-memory error within the time limit), or a recovered one (.par.max_restarts with a
  * random commit interval: the worker SIGKILLs or SIGSTOPs itself once, and the fit must finish
- * after at least one restart); one run in ten has no fault.
+ * after at least one restart), SIGTERM to every process of the fit, as pre-emption sends it (the
+ * caller handles it as `corefit train` does; the fit must stop at a batch with a checkpoint, and
+ * a resume from it must give the reference result), or a full disk under a checkpoint taken
+ * every third batch (a tmpfs with no room left, or /dev/full where none can be mounted: each
+ * checkpoint fails with a warning and the fit must finish as the reference); one run in twelve
+ * has no fault.
  *
  * Every run must end with either the trained result (bitwise the same weights, BatchNorm
  * buffers, optimizer state and Recorder losses and values as a fault-free reference run with the
@@ -30,7 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -63,10 +70,13 @@ typedef enum kind {
     K_PAUSE,   /* the supervisor and every worker stopped past the deadline, then continued */
     K_MEMORY,  /* the whole fit in a child under an address-space limit (random headroom) */
     K_RECOVER, /* SIGKILL or SIGSTOP once, with .par.max_restarts: the fit must finish */
+    K_TERM,    /* SIGTERM to the supervisor and every worker: a checkpoint, then a resume */
+    K_DISK,    /* every checkpoint hits a full disk: warnings, the fit finishes */
     K_COUNT
 } kind;
-static const char *const kind_name[K_COUNT] = {"none", "crash",  "abort", "kill",   "error",
-                                               "hang", "sigint", "pause", "memory", "recover"};
+static const char *const kind_name[K_COUNT] = {"none",   "crash",   "abort",   "kill",
+                                               "error",  "hang",    "sigint",  "pause",
+                                               "memory", "recover", "sigterm", "full disk"};
 
 /* Shared with the workers and the pausing process (one page). */
 typedef struct shared {
@@ -75,6 +85,7 @@ typedef struct shared {
     int supervisor;
     _Atomic int stopped; /* the pausing process has stopped everyone */
     _Atomic int shots;   /* recover: faults still to cause (a restarted group replays the batch) */
+    _Atomic int term_seen; /* sigterm: the caller's handler has run (the request is raised) */
 } shared;
 static shared *g_shared;
 #define PAUSE_DEADLINE_S 1.0
@@ -94,6 +105,43 @@ static plan g_plan;
 static volatile double *g_fault_at; /* &g_shared->fault_at */
 static int g_pipe[2] = {-1, -1};
 static volatile uintptr_t g_bad_address = 8; /* not NULL: a plain invalid write, not UB checks */
+static char g_term_ckpt[512]; /* K_TERM: the checkpoint (in TMPDIR, removed after the run) */
+static char g_full_ckpt[512]; /* K_DISK: a checkpoint on a full file system */
+
+/* The caller's SIGTERM handler during a K_TERM run, as `corefit train` has it. */
+static void on_sigterm(int sig) {
+    (void)sig;
+    cf_checkpoint_request();
+    atomic_store(&g_shared->term_seen, 1);
+}
+
+/* K_DISK: a tmpfs filled to the last byte in a mount namespace of this process's own (root);
+ * else /dev/full, a device whose every write fails with ENOSPC. */
+static char g_full_mount[64];
+static void make_full_disk(void) {
+    snprintf(g_full_ckpt, sizeof g_full_ckpt, "/dev/full");
+    snprintf(g_full_mount, sizeof g_full_mount, "/tmp/cf_soak_full_XXXXXX");
+    if (!mkdtemp(g_full_mount)) {
+        g_full_mount[0] = '\0';
+        return;
+    }
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", g_full_mount, "tmpfs", 0, "size=64k") != 0) {
+        rmdir(g_full_mount);
+        g_full_mount[0] = '\0';
+        return;
+    }
+    char filler[128];
+    snprintf(filler, sizeof filler, "%s/filler", g_full_mount);
+    FILE *f = fopen(filler, "w");
+    char block[4096] = {0};
+    while (f && fwrite(block, 1, sizeof block, f) == sizeof block && fflush(f) == 0) {
+    }
+    while (f && fwrite(block, 1, 1, f) == 1 && fflush(f) == 0) {
+    }
+    if (f) fclose(f);
+    snprintf(g_full_ckpt, sizeof g_full_ckpt, "%s/fit.ckpt", g_full_mount);
+}
 
 /* The pausing process (a grandchild of the striking worker, outside the fit): stops the
  * supervisor and every worker, waits past the deadline, continues them. Only kill(2) and
@@ -147,6 +195,25 @@ static cf_status strike(cf_learner *learn) {
     case K_RECOVER:
         raise(g_plan.sig); /* a stopped worker stays stopped until the supervisor kills it */
         break;
+    case K_TERM: {
+        /* every process of the fit (not the process group: that holds the test runner),
+         * workers first, three times over as pre-emption may */
+        int world = cf_comm_size(learn->replica.comm);
+        for (int shot = 0; shot < 3; shot++) {
+            for (int r = world - 1; r >= 0; r--)
+                if (g_shared->pids[r] > 0) kill(g_shared->pids[r], SIGTERM);
+            if (g_shared->supervisor > 0) kill(g_shared->supervisor, SIGTERM);
+        }
+        /* until the caller's handler has run (however busy the machine), so that the request
+         * stands at this batch's end: the fit stops there, even at its last batch */
+        for (int i = 0; i < 20000 && !atomic_load(&g_shared->term_seen); i++) {
+            cf_comm_heartbeat(learn->replica.comm);
+            usleep(1000);
+        }
+        break;
+    }
+    case K_DISK:
+        break; /* the fault is the disk */
     case K_ERROR:
         return cf_fail(CF_ERR_IO, "injected failure at batch %lld", (long long)g_plan.batch);
     case K_HANG:
@@ -548,6 +615,8 @@ static void test_fault_soak(void **state) {
     char tmpdir[] = "/tmp/cf_soak_XXXXXX";
     assert_non_null(mkdtemp(tmpdir));
     setenv("TMPDIR", tmpdir, 1);
+    snprintf(g_term_ckpt, sizeof g_term_ckpt, "%s/term.ckpt", tmpdir);
+    make_full_disk(); /* before any thread: a mount namespace of this process's own */
     names shm_before = list_dir("/dev/shm", true);
 
     assert_int_equal(pipe(g_pipe), 0);
@@ -580,6 +649,9 @@ static void test_fault_soak(void **state) {
     struct sigaction int0, chld0;
     sigaction(SIGINT, NULL, &int0);
     sigaction(SIGCHLD, NULL, &chld0);
+    /* the checkpoint request's shared page is mapped once per process, by the first checkpoint
+     * callback: before the count */
+    cf_callback_free(cf_checkpoint_cb(.fname = g_term_ckpt));
     int fds0 = count_fds(), maps0 = count_shared_mappings();
 
     int runs = 0, failures = 0, per_kind[K_COUNT] = {0}, per_event[CF_EV_COUNT] = {0};
@@ -612,6 +684,9 @@ static void test_fault_soak(void **state) {
             int commit_every = 1 + (int)cf_rng_below(&rng, 6);
             if (k == K_RECOVER && slow == 1 && cf_rng_below(&rng, 2)) g_plan.sig = SIGSTOP;
             atomic_store(&g_shared->shots, 1);
+            atomic_store(&g_shared->term_seen, 0);
+            if (k == K_TERM && g_plan.ev == CF_EV_AFTER_FIT)
+                g_plan.ev = CF_EV_AFTER_STEP; /* in the fit: a stop with a checkpoint */
             if (k == K_PAUSE) { /* from the second batch on: every worker's pid is known */
                 g_plan.ev = CF_EV_BEFORE_BATCH;
                 if (g_plan.batch == 0) g_plan.batch = 1;
@@ -627,6 +702,7 @@ static void test_fault_soak(void **state) {
             double t0 = cf_now();
             cf_status st;
             char child_msg[1024] = "";
+            bool term_stopped = false;
             if (k == K_MEMORY) {
                 if (!memory_limited_run(learn, cbs, world, &rng, child_msg, sizeof child_msg,
                                         &hangs)) {
@@ -638,12 +714,44 @@ static void test_fault_soak(void **state) {
             } else {
                 /* recover: up to 3 restarts, so that a busy worker that a loaded machine makes
                  * look hung costs another restart, not the run */
+                /* sigterm, full disk: a checkpoint callback (only on SIGTERM; every third batch) */
+                cf_callback *run_cbs[2] = {cbs[0], NULL};
+                int n_run = 1;
+                if (k == K_TERM || k == K_DISK)
+                    run_cbs[n_run++] =
+                        cf_checkpoint_cb(.fname = k == K_TERM ? g_term_ckpt : g_full_ckpt,
+                                         .every_batches = k == K_DISK ? 3 : 0);
+                struct sigaction term_sa = {.sa_handler = on_sigterm}, term_old;
+                sigemptyset(&term_sa.sa_mask);
+                term_sa.sa_flags = SA_RESTART;
+                if (k == K_TERM) sigaction(SIGTERM, &term_sa, &term_old);
                 st = cf_par_fit_one_cycle(
-                    learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1,
+                    learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = run_cbs, .n_cbs = n_run,
                     .par = {.num_cores = world,
                             .deadline_s = deadline,
                             .max_restarts = k == K_RECOVER ? 3 : 0,
                             .commit_every = k == K_RECOVER ? commit_every : 0});
+                if (k == K_TERM && st == CF_ERR_WORKER &&
+                    strstr(cf_last_error(), "stopped on request")) {
+                    /* stopped as asked, the caller's learner as it was: resume from the
+                     * checkpoint (again, if a late TERM of the same shot stops it once more) */
+                    assert_unchanged(learn, &s0, runs + 1);
+                    term_stopped = true;
+                    g_plan.k = K_NONE;
+                    for (int again = 0; again < 3; again++) {
+                        cf_callback *resume_cbs[] = {
+                            cbs[0], cf_checkpoint_cb(.fname = g_term_ckpt, .every_batches = 0)};
+                        st = cf_par_fit_one_cycle(
+                            learn, N_EPOCH, .lr_max = CF_LR(1e-2), .cbs = resume_cbs, .n_cbs = 2,
+                            .resume = g_term_ckpt,
+                            .par = {.num_cores = world, .deadline_s = deadline});
+                        if (st != CF_ERR_WORKER || !strstr(cf_last_error(), "stopped on request"))
+                            break;
+                    }
+                    g_plan.k = K_TERM;
+                }
+                if (k == K_TERM) sigaction(SIGTERM, &term_old, NULL);
+                if (k == K_TERM) unlink(g_term_ckpt);
             }
             int restarted = k == K_MEMORY ? 0 : cf_par_last_restarts();
             restarts += restarted;
@@ -666,10 +774,15 @@ static void test_fault_soak(void **state) {
                                                        "interrupted",
                                                        "",
                                                        "memory",
+                                                       "",
+                                                       "",
                                                        ""};
             bool ok;
-            if (k == K_NONE || k == K_PAUSE || k == K_MEMORY) {
+            if (k == K_NONE || k == K_PAUSE || k == K_MEMORY || k == K_DISK) {
                 ok = st == CF_OK && restarted == 0;
+            } else if (k == K_TERM) {
+                /* stopped with a checkpoint, resumed to the end (the result is checked below) */
+                ok = st == CF_OK && term_stopped && restarted == 0;
             } else if (k == K_RECOVER) {
                 /* struck, restarted, finished (the result is checked below) */
                 ok = st == CF_OK && restarted >= 1 && *g_fault_at > 0 &&
@@ -695,7 +808,7 @@ static void test_fault_soak(void **state) {
                 fail_msg("run %d (%s): failed before the fault struck", runs, kind_name[k]);
             if (latency > worst_latency[k]) worst_latency[k] = latency;
             /* (recover: from the fault to the finished fit, a restart and the rest of the fit) */
-            if (k != K_PAUSE && k != K_MEMORY && k != K_RECOVER &&
+            if (k != K_PAUSE && k != K_MEMORY && k != K_RECOVER && k != K_TERM &&
                 latency > (k == K_HANG ? deadline : 0) + 5 * slow)
                 fail_msg("run %d (%s): reported %.1f s after the fault", runs, kind_name[k],
                          latency);
@@ -768,6 +881,13 @@ static void test_fault_soak(void **state) {
     if (tmp_after.n) fail_msg("%s/%s was left behind", tmpdir, tmp_after.v[0]);
     rmdir(tmpdir);
     unsetenv("TMPDIR");
+    if (g_full_mount[0]) { /* only the filler: no checkpoint or temporary file got in */
+        names full = list_dir(g_full_mount, false);
+        if (full.n != 1) fail_msg("%d files on the full disk (the filler only expected)", full.n);
+        free_names(&full);
+        umount(g_full_mount);
+        rmdir(g_full_mount);
+    }
 
     if (!SOAK_ASAN) {
         /* No leak per run: the heap in use may wobble by a few allocations, not grow with

@@ -1040,6 +1040,11 @@ int cmd_train(int argc, char **argv) {
         session_free(&s);
         return cli_lib_error(cmd, "--out");
     }
+    bool through;
+    if (s.master && a.csv_log && cf_output_check(a.csv_log, &through)) {
+        session_free(&s);
+        return cli_lib_error(cmd, "--csv-log");
+    }
     struct stat plots_sb;
     bool made_plots = a.plots && s.master && stat(a.plots, &plots_sb) != 0;
     if (a.plots && s.master && mkdirs(a.plots)) {
@@ -1088,6 +1093,10 @@ int cmd_train(int argc, char **argv) {
     const char *ckpt = checkpoint_file(&a, ckpt_buf, sizeof ckpt_buf);
     struct stat ckpt_before;
     bool had_ckpt = stat(ckpt, &ckpt_before) == 0;
+    if (s.master && cf_output_check(ckpt, &through)) {
+        session_free(&s);
+        return cli_lib_error(cmd, a.checkpoint ? "--checkpoint" : "the checkpoint of --out");
+    }
     cf_callback *ckpt_cb = cf_checkpoint_cb(.fname = ckpt, .every_batches = a.checkpoint_every);
     if (!ckpt_cb) {
         session_free(&s);
@@ -1125,7 +1134,9 @@ int cmd_train(int argc, char **argv) {
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
     if (own_sigint) sigaction(SIGINT, &old_sa, NULL);
-    if (own_sigterm) sigaction(SIGTERM, &old_term, NULL);
+    /* after a SIGTERM, more of them (pre-emption repeats it) only stop what is already
+     * stopping: the handler stays until exit */
+    if (own_sigterm && !terminated) sigaction(SIGTERM, &old_term, NULL);
     if (st && terminated) {
         /* pre-empted: the checkpoint holds the fit; say how to continue */
         rc = cli_lib_error(cmd, "stopped by SIGTERM");
@@ -1171,7 +1182,9 @@ int cmd_train(int argc, char **argv) {
         return rc;
     }
     /* the model file supersedes the checkpoint of a finished fit (kept when named) */
-    if (s.master && !a.checkpoint) unlink(ckpt);
+    struct stat ckpt_sb;
+    if (s.master && !a.checkpoint && lstat(ckpt, &ckpt_sb) == 0 && S_ISREG(ckpt_sb.st_mode))
+        unlink(ckpt);
     /* predictions for the confusion matrix (every rank takes part under MPI) */
     cf_preds preds = {0};
     bool classes = s.dls->train_ds->n_classes > 0;

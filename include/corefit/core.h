@@ -62,6 +62,17 @@ cf_status cf_memory_check(uint64_t bytes, const char *what);
  * max_bytes (at most 1 GiB) and refused beyond it; a FIFO that no writer opens within 10 s and a
  * directory are refused. Errors name the path, the size and the limit. */
 cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *size);
+/* Writes `size` bytes to path the way the library writes every file (a model file, a
+ * checkpoint): a temporary file beside it (O_EXCL, removed on failure or on a signal that ends
+ * the process), fsync, rename, so the path holds either its old content or all of the new; a
+ * character device is written through (cf_output_check). CF_ERR_IO naming the path and why. */
+cf_status cf_write_file_atomic(const char *path, const void *data, size_t size);
+/* What a save may do with an existing path: a regular file (or none) is replaced atomically;
+ * a character device such as /dev/null is written through (*write_through set: no temporary
+ * file, no rename, the device stays); a FIFO, a socket or a block device is refused with
+ * CF_ERR_IO naming the path and its kind, and never replaced. (A directory passes: the save's
+ * rename fails on it and says so.) */
+cf_status cf_output_check(const char *path, bool *write_through);
 
 /* A bump allocator for activations. Two phases: a measuring pass (cf_arena_begin_measure, then
  * cf_arena_floats returns NULL and counts), then cf_arena_commit allocates the counted size and

@@ -48,10 +48,6 @@ const char *cf_st_meta(const cf_st_file *file, const char *key);
  * mode 0666 & ~umask; an existing one keeps its mode. Names must be unique and non-empty. */
 cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entries,
                       const char *const *meta_keys, const char *const *meta_values, int n_meta);
-/* Writes `size` bytes to path the way cf_st_write writes a model file: a temporary file beside
- * it (O_EXCL, removed on failure or on a signal that ends the process), fsync, rename, so the
- * path holds either its old content or all of the new. CF_ERR_IO naming the path and why. */
-cf_status cf_write_file_atomic(const char *path, const void *data, size_t size);
 /* Whether cf_st_write could write `path`: creates and removes a temporary file beside it (the
  * way a save does), so that a long job can learn before it starts, not after, that its output
  * folder is missing, read-only or full of inodes. CF_OK, or CF_ERR_IO naming the path and why. */

@@ -1,9 +1,7 @@
-/* Aligned allocation, the activation arena, the memory check and the bounded file reader. */
+/* Aligned allocation, the activation arena and the memory check. */
 #include "corefit/core.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,136 +102,6 @@ cf_status cf_memory_check(uint64_t bytes, const char *what) {
                        "%s needs %.1f MB of memory, more than this machine has (%.1f MB)", what,
                        MB(bytes), MB((uint64_t)pages * (uint64_t)page));
     return CF_OK;
-}
-
-/* ---- the bounded file reader --------------------------------------------------------------- */
-
-#define FIFO_WAIT_MS 10000
-/* A stream's size is unknown until its end: more than this is refused whatever the caller's
- * limit (a device like /dev/zero never ends; a larger input can be saved to a file first). */
-#define STREAM_MAX ((size_t)1 << 30)
-
-static cf_status read_fd(int fd, const char *path, unsigned char *buf, size_t want, size_t *got) {
-    *got = 0;
-    while (*got < want) {
-        ssize_t r = read(fd, buf + *got, want - *got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0)
-            return cf_fail(CF_ERR_IO, "reading %s at byte %zu: %s", path, *got, strerror(errno));
-        if (r == 0) break;
-        *got += (size_t)r;
-    }
-    return CF_OK;
-}
-
-/* A regular file: its size is known, so the check comes before the one allocation. */
-static cf_status read_regular(int fd, const char *path, const struct stat *sb, size_t max_bytes,
-                              void **data, size_t *size) {
-    if ((uint64_t)sb->st_size > (uint64_t)max_bytes)
-        return cf_fail(CF_ERR_FORMAT, "%s: file of %lld bytes refused (limit %zu)", path,
-                       (long long)sb->st_size, max_bytes);
-    size_t n = (size_t)sb->st_size;
-    cf_status st = cf_memory_check((uint64_t)n + 1, path);
-    if (st != CF_OK) return st;
-    unsigned char *buf = cf_malloc(n + 1);
-    if (!buf) return cf_fail_context(CF_ERR_NOMEM, "reading %s", path);
-    size_t got;
-    if ((st = read_fd(fd, path, buf, n, &got)) == CF_OK && got != n)
-        st = cf_fail(CF_ERR_IO, "%s shrank while being read (%zu of %zu bytes)", path, got, n);
-    if (st != CF_OK) {
-        cf_free(buf);
-        return st;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *size = n;
-    return CF_OK;
-}
-
-/* A stream (pipe, FIFO, device): read until its end, refused past max_bytes. */
-static cf_status read_stream(int fd, const char *path, bool fifo, size_t max_bytes, void **data,
-                             size_t *size) {
-    if (fifo) {
-        /* Opened without blocking: wait a while for a writer instead of for ever. (Linux
-         * reports no event on a FIFO that never had a writer.) */
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int r;
-        while ((r = poll(&p, 1, FIFO_WAIT_MS)) < 0 && errno == EINTR) {
-        }
-        if (r == 0)
-            return cf_fail(CF_ERR_IO, "%s: a FIFO that no writer opened within %d s", path,
-                           FIFO_WAIT_MS / 1000);
-    }
-    int flags = fcntl(fd, F_GETFL);
-    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    if (max_bytes > STREAM_MAX) max_bytes = STREAM_MAX;
-    size_t cap = 0, len = 0;
-    unsigned char *buf = NULL;
-    for (;;) {
-        if (len == cap) {
-            if (cap > max_bytes) {
-                free(buf);
-                return cf_fail(CF_ERR_FORMAT,
-                               "%s: more than %zu bytes (the limit for this input) from a stream "
-                               "that does not end",
-                               path, max_bytes);
-            }
-            size_t next = cap ? cap * 2 : 65536;
-            if (next > max_bytes + 1) next = max_bytes + 1;
-            cf_status st = cf_memory_check(next + 1, path);
-            if (st != CF_OK) {
-                free(buf);
-                return st;
-            }
-            unsigned char *g = realloc(buf, next + 1);
-            if (!g) {
-                free(buf);
-                return cf_fail(CF_ERR_NOMEM, "reading %s: out of memory at %zu bytes", path, len);
-            }
-            buf = g;
-            cap = next;
-        }
-        size_t got;
-        cf_status st = read_fd(fd, path, buf + len, cap - len, &got);
-        if (st != CF_OK) {
-            free(buf);
-            return st;
-        }
-        len += got;
-        if (len < cap) break; /* the end */
-    }
-    if (len > max_bytes) {
-        free(buf);
-        return cf_fail(CF_ERR_FORMAT,
-                       "%s: more than %zu bytes (the limit for this input) from a stream that "
-                       "does not end",
-                       path, max_bytes);
-    }
-    buf[len] = '\0';
-    *data = buf; /* cf_free is free */
-    *size = len;
-    return CF_OK;
-}
-
-cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *size) {
-    if (!data || !size || !path) return cf_fail(CF_ERR_INVALID, "cf_read_file: NULL argument");
-    *data = NULL;
-    *size = 0;
-    if (max_bytes > SIZE_MAX / 4) max_bytes = SIZE_MAX / 4;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    cf_status st;
-    if (fstat(fd, &sb) != 0)
-        st = cf_fail(CF_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-    else if (S_ISDIR(sb.st_mode))
-        st = cf_fail(CF_ERR_IO, "%s is a directory, not a file", path);
-    else if (S_ISREG(sb.st_mode))
-        st = read_regular(fd, path, &sb, max_bytes, data, size);
-    else
-        st = read_stream(fd, path, S_ISFIFO(sb.st_mode), max_bytes, data, size);
-    close(fd);
-    return st;
 }
 
 /* ---- the arena ----------------------------------------------------------------------------- */

@@ -2,6 +2,7 @@
 #include "corefit/io.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,6 +132,10 @@ static cf_status check_and_copy(cf_model *model, const cf_st_file *file, const c
         } else {
             src[j] = e;
         }
+        for (size_t k = 0; st == CF_OK && src[j] == e && k < e->numel; k++)
+            if (!isfinite(e->data[k]))
+                st = cf_fail(CF_ERR_NONFINITE, "%s: tensor '%s' holds %s at element %zu", path,
+                             e->name, isnan(e->data[k]) ? "NaN" : "an infinity", k);
     }
     for (int j = 0; j < model->n_params && st == CF_OK; j++) {
         const cf_param *p = model->params[j];

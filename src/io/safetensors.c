@@ -7,30 +7,25 @@
  * left over), as the format requires. Errors name the file and the entry or byte at fault.
  *
  * Writer: the header is padded with spaces so the data starts at a multiple of 8 bytes, like the
- * reference implementation. The file is written to a temporary file next to the target
- * (mkostemp: O_EXCL, mode 0600), fsync'd and renamed over the target; on any failure the
- * temporary file is removed and the target is left as it was. While it is written, the temporary
- * file is locked (flock) and SIGINT, SIGTERM and SIGHUP, when they would end the process, remove
- * it first; one left by a process that could not clean up (SIGKILL, a power cut) is unlocked, and
- * the next save to the same target removes it. */
+ * reference implementation; the file is written the way every file of the library is
+ * (src/core/file.c: a temporary file renamed over the target, a character device written
+ * through, a FIFO refused). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* mkostemp */
 #endif
 #include "corefit/io.h"
 
+#include "core/file.h"
+
 #include <cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -460,33 +455,9 @@ cf_status cf_st_read(const char *path, cf_st_file **out) {
 
 /* ---- writing ------------------------------------------------------------------------------- */
 
-typedef struct writer {
-    const char *path;
-    int fd;
-    uint64_t written, total;
-} writer;
-
-static cf_status write_all(writer *w, const void *data, size_t n) {
-    const unsigned char *p = data;
-    while (n > 0) {
-        ssize_t r = write(w->fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int err = r < 0 ? errno : ENOSPC;
-            return cf_fail(CF_ERR_IO, "writing %s: %s at byte %llu of %llu (the file is unchanged)",
-                           w->path, strerror(err), (unsigned long long)w->written,
-                           (unsigned long long)w->total);
-        }
-        p += r;
-        n -= (size_t)r;
-        w->written += (uint64_t)r;
-    }
-    return CF_OK;
-}
-
-static cf_status write_entry(writer *w, const cf_st_entry *e, unsigned char *chunk) {
+static cf_status write_entry(cf__out_file *w, const cf_st_entry *e, unsigned char *chunk) {
     if (e->dtype == CF_DTYPE_F32 && host_little_endian())
-        return write_all(w, e->data, e->numel * sizeof(float));
+        return cf__out_write(w, e->data, e->numel * sizeof(float));
     size_t esize = dtype_size(e->dtype), per = CF_ST_CHUNK / esize;
     for (size_t i = 0; i < e->numel; i += per) {
         size_t n = e->numel - i < per ? e->numel - i : per;
@@ -501,7 +472,7 @@ static cf_status write_entry(writer *w, const cf_st_entry *e, unsigned char *chu
                 for (int k = 0; k < 4; k++) chunk[4 * j + k] = (unsigned char)(u >> (8 * k));
             }
         }
-        cf_status st = write_all(w, chunk, n * esize);
+        cf_status st = cf__out_write(w, chunk, n * esize);
         if (st != CF_OK) return st;
     }
     return CF_OK;
@@ -584,149 +555,23 @@ static char *build_header(const cf_st_entry *entries, int n, const char *const *
     return text;
 }
 
-/* ---- temporary files: removed on the signals that would end the process, and when stale ---- */
-
-#define TMP_SLOTS 16
-static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
-#define N_CLEANUP_SIGNALS ((int)(sizeof cleanup_signals / sizeof cleanup_signals[0]))
-static char tmp_paths[TMP_SLOTS][PATH_MAX];
-static volatile sig_atomic_t tmp_used[TMP_SLOTS];
-static pthread_mutex_t tmp_lock = PTHREAD_MUTEX_INITIALIZER;
-static int tmp_active; /* saves in progress */
-static struct sigaction tmp_old[N_CLEANUP_SIGNALS];
-static bool tmp_installed[N_CLEANUP_SIGNALS];
-
-/* Installed only over a default disposition (which would end the process): removes the
- * temporary files being written, then ends the process by the same signal. */
-static void remove_temporaries_and_die(int sig) {
-    for (int i = 0; i < TMP_SLOTS; i++)
-        if (tmp_used[i]) unlink(tmp_paths[i]);
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
-    raise(sig); /* delivered when this handler returns */
-}
-
-/* Blocks (or unblocks) the cleanup signals in this thread: a temporary file is created and
- * registered, or unregistered and forgotten, with none of them in between. */
-static void block_cleanup_signals(bool block, sigset_t *old) {
-    if (block) {
-        sigset_t set;
-        sigemptyset(&set);
-        for (int i = 0; i < N_CLEANUP_SIGNALS; i++) sigaddset(&set, cleanup_signals[i]);
-        pthread_sigmask(SIG_BLOCK, &set, old);
-    } else {
-        pthread_sigmask(SIG_SETMASK, old, NULL);
-    }
-}
-
-/* Registers a temporary file for removal on a signal; returns its slot or -1 (all in use: it
- * is then only removed by the next save). */
-static int register_temporary(const char *tmp) {
-    if (strlen(tmp) >= PATH_MAX) return -1;
-    pthread_mutex_lock(&tmp_lock);
-    if (tmp_active++ == 0) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = remove_temporaries_and_die;
-        sigemptyset(&sa.sa_mask);
-        for (int i = 0; i < N_CLEANUP_SIGNALS; i++) {
-            tmp_installed[i] = false;
-            if (sigaction(cleanup_signals[i], NULL, &tmp_old[i]) == 0 &&
-                !(tmp_old[i].sa_flags & SA_SIGINFO) && tmp_old[i].sa_handler == SIG_DFL)
-                tmp_installed[i] = sigaction(cleanup_signals[i], &sa, NULL) == 0;
-        }
-    }
-    int slot = -1;
-    for (int i = 0; i < TMP_SLOTS && slot < 0; i++)
-        if (!tmp_used[i]) {
-            snprintf(tmp_paths[i], PATH_MAX, "%s", tmp);
-            tmp_used[i] = 1;
-            slot = i;
-        }
-    pthread_mutex_unlock(&tmp_lock);
-    return slot;
-}
-
-static void unregister_temporary(int slot) {
-    pthread_mutex_lock(&tmp_lock);
-    if (slot >= 0) tmp_used[slot] = 0;
-    if (--tmp_active == 0)
-        for (int i = 0; i < N_CLEANUP_SIGNALS; i++) {
-            /* Put back only what is still ours (the caller may have changed it since). */
-            struct sigaction now;
-            if (tmp_installed[i] && sigaction(cleanup_signals[i], NULL, &now) == 0 &&
-                now.sa_handler == remove_temporaries_and_die)
-                sigaction(cleanup_signals[i], &tmp_old[i], NULL);
-            tmp_installed[i] = false;
-        }
-    pthread_mutex_unlock(&tmp_lock);
-}
-
-/* Creates and locks the temporary file tmp (a mkostemp template, rewritten). A concurrent save
- * to the same target may take a file for stale in the moment between its creation and its lock
- * (remove_stale_temporaries: it locks, then unlinks): a file whose lock is taken, or that has no
- * name any more once locked, is left to it and another one made. -1 with errno on failure. */
-static int create_locked_temporary(char *tmp) {
-    const size_t len = strlen(tmp);
-    for (int attempt = 0; attempt < 16; attempt++) {
-        memcpy(tmp + len - 6, "XXXXXX", 6);
-        const int fd = mkostemp(tmp, O_CLOEXEC); /* O_CREAT | O_EXCL, mode 0600 */
-        if (fd < 0) return -1;
-        struct stat sb;
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &sb) == 0 && sb.st_nlink > 0)
-            return fd; /* in use: not stale (see remove_stale_temporaries) */
-        close(fd);
-    }
-    errno = EBUSY;
-    return -1;
-}
-
-/* Removes temporary files of the same target (`<name>.tmp-XXXXXX`, ours, regular) that no
- * process has locked: they were left by a save that was killed. A save in progress holds the
- * lock on its own. */
-static void remove_stale_temporaries(const char *path) {
-    char *copy = cf_strdup(path);
-    if (!copy) return;
-    char *slash = strrchr(copy, '/');
-    const char *dir = ".", *base = copy;
-    if (slash) {
-        *slash = '\0';
-        dir = slash == copy ? "/" : copy;
-        base = slash + 1;
-    }
-    size_t blen = strlen(base);
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        const char *name = e->d_name;
-        if (strlen(name) != blen + 11 || strncmp(name, base, blen) != 0 ||
-            strncmp(name + blen, ".tmp-", 5) != 0)
-            continue;
-        int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) continue;
-        struct stat sb;
-        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() &&
-            flock(fd, LOCK_EX | LOCK_NB) == 0)
-            unlinkat(dirfd(d), name, 0);
-        close(fd);
-    }
-    if (d) closedir(d);
-    cf_free(copy);
-}
-
 cf_status cf_st_check_writable(const char *path) {
     if (!path || !path[0]) return cf_fail(CF_ERR_INVALID, "cf_st_check_writable: empty path");
     size_t plen = strlen(path);
     char *tmp = cf_malloc(plen + 16);
     if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "checking %s", path);
+    bool through = false;
     struct stat sb;
-    cf_status st = CF_OK;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        st = cf_fail(CF_ERR_IO, "cannot write %s: it is a directory", path);
-    } else {
+    cf_status st = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)
+                       ? cf_fail(CF_ERR_IO, "cannot write %s: it is a directory", path)
+                       : cf_output_check(path, &through);
+    if (st == CF_OK && through) {
+        int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0)
+            st = cf_fail(CF_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+        else
+            close(fd);
+    } else if (st == CF_OK) {
         snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
         int fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0) {
@@ -738,22 +583,6 @@ cf_status cf_st_check_writable(const char *path) {
     }
     cf_free(tmp);
     return st;
-}
-
-/* The mode a newly created file would get (0666 & ~umask), without touching the umask. */
-static mode_t default_mode(void) {
-    mode_t mask = 022;
-    FILE *f = fopen("/proc/self/status", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f))
-            if (strncmp(line, "Umask:", 6) == 0) {
-                mask = (mode_t)strtoul(line + 6, NULL, 8) & 0777;
-                break;
-            }
-        fclose(f);
-    }
-    return 0666 & ~mask;
 }
 
 cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entries,
@@ -785,13 +614,10 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     }
     unsigned char *head = cf_malloc(8 + len + pad);
     unsigned char *chunk = cf_malloc(CF_ST_CHUNK);
-    size_t plen = strlen(path);
-    char *tmp = cf_malloc(plen + 16);
-    if (!head || !chunk || !tmp) {
+    if (!head || !chunk) {
         cJSON_free(json);
         cf_free(head);
         cf_free(chunk);
-        cf_free(tmp);
         return cf_fail_context(CF_ERR_NOMEM, "writing %s", path);
     }
     store_le64(head, (uint64_t)(len + pad));
@@ -799,146 +625,15 @@ cf_status cf_st_write(const char *path, const cf_st_entry *entries, int n_entrie
     memset(head + 8 + len, ' ', pad);
     cJSON_free(json);
 
-    mode_t mode = default_mode();
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) mode = sb.st_mode & 07777;
-
-    remove_stale_temporaries(path);
-    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
-    writer w = {.path = path, .fd = -1, .total = 8 + len + pad + data_size};
-    sigset_t mask;
-    block_cleanup_signals(true, &mask);
-    w.fd = create_locked_temporary(tmp);
-    int err = errno, slot = -1;
-    if (w.fd >= 0) slot = register_temporary(tmp);
-    block_cleanup_signals(false, &mask);
-    if (w.fd < 0) {
-        st = cf_fail(CF_ERR_IO, "writing %s: cannot create a temporary file %s: %s", path, tmp,
-                     strerror(err));
-        tmp[0] = '\0';
-        goto fail;
-    }
-    if ((st = write_all(&w, head, 8 + len + pad)) != CF_OK) goto fail;
-    for (int i = 0; i < n_entries; i++)
-        if ((st = write_entry(&w, &entries[i], chunk)) != CF_OK) goto fail;
-    if (fsync(w.fd) != 0) {
-        st = cf_fail(CF_ERR_IO, "writing %s: fsync failed: %s (the file is unchanged)", path,
-                     strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = cf_fail(CF_ERR_IO, "writing %s: cannot rename %s over it: %s (the file is unchanged)",
-                     path, tmp, strerror(errno));
-        goto fail;
-    }
-    /* The temporary file stays 0600 until it is the target; only then does it get the target's
-     * mode (best effort: it stays 0600 otherwise). */
-    block_cleanup_signals(true, &mask);
-    unregister_temporary(slot);
-    slot = -1;
-    block_cleanup_signals(false, &mask);
-    tmp[0] = '\0';
-    (void)fchmod(w.fd, mode);
-    int fd = w.fd;
-    w.fd = -1;
-    if (close(fd) != 0) {
-        st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    /* Make the rename durable (best effort). */
-    char *dir = cf_strdup(path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = ".";
-        if (slash == dir)
-            d = "/";
-        else if (slash) {
-            *slash = '\0';
-            d = dir;
-        }
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        cf_free(dir);
-    }
+    cf__out_file w;
+    st = cf__out_open(&w, path, 8 + len + pad + data_size);
+    if (st == CF_OK) st = cf__out_write(&w, head, 8 + len + pad);
+    for (int i = 0; st == CF_OK && i < n_entries; i++) st = write_entry(&w, &entries[i], chunk);
+    if (st == CF_OK)
+        st = cf__out_commit(&w);
+    else
+        cf__out_abort(&w); /* (a no-op when the open failed) */
     cf_free(head);
     cf_free(chunk);
-    cf_free(tmp);
-    return CF_OK;
-fail:
-    if (w.fd >= 0) close(w.fd);
-    if (tmp[0]) unlink(tmp);
-    if (slot >= 0) {
-        block_cleanup_signals(true, &mask);
-        unregister_temporary(slot);
-        block_cleanup_signals(false, &mask);
-    }
-    cf_free(head);
-    cf_free(chunk);
-    cf_free(tmp);
-    return st;
-}
-
-/* ---- any bytes, atomically ----------------------------------------------------------------- */
-
-cf_status cf_write_file_atomic(const char *path, const void *data, size_t size) {
-    if (!path || !path[0]) return cf_fail(CF_ERR_INVALID, "cf_write_file_atomic: empty path");
-    size_t plen = strlen(path);
-    char *tmp = cf_malloc(plen + 16);
-    if (!tmp) return cf_fail_context(CF_ERR_NOMEM, "writing %s", path);
-    mode_t mode = default_mode();
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) mode = sb.st_mode & 07777;
-    remove_stale_temporaries(path);
-    snprintf(tmp, plen + 16, "%s.tmp-XXXXXX", path);
-    writer w = {.path = path, .fd = -1, .total = size};
-    sigset_t mask;
-    block_cleanup_signals(true, &mask);
-    w.fd = create_locked_temporary(tmp);
-    int err = errno, slot = -1;
-    if (w.fd >= 0) slot = register_temporary(tmp);
-    block_cleanup_signals(false, &mask);
-    cf_status st = CF_OK;
-    if (w.fd < 0) {
-        st = cf_fail(CF_ERR_IO, "writing %s: cannot create a temporary file %s: %s", path, tmp,
-                     strerror(err));
-        tmp[0] = '\0';
-    }
-    if (st == CF_OK) st = write_all(&w, data, size);
-    if (st == CF_OK && fsync(w.fd) != 0)
-        st = cf_fail(CF_ERR_IO, "writing %s: fsync failed: %s (the file is unchanged)", path,
-                     strerror(errno));
-    if (st == CF_OK && rename(tmp, path) != 0)
-        st = cf_fail(CF_ERR_IO, "writing %s: cannot rename %s over it: %s (the file is unchanged)",
-                     path, tmp, strerror(errno));
-    if (st == CF_OK) {
-        tmp[0] = '\0';
-        (void)fchmod(w.fd, mode);
-    }
-    if (w.fd >= 0 && close(w.fd) != 0 && st == CF_OK)
-        st = cf_fail(CF_ERR_IO, "writing %s: close failed: %s", path, strerror(errno));
-    if (tmp[0]) unlink(tmp);
-    if (slot >= 0) {
-        block_cleanup_signals(true, &mask);
-        unregister_temporary(slot);
-        block_cleanup_signals(false, &mask);
-    }
-    if (st == CF_OK) { /* make the rename durable (best effort) */
-        snprintf(tmp, plen + 16, "%s", path);
-        char *slash = strrchr(tmp, '/');
-        const char *d = slash == tmp ? "/" : ".";
-        if (slash && slash != tmp) {
-            *slash = '\0';
-            d = tmp;
-        }
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-    }
-    cf_free(tmp);
     return st;
 }

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/file.h"
 
 /* ---- CSVLogger ----------------------------------------------------------------------------- */
 
@@ -27,8 +28,9 @@
 typedef struct csv_logger {
     char *fname;
     bool append;
-    bool due; /* a logging fit is on and the log not opened yet */
-    FILE *f;  /* the log, from the first row on */
+    bool due;     /* a logging fit is on and the log not opened yet */
+    bool through; /* the log is a character device (/dev/null): written through, not replaced */
+    FILE *f;      /* the log, from the first row on */
     char path[4096];
 } csv_logger;
 
@@ -36,51 +38,6 @@ static void csv_close(csv_logger *c) {
     if (c->f) fclose(c->f);
     c->f = NULL;
     c->due = false;
-}
-
-/* The file mode a log created by fopen would have (0666 less the umask), read without changing
- * the umask (umask(2) cannot be read without setting it, and other threads may create files). */
-static mode_t new_file_mode(void) {
-    mode_t mask = 022;
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[128];
-    unsigned m;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "Umask: %o", &m) == 1) mask = (mode_t)m;
-    if (f) fclose(f);
-    return 0666 & ~mask;
-}
-
-/* Removes temporaries of this log left by a process killed while it wrote one (regular files of
- * ours that nobody holds a lock on: a logger holds one on its own while it writes it). */
-static void csv_remove_stale(const csv_logger *c) {
-    const char *slash = strrchr(c->path, '/');
-    char dir[4096];
-    const char *base = c->path;
-    if (slash) {
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - c->path), c->path);
-        if (!dir[0]) snprintf(dir, sizeof dir, "/");
-        base = slash + 1;
-    } else {
-        snprintf(dir, sizeof dir, ".");
-    }
-    size_t blen = strlen(base);
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        const char *name = e->d_name;
-        if (strlen(name) != blen + 11 || strncmp(name, base, blen) != 0 ||
-            strncmp(name + blen, ".tmp-", 5) != 0)
-            continue;
-        int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) continue;
-        struct stat sb;
-        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() &&
-            flock(fd, LOCK_EX | LOCK_NB) == 0)
-            unlinkat(dirfd(d), name, 0);
-        close(fd);
-    }
-    if (d) closedir(d);
 }
 
 static void csv_write_header(FILE *f, const cf_learner *learn) {
@@ -105,7 +62,7 @@ static void csv_write_row(FILE *f, const cf_learner *learn) {
 /* Opens the log with its header and, when `row`, the last epoch's row in it. */
 static cf_status csv_open(csv_logger *c, const cf_learner *learn, bool row) {
     c->due = false;
-    if (c->append) {
+    if (c->append || c->through) {
         c->f = fopen(c->path, "a");
         if (!c->f)
             return cf_fail(CF_ERR_IO, "CSVLogger: cannot open %s: %s", c->path, strerror(errno));
@@ -120,11 +77,11 @@ static cf_status csv_open(csv_logger *c, const cf_learner *learn, bool row) {
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0)
         return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
-    flock(fd, LOCK_EX | LOCK_NB); /* in use: not stale (csv_remove_stale) */
+    flock(fd, LOCK_EX | LOCK_NB); /* in use: not stale (cf__remove_stale_temporaries) */
     /* the mode the log had, or the one fopen would give a new one (mkostemp makes it 0600) */
     struct stat sb;
-    fchmod(fd,
-           stat(c->path, &sb) == 0 && S_ISREG(sb.st_mode) ? sb.st_mode & 07777 : new_file_mode());
+    fchmod(fd, stat(c->path, &sb) == 0 && S_ISREG(sb.st_mode) ? sb.st_mode & 07777
+                                                              : cf__new_file_mode());
     FILE *f = fdopen(fd, "w");
     if (!f) {
         close(fd);
@@ -158,9 +115,15 @@ static cf_status csv_before_fit(cf_callback *cb, cf_learner *learn) {
     struct stat sb;
     if (stat(c->path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: it is a directory", c->path);
+    if (cf_output_check(c->path, &c->through) != CF_OK)
+        return cf_fail_context(CF_ERR_IO, "CSVLogger");
+    if (c->through) {
+        c->due = true;
+        return CF_OK;
+    }
     if (c->append && access(c->path, F_OK) == 0 && access(c->path, W_OK) != 0)
         return cf_fail(CF_ERR_IO, "CSVLogger: cannot write %s: %s", c->path, strerror(errno));
-    csv_remove_stale(c);
+    cf__remove_stale_temporaries(c->path); /* a killed logger's (a logger locks its own) */
     char tmp[sizeof c->path + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", c->path);
     int fd = mkostemp(tmp, O_CLOEXEC);

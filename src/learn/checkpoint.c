@@ -3,6 +3,7 @@
  * steps the loop takes (cf__resume_*). */
 #include "corefit/learn.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -227,14 +228,21 @@ const char *cf_checkpoint_path(const cf_learner *learn, const char *fname, char 
 
 static cf_status ck_before_fit(cf_callback *cb, cf_learner *learn) {
     ckpt_state *s = cb->state;
-    if (strchr(s->fname, '/') || !learn->replica.is_master) return CF_OK;
-    /* path/model_dir, as a model save makes it (a failure shows when the file is written) */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", learn->path ? learn->path : ".");
-    mkdir(dir, 0755);
-    snprintf(dir, sizeof dir, "%s/%s", learn->path ? learn->path : ".",
-             learn->model_dir ? learn->model_dir : "models");
-    mkdir(dir, 0755);
+    if (!learn->replica.is_master) return CF_OK;
+    if (!strchr(s->fname, '/')) {
+        /* path/model_dir, as a model save makes it (a failure shows when the file is written) */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", learn->path ? learn->path : ".");
+        mkdir(dir, 0755);
+        snprintf(dir, sizeof dir, "%s/%s", learn->path ? learn->path : ".",
+                 learn->model_dir ? learn->model_dir : "models");
+        mkdir(dir, 0755);
+    }
+    /* a FIFO or a socket there is refused now, not at the first checkpoint */
+    char path[4096];
+    bool through;
+    cf_checkpoint_path(learn, s->fname, path, sizeof path);
+    if (cf_output_check(path, &through) != CF_OK) return cf_fail_context(CF_ERR_IO, "checkpoint");
     return CF_OK;
 }
 
@@ -250,7 +258,22 @@ static cf_status ck_after_batch(cf_callback *cb, cf_learner *learn) {
     if (!stop && !periodic) return CF_OK;
     char path[4096];
     cf_checkpoint_path(learn, s->fname, path, sizeof path);
-    if ((st = write_checkpoint(learn, path)) != CF_OK) return st;
+    st = write_checkpoint(learn, path);
+    if (st == CF_ERR_IO && !stop) {
+        /* A periodic checkpoint that cannot be written (a full disk, a quota) costs only what
+         * it would have saved: the previous one stays (the write is atomic), the fit goes on,
+         * and the next one tries again. Every replica agreed on the outcome; rank 0 says why. */
+        if (learn->replica.is_master) {
+            fprintf(stderr,
+                    "corefit: warning: checkpoint after iteration %lld not written (%s); the "
+                    "previous checkpoint is kept and training goes on\n",
+                    (long long)learn->train_iter, cf_last_error());
+            fflush(stderr);
+        }
+        cf_clear_error();
+        return CF_OK;
+    }
+    if (st != CF_OK) return st;
     if (!stop) return CF_OK;
     clear_request();
     return cf_fail(CF_ERR_INTERRUPTED,
@@ -457,8 +480,41 @@ static cf_status read_bytes(cf_learner *learn, const char *path, void **data, si
     return bs;
 }
 
-cf_status cf__resume_load(cf_learner *learn, const char *path, const char *params,
-                          cf__resume **out) {
+/* The position and schedule a checkpoint records must be one this fit passes through: the
+ * CRC only says the file is as written, not that it was written by this fit (a crafted or
+ * edited file with a fresh CRC). The fit's first training iteration after `start_epoch`
+ * skipped epochs is 0; pct_train is the fraction of the n_epoch epochs done. */
+static void check_position(cf__reader *rr, const cf__resume *r, int n_epoch, int start_epoch,
+                           int64_t batches) {
+    if (rr->st != CF_OK) return;
+    if (r->epoch < start_epoch || r->epoch >= n_epoch) {
+        cf__reader_fail(rr, "epoch %d, this fit runs epochs %d to %d", r->epoch, start_epoch,
+                        n_epoch - 1);
+        return;
+    }
+    if (r->next_batch < 1 || r->next_batch > batches) {
+        cf__reader_fail(rr, "batch %lld, an epoch of this fit has batches 1 to %lld",
+                        (long long)r->next_batch, (long long)batches);
+        return;
+    }
+    int64_t iter = (int64_t)(r->epoch - start_epoch) * batches + r->next_batch;
+    if (r->train_iter != iter) {
+        cf__reader_fail(rr, "iteration %lld, but epoch %d batch %lld is iteration %lld of this fit",
+                        (long long)r->train_iter, r->epoch, (long long)r->next_batch,
+                        (long long)iter);
+        return;
+    }
+    double pct = ((double)r->epoch + (double)r->next_batch / (double)batches) / n_epoch;
+    if (!(fabs(r->pct_train - pct) <= 1e-6))
+        cf__reader_fail(rr, "pct_train %.17g, but epoch %d batch %lld of %d epochs is %.17g",
+                        r->pct_train, r->epoch, (long long)r->next_batch, n_epoch, pct);
+    else if (!isfinite(r->smooth_loss) || !isfinite(r->loss_value))
+        cf__reader_fail(rr, "smoothed loss %g, last loss %g (not finite)", r->smooth_loss,
+                        r->loss_value);
+}
+
+cf_status cf__resume_load(cf_learner *learn, const char *path, const char *params, int n_epoch,
+                          int start_epoch, cf__resume **out) {
     *out = NULL;
     cf__resume *r = cf_calloc(1, sizeof *r);
     if (!r || !(r->path = cf_strdup(path))) {
@@ -501,17 +557,15 @@ cf_status cf__resume_load(cf_learner *learn, const char *path, const char *param
         return st;
     }
     cf_free(theirs);
-    r->epoch = (int)cf__get_u64(rr);
+    uint64_t epoch = cf__get_u64(rr);
+    r->epoch = epoch > INT32_MAX ? -1 : (int)epoch;
     r->next_batch = (int64_t)cf__get_u64(rr);
     r->train_iter = (int64_t)cf__get_u64(rr);
     r->pct_train = cf__get_f64(rr);
     r->smooth_loss = cf__get_f64(rr);
     r->loss_value = cf__get_f64(rr);
     int64_t batches = learn->dls && learn->dls->train ? cf_dataloader_len(learn->dls->train) : 0;
-    if (rd.st == CF_OK &&
-        (r->epoch < 0 || r->next_batch < 0 || r->next_batch > batches || r->train_iter < 0))
-        cf__reader_fail(rr, "position epoch %d, batch %lld of %lld, iteration %lld", r->epoch,
-                        (long long)r->next_batch, (long long)batches, (long long)r->train_iter);
+    check_position(rr, r, n_epoch, start_epoch, batches);
     r->learner_state = cf__get_blob(rr, "learner state", &r->learner_bytes);
     int64_t n_cbs = cf__get_count(rr, "call callbacks", CKPT_MAX_CBS, 16);
     if (rd.st == CF_OK) {

@@ -4,6 +4,7 @@
 #include "corefit/io.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 
@@ -81,6 +82,13 @@ static cf_status load_body(cf_model *model, const char *path) {
             st = cf_fail(CF_ERR_FORMAT, "pretrained model %s: %s has %zu values, expected %zu",
                          path, p->full_name, e->numel, p->numel);
         }
+        /* refused on load, as eval and predict refuse it: a fit would fail at its first batch */
+        for (size_t k = 0; st == CF_OK && k < e->numel; k++)
+            if (!isfinite(e->data[k]))
+                st = cf_fail(CF_ERR_NONFINITE,
+                             "pretrained model %s: tensor '%s' holds %s at element %zu (a "
+                             "diverged fit?)",
+                             path, p->full_name, isnan(e->data[k]) ? "NaN" : "an infinity", k);
         copied++;
     }
     if (st == CF_OK && copied == 0)

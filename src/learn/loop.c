@@ -355,7 +355,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         if (!params) st = CF_ERR_NOMEM;
     }
     /* the checkpoint is read and checked before anything changes */
-    if (st == CF_OK && resume) st = cf__resume_load(learn, resume, params, &from);
+    if (st == CF_OK && resume)
+        st = cf__resume_load(learn, resume, params, n_epoch, start_epoch, &from);
     if (st == CF_OK) st = make_defaults(learn, &call);
     if (st == CF_OK && (reset_opt || !learn->opt)) st = cf_learner_create_opt(learn);
     if (st == CF_OK && wd == 0) wd = learn->wd;

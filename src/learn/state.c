@@ -60,11 +60,30 @@ typedef struct cb_state {
     size_t n;
 } cb_state;
 
+/* "a, b, c" of a callback list, for messages. */
+static void cb_names(cf_callback *const *cbs, int n, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && at < cap; i++) {
+        int w = snprintf(buf + at, cap - at, "%s%s", i ? ", " : "",
+                         cbs[i]->name ? cbs[i]->name : "(unnamed)");
+        if (w > 0) at += (size_t)w;
+    }
+    if (n == 0) snprintf(buf, cap, "none");
+}
+
+/* The learner's callbacks run on every replica and may change the result: the lists must
+ * match, and a mismatch names both. */
 static void get_cbs(cf__reader *r, const char *list, cf_callback *const *cbs, int n,
                     cb_state *states) {
     int64_t count = cf__get_count(r, list, 100000, 16);
     if (r->st == CF_OK && count != n) {
-        cf__reader_fail(r, "%lld %s, this learner has %d", (long long)count, list, n);
+        char ours[512];
+        cb_names(cbs, n, ours, sizeof ours);
+        cf__reader_fail(r,
+                        "%lld %s, this learner has %d (%s): the state was taken with other "
+                        "callbacks",
+                        (long long)count, list, n, ours);
         return;
     }
     for (int i = 0; r->st == CF_OK && i < n; i++) {
@@ -78,6 +97,34 @@ static void get_cbs(cf__reader *r, const char *list, cf_callback *const *cbs, in
             cf__reader_fail(r, "%s %d (%s) carries state but cannot import it", list, i,
                             cbs[i]->name);
     }
+}
+
+/* Master callbacks (fastai's rank-0-only ones: logging, progress, saving) only show or record
+ * what the fit does, so they are matched by name and order of occurrence: one the state has
+ * and this learner lacks is dropped with its state, one this learner adds starts fresh (a
+ * resumed fit may add --quiet or a CSV log). */
+static void get_master_cbs(cf__reader *r, cf_callback *const *cbs, int n, cb_state *states) {
+    int64_t count = cf__get_count(r, "master callbacks", 100000, 16);
+    bool *taken = cf_calloc((size_t)n + 1, sizeof *taken);
+    if (r->st == CF_OK && !taken) r->st = cf_fail(CF_ERR_NOMEM, "learner state");
+    for (int64_t i = 0; r->st == CF_OK && i < count; i++) {
+        char *name = cf__get_str(r, "callback name");
+        size_t bytes = 0;
+        const void *blob = cf__get_blob(r, "callback state", &bytes);
+        int match = -1;
+        for (int k = 0; name && k < n && match < 0; k++)
+            if (!taken[k] && strcmp(name, cbs[k]->name ? cbs[k]->name : "") == 0) match = k;
+        if (r->st == CF_OK && match >= 0) {
+            taken[match] = true;
+            states[match].bytes = blob;
+            states[match].n = bytes;
+            if (bytes && !cbs[match]->import_state)
+                cf__reader_fail(r, "master callback %s carries state but cannot import it",
+                                cbs[match]->name);
+        }
+        cf_free(name);
+    }
+    cf_free(taken);
 }
 
 /* Imports callback states; on failure puts back the ones already imported. */
@@ -162,8 +209,7 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
     }
     if (rd.st == CF_OK) {
         get_cbs(r, "callbacks", learn->cbs, learn->n_cbs, states);
-        get_cbs(r, "master callbacks", learn->master_cbs, learn->n_master_cbs,
-                states + learn->n_cbs);
+        get_master_cbs(r, learn->master_cbs, learn->n_master_cbs, states + learn->n_cbs);
     }
     cf__get_end(r);
     cf_status st = rd.st;

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/bytes.h"
+
 /* Models smaller than this are stepped on the calling thread. */
 #define CF_OPT_PARALLEL_MIN 65536
 
@@ -318,24 +320,24 @@ static size_t opt_state_bytes(const cf_optimizer *opt) {
            cf_optimizer_state_floats(opt) * sizeof(float);
 }
 
-size_t cf_optimizer_export(const cf_optimizer *opt, void *buf, size_t size) {
-    if (!opt) return 0;
-    size_t need = opt_state_bytes(opt);
-    if (!buf || size < need) return need;
-    unsigned char *p = buf;
+static void put_opt_state(const void *obj, cf__writer *w) {
+    const cf_optimizer *opt = obj;
     uint32_t u32[4] = {OPT_MAGIC, OPT_VERSION, (uint32_t)opt->config.kind, (uint32_t)opt->n_groups};
     uint64_t u64[2] = {opt->model->n_weights, (uint64_t)opt->model->n_params};
     uint32_t has[2] = {opt->grad_avg != NULL, opt->sqr_avg != NULL};
-    memcpy(p, u32, sizeof u32), p += sizeof u32;
-    memcpy(p, u64, sizeof u64), p += sizeof u64;
-    memcpy(p, has, sizeof has), p += sizeof has;
     size_t hb = (size_t)opt->n_groups * sizeof(cf_hypers),
            wb = opt->model->n_weights * sizeof(float);
-    memcpy(p, opt->hypers, hb), p += hb;
-    if (opt->grad_avg) memcpy(p, opt->grad_avg, wb), p += wb;
-    if (opt->sqr_avg) memcpy(p, opt->sqr_avg, wb), p += wb;
-    memcpy(p, opt->steps, (size_t)opt->model->n_params * sizeof(float));
-    return need;
+    cf__put(w, u32, sizeof u32);
+    cf__put(w, u64, sizeof u64);
+    cf__put(w, has, sizeof has);
+    cf__put(w, opt->hypers, hb);
+    if (opt->grad_avg) cf__put(w, opt->grad_avg, wb);
+    if (opt->sqr_avg) cf__put(w, opt->sqr_avg, wb);
+    cf__put(w, opt->steps, (size_t)opt->model->n_params * sizeof(float));
+}
+
+size_t cf_optimizer_export(const cf_optimizer *opt, void *buf, size_t size) {
+    return opt ? cf__export(put_opt_state, opt, buf, size) : 0;
 }
 
 cf_status cf_optimizer_import(cf_optimizer *opt, const void *buf, size_t size) {
@@ -345,12 +347,12 @@ cf_status cf_optimizer_import(cf_optimizer *opt, const void *buf, size_t size) {
         return cf_fail(CF_ERR_INVALID,
                        "optimizer state: %zu bytes, shorter than its %d-byte header", size,
                        OPT_HEADER_BYTES);
-    const unsigned char *p = buf;
+    cf__reader rd = cf__reader_make(buf, size, "optimizer state");
     uint32_t u32[4], has[2];
     uint64_t u64[2];
-    memcpy(u32, p, sizeof u32), p += sizeof u32;
-    memcpy(u64, p, sizeof u64), p += sizeof u64;
-    memcpy(has, p, sizeof has), p += sizeof has;
+    cf__get(&rd, u32, sizeof u32); /* within the header: cannot fail */
+    cf__get(&rd, u64, sizeof u64);
+    cf__get(&rd, has, sizeof has);
     if (u32[0] != OPT_MAGIC)
         return cf_fail(CF_ERR_INVALID, "optimizer state: offset 0: magic 0x%08x is not \"CFOP\"",
                        u32[0]);
@@ -373,9 +375,9 @@ cf_status cf_optimizer_import(cf_optimizer *opt, const void *buf, size_t size) {
         return cf_fail(CF_ERR_INVALID, "optimizer state: %zu bytes, expected %zu", size, need);
     size_t hb = (size_t)opt->n_groups * sizeof(cf_hypers),
            wb = opt->model->n_weights * sizeof(float);
-    memcpy(opt->hypers, p, hb), p += hb;
-    if (opt->grad_avg) memcpy(opt->grad_avg, p, wb), p += wb;
-    if (opt->sqr_avg) memcpy(opt->sqr_avg, p, wb), p += wb;
-    memcpy(opt->steps, p, (size_t)opt->model->n_params * sizeof(float));
-    return CF_OK;
+    cf__get(&rd, opt->hypers, hb); /* the size is checked: these cannot fail */
+    if (opt->grad_avg) cf__get(&rd, opt->grad_avg, wb);
+    if (opt->sqr_avg) cf__get(&rd, opt->sqr_avg, wb);
+    cf__get(&rd, opt->steps, (size_t)opt->model->n_params * sizeof(float));
+    return rd.st;
 }

@@ -9,41 +9,22 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "core/bytes.h"
 #include "par/twin.h"
 
-typedef struct frame {
-    unsigned char *buf;
-    size_t size, at;
-} frame;
+/* What the parts are written from. */
+typedef struct home_src {
+    const cf_learner *learn;
+    const cf__par_method *method;
+} home_src;
 
-static void put(frame *f, const void *data, size_t n) {
-    if (f->buf && f->at <= f->size && n <= f->size - f->at && n) memcpy(f->buf + f->at, data, n);
-    f->at += n;
+static size_t fill_learner(const void *src, void *buf, size_t size) {
+    return cf_learner_export_state(((const home_src *)src)->learn, buf, size);
 }
-static void put_u64(frame *f, uint64_t v) {
-    put(f, &v, sizeof v);
-}
-/* Reserves a length, lets fill write after it, and stores the length written. */
-static void put_part(frame *f, size_t (*fill)(const void *, const void *, void *, size_t),
-                     const void *a, const void *b) {
-    size_t len_at = f->at;
-    put_u64(f, 0);
-    bool room = f->buf && f->at <= f->size;
-    size_t n = fill(a, b, room ? f->buf + f->at : NULL, room ? f->size - f->at : 0);
-    if (room && n <= f->size - f->at) {
-        uint64_t len = n;
-        memcpy(f->buf + len_at, &len, sizeof len);
-    }
-    f->at += n;
-}
-
-static size_t fill_learner(const void *learn, const void *unused, void *buf, size_t size) {
-    (void)unused;
-    return cf_learner_export_state(learn, buf, size);
-}
-static size_t fill_output(const void *learn, const void *method, void *buf, size_t size) {
-    const cf__par_method *m = method;
-    return m->output ? m->output->export_fn(learn, cf__par_out(m), buf, size) : 0;
+static size_t fill_output(const void *src, void *buf, size_t size) {
+    const home_src *h = src;
+    const cf__par_method *m = h->method;
+    return m->output ? m->output->export_fn(h->learn, cf__par_out(m), buf, size) : 0;
 }
 
 #define HOME_MAGIC 0x4d484643u /* "CFHM" */
@@ -51,30 +32,15 @@ static size_t fill_output(const void *learn, const void *method, void *buf, size
 
 size_t cf__par_home_write(const cf_learner *learn, const cf__par_method *method, cf_status outcome,
                           const char *outcome_msg, void *buf, size_t size) {
-    frame f = {buf, buf ? size : 0, 0};
+    cf__writer w = {buf, buf ? size : 0, 0};
+    home_src src = {learn, method};
     uint32_t head[2] = {HOME_MAGIC, HOME_VERSION};
-    put(&f, head, sizeof head);
-    put_u64(&f, (uint64_t)(int64_t)outcome);
-    size_t msg_len = outcome_msg ? strlen(outcome_msg) : 0;
-    put_u64(&f, msg_len);
-    put(&f, outcome_msg, msg_len);
-    put_part(&f, fill_learner, learn, NULL);
-    put_part(&f, fill_output, learn, method);
-    return f.at;
-}
-
-/* A length-prefixed part: a pointer to its bytes, or NULL when the envelope is too short. */
-static const unsigned char *get_part(const unsigned char *buf, size_t size, size_t *at,
-                                     size_t *len) {
-    uint64_t n;
-    if (size - *at < sizeof n) return NULL;
-    memcpy(&n, buf + *at, sizeof n);
-    *at += sizeof n;
-    if (n > size - *at) return NULL;
-    *len = (size_t)n;
-    const unsigned char *p = buf + *at;
-    *at += (size_t)n;
-    return p;
+    cf__put(&w, head, sizeof head);
+    cf__put_u64(&w, (uint64_t)(int64_t)outcome);
+    cf__put_array(&w, outcome_msg, outcome_msg ? (int64_t)strlen(outcome_msg) : 0, 1);
+    cf__put_blob(&w, fill_learner, &src);
+    cf__put_blob(&w, fill_output, &src);
+    return w.at;
 }
 
 cf_status cf__par_home_read(cf_learner *learn, const cf__par_method *method, const void *vbuf,
@@ -89,21 +55,21 @@ cf_status cf__par_home_read(cf_learner *learn, const cf__par_method *method, con
         return cf_fail(CF_ERR_WORKER,
                        "results: offset 0: magic 0x%08x version %u (expected 0x%08x version %u)",
                        head[0], head[1], HOME_MAGIC, HOME_VERSION);
-    size_t at = sizeof head;
-    memcpy(&outcome, buf + at, sizeof outcome);
-    at += sizeof outcome;
+    cf__reader rd = cf__reader_make(buf, size, "results");
+    cf__get(&rd, head, sizeof head);
+    cf__get(&rd, &outcome, sizeof outcome);
     size_t msg_len = 0, state_len = 0, out_len = 0;
-    const unsigned char *msg = get_part(buf, size, &at, &msg_len);
-    const unsigned char *state = msg ? get_part(buf, size, &at, &state_len) : NULL;
-    const unsigned char *out = state ? get_part(buf, size, &at, &out_len) : NULL;
-    if (!out || at != size)
+    const unsigned char *msg = cf__get_blob(&rd, "message", &msg_len);
+    const unsigned char *state = cf__get_blob(&rd, "learner state", &state_len);
+    const unsigned char *out = cf__get_blob(&rd, "output", &out_len);
+    if (rd.st != CF_OK || rd.at != size)
         return cf_fail(CF_ERR_WORKER,
                        "results: %zu bytes, truncated or with bytes left over at "
                        "offset %zu",
-                       size, at);
+                       size, rd.at);
     char outcome_msg[1024];
     snprintf(outcome_msg, sizeof outcome_msg, "%.*s", (int)(msg_len < 1000 ? msg_len : 1000),
-             (const char *)msg);
+             msg ? (const char *)msg : "");
     /* The output first (its import replaces the caller's output only when it reads back),
      * then the learner (all or nothing); a learner that does not read back takes the output
      * away again, so a malformed envelope changes neither. */

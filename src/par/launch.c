@@ -7,7 +7,8 @@
  * the cause. On success the results area stays mapped and is handed to the caller. */
 #include "par_internal.h"
 
-#include <cblas.h>
+#include "corefit/tensor.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -93,11 +94,22 @@ static void warm_up_blas(cf_shm_rank *slot, int rank) {
     struct itimerval arm = {{0, 0}, {BLAS_WARM_UP_CPU_S, 0}}, off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_PROF, &arm, NULL);
     int n = BLAS_WARM_UP_N;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, m, n, m + n * n, n, 0.0f,
-                m + 2 * n * n, n);
+    cf_sgemm(false, false, n, n, n, 1.0f, m, n, m + n * n, n, 0.0f, m + 2 * n * n, n);
     setitimer(ITIMER_PROF, &off, NULL);
     sigaction(SIGPROF, &old, NULL);
     free(m);
+}
+
+/* SIGTERM in a worker, when the caller handles it: pre-emption (Slurm, `timeout`, a container
+ * runtime, `kill -TERM -PGID`) signals the whole process group, and whichever process gets it
+ * first, the request is the supervisor's: the caller's handler runs there (a fit's checkpoint
+ * request reaches the workers through shared memory), and the worker finishes its batch. */
+static pid_t term_supervisor;
+
+static void forward_term(int sig) {
+    int saved = errno;
+    if (getppid() == term_supervisor) kill(term_supervisor, sig);
+    errno = saved;
 }
 
 static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus, int ncpus,
@@ -111,9 +123,24 @@ static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus,
      * supervisor reports the signal. (This drops a sanitizer's SEGV report too.) Ignored
      * signals stay ignored. */
     signal(SIGINT, SIG_IGN);
+    struct sigaction term_old;
+    bool caller_handles_term = sigaction(SIGTERM, NULL, &term_old) == 0 &&
+                               ((term_old.sa_flags & SA_SIGINFO) ||
+                                (term_old.sa_handler != SIG_DFL && term_old.sa_handler != SIG_IGN));
+    if (caller_handles_term) {
+        struct sigaction fwd;
+        memset(&fwd, 0, sizeof fwd);
+        fwd.sa_handler = forward_term;
+        sigemptyset(&fwd.sa_mask);
+        fwd.sa_flags = SA_RESTART;
+        term_supervisor = hdr->supervisor_pid;
+        sigaction(SIGTERM, &fwd, NULL);
+    }
     for (int sig = 1; sig < NSIG; sig++) {
         struct sigaction old;
-        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &old) != 0) continue;
+        if (sig == SIGKILL || sig == SIGSTOP || (sig == SIGTERM && caller_handles_term) ||
+            sigaction(sig, NULL, &old) != 0)
+            continue;
         if ((old.sa_flags & SA_SIGINFO) || (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN))
             signal(sig, SIG_DFL);
     }
@@ -240,17 +267,21 @@ static void restore_signals(supervisor *s) {
 static void describe_wait(supervisor *s, int r, char *buf, size_t cap) {
     cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
     uint64_t arrival = atomic_load(&slot->arrived);
-    size_t at = (size_t)snprintf(buf, cap, " (waiting in %s #%llu for worker",
-                                 cf_shm_op_name(atomic_load(&slot->op)),
-                                 (unsigned long long)atomic_load(&slot->op_seq));
+    const char *op = cf_shm_op_name(atomic_load(&slot->op));
+    unsigned long long seq = (unsigned long long)atomic_load(&slot->op_seq);
+    char peers[160] = "";
+    size_t at = 0;
     int count = 0;
-    for (int p = 0; p < s->n && at < cap; p++) {
+    for (int p = 0; p < s->n && at < sizeof peers; p++) {
         if (p == r || atomic_load(&cf_shm_rank_at(s->hdr, p)->arrived) >= arrival) continue;
-        int w = snprintf(buf + at, cap - at, "%s %d", count ? "," : "", p);
+        int w = snprintf(peers + at, sizeof peers - at, "%s%d", count ? ", " : "", p);
         if (w > 0) at += (size_t)w;
         count++;
     }
-    if (at < cap) snprintf(buf + at, cap - at, ")");
+    if (count)
+        snprintf(buf, cap, " (waiting in %s #%llu for worker %s)", op, seq, peers);
+    else /* every peer got there: this worker itself stopped running inside the collective */
+        snprintf(buf, cap, " (stopped inside %s #%llu, which every worker reached)", op, seq);
 }
 
 /* Notes a pause of the supervisor itself. Its naps are POLL_NS long; one that took far longer

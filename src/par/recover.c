@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,47 @@ struct cf__commit_area {
     commit_rank ranks[];
 };
 
+/* Removes a commit directory with whatever is in it (the commit, a temporary file that a
+ * killed rank 0 left half written). */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[4400];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* Commit directories whose owner process is gone (a supervisor killed by SIGKILL, or by a
+ * signal it does not handle, cannot remove its own): `corefit-commit-<pid>-XXXXXX` of this
+ * user in base, for a pid that no longer exists. A live pid keeps its directory, whoever it
+ * is (another fit's, or a process in another PID namespace that reuses the number). */
+static void sweep_stale_dirs(const char *base) {
+    DIR *d = opendir(base);
+    if (!d) return;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d))) {
+        long pid = 0;
+        int end = 0;
+        if (sscanf(e->d_name, "corefit-commit-%ld-%n", &pid, &end) != 1 || end == 0 ||
+            strlen(e->d_name + end) != 6 || pid <= 0 || pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours) */
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", base, e->d_name);
+        if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid())
+            remove_dir(path);
+    }
+    closedir(d);
+}
+
 /* A memory file system when there is one (the commit is shared memory), else the temporary
  * directory. */
 static cf_status make_dir(char *dir, size_t cap) {
@@ -50,6 +92,7 @@ static cf_status make_dir(char *dir, size_t cap) {
         stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && access("/dev/shm", W_OK | X_OK) == 0
             ? "/dev/shm"
             : (tmp && *tmp ? tmp : "/tmp");
+    sweep_stale_dirs(base);
     snprintf(dir, cap, "%s/corefit-commit-%ld-XXXXXX", base, (long)getpid());
     if (!mkdtemp(dir))
         return cf_fail(CF_ERR_IO, "recovery: cannot make a directory for commits in %s: %s", base,
@@ -79,22 +122,9 @@ cf_status cf__commit_area_new(int nranks, int every, cf__commit_area **out) {
     return CF_OK;
 }
 
-/* Removes the directory with whatever is in it (the commit, a temporary file that a killed
- * rank 0 left half written). */
 void cf__commit_area_free(cf__commit_area *a) {
     if (!a) return;
-    DIR *d = opendir(a->dir);
-    if (d) {
-        struct dirent *e;
-        char path[4400];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(path, sizeof path, "%s/%s", a->dir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(a->dir);
+    remove_dir(a->dir);
     munmap(a, a->map_bytes);
 }
 
@@ -103,10 +133,6 @@ bool cf__commit_latest(const cf__commit_area *a, int64_t *epoch, int64_t *batch)
     *epoch = atomic_load(&a->commit_epoch);
     *batch = atomic_load(&a->commit_batch);
     return true;
-}
-
-const char *cf__commit_path(const cf__commit_area *a) {
-    return a->path;
 }
 
 bool cf__commit_position(const cf__commit_area *a, int rank, int64_t *epoch, int64_t *batch) {

@@ -1,12 +1,13 @@
-/* The writer and reader behind the learn layer's state formats (recorder, lr_find result,
- * predictions, trackers, the learner's state): bounds-checked, and every failure names what was
+/* The writer and reader behind the library's state formats (the optimizer's; the recorder,
+ * lr_find result, predictions, trackers and learner state of the learn layer; the parallel
+ * runtime's envelope): bounds-checked, and every failure names what was
  * read, where, and the value. Formats are in host byte order: they move state between processes
  * of one program (parallel fits, MPI ranks, roll-backs), not files between machines. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "learn/internal.h"
+#include "core/bytes.h"
 
 void cf__put(cf__writer *w, const void *data, size_t n) {
     if (w->buf && w->at <= w->size && n <= w->size - w->at && n) memcpy(w->buf + w->at, data, n);
