@@ -32,6 +32,19 @@ static cf_status remap_labels(cf_dataset *ds, const cf_model_info *m) {
     return CF_OK;
 }
 
+/* After remap_labels: the data set takes the model's class count and names, so that a folder
+ * holding only some of the classes (labels already remapped) has a vocabulary as long as its
+ * class count for everything that copies it. */
+static cf_status adopt_model_classes(cf_dataset *ds, const cf_model_info *m) {
+    if (ds->vocab)
+        for (int i = 0; i < ds->n_classes; i++) cf_free(ds->vocab[i]);
+    cf_free(ds->vocab);
+    ds->vocab = NULL;
+    ds->n_classes = m->recipe.n_out;
+    if (m->n_vocab != m->recipe.n_out) return CF_OK; /* a model without class names */
+    return cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
+}
+
 static cf_status check_image_shape(const cf_dataset *ds, const cf_model_info *m) {
     const cf_shape *s = &ds->sample_shape;
     if (s->ndim != 3 || s->dim[0] != m->n_in || s->dim[1] != m->height || s->dim[2] != m->width)
@@ -126,13 +139,10 @@ int cmd_eval(int argc, char **argv) {
             }
             if (d.images) st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
-            if (st == CF_OK && ds->n_classes != m.recipe.n_out) {
-                if (ds->n_classes > m.recipe.n_out)
-                    st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d",
-                                 ds->n_classes, m.recipe.n_out);
-                else
-                    ds->n_classes = m.recipe.n_out; /* vocab names are not needed from here on */
-            }
+            if (st == CF_OK && ds->n_classes > m.recipe.n_out)
+                st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d", ds->n_classes,
+                             m.recipe.n_out);
+            if (st == CF_OK) st = adopt_model_classes(ds, &m);
         }
     }
     if (st) {
