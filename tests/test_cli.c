@@ -1131,6 +1131,23 @@ static void test_eval_some_classes(void **state) {
 #endif
 }
 
+/* #7: a JPEG given where a model is expected is said not to be a safetensors file. */
+static void test_jpeg_as_model(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    run_result r = run("predict photos/valid/cat/1.jpg photos/valid/cat/0.png");
+    expect(&r, 1, NULL, "photos/valid/cat/1.jpg: not a safetensors file: it is a JPEG image");
+    assert_null(strstr(r.err, "absurd"));
+    run_free(&r);
+    r = run("train --images photos --pretrained photos/valid/dog/0.png --cores 1");
+    expect(&r, 1, NULL, "photos/valid/dog/0.png: not a safetensors file: it is a PNG image");
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1321,6 +1338,7 @@ int main(void) {
         cmocka_unit_test(test_out_folder),
         cmocka_unit_test(test_max_restarts),
         cmocka_unit_test(test_eval_some_classes),
+        cmocka_unit_test(test_jpeg_as_model),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));
