@@ -1148,6 +1148,52 @@ static void test_jpeg_as_model(void **state) {
 #endif
 }
 
+/* The "normalize:" line of `corefit info path` (a copy, freed by the caller). */
+static char *normalize_line(const char *path) {
+    run_result r = run("info %s", path);
+    expect(&r, 0, "normalize:   mean", NULL);
+    const char *p = strstr(r.out, "normalize:");
+    char *line = strndup(p, strcspn(p, "\n"));
+    run_free(&r);
+    return line;
+}
+
+/* #4, #5, #6: fine-tuning a pretrained model keeps its normalisation (fastai keeps the
+ * pretrained statistics); --split-batch says what each worker gets; fine_tune's summary counts
+ * the frozen epochs too. */
+static void test_fine_tune_summary(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    /* new data whose statistics differ: the photos darkened */
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && /usr/bin/python3 -c \"import glob,os\nfrom PIL import Image\nfor f in "
+             "glob.glob('photos/*/*/*'):\n  d=os.path.join('dark',f[7:]); "
+             "os.makedirs(os.path.dirname(d),exist_ok=True)\n  im=Image.open(f).point(lambda v: "
+             "v//3); im.save(d)\"",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    run_result r = run("train --images dark --pretrained photo.safetensors --schedule fine-tune "
+                       "--epochs 1 --freeze-epochs 1 --cores 2 --split-batch --bs 6 "
+                       "--out dark.safetensors");
+    expect(&r, 0, "(2 epochs: 1 frozen, 1 unfrozen, fork workers)", "each batch of 6 split across");
+    assert_non_null(strstr(r.err, "(3 each)"));
+    assert_null(strstr(r.err, "batch size 6 each"));
+    run_free(&r);
+    char *pre = normalize_line("photo.safetensors"), *tuned = normalize_line("dark.safetensors");
+    assert_string_equal(pre, tuned);
+    free(pre);
+    free(tuned);
+    /* a one-cycle fit of one epoch says one epoch */
+    r = run("train --images dark --size 16 --cores 1 --bs 8 --out dark1.safetensors --quiet");
+    expect(&r, 0, "(1 epoch, in-process)", NULL);
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1339,6 +1385,7 @@ int main(void) {
         cmocka_unit_test(test_max_restarts),
         cmocka_unit_test(test_eval_some_classes),
         cmocka_unit_test(test_jpeg_as_model),
+        cmocka_unit_test(test_fine_tune_summary),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));

@@ -456,10 +456,24 @@ static int setup(const char *cmd, train_args *a, session *s) {
                  tabular                            ? "tabular"
                  : train->sample_shape.dim[1] <= 64 ? "mini-resnet"
                                                     : "xresnet18");
-    cf_model_info_free(&pre);
     int n_norm = 0;
     float mean[4] = {0}, std[4] = {0};
-    if (!tabular) {
+    if (!tabular && pre.n_norm > 0 && pre.n_norm == train->sample_shape.dim[0]) {
+        /* fastai's vision_learner keeps the pretrained model's statistics (ImageNet's for
+         * torchvision weights): the body was trained on inputs normalised that way */
+        n_norm = pre.n_norm;
+        memcpy(mean, pre.mean, (size_t)n_norm * sizeof *mean);
+        memcpy(std, pre.std, (size_t)n_norm * sizeof *std);
+        if (!a->quiet && s->master) {
+            fprintf(stderr, "normalize: the pretrained model's statistics, mean");
+            for (int i = 0; i < n_norm; i++) fprintf(stderr, " %.4g", mean[i]);
+            fprintf(stderr, ", std");
+            for (int i = 0; i < n_norm; i++) fprintf(stderr, " %.4g", std[i]);
+            fprintf(stderr, "\n");
+        }
+    }
+    cf_model_info_free(&pre);
+    if (!tabular && n_norm == 0) {
         n_norm = train->sample_shape.dim[0];
         if (n_norm > 4 || cf_dataset_channel_stats(train, mean, std)) {
             cf_dataset_free(train);
@@ -549,9 +563,15 @@ static int setup(const char *cmd, train_args *a, session *s) {
                 s->par.start_method == CF_START_MPI
                     ? "MPI ranks (--start mpi)"
                     : (s->parallel ? "worker processes (fork)" : "in-process"));
-    if (!a->quiet && s->master && s->par.start_method != CF_START_MPI && s->parallel)
-        fprintf(stderr, "cores: %d worker processes, batch size %d each\n", s->par.num_cores,
-                d->bs ? d->bs : 64);
+    if (!a->quiet && s->master && s->par.start_method != CF_START_MPI && s->parallel) {
+        int w = s->par.num_cores;
+        if (a->split_batch) /* the loader gives worker r samples [r*bs/w, (r+1)*bs/w) */
+            fprintf(stderr,
+                    "cores: %d worker processes, each batch of %d split across them (%d%s each)\n",
+                    w, bs, bs / w, bs % w ? " or 1 more" : "");
+        else
+            fprintf(stderr, "cores: %d worker processes, batch size %d each\n", w, bs);
+    }
     int64_t steps = (a->split_batch ? train->n : train->n / world) / bs;
     int epochs = a->epochs + (strcmp(a->schedule, "fine-tune") == 0 ? a->freeze_epochs : 0);
     if (!a->quiet && s->master && strcmp(cmd, "train") == 0 && steps * epochs < 100)
@@ -1204,8 +1224,13 @@ int cmd_train(int argc, char **argv) {
         if (restarts > 0) /* the workers were restarted in place (--max-restarts) */
             snprintf(restarted, sizeof restarted, ", %d restart%s", restarts,
                      restarts == 1 ? "" : "s");
-        printf("time: %.1f s (%d epoch%s, %s%s)\n", seconds, rec->n_epochs,
-               rec->n_epochs == 1 ? "" : "s",
+        /* the Recorder holds the last fit only: fine_tune's unfrozen one */
+        int frozen = fine_tune ? a.freeze_epochs : 0, epochs = frozen + rec->n_epochs;
+        char phases[64] = "";
+        if (frozen > 0)
+            snprintf(phases, sizeof phases, ": %d frozen, %d unfrozen", frozen, rec->n_epochs);
+        printf("time: %.1f s (%d epoch%s%s, %s%s)\n", seconds, epochs, epochs == 1 ? "" : "s",
+               phases,
                s.par.start_method == CF_START_MPI ? "MPI"
                : s.parallel                       ? "fork workers"
                                                   : "in-process",
