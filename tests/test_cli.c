@@ -1194,6 +1194,49 @@ static void test_fine_tune_summary(void **state) {
 #endif
 }
 
+/* #8: predict goes on past files it cannot read (named on stderr, exit 1 at the end), and class
+ * names holding a tab or a newline are escaped in its tab-separated output. */
+static void test_predict_bad_files_and_odd_names(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp -r photos odd && /usr/bin/python3 -c \"import os\nfor p in "
+             "('train','valid'):\n  os.rename('odd/%%s/cat'%%p, 'odd/%%s/big\\tcat'%%p); "
+             "os.rename('odd/%%s/dog'%%p, 'odd/%%s/hot\\ndog'%%p)\" && echo garbage > bad.jpg",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    run_result r =
+        run("train --images odd --size 16 --cores 1 --bs 8 --out odd.safetensors --quiet");
+    expect(&r, 0, "model: odd.safetensors", NULL);
+    run_free(&r);
+    r = run("predict odd.safetensors photos/valid/fox/0.png bad.jpg missing.png "
+            "photos/valid/owl/1.jpg --top 4");
+    expect(&r, 1, "photos/valid/fox/0.png\t", "bad.jpg: not an image");
+    assert_non_null(strstr(r.err, "missing.png"));
+    assert_non_null(strstr(r.err, "2 of 4 image files could not be predicted"));
+    /* both readable files, one line each, every class named once a line */
+    const char *second = strchr(r.out, '\n');
+    assert_non_null(second);
+    assert_true(strncmp(second + 1, "photos/valid/owl/1.jpg\t", 23) == 0);
+    assert_non_null(strchr(second + 1, '\n'));
+    assert_string_equal(strchr(second + 1, '\n'), "\n");
+    for (const char *line = r.out; *line; line = strchr(line, '\n') + 1) {
+        char one[512];
+        snprintf(one, sizeof one, "%.*s", (int)strcspn(line, "\n"), line);
+        assert_non_null(strstr(one, "\tbig\\tcat\t"));
+        assert_non_null(strstr(one, "\thot\\ndog\t"));
+        int tabs = 0;
+        for (const char *c = one; *c; c++) tabs += *c == '\t';
+        assert_int_equal(tabs, 8); /* input, then 4 x (class, probability) */
+    }
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1386,6 +1429,7 @@ int main(void) {
         cmocka_unit_test(test_eval_some_classes),
         cmocka_unit_test(test_jpeg_as_model),
         cmocka_unit_test(test_fine_tune_summary),
+        cmocka_unit_test(test_predict_bad_files_and_odd_names),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));
