@@ -1237,6 +1237,35 @@ static void test_predict_bad_files_and_odd_names(void **state) {
 #endif
 }
 
+/* #3: --limit on an image folder takes a seeded sample stratified by class, not the first N
+ * files (which are all cats), and says so. */
+static void test_limit_stratified(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    run_result r = run("train --images photos --size 16 --limit 8 --bs 4 --cores 1 "
+                       "--out limit.safetensors");
+    expect(&r, 0, "model: limit.safetensors",
+           "stratified by class (--seed 42): cat 2, dog 2, fox 2, owl 2");
+    run_free(&r);
+    /* 10 of 32: each class its share (2.5) rounded by largest remainder */
+    r = run("train --images photos --size 16 --limit 10 --bs 4 --cores 1 --seed 3 "
+            "--out limit.safetensors");
+    expect(&r, 0, "model: limit.safetensors", "a random sample of 10 training and 2 validation");
+    const char *counts = strstr(r.err, "(--seed 3): ");
+    assert_non_null(counts);
+    int n[4];
+    assert_int_equal(
+        sscanf(counts, "(--seed 3): cat %d, dog %d, fox %d, owl %d", &n[0], &n[1], &n[2], &n[3]),
+        4);
+    for (int c = 0; c < 4; c++) assert_true(n[c] == 2 || n[c] == 3);
+    assert_int_equal(n[0] + n[1] + n[2] + n[3], 10);
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1430,6 +1459,7 @@ int main(void) {
         cmocka_unit_test(test_jpeg_as_model),
         cmocka_unit_test(test_fine_tune_summary),
         cmocka_unit_test(test_predict_bad_files_and_odd_names),
+        cmocka_unit_test(test_limit_stratified),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));

@@ -47,6 +47,77 @@ static cf_status take_first(cf_dataset **ds, int64_t n) {
     return CF_OK;
 }
 
+static int cmp_index(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* n samples of *ds (n < ds->n) drawn at random from seed, replacing it: for classes, a
+ * stratified sample (each class keeps its share of the set, rounded by largest remainder, and
+ * classes that rounding left without a sample go first), so that a folder listed class
+ * by class does not lose whole classes. The kept samples stay in the set's order. */
+static cf_status take_sample(cf_dataset **ds, int64_t n, uint64_t seed) {
+    const cf_dataset *d = *ds;
+    if (n <= 0 || n >= d->n) return CF_OK;
+    int k = d->n_classes > 0 && d->target_dim == 1 ? d->n_classes : 1;
+    int64_t *count = cf_calloc((size_t)k, sizeof *count),
+            *quota = cf_calloc((size_t)k, sizeof *quota);
+    int64_t *order = cf_malloc((size_t)d->n * sizeof *order),
+            *keep = cf_malloc((size_t)n * sizeof *keep);
+    double *rest = cf_calloc((size_t)k, sizeof *rest);
+    cf_status st = count && quota && order && keep && rest ? CF_OK : CF_ERR_NOMEM;
+    int64_t kept = 0;
+    if (st == CF_OK) {
+        int64_t got = 0;
+        for (int64_t i = 0; i < d->n; i++) {
+            int c = k > 1 ? (int)d->y[i] : 0;
+            count[c < 0 || c >= k ? 0 : c]++;
+        }
+        for (int c = 0; c < k; c++) {
+            double share = (double)n * (double)count[c] / (double)d->n;
+            quota[c] = (int64_t)share;
+            rest[c] = share - (double)quota[c];
+            got += quota[c];
+        }
+        /* largest remainders first; a class with none yet goes before any remainder */
+        while (got < n) {
+            int best = -1;
+            for (int c = 0; c < k; c++) {
+                if (quota[c] >= count[c]) continue;
+                double r = rest[c] + (quota[c] == 0 ? 2.0 : 0.0);
+                if (best < 0 || r > rest[best] + (quota[best] == 0 ? 2.0 : 0.0)) best = c;
+            }
+            quota[best]++;
+            rest[best] = -1.0;
+            got++;
+        }
+        for (int64_t i = 0; i < d->n; i++) order[i] = i;
+        cf_rng rng;
+        cf_rng_seed(&rng, seed);
+        cf_rng_shuffle(&rng, order, d->n);
+        for (int64_t i = 0; i < d->n && kept < n; i++) {
+            int c = k > 1 ? (int)d->y[order[i]] : 0;
+            c = c < 0 || c >= k ? 0 : c;
+            if (quota[c] > 0) {
+                quota[c]--;
+                keep[kept++] = order[i];
+            }
+        }
+        qsort(keep, (size_t)kept, sizeof *keep, cmp_index);
+    }
+    cf_dataset *sub = NULL;
+    if (st == CF_OK) st = cf_dataset_subset(d, keep, kept, &sub);
+    cf_free(count);
+    cf_free(quota);
+    cf_free(order);
+    cf_free(keep);
+    cf_free(rest);
+    if (st) return st;
+    cf_dataset_free(*ds);
+    *ds = sub;
+    return CF_OK;
+}
+
 static bool looks_like_fmnist(const char *dir) {
     for (const char *p = dir; *p; p++)
         if (strncasecmp(p, "fashion", 7) == 0) return true;
@@ -148,7 +219,12 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
     if (st) goto fail;
     if (d->limit > 0) {
         int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
-        if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
+        if (d->idx || (!d->images && !d->csv)) { /* an IDX file: only the first N were read */
+            if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
+        } else if ((st = take_sample(train, d->limit, d->seed)) ||
+                   (st = take_sample(valid, nv, d->seed + 1))) {
+            goto fail;
+        }
     }
     return CF_OK;
 fail:
@@ -424,6 +500,20 @@ static int setup(const char *cmd, train_args *a, session *s) {
     if (!a->quiet && s->master)
         fprintf(stderr, "data: %lld training and %lld validation samples (%.1f s)\n",
                 (long long)train->n, (long long)valid->n, cf_now() - t0);
+    if (!a->quiet && s->master && d->limit > 0 && (d->images || d->csv)) {
+        fprintf(stderr,
+                "limit: a random sample of %lld training and %lld validation samples%s "
+                "(--seed %llu)",
+                (long long)train->n, (long long)valid->n,
+                train->n_classes > 0 ? ", stratified by class" : "", (unsigned long long)d->seed);
+        /* the training samples of each class (up to 20 classes) */
+        for (int c = 0; train->vocab && c < train->n_classes && c < 20; c++) {
+            int64_t k = 0;
+            for (int64_t i = 0; i < train->n; i++) k += (int)train->y[i] == c;
+            fprintf(stderr, "%s%s %lld", c ? ", " : ": ", train->vocab[c], (long long)k);
+        }
+        fprintf(stderr, "\n");
+    }
     if (valid->n_unseen > 0 && s->master) /* Categorify's #na#, as fastai, but said */
         fprintf(stderr,
                 "corefit %s: warning: %lld categorical value%s of the validation set %s not seen "
@@ -717,7 +807,8 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_INT,                                                                                    \
          &(a).data.limit,                                                                            \
          "N",                                                                                        \
-         "use the first N training and N/5 validation samples",                                      \
+         "use N training and N/5 validation samples: the first ones of IDX files, a seeded "         \
+         "random sample stratified by class of images and CSV rows",                                 \
          1,                                                                                          \
          1e9,                                                                                        \
          0},                                                                                         \
