@@ -1266,6 +1266,37 @@ static void test_limit_stratified(void **state) {
 #endif
 }
 
+/* #2: --skip-bad leaves out unreadable images with the default load too, and says how many. */
+static void test_skip_bad(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp -r photos badphotos && head -c 300 photos/train/cat/1.jpg > "
+             "badphotos/train/cat/cut.jpg && echo garbage > badphotos/valid/dog/bad.png",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    static const char *const loads[] = {"", "--load auto", "--load stream"};
+    for (int i = 0; i < 3; i++) {
+        run_result r = run("train --images badphotos --size 16 --skip-bad %s --cores 2 --bs 4 "
+                           "--out skip.safetensors",
+                           loads[i]);
+        expect(&r, 0, "model: skip.safetensors",
+               "skip-bad: left out 1 of 33 training images that cannot be read");
+        assert_non_null(strstr(r.err, "badphotos/train/cat/cut.jpg: corrupt or truncated JPEG"));
+        assert_non_null(strstr(r.err, "left out 1 of 13 validation images"));
+        assert_non_null(strstr(r.err, "data: 32 training and 12 validation samples"));
+        run_free(&r);
+    }
+    run_result r = run("train --images badphotos --skip-bad --load memory");
+    expect(&r, 2, NULL, "give --load stream or auto with it");
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1460,6 +1491,7 @@ int main(void) {
         cmocka_unit_test(test_fine_tune_summary),
         cmocka_unit_test(test_predict_bad_files_and_odd_names),
         cmocka_unit_test(test_limit_stratified),
+        cmocka_unit_test(test_skip_bad),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));

@@ -118,6 +118,66 @@ static cf_status take_sample(cf_dataset **ds, int64_t n, uint64_t seed) {
     return CF_OK;
 }
 
+/* --skip-bad: fastai's verify_images over a streamed set, on every thread: each file is decoded
+ * once and those that cannot be (with their error) are left out before the fit, so that every
+ * epoch and every worker sees the same samples and the count is known. */
+typedef struct verify_job {
+    const cf_dataset *ds;
+    char **why; /* per sample: the error of a bad file, else NULL */
+    size_t per;
+} verify_job;
+
+static void verify_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    verify_job *j = ctx;
+    float *buf = cf_malloc(j->per * sizeof(float));
+    for (int64_t i = begin; i < end; i++) {
+        cf_status st = buf ? cf_dataset_get(j->ds, i, 0, buf) : CF_ERR_NOMEM;
+        if (st) j->why[i] = cf_strdup(buf ? cf_last_error() : "out of memory");
+    }
+    cf_free(buf);
+}
+
+static cf_status drop_bad_images(cf_dataset **ds, const char *what) {
+    const cf_dataset *d = *ds;
+    if (!cf_dataset_is_streamed(d) || d->n == 0) return CF_OK;
+    verify_job j = {.ds = d,
+                    .why = cf_calloc((size_t)d->n, sizeof(char *)),
+                    .per = cf_shape_numel(&d->sample_shape)};
+    int64_t *keep = cf_malloc((size_t)d->n * sizeof *keep);
+    if (!j.why || !keep) {
+        cf_free(j.why);
+        cf_free(keep);
+        return CF_ERR_NOMEM;
+    }
+    cf_parallel_for(d->n, verify_range, &j);
+    int64_t kept = 0, bad = 0;
+    for (int64_t i = 0; i < d->n; i++) {
+        if (!j.why[i]) {
+            keep[kept++] = i;
+            continue;
+        }
+        if (bad++ < 5) fprintf(stderr, "skip-bad: %s\n", j.why[i]);
+        cf_free(j.why[i]);
+    }
+    cf_free(j.why);
+    cf_status st = CF_OK;
+    if (bad > 0) {
+        fprintf(stderr, "skip-bad: left out %lld of %lld %s images that cannot be read%s\n",
+                (long long)bad, (long long)d->n, what, bad > 5 ? " (the first 5 above)" : "");
+        cf_dataset *sub = NULL;
+        if (kept == 0)
+            st = cf_fail(CF_ERR_FORMAT, "%s: none of the %s images can be read",
+                         d->source ? d->source : "images", what);
+        else if ((st = cf_dataset_subset(d, keep, kept, &sub)) == CF_OK) {
+            cf_dataset_free(*ds);
+            *ds = sub;
+        }
+    }
+    cf_free(keep);
+    return st;
+}
+
 static bool looks_like_fmnist(const char *dir) {
     for (const char *p = dir; *p; p++)
         if (strncasecmp(p, "fashion", 7) == 0) return true;
@@ -159,6 +219,9 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         /* large folders are streamed from disk (AUTO), unless --load says otherwise */
         if (d->load && strcmp(d->load, "memory") == 0) o.load = CF_IMAGE_LOAD_MEMORY;
         if (d->load && strcmp(d->load, "stream") == 0) o.load = CF_IMAGE_LOAD_STREAM;
+        /* an up-front set fails on its first bad file: --skip-bad streams (and checks each file
+         * first, below) */
+        if (d->skip_bad) o.load = CF_IMAGE_LOAD_STREAM;
         if (d->eval && !exists(tdir)) {
             /* eval: a folder with only valid/, or class folders directly, is read whole (the
              * name below is one no folder has, so nothing is taken twice) */
@@ -169,6 +232,10 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
             o.valid_pct = 0;
         }
         st = cf_datasets_from_image_folder(d->images, &o, train, valid);
+        if (st == CF_OK && d->skip_bad &&
+            ((st = drop_bad_images(train, "training")) ||
+             (st = drop_bad_images(valid, "validation"))))
+            goto fail;
         if (st == CF_OK && (*valid)->n == 0 && !d->eval)
             st = cf_fail(CF_ERR_FORMAT,
                          "%s: no validation images (add a valid/ folder beside train/)", d->images);
@@ -276,6 +343,10 @@ static int check_args(const char *cmd, train_args *a, bool train) {
                          d->load);
     if ((d->load || d->skip_bad) && !d->images)
         return cli_error(CLI_USAGE, cmd, "--load and --skip-bad are for --images");
+    if (d->skip_bad && d->load && strcmp(d->load, "memory") == 0)
+        return cli_error(CLI_USAGE, cmd,
+                         "--skip-bad streams the images (a set decoded up front stops at its first "
+                         "bad file): give --load stream or auto with it");
     if (d->aug && d->csv) return cli_error(CLI_USAGE, cmd, "--aug is for images, not --csv");
     if (d->channels != 0 && d->channels != 1 && d->channels != 3)
         return cli_error(CLI_USAGE, cmd, "--channels must be 1 or 3, got %d", d->channels);
