@@ -1297,6 +1297,31 @@ static void test_skip_bad(void **state) {
 #endif
 }
 
+/* #9: --load auto (the default) streams an image folder that would fit in memory: measured
+ * faster (docs/cli.md); --load memory still decodes it up front. */
+static void test_load_auto_streams(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    static const char *const loads[] = {"", "--load auto", "--load stream"};
+    for (int i = 0; i < 3; i++) {
+        run_result r = run("train --images photos --size 16 %s --cores 1 --bs 8 "
+                           "--out auto.safetensors",
+                           loads[i]);
+        expect(&r, 0, "model: auto.safetensors",
+               "data: 32 training and 12 validation samples, streamed from their files");
+        run_free(&r);
+    }
+    run_result r = run("train --images photos --size 16 --load memory --cores 1 --bs 8 "
+                       "--out auto.safetensors");
+    expect(&r, 0, "model: auto.safetensors",
+           "data: 32 training and 12 validation samples, decoded into memory");
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1492,6 +1517,7 @@ int main(void) {
         cmocka_unit_test(test_predict_bad_files_and_odd_names),
         cmocka_unit_test(test_limit_stratified),
         cmocka_unit_test(test_skip_bad),
+        cmocka_unit_test(test_load_auto_streams),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));
