@@ -31,6 +31,18 @@ int main(void) {
 }
 C
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+# with only corefit's .pc on the path, --cflags and --libs work and name nothing but corefit's
+# own folders: the libraries it uses are private to it (Libs.private, not Requires)
+only=$(PKG_CONFIG_LIBDIR="$prefix/lib/pkgconfig" pkg-config --cflags --libs corefit) || {
+    echo "pkg-config --cflags --libs corefit fails with only corefit.pc on the path"
+    exit 1
+}
+for flag in $only; do
+    case "$flag" in
+    -I*/include | -L*/lib | -Wl,-rpath,*/lib | -lcorefit) ;;
+    *) echo "pkg-config --cflags --libs corefit gives $flag (from: $only)"; exit 1 ;;
+    esac
+done
 # the .pc's run-time path finds libcorefit.so in the prefix (no LD_LIBRARY_PATH, no ldconfig)
 gcc -std=c11 -Wall -Wextra -Werror "$prefix/app/main.c" -o "$prefix/app/shared" \
     $(pkg-config --cflags --libs corefit)

@@ -56,7 +56,9 @@ static run_result run(const char *fmt, ...) {
     va_end(ap);
     snprintf(out, sizeof out, "%s/stdout.txt", dir);
     snprintf(err, sizeof err, "%s/stderr.txt", dir);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", dir, COREFIT, args, out,
+    /* CF_TEST_COREFIT: another build of the command (to see a test fail on an older one) */
+    const char *exe = getenv("CF_TEST_COREFIT") ? getenv("CF_TEST_COREFIT") : COREFIT;
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", dir, exe, args, out,
              err);
     int s = system(cmd);
     run_result r = {.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s)};
@@ -1054,6 +1056,272 @@ static void test_eval_flat_folder(void **state) {
     run_free(&r);
 }
 
+/* ---- photos: an RGB folder of JPEGs and PNGs of assorted sizes (issue 30's bugs) ----------- */
+
+#ifdef CF_HAVE_STB
+/* four classes: a one-class vocabulary read as four names reads past its allocation */
+static const char *const photo_classes[4] = {"cat", "dog", "fox", "owl"};
+
+/* root/{train,valid}/{cat,dog,fox,owl}/k.{png,jpg}: RGB, 20-35 px, each class one colour with
+ * noise; n_train and n_valid images a class. */
+static void write_photo_folder(const char *root, int n_train, int n_valid) {
+    static const char *const parts[] = {"train", "valid"};
+    static const unsigned char colour[4][3] = {
+        {200, 60, 60}, {60, 200, 60}, {200, 200, 60}, {60, 60, 200}};
+    char path[700];
+    mkdir(root, 0777);
+    cf_rng rng;
+    cf_rng_seed(&rng, 7);
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/%s", root, parts[s]);
+        mkdir(path, 0777);
+        for (int c = 0; c < 4; c++) {
+            snprintf(path, sizeof path, "%s/%s/%s", root, parts[s], photo_classes[c]);
+            mkdir(path, 0777);
+            for (int k = 0; k < (s ? n_valid : n_train); k++) {
+                int w = 20 + (int)cf_rng_below(&rng, 16), h = 20 + (int)cf_rng_below(&rng, 16);
+                unsigned char *px = malloc((size_t)w * h * 3);
+                for (int i = 0; i < w * h * 3; i++)
+                    px[i] = (unsigned char)(colour[c][i % 3] / 2 + cf_rng_below(&rng, 100));
+                snprintf(path, sizeof path, "%s/%s/%s/%d.%s", root, parts[s], photo_classes[c], k,
+                         k % 2 ? "jpg" : "png");
+                assert_true(k % 2 ? stbi_write_jpg(path, w, h, 3, px, 90)
+                                  : stbi_write_png(path, w, h, 3, px, w * 3));
+                free(px);
+            }
+        }
+    }
+}
+
+/* photos/ and photo.safetensors (a mini-resnet on 16 px RGB), made once. */
+static void photo_model(void) {
+    static bool made;
+    if (made) return;
+    char root[600];
+    snprintf(root, sizeof root, "%s/photos", dir);
+    write_photo_folder(root, 8, 3);
+    run_result r = run("train --images photos --size 16 --cores 1 --bs 8 --out photo.safetensors "
+                       "--quiet");
+    expect(&r, 0, "model: photo.safetensors", NULL);
+    run_free(&r);
+    made = true;
+}
+#endif
+
+/* #1: eval on a folder with only some of the model's classes (only valid/cat/, or a flat
+ * folder with one class) gives the model's class count and names, not a crash. */
+static void test_eval_some_classes(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/onlycat/valid' '%s/flatdog' && cp -r '%s/photos/valid/cat' "
+             "'%s/onlycat/valid/' && cp -r '%s/photos/valid/dog' '%s/flatdog/'",
+             dir, dir, dir, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    run_result r = run("eval photo.safetensors --images onlycat");
+    expect(&r, 0, "samples: 3", NULL);
+    run_free(&r);
+    r = run("eval photo.safetensors --images flatdog --json");
+    expect(&r, 0, "\"n\":\t3", NULL);
+    run_free(&r);
+#endif
+}
+
+/* #7: a JPEG given where a model is expected is said not to be a safetensors file. */
+static void test_jpeg_as_model(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    run_result r = run("predict photos/valid/cat/1.jpg photos/valid/cat/0.png");
+    expect(&r, 1, NULL, "photos/valid/cat/1.jpg: not a safetensors file: it is a JPEG image");
+    assert_null(strstr(r.err, "absurd"));
+    run_free(&r);
+    r = run("train --images photos --pretrained photos/valid/dog/0.png --cores 1");
+    expect(&r, 1, NULL, "photos/valid/dog/0.png: not a safetensors file: it is a PNG image");
+    run_free(&r);
+#endif
+}
+
+/* The "normalize:" line of `corefit info path` (a copy, freed by the caller). */
+static char *normalize_line(const char *path) {
+    run_result r = run("info %s", path);
+    expect(&r, 0, "normalize:   mean", NULL);
+    const char *p = strstr(r.out, "normalize:");
+    char *line = strndup(p, strcspn(p, "\n"));
+    run_free(&r);
+    return line;
+}
+
+/* #4, #5, #6: fine-tuning a pretrained model keeps its normalisation (fastai keeps the
+ * pretrained statistics); --split-batch says what each worker gets; fine_tune's summary counts
+ * the frozen epochs too. */
+static void test_fine_tune_summary(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    /* new data whose statistics differ: the photos darkened */
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && /usr/bin/python3 -c \"import glob,os\nfrom PIL import Image\nfor f in "
+             "glob.glob('photos/*/*/*'):\n  d=os.path.join('dark',f[7:]); "
+             "os.makedirs(os.path.dirname(d),exist_ok=True)\n  im=Image.open(f).point(lambda v: "
+             "v//3); im.save(d)\"",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    run_result r = run("train --images dark --pretrained photo.safetensors --schedule fine-tune "
+                       "--epochs 1 --freeze-epochs 1 --cores 2 --split-batch --bs 6 "
+                       "--out dark.safetensors");
+    expect(&r, 0, "(2 epochs: 1 frozen, 1 unfrozen, fork workers)", "each batch of 6 split across");
+    assert_non_null(strstr(r.err, "(3 each)"));
+    assert_null(strstr(r.err, "batch size 6 each"));
+    run_free(&r);
+    char *pre = normalize_line("photo.safetensors"), *tuned = normalize_line("dark.safetensors");
+    assert_string_equal(pre, tuned);
+    free(pre);
+    free(tuned);
+    /* a one-cycle fit of one epoch says one epoch */
+    r = run("train --images dark --size 16 --cores 1 --bs 8 --out dark1.safetensors --quiet");
+    expect(&r, 0, "(1 epoch, in-process)", NULL);
+    run_free(&r);
+#endif
+}
+
+/* #8: predict goes on past files it cannot read (named on stderr, exit 1 at the end), and class
+ * names holding a tab or a newline are escaped in its tab-separated output. */
+static void test_predict_bad_files_and_odd_names(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp -r photos odd && /usr/bin/python3 -c \"import os\nfor p in "
+             "('train','valid'):\n  os.rename('odd/%%s/cat'%%p, 'odd/%%s/big\\tcat'%%p); "
+             "os.rename('odd/%%s/dog'%%p, 'odd/%%s/hot\\ndog'%%p)\" && echo garbage > bad.jpg",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    run_result r =
+        run("train --images odd --size 16 --cores 1 --bs 8 --out odd.safetensors --quiet");
+    expect(&r, 0, "model: odd.safetensors", NULL);
+    run_free(&r);
+    r = run("predict odd.safetensors photos/valid/fox/0.png bad.jpg missing.png "
+            "photos/valid/owl/1.jpg --top 4");
+    expect(&r, 1, "photos/valid/fox/0.png\t", "bad.jpg: not an image");
+    assert_non_null(strstr(r.err, "missing.png"));
+    assert_non_null(strstr(r.err, "2 of 4 image files could not be predicted"));
+    /* both readable files, one line each, every class named once a line */
+    const char *second = strchr(r.out, '\n');
+    assert_non_null(second);
+    assert_true(strncmp(second + 1, "photos/valid/owl/1.jpg\t", 23) == 0);
+    assert_non_null(strchr(second + 1, '\n'));
+    assert_string_equal(strchr(second + 1, '\n'), "\n");
+    for (const char *line = r.out; *line; line = strchr(line, '\n') + 1) {
+        char one[512];
+        snprintf(one, sizeof one, "%.*s", (int)strcspn(line, "\n"), line);
+        assert_non_null(strstr(one, "\tbig\\tcat\t"));
+        assert_non_null(strstr(one, "\thot\\ndog\t"));
+        int tabs = 0;
+        for (const char *c = one; *c; c++) tabs += *c == '\t';
+        assert_int_equal(tabs, 8); /* input, then 4 x (class, probability) */
+    }
+    run_free(&r);
+#endif
+}
+
+/* #3: --limit on an image folder takes a seeded sample stratified by class, not the first N
+ * files (which are all cats), and says so. */
+static void test_limit_stratified(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    run_result r = run("train --images photos --size 16 --limit 8 --bs 4 --cores 1 "
+                       "--out limit.safetensors");
+    expect(&r, 0, "model: limit.safetensors",
+           "stratified by class (--seed 42): cat 2, dog 2, fox 2, owl 2");
+    run_free(&r);
+    /* 10 of 32: each class its share (2.5) rounded by largest remainder */
+    r = run("train --images photos --size 16 --limit 10 --bs 4 --cores 1 --seed 3 "
+            "--out limit.safetensors");
+    expect(&r, 0, "model: limit.safetensors", "a random sample of 10 training and 2 validation");
+    const char *counts = strstr(r.err, "(--seed 3): ");
+    assert_non_null(counts);
+    int n[4];
+    assert_int_equal(
+        sscanf(counts, "(--seed 3): cat %d, dog %d, fox %d, owl %d", &n[0], &n[1], &n[2], &n[3]),
+        4);
+    for (int c = 0; c < 4; c++) assert_true(n[c] == 2 || n[c] == 3);
+    assert_int_equal(n[0] + n[1] + n[2] + n[3], 10);
+    run_free(&r);
+#endif
+}
+
+/* #2: --skip-bad leaves out unreadable images with the default load too, and says how many. */
+static void test_skip_bad(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp -r photos badphotos && head -c 300 photos/train/cat/1.jpg > "
+             "badphotos/train/cat/cut.jpg && echo garbage > badphotos/valid/dog/bad.png",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    static const char *const loads[] = {"", "--load auto", "--load stream"};
+    for (int i = 0; i < 3; i++) {
+        run_result r = run("train --images badphotos --size 16 --skip-bad %s --cores 2 --bs 4 "
+                           "--out skip.safetensors",
+                           loads[i]);
+        expect(&r, 0, "model: skip.safetensors",
+               "skip-bad: left out 1 of 33 training images that cannot be read");
+        assert_non_null(strstr(r.err, "badphotos/train/cat/cut.jpg: corrupt or truncated JPEG"));
+        assert_non_null(strstr(r.err, "left out 1 of 13 validation images"));
+        assert_non_null(strstr(r.err, "data: 32 training and 12 validation samples"));
+        run_free(&r);
+    }
+    run_result r = run("train --images badphotos --skip-bad --load memory");
+    expect(&r, 2, NULL, "give --load stream or auto with it");
+    run_free(&r);
+#endif
+}
+
+/* #9: --load auto (the default) streams an image folder that would fit in memory: measured
+ * faster (docs/cli.md); --load memory still decodes it up front. */
+static void test_load_auto_streams(void **state) {
+    (void)state;
+#ifndef CF_HAVE_STB
+    skip();
+#else
+    photo_model();
+    static const char *const loads[] = {"", "--load auto", "--load stream"};
+    for (int i = 0; i < 3; i++) {
+        run_result r = run("train --images photos --size 16 %s --cores 1 --bs 8 "
+                           "--out auto.safetensors",
+                           loads[i]);
+        expect(&r, 0, "model: auto.safetensors",
+               "data: 32 training and 12 validation samples, streamed from their files");
+        run_free(&r);
+    }
+    run_result r = run("train --images photos --size 16 --load memory --cores 1 --bs 8 "
+                       "--out auto.safetensors");
+    expect(&r, 0, "model: auto.safetensors",
+           "data: 32 training and 12 validation samples, decoded into memory");
+    run_free(&r);
+#endif
+}
+
 /* ---- --max-restarts: a worker SIGKILLed mid-fit --------------------------------------------
  * With --max-restarts the workers are restarted from the last commit and the model file has the
  * bytes of an undisturbed run; without it the same fault fails cleanly (exit 1, no model, no
@@ -1243,6 +1511,13 @@ int main(void) {
         cmocka_unit_test(test_regression),
         cmocka_unit_test(test_out_folder),
         cmocka_unit_test(test_max_restarts),
+        cmocka_unit_test(test_eval_some_classes),
+        cmocka_unit_test(test_jpeg_as_model),
+        cmocka_unit_test(test_fine_tune_summary),
+        cmocka_unit_test(test_predict_bad_files_and_odd_names),
+        cmocka_unit_test(test_limit_stratified),
+        cmocka_unit_test(test_skip_bad),
+        cmocka_unit_test(test_load_auto_streams),
     };
     /* CF_TEST_FILTER=test_interrupt (a cmocka pattern): run only those, e.g. again and again */
     if (getenv("CF_TEST_FILTER")) cmocka_set_test_filter(getenv("CF_TEST_FILTER"));

@@ -585,6 +585,23 @@ static void test_specific_errors(void **state) {
     assert_int_equal(cf_st_parse(img, 16, "x.st", &f), CF_ERR_FORMAT);
     assert_non_null(
         strstr(cf_last_error(), "header length 4611686018427387904 (bytes 0..7) is absurd"));
+    assert_non_null(strstr(cf_last_error(), "x.st: not a safetensors file: header length"));
+    /* files given in place of a model say what they are */
+    static const struct {
+        const char *bytes;
+        const char *what;
+    } others[] = {
+        {"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01", "it is a JPEG image"},
+        {"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "it is a PNG image"},
+        {"PK\x03\x04\x00\x00\x08\x08\x00\x00\x00\x00\x00\x00\x00", "tools/convert_pth.py"},
+    };
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+        assert_int_equal(cf_st_parse((const unsigned char *)others[i].bytes, 16, "x.jpg", &f),
+                         CF_ERR_FORMAT);
+        if (!strstr(cf_last_error(), "x.jpg: not a safetensors file: ") ||
+            !strstr(cf_last_error(), others[i].what))
+            fail_msg("case %zu: \"%s\"", i, cf_last_error());
+    }
     img[7] = 0;
     img[0] = 9;
     assert_int_equal(cf_st_parse(img, 16, "x.st", &f), CF_ERR_FORMAT);

@@ -32,6 +32,19 @@ static cf_status remap_labels(cf_dataset *ds, const cf_model_info *m) {
     return CF_OK;
 }
 
+/* After remap_labels: the data set takes the model's class count and names, so that a folder
+ * holding only some of the classes (labels already remapped) has a vocabulary as long as its
+ * class count for everything that copies it. */
+static cf_status adopt_model_classes(cf_dataset *ds, const cf_model_info *m) {
+    if (ds->vocab)
+        for (int i = 0; i < ds->n_classes; i++) cf_free(ds->vocab[i]);
+    cf_free(ds->vocab);
+    ds->vocab = NULL;
+    ds->n_classes = m->recipe.n_out;
+    if (m->n_vocab != m->recipe.n_out) return CF_OK; /* a model without class names */
+    return cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
+}
+
 static cf_status check_image_shape(const cf_dataset *ds, const cf_model_info *m) {
     const cf_shape *s = &ds->sample_shape;
     if (s->ndim != 3 || s->dim[0] != m->n_in || s->dim[1] != m->height || s->dim[2] != m->width)
@@ -126,13 +139,10 @@ int cmd_eval(int argc, char **argv) {
             }
             if (d.images) st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
-            if (st == CF_OK && ds->n_classes != m.recipe.n_out) {
-                if (ds->n_classes > m.recipe.n_out)
-                    st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d",
-                                 ds->n_classes, m.recipe.n_out);
-                else
-                    ds->n_classes = m.recipe.n_out; /* vocab names are not needed from here on */
-            }
+            if (st == CF_OK && ds->n_classes > m.recipe.n_out)
+                st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d", ds->n_classes,
+                             m.recipe.n_out);
+            if (st == CF_OK) st = adopt_model_classes(ds, &m);
         }
     }
     if (st) {
@@ -190,6 +200,28 @@ static void predict_usage(FILE *f, const cli_opt *opts) {
                "per input: the input, the predicted class and its probability; --json gives every\n"
                "probability.\n\nOptions:\n");
     cli_print_options(f, opts);
+}
+
+/* One field of the tab-separated output: a backslash, tab, newline or carriage return in it (a
+ * class folder's name may hold them) is written as \\, \t, \n or \r, so that every input stays
+ * one line of tab-separated fields. */
+static void print_tsv_field(const char *s) {
+    for (; *s; s++) switch (*s) {
+        case '\\':
+            fputs("\\\\", stdout);
+            break;
+        case '\t':
+            fputs("\\t", stdout);
+            break;
+        case '\n':
+            fputs("\\n", stdout);
+            break;
+        case '\r':
+            fputs("\\r", stdout);
+            break;
+        default:
+            putchar(*s);
+        }
 }
 
 int cmd_predict(int argc, char **argv) {
@@ -265,14 +297,27 @@ int cmd_predict(int argc, char **argv) {
     cf_learner *learn = NULL;
     cf_dls *dls = NULL;
     cf_preds p = {0};
+    bool *failed = NULL; /* image files that could not be predicted (reported, left out) */
+    int n_failed = 0;
     if (!tabular) {
-        /* fastai's load_learner + predict, one image file at a time */
+        /* fastai's load_learner + predict, one image file at a time; a file that cannot be
+         * read is reported and the others are still predicted */
         int n = n_pos - 1, c = m.recipe.n_out;
         st = cf_load_learner(pos[0], &learn);
-        if (st == CF_OK && !(p.preds.data = cf_malloc((size_t)n * c * sizeof(float))))
+        if (st == CF_OK && (!(p.preds.data = cf_malloc((size_t)n * c * sizeof(float))) ||
+                            !(failed = cf_calloc((size_t)n, sizeof *failed))))
             st = CF_ERR_NOMEM;
-        for (int i = 0; i < n && st == CF_OK; i++)
-            st = cf_predict_image_file(learn, pos[1 + i], p.preds.data + (size_t)i * c, NULL);
+        for (int i = 0; i < n && st == CF_OK; i++) {
+            cf_status fst =
+                cf_predict_image_file(learn, pos[1 + i], p.preds.data + (size_t)i * c, NULL);
+            if (fst == CF_ERR_NOMEM)
+                st = fst;
+            else if (fst) {
+                cli_error(CLI_FAIL, cmd, "%s", cf_last_error());
+                failed[i] = true;
+                n_failed++;
+            }
+        }
         p.n = n;
         p.preds.shape = cf_shape2(n, c);
     } else {
@@ -280,6 +325,7 @@ int cmd_predict(int argc, char **argv) {
         if (st == CF_OK) st = cf_get_preds(learn, &p);
     }
     if (st) {
+        cf_free(failed);
         cf_preds_free(&p);
         cf_learner_free(learn);
         cf_dls_free(dls);
@@ -292,6 +338,7 @@ int cmd_predict(int argc, char **argv) {
     bool classes = !m.regression && m.n_vocab == c;
     cJSON *arr = json ? cJSON_CreateArray() : NULL;
     for (int64_t i = 0; i < p.n; i++) {
+        if (failed && failed[i]) continue;
         const float *row = p.preds.data + i * c;
         char name[64];
         const char *input = name;
@@ -321,7 +368,10 @@ int cmd_predict(int argc, char **argv) {
             }
             cJSON_AddItemToArray(arr, o);
         } else if (classes) {
-            printf("%s\t%s\t%.6f", input, m.vocab[best], row[best]);
+            print_tsv_field(input);
+            putchar('\t');
+            print_tsv_field(m.vocab[best]);
+            printf("\t%.6f", row[best]);
             /* the next most likely classes */
             bool *used = cf_calloc((size_t)c, sizeof(bool));
             if (used) used[best] = true;
@@ -330,12 +380,14 @@ int cmd_predict(int argc, char **argv) {
                 for (int k = 0; k < c; k++)
                     if (!used[k] && (b < 0 || row[k] > row[b])) b = k;
                 used[b] = true;
-                printf("\t%s\t%.6f", m.vocab[b], row[b]);
+                putchar('\t');
+                print_tsv_field(m.vocab[b]);
+                printf("\t%.6f", row[b]);
             }
             cf_free(used);
             printf("\n");
         } else {
-            printf("%s", input);
+            print_tsv_field(input);
             for (int k = 0; k < c; k++) printf("\t%.6g", row[k]);
             printf("\n");
         }
@@ -352,5 +404,11 @@ int cmd_predict(int argc, char **argv) {
     cf_model_info_free(&m);
     cf_free(pos);
     cf_free(lines);
+    cf_free(failed);
+    if (n_failed > 0) {
+        fflush(stdout);
+        return cli_error(CLI_FAIL, cmd, "%d of %d image files could not be predicted (above)",
+                         n_failed, n_pos - 1);
+    }
     return CLI_OK;
 }

@@ -47,6 +47,137 @@ static cf_status take_first(cf_dataset **ds, int64_t n) {
     return CF_OK;
 }
 
+static int cmp_index(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* n samples of *ds (n < ds->n) drawn at random from seed, replacing it: for classes, a
+ * stratified sample (each class keeps its share of the set, rounded by largest remainder, and
+ * classes that rounding left without a sample go first), so that a folder listed class
+ * by class does not lose whole classes. The kept samples stay in the set's order. */
+static cf_status take_sample(cf_dataset **ds, int64_t n, uint64_t seed) {
+    const cf_dataset *d = *ds;
+    if (n <= 0 || n >= d->n) return CF_OK;
+    int k = d->n_classes > 0 && d->target_dim == 1 ? d->n_classes : 1;
+    int64_t *count = cf_calloc((size_t)k, sizeof *count),
+            *quota = cf_calloc((size_t)k, sizeof *quota);
+    int64_t *order = cf_malloc((size_t)d->n * sizeof *order),
+            *keep = cf_malloc((size_t)n * sizeof *keep);
+    double *rest = cf_calloc((size_t)k, sizeof *rest);
+    cf_status st = count && quota && order && keep && rest ? CF_OK : CF_ERR_NOMEM;
+    int64_t kept = 0;
+    if (st == CF_OK) {
+        int64_t got = 0;
+        for (int64_t i = 0; i < d->n; i++) {
+            int c = k > 1 ? (int)d->y[i] : 0;
+            count[c < 0 || c >= k ? 0 : c]++;
+        }
+        for (int c = 0; c < k; c++) {
+            double share = (double)n * (double)count[c] / (double)d->n;
+            quota[c] = (int64_t)share;
+            rest[c] = share - (double)quota[c];
+            got += quota[c];
+        }
+        /* largest remainders first; a class with none yet goes before any remainder */
+        while (got < n) {
+            int best = -1;
+            for (int c = 0; c < k; c++) {
+                if (quota[c] >= count[c]) continue;
+                double r = rest[c] + (quota[c] == 0 ? 2.0 : 0.0);
+                if (best < 0 || r > rest[best] + (quota[best] == 0 ? 2.0 : 0.0)) best = c;
+            }
+            quota[best]++;
+            rest[best] = -1.0;
+            got++;
+        }
+        for (int64_t i = 0; i < d->n; i++) order[i] = i;
+        cf_rng rng;
+        cf_rng_seed(&rng, seed);
+        cf_rng_shuffle(&rng, order, d->n);
+        for (int64_t i = 0; i < d->n && kept < n; i++) {
+            int c = k > 1 ? (int)d->y[order[i]] : 0;
+            c = c < 0 || c >= k ? 0 : c;
+            if (quota[c] > 0) {
+                quota[c]--;
+                keep[kept++] = order[i];
+            }
+        }
+        qsort(keep, (size_t)kept, sizeof *keep, cmp_index);
+    }
+    cf_dataset *sub = NULL;
+    if (st == CF_OK) st = cf_dataset_subset(d, keep, kept, &sub);
+    cf_free(count);
+    cf_free(quota);
+    cf_free(order);
+    cf_free(keep);
+    cf_free(rest);
+    if (st) return st;
+    cf_dataset_free(*ds);
+    *ds = sub;
+    return CF_OK;
+}
+
+/* --skip-bad: fastai's verify_images over a streamed set, on every thread: each file is decoded
+ * once and those that cannot be (with their error) are left out before the fit, so that every
+ * epoch and every worker sees the same samples and the count is known. */
+typedef struct verify_job {
+    const cf_dataset *ds;
+    char **why; /* per sample: the error of a bad file, else NULL */
+    size_t per;
+} verify_job;
+
+static void verify_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    verify_job *j = ctx;
+    float *buf = cf_malloc(j->per * sizeof(float));
+    for (int64_t i = begin; i < end; i++) {
+        cf_status st = buf ? cf_dataset_get(j->ds, i, 0, buf) : CF_ERR_NOMEM;
+        if (st) j->why[i] = cf_strdup(buf ? cf_last_error() : "out of memory");
+    }
+    cf_free(buf);
+}
+
+static cf_status drop_bad_images(cf_dataset **ds, const char *what) {
+    const cf_dataset *d = *ds;
+    if (!cf_dataset_is_streamed(d) || d->n == 0) return CF_OK;
+    verify_job j = {.ds = d,
+                    .why = cf_calloc((size_t)d->n, sizeof(char *)),
+                    .per = cf_shape_numel(&d->sample_shape)};
+    int64_t *keep = cf_malloc((size_t)d->n * sizeof *keep);
+    if (!j.why || !keep) {
+        cf_free(j.why);
+        cf_free(keep);
+        return CF_ERR_NOMEM;
+    }
+    cf_parallel_for(d->n, verify_range, &j);
+    int64_t kept = 0, bad = 0;
+    for (int64_t i = 0; i < d->n; i++) {
+        if (!j.why[i]) {
+            keep[kept++] = i;
+            continue;
+        }
+        if (bad++ < 5) fprintf(stderr, "skip-bad: %s\n", j.why[i]);
+        cf_free(j.why[i]);
+    }
+    cf_free(j.why);
+    cf_status st = CF_OK;
+    if (bad > 0) {
+        fprintf(stderr, "skip-bad: left out %lld of %lld %s images that cannot be read%s\n",
+                (long long)bad, (long long)d->n, what, bad > 5 ? " (the first 5 above)" : "");
+        cf_dataset *sub = NULL;
+        if (kept == 0)
+            st = cf_fail(CF_ERR_FORMAT, "%s: none of the %s images can be read",
+                         d->source ? d->source : "images", what);
+        else if ((st = cf_dataset_subset(d, keep, kept, &sub)) == CF_OK) {
+            cf_dataset_free(*ds);
+            *ds = sub;
+        }
+    }
+    cf_free(keep);
+    return st;
+}
+
 static bool looks_like_fmnist(const char *dir) {
     for (const char *p = dir; *p; p++)
         if (strncasecmp(p, "fashion", 7) == 0) return true;
@@ -85,9 +216,14 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
                                      .valid_pct = exists(tdir) ? 0 : d->valid_pct,
                                      .seed = d->seed,
                                      .skip_bad = d->skip_bad};
-        /* large folders are streamed from disk (AUTO), unless --load says otherwise */
+        /* --load auto (the default) streams: measured faster than decoding up front, even for
+         * a set that fits in memory (the loaders decode on their own threads while the model
+         * computes; docs/cli.md has the numbers), and it takes a fraction of the memory */
+        o.load = CF_IMAGE_LOAD_STREAM;
         if (d->load && strcmp(d->load, "memory") == 0) o.load = CF_IMAGE_LOAD_MEMORY;
-        if (d->load && strcmp(d->load, "stream") == 0) o.load = CF_IMAGE_LOAD_STREAM;
+        /* an up-front set fails on its first bad file: --skip-bad streams (and checks each file
+         * first, below) */
+        if (d->skip_bad) o.load = CF_IMAGE_LOAD_STREAM;
         if (d->eval && !exists(tdir)) {
             /* eval: a folder with only valid/, or class folders directly, is read whole (the
              * name below is one no folder has, so nothing is taken twice) */
@@ -98,6 +234,10 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
             o.valid_pct = 0;
         }
         st = cf_datasets_from_image_folder(d->images, &o, train, valid);
+        if (st == CF_OK && d->skip_bad &&
+            ((st = drop_bad_images(train, "training")) ||
+             (st = drop_bad_images(valid, "validation"))))
+            goto fail;
         if (st == CF_OK && (*valid)->n == 0 && !d->eval)
             st = cf_fail(CF_ERR_FORMAT,
                          "%s: no validation images (add a valid/ folder beside train/)", d->images);
@@ -148,7 +288,12 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
     if (st) goto fail;
     if (d->limit > 0) {
         int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
-        if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
+        if (d->idx || (!d->images && !d->csv)) { /* an IDX file: only the first N were read */
+            if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
+        } else if ((st = take_sample(train, d->limit, d->seed)) ||
+                   (st = take_sample(valid, nv, d->seed + 1))) {
+            goto fail;
+        }
     }
     return CF_OK;
 fail:
@@ -200,6 +345,10 @@ static int check_args(const char *cmd, train_args *a, bool train) {
                          d->load);
     if ((d->load || d->skip_bad) && !d->images)
         return cli_error(CLI_USAGE, cmd, "--load and --skip-bad are for --images");
+    if (d->skip_bad && d->load && strcmp(d->load, "memory") == 0)
+        return cli_error(CLI_USAGE, cmd,
+                         "--skip-bad streams the images (a set decoded up front stops at its first "
+                         "bad file): give --load stream or auto with it");
     if (d->aug && d->csv) return cli_error(CLI_USAGE, cmd, "--aug is for images, not --csv");
     if (d->channels != 0 && d->channels != 1 && d->channels != 3)
         return cli_error(CLI_USAGE, cmd, "--channels must be 1 or 3, got %d", d->channels);
@@ -422,8 +571,26 @@ static int setup(const char *cmd, train_args *a, session *s) {
         return cli_lib_error(cmd, "loading the data");
     }
     if (!a->quiet && s->master)
-        fprintf(stderr, "data: %lld training and %lld validation samples (%.1f s)\n",
-                (long long)train->n, (long long)valid->n, cf_now() - t0);
+        fprintf(stderr, "data: %lld training and %lld validation samples%s (%.1f s)\n",
+                (long long)train->n, (long long)valid->n,
+                !d->images                      ? ""
+                : cf_dataset_is_streamed(train) ? ", streamed from their files"
+                                                : ", decoded into memory",
+                cf_now() - t0);
+    if (!a->quiet && s->master && d->limit > 0 && (d->images || d->csv)) {
+        fprintf(stderr,
+                "limit: a random sample of %lld training and %lld validation samples%s "
+                "(--seed %llu)",
+                (long long)train->n, (long long)valid->n,
+                train->n_classes > 0 ? ", stratified by class" : "", (unsigned long long)d->seed);
+        /* the training samples of each class (up to 20 classes) */
+        for (int c = 0; train->vocab && c < train->n_classes && c < 20; c++) {
+            int64_t k = 0;
+            for (int64_t i = 0; i < train->n; i++) k += (int)train->y[i] == c;
+            fprintf(stderr, "%s%s %lld", c ? ", " : ": ", train->vocab[c], (long long)k);
+        }
+        fprintf(stderr, "\n");
+    }
     if (valid->n_unseen > 0 && s->master) /* Categorify's #na#, as fastai, but said */
         fprintf(stderr,
                 "corefit %s: warning: %lld categorical value%s of the validation set %s not seen "
@@ -456,10 +623,24 @@ static int setup(const char *cmd, train_args *a, session *s) {
                  tabular                            ? "tabular"
                  : train->sample_shape.dim[1] <= 64 ? "mini-resnet"
                                                     : "xresnet18");
-    cf_model_info_free(&pre);
     int n_norm = 0;
     float mean[4] = {0}, std[4] = {0};
-    if (!tabular) {
+    if (!tabular && pre.n_norm > 0 && pre.n_norm == train->sample_shape.dim[0]) {
+        /* fastai's vision_learner keeps the pretrained model's statistics (ImageNet's for
+         * torchvision weights): the body was trained on inputs normalised that way */
+        n_norm = pre.n_norm;
+        memcpy(mean, pre.mean, (size_t)n_norm * sizeof *mean);
+        memcpy(std, pre.std, (size_t)n_norm * sizeof *std);
+        if (!a->quiet && s->master) {
+            fprintf(stderr, "normalize: the pretrained model's statistics, mean");
+            for (int i = 0; i < n_norm; i++) fprintf(stderr, " %.4g", mean[i]);
+            fprintf(stderr, ", std");
+            for (int i = 0; i < n_norm; i++) fprintf(stderr, " %.4g", std[i]);
+            fprintf(stderr, "\n");
+        }
+    }
+    cf_model_info_free(&pre);
+    if (!tabular && n_norm == 0) {
         n_norm = train->sample_shape.dim[0];
         if (n_norm > 4 || cf_dataset_channel_stats(train, mean, std)) {
             cf_dataset_free(train);
@@ -549,9 +730,15 @@ static int setup(const char *cmd, train_args *a, session *s) {
                 s->par.start_method == CF_START_MPI
                     ? "MPI ranks (--start mpi)"
                     : (s->parallel ? "worker processes (fork)" : "in-process"));
-    if (!a->quiet && s->master && s->par.start_method != CF_START_MPI && s->parallel)
-        fprintf(stderr, "cores: %d worker processes, batch size %d each\n", s->par.num_cores,
-                d->bs ? d->bs : 64);
+    if (!a->quiet && s->master && s->par.start_method != CF_START_MPI && s->parallel) {
+        int w = s->par.num_cores;
+        if (a->split_batch) /* the loader gives worker r samples [r*bs/w, (r+1)*bs/w) */
+            fprintf(stderr,
+                    "cores: %d worker processes, each batch of %d split across them (%d%s each)\n",
+                    w, bs, bs / w, bs % w ? " or 1 more" : "");
+        else
+            fprintf(stderr, "cores: %d worker processes, batch size %d each\n", w, bs);
+    }
     int64_t steps = (a->split_batch ? train->n : train->n / world) / bs;
     int epochs = a->epochs + (strcmp(a->schedule, "fine-tune") == 0 ? a->freeze_epochs : 0);
     if (!a->quiet && s->master && strcmp(cmd, "train") == 0 && steps * epochs < 100)
@@ -697,7 +884,8 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_INT,                                                                                    \
          &(a).data.limit,                                                                            \
          "N",                                                                                        \
-         "use the first N training and N/5 validation samples",                                      \
+         "use N training and N/5 validation samples: the first ones of IDX files, a seeded "         \
+         "random sample stratified by class of images and CSV rows",                                 \
          1,                                                                                          \
          1e9,                                                                                        \
          0},                                                                                         \
@@ -705,8 +893,8 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_STR,                                                                                    \
          &(a).data.load,                                                                             \
          "HOW",                                                                                      \
-         "images: auto (stream from disk when decoded they would take over 2 GiB or a quarter of "   \
-         "memory), memory or stream [auto]",                                                         \
+         "images: auto (stream: each batch decoded from the files, measured faster than memory), "   \
+         "memory (decode every image up front) or stream [auto]",                                    \
          0,                                                                                          \
          0,                                                                                          \
          0},                                                                                         \
@@ -1217,8 +1405,13 @@ int cmd_train(int argc, char **argv) {
         if (restarts > 0) /* the workers were restarted in place (--max-restarts) */
             snprintf(restarted, sizeof restarted, ", %d restart%s", restarts,
                      restarts == 1 ? "" : "s");
-        printf("time: %.1f s (%d epoch%s, %s%s)\n", seconds, rec->n_epochs,
-               rec->n_epochs == 1 ? "" : "s",
+        /* the Recorder holds the last fit only: fine_tune's unfrozen one */
+        int frozen = fine_tune ? a.freeze_epochs : 0, epochs = frozen + rec->n_epochs;
+        char phases[64] = "";
+        if (frozen > 0)
+            snprintf(phases, sizeof phases, ": %d frozen, %d unfrozen", frozen, rec->n_epochs);
+        printf("time: %.1f s (%d epoch%s%s, %s%s)\n", seconds, epochs, epochs == 1 ? "" : "s",
+               phases,
                s.par.start_method == CF_START_MPI ? "MPI"
                : s.parallel                       ? "fork workers"
                                                   : "in-process",

@@ -350,6 +350,29 @@ static cf_status check_layout(const char *file, cf_st_file *f, range *ranges, ui
     return CF_OK;
 }
 
+/* What a file that is not safetensors is, from its first bytes (files users give in place of a
+ * model: images, PyTorch's zip and pickle checkpoints, compressed files), or NULL. */
+static const char *other_format(const unsigned char *b, size_t n) {
+    static const struct {
+        const char *magic;
+        size_t len;
+        const char *what;
+    } known[] = {
+        {"\xff\xd8\xff", 3, "a JPEG image"},
+        {"\x89PNG\r\n\x1a\n", 8, "a PNG image"},
+        {"GIF8", 4, "a GIF image"},
+        {"BM", 2, "a BMP image"},
+        {"PK\x03\x04", 4,
+         "a zip archive (a PyTorch .pth checkpoint? convert it with tools/convert_pth.py)"},
+        {"\x80", 1, "a Python pickle (a PyTorch checkpoint? convert it with tools/convert_pth.py)"},
+        {"\x1f\x8b", 2, "a gzip-compressed file"},
+        {"\x89HDF", 4, "an HDF5 file (Keras weights?)"},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (n >= known[i].len && memcmp(b, known[i].magic, known[i].len) == 0) return known[i].what;
+    return NULL;
+}
+
 cf_status cf_st_parse(const unsigned char *bytes, size_t size, const char *name, cf_st_file **out) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_st_parse: NULL out");
     *out = NULL;
@@ -361,8 +384,13 @@ cf_status cf_st_parse(const unsigned char *bytes, size_t size, const char *name,
                    "is missing)",
                    size);
     uint64_t hlen = load_le64(bytes);
+    const char *other = other_format(bytes, size);
+    if (other && (hlen > size - 8 || size < 9 || bytes[8] != '{'))
+        return bad(file, "not a safetensors file: it is %s", other);
     if (hlen > CF_ST_MAX_HEADER)
-        return bad(file, "header length %llu (bytes 0..7) is absurd (the limit is %llu bytes)",
+        return bad(file,
+                   "not a safetensors file: header length %llu (bytes 0..7) is absurd (the limit "
+                   "is %llu bytes)",
                    (unsigned long long)hlen, (unsigned long long)CF_ST_MAX_HEADER);
     if (hlen > size - 8)
         return bad(file,
@@ -373,7 +401,10 @@ cf_status cf_st_parse(const unsigned char *bytes, size_t size, const char *name,
         return bad(file, "header length %llu (bytes 0..7) is too short for a JSON object",
                    (unsigned long long)hlen);
     if (bytes[8] != '{')
-        return bad(file, "the header at byte 8 must start with '{', found byte 0x%02x", bytes[8]);
+        return bad(file,
+                   "not a safetensors file: the header at byte 8 must start with '{', found byte "
+                   "0x%02x",
+                   bytes[8]);
 
     char *text = cf_malloc((size_t)hlen + 1);
     if (!text)
