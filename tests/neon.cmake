@@ -15,7 +15,8 @@ if(CF_AARCH64_CC)
   set(cf_neon_flags -DCF_HAVE_PLPLOT=${CF_HAVE_PLPLOT} -DCF_HAVE_STB=${CF_HAVE_STB}
     -DCF_HAVE_MPI=${CF_HAVE_MPI} -DCF_FASHION_MNIST_DEFAULT_DIR="/usr/share/datasets/fashion-mnist")
   foreach(dir ${OPENBLAS_INCLUDE_DIRS} ${CJSON_INCLUDE_DIRS} ${ZLIB_INCLUDE_DIRS}
-      ${PLPLOT_INCLUDE_DIRS} ${STB_INCLUDE_DIRS} ${MPI_C_INCLUDE_DIRS} /usr/include)
+      ${UTF8PROC_INCLUDE_DIRS} ${LIBXML2_INCLUDE_DIRS} ${PLPLOT_INCLUDE_DIRS} ${STB_INCLUDE_DIRS}
+      ${MPI_C_INCLUDE_DIRS} /usr/include)
     list(APPEND cf_neon_flags -idirafter ${dir})
   endforeach()
   add_test(NAME test_neon_compile
