@@ -3,11 +3,13 @@
  * The text is decoded to code points once; each rule maps one code-point buffer to the next,
  * with Python's `re` semantics for fastai's regular expressions (tests/text_oracle.py holds the
  * same rules in Python and is the test oracle). Character classes and case mapping come from
- * libutf8proc, HTML entity names from libxml2. */
+ * libutf8proc, HTML entity names from libxml2 (loaded when first needed, below). */
 #include <cjson/cJSON.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <iconv.h>
 #include <libxml/HTMLparser.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,6 +257,25 @@ static int32_t windows_1252(int32_t c) {
     return r;
 }
 
+/* libxml2's entity table, loaded the first time an entity name is looked up rather than linked:
+ * Debian's libxml2 brings ICU, whose 31 MB data file would be mapped into every corefit process
+ * at start-up (a fit under `ulimit -v` that never reads text would pay for it). Without
+ * libxml2 (the Debian package libxml2, which libxml2-dev installs) named entities stay as
+ * written; numeric references are decoded all the same. */
+typedef const htmlEntityDesc *(*entity_lookup_fn)(const xmlChar *name);
+static entity_lookup_fn entity_lookup_impl;
+static pthread_once_t entity_lookup_once = PTHREAD_ONCE_INIT;
+
+static void load_entity_lookup(void) {
+    void *lib = dlopen("libxml2.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib) *(void **)&entity_lookup_impl = dlsym(lib, "htmlEntityLookup");
+}
+
+static const htmlEntityDesc *html_entity_lookup(const char *name) {
+    pthread_once(&entity_lookup_once, load_entity_lookup);
+    return entity_lookup_impl ? entity_lookup_impl((const xmlChar *)name) : NULL;
+}
+
 /* html5 entity lookup for an ASCII name: with the semicolon, any HTML 4 name (libxml2's table;
  * the upper-case AMP, COPY, GT, LT, QUOT and REG as their lower-case); without it, only the
  * legacy names HTML5 accepts bare (the Latin-1 ones and amp, lt, gt, quot). -1: none. */
@@ -266,13 +287,13 @@ static int32_t entity_value(const int32_t *name, int64_t n, bool semicolon) {
         buf[i] = (char)name[i];
     }
     buf[n] = 0;
-    const htmlEntityDesc *e = htmlEntityLookup((const xmlChar *)buf);
+    const htmlEntityDesc *e = html_entity_lookup(buf);
     if (!e) {
         static const char *const upper[] = {"AMP", "COPY", "GT", "LT", "QUOT", "REG"};
         for (size_t k = 0; k < sizeof upper / sizeof *upper && !e; k++) {
             if (strcmp(buf, upper[k]) == 0) {
                 for (int64_t i = 0; i < n; i++) buf[i] = (char)(buf[i] + 32);
-                e = htmlEntityLookup((const xmlChar *)buf);
+                e = html_entity_lookup(buf);
             }
         }
     }
