@@ -193,6 +193,8 @@ static void predict_usage(FILE *f, const cli_opt *opts) {
 }
 
 int cmd_predict(int argc, char **argv) {
+    if (cli_argv_has(argc, argv, "--text") || cli_is_text_model(argc, argv))
+        return cmd_predict_text(argc, argv);
     const char *cmd = "predict";
     const char *csv = NULL;
     bool json = false;
