@@ -512,8 +512,9 @@ typedef struct cf_dls {
     cf_dataset *train_ds, *valid_ds; /* owned */
     cf_dataloader *train, *valid;    /* owned */
     /* text data made by cf_text_dls_from_folder / from_csv: the tokenizer and vocabulary (owned,
-     * freed with cf_text_numericalizer_free); NULL otherwise */
+     * freed with the DataLoaders); NULL otherwise */
     struct cf_text_numericalizer *text_nz;
+    void (*free_text_nz)(struct cf_text_numericalizer *nz); /* private: frees text_nz */
 } cf_dls;
 
 typedef struct cf_dls_options {

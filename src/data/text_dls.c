@@ -170,9 +170,10 @@ static cf_status dls_of_docs(const cf_text_raw *raw, int32_t **docs, int64_t *le
     if (st == CF_OK) st = cf_text_dls_new(split[0], split[1], o, out);
     cf_text_corpus_free(split[0]);
     cf_text_corpus_free(split[1]);
-    if (st == CF_OK)
+    if (st == CF_OK) {
         (*out)->text_nz = nz;
-    else
+        (*out)->free_text_nz = cf_text_numericalizer_free;
+    } else
         cf_text_numericalizer_free(nz);
     return st;
 }

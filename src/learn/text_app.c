@@ -176,6 +176,7 @@ cf_status cf__text_placeholder_dls(const cf_model_info *m, cf_dls **out) {
                              out);
     if (st == CF_OK) {
         (*out)->text_nz = nz;
+        (*out)->free_text_nz = cf_text_numericalizer_free;
         nz = NULL;
     }
     cf_text_corpus_free(c);
