@@ -225,6 +225,8 @@ static void print_tsv_field(const char *s) {
 }
 
 int cmd_predict(int argc, char **argv) {
+    if (cli_argv_has(argc, argv, "--text") || cli_is_text_model(argc, argv))
+        return cmd_predict_text(argc, argv);
     const char *cmd = "predict";
     const char *csv = NULL;
     bool json = false;

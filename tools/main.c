@@ -63,19 +63,21 @@ static void restore_openblas_threads(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "Usage: corefit <command> [options]\n"
-               "\n"
-               "Train neural networks the fastai way, on every core.\n"
-               "\n"
-               "Commands:\n"
-               "  train      fit a model on a data set and save it (with figures and a CSV log)\n"
-               "  lr-find    run the learning-rate finder, print its suggestions, plot it\n"
-               "  eval       loss and metrics of a saved model on a data set\n"
-               "  predict    classes and probabilities of a saved model for images or CSV rows\n"
-               "  info       what a model file holds\n"
-               "\n"
-               "Run 'corefit <command> --help' for a command's options. Exit status: 0 success,\n"
-               "1 failure, 2 usage error, 130 stopped by Ctrl-C. See corefit(1).\n");
+    fprintf(f,
+            "Usage: corefit <command> [options]\n"
+            "\n"
+            "Train neural networks the fastai way, on every core.\n"
+            "\n"
+            "Commands:\n"
+            "  train      fit a model on a data set and save it (with figures and a CSV log)\n"
+            "  lr-find    run the learning-rate finder, print its suggestions, plot it\n"
+            "  eval       loss and metrics of a saved model on a data set\n"
+            "  predict    classes and probabilities of a saved model for images, CSV rows or text\n"
+            "  generate   text from a language model (train --text --lm) and a prompt\n"
+            "  info       what a model file holds\n"
+            "\n"
+            "Run 'corefit <command> --help' for a command's options. Exit status: 0 success,\n"
+            "1 failure, 2 usage error, 130 stopped by Ctrl-C. See corefit(1).\n");
 }
 
 int main(int argc, char **argv) {
@@ -102,7 +104,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc, argv);
     if (strcmp(cmd, "predict") == 0) return cmd_predict(argc, argv);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc, argv);
+    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc, argv);
     cli_error(CLI_USAGE, NULL, "unknown command '%s'", cmd);
-    fprintf(stderr, "Commands: train, lr-find, eval, predict, info (see corefit --help)\n");
+    fprintf(stderr,
+            "Commands: train, lr-find, eval, predict, generate, info (see corefit --help)\n");
     return CLI_USAGE;
 }

@@ -111,7 +111,25 @@ int cmd_info(int argc, char **argv) {
             if (m.height > 0)
                 printf("input:       %d x %d x %d (channels x height x width)\n", m.n_in, m.height,
                        m.width);
-            else
+            else if (m.text_vocab) {
+                printf("input:       text, a vocabulary of %d tokens (", m.n_text_vocab);
+                for (int i = 9; i < m.n_text_vocab && i < 19; i++)
+                    printf("%s%s", i > 9 ? " " : "", m.text_vocab[i]);
+                printf("%s)\n", m.n_text_vocab > 19 ? " ..." : "");
+                printf("AWD-LSTM:    emb_sz %d, n_hid %d, %d layers\n", m.emb_sz, m.n_hid,
+                       m.n_layers);
+                if (strcmp(m.recipe.arch, "awd_lstm_clas") == 0) {
+                    printf("classifier:  seq_len %d, max_len %d, head", m.recipe.text_seq_len,
+                           m.recipe.text_max_len);
+                    for (int i = 0; i < m.recipe.n_lin_ftrs; i++)
+                        printf(" %d", m.recipe.lin_ftrs[i]);
+                    printf("\n");
+                }
+                char *tok = NULL;
+                if (cf_text_tok_options_to_json(&m.tok, &tok) == CF_OK)
+                    printf("tokenizer:   %s\n", tok);
+                cf_free(tok);
+            } else
                 printf("input:       %d features (%d categorical, %d continuous)\n", m.n_in,
                        m.n_cat, m.n_cont);
             printf("outputs:     %d\n", m.recipe.n_out);

@@ -1112,6 +1112,7 @@ static void defaults(train_args *a) {
 }
 
 int cmd_train(int argc, char **argv) {
+    if (cli_argv_has(argc, argv, "--text")) return cmd_train_text(argc, argv);
     const char *cmd = "train";
     train_args a;
     defaults(&a);

@@ -511,6 +511,10 @@ cf_status cf_dataloader_set_normalize(cf_dataloader *dl, int n_norm, const float
 typedef struct cf_dls {
     cf_dataset *train_ds, *valid_ds; /* owned */
     cf_dataloader *train, *valid;    /* owned */
+    /* text data made by cf_text_dls_from_folder / from_csv: the tokenizer and vocabulary (owned,
+     * freed with the DataLoaders); NULL otherwise */
+    struct cf_text_numericalizer *text_nz;
+    void (*free_text_nz)(struct cf_text_numericalizer *nz); /* private: frees text_nz */
 } cf_dls;
 
 typedef struct cf_dls_options {
@@ -925,6 +929,58 @@ cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericaliz
 cf_status cf_text_show_batch(const cf_dataloader *dl, const cf_batch *b,
                              const cf_text_numericalizer *nz, int max_rows, int max_tokens,
                              FILE *out);
+
+/* ---- text: TextDataLoaders with fastai's tokenizer and vocabulary ------------------------- */
+
+/* fastai's Tokenizer + Numericalize behind the seam: encode tokenizes with tok (cf_text_tokenize)
+ * and looks the tokens up in the vocabulary (unknown words: xxunk); fit, when no vocabulary was
+ * given, tokenizes the texts on every core and makes the vocabulary (make_vocab with vocab_opt).
+ * text_vocab (may be NULL) is copied and used verbatim (fastai's text_vocab: a classifier reusing
+ * its language model's vocabulary); fit then changes nothing. tok, vocab_opt NULL: defaults. */
+cf_status cf_text_numericalizer_new(const cf_text_tok_options *tok,
+                                    const cf_text_vocab_options *vocab_opt,
+                                    const cf_text_vocab *text_vocab, cf_text_numericalizer **out);
+/* Frees a numericalizer made by cf_text_numericalizer_new (anything else, NULL included: no-op). */
+void cf_text_numericalizer_free(cf_text_numericalizer *nz);
+/* The vocabulary and the tokenizer's settings of a numericalizer made by
+ * cf_text_numericalizer_new (NULL for any other, and the vocabulary before fit): what an exported
+ * text model carries. */
+const cf_text_vocab *cf_text_numericalizer_vocab(const cf_text_numericalizer *nz);
+const cf_text_tok_options *cf_text_numericalizer_tok(const cf_text_numericalizer *nz);
+
+typedef struct cf_text_loaders_options {
+    cf_text_dls_options dls;         /* bs 64, seq_len 72, is_lm, seed */
+    cf_text_tok_options tok;         /* fastai's tokenizer (all zero: defaults) */
+    cf_text_vocab_options vocab;     /* min_freq 3, max_vocab 60000 */
+    const cf_text_vocab *text_vocab; /* given: used verbatim (copied), no vocabulary is made */
+    /* from_folder: folder of the tokenized copies; NULL: "<path>_tok" (fastai's), "": none */
+    const char *cache_dir;
+    int num_workers; /* tokenizer threads; 0: every core */
+} cf_text_loaders_options;
+
+/* fastai's TextDataLoaders.from_folder(path, train, valid, valid_pct, seed, text_vocab, is_lm,
+ * seq_len, bs): the texts of cf_text_read_folder (labels not needed with dls.is_lm), every file
+ * tokenized on every core with its tokenized copy in "<path>_tok" (reused while the file is
+ * unchanged), the vocabulary made from the counts of every file (validation included, as
+ * fastai's Tokenizer.from_folder counts), then the language-model or sorted classifier loaders
+ * of cf_text_dls_new (no validation folder: no validation loader). dls->text_nz holds the
+ * tokenizer and vocabulary (show_batch, export, predict). */
+cf_status cf_text_dls_from_folder(const char *path, const cf_text_folder_options *fo,
+                                  const cf_text_loaders_options *o, cf_dls **out);
+/* fastai's TextDataLoaders.from_csv(path, text_col, label_col, valid_col, valid_pct 0.2, seed,
+ * label_delim, text_vocab, is_lm, seq_len, bs): the rows of cf_text_read_csv tokenized on every
+ * core (fastai's Tokenizer.from_df keeps no copy on disk), the vocabulary from every row's
+ * counts; valid_pct 0 without valid_col means fastai's 0.2. */
+cf_status cf_text_dls_from_csv(const char *path, const cf_text_csv_options *co,
+                               const cf_text_loaders_options *o, cf_dls **out);
+
+/* fastai's decode_spec_tokens as LMLearner.predict uses it, joined with spaces into *out (a new
+ * string, free with cf_free): xxbos and xxpad are left out; xxmaj capitalises the next token
+ * (first code point upper case, the rest lower), xxup upper-cases it, "xxrep n c" writes c n
+ * times, "xxwrep n w" writes w n times (space separated); a marker whose count is not a number
+ * is dropped. Unlike fastai, whose decoder never clears the repetition state (so every later
+ * token would be repeated too), a repetition applies to its one token. */
+cf_status cf_text_decode_spec_tokens(const char *const *tokens, int64_t n, char **out);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@ void cf_dls_free(cf_dls *dls) {
     cf_dataloader_free(dls->valid);
     cf_dataset_free(dls->train_ds);
     cf_dataset_free(dls->valid_ds);
+    if (dls->free_text_nz) dls->free_text_nz(dls->text_nz);
     cf_free(dls);
 }
 

@@ -42,10 +42,28 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     snprintf(size, sizeof size, "%dx%d", m->height, m->width);
     snprintf(n_out, sizeof n_out, "%d", m->recipe.n_out);
     char *vocab = m->n_vocab ? print_json(str_array(m->vocab, m->n_vocab)) : NULL;
-    char *norm = NULL, *tab = NULL, *head = NULL;
+    char *norm = NULL, *tab = NULL, *head = NULL, *tvocab = NULL, *tok = NULL, *text = NULL;
     const cf_learner_recipe *r = &m->recipe;
     bool tabular = strcmp(r->arch, "tabular") == 0;
-    if (r->arch[0] && !tabular) {
+    const bool is_text = m->text_vocab != NULL;
+    cf_status st = CF_OK;
+    if (is_text) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "emb_sz", m->emb_sz);
+        cJSON_AddNumberToObject(j, "n_hid", m->n_hid);
+        cJSON_AddNumberToObject(j, "n_layers", m->n_layers);
+        if (strcmp(r->arch, "awd_lstm_clas") == 0) {
+            cJSON_AddNumberToObject(j, "seq_len", r->text_seq_len);
+            cJSON_AddNumberToObject(j, "max_len", r->text_max_len);
+            cJSON *lin = cJSON_AddArrayToObject(j, "lin_ftrs");
+            for (int i = 0; i < r->n_lin_ftrs; i++)
+                cJSON_AddItemToArray(lin, cJSON_CreateNumber(r->lin_ftrs[i]));
+        }
+        text = print_json(j);
+        tvocab = print_json(str_array(m->text_vocab, m->n_text_vocab));
+        st = cf_text_tok_options_to_json(&m->tok, &tok);
+    }
+    if (r->arch[0] && !tabular && !is_text) {
         cJSON *j = cJSON_CreateObject();
         cJSON *lin = cJSON_AddArrayToObject(j, "lin_ftrs"), *ps = cJSON_AddArrayToObject(j, "ps");
         for (int i = 0; i < r->n_lin_ftrs; i++)
@@ -97,7 +115,7 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
         }
         tab = print_json(j);
     }
-    const char *keys[12], *values[12];
+    const char *keys[16], *values[16];
     int n = 0;
 #define META(k, v)                                                                                 \
     do {                                                                                           \
@@ -115,13 +133,21 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     if (norm) META("corefit.normalize", norm);
     if (tab) META("corefit.tabular", tab);
     if (head) META("corefit.head", head);
+    if (text) META("corefit.text", text);
+    if (tvocab) META("corefit.text_vocab", tvocab);
+    if (tok) META("corefit.tokenizer", tok);
 #undef META
-    cf_status st = CF_OK;
-    if ((m->n_vocab && !vocab) || (m->n_norm && !norm) || (m->feature_names && !tab) ||
-        (r->arch[0] && !tabular && !head))
+    if (st != CF_OK)
+        ;
+    else if ((m->n_vocab && !vocab) || (m->n_norm && !norm) || (m->feature_names && !tab) ||
+             (r->arch[0] && !tabular && !is_text && !head) ||
+             (is_text && (!text || !tvocab || !tok)))
         st = cf_fail_context(CF_ERR_NOMEM, "saving %s", path);
     else
         st = cf_st_write(path, entries, model->n_params, keys, values, n);
+    cf_free(text);
+    cf_free(tvocab);
+    cf_free(tok);
     cf_free(vocab);
     cf_free(norm);
     cf_free(tab);

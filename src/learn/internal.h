@@ -80,5 +80,14 @@ cf_status cf__ensure_scratch(cf_learner *learn, const cf_shape *pred_shape);
 
 /* The tabular state an exported model's info carries (copied; free with cf_tabular_state_free). */
 cf_status cf__tabular_state_of_info(const cf_model_info *info, cf_tabular_state *state);
+/* Text models (text_app.c): whether corefit.arch names one; the text part of cf_learner_info
+ * (vocabulary, tokenizer, AWD-LSTM sizes); the learner of an exported text model over dls; the
+ * placeholder DataLoaders of cf_load_learner (one short text, the model's tokenizer and
+ * vocabulary). */
+bool cf__is_text_arch(const char *arch);
+cf_status cf__text_learner_info(const cf_learner *learn, cf_model_info *info);
+cf_status cf__text_learner_from_info(const cf_model_info *info, cf_dls *dls, cf_metric **metrics,
+                                     int n_metrics, cf_learner **out);
+cf_status cf__text_placeholder_dls(const cf_model_info *info, cf_dls **out);
 
 #endif

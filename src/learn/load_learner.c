@@ -13,7 +13,9 @@ cf_status cf_learner_from_info(const cf_model_info *m, cf_dls *dls, cf_metric **
     *out = NULL;
     const cf_learner_recipe *r = &m->recipe;
     cf_status st;
-    if (strcmp(r->arch, "tabular") == 0) {
+    if (cf__is_text_arch(r->arch)) {
+        st = cf__text_learner_from_info(m, dls, metrics, n_metrics, out);
+    } else if (strcmp(r->arch, "tabular") == 0) {
         cf_tabular_learner_opts to = {.n_out = r->n_out,
                                       .n_layers = r->n_layers,
                                       .ps = r->tab_ps,
@@ -88,6 +90,10 @@ cf_status cf_load_learner(const char *path, cf_learner **out) {
     cf_dataset *a = NULL, *b = NULL;
     cf_dls *dls = NULL;
     cf_learner *learn = NULL;
+    if (cf__is_text_arch(m.recipe.arch)) {
+        if ((st = cf__text_placeholder_dls(&m, &dls))) goto done;
+        goto have_dls;
+    }
     cf_dls_options o = {.bs = 1, .prefetch = -1, .n_norm = m.n_norm};
     memcpy(o.mean, m.mean, sizeof o.mean);
     memcpy(o.std, m.std, sizeof o.std);
@@ -96,6 +102,7 @@ cf_status cf_load_learner(const char *path, cf_learner **out) {
         goto done;
     }
     if ((st = cf_dls_new(a, b, &o, &dls))) goto done;
+have_dls:
     if ((st = cf_learner_from_info(&m, dls, NULL, 0, &learn))) goto done;
     learn->owned_dls = dls;
     dls = NULL;

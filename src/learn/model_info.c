@@ -49,6 +49,7 @@ void cf_model_info_free(cf_model_info *m) {
     cf_free(m->cont_mean);
     cf_free(m->cont_std);
     cf_free(m->cont_fill);
+    strv_free(m->text_vocab, m->n_text_vocab);
     memset(m, 0, sizeof *m);
 }
 
@@ -91,10 +92,17 @@ static cf_status learner_info(const cf_learner *learn, cf_model_info *m) {
     const cf_dataset *ds = learn && learn->dls ? learn->dls->train_ds : NULL;
     if (!ds) return cf_fail(CF_ERR_STATE, "export: the learner has no training set");
     m->recipe = learn->recipe;
+    const bool text = cf_text_loader_corpus(learn->dls->train) != NULL;
+    if (text) { /* the class names below, the rest from the text part */
+        cf_status st = cf__text_learner_info(learn, m);
+        if (st) return st;
+    }
     if (!m->recipe.n_out) m->recipe.n_out = ds->n_classes > 0 ? ds->n_classes : ds->target_dim;
     bool tabular = ds->sample_shape.ndim == 1 && ds->feature_names;
-    snprintf(m->input, sizeof m->input, "%s", tabular ? "csv" : image_input(ds));
-    if (ds->sample_shape.ndim == 3) {
+    if (!text) snprintf(m->input, sizeof m->input, "%s", tabular ? "csv" : image_input(ds));
+    if (text) {
+        /* n_in is the vocabulary's size */
+    } else if (ds->sample_shape.ndim == 3) {
         m->n_in = ds->sample_shape.dim[0];
         m->height = ds->sample_shape.dim[1];
         m->width = ds->sample_shape.dim[2];
@@ -308,6 +316,68 @@ static cf_status read_head(const char *path, const char *text, cf_learner_recipe
     return CF_OK;
 }
 
+static bool json_int(const cJSON *o, const char *name, int lo, int hi, int *out) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!cJSON_IsNumber(x) || x->valuedouble < lo || x->valuedouble > hi ||
+        x->valuedouble != (int)x->valuedouble)
+        return false;
+    *out = (int)x->valuedouble;
+    return true;
+}
+
+/* A text model's vocabulary, tokenizer and sizes. */
+static cf_status read_text(const cf_st_file *f, const char *path, cf_model_info *m) {
+    const char *vocab = cf_st_meta(f, "corefit.text_vocab");
+    const char *tok = cf_st_meta(f, "corefit.tokenizer");
+    const char *spec = cf_st_meta(f, "corefit.text");
+    if (!vocab || !tok || !spec)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: a text model needs corefit.text_vocab, corefit.tokenizer and "
+                       "corefit.text (missing: %s)",
+                       path,
+                       !vocab ? "corefit.text_vocab"
+                       : !tok ? "corefit.tokenizer"
+                              : "corefit.text");
+    cJSON *j = cJSON_Parse(vocab);
+    cf_status st = json_strings(path, "corefit.text_vocab", j, &m->text_vocab, &m->n_text_vocab);
+    cJSON_Delete(j);
+    if (st) return st;
+    if (m->n_text_vocab != m->n_in)
+        return cf_fail(CF_ERR_FORMAT, "%s: corefit.text_vocab has %d words but n_in is %d", path,
+                       m->n_text_vocab, m->n_in);
+    char src[512];
+    snprintf(src, sizeof src, "%s: corefit.tokenizer", path);
+    if ((st = cf_text_tok_options_from_json(tok, strlen(tok), src, &m->tok))) return st;
+    j = cJSON_Parse(spec);
+    const bool lm = strcmp(m->recipe.arch, "awd_lstm_lm") == 0;
+    bool ok = cJSON_IsObject(j) && json_int(j, "emb_sz", 1, 1 << 16, &m->emb_sz) &&
+              json_int(j, "n_hid", 1, 1 << 16, &m->n_hid) &&
+              json_int(j, "n_layers", 1, 64, &m->n_layers);
+    if (ok && !lm) {
+        ok = json_int(j, "seq_len", 1, 1 << 20, &m->recipe.text_seq_len) &&
+             json_int(j, "max_len", -1, 1 << 30, &m->recipe.text_max_len);
+        const cJSON *lin = cJSON_GetObjectItemCaseSensitive(j, "lin_ftrs"), *it;
+        ok = ok && (!lin || (cJSON_IsArray(lin) && cJSON_GetArraySize(lin) <= CF_HEAD_MAX_LAYERS));
+        if (ok && lin) cJSON_ArrayForEach(it, lin) {
+                ok = ok && cJSON_IsNumber(it) && it->valuedouble >= 1 && it->valuedouble < 1e7;
+                if (ok) m->recipe.lin_ftrs[m->recipe.n_lin_ftrs++] = (int)it->valuedouble;
+            }
+    }
+    cJSON_Delete(j);
+    if (!ok)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: metadata corefit.text is not {\"emb_sz\", \"n_hid\", \"n_layers\", "
+                       "\"seq_len\", \"max_len\", \"lin_ftrs\"} with sizes in range",
+                       path);
+    if (lm && m->recipe.n_out != m->n_text_vocab)
+        return cf_fail(CF_ERR_FORMAT, "%s: a language model of %d outputs over %d words", path,
+                       m->recipe.n_out, m->n_text_vocab);
+    if (!lm && m->n_vocab != m->recipe.n_out)
+        return cf_fail(CF_ERR_FORMAT, "%s: a text classifier of %d outputs with %d class names",
+                       path, m->recipe.n_out, m->n_vocab);
+    return CF_OK;
+}
+
 cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_model_info *m) {
     memset(m, 0, sizeof *m);
     const char *arch = cf_st_meta(f, "corefit.arch");
@@ -317,7 +387,7 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
                        "cf_learner_export writes it for learners made by cf_vision_learner or "
                        "cf_tabular_learner (and corefit train)",
                        path);
-    if (strcmp(arch, "tabular") != 0 && cf_arch_from_name(arch) < 0)
+    if (strcmp(arch, "tabular") != 0 && !cf__is_text_arch(arch) && cf_arch_from_name(arch) < 0)
         return cf_fail(CF_ERR_FORMAT, "%s: unknown architecture '%s' in corefit.arch", path, arch);
     snprintf(m->recipe.arch, sizeof m->recipe.arch, "%s", arch);
     const char *input = cf_st_meta(f, "corefit.input");
@@ -385,6 +455,8 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
         if (m->n_cat + m->n_cont != m->n_in)
             return cf_fail(CF_ERR_FORMAT, "%s: corefit.tabular has %d columns but n_in is %d", path,
                            m->n_cat + m->n_cont, m->n_in);
+    } else if (cf__is_text_arch(arch)) {
+        if ((st = read_text(f, path, m))) return st;
     } else if (!size) {
         return cf_fail(CF_ERR_FORMAT, "%s: an image model without corefit.image_size", path);
     } else if ((st = read_head(path, cf_st_meta(f, "corefit.head"), &m->recipe))) {
