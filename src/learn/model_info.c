@@ -351,6 +351,14 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
         if (m->n_vocab != m->recipe.n_out)
             return cf_fail(CF_ERR_FORMAT, "%s: corefit.vocab has %d names for %d outputs", path,
                            m->n_vocab, m->recipe.n_out);
+        /* two outputs of one name could not be told apart in a prediction */
+        for (int i = 1; i < m->n_vocab; i++)
+            for (int k = 0; k < i; k++)
+                if (strcmp(m->vocab[i], m->vocab[k]) == 0)
+                    return cf_fail(CF_ERR_FORMAT,
+                                   "%s: corefit.vocab names class %d and class %d both '%s'; "
+                                   "class names must differ",
+                                   path, k, i, m->vocab[i]);
     }
     const char *norm = cf_st_meta(f, "corefit.normalize");
     if (norm) {
