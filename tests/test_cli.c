@@ -684,6 +684,25 @@ static void test_library_export(void **state) {
     r = run("info hand.safetensors --json");
     expect(&r, 0, "\"corefit.vocab\"", NULL);
     run_free(&r);
+    /* lib.safetensors with both classes named alike: refused on load, naming them */
+    snprintf(path, sizeof path, "%s/lib.safetensors", dir);
+    cf_st_file *sf = NULL;
+    assert_int_equal(cf_st_read(path, &sf), CF_OK);
+    for (int i = 0; i < sf->n_meta; i++)
+        if (strcmp(sf->meta_keys[i], "corefit.vocab") == 0) {
+            cf_free(sf->meta_values[i]);
+            sf->meta_values[i] = cf_strdup("[\"bright\",\"bright\"]");
+        }
+    char twin[700];
+    snprintf(twin, sizeof twin, "%s/twin.safetensors", dir);
+    assert_int_equal(cf_st_write(twin, sf->entries, sf->n_entries,
+                                 (const char *const *)sf->meta_keys,
+                                 (const char *const *)sf->meta_values, sf->n_meta),
+                     CF_OK);
+    cf_st_free(sf);
+    cf_model_info twin_info;
+    assert_int_equal(cf_model_info_read(twin, &twin_info), CF_ERR_FORMAT);
+    assert_non_null(strstr(cf_last_error(), "names class 0 and class 1 both 'bright'"));
     cf_learner_free(loaded);
     cf_learner_free(learn);
     cf_dls_free(dls);

@@ -4,6 +4,7 @@
  * tmpfs) gives a clear error and keeps the old file with no temporary file left; SIGINT, SIGTERM
  * and SIGHUP during a save leave no temporary file, and one left by SIGKILL is removed by the
  * next save to the same target. */
+#include "child.h"
 #include "oracle.h"
 
 #include <dirent.h>
@@ -168,35 +169,7 @@ static void test_modes(void **state) {
 
 /* Runs fn in a child and returns its status and message. The child may change its limits,
  * signals and mounts without touching the test process. */
-typedef struct outcome {
-    int status; /* cf_status, or -1: skipped (reason in msg) */
-    char msg[512];
-} outcome;
-
-static outcome in_child(void (*fn)(const char *dir, outcome *out), const char *dir) {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(p[0]);
-        outcome o = {0};
-        fn(dir, &o);
-        ssize_t w = write(p[1], &o, sizeof o);
-        _exit(w == (ssize_t)sizeof o ? 0 : 1);
-    }
-    close(p[1]);
-    outcome o = {0};
-    ssize_t r = read(p[0], &o, sizeof o);
-    close(p[0]);
-    int ws;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (r != (ssize_t)sizeof o || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-        fail_msg("the child died (status 0x%x)", ws);
-    return o;
-}
-
-static void save_under_fsize_limit(const char *dir, outcome *o) {
+static void save_under_fsize_limit(const char *dir, test_outcome *o) {
     char path[400];
     snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
     ckpt b = make_ckpt(32);
@@ -210,7 +183,7 @@ static void save_under_fsize_limit(const char *dir, outcome *o) {
 
 /* Saves a (fits) then b (does not fit) on a tmpfs a little larger than one checkpoint, mounted in
  * a private mount namespace; then checks a is what loads. */
-static void save_on_small_tmpfs(const char *dir, outcome *o) {
+static void save_on_small_tmpfs(const char *dir, test_outcome *o) {
     char mnt[400], path[500];
     snprintf(mnt, sizeof mnt, "%s/small", dir);
     snprintf(path, sizeof path, "%s/ckpt.safetensors", mnt);
@@ -261,7 +234,7 @@ static void test_full_disk_keeps_the_old_file(void **state) {
     assert_int_equal(cf_model_save(a.model, a.opt, path), CF_OK);
 
     /* RLIMIT_FSIZE: the file size limit of the saving process. */
-    outcome o = in_child(save_under_fsize_limit, dir.dir);
+    test_outcome o = test_in_child(save_under_fsize_limit, dir.dir);
     assert_int_equal(o.status, CF_ERR_IO);
     if (!strstr(o.msg, path) || !strstr(o.msg, strerror(EFBIG)) || !strstr(o.msg, "unchanged"))
         fail_msg("unclear message: %s", o.msg);
@@ -270,7 +243,7 @@ static void test_full_disk_keeps_the_old_file(void **state) {
     assert_int_equal(sweep_temp_files(dir.dir, "ckpt.safetensors"), 0);
 
     /* A full file system. */
-    o = in_child(save_on_small_tmpfs, dir.dir);
+    o = test_in_child(save_on_small_tmpfs, dir.dir);
     if (o.status == -1) {
         printf("crash-safe: full tmpfs case skipped: %s\n", o.msg);
     } else {

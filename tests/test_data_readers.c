@@ -1,5 +1,6 @@
 /* Readers: IDX (raw and gzip'd), CSV tables with fastai's tabular processing, image folders;
  * and every kind of bad input, checked for its message. */
+#include "child.h"
 #include "oracle.h"
 
 #include <stdio.h>
@@ -99,9 +100,27 @@ static void test_idx(void **state) {
         cf_dataset_free(ds);
     }
     cf_dataset *ds = (cf_dataset *)1;
+    test_stderr_capture();
     assert_int_equal(cf_dataset_from_idx_memory(im, nim, lb, nlb, "mem", &ds), CF_OK);
+    char *quiet = test_stderr_release();
+    assert_string_equal(quiet, ""); /* five classes, four seen: no warning */
+    free(quiet);
     assert_int_equal(ds->n, 5);
     cf_dataset_free(ds);
+
+    /* a label of 255 among 0..2 makes 256 classes, four of them seen: a warning naming it */
+    uint8_t stray[5] = {0, 1, 255, 2, 1};
+    nlb = make_idx(lb, 1, (uint32_t[]){5}, stray);
+    test_stderr_capture();
+    assert_int_equal(cf_dataset_from_idx_memory(im, nim, lb, nlb, "mem", &ds), CF_OK);
+    char *warned = test_stderr_release();
+    assert_int_equal(ds->n_classes, 256);
+    assert_non_null(strstr(warned, "warning"));
+    assert_non_null(strstr(warned, "labels run to 255"));
+    assert_non_null(strstr(warned, "only 4 distinct labels"));
+    free(warned);
+    cf_dataset_free(ds);
+    nlb = make_idx(lb, 1, (uint32_t[]){5}, lab);
 
     /* Missing file. */
     expect_error(cf_dataset_from_idx(at("nope"), at("lb"), &ds), CF_ERR_IO, at("nope"),

@@ -379,6 +379,15 @@ static void test_model_load_mismatch(void **state) {
         assert_non_null(strstr(cf_last_error(), k ? "an infinity at element" : "NaN at element"));
         assert_true(same(m, &before));
     }
+    /* a negative running variance: refused, naming the tensor, the element and the value */
+    diverged->weights[5] = 0.5f;
+    cf_model_param(diverged, "1.running_var")->data[2] = -0.25f;
+    assert_int_equal(cf_model_save(diverged, NULL, path), CF_OK);
+    assert_int_equal(cf_model_load(m, NULL, path), CF_ERR_FORMAT);
+    assert_non_null(strstr(cf_last_error(), path));
+    assert_non_null(
+        strstr(cf_last_error(), "'1.running_var' holds the negative variance -0.25 at element 2"));
+    assert_true(same(m, &before));
     cf_model_free(diverged);
 
     /* a missing tensor */

@@ -64,13 +64,14 @@ static const char *path_in(const char *name) {
 }
 
 #ifdef CF_HAVE_PLPLOT
-/* No leftover temporary files (".<name>.XXXXXX") in the folder. */
+/* No leftover temporary files ("<name>.tmp-XXXXXX", or any hidden file) in the folder. */
 static void assert_no_temp_files(void) {
     DIR *d = opendir(g_dir);
     assert_non_null(d);
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+        if ((e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) ||
+            strstr(e->d_name, ".tmp-"))
             fail_msg("temporary file left behind: %s", e->d_name);
     }
     closedir(d);

@@ -3,6 +3,7 @@
  * or FIFOs, a disk that fills up during a fit, the commit directory a killed supervisor left,
  * a resume that adds logging options, a checkpoint crafted with a valid CRC, and a pretrained
  * model with NaN weights. Each runs the command on a small slice of Fashion-MNIST. */
+#include "child.h"
 #include "oracle.h"
 
 #include <cmocka.h>
@@ -32,46 +33,9 @@ static void need_data(void) {
     if (stat(FMNIST_DIR, &sb) != 0) skip();
 }
 
-/* Starts `corefit <args>` in dir (stdout, stderr to out.txt, err.txt there), in a process
- * group of its own when `group`; returns its pid. */
-static pid_t start_cli(const char *dir, const char *args, bool group) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "cd '%s' && exec '%s/corefit' %s >out.txt 2>err.txt </dev/null", dir,
-             CF_BUILD_DIR, args);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        if (group) setpgid(0, 0);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    if (group) setpgid(pid, pid); /* either side may win the race */
-    return pid;
-}
-
-static int wait_cli(pid_t pid) {
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static int run_cli(const char *dir, const char *args) {
-    return wait_cli(start_cli(dir, args, false));
-}
-
-static char *slurp(const char *dir, const char *name, size_t *n) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    void *data = NULL;
-    size_t size = 0;
-    if (cf_read_file(path, (size_t)1 << 30, &data, &size) != CF_OK) return NULL;
-    if (n) *n = size;
-    return data;
-}
-
 static bool same_file(const char *dir, const char *a, const char *b) {
     size_t na = 0, nb = 0;
-    char *x = slurp(dir, a, &na), *y = slurp(dir, b, &nb);
+    char *x = test_read_in(dir, a, &na), *y = test_read_in(dir, b, &nb);
     bool same = x && y && na == nb && memcmp(x, y, na) == 0;
     cf_free(x);
     cf_free(y);
@@ -89,7 +53,7 @@ static bool exists(const char *dir, const char *name) {
 static const char *err_of(const char *dir) {
     static char *last;
     cf_free(last);
-    last = slurp(dir, "err.txt", NULL);
+    last = test_read_in(dir, "err.txt", NULL);
     return last ? last : "(no err.txt)";
 }
 
@@ -118,8 +82,8 @@ static void test_group_sigterm_keeps_the_fit(void **state) {
     need_data();
     oracle dir;
     oracle_init(&dir);
-    assert_int_equal(run_cli(dir.dir, GROUP_ARGS " --out full.safetensors"), 0);
-    pid_t pid = start_cli(dir.dir, GROUP_ARGS " --out part.safetensors", true);
+    assert_int_equal(test_cli_run(dir.dir, GROUP_ARGS " --out full.safetensors"), 0);
+    pid_t pid = test_cli_start(dir.dir, GROUP_ARGS " --out part.safetensors", true);
     /* as soon as the workers exist (early in the first epoch, before any checkpoint) */
     while (!has_children(pid)) {
         int status;
@@ -130,7 +94,7 @@ static void test_group_sigterm_keeps_the_fit(void **state) {
         kill(-pid, SIGTERM);
         nanosleep(&(struct timespec){0, 20000000}, NULL);
     }
-    int rc = wait_cli(pid);
+    int rc = test_cli_wait(pid);
     const char *err = err_of(dir.dir);
     if (rc != 1 || !strstr(err, "SIGTERM") || !strstr(err, "--resume ./part.ckpt") ||
         strstr(err, "killed by signal") || strstr(err, "restarting"))
@@ -141,7 +105,7 @@ static void test_group_sigterm_keeps_the_fit(void **state) {
     assert_non_null(hint);
     char resume[1024];
     snprintf(resume, sizeof resume, "%.*s", (int)strcspn(hint + 10, "\n"), hint + 10);
-    rc = run_cli(dir.dir, resume);
+    rc = test_cli_run(dir.dir, resume);
     if (rc != 0) fail_msg("resume: exit %d: %s", rc, err_of(dir.dir));
     if (!same_file(dir.dir, "full.safetensors", "part.safetensors"))
         fail_msg("the resumed fit's model differs from the fit never stopped");
@@ -176,14 +140,15 @@ static void test_device_and_fifo_outputs(void **state) {
         assert_int_equal(symlink("/dev/null", path), 0);
     }
     /* every output through links to /dev/null, checkpoints on */
-    int rc = run_cli(dir.dir, SMALL " --cores 1 --out ./null.safetensors --csv-log ./null.csv "
-                                    "--checkpoint ./null.ckpt --checkpoint-every 2");
+    int rc = test_cli_run(dir.dir, SMALL " --cores 1 --out ./null.safetensors --csv-log ./null.csv "
+                                         "--checkpoint ./null.ckpt --checkpoint-every 2");
     if (rc != 0) fail_msg("outputs to /dev/null: exit %d: %s", rc, err_of(dir.dir));
     for (int i = 0; i < 3; i++) assert_kind(dir.dir, links[i], S_IFCHR, true);
     /* a device node of its own (root only), with fork workers */
     snprintf(path, sizeof path, "%s/sink.safetensors", dir.dir);
     if (mknod(path, S_IFCHR | 0666, makedev(1, 3)) == 0) {
-        rc = run_cli(dir.dir, SMALL " --cores 2 --out ./sink.safetensors --checkpoint-every 2");
+        rc =
+            test_cli_run(dir.dir, SMALL " --cores 2 --out ./sink.safetensors --checkpoint-every 2");
         if (rc != 0) fail_msg("--out to a device node: exit %d: %s", rc, err_of(dir.dir));
         assert_kind(dir.dir, "sink.safetensors", S_IFCHR, false);
     }
@@ -198,7 +163,7 @@ static void test_device_and_fifo_outputs(void **state) {
     for (int i = 0; i < 3; i++) {
         char args[512];
         snprintf(args, sizeof args, SMALL " --cores 1 %s", uses[i]);
-        rc = run_cli(dir.dir, args);
+        rc = test_cli_run(dir.dir, args);
         const char *err = err_of(dir.dir);
         if (rc == 0 || !strstr(err, "fifo") || !strstr(err, "FIFO"))
             fail_msg("%s: exit %d, stderr: %s", uses[i], rc, err);
@@ -214,12 +179,7 @@ static void test_device_and_fifo_outputs(void **state) {
  * checkpoint stays, and the fit finishes and writes its model. In a mount namespace of its own
  * (root); skipped where one cannot be made. */
 
-typedef struct outcome {
-    int status; /* 0 passed, 1 failed (msg), -1 skipped (msg) */
-    char msg[1024];
-} outcome;
-
-static void full_disk_fit(const char *dir, outcome *o) {
+static void full_disk_fit(const char *dir, test_outcome *o) {
     char mnt[400], args[1024];
     snprintf(mnt, sizeof mnt, "%s/small", dir);
     mkdir(mnt, 0700);
@@ -232,8 +192,8 @@ static void full_disk_fit(const char *dir, outcome *o) {
     snprintf(args, sizeof args,
              "train --limit 640 --bs 32 --epochs 1 --quiet --cores 2 --checkpoint-every 2 "
              "--checkpoint small/fit.ckpt --out small/m.safetensors");
-    int rc = run_cli(dir, args);
-    char *err = slurp(dir, "err.txt", NULL);
+    int rc = test_cli_run(dir, args);
+    char *err = test_read_in(dir, "err.txt", NULL);
     struct stat ck, model;
     char path[500];
     snprintf(path, sizeof path, "%s/fit.ckpt", mnt);
@@ -273,24 +233,7 @@ static void test_full_disk_checkpoint_warns_and_goes_on(void **state) {
     need_data();
     oracle dir;
     oracle_init(&dir);
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(p[0]);
-        outcome o = {0};
-        full_disk_fit(dir.dir, &o);
-        ssize_t w = write(p[1], &o, sizeof o);
-        _exit(w == (ssize_t)sizeof o ? 0 : 1);
-    }
-    close(p[1]);
-    outcome o = {0};
-    ssize_t r = read(p[0], &o, sizeof o);
-    close(p[0]);
-    int ws;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (r != (ssize_t)sizeof o) fail_msg("the child died (status 0x%x)", ws);
+    test_outcome o = test_in_child(full_disk_fit, dir.dir);
     oracle_cleanup(&dir);
     if (o.status < 0) {
         fprintf(stderr, "skipped: %s\n", o.msg);
@@ -325,8 +268,8 @@ static void test_stale_commit_directory_is_swept(void **state) {
     }
     oracle dir;
     oracle_init(&dir);
-    int rc = run_cli(dir.dir, "train --limit 300 --bs 32 --epochs 1 --quiet --cores 2 "
-                              "--max-restarts 1 --out m.safetensors");
+    int rc = test_cli_run(dir.dir, "train --limit 300 --bs 32 --epochs 1 --quiet --cores 2 "
+                                   "--max-restarts 1 --out m.safetensors");
     bool stale_left = stat(stale, &sb) == 0, live_left = stat(live, &sb) == 0;
     snprintf(file, sizeof file, "%s/commit.ckpt", live);
     unlink(file);
@@ -349,7 +292,7 @@ static void test_stale_commit_directory_is_swept(void **state) {
 /* Rewrites the u64 or f64 at byte `at` of the checkpoint in into out, with a valid CRC. */
 static void craft(const char *dir, const char *out, size_t at, const void *value) {
     size_t n = 0;
-    unsigned char *b = (unsigned char *)slurp(dir, "ck.ckpt", &n);
+    unsigned char *b = (unsigned char *)test_read_in(dir, "ck.ckpt", &n);
     assert_non_null(b);
     assert_true(n > at + 8 + 4);
     memcpy(b + at, value, 8);
@@ -365,7 +308,7 @@ static void craft(const char *dir, const char *out, size_t at, const void *value
 static void fit_with_checkpoint(oracle *dir) {
     need_data();
     oracle_init(dir);
-    int rc = run_cli(dir->dir, FIT_ARGS " --out a.safetensors");
+    int rc = test_cli_run(dir->dir, FIT_ARGS " --out a.safetensors");
     if (rc != 0) fail_msg("the fit: exit %d: %s", rc, err_of(dir->dir));
     assert_true(exists(dir->dir, "ck.ckpt"));
 }
@@ -376,13 +319,13 @@ static void test_resume_takes_logging_options(void **state) {
     fit_with_checkpoint(&dir);
     /* --quiet (in FIT_ARGS: the fit had it too), a CSV log and per-epoch saves only show or
      * record: the resume goes on and ends with the same model */
-    int rc = run_cli(dir.dir, FIT_ARGS " --out b.safetensors --csv-log log.csv "
-                                       "--save-every-epoch --resume ck.ckpt");
+    int rc = test_cli_run(dir.dir, FIT_ARGS " --out b.safetensors --csv-log log.csv "
+                                            "--save-every-epoch --resume ck.ckpt");
     if (rc != 0) fail_msg("resume with logging options: exit %d: %s", rc, err_of(dir.dir));
     assert_true(same_file(dir.dir, "a.safetensors", "b.safetensors"));
     assert_true(exists(dir.dir, "log.csv"));
     /* an option that changes the result is refused by name */
-    rc = run_cli(dir.dir, FIT_ARGS " --out c.safetensors --wd 0.5 --resume ck.ckpt");
+    rc = test_cli_run(dir.dir, FIT_ARGS " --out c.safetensors --wd 0.5 --resume ck.ckpt");
     if (rc == 0 || !strstr(err_of(dir.dir), "wd="))
         fail_msg("resume with --wd: exit %d: %s", rc, err_of(dir.dir));
     oracle_cleanup(&dir);
@@ -395,7 +338,7 @@ static void test_crafted_checkpoints_are_refused(void **state) {
     /* the position and schedule, each crafted with a valid CRC: "CFCK", version, the fit's
      * parameters (length, text), then epoch, next batch, iteration, pct_train */
     size_t n = 0;
-    unsigned char *b = (unsigned char *)slurp(dir.dir, "ck.ckpt", &n);
+    unsigned char *b = (unsigned char *)test_read_in(dir.dir, "ck.ckpt", &n);
     assert_non_null(b);
     uint64_t plen;
     memcpy(&plen, b + 8, 8);
@@ -416,7 +359,7 @@ static void test_crafted_checkpoints_are_refused(void **state) {
     for (size_t i = 0; i < sizeof crafted / sizeof crafted[0]; i++) {
         craft(dir.dir, "bad.ckpt", crafted[i].at,
               crafted[i].is_double ? (const void *)&crafted[i].d : (const void *)&crafted[i].u);
-        int rc = run_cli(dir.dir, FIT_ARGS " --out x.safetensors --resume bad.ckpt");
+        int rc = test_cli_run(dir.dir, FIT_ARGS " --out x.safetensors --resume bad.ckpt");
         const char *err = err_of(dir.dir);
         if (rc == 0 || !strstr(err, crafted[i].says))
             fail_msg("a checkpoint with %s: exit %d: %s", crafted[i].says, rc, err);
@@ -431,7 +374,7 @@ static void test_pretrained_nan_is_refused_on_load(void **state) {
     fit_with_checkpoint(&dir);
     /* a NaN in the body's first tensor */
     size_t m = 0;
-    unsigned char *model = (unsigned char *)slurp(dir.dir, "a.safetensors", &m);
+    unsigned char *model = (unsigned char *)test_read_in(dir.dir, "a.safetensors", &m);
     assert_non_null(model);
     uint64_t hlen;
     memcpy(&hlen, model, 8);
@@ -448,8 +391,8 @@ static void test_pretrained_nan_is_refused_on_load(void **state) {
     snprintf(path, sizeof path, "%s/nan.safetensors", dir.dir);
     assert_int_equal(cf_write_file_atomic(path, model, m), CF_OK);
     cf_free(model);
-    int rc = run_cli(dir.dir, "train --limit 300 --bs 32 --epochs 1 --quiet --cores 1 "
-                              "--pretrained nan.safetensors --out p.safetensors");
+    int rc = test_cli_run(dir.dir, "train --limit 300 --bs 32 --epochs 1 --quiet --cores 1 "
+                                   "--pretrained nan.safetensors --out p.safetensors");
     const char *err = err_of(dir.dir);
     if (rc == 0 || !strstr(err, "0.0.weight") || !strstr(err, "NaN"))
         fail_msg("--pretrained with NaN weights: exit %d: %s", rc, err);

@@ -5,6 +5,7 @@
  * with dropout and augmentation (random crop, flip and fastai's batch transforms) on, in one
  * process and with 1, 2 and 3 fork workers. A resume with other parameters, or from a damaged
  * file, is refused with a clear error and leaves the learner as it was. */
+#include "child.h"
 #include "learn_fixture.h"
 #include "same_fit.h"
 
@@ -247,36 +248,6 @@ static void test_dropout_keyed(void **state) {
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 #define TRAIN_ARGS "train --limit 640 --bs 32 --epochs 2 --quiet --checkpoint-every 3"
 
-/* Starts `corefit <args>` in dir with stdout and stderr to files; returns its pid. */
-static pid_t start_cli(const char *dir, const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "cd '%s' && exec '%s/corefit' %s >out.txt 2>err.txt </dev/null", dir,
-             CF_BUILD_DIR, args);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int wait_cli(pid_t pid) {
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static char *slurp(const char *dir, const char *name, size_t *n) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    void *data = NULL;
-    size_t size = 0;
-    if (cf_read_file(path, (size_t)1 << 30, &data, &size) != CF_OK) return NULL;
-    if (n) *n = size;
-    return data;
-}
-
 static void run_cli_resume(int cores) {
     struct stat sb;
     if (stat(FMNIST_DIR, &sb) != 0) skip();
@@ -284,10 +255,10 @@ static void run_cli_resume(int cores) {
     oracle_init(&dir);
     char args[1024];
     snprintf(args, sizeof args, TRAIN_ARGS " --cores %d --out full.safetensors", cores);
-    assert_int_equal(wait_cli(start_cli(dir.dir, args)), 0);
+    assert_int_equal(test_cli_wait(test_cli_start(dir.dir, args, false)), 0);
 
     snprintf(args, sizeof args, TRAIN_ARGS " --cores %d --out part.safetensors", cores);
-    pid_t pid = start_cli(dir.dir, args);
+    pid_t pid = test_cli_start(dir.dir, args, false);
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s/part.ckpt", dir.dir);
     /* liveness, not timing: wait for the first checkpoint (batch 3 of 40), however long */
@@ -297,8 +268,8 @@ static void run_cli_resume(int cores) {
         nanosleep(&(struct timespec){0, 5000000}, NULL);
     }
     kill(pid, SIGTERM);
-    int rc = wait_cli(pid);
-    char *err = slurp(dir.dir, "err.txt", NULL);
+    int rc = test_cli_wait(pid);
+    char *err = test_read_in(dir.dir, "err.txt", NULL);
     assert_non_null(err);
     if (rc == 0 || !strstr(err, "SIGTERM") || !strstr(err, "--resume ./part.ckpt"))
         fail_msg("after SIGTERM: exit %d, stderr: %s", rc, err);
@@ -310,11 +281,11 @@ static void run_cli_resume(int cores) {
     char resume[1024];
     snprintf(resume, sizeof resume, "%.*s", (int)strcspn(hint + 10, "\n"), hint + 10);
     cf_free(err);
-    rc = wait_cli(start_cli(dir.dir, resume));
-    if (rc != 0) fail_msg("resume: exit %d: %s", rc, slurp(dir.dir, "err.txt", NULL));
+    rc = test_cli_wait(test_cli_start(dir.dir, resume, false));
+    if (rc != 0) fail_msg("resume: exit %d: %s", rc, test_read_in(dir.dir, "err.txt", NULL));
     size_t n_full = 0, n_part = 0;
-    char *full = slurp(dir.dir, "full.safetensors", &n_full);
-    char *part = slurp(dir.dir, "part.safetensors", &n_part);
+    char *full = test_read_in(dir.dir, "full.safetensors", &n_full);
+    char *part = test_read_in(dir.dir, "part.safetensors", &n_part);
     assert_non_null(full);
     assert_non_null(part);
     assert_int_equal(n_full, n_part);

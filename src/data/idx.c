@@ -318,12 +318,24 @@ static cf_status dataset_from_parsed(const cf_idx *im, const cf_idx *lb, const c
     float lut[256]; /* byte / 255 rounded once from double, as numpy's uint8 / 255.0 */
     for (int v = 0; v < 256; v++) lut[v] = (float)(v / 255.0);
     for (size_t i = 0; i < numel; i++) ds->x[i] = lut[im->data[i]];
-    int max_label = 0;
+    int max_label = 0, n_seen = 0;
+    bool seen[256] = {false};
     for (int64_t i = 0; i < n; i++) {
         ds->y[i] = (float)lb->data[i];
         if (lb->data[i] > max_label) max_label = lb->data[i];
+        n_seen += !seen[lb->data[i]];
+        seen[lb->data[i]] = true;
     }
     ds->n_classes = max_label + 1;
+    /* The classes are 0..largest label. A stray large label (255 as a "none" mark) makes a model
+     * of mostly empty classes that still trains: say so rather than refuse. */
+    int unused = ds->n_classes - n_seen;
+    if (unused >= 16 && unused > n_seen)
+        fprintf(stderr,
+                "corefit: warning: %s: the labels run to %d, so the data set has %d classes, but "
+                "only %d distinct labels occur in its %lld items; a label such as %d may be a "
+                "mark rather than a class\n",
+                lb_name, max_label, ds->n_classes, n_seen, (long long)n, max_label);
     ds->vocab = cf_calloc((size_t)ds->n_classes, sizeof(char *));
     bool ok = ds->vocab != NULL;
     for (int c = 0; ok && c < ds->n_classes; c++) {

@@ -256,6 +256,17 @@ cf_status cf_model_load(cf_model *model, cf_optimizer *opt, const char *path) {
                              "%s: tensor '%s' holds %s at element %zu (a diverged fit? the model "
                              "is left as it was)",
                              path, p->full_name, isnan(e->data[k]) ? "NaN" : "an infinity", k);
+        /* A variance below 0 would make BatchNorm's evaluation take the root of a negative. */
+        size_t len = strlen(p->full_name), suffix = strlen(".running_var");
+        if (p->kind == CF_PARAM_BUFFER && len >= suffix &&
+            strcmp(p->full_name + len - suffix, ".running_var") == 0)
+            for (size_t k = 0; st == CF_OK && k < p->numel; k++)
+                if (e->data[k] < 0)
+                    st = cf_fail(CF_ERR_FORMAT,
+                                 "%s: tensor '%s' holds the negative variance %g at element %zu "
+                                 "(a running variance is never below 0; the model is left as it "
+                                 "was)",
+                                 path, p->full_name, (double)e->data[k], k);
     }
     for (int i = 0; i < f->n_entries && st == CF_OK; i++) {
         const char *name = f->entries[i].name;

@@ -305,15 +305,15 @@ cf_callback *cf_checkpoint_cb_(const cf_checkpoint_opts *o) {
         cf_fail(CF_ERR_INVALID, "checkpoint callback: every_batches %d < 0", o->every_batches);
         return NULL;
     }
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    ckpt_state *s = cf_calloc(1, sizeof *s);
     char *fname = cf_strdup(o->fname && o->fname[0] ? o->fname : "checkpoint");
-    if (!cb || !s || !fname) {
-        cf_free(cb);
-        cf_free(s);
+    cf_callback *cb =
+        fname ? cf_callback_new("CheckpointCallback", CF_ORDER_CHECKPOINT, sizeof(ckpt_state))
+              : NULL;
+    if (!cb) {
         cf_free(fname);
         return NULL;
     }
+    ckpt_state *s = cb->state;
     map_request_flag(); /* before any fork of the fit it joins */
     s->fname = fname;
     s->every = o->every_batches;
@@ -327,10 +327,7 @@ cf_callback *cf_checkpoint_cb_(const cf_checkpoint_opts *o) {
         s->have_term = sigaction(SIGTERM, &sa, &s->old_term) == 0;
         s->have_int = sigaction(SIGINT, &sa, &s->old_int) == 0;
     }
-    cb->name = "CheckpointCallback";
-    cb->order = CF_ORDER_CHECKPOINT;
     cb->skip_valid = true;
-    cb->state = s;
     cb->free = ck_free;
     cb->on[CF_EV_BEFORE_FIT] = ck_before_fit;
     cb->on[CF_EV_AFTER_BATCH] = ck_after_batch;

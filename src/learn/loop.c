@@ -288,23 +288,10 @@ static cf_status skip_valid(cf_callback *cb, cf_learner *learn) {
     if (learn->epoch < *(int *)cb->state) cf_learner_cancel(learn, CF_CANCEL_VALIDATE);
     return CF_OK;
 }
-static void free_skip(cf_callback *cb) {
-    cf_free(cb->state);
-    cf_free(cb);
-}
 static cf_callback *skip_to_epoch_cb(int start_epoch) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    int *state = cf_calloc(1, sizeof *state);
-    if (!cb || !state) {
-        cf_free(cb);
-        cf_free(state);
-        return NULL;
-    }
-    *state = start_epoch;
-    cb->name = "SkipToEpoch";
-    cb->order = 70;
-    cb->state = state;
-    cb->free = free_skip;
+    cf_callback *cb = cf_callback_new("SkipToEpoch", 70, sizeof(int));
+    if (!cb) return NULL;
+    *(int *)cb->state = start_epoch;
     cb->on[CF_EV_BEFORE_TRAIN] = skip_train;
     cb->on[CF_EV_BEFORE_VALIDATE] = skip_valid;
     return cb;

@@ -83,19 +83,11 @@ static void lf_free(cf_callback *cb) {
 }
 
 static cf_callback *lr_finder_cb(double start_lr, double end_lr, int num_it, bool stop_div) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    finder_state *s = cf_calloc(1, sizeof *s);
-    if (!cb || !s) {
-        cf_free(cb);
-        cf_free(s);
-        return NULL;
-    }
-    *s = (finder_state){
+    cf_callback *cb = cf_callback_new("LRFinder", CF_ORDER_SCHEDULER, sizeof(finder_state));
+    if (!cb) return NULL;
+    *(finder_state *)cb->state = (finder_state){
         .start_lr = start_lr, .end_lr = end_lr, .num_it = num_it, .stop_div = stop_div};
-    cb->name = "LRFinder";
-    cb->order = CF_ORDER_SCHEDULER;
     cb->skip_valid = true;
-    cb->state = s;
     cb->free = lf_free;
     cb->on[CF_EV_BEFORE_FIT] = lf_before_fit;
     cb->on[CF_EV_BEFORE_BATCH] = lf_before_batch;

@@ -53,21 +53,26 @@ void cf_model_info_free(cf_model_info *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* The model info's copy of a tabular state (statistics as float, as the file stores them). */
-static cf_status info_from_tabular_state(const cf_tabular_state *s, cf_model_info *m) {
-    m->n_cat = s->n_cat;
-    m->n_cont = s->n_cont;
-    m->regression = s->regression;
-    m->feature_names = strv_dup(s->feature_names, s->n_cat + s->n_cont);
+/* The per-column arrays of m's tabular state for m->n_cat and m->n_cont columns, zeroed (one
+ * spare entry each); false when out of memory (cf_model_info_free releases what was made). */
+static bool alloc_tabular_arrays(cf_model_info *m) {
     m->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
     m->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
     m->flag_of = cf_calloc((size_t)m->n_cat + 1, sizeof(char *));
     m->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
     m->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
     m->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-    if (!m->feature_names || !m->cat_vocab || !m->cat_cardinality || !m->flag_of || !m->cont_mean ||
-        !m->cont_std || !m->cont_fill)
-        return CF_ERR_NOMEM;
+    return m->cat_vocab && m->cat_cardinality && m->flag_of && m->cont_mean && m->cont_std &&
+           m->cont_fill;
+}
+
+/* The model info's copy of a tabular state (statistics as float, as the file stores them). */
+static cf_status info_from_tabular_state(const cf_tabular_state *s, cf_model_info *m) {
+    m->n_cat = s->n_cat;
+    m->n_cont = s->n_cont;
+    m->regression = s->regression;
+    m->feature_names = strv_dup(s->feature_names, s->n_cat + s->n_cont);
+    if (!alloc_tabular_arrays(m) || !m->feature_names) return CF_ERR_NOMEM;
     for (int i = 0; i < m->n_cat; i++) {
         m->cat_cardinality[i] = s->cat_cardinality[i];
         if (!(m->cat_vocab[i] = strv_dup(s->cat_vocab[i], s->cat_cardinality[i])) ||
@@ -212,14 +217,7 @@ static cf_status read_tabular(const char *path, const char *text, cf_model_info 
     m->n_cont = cJSON_GetArraySize(cont);
     int nf = m->n_cat + m->n_cont;
     m->feature_names = cf_calloc((size_t)nf + 1, sizeof(char *));
-    m->cat_vocab = cf_calloc((size_t)m->n_cat + 1, sizeof(char **));
-    m->cat_cardinality = cf_calloc((size_t)m->n_cat + 1, sizeof(int));
-    m->flag_of = cf_calloc((size_t)m->n_cat + 1, sizeof(char *));
-    m->cont_mean = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-    m->cont_std = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-    m->cont_fill = cf_calloc((size_t)m->n_cont + 1, sizeof(float));
-    if (!m->target || !m->feature_names || !m->cat_vocab || !m->cat_cardinality || !m->flag_of ||
-        !m->cont_mean || !m->cont_std || !m->cont_fill) {
+    if (!alloc_tabular_arrays(m) || !m->target || !m->feature_names) {
         cJSON_Delete(j);
         return CF_ERR_NOMEM;
     }
@@ -423,6 +421,14 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
         if (m->n_vocab != m->recipe.n_out)
             return cf_fail(CF_ERR_FORMAT, "%s: corefit.vocab has %d names for %d outputs", path,
                            m->n_vocab, m->recipe.n_out);
+        /* two outputs of one name could not be told apart in a prediction */
+        for (int i = 1; i < m->n_vocab; i++)
+            for (int k = 0; k < i; k++)
+                if (strcmp(m->vocab[i], m->vocab[k]) == 0)
+                    return cf_fail(CF_ERR_FORMAT,
+                                   "%s: corefit.vocab names class %d and class %d both '%s'; "
+                                   "class names must differ",
+                                   path, k, i, m->vocab[i]);
     }
     const char *norm = cf_st_meta(f, "corefit.normalize");
     if (norm) {

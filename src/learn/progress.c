@@ -238,21 +238,14 @@ static void pg_free(cf_callback *cb) {
 }
 
 cf_callback *cf_progress_cb_to(FILE *table, FILE *bar, int tty) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    progress_state *s = cf_calloc(1, sizeof *s);
-    if (!cb || !s) {
-        cf_free(cb);
-        cf_free(s);
-        return NULL;
-    }
+    cf_callback *cb =
+        cf_callback_new("ProgressCallback", CF_ORDER_PROGRESS, sizeof(progress_state));
+    if (!cb) return NULL;
+    progress_state *s = cb->state;
     s->table_out = table;
     s->bar_out = bar;
     s->tty_mode = tty;
-    cb->name = "ProgressCallback";
-    cb->order = CF_ORDER_PROGRESS;
-    cb->state = s;
     cb->free = pg_free;
-    cb->running = true;
     cb->on[CF_EV_BEFORE_FIT] = pg_before_fit;
     cb->on[CF_EV_BEFORE_TRAIN] = pg_before_phase;
     cb->on[CF_EV_BEFORE_VALIDATE] = pg_before_phase;

@@ -181,25 +181,11 @@ static cf_status note_after_batch(cf_callback *cb, cf_learner *learn) {
     return CF_OK;
 }
 
-static void free_with_state(cf_callback *cb) {
-    cf_free(cb->state);
-    cf_free(cb);
-}
-
 static cf_callback *position_cb(const char *name, int order, cf_event ev, cf_event_fn fn,
                                 cf__commit_area *area, int rank) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    position_state *s = cf_calloc(1, sizeof *s);
-    if (!cb || !s) {
-        cf_free(cb);
-        cf_free(s);
-        return NULL;
-    }
-    *s = (position_state){area, rank};
-    cb->name = name;
-    cb->order = order;
-    cb->state = s;
-    cb->free = free_with_state;
+    cf_callback *cb = cf_callback_new(name, order, sizeof(position_state));
+    if (!cb) return NULL;
+    *(position_state *)cb->state = (position_state){area, rank};
     cb->on[ev] = fn;
     return cb;
 }

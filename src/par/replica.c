@@ -100,19 +100,12 @@ static void pc_free(cf_callback *cb) {
 }
 
 static cf_callback *parallel_cb(cf_comm *comm, bool split_batch, bool sync_bn) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    par_cb_state *s = cf_calloc(1, sizeof *s);
-    if (!cb || !s) {
-        cf_free(cb);
-        cf_free(s);
-        return NULL;
-    }
+    cf_callback *cb = cf_callback_new("ParallelCallback", CF_ORDER_PARALLEL, sizeof(par_cb_state));
+    if (!cb) return NULL;
+    par_cb_state *s = cb->state;
     s->comm = comm;
     s->split_batch = split_batch;
     s->sync_bn = sync_bn;
-    cb->name = "ParallelCallback";
-    cb->order = CF_ORDER_PARALLEL;
-    cb->state = s;
     cb->free = pc_free;
     cb->on[CF_EV_BEFORE_FIT] = pc_before_fit;
     cb->on[CF_EV_BEFORE_STEP] = pc_before_step;

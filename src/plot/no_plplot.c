@@ -1,5 +1,5 @@
 /* The figure functions of a build without PLplot (CMakeLists.txt compiles this file instead of
- * plot.c then): each reports what is missing. */
+ * the figure files then): each reports what is missing. */
 #include "corefit/plot.h"
 
 #include "plot_internal.h"
