@@ -97,16 +97,18 @@ cf_isa cf_isa_active(void) {
 extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 
-/* The widest vectors of an OpenBLAS x86-64 core's kernels: 3 AVX-512, 2 AVX2, 1 AVX, 0 SSE. */
+/* The level of an OpenBLAS x86-64 core's kernels: 4 AVX-512 with BF16, 3 AVX-512, 2 AVX2,
+ * 1 AVX, 0 SSE. */
 static int blas_core_level(const char *name) {
     static const char *const levels[][4] = {
-        {"SkylakeX", "Cooperlake", "SapphireRapids", NULL},
+        {"Cooperlake", "SapphireRapids", NULL, NULL},
+        {"SkylakeX", NULL, NULL, NULL},
         {"Haswell", "Zen", "Excavator", NULL},
         {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller"},
     };
-    for (int l = 0; l < 3; l++)
+    for (int l = 0; l < 4; l++)
         for (int i = 0; i < 4 && levels[l][i]; i++)
-            if (name && strcmp(name, levels[l][i]) == 0) return 3 - l;
+            if (name && strcmp(name, levels[l][i]) == 0) return 4 - l;
     return 0;
 }
 
@@ -114,7 +116,11 @@ static void blas_follow_isa(cf_isa isa) {
     if (getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
     static int own_level = -1; /* of OpenBLAS's own choice, seen at the first call (at load) */
     if (own_level < 0) own_level = blas_core_level(openblas_get_corename());
-    const int want = isa >= CF_ISA_AVX512 ? 3 : isa == CF_ISA_AVX2 ? 2 : 0;
+    /* at avx512_bf16, OpenBLAS's own choice when it is of that level (it never forces one) */
+    const int want = isa == CF_ISA_AVX512_BF16 ? (own_level > 3 ? own_level : 3)
+                     : isa == CF_ISA_AVX512    ? 3
+                     : isa == CF_ISA_AVX2      ? 2
+                                               : 0;
     if (blas_core_level(openblas_get_corename()) == want) return;
     const char *core = want == 3 ? "SkylakeX" : want == 2 ? "Haswell" : "Nehalem";
     if (want != own_level) setenv("OPENBLAS_CORETYPE", core, 1); /* else OpenBLAS chooses again */
