@@ -3,6 +3,7 @@
  * precision against torch.autocast("cpu", torch.bfloat16), and the instruction-set cap. ctest
  * runs it at the best level and capped below avx512_bf16 (tests/isa.cmake), where the same calls
  * must give fp32 results. */
+#include "learn_fixture.h"
 #include "oracle.h"
 
 #include "corefit/nn.h"
@@ -254,12 +255,51 @@ static void test_cap(void **state) {
     assert_int_equal(cf_isa_active(), before);
 }
 
+/* One short fit of the fixture's problem (a 64-wide hidden layer): the final accuracy, and the
+ * first weight of the last layer. */
+static double fit_accuracy(bool bf16, float *first_weight) {
+    cf_dls *dls = fixture_dls(1024, 512, 32);
+    cf_module *layers[] = {cf_linear(4, 64, true), cf_relu(), cf_linear(64, 3, true)};
+    cf_model *model = NULL;
+    assert_int_equal(cf_model_new(&model, cf_sequential(3, layers), 11), CF_OK);
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, model, .quiet = true, .metrics = metrics,
+                                    .n_metrics = 1, .seed = 3),
+                     CF_OK);
+    if (bf16) assert_int_equal(cf_learner_to_bf16(learn), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 4, .lr_max = CF_SLICE(1e-2)), CF_OK);
+    const cf_recorder *r = &learn->recorder;
+    const double acc = r->values[(r->n_epochs - 1) * r->n_values + 2];
+    *first_weight = cf_model_param(learn->model, "2.weight")->data[0];
+    assert_int_equal(cf_learner_to_fp32(learn), CF_OK);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    return acc;
+}
+
+/* A fit in bf16 reaches the fp32 fit's accuracy within noise (a few of the 512 validation
+ * samples); where bf16 compute runs, the weights show it, and where it does not, to_bf16
+ * changes nothing at all. */
+static void test_fit_bf16_matches_fp32(void **state) {
+    (void)state;
+    float w32, w16;
+    const double acc32 = fit_accuracy(false, &w32), acc16 = fit_accuracy(true, &w16);
+    print_message("accuracy fp32 %.4f, bf16 %.4f (%s)\n", acc32, acc16,
+                  cf_bf16_compute() ? "bf16 compute" : "no bf16 kernels: fp32");
+    assert_true(acc32 > 0.9);
+    assert_true(fabs(acc16 - acc32) <= 0.02);
+    if (cf_bf16_compute())
+        assert_true(w16 != w32);
+    else
+        assert_true(w16 == w32);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_convert_matches_torch),
-        cmocka_unit_test(test_gemm_matches_torch),
-        cmocka_unit_test(test_linear_matches_autocast),
-        cmocka_unit_test(test_cap),
+        cmocka_unit_test(test_convert_matches_torch),   cmocka_unit_test(test_gemm_matches_torch),
+        cmocka_unit_test(test_linear_matches_autocast), cmocka_unit_test(test_cap),
+        cmocka_unit_test(test_fit_bf16_matches_fp32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
