@@ -12,6 +12,12 @@ set_tests_properties(test_isa PROPERTIES ENVIRONMENT_MODIFICATION
 add_test(NAME test_isa_user_blas COMMAND test_isa)
 set_tests_properties(test_isa_user_blas PROPERTIES LABELS "unit;isa" TIMEOUT 120
   ENVIRONMENT "OPENBLAS_CORETYPE=Haswell" ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:")
+# bf16 compute exists at avx512_bf16 only; every level below runs test_bf16's fp32 fallback
+foreach(isa generic avx2 avx512)
+  add_test(NAME test_bf16_${isa} COMMAND test_bf16)
+  set_tests_properties(test_bf16_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
+endforeach()
 foreach(isa generic avx2)
   foreach(name ${CF_ISA_TESTS})
     add_test(NAME ${name}_${isa} COMMAND ${name})

@@ -54,8 +54,8 @@ static void test_blas_threads_inside_pool(void **state) {
 
 static void test_names(void **state) {
     (void)state;
-    const cf_isa all[] = {CF_ISA_GENERIC, CF_ISA_AVX2, CF_ISA_AVX512};
-    for (int i = 0; i < 3; i++) {
+    const cf_isa all[] = {CF_ISA_GENERIC, CF_ISA_AVX2, CF_ISA_AVX512, CF_ISA_AVX512_BF16};
+    for (int i = 0; i < 4; i++) {
         cf_isa back = (cf_isa)-1;
         assert_true(cf_isa_parse(cf_isa_name(all[i]), &back));
         assert_int_equal(back, all[i]);
@@ -88,7 +88,7 @@ static void test_set_isa(void **state) {
     assert_int_equal(cf_set_isa(CF_ISA_GENERIC), CF_ISA_GENERIC);
     assert_int_equal(cf_isa_active(), CF_ISA_GENERIC);
     /* a cap above the CPU gives the best it has */
-    assert_int_equal(cf_set_isa(CF_ISA_AVX512), best);
+    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), best);
     cf_set_isa(before);
     assert_int_equal(cf_isa_active(), before);
 }
@@ -111,9 +111,10 @@ static void test_blas_follows_isa(void **state) {
     }
     /* below the CPU's best, the capped set's kernels; at the best, OpenBLAS's own choice when it
      * is of that set (Cooperlake, say, on a CPU with AVX-512 BF16), else SkylakeX or Haswell */
-    static const char *const expect[] = {"Nehalem", "Haswell", "SkylakeX"};
+    static const char *const expect[] = {"Nehalem", "Haswell", "SkylakeX", "SkylakeX"};
     static const char *const same_level[][3] = {{"Nehalem", NULL, NULL},
                                                 {"Haswell", "Zen", NULL},
+                                                {"SkylakeX", NULL, NULL},
                                                 {"SkylakeX", "Cooperlake", "SapphireRapids"}};
     print_message("OpenBLAS kernels at load: %s\n", blas_core_at_start);
     enum { M = 45, N = 67, K = 39 };

@@ -139,6 +139,11 @@ cf_module *cf_residual(cf_module *convpath, cf_module *idpath, bool relu_after);
 
 /* Layers. Constructors return NULL (with cf_last_error) on bad arguments. */
 cf_module *cf_linear(int in_features, int out_features, bool bias);
+/* Mixed precision for every Linear in the tree under root: on, its three products (forward,
+ * input and weight gradients) take cf_sgemm_bf16 (bf16 operands, fp32 sums; fp32 where the CPU
+ * has no bf16 kernels), while the weights, gradients and bias stay fp32; off, cf_sgemm again.
+ * Returns how many Linear layers it set. */
+int cf_linear_set_bf16(cf_module *root, bool on);
 cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
                      bool bias);
 cf_module *cf_batchnorm1d(int features); /* eps 1e-5, momentum 0.1, affine */

@@ -147,21 +147,22 @@ void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *gra
 
 /* One build runs on every CPU of its architecture: the hot kernels are compiled for several
  * instruction sets, and the best one the CPU reports is chosen when the library is loaded.
- * The environment variable CF_ISA (generic, avx2, avx512 or neon) caps the choice, for tests,
- * benchmarks, and users who need results from a given set; a cap above what the CPU has is
+ * The environment variable CF_ISA (generic, avx2, avx512, avx512_bf16 or neon) caps the choice, for
+ * tests, benchmarks, and users who need results from a given set; a cap above what the CPU has is
  * ignored. Results agree across instruction sets to float rounding, not bitwise. */
 typedef enum cf_isa {
-    CF_ISA_GENERIC = 0, /* portable C (and OpenBLAS's own kernels) */
-    CF_ISA_AVX2 = 1,    /* x86-64 AVX2 + FMA */
-    CF_ISA_AVX512 = 2,  /* x86-64 AVX-512 F/BW/DQ/VL + BMI2 */
-    CF_ISA_NEON = 3,    /* arm64 Advanced SIMD (every arm64 CPU has it) */
+    CF_ISA_GENERIC = 0,     /* portable C (and OpenBLAS's own kernels) */
+    CF_ISA_AVX2 = 1,        /* x86-64 AVX2 + FMA */
+    CF_ISA_AVX512 = 2,      /* x86-64 AVX-512 F/BW/DQ/VL + BMI2 */
+    CF_ISA_AVX512_BF16 = 3, /* the AVX-512 kernels plus bfloat16 dot products (vdpbf16ps) */
+    CF_ISA_NEON = 4,        /* arm64 Advanced SIMD (every arm64 CPU has it) */
 } cf_isa;
 
 /* The instruction set of the kernels in use. */
 cf_isa cf_isa_active(void);
 /* The best instruction set this CPU supports (and this build contains), ignoring any cap. */
 cf_isa cf_isa_best(void);
-/* "generic", "avx2", "avx512", "neon". */
+/* "generic", "avx2", "avx512", "avx512_bf16", "neon". */
 const char *cf_isa_name(cf_isa isa);
 /* Parses a name as CF_ISA takes it; false (and *isa untouched) for an unknown name. */
 bool cf_isa_parse(const char *name, cf_isa *isa);
@@ -172,6 +173,31 @@ bool cf_isa_parse(const char *name, cf_isa *isa);
  * while no kernel or BLAS call runs (layers planned before the call keep weights packed for the
  * old kernels: re-plan them, as a new fit does). */
 cf_isa cf_set_isa(cf_isa cap);
+
+/* ---- bfloat16 (src/tensor/bf16.c; kernels in src/tensor/isa_avx512_bf16.c) ---------------- */
+
+/* bfloat16 is fp32's upper 16 bits: the same 8-bit exponent (so the same range, and no loss
+ * scaling in mixed precision), 8 bits of significand. Conversions round to nearest even exactly
+ * as PyTorch's x.to(torch.bfloat16): subnormals are kept (not flushed), infinities stay
+ * infinite, and a NaN stays a NaN (quiet, of the same sign; its payload is not kept). */
+void cf_fp32_to_bf16(const float *x, uint16_t *y, size_t n);
+/* y = x exactly (bf16 -> fp32 widens with zeros). */
+void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n);
+/* The value of bf16(x) as fp32 (x rounded as cf_fp32_to_bf16). */
+float cf_bf16_round(float x);
+
+/* true when the active kernel table computes in bfloat16 (the avx512_bf16 level; capping CF_ISA
+ * below it turns it off). */
+bool cf_bf16_compute(void);
+
+/* Row-major C (m x n, row stride ldc) = op(A) . op(B), or C += op(A) . op(B) with accumulate,
+ * op(A) m x k and op(B) k x n as cf_sgemm's (lda, ldb the row strides as stored), with A's and
+ * B's elements rounded to bfloat16 (cf_fp32_to_bf16) and the products summed in fp32: the GEMM
+ * of mixed-precision training. Where the active table has no bf16 kernels (cf_bf16_compute()
+ * false), and should memory for the packed operands run out, it is cf_sgemm in fp32: the
+ * honest fallback, more precise and no faster. Runs on the calling thread. */
+void cf_sgemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                   const float *b, int ldb, float *c, int ldc, bool accumulate);
 
 /* The geometry of a 2-D sliding window over one (C, H, W) image: kernel kh x kw, stride sh x sw,
  * zero padding ph x pw, output oh x ow = floor((H + 2p - k) / s) + 1. */

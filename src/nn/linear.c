@@ -1,5 +1,5 @@
 /* Linear (fully connected) layer: y = x W^T + b, as PyTorch's nn.Linear, through cf_sgemm
- * (OpenBLAS). */
+ * (OpenBLAS), or in mixed precision through cf_sgemm_bf16 (cf_linear_set_bf16). */
 #include "corefit/nn.h"
 
 #include <math.h>
@@ -7,7 +7,17 @@
 typedef struct linear_impl {
     int in_features, out_features;
     bool has_bias;
+    bool bf16; /* the three products in bf16 with fp32 sums (the bias and its sum stay fp32) */
 } linear_impl;
+
+/* C (+)= op(A) . op(B) in the layer's precision. */
+static void linear_gemm(const linear_impl *l, bool ta, bool tb, int m, int n, int k, const float *a,
+                        int lda, const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    if (l->bf16)
+        cf_sgemm_bf16(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+    else
+        cf_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}
 
 static cf_status linear_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
     linear_impl *l = m->impl;
@@ -46,8 +56,7 @@ static const cf_tensor *linear_forward(cf_module *m, const cf_tensor *x) {
             for (int j = 0; j < out; j++) row[j] = b[j];
         }
     }
-    cf_sgemm(false, true, n, out, in, 1.0f, x->data, in, w, in, l->has_bias ? 1.0f : 0.0f, y->data,
-             out);
+    linear_gemm(l, false, true, n, out, in, x->data, in, w, in, y->data, out, l->has_bias);
     return y;
 }
 
@@ -57,7 +66,7 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     const int n = x->shape.dim[0], in = l->in_features, out = l->out_features;
     cf_param *w = &m->params[0];
     if (w->trainable) /* dW += dy^T x */
-        cf_sgemm(true, false, out, in, n, 1.0f, dy->data, out, x->data, in, 1.0f, w->grad, in);
+        linear_gemm(l, true, false, out, in, n, dy->data, out, x->data, in, w->grad, in, true);
     if (l->has_bias && m->params[1].trainable) {
         float *restrict db = m->params[1].grad;
         for (int i = 0; i < n; i++) {
@@ -67,7 +76,7 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     }
     if (!need_dx) return NULL;
     cf_tensor *dx = cf_module_input_grad(m); /* dx = dy W */
-    cf_sgemm(false, false, n, in, out, 1.0f, dy->data, out, w->data, in, 0.0f, dx->data, in);
+    linear_gemm(l, false, false, n, in, out, dy->data, out, w->data, in, dx->data, in, false);
     return dx;
 }
 
@@ -87,10 +96,21 @@ cf_module *cf_linear(int in_features, int out_features, bool bias) {
     }
     linear_impl *l = cf_calloc(1, sizeof *l);
     if (!l) return NULL;
-    *l = (linear_impl){in_features, out_features, bias};
+    *l = (linear_impl){in_features, out_features, bias, false};
     cf_module *m = cf_module_new(&linear_ops, l);
     if (!m) return NULL;
     cf_module_add_param(m, "weight", CF_PARAM_WEIGHT, cf_shape2(out_features, in_features));
     if (bias) cf_module_add_param(m, "bias", CF_PARAM_BIAS, cf_shape1(out_features));
     return m;
+}
+
+int cf_linear_set_bf16(cf_module *root, bool on) {
+    if (!root) return 0;
+    int count = 0;
+    if (root->ops == &linear_ops) {
+        ((linear_impl *)root->impl)->bf16 = on;
+        count++;
+    }
+    for (int i = 0; i < root->n_children; i++) count += cf_linear_set_bf16(root->children[i], on);
+    return count;
 }

@@ -13,8 +13,20 @@
 
 const cf_kernel_table *cf_active_kernels = &cf_kernels_generic;
 
+#if defined(__x86_64__)
+/* The AVX512_BF16 level: the AVX-512 table with the bf16 kernels added (filled on first use, by
+ * the constructor below, before any kernel runs). */
+static cf_kernel_table avx512_bf16_table;
+#endif
+
 static const cf_kernel_table *table_for(cf_isa isa) {
 #if defined(__x86_64__)
+    if (isa == CF_ISA_AVX512_BF16) {
+        avx512_bf16_table = cf_kernels_avx512;
+        avx512_bf16_table.isa = CF_ISA_AVX512_BF16;
+        avx512_bf16_table.bf16 = &cf_bf16_kernels_avx512;
+        return &avx512_bf16_table;
+    }
     if (isa == CF_ISA_AVX512) return &cf_kernels_avx512;
     if (isa == CF_ISA_AVX2) return &cf_kernels_avx2;
 #endif
@@ -33,7 +45,7 @@ cf_isa cf_isa_best(void) {
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("avx2"))
-        return CF_ISA_AVX512;
+        return __builtin_cpu_supports("avx512bf16") ? CF_ISA_AVX512_BF16 : CF_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CF_ISA_AVX2;
 #endif
 #if defined(__aarch64__)
@@ -48,6 +60,8 @@ const char *cf_isa_name(cf_isa isa) {
         return "neon";
     case CF_ISA_AVX512:
         return "avx512";
+    case CF_ISA_AVX512_BF16:
+        return "avx512_bf16";
     case CF_ISA_AVX2:
         return "avx2";
     case CF_ISA_GENERIC:
@@ -57,7 +71,8 @@ const char *cf_isa_name(cf_isa isa) {
 }
 
 bool cf_isa_parse(const char *name, cf_isa *isa) {
-    static const cf_isa all[] = {CF_ISA_GENERIC, CF_ISA_AVX2, CF_ISA_AVX512, CF_ISA_NEON};
+    static const cf_isa all[] = {CF_ISA_GENERIC, CF_ISA_AVX2, CF_ISA_AVX512, CF_ISA_AVX512_BF16,
+                                 CF_ISA_NEON};
     for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
         if (strcmp(name, cf_isa_name(all[i])) == 0) {
             *isa = all[i];
@@ -82,16 +97,18 @@ cf_isa cf_isa_active(void) {
 extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 
-/* The widest vectors of an OpenBLAS x86-64 core's kernels: 3 AVX-512, 2 AVX2, 1 AVX, 0 SSE. */
+/* The level of an OpenBLAS x86-64 core's kernels: 4 AVX-512 with BF16, 3 AVX-512, 2 AVX2,
+ * 1 AVX, 0 SSE. */
 static int blas_core_level(const char *name) {
     static const char *const levels[][4] = {
-        {"SkylakeX", "Cooperlake", "SapphireRapids", NULL},
+        {"Cooperlake", "SapphireRapids", NULL, NULL},
+        {"SkylakeX", NULL, NULL, NULL},
         {"Haswell", "Zen", "Excavator", NULL},
         {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller"},
     };
-    for (int l = 0; l < 3; l++)
+    for (int l = 0; l < 4; l++)
         for (int i = 0; i < 4 && levels[l][i]; i++)
-            if (name && strcmp(name, levels[l][i]) == 0) return 3 - l;
+            if (name && strcmp(name, levels[l][i]) == 0) return 4 - l;
     return 0;
 }
 
@@ -99,7 +116,11 @@ static void blas_follow_isa(cf_isa isa) {
     if (getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
     static int own_level = -1; /* of OpenBLAS's own choice, seen at the first call (at load) */
     if (own_level < 0) own_level = blas_core_level(openblas_get_corename());
-    const int want = isa == CF_ISA_AVX512 ? 3 : isa == CF_ISA_AVX2 ? 2 : 0;
+    /* at avx512_bf16, OpenBLAS's own choice when it is of that level (it never forces one) */
+    const int want = isa == CF_ISA_AVX512_BF16 ? (own_level > 3 ? own_level : 3)
+                     : isa == CF_ISA_AVX512    ? 3
+                     : isa == CF_ISA_AVX2      ? 2
+                                               : 0;
     if (blas_core_level(openblas_get_corename()) == want) return;
     const char *core = want == 3 ? "SkylakeX" : want == 2 ? "Haswell" : "Nehalem";
     if (want != own_level) setenv("OPENBLAS_CORETYPE", core, 1); /* else OpenBLAS chooses again */
@@ -128,7 +149,9 @@ __attribute__((constructor)) static void cf_isa_init(void) {
     cf_isa cap = no_cap;
     const char *env = getenv("CF_ISA");
     if (env && *env && !cf_isa_parse(env, &cap)) {
-        fprintf(stderr, "corefit: CF_ISA=%s is not one of generic, avx2, avx512, neon; ignored\n",
+        fprintf(stderr,
+                "corefit: CF_ISA=%s is not one of generic, avx2, avx512, avx512_bf16, neon; "
+                "ignored\n",
                 env);
         cap = no_cap;
     }

@@ -113,6 +113,15 @@ static inline size_t cf_wino_pad_floats(int h, int w) {
     return 2 * (8 * ((th + 1) * tw + 16) + 16);
 }
 
+/* The bfloat16 kernels of a level that has them (isa_avx512_bf16.c); see bf16.c. */
+typedef struct cf_bf16_kernels {
+    /* y = bf16(x), round to nearest even as cf_fp32_to_bf16 */
+    void (*from_fp32)(const float *x, uint16_t *y, size_t n);
+    /* as cf_sgemm_bf16 (m, n, k > 0); false (out of memory): left to fp32 */
+    bool (*gemm)(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                 const float *b, int ldb, float *c, int ldc, bool accumulate);
+} cf_bf16_kernels;
+
 typedef struct cf_kernel_table {
     cf_isa isa;
     /* C (+)= A . B as cf_sgemm_strided; false: this shape is left to the reference path */
@@ -150,12 +159,14 @@ typedef struct cf_kernel_table {
     const cf_optim_kernels *optim; /* never NULL */
     const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
     const cf_lstm_kernels *lstm;   /* never NULL */
+    const cf_bf16_kernels *bf16;   /* NULL: no bf16 compute (cf_sgemm_bf16 runs fp32) */
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;
 #if defined(__x86_64__)
 extern const cf_kernel_table cf_kernels_avx2;
 extern const cf_kernel_table cf_kernels_avx512;
+extern const cf_bf16_kernels cf_bf16_kernels_avx512; /* the AVX512_BF16 level's additions */
 #endif
 #if defined(__aarch64__)
 extern const cf_kernel_table cf_kernels_neon;

@@ -1,0 +1,57 @@
+/* bfloat16 conversions and the mixed-precision GEMM: the portable code and the entry points that
+ * consult the active kernel table's bf16 kernels (kernel_table.h). */
+#include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
+
+#include <string.h>
+
+/* PyTorch's round_to_nearest_even (c10/util/BFloat16.h): add 0x7fff plus the lowest kept bit,
+ * keep the upper half; a NaN is made quiet (the carry could otherwise turn it into infinity). */
+static uint16_t bf16_of(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if (x != x) return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+void cf_fp32_to_bf16(const float *x, uint16_t *y, size_t n) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (k && k->from_fp32) {
+        k->from_fp32(x, y, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) y[i] = bf16_of(x[i]);
+}
+
+void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t bits = (uint32_t)x[i] << 16;
+        memcpy(&y[i], &bits, sizeof bits);
+    }
+}
+
+float cf_bf16_round(float x) {
+    const uint32_t bits = (uint32_t)bf16_of(x) << 16;
+    float y;
+    memcpy(&y, &bits, sizeof y);
+    return y;
+}
+
+bool cf_bf16_compute(void) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return k && k->gemm;
+}
+
+void cf_sgemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                   const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        if (!accumulate)
+            for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    const cf_bf16_kernels *kt = cf_active_kernels->bf16;
+    if (kt && kt->gemm && kt->gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate))
+        return;
+    cf_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}

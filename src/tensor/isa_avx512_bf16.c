@@ -1,0 +1,176 @@
+/* The bfloat16 kernels of the AVX512_BF16 level (AVX-512 F/BW/DQ/VL + AVX512_BF16): the
+ * fp32 -> bf16 conversion and C (+)= bf16(A) . bf16(B) with fp32 accumulation through
+ * vdpbf16ps. Compiled with those instruction sets whatever the build's baseline; used only when
+ * the CPU reports all of them (isa.c builds the level's table from the AVX-512 one plus these).
+ *
+ * The GEMM packs both operands, rounding to bf16 as it copies: vdpbf16ps multiplies pairs of
+ * bf16 values along k held in one 32-bit lane (a.lo * b.lo + a.hi * b.hi, summed into fp32), so
+ * A is packed in blocks of MR rows (per k-pair, the MR rows' pairs side by side, each broadcast
+ * to a vector) and B in panels of NR columns (per k-pair, the NR columns' pairs, read as NV
+ * vectors). An odd k is padded with a zero, rows past m and columns past n with zero rows and
+ * columns that are never stored. */
+#if defined(__x86_64__)
+#include "corefit/core.h"
+#include "tensor/kernel_table.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MR 8         /* rows of a register tile */
+#define NV 3         /* vectors of columns of a register tile: 8 x 3 accumulators */
+#define NR (16 * NV) /* columns of a register tile */
+#define KC2 128      /* k-pairs per packed block: a B panel of 24 KiB stays in L1 */
+
+/* The bf16 of each fp32 lane (round to nearest even, as PyTorch's c10::BFloat16: subnormals
+ * kept, infinities kept, a NaN stays a quiet NaN of the same sign), in the low 16 bits of the
+ * lane and zero above. (vcvtneps2bf16 would flush subnormals to zero.) */
+static inline __m512i round_lanes(__m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+    return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+
+static inline __mmask16 lanes_below(int n) {
+    return (__mmask16)(n >= 16 ? 0xffffu : n <= 0 ? 0u : (1u << n) - 1u);
+}
+
+static void bf16_from_fp32(const float *x, uint16_t *y, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtepi32_epi16(round_lanes(_mm512_loadu_ps(x + i))));
+    if (i < n) {
+        const __mmask16 m = lanes_below((int)(n - i));
+        _mm512_mask_cvtepi32_storeu_epi16(y + i, m, round_lanes(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+/* An operand as the GEMM reads it: element (r, p) of the r-th row/column ("lane") and the p-th
+ * step of k at src[r * lane_step + p * k_step]. */
+typedef struct operand {
+    const float *src;
+    ptrdiff_t lane_step, k_step;
+} operand;
+
+/* Packs lanes [l0, l0 + nl) (nl <= width, lanes past nl zero) of k-pairs [q0, q0 + nq) into
+ * out[q * width + l] = bf16(X(l, 2q)) | bf16(X(l, 2q + 1)) << 16, k past `k` zero. */
+static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int nq, int k,
+                       uint32_t *out) {
+    if (x->lane_step == 1) { /* lanes contiguous: two k rows give 16 lanes' pairs at once */
+        for (int q = 0; q < nq; q++) {
+            const int p = 2 * (q0 + q);
+            const float *r0 = x->src + p * x->k_step + l0, *r1 = r0 + x->k_step;
+            for (int l = 0; l < width; l += 16) {
+                const __mmask16 m = lanes_below(nl - l);
+                const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(m, r0 + l));
+                const __m512i hi = p + 1 < k ? round_lanes(_mm512_maskz_loadu_ps(m, r1 + l))
+                                             : _mm512_setzero_si512();
+                _mm512_mask_storeu_epi32(out + (size_t)q * width + l, lanes_below(width - l),
+                                         _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        }
+        return;
+    }
+    if (x->k_step == 1) { /* k contiguous: 32 values of a lane give its next 16 pairs */
+        for (int l = 0; l < width; l++) {
+            const float *row = x->src + (ptrdiff_t)(l0 + l) * x->lane_step;
+            for (int q = 0; q < nq; q += 16) {
+                const int p = 2 * (q0 + q), left = l < nl ? k - p : 0;
+                const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row + p));
+                const __m512i hi =
+                    round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), row + p + 16));
+                /* 32 bf16 in k order are 16 pairs: lanes 0-7 from lo, 8-15 from hi */
+                const __m256i h0 = _mm512_cvtepi32_epi16(lo), h1 = _mm512_cvtepi32_epi16(hi);
+                uint32_t pairs[16];
+                _mm256_storeu_si256((__m256i *)pairs, h0);
+                _mm256_storeu_si256((__m256i *)(pairs + 8), h1);
+                const int n = nq - q < 16 ? nq - q : 16;
+                for (int t = 0; t < n; t++) out[(size_t)(q + t) * width + l] = pairs[t];
+            }
+        }
+        return;
+    }
+    for (int q = 0; q < nq; q++) /* any other strides (not used by cf_sgemm_bf16) */
+        for (int l = 0; l < width; l++) {
+            const int p = 2 * (q0 + q);
+            float v[2] = {0, 0};
+            for (int h = 0; h < 2; h++)
+                if (l < nl && p + h < k)
+                    v[h] =
+                        x->src[(ptrdiff_t)(l0 + l) * x->lane_step + (ptrdiff_t)(p + h) * x->k_step];
+            uint16_t b[2];
+            bf16_from_fp32(v, b, 2);
+            out[(size_t)q * width + l] = (uint32_t)b[0] | (uint32_t)b[1] << 16;
+        }
+}
+
+/* C (rows x the columns of cmask, row stride ldc) (+)= the MR x NR tile of packed A and B over
+ * nq k-pairs. */
+static void tile(int nq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc, int rows,
+                 const __mmask16 cmask[NV], bool accumulate) {
+    __m512 acc[MR][NV];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int q = 0; q < nq; q++, ap += MR, bp += NR) {
+        __m512bh b[NV];
+        for (int v = 0; v < NV; v++) b[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
+        for (int r = 0; r < MR; r++) {
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *cr = c + (size_t)r * ldc;
+        for (int v = 0; v < NV; v++) {
+            __m512 s = acc[r][v];
+            if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cmask[v], cr + 16 * v));
+            _mm512_mask_storeu_ps(cr + 16 * v, cmask[v], s);
+        }
+    }
+}
+
+static bool bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                      const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
+    const int pairs = (k + 1) / 2, kc2 = pairs < KC2 ? pairs : KC2;
+    uint32_t *ap = cf_malloc((size_t)row_blocks * MR * kc2 * sizeof(uint32_t));
+    uint32_t *bp = cf_malloc((size_t)panels * NR * kc2 * sizeof(uint32_t));
+    if (!ap || !bp) {
+        cf_free(ap);
+        cf_free(bp);
+        return false;
+    }
+    const operand A = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
+    const operand B = {b, trans_b ? ldb : 1, trans_b ? 1 : ldb};
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const bool add = accumulate || q0 > 0;
+        for (int i = 0; i < row_blocks; i++)
+            pack_pairs(&A, i * MR, m - i * MR, MR, q0, nq, k, ap + (size_t)i * MR * nq);
+        for (int j = 0; j < panels; j++)
+            pack_pairs(&B, j * NR, n - j * NR, NR, q0, nq, k, bp + (size_t)j * NR * nq);
+        for (int j = 0; j < panels; j++) {
+            __mmask16 cmask[NV];
+            for (int v = 0; v < NV; v++) cmask[v] = lanes_below(n - j * NR - 16 * v);
+            for (int i = 0; i < row_blocks; i++) {
+                const int rows = m - i * MR < MR ? m - i * MR : MR;
+                tile(nq, ap + (size_t)i * MR * nq, bp + (size_t)j * NR * nq,
+                     c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
+            }
+        }
+    }
+    cf_free(ap);
+    cf_free(bp);
+    return true;
+}
+
+const cf_bf16_kernels cf_bf16_kernels_avx512 = {
+    .from_fp32 = bf16_from_fp32,
+    .gemm = bf16_gemm,
+};
+#endif
