@@ -179,6 +179,39 @@ void cf_metric_free(cf_metric *m);
 /* NaN when nothing was accumulated. */
 double cf_metric_value(const cf_metric *m);
 
+/* ---- metrics of multi-label and segmentation tasks (fastai's metrics.py) --------------------
+ * pred is the model's raw output. Multi-label: pred and targ (B, C), targ 0/1. Segmentation:
+ * pred (B, C, H, W) logits, targ (B, H, W) class codes (the argmax over axis 1). */
+
+/* sklearn's averages for the multi-label scores: per-class scores' mean, global counts, by
+ * support, per-sample scores' mean (undefined scores count 0). */
+typedef enum cf_multi_average {
+    CF_AVERAGE_MACRO = 0,
+    CF_AVERAGE_MICRO,
+    CF_AVERAGE_WEIGHTED,
+    CF_AVERAGE_SAMPLES,
+} cf_multi_average;
+/* accuracy_multi(thresh, sigmoid): per batch the mean over B * C of (p > thresh) == targ, p the
+ * sigmoid of pred unless no_sigmoid, averaged over batches by samples (thresh <= 0: 0.5). */
+cf_metric *cf_accuracy_multi(float thresh, bool no_sigmoid);
+/* FBetaMulti(beta, thresh, sigmoid, average) over the whole set: predicted where
+ * p >= thresh (thresh <= 0: 0.5); F = (1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP). Named
+ * "fbeta_score" ("f1_score" for beta 1). */
+cf_metric *cf_fbeta_multi(double beta, int n_classes, cf_multi_average average, float thresh,
+                          bool no_sigmoid);
+/* F1ScoreMulti(): cf_fbeta_multi with beta 1, thresh 0.5, sigmoid. */
+cf_metric *cf_f1_score_multi(int n_classes, cf_multi_average average);
+/* foreground_acc(bkg_idx): per batch the accuracy over pixels whose target is not bkg_idx,
+ * averaged over batches by samples (a batch with no such pixel is left out). */
+cf_metric *cf_foreground_acc(int bkg_idx);
+/* Dice (binary): 2 * sum(p * t) / sum(p + t) over the whole set, p the argmax class; NaN (fastai's
+ * None) when the union is 0. JaccardCoeff: inter / (union - inter). */
+cf_metric *cf_dice(void);
+cf_metric *cf_jaccard_coeff(void);
+/* DiceMulti: per class c (background included) 2 * #(p = c and t = c) / (#(p = c) + #(t = c)),
+ * the mean over classes whose union is not 0. */
+cf_metric *cf_dice_multi(int n_classes);
+
 /* ---- the Recorder -------------------------------------------------------------------------- */
 
 typedef struct cf_recorder {
