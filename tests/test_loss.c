@@ -113,9 +113,11 @@ static void test_losses_match_pytorch(void **state) {
     args[0] = 0;
     oracle_init(&o);
     int n = 0;
-    const cf_loss ce = {CF_LOSS_CROSS_ENTROPY, 0.0f}, mse = {CF_LOSS_MSE, 0.0f},
-                  bce = {CF_LOSS_BCE_LOGITS, 0.0f};
-    cf_loss ce_ls1 = {CF_LOSS_CROSS_ENTROPY, 0.1f}, ce_ls3 = {CF_LOSS_CROSS_ENTROPY, 0.3f};
+    const cf_loss ce = {.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = 0.0f},
+                  mse = {.kind = CF_LOSS_MSE, .label_smoothing = 0.0f},
+                  bce = {.kind = CF_LOSS_BCE_LOGITS, .label_smoothing = 0.0f};
+    cf_loss ce_ls1 = {.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = 0.1f},
+            ce_ls3 = {.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = 0.3f};
 #define ADD(loss, ps, ts, lo, hi)                                                                  \
     do {                                                                                           \
         add_case(&o, &cases[n], n, loss, ps, ts, lo, hi, args, sizeof args);                       \
@@ -144,7 +146,7 @@ static void test_losses_match_pytorch(void **state) {
 static void test_cross_entropy_finite_differences(void **state) {
     (void)state;
     for (int ls = 0; ls < 2; ls++) {
-        cf_loss loss = {CF_LOSS_CROSS_ENTROPY, ls ? 0.2f : 0.0f};
+        cf_loss loss = {.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = ls ? 0.2f : 0.0f};
         float pred[5 * 7], target[5] = {0, 6, 3, 3, 1}, grad[5 * 7];
         fill_uniform(pred, 35, 9, -2, 2);
         cf_tensor tp = cf_tensor_view(pred, cf_shape2(5, 7)),
@@ -169,7 +171,7 @@ static void test_cross_entropy_finite_differences(void **state) {
 }
 
 static cf_status try_loss(cf_loss_kind kind, cf_shape ps, float *p, cf_shape ts, float *t) {
-    cf_loss loss = {kind, 0.0f};
+    cf_loss loss = {.kind = kind, .label_smoothing = 0.0f};
     cf_tensor tp = cf_tensor_view(p, ps), tt = cf_tensor_view(t, ts);
     float mean = -1;
     cf_status st = cf_loss_forward(&loss, &tp, &tt, &mean, NULL);
@@ -204,7 +206,7 @@ static void test_loss_errors(void **state) {
     expect_error(try_loss(CF_LOSS_CROSS_ENTROPY, ps, p, cf_shape2(4, 2), t), "target (4, 2)", NULL);
     expect_error(try_loss(CF_LOSS_CROSS_ENTROPY, cf_shape1(40), p, cf_shape1(40), p),
                  "pred (40) must be (N, C)", NULL);
-    cf_loss bad = {CF_LOSS_CROSS_ENTROPY, 1.5f};
+    cf_loss bad = {.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = 1.5f};
     cf_tensor tp = cf_tensor_view(p, ps), tt = cf_tensor_view(t, cf_shape1(4));
     float mean;
     expect_error(cf_loss_forward(&bad, &tp, &tt, &mean, NULL), "label_smoothing 1.5", NULL);

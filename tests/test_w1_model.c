@@ -61,7 +61,7 @@ static float step(cf_model *model, const cf_tensor *x, const cf_tensor *target, 
     assert_int_equal(y->shape.dim[0], BATCH);
     assert_int_equal(y->shape.dim[1], 10);
     memcpy(logits, y->data, BATCH * 10 * sizeof(float));
-    cf_loss ce = {CF_LOSS_CROSS_ENTROPY, 0.0f};
+    cf_loss ce = {.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = 0.0f};
     float loss, dlogits[BATCH * 10];
     assert_int_equal(cf_loss_forward(&ce, y, target, &loss, NULL), CF_OK);
     cf_tensor dy = cf_tensor_view(dlogits, y->shape);

@@ -311,6 +311,7 @@ typedef struct train_args {
         *layers, *plot;
     int epochs, freeze_epochs, cores, threads, cycle_len, num_it;
     double wd, start_lr, end_lr, deadline;
+    double label_smoothing, mixup, cutmix; /* --label-smoothing EPS, --mixup/--cutmix ALPHA */
     bool show, quiet, split_batch, save_every_epoch;
     const char *y_range;
     const char *resume, *checkpoint; /* --resume FILE, --checkpoint FILE */
@@ -724,6 +725,13 @@ static int setup(const char *cmd, train_args *a, session *s) {
     cf_free(metrics);
     if (st) return cli_lib_error(cmd, "building the learner");
     if (a->wd > 0) s->learn->wd = a->wd;
+    if (a->label_smoothing > 0) s->learn->loss.label_smoothing = (float)a->label_smoothing;
+    if ((a->mixup > 0 || a->cutmix > 0) &&
+        ((a->mixup > 0 && a->cutmix > 0) ||
+         cf_learner_add_cb(s->learn,
+                           a->mixup > 0 ? cf_mixup_cb(a->mixup) : cf_cutmix_cb(a->cutmix))))
+        return cli_lib_error(cmd, a->mixup > 0 && a->cutmix > 0 ? "--mixup with --cutmix"
+                                                                : "--mixup/--cutmix");
     if (!a->quiet && s->master)
         fprintf(stderr, "model: %s, %zu parameters; %s\n", arch,
                 cf_model_num_weights(s->learn->model),
@@ -1129,6 +1137,12 @@ int cmd_train(int argc, char **argv) {
         {"--cycle-len", OPT_INT, &a.cycle_len, "N", "sgdr: epochs of the first cycle [1]", 1,
          100000, 0},
         {"--wd", OPT_DOUBLE, &a.wd, "X", "weight decay [0.01]", 0, 10, 0},
+        {"--label-smoothing", OPT_DOUBLE, &a.label_smoothing, "EPS",
+         "classes: fastai's LabelSmoothingCrossEntropy(eps) (fastai's eps: 0.1)", 0, 1, 0},
+        {"--mixup", OPT_DOUBLE, &a.mixup, "ALPHA", "fastai's MixUp(alpha) (fastai's alpha: 0.4)", 0,
+         100, 0},
+        {"--cutmix", OPT_DOUBLE, &a.cutmix, "ALPHA", "fastai's CutMix(alpha) (fastai's alpha: 1.0)",
+         0, 100, 0},
         {"--metrics", OPT_STR, &a.metrics, "LIST", "metrics to report [accuracy for classes]", 0, 0,
          0},
         {"--out", OPT_STR, &a.out, "FILE", "the model file (safetensors) [model.safetensors]", 0, 0,

@@ -179,6 +179,39 @@ void cf_metric_free(cf_metric *m);
 /* NaN when nothing was accumulated. */
 double cf_metric_value(const cf_metric *m);
 
+/* ---- metrics of multi-label and segmentation tasks (fastai's metrics.py) --------------------
+ * pred is the model's raw output. Multi-label: pred and targ (B, C), targ 0/1. Segmentation:
+ * pred (B, C, H, W) logits, targ (B, H, W) class codes (the argmax over axis 1). */
+
+/* sklearn's averages for the multi-label scores: per-class scores' mean, global counts, by
+ * support, per-sample scores' mean (undefined scores count 0). */
+typedef enum cf_multi_average {
+    CF_AVERAGE_MACRO = 0,
+    CF_AVERAGE_MICRO,
+    CF_AVERAGE_WEIGHTED,
+    CF_AVERAGE_SAMPLES,
+} cf_multi_average;
+/* accuracy_multi(thresh, sigmoid): per batch the mean over B * C of (p > thresh) == targ, p the
+ * sigmoid of pred unless no_sigmoid, averaged over batches by samples (thresh <= 0: 0.5). */
+cf_metric *cf_accuracy_multi(float thresh, bool no_sigmoid);
+/* FBetaMulti(beta, thresh, sigmoid, average) over the whole set: predicted where
+ * p >= thresh (thresh <= 0: 0.5); F = (1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP). Named
+ * "fbeta_score" ("f1_score" for beta 1). */
+cf_metric *cf_fbeta_multi(double beta, int n_classes, cf_multi_average average, float thresh,
+                          bool no_sigmoid);
+/* F1ScoreMulti(): cf_fbeta_multi with beta 1, thresh 0.5, sigmoid. */
+cf_metric *cf_f1_score_multi(int n_classes, cf_multi_average average);
+/* foreground_acc(bkg_idx): per batch the accuracy over pixels whose target is not bkg_idx,
+ * averaged over batches by samples (a batch with no such pixel is left out). */
+cf_metric *cf_foreground_acc(int bkg_idx);
+/* Dice (binary): 2 * sum(p * t) / sum(p + t) over the whole set, p the argmax class; NaN (fastai's
+ * None) when the union is 0. JaccardCoeff: inter / (union - inter). */
+cf_metric *cf_dice(void);
+cf_metric *cf_jaccard_coeff(void);
+/* DiceMulti: per class c (background included) 2 * #(p = c and t = c) / (#(p = c) + #(t = c)),
+ * the mean over classes whose union is not 0. */
+cf_metric *cf_dice_multi(int n_classes);
+
 /* ---- the Recorder -------------------------------------------------------------------------- */
 
 typedef struct cf_recorder {
@@ -857,6 +890,51 @@ double cf_sched_cos(double start, double end, double pos);
 double cf_sched_exp(double start, double end, double pos);
 double cf_sched_no(double start, double end, double pos);
 double cf_combined_cos(double pct, double start, double middle, double end, double pos);
+
+/* ---- MixUp and CutMix (fastai's callback/mixup.py) ------------------------------------------
+ * Training batches only. The draws of a batch come from a stream keyed by (learn->seed, epoch,
+ * batch index), so a resumed fit draws the same, one process and one worker of a cf_par_ twin
+ * train alike, and every rank of a parallel fit draws the same lam and permutation for its
+ * batch (with several ranks each mixes within its own batch, so results depend on the core
+ * count, and are the same for the same seed and core count). With a cross-entropy loss (plain,
+ * smoothed, flat, axis 1) the loss becomes fastai's mixed loss, mean(lam * loss(pred, y) +
+ * (1 - lam) * loss(pred, y[perm])), computed as the cross-entropy against the mixed one-hot
+ * targets, which is the same number; with BCE or MSE the targets are mixed,
+ * y <- lerp(y[perm], y, lam). Validation, get_preds and the logged validation loss are
+ * unchanged. */
+
+typedef enum cf_mix_kind { CF_MIX_MIXUP, CF_MIX_CUTMIX } cf_mix_kind;
+
+#define CF_MIX_MAX_BS 4096
+/* One batch's draws. MixUp: lam[i] ~ Beta(alpha, alpha) per sample, then max(lam, 1 - lam);
+ * CutMix: one drawn_lam ~ Beta(alpha, alpha), the box [x1, x2) x [y1, y2) of fastai's rand_bbox
+ * (cut = round(size * sqrt(1 - lam)), half to even; centre uniform; clamped to the image) and
+ * lam[i] = 1 - box area / image area for every sample. perm: randperm(bs), the partners. */
+typedef struct cf_mix_draws {
+    int bs;
+    float lam[CF_MIX_MAX_BS];
+    int64_t perm[CF_MIX_MAX_BS];
+    int x1, y1, x2, y2;
+    float drawn_lam;
+} cf_mix_draws;
+
+/* The draws for batch `batch` of `epoch` under `seed` (height and width: the images', CutMix
+ * only). CF_ERR_INVALID for alpha <= 0, bs outside [1, CF_MIX_MAX_BS] or an empty image. */
+cf_status cf_mix_draw(cf_mix_kind kind, double alpha, uint64_t seed, int epoch, int64_t batch,
+                      int bs, int height, int width, cf_mix_draws *out);
+/* The mixed inputs (x's shape) into out (may be x->data): MixUp lerp(x[perm], x, lam) per
+ * sample, CutMix x with the box pasted from x[perm] on every channel. */
+cf_status cf_mix_inputs(cf_mix_kind kind, const cf_mix_draws *d, const cf_tensor *x, float *out);
+/* Mixed targets lerp(y[perm], y, lam) (y's shape) into out, for BCE and MSE. */
+void cf_mix_targets(const cf_mix_draws *d, const cf_tensor *y, float *out);
+/* Cross-entropy's mixed targets: class probabilities of pred's shape (class axis as the loss's)
+ * with lam at y's class and 1 - lam at y[perm]'s, into out. */
+cf_status cf_mix_class_targets(const cf_mix_draws *d, const cf_loss *loss, const cf_shape *pred,
+                               const cf_tensor *y, float *out);
+/* fastai's MixUp(alpha) (0: 0.4) and CutMix(alpha) (0: 1.0); NULL with cf_last_error for a
+ * negative or non-finite alpha. Use as any callback, in a fit's .cbs or the learner's. */
+cf_callback *cf_mixup_cb(double alpha);
+cf_callback *cf_cutmix_cb(double alpha);
 
 /* ---- text: language models (fastai's text/learner.py, callback/rnn.py) ---------------------
  * Text batches (corefit/data.h) hold x (B, T) token ids, T varying between batches, and for a

@@ -242,15 +242,47 @@ size_t cf_model_num_weights(const cf_model *model);
 typedef enum cf_loss_kind {
     CF_LOSS_CROSS_ENTROPY, /* pred (N, C) logits, target (N) class codes as floats; or, as
                               fastai's CrossEntropyLossFlat, pred (N, ..., C) and target (N, ...):
-                              the mean over every row of C (a language model's (B, T, V)) */
-    CF_LOSS_MSE,           /* pred and target of the same shape */
-    CF_LOSS_BCE_LOGITS,    /* pred and target of the same shape, targets in [0, 1] */
+                              the mean over every row of C (a language model's (B, T, V)); with
+                              axis 1, pred (N, C, H, W) and target (N, H, W) (segmentation: the
+                              mean over every pixel). A target of pred's shape holds class
+                              probabilities along the class axis (PyTorch's soft targets; MixUp
+                              and CutMix mix one-hot targets into these) */
+    CF_LOSS_MSE,           /* pred and target of the same shape (fastai's MSELossFlat) */
+    CF_LOSS_BCE_LOGITS,    /* pred and target of the same shape, targets in [0, 1] (fastai's
+                              BCEWithLogitsLossFlat: the mean over every value) */
 } cf_loss_kind;
 
 typedef struct cf_loss {
     cf_loss_kind kind;
-    float label_smoothing; /* cross-entropy only, as PyTorch's label_smoothing */
+    /* cross-entropy: PyTorch's label_smoothing, which is fastai's LabelSmoothingCrossEntropy(eps)
+     * (eps/C * sum_c(-log p_c) + (1 - eps) * NLL, mean over the batch) */
+    float label_smoothing;
+    /* cross-entropy: the class axis, 0 for the last (fastai's axis=-1), 1 for the dimension after
+     * the batch (fastai's CrossEntropyLossFlat(axis=1) over (N, C, H, W) logits) */
+    int axis;
+    /* BCE: decoding threshold on probabilities, p > thresh (0: fastai's 0.5) */
+    float thresh;
+    /* BCE: PyTorch's pos_weight, one weight per value of pred's last dimension (borrowed: it
+     * must outlive the loss; NULL: none) */
+    const float *pos_weight;
+    int n_pos_weight;
 } cf_loss;
+
+/* fastai's losses by name, with fastai's defaults. */
+static inline cf_loss cf_cross_entropy_loss_flat(int axis) {
+    return (cf_loss){.kind = CF_LOSS_CROSS_ENTROPY, .axis = axis};
+}
+/* LabelSmoothingCrossEntropy(eps) (eps <= 0: fastai's 0.1). */
+static inline cf_loss cf_label_smoothing_ce(float eps) {
+    return (cf_loss){.kind = CF_LOSS_CROSS_ENTROPY, .label_smoothing = eps > 0 ? eps : 0.1f};
+}
+/* BCEWithLogitsLossFlat(thresh) (thresh <= 0: fastai's 0.5). */
+static inline cf_loss cf_bce_with_logits_loss_flat(float thresh) {
+    return (cf_loss){.kind = CF_LOSS_BCE_LOGITS, .thresh = thresh > 0 ? thresh : 0.5f};
+}
+static inline cf_loss cf_mse_loss_flat(void) {
+    return (cf_loss){.kind = CF_LOSS_MSE};
+}
 
 /* Mean loss over the batch; per_item (N floats) receives each sample's loss when not NULL (the
  * mean over the sample's values, or over its rows for a flat cross-entropy). */
@@ -259,9 +291,13 @@ cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_t
 /* dL/dpred of the mean loss, written into dpred (same shape as pred). */
 void cf_loss_backward(const cf_loss *loss, const cf_tensor *pred, const cf_tensor *target,
                       cf_tensor *dpred);
-/* The loss's activation (fastai's loss_func.activation): softmax over the last dim for
+/* The loss's activation (fastai's loss_func.activation): softmax over the class axis for
  * cross-entropy, sigmoid for BCE, identity for MSE. out may equal pred. */
 void cf_loss_activation(const cf_loss *loss, const cf_tensor *pred, cf_tensor *out);
+/* fastai's loss_func.decodes on activations: cross-entropy's argmax over the class axis (one
+ * class code per row: (N) for (N, C), (N, H, W) for axis 1 over (N, C, H, W)); BCE's
+ * p > thresh as 0/1 (act's shape); MSE copies. Returns the values written to out. */
+size_t cf_loss_decodes(const cf_loss *loss, const cf_tensor *act, float *out);
 
 /* ---- model zoo ----------------------------------------------------------------------------- */
 

@@ -27,6 +27,12 @@ typedef enum metric_kind {
     MK_MAE,
     MK_RMSE,
     MK_USER,
+    MK_ACCURACY_MULTI,
+    MK_FBETA_MULTI,
+    MK_FOREGROUND_ACC,
+    MK_DICE,
+    MK_JACCARD,
+    MK_DICE_MULTI,
 } metric_kind;
 
 typedef struct metric_state {
@@ -35,6 +41,12 @@ typedef struct metric_state {
     int n_classes; /* confusion metrics */
     bool binary;   /* pos_label 1 */
     cf_batch_metric_fn fn;
+    /* multi-label: threshold, sigmoid first, F-beta's beta and average */
+    float thresh;
+    bool sigmoid;
+    double beta;
+    cf_multi_average average;
+    int bkg_idx; /* foreground_acc */
 } metric_state;
 
 /* ---- shapes -------------------------------------------------------------------------------- */
@@ -210,6 +222,183 @@ static double value_confusion(const cf_metric *m) {
     return used ? sum / used : 0.0;
 }
 
+/* ---- multi-label and segmentation ------------------------------------------------------- */
+
+static inline float sigmoid_of(float x) {
+    return x >= 0 ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+}
+
+/* Samples and values per sample of a multi-label batch (pred and targ of the same numel). */
+static bool multi_view(const cf_tensor *pred, const cf_tensor *targ, int64_t *b, int64_t *per) {
+    if (!pred || !targ || !pred->data || !targ->data || pred->shape.ndim < 1) return false;
+    *b = pred->shape.dim[0];
+    int64_t numel = (int64_t)cf_tensor_numel(pred);
+    if (*b <= 0 || numel % *b || (int64_t)cf_tensor_numel(targ) != numel) return false;
+    *per = numel / *b;
+    return true;
+}
+
+/* accuracy_multi: fastai's AvgMetric of the batch mean of (p > thresh) == targ over B * C. */
+static void acc_accuracy_multi(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ,
+                               const bool *pad) {
+    const metric_state *s = m->state;
+    int64_t b, per;
+    if (!multi_view(pred, targ, &b, &per)) return;
+    for (int64_t i = 0; i < b; i++) {
+        if (pad && pad[i]) continue;
+        int64_t right = 0;
+        for (int64_t j = 0; j < per; j++) {
+            float p = pred->data[i * per + j];
+            if (s->sigmoid) p = sigmoid_of(p);
+            right += (float)(p > s->thresh) == targ->data[i * per + j];
+        }
+        m->acc[0] += (double)right / (double)per;
+        m->acc[1] += 1;
+    }
+}
+
+static double fbeta_of(double tp, double fp, double fn, double beta) {
+    const double b2 = beta * beta, den = (1 + b2) * tp + b2 * fn + fp;
+    return den > 0 ? (1 + b2) * tp / den : 0.0;
+}
+
+/* FBetaMulti: acc = [tp, fp, fn] per class, then the sum of per-sample scores and the samples
+ * (sklearn's average='samples'). Predictions: p >= thresh, as skm_to_fastai's. */
+static void acc_fbeta_multi(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ,
+                            const bool *pad) {
+    const metric_state *s = m->state;
+    int64_t b, per;
+    if (!multi_view(pred, targ, &b, &per) || per != s->n_classes) return;
+    const int c = s->n_classes;
+    for (int64_t i = 0; i < b; i++) {
+        if (pad && pad[i]) continue;
+        double tp = 0, fp = 0, fn = 0;
+        for (int j = 0; j < c; j++) {
+            float p = pred->data[i * per + j];
+            if (s->sigmoid) p = sigmoid_of(p);
+            const bool yp = p >= s->thresh, yt = targ->data[i * per + j] > 0.5f;
+            m->acc[3 * j + 0] += yp && yt;
+            m->acc[3 * j + 1] += yp && !yt;
+            m->acc[3 * j + 2] += !yp && yt;
+            tp += yp && yt, fp += yp && !yt, fn += !yp && yt;
+        }
+        m->acc[3 * c] += fbeta_of(tp, fp, fn, s->beta);
+        m->acc[3 * c + 1] += 1;
+    }
+}
+
+static double value_fbeta_multi(const cf_metric *m) {
+    const metric_state *s = m->state;
+    const int c = s->n_classes;
+    if (!(m->acc[3 * c + 1] > 0)) return NAN;
+    switch (s->average) {
+    case CF_AVERAGE_MICRO: {
+        double tp = 0, fp = 0, fn = 0;
+        for (int j = 0; j < c; j++)
+            tp += m->acc[3 * j], fp += m->acc[3 * j + 1], fn += m->acc[3 * j + 2];
+        return fbeta_of(tp, fp, fn, s->beta);
+    }
+    case CF_AVERAGE_WEIGHTED: {
+        double sum = 0, support = 0;
+        for (int j = 0; j < c; j++) {
+            const double sup = m->acc[3 * j] + m->acc[3 * j + 2];
+            sum += sup * fbeta_of(m->acc[3 * j], m->acc[3 * j + 1], m->acc[3 * j + 2], s->beta);
+            support += sup;
+        }
+        return support > 0 ? sum / support : 0.0;
+    }
+    case CF_AVERAGE_SAMPLES:
+        return m->acc[3 * c] / m->acc[3 * c + 1];
+    case CF_AVERAGE_MACRO:
+    default: {
+        double sum = 0;
+        for (int j = 0; j < c; j++)
+            sum += fbeta_of(m->acc[3 * j], m->acc[3 * j + 1], m->acc[3 * j + 2], s->beta);
+        return sum / c;
+    }
+    }
+}
+
+/* Segmentation: pred (B, C, ...) logits, targ (B, ...) class codes; the argmax over axis 1 of
+ * pixel `s` of sample i. */
+static bool seg_view(const cf_tensor *pred, const cf_tensor *targ, int64_t *b, int64_t *c,
+                     int64_t *spatial) {
+    if (!pred || !targ || !pred->data || !targ->data || pred->shape.ndim < 2) return false;
+    *b = pred->shape.dim[0];
+    *c = pred->shape.dim[1];
+    int64_t numel = (int64_t)cf_tensor_numel(pred);
+    if (*b <= 0 || *c <= 0) return false;
+    *spatial = numel / (*b * *c);
+    return (int64_t)cf_tensor_numel(targ) == *b * *spatial;
+}
+
+static int64_t seg_argmax(const float *p, int64_t c, int64_t spatial) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < c; j++)
+        if (p[j * spatial] > p[best * spatial]) best = j;
+    return best;
+}
+
+/* foreground_acc: fastai's AvgMetric of the batch's accuracy over pixels whose target is not
+ * bkg_idx; a batch without such pixels adds nothing (fastai's mean would be NaN). */
+static void acc_foreground(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ,
+                           const bool *pad) {
+    const metric_state *s = m->state;
+    int64_t b, c, sp;
+    if (!seg_view(pred, targ, &b, &c, &sp)) return;
+    double right = 0, pixels = 0, samples = 0;
+    for (int64_t i = 0; i < b; i++) {
+        if (pad && pad[i]) continue;
+        samples++;
+        for (int64_t k = 0; k < sp; k++) {
+            const float t = targ->data[i * sp + k];
+            if (t == (float)s->bkg_idx) continue;
+            pixels++;
+            right += (float)seg_argmax(pred->data + i * c * sp + k, c, sp) == t;
+        }
+    }
+    if (!(pixels > 0)) return;
+    m->acc[0] += right / pixels * samples;
+    m->acc[1] += samples;
+}
+
+/* Dice / JaccardCoeff (binary): acc = [sum(pred * targ), sum(pred + targ)] with pred the argmax
+ * class; DiceMulti: acc = [inter_c, union_c] per class. */
+static void acc_dice(cf_metric *m, const cf_tensor *pred, const cf_tensor *targ, const bool *pad) {
+    const metric_state *s = m->state;
+    int64_t b, c, sp;
+    if (!seg_view(pred, targ, &b, &c, &sp)) return;
+    for (int64_t i = 0; i < b; i++) {
+        if (pad && pad[i]) continue;
+        for (int64_t k = 0; k < sp; k++) {
+            const int64_t p = seg_argmax(pred->data + i * c * sp + k, c, sp);
+            const float t = targ->data[i * sp + k];
+            if (s->kind != MK_DICE_MULTI) {
+                m->acc[0] += (double)p * t;
+                m->acc[1] += (double)p + t;
+                continue;
+            }
+            const int64_t tc = class_code(t);
+            if (tc == p && p < s->n_classes) m->acc[2 * p] += 1;
+            if (p < s->n_classes) m->acc[2 * p + 1] += 1;
+            if (tc >= 0 && tc < s->n_classes) m->acc[2 * tc + 1] += 1;
+        }
+    }
+}
+
+static double value_dice(const cf_metric *m) {
+    const metric_state *s = m->state;
+    if (s->kind == MK_DICE_MULTI) {
+        double sum = 0;
+        int used = 0;
+        for (int j = 0; j < s->n_classes; j++)
+            if (m->acc[2 * j + 1] > 0) sum += 2 * m->acc[2 * j] / m->acc[2 * j + 1], used++;
+        return used ? sum / used : NAN;
+    }
+    if (!(m->acc[1] > 0)) return NAN; /* fastai's None */
+    return s->kind == MK_DICE ? 2 * m->acc[0] / m->acc[1] : m->acc[0] / (m->acc[1] - m->acc[0]);
+}
+
 /* ---- construction -------------------------------------------------------------------------- */
 
 static void metric_free_default(cf_metric *m) {
@@ -261,6 +450,24 @@ static cf_metric *metric_new(const char *name, metric_kind kind, int n_acc, bool
     case MK_USER:
         m->accumulate = acc_user;
         m->value = value_avg;
+        break;
+    case MK_ACCURACY_MULTI:
+        m->accumulate = acc_accuracy_multi;
+        m->value = value_avg;
+        break;
+    case MK_FBETA_MULTI:
+        m->accumulate = acc_fbeta_multi;
+        m->value = value_fbeta_multi;
+        break;
+    case MK_FOREGROUND_ACC:
+        m->accumulate = acc_foreground;
+        m->value = value_avg;
+        break;
+    case MK_DICE:
+    case MK_JACCARD:
+    case MK_DICE_MULTI:
+        m->accumulate = acc_dice;
+        m->value = value_dice;
         break;
     }
     return m;
@@ -315,6 +522,70 @@ cf_metric *cf_mae(void) {
 /* fastai names the column after the function AccumMetric wraps: "_rmse". */
 cf_metric *cf_rmse(void) {
     return metric_new("_rmse", MK_RMSE, 2, true);
+}
+
+cf_metric *cf_accuracy_multi(float thresh, bool no_sigmoid) {
+    cf_metric *m = metric_new("accuracy_multi", MK_ACCURACY_MULTI, 2, false);
+    if (!m) return NULL;
+    metric_state *s = m->state;
+    s->thresh = thresh > 0 ? thresh : 0.5f;
+    s->sigmoid = !no_sigmoid;
+    return m;
+}
+
+cf_metric *cf_fbeta_multi(double beta, int n_classes, cf_multi_average average, float thresh,
+                          bool no_sigmoid) {
+    if (n_classes < 1 || n_classes > 4096) {
+        cf_fail(CF_ERR_INVALID, "fbeta_multi: n_classes must be in [1, 4096] (got %d)", n_classes);
+        return NULL;
+    }
+    if (!(beta > 0) || !isfinite(beta)) {
+        cf_fail(CF_ERR_INVALID, "fbeta_multi: beta %g must be positive", beta);
+        return NULL;
+    }
+    if ((int)average < 0 || average > CF_AVERAGE_SAMPLES) {
+        cf_fail(CF_ERR_INVALID, "fbeta_multi: unknown average %d", (int)average);
+        return NULL;
+    }
+    /* fastai names the column after the sklearn function: f1_score / fbeta_score */
+    cf_metric *m = metric_new(beta == 1.0 ? "f1_score" : "fbeta_score", MK_FBETA_MULTI,
+                              3 * n_classes + 2, false);
+    if (!m) return NULL;
+    metric_state *s = m->state;
+    s->n_classes = n_classes;
+    s->beta = beta;
+    s->average = average;
+    s->thresh = thresh > 0 ? thresh : 0.5f;
+    s->sigmoid = !no_sigmoid;
+    return m;
+}
+
+cf_metric *cf_f1_score_multi(int n_classes, cf_multi_average average) {
+    return cf_fbeta_multi(1.0, n_classes, average, 0.5f, false);
+}
+
+cf_metric *cf_foreground_acc(int bkg_idx) {
+    cf_metric *m = metric_new("foreground_acc", MK_FOREGROUND_ACC, 2, false);
+    if (m) ((metric_state *)m->state)->bkg_idx = bkg_idx;
+    return m;
+}
+
+cf_metric *cf_dice(void) {
+    return metric_new("dice", MK_DICE, 2, false);
+}
+
+cf_metric *cf_jaccard_coeff(void) {
+    return metric_new("jaccard_coeff", MK_JACCARD, 2, false);
+}
+
+cf_metric *cf_dice_multi(int n_classes) {
+    if (n_classes < 1 || n_classes > 4096) {
+        cf_fail(CF_ERR_INVALID, "dice_multi: n_classes must be in [1, 4096] (got %d)", n_classes);
+        return NULL;
+    }
+    cf_metric *m = metric_new("dice_multi", MK_DICE_MULTI, 2 * n_classes, false);
+    if (m) ((metric_state *)m->state)->n_classes = n_classes;
+    return m;
 }
 
 cf_metric *cf_avg_metric(const char *name, cf_batch_metric_fn fn) {
