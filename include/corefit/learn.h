@@ -321,11 +321,6 @@ struct cf_learner {
     /* fastai's loss_grad scaling: the loop sets it to 1 before after_loss of each batch and
      * multiplies dL/dpred by it before backward (0 counts as 1); GradientAccumulation sets it. */
     float loss_grad_scale;
-    /* The model's backward from dL/dpred for this batch; NULL: cf_model_backward. Set by a
-     * callback that adds gradient inside the model (the RNN regularizer's AR and TAR) at
-     * before_backward, and cleared by it afterwards. */
-    cf_status (*model_backward)(cf_learner *learn, const cf_tensor *dpred, void *ctx);
-    void *model_backward_ctx;
     double smooth_loss;
     cf_cancel cancel; /* set by cf_learner_cancel */
     bool logging;     /* false inside lr_find / validate / get_preds (no_logging) */
@@ -865,7 +860,9 @@ cf_callback *cf_model_resetter_cb(void);
  * alpha * mean(out^2) (AR, out: the decoder's input after its RNNDropout) and beta *
  * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) (TAR, raw_out: the AWD-LSTM's output) to the loss
  * that is differentiated; the logged loss stays the plain cross-entropy. TAR applies when T > 1
- * (fastai tests the batch size there, which would make a rank holding one row differ). */
+ * (fastai tests the batch size there, which would make a rank holding one row differ). It turns
+ * the model's own regularizer (cf_rnn_regularizer_set, scaled by learn->loss_grad_scale) on for
+ * each training backward and off after it. */
 cf_callback *cf_rnn_regularizer_cb(double alpha, double beta);
 /* The AR and TAR terms (before alpha and beta) of the last training batch. */
 cf_status cf_rnn_regularizer_terms(const cf_callback *cb, double *ar, double *tar);

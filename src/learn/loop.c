@@ -108,8 +108,6 @@ static cf_status do_backward(cf_learner *learn, void *ctx) {
         size_t n = cf_tensor_numel(&learn->dpred);
         for (size_t i = 0; i < n; i++) learn->dpred.data[i] *= scale;
     }
-    if (learn->model_backward)
-        return learn->model_backward(learn, &learn->dpred, learn->model_backward_ctx);
     return cf_model_backward(learn->model, &learn->dpred);
 }
 

@@ -94,99 +94,47 @@ cf_callback *cf_model_resetter_cb(void) {
 
 /* ---- RNNRegularizer ------------------------------------------------------------------------ */
 
+/* A thin switch over the language model's own regularizer (cf_rnn_regularizer_set, tested
+ * against PyTorch autograd): on for each training backward, off again afterwards, so eval
+ * passes and other learners' backwards of the same model add nothing. */
 typedef struct rnn_reg_state {
     double alpha, beta;
     double ar, tar; /* the last training batch's terms (before alpha and beta) */
 } rnn_reg_state;
 
-/* The language model's pieces: root = Sequential(AWD_LSTM, LinearDecoder); raw_out is the
- * decoder's input, out its RNNDropout's output (fastai's RNNCallback). */
-static cf_status lm_parts(const cf_learner *learn, cf_module **enc, cf_module **dec) {
-    const cf_module *root = learn->model->root;
-    if (root->n_children != 2 || strcmp(root->children[1]->ops->kind, "LinearDecoder") != 0 ||
-        root->children[1]->n_children < 1 || !root->children[1]->in)
+static cf_status lm_root(const cf_learner *learn, cf_module **root) {
+    *root = learn->model->root;
+    if (!cf_awd_lstm_lm_raw_out(*root))
         return cf_fail(CF_ERR_INVALID, "RNNRegularizer: the model is not a language model "
-                                       "(Sequential(AWD_LSTM, LinearDecoder))");
-    *enc = root->children[0];
-    *dec = root->children[1];
+                                       "(cf_awd_lstm_lm) or has not run forward");
     return CF_OK;
 }
 
 static cf_status reg_after_loss(cf_callback *cb, cf_learner *learn) {
     rnn_reg_state *s = cb->state;
-    cf_module *enc = NULL, *dec = NULL;
-    cf_status st = lm_parts(learn, &enc, &dec);
+    cf_module *root = NULL;
+    cf_status st = lm_root(learn, &root);
     if (st != CF_OK) return st;
-    const cf_tensor *raw = dec->in, *out = &dec->children[0]->out;
-    const size_t n = cf_tensor_numel(out);
-    double ar = 0;
-    for (size_t i = 0; i < n; i++) ar += (double)out->data[i] * out->data[i];
-    s->ar = n ? ar / (double)n : 0;
-    const int B = raw->shape.dim[0], T = raw->shape.dim[1], H = raw->shape.dim[2];
-    double tar = 0;
-    for (int b = 0; b < B; b++)
-        for (int t = 1; t < T; t++) {
-            const float *h1 = raw->data + ((size_t)b * T + t) * H, *h0 = h1 - H;
-            for (int j = 0; j < H; j++) {
-                const double d = (double)h1[j] - h0[j];
-                tar += d * d;
-            }
-        }
-    s->tar = T > 1 ? tar / ((double)B * (T - 1) * H) : 0;
+    s->ar = cf_rnn_regularizer_loss(root, 1.0f, 0.0f);
+    s->tar = cf_rnn_regularizer_loss(root, 0.0f, 1.0f);
     return CF_OK;
 }
 
-/* The model's backward with d(alpha * mean(out^2) + beta * mean((raw[:, 1:] - raw[:, :-1])^2))
- * added to the gradient at the encoder's output. out = raw * mask with mask 0 or
- * 1 / (1 - output_p), so d(out^2)/d(raw) = 2 * out * mask = 2 * out / (1 - output_p). */
-static cf_status reg_backward(cf_learner *learn, const cf_tensor *dpred, void *ctx) {
-    const rnn_reg_state *s = ctx;
-    cf_module *enc = NULL, *dec = NULL;
-    cf_status st = lm_parts(learn, &enc, &dec);
-    if (st != CF_OK) return st;
-    cf_arena_give_all(&learn->model->arena);
-    const cf_tensor *g = dec->ops->backward(dec, dpred, true);
-    float *gd = g->data;
-    const cf_tensor *raw = dec->in, *out = &dec->children[0]->out;
-    const float scale = learn->loss_grad_scale != 0.0f ? learn->loss_grad_scale : 1.0f;
-    const size_t n = cf_tensor_numel(out);
-    const float p = cf_rnn_dropout_p(dec->children[0]);
-    const float keep = dec->children[0]->training && p > 0.0f && p < 1.0f ? 1.0f / (1.0f - p)
-                       : p >= 1.0f && dec->children[0]->training          ? 0.0f
-                                                                          : 1.0f;
-    if (s->alpha > 0 && n) {
-        const float c = (float)(2.0 * s->alpha / (double)n) * keep * scale;
-        for (size_t i = 0; i < n; i++) gd[i] += c * out->data[i];
-    }
-    const int B = raw->shape.dim[0], T = raw->shape.dim[1], H = raw->shape.dim[2];
-    if (s->beta > 0 && T > 1) {
-        const float c = (float)(2.0 * s->beta / ((double)B * (T - 1) * H)) * scale;
-        for (int b = 0; b < B; b++)
-            for (int t = 1; t < T; t++) {
-                const size_t at = ((size_t)b * T + t) * H;
-                const float *h1 = raw->data + at, *h0 = h1 - H;
-                for (int j = 0; j < H; j++) {
-                    const float d = c * (h1[j] - h0[j]);
-                    gd[at + j] += d;
-                    gd[at - H + j] -= d;
-                }
-            }
-    }
-    enc->ops->backward(enc, g, false);
-    return CF_OK;
-}
-
+/* fastai adds the terms to loss_grad before GradientAccumulation scales it, so the terms take
+ * the loop's loss_grad_scale as the cross-entropy's gradient does. */
 static cf_status reg_before_backward(cf_callback *cb, cf_learner *learn) {
-    learn->model_backward = reg_backward;
-    learn->model_backward_ctx = cb->state;
-    return CF_OK;
+    const rnn_reg_state *s = cb->state;
+    cf_module *root = NULL;
+    cf_status st = lm_root(learn, &root);
+    if (st != CF_OK) return st;
+    const double scale = learn->loss_grad_scale != 0.0f ? learn->loss_grad_scale : 1.0;
+    return cf_rnn_regularizer_set(root, (float)(s->alpha * scale), (float)(s->beta * scale));
 }
 
 static cf_status reg_after_backward(cf_callback *cb, cf_learner *learn) {
     (void)cb;
-    learn->model_backward = NULL;
-    learn->model_backward_ctx = NULL;
-    return CF_OK;
+    cf_module *root = NULL;
+    return lm_root(learn, &root) == CF_OK ? cf_rnn_regularizer_set(root, 0.0f, 0.0f) : CF_OK;
 }
 
 cf_callback *cf_rnn_regularizer_cb(double alpha, double beta) {
