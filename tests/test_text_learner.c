@@ -1,5 +1,7 @@
-/* The language-model learner: parallel fits on 2 and 3 split-batch workers equal one process,
- * Perplexity = exp(valid loss), ModelResetter, save_encoder / load_encoder, generation. */
+/* The text learners. Language model: parallel fits on 2 and 3 split-batch workers equal one
+ * process, Perplexity = exp(valid loss), ModelResetter, save_encoder / load_encoder, generation.
+ * Classifier: defaults, a tiny fit, gradual unfreezing, multi-label loss, the first batch's loss
+ * and gradients against fastai's classifier in PyTorch (tests/oracle/lstm.py), load_encoder. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "nn/rnn_internal.h"
 #include "oracle.h"
 
 #define assert_near(a, b, tol)                                                                     \
@@ -285,6 +288,301 @@ static void test_generate(void **state) {
     cf_dls_free(dls);
 }
 
+/* ---- text_classifier_learner ---------------------------------------------------------------- */
+
+enum { CLAS_E = 8, CLAS_NH = 12, CLAS_L = 3, CLAS_BPTT = 4, CLAS_MAX_LEN = 8 };
+
+/* Labelled documents: the class is the third of the vocabulary the document starts in. */
+static cf_text_corpus *make_clas_corpus(int n_docs, uint64_t seed) {
+    cf_text_corpus *c = make_corpus(n_docs, seed);
+    float targets[64];
+    for (int64_t d = 0; d < c->n_docs; d++)
+        targets[d] = (float)((c->ids[c->offsets[d] + 1] - 3) * 3 / (VOCAB - 3));
+    const char *classes[] = {"low", "mid", "high"};
+    assert_int_equal(cf_text_corpus_set_labels(c, targets, 1, 3, classes), CF_OK);
+    return c;
+}
+
+static cf_dls *make_clas_dls(int bs) {
+    cf_text_corpus *train = make_clas_corpus(24, 21), *valid = make_clas_corpus(8, 22);
+    cf_dls *dls = NULL;
+    assert_int_equal(cf_text_dls_new(train, valid,
+                                     &(cf_text_dls_options){
+                                         .bs = bs, .seq_len = CLAS_BPTT, .seed = 5, .prefetch = -1},
+                                     &dls),
+                     CF_OK);
+    cf_text_corpus_free(train);
+    cf_text_corpus_free(valid);
+    return dls;
+}
+
+static cf_awd_lstm_config clas_config(void) {
+    cf_awd_lstm_config c = cf_awd_lstm_clas_config();
+    c.emb_sz = CLAS_E;
+    c.n_hid = CLAS_NH;
+    c.n_layers = CLAS_L;
+    return c;
+}
+
+static cf_learner *make_clas_learner(cf_dls *dls, uint64_t seed) {
+    cf_awd_lstm_config config = clas_config();
+    const int lin_ftrs[] = {6};
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_text_classifier_learner(&learn, dls, .config = &config, .seed = seed,
+                                                .seq_len = CLAS_BPTT, .max_len = CLAS_MAX_LEN,
+                                                .lin_ftrs = lin_ftrs, .n_lin_ftrs = 1,
+                                                .quiet = true, .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    return learn;
+}
+
+static void test_clas_learner_defaults_and_fit(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(4);
+    cf_learner *learn = make_clas_learner(dls, 3);
+    assert_near(learn->moms[1], 0.7, 0);
+    assert_int_equal(learn->loss.kind, CF_LOSS_CROSS_ENTROPY);
+    assert_int_equal(learn->model->n_groups, 5);
+    /* the head's first block has its dropout (output_p * drop_mult) */
+    const cf_module *head = learn->model->root->children[1];
+    const cf_module *drop0 = head->children[0]->children[0]->children[1];
+    assert_string_equal(drop0->ops->kind, "Dropout");
+    double before[2], after[2];
+    assert_int_equal(cf_validate(learn, before), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 6, .lr_max = CF_LR(3e-2)), CF_OK);
+    assert_int_equal(cf_validate(learn, after), CF_OK);
+    if (!(after[0] < before[0] - 0.05))
+        fail_msg("valid loss %.5g after the fit, %.5g before", after[0], before[0]);
+    /* gradual unfreezing: freeze_to(-2) trains the last LSTM and the head */
+    assert_int_equal(cf_learner_freeze_to(learn, -2), CF_OK);
+    assert_false(cf_model_param(learn->model, "0.module.rnns.1.weight_hh_l0_raw")->trainable);
+    assert_true(cf_model_param(learn->model, "0.module.rnns.2.weight_hh_l0_raw")->trainable);
+    assert_false(cf_model_param(learn->model, "0.module.encoder.weight")->trainable);
+    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(1e-2)), CF_OK);
+    cf_learner_free(learn);
+    /* a language-model loader is refused */
+    cf_dls *lm = make_dls();
+    cf_learner *bad = NULL;
+    assert_int_equal(cf_text_classifier_learner(&bad, lm), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "classifier text loader"));
+    cf_dls_free(lm);
+    cf_dls_free(dls);
+}
+
+/* a multi-hot corpus takes BCEWithLogitsLossFlat */
+static void test_clas_learner_multi_label(void **state) {
+    (void)state;
+    cf_text_corpus *train = make_corpus(12, 31), *valid = make_corpus(4, 32);
+    float tt[12 * 2], tv[4 * 2];
+    for (int i = 0; i < 24; i++) tt[i] = (float)(i % 3 == 0);
+    for (int i = 0; i < 8; i++) tv[i] = (float)(i % 2);
+    const char *classes[] = {"a", "b"};
+    assert_int_equal(cf_text_corpus_set_labels(train, tt, 2, 2, classes), CF_OK);
+    assert_int_equal(cf_text_corpus_set_labels(valid, tv, 2, 2, classes), CF_OK);
+    cf_dls *dls = NULL;
+    assert_int_equal(
+        cf_text_dls_new(
+            train, valid,
+            &(cf_text_dls_options){.bs = 4, .seq_len = CLAS_BPTT, .seed = 1, .prefetch = -1}, &dls),
+        CF_OK);
+    cf_awd_lstm_config config = clas_config();
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_text_classifier_learner(&learn, dls, .config = &config,
+                                                .seq_len = CLAS_BPTT, .quiet = true),
+                     CF_OK);
+    assert_int_equal(learn->loss.kind, CF_LOSS_BCE_LOGITS);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_true(isfinite(learn->recorder.values[0]));
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    cf_text_corpus_free(train);
+    cf_text_corpus_free(valid);
+}
+
+/* What the first training batch left: its ids, targets and loss, every chunk's masks and the
+ * head's (in the oracle), and the gradients. */
+typedef struct first_batch {
+    oracle *o;
+    bool done;
+    int B, T;
+    float x[64 * 64], y[64], loss;
+    float *grads;
+} first_batch;
+static first_batch g_first;
+
+static void put_ones_or_mask(oracle *o, const char *name, const float *mask, cf_shape shape) {
+    float *ones = NULL;
+    if (!mask) { /* no mask drawn (p = 0): all ones */
+        ones = malloc(cf_shape_numel(&shape) * sizeof(float));
+        for (size_t i = 0; i < cf_shape_numel(&shape); i++) ones[i] = 1.0f;
+        mask = ones;
+    }
+    oracle_put(o, name, mask, shape);
+    free(ones);
+}
+
+static void record_chunk_masks(void *ctx, int chunk, const cf_module *awd) {
+    first_batch *f = ctx;
+    if (f->done) return;
+    const int L = CLAS_L, rows = awd->in->shape.dim[0];
+    char name[48];
+    snprintf(name, sizeof name, "b0c%d_emb", chunk);
+    put_ones_or_mask(f->o, name, cf_nn_embedding_dropout_mask(awd->children[0]), cf_shape1(VOCAB));
+    snprintf(name, sizeof name, "b0c%d_in", chunk);
+    put_ones_or_mask(f->o, name, cf_nn_rnn_dropout_mask(awd->children[1 + L]),
+                     cf_shape2(rows, CLAS_E));
+    for (int l = 0; l < L; l++) {
+        const int hid = l == L - 1 ? CLAS_E : CLAS_NH;
+        snprintf(name, sizeof name, "b0c%d_w%d", chunk, l);
+        put_ones_or_mask(f->o, name, cf_nn_weight_dropout_mask(awd->children[1 + l]),
+                         cf_shape2(4 * hid, hid));
+        if (l < L - 1) {
+            snprintf(name, sizeof name, "b0c%d_h%d", chunk, l);
+            put_ones_or_mask(f->o, name, cf_nn_rnn_dropout_mask(awd->children[2 + L + l]),
+                             cf_shape2(rows, hid));
+        }
+    }
+}
+
+static cf_status first_after_loss(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    first_batch *f = &g_first;
+    if (f->done || !learn->training) return CF_OK;
+    const cf_batch *b = learn->batch;
+    f->B = b->x.shape.dim[0];
+    f->T = b->x.shape.dim[1];
+    assert_true(f->B * f->T <= 64 * 64 && f->B <= 64);
+    memcpy(f->x, b->x.data, (size_t)f->B * f->T * sizeof(float));
+    memcpy(f->y, b->y.data, (size_t)f->B * sizeof(float));
+    f->loss = learn->loss_value;
+    /* the head's dropout masks: its dropouts' outputs over their inputs (the BatchNorms') */
+    const cf_module *layers = learn->model->root->children[1]->children[0];
+    for (int i = 0; i < 2; i++) {
+        const cf_module *drop = layers->children[i]->children[1];
+        const cf_module *bn = layers->children[i]->children[0];
+        const size_t nf = cf_tensor_numel(&drop->out);
+        float *mask = malloc(nf * sizeof(float));
+        for (size_t j = 0; j < nf; j++)
+            mask[j] = drop->out.data[j] == 0.0f ? 0.0f : drop->out.data[j] / bn->out.data[j];
+        char name[32];
+        snprintf(name, sizeof name, "b0_hd%d", i);
+        oracle_put(f->o, name, mask, drop->out.shape);
+        free(mask);
+    }
+    oracle_put(f->o, "x0", f->x, cf_shape2(f->B, f->T));
+    oracle_put(f->o, "t0", f->y, cf_shape1(f->B));
+    return CF_OK;
+}
+
+static cf_status first_after_backward(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    first_batch *f = &g_first;
+    if (f->done) return CF_OK;
+    f->done = true;
+    const cf_model *m = learn->model;
+    size_t at = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->grad) {
+            memcpy(f->grads + at, m->params[i]->grad, m->params[i]->numel * sizeof(float));
+            at += m->params[i]->numel;
+        }
+    return CF_OK;
+}
+
+/* The learner's first training batch (fastai's default dropouts on) against fastai's classifier
+ * in PyTorch with the same weights and masks: the loss and every gradient. */
+static void test_clas_learner_batch_oracle(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(6);
+    cf_learner *learn = make_clas_learner(dls, 9);
+    oracle o;
+    oracle_init(&o);
+    memset(&g_first, 0, sizeof g_first);
+    g_first.o = &o;
+    g_first.grads = malloc(learn->model->n_weights * sizeof(float));
+    const cf_model *m = learn->model;
+    for (int i = 0; i < m->n_params; i++) {
+        char name[300];
+        snprintf(name, sizeof name, "p_%s", m->params[i]->full_name);
+        oracle_put(&o, name, m->params[i]->data, m->params[i]->shape);
+    }
+    cf_module *enc = learn->model->root->children[0];
+    cf_nn_sentence_encoder_on_chunk(enc, record_chunk_masks, &g_first);
+    cf_callback *cb = cf_callback_new("FirstBatch", CF_ORDER_DEFAULT, 0);
+    cb->on[CF_EV_AFTER_LOSS] = first_after_loss;
+    cb->on[CF_EV_AFTER_BACKWARD] = first_after_backward;
+    assert_int_equal(cf_learner_add_cb(learn, cb), CF_OK);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-3)), CF_OK);
+    cf_nn_sentence_encoder_on_chunk(enc, NULL, NULL);
+    assert_true(g_first.done);
+    char args[96];
+    snprintf(args, sizeof args, "clas %d %d %d %d %d %d 1 6 3", VOCAB, CLAS_E, CLAS_NH, CLAS_L,
+             CLAS_BPTT, CLAS_MAX_LEN);
+    oracle_run(&o, "lstm.py", args);
+    cf_tensor r = oracle_get(&o, "loss0");
+    assert_close("loss", &g_first.loss, r.data, 1, 1e-4, 1e-6);
+    free(r.data);
+    size_t at = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const cf_param *p = m->params[i];
+        if (!p->grad) continue; /* BatchNorm's running statistics */
+        char name[300];
+        snprintf(name, sizeof name, "g_%s", p->full_name);
+        cf_tensor g = oracle_get(&o, name);
+        assert_int_equal(cf_tensor_numel(&g), p->numel);
+        assert_close(name, g_first.grads + at, g.data, p->numel, 1e-4, 1e-5);
+        at += p->numel;
+        free(g.data);
+    }
+    oracle_cleanup(&o);
+    free(g_first.grads);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* load_encoder: a language model's encoder of the same vocabulary and sizes goes into the
+ * classifier, which is then frozen to its head */
+static void test_clas_load_encoder(void **state) {
+    (void)state;
+    char dir[256], path[512];
+    test_tmpdir_make(dir, sizeof dir, "cf_textclas");
+    snprintf(path, sizeof path, "%s/enc.safetensors", dir);
+    cf_dls *lm_dls = make_dls(), *dls = make_clas_dls(4);
+    cf_awd_lstm_config config = clas_config();
+    cf_learner *lm = NULL;
+    assert_int_equal(
+        cf_language_model_learner(&lm, lm_dls, .config = &config, .seed = 2, .quiet = true), CF_OK);
+    assert_int_equal(cf_fit(lm, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_int_equal(cf_learner_save_encoder(lm, path), CF_OK);
+    cf_learner *clas = make_clas_learner(dls, 4);
+    assert_int_equal(cf_learner_load_encoder(clas, path), CF_OK);
+    for (int i = 0; i < lm->model->n_params; i++) {
+        const cf_param *p = lm->model->params[i];
+        if (strncmp(p->full_name, "0.", 2) != 0) continue;
+        char name[300];
+        snprintf(name, sizeof name, "0.module.%s", p->full_name + 2);
+        const cf_param *q = cf_model_param(clas->model, name);
+        if (!q) fail_msg("%s missing", name);
+        if (memcmp(p->data, q->data, p->numel * sizeof(float)) != 0)
+            fail_msg("%s not loaded", name);
+        assert_false(q->trainable);
+    }
+    assert_true(cf_model_param(clas->model, "1.layers.0.2.weight")->trainable);
+    assert_int_equal(cf_fit(clas, 1, .lr = CF_LR(1e-2)), CF_OK);
+    /* the frozen encoder did not move */
+    const cf_param *e = cf_model_param(clas->model, "0.module.encoder.weight");
+    assert_memory_equal(e->data, cf_model_param(lm->model, "0.encoder.weight")->data,
+                        e->numel * sizeof(float));
+    assert_int_equal(cf_learner_unfreeze(clas), CF_OK);
+    assert_true(e->trainable);
+    cf_learner_free(clas);
+    cf_learner_free(lm);
+    cf_dls_free(dls);
+    cf_dls_free(lm_dls);
+    test_tmpdir_remove(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learner_defaults),
@@ -292,6 +590,10 @@ int main(void) {
         cmocka_unit_test(test_perplexity_and_resetter),
         cmocka_unit_test(test_encoder_round_trip),
         cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_clas_learner_defaults_and_fit),
+        cmocka_unit_test(test_clas_learner_multi_label),
+        cmocka_unit_test(test_clas_learner_batch_oracle),
+        cmocka_unit_test(test_clas_load_encoder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

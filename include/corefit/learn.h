@@ -849,6 +849,32 @@ typedef struct cf_lm_learner_opts {
     CF_CALL2_(cf_language_model_learner_, cf_lm_learner_opts, __VA_ARGS__, )
 cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_learner_opts *opts);
 
+typedef struct cf_text_clas_learner_opts {
+    CF_LEARNER_FIELDS;
+    const cf_awd_lstm_config *config; /* NULL: cf_awd_lstm_clas_config() */
+    float drop_mult;                  /* 0: fastai's 0.5 */
+    int n_out;                        /* 0: the training corpus's classes */
+    int seq_len;                      /* the SentenceEncoder's bptt; 0: 72 */
+    int max_len;                      /* 0: 72 * 20; < 0: no limit */
+    const int *lin_ftrs;              /* the head's hidden sizes; NULL: {50} */
+    int n_lin_ftrs;
+    const float *ps; /* n_lin_ftrs dropouts after the first block's; NULL: 0.1 each */
+} cf_text_clas_learner_opts;
+
+/* fastai's text_classifier_learner(dls, AWD_LSTM, seq_len, config, drop_mult=0.5, n_out,
+ * lin_ftrs, ps, max_len) without pretrained weights, over a classifier text loader (fastai's
+ * sorted, front-padded batches): cf_text_classifier over the corpus's vocabulary, fastai's
+ * 5-group splitter ([embedding], [rnns.0..2], [head]; cf_learner_freeze_to for gradual
+ * unfreezing), CrossEntropyLossFlat for class codes or BCEWithLogitsLossFlat for multi-hot
+ * labels, TextLearner's moms (0.8, 0.7, 0.8) and ModelResetter. Load a fine-tuned language
+ * model's encoder with cf_learner_load_encoder (which freezes). No RNNRegularizer: it acts on a
+ * language model's decoder, and fastai's classifier has AR/TAR only in the releases where
+ * TextLearner passes alpha and beta through (most 2.x releases have them off). */
+#define cf_text_classifier_learner(...)                                                            \
+    CF_CALL2_(cf_text_classifier_learner_, cf_text_clas_learner_opts, __VA_ARGS__, )
+cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
+                                      const cf_text_clas_learner_opts *opts);
+
 /* fastai's Perplexity: exp of the validation loss weighted as fastai's (each batch's mean
  * cross-entropy times its rows), so exp(valid_loss) for a language model. Lower is better. */
 cf_metric *cf_perplexity(void);

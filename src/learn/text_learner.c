@@ -1,6 +1,7 @@
 /* fastai's text learners (text/learner.py, callback/rnn.py): language_model_learner with
- * CrossEntropyLossFlat, TextLearner's moms and callbacks (ModelResetter, RNNRegularizer), the
- * Perplexity metric, save_encoder / load_encoder, and LMLearner.predict's generation on ids. */
+ * CrossEntropyLossFlat, text_classifier_learner, TextLearner's moms and callbacks (ModelResetter,
+ * RNNRegularizer), the Perplexity metric, save_encoder / load_encoder, and LMLearner.predict's
+ * generation on ids. */
 #include "corefit/learn.h"
 
 #include "corefit/io.h"
@@ -211,6 +212,69 @@ cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_
         st = cf_learner_add_cb(learn,
                                cf_rnn_regularizer_cb(alpha > 0 ? alpha : 0, beta > 0 ? beta : 0));
     if (st != CF_OK) {
+        cf_learner_free(learn);
+        return st;
+    }
+    *out = learn;
+    return CF_OK;
+}
+
+/* ---- text_classifier_learner -------------------------------------------------------------- */
+
+cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
+                                      const cf_text_clas_learner_opts *o) {
+    *out = NULL;
+    cf_status st = CF_OK;
+    const cf_text_corpus *corpus = dls && dls->train ? cf_text_loader_corpus(dls->train) : NULL;
+    if (!corpus || cf_text_loader_is_lm(dls->train))
+        st = cf_fail(CF_ERR_INVALID, "text_classifier_learner: the training loader is not a "
+                                     "classifier text loader (cf_text_dls_new without is_lm)");
+    else if (corpus->target_dim < 1 || corpus->n_classes < 1)
+        st =
+            cf_fail(CF_ERR_INVALID, "text_classifier_learner: the training corpus %s has no labels",
+                    corpus->source ? corpus->source : "(in memory)");
+    const bool multi_label = st == CF_OK && corpus->target_dim > 1;
+    const int n_out = st != CF_OK ? 0 : o->n_out > 0 ? o->n_out : corpus->n_classes;
+    if (st == CF_OK && multi_label && n_out != corpus->target_dim)
+        st = cf_fail(CF_ERR_INVALID,
+                     "text_classifier_learner: n_out %d does not match the %d multi-hot labels",
+                     n_out, corpus->target_dim);
+    cf_awd_lstm_config config = o->config ? *o->config : cf_awd_lstm_clas_config();
+    const float drop_mult = o->drop_mult > 0 ? o->drop_mult : 0.5f;
+    const cf_text_classifier_opts copts = {.seq_len = o->seq_len > 0 ? o->seq_len : 72,
+                                           .max_len = o->max_len != 0 ? o->max_len : 72 * 20,
+                                           .lin_ftrs = o->lin_ftrs,
+                                           .n_lin_ftrs = o->n_lin_ftrs,
+                                           .ps = o->ps};
+    cf_model *model = NULL;
+    if (st == CF_OK) {
+        cf_module *root = cf_text_classifier(corpus->vocab_size, n_out, &config, drop_mult, &copts);
+        st = root ? cf_model_new(&model, root, o->seed)
+                  : cf_fail_context(CF_ERR_INVALID, "text_classifier_learner");
+    }
+    if (st == CF_OK) st = cf_split_text_classifier(model);
+    if (st != CF_OK) {
+        cf_model_free(model);
+        for (int i = 0; i < o->n_metrics; i++) cf_metric_free(o->metrics[i]);
+        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
+        return st;
+    }
+    cf_learner_opts lo = {0};
+    COPY_LEARNER_FIELDS(lo, o);
+    /* CrossEntropyLossFlat, or BCEWithLogitsLossFlat for multi-hot labels */
+    if (!o->loss_set)
+        lo.loss = (cf_loss){.kind = multi_label ? CF_LOSS_BCE_LOGITS : CF_LOSS_CROSS_ENTROPY};
+    lo.loss_set = true;
+    if (!(o->moms[0] > 0)) { /* TextLearner's moms */
+        lo.moms[0] = 0.8;
+        lo.moms[1] = 0.7;
+        lo.moms[2] = 0.8;
+    }
+    cf_learner *learn = NULL;
+    if ((st = cf_learner_new_(&learn, dls, model, &lo)) != CF_OK) return st;
+    snprintf(learn->recipe.arch, sizeof learn->recipe.arch, "awd_lstm_clas");
+    learn->recipe.n_out = n_out;
+    if ((st = cf_learner_add_cb(learn, cf_model_resetter_cb())) != CF_OK) {
         cf_learner_free(learn);
         return st;
     }
