@@ -55,6 +55,13 @@ typedef struct cf_draw_key {
     uint64_t key;       /* the fit's position (the learner passes its epoch) */
     const int64_t *ids; /* the dataset index of each row of the batch; NULL: not set */
     int n;              /* rows in ids */
+    /* The batch's position in the epoch (the learner sets it after cf_model_set_draw_key), for
+     * draws shared by every row of a batch (the text layers' weight and embedding dropouts),
+     * which are then the same on every process that holds some of the batch's rows. */
+    int64_t step;
+    /* Numbers the runs of a module within one forward (the SentenceEncoder's chunks), so that
+     * each run draws afresh; 0 otherwise. */
+    uint64_t sub;
 } cf_draw_key;
 
 typedef struct cf_module_ops {

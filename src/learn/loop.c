@@ -164,6 +164,7 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
         learn->batch = b;
         /* dropout draws from (epoch, sample), not from how many batches ran */
         cf_model_set_draw_key(learn->model, (uint64_t)learn->epoch, b->idx, b->size);
+        learn->model->draw_key.step = i; /* the text layers' batch-wide draws */
         st = with_events(learn, CF_EV_BEFORE_BATCH, do_one_batch, NULL, CF_CANCEL_BATCH,
                          CF_EV_AFTER_CANCEL_BATCH, CF_EV_AFTER_BATCH);
         if (st == CF_OK) st = sync_cancel(learn);
