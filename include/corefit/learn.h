@@ -828,8 +828,9 @@ double cf_combined_cos(double pct, double start, double middle, double end, doub
  * Text batches (corefit/data.h) hold x (B, T) token ids, T varying between batches, and for a
  * language model y (B, T) next-token ids; the fit loop, metrics, validation and the cf_par_
  * twins take them as they are. With CF_SHARD_SPLIT_BATCH each rank reads its rows of every
- * global batch and carries the hidden state of those rows, so N workers reproduce one process
- * (model dropouts aside: the text layers draw their masks from each module's own stream). */
+ * global batch and carries the hidden state of those rows, so N workers reproduce one process,
+ * dropouts included (the text layers key their masks to the epoch, batch and sample as Dropout
+ * does; see cf_sentence_encoder for the one case of fastai's classifier that a rank cannot). */
 
 typedef struct cf_lm_learner_opts {
     CF_LEARNER_FIELDS;

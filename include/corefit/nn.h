@@ -512,7 +512,12 @@ cf_status cf_rnn_regularizer_set(cf_module *lm, float alpha, float beta);
  * the rows whose column i is not pad_idx), the state carried and detached between chunks; rows
  * past real_bs are zero in the output. Earlier chunks only warm the state (no output, no
  * gradient). Backward recomputes each kept chunk but the last (same masks and state) instead of
- * holding all of them. max_len must be >= bptt (or < 0). */
+ * holding all of them. max_len must be >= bptt (or < 0). Inside a fit each chunk's dropouts
+ * draw from the model's draw key numbered by the chunk (cf_draw_key.sub). Split over ranks, a
+ * rank counts real_bs over its own rows, which equals one process's run of the batch when the
+ * active rows form a prefix of it; fastai's count does not check that, and a row padded at the
+ * end inside the last chunk while a shorter row is not breaks it (documents of whole chunks
+ * never do). */
 cf_module *cf_sentence_encoder(int bptt, cf_module *awd_lstm, int pad_idx, int max_len);
 /* fastai's PoolingLinearClassifier(dims, ps, bptt) after `encoder` (a cf_sentence_encoder, whose
  * input gives the padding): masked_concat_pool of the encoder's output (B, K, E) into (B, 3E) =
