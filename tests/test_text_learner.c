@@ -675,6 +675,93 @@ static void test_par_dropout_clas(void **state) {
     cf_dls_free(dls);
 }
 
+/* get_preds of a language model: one row per predicted token in stream order (row k predicts
+ * stream token k + 1), each as a run over its loader row from a reset state; on 2 split-batch
+ * workers the same */
+static void test_get_preds_lm(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    cf_learner *learn = make_learner(dls, 6, 0.1f);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    cf_preds p = {0}, q = {0};
+    assert_int_equal(cf_get_preds(learn, &p, .with_decoded = true, .with_loss = true), CF_OK);
+    const cf_text_corpus *c = cf_text_loader_corpus(dls->valid);
+    const int64_t bs = 6, bl = (c->n_tokens - 1) / bs;
+    assert_int_equal(p.n, bs * bl);
+    assert_int_equal(p.preds.shape.dim[1], VOCAB);
+    for (int64_t k = 0; k < p.n; k++) assert_true(p.targs.data[k] == (float)c->ids[k + 1]);
+    /* loader row 1 run alone from a reset state */
+    float *x = malloc((size_t)bl * sizeof(float));
+    for (int64_t t = 0; t < bl; t++) x[t] = (float)c->ids[bl + t];
+    cf_model_train(learn->model, false);
+    cf_rnn_reset(learn->model->root);
+    cf_tensor in = cf_tensor_view(x, cf_shape2(1, (int)bl));
+    const cf_tensor *y = NULL;
+    assert_int_equal(cf_model_forward(learn->model, &in, &y), CF_OK);
+    float *probs = malloc((size_t)bl * VOCAB * sizeof(float));
+    cf_tensor pt = cf_tensor_view(probs, y->shape);
+    cf_loss_activation(&learn->loss, y, &pt);
+    assert_close("row 1", p.preds.data + bl * VOCAB, probs, (size_t)bl * VOCAB, 1e-4, 1e-6);
+    for (int64_t t = 0; t < bl; t++) {
+        const float *r = probs + t * VOCAB;
+        int64_t best = 0;
+        for (int v = 1; v < VOCAB; v++)
+            if (r[v] > r[best]) best = v;
+        assert_int_equal(p.decoded[bl + t], best);
+        assert_near(p.losses[bl + t], -log(r[(int)c->ids[bl + t + 1]]), 1e-4);
+    }
+    assert_int_equal(cf_par_get_preds(learn, &q, .par = {.num_cores = 2, .split_batch = true}),
+                     CF_OK);
+    assert_int_equal(q.n, p.n);
+    assert_close("2 workers", q.preds.data, p.preds.data, (size_t)p.n * VOCAB, 1e-5, 1e-7);
+    /* inputs of varying length are refused */
+    cf_preds r = {0};
+    assert_int_equal(cf_get_preds(learn, &r, .with_input = true), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "with_input"));
+    free(x);
+    free(probs);
+    cf_preds_free(&p);
+    cf_preds_free(&q);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* get_preds of a classifier: document order, each as the document classified alone; on 2
+ * split-batch workers the same */
+static void test_get_preds_clas(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(4);
+    cf_learner *learn = make_clas_learner(dls, 8);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    cf_preds p = {0}, q = {0};
+    assert_int_equal(cf_get_preds(learn, &p, .with_decoded = true), CF_OK);
+    const cf_text_corpus *c = cf_text_loader_corpus(dls->valid);
+    assert_int_equal(p.n, c->n_docs);
+    assert_int_equal(p.preds.shape.dim[1], 3);
+    cf_model_train(learn->model, false);
+    for (int64_t d = 0; d < c->n_docs; d++) {
+        assert_true(p.targs.data[d] == c->targets[d]);
+        const int64_t len = c->offsets[d + 1] - c->offsets[d];
+        float x[64], probs[3];
+        for (int64_t t = 0; t < len; t++) x[t] = (float)c->ids[c->offsets[d] + t];
+        cf_tensor in = cf_tensor_view(x, cf_shape2(1, (int)len));
+        const cf_tensor *y = NULL;
+        assert_int_equal(cf_model_forward(learn->model, &in, &y), CF_OK);
+        cf_tensor pt = cf_tensor_view(probs, y->shape);
+        cf_loss_activation(&learn->loss, y, &pt);
+        assert_close("document", p.preds.data + d * 3, probs, 3, 1e-4, 1e-6);
+    }
+    assert_int_equal(cf_par_get_preds(learn, &q, .with_decoded = true,
+                                      .par = {.num_cores = 2, .split_batch = true}),
+                     CF_OK);
+    assert_close("2 workers", q.preds.data, p.preds.data, (size_t)p.n * 3, 1e-5, 1e-7);
+    assert_memory_equal(q.decoded, p.decoded, (size_t)p.n * sizeof(int64_t));
+    cf_preds_free(&p);
+    cf_preds_free(&q);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learner_defaults),
@@ -688,6 +775,8 @@ int main(void) {
         cmocka_unit_test(test_clas_load_encoder),
         cmocka_unit_test(test_par_dropout_lm),
         cmocka_unit_test(test_par_dropout_clas),
+        cmocka_unit_test(test_get_preds_lm),
+        cmocka_unit_test(test_get_preds_clas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -666,7 +666,14 @@ typedef struct cf_get_preds_opts {
     bool raw; /* true: no loss activation (fastai act=noop) */
 } cf_get_preds_opts;
 
-/* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free. */
+/* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free.
+ * Text: a classifier's rows are its documents in corpus order (preds (n_docs, n_classes)). A
+ * language model's are the stream layout: row k (k < bs * bl, bl = (n_tokens - 1) / bs, bs the
+ * loader's) is the prediction of stream token k + 1 (the corpus's documents concatenated as
+ * stored), from the loader row that holds it (so each bl-token segment is predicted as one
+ * sequence from a reset state); preds (n, vocab), targs (n) the next ids, decoded the argmax,
+ * losses each token's cross-entropy. Inputs (with_input) are refused for text: documents have
+ * different lengths. */
 typedef struct cf_preds {
     int64_t n;
     cf_tensor preds;  /* (n, C): after the loss activation unless raw */
