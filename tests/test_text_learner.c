@@ -762,6 +762,81 @@ static void test_get_preds_clas(void **state) {
     cf_dls_free(dls);
 }
 
+/* The RNNRegularizer callback adds the language model's own AR/TAR gradient (the one checked
+ * against PyTorch in test_lstm) to the first training batch, and reports its terms. */
+static struct {
+    bool done;
+    int B, T;
+    float x[64 * 64], y[64 * 64];
+    float *grads;
+    double ar, tar;
+} g_reg;
+
+static cf_status reg_capture_loss(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (g_reg.done || !learn->training) return CF_OK;
+    g_reg.B = learn->batch->x.shape.dim[0];
+    g_reg.T = learn->batch->x.shape.dim[1];
+    memcpy(g_reg.x, learn->batch->x.data, (size_t)g_reg.B * g_reg.T * sizeof(float));
+    memcpy(g_reg.y, learn->batch->y.data, (size_t)g_reg.B * g_reg.T * sizeof(float));
+    return CF_OK;
+}
+
+static cf_status reg_capture_backward(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (g_reg.done) return CF_OK;
+    g_reg.done = true;
+    memcpy(g_reg.grads, learn->model->grads, learn->model->n_weights * sizeof(float));
+    for (int i = 0; i < learn->n_cbs; i++)
+        if (strcmp(learn->cbs[i]->name, "RNNRegularizer") == 0)
+            assert_int_equal(cf_rnn_regularizer_terms(learn->cbs[i], &g_reg.ar, &g_reg.tar), CF_OK);
+    return CF_OK;
+}
+
+static void test_rnn_regularizer_cb(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    cf_learner *a = make_learner(dls, 12, 0.0f), *b = make_learner(dls, 12, 0.0f);
+    memset(&g_reg, 0, sizeof g_reg);
+    g_reg.grads = malloc(a->model->n_weights * sizeof(float));
+    cf_callback *cb = cf_callback_new("Capture", CF_ORDER_RECORDER, 0);
+    cb->on[CF_EV_AFTER_LOSS] = reg_capture_loss;
+    cb->on[CF_EV_AFTER_BACKWARD] = reg_capture_backward;
+    assert_int_equal(cf_learner_add_cb(a, cb), CF_OK);
+    assert_int_equal(cf_fit(a, 1, .lr = CF_LR(1e-3)), CF_OK);
+    assert_true(g_reg.done);
+    /* the same batch through b's model with the regularizer set by hand */
+    cf_model *m = b->model;
+    cf_model_train(m, true);
+    cf_rnn_reset(m->root);
+    cf_model_zero_grad(m);
+    cf_tensor x = cf_tensor_view(g_reg.x, cf_shape2(g_reg.B, g_reg.T));
+    cf_tensor t = cf_tensor_view(g_reg.y, cf_shape2(g_reg.B, g_reg.T));
+    const cf_tensor *y = NULL;
+    assert_int_equal(cf_model_forward(m, &x, &y), CF_OK);
+    assert_near(g_reg.ar, cf_rnn_regularizer_loss(m->root, 1, 0), 1e-6);
+    assert_near(g_reg.tar, cf_rnn_regularizer_loss(m->root, 0, 1), 1e-6);
+    assert_true(g_reg.ar > 0 && g_reg.tar > 0);
+    float *dl = malloc(cf_tensor_numel(y) * sizeof(float));
+    cf_tensor dpred = cf_tensor_view(dl, y->shape);
+    cf_loss_backward(&b->loss, y, &t, &dpred);
+    assert_int_equal(cf_rnn_regularizer_set(m->root, 2.0f, 1.0f), CF_OK);
+    assert_int_equal(cf_model_backward(m, &dpred), CF_OK);
+    assert_close("grads", g_reg.grads, m->grads, m->n_weights, 1e-5, 1e-7);
+    /* and without it the gradients differ */
+    cf_model_zero_grad(m);
+    cf_rnn_reset(m->root);
+    assert_int_equal(cf_model_forward(m, &x, &y), CF_OK);
+    assert_int_equal(cf_rnn_regularizer_set(m->root, 0.0f, 0.0f), CF_OK);
+    assert_int_equal(cf_model_backward(m, &dpred), CF_OK);
+    assert_true(max_rel(g_reg.grads, m->grads, m->n_weights, 1e-3) > 1e-3);
+    free(dl);
+    free(g_reg.grads);
+    cf_learner_free(a);
+    cf_learner_free(b);
+    cf_dls_free(dls);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learner_defaults),
@@ -777,6 +852,7 @@ int main(void) {
         cmocka_unit_test(test_par_dropout_clas),
         cmocka_unit_test(test_get_preds_lm),
         cmocka_unit_test(test_get_preds_clas),
+        cmocka_unit_test(test_rnn_regularizer_cb),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
