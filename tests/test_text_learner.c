@@ -1,5 +1,7 @@
-/* The language-model learner: parallel fits on 2 and 3 split-batch workers equal one process,
- * Perplexity = exp(valid loss), ModelResetter, save_encoder / load_encoder, generation. */
+/* The text learners. Language model: parallel fits on 2 and 3 split-batch workers equal one
+ * process, Perplexity = exp(valid loss), ModelResetter, save_encoder / load_encoder, generation.
+ * Classifier: defaults, a tiny fit, gradual unfreezing, multi-label loss, the first batch's loss
+ * and gradients against fastai's classifier in PyTorch (tests/oracle/lstm.py), load_encoder. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "nn/rnn_internal.h"
 #include "oracle.h"
 
 #define assert_near(a, b, tol)                                                                     \
@@ -25,14 +28,16 @@
 enum { VOCAB = 40 };
 
 /* A corpus with structure to learn: each document counts up from a random start (mod the
- * vocabulary above the special ids), with xxbos first. */
-static cf_text_corpus *make_corpus(int n_docs, uint64_t seed) {
+ * vocabulary above the special ids), with xxbos first; whole_chunks > 0: every length a multiple
+ * of it. */
+static cf_text_corpus *make_corpus_chunked(int n_docs, uint64_t seed, int whole_chunks) {
     cf_rng rng;
     cf_rng_seed(&rng, seed);
     int32_t *docs[64];
     int64_t lens[64];
     for (int d = 0; d < n_docs; d++) {
-        lens[d] = 6 + (int64_t)(cf_rng_next(&rng) % 12);
+        const int64_t r = (int64_t)(cf_rng_next(&rng) % 12);
+        lens[d] = whole_chunks ? whole_chunks * (2 + r % 3) : 6 + r;
         docs[d] = malloc((size_t)lens[d] * sizeof(int32_t));
         docs[d][0] = CF_TEXT_BOS;
         int32_t v = 3 + (int32_t)(cf_rng_next(&rng) % (VOCAB - 3));
@@ -46,6 +51,10 @@ static cf_text_corpus *make_corpus(int n_docs, uint64_t seed) {
         cf_text_corpus_from_docs((const int32_t *const *)docs, lens, n_docs, VOCAB, &c), CF_OK);
     for (int d = 0; d < n_docs; d++) free(docs[d]);
     return c;
+}
+
+static cf_text_corpus *make_corpus(int n_docs, uint64_t seed) {
+    return make_corpus_chunked(n_docs, seed, 0);
 }
 
 static cf_dls *make_dls(void) {
@@ -285,6 +294,549 @@ static void test_generate(void **state) {
     cf_dls_free(dls);
 }
 
+/* ---- text_classifier_learner ---------------------------------------------------------------- */
+
+enum { CLAS_E = 8, CLAS_NH = 12, CLAS_L = 3, CLAS_BPTT = 4, CLAS_MAX_LEN = 8 };
+
+/* Labelled documents: the class is the third of the vocabulary the document starts in. */
+static cf_text_corpus *make_clas_corpus(int n_docs, uint64_t seed, int whole_chunks) {
+    cf_text_corpus *c = make_corpus_chunked(n_docs, seed, whole_chunks);
+    float targets[64];
+    for (int64_t d = 0; d < c->n_docs; d++)
+        targets[d] = (float)((c->ids[c->offsets[d] + 1] - 3) * 3 / (VOCAB - 3));
+    const char *classes[] = {"low", "mid", "high"};
+    assert_int_equal(cf_text_corpus_set_labels(c, targets, 1, 3, classes), CF_OK);
+    return c;
+}
+
+static cf_dls *make_clas_dls_(int bs, int whole_chunks) {
+    cf_text_corpus *train = make_clas_corpus(24, 21, whole_chunks),
+                   *valid = make_clas_corpus(8, 22, whole_chunks);
+    cf_dls *dls = NULL;
+    assert_int_equal(cf_text_dls_new(train, valid,
+                                     &(cf_text_dls_options){
+                                         .bs = bs, .seq_len = CLAS_BPTT, .seed = 5, .prefetch = -1},
+                                     &dls),
+                     CF_OK);
+    cf_text_corpus_free(train);
+    cf_text_corpus_free(valid);
+    return dls;
+}
+
+static cf_dls *make_clas_dls(int bs) {
+    return make_clas_dls_(bs, 0);
+}
+
+static cf_awd_lstm_config clas_config(void) {
+    cf_awd_lstm_config c = cf_awd_lstm_clas_config();
+    c.emb_sz = CLAS_E;
+    c.n_hid = CLAS_NH;
+    c.n_layers = CLAS_L;
+    return c;
+}
+
+static cf_learner *make_clas_learner(cf_dls *dls, uint64_t seed) {
+    cf_awd_lstm_config config = clas_config();
+    const int lin_ftrs[] = {6};
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_text_classifier_learner(&learn, dls, .config = &config, .seed = seed,
+                                                .seq_len = CLAS_BPTT, .max_len = CLAS_MAX_LEN,
+                                                .lin_ftrs = lin_ftrs, .n_lin_ftrs = 1,
+                                                .quiet = true, .metrics = metrics, .n_metrics = 1),
+                     CF_OK);
+    return learn;
+}
+
+static void test_clas_learner_defaults_and_fit(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(4);
+    cf_learner *learn = make_clas_learner(dls, 3);
+    assert_near(learn->moms[1], 0.7, 0);
+    assert_int_equal(learn->loss.kind, CF_LOSS_CROSS_ENTROPY);
+    assert_int_equal(learn->model->n_groups, 5);
+    /* the head's first block has its dropout (output_p * drop_mult) */
+    const cf_module *head = learn->model->root->children[1];
+    const cf_module *drop0 = head->children[0]->children[0]->children[1];
+    assert_string_equal(drop0->ops->kind, "Dropout");
+    double before[2], after[2];
+    assert_int_equal(cf_validate(learn, before), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 6, .lr_max = CF_LR(3e-2)), CF_OK);
+    assert_int_equal(cf_validate(learn, after), CF_OK);
+    if (!(after[0] < before[0] - 0.05))
+        fail_msg("valid loss %.5g after the fit, %.5g before", after[0], before[0]);
+    /* gradual unfreezing: freeze_to(-2) trains the last LSTM and the head */
+    assert_int_equal(cf_learner_freeze_to(learn, -2), CF_OK);
+    assert_false(cf_model_param(learn->model, "0.module.rnns.1.weight_hh_l0_raw")->trainable);
+    assert_true(cf_model_param(learn->model, "0.module.rnns.2.weight_hh_l0_raw")->trainable);
+    assert_false(cf_model_param(learn->model, "0.module.encoder.weight")->trainable);
+    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(1e-2)), CF_OK);
+    cf_learner_free(learn);
+    /* a language-model loader is refused */
+    cf_dls *lm = make_dls();
+    cf_learner *bad = NULL;
+    assert_int_equal(cf_text_classifier_learner(&bad, lm), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "classifier text loader"));
+    cf_dls_free(lm);
+    cf_dls_free(dls);
+}
+
+/* a multi-hot corpus takes BCEWithLogitsLossFlat */
+static void test_clas_learner_multi_label(void **state) {
+    (void)state;
+    cf_text_corpus *train = make_corpus(12, 31), *valid = make_corpus(4, 32);
+    float tt[12 * 2], tv[4 * 2];
+    for (int i = 0; i < 24; i++) tt[i] = (float)(i % 3 == 0);
+    for (int i = 0; i < 8; i++) tv[i] = (float)(i % 2);
+    const char *classes[] = {"a", "b"};
+    assert_int_equal(cf_text_corpus_set_labels(train, tt, 2, 2, classes), CF_OK);
+    assert_int_equal(cf_text_corpus_set_labels(valid, tv, 2, 2, classes), CF_OK);
+    cf_dls *dls = NULL;
+    assert_int_equal(
+        cf_text_dls_new(
+            train, valid,
+            &(cf_text_dls_options){.bs = 4, .seq_len = CLAS_BPTT, .seed = 1, .prefetch = -1}, &dls),
+        CF_OK);
+    cf_awd_lstm_config config = clas_config();
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_text_classifier_learner(&learn, dls, .config = &config,
+                                                .seq_len = CLAS_BPTT, .quiet = true),
+                     CF_OK);
+    assert_int_equal(learn->loss.kind, CF_LOSS_BCE_LOGITS);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_true(isfinite(learn->recorder.values[0]));
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    cf_text_corpus_free(train);
+    cf_text_corpus_free(valid);
+}
+
+/* What the first training batch left: its ids, targets and loss, every chunk's masks and the
+ * head's (in the oracle), and the gradients. */
+typedef struct first_batch {
+    oracle *o;
+    bool done;
+    int B, T;
+    float x[64 * 64], y[64], loss;
+    float *grads;
+} first_batch;
+static first_batch g_first;
+
+static void put_ones_or_mask(oracle *o, const char *name, const float *mask, cf_shape shape) {
+    float *ones = NULL;
+    if (!mask) { /* no mask drawn (p = 0): all ones */
+        ones = malloc(cf_shape_numel(&shape) * sizeof(float));
+        for (size_t i = 0; i < cf_shape_numel(&shape); i++) ones[i] = 1.0f;
+        mask = ones;
+    }
+    oracle_put(o, name, mask, shape);
+    free(ones);
+}
+
+static void record_chunk_masks(void *ctx, int chunk, const cf_module *awd) {
+    first_batch *f = ctx;
+    if (f->done) return;
+    const int L = CLAS_L, rows = awd->in->shape.dim[0];
+    char name[48];
+    snprintf(name, sizeof name, "b0c%d_emb", chunk);
+    put_ones_or_mask(f->o, name, cf_nn_embedding_dropout_mask(awd->children[0]), cf_shape1(VOCAB));
+    snprintf(name, sizeof name, "b0c%d_in", chunk);
+    put_ones_or_mask(f->o, name, cf_nn_rnn_dropout_mask(awd->children[1 + L]),
+                     cf_shape2(rows, CLAS_E));
+    for (int l = 0; l < L; l++) {
+        const int hid = l == L - 1 ? CLAS_E : CLAS_NH;
+        snprintf(name, sizeof name, "b0c%d_w%d", chunk, l);
+        put_ones_or_mask(f->o, name, cf_nn_weight_dropout_mask(awd->children[1 + l]),
+                         cf_shape2(4 * hid, hid));
+        if (l < L - 1) {
+            snprintf(name, sizeof name, "b0c%d_h%d", chunk, l);
+            put_ones_or_mask(f->o, name, cf_nn_rnn_dropout_mask(awd->children[2 + L + l]),
+                             cf_shape2(rows, hid));
+        }
+    }
+}
+
+static cf_status first_after_loss(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    first_batch *f = &g_first;
+    if (f->done || !learn->training) return CF_OK;
+    const cf_batch *b = learn->batch;
+    f->B = b->x.shape.dim[0];
+    f->T = b->x.shape.dim[1];
+    assert_true(f->B * f->T <= 64 * 64 && f->B <= 64);
+    memcpy(f->x, b->x.data, (size_t)f->B * f->T * sizeof(float));
+    memcpy(f->y, b->y.data, (size_t)f->B * sizeof(float));
+    f->loss = learn->loss_value;
+    /* the head's dropout masks: its dropouts' outputs over their inputs (the BatchNorms') */
+    const cf_module *layers = learn->model->root->children[1]->children[0];
+    for (int i = 0; i < 2; i++) {
+        const cf_module *drop = layers->children[i]->children[1];
+        const cf_module *bn = layers->children[i]->children[0];
+        const size_t nf = cf_tensor_numel(&drop->out);
+        float *mask = malloc(nf * sizeof(float));
+        for (size_t j = 0; j < nf; j++)
+            mask[j] = drop->out.data[j] == 0.0f ? 0.0f : drop->out.data[j] / bn->out.data[j];
+        char name[32];
+        snprintf(name, sizeof name, "b0_hd%d", i);
+        oracle_put(f->o, name, mask, drop->out.shape);
+        free(mask);
+    }
+    oracle_put(f->o, "x0", f->x, cf_shape2(f->B, f->T));
+    oracle_put(f->o, "t0", f->y, cf_shape1(f->B));
+    return CF_OK;
+}
+
+static cf_status first_after_backward(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    first_batch *f = &g_first;
+    if (f->done) return CF_OK;
+    f->done = true;
+    const cf_model *m = learn->model;
+    size_t at = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->grad) {
+            memcpy(f->grads + at, m->params[i]->grad, m->params[i]->numel * sizeof(float));
+            at += m->params[i]->numel;
+        }
+    return CF_OK;
+}
+
+/* The learner's first training batch (fastai's default dropouts on) against fastai's classifier
+ * in PyTorch with the same weights and masks: the loss and every gradient. */
+static void test_clas_learner_batch_oracle(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(6);
+    cf_learner *learn = make_clas_learner(dls, 9);
+    oracle o;
+    oracle_init(&o);
+    memset(&g_first, 0, sizeof g_first);
+    g_first.o = &o;
+    g_first.grads = malloc(learn->model->n_weights * sizeof(float));
+    const cf_model *m = learn->model;
+    for (int i = 0; i < m->n_params; i++) {
+        char name[300];
+        snprintf(name, sizeof name, "p_%s", m->params[i]->full_name);
+        oracle_put(&o, name, m->params[i]->data, m->params[i]->shape);
+    }
+    cf_module *enc = learn->model->root->children[0];
+    cf_nn_sentence_encoder_on_chunk(enc, record_chunk_masks, &g_first);
+    cf_callback *cb = cf_callback_new("FirstBatch", CF_ORDER_DEFAULT, 0);
+    cb->on[CF_EV_AFTER_LOSS] = first_after_loss;
+    cb->on[CF_EV_AFTER_BACKWARD] = first_after_backward;
+    assert_int_equal(cf_learner_add_cb(learn, cb), CF_OK);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-3)), CF_OK);
+    cf_nn_sentence_encoder_on_chunk(enc, NULL, NULL);
+    assert_true(g_first.done);
+    char args[96];
+    snprintf(args, sizeof args, "clas %d %d %d %d %d %d 1 6 3", VOCAB, CLAS_E, CLAS_NH, CLAS_L,
+             CLAS_BPTT, CLAS_MAX_LEN);
+    oracle_run(&o, "lstm.py", args);
+    cf_tensor r = oracle_get(&o, "loss0");
+    assert_close("loss", &g_first.loss, r.data, 1, 1e-4, 1e-6);
+    free(r.data);
+    size_t at = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const cf_param *p = m->params[i];
+        if (!p->grad) continue; /* BatchNorm's running statistics */
+        char name[300];
+        snprintf(name, sizeof name, "g_%s", p->full_name);
+        cf_tensor g = oracle_get(&o, name);
+        assert_int_equal(cf_tensor_numel(&g), p->numel);
+        assert_close(name, g_first.grads + at, g.data, p->numel, 1e-4, 1e-5);
+        at += p->numel;
+        free(g.data);
+    }
+    oracle_cleanup(&o);
+    free(g_first.grads);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* load_encoder: a language model's encoder of the same vocabulary and sizes goes into the
+ * classifier, which is then frozen to its head */
+static void test_clas_load_encoder(void **state) {
+    (void)state;
+    char dir[256], path[512];
+    test_tmpdir_make(dir, sizeof dir, "cf_textclas");
+    snprintf(path, sizeof path, "%s/enc.safetensors", dir);
+    cf_dls *lm_dls = make_dls(), *dls = make_clas_dls(4);
+    cf_awd_lstm_config config = clas_config();
+    cf_learner *lm = NULL;
+    assert_int_equal(
+        cf_language_model_learner(&lm, lm_dls, .config = &config, .seed = 2, .quiet = true), CF_OK);
+    assert_int_equal(cf_fit(lm, 1, .lr = CF_LR(1e-2)), CF_OK);
+    assert_int_equal(cf_learner_save_encoder(lm, path), CF_OK);
+    cf_learner *clas = make_clas_learner(dls, 4);
+    assert_int_equal(cf_learner_load_encoder(clas, path), CF_OK);
+    for (int i = 0; i < lm->model->n_params; i++) {
+        const cf_param *p = lm->model->params[i];
+        if (strncmp(p->full_name, "0.", 2) != 0) continue;
+        char name[300];
+        snprintf(name, sizeof name, "0.module.%s", p->full_name + 2);
+        const cf_param *q = cf_model_param(clas->model, name);
+        if (!q) fail_msg("%s missing", name);
+        if (memcmp(p->data, q->data, p->numel * sizeof(float)) != 0)
+            fail_msg("%s not loaded", name);
+        assert_false(q->trainable);
+    }
+    assert_true(cf_model_param(clas->model, "1.layers.0.2.weight")->trainable);
+    assert_int_equal(cf_fit(clas, 1, .lr = CF_LR(1e-2)), CF_OK);
+    /* the frozen encoder did not move */
+    const cf_param *e = cf_model_param(clas->model, "0.module.encoder.weight");
+    assert_memory_equal(e->data, cf_model_param(lm->model, "0.encoder.weight")->data,
+                        e->numel * sizeof(float));
+    assert_int_equal(cf_learner_unfreeze(clas), CF_OK);
+    assert_true(e->trainable);
+    cf_learner_free(clas);
+    cf_learner_free(lm);
+    cf_dls_free(dls);
+    cf_dls_free(lm_dls);
+    test_tmpdir_remove(dir);
+}
+
+/* Dropouts on (fastai's defaults): the masks are keyed to (epoch, batch, sample), so 2 and 3
+ * split-batch workers (synchronised BatchNorm for the classifier's head) still equal one
+ * process to 1e-5. */
+static void check_par_dropout(cf_learner *(*make)(cf_dls *, uint64_t), cf_dls *dls,
+                              const char *what, double floor) {
+    cf_learner *one = make(dls, 13);
+    assert_int_equal(cf_fit_one_cycle(one, 1, .lr_max = CF_LR(3e-3)), CF_OK);
+    cf_learner *again = make(dls, 13); /* keyed masks: the same fit again is the same */
+    assert_int_equal(cf_fit_one_cycle(again, 1, .lr_max = CF_LR(3e-3)), CF_OK);
+    assert_memory_equal(again->model->weights, one->model->weights,
+                        one->model->n_weights * sizeof(float));
+    cf_learner_free(again);
+    for (int world = 2; world <= 3; world++) {
+        cf_learner *par = make(dls, 13);
+        assert_int_equal(
+            cf_par_fit_one_cycle(par, 1, .lr_max = CF_LR(3e-3),
+                                 .par = {.num_cores = world, .split_batch = true, .sync_bn = true}),
+            CF_OK);
+        double w = max_rel(par->model->weights, one->model->weights, one->model->n_weights, floor);
+        if (w > 1e-5) {
+            const char *worst = "";
+            double wmax = 0;
+            for (int i = 0; i < one->model->n_params; i++) {
+                const cf_param *pa = one->model->params[i], *pb = par->model->params[i];
+                const double d = max_rel(pb->data, pa->data, pa->numel, floor);
+                if (d > wmax) {
+                    wmax = d;
+                    worst = pa->full_name;
+                }
+            }
+            fail_msg("%s, %d workers: weights differ by %.3g (most in %s)", what, world, w, worst);
+        }
+        for (int k = 0; k < one->recorder.n_epochs * one->recorder.n_values; k++) {
+            double a = par->recorder.values[k], b = one->recorder.values[k];
+            if (fabs(a - b) > 1e-5 * fmax(1, fabs(b)))
+                fail_msg("%s, %d workers: recorder value %d is %.8g, one process %.8g", what, world,
+                         k, a, b);
+        }
+        cf_learner_free(par);
+    }
+    cf_learner_free(one);
+}
+
+static cf_learner *make_lm_default_dropout(cf_dls *dls, uint64_t seed) {
+    cf_awd_lstm_config config = cf_awd_lstm_lm_config(); /* fastai's dropouts */
+    config.emb_sz = 12;
+    config.n_hid = 20;
+    config.n_layers = 2;
+    cf_learner *learn = NULL;
+    assert_int_equal(
+        cf_language_model_learner(&learn, dls, .config = &config, .seed = seed, .quiet = true),
+        CF_OK);
+    return learn;
+}
+
+static cf_learner *make_clas_default_dropout(cf_dls *dls, uint64_t seed) {
+    return make_clas_learner(dls, seed);
+}
+
+static void test_par_dropout_lm(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    check_par_dropout(make_lm_default_dropout, dls, "language model", 1e-3);
+    cf_dls_free(dls);
+}
+
+/* Documents of whole chunks: fastai's SentenceEncoder runs the first real_bs rows of a chunk,
+ * real_bs counting the rows not padded at its start, which is a prefix of the batch unless a
+ * row ends in padding inside the last chunk while a shorter one does not; a rank can only count
+ * its own rows, so split batches equal one process where that prefix holds (cf_sentence_encoder).
+ */
+static void test_par_dropout_clas(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls_(6, CLAS_BPTT);
+    /* the head's first BatchNorm bias starts at 1e-3 with gradients near 0, whose rounding
+     * (the replicas' sums add in another order) Adam scales up to steps of ~1e-7: compared
+     * against 1e-2 at least (with SGD every weight agrees to 1e-5 relative at 1e-3) */
+    check_par_dropout(make_clas_default_dropout, dls, "classifier", 1e-2);
+    cf_dls_free(dls);
+}
+
+/* get_preds of a language model: one row per predicted token in stream order (row k predicts
+ * stream token k + 1), each as a run over its loader row from a reset state; on 2 split-batch
+ * workers the same */
+static void test_get_preds_lm(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    cf_learner *learn = make_learner(dls, 6, 0.1f);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    cf_preds p = {0}, q = {0};
+    assert_int_equal(cf_get_preds(learn, &p, .with_decoded = true, .with_loss = true), CF_OK);
+    const cf_text_corpus *c = cf_text_loader_corpus(dls->valid);
+    const int64_t bs = 6, bl = (c->n_tokens - 1) / bs;
+    assert_int_equal(p.n, bs * bl);
+    assert_int_equal(p.preds.shape.dim[1], VOCAB);
+    for (int64_t k = 0; k < p.n; k++) assert_true(p.targs.data[k] == (float)c->ids[k + 1]);
+    /* loader row 1 run alone from a reset state */
+    float *x = malloc((size_t)bl * sizeof(float));
+    for (int64_t t = 0; t < bl; t++) x[t] = (float)c->ids[bl + t];
+    cf_model_train(learn->model, false);
+    cf_rnn_reset(learn->model->root);
+    cf_tensor in = cf_tensor_view(x, cf_shape2(1, (int)bl));
+    const cf_tensor *y = NULL;
+    assert_int_equal(cf_model_forward(learn->model, &in, &y), CF_OK);
+    float *probs = malloc((size_t)bl * VOCAB * sizeof(float));
+    cf_tensor pt = cf_tensor_view(probs, y->shape);
+    cf_loss_activation(&learn->loss, y, &pt);
+    assert_close("row 1", p.preds.data + bl * VOCAB, probs, (size_t)bl * VOCAB, 1e-4, 1e-6);
+    for (int64_t t = 0; t < bl; t++) {
+        const float *r = probs + t * VOCAB;
+        int64_t best = 0;
+        for (int v = 1; v < VOCAB; v++)
+            if (r[v] > r[best]) best = v;
+        assert_int_equal(p.decoded[bl + t], best);
+        assert_near(p.losses[bl + t], -log(r[(int)c->ids[bl + t + 1]]), 1e-4);
+    }
+    assert_int_equal(cf_par_get_preds(learn, &q, .par = {.num_cores = 2, .split_batch = true}),
+                     CF_OK);
+    assert_int_equal(q.n, p.n);
+    assert_close("2 workers", q.preds.data, p.preds.data, (size_t)p.n * VOCAB, 1e-5, 1e-7);
+    /* inputs of varying length are refused */
+    cf_preds r = {0};
+    assert_int_equal(cf_get_preds(learn, &r, .with_input = true), CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "with_input"));
+    free(x);
+    free(probs);
+    cf_preds_free(&p);
+    cf_preds_free(&q);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* get_preds of a classifier: document order, each as the document classified alone; on 2
+ * split-batch workers the same */
+static void test_get_preds_clas(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(4);
+    cf_learner *learn = make_clas_learner(dls, 8);
+    assert_int_equal(cf_fit(learn, 1, .lr = CF_LR(1e-2)), CF_OK);
+    cf_preds p = {0}, q = {0};
+    assert_int_equal(cf_get_preds(learn, &p, .with_decoded = true), CF_OK);
+    const cf_text_corpus *c = cf_text_loader_corpus(dls->valid);
+    assert_int_equal(p.n, c->n_docs);
+    assert_int_equal(p.preds.shape.dim[1], 3);
+    cf_model_train(learn->model, false);
+    for (int64_t d = 0; d < c->n_docs; d++) {
+        assert_true(p.targs.data[d] == c->targets[d]);
+        const int64_t len = c->offsets[d + 1] - c->offsets[d];
+        float x[64], probs[3];
+        for (int64_t t = 0; t < len; t++) x[t] = (float)c->ids[c->offsets[d] + t];
+        cf_tensor in = cf_tensor_view(x, cf_shape2(1, (int)len));
+        const cf_tensor *y = NULL;
+        assert_int_equal(cf_model_forward(learn->model, &in, &y), CF_OK);
+        cf_tensor pt = cf_tensor_view(probs, y->shape);
+        cf_loss_activation(&learn->loss, y, &pt);
+        assert_close("document", p.preds.data + d * 3, probs, 3, 1e-4, 1e-6);
+    }
+    assert_int_equal(cf_par_get_preds(learn, &q, .with_decoded = true,
+                                      .par = {.num_cores = 2, .split_batch = true}),
+                     CF_OK);
+    assert_close("2 workers", q.preds.data, p.preds.data, (size_t)p.n * 3, 1e-5, 1e-7);
+    assert_memory_equal(q.decoded, p.decoded, (size_t)p.n * sizeof(int64_t));
+    cf_preds_free(&p);
+    cf_preds_free(&q);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
+/* The RNNRegularizer callback adds the language model's own AR/TAR gradient (the one checked
+ * against PyTorch in test_lstm) to the first training batch, and reports its terms. */
+static struct {
+    bool done;
+    int B, T;
+    float x[64 * 64], y[64 * 64];
+    float *grads;
+    double ar, tar;
+} g_reg;
+
+static cf_status reg_capture_loss(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (g_reg.done || !learn->training) return CF_OK;
+    g_reg.B = learn->batch->x.shape.dim[0];
+    g_reg.T = learn->batch->x.shape.dim[1];
+    memcpy(g_reg.x, learn->batch->x.data, (size_t)g_reg.B * g_reg.T * sizeof(float));
+    memcpy(g_reg.y, learn->batch->y.data, (size_t)g_reg.B * g_reg.T * sizeof(float));
+    return CF_OK;
+}
+
+static cf_status reg_capture_backward(cf_callback *cb, cf_learner *learn) {
+    (void)cb;
+    if (g_reg.done) return CF_OK;
+    g_reg.done = true;
+    memcpy(g_reg.grads, learn->model->grads, learn->model->n_weights * sizeof(float));
+    for (int i = 0; i < learn->n_cbs; i++)
+        if (strcmp(learn->cbs[i]->name, "RNNRegularizer") == 0)
+            assert_int_equal(cf_rnn_regularizer_terms(learn->cbs[i], &g_reg.ar, &g_reg.tar), CF_OK);
+    return CF_OK;
+}
+
+static void test_rnn_regularizer_cb(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    cf_learner *a = make_learner(dls, 12, 0.0f), *b = make_learner(dls, 12, 0.0f);
+    memset(&g_reg, 0, sizeof g_reg);
+    g_reg.grads = malloc(a->model->n_weights * sizeof(float));
+    cf_callback *cb = cf_callback_new("Capture", CF_ORDER_RECORDER, 0);
+    cb->on[CF_EV_AFTER_LOSS] = reg_capture_loss;
+    cb->on[CF_EV_AFTER_BACKWARD] = reg_capture_backward;
+    assert_int_equal(cf_learner_add_cb(a, cb), CF_OK);
+    assert_int_equal(cf_fit(a, 1, .lr = CF_LR(1e-3)), CF_OK);
+    assert_true(g_reg.done);
+    /* the same batch through b's model with the regularizer set by hand */
+    cf_model *m = b->model;
+    cf_model_train(m, true);
+    cf_rnn_reset(m->root);
+    cf_model_zero_grad(m);
+    cf_tensor x = cf_tensor_view(g_reg.x, cf_shape2(g_reg.B, g_reg.T));
+    cf_tensor t = cf_tensor_view(g_reg.y, cf_shape2(g_reg.B, g_reg.T));
+    const cf_tensor *y = NULL;
+    assert_int_equal(cf_model_forward(m, &x, &y), CF_OK);
+    assert_near(g_reg.ar, cf_rnn_regularizer_loss(m->root, 1, 0), 1e-6);
+    assert_near(g_reg.tar, cf_rnn_regularizer_loss(m->root, 0, 1), 1e-6);
+    assert_true(g_reg.ar > 0 && g_reg.tar > 0);
+    float *dl = malloc(cf_tensor_numel(y) * sizeof(float));
+    cf_tensor dpred = cf_tensor_view(dl, y->shape);
+    cf_loss_backward(&b->loss, y, &t, &dpred);
+    assert_int_equal(cf_rnn_regularizer_set(m->root, 2.0f, 1.0f), CF_OK);
+    assert_int_equal(cf_model_backward(m, &dpred), CF_OK);
+    assert_close("grads", g_reg.grads, m->grads, m->n_weights, 1e-5, 1e-7);
+    /* and without it the gradients differ */
+    cf_model_zero_grad(m);
+    cf_rnn_reset(m->root);
+    assert_int_equal(cf_model_forward(m, &x, &y), CF_OK);
+    assert_int_equal(cf_rnn_regularizer_set(m->root, 0.0f, 0.0f), CF_OK);
+    assert_int_equal(cf_model_backward(m, &dpred), CF_OK);
+    assert_true(max_rel(g_reg.grads, m->grads, m->n_weights, 1e-3) > 1e-3);
+    free(dl);
+    free(g_reg.grads);
+    cf_learner_free(a);
+    cf_learner_free(b);
+    cf_dls_free(dls);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learner_defaults),
@@ -292,6 +844,15 @@ int main(void) {
         cmocka_unit_test(test_perplexity_and_resetter),
         cmocka_unit_test(test_encoder_round_trip),
         cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_clas_learner_defaults_and_fit),
+        cmocka_unit_test(test_clas_learner_multi_label),
+        cmocka_unit_test(test_clas_learner_batch_oracle),
+        cmocka_unit_test(test_clas_load_encoder),
+        cmocka_unit_test(test_par_dropout_lm),
+        cmocka_unit_test(test_par_dropout_clas),
+        cmocka_unit_test(test_get_preds_lm),
+        cmocka_unit_test(test_get_preds_clas),
+        cmocka_unit_test(test_rnn_regularizer_cb),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

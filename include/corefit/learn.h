@@ -356,11 +356,6 @@ struct cf_learner {
     /* fastai's loss_grad scaling: the loop sets it to 1 before after_loss of each batch and
      * multiplies dL/dpred by it before backward (0 counts as 1); GradientAccumulation sets it. */
     float loss_grad_scale;
-    /* The model's backward from dL/dpred for this batch; NULL: cf_model_backward. Set by a
-     * callback that adds gradient inside the model (the RNN regularizer's AR and TAR) at
-     * before_backward, and cleared by it afterwards. */
-    cf_status (*model_backward)(cf_learner *learn, const cf_tensor *dpred, void *ctx);
-    void *model_backward_ctx;
     double smooth_loss;
     cf_cancel cancel; /* set by cf_learner_cancel */
     bool logging;     /* false inside lr_find / validate / get_preds (no_logging) */
@@ -733,7 +728,14 @@ typedef struct cf_get_preds_opts {
     bool raw; /* true: no loss activation (fastai act=noop) */
 } cf_get_preds_opts;
 
-/* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free. */
+/* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free.
+ * Text: a classifier's rows are its documents in corpus order (preds (n_docs, n_classes)). A
+ * language model's are the stream layout: row k (k < bs * bl, bl = (n_tokens - 1) / bs, bs the
+ * loader's) is the prediction of stream token k + 1 (the corpus's documents concatenated as
+ * stored), from the loader row that holds it (so each bl-token segment is predicted as one
+ * sequence from a reset state); preds (n, vocab), targs (n) the next ids, decoded the argmax,
+ * losses each token's cross-entropy. Inputs (with_input) are refused for text: documents have
+ * different lengths. */
 typedef struct cf_preds {
     int64_t n;
     cf_tensor preds;  /* (n, C): after the loss activation unless raw */
@@ -940,8 +942,9 @@ cf_callback *cf_cutmix_cb(double alpha);
  * Text batches (corefit/data.h) hold x (B, T) token ids, T varying between batches, and for a
  * language model y (B, T) next-token ids; the fit loop, metrics, validation and the cf_par_
  * twins take them as they are. With CF_SHARD_SPLIT_BATCH each rank reads its rows of every
- * global batch and carries the hidden state of those rows, so N workers reproduce one process
- * (model dropouts aside: the text layers draw their masks from each module's own stream). */
+ * global batch and carries the hidden state of those rows, so N workers reproduce one process,
+ * dropouts included (the text layers key their masks to the epoch, batch and sample as Dropout
+ * does; see cf_sentence_encoder for the one case of fastai's classifier that a rank cannot). */
 
 typedef struct cf_lm_learner_opts {
     CF_LEARNER_FIELDS;
@@ -961,6 +964,32 @@ typedef struct cf_lm_learner_opts {
     CF_CALL2_(cf_language_model_learner_, cf_lm_learner_opts, __VA_ARGS__, )
 cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_learner_opts *opts);
 
+typedef struct cf_text_clas_learner_opts {
+    CF_LEARNER_FIELDS;
+    const cf_awd_lstm_config *config; /* NULL: cf_awd_lstm_clas_config() */
+    float drop_mult;                  /* 0: fastai's 0.5 */
+    int n_out;                        /* 0: the training corpus's classes */
+    int seq_len;                      /* the SentenceEncoder's bptt; 0: 72 */
+    int max_len;                      /* 0: 72 * 20; < 0: no limit */
+    const int *lin_ftrs;              /* the head's hidden sizes; NULL: {50} */
+    int n_lin_ftrs;
+    const float *ps; /* n_lin_ftrs dropouts after the first block's; NULL: 0.1 each */
+} cf_text_clas_learner_opts;
+
+/* fastai's text_classifier_learner(dls, AWD_LSTM, seq_len, config, drop_mult=0.5, n_out,
+ * lin_ftrs, ps, max_len) without pretrained weights, over a classifier text loader (fastai's
+ * sorted, front-padded batches): cf_text_classifier over the corpus's vocabulary, fastai's
+ * 5-group splitter ([embedding], [rnns.0..2], [head]; cf_learner_freeze_to for gradual
+ * unfreezing), CrossEntropyLossFlat for class codes or BCEWithLogitsLossFlat for multi-hot
+ * labels, TextLearner's moms (0.8, 0.7, 0.8) and ModelResetter. Load a fine-tuned language
+ * model's encoder with cf_learner_load_encoder (which freezes). No RNNRegularizer: it acts on a
+ * language model's decoder, and fastai's classifier has AR/TAR only in the releases where
+ * TextLearner passes alpha and beta through (most 2.x releases have them off). */
+#define cf_text_classifier_learner(...)                                                            \
+    CF_CALL2_(cf_text_classifier_learner_, cf_text_clas_learner_opts, __VA_ARGS__, )
+cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
+                                      const cf_text_clas_learner_opts *opts);
+
 /* fastai's Perplexity: exp of the validation loss weighted as fastai's (each batch's mean
  * cross-entropy times its rows), so exp(valid_loss) for a language model. Lower is better. */
 cf_metric *cf_perplexity(void);
@@ -972,7 +1001,9 @@ cf_callback *cf_model_resetter_cb(void);
  * alpha * mean(out^2) (AR, out: the decoder's input after its RNNDropout) and beta *
  * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) (TAR, raw_out: the AWD-LSTM's output) to the loss
  * that is differentiated; the logged loss stays the plain cross-entropy. TAR applies when T > 1
- * (fastai tests the batch size there, which would make a rank holding one row differ). */
+ * (fastai tests the batch size there, which would make a rank holding one row differ). It turns
+ * the model's own regularizer (cf_rnn_regularizer_set, scaled by learn->loss_grad_scale) on for
+ * each training backward and off after it. */
 cf_callback *cf_rnn_regularizer_cb(double alpha, double beta);
 /* The AR and TAR terms (before alpha and beta) of the last training batch. */
 cf_status cf_rnn_regularizer_terms(const cf_callback *cb, double *ar, double *tar);

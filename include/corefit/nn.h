@@ -55,6 +55,13 @@ typedef struct cf_draw_key {
     uint64_t key;       /* the fit's position (the learner passes its epoch) */
     const int64_t *ids; /* the dataset index of each row of the batch; NULL: not set */
     int n;              /* rows in ids */
+    /* The batch's position in the epoch (the learner sets it after cf_model_set_draw_key), for
+     * draws shared by every row of a batch (the text layers' weight and embedding dropouts),
+     * which are then the same on every process that holds some of the batch's rows. */
+    int64_t step;
+    /* Numbers the runs of a module within one forward (the SentenceEncoder's chunks), so that
+     * each run draws afresh; 0 otherwise. */
+    uint64_t sub;
 } cf_draw_key;
 
 typedef struct cf_module_ops {
@@ -546,7 +553,12 @@ cf_status cf_rnn_regularizer_set(cf_module *lm, float alpha, float beta);
  * the rows whose column i is not pad_idx), the state carried and detached between chunks; rows
  * past real_bs are zero in the output. Earlier chunks only warm the state (no output, no
  * gradient). Backward recomputes each kept chunk but the last (same masks and state) instead of
- * holding all of them. max_len must be >= bptt (or < 0). */
+ * holding all of them. max_len must be >= bptt (or < 0). Inside a fit each chunk's dropouts
+ * draw from the model's draw key numbered by the chunk (cf_draw_key.sub). Split over ranks, a
+ * rank counts real_bs over its own rows, which equals one process's run of the batch when the
+ * active rows form a prefix of it; fastai's count does not check that, and a row padded at the
+ * end inside the last chunk while a shorter row is not breaks it (documents of whole chunks
+ * never do). */
 cf_module *cf_sentence_encoder(int bptt, cf_module *awd_lstm, int pad_idx, int max_len);
 /* fastai's PoolingLinearClassifier(dims, ps, bptt) after `encoder` (a cf_sentence_encoder, whose
  * input gives the padding): masked_concat_pool of the encoder's output (B, K, E) into (B, 3E) =

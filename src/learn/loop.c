@@ -108,8 +108,6 @@ static cf_status do_backward(cf_learner *learn, void *ctx) {
         size_t n = cf_tensor_numel(&learn->dpred);
         for (size_t i = 0; i < n; i++) learn->dpred.data[i] *= scale;
     }
-    if (learn->model_backward)
-        return learn->model_backward(learn, &learn->dpred, learn->model_backward_ctx);
     return cf_model_backward(learn->model, &learn->dpred);
 }
 
@@ -166,6 +164,7 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
         learn->batch = b;
         /* dropout draws from (epoch, sample), not from how many batches ran */
         cf_model_set_draw_key(learn->model, (uint64_t)learn->epoch, b->idx, b->size);
+        learn->model->draw_key.step = i; /* the text layers' batch-wide draws */
         st = with_events(learn, CF_EV_BEFORE_BATCH, do_one_batch, NULL, CF_CANCEL_BATCH,
                          CF_EV_AFTER_CANCEL_BATCH, CF_EV_AFTER_BATCH);
         if (st == CF_OK) st = sync_cancel(learn);

@@ -21,6 +21,8 @@ typedef struct gather_ctx {
     cf_preds *out;
     const cf_get_preds_opts *opts;
     int64_t pred_cols, targ_cols, input_cols;
+    /* a language model's stream: global batch rows, tokens per row (bl), seq_len */
+    int64_t lm_rows, lm_row_len, lm_seq_len;
     cf_tensor act; /* activation scratch, sized on the first batch */
     cf_status status;
 } gather_ctx;
@@ -44,6 +46,34 @@ static void gather_batch(cf_learner *learn, const cf_batch *b, const cf_tensor *
         g->act.shape = pred->shape;
         cf_loss_activation(&learn->loss, pred, &g->act);
         rows = g->act.data;
+    }
+    if (g->lm_rows > 0) { /* row j of batch k holds stream positions j * bl + k * seq_len + t */
+        const int64_t T = pred->shape.dim[1], V = g->pred_cols;
+        for (int i = 0; i < b->size; i++) {
+            if (b->pad && b->pad[i]) continue;
+            const int64_t k = b->idx[i] / g->lm_rows, j = b->idx[i] % g->lm_rows;
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t at = j * g->lm_row_len + k * g->lm_seq_len + t;
+                if (at < 0 || at >= out->n) continue;
+                const float *logits = pred->data + ((size_t)i * T + t) * V;
+                const float *r = rows + ((size_t)i * T + t) * V;
+                const float target = b->y.data[(size_t)i * T + t];
+                memcpy(out->preds.data + at * V, r, (size_t)V * sizeof(float));
+                out->targs.data[at] = target;
+                int64_t best = 0;
+                float mx = logits[0];
+                for (int64_t c = 1; c < V; c++)
+                    if (logits[c] > mx) mx = logits[best = c];
+                if (out->decoded) out->decoded[at] = best;
+                if (out->losses) { /* the token's cross-entropy */
+                    double s = 0;
+                    for (int64_t c = 0; c < V; c++) s += exp((double)logits[c] - mx);
+                    const int64_t tc = (int64_t)target;
+                    out->losses[at] = tc >= 0 && tc < V ? (float)(mx + log(s) - logits[tc]) : NAN;
+                }
+            }
+        }
+        return;
     }
     for (int i = 0; i < b->size; i++) {
         if (b->pad && b->pad[i]) continue;
@@ -104,6 +134,11 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
         return cf_fail(CF_ERR_INVALID, "get_preds: no %s set",
                        o->train_set ? "training" : "validation");
     const cf_dataset *ds = cf_dataloader_dataset(like);
+    const cf_text_corpus *corpus = cf_text_loader_corpus(like);
+    if (corpus && o->with_input)
+        return cf_fail(CF_ERR_INVALID, "get_preds: with_input is not available for text (the "
+                                       "documents have different lengths; read them from the "
+                                       "corpus in the order of the predictions)");
     cf_dataloader *dl = NULL;
     cf_status st = ordered_loader(learn, like, &dl);
     if (st != CF_OK) return st;
@@ -121,30 +156,45 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
         st = cf_model_forward(learn->model, &x, &y);
     }
     gather_ctx g = {.out = out, .opts = o};
+    int64_t n = ds->n;
+    if (st == CF_OK && corpus && cf_text_loader_is_lm(like)) {
+        /* the stream layout: one row per token the loader predicts, in stream order */
+        const cf_replica *r = &learn->replica;
+        g.lm_rows = cf_dataloader_options(dl)->bs *
+                    (r->world > 1 && r->shard_mode == CF_SHARD_PER_RANK ? r->world : 1);
+        g.lm_row_len = corpus->n_tokens > 1 ? (corpus->n_tokens - 1) / g.lm_rows : 0;
+        g.lm_seq_len = ds->sample_shape.dim[0];
+        n = g.lm_rows * g.lm_row_len;
+        if (n < 1 || n > INT32_MAX)
+            st = cf_fail(CF_ERR_INVALID,
+                         "get_preds: the language-model stream %s gives %lld "
+                         "predictions (1 to %d)",
+                         corpus->source ? corpus->source : "(in memory)", (long long)n, INT32_MAX);
+    }
     if (st == CF_OK) {
-        g.pred_cols = (int64_t)cf_shape_sample_numel(&y->shape);
-        g.targ_cols = ds->target_dim;
+        g.pred_cols = (int64_t)(g.lm_rows > 0 ? (size_t)y->shape.dim[y->shape.ndim - 1]
+                                              : cf_shape_sample_numel(&y->shape));
+        g.targ_cols = g.lm_rows > 0 ? 1 : ds->target_dim;
         g.input_cols = (int64_t)cf_shape_numel(&ds->sample_shape);
-        out->n = ds->n;
-        out->preds = cf_tensor_view(cf_calloc((size_t)(ds->n * g.pred_cols) + 1, sizeof(float)),
-                                    g.pred_cols > 1 ? cf_shape2((int)ds->n, (int)g.pred_cols)
-                                                    : cf_shape1((int)ds->n));
-        out->targs = cf_tensor_view(cf_calloc((size_t)(ds->n * g.targ_cols) + 1, sizeof(float)),
-                                    g.targ_cols > 1 ? cf_shape2((int)ds->n, ds->target_dim)
-                                                    : cf_shape1((int)ds->n));
+        out->n = n;
+        out->preds = cf_tensor_view(cf_calloc((size_t)(n * g.pred_cols) + 1, sizeof(float)),
+                                    g.pred_cols > 1 ? cf_shape2((int)n, (int)g.pred_cols)
+                                                    : cf_shape1((int)n));
+        out->targs =
+            cf_tensor_view(cf_calloc((size_t)(n * g.targ_cols) + 1, sizeof(float)),
+                           g.targ_cols > 1 ? cf_shape2((int)n, ds->target_dim) : cf_shape1((int)n));
         if (o->with_input) {
-            int dims[CF_MAX_DIMS] = {(int)ds->n};
+            int dims[CF_MAX_DIMS] = {(int)n};
             for (int i = 0; i < ds->sample_shape.ndim && i + 1 < CF_MAX_DIMS; i++)
                 dims[i + 1] = ds->sample_shape.dim[i];
-            out->inputs =
-                cf_tensor_view(cf_calloc((size_t)(ds->n * g.input_cols) + 1, sizeof(float)),
-                               cf_shape_make(ds->sample_shape.ndim + 1, dims));
+            out->inputs = cf_tensor_view(cf_calloc((size_t)(n * g.input_cols) + 1, sizeof(float)),
+                                         cf_shape_make(ds->sample_shape.ndim + 1, dims));
         }
-        if (o->with_decoded) out->decoded = cf_calloc((size_t)ds->n + 1, sizeof(int64_t));
-        if (o->with_loss) out->losses = cf_calloc((size_t)ds->n + 1, sizeof(float));
+        if (o->with_decoded) out->decoded = cf_calloc((size_t)n + 1, sizeof(int64_t));
+        if (o->with_loss) out->losses = cf_calloc((size_t)n + 1, sizeof(float));
         if (!out->preds.data || !out->targs.data || (o->with_input && !out->inputs.data) ||
             (o->with_decoded && !out->decoded) || (o->with_loss && !out->losses))
-            st = cf_fail(CF_ERR_NOMEM, "get_preds: %lld predictions", (long long)ds->n);
+            st = cf_fail(CF_ERR_NOMEM, "get_preds: %lld predictions", (long long)n);
     }
     if (st == CF_OK)
         st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, gather_batch, &g);

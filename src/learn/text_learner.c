@@ -1,6 +1,7 @@
 /* fastai's text learners (text/learner.py, callback/rnn.py): language_model_learner with
- * CrossEntropyLossFlat, TextLearner's moms and callbacks (ModelResetter, RNNRegularizer), the
- * Perplexity metric, save_encoder / load_encoder, and LMLearner.predict's generation on ids. */
+ * CrossEntropyLossFlat, text_classifier_learner, TextLearner's moms and callbacks (ModelResetter,
+ * RNNRegularizer), the Perplexity metric, save_encoder / load_encoder, and LMLearner.predict's
+ * generation on ids. */
 #include "corefit/learn.h"
 
 #include "corefit/io.h"
@@ -94,99 +95,47 @@ cf_callback *cf_model_resetter_cb(void) {
 
 /* ---- RNNRegularizer ------------------------------------------------------------------------ */
 
+/* A thin switch over the language model's own regularizer (cf_rnn_regularizer_set, tested
+ * against PyTorch autograd): on for each training backward, off again afterwards, so eval
+ * passes and other learners' backwards of the same model add nothing. */
 typedef struct rnn_reg_state {
     double alpha, beta;
     double ar, tar; /* the last training batch's terms (before alpha and beta) */
 } rnn_reg_state;
 
-/* The language model's pieces: root = Sequential(AWD_LSTM, LinearDecoder); raw_out is the
- * decoder's input, out its RNNDropout's output (fastai's RNNCallback). */
-static cf_status lm_parts(const cf_learner *learn, cf_module **enc, cf_module **dec) {
-    const cf_module *root = learn->model->root;
-    if (root->n_children != 2 || strcmp(root->children[1]->ops->kind, "LinearDecoder") != 0 ||
-        root->children[1]->n_children < 1 || !root->children[1]->in)
+static cf_status lm_root(const cf_learner *learn, cf_module **root) {
+    *root = learn->model->root;
+    if (!cf_awd_lstm_lm_raw_out(*root))
         return cf_fail(CF_ERR_INVALID, "RNNRegularizer: the model is not a language model "
-                                       "(Sequential(AWD_LSTM, LinearDecoder))");
-    *enc = root->children[0];
-    *dec = root->children[1];
+                                       "(cf_awd_lstm_lm) or has not run forward");
     return CF_OK;
 }
 
 static cf_status reg_after_loss(cf_callback *cb, cf_learner *learn) {
     rnn_reg_state *s = cb->state;
-    cf_module *enc = NULL, *dec = NULL;
-    cf_status st = lm_parts(learn, &enc, &dec);
+    cf_module *root = NULL;
+    cf_status st = lm_root(learn, &root);
     if (st != CF_OK) return st;
-    const cf_tensor *raw = dec->in, *out = &dec->children[0]->out;
-    const size_t n = cf_tensor_numel(out);
-    double ar = 0;
-    for (size_t i = 0; i < n; i++) ar += (double)out->data[i] * out->data[i];
-    s->ar = n ? ar / (double)n : 0;
-    const int B = raw->shape.dim[0], T = raw->shape.dim[1], H = raw->shape.dim[2];
-    double tar = 0;
-    for (int b = 0; b < B; b++)
-        for (int t = 1; t < T; t++) {
-            const float *h1 = raw->data + ((size_t)b * T + t) * H, *h0 = h1 - H;
-            for (int j = 0; j < H; j++) {
-                const double d = (double)h1[j] - h0[j];
-                tar += d * d;
-            }
-        }
-    s->tar = T > 1 ? tar / ((double)B * (T - 1) * H) : 0;
+    s->ar = cf_rnn_regularizer_loss(root, 1.0f, 0.0f);
+    s->tar = cf_rnn_regularizer_loss(root, 0.0f, 1.0f);
     return CF_OK;
 }
 
-/* The model's backward with d(alpha * mean(out^2) + beta * mean((raw[:, 1:] - raw[:, :-1])^2))
- * added to the gradient at the encoder's output. out = raw * mask with mask 0 or
- * 1 / (1 - output_p), so d(out^2)/d(raw) = 2 * out * mask = 2 * out / (1 - output_p). */
-static cf_status reg_backward(cf_learner *learn, const cf_tensor *dpred, void *ctx) {
-    const rnn_reg_state *s = ctx;
-    cf_module *enc = NULL, *dec = NULL;
-    cf_status st = lm_parts(learn, &enc, &dec);
-    if (st != CF_OK) return st;
-    cf_arena_give_all(&learn->model->arena);
-    const cf_tensor *g = dec->ops->backward(dec, dpred, true);
-    float *gd = g->data;
-    const cf_tensor *raw = dec->in, *out = &dec->children[0]->out;
-    const float scale = learn->loss_grad_scale != 0.0f ? learn->loss_grad_scale : 1.0f;
-    const size_t n = cf_tensor_numel(out);
-    const float p = cf_rnn_dropout_p(dec->children[0]);
-    const float keep = dec->children[0]->training && p > 0.0f && p < 1.0f ? 1.0f / (1.0f - p)
-                       : p >= 1.0f && dec->children[0]->training          ? 0.0f
-                                                                          : 1.0f;
-    if (s->alpha > 0 && n) {
-        const float c = (float)(2.0 * s->alpha / (double)n) * keep * scale;
-        for (size_t i = 0; i < n; i++) gd[i] += c * out->data[i];
-    }
-    const int B = raw->shape.dim[0], T = raw->shape.dim[1], H = raw->shape.dim[2];
-    if (s->beta > 0 && T > 1) {
-        const float c = (float)(2.0 * s->beta / ((double)B * (T - 1) * H)) * scale;
-        for (int b = 0; b < B; b++)
-            for (int t = 1; t < T; t++) {
-                const size_t at = ((size_t)b * T + t) * H;
-                const float *h1 = raw->data + at, *h0 = h1 - H;
-                for (int j = 0; j < H; j++) {
-                    const float d = c * (h1[j] - h0[j]);
-                    gd[at + j] += d;
-                    gd[at - H + j] -= d;
-                }
-            }
-    }
-    enc->ops->backward(enc, g, false);
-    return CF_OK;
-}
-
+/* fastai adds the terms to loss_grad before GradientAccumulation scales it, so the terms take
+ * the loop's loss_grad_scale as the cross-entropy's gradient does. */
 static cf_status reg_before_backward(cf_callback *cb, cf_learner *learn) {
-    learn->model_backward = reg_backward;
-    learn->model_backward_ctx = cb->state;
-    return CF_OK;
+    const rnn_reg_state *s = cb->state;
+    cf_module *root = NULL;
+    cf_status st = lm_root(learn, &root);
+    if (st != CF_OK) return st;
+    const double scale = learn->loss_grad_scale != 0.0f ? learn->loss_grad_scale : 1.0;
+    return cf_rnn_regularizer_set(root, (float)(s->alpha * scale), (float)(s->beta * scale));
 }
 
 static cf_status reg_after_backward(cf_callback *cb, cf_learner *learn) {
     (void)cb;
-    learn->model_backward = NULL;
-    learn->model_backward_ctx = NULL;
-    return CF_OK;
+    cf_module *root = NULL;
+    return lm_root(learn, &root) == CF_OK ? cf_rnn_regularizer_set(root, 0.0f, 0.0f) : CF_OK;
 }
 
 cf_callback *cf_rnn_regularizer_cb(double alpha, double beta) {
@@ -263,6 +212,69 @@ cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_
         st = cf_learner_add_cb(learn,
                                cf_rnn_regularizer_cb(alpha > 0 ? alpha : 0, beta > 0 ? beta : 0));
     if (st != CF_OK) {
+        cf_learner_free(learn);
+        return st;
+    }
+    *out = learn;
+    return CF_OK;
+}
+
+/* ---- text_classifier_learner -------------------------------------------------------------- */
+
+cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
+                                      const cf_text_clas_learner_opts *o) {
+    *out = NULL;
+    cf_status st = CF_OK;
+    const cf_text_corpus *corpus = dls && dls->train ? cf_text_loader_corpus(dls->train) : NULL;
+    if (!corpus || cf_text_loader_is_lm(dls->train))
+        st = cf_fail(CF_ERR_INVALID, "text_classifier_learner: the training loader is not a "
+                                     "classifier text loader (cf_text_dls_new without is_lm)");
+    else if (corpus->target_dim < 1 || corpus->n_classes < 1)
+        st =
+            cf_fail(CF_ERR_INVALID, "text_classifier_learner: the training corpus %s has no labels",
+                    corpus->source ? corpus->source : "(in memory)");
+    const bool multi_label = st == CF_OK && corpus->target_dim > 1;
+    const int n_out = st != CF_OK ? 0 : o->n_out > 0 ? o->n_out : corpus->n_classes;
+    if (st == CF_OK && multi_label && n_out != corpus->target_dim)
+        st = cf_fail(CF_ERR_INVALID,
+                     "text_classifier_learner: n_out %d does not match the %d multi-hot labels",
+                     n_out, corpus->target_dim);
+    cf_awd_lstm_config config = o->config ? *o->config : cf_awd_lstm_clas_config();
+    const float drop_mult = o->drop_mult > 0 ? o->drop_mult : 0.5f;
+    const cf_text_classifier_opts copts = {.seq_len = o->seq_len > 0 ? o->seq_len : 72,
+                                           .max_len = o->max_len != 0 ? o->max_len : 72 * 20,
+                                           .lin_ftrs = o->lin_ftrs,
+                                           .n_lin_ftrs = o->n_lin_ftrs,
+                                           .ps = o->ps};
+    cf_model *model = NULL;
+    if (st == CF_OK) {
+        cf_module *root = cf_text_classifier(corpus->vocab_size, n_out, &config, drop_mult, &copts);
+        st = root ? cf_model_new(&model, root, o->seed)
+                  : cf_fail_context(CF_ERR_INVALID, "text_classifier_learner");
+    }
+    if (st == CF_OK) st = cf_split_text_classifier(model);
+    if (st != CF_OK) {
+        cf_model_free(model);
+        for (int i = 0; i < o->n_metrics; i++) cf_metric_free(o->metrics[i]);
+        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
+        return st;
+    }
+    cf_learner_opts lo = {0};
+    COPY_LEARNER_FIELDS(lo, o);
+    /* CrossEntropyLossFlat, or BCEWithLogitsLossFlat for multi-hot labels */
+    if (!o->loss_set)
+        lo.loss = (cf_loss){.kind = multi_label ? CF_LOSS_BCE_LOGITS : CF_LOSS_CROSS_ENTROPY};
+    lo.loss_set = true;
+    if (!(o->moms[0] > 0)) { /* TextLearner's moms */
+        lo.moms[0] = 0.8;
+        lo.moms[1] = 0.7;
+        lo.moms[2] = 0.8;
+    }
+    cf_learner *learn = NULL;
+    if ((st = cf_learner_new_(&learn, dls, model, &lo)) != CF_OK) return st;
+    snprintf(learn->recipe.arch, sizeof learn->recipe.arch, "awd_lstm_clas");
+    learn->recipe.n_out = n_out;
+    if ((st = cf_learner_add_cb(learn, cf_model_resetter_cb())) != CF_OK) {
         cf_learner_free(learn);
         return st;
     }

@@ -396,7 +396,8 @@ void cf_nn_rng_restore(cf_module *m, const cf_rng *in) {
 /* ---- WeightDropout ------------------------------------------------------------------------- *
  * fastai's WeightDropout(module, weight_p, 'weight_hh_l0'): the LSTM's hidden-to-hidden weight
  * becomes this module's parameter "weight_hh_l0_raw"; every training forward draws a fresh
- * element-wise mask (PyTorch's F.dropout: kept with probability 1 - p, scaled by 1 / (1 - p))
+ * element-wise mask (inside a fit from the model's draw key: epoch, batch position and run, the
+ * same on every process) (PyTorch's F.dropout: kept with probability 1 - p, scaled by 1 / (1 - p))
  * and runs the LSTM (child "module") on raw * mask; eval runs it on raw. The gradient of raw is
  * the LSTM's weight gradient times the mask. */
 
@@ -442,8 +443,11 @@ static const cf_tensor *wd_forward(cf_module *m, const cf_tensor *x) {
     if (w->masked) {
         const uint64_t threshold = (uint64_t)llround((double)w->p * 4294967296.0);
         const float scale = w->p < 1.0f ? 1.0f / (1.0f - w->p) : 0.0f;
+        /* inside a fit, from (module, epoch, batch position): the same on every process */
+        cf_rng keyed;
+        cf_rng *rng = cf_nn_keyed_rng(m, x->shape.dim[0], -1, &keyed) ? &keyed : &m->rng;
         for (size_t i = 0; i < w->n; i += 2) {
-            const uint64_t r = cf_rng_next(&m->rng);
+            const uint64_t r = cf_rng_next(rng);
             w->mask[i] = (r & 0xffffffffu) >= threshold ? scale : 0.0f;
             if (i + 1 < w->n) w->mask[i + 1] = (r >> 32) >= threshold ? scale : 0.0f;
         }

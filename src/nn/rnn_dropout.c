@@ -3,9 +3,12 @@
  *     (B, 1, F), kept with probability 1 - p and scaled by 1 / (1 - p);
  *   EmbeddingDropout(embed_p) around an embedding with a padding row: whole rows of the table
  *     dropped (mask (vocab, 1)), the padding row's lookup gets no gradient;
- * Masks are redrawn at every training forward from the module's random stream (seeded by the
- * model), so one seed gives the same masks run after run and in every process of a group; eval
- * and p = 0 are the identity. */
+ * Masks are redrawn at every training forward. Inside a fit (the model's draw key set, as for
+ * Dropout) RNNDropout's row b draws from (module, epoch, sample ids[b]) and EmbeddingDropout's
+ * table mask from (module, epoch, batch position): they do not depend on which process holds a
+ * row, so a batch split over workers draws what one process draws. Without a key the masks come
+ * from the module's own stream (seeded by the model), so one seed gives the same masks run after
+ * run. Eval and p = 0 are the identity. */
 #include "corefit/nn.h"
 #include "rnn_internal.h"
 
@@ -21,6 +24,25 @@ static void draw_scaled_mask(cf_rng *rng, float p, float *mask, size_t n) {
         mask[i] = (r & 0xffffffffu) >= threshold ? scale : 0.0f;
         if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold ? scale : 0.0f;
     }
+}
+
+/* splitmix64's finaliser (a bijective mix), as Dropout's keyed masks use */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+bool cf_nn_keyed_rng(const cf_module *m, int rows, int64_t row, cf_rng *rng) {
+    const cf_draw_key *k = m->draw_key;
+    if (!k || !k->ids || k->n != rows || rows < 1) return false;
+    uint64_t h = mix64(m->rng.s[0] ^ mix64(m->rng.s[1]));
+    h = mix64(h ^ mix64(k->key + 0x9e3779b97f4a7c15ULL));
+    h = mix64(h ^ mix64((uint64_t)k->step + 0x632be59bd9b4e019ULL));
+    h = mix64(h ^ mix64(k->sub + 0x8cb92ba72f3d8dd7ULL));
+    h = mix64(h ^ mix64((uint64_t)row + 0xd6e8feb86659fd93ULL));
+    cf_rng_seed(rng, h);
+    return true;
 }
 
 /* ---- RNNDropout ---------------------------------------------------------------------------- */
@@ -65,7 +87,14 @@ static const cf_tensor *rdo_forward(cf_module *m, const cf_tensor *x) {
     }
     const int B = x->shape.dim[0], F = x->shape.dim[x->shape.ndim - 1];
     const size_t per_row = n / (size_t)B, steps = per_row / (size_t)F;
-    draw_scaled_mask(&m->rng, d->p, d->mask, (size_t)B * F);
+    cf_rng keyed;
+    if (cf_nn_keyed_rng(m, B, 0, &keyed))
+        for (int b = 0; b < B; b++) { /* each row from its own sample */
+            cf_nn_keyed_rng(m, B, m->draw_key->ids[b], &keyed);
+            draw_scaled_mask(&keyed, d->p, d->mask + (size_t)b * F, (size_t)F);
+        }
+    else
+        draw_scaled_mask(&m->rng, d->p, d->mask, (size_t)B * F);
     for (int b = 0; b < B; b++) {
         const float *restrict mk = d->mask + (size_t)b * F;
         for (size_t t = 0; t < steps; t++) {
@@ -179,7 +208,11 @@ static const cf_tensor *edo_forward(cf_module *m, const cf_tensor *x) {
     cf_tensor *y = cf_module_output(
         m, &(cf_shape){.ndim = 3, .dim = {x->shape.dim[0], x->shape.dim[1], e->dim}});
     e->masked = m->training && e->p > 0.0f;
-    if (e->masked) draw_scaled_mask(&m->rng, e->p, e->mask, (size_t)e->vocab);
+    if (e->masked) { /* one table mask for the batch: keyed by its position, not its rows */
+        cf_rng keyed;
+        const bool by_key = cf_nn_keyed_rng(m, x->shape.dim[0], -1, &keyed);
+        draw_scaled_mask(by_key ? &keyed : &m->rng, e->p, e->mask, (size_t)e->vocab);
+    }
     const float *w = m->params[0].data;
     for (size_t i = 0; i < n; i++) {
         const int64_t c = token_of(x->data[i], e->vocab);

@@ -16,6 +16,13 @@ int cf_nn_count_modules(const cf_module *m);
 void cf_nn_rng_save(const cf_module *m, cf_rng *out);
 void cf_nn_rng_restore(cf_module *m, const cf_rng *in);
 
+/* The keyed draws of the text dropouts: when m's model has a draw key whose ids cover `rows`
+ * rows (cf_model_set_draw_key), seeds *rng from (m's stream, key, step, sub, row) and returns
+ * true; row is a dataset index from the key's ids, or -1 for a draw shared by the whole batch
+ * (then the same on every process holding rows of it). Keyed draws never advance m->rng.
+ * False (rng untouched) without a key: m then draws from its own stream. */
+bool cf_nn_keyed_rng(const cf_module *m, int rows, int64_t row, cf_rng *rng);
+
 /* The masks of the last training forward, scaled (0 or 1 / (1 - p)); NULL when the last
  * forward applied none (eval, p = 0). RNNDropout: (B, F) of its input (B, ..., F);
  * EmbeddingDropout: (vocab); WeightDropout: (4H, H). */

@@ -110,7 +110,19 @@ static const cf_tensor *se_run_chunk(cf_module *m, const cf_tensor *x, const chu
                (size_t)c->len * sizeof(float));
     s->chunk_in = cf_tensor_view(s->ids, cf_shape2(c->rows, c->len));
     awd->in = &s->chunk_in;
-    return awd->ops->forward(awd, &s->chunk_in);
+    /* Inside a fit the dropouts draw from the model's key: each chunk is a run of its own (sub)
+     * over the batch's first c->rows rows, and a recomputation draws what its forward drew. The
+     * key is the model's (m->draw_key points into it), set back after the chunk. */
+    cf_draw_key *k = (cf_draw_key *)m->draw_key;
+    const bool keyed = k && k->ids && k->n == x->shape.dim[0];
+    const cf_draw_key saved = keyed ? *k : (cf_draw_key){0};
+    if (keyed) {
+        k->n = c->rows;
+        k->sub = (uint64_t)(c - s->chunks) + 1;
+    }
+    const cf_tensor *y = awd->ops->forward(awd, &s->chunk_in);
+    if (keyed) *k = saved;
+    return y;
 }
 
 static const cf_tensor *se_forward(cf_module *m, const cf_tensor *x) {
