@@ -134,7 +134,7 @@ static void test_classifier_export_predict(void **state) {
     cf_awd_lstm_config cfg = small(false);
     const int lin[] = {20};
     cf_learner *learn = NULL;
-    assert_int_equal(cf_text_clas_learner_build(&learn, dls, .config = &cfg, .seq_len = 16,
+    assert_int_equal(cf_text_classifier_learner(&learn, dls, .config = &cfg, .seq_len = 16,
                                                 .max_len = 64, .lin_ftrs = lin, .n_lin_ftrs = 1,
                                                 .seed = 3, .quiet = true),
                      CF_OK);

@@ -233,7 +233,7 @@ int cmd_train_text(int argc, char **argv) {
                                        .metrics = metrics, .n_metrics = 2, .seed = a.seed,
                                        .wd = a.wd);
     else
-        st = cf_text_clas_learner_build(
+        st = cf_text_classifier_learner(
             &learn, dls, .config = &cfg, .drop_mult = (float)a.drop_mult, .seq_len = a.seq_len,
             .metrics = metrics, .n_metrics = 1, .seed = a.seed, .wd = a.wd);
     if (st) {

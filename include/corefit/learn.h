@@ -1037,24 +1037,6 @@ cf_status cf_lm_generate_(cf_learner *learn, const int32_t *ids, int64_t n_ids, 
 
 /* ---- text: classifiers, export and prediction on raw text ---------------------------------- */
 
-/* A ULMFiT text classifier learner from the public pieces: cf_text_classifier over the
- * vocabulary of dls's classifier corpus (awd_lstm_clas_config with the given sizes, drop_mult
- * fastai's 0.5), fastai's 5-group splitter, cross-entropy (flat), TextLearner's moms
- * (0.8, 0.7, 0.8) and the ModelResetter; metrics, callbacks and the other learner options as
- * cf_learner_new. */
-typedef struct cf_text_clas_build_opts {
-    CF_LEARNER_FIELDS;
-    const cf_awd_lstm_config *config; /* NULL: cf_awd_lstm_clas_config() */
-    float drop_mult;                  /* 0: 0.5 */
-    int seq_len, max_len;             /* 0: 72 and 72 * 20 */
-    const int *lin_ftrs;              /* NULL: {50} */
-    int n_lin_ftrs;
-} cf_text_clas_build_opts;
-#define cf_text_clas_learner_build(...)                                                            \
-    CF_CALL2_(cf_text_clas_learner_build_, cf_text_clas_build_opts, __VA_ARGS__, )
-cf_status cf_text_clas_learner_build_(cf_learner **out, cf_dls *dls,
-                                      const cf_text_clas_build_opts *opts);
-
 /* fastai's learn.predict(text) for a text classifier (its DataLoaders from
  * cf_text_dls_from_folder / from_csv, or cf_load_learner of an exported one): the text tokenized
  * and numericalized as training's texts were (xxbos first), run through the model in eval mode

@@ -1,67 +1,11 @@
-/* fastai's text application end to end: the ULMFiT classifier learner from the public pieces,
- * what an exported text model carries (vocabulary, tokenizer settings, the AWD-LSTM's sizes) and
- * how cf_load_learner rebuilds it, and predict on raw text (a classifier's label and
- * probabilities, a language model's generated text). */
+/* fastai's text application end to end: what an exported text model carries (vocabulary,
+ * tokenizer settings, the AWD-LSTM's sizes) and how cf_load_learner rebuilds it, and predict
+ * on raw text (a classifier's label and probabilities, a language model's generated text). */
 #include "internal.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ---- the classifier learner --------------------------------------------------------------- */
-
-cf_status cf_text_clas_learner_build_(cf_learner **out, cf_dls *dls,
-                                      const cf_text_clas_build_opts *o) {
-    *out = NULL;
-    cf_status st = CF_OK;
-    const cf_text_corpus *c = dls && dls->train ? cf_text_loader_corpus(dls->train) : NULL;
-    if (!c || cf_text_loader_is_lm(dls->train) || c->n_classes < 1)
-        st = cf_fail(CF_ERR_INVALID, "text classifier: the training loader is not a labelled "
-                                     "text classifier loader (cf_text_dls_from_folder without "
-                                     "is_lm)");
-    const cf_awd_lstm_config config = o->config ? *o->config : cf_awd_lstm_clas_config();
-    const float drop_mult = o->drop_mult > 0 ? o->drop_mult : 0.5f;
-    const int n_out = c ? (c->target_dim > 1 ? c->target_dim : c->n_classes) : 0;
-    cf_model *model = NULL;
-    if (st == CF_OK) {
-        cf_text_classifier_opts co = {.seq_len = o->seq_len,
-                                      .max_len = o->max_len,
-                                      .lin_ftrs = o->lin_ftrs,
-                                      .n_lin_ftrs = o->n_lin_ftrs};
-        cf_module *root = cf_text_classifier(c->vocab_size, n_out, &config, drop_mult, &co);
-        st = root ? cf_model_new(&model, root, o->seed)
-                  : cf_fail_context(CF_ERR_INVALID, "text classifier");
-    }
-    if (st == CF_OK) st = cf_split_text_classifier(model);
-    if (st != CF_OK) {
-        cf_model_free(model);
-        for (int i = 0; i < o->n_metrics; i++) cf_metric_free(o->metrics[i]);
-        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
-        return st;
-    }
-    cf_learner_opts lo = {0};
-    COPY_LEARNER_FIELDS(lo, o);
-    if (!o->loss_set)
-        lo.loss = (cf_loss){.kind = c->target_dim > 1 ? CF_LOSS_BCE_LOGITS : CF_LOSS_CROSS_ENTROPY};
-    lo.loss_set = true;
-    if (!(o->moms[0] > 0)) { /* TextLearner's moms */
-        lo.moms[0] = 0.8;
-        lo.moms[1] = 0.7;
-        lo.moms[2] = 0.8;
-    }
-    cf_learner *learn = NULL;
-    if ((st = cf_learner_new_(&learn, dls, model, &lo)) != CF_OK) return st;
-    snprintf(learn->recipe.arch, sizeof learn->recipe.arch, "awd_lstm_clas");
-    learn->recipe.n_out = n_out;
-    learn->recipe.text_seq_len = o->seq_len > 0 ? o->seq_len : 72;
-    learn->recipe.text_max_len = o->max_len != 0 ? o->max_len : 72 * 20;
-    if ((st = cf_learner_add_cb(learn, cf_model_resetter_cb())) != CF_OK) {
-        cf_learner_free(learn);
-        return st;
-    }
-    *out = learn;
-    return CF_OK;
-}
 
 /* ---- what an exported text model carries --------------------------------------------------- */
 
@@ -140,7 +84,7 @@ cf_status cf__text_learner_from_info(const cf_model_info *m, cf_dls *dls, cf_met
     if (lm)
         return cf_language_model_learner(out, dls, .config = &config, .metrics = metrics,
                                          .n_metrics = n_metrics, .quiet = true);
-    return cf_text_clas_learner_build(
+    return cf_text_classifier_learner(
         out, dls, .config = &config, .metrics = metrics, .n_metrics = n_metrics, .quiet = true,
         .seq_len = m->recipe.text_seq_len, .max_len = m->recipe.text_max_len,
         .lin_ftrs = m->recipe.n_lin_ftrs ? m->recipe.lin_ftrs : NULL,

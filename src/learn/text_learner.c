@@ -274,6 +274,8 @@ cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
     if ((st = cf_learner_new_(&learn, dls, model, &lo)) != CF_OK) return st;
     snprintf(learn->recipe.arch, sizeof learn->recipe.arch, "awd_lstm_clas");
     learn->recipe.n_out = n_out;
+    learn->recipe.text_seq_len = copts.seq_len; /* what an exported model rebuilds */
+    learn->recipe.text_max_len = copts.max_len;
     if ((st = cf_learner_add_cb(learn, cf_model_resetter_cb())) != CF_OK) {
         cf_learner_free(learn);
         return st;
