@@ -3,10 +3,10 @@
  * to its column.
  *
  * The layout is made in pixels before PLplot starts, because the figure's height follows from
- * it: a character height in pixels, an estimated advance per character cell (the cairo driver
- * gives no string measurement through PLplot's API, so the estimate is a little wider than
- * DejaVu Sans' average glyph, and East Asian wide characters count two cells through
- * libutf8proc), greedy wrapping at spaces and, for a word wider than its column, between code
+ * it: a character height in pixels, each character's advance estimated (the cairo driver gives
+ * no string measurement through PLplot's API) from DejaVu Sans' widths for ASCII, over an em for
+ * East Asian wide characters and none for combining marks (libutf8proc's character widths),
+ * greedy wrapping at spaces and, for a word wider than its column, between code
  * points. Text goes to PLplot as UTF-8, which the cairo driver draws through Pango. */
 #include "corefit/plot.h"
 
@@ -19,7 +19,7 @@
 enum { TEXT_COLS = 3 };
 
 static const double k_char_px = 11.0;   /* character height at 800 pixels wide */
-static const double k_advance = 0.62;   /* estimated advance of one cell, in character heights */
+static const double k_em = 1.3;         /* the font's em in PLplot character heights (measured) */
 static const double k_line = 1.75;      /* line pitch, in character heights */
 static const double k_pad = 0.6;        /* space above and below a row's lines, in heights */
 static const double k_min_shrink = 0.6; /* fixed height: characters shrink at most this much */
@@ -123,9 +123,27 @@ static char *copy_str(const char *s) {
 
 /* ---- wrapping ------------------------------------------------------------------------------- */
 
+/* Advance widths of printable ASCII (' ' .. '~') in em, DejaVu Sans' (the sans font Debian's
+ * cairo driver draws with), so that narrow and wide letters wrap where they end. */
+static const unsigned char k_ascii_em100[95] = {
+    32,  40, 46, 84, 64, 95, 78, 28, 39, 39, 50, 84, 32, 36, 32, 34, /*  !"#$%&'()*+,-./ */
+    64,  64, 64, 64, 64, 64, 64, 64, 64, 64, 34, 34, 84, 84, 84, 53, /* 0-9 :;<=>? */
+    100, 68, 69, 70, 77, 63, 58, 78, 75, 29, 29, 66, 56, 86, 75, 79, /* @A-O */
+    60,  79, 70, 64, 61, 73, 68, 99, 69, 61, 69, 39, 34, 39, 84, 50, /* P-Z [\]^_ */
+    50,  61, 64, 55, 64, 62, 35, 64, 63, 28, 28, 58, 28, 97, 63, 61, /* `a-o */
+    64,  64, 41, 52, 39, 63, 59, 82, 59, 59, 53, 64, 34, 64, 84};    /* p-z {|}~ */
+
+/* The advance of code point cp in em: ASCII from the table, a combining mark none, anything
+ * else a broad letter's width; an East Asian wide character a little over one em, the width of
+ * the box drawn where no installed font has the glyph. */
+static double cp_em(utf8proc_int32_t cp, int cells) {
+    if (cp >= ' ' && cp <= '~') return k_ascii_em100[cp - ' '] / 100.0;
+    return cells == 2 ? 1.35 : cells == 0 ? 0.0 : 0.7;
+}
+
 /* The next code point of s (advancing *pos), U+FFFD for bytes that are not UTF-8 and a space
  * for control characters; *cells is its width in character cells (0, 1 or 2). */
-static utf8proc_int32_t next_cp(const char *s, size_t *pos, int *cells) {
+static utf8proc_int32_t next_cp_cells(const char *s, size_t *pos, int *cells) {
     utf8proc_int32_t cp;
     utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)s + *pos, -1, &cp);
     if (n <= 0) {
@@ -139,10 +157,18 @@ static utf8proc_int32_t next_cp(const char *s, size_t *pos, int *cells) {
     return cp;
 }
 
+/* The next code point of s and its advance in em (*em). */
+static utf8proc_int32_t next_cp(const char *s, size_t *pos, double *em) {
+    int cells = 1;
+    utf8proc_int32_t cp = next_cp_cells(s, pos, &cells);
+    *em = cp_em(cp, cells);
+    return cp;
+}
+
 typedef struct wrapper {
     text_cell *cell;
     strbuf line;
-    double line_cells, max_cells;
+    double line_em, max_em;
     bool failed;
 } wrapper;
 
@@ -161,63 +187,64 @@ static void wrap_flush(wrapper *w) {
     lines[w->cell->n_lines++] = w->line.s ? w->line.s : copy_str("");
     if (!lines[w->cell->n_lines - 1]) w->failed = true;
     w->line = (strbuf){0};
-    w->line_cells = 0;
+    w->line_em = 0;
 }
 
 /* Appends code point cp to the line, escaped for PLplot ('#' is its escape character). */
-static void wrap_put_cp(wrapper *w, utf8proc_int32_t cp, int cells) {
+static void wrap_put_cp(wrapper *w, utf8proc_int32_t cp, double em) {
     utf8proc_uint8_t enc[4];
     utf8proc_ssize_t n = utf8proc_encode_char(cp, enc);
     if (cp == '#') sb_put(&w->line, "#", 1);
     sb_put(&w->line, (const char *)enc, (size_t)n);
-    w->line_cells += cells;
+    w->line_em += em;
 }
 
-/* Greedy wrapping of the cell's text into lines of at most max_cells character cells. */
-static cf_status wrap_cell(text_cell *cell, double max_cells) {
+/* Greedy wrapping of the cell's text into lines at most max_em wide. */
+static cf_status wrap_cell(text_cell *cell, double max_em) {
     for (int i = 0; i < cell->n_lines; i++) cf_free(cell->lines[i]);
     cf_free(cell->lines);
     cell->lines = NULL;
     cell->n_lines = 0;
-    if (max_cells < 1) max_cells = 1;
-    wrapper w = {.cell = cell, .max_cells = max_cells};
+    if (max_em < 1) max_em = 1; /* at least a character a line */
+    wrapper w = {.cell = cell, .max_em = max_em};
     const char *s = cell->text;
     size_t pos = 0, len = strlen(s);
     while (pos < len && !w.failed) {
-        int cells;
+        double cells;
         size_t start = pos;
         if (next_cp(s, &pos, &cells) == ' ') continue;
         /* one word: [start, end) */
         size_t end = pos;
-        double word_cells = cells;
+        double word_em = cells;
         while (end < len) {
             size_t p = end;
-            int c;
+            double c;
             if (next_cp(s, &p, &c) == ' ') break;
-            word_cells += c;
+            word_em += c;
             end = p;
         }
-        if (w.line_cells > 0 && w.line_cells + 1 + word_cells > max_cells) wrap_flush(&w);
-        if (w.line_cells > 0) wrap_put_cp(&w, ' ', 1);
+        const double space = cp_em(' ', 1);
+        if (w.line_em > 0 && w.line_em + space + word_em > max_em) wrap_flush(&w);
+        if (w.line_em > 0) wrap_put_cp(&w, ' ', space);
         for (size_t p = start; p < end && !w.failed;) {
-            int c;
+            double c;
             utf8proc_int32_t cp = next_cp(s, &p, &c);
             /* a word wider than the column breaks between code points */
-            if (w.line_cells > 0 && w.line_cells + c > max_cells) wrap_flush(&w);
+            if (w.line_em > 0 && w.line_em + c > max_em) wrap_flush(&w);
             wrap_put_cp(&w, cp, c);
         }
         pos = end;
     }
-    if (!w.failed && (w.line_cells > 0 || cell->n_lines == 0)) wrap_flush(&w);
+    if (!w.failed && (w.line_em > 0 || cell->n_lines == 0)) wrap_flush(&w);
     cf_free(w.line.s);
     return w.failed ? cf_fail(CF_ERR_NOMEM, "show_batch (text): wrapping") : CF_OK;
 }
 
-/* The widest line of a cell's text in character cells, unwrapped. */
-static double text_cells(const char *s) {
+/* The width of a text in em, unwrapped. */
+static double text_em(const char *s) {
     double n = 0;
     for (size_t pos = 0, len = strlen(s); pos < len;) {
-        int c;
+        double c;
         next_cp(s, &pos, &c);
         n += c;
     }
@@ -232,11 +259,11 @@ static cf_status layout(text_table_fig *f, double char_px, double *table_height)
     f->line_px = k_line * char_px;
     f->pad_px = k_pad * char_px;
     f->margin_px = 1.2 * char_px;
-    const double adv = k_advance * char_px, cell_pad = 0.8 * char_px;
+    const double adv = k_em * char_px, cell_pad = 0.8 * char_px;
     const double inner = f->width - 2 * f->margin_px;
     /* the row-number column fits its widest number; the rest is shared: a language model's two
      * texts equally, a classifier's category as wide as its widest label up to a third */
-    double idx_w = (text_cells(f->cells[f->n_rows * TEXT_COLS].text) + 1) * adv + 2 * cell_pad;
+    double idx_w = (text_em(f->cells[f->n_rows * TEXT_COLS].text) + 1) * adv + 2 * cell_pad;
     double label_w = 0;
     if (f->n_cols == 3) {
         bool lm = strcmp(f->cells[2].text, "text_") == 0;
@@ -245,7 +272,7 @@ static cf_status layout(text_table_fig *f, double char_px, double *table_height)
         } else {
             double widest = 0;
             for (int r = 0; r <= f->n_rows; r++) {
-                double c = text_cells(f->cells[r * TEXT_COLS + 2].text);
+                double c = text_em(f->cells[r * TEXT_COLS + 2].text);
                 if (c > widest) widest = c;
             }
             label_w = (widest + 1) * adv + 2 * cell_pad;
