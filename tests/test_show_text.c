@@ -148,7 +148,7 @@ static void test_classifier_table(void **state) {
     assert_int_equal(n, 5);
     for (int r = 0; r < n; r++) {
         int64_t text = dark_pixels(px, w, rows[r].y0, rows[r].y1, w / 10, w * 6 / 10);
-        int64_t label = dark_pixels(px, w, rows[r].y0, rows[r].y1, w * 9 / 10, w);
+        int64_t label = dark_pixels(px, w, rows[r].y0, rows[r].y1, w * 84 / 100, w);
         if (text < 100 || label < 10)
             fail_msg("row %d (y %d..%d): %lld dark pixels of text, %lld of its category", r,
                      rows[r].y0, rows[r].y1, (long long)text, (long long)label);

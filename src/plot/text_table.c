@@ -19,7 +19,7 @@
 enum { TEXT_COLS = 3 };
 
 static const double k_char_px = 11.0;   /* character height at 800 pixels wide */
-static const double k_em = 1.3;         /* the font's em in PLplot character heights (measured) */
+static const double k_em = 1.38;        /* the font's em in PLplot character heights (measured) */
 static const double k_line = 1.75;      /* line pitch, in character heights */
 static const double k_pad = 0.6;        /* space above and below a row's lines, in heights */
 static const double k_min_shrink = 0.6; /* fixed height: characters shrink at most this much */
