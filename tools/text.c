@@ -3,9 +3,11 @@
  * and `generate`. */
 #include "corefit.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 bool cli_argv_has(int argc, char **argv, const char *name) {
@@ -31,7 +33,7 @@ static bool ends_with(const char *s, const char *tail) {
 /* ---- train --text --------------------------------------------------------------------------- */
 
 typedef struct text_train_args {
-    const char *text, *text_col, *label_col, *valid_col, *encoder, *schedule, *out;
+    const char *text, *text_col, *label_col, *valid_col, *encoder, *schedule, *out, *plots;
     bool lm;
     int epochs, bs, seq_len, cores, min_freq, max_vocab, emb_sz, n_hid, n_layers;
     double lr, valid_pct, drop_mult, wd;
@@ -105,6 +107,21 @@ static int ulmfit_schedule(const char *cmd, cf_learner *learn, const text_train_
     return rc;
 }
 
+/* --plots DIR: fastai's show_batch of the first training batch as DIR/show_batch.png. */
+static int write_show_batch(const char *cmd, cf_dls *dls, const char *dir) {
+    if (mkdir(dir, 0777) && errno != EEXIST)
+        return cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", dir,
+                         strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/show_batch.png", dir);
+    const cf_batch *b = NULL;
+    if (cf_dataloader_begin_epoch(dls->train, 0) || cf_dataloader_next(dls->train, &b) ||
+        cf_plot_show_batch_text(dls->train, b, dls->text_nz, path, NULL))
+        return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    return CLI_OK;
+}
+
 int cmd_train_text(int argc, char **argv) {
     const char *cmd = "train";
     text_train_args a = {.text_col = "text",
@@ -154,6 +171,10 @@ int cmd_train_text(int argc, char **argv) {
         {"--cores", OPT_INT, &a.cores, "N", "worker processes [every core]", 1, 4096, 0},
         {"--seed", OPT_U64, &a.seed, "N", "random seed [42]", 0, -1, 0},
         {"--out", OPT_STR, &a.out, "FILE", "the model file [model.safetensors]", 0, 0, 0},
+        {"--plots", OPT_STR, &a.plots, "DIR",
+         "write DIR/show_batch.png (the first training batch as fastai's show_batch) and, after "
+         "the fit, DIR/loss.png",
+         0, 0, 0},
         {0},
     };
     const char *pos[1];
@@ -215,6 +236,11 @@ int cmd_train_text(int argc, char **argv) {
                          "--valid-pct)",
                          a.text);
     }
+    if (a.plots && (rc = write_show_batch(cmd, dls, a.plots))) {
+        cf_dls_free(dls);
+        cf_model_info_free(&lm_info);
+        return rc;
+    }
     cf_awd_lstm_config cfg = a.lm ? cf_awd_lstm_lm_config() : cf_awd_lstm_clas_config();
     if (a.encoder) { /* the encoder's sizes */
         cfg.emb_sz = lm_info.emb_sz;
@@ -245,6 +271,14 @@ int cmd_train_text(int argc, char **argv) {
         rc = ulmfit ? ulmfit_schedule(cmd, learn, &a)
                     : fit_stage(cmd, learn, &a, a.epochs, CF_LR(a.lr));
     if (!rc && cf_learner_export(learn, a.out)) rc = cli_lib_error(cmd, "saving the model");
+    char loss_path[4096];
+    if (!rc && a.plots) {
+        snprintf(loss_path, sizeof loss_path, "%s/loss.png", a.plots);
+        if (cf_learner_plot_loss(learn, loss_path, &(cf_plot_loss_opts){.skip_start = -1}))
+            rc = cli_lib_error(cmd, "--plots");
+        else
+            printf("wrote %s\n", loss_path);
+    }
     if (!rc) {
         printf("saved %s (%s, %lld words", a.out, a.lm ? "language model" : "text classifier",
                (long long)cf_text_vocab_len(cf_text_numericalizer_vocab(dls->text_nz)));

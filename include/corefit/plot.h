@@ -100,6 +100,31 @@ int64_t cf_most_confused(const int64_t *counts, int n_classes, int64_t min_val,
  * with its class name (vocab, or the class id). 1 <= n <= min(B, 64). */
 cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const char *png_path);
 
+/* Options of cf_plot_show_batch_text; a field left at zero takes the default. */
+typedef struct cf_show_text_opts {
+    int max_rows;      /* rows of the batch shown: 9 (fastai's max_n) */
+    int max_tokens;    /* tokens of each text: 150 (fastai's trunc_at), then an ellipsis */
+    int width, height; /* pixels, each in [64, 8192]; width 0: cf_plot_set_size's width;
+                          height 0: as tall as the table */
+} cf_show_text_opts;
+
+/* fastai's show_batch for text as a figure: the table fastai shows, one row per text of the
+ * batch (the first max_rows), with the row number, the text (its first max_tokens token ids named
+ * by nz->token and joined with spaces; padding left out as fastai's decoding does, the other
+ * special tokens xxbos, xxmaj, xxunk ... visible; an ellipsis when cut) and its label column:
+ * "category" (the class, or a multi-label text's classes joined with ';') for a classifier,
+ * "text_" (the target, the text shifted by one) for a language model. Each cell is wrapped to
+ * its column; rows are striped as pandas shows a table. UTF-8 text is drawn as is (East Asian
+ * wide characters count two cells when wrapping). Characters scale with the width (11 pixels
+ * high at 800); a given height shrinks them, down to 0.6, to hold the table and cuts what still
+ * does not fit. dl is the text loader the batch came from (cf_text_loader_corpus: its classes),
+ * nz the loader's numericalizer (dls->text_nz). opts may be NULL. CF_ERR_INVALID for a loader
+ * that is not a text loader, a batch that is not (B, seq_len) ids or bad options. The terminal
+ * twin is cf_text_show_batch. */
+cf_status cf_plot_show_batch_text(const cf_dataloader *dl, const cf_batch *b,
+                                  const cf_text_numericalizer *nz, const char *png_path,
+                                  const cf_show_text_opts *opts);
+
 /* fastai's show_results for a classifier: the first n items of get_preds(with_input) titled
  * "actual/predicted", in green when right and red when wrong. Needs p->inputs and p->preds;
  * 1 <= n <= min(p->n, 64). */

@@ -48,6 +48,12 @@ cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const 
     (void)batch, (void)n, (void)vocab, (void)png_path;
     return no_plplot("show_batch");
 }
+cf_status cf_plot_show_batch_text(const cf_dataloader *dl, const cf_batch *b,
+                                  const cf_text_numericalizer *nz, const char *png_path,
+                                  const cf_show_text_opts *opts) {
+    (void)dl, (void)b, (void)nz, (void)png_path, (void)opts;
+    return no_plplot("show_batch (text)");
+}
 cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path) {
     (void)p, (void)n, (void)vocab, (void)png_path;
     return no_plplot("show_results");
