@@ -1059,6 +1059,53 @@ static void test_regression(void **state) {
     run_free(&r);
 }
 
+/* --limit N of a CSV table reads its first N + N/5 rows and fits the vocabularies on the N
+ * training rows among them: a table whose training split holds more category bytes than a saved
+ * model carries (8 MiB: 2800 rows of 4 KB categories, each distinct) is refused whole, and
+ * trained with --limit 100; rows past those read are never parsed. */
+static void test_csv_limit_bounds_what_is_read(void **state) {
+    (void)state;
+    char csv[600];
+    snprintf(csv, sizeof csv, "%s/wide.csv", dir);
+    FILE *f = fopen(csv, "w");
+    assert_non_null(f);
+    fprintf(f, "color,size,label\n");
+    char *pad = malloc(4001);
+    assert_non_null(pad);
+    memset(pad, 'c', 4000);
+    pad[4000] = '\0';
+    for (int i = 0; i < 2800; i++)
+        fprintf(f, "%s%05d,%.3f,%s\n", pad, i, (i % 97) / 97.0, i % 2 ? "odd" : "even");
+    fclose(f);
+    free(pad);
+    run_result r = run("train --csv wide.csv --cat color --cont size --target label --epochs 1 "
+                       "--cores 1 --bs 16 --out wide_all.safetensors");
+    expect(&r, 1, NULL, "the categorical vocabularies hold");
+    run_free(&r);
+    /* a broken row past the first 120 rows: --limit never reads it */
+    f = fopen(csv, "a");
+    fprintf(f, "only,two\n");
+    fclose(f);
+    r = run("train --csv wide.csv --cat color --cont size --target label --epochs 1 --cores 1 "
+            "--bs 16 --limit 100 --seed 5 --out wide.safetensors");
+    expect(&r, 0, "model: wide.safetensors", "limit: the first 120 rows of wide.csv");
+    assert_non_null(strstr(r.err, "data: 100 training and 20 validation samples"));
+    run_free(&r);
+    char path[600];
+    snprintf(path, sizeof path, "%s/wide.safetensors", dir);
+    cf_model_info info;
+    assert_int_equal(cf_model_info_read(path, &info), CF_OK);
+    assert_int_equal(info.n_cat, 1);
+    assert_int_equal(info.cat_cardinality[0], 101); /* #na# and the 100 training rows' colors */
+    assert_int_equal(info.n_vocab, 2);
+    cf_model_info_free(&info);
+    /* without --limit the broken row is found, by its line */
+    r = run("train --csv wide.csv --cat color --cont size --target label --epochs 1 --cores 1 "
+            "--out wide_all.safetensors");
+    expect(&r, 1, NULL, "wide.csv: line 2802 has 2 fields, the header has 3");
+    run_free(&r);
+}
+
 /* eval on a flat class folder, and on a folder with only valid/. */
 static void test_eval_flat_folder(void **state) {
     (void)state;
@@ -1528,6 +1575,7 @@ int main(void) {
         cmocka_unit_test(test_unwritable_out_fails_first),
         cmocka_unit_test(test_quiet_keeps_table),
         cmocka_unit_test(test_regression),
+        cmocka_unit_test(test_csv_limit_bounds_what_is_read),
         cmocka_unit_test(test_out_folder),
         cmocka_unit_test(test_max_restarts),
         cmocka_unit_test(test_eval_some_classes),

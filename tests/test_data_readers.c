@@ -676,11 +676,50 @@ static void test_image_folder_bad_input(void **state) {
 }
 #endif
 
+/* cf_csv_read_first: rows kept whole across the 1 MiB reads (a quoted field with a line break
+ * that straddles one), what follows the rows is not parsed (a NUL byte), and a NUL before them
+ * is refused with its line. */
+static void test_csv_read_first(void **state) {
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/first.csv", tmp);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fprintf(f, "id,note\n");
+    size_t at = 8;
+    int rows = 0;
+    while (at < ((size_t)1 << 20) - 10) { /* short rows up to just before the first read's end */
+        at += (size_t)fprintf(f, "%d,x\n", rows);
+        rows++;
+    }
+    fprintf(f, "%d,\"%0990d\nsecond line\"\n", rows, 0); /* across the end of the first read */
+    rows++;
+    fprintf(f, "%d,last\n", rows++);
+    fputc('\0', f);
+    fclose(f);
+    cf_csv_table *t = NULL;
+    bool more = false;
+    assert_int_equal(cf_csv_read_first(path, ',', rows, &t, &more), CF_OK);
+    assert_int_equal(t->n_rows, rows);
+    assert_true(more);
+    assert_string_equal(t->cells[(rows - 2) * 2 + 1] + 990, "\nsecond line");
+    assert_string_equal(t->cells[(rows - 1) * 2 + 1], "last");
+    cf_csv_table_free(t);
+    assert_int_equal(cf_csv_read_first(path, ',', 3, &t, NULL), CF_OK);
+    assert_int_equal(t->n_rows, 3);
+    cf_csv_table_free(t);
+    /* whole, or one row more than precede the NUL: refused */
+    assert_int_equal(cf_csv_read(path, ',', &t), CF_ERR_FORMAT);
+    assert_int_equal(cf_csv_read_first(path, ',', rows + 1, &t, NULL), CF_ERR_FORMAT);
+    assert_non_null(strstr(cf_last_error(), "a NUL byte"));
+    assert_null(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idx),           cmocka_unit_test(test_csv_table),
         cmocka_unit_test(test_tabular_state), cmocka_unit_test(test_tabular_against_numpy),
-        cmocka_unit_test(test_csv_bad_input),
+        cmocka_unit_test(test_csv_bad_input), cmocka_unit_test(test_csv_read_first),
 #ifdef CF_HAVE_STB
         cmocka_unit_test(test_image_folder),  cmocka_unit_test(test_image_folder_bad_input),
 #endif

@@ -184,6 +184,43 @@ static bool looks_like_fmnist(const char *dir) {
     return false;
 }
 
+static int cmp_int64(const void *pa, const void *pb) {
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    return a < b ? -1 : a > b;
+}
+
+/* --limit N of a CSV table: as pandas' read_csv(nrows=...), only the first N + N/5 rows are read
+ * (a file of millions of rows is not parsed past them), split at random from --seed into N
+ * training and N/5 validation rows; the procs (categories, statistics, classes) are fitted on
+ * those N training rows alone. A shorter file is split in the same proportion. */
+static cf_status tabular_first_rows(const cli_data *d, cf_tabular_options *o, cf_dataset **train,
+                                    cf_dataset **valid) {
+    int64_t want_valid = d->limit / 5 > 0 ? d->limit / 5 : 1, want = d->limit + want_valid;
+    cf_csv_table *t = NULL;
+    cf_status st = cf_csv_read_first(d->csv, ',', want, &t, NULL);
+    if (st) return st;
+    int64_t n = t->n_rows, n_valid = n == want ? want_valid : n * want_valid / want;
+    if (n_valid < 1 && n > 1) n_valid = 1;
+    int64_t *perm = cf_malloc((size_t)(n > 0 ? n : 1) * sizeof *perm);
+    if (!perm) {
+        cf_csv_table_free(t);
+        return cf_fail(CF_ERR_NOMEM, "%s: out of memory", d->csv);
+    }
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    cf_rng rng;
+    cf_rng_seed(&rng, d->seed);
+    cf_rng_shuffle(&rng, perm, n);
+    qsort(perm, (size_t)n_valid, sizeof *perm, cmp_int64); /* validation rows in file order */
+    o->valid_idx = perm;
+    o->n_valid_idx = n_valid;
+    st = cf_tabular_from_table(t, o, train, valid);
+    o->valid_idx = NULL;
+    o->n_valid_idx = 0;
+    cf_free(perm);
+    cf_csv_table_free(t);
+    return st;
+}
+
 cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid) {
     *train = *valid = NULL;
@@ -204,7 +241,11 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
                                 .y_regression = d->regression,
                                 .valid_pct = d->valid_pct,
                                 .seed = d->seed};
-        st = cf_tabular_from_csv(d->csv, &o, train, valid);
+        if (d->limit > 0) {
+            st = tabular_first_rows(d, &o, train, valid);
+        } else {
+            st = cf_tabular_from_csv(d->csv, &o, train, valid);
+        }
         strlist_free(&cat);
         strlist_free(&cont);
     } else if (d->images) {
@@ -286,7 +327,7 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         cf_free(digits);
     }
     if (st) goto fail;
-    if (d->limit > 0) {
+    if (d->limit > 0 && !d->csv) { /* a CSV table: only the rows kept were read */
         int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
         if (d->idx || (!d->images && !d->csv)) { /* an IDX file: only the first N were read */
             if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
@@ -578,7 +619,14 @@ static int setup(const char *cmd, train_args *a, session *s) {
                 : cf_dataset_is_streamed(train) ? ", streamed from their files"
                                                 : ", decoded into memory",
                 cf_now() - t0);
-    if (!a->quiet && s->master && d->limit > 0 && (d->images || d->csv)) {
+    if (!a->quiet && s->master && d->limit > 0 && d->csv)
+        fprintf(stderr,
+                "limit: the first %lld rows of %s (the file is read no further), split at random "
+                "(--seed %llu) into %lld training and %lld validation rows; categories, "
+                "statistics and classes are fitted on those training rows\n",
+                (long long)(train->n + valid->n), d->csv, (unsigned long long)d->seed,
+                (long long)train->n, (long long)valid->n);
+    if (!a->quiet && s->master && d->limit > 0 && d->images) {
         fprintf(stderr,
                 "limit: a random sample of %lld training and %lld validation samples%s "
                 "(--seed %llu)",
@@ -893,7 +941,8 @@ static void print_suggestions(const cf_lr_find_result *r) {
          &(a).data.limit,                                                                            \
          "N",                                                                                        \
          "use N training and N/5 validation samples: the first ones of IDX files, a seeded "         \
-         "random sample stratified by class of images and CSV rows",                                 \
+         "random sample stratified by class of images, the first N + N/5 rows of a CSV table "       \
+         "split at random",                                                                          \
          1,                                                                                          \
          1e9,                                                                                        \
          0},                                                                                         \

@@ -216,6 +216,12 @@ typedef struct cf_csv_table {
 cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, char delimiter,
                               cf_csv_table **out);
 cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out);
+/* The header and the first max_rows rows of a CSV file (all of them when max_rows <= 0, as
+ * cf_csv_read). A regular file is read only as far as those rows need (a few MiB past them at
+ * most); the rows after them are not parsed or checked. *rest_unread (may be NULL) is set when
+ * the file may hold more rows than were read. */
+cf_status cf_csv_read_first(const char *path, char delimiter, int64_t max_rows, cf_csv_table **out,
+                            bool *rest_unread);
 void cf_csv_table_free(cf_csv_table *table);
 /* The index of the first column named `name` (exactly), or -1. */
 int cf_csv_column(const cf_csv_table *table, const char *name);

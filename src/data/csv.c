@@ -41,10 +41,16 @@ static bool ptrvec_push(ptrvec *p, char *s) {
     return true;
 }
 
-cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, char delimiter,
-                              cf_csv_table **out) {
+/* Parses text[0..size) into *out. With max_rows > 0, parsing stops after that many rows (the
+ * rest of the text is not looked at). With more_follows, the text is a prefix of a longer one: a
+ * row that reaches its end without a line break may be cut, so instead of a table *incomplete
+ * is set (the caller reads more and parses again). */
+static cf_status parse_rows(const char *text, size_t size, const char *name, char delimiter,
+                            int64_t max_rows, bool more_follows, cf_csv_table **out,
+                            bool *incomplete) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_csv_parse_buffer: out is NULL");
     *out = NULL;
+    *incomplete = false;
     if (!name) name = "CSV";
     if (!delimiter) delimiter = ',';
     if (!text && size) return cf_fail(CF_ERR_INVALID, "%s: NULL text", name);
@@ -67,7 +73,12 @@ cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, c
     char *buf = t->text;
     size_t r = 0, w = 0;
     const char *nul = size ? memchr(t->text, '\0', size) : NULL;
-    if (nul) {
+    size_t nul_at = nul ? (size_t)(nul - t->text) : 0;
+    if (nul && max_rows > 0) {
+        /* the rows wanted may all come before it: parse up to it, and say so if they do not */
+        size = nul_at;
+        more_follows = true;
+    } else if (nul) {
         /* A field would silently end there: binary data, or a text in UTF-16. */
         size_t at = (size_t)(nul - t->text);
         int64_t nul_line = 1;
@@ -99,6 +110,10 @@ cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, c
                 size_t r0 = r;
                 r++;
                 for (;;) {
+                    if (r >= size && more_follows) {
+                        st = CF_ERR_FORMAT;
+                        goto incomplete;
+                    }
                     if (r >= size) {
                         st = cf_fail(CF_ERR_FORMAT,
                                      "%s: line %lld: a quoted field opened at byte offset %zu is "
@@ -141,6 +156,9 @@ cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, c
                 if (r < size && buf[r] == '\n') {
                     r++;
                     line++;
+                } else if (more_follows) { /* the row may go on past the text read */
+                    st = CF_ERR_FORMAT;
+                    goto incomplete;
                 }
                 row_done = true;
             }
@@ -176,7 +194,12 @@ cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, c
                 lines_cap = cap;
             }
             lines[n_rows++] = row_start_line;
+            if (max_rows > 0 && n_rows == max_rows) break;
         }
+    }
+    if (more_follows && (max_rows <= 0 || n_rows < max_rows)) {
+        st = CF_ERR_FORMAT;
+        goto incomplete;
     }
     if (n_cols < 0) {
         st = cf_fail(CF_ERR_FORMAT, "%s: empty, no header row", name);
@@ -198,11 +221,29 @@ cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, c
     cf_free(cells.v);
     *out = t;
     return CF_OK;
+incomplete:
+    if (nul) { /* the rows wanted do not all come before the NUL byte */
+        int64_t nul_line = 1;
+        for (size_t i = 0; i < nul_at; i++) nul_line += text[i] == '\n';
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: line %lld, byte offset %zu: a NUL byte (binary data or UTF-16, not a "
+                     "CSV text)",
+                     name, (long long)nul_line, nul_at);
+    } else {
+        *incomplete = true;
+        st = CF_OK;
+    }
 fail:
     cf_free(cells.v);
     cf_free(lines);
     cf_csv_table_free(t);
     return st == CF_ERR_NOMEM ? cf_fail(CF_ERR_NOMEM, "%s: out of memory parsing CSV", name) : st;
+}
+
+cf_status cf_csv_parse_buffer(const char *text, size_t size, const char *name, char delimiter,
+                              cf_csv_table **out) {
+    bool incomplete;
+    return parse_rows(text, size, name, delimiter, 0, false, out, &incomplete);
 }
 
 cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out) {
@@ -213,6 +254,66 @@ cf_status cf_csv_read(const char *path, char delimiter, cf_csv_table **out) {
     cf_status rd = cf_read_file(path, (size_t)CF_CSV_MAX_BYTES, (void **)&buf, &got);
     if (rd != CF_OK) return rd;
     cf_status st = cf_csv_parse_buffer(buf, got, path, delimiter, out);
+    cf_free(buf);
+    return st;
+}
+
+/* The first bytes of a file read for cf_csv_read_first; doubled until the rows are in. */
+#define CF_CSV_FIRST_CHUNK ((size_t)1 << 20)
+
+cf_status cf_csv_read_first(const char *path, char delimiter, int64_t max_rows, cf_csv_table **out,
+                            bool *rest_unread) {
+    if (!out || !path) return cf_fail(CF_ERR_INVALID, "cf_csv_read_first: NULL argument");
+    *out = NULL;
+    if (rest_unread) *rest_unread = false;
+    if (max_rows <= 0) return cf_csv_read(path, delimiter, out);
+    struct stat sb;
+    FILE *f = NULL;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) f = fopen(path, "rb");
+    if (!f) {
+        /* not a regular file (a pipe, a FIFO): read whole, but keep only the rows wanted */
+        char *buf;
+        size_t got;
+        cf_status rd = cf_read_file(path, (size_t)CF_CSV_MAX_BYTES, (void **)&buf, &got);
+        if (rd != CF_OK) return rd;
+        bool incomplete;
+        cf_status st = parse_rows(buf, got, path, delimiter, max_rows, false, out, &incomplete);
+        if (st == CF_OK && rest_unread) *rest_unread = (*out)->n_rows == max_rows;
+        cf_free(buf);
+        return st;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = CF_CSV_FIRST_CHUNK;
+    bool at_end = false;
+    cf_status st = CF_OK;
+    for (;;) {
+        char *grown = cf_malloc(cap);
+        if (!grown) {
+            st = cf_fail(CF_ERR_NOMEM, "reading %s: out of memory at %zu bytes", path, cap);
+            break;
+        }
+        if (len) memcpy(grown, buf, len);
+        cf_free(buf);
+        buf = grown;
+        len += fread(buf + len, 1, cap - len, f);
+        if (ferror(f)) {
+            st = cf_fail(CF_ERR_IO, "reading %s: %s", path, strerror(errno));
+            break;
+        }
+        at_end = len < cap;
+        bool incomplete;
+        st = parse_rows(buf, len, path, delimiter, max_rows, !at_end, out, &incomplete);
+        if (st || !incomplete) break;
+        if ((int64_t)cap >= CF_CSV_MAX_BYTES) {
+            st = cf_fail(CF_ERR_FORMAT, "%s: the first %lld rows are longer than %lld bytes", path,
+                         (long long)max_rows, (long long)CF_CSV_MAX_BYTES);
+            break;
+        }
+        cap *= 2;
+    }
+    /* rows left unread: the file goes on past the bytes read, or past the last row kept */
+    if (st == CF_OK && rest_unread) *rest_unread = !at_end || (*out)->n_rows == max_rows;
+    fclose(f);
     cf_free(buf);
     return st;
 }
