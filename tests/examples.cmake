@@ -29,3 +29,30 @@ if(CF_HAVE_MPI AND MPIEXEC_EXECUTABLE)
     PASS_REGULAR_EXPRESSION "epoch     train_loss  valid_loss  accuracy  time *\n0 [^\n]*\nresult: [^\n]*\ntime: [0-9.]+ s \\(1 epoch, MPI\\)\nmodel: cli_mpi.safetensors\nlog: cli_mpi.csv\n"
     FAIL_REGULAR_EXPRESSION "corefit train:")
 endif()
+
+# The ULMFiT example on a slice of Debian's fortunes (40 quotations a topic, the 6 largest
+# topics, a small AWD-LSTM, one epoch a stage), then `corefit predict` on its exported
+# classifier: the model loaded by another program. Skipped (77) without the fortunes package.
+set(CF_EXAMPLES_TEXT_DIR ${CMAKE_CURRENT_BINARY_DIR}/examples_ulmfit)
+file(MAKE_DIRECTORY ${CF_EXAMPLES_TEXT_DIR})
+# stderr (notes, progress) is printed after stdout so that it cannot land between the lines
+add_test(NAME test_example_ulmfit
+  COMMAND sh -c "test -d /usr/share/games/fortunes || exit 77
+    { rm -rf fortunes fortunes_tok out &&
+      /usr/bin/python3 \"$0\" fortunes --max-per-topic 40 --valid-pct 0.25 &&
+      \"$1\" fortunes out --lm-epochs 1 --epochs 1 --emb-sz 16 --n-hid 24 --n-layers 2 --bs 8 \
+        --seq-len 16 --min-per-topic 40 --max-topics 6 --cores 2 &&
+      \"$2\" predict out/topics.safetensors --text 'The compiler crashed again.' --top 2
+    } 2>ulmfit.err; rc=$?; cat ulmfit.err; exit $rc"
+    ${CMAKE_CURRENT_SOURCE_DIR}/../scripts/fortunes-folder $<TARGET_FILE:example_ulmfit>
+    $<TARGET_FILE:corefit>
+  WORKING_DIRECTORY ${CF_EXAMPLES_TEXT_DIR})
+# CMake's regular expressions have no {n}: the 6 topics and 6 predictions are written out
+set(CF_ULMFIT_TOPIC " [a-z-]+ \\(40\\)")
+set(CF_ULMFIT_PRED "[a-z-]+ +predicted [a-z-]+ +\\(0\\.[0-9]+\\): [^\n]+\n")
+string(REPEAT "${CF_ULMFIT_TOPIC}" 6 CF_ULMFIT_TOPICS)
+string(REPEAT "${CF_ULMFIT_PRED}" 6 CF_ULMFIT_PREDS)
+set_tests_properties(test_example_ulmfit PROPERTIES LABELS "unit" TIMEOUT 300 SKIP_RETURN_CODE 77
+  ENVIRONMENT "OPENBLAS_NUM_THREADS=1"
+  PASS_REGULAR_EXPRESSION "language model: valid_loss [0-9.]+, accuracy [0-9.]+, perplexity [0-9.]+\ngenerated: The computer [^\n]+\nwrote out/lm.safetensors and out/finetuned.safetensors\n.*6 topics with at least 40 quotations:${CF_ULMFIT_TOPICS}\n.*of 6 topics\n.*frozen but for the head.*freeze_to\\(-2\\).*freeze_to\\(-3\\).*unfreeze\\(\\).*classifier: valid_loss [0-9.]+, accuracy [0-9.]+\nwrote out/topics.safetensors\n${CF_ULMFIT_PREDS}\"The compiler[^\n]+: [a-z-]+ \\(0\\.[0-9]+\\), [0-9]+ unknown words\n--text: [a-z-]+ \\(0\\.[0-9]+\\), [a-z-]+ \\(0\\.[0-9]+\\)\n"
+  FAIL_REGULAR_EXPRESSION "error:")
