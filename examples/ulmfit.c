@@ -341,6 +341,10 @@ int main(int argc, char **argv) {
     CHECK(cf_lm_predict_text(lm, "The computer",
                              &(cf_lm_generate_opts){.n_words = 12, .temperature = 0.75, .seed = 1},
                              &words));
+    /* the corpus's line breaks and tabs are tokens too: shown as spaces, the words stay on one line
+     */
+    for (char *c = words; *c; c++)
+        if (*c == '\n' || *c == '\t' || *c == '\r') *c = ' ';
     printf("generated: %s\n", words);
     cf_free(words);
     CHECK(cf_learner_export(lm, lm_path));            /* for `corefit generate` */
@@ -381,7 +385,7 @@ int main(int argc, char **argv) {
     clas_cfg.n_layers = a.n_layers;
     cf_learner *clas = NULL;
     cf_metric *clas_metrics[] = {cf_accuracy()};
-    CHECK(cf_text_clas_learner_build(&clas, dls, .config = &clas_cfg, .seq_len = a.seq_len,
+    CHECK(cf_text_classifier_learner(&clas, dls, .config = &clas_cfg, .seq_len = a.seq_len,
                                      .metrics = clas_metrics, .n_metrics = 1, .seed = 42));
     CHECK(cf_learner_load_encoder(clas, encoder_path)); /* load_encoder('finetuned'): frozen */
     cf_learner_free(lm);
