@@ -838,24 +838,53 @@ static cf_status split_words(const cps *in, cf_text_splitter splitter, cf_text_t
 static const cf_text_tok_options default_options;
 
 /* Each thread keeps its two code-point buffers between texts (up to SCRATCH_KEEP code points
- * each), so that a corpus of short texts does not allocate twice per text. */
+ * each), so that a corpus of short texts does not allocate twice per text. They hang on a
+ * thread-specific key whose destructor frees them when the thread ends (the pool's workers
+ * included); a thread without them (no memory for the pair) just allocates per text. */
 #define SCRATCH_KEEP ((int64_t)1 << 18)
-static _Thread_local cps scratch[2];
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+
+static void free_scratch(void *p) {
+    cps *pair = p;
+    free(pair[0].p);
+    free(pair[1].p);
+    free(pair);
+}
+
+static void make_scratch_key(void) {
+    scratch_key_ok = pthread_key_create(&scratch_key, free_scratch) == 0;
+}
+
+static cps *thread_scratch(void) {
+    pthread_once(&scratch_once, make_scratch_key);
+    if (!scratch_key_ok) return NULL;
+    cps *pair = pthread_getspecific(scratch_key);
+    if (!pair && (pair = calloc(2, sizeof *pair)) && pthread_setspecific(scratch_key, pair) != 0) {
+        free(pair);
+        pair = NULL;
+    }
+    return pair;
+}
 
 static void take_scratch(cps *a, cps *b) {
-    *a = scratch[0];
-    *b = scratch[1];
-    memset(scratch, 0, sizeof scratch);
+    cps *scratch = thread_scratch();
+    *a = scratch ? scratch[0] : (cps){0};
+    *b = scratch ? scratch[1] : (cps){0};
+    if (scratch) memset(scratch, 0, 2 * sizeof *scratch);
 }
 
 static void give_scratch(cps *a, cps *b) {
+    cps *scratch = thread_scratch();
     cps *both[2] = {a, b};
     for (int i = 0; i < 2; i++) {
-        free(scratch[i].p); /* a nested call's buffers, if any */
-        if (both[i]->cap > SCRATCH_KEEP) {
+        if (!scratch || both[i]->cap > SCRATCH_KEEP) {
             free(both[i]->p);
             *both[i] = (cps){0};
         }
+        if (!scratch) continue;
+        free(scratch[i].p); /* a nested call's buffers, if any */
         scratch[i] = *both[i];
         scratch[i].n = 0;
     }
