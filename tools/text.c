@@ -336,11 +336,13 @@ int cmd_predict_text(int argc, char **argv) {
     cf_learner *learn = NULL;
     if (cf_load_learner(pos[0], &learn)) return cli_lib_error(cmd, "loading the model");
     if (strcmp(learn->recipe.arch, "awd_lstm_clas") != 0) {
+        char arch[sizeof learn->recipe.arch];
+        snprintf(arch, sizeof arch, "%s", learn->recipe.arch); /* the learner is freed first */
         cf_learner_free(learn);
         return cli_error(CLI_USAGE, cmd,
                          "%s is not a text classifier (arch %s); a language model generates: "
                          "corefit generate %s \"prompt\"",
-                         pos[0], learn->recipe.arch, pos[0]);
+                         pos[0], arch, pos[0]);
     }
     const int k = learn->recipe.n_out;
     char *const *classes = learn->dls->train_ds->vocab;
@@ -426,9 +428,10 @@ int cmd_generate(int argc, char **argv) {
     cf_learner *learn = NULL;
     if (cf_load_learner(pos[0], &learn)) return cli_lib_error(cmd, "loading the model");
     if (strcmp(learn->recipe.arch, "awd_lstm_lm") != 0) {
+        char arch[sizeof learn->recipe.arch];
+        snprintf(arch, sizeof arch, "%s", learn->recipe.arch); /* the learner is freed first */
         cf_learner_free(learn);
-        return cli_error(CLI_USAGE, cmd, "%s is not a language model (arch %s)", pos[0],
-                         learn->recipe.arch);
+        return cli_error(CLI_USAGE, cmd, "%s is not a language model (arch %s)", pos[0], arch);
     }
     char *out = NULL;
     cf_lm_generate_opts go = {.n_words = words,
