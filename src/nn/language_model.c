@@ -14,8 +14,9 @@ cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, floa
     const cf_awd_lstm_config c = config ? *config : cf_awd_lstm_lm_config();
     cf_module *enc = cf_awd_lstm(vocab_size, &c, drop_mult);
     if (!enc) return NULL;
-    cf_module *dec = cf_linear_decoder(vocab_size, c.emb_sz, c.output_p * drop_mult,
-                                       c.tie_weights ? cf_nn_awd_lstm_encoder(enc) : NULL, c.out_bias);
+    cf_module *dec =
+        cf_linear_decoder(vocab_size, c.emb_sz, c.output_p * drop_mult,
+                          c.tie_weights ? cf_nn_awd_lstm_encoder(enc) : NULL, c.out_bias);
     if (!dec) {
         cf_module_free(enc);
         return NULL;

@@ -5,8 +5,6 @@
 
 #include <string.h>
 
-
-
 cf_module *cf_module_new(const cf_module_ops *ops, void *impl) {
     cf_module *m = cf_calloc(1, sizeof *m);
     if (!m) {
