@@ -169,6 +169,38 @@ cf_status cf_rnn_regularizer_terms(const cf_callback *cb, double *ar, double *ta
     return CF_OK;
 }
 
+/* ---- what both text learners share --------------------------------------------------------- */
+
+/* A constructor that failed before its learner existed: frees the model and the caller's
+ * metrics and callbacks (the learner would have owned them), returns st. */
+static cf_status drop_model_and_opts(cf_status st, cf_model *model, cf_metric **metrics,
+                                     int n_metrics, cf_callback **cbs, int n_cbs) {
+    cf_model_free(model);
+    for (int i = 0; i < n_metrics; i++) cf_metric_free(metrics[i]);
+    for (int i = 0; i < n_cbs; i++) cf_callback_free(cbs[i]);
+    return st;
+}
+
+/* fastai's TextLearner over model: the loss `loss` unless the caller set one, moms (0.8, 0.7,
+ * 0.8) unless given, and the ModelResetter. */
+static cf_status text_learner_new(cf_learner **out, cf_dls *dls, cf_model *model,
+                                  cf_learner_opts *lo, cf_loss_kind loss) {
+    if (!lo->loss_set) lo->loss = (cf_loss){.kind = loss};
+    lo->loss_set = true;
+    if (!(lo->moms[0] > 0)) {
+        lo->moms[0] = 0.8;
+        lo->moms[1] = 0.7;
+        lo->moms[2] = 0.8;
+    }
+    cf_status st = cf_learner_new_(out, dls, model, lo);
+    if (st != CF_OK) return st;
+    if ((st = cf_learner_add_cb(*out, cf_model_resetter_cb())) != CF_OK) {
+        cf_learner_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 /* ---- language_model_learner ---------------------------------------------------------------- */
 
 cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_learner_opts *o) {
@@ -187,28 +219,17 @@ cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_
                   : cf_fail_context(CF_ERR_INVALID, "language_model_learner");
     }
     if (st == CF_OK) st = cf_split_awd_lstm_lm(model);
-    if (st != CF_OK) {
-        cf_model_free(model);
-        for (int i = 0; i < o->n_metrics; i++) cf_metric_free(o->metrics[i]);
-        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
-        return st;
-    }
+    if (st != CF_OK)
+        return drop_model_and_opts(st, model, o->metrics, o->n_metrics, o->cbs, o->n_cbs);
     cf_learner_opts lo = {0};
     COPY_LEARNER_FIELDS(lo, o);
-    if (!o->loss_set) lo.loss = (cf_loss){.kind = CF_LOSS_CROSS_ENTROPY}; /* flat over tokens */
-    lo.loss_set = true;
-    if (!(o->moms[0] > 0)) { /* TextLearner's moms */
-        lo.moms[0] = 0.8;
-        lo.moms[1] = 0.7;
-        lo.moms[2] = 0.8;
-    }
     cf_learner *learn = NULL;
-    if ((st = cf_learner_new_(&learn, dls, model, &lo)) != CF_OK) return st;
+    /* CrossEntropyLossFlat over tokens */
+    if ((st = text_learner_new(&learn, dls, model, &lo, CF_LOSS_CROSS_ENTROPY)) != CF_OK) return st;
     snprintf(learn->recipe.arch, sizeof learn->recipe.arch, "awd_lstm_lm");
     learn->recipe.n_out = corpus->vocab_size;
     const double alpha = o->alpha == 0 ? 2.0 : o->alpha, beta = o->beta == 0 ? 1.0 : o->beta;
-    st = cf_learner_add_cb(learn, cf_model_resetter_cb());
-    if (st == CF_OK && (alpha > 0 || beta > 0))
+    if (alpha > 0 || beta > 0)
         st = cf_learner_add_cb(learn,
                                cf_rnn_regularizer_cb(alpha > 0 ? alpha : 0, beta > 0 ? beta : 0));
     if (st != CF_OK) {
@@ -253,33 +274,19 @@ cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
                   : cf_fail_context(CF_ERR_INVALID, "text_classifier_learner");
     }
     if (st == CF_OK) st = cf_split_text_classifier(model);
-    if (st != CF_OK) {
-        cf_model_free(model);
-        for (int i = 0; i < o->n_metrics; i++) cf_metric_free(o->metrics[i]);
-        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
-        return st;
-    }
+    if (st != CF_OK)
+        return drop_model_and_opts(st, model, o->metrics, o->n_metrics, o->cbs, o->n_cbs);
     cf_learner_opts lo = {0};
     COPY_LEARNER_FIELDS(lo, o);
-    /* CrossEntropyLossFlat, or BCEWithLogitsLossFlat for multi-hot labels */
-    if (!o->loss_set)
-        lo.loss = (cf_loss){.kind = multi_label ? CF_LOSS_BCE_LOGITS : CF_LOSS_CROSS_ENTROPY};
-    lo.loss_set = true;
-    if (!(o->moms[0] > 0)) { /* TextLearner's moms */
-        lo.moms[0] = 0.8;
-        lo.moms[1] = 0.7;
-        lo.moms[2] = 0.8;
-    }
     cf_learner *learn = NULL;
-    if ((st = cf_learner_new_(&learn, dls, model, &lo)) != CF_OK) return st;
+    /* CrossEntropyLossFlat, or BCEWithLogitsLossFlat for multi-hot labels */
+    st = text_learner_new(&learn, dls, model, &lo,
+                          multi_label ? CF_LOSS_BCE_LOGITS : CF_LOSS_CROSS_ENTROPY);
+    if (st != CF_OK) return st;
     snprintf(learn->recipe.arch, sizeof learn->recipe.arch, "awd_lstm_clas");
     learn->recipe.n_out = n_out;
     learn->recipe.text_seq_len = copts.seq_len; /* what an exported model rebuilds */
     learn->recipe.text_max_len = copts.max_len;
-    if ((st = cf_learner_add_cb(learn, cf_model_resetter_cb())) != CF_OK) {
-        cf_learner_free(learn);
-        return st;
-    }
     *out = learn;
     return CF_OK;
 }
