@@ -755,6 +755,34 @@ cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts
 cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts);
 #define cf_validate(...) CF_CALL2_(cf_validate_, cf_validate_opts, __VA_ARGS__, )
 #define cf_get_preds(...) CF_CALL2_(cf_get_preds_, cf_get_preds_opts, __VA_ARGS__, )
+/* fastai's Learner.tta: test-time augmentation. n get_preds passes over the validation set
+ * (the training set with train_set) with the training augmentations switched on for its items,
+ * then one plain pass; aug = the mean of the n passes' probabilities (their elementwise max with
+ * use_max), and the result is lerp(aug, plain, beta) = aug + beta * (plain - aug) as torch.lerp
+ * computes it (use_max: max(plain, aug)). out is as get_preds' (preds after the loss
+ * activation, targs; n rows in dataset order); only preds and targs are filled.
+ * The augmentations are the training loader's (crop_pad, flip and aug_transforms), or .aug
+ * instead of them (fastai's batch_tfms). Pass i draws them as a loader with seed
+ * cf_tta_seed(seed, i) would at epoch 0, seed being the training loader's: one seed gives the
+ * same result in process and in its cf_par_tta twin, whatever the number of cores. Item
+ * transforms (Resize, RandomResizedCrop) keep their validation choice: they are applied when
+ * images are read. With no augmentation at all every pass equals the plain one. The call's
+ * callbacks (cbs) run in the plain pass. */
+typedef struct cf_tta_opts {
+    CF_FIT_COMMON;
+    bool train_set; /* fastai's ds_idx=0 */
+    int n;          /* augmented passes: 4 */
+    double beta;    /* the plain predictions' weight, in [0, 1]: 0.25 when 0 (see aug_only) */
+    bool aug_only;  /* beta 0: the augmented passes alone */
+    bool use_max;
+    const cf_aug_opts *aug; /* batch transforms instead of the training loader's (NULL: its
+                               crop_pad, flip and aug) */
+} cf_tta_opts;
+cf_status cf_tta_(cf_learner *learn, cf_preds *out, const cf_tta_opts *opts);
+#define cf_tta(...) CF_CALL2_(cf_tta_, cf_tta_opts, __VA_ARGS__, )
+/* The loader seed of tta's augmented pass `pass` (0-based) for a training loader seed. */
+uint64_t cf_tta_seed(uint64_t seed, int pass);
+
 /* One item (sample_shape floats): class probabilities (or outputs) into probs (n_out), and the
  * decoded class. */
 cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded);

@@ -209,8 +209,8 @@ void cf_results_release(cf_results *results);
  * cf_learner_export_state writes it (weights and buffers, freezing, the optimizer and its state,
  * the whole Recorder, final_record, the figure paths noted on the learner, and the state of the
  * learner's callbacks and master callbacks that have export_state), and the method's output
- * (lr_find's result, validate's values, or get_preds' predictions in dataset order without
- * padding). Not coming home: the state of the call's own callbacks (.cbs, .par.master_cbs: the
+ * (lr_find's result, validate's values, or get_preds' and tta's predictions in dataset order
+ * without padding). Not coming home: the state of the call's own callbacks (.cbs, .par.master_cbs: the
  * call takes them over and frees them), of callbacks without export_state, and anything a worker
  * changes outside its learner other than files it writes. On any failure the caller's learner
  * is left exactly as it was (fork: nothing is copied; mpi: every rank is rolled back to its
@@ -225,6 +225,7 @@ cf_status cf_par_lr_find_(cf_learner *learn, cf_lr_find_result *result,
                           const cf_lr_find_opts *opts);
 cf_status cf_par_validate_(cf_learner *learn, double *values, const cf_validate_opts *opts);
 cf_status cf_par_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts);
+cf_status cf_par_tta_(cf_learner *learn, cf_preds *out, const cf_tta_opts *opts);
 
 /* How many times this thread's last fork-started parallel call restarted its workers
  * (.par.max_restarts). */
@@ -247,6 +248,7 @@ cf_status cf_par_mpi_comm(cf_comm **out);
 #define cf_par_lr_find(...) CF_CALL2_(cf_par_lr_find_, cf_lr_find_opts, __VA_ARGS__, )
 #define cf_par_validate(...) CF_CALL2_(cf_par_validate_, cf_validate_opts, __VA_ARGS__, )
 #define cf_par_get_preds(...) CF_CALL2_(cf_par_get_preds_, cf_get_preds_opts, __VA_ARGS__, )
+#define cf_par_tta(...) CF_CALL2_(cf_par_tta_, cf_tta_opts, __VA_ARGS__, )
 
 #ifdef __cplusplus
 }

@@ -71,6 +71,17 @@ typedef void (*cf__batch_sink)(cf_learner *learn, const cf_batch *b, const cf_te
                                const float *per_item_loss, void *ctx);
 cf_status cf__run_inference(cf_learner *learn, cf_dataloader *dl, cf_callback **cbs, int n_cbs,
                             cf__batch_sink sink, void *ctx);
+/* The augmentations of a get_preds pass (tta's augmented passes): the loader runs these
+ * instead of none, drawing from seed (cf_dl_options' meaning). */
+typedef struct cf__preds_tfms {
+    int crop_pad;
+    bool flip;
+    const cf_aug_opts *aug;
+    uint64_t seed;
+} cf__preds_tfms;
+/* get_preds with the loader augmenting as tfms says (NULL: cf_get_preds_ itself). */
+cf_status cf__get_preds_tfms(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts,
+                             const cf__preds_tfms *tfms);
 /* Ensures scratch (dpred, per-item losses) fits a batch of `rows` x `cols`. */
 cf_status cf__ensure_scratch(cf_learner *learn, const cf_shape *pred_shape);
 

@@ -107,15 +107,17 @@ void cf_preds_free(cf_preds *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* A loader over a dataset in order, without dropping, without augmentation, sharded as this
- * replica is (fastai's dl.new(shuffle=False, drop_last=False)). */
-static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_dataloader **out) {
+/* A loader over a dataset in order, without dropping, without augmentation unless tfms gives
+ * some, sharded as this replica is (fastai's dl.new(shuffle=False, drop_last=False)). */
+static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, const cf__preds_tfms *tfms,
+                                cf_dataloader **out) {
     cf_dl_options opt = *cf_dataloader_options(like);
     opt.shuffle = false;
     opt.drop_last = false;
-    opt.crop_pad = 0;
-    opt.flip = false;
-    opt.aug = NULL;
+    opt.crop_pad = tfms ? tfms->crop_pad : 0;
+    opt.flip = tfms && tfms->flip;
+    opt.aug = tfms ? tfms->aug : NULL;
+    if (tfms) opt.seed = tfms->seed;
     cf_status st = cf_dataloader_new_like(like, &opt, out);
     if (st == CF_OK && learn->replica.world > 1)
         st = cf_dataloader_set_shard(*out, learn->replica.rank, learn->replica.world,
@@ -128,6 +130,11 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, cf_datal
 }
 
 cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *o) {
+    return cf__get_preds_tfms(learn, out, o, NULL);
+}
+
+cf_status cf__get_preds_tfms(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *o,
+                             const cf__preds_tfms *tfms) {
     memset(out, 0, sizeof *out);
     cf_dataloader *like = o->train_set ? learn->dls->train : learn->dls->valid;
     if (!like)
@@ -140,7 +147,7 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
                                        "documents have different lengths; read them from the "
                                        "corpus in the order of the predictions)");
     cf_dataloader *dl = NULL;
-    cf_status st = ordered_loader(learn, like, &dl);
+    cf_status st = ordered_loader(learn, like, tfms, &dl);
     if (st != CF_OK) return st;
     /* The prediction width comes from the model: one forward on a single item. */
     cf_model_train(learn->model, false);

@@ -84,4 +84,5 @@ PAR_TWIN(fine_tune, cf_fine_tune_opts, int, NULL, true)
 PAR_TWIN(lr_find, cf_lr_find_opts, cf_lr_find_result *, &cf__par_lr_find_output, false)
 PAR_TWIN(validate, cf_validate_opts, double *, &cf__par_values_output, false)
 PAR_TWIN(get_preds, cf_get_preds_opts, cf_preds *, &cf__par_preds_output, false)
+PAR_TWIN(tta, cf_tta_opts, cf_preds *, &cf__par_preds_output, false)
 /* clang-format on */
