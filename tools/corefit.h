@@ -76,6 +76,47 @@ cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset 
  * stderr when it cannot. */
 void cli_show_figures(const char *const *paths, int n);
 
+/* The interpretation figures and TTA scores (figures.c). Each figure written (or not) is reported
+ * to done with its status, path and name. */
+typedef void (*cli_figure_fn)(void *ctx, cf_status st, const char *path, const char *what);
+/* mkdir -p; 0 on success (errno set otherwise). */
+int cli_mkdirs(const char *dir);
+/* DIR/show_batch.png: the first training batch (augmented as in training), image sets only. */
+void cli_show_batch_figure(const char *dir, const cf_dataloader *train, char *const *vocab,
+                           cli_figure_fn done, void *ctx);
+/* From a classifier's predictions p on the set valid (with_loss for the top losses):
+ * DIR/show_results.png and DIR/top_losses.png (image sets), DIR/confusion.png; *counts receives
+ * the confusion counts (cf_free) for most_confused. Fails only when the counts cannot be made. */
+cf_status cli_interpretation(const char *dir, const cf_dataset *valid, const cf_preds *p,
+                             int n_classes, char *const *vocab, cli_figure_fn done, void *ctx,
+                             int64_t **counts);
+/* fastai's most_confused(min_val=1) as Python prints its list: one (actual, predicted, count)
+ * tuple a line under a header. Returns the number of pairs (-1 on failure). */
+int64_t cli_print_most_confused(FILE *f, const int64_t *counts, int n_classes, char *const *vocab);
+/* The cross-entropy (mean -log p[actual]) and accuracy of class probabilities (tta's). */
+cf_status cli_tta_scores(const cf_preds *p, int n_classes, double *loss, double *accuracy);
+
+/* What `corefit eval --tta/--plots` adds to the plain validation (figures.c). */
+typedef struct cli_eval_extras {
+    bool tta; /* asked: */
+    int tta_n;
+    double tta_beta;
+    const char *plots;
+    bool have_tta; /* results: */
+    double tta_loss, tta_accuracy;
+    char *figures[4];
+    int n_figures;
+    int64_t *counts; /* confusion counts (--plots on a classifier) */
+    int n_classes;
+} cli_eval_extras;
+/* Runs them on the learner's validation set; CLI_FAIL with the message printed. */
+int cli_eval_extras_run(const char *cmd, cf_learner *learn, cli_eval_extras *x);
+/* Prints them after the plain results: text lines, or members of eval's JSON object. */
+void cli_eval_extras_print(const cf_learner *learn, const cli_eval_extras *x);
+struct cJSON;
+void cli_eval_extras_json(struct cJSON *j, const cf_learner *learn, const cli_eval_extras *x);
+void cli_eval_extras_free(cli_eval_extras *x);
+
 /* ---- subcommands --------------------------------------------------------------------------- */
 
 int cmd_train(int argc, char **argv);

@@ -76,8 +76,10 @@ static void eval_usage(FILE *f, const cli_opt *opts) {
 int cmd_eval(int argc, char **argv) {
     const char *cmd = "eval";
     cli_data d = {.seed = 42};
-    bool json = false;
-    int threads = 0;
+    bool json = false, tta = false;
+    int threads = 0, tta_n = 4;
+    double tta_beta = 0.25;
+    const char *plots = NULL;
     cli_opt opts[] = {
         {"--idx", OPT_STR, &d.idx, "DIR", "IDX folder (its t10k files) [Fashion-MNIST]", 0, 0, 0},
         {"--images", OPT_STR, &d.images, "DIR", "class-per-folder images", 0, 0, 0},
@@ -87,6 +89,15 @@ int cmd_eval(int argc, char **argv) {
         {"--bs", OPT_INT, &d.bs, "N", "batch size [64]", 1, 1 << 20, 0},
         {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
         {"--json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0, 0},
+        {"--tta", OPT_FLAG, &tta, NULL,
+         "images: also the loss and accuracy with test-time augmentation (fastai's tta with "
+         "aug_transforms())",
+         0, 0, 0},
+        {"--tta-n", OPT_INT, &tta_n, "N", "augmented passes of --tta [4]", 1, 1000, 0},
+        {"--tta-beta", OPT_DOUBLE, &tta_beta, "B",
+         "weight of the plain predictions in --tta's blend [0.25]", 0, 1, 0},
+        {"--plots", OPT_STR, &plots, "DIR",
+         "write show_results, top_losses and confusion PNGs to DIR; print most_confused", 0, 0, 0},
         {0},
     };
     const char *pos[1];
@@ -97,6 +108,8 @@ int cmd_eval(int argc, char **argv) {
         return CLI_OK;
     }
     if (rc) return rc;
+    for (const cli_opt *o = opts; o->name; o++) /* --tta-n and --tta-beta imply --tta */
+        if (o->seen && strncmp(o->name, "--tta-", 6) == 0) tta = true;
     if (n_pos != 1)
         return cli_error(CLI_USAGE, cmd, "expects one model file (see corefit eval --help)");
     if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
@@ -111,6 +124,16 @@ int cmd_eval(int argc, char **argv) {
         return cli_error(CLI_USAGE, cmd,
                          tabular ? "a tabular model needs --csv data"
                                  : "an image model needs --idx or --images data");
+    }
+    if (tta && (tabular || m.recipe.n_out < 2)) {
+        cf_model_info_free(&m);
+        return cli_error(CLI_USAGE, cmd, "--tta is for image classifiers (%s)",
+                         tabular ? "a table has no augmentation" : "this model has one output");
+    }
+    if (plots && cli_mkdirs(plots)) {
+        cf_model_info_free(&m);
+        return cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", plots,
+                         strerror(errno));
     }
     cf_dataset *ds = NULL;
     cf_status st = CF_OK;
@@ -164,6 +187,14 @@ int cmd_eval(int argc, char **argv) {
         cf_model_info_free(&m);
         return cli_lib_error(cmd, "validation");
     }
+    cli_eval_extras x = {.tta = tta, .tta_n = tta_n, .tta_beta = tta_beta, .plots = plots};
+    if (cli_eval_extras_run(cmd, learn, &x)) {
+        cli_eval_extras_free(&x);
+        cf_learner_free(learn);
+        cf_dls_free(dls);
+        cf_model_info_free(&m);
+        return CLI_FAIL;
+    }
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "model", pos[0]);
@@ -171,6 +202,7 @@ int cmd_eval(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "valid_loss", values[0]);
         for (int i = 0; i < learn->n_metrics; i++)
             cJSON_AddNumberToObject(j, learn->metrics[i]->name, values[1 + i]);
+        cli_eval_extras_json(j, learn, &x);
         char *s = cJSON_Print(j);
         if (s) printf("%s\n", s);
         cJSON_free(s);
@@ -182,7 +214,9 @@ int cmd_eval(int argc, char **argv) {
         for (int i = 0; i < learn->n_metrics; i++)
             printf("%s: %s\n", learn->metrics[i]->name,
                    cf_format_float(values[1 + i], b, sizeof b));
+        cli_eval_extras_print(learn, &x);
     }
+    cli_eval_extras_free(&x);
     cf_learner_free(learn);
     cf_dls_free(dls);
     cf_model_info_free(&m);
