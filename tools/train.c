@@ -845,7 +845,7 @@ static int mkdirs(const char *dir) {
 }
 
 typedef struct figures {
-    char *paths[8];
+    char *paths[16];
     int n;
 } figures;
 
@@ -857,6 +857,10 @@ static void figure_done(const char *cmd, figures *f, cf_status st, const char *p
     } else {
         fprintf(stderr, "corefit %s: %s figure not written: %s\n", cmd, what, cf_last_error());
     }
+}
+
+static void note_figure(void *ctx, cf_status st, const char *path, const char *what) {
+    figure_done("train", ctx, st, path, what);
 }
 
 static int run_lr_find(const char *cmd, train_args *a, session *s, cf_lr_find_result *r) {
@@ -1442,7 +1446,8 @@ int cmd_train(int argc, char **argv) {
     bool classes = s.dls->train_ds->n_classes > 0;
     bool have_preds = false;
     if (a.plots && classes) {
-        st = s.parallel ? cf_par_get_preds(learn, &preds, .par = par) : cf_get_preds(learn, &preds);
+        st = s.parallel ? cf_par_get_preds(learn, &preds, .with_loss = true, .par = par)
+                        : cf_get_preds(learn, &preds, .with_loss = true);
         if (st) {
             session_free(&s);
             return cli_lib_error(cmd, "predictions for the confusion matrix");
@@ -1493,17 +1498,18 @@ int cmd_train(int argc, char **argv) {
                 figure_done(cmd, &figs, cf_plot_sched(rec, path), path, "schedule");
                 snprintf(path, sizeof path, "%s/metrics.png", a.plots);
                 figure_done(cmd, &figs, cf_plot_metrics(rec, path), path, "metrics");
-                if (have_preds) {
-                    int nc = s.dls->train_ds->n_classes;
-                    int64_t *counts = cf_calloc((size_t)nc * nc, sizeof *counts);
-                    snprintf(path, sizeof path, "%s/confusion.png", a.plots);
-                    st = counts ? cf_confusion_from_preds(&preds, nc, counts) : CF_ERR_NOMEM;
-                    if (st == CF_OK)
-                        st = cf_plot_confusion_matrix(counts, nc, s.dls->train_ds->vocab, path,
-                                                      false);
-                    figure_done(cmd, &figs, st, path, "confusion matrix");
-                    cf_free(counts);
-                }
+                cli_show_batch_figure(a.plots, s.dls->train, s.dls->train_ds->vocab, note_figure,
+                                      &figs);
+                int64_t *counts = NULL;
+                int nc = s.dls->train_ds->n_classes;
+                if (have_preds &&
+                    cli_interpretation(a.plots, s.dls->valid_ds, &preds, nc, s.dls->train_ds->vocab,
+                                       note_figure, &figs, &counts) == CF_OK)
+                    cli_print_most_confused(stdout, counts, nc, s.dls->train_ds->vocab);
+                else if (have_preds)
+                    fprintf(stderr, "corefit train: confusion matrix not made: %s\n",
+                            cf_last_error());
+                cf_free(counts);
             }
         }
         fflush(stdout);
