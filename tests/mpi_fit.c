@@ -185,6 +185,7 @@ typedef struct outcome {
     cf_learner *learn;
     cf_lr_find_result lr;
     cf_preds preds;
+    cf_preds tta; /* no augmentation on these tables: tta equals get_preds */
     double values[2];
 } outcome;
 
@@ -193,12 +194,14 @@ static void run_all(outcome *o, cf_start_method method, int cores) {
     OK(cf_par_fit_one_cycle(o->learn, 2, .lr_max = CF_LR(1e-2), .par = par));
     OK(cf_par_lr_find(o->learn, &o->lr, .num_it = 12, .no_stop_div = true, .par = par));
     OK(cf_par_get_preds(o->learn, &o->preds, .with_decoded = true, .with_loss = true, .par = par));
+    OK(cf_par_tta(o->learn, &o->tta, .n = 2, .par = par));
     OK(cf_par_validate(o->learn, o->values, .par = par));
 }
 
 static void free_outcome(outcome *o) {
     cf_lr_find_result_free(&o->lr);
     cf_preds_free(&o->preds);
+    cf_preds_free(&o->tta);
     cf_learner_free(o->learn);
 }
 
@@ -220,6 +223,9 @@ static int equivalence(cf_comm *comm) {
     check_same_everywhere(comm, "lr_find losses", mpi.lr.losses, (size_t)mpi.lr.n * sizeof(double));
     check_same_everywhere(comm, "validate", mpi.values, sizeof mpi.values);
     CHECK(mpi.preds.n == 22, "get_preds has %lld rows, want 22", (long long)mpi.preds.n);
+    CHECK(mpi.tta.n == 22 && memcmp(mpi.tta.preds.data, mpi.preds.preds.data,
+                                    cf_tensor_numel(&mpi.preds.preds) * sizeof(float)) == 0,
+          "tta without augmentation differs from get_preds");
     /* MPI has left no threads limit behind */
     CHECK(cf_get_num_threads() >= 1, "threads %d", cf_get_num_threads());
 
@@ -264,6 +270,8 @@ static int equivalence(cf_comm *comm) {
             CHECK(memcmp(mpi.preds.decoded, fork.preds.decoded, n * sizeof(int64_t)) == 0,
                   "decoded differ");
             check_floats("losses", mpi.preds.losses, fork.preds.losses, n);
+            check_floats("tta", mpi.tta.preds.data, fork.tta.preds.data,
+                         cf_tensor_numel(&mpi.preds.preds));
         }
         check_doubles("validate", mpi.values, fork.values, 2);
         if (!failures)
