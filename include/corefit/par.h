@@ -190,8 +190,9 @@ void cf_results_release(cf_results *results);
  *                     resumes from the commit (.resume) and carries on: the fit's results
  *                     (weights, BatchNorm buffers, optimizer state, the Recorder of the whole
  *                     fit) are bitwise those of an undisturbed fit. A fault before the first
- *                     commit restarts from the beginning, as do lr_find, validate and
- *                     get_preds (they take no commits) and fine_tune in its frozen phase. A
+ *                     commit restarts from the beginning, as do lr_find, validate,
+ *                     get_preds and tta (they take no commits) and fine_tune in its frozen
+ *                     phase. A
  *                     worker that fails with an error of its own (bad data, a non-finite
  *                     loss) and Ctrl-C are not retried: they would only repeat. After
  *                     max_restarts restarts the next fault ends the call as without recovery.
@@ -210,10 +211,10 @@ void cf_results_release(cf_results *results);
  * the whole Recorder, final_record, the figure paths noted on the learner, and the state of the
  * learner's callbacks and master callbacks that have export_state), and the method's output
  * (lr_find's result, validate's values, or get_preds' and tta's predictions in dataset order
- * without padding). Not coming home: the state of the call's own callbacks (.cbs, .par.master_cbs: the
- * call takes them over and frees them), of callbacks without export_state, and anything a worker
- * changes outside its learner other than files it writes. On any failure the caller's learner
- * is left exactly as it was (fork: nothing is copied; mpi: every rank is rolled back to its
+ * without padding). Not coming home: the state of the call's own callbacks (.cbs, .par.master_cbs:
+ * the call takes them over and frees them), of callbacks without export_state, and anything a
+ * worker changes outside its learner other than files it writes. On any failure the caller's
+ * learner is left exactly as it was (fork: nothing is copied; mpi: every rank is rolled back to its
  * state at the call) and the error names the rank and the cause. */
 cf_status cf_par_fit_(cf_learner *learn, int n_epoch, const cf_fit_opts *opts);
 cf_status cf_par_fit_one_cycle_(cf_learner *learn, int n_epoch, const cf_one_cycle_opts *opts);
