@@ -159,14 +159,15 @@ static void count_colours(const char *name, int64_t *blue, int64_t *green, int64
     free(px);
 }
 
-/* train --plots on 300 Fashion-MNIST images, then eval --plots of the model on the same 60
- * validation images: each figure is a PNG showing what it should, the most_confused rows add
- * up to the misclassified images (samples x (1 - accuracy)). */
+/* train --plots on 300 Fashion-MNIST images (2 fork workers: the predictions and their losses
+ * come home), then eval --plots of the model on the same 60 validation images: each figure is
+ * a PNG showing what it should, the most_confused rows add up to the misclassified images
+ * (samples x (1 - accuracy)). */
 static void test_train_and_eval_figures(void **state) {
     (void)state;
     if (!cf_plot_available()) skip();
     run_result r = run("train --idx " FMNIST " --limit 300 --epochs 1 --arch simple-cnn --aug "
-                       "--cores 1 --quiet --out m.safetensors --plots train_figs");
+                       "--cores 2 --quiet --out m.safetensors --plots train_figs");
     expect(&r, 0, "figure: train_figs/show_batch.png", NULL);
     static const char *const train_figs[] = {"show_batch", "show_results", "top_losses",
                                              "confusion"};
