@@ -90,7 +90,7 @@ int cmd_eval(int argc, char **argv) {
         {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
         {"--json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0, 0},
         {"--tta", OPT_FLAG, &tta, NULL,
-         "images: also the loss and accuracy with test-time augmentation (fastai's tta with "
+         "images: also the loss and accuracy with test-time augmentation (fastai's tta, "
          "aug_transforms())",
          0, 0, 0},
         {"--tta-n", OPT_INT, &tta_n, "N", "augmented passes of --tta [4]", 1, 1000, 0},

@@ -1201,7 +1201,9 @@ int cmd_train(int argc, char **argv) {
         {"--out", OPT_STR, &a.out, "FILE", "the model file (safetensors) [model.safetensors]", 0, 0,
          0},
         {"--plots", OPT_STR, &a.plots, "DIR",
-         "write loss, schedule, metrics, lr_find and confusion-matrix PNGs here", 0, 0, 0},
+         "write loss, schedule, metrics, lr_find PNGs here; classifiers: show_batch, "
+         "show_results, top_losses, confusion matrix, and print most_confused",
+         0, 0, 0},
         {"--csv-log", OPT_STR, &a.csv_log, "FILE",
          "fastai's CSVLogger: epoch,train_loss,valid_loss,<metrics>,time", 0, 0, 0},
         {"--save-every-epoch", OPT_FLAG, &a.save_every_epoch, NULL,
