@@ -472,6 +472,39 @@ static void test_lr_find_points_and_restoration(void **state) {
 
 /* ---- get_preds and validate ---------------------------------------------------------------- */
 
+static int freed_call_cbs;
+static void count_free(cf_callback *cb) {
+    freed_call_cbs++;
+    free(cb);
+}
+
+/* validate and get_preds own the callbacks of the call, also when they stop before the loop. */
+static void test_inference_frees_call_cbs_on_early_error(void **state) {
+    (void)state;
+    cf_dls *dls = fixture_dls(40, 13, 4);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_learner_new(&learn, dls, fixture_model(11, false), .quiet = true), CF_OK);
+    cf_dataloader *valid = dls->valid;
+    dls->valid = NULL; /* as a learner built without a validation set */
+    freed_call_cbs = 0;
+    cf_callback *cb = calloc(1, sizeof *cb);
+    cb->name = "counted";
+    cb->free = count_free;
+    assert_int_equal(cf_validate(learn, NULL, .cbs = (cf_callback *[]){cb}, .n_cbs = 1),
+                     CF_ERR_INVALID);
+    assert_int_equal(freed_call_cbs, 1);
+    cb = calloc(1, sizeof *cb);
+    cb->name = "counted";
+    cb->free = count_free;
+    cf_preds p;
+    assert_int_equal(cf_get_preds(learn, &p, .cbs = (cf_callback *[]){cb}, .n_cbs = 1),
+                     CF_ERR_INVALID);
+    assert_int_equal(freed_call_cbs, 2);
+    dls->valid = valid;
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 static void test_get_preds_in_dataset_order(void **state) {
     (void)state;
     cf_dls *dls = fixture_dls(40, 13, 4);
@@ -802,6 +835,7 @@ int main(void) {
         cmocka_unit_test(test_lr_find_suggestions_equal_fastai),
         cmocka_unit_test(test_lr_find_points_and_restoration),
         cmocka_unit_test(test_get_preds_in_dataset_order),
+        cmocka_unit_test(test_inference_frees_call_cbs_on_early_error),
         cmocka_unit_test(test_training_reduces_loss_and_records_history),
         cmocka_unit_test(test_recorder_files),
         cmocka_unit_test(test_learner_state_round_trip_and_refusals),

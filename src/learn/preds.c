@@ -6,11 +6,19 @@
 
 #include "learn/internal.h"
 
+/* The callbacks given to an inference call belong to it: a call that stops before the loop
+ * (which frees them) frees them here. */
+static cf_status free_call_cbs(cf_callback *const *cbs, int n_cbs, cf_status st) {
+    for (int i = 0; i < n_cbs; i++) cf_callback_free(cbs[i]);
+    return st;
+}
+
 cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts *o) {
     cf_dataloader *dl = o->train_set ? learn->dls->train : learn->dls->valid;
     if (!dl)
-        return cf_fail(CF_ERR_INVALID, "validate: no %s set",
-                       o->train_set ? "training" : "validation");
+        return free_call_cbs(o->cbs, o->n_cbs,
+                             cf_fail(CF_ERR_INVALID, "validate: no %s set",
+                                     o->train_set ? "training" : "validation"));
     cf_status st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, NULL, NULL);
     if (st != CF_OK) return st;
     if (values) memcpy(values, learn->final_record, (size_t)learn->n_final_record * sizeof(double));
@@ -138,17 +146,20 @@ cf_status cf__get_preds_tfms(cf_learner *learn, cf_preds *out, const cf_get_pred
     memset(out, 0, sizeof *out);
     cf_dataloader *like = o->train_set ? learn->dls->train : learn->dls->valid;
     if (!like)
-        return cf_fail(CF_ERR_INVALID, "get_preds: no %s set",
-                       o->train_set ? "training" : "validation");
+        return free_call_cbs(o->cbs, o->n_cbs,
+                             cf_fail(CF_ERR_INVALID, "get_preds: no %s set",
+                                     o->train_set ? "training" : "validation"));
     const cf_dataset *ds = cf_dataloader_dataset(like);
     const cf_text_corpus *corpus = cf_text_loader_corpus(like);
     if (corpus && o->with_input)
-        return cf_fail(CF_ERR_INVALID, "get_preds: with_input is not available for text (the "
-                                       "documents have different lengths; read them from the "
-                                       "corpus in the order of the predictions)");
+        return free_call_cbs(o->cbs, o->n_cbs,
+                             cf_fail(CF_ERR_INVALID,
+                                     "get_preds: with_input is not available for text (the "
+                                     "documents have different lengths; read them from the "
+                                     "corpus in the order of the predictions)"));
     cf_dataloader *dl = NULL;
     cf_status st = ordered_loader(learn, like, tfms, &dl);
-    if (st != CF_OK) return st;
+    if (st != CF_OK) return free_call_cbs(o->cbs, o->n_cbs, st);
     /* The prediction width comes from the model: one forward on a single item. */
     cf_model_train(learn->model, false);
     cf_shape one = ds->sample_shape;
@@ -206,7 +217,7 @@ cf_status cf__get_preds_tfms(cf_learner *learn, cf_preds *out, const cf_get_pred
     if (st == CF_OK)
         st = cf__run_inference(learn, dl, o->cbs, o->n_cbs, gather_batch, &g);
     else
-        for (int i = 0; i < o->n_cbs; i++) cf_callback_free(o->cbs[i]);
+        free_call_cbs(o->cbs, o->n_cbs, st);
     if (st == CF_OK) st = g.status;
     cf_free(g.act.data);
     cf_free(probe);
