@@ -97,6 +97,29 @@ static void test_lstm_truncated_bptt(void **state) {
 
 /* ---- the AWD-LSTM language model ---- */
 
+/* Each of n batches' logits (freed here), loss and, when regs, regularizer term against the
+ * oracle's logits<k>, loss<k> and reg<k>. */
+static void check_batches(oracle *o, int n, float **logits, const float *losses,
+                          const float *regs) {
+    for (int k = 0; k < n; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "logits%d", k);
+        cf_tensor r = oracle_get(o, name);
+        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
+        free(r.data);
+        free(logits[k]);
+        snprintf(name, sizeof name, "loss%d", k);
+        r = oracle_get(o, name);
+        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
+        free(r.data);
+        if (!regs) continue;
+        snprintf(name, sizeof name, "reg%d", k);
+        r = oracle_get(o, name);
+        assert_close(name, &regs[k], r.data, 1, 1e-4, 1e-6);
+        free(r.data);
+    }
+}
+
 /* the language model over three batches; alpha, beta: fastai's RNNRegularizer added to the loss
  * back-propagated (cf_rnn_regularizer_set) */
 static void check_awd_lstm_lm(float alpha, float beta) {
@@ -184,22 +207,7 @@ static void check_awd_lstm_lm(float alpha, float beta) {
     snprintf(args, sizeof args, "lm %d %d %d %d %d %.3f %.3f", V, E, NH, L, n, (double)alpha,
              (double)beta);
     oracle_run(&o, "lstm.py", args);
-    for (int k = 0; k < n; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "logits%d", k);
-        cf_tensor r = oracle_get(&o, name);
-        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
-        free(r.data);
-        free(logits[k]);
-        snprintf(name, sizeof name, "loss%d", k);
-        r = oracle_get(&o, name);
-        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
-        free(r.data);
-        snprintf(name, sizeof name, "reg%d", k);
-        r = oracle_get(&o, name);
-        assert_close(name, &regs[k], r.data, 1, 1e-4, 1e-6);
-        free(r.data);
-    }
+    check_batches(&o, n, logits, losses, regs);
     check_grads(&o, model, 1e-4, 1e-5);
     oracle_cleanup(&o);
     cf_model_free(model);
@@ -446,18 +454,7 @@ static void test_text_classifier(void **state) {
     snprintf(args, sizeof args, "clas %d %d %d %d %d %d %d %d %d", V, E, NH, L, bptt, max_len, n,
              lin_ftrs[0], n_class);
     oracle_run(&o, "lstm.py", args);
-    for (int k = 0; k < n; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "logits%d", k);
-        cf_tensor r = oracle_get(&o, name);
-        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
-        free(r.data);
-        free(logits[k]);
-        snprintf(name, sizeof name, "loss%d", k);
-        r = oracle_get(&o, name);
-        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
-        free(r.data);
-    }
+    check_batches(&o, n, logits, losses, NULL);
     assert_grads_match_oracle(&o, model, NULL);
     oracle_cleanup(&o);
     cf_model_free(model);
