@@ -31,18 +31,10 @@
 #include "corefit/learn.h"
 #include "corefit/par.h"
 #include "corefit/plot.h"
+#include "mpi_check.h"
 
-static int rank, world, failures;
+static int rank, world;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);                                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 #define OK(call) CHECK((call) == CF_OK, "%s: %s", #call, cf_last_error())
 
 /* ---- fixture: 4 features, 3 classes from a fixed linear rule -------------------------------- */

@@ -6,18 +6,7 @@
 #include <string.h>
 
 #include "corefit/par.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);                                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
+#include "mpi_check.h"
 
 static unsigned char pattern(int r, size_t i) {
     return (unsigned char)(r * 37 + i * 13 + (i >> 8));

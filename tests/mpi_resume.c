@@ -16,84 +16,24 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "mpi_check.h"
+#include "resume_fixture.h"
 
-static int rank, failures;
+static int rank;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);                                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-enum { N_EPOCH = 2, SIDE = 8 };
-
-static cf_dataset *image_dataset(int64_t n, uint64_t seed) {
-    size_t per = SIDE * SIDE;
-    float *x = malloc((size_t)n * per * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
-    cf_rng rng;
-    cf_rng_seed(&rng, seed);
-    for (size_t i = 0; i < (size_t)n * per; i++) x[i] = (float)cf_rng_uniform(&rng);
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = x + i * per;
-        float a = r[0] + r[9] - r[18] - r[27], b = r[36] - r[45];
-        y[i] = a > 0 ? 0 : (b > 0 ? 1 : 2);
-    }
-    cf_dataset *ds = NULL;
-    if (cf_dataset_from_arrays(x, y, n, (cf_shape){3, {1, SIDE, SIDE}}, 1, 3, &ds) != CF_OK) {
-        fprintf(stderr, "rank %d: dataset: %s\n", rank, cf_last_error());
-        exit(1);
-    }
-    free(x);
-    free(y);
-    return ds;
-}
-
-static cf_aug_opts aug;
+enum { N_EPOCH = RESUME_N_EPOCH };
 
 static cf_learner *learner(cf_dls *dls, uint64_t seed, const char *path) {
-    cf_module *layers[] = {cf_conv2d(1, 4, 3, 1, 1, false),
-                           cf_batchnorm2d(4),
-                           cf_relu(),
-                           cf_flatten(),
-                           cf_dropout(0.3f),
-                           cf_linear(4 * SIDE * SIDE, 3, true)};
-    cf_model *m = NULL;
-    cf_learner *learn = NULL;
-    cf_metric *metrics[] = {cf_accuracy()};
-    if (cf_model_new(&m, cf_sequential(6, layers), seed) != CF_OK ||
-        cf_learner_new(&learn, dls, m, .quiet = true, .path = path, .metrics = metrics,
-                       .n_metrics = 1, .wd = 0.05) != CF_OK) {
+    cf_learner *learn = resume_learner(dls, seed, path);
+    if (!learn) {
         fprintf(stderr, "rank %d: learner: %s\n", rank, cf_last_error());
         exit(1);
     }
     return learn;
 }
 
-static cf_status request_at(cf_callback *cb, cf_learner *learn) {
-    if (learn->training && learn->train_iter == *(int64_t *)cb->state) cf_checkpoint_request();
-    return CF_OK;
-}
-static void free_request(cf_callback *cb) {
-    free(cb->state);
-    free(cb);
-}
-static cf_callback *request_cb(int64_t at) {
-    cf_callback *cb = calloc(1, sizeof *cb);
-    int64_t *s = calloc(1, sizeof *s);
-    *s = at;
-    cb->name = "RequestStop";
-    cb->state = s;
-    cb->free = free_request;
-    cb->on[CF_EV_AFTER_BATCH] = request_at;
-    return cb;
-}
-
 static cf_status fit(cf_learner *learn, int64_t stop_at, const char *ckpt, const char *resume) {
-    cf_callback *cbs[] = {request_cb(stop_at), cf_checkpoint_cb(.fname = ckpt)};
+    cf_callback *cbs[] = {resume_request_cb(stop_at), cf_checkpoint_cb(.fname = ckpt)};
     return cf_par_fit_one_cycle(learn, N_EPOCH, .lr_max = CF_LR(2e-2), .cbs = cbs, .n_cbs = 2,
                                 .resume = resume, .par.start_method = CF_START_MPI);
 }
@@ -139,10 +79,12 @@ int main(int argc, char **argv) {
     if (rank == 0) mkdir(dir, 0755);
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s/mpi.ckpt", dir);
-    aug = cf_aug_transforms_defaults(1.0f);
-    cf_dls *dls = NULL;
-    cf_dls_options o = {.bs = 8, .seed = 11, .crop_pad = 1, .flip = true, .aug = &aug};
-    if (cf_dls_new(image_dataset(96, 1), image_dataset(24, 2), &o, &dls) != CF_OK) return 1;
+    cf_aug_opts aug;
+    cf_dls *dls = resume_dls(&aug);
+    if (!dls) {
+        fprintf(stderr, "rank %d: data: %s\n", rank, cf_last_error());
+        return 1;
+    }
 
     cf_learner *full = learner(dls, 3, dir);
     CHECK(fit(full, -1, ckpt, NULL) == CF_OK, "uninterrupted fit: %s", cf_last_error());

@@ -1,5 +1,6 @@
 /* The corefit command on small data: every subcommand's output and files, usage errors (message
  * and exit status), and `corefit predict` against cf_get_preds on the same inputs. */
+#include "child.h"
 #include "oracle.h"
 
 #include <cJSON.h>
@@ -47,6 +48,20 @@ static char *slurp(const char *path) {
     return s;
 }
 
+/* A corefit run that ended with status (its exit status, or 128 + the signal that ended it): the
+ * status and what it wrote to out.txt and err.txt in the test folder. */
+static run_result run_outcome(int status) {
+    run_result r = {.status = status};
+    char path[600];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    r.out = slurp(path);
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    r.err = slurp(path);
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    return r;
+}
+
 /* Runs `corefit <args>` in the test folder, capturing stdout and stderr. */
 static run_result run(const char *fmt, ...) {
     char args[4096], cmd[8192], out[600], err[600];
@@ -54,19 +69,21 @@ static run_result run(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(out, sizeof out, "%s/stdout.txt", dir);
-    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
     /* CF_TEST_COREFIT: another build of the command (to see a test fail on an older one) */
     const char *exe = getenv("CF_TEST_COREFIT") ? getenv("CF_TEST_COREFIT") : COREFIT;
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >'%s' 2>'%s' </dev/null", dir, exe, args, out,
              err);
     int s = system(cmd);
-    run_result r = {.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s)};
-    r.out = slurp(out);
-    r.err = slurp(err);
-    assert_non_null(r.out);
-    assert_non_null(r.err);
-    return r;
+    return run_outcome(WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s));
+}
+
+/* Runs a shell command in the test folder; it must succeed. */
+static void shell(const char *line) {
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s", dir, line);
+    if (system(cmd) != 0) fail_msg("failed: %s", cmd);
 }
 
 static void run_free(run_result *r) {
@@ -432,6 +449,22 @@ static void test_lr_find(void **state) {
 
 /* ---- tabular: train, predict (against cf_get_preds), eval ---------------------------------- */
 
+/* The library's loaders of table.csv as `corefit train --csv` makes them: color categorical,
+ * size and weight continuous, label the target, 20% validation from seed 42. */
+static cf_dls *table_dls(const char *csv) {
+    const char *cat[] = {"color"}, *cont[] = {"size", "weight"};
+    cf_tabular_options to = {.cat_names = cat,
+                             .n_cat = 1,
+                             .cont_names = cont,
+                             .n_cont = 2,
+                             .y_name = "label",
+                             .valid_pct = 0.2,
+                             .seed = 42};
+    cf_dls *dls = NULL;
+    assert_int_equal(cf_dls_from_csv(csv, &to, &(cf_dls_options){.bs = 16}, &dls), CF_OK);
+    return dls;
+}
+
 static void test_tabular(void **state) {
     (void)state;
     enum { ROWS = 300 };
@@ -473,16 +506,7 @@ static void test_tabular(void **state) {
     /* the library's view: the same split and procs, the trained weights */
     char model[600];
     snprintf(model, sizeof model, "%s/tab.safetensors", dir);
-    const char *cat[] = {"color"}, *cont[] = {"size", "weight"};
-    cf_tabular_options to = {.cat_names = cat,
-                             .n_cat = 1,
-                             .cont_names = cont,
-                             .n_cont = 2,
-                             .y_name = "label",
-                             .valid_pct = 0.2,
-                             .seed = 42};
-    cf_dls *dls = NULL;
-    assert_int_equal(cf_dls_from_csv(csv, &to, &(cf_dls_options){.bs = 16}, &dls), CF_OK);
+    cf_dls *dls = table_dls(csv);
     cf_learner *learn = NULL;
     assert_int_equal(cf_tabular_learner(&learn, dls, .quiet = true), CF_OK);
     assert_int_equal(cf_model_load(learn->model, NULL, model), CF_OK);
@@ -533,29 +557,47 @@ static void test_tabular(void **state) {
 /* ---- fine-tuning the saved model on an image folder ---------------------------------------- */
 
 #ifdef CF_HAVE_STB
-/* root/{train,valid}/{bright,dark}/k.png: 28x28 grayscale. */
-static void write_image_folder(const char *root) {
+/* Writes image k of class c to `stem` plus its extension, drawing its pixels from rng. */
+typedef void (*image_writer)(const char *stem, int c, int k, cf_rng *rng);
+
+/* root/{train,valid}/<class>/<k>.<ext>: n_train and n_valid images a class, written in that
+ * order by write_one from one generator seeded with seed. */
+static void write_folder(const char *root, const char *const *classes, int n_classes, int n_train,
+                         int n_valid, uint64_t seed, image_writer write_one) {
     static const char *const parts[] = {"train", "valid"};
-    static const char *const classes[] = {"bright", "dark"};
     char path[700];
     mkdir(root, 0777);
     cf_rng rng;
-    cf_rng_seed(&rng, 3);
+    cf_rng_seed(&rng, seed);
     for (int s = 0; s < 2; s++) {
         snprintf(path, sizeof path, "%s/%s", root, parts[s]);
         mkdir(path, 0777);
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < n_classes; c++) {
             snprintf(path, sizeof path, "%s/%s/%s", root, parts[s], classes[c]);
             mkdir(path, 0777);
-            for (int k = 0; k < (s ? 4 : 12); k++) {
-                unsigned char px[28 * 28];
-                for (int i = 0; i < 28 * 28; i++)
-                    px[i] = (unsigned char)((c ? 40 : 180) + cf_rng_below(&rng, 60));
-                snprintf(path, sizeof path, "%s/%s/%s/%d.png", root, parts[s], classes[c], k);
-                assert_true(stbi_write_png(path, 28, 28, 1, px, 28) != 0);
+            for (int k = 0; k < (s ? n_valid : n_train); k++) {
+                snprintf(path, sizeof path, "%s/%s/%s/%d", root, parts[s], classes[c], k);
+                write_one(path, c, k, &rng);
             }
         }
     }
+}
+
+/* 28x28 grayscale PNG: class 0 bright, class 1 dark. */
+static void write_gray(const char *stem, int c, int k, cf_rng *rng) {
+    (void)k;
+    unsigned char px[28 * 28];
+    for (int i = 0; i < 28 * 28; i++)
+        px[i] = (unsigned char)((c ? 40 : 180) + cf_rng_below(rng, 60));
+    char path[800];
+    snprintf(path, sizeof path, "%s.png", stem);
+    assert_true(stbi_write_png(path, 28, 28, 1, px, 28) != 0);
+}
+
+/* root/{train,valid}/{bright,dark}/k.png: 28x28 grayscale. */
+static void write_image_folder(const char *root) {
+    static const char *const classes[] = {"bright", "dark"};
+    write_folder(root, classes, 2, 12, 4, 3, write_gray);
 }
 #endif
 
@@ -717,16 +759,7 @@ static void test_library_export_tabular(void **state) {
     (void)state;
     char csv[600], path[600];
     snprintf(csv, sizeof csv, "%s/table.csv", dir);
-    const char *cat[] = {"color"}, *cont[] = {"size", "weight"};
-    cf_tabular_options to = {.cat_names = cat,
-                             .n_cat = 1,
-                             .cont_names = cont,
-                             .n_cont = 2,
-                             .y_name = "label",
-                             .valid_pct = 0.2,
-                             .seed = 42};
-    cf_dls *dls = NULL;
-    assert_int_equal(cf_dls_from_csv(csv, &to, &(cf_dls_options){.bs = 16}, &dls), CF_OK);
+    cf_dls *dls = table_dls(csv);
     cf_learner *learn = NULL;
     assert_int_equal(
         cf_tabular_learner(&learn, dls, .quiet = true, .n_layers = 2, .layers = {20, 10}), CF_OK);
@@ -1113,10 +1146,7 @@ static void test_eval_flat_folder(void **state) {
     run_result r = run("eval ft.safetensors --images pics/valid");
     expect(&r, 0, "samples: 8", NULL);
     run_free(&r);
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s/onlyvalid' && cp -r '%s/pics/valid' '%s/onlyvalid/'",
-             dir, dir, dir);
-    assert_int_equal(system(cmd), 0);
+    shell("mkdir -p onlyvalid && cp -r pics/valid onlyvalid/");
     r = run("eval ft.safetensors --images onlyvalid");
     expect(&r, 0, "samples: 8", NULL);
     run_free(&r);
@@ -1128,35 +1158,24 @@ static void test_eval_flat_folder(void **state) {
 /* four classes: a one-class vocabulary read as four names reads past its allocation */
 static const char *const photo_classes[4] = {"cat", "dog", "fox", "owl"};
 
-/* root/{train,valid}/{cat,dog,fox,owl}/k.{png,jpg}: RGB, 20-35 px, each class one colour with
- * noise; n_train and n_valid images a class. */
-static void write_photo_folder(const char *root, int n_train, int n_valid) {
-    static const char *const parts[] = {"train", "valid"};
+/* An RGB image of 20-35 px, class c's colour with noise: a JPEG for odd k, else a PNG. */
+static void write_photo(const char *stem, int c, int k, cf_rng *rng) {
     static const unsigned char colour[4][3] = {
         {200, 60, 60}, {60, 200, 60}, {200, 200, 60}, {60, 60, 200}};
-    char path[700];
-    mkdir(root, 0777);
-    cf_rng rng;
-    cf_rng_seed(&rng, 7);
-    for (int s = 0; s < 2; s++) {
-        snprintf(path, sizeof path, "%s/%s", root, parts[s]);
-        mkdir(path, 0777);
-        for (int c = 0; c < 4; c++) {
-            snprintf(path, sizeof path, "%s/%s/%s", root, parts[s], photo_classes[c]);
-            mkdir(path, 0777);
-            for (int k = 0; k < (s ? n_valid : n_train); k++) {
-                int w = 20 + (int)cf_rng_below(&rng, 16), h = 20 + (int)cf_rng_below(&rng, 16);
-                unsigned char *px = malloc((size_t)w * h * 3);
-                for (int i = 0; i < w * h * 3; i++)
-                    px[i] = (unsigned char)(colour[c][i % 3] / 2 + cf_rng_below(&rng, 100));
-                snprintf(path, sizeof path, "%s/%s/%s/%d.%s", root, parts[s], photo_classes[c], k,
-                         k % 2 ? "jpg" : "png");
-                assert_true(k % 2 ? stbi_write_jpg(path, w, h, 3, px, 90)
-                                  : stbi_write_png(path, w, h, 3, px, w * 3));
-                free(px);
-            }
-        }
-    }
+    int w = 20 + (int)cf_rng_below(rng, 16), h = 20 + (int)cf_rng_below(rng, 16);
+    unsigned char *px = malloc((size_t)w * h * 3);
+    for (int i = 0; i < w * h * 3; i++)
+        px[i] = (unsigned char)(colour[c][i % 3] / 2 + cf_rng_below(rng, 100));
+    char path[800];
+    snprintf(path, sizeof path, "%s.%s", stem, k % 2 ? "jpg" : "png");
+    assert_true(k % 2 ? stbi_write_jpg(path, w, h, 3, px, 90)
+                      : stbi_write_png(path, w, h, 3, px, w * 3));
+    free(px);
+}
+
+/* root/{train,valid}/{cat,dog,fox,owl}/k.{png,jpg}: n_train and n_valid photos a class. */
+static void write_photo_folder(const char *root, int n_train, int n_valid) {
+    write_folder(root, photo_classes, 4, n_train, n_valid, 7, write_photo);
 }
 
 /* photos/ and photo.safetensors (a mini-resnet on 16 px RGB), made once. */
@@ -1182,12 +1201,8 @@ static void test_eval_some_classes(void **state) {
     skip();
 #else
     photo_model();
-    char cmd[2400];
-    snprintf(cmd, sizeof cmd,
-             "mkdir -p '%s/onlycat/valid' '%s/flatdog' && cp -r '%s/photos/valid/cat' "
-             "'%s/onlycat/valid/' && cp -r '%s/photos/valid/dog' '%s/flatdog/'",
-             dir, dir, dir, dir, dir, dir);
-    assert_int_equal(system(cmd), 0);
+    shell("mkdir -p onlycat/valid flatdog && cp -r photos/valid/cat onlycat/valid/ && "
+          "cp -r photos/valid/dog flatdog/");
     run_result r = run("eval photo.safetensors --images onlycat");
     expect(&r, 0, "samples: 3", NULL);
     run_free(&r);
@@ -1234,14 +1249,10 @@ static void test_fine_tune_summary(void **state) {
 #else
     photo_model();
     /* new data whose statistics differ: the photos darkened */
-    char cmd[2400];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && /usr/bin/python3 -c \"import glob,os\nfrom PIL import Image\nfor f in "
-             "glob.glob('photos/*/*/*'):\n  d=os.path.join('dark',f[7:]); "
-             "os.makedirs(os.path.dirname(d),exist_ok=True)\n  im=Image.open(f).point(lambda v: "
-             "v//3); im.save(d)\"",
-             dir);
-    assert_int_equal(system(cmd), 0);
+    shell("/usr/bin/python3 -c \"import glob,os\nfrom PIL import Image\nfor f in "
+          "glob.glob('photos/*/*/*'):\n  d=os.path.join('dark',f[7:]); "
+          "os.makedirs(os.path.dirname(d),exist_ok=True)\n  im=Image.open(f).point(lambda v: "
+          "v//3); im.save(d)\"");
     run_result r = run("train --images dark --pretrained photo.safetensors --schedule fine-tune "
                        "--epochs 1 --freeze-epochs 1 --cores 2 --split-batch --bs 6 "
                        "--out dark.safetensors");
@@ -1268,13 +1279,9 @@ static void test_predict_bad_files_and_odd_names(void **state) {
     skip();
 #else
     photo_model();
-    char cmd[2400];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && cp -r photos odd && /usr/bin/python3 -c \"import os\nfor p in "
-             "('train','valid'):\n  os.rename('odd/%%s/cat'%%p, 'odd/%%s/big\\tcat'%%p); "
-             "os.rename('odd/%%s/dog'%%p, 'odd/%%s/hot\\ndog'%%p)\" && echo garbage > bad.jpg",
-             dir);
-    assert_int_equal(system(cmd), 0);
+    shell("cp -r photos odd && /usr/bin/python3 -c \"import os\nfor p in "
+          "('train','valid'):\n  os.rename('odd/%s/cat'%p, 'odd/%s/big\\tcat'%p); "
+          "os.rename('odd/%s/dog'%p, 'odd/%s/hot\\ndog'%p)\" && echo garbage > bad.jpg");
     run_result r =
         run("train --images odd --size 16 --cores 1 --bs 8 --out odd.safetensors --quiet");
     expect(&r, 0, "model: odd.safetensors", NULL);
@@ -1339,12 +1346,8 @@ static void test_skip_bad(void **state) {
     skip();
 #else
     photo_model();
-    char cmd[2400];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && cp -r photos badphotos && head -c 300 photos/train/cat/1.jpg > "
-             "badphotos/train/cat/cut.jpg && echo garbage > badphotos/valid/dog/bad.png",
-             dir);
-    assert_int_equal(system(cmd), 0);
+    shell("cp -r photos badphotos && head -c 300 photos/train/cat/1.jpg > "
+          "badphotos/train/cat/cut.jpg && echo garbage > badphotos/valid/dog/bad.png");
     static const char *const loads[] = {"", "--load auto", "--load stream"};
     for (int i = 0; i < 3; i++) {
         run_result r = run("train --images badphotos --size 16 --skip-bad %s --cores 2 --bs 4 "
@@ -1396,36 +1399,6 @@ static void test_load_auto_streams(void **state) {
  * batch 3 of 80) exists. */
 
 #define RESTART_ARGS "train --limit 1280 --bs 16 --epochs 2 --cores 2 --checkpoint-every 3"
-
-/* Starts `corefit <args>` in the test folder, stdout and stderr to files; returns its pid. */
-static pid_t start_corefit(const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && exec '%s' %s >'%s/stdout.txt' 2>'%s/stderr.txt' </dev/null", dir, COREFIT,
-             args, dir, dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-static run_result wait_corefit(pid_t pid) {
-    int s = 0;
-    assert_int_equal(waitpid(pid, &s, 0), pid);
-    char out[600], err[600];
-    snprintf(out, sizeof out, "%s/stdout.txt", dir);
-    snprintf(err, sizeof err, "%s/stderr.txt", dir);
-    run_result r = {.status = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s)};
-    r.out = slurp(out);
-    r.err = slurp(err);
-    assert_non_null(r.out);
-    assert_non_null(r.err);
-    return r;
-}
 
 /* The processes whose parent is `parent` (its fork workers), from /proc. */
 static int children_of(pid_t parent, pid_t *out, int cap) {
@@ -1509,10 +1482,12 @@ static void test_max_restarts(void **state) {
 
     /* the worker is restarted from a commit (every 2 batches) and the fit finishes */
     pid_t workers[8];
-    pid_t pid = start_corefit(RESTART_ARGS " --max-restarts 1 --commit-every 2 --out "
-                                           "restarted.safetensors");
+    pid_t pid = test_cli_start(dir,
+                               RESTART_ARGS " --max-restarts 1 --commit-every 2 --out "
+                                            "restarted.safetensors",
+                               false);
     int n = kill_a_worker(pid, "restarted.ckpt", workers, 8);
-    r = wait_corefit(pid);
+    r = run_outcome(test_cli_wait(pid));
     expect(&r, 0, "(2 epochs, fork workers, 1 restart)", "was killed by signal 9 (SIGKILL)");
     if (!strstr(r.err, "restarting 2 workers from epoch 0 batch") ||
         !strstr(r.err, "(restart 1 of 1)"))
@@ -1522,9 +1497,9 @@ static void test_max_restarts(void **state) {
     assert_workers_gone(pid, workers, n);
 
     /* without --max-restarts: a clean failure, and the command that continues */
-    pid = start_corefit(RESTART_ARGS " --out lost.safetensors");
+    pid = test_cli_start(dir, RESTART_ARGS " --out lost.safetensors", false);
     n = kill_a_worker(pid, "lost.ckpt", workers, 8);
-    r = wait_corefit(pid);
+    r = run_outcome(test_cli_wait(pid));
     expect(&r, 1, NULL, "corefit train: training: worker ");
     assert_non_null(strstr(r.err, "was killed by signal 9 (SIGKILL)"));
     assert_non_null(strstr(r.err, "no model written"));

@@ -14,6 +14,7 @@
 
 #include "corefit/core.h"
 #include "oracle.h"
+#include "text_fixture.h"
 
 #define COREFIT CF_BUILD_DIR "/corefit"
 
@@ -37,15 +38,12 @@ static int run(char *out, size_t size, const char *fmt, ...) {
 
 static void test_lm_encoder_classifier_predict(void **state) {
     (void)state;
-    struct stat sb;
-    if (stat("/usr/share/games/fortunes/food", &sb) != 0) skip();
+    if (!have_fortunes()) skip();
     test_tmpdir_make(g_dir, sizeof g_dir, "cf_cli_text");
     static char out[1 << 16];
-    assert_int_equal(run(out, sizeof out,
-                         "/usr/bin/python3 %s/scripts/fortunes-folder f --topics food,love,science "
-                         "--max-per-topic 40 --valid-pct 0.25",
-                         CF_SOURCE_DIR),
-                     0);
+    char data[300];
+    snprintf(data, sizeof data, "%s/f", g_dir);
+    assert_int_equal(fortunes_folder(data, 40), 0);
     const char *small = "--emb-sz 16 --n-hid 24 --n-layers 2 --bs 8 --seq-len 16";
     /* 1. the language model */
     assert_int_equal(run(out, sizeof out,

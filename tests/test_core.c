@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/strbuf.h"
 #include "corefit/core.h"
 
 static void test_error_messages(void **state) {
@@ -174,9 +175,42 @@ static void test_parallel_for_covers_range_and_survives_fork(void **state) {
     cf_set_num_threads(0);
 }
 
+/* The string builder: appends across several growths, an empty builder gives "", a failed one
+ * NULL, and taking leaves the builder empty for the next string. */
+static void test_strbuf(void **state) {
+    (void)state;
+    cf__strbuf b = {0};
+    char *empty = cf__strbuf_take(&b);
+    assert_string_equal(empty, "");
+    cf_free(empty);
+    char expect[1001];
+    for (int i = 0; i < 1000; i++) expect[i] = (char)('a' + i % 26);
+    expect[1000] = 0;
+    for (int i = 0; i < 1000; i += 10) cf__strbuf_put(&b, expect + i, 10); /* past 64 bytes */
+    assert_int_equal(b.n, 1000);
+    char *built = cf__strbuf_take(&b);
+    assert_string_equal(built, expect);
+    cf_free(built);
+    assert_null(b.s);
+    assert_int_equal(b.n, 0);
+    cf__strbuf_str(&b, "x");
+    cf__strbuf_put(&b, "yz", 1); /* n bytes, not the whole string */
+    assert_string_equal(b.s, "xy");
+    b.failed = true; /* as after an allocation that failed: later puts do nothing */
+    cf__strbuf_str(&b, "more");
+    assert_string_equal(b.s, "xy");
+    assert_null(cf__strbuf_take(&b));
+    assert_null(b.s);
+    assert_false(b.failed);
+    cf__strbuf_str(&b, "again");
+    cf__strbuf_free(&b);
+    assert_null(b.s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_strbuf),
         cmocka_unit_test(test_rng_reproducible_and_uniform),
         cmocka_unit_test(test_arena_two_pass),
         cmocka_unit_test(test_arena_transient_pool),

@@ -4,6 +4,7 @@
  * model's weights and dropout masks (logits, loss and every gradient); the dropouts' semantics.
  * Run at every instruction set (tests/isa.cmake). */
 #include "oracle.h"
+#include "text_fixture.h"
 
 #include "corefit/nn.h"
 #include "nn/rnn_internal.h"
@@ -11,15 +12,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-static void put_params(oracle *o, const cf_model *model) {
-    for (int i = 0; i < model->n_params; i++) {
-        const cf_param *p = model->params[i];
-        char name[300];
-        snprintf(name, sizeof name, "p_%s", p->full_name);
-        oracle_put(o, name, p->data, p->shape);
-    }
-}
 
 static void check_grads(oracle *o, const cf_model *model, double rtol, double atol) {
     for (int i = 0; i < model->n_params; i++) {
@@ -39,7 +31,7 @@ static void check_lstm(int in, int hid, int n, const int *bs, const int *steps) 
     assert_int_equal(cf_model_new(&model, cf_lstm(in, hid), 11 + in), CF_OK);
     oracle o;
     oracle_init(&o);
-    put_params(&o, model);
+    oracle_put_params(&o, model);
     cf_model_zero_grad(model);
     float *ys[8], *dxs[8];
     for (int k = 0; k < n; k++) {
@@ -105,15 +97,27 @@ static void test_lstm_truncated_bptt(void **state) {
 
 /* ---- the AWD-LSTM language model ---- */
 
-static void put_mask(oracle *o, const char *name, const float *mask, cf_shape shape) {
-    float *ones = NULL;
-    if (!mask) { /* no mask drawn (p = 0): all ones */
-        ones = malloc(cf_shape_numel(&shape) * sizeof(float));
-        for (size_t i = 0; i < cf_shape_numel(&shape); i++) ones[i] = 1.0f;
-        mask = ones;
+/* Each of n batches' logits (freed here), loss and, when regs, regularizer term against the
+ * oracle's logits<k>, loss<k> and reg<k>. */
+static void check_batches(oracle *o, int n, float **logits, const float *losses,
+                          const float *regs) {
+    for (int k = 0; k < n; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "logits%d", k);
+        cf_tensor r = oracle_get(o, name);
+        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
+        free(r.data);
+        free(logits[k]);
+        snprintf(name, sizeof name, "loss%d", k);
+        r = oracle_get(o, name);
+        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
+        free(r.data);
+        if (!regs) continue;
+        snprintf(name, sizeof name, "reg%d", k);
+        r = oracle_get(o, name);
+        assert_close(name, &regs[k], r.data, 1, 1e-4, 1e-6);
+        free(r.data);
     }
-    oracle_put(o, name, mask, shape);
-    free(ones);
 }
 
 /* the language model over three batches; alpha, beta: fastai's RNNRegularizer added to the loss
@@ -136,7 +140,7 @@ static void check_awd_lstm_lm(float alpha, float beta) {
     assert_int_equal(cf_rnn_regularizer_set(model->root, -1.0f, beta), CF_ERR_INVALID);
     oracle o;
     oracle_init(&o);
-    put_params(&o, model);
+    oracle_put_params(&o, model);
     cf_model_zero_grad(model);
     const int bs[3] = {3, 3, 2}, steps[3] = {6, 6, 4};
     float *logits[3], losses[3], regs[3];
@@ -163,23 +167,10 @@ static void check_awd_lstm_lm(float alpha, float beta) {
         assert_int_equal(y->shape.ndim, 3);
         assert_int_equal(y->shape.dim[2], V);
         /* the masks this forward drew */
-        snprintf(name, sizeof name, "m%d_emb", k);
-        put_mask(&o, name, cf_nn_embedding_dropout_mask(awd->children[0]), cf_shape1(V));
-        snprintf(name, sizeof name, "m%d_in", k);
-        put_mask(&o, name, cf_nn_rnn_dropout_mask(awd->children[1 + L]), cf_shape2(bs[k], E));
-        for (int l = 0; l < L; l++) {
-            const int hid = l == L - 1 ? E : NH;
-            snprintf(name, sizeof name, "m%d_w%d", k, l);
-            put_mask(&o, name, cf_nn_weight_dropout_mask(awd->children[1 + l]),
-                     cf_shape2(4 * hid, hid));
-            if (l < L - 1) {
-                snprintf(name, sizeof name, "m%d_h%d", k, l);
-                put_mask(&o, name, cf_nn_rnn_dropout_mask(awd->children[2 + L + l]),
-                         cf_shape2(bs[k], hid));
-            }
-        }
+        snprintf(name, sizeof name, "m%d", k);
+        oracle_put_awd_masks(&o, name, awd, bs[k], V, E, NH, L);
         snprintf(name, sizeof name, "m%d_out", k);
-        put_mask(&o, name, cf_nn_rnn_dropout_mask(dec->children[0]), cf_shape2(bs[k], E));
+        oracle_put_mask(&o, name, cf_nn_rnn_dropout_mask(dec->children[0]), cf_shape2(bs[k], E));
         logits[k] = malloc(nt * V * sizeof(float));
         memcpy(logits[k], y->data, nt * V * sizeof(float));
         /* fastai's (logits, raw_out, out): out is raw_out times the output dropout's mask */
@@ -216,22 +207,7 @@ static void check_awd_lstm_lm(float alpha, float beta) {
     snprintf(args, sizeof args, "lm %d %d %d %d %d %.3f %.3f", V, E, NH, L, n, (double)alpha,
              (double)beta);
     oracle_run(&o, "lstm.py", args);
-    for (int k = 0; k < n; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "logits%d", k);
-        cf_tensor r = oracle_get(&o, name);
-        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
-        free(r.data);
-        free(logits[k]);
-        snprintf(name, sizeof name, "loss%d", k);
-        r = oracle_get(&o, name);
-        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
-        free(r.data);
-        snprintf(name, sizeof name, "reg%d", k);
-        r = oracle_get(&o, name);
-        assert_close(name, &regs[k], r.data, 1, 1e-4, 1e-6);
-        free(r.data);
-    }
+    check_batches(&o, n, logits, losses, regs);
     check_grads(&o, model, 1e-4, 1e-5);
     oracle_cleanup(&o);
     cf_model_free(model);
@@ -359,23 +335,9 @@ typedef struct chunk_masks {
 /* every chunk's dropout masks, as the SentenceEncoder runs it */
 static void put_chunk_masks(void *ctx, int chunk, const cf_module *awd) {
     const chunk_masks *c = ctx;
-    const int L = c->L, rows = awd->in->shape.dim[0];
-    char name[48];
-    snprintf(name, sizeof name, "b%dc%d_emb", c->batch, chunk);
-    put_mask(c->o, name, cf_nn_embedding_dropout_mask(awd->children[0]), cf_shape1(c->V));
-    snprintf(name, sizeof name, "b%dc%d_in", c->batch, chunk);
-    put_mask(c->o, name, cf_nn_rnn_dropout_mask(awd->children[1 + L]), cf_shape2(rows, c->E));
-    for (int l = 0; l < L; l++) {
-        const int hid = l == L - 1 ? c->E : c->NH;
-        snprintf(name, sizeof name, "b%dc%d_w%d", c->batch, chunk, l);
-        put_mask(c->o, name, cf_nn_weight_dropout_mask(awd->children[1 + l]),
-                 cf_shape2(4 * hid, hid));
-        if (l < L - 1) {
-            snprintf(name, sizeof name, "b%dc%d_h%d", c->batch, chunk, l);
-            put_mask(c->o, name, cf_nn_rnn_dropout_mask(awd->children[2 + L + l]),
-                     cf_shape2(rows, hid));
-        }
-    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "b%dc%d", c->batch, chunk);
+    oracle_put_awd_masks(c->o, prefix, awd, awd->in->shape.dim[0], c->V, c->E, c->NH, c->L);
 }
 
 /* a row of T columns holding a text of len tokens as fastai's Pad_Chunk(pad_first) lays it out:
@@ -425,7 +387,7 @@ static void test_text_classifier(void **state) {
     cf_module *awd = enc->children[0];
     oracle o;
     oracle_init(&o);
-    put_params(&o, model);
+    oracle_put_params(&o, model);
     cf_model_zero_grad(model);
     /* batch 0: T 14 in chunks of 4 (real_bs 2, 3, 4, 4; the first two only warm the state, the
      * last two are kept), rows with padding behind the text; batch 1: T 5, every chunk kept */
@@ -492,28 +454,8 @@ static void test_text_classifier(void **state) {
     snprintf(args, sizeof args, "clas %d %d %d %d %d %d %d %d %d", V, E, NH, L, bptt, max_len, n,
              lin_ftrs[0], n_class);
     oracle_run(&o, "lstm.py", args);
-    for (int k = 0; k < n; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "logits%d", k);
-        cf_tensor r = oracle_get(&o, name);
-        assert_close(name, logits[k], r.data, cf_tensor_numel(&r), 1e-4, 1e-5);
-        free(r.data);
-        free(logits[k]);
-        snprintf(name, sizeof name, "loss%d", k);
-        r = oracle_get(&o, name);
-        assert_close(name, &losses[k], r.data, 1, 1e-4, 1e-6);
-        free(r.data);
-    }
-    for (int i = 0; i < model->n_params; i++) {
-        const cf_param *p = model->params[i];
-        if (!p->grad) continue; /* BatchNorm's running statistics */
-        char name[300];
-        snprintf(name, sizeof name, "g_%s", p->full_name);
-        cf_tensor g = oracle_get(&o, name);
-        assert_int_equal(cf_tensor_numel(&g), p->numel);
-        assert_close(name, p->grad, g.data, p->numel, 1e-4, 1e-5);
-        free(g.data);
-    }
+    check_batches(&o, n, logits, losses, NULL);
+    assert_grads_match_oracle(&o, model, NULL);
     oracle_cleanup(&o);
     cf_model_free(model);
 }

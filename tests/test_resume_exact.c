@@ -7,6 +7,7 @@
  * file, is refused with a clear error and leaves the learner as it was. */
 #include "child.h"
 #include "learn_fixture.h"
+#include "resume_fixture.h"
 #include "same_fit.h"
 
 #include <signal.h>
@@ -19,73 +20,20 @@
 
 #include "corefit/par.h"
 
-enum { N_EPOCH = 2, SIDE = 8 };
-
-/* Random 1 x 8 x 8 images, 3 classes by the sign of two pixel sums. */
-static cf_dataset *image_dataset(int64_t n, uint64_t seed) {
-    size_t per = SIDE * SIDE;
-    float *x = malloc((size_t)n * per * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
-    fill_uniform(x, (size_t)n * per, seed, 0, 1);
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = x + i * per;
-        float a = r[0] + r[9] - r[18] - r[27], b = r[36] - r[45];
-        y[i] = a > 0 ? 0 : (b > 0 ? 1 : 2);
-    }
-    cf_dataset *ds = NULL;
-    assert_int_equal(cf_dataset_from_arrays(x, y, n, (cf_shape){3, {1, SIDE, SIDE}}, 1, 3, &ds),
-                     CF_OK);
-    free(x);
-    free(y);
-    return ds;
-}
+enum { N_EPOCH = RESUME_N_EPOCH };
 
 static cf_aug_opts aug;
 
 static cf_dls *image_dls(void) {
-    aug = cf_aug_transforms_defaults(1.0f);
-    cf_dls *dls = NULL;
-    cf_dls_options o = {.bs = 8, .seed = 11, .crop_pad = 1, .flip = true, .aug = &aug};
-    assert_int_equal(cf_dls_new(image_dataset(96, 1), image_dataset(24, 2), &o, &dls), CF_OK);
+    cf_dls *dls = resume_dls(&aug);
+    if (!dls) fail_msg("data: %s", cf_last_error());
     return dls;
 }
 
-/* Conv -> BatchNorm2d -> ReLU -> Flatten -> Dropout(0.3) -> Linear. */
 static cf_learner *learner(cf_dls *dls, uint64_t seed, const char *path) {
-    cf_module *layers[] = {cf_conv2d(1, 4, 3, 1, 1, false),
-                           cf_batchnorm2d(4),
-                           cf_relu(),
-                           cf_flatten(),
-                           cf_dropout(0.3f),
-                           cf_linear(4 * SIDE * SIDE, 3, true)};
-    cf_model *m = NULL;
-    assert_int_equal(cf_model_new(&m, cf_sequential(6, layers), seed), CF_OK);
-    cf_learner *learn = NULL;
-    cf_metric *metrics[] = {cf_accuracy()};
-    assert_int_equal(cf_learner_new(&learn, dls, m, .quiet = true, .path = path, .metrics = metrics,
-                                    .n_metrics = 1, .wd = 0.05),
-                     CF_OK);
+    cf_learner *learn = resume_learner(dls, seed, path);
+    if (!learn) fail_msg("learner: %s", cf_last_error());
     return learn;
-}
-
-/* Asks for a stop after training batch `at` of the fit (counted from 1), as a SIGTERM would. */
-static cf_status request_at(cf_callback *cb, cf_learner *learn) {
-    if (learn->training && learn->train_iter == *(int64_t *)cb->state) cf_checkpoint_request();
-    return CF_OK;
-}
-static void free_request(cf_callback *cb) {
-    cf_free(cb->state);
-    cf_free(cb);
-}
-static cf_callback *request_cb(int64_t at) {
-    cf_callback *cb = cf_calloc(1, sizeof *cb);
-    int64_t *s = cf_calloc(1, sizeof *s);
-    *s = at;
-    cb->name = "RequestStop";
-    cb->order = 0;
-    cb->state = s;
-    cb->free = free_request;
-    cb->on[CF_EV_AFTER_BATCH] = request_at;
-    return cb;
 }
 
 /* workers 0: in this process; else cf_par_ with that many fork workers. */
@@ -119,7 +67,7 @@ static void run_exact(int workers) {
         snprintf(what, sizeof what, "%d workers, stopped after batch %lld", workers,
                  (long long)stops[k]);
         cf_learner *stopped = learner(dls, 3, dir.dir);
-        cf_callback *cbs1[] = {request_cb(stops[k]), cf_checkpoint_cb(.fname = ckpt)};
+        cf_callback *cbs1[] = {resume_request_cb(stops[k]), cf_checkpoint_cb(.fname = ckpt)};
         cf_status st = run_fit(stopped, workers, cbs1, 2, 2e-2, NULL);
         if (st != (workers ? CF_ERR_WORKER : CF_ERR_INTERRUPTED))
             fail_msg("%s: status %d: %s", what, st, cf_last_error());
@@ -129,7 +77,7 @@ static void run_exact(int workers) {
 
         /* a new learner, other initial weights; the same call with .resume */
         cf_learner *resumed = learner(dls, 1000 + k, dir.dir);
-        cf_callback *cbs2[] = {request_cb(-1), cf_checkpoint_cb(.fname = ckpt)};
+        cf_callback *cbs2[] = {resume_request_cb(-1), cf_checkpoint_cb(.fname = ckpt)};
         st = run_fit(resumed, workers, cbs2, 2, 2e-2, ckpt);
         if (st != CF_OK) fail_msg("%s: resume failed: %s", what, cf_last_error());
         assert_same_fit(full, resumed, what);
@@ -181,7 +129,7 @@ static void test_damaged_checkpoint(void **state) {
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s/fit.ckpt", dir.dir);
     cf_learner *a = learner(dls, 3, dir.dir);
-    cf_callback *cbs[] = {request_cb(3), cf_checkpoint_cb(.fname = ckpt)};
+    cf_callback *cbs[] = {resume_request_cb(3), cf_checkpoint_cb(.fname = ckpt)};
     assert_int_equal(run_fit(a, 0, cbs, 2, 2e-2, NULL), CF_ERR_INTERRUPTED);
     cf_learner_free(a);
     void *bytes = NULL;

@@ -4,37 +4,21 @@
  * predictions and generated text as the learner in memory; a text of unknown words; a model
  * whose DataLoaders lack a vocabulary is refused at export. */
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-#include <cmocka.h>
 
 #include "corefit/learn.h"
 #include "oracle.h"
+#include "text_fixture.h"
 
 static char g_dir[256], g_data[300];
-
-static bool have_fortunes(void) {
-    struct stat sb;
-    return stat("/usr/share/games/fortunes/food", &sb) == 0;
-}
 
 static int setup(void **state) {
     (void)state;
     if (!have_fortunes()) return 0;
-    char cmd[1024];
     test_tmpdir_make(g_dir, sizeof g_dir, "cf_text_app");
     snprintf(g_data, sizeof g_data, "%s/fortunes", g_dir);
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/scripts/fortunes-folder %s --topics food,love,science "
-             "--max-per-topic 30 --valid-pct 0.25 >/dev/null",
-             CF_SOURCE_DIR, g_data);
-    return system(cmd) == 0 ? 0 : -1;
+    return fortunes_folder(g_data, 30) == 0 ? 0 : -1;
 }
 
 static cf_awd_lstm_config small(bool lm) {

@@ -4,37 +4,21 @@
  * reproduces training's ids), the "<path>_tok" cache is made and reused, a given text_vocab is
  * used verbatim, is_lm makes language-model loaders; decode_spec_tokens. */
 #include <dirent.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-#include <cmocka.h>
 
 #include "corefit/data.h"
 #include "oracle.h"
+#include "text_fixture.h"
 
 static char g_dir[256];
-
-static bool have_fortunes(void) {
-    struct stat sb;
-    return stat("/usr/share/games/fortunes/food", &sb) == 0;
-}
 
 static int setup(void **state) {
     (void)state;
     if (!have_fortunes()) return 0;
-    char cmd[1024];
     test_tmpdir_make(g_dir, sizeof g_dir, "cf_text_dls");
     strcat(g_dir, "/fortunes");
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/scripts/fortunes-folder %s --topics food,love,science "
-             "--max-per-topic 40 --valid-pct 0.25 >/dev/null",
-             CF_SOURCE_DIR, g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return fortunes_folder(g_dir, 40) == 0 ? 0 : -1;
 }
 
 static int count_files(const char *dir) {

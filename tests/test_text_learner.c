@@ -18,6 +18,7 @@
 #include "corefit/par.h"
 #include "nn/rnn_internal.h"
 #include "oracle.h"
+#include "text_fixture.h"
 
 #define assert_near(a, b, tol)                                                                     \
     do {                                                                                           \
@@ -422,38 +423,12 @@ typedef struct first_batch {
 } first_batch;
 static first_batch g_first;
 
-static void put_ones_or_mask(oracle *o, const char *name, const float *mask, cf_shape shape) {
-    float *ones = NULL;
-    if (!mask) { /* no mask drawn (p = 0): all ones */
-        ones = malloc(cf_shape_numel(&shape) * sizeof(float));
-        for (size_t i = 0; i < cf_shape_numel(&shape); i++) ones[i] = 1.0f;
-        mask = ones;
-    }
-    oracle_put(o, name, mask, shape);
-    free(ones);
-}
-
 static void record_chunk_masks(void *ctx, int chunk, const cf_module *awd) {
     first_batch *f = ctx;
     if (f->done) return;
-    const int L = CLAS_L, rows = awd->in->shape.dim[0];
-    char name[48];
-    snprintf(name, sizeof name, "b0c%d_emb", chunk);
-    put_ones_or_mask(f->o, name, cf_nn_embedding_dropout_mask(awd->children[0]), cf_shape1(VOCAB));
-    snprintf(name, sizeof name, "b0c%d_in", chunk);
-    put_ones_or_mask(f->o, name, cf_nn_rnn_dropout_mask(awd->children[1 + L]),
-                     cf_shape2(rows, CLAS_E));
-    for (int l = 0; l < L; l++) {
-        const int hid = l == L - 1 ? CLAS_E : CLAS_NH;
-        snprintf(name, sizeof name, "b0c%d_w%d", chunk, l);
-        put_ones_or_mask(f->o, name, cf_nn_weight_dropout_mask(awd->children[1 + l]),
-                         cf_shape2(4 * hid, hid));
-        if (l < L - 1) {
-            snprintf(name, sizeof name, "b0c%d_h%d", chunk, l);
-            put_ones_or_mask(f->o, name, cf_nn_rnn_dropout_mask(awd->children[2 + L + l]),
-                             cf_shape2(rows, hid));
-        }
-    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "b0c%d", chunk);
+    oracle_put_awd_masks(f->o, prefix, awd, awd->in->shape.dim[0], VOCAB, CLAS_E, CLAS_NH, CLAS_L);
 }
 
 static cf_status first_after_loss(cf_callback *cb, cf_learner *learn) {
@@ -513,11 +488,7 @@ static void test_clas_learner_batch_oracle(void **state) {
     g_first.o = &o;
     g_first.grads = malloc(learn->model->n_weights * sizeof(float));
     const cf_model *m = learn->model;
-    for (int i = 0; i < m->n_params; i++) {
-        char name[300];
-        snprintf(name, sizeof name, "p_%s", m->params[i]->full_name);
-        oracle_put(&o, name, m->params[i]->data, m->params[i]->shape);
-    }
+    oracle_put_params(&o, m);
     cf_module *enc = learn->model->root->children[0];
     cf_nn_sentence_encoder_on_chunk(enc, record_chunk_masks, &g_first);
     cf_callback *cb = cf_callback_new("FirstBatch", CF_ORDER_DEFAULT, 0);
@@ -534,18 +505,7 @@ static void test_clas_learner_batch_oracle(void **state) {
     cf_tensor r = oracle_get(&o, "loss0");
     assert_close("loss", &g_first.loss, r.data, 1, 1e-4, 1e-6);
     free(r.data);
-    size_t at = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        const cf_param *p = m->params[i];
-        if (!p->grad) continue; /* BatchNorm's running statistics */
-        char name[300];
-        snprintf(name, sizeof name, "g_%s", p->full_name);
-        cf_tensor g = oracle_get(&o, name);
-        assert_int_equal(cf_tensor_numel(&g), p->numel);
-        assert_close(name, g_first.grads + at, g.data, p->numel, 1e-4, 1e-5);
-        at += p->numel;
-        free(g.data);
-    }
+    assert_grads_match_oracle(&o, m, g_first.grads);
     oracle_cleanup(&o);
     free(g_first.grads);
     cf_learner_free(learn);

@@ -14,6 +14,7 @@
 
 #include "corefit/data.h"
 #include "oracle.h"
+#include "text_fixture.h"
 
 typedef struct split_vocab {
     char *words[4096];
@@ -82,18 +83,13 @@ static void write_file(const char *path, const void *p, size_t n) {
 
 static void test_fortunes_folder(void **state) {
     (void)state;
-    struct stat sb;
-    if (stat("/usr/share/games/fortunes/food", &sb) != 0) {
+    if (!have_fortunes()) {
         print_message("fortunes is not installed (scripts/install-deps): skipped\n");
         skip();
     }
-    char dir[256], cmd[1024];
+    char dir[256];
     test_tmpdir_make(dir, sizeof dir, "cf_fortunes");
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/scripts/fortunes-folder %s --topics food,love,science "
-             "--max-per-topic 40 --valid-pct 0.25 >/dev/null",
-             CF_SOURCE_DIR, dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(fortunes_folder(dir, 40), 0);
     cf_text_raw *raw = NULL;
     assert_int_equal(cf_text_read_folder(dir, NULL, &raw), CF_OK);
     assert_int_equal(raw->n, 120);
@@ -152,9 +148,10 @@ static void test_fortunes_folder(void **state) {
     cf_text_raw_free(raw);
 
     /* one folder with valid_pct */
-    snprintf(cmd, sizeof cmd, "%s/train", dir);
+    char train[300];
+    snprintf(train, sizeof train, "%s/train", dir);
     cf_text_folder_options o = {.valid_pct = 0.5, .seed = 3};
-    assert_int_equal(cf_text_read_folder(cmd, &o, &raw), CF_OK);
+    assert_int_equal(cf_text_read_folder(train, &o, &raw), CF_OK);
     n_valid = 0;
     for (int64_t i = 0; i < raw->n; i++) n_valid += raw->is_valid[i];
     assert_int_equal(n_valid, (int)(0.5 * (double)raw->n));

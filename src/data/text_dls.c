@@ -2,6 +2,7 @@
  * numericalizer made of cf_text_tok_options + make_vocab (or a given vocabulary), corpora
  * tokenized on every core (files cached in "<path>_tok" as Tokenizer.from_folder does), and the
  * decoding of the special tokens (decode_spec_tokens) for generated text. */
+#include "core/strbuf.h"
 #include "data_internal.h"
 
 #include <stdlib.h>
@@ -288,34 +289,9 @@ cf_status cf_text_dls_from_csv(const char *path, const cf_text_csv_options *co,
 
 /* ---- decode_spec_tokens ------------------------------------------------------------------ */
 
-typedef struct strbuf {
-    char *p;
-    size_t n, cap;
-    bool failed;
-} strbuf;
-
-static void sb_put(strbuf *b, const char *s, size_t n) {
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *q = cf_malloc(cap);
-        if (!q) {
-            b->failed = true;
-            return;
-        }
-        if (b->n) memcpy(q, b->p, b->n);
-        cf_free(b->p);
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
 /* Appends t with each code point mapped by f (upper) from the first_only-th on: fastai's
  * t.upper(), or t[:1].upper() + t[1:].lower(). */
-static void sb_put_cased(strbuf *b, const char *t, bool capitalize) {
+static void put_cased(cf__strbuf *b, const char *t, bool capitalize) {
     const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)t;
     utf8proc_ssize_t len = (utf8proc_ssize_t)strlen(t);
     bool first = true;
@@ -323,12 +299,12 @@ static void sb_put_cased(strbuf *b, const char *t, bool capitalize) {
         utf8proc_int32_t c;
         utf8proc_ssize_t k = utf8proc_iterate(s, len, &c);
         if (k <= 0) { /* not UTF-8: kept as it is */
-            sb_put(b, (const char *)s, (size_t)len);
+            cf__strbuf_put(b, (const char *)s, (size_t)len);
             return;
         }
         c = capitalize && !first ? utf8proc_tolower(c) : utf8proc_toupper(c);
         utf8proc_uint8_t enc[4];
-        sb_put(b, (const char *)enc, (size_t)utf8proc_encode_char(c, enc));
+        cf__strbuf_put(b, (const char *)enc, (size_t)utf8proc_encode_char(c, enc));
         first = false;
         s += k;
         len -= k;
@@ -338,12 +314,11 @@ static void sb_put_cased(strbuf *b, const char *t, bool capitalize) {
 cf_status cf_text_decode_spec_tokens(const char *const *tokens, int64_t n, char **out) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_text_decode_spec_tokens: out is NULL");
     *out = NULL;
-    strbuf b = {0};
-    sb_put(&b, "", 0);
+    cf__strbuf b = {0};
     enum { NONE, MAJ, UP, REP, WREP } rule = NONE;
     long arg = -1;
     int64_t words = 0;
-#define SEP() (words++ ? sb_put(&b, " ", 1) : (void)0)
+#define SEP() (words++ ? cf__strbuf_put(&b, " ", 1) : (void)0)
     for (int64_t i = 0; i < n; i++) {
         const char *t = tokens[i];
         if (!strcmp(t, "xxbos") || !strcmp(t, "xxpad")) continue; /* LMLearner.predict drops them */
@@ -356,10 +331,10 @@ cf_status cf_text_decode_spec_tokens(const char *const *tokens, int64_t n, char 
             arg = -1;
         } else if (rule == NONE) {
             SEP();
-            sb_put(&b, t, strlen(t));
+            cf__strbuf_put(&b, t, strlen(t));
         } else if (rule == MAJ || rule == UP) {
             SEP();
-            sb_put_cased(&b, t, rule == MAJ);
+            put_cased(&b, t, rule == MAJ);
             rule = NONE;
         } else if (arg < 0) {
             char *end;
@@ -371,18 +346,14 @@ cf_status cf_text_decode_spec_tokens(const char *const *tokens, int64_t n, char 
         } else {
             SEP();
             for (long r = 0; r < arg; r++) {
-                if (rule == WREP && r) sb_put(&b, " ", 1);
-                sb_put(&b, t, strlen(t));
+                if (rule == WREP && r) cf__strbuf_put(&b, " ", 1);
+                cf__strbuf_put(&b, t, strlen(t));
             }
             rule = NONE; /* fastai keeps repeating the tokens that follow; one is meant */
             arg = -1;
         }
     }
 #undef SEP
-    if (b.failed) {
-        cf_free(b.p);
-        return cf_fail(CF_ERR_NOMEM, "cf_text_decode_spec_tokens");
-    }
-    *out = b.p;
-    return CF_OK;
+    *out = cf__strbuf_take(&b);
+    return *out ? CF_OK : cf_fail(CF_ERR_NOMEM, "cf_text_decode_spec_tokens");
 }

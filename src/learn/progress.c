@@ -247,16 +247,15 @@ cf_callback *cf_progress_cb_to(FILE *table, FILE *bar, int tty) {
     s->tty_mode = tty;
     cb->free = pg_free;
     cb->on[CF_EV_BEFORE_FIT] = pg_before_fit;
-    cb->on[CF_EV_BEFORE_TRAIN] = pg_before_phase;
-    cb->on[CF_EV_BEFORE_VALIDATE] = pg_before_phase;
+    cb->on[CF_EV_BEFORE_TRAIN] = cb->on[CF_EV_BEFORE_VALIDATE] = pg_before_phase;
     cb->on[CF_EV_AFTER_BATCH] = pg_after_batch;
-    cb->on[CF_EV_AFTER_TRAIN] = pg_end_phase;
-    cb->on[CF_EV_AFTER_CANCEL_TRAIN] = pg_end_phase;
-    cb->on[CF_EV_AFTER_VALIDATE] = pg_end_phase;
-    cb->on[CF_EV_AFTER_CANCEL_VALIDATE] = pg_end_phase;
     cb->on[CF_EV_AFTER_EPOCH] = pg_after_epoch;
-    cb->on[CF_EV_AFTER_CANCEL_FIT] = pg_end_phase;
-    cb->on[CF_EV_AFTER_FIT] = pg_end_phase;
+    /* the bar goes wherever a phase or the fit ends, cancelled or not */
+    static const cf_event phase_ends[] = {CF_EV_AFTER_TRAIN,    CF_EV_AFTER_CANCEL_TRAIN,
+                                          CF_EV_AFTER_VALIDATE, CF_EV_AFTER_CANCEL_VALIDATE,
+                                          CF_EV_AFTER_FIT,      CF_EV_AFTER_CANCEL_FIT};
+    for (size_t i = 0; i < sizeof phase_ends / sizeof *phase_ends; i++)
+        cb->on[phase_ends[i]] = pg_end_phase;
     return cb;
 }
 

@@ -10,6 +10,19 @@
 #include "corefit/par.h"
 #include "par/twin.h"
 
+/* ---- the call's options and callbacks ---------------------------------------------------- */
+
+void *cf__par_copy_opts(const cf__par_method *method) {
+    void *copy = cf_malloc(method->opts_size);
+    if (copy) memcpy(copy, method->opts, method->opts_size);
+    return copy;
+}
+
+void cf__par_free_call_cbs(const cf_fit_common *common) {
+    for (int i = 0; i < common->n_cbs; i++) cf_callback_free(common->cbs[i]);
+    for (int i = 0; i < common->par.n_master_cbs; i++) cf_callback_free(common->par.master_cbs[i]);
+}
+
 /* ---- the parallel callback ----------------------------------------------------------------- */
 
 typedef struct par_cb_state {

@@ -93,9 +93,11 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
                            const cf_fit_common *common);
 cf_status cf__par_run_mpi(cf_learner *learn, cf_comm *comm, const cf__par_method *method,
                           const cf_fit_common *common);
-/* A private copy of the method's options (NULL: out of memory, error set). */
+/* What the twins and the runners do with a call (replica.c, below both, so the runners never
+ * call back into twins.c): a private copy of the method's options (NULL: out of memory, error
+ * set), and freeing the call's callbacks (those of opts' common member and its
+ * par.master_cbs). */
 void *cf__par_copy_opts(const cf__par_method *method);
-/* Frees the call's callbacks (those of opts' common member and its par.master_cbs). */
 void cf__par_free_call_cbs(const cf_fit_common *common);
 
 #endif

@@ -11,17 +11,6 @@
 #include "par/par_internal.h"
 #include "par/twin.h"
 
-void *cf__par_copy_opts(const cf__par_method *method) {
-    void *copy = cf_malloc(method->opts_size);
-    if (copy) memcpy(copy, method->opts, method->opts_size);
-    return copy;
-}
-
-void cf__par_free_call_cbs(const cf_fit_common *common) {
-    for (int i = 0; i < common->n_cbs; i++) cf_callback_free(common->cbs[i]);
-    for (int i = 0; i < common->par.n_master_cbs; i++) cf_callback_free(common->par.master_cbs[i]);
-}
-
 static cf_status par_run(cf_learner *learn, const cf__par_method *method) {
     const cf_fit_common *common = method->opts;
     const cf_par_opts *par = &common->par;

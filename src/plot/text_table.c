@@ -14,6 +14,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "core/strbuf.h"
 #include "figure.h"
 
 enum { TEXT_COLS = 3 };
@@ -42,83 +43,42 @@ typedef struct text_table_fig {
 
 /* ---- the cells' text ------------------------------------------------------------------------ */
 
-typedef struct strbuf {
-    char *s;
-    size_t n, cap;
-    bool failed;
-} strbuf;
-
-static void sb_put(strbuf *b, const char *s, size_t n) {
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *s2 = cf_malloc(cap);
-        if (!s2) {
-            b->failed = true;
-            return;
-        }
-        if (b->s) memcpy(s2, b->s, b->n);
-        cf_free(b->s);
-        b->s = s2;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-static void sb_str(strbuf *b, const char *s) {
-    sb_put(b, s, strlen(s));
-}
-
 /* The first max_tokens tokens of a row of ids other than xxpad (fastai's decoding drops the
  * padding, the other special tokens stay visible), space-joined, with an ellipsis when cut. */
 static char *row_tokens(const float *ids, int n, int max_tokens, const cf_text_numericalizer *nz) {
-    strbuf b = {0};
-    sb_str(&b, "");
+    cf__strbuf b = {0};
     int shown = 0;
     for (int t = 0; t < n; t++) {
         int32_t id = (int32_t)ids[t];
         if (id == CF_TEXT_PAD) continue;
         if (shown == max_tokens) {
-            sb_str(&b, " \u2026");
+            cf__strbuf_str(&b, " \u2026");
             break;
         }
         const char *tok = nz->token ? nz->token(nz->ctx, id) : NULL;
         char num[24];
         if (!tok) snprintf(num, sizeof num, "<%d>", (int)id);
-        if (shown) sb_str(&b, " ");
-        sb_str(&b, tok ? tok : num);
+        if (shown) cf__strbuf_str(&b, " ");
+        cf__strbuf_str(&b, tok ? tok : num);
         shown++;
     }
-    if (b.failed) cf_free(b.s);
-    return b.failed ? NULL : b.s;
+    return cf__strbuf_take(&b);
 }
 
 /* Row i's category: the class name, or the classes of a multi-hot target joined with ';'. */
 static char *row_category(const cf_text_corpus *c, const cf_batch *b, int i) {
-    strbuf s = {0};
-    sb_str(&s, "");
+    cf__strbuf s = {0};
     if (c->target_dim == 1) {
         int k = (int)b->y.data[i];
-        sb_str(&s, k >= 0 && k < c->n_classes && c->classes ? c->classes[k] : "?");
+        cf__strbuf_str(&s, k >= 0 && k < c->n_classes && c->classes ? c->classes[k] : "?");
     } else {
         for (int k = 0, m = 0; k < c->target_dim && k < c->n_classes; k++)
             if (b->y.data[(size_t)i * c->target_dim + k] > 0.5f) {
-                if (m++) sb_str(&s, ";");
-                sb_str(&s, c->classes[k]);
+                if (m++) cf__strbuf_str(&s, ";");
+                cf__strbuf_str(&s, c->classes[k]);
             }
     }
-    if (s.failed) cf_free(s.s);
-    return s.failed ? NULL : s.s;
-}
-
-static char *copy_str(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = cf_malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
+    return cf__strbuf_take(&s);
 }
 
 /* ---- wrapping ------------------------------------------------------------------------------- */
@@ -167,7 +127,7 @@ static utf8proc_int32_t next_cp(const char *s, size_t *pos, double *em) {
 
 typedef struct wrapper {
     text_cell *cell;
-    strbuf line;
+    cf__strbuf line;
     double line_em, max_em;
     bool failed;
 } wrapper;
@@ -184,9 +144,8 @@ static void wrap_flush(wrapper *w) {
     if (w->cell->n_lines) memcpy(lines, w->cell->lines, sizeof(char *) * (size_t)w->cell->n_lines);
     cf_free(w->cell->lines);
     w->cell->lines = lines;
-    lines[w->cell->n_lines++] = w->line.s ? w->line.s : copy_str("");
+    lines[w->cell->n_lines++] = cf__strbuf_take(&w->line); /* "" for an empty line */
     if (!lines[w->cell->n_lines - 1]) w->failed = true;
-    w->line = (strbuf){0};
     w->line_em = 0;
 }
 
@@ -194,8 +153,8 @@ static void wrap_flush(wrapper *w) {
 static void wrap_put_cp(wrapper *w, utf8proc_int32_t cp, double em) {
     utf8proc_uint8_t enc[4];
     utf8proc_ssize_t n = utf8proc_encode_char(cp, enc);
-    if (cp == '#') sb_put(&w->line, "#", 1);
-    sb_put(&w->line, (const char *)enc, (size_t)n);
+    if (cp == '#') cf__strbuf_put(&w->line, "#", 1);
+    cf__strbuf_put(&w->line, (const char *)enc, (size_t)n);
     w->line_em += em;
 }
 
@@ -236,7 +195,7 @@ static cf_status wrap_cell(text_cell *cell, double max_em) {
         pos = end;
     }
     if (!w.failed && (w.line_em > 0 || cell->n_lines == 0)) wrap_flush(&w);
-    cf_free(w.line.s);
+    cf__strbuf_free(&w.line);
     return w.failed ? cf_fail(CF_ERR_NOMEM, "show_batch (text): wrapping") : CF_OK;
 }
 
@@ -409,16 +368,16 @@ cf_status cf_plot_show_batch_text(const cf_dataloader *dl, const cf_batch *b,
     f.row_top = cf_calloc((size_t)f.n_rows + 2, sizeof(double));
     cf_status st = f.cells && f.row_top ? CF_OK : cf_fail(CF_ERR_NOMEM, "%s", what);
     if (st == CF_OK) {
-        f.cells[0].text = copy_str("");
-        f.cells[1].text = copy_str("text");
-        f.cells[2].text = copy_str(labels ? (lm ? "text_" : "category") : "");
+        f.cells[0].text = cf_strdup("");
+        f.cells[1].text = cf_strdup("text");
+        f.cells[2].text = cf_strdup(labels ? (lm ? "text_" : "category") : "");
         for (int i = 0; i < f.n_rows; i++) {
             text_cell *row = &f.cells[(i + 1) * TEXT_COLS];
             char num[16];
             snprintf(num, sizeof num, "%d", i);
-            row[0].text = copy_str(num);
+            row[0].text = cf_strdup(num);
             row[1].text = row_tokens(b->x.data + (size_t)i * T, T, o.max_tokens, nz);
-            row[2].text = !labels ? copy_str("")
+            row[2].text = !labels ? cf_strdup("")
                           : lm    ? row_tokens(b->y.data + (size_t)i * T, T, o.max_tokens, nz)
                                   : row_category(c, b, i);
         }
