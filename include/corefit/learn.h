@@ -702,7 +702,9 @@ cf_callback *cf_checkpoint_cb_(const cf_checkpoint_opts *o);
 #define cf_checkpoint_cb(...) cf_checkpoint_cb_(CF_OPTS0_(cf_checkpoint_opts, __VA_ARGS__))
 /* Asks every running fit with a checkpoint callback, in this process and in the fork workers
  * it starts, to write its checkpoint at the next batch boundary and stop. Async-signal-safe (for
- * a caller's own SIGTERM handler). A request made while no fit runs is kept for the next one. */
+ * a caller's own SIGTERM handler). A request made while no fit runs is kept for the next one;
+ * one that the running fit does not act on (it came after its last training batch, or the fit
+ * has no checkpoint callback) is dropped when that fit ends. */
 void cf_checkpoint_request(void);
 /* The path a checkpoint callback with this fname writes for this learner (buf of n bytes). */
 const char *cf_checkpoint_path(const cf_learner *learn, const char *fname, char *buf, size_t n);
