@@ -42,6 +42,12 @@ if(CF_HAVE_MPI AND MPIEXEC_EXECUTABLE)
   add_test(NAME test_mpi_text_clas_np2 COMMAND ${CF_MPIRUN} -np 2 $<TARGET_FILE:mpi_text> clas)
   set_tests_properties(test_mpi_text_clas_np2 PROPERTIES LABELS "unit;mpi" TIMEOUT 120
     ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  # corefit train --skip-bad under mpirun: rank 0 alone says what it left out.
+  add_test(NAME test_mpi_text_skipbad_np2
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_text_skipbad.sh $<TARGET_FILE:corefit>
+            ${CF_MPIRUN})
+  set_tests_properties(test_mpi_text_skipbad_np2 PROPERTIES LABELS "unit;mpi" TIMEOUT 120
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   # Two hosts: two network namespaces joined by a veth pair, Open MPI over TCP between them.
   add_test(NAME test_mpi_fit_two_hosts
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/netns_two_hosts.sh $<TARGET_FILE:mpi_fit>

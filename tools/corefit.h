@@ -50,6 +50,7 @@ typedef struct cli_data {
     const char *load; /* --load auto|memory|stream (image folders) */
     bool skip_bad;    /* --skip-bad: streamed images that cannot be read are left out, counted */
     bool aug;         /* --aug: fastai's aug_transforms() on the training images */
+    bool quiet;       /* another process says what the data loading found (MPI ranks but 0) */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */
