@@ -1,7 +1,8 @@
 /* corefit's text commands beyond training, on a slice of Debian's fortunes: eval --text of a
  * language model and a classifier (a folder's valid/ texts and a CSV file) equals the last
  * epoch's validation that train printed for the same texts, perplexity is exp(valid_loss); a
- * label the model lacks and an image model are refused. */
+ * label the model lacks is refused. train --text --plots writes a classifier's figures,
+ * show_results and top losses. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,6 +70,51 @@ static void assert_rel(double a, double b, double tol, const char *what) {
     if (!(fabs(a - b) <= tol * fmax(1, fabs(b)))) fail_msg("%s: %.9g, expected %.9g", what, a, b);
 }
 
+/* train --text --plots p of a classifier: the figures are PNGs; show_results has 9 rows of text,
+ * target and prediction; top_losses 9 rows, losses largest first, each at least -log of the
+ * predicted class's probability (equal when the prediction is right), no more right
+ * predictions among them than the accuracy allows. */
+static void check_plots(double accuracy) {
+    const char *pngs[] = {"show_batch", "loss", "schedule", "confusion_matrix"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(run("head -c 8 p/%s.png | od -An -tx1", pngs[i]), 0);
+        assert_non_null(strstr(out, "89 50 4e 47 0d 0a 1a 0a"));
+    }
+    assert_int_equal(run("cat p/show_results.txt"), 0);
+    assert_true(strncmp(out, "     text\tcategory\tcategory_\n", 29) == 0);
+    int rows = 0;
+    for (char *line = strchr(out, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        char *tab = strchr(line + 1, '\t'), *tab2 = tab ? strchr(tab + 1, '\t') : NULL;
+        assert_non_null(tab2);
+        assert_true(strncmp(line + 1 + 5, "xxbos", 5) == 0);
+        rows++;
+    }
+    assert_int_equal(rows, 9);
+    assert_int_equal(run("cat p/top_losses.txt"), 0);
+    assert_true(strncmp(out, "     input\ttarget\tpredicted\tprobability\tloss\n", 45) == 0);
+    rows = 0;
+    int right = 0;
+    double last = INFINITY;
+    for (char *line = strchr(out, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        char target[64], predicted[64];
+        double prob, loss;
+        const char *cols = strchr(line + 1, '\t');
+        assert_non_null(cols);
+        assert_int_equal(
+            sscanf(cols, "\t%63[^\t]\t%63[^\t]\t%lf\t%lf", target, predicted, &prob, &loss), 4);
+        assert_true(loss <= last + 1e-12);
+        last = loss;
+        assert_true(loss >= -log(prob) - 1e-3);
+        if (strcmp(target, predicted) == 0) {
+            assert_true(fabs(loss + log(prob)) <= 1e-3);
+            right++;
+        }
+        rows++;
+    }
+    assert_int_equal(rows, 9);
+    assert_true(right <= (int)(accuracy * 30 + 0.5));
+}
+
 static void test_eval_text(void **state) {
     (void)state;
     struct stat sb;
@@ -92,9 +138,10 @@ static void test_eval_text(void **state) {
     assert_rel(value_of("perplexity"), exp(value_of("valid_loss")), 1e-6, "perplexity");
     /* the classifier from its encoder */
     assert_int_equal(run(COREFIT " train --text f --encoder lm.safetensors --bs 8 --seq-len 16 "
-                                 "--cores 2 --out clas.safetensors"),
+                                 "--cores 2 --out clas.safetensors --plots p"),
                      0);
     assert_int_equal(last_epoch_row(row, 8), 4);
+    check_plots(row[2]);
     assert_int_equal(run(COREFIT " eval clas.safetensors --text f --bs 8 --json"), 0);
     assert_non_null(strstr(out, "\"texts\": 30"));
     assert_rel(value_of("\"valid_loss\""), row[1], 1e-5, "classifier valid_loss");

@@ -122,6 +122,49 @@ static int write_show_batch(const char *cmd, cf_dls *dls, const char *dir) {
     return CLI_OK;
 }
 
+/* A table of the learner's (show_results, top losses) into dir/name. */
+static int write_table(const char *cmd, cf_learner *learn, const char *dir, const char *name,
+                       cf_status (*table)(cf_learner *, int, int, FILE *)) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return cli_error(CLI_FAIL, cmd, "--plots: cannot write %s: %s", path, strerror(errno));
+    cf_status st = table(learn, 9, 0, f);
+    if (fclose(f) && st == CF_OK) st = cf_fail(CF_ERR_IO, "%s: %s", path, strerror(errno));
+    if (st) return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    return CLI_OK;
+}
+
+/* --plots DIR after the fit: the loss and the schedule; for a classifier the confusion matrix
+ * of the validation texts, fastai's show_results and its top losses with the texts. */
+static int write_fit_figures(const char *cmd, cf_learner *learn, const char *dir, bool lm) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/loss.png", dir);
+    if (cf_learner_plot_loss(learn, path, &(cf_plot_loss_opts){.skip_start = -1}))
+        return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    snprintf(path, sizeof path, "%s/schedule.png", dir);
+    if (cf_learner_plot_sched(learn, path)) return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    if (lm) return CLI_OK;
+    cf_preds p = {0};
+    const int k = learn->recipe.n_out;
+    int64_t *counts = cf_calloc((size_t)k * k, sizeof *counts);
+    snprintf(path, sizeof path, "%s/confusion_matrix.png", dir);
+    cf_status st = counts ? cf_get_preds(learn, &p, .with_decoded = true) : CF_ERR_NOMEM;
+    if (st == CF_OK) st = cf_confusion_from_preds(&p, k, counts);
+    if (st == CF_OK)
+        st = cf_plot_confusion_matrix(counts, k, learn->dls->train_ds->vocab, path, false);
+    cf_preds_free(&p);
+    cf_free(counts);
+    if (st) return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    int rc = write_table(cmd, learn, dir, "show_results.txt", cf_text_show_results);
+    if (!rc) rc = write_table(cmd, learn, dir, "top_losses.txt", cf_text_top_losses);
+    return rc;
+}
+
 int cmd_train_text(int argc, char **argv) {
     const char *cmd = "train";
     text_train_args a = {.text_col = "text",
@@ -173,7 +216,8 @@ int cmd_train_text(int argc, char **argv) {
         {"--out", OPT_STR, &a.out, "FILE", "the model file [model.safetensors]", 0, 0, 0},
         {"--plots", OPT_STR, &a.plots, "DIR",
          "write DIR/show_batch.png (the first training batch as fastai's show_batch) and, after "
-         "the fit, DIR/loss.png",
+         "the fit, DIR/loss.png and schedule.png; a classifier also DIR/confusion_matrix.png, "
+         "show_results.txt and top_losses.txt (the validation texts with target and prediction)",
          0, 0, 0},
         {0},
     };
@@ -271,14 +315,7 @@ int cmd_train_text(int argc, char **argv) {
         rc = ulmfit ? ulmfit_schedule(cmd, learn, &a)
                     : fit_stage(cmd, learn, &a, a.epochs, CF_LR(a.lr));
     if (!rc && cf_learner_export(learn, a.out)) rc = cli_lib_error(cmd, "saving the model");
-    char loss_path[4096];
-    if (!rc && a.plots) {
-        snprintf(loss_path, sizeof loss_path, "%s/loss.png", a.plots);
-        if (cf_learner_plot_loss(learn, loss_path, &(cf_plot_loss_opts){.skip_start = -1}))
-            rc = cli_lib_error(cmd, "--plots");
-        else
-            printf("wrote %s\n", loss_path);
-    }
+    if (!rc && a.plots) rc = write_fit_figures(cmd, learn, a.plots, a.lm);
     if (!rc) {
         printf("saved %s (%s, %lld words", a.out, a.lm ? "language model" : "text classifier",
                (long long)cf_text_vocab_len(cf_text_numericalizer_vocab(dls->text_nz)));
