@@ -30,6 +30,24 @@ if(CF_HAVE_MPI AND MPIEXEC_EXECUTABLE)
   set_tests_properties(test_mpi_fit_crash_np2 PROPERTIES
     PASS_REGULAR_EXPRESSION "rank 1 with PID [0-9]+ on node .* exited on signal 9"
     FAIL_REGULAR_EXPRESSION "instead of ending the job")
+  # The text learners under MPI (tests/mpi_text.c): a language model and a classifier, every
+  # twin, split batches equal to one process.
+  add_executable(mpi_text ${CMAKE_CURRENT_SOURCE_DIR}/mpi_text.c)
+  target_link_libraries(mpi_text PRIVATE corefit_static ${CF_PRIVATE_LIBS})
+  foreach(np 2 3)
+    add_test(NAME test_mpi_text_lm_np${np} COMMAND ${CF_MPIRUN} -np ${np} $<TARGET_FILE:mpi_text> lm)
+    set_tests_properties(test_mpi_text_lm_np${np} PROPERTIES LABELS "unit;mpi" TIMEOUT 120
+      ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  endforeach()
+  add_test(NAME test_mpi_text_clas_np2 COMMAND ${CF_MPIRUN} -np 2 $<TARGET_FILE:mpi_text> clas)
+  set_tests_properties(test_mpi_text_clas_np2 PROPERTIES LABELS "unit;mpi" TIMEOUT 120
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  # corefit train --skip-bad under mpirun: rank 0 alone says what it left out.
+  add_test(NAME test_mpi_text_skipbad_np2
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_text_skipbad.sh $<TARGET_FILE:corefit>
+            ${CF_MPIRUN})
+  set_tests_properties(test_mpi_text_skipbad_np2 PROPERTIES LABELS "unit;mpi" TIMEOUT 120
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
   # Two hosts: two network namespaces joined by a veth pair, Open MPI over TCP between them.
   add_test(NAME test_mpi_fit_two_hosts
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/netns_two_hosts.sh $<TARGET_FILE:mpi_fit>

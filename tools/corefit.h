@@ -50,6 +50,7 @@ typedef struct cli_data {
     const char *load; /* --load auto|memory|stream (image folders) */
     bool skip_bad;    /* --skip-bad: streamed images that cannot be read are left out, counted */
     bool aug;         /* --aug: fastai's aug_transforms() on the training images */
+    bool quiet;       /* another process says what the data loading found (MPI ranks but 0) */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */
@@ -128,6 +129,7 @@ int cmd_info(int argc, char **argv);
 int cmd_train_text(int argc, char **argv);
 int cmd_predict_text(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_eval_text(int argc, char **argv);
 /* Whether argv[2..) holds the option `name`; whether argv[2] is an exported text model. */
 bool cli_argv_has(int argc, char **argv, const char *name);
 bool cli_is_text_model(int argc, char **argv);

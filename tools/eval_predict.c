@@ -74,6 +74,7 @@ static void eval_usage(FILE *f, const cli_opt *opts) {
 }
 
 int cmd_eval(int argc, char **argv) {
+    if (cli_argv_has(argc, argv, "--text")) return cmd_eval_text(argc, argv);
     const char *cmd = "eval";
     cli_data d = {.seed = 42};
     bool json = false, tta = false;

@@ -122,6 +122,49 @@ static int write_show_batch(const char *cmd, cf_dls *dls, const char *dir) {
     return CLI_OK;
 }
 
+/* A table of the learner's (show_results, top losses) into dir/name. */
+static int write_table(const char *cmd, cf_learner *learn, const char *dir, const char *name,
+                       cf_status (*table)(cf_learner *, int, int, FILE *)) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return cli_error(CLI_FAIL, cmd, "--plots: cannot write %s: %s", path, strerror(errno));
+    cf_status st = table(learn, 9, 0, f);
+    if (fclose(f) && st == CF_OK) st = cf_fail(CF_ERR_IO, "%s: %s", path, strerror(errno));
+    if (st) return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    return CLI_OK;
+}
+
+/* --plots DIR after the fit: the loss and the schedule; for a classifier the confusion matrix
+ * of the validation texts, fastai's show_results and its top losses with the texts. */
+static int write_fit_figures(const char *cmd, cf_learner *learn, const char *dir, bool lm) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/loss.png", dir);
+    if (cf_learner_plot_loss(learn, path, &(cf_plot_loss_opts){.skip_start = -1}))
+        return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    snprintf(path, sizeof path, "%s/schedule.png", dir);
+    if (cf_learner_plot_sched(learn, path)) return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    if (lm) return CLI_OK;
+    cf_preds p = {0};
+    const int k = learn->recipe.n_out;
+    int64_t *counts = cf_calloc((size_t)k * k, sizeof *counts);
+    snprintf(path, sizeof path, "%s/confusion_matrix.png", dir);
+    cf_status st = counts ? cf_get_preds(learn, &p, .with_decoded = true) : CF_ERR_NOMEM;
+    if (st == CF_OK) st = cf_confusion_from_preds(&p, k, counts);
+    if (st == CF_OK)
+        st = cf_plot_confusion_matrix(counts, k, learn->dls->train_ds->vocab, path, false);
+    cf_preds_free(&p);
+    cf_free(counts);
+    if (st) return cli_lib_error(cmd, "--plots");
+    printf("wrote %s\n", path);
+    int rc = write_table(cmd, learn, dir, "show_results.txt", cf_text_show_results);
+    if (!rc) rc = write_table(cmd, learn, dir, "top_losses.txt", cf_text_top_losses);
+    return rc;
+}
+
 int cmd_train_text(int argc, char **argv) {
     const char *cmd = "train";
     text_train_args a = {.text_col = "text",
@@ -173,7 +216,8 @@ int cmd_train_text(int argc, char **argv) {
         {"--out", OPT_STR, &a.out, "FILE", "the model file [model.safetensors]", 0, 0, 0},
         {"--plots", OPT_STR, &a.plots, "DIR",
          "write DIR/show_batch.png (the first training batch as fastai's show_batch) and, after "
-         "the fit, DIR/loss.png",
+         "the fit, DIR/loss.png and schedule.png; a classifier also DIR/confusion_matrix.png, "
+         "show_results.txt and top_losses.txt (the validation texts with target and prediction)",
          0, 0, 0},
         {0},
     };
@@ -271,14 +315,7 @@ int cmd_train_text(int argc, char **argv) {
         rc = ulmfit ? ulmfit_schedule(cmd, learn, &a)
                     : fit_stage(cmd, learn, &a, a.epochs, CF_LR(a.lr));
     if (!rc && cf_learner_export(learn, a.out)) rc = cli_lib_error(cmd, "saving the model");
-    char loss_path[4096];
-    if (!rc && a.plots) {
-        snprintf(loss_path, sizeof loss_path, "%s/loss.png", a.plots);
-        if (cf_learner_plot_loss(learn, loss_path, &(cf_plot_loss_opts){.skip_start = -1}))
-            rc = cli_lib_error(cmd, "--plots");
-        else
-            printf("wrote %s\n", loss_path);
-    }
+    if (!rc && a.plots) rc = write_fit_figures(cmd, learn, a.plots, a.lm);
     if (!rc) {
         printf("saved %s (%s, %lld words", a.out, a.lm ? "language model" : "text classifier",
                (long long)cf_text_vocab_len(cf_text_numericalizer_vocab(dls->text_nz)));
@@ -446,4 +483,182 @@ int cmd_generate(int argc, char **argv) {
     cf_free(out);
     cf_learner_free(learn);
     return rc;
+}
+
+/* ---- eval --text ---------------------------------------------------------------------------- */
+
+/* The texts to evaluate: a folder's valid/ texts (else its train/ texts, else its own label
+ * folders), or a CSV file's rows marked by --valid-col (else every row). Only the evaluated texts
+ * are left marked is_valid. */
+static cf_status read_eval_texts(const char *path, bool lm, const char *text_col,
+                                 const char *label_col, cf_text_raw **raw) {
+    cf_status st;
+    if (ends_with(path, ".csv")) {
+        const char *labels[1] = {label_col};
+        cf_text_csv_options co = {.text_col = text_col, .label_cols = labels, .n_label_cols = 1};
+        st = cf_text_read_csv(path, &co, raw);
+    } else {
+        char dir[4096];
+        struct stat sb;
+        cf_text_folder_options fo = {.unlabelled = lm, .valid = ".corefit-no-such-folder"};
+        snprintf(dir, sizeof dir, "%s/valid", path);
+        if (stat(dir, &sb) == 0) {
+            fo.train = "valid";
+        } else {
+            snprintf(dir, sizeof dir, "%s/train", path);
+            fo.train = stat(dir, &sb) == 0 ? "train" : ".";
+        }
+        st = cf_text_read_folder(path, &fo, raw);
+    }
+    if (st) return st;
+    bool any = false;
+    for (int64_t i = 0; i < (*raw)->n; i++) any |= (*raw)->is_valid[i];
+    if (!any)
+        for (int64_t i = 0; i < (*raw)->n; i++) (*raw)->is_valid[i] = true;
+    return CF_OK;
+}
+
+/* The texts' labels as the model's class indices; a label the model lacks is refused, naming
+ * the text and the label. */
+static cf_status model_targets(const cf_text_raw *raw, const cf_model_info *m, float *targets) {
+    if (raw->target_dim != 1)
+        return cf_fail(CF_ERR_FORMAT, "eval --text: one label per text is needed (%d columns)",
+                       raw->target_dim);
+    int64_t k = 0;
+    for (int64_t i = 0; i < raw->n; i++) {
+        if (!raw->is_valid[i]) continue;
+        const char *label = raw->classes[(int)raw->targets[i]];
+        int c = 0;
+        while (c < m->n_vocab && strcmp(m->vocab[c], label) != 0) c++;
+        if (c == m->n_vocab)
+            return cf_fail(CF_ERR_FORMAT, "%s: label '%s' is not one of the model's %d classes",
+                           raw->where[i], label, m->n_vocab);
+        targets[k++] = (float)c;
+    }
+    return CF_OK;
+}
+
+/* A learner over the texts, numericalized with the model's tokenizer and vocabulary, with the
+ * model's weights and fastai's metrics (accuracy; a language model also perplexity). */
+static cf_status eval_learner(const char *model_path, const cf_model_info *m,
+                              const cf_text_raw *raw, int bs, int seq_len, cf_learner **out) {
+    const bool lm = strcmp(m->recipe.arch, "awd_lstm_lm") == 0;
+    cf_text_vocab *v = NULL;
+    cf_text_numericalizer *nz = NULL;
+    cf_text_corpus *c = NULL;
+    cf_dls *dls = NULL;
+    int64_t n = 0;
+    for (int64_t i = 0; i < raw->n; i++) n += raw->is_valid[i];
+    float *targets = cf_malloc((size_t)(n ? n : 1) * sizeof(float));
+    cf_status st = targets ? CF_OK : CF_ERR_NOMEM;
+    if (st == CF_OK && !lm) st = model_targets(raw, m, targets);
+    if (st == CF_OK)
+        st = cf_text_vocab_from_words((const char *const *)m->text_vocab, m->n_text_vocab, &v);
+    if (st == CF_OK) st = cf_text_numericalizer_new(&m->tok, NULL, v, &nz);
+    if (st == CF_OK) st = cf_text_corpus_from_raw(raw, true, nz, &c);
+    if (st == CF_OK && !lm)
+        st = cf_text_corpus_set_labels(c, targets, 1, m->n_vocab, (const char *const *)m->vocab);
+    if (st == CF_OK)
+        st = cf_text_dls_new(
+            c, c, &(cf_text_dls_options){.bs = bs, .seq_len = seq_len, .is_lm = lm, .seed = 42},
+            &dls);
+    cf_text_corpus_free(c);
+    cf_text_vocab_free(v);
+    cf_free(targets);
+    if (st == CF_OK) {
+        dls->text_nz = nz;
+        dls->free_text_nz = cf_text_numericalizer_free;
+        nz = NULL;
+        cf_metric *metrics[2] = {cf_accuracy(), lm ? cf_perplexity() : NULL};
+        st = cf_learner_from_info(m, dls, metrics, lm ? 2 : 1, out);
+    }
+    cf_text_numericalizer_free(nz);
+    if (st == CF_OK) {
+        (*out)->owned_dls = dls;
+        dls = NULL;
+        st = cf_model_load((*out)->model, NULL, model_path);
+    }
+    cf_dls_free(dls);
+    if (st && *out) {
+        cf_learner_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+int cmd_eval_text(int argc, char **argv) {
+    const char *cmd = "eval";
+    const char *text = NULL, *text_col = "text", *label_col = "label";
+    int bs = 64, seq_len = 0, cores = 0;
+    bool json = false;
+    cli_opt opts[] = {
+        {"--text", OPT_STR, &text, "DIR|FILE.csv",
+         "texts: a folder (its valid/ texts, else train/, else its label folders) or a CSV file", 0,
+         0, 0},
+        {"--text-col", OPT_STR, &text_col, "NAME", "CSV: the text column [text]", 0, 0, 0},
+        {"--label-col", OPT_STR, &label_col, "NAME", "CSV: the label column [label]", 0, 0, 0},
+        {"--bs", OPT_INT, &bs, "N", "batch size [64]", 1, 1 << 20, 0},
+        {"--seq-len", OPT_INT, &seq_len, "N",
+         "language model: sequence length (BPTT) [72; a classifier uses its own]", 2, 1 << 16, 0},
+        {"--cores", OPT_INT, &cores, "N", "worker processes [every core]", 1, 4096, 0},
+        {"--json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0, 0},
+        {0},
+    };
+    const char *pos[1];
+    int n_pos;
+    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 1, &n_pos);
+    if (rc < 0) {
+        printf("Usage: corefit eval MODEL --text DIR|FILE.csv [options]\n"
+               "\nA text model's validation loss and metrics on texts tokenized as its training\n"
+               "texts were: a classifier's accuracy; a language model's accuracy and perplexity\n"
+               "(next-token prediction over the texts' stream).\n\n");
+        cli_print_options(stdout, opts);
+        return CLI_OK;
+    }
+    if (rc) return rc;
+    if (n_pos != 1 || !text) return cli_error(CLI_USAGE, cmd, "expects MODEL --text DIR|FILE.csv");
+    cf_model_info m;
+    if (cf_model_info_read(pos[0], &m)) return cli_lib_error(cmd, "reading the model");
+    const bool lm = strcmp(m.recipe.arch, "awd_lstm_lm") == 0;
+    if (!lm && strcmp(m.recipe.arch, "awd_lstm_clas") != 0) {
+        rc =
+            cli_error(CLI_USAGE, cmd, "%s is not a text model (arch %s); --text is for text models",
+                      pos[0], m.recipe.arch);
+        cf_model_info_free(&m);
+        return rc;
+    }
+    if (!seq_len) seq_len = lm || m.recipe.text_seq_len <= 0 ? 72 : m.recipe.text_seq_len;
+    cf_text_raw *raw = NULL;
+    cf_learner *learn = NULL;
+    if (read_eval_texts(text, lm, text_col, label_col, &raw))
+        rc = cli_lib_error(cmd, "reading the texts");
+    else if (eval_learner(pos[0], &m, raw, bs, seq_len, &learn))
+        rc = cli_lib_error(cmd, "loading the model");
+    int64_t n = 0;
+    for (int64_t i = 0; raw && i < raw->n; i++) n += raw->is_valid[i];
+    cf_text_raw_free(raw);
+    cf_model_info_free(&m);
+    if (rc) return rc;
+    double values[4];
+    cf_status st = cf_par_validate(learn, values, .par.num_cores = cores, .par.split_batch = true);
+    if (st) {
+        cf_learner_free(learn);
+        return cli_lib_error(cmd, "validation");
+    }
+    char b[32];
+    if (json)
+        printf("{\"model\": \"%s\", \"texts\": %lld", pos[0], (long long)n);
+    else
+        printf("texts: %lld\n", (long long)n);
+    const char *names[4] = {"valid_loss", NULL, NULL, NULL};
+    for (int i = 0; i < learn->n_metrics; i++) names[1 + i] = learn->metrics[i]->name;
+    for (int i = 0; i <= learn->n_metrics; i++) {
+        if (json)
+            printf(", \"%s\": %.9g", names[i], values[i]);
+        else
+            printf("%s: %s\n", names[i], cf_format_float(values[i], b, sizeof b));
+    }
+    if (json) printf("}\n");
+    cf_learner_free(learn);
+    return CLI_OK;
 }

@@ -138,7 +138,7 @@ static void verify_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_free(buf);
 }
 
-static cf_status drop_bad_images(cf_dataset **ds, const char *what) {
+static cf_status drop_bad_images(cf_dataset **ds, const char *what, bool quiet) {
     const cf_dataset *d = *ds;
     if (!cf_dataset_is_streamed(d) || d->n == 0) return CF_OK;
     verify_job j = {.ds = d,
@@ -157,14 +157,15 @@ static cf_status drop_bad_images(cf_dataset **ds, const char *what) {
             keep[kept++] = i;
             continue;
         }
-        if (bad++ < 5) fprintf(stderr, "skip-bad: %s\n", j.why[i]);
+        if (bad++ < 5 && !quiet) fprintf(stderr, "skip-bad: %s\n", j.why[i]);
         cf_free(j.why[i]);
     }
     cf_free(j.why);
     cf_status st = CF_OK;
     if (bad > 0) {
-        fprintf(stderr, "skip-bad: left out %lld of %lld %s images that cannot be read%s\n",
-                (long long)bad, (long long)d->n, what, bad > 5 ? " (the first 5 above)" : "");
+        if (!quiet)
+            fprintf(stderr, "skip-bad: left out %lld of %lld %s images that cannot be read%s\n",
+                    (long long)bad, (long long)d->n, what, bad > 5 ? " (the first 5 above)" : "");
         cf_dataset *sub = NULL;
         if (kept == 0)
             st = cf_fail(CF_ERR_FORMAT, "%s: none of the %s images can be read",
@@ -276,8 +277,8 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         }
         st = cf_datasets_from_image_folder(d->images, &o, train, valid);
         if (st == CF_OK && d->skip_bad &&
-            ((st = drop_bad_images(train, "training")) ||
-             (st = drop_bad_images(valid, "validation"))))
+            ((st = drop_bad_images(train, "training", d->quiet)) ||
+             (st = drop_bad_images(valid, "validation", d->quiet))))
             goto fail;
         if (st == CF_OK && (*valid)->n == 0 && !d->eval)
             st = cf_fail(CF_ERR_FORMAT,
@@ -608,6 +609,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
     if (d->images && !d->size) d->size = 64;
     cf_dataset *train = NULL, *valid = NULL;
     double t0 = cf_now();
+    d->quiet = !s->master; /* every MPI rank reads the data; rank 0 tells what it found */
     if (cli_load_data(d, &s->input, &train, &valid)) {
         cf_model_info_free(&pre);
         return cli_lib_error(cmd, "loading the data");

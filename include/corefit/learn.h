@@ -702,7 +702,9 @@ cf_callback *cf_checkpoint_cb_(const cf_checkpoint_opts *o);
 #define cf_checkpoint_cb(...) cf_checkpoint_cb_(CF_OPTS0_(cf_checkpoint_opts, __VA_ARGS__))
 /* Asks every running fit with a checkpoint callback, in this process and in the fork workers
  * it starts, to write its checkpoint at the next batch boundary and stop. Async-signal-safe (for
- * a caller's own SIGTERM handler). A request made while no fit runs is kept for the next one. */
+ * a caller's own SIGTERM handler). A request made while no fit runs is kept for the next one;
+ * one that the running fit does not act on (it came after its last training batch, or the fit
+ * has no checkpoint callback) is dropped when that fit ends. */
 void cf_checkpoint_request(void);
 /* The path a checkpoint callback with this fname writes for this learner (buf of n bytes). */
 const char *cf_checkpoint_path(const cf_learner *learn, const char *fname, char *buf, size_t n);
@@ -1081,6 +1083,16 @@ cf_status cf_predict_text(cf_learner *learn, const char *text, float *probs, int
  * xxwrep applied) into *out (a new string, free with cf_free). */
 cf_status cf_lm_predict_text(cf_learner *learn, const char *text, const cf_lm_generate_opts *opts,
                              char **out);
+/* fastai's show_results for a single-label text classifier, as the table fastai shows: the first
+ * max_n (0: 9) validation texts in document order, each its first max_tokens (0: 150) tokens
+ * (padding left out, "..." when cut; line breaks and tabs written as \n and \t), its target
+ * (category) and prediction (category_), one row a line, columns tab-separated, written to out. CF_ERR_STATE for a learner that is not a
+ * text classifier with validation texts. */
+cf_status cf_text_show_results(cf_learner *learn, int max_n, int max_tokens, FILE *out);
+/* ClassificationInterpretation.plot_top_losses for text: the k (0: 9) validation texts with the
+ * largest loss, largest first (ties: the earlier text), with target, prediction, the predicted
+ * class's probability and the loss; a table as cf_text_show_results writes. */
+cf_status cf_text_top_losses(cf_learner *learn, int k, int max_tokens, FILE *out);
 
 #ifdef __cplusplus
 }

@@ -54,6 +54,10 @@ static void clear_request(void) {
     local_request = 0;
 }
 
+void cf__checkpoint_fit_ended(void) {
+    clear_request();
+}
+
 static void on_stop_signal(int sig) {
     (void)sig;
     cf_checkpoint_request();

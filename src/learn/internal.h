@@ -40,6 +40,11 @@ cf_status cf__model_file(const cf_learner *learn, const char *name, bool make_di
 
 /* ---- checkpoints (checkpoint.c) ------------------------------------------------------------ */
 
+/* A fit has ended (however): a stop request raised while it ran and not acted on (it came after
+ * the last training batch, or the fit had no checkpoint callback) is dropped, so that it does not
+ * stop a later fit of the same process. A request made while no fit runs is still kept. */
+void cf__checkpoint_fit_ended(void);
+
 /* The fit's parameters as text ("key=value" separated by spaces): the method's (method_params)
  * and the data's, the model's and the group's. Allocated (cf_free). */
 char *cf__fit_params(const cf_learner *learn, int n_epoch, cf_lr lr, double wd, bool reset_opt,

@@ -372,6 +372,7 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         if (st == CF_OK) st = cf__event(learn, CF_EV_AFTER_FIT);
     }
     learn->cancel = CF_CANCEL_NONE;
+    cf__checkpoint_fit_ended();
     cf__resume_free(learn->resume); /* a fit that ended before reaching its position */
     learn->resume = NULL;
     cf_free(learn->fit_params);

@@ -60,12 +60,37 @@ static cf_status broadcast_bytes(cf_comm *comm, void **buf, size_t *size, int ro
     return st;
 }
 
-/* The learner state of rank 0 on every rank (ranks may have built theirs differently). */
+/* Copies the random streams of modules lo..hi-1 (pre-order) into buf, or out of it when put;
+ * returns the index after m's subtree. */
+static size_t module_rngs(cf_module *m, size_t at, size_t lo, size_t hi, cf_rng *buf, bool put) {
+    if (at >= lo && at < hi) {
+        if (put)
+            m->rng = buf[at - lo];
+        else
+            buf[at - lo] = m->rng;
+    }
+    at++;
+    for (int i = 0; i < m->n_children; i++) at = module_rngs(m->children[i], at, lo, hi, buf, put);
+    return at;
+}
+
+/* The learner state of rank 0 on every rank (ranks may have built theirs differently): the
+ * weights, the buffers and the modules' random streams, from which the dropouts' keyed masks
+ * are drawn (a rank whose model came from another seed would otherwise draw other masks). */
 static cf_status share_start(cf_learner *learn, cf_comm *comm) {
     cf_model *m = learn->model;
     cf_status st = cf_comm_broadcast(comm, m->weights, m->n_weights * sizeof(float), 0);
     if (st == CF_OK && m->n_buffers)
         st = cf_comm_broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0);
+    enum { PIECE = 256 };
+    cf_rng piece[PIECE];
+    const size_t n = module_rngs(m->root, 0, 0, 0, piece, false);
+    for (size_t lo = 0; st == CF_OK && lo < n; lo += PIECE) {
+        const size_t hi = n - lo < PIECE ? n : lo + PIECE;
+        module_rngs(m->root, 0, lo, hi, piece, false);
+        st = cf_comm_broadcast(comm, piece, (hi - lo) * sizeof *piece, 0);
+        if (st == CF_OK) module_rngs(m->root, 0, lo, hi, piece, true);
+    }
     return st;
 }
 
