@@ -140,7 +140,7 @@ static void test_photo_task_end_to_end(void **state) {
     assert_non_null(strstr(out, "2 epochs: 1 frozen, 1 unfrozen"));
     struct stat sb;
     char path[512];
-    snprintf(path, sizeof path, "%s/m/plots/loss.png", g_dir);
+    snprintf(path, sizeof path, "%s/m/plots/confusion.png", g_dir);
     if (cf_plot_available()) assert_int_equal(stat(path, &sb), 0);
     assert_int_equal(run(out, sizeof out, COREFIT " info m/photo.safetensors"), 0);
     assert_non_null(strstr(out, "resnet18"));
