@@ -73,35 +73,85 @@ void strlist_free(strlist *l);
 /* The image-source and resize options of train and lr-find, for an opts table over a struct
  * holding a cli_data `data`. */
 #define PHOTO_OPTIONS(a)                                                                           \
-    {"--images-csv", OPT_STR, &(a).data.images_csv, "FILE",                                        \
-     "images listed in a CSV with a header (fastai's from_csv): file and label columns", 0, 0, 0}, \
-        {"--fn-col", OPT_STR, &(a).data.fn_col, "NAME",                                            \
-         "--images-csv: the file-name column [the first]", 0, 0, 0},                               \
-        {"--label-col", OPT_STR, &(a).data.label_col, "NAME",                                      \
-         "--images-csv: the label column [the second]", 0, 0, 0},                                  \
-        {"--valid-col", OPT_STR, &(a).data.valid_col, "NAME",                                      \
-         "--images-csv: a column of booleans marking validation rows, e.g. is_valid [none: "      \
-         "--valid-pct at random]",                                                                 \
-         0, 0, 0},                                                                                 \
-        {"--folder", OPT_STR, &(a).data.folder, "DIR",                                             \
-         "--images-csv: the folder the file names are in, relative to the CSV's [its own]", 0, 0, \
+    {"--images-csv",                                                                               \
+     OPT_STR,                                                                                      \
+     &(a).data.images_csv,                                                                         \
+     "FILE",                                                                                       \
+     "images listed in a CSV with a header (fastai's from_csv): file and label columns",           \
+     0,                                                                                            \
+     0,                                                                                            \
+     0},                                                                                           \
+        {"--fn-col",                                                                               \
+         OPT_STR,                                                                                  \
+         &(a).data.fn_col,                                                                         \
+         "NAME",                                                                                   \
+         "--images-csv: the file-name column [the first]",                                         \
+         0,                                                                                        \
+         0,                                                                                        \
          0},                                                                                       \
-        {"--suffix", OPT_STR, &(a).data.suffix, "EXT",                                             \
-         "--images-csv: appended to every file name, e.g. .jpg [none]", 0, 0, 0},                 \
-        {"--label-re", OPT_STR, &(a).data.label_re, "REGEX",                                       \
-         "--images DIR: label each image file under DIR by the first group of this POSIX "        \
-         "extended regular expression on its name (fastai's from_name_re), split by --valid-pct", \
-         0, 0, 0},                                                                                 \
-        {"--resize", OPT_STR, &(a).data.resize, "METHOD",                                          \
-         "fastai's Resize(--size, METHOD): crop (fastai's default; random in training, centred "  \
-         "in validation), pad or squish [none: every image squished to --size, as eval and "     \
+        {"--label-col",                                                                            \
+         OPT_STR,                                                                                  \
+         &(a).data.label_col,                                                                      \
+         "NAME",                                                                                   \
+         "--images-csv: the label column [the second]",                                            \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--valid-col",                                                                            \
+         OPT_STR,                                                                                  \
+         &(a).data.valid_col,                                                                      \
+         "NAME",                                                                                   \
+         "--images-csv: a column of booleans marking validation rows, e.g. is_valid [none: "       \
+         "--valid-pct at random]",                                                                 \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--folder",                                                                               \
+         OPT_STR,                                                                                  \
+         &(a).data.folder,                                                                         \
+         "DIR",                                                                                    \
+         "--images-csv: the folder the file names are in, relative to the CSV's [its own]",        \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--suffix",                                                                               \
+         OPT_STR,                                                                                  \
+         &(a).data.suffix,                                                                         \
+         "EXT",                                                                                    \
+         "--images-csv: appended to every file name, e.g. .jpg [none]",                            \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--label-re",                                                                             \
+         OPT_STR,                                                                                  \
+         &(a).data.label_re,                                                                       \
+         "REGEX",                                                                                  \
+         "--images DIR: label each image file under DIR by the first group of this POSIX "         \
+         "extended regular expression on its name (fastai's from_name_re), split by --valid-pct",  \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--resize",                                                                               \
+         OPT_STR,                                                                                  \
+         &(a).data.resize,                                                                         \
+         "METHOD",                                                                                 \
+         "fastai's Resize(--size, METHOD): crop (fastai's default; random in training, centred "   \
+         "in validation), pad or squish [none: every image squished to --size, as eval and "       \
          "predict do]",                                                                            \
-         0, 0, 0},                                                                                 \
-        {"--pad-mode", OPT_STR, &(a).data.pad_mode, "MODE",                                        \
-         "--resize pad: reflection, zeros or border [reflection]", 0, 0, 0},                       \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--pad-mode",                                                                             \
+         OPT_STR,                                                                                  \
+         &(a).data.pad_mode,                                                                       \
+         "MODE",                                                                                   \
+         "--resize pad: reflection, zeros or border [reflection]",                                 \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
     {                                                                                              \
         "--random-resized-crop", OPT_DOUBLE, &(a).data.rrc_min_scale, "MIN_SCALE",                 \
-            "fastai's RandomResizedCrop(--size, min_scale) instead of --resize (fastai's "        \
+            "fastai's RandomResizedCrop(--size, min_scale) instead of --resize (fastai's "         \
             "min_scale: 0.08)",                                                                    \
             0.01, 1, 0                                                                             \
     }

@@ -287,8 +287,8 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
              (st = drop_bad_images(valid, "validation"))))
             goto fail;
         if (st == CF_OK && (*valid)->n == 0 && !d->eval)
-            st = cf_fail(CF_ERR_FORMAT,
-                         "%s: no validation images (%s)", d->images ? d->images : d->images_csv,
+            st = cf_fail(CF_ERR_FORMAT, "%s: no validation images (%s)",
+                         d->images ? d->images : d->images_csv,
                          d->images_csv ? "mark some with --valid-col, or give --valid-pct"
                                        : "add a valid/ folder beside train/");
     } else {
@@ -338,7 +338,8 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
     if (st) goto fail;
     if (d->limit > 0 && !d->csv) { /* a CSV table: only the rows kept were read */
         int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
-        if (d->idx || (!d->images && !d->csv && !d->images_csv)) { /* an IDX file: only the first N were read */
+        /* an IDX file: only the first N were read */
+        if (d->idx || (!d->images && !d->csv && !d->images_csv)) {
             if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
         } else if ((st = take_sample(train, d->limit, d->seed)) ||
                    (st = take_sample(valid, nv, d->seed + 1))) {
@@ -1012,9 +1013,9 @@ static void print_suggestions(const cf_lr_find_result *r) {
      OPT_STR,                                                                                        \
      &(a).arch,                                                                                      \
      "NAME",                                                                                         \
-     "mini-resnet, simple-cnn, xresnet18, xresnet34, xresnet50, resnet18, resnet34, resnet50 "     \
-     "(torchvision's), tabular [mini-resnet for images up to 64 px, else xresnet18; tabular for " \
-     "--csv; --pretrained: its]",                                                                  \
+     "mini-resnet, simple-cnn, xresnet18, xresnet34, xresnet50, resnet18, resnet34, resnet50 "       \
+     "(torchvision's), tabular [mini-resnet for images up to 64 px, else xresnet18; tabular for "    \
+     "--csv; --pretrained: its]",                                                                    \
      0,                                                                                              \
      0,                                                                                              \
      0},                                                                                             \
@@ -1022,9 +1023,9 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_STR,                                                                                    \
          &(a).pretrained,                                                                            \
          "FILE",                                                                                     \
-         "start from the body of a corefit model or of torchvision's/timm's ResNet weights "        \
-         "(safetensors; a .pth converted by corefit-convert-pth), frozen, as fastai's pretrained; " \
-         "the weights keep their normalisation (ImageNet's for torchvision/timm)",                   \
+         "start from the body of a corefit model or of torchvision's/timm's ResNet weights "         \
+         "(safetensors; a .pth converted by corefit-convert-pth), frozen, as fastai's "              \
+         "pretrained; the weights keep their normalisation (ImageNet's for torchvision/timm)",       \
          0,                                                                                          \
          0,                                                                                          \
          0},                                                                                         \
