@@ -145,6 +145,8 @@ static void test_photo_task_end_to_end(void **state) {
     assert_int_equal(run(out, sizeof out, COREFIT " info m/photo.safetensors"), 0);
     assert_non_null(strstr(out, "resnet18"));
     assert_non_null(strstr(out, "cat, dog, fish"));
+    /* the exported model keeps ImageNet's statistics for eval, predict and cf_load_learner */
+    assert_non_null(strstr(out, "normalize:   mean 0.485 0.456 0.406, std 0.229 0.224 0.225"));
     /* eval on the folder's images */
     assert_int_equal(run(out, sizeof out, COREFIT " eval m/photo.safetensors --images photos"), 0);
     assert_non_null(strstr(out, "valid_loss: "));
@@ -283,8 +285,64 @@ static void test_pretrained_refused(void **state) {
     assert_non_null(strstr(out, "ResNet"));
 }
 
+/* Writes a safetensors file holding one 1-element tensor per name of a ResNet whose stages
+ * have blocks[0..n_stages) blocks (bottleneck: conv3 too), names prefixed with `prefix`. */
+static void write_resnet_names(const char *path, const char *prefix, const int *blocks,
+                               int n_stages, bool bottleneck) {
+    enum { MAX = 512 };
+    static char names[MAX][96];
+    static cf_st_entry e[MAX];
+    static float one = 1;
+    int n = 0;
+    const char *stem[] = {"conv1.weight", "bn1.weight", "bn1.bias", "fc.weight"};
+    for (int i = 0; i < 4; i++) snprintf(names[n++], 96, "%s%s", prefix, stem[i]);
+    for (int s = 0; s < n_stages; s++)
+        for (int b = 0; b < blocks[s]; b++)
+            for (int c = 1; c <= (bottleneck ? 3 : 2); c++)
+                snprintf(names[n++], 96, "%slayer%d.%d.conv%d.weight", prefix, s + 1, b, c);
+    for (int i = 0; i < n; i++)
+        e[i] = (cf_st_entry){.name = names[i],
+                             .dtype = CF_DTYPE_F32,
+                             .shape = cf_shape_make(1, (int[]){1}),
+                             .numel = 1,
+                             .data = &one};
+    assert_int_equal(cf_st_write(path, e, n, NULL, NULL, 0), CF_OK);
+}
+
+/* The depth of torchvision's and timm's ResNets told from their names and block counts. */
+static void test_resnet_weights_depth(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/names.safetensors", g_dir);
+    static const struct {
+        int blocks[4];
+        bool bottleneck;
+        const char *prefix;
+        int depth;
+    } cases[] = {{{2, 2, 2, 2}, false, "", 18},
+                 {{3, 4, 6, 3}, false, "module.", 34},
+                 {{3, 4, 6, 3}, true, "", 50},
+                 {{3, 4, 23, 3}, true, "model.", 101}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_resnet_names(path, cases[i].prefix, cases[i].blocks, 4, cases[i].bottleneck);
+        int depth = 0;
+        assert_int_equal(cf_resnet_weights_depth(path, &depth), CF_OK);
+        assert_int_equal(depth, cases[i].depth);
+    }
+    /* block counts of no torchvision ResNet, and a ResNet without layer4 */
+    int odd[4] = {2, 3, 2, 2};
+    write_resnet_names(path, "", odd, 4, false);
+    int depth = -1;
+    assert_int_equal(cf_resnet_weights_depth(path, &depth), CF_ERR_FORMAT);
+    assert_non_null(strstr(cf_last_error(), "names.safetensors"));
+    write_resnet_names(path, "", odd, 3, false);
+    assert_int_equal(cf_resnet_weights_depth(path, &depth), CF_ERR_FORMAT);
+    assert_int_equal(depth, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resnet_weights_depth),
         cmocka_unit_test(test_pretrained_refused),
         cmocka_unit_test(test_label_re),
         cmocka_unit_test(test_images_csv),
