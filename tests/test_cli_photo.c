@@ -135,6 +135,7 @@ static void test_photo_task_end_to_end(void **state) {
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "model: resnet18"));
+    assert_non_null(strstr(out, "squished to 32 x 32"));
     /* ImageNet's statistics kept (fastai's vision_learner with pretrained weights) */
     assert_non_null(strstr(out, "mean 0.485 0.456 0.406, std 0.229 0.224 0.225"));
     assert_non_null(strstr(out, "2 epochs: 1 frozen, 1 unfrozen"));
@@ -188,8 +189,9 @@ static void test_images_csv(void **state) {
                     "zeros --arch simple-cnn --cores 1 --bs 6 --epochs 1 --out csv.safetensors");
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
-    /* 6 training and 2 validation rows per class */
+    /* 6 training and 2 validation rows per class, padded with zeros */
     assert_non_null(strstr(out, "data: 18 training and 6 validation samples"));
+    assert_non_null(strstr(out, "Resize(24, pad, zeros)"));
     assert_int_equal(run(out, sizeof out, COREFIT " info csv.safetensors"), 0);
     assert_non_null(strstr(out, "cat, dog, fish"));
     /* a validation column that is not boolean: its line and value named */
@@ -249,6 +251,7 @@ static void test_label_re(void **state) {
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "data: 18 training and 6 validation samples"));
+    assert_non_null(strstr(out, "RandomResizedCrop(24, min_scale 0.35)"));
     assert_int_equal(run(out, sizeof out, COREFIT " info re.safetensors"), 0);
     assert_non_null(strstr(out, "cat, dog, fish"));
     /* option mistakes are usage errors naming the option */

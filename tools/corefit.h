@@ -160,6 +160,9 @@ void strlist_free(strlist *l);
 int cli_check_photo_args(const char *cmd, const cli_data *d);
 /* The item transform the options ask for (false: none). */
 bool cli_photo_item_tfm(const cli_data *d, int size, cf_item_tfm *out);
+/* ", Resize(64, crop)", ", RandomResizedCrop(64, min_scale 0.35)" or ", squished to 64 x 64":
+ * how the options size the images, for the data line. */
+void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n);
 /* The training and validation sets of --images-csv, or of --images with --label-re. */
 cf_status cli_load_photos(const cli_data *d, const cf_image_folder_options *o, cf_dataset **train,
                           cf_dataset **valid);

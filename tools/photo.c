@@ -3,6 +3,7 @@
  * torchvision's or timm's ResNet weights. */
 #include "corefit.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const char *const resize_names[] = {
@@ -59,6 +60,17 @@ bool cli_photo_item_tfm(const cli_data *d, int size, cf_item_tfm *out) {
     *out = cf_resize_tfm(size, (cf_resize_method)lookup(d->resize, resize_names, 3));
     if (d->pad_mode) out->pad_mode = (cf_pad_mode)lookup(d->pad_mode, pad_names, 3);
     return true;
+}
+
+void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n) {
+    if (d->rrc_min_scale > 0)
+        snprintf(buf, n, ", RandomResizedCrop(%d, min_scale %g)", size, d->rrc_min_scale);
+    else if (d->resize && strcmp(d->resize, "pad") == 0)
+        snprintf(buf, n, ", Resize(%d, pad, %s)", size, d->pad_mode ? d->pad_mode : "reflection");
+    else if (d->resize)
+        snprintf(buf, n, ", Resize(%d, %s)", size, d->resize);
+    else
+        snprintf(buf, n, ", squished to %d x %d", size, size);
 }
 
 cf_status cli_load_photos(const cli_data *d, const cf_image_folder_options *o, cf_dataset **train,

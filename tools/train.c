@@ -643,13 +643,16 @@ static int setup(const char *cmd, train_args *a, session *s) {
         cf_model_info_free(&pre);
         return cli_lib_error(cmd, "loading the data");
     }
-    if (!a->quiet && s->master)
-        fprintf(stderr, "data: %lld training and %lld validation samples%s (%.1f s)\n",
+    if (!a->quiet && s->master) {
+        char resize[128] = ""; /* how the images are sized (photo.c) */
+        if (d->images || d->images_csv) cli_photo_describe(d, d->size, resize, sizeof resize);
+        fprintf(stderr, "data: %lld training and %lld validation samples%s%s (%.1f s)\n",
                 (long long)train->n, (long long)valid->n,
                 !d->images && !d->images_csv    ? ""
                 : cf_dataset_is_streamed(train) ? ", streamed from their files"
                                                 : ", decoded into memory",
-                cf_now() - t0);
+                resize, cf_now() - t0);
+    }
     if (!a->quiet && s->master && d->limit > 0 && d->csv)
         fprintf(stderr,
                 "limit: the first %lld rows of %s (the file is read no further), split at random "
