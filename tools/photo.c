@@ -1,7 +1,7 @@
 /* The command line's photo options: images listed in a CSV (fastai's from_csv), labels from file
  * names (from_name_re), fastai's Resize and RandomResizedCrop, and --pretrained files holding
  * torchvision's or timm's ResNet weights. */
-#include "corefit.h"
+#include "photo.h"
 
 #include <stdio.h>
 #include <string.h>

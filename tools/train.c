@@ -1,6 +1,7 @@
 /* corefit train and corefit lr-find: data, learner, the fit (in-process or on every core),
  * the model file, the CSV log and the figures. */
 #include "corefit.h"
+#include "photo.h"
 
 #include <ctype.h>
 #include <errno.h>
