@@ -99,16 +99,21 @@ int cli_pretrained_kind(const char *cmd, const char *path, const char *arch, int
     char why_not_corefit[512];
     snprintf(why_not_corefit, sizeof why_not_corefit, "%s", cf_last_error());
     int depth = 0;
-    if (cf_resnet_weights_depth(path, &depth) != CF_OK)
-        return cli_error(
-            CLI_USAGE, cmd,
-            "--pretrained %s is neither a corefit model (%s) nor torchvision's or timm's ResNet "
-            "weights (%s). Give a model written by corefit train, or ResNet weights as "
-            "safetensors; convert a PyTorch .pth with: corefit-convert-pth IN.pth OUT.safetensors",
-            path, why_not_corefit, cf_last_error());
+    static const char *const what_to_do =
+        "Give a model written by corefit train, or torchvision's or timm's ResNet weights as "
+        "safetensors; convert a PyTorch .pth with: corefit-convert-pth IN.pth OUT.safetensors";
+    if (cf_resnet_weights_depth(path, &depth) != CF_OK) {
+        /* a file that is no safetensors at all fails both the same way: said once */
+        if (strcmp(why_not_corefit, cf_last_error()) == 0)
+            return cli_error(CLI_FAIL, cmd, "--pretrained %s. %s", why_not_corefit, what_to_do);
+        return cli_error(CLI_FAIL, cmd,
+                         "--pretrained %s is neither a corefit model (%s) nor torchvision's or "
+                         "timm's ResNet weights (%s). %s",
+                         path, why_not_corefit, cf_last_error(), what_to_do);
+    }
     cf_clear_error();
     if (depth != 18 && depth != 34 && depth != 50)
-        return cli_error(CLI_USAGE, cmd,
+        return cli_error(CLI_FAIL, cmd,
                          "--pretrained %s holds resnet%d weights; the command line builds "
                          "resnet18, resnet34 and resnet50",
                          path, depth);
