@@ -11,6 +11,10 @@ test -f "$prefix/lib/libcorefit.a"
 ls "$prefix"/lib/libcorefit.so* > /dev/null
 test -f "$prefix/lib/pkgconfig/corefit.pc"
 test -f "$prefix/lib/cmake/corefit/corefitConfig.cmake"
+# the converter train --pretrained names for a PyTorch .pth, installed beside the command
+test -x "$prefix/bin/corefit-convert-pth"
+convert_usage=$("$prefix/bin/corefit-convert-pth" 2>&1 || true)
+grep -q "usage: .*IN.pth OUT.safetensors" <<< "$convert_usage"
 
 mkdir -p "$prefix/app"
 cat > "$prefix/app/main.c" <<'C'

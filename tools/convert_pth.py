@@ -2,7 +2,10 @@
 """Converts a PyTorch checkpoint (.pth, e.g. torchvision's resnet18-f37072fd.pth) into a
 safetensors file that corefit's cf_resnet_load_pretrained reads.
 
-    python3 tools/convert_pth.py resnet18-f37072fd.pth resnet18.safetensors
+    corefit-convert-pth resnet18-f37072fd.pth resnet18.safetensors
+    (in a source tree: python3 tools/convert_pth.py ...)
+
+then: corefit train --images DIR --pretrained resnet18.safetensors --schedule fine-tune
 
 Accepts a plain state_dict or a checkpoint holding one under "state_dict", "model" or
 "model_state". Floating-point tensors are written as F32 (F16, BF16 and F64 converted), integer

@@ -51,6 +51,10 @@ typedef struct cli_data {
     bool skip_bad;    /* --skip-bad: streamed images that cannot be read are left out, counted */
     bool aug;         /* --aug: fastai's aug_transforms() on the training images */
     bool quiet;       /* another process says what the data loading found (MPI ranks but 0) */
+    /* photos (photo.c): images listed in a CSV, labels from file names, fastai's Resize */
+    const char *images_csv, *fn_col, *label_col, *valid_col, *folder, *suffix, *label_re;
+    const char *resize, *pad_mode;
+    double rrc_min_scale; /* --random-resized-crop MIN_SCALE (0: none) */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */

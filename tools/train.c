@@ -1,6 +1,7 @@
 /* corefit train and corefit lr-find: data, learner, the fit (in-process or on every core),
  * the model file, the CSV log and the figures. */
 #include "corefit.h"
+#include "photo.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -249,10 +250,10 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         }
         strlist_free(&cat);
         strlist_free(&cont);
-    } else if (d->images) {
+    } else if (d->images || d->images_csv) {
         *input = "images";
         char tdir[4096];
-        snprintf(tdir, sizeof tdir, "%s/train", d->images);
+        snprintf(tdir, sizeof tdir, "%s/train", d->images ? d->images : "");
         cf_image_folder_options o = {.size = d->size,
                                      .channels = d->channels,
                                      .valid_pct = exists(tdir) ? 0 : d->valid_pct,
@@ -266,6 +267,8 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         /* an up-front set fails on its first bad file: --skip-bad streams (and checks each file
          * first, below) */
         if (d->skip_bad) o.load = CF_IMAGE_LOAD_STREAM;
+        cf_item_tfm tfm; /* --resize, --random-resized-crop (photo.c) */
+        if (cli_photo_item_tfm(d, d->size, &tfm)) o.item_tfm = &tfm;
         if (d->eval && !exists(tdir)) {
             /* eval: a folder with only valid/, or class folders directly, is read whole (the
              * name below is one no folder has, so nothing is taken twice) */
@@ -275,14 +278,21 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
             o.valid = ".corefit-no-validation-folder";
             o.valid_pct = 0;
         }
-        st = cf_datasets_from_image_folder(d->images, &o, train, valid);
+        if (d->images_csv || d->label_re) {
+            o.valid_pct = d->valid_pct;
+            st = cli_load_photos(d, &o, train, valid);
+        } else {
+            st = cf_datasets_from_image_folder(d->images, &o, train, valid);
+        }
         if (st == CF_OK && d->skip_bad &&
             ((st = drop_bad_images(train, "training", d->quiet)) ||
              (st = drop_bad_images(valid, "validation", d->quiet))))
             goto fail;
         if (st == CF_OK && (*valid)->n == 0 && !d->eval)
-            st = cf_fail(CF_ERR_FORMAT,
-                         "%s: no validation images (add a valid/ folder beside train/)", d->images);
+            st = cf_fail(CF_ERR_FORMAT, "%s: no validation images (%s)",
+                         d->images ? d->images : d->images_csv,
+                         d->images_csv ? "mark some with --valid-col, or give --valid-pct"
+                                       : "add a valid/ folder beside train/");
     } else {
         *input = "idx";
         const char *dir = d->idx ? d->idx : CF_FASHION_MNIST_DEFAULT_DIR;
@@ -330,7 +340,8 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
     if (st) goto fail;
     if (d->limit > 0 && !d->csv) { /* a CSV table: only the rows kept were read */
         int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
-        if (d->idx || (!d->images && !d->csv)) { /* an IDX file: only the first N were read */
+        /* an IDX file: only the first N were read */
+        if (d->idx || (!d->images && !d->csv && !d->images_csv)) {
             if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
         } else if ((st = take_sample(train, d->limit, d->seed)) ||
                    (st = take_sample(valid, nv, d->seed + 1))) {
@@ -376,6 +387,8 @@ static int check_args(const char *cmd, train_args *a, bool train) {
     int sources = (d->idx != NULL) + (d->images != NULL) + (d->csv != NULL);
     if (sources > 1)
         return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
+    int photo_rc = cli_check_photo_args(cmd, d);
+    if (photo_rc) return photo_rc;
     if (d->csv && !d->target)
         return cli_error(CLI_USAGE, cmd, "--csv needs --target NAME (and --cat and/or --cont)");
     if (d->csv && !d->cat && !d->cont)
@@ -386,8 +399,8 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         strcmp(d->load, "stream") != 0)
         return cli_error(CLI_USAGE, cmd, "--load must be auto, memory or stream, got '%s'",
                          d->load);
-    if ((d->load || d->skip_bad) && !d->images)
-        return cli_error(CLI_USAGE, cmd, "--load and --skip-bad are for --images");
+    if ((d->load || d->skip_bad) && !d->images && !d->images_csv)
+        return cli_error(CLI_USAGE, cmd, "--load and --skip-bad are for --images or --images-csv");
     if (d->skip_bad && d->load && strcmp(d->load, "memory") == 0)
         return cli_error(CLI_USAGE, cmd,
                          "--skip-bad streams the images (a set decoded up front stops at its first "
@@ -400,7 +413,7 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         if (!tab && cf_arch_from_name(a->arch) < 0)
             return cli_error(CLI_USAGE, cmd,
                              "unknown --arch '%s' (choose mini-resnet, simple-cnn, xresnet18, "
-                             "xresnet34, xresnet50 or tabular)",
+                             "xresnet34, xresnet50, resnet18, resnet34, resnet50 or tabular)",
                              a->arch);
         if (tab != (d->csv != NULL))
             return cli_error(CLI_USAGE, cmd,
@@ -456,6 +469,8 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         return cli_error(CLI_FAIL, cmd, "--csv %s: %s", d->csv, strerror(ENOENT));
     if (d->images && !exists(d->images))
         return cli_error(CLI_FAIL, cmd, "--images %s: %s", d->images, strerror(ENOENT));
+    if (d->images_csv && !exists(d->images_csv))
+        return cli_error(CLI_FAIL, cmd, "--images-csv %s: %s", d->images_csv, strerror(ENOENT));
     if (d->idx && !exists(d->idx))
         return cli_error(CLI_FAIL, cmd, "--idx %s: %s", d->idx, strerror(ENOENT));
     return CLI_OK;
@@ -591,7 +606,24 @@ static int setup(const char *cmd, train_args *a, session *s) {
         return cli_lib_error(cmd, "BLAS");
     /* a pretrained model says which arch, channels and size the body expects */
     cf_model_info pre = {0};
+    int tv_depth = 0; /* torchvision's or timm's ResNet weights (photo.c) */
     if (a->pretrained) {
+        int rc = cli_pretrained_kind(cmd, a->pretrained, a->arch, &tv_depth);
+        if (rc) return rc;
+    }
+    if (tv_depth > 0) {
+        /* fastai's vision_learner(resnetN, pretrained=True): RGB, ImageNet's statistics */
+        static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},
+                           imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+        if (d->channels && d->channels != 3)
+            return cli_error(CLI_USAGE, cmd, "--pretrained %s holds RGB weights: --channels 3",
+                             a->pretrained);
+        snprintf(pre.recipe.arch, sizeof pre.recipe.arch, "resnet%d", tv_depth);
+        pre.n_norm = 3;
+        memcpy(pre.mean, imagenet_mean, sizeof imagenet_mean);
+        memcpy(pre.std, imagenet_std, sizeof imagenet_std);
+        d->channels = 3;
+    } else if (a->pretrained) {
         if (cf_model_info_read(a->pretrained, &pre)) return cli_lib_error(cmd, "--pretrained");
         if (strcmp(pre.recipe.arch, "tabular") == 0) {
             cf_model_info_free(&pre);
@@ -606,7 +638,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
         if (!d->channels) d->channels = pre.n_in;
         if (!d->size) d->size = pre.height;
     }
-    if (d->images && !d->size) d->size = 64;
+    if ((d->images || d->images_csv) && !d->size) d->size = 64;
     cf_dataset *train = NULL, *valid = NULL;
     double t0 = cf_now();
     d->quiet = !s->master; /* every MPI rank reads the data; rank 0 tells what it found */
@@ -614,13 +646,16 @@ static int setup(const char *cmd, train_args *a, session *s) {
         cf_model_info_free(&pre);
         return cli_lib_error(cmd, "loading the data");
     }
-    if (!a->quiet && s->master)
-        fprintf(stderr, "data: %lld training and %lld validation samples%s (%.1f s)\n",
+    if (!a->quiet && s->master) {
+        char resize[128] = ""; /* how the images are sized (photo.c) */
+        if (d->images || d->images_csv) cli_photo_describe(d, d->size, resize, sizeof resize);
+        fprintf(stderr, "data: %lld training and %lld validation samples%s%s (%.1f s)\n",
                 (long long)train->n, (long long)valid->n,
-                !d->images                      ? ""
+                !d->images && !d->images_csv    ? ""
                 : cf_dataset_is_streamed(train) ? ", streamed from their files"
                                                 : ", decoded into memory",
-                cf_now() - t0);
+                resize, cf_now() - t0);
+    }
     if (!a->quiet && s->master && d->limit > 0 && d->csv)
         fprintf(stderr,
                 "limit: the first %lld rows of %s (the file is read no further), split at random "
@@ -628,7 +663,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
                 "statistics and classes are fitted on those training rows\n",
                 (long long)(train->n + valid->n), d->csv, (unsigned long long)d->seed,
                 (long long)train->n, (long long)valid->n);
-    if (!a->quiet && s->master && d->limit > 0 && d->images) {
+    if (!a->quiet && s->master && d->limit > 0 && (d->images || d->images_csv)) {
         fprintf(stderr,
                 "limit: a random sample of %lld training and %lld validation samples%s "
                 "(--seed %llu)",
@@ -683,7 +718,8 @@ static int setup(const char *cmd, train_args *a, session *s) {
         memcpy(mean, pre.mean, (size_t)n_norm * sizeof *mean);
         memcpy(std, pre.std, (size_t)n_norm * sizeof *std);
         if (!a->quiet && s->master) {
-            fprintf(stderr, "normalize: the pretrained model's statistics, mean");
+            fprintf(stderr, "normalize: the pretrained %s statistics, mean",
+                    tv_depth > 0 ? "weights' (ImageNet's)" : "model's");
             for (int i = 0; i < n_norm; i++) fprintf(stderr, " %.4g", mean[i]);
             fprintf(stderr, ", std");
             for (int i = 0; i < n_norm; i++) fprintf(stderr, " %.4g", std[i]);
@@ -987,8 +1023,9 @@ static void print_suggestions(const cf_lr_find_result *r) {
      OPT_STR,                                                                                        \
      &(a).arch,                                                                                      \
      "NAME",                                                                                         \
-     "mini-resnet, simple-cnn, xresnet18, xresnet34, xresnet50, tabular [mini-resnet for "           \
-     "images up to 64 px, else xresnet18; tabular for --csv]",                                       \
+     "mini-resnet, simple-cnn, xresnet18, xresnet34, xresnet50, resnet18, resnet34, resnet50 "       \
+     "(torchvision's), tabular [mini-resnet for images up to 64 px, else xresnet18; tabular for "    \
+     "--csv; --pretrained: its]",                                                                    \
      0,                                                                                              \
      0,                                                                                              \
      0},                                                                                             \
@@ -996,7 +1033,9 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_STR,                                                                                    \
          &(a).pretrained,                                                                            \
          "FILE",                                                                                     \
-         "start from a corefit model's body (frozen, as fastai's pretrained)",                       \
+         "start from the body of a corefit model or of torchvision's/timm's ResNet weights "         \
+         "(safetensors; a .pth converted by corefit-convert-pth), frozen, as fastai's "              \
+         "pretrained; the weights keep their normalisation (ImageNet's for torchvision/timm)",       \
          0,                                                                                          \
          0,                                                                                          \
          0},                                                                                         \
@@ -1181,6 +1220,7 @@ int cmd_train(int argc, char **argv) {
     defaults(&a);
     cli_opt opts[] = {
         DATA_OPTIONS(a),
+        PHOTO_OPTIONS(a),
         MODEL_OPTIONS(a),
         {"--epochs", OPT_INT, &a.epochs, "N", "epochs (sgdr: cycles) [1]", 1, 100000, 0},
         {"--lr", OPT_STR, &a.lr, "X|auto",
@@ -1541,6 +1581,7 @@ int cmd_lr_find(int argc, char **argv) {
     a.plot = "lr_find.png";
     cli_opt opts[] = {
         DATA_OPTIONS(a),
+        PHOTO_OPTIONS(a),
         MODEL_OPTIONS(a),
         {"--start-lr", OPT_DOUBLE, &a.start_lr, "X", "first learning rate [1e-7]", 1e-12, 1e3, 0},
         {"--end-lr", OPT_DOUBLE, &a.end_lr, "X", "last learning rate [10]", 1e-12, 1e6, 0},

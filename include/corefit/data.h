@@ -187,6 +187,24 @@ cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, c
                                      const char *label_col, const char *valid_col,
                                      const cf_image_folder_options *opt, cf_dataset **train,
                                      cf_dataset **valid);
+/* from_csv's columns and names (NULL members: the defaults above). suffix (fastai's suffix) is
+ * appended to every file name, e.g. ".jpg". A label_delim for multi-label rows belongs here. */
+typedef struct cf_image_csv_options {
+    const char *folder, *fn_col, *label_col, *valid_col, *suffix;
+} cf_image_csv_options;
+cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_csv_options *csv,
+                                          const cf_image_folder_options *opt, cf_dataset **train,
+                                          cf_dataset **valid);
+/* fastai's ImageDataLoaders.from_name_re (from_name_func too, written as a pattern): every
+ * image file (.png, .jpg, .jpeg, .bmp) under dir, in every subfolder (get_image_files), labelled
+ * by the first group of the POSIX extended regular expression `pattern` searched in its file
+ * name (the whole match when it has no group), e.g. "^(.+)_[0-9]+\\.jpg$". A name it does not
+ * match is an error naming the file. opt->valid_pct splits the files at random (RandomSplitter;
+ * 0: all training); the classes are the sorted labels of the training files. Loading and
+ * decoding follow opt as for folders. */
+cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
+                                       const cf_image_folder_options *opt, cf_dataset **train,
+                                       cf_dataset **valid);
 /* Whether the set is streamed (ds->files), and how many of its files a loader has skipped as
  * unreadable in this process so far (skip_bad; each file counted once). */
 bool cf_dataset_is_streamed(const cf_dataset *ds);

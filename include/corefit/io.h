@@ -90,6 +90,10 @@ bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char 
  * error names the first tensor at fault (file name and model name, both shapes) and the model
  * is left exactly as it was. */
 cf_status cf_resnet_load_pretrained(cf_model *model, const char *path);
+/* The depth (18, 34, 50, 101 or 152) of the torchvision or timm ResNet whose weights a
+ * safetensors file holds, told by its names and block counts (a "module." or "model." prefix
+ * allowed); an error naming the file when it holds none of them. */
+cf_status cf_resnet_weights_depth(const char *path, int *depth);
 
 #ifdef __cplusplus
 }

@@ -28,8 +28,19 @@ cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, c
                                      const char *label_col, const char *valid_col,
                                      const cf_image_folder_options *opt, cf_dataset **train,
                                      cf_dataset **valid) {
+    cf_image_csv_options c = {
+        .folder = folder, .fn_col = fn_col, .label_col = label_col, .valid_col = valid_col};
+    return cf_datasets_from_image_csv_opts(csv_path, &c, opt, train, valid);
+}
+
+cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_csv_options *csv,
+                                          const cf_image_folder_options *opt, cf_dataset **train,
+                                          cf_dataset **valid) {
     if (!train || !valid || !csv_path)
         return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_csv: NULL argument");
+    cf_image_csv_options co = csv ? *csv : (cf_image_csv_options){0};
+    const char *folder = co.folder, *fn_col = co.fn_col, *label_col = co.label_col,
+               *valid_col = co.valid_col, *suffix = co.suffix ? co.suffix : "";
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
     if (o.channels == 0) o.channels = 3;
@@ -45,7 +56,7 @@ cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, c
     if (st) return st;
     int fc = find_col(t, fn_col, 0), lc = find_col(t, label_col, 1);
     int vc = valid_col ? find_col(t, valid_col, -1) : -1;
-    char base[PATH_MAX], path[PATH_MAX];
+    char base[PATH_MAX], path[PATH_MAX], name[PATH_MAX];
     char **vocab = NULL;
     int n_vocab = 0, w = 0, h = 0;
     cf__image_items tr = {0}, va = {0};
@@ -90,7 +101,8 @@ cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, c
         if ((st = cf_random_split(t->n_rows, o.valid_pct, o.seed, &ti, &nt, &vi, &nv))) goto done;
         for (int64_t i = 0; i < nv; i++) is_valid[vi[i]] = 1;
     }
-    /* The classes: the sorted labels of the training rows. */
+    /* The classes: the sorted labels of the training rows. (Multi-label, fastai's label_delim,
+     * splits each label cell here into its classes.) */
     {
         char **labels = cf_malloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * sizeof *labels);
         if (!labels) {
@@ -141,7 +153,14 @@ cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, c
                          (long long)t->row_line[r]);
             break;
         }
-        if ((st = cf__path_join(path, sizeof path, base, fn))) break;
+        /* fastai's suffix: appended to every name ("" when none) */
+        int k = snprintf(name, sizeof name, "%s%s", fn, suffix);
+        if (k < 0 || (size_t)k >= sizeof name) {
+            st = cf_fail(CF_ERR_FORMAT, "%s:%lld: file name too long", csv_path,
+                         (long long)t->row_line[r]);
+            break;
+        }
+        if ((st = cf__path_join(path, sizeof path, base, name))) break;
         st = cf__image_items_push(is_valid[r] ? &va : &tr, path, label);
     }
     if (st) goto done;

@@ -168,3 +168,60 @@ cf_status cf_resnet_load_pretrained(cf_model *model, const char *path) {
     cf_st_free(file);
     return st;
 }
+
+/* ---- which ResNet a file holds ---- */
+
+/* Whether the file has the tensor `name` under any wrapper prefix (module., model.). */
+static bool has_tensor(const cf_st_file *file, const char *name) {
+    for (int i = 0; i < file->n_entries; i++)
+        if (strcmp(drop_wrapper_prefix(file->entries[i].name), name) == 0) return true;
+    return false;
+}
+
+/* The blocks of layer<k>: one more than the highest block index found. */
+static int count_blocks(const cf_st_file *file, int k) {
+    char layer[16];
+    int n = snprintf(layer, sizeof layer, "layer%d.", k), blocks = 0;
+    for (int i = 0; i < file->n_entries; i++) {
+        const char *name = drop_wrapper_prefix(file->entries[i].name);
+        if (strncmp(name, layer, (size_t)n) != 0) continue;
+        char *end;
+        long b = strtol(name + n, &end, 10);
+        if (end != name + n && *end == '.' && b >= 0 && b < 1000 && b + 1 > blocks)
+            blocks = (int)b + 1;
+    }
+    return blocks;
+}
+
+cf_status cf_resnet_weights_depth(const char *path, int *depth) {
+    if (!path || !depth) return cf_fail(CF_ERR_INVALID, "cf_resnet_weights_depth: NULL argument");
+    *depth = 0;
+    cf_st_file *file = NULL;
+    cf_status st = cf_st_read(path, &file);
+    if (st != CF_OK) return st;
+    bool resnet = has_tensor(file, "conv1.weight") && has_tensor(file, "bn1.weight") &&
+                  has_tensor(file, "layer1.0.conv1.weight") &&
+                  has_tensor(file, "layer4.0.conv1.weight");
+    bool bottleneck = has_tensor(file, "layer1.0.conv3.weight");
+    /* torchvision's block counts per depth (layer1..layer4) */
+    static const struct {
+        int depth, blocks[4];
+        bool bottleneck;
+    } known[] = {{18, {2, 2, 2, 2}, false},
+                 {34, {3, 4, 6, 3}, false},
+                 {50, {3, 4, 6, 3}, true},
+                 {101, {3, 4, 23, 3}, true},
+                 {152, {3, 8, 36, 3}, true}};
+    int blocks[4] = {0};
+    for (int k = 0; k < 4; k++) blocks[k] = count_blocks(file, k + 1);
+    for (size_t i = 0; resnet && i < sizeof known / sizeof *known && !*depth; i++)
+        if (known[i].bottleneck == bottleneck &&
+            memcmp(known[i].blocks, blocks, sizeof blocks) == 0)
+            *depth = known[i].depth;
+    cf_st_free(file);
+    if (*depth == 0)
+        return cf_fail(CF_ERR_FORMAT, "%s: not torchvision's or timm's ResNet weights (%s)", path,
+                       resnet ? "blocks per stage unlike resnet18/34/50/101/152"
+                              : "no conv1.weight, bn1.weight and layer1.0.conv1.weight tensors");
+    return CF_OK;
+}

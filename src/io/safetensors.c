@@ -363,8 +363,11 @@ static const char *other_format(const unsigned char *b, size_t n) {
         {"GIF8", 4, "a GIF image"},
         {"BM", 2, "a BMP image"},
         {"PK\x03\x04", 4,
-         "a zip archive (a PyTorch .pth checkpoint? convert it with tools/convert_pth.py)"},
-        {"\x80", 1, "a Python pickle (a PyTorch checkpoint? convert it with tools/convert_pth.py)"},
+         "a zip archive (a PyTorch .pth checkpoint? convert it with corefit-convert-pth, "
+         "tools/convert_pth.py)"},
+        {"\x80", 1,
+         "a Python pickle (a PyTorch checkpoint? convert it with corefit-convert-pth, "
+         "tools/convert_pth.py)"},
         {"\x1f\x8b", 2, "a gzip-compressed file"},
         {"\x89HDF", 4, "an HDF5 file (Keras weights?)"},
     };
