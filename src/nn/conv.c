@@ -82,6 +82,9 @@ typedef struct conv_impl {
     /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
      * cf_conv_implicit_wgrad (so that a stride-2 sibling can compute it bitwise the same) */
     bool implicit_dw;
+    /* mixed precision (cf_conv_set_bf16): where the kernel table computes in bf16, every call
+     * takes the lowered path with its three products through cf_sgemm_bf16 */
+    bool bf16;
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -91,6 +94,16 @@ typedef struct conv_impl {
 
 static size_t round16(size_t n) {
     return (n + 15) & ~(size_t)15;
+}
+
+/* Whether this call is lowered with its products in bf16: the layer is set to mixed precision and
+ * the active kernel table has bf16 kernels (asked per call: CF_ISA or cf_set_isa may change the
+ * table after the plan). The implicit and Winograd kernels are fp32 only, so such a call takes
+ * the lowered path, whose scratch every plan reserves. Winograd stays out in bf16 on purpose: its
+ * transforms would be rounded rather than the layer's operands, and it saves multiplications
+ * that the bf16 dot products already make cheap. */
+static bool use_bf16(const conv_impl *c) {
+    return c->bf16 && cf_bf16_compute();
 }
 
 static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
@@ -265,6 +278,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
     const float *b = c->has_bias ? m->params[1].data : NULL;
     float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
     float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
+    const bool bf16 = use_bf16(c);
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
@@ -283,7 +297,10 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
         const int ldp = c->direct ? P : c->ld;
         if (!buf) {
             float *yn = c->y + (size_t)n0 * out_n;
-            cf_sgemm_strided(O, P, K, w, K, 1, patches, ldp, yn, P, false);
+            if (bf16)
+                cf_sgemm_bf16(false, false, O, P, K, w, K, patches, ldp, yn, P, false);
+            else
+                cf_sgemm_strided(O, P, K, w, K, 1, patches, ldp, yn, P, false);
             if (b)
                 for (int o = 0; o < O; o++) {
                     float *row = yn + (size_t)o * P, bo = b[o];
@@ -291,7 +308,10 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                 }
             continue;
         }
-        cf_sgemm_strided(O, cols, K, w, K, 1, patches, ldp, buf, c->ld, false);
+        if (bf16)
+            cf_sgemm_bf16(false, false, O, cols, K, w, K, patches, ldp, buf, c->ld, false);
+        else
+            cf_sgemm_strided(O, cols, K, w, K, 1, patches, ldp, buf, c->ld, false);
         for (int64_t n = n0; n < n1; n++) {
             float *yn = c->y + (size_t)n * out_n;
             for (int o = 0; o < O; o++) {
@@ -311,18 +331,19 @@ static void run_groups(conv_impl *c, int64_t batch, cf_range_fn fn, void *ctx) {
 
 /* Whether this call reads the images in place (cf_conv_implicit_*) rather than lowering them. */
 static bool use_implicit(const conv_impl *c) {
-    return c->implicit && !cf_kernels_reference();
+    return c->implicit && !cf_kernels_reference() && !use_bf16(c);
 }
 
 /* Whether this call's weight gradient alone goes through cf_conv_implicit_wgrad. */
 static bool use_implicit_dw(const conv_impl *c) {
-    return c->implicit_dw && !cf_kernels_reference();
+    return c->implicit_dw && !cf_kernels_reference() && !use_bf16(c);
 }
 
 /* Whether this call goes through cf_conv_winograd_* (the kernel table may have changed since the
  * plan: then the patch matrix, which every non-direct plan keeps room for). */
 static bool use_winograd(const conv_impl *c) {
-    return c->winograd && !cf_kernels_reference() && cf_conv_winograd_supported(&c->g);
+    return c->winograd && !cf_kernels_reference() && !use_bf16(c) &&
+           cf_conv_winograd_supported(&c->g);
 }
 
 /* Adds the bias to the images [n0, n1) of y. */
@@ -364,9 +385,9 @@ static bool shortcut_fits(const conv_impl *c, const cf_module *shortcut, const c
     if (!cf_nn_is_conv(shortcut) || c->stride != 2 || c->winograd_call || !use_implicit(c))
         return false;
     const conv_impl *s = shortcut->impl;
-    return s->k == 1 && s->stride == 2 && s->pad == 0 && !s->has_bias && s->in_c == c->in_c &&
-           s->g.h == x->shape.dim[2] && s->g.w == x->shape.dim[3] && s->g.oh == c->g.oh &&
-           s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
+    return !use_bf16(s) && s->k == 1 && s->stride == 2 && s->pad == 0 && !s->has_bias &&
+           s->in_c == c->in_c && s->g.h == x->shape.dim[2] && s->g.w == x->shape.dim[3] &&
+           s->g.oh == c->g.oh && s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
 }
 
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
@@ -480,6 +501,9 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
      * is col . dy^T, dot products along the positions (cf_sgemm_nt), dy read as it is. */
     const bool dw_dots = K < 16 && O <= 16;
+    /* bf16: dW = col . dy^T reads dy in place (the kernel packs and rounds either layout), and
+     * dx's product reads W transposed */
+    const bool bf16 = use_bf16(c);
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -504,7 +528,10 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 patches = col;
                 ldp = c->ld;
             }
-            if (dw_dots) {
+            if (bf16) {
+                dyg = group_dy(c, n0, n1, buf, &ldg);
+                cf_sgemm_bf16(false, true, K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
+            } else if (dw_dots) {
                 dyg = group_dy(c, n0, n1, buf, &ldg);
                 cf_sgemm_nt(K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
             } else {
@@ -516,10 +543,15 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         if (c->need_dx) {
             if (!dyg) dyg = group_dy(c, n0, n1, buf, &ldg);
             float *dxg = c->dx + (size_t)n0 * in_n;
-            if (c->direct) {
+            if (c->direct && bf16) {
+                cf_sgemm_bf16(true, false, K, P, O, w, K, dyg, ldg, dxg, P, false);
+            } else if (c->direct) {
                 cf_sgemm_strided(K, P, O, w, 1, K, dyg, ldg, dxg, P, false);
             } else {
-                cf_sgemm_strided(K, cols, O, w, 1, K, dyg, ldg, col, c->ld, false);
+                if (bf16)
+                    cf_sgemm_bf16(true, false, K, cols, O, w, K, dyg, ldg, col, c->ld, false);
+                else
+                    cf_sgemm_strided(K, cols, O, w, 1, K, dyg, ldg, col, c->ld, false);
                 for (int64_t n = n0; n < n1; n++) {
                     float *dxn = c->dx + (size_t)n * in_n;
                     if (c->add_dx)
@@ -789,4 +821,15 @@ cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, 
                         cf_shape4(out_channels, in_channels, kernel, kernel));
     if (bias) cf_module_add_param(m, "bias", CF_PARAM_BIAS, cf_shape1(out_channels));
     return m;
+}
+
+int cf_conv_set_bf16(cf_module *root, bool on) {
+    if (!root) return 0;
+    int count = 0;
+    if (cf_nn_is_conv(root)) {
+        ((conv_impl *)root->impl)->bf16 = on;
+        count++;
+    }
+    for (int i = 0; i < root->n_children; i++) count += cf_conv_set_bf16(root->children[i], on);
+    return count;
 }
