@@ -52,7 +52,7 @@ def main():
     print("CPU: %s; load average at start %.1f (numbers taken under this load are noisy)" % (
         next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
         os.getloadavg()[0]))
-    for key in args.only.split(","):
+    for key in [k for k in args.only.split(",") if k]:
         n = 1 if key == "1t" else args.cores
         cf_mode = ["--threads", "1"] if key == "1t" else ["--cores", str(n)]
         th_mode = ["--threads", "1"] if key == "1t" else ["--ddp", str(n)]
