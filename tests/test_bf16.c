@@ -333,7 +333,10 @@ static void test_conv_matches_torch(void **state) {
             snprintf(name, sizeof name, "%s%d", outs[j].name, i);
             cf_tensor autocast = oracle_get(&o, name);
             const double atol = 1e-6 * outs[j].terms + 1e-6;
-            if (bf16) {
+            /* a weight gradient of fewer than 16 rows and at most 16 columns (the stem) stays
+             * fp32: its bf16 tiles would be mostly padding */
+            const bool few_rows = j == 2 && cc->c * cc->k * cc->k < 16 && cc->o <= 16;
+            if (bf16 && !few_rows) {
                 assert_close(what, outs[j].got, exact.data, outs[j].n, 1e-5, atol);
                 assert_close(what, outs[j].got, autocast.data, outs[j].n, 0,
                              largest(autocast.data, outs[j].n) / 128);

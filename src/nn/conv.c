@@ -106,6 +106,11 @@ static bool use_bf16(const conv_impl *c) {
     return c->bf16 && cf_bf16_compute();
 }
 
+/* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
+static bool bf16_dw_dots(const conv_impl *c) {
+    return c->in_c * c->k * c->k < 16 && c->out_c <= 16;
+}
+
 static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
     snprintf(buf, size, "Conv2d(%d, %d, kernel_size=%d, stride=%d, padding=%d, bias=%s)", c->in_c,
              c->out_c, c->k, c->stride, c->pad, c->has_bias ? "True" : "False");
@@ -500,10 +505,12 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
      * is col . dy^T, dot products along the positions (cf_sgemm_nt), dy read as it is. */
-    const bool dw_dots = K < 16 && O <= 16;
-    /* bf16: dW = col . dy^T reads dy in place (the kernel packs and rounds either layout), and
-     * dx's product reads W transposed */
-    const bool bf16 = use_bf16(c);
+    const bool dw_dots = bf16_dw_dots(c);
+    /* bf16: dx's product reads W transposed; dW = dy . col^T (O x K, the gradient's own layout:
+     * K fills the kernel's 48-column tiles where O = 32 or 64 would leave a third of them
+     * empty), both read in place (the kernel packs and rounds either layout). The few-row weight
+     * gradient of dw_dots stays fp32: its bf16 tiles would be mostly padding. */
+    const bool bf16 = use_bf16(c), dw_bf16 = bf16 && !dw_dots;
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -528,9 +535,9 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 patches = col;
                 ldp = c->ld;
             }
-            if (bf16) {
+            if (dw_bf16) {
                 dyg = group_dy(c, n0, n1, buf, &ldg);
-                cf_sgemm_bf16(false, true, K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
+                cf_sgemm_bf16(false, true, O, K, cols, dyg, ldg, patches, ldp, dwt, K, !first);
             } else if (dw_dots) {
                 dyg = group_dy(c, n0, n1, buf, &ldg);
                 cf_sgemm_nt(K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
@@ -618,9 +625,10 @@ static void conv_wgrad_range(void *ctx, int64_t begin, int64_t end, int thread) 
 
 /* Adds the threads' partial sums of m's last backward into its gradients, in thread order
  * (deterministic for a given thread count). The weight gradient's partial sums are
- * [16][in][out] (winograd), [tap][out][in] (implicit) or K x O (the gradient is O x K). */
-static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winograd,
-                            bool implicit) {
+ * [16][in][out] (winograd), [tap][out][in] (implicit), O x K (out_major: the lowered bf16
+ * product) or K x O (the gradient is O x K). */
+static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winograd, bool implicit,
+                            bool out_major) {
     conv_impl *c = m->impl;
     cf_param *wp = &m->params[0], *bp = c->has_bias ? &m->params[1] : NULL;
     const int O = c->out_c, K = c->in_c * c->k * c->k;
@@ -638,6 +646,9 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
                     for (int tap = 0; tap < T; tap++)
                         gr[tap] += part[((size_t)tap * O + o) * I + i];
                 }
+        } else if (want_dw && out_major) {
+            const float *part = c->dwt + (size_t)t * c->dw_stride;
+            for (size_t i = 0; i < (size_t)O * K; i++) wp->grad[i] += part[i];
         } else if (want_dw) {
             const float *part = c->dwt + (size_t)t * c->dw_stride;
             for (int o = 0; o < O; o++) {
@@ -657,7 +668,7 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
 static void finish_shortcut_dw(conv_impl *c) {
     if (!c->shortcut_dw) return;
     conv_impl *s = c->shortcut_dw->impl;
-    reduce_partials(c->shortcut_dw, true, false, false, true);
+    reduce_partials(c->shortcut_dw, true, false, false, true, false);
     cf_arena_give(s->arena, s->held, NULL);
     s->held = NULL;
     c->shortcut_dw = NULL;
@@ -717,7 +728,8 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     } else {
         run_groups(c, N, conv_backward_range, m);
     }
-    reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c));
+    reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c),
+                    use_bf16(c) && !bf16_dw_dots(c));
     finish_shortcut_dw(c);
     call_end(c, mem);
     c->shortcut_dx.out_channels = 0;
