@@ -46,6 +46,9 @@ def parse_args(workload):
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
     ap.add_argument("--port", type=int, default=29517)
+    ap.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="CrossEntropyLoss(label_smoothing=EPS), as fastai's LabelSmoothingCrossEntropy")
+    ap.add_argument("--save", default="", help="after the fit, rank 0 writes the model's state_dict here")
     ap.add_argument("--bf16", action="store_true",
                     help="CPU autocast to torch.bfloat16 around the forward pass and loss (training and evaluation)")
     args = ap.parse_args()
@@ -167,7 +170,7 @@ def train(rank, world, args, result_q=None):
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = wl["optimizer"](model, args.lr)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     n_local = len(xtr) // world  # DistributedSampler-like shard, same size on every rank
     n_iter = n_local // args.bs
     n_epoch = args.epochs
@@ -210,6 +213,8 @@ def train(rank, world, args, result_q=None):
     acc = None
     if not args.batches:
         acc = evaluate(model, args)
+    if args.save and rank == 0:
+        torch.save((model.module if hasattr(model, "module") else model).state_dict(), args.save)
     skip = min(args.skip, len(stamps) - 1)
     span = stamps[-1] - stamps[skip - 1]
     cpu = cpus[-1] - cpus[skip - 1]
