@@ -4,7 +4,7 @@
  * else is identical between workloads, so that bench/run.py reads every workload's line alike.
  *
  *   PROG [--threads N | --cores N | --mpi] [--batches B | --epochs E] [--skip S]
- *        [--data DIR] [--seed S] [--checkpoint-every K] [workload options]
+ *        [--data DIR] [--seed S] [--checkpoint-every K] [--bf16] [workload options]
  *
  *   --threads N   one process, N threads (cf_set_num_threads)            (default: 1)
  *   --cores N     cf_par_fit_one_cycle over N forked workers, bs 64 each
@@ -15,6 +15,8 @@
  *                 Default: whole epochs and the test accuracy.
  *   --checkpoint-every K  a checkpoint (cf_checkpoint_cb) every K training steps, to a file in
  *                 /tmp removed at the end (0, the default: no checkpoint callback at all)
+ *   --bf16        cf_learner_to_bf16 before the fit (mixed precision; the JSON line's bf16_compute
+ *                 says whether the kernel level computed in bf16)
  *
  * What is measured: a callback on every replica takes a timestamp at the end of each training
  * batch (after_batch: forward, loss, backward, gradient all-reduce, optimizer step and the
@@ -182,7 +184,7 @@ static cf_status bench_timing_before_validate(cf_callback *cb, cf_learner *learn
 static void bench_usage(const bench_workload *w) {
     fprintf(stderr,
             "usage: %s [--threads N | --cores N | --mpi] [--batches B | --epochs E] "
-            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K]%s%s\n",
+            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K] [--bf16]%s%s\n",
             w->prog, w->usage_extra ? " " : "", w->usage_extra ? w->usage_extra : "");
 }
 
@@ -210,12 +212,17 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
     bench_mode md = BENCH_THREADS;
     int n = 1, batches = 0, epochs = 1, skip = 5, ckpt_every = 0;
     unsigned long long seed = 42;
+    bool bf16 = false; /* --bf16: cf_learner_to_bf16 before the fit */
     const char *data = w->default_data ? w->default_data : "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--mpi")) {
             md = BENCH_MPI;
+            continue;
+        }
+        if (!strcmp(a, "--bf16")) {
+            bf16 = true;
             continue;
         }
         if (!v) {
@@ -299,6 +306,7 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
         epochs = (int)((batches + per_epoch - 1) / per_epoch);
     cf_learner *learn = NULL;
     BENCH_CHECK(prog, w->make_learner(&learn, dls, seed));
+    if (bf16) BENCH_CHECK(prog, cf_learner_to_bf16(learn));
     char ckpt[64];
     snprintf(ckpt, sizeof ckpt, "/tmp/%s-%ld.ckpt", prog, (long)getpid());
     cf_callback *cbs[] = {
@@ -351,9 +359,10 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
         printf("\"cpu_s\": %.3f, \"images_per_cpu_s\": %.3f, ", rep->cpu_s,
                rep->cpu_s > 0 ? (double)timed * bs * world / rep->cpu_s : 0);
         printf("\"call_s\": %.3f, \"setup_s\": %.3f, \"peak_rss_mb\": %.1f, \"pss_mb\": %.1f, "
-               "\"blas_core\": \"%s\", \"isa\": \"%s\"}\n",
+               "\"blas_core\": \"%s\", \"isa\": \"%s\", \"bf16\": %s, \"bf16_compute\": %s}\n",
                t_end - t_fit, t_fit - t0, rss_kb / 1024, pss_kb / 1024, cf_blas_core(),
-               cf_isa_name(cf_isa_active()));
+               cf_isa_name(cf_isa_active()), bf16 ? "true" : "false",
+               bf16 && cf_bf16_compute() ? "true" : "false");
         fflush(stdout);
     }
     cf_learner_free(learn);

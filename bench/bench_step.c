@@ -4,6 +4,7 @@
  * in the same run, then a per-layer breakdown.
  *
  *   bench_step [--threads N] [--steps S] [--reps R] [--batch B] [--no-breakdown] [--check]
+ *              [--bf16]
  *
  *   --threads N      cf_set_num_threads(N)                                      (default 1)
  *   --steps S        steps per timed repetition                                 (default 20)
@@ -13,6 +14,8 @@
  *   --check          after the timing, re-seed and run 10 steps from the same start, and print
  *                    the final loss and a checksum of the weights (same thread count, same
  *                    build: the same line on every run; it is the determinism check)
+ *   --bf16           the convolutions and Linear layers in mixed precision (cf_conv_set_bf16,
+ *                    cf_linear_set_bf16) where the kernel level computes in bf16
  *
  * Times: the median and best wall time per step over the repetitions, and the median CPU time per
  * step (process CPU time, all threads): on a machine shared with other jobs the one-thread CPU
@@ -281,7 +284,7 @@ static void print_breakdown(bench *b, int steps, double step_ms) {
 
 int main(int argc, char **argv) {
     int threads = 1, steps = 20, reps = 7, batch = 64;
-    bool breakdown = true, check = false;
+    bool breakdown = true, check = false, bf16 = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -295,10 +298,12 @@ int main(int argc, char **argv) {
             breakdown = false;
         else if (strcmp(argv[i], "--check") == 0)
             check = true;
+        else if (strcmp(argv[i], "--bf16") == 0)
+            bf16 = true;
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--steps S] [--reps R] [--batch B] "
-                    "[--no-breakdown] [--check]\n",
+                    "[--no-breakdown] [--check] [--bf16]\n",
                     argv[0]);
             return 2;
         }
@@ -314,6 +319,12 @@ int main(int argc, char **argv) {
     if (setup(&b, batch, 42) != 0) {
         fprintf(stderr, "bench_step: %s\n", cf_last_error());
         return 1;
+    }
+    if (bf16) { /* as cf_learner_to_bf16: where the kernel level has bf16 compute */
+        cf_conv_set_bf16(b.model->root, true);
+        cf_linear_set_bf16(b.model->root, true);
+        printf("bf16: %s\n", cf_bf16_compute() ? "convolutions and Linear layers in bf16"
+                                               : "no bf16 kernels at this level: fp32");
     }
     for (int i = 0; i < 5; i++)
         if (train_step(&b, false)) {

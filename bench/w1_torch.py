@@ -13,6 +13,7 @@ Modes:
   w1_torch.py --threads N [--batches B | --epochs E]   one process, N intra-op threads
   w1_torch.py --ddp N     [--batches B | --epochs E]   N processes, DistributedDataParallel (gloo),
                                                         each with 1 thread and bs 64
+  --bf16                                                torch.autocast("cpu", torch.bfloat16)
 Prints one JSON line (see bench/README.md for the fields).
 
 Thread settings give PyTorch its best configuration: OMP_NUM_THREADS=N and OPENBLAS_NUM_THREADS=1 are set
@@ -45,6 +46,11 @@ def parse_args(workload):
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
     ap.add_argument("--port", type=int, default=29517)
+    ap.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="CrossEntropyLoss(label_smoothing=EPS), as fastai's LabelSmoothingCrossEntropy")
+    ap.add_argument("--save", default="", help="after the fit, rank 0 writes the model's state_dict here")
+    ap.add_argument("--bf16", action="store_true",
+                    help="CPU autocast to torch.bfloat16 around the forward pass and loss (training and evaluation)")
     args = ap.parse_args()
     args.workload = workload
     return args
@@ -164,7 +170,7 @@ def train(rank, world, args, result_q=None):
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = wl["optimizer"](model, args.lr)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     n_local = len(xtr) // world  # DistributedSampler-like shard, same size on every rank
     n_iter = n_local // args.bs
     n_epoch = args.epochs
@@ -194,7 +200,8 @@ def train(rank, world, args, result_q=None):
             for grp in opt.param_groups:
                 grp["lr"] = lr_f(pct)
                 wl["set_mom"](grp, mom_f(pct))
-            loss = loss_fn(model(xb), yb)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss = loss_fn(model(xb), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -206,6 +213,8 @@ def train(rank, world, args, result_q=None):
     acc = None
     if not args.batches:
         acc = evaluate(model, args)
+    if args.save and rank == 0:
+        torch.save((model.module if hasattr(model, "module") else model).state_dict(), args.save)
     skip = min(args.skip, len(stamps) - 1)
     span = stamps[-1] - stamps[skip - 1]
     cpu = cpus[-1] - cpus[skip - 1]
@@ -239,7 +248,7 @@ def evaluate(model, args):
     net = model.module if hasattr(model, "module") else model
     net.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
         for i in range(0, len(xte), 128):
             pred = net(torch.from_numpy(xte[i : i + 128])).argmax(1)
             correct += int((pred.numpy() == yte[i : i + 128]).sum())
@@ -325,6 +334,7 @@ def main(workload=None):
                 "peak_rss_mb": rss_total,
                 "pss_mb": pss_total,
                 "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
+                "bf16": bool(args.bf16),
             }
         ),
         flush=True,

@@ -18,6 +18,9 @@ foreach(isa generic avx2 avx512)
   set_tests_properties(test_bf16_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
     ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
 endforeach()
+add_test(NAME test_bf16_par_avx512 COMMAND test_bf16_par)
+set_tests_properties(test_bf16_par_avx512 PROPERTIES LABELS "unit;isa" TIMEOUT 300
+  ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=avx512")
 foreach(isa generic avx2)
   foreach(name ${CF_ISA_TESTS})
     add_test(NAME ${name}_${isa} COMMAND ${name})

@@ -1,6 +1,7 @@
 /* bfloat16: the conversion against PyTorch's x.to(torch.bfloat16) bit for bit, cf_sgemm_bf16
  * against torch.matmul of bf16-rounded operands over every tile edge, a Linear layer in mixed
- * precision against torch.autocast("cpu", torch.bfloat16), and the instruction-set cap. ctest
+ * precision against torch.autocast("cpu", torch.bfloat16), Conv2d in mixed precision against
+ * conv2d of bf16-rounded operands and autocast, and the instruction-set cap. ctest
  * runs it at the best level and capped below avx512_bf16 (tests/isa.cmake), where the same calls
  * must give fp32 results. */
 #include "learn_fixture.h"
@@ -227,6 +228,146 @@ static void test_linear_matches_autocast(void **state) {
     cf_model_free(model);
 }
 
+typedef struct conv_case {
+    int n, c, h, w, o, k, stride, pad;
+    bool bias;
+} conv_case;
+
+/* The largest |v| of n values. */
+static double largest(const float *v, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(v[i]) > m) m = fabs(v[i]);
+    return m;
+}
+
+/* Conv2d in mixed precision, forward, input and weight gradients, on the layer shapes of W1 (the
+ * 1-channel stem, the stride-2 3x3 layers and 1x1 shortcuts, the 3x3 layers on 14x14 and 7x7
+ * images that fp32 takes through Winograd, grouped small images) and of W3 (a 7x7 stride-2 stem
+ * on RGB), a 1x1 layer read in place, bias and no padding. With bf16 compute: within fp32
+ * summation error (1e-6 per term) of conv2d on bf16-rounded x, w and dy summed in float64, and
+ * within 2^-7 of the largest value of torch.autocast("cpu", torch.bfloat16) (whose results are
+ * rounded to bf16 once more); and visibly not the fp32 result. Capped below avx512_bf16: the
+ * fp32 result. */
+static void test_conv_matches_torch(void **state) {
+    (void)state;
+    static const conv_case cases[] = {
+        {3, 1, 28, 28, 16, 3, 1, 1, false},  /* W1 stem */
+        {3, 16, 28, 28, 32, 3, 2, 1, false}, /* W1 block 1, stride 2 (implicit in fp32) */
+        {2, 32, 14, 14, 32, 3, 1, 1, false}, /* W1 block 1's second (Winograd in fp32) */
+        {3, 16, 28, 28, 32, 1, 2, 0, false}, /* W1 shortcut */
+        {7, 64, 7, 7, 64, 3, 1, 1, false},   /* W1 block 2: groups of 5 images, one partial */
+        {2, 3, 20, 20, 8, 7, 2, 3, false},   /* W3 stem */
+        {4, 24, 9, 9, 40, 1, 1, 0, true},    /* 1x1 read in place, bias */
+        {5, 5, 9, 11, 7, 3, 1, 0, true},     /* no padding, odd sizes, bias */
+    };
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
+    const bool bf16 = cf_bf16_compute();
+    oracle o;
+    oracle_init(&o);
+    cf_model *models[N_CASES];
+    float *xs[N_CASES], *dys[N_CASES];
+    for (int i = 0; i < N_CASES; i++) {
+        const conv_case *cc = &cases[i];
+        assert_int_equal(cf_model_new(&models[i],
+                                      cf_conv2d(cc->c, cc->o, cc->k, cc->stride, cc->pad, cc->bias),
+                                      20 + i),
+                         CF_OK);
+        assert_int_equal(cf_conv_set_bf16(models[i]->root, true), 1);
+        const int oh = (cc->h + 2 * cc->pad - cc->k) / cc->stride + 1,
+                  ow = (cc->w + 2 * cc->pad - cc->k) / cc->stride + 1;
+        const size_t nx = (size_t)cc->n * cc->c * cc->h * cc->w,
+                     ny = (size_t)cc->n * cc->o * oh * ow;
+        xs[i] = malloc(nx * sizeof(float));
+        dys[i] = malloc(ny * sizeof(float));
+        fill_uniform(xs[i], nx, 40 + i, -2, 2);
+        fill_uniform(dys[i], ny, 60 + i, -1, 1);
+        cf_param *w = cf_model_param(models[i], "weight"), *b = cf_model_param(models[i], "bias");
+        static const float no_bias[1] = {0};
+        char name[32];
+        snprintf(name, sizeof name, "x%d", i);
+        oracle_put(&o, name, xs[i], cf_shape4(cc->n, cc->c, cc->h, cc->w));
+        snprintf(name, sizeof name, "w%d", i);
+        oracle_put(&o, name, w->data, cf_shape4(cc->o, cc->c, cc->k, cc->k));
+        snprintf(name, sizeof name, "b%d", i);
+        oracle_put(&o, name, b ? b->data : no_bias, cf_shape1(b ? cc->o : 1));
+        snprintf(name, sizeof name, "dy%d", i);
+        oracle_put(&o, name, dys[i], cf_shape4(cc->n, cc->o, oh, ow));
+        snprintf(name, sizeof name, "g%d", i);
+        oracle_put_values(&o, name, 3, (double)cc->stride, (double)cc->pad, (double)cc->bias);
+    }
+    char args[32];
+    snprintf(args, sizeof args, "conv %d", N_CASES);
+    oracle_run(&o, "bf16.py", args);
+    for (int i = 0; i < N_CASES; i++) {
+        const conv_case *cc = &cases[i];
+        cf_model *model = models[i];
+        cf_model_train(model, true);
+        cf_model_zero_grad(model);
+        cf_tensor tx = cf_tensor_view(xs[i], cf_shape4(cc->n, cc->c, cc->h, cc->w));
+        const cf_tensor *y;
+        assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+        cf_tensor tdy = cf_tensor_view(dys[i], y->shape);
+        const cf_tensor *dx = model->root->ops->backward(model->root, &tdy, true);
+        assert_non_null(dx);
+        const cf_param *w = cf_model_param(model, "weight");
+        const int oh = y->shape.dim[2], ow = y->shape.dim[3];
+        const struct {
+            const char *name;
+            const float *got;
+            size_t n;
+            int terms; /* products summed per value */
+        } outs[] = {
+            {"y", y->data, cf_shape_numel(&y->shape), cc->c * cc->k * cc->k},
+            {"dx", dx->data, cf_shape_numel(&dx->shape), cc->o * cc->k * cc->k},
+            {"gw", w->grad, w->numel, cc->n * oh * ow},
+        };
+        for (size_t j = 0; j < 3; j++) {
+            char name[32], what[96];
+            snprintf(what, sizeof what, "conv case %d (%d->%d, k %d, stride %d, pad %d) %s", i,
+                     cc->c, cc->o, cc->k, cc->stride, cc->pad, outs[j].name);
+            snprintf(name, sizeof name, "%sf%d", outs[j].name, i);
+            cf_tensor fp32 = oracle_get(&o, name);
+            snprintf(name, sizeof name, "%se%d", outs[j].name, i);
+            cf_tensor exact = oracle_get(&o, name);
+            snprintf(name, sizeof name, "%s%d", outs[j].name, i);
+            cf_tensor autocast = oracle_get(&o, name);
+            const double atol = 1e-6 * outs[j].terms + 1e-6;
+            /* a weight gradient of fewer than 16 rows and at most 16 columns (the stem) stays
+             * fp32: its bf16 tiles would be mostly padding */
+            const bool few_rows = j == 2 && cc->c * cc->k * cc->k < 16 && cc->o <= 16;
+            if (bf16 && !few_rows) {
+                assert_close(what, outs[j].got, exact.data, outs[j].n, 1e-5, atol);
+                assert_close(what, outs[j].got, autocast.data, outs[j].n, 0,
+                             largest(autocast.data, outs[j].n) / 128);
+                double worst = 0; /* bf16 operands show against fp32's 24-bit ones */
+                for (size_t v = 0; v < outs[j].n; v++)
+                    if (fabs(outs[j].got[v] - fp32.data[v]) > worst)
+                        worst = fabs(outs[j].got[v] - fp32.data[v]);
+                if (worst < 1e-3 * largest(fp32.data, outs[j].n))
+                    fail_msg("%s: within %.3g of fp32: not computed in bf16", what, worst);
+            } else {
+                assert_close(what, outs[j].got, fp32.data, outs[j].n, 1e-4, 10 * atol);
+            }
+            free(fp32.data), free(exact.data), free(autocast.data);
+        }
+        if (cc->bias) { /* the bias gradient: dy's fp32 sum per channel */
+            const cf_param *b = cf_model_param(model, "bias");
+            for (int ch = 0; ch < cc->o; ch++) {
+                double sum = 0;
+                for (int n = 0; n < cc->n; n++)
+                    for (int p = 0; p < oh * ow; p++)
+                        sum += dys[i][((size_t)n * cc->o + ch) * oh * ow + p];
+                assert_float_equal(b->grad[ch], sum, 1e-4);
+            }
+        }
+        assert_int_equal(cf_conv_set_bf16(model->root, false), 1);
+        cf_model_free(model);
+        free(xs[i]), free(dys[i]);
+    }
+    oracle_cleanup(&o);
+}
+
 /* The level's name, its place in the order of caps, and CF_ISA turning bf16 compute off. */
 static void test_cap(void **state) {
     (void)state;
@@ -297,8 +438,11 @@ static void test_fit_bf16_matches_fp32(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_convert_matches_torch),   cmocka_unit_test(test_gemm_matches_torch),
-        cmocka_unit_test(test_linear_matches_autocast), cmocka_unit_test(test_cap),
+        cmocka_unit_test(test_convert_matches_torch),
+        cmocka_unit_test(test_gemm_matches_torch),
+        cmocka_unit_test(test_linear_matches_autocast),
+        cmocka_unit_test(test_conv_matches_torch),
+        cmocka_unit_test(test_cap),
         cmocka_unit_test(test_fit_bf16_matches_fp32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

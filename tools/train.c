@@ -366,6 +366,7 @@ typedef struct train_args {
     double wd, start_lr, end_lr, deadline;
     double label_smoothing, mixup, cutmix; /* --label-smoothing EPS, --mixup/--cutmix ALPHA */
     bool show, quiet, split_batch, save_every_epoch;
+    bool bf16; /* --bf16: cf_learner_to_bf16 */
     const char *y_range;
     const char *resume, *checkpoint; /* --resume FILE, --checkpoint FILE */
     int checkpoint_every;            /* --checkpoint-every N (batches) */
@@ -812,6 +813,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
     if (st) return cli_lib_error(cmd, "building the learner");
     if (a->wd > 0) s->learn->wd = a->wd;
     if (a->label_smoothing > 0) s->learn->loss.label_smoothing = (float)a->label_smoothing;
+    if (a->bf16 && cf_learner_to_bf16(s->learn)) return cli_lib_error(cmd, "--bf16");
     if ((a->mixup > 0 || a->cutmix > 0) &&
         ((a->mixup > 0 && a->cutmix > 0) ||
          cf_learner_add_cb(s->learn,
@@ -1238,6 +1240,10 @@ int cmd_train(int argc, char **argv) {
          100, 0},
         {"--cutmix", OPT_DOUBLE, &a.cutmix, "ALPHA", "fastai's CutMix(alpha) (fastai's alpha: 1.0)",
          0, 100, 0},
+        {"--bf16", OPT_FLAG, &a.bf16, NULL,
+         "fastai's to_fp16 in bfloat16: products in bf16 with fp32 sums, weights fp32 (where the "
+         "CPU has bf16 kernels; elsewhere fp32, said once); the saved model is fp32",
+         0, 0, 0},
         {"--metrics", OPT_STR, &a.metrics, "LIST", "metrics to report [accuracy for classes]", 0, 0,
          0},
         {"--out", OPT_STR, &a.out, "FILE", "the model file (safetensors) [model.safetensors]", 0, 0,

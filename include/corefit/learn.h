@@ -402,15 +402,16 @@ cf_status cf_learner_freeze_to(cf_learner *learn, int n);
 cf_status cf_learner_freeze(cf_learner *learn);
 cf_status cf_learner_unfreeze(cf_learner *learn);
 /* fastai's learn.to_fp16(), in bfloat16 (src/learn/mixed_precision.c): MixedPrecision's
- * semantics without its loss scaling. The model's Linear layers compute their forward and both
- * gradient products with bf16 operands and fp32 sums (cf_sgemm_bf16, the avx512_bf16 kernels);
+ * semantics without its loss scaling. The model's Linear and Conv2d layers compute their forward
+ * and both gradient products with bf16 operands and fp32 sums (cf_sgemm_bf16, the avx512_bf16
+ * kernels; cf_linear_set_bf16, cf_conv_set_bf16);
  * the master weights, gradients and optimizer state stay fp32, and BatchNorm statistics, losses,
  * metrics and every other reduction run in fp32 as before. No loss scaling is needed: bf16 keeps
  * fp32's 8-bit exponent, so gradients that fit in fp32 do not underflow in bf16 (fp16's 5-bit
  * exponent is what fastai's dynamic loss scale works around). Activations are stored for
  * backward in fp32 (rounded to bf16 where a product reads them). On a CPU without bf16
  * kernels (or with CF_ISA capped below avx512_bf16) it changes nothing, says so once on stderr,
- * and returns CF_OK. The convolutions stay fp32 for now. */
+ * and returns CF_OK. Exported models are fp32 (the master weights). */
 cf_status cf_learner_to_bf16(cf_learner *learn);
 /* fastai's to_fp32(): every layer back to fp32 compute. */
 cf_status cf_learner_to_fp32(cf_learner *learn);

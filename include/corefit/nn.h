@@ -153,6 +153,13 @@ cf_module *cf_linear(int in_features, int out_features, bool bias);
 int cf_linear_set_bf16(cf_module *root, bool on);
 cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
                      bool bias);
+/* Mixed precision for every Conv2d in the tree under root: on, where the active kernel table
+ * computes in bf16 (cf_bf16_compute()), the forward, input-gradient and weight-gradient products
+ * take bf16 operands with fp32 sums (im2col + cf_sgemm_bf16; the fp32 implicit and Winograd
+ * kernels are not used), the weights, gradients and bias staying fp32 (a weight gradient of under
+ * 16 rows by 16 columns, a stem on one channel, stays fp32 too); elsewhere, and off, the fp32
+ * paths as before. Returns how many Conv2d layers it set. */
+int cf_conv_set_bf16(cf_module *root, bool on);
 cf_module *cf_batchnorm1d(int features); /* eps 1e-5, momentum 0.1, affine */
 cf_module *cf_batchnorm2d(int channels);
 cf_module *cf_batchnorm_ex(int features, bool spatial, float eps, float momentum);

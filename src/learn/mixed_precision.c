@@ -1,6 +1,6 @@
 /* fastai's to_fp16 / to_fp32 as bfloat16 mixed precision (MixedPrecision's semantics): the
- * model's GEMMs take bf16 operands with fp32 sums where the kernel table has bf16 kernels; the
- * weights, gradients and optimizer state never leave fp32. */
+ * model's GEMMs and convolutions take bf16 operands with fp32 sums where the kernel table has bf16
+ * kernels; the weights, gradients and optimizer state never leave fp32. */
 #include "corefit/learn.h"
 
 #include <stdatomic.h>
@@ -19,6 +19,7 @@ cf_status cf_learner_to_bf16(cf_learner *learn) {
         return CF_OK;
     }
     cf_linear_set_bf16(learn->model->root, true);
+    cf_conv_set_bf16(learn->model->root, true);
     return CF_OK;
 }
 
@@ -26,5 +27,6 @@ cf_status cf_learner_to_fp32(cf_learner *learn) {
     if (!learn || !learn->model)
         return cf_fail(CF_ERR_INVALID, "cf_learner_to_fp32: no learner or model");
     cf_linear_set_bf16(learn->model->root, false);
+    cf_conv_set_bf16(learn->model->root, false);
     return CF_OK;
 }

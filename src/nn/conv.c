@@ -82,6 +82,9 @@ typedef struct conv_impl {
     /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
      * cf_conv_implicit_wgrad (so that a stride-2 sibling can compute it bitwise the same) */
     bool implicit_dw;
+    /* mixed precision (cf_conv_set_bf16): where the kernel table computes in bf16, every call
+     * takes the lowered path with its three products through cf_sgemm_bf16 */
+    bool bf16;
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -91,6 +94,21 @@ typedef struct conv_impl {
 
 static size_t round16(size_t n) {
     return (n + 15) & ~(size_t)15;
+}
+
+/* Whether this call is lowered with its products in bf16: the layer is set to mixed precision and
+ * the active kernel table has bf16 kernels (asked per call: CF_ISA or cf_set_isa may change the
+ * table after the plan). The implicit and Winograd kernels are fp32 only, so such a call takes
+ * the lowered path, whose scratch every plan reserves. Winograd stays out in bf16 on purpose: its
+ * transforms would be rounded rather than the layer's operands, and it saves multiplications
+ * that the bf16 dot products already make cheap. */
+static bool use_bf16(const conv_impl *c) {
+    return c->bf16 && cf_bf16_compute();
+}
+
+/* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
+static bool bf16_dw_dots(const conv_impl *c) {
+    return c->in_c * c->k * c->k < 16 && c->out_c <= 16;
 }
 
 static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
@@ -265,6 +283,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
     const float *b = c->has_bias ? m->params[1].data : NULL;
     float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
     float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
+    const bool bf16 = use_bf16(c);
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
@@ -283,7 +302,10 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
         const int ldp = c->direct ? P : c->ld;
         if (!buf) {
             float *yn = c->y + (size_t)n0 * out_n;
-            cf_sgemm_strided(O, P, K, w, K, 1, patches, ldp, yn, P, false);
+            if (bf16)
+                cf_sgemm_bf16(false, false, O, P, K, w, K, patches, ldp, yn, P, false);
+            else
+                cf_sgemm_strided(O, P, K, w, K, 1, patches, ldp, yn, P, false);
             if (b)
                 for (int o = 0; o < O; o++) {
                     float *row = yn + (size_t)o * P, bo = b[o];
@@ -291,7 +313,10 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                 }
             continue;
         }
-        cf_sgemm_strided(O, cols, K, w, K, 1, patches, ldp, buf, c->ld, false);
+        if (bf16)
+            cf_sgemm_bf16(false, false, O, cols, K, w, K, patches, ldp, buf, c->ld, false);
+        else
+            cf_sgemm_strided(O, cols, K, w, K, 1, patches, ldp, buf, c->ld, false);
         for (int64_t n = n0; n < n1; n++) {
             float *yn = c->y + (size_t)n * out_n;
             for (int o = 0; o < O; o++) {
@@ -311,18 +336,19 @@ static void run_groups(conv_impl *c, int64_t batch, cf_range_fn fn, void *ctx) {
 
 /* Whether this call reads the images in place (cf_conv_implicit_*) rather than lowering them. */
 static bool use_implicit(const conv_impl *c) {
-    return c->implicit && !cf_kernels_reference();
+    return c->implicit && !cf_kernels_reference() && !use_bf16(c);
 }
 
 /* Whether this call's weight gradient alone goes through cf_conv_implicit_wgrad. */
 static bool use_implicit_dw(const conv_impl *c) {
-    return c->implicit_dw && !cf_kernels_reference();
+    return c->implicit_dw && !cf_kernels_reference() && !use_bf16(c);
 }
 
 /* Whether this call goes through cf_conv_winograd_* (the kernel table may have changed since the
  * plan: then the patch matrix, which every non-direct plan keeps room for). */
 static bool use_winograd(const conv_impl *c) {
-    return c->winograd && !cf_kernels_reference() && cf_conv_winograd_supported(&c->g);
+    return c->winograd && !cf_kernels_reference() && !use_bf16(c) &&
+           cf_conv_winograd_supported(&c->g);
 }
 
 /* Adds the bias to the images [n0, n1) of y. */
@@ -364,9 +390,9 @@ static bool shortcut_fits(const conv_impl *c, const cf_module *shortcut, const c
     if (!cf_nn_is_conv(shortcut) || c->stride != 2 || c->winograd_call || !use_implicit(c))
         return false;
     const conv_impl *s = shortcut->impl;
-    return s->k == 1 && s->stride == 2 && s->pad == 0 && !s->has_bias && s->in_c == c->in_c &&
-           s->g.h == x->shape.dim[2] && s->g.w == x->shape.dim[3] && s->g.oh == c->g.oh &&
-           s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
+    return !use_bf16(s) && s->k == 1 && s->stride == 2 && s->pad == 0 && !s->has_bias &&
+           s->in_c == c->in_c && s->g.h == x->shape.dim[2] && s->g.w == x->shape.dim[3] &&
+           s->g.oh == c->g.oh && s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
 }
 
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
@@ -479,7 +505,12 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     float *db = c->db ? c->db + (size_t)thread * c->db_stride : NULL;
     /* A weight gradient with few rows and one vector of columns (a stem on a 1-channel image)
      * is col . dy^T, dot products along the positions (cf_sgemm_nt), dy read as it is. */
-    const bool dw_dots = K < 16 && O <= 16;
+    const bool dw_dots = bf16_dw_dots(c);
+    /* bf16: dx's product reads W transposed; dW = dy . col^T (O x K, the gradient's own layout:
+     * K fills the kernel's 48-column tiles where O = 32 or 64 would leave a third of them
+     * empty), both read in place (the kernel packs and rounds either layout). The few-row weight
+     * gradient of dw_dots stays fp32: its bf16 tiles would be mostly padding. */
+    const bool bf16 = use_bf16(c), dw_bf16 = bf16 && !dw_dots;
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -504,7 +535,10 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
                 patches = col;
                 ldp = c->ld;
             }
-            if (dw_dots) {
+            if (dw_bf16) {
+                dyg = group_dy(c, n0, n1, buf, &ldg);
+                cf_sgemm_bf16(false, true, O, K, cols, dyg, ldg, patches, ldp, dwt, K, !first);
+            } else if (dw_dots) {
                 dyg = group_dy(c, n0, n1, buf, &ldg);
                 cf_sgemm_nt(K, O, cols, patches, ldp, dyg, ldg, dwt, O, !first);
             } else {
@@ -516,10 +550,15 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         if (c->need_dx) {
             if (!dyg) dyg = group_dy(c, n0, n1, buf, &ldg);
             float *dxg = c->dx + (size_t)n0 * in_n;
-            if (c->direct) {
+            if (c->direct && bf16) {
+                cf_sgemm_bf16(true, false, K, P, O, w, K, dyg, ldg, dxg, P, false);
+            } else if (c->direct) {
                 cf_sgemm_strided(K, P, O, w, 1, K, dyg, ldg, dxg, P, false);
             } else {
-                cf_sgemm_strided(K, cols, O, w, 1, K, dyg, ldg, col, c->ld, false);
+                if (bf16)
+                    cf_sgemm_bf16(true, false, K, cols, O, w, K, dyg, ldg, col, c->ld, false);
+                else
+                    cf_sgemm_strided(K, cols, O, w, 1, K, dyg, ldg, col, c->ld, false);
                 for (int64_t n = n0; n < n1; n++) {
                     float *dxn = c->dx + (size_t)n * in_n;
                     if (c->add_dx)
@@ -586,9 +625,10 @@ static void conv_wgrad_range(void *ctx, int64_t begin, int64_t end, int thread) 
 
 /* Adds the threads' partial sums of m's last backward into its gradients, in thread order
  * (deterministic for a given thread count). The weight gradient's partial sums are
- * [16][in][out] (winograd), [tap][out][in] (implicit) or K x O (the gradient is O x K). */
-static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winograd,
-                            bool implicit) {
+ * [16][in][out] (winograd), [tap][out][in] (implicit), O x K (out_major: the lowered bf16
+ * product) or K x O (the gradient is O x K). */
+static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winograd, bool implicit,
+                            bool out_major) {
     conv_impl *c = m->impl;
     cf_param *wp = &m->params[0], *bp = c->has_bias ? &m->params[1] : NULL;
     const int O = c->out_c, K = c->in_c * c->k * c->k;
@@ -606,6 +646,9 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
                     for (int tap = 0; tap < T; tap++)
                         gr[tap] += part[((size_t)tap * O + o) * I + i];
                 }
+        } else if (want_dw && out_major) {
+            const float *part = c->dwt + (size_t)t * c->dw_stride;
+            for (size_t i = 0; i < (size_t)O * K; i++) wp->grad[i] += part[i];
         } else if (want_dw) {
             const float *part = c->dwt + (size_t)t * c->dw_stride;
             for (int o = 0; o < O; o++) {
@@ -625,7 +668,7 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
 static void finish_shortcut_dw(conv_impl *c) {
     if (!c->shortcut_dw) return;
     conv_impl *s = c->shortcut_dw->impl;
-    reduce_partials(c->shortcut_dw, true, false, false, true);
+    reduce_partials(c->shortcut_dw, true, false, false, true, false);
     cf_arena_give(s->arena, s->held, NULL);
     s->held = NULL;
     c->shortcut_dw = NULL;
@@ -685,7 +728,8 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     } else {
         run_groups(c, N, conv_backward_range, m);
     }
-    reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c));
+    reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c),
+                    use_bf16(c) && !bf16_dw_dots(c));
     finish_shortcut_dw(c);
     call_end(c, mem);
     c->shortcut_dx.out_channels = 0;
@@ -789,4 +833,15 @@ cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, 
                         cf_shape4(out_channels, in_channels, kernel, kernel));
     if (bias) cf_module_add_param(m, "bias", CF_PARAM_BIAS, cf_shape1(out_channels));
     return m;
+}
+
+int cf_conv_set_bf16(cf_module *root, bool on) {
+    if (!root) return 0;
+    int count = 0;
+    if (cf_nn_is_conv(root)) {
+        ((conv_impl *)root->impl)->bf16 = on;
+        count++;
+    }
+    for (int i = 0; i < root->n_children; i++) count += cf_conv_set_bf16(root->children[i], on);
+    return count;
 }

@@ -7,6 +7,11 @@ usage: bf16.py DIR convert         x -> y = x.to(torch.bfloat16) widened to floa
        bf16.py DIR linear          x, w, b, dy -> y, dx, gw, gb of nn.Linear under
                                    torch.autocast("cpu", torch.bfloat16), and ye, dxe, gwe: the
                                    same products of bf16-rounded operands summed in float64
+       bf16.py DIR conv N          for i < N: x<i>, w<i>, b<i>, dy<i> and g<i> = (stride, pad,
+                                   bias) -> ye<i>, dxe<i>, gwe<i>: conv2d's output and gradients
+                                   from bf16-rounded x, w and dy in float64 (the bias exact);
+                                   y<i>, dx<i>, gw<i>: torch.autocast("cpu", torch.bfloat16);
+                                   yf<i>, dxf<i>, gwf<i>: fp32 without rounding
 """
 import os
 import sys
@@ -51,6 +56,31 @@ def main():
         common.put(d, "ye", (xr @ wr.t() + b.double()).numpy())
         common.put(d, "dxe", (dyr @ wr).numpy())
         common.put(d, "gwe", (dyr.t() @ xr).numpy())
+    elif mode == "conv":
+        F = torch.nn.functional
+        for i in range(int(sys.argv[3])):
+            x, w, b, dy = (common.tensor(d, "%s%d" % (n, i)) for n in ("x", "w", "b", "dy"))
+            stride, pad, bias = (int(v) for v in common.get(d, "g%d" % i))
+            b = b if bias else None
+
+            def run(xv, wv, bv, dyv, suffix, cast=False):
+                xg, wg = xv.clone().requires_grad_(True), wv.clone().requires_grad_(True)
+                if cast:
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        y = F.conv2d(xg, wg, bv, stride=stride, padding=pad)
+                    assert y.dtype == torch.bfloat16
+                    dyv = dyv.to(y.dtype)
+                else:
+                    y = F.conv2d(xg, wg, bv, stride=stride, padding=pad)
+                y.backward(dyv)
+                common.put(d, "y%s%d" % (suffix, i), y.detach().float().numpy())
+                common.put(d, "dx%s%d" % (suffix, i), xg.grad.float().numpy())
+                common.put(d, "gw%s%d" % (suffix, i), wg.grad.float().numpy())
+
+            run(*(rounded(t).double() for t in (x, w)), b.double() if bias else None,
+                rounded(dy).double(), "e")
+            run(x, w, b, dy, "", cast=True)
+            run(x, w, b, dy, "f")
     else:
         raise SystemExit("unknown mode " + mode)
 
