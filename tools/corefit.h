@@ -87,6 +87,8 @@ int cmd_info(int argc, char **argv);
 int cmd_train_text(int argc, char **argv);
 int cmd_predict_text(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+/* data sets for the other vision tasks from Fashion-MNIST (fmnist_tasks.c) */
+int cmd_fmnist_tasks(int argc, char **argv);
 /* Whether argv[2..) holds the option `name`; whether argv[2] is an exported text model. */
 bool cli_argv_has(int argc, char **argv, const char *name);
 bool cli_is_text_model(int argc, char **argv);
