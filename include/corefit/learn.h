@@ -758,6 +758,14 @@ cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opt
 /* One item (sample_shape floats): class probabilities (or outputs) into probs (n_out), and the
  * decoded class. */
 cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded);
+/* fastai's decodes of n rows of predictions after the loss activation (get_preds' preds,
+ * predict's probs) into out: for a multi-label learner (BCE) each row's label set as 0/1
+ * (p > thresh; names with cf_label_set_str), for a point learner (training set with n_points)
+ * the points in pixels of a width x height image (PointScaler's (p + 1) * size / 2; 0: the
+ * model's input size), otherwise cf_loss_decodes (argmax class codes, values). Returns the
+ * values written (0 for bad arguments). get_preds' `decoded` stays the argmax. */
+size_t cf_learner_decodes(const cf_learner *learn, const float *act, int64_t n, int width,
+                          int height, float *out);
 
 /* ---- learner factories (fastai's vision_learner and tabular_learner) ---------------------- */
 
