@@ -39,6 +39,12 @@ int cli_lib_error(const char *cmd, const char *what);
 
 /* ---- data ---------------------------------------------------------------------------------- */
 
+/* Images listed in a CSV and their targets (tasks.c). */
+typedef struct cli_task_data {
+    const char *images_csv, *fn_col, *label_col, *valid_col, *label_delim, *x_col, *y_col;
+    bool multi_label, points;
+} cli_task_data;
+
 typedef struct cli_data {
     const char *idx, *images, *csv;
     int size, channels, limit, bs;
@@ -46,10 +52,11 @@ typedef struct cli_data {
     bool regression;
     double valid_pct;
     uint64_t seed;
-    bool eval;        /* an image folder may lack validation images */
-    const char *load; /* --load auto|memory|stream (image folders) */
-    bool skip_bad;    /* --skip-bad: streamed images that cannot be read are left out, counted */
-    bool aug;         /* --aug: fastai's aug_transforms() on the training images */
+    bool eval;          /* an image folder may lack validation images */
+    const char *load;   /* --load auto|memory|stream (image folders) */
+    bool skip_bad;      /* --skip-bad: streamed images that cannot be read are left out, counted */
+    bool aug;           /* --aug: fastai's aug_transforms() on the training images */
+    cli_task_data task; /* --images-csv and its targets */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */
@@ -63,6 +70,78 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
                         cf_dataset **valid);
 int strlist_split(const char *s, strlist *out); /* 0 on success */
 void strlist_free(strlist *l);
+
+/* ---- other vision tasks (tasks.c) --------------------------------------------------------- */
+
+/* The option-table entries of --images-csv and its targets (a: the train_args). */
+#define CLI_TASK_OPTIONS(a)                                                                         \
+    {"--images-csv",                                                                                \
+     OPT_STR,                                                                                       \
+     &(a).data.task.images_csv,                                                                     \
+     "FILE",                                                                                        \
+     "images listed in a CSV (fastai's from_csv): file names relative to it",                       \
+     0,                                                                                             \
+     0,                                                                                             \
+     0},                                                                                            \
+        {"--fn-col", OPT_STR, &(a).data.task.fn_col, "NAME", "--images-csv: file names [first]", 0, \
+         0,          0},                                                                            \
+        {"--label-col",                                                                             \
+         OPT_STR,                                                                                   \
+         &(a).data.task.label_col,                                                                  \
+         "NAME",                                                                                    \
+         "--images-csv: labels or values [second]",                                                 \
+         0,                                                                                         \
+         0,                                                                                         \
+         0},                                                                                        \
+        {"--valid-col",                                                                             \
+         OPT_STR,                                                                                   \
+         &(a).data.task.valid_col,                                                                  \
+         "NAME",                                                                                    \
+         "--images-csv: booleans marking validation rows [random split]",                           \
+         0,                                                                                         \
+         0,                                                                                         \
+         0},                                                                                        \
+        {"--multi-label",                                                                           \
+         OPT_FLAG,                                                                                  \
+         &(a).data.task.multi_label,                                                                \
+         NULL,                                                                                      \
+         "--images-csv: label sets (BCE, accuracy_multi)",                                          \
+         0,                                                                                         \
+         0,                                                                                         \
+         0},                                                                                        \
+        {"--label-delim",                                                                           \
+         OPT_STR,                                                                                   \
+         &(a).data.task.label_delim,                                                                \
+         "STR",                                                                                     \
+         "--multi-label: the labels' separator [' ']",                                              \
+         0,                                                                                         \
+         0,                                                                                         \
+         0},                                                                                        \
+        {"--points",                                                                                \
+         OPT_FLAG,                                                                                  \
+         &(a).data.task.points,                                                                     \
+         NULL,                                                                                      \
+         "--images-csv: one point per image, in pixels (MSE, y_range -1..1)",                       \
+         0,                                                                                         \
+         0,                                                                                         \
+         0},                                                                                        \
+        {"--x-col", OPT_STR, &(a).data.task.x_col, "NAME", "--points: x column [x]", 0, 0, 0}, {    \
+        "--y-col", OPT_STR, &(a).data.task.y_col, "NAME", "--points: y column [y]", 0, 0, 0         \
+    }
+/* Usage errors of the task options (metrics: --metrics or NULL). */
+int cli_task_check(const char *cmd, const cli_data *d, const char *metrics);
+/* The training and validation sets of --images-csv. */
+cf_status cli_task_load(const cli_data *d, const char **input, cf_dataset **train,
+                        cf_dataset **valid);
+/* Multi-label metrics (accuracy_multi by default); false when the data are not multi-label. */
+bool cli_task_metrics(const char *cmd, const cli_data *d, const char *list, int n_classes,
+                      cf_metric ***out, int *n, int *rc);
+/* The y_range of points (-1, 1) or of an image regression (the targets' range + 5%). */
+bool cli_task_y_range(const cli_data *d, const cf_dataset *train, float *lo, float *hi);
+/* Prints a multi-label or point model's prediction for one image (to a JSON array when
+ * json_array is not NULL); false for other models. */
+bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char *input,
+                    const float *row, void *json_array);
 
 /* ---- model files ---------------------------------------------------------------------------- */
 

@@ -352,6 +352,7 @@ int cmd_predict(int argc, char **argv) {
         int best = 0;
         for (int k = 1; k < c; k++)
             if (row[k] > row[best]) best = k;
+        if (!tabular && cli_task_print(learn, &m, input, row, arr)) continue;
         if (json) {
             cJSON *o = cJSON_CreateObject();
             if (tabular)

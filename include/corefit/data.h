@@ -222,6 +222,14 @@ cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *fo
                                             const char *y_col, const char *valid_col,
                                             const cf_image_folder_options *opt, cf_dataset **train,
                                             cf_dataset **valid);
+/* fastai's RegressionBlock on images from a CSV: one number per image in value_col (NULL: the
+ * second column), kept as it is (target_dim 1, n_classes 0). Other arguments as
+ * cf_datasets_from_image_csv. */
+cf_status cf_datasets_from_image_csv_values(const char *csv_path, const char *folder,
+                                            const char *fn_col, const char *value_col,
+                                            const char *valid_col,
+                                            const cf_image_folder_options *opt, cf_dataset **train,
+                                            cf_dataset **valid);
 /* PointScaler: pixels -> -1..1 (p * 2 / size - 1) and back ((p + 1) * size / 2), in place on
  * n_points (x, y) pairs; a horizontal flip of the image maps x to -x. */
 void cf_points_scale(float *xy, int n_points, int width, int height);

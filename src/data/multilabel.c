@@ -311,7 +311,7 @@ size_t cf_label_set_str(const float *multi_hot, int n_classes, char *const *voca
         if (!(multi_hot[c] > 0.5f)) continue;
         char id[16];
         const char *name = vocab ? vocab[c] : (snprintf(id, sizeof id, "%d", c), id);
-        int w = snprintf(buf + (k < size ? k : size), k < size ? size - k : 0, "%s%s", k ? sep : "",
+        int w = snprintf(k < size ? buf + k : NULL, k < size ? size - k : 0, "%s%s", k ? sep : "",
                          name);
         if (w > 0) k += (size_t)w;
     }
@@ -351,20 +351,22 @@ static cf_status cell_number(const cf_csv_table *t, const char *csv_path, int64_
     return CF_OK;
 }
 
-cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *folder,
-                                            const char *fn_col, const char *x_col,
-                                            const char *y_col, const char *valid_col,
-                                            const cf_image_folder_options *opt, cf_dataset **train,
-                                            cf_dataset **valid) {
+/* Numeric targets from columns x_col (and, for points, y_col) of an image CSV: points are
+ * scaled by each image's own size (PointScaler), values kept as they are. */
+static cf_status numeric_targets(const char *csv_path, const char *folder, const char *fn_col,
+                                 const char *x_col, const char *y_col, const char *valid_col,
+                                 bool points, const cf_image_folder_options *opt,
+                                 cf_dataset **train, cf_dataset **valid) {
     if (!train || !valid || !csv_path)
-        return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_points_csv: NULL argument");
+        return cf_fail(CF_ERR_INVALID, "image CSV with %s: NULL argument",
+                       points ? "points" : "values");
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
     cf_status st = check_options(csv_path, &o);
     if (st) return st;
     /* PointScaler scales by the image's own size, which a squashing resize keeps; a crop would
      * move the points, and that is not supported here. */
-    if (o.item_tfm &&
+    if (points && o.item_tfm &&
         !(o.item_tfm->kind == CF_ITEM_TFM_RESIZE && o.item_tfm->method == CF_RESIZE_SQUISH))
         return cf_fail(CF_ERR_UNSUPPORTED,
                        "%s: point targets take a squashing resize only (no crop item transform)",
@@ -374,28 +376,31 @@ cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *fo
     const cf_csv_table *t = r.t;
     cf__image_items tr = {0}, va = {0};
     float *ty = NULL, *vy = NULL;
-    const int xc = column(t, x_col ? x_col : "x", -1), yc = column(t, y_col ? y_col : "y", -1);
+    const int td = points ? 2 : 1;
+    const char *xn = x_col ? x_col : points ? "x" : NULL, *yn = y_col ? y_col : "y";
+    const int xc = column(t, xn, 1), yc = points ? column(t, yn, -1) : 0;
     if (xc < 0 || yc < 0) {
         st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header", csv_path,
-                     xc < 0 ? (x_col ? x_col : "x") : (y_col ? y_col : "y"));
+                     xc < 0 ? (xn ? xn : "(second)") : yn);
         goto done;
     }
     for (int64_t i = 0; i < t->n_rows && !st; i++) st = push_row(&r, csv_path, i, &tr, &va);
     if (st) goto done;
-    ty = cf_calloc((size_t)(tr.n > 0 ? tr.n : 1) * 2, sizeof(float));
-    vy = cf_calloc((size_t)(va.n > 0 ? va.n : 1) * 2, sizeof(float));
+    ty = cf_calloc((size_t)(tr.n > 0 ? tr.n : 1) * td, sizeof(float));
+    vy = cf_calloc((size_t)(va.n > 0 ? va.n : 1) * td, sizeof(float));
     if (!ty || !vy) {
         st = CF_ERR_NOMEM;
         goto done;
     }
     for (int64_t i = 0, a = 0, b = 0; i < t->n_rows && !st; i++) {
-        float *p = r.is_valid[i] ? vy + 2 * b++ : ty + 2 * a++;
+        const bool is_valid = r.is_valid[i];
+        float *p = is_valid ? vy + td * b++ : ty + td * a++;
         if ((st = cell_number(t, csv_path, i, xc, &p[0])) ||
-            (st = cell_number(t, csv_path, i, yc, &p[1])))
+            (points && (st = cell_number(t, csv_path, i, yc, &p[1]))))
             break;
+        if (!points) continue;
         /* the image's own size, from its header */
-        const cf__image_items *items = r.is_valid[i] ? &va : &tr;
-        const char *path = items->v[r.is_valid[i] ? b - 1 : a - 1].path;
+        const char *path = is_valid ? va.v[b - 1].path : tr.v[a - 1].path;
         void *data = NULL;
         size_t n = 0;
         int w = 0, h = 0;
@@ -406,12 +411,12 @@ cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *fo
         cf_points_scale(p, 1, w, h);
     }
     if (st) goto done;
-    st = build_sets(&tr, &va, csv_path, &o, NULL, 0, 2, ty, vy, train, valid);
+    st = build_sets(&tr, &va, csv_path, &o, NULL, 0, td, ty, vy, train, valid);
     ty = vy = NULL;
     if (st == CF_OK)
         for (int k = 0; k < 2; k++) { /* regression targets: no classes */
             cf_dataset *ds = k ? *valid : *train;
-            ds->n_points = 1;
+            ds->n_points = points ? 1 : 0;
             cf__strv_free(ds->vocab, 0);
             ds->vocab = NULL;
         }
@@ -422,4 +427,22 @@ done:
     cf__image_items_free(&va);
     rows_free(&r);
     return st;
+}
+
+cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *folder,
+                                            const char *fn_col, const char *x_col,
+                                            const char *y_col, const char *valid_col,
+                                            const cf_image_folder_options *opt, cf_dataset **train,
+                                            cf_dataset **valid) {
+    return numeric_targets(csv_path, folder, fn_col, x_col, y_col, valid_col, true, opt, train,
+                           valid);
+}
+
+cf_status cf_datasets_from_image_csv_values(const char *csv_path, const char *folder,
+                                            const char *fn_col, const char *value_col,
+                                            const char *valid_col,
+                                            const cf_image_folder_options *opt, cf_dataset **train,
+                                            cf_dataset **valid) {
+    return numeric_targets(csv_path, folder, fn_col, value_col, NULL, valid_col, false, opt, train,
+                           valid);
 }
