@@ -271,12 +271,58 @@ static void test_par_split_batch_equals_one_process(void **state) {
     cf_dls_free(dls);
 }
 
+/* Clearly green (a right label set's title) and clearly red (a wrong one's) pixels. */
+static void title_colours(const char *path, int64_t *green, int64_t *red) {
+    int w, h;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
+    assert_non_null(px);
+    *green = *red = 0;
+    for (int64_t i = 0; i < (int64_t)w * h; i++) {
+        const unsigned char *p = px + 3 * i;
+        if (p[1] > 90 && p[0] < 60 && p[2] < 60) ++*green;
+        if (p[0] > 150 && p[1] < 60 && p[2] < 60) ++*red;
+    }
+    free(px);
+}
+
+static void test_show_label_sets(void **state) {
+    (void)state;
+    if (!cf_plot_available()) skip();
+    enum { N = 4, H = 16, W = 16, K = 3 };
+    char *vocab[K] = {"cat", "dog", "owl"};
+    float x[N * H * W], preds[N * K], targs[N * K];
+    for (int i = 0; i < N * H * W; i++) x[i] = (float)(i % 7) / 7.0f; /* grey */
+    for (int i = 0; i < N * K; i++) {
+        targs[i] = (float)((i * 5 / 3) % 2);
+        preds[i] = targs[i] > 0.5f ? 0.9f : 0.2f;
+    }
+    char png[256];
+    snprintf(png, sizeof png, "/tmp/cf_multilabel_show_%d.png", (int)getpid());
+    cf_preds p = {.n = N,
+                  .preds = cf_tensor_view(preds, cf_shape2(N, K)),
+                  .targs = cf_tensor_view(targs, cf_shape2(N, K)),
+                  .inputs = cf_tensor_view(x, cf_shape4(N, 1, H, W))};
+    int64_t green, red;
+    assert_int_equal(cf_show_results(&p, N, vocab, png), CF_OK);
+    title_colours(png, &green, &red);
+    assert_true(green > 20 && red == 0); /* every predicted set is the target's */
+    for (int i = 0; i < N * K; i++) preds[i] = 1.0f - preds[i];
+    assert_int_equal(cf_show_results(&p, N, vocab, png), CF_OK);
+    title_colours(png, &green, &red);
+    assert_true(red > 20 && green == 0);
+    /* show_batch titles the multi-hot rows with their sets */
+    cf_batch b = {.x = p.inputs, .y = p.targs};
+    assert_int_equal(cf_show_batch(&b, N, vocab, png), CF_OK);
+    unlink(png);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multi_hot_from_csv),
         cmocka_unit_test(test_bce_accuracy_multi_fit),
         cmocka_unit_test(test_decodes_label_sets),
         cmocka_unit_test(test_par_split_batch_equals_one_process),
+        cmocka_unit_test(test_show_label_sets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

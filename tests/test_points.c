@@ -220,12 +220,58 @@ static void test_point_fit_export_load(void **state) {
     cf_dls_free(dls);
 }
 
+/* The mean column and row of the clearly green and the clearly red pixels of a PNG. */
+static void colour_centres(const char *path, double g[3], double r[3]) {
+    int w, h;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
+    assert_non_null(px);
+    memset(g, 0, 3 * sizeof(double));
+    memset(r, 0, 3 * sizeof(double));
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            const unsigned char *p = px + 3 * ((size_t)y * w + x);
+            double *c = p[1] > 150 && p[0] < 80 && p[2] < 80   ? g
+                        : p[0] > 180 && p[1] < 80 && p[2] < 80 ? r
+                                                               : NULL;
+            if (c) c[0] += x, c[1] += y, c[2] += 1;
+        }
+    for (int k = 0; k < 2; k++) g[k] /= g[2] > 0 ? g[2] : 1, r[k] /= r[2] > 0 ? r[2] : 1;
+    free(px);
+}
+
+static void test_show_points(void **state) {
+    (void)state;
+    if (!cf_plot_available()) skip();
+    enum { H = 32, W = 32 };
+    float x[H * W] = {0};
+    /* target at the left, upper quarter; prediction at the right, lower quarter */
+    float targs[2] = {-0.5f, -0.5f}, preds[2] = {0.5f, 0.5f};
+    cf_preds p = {.n = 1,
+                  .preds = cf_tensor_view(preds, cf_shape2(1, 2)),
+                  .targs = cf_tensor_view(targs, cf_shape2(1, 2)),
+                  .inputs = cf_tensor_view(x, cf_shape4(1, 1, H, W))};
+    char png[256];
+    snprintf(png, sizeof png, "/tmp/cf_points_show_%d.png", (int)getpid());
+    assert_int_equal(cf_show_results(&p, 1, NULL, png), CF_OK);
+    double g[3], r[3];
+    colour_centres(png, g, r);
+    assert_true(g[2] > 10 && r[2] > 10);
+    assert_true(g[0] < r[0] && g[1] < r[1]); /* the target's '+' up and left of the 'x' */
+    /* show_batch marks the target alone */
+    cf_batch b = {.x = p.inputs, .y = p.targs};
+    assert_int_equal(cf_show_batch(&b, 1, NULL, png), CF_OK);
+    colour_centres(png, g, r);
+    assert_true(g[2] > 10 && r[2] == 0);
+    unlink(png);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_point_scaler_formula),
         cmocka_unit_test(test_points_from_csv),
         cmocka_unit_test(test_flip_and_crop_move_points),
         cmocka_unit_test(test_point_fit_export_load),
+        cmocka_unit_test(test_show_points),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
