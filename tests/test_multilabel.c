@@ -241,6 +241,20 @@ static void test_decodes_label_sets(void **state) {
     int decoded = -1;
     assert_int_equal(cf_predict(learn, dls->valid_ds->x, out, &decoded), CF_OK);
     for (int c = 0; c < 10; c++) assert_true(out[c] > 0 && out[c] < 1);
+    /* export / load_learner keep the multi-label model: BCE, the same probabilities */
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/cf_multilabel_model_%d.safetensors", (int)getpid());
+    assert_int_equal(cf_learner_export(learn, path), CF_OK);
+    cf_learner *back = NULL;
+    assert_int_equal(cf_load_learner(path, &back), CF_OK);
+    unlink(path);
+    assert_int_equal(back->loss.kind, CF_LOSS_BCE_LOGITS);
+    assert_true(back->recipe.multi_label);
+    assert_true(cf_dataset_is_multi_label(back->dls->train_ds));
+    float again[10];
+    assert_int_equal(cf_predict(back, dls->valid_ds->x, again, NULL), CF_OK);
+    assert_close("loaded learner's probabilities", out, again, 10, 1e-5, 1e-6);
+    cf_learner_free(back);
     cf_learner_free(learn);
     cf_dls_free(dls);
 }
