@@ -98,6 +98,11 @@ static void test_multi_label_end_to_end(void **state) {
     }
     assert_int_equal(n_probs, 10);
     assert_int_equal(n_set == 0, set[0] == 0);
+    /* eval on the validation rows: accuracy_multi, the model's metric */
+    assert_int_equal(run(COREFIT " eval ml.st --images-csv ml/labels.csv --multi-label --valid-col "
+                                 "is_valid"),
+                     0);
+    assert_non_null(strstr(out, "accuracy_multi: 0."));
     /* an exported multi-label model says so in its metadata */
     assert_int_equal(run(COREFIT " predict --json ml.st ml/images/00001.png"), 0);
     assert_non_null(strstr(out, "\"labels\""));
@@ -116,6 +121,9 @@ static void test_points_end_to_end(void **state) {
                                  "--cores 2 --split-batch --seed 1 --out pt.st"),
                      0);
     assert_non_null(strstr(out, "y_range: [-1, 1]"));
+    assert_int_equal(run(COREFIT " eval pt.st --images-csv pt/points.csv --points"), 0);
+    assert_non_null(strstr(out, "mae: "));
+    assert_null(strstr(out, "accuracy"));
     assert_int_equal(run(COREFIT " predict pt.st pt/images/00003.png"), 0);
     float x, y;
     assert_int_equal(sscanf(out, "pt/images/00003.png\t%f\t%f", &x, &y), 2);

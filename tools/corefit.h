@@ -73,60 +73,60 @@ void strlist_free(strlist *l);
 
 /* ---- other vision tasks (tasks.c) --------------------------------------------------------- */
 
-/* The option-table entries of --images-csv and its targets (a: the train_args). */
-#define CLI_TASK_OPTIONS(a)                                                                         \
-    {"--images-csv",                                                                                \
-     OPT_STR,                                                                                       \
-     &(a).data.task.images_csv,                                                                     \
-     "FILE",                                                                                        \
-     "images listed in a CSV (fastai's from_csv): file names relative to it",                       \
-     0,                                                                                             \
-     0,                                                                                             \
-     0},                                                                                            \
-        {"--fn-col", OPT_STR, &(a).data.task.fn_col, "NAME", "--images-csv: file names [first]", 0, \
-         0,          0},                                                                            \
-        {"--label-col",                                                                             \
-         OPT_STR,                                                                                   \
-         &(a).data.task.label_col,                                                                  \
-         "NAME",                                                                                    \
-         "--images-csv: labels or values [second]",                                                 \
-         0,                                                                                         \
-         0,                                                                                         \
-         0},                                                                                        \
-        {"--valid-col",                                                                             \
-         OPT_STR,                                                                                   \
-         &(a).data.task.valid_col,                                                                  \
-         "NAME",                                                                                    \
-         "--images-csv: booleans marking validation rows [random split]",                           \
-         0,                                                                                         \
-         0,                                                                                         \
-         0},                                                                                        \
-        {"--multi-label",                                                                           \
-         OPT_FLAG,                                                                                  \
-         &(a).data.task.multi_label,                                                                \
-         NULL,                                                                                      \
-         "--images-csv: label sets (BCE, accuracy_multi)",                                          \
-         0,                                                                                         \
-         0,                                                                                         \
-         0},                                                                                        \
-        {"--label-delim",                                                                           \
-         OPT_STR,                                                                                   \
-         &(a).data.task.label_delim,                                                                \
-         "STR",                                                                                     \
-         "--multi-label: the labels' separator [' ']",                                              \
-         0,                                                                                         \
-         0,                                                                                         \
-         0},                                                                                        \
-        {"--points",                                                                                \
-         OPT_FLAG,                                                                                  \
-         &(a).data.task.points,                                                                     \
-         NULL,                                                                                      \
-         "--images-csv: one point per image, in pixels (MSE, y_range -1..1)",                       \
-         0,                                                                                         \
-         0,                                                                                         \
-         0},                                                                                        \
-        {"--x-col", OPT_STR, &(a).data.task.x_col, "NAME", "--points: x column [x]", 0, 0, 0}, {    \
-        "--y-col", OPT_STR, &(a).data.task.y_col, "NAME", "--points: y column [y]", 0, 0, 0         \
+/* The option-table entries of --images-csv and its targets (d: a cli_data). */
+#define CLI_TASK_OPTIONS(d)                                                                        \
+    {"--images-csv",                                                                               \
+     OPT_STR,                                                                                      \
+     &(d).task.images_csv,                                                                         \
+     "FILE",                                                                                       \
+     "images listed in a CSV (fastai's from_csv): file names relative to it",                      \
+     0,                                                                                            \
+     0,                                                                                            \
+     0},                                                                                           \
+        {"--fn-col", OPT_STR, &(d).task.fn_col, "NAME", "--images-csv: file names [first]", 0,     \
+         0,          0},                                                                           \
+        {"--label-col",                                                                            \
+         OPT_STR,                                                                                  \
+         &(d).task.label_col,                                                                      \
+         "NAME",                                                                                   \
+         "--images-csv: labels or values [second]",                                                \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--valid-col",                                                                            \
+         OPT_STR,                                                                                  \
+         &(d).task.valid_col,                                                                      \
+         "NAME",                                                                                   \
+         "--images-csv: booleans marking validation rows [random split]",                          \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--multi-label",                                                                          \
+         OPT_FLAG,                                                                                 \
+         &(d).task.multi_label,                                                                    \
+         NULL,                                                                                     \
+         "--images-csv: label sets (BCE, accuracy_multi)",                                         \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--label-delim",                                                                          \
+         OPT_STR,                                                                                  \
+         &(d).task.label_delim,                                                                    \
+         "STR",                                                                                    \
+         "--multi-label: the labels' separator [' ']",                                             \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--points",                                                                               \
+         OPT_FLAG,                                                                                 \
+         &(d).task.points,                                                                         \
+         NULL,                                                                                     \
+         "--images-csv: one point per image, in pixels (MSE, y_range -1..1)",                      \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--x-col", OPT_STR, &(d).task.x_col, "NAME", "--points: x column [x]", 0, 0, 0}, {        \
+        "--y-col", OPT_STR, &(d).task.y_col, "NAME", "--points: y column [y]", 0, 0, 0             \
     }
 /* Usage errors of the task options (metrics: --metrics or NULL). */
 int cli_task_check(const char *cmd, const cli_data *d, const char *metrics);
@@ -138,6 +138,9 @@ bool cli_task_metrics(const char *cmd, const cli_data *d, const char *list, int 
                       cf_metric ***out, int *n, int *rc);
 /* The y_range of points (-1, 1) or of an image regression (the targets' range + 5%). */
 bool cli_task_y_range(const cli_data *d, const cf_dataset *train, float *lo, float *hi);
+/* eval: a multi-label set's columns put in the model's class order (by name; a class the model
+ * lacks is an error) and the model's class names taken. */
+cf_status cli_task_adopt_model(cf_dataset *ds, const cf_model_info *m);
 /* Prints a multi-label or point model's prediction for one image (to a JSON array when
  * json_array is not NULL); false for other models. */
 bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char *input,

@@ -87,6 +87,7 @@ int cmd_eval(int argc, char **argv) {
         {"--bs", OPT_INT, &d.bs, "N", "batch size [64]", 1, 1 << 20, 0},
         {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
         {"--json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0, 0},
+        CLI_TASK_OPTIONS(d),
         {0},
     };
     const char *pos[1];
@@ -139,10 +140,15 @@ int cmd_eval(int argc, char **argv) {
             }
             if (d.images) st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
-            if (st == CF_OK && ds->n_classes > m.recipe.n_out)
+            /* label sets, points and values keep their own targets (tasks.c) */
+            const bool task =
+                d.task.images_csv && (d.task.multi_label || d.task.points || d.regression);
+            if (st == CF_OK && task)
+                st = cli_task_adopt_model(ds, &m);
+            else if (st == CF_OK && ds->n_classes > m.recipe.n_out)
                 st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d", ds->n_classes,
                              m.recipe.n_out);
-            if (st == CF_OK) st = adopt_model_classes(ds, &m);
+            if (st == CF_OK && !task) st = adopt_model_classes(ds, &m);
         }
     }
     if (st) {

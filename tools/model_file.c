@@ -28,8 +28,14 @@ cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset 
     if ((st = cf_dls_new(first, ds, &o, dls))) return st;
     cf_metric *metrics[2] = {NULL};
     int n_metrics = 0;
-    if (!m->regression && m->recipe.n_out > 1) metrics[n_metrics++] = cf_accuracy();
-    if (m->regression) { /* valid_loss is the MSE; these are in the target's own units */
+    const bool values = m->regression || m->recipe.n_points > 0 ||
+                        (m->n_vocab == 0 && strcmp(m->recipe.arch, "tabular") != 0 &&
+                         strcmp(m->input, "images-csv") == 0);
+    if (m->recipe.multi_label)
+        metrics[n_metrics++] = cf_accuracy_multi(0.5f, false);
+    else if (!values && m->recipe.n_out > 1)
+        metrics[n_metrics++] = cf_accuracy();
+    if (values) { /* valid_loss is the MSE; these are in the target's own units */
         metrics[n_metrics++] = cf_mae();
         metrics[n_metrics++] = cf_rmse();
     }

@@ -118,6 +118,39 @@ bool cli_task_y_range(const cli_data *d, const cf_dataset *train, float *lo, flo
     return true;
 }
 
+cf_status cli_task_adopt_model(cf_dataset *ds, const cf_model_info *m) {
+    if (!cf_dataset_is_multi_label(ds)) return CF_OK; /* points and values need nothing */
+    if (!m->recipe.multi_label || m->n_vocab != m->recipe.n_out)
+        return cf_fail(CF_ERR_FORMAT, "the model is not a multi-label model");
+    const int c = ds->n_classes, mc = m->recipe.n_out;
+    int *to = cf_malloc((size_t)c * sizeof *to);
+    float *y = cf_calloc((size_t)(ds->n > 0 ? ds->n : 1) * (size_t)mc, sizeof *y);
+    cf_status st = to && y ? CF_OK : CF_ERR_NOMEM;
+    for (int k = 0; k < c && st == CF_OK; k++) {
+        to[k] = -1;
+        for (int j = 0; j < mc && to[k] < 0; j++)
+            if (strcmp(ds->vocab[k], m->vocab[j]) == 0) to[k] = j;
+        if (to[k] < 0)
+            st = cf_fail(CF_ERR_FORMAT, "%s: label '%s' is not one of the model's %d classes",
+                         ds->source ? ds->source : "images", ds->vocab[k], mc);
+    }
+    for (int64_t i = 0; i < ds->n && st == CF_OK; i++)
+        for (int k = 0; k < c; k++) y[i * mc + to[k]] = ds->y[i * c + k];
+    if (st == CF_OK) {
+        for (int k = 0; k < c; k++) cf_free(ds->vocab[k]);
+        cf_free(ds->vocab);
+        ds->vocab = NULL;
+        cf_free(ds->y);
+        ds->y = y;
+        y = NULL;
+        ds->target_dim = ds->n_classes = mc;
+        st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, mc);
+    }
+    cf_free(to);
+    cf_free(y);
+    return st;
+}
+
 /* The pixel size of an image file (0 x 0 when its header cannot be read). */
 static void image_size(const char *path, int *w, int *h) {
     *w = *h = 0;

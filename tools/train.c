@@ -1192,7 +1192,7 @@ int cmd_train(int argc, char **argv) {
     defaults(&a);
     cli_opt opts[] = {
         DATA_OPTIONS(a),
-        CLI_TASK_OPTIONS(a),
+        CLI_TASK_OPTIONS(a.data),
         MODEL_OPTIONS(a),
         {"--epochs", OPT_INT, &a.epochs, "N", "epochs (sgdr: cycles) [1]", 1, 100000, 0},
         {"--lr", OPT_STR, &a.lr, "X|auto",
@@ -1549,7 +1549,7 @@ int cmd_lr_find(int argc, char **argv) {
     a.plot = "lr_find.png";
     cli_opt opts[] = {
         DATA_OPTIONS(a),
-        CLI_TASK_OPTIONS(a),
+        CLI_TASK_OPTIONS(a.data),
         MODEL_OPTIONS(a),
         {"--start-lr", OPT_DOUBLE, &a.start_lr, "X", "first learning rate [1e-7]", 1e-12, 1e3, 0},
         {"--end-lr", OPT_DOUBLE, &a.end_lr, "X", "last learning rate [10]", 1e-12, 1e6, 0},
