@@ -124,6 +124,9 @@ static void test_points_end_to_end(void **state) {
     assert_int_equal(run(COREFIT " eval pt.st --images-csv pt/points.csv --points"), 0);
     assert_non_null(strstr(out, "mae: "));
     assert_null(strstr(out, "accuracy"));
+    assert_int_equal(run(COREFIT " info pt.st"), 0);
+    assert_non_null(strstr(out, "targets:     1 point (x, y scaled to -1..1)"));
+    assert_non_null(strstr(out, "y_range:     [-1, 1]"));
     assert_int_equal(run(COREFIT " predict pt.st pt/images/00003.png"), 0);
     float x, y;
     assert_int_equal(sscanf(out, "pt/images/00003.png\t%f\t%f", &x, &y), 2);

@@ -139,6 +139,13 @@ int cmd_info(int argc, char **argv) {
                 printf("input:       %d features (%d categorical, %d continuous)\n", m.n_in,
                        m.n_cat, m.n_cont);
             printf("outputs:     %d\n", m.recipe.n_out);
+            if (m.recipe.multi_label)
+                printf("targets:     label sets (multi-label; BCE, threshold 0.5)\n");
+            if (m.recipe.n_points > 0)
+                printf("targets:     %d point%s (x, y scaled to -1..1)\n", m.recipe.n_points,
+                       m.recipe.n_points == 1 ? "" : "s");
+            if (m.recipe.y_range)
+                printf("y_range:     [%g, %g]\n", (double)m.recipe.y_lo, (double)m.recipe.y_hi);
             if (m.n_vocab) {
                 printf("classes:    ");
                 for (int i = 0; i < m.n_vocab; i++)
