@@ -144,6 +144,8 @@ static void test_task_usage_errors(void **state) {
     assert_non_null(strstr(out, "--label-delim is for --multi-label"));
     assert_int_equal(run(COREFIT " train --images-csv x.csv --multi-label --metrics accuracy"), 2);
     assert_non_null(strstr(out, "'accuracy' for --multi-label"));
+    assert_int_equal(run(COREFIT " train --images-csv x.csv --points --limit 10"), 2);
+    assert_non_null(strstr(out, "--limit is not available with --images-csv"));
     /* a file that is not there is a failure naming it */
     assert_int_equal(run(COREFIT " train --images-csv missing.csv --multi-label"), 1);
     assert_non_null(strstr(out, "missing.csv"));

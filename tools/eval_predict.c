@@ -102,6 +102,7 @@ int cmd_eval(int argc, char **argv) {
         return cli_error(CLI_USAGE, cmd, "expects one model file (see corefit eval --help)");
     if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
         return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
+    if ((rc = cli_task_check(cmd, &d, NULL))) return rc;
     if (threads > 0) cf_set_num_threads(threads);
     if (cf_blas_reserve(cf_get_num_threads())) return cli_lib_error(cmd, "BLAS");
     cf_model_info m;

@@ -27,6 +27,10 @@ int cli_task_check(const char *cmd, const cli_data *d, const char *metrics) {
         return cli_error(CLI_USAGE, cmd,
                          "give one data source: --idx, --images, --csv or "
                          "--images-csv");
+    if (d->limit > 0)
+        return cli_error(CLI_USAGE, cmd,
+                         "--limit is not available with --images-csv (write a "
+                         "shorter CSV, e.g. fmnist-tasks --n)");
     if (t->multi_label + t->points + d->regression > 1)
         return cli_error(CLI_USAGE, cmd, "give one of --multi-label, --points and --regression");
     if (t->label_delim && !t->multi_label)
