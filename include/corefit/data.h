@@ -207,8 +207,8 @@ bool cf_dataset_is_multi_label(const cf_dataset *ds);
 /* The names of the classes set in a multi-hot row (values > 0.5) joined by sep (NULL: ";", as
  * fastai shows them), vocab NULL: the class ids. Writes at most size bytes (NUL-terminated);
  * returns the length the whole string needs. */
-size_t cf_label_set_str(const float *multi_hot, int n_classes, char *const *vocab,
-                        const char *sep, char *buf, size_t size);
+size_t cf_label_set_str(const float *multi_hot, int n_classes, char *const *vocab, const char *sep,
+                        char *buf, size_t size);
 
 /* fastai's PointBlock from a CSV: one point per image in the columns x_col and y_col (NULL: "x"
  * and "y"), in pixels of the image file; the targets are scaled by each image's own size as

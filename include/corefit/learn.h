@@ -809,8 +809,8 @@ typedef struct cf_vision_opts {
 
 /* fastai's vision_learner: body + create_head for dls (images (C, H, W); xresnets use their
  * small-image stem when H < 64; n_out: the classes, or for a set without classes its
- * target_dim, fastai's RegressionBlock/PointBlock outputs), body and head parameter groups (resnets: fastai's
- * _resnet_split, body[:6], body[6:], head), kaiming-normal head. */
+ * target_dim, fastai's RegressionBlock/PointBlock outputs), body and head parameter groups
+ * (resnets: fastai's _resnet_split, body[:6], body[6:], head), kaiming-normal head. */
 #define cf_vision_learner(...) CF_CALL3_(cf_vision_learner_, cf_vision_opts, __VA_ARGS__, )
 cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
                              const cf_vision_opts *opts);
