@@ -39,6 +39,12 @@ int cli_lib_error(const char *cmd, const char *what);
 
 /* ---- data ---------------------------------------------------------------------------------- */
 
+/* Images listed in a CSV and their targets (tasks.c). */
+typedef struct cli_task_data {
+    const char *label_delim, *x_col, *y_col;
+    bool multi_label, points;
+} cli_task_data;
+
 typedef struct cli_data {
     const char *idx, *images, *csv;
     int size, channels, limit, bs;
@@ -55,6 +61,7 @@ typedef struct cli_data {
     const char *images_csv, *fn_col, *label_col, *valid_col, *folder, *suffix, *label_re;
     const char *resize, *pad_mode;
     double rrc_min_scale; /* --random-resized-crop MIN_SCALE (0: none) */
+    cli_task_data task;   /* --images-csv's targets: label sets, points (tasks.c) */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */
@@ -68,6 +75,104 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
                         cf_dataset **valid);
 int strlist_split(const char *s, strlist *out); /* 0 on success */
 void strlist_free(strlist *l);
+
+/* ---- other vision tasks (tasks.c) --------------------------------------------------------- */
+
+/* The entries of --images-csv and its columns (photo.c reads them; d: a cli_data). */
+#define CLI_IMAGES_CSV_OPTIONS(d)                                                                  \
+    {"--images-csv",                                                                               \
+     OPT_STR,                                                                                      \
+     &(d).images_csv,                                                                              \
+     "FILE",                                                                                       \
+     "images listed in a CSV with a header (fastai's from_csv): file and label columns",           \
+     0,                                                                                            \
+     0,                                                                                            \
+     0},                                                                                           \
+        {"--fn-col",                                                                               \
+         OPT_STR,                                                                                  \
+         &(d).fn_col,                                                                              \
+         "NAME",                                                                                   \
+         "--images-csv: the file-name column [the first]",                                         \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--label-col",                                                                            \
+         OPT_STR,                                                                                  \
+         &(d).label_col,                                                                           \
+         "NAME",                                                                                   \
+         "--images-csv: the label column [the second]",                                            \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--valid-col",                                                                            \
+         OPT_STR,                                                                                  \
+         &(d).valid_col,                                                                           \
+         "NAME",                                                                                   \
+         "--images-csv: a column of booleans marking validation rows, e.g. is_valid [none: "       \
+         "--valid-pct at random]",                                                                 \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--folder",                                                                               \
+         OPT_STR,                                                                                  \
+         &(d).folder,                                                                              \
+         "DIR",                                                                                    \
+         "--images-csv: the folder the file names are in, relative to the CSV's [its own]",        \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+    {                                                                                              \
+        "--suffix", OPT_STR, &(d).suffix, "EXT",                                                   \
+            "--images-csv: appended to every file name, e.g. .jpg [none]", 0, 0, 0                 \
+    }
+
+/* The option-table entries of --images-csv's targets (d: a cli_data). */
+#define CLI_TASK_OPTIONS(d)                                                                        \
+    {"--multi-label",                                                                              \
+     OPT_FLAG,                                                                                     \
+     &(d).task.multi_label,                                                                        \
+     NULL,                                                                                         \
+     "--images-csv: label sets (BCE, accuracy_multi)",                                             \
+     0,                                                                                            \
+     0,                                                                                            \
+     0},                                                                                           \
+        {"--label-delim",                                                                          \
+         OPT_STR,                                                                                  \
+         &(d).task.label_delim,                                                                    \
+         "STR",                                                                                    \
+         "--multi-label: the labels' separator [' ']",                                             \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--points",                                                                               \
+         OPT_FLAG,                                                                                 \
+         &(d).task.points,                                                                         \
+         NULL,                                                                                     \
+         "--images-csv: one point per image, in pixels (MSE, y_range -1..1)",                      \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--x-col", OPT_STR, &(d).task.x_col, "NAME", "--points: x column [x]", 0, 0, 0}, {        \
+        "--y-col", OPT_STR, &(d).task.y_col, "NAME", "--points: y column [y]", 0, 0, 0             \
+    }
+/* Usage errors of the task options (metrics: --metrics or NULL). */
+int cli_task_check(const char *cmd, const cli_data *d, const char *metrics);
+/* The training and validation sets of --images-csv with --multi-label, --points or
+ * --regression (single labels: photo.c). */
+cf_status cli_task_load(const cli_data *d, const char **input, cf_dataset **train,
+                        cf_dataset **valid);
+/* Multi-label metrics (accuracy_multi by default); false when the data are not multi-label. */
+bool cli_task_metrics(const char *cmd, const cli_data *d, const char *list, int n_classes,
+                      cf_metric ***out, int *n, int *rc);
+/* The y_range of points (-1, 1) or of an image regression (the targets' range + 5%). */
+bool cli_task_y_range(const cli_data *d, const cf_dataset *train, float *lo, float *hi);
+/* eval: a multi-label set's columns put in the model's class order (by name; a class the model
+ * lacks is an error) and the model's class names taken. */
+cf_status cli_task_adopt_model(cf_dataset *ds, const cf_model_info *m);
+/* Prints a multi-label or point model's prediction for one image (to a JSON array when
+ * json_array is not NULL); false for other models. */
+bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char *input,
+                    const float *row, void *json_array);
 
 /* ---- model files ---------------------------------------------------------------------------- */
 
@@ -134,6 +239,8 @@ int cmd_train_text(int argc, char **argv);
 int cmd_predict_text(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval_text(int argc, char **argv);
+/* data sets for the other vision tasks from Fashion-MNIST (fmnist_tasks.c) */
+int cmd_fmnist_tasks(int argc, char **argv);
 /* Whether argv[2..) holds the option `name`; whether argv[2] is an exported text model. */
 bool cli_argv_has(int argc, char **argv, const char *name);
 bool cli_is_text_model(int argc, char **argv);

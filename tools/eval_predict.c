@@ -99,6 +99,8 @@ int cmd_eval(int argc, char **argv) {
          "weight of the plain predictions in --tta's blend [0.25]", 0, 1, 0},
         {"--plots", OPT_STR, &plots, "DIR",
          "write show_results, top_losses and confusion PNGs to DIR; print most_confused", 0, 0, 0},
+        CLI_IMAGES_CSV_OPTIONS(d),
+        CLI_TASK_OPTIONS(d),
         {0},
     };
     const char *pos[1];
@@ -115,6 +117,7 @@ int cmd_eval(int argc, char **argv) {
         return cli_error(CLI_USAGE, cmd, "expects one model file (see corefit eval --help)");
     if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
         return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
+    if ((rc = cli_task_check(cmd, &d, NULL))) return rc;
     if (threads > 0) cf_set_num_threads(threads);
     if (cf_blas_reserve(cf_get_num_threads())) return cli_lib_error(cmd, "BLAS");
     cf_model_info m;
@@ -163,10 +166,14 @@ int cmd_eval(int argc, char **argv) {
             }
             if (d.images) st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
-            if (st == CF_OK && ds->n_classes > m.recipe.n_out)
+            /* label sets, points and values keep their own targets (tasks.c) */
+            const bool task = d.images_csv && (d.task.multi_label || d.task.points || d.regression);
+            if (st == CF_OK && task)
+                st = cli_task_adopt_model(ds, &m);
+            else if (st == CF_OK && ds->n_classes > m.recipe.n_out)
                 st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d", ds->n_classes,
                              m.recipe.n_out);
-            if (st == CF_OK) st = adopt_model_classes(ds, &m);
+            if (st == CF_OK && !task) st = adopt_model_classes(ds, &m);
         }
     }
     if (st) {
@@ -387,6 +394,7 @@ int cmd_predict(int argc, char **argv) {
         int best = 0;
         for (int k = 1; k < c; k++)
             if (row[k] > row[best]) best = k;
+        if (!tabular && cli_task_print(learn, &m, input, row, arr)) continue;
         if (json) {
             cJSON *o = cJSON_CreateObject();
             if (tabular)

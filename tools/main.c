@@ -75,6 +75,7 @@ static void usage(FILE *f) {
             "  predict    classes and probabilities of a saved model for images, CSV rows or text\n"
             "  generate   text from a language model (train --text --lm) and a prompt\n"
             "  info       what a model file holds\n"
+            "  fmnist-tasks  multi-label or point data sets made from Fashion-MNIST\n"
             "\n"
             "Run 'corefit <command> --help' for a command's options. Exit status: 0 success,\n"
             "1 failure, 2 usage error, 130 stopped by Ctrl-C. See corefit(1).\n");
@@ -105,6 +106,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "predict") == 0) return cmd_predict(argc, argv);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc, argv);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc, argv);
+    if (strcmp(cmd, "fmnist-tasks") == 0) return cmd_fmnist_tasks(argc, argv);
     cli_error(CLI_USAGE, NULL, "unknown command '%s'", cmd);
     fprintf(stderr,
             "Commands: train, lr-find, eval, predict, generate, info (see corefit --help)\n");

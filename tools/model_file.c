@@ -28,8 +28,14 @@ cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset 
     if ((st = cf_dls_new(first, ds, &o, dls))) return st;
     cf_metric *metrics[2] = {NULL};
     int n_metrics = 0;
-    if (!m->regression && m->recipe.n_out > 1) metrics[n_metrics++] = cf_accuracy();
-    if (m->regression) { /* valid_loss is the MSE; these are in the target's own units */
+    const bool values = m->regression || m->recipe.n_points > 0 ||
+                        (m->n_vocab == 0 && strcmp(m->recipe.arch, "tabular") != 0 &&
+                         strcmp(m->input, "images-csv") == 0);
+    if (m->recipe.multi_label)
+        metrics[n_metrics++] = cf_accuracy_multi(0.5f, false);
+    else if (!values && m->recipe.n_out > 1)
+        metrics[n_metrics++] = cf_accuracy();
+    if (values) { /* valid_loss is the MSE; these are in the target's own units */
         metrics[n_metrics++] = cf_mae();
         metrics[n_metrics++] = cf_rmse();
     }
@@ -133,6 +139,13 @@ int cmd_info(int argc, char **argv) {
                 printf("input:       %d features (%d categorical, %d continuous)\n", m.n_in,
                        m.n_cat, m.n_cont);
             printf("outputs:     %d\n", m.recipe.n_out);
+            if (m.recipe.multi_label)
+                printf("targets:     label sets (multi-label; BCE, threshold 0.5)\n");
+            if (m.recipe.n_points > 0)
+                printf("targets:     %d point%s (x, y scaled to -1..1)\n", m.recipe.n_points,
+                       m.recipe.n_points == 1 ? "" : "s");
+            if (m.recipe.y_range)
+                printf("y_range:     [%g, %g]\n", (double)m.recipe.y_lo, (double)m.recipe.y_hi);
             if (m.n_vocab) {
                 printf("classes:    ");
                 for (int i = 0; i < m.n_vocab; i++)

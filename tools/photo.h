@@ -8,55 +8,7 @@
 /* The image-source and resize options of train and lr-find, for an opts table over a struct
  * holding a cli_data `data`. */
 #define PHOTO_OPTIONS(a)                                                                           \
-    {"--images-csv",                                                                               \
-     OPT_STR,                                                                                      \
-     &(a).data.images_csv,                                                                         \
-     "FILE",                                                                                       \
-     "images listed in a CSV with a header (fastai's from_csv): file and label columns",           \
-     0,                                                                                            \
-     0,                                                                                            \
-     0},                                                                                           \
-        {"--fn-col",                                                                               \
-         OPT_STR,                                                                                  \
-         &(a).data.fn_col,                                                                         \
-         "NAME",                                                                                   \
-         "--images-csv: the file-name column [the first]",                                         \
-         0,                                                                                        \
-         0,                                                                                        \
-         0},                                                                                       \
-        {"--label-col",                                                                            \
-         OPT_STR,                                                                                  \
-         &(a).data.label_col,                                                                      \
-         "NAME",                                                                                   \
-         "--images-csv: the label column [the second]",                                            \
-         0,                                                                                        \
-         0,                                                                                        \
-         0},                                                                                       \
-        {"--valid-col",                                                                            \
-         OPT_STR,                                                                                  \
-         &(a).data.valid_col,                                                                      \
-         "NAME",                                                                                   \
-         "--images-csv: a column of booleans marking validation rows, e.g. is_valid [none: "       \
-         "--valid-pct at random]",                                                                 \
-         0,                                                                                        \
-         0,                                                                                        \
-         0},                                                                                       \
-        {"--folder",                                                                               \
-         OPT_STR,                                                                                  \
-         &(a).data.folder,                                                                         \
-         "DIR",                                                                                    \
-         "--images-csv: the folder the file names are in, relative to the CSV's [its own]",        \
-         0,                                                                                        \
-         0,                                                                                        \
-         0},                                                                                       \
-        {"--suffix",                                                                               \
-         OPT_STR,                                                                                  \
-         &(a).data.suffix,                                                                         \
-         "EXT",                                                                                    \
-         "--images-csv: appended to every file name, e.g. .jpg [none]",                            \
-         0,                                                                                        \
-         0,                                                                                        \
-         0},                                                                                       \
+    CLI_IMAGES_CSV_OPTIONS((a).data),                                                              \
         {"--label-re",                                                                             \
          OPT_STR,                                                                                  \
          &(a).data.label_re,                                                                       \

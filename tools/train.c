@@ -226,6 +226,8 @@ static cf_status tabular_first_rows(const cli_data *d, cf_tabular_options *o, cf
 cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid) {
     *train = *valid = NULL;
+    if (d->images_csv && (d->task.multi_label || d->task.points || d->regression))
+        return cli_task_load(d, input, train, valid); /* label sets, points, values */
     cf_status st = CF_OK;
     if (d->csv) {
         *input = "csv";
@@ -394,7 +396,9 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         return cli_error(CLI_USAGE, cmd, "--csv needs --target NAME (and --cat and/or --cont)");
     if (d->csv && !d->cat && !d->cont)
         return cli_error(CLI_USAGE, cmd, "--csv needs --cat and/or --cont column lists");
-    if (!d->csv && (d->cat || d->cont || d->target || d->regression))
+    int task_rc = cli_task_check(cmd, d, a->metrics);
+    if (task_rc) return task_rc;
+    if (!d->csv && (d->cat || d->cont || d->target || (d->regression && !d->images_csv)))
         return cli_error(CLI_USAGE, cmd, "--cat, --cont, --target and --regression need --csv");
     if (d->load && strcmp(d->load, "auto") != 0 && strcmp(d->load, "memory") != 0 &&
         strcmp(d->load, "stream") != 0)
@@ -422,10 +426,12 @@ static int check_args(const char *cmd, train_args *a, bool train) {
                                  : "--csv data needs --arch tabular");
     }
     if (a->metrics) {
-        int rc = check_metric_names(cmd, a->metrics, d->regression);
+        int rc = d->task.multi_label
+                     ? CLI_OK
+                     : check_metric_names(cmd, a->metrics, d->regression || d->task.points);
         if (rc) return rc;
     }
-    if (a->y_range && !d->regression)
+    if (a->y_range && !d->regression && !d->task.points)
         return cli_error(CLI_USAGE, cmd, "--y-range is for --regression");
     if (a->y_range && strcmp(a->y_range, "auto") != 0 && strcmp(a->y_range, "none") != 0) {
         double lo, hi;
@@ -738,7 +744,9 @@ static int setup(const char *cmd, train_args *a, session *s) {
     }
     cf_metric **metrics = NULL;
     int n_metrics = 0;
-    int rc = make_metrics(cmd, a->metrics, train->n_classes, &metrics, &n_metrics);
+    int rc = CLI_OK;
+    if (!cli_task_metrics(cmd, d, a->metrics, train->n_classes, &metrics, &n_metrics, &rc))
+        rc = make_metrics(cmd, a->metrics, train->n_classes, &metrics, &n_metrics);
     if (rc != CLI_OK) {
         cf_dataset_free(train);
         cf_dataset_free(valid);
@@ -805,9 +813,19 @@ static int setup(const char *cmd, train_args *a, session *s) {
         }
         st = cf_tabular_learner_(&s->learn, s->dls, &to);
     } else {
+        float lo = 0, hi = 0;
+        bool y_range = (!a->y_range || strcmp(a->y_range, "none") != 0) &&
+                       cli_task_y_range(d, train, &lo, &hi);
+        if (y_range && a->y_range && strcmp(a->y_range, "auto") != 0) {
+            double l, h;
+            sscanf(a->y_range, "%lf,%lf", &l, &h);
+            lo = (float)l, hi = (float)h;
+        }
+        if (y_range && !a->quiet && s->master) fprintf(stderr, "y_range: [%g, %g]\n", lo, hi);
         st = cf_vision_learner(&s->learn, s->dls, (cf_arch)cf_arch_from_name(arch),
                                .metrics = metrics, .n_metrics = n_metrics, .seed = d->seed,
-                               .quiet = quiet, .pretrained = a->pretrained);
+                               .quiet = quiet, .pretrained = a->pretrained, .y_range = y_range,
+                               .y_lo = lo, .y_hi = hi);
     }
     cf_free(metrics);
     if (st) return cli_lib_error(cmd, "building the learner");
@@ -1223,6 +1241,7 @@ int cmd_train(int argc, char **argv) {
     cli_opt opts[] = {
         DATA_OPTIONS(a),
         PHOTO_OPTIONS(a),
+        CLI_TASK_OPTIONS(a.data),
         MODEL_OPTIONS(a),
         {"--epochs", OPT_INT, &a.epochs, "N", "epochs (sgdr: cycles) [1]", 1, 100000, 0},
         {"--lr", OPT_STR, &a.lr, "X|auto",
@@ -1588,6 +1607,7 @@ int cmd_lr_find(int argc, char **argv) {
     cli_opt opts[] = {
         DATA_OPTIONS(a),
         PHOTO_OPTIONS(a),
+        CLI_TASK_OPTIONS(a.data),
         MODEL_OPTIONS(a),
         {"--start-lr", OPT_DOUBLE, &a.start_lr, "X", "first learning rate [1e-7]", 1e-12, 1e3, 0},
         {"--end-lr", OPT_DOUBLE, &a.end_lr, "X", "last learning rate [10]", 1e-12, 1e6, 0},

@@ -34,6 +34,10 @@ typedef struct cf_dataset {
     float *y;              /* n * target_dim */
     int n_classes;         /* 0 for regression */
     char **vocab;          /* n_classes class names (sorted, as fastai's Categorize), or NULL */
+    /* multi-label sets have target_dim == n_classes (multi-hot rows, cf_dataset_is_multi_label);
+     * point sets hold n_points (x, y) pairs per sample scaled to -1..1 (target_dim 2 * n_points,
+     * n_classes 0), which flips move with the images */
+    int n_points;
     /* tabular: the first n_cat features are category codes with these cardinalities */
     int n_cat, n_cont;
     int *cat_cardinality;
@@ -205,6 +209,50 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
 cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
                                        const cf_image_folder_options *opt, cf_dataset **train,
                                        cf_dataset **valid);
+/* fastai's ImageDataLoaders.from_csv(label_delim=...) with a MultiCategoryBlock: label_col
+ * (NULL: the second column) holds each image's labels separated by label_delim (NULL: the whole
+ * cell is one label; empty labels are skipped, an empty cell has none). The classes are the
+ * sorted union of the training rows' labels; targets are multi-hot rows (target_dim =
+ * n_classes). A validation label outside them is refused with its line. The other arguments
+ * are cf_datasets_from_image_csv's. */
+cf_status cf_datasets_from_image_csv_multi(const char *csv_path, const char *folder,
+                                           const char *fn_col, const char *label_col,
+                                           const char *valid_col, const char *label_delim,
+                                           const cf_image_folder_options *opt, cf_dataset **train,
+                                           cf_dataset **valid);
+/* True for a multi-label set (multi-hot targets, one per class). */
+bool cf_dataset_is_multi_label(const cf_dataset *ds);
+/* The names of the classes set in a multi-hot row (values > 0.5) joined by sep (NULL: ";", as
+ * fastai shows them), vocab NULL: the class ids. Writes at most size bytes (NUL-terminated);
+ * returns the length the whole string needs. */
+size_t cf_label_set_str(const float *multi_hot, int n_classes, char *const *vocab, const char *sep,
+                        char *buf, size_t size);
+
+/* fastai's PointBlock from a CSV: one point per image in the columns x_col and y_col (NULL: "x"
+ * and "y"), in pixels of the image file; the targets are scaled by each image's own size as
+ * fastai's PointScaler does (p * 2 / (W, H) - 1, so -1..1 across the image) and kept through a
+ * squashing resize (opt->size, or a Resize item transform with CF_RESIZE_SQUISH; a cropping item
+ * transform is refused). Training loaders' flips (cf_dl_options.flip, crop_pad) move the points
+ * with the images; fastai's affine batch transforms (aug) are refused for point sets. Other
+ * arguments as cf_datasets_from_image_csv; n_classes 0, target_dim 2, n_points 1. */
+cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *folder,
+                                            const char *fn_col, const char *x_col,
+                                            const char *y_col, const char *valid_col,
+                                            const cf_image_folder_options *opt, cf_dataset **train,
+                                            cf_dataset **valid);
+/* fastai's RegressionBlock on images from a CSV: one number per image in value_col (NULL: the
+ * second column), kept as it is (target_dim 1, n_classes 0). Other arguments as
+ * cf_datasets_from_image_csv. */
+cf_status cf_datasets_from_image_csv_values(const char *csv_path, const char *folder,
+                                            const char *fn_col, const char *value_col,
+                                            const char *valid_col,
+                                            const cf_image_folder_options *opt, cf_dataset **train,
+                                            cf_dataset **valid);
+/* PointScaler: pixels -> -1..1 (p * 2 / size - 1) and back ((p + 1) * size / 2), in place on
+ * n_points (x, y) pairs; a horizontal flip of the image maps x to -x. */
+void cf_points_scale(float *xy, int n_points, int width, int height);
+void cf_points_unscale(float *xy, int n_points, int width, int height);
+void cf_points_flip_lr(float *xy, int n_points);
 /* Whether the set is streamed (ds->files), and how many of its files a loader has skipped as
  * unreadable in this process so far (skip_bad; each file counted once). */
 bool cf_dataset_is_streamed(const cf_dataset *ds);

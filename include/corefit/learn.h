@@ -322,6 +322,10 @@ typedef struct cf_learner_recipe {
     float y_lo, y_hi;
     /* text classifier: the SentenceEncoder's seq_len and max_len (0: fastai's 72 and 1440) */
     int text_seq_len, text_max_len;
+    /* vision targets other than one class: multi-hot label sets, or n_points (x, y) points
+     * (regression otherwise when the training set has no classes) */
+    bool multi_label;
+    int n_points;
 } cf_learner_recipe;
 
 struct cf_learner {
@@ -789,6 +793,14 @@ uint64_t cf_tta_seed(uint64_t seed, int pass);
 /* One item (sample_shape floats): class probabilities (or outputs) into probs (n_out), and the
  * decoded class. */
 cf_status cf_predict(cf_learner *learn, const float *item, float *probs, int *decoded);
+/* fastai's decodes of n rows of predictions after the loss activation (get_preds' preds,
+ * predict's probs) into out: for a multi-label learner (BCE) each row's label set as 0/1
+ * (p > thresh; names with cf_label_set_str), for a point learner (training set with n_points)
+ * the points in pixels of a width x height image (PointScaler's (p + 1) * size / 2; 0: the
+ * model's input size), otherwise cf_loss_decodes (argmax class codes, values). Returns the
+ * values written (0 for bad arguments). get_preds' `decoded` stays the argmax. */
+size_t cf_learner_decodes(const cf_learner *learn, const float *act, int64_t n, int width,
+                          int height, float *out);
 
 /* ---- learner factories (fastai's vision_learner and tabular_learner) ---------------------- */
 
@@ -822,11 +834,14 @@ typedef struct cf_vision_opts {
     int n_ps; /* 0: the arch's default */
     float ps[CF_HEAD_MAX_LAYERS + 1];
     bool no_first_bn, bn_final;
+    bool y_range; /* regression and points: end with SigmoidRange(y_lo, y_hi) (points: -1, 1) */
+    float y_lo, y_hi;
 } cf_vision_opts;
 
 /* fastai's vision_learner: body + create_head for dls (images (C, H, W); xresnets use their
- * small-image stem when H < 64), body and head parameter groups (resnets: fastai's
- * _resnet_split, body[:6], body[6:], head), kaiming-normal head. */
+ * small-image stem when H < 64; n_out: the classes, or for a set without classes its
+ * target_dim, fastai's RegressionBlock/PointBlock outputs), body and head parameter groups
+ * (resnets: fastai's _resnet_split, body[:6], body[6:], head), kaiming-normal head. */
 #define cf_vision_learner(...) CF_CALL3_(cf_vision_learner_, cf_vision_opts, __VA_ARGS__, )
 cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
                              const cf_vision_opts *opts);

@@ -97,7 +97,9 @@ int64_t cf_most_confused(const int64_t *counts, int n_classes, int64_t min_val,
 
 /* fastai's show_batch: the first n images of a batch (x (B, C, H, W), C 1 or 3; each image
  * rescaled to its own min..max, so normalised inputs show as they look) in a grid, each titled
- * with its class name (vocab, or the class id). 1 <= n <= min(B, 64). */
+ * with its class name (vocab, or the class id); multi-hot targets (B, C) of a vocab titled with
+ * their label set joined by ';', a point (B, 2) without vocab (-1..1) marked with a green '+'.
+ * 1 <= n <= min(B, 64). */
 cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const char *png_path);
 
 /* Options of cf_plot_show_batch_text; a field left at zero takes the default. */
@@ -126,7 +128,10 @@ cf_status cf_plot_show_batch_text(const cf_dataloader *dl, const cf_batch *b,
                                   const cf_show_text_opts *opts);
 
 /* fastai's show_results for a classifier: the first n items of get_preds(with_input) titled
- * "actual/predicted", in green when right and red when wrong. Needs p->inputs and p->preds;
+ * "actual/predicted", in green when right and red when wrong; multi-label rows (targets (n, C),
+ * sigmoid probabilities, vocab) as label sets joined by ';' (predicted: p > 0.5); points (targets
+ * and predictions (n, 2) in -1..1, vocab NULL) as a green '+' (target) and a red 'x'
+ * (prediction) on the image. Needs p->inputs and p->preds;
  * 1 <= n <= min(p->n, 64). */
 cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path);
 

@@ -211,6 +211,11 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
                        "cf_dataloader_new: crop/flip augmentation needs an image dataset (C, H, "
                        "W), %s has %d dims",
                        ds->source ? ds->source : "dataset", ds->sample_shape.ndim);
+    if (o.aug && ds->n_points > 0)
+        return cf_fail(CF_ERR_UNSUPPORTED,
+                       "cf_dataloader_new: %s holds points, which the affine batch transforms "
+                       "would not move (use flip and crop_pad)",
+                       ds->source ? ds->source : "dataset");
     if (o.crop_pad < 0 || o.crop_pad > 1024)
         return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: crop_pad %d outside [0, 1024]",
                        o.crop_pad);
@@ -441,6 +446,40 @@ cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch) {
     return CF_OK;
 }
 
+/* The random crop's shift and the flip of sample src this epoch. Augmentation draws depend
+ * only on (seed, epoch, sample index). */
+static void draw_crop_flip(const cf_dataloader *dl, int64_t src, int *dx, int *dy, bool *flip) {
+    int p = dl->opt.crop_pad, ox = p, oy = p;
+    *flip = false;
+    if (p > 0 || dl->opt.flip) {
+        cf_rng rng;
+        cf_rng_seed(&rng, mix64(dl->opt.seed ^ mix64((uint64_t)(int64_t)dl->epoch + 0x9e37u) ^
+                                mix64((uint64_t)src * 0xd1b54a32d192ed03ULL + 1)));
+        if (p > 0) {
+            ox = (int)cf_rng_below(&rng, (uint64_t)(2 * p + 1));
+            oy = (int)cf_rng_below(&rng, (uint64_t)(2 * p + 1));
+        }
+        if (dl->opt.flip) *flip = (cf_rng_next(&rng) >> 63) != 0;
+    }
+    *dx = ox - p;
+    *dy = oy - p;
+}
+
+/* A point set's targets move with its images: out(x') = in(x' + dx) puts a point at x - dx,
+ * then the flip (pixel i to W - 1 - i, so a position x in pixel units, centres at i + 0.5, to
+ * W - x) maps it to -x in PointScaler's -1..1 units. */
+static void move_points(const cf_dataloader *dl, int64_t src, float *y) {
+    int dx, dy;
+    bool flip;
+    draw_crop_flip(dl, src, &dx, &dy, &flip);
+    const float W = (float)dl->ds->sample_shape.dim[2], H = (float)dl->ds->sample_shape.dim[1];
+    for (int k = 0; k < dl->ds->n_points; k++) {
+        y[2 * k] -= 2.0f * (float)dx / W;
+        y[2 * k + 1] -= 2.0f * (float)dy / H;
+        if (flip) cf_points_flip_lr(y + 2 * k, 1);
+    }
+}
+
 /* Writes sample `src` of the dataset, whose pixels are x, into dst with augmentation and
  * normalisation. */
 static void make_sample(const cf_dataloader *dl, int64_t src, const float *x, float *dst) {
@@ -463,20 +502,9 @@ static void make_sample(const cf_dataloader *dl, int64_t src, const float *x, fl
                 dst[i] = dst[i] * dl->scale[c] + dl->shift[c];
         return;
     }
-    int p = dl->opt.crop_pad, ox = p, oy = p;
-    bool flip = false;
-    if (p > 0 || dl->opt.flip) {
-        /* Augmentation draws depend only on (seed, epoch, sample index). */
-        cf_rng rng;
-        cf_rng_seed(&rng, mix64(dl->opt.seed ^ mix64((uint64_t)(int64_t)dl->epoch + 0x9e37u) ^
-                                mix64((uint64_t)src * 0xd1b54a32d192ed03ULL + 1)));
-        if (p > 0) {
-            ox = (int)cf_rng_below(&rng, (uint64_t)(2 * p + 1));
-            oy = (int)cf_rng_below(&rng, (uint64_t)(2 * p + 1));
-        }
-        if (dl->opt.flip) flip = (cf_rng_next(&rng) >> 63) != 0;
-    }
-    int dx = ox - p, dy = oy - p; /* out(y, x) = in(y + dy, x' + dx), x' = flipped x */
+    int dx, dy;
+    bool flip;
+    draw_crop_flip(dl, src, &dx, &dy, &flip); /* out(y, x) = in(y + dy, x' + dx), x' = flipped x */
     for (int c = 0; c < C; c++) {
         const float a = dl->scale[c], b = dl->shift[c];
         const float *in = x + (size_t)c * H * W;
@@ -532,6 +560,8 @@ static void setup_batch(cf_dataloader *dl, int64_t b, slot *s) {
         n_real += !pad;
         memcpy(s->y + (size_t)i * dl->td, dl->ds->y + (size_t)src * dl->td,
                (size_t)dl->td * sizeof(float));
+        if (dl->ds->n_points > 0 && dl->image && (dl->opt.flip || dl->opt.crop_pad > 0))
+            move_points(dl, src, s->y + (size_t)i * dl->td);
     }
     cf_batch *bt = &s->batch;
     const cf_shape *ss = &dl->ds->sample_shape;

@@ -72,6 +72,14 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
         cJSON_AddBoolToObject(j, "concat_pool", !r->no_concat_pool);
         cJSON_AddBoolToObject(j, "first_bn", !r->no_first_bn);
         cJSON_AddBoolToObject(j, "bn_final", r->bn_final);
+        if (r->y_range) {
+            cJSON *yr = cJSON_AddArrayToObject(j, "y_range");
+            cJSON_AddItemToArray(yr, cJSON_CreateNumber(r->y_lo));
+            cJSON_AddItemToArray(yr, cJSON_CreateNumber(r->y_hi));
+        }
+        /* what the targets are, so that load_learner rebuilds the loss and decoding */
+        if (r->multi_label) cJSON_AddStringToObject(j, "targets", "multi_label");
+        if (r->n_points > 0) cJSON_AddNumberToObject(j, "points", r->n_points);
         head = print_json(j);
     }
     if (m->n_norm > 0) {

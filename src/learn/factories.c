@@ -63,6 +63,9 @@ static cf_head_opts head_options(cf_arch arch, const cf_vision_opts *o) {
     h.concat_pool = !o->no_concat_pool;
     h.first_bn = !o->no_first_bn;
     h.bn_final = o->bn_final;
+    h.y_range = o->y_range;
+    h.y_lo = o->y_lo;
+    h.y_hi = o->y_hi;
     return h;
 }
 
@@ -131,9 +134,15 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const 
     cf_status st = CF_OK;
     if (!ds || ds->sample_shape.ndim != 3)
         st = cf_fail(CF_ERR_INVALID, "vision_learner needs image data (C, H, W)");
-    int n_out = o->n_out > 0 ? o->n_out : (ds ? ds->n_classes : 0);
+    int n_out = o->n_out > 0    ? o->n_out
+                : !ds           ? 0
+                : ds->n_classes ? ds->n_classes
+                                : ds->target_dim; /* regression and points */
     if (st == CF_OK && n_out < 1)
         st = cf_fail(CF_ERR_INVALID, "vision_learner: the data set has no classes; set n_out");
+    if (st == CF_OK && o->y_range && !(o->y_lo < o->y_hi))
+        st = cf_fail(CF_ERR_INVALID, "vision_learner: y_range (%g, %g) is not low < high",
+                     (double)o->y_lo, (double)o->y_hi);
     if (st != CF_OK) {
         drop_owned(o->metrics, o->n_metrics, o->cbs, o->n_cbs);
         return st;
@@ -203,6 +212,11 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const 
     r->no_concat_pool = o->no_concat_pool;
     r->no_first_bn = o->no_first_bn;
     r->bn_final = o->bn_final;
+    r->y_range = o->y_range;
+    r->y_lo = o->y_lo;
+    r->y_hi = o->y_hi;
+    r->multi_label = cf_dataset_is_multi_label(ds);
+    r->n_points = ds->n_points;
     if (o->pretrained && (st = cf_learner_freeze(*out)) != CF_OK) {
         cf_learner_free(*out);
         *out = NULL;

@@ -62,10 +62,12 @@ cf_status cf_learner_new_(cf_learner **out, cf_dls *dls, cf_model *model,
     if (o->loss_set) {
         learn->loss = o->loss;
     } else {
-        /* fastai's default loss follows the targets: cross-entropy for classes, else MSE. */
+        /* fastai's default loss follows the targets: cross-entropy for classes,
+         * BCEWithLogitsLossFlat for multi-hot label sets, else MSE. */
         learn->loss =
             (cf_loss){.kind = dls->train_ds && dls->train_ds->n_classes > 0 ? CF_LOSS_CROSS_ENTROPY
                                                                             : CF_LOSS_MSE};
+        if (cf_dataset_is_multi_label(dls->train_ds)) learn->loss = cf_bce_with_logits_loss_flat(0);
         learn->loss.label_smoothing = o->loss.label_smoothing;
     }
     learn->opt_config = o->opt_set ? o->opt : cf_opt_adam_defaults();

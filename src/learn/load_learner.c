@@ -40,6 +40,9 @@ cf_status cf_learner_from_info(const cf_model_info *m, cf_dls *dls, cf_metric **
                              .no_concat_pool = r->no_concat_pool,
                              .no_first_bn = r->no_first_bn,
                              .bn_final = r->bn_final,
+                             .y_range = r->y_range,
+                             .y_lo = r->y_lo,
+                             .y_hi = r->y_hi,
                              .metrics = metrics,
                              .n_metrics = n_metrics,
                              .quiet = true};
@@ -57,14 +60,24 @@ static cf_status placeholder(const cf_model_info *m, cf_dataset **out) {
     cf_shape shape =
         tabular ? cf_shape1(m->n_in) : cf_shape_make(3, (int[]){m->n_in, m->height, m->width});
     size_t per = cf_shape_numel(&shape);
-    float *x = cf_calloc(per, sizeof(float)), y = 0;
-    if (!x) return CF_ERR_NOMEM;
+    /* targets shaped as training's: a class code, a multi-hot row or the points */
+    const int target_dim = m->recipe.multi_label || m->recipe.n_points > 0
+                               ? (m->recipe.n_out > 0 ? m->recipe.n_out : 1)
+                               : 1;
+    float *x = cf_calloc(per, sizeof(float)), *y = cf_calloc((size_t)target_dim, sizeof(float));
+    if (!x || !y) {
+        cf_free(x);
+        cf_free(y);
+        return CF_ERR_NOMEM;
+    }
     /* a tabular set takes its classes with the rest of its state */
     int n_classes = tabular || m->regression || m->n_vocab == 0 ? 0 : m->recipe.n_out;
-    cf_status st = cf_dataset_from_arrays(x, &y, 1, shape, 1, n_classes, out);
+    cf_status st = cf_dataset_from_arrays(x, y, 1, shape, target_dim, n_classes, out);
     cf_free(x);
+    cf_free(y);
     if (st) return st;
     cf_dataset *ds = *out;
+    ds->n_points = m->recipe.n_points;
     if (n_classes && n_classes == m->n_vocab)
         st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
     if (st == CF_OK && tabular) {

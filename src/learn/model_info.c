@@ -305,6 +305,26 @@ static cf_status read_head(const char *path, const char *text, cf_learner_recipe
         r->no_concat_pool = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "concat_pool"));
         r->no_first_bn = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "first_bn"));
         r->bn_final = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "bn_final"));
+        const cJSON *yr = cJSON_GetObjectItemCaseSensitive(j, "y_range");
+        const cJSON *lo = cJSON_GetArrayItem(yr, 0), *hi = cJSON_GetArrayItem(yr, 1);
+        if (yr) {
+            ok = cJSON_IsArray(yr) && cJSON_GetArraySize(yr) == 2 && cJSON_IsNumber(lo) &&
+                 cJSON_IsNumber(hi) && lo->valuedouble < hi->valuedouble;
+            r->y_range = ok;
+            r->y_lo = ok ? (float)lo->valuedouble : 0;
+            r->y_hi = ok ? (float)hi->valuedouble : 0;
+        }
+        const cJSON *targets = cJSON_GetObjectItemCaseSensitive(j, "targets");
+        if (targets) {
+            ok = ok && cJSON_IsString(targets) && strcmp(targets->valuestring, "multi_label") == 0;
+            r->multi_label = ok;
+        }
+        const cJSON *points = cJSON_GetObjectItemCaseSensitive(j, "points");
+        if (points) {
+            ok = ok && cJSON_IsNumber(points) && points->valuedouble >= 1 &&
+                 points->valuedouble <= 1024 && points->valuedouble == (int)points->valuedouble;
+            r->n_points = ok ? (int)points->valuedouble : 0;
+        }
     }
     cJSON_Delete(j);
     if (!ok)

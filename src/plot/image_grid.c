@@ -15,7 +15,25 @@ typedef struct image_grid_fig {
     float *pix; /* k images, (h, w, 3) in [0, 1] */
     char (*titles)[96];
     int *colour; /* per image: 0 the foreground, 1 green, 2 red */
+    /* per image: a target and a predicted point in PointScaler's -1..1 (NAN: none), drawn as a
+     * green '+' and a red 'x' */
+    float (*points)[4];
 } image_grid_fig;
+
+/* A cross centred on the point (-1..1 across the tile); diagonal: an 'x', else a '+'. */
+static void draw_cross(float px, float py, int h, int w, bool diagonal) {
+    if (!(px == px) || !(py == py)) return; /* NAN: no point */
+    const double x = (px + 1.0) / 2.0 * w, y = h - (py + 1.0) / 2.0 * h, r = 0.08 * (w > h ? w : h);
+    plwidth(2);
+    if (diagonal) {
+        pljoin(x - r, y - r, x + r, y + r);
+        pljoin(x - r, y + r, x + r, y - r);
+    } else {
+        pljoin(x - r, y, x + r, y);
+        pljoin(x, y - r, x, y + r);
+    }
+    plwidth(1);
+}
 
 static void draw_image_grid(void *ctx) {
     image_grid_fig *f = ctx;
@@ -31,6 +49,14 @@ static void draw_image_grid(void *ctx) {
         plvpas(x0 + 0.02 * cw, x0 + 0.98 * cw, y1 - chh + 0.03 * chh, y1 - 0.16 * chh,
                (double)f->h / f->w);
         cf_plot__rgb_image(f->pix + (int64_t)i * f->h * f->w * 3, f->h, f->w);
+        if (f->points) {
+            plscol0(CF_COL_SCRATCH, 0, 200, 0);
+            plcol0(CF_COL_SCRATCH);
+            draw_cross(f->points[i][0], f->points[i][1], f->h, f->w, false);
+            plscol0(CF_COL_SCRATCH, 230, 0, 0);
+            plcol0(CF_COL_SCRATCH);
+            draw_cross(f->points[i][2], f->points[i][3], f->h, f->w, true);
+        }
         const PLINT *col = rgb[f->colour ? f->colour[i] : 0];
         plscol0(CF_COL_SCRATCH, col[0], col[1], col[2]);
         plcol0(CF_COL_SCRATCH);
@@ -55,6 +81,24 @@ static void grid_free(image_grid_fig *f) {
     cf_free(f->pix);
     cf_free(f->titles);
     cf_free(f->colour);
+    cf_free(f->points);
+}
+
+/* Whether a batch's (B, td) targets are multi-hot rows (every value 0 or 1) of a vocabulary. */
+static bool multi_hot_rows(const float *y, int64_t n, int td, char *const *vocab) {
+    if (!vocab || td < 2) return false;
+    for (int64_t i = 0; i < n * td; i++)
+        if (y[i] != 0.0f && y[i] != 1.0f) return false;
+    return true;
+}
+
+/* Room for the marks of k images, all NAN. */
+static cf_status points_alloc(image_grid_fig *f, int k) {
+    f->points = cf_malloc((size_t)k * sizeof *f->points);
+    if (!f->points) return CF_ERR_NOMEM;
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < 4; j++) f->points[i][j] = NAN;
+    return CF_OK;
 }
 
 static bool is_image_batch(const cf_tensor *x) {
@@ -84,8 +128,16 @@ cf_status cf_show_batch(const cf_batch *batch, int n, char *const *vocab, const 
     for (int i = 0; i < n && st == CF_OK; i++) {
         cf_plot__image_tile(f.pix + (int64_t)i * f.h * f.w * 3, f.h, f.w, &batch->x, i);
         int td = batch->y.shape.ndim == 2 ? batch->y.shape.dim[1] : 1;
-        if (batch->y.data && td == 1)
-            target_name(vocab, 0, batch->y.data[i], f.titles[i], sizeof f.titles[0]);
+        const float *yi = batch->y.data ? batch->y.data + (size_t)i * td : NULL;
+        if (yi && td == 1)
+            target_name(vocab, 0, yi[0], f.titles[i], sizeof f.titles[0]);
+        else if (yi && multi_hot_rows(batch->y.data, n, td, vocab)) /* fastai: joined by ';' */
+            cf_label_set_str(yi, td, vocab, ";", f.titles[i], sizeof f.titles[0]);
+        else if (yi && td == 2 && !vocab) { /* a point: fastai's red mark */
+            if (!f.points && (st = points_alloc(&f, n))) break;
+            f.points[i][0] = yi[0];
+            f.points[i][1] = yi[1];
+        }
     }
     if (st == CF_OK) st = cf_plot__run_figure("show_batch", png_path, 0, 0, draw_image_grid, &f);
     grid_free(&f);
@@ -105,6 +157,41 @@ cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const ch
     cf_status st = grid_alloc(&f, &p->inputs, n, "show_results");
     int nc = p->preds.shape.dim[1];
     bool have_targs = p->targs.data && (int64_t)cf_tensor_numel(&p->targs) == p->n;
+    const bool row_targs = p->targs.data && (int64_t)cf_tensor_numel(&p->targs) == p->n * nc;
+    if (row_targs && nc == 2 && !vocab) { /* points: target '+' and prediction 'x' */
+        st = st ? st : points_alloc(&f, n);
+        for (int i = 0; i < n && st == CF_OK; i++) {
+            cf_plot__image_tile(f.pix + (int64_t)i * f.h * f.w * 3, f.h, f.w, &p->inputs, i);
+            memcpy(f.points[i], p->targs.data + (size_t)i * 2, 2 * sizeof(float));
+            memcpy(f.points[i] + 2, p->preds.data + (size_t)i * 2, 2 * sizeof(float));
+            snprintf(f.titles[i], sizeof f.titles[0], "target +, predicted x");
+        }
+        if (st == CF_OK)
+            st = cf_plot__run_figure("show_results", png_path, 0, 0, draw_image_grid, &f);
+        grid_free(&f);
+        return st;
+    }
+    if (row_targs && vocab && nc > 1) { /* label sets: "targets/predicted", green when equal */
+        for (int i = 0; i < n && st == CF_OK; i++) {
+            cf_plot__image_tile(f.pix + (int64_t)i * f.h * f.w * 3, f.h, f.w, &p->inputs, i);
+            float pred[256];
+            const int c = nc < 256 ? nc : 256;
+            bool same = true;
+            for (int k = 0; k < c; k++) {
+                pred[k] = p->preds.data[(size_t)i * nc + k] > 0.5f; /* sigmoid probabilities */
+                same &= pred[k] == (p->targs.data[(size_t)i * nc + k] > 0.5f);
+            }
+            char a[48], b[48];
+            cf_label_set_str(p->targs.data + (size_t)i * nc, c, vocab, ";", a, sizeof a);
+            cf_label_set_str(pred, c, vocab, ";", b, sizeof b);
+            snprintf(f.titles[i], sizeof f.titles[0], "%s/%s", a, b);
+            f.colour[i] = same ? 1 : 2;
+        }
+        if (st == CF_OK)
+            st = cf_plot__run_figure("show_results", png_path, 0, 0, draw_image_grid, &f);
+        grid_free(&f);
+        return st;
+    }
     for (int i = 0; i < n && st == CF_OK; i++) {
         cf_plot__image_tile(f.pix + (int64_t)i * f.h * f.w * 3, f.h, f.w, &p->inputs, i);
         int64_t pred =
