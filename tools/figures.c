@@ -210,7 +210,12 @@ static void eval_figure_done(void *ctx, cf_status st, const char *path, const ch
 
 int cli_eval_extras_run(const char *cmd, cf_learner *learn, cli_eval_extras *x) {
     const cf_dataset *valid = learn->dls->valid_ds;
-    x->n_classes = valid->n_classes;
+    /* the class figures and TTA's accuracy are for one class per item */
+    x->n_classes = valid->target_dim == 1 ? valid->n_classes : 0;
+    if (x->tta && x->n_classes < 2)
+        return cli_error(CLI_USAGE, cmd, "--tta is for single-label image classifiers (%s)",
+                         cf_dataset_is_multi_label(valid) ? "this model predicts label sets"
+                                                          : "this model predicts numbers");
     if (x->tta) {
         /* a saved model does not say how it was augmented: fastai's aug_transforms(), which
          * `corefit train --aug` uses */
@@ -243,7 +248,8 @@ int cli_eval_extras_run(const char *cmd, cf_learner *learn, cli_eval_extras *x) 
         cf_preds_free(&p);
         if (st != CF_OK) return cli_lib_error(cmd, "the confusion matrix");
     } else if (x->plots) {
-        fprintf(stderr, "corefit %s: --plots: a regression model has no class figures\n", cmd);
+        fprintf(stderr, "corefit %s: --plots: the class figures are for single-label models\n",
+                cmd);
     }
     return CLI_OK;
 }

@@ -1570,12 +1570,13 @@ int cmd_train(int argc, char **argv) {
                 cli_show_batch_figure(a.plots, s.dls->train, s.dls->train_ds->vocab, note_figure,
                                       &figs);
                 int64_t *counts = NULL;
-                int nc = s.dls->train_ds->n_classes;
-                if (have_preds &&
+                /* the class figures are for one class per item (not label sets or points) */
+                int nc = s.dls->train_ds->target_dim == 1 ? s.dls->train_ds->n_classes : 0;
+                if (have_preds && nc > 1 &&
                     cli_interpretation(a.plots, s.dls->valid_ds, &preds, nc, s.dls->train_ds->vocab,
                                        note_figure, &figs, &counts) == CF_OK)
                     cli_print_most_confused(stdout, counts, nc, s.dls->train_ds->vocab);
-                else if (have_preds)
+                else if (have_preds && nc > 1)
                     fprintf(stderr, "corefit train: confusion matrix not made: %s\n",
                             cf_last_error());
                 cf_free(counts);
