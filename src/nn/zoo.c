@@ -11,6 +11,7 @@
 typedef struct zoo_init_mark {
     cf_module *module;
     cf_zoo_mark_kind kind;
+    int arg;
 } zoo_init_mark;
 
 /* Marks are applied first (the layers' own fastai init), then the pass over the target. */
@@ -82,6 +83,10 @@ cf_module *cf_zoo_hook_new(cf_zoo_init_pass pass) {
 }
 
 bool cf_zoo_hook_mark(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind) {
+    return cf_zoo_hook_mark_arg(hook, target, kind, 0);
+}
+
+bool cf_zoo_hook_mark_arg(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind, int arg) {
     zoo_init_hook *h = hook->impl;
     if (!target) return false;
     if (h->n_marks == h->cap) {
@@ -93,7 +98,7 @@ bool cf_zoo_hook_mark(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind)
         h->marks = marks;
         h->cap = cap;
     }
-    h->marks[h->n_marks++] = (zoo_init_mark){.module = target, .kind = kind};
+    h->marks[h->n_marks++] = (zoo_init_mark){.module = target, .kind = kind, .arg = arg};
     return true;
 }
 
@@ -157,6 +162,8 @@ static bool is_norm(const cf_module *m) {
     return false;
 }
 
+static void init_pass(cf_module *m, cf_zoo_init_pass pass, cf_rng *rng);
+
 static void apply_mark(const zoo_init_mark *mk, cf_rng *rng) {
     cf_module *m = mk->module;
     switch (mk->kind) {
@@ -180,6 +187,17 @@ static void apply_mark(const zoo_init_mark *mk, cf_rng *rng) {
         if (w && w->data)
             for (size_t i = 0; i < w->numel; i++)
                 w->data[i] = (float)(fmod(cf_rng_normal(rng), 2.0) * 0.01);
+        break;
+    }
+    case CF_ZOO_MARK_APPLY_INIT:
+        init_pass(m, CF_ZOO_PASS_APPLY_INIT, rng);
+        break;
+    case CF_ZOO_MARK_ICNR: { /* bias_std 0: the bias starts at 0 */
+        cf_param *w = find_param(m, "weight");
+        if (w && w->data && w->shape.ndim == 4)
+            cf_icnr_init(w->data, w->shape.dim[0], w->shape.dim[1], w->shape.dim[2],
+                         w->shape.dim[3], mk->arg, rng);
+        fill(find_param(m, "bias"), 0.0f);
         break;
     }
     }
