@@ -1,11 +1,11 @@
 /* fastai's upsampling layers: PyTorch's PixelShuffle, ReplicationPad2d (for the blur), ICNR
  * initialisation and PixelShuffle_ICNR. The shuffles and pads only move values; the arithmetic
- * (the 1x1 convolution, the blur's average pool) goes through the existing layers. */
+ * (the 1x1 convolution, the blur's average pool) goes through the existing layers; icnr_init is
+ * with the zoo's other initialisations (zoo.c). */
 #include "corefit/nn.h"
 #include "nn_internal.h"
 #include "zoo.h"
 
-#include <math.h>
 #include <string.h>
 
 /* ---- PixelShuffle(scale) -------------------------------------------------------------------- *
@@ -180,25 +180,6 @@ cf_module *cf_replication_pad2d(int left, int right, int top, int bottom) {
     if (!p) return NULL;
     *p = (pad_impl){left, right, top, bottom};
     return cf_module_new(&pad_ops, p);
-}
-
-/* ---- ICNR ----------------------------------------------------------------------------------- */
-
-void cf_icnr_init(float *weight, int out_channels, int in_channels, int kh, int kw, int scale,
-                  cf_rng *rng) {
-    const int s2 = scale * scale;
-    const size_t k = (size_t)in_channels * kh * kw; /* one output channel's kernel, = fan_in */
-    const double std = sqrt(2.0 / (double)k);
-    /* the base kernels first (out_channels / s2 of them), then output channel o takes base
-     * o / s2: at init the s2 sub-pixels of every position are equal, nearest upsampling */
-    const int n_base = out_channels / s2;
-    for (int b = 0; b < n_base; b++)
-        for (size_t i = 0; i < k; i++)
-            weight[(size_t)b * s2 * k + i] = (float)(std * cf_rng_normal(rng));
-    for (int b = 0; b < n_base; b++)
-        for (int r = 1; r < s2; r++)
-            memcpy(weight + ((size_t)b * s2 + r) * k, weight + (size_t)b * s2 * k,
-                   k * sizeof(float));
 }
 
 /* ---- PixelShuffle_ICNR ---------------------------------------------------------------------- */

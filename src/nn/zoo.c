@@ -156,6 +156,26 @@ static void kaiming_uniform(cf_param *p, cf_rng *rng) {
         p->data[i] = (float)(bound * (2.0 * cf_rng_uniform(rng) - 1.0));
 }
 
+/* ---- ICNR (fastai's icnr_init)
+ * ----------------------------------------------------------------------------------- */
+
+void cf_icnr_init(float *weight, int out_channels, int in_channels, int kh, int kw, int scale,
+                  cf_rng *rng) {
+    const int s2 = scale * scale;
+    const size_t k = (size_t)in_channels * kh * kw; /* one output channel's kernel, = fan_in */
+    const double std = sqrt(2.0 / (double)k);
+    /* the base kernels first (out_channels / s2 of them), then output channel o takes base
+     * o / s2: at init the s2 sub-pixels of every position are equal, nearest upsampling */
+    const int n_base = out_channels / s2;
+    for (int b = 0; b < n_base; b++)
+        for (size_t i = 0; i < k; i++)
+            weight[(size_t)b * s2 * k + i] = (float)(std * cf_rng_normal(rng));
+    for (int b = 0; b < n_base; b++)
+        for (int r = 1; r < s2; r++)
+            memcpy(weight + ((size_t)b * s2 + r) * k, weight + (size_t)b * s2 * k,
+                   k * sizeof(float));
+}
+
 static bool is_norm(const cf_module *m) {
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].kind == CF_PARAM_NORM) return true;
