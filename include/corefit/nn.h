@@ -418,6 +418,62 @@ cf_module *cf_resnet_learner_model(int depth, int c_in, int n_out, const cf_head
  * another name. */
 cf_module *cf_vision_model(const char *arch, int c_in, int n_out);
 
+/* ---- segmentation: fastai's DynamicUnet (fastai/vision/models/unet.py) ---- */
+
+/* nn.PixelShuffle(scale): (N, C*s*s, H, W) -> (N, C, H*s, W*s). */
+cf_module *cf_pixel_shuffle(int scale);
+/* nn.ReplicationPad2d((left, right, top, bottom)): edge values repeated outward. */
+cf_module *cf_replication_pad2d(int left, int right, int top, int bottom);
+/* fastai's icnr_init on a conv weight (out_channels, in_channels, kh, kw): out_channels/scale^2
+ * base kernels drawn kaiming_normal_ (N(0, 2 / (in_channels*kh*kw))), output channel o takes
+ * base kernel o / scale^2, so a PixelShuffle after the conv starts as nearest upsampling (no
+ * checkerboard). */
+void cf_icnr_init(float *weight, int out_channels, int in_channels, int kh, int kw, int scale,
+                  cf_rng *rng);
+/* fastai's PixelShuffle_ICNR(ni, nf, scale, blur, norm_type=None): Sequential("0" ConvLayer =
+ * ("0" Conv2d(ni, nf*scale^2, 1) with bias 0 and ICNR weights, "1" ReLU), "1" PixelShuffle,
+ * with blur "2" ReplicationPad2d((1, 0, 1, 0)), "3" AvgPool2d(2, stride 1)). Output
+ * (N, nf, H*scale, W*scale). */
+cf_module *cf_pixel_shuffle_icnr(int ni, int nf, int scale, bool blur);
+
+/* DynamicUnet's options; cf_unet_defaults() gives fastai's: blur false, blur_final true, no
+ * self-attention, no y_range, last_cross true, bottle false (the decoder's norm_type is None,
+ * its activation ReLU and its init kaiming_normal_, as fastai's unet_learner). */
+typedef struct cf_unet_opts {
+    bool blur, blur_final;
+    bool self_attention; /* not supported: true is refused */
+    bool y_range;        /* SigmoidRange(y_lo, y_hi) on the output map */
+    float y_lo, y_hi;
+    bool last_cross;
+    bool bottle; /* breaks in fastai (the ResBlock's width no longer fits the final conv): refused */
+} cf_unet_opts;
+cf_unet_opts cf_unet_defaults(void);
+/* fastai's DynamicUnet(encoder, n_out, (img_h, img_w)) on a cut body (a Sequential whose
+ * children are the encoder's layers, e.g. cf_resnet_body or cf_xresnet_body; a trailing init
+ * hook is ignored); takes ownership of encoder, also on failure. The skips are the encoder
+ * children after which the width changes at img_size, deepest first; UnetBlocks upsample with
+ * PixelShuffle_ICNR, concatenate the BatchNorm'd skip, and run two ConvLayers; a final
+ * PixelShuffle_ICNR when the first encoder layer halves the size, nearest resizing wherever
+ * sizes differ, the input concatenated back (last_cross) into ResBlock(1, ni, ni), and a 1x1
+ * ConvLayer to n_out. Input (N, n_in, H, W) (any H, W the encoder takes), output
+ * (N, n_out, H, W). State-dict names as fastai's: "layers.0.4.0.conv1.weight" (the encoder),
+ * "layers.1.weight", "layers.3.0.0.weight", "layers.4.shuf.0.0.weight", "layers.4.bn.weight",
+ * "layers.4.conv1.0.weight", ..., "layers.<k>.convpath.0.0.weight" (ResBlock), "layers.<k+1>.0.*"
+ * (final conv). */
+cf_module *cf_dynamic_unet(cf_module *encoder, int n_in, int n_out, int img_h, int img_w,
+                           const cf_unet_opts *opts);
+/* cf_dynamic_unet on the body of arch: "resnet18/34/50/101/152" (torchvision, cf_resnet_body)
+ * or "xresnet18/34/50" (cf_xresnet_body). opts NULL: the defaults. */
+cf_module *cf_unet_model(const char *arch, int n_in, int n_out, int img_h, int img_w,
+                         const cf_unet_opts *opts);
+/* True when m is a cf_dynamic_unet. */
+bool cf_is_dynamic_unet(const cf_module *m);
+/* fastai's unet splitter through the body's meta: encoder children [0, body_cut) group 0 (6 for
+ * a torchvision resnet, 3 for an xresnet), the rest of the encoder group 1, the decoder group 2.
+ * n_groups 3. */
+struct cf_model;
+cf_status cf_split_unet(struct cf_model *model, int body_cut);
+
 /* fastai's SimpleCNN(filters, kernel_szs, strides, bn): n_filters - 1 ConvLayers
  * filters[i] -> filters[i+1] (kernel kernel_szs[i] (default 3), stride strides[i] (default 2),
  * padding (k-1)/2; Conv2d, BatchNorm2d (when bn, except the last layer), ReLU; a conv without

@@ -11,6 +11,7 @@
 typedef struct zoo_init_mark {
     cf_module *module;
     cf_zoo_mark_kind kind;
+    int arg;
 } zoo_init_mark;
 
 /* Marks are applied first (the layers' own fastai init), then the pass over the target. */
@@ -82,6 +83,10 @@ cf_module *cf_zoo_hook_new(cf_zoo_init_pass pass) {
 }
 
 bool cf_zoo_hook_mark(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind) {
+    return cf_zoo_hook_mark_arg(hook, target, kind, 0);
+}
+
+bool cf_zoo_hook_mark_arg(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind, int arg) {
     zoo_init_hook *h = hook->impl;
     if (!target) return false;
     if (h->n_marks == h->cap) {
@@ -93,7 +98,7 @@ bool cf_zoo_hook_mark(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind)
         h->marks = marks;
         h->cap = cap;
     }
-    h->marks[h->n_marks++] = (zoo_init_mark){.module = target, .kind = kind};
+    h->marks[h->n_marks++] = (zoo_init_mark){.module = target, .kind = kind, .arg = arg};
     return true;
 }
 
@@ -151,11 +156,33 @@ static void kaiming_uniform(cf_param *p, cf_rng *rng) {
         p->data[i] = (float)(bound * (2.0 * cf_rng_uniform(rng) - 1.0));
 }
 
+/* ---- ICNR (fastai's icnr_init)
+ * ----------------------------------------------------------------------------------- */
+
+void cf_icnr_init(float *weight, int out_channels, int in_channels, int kh, int kw, int scale,
+                  cf_rng *rng) {
+    const int s2 = scale * scale;
+    const size_t k = (size_t)in_channels * kh * kw; /* one output channel's kernel, = fan_in */
+    const double std = sqrt(2.0 / (double)k);
+    /* the base kernels first (out_channels / s2 of them), then output channel o takes base
+     * o / s2: at init the s2 sub-pixels of every position are equal, nearest upsampling */
+    const int n_base = out_channels / s2;
+    for (int b = 0; b < n_base; b++)
+        for (size_t i = 0; i < k; i++)
+            weight[(size_t)b * s2 * k + i] = (float)(std * cf_rng_normal(rng));
+    for (int b = 0; b < n_base; b++)
+        for (int r = 1; r < s2; r++)
+            memcpy(weight + ((size_t)b * s2 + r) * k, weight + (size_t)b * s2 * k,
+                   k * sizeof(float));
+}
+
 static bool is_norm(const cf_module *m) {
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].kind == CF_PARAM_NORM) return true;
     return false;
 }
+
+static void init_pass(cf_module *m, cf_zoo_init_pass pass, cf_rng *rng);
 
 static void apply_mark(const zoo_init_mark *mk, cf_rng *rng) {
     cf_module *m = mk->module;
@@ -180,6 +207,17 @@ static void apply_mark(const zoo_init_mark *mk, cf_rng *rng) {
         if (w && w->data)
             for (size_t i = 0; i < w->numel; i++)
                 w->data[i] = (float)(fmod(cf_rng_normal(rng), 2.0) * 0.01);
+        break;
+    }
+    case CF_ZOO_MARK_APPLY_INIT:
+        init_pass(m, CF_ZOO_PASS_APPLY_INIT, rng);
+        break;
+    case CF_ZOO_MARK_ICNR: { /* bias_std 0: the bias starts at 0 */
+        cf_param *w = find_param(m, "weight");
+        if (w && w->data && w->shape.ndim == 4)
+            cf_icnr_init(w->data, w->shape.dim[0], w->shape.dim[1], w->shape.dim[2],
+                         w->shape.dim[3], mk->arg, rng);
+        fill(find_param(m, "bias"), 0.0f);
         break;
     }
     }

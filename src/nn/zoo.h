@@ -12,10 +12,13 @@
 #include "corefit/nn.h"
 
 typedef enum cf_zoo_mark_kind {
-    CF_ZOO_MARK_BN,        /* fastai's BatchNorm(): weight 1, bias 1e-3 */
-    CF_ZOO_MARK_BN_ZERO,   /* BatchNorm(norm_type=BatchZero): weight 0, bias 1e-3 */
-    CF_ZOO_MARK_CONV_RELU, /* ConvLayer's init_linear (ReLU): kaiming_uniform_, bias N(0, .01) */
-    CF_ZOO_MARK_EMBEDDING, /* fastai's Embedding: trunc_normal_(std 0.01) */
+    CF_ZOO_MARK_BN,         /* fastai's BatchNorm(): weight 1, bias 1e-3 */
+    CF_ZOO_MARK_BN_ZERO,    /* BatchNorm(norm_type=BatchZero): weight 0, bias 1e-3 */
+    CF_ZOO_MARK_CONV_RELU,  /* ConvLayer's init_linear (ReLU): kaiming_uniform_, bias N(0, .01) */
+    CF_ZOO_MARK_EMBEDDING,  /* fastai's Embedding: trunc_normal_(std 0.01) */
+    CF_ZOO_MARK_APPLY_INIT, /* apply_init(subtree, kaiming_normal_): weights N(0, 2/fan_in),
+                               biases 0, norm layers untouched */
+    CF_ZOO_MARK_ICNR, /* PixelShuffle_ICNR's conv: icnr_init (scale: the mark's arg), bias 0 */
 } cf_zoo_mark_kind;
 
 typedef enum cf_zoo_init_pass {
@@ -31,6 +34,8 @@ cf_module *cf_zoo_hook_new(cf_zoo_init_pass pass);
 /* Marks target for the hook's initialisation `kind`; false when target is NULL or out of
  * memory. */
 bool cf_zoo_hook_mark(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind);
+/* The same with an argument for the kind (CF_ZOO_MARK_ICNR: the scale). */
+bool cf_zoo_hook_mark_arg(cf_module *hook, cf_module *target, cf_zoo_mark_kind kind, int arg);
 /* The subtree the hook initialises (not owned), for a container that appends the hook itself. */
 void cf_zoo_hook_target(cf_module *hook, cf_module *target);
 /* Appends the hook to seq as the subtree's last child, which it initialises; frees the hook and
