@@ -396,7 +396,7 @@ def train(rank, world, args, result_q=None):
     opt = lm_optimizer(model)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    rng = np.random.default_rng(args.seed + rank)
+    rng = np.random.default_rng(args.seed)  # one stream for every rank: each takes its own rows
     n_iter = sum(1 for _ in lm_batches(docs, args.bs, False, None, 0, world))
     stamps, cpus = [], []
     t0 = time.perf_counter()
