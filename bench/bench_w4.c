@@ -187,10 +187,9 @@ static int w4_recipe(const w4_recipe_args *a) {
     BENCH_CHECK(prog, cf_text_classifier_learner(&clas, dls, .seq_len = W4_SEQ_LEN,
                                                  .metrics = metrics, .n_metrics = 1, .quiet = true,
                                                  .seed = a->seed, .path = "/tmp"));
-    char encoder_file[128];
-    snprintf(encoder_file, sizeof encoder_file, "%s.safetensors", encoder);
-    cf_status st = cf_learner_load_encoder(clas, encoder_file);
-    unlink(encoder_file);
+    /* a name with a '/' is the file itself */
+    cf_status st = cf_learner_load_encoder(clas, encoder);
+    unlink(encoder);
     BENCH_CHECK(prog, st);
     const double k = pow(2.6, 4), lr = W4_CLAS_LR;
     const int groups = clas->model->n_groups;
