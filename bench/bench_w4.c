@@ -76,6 +76,20 @@ static cf_status w4_lm_learner(cf_learner **out, cf_dls *dls, uint64_t seed) {
                                      .quiet = true, .seed = seed, .path = "/tmp");
 }
 
+/* fit_one_cycle(lr_max, the learner's moms); a parallel fit waits up to 30 minutes for a worker:
+ * one W4 step is minutes of wall time on a loaded machine, past the 120 s default. */
+static cf_status w4_fit(cf_learner *learn, int epochs, bool timing, cf_callback **cbs, int n_cbs,
+                        const cf_par_opts *par) {
+    (void)timing;
+    if (!par)
+        return cf_fit_one_cycle(learn, epochs, .lr_max = CF_LR(W4_LM_LR), .cbs = cbs,
+                                .n_cbs = n_cbs);
+    cf_par_opts p = *par;
+    p.deadline_s = 1800;
+    return cf_par_fit_one_cycle(learn, epochs, .lr_max = CF_LR(W4_LM_LR), .cbs = cbs,
+                                .n_cbs = n_cbs, .par = p);
+}
+
 static int w4_parse_opt(const char *name, const char *value) {
     if (strcmp(name, "--topics") != 0) return 0;
     snprintf(w4_topics, sizeof w4_topics, "%s", value);
@@ -159,8 +173,9 @@ typedef struct w4_recipe_args {
 
 static cf_status w4_cycle(cf_learner *learn, int epochs, cf_lr lr, const w4_recipe_args *a) {
     if (a->cores > 0)
-        return cf_par_fit_one_cycle(learn, epochs, .lr_max = lr,
-                                    .par = {.num_cores = a->cores, .split_batch = true});
+        return cf_par_fit_one_cycle(
+            learn, epochs, .lr_max = lr,
+            .par = {.num_cores = a->cores, .split_batch = true, .deadline_s = 1800});
     return cf_fit_one_cycle(learn, epochs, .lr_max = lr);
 }
 
@@ -230,6 +245,7 @@ int main(int argc, char **argv) {
                           .make_learner = w4_lm_learner,
                           .default_data = data,
                           .make_dls = w4_lm_dls,
+                          .fit = w4_fit,
                           .parse_opt = w4_parse_opt,
                           .usage_extra = "[--topics DIR] | --export DIR | --recipe [--lm-epochs E] "
                                          "[--clas-epochs E]",
