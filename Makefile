@@ -2,7 +2,7 @@
 #   make            build (Release) into build/
 #   make test       install missing Debian packages, build, run every test through ctest
 #   make test-asan  the same with AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
-#   make bench      side-by-side benchmarks against PyTorch (bench/)
+#   make bench      side-by-side benchmarks against PyTorch (bench/: W1, then W4)
 #   make demo       install missing packages, build, train the default model on every core
 #   make install    install library, headers, pkg-config and CMake files (PREFIX=/usr/local)
 #   make fuzz       run each libFuzzer target for FUZZ_SECONDS (clang)
@@ -69,6 +69,7 @@ test-valgrind: deps build-valgrind/CMakeCache.txt
 
 bench: deps build
 	/usr/bin/python3 bench/run.py --build $(BUILD)
+	/usr/bin/python3 bench/run.py --build $(BUILD) --workload w4 --only 1t,dp
 
 demo: deps build
 	bash scripts/demo $(BUILD)

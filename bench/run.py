@@ -69,7 +69,9 @@ def parse_args():
     ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-WORKLOAD.json)")
     ap.add_argument("--isa", default="", help="comma-separated instruction sets to compare at "
                     "(generic, avx2, avx512; default: every vector set this CPU has)")
-    ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images"], help="the model to train")
+    ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images", "w4"], help="the model to train")
+    ap.add_argument("--seeds", default="1,2,3", help="w4 --accuracy: the seeds of the recipe, each run by both")
+    ap.add_argument("--lm-epochs", type=int, default=1, help="w4 --accuracy: language-model epochs")
     ap.add_argument("--torch-workers", default="0,1", help="images: comma-separated DataLoader worker counts "
                     "to measure PyTorch with (each a variant; the faster is compared)")
     return ap.parse_args()
@@ -158,11 +160,71 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def w4_data(build):
+    """W4's corpus (BUILD/w4-fortunes, every fortune file), its topic classifier's corpus
+    (BUILD/w4-topics, the six largest files) and the ids both sides train on (BUILD/w4-ids,
+    written by bench_w4 --export), each made when missing."""
+    script = os.path.join(os.path.dirname(HERE), "scripts", "fortunes-folder")
+    for name, extra in (("w4-fortunes", []), ("w4-topics", ["--topics", ",".join(W4_TOPICS)])):
+        d = os.path.join(build, name)
+        if not os.path.isdir(os.path.join(d, "train")):
+            log(f"[bench] writing {d} (scripts/fortunes-folder)")
+            if subprocess.run([PY, script, d] + extra, stdout=sys.stderr).returncode != 0:
+                sys.exit(f"run.py: scripts/fortunes-folder {d} failed (is Debian's fortunes installed?)")
+    ids = os.path.join(build, "w4-ids")
+    if not os.path.exists(os.path.join(ids, "vocab.txt")):
+        os.makedirs(ids, exist_ok=True)
+        log(f"[bench] writing {ids} (bench_w4 --export: tokenizes the corpus)")
+        r = run_json([os.path.join(build, "bench_w4"), "--export", ids], timeout=1800)
+        if "error" in r:
+            sys.exit(f"run.py: bench_w4 --export {ids}: {r['error']}")
+
+
+W4_TOPICS = ["people", "definitions", "cookie", "computers", "songs-poems", "politics"]
+
+
+def w4_recipes(a, bench, torch_py, torch_args, envs, n):
+    """The recipe of bench_w4 --recipe and w4_torch.py --recipe for every seed, alternately."""
+    cf_env, torch_env = envs
+    out = {"cf": [], "torch": [], "seeds": [int(x) for x in a.seeds.split(",") if x], "n": n}
+    ep = ["--lm-epochs", str(a.lm_epochs), "--clas-epochs", str(a.epochs)]
+    for i, seed in enumerate(out["seeds"]):
+        runs = [("cf", [bench, "--recipe", "--threads", str(n), "--seed", str(seed)] + ep, cf_env),
+                ("torch", [PY, torch_py, "--recipe", "--threads", str(n), "--seed", str(seed)] + ep + torch_args,
+                 torch_env)]
+        for impl, cmd, env in runs if i % 2 == 0 else runs[::-1]:
+            r = run_json(cmd, env=env, timeout=max(a.timeout, 14400))
+            out[impl].append(r)
+            log(f"[bench] recipe seed {seed} {impl}: " + (r.get("error") or
+                f"perplexity {r['perplexity']:.2f}, classifier accuracy {100 * r['clas_accuracy']:.2f}%"))
+    return out
+
+
+def w4_print_recipes(acc):
+    def stats(rs, key, scale=1):
+        xs = [scale * r[key] for r in rs if "error" not in r]
+        if not xs:
+            return "—"
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return f"{statistics.mean(xs):.2f} ± {sd:.2f} ({', '.join(f'{x:.2f}' for x in xs)})"
+
+    print()
+    print(f"The recipe, 1 process, {acc['n']} threads, seeds {', '.join(map(str, acc['seeds']))} (mean ± sd, each seed):")
+    print()
+    print("| after the recipe | corefit | PyTorch |")
+    print("|---|--:|--:|")
+    print(f"| language model: validation perplexity | {stats(acc['cf'], 'perplexity')} | {stats(acc['torch'], 'perplexity')} |")
+    print(f"| language model: validation accuracy % | {stats(acc['cf'], 'lm_accuracy', 100)} | "
+          f"{stats(acc['torch'], 'lm_accuracy', 100)} |")
+    print(f"| topic classifier: validation accuracy % | {stats(acc['cf'], 'clas_accuracy', 100)} | "
+          f"{stats(acc['torch'], 'clas_accuracy', 100)} |")
+
+
 def main():
     a = parse_args()
     build = os.path.abspath(a.build)
     programs = {"w1": ("bench_w1", "w1_torch.py"), "vgg": ("bench_vgg", "vgg_torch.py"),
-                "images": ("bench_images", "images_torch.py")}
+                "images": ("bench_images", "images_torch.py"), "w4": ("bench_w4", "w4_torch.py")}
     bench = os.path.join(build, programs[a.workload][0])
     sgemm = os.path.join(build, "sgemm")
     for exe in (bench, sgemm):
@@ -170,6 +232,8 @@ def main():
             sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
     torch_py = os.path.join(HERE, programs[a.workload][1])
     data_args = []  # both sides' --data
+    cf_args, torch_args = [], []  # one side's own
+    unit, per_row = "img", 1  # W4 counts tokens: each row ("image") of a batch is 72 tokens
     torch_variants = [("default", [], {})]  # (name, extra PyTorch arguments, extra environment)
     if a.workload == "images":
         images = os.path.join(build, "w3-images")
@@ -181,6 +245,10 @@ def main():
         data_args = ["--data", images]
         workers = [int(x) for x in a.torch_workers.split(",") if x]
         torch_variants = [(f"workers={w}", ["--workers", str(w)], {}) for w in workers]
+    if a.workload == "w4":
+        w4_data(build)
+        torch_args = ["--ids", os.path.join(build, "w4-ids")]
+        unit, per_row = "tok", 72
     have = cpu_isas()
     isas = [x for x in a.isa.split(",") if x] if a.isa else [x for x in have if x != "generic"] or ["generic"]
     for x in isas:
@@ -188,7 +256,7 @@ def main():
             sys.exit(f"run.py: --isa {x}: this CPU supports {', '.join(have)}")
     isas.sort(key=ISA_ORDER.index, reverse=True)
     n = a.cores or len(os.sched_getaffinity(0))
-    batches = a.batches or (60 if a.quick else 200)
+    batches = a.batches or ((8 if a.quick else 15) if a.workload == "w4" else 60 if a.quick else 200)
     pairs = a.pairs
     only = set(a.only.split(",")) if a.only else {"1t", "Nt", "dp", "mpi"}
     if n < 2:
@@ -235,7 +303,7 @@ def main():
         notes.append("mpirun not found: the mpi configuration was skipped")
         only.discard("mpi")
 
-    steps = ["--batches", str(batches)] + data_args
+    steps = ["--batches", str(batches)] + data_args + (["--skip", "3"] if a.workload == "w4" else [])
 
     def tv(cmd, name=None, env=None):  # PyTorch's variants of one command, with a setting of its own
         out = []
@@ -249,19 +317,19 @@ def main():
         tag = f"{isa}: " if len(isas) > 1 else ""
         if "1t" in only:
             configs.append((f"{isa}:1t", f"{tag}1 process, 1 thread", [bench, "--threads", "1"] + steps,
-                            tv([PY, torch_py, "--threads", "1"] + steps), isa))
+                            tv([PY, torch_py, "--threads", "1"] + steps + torch_args), isa))
         if "Nt" in only:
             # libgomp's threads spin while they wait (OMP_WAIT_POLICY active): on a machine whose
             # cores are busy with other work that can cost PyTorch 10x; passive waiting is its best
             # setting there. Both are measured and the faster one is compared.
-            t_cmd = [PY, torch_py, "--threads", str(n)] + steps
+            t_cmd = [PY, torch_py, "--threads", str(n)] + steps + torch_args
             configs.append((f"{isa}:Nt", f"{tag}1 process, {n} threads", [bench, "--threads", str(n)] + steps,
                             tv(t_cmd) + tv(t_cmd, "OMP_WAIT_POLICY=passive", {"OMP_WAIT_POLICY": "passive"}),
                             isa))
         if "dp" in only:
             configs.append((f"{isa}:dp", f"{tag}data-parallel, {n} processes (fork / DDP gloo)",
                             [bench, "--cores", str(n)] + steps,
-                            tv([PY, torch_py, "--ddp", str(n)] + steps), isa))
+                            tv([PY, torch_py, "--ddp", str(n)] + steps + torch_args), isa))
         if "mpi" in only:
             configs.append((f"{isa}:mpi", f"{tag}mpirun -np {n} (vs DDP gloo)", mpi_cmd + [bench, "--mpi"] + steps,
                             [], isa))
@@ -279,7 +347,7 @@ def main():
                 r = run_json(cmd, env=env, timeout=a.timeout)
                 r["load"] = loadavg()
                 (results[key]["cf"] if impl == "cf" else results[key]["torch"][variant]).append(r)
-                msg = r.get("error") or f"{r['images_per_s']:.0f} img/s, {r['images_per_cpu_s']:.0f} img/CPU-s"
+                msg = r.get("error") or f"{r['images_per_s'] * per_row:.0f} {unit}/s, {r['images_per_cpu_s'] * per_row:.0f} {unit}/CPU-s"
                 if impl == "cf" and "error" not in r and r.get("isa", isa) != isa:
                     r["error"] = f"ran with {r.get('isa')} kernels, not {isa}"
                     msg = r["error"]
@@ -297,7 +365,9 @@ def main():
         sgemm_wall[isa] = max(s["sgemm_gflops"] for s in sg_ok)
 
     acc = {}
-    if a.accuracy:
+    if a.accuracy and a.workload == "w4":
+        acc = w4_recipes(a, bench, torch_py, torch_args, envs(isas[0]), n)
+    elif a.accuracy:
         ep = ["--epochs", str(a.epochs)] + data_args
         log(f"[bench] accuracy: {a.epochs} epochs, 1 process, {n} threads, each")
         cf_env, torch_env = envs(isas[0])
@@ -315,8 +385,8 @@ def main():
             return None
         return {
             "n": len(ok),
-            "ips": med([r["images_per_s"] for r in ok]),
-            "ips_all": [round(r["images_per_s"], 1) for r in ok],
+            "ips": med([r["images_per_s"] * per_row for r in ok]),
+            "ips_all": [round(r["images_per_s"] * per_row, 1) for r in ok],
             "ipc": med([r["images_per_cpu_s"] for r in ok]),
             "gflops": med([r["gflops"] for r in ok]),
             "rss": med([r["peak_rss_mb"] for r in ok]),
@@ -360,7 +430,7 @@ def main():
             "key": key, "label": label, "isa": isa,
             "cf_ips": cf and cf["ips"], "torch_ips": tt and tt["ips"],
             "ratio": ratio(cf and cf["ips"], tt and tt["ips"]),
-            "cf_ipc": cf and cf["ipc"], "torch_ipc": tt and tt["ipc"],
+            "cf_ipc": cf and cf["ipc"] * per_row, "torch_ipc": tt and tt["ipc"] * per_row,
             "ratio_cpu": ratio(cf and cf["ipc"], tt and tt["ipc"]),
             "cf_eff": eff(cf, one.get("cf")), "torch_eff": eff(tt, one.get("torch")),
             "cf_gflops": cf and cf["gflops"], "torch_gflops": tt and tt["gflops"],
@@ -373,15 +443,18 @@ def main():
     cmdline = "/usr/bin/python3 bench/run.py " + " ".join(sys.argv[1:])
     print()
     title = {"w1": "W1 (mini-resnet, Fashion-MNIST", "vgg": "W2 (VGG-style CNN, Fashion-MNIST",
-             "images": "W3 (resnet18 fine_tune, unfrozen phase, RGB JPEG folder at 128 px"}[a.workload]
+             "images": "W3 (resnet18 fine_tune, unfrozen phase, RGB JPEG folder at 128 px",
+             "w4": "W4 (AWD-LSTM language model, awd_lstm_lm_config, fortunes corpus, seq_len 72"}[a.workload]
     print(f"{title}, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
     print(f"{cpu_model()}, {n} cores; load average {load0:.1f} at start, {load1:.1f} at end; "
-          f"medians of {pairs} alternating pairs of {batches} training steps (first 5 excluded)")
+          f"medians of {pairs} alternating pairs of {batches} training steps "
+          f"(first {3 if a.workload == 'w4' else 5} excluded)")
     for isa in isas:
         print(f"{isa}: SGEMM 1 thread (OpenBLAS {core[isa]} kernels, 1024^3): {sgemm_cpu[isa]:.1f} GFLOP per "
               f"CPU-second ({sgemm_wall[isa]:.1f} best wall); PyTorch ran with OPENBLAS_CORETYPE={core[isa]}")
     print()
-    print("| configuration | corefit img/s | PyTorch img/s | ratio | corefit img/CPU-s | PyTorch img/CPU-s | ratio (CPU) "
+    print(f"| configuration | corefit {unit}/s | PyTorch {unit}/s | ratio | corefit {unit}/CPU-s | PyTorch {unit}/CPU-s "
+          "| ratio (CPU) "
           "| scaling eff. corefit / PyTorch | GFLOP/s corefit / PyTorch | % of SGEMM (per CPU-s) corefit / PyTorch "
           "| peak RSS MB corefit / PyTorch | PSS MB corefit / PyTorch |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
@@ -395,7 +468,9 @@ def main():
             f"| {fmt(r['cf_pct'], '.0f')}% / {fmt(r['torch_pct'], '.0f')}% "
             f"| {fmt(r['cf_rss'])} / {fmt(r['torch_rss'])} | {fmt(r['cf_pss'])} / {fmt(r['torch_pss'])} |"
         )
-    if acc:
+    if acc and a.workload == "w4":
+        w4_print_recipes(acc)
+    elif acc:
         ca, ta = acc.get("cf", {}).get("test_acc"), acc.get("torch", {}).get("test_acc")
         what = (f"validation accuracy after fine_tune({a.epochs}), 1 frozen + {a.epochs} epochs" if a.workload == "images"
                 else f"test accuracy after {a.epochs} epochs")

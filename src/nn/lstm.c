@@ -234,12 +234,22 @@ static const cf_tensor *lstm_backward(cf_module *m, const cf_tensor *dy, bool ne
     float *dwhh =
         l->wrapped ? l->dw_hh : (m->params[l->p_hh].trainable ? m->params[l->p_hh].grad : NULL);
     if (dwhh) { /* dW_hh += sum over b, t of dG[b, t]^T h[b, t - 1] */
+        /* As rows r = b * T + t of (B * T, .), h[b, t - 1] is y's row r - 1 except at t = 0,
+         * where the row before is y[b - 1, T - 1] instead of h0[b]: one GEMM over every row
+         * pair (r, r - 1), then the t = 0 rows corrected with h0[b] - y[b - 1, T - 1] (in dhr,
+         * free now). One large GEMM instead of one per batch row, each of which read and
+         * wrote the whole 4H x H gradient. */
         const size_t gs = (size_t)T * 4 * H, hs = (size_t)T * H;
-        cf_nn_par_sgemm(true, false, 4 * H, H, B, dg, (int)gs, l->h0, H, 1.0f, dwhh, H);
-        if (T > 1)
-            for (int b = 0; b < B; b++)
-                cf_nn_par_sgemm(true, false, 4 * H, H, T - 1, dg + b * gs + 4 * H, 4 * H,
-                                m->out.data + b * hs, H, 1.0f, dwhh, H);
+        const float *y = m->out.data;
+        float *corr = l->dhr;
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < H; j++)
+                corr[(size_t)b * H + j] =
+                    l->h0[(size_t)b * H + j] - (b > 0 ? y[(size_t)(b - 1) * hs + hs - H + j] : 0);
+        cf_nn_par_sgemm(true, false, 4 * H, H, B, dg, (int)gs, corr, H, 1.0f, dwhh, H);
+        if (rows > 1)
+            cf_nn_par_sgemm(true, false, 4 * H, H, rows - 1, dg + 4 * H, 4 * H, y, H, 1.0f, dwhh,
+                            H);
     }
     cf_param *bi = &m->params[l->p_bih], *bh = &m->params[l->p_bhh];
     if (bi->trainable || bh->trainable)
