@@ -109,9 +109,7 @@ cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, con
                                      size_t labels_size, const char *name, cf_dataset **out);
 
 /* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- *
- * JPEG files are decoded with libjpeg-turbo when corefit is built with it (libjpeg62-turbo-dev;
- * CF_HAVE_JPEG), PNG and BMP with stb_image. On W3's 128-160 px RGB JPEGs libjpeg-turbo decodes
- * 1.3x as fast as stb_image (bench/bench_decode; bench/README.md). */
+ * JPEG through libjpeg-turbo when built with it (CF_HAVE_JPEG; faster, see bench/README.md). */
 
 /* How an image set's pixels are held. */
 typedef enum cf_image_load {
@@ -497,9 +495,8 @@ cf_status cf_dataloader_set_shard(cf_dataloader *dl, int rank, int world, cf_sha
 /* Starts an epoch: draws the permutation from seed + epoch. Prefetching starts with the first
  * cf_dataloader_next. */
 cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch);
-/* Moves the epoch just started (before its first next) to batch `batch`, exactly as if the
- * earlier ones had been read. CF_ERR_STATE after the first next; CF_ERR_INVALID outside [0, len].
- */
+/* Moves the epoch just started (before its first next) to batch `batch`, as if the earlier ones
+ * had been read. CF_ERR_STATE after the first next; CF_ERR_INVALID outside [0, len]. */
 cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch);
 /* The next batch, or *batch = NULL at the end of the epoch. The batch stays valid until the
  * next call. */
@@ -895,8 +892,7 @@ cf_status cf_text_show_batch(const cf_dataloader *dl, const cf_batch *b,
 /* ---- text: TextDataLoaders with fastai's tokenizer and vocabulary ------------------------- */
 
 /* fastai's Tokenizer + Numericalize: encode tokenizes and maps unknown words to xxunk; fit makes
- * the vocabulary on every core unless text_vocab (copied, used verbatim) was given. NULL: defaults.
- */
+ * the vocabulary on every core unless text_vocab (copied, used as is) was given. NULL: defaults. */
 cf_status cf_text_numericalizer_new(const cf_text_tok_options *tok,
                                     const cf_text_vocab_options *vocab_opt,
                                     const cf_text_vocab *text_vocab, cf_text_numericalizer **out);

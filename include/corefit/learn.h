@@ -840,8 +840,7 @@ double cf_combined_cos(double pct, double start, double middle, double end, doub
 
 /* ---- MixUp and CutMix (fastai's callback/mixup.py) ------------------------------------------
  * Training batches only; draws keyed by (seed, epoch, batch), so resumed and parallel fits draw
- * alike. Cross-entropy gets fastai's mixed loss, BCE and MSE mixed targets. Details: docs/api.md.
- */
+ * alike. Cross-entropy gets fastai's mixed loss, BCE and MSE mixed targets (docs/api.md). */
 
 typedef enum cf_mix_kind { CF_MIX_MIXUP, CF_MIX_CUTMIX } cf_mix_kind;
 

@@ -2,8 +2,7 @@
  * plot_lr_find, plot_metrics) and ClassificationInterpretation's confusion matrix and top losses,
  * drawn with PLplot (800x600 by default) and written atomically. They take plain result structs,
  * so data from parallel workers draws too. Without PLplot every plotting call returns
- * CF_ERR_UNSUPPORTED (cf_confusion_from_preds and cf_top_losses always work). Notes: docs/api.md.
- */
+ * CF_ERR_UNSUPPORTED (cf_confusion_from_preds and cf_top_losses always work). See docs/api.md. */
 #ifndef COREFIT_PLOT_H
 #define COREFIT_PLOT_H
 
