@@ -1,8 +1,6 @@
-/* corefit/core.h — status codes and errors, random numbers, arenas, the thread pool.
- *
- * Every fallible call in corefit returns a cf_status. On failure it also records a message for
- * the calling thread, read with cf_last_error(), that names the file, position and value at
- * fault. The library never exits or aborts on a user's error. */
+/* corefit/core.h — status codes and errors, random numbers, arenas, the thread pool. Every
+ * fallible call returns a cf_status and sets cf_last_error() (per thread) naming file, position
+ * and value; the library never exits or aborts on a user's error. Notes: docs/api.md. */
 #ifndef COREFIT_CORE_H
 #define COREFIT_CORE_H
 
@@ -49,43 +47,26 @@ void *cf_calloc(size_t count, size_t size);
 void cf_free(void *ptr);
 char *cf_strdup(const char *s);
 
-/* Whether `bytes` more may be allocated for `what`: CF_OK, or CF_ERR_NOMEM naming what, the size
- * and the limit when it exceeds this process's address-space or data limit (ulimit -v / -d) or
- * the machine's physical memory. Readers call it before an allocation sized by their input, so
- * that a file that would need more memory than there is gets a clear error instead of a swap
- * storm or the out-of-memory killer. */
+/* Whether `bytes` more may be allocated for `what`: CF_OK, or CF_ERR_NOMEM naming what, size and
+ * limit (ulimit -v / -d, physical memory). Call before allocations sized by input. */
 cf_status cf_memory_check(uint64_t bytes, const char *what);
 
 /* Reads a whole file into a new buffer (free with cf_free), NUL-terminated after *size bytes.
- * A regular file larger than max_bytes is refused before anything is allocated; a pipe, FIFO,
- * socket or character device (/dev/stdin, a process substitution, /dev/zero) is read up to
- * max_bytes (at most 1 GiB) and refused beyond it; a FIFO that no writer opens within 10 s and a
- * directory are refused. Errors name the path, the size and the limit. */
+ * Files, pipes and devices beyond max_bytes (at most 1 GiB for streams), directories and FIFOs
+ * without a writer (10 s) are refused, naming path, size and limit. */
 cf_status cf_read_file(const char *path, size_t max_bytes, void **data, size_t *size);
-/* Writes `size` bytes to path the way the library writes every file (a model file, a
- * checkpoint): a temporary file beside it (O_EXCL, removed on failure or on a signal that ends
- * the process), fsync, rename, so the path holds either its old content or all of the new; a
- * character device is written through (cf_output_check). CF_ERR_IO naming the path and why. */
+/* Writes path atomically (temporary file beside it, fsync, rename), as every library save does;
+ * a character device is written through. CF_ERR_IO naming the path and why. */
 cf_status cf_write_file_atomic(const char *path, const void *data, size_t size);
-/* What a save may do with an existing path: a regular file (or none) is replaced atomically;
- * a character device such as /dev/null is written through (*write_through set: no temporary
- * file, no rename, the device stays); a FIFO, a socket or a block device is refused with
- * CF_ERR_IO naming the path and its kind, and never replaced. (A directory passes: the save's
- * rename fails on it and says so.) */
+/* What a save may do with path: a regular file (or none) is replaced atomically; a character
+ * device is written through (*write_through); a FIFO, socket or block device is refused with
+ * CF_ERR_IO naming the path and its kind. */
 cf_status cf_output_check(const char *path, bool *write_through);
 
-/* A bump allocator for activations. Two phases: a measuring pass (cf_arena_begin_measure, then
- * cf_arena_floats returns NULL and counts), then cf_arena_commit allocates the counted size and
- * a second identical pass hands out real pointers. Nothing is freed individually.
- *
- * Beside it, a pool of transient blocks: memory that is live for part of a pass only (backward's
- * input gradients, dead once the layer before has read them; a layer's per-call scratch). Each
- * pass reserves what may be taken (cf_arena_reserve_transient, one call per owner's block); at
- * run time blocks are taken and given back in any order, first fit from the bottom of the pool,
- * so that a long chain of layers reuses a few blocks' memory. The pool's pages are mapped on
- * first touch: a process holds the pool up to the highest end of a block ever taken, about the
- * most that is live at once, not the sum of what was reserved. A take that finds no gap (the
- * pool fragmented) is served from the heap instead and freed when given back. */
+/* A bump allocator for activations: a measuring pass counts (cf_arena_floats returns NULL), then
+ * cf_arena_commit allocates and an identical pass hands out pointers; nothing is freed singly.
+ * Beside it, a pool of transient blocks taken and given back in any order during a pass.
+ * Details: docs/api.md. */
 typedef struct cf_arena_block {
     size_t at, size;   /* bytes from the pool's base */
     const void *owner; /* who took it (cf_arena_holds) */
@@ -145,20 +126,15 @@ void cf_rng_shuffle(cf_rng *rng, int64_t *idx, int64_t n);
 
 /* ---- threads ------------------------------------------------------------------------------- */
 
-/* The number of threads a single-process fit uses. Default: the cores this process may run on,
- * with no call needed: that default is the fast configuration. corefit owns the threading of
- * every kernel it calls: its pool splits work over the batch, and the BLAS library is held to one
- * thread from the moment the library is loaded (a BLAS call inside a pool job must not start
- * threads of its own), in one process, in fork workers and under MPI alike. */
+/* The number of threads a single-process fit uses (default: the cores this process may run on,
+ * the fast configuration). BLAS is held to one thread; corefit's pool splits the work. */
 void cf_set_num_threads(int n);
 int cf_get_num_threads(void);
 /* The cores in this process's affinity mask. */
 int cf_available_cores(void);
-/* Makes room, before the first BLAS call, for the work buffers OpenBLAS keeps for `concurrent`
- * BLAS calls in flight at once (one per thread of a fit: cf_get_num_threads()): CF_OK, or
- * CF_ERR_NOMEM with a message naming the size and the limit. Without it, OpenBLAS retries a
- * mapping that cannot succeed for ever, at full CPU. Cheap once done; the buffers (128 MiB of
- * address space each, touched only as used) stay for the life of the process and its forks. */
+/* Reserves, before the first BLAS call, OpenBLAS's work buffers for `concurrent` BLAS calls at
+ * once (one per thread): CF_OK, or CF_ERR_NOMEM naming size and limit (instead of OpenBLAS
+ * spinning on a mapping that cannot succeed). */
 cf_status cf_blas_reserve(int concurrent);
 
 /* Runs fn(ctx, begin, end, thread) over [0, n) split into contiguous chunks, one per thread,
@@ -167,20 +143,16 @@ cf_status cf_blas_reserve(int concurrent);
 typedef void (*cf_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx);
 
-/* The BLAS kernels in use ("SkylakeX", "Haswell", ...). Unless OPENBLAS_CORETYPE is set,
- * corefit selects OpenBLAS's kernels for the instruction set of its own (cf_isa_active(): the
- * CPU's best, or the CF_ISA cap): SkylakeX at avx512, Haswell at avx2, Nehalem at generic. */
+/* The BLAS kernels in use ("SkylakeX", "Haswell", ...), chosen to match cf_isa_active() unless
+ * OPENBLAS_CORETYPE is set. */
 const char *cf_blas_core(void);
 
 /* Seconds from a monotonic clock. */
 double cf_now(void);
 
 /* ---- keyword-argument macros ----------------------------------------------------------------
- * The option macros (cf_fit_one_cycle(learn, 5, .lr_max = ...), cf_save_model_cb(), ...) pass
- * their optional arguments as a compound literal of the options struct. These helpers keep them
- * valid ISO C11 (-std=c11 -pedantic) when no option is given: the struct is then written {0}
- * (an empty initializer `{}` is not C11), and a variadic macro is never left without an
- * argument. Not for direct use. */
+ * Helpers that keep the option macros (cf_fit_one_cycle(learn, 5, .lr_max = ...)) valid ISO C11
+ * when no option is given. Not for direct use. */
 #define CF_PICK64_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17,     \
                    _18, _19, _20, _21, _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, _33, \
                    _34, _35, _36, _37, _38, _39, _40, _41, _42, _43, _44, _45, _46, _47, _48, _49, \

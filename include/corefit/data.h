@@ -1,16 +1,9 @@
 /* corefit/data.h — datasets, transforms, splitters and DataLoaders with fastai's defaults,
  * sharding for data-parallel training, and a background thread that prepares batches ahead.
- *
- * Samples are float32: images (C, H, W) scaled to [0, 1] (then normalised), tabular rows
- * (n_cat codes as floats, then n_cont values). Targets are floats: class codes for classifiers,
- * values for regression.
- *
- * Option structs: a field left 0 / NULL / false takes fastai's default (noted per field), so
- * `&(cf_dls_options){.bs = 128}` reads like keyword arguments.
- *
- * Readers validate everything they read (magic numbers, sizes against the file, counts, values)
- * before trusting it. On failure they return a status, set cf_last_error() to a message naming
- * the file, the line or byte offset and the value, leave *out NULL and free all they built. */
+ * Samples and targets are float32 (images (C, H, W) in [0, 1]; class codes or values). An option
+ * field left 0 / NULL / false takes fastai's default. Readers validate what they read; on failure
+ * they return a status with cf_last_error() naming file, position and value, and leave *out NULL.
+ * Longer notes (sharding, text pipeline, loader order): docs/api.md. */
 #ifndef COREFIT_DATA_H
 #define COREFIT_DATA_H
 
@@ -116,25 +109,17 @@ cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, con
                                      size_t labels_size, const char *name, cf_dataset **out);
 
 /* ---- image folders (PNG, JPEG, BMP through stb_image) -------------------------------------- *
- * JPEG files are decoded with libjpeg-turbo when corefit is built with it (libjpeg62-turbo-dev;
- * CF_HAVE_JPEG), PNG and BMP with stb_image. On W3's 128-160 px RGB JPEGs libjpeg-turbo decodes
- * 1.3x as fast as stb_image (bench/bench_decode; bench/README.md). */
+ * JPEG through libjpeg-turbo when built with it (CF_HAVE_JPEG; faster, see bench/README.md). */
 
 /* How an image set's pixels are held. */
 typedef enum cf_image_load {
-    /* CF_IMAGE_LOAD_STREAM when the decoded set (n x C x H x W floats) would take more than
-     * CF_IMAGE_MEMORY_BUDGET bytes or more than a quarter of the memory this process may use
-     * (ulimit -v / -d, physical memory), or when it is a training set with a RandomResizedCrop
-     * item transform (drawn anew each epoch, as fastai does, only when streamed); else
-     * CF_IMAGE_LOAD_MEMORY: a set that fits is faster decoded once (each later epoch copies
-     * floats instead of decoding files again). */
+    /* Streamed when the decoded set would exceed CF_IMAGE_MEMORY_BUDGET or a quarter of the
+     * memory this process may use, or for a training set with RandomResizedCrop; else in memory. */
     CF_IMAGE_LOAD_AUTO,
     CF_IMAGE_LOAD_MEMORY, /* decode every image up front into one float array (ds->x) */
-    /* Keep only the file names and labels; the loaders decode each image when a batch needs it,
-     * on `decode_threads` threads, at most prefetch + 1 batches ahead: memory does not grow
-     * with the number of images. Training images get their item transform drawn anew every
-     * epoch from (seed, epoch, index) (fastai's RandomResizedCrop/Resize), where an up-front
-     * set keeps epoch 0's region. Same batches for any decode_threads. */
+    /* Only file names and labels are kept; images are decoded when a batch needs them, on
+     * `decode_threads` threads, at most prefetch + 1 batches ahead. Training item transforms are
+     * drawn anew every epoch (fastai's RandomResizedCrop). Same batches for any decode_threads. */
     CF_IMAGE_LOAD_STREAM,
 } cf_image_load;
 
@@ -150,11 +135,8 @@ typedef struct cf_image_folder_options {
     double valid_pct;  /* > 0: RandomSplitter(valid_pct, seed) over root/<class>/ instead */
     uint64_t seed;
     bool follow_symlinks; /* false: refuse links that lead out of root (realpath + prefix) */
-    /* fastai's item transform (cf_resize_tfm, cf_random_resized_crop_tfm), applied as each
-     * image is decoded; the data set holds the transform's size (`size` is then unused).
-     * Training images get the region drawn from (seed, epoch 0, index in the training set),
-     * validation images fastai's validation choice. Images decoded once keep that one region
-     * for every epoch. NULL: none. */
+    /* fastai's item transform (cf_resize_tfm, cf_random_resized_crop_tfm), applied as each image
+     * is decoded; `size` is then unused. Sets decoded once keep epoch 0's region. NULL: none. */
     const struct cf_item_tfm *item_tfm;
     cf_image_load load; /* AUTO (above) */
     int decode_threads; /* streamed sets: threads decoding for each loader (0: the fit's thread
@@ -179,14 +161,10 @@ cf_status cf_image_read(const char *path, int channels, int size, float *out, in
 cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,
                                         cf_dataset **train, cf_dataset **valid);
 
-/* fastai's ImageDataLoaders.from_csv: a CSV with a header row lists one image a row. fn_col
- * names the column of file names (NULL: the first column), relative to `folder` (NULL: the
- * CSV's own folder; a relative folder is taken from the CSV's folder), label_col the class
- * (NULL: the second column). valid_col (NULL: none) names a column of booleans (1/0, true/false,
- * True/False) marking the validation rows; without it opt->valid_pct splits at random, and with
- * neither every row is training. The classes are the sorted labels of the training rows; a
- * validation label outside them is refused with its line. Loading (up front or streamed) and
- * decoding follow opt as for folders (opt->train/valid are unused). */
+/* fastai's ImageDataLoaders.from_csv: one image a row; fn_col (NULL: first column) names files
+ * relative to `folder` (NULL: the CSV's folder), label_col the class (NULL: second column).
+ * valid_col (NULL: none) marks validation rows with booleans; else opt->valid_pct splits at
+ * random. Classes: the sorted training labels; an unknown validation label is refused. */
 cf_status cf_datasets_from_image_csv(const char *csv_path, const char *folder, const char *fn_col,
                                      const char *label_col, const char *valid_col,
                                      const cf_image_folder_options *opt, cf_dataset **train,
@@ -199,22 +177,15 @@ typedef struct cf_image_csv_options {
 cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_csv_options *csv,
                                           const cf_image_folder_options *opt, cf_dataset **train,
                                           cf_dataset **valid);
-/* fastai's ImageDataLoaders.from_name_re (from_name_func too, written as a pattern): every
- * image file (.png, .jpg, .jpeg, .bmp) under dir, in every subfolder (get_image_files), labelled
- * by the first group of the POSIX extended regular expression `pattern` searched in its file
- * name (the whole match when it has no group), e.g. "^(.+)_[0-9]+\\.jpg$". A name it does not
- * match is an error naming the file. opt->valid_pct splits the files at random (RandomSplitter;
- * 0: all training); the classes are the sorted labels of the training files. Loading and
- * decoding follow opt as for folders. */
+/* fastai's ImageDataLoaders.from_name_re: every image under dir (recursively), labelled by the
+ * first group of the POSIX extended regex `pattern` in its file name (e.g.
+ * "^(.+)_[0-9]+\\.jpg$"); a name it does not match is an error. opt->valid_pct splits at random. */
 cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
                                        const cf_image_folder_options *opt, cf_dataset **train,
                                        cf_dataset **valid);
-/* fastai's ImageDataLoaders.from_csv(label_delim=...) with a MultiCategoryBlock: label_col
- * (NULL: the second column) holds each image's labels separated by label_delim (NULL: the whole
- * cell is one label; empty labels are skipped, an empty cell has none). The classes are the
- * sorted union of the training rows' labels; targets are multi-hot rows (target_dim =
- * n_classes). A validation label outside them is refused with its line. The other arguments
- * are cf_datasets_from_image_csv's. */
+/* fastai's ImageDataLoaders.from_csv(label_delim) with a MultiCategoryBlock: label_col holds
+ * labels separated by label_delim (NULL: one label a cell); targets are multi-hot over the sorted
+ * union of training labels. Other arguments as cf_datasets_from_image_csv. */
 cf_status cf_datasets_from_image_csv_multi(const char *csv_path, const char *folder,
                                            const char *fn_col, const char *label_col,
                                            const char *valid_col, const char *label_delim,
@@ -228,13 +199,9 @@ bool cf_dataset_is_multi_label(const cf_dataset *ds);
 size_t cf_label_set_str(const float *multi_hot, int n_classes, char *const *vocab, const char *sep,
                         char *buf, size_t size);
 
-/* fastai's PointBlock from a CSV: one point per image in the columns x_col and y_col (NULL: "x"
- * and "y"), in pixels of the image file; the targets are scaled by each image's own size as
- * fastai's PointScaler does (p * 2 / (W, H) - 1, so -1..1 across the image) and kept through a
- * squashing resize (opt->size, or a Resize item transform with CF_RESIZE_SQUISH; a cropping item
- * transform is refused). Training loaders' flips (cf_dl_options.flip, crop_pad) move the points
- * with the images; fastai's affine batch transforms (aug) are refused for point sets. Other
- * arguments as cf_datasets_from_image_csv; n_classes 0, target_dim 2, n_points 1. */
+/* fastai's PointBlock from a CSV: one point per image in x_col, y_col (NULL: "x", "y"), in pixels,
+ * scaled to -1..1 as fastai's PointScaler. Only squashing resizes; flips move the points; affine
+ * aug is refused. Other arguments as cf_datasets_from_image_csv; target_dim 2, n_points 1. */
 cf_status cf_datasets_from_image_points_csv(const char *csv_path, const char *folder,
                                             const char *fn_col, const char *x_col,
                                             const char *y_col, const char *valid_col,
@@ -297,17 +264,9 @@ int cf_csv_column(const cf_csv_table *table, const char *name);
 /* True for the strings pandas reads as missing ("", "NA", "NaN", "null", "#N/A", ...). */
 bool cf_csv_is_missing(const char *s);
 
-/* fastai's TabularPandas with procs [Categorify, FillMissing, Normalize]:
- * - categorical columns get a sorted vocabulary of the training values (numerically sorted when
- *   every value is a number) with "#na#" at code 0; missing and unseen values get code 0;
- * - continuous columns with missing values in the training set are filled with the training
- *   median and get a `<name>_na` categorical flag (vocab #na#, false, true: codes 1 and 2)
- *   appended after the caller's categorical columns (missing values in other columns, seen only
- *   in validation, are filled with the median too, without a flag);
- * - continuous columns are normalised with the training mean and std (ddof 0, + 1e-7).
- * Missing values: empty fields and pandas' NA strings (NA, NaN, nan, null, NULL, None, N/A, n/a,
- * #N/A, <NA>, ...). The target is a class (vocab sorted, no #na#) or a float (regression); a
- * missing target is refused. */
+/* fastai's TabularPandas with procs [Categorify, FillMissing, Normalize], fitted on the training
+ * rows (vocabularies with "#na#" at 0, median fill with `<name>_na` flags, mean/std). The target
+ * is a class or a float; a missing target is refused. Details: docs/api.md. */
 typedef struct cf_tabular_options {
     const char *const *cat_names;
     int n_cat;
@@ -437,11 +396,8 @@ cf_status cf_image_decode_tfm(const void *bytes, size_t n, const char *name, int
 cf_status cf_item_tfm_apply(const cf_item_tfm *t, const float *img, int c, int h, int w, bool train,
                             uint64_t seed, int epoch, int64_t item, float *out);
 
-/* fastai's aug_transforms(): options with fastai's defaults from cf_aug_transforms_defaults().
- * The flip/dihedral, rotation and zoom matrices are multiplied (in that order) and the warp is
- * applied to the grid they give, so each image is sampled once (bilinear, pad_mode, corners
- * aligned) as fastai's combined AffineCoordTfm does; brightness and contrast then act on the
- * logits (sigmoid((logit(x) + logit(b)) * c)). Training loaders only, as fastai. */
+/* fastai's aug_transforms(), defaults from cf_aug_transforms_defaults(): one combined affine
+ * resample per image, then brightness and contrast. Training loaders only, as fastai. */
 typedef struct cf_aug_opts {
     bool do_flip;         /* true: Flip(p=0.5), horizontal */
     bool flip_vert;       /* true: Dihedral(p=0.5) instead (the 8 flips/rotations by 90 degrees) */
@@ -523,48 +479,24 @@ typedef struct cf_dl_options {
     const cf_aug_opts *aug;
 } cf_dl_options;
 
-/* Samples of a streamed set (ds->files) are decoded by the set's decode_threads threads, which
- * take the samples of the batches ahead in order, each into its place in the batch, so that
- * at most prefetch + 1 batches are held whatever the data set's size; with prefetch < 0 the
- * samples are decoded in next(). A file that fails fails that batch's next() with the error
- * naming it (the first failing sample of the batch), unless the set skips bad files.
- *
- * The loader keeps a pointer to ds (not owned; it must outlive the loader). Buffers for
- * `prefetch` batches are allocated here; iterating allocates nothing per batch.
- *
- * Threads: the prefetch thread is started lazily by the first cf_dataloader_next of an epoch,
- * in the process that iterates, and is joined when the epoch ends (next returns NULL), at the
- * next begin_epoch and in free. So no loader thread lives between epochs, and a fork between
- * epochs is safe. A process forked in the middle of an epoch notices (getpid) on its next call,
- * re-creates the loader's lock and condition variables and restarts production from the batch
- * it is at (batches are a pure function of seed, epoch and position, so nothing changes). */
+/* A loader over ds (borrowed; must outlive the loader). Buffers for `prefetch` batches are
+ * allocated here; iterating allocates nothing. A streamed file that fails fails that batch's
+ * next() naming it. No loader thread lives between epochs, so forking there is safe.
+ * Threads and fork: docs/api.md. */
 cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_dataloader **out);
 void cf_dataloader_free(cf_dataloader *dl);
 /* Batches per epoch for this rank, as fastai computes it (n//bs + (n%bs && !drop_last)), where
  * n is this rank's chunk for CF_SHARD_PER_RANK. */
 int64_t cf_dataloader_len(const cf_dataloader *dl);
-/* Shard for data-parallel training (world 1 = off). Takes effect at the next begin_epoch.
- *
- * CF_SHARD_PER_RANK: every rank draws the same permutation (seed + epoch; identity without
- * shuffle), pads it to total = ceil(n/world)*world with perm[i % n] (pad = true), and takes the
- * contiguous chunk [rank*total/world, (rank+1)*total/world); batches of bs from the chunk
- * (drop_last applies to the chunk).
- *
- * CF_SHARD_SPLIT_BATCH: global batches of bs are drawn from the whole permutation as one process
- * would draw them (same count, same drop_last); a global batch of B rows is cut so that rank r
- * takes rows [r*B/world, (r+1)*B/world) (integer division: slices differ by at most one row and
- * concatenating them in rank order gives the global batch). A rank whose slice would be empty
- * (B < world) gets one padding row (the global batch's first sample, pad = true, n_real 0).
- * Weight losses/gradients by n_real / global_size to reproduce one process. */
+/* Shard for data-parallel training (world 1 = off), from the next begin_epoch. PER_RANK: each
+ * rank a contiguous chunk of the padded permutation; SPLIT_BATCH: each global batch cut across
+ * ranks (weight by n_real / global_size to reproduce one process). Details: docs/api.md. */
 cf_status cf_dataloader_set_shard(cf_dataloader *dl, int rank, int world, cf_shard_mode mode);
 /* Starts an epoch: draws the permutation from seed + epoch. Prefetching starts with the first
  * cf_dataloader_next. */
 cf_status cf_dataloader_begin_epoch(cf_dataloader *dl, int epoch);
-/* Moves the epoch just started (before its first cf_dataloader_next) to batch `batch` of
- * cf_dataloader_len's: the next call returns that batch, exactly as it would have come after
- * the ones skipped (batches are a pure function of seed, epoch and position), without making
- * the skipped ones. batch == len gives an epoch with nothing left. CF_ERR_STATE outside that
- * point, CF_ERR_INVALID for a batch outside [0, len]. */
+/* Moves the epoch just started (before its first next) to batch `batch`, as if the earlier ones
+ * had been read. CF_ERR_STATE after the first next; CF_ERR_INVALID outside [0, len]. */
 cf_status cf_dataloader_seek(cf_dataloader *dl, int64_t batch);
 /* The next batch, or *batch = NULL at the end of the epoch. The batch stays valid until the
  * next call. */
@@ -621,35 +553,10 @@ cf_status cf_dls_from_csv(const char *path, const cf_tabular_options *topt,
 void cf_dls_free(cf_dls *dls);
 
 /* ---- text: tokenizer and vocabulary ------------------------------------------------------
- * fastai's text pipeline up to token ids (reference/fastai-text.md sections 1-2): the eight
- * rules in fastai's order, a word splitter after spaCy's English rules, corpora tokenized on
- * every core and cached on disk, and the vocabulary (Numericalize).
- *
- * Text is UTF-8. Code points are classified and lowercased by libutf8proc, with Python's
- * semantics where fastai's regular expressions use them (\s = str.isspace, \w = letters,
- * numbers and '_', lower() with U+0130 and the final sigma); [A-Z] and [a-z] are ASCII, as in
- * fastai. HTML entities are unescaped as Python's html.unescape does for numeric references and
- * the HTML 4 named entities (libxml2's table; HTML5-only names such as &NotEqual; stay as they
- * are). Bytes that are not UTF-8, and NUL bytes (binary data), are an error naming the source
- * and byte offset, or U+FFFD each when replace_invalid is set.
- *
- * The splitter (CF_TEXT_SPLIT_SPACY) follows the reference's approximation of spaCy's blank
- * English tokenizer; tests/text_oracle.py is its executable definition:
- *   - single U+0020 spaces separate tokens; any other whitespace run is a token (less one
- *     leading space), with spaces inside a token written U+2581 (fastai's replace_space, which
- *     is applied here at prediction too, so a raw text gives training's ids);
- *   - special tokens, the clitics ('s 'm 're 've 'd 'll n't) and abbreviations (mr. e.g. u.s.
- *     a.m. etc.) are never split;
- *   - leading ( [ { < " ' ` $ £ € # * & … ‘ “ « ¿ ¡ and trailing ) ] } > " ' , ; : ! ? % … ’ ” »
- *     and '.' are peeled one at a time, as are symbols of category So (emoji, ©) but not °;
- *   - clitics: don't -> do n't, can't -> ca n't, it's -> it 's, i'm -> i 'm, you'll -> you 'll
- *     (after pronouns and could/would/should/might/must), gonna -> gon na, gotta -> got ta,
- *     wanna -> wan na, cannot -> can not; ' and ’ alike;
- *   - infixes: - – — ~ between letters, ',' between letters, + - * ^ between digits, : < > =
- *     between a letter or digit and a letter, and … anywhere;
- *   - numbers keep their inner '.' and ',' (1.5, 3,000 after fastai's rules: 3 , xxrep 3 0).
- *     fastai's spec_add_spaces puts spaces around '/', so URLs are split at their slashes, as
- *     in fastai. */
+ * fastai's text pipeline up to token ids: the eight rules, a spaCy-like English splitter,
+ * corpora tokenized on every core and cached on disk, and the vocabulary (Numericalize). Text is
+ * UTF-8; invalid bytes or NUL are an error naming source and offset (or U+FFFD with
+ * replace_invalid). Splitter rules and Unicode details: docs/text.md and docs/api.md. */
 
 /* fastai's special tokens, in vocabulary order (ids 0-8). */
 #define CF_TEXT_N_SPECIAL 9
@@ -815,12 +722,9 @@ cf_status cf_text_vocab_from_json(const char *json, size_t len, const char *sour
                                   cf_text_vocab **out);
 
 /* ---- text: corpora and DataLoaders ------------------------------------------------------- *
- * fastai's TextDataLoaders from numericalized documents (int32 token ids per document): the
- * language-model stream (LMDataLoader) and length-sorted classifier batches (SortedDL with
- * pad_input_chunk), delivered through cf_dataloader / cf_batch, with seeking and sharding.
- * Batches hold token ids as floats: x (B, T) ids; y (B, T) next-token ids (language model) or
- * (B) class codes / (B, n_classes) multi-hot (classifier). The tokenizer and vocabulary plug in
- * through cf_text_numericalizer. */
+ * fastai's TextDataLoaders: the language-model stream (LMDataLoader) and length-sorted classifier
+ * batches (SortedDL), as cf_dataloader / cf_batch. x (B, T) token ids as floats; y (B, T) next ids
+ * or class codes / multi-hot. */
 
 /* The special tokens' ids (CF_TEXT_UNK, CF_TEXT_PAD, CF_TEXT_BOS, ...) are those of the
  * tokenizer section above. */
@@ -881,29 +785,14 @@ typedef struct cf_text_dl_options {
     bool pad_last; /* false: fastai's pad_first=True (pad chunks before the text) */
 } cf_text_dl_options;
 
-/* fastai's LMDataLoader over the corpus (retained). Per epoch: the stream is the documents
- * concatenated, in the order of cf_text_epoch_order (shuffle) or as stored; with
- * corpus = floor((n_tokens - 1) / bs) * bs, bl = corpus / bs, n_batches = ceil(bl / seq_len),
- * last_len = bl - (n_batches - 1) * seq_len, row j of batch i reads the stream from
- * j * bl + i * seq_len, sl + 1 tokens (sl = last_len on the last batch): x the first sl, y the
- * last sl. drop_last is meaningless (every batch is whole). idx[j] = i * bs + j.
- * Sharding: rank r takes rows [r * B / w, (r + 1) * B / w) of the global batch of B rows, where
- * B = bs (CF_SHARD_SPLIT_BATCH) or bs * world (CF_SHARD_PER_RANK: bs rows a rank), so the ranks
- * together read exactly one process's batches; a rank with no row gets row 0 as padding. */
+/* fastai's LMDataLoader over the corpus (retained): the documents concatenated (shuffled per
+ * epoch), cut into bs rows read seq_len tokens a batch; y is x shifted by one. Sharded ranks
+ * together read exactly one process's batches. Layout: docs/api.md. */
 cf_status cf_text_lm_loader_new(cf_text_corpus *c, const cf_dl_options *opt,
                                 const cf_text_dl_options *topt, cf_dataloader **out);
-/* fastai's SortedDL + Pad_Chunk over a labelled corpus (retained). Without shuffle: documents
- * sorted by length, longest first (ties in stored order). With shuffle (per epoch, from
- * cf_rng seeded with seed + epoch): a random permutation (cf_rng_shuffle); the longest document
- * (first of them) swapped to position 0; chunks of bs * 50 sorted by length, longest first
- * (stable); cut in batches of bs; the first and the last batch stay, the ones between are
- * permuted (cf_rng_shuffle of their indices, same generator). drop_last drops a last partial
- * batch. A batch of maximal length M pads a document of length n with l = M - n pads as
- * [(l / seq_len) * seq_len pads][text][(l % seq_len) pads] (pad_last: text, then all pads).
- * Sharding: CF_SHARD_SPLIT_BATCH cuts each global batch into rank slices of rows (each slice
- * keeps the global batch's length, so rows equal one process's); CF_SHARD_PER_RANK gives rank
- * r the batches r, r + w, r + 2w, ... of one process's list, padded (wrapping round, pad = true)
- * so that every rank has the same number. idx holds document indices (get_preds order). */
+/* fastai's SortedDL + Pad_Chunk over a labelled corpus (retained): batches of similar-length
+ * documents, longest first, padded in seq_len chunks at the front (pad_last: at the end). idx
+ * holds document indices (get_preds order). Order, padding and sharding: docs/api.md. */
 cf_status cf_text_clas_loader_new(cf_text_corpus *c, const cf_dl_options *opt,
                                   const cf_text_dl_options *topt, cf_dataloader **out);
 /* The document order of an epoch: identity, or cf_rng_shuffle with cf_rng seeded seed + epoch. */
@@ -948,11 +837,9 @@ typedef struct cf_text_folder_options {
     bool unlabelled;   /* language models: labels are not needed (none checked) */
     int64_t max_bytes; /* largest file read (0: 64 MiB) */
 } cf_text_folder_options;
-/* fastai's TextDataLoaders.from_folder: root/train/<label>/<name>.txt and
- * root/valid/<label>/<name>.txt (label = parent folder), or root/<label>/<name>.txt with valid_pct.
- * Files are read in sorted order. Refused, with the file named: an empty file, a file with a NUL
- * byte or bytes that are not UTF-8 (with the byte offset), a validation label the training set
- * lacks. */
+/* fastai's TextDataLoaders.from_folder layout: root/{train,valid}/<label>/<name>.txt, or
+ * root/<label>/<name>.txt with valid_pct; sorted order. Empty, binary or non-UTF-8 files and
+ * unknown validation labels are refused naming the file. */
 cf_status cf_text_read_folder(const char *root, const cf_text_folder_options *o, cf_text_raw **out);
 
 typedef struct cf_text_csv_options {
@@ -1004,11 +891,8 @@ cf_status cf_text_show_batch(const cf_dataloader *dl, const cf_batch *b,
 
 /* ---- text: TextDataLoaders with fastai's tokenizer and vocabulary ------------------------- */
 
-/* fastai's Tokenizer + Numericalize behind the seam: encode tokenizes with tok (cf_text_tokenize)
- * and looks the tokens up in the vocabulary (unknown words: xxunk); fit, when no vocabulary was
- * given, tokenizes the texts on every core and makes the vocabulary (make_vocab with vocab_opt).
- * text_vocab (may be NULL) is copied and used verbatim (fastai's text_vocab: a classifier reusing
- * its language model's vocabulary); fit then changes nothing. tok, vocab_opt NULL: defaults. */
+/* fastai's Tokenizer + Numericalize: encode tokenizes and maps unknown words to xxunk; fit makes
+ * the vocabulary on every core unless text_vocab (copied, used as is) was given. NULL: defaults. */
 cf_status cf_text_numericalizer_new(const cf_text_tok_options *tok,
                                     const cf_text_vocab_options *vocab_opt,
                                     const cf_text_vocab *text_vocab, cf_text_numericalizer **out);
@@ -1030,13 +914,9 @@ typedef struct cf_text_loaders_options {
     int num_workers; /* tokenizer threads; 0: every core */
 } cf_text_loaders_options;
 
-/* fastai's TextDataLoaders.from_folder(path, train, valid, valid_pct, seed, text_vocab, is_lm,
- * seq_len, bs): the texts of cf_text_read_folder (labels not needed with dls.is_lm), every file
- * tokenized on every core with its tokenized copy in "<path>_tok" (reused while the file is
- * unchanged), the vocabulary made from the counts of every file (validation included, as
- * fastai's Tokenizer.from_folder counts), then the language-model or sorted classifier loaders
- * of cf_text_dls_new (no validation folder: no validation loader). dls->text_nz holds the
- * tokenizer and vocabulary (show_batch, export, predict). */
+/* fastai's TextDataLoaders.from_folder: texts of cf_text_read_folder tokenized on every core
+ * (cached in "<path>_tok"), vocabulary from every file, then cf_text_dls_new's loaders.
+ * dls->text_nz holds the tokenizer and vocabulary. */
 cf_status cf_text_dls_from_folder(const char *path, const cf_text_folder_options *fo,
                                   const cf_text_loaders_options *o, cf_dls **out);
 /* fastai's TextDataLoaders.from_csv(path, text_col, label_col, valid_col, valid_pct 0.2, seed,
@@ -1046,12 +926,8 @@ cf_status cf_text_dls_from_folder(const char *path, const cf_text_folder_options
 cf_status cf_text_dls_from_csv(const char *path, const cf_text_csv_options *co,
                                const cf_text_loaders_options *o, cf_dls **out);
 
-/* fastai's decode_spec_tokens as LMLearner.predict uses it, joined with spaces into *out (a new
- * string, free with cf_free): xxbos and xxpad are left out; xxmaj capitalises the next token
- * (first code point upper case, the rest lower), xxup upper-cases it, "xxrep n c" writes c n
- * times, "xxwrep n w" writes w n times (space separated); a marker whose count is not a number
- * is dropped. Unlike fastai, whose decoder never clears the repetition state (so every later
- * token would be repeated too), a repetition applies to its one token. */
+/* fastai's decode_spec_tokens joined with spaces into *out (free with cf_free): xxbos, xxpad
+ * dropped; xxmaj, xxup, xxrep, xxwrep applied (a repetition applies to its one token). */
 cf_status cf_text_decode_spec_tokens(const char *const *tokens, int64_t n, char **out);
 
 #ifdef __cplusplus

@@ -1,16 +1,7 @@
 /* corefit/learn.h — the Learner: fastai's training loop, callbacks, schedules, fit methods,
- * lr_find, fine_tune, get_preds, metrics and the Recorder.
- *
- * Semantics follow fastai 2.x (learner.py, callback/ *.py): the same events in the same order,
- * the same cancellations, the same defaults and schedule formulas. Options are passed by name
- * through macros over option structs; a field left at zero takes fastai's default:
- *
- *     cf_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3));
- *     cf_fine_tune(learn, 3, .base_lr = 1e-3, .freeze_epochs = 1);
- *     cf_lr_find_result r; cf_lr_find(learn, &r);
- *
- * Nothing here knows about processes: the par layer runs these very functions in every worker
- * (corefit/par.h), adding one callback, a shard setting on the loaders and a communicator. */
+ * lr_find, fine_tune, get_preds, metrics and the Recorder. Options are passed by name; a field
+ * left at zero takes fastai's default:  cf_fit_one_cycle(learn, 5, .lr_max = CF_SLICE(2e-3));
+ * Background and file formats: docs/api.md. */
 #ifndef COREFIT_LEARN_H
 #define COREFIT_LEARN_H
 
@@ -104,13 +95,9 @@ struct cf_callback {
     void *state;
     /* Frees state and the callback itself; NULL for callbacks the caller owns (static). */
     void (*free)(cf_callback *cb);
-    /* The state a fit leaves in the callback (a tracker's best value, a counter), as bytes,
-     * so that it comes home from a parallel fit and is restored when a fit under MPI fails
-     * (both optional: NULL for callbacks whose state does not outlive a fit). export_state
-     * returns the bytes needed and writes them only when size is at least that (buf may be
-     * NULL to ask). import_state checks the bytes (a magic or version of the callback's own
-     * and the exact size) and returns CF_ERR_INVALID with a message naming the callback,
-     * offset and value when they are not its state, leaving the callback unchanged. */
+    /* Optional (NULL: state does not outlive a fit): the callback's state as bytes, so it comes
+     * home from a parallel fit. export_state returns the size needed (buf NULL to ask);
+     * import_state returns CF_ERR_INVALID on bytes that are not its state, callback unchanged. */
     size_t (*export_state)(const cf_callback *cb, void *buf, size_t size);
     cf_status (*import_state)(cf_callback *cb, const void *buf, size_t size);
     bool running; /* internal: false after a callback asked to stop itself (fastai's run) */
@@ -405,17 +392,9 @@ cf_status cf_learner_create_opt(cf_learner *learn);
 cf_status cf_learner_freeze_to(cf_learner *learn, int n);
 cf_status cf_learner_freeze(cf_learner *learn);
 cf_status cf_learner_unfreeze(cf_learner *learn);
-/* fastai's learn.to_fp16(), in bfloat16 (src/learn/mixed_precision.c): MixedPrecision's
- * semantics without its loss scaling. The model's Linear and Conv2d layers compute their forward
- * and both gradient products with bf16 operands and fp32 sums (cf_sgemm_bf16, the avx512_bf16
- * kernels; cf_linear_set_bf16, cf_conv_set_bf16);
- * the master weights, gradients and optimizer state stay fp32, and BatchNorm statistics, losses,
- * metrics and every other reduction run in fp32 as before. No loss scaling is needed: bf16 keeps
- * fp32's 8-bit exponent, so gradients that fit in fp32 do not underflow in bf16 (fp16's 5-bit
- * exponent is what fastai's dynamic loss scale works around). Activations are stored for
- * backward in fp32 (rounded to bf16 where a product reads them). On a CPU without bf16
- * kernels (or with CF_ISA capped below avx512_bf16) it changes nothing, says so once on stderr,
- * and returns CF_OK. Exported models are fp32 (the master weights). */
+/* fastai's learn.to_fp16(), in bfloat16: Linear and Conv2d compute with bf16 operands and fp32
+ * sums; weights, gradients and optimizer state stay fp32; no loss scaling. Without bf16 kernels
+ * it changes nothing (says so once on stderr) and returns CF_OK. Details: docs/api.md. */
 cf_status cf_learner_to_bf16(cf_learner *learn);
 /* fastai's to_fp32(): every layer back to fp32 compute. */
 cf_status cf_learner_to_fp32(cf_learner *learn);
@@ -423,36 +402,12 @@ cf_status cf_learner_to_fp32(cf_learner *learn);
  * when name has no '/'). */
 cf_status cf_learner_save(cf_learner *learn, const char *name, bool with_opt);
 cf_status cf_learner_load(cf_learner *learn, const char *name, bool with_opt);
-/* fastai's export: the model's weights and buffers (as cf_model_save without the optimizer, so
- * cf_model_load and PyTorch's load_state_dict read it) plus, as safetensors metadata, what
- * rebuilds the model and prepares its input (cf_model_info: architecture and head, classes,
- * image size and normalisation, tabular columns with their vocabularies and statistics). This is
- * the one model file format: `corefit train` writes it, and cf_load_learner and `corefit
- * info/eval/predict/train --pretrained` read it. */
+/* fastai's export: weights and buffers (a plain safetensors state_dict) plus, as metadata, what
+ * rebuilds the model and prepares its input (cf_model_info; keys in docs/api.md). The model file
+ * `corefit train` writes and cf_load_learner reads. */
 cf_status cf_learner_export(cf_learner *learn, const char *path);
 
-/* ---- the metadata of an exported model ------------------------------------------------------
- * Stored as safetensors __metadata__ strings:
- *   corefit.version     "1"
- *   corefit.arch        mini-resnet | simple-cnn | xresnet18 | xresnet34 | xresnet50 | tabular
- *   corefit.input       idx | images | csv (what it was trained on)
- *   corefit.n_in        image channels, or tabular features (categorical + continuous)
- *   corefit.image_size  "HxW" (images)
- *   corefit.n_out       model outputs (classes, or regression targets)
- *   corefit.vocab       JSON array of class names (classifiers)
- *   corefit.normalize   JSON {"mean": [...], "std": [...]} per channel (images)
- *   corefit.head        JSON {"lin_ftrs": [...], "ps": [...], "concat_pool", "first_bn",
- *                       "bn_final"} (images; absent: the arch's default head)
- *   corefit.tabular     JSON {"target", "regression", "layers": [...], "y_range"?: [lo, hi],
- *                       "cat": [{"name", "vocab": [...], "flag_of"?}],
- *                       "cont": [{"name", "mean", "std", "fill"}]}
- * Text models (corefit.arch awd_lstm_lm | awd_lstm_clas, corefit.input text, corefit.n_in the
- * vocabulary's size, corefit.n_out the vocabulary's size or the classes):
- *   corefit.text_vocab  JSON array of the token vocabulary (cf_text_vocab_to_json)
- *   corefit.tokenizer   JSON of the tokenizer's settings (cf_text_tok_options_to_json)
- *   corefit.text        JSON {"emb_sz", "n_hid", "n_layers", "seq_len", "max_len",
- *                       "lin_ftrs": [...]} (the AWD-LSTM's sizes; seq_len, max_len and the head's
- *                       hidden sizes for a classifier) */
+/* ---- the metadata of an exported model (safetensors __metadata__ keys: docs/api.md) ------- */
 #define CF_MODEL_MAX_NORM 4
 typedef struct cf_model_info {
     cf_learner_recipe recipe; /* arch, n_out, head or tabular layers */
@@ -517,15 +472,10 @@ cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *prob
  * not added again (a figure redrawn every epoch is one figure). */
 cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
 
-/* Everything a fit changes in a learner, as bytes (versioned format "CFLS" v1, host byte order):
- * weights, buffers, which parameters are trainable, the optimizer (or its absence) with its
- * state, the Recorder, final_record, the figure paths, and the state of every callback of the
- * learner and of its master callbacks that has export_state (matched on import by position
- * and name). This is what a parallel fit brings home and what a failed fit under MPI is rolled
- * back to. Export returns the bytes needed and writes them only when size is at least that
- * (buf may be NULL to ask). Import checks every length against size and this learner's model
- * and callbacks and replaces the learner's state only when all of it reads back; on error it
- * returns CF_ERR_INVALID naming the part, offset and value, and the learner is unchanged. */
+/* Everything a fit changes in a learner (weights, buffers, freezing, optimizer and state,
+ * Recorder, figures, callback states) as bytes ("CFLS" v1, host byte order). Export returns the
+ * size needed (buf NULL to ask); import replaces the state only when all of it checks, else
+ * CF_ERR_INVALID naming part, offset and value, learner unchanged. */
 size_t cf_learner_export_state(const cf_learner *learn, void *buf, size_t size);
 cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t size);
 
@@ -661,38 +611,15 @@ cf_status cf_lr_find_(cf_learner *learn, cf_lr_find_result *result, const cf_lr_
 #define cf_lr_find(...) CF_CALL2_(cf_lr_find_, cf_lr_find_opts, __VA_ARGS__, )
 
 /* ---- checkpoints: exact resume ----------------------------------------------------------------
- *
- * A checkpoint is everything the rest of a fit depends on, taken at a training batch boundary:
- * the learner's state (cf_learner_export_state: weights, BatchNorm buffers, freezing, optimizer
- * and its state, the Recorder, callback states), the state of the call's own callbacks that have
- * export_state, the schedule position (epoch, batch, iteration, pct_train, smoothed loss), the
- * loader's position (its batches are a pure function of seed, epoch and position), every
- * module's random stream, each replica's own BatchNorm buffers (a parallel fit without sync_bn
- * averages them only at the end of each epoch), and the fit's parameters. Random draws do not
- * depend on how many steps a process has run: shuffling on (seed, epoch), augmentation on
- * (seed, epoch, sample), dropout on (model seed, module, epoch, sample) (cf_model_set_draw_key).
- *
- * Resuming: any fit method with .resume = path (the single-process method or its cf_par_ twin
- * with the same world size and options) continues the fit at the checkpoint's position, and
- * ends with bitwise the same weights, buffers, optimizer state and Recorder (but the epoch
- * times) as the fit that was never stopped. The call must be the one that wrote the checkpoint:
- * the same method, epochs, learning rates and schedule options, weight decay, model size, data
- * (sizes, batches per epoch, loader seed), world size and sharding; otherwise CF_ERR_INVALID
- * names the first parameter that differs, both values, and the learner is unchanged. fine_tune
- * resumes its unfrozen phase (its frozen phase runs no call callbacks, so writes none).
- * Under a parallel twin rank 0 reads the file and broadcasts it.
- *
- * File ("CFCK" v1, host byte order, for the machine that wrote it): magic, version, the fit's
- * parameters as text, the position, the parts above as length-prefixed blobs, a CRC-32 of all
- * the bytes before it. Written atomically (cf_write_file_atomic) by the master replica. */
+ * A fit with .resume = path continues at the checkpoint's position and ends bitwise as the fit
+ * that never stopped. It must be the same call (method, epochs, lrs, data, world size), else
+ * CF_ERR_INVALID names the first difference. What is saved and the "CFCK" format: docs/resume.md
+ * and docs/api.md. */
 
-/* fastai's SaveModelCallback, at batch granularity: writes a checkpoint every `every_batches`
- * training batches and, when a stop was requested (cf_checkpoint_request: SIGTERM or SIGINT
- * with .signals, or the caller's own handler), at the next batch boundary, after which the fit
- * stops with CF_ERR_INTERRUPTED and a message naming the file and how to resume. Every replica
- * of a parallel fit must run it (give it in .cbs, not .par.master_cbs): replicas agree on a stop
- * at every batch, and rank 0 writes the file. Order CF_ORDER_CHECKPOINT: after every other
- * callback's after_batch. */
+/* fastai's SaveModelCallback at batch granularity: a checkpoint every `every_batches` batches and
+ * on request (cf_checkpoint_request, or SIGTERM/SIGINT with .signals), after which the fit stops
+ * with CF_ERR_INTERRUPTED naming the file. In a parallel fit give it in .cbs (every replica runs
+ * it; rank 0 writes). */
 typedef struct cf_checkpoint_opts {
     const char *fname; /* "checkpoint": path/model_dir/fname.ckpt when it has no '/', else the
                           path as given */
@@ -705,11 +632,8 @@ typedef struct cf_checkpoint_opts {
 enum { CF_ORDER_CHECKPOINT = 90 };
 cf_callback *cf_checkpoint_cb_(const cf_checkpoint_opts *o);
 #define cf_checkpoint_cb(...) cf_checkpoint_cb_(CF_OPTS0_(cf_checkpoint_opts, __VA_ARGS__))
-/* Asks every running fit with a checkpoint callback, in this process and in the fork workers
- * it starts, to write its checkpoint at the next batch boundary and stop. Async-signal-safe (for
- * a caller's own SIGTERM handler). A request made while no fit runs is kept for the next one;
- * one that the running fit does not act on (it came after its last training batch, or the fit
- * has no checkpoint callback) is dropped when that fit ends. */
+/* Asks running fits (and their fork workers) to checkpoint at the next batch boundary and stop.
+ * Async-signal-safe. Kept for the next fit when none runs; dropped when a fit ends unserved. */
 void cf_checkpoint_request(void);
 /* The path a checkpoint callback with this fname writes for this learner (buf of n bytes). */
 const char *cf_checkpoint_path(const cf_learner *learn, const char *fname, char *buf, size_t n);
@@ -735,14 +659,9 @@ typedef struct cf_get_preds_opts {
     bool raw; /* true: no loss activation (fastai act=noop) */
 } cf_get_preds_opts;
 
-/* get_preds' result, in dataset order. Arrays are owned; free with cf_preds_free.
- * Text: a classifier's rows are its documents in corpus order (preds (n_docs, n_classes)). A
- * language model's are the stream layout: row k (k < bs * bl, bl = (n_tokens - 1) / bs, bs the
- * loader's) is the prediction of stream token k + 1 (the corpus's documents concatenated as
- * stored), from the loader row that holds it (so each bl-token segment is predicted as one
- * sequence from a reset state); preds (n, vocab), targs (n) the next ids, decoded the argmax,
- * losses each token's cross-entropy. Inputs (with_input) are refused for text: documents have
- * different lengths. */
+/* get_preds' result, in dataset order; owned arrays, free with cf_preds_free. Text: a
+ * classifier's rows are its documents; a language model's are the stream's next tokens
+ * (docs/api.md); with_input is refused for text. */
 typedef struct cf_preds {
     int64_t n;
     cf_tensor preds;  /* (n, C): after the loss activation unless raw */
@@ -762,19 +681,10 @@ cf_status cf_validate_(cf_learner *learn, double *values, const cf_validate_opts
 cf_status cf_get_preds_(cf_learner *learn, cf_preds *out, const cf_get_preds_opts *opts);
 #define cf_validate(...) CF_CALL2_(cf_validate_, cf_validate_opts, __VA_ARGS__, )
 #define cf_get_preds(...) CF_CALL2_(cf_get_preds_, cf_get_preds_opts, __VA_ARGS__, )
-/* fastai's Learner.tta: test-time augmentation. n get_preds passes over the validation set
- * (the training set with train_set) with the training augmentations switched on for its items,
- * then one plain pass; aug = the mean of the n passes' probabilities (their elementwise max with
- * use_max), and the result is lerp(aug, plain, beta) = aug + beta * (plain - aug) as torch.lerp
- * computes it (use_max: max(plain, aug)). out is as get_preds' (preds after the loss
- * activation, targs; n rows in dataset order); only preds and targs are filled.
- * The augmentations are the training loader's (crop_pad, flip and aug_transforms), or .aug
- * instead of them (fastai's batch_tfms). Pass i draws them as a loader with seed
- * cf_tta_seed(seed, i) would at epoch 0, seed being the training loader's: one seed gives the
- * same result in process and in its cf_par_tta twin, whatever the number of cores. Item
- * transforms (Resize, RandomResizedCrop) keep their validation choice: they are applied when
- * images are read. With no augmentation at all every pass equals the plain one. The call's
- * callbacks (cbs) run in the plain pass. */
+/* fastai's Learner.tta: n augmented get_preds passes (the training loader's augmentations, or
+ * .aug) and one plain pass; result lerp(mean (or max) of the augmented, plain, beta). Only preds
+ * and targs are filled. Pass i draws as a loader seeded cf_tta_seed(seed, i), so the cf_par_tta
+ * twin gives the same result at any core count. Details: docs/api.md. */
 typedef struct cf_tta_opts {
     CF_FIT_COMMON;
     bool train_set; /* fastai's ds_idx=0 */
@@ -888,19 +798,13 @@ cf_callback *cf_reduce_lr_on_plateau_cb_(const cf_tracker_opts *o);
 #define cf_early_stopping_cb(...) cf_early_stopping_cb_(CF_OPTS0_(cf_tracker_opts, __VA_ARGS__))
 #define cf_reduce_lr_on_plateau_cb(...)                                                            \
     cf_reduce_lr_on_plateau_cb_(CF_OPTS0_(cf_tracker_opts, __VA_ARGS__))
-/* fastai's TerminateOnNaNCallback (order -9), checking before the weights can change: a NaN or
- * infinite loss (after_loss, training or validation) or gradient (before_step) stops the fit,
- * which returns CF_ERR_NONFINITE naming the epoch and batch. No step is taken with the bad
- * values, and the buffers (BatchNorm running statistics) are restored to their values before the
- * batch, so the learner keeps the last good weights. */
+/* fastai's TerminateOnNaNCallback (order -9): a non-finite loss or gradient stops the fit with
+ * CF_ERR_NONFINITE naming epoch and batch, before any step; the learner keeps the last good
+ * weights and buffers. */
 cf_callback *cf_terminate_on_nan_cb(void);
-/* fastai's CSVLogger (order 60, master only): "epoch,train_loss,valid_loss,<metrics>,time" then
- * a row per epoch (floats as Python's str, time mm:ss), flushed at each epoch's end. A relative
- * path is taken under learn->path (NULL: "history.csv"). Skipped while !learn->logging. The log
- * is written from the first completed epoch on (whether it can be is checked at before_fit): a
- * fit that fails or is cancelled before it leaves an existing log as it was. Without append the
- * new log replaces the old one by a rename (a symbolic link is replaced, not the file it points
- * to); with append, the header and rows are added at its end. */
+/* fastai's CSVLogger (order 60, master only): "epoch,train_loss,valid_loss,<metrics>,time", a row
+ * per epoch. Relative path under learn->path (NULL: "history.csv"). A failed or cancelled fit
+ * leaves an existing log as it was; without append the log is replaced atomically. */
 cf_callback *cf_csv_logger_cb(const char *path, bool append);
 /* fastai's GradientClip (before_step): clip_grad_norm_(trainable params, max_norm) with the
  * 2-norm (max_norm <= 0: 1). */
@@ -909,13 +813,8 @@ cf_callback *cf_gradient_clip_cb(double max_norm);
  * bs / n_acc (through learn->loss_grad_scale) and cancels the batch before the step (skipping
  * step and zero_grad) until n_acc samples have been seen (n_acc <= 0: 32). */
 cf_callback *cf_gradient_accumulation_cb(int n_acc);
-/* The progress display (fastai's ProgressCallback with fastprogress's console bars, order 60),
- * added by the learner unless quiet, on the master only. On a terminal (stderr) a live bar
- * "epoch 1/5  [####......] 37/120  00:04<00:09  loss 0.4213" refreshed at most 10 times a
- * second and erased when done; when learn->logging, fastprogress's table on stdout: the header
- * (recorder metric names, each padded to 8 characters, joined by 2 spaces) at before_fit, a row
- * per epoch at after_epoch (floats with 6 decimals, time mm:ss). Without a terminal only the
- * table is written (no carriage returns or escape codes). */
+/* The progress display (fastai's ProgressCallback, order 60, master only, added unless quiet):
+ * live bars on a terminal (stderr), fastprogress's epoch table on stdout while logging. */
 cf_callback *cf_progress_cb(void);
 /* The same writing the table to `table` and the bars to `bar` (NULL: stdout, stderr); tty 1
  * draws live bars, 0 never, -1 when isatty(bar). */
@@ -940,24 +839,14 @@ double cf_sched_no(double start, double end, double pos);
 double cf_combined_cos(double pct, double start, double middle, double end, double pos);
 
 /* ---- MixUp and CutMix (fastai's callback/mixup.py) ------------------------------------------
- * Training batches only. The draws of a batch come from a stream keyed by (learn->seed, epoch,
- * batch index), so a resumed fit draws the same, one process and one worker of a cf_par_ twin
- * train alike, and every rank of a parallel fit draws the same lam and permutation for its
- * batch (with several ranks each mixes within its own batch, so results depend on the core
- * count, and are the same for the same seed and core count). With a cross-entropy loss (plain,
- * smoothed, flat, axis 1) the loss becomes fastai's mixed loss, mean(lam * loss(pred, y) +
- * (1 - lam) * loss(pred, y[perm])), computed as the cross-entropy against the mixed one-hot
- * targets, which is the same number; with BCE or MSE the targets are mixed,
- * y <- lerp(y[perm], y, lam). Validation, get_preds and the logged validation loss are
- * unchanged. */
+ * Training batches only; draws keyed by (seed, epoch, batch), so resumed and parallel fits draw
+ * alike. Cross-entropy gets fastai's mixed loss, BCE and MSE mixed targets (docs/api.md). */
 
 typedef enum cf_mix_kind { CF_MIX_MIXUP, CF_MIX_CUTMIX } cf_mix_kind;
 
 #define CF_MIX_MAX_BS 4096
-/* One batch's draws. MixUp: lam[i] ~ Beta(alpha, alpha) per sample, then max(lam, 1 - lam);
- * CutMix: one drawn_lam ~ Beta(alpha, alpha), the box [x1, x2) x [y1, y2) of fastai's rand_bbox
- * (cut = round(size * sqrt(1 - lam)), half to even; centre uniform; clamped to the image) and
- * lam[i] = 1 - box area / image area for every sample. perm: randperm(bs), the partners. */
+/* One batch's draws (fastai's): MixUp lam[i] ~ Beta(alpha, alpha), max(lam, 1 - lam); CutMix
+ * one box [x1, x2) x [y1, y2) from rand_bbox and lam = 1 - box/image. perm: the partners. */
 typedef struct cf_mix_draws {
     int bs;
     float lam[CF_MIX_MAX_BS];
@@ -985,12 +874,8 @@ cf_callback *cf_mixup_cb(double alpha);
 cf_callback *cf_cutmix_cb(double alpha);
 
 /* ---- text: language models (fastai's text/learner.py, callback/rnn.py) ---------------------
- * Text batches (corefit/data.h) hold x (B, T) token ids, T varying between batches, and for a
- * language model y (B, T) next-token ids; the fit loop, metrics, validation and the cf_par_
- * twins take them as they are. With CF_SHARD_SPLIT_BATCH each rank reads its rows of every
- * global batch and carries the hidden state of those rows, so N workers reproduce one process,
- * dropouts included (the text layers key their masks to the epoch, batch and sample as Dropout
- * does; see cf_sentence_encoder for the one case of fastai's classifier that a rank cannot). */
+ * Text batches hold x (B, T) token ids (T varies) and, for a language model, y (B, T) next ids.
+ * With CF_SHARD_SPLIT_BATCH N workers reproduce one process, dropouts included. */
 
 typedef struct cf_lm_learner_opts {
     CF_LEARNER_FIELDS;
@@ -1000,12 +885,8 @@ typedef struct cf_lm_learner_opts {
 } cf_lm_learner_opts;
 
 /* fastai's language_model_learner(dls, AWD_LSTM, config, drop_mult) without pretrained weights:
- * the AWD-LSTM language model (cf_awd_lstm_lm) over the vocabulary of dls's language-model
- * corpus, CrossEntropyLossFlat over the (B * T, V) rows, no default metrics, TextLearner's moms
- * (0.8, 0.7, 0.8), fastai's Adam with decoupled weight decay (0.01 unless .wd) on every
- * parameter but the decoder's bias (LSTM biases included), the language-model splitter (one
- * group per LSTM, then embedding + decoder), and the callbacks ModelResetter and RNNRegularizer.
- * Metrics, callbacks and the learner options as cf_learner_new. */
+ * cf_awd_lstm_lm, CrossEntropyLossFlat, moms (0.8, 0.7, 0.8), fastai's splitter, ModelResetter
+ * and RNNRegularizer. Other options as cf_learner_new. */
 #define cf_language_model_learner(...)                                                             \
     CF_CALL2_(cf_language_model_learner_, cf_lm_learner_opts, __VA_ARGS__, )
 cf_status cf_language_model_learner_(cf_learner **out, cf_dls *dls, const cf_lm_learner_opts *opts);
@@ -1022,15 +903,9 @@ typedef struct cf_text_clas_learner_opts {
     const float *ps; /* n_lin_ftrs dropouts after the first block's; NULL: 0.1 each */
 } cf_text_clas_learner_opts;
 
-/* fastai's text_classifier_learner(dls, AWD_LSTM, seq_len, config, drop_mult=0.5, n_out,
- * lin_ftrs, ps, max_len) without pretrained weights, over a classifier text loader (fastai's
- * sorted, front-padded batches): cf_text_classifier over the corpus's vocabulary, fastai's
- * 5-group splitter ([embedding], [rnns.0..2], [head]; cf_learner_freeze_to for gradual
- * unfreezing), CrossEntropyLossFlat for class codes or BCEWithLogitsLossFlat for multi-hot
- * labels, TextLearner's moms (0.8, 0.7, 0.8) and ModelResetter. Load a fine-tuned language
- * model's encoder with cf_learner_load_encoder (which freezes). No RNNRegularizer: it acts on a
- * language model's decoder, and fastai's classifier has AR/TAR only in the releases where
- * TextLearner passes alpha and beta through (most 2.x releases have them off). */
+/* fastai's text_classifier_learner without pretrained weights: cf_text_classifier, 5-group
+ * splitter, CrossEntropyLossFlat (BCE for multi-hot labels), moms (0.8, 0.7, 0.8), ModelResetter.
+ * Load a language model's encoder with cf_learner_load_encoder (which freezes). */
 #define cf_text_classifier_learner(...)                                                            \
     CF_CALL2_(cf_text_classifier_learner_, cf_text_clas_learner_opts, __VA_ARGS__, )
 cf_status cf_text_classifier_learner_(cf_learner **out, cf_dls *dls,
@@ -1043,30 +918,20 @@ cf_metric *cf_perplexity(void);
 /* fastai's ModelResetter: cf_rnn_reset on the model at before_train, before_validate and
  * after_fit (every language model learner has one). */
 cf_callback *cf_model_resetter_cb(void);
-/* fastai's RNNRegularizer (training only) for a Sequential(AWD_LSTM, LinearDecoder) model: adds
- * alpha * mean(out^2) (AR, out: the decoder's input after its RNNDropout) and beta *
- * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) (TAR, raw_out: the AWD-LSTM's output) to the loss
- * that is differentiated; the logged loss stays the plain cross-entropy. TAR applies when T > 1
- * (fastai tests the batch size there, which would make a rank holding one row differ). It turns
- * the model's own regularizer (cf_rnn_regularizer_set, scaled by learn->loss_grad_scale) on for
- * each training backward and off after it. */
+/* fastai's RNNRegularizer (training only): adds alpha * AR + beta * TAR to the differentiated
+ * loss; the logged loss stays the plain cross-entropy. TAR applies when T > 1. */
 cf_callback *cf_rnn_regularizer_cb(double alpha, double beta);
 /* The AR and TAR terms (before alpha and beta) of the last training batch. */
 cf_status cf_rnn_regularizer_terms(const cf_callback *cb, double *ar, double *tar);
 
-/* fastai's save_encoder / load_encoder: the AWD-LSTM's parameters (names as in the AWD_LSTM's
- * own state_dict: "encoder.weight", "rnns.0.weight_hh_l0_raw", ...) in a safetensors file
- * (path/model_dir/name.safetensors unless name holds a '/'). load_encoder finds the AWD-LSTM in
- * the learner's model (a language model's or a classifier's encoder, by its "encoder.weight"),
- * checks every tensor's name and shape (the vocabularies must match) before copying any, resets
- * the hidden state and freezes the learner; on error the learner is unchanged. */
+/* fastai's save_encoder / load_encoder: the AWD-LSTM's parameters (its own state_dict names) as
+ * safetensors (path/model_dir/name.safetensors unless name holds a '/'). load_encoder checks every
+ * name and shape before copying, then resets and freezes; on error the learner is unchanged. */
 cf_status cf_learner_save_encoder(cf_learner *learn, const char *name);
 cf_status cf_learner_load_encoder(cf_learner *learn, const char *name);
 
-/* fastai's LMLearner.predict on ids (the raw-text wrapping belongs to the tokenizer): for each
- * of n_words words, reset, run the whole sequence, take the softmax at the last position, zero
- * xxunk (unless allow_unk), zero probabilities below min_p when any reaches it, raise to
- * 1 / temperature, and draw the next id proportionally (from a generator seeded with seed). */
+/* fastai's LMLearner.predict on ids: n_words draws from the last position's softmax (xxunk
+ * zeroed unless allow_unk, min_p floor, 1 / temperature), seeded with seed. */
 typedef struct cf_lm_generate_opts {
     int n_words;        /* 1 */
     double temperature; /* 1 */
@@ -1083,27 +948,18 @@ cf_status cf_lm_generate_(cf_learner *learn, const int32_t *ids, int64_t n_ids, 
 
 /* ---- text: classifiers, export and prediction on raw text ---------------------------------- */
 
-/* fastai's learn.predict(text) for a text classifier (its DataLoaders from
- * cf_text_dls_from_folder / from_csv, or cf_load_learner of an exported one): the text tokenized
- * and numericalized as training's texts were (xxbos first), run through the model in eval mode
- * as one row (no padding): probabilities (n_out, softmax; sigmoid for a multi-label loss) into
- * probs, the class index into *decoded (may be NULL; its name is
- * learn->dls->train_ds->vocab[*decoded]) and into *n_unknown (may be NULL) the tokens that were
- * not in the vocabulary. A text made only of unknown words is not an error: the model sees
- * xxbos and xxunk ids and predicts from them (*n_unknown says so). */
+/* fastai's learn.predict(text) for a text classifier: tokenized as training's texts, one row in
+ * eval mode: probabilities into probs, class index into *decoded and unknown-token count into
+ * *n_unknown (both may be NULL). All-unknown text is not an error. */
 cf_status cf_predict_text(cf_learner *learn, const char *text, float *probs, int *decoded,
                           int64_t *n_unknown);
-/* fastai's LMLearner.predict(text, n_words, temperature, ...) for a language model: the text
- * numericalized as training's (xxbos first), n_words generated by cf_lm_generate, and the whole
- * sequence decoded (cf_text_decode_spec_tokens: xxbos and xxpad dropped, xxmaj, xxup, xxrep,
- * xxwrep applied) into *out (a new string, free with cf_free). */
+/* fastai's LMLearner.predict(text, ...): n_words generated (cf_lm_generate) and the whole
+ * sequence decoded into *out (free with cf_free). */
 cf_status cf_lm_predict_text(cf_learner *learn, const char *text, const cf_lm_generate_opts *opts,
                              char **out);
-/* fastai's show_results for a single-label text classifier, as the table fastai shows: the first
- * max_n (0: 9) validation texts in document order, each its first max_tokens (0: 150) tokens
- * (padding left out, "..." when cut; line breaks and tabs written as \n and \t), its target
- * (category) and prediction (category_), one row a line, columns tab-separated, written to out. CF_ERR_STATE for a learner that is not a
- * text classifier with validation texts. */
+/* fastai's show_results for a single-label text classifier: the first max_n (0: 9) validation
+ * texts (first max_tokens (0: 150) tokens), target and prediction, tab-separated, to out.
+ * CF_ERR_STATE when the learner is not a text classifier with validation texts. */
 cf_status cf_text_show_results(cf_learner *learn, int max_n, int max_tokens, FILE *out);
 /* ClassificationInterpretation.plot_top_losses for text: the k (0: 9) validation texts with the
  * largest loss, largest first (ties: the earlier text), with target, prediction, the predicted

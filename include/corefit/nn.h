@@ -1,16 +1,8 @@
 /* corefit/nn.h — modules, containers, models, parameter groups, losses and initialisation.
- *
- * A module is a small vtable plus its parameters. Modules form a tree (Sequential, residual
- * blocks); a cf_model owns the tree and keeps every parameter in flat blocks:
- *   - weights: trainable values (weights, biases, BatchNorm affine), one contiguous block;
- *   - grads:   same layout as weights;
- *   - buffers: saved but not trained (BatchNorm running statistics and batch counter).
- * Each parameter has the name PyTorch's state_dict would give it ("0.weight",
- * "1.convpath.0.running_mean"). Activations and their gradients live in one arena sized on the
- * first batch (re-planned only when a batch is larger than any seen): no allocation in a
- * training step.
- *
- * Layout: images are NCHW, dense inputs (N, F), like PyTorch. */
+ * A cf_model owns a module tree and keeps weights, grads and buffers in flat blocks, each
+ * parameter named as PyTorch's state_dict would; activations live in one arena planned on the
+ * first batch (no allocation in a training step). Images are NCHW, dense inputs (N, F).
+ * Memory model, state-dict names and model details: docs/api.md. */
 #ifndef COREFIT_NN_H
 #define COREFIT_NN_H
 
@@ -47,10 +39,8 @@ typedef struct cf_param {
 
 typedef struct cf_module cf_module;
 
-/* What the random draws of a training forward (dropout) are drawn from, so that they depend on
- * where a fit is (seed, epoch, sample) and not on how many forwards a process has run: a
- * restarted or resumed fit, and any sharding of the batch over processes, draws the same
- * numbers. Set for each batch by the learner (cf_model_set_draw_key). */
+/* What a training forward's random draws (dropout) come from: (seed, epoch, sample), so that
+ * resumed and sharded fits draw the same numbers. Set per batch by the learner. */
 typedef struct cf_draw_key {
     uint64_t key;       /* the fit's position (the learner passes its epoch) */
     const int64_t *ids; /* the dataset index of each row of the batch; NULL: not set */
@@ -69,20 +59,17 @@ typedef struct cf_module_ops {
     /* The output shape for an input shape; CF_ERR_INVALID, naming the layer and both shapes,
      * when the input does not fit. Required. */
     cf_status (*out_shape)(cf_module *m, const cf_shape *in, cf_shape *out);
-    /* Reserves activation memory for inputs of up to `in` (the batch capacity). Called twice
-     * with the same input: first while the arena measures, then to hand out pointers. Optional:
-     * by default m->out gets numel(out) floats and m->dx numel(in) floats. A layer that needs
-     * more (masks, saved statistics, per-thread scratch) reserves it here; a layer that defines
-     * plan must also reserve out/dx itself (cf_module_plan_default does that). */
+    /* Optional: reserves activation memory for inputs up to `in`; called twice (measure, then hand
+     * out). Default: numel(out) floats for m->out, numel(in) for m->dx. A layer that defines plan
+     * must reserve out/dx itself (cf_module_plan_default). */
     void (*plan)(cf_module *m, const cf_shape *in, cf_arena *arena);
     /* Initialises parameters and buffers (PyTorch's defaults). Optional. */
     void (*init)(cf_module *m, cf_rng *rng);
     /* y = f(x). x stays valid until backward; the result lives in this module's memory. */
     const cf_tensor *(*forward)(cf_module *m, const cf_tensor *x);
-    /* Given dL/dy for the last forward: accumulates (+=) parameter gradients and returns
-     * dL/dx (from cf_module_input_grad, or dy itself when the layer passes it through), or NULL
-     * when need_dx is false. The result is valid until the caller gives it back
-     * (cf_module_give_grad) or the next cf_model_backward. */
+    /* Accumulates (+=) parameter gradients for dL/dy and returns dL/dx (cf_module_input_grad, or
+     * dy passed through; NULL when !need_dx), valid until given back (cf_module_give_grad) or the
+     * next cf_model_backward. */
     const cf_tensor *(*backward)(cf_module *m, const cf_tensor *dy, bool need_dx);
     /* Frees what the layer allocated itself (not the struct, params or children). Optional. */
     void (*destroy)(cf_module *m);
@@ -118,23 +105,15 @@ void cf_module_free(cf_module *m);
 void cf_module_plan_default(cf_module *m, const cf_shape *in, cf_arena *arena);
 /* Sets m->out's shape for this batch and returns its storage (for use in forward). */
 cf_tensor *cf_module_output(cf_module *m, const cf_shape *shape);
-/* Sets m->dx's shape to m->in's shape and returns it (for use in backward). When m->dx comes
- * from the arena's transient pool (cf_module_plan_default), its memory is taken from the pool
- * here, and the container that receives the gradient gives it back once the layer before has
- * read it: an input gradient is valid until the caller of backward is done with it, so a chain
- * of layers holds a few gradients at once, not one per layer. Call it once in each backward,
- * before writing to m->dx. */
+/* Sets m->dx's shape to m->in's and returns it, taking it from the arena's transient pool when
+ * planned so. Call once in each backward, before writing to m->dx. */
 cf_tensor *cf_module_input_grad(cf_module *m);
-/* Gives the transient block that starts at p back to m's arena, unless keep points into it (a
- * gradient that passed through as a view); for containers, once a child's gradient is read.
- * Pointers that are not a block (a layer's own memory) are ignored; a container must not give
- * back the dy it was called with (its caller's, which may be a block). */
+/* Gives the transient block at p back to m's arena unless keep points into it; for containers,
+ * once a child's gradient is read. Non-block pointers are ignored; never give back your own dy. */
 void cf_module_give_grad(const cf_module *m, const float *p, const float *keep);
 
-/* Appends a named child to any module (for custom containers); takes ownership of the child,
- * also on failure. An empty name makes the child transparent in state_dict names: its
- * parameters continue the parent's prefix (how torchvision's blocks, whose layers sit directly
- * under the block, run their main path through cf_residual). */
+/* Appends a named child (custom containers); takes ownership, also on failure. An empty name
+ * makes the child transparent in state_dict names (its parameters keep the parent's prefix). */
 cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *name);
 
 /* Containers take ownership of their children, also on failure. */
@@ -146,35 +125,24 @@ cf_module *cf_residual(cf_module *convpath, cf_module *idpath, bool relu_after);
 
 /* Layers. Constructors return NULL (with cf_last_error) on bad arguments. */
 cf_module *cf_linear(int in_features, int out_features, bool bias);
-/* Mixed precision for every Linear in the tree under root: on, its three products (forward,
- * input and weight gradients) take cf_sgemm_bf16 (bf16 operands, fp32 sums; fp32 where the CPU
- * has no bf16 kernels), while the weights, gradients and bias stay fp32; off, cf_sgemm again.
- * Returns how many Linear layers it set. */
+/* bf16 compute for every Linear under root (bf16 operands, fp32 sums; weights, gradients and
+ * bias stay fp32; fp32 without bf16 kernels); off: fp32 again. Returns how many it set. */
 int cf_linear_set_bf16(cf_module *root, bool on);
 cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
                      bool bias);
-/* Mixed precision for every Conv2d in the tree under root: on, where the active kernel table
- * computes in bf16 (cf_bf16_compute()), the forward, input-gradient and weight-gradient products
- * take bf16 operands with fp32 sums (im2col + cf_sgemm_bf16; the fp32 implicit and Winograd
- * kernels are not used), the weights, gradients and bias staying fp32 (a weight gradient of under
- * 16 rows by 16 columns, a stem on one channel, stays fp32 too); elsewhere, and off, the fp32
- * paths as before. Returns how many Conv2d layers it set. */
+/* bf16 compute for every Conv2d under root where the kernel table computes in bf16 (im2col +
+ * cf_sgemm_bf16); weights, gradients and bias stay fp32; off: the fp32 paths. Returns how many
+ * it set. Details: docs/api.md. */
 int cf_conv_set_bf16(cf_module *root, bool on);
 cf_module *cf_batchnorm1d(int features); /* eps 1e-5, momentum 0.1, affine */
 cf_module *cf_batchnorm2d(int channels);
 cf_module *cf_batchnorm_ex(int features, bool spatial, float eps, float momentum);
 
-/* Synchronised BatchNorm (PyTorch's SyncBatchNorm), for the replicas of a data-parallel group.
- * reduce(buf, n, backward, ctx) is called by every replica at the same point of every training
- * forward and backward of each BatchNorm layer, with buf = [count, C sums, C sums] of this
- * replica (forward: the values per channel, sum of x, sum of x^2; backward: sum of dy, sum of
- * dy * (x - mean)); it replaces buf with the sums to use: forward, the sums over the replicas
- * (every replica normalises with the whole batch's statistics, and the running statistics move
- * alike); backward, the sums over the replicas in this replica's gradient scale, count the
- * total. The weight and bias gradients stay this replica's own (the group reduces gradients).
- * A failed reduce leaves the layer with this replica's statistics; the caller's next collective
- * reports the failure. Set on every BatchNorm layer of the model (all or none: CF_ERR_NOMEM leaves
- * it off); fn NULL turns it off. */
+/* Synchronised BatchNorm (PyTorch's SyncBatchNorm) over the replicas of a data-parallel group:
+ * every replica calls reduce(buf, n, backward, ctx) at the same point of each BatchNorm forward
+ * and backward, and it must replace buf ([count, C sums, C sums]) with the sums over replicas.
+ * Set on every layer or none (CF_ERR_NOMEM leaves it off); fn NULL turns it off. Details:
+ * docs/api.md. */
 struct cf_model;
 typedef cf_status (*cf_bn_reduce_fn)(double *buf, size_t n, bool backward, void *ctx);
 cf_status cf_model_set_bn_reduce(struct cf_model *model, cf_bn_reduce_fn fn, void *ctx);
@@ -225,11 +193,9 @@ typedef struct cf_model {
  * every parameter from `seed`. */
 cf_status cf_model_new(cf_model **out, cf_module *root, uint64_t seed);
 void cf_model_free(cf_model *model);
-/* Keys the random draws of the next training forwards: row b of the batch draws from (the
- * model's seed, the module, key, ids[b]) alone (ids: the dataset index of each row, n rows; the
- * array must stay valid until the forward; NULL clears it). Without ids, or when a forward's
- * batch does not have n rows, a module draws from its own stream (cf_module.rng), which depends
- * on how many forwards it has run. */
+/* Keys the next training forwards' draws: row b draws from (model seed, module, key, ids[b])
+ * (ids: dataset indices, n rows, valid until the forward; NULL clears). Otherwise a module draws
+ * from its own stream. */
 void cf_model_set_draw_key(cf_model *model, uint64_t key, const int64_t *ids, int n);
 /* Train (batch statistics, dropout) or eval mode for every module. */
 void cf_model_train(cf_model *model, bool training);
@@ -315,24 +281,16 @@ size_t cf_loss_decodes(const cf_loss *loss, const cf_tensor *act, float *out);
 
 /* ---- model zoo ----------------------------------------------------------------------------- */
 
-/* Ready-made models built from the layers above, with the parameter names PyTorch's state_dict
- * gives the equivalent fastai model, so weights copy both ways by name. Each constructor returns
- * a module tree (NULL with cf_last_error on bad arguments) for cf_model_new, which also runs
- * fastai's initialisation for the model: through a parameterless "InitHook" child appended to
- * the Sequential it initialises (the head's, the xresnet body's, SimpleCNN's, TabularModel's
- * "init"); it never appears in the names and costs nothing in forward or backward, but it is
- * counted in n_children (e.g. the xresnet body has children 0-7 and the hook at 8).
- *
- * Vision models are Sequential(body, head) like fastai's vision_learner: names start with "0."
- * for the body and "1." for the head; cf_split_default makes the body group 0 and the head
- * group 1 (fastai's default_split). */
+/* Ready-made models with the parameter names PyTorch's state_dict gives the equivalent fastai
+ * model, so weights copy both ways by name; NULL with cf_last_error on bad arguments. cf_model_new
+ * runs fastai's initialisation through a hidden "InitHook" child (counted in n_children). Vision
+ * models are Sequential(body "0.", head "1."); cf_split_default: body group 0, head group 1.
+ * Architectures and names: docs/api.md. */
 
 #define CF_HEAD_MAX_LAYERS 8
 
 /* fastai's create_head(nf, n_out, lin_ftrs, ps, pool, concat_pool, first_bn, bn_final,
- * lin_first, y_range). cf_head_defaults() gives fastai's defaults: lin_ftrs [512], ps [0.5]
- * (one p means p/2 for the hidden layers and p for the last), pool, concat_pool, first_bn, no
- * bn_final, no lin_first, no y_range, and vision_learner's apply_init(head, kaiming_normal_). */
+ * lin_first, y_range); cf_head_defaults() gives fastai's defaults (lin_ftrs [512], ps [0.5]). */
 typedef struct cf_head_opts {
     int n_lin_ftrs;                   /* number of hidden layers (0: a single Linear block) */
     int lin_ftrs[CF_HEAD_MAX_LAYERS]; /* hidden sizes */
@@ -354,27 +312,15 @@ cf_head_opts cf_head_defaults(void);
  * The BatchNorm1d layers start with weight 1 and bias 1e-3 (fastai's BatchNorm helper). */
 cf_module *cf_create_head(int nf, int n_out, const cf_head_opts *opts);
 
-/* W1, the benchmark workload ("mini-resnet"): body = Sequential(Conv2d(c_in,16,3,p1,no bias),
- * BN(16), ReLU, block(16->32, stride 2), block(32->64, stride 2)) where a block is
- * cf_residual(convpath = [Conv3x3 s2, BN, ReLU, Conv3x3, BN], idpath = [Conv1x1 s2, BN],
- * relu_after); head = create_head(64, n_out, lin_ftrs [256], ps [0.25, 0.5]).
- * Names: "0.0.weight" (stem conv), "0.1.*" (stem BN), "0.3.convpath.0.weight",
- * "0.3.idpath.1.running_mean", ..., "1.2.weight" (head BatchNorm1d(128)), "1.8.weight" (last
- * Linear). Body: PyTorch's default initialisation; head: as cf_create_head. */
+/* W1, the benchmark workload ("mini-resnet"): a 16-channel stem and two strided residual
+ * blocks (16->32->64), then create_head(64, n_out, [256], [0.25, 0.5]). Layout: docs/api.md. */
 cf_module *cf_mini_resnet(int c_in, int n_out);
 /* The same with another head (e.g. ps 0 for deterministic training). */
 cf_module *cf_mini_resnet_ex(int c_in, int n_out, const cf_head_opts *head);
 cf_module *cf_mini_resnet_body(int c_in); /* 64 output channels */
 
-/* fastai's XResNet (vision/models/xresnet.py) cut as vision_learner cuts it (the last four
- * children dropped), followed by create_head(512 * expansion, n_out). Body children: 0-2 the
- * stem ConvLayers (c_in->32 stride 2, 32->32, 32->64; each Sequential(Conv2d no bias,
- * BatchNorm2d, ReLU)), 3 MaxPool2d(3, 2, 1), 4-7 the stages of ResBlocks ("convpath" of
- * ConvLayers, the last without ReLU and with its BatchNorm weight 0; "idpath" = [AvgPool2d(2,
- * ceil_mode) if stride 2] + [ConvLayer 1x1 without ReLU if channels change], ReLU after the
- * add). E.g. "0.0.0.weight", "0.4.0.convpath.1.1.weight", "0.5.0.idpath.1.0.weight".
- * Initialisation as fastai's init_cnn: conv weights kaiming_normal_, every bias 0 (BatchNorm
- * too), BatchNorm weight 1 except the zeroed ones. */
+/* fastai's XResNet cut as vision_learner cuts it, followed by create_head(512 * expansion,
+ * n_out); fastai's init_cnn. Layout and names: docs/api.md. */
 typedef struct cf_xresnet_opts {
     int c_in;          /* input channels (3) */
     bool small_images; /* for 28x28-class inputs: the first stem conv has stride 1 (the max
@@ -393,12 +339,9 @@ cf_module *cf_xresnet18(int c_in, int n_out);
 cf_module *cf_xresnet34(int c_in, int n_out);
 cf_module *cf_xresnet50(int c_in, int n_out);
 
-/* torchvision's ResNet (resnet18/34 with BasicBlocks, 50/101/152 with Bottlenecks, the stride
- * on the 3x3 conv) with torchvision's state_dict names: "conv1.weight", "bn1.running_mean",
- * "layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "layer2.0.downsample.1.weight", ...,
- * "fc.weight", "fc.bias", in the same order. Initialisation as torchvision: conv weights
- * kaiming_normal_(mode fan_out, relu), BatchNorm weight 1 and bias 0, fc as nn.Linear. c_in 3
- * for ImageNet weights. */
+/* torchvision's ResNet (18/34 BasicBlocks, 50/101/152 Bottlenecks) with torchvision's
+ * state_dict names ("conv1.weight", "layer1.0.conv1.weight", ..., "fc.weight") and its
+ * initialisation. c_in 3 for ImageNet weights. */
 cf_module *cf_resnet(int depth, int c_in, int num_classes);
 /* fastai's create_body(resnet, cut=-2): Sequential(conv1, bn1, relu, maxpool, layer1, ...,
  * layer4) as children "0".."7" (names "0.weight", "4.0.conv1.weight", "5.0.downsample.0.weight";
@@ -406,16 +349,11 @@ cf_module *cf_resnet(int depth, int c_in, int num_classes);
 cf_module *cf_resnet_body(int depth, int c_in);
 /* The body's output channels: 512 for depth 18/34, 2048 for 50/101/152 (0 for another depth). */
 int cf_resnet_nf(int depth);
-/* fastai's vision_learner model for a torchvision resnet: Sequential(cf_resnet_body,
- * cf_create_head(nf, n_out, head)) with names "0.0.weight" (conv1), "0.4.0.conv1.weight"
- * (layer1.0.conv1), ..., "1.*" (the head). head NULL: fastai's defaults. Use cf_split_resnet for
- * fastai's three parameter groups. */
+/* fastai's vision_learner model for a torchvision resnet: Sequential(cf_resnet_body, create_head)
+ * ("0.*" body, "1.*" head; head NULL: defaults). cf_split_resnet gives fastai's three groups. */
 cf_module *cf_resnet_learner_model(int depth, int c_in, int n_out, const cf_head_opts *head);
-/* A vision model by architecture name (the command line's --arch): "mini-resnet" (W1),
- * "xresnet18", "xresnet34", "xresnet50", and "xresnet18-small" etc. (small_images),
- * "resnet18", "resnet34", "resnet50", "resnet101", "resnet152" (cf_resnet_learner_model), each
- * with fastai's default head (mini-resnet: its own). NULL with a message naming the choices for
- * another name. */
+/* A vision model by --arch name: "mini-resnet", "xresnet18/34/50" (and "-small"), "resnet18"
+ * ... "resnet152", each with fastai's default head. NULL with a message listing the choices. */
 cf_module *cf_vision_model(const char *arch, int c_in, int n_out);
 
 /* ---- segmentation: fastai's DynamicUnet (fastai/vision/models/unet.py) ---- */
@@ -424,16 +362,12 @@ cf_module *cf_vision_model(const char *arch, int c_in, int n_out);
 cf_module *cf_pixel_shuffle(int scale);
 /* nn.ReplicationPad2d((left, right, top, bottom)): edge values repeated outward. */
 cf_module *cf_replication_pad2d(int left, int right, int top, int bottom);
-/* fastai's icnr_init on a conv weight (out_channels, in_channels, kh, kw): out_channels/scale^2
- * base kernels drawn kaiming_normal_ (N(0, 2 / (in_channels*kh*kw))), output channel o takes
- * base kernel o / scale^2, so a PixelShuffle after the conv starts as nearest upsampling (no
- * checkerboard). */
+/* fastai's icnr_init on a conv weight (out, in, kh, kw): kaiming-normal base kernels repeated
+ * per scale^2 outputs, so a following PixelShuffle starts as nearest upsampling. */
 void cf_icnr_init(float *weight, int out_channels, int in_channels, int kh, int kw, int scale,
                   cf_rng *rng);
-/* fastai's PixelShuffle_ICNR(ni, nf, scale, blur, norm_type=None): Sequential("0" ConvLayer =
- * ("0" Conv2d(ni, nf*scale^2, 1) with bias 0 and ICNR weights, "1" ReLU), "1" PixelShuffle,
- * with blur "2" ReplicationPad2d((1, 0, 1, 0)), "3" AvgPool2d(2, stride 1)). Output
- * (N, nf, H*scale, W*scale). */
+/* fastai's PixelShuffle_ICNR(ni, nf, scale, blur, norm_type=None): 1x1 conv with ICNR weights,
+ * ReLU, PixelShuffle (blur: ReplicationPad2d + AvgPool2d). Output (N, nf, H*scale, W*scale). */
 cf_module *cf_pixel_shuffle_icnr(int ni, int nf, int scale, bool blur);
 
 /* DynamicUnet's options; cf_unet_defaults() gives fastai's: blur false, blur_final true, no
@@ -445,21 +379,12 @@ typedef struct cf_unet_opts {
     bool y_range;        /* SigmoidRange(y_lo, y_hi) on the output map */
     float y_lo, y_hi;
     bool last_cross;
-    bool bottle; /* breaks in fastai (the ResBlock's width no longer fits the final conv): refused */
+    bool bottle; /* breaks in fastai (the ResBlock no longer fits the final conv): refused */
 } cf_unet_opts;
 cf_unet_opts cf_unet_defaults(void);
-/* fastai's DynamicUnet(encoder, n_out, (img_h, img_w)) on a cut body (a Sequential whose
- * children are the encoder's layers, e.g. cf_resnet_body or cf_xresnet_body; a trailing init
- * hook is ignored); takes ownership of encoder, also on failure. The skips are the encoder
- * children after which the width changes at img_size, deepest first; UnetBlocks upsample with
- * PixelShuffle_ICNR, concatenate the BatchNorm'd skip, and run two ConvLayers; a final
- * PixelShuffle_ICNR when the first encoder layer halves the size, nearest resizing wherever
- * sizes differ, the input concatenated back (last_cross) into ResBlock(1, ni, ni), and a 1x1
- * ConvLayer to n_out. Input (N, n_in, H, W) (any H, W the encoder takes), output
- * (N, n_out, H, W). State-dict names as fastai's: "layers.0.4.0.conv1.weight" (the encoder),
- * "layers.1.weight", "layers.3.0.0.weight", "layers.4.shuf.0.0.weight", "layers.4.bn.weight",
- * "layers.4.conv1.0.weight", ..., "layers.<k>.convpath.0.0.weight" (ResBlock), "layers.<k+1>.0.*"
- * (final conv). */
+/* fastai's DynamicUnet(encoder, n_out, (img_h, img_w)) on a cut body (e.g. cf_resnet_body);
+ * takes ownership of encoder, also on failure. Input (N, n_in, H, W), output (N, n_out, H, W);
+ * state-dict names as fastai's ("layers.0.*" the encoder). Structure: docs/api.md. */
 cf_module *cf_dynamic_unet(cf_module *encoder, int n_in, int n_out, int img_h, int img_w,
                            const cf_unet_opts *opts);
 /* cf_dynamic_unet on the body of arch: "resnet18/34/50/101/152" (torchvision, cf_resnet_body)
@@ -474,12 +399,9 @@ bool cf_is_dynamic_unet(const cf_module *m);
 struct cf_model;
 cf_status cf_split_unet(struct cf_model *model, int body_cut);
 
-/* fastai's SimpleCNN(filters, kernel_szs, strides, bn): n_filters - 1 ConvLayers
- * filters[i] -> filters[i+1] (kernel kernel_szs[i] (default 3), stride strides[i] (default 2),
- * padding (k-1)/2; Conv2d, BatchNorm2d (when bn, except the last layer), ReLU; a conv without
- * BatchNorm has a bias), then Sequential(AdaptiveAvgPool2d(1), Flatten()). Output
- * (N, filters[n_filters-1]). Initialisation as fastai's ConvLayer: kaiming_uniform_ weights,
- * biases N(0, 0.01), BatchNorm bias 1e-3. kernel_szs/strides may be NULL. */
+/* fastai's SimpleCNN(filters, kernel_szs, strides, bn): n_filters - 1 ConvLayers (kernel 3,
+ * stride 2 by default; kernel_szs/strides may be NULL), then global average pool and flatten.
+ * Output (N, filters[n_filters-1]); fastai's ConvLayer initialisation. */
 cf_module *cf_simple_cnn(int n_filters, const int *filters, const int *kernel_szs,
                          const int *strides, bool bn);
 
@@ -502,15 +424,9 @@ typedef struct cf_tabular_opts {
 cf_tabular_opts cf_tabular_defaults(void);
 /* fastai's emb_sz_rule: min(600, round(1.6 * n_cat^0.56)) (round half to even, as Python). */
 int cf_emb_sz_rule(int n_cat);
-/* fastai's TabularModel for n_cat categorical columns (cardinalities[i] classes, #na#
- * included; emb_dims[i] > 0 or, when emb_dims is NULL or emb_dims[i] <= 0, emb_sz_rule) and
- * n_cont continuous columns. Input (N, n_cat + n_cont): the category codes first (as floats),
- * then the continuous values; output (N, out_sz). Names as fastai: "embeds.0.weight",
- * "bn_cont.weight", ..., "layers.0.0.weight" (Linear), "layers.0.2.weight" (BatchNorm1d),
- * "layers.2.0.weight", "layers.2.0.bias" (final Linear). bn_cont is left out when n_cont is
- * 0. Embeddings start as fastai's trunc_normal_(std 0.01) (normal, fmod 2, times 0.01);
- * LinBnDrop BatchNorms with bias 1e-3; Linear layers as PyTorch. The input gradient of the
- * code columns is 0. */
+/* fastai's TabularModel: n_cat embeddings (cardinalities include #na#; emb_dims NULL or <= 0:
+ * emb_sz_rule) and n_cont continuous columns. Input (N, n_cat + n_cont), codes first as floats;
+ * output (N, out_sz). Names and initialisation as fastai's (docs/api.md). */
 cf_module *cf_tabular_model(int n_cat, const int *cardinalities, const int *emb_dims, int n_cont,
                             int out_sz, const cf_tabular_opts *opts);
 
@@ -526,22 +442,14 @@ cf_status cf_split_resnet(cf_model *model);
 void cf_split_none(cf_model *model);
 
 /* ---- recurrent layers and fastai's AWD-LSTM text models ------------------------------------ *
- * Token ids arrive as a float tensor (B, T); the padding id is 1 (xxpad). Recurrent layers are
- * batch first and carry their hidden state from one forward to the next, detached (truncated
- * BPTT: no gradient flows into the previous batch); cf_rnn_reset zeroes it (fastai's reset(),
- * which the learner calls at the start of each epoch and of validation). Dropout masks are
- * redrawn at every training forward from each module's random stream (seeded by the model). */
+ * Token ids arrive as floats (B, T); padding id 1 (xxpad). Recurrent layers are batch first and
+ * carry their hidden state between forwards, detached (truncated BPTT); cf_rnn_reset zeroes it. */
 
-/* One LSTM layer as nn.LSTM(input_size, hidden_size, batch_first=True): input (B, T, I), output
- * (B, T, H). Parameters "weight_ih_l0" (4H, I), "weight_hh_l0" (4H, H), "bias_ih_l0",
- * "bias_hh_l0" (4H), gates in PyTorch's order i, f, g, o, each U(-1/sqrt(H), 1/sqrt(H)). A batch
- * of another size keeps the first rows of the carried state or zero-pads new ones (fastai's
- * AWD_LSTM). */
+/* nn.LSTM(input_size, hidden_size, batch_first=True): (B, T, I) -> (B, T, H), PyTorch's parameter
+ * names, gate order and init. A batch of another size keeps or zero-pads the carried rows. */
 cf_module *cf_lstm(int input_size, int hidden_size);
-/* fastai's WeightDropout(lstm, weight_p) on the hidden-to-hidden weight: takes ownership of the
- * LSTM (child "module", which then has weight_ih_l0, bias_ih_l0, bias_hh_l0) and holds the
- * weight as "weight_hh_l0_raw"; a training forward runs the LSTM on raw * mask (element-wise,
- * kept with probability 1 - weight_p, scaled by 1 / (1 - weight_p)), eval on raw. */
+/* fastai's WeightDropout(lstm, weight_p) on weight_hh: takes ownership of the LSTM (child
+ * "module"); holds "weight_hh_l0_raw", dropped (scaled) in training forwards. */
 cf_module *cf_weight_dropout(cf_module *lstm, float weight_p);
 /* Zeroes the hidden state of every LSTM under m. */
 void cf_rnn_reset(cf_module *m);
@@ -550,16 +458,12 @@ cf_module *cf_rnn_dropout(float p);
 /* An RNNDropout's p (-1 when m is not one): a training forward scales kept values by
  * 1 / (1 - p). */
 float cf_rnn_dropout_p(const cf_module *m);
-/* fastai's EmbeddingDropout around an nn.Embedding(vocab_size, dim, padding_idx=pad_idx): input
- * (B, T) ids, output (B, T, dim); a training forward drops whole rows of the table (mask
- * (vocab, 1), scaled); the padding row is looked up but gets no gradient. Parameter "weight",
- * U(-0.1, 0.1) (fastai's AWD_LSTM init). An id outside [0, vocab) gives a zero row. */
+/* fastai's EmbeddingDropout over nn.Embedding(vocab_size, dim, padding_idx): (B, T) ids ->
+ * (B, T, dim); training drops whole rows of the table; the padding row gets no gradient; an id
+ * outside [0, vocab) gives a zero row. */
 cf_module *cf_embedding_dropout(int vocab_size, int dim, float embed_p, int pad_idx);
-/* fastai's LinearDecoder(n_out, n_hid, output_p, tie_encoder, bias): RNNDropout(output_p)
- * (child "output_dp"), then logits (B, T, n_out) = x W^T + b. With tied_encoder (a
- * cf_embedding_dropout of (n_out, n_hid)) W is the encoder's table itself (its gradient goes
- * there, and the decoder has no "decoder.weight"); else "decoder.weight" U(-0.1, 0.1).
- * "decoder.bias" starts at 0. */
+/* fastai's LinearDecoder(n_out, n_hid, output_p, tie_encoder, bias): RNNDropout then logits
+ * (B, T, n_out). With tied_encoder the weight is the encoder's table (no "decoder.weight"). */
 cf_module *cf_linear_decoder(int n_out, int n_hid, float output_p, const cf_module *tied_encoder,
                              bool bias);
 
@@ -576,12 +480,8 @@ cf_awd_lstm_config cf_awd_lstm_lm_config(void);
 /* The same sizes with output_p 0.4, hidden_p 0.3, input_p 0.4, embed_p 0.05, weight_p 0.5. */
 cf_awd_lstm_config cf_awd_lstm_clas_config(void);
 
-/* fastai's AWD_LSTM(vocab_sz, emb_sz, n_hid, n_layers, pad_token, hidden_p, input_p, embed_p,
- * weight_p) with the config's *_p times drop_mult: input (B, T) ids, output (B, T, emb_sz), the
- * last layer's output. Children as fastai's state_dict: "encoder" (cf_embedding_dropout),
- * "rnns.<l>" (cf_weight_dropout of cf_lstm: "rnns.0.weight_hh_l0_raw",
- * "rnns.0.module.weight_ih_l0", ...), "input_dp", "hidden_dps.<l>" (RNNDropout). fastai's
- * encoder_dp.emb.weight is the same tensor as encoder.weight and is not repeated. */
+/* fastai's AWD_LSTM with the config's dropouts times drop_mult: (B, T) ids -> (B, T, emb_sz).
+ * Children named as fastai's state_dict ("encoder", "rnns.<l>", "input_dp", "hidden_dps.<l>"). */
 cf_module *cf_awd_lstm(int vocab_size, const cf_awd_lstm_config *config, float drop_mult);
 /* fastai's get_language_model(AWD_LSTM, vocab_sz, config, drop_mult): Sequential("0" AWD_LSTM,
  * "1" LinearDecoder(vocab, emb_sz, output_p, tied to the encoder when tie_weights, out_bias)).
@@ -591,10 +491,8 @@ cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, floa
  * (n_layers + 1 groups). model->root must come from cf_awd_lstm_lm. */
 cf_status cf_split_awd_lstm_lm(struct cf_model *model);
 
-/* fastai's RNNRegularizer (AR and TAR) on a cf_awd_lstm_lm. fastai's language model returns
- * (logits, raw_out, out): raw_out is the AWD_LSTM's output (B, T, emb_sz), out the decoder's
- * input after its output dropout. Both are of the last forward and valid until the next one;
- * NULL before a forward or when lm is not a cf_awd_lstm_lm. */
+/* fastai's language model outputs for RNNRegularizer: raw_out (the AWD_LSTM's output) and out
+ * (the decoder's input after dropout) of the last forward; NULL before one or for other models. */
 const cf_tensor *cf_awd_lstm_lm_raw_out(const cf_module *lm);
 const cf_tensor *cf_awd_lstm_lm_out(const cf_module *lm);
 /* alpha * mean(out^2) + beta * mean((raw_out[:, 1:] - raw_out[:, :-1])^2) of the last forward
@@ -609,27 +507,13 @@ cf_status cf_rnn_regularizer_set(cf_module *lm, float alpha, float beta);
 /* ---- fastai's ULMFiT text classifier (fastai/text/models/core.py) ---- */
 
 /* fastai's SentenceEncoder(bptt, AWD_LSTM, pad_idx, max_len): takes ownership of awd_lstm (child
- * "module"). Input (B, T) ids padded in front in bptt chunks (fastai's Pad_Chunk, rows sorted
- * longest first); output (B, K, emb_sz), K the columns of the chunks within the last max_len
- * (a chunk starting at column i is kept when T - i <= max_len; max_len < 0: all). Each forward
- * resets the state, then runs chunk i = 0, bptt, 2 bptt, ... on its first real_bs rows (real_bs:
- * the rows whose column i is not pad_idx), the state carried and detached between chunks; rows
- * past real_bs are zero in the output. Earlier chunks only warm the state (no output, no
- * gradient). Backward recomputes each kept chunk but the last (same masks and state) instead of
- * holding all of them. max_len must be >= bptt (or < 0). Inside a fit each chunk's dropouts
- * draw from the model's draw key numbered by the chunk (cf_draw_key.sub). Split over ranks, a
- * rank counts real_bs over its own rows, which equals one process's run of the batch when the
- * active rows form a prefix of it; fastai's count does not check that, and a row padded at the
- * end inside the last chunk while a shorter row is not breaks it (documents of whole chunks
- * never do). */
+ * "module"). Input (B, T) ids front-padded in bptt chunks; output (B, K, emb_sz) for the chunks
+ * within the last max_len (< 0: all; must be >= bptt). Chunking, backward and sharding:
+ * docs/api.md. */
 cf_module *cf_sentence_encoder(int bptt, cf_module *awd_lstm, int pad_idx, int max_len);
-/* fastai's PoolingLinearClassifier(dims, ps, bptt) after `encoder` (a cf_sentence_encoder, whose
- * input gives the padding): masked_concat_pool of the encoder's output (B, K, E) into (B, 3E) =
- * [the output at the last non-pad column (index -(pads in the last bptt columns) - 1), max over
- * non-pad columns, mean over non-pad columns], then child "layers": for each i < n_dims - 1 a
- * LinBnDrop "layers.<i>" = BatchNorm1d(dims[i]) (weight 1, bias 1e-3), Dropout(ps[i]) when
- * ps[i] > 0, Linear(dims[i], dims[i + 1], no bias, PyTorch init), ReLU except after the last.
- * dims[0] must be 3E. Output (B, dims[n_dims - 1]) logits. */
+/* fastai's PoolingLinearClassifier(dims, ps, bptt) after `encoder` (a cf_sentence_encoder):
+ * masked concat pool (B, 3E), then LinBnDrop layers over dims (dims[0] must be 3E). Output
+ * (B, dims[n_dims - 1]) logits. */
 cf_module *cf_pooling_linear_classifier(const cf_module *encoder, const int *dims, int n_dims,
                                         const float *ps);
 
@@ -641,13 +525,9 @@ typedef struct cf_text_classifier_opts {
     const float *ps; /* n_lin_ftrs dropouts after the first block's; NULL: 0.1 each */
 } cf_text_classifier_opts;
 
-/* fastai's get_text_classifier(AWD_LSTM, vocab_sz, n_class, seq_len, config, drop_mult,
- * lin_ftrs, ps, max_len): Sequential("0" cf_sentence_encoder(seq_len, cf_awd_lstm(vocab, config,
- * drop_mult), config->pad_token, max_len), "1" cf_pooling_linear_classifier with dims
- * [3 emb_sz, *lin_ftrs, n_class] and ps [output_p * drop_mult, *ps]). Names as fastai's
- * state_dict: "0.module.encoder.weight", "0.module.rnns.0.weight_hh_l0_raw", ...,
- * "1.layers.0.0.weight" (BatchNorm1d), "1.layers.0.2.weight" (Linear). NULL config:
- * awd_lstm_clas_config; NULL opts: the defaults. */
+/* fastai's get_text_classifier: Sequential("0" cf_sentence_encoder over cf_awd_lstm, "1"
+ * cf_pooling_linear_classifier [3 emb_sz, *lin_ftrs, n_class]); fastai's state_dict names.
+ * NULL config: awd_lstm_clas_config; NULL opts: the defaults. */
 cf_module *cf_text_classifier(int vocab_size, int n_class, const cf_awd_lstm_config *config,
                               float drop_mult, const cf_text_classifier_opts *opts);
 /* fastai's awd_lstm_clas_split: [encoder], [rnns.0], ..., [rnns.n-1], [head] (n_layers + 2

@@ -1,14 +1,6 @@
-/* corefit/optim.h — optimizers over a model's flat parameter block, with per-group
- * hyper-parameters, exactly as fastai's optimizer.py (see the formulas below).
- *
- * SGD:  if do_wd: p *= 1 - lr*wd (decoupled) or g += wd*p (L2);
- *       mom != 0: grad_avg = mom*grad_avg + g (no dampening); p -= lr*grad_avg
- *       mom == 0: p -= lr*g
- * Adam (fastai's, AdamW behaviour): if do_wd: p *= 1 - lr*wd (decoupled, first) or g += wd*p;
- *       grad_avg = mom*grad_avg + (1-mom)*g;  sqr_avg = sqr_mom*sqr_avg + (1-sqr_mom)*g^2;
- *       step += 1;  p -= lr/(1-mom^step) * grad_avg / (sqrt(sqr_avg/(1-sqr_mom^step)) + eps)
- * Only trainable parameters (not frozen) are stepped; their step counters advance per parameter.
- * do_wd is false for biases and BatchNorm parameters unless wd_bn_bias. */
+/* corefit/optim.h — fastai's SGD and Adam (decoupled weight decay) over a model's flat parameter
+ * block, with per-group hyper-parameters; only trainable parameters are stepped, and biases and
+ * BatchNorm get no weight decay unless wd_bn_bias. Update formulas: docs/api.md. */
 #ifndef COREFIT_OPTIM_H
 #define COREFIT_OPTIM_H
 
@@ -50,10 +42,8 @@ typedef struct cf_optimizer {
     void *work;        /* internal: per-parameter coefficients of the current step */
 } cf_optimizer;
 
-/* Groups are model->n_groups at creation (parameters in groups added later use the last group's
- * hypers). As in fastai, SGD keeps a momentum average only when created with mom != 0 (a mom
- * set later on an SGD created with mom 0 is ignored). Large models are stepped on the thread
- * pool; the result does not depend on the thread count. No allocation after creation. */
+/* Groups are model->n_groups at creation. As in fastai, SGD keeps a momentum average only when
+ * created with mom != 0. Results do not depend on the thread count; no allocation after this. */
 cf_status cf_optimizer_new(cf_optimizer **out, cf_model *model, const cf_opt_config *config);
 void cf_optimizer_free(cf_optimizer *opt);
 /* One step over every trainable parameter, using model->grads. */
@@ -64,21 +54,16 @@ void cf_optimizer_clear_state(cf_optimizer *opt);
 /* Sets one hyper-parameter for every group from n values: n == 1 sets all groups alike,
  * n == n_groups sets each. name: "lr", "mom", "sqr_mom", "eps", "wd". */
 cf_status cf_optimizer_set_hyper(cf_optimizer *opt, const char *name, const double *values, int n);
-/* fastai's slice expansion of a hyper-parameter over n groups, into out[n]:
- * start > 0: even_mults(start, stop, n), start*(stop/start)^(i/(n-1)) (stop when n == 1);
- * start <= 0 (slice(None, stop), e.g. slice(lr)): stop/10 for every group but the last, stop for
- * the last. Feed the result to cf_optimizer_set_hyper for discriminative learning rates. */
+/* fastai's slice expansion over n groups into out[n]: start > 0 geometric from start to stop;
+ * start <= 0 (slice(stop)): stop/10 for all but the last, stop for the last. */
 void cf_hyper_slice(double start, double stop, int n, double *out);
 /* Copies state (hypers, moving averages, steps) between optimizers of the same model shape. */
 cf_status cf_optimizer_copy_state(cf_optimizer *dst, const cf_optimizer *src);
 /* Size in floats of the optimizer state (grad_avg, sqr_avg, steps), for transfer. */
 size_t cf_optimizer_state_floats(const cf_optimizer *opt);
-/* The optimizer's state (hypers, moving averages, steps) as bytes, in a versioned format that
- * names its kind and shape. Export returns the bytes needed and writes them only when size is
- * at least that (buf may be NULL to ask); 0 for a NULL optimizer. Import checks the magic, the
- * version, that kind, groups, weights and parameters match this optimizer and that size is
- * exact; on any mismatch it returns CF_ERR_INVALID naming the offset and the values, and
- * leaves the optimizer unchanged. */
+/* The optimizer's state as versioned bytes. Export returns the size needed (buf NULL to ask; 0
+ * for a NULL optimizer). Import returns CF_ERR_INVALID naming offset and values on any mismatch,
+ * optimizer unchanged. */
 size_t cf_optimizer_export(const cf_optimizer *opt, void *buf, size_t size);
 cf_status cf_optimizer_import(cf_optimizer *opt, const void *buf, size_t size);
 

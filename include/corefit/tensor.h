@@ -22,10 +22,8 @@ typedef struct cf_tensor {
     cf_shape shape;
 } cf_tensor;
 
-/* Asks for the bytes at p to be brought into cache ahead of their use, to be written when write,
- * into L1 when near (used next) or into L2 only. A hint: it never faults, so p need not be
- * valid. For passes whose reads the hardware prefetchers do not foresee (many short streams, or
- * a jump between chunks). */
+/* Prefetch hint for the bytes at p (write: for writing; near: into L1, else L2). Never faults,
+ * so p need not be valid. */
 static inline void cf_prefetch(const void *p, size_t bytes, bool write, bool near) {
     const char *c = (const char *)p;
     /* __builtin_prefetch takes its hints as constants: one loop per pair */
@@ -64,28 +62,19 @@ cf_tensor cf_tensor_view(float *data, cf_shape shape);
 
 /* ---- CPU kernels: GEMM and image lowering (src/tensor/kernels.c) -------------------------- */
 
-/* Row-major single-precision GEMM through CBLAS (OpenBLAS):
- * C (m x n) = alpha * op(A) * op(B) + beta * C, op(A) (m x k), op(B) (k x n). lda, ldb, ldc are
- * the row strides of A, B and C as stored. Runs on the calling thread's BLAS settings
- * (corefit holds OpenBLAS to one thread; cf_parallel_for provides the parallelism). */
+/* Row-major single-precision GEMM through CBLAS: C (m x n) = alpha * op(A) * op(B) + beta * C;
+ * lda, ldb, ldc are row strides as stored. Runs on the calling thread (BLAS held to one thread). */
 void cf_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc);
 
-/* C (m x n) = A (m x k) . B (k x n), or C += A . B when accumulate, where A's element (i, p) is
- * a[i * a_row + p * a_col] (so A may be read row-major, a_col = 1, or transposed, a_row = 1,
- * without a copy), B is row-major with row stride ldb and C with row stride ldc. Built for the
- * small, skinny products of convolutions: with AVX-512 it runs a register-blocked kernel that
- * broadcasts A and reads B in place (no packing); otherwise, and for shapes where OpenBLAS is
- * faster, it calls cf_sgemm. The result does not depend on the thread calling it. */
+/* C (m x n) = A (m x k) . B, or C += A . B when accumulate; A's element (i, p) is
+ * a[i * a_row + p * a_col] (row-major or transposed without a copy), B and C row-major. For the
+ * skinny products of convolutions. The result does not depend on the calling thread. */
 void cf_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col,
                       const float *b, int ldb, float *c, int ldc, bool accumulate);
 
-/* C (m x n, row stride ldc) = A . B^T, or C += A . B^T with accumulate, where A is m x k and B
- * is n x k, both row-major (lda, ldb): every element a dot product along k, as in the weight
- * gradient of a layer with few input channels (a stem: patches . dy^T). With the AVX2 kernel
- * table it sums each element in vector lanes (a fixed order, whatever the thread); otherwise,
- * for short k and for large m x n, it calls cf_sgemm (with AVX-512, OpenBLAS's small-matrix
- * kernel is the faster one). */
+/* C (m x n) = A . B^T (or += with accumulate), A m x k and B n x k row-major: dot products along
+ * k, as in a stem's weight gradient. Fixed summation order whatever the thread. */
 void cf_sgemm_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c,
                  int ldc, bool accumulate);
 
@@ -145,11 +134,9 @@ void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *gra
 
 /* ---- instruction sets (src/tensor/isa.c) --------------------------------------------------- */
 
-/* One build runs on every CPU of its architecture: the hot kernels are compiled for several
- * instruction sets, and the best one the CPU reports is chosen when the library is loaded.
- * The environment variable CF_ISA (generic, avx2, avx512, avx512_bf16 or neon) caps the choice, for
- * tests, benchmarks, and users who need results from a given set; a cap above what the CPU has is
- * ignored. Results agree across instruction sets to float rounding, not bitwise. */
+/* The hot kernels are compiled for several instruction sets and the best the CPU reports is
+ * chosen at load. CF_ISA (generic, avx2, avx512, avx512_bf16, neon) caps the choice. Results
+ * agree across sets to float rounding, not bitwise. */
 typedef enum cf_isa {
     CF_ISA_GENERIC = 0,     /* portable C (and OpenBLAS's own kernels) */
     CF_ISA_AVX2 = 1,        /* x86-64 AVX2 + FMA */
@@ -166,20 +153,14 @@ cf_isa cf_isa_best(void);
 const char *cf_isa_name(cf_isa isa);
 /* Parses a name as CF_ISA takes it; false (and *isa untouched) for an unknown name. */
 bool cf_isa_parse(const char *name, cf_isa *isa);
-/* Caps the kernels at `cap`: the best instruction set the CPU supports that is not above it in
- * the order of cf_isa (an architecture has only its own sets: on arm64 a cap of avx2 or avx512
- * gives generic, on x86-64 neon caps nothing). Returns the one chosen. OpenBLAS's kernels follow
- * unless OPENBLAS_CORETYPE is set (cf_blas_core() in corefit/core.h). Process-wide; call it only
- * while no kernel or BLAS call runs (layers planned before the call keep weights packed for the
- * old kernels: re-plan them, as a new fit does). */
+/* Caps the kernels at `cap` (the best supported set not above it) and returns the one chosen.
+ * Process-wide: call only while no kernel or BLAS call runs, and re-plan layers afterwards. */
 cf_isa cf_set_isa(cf_isa cap);
 
 /* ---- bfloat16 (src/tensor/bf16.c; kernels in src/tensor/isa_avx512_bf16.c) ---------------- */
 
-/* bfloat16 is fp32's upper 16 bits: the same 8-bit exponent (so the same range, and no loss
- * scaling in mixed precision), 8 bits of significand. Conversions round to nearest even exactly
- * as PyTorch's x.to(torch.bfloat16): subnormals are kept (not flushed), infinities stay
- * infinite, and a NaN stays a NaN (quiet, of the same sign; its payload is not kept). */
+/* fp32 <-> bfloat16 (fp32's upper 16 bits), rounding to nearest even exactly as PyTorch's
+ * x.to(torch.bfloat16): subnormals kept, infinities and NaN (quiet) preserved. */
 void cf_fp32_to_bf16(const float *x, uint16_t *y, size_t n);
 /* y = x exactly (bf16 -> fp32 widens with zeros). */
 void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n);
@@ -190,12 +171,9 @@ float cf_bf16_round(float x);
  * below it turns it off). */
 bool cf_bf16_compute(void);
 
-/* Row-major C (m x n, row stride ldc) = op(A) . op(B), or C += op(A) . op(B) with accumulate,
- * op(A) m x k and op(B) k x n as cf_sgemm's (lda, ldb the row strides as stored), with A's and
- * B's elements rounded to bfloat16 (cf_fp32_to_bf16) and the products summed in fp32: the GEMM
- * of mixed-precision training. Where the active table has no bf16 kernels (cf_bf16_compute()
- * false), and should memory for the packed operands run out, it is cf_sgemm in fp32: the
- * honest fallback, more precise and no faster. Runs on the calling thread. */
+/* cf_sgemm's product (or += with accumulate) with A and B rounded to bfloat16 and fp32 sums: the
+ * GEMM of mixed-precision training. Falls back to fp32 cf_sgemm without bf16 kernels (or memory
+ * for the packed operands). Runs on the calling thread. */
 void cf_sgemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
                    const float *b, int ldb, float *c, int ldc, bool accumulate);
 
@@ -212,10 +190,8 @@ typedef struct cf_conv_geom {
 bool cf_conv_geom_init(cf_conv_geom *g, int c, int h, int w, int kh, int kw, int sh, int sw, int ph,
                        int pw);
 
-/* Lowers one NCHW image x (C, H, W) into the patch matrix col (C*kh*kw rows, oh*ow columns,
- * row stride ldcol >= oh*ow, so that several images can sit side by side): row
- * (c*kh + i)*kw + j holds x[c, oy*sh - ph + i, ox*sw - pw + j] (0 outside the image) at
- * column oy*ow + ox. */
+/* Lowers one NCHW image (C, H, W) into the patch matrix col (C*kh*kw rows, oh*ow columns, row
+ * stride ldcol >= oh*ow), zero outside the image. */
 void cf_im2col(const cf_conv_geom *g, const float *x, float *col, int ldcol);
 /* The adjoint of cf_im2col: x (C, H, W) = sum of the patch entries of col (row stride ldcol)
  * that read each pixel (x is overwritten, not accumulated into). */
@@ -226,23 +202,10 @@ void cf_col2im_add(const cf_conv_geom *g, const float *col, int ldcol, float *x)
 
 /* ---- convolutions without a patch matrix ("implicit GEMM"): src/tensor/conv_implicit.c ---- */
 
-/* For stride 1 with the output as large as the input (odd kernel, padding (k-1)/2) and for
- * stride 2 on even-sized images with output half the size (3x3 padding 1, 1x1 padding 0, ...):
- * the kernel reads shifted image planes in place with masked loads (stride 2: the image's four
- * phase planes x[2u + a][2v + b]) instead of building a patch matrix. Batches are contiguous
- * NCHW images; w is the (out_channels, g->c, kh, kw) weight tensor.
- *
- *   forward  y  = conv(x, w)                   n_images images
- *   dx       dx = the adjoint of conv(., w) at dy  (overwritten)
- *   wgrad    dwt[t][o][c] (+)= sum over the images and positions of dy[o][p] * (the input tap t
- *            reads)[c]: the gradient of w[o][c][t], tap-major
- *
- * Each output's sum runs in a fixed order whatever n_images, so splitting a batch over threads
- * does not change the forward pass or dx. wgrad sums blocks of images in registers, so its
- * rounding depends on n_images (a fixed order for a given call). cf_conv_implicit_supported says
- * whether a geometry can use these (AVX-512, output planes of 16 to CF_IMPLICIT_MAX_PLANE values,
- * at most CF_IMPLICIT_MAX_TAPS taps); callers lower with cf_im2col otherwise, and in reference
- * mode. */
+/* Implicit convolution (no patch matrix) for stride 1 "same" and stride 2 "half" geometries:
+ * forward y = conv(x, w), dx the adjoint at dy (overwritten), wgrad tap-major dwt[t][o][c] (+)=.
+ * w is (out_channels, g->c, kh, kw). Forward and dx do not depend on how a batch is split;
+ * cf_conv_implicit_supported says whether a geometry can use them. Details: docs/api.md. */
 #define CF_IMPLICIT_MAX_TAPS 49
 #define CF_IMPLICIT_MAX_PLANE 4096
 bool cf_conv_implicit_supported(const cf_conv_geom *g);
@@ -258,12 +221,8 @@ void cf_conv_implicit_pack_dx(const cf_conv_geom *g, int out_channels, const flo
                               float *packed);
 void cf_conv_implicit_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                               const float *x, int n_images, float *y, float *scratch);
-/* A 1x1 stride-2 convolution without padding or bias on the same input as a stride-2 layer (a
- * residual block's shortcut beside its first 3x3): its output is its weights times the input's
- * phase 0, which cf_conv_implicit_forward_with computes from each block's phase split while the
- * split is in cache, so that the input is read once for both. The products are those of
- * cf_sgemm_strided over the shortcut's patch matrix, so the output is bitwise that of the
- * shortcut run on its own through im2col. */
+/* A 1x1 stride-2 shortcut computed alongside a stride-2 layer on the same input (read once);
+ * bitwise the shortcut run on its own through im2col. */
 typedef struct cf_conv_shortcut {
     int out_channels;
     const float *w;  /* out_channels x channels, row-major (the layer's own weights) */
@@ -277,41 +236,26 @@ void cf_conv_implicit_forward_with(const cf_conv_geom *g, int out_channels, cons
                                    const cf_conv_shortcut *shortcut);
 void cf_conv_implicit_dx(const cf_conv_geom *g, int out_channels, const float *packed_dx,
                          const float *dy, int n_images, float *dx, float *scratch);
-/* cf_conv_implicit_dx of a stride-2 layer plus the shortcut's input gradient (its weights'
- * transpose times its output gradient, which reaches phase 0 only), added into each block's
- * phase 0 before the merge, so that dx is written once for both. The products are those of
- * cf_sgemm_strided over the shortcut's output gradient, added last, so dx is bitwise this
- * layer's dx plus the shortcut's col2im (NULL: none). */
+/* cf_conv_implicit_dx plus the shortcut's input gradient (NULL: none), dx written once; bitwise
+ * this layer's dx plus the shortcut's col2im. */
 void cf_conv_implicit_dx_with(const cf_conv_geom *g, int out_channels, const float *packed_dx,
                               const float *dy, int n_images, float *dx, float *scratch,
                               const cf_conv_shortcut *shortcut);
 void cf_conv_implicit_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                             const float *x, int n_images, float *dwt, bool accumulate,
                             float *scratch);
-/* cf_conv_implicit_wgrad of a stride-2 layer whose padding is below its kernel, plus the
- * shortcut's weight gradient (into shortcut->dw, overwritten unless accumulate) from the same
- * transposed blocks of x, whose positions 2u, 2v the tap at the padding reads; bitwise
- * cf_conv_implicit_wgrad of the shortcut's own 1x1 stride-2 geometry (NULL: none). */
+/* cf_conv_implicit_wgrad plus the shortcut's weight gradient into shortcut->dw (overwritten
+ * unless accumulate; NULL: none); bitwise the shortcut's own wgrad. */
 void cf_conv_implicit_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
                                  const float *x, int n_images, float *dwt, bool accumulate,
                                  float *scratch, const cf_conv_shortcut *shortcut);
 
 /* ---- Winograd F(2x2, 3x3) convolutions: src/tensor/winograd.c ----------------------------- */
 
-/* For 3x3 kernels with stride 1 and padding 1 (output as large as the input): each 2x2 output
- * tile comes from its 4x4 input patch through 16 products per channel pair instead of 36, the
- * products batched into 16 GEMMs over the tiles of a block of images. Equal to the direct
- * convolution in exact arithmetic; in float within a few units in the last place of the
- * transformed values. w is the (out_channels, g->c, 3, 3) weight tensor.
- *
- *   forward  y  = conv(x, w)                       n_images images
- *   dx       dx = the adjoint of conv(., w) at dy  (overwritten)
- *   wgrad    du (+)= the weight gradient of n_images images in the transformed domain
- *            ([16][in][out]); cf_conv_winograd_wgrad_add adds G^T du G into dw (out, in, 3, 3)
- *
- * The forward pass and dx do not depend on how a batch is split into calls.
- * cf_conv_winograd_supported: the geometry suits these and the active kernel table has the
- * transforms (the vector tables; the portable one lowers with cf_im2col). */
+/* Winograd F(2x2, 3x3) for 3x3 stride-1 padding-1 convolutions: forward, dx (overwritten) and
+ * wgrad in the transformed domain (du [16][in][out]; cf_conv_winograd_wgrad_add adds it into
+ * dw). Equal to direct convolution within a few ulps. cf_conv_winograd_supported says whether a
+ * geometry and the active kernel table can use it. */
 bool cf_conv_winograd_supported(const cf_conv_geom *g);
 /* Supported, and faster than the implicit kernels with the active table for this geometry and
  * channel count (short image rows with few channels are not, on the wider vectors). */
@@ -338,11 +282,9 @@ void cf_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *ds
 
 /* ---- the LSTM cell (src/tensor/lstm_cell.c, the active kernel table) ----------------------- */
 
-/* One step of the n cells of one row, PyTorch's LSTM: gates holds the pre-activations
- * [i | f | g | o] (4n floats: the input projection plus the recurrent one plus both biases) and
- * receives the activations sigmoid(i), sigmoid(f), tanh(g), sigmoid(o); c = f * c_prev + i * g
- * and h = o * tanh(c). Every table computes the same tanh approximation (a few units in the last
- * place), so results differ across instruction sets by float rounding only. */
+/* One step of n cells of PyTorch's LSTM: gates [i | f | g | o] (4n pre-activations) are replaced
+ * by their activations; c = f * c_prev + i * g, h = o * tanh(c). Equal across instruction sets to
+ * float rounding. */
 void cf_lstm_cell_forward(int n, float *gates, const float *c_prev, float *c, float *h);
 /* The backward of that step. gates holds the activations the forward left and receives dL/d(the
  * pre-activations); dL/dh = dh_out + dh_rec (dh_rec NULL: dh_out alone); dc holds dL/dc from the
