@@ -14,6 +14,7 @@
 #include "tensor/kernel_table.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -134,38 +135,84 @@ static void tile(int nq, const uint32_t *ap, const uint32_t *bp, float *c, int l
     }
 }
 
+/* The packing scratch of the calling thread, kept between calls (a layer calls the GEMM once per
+ * image group, and allocating per call cost as much as packing a small group) and freed when the
+ * thread ends. */
+typedef struct pack_scratch {
+    size_t words; /* capacity of data, in uint32_t */
+    uint32_t *data;
+} pack_scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void free_scratch(void *p) {
+    pack_scratch *s = p;
+    cf_free(s->data);
+    cf_free(s);
+}
+
+static void make_scratch_key(void) {
+    (void)pthread_key_create(&scratch_key, free_scratch);
+}
+
+/* At least `words` words of this thread's scratch; NULL when out of memory. */
+static uint32_t *thread_scratch(size_t words) {
+    (void)pthread_once(&scratch_once, make_scratch_key);
+    pack_scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = cf_malloc(sizeof *s);
+        if (!s) return NULL;
+        *s = (pack_scratch){0, NULL};
+        if (pthread_setspecific(scratch_key, s) != 0) {
+            cf_free(s);
+            return NULL;
+        }
+    }
+    if (s->words < words) {
+        uint32_t *grown = cf_malloc(words * sizeof(uint32_t));
+        if (!grown) return NULL;
+        cf_free(s->data);
+        s->data = grown;
+        s->words = words;
+    }
+    return s->data;
+}
+
+/* A is packed once per call, whole (per k-block, its row blocks); B one NR-column panel at a
+ * time, just before the row blocks read it, so the panel (24 KiB) is still in L1 and the k-block
+ * of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
 static bool bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
                       const float *b, int ldb, float *c, int ldc, bool accumulate) {
     const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
     const int pairs = (k + 1) / 2, kc2 = pairs < KC2 ? pairs : KC2;
-    uint32_t *ap = cf_malloc((size_t)row_blocks * MR * kc2 * sizeof(uint32_t));
-    uint32_t *bp = cf_malloc((size_t)panels * NR * kc2 * sizeof(uint32_t));
-    if (!ap || !bp) {
-        cf_free(ap);
-        cf_free(bp);
-        return false;
-    }
+    const size_t a_words = (size_t)row_blocks * MR * pairs, b_words = (size_t)NR * kc2;
+    uint32_t *ap = thread_scratch(a_words + b_words);
+    if (!ap) return false;
+    uint32_t *bp = ap + a_words;
     const operand A = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
     const operand B = {b, trans_b ? ldb : 1, trans_b ? 1 : ldb};
     for (int q0 = 0; q0 < pairs; q0 += KC2) {
         const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
-        const bool add = accumulate || q0 > 0;
+        uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
         for (int i = 0; i < row_blocks; i++)
-            pack_pairs(&A, i * MR, m - i * MR, MR, q0, nq, k, ap + (size_t)i * MR * nq);
-        for (int j = 0; j < panels; j++)
-            pack_pairs(&B, j * NR, n - j * NR, NR, q0, nq, k, bp + (size_t)j * NR * nq);
+            pack_pairs(&A, i * MR, m - i * MR, MR, q0, nq, k, ablock + (size_t)i * MR * nq);
+    }
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const bool add = accumulate || q0 > 0;
+        const uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
         for (int j = 0; j < panels; j++) {
+            pack_pairs(&B, j * NR, n - j * NR, NR, q0, nq, k, bp);
             __mmask16 cmask[NV];
             for (int v = 0; v < NV; v++) cmask[v] = lanes_below(n - j * NR - 16 * v);
             for (int i = 0; i < row_blocks; i++) {
                 const int rows = m - i * MR < MR ? m - i * MR : MR;
-                tile(nq, ap + (size_t)i * MR * nq, bp + (size_t)j * NR * nq,
+                tile(nq, ablock + (size_t)i * MR * nq, bp,
                      c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
             }
         }
     }
-    cf_free(ap);
-    cf_free(bp);
     return true;
 }
 
