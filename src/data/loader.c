@@ -609,6 +609,8 @@ static void setup_batch(cf_dataloader *dl, int64_t b, slot *s) {
     for (int d = 0; d < ss->ndim; d++) bt->x.shape.dim[d + 1] = ss->dim[d];
     bt->y.data = s->y;
     bt->y.shape = dl->td == 1 ? cf_shape1((int)count) : cf_shape2((int)count, dl->td);
+    if (dl->ds->masks && dl->image) /* (N, H, W), the shape CrossEntropyLossFlat(axis=1) takes */
+        bt->y.shape = cf_shape_make(3, (int[]){(int)count, ss->dim[1], ss->dim[2]});
     bt->idx = s->idx;
     bt->pad = s->pad;
     bt->size = (int)count;
