@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -67,6 +68,25 @@ static void test_unet_learner_fit(void **state) {
     assert_true(after[0] < before[0]);
     assert_true(after[1] > before[1] + 0.2);
     assert_true(after[2] > before[2] + 0.2 && after[2] > 0.5);
+    /* exported and loaded back: the same U-Net, the same validation */
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/cf_unet_model_%d.safetensors", (int)getpid());
+    assert_int_equal(cf_learner_export(learn, path), CF_OK);
+    cf_learner *back = NULL;
+    st = cf_load_learner(path, &back);
+    if (st) print_message("%s\n", cf_last_error());
+    assert_int_equal(st, CF_OK);
+    unlink(path);
+    assert_true(cf_is_dynamic_unet(back->model->root));
+    assert_int_equal(back->model->n_params, learn->model->n_params);
+    assert_int_equal(back->model->n_groups, 3);
+    for (int i = 0; i < learn->model->n_params; i++) {
+        const cf_param *p = learn->model->params[i], *q = back->model->params[i];
+        assert_string_equal(p->full_name, q->full_name);
+        assert_int_equal(p->numel, q->numel);
+        assert_memory_equal(p->data, q->data, p->numel * sizeof(float));
+    }
+    cf_learner_free(back);
     cf_learner_free(learn);
     cf_dls_free(dls);
 
