@@ -50,6 +50,9 @@ typedef struct cf_dataset {
     /* Where the samples come from when they are not in x (get, subset, free; streamed image
      * files are one such source); NULL for in-memory sets. Internal to the data layer. */
     const struct cf_sample_ops *samples;
+    /* Segmentation (cf_datasets_from_masks): y holds each sample's mask, H * W class ids
+     * (target_dim H * W, n_classes the codes), which flips and crops move with the image. */
+    bool masks;
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */
@@ -160,6 +163,32 @@ cf_status cf_image_read(const char *path, int channels, int size, float *out, in
  * datasets; *valid is empty (n 0) when valid_pct is 0 and there is no valid folder. */
 cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,
                                         cf_dataset **train, cf_dataset **valid);
+
+/* ---- segmentation masks (fastai's SegmentationDataLoaders.from_label_func) -------------------- */
+
+/* Where an image's mask is: dir/<image stem><suffix><ext>, e.g. {"labels", "_P", NULL} for
+ * fastai's `lambda o: path/'labels'/f'{o.stem}_P{o.suffix}'`. ext NULL: the image's own. */
+typedef struct cf_mask_rule {
+    const char *dir, *suffix, *ext;
+} cf_mask_rule;
+
+/* Reads codes (class names) from a text file, one a line, as fastai's np.loadtxt(codes.txt):
+ * blank lines skipped, line ends (LF or CRLF) and surrounding spaces dropped. Free with
+ * cf_codes_free. */
+cf_status cf_codes_read(const char *path, char ***codes, int *n_codes);
+void cf_codes_free(char **codes, int n_codes);
+
+/* The images in images_dir (.png/.jpg/.jpeg/.bmp, sorted by name) with their masks found by
+ * rule: x (C, H, W) as image folders decode them (opt: size, channels, valid_pct, seed; the
+ * images are decoded up front), y each mask's pixels as class ids, resized nearest-neighbour
+ * to the images' size. A mask pixel >= n_codes is refused naming the file, x, y and value; a
+ * mask whose size differs from its image's is refused. RandomSplitter(valid_pct, seed) makes
+ * *valid (empty when valid_pct is 0). The loaders' flip and crop_pad move masks with their
+ * images (padding is class 0); the affine batch transforms (aug) are refused for masks. */
+cf_status cf_datasets_from_masks(const char *images_dir, const cf_mask_rule *rule,
+                                 const char *const *codes, int n_codes,
+                                 const cf_image_folder_options *opt, cf_dataset **train,
+                                 cf_dataset **valid);
 
 /* fastai's ImageDataLoaders.from_csv: one image a row; fn_col (NULL: first column) names files
  * relative to `folder` (NULL: the CSV's folder), label_col the class (NULL: second column).

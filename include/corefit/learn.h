@@ -756,6 +756,21 @@ typedef struct cf_vision_opts {
 cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
                              const cf_vision_opts *opts);
 
+/* fastai's unet_learner: cf_unet_model(arch) with n_out the data set's classes (its codes),
+ * CrossEntropyLossFlat(axis=1) unless .loss is set, cf_split_unet's three groups (body stem,
+ * rest of the encoder, decoder). pretrained: a corefit model file of a U-Net on the same body,
+ * whose encoder ("layers.0.*") is copied by name and shape; the learner is then frozen (fastai's
+ * pretrained=True). Metrics are the caller's (fastai gives none; the CLI uses foreground_acc
+ * and DiceMulti). arch: "resnet18/34/50" or "xresnet18/34/50". */
+typedef struct cf_unet_learner_opts {
+    CF_LEARNER_FIELDS;
+    const char *pretrained;
+    const cf_unet_opts *unet; /* NULL: cf_unet_defaults() */
+} cf_unet_learner_opts;
+#define cf_unet_learner(...) CF_CALL3_(cf_unet_learner_, cf_unet_learner_opts, __VA_ARGS__, )
+cf_status cf_unet_learner_(cf_learner **out, cf_dls *dls, const char *arch,
+                           const cf_unet_learner_opts *opts);
+
 typedef struct cf_tabular_learner_opts {
     CF_LEARNER_FIELDS;
     int n_layers; /* 0: [200, 100] */

@@ -157,6 +157,7 @@ static float *floats_dup(const float *v, int n) {
 cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src) {
     dst->n_classes = src->n_classes;
     dst->n_points = src->n_points;
+    dst->masks = src->masks;
     if (src->vocab && !(dst->vocab = cf__strv_dup((const char *const *)src->vocab, src->n_classes)))
         return CF_ERR_NOMEM;
     if (src->source && !cf__dataset_set_source(dst, src->source)) return CF_ERR_NOMEM;

@@ -192,6 +192,9 @@ static double dl_nslots_bytes(int bs, int64_t per, int64_t td, int nslots) {
            ((double)per * sizeof(float) + (double)td * sizeof(float) + sizeof(int64_t) + 2.0);
 }
 
+/* The widest mask the loaders move (one row is copied through the stack). */
+#define CF_MASK_MAX_W 4096
+
 cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_dataloader **out) {
     if (!out) return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: out is NULL");
     *out = NULL;
@@ -215,6 +218,14 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
         return cf_fail(CF_ERR_UNSUPPORTED,
                        "cf_dataloader_new: %s holds points, which the affine batch transforms "
                        "would not move (use flip and crop_pad)",
+                       ds->source ? ds->source : "dataset");
+    if (ds->masks && image && ds->sample_shape.dim[2] > CF_MASK_MAX_W)
+        return cf_fail(CF_ERR_UNSUPPORTED, "cf_dataloader_new: masks wider than %d pixels",
+                       CF_MASK_MAX_W);
+    if (o.aug && ds->masks)
+        return cf_fail(CF_ERR_UNSUPPORTED,
+                       "cf_dataloader_new: %s holds segmentation masks; the affine batch "
+                       "transforms are not applied to masks (use flip and crop_pad)",
                        ds->source ? ds->source : "dataset");
     if (o.crop_pad < 0 || o.crop_pad > 1024)
         return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: crop_pad %d outside [0, 1024]",
@@ -480,6 +491,31 @@ static void move_points(const cf_dataloader *dl, int64_t src, float *y) {
     }
 }
 
+/* A mask moves with its image: the same crop offset and flip as make_sample, class 0
+ * (background) where the crop reaches past the edge. In place: rows are visited in the order
+ * that reads each source row before it is overwritten. */
+static void move_mask(const cf_dataloader *dl, int64_t src, float *y) {
+    int dx, dy;
+    bool flip;
+    draw_crop_flip(dl, src, &dx, &dy, &flip);
+    if (dx == 0 && dy == 0 && !flip) return;
+    const int H = dl->ds->sample_shape.dim[1], W = dl->ds->sample_shape.dim[2];
+    float row[CF_MASK_MAX_W];
+    for (int k = 0; k < H; k++) {
+        const int r = dy >= 0 ? k : H - 1 - k, sy = r + dy;
+        float *out = y + (size_t)r * W;
+        if (sy < 0 || sy >= H) {
+            memset(out, 0, (size_t)W * sizeof(float));
+            continue;
+        }
+        memcpy(row, y + (size_t)sy * W, (size_t)W * sizeof(float));
+        for (int xo = 0; xo < W; xo++) {
+            const int sx = (flip ? W - 1 - xo : xo) + dx;
+            out[xo] = sx >= 0 && sx < W ? row[sx] : 0.0f;
+        }
+    }
+}
+
 /* Writes sample `src` of the dataset, whose pixels are x, into dst with augmentation and
  * normalisation. */
 static void make_sample(const cf_dataloader *dl, int64_t src, const float *x, float *dst) {
@@ -562,6 +598,8 @@ static void setup_batch(cf_dataloader *dl, int64_t b, slot *s) {
                (size_t)dl->td * sizeof(float));
         if (dl->ds->n_points > 0 && dl->image && (dl->opt.flip || dl->opt.crop_pad > 0))
             move_points(dl, src, s->y + (size_t)i * dl->td);
+        if (dl->ds->masks && dl->image && (dl->opt.flip || dl->opt.crop_pad > 0))
+            move_mask(dl, src, s->y + (size_t)i * dl->td);
     }
     cf_batch *bt = &s->batch;
     const cf_shape *ss = &dl->ds->sample_shape;
@@ -571,6 +609,8 @@ static void setup_batch(cf_dataloader *dl, int64_t b, slot *s) {
     for (int d = 0; d < ss->ndim; d++) bt->x.shape.dim[d + 1] = ss->dim[d];
     bt->y.data = s->y;
     bt->y.shape = dl->td == 1 ? cf_shape1((int)count) : cf_shape2((int)count, dl->td);
+    if (dl->ds->masks && dl->image) /* (N, H, W), the shape CrossEntropyLossFlat(axis=1) takes */
+        bt->y.shape = cf_shape_make(3, (int[]){(int)count, ss->dim[1], ss->dim[2]});
     bt->idx = s->idx;
     bt->pad = s->pad;
     bt->size = (int)count;

@@ -28,6 +28,10 @@ cf_status cf_learner_from_info(const cf_model_info *m, cf_dls *dls, cf_metric **
                                       .quiet = true};
         memcpy(to.layers, r->layers, sizeof to.layers);
         st = cf_tabular_learner_(out, dls, &to);
+    } else if (strncmp(r->arch, "unet-", 5) == 0) { /* cf_unet_learner on the body after it */
+        st = cf_unet_learner_(
+            out, dls, r->arch + 5,
+            &(cf_unet_learner_opts){.metrics = metrics, .n_metrics = n_metrics, .quiet = true});
     } else {
         int arch = cf_arch_from_name(r->arch);
         if (arch < 0) {
@@ -61,7 +65,9 @@ static cf_status placeholder(const cf_model_info *m, cf_dataset **out) {
         tabular ? cf_shape1(m->n_in) : cf_shape_make(3, (int[]){m->n_in, m->height, m->width});
     size_t per = cf_shape_numel(&shape);
     /* targets shaped as training's: a class code, a multi-hot row or the points */
-    const int target_dim = m->recipe.multi_label || m->recipe.n_points > 0
+    const bool unet = strncmp(m->recipe.arch, "unet-", 5) == 0; /* masks of the image's size */
+    const int target_dim = unet ? m->height * m->width
+                           : m->recipe.multi_label || m->recipe.n_points > 0
                                ? (m->recipe.n_out > 0 ? m->recipe.n_out : 1)
                                : 1;
     float *x = cf_calloc(per, sizeof(float)), *y = cf_calloc((size_t)target_dim, sizeof(float));
@@ -78,6 +84,7 @@ static cf_status placeholder(const cf_model_info *m, cf_dataset **out) {
     if (st) return st;
     cf_dataset *ds = *out;
     ds->n_points = m->recipe.n_points;
+    ds->masks = unet;
     if (n_classes && n_classes == m->n_vocab)
         st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
     if (st == CF_OK && tabular) {

@@ -405,7 +405,10 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
                        "cf_learner_export writes it for learners made by cf_vision_learner or "
                        "cf_tabular_learner (and corefit train)",
                        path);
-    if (strcmp(arch, "tabular") != 0 && !cf__is_text_arch(arch) && cf_arch_from_name(arch) < 0)
+    /* "unet-<body>": cf_unet_learner's U-Net on that body */
+    const bool unet = strncmp(arch, "unet-", 5) == 0 && cf_arch_from_name(arch + 5) >= 0;
+    if (strcmp(arch, "tabular") != 0 && !cf__is_text_arch(arch) && !unet &&
+        cf_arch_from_name(arch) < 0)
         return cf_fail(CF_ERR_FORMAT, "%s: unknown architecture '%s' in corefit.arch", path, arch);
     snprintf(m->recipe.arch, sizeof m->recipe.arch, "%s", arch);
     const char *input = cf_st_meta(f, "corefit.input");
