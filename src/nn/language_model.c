@@ -198,10 +198,6 @@ static decoder_impl *lm_decoder(const cf_module *lm) {
     return lm->children[1]->impl;
 }
 
-bool cf_nn_is_awd_lstm_lm(const cf_module *m) {
-    return lm_decoder(m) != NULL;
-}
-
 const cf_tensor *cf_awd_lstm_lm_raw_out(const cf_module *lm) {
     return lm_decoder(lm) ? lm->children[1]->in : NULL;
 }

@@ -33,9 +33,6 @@ const float *cf_nn_weight_dropout_mask(const cf_module *m);
 /* AWD_LSTM (awd_lstm.c): whether m is one, and its number of layers (0 when it is not); its
  * children are 0 "encoder", 1..n "rnns.<l>", then "input_dp" and "hidden_dps.<l>". */
 bool cf_nn_is_awd_lstm(const cf_module *m);
-/* Whether m is cf_awd_lstm_lm's language model (language_model.c): every layer of it runs a
- * sequence shorter than the one it was planned for. */
-bool cf_nn_is_awd_lstm_lm(const cf_module *m);
 int cf_nn_awd_lstm_layers(const cf_module *m);
 /* Its children: the (dropped) embedding and layer l's WeightDropout LSTM. */
 cf_module *cf_nn_awd_lstm_encoder(const cf_module *m);
