@@ -64,6 +64,70 @@ static void free_texts(text_fixture *fx) {
     cf_text_raw_free(fx->raw);
 }
 
+/* A numericalizer that names two of the vocabulary's words as a line break and a tab: raw
+ * ("\n", "\t", as fastai's tokenizer keeps them) or as the two characters a reader sees
+ * ("\\n", "\\t"). */
+typedef struct break_nz {
+    const cf_text_numericalizer *inner;
+    int32_t brk_id, tab_id;
+    bool raw;
+} break_nz;
+
+static const char *break_token(void *ctx, int32_t id) {
+    const break_nz *z = ctx;
+    if (id == z->brk_id) return z->raw ? "\n" : "\\n";
+    if (id == z->tab_id) return z->raw ? "\t" : "\\t";
+    return z->inner->token(z->inner->ctx, id);
+}
+
+/* The first two distinct words (not special tokens) of the batch's first row. */
+static void two_words(const cf_text_numericalizer *nz, const cf_batch *b, int32_t id[2]) {
+    int n = 0;
+    for (int t = 0; t < b->x.shape.dim[1] && n < 2; t++) {
+        int32_t w = (int32_t)b->x.data[t];
+        if (strncmp(nz->token(nz->ctx, w), "xx", 2) != 0 && (n == 0 || w != id[0])) id[n++] = w;
+    }
+    assert_int_equal(n, 2);
+}
+
+static cf_text_numericalizer break_numericalizer(break_nz *z, const cf_text_numericalizer *inner,
+                                                 const cf_batch *b, bool raw) {
+    int32_t id[2];
+    two_words(inner, b, id);
+    *z = (break_nz){.inner = inner, .brk_id = id[0], .tab_id = id[1], .raw = raw};
+    return (cf_text_numericalizer){.ctx = z, .token = break_token, .vocab_size = inner->vocab_size};
+}
+
+/* The terminal's show_batch writes line-break and tab tokens as \n and \t: one line a row,
+ * text and category apart by the one tab, the same text as the escaped words give. */
+static void test_terminal_escapes_breaks(void **state) {
+    (void)state;
+    text_fixture fx;
+    make_texts(&fx, 4, 30, false);
+    char *out[2] = {NULL, NULL};
+    for (int raw = 0; raw < 2; raw++) {
+        break_nz z;
+        cf_text_numericalizer nz = break_numericalizer(&z, fx.nz, fx.b, raw);
+        size_t size = 0;
+        FILE *f = open_memstream(&out[raw], &size);
+        assert_int_equal(cf_text_show_batch(fx.dls->valid, fx.b, &nz, 3, 0, f), CF_OK);
+        fclose(f);
+    }
+    assert_string_equal(out[1], out[0]);
+    assert_non_null(strstr(out[1], "\\n"));
+    assert_non_null(strstr(out[1], "\\t"));
+    int lines = 0, tabs = 0;
+    for (const char *c = out[1]; *c; c++) {
+        lines += *c == '\n';
+        tabs += *c == '\t';
+    }
+    assert_int_equal(lines, 4); /* the header and 3 rows */
+    assert_int_equal(tabs, 4);  /* one between text and category on each */
+    free(out[0]);
+    free(out[1]);
+    free_texts(&fx);
+}
+
 #if defined(CF_HAVE_PLPLOT)
 
 static char dir[256];
@@ -221,6 +285,32 @@ static void test_height_follows_table(void **state) {
     free_texts(&fx);
 }
 
+/* The figure draws line-break and tab tokens as \n and \t: the same pixels as the escaped
+ * words (drawn raw, they vanished). */
+static void test_figure_escapes_breaks(void **state) {
+    (void)state;
+    if (!cf_plot_available()) skip();
+    text_fixture fx;
+    make_texts(&fx, 4, 30, false);
+    const char *names[2] = {"escaped.png", "raw.png"};
+    unsigned char *px[2];
+    int w[2], h[2];
+    for (int raw = 0; raw < 2; raw++) {
+        break_nz z;
+        cf_text_numericalizer nz = break_numericalizer(&z, fx.nz, fx.b, raw);
+        assert_int_equal(cf_plot_show_batch_text(fx.dls->valid, fx.b, &nz, path_in(names[raw]),
+                                                 &(cf_show_text_opts){.width = 700}),
+                         CF_OK);
+        px[raw] = test_png_load_rgb(path_in(names[raw]), &w[raw], &h[raw]);
+    }
+    assert_int_equal(w[0], w[1]);
+    assert_int_equal(h[0], h[1]);
+    assert_memory_equal(px[0], px[1], (size_t)3 * w[0] * h[0]);
+    free(px[0]);
+    free(px[1]);
+    free_texts(&fx);
+}
+
 static void test_bad_arguments(void **state) {
     (void)state;
     text_fixture fx;
@@ -273,8 +363,11 @@ int main(void) {
         cmocka_unit_test(test_language_model_table),
         cmocka_unit_test(test_height_follows_table),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_figure_escapes_breaks),
+        cmocka_unit_test(test_terminal_escapes_breaks),
 #else
         cmocka_unit_test(test_without_plplot),
+        cmocka_unit_test(test_terminal_escapes_breaks),
 #endif
     };
 #if defined(CF_HAVE_PLPLOT)

@@ -187,6 +187,7 @@ typedef struct cf_model {
     cf_shape planned; /* input shape the arena was sized for (ndim 0: none yet) */
     int planned_threads;
     bool unfused; /* plan without layer fusion (for tests that compare the two; the next plan) */
+    int n_plans;  /* how many times the activation memory was planned */
 } cf_model;
 
 /* Takes ownership of root (also on failure), assigns names and flat storage, and initialises

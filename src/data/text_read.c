@@ -597,17 +597,26 @@ cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericaliz
 /* ---- show_batch ---------------------------------------------------------------------------- */
 
 /* The first max_tokens tokens of a row other than xxpad (fastai's Numericalize.decodes drops
- * padding). */
+ * padding); line breaks, tabs and carriage returns as \n, \t and \r. */
 static void put_tokens(FILE *out, const float *ids, int n, int max_tokens,
                        const cf_text_numericalizer *nz) {
     for (int t = 0, shown = 0; t < n && shown < max_tokens; t++) {
         int32_t id = (int32_t)ids[t];
         if (id == CF_TEXT_PAD) continue;
         const char *tok = nz->token ? nz->token(nz->ctx, id) : NULL;
-        if (tok)
-            fprintf(out, "%s%s", shown ? " " : "", tok);
-        else
-            fprintf(out, "%s<%d>", shown ? " " : "", (int)id);
+        if (shown) fputc(' ', out);
+        if (!tok) fprintf(out, "<%d>", (int)id);
+        /* line breaks and tabs are tokens of their own: written escaped, so a row stays a line
+         * and its text and label columns stay apart */
+        for (const char *ch = tok ? tok : ""; *ch; ch++)
+            if (*ch == '\n')
+                fputs("\\n", out);
+            else if (*ch == '\t')
+                fputs("\\t", out);
+            else if (*ch == '\r')
+                fputs("\\r", out);
+            else
+                fputc(*ch, out);
         shown++;
     }
 }

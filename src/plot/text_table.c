@@ -59,7 +59,17 @@ static char *row_tokens(const float *ids, int n, int max_tokens, const cf_text_n
         char num[24];
         if (!tok) snprintf(num, sizeof num, "<%d>", (int)id);
         if (shown) cf__strbuf_str(&b, " ");
-        cf__strbuf_str(&b, tok ? tok : num);
+        /* line breaks and tabs are tokens of their own; drawn raw they would vanish (the
+         * wrapper reads control characters as spaces), so they are written \n and \t */
+        for (const char *ch = tok ? tok : num; *ch; ch++)
+            if (*ch == '\n')
+                cf__strbuf_str(&b, "\\n");
+            else if (*ch == '\t')
+                cf__strbuf_str(&b, "\\t");
+            else if (*ch == '\r')
+                cf__strbuf_str(&b, "\\r");
+            else
+                cf__strbuf_put(&b, ch, 1);
         shown++;
     }
     return cf__strbuf_take(&b);
