@@ -37,7 +37,11 @@ int cli_error(int code, const char *cmd, const char *fmt, ...)
 /* Reports cf_last_error() for a failed library call; returns CLI_FAIL. */
 int cli_lib_error(const char *cmd, const char *what);
 
-/* ---- data ---------------------------------------------------------------------------------- */
+/* ---- data (data.c) ------------------------------------------------------------------------ */
+
+#ifndef CF_FASHION_MNIST_DEFAULT_DIR
+#define CF_FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#endif
 
 /* Images listed in a CSV and their targets (tasks.c). */
 typedef struct cli_task_data {
@@ -73,6 +77,8 @@ typedef struct strlist {
  * receives "idx", "images" or "csv". */
 cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid);
+/* Whether path names an existing file or folder. */
+bool cli_exists(const char *path);
 int strlist_split(const char *s, strlist *out); /* 0 on success */
 void strlist_free(strlist *l);
 

@@ -18,10 +18,6 @@
 #include <stb_image_write.h>
 #endif
 
-#ifndef CF_FASHION_MNIST_DEFAULT_DIR
-#define CF_FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
-#endif
-
 /* Fashion-MNIST's classes, one word each so that a space can separate them in a label list. */
 static const char *const garment_names[10] = {"tshirt", "trouser", "pullover", "dress", "coat",
                                               "sandal", "shirt",   "sneaker",  "bag",   "boot"};
