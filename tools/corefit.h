@@ -197,6 +197,21 @@ void cli_show_figures(const char *const *paths, int n);
 typedef void (*cli_figure_fn)(void *ctx, cf_status st, const char *path, const char *what);
 /* mkdir -p; 0 on success (errno set otherwise). */
 int cli_mkdirs(const char *dir);
+/* DIR without trailing slashes, in buf ("out/" -> "out"). */
+const char *cli_folder_name(const char *dir, char *buf, size_t size);
+/* The figures a command wrote (their paths, for --show). */
+typedef struct cli_figures {
+    char *paths[16];
+    int n;
+} cli_figures;
+/* Prints "figure: PATH" and keeps the path, or says on stderr why the figure is missing. */
+void cli_figure_done(const char *cmd, cli_figures *f, cf_status st, const char *path,
+                     const char *what);
+void cli_figures_free(cli_figures *f);
+/* train --plots DIR: loss, schedule, metrics, show_batch and, from a classifier's validation
+ * predictions (NULL: none), the interpretation figures and most_confused. */
+void cli_train_figures(const char *dir, const cf_recorder *rec, const cf_dls *dls,
+                       const cf_preds *preds, cli_figures *figs);
 /* DIR/show_batch.png: the first training batch (augmented as in training), image sets only. */
 void cli_show_batch_figure(const char *dir, const cf_dataloader *train, char *const *vocab,
                            cli_figure_fn done, void *ctx);

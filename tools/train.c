@@ -521,15 +521,6 @@ static int setup(const char *cmd, train_args *a, session *s) {
     return CLI_OK;
 }
 
-/* DIR without trailing slashes ("out/" -> "out"), so that paths print as out/loss.png. */
-static const char *folder_name(const char *dir, char *buf, size_t size) {
-    snprintf(buf, size, "%s", dir);
-    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--) buf[n - 1] = '\0';
-    return buf;
-}
-
-static int mkdirs(const char *dir);
-
 /* The folder --out goes into, created before the data is read so that a fit never ends unable
  * to save (as --plots is). */
 static int make_out_folder(const char *cmd, const char *out) {
@@ -538,42 +529,10 @@ static int make_out_folder(const char *cmd, const char *out) {
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir) return CLI_OK;
     *slash = '\0';
-    if (mkdirs(dir))
+    if (cli_mkdirs(dir))
         return cli_error(CLI_FAIL, cmd, "cannot create the folder of --out %s: %s", out,
                          strerror(errno));
     return CLI_OK;
-}
-
-static int mkdirs(const char *dir) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) && errno != EEXIST) return -1;
-    return 0;
-}
-
-typedef struct figures {
-    char *paths[16];
-    int n;
-} figures;
-
-static void figure_done(const char *cmd, figures *f, cf_status st, const char *path,
-                        const char *what) {
-    if (st == CF_OK) {
-        printf("figure: %s\n", path);
-        f->paths[f->n++] = cf_strdup(path);
-    } else {
-        fprintf(stderr, "corefit %s: %s figure not written: %s\n", cmd, what, cf_last_error());
-    }
-}
-
-static void note_figure(void *ctx, cf_status st, const char *path, const char *what) {
-    figure_done("train", ctx, st, path, what);
 }
 
 static int run_lr_find(const char *cmd, train_args *a, session *s, cf_lr_find_result *r) {
@@ -970,7 +929,7 @@ int cmd_train(int argc, char **argv) {
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
     if (a.show && !a.plots) a.plots = ".";
     char plots_dir[4096];
-    if (a.plots) a.plots = folder_name(a.plots, plots_dir, sizeof plots_dir);
+    if (a.plots) a.plots = cli_folder_name(a.plots, plots_dir, sizeof plots_dir);
     if ((rc = make_out_folder(cmd, a.out))) return rc;
     session s;
     if ((rc = setup(cmd, &a, &s))) {
@@ -1027,13 +986,13 @@ int cmd_train(int argc, char **argv) {
     }
     struct stat plots_sb;
     bool made_plots = a.plots && s.master && stat(a.plots, &plots_sb) != 0;
-    if (a.plots && s.master && mkdirs(a.plots)) {
+    if (a.plots && s.master && cli_mkdirs(a.plots)) {
         rc = cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
                        strerror(errno));
         session_free(&s);
         return rc;
     }
-    figures figs = {0};
+    cli_figures figs = {0};
     char path[4096];
     double lr = fine_tune ? 2e-3 : 3e-3;
     double t0 = cf_now();
@@ -1060,7 +1019,7 @@ int cmd_train(int argc, char **argv) {
         if (s.master) printf("lr: %.3e (lr_find's valley)\n", lr);
         if (a.plots && s.master) {
             snprintf(path, sizeof path, "%s/lr_find.png", a.plots);
-            figure_done(cmd, &figs, cf_plot_lr_find(&r, path), path, "lr_find");
+            cli_figure_done(cmd, &figs, cf_plot_lr_find(&r, path), path, "lr_find");
         }
         cf_lr_find_result_free(&r);
     } else if (a.lr) {
@@ -1211,36 +1170,11 @@ int cmd_train(int argc, char **argv) {
                restarted);
         printf("model: %s\n", a.out);
         if (a.csv_log) printf("log: %s\n", a.csv_log);
-        if (a.plots) {
-            if (!cf_plot_available()) {
-                fprintf(stderr, "corefit train: figures need PLplot with its pngcairo driver "
-                                "(plot-driver-cairo); none written\n");
-            } else {
-                snprintf(path, sizeof path, "%s/loss.png", a.plots);
-                figure_done(cmd, &figs, cf_plot_loss(rec, path, NULL), path, "loss");
-                snprintf(path, sizeof path, "%s/schedule.png", a.plots);
-                figure_done(cmd, &figs, cf_plot_sched(rec, path), path, "schedule");
-                snprintf(path, sizeof path, "%s/metrics.png", a.plots);
-                figure_done(cmd, &figs, cf_plot_metrics(rec, path), path, "metrics");
-                cli_show_batch_figure(a.plots, s.dls->train, s.dls->train_ds->vocab, note_figure,
-                                      &figs);
-                int64_t *counts = NULL;
-                /* the class figures are for one class per item (not label sets or points) */
-                int nc = s.dls->train_ds->target_dim == 1 ? s.dls->train_ds->n_classes : 0;
-                if (have_preds && nc > 1 &&
-                    cli_interpretation(a.plots, s.dls->valid_ds, &preds, nc, s.dls->train_ds->vocab,
-                                       note_figure, &figs, &counts) == CF_OK)
-                    cli_print_most_confused(stdout, counts, nc, s.dls->train_ds->vocab);
-                else if (have_preds && nc > 1)
-                    fprintf(stderr, "corefit train: confusion matrix not made: %s\n",
-                            cf_last_error());
-                cf_free(counts);
-            }
-        }
+        if (a.plots) cli_train_figures(a.plots, rec, s.dls, have_preds ? &preds : NULL, &figs);
         fflush(stdout);
         if (a.show && figs.n) cli_show_figures((const char *const *)figs.paths, figs.n);
     }
-    for (int i = 0; i < figs.n; i++) cf_free(figs.paths[i]);
+    cli_figures_free(&figs);
     cf_preds_free(&preds);
     session_free(&s);
     return CLI_OK;
@@ -1287,11 +1221,11 @@ int cmd_lr_find(int argc, char **argv) {
                          a.start_lr);
     char plot_path[4096], plots_dir[4096];
     if (a.plots) {
-        a.plots = folder_name(a.plots, plots_dir, sizeof plots_dir);
+        a.plots = cli_folder_name(a.plots, plots_dir, sizeof plots_dir);
         for (const cli_opt *o = opts; o->name; o++)
             if (o->dest == (void *)&a.plot && o->seen)
                 return cli_error(CLI_USAGE, cmd, "give --plot FILE or --plots DIR, not both");
-        if (mkdirs(a.plots))
+        if (cli_mkdirs(a.plots))
             return cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
                              strerror(errno));
         snprintf(plot_path, sizeof plot_path, "%s/lr_find.png", a.plots);
@@ -1311,15 +1245,15 @@ int cmd_lr_find(int argc, char **argv) {
         print_suggestions(&r);
         printf("valley: %.6e\nslide: %.6e\nminimum: %.6e\nsteep: %.6e\n", r.valley, r.slide,
                r.minimum, r.steep);
-        figures figs = {0};
+        cli_figures figs = {0};
         if (!cf_plot_available())
             fprintf(stderr,
                     "corefit lr-find: figures need PLplot's pngcairo driver; none written\n");
         else
-            figure_done(cmd, &figs, cf_plot_lr_find(&r, a.plot), a.plot, "lr_find");
+            cli_figure_done(cmd, &figs, cf_plot_lr_find(&r, a.plot), a.plot, "lr_find");
         fflush(stdout);
         if (a.show && figs.n) cli_show_figures((const char *const *)figs.paths, figs.n);
-        for (int i = 0; i < figs.n; i++) cf_free(figs.paths[i]);
+        cli_figures_free(&figs);
     }
     cf_lr_find_result_free(&r);
     session_free(&s);
