@@ -4,6 +4,7 @@
 
 #include <corefit.h>
 
+#include <signal.h>
 #include <stdio.h>
 
 /* Exit statuses: 0 success, 1 a failure (a file, the data, a fit), 2 a usage error, 130 stopped
@@ -247,6 +248,24 @@ void cli_eval_extras_print(const cf_learner *learn, const cli_eval_extras *x);
 struct cJSON;
 void cli_eval_extras_json(struct cJSON *j, const cf_learner *learn, const cli_eval_extras *x);
 void cli_eval_extras_free(cli_eval_extras *x);
+
+/* ---- stopping a fit: Ctrl-C and SIGTERM (interrupt.c) ------------------------------------- */
+
+/* The handlers a fit installed and the ones they replaced. */
+typedef struct cli_signals {
+    bool own_sigint, own_sigterm;
+    struct sigaction old_sigint, old_sigterm;
+} cli_signals;
+/* SIGINT cancels an in-process fit at the next batch, through cli_interrupt_cb (fork workers
+ * and MPI ranks are stopped by the par layer). */
+void cli_catch_sigint(cli_signals *s);
+/* SIGTERM asks every fit to write its checkpoint at the next batch boundary and stop. */
+void cli_catch_sigterm(cli_signals *s);
+/* Puts back the replaced handlers (SIGTERM's stays once one arrived). */
+void cli_signals_restore(cli_signals *s);
+cf_callback *cli_interrupt_cb(void);
+bool cli_interrupted(void); /* a SIGINT arrived */
+bool cli_terminated(void);  /* a SIGTERM arrived */
 
 /* ---- subcommands --------------------------------------------------------------------------- */
 

@@ -713,37 +713,6 @@ static void print_suggestions(const cf_lr_find_result *r) {
             "draw the figures in the terminal (sixel, needs libsixel)", 0, 0, 0                      \
     }
 
-/* ---- stopping early: NaN, Ctrl-C --------------------------------------------------------------
- */
-
-/* Set by SIGINT during an in-process fit; the callback below turns it into fastai's
- * CancelFitException at the next batch, so both modes stop the same way. */
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig) {
-    (void)sig;
-    interrupted = 1;
-}
-
-static cf_status stop_on_interrupt(cf_callback *cb, cf_learner *learn) {
-    (void)cb;
-    if (interrupted) cf_learner_cancel(learn, CF_CANCEL_FIT);
-    return CF_OK;
-}
-
-static cf_callback interrupt_cb = {
-    .name = "interrupt", .order = -20, .on = {[CF_EV_AFTER_BATCH] = stop_on_interrupt}};
-
-/* SIGTERM (a pre-empted machine, a batch system's time limit): every fit writes its checkpoint
- * at the next batch boundary and stops (cf_checkpoint_request reaches fork workers too). */
-static volatile sig_atomic_t terminated;
-
-static void on_sigterm(int sig) {
-    (void)sig;
-    terminated = 1;
-    cf_checkpoint_request();
-}
-
 /* The checkpoint file: --checkpoint, else --out with .ckpt for .safetensors. */
 static const char *checkpoint_file(const train_args *a, char *buf, size_t n) {
     /* a name with a '/' is a path to the library (without one it goes under models/) */
@@ -952,7 +921,7 @@ int cmd_train(int argc, char **argv) {
     }
     /* fastai's TerminateOnNaN: a diverged fit stops and fails instead of saving NaN weights */
     cf_callback *nan_cb = cf_terminate_on_nan_cb();
-    cf_callback *icb = &interrupt_cb;
+    cf_callback *icb = cli_interrupt_cb();
     if (!nan_cb || cf_learner_add_cb(learn, nan_cb) || cf_learner_add_cb(learn, icb)) {
         session_free(&s);
         return cli_lib_error(cmd, "callbacks");
@@ -1000,9 +969,8 @@ int cmd_train(int argc, char **argv) {
      * process the interrupt callback cancels the fit at the next batch */
     struct stat out_before;
     bool had_out = stat(a.out, &out_before) == 0;
-    struct sigaction sa = {.sa_handler = on_sigint}, old_sa;
-    sigemptyset(&sa.sa_mask);
-    bool own_sigint = !s.parallel && sigaction(SIGINT, &sa, &old_sa) == 0;
+    cli_signals sig = {0};
+    if (!s.parallel) cli_catch_sigint(&sig);
     if (a.lr && strcmp(a.lr, "auto") == 0) {
         cf_lr_find_result r;
         if ((rc = run_lr_find(cmd, &a, &s, &r))) {
@@ -1042,10 +1010,7 @@ int cmd_train(int argc, char **argv) {
         return cli_lib_error(cmd, "checkpoint callback");
     }
     cf_callback *call_cbs[] = {ckpt_cb};
-    struct sigaction term_sa = {.sa_handler = on_sigterm}, old_term;
-    sigemptyset(&term_sa.sa_mask);
-    term_sa.sa_flags = SA_RESTART;
-    bool own_sigterm = sigaction(SIGTERM, &term_sa, &old_term) == 0;
+    cli_catch_sigterm(&sig);
     const char *resume = a.resume;
     if (!strcmp(a.schedule, "one-cycle"))
         st = s.parallel ? cf_par_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .par = par,
@@ -1072,11 +1037,8 @@ int cmd_train(int argc, char **argv) {
                                 .cbs = call_cbs, .n_cbs = 1, .resume = resume);
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
-    if (own_sigint) sigaction(SIGINT, &old_sa, NULL);
-    /* after a SIGTERM, more of them (pre-emption repeats it) only stop what is already
-     * stopping: the handler stays until exit */
-    if (own_sigterm && !terminated) sigaction(SIGTERM, &old_term, NULL);
-    if (st && terminated) {
+    cli_signals_restore(&sig);
+    if (st && cli_terminated()) {
         /* pre-empted: the checkpoint holds the fit; say how to continue */
         rc = cli_lib_error(cmd, "stopped by SIGTERM");
         if (s.master) {
@@ -1087,8 +1049,8 @@ int cmd_train(int argc, char **argv) {
         session_free(&s);
         return rc == CLI_OK ? CLI_FAIL : rc;
     }
-    if (st || interrupted) {
-        bool stopped = interrupted || st == CF_ERR_INTERRUPTED;
+    if (st || cli_interrupted()) {
+        bool stopped = cli_interrupted() || st == CF_ERR_INTERRUPTED;
         if (stopped)
             rc = cli_error(CLI_INTERRUPTED, cmd, "interrupted (Ctrl-C)");
         else if (restarts > 0)
