@@ -31,6 +31,11 @@ typedef struct cli_opt {
 int cli_parse(const char *cmd, int argc, char **argv, int first, cli_opt *opts, const char **pos,
               int max_pos, int *n_pos);
 void cli_print_options(FILE *f, const cli_opt *opts);
+/* A command's usage text (its options printed by cli_print_options). */
+typedef void (*cli_usage_fn)(FILE *f, const cli_opt *opts);
+/* cli_parse from argv[2]; for --help prints usage to stdout, sets *help and returns CLI_OK. */
+int cli_parse_or_usage(const char *cmd, int argc, char **argv, cli_opt *opts, const char **pos,
+                       int max_pos, int *n_pos, cli_usage_fn usage, bool *help);
 /* "corefit <cmd>: <message>" on stderr (or cli_messages when set); returns code. */
 extern FILE *cli_messages;
 int cli_error(int code, const char *cmd, const char *fmt, ...)
@@ -180,6 +185,9 @@ cf_status cli_task_adopt_model(cf_dataset *ds, const cf_model_info *m);
  * json_array is not NULL); false for other models. */
 bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char *input,
                     const float *row, void *json_array);
+/* One field of predict's tab-separated output, with \\, \t, \n and \r escaped so that every
+ * input stays one line (eval_predict.c). */
+void cli_print_tsv_field(const char *s);
 
 /* ---- model files ---------------------------------------------------------------------------- */
 

@@ -223,12 +223,9 @@ int cmd_train_text(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 0, &n_pos);
-    if (rc < 0) {
-        text_train_usage(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 0, &n_pos, text_train_usage, &help);
+    if (rc || help) return rc;
     const bool ulmfit = strcmp(a.schedule, "ulmfit") == 0;
     if (!ulmfit && strcmp(a.schedule, "one-cycle") != 0)
         return cli_error(CLI_USAGE, cmd, "--schedule %s: text models take one-cycle or ulmfit",

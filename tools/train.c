@@ -887,12 +887,9 @@ int cmd_train(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 0, &n_pos);
-    if (rc < 0) {
-        train_usage(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 0, &n_pos, train_usage, &help);
+    if (rc || help) return rc;
     if ((rc = check_args(cmd, &a, true))) return rc;
     if ((rc = check_restarts(cmd, &a))) return rc;
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
@@ -1171,12 +1168,9 @@ int cmd_lr_find(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 0, &n_pos);
-    if (rc < 0) {
-        lr_find_usage(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 0, &n_pos, lr_find_usage, &help);
+    if (rc || help) return rc;
     if ((rc = check_args(cmd, &a, false))) return rc;
     if (a.start_lr > 0 && a.end_lr > 0 && a.end_lr <= a.start_lr)
         return cli_error(CLI_USAGE, cmd, "--end-lr %g must exceed --start-lr %g", a.end_lr,
