@@ -2,39 +2,16 @@
  * the model file, the CSV log and the figures. */
 #include "corefit.h"
 #include "photo.h"
+#include "train.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* ---- shared options of train and lr-find ---------------------------------------------------- */
-
-typedef struct train_args {
-    cli_data data;
-    const char *arch, *pretrained, *lr, *schedule, *start, *out, *plots, *csv_log, *metrics,
-        *layers, *plot;
-    int epochs, freeze_epochs, cores, threads, cycle_len, num_it;
-    double wd, start_lr, end_lr, deadline;
-    double label_smoothing, mixup, cutmix; /* --label-smoothing EPS, --mixup/--cutmix ALPHA */
-    bool show, quiet, split_batch, save_every_epoch;
-    bool bf16; /* --bf16: cf_learner_to_bf16 */
-    const char *y_range;
-    const char *resume, *checkpoint; /* --resume FILE, --checkpoint FILE */
-    int checkpoint_every;            /* --checkpoint-every N (batches) */
-    int max_restarts, commit_every;  /* --max-restarts N, --commit-every K (fork workers) */
-} train_args;
-
-#define CLI_STR_(x) #x
-#define CLI_STR(x) CLI_STR_(x)
-
-/* The fork launcher's limit on worker processes (src/par/launch.c). */
-#define CLI_MAX_CORES 256
 
 static const char *const schedules[] = {"one-cycle", "flat-cos", "sgdr", "fine-tune"};
 
@@ -214,17 +191,7 @@ static int make_metrics(const char *cmd, const char *list, int n_classes, cf_met
     return CLI_OK;
 }
 
-typedef struct session {
-    cf_dls *dls;
-    cf_learner *learn;
-    const char *input;
-    cf_comm *mpi;
-    bool master;
-    cf_par_opts par;
-    bool parallel;
-} session;
-
-static void session_free(session *s) {
+void cli_session_free(session *s) {
     cf_learner_free(s->learn);
     cf_dls_free(s->dls);
     /* s->mpi belongs to the par layer (kept for the process) */
@@ -535,25 +502,6 @@ static int make_out_folder(const char *cmd, const char *out) {
     return CLI_OK;
 }
 
-static int run_lr_find(const char *cmd, train_args *a, session *s, cf_lr_find_result *r) {
-    memset(r, 0, sizeof *r);
-    int all = CF_SUGGEST_VALLEY | CF_SUGGEST_SLIDE | CF_SUGGEST_MINIMUM | CF_SUGGEST_STEEP;
-    cf_status st;
-    if (s->parallel)
-        st = cf_par_lr_find(s->learn, r, .start_lr = a->start_lr, .end_lr = a->end_lr,
-                            .num_it = a->num_it, .suggest = all, .par = s->par);
-    else
-        st = cf_lr_find(s->learn, r, .start_lr = a->start_lr, .end_lr = a->end_lr,
-                        .num_it = a->num_it, .suggest = all);
-    if (st) return cli_lib_error(cmd, "lr_find");
-    return CLI_OK;
-}
-
-static void print_suggestions(const cf_lr_find_result *r) {
-    printf("lr_find: valley %.3e, slide %.3e, minimum %.3e, steep %.3e\n", r->valley, r->slide,
-           r->minimum, r->steep);
-}
-
 /* ---- the command line ---------------------------------------------------------------------- */
 
 #define DATA_OPTIONS(a)                                                                              \
@@ -713,87 +661,6 @@ static void print_suggestions(const cf_lr_find_result *r) {
             "draw the figures in the terminal (sixel, needs libsixel)", 0, 0, 0                      \
     }
 
-/* The checkpoint file: --checkpoint, else --out with .ckpt for .safetensors. */
-static const char *checkpoint_file(const train_args *a, char *buf, size_t n) {
-    /* a name with a '/' is a path to the library (without one it goes under models/) */
-    const char *dot = strchr(a->checkpoint ? a->checkpoint : a->out, '/') ? "" : "./";
-    if (a->checkpoint) {
-        snprintf(buf, n, "%s%s", dot, a->checkpoint);
-        return buf;
-    }
-    size_t len = strlen(a->out);
-    const char *ext = ".safetensors";
-    size_t el = strlen(ext);
-    if (len > el && strcmp(a->out + len - el, ext) == 0) len -= el;
-    snprintf(buf, n, "%s%.*s.ckpt", dot, (int)len, a->out);
-    return buf;
-}
-
-/* How to continue: this command line with --resume FILE (any earlier --resume dropped). */
-static void print_resume_hint(int argc, char **argv, const char *ckpt) {
-    fprintf(stderr, "corefit train: to continue, run:\n  corefit");
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--resume") == 0) {
-            i++;
-            continue;
-        }
-        if (strncmp(argv[i], "--resume=", 9) == 0) continue;
-        fprintf(stderr, " %s", argv[i]);
-    }
-    fprintf(stderr, " --resume %s\n", ckpt);
-}
-
-/* --save-every-epoch: the model file (with its metadata) after every completed epoch (a master
- * callback: rank 0 writes it). */
-static const char *epoch_model_path;
-static int epochs_saved;
-
-static cf_status save_epoch(cf_callback *cb, cf_learner *learn) {
-    (void)cb;
-    cf_status st = cf_learner_export(learn, epoch_model_path);
-    if (st == CF_OK) epochs_saved++;
-    return st;
-}
-
-static cf_callback save_epoch_cb = {.name = "save_every_epoch",
-                                    .order = CF_ORDER_SAVE_MODEL,
-                                    .on = {[CF_EV_AFTER_EPOCH] = save_epoch}};
-
-/* Whether path exists and is not the file stat gave in *before (had: it existed then). */
-static bool written_since(const char *path, bool had, const struct stat *before) {
-    struct stat now;
-    return stat(path, &now) == 0 &&
-           (!had || now.st_mtim.tv_sec != before->st_mtim.tv_sec ||
-            now.st_mtim.tv_nsec != before->st_mtim.tv_nsec || now.st_ino != before->st_ino);
-}
-
-/* After a fit that did not finish: no empty figures folder stays behind. (The CSV log is
- * written only from the first completed epoch on: a fit that failed before it left an existing
- * log as it was, and one with epochs in it keeps them.) */
-static void clean_up_partial(const char *plots, bool made_plots) {
-    if (plots && made_plots) rmdir(plots); /* only when empty */
-}
-
-/* --max-restarts and --commit-every: in-place recovery of fork workers (the library's
- * .par.max_restarts); an MPI job cannot lose a rank and go on, so there a wrapper reruns it. */
-static int check_restarts(const char *cmd, const train_args *a) {
-    bool mpi = a->start && strcmp(a->start, "mpi") == 0;
-    if (a->commit_every > 0 && a->max_restarts == 0)
-        return cli_error(CLI_USAGE, cmd,
-                         "--commit-every is how often --max-restarts commits the fit; give "
-                         "--max-restarts N too");
-    if (a->max_restarts > 0 && mpi)
-        return cli_error(CLI_USAGE, cmd,
-                         "--max-restarts restarts fork workers; under mpirun run the job with "
-                         "corefit-mpirun --max-restarts %d (docs/mpi.md)",
-                         a->max_restarts);
-    if (a->max_restarts > 0 && a->cores == 1)
-        return cli_error(CLI_USAGE, cmd,
-                         "--max-restarts restarts fork workers: give --cores 2 or more (--cores 1 "
-                         "trains in this process)");
-    return CLI_OK;
-}
-
 static void train_usage(FILE *f, const cli_opt *opts) {
     fprintf(f,
             "Usage: corefit train [options]\n\n"
@@ -891,7 +758,7 @@ int cmd_train(int argc, char **argv) {
     int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 0, &n_pos, train_usage, &help);
     if (rc || help) return rc;
     if ((rc = check_args(cmd, &a, true))) return rc;
-    if ((rc = check_restarts(cmd, &a))) return rc;
+    if ((rc = cli_check_restarts(cmd, &a))) return rc;
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
     if (a.show && !a.plots) a.plots = ".";
     char plots_dir[4096];
@@ -899,7 +766,7 @@ int cmd_train(int argc, char **argv) {
     if ((rc = make_out_folder(cmd, a.out))) return rc;
     session s;
     if ((rc = setup(cmd, &a, &s))) {
-        session_free(&s);
+        cli_session_free(&s);
         return rc;
     }
     cf_learner *learn = s.learn;
@@ -912,7 +779,7 @@ int cmd_train(int argc, char **argv) {
     if (a.csv_log) {
         cf_callback *cb = cf_csv_logger_cb(a.csv_log, false);
         if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
-            session_free(&s);
+            cli_session_free(&s);
             return cli_lib_error(cmd, "CSV logger");
         }
     }
@@ -920,14 +787,13 @@ int cmd_train(int argc, char **argv) {
     cf_callback *nan_cb = cf_terminate_on_nan_cb();
     cf_callback *icb = cli_interrupt_cb();
     if (!nan_cb || cf_learner_add_cb(learn, nan_cb) || cf_learner_add_cb(learn, icb)) {
-        session_free(&s);
+        cli_session_free(&s);
         return cli_lib_error(cmd, "callbacks");
     }
     if (a.save_every_epoch) {
-        cf_callback *cb = &save_epoch_cb;
-        epoch_model_path = a.out;
+        cf_callback *cb = cli_save_epoch_cb(a.out);
         if (cf_learner_add_master_cbs(learn, &cb, 1)) {
-            session_free(&s);
+            cli_session_free(&s);
             return cli_lib_error(cmd, "--save-every-epoch");
         }
     }
@@ -936,18 +802,18 @@ int cmd_train(int argc, char **argv) {
     if (a.quiet) {
         cf_callback *cb = cf_progress_cb_to(NULL, NULL, 0);
         if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
-            session_free(&s);
+            cli_session_free(&s);
             return cli_lib_error(cmd, "progress table");
         }
     }
     /* a read-only or missing output folder fails now, not after the fit */
     if (s.master && cf_st_check_writable(a.out)) {
-        session_free(&s);
+        cli_session_free(&s);
         return cli_lib_error(cmd, "--out");
     }
     bool through;
     if (s.master && a.csv_log && cf_output_check(a.csv_log, &through)) {
-        session_free(&s);
+        cli_session_free(&s);
         return cli_lib_error(cmd, "--csv-log");
     }
     struct stat plots_sb;
@@ -955,7 +821,7 @@ int cmd_train(int argc, char **argv) {
     if (a.plots && s.master && cli_mkdirs(a.plots)) {
         rc = cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
                        strerror(errno));
-        session_free(&s);
+        cli_session_free(&s);
         return rc;
     }
     cli_figures figs = {0};
@@ -970,14 +836,14 @@ int cmd_train(int argc, char **argv) {
     if (!s.parallel) cli_catch_sigint(&sig);
     if (a.lr && strcmp(a.lr, "auto") == 0) {
         cf_lr_find_result r;
-        if ((rc = run_lr_find(cmd, &a, &s, &r))) {
-            session_free(&s);
+        if ((rc = cli_run_lr_find(cmd, &a, &s, &r))) {
+            cli_session_free(&s);
             return rc;
         }
-        if (s.master) print_suggestions(&r);
+        if (s.master) cli_print_suggestions(&r);
         if (!isfinite(r.valley) || !(r.valley > 0)) {
             cf_lr_find_result_free(&r);
-            session_free(&s);
+            cli_session_free(&s);
             return cli_error(CLI_FAIL, cmd, "lr_find gave no valley suggestion; pass --lr");
         }
         lr = r.valley;
@@ -994,44 +860,21 @@ int cmd_train(int argc, char **argv) {
     const cf_par_opts par = s.par;
     /* the checkpoint callback runs in every replica (they agree on a stop; rank 0 writes) */
     char ckpt_buf[4096];
-    const char *ckpt = checkpoint_file(&a, ckpt_buf, sizeof ckpt_buf);
+    const char *ckpt = cli_checkpoint_file(&a, ckpt_buf, sizeof ckpt_buf);
     struct stat ckpt_before;
     bool had_ckpt = stat(ckpt, &ckpt_before) == 0;
     if (s.master && cf_output_check(ckpt, &through)) {
-        session_free(&s);
+        cli_session_free(&s);
         return cli_lib_error(cmd, a.checkpoint ? "--checkpoint" : "the checkpoint of --out");
     }
     cf_callback *ckpt_cb = cf_checkpoint_cb(.fname = ckpt, .every_batches = a.checkpoint_every);
     if (!ckpt_cb) {
-        session_free(&s);
+        cli_session_free(&s);
         return cli_lib_error(cmd, "checkpoint callback");
     }
     cf_callback *call_cbs[] = {ckpt_cb};
     cli_catch_sigterm(&sig);
-    const char *resume = a.resume;
-    if (!strcmp(a.schedule, "one-cycle"))
-        st = s.parallel ? cf_par_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .par = par,
-                                               .cbs = call_cbs, .n_cbs = 1, .resume = resume)
-                        : cf_fit_one_cycle(learn, a.epochs, .lr_max = CF_LR(lr), .cbs = call_cbs,
-                                           .n_cbs = 1, .resume = resume);
-    else if (!strcmp(a.schedule, "flat-cos"))
-        st = s.parallel ? cf_par_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr), .par = par,
-                                              .cbs = call_cbs, .n_cbs = 1, .resume = resume)
-                        : cf_fit_flat_cos(learn, a.epochs, .lr = CF_LR(lr), .cbs = call_cbs,
-                                          .n_cbs = 1, .resume = resume);
-    else if (!strcmp(a.schedule, "sgdr"))
-        st = s.parallel ? cf_par_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr),
-                                          .par = par, .cbs = call_cbs, .n_cbs = 1, .resume = resume)
-                        : cf_fit_sgdr(learn, a.epochs, a.cycle_len, .lr_max = CF_LR(lr),
-                                      .cbs = call_cbs, .n_cbs = 1, .resume = resume);
-    else
-        st = s.parallel
-                 ? cf_par_fine_tune(learn, a.epochs, .base_lr = lr,
-                                    .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
-                                    .par = par, .cbs = call_cbs, .n_cbs = 1, .resume = resume)
-                 : cf_fine_tune(learn, a.epochs, .base_lr = lr,
-                                .freeze_epochs = a.freeze_epochs ? a.freeze_epochs : -1,
-                                .cbs = call_cbs, .n_cbs = 1, .resume = resume);
+    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, 1);
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
     cli_signals_restore(&sig);
@@ -1040,10 +883,10 @@ int cmd_train(int argc, char **argv) {
         rc = cli_lib_error(cmd, "stopped by SIGTERM");
         if (s.master) {
             struct stat cs;
-            if (stat(ckpt, &cs) == 0) print_resume_hint(argc, argv, ckpt);
-            clean_up_partial(a.plots, made_plots);
+            if (stat(ckpt, &cs) == 0) cli_print_resume_hint(argc, argv, ckpt);
+            cli_clean_up_partial(a.plots, made_plots);
         }
-        session_free(&s);
+        cli_session_free(&s);
         return rc == CLI_OK ? CLI_FAIL : rc;
     }
     if (st || cli_interrupted()) {
@@ -1057,8 +900,8 @@ int cmd_train(int argc, char **argv) {
             rc = cli_lib_error(cmd, "training");
         if (s.master) {
             /* a worker process wrote it (its count stays there): look at the file */
-            bool rewritten = written_since(a.out, had_out, &out_before);
-            if (a.save_every_epoch && (epochs_saved > 0 || rewritten))
+            bool rewritten = cli_written_since(a.out, had_out, &out_before);
+            if (a.save_every_epoch && (cli_epochs_saved() > 0 || rewritten))
                 fprintf(stderr, "corefit %s: %s holds the model of the last completed epoch\n", cmd,
                         a.out);
             else
@@ -1067,16 +910,17 @@ int cmd_train(int argc, char **argv) {
                                            : " (--save-every-epoch keeps each completed epoch's)");
             /* a lost worker (or a failed one) leaves this run's last checkpoint: say how to
              * go on from it (--max-restarts does that by itself) */
-            if (!stopped && st == CF_ERR_WORKER && written_since(ckpt, had_ckpt, &ckpt_before)) {
+            if (!stopped && st == CF_ERR_WORKER &&
+                cli_written_since(ckpt, had_ckpt, &ckpt_before)) {
                 fprintf(stderr,
                         "corefit %s: checkpoint %s holds the fit up to its last batch "
                         "checkpoint\n",
                         cmd, ckpt);
-                print_resume_hint(argc, argv, ckpt);
+                cli_print_resume_hint(argc, argv, ckpt);
             }
-            clean_up_partial(a.plots, made_plots);
+            cli_clean_up_partial(a.plots, made_plots);
         }
-        session_free(&s);
+        cli_session_free(&s);
         return rc;
     }
     /* the model file supersedes the checkpoint of a finished fit (kept when named) */
@@ -1091,7 +935,7 @@ int cmd_train(int argc, char **argv) {
         st = s.parallel ? cf_par_get_preds(learn, &preds, .with_loss = true, .par = par)
                         : cf_get_preds(learn, &preds, .with_loss = true);
         if (st) {
-            session_free(&s);
+            cli_session_free(&s);
             return cli_lib_error(cmd, "predictions for the confusion matrix");
         }
         have_preds = true;
@@ -1099,7 +943,7 @@ int cmd_train(int argc, char **argv) {
     if (s.master) {
         if (cf_learner_export(learn, a.out)) {
             cf_preds_free(&preds);
-            session_free(&s);
+            cli_session_free(&s);
             return cli_lib_error(cmd, "saving the model");
         }
         const cf_recorder *rec = &learn->recorder;
@@ -1135,7 +979,7 @@ int cmd_train(int argc, char **argv) {
     }
     cli_figures_free(&figs);
     cf_preds_free(&preds);
-    session_free(&s);
+    cli_session_free(&s);
     return CLI_OK;
 }
 
@@ -1189,16 +1033,16 @@ int cmd_lr_find(int argc, char **argv) {
     }
     session s;
     if ((rc = setup(cmd, &a, &s))) {
-        session_free(&s);
+        cli_session_free(&s);
         return rc;
     }
     cf_lr_find_result r;
-    if ((rc = run_lr_find(cmd, &a, &s, &r))) {
-        session_free(&s);
+    if ((rc = cli_run_lr_find(cmd, &a, &s, &r))) {
+        cli_session_free(&s);
         return rc;
     }
     if (s.master) {
-        print_suggestions(&r);
+        cli_print_suggestions(&r);
         printf("valley: %.6e\nslide: %.6e\nminimum: %.6e\nsteep: %.6e\n", r.valley, r.slide,
                r.minimum, r.steep);
         cli_figures figs = {0};
@@ -1212,6 +1056,6 @@ int cmd_lr_find(int argc, char **argv) {
         cli_figures_free(&figs);
     }
     cf_lr_find_result_free(&r);
-    session_free(&s);
+    cli_session_free(&s);
     return CLI_OK;
 }
