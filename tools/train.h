@@ -41,6 +41,10 @@ typedef struct session {
 
 void cli_session_free(session *s);
 
+/* Data, model and learner for train and lr-find (build.c); CLI_OK or the exit status, with the
+ * message printed. */
+int cli_setup(const char *cmd, train_args *a, session *s);
+
 /* ---- the fit (fit.c) ----------------------------------------------------------------------- */
 
 /* lr_find on the session's learner (every core when parallel), all four suggestions. */
