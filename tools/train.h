@@ -67,4 +67,10 @@ void cli_clean_up_partial(const char *plots, bool made_plots);
 /* Usage errors of --max-restarts and --commit-every. */
 int cli_check_restarts(const char *cmd, const train_args *a);
 
+/* ---- the report (report.c) ----------------------------------------------------------------- */
+
+/* The lines after the table: result (the last epoch's values), time, model and log. */
+void cli_print_summary(const train_args *a, const session *s, const cf_recorder *rec,
+                       double seconds, int restarts);
+
 #endif
