@@ -536,48 +536,14 @@ int cmd_train(int argc, char **argv) {
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
     cli_signals_restore(&sig);
-    if (st && cli_terminated()) {
-        /* pre-empted: the checkpoint holds the fit; say how to continue */
-        rc = cli_lib_error(cmd, "stopped by SIGTERM");
-        if (s.master) {
-            struct stat cs;
-            if (stat(ckpt, &cs) == 0) cli_print_resume_hint(argc, argv, ckpt);
-            cli_clean_up_partial(a.plots, made_plots);
-        }
-        cli_session_free(&s);
-        return rc == CLI_OK ? CLI_FAIL : rc;
-    }
     if (st || cli_interrupted()) {
-        bool stopped = cli_interrupted() || st == CF_ERR_INTERRUPTED;
-        if (stopped)
-            rc = cli_error(CLI_INTERRUPTED, cmd, "interrupted (Ctrl-C)");
-        else if (restarts > 0)
-            rc = cli_error(CLI_FAIL, cmd, "training: %s (after %d restart%s, --max-restarts %d)",
-                           cf_last_error(), restarts, restarts == 1 ? "" : "s", a.max_restarts);
-        else
-            rc = cli_lib_error(cmd, "training");
-        if (s.master) {
-            /* a worker process wrote it (its count stays there): look at the file */
-            bool rewritten = cli_written_since(a.out, had_out, &out_before);
-            if (a.save_every_epoch && (cli_epochs_saved() > 0 || rewritten))
-                fprintf(stderr, "corefit %s: %s holds the model of the last completed epoch\n", cmd,
-                        a.out);
-            else
-                fprintf(stderr, "corefit %s: no model written%s\n", cmd,
-                        a.save_every_epoch ? " (no epoch completed)"
-                                           : " (--save-every-epoch keeps each completed epoch's)");
-            /* a lost worker (or a failed one) leaves this run's last checkpoint: say how to
-             * go on from it (--max-restarts does that by itself) */
-            if (!stopped && st == CF_ERR_WORKER &&
-                cli_written_since(ckpt, had_ckpt, &ckpt_before)) {
-                fprintf(stderr,
-                        "corefit %s: checkpoint %s holds the fit up to its last batch "
-                        "checkpoint\n",
-                        cmd, ckpt);
-                cli_print_resume_hint(argc, argv, ckpt);
-            }
-            cli_clean_up_partial(a.plots, made_plots);
-        }
+        cli_fit_files files = {.ckpt = ckpt,
+                               .had_out = had_out,
+                               .had_ckpt = had_ckpt,
+                               .made_plots = made_plots,
+                               .out_before = out_before,
+                               .ckpt_before = ckpt_before};
+        rc = cli_report_stopped_fit(cmd, argc, argv, &a, &s, st, restarts, &files);
         cli_session_free(&s);
         return rc;
     }

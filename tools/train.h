@@ -72,5 +72,15 @@ int cli_check_restarts(const char *cmd, const train_args *a);
 /* The lines after the table: result (the last epoch's values), time, model and log. */
 void cli_print_summary(const train_args *a, const session *s, const cf_recorder *rec,
                        double seconds, int restarts);
+/* The files a fit may leave behind, as they were before it. */
+typedef struct cli_fit_files {
+    const char *ckpt;
+    bool had_out, had_ckpt, made_plots; /* --out and the checkpoint existed; --plots was made */
+    struct stat out_before, ckpt_before;
+} cli_fit_files;
+/* After a fit that failed, was interrupted or pre-empted: the message, what became of the model
+ * file, how to continue from the checkpoint; the exit status. */
+int cli_report_stopped_fit(const char *cmd, int argc, char **argv, const train_args *a,
+                           const session *s, cf_status st, int restarts, const cli_fit_files *f);
 
 #endif
