@@ -83,6 +83,9 @@ typedef struct strlist {
  * receives "idx", "images" or "csv". */
 cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid);
+/* Usage errors of the data options (one source, the columns of --csv, --load, --skip-bad,
+ * --aug, --channels, the photo and task options; metrics: --metrics or NULL). */
+int cli_check_data_args(const char *cmd, const cli_data *d, const char *metrics);
 /* Whether path names an existing file or folder. */
 bool cli_exists(const char *path);
 int strlist_split(const char *s, strlist *out); /* 0 on success */

@@ -347,3 +347,33 @@ fail:
     *train = *valid = NULL;
     return st;
 }
+
+int cli_check_data_args(const char *cmd, const cli_data *d, const char *metrics) {
+    int sources = (d->idx != NULL) + (d->images != NULL) + (d->csv != NULL);
+    if (sources > 1)
+        return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
+    int photo_rc = cli_check_photo_args(cmd, d);
+    if (photo_rc) return photo_rc;
+    if (d->csv && !d->target)
+        return cli_error(CLI_USAGE, cmd, "--csv needs --target NAME (and --cat and/or --cont)");
+    if (d->csv && !d->cat && !d->cont)
+        return cli_error(CLI_USAGE, cmd, "--csv needs --cat and/or --cont column lists");
+    int task_rc = cli_task_check(cmd, d, metrics);
+    if (task_rc) return task_rc;
+    if (!d->csv && (d->cat || d->cont || d->target || (d->regression && !d->images_csv)))
+        return cli_error(CLI_USAGE, cmd, "--cat, --cont, --target and --regression need --csv");
+    if (d->load && strcmp(d->load, "auto") != 0 && strcmp(d->load, "memory") != 0 &&
+        strcmp(d->load, "stream") != 0)
+        return cli_error(CLI_USAGE, cmd, "--load must be auto, memory or stream, got '%s'",
+                         d->load);
+    if ((d->load || d->skip_bad) && !d->images && !d->images_csv)
+        return cli_error(CLI_USAGE, cmd, "--load and --skip-bad are for --images or --images-csv");
+    if (d->skip_bad && d->load && strcmp(d->load, "memory") == 0)
+        return cli_error(CLI_USAGE, cmd,
+                         "--skip-bad streams the images (a set decoded up front stops at its first "
+                         "bad file): give --load stream or auto with it");
+    if (d->aug && d->csv) return cli_error(CLI_USAGE, cmd, "--aug is for images, not --csv");
+    if (d->channels != 0 && d->channels != 1 && d->channels != 3)
+        return cli_error(CLI_USAGE, cmd, "--channels must be 1 or 3, got %d", d->channels);
+    return CLI_OK;
+}
