@@ -145,3 +145,33 @@ cf_status cli_fit(const train_args *a, cf_learner *learn, bool parallel, const c
                                 .cbs = cbs, .n_cbs = n_cbs, .resume = a->resume);
     return st;
 }
+
+int cli_add_train_callbacks(const char *cmd, const train_args *a, cf_learner *learn) {
+    /* master callbacks: the CSV log (rank 0 writes it) */
+    if (a->csv_log) {
+        cf_callback *cb = cf_csv_logger_cb(a->csv_log, false);
+        if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
+            return cli_lib_error(cmd, "CSV logger");
+        }
+    }
+    /* fastai's TerminateOnNaN: a diverged fit stops and fails instead of saving NaN weights */
+    cf_callback *nan_cb = cf_terminate_on_nan_cb();
+    cf_callback *icb = cli_interrupt_cb();
+    if (!nan_cb || cf_learner_add_cb(learn, nan_cb) || cf_learner_add_cb(learn, icb))
+        return cli_lib_error(cmd, "callbacks");
+    if (a->save_every_epoch) {
+        cf_callback *cb = cli_save_epoch_cb(a->out);
+        if (cf_learner_add_master_cbs(learn, &cb, 1)) {
+            return cli_lib_error(cmd, "--save-every-epoch");
+        }
+    }
+    /* no bars or messages, but the table; on every rank, as the other master callbacks: MPI
+     * ranks must hold the same ones to take rank 0's learner state at the end */
+    if (a->quiet) {
+        cf_callback *cb = cf_progress_cb_to(NULL, NULL, 0);
+        if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
+            return cli_lib_error(cmd, "progress table");
+        }
+    }
+    return CLI_OK;
+}

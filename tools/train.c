@@ -295,6 +295,26 @@ static int make_out_folder(const char *cmd, const char *out) {
             "draw the figures in the terminal (sixel, needs libsixel)", 0, 0, 0                      \
     }
 
+/* Before the fit: --out, --csv-log and the --plots folder can be written (*made_plots: the
+ * folder is new). */
+static int check_outputs(const char *cmd, const train_args *a, const session *s, bool *made_plots) {
+    /* a read-only or missing output folder fails now, not after the fit */
+    if (s->master && cf_st_check_writable(a->out)) {
+        return cli_lib_error(cmd, "--out");
+    }
+    bool through;
+    if (s->master && a->csv_log && cf_output_check(a->csv_log, &through)) {
+        return cli_lib_error(cmd, "--csv-log");
+    }
+    struct stat plots_sb;
+    *made_plots = a->plots && s->master && stat(a->plots, &plots_sb) != 0;
+    if (a->plots && s->master && cli_mkdirs(a->plots)) {
+        return cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a->plots,
+                         strerror(errno));
+    }
+    return CLI_OK;
+}
+
 static void train_usage(FILE *f, const cli_opt *opts) {
     fprintf(f,
             "Usage: corefit train [options]\n\n"
@@ -409,52 +429,12 @@ int cmd_train(int argc, char **argv) {
                 "corefit %s: warning: --max-restarts has no effect: the fit runs in this process "
                 "(one core)\n",
                 cmd);
-    /* master callbacks: the CSV log (rank 0 writes it) */
-    if (a.csv_log) {
-        cf_callback *cb = cf_csv_logger_cb(a.csv_log, false);
-        if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
-            cli_session_free(&s);
-            return cli_lib_error(cmd, "CSV logger");
-        }
-    }
-    /* fastai's TerminateOnNaN: a diverged fit stops and fails instead of saving NaN weights */
-    cf_callback *nan_cb = cf_terminate_on_nan_cb();
-    cf_callback *icb = cli_interrupt_cb();
-    if (!nan_cb || cf_learner_add_cb(learn, nan_cb) || cf_learner_add_cb(learn, icb)) {
+    if ((rc = cli_add_train_callbacks(cmd, &a, learn))) {
         cli_session_free(&s);
-        return cli_lib_error(cmd, "callbacks");
+        return rc;
     }
-    if (a.save_every_epoch) {
-        cf_callback *cb = cli_save_epoch_cb(a.out);
-        if (cf_learner_add_master_cbs(learn, &cb, 1)) {
-            cli_session_free(&s);
-            return cli_lib_error(cmd, "--save-every-epoch");
-        }
-    }
-    /* no bars or messages, but the table; on every rank, as the other master callbacks: MPI
-     * ranks must hold the same ones to take rank 0's learner state at the end */
-    if (a.quiet) {
-        cf_callback *cb = cf_progress_cb_to(NULL, NULL, 0);
-        if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
-            cli_session_free(&s);
-            return cli_lib_error(cmd, "progress table");
-        }
-    }
-    /* a read-only or missing output folder fails now, not after the fit */
-    if (s.master && cf_st_check_writable(a.out)) {
-        cli_session_free(&s);
-        return cli_lib_error(cmd, "--out");
-    }
-    bool through;
-    if (s.master && a.csv_log && cf_output_check(a.csv_log, &through)) {
-        cli_session_free(&s);
-        return cli_lib_error(cmd, "--csv-log");
-    }
-    struct stat plots_sb;
-    bool made_plots = a.plots && s.master && stat(a.plots, &plots_sb) != 0;
-    if (a.plots && s.master && cli_mkdirs(a.plots)) {
-        rc = cli_error(CLI_FAIL, cmd, "cannot create --plots folder %s: %s", a.plots,
-                       strerror(errno));
+    bool made_plots = false;
+    if ((rc = check_outputs(cmd, &a, &s, &made_plots))) {
         cli_session_free(&s);
         return rc;
     }
@@ -497,6 +477,7 @@ int cmd_train(int argc, char **argv) {
     const char *ckpt = cli_checkpoint_file(&a, ckpt_buf, sizeof ckpt_buf);
     struct stat ckpt_before;
     bool had_ckpt = stat(ckpt, &ckpt_before) == 0;
+    bool through;
     if (s.master && cf_output_check(ckpt, &through)) {
         cli_session_free(&s);
         return cli_lib_error(cmd, a.checkpoint ? "--checkpoint" : "the checkpoint of --out");

@@ -53,6 +53,8 @@ void cli_print_suggestions(const cf_lr_find_result *r);
 /* --schedule's fit at lr, with the call's callbacks and --resume. */
 cf_status cli_fit(const train_args *a, cf_learner *learn, bool parallel, const cf_par_opts *par,
                   double lr, cf_callback **cbs, int n_cbs);
+/* train's callbacks: --csv-log, TerminateOnNaN, Ctrl-C, --save-every-epoch, --quiet's table. */
+int cli_add_train_callbacks(const char *cmd, const train_args *a, cf_learner *learn);
 /* The checkpoint file: --checkpoint, else --out with .ckpt for .safetensors. */
 const char *cli_checkpoint_file(const train_args *a, char *buf, size_t n);
 /* How to continue: this command line with --resume FILE. */
