@@ -4,6 +4,8 @@
 #include "corefit.h"
 #include "train.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -172,6 +174,30 @@ int cli_add_train_callbacks(const char *cmd, const train_args *a, cf_learner *le
         if (!cb || cf_learner_add_master_cbs(learn, &cb, 1)) {
             return cli_lib_error(cmd, "progress table");
         }
+    }
+    return CLI_OK;
+}
+
+int cli_choose_lr(const char *cmd, train_args *a, session *s, cli_figures *figs, double *lr) {
+    char path[4096];
+    if (a->lr && strcmp(a->lr, "auto") == 0) {
+        cf_lr_find_result r;
+        int rc = cli_run_lr_find(cmd, a, s, &r);
+        if (rc) return rc;
+        if (s->master) cli_print_suggestions(&r);
+        if (!isfinite(r.valley) || !(r.valley > 0)) {
+            cf_lr_find_result_free(&r);
+            return cli_error(CLI_FAIL, cmd, "lr_find gave no valley suggestion; pass --lr");
+        }
+        *lr = r.valley;
+        if (s->master) printf("lr: %.3e (lr_find's valley)\n", *lr);
+        if (a->plots && s->master) {
+            snprintf(path, sizeof path, "%s/lr_find.png", a->plots);
+            cli_figure_done(cmd, figs, cf_plot_lr_find(&r, path), path, "lr_find");
+        }
+        cf_lr_find_result_free(&r);
+    } else if (a->lr) {
+        *lr = strtod(a->lr, NULL);
     }
     return CLI_OK;
 }

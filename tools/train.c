@@ -439,7 +439,6 @@ int cmd_train(int argc, char **argv) {
         return rc;
     }
     cli_figures figs = {0};
-    char path[4096];
     double lr = fine_tune ? 2e-3 : 3e-3;
     double t0 = cf_now();
     /* Ctrl-C: fork workers and MPI are stopped by the par layer (CF_ERR_INTERRUPTED); in this
@@ -448,27 +447,9 @@ int cmd_train(int argc, char **argv) {
     bool had_out = stat(a.out, &out_before) == 0;
     cli_signals sig = {0};
     if (!s.parallel) cli_catch_sigint(&sig);
-    if (a.lr && strcmp(a.lr, "auto") == 0) {
-        cf_lr_find_result r;
-        if ((rc = cli_run_lr_find(cmd, &a, &s, &r))) {
-            cli_session_free(&s);
-            return rc;
-        }
-        if (s.master) cli_print_suggestions(&r);
-        if (!isfinite(r.valley) || !(r.valley > 0)) {
-            cf_lr_find_result_free(&r);
-            cli_session_free(&s);
-            return cli_error(CLI_FAIL, cmd, "lr_find gave no valley suggestion; pass --lr");
-        }
-        lr = r.valley;
-        if (s.master) printf("lr: %.3e (lr_find's valley)\n", lr);
-        if (a.plots && s.master) {
-            snprintf(path, sizeof path, "%s/lr_find.png", a.plots);
-            cli_figure_done(cmd, &figs, cf_plot_lr_find(&r, path), path, "lr_find");
-        }
-        cf_lr_find_result_free(&r);
-    } else if (a.lr) {
-        lr = strtod(a.lr, NULL);
+    if ((rc = cli_choose_lr(cmd, &a, &s, &figs, &lr))) {
+        cli_session_free(&s);
+        return rc;
     }
     cf_status st;
     const cf_par_opts par = s.par;

@@ -50,6 +50,9 @@ int cli_setup(const char *cmd, train_args *a, session *s);
 /* lr_find on the session's learner (every core when parallel), all four suggestions. */
 int cli_run_lr_find(const char *cmd, train_args *a, session *s, cf_lr_find_result *r);
 void cli_print_suggestions(const cf_lr_find_result *r);
+/* --lr: a number, or auto (lr_find's valley, printed, with DIR/lr_find.png for --plots); *lr
+ * keeps the schedule's default without --lr. */
+int cli_choose_lr(const char *cmd, train_args *a, session *s, cli_figures *figs, double *lr);
 /* --schedule's fit at lr, with the call's callbacks and --resume. */
 cf_status cli_fit(const train_args *a, cf_learner *learn, bool parallel, const cf_par_opts *par,
                   double lr, cf_callback **cbs, int n_cbs);
