@@ -1,5 +1,6 @@
-/* corefit train and corefit lr-find: data, learner, the fit (in-process or on every core),
- * the model file, the CSV log and the figures. */
+/* corefit train and corefit lr-find: their options and checks, and the steps of a fit. The steps
+ * live beside it: the data (data.c), the learner (build.c), the fit (fit.c), the report
+ * (report.c), the figures (figures.c) and Ctrl-C/SIGTERM (interrupt.c). */
 #include "corefit.h"
 #include "photo.h"
 #include "train.h"
