@@ -152,3 +152,15 @@ int cli_parse(const char *cmd, int argc, char **argv, int first, cli_opt *opts, 
     }
     return CLI_OK;
 }
+
+int cli_parse_or_usage(const char *cmd, int argc, char **argv, cli_opt *opts, const char **pos,
+                       int max_pos, int *n_pos, cli_usage_fn usage, bool *help) {
+    *help = false;
+    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, max_pos, n_pos);
+    if (rc < 0) {
+        usage(stdout, opts);
+        *help = true;
+        return CLI_OK;
+    }
+    return rc;
+}

@@ -4,6 +4,7 @@
 
 #include <corefit.h>
 
+#include <signal.h>
 #include <stdio.h>
 
 /* Exit statuses: 0 success, 1 a failure (a file, the data, a fit), 2 a usage error, 130 stopped
@@ -30,6 +31,11 @@ typedef struct cli_opt {
 int cli_parse(const char *cmd, int argc, char **argv, int first, cli_opt *opts, const char **pos,
               int max_pos, int *n_pos);
 void cli_print_options(FILE *f, const cli_opt *opts);
+/* A command's usage text (its options printed by cli_print_options). */
+typedef void (*cli_usage_fn)(FILE *f, const cli_opt *opts);
+/* cli_parse from argv[2]; for --help prints usage to stdout, sets *help and returns CLI_OK. */
+int cli_parse_or_usage(const char *cmd, int argc, char **argv, cli_opt *opts, const char **pos,
+                       int max_pos, int *n_pos, cli_usage_fn usage, bool *help);
 /* "corefit <cmd>: <message>" on stderr (or cli_messages when set); returns code. */
 extern FILE *cli_messages;
 int cli_error(int code, const char *cmd, const char *fmt, ...)
@@ -37,7 +43,11 @@ int cli_error(int code, const char *cmd, const char *fmt, ...)
 /* Reports cf_last_error() for a failed library call; returns CLI_FAIL. */
 int cli_lib_error(const char *cmd, const char *what);
 
-/* ---- data ---------------------------------------------------------------------------------- */
+/* ---- data (data.c) ------------------------------------------------------------------------ */
+
+#ifndef CF_FASHION_MNIST_DEFAULT_DIR
+#define CF_FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#endif
 
 /* Images listed in a CSV and their targets (tasks.c). */
 typedef struct cli_task_data {
@@ -73,6 +83,11 @@ typedef struct strlist {
  * receives "idx", "images" or "csv". */
 cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid);
+/* Usage errors of the data options (one source, the columns of --csv, --load, --skip-bad,
+ * --aug, --channels, the photo and task options; metrics: --metrics or NULL). */
+int cli_check_data_args(const char *cmd, const cli_data *d, const char *metrics);
+/* Whether path names an existing file or folder. */
+bool cli_exists(const char *path);
 int strlist_split(const char *s, strlist *out); /* 0 on success */
 void strlist_free(strlist *l);
 
@@ -173,6 +188,9 @@ cf_status cli_task_adopt_model(cf_dataset *ds, const cf_model_info *m);
  * json_array is not NULL); false for other models. */
 bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char *input,
                     const float *row, void *json_array);
+/* One field of predict's tab-separated output, with \\, \t, \n and \r escaped so that every
+ * input stays one line (eval_predict.c). */
+void cli_print_tsv_field(const char *s);
 
 /* ---- model files ---------------------------------------------------------------------------- */
 
@@ -191,6 +209,21 @@ void cli_show_figures(const char *const *paths, int n);
 typedef void (*cli_figure_fn)(void *ctx, cf_status st, const char *path, const char *what);
 /* mkdir -p; 0 on success (errno set otherwise). */
 int cli_mkdirs(const char *dir);
+/* DIR without trailing slashes, in buf ("out/" -> "out"). */
+const char *cli_folder_name(const char *dir, char *buf, size_t size);
+/* The figures a command wrote (their paths, for --show). */
+typedef struct cli_figures {
+    char *paths[16];
+    int n;
+} cli_figures;
+/* Prints "figure: PATH" and keeps the path, or says on stderr why the figure is missing. */
+void cli_figure_done(const char *cmd, cli_figures *f, cf_status st, const char *path,
+                     const char *what);
+void cli_figures_free(cli_figures *f);
+/* train --plots DIR: loss, schedule, metrics, show_batch and, from a classifier's validation
+ * predictions (NULL: none), the interpretation figures and most_confused. */
+void cli_train_figures(const char *dir, const cf_recorder *rec, const cf_dls *dls,
+                       const cf_preds *preds, cli_figures *figs);
 /* DIR/show_batch.png: the first training batch (augmented as in training), image sets only. */
 void cli_show_batch_figure(const char *dir, const cf_dataloader *train, char *const *vocab,
                            cli_figure_fn done, void *ctx);
@@ -226,6 +259,24 @@ void cli_eval_extras_print(const cf_learner *learn, const cli_eval_extras *x);
 struct cJSON;
 void cli_eval_extras_json(struct cJSON *j, const cf_learner *learn, const cli_eval_extras *x);
 void cli_eval_extras_free(cli_eval_extras *x);
+
+/* ---- stopping a fit: Ctrl-C and SIGTERM (interrupt.c) ------------------------------------- */
+
+/* The handlers a fit installed and the ones they replaced. */
+typedef struct cli_signals {
+    bool own_sigint, own_sigterm;
+    struct sigaction old_sigint, old_sigterm;
+} cli_signals;
+/* SIGINT cancels an in-process fit at the next batch, through cli_interrupt_cb (fork workers
+ * and MPI ranks are stopped by the par layer). */
+void cli_catch_sigint(cli_signals *s);
+/* SIGTERM asks every fit to write its checkpoint at the next batch boundary and stop. */
+void cli_catch_sigterm(cli_signals *s);
+/* Puts back the replaced handlers (SIGTERM's stays once one arrived). */
+void cli_signals_restore(cli_signals *s);
+cf_callback *cli_interrupt_cb(void);
+bool cli_interrupted(void); /* a SIGINT arrived */
+bool cli_terminated(void);  /* a SIGTERM arrived */
 
 /* ---- subcommands --------------------------------------------------------------------------- */
 

@@ -105,12 +105,9 @@ int cmd_eval(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 1, &n_pos);
-    if (rc < 0) {
-        eval_usage(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 1, &n_pos, eval_usage, &help);
+    if (rc || help) return rc;
     for (const cli_opt *o = opts; o->name; o++) /* --tta-n and --tta-beta imply --tta */
         if (o->seen && strncmp(o->name, "--tta-", 6) == 0) tta = true;
     if (n_pos != 1)
@@ -247,7 +244,7 @@ static void predict_usage(FILE *f, const cli_opt *opts) {
 /* One field of the tab-separated output: a backslash, tab, newline or carriage return in it (a
  * class folder's name may hold them) is written as \\, \t, \n or \r, so that every input stays
  * one line of tab-separated fields. */
-static void print_tsv_field(const char *s) {
+void cli_print_tsv_field(const char *s) {
     for (; *s; s++) switch (*s) {
         case '\\':
             fputs("\\\\", stdout);
@@ -413,9 +410,9 @@ int cmd_predict(int argc, char **argv) {
             }
             cJSON_AddItemToArray(arr, o);
         } else if (classes) {
-            print_tsv_field(input);
+            cli_print_tsv_field(input);
             putchar('\t');
-            print_tsv_field(m.vocab[best]);
+            cli_print_tsv_field(m.vocab[best]);
             printf("\t%.6f", row[best]);
             /* the next most likely classes */
             bool *used = cf_calloc((size_t)c, sizeof(bool));
@@ -426,13 +423,13 @@ int cmd_predict(int argc, char **argv) {
                     if (!used[k] && (b < 0 || row[k] > row[b])) b = k;
                 used[b] = true;
                 putchar('\t');
-                print_tsv_field(m.vocab[b]);
+                cli_print_tsv_field(m.vocab[b]);
                 printf("\t%.6f", row[b]);
             }
             cf_free(used);
             printf("\n");
         } else {
-            print_tsv_field(input);
+            cli_print_tsv_field(input);
             for (int k = 0; k < c; k++) printf("\t%.6g", row[k]);
             printf("\n");
         }

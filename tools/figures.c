@@ -25,6 +25,60 @@ int cli_mkdirs(const char *dir) {
     return 0;
 }
 
+/* DIR without trailing slashes ("out/" -> "out"), so that paths print as out/loss.png. */
+const char *cli_folder_name(const char *dir, char *buf, size_t size) {
+    snprintf(buf, size, "%s", dir);
+    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--) buf[n - 1] = '\0';
+    return buf;
+}
+
+void cli_figure_done(const char *cmd, cli_figures *f, cf_status st, const char *path,
+                     const char *what) {
+    if (st == CF_OK) {
+        printf("figure: %s\n", path);
+        f->paths[f->n++] = cf_strdup(path);
+    } else {
+        fprintf(stderr, "corefit %s: %s figure not written: %s\n", cmd, what, cf_last_error());
+    }
+}
+
+void cli_figures_free(cli_figures *f) {
+    for (int i = 0; i < f->n; i++) cf_free(f->paths[i]);
+    f->n = 0;
+}
+
+static void note_train_figure(void *ctx, cf_status st, const char *path, const char *what) {
+    cli_figure_done("train", ctx, st, path, what);
+}
+
+void cli_train_figures(const char *dir, const cf_recorder *rec, const cf_dls *dls,
+                       const cf_preds *preds, cli_figures *figs) {
+    if (!cf_plot_available()) {
+        fprintf(stderr, "corefit train: figures need PLplot with its pngcairo driver "
+                        "(plot-driver-cairo); none written\n");
+        return;
+    }
+    const char *cmd = "train";
+    char path[4096];
+    snprintf(path, sizeof path, "%s/loss.png", dir);
+    cli_figure_done(cmd, figs, cf_plot_loss(rec, path, NULL), path, "loss");
+    snprintf(path, sizeof path, "%s/schedule.png", dir);
+    cli_figure_done(cmd, figs, cf_plot_sched(rec, path), path, "schedule");
+    snprintf(path, sizeof path, "%s/metrics.png", dir);
+    cli_figure_done(cmd, figs, cf_plot_metrics(rec, path), path, "metrics");
+    cli_show_batch_figure(dir, dls->train, dls->train_ds->vocab, note_train_figure, figs);
+    int64_t *counts = NULL;
+    /* the class figures are for one class per item (not label sets or points) */
+    int nc = dls->train_ds->target_dim == 1 ? dls->train_ds->n_classes : 0;
+    if (preds && nc > 1 &&
+        cli_interpretation(dir, dls->valid_ds, preds, nc, dls->train_ds->vocab, note_train_figure,
+                           figs, &counts) == CF_OK)
+        cli_print_most_confused(stdout, counts, nc, dls->train_ds->vocab);
+    else if (preds && nc > 1)
+        fprintf(stderr, "corefit train: confusion matrix not made: %s\n", cf_last_error());
+    cf_free(counts);
+}
+
 /* How many items fastai's show_batch, show_results and plot_top_losses show (max_n 9). */
 enum { SHOWN = 9 };
 

@@ -22,10 +22,6 @@
 #include <stb_image_write.h>
 #endif
 
-#ifndef CF_FASHION_MNIST_DEFAULT_DIR
-#define CF_FASHION_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
-#endif
-
 /* Fashion-MNIST's classes, one word each so that a space can separate them in a label list. */
 static const char *const garment_names[10] = {"tshirt", "trouser", "pullover", "dress", "coat",
                                               "sandal", "shirt",   "sneaker",  "bag",   "boot"};
@@ -147,12 +143,9 @@ int cmd_fmnist_tasks(int argc, char **argv) {
                       {NULL, 0, NULL, NULL, NULL, 0, 0, false}};
     const char *pos[2];
     int n_pos = 0;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 2, &n_pos);
-    if (rc == -1) {
-        tasks_usage(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc != CLI_OK) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 2, &n_pos, tasks_usage, &help);
+    if (rc || help) return rc;
     if (n_pos != 2 || (strcmp(pos[0], "multi-label") != 0 && strcmp(pos[0], "points") != 0 &&
                        strcmp(pos[0], "segmentation") != 0)) {
         tasks_usage(stderr, opts);

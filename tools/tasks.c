@@ -166,25 +166,6 @@ static void image_size(const char *path, int *w, int *h) {
 #endif
 }
 
-static void print_field(const char *s) {
-    for (; *s; s++) switch (*s) {
-        case '\\':
-            fputs("\\\\", stdout);
-            break;
-        case '\t':
-            fputs("\\t", stdout);
-            break;
-        case '\n':
-            fputs("\\n", stdout);
-            break;
-        case '\r':
-            fputs("\\r", stdout);
-            break;
-        default:
-            putchar(*s);
-        }
-}
-
 bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char *input,
                     const float *row, void *json_array) {
     cJSON *arr = json_array;
@@ -206,12 +187,12 @@ bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char 
             size_t need = cf_label_set_str(set, c, m->vocab, ";", NULL, 0) + 1;
             char *s = cf_malloc(need);
             if (s) cf_label_set_str(set, c, m->vocab, ";", s, need);
-            print_field(input);
+            cli_print_tsv_field(input);
             putchar('\t');
-            print_field(s ? s : "");
+            cli_print_tsv_field(s ? s : "");
             for (int k = 0; k < c; k++) {
                 putchar('\t');
-                print_field(m->vocab[k]);
+                cli_print_tsv_field(m->vocab[k]);
                 printf("=%.6f", row[k]);
             }
             putchar('\n');
@@ -238,7 +219,7 @@ bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char 
             }
             cJSON_AddItemToArray(arr, o);
         } else {
-            print_field(input);
+            cli_print_tsv_field(input);
             for (int k = 0; k + 1 < c; k += 2) printf("\t%.2f\t%.2f", px[k], px[k + 1]);
             putchar('\n');
         }

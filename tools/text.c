@@ -223,12 +223,9 @@ int cmd_train_text(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 0, &n_pos);
-    if (rc < 0) {
-        text_train_usage(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 0, &n_pos, text_train_usage, &help);
+    if (rc || help) return rc;
     const bool ulmfit = strcmp(a.schedule, "ulmfit") == 0;
     if (!ulmfit && strcmp(a.schedule, "one-cycle") != 0)
         return cli_error(CLI_USAGE, cmd, "--schedule %s: text models take one-cycle or ulmfit",
@@ -345,6 +342,13 @@ static char *read_text_file(const char *cmd, const char *path) {
     return s;
 }
 
+static void text_predict_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f, "Usage: corefit predict MODEL --text \"TEXT\" | MODEL FILE.txt...\n"
+               "\nA text classifier's class and probabilities for raw text, tokenized as its\n"
+               "training texts were. Positional files after MODEL are read as texts.\n\n");
+    cli_print_options(f, opts);
+}
+
 int cmd_predict_text(int argc, char **argv) {
     const char *cmd = "predict";
     const char *text = NULL;
@@ -359,15 +363,10 @@ int cmd_predict_text(int argc, char **argv) {
     enum { MAX_POS = 1 << 12 };
     const char *pos[MAX_POS];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, MAX_POS, &n_pos);
-    if (rc < 0) {
-        printf("Usage: corefit predict MODEL --text \"TEXT\" | MODEL FILE.txt...\n"
-               "\nA text classifier's class and probabilities for raw text, tokenized as its\n"
-               "training texts were. Positional files after MODEL are read as texts.\n\n");
-        cli_print_options(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc =
+        cli_parse_or_usage(cmd, argc, argv, opts, pos, MAX_POS, &n_pos, text_predict_usage, &help);
+    if (rc || help) return rc;
     if (n_pos < 1 || (!text && n_pos < 2))
         return cli_error(CLI_USAGE, cmd, "expects MODEL --text \"...\" or MODEL FILE.txt...");
     cf_learner *learn = NULL;
@@ -432,6 +431,14 @@ int cmd_predict_text(int argc, char **argv) {
 
 /* ---- generate ------------------------------------------------------------------------------- */
 
+static void generate_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f, "Usage: corefit generate MODEL \"PROMPT\" [options]\n"
+               "\nfastai's LMLearner.predict: the prompt tokenized as the language model's\n"
+               "texts were, N words drawn one at a time, the whole text printed with the\n"
+               "special tokens decoded (xxmaj, xxup, xxrep, xxwrep).\n\n");
+    cli_print_options(f, opts);
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *cmd = "generate";
     int words = 20;
@@ -451,16 +458,9 @@ int cmd_generate(int argc, char **argv) {
     };
     const char *pos[2];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 2, &n_pos);
-    if (rc < 0) {
-        printf("Usage: corefit generate MODEL \"PROMPT\" [options]\n"
-               "\nfastai's LMLearner.predict: the prompt tokenized as the language model's\n"
-               "texts were, N words drawn one at a time, the whole text printed with the\n"
-               "special tokens decoded (xxmaj, xxup, xxrep, xxwrep).\n\n");
-        cli_print_options(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 2, &n_pos, generate_usage, &help);
+    if (rc || help) return rc;
     if (n_pos != 2) return cli_error(CLI_USAGE, cmd, "expects MODEL \"PROMPT\"");
     cf_learner *learn = NULL;
     if (cf_load_learner(pos[0], &learn)) return cli_lib_error(cmd, "loading the model");
@@ -586,6 +586,14 @@ static cf_status eval_learner(const char *model_path, const cf_model_info *m,
     return st;
 }
 
+static void text_eval_usage(FILE *f, const cli_opt *opts) {
+    fprintf(f, "Usage: corefit eval MODEL --text DIR|FILE.csv [options]\n"
+               "\nA text model's validation loss and metrics on texts tokenized as its training\n"
+               "texts were: a classifier's accuracy; a language model's accuracy and perplexity\n"
+               "(next-token prediction over the texts' stream).\n\n");
+    cli_print_options(f, opts);
+}
+
 int cmd_eval_text(int argc, char **argv) {
     const char *cmd = "eval";
     const char *text = NULL, *text_col = "text", *label_col = "label";
@@ -606,16 +614,9 @@ int cmd_eval_text(int argc, char **argv) {
     };
     const char *pos[1];
     int n_pos;
-    int rc = cli_parse(cmd, argc, argv, 2, opts, pos, 1, &n_pos);
-    if (rc < 0) {
-        printf("Usage: corefit eval MODEL --text DIR|FILE.csv [options]\n"
-               "\nA text model's validation loss and metrics on texts tokenized as its training\n"
-               "texts were: a classifier's accuracy; a language model's accuracy and perplexity\n"
-               "(next-token prediction over the texts' stream).\n\n");
-        cli_print_options(stdout, opts);
-        return CLI_OK;
-    }
-    if (rc) return rc;
+    bool help;
+    int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 1, &n_pos, text_eval_usage, &help);
+    if (rc || help) return rc;
     if (n_pos != 1 || !text) return cli_error(CLI_USAGE, cmd, "expects MODEL --text DIR|FILE.csv");
     cf_model_info m;
     if (cf_model_info_read(pos[0], &m)) return cli_lib_error(cmd, "reading the model");
