@@ -47,6 +47,12 @@
 int cli_check_photo_args(const char *cmd, const cli_data *d);
 /* The item transform the options ask for (false: none). */
 bool cli_photo_item_tfm(const cli_data *d, int size, cf_item_tfm *out);
+/* eval: the data made as the model's training images were (its recorded item transform; a
+ * model without one squishes). */
+void cli_photo_adopt_model(cli_data *d, const cf_model_info *m);
+/* eval --tta: the model's recorded aug_transforms, or NULL (the defaults) with a note saying
+ * why, for the printed line. */
+void cli_photo_tta_aug(const cf_model_info *m, const cf_aug_opts **aug, const char **note);
 /* ", Resize(64, crop)", ", RandomResizedCrop(64, min_scale 0.35)" or ", squished to 64 x 64":
  * how the options size the images, for the data line. */
 void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n);

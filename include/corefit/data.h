@@ -57,6 +57,10 @@ typedef struct cf_dataset {
     /* Where the samples come from when they are not in x (get, subset, free; streamed image
      * files are one such source); NULL for in-memory sets. Internal to the data layer. */
     const struct cf_sample_ops *samples;
+    /* Image sets made with an item transform (Resize, RandomResizedCrop): that transform, so
+     * that an exported model records how its images were made (kind 0, CF_ITEM_TFM_NONE: a
+     * plain squish to the sample size, or not an image set). */
+    struct cf_item_tfm *item_tfm;
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */

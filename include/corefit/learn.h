@@ -441,6 +441,15 @@ cf_status cf_learner_export(cf_learner *learn, const char *path);
  *   corefit.n_out       model outputs (classes, or regression targets)
  *   corefit.vocab       JSON array of class names (classifiers)
  *   corefit.normalize   JSON {"mean": [...], "std": [...]} per channel (images)
+ *   corefit.item_tfm    JSON of the training images' item transform (images made with one):
+ *                       {"kind": "resize", "size": [h, w], "method": "crop"|"pad"|"squish",
+ *                       "pad_mode": "reflection"|"zeros"|"border"} or {"kind":
+ *                       "random_resized_crop", "size": [h, w], "min_scale", "max_scale",
+ *                       "ratio": [lo, hi], "val_xtra"}; absent: images squished to image_size
+ *   corefit.batch_tfms  JSON {"aug_transforms": false} or {"aug_transforms": {"do_flip",
+ *                       "flip_vert", "max_rotate", "min_zoom", "max_zoom", "max_lighting",
+ *                       "max_warp", "p_affine", "p_lighting", "pad_mode"}} (images; absent in
+ *                       files written before it was recorded: unknown)
  *   corefit.head        JSON {"lin_ftrs": [...], "ps": [...], "concat_pool", "first_bn",
  *                       "bn_final"} (images; absent: the arch's default head)
  *   corefit.tabular     JSON {"target", "regression", "layers": [...], "y_range"?: [lo, hi],
@@ -463,6 +472,12 @@ typedef struct cf_model_info {
     int n_vocab;
     int n_norm; /* image normalisation */
     float mean[CF_MODEL_MAX_NORM], std[CF_MODEL_MAX_NORM];
+    /* images: the item transform of training (kind CF_ITEM_TFM_NONE: squished to the size),
+     * used again by eval, predict and load_learner (validation choice), and the batch
+     * augmentations of training (has_batch_tfms false: not recorded; has_aug false: none) */
+    cf_item_tfm item_tfm;
+    bool has_batch_tfms, has_aug;
+    cf_aug_opts aug;
     /* tabular */
     char *target;
     bool regression;
@@ -508,7 +523,8 @@ cf_status cf_learner_from_info(const cf_model_info *info, cf_dls *dls, cf_metric
  * placeholder that carries the classes, image size, normalisation and tabular columns). */
 cf_status cf_load_learner(const char *path, cf_learner **out);
 /* fastai's learn.predict on an image (PNG, JPEG, BMP), decoded and resized as the training
- * images were and normalised as the training loader did: probabilities (n_out) into probs and
+ * images were (the training set's item_tfm in its validation choice, e.g. Resize crop's centre
+ * crop; without one squished to the size) and normalised as the training loader did: probabilities (n_out) into probs and
  * the class index into decoded (may be NULL). From memory (name for messages) or from a file. */
 cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, const char *name,
                            float *probs, int *decoded);
