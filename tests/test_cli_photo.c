@@ -105,6 +105,23 @@ static bool predicted_class(const char *out, const char *file, char *cls, size_t
     return true;
 }
 
+/* A figure that exists and is drawn: both dark (text, axes) and light pixels. */
+static void expect_drawn(const char *path) {
+    int w = 0, h = 0;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
+    if (!px) fail_msg("%s: not a PNG", path);
+    int64_t dark = 0, light = 0;
+    for (int64_t i = 0; i < (int64_t)w * h; i++) {
+        int sum = px[3 * i] + px[3 * i + 1] + px[3 * i + 2];
+        dark += sum < 150;
+        light += sum > 600;
+    }
+    free(px);
+    if (dark < 50 || light < 50)
+        fail_msg("%s: %lld dark and %lld light pixels of %d x %d", path, (long long)dark,
+                 (long long)light, w, h);
+}
+
 static void test_photo_task_end_to_end(void **state) {
     (void)state;
     static char out[1 << 17];
@@ -144,15 +161,34 @@ static void test_photo_task_end_to_end(void **state) {
     char path[512];
     snprintf(path, sizeof path, "%s/m/plots/confusion.png", g_dir);
     if (cf_plot_available()) assert_int_equal(stat(path, &sb), 0);
+    /* the class figures of train --plots: written, and drawn (dark and light pixels) */
+    static const char *const figs[] = {"show_batch", "show_results", "top_losses", "confusion"};
+    for (int i = 0; i < 4 && cf_plot_available(); i++) {
+        char line[128];
+        snprintf(line, sizeof line, "figure: m/plots/%s.png", figs[i]);
+        assert_non_null(strstr(out, line));
+        snprintf(path, sizeof path, "%s/m/plots/%s.png", g_dir, figs[i]);
+        expect_drawn(path);
+    }
     assert_int_equal(run(out, sizeof out, COREFIT " info m/photo.safetensors"), 0);
     assert_non_null(strstr(out, "resnet18"));
     assert_non_null(strstr(out, "cat, dog, fish"));
     /* the exported model keeps ImageNet's statistics for eval, predict and cf_load_learner */
     assert_non_null(strstr(out, "normalize:   mean 0.485 0.456 0.406, std 0.229 0.224 0.225"));
-    /* eval on the folder's images */
-    assert_int_equal(run(out, sizeof out, COREFIT " eval m/photo.safetensors --images photos"), 0);
+    /* eval on the folder's images, with TTA (the recorded aug_transforms) and the figures */
+    assert_int_equal(run(out, sizeof out,
+                         COREFIT " eval m/photo.safetensors --images photos --tta --plots "
+                                 "m/eval_plots"),
+                     0);
     assert_non_null(strstr(out, "valid_loss: "));
     assert_non_null(strstr(out, "accuracy: "));
+    assert_non_null(strstr(out, "tta_accuracy: "));
+    assert_non_null(strstr(out, "aug_transforms as in training"));
+    assert_non_null(strstr(out, "most_confused (actual, predicted, count):"));
+    for (int i = 1; i < 4 && cf_plot_available(); i++) {
+        snprintf(path, sizeof path, "%s/m/eval_plots/%s.png", g_dir, figs[i]);
+        expect_drawn(path);
+    }
     /* predict: one line per file */
     static const char *files[] = {"photos/cat/cat_1.jpg", "photos/dog/dog_2.png",
                                   "photos/fish/fish_3.jpg", "photos/cat/cat_4.png"};
