@@ -153,6 +153,8 @@ static void test_photo_task_end_to_end(void **state) {
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "model: resnet18"));
+    /* 32 px, far below the weights' 224: a note says so */
+    assert_non_null(strstr(out, "trained on 224 x 224 images; fine-tuning them at 32 x 32"));
     assert_non_null(strstr(out, "squished to 32 x 32"));
     /* ImageNet's statistics kept (fastai's vision_learner with pretrained weights) */
     assert_non_null(strstr(out, "mean 0.485 0.456 0.406, std 0.229 0.224 0.225"));

@@ -77,6 +77,15 @@ void cli_photo_tta_aug(const cf_model_info *m, const cf_aug_opts **aug, const ch
                                 : "aug_transforms(): the model does not record its augmentation";
 }
 
+void cli_photo_imagenet_size_note(const char *cmd, int size) {
+    if (size < 128)
+        fprintf(stderr,
+                "corefit %s: note: the ImageNet weights were trained on 224 x 224 images; "
+                "fine-tuning them at %d x %d is fast but less accurate (fastai users give "
+                "--size 224)\n",
+                cmd, size, size);
+}
+
 void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n) {
     if (d->rrc_min_scale > 0)
         snprintf(buf, n, ", RandomResizedCrop(%d, min_scale %g)", size, d->rrc_min_scale);

@@ -23,8 +23,8 @@
          &(a).data.resize,                                                                         \
          "METHOD",                                                                                 \
          "fastai's Resize(--size, METHOD): crop (fastai's default; random in training, centred "   \
-         "in validation), pad or squish [none: every image squished to --size, as eval and "       \
-         "predict do]",                                                                            \
+         "in validation), pad or squish [none: every image squished to --size]; the model "        \
+         "records it, and eval and predict resize as it says",                                     \
          0,                                                                                        \
          0,                                                                                        \
          0},                                                                                       \
@@ -53,6 +53,9 @@ void cli_photo_adopt_model(cli_data *d, const cf_model_info *m);
 /* eval --tta: the model's recorded aug_transforms, or NULL (the defaults) with a note saying
  * why, for the printed line. */
 void cli_photo_tta_aug(const cf_model_info *m, const cf_aug_opts **aug, const char **note);
+/* Fine-tuning torchvision's or timm's ImageNet weights (trained at 224 px) at a size below 128:
+ * a note on stderr that they do better near 224 (fastai's usual size). */
+void cli_photo_imagenet_size_note(const char *cmd, int size);
 /* ", Resize(64, crop)", ", RandomResizedCrop(64, min_scale 0.35)" or ", squished to 64 x 64":
  * how the options size the images, for the data line. */
 void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n);

@@ -646,6 +646,7 @@ static int setup(const char *cmd, train_args *a, session *s) {
         if (!d->size) d->size = pre.height;
     }
     if ((d->images || d->images_csv) && !d->size) d->size = 64;
+    if (tv_depth > 0 && !d->quiet) cli_photo_imagenet_size_note(cmd, d->size);
     cf_dataset *train = NULL, *valid = NULL;
     double t0 = cf_now();
     d->quiet = !s->master; /* every MPI rank reads the data; rank 0 tells what it found */
@@ -964,7 +965,8 @@ static void print_suggestions(const cf_lr_find_result *r) {
          OPT_INT,                                                                                    \
          &(a).data.size,                                                                             \
          "N",                                                                                        \
-         "resize images to N x N [64; pretrained: its size]",                                        \
+         "resize images to N x N [64; a corefit --pretrained model: its size] (torchvision's "       \
+         "ImageNet weights were trained at 224)",                                                    \
          1,                                                                                          \
          4096,                                                                                       \
          0},                                                                                         \
