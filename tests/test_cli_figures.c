@@ -238,14 +238,20 @@ static void test_eval_tta(void **state) {
     expect(&r, 0, "model: t.safetensors", NULL);
     run_free(&r);
     r = run("eval t.safetensors --idx " FMNIST " --limit 300 --tta-beta 1");
-    expect(&r, 0, "tta: 4 augmented passes (aug_transforms), beta 1\n", NULL);
+    expect(&r, 0,
+           "tta: 4 augmented passes (aug_transforms(): the model was trained without "
+           "augmentation), beta 1\n",
+           NULL);
     double loss = value_of(r.out, "valid_loss"), tta_loss = value_of(r.out, "tta_valid_loss");
     if (!(fabs(tta_loss - loss) <= 1e-5 * loss))
         fail_msg("beta 1: tta_valid_loss %.9g, valid_loss %.9g", tta_loss, loss);
     assert_true(value_of(r.out, "tta_accuracy") == value_of(r.out, "accuracy"));
     run_free(&r);
     r = run("eval t.safetensors --idx " FMNIST " --limit 300 --tta");
-    expect(&r, 0, "tta: 4 augmented passes (aug_transforms), beta 0.25\n", NULL);
+    expect(&r, 0,
+           "tta: 4 augmented passes (aug_transforms(): the model was trained without "
+           "augmentation), beta 0.25\n",
+           NULL);
     loss = value_of(r.out, "valid_loss");
     tta_loss = value_of(r.out, "tta_valid_loss");
     double tta_acc = value_of(r.out, "tta_accuracy");

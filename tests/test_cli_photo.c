@@ -4,6 +4,7 @@
  * cores with augmentation, exported, then eval and predict, and this program's own
  * cf_load_learner giving predict's classes. Also: images listed in a CSV, labels from file names,
  * the Resize options, and the refusal of a --pretrained file corefit cannot use. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -104,6 +105,23 @@ static bool predicted_class(const char *out, const char *file, char *cls, size_t
     return true;
 }
 
+/* A figure that exists and is drawn: both dark (text, axes) and light pixels. */
+static void expect_drawn(const char *path) {
+    int w = 0, h = 0;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
+    if (!px) fail_msg("%s: not a PNG", path);
+    int64_t dark = 0, light = 0;
+    for (int64_t i = 0; i < (int64_t)w * h; i++) {
+        int sum = px[3 * i] + px[3 * i + 1] + px[3 * i + 2];
+        dark += sum < 150;
+        light += sum > 600;
+    }
+    free(px);
+    if (dark < 50 || light < 50)
+        fail_msg("%s: %lld dark and %lld light pixels of %d x %d", path, (long long)dark,
+                 (long long)light, w, h);
+}
+
 static void test_photo_task_end_to_end(void **state) {
     (void)state;
     static char out[1 << 17];
@@ -135,6 +153,8 @@ static void test_photo_task_end_to_end(void **state) {
     if (rc != 0) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "model: resnet18"));
+    /* 32 px, far below the weights' 224: a note says so */
+    assert_non_null(strstr(out, "trained on 224 x 224 images; fine-tuning them at 32 x 32"));
     assert_non_null(strstr(out, "squished to 32 x 32"));
     /* ImageNet's statistics kept (fastai's vision_learner with pretrained weights) */
     assert_non_null(strstr(out, "mean 0.485 0.456 0.406, std 0.229 0.224 0.225"));
@@ -143,15 +163,34 @@ static void test_photo_task_end_to_end(void **state) {
     char path[512];
     snprintf(path, sizeof path, "%s/m/plots/confusion.png", g_dir);
     if (cf_plot_available()) assert_int_equal(stat(path, &sb), 0);
+    /* the class figures of train --plots: written, and drawn (dark and light pixels) */
+    static const char *const figs[] = {"show_batch", "show_results", "top_losses", "confusion"};
+    for (int i = 0; i < 4 && cf_plot_available(); i++) {
+        char line[128];
+        snprintf(line, sizeof line, "figure: m/plots/%s.png", figs[i]);
+        assert_non_null(strstr(out, line));
+        snprintf(path, sizeof path, "%s/m/plots/%s.png", g_dir, figs[i]);
+        expect_drawn(path);
+    }
     assert_int_equal(run(out, sizeof out, COREFIT " info m/photo.safetensors"), 0);
     assert_non_null(strstr(out, "resnet18"));
     assert_non_null(strstr(out, "cat, dog, fish"));
     /* the exported model keeps ImageNet's statistics for eval, predict and cf_load_learner */
     assert_non_null(strstr(out, "normalize:   mean 0.485 0.456 0.406, std 0.229 0.224 0.225"));
-    /* eval on the folder's images */
-    assert_int_equal(run(out, sizeof out, COREFIT " eval m/photo.safetensors --images photos"), 0);
+    /* eval on the folder's images, with TTA (the recorded aug_transforms) and the figures */
+    assert_int_equal(run(out, sizeof out,
+                         COREFIT " eval m/photo.safetensors --images photos --tta --plots "
+                                 "m/eval_plots"),
+                     0);
     assert_non_null(strstr(out, "valid_loss: "));
     assert_non_null(strstr(out, "accuracy: "));
+    assert_non_null(strstr(out, "tta_accuracy: "));
+    assert_non_null(strstr(out, "aug_transforms as in training"));
+    assert_non_null(strstr(out, "most_confused (actual, predicted, count):"));
+    for (int i = 1; i < 4 && cf_plot_available(); i++) {
+        snprintf(path, sizeof path, "%s/m/eval_plots/%s.png", g_dir, figs[i]);
+        expect_drawn(path);
+    }
     /* predict: one line per file */
     static const char *files[] = {"photos/cat/cat_1.jpg", "photos/dog/dog_2.png",
                                   "photos/fish/fish_3.jpg", "photos/cat/cat_4.png"};
@@ -176,6 +215,97 @@ static void test_photo_task_end_to_end(void **state) {
         assert_string_equal(cls, ds->vocab[decoded]);
     }
     cf_learner_free(learn);
+}
+
+/* --resize crop is recorded in the model: predict, eval and cf_load_learner take the centre
+ * crop of a non-square image (as the validation images in training), not a squish; --aug is
+ * recorded too, and eval --tta says it uses it. */
+static void test_resize_recorded(void **state) {
+    (void)state;
+    static char out[1 << 16];
+    int rc = run(out, sizeof out,
+                 COREFIT " train --images photos --valid-pct 0.25 --size 24 --resize crop --aug "
+                         "--arch simple-cnn --cores 1 --bs 8 --epochs 1 --out crop.safetensors");
+    if (rc != 0) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "Resize(24, crop)"));
+    char model[512], image[512];
+    snprintf(model, sizeof model, "%s/crop.safetensors", g_dir);
+    cf_model_info info;
+    assert_int_equal(cf_model_info_read(model, &info), CF_OK);
+    assert_int_equal(info.item_tfm.kind, CF_ITEM_TFM_RESIZE);
+    assert_int_equal(info.item_tfm.method, CF_RESIZE_CROP);
+    assert_int_equal(info.item_tfm.width, 24);
+    assert_true(info.has_batch_tfms && info.has_aug);
+    assert_true(info.aug.do_flip);
+    assert_float_equal(info.aug.max_rotate, 10.0f, 1e-6);
+    cf_model_info_free(&info);
+    /* a non-square photo (make_photos.py draws 40-90 px sides: pick one that is not square) */
+    void *bytes = NULL;
+    size_t len = 0;
+    int iw = 0, ih = 0;
+    const char *file = NULL;
+    static const char *candidates[] = {"photos/cat/cat_1.jpg", "photos/dog/dog_2.png",
+                                       "photos/fish/fish_3.jpg", "photos/cat/cat_4.png"};
+    for (int i = 0; i < 4 && !file; i++) {
+        snprintf(image, sizeof image, "%s/%s", g_dir, candidates[i]);
+        assert_int_equal(cf_read_file(image, 1 << 24, &bytes, &len), CF_OK);
+        int w = 0, h = 0;
+        float *full = cf_malloc((size_t)3 * 90 * 90 * sizeof(float));
+        assert_int_equal(cf_image_decode(bytes, len, image, 3, 0, full, &w, &h), CF_OK);
+        cf_free(full);
+        if (w != h) {
+            file = candidates[i];
+            iw = w;
+            ih = h;
+        } else {
+            cf_free(bytes);
+        }
+    }
+    assert_non_null(file);
+    assert_true(iw != ih);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_load_learner(model, &learn), CF_OK);
+    /* the item as the in-memory learner sees it: Resize crop's validation (centre) crop,
+     * normalised as its loader */
+    cf_item_tfm crop = cf_resize_tfm(24, CF_RESIZE_CROP);
+    float x[3 * 24 * 24], squish[3 * 24 * 24];
+    assert_int_equal(cf_image_decode_tfm(bytes, len, image, 3, &crop, false, 0, 0, 0, x), CF_OK);
+    int sw = 0, sh = 0;
+    assert_int_equal(cf_image_decode(bytes, len, image, 3, 24, squish, &sw, &sh), CF_OK);
+    cf_free(bytes);
+    const cf_dl_options *lo = cf_dataloader_options(learn->dls->train);
+    assert_true(lo->n_norm == 3);
+    double differ = 0;
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 24 * 24; i++) {
+            float *v = &x[c * 24 * 24 + i], *q = &squish[c * 24 * 24 + i];
+            *v = *v * (1.0f / lo->std[c]) + (-lo->mean[c] / lo->std[c]);
+            *q = *q * (1.0f / lo->std[c]) + (-lo->mean[c] / lo->std[c]);
+            differ += fabs(*v - *q);
+        }
+    assert_true(differ > 1.0); /* a crop and a squish of a non-square image differ */
+    float want[3], got[3], squished[3];
+    int want_class = -1, got_class = -1;
+    assert_int_equal(cf_predict(learn, x, want, &want_class), CF_OK);
+    assert_int_equal(cf_predict(learn, squish, squished, NULL), CF_OK);
+    assert_int_equal(cf_predict_image_file(learn, image, got, &got_class), CF_OK);
+    assert_int_equal(got_class, want_class);
+    for (int k = 0; k < 3; k++) assert_float_equal(got[k], want[k], 1e-6);
+    bool same_as_squish = true;
+    for (int k = 0; k < 3; k++) same_as_squish &= fabsf(got[k] - squished[k]) < 1e-7f;
+    assert_false(same_as_squish);
+    /* predict on the command line gives that class */
+    assert_int_equal(run(out, sizeof out, COREFIT " predict crop.safetensors %s", file), 0);
+    char cls[64];
+    assert_true(predicted_class(out, file, cls, sizeof cls));
+    assert_string_equal(cls, learn->dls->train_ds->vocab[want_class]);
+    cf_learner_free(learn);
+    /* eval --tta with the recorded augmentation */
+    assert_int_equal(
+        run(out, sizeof out, COREFIT " eval crop.safetensors --images photos --tta --tta-n 2"), 0);
+    assert_non_null(strstr(out, "tta_accuracy: "));
+    assert_non_null(strstr(out, "aug_transforms as in training"));
 }
 
 /* fastai's from_csv on the command line: the file names with a suffix, the is_valid column. */
@@ -349,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_pretrained_refused),
         cmocka_unit_test(test_label_re),
         cmocka_unit_test(test_images_csv),
+        cmocka_unit_test(test_resize_recorded),
         cmocka_unit_test(test_photo_task_end_to_end),
     };
     return cmocka_run_group_tests(tests, setup_dir, NULL);

@@ -149,7 +149,6 @@ static int read_pretrained(const char *cmd, train_args *a, cf_model_info *pre, i
 static int load_data(const char *cmd, train_args *a, session *s, cf_model_info *pre,
                      cf_dataset **train, cf_dataset **valid) {
     cli_data *d = &a->data;
-    if ((d->images || d->images_csv) && !d->size) d->size = 64;
     double t0 = cf_now();
     d->quiet = !s->master; /* every MPI rank reads the data; rank 0 tells what it found */
     if (cli_load_data(d, &s->input, train, valid)) {
@@ -384,8 +383,11 @@ int cli_setup(const char *cmd, train_args *a, session *s) {
     int tv_depth = 0;
     cf_dataset *train = NULL, *valid = NULL;
     int rc;
-    if ((rc = start_processes(cmd, a, s)) || (rc = read_pretrained(cmd, a, &pre, &tv_depth)) ||
-        (rc = load_data(cmd, a, s, &pre, &train, &valid)))
+    if ((rc = start_processes(cmd, a, s)) || (rc = read_pretrained(cmd, a, &pre, &tv_depth)))
         return rc;
+    cli_data *d = &a->data;
+    if ((d->images || d->images_csv) && !d->size) d->size = 64;
+    if (tv_depth > 0 && s->master) cli_photo_imagenet_size_note(cmd, d->size);
+    if ((rc = load_data(cmd, a, s, &pre, &train, &valid))) return rc;
     return build_learner(cmd, a, s, &pre, tv_depth, train, valid);
 }

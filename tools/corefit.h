@@ -71,6 +71,7 @@ typedef struct cli_data {
     const char *images_csv, *fn_col, *label_col, *valid_col, *folder, *suffix, *label_re;
     const char *resize, *pad_mode;
     double rrc_min_scale; /* --random-resized-crop MIN_SCALE (0: none) */
+    const cf_item_tfm *model_tfm; /* eval: the model's recorded item transform (photo.c) */
     cli_task_data task;   /* --images-csv's targets: label sets, points (tasks.c) */
 } cli_data;
 
@@ -244,6 +245,8 @@ typedef struct cli_eval_extras {
     bool tta; /* asked: */
     int tta_n;
     double tta_beta;
+    const cf_aug_opts *tta_aug; /* the model's recorded aug_transforms (NULL: the defaults) */
+    const char *tta_aug_note;   /* why those augmentations, for the printed line */
     const char *plots;
     bool have_tta; /* results: */
     double tta_loss, tta_accuracy;

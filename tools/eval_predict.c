@@ -1,6 +1,7 @@
 /* corefit eval and corefit predict: a saved model (rebuilt from its metadata) on a data set, or on
  * images and CSV rows. */
 #include "corefit.h"
+#include "photo.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -91,8 +92,8 @@ int cmd_eval(int argc, char **argv) {
         {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
         {"--json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0, 0},
         {"--tta", OPT_FLAG, &tta, NULL,
-         "images: also the loss and accuracy with test-time augmentation (fastai's tta, "
-         "aug_transforms())",
+         "images: also the loss and accuracy with test-time augmentation (fastai's tta with "
+         "the model's recorded aug_transforms; aug_transforms() for a model trained without)",
          0, 0, 0},
         {"--tta-n", OPT_INT, &tta_n, "N", "augmented passes of --tta [4]", 1, 1000, 0},
         {"--tta-beta", OPT_DOUBLE, &tta_beta, "B",
@@ -148,6 +149,7 @@ int cmd_eval(int argc, char **argv) {
     } else {
         d.size = m.height;
         d.channels = m.n_in;
+        cli_photo_adopt_model(&d, &m); /* the item transform the model was trained with */
         d.valid_pct = 0;
         const char *input;
         cf_dataset *train = NULL, *valid = NULL;
@@ -193,6 +195,7 @@ int cmd_eval(int argc, char **argv) {
         return cli_lib_error(cmd, "validation");
     }
     cli_eval_extras x = {.tta = tta, .tta_n = tta_n, .tta_beta = tta_beta, .plots = plots};
+    cli_photo_tta_aug(&m, &x.tta_aug, &x.tta_aug_note);
     if (cli_eval_extras_run(cmd, learn, &x)) {
         cli_eval_extras_free(&x);
         cf_learner_free(learn);

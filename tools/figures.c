@@ -271,9 +271,9 @@ int cli_eval_extras_run(const char *cmd, cf_learner *learn, cli_eval_extras *x) 
                          cf_dataset_is_multi_label(valid) ? "this model predicts label sets"
                                                           : "this model predicts numbers");
     if (x->tta) {
-        /* a saved model does not say how it was augmented: fastai's aug_transforms(), which
-         * `corefit train --aug` uses */
-        cf_aug_opts aug = cf_aug_transforms_defaults(1.0f);
+        /* the augmentations recorded in the model; a model trained without them (or written
+         * before they were recorded) gets fastai's aug_transforms() */
+        cf_aug_opts aug = x->tta_aug ? *x->tta_aug : cf_aug_transforms_defaults(1.0f);
         cf_preds p = {0};
         cf_status st = cf_tta(learn, &p, .n = x->tta_n, .beta = x->tta_beta,
                               .aug_only = x->tta_beta == 0, .aug = &aug);
@@ -313,7 +313,8 @@ void cli_eval_extras_print(const cf_learner *learn, const cli_eval_extras *x) {
     if (x->have_tta) {
         printf("tta_valid_loss: %s\n", cf_format_float(x->tta_loss, b, sizeof b));
         printf("tta_accuracy: %s\n", cf_format_float(x->tta_accuracy, b, sizeof b));
-        printf("tta: %d augmented passes (aug_transforms), beta %g\n", x->tta_n, x->tta_beta);
+        printf("tta: %d augmented passes (%s), beta %g\n", x->tta_n,
+               x->tta_aug_note ? x->tta_aug_note : "aug_transforms()", x->tta_beta);
     }
     for (int i = 0; i < x->n_figures; i++) printf("figure: %s\n", x->figures[i]);
     if (x->counts)

@@ -52,6 +52,10 @@ int cli_check_photo_args(const char *cmd, const cli_data *d) {
 }
 
 bool cli_photo_item_tfm(const cli_data *d, int size, cf_item_tfm *out) {
+    if (d->model_tfm && d->model_tfm->kind != CF_ITEM_TFM_NONE) {
+        *out = *d->model_tfm;
+        return true;
+    }
     if (d->rrc_min_scale > 0) {
         *out = cf_random_resized_crop_tfm(size, (float)d->rrc_min_scale);
         return true;
@@ -60,6 +64,26 @@ bool cli_photo_item_tfm(const cli_data *d, int size, cf_item_tfm *out) {
     *out = cf_resize_tfm(size, (cf_resize_method)lookup(d->resize, resize_names, 3));
     if (d->pad_mode) out->pad_mode = (cf_pad_mode)lookup(d->pad_mode, pad_names, 3);
     return true;
+}
+
+void cli_photo_adopt_model(cli_data *d, const cf_model_info *m) {
+    d->model_tfm = m->item_tfm.kind != CF_ITEM_TFM_NONE ? &m->item_tfm : NULL;
+}
+
+void cli_photo_tta_aug(const cf_model_info *m, const cf_aug_opts **aug, const char **note) {
+    *aug = m->has_aug ? &m->aug : NULL;
+    *note = m->has_aug          ? "aug_transforms as in training"
+            : m->has_batch_tfms ? "aug_transforms(): the model was trained without augmentation"
+                                : "aug_transforms(): the model does not record its augmentation";
+}
+
+void cli_photo_imagenet_size_note(const char *cmd, int size) {
+    if (size < 128)
+        fprintf(stderr,
+                "corefit %s: note: the ImageNet weights were trained on 224 x 224 images; "
+                "fine-tuning them at %d x %d is fast but less accurate (fastai users give "
+                "--size 224)\n",
+                cmd, size, size);
 }
 
 void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n) {

@@ -23,8 +23,8 @@
          &(a).data.resize,                                                                         \
          "METHOD",                                                                                 \
          "fastai's Resize(--size, METHOD): crop (fastai's default; random in training, centred "   \
-         "in validation), pad or squish [none: every image squished to --size, as eval and "       \
-         "predict do]",                                                                            \
+         "in validation), pad or squish [none: every image squished to --size]; the model "        \
+         "records it, and eval and predict resize as it says",                                     \
          0,                                                                                        \
          0,                                                                                        \
          0},                                                                                       \
@@ -47,6 +47,15 @@
 int cli_check_photo_args(const char *cmd, const cli_data *d);
 /* The item transform the options ask for (false: none). */
 bool cli_photo_item_tfm(const cli_data *d, int size, cf_item_tfm *out);
+/* eval: the data made as the model's training images were (its recorded item transform; a
+ * model without one squishes). */
+void cli_photo_adopt_model(cli_data *d, const cf_model_info *m);
+/* eval --tta: the model's recorded aug_transforms, or NULL (the defaults) with a note saying
+ * why, for the printed line. */
+void cli_photo_tta_aug(const cf_model_info *m, const cf_aug_opts **aug, const char **note);
+/* Fine-tuning torchvision's or timm's ImageNet weights (trained at 224 px) at a size below 128:
+ * a note on stderr that they do better near 224 (fastai's usual size). */
+void cli_photo_imagenet_size_note(const char *cmd, int size);
 /* ", Resize(64, crop)", ", RandomResizedCrop(64, min_scale 0.35)" or ", squished to 64 x 64":
  * how the options size the images, for the data line. */
 void cli_photo_describe(const cli_data *d, int size, char *buf, size_t n);

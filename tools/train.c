@@ -161,7 +161,8 @@ static int make_out_folder(const char *cmd, const char *out) {
          OPT_INT,                                                                                    \
          &(a).data.size,                                                                             \
          "N",                                                                                        \
-         "resize images to N x N [64; pretrained: its size]",                                        \
+         "resize images to N x N [64; a corefit --pretrained model: its size] (torchvision's "       \
+         "ImageNet weights were trained at 224)",                                                    \
          1,                                                                                          \
          4096,                                                                                       \
          0},                                                                                         \

@@ -53,6 +53,10 @@ typedef struct cf_dataset {
     /* Segmentation (cf_datasets_from_masks): y holds each sample's mask, H * W class ids
      * (target_dim H * W, n_classes the codes), which flips and crops move with the image. */
     bool masks;
+    /* Image sets made with an item transform (Resize, RandomResizedCrop): that transform, so
+     * that an exported model records how its images were made (kind 0, CF_ITEM_TFM_NONE: a
+     * plain squish to the sample size, or not an image set). */
+    struct cf_item_tfm *item_tfm;
 } cf_dataset;
 
 /* Frees everything the dataset owns (NULL is a no-op). */

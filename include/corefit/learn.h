@@ -418,6 +418,12 @@ typedef struct cf_model_info {
     int n_vocab;
     int n_norm; /* image normalisation */
     float mean[CF_MODEL_MAX_NORM], std[CF_MODEL_MAX_NORM];
+    /* images: the item transform of training (kind CF_ITEM_TFM_NONE: squished to the size),
+     * used again by eval, predict and load_learner (validation choice), and the batch
+     * augmentations of training (has_batch_tfms false: not recorded; has_aug false: none) */
+    cf_item_tfm item_tfm;
+    bool has_batch_tfms, has_aug;
+    cf_aug_opts aug;
     /* tabular */
     char *target;
     bool regression;
@@ -463,7 +469,8 @@ cf_status cf_learner_from_info(const cf_model_info *info, cf_dls *dls, cf_metric
  * placeholder that carries the classes, image size, normalisation and tabular columns). */
 cf_status cf_load_learner(const char *path, cf_learner **out);
 /* fastai's learn.predict on an image (PNG, JPEG, BMP), decoded and resized as the training
- * images were and normalised as the training loader did: probabilities (n_out) into probs and
+ * images were (the training set's item_tfm in its validation choice, e.g. Resize crop's centre
+ * crop; without one squished to the size) and normalised as the training loader did: probabilities (n_out) into probs and
  * the class index into decoded (may be NULL). From memory (name for messages) or from a file. */
 cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, const char *name,
                            float *probs, int *decoded);

@@ -32,6 +32,8 @@ void cf__strv_free(char **v, int n);
 bool cf__dataset_set_source(cf_dataset *ds, const char *s);
 /* Copies the tabular metadata (names, vocabularies, statistics) of src into dst. */
 cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src);
+/* Copies tfm into ds->item_tfm (NULL or kind NONE: none). */
+cf_status cf__dataset_set_item_tfm(cf_dataset *ds, const cf_item_tfm *tfm);
 
 /* stb_image_resize without its aborting assertions (resize.c): stbir_resize_uint8, and
  * stbir_resize_float_generic with one channel, the triangle filter and clamped edges. Strides

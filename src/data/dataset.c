@@ -96,6 +96,7 @@ void cf_dataset_free(cf_dataset *ds) {
     cf_free(ds->cont_fill);
     cf_free(ds->source);
     cf_free(ds->y_name);
+    cf_free(ds->item_tfm);
     cf_free(ds);
 }
 
@@ -154,6 +155,15 @@ static float *floats_dup(const float *v, int n) {
     return out;
 }
 
+cf_status cf__dataset_set_item_tfm(cf_dataset *ds, const cf_item_tfm *tfm) {
+    cf_free(ds->item_tfm);
+    ds->item_tfm = NULL;
+    if (!tfm || tfm->kind == CF_ITEM_TFM_NONE) return CF_OK;
+    if (!(ds->item_tfm = cf_malloc(sizeof *ds->item_tfm))) return CF_ERR_NOMEM;
+    *ds->item_tfm = *tfm;
+    return CF_OK;
+}
+
 cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src) {
     dst->n_classes = src->n_classes;
     dst->n_points = src->n_points;
@@ -162,6 +172,7 @@ cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src) {
         return CF_ERR_NOMEM;
     if (src->source && !cf__dataset_set_source(dst, src->source)) return CF_ERR_NOMEM;
     if (src->y_name && !(dst->y_name = cf_strdup(src->y_name))) return CF_ERR_NOMEM;
+    if (src->item_tfm && cf__dataset_set_item_tfm(dst, src->item_tfm)) return CF_ERR_NOMEM;
     dst->n_cat = src->n_cat;
     dst->n_cont = src->n_cont;
     if (src->cat_cardinality) {

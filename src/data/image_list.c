@@ -102,7 +102,7 @@ cf_status cf__image_items_build(const cf__image_items *it, int channels, int siz
         if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", source);
         ds->n_classes = n_vocab;
         if (!(ds->vocab = cf__strv_dup((const char *const *)vocab, n_vocab)) ||
-            !cf__dataset_set_source(ds, source)) {
+            !cf__dataset_set_source(ds, source) || cf__dataset_set_item_tfm(ds, tfm)) {
             cf_dataset_free(ds);
             return CF_ERR_NOMEM;
         }
@@ -130,7 +130,7 @@ cf_status cf__image_items_build(const cf__image_items *it, int channels, int siz
     if (!st) {
         ds->n_classes = n_vocab;
         if (!(ds->vocab = cf__strv_dup((const char *const *)vocab, n_vocab)) ||
-            !cf__dataset_set_source(ds, source))
+            !cf__dataset_set_source(ds, source) || cf__dataset_set_item_tfm(ds, tfm))
             st = CF_ERR_NOMEM;
     }
     if (st) {

@@ -23,6 +23,56 @@ static char *print_json(cJSON *j) {
     return out;
 }
 
+static const char *const resize_names[] = {
+    [CF_RESIZE_CROP] = "crop", [CF_RESIZE_PAD] = "pad", [CF_RESIZE_SQUISH] = "squish"};
+static const char *const pad_names[] = {
+    [CF_PAD_REFLECTION] = "reflection", [CF_PAD_ZEROS] = "zeros", [CF_PAD_BORDER] = "border"};
+
+static void add_pair(cJSON *j, const char *name, double a, double b) {
+    cJSON *v = cJSON_AddArrayToObject(j, name);
+    cJSON_AddItemToArray(v, cJSON_CreateNumber(a));
+    cJSON_AddItemToArray(v, cJSON_CreateNumber(b));
+}
+
+/* corefit.item_tfm (documented in corefit/learn.h) */
+static char *item_tfm_json(const cf_item_tfm *t) {
+    cJSON *j = cJSON_CreateObject();
+    bool rrc = t->kind == CF_ITEM_TFM_RANDOM_RESIZED_CROP;
+    cJSON_AddStringToObject(j, "kind", rrc ? "random_resized_crop" : "resize");
+    add_pair(j, "size", t->height, t->width);
+    if (rrc) {
+        cJSON_AddNumberToObject(j, "min_scale", t->min_scale);
+        cJSON_AddNumberToObject(j, "max_scale", t->max_scale);
+        add_pair(j, "ratio", t->ratio_lo, t->ratio_hi);
+        cJSON_AddNumberToObject(j, "val_xtra", t->val_xtra);
+    } else {
+        cJSON_AddStringToObject(j, "method", resize_names[t->method]);
+        cJSON_AddStringToObject(j, "pad_mode", pad_names[t->pad_mode]);
+    }
+    return print_json(j);
+}
+
+/* corefit.batch_tfms */
+static char *batch_tfms_json(bool has_aug, const cf_aug_opts *a) {
+    cJSON *j = cJSON_CreateObject();
+    if (!has_aug) {
+        cJSON_AddBoolToObject(j, "aug_transforms", false);
+        return print_json(j);
+    }
+    cJSON *o = cJSON_AddObjectToObject(j, "aug_transforms");
+    cJSON_AddBoolToObject(o, "do_flip", a->do_flip);
+    cJSON_AddBoolToObject(o, "flip_vert", a->flip_vert);
+    cJSON_AddNumberToObject(o, "max_rotate", a->max_rotate);
+    cJSON_AddNumberToObject(o, "min_zoom", a->min_zoom);
+    cJSON_AddNumberToObject(o, "max_zoom", a->max_zoom);
+    cJSON_AddNumberToObject(o, "max_lighting", a->max_lighting);
+    cJSON_AddNumberToObject(o, "max_warp", a->max_warp);
+    cJSON_AddNumberToObject(o, "p_affine", a->p_affine);
+    cJSON_AddNumberToObject(o, "p_lighting", a->p_lighting);
+    cJSON_AddStringToObject(o, "pad_mode", pad_names[a->pad_mode]);
+    return print_json(j);
+}
+
 cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const char *path) {
     cf_st_entry *entries = cf_calloc((size_t)model->n_params + 1, sizeof *entries);
     if (!entries) return cf_fail_context(CF_ERR_NOMEM, "saving %s", path);
@@ -91,6 +141,9 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
         }
         norm = print_json(j);
     }
+    char *item = NULL, *batch = NULL;
+    if (m->item_tfm.kind != CF_ITEM_TFM_NONE) item = item_tfm_json(&m->item_tfm);
+    if (m->has_batch_tfms) batch = batch_tfms_json(m->has_aug, &m->aug);
     if (m->feature_names) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "target", m->target ? m->target : "");
@@ -123,7 +176,7 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
         }
         tab = print_json(j);
     }
-    const char *keys[16], *values[16];
+    const char *keys[20], *values[20];
     int n = 0;
 #define META(k, v)                                                                                 \
     do {                                                                                           \
@@ -139,6 +192,8 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     META("corefit.n_out", n_out);
     if (vocab) META("corefit.vocab", vocab);
     if (norm) META("corefit.normalize", norm);
+    if (item) META("corefit.item_tfm", item);
+    if (batch) META("corefit.batch_tfms", batch);
     if (tab) META("corefit.tabular", tab);
     if (head) META("corefit.head", head);
     if (text) META("corefit.text", text);
@@ -149,7 +204,8 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
         ;
     else if ((m->n_vocab && !vocab) || (m->n_norm && !norm) || (m->feature_names && !tab) ||
              (r->arch[0] && !tabular && !is_text && !head) ||
-             (is_text && (!text || !tvocab || !tok)))
+             (is_text && (!text || !tvocab || !tok)) ||
+             (m->item_tfm.kind != CF_ITEM_TFM_NONE && !item) || (m->has_batch_tfms && !batch))
         st = cf_fail_context(CF_ERR_NOMEM, "saving %s", path);
     else
         st = cf_st_write(path, entries, model->n_params, keys, values, n);
@@ -158,6 +214,8 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     cf_free(tok);
     cf_free(vocab);
     cf_free(norm);
+    cf_free(item);
+    cf_free(batch);
     cf_free(tab);
     cf_free(head);
     cf_free(entries);

@@ -87,6 +87,12 @@ static cf_status placeholder(const cf_model_info *m, cf_dataset **out) {
     ds->masks = unet;
     if (n_classes && n_classes == m->n_vocab)
         st = cf_dataset_set_vocab(ds, (const char *const *)m->vocab, m->n_vocab);
+    if (st == CF_OK && m->item_tfm.kind != CF_ITEM_TFM_NONE) { /* predict resizes as training */
+        if ((ds->item_tfm = cf_malloc(sizeof *ds->item_tfm)))
+            *ds->item_tfm = m->item_tfm;
+        else
+            st = CF_ERR_NOMEM;
+    }
     if (st == CF_OK && tabular) {
         cf_tabular_state s;
         if ((st = cf__tabular_state_of_info(m, &s)) == CF_OK) {
@@ -146,9 +152,12 @@ cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, co
     float *x = cf_malloc((size_t)c * h * w * sizeof(float));
     if (!x) return CF_ERR_NOMEM;
     int iw = w, ih = h;
-    /* decoded and resized as the training images were (square), then normalised as the
-     * training loader did */
-    cf_status st = cf_image_decode(bytes, size, name, c, h == w ? h : 0, x, &iw, &ih);
+    /* decoded and resized as the training images were (their item transform's validation
+     * choice, or squished to the size), then normalised as the training loader did */
+    const cf_item_tfm *t = ds->item_tfm;
+    cf_status st = t && t->width == w && t->height == h
+                       ? cf_image_decode_tfm(bytes, size, name, c, t, false, 0, 0, 0, x)
+                       : cf_image_decode(bytes, size, name, c, h == w ? h : 0, x, &iw, &ih);
     const cf_dl_options *lo = cf_dataloader_options(learn->dls->train);
     for (int ch = 0; st == CF_OK && lo && lo->n_norm > 0 && ch < c; ch++) {
         int k = lo->n_norm == 1 ? 0 : ch;

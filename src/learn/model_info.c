@@ -125,6 +125,14 @@ static cf_status learner_info(const cf_learner *learn, cf_model_info *m) {
         m->mean[i] = mean[i];
         m->std[i] = std[i];
     }
+    if (ds->sample_shape.ndim == 3 && !text) {
+        if (ds->item_tfm) m->item_tfm = *ds->item_tfm;
+        m->has_batch_tfms = true;
+        if (lo && lo->aug) {
+            m->has_aug = true;
+            m->aug = *lo->aug;
+        }
+    }
     if (ds->n_classes > 0) {
         m->n_vocab = ds->n_classes;
         if (ds->vocab) {
@@ -396,6 +404,105 @@ static cf_status read_text(const cf_st_file *f, const char *path, cf_model_info 
     return CF_OK;
 }
 
+static int name_index(const cJSON *j, const char *key, const char *const *names, int n) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    for (int i = 0; cJSON_IsString(v) && i < n; i++)
+        if (strcmp(v->valuestring, names[i]) == 0) return i;
+    return -1;
+}
+
+static bool number(const cJSON *j, const char *key, double lo, double hi, float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) return false;
+    *out = (float)v->valuedouble;
+    return true;
+}
+
+static bool number_pair(const cJSON *j, const char *key, double lo, double hi, float *a, float *b) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    const cJSON *x = cJSON_GetArrayItem(v, 0), *y = cJSON_GetArrayItem(v, 1);
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2 || !cJSON_IsNumber(x) ||
+        !cJSON_IsNumber(y) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
+        !(y->valuedouble >= lo && y->valuedouble <= hi))
+        return false;
+    *a = (float)x->valuedouble;
+    *b = (float)y->valuedouble;
+    return true;
+}
+
+static const char *const resize_names[] = {"crop", "pad", "squish"};
+static const char *const pad_names[] = {"reflection", "zeros", "border"};
+
+/* corefit.item_tfm: the item transform, of the model's image size */
+static cf_status read_item_tfm(const char *path, const char *text, cf_model_info *m) {
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(j, "kind");
+    cf_item_tfm t = {0};
+    float h = 0, w = 0;
+    bool ok = cJSON_IsString(kind) && number_pair(j, "size", 1, 65536, &h, &w) &&
+              (int)h == m->height && (int)w == m->width;
+    if (ok && strcmp(kind->valuestring, "resize") == 0) {
+        int method = name_index(j, "method", resize_names, 3);
+        int pad = name_index(j, "pad_mode", pad_names, 3);
+        ok = method >= 0 && pad >= 0;
+        t = cf_resize_tfm(m->height, ok ? (cf_resize_method)method : CF_RESIZE_CROP);
+        t.pad_mode = ok ? (cf_pad_mode)pad : CF_PAD_REFLECTION;
+    } else if (ok && strcmp(kind->valuestring, "random_resized_crop") == 0) {
+        t = cf_random_resized_crop_tfm(m->height, 0.08f);
+        ok = number(j, "min_scale", 0, 1, &t.min_scale) &&
+             number(j, "max_scale", t.min_scale, 1, &t.max_scale) &&
+             number_pair(j, "ratio", 1e-3, 1e3, &t.ratio_lo, &t.ratio_hi) &&
+             t.ratio_lo <= t.ratio_hi && number(j, "val_xtra", 0, 10, &t.val_xtra);
+    } else {
+        ok = false;
+    }
+    cJSON_Delete(j);
+    if (!ok)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: metadata corefit.item_tfm is '%s' (expected a resize or "
+                       "random_resized_crop of the image size %dx%d, as corefit/learn.h says)",
+                       path, text, m->height, m->width);
+    t.width = m->width;
+    t.height = m->height;
+    m->item_tfm = t;
+    return CF_OK;
+}
+
+/* corefit.batch_tfms: aug_transforms' parameters, or false */
+static cf_status read_batch_tfms(const char *path, const char *text, cf_model_info *m) {
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "aug_transforms");
+    bool ok = cJSON_IsFalse(a);
+    cf_aug_opts o = cf_aug_transforms_defaults(1.0f);
+    if (cJSON_IsObject(a)) {
+        const cJSON *flip = cJSON_GetObjectItemCaseSensitive(a, "do_flip");
+        const cJSON *vert = cJSON_GetObjectItemCaseSensitive(a, "flip_vert");
+        int pad = name_index(a, "pad_mode", pad_names, 3);
+        ok = cJSON_IsBool(flip) && cJSON_IsBool(vert) && pad >= 0 &&
+             number(a, "max_rotate", 0, 360, &o.max_rotate) &&
+             number(a, "min_zoom", 1e-3, 100, &o.min_zoom) &&
+             number(a, "max_zoom", o.min_zoom, 100, &o.max_zoom) &&
+             number(a, "max_lighting", 0, 1, &o.max_lighting) &&
+             number(a, "max_warp", 0, 1, &o.max_warp) && number(a, "p_affine", 0, 1, &o.p_affine) &&
+             number(a, "p_lighting", 0, 1, &o.p_lighting);
+        if (ok) {
+            o.do_flip = cJSON_IsTrue(flip);
+            o.flip_vert = cJSON_IsTrue(vert);
+            o.pad_mode = (cf_pad_mode)pad;
+            m->has_aug = true;
+            m->aug = o;
+        }
+    }
+    cJSON_Delete(j);
+    if (!ok)
+        return cf_fail(CF_ERR_FORMAT,
+                       "%s: metadata corefit.batch_tfms is '%s' (expected {\"aug_transforms\": "
+                       "false} or aug_transforms' parameters, as corefit/learn.h says)",
+                       path, text);
+    m->has_batch_tfms = true;
+    return CF_OK;
+}
+
 cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_model_info *m) {
     memset(m, 0, sizeof *m);
     const char *arch = cf_st_meta(f, "corefit.arch");
@@ -490,6 +597,12 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
         return cf_fail(CF_ERR_FORMAT, "%s: an image model without corefit.image_size", path);
     } else if ((st = read_head(path, cf_st_meta(f, "corefit.head"), &m->recipe))) {
         return st;
+    } else {
+        const char *item = cf_st_meta(f, "corefit.item_tfm");
+        const char *batch = cf_st_meta(f, "corefit.batch_tfms");
+        if ((item && (st = read_item_tfm(path, item, m))) ||
+            (batch && (st = read_batch_tfms(path, batch, m))))
+            return st;
     }
     return CF_OK;
 }
