@@ -160,9 +160,9 @@ static int load_data(const char *cmd, train_args *a, session *s, cf_model_info *
         if (d->images || d->images_csv) cli_photo_describe(d, d->size, resize, sizeof resize);
         fprintf(stderr, "data: %lld training and %lld validation samples%s%s (%.1f s)\n",
                 (long long)(*train)->n, (long long)(*valid)->n,
-                !d->images && !d->images_csv    ? ""
+                !d->images && !d->images_csv     ? ""
                 : cf_dataset_is_streamed(*train) ? ", streamed from their files"
-                                                : ", decoded into memory",
+                                                 : ", decoded into memory",
                 resize, cf_now() - t0);
     }
     if (!a->quiet && s->master && d->limit > 0 && d->csv)
