@@ -910,6 +910,10 @@ cf_status cf_text_dls_new(cf_text_corpus *train, cf_text_corpus *valid,
 cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericalizer *nz,
                                const cf_text_dls_options *o, cf_dls **out);
 
+/* Writes one token to out as text tables show it: line breaks, tabs and carriage returns as \n,
+ * \t and \r, so a row stays one line and its columns stay apart. */
+void cf_text_put_token(FILE *out, const char *tok);
+
 /* fastai's show_batch for text: the first max_rows rows (0: 9) of a batch of a text loader,
  * each its first max_tokens tokens (0: 150) named by nz->token, padding left out as fastai's
  * decoding does (other special tokens as they are: xxbos, xxmaj, xxunk ...), then the label(s)
