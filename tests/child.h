@@ -30,6 +30,8 @@ int test_cli_run(const char *dir, const char *args);
  * NUL-terminated, cut when longer); returns its exit status (-1 when a signal ended it). */
 int test_shell(const char *dir, char *out, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* Writes text to dir/name (replacing it); fails the test when it cannot. */
+void test_write_in(const char *dir, const char *name, const char *text);
 /* The whole of dir/name (NULL when it cannot be read); *n its size when n. cf_free it. */
 char *test_read_in(const char *dir, const char *name, size_t *n);
 
