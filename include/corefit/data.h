@@ -66,6 +66,9 @@ cf_status cf_dataset_set_vocab(cf_dataset *ds, const char *const *names, int n);
 /* A new dataset holding the samples idx[0..n) of ds, in that order (vocab and tabular metadata
  * are copied). */
 cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out);
+/* Replaces *ds by a new dataset of its first n samples (n <= 0 or >= its size: unchanged); on
+ * error *ds is left as it was. */
+cf_status cf_dataset_keep_first(cf_dataset **ds, int64_t n);
 /* Per-channel mean and std (unbiased, + 1e-7 as fastai's Normalize) of an image dataset
  * (sample_shape (C, H, W), C <= 4); mean and std receive C values. A streamed set is measured
  * on at most 256 images spread evenly over it (as fastai's Normalize measures one batch),
