@@ -26,6 +26,12 @@ pid_t test_cli_start(const char *dir, const char *args, bool own_group);
 int test_cli_wait(pid_t pid);
 /* test_cli_start and test_cli_wait. */
 int test_cli_run(const char *dir, const char *args);
+/* Runs the shell command printf(fmt, ...) in dir, its stdout and stderr into out (size bytes,
+ * NUL-terminated, cut when longer); returns its exit status (-1 when a signal ended it). */
+int test_shell(const char *dir, char *out, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Writes text to dir/name (replacing it); fails the test when it cannot. */
+void test_write_in(const char *dir, const char *name, const char *text);
 /* The whole of dir/name (NULL when it cannot be read); *n its size when n. cf_free it. */
 char *test_read_in(const char *dir, const char *name, size_t *n);
 

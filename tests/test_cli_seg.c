@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "child.h"
 #include "corefit.h"
 
 #define COREFIT CF_BUILD_DIR "/corefit"
@@ -22,20 +23,7 @@ static char g_dir[256];
 static char out[1 << 16];
 
 /* Runs a shell command in g_dir; its output (stdout and stderr) into out; the exit status. */
-static int run(const char *fmt, ...) {
-    char cmd[4096], full[4400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "cd %s && %s 2>&1", g_dir, cmd);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define run(...) test_shell(g_dir, out, sizeof out, __VA_ARGS__)
 
 static int setup(void **state) {
     (void)state;

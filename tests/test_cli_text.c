@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "child.h"
 #include "corefit/core.h"
 #include "oracle.h"
 #include "text_fixture.h"
@@ -21,20 +22,7 @@
 static char g_dir[256];
 
 /* Runs a shell command in g_dir; its output (stdout and stderr) into out; the exit status. */
-static int run(char *out, size_t size, const char *fmt, ...) {
-    char cmd[4096], full[4400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "cd %s && %s 2>&1", g_dir, cmd);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, size - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define run(out, size, ...) test_shell(g_dir, out, size, __VA_ARGS__)
 
 static void test_lm_encoder_classifier_predict(void **state) {
     (void)state;

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "child.h"
 #include "corefit.h"
 
 #ifdef CF_HAVE_STB
@@ -27,12 +28,7 @@ static const char *at(const char *name) {
     return buf;
 }
 
-static void write_text(const char *name, const char *text) {
-    FILE *f = fopen(at(name), "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+#define write_text(name, text) test_write_in(dir, name, text)
 
 static void test_codes_read(void **state) {
     (void)state;

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "child.h"
 #include "corefit.h"
 #include "oracle.h"
 
@@ -29,12 +30,7 @@ static const char *at(const char *name) {
     return buf;
 }
 
-static void write_text(const char *name, const char *text) {
-    FILE *f = fopen(at(name), "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+#define write_text(name, text) test_write_in(dir, name, text)
 
 static void test_multi_hot_from_csv(void **state) {
     (void)state;

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "child.h"
 #include "corefit.h"
 #include "oracle.h"
 
@@ -48,12 +49,7 @@ static void test_point_scaler_formula(void **state) {
     assert_float_equal(p[2], 0, 1e-5);
 }
 
-static void write_text(const char *name, const char *text) {
-    FILE *f = fopen(at(name), "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+#define write_text(name, text) test_write_in(dir, name, text)
 
 static void test_points_from_csv(void **state) {
     (void)state;

@@ -23,21 +23,6 @@ static cf_status idx_file(const char *dir, const char *prefix, const char *kind,
     return cf_fail(CF_ERR_IO, "no %s-%s-idx%d-ubyte(.gz) in %s", prefix, kind, d, dir);
 }
 
-/* The first n samples of *ds (n < ds->n), replacing it. */
-static cf_status take_first(cf_dataset **ds, int64_t n) {
-    if (n <= 0 || n >= (*ds)->n) return CF_OK;
-    int64_t *idx = cf_malloc((size_t)n * sizeof *idx);
-    if (!idx) return CF_ERR_NOMEM;
-    for (int64_t i = 0; i < n; i++) idx[i] = i;
-    cf_dataset *sub = NULL;
-    cf_status st = cf_dataset_subset(*ds, idx, n, &sub);
-    cf_free(idx);
-    if (st) return st;
-    cf_dataset_free(*ds);
-    *ds = sub;
-    return CF_OK;
-}
-
 static int cmp_index(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -334,7 +319,9 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
         int64_t nv = d->limit / 5 > 0 ? d->limit / 5 : 1;
         /* an IDX file: only the first N were read */
         if (d->idx || (!d->images && !d->csv && !d->images_csv)) {
-            if ((st = take_first(train, d->limit)) || (st = take_first(valid, nv))) goto fail;
+            if ((st = cf_dataset_keep_first(train, d->limit)) ||
+                (st = cf_dataset_keep_first(valid, nv)))
+                goto fail;
         } else if ((st = take_sample(train, d->limit, d->seed)) ||
                    (st = take_sample(valid, nv, d->seed + 1))) {
             goto fail;

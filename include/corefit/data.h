@@ -70,6 +70,9 @@ cf_status cf_dataset_set_vocab(cf_dataset *ds, const char *const *names, int n);
 /* A new dataset holding the samples idx[0..n) of ds, in that order (vocab and tabular metadata
  * are copied). */
 cf_status cf_dataset_subset(const cf_dataset *ds, const int64_t *idx, int64_t n, cf_dataset **out);
+/* Replaces *ds by a new dataset of its first n samples (n <= 0 or >= its size: unchanged); on
+ * error *ds is left as it was. */
+cf_status cf_dataset_keep_first(cf_dataset **ds, int64_t n);
 /* Per-channel mean and std (unbiased, + 1e-7 as fastai's Normalize) of an image dataset
  * (sample_shape (C, H, W), C <= 4); mean and std receive C values. A streamed set is measured
  * on at most 256 images spread evenly over it (as fastai's Normalize measures one batch),
@@ -913,6 +916,10 @@ cf_status cf_text_dls_new(cf_text_corpus *train, cf_text_corpus *valid,
 /* Readers' output -> nz->fit on the training texts -> corpora -> cf_text_dls_new. */
 cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericalizer *nz,
                                const cf_text_dls_options *o, cf_dls **out);
+
+/* Writes one token to out as text tables show it: line breaks, tabs and carriage returns as \n,
+ * \t and \r, so a row stays one line and its columns stay apart. */
+void cf_text_put_token(FILE *out, const char *tok);
 
 /* fastai's show_batch for text: the first max_rows rows (0: 9) of a batch of a text loader,
  * each its first max_tokens tokens (0: 150) named by nz->token, padding left out as fastai's

@@ -64,6 +64,18 @@ typedef struct cf__image_items {
 void cf__image_items_free(cf__image_items *items);
 /* qsort comparison of char * (strcmp order). */
 int cf__cmp_str(const void *a, const void *b);
+/* The classes of labels[0..n): sorted, each once, copied into *vocab (*n_vocab of them).
+ * Reorders labels (the strings are borrowed). With no labels: CF_ERR_FORMAT "<source><why>",
+ * e.g. source "x.csv", why " has no training rows". */
+cf_status cf__sorted_vocab(const char **labels, int64_t n, const char *source, const char *why,
+                           char ***vocab, int *n_vocab);
+
+/* ---- image CSVs (image_csv.c, multilabel.c) ------------------------------------------------- */
+
+/* The column named `name`, or without a name the column at `fallback`; -1 if none. */
+int cf__image_csv_col(const cf_csv_table *t, const char *name, int fallback);
+/* 1 for a true value (1, true, True, TRUE), 0 for false, -1 for anything else. */
+int cf__parse_bool(const char *v);
 cf_status cf__image_items_push(cf__image_items *items, const char *path, int label);
 /* buf = a "/" b; an error naming both when it does not fit. */
 cf_status cf__path_join(char *buf, size_t size, const char *a, const char *b);

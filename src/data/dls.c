@@ -17,8 +17,7 @@ void cf_dls_free(cf_dls *dls) {
     cf_free(dls);
 }
 
-/* Replaces *ds by its first n samples (n 0 or >= its size: unchanged). */
-static cf_status keep_first(cf_dataset **ds, int64_t n) {
+cf_status cf_dataset_keep_first(cf_dataset **ds, int64_t n) {
     if (n <= 0 || n >= (*ds)->n) return CF_OK;
     int64_t *idx = cf_malloc((size_t)n * sizeof *idx);
     if (!idx) return CF_ERR_NOMEM;
@@ -56,7 +55,9 @@ cf_status cf_dls_new(cf_dataset *train, cf_dataset *valid, const cf_dls_options 
                      (long long)o.n_train, (long long)o.n_valid);
         goto fail;
     }
-    if ((st = keep_first(&train, o.n_train)) || (st = keep_first(&valid, o.n_valid))) goto fail;
+    if ((st = cf_dataset_keep_first(&train, o.n_train)) ||
+        (st = cf_dataset_keep_first(&valid, o.n_valid)))
+        goto fail;
     if (o.bs == 0) o.bs = 64;
     if (o.val_bs == 0) o.val_bs = o.bs;
     cf_dl_options to = {.bs = o.bs,

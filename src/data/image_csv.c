@@ -7,14 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The column named `name`, or without a name the column at `fallback`; -1 if none. */
-static int find_col(const cf_csv_table *t, const char *name, int fallback) {
+int cf__image_csv_col(const cf_csv_table *t, const char *name, int fallback) {
     if (!name) return fallback < t->n_cols ? fallback : -1;
     return cf_csv_column(t, name);
 }
 
-/* 1 for a true value, 0 for false, -1 for anything else. */
-static int parse_bool(const char *v) {
+int cf__parse_bool(const char *v) {
     static const char *const yes[] = {"1", "true", "True", "TRUE"};
     static const char *const no[] = {"0", "false", "False", "FALSE"};
     for (size_t i = 0; i < 4; i++) {
@@ -54,8 +52,8 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
     cf_csv_table *t = NULL;
     cf_status st = cf_csv_read(csv_path, ',', &t);
     if (st) return st;
-    int fc = find_col(t, fn_col, 0), lc = find_col(t, label_col, 1);
-    int vc = valid_col ? find_col(t, valid_col, -1) : -1;
+    int fc = cf__image_csv_col(t, fn_col, 0), lc = cf__image_csv_col(t, label_col, 1);
+    int vc = valid_col ? cf__image_csv_col(t, valid_col, -1) : -1;
     char base[PATH_MAX], path[PATH_MAX], name[PATH_MAX];
     char **vocab = NULL;
     int n_vocab = 0, w = 0, h = 0;
@@ -89,7 +87,7 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
     if (vc >= 0) {
         for (int64_t r = 0; r < t->n_rows; r++) {
             const char *v = t->cells[r * t->n_cols + vc];
-            int b = parse_bool(v);
+            int b = cf__parse_bool(v);
             if (b < 0) {
                 st = cf_fail(CF_ERR_FORMAT, "%s:%lld: column %s is '%s', not a boolean", csv_path,
                              (long long)t->row_line[r], valid_col, v);
@@ -104,7 +102,7 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
     /* The classes: the sorted labels of the training rows. (Multi-label, fastai's label_delim,
      * splits each label cell here into its classes.) */
     {
-        char **labels = cf_malloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * sizeof *labels);
+        const char **labels = cf_malloc((size_t)(t->n_rows > 0 ? t->n_rows : 1) * sizeof *labels);
         if (!labels) {
             st = CF_ERR_NOMEM;
             goto done;
@@ -112,22 +110,9 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
         int64_t m = 0;
         for (int64_t r = 0; r < t->n_rows; r++)
             if (!is_valid[r]) labels[m++] = t->cells[r * t->n_cols + lc];
-        if (m > 1) qsort(labels, (size_t)m, sizeof *labels, cf__cmp_str);
-        int64_t u = 0;
-        for (int64_t i = 0; i < m; i++)
-            if (u == 0 || strcmp(labels[u - 1], labels[i]) != 0) labels[u++] = labels[i];
-        if (u == 0 || u > INT_MAX) {
-            cf_free(labels);
-            st = cf_fail(CF_ERR_FORMAT, "%s has no training rows", csv_path);
-            goto done;
-        }
-        vocab = cf__strv_dup((const char *const *)labels, (int)u);
+        st = cf__sorted_vocab(labels, m, csv_path, " has no training rows", &vocab, &n_vocab);
         cf_free(labels);
-        if (!vocab) {
-            st = CF_ERR_NOMEM;
-            goto done;
-        }
-        n_vocab = (int)u;
+        if (st) goto done;
     }
     for (int64_t r = 0; r < t->n_rows && !st; r++) {
         const char *fn = t->cells[r * t->n_cols + fc], *lab = t->cells[r * t->n_cols + lc];

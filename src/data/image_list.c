@@ -3,6 +3,7 @@
  * lists both end here. */
 #include "data_internal.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,18 @@
 /* qsort order of C strings. */
 int cf__cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+cf_status cf__sorted_vocab(const char **labels, int64_t n, const char *source, const char *why,
+                           char ***vocab, int *n_vocab) {
+    if (n > 1) qsort(labels, (size_t)n, sizeof *labels, cf__cmp_str);
+    int64_t u = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (u == 0 || strcmp(labels[u - 1], labels[i]) != 0) labels[u++] = labels[i];
+    if (u == 0 || u > INT_MAX) return cf_fail(CF_ERR_FORMAT, "%s%s", source, why);
+    if (!(*vocab = cf__strv_dup((const char *const *)labels, (int)u))) return CF_ERR_NOMEM;
+    *n_vocab = (int)u;
+    return CF_OK;
 }
 
 void cf__image_items_free(cf__image_items *it) {

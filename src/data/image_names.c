@@ -160,29 +160,17 @@ cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
     }
     /* the classes: the sorted labels of the training files */
     {
-        char **v = cf_malloc((size_t)files.n * sizeof *v);
+        const char **v = cf_malloc((size_t)(files.n > 0 ? files.n : 1) * sizeof *v);
         if (!v) {
             st = CF_ERR_NOMEM;
             goto done;
         }
-        int64_t m = 0, u = 0;
+        int64_t m = 0;
         for (int64_t i = 0; i < files.n; i++)
             if (!is_valid[i]) v[m++] = labels.v[i];
-        if (m > 1) qsort(v, (size_t)m, sizeof *v, cf__cmp_str);
-        for (int64_t i = 0; i < m; i++)
-            if (u == 0 || strcmp(v[u - 1], v[i]) != 0) v[u++] = v[i];
-        if (u == 0 || u > INT_MAX) {
-            cf_free(v);
-            st = cf_fail(CF_ERR_FORMAT, "%s: no training images", dir);
-            goto done;
-        }
-        vocab = cf__strv_dup((const char *const *)v, (int)u);
+        st = cf__sorted_vocab(v, m, dir, ": no training images", &vocab, &n_vocab);
         cf_free(v);
-        if (!vocab) {
-            st = CF_ERR_NOMEM;
-            goto done;
-        }
-        n_vocab = (int)u;
+        if (st) goto done;
     }
     for (int64_t i = 0; i < files.n && !st; i++) {
         int k = label_index(vocab, n_vocab, labels.v[i]);

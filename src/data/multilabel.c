@@ -24,21 +24,6 @@ static void rows_free(image_csv_rows *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int column(const cf_csv_table *t, const char *name, int fallback) {
-    if (!name) return fallback < t->n_cols ? fallback : -1;
-    return cf_csv_column(t, name);
-}
-
-static int parse_bool(const char *v) {
-    static const char *const yes[] = {"1", "true", "True", "TRUE"};
-    static const char *const no[] = {"0", "false", "False", "FALSE"};
-    for (size_t i = 0; i < 4; i++) {
-        if (strcmp(v, yes[i]) == 0) return 1;
-        if (strcmp(v, no[i]) == 0) return 0;
-    }
-    return -1;
-}
-
 /* Reads the CSV, finds the file-name and validation columns and splits the rows as
  * image_csv.c does (valid_col, else RandomSplitter(valid_pct, seed), else all training). */
 static cf_status rows_read(const char *csv_path, const char *folder, const char *fn_col,
@@ -47,8 +32,8 @@ static cf_status rows_read(const char *csv_path, const char *folder, const char 
     memset(r, 0, sizeof *r);
     cf_status st = cf_csv_read(csv_path, ',', &r->t);
     if (st) return st;
-    r->fn_col = column(r->t, fn_col, 0);
-    r->valid_col = valid_col ? column(r->t, valid_col, -1) : -1;
+    r->fn_col = cf__image_csv_col(r->t, fn_col, 0);
+    r->valid_col = valid_col ? cf__image_csv_col(r->t, valid_col, -1) : -1;
     if (r->fn_col < 0 || (valid_col && r->valid_col < 0)) {
         st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header", csv_path,
                      r->fn_col < 0 ? (fn_col ? fn_col : "(first)") : valid_col);
@@ -72,7 +57,7 @@ static cf_status rows_read(const char *csv_path, const char *folder, const char 
     if (r->valid_col >= 0) {
         for (int64_t i = 0; i < n; i++) {
             const char *v = r->t->cells[i * r->t->n_cols + r->valid_col];
-            int b = parse_bool(v);
+            int b = cf__parse_bool(v);
             if (b < 0) {
                 st = cf_fail(CF_ERR_FORMAT, "%s:%lld: column %s is '%s', not a boolean", csv_path,
                              (long long)r->t->row_line[i], valid_col, v);
@@ -237,7 +222,7 @@ cf_status cf_datasets_from_image_csv_multi(const char *csv_path, const char *fol
     float *ty = NULL, *vy = NULL;
     cf__image_items tr = {0}, va = {0};
     const cf_csv_table *t = r.t;
-    const int lc = column(t, label_col, 1);
+    const int lc = cf__image_csv_col(t, label_col, 1);
     if (lc < 0) {
         st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header", csv_path,
                      label_col ? label_col : "(second)");
@@ -378,7 +363,7 @@ static cf_status numeric_targets(const char *csv_path, const char *folder, const
     float *ty = NULL, *vy = NULL;
     const int td = points ? 2 : 1;
     const char *xn = x_col ? x_col : points ? "x" : NULL, *yn = y_col ? y_col : "y";
-    const int xc = column(t, xn, 1), yc = points ? column(t, yn, -1) : 0;
+    const int xc = cf__image_csv_col(t, xn, 1), yc = points ? cf__image_csv_col(t, yn, -1) : 0;
     if (xc < 0 || yc < 0) {
         st = cf_fail(CF_ERR_FORMAT, "%s: no column '%s' in the header", csv_path,
                      xc < 0 ? (xn ? xn : "(second)") : yn);

@@ -596,6 +596,20 @@ cf_status cf_text_dls_from_raw(const cf_text_raw *raw, const cf_text_numericaliz
 
 /* ---- show_batch ---------------------------------------------------------------------------- */
 
+/* Line breaks and tabs are tokens of their own: written escaped, so a row stays a line and its
+ * columns stay apart. */
+void cf_text_put_token(FILE *out, const char *tok) {
+    for (const char *ch = tok; *ch; ch++)
+        if (*ch == '\n')
+            fputs("\\n", out);
+        else if (*ch == '\t')
+            fputs("\\t", out);
+        else if (*ch == '\r')
+            fputs("\\r", out);
+        else
+            fputc(*ch, out);
+}
+
 /* The first max_tokens tokens of a row other than xxpad (fastai's Numericalize.decodes drops
  * padding); line breaks, tabs and carriage returns as \n, \t and \r. */
 static void put_tokens(FILE *out, const float *ids, int n, int max_tokens,
@@ -606,17 +620,7 @@ static void put_tokens(FILE *out, const float *ids, int n, int max_tokens,
         const char *tok = nz->token ? nz->token(nz->ctx, id) : NULL;
         if (shown) fputc(' ', out);
         if (!tok) fprintf(out, "<%d>", (int)id);
-        /* line breaks and tabs are tokens of their own: written escaped, so a row stays a line
-         * and its text and label columns stay apart */
-        for (const char *ch = tok ? tok : ""; *ch; ch++)
-            if (*ch == '\n')
-                fputs("\\n", out);
-            else if (*ch == '\t')
-                fputs("\\t", out);
-            else if (*ch == '\r')
-                fputs("\\r", out);
-            else
-                fputc(*ch, out);
+        if (tok) cf_text_put_token(out, tok);
         shown++;
     }
 }

@@ -19,17 +19,7 @@ static void put_doc(FILE *out, const cf_text_corpus *c, const cf_text_numericali
         if (id == CF_TEXT_PAD) continue;
         const char *w = nz->token(nz->ctx, id);
         if (shown++) fputc(' ', out);
-        /* line breaks and tabs are tokens of their own: written escaped, so a row stays a line
-         * and its columns stay apart */
-        for (const char *ch = w ? w : "?"; *ch; ch++)
-            if (*ch == '\n')
-                fputs("\\n", out);
-            else if (*ch == '\t')
-                fputs("\\t", out);
-            else if (*ch == '\r')
-                fputs("\\r", out);
-            else
-                fputc(*ch, out);
+        cf_text_put_token(out, w ? w : "?");
     }
     if (len > max_tokens) fprintf(out, " ...");
 }
