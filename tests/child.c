@@ -99,7 +99,7 @@ char *test_stderr_release(void) {
 }
 
 int test_shell(const char *dir, char *out, size_t size, const char *fmt, ...) {
-    char cmd[4096], full[4400];
+    char cmd[8192], full[8600];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);

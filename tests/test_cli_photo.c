@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "child.h"
 #include "corefit.h"
 #include "oracle.h"
 
@@ -24,20 +25,7 @@
 static char g_dir[256];
 
 /* Runs a shell command in g_dir; its output (stdout and stderr) into out; the exit status. */
-static int run(char *out, size_t size, const char *fmt, ...) {
-    char cmd[8192], full[8600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "cd %s && %s 2>&1", g_dir, cmd);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, size - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define run(out, size, ...) test_shell(g_dir, out, size, __VA_ARGS__)
 
 /* Three classes told apart by their colour (red, green, blue dominant, with noise), JPEG and
  * PNG, 40 to 90 px, not square: photos/<class>/ and, for the other sources, flat/<class>_<i>.png
@@ -72,25 +60,21 @@ static const char *make_resnet_py = "import torch, torchvision\n"
                                     "m = torchvision.models.resnet18(weights=None)\n"
                                     "torch.save(m.state_dict(), 'r18.pth')\n";
 
-static void write_file(const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static int setup_dir(void **state) {
     (void)state;
     test_tmpdir_make(g_dir, sizeof g_dir, "cf_cli_photo");
     static char out[1 << 14];
-    write_file("make_photos.py", make_photos_py);
+    test_write_in(g_dir, "make_photos.py", make_photos_py);
     if (run(out, sizeof out, "/usr/bin/python3 make_photos.py") != 0) {
         fprintf(stderr, "%s\n", out);
         return -1;
     }
     return 0;
+}
+
+static int remove_dir(void **state) {
+    (void)state;
+    return test_tmpdir_remove(g_dir);
 }
 
 /* The class predict printed for `file` (the field after the input, tab-separated). */
@@ -126,7 +110,7 @@ static void test_photo_task_end_to_end(void **state) {
     (void)state;
     static char out[1 << 17];
     if (run(out, sizeof out, "/usr/bin/python3 -c 'import torchvision'") != 0) skip();
-    write_file("make_resnet.py", make_resnet_py);
+    test_write_in(g_dir, "make_resnet.py", make_resnet_py);
     assert_int_equal(run(out, sizeof out, "/usr/bin/python3 make_resnet.py"), 0);
     /* a .pth as it is: refused, saying how to convert it */
     assert_int_equal(run(out, sizeof out,
@@ -325,7 +309,7 @@ static void test_images_csv(void **state) {
     assert_int_equal(run(out, sizeof out, COREFIT " info csv.safetensors"), 0);
     assert_non_null(strstr(out, "cat, dog, fish"));
     /* a validation column that is not boolean: its line and value named */
-    write_file("flat/bad.csv", "file,label,is_valid\ncat_0,cat,0\ndog_0,dog,maybe\n");
+    test_write_in(g_dir, "flat/bad.csv", "file,label,is_valid\ncat_0,cat,0\ndog_0,dog,maybe\n");
     assert_int_equal(run(out, sizeof out,
                          COREFIT " train --images-csv flat/bad.csv --valid-col is_valid --suffix "
                                  ".png --out x.safetensors"),
@@ -482,5 +466,5 @@ int main(void) {
         cmocka_unit_test(test_resize_recorded),
         cmocka_unit_test(test_photo_task_end_to_end),
     };
-    return cmocka_run_group_tests(tests, setup_dir, NULL);
+    return cmocka_run_group_tests(tests, setup_dir, remove_dir);
 }

@@ -28,16 +28,13 @@ static char out[1 << 16];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/cf_cli_tasks_%d", (int)getpid());
-    mkdir(g_dir, 0777);
+    test_tmpdir_make(g_dir, sizeof g_dir, "cf_cli_tasks_");
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_tmpdir_remove(g_dir);
 }
 
 static void test_multi_label_end_to_end(void **state) {

@@ -37,8 +37,7 @@ static void test_multi_hot_from_csv(void **state) {
 #ifndef CF_HAVE_STB
     skip();
 #else
-    snprintf(dir, sizeof dir, "/tmp/cf_multilabel_%d", (int)getpid());
-    mkdir(dir, 0777);
+    test_tmpdir_make(dir, sizeof dir, "cf_multilabel_");
     uint8_t px[64];
     const char *names[] = {"a.png", "b.png", "c.png", "d.png", "e.png"};
     for (int i = 0; i < 5; i++) {
@@ -109,9 +108,7 @@ static void test_multi_hot_from_csv(void **state) {
                                                       &o, &tr, &va),
                      CF_ERR_FORMAT);
     assert_non_null(strstr(cf_last_error(), "'tags'"));
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(test_tmpdir_remove(dir), 0);
 #endif
 }
 

@@ -56,8 +56,7 @@ static void test_points_from_csv(void **state) {
 #ifndef CF_HAVE_STB
     skip();
 #else
-    snprintf(dir, sizeof dir, "/tmp/cf_points_%d", (int)getpid());
-    mkdir(dir, 0777);
+    test_tmpdir_make(dir, sizeof dir, "cf_points_");
     static uint8_t px[64 * 64];
     assert_true(stbi_write_png(at("wide.png"), 40, 20, 1, px, 40) != 0);
     assert_true(stbi_write_png(at("square.png"), 64, 64, 1, px, 64) != 0);
@@ -93,9 +92,7 @@ static void test_points_from_csv(void **state) {
     assert_int_equal(cf_datasets_from_image_points_csv(at("points.csv"), NULL, NULL, NULL, NULL,
                                                        NULL, &o, &tr, &va),
                      CF_ERR_UNSUPPORTED);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(test_tmpdir_remove(dir), 0);
 #endif
 }
 
