@@ -90,6 +90,9 @@ struct cf_module {
     cf_tensor dx;                /* input-gradient memory (see cf_module_input_grad) */
     cf_arena *grad_arena;        /* the arena whose pool dx is taken from (NULL: dx is own) */
     void *impl;                  /* layer-specific state, owned by the layer */
+    /* a root whose layers all run inputs shorter along dim 1 (time steps) than the model was
+     * planned for, within that plan (a language model); set by its constructor */
+    bool seq_within_plan;
 };
 
 /* ---- building modules ---------------------------------------------------------------------- */

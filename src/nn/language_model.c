@@ -21,7 +21,11 @@ cf_module *cf_awd_lstm_lm(int vocab_size, const cf_awd_lstm_config *config, floa
         cf_module_free(enc);
         return NULL;
     }
-    return cf_sequential(2, (cf_module *[]){enc, dec});
+    cf_module *lm = cf_sequential(2, (cf_module *[]){enc, dec});
+    /* every layer of it runs fewer time steps than planned (fastai's LMDataLoader keeps the
+     * short last batch): one plan an epoch */
+    if (lm) lm->seq_within_plan = true;
+    return lm;
 }
 
 /* ---- LinearDecoder ------------------------------------------------------------------------- */

@@ -2,7 +2,6 @@
  * first, fuse.c), forward and backward, parameter groups. */
 #include "corefit/nn.h"
 #include "nn_internal.h"
-#include "rnn_internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -123,21 +122,13 @@ void cf_model_train(cf_model *model, bool training) {
     set_training(model->root, training);
 }
 
-/* Whether the root is cf_awd_lstm_lm's language model (an AWD_LSTM and a LinearDecoder), whose
- * layers all run a sequence shorter than the one they were planned for. Recognised here by its
- * parts, as language_model.c calls into this file. */
-static bool is_awd_lstm_lm(const cf_module *root) {
-    return root && root->n_children == 2 && cf_nn_is_awd_lstm(root->children[0]) &&
-           strcmp(root->children[1]->ops->kind, "LinearDecoder") == 0;
-}
-
 static bool needs_plan(const cf_model *model, const cf_shape *in) {
     if (model->planned.ndim != in->ndim || model->planned_threads != cf_get_num_threads())
         return true;
     if (in->dim[0] > model->planned.dim[0]) return true;
     /* a language model runs a shorter sequence (the short last batch of fastai's LMDataLoader)
      * within its plan, as it runs fewer rows: one plan an epoch */
-    const bool shorter_seq_ok = in->ndim == 2 && is_awd_lstm_lm(model->root);
+    const bool shorter_seq_ok = in->ndim == 2 && model->root->seq_within_plan;
     for (int i = 1; i < in->ndim; i++)
         if (in->dim[i] != model->planned.dim[i] &&
             !(i == 1 && shorter_seq_ok && in->dim[i] < model->planned.dim[i]))
@@ -170,7 +161,7 @@ cf_status cf_model_forward(cf_model *model, const cf_tensor *x, const cf_tensor 
         if (model->planned.ndim == x->shape.ndim && model->planned.dim[0] > cap.dim[0])
             cap.dim[0] = model->planned.dim[0];
         /* a language model planned for longer sequences keeps that capacity */
-        if (is_awd_lstm_lm(model->root) && model->planned.ndim == 2 && cap.ndim == 2 &&
+        if (model->root->seq_within_plan && model->planned.ndim == 2 && cap.ndim == 2 &&
             model->planned.dim[1] > cap.dim[1])
             cap.dim[1] = model->planned.dim[1];
         cf_status st = plan(model, &cap);
