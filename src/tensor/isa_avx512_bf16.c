@@ -145,6 +145,7 @@ typedef struct pack_scratch {
 
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
 
 static void free_scratch(void *p) {
     pack_scratch *s = p;
@@ -153,12 +154,13 @@ static void free_scratch(void *p) {
 }
 
 static void make_scratch_key(void) {
-    (void)pthread_key_create(&scratch_key, free_scratch);
+    scratch_key_ok = pthread_key_create(&scratch_key, free_scratch) == 0;
 }
 
 /* At least `words` words of this thread's scratch; NULL when out of memory. */
 static uint32_t *thread_scratch(size_t words) {
     (void)pthread_once(&scratch_once, make_scratch_key);
+    if (!scratch_key_ok) return NULL; /* no key: the caller reports out of memory */
     pack_scratch *s = pthread_getspecific(scratch_key);
     if (!s) {
         s = cf_malloc(sizeof *s);
