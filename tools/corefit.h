@@ -70,9 +70,9 @@ typedef struct cli_data {
     /* photos (photo.c): images listed in a CSV, labels from file names, fastai's Resize */
     const char *images_csv, *fn_col, *label_col, *valid_col, *folder, *suffix, *label_re;
     const char *resize, *pad_mode;
-    double rrc_min_scale; /* --random-resized-crop MIN_SCALE (0: none) */
+    double rrc_min_scale;         /* --random-resized-crop MIN_SCALE (0: none) */
     const cf_item_tfm *model_tfm; /* eval: the model's recorded item transform (photo.c) */
-    cli_task_data task;   /* --images-csv's targets: label sets, points (tasks.c) */
+    cli_task_data task;           /* --images-csv's targets: label sets, points (tasks.c) */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */
@@ -175,6 +175,8 @@ void strlist_free(strlist *l);
 int cli_task_check(const char *cmd, const cli_data *d, const char *metrics);
 /* The training and validation sets of --images-csv with --multi-label, --points or
  * --regression (single labels: photo.c). */
+/* Whether d names an --images-csv of label sets, points or values (cli_task_load reads it). */
+bool cli_task_data_set(const cli_data *d);
 cf_status cli_task_load(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid);
 /* Multi-label metrics (accuracy_multi by default); false when the data are not multi-label. */

@@ -201,7 +201,7 @@ static cf_status tabular_first_rows(const cli_data *d, cf_tabular_options *o, cf
 cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid) {
     *train = *valid = NULL;
-    if (d->images_csv && (d->task.multi_label || d->task.points || d->regression))
+    if (cli_task_data_set(d))
         return cli_task_load(d, input, train, valid); /* label sets, points, values */
     cf_status st = CF_OK;
     if (d->csv) {

@@ -166,7 +166,7 @@ int cmd_eval(int argc, char **argv) {
             if (d.images) st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
             /* label sets, points and values keep their own targets (tasks.c) */
-            const bool task = d.images_csv && (d.task.multi_label || d.task.points || d.regression);
+            const bool task = cli_task_data_set(&d);
             if (st == CF_OK && task)
                 st = cli_task_adopt_model(ds, &m);
             else if (st == CF_OK && ds->n_classes > m.recipe.n_out)

@@ -55,6 +55,10 @@ int cli_task_check(const char *cmd, const cli_data *d, const char *metrics) {
     return CLI_OK;
 }
 
+bool cli_task_data_set(const cli_data *d) {
+    return d->images_csv && (d->task.multi_label || d->task.points || d->regression);
+}
+
 cf_status cli_task_load(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid) {
     const cli_task_data *t = &d->task;
@@ -75,7 +79,9 @@ cf_status cli_task_load(const cli_data *d, const char **input, cf_dataset **trai
     if (d->regression)
         return cf_datasets_from_image_csv_values(d->images_csv, d->folder, d->fn_col, d->label_col,
                                                  d->valid_col, &o, train, valid);
-    return cf_fail(CF_ERR_INVALID, "--images-csv %s: single labels are read by photo.c",
+    return cf_fail(CF_ERR_INVALID,
+                   "--images-csv %s: give --multi-label, --points or --regression (single "
+                   "labels load with the image options)",
                    d->images_csv);
 }
 
