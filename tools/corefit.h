@@ -173,10 +173,10 @@ void strlist_free(strlist *l);
     }
 /* Usage errors of the task options (metrics: --metrics or NULL). */
 int cli_task_check(const char *cmd, const cli_data *d, const char *metrics);
-/* The training and validation sets of --images-csv with --multi-label, --points or
- * --regression (single labels: photo.c). */
 /* Whether d names an --images-csv of label sets, points or values (cli_task_load reads it). */
 bool cli_task_data_set(const cli_data *d);
+/* The training and validation sets of --images-csv with --multi-label, --points or
+ * --regression (single labels: photo.c). */
 cf_status cli_task_load(const cli_data *d, const char **input, cf_dataset **train,
                         cf_dataset **valid);
 /* Multi-label metrics (accuracy_multi by default); false when the data are not multi-label. */
