@@ -39,4 +39,28 @@ static inline cf_model *fixture_model(uint64_t seed, bool two_groups) {
     return m;
 }
 
+/* W1's model (mini-resnet) on 60 random 28x28 images of 10 classes (48 to train, 12 to
+ * validate), batches of 12; its head's dropout off (masks are drawn per process, so with dropout
+ * no two process counts agree, BatchNorm or not). *dls gets the loaders. */
+static inline cf_learner *fixture_w1_learner(cf_dls **dls) {
+    float *x = malloc(60 * 28 * 28 * sizeof(float)), y[60];
+    fill_uniform(x, 60 * 28 * 28, 3, -1, 1);
+    for (int i = 0; i < 60; i++) y[i] = (float)((i * 7) % 10);
+    cf_dataset *tr = NULL, *va = NULL;
+    int dims[3] = {1, 28, 28};
+    assert_int_equal(cf_dataset_from_arrays(x, y, 48, cf_shape_make(3, dims), 1, 10, &tr), CF_OK);
+    assert_int_equal(
+        cf_dataset_from_arrays(x + 48 * 28 * 28, y + 48, 12, cf_shape_make(3, dims), 1, 10, &va),
+        CF_OK);
+    free(x);
+    assert_int_equal(cf_dls_new(tr, va, &(cf_dls_options){.bs = 12, .seed = 9}, dls), CF_OK);
+    cf_metric *metrics[] = {cf_accuracy()};
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_vision_learner(&learn, *dls, CF_ARCH_MINI_RESNET, .quiet = true,
+                                       .metrics = metrics, .n_metrics = 1, .seed = 5, .n_ps = 2,
+                                       .ps = {0, 0}),
+                     CF_OK);
+    return learn;
+}
+
 #endif

@@ -32,6 +32,7 @@
 #include "corefit/par.h"
 #include "corefit/plot.h"
 #include "mpi_check.h"
+#include "tally_cb.h"
 
 static int rank, world;
 
@@ -118,44 +119,6 @@ static void check_same_everywhere(cf_comm *comm, const char *what, const void *d
     OK(cf_comm_broadcast(comm, mine, bytes, 0));
     CHECK(memcmp(mine, data, bytes) == 0, "%s differs from rank 0's", what);
     free(mine);
-}
-
-/* A user's callback with state: training batches and epochs seen. */
-typedef struct tally {
-    int64_t batches, epochs;
-} tally;
-static cf_status tally_batch(cf_callback *cb, cf_learner *learn) {
-    if (learn->training) ((tally *)cb->state)->batches++;
-    return CF_OK;
-}
-static cf_status tally_epoch(cf_callback *cb, cf_learner *learn) {
-    (void)learn;
-    ((tally *)cb->state)->epochs++;
-    return CF_OK;
-}
-static size_t tally_export(const cf_callback *cb, void *buf, size_t size) {
-    if (buf && size >= sizeof(tally)) memcpy(buf, cb->state, sizeof(tally));
-    return sizeof(tally);
-}
-static cf_status tally_import(cf_callback *cb, const void *buf, size_t size) {
-    if (size != sizeof(tally)) return cf_fail(CF_ERR_INVALID, "Tally: %zu bytes", size);
-    memcpy(cb->state, buf, sizeof(tally));
-    return CF_OK;
-}
-static void tally_free(cf_callback *cb) {
-    free(cb->state);
-    free(cb);
-}
-static cf_callback *tally_cb(void) {
-    cf_callback *cb = calloc(1, sizeof *cb);
-    cb->name = "Tally";
-    cb->state = calloc(1, sizeof(tally));
-    cb->free = tally_free;
-    cb->export_state = tally_export;
-    cb->import_state = tally_import;
-    cb->on[CF_EV_AFTER_BATCH] = tally_batch;
-    cb->on[CF_EV_AFTER_EPOCH] = tally_epoch;
-    return cb;
 }
 
 /* Trackers and a tally on the learner, a tally among its master callbacks. */

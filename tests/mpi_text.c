@@ -20,6 +20,7 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "tally_cb.h"
 
 static int rank, world, failures;
 
@@ -84,44 +85,6 @@ static cf_dls *make_dls(bool lm) {
     cf_text_corpus_free(train);
     cf_text_corpus_free(valid);
     return dls;
-}
-
-/* A user's callback with state: training batches and epochs seen. */
-typedef struct tally {
-    int64_t batches, epochs;
-} tally;
-static cf_status tally_batch(cf_callback *cb, cf_learner *learn) {
-    if (learn->training) ((tally *)cb->state)->batches++;
-    return CF_OK;
-}
-static cf_status tally_epoch(cf_callback *cb, cf_learner *learn) {
-    (void)learn;
-    ((tally *)cb->state)->epochs++;
-    return CF_OK;
-}
-static size_t tally_export(const cf_callback *cb, void *buf, size_t size) {
-    if (buf && size >= sizeof(tally)) memcpy(buf, cb->state, sizeof(tally));
-    return sizeof(tally);
-}
-static cf_status tally_import(cf_callback *cb, const void *buf, size_t size) {
-    if (size != sizeof(tally)) return cf_fail(CF_ERR_INVALID, "Tally: %zu bytes", size);
-    memcpy(cb->state, buf, sizeof(tally));
-    return CF_OK;
-}
-static void tally_free(cf_callback *cb) {
-    free(cb->state);
-    free(cb);
-}
-static cf_callback *tally_cb(void) {
-    cf_callback *cb = calloc(1, sizeof *cb);
-    cb->name = "Tally";
-    cb->state = calloc(1, sizeof(tally));
-    cb->free = tally_free;
-    cb->export_state = tally_export;
-    cb->import_state = tally_import;
-    cb->on[CF_EV_AFTER_BATCH] = tally_batch;
-    cb->on[CF_EV_AFTER_EPOCH] = tally_epoch;
-    return cb;
 }
 
 /* Small sizes, fastai's dropouts (their masks are keyed to the fit's position, so the same

@@ -14,28 +14,6 @@
 
 #define FIT_EPOCHS 1 /* 4 steps */
 
-/* W1 (mini-resnet) on 60 random 28x28 images of 10 classes, batches of 12. */
-static cf_learner *w1_learner(cf_dls **dls) {
-    float *x = malloc(60 * 28 * 28 * sizeof(float)), y[60];
-    fill_uniform(x, 60 * 28 * 28, 3, -1, 1);
-    for (int i = 0; i < 60; i++) y[i] = (float)((i * 7) % 10);
-    cf_dataset *tr = NULL, *va = NULL;
-    int dims[3] = {1, 28, 28};
-    assert_int_equal(cf_dataset_from_arrays(x, y, 48, cf_shape_make(3, dims), 1, 10, &tr), CF_OK);
-    assert_int_equal(
-        cf_dataset_from_arrays(x + 48 * 28 * 28, y + 48, 12, cf_shape_make(3, dims), 1, 10, &va),
-        CF_OK);
-    free(x);
-    assert_int_equal(cf_dls_new(tr, va, &(cf_dls_options){.bs = 12, .seed = 9}, dls), CF_OK);
-    cf_metric *metrics[] = {cf_accuracy()};
-    cf_learner *learn = NULL;
-    assert_int_equal(cf_vision_learner(&learn, *dls, CF_ARCH_MINI_RESNET, .quiet = true,
-                                       .metrics = metrics, .n_metrics = 1, .seed = 5, .n_ps = 2,
-                                       .ps = {0, 0}),
-                     CF_OK);
-    return learn;
-}
-
 static void free_learner(cf_learner *learn) {
     cf_dls *dls = learn->dls;
     cf_learner_free(learn);
@@ -54,12 +32,12 @@ static void test_bf16_fit_on_two_workers_equals_one_process(void **state) {
     (void)state;
     const bool bf16 = cf_bf16_compute();
     cf_dls *dls = NULL;
-    cf_learner *fp32 = w1_learner(&dls);
+    cf_learner *fp32 = fixture_w1_learner(&dls);
     assert_int_equal(cf_fit_one_cycle(fp32, FIT_EPOCHS, .lr_max = CF_LR(3e-3)), CF_OK);
-    cf_learner *single = w1_learner(&(cf_dls *){NULL});
+    cf_learner *single = fixture_w1_learner(&(cf_dls *){NULL});
     assert_int_equal(cf_learner_to_bf16(single), CF_OK);
     assert_int_equal(cf_fit_one_cycle(single, FIT_EPOCHS, .lr_max = CF_LR(3e-3)), CF_OK);
-    cf_learner *par = w1_learner(&(cf_dls *){NULL});
+    cf_learner *par = fixture_w1_learner(&(cf_dls *){NULL});
     assert_int_equal(cf_learner_to_bf16(par), CF_OK);
     cf_status st =
         cf_par_fit_one_cycle(par, FIT_EPOCHS, .lr_max = CF_LR(3e-3),
@@ -127,7 +105,7 @@ static char *safetensors_header(const char *path) {
 static void test_export_after_to_bf16_is_fp32(void **state) {
     (void)state;
     cf_dls *dls = NULL;
-    cf_learner *learn = w1_learner(&dls);
+    cf_learner *learn = fixture_w1_learner(&dls);
     assert_int_equal(cf_learner_to_bf16(learn), CF_OK);
     assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(3e-3)), CF_OK);
     char path[] = "/tmp/cf_bf16_export_XXXXXX";

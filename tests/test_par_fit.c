@@ -15,6 +15,7 @@
 #include "corefit/par.h"
 #include "corefit/plot.h"
 #include "par_time.h"
+#include "tally_cb.h"
 
 static cf_learner *make_learner(cf_dls *dls, uint64_t seed) {
     cf_metric *metrics[] = {cf_accuracy()};
@@ -425,45 +426,6 @@ static void test_master_callbacks_run_on_rank_zero_only(void **state) {
 
 /* ---- callback state comes home ------------------------------------------------------------- */
 
-/* A user's callback with state that outlives a fit: training batches and epochs seen. */
-typedef struct tally {
-    int64_t batches, epochs;
-} tally;
-
-static cf_status tally_batch(cf_callback *cb, cf_learner *learn) {
-    if (learn->training) ((tally *)cb->state)->batches++;
-    return CF_OK;
-}
-static cf_status tally_epoch(cf_callback *cb, cf_learner *learn) {
-    (void)learn;
-    ((tally *)cb->state)->epochs++;
-    return CF_OK;
-}
-static size_t tally_export(const cf_callback *cb, void *buf, size_t size) {
-    if (buf && size >= sizeof(tally)) memcpy(buf, cb->state, sizeof(tally));
-    return sizeof(tally);
-}
-static cf_status tally_import(cf_callback *cb, const void *buf, size_t size) {
-    if (size != sizeof(tally)) return cf_fail(CF_ERR_INVALID, "Tally: %zu bytes", size);
-    memcpy(cb->state, buf, sizeof(tally));
-    return CF_OK;
-}
-static void tally_free(cf_callback *cb) {
-    free(cb->state);
-    free(cb);
-}
-static cf_callback *tally_cb(void) {
-    cf_callback *cb = calloc(1, sizeof *cb);
-    cb->name = "Tally";
-    cb->state = calloc(1, sizeof(tally));
-    cb->free = tally_free;
-    cb->export_state = tally_export;
-    cb->import_state = tally_import;
-    cb->on[CF_EV_AFTER_BATCH] = tally_batch;
-    cb->on[CF_EV_AFTER_EPOCH] = tally_epoch;
-    return cb;
-}
-
 /* A tracker's state as its export writes it ("CFTR" v1: kind, active, lower, new_best, saved,
  * idx, wait as u64, then best). */
 typedef struct tracker_view {
@@ -670,30 +632,6 @@ static void test_figures_drawn_during_a_fit_come_home(void **state) {
 
 /* ---- synchronised BatchNorm ----------------------------------------------------------------- */
 
-/* W1 (the mini-resnet: BatchNorm2d throughout, BatchNorm1d in the head) on 48 random 28x28
- * images of 10 classes, batches of 12; its head's dropout off (masks are drawn per process, so
- * with dropout no two process counts agree, BatchNorm or not). */
-static cf_learner *w1_learner(cf_dls **dls) {
-    float *x = malloc(60 * 28 * 28 * sizeof(float)), y[60];
-    fill_uniform(x, 60 * 28 * 28, 3, -1, 1);
-    for (int i = 0; i < 60; i++) y[i] = (float)((i * 7) % 10);
-    cf_dataset *tr = NULL, *va = NULL;
-    int dims[3] = {1, 28, 28};
-    assert_int_equal(cf_dataset_from_arrays(x, y, 48, cf_shape_make(3, dims), 1, 10, &tr), CF_OK);
-    assert_int_equal(
-        cf_dataset_from_arrays(x + 48 * 28 * 28, y + 48, 12, cf_shape_make(3, dims), 1, 10, &va),
-        CF_OK);
-    free(x);
-    assert_int_equal(cf_dls_new(tr, va, &(cf_dls_options){.bs = 12, .seed = 9}, dls), CF_OK);
-    cf_metric *metrics[] = {cf_accuracy()};
-    cf_learner *learn = NULL;
-    assert_int_equal(cf_vision_learner(&learn, *dls, CF_ARCH_MINI_RESNET, .quiet = true,
-                                       .metrics = metrics, .n_metrics = 1, .seed = 5, .n_ps = 2,
-                                       .ps = {0, 0}),
-                     CF_OK);
-    return learn;
-}
-
 static double max_diff(const float *a, const float *b, size_t n) {
     return max_rel_err(a, b, n, 1e-3);
 }
@@ -706,11 +644,11 @@ static double max_diff(const float *a, const float *b, size_t n) {
 static void test_sync_batchnorm_equals_one_process(void **state) {
     (void)state;
     cf_dls *dls = NULL;
-    cf_learner *single = w1_learner(&dls);
+    cf_learner *single = fixture_w1_learner(&dls);
     assert_true(single->model->n_buffers > 0);
     assert_int_equal(cf_fit_one_cycle(single, 2, .lr_max = CF_LR(3e-3)), CF_OK);
     for (int world = 2; world <= 4; world++) {
-        cf_learner *par = w1_learner(&(cf_dls *){NULL});
+        cf_learner *par = fixture_w1_learner(&(cf_dls *){NULL});
         double t0 = cf_now();
         cf_status st =
             cf_par_fit_one_cycle(par, 2, .lr_max = CF_LR(3e-3),
@@ -738,7 +676,7 @@ static void test_sync_batchnorm_equals_one_process(void **state) {
         cf_dls_free(pd);
     }
     /* the control: no synchronisation, no equality */
-    cf_learner *plain = w1_learner(&(cf_dls *){NULL});
+    cf_learner *plain = fixture_w1_learner(&(cf_dls *){NULL});
     assert_int_equal(cf_par_fit_one_cycle(plain, 2, .lr_max = CF_LR(3e-3),
                                           .par = {.num_cores = 2, .split_batch = true}),
                      CF_OK);

@@ -87,6 +87,13 @@ cf_status cf__image_items_build(const cf__image_items *items, int channels, int 
                                 int *h, char **vocab, int n_vocab, const char *source,
                                 const cf_item_tfm *tfm, bool train,
                                 const cf_image_folder_options *o, cf_dataset **out);
+/* The training set from tr (named train_source in messages) and the validation set from va
+ * (valid_source), both of one size (o's, or the first training image's), as
+ * cf__image_items_build makes them; on failure neither is left (*train = *valid = NULL). */
+cf_status cf__image_sets_build(const cf__image_items *tr, const cf__image_items *va, char **vocab,
+                               int n_vocab, const char *train_source, const char *valid_source,
+                               const cf_image_folder_options *o, cf_dataset **train,
+                               cf_dataset **valid);
 
 /* ---- streamed image sets (stream.c) --------------------------------------------------------- */
 

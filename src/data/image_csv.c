@@ -56,7 +56,7 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
     int vc = valid_col ? cf__image_csv_col(t, valid_col, -1) : -1;
     char base[PATH_MAX], path[PATH_MAX], name[PATH_MAX];
     char **vocab = NULL;
-    int n_vocab = 0, w = 0, h = 0;
+    int n_vocab = 0;
     cf__image_items tr = {0}, va = {0};
     int64_t *ti = NULL, *vi = NULL, nt = 0, nv = 0;
     int8_t *is_valid = NULL;
@@ -149,14 +149,7 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
         st = cf__image_items_push(is_valid[r] ? &va : &tr, path, label);
     }
     if (st) goto done;
-    if ((st = cf__image_items_build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, csv_path,
-                                    o.item_tfm, true, &o, train)) ||
-        (st = cf__image_items_build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, csv_path,
-                                    o.item_tfm, false, &o, valid))) {
-        cf_dataset_free(*train);
-        cf_dataset_free(*valid);
-        *train = *valid = NULL;
-    }
+    st = cf__image_sets_build(&tr, &va, vocab, n_vocab, csv_path, csv_path, &o, train, valid);
 done:
     cf_csv_table_free(t);
     cf__strv_free(vocab, n_vocab);

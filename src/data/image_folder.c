@@ -186,7 +186,7 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
     if (!root_real) return cf_fail(CF_ERR_IO, "cannot open folder %s: %s", root, strerror(errno));
     char tdir[PATH_MAX], vdir[PATH_MAX];
     char **vocab = NULL;
-    int n_vocab = 0, w = 0, h = 0;
+    int n_vocab = 0;
     cf__image_items tr = {0}, va = {0}, all = {0};
     int64_t *ti = NULL, *vi = NULL;
     cf_status st = CF_OK;
@@ -220,12 +220,8 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
             (st = collect(vdir, root_real, o.follow_symlinks, vocab, n_vocab, &va)))
             goto done;
     }
-    if ((st = cf__image_items_build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, tdir,
-                                    o.item_tfm, true, &o, train)))
-        goto done;
-    if ((st = cf__image_items_build(&va, o.channels, o.size, &w, &h, vocab, n_vocab,
-                                    o.valid_pct > 0 ? tdir : vdir, o.item_tfm, false, &o, valid)))
-        goto done;
+    st = cf__image_sets_build(&tr, &va, vocab, n_vocab, tdir, o.valid_pct > 0 ? tdir : vdir, &o,
+                              train, valid);
 done:
     if (st) {
         cf_dataset_free(*train);

@@ -153,3 +153,22 @@ cf_status cf__image_items_build(const cf__image_items *it, int channels, int siz
     *out = ds;
     return CF_OK;
 }
+
+cf_status cf__image_sets_build(const cf__image_items *tr, const cf__image_items *va, char **vocab,
+                               int n_vocab, const char *train_source, const char *valid_source,
+                               const cf_image_folder_options *o, cf_dataset **train,
+                               cf_dataset **valid) {
+    int w = 0, h = 0;
+    *valid = NULL;
+    cf_status st = cf__image_items_build(tr, o->channels, o->size, &w, &h, vocab, n_vocab,
+                                         train_source, o->item_tfm, true, o, train);
+    if (!st)
+        st = cf__image_items_build(va, o->channels, o->size, &w, &h, vocab, n_vocab, valid_source,
+                                   o->item_tfm, false, o, valid);
+    if (st) {
+        cf_dataset_free(*train);
+        cf_dataset_free(*valid);
+        *train = *valid = NULL;
+    }
+    return st;
+}

@@ -138,7 +138,7 @@ cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
     }
     name_list files = {0}, labels = {0};
     char **vocab = NULL;
-    int n_vocab = 0, w = 0, h = 0;
+    int n_vocab = 0;
     int64_t *ti = NULL, *vi = NULL, nt = 0, nv = 0;
     int8_t *is_valid = NULL;
     cf__image_items tr = {0}, va = {0};
@@ -182,14 +182,7 @@ cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
             st = cf__image_items_push(is_valid[i] ? &va : &tr, files.v[i], k);
     }
     if (st) goto done;
-    if ((st = cf__image_items_build(&tr, o.channels, o.size, &w, &h, vocab, n_vocab, dir,
-                                    o.item_tfm, true, &o, train)) ||
-        (st = cf__image_items_build(&va, o.channels, o.size, &w, &h, vocab, n_vocab, dir,
-                                    o.item_tfm, false, &o, valid))) {
-        cf_dataset_free(*train);
-        cf_dataset_free(*valid);
-        *train = *valid = NULL;
-    }
+    st = cf__image_sets_build(&tr, &va, vocab, n_vocab, dir, dir, &o, train, valid);
 done:
     regfree(&re);
     name_list_free(&files);

@@ -109,14 +109,9 @@ static cf_status build_sets(const cf__image_items *tr, const cf__image_items *va
                             const char *csv_path, const cf_image_folder_options *o, char **vocab,
                             int n_vocab, int target_dim, float *train_y, float *valid_y,
                             cf_dataset **train, cf_dataset **valid) {
-    int w = 0, h = 0;
-    cf_status st;
-    if ((st = cf__image_items_build(tr, o->channels, o->size, &w, &h, vocab, n_vocab, csv_path,
-                                    o->item_tfm, true, o, train)) ||
-        (st = cf__image_items_build(va, o->channels, o->size, &w, &h, vocab, n_vocab, csv_path,
-                                    o->item_tfm, false, o, valid))) {
-        cf_dataset_free(*train);
-        *train = NULL;
+    cf_status st =
+        cf__image_sets_build(tr, va, vocab, n_vocab, csv_path, csv_path, o, train, valid);
+    if (st) {
         cf_free(train_y);
         cf_free(valid_y);
         return st;
