@@ -17,7 +17,8 @@ end of the run, and
 with --accuracy the test accuracy of both after --epochs epochs of the recipe (one process,
 N threads, bs 64, seed 42).
 
-Instruction sets (--isa, default: every vector set this CPU has): each configuration runs once
+Instruction sets (--isa, default: every vector set this CPU has; for w4, and with --isa all,
+generic too): each configuration runs once
 per set, both sides capped alike: corefit with CF_ISA, PyTorch with ATEN_CPU_CAPABILITY and
 ONEDNN_MAX_CPU_ISA. corefit selects OpenBLAS's kernels for its set itself (SkylakeX or
 OpenBLAS's own AVX-512 choice at avx512, Haswell at avx2; src/tensor/isa.c), and PyTorch runs
@@ -67,8 +68,8 @@ def parse_args():
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-WORKLOAD.json)")
-    ap.add_argument("--isa", default="", help="comma-separated instruction sets to compare at "
-                    "(generic, avx2, avx512; default: every vector set this CPU has)")
+    ap.add_argument("--isa", default="", help="comma-separated instruction sets (or all) to compare at "
+                    "(generic, avx2, avx512; default: every vector set this CPU has, and generic for w4)")
     ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images", "w4"], help="the model to train")
     ap.add_argument("--seeds", default="1,2,3", help="w4 --accuracy: the seeds of the recipe, each run by both")
     ap.add_argument("--lm-epochs", type=int, default=1, help="w4 --accuracy: language-model epochs")
@@ -250,7 +251,12 @@ def main():
         torch_args = ["--ids", os.path.join(build, "w4-ids")]
         unit, per_row = "tok", 72
     have = cpu_isas()
-    isas = [x for x in a.isa.split(",") if x] if a.isa else [x for x in have if x != "generic"] or ["generic"]
+    # W4 (issue 29) is compared at every level, generic (SSE: OpenBLAS's Nehalem kernels) included;
+    # the other workloads at every vector set by default. --isa all: every level for any workload.
+    if a.isa == "all" or (not a.isa and a.workload == "w4"):
+        isas = list(have)
+    else:
+        isas = [x for x in a.isa.split(",") if x] if a.isa else [x for x in have if x != "generic"] or ["generic"]
     for x in isas:
         if x not in have:
             sys.exit(f"run.py: --isa {x}: this CPU supports {', '.join(have)}")

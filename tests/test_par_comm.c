@@ -285,6 +285,85 @@ static void test_allreduce_deterministic(void **state) {
     free(x), free(rev), free(a);
 }
 
+/* ---- the weighted sum of the data-parallel gradient reduction ------------------------------ */
+
+/* Each rank's own weight (rows of its batch: uneven, as in a split fit's last batch) and the
+ * common post-factor one over their total; case 1 is the plain sum (both factors 1). */
+static float scaled_pre(int rank, int c) {
+    return c == 1 ? 1.0f : (float)(64 - 5 * rank) * (c == 2 ? 0.37f : 1.0f);
+}
+static float scaled_post(int size, int c) {
+    if (c == 1) return 1.0f;
+    double total = 0;
+    for (int r = 0; r < size; r++) total += scaled_pre(r, c);
+    return (float)(1.0 / total);
+}
+#define SCALED_CASES 3
+
+static cf_status scaled_worker(cf_comm *comm, void *vctx) {
+    const uint64_t *seed = vctx;
+    int rank = cf_comm_rank(comm), size = cf_comm_size(comm);
+    size_t total = total_elems(), res_bytes;
+    float *res = cf_comm_results(comm, &res_bytes);
+    if (!res || res_bytes < (size_t)size * SCALED_CASES * total * sizeof(float))
+        return cf_fail(CF_ERR_STATE, "results area too small: %zu", res_bytes);
+    float *out = res + (size_t)rank * SCALED_CASES * total;
+    for (int c = 0; c < SCALED_CASES; c++)
+        for (size_t k = 0, at = 0; k < N_SIZES; at += sizes[k], k++) {
+            float *buf = out + (size_t)c * total + at;
+            make_f32(buf, sizes[k], rank, k, *seed);
+            cf_status st = cf_comm_allreduce_scaled_f32(comm, buf, sizes[k], scaled_pre(rank, c),
+                                                        scaled_post(size, c));
+            if (st != CF_OK) return st;
+        }
+    return CF_OK;
+}
+
+/* buf = post * sum_r (pre_r * x_r): bitwise the three float passes (scale, the serial sum in
+ * rank order, scale), on every rank, at 1 to 4 workers and over several chunks; and the same
+ * through the single communicator. */
+static void test_allreduce_scaled(void **state) {
+    (void)state;
+    uint64_t seed = 4242;
+    size_t total = total_elems();
+    float *x = malloc(sizeof(float) * total), *want = malloc(sizeof(float) * total);
+    for (int n = 1; n <= MAX_RANKS; n++) {
+        cf_launch_options opt = {.num_workers = n,
+                                 .deadline_s = 20,
+                                 .comm_bytes = SLOT_BYTES,
+                                 .results_bytes = (size_t)n * SCALED_CASES * total * sizeof(float)};
+        cf_results res;
+        if (cf_launch_fork(&opt, scaled_worker, &seed, &res) != CF_OK)
+            fail_msg("%d workers: %s", n, cf_last_error());
+        const float *got = res.data;
+        for (int c = 0; c < SCALED_CASES; c++) {
+            for (size_t k = 0, at = 0; k < N_SIZES; at += sizes[k], k++)
+                for (int r = 0; r < n; r++) {
+                    make_f32(x + at, sizes[k], r, k, seed);
+                    for (size_t i = 0; i < sizes[k]; i++) {
+                        float v = x[at + i] * scaled_pre(r, c);
+                        want[at + i] = r == 0 ? v : want[at + i] + v;
+                    }
+                }
+            for (size_t i = 0; i < total; i++) want[i] *= scaled_post(n, c);
+            for (int r = 0; r < n; r++)
+                if (memcmp(got + ((size_t)r * SCALED_CASES + (size_t)c) * total, want,
+                           sizeof(float) * total) != 0)
+                    fail_msg("%d workers, case %d: rank %d's weighted sum is not the serial one", n,
+                             c, r);
+        }
+        cf_results_release(&res);
+    }
+    /* a world of one: (x * pre) * post */
+    make_f32(x, 1000, 0, 0, seed);
+    memcpy(want, x, sizeof(float) * 1000);
+    assert_int_equal(cf_comm_allreduce_scaled_f32(cf_comm_single(), x, 1000, 3.0f, 0.1f), CF_OK);
+    for (size_t i = 0; i < 1000; i++) assert_true(x[i] == want[i] * 3.0f * 0.1f);
+    assert_int_equal(cf_comm_allreduce_scaled_f32(cf_comm_single(), NULL, 4, 1.0f, 1.0f),
+                     CF_ERR_INVALID);
+    free(x), free(want);
+}
+
 /* More workers than cores (4 on this 2-core machine): many small collectives still finish
  * quickly (no livelock from spinning waiters). */
 typedef struct many_ctx {
@@ -384,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_single),
         cmocka_unit_test(test_collectives_1_to_4_workers),
         cmocka_unit_test(test_allreduce_deterministic),
+        cmocka_unit_test(test_allreduce_scaled),
         cmocka_unit_test(test_oversubscribed),
         cmocka_unit_test(test_collective_mismatch),
         cmocka_unit_test(test_broken_comm_is_sticky),

@@ -34,6 +34,10 @@ typedef struct cf_comm_ops {
     void (*heartbeat)(cf_comm *comm);               /* may be NULL */
     void *(*results)(cf_comm *comm, size_t *bytes); /* may be NULL: no results area */
     void (*free)(cf_comm *comm);                    /* may be NULL: not owned by the caller */
+    /* May be NULL (the front end scales around allreduce_f32): buf = post * sum_r (pre * buf_r),
+     * pre applied before the sum on each rank and post after it, the same rounding as the
+     * three passes. */
+    cf_status (*allreduce_scaled_f32)(cf_comm *comm, float *buf, size_t n, float pre, float post);
 } cf_comm_ops;
 
 struct cf_comm {
@@ -67,6 +71,11 @@ int cf_comm_local_size(const cf_comm *comm);
 cf_status cf_comm_allreduce_sum_f32(cf_comm *comm, float *buf, size_t n);
 /* In-place mean: the sum above divided by the world size (float division, as torch does). */
 cf_status cf_comm_allreduce_mean_f32(cf_comm *comm, float *buf, size_t n);
+/* In-place weighted sum: buf = post * sum_r (pre_r * buf_r), with pre the calling rank's own
+ * factor and post the same on every rank; bitwise the three steps (buf *= pre; sum; buf *= post)
+ * in float, but over shared memory in one pass over buf each way (the data-parallel gradient
+ * reduction: pre the rows a replica's loss averaged over, post one over their total). */
+cf_status cf_comm_allreduce_scaled_f32(cf_comm *comm, float *buf, size_t n, float pre, float post);
 /* In-place sum of doubles (loss/metric totals and counts). */
 cf_status cf_comm_allreduce_sum_f64(cf_comm *comm, double *buf, size_t n);
 /* Copies `bytes` bytes of root's buf into every other rank's buf. */

@@ -123,6 +123,26 @@ cf_status cf_comm_allreduce_mean_f32(cf_comm *comm, float *buf, size_t n) {
     return allreduce_f32(comm, buf, n, true, "allreduce_mean_f32");
 }
 
+static void scale_f32(float *buf, size_t n, float by) {
+    if (by != 1.0f)
+        for (size_t i = 0; i < n; i++) buf[i] *= by;
+}
+
+cf_status cf_comm_allreduce_scaled_f32(cf_comm *comm, float *buf, size_t n, float pre, float post) {
+    const char *what = "allreduce_scaled_f32";
+    cf_status st = enter(comm, what);
+    if (st != CF_OK) return st;
+    if (n == 0) return CF_OK;
+    if (!buf) return bad(comm, cf_fail(CF_ERR_INVALID, "%s: buffer is NULL (n = %zu)", what, n));
+    if (comm->size > 1 && comm->ops->allreduce_scaled_f32)
+        return leave(comm, comm->ops->allreduce_scaled_f32(comm, buf, n, pre, post));
+    scale_f32(buf, n, pre);
+    if (comm->size > 1 && (st = comm->ops->allreduce_f32(comm, buf, n, false)) != CF_OK)
+        return leave(comm, st);
+    scale_f32(buf, n, post);
+    return CF_OK;
+}
+
 cf_status cf_comm_allreduce_sum_f64(cf_comm *comm, double *buf, size_t n) {
     const char *what = "allreduce_sum_f64";
     cf_status st = enter(comm, what);

@@ -61,11 +61,11 @@ static cf_status pc_before_step(cf_callback *cb, cf_learner *learn) {
     double sums[2] = {w * learn->loss_value, w};
     cf_status st = cf_comm_allreduce_sum_f64(s->comm, sums, 2);
     if (st != CF_OK) return st;
-    if (w != 1.0)
-        for (size_t i = 0; i < m->n_weights; i++) m->grads[i] *= (float)w;
-    if ((st = cf_comm_allreduce_sum_f32(s->comm, m->grads, m->n_weights)) != CF_OK) return st;
+    /* the weighting and the division ride on the reduction's own copies in and out of shared
+     * memory (the same float products as passes of their own over every gradient) */
     float inv = sums[1] > 0 ? (float)(1.0 / sums[1]) : 0.0f;
-    for (size_t i = 0; i < m->n_weights; i++) m->grads[i] *= inv;
+    st = cf_comm_allreduce_scaled_f32(s->comm, m->grads, m->n_weights, (float)w, inv);
+    if (st != CF_OK) return st;
     learn->loss_value = sums[1] > 0 ? (float)(sums[0] / sums[1]) : learn->loss_value;
     return CF_OK;
 }
