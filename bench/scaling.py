@@ -15,7 +15,13 @@ CPU seconds per run show what the extra core costs: on an ideal machine Nc's CPU
 1t's and its wall time is half of it.
 
     /usr/bin/python3 bench/scaling.py --build build [--cores 2] [--runs 3] [--isa avx512,avx2]
-                                      [--epochs 1] [--limit N] [--env CF_TIMING=1]
+                                      [--epochs 1] [--limit N] [--env CF_TIMING=1] [--args '...']
+
+The commands run with train's defaults (a checkpoint every 100 batches included), as a user
+runs them; --args adds options to all three. --env CF_TIMING=1 --show prints where each run's
+time went: the phases of the command (start-up, fit, hand-over, save), each fork worker's time
+in barriers (with the waits that outlasted the spin and the futex naps they took) and the
+in-process thread pool's jobs and sleeps.
 
 Wall ratios are only meaningful on a quiet machine: the script prints the load average and
 refuses to measure at --max-load (default 2 on a 2-core machine: the number of cores) or above
@@ -56,6 +62,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--limit", type=int, default=0, help="train on the first N images only (quick looks)")
     ap.add_argument("--only", default="1t,Nc,Nt", help="a subset of 1t,Nc,Nt")
+    ap.add_argument("--args", default="", help="more options for every corefit train, e.g. '--checkpoint-every 0'")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the commands (repeatable)")
     ap.add_argument("--goal", type=float, default=0.55)
     ap.add_argument("--max-load", type=float, default=0, help="refuse at this load average [the cores]")
@@ -90,8 +97,7 @@ def main():
             for r in range(a.runs):
                 for c in names:
                     cmd = [corefit, "train", "--idx", a.data, "--arch", "mini-resnet", "--epochs",
-                           str(a.epochs), "--seed", "42", "--out", out, "--quiet",
-                           "--checkpoint-every", "0"] + configs[c]
+                           str(a.epochs), "--seed", "42", "--out", out, "--quiet"] + configs[c] + a.args.split()
                     if a.limit:
                         cmd += ["--limit", str(a.limit)]
                     wall, cpu, text = run(cmd, env, a.timeout)
