@@ -5,6 +5,11 @@ for PyTorch given the same recipe, on all cores.
 
 usage: time_to_accuracy.py --time-to-accuracy [--build DIR] [--seeds 5] [--cores N] [--epochs E]
                            [--bs B] [--lr X] [--label-smoothing EPS] [--bf16] [--target 0.92]
+                           [--recipe fast]
+
+--recipe fast: corefit runs `corefit train --recipe fast` (tools/recipe.c) and PyTorch the same
+options spelled out (FAST below: 4 epochs, bs 128 per process, lr 6e-3, label smoothing 0.1);
+--epochs, --bs, --lr, --label-smoothing and --bf16 given here still win, on both sides.
 
   corefit: corefit train --idx DATA --arch mini-resnet --epochs E --bs B --lr X --cores N
            [--label-smoothing EPS] [--bf16] --seed S --out FILE --quiet
@@ -28,6 +33,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = "/usr/share/datasets/fashion-mnist"
+# corefit train --recipe fast (tools/recipe.c), spelled out for PyTorch
+FAST = {"epochs": 4, "bs": 128, "lr": 6e-3, "label_smoothing": 0.1}
 
 
 def timed(cmd, env):
@@ -46,16 +53,23 @@ def main():
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--bs", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--label-smoothing", type=float, default=0.0)
+    ap.add_argument("--epochs", type=int, default=None, help="[5; --recipe fast: 4]")
+    ap.add_argument("--bs", type=int, default=None, help="[64; --recipe fast: 128]")
+    ap.add_argument("--lr", type=float, default=None, help="[3e-3 * bs / 64]")
+    ap.add_argument("--label-smoothing", type=float, default=None, help="[0; --recipe fast: 0.1]")
+    ap.add_argument("--recipe", choices=["fast"], default=None, help="corefit train's --recipe")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--target", type=float, default=0.92)
     ap.add_argument("--only", default="corefit,torch")
     ap.add_argument("--max-load", type=float, default=2.0)
     ap.add_argument("--force", action="store_true", help="measure even on a loaded machine")
     args = ap.parse_args()
+    plain = {"epochs": 5, "bs": 64, "lr": None, "label_smoothing": 0.0}
+    for k, v in (FAST if args.recipe == "fast" else plain).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.lr is None:
+        args.lr = 3e-3 * args.bs / 64
     load = os.getloadavg()[0]
     print("load average %.1f%s" % (load, "" if load < args.max_load else " (a loaded machine: times are not comparable)"))
     if load >= args.max_load and not args.force:
@@ -73,6 +87,8 @@ def main():
                 out = os.path.join(tmp, "cf-%d.safetensors" % s)
                 cmd = [os.path.join(args.build, "corefit"), "train", "--idx", args.data, "--arch", "mini-resnet",
                        "--cores", str(args.cores), "--seed", str(s), "--out", out, "--quiet"] + recipe
+                if args.recipe:
+                    cmd += ["--recipe", args.recipe]
                 took, text = timed(cmd, env)
                 m = re.search(r"accuracy ([0-9.]+)", text)
                 if not m or not os.path.exists(out):

@@ -406,6 +406,10 @@ int cmd_train(int argc, char **argv) {
          "regression: squash outputs into [LOW, HIGH] (fastai's y_range); auto: the training "
          "targets' range + 5%; none [auto]",
          0, 0, 0},
+        {"--recipe", OPT_STR, &a.recipe, "NAME",
+         "fast: Fashion-MNIST's 92% in the least time (--epochs 4 --bs 128 --lr 6e-3 "
+         "--label-smoothing 0.1 --checkpoint-every 0); options given on the command line win",
+         0, 0, 0},
         {0},
     };
     const char *pos[1];
@@ -413,6 +417,7 @@ int cmd_train(int argc, char **argv) {
     bool help;
     int rc = cli_parse_or_usage(cmd, argc, argv, opts, pos, 0, &n_pos, train_usage, &help);
     if (rc || help) return rc;
+    if ((rc = cli_apply_recipe(cmd, &a, opts))) return rc;
     if ((rc = check_args(cmd, &a, true))) return rc;
     if ((rc = cli_check_restarts(cmd, &a))) return rc;
     bool fine_tune = strcmp(a.schedule, "fine-tune") == 0;
@@ -425,6 +430,7 @@ int cmd_train(int argc, char **argv) {
         cli_session_free(&s);
         return rc;
     }
+    cli_timing("data and model ready");
     cf_learner *learn = s.learn;
     if (a.max_restarts > 0 && !s.parallel && s.master)
         fprintf(stderr,
@@ -472,7 +478,9 @@ int cmd_train(int argc, char **argv) {
     }
     cf_callback *call_cbs[] = {ckpt_cb};
     cli_catch_sigterm(&sig);
+    cli_timing("fit starts");
     st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, 1);
+    cli_timing("fit done (results home)");
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
     cli_signals_restore(&sig);
@@ -510,6 +518,7 @@ int cmd_train(int argc, char **argv) {
             cli_session_free(&s);
             return cli_lib_error(cmd, "saving the model");
         }
+        cli_timing("model saved");
         const cf_recorder *rec = &learn->recorder;
         cli_print_summary(&a, &s, rec, seconds, restarts);
         if (a.plots) cli_train_figures(a.plots, rec, s.dls, have_preds ? &preds : NULL, &figs);

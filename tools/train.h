@@ -21,6 +21,7 @@ typedef struct train_args {
     const char *resume, *checkpoint; /* --resume FILE, --checkpoint FILE */
     int checkpoint_every;            /* --checkpoint-every N (batches) */
     int max_restarts, commit_every;  /* --max-restarts N, --commit-every K (fork workers) */
+    const char *recipe;              /* --recipe NAME (recipe.c) */
 } train_args;
 
 #define CLI_STR_(x) #x
@@ -87,5 +88,12 @@ typedef struct cli_fit_files {
  * file, how to continue from the checkpoint; the exit status. */
 int cli_report_stopped_fit(const char *cmd, int argc, char **argv, const train_args *a,
                            const session *s, cf_status st, int restarts, const cli_fit_files *f);
+
+/* --recipe NAME: sets the recipe's options that opts (parsed) did not see; CLI_USAGE for an
+ * unknown name (recipe.c). */
+int cli_apply_recipe(const char *cmd, train_args *a, const cli_opt *opts);
+/* CF_TIMING=1: "timing: WHAT at S s since the start, this process's CPU C s" on stderr
+ * (timing.c). */
+void cli_timing(const char *what);
 
 #endif

@@ -101,6 +101,11 @@ static bool spin_until_zero(_Atomic int *v) {
     }
 }
 
+/* CF_TIMING=1's report at exit (stop_pool): jobs dispatched, how often a worker blocked on the
+ * condition variable after its spin (its next job then waits for it to be woken), how often the
+ * caller's spin ran out waiting for the workers, and its seconds waiting after its own part. */
+static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_caller_wait_ns;
+
 static void *worker_main(void *arg) {
     int id = (int)(intptr_t)arg; /* 1..n_threads */
     uint64_t seen = 0;
@@ -108,6 +113,8 @@ static void *worker_main(void *arg) {
     for (;;) {
         spin_until_changed_u64(&p->generation, seen);
         pthread_mutex_lock(&p->lock);
+        if (!p->stopping && p->generation == seen)
+            atomic_fetch_add_explicit(&stat_worker_sleeps, 1, memory_order_relaxed);
         while (!p->stopping && p->generation == seen) pthread_cond_wait(&p->work_ready, &p->lock);
         if (p->stopping) {
             pthread_mutex_unlock(&p->lock);
@@ -143,6 +150,15 @@ static void after_fork_in_child(void) {
 
 static void stop_pool(void) {
     pool *p = &the_pool;
+    const char *timing = getenv("CF_TIMING");
+    if (timing && strcmp(timing, "1") == 0 && atomic_load(&stat_jobs))
+        fprintf(stderr,
+                "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu caller "
+                "waits past the spin, the caller waited %.3f s after its own part\n",
+                p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
+                (unsigned long long)atomic_load(&stat_worker_sleeps),
+                (unsigned long long)atomic_load(&stat_caller_sleeps),
+                (double)atomic_load(&stat_caller_wait_ns) * 1e-9);
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
     pthread_cond_broadcast(&p->work_ready);
@@ -198,10 +214,15 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     chunk(n, parts, 0, &b, &e);
     if (b < e) fn(ctx, b, e, 0);
 
-    spin_until_zero(&p->pending);
+    const double t_wait = spin_clock();
+    bool quick = spin_until_zero(&p->pending);
     pthread_mutex_lock(&p->lock);
     while (p->pending > 0) pthread_cond_wait(&p->work_done, &p->lock);
     pthread_mutex_unlock(&p->lock);
+    atomic_fetch_add_explicit(&stat_jobs, 1, memory_order_relaxed);
+    if (!quick) atomic_fetch_add_explicit(&stat_caller_sleeps, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&stat_caller_wait_ns, (uint64_t)(spin_clock() - t_wait),
+                              memory_order_relaxed);
     pthread_mutex_unlock(&dispatch_lock);
 }
 

@@ -283,27 +283,37 @@ cf_status cf_dataset_channel_stats(const cf_dataset *ds, float *mean, float *std
     if (ds->n * (int64_t)hw < 2)
         return cf_fail(CF_ERR_INVALID, "cf_dataset_channel_stats: %s has too few values",
                        ds->source ? ds->source : "dataset");
+    /* One pass in double, around a shift (the channel's first value), in 8 independent lanes
+     * the compiler can keep in vector registers (a single running sum is a serial chain of
+     * additions: Fashion-MNIST's 47 million pixels took 80 ms in two such passes, all of it
+     * before a fit starts, on one core). The shift keeps the sum of squares from cancelling. */
+    enum { LANES = 8 };
     for (int ch = 0; ch < c; ch++) {
-        /* Two passes in double: mean, then the sum of squared deviations. */
-        double sum = 0, count = (double)ds->n * (double)hw;
+        const double shift = ds->x[(size_t)ch * hw];
+        double s1[LANES] = {0}, s2[LANES] = {0};
         for (int64_t i = 0; i < ds->n; i++) {
             const float *p = ds->x + ((size_t)i * (size_t)c + (size_t)ch) * hw;
-            double s = 0;
-            for (size_t j = 0; j < hw; j++) s += p[j];
-            sum += s;
-        }
-        double m = sum / count, ss = 0;
-        for (int64_t i = 0; i < ds->n; i++) {
-            const float *p = ds->x + ((size_t)i * (size_t)c + (size_t)ch) * hw;
-            double s = 0;
-            for (size_t j = 0; j < hw; j++) {
-                double d = p[j] - m;
-                s += d * d;
+            size_t j = 0;
+            for (; j + LANES <= hw; j += LANES)
+                for (int l = 0; l < LANES; l++) {
+                    double d = (double)p[j + (size_t)l] - shift;
+                    s1[l] += d;
+                    s2[l] += d * d;
+                }
+            for (; j < hw; j++) {
+                double d = (double)p[j] - shift;
+                s1[0] += d;
+                s2[0] += d * d;
             }
-            ss += s;
         }
-        mean[ch] = (float)m;
-        std[ch] = (float)(sqrt(ss / (count - 1)) + 1e-7);
+        double sum = 0, sq = 0, count = (double)ds->n * (double)hw;
+        for (int l = 0; l < LANES; l++) {
+            sum += s1[l];
+            sq += s2[l];
+        }
+        double var = (sq - sum * sum / count) / (count - 1);
+        mean[ch] = (float)(shift + sum / count);
+        std[ch] = (float)(sqrt(var > 0 ? var : 0) + 1e-7);
     }
     return CF_OK;
 }

@@ -204,6 +204,7 @@ static cf_status wait_slow(cf_shm_comm *c, uint32_t gen, uint64_t arrival, const
                            (double)(now - start) * 1e-9, who);
         }
         atomic_fetch_add(&h->bar_sleepers, 1);
+        c->naps++;
         if (atomic_load(&h->bar_gen) == gen) {
             struct timespec ts = {0, 10 * 1000 * 1000};
             futex(&h->bar_gen, FUTEX_WAIT, gen, &ts);
@@ -216,7 +217,18 @@ static cf_status wait_slow(cf_shm_comm *c, uint32_t gen, uint64_t arrival, const
     return CF_OK;
 }
 
+static cf_status barrier_wait(cf_shm_comm *c, const char *what);
+
+/* A barrier, counted and timed for CF_TIMING's report (a clock read on each side: tens of ns). */
 static cf_status shm_barrier_wait(cf_shm_comm *c, const char *what) {
+    uint64_t t0 = cf_shm_now_ns();
+    cf_status st = barrier_wait(c, what);
+    c->wait_ns += cf_shm_now_ns() - t0;
+    c->barriers++;
+    return st;
+}
+
+static cf_status barrier_wait(cf_shm_comm *c, const char *what) {
     cf_shm_header *h = c->hdr;
     cf_shm_rank *m = me(c);
     /* Read the generation before arriving: it cannot move until every rank (this one too) has
@@ -236,6 +248,7 @@ static cf_status shm_barrier_wait(cf_shm_comm *c, const char *what) {
         if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) break;
         cf_spin_pause();
     }
+    c->slow_waits++;
     return wait_slow(c, gen, arrival, what);
 }
 

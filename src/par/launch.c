@@ -112,6 +112,22 @@ static void forward_term(int sig) {
     errno = saved;
 }
 
+/* CF_TIMING=1: where a worker's wall time went, on stderr (bench/scaling.py reads it): from its
+ * start to the job (pinning, OpenBLAS's warm-up), the job, and the part of the job spent in
+ * barriers (every collective passes one or more), with how many waits outlasted the spin and
+ * how many futex naps they took. */
+static void report_timing(const cf_shm_comm *c, int rank, uint64_t t_start, uint64_t t_ready) {
+    const char *e = getenv("CF_TIMING");
+    if (!e || strcmp(e, "1") != 0) return;
+    uint64_t now = cf_shm_now_ns();
+    fprintf(stderr,
+            "timing: worker %d: start %.3f s, job %.3f s, of it %.3f s in %llu barriers (%llu "
+            "waits past the spin, %llu futex naps)\n",
+            rank, (double)(t_ready - t_start) * 1e-9, (double)(now - t_ready) * 1e-9,
+            (double)c->wait_ns * 1e-9, (unsigned long long)c->barriers,
+            (unsigned long long)c->slow_waits, (unsigned long long)c->naps);
+}
+
 static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus, int ncpus,
                                   bool pin, cf_worker_fn fn, void *ctx) {
     /* Die with the supervisor; if it is already gone, leave now. */
@@ -156,6 +172,7 @@ static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus,
     cf_set_num_threads(1);
     cf_clear_error();
 
+    uint64_t t_start = cf_shm_now_ns();
     cf_shm_comm comm;
     cf_shm_comm_init(&comm, hdr, rank);
     cf_shm_rank *slot = cf_shm_rank_at(hdr, rank);
@@ -163,7 +180,9 @@ static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus,
     warm_up_blas(slot, rank);
     atomic_store(&slot->heartbeat_ns, cf_shm_now_ns());
 
+    uint64_t t_ready = cf_shm_now_ns();
     cf_status st = fn(&comm.base, ctx);
+    report_timing(&comm, rank, t_start, t_ready);
     const char *msg = cf_last_error();
     if (st == CF_OK && comm.base.broken != CF_OK) {
         /* A collective failed but fn carried on: the group is out of step. */

@@ -72,6 +72,9 @@ typedef struct cf_shm_comm {
     uint64_t seq; /* collectives started by this rank */
     int spin;     /* busy-wait iterations before yielding */
     int yields;   /* sched_yield calls before sleeping on the futex */
+    /* barrier statistics (printed by a worker under CF_TIMING=1): barriers passed, nanoseconds
+     * spent in them, waits that outlasted the spin, futex naps taken */
+    uint64_t barriers, wait_ns, slow_waits, naps;
 } cf_shm_comm;
 
 /* Maps and initialises a region (anonymous MAP_SHARED | MAP_NORESERVE). */
