@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
-# task: (data kind, main metric, lr, epochs, bs, corefit options)
+# task: the metric compared, lr_max, epochs and batch size (the same on both sides)
 TASKS = {
     "multi-label": dict(metric="accuracy_multi", lr=3e-3, epochs=4, bs=64),
     "points": dict(metric="mae", lr=3e-3, epochs=4, bs=64),

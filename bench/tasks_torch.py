@@ -238,21 +238,18 @@ class DynamicUnet(nn.Module):
         self.middle = nn.Sequential(_conv(ni, ni * 2), _conv(ni * 2, ni))
         blocks = []
         up_c = ni
-        h = sizes[-1][-1]
         for i, idx in enumerate(idxs):
             not_final = i != len(idxs) - 1
             b = _UnetBlock(up_c, sizes[idx][1], self.store, idx, final_div=not_final)
             blocks.append(b)
             ni_b = up_c // 2 + sizes[idx][1]
             up_c = ni_b if not_final else ni_b // 2
-            h = sizes[idx][-1]
         self.blocks = nn.ModuleList(blocks)
         self.shuf = _ps_icnr(up_c) if tuple(img_size) != tuple(sizes[0][-2:]) else None
         ni = up_c + 1  # last_cross: + the raw input's channel
         self.res = nn.ModuleList([_conv(ni, ni), _conv(ni, ni, act=False)])
         self.final = _conv(ni, n_out, ks=1, act=False)
         _apply_init(nn.Sequential(self.middle, self.res))
-        del h
 
     def forward(self, inp):
         x = inp
