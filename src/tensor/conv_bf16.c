@@ -1,0 +1,247 @@
+/* The bfloat16 implicit convolution of mixed-precision training: stride 1, the output as large as
+ * the input (an odd square kernel above 1x1 with padding (k - 1) / 2, ResNets' 3x3 layers), no
+ * patch matrix, bf16 products with fp32 sums through the active kernel table's bf16 kernels
+ * (vdpbf16ps, which multiplies the two bf16 halves of a 32-bit lane pairwise and adds both
+ * products into an fp32 lane).
+ *
+ * Layouts. The input of a call is converted once per image into channel pairs: plane p holds,
+ * per position of the zero-padded image (hp x wp, row-major), bf16(x[2p]) | bf16(x[2p + 1]) << 16,
+ * so one 32-bit lane is the pair that one dot-product step reads. Output positions are counted in
+ * the padded image's row stride, q = i * wp + j: then tap (ki, kj) reads the planes at q + ki *
+ * wp + kj, a plain shift with no masks, and the columns j >= ow (k - 1 of every wp) are computed
+ * and dropped when the rows are copied out.
+ *
+ *   forward  y[o] = sum over taps t and channel pairs p of w-pair(o, p, t) . xpairs[p][q + off(t)]
+ *   dx       the same kernel on dy's pairs with the weights transposed and the taps reversed: for
+ *            stride 1 and padding (k - 1) / 2, dx is the "same" convolution of dy with the
+ *            flipped kernel
+ *   dW       dW[t][o][c] = sum over positions q of dy[o][q] * xpad[c][q + off(t)]: here the pairs
+ *            run along the positions. dy is converted into padded-stride rows (zero in the dropped
+ *            columns), a 32-bit word holding two neighbouring positions; x into the transposed
+ *            rows X0[q][c] = (xpad[c][2q], xpad[c][2q + 1]) and X1[q][c] = (xpad[c][2q + 1],
+ *            xpad[c][2q + 2]), so that a tap with an even offset reads X0 and an odd one X1, each
+ *            a whole row of channels per step. A block of small images is laid end to end (each
+ *            hp x wp positions), so that a register tile sums hundreds of positions.
+ *
+ * Weights are packed (rounded to bf16, both orders) by cf_conv_bf16_pack, once per forward pass,
+ * and the backward pass reads the same pack: once per training step. */
+#include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_TAPS 49 /* 7x7 */
+#define ROWS 8      /* the kernels' register tile rows */
+#define WGRAD_POSITIONS 512
+
+typedef struct layout {
+    int k, pad, taps, hp, wp;
+    int c, o, cp, op;   /* channels and channel pairs of the input and output */
+    int nq;             /* output positions computed per image (oh * wp rounded up to 16) */
+    size_t plane;       /* words per pair plane */
+    int off[MAX_TAPS];  /* tap t = (ki, kj): ki * wp + kj */
+    int half[MAX_TAPS]; /* off / 2, and whether it is odd */
+    unsigned char odd[MAX_TAPS];
+    /* the weight gradient's blocks */
+    int s;      /* positions per image (hp * wp rounded up to even) */
+    int block;  /* images per block */
+    size_t lx;  /* uint16 per channel row of the padded block */
+    int rows;   /* rows of X0 and X1 */
+    size_t ldb; /* their row stride in words (the channels rounded up to 16) */
+    size_t dl;  /* uint16 per output-channel row of dy (the block's positions) */
+} layout;
+
+static size_t up(size_t n, size_t m) {
+    return (n + m - 1) / m * m;
+}
+
+static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
+    l->k = g->kh;
+    l->pad = g->ph;
+    l->taps = g->kh * g->kw;
+    l->hp = g->h + 2 * g->ph;
+    l->wp = g->w + 2 * g->pw;
+    l->c = g->c;
+    l->o = out_channels;
+    l->cp = (g->c + 1) / 2;
+    l->op = (out_channels + 1) / 2;
+    l->nq = (int)up((size_t)g->oh * l->wp, 16);
+    const int maxoff = (l->k - 1) * (l->wp + 1);
+    l->plane = up((size_t)l->nq + maxoff, 16);
+    for (int t = 0; t < l->taps; t++) {
+        l->off[t] = (t / l->k) * l->wp + t % l->k;
+        l->half[t] = l->off[t] / 2;
+        l->odd[t] = (unsigned char)(l->off[t] & 1);
+    }
+    l->s = (int)up((size_t)l->hp * l->wp, 2);
+    l->block = WGRAD_POSITIONS / l->s > 1 ? WGRAD_POSITIONS / l->s : 1;
+    const size_t positions = (size_t)l->block * l->s;
+    l->rows = (int)(positions / 2 + maxoff / 2 + 1);
+    l->lx = up(2 * (size_t)l->rows + 2, 32);
+    l->ldb = up((size_t)l->c, 16);
+    l->dl = positions;
+}
+
+bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs) return false;
+    if (g->kh != g->kw || g->sh != 1 || g->sw != 1 || g->ph != g->pw) return false;
+    if (g->kh < 2 || g->kh % 2 == 0 || g->kh * g->kw > MAX_TAPS) return false;
+    return g->oh == g->h && g->ow == g->w && g->c >= 1 && out_channels >= 1;
+}
+
+size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const size_t fwd = up((size_t)l.o, ROWS) * l.taps * l.cp,
+                 dx = up((size_t)l.c, ROWS) * l.taps * l.op;
+    /* and the weights rounded to bf16 before they are permuted */
+    return fwd + dx + ((size_t)l.o * l.c * l.taps + 1) / 2;
+}
+
+/* The pair of bf16 values a and b (either may be absent: zero). */
+static uint32_t pair_of(const uint16_t *a, const uint16_t *b) {
+    return (uint32_t)(a ? *a : 0) | (uint32_t)(b ? *b : 0) << 16;
+}
+
+void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    uint32_t *fwd = (uint32_t *)packed, *dx = fwd + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    uint16_t *wb = (uint16_t *)(dx + up((size_t)l.c, ROWS) * l.taps * l.op);
+    const int O = l.o, C = l.c, T = l.taps;
+    cf_fp32_to_bf16(w, wb, (size_t)O * C * T);
+#define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
+    /* forward: [row block][tap][input pair][8 output channels] */
+    for (int o = 0; o < (int)up((size_t)O, ROWS); o++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < l.cp; p++) {
+                const bool in = o < O;
+                fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
+                    in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
+            }
+    /* dx: [row block][tap][output pair][8 input channels], the taps reversed */
+    for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < l.op; p++) {
+                const bool in = c < C;
+                const int tf = T - 1 - t;
+                dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
+                    in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
+            }
+#undef W
+}
+
+/* Words of the forward's and dx's scratch: the pair planes, then the output rows (fp32). */
+static size_t run_words(const layout *l) {
+    const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
+                 rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
+    return pairs * l->plane + rows * l->nq;
+}
+
+/* Words of the weight gradient's scratch: x's padded rows and their copy one position on
+ * (uint16), X0 and X1, dy's rows (uint16, whole blocks of 8). */
+static size_t wgrad_words(const layout *l) {
+    return (size_t)l->c * l->lx + 2 * (size_t)l->rows * l->ldb + up((size_t)l->o, ROWS) * l->dl / 2;
+}
+
+size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const size_t run = run_words(&l), wgrad = wgrad_words(&l);
+    return run > wgrad ? run : wgrad;
+}
+
+/* The forward pass (or dx) of n images: src has `ch` channels of h x w, dst rows channels of
+ * oh x ow; packed as the kernel reads it. */
+static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
+                       const uint32_t *packed, const float *src, int n_images, float *dst,
+                       float *scratch) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = (ch + 1) / 2;
+    uint32_t *xp = (uint32_t *)scratch;
+    float *out = (float *)(xp + (size_t)pairs * l->plane);
+    const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
+    memset(xp, 0, (size_t)pairs * l->plane * sizeof(uint32_t)); /* the border stays zero */
+    for (int n = 0; n < n_images; n++) {
+        const float *x = src + (size_t)n * in_n;
+        for (int p = 0; p < pairs; p++) {
+            const float *lo = x + (size_t)2 * p * g->h * g->w;
+            const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
+            uint32_t *plane = xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad;
+            for (int i = 0; i < g->h; i++)
+                k->pairs(lo + (size_t)i * g->w, hi ? hi + (size_t)i * g->w : NULL,
+                         plane + (size_t)i * l->wp, g->w);
+        }
+        k->conv_run(l->taps, l->off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
+        float *y = dst + (size_t)n * out_n;
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < g->oh; i++)
+                memcpy(y + ((size_t)r * g->oh + i) * g->ow, out + (size_t)r * l->nq + i * l->wp,
+                       (size_t)g->ow * sizeof(float));
+    }
+}
+
+void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *x, int n_images, float *y, float *scratch) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch);
+}
+
+void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
+                     int n_images, float *dx, float *scratch) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
+}
+
+void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                        int n_images, float *dw, float *scratch) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    uint16_t *xb = (uint16_t *)scratch;     /* C rows of lx: the padded images end to end */
+    uint16_t *xo = xb + (size_t)l.c * l.lx; /* ... and one position on */
+    uint32_t *x0 = (uint32_t *)(xo + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
+    uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
+    const size_t plane = (size_t)g->h * g->w, in_n = (size_t)l.c * plane,
+                 out_n = (size_t)l.o * g->oh * g->ow;
+    /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
+    memset(scratch, 0, wgrad_words(&l) * sizeof(uint32_t));
+    for (int n0 = 0; n0 < n_images; n0 += l.block) {
+        const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
+        if (nb < l.block) /* images past the batch: no x for the taps to read (no dy is read) */
+            memset(xb, 0, (size_t)l.c * l.lx * sizeof(uint16_t));
+        for (int b = 0; b < nb; b++) {
+            const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
+            for (int c = 0; c < l.c; c++) {
+                uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s + l.pad * l.wp + l.pad;
+                for (int i = 0; i < g->h; i++)
+                    cf_fp32_to_bf16(xn + c * plane + (size_t)i * g->w, row + (size_t)i * l.wp,
+                                    (size_t)g->w);
+            }
+            for (int o = 0; o < l.o; o++) {
+                uint16_t *row = dyb + (size_t)o * l.dl + (size_t)b * l.s;
+                for (int i = 0; i < g->oh; i++)
+                    cf_fp32_to_bf16(dyn + ((size_t)o * g->oh + i) * g->ow, row + (size_t)i * l.wp,
+                                    (size_t)g->ow);
+            }
+        }
+        /* X0: the rows' words transposed; X1: the same of the rows one position on */
+        cf_transpose(l.c, l.rows, (const float *)xb, (ptrdiff_t)(l.lx / 2), (float *)x0,
+                     (ptrdiff_t)l.ldb);
+        for (int c = 0; c < l.c; c++) {
+            const uint16_t *row = xb + (size_t)c * l.lx;
+            uint16_t *shifted = xo + (size_t)c * l.lx;
+            memcpy(shifted, row + 1, (l.lx - 1) * sizeof(uint16_t));
+            shifted[l.lx - 1] = 0;
+        }
+        cf_transpose(l.c, l.rows, (const float *)xo, (ptrdiff_t)(l.lx / 2), (float *)x1,
+                     (ptrdiff_t)l.ldb);
+        k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
+                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c, n0 > 0);
+    }
+}
