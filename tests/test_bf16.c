@@ -265,6 +265,7 @@ static void test_conv_matches_torch(void **state) {
         {3, 12, 14, 14, 20, 3, 1, 1, true},  /* blocks of 2 images for dW, one partial; 20 rows */
         {2, 9, 10, 13, 11, 5, 1, 2, true},   /* odd channels (a half pair), 5x5, odd sizes */
         {2, 16, 28, 28, 24, 3, 1, 1, false}, /* one image per dW block, many position tiles */
+        {3, 10, 12, 16, 9, 5, 2, 2, true},   /* stride 2 through the phase planes, 5x5, bias */
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     const bool bf16 = cf_bf16_compute();

@@ -294,15 +294,17 @@ void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float
 
 /* ---- bf16 convolutions without a patch matrix: src/tensor/conv_bf16.c ---------------------- */
 
-/* Mixed-precision Conv2d of stride 1 whose output is as large as its input (an odd square kernel
- * above 1x1, padding (k - 1) / 2): bf16 operands, fp32 sums, through the kernel table's
- * vdpbf16ps kernels. Supported only where the active table has them (the avx512_bf16 level).
- * Weights are packed by cf_conv_bf16_pack (both products' orders) into
+/* Mixed-precision Conv2d of stride 1 whose output is as large as its input, or of stride 2 on an
+ * even-sized image (an odd square kernel above 1x1, padding (k - 1) / 2): bf16 operands, fp32 sums,
+ * through the kernel table's vdpbf16ps kernels. Supported only where the active table has them (the
+ * avx512_bf16 level). Weights are packed by cf_conv_bf16_pack (both products' orders) into
  * cf_conv_bf16_packed_floats floats; every call takes cf_conv_bf16_scratch floats of scratch.
  * forward: y (n, out, h, w) = conv(x); dx: dx (n, c, h, w) = the input gradient of dy, both
  * overwritten; wgrad: dw [tap][out][in] = the weight gradient summed over the n images
  * (overwritten). Layouts: docs/api.md. */
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels);
+/* ... and cf_conv_bf16_dx too (stride 1 only; a stride-2 layer's dx is left to the caller). */
+bool cf_conv_bf16_dx_supported(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels);
 void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed);

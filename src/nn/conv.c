@@ -234,8 +234,11 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->implicit_dw = !c->implicit && !c->winograd && c->k == 1 && c->stride == 2 && c->pad == 0 &&
                      !c->has_bias && cf_conv_implicit_supported(&c->g);
     if (c->implicit_dw) c->scratch_stride = round16(cf_conv_implicit_wgrad_scratch(&c->g));
-    c->bf16_implicit = c->in_c >= 8 && c->k > 1 && c->k % 2 == 1 && c->k <= 7 && c->stride == 1 &&
-                       c->g.oh == c->g.h && c->g.ow == c->g.w;
+    c->bf16_implicit = c->in_c >= 8 && c->k > 1 && c->k % 2 == 1 && c->k <= 7 &&
+                       c->pad == (c->k - 1) / 2 &&
+                       ((c->stride == 1 && c->g.oh == c->g.h && c->g.ow == c->g.w) ||
+                        (c->stride == 2 && 2 * c->g.oh == c->g.h && 2 * c->g.ow == c->g.w &&
+                         c->g.h % 2 == 0 && c->g.w % 2 == 0));
     if (c->bf16_implicit) {
         const size_t s = round16(cf_conv_bf16_scratch(&c->g, c->out_c));
         if (s > c->scratch_stride) c->scratch_stride = s;
@@ -765,7 +768,20 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
-    if (bf16_implicit) {
+    if (bf16_implicit && !cf_conv_bf16_dx_supported(&c->g, c->out_c)) {
+        /* stride 2: dx lowered (cf_sgemm_bf16, col2im) over the groups, then the weight and bias
+         * gradients image by image; the flags are those of the second pass */
+        const bool want_dw = c->want_dw, want_db = c->want_db;
+        c->want_dw = c->want_db = false;
+        if (need_dx) run_groups(c, N, conv_backward_range, m);
+        c->want_dw = want_dw;
+        c->want_db = want_db;
+        c->need_dx = false;
+        memset(c->ran, 0, (size_t)c->n_threads);
+        c->batch = N;
+        run_batch(c, N, conv_backward_bf16_range, m);
+        c->need_dx = need_dx;
+    } else if (bf16_implicit) {
         c->batch = N;
         run_batch(c, N, conv_backward_bf16_range, m);
     } else if (winograd || implicit) {

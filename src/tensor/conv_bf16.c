@@ -37,14 +37,19 @@
 
 typedef struct layout {
     int k, pad, taps, hp, wp;
-    int c, o, cp, op;   /* channels and channel pairs of the input and output */
-    int nq;             /* output positions computed per image (oh * wp rounded up to 16) */
-    size_t plane;       /* words per pair plane */
-    int off[MAX_TAPS];  /* tap t = (ki, kj): ki * wp + kj */
-    int half[MAX_TAPS]; /* off / 2, and whether it is odd */
+    int stride, phases;  /* 1 and 1, or 2 and 4 (the phase planes of a stride-2 image) */
+    int hq, wq;          /* the padded image's size, or a phase plane's (stride 2) */
+    int c, o, cp, op;    /* channels and channel pairs of the input and output */
+    int nq;              /* output positions computed per image (oh * wp rounded up to 16) */
+    size_t plane;        /* words per pair plane */
+    int phase[MAX_TAPS]; /* tap t = (ki, kj) reads phase plane (ki % s) * 2 + kj % s ... */
+    int shift[MAX_TAPS]; /* ... at (ki / s) * wq + kj / s from the output position */
+    int off[MAX_TAPS];   /* the weight gradient's offset: phase * lp + shift */
+    int half[MAX_TAPS];  /* off / 2, and whether it is odd */
     unsigned char odd[MAX_TAPS];
     /* the weight gradient's blocks */
-    int s;      /* positions per image (hp * wp rounded up to even) */
+    int s;      /* positions per image (hq * wq rounded up to even) */
+    size_t lp;  /* uint16 per phase of a channel row (a block's positions, stride 2) */
     int block;  /* images per block */
     size_t lx;  /* uint16 per channel row of the padded block */
     int rows;   /* rows of X0 and X1 */
@@ -62,21 +67,32 @@ static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
     l->taps = g->kh * g->kw;
     l->hp = g->h + 2 * g->ph;
     l->wp = g->w + 2 * g->pw;
+    l->stride = g->sh;
+    l->phases = g->sh * g->sh;
+    l->hq = (l->hp + l->stride - 1) / l->stride;
+    l->wq = (l->wp + l->stride - 1) / l->stride;
     l->c = g->c;
     l->o = out_channels;
     l->cp = (g->c + 1) / 2;
     l->op = (out_channels + 1) / 2;
-    l->nq = (int)up((size_t)g->oh * l->wp, 16);
-    const int maxoff = (l->k - 1) * (l->wp + 1);
-    l->plane = up((size_t)l->nq + maxoff, 16);
+    l->nq = (int)up((size_t)g->oh * l->wq, 16);
+    const int reach = (l->k - 1) / l->stride * (l->wq + 1); /* the largest shift */
+    l->plane = up((size_t)l->nq + reach > (size_t)l->hq * l->wq ? (size_t)l->nq + reach
+                                                                : (size_t)l->hq * l->wq,
+                  16);
+    l->s = (int)up((size_t)l->hq * l->wq, 2);
+    l->block = WGRAD_POSITIONS / l->s > 1 ? WGRAD_POSITIONS / l->s : 1;
+    const size_t positions = (size_t)l->block * l->s;
+    l->lp = l->phases == 1 ? 0 : up(positions + reach + 2, 2);
     for (int t = 0; t < l->taps; t++) {
-        l->off[t] = (t / l->k) * l->wp + t % l->k;
+        const int ki = t / l->k, kj = t % l->k;
+        l->phase[t] = l->stride == 1 ? 0 : (ki % 2) * 2 + kj % 2;
+        l->shift[t] = ki / l->stride * l->wq + kj / l->stride;
+        l->off[t] = (int)(l->phase[t] * l->lp) + l->shift[t];
         l->half[t] = l->off[t] / 2;
         l->odd[t] = (unsigned char)(l->off[t] & 1);
     }
-    l->s = (int)up((size_t)l->hp * l->wp, 2);
-    l->block = WGRAD_POSITIONS / l->s > 1 ? WGRAD_POSITIONS / l->s : 1;
-    const size_t positions = (size_t)l->block * l->s;
+    const int maxoff = (int)((l->phases - 1) * l->lp) + reach;
     l->rows = (int)(positions / 2 + maxoff / 2 + 1);
     l->lx = up(2 * (size_t)l->rows + 2, 32);
     l->ldb = up((size_t)l->c, 16);
@@ -86,9 +102,16 @@ static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs) return false;
-    if (g->kh != g->kw || g->sh != 1 || g->sw != 1 || g->ph != g->pw) return false;
+    if (g->kh != g->kw || g->sh != g->sw || g->ph != g->pw || g->ph != (g->kh - 1) / 2)
+        return false;
     if (g->kh < 2 || g->kh % 2 == 0 || g->kh * g->kw > MAX_TAPS) return false;
-    return g->oh == g->h && g->ow == g->w && g->c >= 1 && out_channels >= 1;
+    if (g->c < 1 || out_channels < 1) return false;
+    if (g->sh == 1) return g->oh == g->h && g->ow == g->w;
+    return g->sh == 2 && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h && 2 * g->ow == g->w;
+}
+
+bool cf_conv_bf16_dx_supported(const cf_conv_geom *g, int out_channels) {
+    return cf_conv_bf16_supported(g, out_channels) && g->sh == 1;
 }
 
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
@@ -137,13 +160,14 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
 static size_t run_words(const layout *l) {
     const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
                  rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
-    return pairs * l->plane + rows * l->nq;
+    return (size_t)l->phases * pairs * l->plane + rows * l->nq + up((size_t)l->wp, 16);
 }
 
 /* Words of the weight gradient's scratch: x's padded rows and their copy one position on
  * (uint16), X0 and X1, dy's rows (uint16, whole blocks of 8). */
 static size_t wgrad_words(const layout *l) {
-    return (size_t)l->c * l->lx + 2 * (size_t)l->rows * l->ldb + up((size_t)l->o, ROWS) * l->dl / 2;
+    return (size_t)l->c * l->lx + 2 * (size_t)l->rows * l->ldb +
+           up((size_t)l->o, ROWS) * l->dl / 2 + up((size_t)l->wp, 32) / 2;
 }
 
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
@@ -153,32 +177,48 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     return run > wgrad ? run : wgrad;
 }
 
-/* The forward pass (or dx) of n images: src has `ch` channels of h x w, dst rows channels of
- * oh x ow; packed as the kernel reads it. */
+/* The forward pass (or dx, stride 1) of n images: src has `ch` channels of h x w, dst rows
+ * channels of oh x ow; packed as the kernel reads it. */
 static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                        const uint32_t *packed, const float *src, int n_images, float *dst,
                        float *scratch) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = (ch + 1) / 2;
     uint32_t *xp = (uint32_t *)scratch;
-    float *out = (float *)(xp + (size_t)pairs * l->plane);
+    const size_t phase_words = (size_t)pairs * l->plane;
+    float *out = (float *)(xp + l->phases * phase_words);
+    uint32_t *line = (uint32_t *)(out + up((size_t)rows, ROWS) * l->nq);
     const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
-    memset(xp, 0, (size_t)pairs * l->plane * sizeof(uint32_t)); /* the border stays zero */
+    int off[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
+    memset(xp, 0, l->phases * phase_words * sizeof(uint32_t)); /* the border stays zero */
     for (int n = 0; n < n_images; n++) {
         const float *x = src + (size_t)n * in_n;
         for (int p = 0; p < pairs; p++) {
             const float *lo = x + (size_t)2 * p * g->h * g->w;
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
-            uint32_t *plane = xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad;
-            for (int i = 0; i < g->h; i++)
-                k->pairs(lo + (size_t)i * g->w, hi ? hi + (size_t)i * g->w : NULL,
-                         plane + (size_t)i * l->wp, g->w);
+            uint32_t *plane = xp + (size_t)p * l->plane;
+            for (int i = 0; i < g->h; i++) {
+                const float *l0 = lo + (size_t)i * g->w, *h0 = hi ? hi + (size_t)i * g->w : NULL;
+                if (l->stride == 1) {
+                    k->pairs(l0, h0, plane + (size_t)(i + l->pad) * l->wp + l->pad, g->w);
+                    continue;
+                }
+                /* stride 2: the row's even and odd padded columns to their phase planes */
+                k->pairs(l0, h0, line, g->w);
+                const int r = i + l->pad, a = r % 2;
+                for (int j = 0; j < g->w; j++) {
+                    const int cc = j + l->pad;
+                    plane[(size_t)(a * 2 + cc % 2) * phase_words + (size_t)(r / 2) * l->wq +
+                          cc / 2] = line[j];
+                }
+            }
         }
-        k->conv_run(l->taps, l->off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
+        k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
         float *y = dst + (size_t)n * out_n;
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < g->oh; i++)
-                memcpy(y + ((size_t)r * g->oh + i) * g->ow, out + (size_t)r * l->nq + i * l->wp,
+                memcpy(y + ((size_t)r * g->oh + i) * g->ow, out + (size_t)r * l->nq + i * l->wq,
                        (size_t)g->ow * sizeof(float));
     }
 }
@@ -207,6 +247,7 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     uint16_t *xo = xb + (size_t)l.c * l.lx; /* ... and one position on */
     uint32_t *x0 = (uint32_t *)(xo + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
     uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
+    uint16_t *line = dyb + up((size_t)l.o, ROWS) * l.dl; /* a row of x (stride 2) */
     const size_t plane = (size_t)g->h * g->w, in_n = (size_t)l.c * plane,
                  out_n = (size_t)l.o * g->oh * g->ow;
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
@@ -218,15 +259,27 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
         for (int b = 0; b < nb; b++) {
             const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
             for (int c = 0; c < l.c; c++) {
-                uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s + l.pad * l.wp + l.pad;
-                for (int i = 0; i < g->h; i++)
-                    cf_fp32_to_bf16(xn + c * plane + (size_t)i * g->w, row + (size_t)i * l.wp,
-                                    (size_t)g->w);
+                uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
+                for (int i = 0; i < g->h; i++) {
+                    const float *src = xn + c * plane + (size_t)i * g->w;
+                    if (l.stride == 1) {
+                        cf_fp32_to_bf16(src, row + (size_t)(i + l.pad) * l.wp + l.pad,
+                                        (size_t)g->w);
+                        continue;
+                    }
+                    cf_fp32_to_bf16(src, line, (size_t)g->w);
+                    const int r = i + l.pad, a = r % 2;
+                    for (int j = 0; j < g->w; j++) {
+                        const int cc = j + l.pad;
+                        row[(size_t)(a * 2 + cc % 2) * l.lp + (size_t)(r / 2) * l.wq + cc / 2] =
+                            line[j];
+                    }
+                }
             }
             for (int o = 0; o < l.o; o++) {
                 uint16_t *row = dyb + (size_t)o * l.dl + (size_t)b * l.s;
                 for (int i = 0; i < g->oh; i++)
-                    cf_fp32_to_bf16(dyn + ((size_t)o * g->oh + i) * g->ow, row + (size_t)i * l.wp,
+                    cf_fp32_to_bf16(dyn + ((size_t)o * g->oh + i) * g->ow, row + (size_t)i * l.wq,
                                     (size_t)g->ow);
             }
         }
