@@ -177,6 +177,22 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     return run > wgrad ? run : wgrad;
 }
 
+/* A row of w values, placed at padded columns pad .. pad + w - 1, split into its even and odd
+ * padded columns: even[v] = row[2v - pad], odd[v] = row[2v + 1 - pad] where those are in the row
+ * (plain strided loops, which the compiler vectorizes). */
+#define SPLIT_ROW(name, type)                                                                      \
+    static void name(const type *row, int w, int pad, type *even, type *odd) {                     \
+        for (int b = 0; b < 2; b++) {                                                              \
+            type *dst = b ? odd : even;                                                            \
+            const int base = b - pad, v0 = base < 0 ? (1 - base) / 2 : 0;                          \
+            const int v1 = (w - 1 - base) / 2 + 1; /* past the last v with 2v + base < w */        \
+            for (int v = v0; v < v1; v++) dst[v] = row[2 * v + base];                              \
+        }                                                                                          \
+    }
+SPLIT_ROW(split_u32, uint32_t)
+SPLIT_ROW(split_u16, uint16_t)
+#undef SPLIT_ROW
+
 /* The forward pass (or dx, stride 1) of n images: src has `ch` channels of h x w, dst rows
  * channels of oh x ow; packed as the kernel reads it. */
 static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
@@ -206,12 +222,10 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                 }
                 /* stride 2: the row's even and odd padded columns to their phase planes */
                 k->pairs(l0, h0, line, g->w);
-                const int r = i + l->pad, a = r % 2;
-                for (int j = 0; j < g->w; j++) {
-                    const int cc = j + l->pad;
-                    plane[(size_t)(a * 2 + cc % 2) * phase_words + (size_t)(r / 2) * l->wq +
-                          cc / 2] = line[j];
-                }
+                const int r = i + l->pad;
+                uint32_t *even =
+                    plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq;
+                split_u32(line, g->w, l->pad, even, even + phase_words);
             }
         }
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
@@ -268,12 +282,9 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
                         continue;
                     }
                     cf_fp32_to_bf16(src, line, (size_t)g->w);
-                    const int r = i + l.pad, a = r % 2;
-                    for (int j = 0; j < g->w; j++) {
-                        const int cc = j + l.pad;
-                        row[(size_t)(a * 2 + cc % 2) * l.lp + (size_t)(r / 2) * l.wq + cc / 2] =
-                            line[j];
-                    }
+                    const int r = i + l.pad;
+                    uint16_t *even = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq;
+                    split_u16(line, g->w, l.pad, even, even + l.lp);
                 }
             }
             for (int o = 0; o < l.o; o++) {
