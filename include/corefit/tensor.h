@@ -303,8 +303,6 @@ void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float
  * overwritten; wgrad: dw [tap][out][in] = the weight gradient summed over the n images
  * (overwritten). Layouts: docs/api.md. */
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels);
-/* ... and cf_conv_bf16_dx too (stride 1 only; a stride-2 layer's dx is left to the caller). */
-bool cf_conv_bf16_dx_supported(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels);
 void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed);

@@ -768,20 +768,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
-    if (bf16_implicit && !cf_conv_bf16_dx_supported(&c->g, c->out_c)) {
-        /* stride 2: dx lowered (cf_sgemm_bf16, col2im) over the groups, then the weight and bias
-         * gradients image by image; the flags are those of the second pass */
-        const bool want_dw = c->want_dw, want_db = c->want_db;
-        c->want_dw = c->want_db = false;
-        if (need_dx) run_groups(c, N, conv_backward_range, m);
-        c->want_dw = want_dw;
-        c->want_db = want_db;
-        c->need_dx = false;
-        memset(c->ran, 0, (size_t)c->n_threads);
-        c->batch = N;
-        run_batch(c, N, conv_backward_bf16_range, m);
-        c->need_dx = need_dx;
-    } else if (bf16_implicit) {
+    if (bf16_implicit) {
         c->batch = N;
         run_batch(c, N, conv_backward_bf16_range, m);
     } else if (winograd || implicit) {

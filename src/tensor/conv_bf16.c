@@ -14,7 +14,8 @@
  *   forward  y[o] = sum over taps t and channel pairs p of w-pair(o, p, t) . xpairs[p][q + off(t)]
  *   dx       the same kernel on dy's pairs with the weights transposed and the taps reversed: for
  *            stride 1 and padding (k - 1) / 2, dx is the "same" convolution of dy with the
- *            flipped kernel
+ *            flipped kernel; for stride 2, one such correlation per phase plane of dx, with the
+ *            taps of that phase (dx_stride2)
  *   dW       dW[t][o][c] = sum over positions q of dy[o][q] * xpad[c][q + off(t)]: here the pairs
  *            run along the positions. dy is converted into padded-stride rows (zero in the dropped
  *            columns), a 32-bit word holding two neighbouring positions; x into the transposed
@@ -55,6 +56,11 @@ typedef struct layout {
     int rows;   /* rows of X0 and X1 */
     size_t ldb; /* their row stride in words (the channels rounded up to 16) */
     size_t dl;  /* uint16 per output-channel row of dy (the block's positions) */
+    /* stride 2's dx: dy's pair planes padded by pad on every side (wd wide), and per phase of dx
+     * the taps that reach it (their kernel index and offset) */
+    int wd, nqd;
+    size_t planed;
+    int ntap[4], dtap[4][MAX_TAPS], doff[4][MAX_TAPS];
 } layout;
 
 static size_t up(size_t n, size_t m) {
@@ -97,6 +103,17 @@ static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
     l->lx = up(2 * (size_t)l->rows + 2, 32);
     l->ldb = up((size_t)l->c, 16);
     l->dl = positions;
+    l->wd = g->ow + 2 * l->pad;
+    l->nqd = (int)up((size_t)l->hq * l->wd, 16);
+    const size_t dreach = (size_t)l->pad * (l->wd + 1), hd = (size_t)g->oh + 2 * l->pad;
+    l->planed = up(l->nqd + dreach > hd * l->wd ? l->nqd + dreach : hd * l->wd, 16);
+    for (int ph = 0; ph < 4; ph++) l->ntap[ph] = 0;
+    if (l->stride == 2)
+        for (int t = 0; t < l->taps; t++) {
+            const int ki = t / l->k, kj = t % l->k, ph = (ki % 2) * 2 + kj % 2;
+            l->dtap[ph][l->ntap[ph]] = t;
+            l->doff[ph][l->ntap[ph]++] = (l->pad - ki / 2) * l->wd + (l->pad - kj / 2);
+        }
 }
 
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
@@ -108,10 +125,6 @@ bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     if (g->c < 1 || out_channels < 1) return false;
     if (g->sh == 1) return g->oh == g->h && g->ow == g->w;
     return g->sh == 2 && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h && 2 * g->ow == g->w;
-}
-
-bool cf_conv_bf16_dx_supported(const cf_conv_geom *g, int out_channels) {
-    return cf_conv_bf16_supported(g, out_channels) && g->sh == 1;
 }
 
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
@@ -144,6 +157,21 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
                 fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
                     in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
             }
+    if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
+        for (int ph = 0; ph < 4; ph++) {
+            for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+                for (int j = 0; j < l.ntap[ph]; j++)
+                    for (int p = 0; p < l.op; p++) {
+                        const bool in = c < C;
+                        const int t = l.dtap[ph][j];
+                        dx[(((size_t)(c / ROWS) * l.ntap[ph] + j) * l.op + p) * ROWS + c % ROWS] =
+                            pair_of(in ? W(2 * p, c, t) : NULL,
+                                    in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
+                    }
+            dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
+        }
+        return;
+    }
     /* dx: [row block][tap][output pair][8 input channels], the taps reversed */
     for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
         for (int t = 0; t < T; t++)
@@ -160,7 +188,11 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
 static size_t run_words(const layout *l) {
     const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
                  rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
-    return (size_t)l->phases * pairs * l->plane + rows * l->nq + up((size_t)l->wp, 16);
+    const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq + up((size_t)l->wp, 16);
+    const size_t dx2 =
+        l->stride == 1 ? 0
+                       : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd;
+    return run > dx2 ? run : dx2;
 }
 
 /* Words of the weight gradient's scratch: x's padded rows and their copy one position on
@@ -193,7 +225,7 @@ SPLIT_ROW(split_u32, uint32_t)
 SPLIT_ROW(split_u16, uint16_t)
 #undef SPLIT_ROW
 
-/* The forward pass (or dx, stride 1) of n images: src has `ch` channels of h x w, dst rows
+/* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
  * channels of oh x ow; packed as the kernel reads it. */
 static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                        const uint32_t *packed, const float *src, int n_images, float *dst,
@@ -244,12 +276,59 @@ void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *
     run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch);
 }
 
+/* Stride 2's dx of n images: per phase (a, b) of the padded input, dxpad[c][2u + a][2v + b] =
+ * sum over the taps (ki, kj) of that phase and the output channels o of w[o][c][ki][kj] *
+ * dy[o][u - ki / 2][v - kj / 2], a stride-1 correlation of dy (padded by pad on every side)
+ * with the phase's taps; the four phases' rows are then interleaved into dx. */
+static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
+                       const float *dy, int n_images, float *dx, float *scratch) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->op, C = l->c, P = l->pad;
+    uint32_t *dp = (uint32_t *)scratch;
+    float *out = (float *)(dp + (size_t)pairs * l->planed);
+    const size_t outw = up((size_t)C, ROWS) * l->nqd, plane = (size_t)g->oh * g->ow,
+                 in_n = (size_t)C * g->h * g->w;
+    memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t)); /* the border stays zero */
+    for (int n = 0; n < n_images; n++) {
+        const float *dyn = dy + (size_t)n * l->o * plane;
+        for (int p = 0; p < pairs; p++) {
+            const float *lo = dyn + (size_t)2 * p * plane,
+                        *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
+            for (int i = 0; i < g->oh; i++)
+                k->pairs(lo + (size_t)i * g->ow, hi ? hi + (size_t)i * g->ow : NULL,
+                         dp + (size_t)p * l->planed + (size_t)(i + P) * l->wd + P, g->ow);
+        }
+        const uint32_t *pk = packed;
+        for (int ph = 0; ph < 4; ph++) {
+            k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp, l->planed, l->nqd,
+                        out + ph * outw, (size_t)l->nqd);
+            pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
+        }
+        float *dxn = dx + (size_t)n * in_n;
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < g->h; r++) {
+                const int a = (r + P) % 2, u = (r + P) / 2;
+                float *row = dxn + ((size_t)c * g->h + r) * g->w;
+                for (int b = 0; b < 2; b++) {
+                    const float *src =
+                        out + (a * 2 + b) * outw + (size_t)c * l->nqd + (size_t)u * l->wd;
+                    const int base = b - P, v0 = base < 0 ? (1 - base) / 2 : 0;
+                    const int v1 = (g->w - 1 - base) / 2 + 1;
+                    for (int v = v0; v < v1; v++) row[2 * v + base] = src[v];
+                }
+            }
+    }
+}
+
 void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
                      int n_images, float *dx, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
+    if (l.stride == 2)
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch);
+    else
+        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
 }
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
