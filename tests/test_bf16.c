@@ -244,11 +244,12 @@ static double largest(const float *v, size_t n) {
 /* Conv2d in mixed precision, forward, input and weight gradients, on the layer shapes of W1 (the
  * 1-channel stem, the stride-2 3x3 layers and 1x1 shortcuts, the 3x3 layers on 14x14 and 7x7
  * images that fp32 takes through Winograd, grouped small images) and of W3 (a 7x7 stride-2 stem
- * on RGB), a 1x1 layer read in place, bias and no padding. With bf16 compute: within fp32
- * summation error (1e-6 per term) of conv2d on bf16-rounded x, w and dy summed in float64, and
- * within 2^-7 of the largest value of torch.autocast("cpu", torch.bfloat16) (whose results are
- * rounded to bf16 once more); and visibly not the fp32 result. Capped below avx512_bf16: the
- * fp32 result. */
+ * on RGB), a 1x1 layer read in place, bias and no padding, and stride-1 layers of the implicit
+ * bf16 kernels (odd channel counts, a 5x5 kernel, partial blocks of images and of rows). With bf16
+ * compute: within fp32 summation error (1e-6 per term) of conv2d on bf16-rounded x, w and dy summed
+ * in float64, and within 2^-7 of the largest value of torch.autocast("cpu", torch.bfloat16) (whose
+ * results are rounded to bf16 once more); and visibly not the fp32 result. Capped below
+ * avx512_bf16: the fp32 result. */
 static void test_conv_matches_torch(void **state) {
     (void)state;
     static const conv_case cases[] = {
@@ -260,6 +261,11 @@ static void test_conv_matches_torch(void **state) {
         {2, 3, 20, 20, 8, 7, 2, 3, false},   /* W3 stem */
         {4, 24, 9, 9, 40, 1, 1, 0, true},    /* 1x1 read in place, bias */
         {5, 5, 9, 11, 7, 3, 1, 0, true},     /* no padding, odd sizes, bias */
+        /* stride 1, output as large as the input: the implicit bf16 kernels (conv_bf16.c) */
+        {3, 12, 14, 14, 20, 3, 1, 1, true},  /* blocks of 2 images for dW, one partial; 20 rows */
+        {2, 9, 10, 13, 11, 5, 1, 2, true},   /* odd channels (a half pair), 5x5, odd sizes */
+        {2, 16, 28, 28, 24, 3, 1, 1, false}, /* one image per dW block, many position tiles */
+        {3, 10, 12, 16, 9, 5, 2, 2, true},   /* stride 2 through the phase planes, 5x5, bias */
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     const bool bf16 = cf_bf16_compute();

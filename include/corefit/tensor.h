@@ -292,6 +292,27 @@ void cf_lstm_cell_forward(int n, float *gates, const float *c_prev, float *c, fl
 void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float *c,
                            const float *dh_out, const float *dh_rec, float *dc);
 
+/* ---- bf16 convolutions without a patch matrix: src/tensor/conv_bf16.c ---------------------- */
+
+/* Mixed-precision Conv2d of stride 1 whose output is as large as its input, or of stride 2 on an
+ * even-sized image (an odd square kernel above 1x1, padding (k - 1) / 2): bf16 operands, fp32 sums,
+ * through the kernel table's vdpbf16ps kernels. Supported only where the active table has them (the
+ * avx512_bf16 level). Weights are packed by cf_conv_bf16_pack (both products' orders) into
+ * cf_conv_bf16_packed_floats floats; every call takes cf_conv_bf16_scratch floats of scratch.
+ * forward: y (n, out, h, w) = conv(x); dx: dx (n, c, h, w) = the input gradient of dy, both
+ * overwritten; wgrad: dw [tap][out][in] = the weight gradient summed over the n images
+ * (overwritten). Layouts: docs/api.md. */
+bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels);
+size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels);
+size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels);
+void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed);
+void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *x, int n_images, float *y, float *scratch);
+void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
+                     int n_images, float *dx, float *scratch);
+void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                        int n_images, float *dw, float *scratch);
+
 #ifdef __cplusplus
 }
 #endif

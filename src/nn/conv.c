@@ -82,9 +82,14 @@ typedef struct conv_impl {
     /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
      * cf_conv_implicit_wgrad (so that a stride-2 sibling can compute it bitwise the same) */
     bool implicit_dw;
-    /* mixed precision (cf_conv_set_bf16): where the kernel table computes in bf16, every call
+    /* mixed precision (cf_conv_set_bf16): where the kernel table computes in bf16, a call
      * takes the lowered path with its three products through cf_sgemm_bf16 */
     bool bf16;
+    /* ... and of those, a stride-1 layer with the output as large as the input (k > 1, at least
+     * 8 input channels) goes through cf_conv_bf16_* (no patch matrix), its weights packed by
+     * the forward pass into bf16_packed (kept for the plan) and read again by the backward */
+    bool bf16_implicit;
+    float *bf16_packed;
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -109,6 +114,13 @@ static bool use_bf16(const conv_impl *c) {
 /* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
 static bool bf16_dw_dots(const conv_impl *c) {
     return c->in_c * c->k * c->k < 16 && c->out_c <= 16;
+}
+
+/* Whether this call goes through cf_conv_bf16_* (the kernel table may have changed since the
+ * plan; the plan reserved their scratch and packed weights wherever the geometry fits). */
+static bool use_bf16_implicit(const conv_impl *c) {
+    return c->bf16_implicit && use_bf16(c) && !cf_kernels_reference() &&
+           cf_conv_bf16_supported(&c->g, c->out_c);
 }
 
 static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
@@ -222,6 +234,16 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->implicit_dw = !c->implicit && !c->winograd && c->k == 1 && c->stride == 2 && c->pad == 0 &&
                      !c->has_bias && cf_conv_implicit_supported(&c->g);
     if (c->implicit_dw) c->scratch_stride = round16(cf_conv_implicit_wgrad_scratch(&c->g));
+    c->bf16_implicit = c->in_c >= 8 && c->k > 1 && c->k % 2 == 1 && c->k <= 7 &&
+                       c->pad == (c->k - 1) / 2 &&
+                       ((c->stride == 1 && c->g.oh == c->g.h && c->g.ow == c->g.w) ||
+                        (c->stride == 2 && 2 * c->g.oh == c->g.h && 2 * c->g.ow == c->g.w &&
+                         c->g.h % 2 == 0 && c->g.w % 2 == 0));
+    if (c->bf16_implicit) {
+        const size_t s = round16(cf_conv_bf16_scratch(&c->g, c->out_c));
+        if (s > c->scratch_stride) c->scratch_stride = s;
+        c->bf16_packed = cf_arena_floats(arena, cf_conv_bf16_packed_floats(&c->g, c->out_c));
+    }
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
     cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
@@ -361,6 +383,18 @@ static void add_bias(const conv_impl *c, const float *b, int64_t n0, int64_t n1)
         }
 }
 
+/* The images [begin, end) through cf_conv_bf16_forward. */
+static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    cf_conv_bf16_forward(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
+                         (int)(end - begin), c->y + (size_t)begin * out_n,
+                         c->scratch + (size_t)thread * c->scratch_stride);
+    if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
+}
+
 /* The images [begin, end) without a patch matrix: through Winograd or the implicit kernels. */
 static void conv_forward_in_place_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
@@ -417,7 +451,10 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
             .out_channels = s->out_c, .w = shortcut->params[0].data, .y = ys->data};
     }
     float *mem = call_begin(c, false);
-    if (c->winograd_call || use_implicit(c)) {
+    if (use_bf16_implicit(c)) {
+        cf_conv_bf16_pack(g, c->out_c, m->params[0].data, c->bf16_packed);
+        run_batch(c, c->batch, conv_forward_bf16_range, m);
+    } else if (c->winograd_call || use_implicit(c)) {
         if (c->winograd_call)
             cf_conv_winograd_pack(g, c->out_c, m->params[0].data, c->wino_u);
         else
@@ -610,6 +647,26 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     }
 }
 
+/* The images [begin, end) through cf_conv_bf16_wgrad (into this thread's partial sums,
+ * [tap][out][in]) and cf_conv_bf16_dx, with the weights the forward pass packed. */
+static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    const int count = (int)(end - begin);
+    const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
+    float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
+    c->ran[thread] = 1;
+    if (c->want_dw)
+        cf_conv_bf16_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
+                           scratch);
+    if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+    if (c->need_dx)
+        cf_conv_bf16_dx(g, c->out_c, c->bf16_packed, dy, count, c->dx + (size_t)begin * in_n,
+                        scratch);
+}
+
 /* The weight gradient alone of the images [begin, end) of an implicit_dw layer, into this
  * thread's partial sums [out][in]. */
 static void conv_wgrad_range(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -710,7 +767,11 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
-    if (winograd || implicit) {
+    const bool bf16_implicit = use_bf16_implicit(c);
+    if (bf16_implicit) {
+        c->batch = N;
+        run_batch(c, N, conv_backward_bf16_range, m);
+    } else if (winograd || implicit) {
         if (need_dx && winograd) cf_conv_winograd_pack_dx(&c->g, c->out_c, wp->data, c->wino_u_dx);
         if (need_dx && implicit) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
         c->batch = N;
@@ -728,7 +789,8 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     } else {
         run_groups(c, N, conv_backward_range, m);
     }
-    reduce_partials(m, c->want_dw, c->want_db, winograd, implicit || use_implicit_dw(c),
+    reduce_partials(m, c->want_dw, c->want_db, winograd,
+                    implicit || use_implicit_dw(c) || bf16_implicit,
                     use_bf16(c) && !bf16_dw_dots(c));
     finish_shortcut_dw(c);
     call_end(c, mem);

@@ -218,8 +218,116 @@ static bool bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, const flo
     return true;
 }
 
+/* ---- the implicit bf16 convolution (conv_bf16.c) ---------------------------------------------
+ *
+ * out[i] = bf16(lo[i]) | bf16(hi[i]) << 16 for i < n (hi NULL: zero). */
+static void bf16_pairs(const float *lo, const float *hi, uint32_t *out, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = lanes_below(n - i);
+        const __m512i l = round_lanes(_mm512_maskz_loadu_ps(m, lo + i));
+        const __m512i h =
+            hi ? round_lanes(_mm512_maskz_loadu_ps(m, hi + i)) : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(out + i, m, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    }
+}
+
+/* One tile of conv_run: 8 rows by nv (1-3) vectors of 16 positions from q. */
+static inline __attribute__((always_inline)) void conv_tile(int nv, int taps, const int *off,
+                                                            int pairs, const uint32_t *ap,
+                                                            const uint32_t *x, size_t plane,
+                                                            float *out, size_t ldo) {
+    __m512 acc[MR][NV];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int t = 0; t < taps; t++) {
+        const uint32_t *xt = x + off[t];
+        for (int p = 0; p < pairs; p++, ap += MR, xt += plane) {
+            __m512bh b[NV];
+            for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(xt + 16 * v);
+            for (int r = 0; r < MR; r++) {
+                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+                for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + (size_t)r * ldo + 16 * v, acc[r][v]);
+}
+
+/* out[r * ldo + q] = sum over taps t and channel pairs p of the dot product of row r's weight
+ * pair (packed: blocks of 8 rows, [tap][pair][8 rows]) with x[p * plane + q + off[t]], for r in
+ * whole blocks of 8 covering m and q < nq (a multiple of 16). */
+static void bf16_conv_run(int taps, const int *off, int pairs, int m, const uint32_t *packed,
+                          const uint32_t *x, size_t plane, int nq, float *out, size_t ldo) {
+    const size_t block = (size_t)taps * pairs * MR;
+    for (int rb = 0; rb < (m + MR - 1) / MR; rb++) {
+        const uint32_t *ap = packed + (size_t)rb * block;
+        float *o = out + (size_t)rb * MR * ldo;
+        int q = 0;
+        for (; q + NR <= nq; q += NR) conv_tile(3, taps, off, pairs, ap, x + q, plane, o + q, ldo);
+        if (nq - q == 32) conv_tile(2, taps, off, pairs, ap, x + q, plane, o + q, ldo);
+        if (nq - q == 16) conv_tile(1, taps, off, pairs, ap, x + q, plane, o + q, ldo);
+    }
+}
+
+/* One tile of conv_wgrad: 8 rows of a by nv (1-3) vectors of 16 columns of b from c0. */
+static inline __attribute__((always_inline)) void wgrad_tile(int nv, int nq2, const uint32_t *a,
+                                                             size_t lda, const uint32_t *b,
+                                                             size_t ldb, float *out, size_t ldo,
+                                                             int rows, int cols, bool accumulate) {
+    __m512 acc[MR][NV];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int q = 0; q < nq2; q++, a++, b += ldb) {
+        __m512bh bv[NV];
+        for (int v = 0; v < nv; v++) bv[v] = (__m512bh)_mm512_loadu_si512(b + 16 * v);
+        for (int r = 0; r < MR; r++) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[(size_t)r * lda]);
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *o = out + (size_t)r * ldo;
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 m = lanes_below(cols - 16 * v);
+            __m512 s = acc[r][v];
+            if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, o + 16 * v));
+            _mm512_mask_storeu_ps(o + 16 * v, m, s);
+        }
+    }
+}
+
+/* out[t * tapo + r * ldo + c] (+)= sum over q < nq2 of the dot product of a[r * lda + q] with
+ * (odd[t] ? b1 : b0)[(q + half[t]) * ldb + c], for t < taps, r < m (a has whole blocks of 8
+ * rows), c < ch (b's rows hold ldb >= ch words, a multiple of 16, zero past ch). */
+static void bf16_conv_wgrad(int taps, const int *half, const unsigned char *odd, int m, int ch,
+                            int nq2, const uint32_t *a, size_t lda, const uint32_t *b0,
+                            const uint32_t *b1, size_t ldb, float *out, size_t ldo, size_t tapo,
+                            bool accumulate) {
+    for (int t = 0; t < taps; t++) {
+        const uint32_t *b = (odd[t] ? b1 : b0) + (size_t)half[t] * ldb;
+        for (int r0 = 0; r0 < m; r0 += MR) {
+            const int rows = m - r0 < MR ? m - r0 : MR;
+            for (int c0 = 0; c0 < ch; c0 += NR) {
+                const int cols = ch - c0 < NR ? ch - c0 : NR, nv = (cols + 15) / 16;
+                float *o = out + (size_t)t * tapo + (size_t)r0 * ldo + c0;
+                const uint32_t *ar = a + (size_t)r0 * lda;
+                if (nv == 3)
+                    wgrad_tile(3, nq2, ar, lda, b + c0, ldb, o, ldo, rows, cols, accumulate);
+                else if (nv == 2)
+                    wgrad_tile(2, nq2, ar, lda, b + c0, ldb, o, ldo, rows, cols, accumulate);
+                else
+                    wgrad_tile(1, nq2, ar, lda, b + c0, ldb, o, ldo, rows, cols, accumulate);
+            }
+        }
+    }
+}
+
 const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .from_fp32 = bf16_from_fp32,
     .gemm = bf16_gemm,
+    .pairs = bf16_pairs,
+    .conv_run = bf16_conv_run,
+    .conv_wgrad = bf16_conv_wgrad,
 };
 #endif

@@ -120,6 +120,19 @@ typedef struct cf_bf16_kernels {
     /* as cf_sgemm_bf16 (m, n, k > 0); false (out of memory): left to fp32 */
     bool (*gemm)(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
                  const float *b, int ldb, float *c, int ldc, bool accumulate);
+    /* The implicit bf16 convolution's kernels (conv_bf16.c; NULL: none). pairs: out[i] =
+     * bf16(lo[i]) | bf16(hi[i]) << 16, i < n (hi NULL: zero). conv_run: out[r * ldo + q] = sum
+     * over taps t < taps and channel pairs p < pairs of dot(weight pair (r, t, p), x[p * plane +
+     * q + off[t]]), r in whole blocks of 8 rows (packed [block][tap][pair][8]), q < nq (a
+     * multiple of 16). conv_wgrad: out[t * tapo + r * ldo + c] (+)= sum over q < nq2 of
+     * dot(a[r * lda + q], (odd[t] ? b1 : b0)[(q + half[t]) * ldb + c]), r < m (a in whole
+     * blocks of 8 rows), c < ch (ldb a multiple of 16, zero past ch). */
+    void (*pairs)(const float *lo, const float *hi, uint32_t *out, int n);
+    void (*conv_run)(int taps, const int *off, int pairs, int m, const uint32_t *packed,
+                     const uint32_t *x, size_t plane, int nq, float *out, size_t ldo);
+    void (*conv_wgrad)(int taps, const int *half, const unsigned char *odd, int m, int ch, int nq2,
+                       const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
+                       size_t ldb, float *out, size_t ldo, size_t tapo, bool accumulate);
 } cf_bf16_kernels;
 
 typedef struct cf_kernel_table {

@@ -1,0 +1,390 @@
+/* The bfloat16 implicit convolution of mixed-precision training: stride 1, the output as large as
+ * the input (an odd square kernel above 1x1 with padding (k - 1) / 2, ResNets' 3x3 layers), no
+ * patch matrix, bf16 products with fp32 sums through the active kernel table's bf16 kernels
+ * (vdpbf16ps, which multiplies the two bf16 halves of a 32-bit lane pairwise and adds both
+ * products into an fp32 lane).
+ *
+ * Layouts. The input of a call is converted once per image into channel pairs: plane p holds,
+ * per position of the zero-padded image (hp x wp, row-major), bf16(x[2p]) | bf16(x[2p + 1]) << 16,
+ * so one 32-bit lane is the pair that one dot-product step reads. Output positions are counted in
+ * the padded image's row stride, q = i * wp + j: then tap (ki, kj) reads the planes at q + ki *
+ * wp + kj, a plain shift with no masks, and the columns j >= ow (k - 1 of every wp) are computed
+ * and dropped when the rows are copied out.
+ *
+ *   forward  y[o] = sum over taps t and channel pairs p of w-pair(o, p, t) . xpairs[p][q + off(t)]
+ *   dx       the same kernel on dy's pairs with the weights transposed and the taps reversed: for
+ *            stride 1 and padding (k - 1) / 2, dx is the "same" convolution of dy with the
+ *            flipped kernel; for stride 2, one such correlation per phase plane of dx, with the
+ *            taps of that phase (dx_stride2)
+ *   dW       dW[t][o][c] = sum over positions q of dy[o][q] * xpad[c][q + off(t)]: here the pairs
+ *            run along the positions. dy is converted into padded-stride rows (zero in the dropped
+ *            columns), a 32-bit word holding two neighbouring positions; x into the transposed
+ *            rows X0[q][c] = (xpad[c][2q], xpad[c][2q + 1]) and X1[q][c] = (xpad[c][2q + 1],
+ *            xpad[c][2q + 2]), so that a tap with an even offset reads X0 and an odd one X1, each
+ *            a whole row of channels per step. A block of small images is laid end to end (each
+ *            hp x wp positions), so that a register tile sums hundreds of positions.
+ *
+ * Weights are packed (rounded to bf16, both orders) by cf_conv_bf16_pack, once per forward pass,
+ * and the backward pass reads the same pack: once per training step. */
+#include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_TAPS 49 /* 7x7 */
+#define ROWS 8      /* the kernels' register tile rows */
+#define WGRAD_POSITIONS 512
+
+typedef struct layout {
+    int k, pad, taps, hp, wp;
+    int stride, phases;  /* 1 and 1, or 2 and 4 (the phase planes of a stride-2 image) */
+    int hq, wq;          /* the padded image's size, or a phase plane's (stride 2) */
+    int c, o, cp, op;    /* channels and channel pairs of the input and output */
+    int nq;              /* output positions computed per image (oh * wp rounded up to 16) */
+    size_t plane;        /* words per pair plane */
+    int phase[MAX_TAPS]; /* tap t = (ki, kj) reads phase plane (ki % s) * 2 + kj % s ... */
+    int shift[MAX_TAPS]; /* ... at (ki / s) * wq + kj / s from the output position */
+    int off[MAX_TAPS];   /* the weight gradient's offset: phase * lp + shift */
+    int half[MAX_TAPS];  /* off / 2, and whether it is odd */
+    unsigned char odd[MAX_TAPS];
+    /* the weight gradient's blocks */
+    int s;      /* positions per image (hq * wq rounded up to even) */
+    size_t lp;  /* uint16 per phase of a channel row (a block's positions, stride 2) */
+    int block;  /* images per block */
+    size_t lx;  /* uint16 per channel row of the padded block */
+    int rows;   /* rows of X0 and X1 */
+    size_t ldb; /* their row stride in words (the channels rounded up to 16) */
+    size_t dl;  /* uint16 per output-channel row of dy (the block's positions) */
+    /* stride 2's dx: dy's pair planes padded by pad on every side (wd wide), and per phase of dx
+     * the taps that reach it (their kernel index and offset) */
+    int wd, nqd;
+    size_t planed;
+    int ntap[4], dtap[4][MAX_TAPS], doff[4][MAX_TAPS];
+} layout;
+
+static size_t up(size_t n, size_t m) {
+    return (n + m - 1) / m * m;
+}
+
+static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
+    l->k = g->kh;
+    l->pad = g->ph;
+    l->taps = g->kh * g->kw;
+    l->hp = g->h + 2 * g->ph;
+    l->wp = g->w + 2 * g->pw;
+    l->stride = g->sh;
+    l->phases = g->sh * g->sh;
+    l->hq = (l->hp + l->stride - 1) / l->stride;
+    l->wq = (l->wp + l->stride - 1) / l->stride;
+    l->c = g->c;
+    l->o = out_channels;
+    l->cp = (g->c + 1) / 2;
+    l->op = (out_channels + 1) / 2;
+    l->nq = (int)up((size_t)g->oh * l->wq, 16);
+    const int reach = (l->k - 1) / l->stride * (l->wq + 1); /* the largest shift */
+    l->plane = up((size_t)l->nq + reach > (size_t)l->hq * l->wq ? (size_t)l->nq + reach
+                                                                : (size_t)l->hq * l->wq,
+                  16);
+    l->s = (int)up((size_t)l->hq * l->wq, 2);
+    l->block = WGRAD_POSITIONS / l->s > 1 ? WGRAD_POSITIONS / l->s : 1;
+    const size_t positions = (size_t)l->block * l->s;
+    l->lp = l->phases == 1 ? 0 : up(positions + reach + 2, 2);
+    for (int t = 0; t < l->taps; t++) {
+        const int ki = t / l->k, kj = t % l->k;
+        l->phase[t] = l->stride == 1 ? 0 : (ki % 2) * 2 + kj % 2;
+        l->shift[t] = ki / l->stride * l->wq + kj / l->stride;
+        l->off[t] = (int)(l->phase[t] * l->lp) + l->shift[t];
+        l->half[t] = l->off[t] / 2;
+        l->odd[t] = (unsigned char)(l->off[t] & 1);
+    }
+    const int maxoff = (int)((l->phases - 1) * l->lp) + reach;
+    l->rows = (int)(positions / 2 + maxoff / 2 + 1);
+    l->lx = up(2 * (size_t)l->rows + 2, 32);
+    l->ldb = up((size_t)l->c, 16);
+    l->dl = positions;
+    l->wd = g->ow + 2 * l->pad;
+    l->nqd = (int)up((size_t)l->hq * l->wd, 16);
+    const size_t dreach = (size_t)l->pad * (l->wd + 1), hd = (size_t)g->oh + 2 * l->pad;
+    l->planed = up(l->nqd + dreach > hd * l->wd ? l->nqd + dreach : hd * l->wd, 16);
+    for (int ph = 0; ph < 4; ph++) l->ntap[ph] = 0;
+    if (l->stride == 2)
+        for (int t = 0; t < l->taps; t++) {
+            const int ki = t / l->k, kj = t % l->k, ph = (ki % 2) * 2 + kj % 2;
+            l->dtap[ph][l->ntap[ph]] = t;
+            l->doff[ph][l->ntap[ph]++] = (l->pad - ki / 2) * l->wd + (l->pad - kj / 2);
+        }
+}
+
+bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs) return false;
+    if (g->kh != g->kw || g->sh != g->sw || g->ph != g->pw || g->ph != (g->kh - 1) / 2)
+        return false;
+    if (g->kh < 2 || g->kh % 2 == 0 || g->kh * g->kw > MAX_TAPS) return false;
+    if (g->c < 1 || out_channels < 1) return false;
+    if (g->sh == 1) return g->oh == g->h && g->ow == g->w;
+    return g->sh == 2 && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h && 2 * g->ow == g->w;
+}
+
+size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const size_t fwd = up((size_t)l.o, ROWS) * l.taps * l.cp,
+                 dx = up((size_t)l.c, ROWS) * l.taps * l.op;
+    /* and the weights rounded to bf16 before they are permuted */
+    return fwd + dx + ((size_t)l.o * l.c * l.taps + 1) / 2;
+}
+
+/* The pair of bf16 values a and b (either may be absent: zero). */
+static uint32_t pair_of(const uint16_t *a, const uint16_t *b) {
+    return (uint32_t)(a ? *a : 0) | (uint32_t)(b ? *b : 0) << 16;
+}
+
+void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    uint32_t *fwd = (uint32_t *)packed, *dx = fwd + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    uint16_t *wb = (uint16_t *)(dx + up((size_t)l.c, ROWS) * l.taps * l.op);
+    const int O = l.o, C = l.c, T = l.taps;
+    cf_fp32_to_bf16(w, wb, (size_t)O * C * T);
+#define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
+    /* forward: [row block][tap][input pair][8 output channels] */
+    for (int o = 0; o < (int)up((size_t)O, ROWS); o++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < l.cp; p++) {
+                const bool in = o < O;
+                fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
+                    in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
+            }
+    if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
+        for (int ph = 0; ph < 4; ph++) {
+            for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+                for (int j = 0; j < l.ntap[ph]; j++)
+                    for (int p = 0; p < l.op; p++) {
+                        const bool in = c < C;
+                        const int t = l.dtap[ph][j];
+                        dx[(((size_t)(c / ROWS) * l.ntap[ph] + j) * l.op + p) * ROWS + c % ROWS] =
+                            pair_of(in ? W(2 * p, c, t) : NULL,
+                                    in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
+                    }
+            dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
+        }
+        return;
+    }
+    /* dx: [row block][tap][output pair][8 input channels], the taps reversed */
+    for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < l.op; p++) {
+                const bool in = c < C;
+                const int tf = T - 1 - t;
+                dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
+                    in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
+            }
+#undef W
+}
+
+/* Words of the forward's and dx's scratch: the pair planes, then the output rows (fp32). */
+static size_t run_words(const layout *l) {
+    const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
+                 rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
+    const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq + up((size_t)l->wp, 16);
+    const size_t dx2 =
+        l->stride == 1 ? 0
+                       : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd;
+    return run > dx2 ? run : dx2;
+}
+
+/* Words of the weight gradient's scratch: x's padded rows and their copy one position on
+ * (uint16), X0 and X1, dy's rows (uint16, whole blocks of 8). */
+static size_t wgrad_words(const layout *l) {
+    return (size_t)l->c * l->lx + 2 * (size_t)l->rows * l->ldb +
+           up((size_t)l->o, ROWS) * l->dl / 2 + up((size_t)l->wp, 32) / 2;
+}
+
+size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const size_t run = run_words(&l), wgrad = wgrad_words(&l);
+    return run > wgrad ? run : wgrad;
+}
+
+/* A row of w values, placed at padded columns pad .. pad + w - 1, split into its even and odd
+ * padded columns: even[v] = row[2v - pad], odd[v] = row[2v + 1 - pad] where those are in the row
+ * (plain strided loops, which the compiler vectorizes). */
+#define SPLIT_ROW(name, type)                                                                      \
+    static void name(const type *row, int w, int pad, type *even, type *odd) {                     \
+        for (int b = 0; b < 2; b++) {                                                              \
+            type *dst = b ? odd : even;                                                            \
+            const int base = b - pad, v0 = base < 0 ? (1 - base) / 2 : 0;                          \
+            const int v1 = (w - 1 - base) / 2 + 1; /* past the last v with 2v + base < w */        \
+            for (int v = v0; v < v1; v++) dst[v] = row[2 * v + base];                              \
+        }                                                                                          \
+    }
+SPLIT_ROW(split_u32, uint32_t)
+SPLIT_ROW(split_u16, uint16_t)
+#undef SPLIT_ROW
+
+/* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
+ * channels of oh x ow; packed as the kernel reads it. */
+static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
+                       const uint32_t *packed, const float *src, int n_images, float *dst,
+                       float *scratch) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = (ch + 1) / 2;
+    uint32_t *xp = (uint32_t *)scratch;
+    const size_t phase_words = (size_t)pairs * l->plane;
+    float *out = (float *)(xp + l->phases * phase_words);
+    uint32_t *line = (uint32_t *)(out + up((size_t)rows, ROWS) * l->nq);
+    const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
+    int off[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
+    memset(xp, 0, l->phases * phase_words * sizeof(uint32_t)); /* the border stays zero */
+    for (int n = 0; n < n_images; n++) {
+        const float *x = src + (size_t)n * in_n;
+        for (int p = 0; p < pairs; p++) {
+            const float *lo = x + (size_t)2 * p * g->h * g->w;
+            const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
+            uint32_t *plane = xp + (size_t)p * l->plane;
+            for (int i = 0; i < g->h; i++) {
+                const float *l0 = lo + (size_t)i * g->w, *h0 = hi ? hi + (size_t)i * g->w : NULL;
+                if (l->stride == 1) {
+                    k->pairs(l0, h0, plane + (size_t)(i + l->pad) * l->wp + l->pad, g->w);
+                    continue;
+                }
+                /* stride 2: the row's even and odd padded columns to their phase planes */
+                k->pairs(l0, h0, line, g->w);
+                const int r = i + l->pad;
+                uint32_t *even =
+                    plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq;
+                split_u32(line, g->w, l->pad, even, even + phase_words);
+            }
+        }
+        k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
+        float *y = dst + (size_t)n * out_n;
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < g->oh; i++)
+                memcpy(y + ((size_t)r * g->oh + i) * g->ow, out + (size_t)r * l->nq + i * l->wq,
+                       (size_t)g->ow * sizeof(float));
+    }
+}
+
+void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *x, int n_images, float *y, float *scratch) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch);
+}
+
+/* Stride 2's dx of n images: per phase (a, b) of the padded input, dxpad[c][2u + a][2v + b] =
+ * sum over the taps (ki, kj) of that phase and the output channels o of w[o][c][ki][kj] *
+ * dy[o][u - ki / 2][v - kj / 2], a stride-1 correlation of dy (padded by pad on every side)
+ * with the phase's taps; the four phases' rows are then interleaved into dx. */
+static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
+                       const float *dy, int n_images, float *dx, float *scratch) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->op, C = l->c, P = l->pad;
+    uint32_t *dp = (uint32_t *)scratch;
+    float *out = (float *)(dp + (size_t)pairs * l->planed);
+    const size_t outw = up((size_t)C, ROWS) * l->nqd, plane = (size_t)g->oh * g->ow,
+                 in_n = (size_t)C * g->h * g->w;
+    memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t)); /* the border stays zero */
+    for (int n = 0; n < n_images; n++) {
+        const float *dyn = dy + (size_t)n * l->o * plane;
+        for (int p = 0; p < pairs; p++) {
+            const float *lo = dyn + (size_t)2 * p * plane,
+                        *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
+            for (int i = 0; i < g->oh; i++)
+                k->pairs(lo + (size_t)i * g->ow, hi ? hi + (size_t)i * g->ow : NULL,
+                         dp + (size_t)p * l->planed + (size_t)(i + P) * l->wd + P, g->ow);
+        }
+        const uint32_t *pk = packed;
+        for (int ph = 0; ph < 4; ph++) {
+            k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp, l->planed, l->nqd,
+                        out + ph * outw, (size_t)l->nqd);
+            pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
+        }
+        float *dxn = dx + (size_t)n * in_n;
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < g->h; r++) {
+                const int a = (r + P) % 2, u = (r + P) / 2;
+                float *row = dxn + ((size_t)c * g->h + r) * g->w;
+                for (int b = 0; b < 2; b++) {
+                    const float *src =
+                        out + (a * 2 + b) * outw + (size_t)c * l->nqd + (size_t)u * l->wd;
+                    const int base = b - P, v0 = base < 0 ? (1 - base) / 2 : 0;
+                    const int v1 = (g->w - 1 - base) / 2 + 1;
+                    for (int v = v0; v < v1; v++) row[2 * v + base] = src[v];
+                }
+            }
+    }
+}
+
+void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
+                     int n_images, float *dx, float *scratch) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    if (l.stride == 2)
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch);
+    else
+        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
+}
+
+void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                        int n_images, float *dw, float *scratch) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    uint16_t *xb = (uint16_t *)scratch;     /* C rows of lx: the padded images end to end */
+    uint16_t *xo = xb + (size_t)l.c * l.lx; /* ... and one position on */
+    uint32_t *x0 = (uint32_t *)(xo + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
+    uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
+    uint16_t *line = dyb + up((size_t)l.o, ROWS) * l.dl; /* a row of x (stride 2) */
+    const size_t plane = (size_t)g->h * g->w, in_n = (size_t)l.c * plane,
+                 out_n = (size_t)l.o * g->oh * g->ow;
+    /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
+    memset(scratch, 0, wgrad_words(&l) * sizeof(uint32_t));
+    for (int n0 = 0; n0 < n_images; n0 += l.block) {
+        const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
+        if (nb < l.block) /* images past the batch: no x for the taps to read (no dy is read) */
+            memset(xb, 0, (size_t)l.c * l.lx * sizeof(uint16_t));
+        for (int b = 0; b < nb; b++) {
+            const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
+            for (int c = 0; c < l.c; c++) {
+                uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
+                for (int i = 0; i < g->h; i++) {
+                    const float *src = xn + c * plane + (size_t)i * g->w;
+                    if (l.stride == 1) {
+                        cf_fp32_to_bf16(src, row + (size_t)(i + l.pad) * l.wp + l.pad,
+                                        (size_t)g->w);
+                        continue;
+                    }
+                    cf_fp32_to_bf16(src, line, (size_t)g->w);
+                    const int r = i + l.pad;
+                    uint16_t *even = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq;
+                    split_u16(line, g->w, l.pad, even, even + l.lp);
+                }
+            }
+            for (int o = 0; o < l.o; o++) {
+                uint16_t *row = dyb + (size_t)o * l.dl + (size_t)b * l.s;
+                for (int i = 0; i < g->oh; i++)
+                    cf_fp32_to_bf16(dyn + ((size_t)o * g->oh + i) * g->ow, row + (size_t)i * l.wq,
+                                    (size_t)g->ow);
+            }
+        }
+        /* X0: the rows' words transposed; X1: the same of the rows one position on */
+        cf_transpose(l.c, l.rows, (const float *)xb, (ptrdiff_t)(l.lx / 2), (float *)x0,
+                     (ptrdiff_t)l.ldb);
+        for (int c = 0; c < l.c; c++) {
+            const uint16_t *row = xb + (size_t)c * l.lx;
+            uint16_t *shifted = xo + (size_t)c * l.lx;
+            memcpy(shifted, row + 1, (l.lx - 1) * sizeof(uint16_t));
+            shifted[l.lx - 1] = 0;
+        }
+        cf_transpose(l.c, l.rows, (const float *)xo, (ptrdiff_t)(l.lx / 2), (float *)x1,
+                     (ptrdiff_t)l.ldb);
+        k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
+                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c, n0 > 0);
+    }
+}
