@@ -255,13 +255,13 @@ cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_t
     return CF_OK;
 }
 
-/* Softmax of one row (stride apart) into out (same stride), each value times `mul`. A
- * contiguous row takes the kernel table's float exp (see log_sum_exp). */
-static void softmax_row(const float *row, float *out, int c, size_t stride, float mul) {
+/* Softmax of one row (stride apart) into out (same stride). A contiguous row takes the kernel
+ * table's float exp (see log_sum_exp). */
+static void softmax_row(const float *row, float *out, int c, size_t stride) {
     if (stride == 1) {
         const float mx = cf_row_max((size_t)c, row);
         const double s = cf_exp_shift_sum((size_t)c, row, mx, out);
-        const float scale = (float)(mul / s);
+        const float scale = (float)(1.0 / s);
         for (int j = 0; j < c; j++) out[j] *= scale;
         return;
     }
@@ -269,7 +269,7 @@ static void softmax_row(const float *row, float *out, int c, size_t stride, floa
     for (int j = 1; j < c; j++) mx = row[j * stride] > mx ? row[j * stride] : mx;
     double s = 0;
     for (int j = 0; j < c; j++) s += exp((double)row[j * stride] - mx);
-    const double scale = mul / s;
+    const double scale = 1.0 / s;
     for (int j = 0; j < c; j++)
         out[j * stride] = (float)(exp((double)row[j * stride] - mx) * scale);
 }
@@ -288,14 +288,15 @@ void cf_loss_backward(const cf_loss *loss, const cf_tensor *pred, const cf_tenso
         for (size_t r = 0; r < L.rows; r++) {
             const size_t base = ce_base(&L, r);
             float *g = dpred->data + base;
-            softmax_row(pred->data + base, g, c, stride, inv_n);
+            /* the softmax first, then the scale: a split batch's workers differ from one
+             * process by a factor on the whole gradient, not by each value's rounding */
+            softmax_row(pred->data + base, g, c, stride);
             if (L.soft) {
                 const float *t = target->data + base;
                 for (int j = 0; j < c; j++)
-                    g[j * stride] = g[j * stride] - off - on * t[j * stride];
+                    g[j * stride] = g[j * stride] * inv_n - off - on * t[j * stride];
             } else {
-                if (off != 0.0f)
-                    for (int j = 0; j < c; j++) g[j * stride] -= off;
+                for (int j = 0; j < c; j++) g[j * stride] = g[j * stride] * inv_n - off;
                 int64_t t = class_code(target->data[r], c);
                 if (t >= 0) g[t * stride] -= on; /* invalid codes were refused by cf_loss_forward */
             }
@@ -325,7 +326,7 @@ void cf_loss_activation(const cf_loss *loss, const cf_tensor *pred, cf_tensor *o
         ce_layout_of(loss, pred, NULL, &L);
         for (size_t r = 0; r < L.rows; r++) {
             const size_t base = ce_base(&L, r);
-            softmax_row(pred->data + base, out->data + base, L.c, L.stride, 1.0f);
+            softmax_row(pred->data + base, out->data + base, L.c, L.stride);
         }
     } else if (loss->kind == CF_LOSS_BCE_LOGITS) {
         for (size_t j = 0; j < total; j++) out->data[j] = sigmoidf(pred->data[j]);
