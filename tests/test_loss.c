@@ -137,6 +137,9 @@ static void test_losses_match_pytorch(void **state) {
     ADD(bce, cf_shape1(10), cf_shape1(10), -4, 4);
     ADD(bce, cf_shape2(6, 5), cf_shape2(6, 5), -40, 40); /* large logits */
     ADD(bce, cf_shape2(1, 1), cf_shape2(1, 1), -2, 2);
+    /* a language model's rows: past the softmax's lanes and blocks (cf_exp_shift_sum) */
+    ADD(ce, cf_shape2(5, 1337), cf_shape1(5), -8, 8);
+    ADD(ce_ls1, cf_shape2(3, 2100), cf_shape1(3), -30, 30);
 #undef ADD
     oracle_run(&o, "loss.py", args);
     for (int i = 0; i < n; i++) compare_case(&o, &cases[i], i);
@@ -186,6 +189,53 @@ static void expect_error(cf_status st, const char *a, const char *b) {
                  b ? b : "");
 }
 
+/* cf_row_max and cf_exp_shift_sum against libm's double exp of the float x - shift: every value
+ * within 2e-7 relative (0 where exp is under FLT_MIN), the sum within 1e-6, lengths around the
+ * lanes and blocks, out of place and in place, a NaN carried to the sum. Runs at every instruction
+ * set. */
+static void test_exp_shift_sum(void **state) {
+    (void)state;
+    const int lens[] = {1, 7, 15, 16, 17, 511, 512, 513, 1100, 11904};
+    enum { MAXN = 11904 };
+    static float x[MAXN], y[MAXN];
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        const int n = lens[li];
+        fill_uniform(x, (size_t)n, 300 + li, -100.0f, 20.0f);
+        x[n / 2] = 88.0f; /* the largest, somewhere in the middle */
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) mx = fmaxf(mx, x[j]);
+        assert_true(cf_row_max((size_t)n, x) == mx);
+        for (int pass = 0; pass < 2; pass++) {
+            const float shift = pass ? mx : 40.0f; /* with 40: arguments up to 48 */
+            const double s = cf_exp_shift_sum((size_t)n, x, shift, y);
+            double ref = 0;
+            for (int j = 0; j < n; j++) {
+                const float arg = x[j] - shift; /* rounded to float, as PyTorch's softmax */
+                const double e = exp((double)arg);
+                ref += e;
+                if (e < 1.2e-38) {
+                    assert_true(y[j] >= 0.0f && y[j] <= 1.2e-38f);
+                    continue;
+                }
+                if (fabs(y[j] - e) > 2e-7 * e)
+                    fail_msg("n %d: exp(%.9g - %.9g) = %.9g, expected %.9g", n, (double)x[j],
+                             (double)shift, (double)y[j], e);
+            }
+            if (fabs(s - ref) > 1e-6 * ref) fail_msg("n %d: sum %.12g, expected %.12g", n, s, ref);
+        }
+        /* in place */
+        const double s = cf_exp_shift_sum((size_t)n, x, mx, x);
+        double ref = 0;
+        for (int j = 0; j < n; j++) ref += y[j];
+        assert_true(fabs(s - ref) <= 1e-6 * ref);
+        for (int j = 0; j < n; j++) assert_true(x[j] == y[j]);
+    }
+    for (int j = 0; j < 100; j++) x[j] = (float)j / 50.0f;
+    x[37] = NAN;
+    assert_true(isnan(cf_exp_shift_sum(100, x, 2.0f, y)));
+    assert_true(isnan(y[37]));
+}
+
 static void test_loss_errors(void **state) {
     (void)state;
     float p[4 * 10] = {0}, t[5] = {1, 2, 10, 0, 0};
@@ -224,6 +274,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_losses_match_pytorch),
         cmocka_unit_test(test_cross_entropy_finite_differences),
+        cmocka_unit_test(test_exp_shift_sum),
         cmocka_unit_test(test_loss_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -313,6 +313,17 @@ void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packe
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch);
 
+/* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
+
+/* The largest of x[0..n) (n >= 1). */
+float cf_row_max(size_t n, const float *x);
+/* y[j] = exp(x[j] - shift) for j < n, the difference rounded to float as PyTorch's softmax
+ * rounds it (y may be x); returns the sum of the y[j]. exp is a float approximation within 2
+ * units in the last place (0 below -87.33, where float's normal range ends); the sum is taken
+ * in float lanes over blocks of 512 and in double across blocks (relative error under 1e-6). A
+ * NaN in x gives a NaN sum. The same function on every instruction set to float rounding. */
+double cf_exp_shift_sum(size_t n, const float *x, float shift, float *y);
+
 #ifdef __cplusplus
 }
 #endif

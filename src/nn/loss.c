@@ -157,8 +157,19 @@ static cf_status check(const cf_loss *loss, const cf_tensor *pred, const cf_tens
     return CF_OK;
 }
 
-/* log(sum(exp(row))) with the max subtracted, over a row of c scores `stride` apart. */
+/* log(sum(exp(row))) with the max subtracted, over a row of c scores `stride` apart. A
+ * contiguous row (the class axis last) goes through the kernel table's float exp and lane sums
+ * (cf_exp_shift_sum, within 1e-6 relative); a strided one through libm's double exp. */
 static double log_sum_exp(const float *row, int c, size_t stride) {
+    if (stride == 1) {
+        enum { CHUNK = 2048 };
+        float buf[CHUNK];
+        const float mx = cf_row_max((size_t)c, row);
+        double s = 0;
+        for (int j0 = 0; j0 < c; j0 += CHUNK)
+            s += cf_exp_shift_sum((size_t)(c - j0 < CHUNK ? c - j0 : CHUNK), row + j0, mx, buf);
+        return mx + log(s);
+    }
     float mx = row[0];
     for (int j = 1; j < c; j++) mx = row[j * stride] > mx ? row[j * stride] : mx;
     double s = 0;
@@ -244,8 +255,16 @@ cf_status cf_loss_forward(const cf_loss *loss, const cf_tensor *pred, const cf_t
     return CF_OK;
 }
 
-/* Softmax of one row (stride apart) into out (same stride). */
+/* Softmax of one row (stride apart) into out (same stride). A contiguous row takes the kernel
+ * table's float exp (see log_sum_exp). */
 static void softmax_row(const float *row, float *out, int c, size_t stride) {
+    if (stride == 1) {
+        const float mx = cf_row_max((size_t)c, row);
+        const double s = cf_exp_shift_sum((size_t)c, row, mx, out);
+        const float scale = (float)(1.0 / s);
+        for (int j = 0; j < c; j++) out[j] *= scale;
+        return;
+    }
     float mx = row[0];
     for (int j = 1; j < c; j++) mx = row[j * stride] > mx ? row[j * stride] : mx;
     double s = 0;
@@ -269,6 +288,8 @@ void cf_loss_backward(const cf_loss *loss, const cf_tensor *pred, const cf_tenso
         for (size_t r = 0; r < L.rows; r++) {
             const size_t base = ce_base(&L, r);
             float *g = dpred->data + base;
+            /* the softmax first, then the scale: a split batch's workers differ from one
+             * process by a factor on the whole gradient, not by each value's rounding */
             softmax_row(pred->data + base, g, c, stride);
             if (L.soft) {
                 const float *t = target->data + base;

@@ -64,6 +64,7 @@ static inline double avx2_hsum_d(__m256 v) {
     } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/softmax_loops.h"
 #include "tensor/simd_kernels.h"
 /* cf_conv_winograd_pays: bench_conv on W1 and W2 */
 #define WINO_SHORT_ROW_COST 140
@@ -211,5 +212,6 @@ const cf_kernel_table cf_kernels_avx2 = {
     .wino = &loops_wino,
     .max_pool_2x2 = avx2_max_pool_2x2,
     .lstm = &loops_lstm,
+    .softmax = &loops_softmax,
 };
 #endif

@@ -57,6 +57,7 @@ static inline double avx512_hsum_d(__m512 v) {
     } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/softmax_loops.h"
 #define WGRAD_NV 4 /* 6 rows x 4 vectors: 24 accumulators, 4 of B, a broadcast (29 of 32) */
 #include "tensor/simd_kernels.h"
 /* cf_conv_winograd_pays: bench_conv on W1 and W2 */
@@ -553,5 +554,6 @@ const cf_kernel_table cf_kernels_avx512 = {
     .wino = &loops_wino,
     .max_pool_2x2 = avx512_max_pool_2x2,
     .lstm = &loops_lstm,
+    .softmax = &loops_softmax,
 };
 #endif

@@ -5,6 +5,7 @@
 #include "tensor/kernel_table.h"
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/softmax_loops.h"
 
 #define LANES 16
 
@@ -92,5 +93,8 @@ static const cf_bn_kernels generic_bn = {
     .dx = generic_bn_dx,
 };
 
-const cf_kernel_table cf_kernels_generic = {
-    .isa = CF_ISA_GENERIC, .bn = &generic_bn, .optim = &loops_optim, .lstm = &loops_lstm};
+const cf_kernel_table cf_kernels_generic = {.isa = CF_ISA_GENERIC,
+                                            .bn = &generic_bn,
+                                            .optim = &loops_optim,
+                                            .lstm = &loops_lstm,
+                                            .softmax = &loops_softmax};

@@ -106,6 +106,13 @@ typedef struct cf_lstm_kernels {
                           const float *dh_out, const float *dh_rec, float *dc);
 } cf_lstm_kernels;
 
+/* The softmax's reductions over n >= 1 contiguous floats (cf_row_max and cf_exp_shift_sum in
+ * corefit/tensor.h; the loops are tensor/softmax_loops.h). */
+typedef struct cf_softmax_kernels {
+    float (*row_max)(int n, const float *x);
+    double (*exp_shift_sum)(int n, const float *x, float shift, float *y);
+} cf_softmax_kernels;
+
 static inline size_t cf_wino_pad_floats(int h, int w) {
     /* two split planes: eight arrays of (th + 1) * tw floats and a vector of slack (any
      * table's vector length up to 16), and the slack of the last row's vector */
@@ -173,6 +180,9 @@ typedef struct cf_kernel_table {
     const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
     const cf_lstm_kernels *lstm;   /* never NULL */
     const cf_bf16_kernels *bf16;   /* NULL: no bf16 compute (cf_sgemm_bf16 runs fp32) */
+
+    /* never NULL */
+    const cf_softmax_kernels *softmax;
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;
