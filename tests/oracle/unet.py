@@ -321,4 +321,5 @@ def main():
     common.put(d, "torch_err", err)
 
 
-main()
+if __name__ == "__main__":
+    main()
