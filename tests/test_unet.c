@@ -392,11 +392,12 @@ static void run_unet(int h, int w, bool train, bool sa) {
     oracle_cleanup(&o);
 }
 
-/* 32x32 in training (batch statistics), with self-attention in the second block (4x4, 384
- * channels) */
+/* 64x32 in training (batch statistics), with self-attention in the second block (8x4, 384
+ * channels). Not 32x32: with batch 2 the last encoder stage is 1x1, and its BatchNorm over two
+ * values per channel makes the float32 rounding of the AVX2 and generic kernels show at 1e-3. */
 static void test_unet_resnet18_train_oracle(void **state) {
     (void)state;
-    run_unet(32, 32, true, true);
+    run_unet(64, 32, true, true);
 }
 
 /* 24x40: the encoder's sizes do not halve evenly (24: 6 -> 3 -> 2; 40: 5 -> 3 -> 2), so the
