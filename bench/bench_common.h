@@ -70,6 +70,7 @@ typedef struct bench_workload {
     const char *usage_extra;
     /* Fields of the workload's own for the JSON line, each written as `"key": value, `. */
     void (*json_extra)(FILE *f, const cf_dls *dls);
+    int bs; /* batch size per process (0: 64) */
 } bench_workload;
 
 typedef enum bench_mode { BENCH_THREADS, BENCH_FORK, BENCH_MPI } bench_mode;
@@ -205,7 +206,7 @@ static int64_t bench_batches_per_epoch(const cf_dls *dls, int bs, int world) {
     } while (0)
 
 /* Parses the command line, trains the workload on its data (Fashion-MNIST unless it has
- * make_dls; bs 64 per process) and prints the JSON line on rank 0. Returns the process's exit
+ * make_dls; bs 64 per process unless the workload sets it) and prints the JSON line on rank 0. Returns the process's exit
  * status: 0, 1 on a failed call, 2 on a bad command line. */
 static int bench_main(int argc, char **argv, const bench_workload *w) {
     const char *prog = w->prog;
@@ -261,7 +262,7 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
         fprintf(stderr, "%s: need N >= 1, E >= 1, 1 <= S < B\n", prog);
         return 2;
     }
-    const int bs = 64;
+    const int bs = w->bs > 0 ? w->bs : 64;
     cf_set_num_threads(md == BENCH_THREADS ? n : 1);
     /* Under mpirun: initialise MPI here (so that this world finalises it at the end); the fit
      * joins the same MPI_COMM_WORLD. */

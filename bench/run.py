@@ -4,7 +4,7 @@ on the same machine in one run, each configuration run alternately and quoted as
 
     /usr/bin/python3 bench/run.py --build build [--quick] [--pairs 3] [--batches 200]
                                   [--cores N] [--accuracy [--epochs 5]] [--out FILE]
-                                  [--isa avx512,avx2] [--workload w1|vgg|images]
+                                  [--isa avx512,avx2] [--workload w1|vgg|images|w4|unet]
                                   [--torch-workers 0,1]
 
 Configurations (N = the cores this process may run on, or --cores):
@@ -33,7 +33,10 @@ fastai's fine_tune of a resnet18 on a folder of RGB JPEGs at 128 px with aug_tra
 first when it is missing (from Fashion-MNIST; about 10 s). For images, --torch-workers lists the
 DataLoader worker counts PyTorch is measured with (each a variant; the faster median is
 compared), and --accuracy reports the validation accuracy of fine_tune(--epochs) (one frozen
-epoch first).
+epoch first). unet (W5): fastai's unet_learner on a resnet18 body (DynamicUnet) over 64 x 64
+segmentation scenes of Fashion-MNIST garments, bs 16 per process (bench_unet, unet_torch.py),
+whose scenes `BUILD/corefit fmnist-tasks segmentation` writes into BUILD/w5-seg first when they
+are missing; its --accuracy is DiceMulti on the held-out scenes.
 
 Builds nothing: expects bench_w1 (bench_vgg, bench_images) and sgemm in --build (`make build`).
 The OpenBLAS kernels of each set are those sgemm reports under its CF_ISA (cf_blas_core());
@@ -70,7 +73,7 @@ def parse_args():
     ap.add_argument("--out", default="", help="raw results as JSON (default: BUILD/bench-WORKLOAD.json)")
     ap.add_argument("--isa", default="", help="comma-separated instruction sets (or all) to compare at "
                     "(generic, avx2, avx512; default: every vector set this CPU has, and generic for w4)")
-    ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images", "w4"], help="the model to train")
+    ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images", "w4", "unet"], help="the model to train")
     ap.add_argument("--seeds", default="1,2,3", help="w4 --accuracy: the seeds of the recipe, each run by both")
     ap.add_argument("--lm-epochs", type=int, default=1, help="w4 --accuracy: language-model epochs")
     ap.add_argument("--torch-workers", default="0,1", help="images: comma-separated DataLoader worker counts "
@@ -225,7 +228,8 @@ def main():
     a = parse_args()
     build = os.path.abspath(a.build)
     programs = {"w1": ("bench_w1", "w1_torch.py"), "vgg": ("bench_vgg", "vgg_torch.py"),
-                "images": ("bench_images", "images_torch.py"), "w4": ("bench_w4", "w4_torch.py")}
+                "images": ("bench_images", "images_torch.py"), "w4": ("bench_w4", "w4_torch.py"),
+                "unet": ("bench_unet", "unet_torch.py")}
     bench = os.path.join(build, programs[a.workload][0])
     sgemm = os.path.join(build, "sgemm")
     for exe in (bench, sgemm):
@@ -246,6 +250,15 @@ def main():
         data_args = ["--data", images]
         workers = [int(x) for x in a.torch_workers.split(",") if x]
         torch_variants = [(f"workers={w}", ["--workers", str(w)], {}) for w in workers]
+    if a.workload == "unet":
+        scenes = os.path.join(build, "w5-seg")
+        if not os.path.exists(os.path.join(scenes, "codes.txt")):
+            log(f"[bench] writing W5's segmentation scenes {scenes} (corefit fmnist-tasks)")
+            p = subprocess.run([os.path.join(build, "corefit"), "fmnist-tasks", "segmentation", scenes,
+                                "--n", "1000", "--size", "64"], stdout=sys.stderr)
+            if p.returncode != 0:
+                sys.exit(f"run.py: corefit fmnist-tasks segmentation {scenes} failed")
+        data_args = ["--data", scenes]
     if a.workload == "w4":
         w4_data(build)
         torch_args = ["--ids", os.path.join(build, "w4-ids")]
@@ -450,8 +463,9 @@ def main():
     print()
     title = {"w1": "W1 (mini-resnet, Fashion-MNIST", "vgg": "W2 (VGG-style CNN, Fashion-MNIST",
              "images": "W3 (resnet18 fine_tune, unfrozen phase, RGB JPEG folder at 128 px",
-             "w4": "W4 (AWD-LSTM language model, awd_lstm_lm_config, fortunes corpus, seq_len 72"}[a.workload]
-    print(f"{title}, bs 64 per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
+             "w4": "W4 (AWD-LSTM language model, awd_lstm_lm_config, fortunes corpus, seq_len 72",
+             "unet": "W5 (unet_learner, DynamicUnet on resnet18, 64 x 64 Fashion-MNIST scenes, 11 codes"}[a.workload]
+    print(f"{title}, bs {16 if a.workload == 'unet' else 64} per process), {started:%Y-%m-%d %H:%M %Z}; `{cmdline}`")
     print(f"{cpu_model()}, {n} cores; load average {load0:.1f} at start, {load1:.1f} at end; "
           f"medians of {pairs} alternating pairs of {batches} training steps "
           f"(first {3 if a.workload == 'w4' else 5} excluded)")
@@ -479,6 +493,7 @@ def main():
     elif acc:
         ca, ta = acc.get("cf", {}).get("test_acc"), acc.get("torch", {}).get("test_acc")
         what = (f"validation accuracy after fine_tune({a.epochs}), 1 frozen + {a.epochs} epochs" if a.workload == "images"
+                else f"validation DiceMulti after {a.epochs} epochs" if a.workload == "unet"
                 else f"test accuracy after {a.epochs} epochs")
         print(f"| {what} (1 process, {n} threads, seed 42) | "
               f"{fmt(ca and 100 * ca, '.2f')}% | {fmt(ta and 100 * ta, '.2f')}% | | | | | | | | | |")

@@ -1,8 +1,11 @@
 /* fastai's U-Net layers against PyTorch implementations of fastai's modules
  * (tests/oracle/unet.py): PixelShuffle, ICNR initialisation, PixelShuffle_ICNR (with and without
- * blur) and a DynamicUnet on a torchvision resnet18 body, forward and backward (every parameter
- * gradient and the input gradient) to 1e-4 of the largest value, or PyTorch's own float32
- * error where that is larger. */
+ * blur), SelfAttention (spectral norm included) and a DynamicUnet on a torchvision resnet18 body
+ * (with self-attention in training, without in evaluation at a size that does not halve evenly),
+ * forward and backward (every parameter gradient and the input gradient) to 1e-4 of the largest
+ * value, or PyTorch's own float32 error where that is larger. Shapes are small so that the whole
+ * file runs in seconds; each still reaches the code paths of a real size (channel counts not a
+ * multiple of the vector width, resizes in both dimensions). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,10 +19,10 @@
 #include "oracle.h"
 
 #define RTOL 1e-4
-/* The whole U-Net's gradients: its output matches to RTOL, but among its ~10^6 ReLU inputs a
+/* The whole U-Net's gradients: its output matches to RTOL, but among its many ReLU inputs a
  * few lie within float32 rounding of 0, and where corefit's and PyTorch's rounding put one on
- * different sides, that pixel's gradient is kept by one and dropped by the other (seen: one
- * element of 811008 at the last ResBlock moves a bias gradient by 0.6%, and the encoder's
+ * different sides, that pixel's gradient is kept by one and dropped by the other (seen at 64x64:
+ * one element of 811008 at the last ResBlock moves a bias gradient by 0.6%, and the encoder's
  * gradients by ~0.05%). Each layer alone matches to RTOL (the tests above). */
 #define UNET_GRAD_RTOL 1e-2
 
@@ -245,7 +248,7 @@ static void test_resblock_oracle(void **state) {
     (void)state;
     oracle o;
     oracle_init(&o);
-    const int c = 99, hh = 64, ww = 64;
+    const int c = 19, hh = 12, ww = 12; /* odd channels, as the U-Net's 96 + 3 */
     cf_module *convpath = seq2(seq2(cf_conv2d(c, c, 3, 1, 1, true), cf_relu()),
                                seq2(cf_conv2d(c, c, 3, 1, 1, true), NULL));
     cf_module *net =
@@ -259,7 +262,7 @@ static void test_resblock_oracle(void **state) {
     fill_uniform(r, cf_shape_numel(&ys), 42, -1, 1);
     oracle_put(&o, "x", x, xs);
     oracle_put(&o, "r", r, ys);
-    oracle_run(&o, "unet.py", "mode=resconv c=99");
+    oracle_run(&o, "unet.py", "mode=resconv c=19");
     cf_tensor xt = cf_tensor_view(x, xs);
     compare_model(&o, model, "ResBlock", &xt, r, RTOL);
     free(x);
@@ -268,14 +271,91 @@ static void test_resblock_oracle(void **state) {
     oracle_cleanup(&o);
 }
 
+/* ---- SelfAttention ---- */
+
+/* train: one power iteration per forward (u, v compared after it); eval: the stored u, v */
+static void run_self_attention(bool train) {
+    oracle o;
+    oracle_init(&o);
+    const int c = 24;
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, cf_self_attention(c), 7), CF_OK);
+    cf_param *gamma = cf_model_param(model, "gamma");
+    assert_non_null(gamma);
+    assert_true(gamma->data[0] == 0.0f); /* fastai's start: the identity */
+    assert_int_equal(cf_model_param(model, "query.0.weight_orig")->shape.dim[0], c / 8);
+    assert_int_equal(cf_model_param(model, "value.0.weight_orig")->shape.dim[0], c);
+    assert_int_equal(cf_model_param(model, "key.0.weight_v")->shape.dim[0], c);
+    /* random weights and a gamma away from 0, so that attention counts in the output */
+    fill_uniform(model->weights, model->n_weights, 21, -0.5f, 0.5f);
+    gamma->data[0] = 0.7f;
+    put_model(&o, model);
+    cf_shape xs = cf_shape4(2, c, 3, 5);
+    float *x = malloc(cf_shape_numel(&xs) * sizeof(float));
+    float *r = malloc(cf_shape_numel(&xs) * sizeof(float));
+    fill_uniform(x, cf_shape_numel(&xs), 22, -1, 1);
+    fill_uniform(r, cf_shape_numel(&xs), 23, -1, 1);
+    oracle_put(&o, "x", x, xs);
+    oracle_put(&o, "r", r, xs);
+    oracle_run(&o, "unet.py", train ? "mode=sa c=24 train=1" : "mode=sa c=24 train=0");
+    cf_model_train(model, train);
+    cf_tensor xt = cf_tensor_view(x, xs);
+    /* compare_model runs two forwards (each a power iteration); the oracle ran one: keep u, v */
+    float uv[6][24];
+    const char *names[3] = {"query", "key", "value"};
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 2; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s.0.weight_%c", names[k], j ? 'v' : 'u');
+            cf_param *p = cf_model_param(model, name);
+            memcpy(uv[2 * k + j], p->data, p->numel * sizeof(float));
+        }
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+    for (int k = 0; k < 3; k++) { /* u and v after one forward (a power iteration in training) */
+        char name[64], ref_name[8];
+        for (int j = 0; j < 2; j++) {
+            snprintf(name, sizeof name, "%s.0.weight_%c", names[k], j ? 'v' : 'u');
+            snprintf(ref_name, sizeof ref_name, "%c%d", j ? 'v' : 'u', k);
+            cf_param *p = cf_model_param(model, name);
+            cf_tensor ref = oracle_get(&o, ref_name);
+            assert_int_equal(cf_shape_numel(&ref.shape), p->numel);
+            check(name, p->data, ref.data, p->numel, 0.0, RTOL);
+            free(ref.data);
+            memcpy(p->data, uv[2 * k + j], p->numel * sizeof(float)); /* back for compare_model */
+        }
+    }
+    /* compare_model's two backward passes each start from the same u, v */
+    compare_model(&o, model, train ? "SelfAttention(train)" : "SelfAttention(eval)", &xt, r, RTOL);
+    /* too few channels: refused with the count */
+    assert_null(cf_self_attention(4));
+    assert_non_null(strstr(cf_last_error(), "SelfAttention(4)"));
+    free(x);
+    free(r);
+    cf_model_free(model);
+    oracle_cleanup(&o);
+}
+
+static void test_self_attention_oracle(void **state) {
+    (void)state;
+    run_self_attention(true);
+}
+
+static void test_self_attention_eval_oracle(void **state) {
+    (void)state;
+    run_self_attention(false);
+}
+
 /* ---- DynamicUnet ---- */
 
-static void run_unet(int h, int w, bool train) {
+static void run_unet(int h, int w, bool train, bool sa) {
     oracle o;
     oracle_init(&o);
     const int n_out = 3;
     cf_model *model;
-    cf_module *unet = cf_unet_model("resnet18", 3, n_out, h, w, NULL);
+    cf_unet_opts opts = cf_unet_defaults();
+    opts.self_attention = sa;
+    cf_module *unet = cf_unet_model("resnet18", 3, n_out, h, w, &opts);
     if (!unet) fail_msg("%s", cf_last_error());
     assert_int_equal(cf_model_new(&model, unet, 21), CF_OK);
     /* BatchNorm affine values and running statistics away from 1 and 0, so that they count */
@@ -286,6 +366,7 @@ static void run_unet(int h, int w, bool train) {
             if (strstr(p->full_name, "bias") || strstr(p->full_name, "mean"))
                 for (size_t k = 0; k < p->numel; k++) p->data[k] -= 1.0f;
         }
+        if (strstr(p->full_name, ".gamma")) p->data[0] = 0.5f; /* attention counts */
     }
     put_model(&o, model);
     cf_shape xs = cf_shape4(2, 3, h, w), ys = cf_shape4(2, n_out, h, w);
@@ -296,13 +377,14 @@ static void run_unet(int h, int w, bool train) {
     oracle_put(&o, "x", x, xs);
     oracle_put(&o, "r", r, ys);
     char args[128];
-    snprintf(args, sizeof args, "mode=unet n_out=%d h=%d w=%d train=%d", n_out, h, w, train);
+    snprintf(args, sizeof args, "mode=unet n_out=%d h=%d w=%d train=%d sa=%d", n_out, h, w, train,
+             sa);
     oracle_run(&o, "unet.py", args);
     cf_model_train(model, train);
     cf_tensor xt = cf_tensor_view(x, xs);
     char label[64];
-    snprintf(label, sizeof label, "DynamicUnet(resnet18, %dx%d, %s)", h, w,
-             train ? "train" : "eval");
+    snprintf(label, sizeof label, "DynamicUnet(resnet18, %dx%d, %s%s)", h, w,
+             train ? "train" : "eval", sa ? ", self_attention" : "");
     compare_model(&o, model, label, &xt, r, UNET_GRAD_RTOL);
     free(x);
     free(r);
@@ -310,16 +392,20 @@ static void run_unet(int h, int w, bool train) {
     oracle_cleanup(&o);
 }
 
+/* 64x32 in training (batch statistics), with self-attention in the second block (8x4, 384
+ * channels). Not 32x32: with batch 2 the last encoder stage is 1x1, and its BatchNorm over two
+ * values per channel makes the float32 rounding of the AVX2 and generic kernels show at 1e-3. */
 static void test_unet_resnet18_train_oracle(void **state) {
     (void)state;
-    run_unet(64, 64, true);
+    run_unet(64, 32, true, true);
 }
 
-/* 40x56: the encoder's sizes do not halve evenly (5 -> 3 -> 2), so the blocks resize their
- * upsampled input to the skip's size (nearest), in eval mode (running statistics) */
+/* 24x40: the encoder's sizes do not halve evenly (24: 6 -> 3 -> 2; 40: 5 -> 3 -> 2), so the
+ * blocks resize their upsampled input to the skip's size (nearest) in both dimensions, in eval
+ * mode (running statistics) */
 static void test_unet_resnet18_odd_size_eval_oracle(void **state) {
     (void)state;
-    run_unet(40, 56, false);
+    run_unet(24, 40, false, false);
 }
 
 static void test_unet_structure(void **state) {
@@ -373,11 +459,24 @@ static void test_unet_structure(void **state) {
     assert_int_equal(y->shape.dim[1], 2);
     assert_int_equal(y->shape.dim[2], 32);
     cf_model_free(model);
-    /* refused options and archs */
+    /* self_attention: SelfAttention(384) after conv2 of the third block from the end only, with
+     * fastai's names (resnet18: the same widths as resnet34, fewer parameters to initialise) */
     cf_unet_opts opts = cf_unet_defaults();
     opts.self_attention = true;
-    assert_null(cf_unet_model("resnet18", 3, 2, 64, 64, &opts));
-    assert_non_null(strstr(cf_last_error(), "self_attention"));
+    assert_int_equal(cf_model_new(&model, cf_unet_model("resnet18", 3, 5, 64, 64, &opts), 1),
+                     CF_OK);
+    cf_param *g = cf_model_param(model, "layers.5.conv2.2.gamma");
+    assert_non_null(g);
+    assert_true(g->data[0] == 0.0f);
+    cf_param *q = cf_model_param(model, "layers.5.conv2.2.query.0.weight_orig");
+    assert_non_null(q);
+    assert_int_equal(q->shape.dim[0], 48);
+    assert_int_equal(q->shape.dim[1], 384);
+    assert_non_null(cf_model_param(model, "layers.5.conv2.2.value.0.weight_u"));
+    assert_null(cf_model_param(model, "layers.4.conv2.2.gamma"));
+    assert_null(cf_model_param(model, "layers.6.conv2.2.gamma"));
+    cf_model_free(model);
+    /* refused archs */
     assert_null(cf_unet_model("vgg16", 3, 2, 64, 64, NULL));
     assert_non_null(strstr(cf_last_error(), "'vgg16'"));
 }
@@ -389,6 +488,8 @@ int main(void) {
         cmocka_unit_test(test_pixel_shuffle_icnr_oracle),
         cmocka_unit_test(test_pixel_shuffle_icnr_blur_oracle),
         cmocka_unit_test(test_resblock_oracle),
+        cmocka_unit_test(test_self_attention_oracle),
+        cmocka_unit_test(test_self_attention_eval_oracle),
         cmocka_unit_test(test_unet_structure),
         cmocka_unit_test(test_unet_resnet18_train_oracle),
         cmocka_unit_test(test_unet_resnet18_odd_size_eval_oracle),

@@ -374,12 +374,18 @@ void cf_icnr_init(float *weight, int out_channels, int in_channels, int kh, int 
  * ReLU, PixelShuffle (blur: ReplicationPad2d + AvgPool2d). Output (N, nf, H*scale, W*scale). */
 cf_module *cf_pixel_shuffle_icnr(int ni, int nf, int scale, bool blur);
 
+/* fastai's SelfAttention(n_channels) (n_channels >= 8): out = gamma * h softmax(f^T g, dim 1)
+ * + x over the H*W positions, f, g, h 1x1 convolutions (n/8, n/8, n outputs, no bias) under
+ * spectral_norm (one power iteration per training forward), gamma starting at 0. State-dict
+ * names: gamma, {query,key,value}.0.weight_orig/weight_u/weight_v. Details: docs/api.md. */
+cf_module *cf_self_attention(int n_channels);
+
 /* DynamicUnet's options; cf_unet_defaults() gives fastai's: blur false, blur_final true, no
  * self-attention, no y_range, last_cross true, bottle false (the decoder's norm_type is None,
  * its activation ReLU and its init kaiming_normal_, as fastai's unet_learner). */
 typedef struct cf_unet_opts {
     bool blur, blur_final;
-    bool self_attention; /* not supported: true is refused */
+    bool self_attention; /* SelfAttention after conv2 of block n_skips - 3, as fastai */
     bool y_range;        /* SigmoidRange(y_lo, y_hi) on the output map */
     float y_lo, y_hi;
     bool last_cross;

@@ -226,8 +226,9 @@ static const cf_module_ops ublock_ops = {
     .backward = ublock_backward,
 };
 
-/* fastai's UnetBlock(up_in_c, x_in_c, final_div, blur) with norm_type None. */
-static cf_module *unet_block(int up_in_c, int x_in_c, bool final_div, bool blur) {
+/* fastai's UnetBlock(up_in_c, x_in_c, final_div, blur, self_attention) with norm_type None;
+ * self_attention appends SelfAttention(nf) to conv2 (ConvLayer's xtra: "conv2.2"). */
+static cf_module *unet_block(int up_in_c, int x_in_c, bool final_div, bool blur, bool sa) {
     ublock_impl *u = cf_calloc(1, sizeof *u);
     cf_module *m = u ? cf_module_new(&ublock_ops, u) : NULL;
     cf_module *hook = cf_zoo_hook_new(CF_ZOO_PASS_NONE);
@@ -236,6 +237,10 @@ static cf_module *unet_block(int up_in_c, int x_in_c, bool final_div, bool blur)
     cf_module *bn = cf_batchnorm2d(x_in_c);
     cf_module *conv1 = hook ? conv_layer(hook, ni, nf, 3, true) : NULL;
     cf_module *conv2 = hook ? conv_layer(hook, nf, nf, 3, true) : NULL;
+    if (conv2 && sa && cf_sequential_append(conv2, cf_self_attention(nf)) != CF_OK) {
+        cf_module_free(conv2);
+        conv2 = NULL;
+    }
     bool ok = m && hook && shuf && bn && conv1 && conv2 &&
               cf_zoo_hook_mark(hook, bn, CF_ZOO_MARK_BN) &&
               cf_zoo_hook_mark(hook, conv1, CF_ZOO_MARK_APPLY_INIT) &&
@@ -509,9 +514,8 @@ cf_module *cf_dynamic_unet(cf_module *encoder, int n_in, int n_out, int img_h, i
                            const cf_unet_opts *opts) {
     const cf_unet_opts o = opts ? *opts : cf_unet_defaults();
     if (!encoder) return cf_fail(CF_ERR_INVALID, "DynamicUnet: no encoder"), NULL;
-    const char *bad = o.self_attention ? "self_attention (not supported)"
-                      : o.bottle       ? "bottle (fastai's ResBlock then mismatches the final "
-                                         "conv's input)"
+    const char *bad = o.bottle ? "bottle (fastai's ResBlock then mismatches the final "
+                                 "conv's input)"
                       : n_in < 1 || n_out < 1 || img_h < 8 || img_w < 8 ? "sizes"
                                                                         : NULL;
     if (bad) {
@@ -580,7 +584,8 @@ cf_module *cf_dynamic_unet(cf_module *encoder, int n_in, int n_out, int img_h, i
         const bool not_final = k != u->n_skips - 1;
         const int x_in_c = sizes[u->skip_idx[k]].dim[1];
         add_layer(m, &ok, idx++,
-                  unet_block(c, x_in_c, not_final, o.blur && (not_final || o.blur_final)));
+                  unet_block(c, x_in_c, not_final, o.blur && (not_final || o.blur_final),
+                             o.self_attention && k == u->n_skips - 3));
         const int cat = c / 2 + x_in_c;
         c = not_final ? cat : cat / 2;
     }

@@ -3,8 +3,11 @@ fastai/vision/models/unet.py and fastai/callback/hook.py (fastai itself is not a
 
     unet.py DIR mode=shuffle scale=S           nn.PixelShuffle on DIR/x
     unet.py DIR mode=psicnr ni= nf= blur=0|1   PixelShuffle_ICNR with corefit's weights
-    unet.py DIR mode=unet n_out= h= w= train=0|1 [arch=resnet18]
-                                               DynamicUnet(create_body(resnet), n_out, (h, w))
+    unet.py DIR mode=unet n_out= h= w= train=0|1 [arch=resnet18] [sa=0|1]
+                                               DynamicUnet(create_body(resnet), n_out, (h, w),
+                                               self_attention=sa)
+    unet.py DIR mode=sa c= train=0|1           SelfAttention(c); also writes the spectral norms'
+                                               u and v after the forward (u<k>, v<k>)
 
 corefit writes its parameters in state_dict order (p<i>.f32) and their names (names.txt); the
 script checks that the names are fastai's, loads the values, runs x forward in float64 and
@@ -52,7 +55,7 @@ def BatchNorm(nf):
 
 class ConvLayer(nn.Sequential):
     "fastai's ConvLayer with norm_type None (the U-Net decoder's): conv with bias, then act."
-    def __init__(self, ni, nf, ks=3, stride=1, padding=None, act_cls=nn.ReLU, bias_std=0.01):
+    def __init__(self, ni, nf, ks=3, stride=1, padding=None, act_cls=nn.ReLU, bias_std=0.01, xtra=None):
         if padding is None: padding = (ks - 1) // 2
         conv = nn.Conv2d(ni, nf, kernel_size=ks, stride=stride, padding=padding, bias=True)
         act = None if act_cls is None else act_cls()
@@ -62,6 +65,7 @@ class ConvLayer(nn.Sequential):
             else: conv.bias.zero_()
         layers = [conv]
         if act is not None: layers.append(act)
+        if xtra: layers.append(xtra)
         super().__init__(*layers)
 
 
@@ -124,6 +128,26 @@ class SequentialEx(nn.Module):
         return res
 
 
+class SelfAttention(nn.Module):
+    "fastai's SelfAttention: 1x1 Conv1d query/key/value under spectral_norm (ConvLayer with norm_type Spectral, no act, no bias)."
+    def __init__(self, n_channels):
+        super().__init__()
+        self.query, self.key, self.value = [self._conv(n_channels, c) for c in (n_channels // 8, n_channels // 8, n_channels)]
+        self.gamma = nn.Parameter(torch.tensor([0.]))
+
+    def _conv(self, n_in, n_out):
+        conv = nn.Conv1d(n_in, n_out, kernel_size=1, bias=False)
+        return nn.Sequential(nn.utils.spectral_norm(conv))
+
+    def forward(self, x):
+        size = x.size()
+        x = x.view(*size[:2], -1)
+        f, g, h = self.query(x), self.key(x), self.value(x)
+        beta = F.softmax(torch.bmm(f.transpose(1, 2), g), dim=1)
+        o = self.gamma * torch.bmm(h, beta) + x
+        return o.view(*size).contiguous()
+
+
 class SigmoidRange(nn.Module):
     def __init__(self, low, high):
         super().__init__()
@@ -183,7 +207,7 @@ class UnetBlock(nn.Module):
         ni = up_in_c // 2 + x_in_c
         nf = ni if final_div else ni // 2
         self.conv1 = ConvLayer(ni, nf, act_cls=act_cls)
-        self.conv2 = ConvLayer(nf, nf, act_cls=act_cls)
+        self.conv2 = ConvLayer(nf, nf, act_cls=act_cls, xtra=SelfAttention(nf) if self_attention else None)
         self.relu = act_cls()
         apply_init(nn.Sequential(self.conv1, self.conv2), init)
 
@@ -274,6 +298,7 @@ def run(build, d, dtype, train):
     x = torch.tensor(common.get(d, "x"), dtype=dtype, requires_grad=True)
     r = torch.tensor(common.get(d, "r"), dtype=dtype)
     out = m(x)
+    run.last = m
     (out * r).sum().backward()
     grads = [p.grad.detach().double() for p in m.parameters()]
     return out.detach().double(), x.grad.detach().double(), grads
@@ -300,17 +325,26 @@ def main():
         c = int(args["c"])
         build = lambda: nn.Sequential(ResBlock(1, c, c), ConvLayer(c, 3, ks=1, act_cls=None))  # noqa: E731
         train = True
+    elif mode == "sa":
+        c = int(args["c"])
+        build = lambda: SelfAttention(c)  # noqa: E731
+        train = args["train"] == "1"
     elif mode == "unet":
         n_out, h, w = int(args["n_out"]), int(args["h"]), int(args["w"])
         arch = args.get("arch", "resnet18")
+        sa = args.get("sa", "0") == "1"
 
         def build():
             body = nn.Sequential(*list(getattr(torchvision.models, arch)().children())[:-2])
-            return DynamicUnet(body, n_out, (h, w))
+            return DynamicUnet(body, n_out, (h, w), self_attention=sa)
         train = args["train"] == "1"
     else:
         sys.exit("mode " + mode)
     out, dx, grads = run(build, d, torch.float64, train)
+    if mode == "sa":  # the power iteration's buffers after the float64 forward
+        for k, conv in enumerate((run.last.query[0], run.last.key[0], run.last.value[0])):
+            common.put(d, "u%d" % k, conv.weight_u.detach().numpy())
+            common.put(d, "v%d" % k, conv.weight_v.detach().numpy())
     out32, dx32, grads32 = run(build, d, torch.float32, train)
     common.put(d, "out", out.numpy())
     common.put(d, "dx", dx.numpy())
@@ -321,4 +355,5 @@ def main():
     common.put(d, "torch_err", err)
 
 
-main()
+if __name__ == "__main__":
+    main()
