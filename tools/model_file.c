@@ -31,7 +31,10 @@ cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset 
     const bool values = m->regression || m->recipe.n_points > 0 ||
                         (m->n_vocab == 0 && strcmp(m->recipe.arch, "tabular") != 0 &&
                          strcmp(m->input, "images-csv") == 0);
-    if (m->recipe.multi_label)
+    if (strncmp(m->recipe.arch, "unet-", 5) == 0) { /* train --masks' metrics */
+        metrics[n_metrics++] = cf_foreground_acc(0);
+        metrics[n_metrics++] = cf_dice_multi(m->recipe.n_out);
+    } else if (m->recipe.multi_label)
         metrics[n_metrics++] = cf_accuracy_multi(0.5f, false);
     else if (!values && m->recipe.n_out > 1)
         metrics[n_metrics++] = cf_accuracy();
