@@ -20,6 +20,7 @@
 #include "child.h"
 #include "oracle.h"
 #include "corefit.h"
+#include "corefit/io.h"
 #include "corefit/plot.h"
 #include "plot/plot_internal.h"
 
@@ -243,12 +244,69 @@ static void test_mask_colours(void **state) {
     assert_float_equal(tile[11], 0.5f + 0.5f * 75 / 255.0f, 1e-6);
 }
 
+/* unet_learner(resnet18, pretrained): torchvision's weights (random here, made by Debian's
+ * python3-torchvision and converted by tools/convert_pth.py) fill the U-Net's encoder, tensor
+ * by tensor, and the learner is frozen (the encoder's groups do not train). */
+static void test_pretrained_torchvision_encoder(void **state) {
+    (void)state;
+    if (run("/usr/bin/python3 -c 'import torchvision'") != 0) skip();
+    test_write_in(g_dir, "make_resnet.py",
+                  "import torch, torchvision\n"
+                  "torch.manual_seed(0)\n"
+                  "m = torchvision.models.resnet18(weights=None)\n"
+                  "torch.save(m.state_dict(), 'r18.pth')\n");
+    if (run("/usr/bin/python3 make_resnet.py && /usr/bin/python3 " CF_SOURCE_DIR
+            "/tools/convert_pth.py r18.pth r18.safetensors") != 0)
+        fail_msg("%s", out);
+    enum { N = 4, S = 32 };
+    float *x = calloc((size_t)N * 3 * S * S, sizeof(float)), *y = calloc((size_t)N * S * S, 4);
+    for (int i = 0; i < N * 3 * S * S; i++) x[i] = (float)(i % 7) / 7;
+    cf_dataset *a = NULL, *b = NULL;
+    cf_shape shape = cf_shape_make(3, (int[]){3, S, S});
+    assert_int_equal(cf_dataset_from_arrays(x, y, N, shape, S * S, 2, &a), CF_OK);
+    assert_int_equal(cf_dataset_from_arrays(x, y, N, shape, S * S, 2, &b), CF_OK);
+    a->masks = b->masks = true;
+    free(x);
+    free(y);
+    cf_dls *dls = NULL;
+    assert_int_equal(cf_dls_new(a, b, &(cf_dls_options){.bs = 2, .prefetch = -1}, &dls), CF_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/r18.safetensors", g_dir);
+    cf_learner *learn = NULL;
+    cf_status st = cf_unet_learner(&learn, dls, "resnet18", .pretrained = path, .quiet = true);
+    if (st) fail_msg("%s", cf_last_error());
+    cf_st_file *file = NULL;
+    assert_int_equal(cf_st_read(path, &file), CF_OK);
+    static const char *const pairs[][2] = {{"layers.0.0.weight", "conv1.weight"},
+                                           {"layers.0.1.running_var", "bn1.running_var"},
+                                           {"layers.0.4.0.conv1.weight", "layer1.0.conv1.weight"},
+                                           {"layers.0.7.1.bn2.bias", "layer4.1.bn2.bias"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        const cf_param *p = cf_model_param(learn->model, pairs[i][0]);
+        const cf_st_entry *e = cf_st_find(file, pairs[i][1]);
+        if (!p || !e) fail_msg("%s or %s missing", pairs[i][0], pairs[i][1]);
+        assert_int_equal(p->numel, e->numel);
+        assert_memory_equal(p->data, e->data, p->numel * sizeof(float));
+    }
+    cf_st_free(file);
+    /* frozen: the encoder's weights do not train, the decoder's do */
+    assert_false(cf_model_param(learn->model, "layers.0.4.0.conv1.weight")->trainable);
+    int trainable = 0;
+    for (int i = 0; i < learn->model->n_params; i++)
+        trainable += learn->model->params[i]->trainable &&
+                     strncmp(learn->model->params[i]->full_name, "layers.0.", 9) != 0;
+    assert_true(trainable > 0);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_segmentation_scenes),
         cmocka_unit_test(test_mask_colours),
         cmocka_unit_test(test_train_eval_predict_masks),
         cmocka_unit_test(test_mask_option_errors),
+        cmocka_unit_test(test_pretrained_torchvision_encoder),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
