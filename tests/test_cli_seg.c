@@ -140,6 +140,7 @@ static void test_train_eval_predict_masks(void **state) {
     /* info: a U-Net over the codes */
     assert_int_equal(run(COREFIT " info m/unet.safetensors"), 0);
     assert_non_null(strstr(out, "arch:        unet-resnet18"));
+    assert_non_null(strstr(out, "targets:     masks of 32 x 32 class ids (segmentation"));
     assert_non_null(strstr(out, "classes:     background, tshirt, trouser"));
     /* eval: every image of the folder with the training metrics */
     assert_int_equal(run(COREFIT " eval m/unet.safetensors --images seg/images --masks --json "

@@ -144,6 +144,10 @@ int cmd_info(int argc, char **argv) {
             printf("outputs:     %d\n", m.recipe.n_out);
             if (m.recipe.multi_label)
                 printf("targets:     label sets (multi-label; BCE, threshold 0.5)\n");
+            if (strncmp(m.recipe.arch, "unet-", 5) == 0) /* train --masks */
+                printf("targets:     masks of %d x %d class ids (segmentation: a U-Net on %s, "
+                       "CrossEntropyLossFlat over pixels; the classes are its codes)\n",
+                       m.height, m.width, m.recipe.arch + 5);
             if (m.recipe.n_points > 0)
                 printf("targets:     %d point%s (x, y scaled to -1..1)\n", m.recipe.n_points,
                        m.recipe.n_points == 1 ? "" : "s");
