@@ -115,11 +115,12 @@ static void test_train_eval_predict_masks(void **state) {
     /* fastai's CamVid layout: masks in labels/ beside images/, named <stem>_P.png, codes.txt */
     int rc = run(COREFIT " train --images seg/images --masks --mask-dir labels --mask-suffix "
                          "_P.png --codes seg/codes.txt --arch resnet18 --size 32 --bs 8 --epochs 1 "
-                         "--cores 1 --out m/unet.safetensors --plots plots 2>&1");
+                         "--cores 2 --out m/unet.safetensors --plots plots 2>&1");
     if (rc != 0) print_message("%s", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "11 codes from seg/codes.txt (background, tshirt"));
     assert_non_null(strstr(out, "model: unet-resnet18"));
+    assert_non_null(strstr(out, "worker processes (fork)")); /* the cf_par_ twins */
     assert_non_null(strstr(out, "foreground_acc  dice_multi"));
     const double loss = value_after("valid_loss "), fg = value_after("foreground_acc "),
                  dice = value_after("dice_multi ");
@@ -144,11 +145,12 @@ static void test_train_eval_predict_masks(void **state) {
     assert_non_null(strstr(out, "classes:     background, tshirt, trouser"));
     /* eval: every image of the folder with the training metrics */
     assert_int_equal(run(COREFIT " eval m/unet.safetensors --images seg/images --masks --json "
-                                 "2>/dev/null"),
+                                 "--plots eval_plots 2>/dev/null"),
                      0);
-    assert_non_null(strstr(out, "\"n\":\t24"));
+    if (!strstr(out, "\"n\":\t24")) fail_msg("eval --masks: %s", out);
     assert_non_null(strstr(out, "\"foreground_acc\""));
     assert_non_null(strstr(out, "\"dice_multi\""));
+    if (cf_plot_available()) assert_int_equal(run("test -s eval_plots/show_results.png"), 0);
     /* predict --out: the decoded mask, the library's argmax pixel for pixel */
     assert_int_equal(run(COREFIT " predict m/unet.safetensors seg/images/00003.png --out "
                                  "mask.png"),
