@@ -112,10 +112,11 @@ static double value_after(const char *key) {
 static void test_train_eval_predict_masks(void **state) {
     (void)state;
     make_scenes();
-    /* fastai's CamVid layout: masks in labels/ beside images/, named <stem>_P.png, codes.txt */
+    /* fastai's CamVid layout: masks in labels/ beside images/, named <stem>_P.png, codes.txt
+     * (--deadline: a sanitizer build on a busy machine spends minutes on a batch) */
     int rc = run(COREFIT " train --images seg/images --masks --mask-dir labels --mask-suffix "
                          "_P.png --codes seg/codes.txt --arch resnet18 --size 32 --bs 8 --epochs 1 "
-                         "--cores 2 --out m/unet.safetensors --plots plots 2>&1");
+                         "--cores 2 --deadline 900 --out m/unet.safetensors --plots plots 2>&1");
     if (rc != 0) print_message("%s", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "11 codes from seg/codes.txt (background, tshirt"));

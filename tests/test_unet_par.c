@@ -61,6 +61,10 @@ static cf_learner *unet(int n_train, cf_dls **dls) {
     return learn;
 }
 
+/* The par calls' hang deadline: a sanitizer build on a busy machine spends minutes on a batch
+ * of this 31M-parameter U-Net, beyond the default 120 s. */
+enum { DEADLINE_S = 900 };
+
 static double max_abs_diff(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -75,9 +79,9 @@ static void test_par_fit_one_cycle_equals_one_process(void **state) {
     cf_dls *d1 = NULL, *d2 = NULL;
     cf_learner *one = unet(32, &d1), *two = unet(32, &d2);
     assert_int_equal(cf_fit_one_cycle(one, 1, .lr_max = CF_LR(3e-3)), CF_OK);
-    cf_status st =
-        cf_par_fit_one_cycle(two, 1, .lr_max = CF_LR(3e-3),
-                             .par = {.num_cores = 2, .split_batch = true, .sync_bn = true});
+    cf_status st = cf_par_fit_one_cycle(
+        two, 1, .lr_max = CF_LR(3e-3),
+        .par = {.num_cores = 2, .split_batch = true, .sync_bn = true, .deadline_s = DEADLINE_S});
     if (st) fail_msg("2 workers: %s", cf_last_error());
     const cf_model *a = one->model, *b = two->model;
     assert_int_equal(a->n_weights, b->n_weights);
@@ -152,8 +156,9 @@ static void test_par_get_preds_of_masks_in_dataset_order(void **state) {
         cf_preds a = {0}, b = {0};
         assert_int_equal(cf_get_preds(learn, &a, .train_set = train_set, .with_input = true),
                          CF_OK);
-        cf_status st = cf_par_get_preds(learn, &b, .train_set = train_set, .with_input = true,
-                                        .with_loss = true, .par = {.num_cores = 2});
+        cf_status st =
+            cf_par_get_preds(learn, &b, .train_set = train_set, .with_input = true,
+                             .with_loss = true, .par = {.num_cores = 2, .deadline_s = DEADLINE_S});
         if (st) fail_msg("get_preds on 2 workers: %s", cf_last_error());
         assert_int_equal(a.n, n);
         assert_int_equal(b.n, n);
