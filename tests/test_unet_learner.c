@@ -1,6 +1,7 @@
 /* unet_learner: CrossEntropyLossFlat(axis=1) and the unet splitter's groups on a DynamicUnet,
  * and a short fit on tiny 24x24 scenes that raises foreground accuracy and DiceMulti (the
- * decoder's cost grows with the pixels: 24x24 keeps the test to seconds; at 16x16 the xresnet body's 1x1 maps meet AvgPool2d's H, W >= 2 limit). */
+ * decoder's cost grows with the pixels: 24x24 keeps the test to seconds; at 16x16 the xresnet
+ * body's 1x1 maps meet AvgPool2d's H, W >= 2 limit). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -53,8 +54,8 @@ static void test_unet_learner_fit(void **state) {
     assert_int_equal(cf_dls_new(scenes(64, 1), scenes(16, 2), &o, &dls), CF_OK);
     cf_metric *metrics[] = {cf_foreground_acc(0), cf_dice_multi(N_CODES)};
     cf_learner *learn = NULL;
-    cf_status made = cf_unet_learner(&learn, dls, "xresnet18", .metrics = metrics,
-                                     .n_metrics = 2, .quiet = true, .seed = 5);
+    cf_status made = cf_unet_learner(&learn, dls, "xresnet18", .metrics = metrics, .n_metrics = 2,
+                                     .quiet = true, .seed = 5);
     if (made) print_message("%s\n", cf_last_error());
     assert_int_equal(made, CF_OK);
     assert_int_equal(learn->model->n_groups, 3);
