@@ -56,3 +56,28 @@ set_tests_properties(test_example_ulmfit PROPERTIES LABELS "unit" TIMEOUT 300 SK
   ENVIRONMENT "OPENBLAS_NUM_THREADS=1"
   PASS_REGULAR_EXPRESSION "language model: valid_loss [0-9.]+, accuracy [0-9.]+, perplexity [0-9.]+\ngenerated: The computer [^\n]+\nwrote out/lm.safetensors and out/finetuned.safetensors\n.*6 topics with at least 40 quotations:${CF_ULMFIT_TOPICS}\n.*of 6 topics\n.*frozen but for the head.*freeze_to\\(-2\\).*freeze_to\\(-3\\).*unfreeze\\(\\).*classifier: valid_loss [0-9.]+, accuracy [0-9.]+\nwrote out/topics.safetensors\n${CF_ULMFIT_PREDS}\"The compiler[^\n]+: [a-z-]+ \\(0\\.[0-9]+\\), [0-9]+ unknown words\n--text: [a-z-]+ \\(0\\.[0-9]+\\), [a-z-]+ \\(0\\.[0-9]+\\)\n"
   FAIL_REGULAR_EXPRESSION "error:")
+
+# The segmentation and multi-label examples on tiny data written by `corefit fmnist-tasks`
+# (skipped, 77, where it cannot write them: no Fashion-MNIST or no stb_image_write).
+set(CF_EXAMPLES_TASKS_DIR ${CMAKE_CURRENT_BINARY_DIR}/examples_tasks)
+file(MAKE_DIRECTORY ${CF_EXAMPLES_TASKS_DIR})
+add_test(NAME test_example_segmentation
+  COMMAND sh -c "rm -rf seg seg_out
+    \"$0\" fmnist-tasks segmentation seg --n 24 --size 32 --seed 3 >/dev/null || exit 77
+    \"$1\" seg seg_out 1 2>seg.err; rc=$?; cat seg.err; exit $rc"
+    $<TARGET_FILE:corefit> $<TARGET_FILE:example_segmentation>
+  WORKING_DIRECTORY ${CF_EXAMPLES_TASKS_DIR})
+set_tests_properties(test_example_segmentation PROPERTIES LABELS "unit" TIMEOUT 300
+  SKIP_RETURN_CODE 77 ENVIRONMENT "OPENBLAS_NUM_THREADS=1"
+  PASS_REGULAR_EXPRESSION "20 training and 4 validation images, 11 codes\n.*valid_loss [0-9.]+, foreground_acc [0-9.]+, dice_multi [0-9.]+\n.*first validation image:( [a-z]+ [0-9.]+%)+\nwrote seg_out/unet.safetensors\n"
+  FAIL_REGULAR_EXPRESSION "error:")
+add_test(NAME test_example_multi_label
+  COMMAND sh -c "rm -rf ml ml_out
+    \"$0\" fmnist-tasks multi-label ml --n 48 --seed 1 >/dev/null || exit 77
+    \"$1\" ml ml_out 2 2>ml.err; rc=$?; cat ml.err; exit $rc"
+    $<TARGET_FILE:corefit> $<TARGET_FILE:example_multi_label>
+  WORKING_DIRECTORY ${CF_EXAMPLES_TASKS_DIR})
+set_tests_properties(test_example_multi_label PROPERTIES LABELS "unit" TIMEOUT 300
+  SKIP_RETURN_CODE 77 ENVIRONMENT "OPENBLAS_NUM_THREADS=1"
+  PASS_REGULAR_EXPRESSION "[0-9]+ training and [0-9]+ validation images, 10 labels\n.*valid_loss [0-9.]+, accuracy_multi [0-9.]+, f1_score [0-9.]+\nimage 0: labels [a-z;]+, predicted [a-z;-]+\n.*wrote ml_out/multi_label.safetensors\n"
+  FAIL_REGULAR_EXPRESSION "error:")

@@ -133,9 +133,12 @@ static int read_pretrained(const char *cmd, train_args *a, cf_model_info *pre, i
             cf_model_info_free(pre);
             return cli_error(CLI_USAGE, cmd, "--pretrained %s is a tabular model", a->pretrained);
         }
-        if (a->arch && strcmp(a->arch, pre->recipe.arch) != 0) {
+        /* --masks: a U-Net's "unet-<body>" is compared by its body */
+        const char *pre_arch = pre->recipe.arch;
+        if (d->seg.masks && strncmp(pre_arch, "unet-", 5) == 0) pre_arch += 5;
+        if (a->arch && strcmp(a->arch, pre_arch) != 0) {
             int rc = cli_error(CLI_USAGE, cmd, "--arch %s differs from the pretrained model's %s",
-                               a->arch, pre->recipe.arch);
+                               a->arch, pre_arch);
             cf_model_info_free(pre);
             return rc;
         }
@@ -172,7 +175,10 @@ static int load_data(const char *cmd, train_args *a, session *s, cf_model_info *
                 "statistics and classes are fitted on those training rows\n",
                 (long long)((*train)->n + (*valid)->n), d->csv, (unsigned long long)d->seed,
                 (long long)(*train)->n, (long long)(*valid)->n);
-    if (!a->quiet && s->master && d->limit > 0 && (d->images || d->images_csv)) {
+    if (!a->quiet && s->master && d->limit > 0 && d->seg.masks)
+        fprintf(stderr, "limit: the first %lld training and %lld validation images of the split\n",
+                (long long)(*train)->n, (long long)(*valid)->n);
+    else if (!a->quiet && s->master && d->limit > 0 && (d->images || d->images_csv)) {
         fprintf(stderr,
                 "limit: a random sample of %lld training and %lld validation samples%s "
                 "(--seed %llu)",
@@ -218,9 +224,13 @@ static int build_learner(const char *cmd, train_args *a, session *s, cf_model_in
     bool tabular = d->csv != NULL;
     char arch[32];
     if (pre->recipe.arch[0])
-        snprintf(arch, sizeof arch, "%s", pre->recipe.arch);
+        snprintf(arch, sizeof arch, "%s",
+                 d->seg.masks && strncmp(pre->recipe.arch, "unet-", 5) == 0 ? pre->recipe.arch + 5
+                                                                            : pre->recipe.arch);
     else if (a->arch)
         snprintf(arch, sizeof arch, "%s", a->arch);
+    else if (d->seg.masks) /* a U-Net on the smallest torchvision body */
+        snprintf(arch, sizeof arch, "resnet18");
     else
         snprintf(arch, sizeof arch, "%s",
                  tabular                            ? "tabular"
@@ -255,7 +265,8 @@ static int build_learner(const char *cmd, train_args *a, session *s, cf_model_in
     cf_metric **metrics = NULL;
     int n_metrics = 0;
     int rc = CLI_OK;
-    if (!cli_task_metrics(cmd, d, a->metrics, train->n_classes, &metrics, &n_metrics, &rc))
+    if (!cli_seg_metrics(cmd, d, a->metrics, train->n_classes, &metrics, &n_metrics, &rc) &&
+        !cli_task_metrics(cmd, d, a->metrics, train->n_classes, &metrics, &n_metrics, &rc))
         rc = make_metrics(cmd, a->metrics, train->n_classes, &metrics, &n_metrics);
     if (rc != CLI_OK) {
         cf_dataset_free(train);
@@ -322,6 +333,9 @@ static int build_learner(const char *cmd, train_args *a, session *s, cf_model_in
             strlist_free(&layers);
         }
         st = cf_tabular_learner_(&s->learn, s->dls, &to);
+    } else if (d->seg.masks) { /* fastai's unet_learner (seg.c) */
+        st = cli_seg_learner(&s->learn, s->dls, arch, metrics, n_metrics, d->seed, quiet,
+                             a->pretrained);
     } else {
         float lo = 0, hi = 0;
         bool y_range = (!a->y_range || strcmp(a->y_range, "none") != 0) &&
@@ -349,7 +363,7 @@ static int build_learner(const char *cmd, train_args *a, session *s, cf_model_in
         return cli_lib_error(cmd, a->mixup > 0 && a->cutmix > 0 ? "--mixup with --cutmix"
                                                                 : "--mixup/--cutmix");
     if (!a->quiet && s->master)
-        fprintf(stderr, "model: %s, %zu parameters; %s\n", arch,
+        fprintf(stderr, "model: %s%s, %zu parameters; %s\n", d->seg.masks ? "unet-" : "", arch,
                 cf_model_num_weights(s->learn->model),
                 s->par.start_method == CF_START_MPI
                     ? "MPI ranks (--start mpi)"

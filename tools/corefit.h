@@ -55,6 +55,12 @@ typedef struct cli_task_data {
     bool multi_label, points;
 } cli_task_data;
 
+/* Segmentation masks found from each image's name (seg.c). */
+typedef struct cli_seg_data {
+    bool masks;
+    const char *mask_dir, *mask_suffix, *codes;
+} cli_seg_data;
+
 typedef struct cli_data {
     const char *idx, *images, *csv;
     int size, channels, limit, bs;
@@ -73,6 +79,7 @@ typedef struct cli_data {
     double rrc_min_scale;         /* --random-resized-crop MIN_SCALE (0: none) */
     const cf_item_tfm *model_tfm; /* eval: the model's recorded item transform (photo.c) */
     cli_task_data task;           /* --images-csv's targets: label sets, points (tasks.c) */
+    cli_seg_data seg;             /* --masks: segmentation masks beside --images (seg.c) */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */
@@ -194,6 +201,70 @@ bool cli_task_print(const cf_learner *learn, const cf_model_info *m, const char 
 /* One field of predict's tab-separated output, with \\, \t, \n and \r escaped so that every
  * input stays one line (eval_predict.c). */
 void cli_print_tsv_field(const char *s);
+
+/* ---- segmentation (seg.c) ------------------------------------------------------------------- */
+
+/* The option-table entries of --masks (d: a cli_data). */
+#define CLI_SEG_OPTIONS(d)                                                                         \
+    {"--masks",                                                                                    \
+     OPT_FLAG,                                                                                     \
+     &(d).seg.masks,                                                                               \
+     NULL,                                                                                         \
+     "segmentation: --images is a folder of images, each with a mask (pixel = class id) found "    \
+     "by --mask-dir and --mask-suffix (fastai's SegmentationDataLoaders.from_label_func); a "      \
+     "U-Net (unet_learner) with CrossEntropyLossFlat over pixels",                                 \
+     0,                                                                                            \
+     0,                                                                                            \
+     0},                                                                                           \
+        {"--mask-dir",                                                                             \
+         OPT_STR,                                                                                  \
+         &(d).seg.mask_dir,                                                                        \
+         "DIR",                                                                                    \
+         "--masks: the masks' folder; a relative DIR is beside the --images folder (fastai's "     \
+         "path/'labels') [labels]",                                                                \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"--mask-suffix",                                                                          \
+         OPT_STR,                                                                                  \
+         &(d).seg.mask_suffix,                                                                     \
+         "STR",                                                                                    \
+         "--masks: an image's mask is DIR/<image stem>STR; without an extension in STR the "       \
+         "image's own is appended (fastai's f'{o.stem}_P{o.suffix}') [_P]",                        \
+         0,                                                                                        \
+         0,                                                                                        \
+         0},                                                                                       \
+    {                                                                                              \
+        "--codes", OPT_STR, &(d).seg.codes, "FILE",                                                \
+            "--masks: the class names, one a line, class id = line (fastai's codes) [codes.txt "   \
+            "beside the --images folder]",                                                         \
+            0, 0, 0                                                                                \
+    }
+/* Usage errors of --masks and its options (arch: --arch or NULL; metrics: --metrics or NULL). */
+int cli_seg_check(const char *cmd, const cli_data *d, const char *arch, const char *metrics);
+/* The training and validation sets of --masks (--limit: the first N and N/5 of the split). */
+cf_status cli_seg_load(const cli_data *d, const char **input, cf_dataset **train,
+                       cf_dataset **valid);
+/* Segmentation metrics by name (foreground_acc and dice_multi by default); false when the data
+ * are not masks. */
+bool cli_seg_metrics(const char *cmd, const cli_data *d, const char *list, int n_classes,
+                     cf_metric ***out, int *n, int *rc);
+/* fastai's unet_learner on arch (resnet18/34/50, xresnet18/34/50) with --pretrained: a corefit
+ * U-Net's encoder, or torchvision's/timm's ResNet weights, then frozen. */
+cf_status cli_seg_learner(cf_learner **out, cf_dls *dls, const char *arch, cf_metric **metrics,
+                          int n_metrics, uint64_t seed, bool quiet, const char *pretrained);
+/* show_results with masks (DIR/show_results.png) from predictions with their inputs. */
+struct cli_figures;
+void cli_seg_figures(const char *cmd, const char *dir, const cf_preds *p, int n_codes,
+                     struct cli_figures *figs);
+/* eval: the masks' codes must be the model's (count and names), and the set takes them. */
+cf_status cli_seg_adopt_model(cf_dataset *ds, const cf_model_info *m);
+/* eval --plots on a U-Net: show_results with the masks (get_preds with the inputs). */
+int cli_seg_eval_figures(const char *cmd, cf_learner *learn, const char *dir);
+/* Prints a U-Net's prediction for one image: the classes' pixel shares, and with out_png the
+ * decoded mask written as an 8-bit gray PNG (pixel = class id); false for other models. */
+bool cli_seg_predict(const char *cmd, const cf_model_info *m, const char *input, const float *probs,
+                     const char *out_png, void *json_array, int *rc);
 
 /* ---- model files ---------------------------------------------------------------------------- */
 

@@ -202,7 +202,8 @@ cf_status cli_load_data(const cli_data *d, const char **input, cf_dataset **trai
                         cf_dataset **valid) {
     *train = *valid = NULL;
     if (cli_task_data_set(d))
-        return cli_task_load(d, input, train, valid); /* label sets, points, values */
+        return cli_task_load(d, input, train, valid);              /* label sets, points, values */
+    if (d->seg.masks) return cli_seg_load(d, input, train, valid); /* masks (seg.c) */
     cf_status st = CF_OK;
     if (d->csv) {
         *input = "csv";

@@ -102,6 +102,7 @@ int cmd_eval(int argc, char **argv) {
          "write show_results, top_losses and confusion PNGs to DIR; print most_confused", 0, 0, 0},
         CLI_IMAGES_CSV_OPTIONS(d),
         CLI_TASK_OPTIONS(d),
+        CLI_SEG_OPTIONS(d),
         {0},
     };
     const char *pos[1];
@@ -115,7 +116,8 @@ int cmd_eval(int argc, char **argv) {
         return cli_error(CLI_USAGE, cmd, "expects one model file (see corefit eval --help)");
     if ((d.idx != NULL) + (d.images != NULL) + (d.csv != NULL) > 1)
         return cli_error(CLI_USAGE, cmd, "give one data source: --idx, --images or --csv");
-    if ((rc = cli_task_check(cmd, &d, NULL))) return rc;
+    if ((rc = cli_task_check(cmd, &d, NULL)) || (rc = cli_seg_check(cmd, &d, NULL, NULL)))
+        return rc;
     if (threads > 0) cf_set_num_threads(threads);
     if (cf_blas_reserve(cf_get_num_threads())) return cli_lib_error(cmd, "BLAS");
     cf_model_info m;
@@ -126,6 +128,14 @@ int cmd_eval(int argc, char **argv) {
         return cli_error(CLI_USAGE, cmd,
                          tabular ? "a tabular model needs --csv data"
                                  : "an image model needs --idx or --images data");
+    }
+    const bool unet = strncmp(m.recipe.arch, "unet-", 5) == 0; /* --masks (seg.c) */
+    if (unet != d.seg.masks || (unet && tta)) {
+        cf_model_info_free(&m);
+        return cli_error(CLI_USAGE, cmd,
+                         unet && tta ? "--tta is for image classifiers, not a U-Net"
+                         : unet      ? "a U-Net model needs --images DIR --masks (its masks)"
+                                     : "--masks is for a U-Net model (trained with --masks)");
     }
     if (tta && (tabular || m.recipe.n_out < 2)) {
         cf_model_info_free(&m);
@@ -163,11 +173,14 @@ int cmd_eval(int argc, char **argv) {
                 ds = train;
                 cf_dataset_free(valid);
             }
-            if (d.images) st = remap_labels(ds, &m);
+            if (unet)
+                st = cli_seg_adopt_model(ds, &m);
+            else if (d.images)
+                st = remap_labels(ds, &m);
             if (st == CF_OK) st = check_image_shape(ds, &m);
             /* label sets, points and values keep their own targets (tasks.c) */
-            const bool task = cli_task_data_set(&d);
-            if (st == CF_OK && task)
+            const bool task = cli_task_data_set(&d) || unet;
+            if (st == CF_OK && task && !unet)
                 st = cli_task_adopt_model(ds, &m);
             else if (st == CF_OK && ds->n_classes > m.recipe.n_out)
                 st = cf_fail(CF_ERR_FORMAT, "the data has %d classes, the model %d", ds->n_classes,
@@ -194,7 +207,14 @@ int cmd_eval(int argc, char **argv) {
         cf_model_info_free(&m);
         return cli_lib_error(cmd, "validation");
     }
-    cli_eval_extras x = {.tta = tta, .tta_n = tta_n, .tta_beta = tta_beta, .plots = plots};
+    if (unet && plots && (rc = cli_seg_eval_figures(cmd, learn, plots))) {
+        cf_learner_free(learn);
+        cf_dls_free(dls);
+        cf_model_info_free(&m);
+        return rc;
+    }
+    cli_eval_extras x = {
+        .tta = tta, .tta_n = tta_n, .tta_beta = tta_beta, .plots = unet ? NULL : plots};
     cli_photo_tta_aug(&m, &x.tta_aug, &x.tta_aug_note);
     if (cli_eval_extras_run(cmd, learn, &x)) {
         cli_eval_extras_free(&x);
@@ -270,7 +290,7 @@ int cmd_predict(int argc, char **argv) {
     if (cli_argv_has(argc, argv, "--text") || cli_is_text_model(argc, argv))
         return cmd_predict_text(argc, argv);
     const char *cmd = "predict";
-    const char *csv = NULL;
+    const char *csv = NULL, *out = NULL;
     bool json = false;
     int top = 1, bs = 64, threads = 0;
     cli_opt opts[] = {
@@ -279,6 +299,10 @@ int cmd_predict(int argc, char **argv) {
         {"--top", OPT_INT, &top, "K", "text output: the K most likely classes [1]", 1, 1000, 0},
         {"--bs", OPT_INT, &bs, "N", "batch size of --csv rows [64]", 1, 1 << 20, 0},
         {"--threads", OPT_INT, &threads, "N", "threads [all]", 1, 4096, 0},
+        {"--out", OPT_STR, &out, "PATH",
+         "a U-Net: write the decoded mask (8-bit gray PNG, pixel = class id) to PATH; with "
+         "several images PATH is a folder (made) that gets <image stem>.png each",
+         0, 0, 0},
         {0},
     };
     enum { MAX_POS = 1 << 16 };
@@ -312,12 +336,20 @@ int cmd_predict(int argc, char **argv) {
         return rc;
     }
     bool tabular = strcmp(m.recipe.arch, "tabular") == 0;
-    if (tabular != (csv != NULL)) {
+    const bool unet = strncmp(m.recipe.arch, "unet-", 5) == 0; /* masks (seg.c) */
+    if (tabular != (csv != NULL) || (out && !unet)) {
         cf_model_info_free(&m);
         cf_free(pos);
         return cli_error(CLI_USAGE, cmd,
-                         tabular ? "a tabular model predicts --csv rows"
-                                 : "an image model predicts image files");
+                         out && !unet ? "--out writes the mask of a U-Net (trained with --masks)"
+                         : tabular    ? "a tabular model predicts --csv rows"
+                                      : "an image model predicts image files");
+    }
+    if (out && n_pos > 2 && cli_mkdirs(out)) {
+        cf_model_info_free(&m);
+        cf_free(pos);
+        return cli_error(CLI_FAIL, cmd, "cannot create the --out folder %s: %s", out,
+                         strerror(errno));
     }
     cf_dataset *ds = NULL;
     cf_status st = CF_OK;
@@ -346,7 +378,8 @@ int cmd_predict(int argc, char **argv) {
     if (!tabular) {
         /* fastai's load_learner + predict, one image file at a time; a file that cannot be
          * read is reported and the others are still predicted */
-        int n = n_pos - 1, c = m.recipe.n_out;
+        /* a U-Net's output: a probability for every class at every pixel */
+        int n = n_pos - 1, c = m.recipe.n_out * (unet ? m.height * m.width : 1);
         st = cf_load_learner(pos[0], &learn);
         if (st == CF_OK && (!(p.preds.data = cf_malloc((size_t)n * c * sizeof(float))) ||
                             !(failed = cf_calloc((size_t)n, sizeof *failed))))
@@ -394,6 +427,21 @@ int cmd_predict(int argc, char **argv) {
         int best = 0;
         for (int k = 1; k < c; k++)
             if (row[k] > row[best]) best = k;
+        if (unet) {
+            char mask_path[4200];
+            const char *name = strrchr(input, '/') ? strrchr(input, '/') + 1 : input;
+            const char *dot = strrchr(name, '.');
+            snprintf(mask_path, sizeof mask_path, "%s/%.*s.png", out ? out : ".",
+                     dot ? (int)(dot - name) : (int)strlen(name), name);
+            int seg_rc = CLI_OK;
+            cli_seg_predict(cmd, &m, input, row,
+                            !out        ? NULL
+                            : n_pos > 2 ? mask_path
+                                        : out,
+                            arr, &seg_rc);
+            if (seg_rc) n_failed++;
+            continue;
+        }
         if (!tabular && cli_task_print(learn, &m, input, row, arr)) continue;
         if (json) {
             cJSON *o = cJSON_CreateObject();

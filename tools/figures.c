@@ -137,7 +137,11 @@ void cli_show_batch_figure(const char *dir, const cf_dataloader *train, char *co
     if (st == CF_OK) st = cf_dataloader_next(dl, &b);
     if (st == CF_OK && !b)
         st = cf_fail(CF_ERR_STATE, "show_batch: the training set gives no batch");
-    if (st == CF_OK) st = cf_show_batch(b, b->size < SHOWN ? b->size : SHOWN, vocab, path);
+    const cf_dataset *ds = cf_dataloader_dataset(train);
+    if (st == CF_OK && ds->masks) /* segmentation: the masks over the images */
+        st = cf_show_batch_masks(b, b->size < SHOWN ? b->size : SHOWN, ds->n_classes, path);
+    else if (st == CF_OK)
+        st = cf_show_batch(b, b->size < SHOWN ? b->size : SHOWN, vocab, path);
     cf_dataloader_free(dl);
     done(ctx, st, path, "show_batch");
 }

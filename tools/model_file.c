@@ -31,7 +31,10 @@ cf_status cli_load_learner(const char *path, const cf_model_info *m, cf_dataset 
     const bool values = m->regression || m->recipe.n_points > 0 ||
                         (m->n_vocab == 0 && strcmp(m->recipe.arch, "tabular") != 0 &&
                          strcmp(m->input, "images-csv") == 0);
-    if (m->recipe.multi_label)
+    if (strncmp(m->recipe.arch, "unet-", 5) == 0) { /* train --masks' metrics */
+        metrics[n_metrics++] = cf_foreground_acc(0);
+        metrics[n_metrics++] = cf_dice_multi(m->recipe.n_out);
+    } else if (m->recipe.multi_label)
         metrics[n_metrics++] = cf_accuracy_multi(0.5f, false);
     else if (!values && m->recipe.n_out > 1)
         metrics[n_metrics++] = cf_accuracy();
@@ -141,6 +144,10 @@ int cmd_info(int argc, char **argv) {
             printf("outputs:     %d\n", m.recipe.n_out);
             if (m.recipe.multi_label)
                 printf("targets:     label sets (multi-label; BCE, threshold 0.5)\n");
+            if (strncmp(m.recipe.arch, "unet-", 5) == 0) /* train --masks */
+                printf("targets:     masks of %d x %d class ids (segmentation: a U-Net on %s, "
+                       "CrossEntropyLossFlat over pixels; the classes are its codes)\n",
+                       m.height, m.width, m.recipe.arch + 5);
             if (m.recipe.n_points > 0)
                 printf("targets:     %d point%s (x, y scaled to -1..1)\n", m.recipe.n_points,
                        m.recipe.n_points == 1 ? "" : "s");

@@ -21,6 +21,7 @@ static int check_metric_names(const char *cmd, const char *list, bool regression
 static int check_args(const char *cmd, train_args *a, bool train) {
     cli_data *d = &a->data;
     int data_rc = cli_check_data_args(cmd, d, a->metrics);
+    if (!data_rc) data_rc = cli_seg_check(cmd, d, a->arch, a->metrics); /* --masks (seg.c) */
     if (data_rc) return data_rc;
     if (a->arch) {
         bool tab = strcmp(a->arch, "tabular") == 0;
@@ -35,7 +36,7 @@ static int check_args(const char *cmd, train_args *a, bool train) {
                                  : "--csv data needs --arch tabular");
     }
     if (a->metrics) {
-        int rc = d->task.multi_label
+        int rc = d->task.multi_label || d->seg.masks
                      ? CLI_OK
                      : check_metric_names(cmd, a->metrics, d->regression || d->task.points);
         if (rc) return rc;
@@ -348,6 +349,7 @@ int cmd_train(int argc, char **argv) {
         DATA_OPTIONS(a),
         PHOTO_OPTIONS(a),
         CLI_TASK_OPTIONS(a.data),
+        CLI_SEG_OPTIONS(a.data),
         MODEL_OPTIONS(a),
         {"--epochs", OPT_INT, &a.epochs, "N", "epochs (sgdr: cycles) [1]", 1, 100000, 0},
         {"--lr", OPT_STR, &a.lr, "X|auto",
@@ -502,10 +504,12 @@ int cmd_train(int argc, char **argv) {
     /* predictions for the confusion matrix (every rank takes part under MPI) */
     cf_preds preds = {0};
     bool classes = s.dls->train_ds->n_classes > 0;
+    const bool masks = s.dls->train_ds->masks; /* show_results with the masks (seg.c) */
     bool have_preds = false;
     if (a.plots && classes) {
-        st = s.parallel ? cf_par_get_preds(learn, &preds, .with_loss = true, .par = par)
-                        : cf_get_preds(learn, &preds, .with_loss = true);
+        st = s.parallel ? cf_par_get_preds(learn, &preds, .with_loss = !masks, .with_input = masks,
+                                           .par = par)
+                        : cf_get_preds(learn, &preds, .with_loss = !masks, .with_input = masks);
         if (st) {
             cli_session_free(&s);
             return cli_lib_error(cmd, "predictions for the confusion matrix");
@@ -521,7 +525,10 @@ int cmd_train(int argc, char **argv) {
         cli_timing("model saved");
         const cf_recorder *rec = &learn->recorder;
         cli_print_summary(&a, &s, rec, seconds, restarts);
-        if (a.plots) cli_train_figures(a.plots, rec, s.dls, have_preds ? &preds : NULL, &figs);
+        if (a.plots)
+            cli_train_figures(a.plots, rec, s.dls, have_preds && !masks ? &preds : NULL, &figs);
+        if (a.plots && have_preds && masks && cf_plot_available())
+            cli_seg_figures(cmd, a.plots, &preds, s.dls->train_ds->n_classes, &figs);
         fflush(stdout);
         if (a.show && figs.n) cli_show_figures((const char *const *)figs.paths, figs.n);
     }
@@ -549,6 +556,7 @@ int cmd_lr_find(int argc, char **argv) {
         DATA_OPTIONS(a),
         PHOTO_OPTIONS(a),
         CLI_TASK_OPTIONS(a.data),
+        CLI_SEG_OPTIONS(a.data),
         MODEL_OPTIONS(a),
         {"--start-lr", OPT_DOUBLE, &a.start_lr, "X", "first learning rate [1e-7]", 1e-12, 1e3, 0},
         {"--end-lr", OPT_DOUBLE, &a.end_lr, "X", "last learning rate [10]", 1e-12, 1e6, 0},

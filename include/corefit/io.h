@@ -63,7 +63,8 @@ int cf_resnet_param_name(const char *name, const char *body_prefix, char *out, s
 bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char *out, size_t size);
 
 /* Loads pretrained torchvision or timm ResNet weights (safetensors float32; convert a .pth with
- * tools/convert_pth.py) into cf_resnet_learner_model's body, cf_resnet_body or cf_resnet. Every
+ * tools/convert_pth.py) into cf_resnet_learner_model's body, cf_resnet_body, cf_resnet or the
+ * encoder of cf_unet_model on a torchvision ResNet. Every
  * body tensor must match; on error the message names the tensor and the model is unchanged. */
 cf_status cf_resnet_load_pretrained(cf_model *model, const char *path);
 /* The depth (18 ... 152) of the ResNet whose weights a safetensors file holds; an error naming

@@ -766,7 +766,9 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch,
 /* fastai's unet_learner: cf_unet_model(arch) with n_out the data set's classes (its codes),
  * CrossEntropyLossFlat(axis=1) unless .loss is set, cf_split_unet's three groups (body stem,
  * rest of the encoder, decoder). pretrained: a corefit model file of a U-Net on the same body,
- * whose encoder ("layers.0.*") is copied by name and shape; the learner is then frozen (fastai's
+ * whose encoder ("layers.0.*") is copied by name and shape, or torchvision's/timm's ResNet
+ * weights of the same depth (cf_resnet_load_pretrained; the caller normalises the images with
+ * ImageNet's statistics, as fastai adds Normalize); the learner is then frozen (fastai's
  * pretrained=True). Metrics are the caller's (fastai gives none; the CLI uses foreground_acc
  * and DiceMulti). arch: "resnet18/34/50" or "xresnet18/34/50". */
 typedef struct cf_unet_learner_opts {

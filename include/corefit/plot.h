@@ -97,6 +97,15 @@ cf_status cf_plot_show_batch_text(const cf_dataloader *dl, const cf_batch *b,
  * 1 <= n <= min(p->n, 64). */
 cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const char *png_path);
 
+/* Segmentation (fastai's show for a TensorMask: every pixel's class coloured with matplotlib's
+ * tab20 over vmin 0, vmax n_codes, blended at alpha 0.5 over the image). show_batch: the first n
+ * images of a batch whose targets are (B, H * W) class ids, in fastai's int(sqrt(n)) rows;
+ * 1 <= n <= min(B, 64). show_results: n rows of Target | Prediction from get_preds(with_input)
+ * of a U-Net (preds (n, n_codes, H, W) probabilities, decoded by argmax; targs the masks);
+ * 1 <= n <= min(p->n, 32). */
+cf_status cf_show_batch_masks(const cf_batch *batch, int n, int n_codes, const char *png_path);
+cf_status cf_show_results_masks(const cf_preds *p, int n, int n_codes, const char *png_path);
+
 /* The same figures from a learner's recorder (e.g. after a fit, or a parallel fit whose
  * recorder came home). opts may be NULL. */
 cf_status cf_learner_plot_loss(const cf_learner *learn, const char *png_path,

@@ -63,7 +63,8 @@ bool cf_resnet_torchvision_name(const char *name, const char *body_prefix, char 
 /* ---- loading ---- */
 
 /* Where the model keeps its body: NULL for cf_resnet's torchvision layout, "0." for
- * cf_resnet_learner_model, "" for cf_resnet_body; false when it is none of them. */
+ * cf_resnet_learner_model, "" for cf_resnet_body, "layers.0." for a U-Net's encoder; false when
+ * it is none of them. */
 static bool body_layout(const cf_model *model, const char **prefix) {
     if (cf_model_param(model, "conv1.weight") && cf_model_param(model, "layer1.0.conv1.weight")) {
         *prefix = NULL;
@@ -75,6 +76,12 @@ static bool body_layout(const cf_model *model, const char **prefix) {
     }
     if (cf_model_param(model, "0.weight") && cf_model_param(model, "4.0.conv1.weight")) {
         *prefix = "";
+        return true;
+    }
+    /* a U-Net (cf_unet_model) on a torchvision ResNet body: its encoder is layers.0 */
+    if (cf_model_param(model, "layers.0.0.weight") &&
+        cf_model_param(model, "layers.0.4.0.conv1.weight")) {
+        *prefix = "layers.0.";
         return true;
     }
     return false;

@@ -72,7 +72,12 @@ cf_status cf_unet_learner_(cf_learner **out, cf_dls *dls, const char *arch,
     if (st == CF_OK) st = cf_model_new(&model, root, o->seed);
     /* fastai's body cut: a torchvision resnet's stem is its first 6 children, an xresnet's 3 */
     if (st == CF_OK) st = cf_split_unet(model, xresnet ? 3 : 6);
-    if (st == CF_OK && o->pretrained) st = load_encoder(model, o->pretrained);
+    /* torchvision's or timm's ResNet weights (no U-Net in the file), else a corefit U-Net */
+    int depth = 0;
+    if (st == CF_OK && o->pretrained)
+        st = !xresnet && cf_resnet_weights_depth(o->pretrained, &depth) == CF_OK
+                 ? cf_resnet_load_pretrained(model, o->pretrained)
+                 : (cf_clear_error(), load_encoder(model, o->pretrained));
     if (st != CF_OK) {
         cf_model_free(model);
         drop_owned(o);

@@ -58,6 +58,14 @@ cf_status cf_show_results(const cf_preds *p, int n, char *const *vocab, const ch
     (void)p, (void)n, (void)vocab, (void)png_path;
     return no_plplot("show_results");
 }
+cf_status cf_show_batch_masks(const cf_batch *batch, int n, int n_codes, const char *png_path) {
+    (void)batch, (void)n, (void)n_codes, (void)png_path;
+    return no_plplot("show_batch (masks)");
+}
+cf_status cf_show_results_masks(const cf_preds *p, int n, int n_codes, const char *png_path) {
+    (void)p, (void)n, (void)n_codes, (void)png_path;
+    return no_plplot("show_results (masks)");
+}
 cf_status cf_plot__raw_figure(const char *path) {
     (void)path;
     return no_plplot("plot");
