@@ -129,16 +129,20 @@ void cf_lr_find_suggest(cf_lr_find_result *r, int num_it, int which) {
         int max_start = 0, max_end = 0;
         int lds[n];
         for (int i = 0; i < n; i++) lds[i] = 1;
-        for (int i = 1; i < n; i++) {
-            for (int j = 0; j < i; j++)
+        for (int i = 1; i < n; i++)
+            for (int j = 0; j < i; j++) {
                 if (losses[i] < losses[j] && lds[i] < lds[j] + 1) lds[i] = lds[j] + 1;
-            if (lds[max_end] < lds[i]) {
-                max_end = i;
-                max_start = max_end - lds[max_end];
+                /* inside the j loop, as fastai has it: max_start is fixed by lds[i] when it first
+                 * exceeds the longest run so far, not by its final value */
+                if (lds[max_end] < lds[i]) {
+                    max_end = i;
+                    max_start = max_end - lds[max_end];
+                }
             }
-        }
         double sections = (max_end - max_start) / 3.0;
         int idx = max_start + (int)sections + (int)(sections / 2);
+        /* a run from the first point makes max_start -1 and idx may be -1: Python's lrs[-1] */
+        if (idx < 0) idx += n;
         r->valley = lrs[idx];
         r->valley_loss = losses[idx];
     }

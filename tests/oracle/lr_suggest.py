@@ -50,8 +50,11 @@ def main():
     lrs = get(d, "lrs").astype(np.float64)
     losses = get(d, "losses").astype(np.float64)
     lrs, losses = lrs[num_it // 10:-5], losses[num_it // 10:-5]
-    put(d, "suggest", [valley(lrs, losses), slide(lrs, losses), minimum(lrs, losses),
-                       steep(lrs, losses)])
+    try:
+        sl = slide(lrs, losses)
+    except IndexError:  # fastai's slide fails on curves shorter than lr_diff + 1 points
+        sl = float("nan")
+    put(d, "suggest", [valley(lrs, losses), sl, minimum(lrs, losses), steep(lrs, losses)])
 
 
 main()
