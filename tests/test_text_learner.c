@@ -382,6 +382,45 @@ static void test_clas_learner_defaults_and_fit(void **state) {
     cf_dls_free(dls);
 }
 
+/* The training batches' distinct lengths (up to 64). */
+typedef struct batch_lengths {
+    int n, len[64];
+} batch_lengths;
+
+static cf_status note_length(cf_callback *cb, cf_learner *learn) {
+    batch_lengths *l = *(batch_lengths **)cb->state;
+    if (!learn->training || !learn->batch) return CF_OK;
+    const int T = learn->batch->x.shape.dim[1];
+    for (int i = 0; i < l->n; i++)
+        if (l->len[i] == T) return CF_OK;
+    if (l->n < 64) l->len[l->n++] = T;
+    return CF_OK;
+}
+
+/* A classifier's batches have as many lengths as their longest texts (SortedDL); they run
+ * within the plan of the first (the longest) instead of planning the model again each batch:
+ * one plan for training and one for the larger validation batches, whatever the lengths. */
+static void test_clas_plans_once(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(4);
+    cf_learner *learn = make_clas_learner(dls, 3);
+    static batch_lengths lengths;
+    memset(&lengths, 0, sizeof lengths);
+    cf_callback *cb = cf_callback_new("NoteLength", 0, sizeof(batch_lengths *));
+    assert_non_null(cb);
+    *(batch_lengths **)cb->state = &lengths;
+    cb->on[CF_EV_BEFORE_BATCH] = note_length;
+    cf_callback *cbs[] = {cb};
+    assert_int_equal(cf_fit_one_cycle(learn, 2, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1),
+                     CF_OK);
+    if (lengths.n < 4) fail_msg("only %d batch lengths: the test needs more", lengths.n);
+    if (learn->model->n_plans > 2)
+        fail_msg("%d plans for batches of %d lengths", learn->model->n_plans, lengths.n);
+    assert_true(isfinite(learn->recorder.losses[learn->recorder.n_batches - 1]));
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 /* a multi-hot corpus takes BCEWithLogitsLossFlat */
 static void test_clas_learner_multi_label(void **state) {
     (void)state;
@@ -805,6 +844,7 @@ int main(void) {
         cmocka_unit_test(test_encoder_round_trip),
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_clas_learner_defaults_and_fit),
+        cmocka_unit_test(test_clas_plans_once),
         cmocka_unit_test(test_clas_learner_multi_label),
         cmocka_unit_test(test_clas_learner_batch_oracle),
         cmocka_unit_test(test_clas_load_encoder),
