@@ -368,8 +368,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
     learn->validating = false;
     cf_clear_error();
     int begun = 0;
-    st = with_events(learn, CF_EV_BEFORE_FIT, do_fit, &begun, CF_CANCEL_FIT,
-                     CF_EV_AFTER_CANCEL_FIT, CF_EV_AFTER_FIT);
+    st = with_events(learn, CF_EV_BEFORE_FIT, do_fit, &begun, CF_CANCEL_FIT, CF_EV_AFTER_CANCEL_FIT,
+                     CF_EV_AFTER_FIT);
     /* A cancellation nobody caught ends the fit like CancelFit. */
     if (st == CF_OK && learn->cancel != CF_CANCEL_NONE) {
         learn->cancel = CF_CANCEL_NONE;
