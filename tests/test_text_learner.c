@@ -183,6 +183,29 @@ static void test_par_equals_one_process(void **state) {
     cf_dls_free(dls);
 }
 
+/* ULMFiT's stages in a row: each continues the shuffle stream (cf_learner.data_epochs), on 2
+ * split-batch workers as in one process. */
+static void test_par_stages_equal_one_process(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    cf_learner *one = make_learner(dls, 13, 0.0f), *par = make_learner(dls, 13, 0.0f);
+    const cf_par_opts po = {.num_cores = 2, .split_batch = true};
+    assert_int_equal(cf_fit_one_cycle(one, 1, .lr_max = CF_LR(3e-3)), CF_OK);
+    assert_int_equal(cf_par_fit_one_cycle(par, 1, .lr_max = CF_LR(3e-3), .par = po), CF_OK);
+    assert_int_equal(cf_learner_freeze_to(one, -2), CF_OK);
+    assert_int_equal(cf_learner_freeze_to(par, -2), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(one, 1, .lr_max = CF_SLICE2(1e-4, 2e-3)), CF_OK);
+    assert_int_equal(cf_par_fit_one_cycle(par, 1, .lr_max = CF_SLICE2(1e-4, 2e-3), .par = po),
+                     CF_OK);
+    assert_int_equal(one->data_epochs, 2);
+    assert_int_equal(par->data_epochs, 2);
+    double w = max_rel(par->model->weights, one->model->weights, one->model->n_weights, 1e-3);
+    if (w > 1e-5) fail_msg("2 workers, second stage: weights differ by %.3g", w);
+    cf_learner_free(one);
+    cf_learner_free(par);
+    cf_dls_free(dls);
+}
+
 static void test_perplexity_and_resetter(void **state) {
     (void)state;
     cf_dls *dls = make_dls();
@@ -840,6 +863,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learner_defaults),
         cmocka_unit_test(test_par_equals_one_process),
+        cmocka_unit_test(test_par_stages_equal_one_process),
         cmocka_unit_test(test_perplexity_and_resetter),
         cmocka_unit_test(test_encoder_round_trip),
         cmocka_unit_test(test_generate),
