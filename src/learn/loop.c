@@ -149,7 +149,8 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     (void)ctx;
     cf_dataloader *dl = learn->dl;
     learn->n_iter = cf_dataloader_len(dl);
-    /* training continues the stream of earlier fits; validation and inference keep epoch 0.. */
+    /* training continues the stream of earlier fits; validation, get_preds and tta keep the
+     * fit's own epoch */
     int epoch = learn->training ? cf__data_epoch(learn) : learn->epoch;
     cf_status st = cf_dataloader_begin_epoch(dl, epoch);
     if (st != CF_OK) return st;
