@@ -353,7 +353,7 @@ static void chunk_padded_row(float *row, int T, int len, int bptt, int V, cf_rng
 
 static void test_text_classifier(void **state) {
     (void)state;
-    const int V = 37, E = 8, NH = 12, L = 3, bptt = 4, max_len = 8, n_class = 3, n = 2;
+    const int V = 37, E = 8, NH = 12, L = 3, bptt = 4, max_len = 8, n_class = 3, n = 3;
     cf_awd_lstm_config cfg = cf_awd_lstm_clas_config();
     cfg.emb_sz = E;
     cfg.n_hid = NH;
@@ -393,11 +393,12 @@ static void test_text_classifier(void **state) {
     oracle_put_params(&o, model);
     cf_model_zero_grad(model);
     /* batch 0: T 14 in chunks of 4 (real_bs 2, 3, 4, 4; the first two only warm the state, the
-     * last two are kept), rows with padding behind the text; batch 1: T 5, every chunk kept */
-    const int bs[2] = {4, 3}, steps[2] = {14, 5};
-    const int lens[2][4] = {{14, 13, 10, 5}, {5, 5, 1, 0}};
-    const int kept[2] = {6, 5};
-    float *logits[2], losses[2];
+     * last two are kept), rows with padding behind the text; batch 1: T 5, every chunk kept;
+     * batch 2: T 8, shorter than batch 0 but keeping more columns (8 against 6) */
+    const int bs[3] = {4, 3, 4}, steps[3] = {14, 5, 8};
+    const int lens[3][4] = {{14, 13, 10, 5}, {5, 5, 1, 0}, {8, 6, 3, 2}};
+    const int kept[3] = {6, 5, 8};
+    float *logits[3], losses[3];
     const int n_mod = cf_nn_count_modules(awd);
     cf_rng *rng_after = malloc((size_t)n_mod * sizeof(cf_rng));
     cf_rng *rng_now = malloc((size_t)n_mod * sizeof(cf_rng));
@@ -420,6 +421,8 @@ static void test_text_classifier(void **state) {
         cf_tensor xt = cf_tensor_view(x, cf_shape2(B, T));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &xt, &y), CF_OK);
+        /* the shorter second batch runs within the first's plan (checked against PyTorch) */
+        assert_int_equal(model->n_plans, 1);
         assert_int_equal(enc->out.shape.dim[1], kept[k]);
         assert_int_equal(y->shape.dim[0], B);
         assert_int_equal(y->shape.dim[1], n_class);

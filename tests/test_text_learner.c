@@ -183,6 +183,29 @@ static void test_par_equals_one_process(void **state) {
     cf_dls_free(dls);
 }
 
+/* ULMFiT's stages in a row: each continues the shuffle stream (cf_learner.data_epochs), on 2
+ * split-batch workers as in one process. */
+static void test_par_stages_equal_one_process(void **state) {
+    (void)state;
+    cf_dls *dls = make_dls();
+    cf_learner *one = make_learner(dls, 13, 0.0f), *par = make_learner(dls, 13, 0.0f);
+    const cf_par_opts po = {.num_cores = 2, .split_batch = true};
+    assert_int_equal(cf_fit_one_cycle(one, 1, .lr_max = CF_LR(3e-3)), CF_OK);
+    assert_int_equal(cf_par_fit_one_cycle(par, 1, .lr_max = CF_LR(3e-3), .par = po), CF_OK);
+    assert_int_equal(cf_learner_freeze_to(one, -2), CF_OK);
+    assert_int_equal(cf_learner_freeze_to(par, -2), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(one, 1, .lr_max = CF_SLICE2(1e-4, 2e-3)), CF_OK);
+    assert_int_equal(cf_par_fit_one_cycle(par, 1, .lr_max = CF_SLICE2(1e-4, 2e-3), .par = po),
+                     CF_OK);
+    assert_int_equal(one->data_epochs, 2);
+    assert_int_equal(par->data_epochs, 2);
+    double w = max_rel(par->model->weights, one->model->weights, one->model->n_weights, 1e-3);
+    if (w > 1e-5) fail_msg("2 workers, second stage: weights differ by %.3g", w);
+    cf_learner_free(one);
+    cf_learner_free(par);
+    cf_dls_free(dls);
+}
+
 static void test_perplexity_and_resetter(void **state) {
     (void)state;
     cf_dls *dls = make_dls();
@@ -379,6 +402,45 @@ static void test_clas_learner_defaults_and_fit(void **state) {
     assert_int_equal(cf_text_classifier_learner(&bad, lm), CF_ERR_INVALID);
     assert_non_null(strstr(cf_last_error(), "classifier text loader"));
     cf_dls_free(lm);
+    cf_dls_free(dls);
+}
+
+/* The training batches' distinct lengths (up to 64). */
+typedef struct batch_lengths {
+    int n, len[64];
+} batch_lengths;
+
+static cf_status note_length(cf_callback *cb, cf_learner *learn) {
+    batch_lengths *l = *(batch_lengths **)cb->state;
+    if (!learn->training || !learn->batch) return CF_OK;
+    const int T = learn->batch->x.shape.dim[1];
+    for (int i = 0; i < l->n; i++)
+        if (l->len[i] == T) return CF_OK;
+    if (l->n < 64) l->len[l->n++] = T;
+    return CF_OK;
+}
+
+/* A classifier's batches have as many lengths as their longest texts (SortedDL); they run
+ * within the plan of the first (the longest) instead of planning the model again each batch:
+ * one plan for training and one for the larger validation batches, whatever the lengths. */
+static void test_clas_plans_once(void **state) {
+    (void)state;
+    cf_dls *dls = make_clas_dls(4);
+    cf_learner *learn = make_clas_learner(dls, 3);
+    static batch_lengths lengths;
+    memset(&lengths, 0, sizeof lengths);
+    cf_callback *cb = cf_callback_new("NoteLength", 0, sizeof(batch_lengths *));
+    assert_non_null(cb);
+    *(batch_lengths **)cb->state = &lengths;
+    cb->on[CF_EV_BEFORE_BATCH] = note_length;
+    cf_callback *cbs[] = {cb};
+    assert_int_equal(cf_fit_one_cycle(learn, 2, .lr_max = CF_LR(1e-2), .cbs = cbs, .n_cbs = 1),
+                     CF_OK);
+    if (lengths.n < 4) fail_msg("only %d batch lengths: the test needs more", lengths.n);
+    if (learn->model->n_plans > 2)
+        fail_msg("%d plans for batches of %d lengths", learn->model->n_plans, lengths.n);
+    assert_true(isfinite(learn->recorder.losses[learn->recorder.n_batches - 1]));
+    cf_learner_free(learn);
     cf_dls_free(dls);
 }
 
@@ -801,10 +863,12 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_learner_defaults),
         cmocka_unit_test(test_par_equals_one_process),
+        cmocka_unit_test(test_par_stages_equal_one_process),
         cmocka_unit_test(test_perplexity_and_resetter),
         cmocka_unit_test(test_encoder_round_trip),
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_clas_learner_defaults_and_fit),
+        cmocka_unit_test(test_clas_plans_once),
         cmocka_unit_test(test_clas_learner_multi_label),
         cmocka_unit_test(test_clas_learner_batch_oracle),
         cmocka_unit_test(test_clas_load_encoder),

@@ -372,6 +372,11 @@ struct cf_learner {
      * checkpoint a resumed fit continues from until its position is reached */
     char *fit_params;
     struct cf__resume *resume;
+    /* the training epochs earlier fits began (lr_find's included): epoch e of a fit shuffles,
+     * augments, mixes and draws dropout as epoch data_epochs + e, so consecutive fits (fine_tune,
+     * ULMFiT's gradual unfreezing) continue one stream as fastai's DataLoader RNG does; part of
+     * the learner's state (it comes home from cf_par_ twins and is kept in checkpoints) */
+    int64_t data_epochs;
 };
 
 #define cf_learner_new(...) CF_CALL3_(cf_learner_new_, cf_learner_opts, __VA_ARGS__, )

@@ -91,7 +91,8 @@ struct cf_module {
     cf_arena *grad_arena;        /* the arena whose pool dx is taken from (NULL: dx is own) */
     void *impl;                  /* layer-specific state, owned by the layer */
     /* a root whose layers all run inputs shorter along dim 1 (time steps) than the model was
-     * planned for, within that plan (a language model); set by its constructor */
+     * planned for, within that plan (a language model, a text classifier); set by its
+     * constructor */
     bool seq_within_plan;
 };
 

@@ -11,6 +11,12 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
                   int n_extra, bool reset_opt, int start_epoch, const char *resume,
                   const char *method_params);
 
+/* The epoch a training epoch's data draws use: learn->data_epochs + learn->epoch (corefit/learn.h,
+ * cf_learner.data_epochs). */
+static inline int cf__data_epoch(const cf_learner *learn) {
+    return (int)(learn->data_epochs + learn->epoch);
+}
+
 /* The file of a model named `name`: path/model_dir/name.safetensors (the folders made when
  * make_dir), or name itself when it holds a '/'. */
 cf_status cf__model_file(const cf_learner *learn, const char *name, bool make_dir, char *buf,

@@ -149,7 +149,10 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     (void)ctx;
     cf_dataloader *dl = learn->dl;
     learn->n_iter = cf_dataloader_len(dl);
-    cf_status st = cf_dataloader_begin_epoch(dl, learn->epoch);
+    /* training continues the stream of earlier fits; validation, get_preds and tta keep the
+     * fit's own epoch */
+    int epoch = learn->training ? cf__data_epoch(learn) : learn->epoch;
+    cf_status st = cf_dataloader_begin_epoch(dl, epoch);
     if (st != CF_OK) return st;
     int64_t first = 0;
     if (learn->resume && learn->training) { /* a resumed fit continues at its checkpoint */
@@ -163,7 +166,7 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
         learn->iter = i;
         learn->batch = b;
         /* dropout draws from (epoch, sample), not from how many batches ran */
-        cf_model_set_draw_key(learn->model, (uint64_t)learn->epoch, b->idx, b->size);
+        cf_model_set_draw_key(learn->model, (uint64_t)epoch, b->idx, b->size);
         learn->model->draw_key.step = i; /* the text layers' batch-wide draws */
         st = with_events(learn, CF_EV_BEFORE_BATCH, do_one_batch, NULL, CF_CANCEL_BATCH,
                          CF_EV_AFTER_CANCEL_BATCH, CF_EV_AFTER_BATCH);
@@ -196,8 +199,9 @@ static cf_status do_epoch(cf_learner *learn, void *ctx) {
     return do_epoch_validate(learn, learn->dls->valid);
 }
 
+/* ctx: the number of this fit's epochs begun (the last one's index + 1), set as they begin. */
 static cf_status do_fit(cf_learner *learn, void *ctx) {
-    (void)ctx;
+    int *begun = ctx;
     int first = 0;
     if (learn->resume) {
         cf_status st = cf__resume_apply_state(learn, &first);
@@ -205,6 +209,7 @@ static cf_status do_fit(cf_learner *learn, void *ctx) {
     }
     for (int epoch = first; epoch < learn->n_epoch; epoch++) {
         learn->epoch = epoch;
+        *begun = epoch + 1;
         cf_status st = with_events(learn, CF_EV_BEFORE_EPOCH, do_epoch, NULL, CF_CANCEL_EPOCH,
                                    CF_EV_AFTER_CANCEL_EPOCH, CF_EV_AFTER_EPOCH);
         if (st == CF_OK) st = sync_cancel(learn);
@@ -363,7 +368,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
     learn->cancel = CF_CANCEL_NONE;
     learn->validating = false;
     cf_clear_error();
-    st = with_events(learn, CF_EV_BEFORE_FIT, do_fit, NULL, CF_CANCEL_FIT, CF_EV_AFTER_CANCEL_FIT,
+    int begun = 0;
+    st = with_events(learn, CF_EV_BEFORE_FIT, do_fit, &begun, CF_CANCEL_FIT, CF_EV_AFTER_CANCEL_FIT,
                      CF_EV_AFTER_FIT);
     /* A cancellation nobody caught ends the fit like CancelFit. */
     if (st == CF_OK && learn->cancel != CF_CANCEL_NONE) {
@@ -372,6 +378,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         if (st == CF_OK) st = cf__event(learn, CF_EV_AFTER_FIT);
     }
     learn->cancel = CF_CANCEL_NONE;
+    /* the next fit draws fresh shuffles (a resumed fit's count came back with its state) */
+    learn->data_epochs += begun;
     cf__checkpoint_fit_ended();
     cf__resume_free(learn->resume); /* a fit that ended before reaching its position */
     learn->resume = NULL;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "corefit/learn.h"
+#include "learn/internal.h"
 
 /* ---- Beta(alpha, alpha) -------------------------------------------------------------------- */
 
@@ -203,8 +204,8 @@ static cf_status mix_before_batch(cf_callback *cb, cf_learner *learn) {
     const cf_shape *xs = &b->x.shape;
     const int h = xs->ndim >= 3 ? xs->dim[xs->ndim - 2] : 0;
     const int w = xs->ndim >= 3 ? xs->dim[xs->ndim - 1] : 0;
-    cf_status st = cf_mix_draw(m->kind, m->alpha, learn->seed, learn->epoch, learn->iter, b->size,
-                               h, w, &m->draws);
+    cf_status st = cf_mix_draw(m->kind, m->alpha, learn->seed, cf__data_epoch(learn), learn->iter,
+                               b->size, h, w, &m->draws);
     if (st != CF_OK) return st;
     if (!grow(&m->x, &m->x_cap, cf_tensor_numel(&b->x)) ||
         !grow(&m->y, &m->y_cap, cf_tensor_numel(&b->y)))

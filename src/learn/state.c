@@ -31,7 +31,7 @@ static void put_cbs(cf__writer *w, cf_callback *const *cbs, int n) {
 static void put_learner_state(const void *obj, cf__writer *w) {
     const cf_learner *learn = obj;
     const cf_model *m = learn->model;
-    cf__put_header(w, "CFLS", 1);
+    cf__put_header(w, "CFLS", 2);
     cf__put_array(w, m->weights, (int64_t)m->n_weights, sizeof(float));
     cf__put_array(w, m->buffers, (int64_t)m->n_buffers, sizeof(float));
     cf__put_u64(w, (uint64_t)m->n_params);
@@ -48,6 +48,7 @@ static void put_learner_state(const void *obj, cf__writer *w) {
     for (int i = 0; i < learn->n_figures; i++) cf__put_str(w, learn->figures[i]);
     put_cbs(w, learn->cbs, learn->n_cbs);
     put_cbs(w, learn->master_cbs, learn->n_master_cbs);
+    cf__put_u64(w, (uint64_t)learn->data_epochs);
 }
 
 size_t cf_learner_export_state(const cf_learner *learn, void *buf, size_t size) {
@@ -159,7 +160,7 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
     cf_model *m = learn->model;
     cf__reader rd = cf__reader_make(buf, size, "learner state");
     cf__reader *r = &rd;
-    cf__get_header(r, "CFLS", 1);
+    cf__get_header(r, "CFLS", 2);
     int64_t n = cf__get_count(r, "weights", INT64_MAX / 8, sizeof(float));
     if (rd.st == CF_OK && (size_t)n != m->n_weights)
         cf__reader_fail(r, "%lld weights, this model has %zu", (long long)n, m->n_weights);
@@ -211,6 +212,9 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
         get_cbs(r, "callbacks", learn->cbs, learn->n_cbs, states);
         get_master_cbs(r, learn->master_cbs, learn->n_master_cbs, states + learn->n_cbs);
     }
+    int64_t data_epochs = (int64_t)cf__get_u64(r);
+    if (rd.st == CF_OK && (data_epochs < 0 || data_epochs > INT32_MAX / 2))
+        cf__reader_fail(r, "%lld data epochs (at most %d)", (long long)data_epochs, INT32_MAX / 2);
     cf__get_end(r);
     cf_status st = rd.st;
     if (st == CF_OK) st = import_cbs(all, n_all, states);
@@ -240,5 +244,6 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
     cf_free(learn->figures);
     learn->figures = figs;
     learn->n_figures = (int)n_fig;
+    learn->data_epochs = data_epochs;
     return CF_OK;
 }

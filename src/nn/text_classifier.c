@@ -31,6 +31,7 @@ typedef struct sentence_encoder_impl {
     cf_rng *rngs;       /* n_modules per slot */
     float *states;      /* state_floats per slot */
     int n_modules, cap_rows;
+    int cap_kept; /* the most kept columns of any input up to the planned length */
     size_t state_floats;
     /* the last forward */
     int n_chunks, n_kept, live; /* live: the chunk whose activations the AWD_LSTM holds */
@@ -64,16 +65,27 @@ static cf_status se_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
     return CF_OK;
 }
 
+/* The most columns an input of at most T columns keeps: the plan holds every shorter input
+ * (the kept columns of a longer one can be fewer, hence not simply those of T). */
+static int se_cap_kept(const sentence_encoder_impl *s, int T) {
+    return s->max_len >= 0 && T > s->max_len ? s->max_len : T;
+}
+
+/* Planned for (B, T), it runs any (B', T') with B' <= B and T' <= T: a classifier's batches
+ * (sorted by length, padded to their longest) share one plan. */
 static void se_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     sentence_encoder_impl *s = m->impl;
     cf_module *awd = se_awd(m);
     const int B = in->dim[0], T = in->dim[1], len = T < s->bptt ? T : s->bptt;
     const int n_chunks = (T + s->bptt - 1) / s->bptt;
-    const int kept_chunks = n_chunks - se_kept_from(s, T) / s->bptt;
+    const int cap_kept = se_cap_kept(s, T);
+    /* the kept chunks of any such input: its kept columns start at a chunk boundary */
+    const int kept_chunks = (cap_kept + s->bptt - 1) / s->bptt;
     cf_shape out;
     se_out_shape(m, in, &out);
-    m->out.data = cf_arena_floats(arena, cf_shape_numel(&out));
+    m->out.data = cf_arena_floats(arena, (size_t)B * cap_kept * s->emb);
     m->out.shape = out;
+    s->cap_kept = cap_kept;
     m->dx.data = cf_arena_floats(arena, cf_shape_numel(in));
     m->dx.shape = *in;
     m->grad_arena = NULL;
@@ -283,11 +295,14 @@ static cf_status pool_out_shape(cf_module *m, const cf_shape *in, cf_shape *out)
 static void pool_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     pooling_impl *p = m->impl;
     const size_t B = (size_t)in->dim[0], E = (size_t)p->emb;
+    /* the encoder, planned just before, may keep more columns for a shorter input */
+    const int cap_kept = ((const sentence_encoder_impl *)p->encoder->impl)->cap_kept;
+    const size_t K = (size_t)(cap_kept > in->dim[1] ? cap_kept : in->dim[1]);
     p->pooled = cf_arena_floats(arena, B * 3 * E);
     p->argmax = cf_arena_bytes(arena, B * E * sizeof(int32_t));
     p->last = cf_arena_bytes(arena, B * sizeof(int32_t));
     p->count = cf_arena_floats(arena, B);
-    m->dx.data = cf_arena_floats(arena, cf_shape_numel(in));
+    m->dx.data = cf_arena_floats(arena, B * K * E);
     m->dx.shape = *in;
     m->grad_arena = NULL;
     cf_module *layers = pool_layers(m);
@@ -519,7 +534,11 @@ cf_module *cf_text_classifier(int vocab_size, int n_class, const cf_awd_lstm_con
         cf_module_free(enc);
         return NULL;
     }
-    return cf_sequential(2, (cf_module *[]){enc, head});
+    cf_module *clas = cf_sequential(2, (cf_module *[]){enc, head});
+    /* batches of fewer rows and columns run within the plan of the first (the longest, as
+     * fastai's SortedDL orders them): one plan a fit, not one a batch */
+    if (clas) clas->seq_within_plan = true;
+    return clas;
 }
 
 cf_status cf_split_text_classifier(cf_model *model) {
