@@ -123,6 +123,14 @@ static void test_count_comes_home(void **state) {
     cf_learner *b = learner(dls, 4, NULL);
     assert_int_equal(cf_learner_import_state(b, bytes, n), CF_OK);
     assert_int_equal(b->data_epochs, 3);
+    /* a version-1 state (before the count: the same bytes without it) still reads, as count 0 */
+    uint32_t v1 = 1;
+    memcpy((char *)bytes + 4, &v1, sizeof v1);
+    assert_int_equal(cf_learner_import_state(b, bytes, n - 8), CF_OK);
+    assert_int_equal(b->data_epochs, 0);
+    uint32_t v3 = 3;
+    memcpy((char *)bytes + 4, &v3, sizeof v3);
+    assert_int_not_equal(cf_learner_import_state(b, bytes, n), CF_OK);
     free(bytes);
     cf_learner_free(a);
     cf_learner_free(b);

@@ -156,20 +156,30 @@ const void *cf__get_blob(cf__reader *r, const char *field, size_t *n) {
 }
 
 bool cf__get_header(cf__reader *r, const char magic[4], uint32_t version) {
+    return cf__get_header_versions(r, magic, version, version) != 0;
+}
+
+uint32_t cf__get_header_versions(cf__reader *r, const char magic[4], uint32_t oldest,
+                                 uint32_t newest) {
     char m[4] = {0};
     uint32_t v = 0;
-    if (!cf__get(r, m, 4)) return false;
+    if (!cf__get(r, m, 4)) return 0;
     if (memcmp(m, magic, 4) != 0) {
         r->at = 0;
-        return cf__reader_fail(r, "magic \"%.4s\" is not \"%.4s\"",
-                               (m[0] >= 32 && m[0] < 127) ? m : "????", magic);
+        cf__reader_fail(r, "magic \"%.4s\" is not \"%.4s\"",
+                        (m[0] >= 32 && m[0] < 127) ? m : "????", magic);
+        return 0;
     }
-    if (!cf__get(r, &v, sizeof v)) return false;
-    if (v != version) {
+    if (!cf__get(r, &v, sizeof v)) return 0;
+    if (v < oldest || v > newest) {
         r->at = 4;
-        return cf__reader_fail(r, "version %u (this build reads %u)", v, version);
+        if (oldest == newest)
+            cf__reader_fail(r, "version %u (this build reads %u)", v, newest);
+        else
+            cf__reader_fail(r, "version %u (this build reads %u to %u)", v, oldest, newest);
+        return 0;
     }
-    return true;
+    return v;
 }
 
 bool cf__get_end(cf__reader *r) {

@@ -54,6 +54,10 @@ char *cf__get_str(cf__reader *r, const char *field); /* allocated; NULL on failu
 /* A nested blob: returns a pointer to its bytes and sets *n. */
 const void *cf__get_blob(cf__reader *r, const char *field, size_t *n);
 bool cf__get_header(cf__reader *r, const char magic[4], uint32_t version);
+/* A header whose version is oldest..newest (a format that still reads its older layouts): the
+ * version read, or 0 on failure. */
+uint32_t cf__get_header_versions(cf__reader *r, const char magic[4], uint32_t oldest,
+                                 uint32_t newest);
 /* Fails the reader (once) with a message about the current offset. */
 bool cf__reader_fail(cf__reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Fails the reader unless every byte was read. */

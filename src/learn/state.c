@@ -160,7 +160,8 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
     cf_model *m = learn->model;
     cf__reader rd = cf__reader_make(buf, size, "learner state");
     cf__reader *r = &rd;
-    cf__get_header(r, "CFLS", 2);
+    /* version 1 had no data_epochs (its fits all began at data epoch 0) */
+    const uint32_t version = cf__get_header_versions(r, "CFLS", 1, 2);
     int64_t n = cf__get_count(r, "weights", INT64_MAX / 8, sizeof(float));
     if (rd.st == CF_OK && (size_t)n != m->n_weights)
         cf__reader_fail(r, "%lld weights, this model has %zu", (long long)n, m->n_weights);
@@ -212,7 +213,7 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
         get_cbs(r, "callbacks", learn->cbs, learn->n_cbs, states);
         get_master_cbs(r, learn->master_cbs, learn->n_master_cbs, states + learn->n_cbs);
     }
-    int64_t data_epochs = (int64_t)cf__get_u64(r);
+    int64_t data_epochs = version >= 2 ? (int64_t)cf__get_u64(r) : 0;
     if (rd.st == CF_OK && (data_epochs < 0 || data_epochs > INT32_MAX / 2))
         cf__reader_fail(r, "%lld data epochs (at most %d)", (long long)data_epochs, INT32_MAX / 2);
     cf__get_end(r);
