@@ -50,18 +50,22 @@ static void test_bf16_fit_on_two_workers_equals_one_process(void **state) {
     print_message("%s: 2 workers vs 1 process: weights within %.2g, buffers %.2g; vs the fp32 "
                   "fit %.2g\n",
                   bf16 ? "bf16" : "fp32 (no bf16 kernels)", ew, eb, e32);
-    /* the first batch's loss: the same weights and images, but the synchronised BatchNorm's
-     * statistics are fp32 sums in another order, and the next layer's bf16 rounding turns a
-     * difference of an fp32 ulp into one of a bf16 ulp (2^-8) on the few values it moves across
-     * a rounding boundary: within 1e-4 (fp32: 1e-6), while bf16 against fp32 is 20x further */
+    /* the first batch's loss: the same weights and images, and each image's convolutions the
+     * same bit for bit whatever its batch (test_bf16_batch), but the synchronised BatchNorm's
+     * statistics are sums in another order (shifted by each replica's first value), an fp32 ulp
+     * apart. fp32 layers after a BatchNorm (the 1x1 stride-2 shortcuts) carry that difference
+     * on, and a later bf16 rounding turns it into a bf16 ulp (2^-8) on the values it moves across
+     * a rounding boundary: fp32 fits differ by 1.2e-6, bf16 ones by 4.4e-4 on W1 (one fp32 ulp
+     * added to a seventh of the first BatchNorm's outputs moves W1's first bf16 loss by 2.8e-4,
+     * with or without the fp32 shortcuts); bf16 against fp32 is 2e-3 */
     const cf_recorder *ra = &par->recorder, *rb = &single->recorder, *r32 = &fp32->recorder;
     const double first = fabs(ra->losses[0] - rb->losses[0]),
                  first32 = fabs(rb->losses[0] - r32->losses[0]);
     print_message("first loss: 2 workers %.9g, 1 process %.9g, fp32 %.9g\n", ra->losses[0],
                   rb->losses[0], r32->losses[0]);
-    if (!(first <= 1e-4 * (1 + rb->losses[0])))
+    if (!(first <= 2e-4 * (1 + rb->losses[0])))
         fail_msg("first loss: 2 workers %.9g, 1 process %.9g", ra->losses[0], rb->losses[0]);
-    if (bf16 && !(first32 >= 1e-3 && first32 >= 20 * first))
+    if (bf16 && !(first32 >= 1e-3 && first32 >= 3 * first))
         fail_msg("first loss within %.3g of fp32's: the fit did not compute in bf16", first32);
     if (!bf16) assert_true(e32 == 0); /* to_bf16 changed nothing */
     /* later steps: those fp32 differences move some values across a bf16 rounding boundary

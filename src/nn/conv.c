@@ -108,7 +108,11 @@ static size_t round16(size_t n) {
  * transforms would be rounded rather than the layer's operands, and it saves multiplications
  * that the bf16 dot products already make cheap. */
 static bool use_bf16(const conv_impl *c) {
-    return c->bf16 && cf_bf16_compute();
+    /* A 1x1 stride-2 layer without padding or bias (a residual shortcut) stays on its fp32
+     * paths: lowered in bf16, W1's first shortcut took 4.5 ms of a 27 ms step (bench_step), a few
+     * tiny GEMMs per image that packing dominates; in fp32 its weight gradient reads the image in
+     * place (cf_conv_implicit_wgrad) and the whole backward took 1.4 ms. */
+    return c->bf16 && cf_bf16_compute() && !c->implicit_dw;
 }
 
 /* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
