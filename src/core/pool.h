@@ -3,7 +3,13 @@
 #ifndef COREFIT_CORE_POOL_H
 #define COREFIT_CORE_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+/* Whether the machine has more runnable threads than CPUs right now (/proc/loadavg's instant
+ * count, read at most every 20 ms; false where it cannot be read): spinning waits then take CPU
+ * time from the threads they wait for, so they should back off. */
+bool cf__machine_crowded(void);
 
 /* How long a pool thread spins before it blocks, waiting for the next job or for the other
  * threads' parts: ns < 0 restores the adaptive default, 0 blocks at once (no spin), ns > 0 spins

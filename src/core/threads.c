@@ -201,6 +201,10 @@ static bool spin_wait(spinner *s, const awaited *w) {
     return got;
 }
 
+bool cf__machine_crowded(void) {
+    return machine_crowded(spin_clock());
+}
+
 void cf__pool_set_spin(double ns) {
     atomic_store(&spin_fixed_ns, ns < 0 ? -1.0 : ns);
 }
