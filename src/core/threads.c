@@ -115,7 +115,7 @@ static double spin_clock(void) {
  * caller's spin ran out waiting for the workers, its seconds waiting after its own part, and how
  * many spins found themselves descheduled (an oversubscribed machine; they back off). */
 static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_caller_wait_ns,
-    stat_preempted, stat_crowded;
+    stat_preempted, stat_crowd_checks, stat_crowded;
 
 /* The change awaited: *u64 != u64_value (a worker waiting for the next job), or *i32 == 0 (the
  * caller waiting for the workers). */
@@ -158,6 +158,7 @@ static bool machine_crowded(double now) {
         }
     }
     atomic_store_explicit(&crowd, crowded, memory_order_relaxed);
+    atomic_fetch_add_explicit(&stat_crowd_checks, 1, memory_order_relaxed);
     if (crowded) atomic_fetch_add_explicit(&stat_crowded, 1, memory_order_relaxed);
     return crowded;
 }
@@ -266,13 +267,14 @@ static void stop_pool(void) {
         fprintf(stderr,
                 "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu caller "
                 "waits past the spin, the caller waited %.3f s after its own part, %llu spins "
-                "descheduled, %llu checks found the machine crowded\n",
+                "descheduled, %llu of %llu checks found the machine crowded\n",
                 p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
                 (unsigned long long)atomic_load(&stat_worker_sleeps),
                 (unsigned long long)atomic_load(&stat_caller_sleeps),
                 (double)atomic_load(&stat_caller_wait_ns) * 1e-9,
                 (unsigned long long)atomic_load(&stat_preempted),
-                (unsigned long long)atomic_load(&stat_crowded));
+                (unsigned long long)atomic_load(&stat_crowded),
+                (unsigned long long)atomic_load(&stat_crowd_checks));
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
     pthread_cond_broadcast(&p->work_ready);
