@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -13,7 +14,9 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "core/pool.h"
 #include "core/spin.h"
 
 #define CF_MAX_THREADS 256
@@ -70,11 +73,36 @@ static void chunk(int64_t n, int parts, int part, int64_t *begin, int64_t *end) 
 }
 
 /* A training step dispatches a job per layer and pass, tens of them per step, each a fraction of
- * a millisecond: waking a thread blocked on a condition variable costs tens of microseconds each
- * time. So a worker that has finished a job, and the caller waiting for the workers, first spin
- * for a short while (SPIN_NS) on the atomic counters, then block. The spin is bounded, so idle
- * pools and machines shared with other work lose little CPU to it. */
-#define SPIN_NS 50000
+ * a millisecond to a few: waking a thread blocked on a condition variable costs tens of
+ * microseconds on an idle core, and up to milliseconds on a busy one, each time, and the job
+ * waits for it. So a worker that has finished a job, and the caller waiting for the workers,
+ * first spin on the atomic counters, then block. The spin is adaptive, per thread:
+ *
+ * - its budget starts at SPIN_MIN_NS, doubles (up to SPIN_MAX_NS) each time the awaited change
+ *   came during the spin, and halves each time the spin ran out: between the jobs of a step (the
+ *   two threads' parts end tens to hundreds of microseconds apart, and the caller's serial work
+ *   between jobs adds some) the threads keep spinning and never sleep, while a pool left idle
+ *   sleeps after at most SPIN_MAX_NS and soon after SPIN_MIN_NS;
+ * - it backs off when the machine is oversubscribed: a spin that finds it was descheduled (the
+ *   clock jumped by more than SPIN_PREEMPT_NS between two of its checks, tens of pause
+ *   instructions apart) drops its budget to SPIN_MIN_NS and keeps it there for the next
+ *   SPIN_COOLDOWN spins, so that threads which cannot have a core to themselves do not take CPU
+ *   time from the other work on the machine by spinning.
+ *
+ * Only the waiting changes: the chunks each thread runs are the same, and so are the results. */
+#define SPIN_MIN_NS 50000.0
+#define SPIN_MAX_NS 1000000.0
+#define SPIN_PREEMPT_NS 200000.0
+#define SPIN_COOLDOWN 64
+
+/* cf__pool_set_spin's override of the budget: < 0: adaptive (the default), 0: no spin (block at
+ * once), > 0: a fixed budget in nanoseconds. */
+static _Atomic double spin_fixed_ns = -1;
+
+typedef struct spinner {
+    double budget_ns; /* the next spin's bound */
+    int cooldown;     /* spins left before the budget may grow again after a preemption */
+} spinner;
 
 static double spin_clock(void) {
     struct timespec ts;
@@ -82,36 +110,120 @@ static double spin_clock(void) {
     return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
 }
 
-/* Spins until *v != value (true) or SPIN_NS pass (false). */
-static bool spin_until_changed_u64(_Atomic uint64_t *v, uint64_t value) {
-    const double start = spin_clock();
-    for (int i = 0;; i++) {
-        if (atomic_load_explicit(v, memory_order_acquire) != value) return true;
-        if ((i & 63) == 63 && spin_clock() - start > SPIN_NS) return false;
-        cf_spin_pause();
-    }
-}
-
-static bool spin_until_zero(_Atomic int *v) {
-    const double start = spin_clock();
-    for (int i = 0;; i++) {
-        if (atomic_load_explicit(v, memory_order_acquire) == 0) return true;
-        if ((i & 63) == 63 && spin_clock() - start > SPIN_NS) return false;
-        cf_spin_pause();
-    }
-}
-
 /* CF_TIMING=1's report at exit (stop_pool): jobs dispatched, how often a worker blocked on the
  * condition variable after its spin (its next job then waits for it to be woken), how often the
- * caller's spin ran out waiting for the workers, and its seconds waiting after its own part. */
-static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_caller_wait_ns;
+ * caller's spin ran out waiting for the workers, its seconds waiting after its own part, and how
+ * many spins found themselves descheduled (an oversubscribed machine; they back off). */
+static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_caller_wait_ns,
+    stat_preempted, stat_crowd_checks, stat_crowded;
+
+/* The change awaited: *u64 != u64_value (a worker waiting for the next job), or *i32 == 0 (the
+ * caller waiting for the workers). */
+typedef struct awaited {
+    _Atomic uint64_t *u64;
+    uint64_t u64_value;
+    _Atomic int *i32;
+} awaited;
+
+static bool arrived(const awaited *w) {
+    if (w->u64) return atomic_load_explicit(w->u64, memory_order_acquire) != w->u64_value;
+    return atomic_load_explicit(w->i32, memory_order_acquire) == 0;
+}
+
+/* Whether the machine has more runnable threads than CPUs, from the fourth field of
+ * /proc/loadavg ("runnable/existing", an instant count that includes this process's running
+ * threads), read at most every CROWD_CHECK_NS by whichever pool thread asks; false where it
+ * cannot be read. */
+#define CROWD_CHECK_NS 20e6
+static _Atomic double crowd_checked_at = -1e18;
+static _Atomic bool crowd;
+
+static bool machine_crowded(double now) {
+    if (now - atomic_load_explicit(&crowd_checked_at, memory_order_relaxed) < CROWD_CHECK_NS)
+        return atomic_load_explicit(&crowd, memory_order_relaxed);
+    atomic_store_explicit(&crowd_checked_at, now, memory_order_relaxed);
+    bool crowded = false;
+    const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char text[128];
+        const ssize_t got = read(fd, text, sizeof text - 1);
+        close(fd);
+        if (got > 0) {
+            text[got] = 0;
+            long runnable = 0;
+            if (sscanf(text, "%*s %*s %*s %ld/", &runnable) == 1) {
+                const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+                crowded = cpus > 0 && runnable > cpus;
+            }
+        }
+    }
+    atomic_store_explicit(&crowd, crowded, memory_order_relaxed);
+    atomic_fetch_add_explicit(&stat_crowd_checks, 1, memory_order_relaxed);
+    if (crowded) atomic_fetch_add_explicit(&stat_crowded, 1, memory_order_relaxed);
+    return crowded;
+}
+
+/* Spins until the awaited change (true) or the spinner's budget runs out (false), and adapts the
+ * budget (see above). */
+static bool spin_wait(spinner *s, const awaited *w) {
+    const double fixed = atomic_load_explicit(&spin_fixed_ns, memory_order_relaxed);
+    const double start = spin_clock();
+    double budget = fixed >= 0 ? fixed : machine_crowded(start) ? SPIN_MIN_NS : s->budget_ns;
+    if (budget <= 0) return arrived(w);
+    double last = start;
+    bool preempted = false, got = false;
+    for (int i = 0;; i++) {
+        if (arrived(w)) {
+            got = true;
+            break;
+        }
+        if ((i & 63) == 63) {
+            const double now = spin_clock();
+            if (now - last > SPIN_PREEMPT_NS) preempted = true;
+            last = now;
+            if (now - start > budget) break;
+        }
+        cf_spin_pause();
+    }
+    if (fixed >= 0) return got;
+    if (preempted) {
+        atomic_fetch_add_explicit(&stat_preempted, 1, memory_order_relaxed);
+        s->budget_ns = SPIN_MIN_NS;
+        s->cooldown = SPIN_COOLDOWN;
+    } else if (got) {
+        if (s->cooldown > 0)
+            s->cooldown--;
+        else if ((s->budget_ns *= 2) > SPIN_MAX_NS)
+            s->budget_ns = SPIN_MAX_NS;
+    } else {
+        if (s->cooldown > 0) s->cooldown--;
+        if ((s->budget_ns *= 0.5) < SPIN_MIN_NS) s->budget_ns = SPIN_MIN_NS;
+    }
+    return got;
+}
+
+bool cf__machine_crowded(void) {
+    return machine_crowded(spin_clock());
+}
+
+void cf__pool_set_spin(double ns) {
+    atomic_store(&spin_fixed_ns, ns < 0 ? -1.0 : ns);
+}
+
+cf__pool_stats cf__pool_get_stats(void) {
+    return (cf__pool_stats){.jobs = atomic_load(&stat_jobs),
+                            .worker_sleeps = atomic_load(&stat_worker_sleeps),
+                            .caller_sleeps = atomic_load(&stat_caller_sleeps),
+                            .preempted_spins = atomic_load(&stat_preempted)};
+}
 
 static void *worker_main(void *arg) {
     int id = (int)(intptr_t)arg; /* 1..n_threads */
     uint64_t seen = 0;
     pool *p = &the_pool;
+    spinner sp = {.budget_ns = SPIN_MIN_NS};
     for (;;) {
-        spin_until_changed_u64(&p->generation, seen);
+        spin_wait(&sp, &(awaited){.u64 = &p->generation, .u64_value = seen});
         pthread_mutex_lock(&p->lock);
         if (!p->stopping && p->generation == seen)
             atomic_fetch_add_explicit(&stat_worker_sleeps, 1, memory_order_relaxed);
@@ -154,11 +266,15 @@ static void stop_pool(void) {
     if (timing && strcmp(timing, "1") == 0 && atomic_load(&stat_jobs))
         fprintf(stderr,
                 "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu caller "
-                "waits past the spin, the caller waited %.3f s after its own part\n",
+                "waits past the spin, the caller waited %.3f s after its own part, %llu spins "
+                "descheduled, %llu of %llu checks found the machine crowded\n",
                 p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
                 (unsigned long long)atomic_load(&stat_worker_sleeps),
                 (unsigned long long)atomic_load(&stat_caller_sleeps),
-                (double)atomic_load(&stat_caller_wait_ns) * 1e-9);
+                (double)atomic_load(&stat_caller_wait_ns) * 1e-9,
+                (unsigned long long)atomic_load(&stat_preempted),
+                (unsigned long long)atomic_load(&stat_crowded),
+                (unsigned long long)atomic_load(&stat_crowd_checks));
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
     pthread_cond_broadcast(&p->work_ready);
@@ -169,6 +285,14 @@ static void stop_pool(void) {
 }
 
 static void register_atfork(void) {
+    /* CF_POOL_SPIN_US=n: a fixed spin of n microseconds (0: none), for measuring the adaptive
+     * spin against fixed ones; unset or anything else: adaptive. */
+    const char *fixed = getenv("CF_POOL_SPIN_US");
+    if (fixed && *fixed) {
+        char *end;
+        const double us = strtod(fixed, &end);
+        if (*end == 0 && us >= 0) cf__pool_set_spin(us * 1e3);
+    }
     pthread_atfork(NULL, NULL, after_fork_in_child);
     atexit(stop_pool);
 }
@@ -214,8 +338,9 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     chunk(n, parts, 0, &b, &e);
     if (b < e) fn(ctx, b, e, 0);
 
+    static spinner caller_spin = {.budget_ns = SPIN_MIN_NS}; /* callers hold dispatch_lock */
     const double t_wait = spin_clock();
-    bool quick = spin_until_zero(&p->pending);
+    bool quick = spin_wait(&caller_spin, &(awaited){.i32 = &p->pending});
     pthread_mutex_lock(&p->lock);
     while (p->pending > 0) pthread_cond_wait(&p->work_done, &p->lock);
     pthread_mutex_unlock(&p->lock);

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/pool.h"
 #include "core/spin.h"
 
 #define CF_SHM_MAGIC 0x63667368u /* "cfsh" */
@@ -243,10 +244,22 @@ static cf_status barrier_wait(cf_shm_comm *c, const char *what) {
         if (atomic_load(&h->bar_sleepers)) futex(&h->bar_gen, FUTEX_WAKE, INT_MAX, NULL);
         return CF_OK;
     }
-    for (int i = 0; i < c->spin; i++) {
-        if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) return CF_OK;
-        if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) break;
-        cf_spin_pause();
+    if (c->spin_ns > 0 && !cf__machine_crowded()) {
+        /* every worker has a core and the machine is not crowded: spin long enough to cover
+         * the usual difference between the workers' compute before a collective */
+        const uint64_t start = cf_shm_now_ns();
+        for (int i = 0;; i++) {
+            if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) return CF_OK;
+            if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) break;
+            if ((i & 63) == 63 && (double)(cf_shm_now_ns() - start) > c->spin_ns) break;
+            cf_spin_pause();
+        }
+    } else {
+        for (int i = 0; i < c->spin; i++) {
+            if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen) return CF_OK;
+            if (atomic_load_explicit(&h->abort_flag, memory_order_relaxed)) break;
+            cf_spin_pause();
+        }
     }
     c->slow_waits++;
     return wait_slow(c, gen, arrival, what);
@@ -506,9 +519,12 @@ void cf_shm_comm_init(cf_shm_comm *c, cf_shm_header *hdr, int rank) {
     c->hdr = hdr;
     c->ranks = cf_shm_rank_at(hdr, 0);
     c->slots = (char *)hdr + hdr->slots_offset;
-    /* Spin only when every worker can have a core; with more workers than cores a spinning
-     * waiter steals the time slice of the rank it waits for. */
+    /* Spin only when every worker can have a core and the machine is not crowded with other
+     * work (checked at each wait, core/pool.h); otherwise a spinning waiter steals the time
+     * slice of the rank it waits for. The 500 us cover the difference between the workers'
+     * compute before the gradients' all-reduce on an idle machine (a few percent of a step). */
     bool roomy = hdr->nranks <= hdr->cores;
-    c->spin = roomy ? 4000 : 50;
+    c->spin = 50;
+    c->spin_ns = roomy ? 500e3 : 0;
     c->yields = roomy ? 50 : 200;
 }

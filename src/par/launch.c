@@ -115,17 +115,24 @@ static void forward_term(int sig) {
 /* CF_TIMING=1: where a worker's wall time went, on stderr (bench/scaling.py reads it): from its
  * start to the job (pinning, OpenBLAS's warm-up), the job, and the part of the job spent in
  * barriers (every collective passes one or more), with how many waits outlasted the spin and
- * how many futex naps they took. */
+ * how many futex naps they took; then the worker's CPU seconds (its own, from its fork) and its
+ * involuntary context switches: a worker whose barriers wait less than its peer's while its CPU
+ * seconds match was preempted more (its core shared), not given more work. */
 static void report_timing(const cf_shm_comm *c, int rank, uint64_t t_start, uint64_t t_ready) {
     const char *e = getenv("CF_TIMING");
     if (!e || strcmp(e, "1") != 0) return;
     uint64_t now = cf_shm_now_ns();
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    getrusage(RUSAGE_SELF, &ru);
+    const double cpu = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                       (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
     fprintf(stderr,
             "timing: worker %d: start %.3f s, job %.3f s, of it %.3f s in %llu barriers (%llu "
-            "waits past the spin, %llu futex naps)\n",
+            "waits past the spin, %llu futex naps); CPU %.3f s, %ld preemptions\n",
             rank, (double)(t_ready - t_start) * 1e-9, (double)(now - t_ready) * 1e-9,
             (double)c->wait_ns * 1e-9, (unsigned long long)c->barriers,
-            (unsigned long long)c->slow_waits, (unsigned long long)c->naps);
+            (unsigned long long)c->slow_waits, (unsigned long long)c->naps, cpu, ru.ru_nivcsw);
 }
 
 static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus, int ncpus,

@@ -69,9 +69,10 @@ typedef struct cf_shm_comm {
     cf_shm_header *hdr;
     cf_shm_rank *ranks;
     char *slots;
-    uint64_t seq; /* collectives started by this rank */
-    int spin;     /* busy-wait iterations before yielding */
-    int yields;   /* sched_yield calls before sleeping on the futex */
+    uint64_t seq;   /* collectives started by this rank */
+    int spin;       /* busy-wait iterations before yielding, on a crowded machine */
+    double spin_ns; /* otherwise a spin of this many ns (0: the iterations always) */
+    int yields;     /* sched_yield calls before sleeping on the futex */
     /* barrier statistics (printed by a worker under CF_TIMING=1): barriers passed, nanoseconds
      * spent in them, waits that outlasted the spin, futex naps taken */
     uint64_t barriers, wait_ns, slow_waits, naps;

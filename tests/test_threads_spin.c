@@ -1,0 +1,108 @@
+/* The thread pool's adaptive spin (core/threads.c): how its threads wait between jobs changes
+ * nothing in the results (a 2-thread fit of W1's model with the spin off, fixed and adaptive ends
+ * with bitwise the same weights), the counters count, and a pool left idle sleeps: it takes
+ * under 0.1 CPU-second in a second of idleness after a burst of jobs. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/pool.h"
+#include "learn_fixture.h"
+
+static double process_cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* one epoch (4 steps and the validation) of W1's model on two threads; its weights and buffers
+ * copied out */
+static void fit_two_threads(float **weights, int64_t *n_weights, float **buffers,
+                            int64_t *n_buffers) {
+    cf_set_num_threads(2);
+    cf_dls *dls = NULL;
+    cf_learner *learn = fixture_w1_learner(&dls);
+    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(3e-3)), CF_OK);
+    const cf_model *m = learn->model;
+    *n_weights = m->n_weights;
+    *n_buffers = m->n_buffers;
+    *weights = malloc((size_t)m->n_weights * sizeof(float));
+    *buffers = malloc((size_t)(m->n_buffers + 1) * sizeof(float));
+    memcpy(*weights, m->weights, (size_t)m->n_weights * sizeof(float));
+    memcpy(*buffers, m->buffers, (size_t)m->n_buffers * sizeof(float));
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+    cf_set_num_threads(0);
+}
+
+static void test_fit_identical_whatever_the_spin(void **state) {
+    (void)state;
+    const double spins[] = {-1 /* adaptive */, 0 /* none */, 20e3 /* 20 us */, 2e6 /* 2 ms */};
+    float *w0 = NULL, *b0 = NULL;
+    int64_t nw0 = 0, nb0 = 0;
+    for (int k = 0; k < 4; k++) {
+        cf__pool_set_spin(spins[k]);
+        const cf__pool_stats before = cf__pool_get_stats();
+        float *w = NULL, *b = NULL;
+        int64_t nw = 0, nb = 0;
+        fit_two_threads(&w, &nw, &b, &nb);
+        const cf__pool_stats after = cf__pool_get_stats();
+        assert_true(after.jobs > before.jobs); /* the fit ran on the pool */
+        if (spins[k] == 0) /* no spin: a worker blocks between jobs unless the next was there */
+            assert_true(after.worker_sleeps > before.worker_sleeps);
+        if (k == 0) {
+            w0 = w, b0 = b, nw0 = nw, nb0 = nb;
+            continue;
+        }
+        assert_int_equal(nw, nw0);
+        assert_int_equal(nb, nb0);
+        if (memcmp(w, w0, (size_t)nw * sizeof(float)) != 0)
+            fail_msg("spin %.0f ns: the weights differ from the adaptive spin's", spins[k]);
+        if (memcmp(b, b0, (size_t)nb * sizeof(float)) != 0)
+            fail_msg("spin %.0f ns: the buffers differ from the adaptive spin's", spins[k]);
+        free(w);
+        free(b);
+    }
+    free(w0);
+    free(b0);
+    cf__pool_set_spin(-1);
+}
+
+static void add_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    int64_t s = 0;
+    for (int64_t i = begin; i < end; i++) s += i;
+    atomic_fetch_add((_Atomic int64_t *)ctx, s);
+}
+
+/* A burst of back-to-back jobs grows the spin's budget to its largest; then the pool is left
+ * idle for a second: its worker spins at most that long (a millisecond) before it blocks. */
+static void test_idle_pool_sleeps(void **state) {
+    (void)state;
+    cf__pool_set_spin(-1);
+    cf_set_num_threads(2);
+    _Atomic int64_t total = 0;
+    for (int i = 0; i < 2000; i++) cf_parallel_for(1000, add_range, &total);
+    assert_int_equal(atomic_load(&total), 2000 * (int64_t)(999 * 1000 / 2));
+    const double cpu0 = process_cpu_seconds();
+    struct timespec second = {1, 0};
+    while (nanosleep(&second, &second) != 0) {
+    }
+    const double idle_cpu = process_cpu_seconds() - cpu0;
+    print_message("CPU time of the idle pool over 1 s: %.4f s\n", idle_cpu);
+    if (!(idle_cpu < 0.1)) fail_msg("an idle pool took %.3f CPU-s in one second", idle_cpu);
+    cf_set_num_threads(0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fit_identical_whatever_the_spin),
+        cmocka_unit_test(test_idle_pool_sleeps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
