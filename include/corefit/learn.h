@@ -490,6 +490,13 @@ cf_status cf_learner_note_figure(cf_learner *learn, const char *path);
  * CF_ERR_INVALID naming part, offset and value, learner unchanged. */
 size_t cf_learner_export_state(const cf_learner *learn, void *buf, size_t size);
 cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t size);
+/* Internal (the par layer's fork runner): import_state, calling consumed(p, n, ctx) on the part
+ * of buf that the import has copied and will not read again (the optimizer state, once it is
+ * in the new optimizer), so that the caller can give those pages back before the rest is
+ * copied. consumed may be NULL. */
+cf_status cf__learner_import_state_consuming(cf_learner *learn, const void *buf, size_t size,
+                                             void (*consumed)(const void *p, size_t n, void *ctx),
+                                             void *ctx);
 
 /* ---- fit methods --------------------------------------------------------------------------- */
 

@@ -157,6 +157,12 @@ static cf_status import_cbs(cf_callback *const *cbs, int n, const cb_state *stat
 }
 
 cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t size) {
+    return cf__learner_import_state_consuming(learn, buf, size, NULL, NULL);
+}
+
+cf_status cf__learner_import_state_consuming(cf_learner *learn, const void *buf, size_t size,
+                                             void (*consumed)(const void *p, size_t n, void *ctx),
+                                             void *ctx) {
     cf_model *m = learn->model;
     cf__reader rd = cf__reader_make(buf, size, "learner state");
     cf__reader *r = &rd;
@@ -185,6 +191,7 @@ cf_status cf_learner_import_state(cf_learner *learn, const void *buf, size_t siz
             cf_status st = cf_optimizer_new(&opt, m, &config);
             if (st == CF_OK) st = cf_optimizer_import(opt, blob, bytes);
             if (st != CF_OK) rd.st = cf_fail_context(st, "learner state");
+            if (st == CF_OK && consumed) consumed(blob, bytes, ctx);
         }
     }
     size_t rec_bytes = 0;

@@ -45,6 +45,13 @@ size_t cf__par_home_write(const cf_learner *learn, const cf__par_method *method,
 
 cf_status cf__par_home_read(cf_learner *learn, const cf__par_method *method, const void *vbuf,
                             size_t size) {
+    return cf__par_home_read_consuming(learn, method, vbuf, size, NULL, NULL);
+}
+
+cf_status cf__par_home_read_consuming(cf_learner *learn, const cf__par_method *method,
+                                      const void *vbuf, size_t size,
+                                      void (*consumed)(const void *p, size_t n, void *ctx),
+                                      void *ctx) {
     const unsigned char *buf = vbuf;
     uint32_t head[2] = {0};
     int64_t outcome = 0;
@@ -77,7 +84,8 @@ cf_status cf__par_home_read(cf_learner *learn, const cf__par_method *method, con
     cf_status st = CF_OK;
     if (method->output && (st = method->output->import_fn(learn, dest, out, out_len)) != CF_OK)
         return cf_fail_context(st, "results");
-    if ((st = cf_learner_import_state(learn, state, state_len)) != CF_OK) {
+    if ((st = cf__learner_import_state_consuming(learn, state, state_len, consumed, ctx)) !=
+        CF_OK) {
         if (method->output && method->output->release) method->output->release(dest);
         return cf_fail_context(st, "results");
     }

@@ -129,10 +129,12 @@ static void report_timing(const cf_shm_comm *c, int rank, uint64_t t_start, uint
                        (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
     fprintf(stderr,
             "timing: worker %d: start %.3f s, job %.3f s, of it %.3f s in %llu barriers (%llu "
-            "waits past the spin, %llu futex naps); CPU %.3f s, %ld preemptions\n",
+            "waits past the spin, %llu futex naps); CPU %.3f s, %ld preemptions, peak resident "
+            "%.1f MB\n",
             rank, (double)(t_ready - t_start) * 1e-9, (double)(now - t_ready) * 1e-9,
             (double)c->wait_ns * 1e-9, (unsigned long long)c->barriers,
-            (unsigned long long)c->slow_waits, (unsigned long long)c->naps, cpu, ru.ru_nivcsw);
+            (unsigned long long)c->slow_waits, (unsigned long long)c->naps, cpu, ru.ru_nivcsw,
+            (double)ru.ru_maxrss / 1024);
 }
 
 static _Noreturn void worker_main(cf_shm_header *hdr, int rank, const int *cpus, int ncpus,
@@ -406,6 +408,12 @@ static cf_status check_options(const cf_launch_options *opt, cf_worker_fn fn) {
 
 cf_status cf_launch_fork(const cf_launch_options *opt, cf_worker_fn fn, void *ctx,
                          cf_results *results_out) {
+    return cf__launch_fork_hooked(opt, fn, ctx, results_out, NULL, NULL);
+}
+
+cf_status cf__launch_fork_hooked(const cf_launch_options *opt, cf_worker_fn fn, void *ctx,
+                                 cf_results *results_out, void (*forked)(void *),
+                                 void *forked_ctx) {
     if (results_out) memset(results_out, 0, sizeof *results_out);
     last_fault = (cf__launch_fault){CF_FAULT_OTHER, -1, 0};
     cf_status st = check_options(opt, fn);
@@ -463,6 +471,9 @@ cf_status cf_launch_fork(const cf_launch_options *opt, cf_worker_fn fn, void *ct
         s.alive[r] = true;
         s.n_alive++;
     }
+    /* Every worker has its copy of this process now: the caller may release what it will not
+     * read before the workers end (its pages stay the workers' until they write them). */
+    if (st == CF_OK && forked) forked(forked_ctx);
     if (st == CF_OK) st = supervise(&s);
     if (st != CF_OK) stop_all(&s);
     last_fault = st == CF_OK ? (cf__launch_fault){CF_FAULT_NONE, -1, 0} : s.fault;

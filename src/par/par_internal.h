@@ -110,6 +110,11 @@ typedef struct cf__launch_fault {
 } cf__launch_fault;
 cf__launch_fault cf__launch_last_fault(void);
 
+/* cf_launch_fork with forked(forked_ctx) called in the supervisor once every worker is forked,
+ * before it starts watching them (not called when a fork failed). */
+cf_status cf__launch_fork_hooked(const cf_launch_options *opt, cf_worker_fn fn, void *ctx,
+                                 cf_results *results_out, void (*forked)(void *), void *forked_ctx);
+
 /* MPI backend hooks for the parallel twins (comm_mpi.c; harmless without MPI). */
 /* True when this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE). */
 bool cf_mpi_launched(void);

@@ -7,8 +7,12 @@
  * it to exactly what it writes (one pass to measure, one to write), so nothing is reserved up
  * front and the cost in memory is what comes home. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -54,6 +58,47 @@ static cf_status write_results(int fd, const cf_learner *learn, const cf__par_me
     return CF_OK;
 }
 
+/* Gives back every page of [p, p + bytes) (whole pages inside the range only): they read as
+ * zeros afterwards. For memory nothing reads again. */
+static void drop_pages(void *p, size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page,
+              hi = ((uintptr_t)p + bytes) / page * page;
+    if (p && hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Gives back the pages of [p, p + bytes) that hold only zeros. Private anonymous memory comes
+ * back zero-filled when next touched, so what the range reads does not change; only the
+ * resident memory does. */
+static void drop_zero_pages(void *p, size_t bytes) {
+    static const unsigned char zeros[4096];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!p || page > sizeof zeros) return;
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page,
+              hi = ((uintptr_t)p + bytes) / page * page;
+    uintptr_t run = 0; /* start of the current run of zero pages (0: none) */
+    for (uintptr_t at = lo; at < hi; at += page) {
+        bool zero = memcmp((const void *)at, zeros, page) == 0;
+        if (zero && !run) run = at;
+        if (!zero && run) {
+            madvise((void *)run, at - run, MADV_DONTNEED);
+            run = 0;
+        }
+    }
+    if (run) madvise((void *)run, hi - run, MADV_DONTNEED);
+}
+
+/* Rank 0, once the method returned, before it writes what comes home: the gradients and the
+ * activation memory are not part of it, and this process ends after the write, so their pages
+ * go back first and the results file's pages take their place instead of adding to the peak. */
+static void drop_fit_memory(cf_learner *learn) {
+    cf_model *m = learn->model;
+    if (!m) return;
+    drop_pages(m->grads, m->n_weights * sizeof(float));
+    drop_pages(m->arena.base, m->arena.capacity);
+    drop_pages(m->arena.pool, m->arena.pool_capacity);
+}
+
 static cf_status worker_main(cf_comm *comm, void *vctx) {
     worker_ctx *w = vctx;
     /* A worker that crashes must die of it, whatever handlers the caller installed (a test
@@ -74,8 +119,10 @@ static cf_status worker_main(cf_comm *comm, void *vctx) {
         snprintf(outcome_msg, sizeof outcome_msg, "%s", cf_last_error());
         st = CF_OK;
     }
-    if (st == CF_OK && cf_comm_rank(comm) == 0)
+    if (st == CF_OK && cf_comm_rank(comm) == 0) {
+        drop_fit_memory(w->learn);
         st = write_results(w->results_fd, w->learn, w->method, outcome, outcome_msg);
+    }
     if (st == CF_OK) st = cf_comm_barrier(comm);
     return st;
 }
@@ -90,6 +137,27 @@ static int results_file(void) {
     return fd;
 }
 
+/* The results file as the caller maps it. */
+typedef struct results_view {
+    int fd;
+    const unsigned char *map;
+} results_view;
+
+/* The caller's import copied [p, p + n) of the mapped results file and will not read it again
+ * (the optimizer state, two floats a weight with Adam): its whole pages leave the file (a hole
+ * punched in the memory file frees them), before the rest is copied, so that the results and
+ * the state they are copied into are not all resident together. A file system without holes
+ * keeps them until the file is closed. */
+static void free_consumed(const void *p, size_t n, void *ctx) {
+    results_view *v = ctx;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t lo = ((size_t)((const unsigned char *)p - v->map) + page - 1) / page * page;
+    size_t hi = ((size_t)((const unsigned char *)p - v->map) + n) / page * page;
+    if (hi > lo)
+        (void)fallocate(v->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)lo,
+                        (off_t)(hi - lo));
+}
+
 /* The caller: reads what rank 0 wrote. */
 static cf_status read_results(int fd, cf_learner *learn, const cf__par_method *method) {
     struct stat sb;
@@ -99,7 +167,8 @@ static cf_status read_results(int fd, cf_learner *learn, const cf__par_method *m
     void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         return cf_fail(CF_ERR_NOMEM, "results: cannot map %zu bytes: %s", size, strerror(errno));
-    cf_status st = cf__par_home_read(learn, method, map, size);
+    results_view view = {fd, map};
+    cf_status st = cf__par_home_read_consuming(learn, method, map, size, free_consumed, &view);
     munmap(map, size);
     return st;
 }
@@ -124,6 +193,45 @@ static void say_restart(const cf__commit_area *area, cf__launch_fault fault, con
     fprintf(stderr, "%s%s; restarting %d workers from %s (restart %d of %d)\n", what, where, n,
             from, restart, max);
     fflush(stderr);
+}
+
+/* CF_TIMING=1: the supervisor's resident memory at each stage of the call, on stderr (bench/
+ * README.md's memory figures): "timing: supervisor: WHEN: resident R MB (anon A, file F, shmem
+ * S), peak P MB". */
+static void report_memory(const char *when) {
+    const char *e = getenv("CF_TIMING");
+    if (!e || strcmp(e, "1") != 0) return;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    static const char *keys[] = {"VmRSS:", "RssAnon:", "RssFile:", "RssShmem:", "VmHWM:"};
+    double kb[5] = {0};
+    char line[256];
+    while (fgets(line, sizeof line, f))
+        for (int i = 0; i < 5; i++)
+            if (!strncmp(line, keys[i], strlen(keys[i]))) kb[i] = atof(line + strlen(keys[i]));
+    fclose(f);
+    fprintf(stderr,
+            "timing: supervisor: %s: resident %.1f MB (anon %.1f, file %.1f, shmem %.1f), peak "
+            "%.1f MB\n",
+            when, kb[0] / 1024, kb[1] / 1024, kb[2] / 1024, kb[3] / 1024, kb[4] / 1024);
+}
+
+/* The supervisor, once every worker is forked: each worker has its own copy of the learner
+ * now, and the caller's is read again only when the results come home (which replace its
+ * weights, buffers and optimizer state) or when a lost group is forked again (from the
+ * caller's state as it was). Its gradients and optimizer state pages that hold only zeros (a
+ * learner that has not trained yet, gradients zeroed after a step) go back: they read the same
+ * afterwards, and the pages the workers still share with this process become theirs alone. */
+static void on_forked(void *ctx) {
+    worker_ctx *w = ctx;
+    cf_model *m = w->learn->model;
+    if (m) drop_zero_pages(m->grads, m->n_weights * sizeof(float));
+    cf_optimizer *opt = w->learn->opt;
+    if (m && opt) {
+        drop_zero_pages(opt->grad_avg, m->n_weights * sizeof(float));
+        drop_zero_pages(opt->sqr_avg, m->n_weights * sizeof(float));
+    }
+    report_memory("workers forked");
 }
 
 /* The staging slot of the gradient all-reduce: the launcher's default (512 KiB, the fastest
@@ -152,6 +260,7 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
         cf__par_free_call_cbs(common);
         return cf_fail(CF_ERR_NOMEM, "cannot create the results file: %s", strerror(errno));
     }
+    report_memory("before the fork");
     int n = par->num_cores ? par->num_cores : cf_available_cores();
     worker_ctx w = {learn, method, common, fd, {NULL, false, method->resumable}};
     cf_status st = CF_OK;
@@ -163,7 +272,7 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
                             .pin_cores = true,
                             .comm_bytes = fit_comm_bytes(learn)};
     for (int restart = 0; st == CF_OK; restart++) {
-        st = cf_launch_fork(&lo, worker_main, &w, NULL);
+        st = cf__launch_fork_hooked(&lo, worker_main, &w, NULL, on_forked, &w);
         cf__launch_fault fault = cf__launch_last_fault();
         if (st == CF_OK || !w.recovery.area || restart >= par->max_restarts ||
             !retryable(fault.kind))
@@ -183,7 +292,9 @@ cf_status cf__par_run_fork(cf_learner *learn, const cf__par_method *method,
     cf__commit_area_free(w.recovery.area);
     /* The workers took over copies of the call's callbacks; the caller's copies go now. */
     cf__par_free_call_cbs(common);
+    report_memory("workers ended");
     if (st == CF_OK) st = read_results(fd, learn, method);
     close(fd);
+    report_memory("results home");
     return st;
 }

@@ -86,6 +86,12 @@ size_t cf__par_home_write(const cf_learner *learn, const cf__par_method *method,
  * (with its message) or the error that kept it from reading. */
 cf_status cf__par_home_read(cf_learner *learn, const cf__par_method *method, const void *buf,
                             size_t size);
+/* cf__par_home_read, calling consumed on parts of buf read for the last time (see
+ * cf__learner_import_state_consuming); consumed may be NULL. */
+cf_status cf__par_home_read_consuming(cf_learner *learn, const cf__par_method *method,
+                                      const void *buf, size_t size,
+                                      void (*consumed)(const void *p, size_t n, void *ctx),
+                                      void *ctx);
 
 /* The runners: run the method in forked workers (run_fork.c) or as this MPI rank (run_mpi.c).
  * Both take over the call's callbacks (opts' cbs and master_cbs) in every case. */
