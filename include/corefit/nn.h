@@ -192,6 +192,7 @@ typedef struct cf_model {
     int planned_threads;
     bool unfused; /* plan without layer fusion (for tests that compare the two; the next plan) */
     int n_plans;  /* how many times the activation memory was planned */
+    unsigned planned_bf16; /* cf__conv_bf16_generation when planned (a switch replans) */
 } cf_model;
 
 /* Takes ownership of root (also on failure), assigns names and flat storage, and initialises

@@ -28,9 +28,11 @@
  * takes its weight gradient through cf_conv_implicit_wgrad, so that a strided sibling in the
  * same residual block can compute it bitwise the same from its own blocks (nn_internal.h). */
 #include "corefit/nn.h"
+
 #include "nn_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -121,9 +123,10 @@ static bool bf16_dw_dots(const conv_impl *c) {
 }
 
 /* Whether this call goes through cf_conv_bf16_* (the kernel table may have changed since the
- * plan; the plan reserved their scratch and packed weights wherever the geometry fits). */
+ * plan; the plan reserved their scratch and packed weights where the geometry fits and the
+ * layer was in bf16). */
 static bool use_bf16_implicit(const conv_impl *c) {
-    return c->bf16_implicit && use_bf16(c) && !cf_kernels_reference() &&
+    return c->bf16_implicit && c->bf16_packed && use_bf16(c) && !cf_kernels_reference() &&
            cf_conv_bf16_supported(&c->g, c->out_c);
 }
 
@@ -243,7 +246,8 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
                        ((c->stride == 1 && c->g.oh == c->g.h && c->g.ow == c->g.w) ||
                         (c->stride == 2 && 2 * c->g.oh == c->g.h && 2 * c->g.ow == c->g.w &&
                          c->g.h % 2 == 0 && c->g.w % 2 == 0));
-    if (c->bf16_implicit) {
+    c->bf16_packed = NULL;
+    if (c->bf16_implicit && c->bf16) { /* only a layer switched to bf16 pays for the pack */
         const size_t s = round16(cf_conv_bf16_scratch(&c->g, c->out_c));
         if (s > c->scratch_stride) c->scratch_stride = s;
         c->bf16_packed = cf_arena_floats(arena, cf_conv_bf16_packed_floats(&c->g, c->out_c));
@@ -901,8 +905,15 @@ cf_module *cf_conv2d(int in_channels, int out_channels, int kernel, int stride, 
     return m;
 }
 
+static atomic_uint bf16_generation;
+
+unsigned cf__conv_bf16_generation(void) {
+    return atomic_load(&bf16_generation);
+}
+
 int cf_conv_set_bf16(cf_module *root, bool on) {
     if (!root) return 0;
+    atomic_fetch_add(&bf16_generation, 1);
     int count = 0;
     if (cf_nn_is_conv(root)) {
         ((conv_impl *)root->impl)->bf16 = on;

@@ -123,7 +123,8 @@ void cf_model_train(cf_model *model, bool training) {
 }
 
 static bool needs_plan(const cf_model *model, const cf_shape *in) {
-    if (model->planned.ndim != in->ndim || model->planned_threads != cf_get_num_threads())
+    if (model->planned.ndim != in->ndim || model->planned_threads != cf_get_num_threads() ||
+        model->planned_bf16 != cf__conv_bf16_generation())
         return true;
     if (in->dim[0] > model->planned.dim[0]) return true;
     /* a language model runs a shorter sequence (the short last batch of fastai's LMDataLoader)
@@ -150,6 +151,7 @@ static cf_status plan(cf_model *model, const cf_shape *in) {
     cf_nn_module_plan(model->root, in, &model->arena);
     model->planned = *in;
     model->planned_threads = cf_get_num_threads();
+    model->planned_bf16 = cf__conv_bf16_generation();
     model->n_plans++;
     return CF_OK;
 }

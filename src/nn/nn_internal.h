@@ -15,6 +15,10 @@
 #include "corefit/tensor.h"
 
 /* Layers of fastai's models that PyTorch has no constructor for (the model zoo's). */
+/* Counts cf_conv_set_bf16 calls (conv.c): a model planned before a switch plans again, so
+ * that only layers in bf16 keep the bf16 convolution's packed weights. */
+unsigned cf__conv_bf16_generation(void);
+
 /* AvgPool2d(kernel, stride, padding, ceil_mode=True, count_include_pad=True) (pool.c). */
 cf_module *cf_nn_avgpool2d_ceil(int kernel, int stride, int padding);
 /* fastai's SigmoidRange(lo, hi): lo + (hi - lo) * sigmoid(x) (activation.c). */
