@@ -30,10 +30,10 @@ size_t cf_sgemm_packed_floats(int n, int k) {
 
 void cf_sgemm_pack_b(bool trans_b, int n, int k, const float *b, int ldb, float *packed) {
     const int nr = cf_sgemm_packed_nr();
-    for (int j0 = 0; j0 < n; j0 += nr) {
-        const int nc = n - j0 < nr ? n - j0 : nr;
-        float *panel = packed + (size_t)(j0 / nr) * k * nr;
-        if (trans_b) { /* op(B)(p, j) = B[j][p]: a block of 64 values of p at a time */
+    if (trans_b) { /* op(B)(p, j) = B[j][p]: a block of 64 values of p at a time */
+        for (int j0 = 0; j0 < n; j0 += nr) {
+            const int nc = n - j0 < nr ? n - j0 : nr;
+            float *panel = packed + (size_t)(j0 / nr) * k * nr;
             for (int p0 = 0; p0 < k; p0 += 64) {
                 const int p1 = p0 + 64 < k ? p0 + 64 : k;
                 for (int j = 0; j < nr; j++) {
@@ -44,8 +44,17 @@ void cf_sgemm_pack_b(bool trans_b, int n, int k, const float *b, int ldb, float 
                         for (int p = p0; p < p1; p++) panel[(size_t)p * nr + j] = 0.0f;
                 }
             }
-        } else {
-            for (int p = 0; p < k; p++) {
+        }
+        return;
+    }
+    /* op(B) = B: a block of 64 rows at a time (in cache) copied into every panel, so that the
+     * rows are read in order rather than one panel's strip of each row at a time */
+    for (int p0 = 0; p0 < k; p0 += 64) {
+        const int p1 = p0 + 64 < k ? p0 + 64 : k;
+        for (int j0 = 0; j0 < n; j0 += nr) {
+            const int nc = n - j0 < nr ? n - j0 : nr;
+            float *panel = packed + (size_t)(j0 / nr) * k * nr;
+            for (int p = p0; p < p1; p++) {
                 float *dst = panel + (size_t)p * nr;
                 memcpy(dst, b + (size_t)p * ldb + j0, (size_t)nc * sizeof(float));
                 for (int j = nc; j < nr; j++) dst[j] = 0.0f;
