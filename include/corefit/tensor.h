@@ -324,6 +324,24 @@ float cf_row_max(size_t n, const float *x);
  * NaN in x gives a NaN sum. The same function on every instruction set to float rounding. */
 double cf_exp_shift_sum(size_t n, const float *x, float shift, float *y);
 
+/* ---- GEMM on a packed B operand (src/tensor/lstm_gemm.c, the active kernel table) ---------- */
+
+/* A B operand packed once and used for many products (the LSTM's recurrent weight, fixed over
+ * the timesteps of a batch): op(B) (k x n) in panels of cf_sgemm_packed_nr() columns, panel q
+ * at packed + q * k * nr, element (p, j) at p * nr + j - q * nr, zero past column n. The panels
+ * of columns [j0, n) with j0 a multiple of nr are those of the sub-matrix from column j0, so a
+ * caller may pack column ranges in parallel. Pack and run under the same instruction set. */
+int cf_sgemm_packed_nr(void);
+/* Floats cf_sgemm_pack_b writes for op(B) of k x n. */
+size_t cf_sgemm_packed_floats(int n, int k);
+/* Packs op(B): B (k x n, row stride ldb) or, trans_b, B^T with B (n x k, row stride ldb). */
+void cf_sgemm_pack_b(bool trans_b, int n, int k, const float *b, int ldb, float *packed);
+/* C (+)= A op(B), A m x k (row stride lda), C m x n (row stride ldc), op(B) packed. Each row of
+ * C is summed in the same order whatever m and the row's place, so splitting the rows over
+ * threads or processes gives the same values. */
+void cf_sgemm_packed(int m, int n, int k, const float *a, int lda, const float *packed, float *c,
+                     int ldc, bool accumulate);
+
 #ifdef __cplusplus
 }
 #endif

@@ -59,6 +59,9 @@ typedef struct lstm_impl {
     /* arena, for the planned capacity */
     float *gates, *cells, *h0, *c0, *dhr, *dc;
     int batch, steps; /* of the last forward */
+    /* W_hh packed for cf_sgemm_packed (heap; NULL: cf_sgemm packs at every step) */
+    float *packed;
+    size_t packed_cap;
 } lstm_impl;
 
 static cf_status lstm_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
@@ -131,7 +134,8 @@ static bool lstm_resize_state(lstm_impl *l, int rows) {
 typedef struct lstm_pass {
     lstm_impl *l;
     const float *w_hh;
-    const float *dy; /* backward */
+    const float *packed; /* w_hh packed (W_hh^T forward, W_hh backward), or NULL */
+    const float *dy;     /* backward */
     float *y;
 } lstm_pass;
 
@@ -146,7 +150,10 @@ static void lstm_forward_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
         float *g = l->gates + (size_t)lo * gs + (size_t)t * 4 * H;
         const float *hp = t == 0 ? l->h0 + (size_t)lo * H : p->y + (size_t)lo * hs + (t - 1) * H;
         const int ldh = t == 0 ? H : (int)hs;
-        cf_sgemm(false, true, rows, 4 * H, H, 1.0f, hp, ldh, p->w_hh, H, 1.0f, g, (int)gs);
+        if (p->packed)
+            cf_sgemm_packed(rows, 4 * H, H, hp, ldh, p->packed, g, (int)gs, true);
+        else
+            cf_sgemm(false, true, rows, 4 * H, H, 1.0f, hp, ldh, p->w_hh, H, 1.0f, g, (int)gs);
         for (int64_t b = lo; b < hi; b++) {
             const float *cp = t == 0 ? l->c0 + b * H : l->cells + b * hs + (t - 1) * H;
             cf_lstm_cell_forward(H, l->gates + b * gs + (size_t)t * 4 * H, cp,
@@ -158,6 +165,51 @@ static void lstm_forward_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
 static const float *lstm_w_hh(const cf_module *m) {
     const lstm_impl *l = m->impl;
     return l->wrapped ? l->w_hh : m->params[l->p_hh].data;
+}
+
+/* ---- the recurrent weight packed once a pass ------------------------------------------------ *
+ * The recurrent products of all T steps share W_hh (WeightDropout's mask is drawn once a
+ * forward), so it is packed once: forward as W_hh^T (H x 4H), backward as W_hh (4H x H) for
+ * dh = dG W_hh, into the same buffer. Column panels are packed in parallel. */
+
+typedef struct pack_job {
+    bool trans;
+    int n, k, ldb, nr;
+    const float *b;
+    float *packed;
+} pack_job;
+
+static void pack_range(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const pack_job *j = ctx;
+    const int64_t j0 = lo * j->nr, j1 = hi * j->nr < j->n ? hi * j->nr : j->n;
+    if (j1 <= j0) return;
+    cf_sgemm_pack_b(j->trans, (int)(j1 - j0), j->k, j->trans ? j->b + j0 * j->ldb : j->b + j0,
+                    j->ldb, j->packed + (size_t)lo * j->k * j->nr);
+}
+
+/* Packs op(W_hh) (trans: W_hh^T, k = H, n = 4H; else W_hh, k = 4H, n = H); NULL when there is
+ * no memory for it (the products then go to cf_sgemm). */
+static const float *lstm_pack(lstm_impl *l, const float *w_hh, bool trans) {
+    const int H = l->hid, n = trans ? 4 * H : H, k = trans ? H : 4 * H;
+    const size_t need = cf_sgemm_packed_floats(n, k);
+    if (need > l->packed_cap) {
+        /* both layouts fit, whichever comes first */
+        const size_t both =
+            need > cf_sgemm_packed_floats(k, n) ? need : cf_sgemm_packed_floats(k, n);
+        float *buf = cf_malloc(both * sizeof(float));
+        if (!buf) return NULL;
+        cf_free(l->packed);
+        l->packed = buf;
+        l->packed_cap = both;
+    }
+    pack_job j = {trans, n, k, H, cf_sgemm_packed_nr(), w_hh, l->packed};
+    const int64_t panels = (n + j.nr - 1) / j.nr;
+    if (cf_get_num_threads() <= 1)
+        pack_range(&j, 0, panels, 0);
+    else
+        cf_parallel_for(panels, pack_range, &j);
+    return l->packed;
 }
 
 static const cf_tensor *lstm_forward(cf_module *m, const cf_tensor *x) {
@@ -183,6 +235,7 @@ static const cf_tensor *lstm_forward(cf_module *m, const cf_tensor *x) {
     cf_nn_par_sgemm(false, true, (int)rows, 4 * H, I, x->data, I, m->params[l->p_ih].data, I, 1.0f,
                     l->gates, 4 * H);
     lstm_pass p = {.l = l, .w_hh = lstm_w_hh(m), .y = y->data};
+    p.packed = lstm_pack(l, p.w_hh, true);
     if (cf_get_num_threads() <= 1)
         lstm_forward_rows(&p, 0, B, 0);
     else
@@ -210,7 +263,10 @@ static void lstm_backward_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
                                   l->cells + b * hs + (size_t)t * H, p->dy + b * hs + (size_t)t * H,
                                   t == T - 1 ? NULL : l->dhr + b * H, l->dc + b * H);
         }
-        if (t > 0) /* dh_{t-1} through the recurrence; none flows into the detached state */
+        if (t > 0 && p->packed) /* dh_{t-1} through the recurrence (none into the detached state) */
+            cf_sgemm_packed(rows, H, 4 * H, l->gates + (size_t)lo * gs + t * 4 * H, (int)gs,
+                            p->packed, l->dhr + (size_t)lo * H, H, false);
+        else if (t > 0)
             cf_sgemm(false, false, rows, H, 4 * H, 1.0f, l->gates + (size_t)lo * gs + t * 4 * H,
                      (int)gs, p->w_hh, H, 0.0f, l->dhr + (size_t)lo * H, H);
     }
@@ -222,6 +278,7 @@ static const cf_tensor *lstm_backward(cf_module *m, const cf_tensor *dy, bool ne
     const int B = l->batch, T = l->steps, H = l->hid, I = l->in;
     const float *w_hh = lstm_w_hh(m);
     lstm_pass p = {.l = l, .w_hh = w_hh, .dy = dy->data, .y = m->out.data};
+    p.packed = T > 1 ? lstm_pack(l, w_hh, false) : NULL;
     if (cf_get_num_threads() <= 1)
         lstm_backward_rows(&p, 0, B, 0);
     else
@@ -270,6 +327,7 @@ static void lstm_destroy(cf_module *m) {
     lstm_impl *l = m->impl;
     cf_free(l->h);
     cf_free(l->c);
+    cf_free(l->packed);
 }
 
 static const cf_module_ops lstm_ops = {

@@ -69,6 +69,7 @@ static inline double avx2_hsum_d(__m256 v) {
 /* cf_conv_winograd_pays: bench_conv on W1 and W2 */
 #define WINO_SHORT_ROW_COST 140
 #include "tensor/winograd_loops.h"
+#include "tensor/lstm_gemm_loops.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */
 
@@ -213,5 +214,6 @@ const cf_kernel_table cf_kernels_avx2 = {
     .max_pool_2x2 = avx2_max_pool_2x2,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
+    .packed_gemm = &simd_packed_gemm,
 };
 #endif

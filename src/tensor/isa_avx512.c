@@ -63,6 +63,7 @@ static inline double avx512_hsum_d(__m512 v) {
 /* cf_conv_winograd_pays: bench_conv on W1 and W2 */
 #define WINO_SHORT_ROW_COST 224
 #include "tensor/winograd_loops.h"
+#include "tensor/lstm_gemm_loops.h"
 
 /* ---- transpose ------------------------------------------------------------------------------ */
 
@@ -555,5 +556,6 @@ const cf_kernel_table cf_kernels_avx512 = {
     .max_pool_2x2 = avx512_max_pool_2x2,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
+    .packed_gemm = &simd_packed_gemm,
 };
 #endif

@@ -113,6 +113,14 @@ typedef struct cf_softmax_kernels {
     double (*exp_shift_sum)(int n, const float *x, float shift, float *y);
 } cf_softmax_kernels;
 
+/* Products on a packed B operand (cf_sgemm_packed in corefit/tensor.h; the loops are
+ * tensor/lstm_gemm_loops.h): run is C (+)= A op(B) with op(B) packed in panels of nr columns. */
+typedef struct cf_packed_gemm_kernels {
+    int nr;
+    void (*run)(int m, int n, int k, const float *a, int lda, const float *packed, float *c,
+                int ldc, bool accumulate);
+} cf_packed_gemm_kernels;
+
 static inline size_t cf_wino_pad_floats(int h, int w) {
     /* two split planes: eight arrays of (th + 1) * tw floats and a vector of slack (any
      * table's vector length up to 16), and the slack of the last row's vector */
@@ -183,6 +191,8 @@ typedef struct cf_kernel_table {
 
     /* never NULL */
     const cf_softmax_kernels *softmax;
+    /* NULL: the portable loops of lstm_gemm.c */
+    const cf_packed_gemm_kernels *packed_gemm;
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;
