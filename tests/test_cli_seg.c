@@ -3,7 +3,8 @@
  * with fastai's CamVid rule; every garment pixel is labelled with its class + 1 and the
  * background 0. train --masks fits a U-Net on them and exports it; eval --masks, predict --out
  * (the decoded mask as a gray PNG, the library's prediction pixel for pixel) and info read it
- * back; the options' usage and data errors; the mask colours. */
+ * back; the options' usage and data errors; the mask colours; the U-Net's --self-attention and
+ * --blur through the model file. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,12 +305,64 @@ static void test_pretrained_torchvision_encoder(void **state) {
     cf_dls_free(dls);
 }
 
+/* --self-attention and --blur build fastai's DynamicUnet with self_attention=True and
+ * blur=True; the model file records them, info prints them, and predict rebuilds that U-Net
+ * (its SelfAttention's gamma among the tensors) and writes the library's mask pixel for pixel;
+ * without --masks they are refused. */
+static void test_unet_options(void **state) {
+    (void)state;
+    make_scenes();
+    int rc = run(COREFIT " train --images seg/images --masks --codes seg/codes.txt --arch "
+                         "xresnet18 --size 32 --bs 4 --epochs 1 --limit 8 --cores 1 "
+                         "--self-attention --blur --deadline 900 --out m/sa.safetensors 2>&1");
+    if (rc != 0) print_message("%s", out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(run(COREFIT " info m/sa.safetensors"), 0);
+    if (!strstr(out, "unet:        blur=True, blur_final=True, self_attention=True, "
+                     "y_range=None, last_cross=True, bottle=False, norm_type=None, "
+                     "act_cls=ReLU"))
+        fail_msg("info: %s", out);
+    assert_int_equal(run(COREFIT " info m/sa.safetensors --json"), 0);
+    assert_non_null(strstr(out, "\"corefit.unet\""));
+    assert_int_equal(run(COREFIT " predict m/sa.safetensors seg/images/00003.png --out sa.png"), 0);
+    char path[512], image[512];
+    snprintf(path, sizeof path, "%s/m/sa.safetensors", g_dir);
+    snprintf(image, sizeof image, "%s/seg/images/00003.png", g_dir);
+    cf_learner *learn = NULL;
+    assert_int_equal(cf_load_learner(path, &learn), CF_OK);
+    assert_true(learn->recipe.unet.self_attention && learn->recipe.unet.blur);
+    bool gamma = false;
+    for (int i = 0; i < learn->model->n_params; i++)
+        gamma |= strstr(learn->model->params[i]->full_name, ".gamma") != NULL;
+    assert_true(gamma);
+    float *probs = malloc(sizeof(float) * 11 * 32 * 32);
+    assert_int_equal(cf_predict_image_file(learn, image, probs, NULL), CF_OK);
+    snprintf(path, sizeof path, "%s/sa.png", g_dir);
+    int w, h;
+    unsigned char *px = test_png_load_rgb(path, &w, &h);
+    assert_int_equal(w * h, 32 * 32);
+    for (int p = 0; p < 32 * 32; p++) {
+        int best = 0;
+        for (int c = 1; c < 11; c++)
+            if (probs[c * 1024 + p] > probs[best * 1024 + p]) best = c;
+        assert_int_equal(px[3 * p], best);
+    }
+    free(px);
+    free(probs);
+    cf_learner_free(learn);
+    assert_int_equal(run(COREFIT " train --images seg/images --self-attention"), 2);
+    assert_non_null(strstr(out, "--self-attention and --blur are the U-Net's: they need --masks"));
+    assert_int_equal(run(COREFIT " lr-find --images seg/images --blur"), 2);
+    assert_non_null(strstr(out, "they need --masks"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_segmentation_scenes),
         cmocka_unit_test(test_mask_colours),
         cmocka_unit_test(test_train_eval_predict_masks),
         cmocka_unit_test(test_mask_option_errors),
+        cmocka_unit_test(test_unet_options),
         cmocka_unit_test(test_pretrained_torchvision_encoder),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -13,11 +13,12 @@
 #include <string.h>
 
 #include "corefit/nn.h"
+#include "nn/nn_internal.h"
 
 #define RTOL 1e-4
 #define ATOL_SCALE 1e-5
 
-typedef enum layer_kind { CONV, MAXPOOL, AVGPOOL, AMAX, AAVG, CONCAT } layer_kind;
+typedef enum layer_kind { CONV, MAXPOOL, AVGPOOL, AMAX, AAVG, CONCAT, AVGCEIL } layer_kind;
 
 typedef struct layer_case {
     layer_kind kind;
@@ -42,6 +43,8 @@ static cf_module *make_layer(const layer_case *lc) {
         return cf_adaptive_avgpool2d(lc->a, lc->b);
     case CONCAT:
         return cf_adaptive_concat_pool2d();
+    case AVGCEIL:
+        return cf_nn_avgpool2d_ceil(lc->k, lc->s, lc->p);
     }
     return NULL;
 }
@@ -66,6 +69,9 @@ static void spec(const layer_case *lc, char *buf, size_t size) {
         break;
     case CONCAT:
         snprintf(buf, size, "concat");
+        break;
+    case AVGCEIL:
+        snprintf(buf, size, "avgceil:%d:%d:%d", lc->k, s, lc->p);
         break;
     }
 }
@@ -261,6 +267,37 @@ static void test_pools_match_pytorch(void **state) {
         {CONCAT, 0, 0, 0, 0, 0, false, 3, 2, 4, 4, 0.5f, -1, 1}, /* ties */
     };
     check_cases(cases, (int)(sizeof cases / sizeof cases[0]));
+}
+
+/* AvgPool2d(ceil_mode=True, count_include_pad=True), xresnet's shortcut pool: a map smaller
+ * than the kernel still pools (1x1 under AvgPool2d(2): the pixel itself, as PyTorch), a last
+ * window overhanging the input divides by its part inside the padded input, and a window that
+ * would start in the right padding is dropped. */
+static void test_avgpool_ceil_mode_matches_pytorch(void **state) {
+    (void)state;
+    const layer_case cases[] = {
+        {AVGCEIL, 0, 0, 2, 2, 0, false, 2, 3, 1, 1, 0, -1, 1}, /* xresnet's 1x1 maps */
+        {AVGCEIL, 0, 0, 2, 2, 0, false, 2, 2, 1, 3, 0, -1, 1}, /* 1 row, odd width */
+        {AVGCEIL, 0, 0, 2, 2, 0, false, 1, 2, 3, 5, 0, -1, 1}, /* odd: a half window */
+        {AVGCEIL, 0, 0, 2, 2, 0, false, 2, 2, 4, 6, 0, -1, 1}, /* even: as floor mode */
+        {AVGCEIL, 0, 0, 3, 2, 1, false, 2, 2, 1, 2, 0, -1, 1}, /* padding, tiny input */
+        {AVGCEIL, 0, 0, 3, 2, 1, false, 2, 2, 6, 7, 0, -1, 1},
+        {AVGCEIL, 0, 0, 2, 2, 1, false, 2, 2, 5, 4, 0, -1, 1}, /* rows: a start in the padding */
+        {AVGCEIL, 0, 0, 4, 3, 2, false, 1, 2, 2, 5, 0, -1, 1},
+        {AVGCEIL, 0, 0, 3, 3, 0, false, 2, 2, 4, 3, 0, -1, 1}, /* 4 rows: a 1-row window */
+    };
+    check_cases(cases, (int)(sizeof cases / sizeof cases[0]));
+    /* too small even for ceil_mode (PyTorch: output size 0): refused, naming the input */
+    cf_model *model = NULL;
+    assert_int_equal(cf_model_new(&model, cf_nn_avgpool2d_ceil(3, 2, 0), 1), CF_OK);
+    float x[2] = {1, 2};
+    cf_tensor t = cf_tensor_view(x, cf_shape4(1, 1, 1, 2));
+    const cf_tensor *y = NULL;
+    assert_int_not_equal(cf_model_forward(model, &t, &y), CF_OK);
+    const char *msg = cf_last_error();
+    if (!strstr(msg, "(1, 1, 1, 2)") || !strstr(msg, "too small"))
+        fail_msg("error \"%s\" names neither the input nor the cause", msg);
+    cf_model_free(model);
 }
 
 /* ---- second oracle: central differences in double on a direct double-precision loop ------- */
@@ -543,6 +580,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_matches_pytorch),
         cmocka_unit_test(test_pools_match_pytorch),
+        cmocka_unit_test(test_avgpool_ceil_mode_matches_pytorch),
         cmocka_unit_test(test_finite_differences),
         cmocka_unit_test(test_thread_counts_agree),
         cmocka_unit_test(test_conv_init_is_pytorch_default),

@@ -335,7 +335,7 @@ static int build_learner(const char *cmd, train_args *a, session *s, cf_model_in
         st = cf_tabular_learner_(&s->learn, s->dls, &to);
     } else if (d->seg.masks) { /* fastai's unet_learner (seg.c) */
         st = cli_seg_learner(&s->learn, s->dls, arch, metrics, n_metrics, d->seed, quiet,
-                             a->pretrained);
+                             a->pretrained, &d->seg);
     } else {
         float lo = 0, hi = 0;
         bool y_range = (!a->y_range || strcmp(a->y_range, "none") != 0) &&

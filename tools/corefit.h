@@ -59,6 +59,7 @@ typedef struct cli_task_data {
 typedef struct cli_seg_data {
     bool masks;
     const char *mask_dir, *mask_suffix, *codes;
+    bool self_attention, blur; /* DynamicUnet's options (train, lr-find) */
 } cli_seg_data;
 
 typedef struct cli_data {
@@ -240,6 +241,23 @@ void cli_print_tsv_field(const char *s);
             "beside the --images folder]",                                                         \
             0, 0, 0                                                                                \
     }
+/* The option-table entries of the U-Net's own options (train, lr-find; d: a cli_data). */
+#define CLI_SEG_MODEL_OPTIONS(d)                                                                   \
+    {"--self-attention",                                                                           \
+     OPT_FLAG,                                                                                     \
+     &(d).seg.self_attention,                                                                      \
+     NULL,                                                                                         \
+     "--masks: fastai's self_attention=True, a SelfAttention layer in the U-Net's third "          \
+     "decoder block from the end",                                                                 \
+     0,                                                                                            \
+     0,                                                                                            \
+     0},                                                                                           \
+    {                                                                                              \
+        "--blur", OPT_FLAG, &(d).seg.blur, NULL,                                                   \
+            "--masks: fastai's blur=True, each PixelShuffle_ICNR upsampling followed by a "        \
+            "one-pixel replication pad and a 2x2 average pool (blur_final: the last one too)",     \
+            0, 0, 0                                                                                \
+    }
 /* Usage errors of --masks and its options (arch: --arch or NULL; metrics: --metrics or NULL). */
 int cli_seg_check(const char *cmd, const cli_data *d, const char *arch, const char *metrics);
 /* The training and validation sets of --masks (--limit: the first N and N/5 of the split). */
@@ -250,9 +268,11 @@ cf_status cli_seg_load(const cli_data *d, const char **input, cf_dataset **train
 bool cli_seg_metrics(const char *cmd, const cli_data *d, const char *list, int n_classes,
                      cf_metric ***out, int *n, int *rc);
 /* fastai's unet_learner on arch (resnet18/34/50, xresnet18/34/50) with --pretrained: a corefit
- * U-Net's encoder, or torchvision's/timm's ResNet weights, then frozen. */
+ * U-Net's encoder, or torchvision's/timm's ResNet weights, then frozen; --self-attention and
+ * --blur from seg. */
 cf_status cli_seg_learner(cf_learner **out, cf_dls *dls, const char *arch, cf_metric **metrics,
-                          int n_metrics, uint64_t seed, bool quiet, const char *pretrained);
+                          int n_metrics, uint64_t seed, bool quiet, const char *pretrained,
+                          const cli_seg_data *seg);
 /* show_results with masks (DIR/show_results.png) from predictions with their inputs. */
 struct cli_figures;
 void cli_seg_figures(const char *cmd, const char *dir, const cf_preds *p, int n_codes,

@@ -148,6 +148,17 @@ int cmd_info(int argc, char **argv) {
                 printf("targets:     masks of %d x %d class ids (segmentation: a U-Net on %s, "
                        "CrossEntropyLossFlat over pixels; the classes are its codes)\n",
                        m.height, m.width, m.recipe.arch + 5);
+            if (strncmp(m.recipe.arch, "unet-", 5) == 0) { /* DynamicUnet's options */
+                const cf_unet_opts *u = &m.recipe.unet;
+                char yr[64] = "None";
+                if (u->y_range)
+                    snprintf(yr, sizeof yr, "(%g, %g)", (double)u->y_lo, (double)u->y_hi);
+                printf("unet:        blur=%s, blur_final=%s, self_attention=%s, y_range=%s, "
+                       "last_cross=%s, bottle=%s, norm_type=None, act_cls=ReLU\n",
+                       u->blur ? "True" : "False", u->blur_final ? "True" : "False",
+                       u->self_attention ? "True" : "False", yr, u->last_cross ? "True" : "False",
+                       u->bottle ? "True" : "False");
+            }
             if (m.recipe.n_points > 0)
                 printf("targets:     %d point%s (x, y scaled to -1..1)\n", m.recipe.n_points,
                        m.recipe.n_points == 1 ? "" : "s");

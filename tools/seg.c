@@ -34,6 +34,9 @@ int cli_seg_check(const char *cmd, const cli_data *d, const char *arch, const ch
     if (!s->masks) {
         if (s->mask_dir || s->mask_suffix || s->codes)
             return cli_error(CLI_USAGE, cmd, "--mask-dir, --mask-suffix and --codes need --masks");
+        if (s->self_attention || s->blur)
+            return cli_error(CLI_USAGE, cmd,
+                             "--self-attention and --blur are the U-Net's: they need --masks");
         return CLI_OK;
     }
     if (!d->images || d->idx || d->csv || d->images_csv)
@@ -199,9 +202,13 @@ bool cli_seg_metrics(const char *cmd, const cli_data *d, const char *list, int n
 }
 
 cf_status cli_seg_learner(cf_learner **out, cf_dls *dls, const char *arch, cf_metric **metrics,
-                          int n_metrics, uint64_t seed, bool quiet, const char *pretrained) {
+                          int n_metrics, uint64_t seed, bool quiet, const char *pretrained,
+                          const cli_seg_data *seg) {
+    cf_unet_opts uo = cf_unet_defaults(); /* fastai's, but for the options given */
+    uo.self_attention = seg->self_attention;
+    uo.blur = seg->blur;
     return cf_unet_learner(out, dls, arch, .metrics = metrics, .n_metrics = n_metrics, .seed = seed,
-                           .quiet = quiet, .pretrained = pretrained);
+                           .quiet = quiet, .pretrained = pretrained, .unet = &uo);
 }
 
 /* ---- figures ------------------------------------------------------------------------------ */

@@ -313,6 +313,8 @@ typedef struct cf_learner_recipe {
      * (regression otherwise when the training set has no classes) */
     bool multi_label;
     int n_points;
+    /* unet_learner ("unet-<body>"): DynamicUnet's options as built (exported as corefit.unet) */
+    cf_unet_opts unet;
 } cf_learner_recipe;
 
 struct cf_learner {

@@ -94,6 +94,8 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     char *vocab = m->n_vocab ? print_json(str_array(m->vocab, m->n_vocab)) : NULL;
     char *norm = NULL, *tab = NULL, *head = NULL, *tvocab = NULL, *tok = NULL, *text = NULL;
     const cf_learner_recipe *r = &m->recipe;
+    const bool unet = strncmp(r->arch, "unet-", 5) == 0; /* DynamicUnet's options too */
+    char *unet_json = unet ? cf__unet_opts_json(&r->unet) : NULL;
     bool tabular = strcmp(r->arch, "tabular") == 0;
     const bool is_text = m->text_vocab != NULL;
     cf_status st = CF_OK;
@@ -199,13 +201,15 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     if (text) META("corefit.text", text);
     if (tvocab) META("corefit.text_vocab", tvocab);
     if (tok) META("corefit.tokenizer", tok);
+    if (unet_json) META("corefit.unet", unet_json);
 #undef META
     if (st != CF_OK)
         ;
     else if ((m->n_vocab && !vocab) || (m->n_norm && !norm) || (m->feature_names && !tab) ||
              (r->arch[0] && !tabular && !is_text && !head) ||
              (is_text && (!text || !tvocab || !tok)) ||
-             (m->item_tfm.kind != CF_ITEM_TFM_NONE && !item) || (m->has_batch_tfms && !batch))
+             (m->item_tfm.kind != CF_ITEM_TFM_NONE && !item) || (m->has_batch_tfms && !batch) ||
+             (unet && !unet_json))
         st = cf_fail_context(CF_ERR_NOMEM, "saving %s", path);
     else
         st = cf_st_write(path, entries, model->n_params, keys, values, n);
@@ -218,6 +222,7 @@ cf_status cf_model_export(const cf_model *model, const cf_model_info *m, const c
     cf_free(batch);
     cf_free(tab);
     cf_free(head);
+    cf_free(unet_json);
     cf_free(entries);
     return st;
 }

@@ -111,5 +111,11 @@ cf_status cf__text_learner_info(const cf_learner *learn, cf_model_info *info);
 cf_status cf__text_learner_from_info(const cf_model_info *info, cf_dls *dls, cf_metric **metrics,
                                      int n_metrics, cf_learner **out);
 cf_status cf__text_placeholder_dls(const cf_model_info *info, cf_dls **out);
+/* A U-Net's options as the corefit.unet metadata (unet_meta.c): the JSON text (NULL when out of
+ * memory), and the options read back from it (text NULL: a file written before they were
+ * recorded, fastai's defaults), refusing a missing or unknown key and a value corefit does not
+ * build, naming the file, the key and the value. */
+char *cf__unet_opts_json(const cf_unet_opts *opts);
+cf_status cf__unet_opts_read(const char *path, const char *text, cf_unet_opts *out);
 
 #endif

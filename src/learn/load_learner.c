@@ -31,7 +31,8 @@ cf_status cf_learner_from_info(const cf_model_info *m, cf_dls *dls, cf_metric **
     } else if (strncmp(r->arch, "unet-", 5) == 0) { /* cf_unet_learner on the body after it */
         st = cf_unet_learner_(
             out, dls, r->arch + 5,
-            &(cf_unet_learner_opts){.metrics = metrics, .n_metrics = n_metrics, .quiet = true});
+            &(cf_unet_learner_opts){
+                .metrics = metrics, .n_metrics = n_metrics, .quiet = true, .unet = &r->unet});
     } else {
         int arch = cf_arch_from_name(r->arch);
         if (arch < 0) {

@@ -597,6 +597,9 @@ cf_status cf_model_info_from_file(const cf_st_file *f, const char *path, cf_mode
         return cf_fail(CF_ERR_FORMAT, "%s: an image model without corefit.image_size", path);
     } else if ((st = read_head(path, cf_st_meta(f, "corefit.head"), &m->recipe))) {
         return st;
+    } else if (unet &&
+               (st = cf__unet_opts_read(path, cf_st_meta(f, "corefit.unet"), &m->recipe.unet))) {
+        return st;
     } else {
         const char *item = cf_st_meta(f, "corefit.item_tfm");
         const char *batch = cf_st_meta(f, "corefit.batch_tfms");

@@ -62,8 +62,8 @@ cf_status cf_unet_learner_(cf_learner **out, cf_dls *dls, const char *arch,
         st = cf_fail(CF_ERR_INVALID, "unet_learner: no architecture");
     const bool xresnet = arch && strncmp(arch, "xresnet", 7) == 0;
     cf_module *root = NULL;
+    const cf_unet_opts uo = o->unet ? *o->unet : cf_unet_defaults();
     if (st == CF_OK) {
-        cf_unet_opts uo = o->unet ? *o->unet : cf_unet_defaults();
         root = cf_unet_model(arch, ds->sample_shape.dim[0], ds->n_classes, ds->sample_shape.dim[1],
                              ds->sample_shape.dim[2], &uo);
         if (!root) st = cf_fail_context(CF_ERR_INVALID, "unet_learner on %s", arch);
@@ -92,6 +92,7 @@ cf_status cf_unet_learner_(cf_learner **out, cf_dls *dls, const char *arch,
     if ((st = cf_learner_new_(out, dls, model, &lo)) != CF_OK) return st;
     snprintf((*out)->recipe.arch, sizeof(*out)->recipe.arch, "unet-%s", arch);
     (*out)->recipe.n_out = ds->n_classes;
+    (*out)->recipe.unet = uo; /* what export records and load_learner builds again */
     if (o->pretrained && (st = cf_learner_freeze(*out)) != CF_OK) {
         cf_learner_free(*out);
         *out = NULL;

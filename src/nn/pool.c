@@ -290,23 +290,34 @@ typedef struct avgpool_impl {
     int k, s, p;
 } avgpool_impl;
 
+/* PyTorch's pooling_output_shape with ceil_mode: ceil((n + 2p - k) / s) + 1 (rounded toward
+ * minus infinity, as its div_rtn), less one when the last window would start in the right
+ * padding. An input smaller than the kernel still has one window when that window starts
+ * inside it (H = 1 under AvgPool2d(2, ceil_mode=True) gives one output, the pixel itself);
+ * below 1 the input is too small. */
 static int ceil_out(int n, int k, int s, int p) {
-    int o = (n + 2 * p - k + s - 1) / s + 1;
-    if ((o - 1) * s >= n + p) o--; /* the last window must start inside the input or left pad */
+    const int num = n + 2 * p - k + s - 1;
+    int o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+    if (o > 0 && (o - 1) * s >= n + p) o--;
     return o;
 }
 
 static cf_status avgpool_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
     avgpool_impl *a = m->impl;
-    if (in->ndim != 4 || in->dim[2] + 2 * a->p < a->k || in->dim[3] + 2 * a->p < a->k) {
-        char s[64];
+    char s[64];
+    if (in->ndim != 4)
         return cf_fail(CF_ERR_INVALID,
-                       "AvgPool2d(kernel %d, stride %d, padding %d, ceil_mode): input %s is not "
-                       "(N, C, H, W) with H, W >= %d",
-                       a->k, a->s, a->p, cf_shape_str(in, s, sizeof s), a->k - 2 * a->p);
-    }
-    *out = cf_shape4(in->dim[0], in->dim[1], ceil_out(in->dim[2], a->k, a->s, a->p),
-                     ceil_out(in->dim[3], a->k, a->s, a->p));
+                       "AvgPool2d(kernel %d, stride %d, padding %d, ceil_mode): expects a 4-D "
+                       "input (N, C, H, W), got %s",
+                       a->k, a->s, a->p, cf_shape_str(in, s, sizeof s));
+    const int oh = ceil_out(in->dim[2], a->k, a->s, a->p);
+    const int ow = ceil_out(in->dim[3], a->k, a->s, a->p);
+    if (oh < 1 || ow < 1)
+        return cf_fail(CF_ERR_INVALID,
+                       "AvgPool2d(kernel %d, stride %d, padding %d, ceil_mode): input %s is too "
+                       "small (output %dx%d)",
+                       a->k, a->s, a->p, cf_shape_str(in, s, sizeof s), oh, ow);
+    *out = cf_shape4(in->dim[0], in->dim[1], oh, ow);
     return CF_OK;
 }
 

@@ -2,7 +2,9 @@
 
 usage: conv_pool.py DIR SPEC...   where SPEC i (0-based) is one of
     conv:STRIDE:PAD:BIAS            reads c<i>_x, c<i>_dy, c<i>_w (and c<i>_b when BIAS is 1)
-    maxpool:K:STRIDE:PAD  avgpool:K:STRIDE:PAD  amax:OH:OW  aavg:OH:OW  concat
+    maxpool:K:STRIDE:PAD  avgpool:K:STRIDE:PAD  avgceil:K:STRIDE:PAD  amax:OH:OW  aavg:OH:OW
+    concat
+(avgceil: AvgPool2d with ceil_mode=True, as fastai's xresnet shortcut)
 writes c<i>_y, c<i>_dx (and c<i>_dw, c<i>_db for conv).
 
 The float32 inputs are promoted to float64 so that the reference carries no rounding of its own:
@@ -38,6 +40,8 @@ def main():
             y = F.max_pool2d(x, args[0], args[1], args[2])
         elif op == "avgpool":
             y = F.avg_pool2d(x, args[0], args[1], args[2], count_include_pad=True)
+        elif op == "avgceil":
+            y = F.avg_pool2d(x, args[0], args[1], args[2], ceil_mode=True, count_include_pad=True)
         elif op == "amax":
             y = F.adaptive_max_pool2d(x, (args[0], args[1]))
         elif op == "aavg":
