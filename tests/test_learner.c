@@ -441,6 +441,36 @@ static void test_lr_find_suggestions_equal_fastai(void **state) {
     for (int trial = 0; trial < 4; trial++) check_suggestions(40, 40, trial, true);
 }
 
+/* A plain number where an lr goes (`.lr = 5e-2`, which C reads as the struct's first member, with
+ * a missing-braces warning) is that scalar lr, not the learner's default. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-braces"
+static void test_plain_number_lr_is_scalar(void **state) {
+    (void)state;
+    float *w[3];
+    for (int k = 0; k < 3; k++) {
+        cf_dls *dls = fixture_dls(64, 16, 8);
+        cf_learner *learn = NULL;
+        assert_int_equal(cf_learner_new(&learn, dls, fixture_model(9, false), .quiet = true),
+                         CF_OK);
+        cf_status st = k == 0   ? cf_fit(learn, 1, .lr = 5e-2)
+                       : k == 1 ? cf_fit(learn, 1, .lr = CF_LR(5e-2))
+                                : cf_fit(learn, 1);
+        assert_int_equal(st, CF_OK);
+        size_t n = learn->model->n_weights;
+        w[k] = malloc(n * sizeof(float));
+        memcpy(w[k], learn->model->weights, n * sizeof(float));
+        if (k == 2) {
+            assert_memory_equal(w[0], w[1], n * sizeof(float));
+            assert_memory_not_equal(w[0], w[2], n * sizeof(float));
+        }
+        cf_learner_free(learn);
+        cf_dls_free(dls);
+    }
+    for (int k = 0; k < 3; k++) free(w[k]);
+}
+#pragma GCC diagnostic pop
+
 static void test_lr_find_points_and_restoration(void **state) {
     (void)state;
     cf_dls *dls = fixture_dls(64, 16, 8); /* 8 batches per epoch */
@@ -846,6 +876,7 @@ int main(void) {
         cmocka_unit_test(test_recorder_copy_is_deep),
         cmocka_unit_test(test_freeze_keeps_body_fixed),
         cmocka_unit_test(test_lr_find_suggestions_equal_fastai),
+        cmocka_unit_test(test_plain_number_lr_is_scalar),
         cmocka_unit_test(test_lr_find_points_and_restoration),
         cmocka_unit_test(test_get_preds_in_dataset_order),
         cmocka_unit_test(test_inference_frees_call_cbs_on_early_error),

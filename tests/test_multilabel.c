@@ -180,7 +180,7 @@ static void test_bce_accuracy_multi_fit(void **state) {
     assert_float_equal(learn->loss.thresh, 0.5f, 0);
     double before[2], after[2];
     assert_int_equal(cf_validate(learn, before), CF_OK);
-    assert_int_equal(cf_fit_one_cycle(learn, 4, .lr_max = 1e-2), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 4, .lr_max = CF_LR(1e-2)), CF_OK);
     assert_int_equal(cf_validate(learn, after), CF_OK);
     const double guess = empty_guess_accuracy(dls->valid_ds);
     printf("accuracy_multi: %.4f before, %.4f after; all-empty guess %.4f; loss %.4f -> %.4f\n",

@@ -175,7 +175,7 @@ static void test_point_fit_export_load(void **state) {
     assert_int_equal(learn->loss.kind, CF_LOSS_MSE); /* MSELossFlat for points */
     double before, after;
     assert_int_equal(cf_validate(learn, &before), CF_OK);
-    assert_int_equal(cf_fit_one_cycle(learn, 8, .lr_max = 2e-2), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 8, .lr_max = CF_LR(2e-2)), CF_OK);
     assert_int_equal(cf_validate(learn, &after), CF_OK);
     /* predicting the mean point: the targets' variance */
     double var = 0, mean[2] = {0, 0};

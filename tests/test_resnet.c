@@ -360,7 +360,7 @@ static void test_vision_learner_pretrained(void **state) {
           *head0 = malloc(head->numel * sizeof(float));
     memcpy(conv0, conv->data, conv->numel * sizeof(float));
     memcpy(head0, head->data, head->numel * sizeof(float));
-    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = 1e-3), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(1e-3)), CF_OK);
     assert_memory_equal(conv0, conv->data, conv->numel * sizeof(float));
     assert_true(memcmp(head0, head->data, head->numel * sizeof(float)) != 0);
     if (cf_fine_tune(learn, 1, .base_lr = 1e-3) != CF_OK) fail_msg("%s", cf_last_error());

@@ -427,7 +427,7 @@ static int fit_under_limit(const char *root) {
     cf_learner *learn = NULL;
     if ((st = cf_model_new(&m, cf_sequential(6, layers), 1)) ||
         (st = cf_learner_new(&learn, dls, m, .quiet = true)) ||
-        (st = cf_fit_one_cycle(learn, 1, .lr_max = 1e-2))) {
+        (st = cf_fit_one_cycle(learn, 1, .lr_max = CF_LR(1e-2)))) {
         fprintf(stderr, "fit: %s\n", cf_last_error());
         return 14;
     }

@@ -66,7 +66,7 @@ static void test_unet_learner_fit(void **state) {
     cf_status st = cf_validate(learn, before);
     if (st) print_message("%s\n", cf_last_error());
     assert_int_equal(st, CF_OK);
-    assert_int_equal(cf_fit_one_cycle(learn, 4, .lr_max = 1e-2), CF_OK);
+    assert_int_equal(cf_fit_one_cycle(learn, 4, .lr_max = CF_LR(1e-3)), CF_OK);
     assert_int_equal(cf_validate(learn, after), CF_OK);
     printf("unet: loss %.4f -> %.4f, foreground_acc %.4f -> %.4f, dice_multi %.4f -> %.4f\n",
            before[0], after[0], before[1], after[1], before[2], after[2]);

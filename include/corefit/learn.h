@@ -24,10 +24,12 @@ typedef struct cf_lr_find_result cf_lr_find_result;
 /* ---- learning rates: fastai's scalar, slice(stop) and slice(start, stop) ------------------- */
 
 typedef enum cf_lr_kind { CF_LR_UNSET = 0, CF_LR_SCALAR, CF_LR_SLICE } cf_lr_kind;
+/* stop comes first so that a plain number where an lr goes (`.lr_max = 1e-2`, which C reads as
+ * {.stop = 1e-2}) means that number, as a scalar lr. */
 typedef struct cf_lr {
-    cf_lr_kind kind;
-    double start; /* slice start; 0 for slice(stop) */
-    double stop;  /* the value, or the slice's stop */
+    double stop;     /* the value, or the slice's stop */
+    cf_lr_kind kind; /* CF_LR_UNSET with stop != 0: the scalar stop */
+    double start;    /* slice start; 0 for slice(stop) */
 } cf_lr;
 #define CF_LR(x) ((cf_lr){.kind = CF_LR_SCALAR, .stop = (x)})
 /* slice(stop): every group but the last at stop/10, the last at stop. */
@@ -477,8 +479,9 @@ cf_status cf_learner_from_info(const cf_model_info *info, cf_dls *dls, cf_metric
 cf_status cf_load_learner(const char *path, cf_learner **out);
 /* fastai's learn.predict on an image (PNG, JPEG, BMP), decoded and resized as the training
  * images were (the training set's item_tfm in its validation choice, e.g. Resize crop's centre
- * crop; without one squished to the size) and normalised as the training loader did: probabilities (n_out) into probs and
- * the class index into decoded (may be NULL). From memory (name for messages) or from a file. */
+ * crop; without one squished to the size) and normalised as the training loader did: probabilities
+ * (n_out) into probs and the class index into decoded (may be NULL). From memory (name for
+ * messages) or from a file. */
 cf_status cf_predict_image(cf_learner *learn, const void *bytes, size_t size, const char *name,
                            float *probs, int *decoded);
 cf_status cf_predict_image_file(cf_learner *learn, const char *path, float *probs, int *decoded);

@@ -306,7 +306,7 @@ cf_status cf__set_lr(cf_learner *learn, cf_lr lr) {
         cf_status st = cf_learner_create_opt(learn);
         if (st != CF_OK) return st;
     }
-    if (lr.kind == CF_LR_UNSET) lr = CF_LR(learn->lr);
+    if (lr.kind == CF_LR_UNSET) lr = CF_LR(lr.stop != 0 ? lr.stop : learn->lr);
     if (!(lr.stop > 0) || !isfinite(lr.stop) || lr.start < 0)
         return cf_fail(CF_ERR_INVALID, "learning rate %g (slice start %g) must be positive",
                        lr.stop, lr.start);
