@@ -292,7 +292,7 @@ typedef struct snapshot {
     cf_hypers *hypers;
     bool *trainable;
     const cf_optimizer *opt;
-    int64_t n_batches;
+    int64_t n_batches, data_epochs;
     int n_epochs;
 } snapshot;
 
@@ -318,6 +318,7 @@ static void take(snapshot *s, const cf_learner *learn) {
     s->opt = o;
     s->n_batches = learn->recorder.n_batches;
     s->n_epochs = learn->recorder.n_epochs;
+    s->data_epochs = learn->data_epochs;
 }
 
 static void drop(snapshot *s) {
@@ -337,6 +338,7 @@ static void restore(cf_learner *learn, const snapshot *s) {
     if (o->sqr_avg) memcpy(o->sqr_avg, s->sqr_avg, nw);
     memcpy(o->steps, s->steps, (size_t)m->n_params * sizeof(float));
     memcpy(o->hypers, s->hypers, (size_t)o->n_groups * sizeof *o->hypers);
+    learn->data_epochs = s->data_epochs; /* each run starts the same data stream */
 }
 
 static void assert_unchanged(const cf_learner *learn, const snapshot *s, int run) {
@@ -357,6 +359,8 @@ static void assert_unchanged(const cf_learner *learn, const snapshot *s, int run
             fail_msg("run %d: freezing changed after a failure", run);
     if (learn->recorder.n_batches != s->n_batches || learn->recorder.n_epochs != s->n_epochs)
         fail_msg("run %d: the Recorder changed after a failure", run);
+    if (learn->data_epochs != s->data_epochs)
+        fail_msg("run %d: the data epoch count changed after a failure", run);
 }
 
 /* What a fault-free fit on some number of workers ends with: every trained run must match it
