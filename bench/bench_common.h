@@ -206,8 +206,8 @@ static int64_t bench_batches_per_epoch(const cf_dls *dls, int bs, int world) {
     } while (0)
 
 /* Parses the command line, trains the workload on its data (Fashion-MNIST unless it has
- * make_dls; bs 64 per process unless the workload sets it) and prints the JSON line on rank 0. Returns the process's exit
- * status: 0, 1 on a failed call, 2 on a bad command line. */
+ * make_dls; bs 64 per process unless the workload sets it) and prints the JSON line on rank 0.
+ * Returns the process's exit status: 0, 1 on a failed call, 2 on a bad command line. */
 static int bench_main(int argc, char **argv, const bench_workload *w) {
     const char *prog = w->prog;
     bench_mode md = BENCH_THREADS;

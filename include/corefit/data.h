@@ -171,7 +171,8 @@ cf_status cf_image_read(const char *path, int channels, int size, float *out, in
 cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_options *opt,
                                         cf_dataset **train, cf_dataset **valid);
 
-/* ---- segmentation masks (fastai's SegmentationDataLoaders.from_label_func) -------------------- */
+/* ---- segmentation masks (fastai's SegmentationDataLoaders.from_label_func) --------------------
+ */
 
 /* Where an image's mask is: dir/<image stem><suffix><ext>, e.g. {"labels", "_P", NULL} for
  * fastai's `lambda o: path/'labels'/f'{o.stem}_P{o.suffix}'`. ext NULL: the image's own. */
