@@ -2,16 +2,17 @@
  * products, whose weight is fixed over the timesteps of a batch, packed once a forward (and once
  * a backward for the transposed product) instead of by BLAS at every step. The vector tables run
  * tensor/lstm_gemm_loops.h; a table without the entry (or the reference mode of
- * cf_kernels_set_reference) runs the portable loops below, on panels of PORT_NR columns. */
+ * cf_kernels_set_reference) runs the portable tile below, on panels of PG_NR columns, in the
+ * same loops (tensor/packed_gemm_run.h). */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
 #include <string.h>
 
-#define PORT_MR 4
-#define PORT_NR 8
-#define PORT_KC 512
-#define PORT_KCB 1024
+#define PG_MR 4
+#define PG_NR 8
+#define PG_KC 512
+#define PG_KCB 1024
 
 static const cf_packed_gemm_kernels *packed_kernels(void) {
     return cf_kernels_reference() ? NULL : cf_active_kernels->packed_gemm;
@@ -19,7 +20,7 @@ static const cf_packed_gemm_kernels *packed_kernels(void) {
 
 int cf_sgemm_packed_nr(void) {
     const cf_packed_gemm_kernels *pk = packed_kernels();
-    return pk ? pk->nr : PORT_NR;
+    return pk ? pk->nr : PG_NR;
 }
 
 size_t cf_sgemm_packed_floats(int n, int k) {
@@ -63,17 +64,17 @@ void cf_sgemm_pack_b(bool trans_b, int n, int k, const float *b, int ldb, float 
     }
 }
 
-/* The portable tile: mr rows x PORT_NR columns over kc values (the same order as the vector
+/* The portable tile: mr rows x PG_NR columns over kc values (the same order as the vector
  * tables' loops: one block's sum from zero, then added to C). */
-static inline __attribute__((always_inline)) void port_tile(int mr, int kc, const float *a, int lda,
-                                                            const float *bp, float *c, int ldc,
-                                                            int nc, bool accumulate) {
-    float acc[PORT_MR][PORT_NR] = {{0}};
+static inline __attribute__((always_inline)) void pg_tile(int mr, int kc, const float *a, int lda,
+                                                          const float *bp, float *c, int ldc,
+                                                          int nc, bool accumulate) {
+    float acc[PG_MR][PG_NR] = {{0}};
     for (int p = 0; p < kc; p++) {
-        const float *b = bp + (size_t)p * PORT_NR;
+        const float *b = bp + (size_t)p * PG_NR;
         for (int i = 0; i < mr; i++) {
             const float av = a[(size_t)i * lda + p];
-            for (int j = 0; j < PORT_NR; j++) acc[i][j] += av * b[j];
+            for (int j = 0; j < PG_NR; j++) acc[i][j] += av * b[j];
         }
     }
     for (int i = 0; i < mr; i++) {
@@ -82,52 +83,10 @@ static inline __attribute__((always_inline)) void port_tile(int mr, int kc, cons
     }
 }
 
-static void port_run(int m, int n, int k, const float *a, int lda, const float *packed, float *c,
-                     int ldc, bool accumulate) {
-    for (int pb = 0; pb < k; pb += PORT_KCB) {
-        const int pb_end = pb + PORT_KCB < k ? pb + PORT_KCB : k;
-        for (int j0 = 0; j0 < n; j0 += PORT_NR) {
-            const int nc = n - j0 < PORT_NR ? n - j0 : PORT_NR;
-            const float *panel = packed + (size_t)(j0 / PORT_NR) * k * PORT_NR;
-            for (int p0 = pb; p0 < pb_end; p0 += PORT_KC) {
-                const int kc = pb_end - p0 < PORT_KC ? pb_end - p0 : PORT_KC;
-                const bool acc = accumulate || p0 > 0;
-                const float *bp = panel + (size_t)p0 * PORT_NR;
-                int i0 = 0;
-                for (; i0 + PORT_MR <= m; i0 += PORT_MR)
-                    port_tile(PORT_MR, kc, a + (size_t)i0 * lda + p0, lda, bp,
-                              c + (size_t)i0 * ldc + j0, ldc, nc, acc);
-                const float *at = a + (size_t)i0 * lda + p0;
-                float *ct = c + (size_t)i0 * ldc + j0;
-                switch (m - i0) {
-                case 1:
-                    port_tile(1, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
-                case 2:
-                    port_tile(2, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
-                case 3:
-                    port_tile(3, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
-                default:
-                    break;
-                }
-            }
-        }
-    }
-}
+#include "tensor/packed_gemm_run.h"
 
 void cf_sgemm_packed(int m, int n, int k, const float *a, int lda, const float *packed, float *c,
                      int ldc, bool accumulate) {
-    if (m <= 0 || n <= 0) return;
-    if (k <= 0) {
-        if (!accumulate)
-            for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, (size_t)n * sizeof(float));
-        return;
-    }
     const cf_packed_gemm_kernels *pk = packed_kernels();
-    if (pk)
-        pk->run(m, n, k, a, lda, packed, c, ldc, accumulate);
-    else
-        port_run(m, n, k, a, lda, packed, c, ldc, accumulate);
+    (pk ? pk->run : pg_run)(m, n, k, a, lda, packed, c, ldc, accumulate);
 }
