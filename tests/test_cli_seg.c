@@ -6,51 +6,21 @@
  * back; the options' usage and data errors; the mask colours; the U-Net's --self-attention and
  * --blur through the model file. */
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cmocka.h>
-
-#include "child.h"
-#include "oracle.h"
+#define CLI_FIXTURE_PREFIX "cf_cli_seg_"
+#include "cli_fixture.h"
 #include "corefit.h"
 #include "corefit/io.h"
 #include "corefit/plot.h"
 #include "plot/plot_internal.h"
 
-#define COREFIT CF_BUILD_DIR "/corefit"
-
-static char g_dir[256];
-static char out[1 << 16];
-
-/* Runs a shell command in g_dir; its output (stdout and stderr) into out; the exit status. */
-#define run(...) test_shell(g_dir, out, sizeof out, __VA_ARGS__)
-
-static int setup(void **state) {
-    (void)state;
-    test_tmpdir_make(g_dir, sizeof g_dir, "cf_cli_seg_");
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return test_tmpdir_remove(g_dir);
-}
-
 static void test_segmentation_scenes(void **state) {
     (void)state;
-    if (run(COREFIT " fmnist-tasks segmentation seg --n 24 --size 32 --seed 3") != 0) {
-        print_message("%s", out);
-        if (strstr(out, "stb_image_write") || strstr(out, "Fashion-MNIST")) skip();
-        fail();
-    }
+    run_fmnist_tasks(COREFIT " fmnist-tasks segmentation seg --n 24 --size 32 --seed 3");
     assert_int_equal(run(COREFIT " fmnist-tasks segmentation again --n 24 --size 32 --seed 3"), 0);
     assert_int_equal(run("cmp seg/codes.txt again/codes.txt && cmp seg/images/00005.png "
                          "again/images/00005.png && cmp seg/labels/00005_P.png "
@@ -95,12 +65,8 @@ static void test_segmentation_scenes(void **state) {
 
 /* Writes the scenes once for the tests below (skips without stb or Fashion-MNIST). */
 static void make_scenes(void) {
-    if (run("test -f seg/codes.txt || " COREFIT
-            " fmnist-tasks segmentation seg --n 24 --size 32 --seed 3") != 0) {
-        print_message("%s", out);
-        if (strstr(out, "stb_image_write") || strstr(out, "Fashion-MNIST")) skip();
-        fail();
-    }
+    run_fmnist_tasks("test -f seg/codes.txt || " COREFIT
+                     " fmnist-tasks segmentation seg --n 24 --size 32 --seed 3");
 }
 
 /* The number after `key` on train's "result:" line (NAN when absent). */

@@ -2,48 +2,18 @@
  * multi-label mosaics and point images (seeded: the same files twice), train --images-csv
  * --multi-label / --points fits them, predict prints label sets and points; and the usage errors
  * of the task options. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cmocka.h>
-
-#include "child.h"
+#define CLI_FIXTURE_PREFIX "cf_cli_tasks_"
+#include "cli_fixture.h"
 #include "corefit/core.h"
-#include "oracle.h"
-
-#define COREFIT CF_BUILD_DIR "/corefit"
-
-static char g_dir[256];
-static char out[1 << 16];
-
-/* Runs a shell command in g_dir; its output (stdout and stderr) into out; the exit status. */
-#define run(...) test_shell(g_dir, out, sizeof out, __VA_ARGS__)
-
-static int setup(void **state) {
-    (void)state;
-    test_tmpdir_make(g_dir, sizeof g_dir, "cf_cli_tasks_");
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return test_tmpdir_remove(g_dir);
-}
 
 static void test_multi_label_end_to_end(void **state) {
     (void)state;
-    if (run(COREFIT " fmnist-tasks multi-label ml --n 192 --seed 5") != 0) {
-        print_message("%s", out);
-        if (strstr(out, "stb_image_write") || strstr(out, "Fashion-MNIST")) skip();
-        fail();
-    }
+    run_fmnist_tasks(COREFIT " fmnist-tasks multi-label ml --n 192 --seed 5");
     assert_int_equal(run(COREFIT " fmnist-tasks multi-label again --n 192 --seed 5"), 0);
     /* seeded: the same table and images */
     assert_int_equal(run("cmp ml/labels.csv again/labels.csv && cmp ml/images/00007.png "

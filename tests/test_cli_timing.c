@@ -1,36 +1,12 @@
 /* CF_TIMING=1: corefit train reports its phases, each fork worker its time in barriers, and an
  * in-process fit on two threads its thread pool's jobs and sleeps; without it none of that is
  * printed. On the first 256 samples of Fashion-MNIST, one epoch. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include <cmocka.h>
+#define CLI_FIXTURE_PREFIX "cf_cli_timing_"
+#include "cli_fixture.h"
 
-#include "child.h"
-#include "oracle.h"
-
-#define COREFIT CF_BUILD_DIR "/corefit"
 #define FIT COREFIT " train --limit 256 --epochs 1 --bs 32 --seed 3 --quiet --out m.st"
-
-static char g_dir[256];
-static char out[1 << 16];
-
-#define run(...) test_shell(g_dir, out, sizeof out, __VA_ARGS__)
-
-static int setup(void **state) {
-    (void)state;
-    test_tmpdir_make(g_dir, sizeof g_dir, "cf_cli_timing_");
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    return test_tmpdir_remove(g_dir);
-}
 
 static void test_fork_workers(void **state) {
     (void)state;
