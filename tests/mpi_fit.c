@@ -112,15 +112,6 @@ static void check_doubles(const char *what, const double *a, const double *b, si
         }
 }
 
-/* Every rank holds the same bytes as rank 0. */
-static void check_same_everywhere(cf_comm *comm, const char *what, const void *data, size_t bytes) {
-    unsigned char *mine = malloc(bytes + 1);
-    memcpy(mine, data, bytes);
-    OK(cf_comm_broadcast(comm, mine, bytes, 0));
-    CHECK(memcmp(mine, data, bytes) == 0, "%s differs from rank 0's", what);
-    free(mine);
-}
-
 /* Trackers and a tally on the learner, a tally among its master callbacks. */
 static void add_stateful_cbs(cf_learner *learn) {
     OK(cf_learner_add_cb(learn, cf_early_stopping_cb(.patience = 5)));

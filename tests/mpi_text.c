@@ -20,19 +20,12 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "counting_corpus.h"
+#include "mpi_check.h"
 #include "tally_cb.h"
 
-static int rank, world, failures;
+static int rank, world;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);                                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 #define OK(call) CHECK((call) == CF_OK, "%s: %s", #call, cf_last_error())
 
 static void die(const char *what) {
@@ -42,36 +35,12 @@ static void die(const char *what) {
 
 enum { VOCAB = 40, CLAS_BPTT = 4, CLAS_MAX_LEN = 8 };
 
-/* Each document counts up from a random start (mod the vocabulary above the special ids), xxbos
- * first; whole_chunks > 0: every length a multiple of it. With labels: the third of the
- * vocabulary the document starts in. */
+/* The counting corpus (counting_corpus.h); whole_chunks > 0: every length a multiple of it. With
+ * labels: the third of the vocabulary the document starts in. */
 static cf_text_corpus *make_corpus(int n_docs, uint64_t seed, int whole_chunks, bool labels) {
-    cf_rng rng;
-    cf_rng_seed(&rng, seed);
-    int32_t *docs[64];
-    int64_t lens[64];
-    for (int d = 0; d < n_docs; d++) {
-        const int64_t r = (int64_t)(cf_rng_next(&rng) % 12);
-        lens[d] = whole_chunks ? whole_chunks * (2 + r % 3) : 6 + r;
-        docs[d] = malloc((size_t)lens[d] * sizeof(int32_t));
-        docs[d][0] = CF_TEXT_BOS;
-        int32_t v = 3 + (int32_t)(cf_rng_next(&rng) % (VOCAB - 3));
-        for (int64_t i = 1; i < lens[d]; i++) {
-            docs[d][i] = v;
-            v = 3 + (v - 3 + 1 + (int32_t)(cf_rng_next(&rng) % 2)) % (VOCAB - 3);
-        }
-    }
-    cf_text_corpus *c = NULL;
-    if (cf_text_corpus_from_docs((const int32_t *const *)docs, lens, n_docs, VOCAB, &c) != CF_OK)
-        die("corpus");
-    for (int d = 0; d < n_docs; d++) free(docs[d]);
-    if (labels) {
-        float targets[64];
-        for (int64_t d = 0; d < c->n_docs; d++)
-            targets[d] = (float)((c->ids[c->offsets[d] + 1] - 3) * 3 / (VOCAB - 3));
-        const char *classes[] = {"low", "mid", "high"};
-        if (cf_text_corpus_set_labels(c, targets, 1, 3, classes) != CF_OK) die("labels");
-    }
+    cf_text_corpus *c = counting_corpus(n_docs, seed, whole_chunks, VOCAB);
+    if (!c) die("corpus");
+    if (labels && counting_corpus_label(c, VOCAB) != CF_OK) die("labels");
     return c;
 }
 
@@ -178,15 +147,6 @@ static void check_doubles(const char *what, const double *a, const double *b, in
         }
 }
 
-/* Every rank holds the same bytes as rank 0. */
-static void same_everywhere(cf_comm *comm, const char *what, const void *data, size_t bytes) {
-    unsigned char *mine = malloc(bytes + 1);
-    memcpy(mine, data, bytes);
-    OK(cf_comm_broadcast(comm, mine, bytes, 0));
-    CHECK(memcmp(mine, data, bytes) == 0, "%s differs from rank 0's", what);
-    free(mine);
-}
-
 static int equivalence(cf_comm *comm, bool lm) {
     const char *what = lm ? "language model" : "classifier";
     /* Adam turns the rounding noise of near-zero gradients (the replicas' sums add in another
@@ -201,13 +161,13 @@ static int equivalence(cf_comm *comm, bool lm) {
     run_all(&mpi, lm, &par);
 
     cf_model *m = mpi.learn->model, *r = one.learn->model;
-    same_everywhere(comm, "weights", m->weights, m->n_weights * sizeof(float));
-    same_everywhere(comm, "grad_avg", mpi.learn->opt->grad_avg, m->n_weights * sizeof(float));
-    same_everywhere(comm, "validate", mpi.values, sizeof mpi.values);
-    same_everywhere(comm, "preds", mpi.preds.preds.data,
-                    cf_tensor_numel(&mpi.preds.preds) * sizeof(float));
-    same_everywhere(comm, "lr_find losses", mpi.lr.losses, (size_t)mpi.lr.n * sizeof(double));
-    for (int i = 0; i < 2; i++) same_everywhere(comm, "callback state", mpi.cb_state[i], 128);
+    check_same_everywhere(comm, "weights", m->weights, m->n_weights * sizeof(float));
+    check_same_everywhere(comm, "grad_avg", mpi.learn->opt->grad_avg, m->n_weights * sizeof(float));
+    check_same_everywhere(comm, "validate", mpi.values, sizeof mpi.values);
+    check_same_everywhere(comm, "preds", mpi.preds.preds.data,
+                          cf_tensor_numel(&mpi.preds.preds) * sizeof(float));
+    check_same_everywhere(comm, "lr_find losses", mpi.lr.losses, (size_t)mpi.lr.n * sizeof(double));
+    for (int i = 0; i < 2; i++) check_same_everywhere(comm, "callback state", mpi.cb_state[i], 128);
 
     /* lr_find put the weights back: those of the fits */
     double w = max_rel(m->weights, r->weights, r->n_weights, floor);

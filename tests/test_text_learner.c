@@ -16,6 +16,7 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "counting_corpus.h"
 #include "nn/rnn_internal.h"
 #include "oracle.h"
 #include "text_fixture.h"
@@ -28,29 +29,9 @@
 
 enum { VOCAB = 40 };
 
-/* A corpus with structure to learn: each document counts up from a random start (mod the
- * vocabulary above the special ids), with xxbos first; whole_chunks > 0: every length a multiple
- * of it. */
 static cf_text_corpus *make_corpus_chunked(int n_docs, uint64_t seed, int whole_chunks) {
-    cf_rng rng;
-    cf_rng_seed(&rng, seed);
-    int32_t *docs[64];
-    int64_t lens[64];
-    for (int d = 0; d < n_docs; d++) {
-        const int64_t r = (int64_t)(cf_rng_next(&rng) % 12);
-        lens[d] = whole_chunks ? whole_chunks * (2 + r % 3) : 6 + r;
-        docs[d] = malloc((size_t)lens[d] * sizeof(int32_t));
-        docs[d][0] = CF_TEXT_BOS;
-        int32_t v = 3 + (int32_t)(cf_rng_next(&rng) % (VOCAB - 3));
-        for (int64_t i = 1; i < lens[d]; i++) {
-            docs[d][i] = v;
-            v = 3 + (v - 3 + 1 + (int32_t)(cf_rng_next(&rng) % 2)) % (VOCAB - 3);
-        }
-    }
-    cf_text_corpus *c = NULL;
-    assert_int_equal(
-        cf_text_corpus_from_docs((const int32_t *const *)docs, lens, n_docs, VOCAB, &c), CF_OK);
-    for (int d = 0; d < n_docs; d++) free(docs[d]);
+    cf_text_corpus *c = counting_corpus(n_docs, seed, whole_chunks, VOCAB);
+    assert_non_null(c);
     return c;
 }
 
@@ -325,11 +306,7 @@ enum { CLAS_E = 8, CLAS_NH = 12, CLAS_L = 3, CLAS_BPTT = 4, CLAS_MAX_LEN = 8 };
 /* Labelled documents: the class is the third of the vocabulary the document starts in. */
 static cf_text_corpus *make_clas_corpus(int n_docs, uint64_t seed, int whole_chunks) {
     cf_text_corpus *c = make_corpus_chunked(n_docs, seed, whole_chunks);
-    float targets[64];
-    for (int64_t d = 0; d < c->n_docs; d++)
-        targets[d] = (float)((c->ids[c->offsets[d] + 1] - 3) * 3 / (VOCAB - 3));
-    const char *classes[] = {"low", "mid", "high"};
-    assert_int_equal(cf_text_corpus_set_labels(c, targets, 1, 3, classes), CF_OK);
+    assert_int_equal(counting_corpus_label(c, VOCAB), CF_OK);
     return c;
 }
 
