@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "corefit/nn.h"
+
 void test_tmpdir_make(char *dir, size_t size, const char *prefix) {
     snprintf(dir, size, "/tmp/%sXXXXXX", prefix);
     assert_non_null(mkdtemp(dir));
@@ -150,4 +152,25 @@ unsigned char *test_png_load_rgb(const char *path, int *width, int *height) {
     *width = (int)image.width;
     *height = (int)image.height;
     return px;
+}
+
+void oracle_assert_param_names(oracle *o, const cf_model *m, const char *what) {
+    char path[512], line[512];
+    snprintf(path, sizeof path, "%s/torch_names.txt", o->dir);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("%s: cannot open %s", what, path);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0]) continue;
+        if (n < m->n_params && strcmp(m->params[n]->full_name, line) != 0) {
+            fclose(f);
+            fail_msg("%s: parameter %d is %s in corefit, %s in torch", what, n,
+                     m->params[n]->full_name, line);
+        }
+        n++;
+    }
+    fclose(f);
+    if (n != m->n_params)
+        fail_msg("%s: %d parameters in corefit, %d in torch", what, m->n_params, n);
 }

@@ -70,4 +70,9 @@ void assert_rel_err_within(const char *what, const float *a, const float *b, siz
 /* Fails the test (naming what and the index) when an element is NaN or infinite. */
 void assert_all_finite(const char *what, const float *a, size_t n);
 
+/* Fails the test (naming what) unless m's parameters are named, in order, as the lines of the
+ * oracle's torch_names.txt (a script's state_dict keys; blank lines skipped). */
+struct cf_model;
+void oracle_assert_param_names(oracle *o, const struct cf_model *m, const char *what);
+
 #endif

@@ -62,29 +62,6 @@ static void randomize_norm(cf_model *model, uint64_t seed) {
     }
 }
 
-static char **read_lines(const char *dir, const char *file, int *count) {
-    char path[512], line[512];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int cap = 64, n = 0;
-    char **lines = malloc((size_t)cap * sizeof *lines);
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (!line[0]) continue;
-        if (n == cap) lines = realloc(lines, (size_t)(cap *= 2) * sizeof *lines);
-        lines[n++] = strdup(line);
-    }
-    fclose(f);
-    *count = n;
-    return lines;
-}
-
-static void free_lines(char **lines, int n) {
-    for (int i = 0; i < n; i++) free(lines[i]);
-    free(lines);
-}
-
 static float scalar(oracle *o, const char *name) {
     cf_tensor t = oracle_get(o, name);
     float v = t.data[0];
@@ -154,14 +131,7 @@ static void run_case(cf_module *root, const zoo_case *c) {
     oracle_run(&o, "models.py", args);
 
     /* names: exactly torch's state_dict keys, in the same order */
-    int nt;
-    char **tnames = read_lines(o.dir, "torch_names.txt", &nt);
-    for (int i = 0; i < model->n_params && i < nt; i++)
-        if (strcmp(model->params[i]->full_name, tnames[i]) != 0)
-            fail_msg("%s: parameter %d is %s in corefit, %s in torch", c->args, i,
-                     model->params[i]->full_name, tnames[i]);
-    assert_int_equal(model->n_params, nt);
-    free_lines(tnames, nt);
+    oracle_assert_param_names(&o, model, c->args);
     assert_int_equal((int64_t)cf_model_num_weights(model), (int64_t)scalar(&o, "nweights"));
     assert_int_equal((int64_t)model->n_buffers, (int64_t)scalar(&o, "nbuffers"));
 

@@ -47,29 +47,6 @@ static void check_close(const char *what, const float *a, const float *b, size_t
     assert_close(what, a, b, n, RTOL, atol);
 }
 
-static char **read_lines(const char *dir, const char *file, int *count) {
-    char path[512], line[512];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int cap = 64, n = 0;
-    char **lines = malloc((size_t)cap * sizeof *lines);
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (!line[0]) continue;
-        if (n == cap) lines = realloc(lines, (size_t)(cap *= 2) * sizeof *lines);
-        lines[n++] = strdup(line);
-    }
-    fclose(f);
-    *count = n;
-    return lines;
-}
-
-static void free_lines(char **lines, int n) {
-    for (int i = 0; i < n; i++) free(lines[i]);
-    free(lines);
-}
-
 static cf_shape out_shape(int depth, bool body, int n, int size) {
     return body ? cf_shape4(n, cf_resnet_nf(depth), size / 32, size / 32) : cf_shape2(n, 10);
 }
@@ -112,14 +89,9 @@ static void run_case(int depth, bool train, bool body, const char *variant, int 
     if (cf_resnet_load_pretrained(model, path) != CF_OK) fail_msg("%s", cf_last_error());
 
     /* names: torchvision's (whole model) or fastai's cut body, in state_dict order */
-    int nt;
-    char **tnames = read_lines(o.dir, "torch_names.txt", &nt);
-    assert_int_equal(model->n_params, nt);
-    for (int i = 0; i < nt; i++)
-        if (strcmp(model->params[i]->full_name, tnames[i]) != 0)
-            fail_msg("resnet%d: parameter %d is %s in corefit, %s in torch", depth, i,
-                     model->params[i]->full_name, tnames[i]);
-    free_lines(tnames, nt);
+    char what[32];
+    snprintf(what, sizeof what, "resnet%d", depth);
+    oracle_assert_param_names(&o, model, what);
 
     cf_shape xs = cf_shape4(2, 3, size, size);
     cf_tensor xt = cf_tensor_view(x, xs);
