@@ -36,14 +36,12 @@ CPU time and memory count the DataLoader's worker processes too: their CPU secon
 in the timed window, their peak RSS (VmHWM) and PSS at the end of training.
 Prints one JSON line (see bench/README.md for the fields).
 """
-import argparse
-import json
 import math
 import os
 import sys
 import time
 
-import w1_torch
+import torch_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZE = 128
@@ -56,21 +54,13 @@ MAX_ROTATE, MIN_ZOOM, MAX_ZOOM, MAX_LIGHTING, MAX_WARP, P_AFFINE, P_LIGHTING = 1
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--threads", type=int, default=1, help="one process with N threads")
-    g.add_argument("--ddp", type=int, default=0, help="N processes, DDP over gloo")
-    ap.add_argument("--batches", type=int, default=0, help="train this many batches (per process) of the unfrozen phase and stop")
-    ap.add_argument("--epochs", type=int, default=1, help="unfrozen epochs of fine_tune")
-    ap.add_argument("--bs", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--data", default=os.path.join(HERE, "..", "build", "w3-images"))
+    ap = torch_common.mode_parser(__doc__, 64, os.path.join(HERE, "..", "build", "w3-images"), 29517,
+                                  batches_help="train this many batches (per process) of the unfrozen phase and stop",
+                                  epochs_help="unfrozen epochs of fine_tune")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per training process "
                     "(bench/run.py measures 0 and 1)")
     ap.add_argument("--aug", choices=("batch", "item"), default="batch",
                     help="aug_transforms as fastai (batch tensors, main process) or torchvision per item (workers)")
-    ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
-    ap.add_argument("--port", type=int, default=29517)
     return ap.parse_args()
 
 
@@ -124,7 +114,7 @@ def proc_pss_kb(pid):
 
 
 def tree_cpu_s(kids):
-    return w1_torch.cpu_s() + sum(proc_cpu_s(k) for k in kids)
+    return torch_common.cpu_s() + sum(proc_cpu_s(k) for k in kids)
 
 
 # ---- data ----------------------------------------------------------------------------------
@@ -310,13 +300,7 @@ def train(rank, world, args, result_q=None):
     import torchvision
     from torch import nn
 
-    nthreads = 1 if world > 1 else args.threads
-    torch.set_num_threads(nthreads)
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
-    torch.manual_seed(args.seed)
+    torch_common.start_rank(rank, world, args)
     train_ds = torchvision.datasets.ImageFolder(os.path.join(args.data, "train"), transform=item_transforms(True, args.aug))
     if world > 1:
         sampler = torch.utils.data.distributed.DistributedSampler(train_ds, world, rank, shuffle=True, seed=args.seed)
@@ -350,8 +334,8 @@ def train(rank, world, args, result_q=None):
         opt = optimizer(groups, bn_ids)  # fastai clears the optimizer state at freeze/unfreeze
         total = n_epoch * n_iter
         stop = args.batches if args.batches else total
-        lr_f = [w1_torch.combined_cos(pct_start, lr / div, lr, lr / 1e5) for lr in lrs]
-        mom_f = w1_torch.combined_cos(pct_start, *MOMS)
+        lr_f = [torch_common.combined_cos(pct_start, lr / div, lr, lr / 1e5) for lr in lrs]
+        mom_f = torch_common.combined_cos(pct_start, *MOMS)
         it = 0
         for epoch in range(n_epoch):
             if it >= stop:
@@ -382,18 +366,14 @@ def train(rank, world, args, result_q=None):
                     cpus.append(tree_cpu_s(kids))
     t_train_end = time.perf_counter()
     kids = descendants()  # the loader's workers are alive until the loader goes
-    pss_end = (w1_torch.pss_mb() * 1024 + sum(proc_pss_kb(k) for k in kids)) / 1024
+    pss_end = (torch_common.pss_mb() * 1024 + sum(proc_pss_kb(k) for k in kids)) / 1024
     rss_kids = sum(proc_status_kb(k, "VmHWM") for k in kids) / 1024
     acc = None
     if not args.batches:
         acc = evaluate(model, args, mean, std)
-    skip = min(args.skip, len(stamps) - 1)
     out = {
         "rank": rank,
-        "steps": len(stamps),
-        "timed_steps": len(stamps) - skip,
-        "span_s": stamps[-1] - stamps[skip - 1],
-        "cpu_s": cpus[-1] - cpus[skip - 1],
+        **torch_common.timed(stamps, cpus, args.skip),
         "pss_mb": pss_end,
         "rss_kids_mb": rss_kids,
         "train_s": t_train_end - t_fit,
@@ -401,15 +381,7 @@ def train(rank, world, args, result_q=None):
         "final_loss": float(loss.item()),
     }
     del loader
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
-    if result_q is not None:
-        out["rss_mb"] = w1_torch.peak_rss_mb()[0] + rss_kids
-        result_q.put(out)
-    return out
+    return torch_common.finish_rank(world, out, result_q, rss_kids)
 
 
 def evaluate(model, args, mean, std):
@@ -426,67 +398,13 @@ def evaluate(model, args, mean, std):
     return correct / len(ds)
 
 
-def ddp_worker(rank, world, args, q):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        train(rank, world, args, q)
-    except BaseException as e:  # report, don't hang the parent
-        q.put({"rank": rank, "error": repr(e)})
-        raise
-
-
 def main():
     args = parse_args()
     if not os.path.isdir(os.path.join(args.data, "train")):
         sys.exit(f"images_torch.py: no {args.data}/train; make it with /usr/bin/python3 bench/make_images.py --out {args.data}")
-    world = args.ddp if args.ddp else 1
-    nthreads = 1 if world > 1 else args.threads
-    os.environ["OMP_NUM_THREADS"] = str(nthreads)
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    os.environ.setdefault("MKL_NUM_THREADS", str(nthreads))
-    import torch
-
-    if world == 1:
-        r = train(0, 1, args)
-        rss_total = w1_torch.peak_rss_mb()[0] + r["rss_kids_mb"]
-        pss_total = r["pss_mb"]
-        ranks = [r]
-    else:
-        ranks = w1_torch.run_ddp(ddp_worker, world, args)
-        r = ranks[0]
-        rss_total = w1_torch.peak_rss_mb()[0] + sum(x["rss_mb"] for x in ranks)
-        pss_total = w1_torch.pss_mb() + sum(x["pss_mb"] for x in ranks)
-    span = max(x["span_s"] for x in ranks)
-    imgs = r["timed_steps"] * args.bs * world
-    ips = imgs / span if span > 0 else 0.0
-    cpu_total = sum(x["cpu_s"] for x in ranks)
-    mflop = train_mflop_per_image()
-    print(json.dumps({
-        "impl": "torch",
-        "torch": torch.__version__,
-        "mode": "ddp" if world > 1 else "threads",
-        "procs": world,
-        "threads": nthreads,
-        "workers": args.workers,
-        "aug": args.aug,
-        "bs": args.bs,
-        "steps": r["steps"],
-        "timed_steps": r["timed_steps"],
-        "images_per_s": ips,
-        "measured": f"wall time from the end of training step {args.skip} to the end of the last step"
-        f" (slowest rank), {args.bs}*{world} images per step; includes waiting for the loader",
-        "gflops": ips * mflop / 1e3,
-        "mflop_per_image": mflop,
-        "test_acc": r["acc"],
-        "acc_set": "valid",
-        "cpu_s": cpu_total,
-        "images_per_cpu_s": imgs / cpu_total if cpu_total > 0 else 0.0,
-        "final_loss": r["final_loss"],
-        "train_s": r["train_s"],
-        "peak_rss_mb": rss_total,
-        "pss_mb": pss_total,
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
-    }), flush=True)
+    fit = torch_common.run(args, train, rss_kids_key="rss_kids_mb")
+    torch_common.print_json(fit, args, train_mflop_per_image(), "; includes waiting for the loader",
+                            after_threads={"workers": args.workers, "aug": args.aug}, after_acc={"acc_set": "valid"})
 
 
 if __name__ == "__main__":

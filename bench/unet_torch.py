@@ -20,14 +20,12 @@ Modes (as w1_torch.py):
 --epochs E reports fastai's DiceMulti over the held-out scenes in test_acc.
 Prints one JSON line (see bench/README.md for the fields).
 """
-import argparse
-import json
 import math
 import os
 import sys
 import time
 
-import w1_torch
+import torch_common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
@@ -39,18 +37,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--threads", type=int, default=1, help="one process with N threads")
-    g.add_argument("--ddp", type=int, default=0, help="N processes, DDP over gloo")
-    ap.add_argument("--batches", type=int, default=0, help="train this many batches (per process) and stop")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--bs", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--data", default=os.path.join(HERE, "..", "build", "w5-seg"))
-    ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
-    ap.add_argument("--port", type=int, default=29519)
-    return ap.parse_args()
+    return torch_common.mode_parser(__doc__, 16, os.path.join(HERE, "..", "build", "w5-seg"), 29519).parse_args()
 
 
 def load_scenes(data, seed):
@@ -153,12 +140,7 @@ def train(rank, world, args, result_q=None):
     import torch
     from torch import nn
 
-    nthreads = 1 if world > 1 else args.threads
-    torch.set_num_threads(nthreads)
-    if world > 1:
-        import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
-    torch.manual_seed(args.seed)
+    torch_common.start_rank(rank, world, args)
     xt, yt, xv, yv, n_codes = load_scenes(args.data, args.seed)
     ds = torch.utils.data.TensorDataset(xt, yt)
     if world > 1:
@@ -177,8 +159,8 @@ def train(rank, world, args, result_q=None):
     n_epoch = max(args.epochs, math.ceil(args.batches / n_iter)) if args.batches else args.epochs
     total = n_epoch * n_iter
     stop = args.batches if args.batches else total
-    lr_f = w1_torch.combined_cos(0.25, LR_MAX / 25, LR_MAX, LR_MAX / 25 / 1e5)
-    mom_f = w1_torch.combined_cos(0.25, *MOMS)
+    lr_f = torch_common.combined_cos(0.25, LR_MAX / 25, LR_MAX, LR_MAX / 25 / 1e5)
+    mom_f = torch_common.combined_cos(0.25, *MOMS)
     stamps, cpus = [], []
     t_fit = time.perf_counter()
     it = 0
@@ -203,19 +185,15 @@ def train(rank, world, args, result_q=None):
             opt.step()
             it += 1
             stamps.append(time.perf_counter())
-            cpus.append(w1_torch.cpu_s())
+            cpus.append(torch_common.cpu_s())
     t_train_end = time.perf_counter()
-    pss_end = w1_torch.pss_mb()
+    pss_end = torch_common.pss_mb()
     acc = None
     if not args.batches:
         acc = dice_multi(model, xv, yv, n_codes, mean, std)
-    skip = min(args.skip, len(stamps) - 1)
     out = {
         "rank": rank,
-        "steps": len(stamps),
-        "timed_steps": len(stamps) - skip,
-        "span_s": stamps[-1] - stamps[skip - 1],
-        "cpu_s": cpus[-1] - cpus[skip - 1],
+        **torch_common.timed(stamps, cpus, args.skip),
         "pss_mb": pss_end,
         "train_s": t_train_end - t_fit,
         "acc": acc,
@@ -223,24 +201,7 @@ def train(rank, world, args, result_q=None):
         "n_train": len(xt),
         "n_valid": len(xv),
     }
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
-    if result_q is not None:
-        out["rss_mb"] = w1_torch.peak_rss_mb()[0]
-        result_q.put(out)
-    return out
-
-
-def ddp_worker(rank, world, args, q):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        train(rank, world, args, q)
-    except BaseException as e:  # report, don't hang the parent
-        q.put({"rank": rank, "error": repr(e)})
-        raise
+    return torch_common.finish_rank(world, out, result_q)
 
 
 def main():
@@ -248,55 +209,11 @@ def main():
     if not os.path.isfile(os.path.join(args.data, "codes.txt")):
         sys.exit(f"unet_torch.py: no {args.data}/codes.txt; make the scenes with "
                  f"corefit fmnist-tasks segmentation {args.data} --n 1000 --size {SIZE}")
-    world = args.ddp if args.ddp else 1
-    nthreads = 1 if world > 1 else args.threads
-    os.environ["OMP_NUM_THREADS"] = str(nthreads)
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    os.environ.setdefault("MKL_NUM_THREADS", str(nthreads))
-    import torch
-
-    if world == 1:
-        r = train(0, 1, args)
-        rss_total = w1_torch.peak_rss_mb()[0]
-        pss_total = r["pss_mb"]
-        ranks = [r]
-    else:
-        ranks = w1_torch.run_ddp(ddp_worker, world, args)
-        r = ranks[0]
-        rss_total = w1_torch.peak_rss_mb()[0] + sum(x["rss_mb"] for x in ranks)
-        pss_total = w1_torch.pss_mb() + sum(x["pss_mb"] for x in ranks)
-    span = max(x["span_s"] for x in ranks)
-    imgs = r["timed_steps"] * args.bs * world
-    ips = imgs / span if span > 0 else 0.0
-    cpu_total = sum(x["cpu_s"] for x in ranks)
-    mflop = train_mflop_per_image()
-    print(json.dumps({
-        "impl": "torch",
-        "torch": torch.__version__,
-        "mode": "ddp" if world > 1 else "threads",
-        "procs": world,
-        "threads": nthreads,
-        "bs": args.bs,
-        "steps": r["steps"],
-        "timed_steps": r["timed_steps"],
-        "images_per_s": ips,
-        "measured": f"wall time from the end of training step {args.skip} to the end of the last step"
-        f" (slowest rank), {args.bs}*{world} images per step",
-        "gflops": ips * mflop / 1e3,
-        "mflop_per_image": mflop,
-        "test_acc": r["acc"],
-        "acc_set": "valid",
-        "metric": "dice_multi",
-        "n_train": r["n_train"],
-        "n_valid": r["n_valid"],
-        "cpu_s": cpu_total,
-        "images_per_cpu_s": imgs / cpu_total if cpu_total > 0 else 0.0,
-        "final_loss": r["final_loss"],
-        "train_s": r["train_s"],
-        "peak_rss_mb": rss_total,
-        "pss_mb": pss_total,
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
-    }), flush=True)
+    fit = torch_common.run(args, train)
+    r = fit["ranks"][0]
+    torch_common.print_json(fit, args, train_mflop_per_image(), "",
+                            after_acc={"acc_set": "valid", "metric": "dice_multi", "n_train": r["n_train"],
+                                       "n_valid": r["n_valid"]})
 
 
 if __name__ == "__main__":

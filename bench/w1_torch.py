@@ -18,34 +18,26 @@ Prints one JSON line (see bench/README.md for the fields).
 
 Thread settings give PyTorch its best configuration: OMP_NUM_THREADS=N and OPENBLAS_NUM_THREADS=1 are set
 before torch is imported, then torch.set_num_threads(N). OPENBLAS_CORETYPE is passed through
-(bench/run.py sets it to the kernel set corefit selects).
+(bench/run.py sets it to the kernel set corefit selects). The harness (modes, DDP, timing,
+memory, the JSON line) is bench/torch_common.py, shared with vgg_torch.py, images_torch.py and
+unet_torch.py.
 """
-import argparse
 import gzip
-import json
 import math
 import os
-import resource
-import sys
 import time
+
+import torch_common
+# the harness's pieces, also used from here by w4_torch.py and tasks_torch.py
+from torch_common import combined_cos, cpu_s, peak_rss_mb, pss_mb, run_ddp  # noqa: F401
 
 MEAN, STD = 0.2860, 0.3530
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
 def parse_args(workload):
-    ap = argparse.ArgumentParser(description=workload["doc"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--threads", type=int, default=1, help="one process with N threads")
-    g.add_argument("--ddp", type=int, default=0, help="N processes, DDP over gloo")
-    ap.add_argument("--batches", type=int, default=0, help="train this many batches (per process) and stop")
-    ap.add_argument("--epochs", type=int, default=1, help="epochs of the one-cycle schedule")
-    ap.add_argument("--bs", type=int, default=64)
+    ap = torch_common.mode_parser(workload["doc"], 64, DATA, 29517, epochs_help="epochs of the one-cycle schedule")
     ap.add_argument("--lr", type=float, default=workload["lr"])
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--data", default=DATA)
-    ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
-    ap.add_argument("--port", type=int, default=29517)
     ap.add_argument("--label-smoothing", type=float, default=0.0,
                     help="CrossEntropyLoss(label_smoothing=EPS), as fastai's LabelSmoothingCrossEntropy")
     ap.add_argument("--save", default="", help="after the fit, rank 0 writes the model's state_dict here")
@@ -117,53 +109,12 @@ def build_model():
     return nn.Sequential(body, head)
 
 
-def combined_cos(pct, start, middle, end):
-    def cos(a, b, p):
-        return a + (1 + math.cos(math.pi * (1 - p))) * (b - a) / 2
-
-    def f(p):
-        if p < pct:
-            return cos(start, middle, p / pct)
-        return cos(middle, end, (p - pct) / (1 - pct))
-
-    return f
-
-
-def cpu_s():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def pss_mb():
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return float(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
-
-
-def peak_rss_mb():
-    """Peak RSS of this process plus its waited-for children, in MiB (ru_maxrss is KiB)."""
-    s = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    c = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return s / 1024.0, c / 1024.0
-
-
 def train(rank, world, args, result_q=None):
     import numpy as np
     import torch
     from torch import nn
 
-    nthreads = 1 if world > 1 else args.threads
-    torch.set_num_threads(nthreads)
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
-    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    torch_common.start_rank(rank, world, args)
     xtr, ytr = load(args.data, "train")
     wl = args.workload
     model = wl["build_model"]()
@@ -215,30 +166,15 @@ def train(rank, world, args, result_q=None):
         acc = evaluate(model, args)
     if args.save and rank == 0:
         torch.save((model.module if hasattr(model, "module") else model).state_dict(), args.save)
-    skip = min(args.skip, len(stamps) - 1)
-    span = stamps[-1] - stamps[skip - 1]
-    cpu = cpus[-1] - cpus[skip - 1]
-    steps = len(stamps) - skip
     out = {
         "rank": rank,
-        "steps": len(stamps),
-        "timed_steps": steps,
-        "span_s": span,
-        "cpu_s": cpu,
+        **torch_common.timed(stamps, cpus, args.skip),
         "pss_mb": pss_end,
         "train_s": t_train_end - t_fit,
         "acc": acc,
         "final_loss": float(loss.item()),
     }
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
-    if result_q is not None:
-        out["rss_mb"] = peak_rss_mb()[0]
-        result_q.put(out)
-    return out
+    return torch_common.finish_rank(world, out, result_q)
 
 
 def evaluate(model, args):
@@ -255,90 +191,12 @@ def evaluate(model, args):
     return correct / len(xte)
 
 
-def ddp_worker(rank, world, args, q):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        train(rank, world, args, q)
-    except Exception as e:  # report, don't hang the parent
-        q.put({"rank": rank, "error": repr(e)})
-        raise
-
-
-def run_ddp(worker, world, args):
-    """Forks `world` processes running worker(rank, world, args, queue) and returns their results
-    in rank order; prints the errors and exits if any rank failed."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(i, world, args, q)) for i in range(world)]
-    for p in procs:
-        p.start()
-    ranks = [q.get() for _ in range(world)]
-    for p in procs:
-        p.join()
-    errs = [x for x in ranks if "error" in x]
-    if errs:
-        print(json.dumps({"impl": "torch", "error": errs}))
-        sys.exit(1)
-    return sorted(ranks, key=lambda x: x["rank"])
-
-
 def main(workload=None):
     """Runs a workload (a dict as W1 below; default W1) and prints its JSON line."""
     args = parse_args(workload or W1)
-    world = args.ddp if args.ddp else 1
-    nthreads = 1 if world > 1 else args.threads
-    os.environ["OMP_NUM_THREADS"] = str(nthreads)
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    os.environ.setdefault("MKL_NUM_THREADS", str(nthreads))
-    import torch
-
-    if world == 1:
-        r = train(0, 1, args)
-        rss_total = peak_rss_mb()[0]
-        pss_total = r["pss_mb"]
-        ranks = [r]
-    else:
-        ranks = run_ddp(ddp_worker, world, args)
-        r = ranks[0]
-        # sum of each process's own peak: an upper bound on the simultaneous total
-        rss_total = peak_rss_mb()[0] + sum(x["rss_mb"] for x in ranks)
-        pss_total = pss_mb() + sum(x["pss_mb"] for x in ranks)
-    span = max(x["span_s"] for x in ranks)
-    imgs = r["timed_steps"] * args.bs * world
-    ips = imgs / span if span > 0 else 0.0
-    cpu_total = sum(x["cpu_s"] for x in ranks)
-    mflop = args.workload["mflop_per_image"]()
-    print(
-        json.dumps(
-            {
-                "impl": "torch",
-                "torch": torch.__version__,
-                "mode": "ddp" if world > 1 else "threads",
-                "procs": world,
-                "threads": nthreads,
-                "bs": args.bs,
-                "steps": r["steps"],
-                "timed_steps": r["timed_steps"],
-                "images_per_s": ips,
-                "measured": f"wall time from the end of training step {args.skip} to the end of the last step"
-                f" (slowest rank), {args.bs}*{world} images per step; includes batch assembly",
-                "gflops": ips * mflop / 1e3,
-                "mflop_per_image": mflop,
-                "test_acc": r["acc"],
-                "cpu_s": cpu_total,
-                "images_per_cpu_s": imgs / cpu_total if cpu_total > 0 else 0.0,
-                "final_loss": r["final_loss"],
-                "train_s": r["train_s"],
-                "peak_rss_mb": rss_total,
-                "pss_mb": pss_total,
-                "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
-                "bf16": bool(args.bf16),
-            }
-        ),
-        flush=True,
-    )
+    fit = torch_common.run(args, train)
+    torch_common.print_json(fit, args, args.workload["mflop_per_image"](), "; includes batch assembly",
+                            last={"bf16": bool(args.bf16)})
 
 
 def w1_train_mflop_per_image():
