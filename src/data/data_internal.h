@@ -62,6 +62,9 @@ typedef struct cf__image_items {
     int64_t n, cap;
 } cf__image_items;
 void cf__image_items_free(cf__image_items *items);
+/* Sets o's default channels (3) and checks its fields; an error names the source and what
+ * ("<source>: <what>: channels ..."), e.g. "image options" or "image folder options". */
+cf_status cf__image_options_check(cf_image_folder_options *o, const char *source, const char *what);
 /* qsort comparison of char * (strcmp order). */
 int cf__cmp_str(const void *a, const void *b);
 /* The classes of labels[0..n): sorted, each once, copied into *vocab (*n_vocab of them).

@@ -41,16 +41,10 @@ cf_status cf_datasets_from_image_csv_opts(const char *csv_path, const cf_image_c
                *valid_col = co.valid_col, *suffix = co.suffix ? co.suffix : "";
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
-    if (o.channels == 0) o.channels = 3;
-    if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
-        !(o.valid_pct >= 0 && o.valid_pct < 1) || o.load < CF_IMAGE_LOAD_AUTO ||
-        o.load > CF_IMAGE_LOAD_STREAM || o.decode_threads < 0 || o.decode_threads > 1024)
-        return cf_fail(CF_ERR_INVALID,
-                       "%s: image options: channels %d (1 or 3), size %d, valid_pct %g, load %d, "
-                       "decode_threads %d",
-                       csv_path, o.channels, o.size, o.valid_pct, (int)o.load, o.decode_threads);
+    cf_status st = cf__image_options_check(&o, csv_path, "image options");
+    if (st) return st;
     cf_csv_table *t = NULL;
-    cf_status st = cf_csv_read(csv_path, ',', &t);
+    st = cf_csv_read(csv_path, ',', &t);
     if (st) return st;
     int fc = cf__image_csv_col(t, fn_col, 0), lc = cf__image_csv_col(t, label_col, 1);
     int vc = valid_col ? cf__image_csv_col(t, valid_col, -1) : -1;

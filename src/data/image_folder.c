@@ -163,7 +163,6 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
         return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_folder: NULL argument");
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
-    if (o.channels == 0) o.channels = 3;
     if (!o.train) o.train = "train";
     if (!o.valid) o.valid = "valid";
     if (o.item_tfm &&
@@ -172,13 +171,8 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
         return cf_fail(CF_ERR_INVALID, "%s: image folder options: item transform %d, size %d x %d",
                        root, o.item_tfm ? (int)o.item_tfm->kind : 0, o.item_tfm->width,
                        o.item_tfm->height);
-    if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
-        !(o.valid_pct >= 0 && o.valid_pct < 1) || o.load < CF_IMAGE_LOAD_AUTO ||
-        o.load > CF_IMAGE_LOAD_STREAM || o.decode_threads < 0 || o.decode_threads > 1024)
-        return cf_fail(CF_ERR_INVALID,
-                       "%s: image folder options: channels %d (1 or 3), size %d, valid_pct %g, "
-                       "load %d, decode_threads %d",
-                       root, o.channels, o.size, o.valid_pct, (int)o.load, o.decode_threads);
+    cf_status st = cf__image_options_check(&o, root, "image folder options");
+    if (st) return st;
 #ifndef CF_HAVE_STB
     return cf_fail(CF_ERR_UNSUPPORTED, "%s: corefit was built without stb (libstb-dev)", root);
 #endif
@@ -189,7 +183,6 @@ cf_status cf_datasets_from_image_folder(const char *root, const cf_image_folder_
     int n_vocab = 0;
     cf__image_items tr = {0}, va = {0}, all = {0};
     int64_t *ti = NULL, *vi = NULL;
-    cf_status st = CF_OK;
     if (o.valid_pct > 0) {
         snprintf(tdir, sizeof tdir, "%s", root);
         if ((st = class_folders(tdir, root_real, o.follow_symlinks, &vocab, &n_vocab))) goto done;

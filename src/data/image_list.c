@@ -25,6 +25,20 @@ cf_status cf__sorted_vocab(const char **labels, int64_t n, const char *source, c
     return CF_OK;
 }
 
+cf_status cf__image_options_check(cf_image_folder_options *o, const char *source,
+                                  const char *what) {
+    if (o->channels == 0) o->channels = 3;
+    if ((o->channels != 1 && o->channels != 3) || o->size < 0 || o->size > 65536 ||
+        !(o->valid_pct >= 0 && o->valid_pct < 1) || o->load < CF_IMAGE_LOAD_AUTO ||
+        o->load > CF_IMAGE_LOAD_STREAM || o->decode_threads < 0 || o->decode_threads > 1024)
+        return cf_fail(CF_ERR_INVALID,
+                       "%s: %s: channels %d (1 or 3), size %d, valid_pct %g, load %d, "
+                       "decode_threads %d",
+                       source, what, o->channels, o->size, o->valid_pct, (int)o->load,
+                       o->decode_threads);
+    return CF_OK;
+}
+
 void cf__image_items_free(cf__image_items *it) {
     for (int64_t i = 0; i < it->n; i++) cf_free(it->v[i].path);
     cf_free(it->v);

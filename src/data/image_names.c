@@ -120,14 +120,8 @@ cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
         return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_names: NULL argument");
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
-    if (o.channels == 0) o.channels = 3;
-    if ((o.channels != 1 && o.channels != 3) || o.size < 0 || o.size > 65536 ||
-        !(o.valid_pct >= 0 && o.valid_pct < 1) || o.load < CF_IMAGE_LOAD_AUTO ||
-        o.load > CF_IMAGE_LOAD_STREAM || o.decode_threads < 0 || o.decode_threads > 1024)
-        return cf_fail(CF_ERR_INVALID,
-                       "%s: image options: channels %d (1 or 3), size %d, valid_pct %g, load %d, "
-                       "decode_threads %d",
-                       dir, o.channels, o.size, o.valid_pct, (int)o.load, o.decode_threads);
+    cf_status st = cf__image_options_check(&o, dir, "image options");
+    if (st) return st;
     regex_t re;
     int rc = regcomp(&re, pattern, REG_EXTENDED);
     if (rc != 0) {
@@ -143,7 +137,7 @@ cf_status cf_datasets_from_image_names(const char *dir, const char *pattern,
     int8_t *is_valid = NULL;
     cf__image_items tr = {0}, va = {0};
     char label[1024];
-    cf_status st = find_images(dir, 0, &files);
+    st = find_images(dir, 0, &files);
     if (!st && files.n == 0)
         st = cf_fail(CF_ERR_FORMAT, "%s: no image files (.png, .jpg, .jpeg, .bmp) found", dir);
     for (int64_t i = 0; i < files.n && !st; i++)

@@ -78,19 +78,6 @@ fail:
     return st;
 }
 
-static cf_status check_options(const char *csv_path, cf_image_folder_options *o) {
-    if (o->channels == 0) o->channels = 3;
-    if ((o->channels != 1 && o->channels != 3) || o->size < 0 || o->size > 65536 ||
-        !(o->valid_pct >= 0 && o->valid_pct < 1) || o->load < CF_IMAGE_LOAD_AUTO ||
-        o->load > CF_IMAGE_LOAD_STREAM || o->decode_threads < 0 || o->decode_threads > 1024)
-        return cf_fail(CF_ERR_INVALID,
-                       "%s: image options: channels %d (1 or 3), size %d, valid_pct %g, load %d, "
-                       "decode_threads %d",
-                       csv_path, o->channels, o->size, o->valid_pct, (int)o->load,
-                       o->decode_threads);
-    return CF_OK;
-}
-
 /* Pushes row i's image to tr or va (label 0: the targets are set afterwards). */
 static cf_status push_row(const image_csv_rows *r, const char *csv_path, int64_t i,
                           cf__image_items *tr, cf__image_items *va) {
@@ -207,7 +194,7 @@ cf_status cf_datasets_from_image_csv_multi(const char *csv_path, const char *fol
         return cf_fail(CF_ERR_INVALID, "cf_datasets_from_image_csv_multi: NULL argument");
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
-    cf_status st = check_options(csv_path, &o);
+    cf_status st = cf__image_options_check(&o, csv_path, "image options");
     if (st) return st;
     image_csv_rows r;
     if ((st = rows_read(csv_path, folder, fn_col, valid_col, &o, &r))) return st;
@@ -342,7 +329,7 @@ static cf_status numeric_targets(const char *csv_path, const char *folder, const
                        points ? "points" : "values");
     *train = *valid = NULL;
     cf_image_folder_options o = opt ? *opt : (cf_image_folder_options){0};
-    cf_status st = check_options(csv_path, &o);
+    cf_status st = cf__image_options_check(&o, csv_path, "image options");
     if (st) return st;
     /* PointScaler scales by the image's own size, which a squashing resize keeps; a crop would
      * move the points, and that is not supported here. */
