@@ -28,6 +28,12 @@
 _Static_assert(PG_MR >= 2 && PG_MR <= 8, "the last rows' instances cover tiles of 2 to 8 rows");
 _Static_assert(PG_KCB % PG_KC == 0, "the super-block holds whole blocks");
 
+/* The tile of the last h rows (h < PG_MR), a constant height. */
+#define PG_LAST_ROWS(h)                                                                            \
+    case h:                                                                                        \
+        pg_tile(h, kc, at, lda, bp, ct, ldc, nc, acc);                                             \
+        break;
+
 static void pg_run(int m, int n, int k, const float *a, int lda, const float *packed, float *c,
                    int ldc, bool accumulate) {
     if (m <= 0 || n <= 0) return;
@@ -52,38 +58,24 @@ static void pg_run(int m, int n, int k, const float *a, int lda, const float *pa
                 const float *at = a + (size_t)i0 * lda + p0;
                 float *ct = c + (size_t)i0 * ldc + j0;
                 switch (m - i0) { /* the last rows: one instance per height */
-                case 1:
-                    pg_tile(1, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(1)
 #if PG_MR > 2
-                case 2:
-                    pg_tile(2, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(2)
 #endif
 #if PG_MR > 3
-                case 3:
-                    pg_tile(3, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(3)
 #endif
 #if PG_MR > 4
-                case 4:
-                    pg_tile(4, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(4)
 #endif
 #if PG_MR > 5
-                case 5:
-                    pg_tile(5, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(5)
 #endif
 #if PG_MR > 6
-                case 6:
-                    pg_tile(6, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(6)
 #endif
 #if PG_MR > 7
-                case 7:
-                    pg_tile(7, kc, at, lda, bp, ct, ldc, nc, acc);
-                    break;
+                    PG_LAST_ROWS(7)
 #endif
                 default:
                     break;
@@ -92,5 +84,7 @@ static void pg_run(int m, int n, int k, const float *a, int lda, const float *pa
         }
     }
 }
+
+#undef PG_LAST_ROWS
 
 #endif
