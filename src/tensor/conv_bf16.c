@@ -118,7 +118,9 @@ static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
 
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
-    if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs) return false;
+    if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
+        !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs)
+        return false;
     if (g->kh != g->kw || g->sh != g->sw || g->ph != g->pw || g->ph != (g->kh - 1) / 2)
         return false;
     if (g->kh < 2 || g->kh % 2 == 0 || g->kh * g->kw > MAX_TAPS) return false;
@@ -188,18 +190,18 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
 static size_t run_words(const layout *l) {
     const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
                  rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
-    const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq + up((size_t)l->wp, 16);
+    const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq;
     const size_t dx2 =
         l->stride == 1 ? 0
                        : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd;
     return run > dx2 ? run : dx2;
 }
 
-/* Words of the weight gradient's scratch: x's padded rows and their copy one position on
- * (uint16), X0 and X1, dy's rows (uint16, whole blocks of 8). */
+/* Words of the weight gradient's scratch: x's padded rows (uint16), X0 and X1, dy's rows
+ * (uint16, whole blocks of 8). */
 static size_t wgrad_words(const layout *l) {
-    return (size_t)l->c * l->lx + 2 * (size_t)l->rows * l->ldb +
-           up((size_t)l->o, ROWS) * l->dl / 2 + up((size_t)l->wp, 32) / 2;
+    return (size_t)l->c * l->lx / 2 + 2 * (size_t)l->rows * l->ldb +
+           up((size_t)l->o, ROWS) * l->dl / 2;
 }
 
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
@@ -209,21 +211,15 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     return run > wgrad ? run : wgrad;
 }
 
-/* A row of w values, placed at padded columns pad .. pad + w - 1, split into its even and odd
- * padded columns: even[v] = row[2v - pad], odd[v] = row[2v + 1 - pad] where those are in the row
- * (plain strided loops, which the compiler vectorizes). */
-#define SPLIT_ROW(name, type)                                                                      \
-    static void name(const type *row, int w, int pad, type *even, type *odd) {                     \
-        for (int b = 0; b < 2; b++) {                                                              \
-            type *dst = b ? odd : even;                                                            \
-            const int base = b - pad, v0 = base < 0 ? (1 - base) / 2 : 0;                          \
-            const int v1 = (w - 1 - base) / 2 + 1; /* past the last v with 2v + base < w */        \
-            for (int v = v0; v < v1; v++) dst[v] = row[2 * v + base];                              \
-        }                                                                                          \
-    }
-SPLIT_ROW(split_u32, uint32_t)
-SPLIT_ROW(split_u16, uint16_t)
-#undef SPLIT_ROW
+/* Where a row's first and second values go in a stride-2 layer's phase rows: the value at padded
+ * column pad + j lands in phase (pad + j) % 2 at (pad + j) / 2, so the even values of the row
+ * (dealt to e) start in phase pad % 2 at pad / 2 and the odd ones in phase (pad + 1) % 2 at
+ * (pad + 1) / 2; phase1 is phase0 + step. */
+#define DEAL_DEST(pad, phase0, step, e, o)                                                         \
+    do {                                                                                           \
+        (e) = (phase0) + (size_t)((pad) % 2) * (step) + (pad) / 2;                                 \
+        (o) = (phase0) + (size_t)(((pad) + 1) % 2) * (step) + ((pad) + 1) / 2;                     \
+    } while (0)
 
 /* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
  * channels of oh x ow; packed as the kernel reads it. */
@@ -235,7 +231,6 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     uint32_t *xp = (uint32_t *)scratch;
     const size_t phase_words = (size_t)pairs * l->plane;
     float *out = (float *)(xp + l->phases * phase_words);
-    uint32_t *line = (uint32_t *)(out + up((size_t)rows, ROWS) * l->nq);
     const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
     int off[MAX_TAPS];
     for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
@@ -246,18 +241,19 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
             const float *lo = x + (size_t)2 * p * g->h * g->w;
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
+            if (l->stride == 1) {
+                k->pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
+                              (size_t)l->wp);
+                continue;
+            }
             for (int i = 0; i < g->h; i++) {
-                const float *l0 = lo + (size_t)i * g->w, *h0 = hi ? hi + (size_t)i * g->w : NULL;
-                if (l->stride == 1) {
-                    k->pairs(l0, h0, plane + (size_t)(i + l->pad) * l->wp + l->pad, g->w);
-                    continue;
-                }
                 /* stride 2: the row's even and odd padded columns to their phase planes */
-                k->pairs(l0, h0, line, g->w);
+                const float *l0 = lo + (size_t)i * g->w, *h0 = hi ? hi + (size_t)i * g->w : NULL;
                 const int r = i + l->pad;
-                uint32_t *even =
-                    plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq;
-                split_u32(line, g->w, l->pad, even, even + phase_words);
+                uint32_t *row = plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq,
+                         *e, *o;
+                DEAL_DEST(l->pad, row, phase_words, e, o);
+                k->deal_pairs(l0, h0, g->w, e, o);
             }
         }
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
@@ -294,9 +290,8 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         for (int p = 0; p < pairs; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
-            for (int i = 0; i < g->oh; i++)
-                k->pairs(lo + (size_t)i * g->ow, hi ? hi + (size_t)i * g->ow : NULL,
-                         dp + (size_t)p * l->planed + (size_t)(i + P) * l->wd + P, g->ow);
+            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->planed + (size_t)P * l->wd + P,
+                          (size_t)l->wd);
         }
         const uint32_t *pk = packed;
         for (int ph = 0; ph < 4; ph++) {
@@ -308,14 +303,10 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         for (int c = 0; c < C; c++)
             for (int r = 0; r < g->h; r++) {
                 const int a = (r + P) % 2, u = (r + P) / 2;
-                float *row = dxn + ((size_t)c * g->h + r) * g->w;
-                for (int b = 0; b < 2; b++) {
-                    const float *src =
-                        out + (a * 2 + b) * outw + (size_t)c * l->nqd + (size_t)u * l->wd;
-                    const int base = b - P, v0 = base < 0 ? (1 - base) / 2 : 0;
-                    const int v1 = (g->w - 1 - base) / 2 + 1;
-                    for (int v = v0; v < v1; v++) row[2 * v + base] = src[v];
-                }
+                const float *src = out + a * 2 * outw + (size_t)c * l->nqd + (size_t)u * l->wd, *e,
+                            *o;
+                DEAL_DEST(P, src, outw, e, o);
+                k->interleave(e, o, g->w, dxn + ((size_t)c * g->h + r) * g->w);
             }
     }
 }
@@ -336,11 +327,9 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     layout l;
     layout_make(&l, g, out_channels);
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
-    uint16_t *xb = (uint16_t *)scratch;     /* C rows of lx: the padded images end to end */
-    uint16_t *xo = xb + (size_t)l.c * l.lx; /* ... and one position on */
-    uint32_t *x0 = (uint32_t *)(xo + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
+    uint16_t *xb = (uint16_t *)scratch; /* C rows of lx: the padded images end to end */
+    uint32_t *x0 = (uint32_t *)(xb + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
     uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
-    uint16_t *line = dyb + up((size_t)l.o, ROWS) * l.dl; /* a row of x (stride 2) */
     const size_t plane = (size_t)g->h * g->w, in_n = (size_t)l.c * plane,
                  out_n = (size_t)l.o * g->oh * g->ow;
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
@@ -353,37 +342,25 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
             const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
             for (int c = 0; c < l.c; c++) {
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
-                for (int i = 0; i < g->h; i++) {
-                    const float *src = xn + c * plane + (size_t)i * g->w;
-                    if (l.stride == 1) {
-                        cf_fp32_to_bf16(src, row + (size_t)(i + l.pad) * l.wp + l.pad,
-                                        (size_t)g->w);
-                        continue;
-                    }
-                    cf_fp32_to_bf16(src, line, (size_t)g->w);
+                const float *src = xn + c * plane;
+                if (l.stride == 1) {
+                    k->rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
+                    continue;
+                }
+                for (int i = 0; i < g->h; i++) { /* stride 2: to the phase rows */
                     const int r = i + l.pad;
-                    uint16_t *even = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq;
-                    split_u16(line, g->w, l.pad, even, even + l.lp);
+                    uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq, *e,
+                             *od;
+                    DEAL_DEST(l.pad, prow, l.lp, e, od);
+                    k->deal(src + (size_t)i * g->w, g->w, e, od);
                 }
             }
-            for (int o = 0; o < l.o; o++) {
-                uint16_t *row = dyb + (size_t)o * l.dl + (size_t)b * l.s;
-                for (int i = 0; i < g->oh; i++)
-                    cf_fp32_to_bf16(dyn + ((size_t)o * g->oh + i) * g->ow, row + (size_t)i * l.wq,
-                                    (size_t)g->ow);
-            }
+            for (int o = 0; o < l.o; o++)
+                k->rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                        dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
-        /* X0: the rows' words transposed; X1: the same of the rows one position on */
-        cf_transpose(l.c, l.rows, (const float *)xb, (ptrdiff_t)(l.lx / 2), (float *)x0,
-                     (ptrdiff_t)l.ldb);
-        for (int c = 0; c < l.c; c++) {
-            const uint16_t *row = xb + (size_t)c * l.lx;
-            uint16_t *shifted = xo + (size_t)c * l.lx;
-            memcpy(shifted, row + 1, (l.lx - 1) * sizeof(uint16_t));
-            shifted[l.lx - 1] = 0;
-        }
-        cf_transpose(l.c, l.rows, (const float *)xo, (ptrdiff_t)(l.lx / 2), (float *)x1,
-                     (ptrdiff_t)l.ldb);
+        /* X0: the rows' position pairs transposed; X1: the same one position on */
+        k->position_pairs(xb, l.lx, l.c, l.rows, x0, x1, l.ldb);
         k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
                       l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c, n0 > 0);
     }
