@@ -37,6 +37,7 @@
 #define WGRAD_POSITIONS 512
 
 typedef struct layout {
+    bool sub; /* a 1x1 stride-2 layer without padding: the layout of its subsampled image's */
     int k, pad, taps, hp, wp;
     int stride, phases;  /* 1 and 1, or 2 and 4 (the phase planes of a stride-2 image) */
     int hq, wq;          /* the padded image's size, or a phase plane's (stride 2) */
@@ -67,7 +68,23 @@ static size_t up(size_t n, size_t m) {
     return (n + m - 1) / m * m;
 }
 
-static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
+/* A 1x1 stride-2 layer without padding (a residual shortcut) is the 1x1 stride-1 convolution of
+ * the subsampled image x[:, 2i, 2j]: it takes that one's layout, and only its conversions (which
+ * read every other row and column of x, and write dx's even rows' even columns) differ. */
+static bool subsampled(const cf_conv_geom *g) {
+    return g->kh == 1 && g->kw == 1 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+           g->oh == (g->h + 1) / 2 && g->ow == (g->w + 1) / 2;
+}
+
+static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
+    cf_conv_geom s = *g0;
+    l->sub = subsampled(g0);
+    if (l->sub) {
+        s.h = g0->oh;
+        s.w = g0->ow;
+        s.sh = s.sw = 1;
+    }
+    const cf_conv_geom *g = &s;
     l->k = g->kh;
     l->pad = g->ph;
     l->taps = g->kh * g->kw;
@@ -121,10 +138,11 @@ bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
         !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs)
         return false;
+    if (g->c < 1 || out_channels < 1) return false;
+    if (subsampled(g)) return true;
     if (g->kh != g->kw || g->sh != g->sw || g->ph != g->pw || g->ph != (g->kh - 1) / 2)
         return false;
     if (g->kh < 2 || g->kh % 2 == 0 || g->kh * g->kw > MAX_TAPS) return false;
-    if (g->c < 1 || out_channels < 1) return false;
     if (g->sh == 1) return g->oh == g->h && g->ow == g->w;
     return g->sh == 2 && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h && 2 * g->ow == g->w;
 }
@@ -241,6 +259,12 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
             const float *lo = x + (size_t)2 * p * g->h * g->w;
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
+            if (l->sub) { /* the even columns of the even rows */
+                for (int i = 0; i < g->oh; i++)
+                    k->deal_pairs(lo + (size_t)2 * i * g->w, hi ? hi + (size_t)2 * i * g->w : NULL,
+                                  2 * g->ow - 1, plane + (size_t)i * l->wq, NULL);
+                continue;
+            }
             if (l->stride == 1) {
                 k->pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
                               (size_t)l->wp);
@@ -311,12 +335,58 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
     }
 }
 
+/* A subsampled layer's dx (or dx += it, add): the 1x1 product of dy into out, then dx[c][2i][2j]
+ * = out[c][i][j] and zero (or unchanged) elsewhere. */
+static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
+                          const float *dy, int n_images, float *dx, float *scratch, bool add) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->op, C = l->c, off0 = 0;
+    uint32_t *dp = (uint32_t *)scratch;
+    float *out = (float *)(dp + (size_t)pairs * l->plane);
+    const size_t plane = (size_t)g->oh * g->ow, in_n = (size_t)C * g->h * g->w;
+    memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t)); /* positions past oh x ow */
+    for (int n = 0; n < n_images; n++) {
+        const float *dyn = dy + (size_t)n * l->o * plane;
+        for (int p = 0; p < pairs; p++) {
+            const float *lo = dyn + (size_t)2 * p * plane,
+                        *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
+            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
+        }
+        k->conv_run(1, &off0, pairs, C, packed, dp, l->plane, l->nq, out, (size_t)l->nq);
+        float *dxn = dx + (size_t)n * in_n;
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < g->h; r++) {
+                float *row = dxn + ((size_t)c * g->h + r) * g->w;
+                const float *src = out + (size_t)c * l->nq + (size_t)(r / 2) * g->ow;
+                if (add) {
+                    if (r % 2 == 0)
+                        for (int j = 0; j < g->ow; j++) row[2 * j] += src[j];
+                } else if (r % 2)
+                    memset(row, 0, (size_t)g->w * sizeof(float));
+                else
+                    k->interleave(src, NULL, g->w, row);
+            }
+    }
+}
+
+bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *packed,
+                         const float *dy, int n_images, float *dx, float *scratch) {
+    if (!subsampled(g)) return false;
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true);
+    return true;
+}
+
 void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
                      int n_images, float *dx, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    if (l.stride == 2)
+    if (l.sub)
+        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false);
+    else if (l.stride == 2)
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch);
     else
         run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
@@ -343,6 +413,12 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
             for (int c = 0; c < l.c; c++) {
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const float *src = xn + c * plane;
+                if (l.sub) { /* the even columns of the even rows */
+                    for (int i = 0; i < g->oh; i++)
+                        k->deal(src + (size_t)2 * i * g->w, 2 * g->ow - 1, row + (size_t)i * l.wq,
+                                NULL);
+                    continue;
+                }
                 if (l.stride == 1) {
                     k->rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
                     continue;

@@ -351,20 +351,21 @@ static inline __m512i odd_lanes(__m512i a, __m512i b) {
 }
 
 /* A row of n values dealt to its even and odd positions: e[v] = bf16(x[2v]) for 2v < n and
- * o[v] = bf16(x[2v + 1]) for 2v + 1 < n (a stride-2 layer's phase rows). */
+ * o[v] = bf16(x[2v + 1]) for 2v + 1 < n (a stride-2 layer's phase rows; o NULL: the even ones
+ * alone). */
 static void bf16_deal(const float *x, int n, uint16_t *e, uint16_t *o) {
-    for (int j = 0; j < n; j += 32, e += 16, o += 16) {
+    for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
         const int left = n - j;
         const __m512i a = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), x + j));
         const __m512i b = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16));
         _mm512_mask_cvtepi32_storeu_epi16(e, lanes_below((left + 1) / 2), even_lanes(a, b));
-        _mm512_mask_cvtepi32_storeu_epi16(o, lanes_below(left / 2), odd_lanes(a, b));
+        if (o) _mm512_mask_cvtepi32_storeu_epi16(o, lanes_below(left / 2), odd_lanes(a, b));
     }
 }
 
 /* The same of the pairs bf16(lo[j]) | bf16(hi[j]) << 16 (hi NULL: zero). */
 static void bf16_deal_pairs(const float *lo, const float *hi, int n, uint32_t *e, uint32_t *o) {
-    for (int j = 0; j < n; j += 32, e += 16, o += 16) {
+    for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
         const int left = n - j;
         const __mmask16 m0 = lanes_below(left), m1 = lanes_below(left - 16);
         __m512i a = round_lanes(_mm512_maskz_loadu_ps(m0, lo + j));
@@ -376,20 +377,20 @@ static void bf16_deal_pairs(const float *lo, const float *hi, int n, uint32_t *e
                 b, _mm512_slli_epi32(round_lanes(_mm512_maskz_loadu_ps(m1, hi + j + 16)), 16));
         }
         _mm512_mask_storeu_epi32(e, lanes_below((left + 1) / 2), even_lanes(a, b));
-        _mm512_mask_storeu_epi32(o, lanes_below(left / 2), odd_lanes(a, b));
+        if (o) _mm512_mask_storeu_epi32(o, lanes_below(left / 2), odd_lanes(a, b));
     }
 }
 
-/* out[j] = a[j / 2] for even j, b[j / 2] for odd j, j < n (a stride-2 layer's input gradient
- * rows from its phase rows). */
+/* out[j] = a[j / 2] for even j, b[j / 2] for odd j (b NULL: zero), j < n (a stride-2 layer's
+ * input gradient rows from its phase rows). */
 static void bf16_interleave(const float *a, const float *b, int n, float *out) {
     const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi_idx =
         _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    for (int j = 0; j < n; j += 32, a += 16, b += 16) {
+    for (int j = 0; j < n; j += 32, a += 16, b = b ? b + 16 : NULL) {
         const int left = n - j;
         const __m512 va = _mm512_maskz_loadu_ps(lanes_below((left + 1) / 2), a);
-        const __m512 vb = _mm512_maskz_loadu_ps(lanes_below(left / 2), b);
+        const __m512 vb = b ? _mm512_maskz_loadu_ps(lanes_below(left / 2), b) : _mm512_setzero_ps();
         _mm512_mask_storeu_ps(out + j, lanes_below(left), _mm512_permutex2var_ps(va, lo_idx, vb));
         _mm512_mask_storeu_ps(out + j + 16, lanes_below(left - 16),
                               _mm512_permutex2var_ps(va, hi_idx, vb));
