@@ -136,7 +136,8 @@ static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
-        !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs)
+        !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs || !k->add_even ||
+        !k->copy_rows)
         return false;
     if (g->c < 1 || out_channels < 1) return false;
     if (subsampled(g)) return true;
@@ -283,9 +284,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
         float *y = dst + (size_t)n * out_n;
         for (int r = 0; r < rows; r++)
-            for (int i = 0; i < g->oh; i++)
-                memcpy(y + ((size_t)r * g->oh + i) * g->ow, out + (size_t)r * l->nq + i * l->wq,
-                       (size_t)g->ow * sizeof(float));
+            k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                         y + (size_t)r * g->oh * g->ow);
     }
 }
 
@@ -359,8 +359,7 @@ static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t
                 float *row = dxn + ((size_t)c * g->h + r) * g->w;
                 const float *src = out + (size_t)c * l->nq + (size_t)(r / 2) * g->ow;
                 if (add) {
-                    if (r % 2 == 0)
-                        for (int j = 0; j < g->ow; j++) row[2 * j] += src[j];
+                    if (r % 2 == 0) k->add_even(src, g->ow, row);
                 } else if (r % 2)
                     memset(row, 0, (size_t)g->w * sizeof(float));
                 else

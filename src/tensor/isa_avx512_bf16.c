@@ -397,6 +397,35 @@ static void bf16_interleave(const float *a, const float *b, int n, float *out) {
     }
 }
 
+/* out[2j] += a[j] for j < n (a shortcut's input gradient added at the even columns of a row;
+ * the odd ones untouched). */
+static void bf16_add_even(const float *a, int n, float *out) {
+    const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i hi_idx =
+        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    for (int j = 0; j < n; j += 16, a += 16, out += 32) {
+        const int left = 2 * (n - j) - 1; /* values of out from out[0] to the last even one */
+        const __m512 va = _mm512_maskz_loadu_ps(lanes_below(n - j), a);
+        const __mmask16 m0 = lanes_below(left) & 0x5555, m1 = lanes_below(left - 16) & 0x5555;
+        _mm512_mask_storeu_ps(
+            out, m0,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m0, out), _mm512_permutexvar_ps(lo_idx, va)));
+        _mm512_mask_storeu_ps(
+            out + 16, m1,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m1, out + 16), _mm512_permutexvar_ps(hi_idx, va)));
+    }
+}
+
+/* dst[i * w + j] = src[i * lds + j] for i < h, j < w (the kernels' output rows, computed lds
+ * apart, into an image plane). */
+static void bf16_copy_rows(const float *src, size_t lds, int h, int w, float *dst) {
+    for (int i = 0; i < h; i++, src += lds, dst += w)
+        for (int j = 0; j < w; j += 16) {
+            const __mmask16 m = lanes_below(w - j);
+            _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
+        }
+}
+
 /* The 16 x 16 words of r transposed in place (r[i] lane j <-> r[j] lane i). */
 static inline void transpose_words(__m512i r[16]) {
     __m512i t[16];
@@ -465,5 +494,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .deal_pairs = bf16_deal_pairs,
     .interleave = bf16_interleave,
     .position_pairs = bf16_position_pairs,
+    .add_even = bf16_add_even,
+    .copy_rows = bf16_copy_rows,
 };
 #endif

@@ -159,6 +159,8 @@ typedef struct cf_bf16_kernels {
     void (*interleave)(const float *a, const float *b, int n, float *out);
     void (*position_pairs)(const uint16_t *x, size_t lx, int ch, int rows, uint32_t *x0,
                            uint32_t *x1, size_t ldb);
+    void (*add_even)(const float *a, int n, float *out);
+    void (*copy_rows)(const float *src, size_t lds, int h, int w, float *dst);
 } cf_bf16_kernels;
 
 typedef struct cf_kernel_table {
