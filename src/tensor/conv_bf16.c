@@ -261,9 +261,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
             if (l->sub) { /* the even columns of the even rows */
-                for (int i = 0; i < g->oh; i++)
-                    k->deal_pairs(lo + (size_t)2 * i * g->w, hi ? hi + (size_t)2 * i * g->w : NULL,
-                                  2 * g->ow - 1, plane + (size_t)i * l->wq, NULL);
+                k->deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
+                              (size_t)l->wq);
                 continue;
             }
             if (l->stride == 1) {
@@ -271,14 +270,15 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                               (size_t)l->wp);
                 continue;
             }
-            for (int i = 0; i < g->h; i++) {
-                /* stride 2: the row's even and odd padded columns to their phase planes */
-                const float *l0 = lo + (size_t)i * g->w, *h0 = hi ? hi + (size_t)i * g->w : NULL;
-                const int r = i + l->pad;
+            /* stride 2: the rows' even and odd padded columns to their phase planes, the
+             * image's even rows and its odd ones each to consecutive rows of a phase */
+            for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) {
+                const int r = i0 + l->pad;
                 uint32_t *row = plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq,
                          *e, *o;
                 DEAL_DEST(l->pad, row, phase_words, e, o);
-                k->deal_pairs(l0, h0, g->w, e, o);
+                k->deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
+                              (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
             }
         }
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
@@ -413,21 +413,20 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const float *src = xn + c * plane;
                 if (l.sub) { /* the even columns of the even rows */
-                    for (int i = 0; i < g->oh; i++)
-                        k->deal(src + (size_t)2 * i * g->w, 2 * g->ow - 1, row + (size_t)i * l.wq,
-                                NULL);
+                    k->deal(src, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, row, NULL, (size_t)l.wq);
                     continue;
                 }
                 if (l.stride == 1) {
                     k->rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
                     continue;
                 }
-                for (int i = 0; i < g->h; i++) { /* stride 2: to the phase rows */
-                    const int r = i + l.pad;
+                for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* stride 2: to the phase rows */
+                    const int r = i0 + l.pad;
                     uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq, *e,
                              *od;
                     DEAL_DEST(l.pad, prow, l.lp, e, od);
-                    k->deal(src + (size_t)i * g->w, g->w, e, od);
+                    k->deal(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e,
+                            od, (size_t)l.wq);
                 }
             }
             for (int o = 0; o < l.o; o++)

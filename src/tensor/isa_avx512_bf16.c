@@ -353,7 +353,7 @@ static inline __m512i odd_lanes(__m512i a, __m512i b) {
 /* A row of n values dealt to its even and odd positions: e[v] = bf16(x[2v]) for 2v < n and
  * o[v] = bf16(x[2v + 1]) for 2v + 1 < n (a stride-2 layer's phase rows; o NULL: the even ones
  * alone). */
-static void bf16_deal(const float *x, int n, uint16_t *e, uint16_t *o) {
+static inline void deal_row(const float *x, int n, uint16_t *e, uint16_t *o) {
     for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
         const int left = n - j;
         const __m512i a = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), x + j));
@@ -364,7 +364,8 @@ static void bf16_deal(const float *x, int n, uint16_t *e, uint16_t *o) {
 }
 
 /* The same of the pairs bf16(lo[j]) | bf16(hi[j]) << 16 (hi NULL: zero). */
-static void bf16_deal_pairs(const float *lo, const float *hi, int n, uint32_t *e, uint32_t *o) {
+static inline void deal_pairs_row(const float *lo, const float *hi, int n, uint32_t *e,
+                                  uint32_t *o) {
     for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
         const int left = n - j;
         const __mmask16 m0 = lanes_below(left), m1 = lanes_below(left - 16);
@@ -379,6 +380,20 @@ static void bf16_deal_pairs(const float *lo, const float *hi, int n, uint32_t *e
         _mm512_mask_storeu_epi32(e, lanes_below((left + 1) / 2), even_lanes(a, b));
         if (o) _mm512_mask_storeu_epi32(o, lanes_below(left / 2), odd_lanes(a, b));
     }
+}
+
+/* h rows dealt, row i read at x + i * ldx and written at e + i * ld and o + i * ld (one call
+ * per plane: the rows are short). */
+static void bf16_deal(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                      size_t ld) {
+    for (int i = 0; i < h; i++, x += ldx, e += ld, o = o ? o + ld : NULL) deal_row(x, n, e, o);
+}
+
+static void bf16_deal_pairs(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
+                            uint32_t *o, size_t ld) {
+    for (int i = 0; i < h;
+         i++, lo += ldx, hi = hi ? hi + ldx : NULL, e += ld, o = o ? o + ld : NULL)
+        deal_pairs_row(lo, hi, n, e, o);
 }
 
 /* out[j] = a[j / 2] for even j, b[j / 2] for odd j (b NULL: zero), j < n (a stride-2 layer's

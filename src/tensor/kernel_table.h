@@ -149,13 +149,14 @@ typedef struct cf_bf16_kernels {
                        const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
                        size_t ldb, float *out, size_t ldo, size_t tapo, bool accumulate);
     /* The convolution's layouts, converting as they copy (rows: a plane's h rows of w into rows
-     * ldy apart; pairs_rows: the same of pairs; deal and deal_pairs: a row's even and odd
-     * values to two rows; interleave: the inverse of deal, in fp32; position_pairs: dW's X0 and
+     * ldy apart; pairs_rows: the same of pairs; deal and deal_pairs: h rows' even and odd
+     * values to two row sets; interleave: the inverse of deal, in fp32; position_pairs: dW's X0 and
      * X1 from bf16 rows, see isa_avx512_bf16.c). */
     void (*rows)(const float *x, int h, int w, uint16_t *y, size_t ldy);
     void (*pairs_rows)(const float *lo, const float *hi, int h, int w, uint32_t *out, size_t ldo);
-    void (*deal)(const float *x, int n, uint16_t *e, uint16_t *o);
-    void (*deal_pairs)(const float *lo, const float *hi, int n, uint32_t *e, uint32_t *o);
+    void (*deal)(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o, size_t ld);
+    void (*deal_pairs)(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
+                       uint32_t *o, size_t ld);
     void (*interleave)(const float *a, const float *b, int n, float *out);
     void (*position_pairs)(const uint16_t *x, size_t lx, int ch, int rows, uint32_t *x0,
                            uint32_t *x1, size_t ldb);
