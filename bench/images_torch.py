@@ -31,6 +31,8 @@ Modes (as w1_torch.py):
   images_torch.py --ddp N     [--batches B | --epochs E]   N processes, DDP (gloo), 1 thread each
 --batches B times B steps of the unfrozen phase alone (no frozen phase, no validation), as
 bench_images; --epochs E runs the whole fine_tune and reports the validation accuracy.
+--bf16 runs the forward pass and loss under torch.autocast("cpu", torch.bfloat16), in training
+and evaluation (as w1_torch.py; bench_images --bf16 is corefit's cf_learner_to_bf16).
 
 CPU time and memory count the DataLoader's worker processes too: their CPU seconds (from /proc)
 in the timed window, their peak RSS (VmHWM) and PSS at the end of training.
@@ -71,6 +73,8 @@ def parse_args():
                     help="aug_transforms as fastai (batch tensors, main process) or torchvision per item (workers)")
     ap.add_argument("--skip", type=int, default=5, help="batches excluded from the timing")
     ap.add_argument("--port", type=int, default=29517)
+    ap.add_argument("--bf16", action="store_true",
+                    help="CPU autocast to torch.bfloat16 around the forward pass and loss (training and evaluation)")
     return ap.parse_args()
 
 
@@ -370,7 +374,8 @@ def train(rank, world, args, result_q=None):
                 for grp in opt.param_groups:
                     grp["lr"] = lr_f[grp["layer_group"]](pct)
                     grp["betas"] = (mom_f(pct), 0.99)
-                loss = loss_fn(net(xb), yb)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                    loss = loss_fn(net(xb), yb)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -420,7 +425,7 @@ def evaluate(model, args, mean, std):
     loader = torch.utils.data.DataLoader(ds, batch_size=128, shuffle=False, num_workers=args.workers)
     model.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
         for xb, yb in loader:
             correct += int((model((xb - mean) / std).argmax(1) == yb).sum())
     return correct / len(ds)
@@ -469,6 +474,7 @@ def main():
         "threads": nthreads,
         "workers": args.workers,
         "aug": args.aug,
+        "bf16": bool(args.bf16),
         "bs": args.bs,
         "steps": r["steps"],
         "timed_steps": r["timed_steps"],
