@@ -151,10 +151,21 @@ static void test_block(void **state) {
     check_block(3, 24, 10, 8, 20);  /* small images, channels not a multiple of 16 */
 }
 
+/* The same on two threads (each takes part of the batch: its images' input gradient added by
+ * that thread, its weight gradient summed into its partial sums). */
+static void test_block_threads(void **state) {
+    (void)state;
+    cf_set_num_threads(2);
+    check_block(5, 16, 28, 28, 32);
+    check_block(3, 32, 14, 14, 64);
+    cf_set_num_threads(1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dx_add),
         cmocka_unit_test(test_block),
+        cmocka_unit_test(test_block_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
