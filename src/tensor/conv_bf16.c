@@ -50,7 +50,7 @@ typedef struct layout {
     int half[MAX_TAPS];  /* off / 2, and whether it is odd */
     unsigned char odd[MAX_TAPS];
     /* the weight gradient's blocks */
-    int s;      /* positions per image (hq * wq rounded up to even) */
+    int s;      /* positions per image (hq * wq, less pad rows at stride 1; even) */
     size_t lp;  /* uint16 per phase of a channel row (a block's positions, stride 2) */
     int block;  /* images per block */
     size_t lx;  /* uint16 per channel row of the padded block */
@@ -103,7 +103,9 @@ static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
     l->plane = up((size_t)l->nq + reach > (size_t)l->hq * l->wq ? (size_t)l->nq + reach
                                                                 : (size_t)l->hq * l->wq,
                   16);
-    l->s = (int)up((size_t)l->hq * l->wq, 2);
+    /* stride 1: an image's last pad rows are the next one's first (both zero), so a block
+     * carries pad rows fewer per image (dy is zero there; the sums skip them) */
+    l->s = (int)up((size_t)(l->phases == 1 ? l->hq - l->pad : l->hq) * l->wq, 2);
     l->block = WGRAD_POSITIONS / l->s > 1 ? WGRAD_POSITIONS / l->s : 1;
     const size_t positions = (size_t)l->block * l->s;
     l->lp = l->phases == 1 ? 0 : up(positions + reach + 2, 2);
