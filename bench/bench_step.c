@@ -13,7 +13,8 @@
  *                    module's forward and backward)
  *   --check          after the timing, re-seed and run 10 steps from the same start, and print
  *                    the final loss and a checksum of the weights (same thread count, same
- *                    build: the same line on every run; it is the determinism check)
+ *                    build: the same line on every run; it is the determinism check; with
+ *                    --bf16, in mixed precision too)
  *   --bf16           the convolutions and Linear layers in mixed precision (cf_conv_set_bf16,
  *                    cf_linear_set_bf16) where the kernel level computes in bf16
  *
@@ -377,6 +378,10 @@ int main(int argc, char **argv) {
     if (check) {
         bench c;
         if (setup(&c, batch, 7) != 0) return 1;
+        if (bf16) {
+            cf_conv_set_bf16(c.model->root, true);
+            cf_linear_set_bf16(c.model->root, true);
+        }
         for (int s = 0; s < 10; s++) train_step(&c, false);
         uint64_t h = 1469598103934665603ULL;
         for (size_t i = 0; i < c.model->n_weights; i++) {

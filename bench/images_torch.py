@@ -31,6 +31,8 @@ Modes (as w1_torch.py):
   images_torch.py --ddp N     [--batches B | --epochs E]   N processes, DDP (gloo), 1 thread each
 --batches B times B steps of the unfrozen phase alone (no frozen phase, no validation), as
 bench_images; --epochs E runs the whole fine_tune and reports the validation accuracy.
+--bf16 runs the forward pass and loss under torch.autocast("cpu", torch.bfloat16), in training
+and evaluation (as w1_torch.py; bench_images --bf16 is corefit's cf_learner_to_bf16).
 
 CPU time and memory count the DataLoader's worker processes too: their CPU seconds (from /proc)
 in the timed window, their peak RSS (VmHWM) and PSS at the end of training.
@@ -61,6 +63,8 @@ def parse_args():
                     "(bench/run.py measures 0 and 1)")
     ap.add_argument("--aug", choices=("batch", "item"), default="batch",
                     help="aug_transforms as fastai (batch tensors, main process) or torchvision per item (workers)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="CPU autocast to torch.bfloat16 around the forward pass and loss (training and evaluation)")
     return ap.parse_args()
 
 
@@ -354,7 +358,8 @@ def train(rank, world, args, result_q=None):
                 for grp in opt.param_groups:
                     grp["lr"] = lr_f[grp["layer_group"]](pct)
                     grp["betas"] = (mom_f(pct), 0.99)
-                loss = loss_fn(net(xb), yb)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                    loss = loss_fn(net(xb), yb)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -392,7 +397,7 @@ def evaluate(model, args, mean, std):
     loader = torch.utils.data.DataLoader(ds, batch_size=128, shuffle=False, num_workers=args.workers)
     model.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
         for xb, yb in loader:
             correct += int((model((xb - mean) / std).argmax(1) == yb).sum())
     return correct / len(ds)
@@ -404,7 +409,7 @@ def main():
         sys.exit(f"images_torch.py: no {args.data}/train; make it with /usr/bin/python3 bench/make_images.py --out {args.data}")
     fit = torch_common.run(args, train, rss_kids_key="rss_kids_mb")
     torch_common.print_json(fit, args, train_mflop_per_image(), "; includes waiting for the loader",
-                            after_threads={"workers": args.workers, "aug": args.aug}, after_acc={"acc_set": "valid"})
+                            after_threads={"workers": args.workers, "aug": args.aug, "bf16": bool(args.bf16)}, after_acc={"acc_set": "valid"})
 
 
 if __name__ == "__main__":

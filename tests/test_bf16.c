@@ -245,7 +245,8 @@ static double largest(const float *v, size_t n) {
  * 1-channel stem, the stride-2 3x3 layers and 1x1 shortcuts, the 3x3 layers on 14x14 and 7x7
  * images that fp32 takes through Winograd, grouped small images) and of W3 (a 7x7 stride-2 stem
  * on RGB), a 1x1 layer read in place, bias and no padding, and stride-1 layers of the implicit
- * bf16 kernels (odd channel counts, a 5x5 kernel, partial blocks of images and of rows). With bf16
+ * bf16 kernels (odd channel counts, a 5x5 kernel, partial blocks of images and of rows) and the
+ * 1x1 stride-2 shortcuts they take as the subsampled image's 1x1 product. With bf16
  * compute: within fp32 summation error (1e-6 per term) of conv2d on bf16-rounded x, w and dy summed
  * in float64, and within 2^-7 of the largest value of torch.autocast("cpu", torch.bfloat16) (whose
  * results are rounded to bf16 once more); and visibly not the fp32 result. Capped below
@@ -256,7 +257,7 @@ static void test_conv_matches_torch(void **state) {
         {3, 1, 28, 28, 16, 3, 1, 1, false},  /* W1 stem */
         {3, 16, 28, 28, 32, 3, 2, 1, false}, /* W1 block 1, stride 2 (implicit in fp32) */
         {2, 32, 14, 14, 32, 3, 1, 1, false}, /* W1 block 1's second (Winograd in fp32) */
-        {3, 16, 28, 28, 32, 1, 2, 0, false}, /* W1 shortcut (fp32) */
+        {3, 16, 28, 28, 32, 1, 2, 0, false}, /* W1 shortcut (the subsampled image's 1x1) */
         {7, 64, 7, 7, 64, 3, 1, 1, false},   /* W1 block 2: groups of 5 images, one partial */
         {2, 3, 20, 20, 8, 7, 2, 3, false},   /* W3 stem */
         {4, 24, 9, 9, 40, 1, 1, 0, true},    /* 1x1 read in place, bias */
@@ -266,6 +267,8 @@ static void test_conv_matches_torch(void **state) {
         {2, 9, 10, 13, 11, 5, 1, 2, true},   /* odd channels (a half pair), 5x5, odd sizes */
         {2, 16, 28, 28, 24, 3, 1, 1, false}, /* one image per dW block, many position tiles */
         {3, 10, 12, 16, 9, 5, 2, 2, true},   /* stride 2 through the phase planes, 5x5, bias */
+        {3, 9, 11, 13, 10, 1, 2, 0, false},  /* a shortcut on odd sizes, a half channel pair */
+        {2, 32, 14, 14, 64, 1, 2, 0, false}, /* W1 block 2's shortcut */
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     const bool bf16 = cf_bf16_compute();
@@ -342,9 +345,7 @@ static void test_conv_matches_torch(void **state) {
             /* a weight gradient of fewer than 16 rows and at most 16 columns (the stem) stays
              * fp32: its bf16 tiles would be mostly padding */
             const bool few_rows = j == 2 && cc->c * cc->k * cc->k < 16 && cc->o <= 16;
-            /* a 1x1 stride-2 layer without padding or bias (a residual shortcut) stays fp32 */
-            const bool shortcut = cc->k == 1 && cc->stride == 2 && cc->pad == 0 && !cc->bias;
-            if (bf16 && !few_rows && !shortcut) {
+            if (bf16 && !few_rows) {
                 assert_close(what, outs[j].got, exact.data, outs[j].n, 1e-5, atol);
                 assert_close(what, outs[j].got, autocast.data, outs[j].n, 0,
                              largest(autocast.data, outs[j].n) / 128);

@@ -312,6 +312,12 @@ void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packe
                      int n_images, float *dx, float *scratch);
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch);
+/* A 1x1 stride-2 layer without padding (a residual shortcut; out (h + 1) / 2 x (w + 1) / 2) is
+ * supported too, as the 1x1 convolution of x[:, 2i, 2j]. For it, cf_conv_bf16_dx_add adds the
+ * input gradient into dx (each value receives at most one term); false, and dx untouched, for
+ * any other geometry. */
+bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *packed,
+                         const float *dy, int n_images, float *dx, float *scratch);
 
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 

@@ -110,11 +110,14 @@ static size_t round16(size_t n) {
  * transforms would be rounded rather than the layer's operands, and it saves multiplications
  * that the bf16 dot products already make cheap. */
 static bool use_bf16(const conv_impl *c) {
-    /* A 1x1 stride-2 layer without padding or bias (a residual shortcut) stays on its fp32
-     * paths: lowered in bf16, W1's first shortcut took 4.5 ms of a 27 ms step (bench_step), a few
-     * tiny GEMMs per image that packing dominates; in fp32 its weight gradient reads the image in
+    /* A 1x1 stride-2 layer without padding or bias (a residual shortcut) is in bf16 only through
+     * cf_conv_bf16_* (the subsampled image's 1x1 product); else it stays on its fp32 paths:
+     * lowered in bf16, W1's first shortcut took 4.5 ms of a 27 ms step (bench_step), a few tiny
+     * GEMMs per image that packing dominates; in fp32 its weight gradient reads the image in
      * place (cf_conv_implicit_wgrad) and the whole backward took 1.4 ms. */
-    return c->bf16 && cf_bf16_compute() && !c->implicit_dw;
+    return c->bf16 && cf_bf16_compute() &&
+           (!c->implicit_dw || (c->bf16_implicit && c->bf16_packed && !cf_kernels_reference() &&
+                                cf_conv_bf16_supported(&c->g, c->out_c)));
 }
 
 /* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
@@ -246,6 +249,8 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
                        ((c->stride == 1 && c->g.oh == c->g.h && c->g.ow == c->g.w) ||
                         (c->stride == 2 && 2 * c->g.oh == c->g.h && 2 * c->g.ow == c->g.w &&
                          c->g.h % 2 == 0 && c->g.w % 2 == 0));
+    /* and the 1x1 stride-2 shortcuts (the 1x1 product of the subsampled image) */
+    if (c->implicit_dw && c->in_c >= 8) c->bf16_implicit = true;
     c->bf16_packed = NULL;
     if (c->bf16_implicit && c->bf16) { /* only a layer switched to bf16 pays for the pack */
         const size_t s = round16(cf_conv_bf16_scratch(&c->g, c->out_c));
@@ -670,7 +675,10 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
         cf_conv_bf16_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                            scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
-    if (c->need_dx)
+    if (c->need_dx && c->add_dx)
+        (void)cf_conv_bf16_dx_add(g, c->out_c, c->bf16_packed, dy, count,
+                                  c->dx + (size_t)begin * in_n, scratch);
+    else if (c->need_dx)
         cf_conv_bf16_dx(g, c->out_c, c->bf16_packed, dy, count, c->dx + (size_t)begin * in_n,
                         scratch);
 }

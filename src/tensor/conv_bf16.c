@@ -37,6 +37,7 @@
 #define WGRAD_POSITIONS 512
 
 typedef struct layout {
+    bool sub; /* a 1x1 stride-2 layer without padding: the layout of its subsampled image's */
     int k, pad, taps, hp, wp;
     int stride, phases;  /* 1 and 1, or 2 and 4 (the phase planes of a stride-2 image) */
     int hq, wq;          /* the padded image's size, or a phase plane's (stride 2) */
@@ -49,7 +50,7 @@ typedef struct layout {
     int half[MAX_TAPS];  /* off / 2, and whether it is odd */
     unsigned char odd[MAX_TAPS];
     /* the weight gradient's blocks */
-    int s;      /* positions per image (hq * wq rounded up to even) */
+    int s;      /* positions per image (hq * wq, less pad rows at stride 1; even) */
     size_t lp;  /* uint16 per phase of a channel row (a block's positions, stride 2) */
     int block;  /* images per block */
     size_t lx;  /* uint16 per channel row of the padded block */
@@ -67,7 +68,23 @@ static size_t up(size_t n, size_t m) {
     return (n + m - 1) / m * m;
 }
 
-static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
+/* A 1x1 stride-2 layer without padding (a residual shortcut) is the 1x1 stride-1 convolution of
+ * the subsampled image x[:, 2i, 2j]: it takes that one's layout, and only its conversions (which
+ * read every other row and column of x, and write dx's even rows' even columns) differ. */
+static bool subsampled(const cf_conv_geom *g) {
+    return g->kh == 1 && g->kw == 1 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+           g->oh == (g->h + 1) / 2 && g->ow == (g->w + 1) / 2;
+}
+
+static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
+    cf_conv_geom s = *g0;
+    l->sub = subsampled(g0);
+    if (l->sub) {
+        s.h = g0->oh;
+        s.w = g0->ow;
+        s.sh = s.sw = 1;
+    }
+    const cf_conv_geom *g = &s;
     l->k = g->kh;
     l->pad = g->ph;
     l->taps = g->kh * g->kw;
@@ -86,7 +103,9 @@ static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
     l->plane = up((size_t)l->nq + reach > (size_t)l->hq * l->wq ? (size_t)l->nq + reach
                                                                 : (size_t)l->hq * l->wq,
                   16);
-    l->s = (int)up((size_t)l->hq * l->wq, 2);
+    /* stride 1: an image's last pad rows are the next one's first (both zero), so a block
+     * carries pad rows fewer per image (dy is zero there; the sums skip them) */
+    l->s = (int)up((size_t)(l->phases == 1 ? l->hq - l->pad : l->hq) * l->wq, 2);
     l->block = WGRAD_POSITIONS / l->s > 1 ? WGRAD_POSITIONS / l->s : 1;
     const size_t positions = (size_t)l->block * l->s;
     l->lp = l->phases == 1 ? 0 : up(positions + reach + 2, 2);
@@ -118,11 +137,15 @@ static void layout_make(layout *l, const cf_conv_geom *g, int out_channels) {
 
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
-    if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs) return false;
+    if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
+        !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs || !k->add_even ||
+        !k->copy_rows)
+        return false;
+    if (g->c < 1 || out_channels < 1) return false;
+    if (subsampled(g)) return true;
     if (g->kh != g->kw || g->sh != g->sw || g->ph != g->pw || g->ph != (g->kh - 1) / 2)
         return false;
     if (g->kh < 2 || g->kh % 2 == 0 || g->kh * g->kw > MAX_TAPS) return false;
-    if (g->c < 1 || out_channels < 1) return false;
     if (g->sh == 1) return g->oh == g->h && g->ow == g->w;
     return g->sh == 2 && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h && 2 * g->ow == g->w;
 }
@@ -188,18 +211,18 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
 static size_t run_words(const layout *l) {
     const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
                  rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
-    const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq + up((size_t)l->wp, 16);
+    const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq;
     const size_t dx2 =
         l->stride == 1 ? 0
                        : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd;
     return run > dx2 ? run : dx2;
 }
 
-/* Words of the weight gradient's scratch: x's padded rows and their copy one position on
- * (uint16), X0 and X1, dy's rows (uint16, whole blocks of 8). */
+/* Words of the weight gradient's scratch: x's padded rows (uint16), X0 and X1, dy's rows
+ * (uint16, whole blocks of 8). */
 static size_t wgrad_words(const layout *l) {
-    return (size_t)l->c * l->lx + 2 * (size_t)l->rows * l->ldb +
-           up((size_t)l->o, ROWS) * l->dl / 2 + up((size_t)l->wp, 32) / 2;
+    return (size_t)l->c * l->lx / 2 + 2 * (size_t)l->rows * l->ldb +
+           up((size_t)l->o, ROWS) * l->dl / 2;
 }
 
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
@@ -209,21 +232,15 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     return run > wgrad ? run : wgrad;
 }
 
-/* A row of w values, placed at padded columns pad .. pad + w - 1, split into its even and odd
- * padded columns: even[v] = row[2v - pad], odd[v] = row[2v + 1 - pad] where those are in the row
- * (plain strided loops, which the compiler vectorizes). */
-#define SPLIT_ROW(name, type)                                                                      \
-    static void name(const type *row, int w, int pad, type *even, type *odd) {                     \
-        for (int b = 0; b < 2; b++) {                                                              \
-            type *dst = b ? odd : even;                                                            \
-            const int base = b - pad, v0 = base < 0 ? (1 - base) / 2 : 0;                          \
-            const int v1 = (w - 1 - base) / 2 + 1; /* past the last v with 2v + base < w */        \
-            for (int v = v0; v < v1; v++) dst[v] = row[2 * v + base];                              \
-        }                                                                                          \
-    }
-SPLIT_ROW(split_u32, uint32_t)
-SPLIT_ROW(split_u16, uint16_t)
-#undef SPLIT_ROW
+/* Where a row's first and second values go in a stride-2 layer's phase rows: the value at padded
+ * column pad + j lands in phase (pad + j) % 2 at (pad + j) / 2, so the even values of the row
+ * (dealt to e) start in phase pad % 2 at pad / 2 and the odd ones in phase (pad + 1) % 2 at
+ * (pad + 1) / 2; phase1 is phase0 + step. */
+#define DEAL_DEST(pad, phase0, step, e, o)                                                         \
+    do {                                                                                           \
+        (e) = (phase0) + (size_t)((pad) % 2) * (step) + (pad) / 2;                                 \
+        (o) = (phase0) + (size_t)(((pad) + 1) % 2) * (step) + ((pad) + 1) / 2;                     \
+    } while (0)
 
 /* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
  * channels of oh x ow; packed as the kernel reads it. */
@@ -235,7 +252,6 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     uint32_t *xp = (uint32_t *)scratch;
     const size_t phase_words = (size_t)pairs * l->plane;
     float *out = (float *)(xp + l->phases * phase_words);
-    uint32_t *line = (uint32_t *)(out + up((size_t)rows, ROWS) * l->nq);
     const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
     int off[MAX_TAPS];
     for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
@@ -246,26 +262,32 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
             const float *lo = x + (size_t)2 * p * g->h * g->w;
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
-            for (int i = 0; i < g->h; i++) {
-                const float *l0 = lo + (size_t)i * g->w, *h0 = hi ? hi + (size_t)i * g->w : NULL;
-                if (l->stride == 1) {
-                    k->pairs(l0, h0, plane + (size_t)(i + l->pad) * l->wp + l->pad, g->w);
-                    continue;
-                }
-                /* stride 2: the row's even and odd padded columns to their phase planes */
-                k->pairs(l0, h0, line, g->w);
-                const int r = i + l->pad;
-                uint32_t *even =
-                    plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq;
-                split_u32(line, g->w, l->pad, even, even + phase_words);
+            if (l->sub) { /* the even columns of the even rows */
+                k->deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
+                              (size_t)l->wq);
+                continue;
+            }
+            if (l->stride == 1) {
+                k->pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
+                              (size_t)l->wp);
+                continue;
+            }
+            /* stride 2: the rows' even and odd padded columns to their phase planes, the
+             * image's even rows and its odd ones each to consecutive rows of a phase */
+            for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) {
+                const int r = i0 + l->pad;
+                uint32_t *row = plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq,
+                         *e, *o;
+                DEAL_DEST(l->pad, row, phase_words, e, o);
+                k->deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
+                              (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
             }
         }
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
         float *y = dst + (size_t)n * out_n;
         for (int r = 0; r < rows; r++)
-            for (int i = 0; i < g->oh; i++)
-                memcpy(y + ((size_t)r * g->oh + i) * g->ow, out + (size_t)r * l->nq + i * l->wq,
-                       (size_t)g->ow * sizeof(float));
+            k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                         y + (size_t)r * g->oh * g->ow);
     }
 }
 
@@ -294,9 +316,8 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         for (int p = 0; p < pairs; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
-            for (int i = 0; i < g->oh; i++)
-                k->pairs(lo + (size_t)i * g->ow, hi ? hi + (size_t)i * g->ow : NULL,
-                         dp + (size_t)p * l->planed + (size_t)(i + P) * l->wd + P, g->ow);
+            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->planed + (size_t)P * l->wd + P,
+                          (size_t)l->wd);
         }
         const uint32_t *pk = packed;
         for (int ph = 0; ph < 4; ph++) {
@@ -308,16 +329,55 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         for (int c = 0; c < C; c++)
             for (int r = 0; r < g->h; r++) {
                 const int a = (r + P) % 2, u = (r + P) / 2;
-                float *row = dxn + ((size_t)c * g->h + r) * g->w;
-                for (int b = 0; b < 2; b++) {
-                    const float *src =
-                        out + (a * 2 + b) * outw + (size_t)c * l->nqd + (size_t)u * l->wd;
-                    const int base = b - P, v0 = base < 0 ? (1 - base) / 2 : 0;
-                    const int v1 = (g->w - 1 - base) / 2 + 1;
-                    for (int v = v0; v < v1; v++) row[2 * v + base] = src[v];
-                }
+                const float *src = out + a * 2 * outw + (size_t)c * l->nqd + (size_t)u * l->wd, *e,
+                            *o;
+                DEAL_DEST(P, src, outw, e, o);
+                k->interleave(e, o, g->w, dxn + ((size_t)c * g->h + r) * g->w);
             }
     }
+}
+
+/* A subsampled layer's dx (or dx += it, add): the 1x1 product of dy into out, then dx[c][2i][2j]
+ * = out[c][i][j] and zero (or unchanged) elsewhere. */
+static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
+                          const float *dy, int n_images, float *dx, float *scratch, bool add) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->op, C = l->c, off0 = 0;
+    uint32_t *dp = (uint32_t *)scratch;
+    float *out = (float *)(dp + (size_t)pairs * l->plane);
+    const size_t plane = (size_t)g->oh * g->ow, in_n = (size_t)C * g->h * g->w;
+    memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t)); /* positions past oh x ow */
+    for (int n = 0; n < n_images; n++) {
+        const float *dyn = dy + (size_t)n * l->o * plane;
+        for (int p = 0; p < pairs; p++) {
+            const float *lo = dyn + (size_t)2 * p * plane,
+                        *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
+            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
+        }
+        k->conv_run(1, &off0, pairs, C, packed, dp, l->plane, l->nq, out, (size_t)l->nq);
+        float *dxn = dx + (size_t)n * in_n;
+        for (int c = 0; c < C; c++)
+            for (int r = 0; r < g->h; r++) {
+                float *row = dxn + ((size_t)c * g->h + r) * g->w;
+                const float *src = out + (size_t)c * l->nq + (size_t)(r / 2) * g->ow;
+                if (add) {
+                    if (r % 2 == 0) k->add_even(src, g->ow, row);
+                } else if (r % 2)
+                    memset(row, 0, (size_t)g->w * sizeof(float));
+                else
+                    k->interleave(src, NULL, g->w, row);
+            }
+    }
+}
+
+bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *packed,
+                         const float *dy, int n_images, float *dx, float *scratch) {
+    if (!subsampled(g)) return false;
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true);
+    return true;
 }
 
 void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
@@ -325,7 +385,9 @@ void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packe
     layout l;
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    if (l.stride == 2)
+    if (l.sub)
+        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false);
+    else if (l.stride == 2)
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch);
     else
         run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
@@ -336,11 +398,9 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     layout l;
     layout_make(&l, g, out_channels);
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
-    uint16_t *xb = (uint16_t *)scratch;     /* C rows of lx: the padded images end to end */
-    uint16_t *xo = xb + (size_t)l.c * l.lx; /* ... and one position on */
-    uint32_t *x0 = (uint32_t *)(xo + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
+    uint16_t *xb = (uint16_t *)scratch; /* C rows of lx: the padded images end to end */
+    uint32_t *x0 = (uint32_t *)(xb + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
     uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
-    uint16_t *line = dyb + up((size_t)l.o, ROWS) * l.dl; /* a row of x (stride 2) */
     const size_t plane = (size_t)g->h * g->w, in_n = (size_t)l.c * plane,
                  out_n = (size_t)l.o * g->oh * g->ow;
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
@@ -353,37 +413,30 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
             const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
             for (int c = 0; c < l.c; c++) {
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
-                for (int i = 0; i < g->h; i++) {
-                    const float *src = xn + c * plane + (size_t)i * g->w;
-                    if (l.stride == 1) {
-                        cf_fp32_to_bf16(src, row + (size_t)(i + l.pad) * l.wp + l.pad,
-                                        (size_t)g->w);
-                        continue;
-                    }
-                    cf_fp32_to_bf16(src, line, (size_t)g->w);
-                    const int r = i + l.pad;
-                    uint16_t *even = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq;
-                    split_u16(line, g->w, l.pad, even, even + l.lp);
+                const float *src = xn + c * plane;
+                if (l.sub) { /* the even columns of the even rows */
+                    k->deal(src, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, row, NULL, (size_t)l.wq);
+                    continue;
+                }
+                if (l.stride == 1) {
+                    k->rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
+                    continue;
+                }
+                for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* stride 2: to the phase rows */
+                    const int r = i0 + l.pad;
+                    uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq, *e,
+                             *od;
+                    DEAL_DEST(l.pad, prow, l.lp, e, od);
+                    k->deal(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e,
+                            od, (size_t)l.wq);
                 }
             }
-            for (int o = 0; o < l.o; o++) {
-                uint16_t *row = dyb + (size_t)o * l.dl + (size_t)b * l.s;
-                for (int i = 0; i < g->oh; i++)
-                    cf_fp32_to_bf16(dyn + ((size_t)o * g->oh + i) * g->ow, row + (size_t)i * l.wq,
-                                    (size_t)g->ow);
-            }
+            for (int o = 0; o < l.o; o++)
+                k->rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                        dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
-        /* X0: the rows' words transposed; X1: the same of the rows one position on */
-        cf_transpose(l.c, l.rows, (const float *)xb, (ptrdiff_t)(l.lx / 2), (float *)x0,
-                     (ptrdiff_t)l.ldb);
-        for (int c = 0; c < l.c; c++) {
-            const uint16_t *row = xb + (size_t)c * l.lx;
-            uint16_t *shifted = xo + (size_t)c * l.lx;
-            memcpy(shifted, row + 1, (l.lx - 1) * sizeof(uint16_t));
-            shifted[l.lx - 1] = 0;
-        }
-        cf_transpose(l.c, l.rows, (const float *)xo, (ptrdiff_t)(l.lx / 2), (float *)x1,
-                     (ptrdiff_t)l.ldb);
+        /* X0: the rows' position pairs transposed; X1: the same one position on */
+        k->position_pairs(xb, l.lx, l.c, l.rows, x0, x1, l.ldb);
         k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
                       l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c, n0 > 0);
     }

@@ -323,11 +323,193 @@ static void bf16_conv_wgrad(int taps, const int *half, const unsigned char *odd,
     }
 }
 
+/* ---- the convolution's conversions and layouts (conv_bf16.c) ---------------------------------
+ *
+ * y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w: a plane's rows into padded rows, one call
+ * per plane (rows are 7 to 28 values in W1, so a call per row cost more than its conversion). */
+static void bf16_rows(const float *x, int h, int w, uint16_t *y, size_t ldy) {
+    for (int i = 0; i < h; i++, x += w, y += ldy) bf16_from_fp32(x, y, (size_t)w);
+}
+
+/* out[i * ldo + j] = bf16(lo[i * w + j]) | bf16(hi[i * w + j]) << 16 (hi NULL: zero). */
+static void bf16_pairs_rows(const float *lo, const float *hi, int h, int w, uint32_t *out,
+                            size_t ldo) {
+    for (int i = 0; i < h; i++, lo += w, out += ldo) {
+        bf16_pairs(lo, hi, out, w);
+        if (hi) hi += w;
+    }
+}
+
+/* The even and odd lanes of the 32 lanes of a then b (index vectors of vpermt2d). */
+static inline __m512i even_lanes(__m512i a, __m512i b) {
+    const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_permutex2var_epi32(a, idx, b);
+}
+static inline __m512i odd_lanes(__m512i a, __m512i b) {
+    const __m512i idx = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi32(a, idx, b);
+}
+
+/* A row of n values dealt to its even and odd positions: e[v] = bf16(x[2v]) for 2v < n and
+ * o[v] = bf16(x[2v + 1]) for 2v + 1 < n (a stride-2 layer's phase rows; o NULL: the even ones
+ * alone). */
+static inline void deal_row(const float *x, int n, uint16_t *e, uint16_t *o) {
+    for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
+        const int left = n - j;
+        const __m512i a = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), x + j));
+        const __m512i b = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16));
+        _mm512_mask_cvtepi32_storeu_epi16(e, lanes_below((left + 1) / 2), even_lanes(a, b));
+        if (o) _mm512_mask_cvtepi32_storeu_epi16(o, lanes_below(left / 2), odd_lanes(a, b));
+    }
+}
+
+/* The same of the pairs bf16(lo[j]) | bf16(hi[j]) << 16 (hi NULL: zero). */
+static inline void deal_pairs_row(const float *lo, const float *hi, int n, uint32_t *e,
+                                  uint32_t *o) {
+    for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
+        const int left = n - j;
+        const __mmask16 m0 = lanes_below(left), m1 = lanes_below(left - 16);
+        __m512i a = round_lanes(_mm512_maskz_loadu_ps(m0, lo + j));
+        __m512i b = round_lanes(_mm512_maskz_loadu_ps(m1, lo + j + 16));
+        if (hi) {
+            a = _mm512_or_si512(
+                a, _mm512_slli_epi32(round_lanes(_mm512_maskz_loadu_ps(m0, hi + j)), 16));
+            b = _mm512_or_si512(
+                b, _mm512_slli_epi32(round_lanes(_mm512_maskz_loadu_ps(m1, hi + j + 16)), 16));
+        }
+        _mm512_mask_storeu_epi32(e, lanes_below((left + 1) / 2), even_lanes(a, b));
+        if (o) _mm512_mask_storeu_epi32(o, lanes_below(left / 2), odd_lanes(a, b));
+    }
+}
+
+/* h rows dealt, row i read at x + i * ldx and written at e + i * ld and o + i * ld (one call
+ * per plane: the rows are short). */
+static void bf16_deal(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                      size_t ld) {
+    for (int i = 0; i < h; i++, x += ldx, e += ld, o = o ? o + ld : NULL) deal_row(x, n, e, o);
+}
+
+static void bf16_deal_pairs(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
+                            uint32_t *o, size_t ld) {
+    for (int i = 0; i < h;
+         i++, lo += ldx, hi = hi ? hi + ldx : NULL, e += ld, o = o ? o + ld : NULL)
+        deal_pairs_row(lo, hi, n, e, o);
+}
+
+/* out[j] = a[j / 2] for even j, b[j / 2] for odd j (b NULL: zero), j < n (a stride-2 layer's
+ * input gradient rows from its phase rows). */
+static void bf16_interleave(const float *a, const float *b, int n, float *out) {
+    const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi_idx =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int j = 0; j < n; j += 32, a += 16, b = b ? b + 16 : NULL) {
+        const int left = n - j;
+        const __m512 va = _mm512_maskz_loadu_ps(lanes_below((left + 1) / 2), a);
+        const __m512 vb = b ? _mm512_maskz_loadu_ps(lanes_below(left / 2), b) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(out + j, lanes_below(left), _mm512_permutex2var_ps(va, lo_idx, vb));
+        _mm512_mask_storeu_ps(out + j + 16, lanes_below(left - 16),
+                              _mm512_permutex2var_ps(va, hi_idx, vb));
+    }
+}
+
+/* out[2j] += a[j] for j < n (a shortcut's input gradient added at the even columns of a row;
+ * the odd ones untouched). */
+static void bf16_add_even(const float *a, int n, float *out) {
+    const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i hi_idx =
+        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    for (int j = 0; j < n; j += 16, a += 16, out += 32) {
+        const int left = 2 * (n - j) - 1; /* values of out from out[0] to the last even one */
+        const __m512 va = _mm512_maskz_loadu_ps(lanes_below(n - j), a);
+        const __mmask16 m0 = lanes_below(left) & 0x5555, m1 = lanes_below(left - 16) & 0x5555;
+        _mm512_mask_storeu_ps(
+            out, m0,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m0, out), _mm512_permutexvar_ps(lo_idx, va)));
+        _mm512_mask_storeu_ps(
+            out + 16, m1,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m1, out + 16), _mm512_permutexvar_ps(hi_idx, va)));
+    }
+}
+
+/* dst[i * w + j] = src[i * lds + j] for i < h, j < w (the kernels' output rows, computed lds
+ * apart, into an image plane). */
+static void bf16_copy_rows(const float *src, size_t lds, int h, int w, float *dst) {
+    for (int i = 0; i < h; i++, src += lds, dst += w)
+        for (int j = 0; j < w; j += 16) {
+            const __mmask16 m = lanes_below(w - j);
+            _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
+        }
+}
+
+/* The 16 x 16 words of r transposed in place (r[i] lane j <-> r[j] lane i). */
+static inline void transpose_words(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4q + s] holds, in 128-bit lane L, the words (rows 4q..4q+3, column 4L + s) */
+    for (int q = 0; q < 4; q += 2)
+        for (int s = 0; s < 4; s++) {
+            const __m512i a = r[4 * q + s], b = r[4 * q + 4 + s];
+            t[4 * q + s] = _mm512_shuffle_i32x4(a, b, 0x88);
+            t[4 * q + 4 + s] = _mm512_shuffle_i32x4(a, b, 0xdd);
+        }
+    for (int s = 0; s < 4; s++) {
+        const __m512i a0 = t[s], a1 = t[4 + s], b0 = t[8 + s], b1 = t[12 + s];
+        r[s] = _mm512_shuffle_i32x4(a0, b0, 0x88);
+        r[8 + s] = _mm512_shuffle_i32x4(a0, b0, 0xdd);
+        r[4 + s] = _mm512_shuffle_i32x4(a1, b1, 0x88);
+        r[12 + s] = _mm512_shuffle_i32x4(a1, b1, 0xdd);
+    }
+}
+
+/* The weight gradient's position pairs of ch bf16 rows (row c at x + c * lx): x0[r * ldb + c] =
+ * x[c][2r] | x[c][2r + 1] << 16 and x1[r * ldb + c] = x[c][2r + 1] | x[c][2r + 2] << 16 for
+ * r < rows, c < ch (the words past ch are not written). Both from the same rows in one pass: x1
+ * is x0 read one value on. */
+static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, uint32_t *x0,
+                                uint32_t *x1, size_t ldb) {
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        const __mmask16 mr = lanes_below(rows - r0);
+        const int nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int c0 = 0; c0 < ch; c0 += 16) {
+            const int nc = ch - c0 < 16 ? ch - c0 : 16;
+            const __mmask16 mc = lanes_below(nc);
+            for (int shift = 0; shift < 2; shift++) {
+                __m512i v[16];
+                for (int i = 0; i < 16; i++)
+                    v[i] = i < nc ? _mm512_maskz_loadu_epi32(mr, x + (size_t)(c0 + i) * lx +
+                                                                     2 * (size_t)r0 + shift)
+                                  : _mm512_setzero_si512();
+                transpose_words(v);
+                uint32_t *dst = (shift ? x1 : x0) + (size_t)r0 * ldb + c0;
+                for (int j = 0; j < nr; j++)
+                    _mm512_mask_storeu_epi32(dst + (size_t)j * ldb, mc, v[j]);
+            }
+        }
+    }
+}
+
 const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .from_fp32 = bf16_from_fp32,
     .gemm = bf16_gemm,
     .pairs = bf16_pairs,
     .conv_run = bf16_conv_run,
     .conv_wgrad = bf16_conv_wgrad,
+    .rows = bf16_rows,
+    .pairs_rows = bf16_pairs_rows,
+    .deal = bf16_deal,
+    .deal_pairs = bf16_deal_pairs,
+    .interleave = bf16_interleave,
+    .position_pairs = bf16_position_pairs,
+    .add_even = bf16_add_even,
+    .copy_rows = bf16_copy_rows,
 };
 #endif

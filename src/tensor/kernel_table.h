@@ -148,6 +148,20 @@ typedef struct cf_bf16_kernels {
     void (*conv_wgrad)(int taps, const int *half, const unsigned char *odd, int m, int ch, int nq2,
                        const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
                        size_t ldb, float *out, size_t ldo, size_t tapo, bool accumulate);
+    /* The convolution's layouts, converting as they copy (rows: a plane's h rows of w into rows
+     * ldy apart; pairs_rows: the same of pairs; deal and deal_pairs: h rows' even and odd
+     * values to two row sets; interleave: the inverse of deal, in fp32; position_pairs: dW's X0 and
+     * X1 from bf16 rows, see isa_avx512_bf16.c). */
+    void (*rows)(const float *x, int h, int w, uint16_t *y, size_t ldy);
+    void (*pairs_rows)(const float *lo, const float *hi, int h, int w, uint32_t *out, size_t ldo);
+    void (*deal)(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o, size_t ld);
+    void (*deal_pairs)(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
+                       uint32_t *o, size_t ld);
+    void (*interleave)(const float *a, const float *b, int n, float *out);
+    void (*position_pairs)(const uint16_t *x, size_t lx, int ch, int rows, uint32_t *x0,
+                           uint32_t *x1, size_t ldb);
+    void (*add_even)(const float *a, int n, float *out);
+    void (*copy_rows)(const float *src, size_t lds, int h, int w, float *dst);
 } cf_bf16_kernels;
 
 typedef struct cf_kernel_table {

@@ -1,0 +1,171 @@
+/* The 1x1 stride-2 shortcut in bf16 (conv_bf16.c's subsampled layout): cf_conv_bf16_dx_add adds
+ * exactly the input gradient cf_conv_bf16_dx writes (zero off the even rows' even columns) and
+ * refuses any other geometry; and a residual block whose idpath is such a shortcut (the input
+ * gradient added into the convpath's, the pairing of the two convolutions) gives the output,
+ * input gradient and weight gradients of its two convolutions run alone. Its values against
+ * PyTorch are test_bf16's (conv cases of the shortcut shapes). Without bf16 kernels (CF_ISA
+ * below avx512_bf16) the layout is unsupported and the block runs fp32. */
+#include "oracle.h"
+
+#include "corefit/nn.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* dx_add against dx on a shortcut of c -> o channels on h x w images (n of them). */
+static void check_dx_add(int n, int c, int h, int w, int o) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, 1, 1, 2, 2, 0, 0));
+    if (!cf_conv_bf16_supported(&g, o)) {
+        assert_false(cf_bf16_compute()); /* only a table without bf16 kernels refuses it */
+        return;
+    }
+    const size_t nw = (size_t)o * c, nx = (size_t)n * c * h * w, ny = (size_t)n * o * g.oh * g.ow;
+    float *wt = malloc(nw * sizeof(float)), *dy = malloc(ny * sizeof(float));
+    float *base = malloc(nx * sizeof(float)), *dx = malloc(nx * sizeof(float)),
+          *sum = malloc(nx * sizeof(float));
+    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float));
+    float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
+    fill_uniform(wt, nw, 1, -1, 1);
+    fill_uniform(dy, ny, 2, -1, 1);
+    fill_uniform(base, nx, 3, -1, 1);
+    cf_conv_bf16_pack(&g, o, wt, packed);
+    for (size_t i = 0; i < nx; i++) dx[i] = 1e30f; /* overwritten everywhere */
+    cf_conv_bf16_dx(&g, o, packed, dy, n, dx, scratch);
+    memcpy(sum, base, nx * sizeof(float));
+    assert_true(cf_conv_bf16_dx_add(&g, o, packed, dy, n, sum, scratch));
+    double largest = 0;
+    for (int im = 0; im < n; im++)
+        for (int ch = 0; ch < c; ch++)
+            for (int i = 0; i < h; i++)
+                for (int j = 0; j < w; j++) {
+                    const size_t at = (((size_t)im * c + ch) * h + i) * w + j;
+                    if (i % 2 || j % 2) {
+                        if (dx[at] != 0.0f)
+                            fail_msg("%dx%d: dx[%d][%d][%d][%d] = %g off the sampled positions", h,
+                                     w, im, ch, i, j, (double)dx[at]);
+                    } else if (fabs(dx[at]) > largest)
+                        largest = fabs(dx[at]);
+                    if (sum[at] != base[at] + dx[at])
+                        fail_msg("%dx%d: dx_add at [%d][%d][%d][%d] gave %.9g, base + dx is %.9g",
+                                 h, w, im, ch, i, j, (double)sum[at], (double)(base[at] + dx[at]));
+                }
+    assert_true(largest > 0.1); /* the sampled positions hold the product */
+    /* any other geometry: false, dx untouched */
+    cf_conv_geom g3;
+    assert_true(cf_conv_geom_init(&g3, c, h, w, 3, 3, 2, 2, 1, 1));
+    memcpy(sum, base, nx * sizeof(float));
+    assert_false(cf_conv_bf16_dx_add(&g3, o, packed, dy, n, sum, scratch));
+    assert_memory_equal(sum, base, nx * sizeof(float));
+    free(wt), free(dy), free(base), free(dx), free(sum), free(packed), free(scratch);
+}
+
+static void test_dx_add(void **state) {
+    (void)state;
+    check_dx_add(3, 16, 28, 28, 32); /* W1's shortcuts */
+    check_dx_add(2, 32, 14, 14, 64);
+    check_dx_add(2, 9, 11, 13, 10); /* odd sizes, a half channel pair */
+}
+
+/* The forward and backward of model on x (n, c, h, w) with dy of its output's shape. */
+static const cf_tensor *run(cf_model *model, float *x, int n, int c, int h, int w, const float *dy,
+                            float **y_out) {
+    cf_model_train(model, true);
+    cf_model_zero_grad(model);
+    cf_tensor tx = cf_tensor_view(x, cf_shape4(n, c, h, w));
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    *y_out = malloc(cf_shape_numel(&y->shape) * sizeof(float));
+    memcpy(*y_out, y->data, cf_shape_numel(&y->shape) * sizeof(float));
+    cf_tensor tdy = cf_tensor_view((float *)dy, y->shape);
+    const cf_tensor *dx = model->root->ops->backward(model->root, &tdy, true);
+    assert_non_null(dx);
+    return dx;
+}
+
+static void check_block(int n, int c, int h, int w, int o) {
+    cf_model *block, *conv3, *conv1;
+    assert_int_equal(cf_model_new(&block,
+                                  cf_residual(cf_conv2d(c, o, 3, 2, 1, false),
+                                              cf_conv2d(c, o, 1, 2, 0, false), false),
+                                  5),
+                     CF_OK);
+    assert_int_equal(cf_model_new(&conv3, cf_conv2d(c, o, 3, 2, 1, false), 6), CF_OK);
+    assert_int_equal(cf_model_new(&conv1, cf_conv2d(c, o, 1, 2, 0, false), 7), CF_OK);
+    cf_param *bw3 = cf_model_param(block, "convpath.weight"),
+             *bw1 = cf_model_param(block, "idpath.weight");
+    cf_param *w3 = cf_model_param(conv3, "weight"), *w1 = cf_model_param(conv1, "weight");
+    assert_non_null(bw3), assert_non_null(bw1), assert_non_null(w3), assert_non_null(w1);
+    memcpy(w3->data, bw3->data, w3->numel * sizeof(float));
+    memcpy(w1->data, bw1->data, w1->numel * sizeof(float));
+    assert_int_equal(cf_conv_set_bf16(block->root, true), 2);
+    assert_int_equal(cf_conv_set_bf16(conv3->root, true), 1);
+    assert_int_equal(cf_conv_set_bf16(conv1->root, true), 1);
+    const int oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * o * oh * ow;
+    float *x = malloc(nx * sizeof(float)), *dy = malloc(ny * sizeof(float));
+    fill_uniform(x, nx, 11, -2, 2);
+    fill_uniform(dy, ny, 12, -1, 1);
+    float *yb, *y3, *y1;
+    const cf_tensor *dxb = run(block, x, n, c, h, w, dy, &yb);
+    const cf_tensor *dx3 = run(conv3, x, n, c, h, w, dy, &y3);
+    const cf_tensor *dx1 = run(conv1, x, n, c, h, w, dy, &y1);
+    float *ys = malloc(ny * sizeof(float)), *dxs = malloc(nx * sizeof(float));
+    for (size_t i = 0; i < ny; i++) ys[i] = y3[i] + y1[i];
+    for (size_t i = 0; i < nx; i++) dxs[i] = dx3->data[i] + dx1->data[i];
+    char what[64];
+    snprintf(what, sizeof what, "block %d->%d on %dx%d: y", c, o, h, w);
+    assert_close(what, yb, ys, ny, 1e-6, 1e-6);
+    snprintf(what, sizeof what, "block %d->%d on %dx%d: dx", c, o, h, w);
+    assert_close(what, dxb->data, dxs, nx, 1e-6, 1e-6);
+    snprintf(what, sizeof what, "block %d->%d on %dx%d: convpath dW", c, o, h, w);
+    assert_close(what, bw3->grad, w3->grad, w3->numel, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "block %d->%d on %dx%d: shortcut dW", c, o, h, w);
+    assert_close(what, bw1->grad, w1->grad, w1->numel, 1e-5, 1e-5);
+    if (cf_bf16_compute()) { /* the shortcut alone, in bf16: not its fp32 weight gradient */
+        cf_model *fp32;
+        assert_int_equal(cf_model_new(&fp32, cf_conv2d(c, o, 1, 2, 0, false), 7), CF_OK);
+        cf_param *wf = cf_model_param(fp32, "weight");
+        memcpy(wf->data, w1->data, wf->numel * sizeof(float));
+        float *yf;
+        run(fp32, x, n, c, h, w, dy, &yf);
+        double worst = 0, largest = 0;
+        for (size_t i = 0; i < wf->numel; i++) {
+            worst = fmax(worst, fabs(wf->grad[i] - w1->grad[i]));
+            largest = fmax(largest, fabs(wf->grad[i]));
+        }
+        if (worst < 1e-4 * largest)
+            fail_msg("shortcut %d->%d: dW within %.3g of fp32's: not computed in bf16", c, o,
+                     worst);
+        free(yf);
+        cf_model_free(fp32);
+    }
+    free(x), free(dy), free(yb), free(y3), free(y1), free(ys), free(dxs);
+    cf_model_free(block), cf_model_free(conv3), cf_model_free(conv1);
+}
+
+static void test_block(void **state) {
+    (void)state;
+    check_block(3, 16, 28, 28, 32); /* W1's first block */
+    check_block(2, 32, 14, 14, 64); /* and its second */
+    check_block(3, 24, 10, 8, 20);  /* small images, channels not a multiple of 16 */
+}
+
+/* The same on two threads (each takes part of the batch: its images' input gradient added by
+ * that thread, its weight gradient summed into its partial sums). */
+static void test_block_threads(void **state) {
+    (void)state;
+    cf_set_num_threads(2);
+    check_block(5, 16, 28, 28, 32);
+    check_block(3, 32, 14, 14, 64);
+    cf_set_num_threads(1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dx_add),
+        cmocka_unit_test(test_block),
+        cmocka_unit_test(test_block_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
