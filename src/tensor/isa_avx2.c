@@ -228,6 +228,36 @@ static const g_tile_fn g_tiles[2][G_NV][G_MR] = {{G_ROW(1, 0), G_ROW(2, 0)},
                                                  {G_ROW(1, 1), G_ROW(2, 1)}};
 #undef G_ROW
 
+/* B's rows lie ldb floats apart; from G_PACK_LDB floats (1 KiB and more, e.g. a 1x1
+ * convolution's image planes, 4 KiB for 32 x 32) a tile's rows fall into few L1 sets and evict
+ * one another, so B's chunk is first copied into panels of G_NV vectors, each k rows of 16
+ * floats back to back (zeros past n), which the tiles then read in order. */
+enum { G_PACK_LDB = 256 };
+static _Thread_local _Alignas(64) float g_pack[G_CHUNK_FLOATS];
+
+/* The chunk of vectors [c0, c1) of B's k rows into g_pack's panels. */
+static void g_pack_chunk(int n, int k, const float *b, int ldb, int c0, int c1) {
+    for (int v = c0, j = 0; v < c1; v += G_NV, j++) {
+        const int left = n - VL * v; /* columns of the panel: 16, or fewer in the last */
+        const __m256i m0 = avx2_lane_mask(simd_first_lanes(left)),
+                      m1 = avx2_lane_mask(simd_first_lanes(left - VL));
+        const float *src = b + VL * v;
+        float *dst = g_pack + (size_t)j * k * G_NV * VL;
+        if (left >= G_NV * VL)
+            for (int p = 0; p < k; p++) {
+                _mm256_store_ps(dst + p * G_NV * VL, _mm256_loadu_ps(src + (size_t)p * ldb));
+                _mm256_store_ps(dst + p * G_NV * VL + VL,
+                                _mm256_loadu_ps(src + (size_t)p * ldb + VL));
+            }
+        else
+            for (int p = 0; p < k; p++) {
+                _mm256_store_ps(dst + p * G_NV * VL, _mm256_maskload_ps(src + (size_t)p * ldb, m0));
+                _mm256_store_ps(dst + p * G_NV * VL + VL,
+                                _mm256_maskload_ps(src + (size_t)p * ldb + VL, m1));
+            }
+    }
+}
+
 static bool avx2_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row,
                                ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
                                bool accumulate) {
@@ -236,17 +266,25 @@ static bool avx2_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_
     const int vectors = (n + VL - 1) / VL;
     int chunk = (int)(G_CHUNK_FLOATS / ((long)k * VL)) / G_NV * G_NV; /* vectors, whole tiles */
     if (chunk < G_NV) chunk = G_NV;
+    /* packing pays when more than one row tile reads the copy */
+    const bool pack = ldb >= G_PACK_LDB && m > G_MR && (long)k * chunk * VL <= G_CHUNK_FLOATS;
     for (int c0 = 0; c0 < vectors; c0 += chunk) {
         const int c1 = vectors - c0 < chunk ? vectors : c0 + chunk;
+        if (pack) g_pack_chunk(n, k, b, ldb, c0, c1);
         for (int m0 = 0; m0 < m; m0 += G_MR) {
             const int mr = m - m0 < G_MR ? m - m0 : G_MR;
             const float *ap = a + m0 * a_row;
             for (int v0 = c0, nv; v0 < c1; v0 += nv) {
                 nv = c1 - v0 < G_NV ? c1 - v0 : G_NV;
                 const unsigned last = simd_first_lanes(n - VL * (v0 + nv - 1));
-                g_tiles[last != VMASK_ALL][nv - 1][mr - 1](k, ap, a_row, a_col, b + VL * v0, ldb,
-                                                           c + (size_t)m0 * ldc + VL * v0, ldc,
-                                                           last, accumulate);
+                float *cp = c + (size_t)m0 * ldc + VL * v0;
+                if (pack) /* the panel's zeros stand for the masked lanes: plain loads */
+                    g_tiles[0][nv - 1][mr - 1](k, ap, a_row, a_col,
+                                               g_pack + (size_t)(v0 - c0) / G_NV * k * G_NV * VL,
+                                               G_NV * VL, cp, ldc, last, accumulate);
+                else
+                    g_tiles[last != VMASK_ALL][nv - 1][mr - 1](k, ap, a_row, a_col, b + VL * v0,
+                                                               ldb, cp, ldc, last, accumulate);
             }
         }
     }
