@@ -3,7 +3,10 @@
  * resnet18 at 64 x 64, batch 16: every distinct shape, each once) with `unet`, and prints the
  * achieved GFLOP/s per shape, beside the single-thread SGEMM rate measured in the same run.
  *
- *   bench_conv [threads] [seconds per shape] [w1|vgg|unet]    (default: 1 thread, 0.5 s, w1)
+ *   bench_conv [threads] [seconds per shape] [w1|vgg|unet] [cpu]  (default: 1 thread, 0.5 s, w1)
+ *
+ * cpu: time by the process's CPU time instead of the wall clock (on a machine busy with other
+ * work, where a process gets a share of a core; with one thread it is the thread's own time).
  *
  * Times are the best repetition per shape (the median of the totals is printed too): on a shared
  * machine the memory bandwidth of neighbours makes single repetitions vary by 2x. OpenBLAS picks
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cblas.h>
 
@@ -73,16 +77,26 @@ static const conv_shape unet_shapes[] = {
     {"out 99->11 1x1 64x64", 99, 11, 1, 1, 0, 64, true},
 };
 
+static bool cpu_clock; /* the cpu argument */
+
+/* Seconds of the wall clock, or of the process's CPU time with the cpu argument. */
+static double now(void) {
+    if (!cpu_clock) return cf_now();
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static double sgemm_rate(int n, double seconds) {
     float *a = cf_malloc((size_t)n * n * sizeof(float)), *b = cf_malloc((size_t)n * n * 4),
           *c = cf_malloc((size_t)n * n * 4);
     for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = 0.001f * (float)(i % 1000);
     cf_sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n);
-    double best = 1e30, start = cf_now();
-    while (cf_now() - start < seconds) {
-        double t = cf_now();
+    double best = 1e30, start = now();
+    while (now() - start < seconds) {
+        double t = now();
         cf_sgemm(false, false, n, n, n, 1, a, n, b, n, 0, c, n);
-        t = cf_now() - t;
+        t = now() - t;
         if (t < best) best = t;
     }
     cf_free(a);
@@ -107,6 +121,7 @@ int main(int argc, char **argv) {
                                    : sizeof shapes / sizeof shapes[0];
     const char *what = vgg ? "W2" : unet ? "W5" : "W1";
     const int batch = unet ? 16 : 64;
+    cpu_clock = argc > 4 && !strcmp(argv[4], "cpu");
     cf_set_num_threads(threads);
     printf("corefit Conv2d, batch %d, %d thread(s); kernels %s; OpenBLAS core %s; single-thread "
            "SGEMM 512^3: %.1f GFLOP/s\n",
@@ -140,17 +155,17 @@ int main(int argc, char **argv) {
         enum { MAX_REPS = 2000 };
         static double tf[MAX_REPS], tb[MAX_REPS];
         int reps = 0;
-        double start = cf_now();
+        double start = now();
         for (int warm = 0; warm < 2; warm++) {
             cf_model_forward(model, &xt, &y);
             model->root->ops->backward(model->root, &dyt, c->need_dx);
         }
-        while (reps < MAX_REPS && (reps < 5 || cf_now() - start < seconds)) {
-            double t0 = cf_now();
+        while (reps < MAX_REPS && (reps < 5 || now() - start < seconds)) {
+            double t0 = now();
             cf_model_forward(model, &xt, &y);
-            double t1 = cf_now();
+            double t1 = now();
             model->root->ops->backward(model->root, &dyt, c->need_dx);
-            double t2 = cf_now();
+            double t2 = now();
             tf[reps] = t1 - t0;
             tb[reps] = t2 - t1;
             reps++;
