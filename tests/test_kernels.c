@@ -86,18 +86,18 @@ static void test_sgemm_strided_matches_reference(void **state) {
  * ones) sum each element of C as one chain of FMAs in the order of k, then add C when
  * accumulating: bitwise the same as that scalar chain whatever the tile shape, edge, column chunk
  * (k x n past the AVX2 kernel's 128 KiB chunk of B), way of reading A or copy of B (AVX2 packs B
- * when its rows lie 256 floats apart or more, here n + 3), so a change of tiles leaves every
- * result as it was. (The portable table hands the products to the BLAS.) */
+ * when its rows lie 256 floats apart or more, here n + 3, k > 8 and m >= 24), so a change of tiles
+ * leaves every result as it was. (The portable table hands the products to the BLAS.) */
 static void test_sgemm_strided_sums_in_order(void **state) {
     (void)state;
     if (cf_isa_active() == CF_ISA_GENERIC) skip();
     cf_rng rng;
     cf_rng_seed(&rng, 11);
     /* every shape takes the vector kernels (n > 16 or m >= 16: fewer go to the BLAS) */
-    const int shapes[][3] = {{1, 17, 5},      {5, 17, 9},     {6, 18, 32},    {7, 33, 33},
-                             {12, 40, 7},     {16, 8, 100},   {99, 64, 99},   {99, 99, 64},
-                             {96, 48, 192},   {23, 31, 1},    {16, 3, 3},     {17, 300, 130},
-                             {11, 161, 2100}, {40, 1030, 96}, {7, 260, 3000}, {6, 300, 20}};
+    const int shapes[][3] = {
+        {1, 17, 5},      {5, 17, 9},     {6, 18, 32},    {7, 33, 33},  {12, 40, 7},  {16, 8, 100},
+        {99, 64, 99},    {99, 99, 64},   {96, 48, 192},  {23, 31, 1},  {16, 3, 3},   {17, 300, 130},
+        {11, 161, 2100}, {40, 1030, 96}, {7, 260, 3000}, {6, 300, 20}, {24, 270, 9}, {30, 257, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int variant = 0; variant < 2; variant++) {
             const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
