@@ -82,6 +82,60 @@ static void test_sgemm_strided_matches_reference(void **state) {
     check_gemm(576, 64, 245, false, true, &rng);
 }
 
+/* The vector tables' cf_sgemm_strided (AVX2's 6 x 2-vector tiles, the shared 8 x 3 and 4 x 3
+ * ones) sum each element of C as one chain of FMAs in the order of k, then add C when
+ * accumulating: bitwise the same as that scalar chain whatever the tile shape, edge, column chunk
+ * (k x n past the AVX2 kernel's 128 KiB chunk of B), way of reading A or copy of B (AVX2 packs B
+ * when its rows lie 256 floats apart or more, here n + 3, k > 8 and m >= 24), so a change of tiles
+ * leaves every result as it was. (The portable table hands the products to the BLAS.) */
+static void test_sgemm_strided_sums_in_order(void **state) {
+    (void)state;
+    if (cf_isa_active() == CF_ISA_GENERIC) skip();
+    cf_rng rng;
+    cf_rng_seed(&rng, 11);
+    /* every shape takes the vector kernels (n > 16 or m >= 16: fewer go to the BLAS) */
+    const int shapes[][3] = {
+        {1, 17, 5},      {5, 17, 9},     {6, 18, 32},    {7, 33, 33},  {12, 40, 7},  {16, 8, 100},
+        {99, 64, 99},    {99, 99, 64},   {96, 48, 192},  {23, 31, 1},  {16, 3, 3},   {17, 300, 130},
+        {11, 161, 2100}, {40, 1030, 96}, {7, 260, 3000}, {6, 300, 20}, {24, 270, 9}, {30, 257, 8}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int variant = 0; variant < 2; variant++) {
+            const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            const bool trans_a = (s + variant) % 2 == 1, accumulate = variant == 1;
+            const int ldb = n + 3, ldc = n + 5;
+            const ptrdiff_t a_row = trans_a ? 1 : k + 2, a_col = trans_a ? m + 1 : 1;
+            const size_t na = trans_a ? (size_t)(m + 1) * k : (size_t)m * (k + 2);
+            float *a = malloc(na * sizeof(float)), *b = malloc((size_t)k * ldb * sizeof(float));
+            float *c = malloc((size_t)m * ldc * sizeof(float)),
+                  *c0 = malloc((size_t)m * ldc * sizeof(float));
+            fill(&rng, a, na);
+            fill(&rng, b, (size_t)k * ldb);
+            fill(&rng, c0, (size_t)m * ldc);
+            memcpy(c, c0, (size_t)m * ldc * sizeof(float));
+            cf_sgemm_strided(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < ldc; j++) {
+                    float want = c0[(size_t)i * ldc + j];
+                    if (j < n) {
+                        float acc = 0.0f;
+                        for (int p = 0; p < k; p++)
+                            acc = fmaf(a[i * a_row + p * a_col], b[(size_t)p * ldb + j], acc);
+                        want = accumulate ? acc + want : acc;
+                    }
+                    const float got = c[(size_t)i * ldc + j];
+                    if (memcmp(&got, &want, sizeof got) != 0)
+                        fail_msg("%s: m=%d n=%d k=%d trans_a=%d acc=%d: C[%d,%d] = %.9g, the "
+                                 "in-order sum %.9g",
+                                 cf_isa_name(cf_isa_active()), m, n, k, trans_a, accumulate, i, j,
+                                 (double)got, (double)want);
+                }
+            free(a);
+            free(b);
+            free(c);
+            free(c0);
+        }
+}
+
 /* cf_sgemm_nt against its reference (cf_sgemm) */
 static void check_gemm_nt(int m, int n, int k, bool accumulate, cf_rng *rng) {
     const int lda = k + 3, ldb = k + 1, ldc = n + 2;
@@ -661,6 +715,7 @@ static void test_transpose(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgemm_strided_matches_reference),
+        cmocka_unit_test(test_sgemm_strided_sums_in_order),
         cmocka_unit_test(test_sgemm_nt_matches_reference),
         cmocka_unit_test(test_im2col_col2im_match_reference),
         cmocka_unit_test(test_conv_implicit_matches_patch_matrix),

@@ -125,6 +125,174 @@ static void avx2_transpose(int rows, int cols, const float *src, ptrdiff_t lds, 
         for (int i = i0; i < rows; i++) dst[j * ldd + i] = src[i * lds + j];
 }
 
+/* ---- cf_sgemm_strided ------------------------------------------------------------------------ */
+
+/* AVX2 has 16 ymm registers, and a core with two 256-bit FMA pipes and two 256-bit loads a cycle
+ * (Zen 4, recent Intel) keeps its FMAs busy only with at most one load per FMA. The shared 4 x 3
+ * tile of simd_kernels.h would need all 16 registers (12 accumulators, 3 B vectors, the
+ * broadcast), and GCC folds B's loads into the FMAs instead, up to 13 loads per 12 FMAs. Tiles
+ * of 6 rows x 2 vectors use 15 (12 accumulators, 2 B vectors, the broadcast): 8 loads per 12
+ * FMAs. Their 16 columns also fit the Winograd GEMMs' column counts
+ * (multiples of 16), which the 24-column tiles cut into a full and a two-vector tile.
+ *
+ * Each element of C is the same chain of FMAs in the order of k (then + C when accumulating) as
+ * with the shared tile, so results are bitwise those of simd_sgemm_strided: only the tile shape
+ * and the loop order differ. The columns are taken in chunks whose block of B (k x chunk) stays
+ * in L2; within a chunk the row tiles run outermost, so each tile's rows of A are read from L1
+ * across the chunk's column tiles and A is read once per chunk. (The Winograd GEMMs' B, 16 KiB
+ * at most a point, is one chunk: their weights stream through once.) */
+enum {
+    G_MR = 6,              /* rows of a tile */
+    G_NV = 2,              /* vectors of a tile */
+    G_CHUNK_FLOATS = 32768 /* of B per column chunk (128 KiB) */
+};
+
+/* One row of a tile into C: its nv vectors (the last one masked by last), + C when
+ * accumulating. */
+CF_INLINE void g_store_row(float *cp, int nv, __m256 r0, __m256 r1, unsigned last,
+                           bool accumulate) {
+    const unsigned m0 = nv == 1 ? last : VMASK_ALL;
+    if (accumulate) r0 = _mm256_add_ps(r0, V_LOADZ(V_MASKV(m0), cp));
+    simd_store(cp, m0, r0);
+    if (nv == 2) {
+        if (accumulate) r1 = _mm256_add_ps(r1, V_LOADZ(V_MASKV(last), cp + VL));
+        simd_store(cp + VL, last, r1);
+    }
+}
+
+/* The accumulators are named variables: held in an array, GCC stored them all to the stack on
+ * every step of the loop. */
+#define G_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+CF_INLINE void g_tile(int mr, int nv, bool masked, int k, const float *a, ptrdiff_t a_row,
+                      ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc, unsigned last,
+                      bool accumulate) {
+#define G_DECL(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
+    G_ROWS(G_DECL)
+#undef G_DECL
+    const __m256i lastv = avx2_lane_mask(last);
+    for (int p = 0; p < k; p++) {
+        const float *bp = b + (size_t)p * ldb;
+        __m256 b0, b1 = _mm256_setzero_ps();
+        if (nv == 2) {
+            b0 = _mm256_loadu_ps(bp);
+            b1 = masked ? _mm256_maskload_ps(bp + VL, lastv) : _mm256_loadu_ps(bp + VL);
+        } else {
+            b0 = masked ? _mm256_maskload_ps(bp, lastv) : _mm256_loadu_ps(bp);
+        }
+        const float *ap = a + p * a_col;
+#define G_FMA(i)                                                                                   \
+    if (mr > i) {                                                                                  \
+        const __m256 av = _mm256_broadcast_ss(ap + i * a_row);                                     \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                                                \
+        if (nv == 2) c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);                                   \
+    }
+        G_ROWS(G_FMA)
+#undef G_FMA
+    }
+#define G_STORE(i)                                                                                 \
+    if (mr > i) g_store_row(c + (size_t)i * ldc, nv, c##i##0, c##i##1, last, accumulate);
+    G_ROWS(G_STORE)
+#undef G_STORE
+}
+#undef G_ROWS
+
+typedef void (*g_tile_fn)(int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col, const float *b,
+                          int ldb, float *c, int ldc, unsigned last, bool accumulate);
+
+/* One function per tile shape (rows, vectors, a masked last vector or not), each with its loops
+ * unrolled for its constants. */
+#define G_TILE_FN(mr, nv, masked)                                                                  \
+    static __attribute__((noinline)) void g_tile_##mr##_##nv##_##masked(                           \
+        int k, const float *a, ptrdiff_t a_row, ptrdiff_t a_col, const float *b, int ldb,          \
+        float *c, int ldc, unsigned last, bool accumulate) {                                       \
+        g_tile(mr, nv, masked, k, a, a_row, a_col, b, ldb, c, ldc, last, accumulate);              \
+    }
+#define G_TILE_FNS(mr)                                                                             \
+    G_TILE_FN(mr, 1, 0) G_TILE_FN(mr, 1, 1) G_TILE_FN(mr, 2, 0) G_TILE_FN(mr, 2, 1)
+G_TILE_FNS(1)
+G_TILE_FNS(2)
+G_TILE_FNS(3)
+G_TILE_FNS(4)
+G_TILE_FNS(5)
+G_TILE_FNS(6)
+#undef G_TILE_FNS
+#undef G_TILE_FN
+
+/* [masked][vectors - 1][rows - 1] */
+#define G_ROW(nv, masked)                                                                          \
+    {                                                                                              \
+        g_tile_1_##nv##_##masked, g_tile_2_##nv##_##masked, g_tile_3_##nv##_##masked,              \
+            g_tile_4_##nv##_##masked, g_tile_5_##nv##_##masked, g_tile_6_##nv##_##masked           \
+    }
+static const g_tile_fn g_tiles[2][G_NV][G_MR] = {{G_ROW(1, 0), G_ROW(2, 0)},
+                                                 {G_ROW(1, 1), G_ROW(2, 1)}};
+#undef G_ROW
+
+/* B's rows lie ldb floats apart; from G_PACK_LDB floats (1 KiB and more, e.g. a 1x1
+ * convolution's image planes, 4 KiB for 32 x 32) a tile's rows fall into few L1 sets and evict
+ * one another, so B's chunk is first copied into panels of G_NV vectors, each k rows of 16
+ * floats back to back (zeros past n), which the tiles then read in order. */
+enum { G_PACK_LDB = 256 };
+static _Thread_local _Alignas(64) float g_pack[G_CHUNK_FLOATS];
+
+/* The chunk of vectors [c0, c1) of B's k rows into g_pack's panels. */
+static void g_pack_chunk(int n, int k, const float *b, int ldb, int c0, int c1) {
+    for (int v = c0, j = 0; v < c1; v += G_NV, j++) {
+        const int left = n - VL * v; /* columns of the panel: 16, or fewer in the last */
+        const __m256i m0 = avx2_lane_mask(simd_first_lanes(left)),
+                      m1 = avx2_lane_mask(simd_first_lanes(left - VL));
+        const float *src = b + VL * v;
+        float *dst = g_pack + (size_t)j * k * G_NV * VL;
+        if (left >= G_NV * VL)
+            for (int p = 0; p < k; p++) {
+                _mm256_store_ps(dst + p * G_NV * VL, _mm256_loadu_ps(src + (size_t)p * ldb));
+                _mm256_store_ps(dst + p * G_NV * VL + VL,
+                                _mm256_loadu_ps(src + (size_t)p * ldb + VL));
+            }
+        else
+            for (int p = 0; p < k; p++) {
+                _mm256_store_ps(dst + p * G_NV * VL, _mm256_maskload_ps(src + (size_t)p * ldb, m0));
+                _mm256_store_ps(dst + p * G_NV * VL + VL,
+                                _mm256_maskload_ps(src + (size_t)p * ldb + VL, m1));
+            }
+    }
+}
+
+static bool avx2_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row,
+                               ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
+                               bool accumulate) {
+    /* as simd_sgemm_strided: one vector of columns and few rows go to OpenBLAS */
+    if (!(n > VL || m >= 2 * MR)) return false;
+    const int vectors = (n + VL - 1) / VL;
+    int chunk = (int)(G_CHUNK_FLOATS / ((long)k * VL)) / G_NV * G_NV; /* vectors, whole tiles */
+    if (chunk < G_NV) chunk = G_NV;
+    /* packing pays when more rows than an L1 set has ways (8) collide and at least 4 row tiles
+     * read the copy (W1's stem, 16 x 784 x 9, ran 13% slower packed) */
+    const bool pack =
+        ldb >= G_PACK_LDB && k > 8 && m >= 4 * G_MR && (long)k * chunk * VL <= G_CHUNK_FLOATS;
+    for (int c0 = 0; c0 < vectors; c0 += chunk) {
+        const int c1 = vectors - c0 < chunk ? vectors : c0 + chunk;
+        if (pack) g_pack_chunk(n, k, b, ldb, c0, c1);
+        for (int m0 = 0; m0 < m; m0 += G_MR) {
+            const int mr = m - m0 < G_MR ? m - m0 : G_MR;
+            const float *ap = a + m0 * a_row;
+            for (int v0 = c0, nv; v0 < c1; v0 += nv) {
+                nv = c1 - v0 < G_NV ? c1 - v0 : G_NV;
+                const unsigned last = simd_first_lanes(n - VL * (v0 + nv - 1));
+                float *cp = c + (size_t)m0 * ldc + VL * v0;
+                if (pack) /* the panel's zeros stand for the masked lanes: plain loads */
+                    g_tiles[0][nv - 1][mr - 1](k, ap, a_row, a_col,
+                                               g_pack + (size_t)(v0 - c0) / G_NV * k * G_NV * VL,
+                                               G_NV * VL, cp, ldc, last, accumulate);
+                else
+                    g_tiles[last != VMASK_ALL][nv - 1][mr - 1](k, ap, a_row, a_col, b + VL * v0,
+                                                               ldb, cp, ldc, last, accumulate);
+            }
+        }
+    }
+    return true;
+}
+
 /* ---- MaxPool2d(2) ---------------------------------------------------------------------------- */
 
 /* Vectors of 8 outputs: the window's four values are the even and odd lanes of two input rows;
@@ -200,7 +368,7 @@ static bool avx2_max_sum_plane(const float *x, size_t n, float *best, int32_t *a
 
 const cf_kernel_table cf_kernels_avx2 = {
     .isa = CF_ISA_AVX2,
-    .sgemm_strided = simd_sgemm_strided,
+    .sgemm_strided = avx2_sgemm_strided,
     .sgemm_nt = simd_sgemm_nt,
     .transpose = avx2_transpose,
     .implicit_run = simd_implicit_run,

@@ -94,9 +94,10 @@ static inline int simd_tile_vectors(int64_t left) {
     return left == 4 ? 2 : left >= NV_MAX ? NV_MAX : (int)left;
 }
 
-static bool simd_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row,
-                               ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
-                               bool accumulate) {
+/* static inline: the AVX2 table has a kernel of its own (isa_avx2.c) */
+static inline bool simd_sgemm_strided(int m, int n, int k, const float *a, ptrdiff_t a_row,
+                                      ptrdiff_t a_col, const float *b, int ldb, float *c, int ldc,
+                                      bool accumulate) {
     /* One vector of columns and few rows (a stem's weight gradient) leaves the kernel bound by
      * its broadcasts; OpenBLAS does better there. */
     if (!(n > VL || m >= 2 * MR)) return false;
