@@ -76,6 +76,10 @@ def parse_args():
     ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images", "w4", "unet"], help="the model to train")
     ap.add_argument("--seeds", default="1,2,3", help="w4 --accuracy: the seeds of the recipe, each run by both")
     ap.add_argument("--lm-epochs", type=int, default=1, help="w4 --accuracy: language-model epochs")
+    ap.add_argument("--recipe", default="full", choices=["full", "parity"],
+                    help="w4 --accuracy: full (W4's corpus and sizes, --lm-epochs, --epochs) or parity (the short "
+                    "recipe of bench/README.md's \"W4 recipe\": its own slice, sizes and epochs; no throughput runs)")
+    ap.add_argument("--jobs", type=int, default=1, help="w4 --accuracy --recipe parity: runs at once (each 1 thread)")
     ap.add_argument("--torch-workers", default="0,1", help="images: comma-separated DataLoader worker counts "
                     "to measure PyTorch with (each a variant; the faster is compared)")
     return ap.parse_args()
