@@ -36,7 +36,10 @@ compared), and --accuracy reports the validation accuracy of fine_tune(--epochs)
 epoch first). unet (W5): fastai's unet_learner on a resnet18 body (DynamicUnet) over 64 x 64
 segmentation scenes of Fashion-MNIST garments, bs 16 per process (bench_unet, unet_torch.py),
 whose scenes `BUILD/corefit fmnist-tasks segmentation` writes into BUILD/w5-seg first when they
-are missing; its --accuracy is DiceMulti on the held-out scenes.
+are missing; its --accuracy is DiceMulti on the held-out scenes. For w4, --accuracy runs the
+ULMFiT recipe on both sides for every --seeds (W4's corpus and sizes, --lm-epochs, --epochs);
+--accuracy --recipe parity runs only the short parity recipe of bench/w4_text_parity.py instead
+(its own slice, sizes and epochs; --jobs runs at once, each 1 thread) and prints its table.
 
 Builds nothing: expects bench_w1 (bench_vgg, bench_images) and sgemm in --build (`make build`).
 The OpenBLAS kernels of each set are those sgemm reports under its CF_ISA (cf_blas_core());
@@ -240,6 +243,11 @@ def main():
         if not os.access(exe, os.X_OK):
             sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
     torch_py = os.path.join(HERE, programs[a.workload][1])
+    if a.workload == "w4" and a.accuracy and a.recipe == "parity":  # only the recipe (w4_text_parity.py)
+        import w4_text_parity
+
+        w4_text_parity.run_all(build, [int(x) for x in a.seeds.split(",") if x], a.jobs)
+        return 0
     data_args = []  # both sides' --data
     cf_args, torch_args = [], []  # one side's own
     unit, per_row = "img", 1  # W4 counts tokens: each row ("image") of a batch is 72 tokens
