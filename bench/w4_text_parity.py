@@ -186,10 +186,11 @@ def summarize(build, seeds):
         print(f"| unigram perplexity (train frequencies, add-one) | {uni[0]:.1f} | {uni[0]:.1f} |")
         print(f"| chance accuracy | {1 / 6:.3f} | {1 / 6:.3f} |")
     print()
-    print("Epoch rows (train_loss smoothed as fastai's, valid_loss, accuracy), mean over seeds:")
+    print("Epoch rows (train_loss smoothed as fastai's, valid_loss, accuracy), mean over seeds; each seed's "
+          "valid_loss:")
     print()
-    print("| fit row | corefit train / valid / acc | PyTorch train / valid / acc |")
-    print("|---|--:|--:|")
+    print("| fit row | corefit train / valid / acc | PyTorch train / valid / acc | corefit valid each | PyTorch valid each |")
+    print("|---|--:|--:|--:|--:|")
     n = max((len(rows) for impl in res for _, rows in res[impl]), default=0)
     names = [f"LM {e + 1}" for e in range(p["lm_epochs"])] + ["frozen", "freeze_to(-2)", "freeze_to(-3)"] + \
             [f"unfrozen {e + 1}" for e in range(p["clas_epochs"])]
@@ -197,8 +198,10 @@ def summarize(build, seeds):
         cells = []
         for impl in ("cf", "torch"):
             vals = [rows[k] for _, rows in res[impl] if len(rows) > k]
-            cells.append(" / ".join(f"{statistics.mean(v[j] for v in vals):.3f}" for j in range(3)) if vals else "—")
-        print(f"| {names[k] if k < len(names) else k} | {cells[0]} | {cells[1]} |")
+            cell = " / ".join(f"{statistics.mean(v[j] for v in vals):.3f}" for j in range(3)) if vals else "—"
+            cells.append(cell + (f" ({len(vals)} seeds)" if vals and len(vals) < len(seeds) else ""))
+        each = [" ".join(f"{rows[k][1]:.3f}" if len(rows) > k else "—" for _, rows in res[impl]) for impl in ("cf", "torch")]
+        print(f"| {names[k] if k < len(names) else k} | {cells[0]} | {cells[1]} | {each[0]} | {each[1]} |")
     return res
 
 
