@@ -239,11 +239,12 @@ def main():
                 "unet": ("bench_unet", "unet_torch.py")}
     bench = os.path.join(build, programs[a.workload][0])
     sgemm = os.path.join(build, "sgemm")
-    for exe in (bench, sgemm):
+    parity = a.workload == "w4" and a.accuracy and a.recipe == "parity"  # only the recipe (w4_text_parity.py)
+    for exe in (bench,) if parity else (bench, sgemm):
         if not os.access(exe, os.X_OK):
             sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
     torch_py = os.path.join(HERE, programs[a.workload][1])
-    if a.workload == "w4" and a.accuracy and a.recipe == "parity":  # only the recipe (w4_text_parity.py)
+    if parity:
         import w4_text_parity
 
         w4_text_parity.run_all(build, [int(x) for x in a.seeds.split(",") if x], a.jobs)
