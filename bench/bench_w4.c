@@ -16,7 +16,7 @@
  *
  * The recipe (perplexity and accuracy, one JSON line):
  *   bench_w4 --recipe [--threads N | --cores N] [--seed S] [--lm-epochs E] [--clas-epochs E]
- *            [--data DIR] [--topics DIR]
+ *            [--data DIR] [--topics DIR] [--emb-sz N] [--n-hid N] [--n-layers N] [--bs N]
  *   1. the language model: fit_one_cycle(lm_epochs, 1e-2), wd 0.1; validation loss, accuracy
  *      and perplexity; its encoder saved;
  *   2. the topic classifier (awd_lstm_clas_config, drop_mult 0.5, --topics: the six largest
@@ -24,7 +24,11 @@
  *      fit_one_cycle(1, 2e-2) frozen, freeze_to(-2) slice(1e-2 / 2.6^4, 1e-2), freeze_to(-3)
  *      slice(5e-3 / 2.6^4, 5e-3), unfreeze() clas_epochs of slice(1e-3 / 2.6^4, 1e-3);
  *      validation accuracy.
- *   --cores N runs every fit as its cf_par_ twin with split batches (one process's result).
+ *   --cores N runs every fit as its cf_par_ twin with split batches (one process's result);
+ *   --emb-sz, --n-hid and --n-layers change both configs' sizes (dropouts as fastai's) and --bs
+ *   both learners' batch size (64), for the
+ *   short parity recipe of bench/README.md ("W4 recipe"). Each fit's epoch table (train_loss,
+ *   valid_loss, metrics) goes to stdout before the JSON line.
  *
  * FLOPs per row of 72 tokens per training step: 2 per multiply-add of the three LSTMs (input
  * and recurrent products) and the decoder (400 x vocabulary), times 3 (forward, input gradient,
@@ -168,8 +172,18 @@ static int w4_export(const char *data, const char *topics, const char *dir) {
 typedef struct w4_recipe_args {
     const char *data, *topics;
     int threads, cores, lm_epochs, clas_epochs;
+    int emb_sz, n_hid, n_layers; /* 0: awd_lstm_lm_config's (400, 1152, 3) */
+    int bs;                      /* both learners' batch size (W4's 64) */
     uint64_t seed;
 } w4_recipe_args;
+
+/* The config with the recipe's sizes (--emb-sz, --n-hid, --n-layers); dropouts unchanged. */
+static cf_awd_lstm_config w4_config(cf_awd_lstm_config c, const w4_recipe_args *a) {
+    if (a->emb_sz > 0) c.emb_sz = a->emb_sz;
+    if (a->n_hid > 0) c.n_hid = a->n_hid;
+    if (a->n_layers > 0) c.n_layers = a->n_layers;
+    return c;
+}
 
 static cf_status w4_cycle(cf_learner *learn, int epochs, cf_lr lr, const w4_recipe_args *a) {
     if (a->cores > 0)
@@ -184,9 +198,14 @@ static int w4_recipe(const w4_recipe_args *a) {
     cf_set_num_threads(a->cores > 0 ? 1 : a->threads);
     double t0 = cf_now();
     cf_dls *dls_lm = NULL, *dls = NULL;
-    BENCH_CHECK(prog, w4_lm_dls(&dls_lm, a->data, 64, a->seed));
+    BENCH_CHECK(prog, w4_lm_dls(&dls_lm, a->data, a->bs, a->seed));
     cf_learner *lm = NULL;
-    BENCH_CHECK(prog, w4_lm_learner(&lm, dls_lm, a->seed));
+    const cf_awd_lstm_config lm_cfg = w4_config(cf_awd_lstm_lm_config(), a),
+                             clas_cfg = w4_config(cf_awd_lstm_clas_config(), a);
+    cf_metric *lm_metrics[] = {cf_accuracy(), cf_perplexity()};
+    BENCH_CHECK(prog, cf_language_model_learner(&lm, dls_lm, .metrics = lm_metrics, .n_metrics = 2,
+                                                .wd = W4_WD, .seed = a->seed, .path = "/tmp",
+                                                .config = &lm_cfg));
     BENCH_CHECK(prog, w4_cycle(lm, a->lm_epochs, CF_LR(W4_LM_LR), a));
     const double lm_loss = lm->final_record[0], lm_acc = lm->final_record[1],
                  lm_ppl = lm->final_record[2];
@@ -196,12 +215,12 @@ static int w4_recipe(const w4_recipe_args *a) {
     const double t_lm = cf_now() - t0;
 
     const cf_text_vocab *vocab = cf_text_numericalizer_vocab(dls_lm->text_nz);
-    BENCH_CHECK(prog, w4_clas_dls(&dls, a->topics, vocab, 64, a->seed));
+    BENCH_CHECK(prog, w4_clas_dls(&dls, a->topics, vocab, a->bs, a->seed));
     cf_learner *clas = NULL;
     cf_metric *metrics[] = {cf_accuracy()};
-    BENCH_CHECK(prog, cf_text_classifier_learner(&clas, dls, .seq_len = W4_SEQ_LEN,
-                                                 .metrics = metrics, .n_metrics = 1, .quiet = true,
-                                                 .seed = a->seed, .path = "/tmp"));
+    BENCH_CHECK(prog, cf_text_classifier_learner(
+                          &clas, dls, .seq_len = W4_SEQ_LEN, .metrics = metrics, .n_metrics = 1,
+                          .seed = a->seed, .path = "/tmp", .config = &clas_cfg));
     /* a name with a '/' is the file itself */
     cf_status st = cf_learner_load_encoder(clas, encoder);
     unlink(encoder);
@@ -219,11 +238,15 @@ static int w4_recipe(const w4_recipe_args *a) {
            "\"cores\": %d, \"lm_epochs\": %d, \"clas_epochs\": %d, \"vocab\": %lld, "
            "\"lm_valid_loss\": %.5f, \"lm_accuracy\": %.5f, \"perplexity\": %.4f, "
            "\"clas_valid_loss\": %.5f, \"clas_accuracy\": %.5f, \"classes\": %d, "
-           "\"lm_s\": %.1f, \"total_s\": %.1f, \"isa\": \"%s\"}\n",
+           "\"lm_s\": %.1f, \"total_s\": %.1f, \"isa\": \"%s\", \"emb_sz\": %d, "
+           "\"n_hid\": %d, \"n_layers\": %d, \"lm_train_docs\": %lld, \"clas_train_docs\": %lld, "
+           "\"clas_valid_docs\": %lld, \"bs\": %d}\n",
            (unsigned long long)a->seed, a->threads, a->cores, a->lm_epochs, a->clas_epochs,
            (long long)cf_text_vocab_len(vocab), lm_loss, lm_acc, lm_ppl, clas->final_record[0],
            clas->final_record[1], dls->train_ds->n_classes, t_lm, cf_now() - t0,
-           cf_isa_name(cf_isa_active()));
+           cf_isa_name(cf_isa_active()), lm_cfg.emb_sz, lm_cfg.n_hid, lm_cfg.n_layers,
+           (long long)dls_lm->train_ds->n, (long long)dls->train_ds->n, (long long)dls->valid_ds->n,
+           a->bs);
     cf_learner_free(clas);
     cf_learner_free(lm);
     cf_dls_free(dls);
@@ -248,11 +271,12 @@ int main(int argc, char **argv) {
                           .fit = w4_fit,
                           .parse_opt = w4_parse_opt,
                           .usage_extra = "[--topics DIR] | --export DIR | --recipe [--lm-epochs E] "
-                                         "[--clas-epochs E]",
+                                         "[--clas-epochs E] [--emb-sz N] [--n-hid N] "
+                                         "[--n-layers N] [--bs N]",
                           .json_extra = w4_json};
     const char *export_dir = NULL;
     bool recipe = false;
-    w4_recipe_args ra = {.threads = 1, .lm_epochs = 1, .clas_epochs = 1, .seed = 42};
+    w4_recipe_args ra = {.threads = 1, .lm_epochs = 1, .clas_epochs = 1, .seed = 42, .bs = 64};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--recipe")) {
             recipe = true;
@@ -267,11 +291,16 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--seed") && v) ra.seed = strtoull(v, NULL, 10);
         if (!strcmp(argv[i], "--lm-epochs") && v) ra.lm_epochs = atoi(v);
         if (!strcmp(argv[i], "--clas-epochs") && v) ra.clas_epochs = atoi(v);
+        if (!strcmp(argv[i], "--emb-sz") && v) ra.emb_sz = atoi(v);
+        if (!strcmp(argv[i], "--n-hid") && v) ra.n_hid = atoi(v);
+        if (!strcmp(argv[i], "--n-layers") && v) ra.n_layers = atoi(v);
+        if (!strcmp(argv[i], "--bs") && v) ra.bs = atoi(v);
     }
     if (export_dir) return w4_export(data, w4_topics, export_dir);
     if (recipe) {
-        if (ra.threads < 1 || ra.cores < 0 || ra.lm_epochs < 1 || ra.clas_epochs < 1) {
-            fprintf(stderr, "bench_w4: --recipe needs N >= 1 and E >= 1\n");
+        if (ra.threads < 1 || ra.cores < 0 || ra.lm_epochs < 1 || ra.clas_epochs < 1 ||
+            ra.emb_sz < 0 || ra.n_hid < 0 || ra.n_layers < 0 || ra.bs < 1) {
+            fprintf(stderr, "bench_w4: --recipe needs N >= 1, E >= 1 and sizes >= 1\n");
             return 2;
         }
         ra.data = data;

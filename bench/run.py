@@ -36,7 +36,10 @@ compared), and --accuracy reports the validation accuracy of fine_tune(--epochs)
 epoch first). unet (W5): fastai's unet_learner on a resnet18 body (DynamicUnet) over 64 x 64
 segmentation scenes of Fashion-MNIST garments, bs 16 per process (bench_unet, unet_torch.py),
 whose scenes `BUILD/corefit fmnist-tasks segmentation` writes into BUILD/w5-seg first when they
-are missing; its --accuracy is DiceMulti on the held-out scenes.
+are missing; its --accuracy is DiceMulti on the held-out scenes. For w4, --accuracy runs the
+ULMFiT recipe on both sides for every --seeds (W4's corpus and sizes, --lm-epochs, --epochs);
+--accuracy --recipe parity runs only the short parity recipe of bench/w4_text_parity.py instead
+(its own slice, sizes and epochs; --jobs runs at once, each 1 thread) and prints its table.
 
 Builds nothing: expects bench_w1 (bench_vgg, bench_images) and sgemm in --build (`make build`).
 The OpenBLAS kernels of each set are those sgemm reports under its CF_ISA (cf_blas_core());
@@ -76,6 +79,10 @@ def parse_args():
     ap.add_argument("--workload", default="w1", choices=["w1", "vgg", "images", "w4", "unet"], help="the model to train")
     ap.add_argument("--seeds", default="1,2,3", help="w4 --accuracy: the seeds of the recipe, each run by both")
     ap.add_argument("--lm-epochs", type=int, default=1, help="w4 --accuracy: language-model epochs")
+    ap.add_argument("--recipe", default="full", choices=["full", "parity"],
+                    help="w4 --accuracy: full (W4's corpus and sizes, --lm-epochs, --epochs) or parity (the short "
+                    "recipe of bench/README.md's \"W4 recipe\": its own slice, sizes and epochs; no throughput runs)")
+    ap.add_argument("--jobs", type=int, default=1, help="w4 --accuracy --recipe parity: runs at once (each 1 thread)")
     ap.add_argument("--torch-workers", default="0,1", help="images: comma-separated DataLoader worker counts "
                     "to measure PyTorch with (each a variant; the faster is compared)")
     return ap.parse_args()
@@ -232,10 +239,16 @@ def main():
                 "unet": ("bench_unet", "unet_torch.py")}
     bench = os.path.join(build, programs[a.workload][0])
     sgemm = os.path.join(build, "sgemm")
-    for exe in (bench, sgemm):
+    parity = a.workload == "w4" and a.accuracy and a.recipe == "parity"  # only the recipe (w4_text_parity.py)
+    for exe in (bench,) if parity else (bench, sgemm):
         if not os.access(exe, os.X_OK):
             sys.exit(f"run.py: {exe} not found; build first (make build, or cmake --build {a.build})")
     torch_py = os.path.join(HERE, programs[a.workload][1])
+    if parity:
+        import w4_text_parity
+
+        w4_text_parity.run_all(build, [int(x) for x in a.seeds.split(",") if x], a.jobs)
+        return 0
     data_args = []  # both sides' --data
     cf_args, torch_args = [], []  # one side's own
     unit, per_row = "img", 1  # W4 counts tokens: each row ("image") of a batch is 72 tokens

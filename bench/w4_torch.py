@@ -20,7 +20,8 @@ Modes:
   w4_torch.py --ids DIR --ddp N     [--batches B | --epochs E]  N processes, DDP (gloo), 1 thread
                                                                  each, bs 64 each
   w4_torch.py --ids DIR --recipe [--threads N] [--seed S] [--lm-epochs E] [--clas-epochs E]
-      the recipe of bench_w4 --recipe: the language model, then the topic classifier
+              [--emb-sz N] [--n-hid N] [--n-layers N]
+      the recipe of bench_w4 --recipe (the sizes change both configs, dropouts kept): the language model, then the topic classifier
       (awd_lstm_clas_config with drop_mult 0.5, SentenceEncoder, masked concat pooling,
       PoolingLinearClassifier [1200, 50, n]) from its encoder with gradual unfreezing.
 Prints one JSON line; "images" are rows of 72 tokens (the fields of w1_torch.py).
@@ -57,7 +58,30 @@ def parse_args():
     ap.add_argument("--recipe", action="store_true")
     ap.add_argument("--lm-epochs", type=int, default=1)
     ap.add_argument("--clas-epochs", type=int, default=1)
+    ap.add_argument("--emb-sz", type=int, default=0, help="--recipe: the configs' emb_sz (0: 400)")
+    ap.add_argument("--n-hid", type=int, default=0, help="--recipe: the configs' n_hid (0: 1152)")
+    ap.add_argument("--n-layers", type=int, default=0, help="--recipe: the configs' n_layers (0: 3)")
     return ap.parse_args()
+
+
+def sized(cfg, args):
+    """The config with --emb-sz, --n-hid, --n-layers (bench_w4's w4_config); dropouts unchanged."""
+    c = dict(cfg)
+    for key, v in (("emb_sz", args.emb_sz), ("n_hid", args.n_hid), ("n_layers", args.n_layers)):
+        if v > 0:
+            c[key] = v
+    return c
+
+
+def unigram_perplexity(docs, vdocs, vocab, bs):
+    """The baseline a language model must beat: exp of the mean cross-entropy over the validation
+    targets (lm_batches' order) of the training stream's word frequencies (add-one smoothed)."""
+    import numpy as np
+
+    counts = np.bincount(np.concatenate(docs), minlength=vocab).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    ys = np.concatenate([y.reshape(-1) for _, y in lm_batches(vdocs, bs, False, None)])
+    return float(np.exp(-logp[ys].mean()))
 
 
 def read_ids(path):
@@ -313,7 +337,8 @@ def lm_loss(model, out, y, training):
     return loss + reg, loss
 
 
-def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_of, max_steps=0, stamps=None, cpus=None):
+def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_of, max_steps=0, stamps=None, cpus=None,
+              log_epochs=False):
     """fit_one_cycle(epochs): groups_lr holds each parameter group's lr_max. Returns the last
     epoch's validation (loss, metric) or None when stopped by max_steps."""
     import torch
@@ -322,6 +347,7 @@ def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_
     lr_fs = [w1_torch.combined_cos(0.25, lr / 25, lr, lr / 1e5) for lr in groups_lr]
     mom_f = w1_torch.combined_cos(0.25, *MOMS)
     it = 0
+    smooth, res = 0.0, None  # fastai's AvgSmoothLoss (beta 0.98, debiased): the table's train_loss
     for epoch in range(epochs):
         model.train()
         net = model.module if hasattr(model, "module") else model
@@ -333,17 +359,22 @@ def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_
             for g, f in zip(opt.param_groups, lr_fs):
                 g["lr"] = f(pct)
                 g["betas"] = (mom_f(pct), 0.99)
-            loss, _ = loss_of(model(torch.from_numpy(x)), torch.from_numpy(y), True)
+            loss, plain = loss_of(model(torch.from_numpy(x)), torch.from_numpy(y), True)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             it += 1
+            smooth = 0.98 * smooth + 0.02 * float(plain)
             if stamps is not None:
                 stamps.append(time.perf_counter())
                 cpus.append(w1_torch.cpu_s())
         if max_steps and it >= max_steps:
             return None
-    return valid_of()
+        if log_epochs:  # fastai validates after every epoch; the recipe logs each as its table row
+            res = valid_of()
+            print(f"epoch {epoch}: train_loss {smooth / (1 - 0.98 ** it):.5f} valid {res[0]:.5f} metric {res[1]:.5f}",
+                  file=sys.stderr, flush=True)
+    return res if log_epochs else valid_of()
 
 
 def lm_validate(model, docs, bs):
@@ -439,13 +470,14 @@ def recipe(args):
     vocab, docs = read_ids(os.path.join(args.ids, "lm_train.ids"))
     _, vdocs = read_ids(os.path.join(args.ids, "lm_valid.ids"))
     LanguageModel, Classifier = build_modules()
-    lm = LanguageModel(vocab, LM_CFG)
+    lm_cfg, clas_cfg = sized(LM_CFG, args), sized(CLAS_CFG, args)
+    lm = LanguageModel(vocab, lm_cfg)
     opt = lm_optimizer(lm)
     n_iter = sum(1 for _ in lm_batches(docs, args.bs, False, None))
     lm_loss_v, lm_acc = one_cycle(lm, opt, [LM_LR, LM_LR], n_iter, args.lm_epochs,
                                   lambda e: lm_batches(docs, args.bs, True, rng),
                                   lambda out, y, tr: lm_loss(lm, out, y, tr),
-                                  lambda: lm_validate(lm, vdocs, args.bs))
+                                  lambda: lm_validate(lm, vdocs, args.bs), log_epochs=True)
     t_lm = time.perf_counter() - t0
 
     _, cdocs = read_ids(os.path.join(args.ids, "clas_train.ids"))
@@ -453,7 +485,7 @@ def recipe(args):
     labels = read_labels(os.path.join(args.ids, "clas_train.labels"))
     vlabels = read_labels(os.path.join(args.ids, "clas_valid.labels"))
     n_class = max(labels) + 1
-    clas = Classifier(vocab, CLAS_CFG, n_class)
+    clas = Classifier(vocab, clas_cfg, n_class)
     clas.encoder.load_state_dict(lm.encoder.state_dict())  # load_encoder
     enc = clas.encoder
     groups = [[enc.encoder.weight]] + [list(r.parameters()) for r in enc.rnns] + [list(clas.head.parameters())]
@@ -474,7 +506,7 @@ def recipe(args):
         return one_cycle(clas, opt, per_pg, n_iter, epochs,
                          lambda e: clas_batches(cdocs, labels, args.bs, True, rng),
                          lambda out, y, tr: (torch.nn.functional.cross_entropy(out, y),) * 2,
-                         lambda: clas_validate(clas, cvdocs, vlabels, args.bs))
+                         lambda: clas_validate(clas, cvdocs, vlabels, args.bs), log_epochs=True)
 
     def sl(hi):  # slice(hi / 2.6^4, hi) over the 5 groups (fastai's even_mults)
         lo = hi / 2.6 ** 4
@@ -484,11 +516,14 @@ def recipe(args):
     stage(2, 1, sl(CLAS_LR / 2))
     stage(3, 1, sl(CLAS_LR / 4))
     c_loss, c_acc = stage(5, args.clas_epochs, sl(CLAS_LR / 20))
-    print(json.dumps({"impl": "torch", "mode": "recipe", "seed": args.seed, "threads": args.threads,
+    print(json.dumps({"impl": "torch", "mode": "recipe", "seed": args.seed, "threads": args.threads, "bs": args.bs,
                       "lm_epochs": args.lm_epochs, "clas_epochs": args.clas_epochs, "vocab": vocab,
                       "lm_valid_loss": lm_loss_v, "lm_accuracy": lm_acc, "perplexity": math.exp(lm_loss_v),
                       "clas_valid_loss": c_loss, "clas_accuracy": c_acc, "classes": n_class,
-                      "lm_s": t_lm, "total_s": time.perf_counter() - t0}), flush=True)
+                      "lm_s": t_lm, "total_s": time.perf_counter() - t0, "emb_sz": lm_cfg["emb_sz"],
+                      "n_hid": lm_cfg["n_hid"], "n_layers": lm_cfg["n_layers"], "lm_train_docs": len(docs),
+                      "clas_train_docs": len(cdocs), "clas_valid_docs": len(cvdocs),
+                      "unigram_perplexity": unigram_perplexity(docs, vdocs, vocab, args.bs)}), flush=True)
 
 
 def main():
