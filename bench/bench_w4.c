@@ -37,6 +37,7 @@
 #include "bench_common.h"
 
 #include <libgen.h>
+#include <sys/stat.h>
 
 #define W4_SEQ_LEN 72
 #define W4_LM_LR 1e-2
@@ -137,6 +138,10 @@ static cf_status w4_clas_dls(cf_dls **out, const char *topics, const cf_text_voc
 static int w4_export(const char *data, const char *topics, const char *dir) {
     cf_dls *lm = NULL, *clas = NULL;
     char path[8192];
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "bench_w4: cannot create %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
     BENCH_CHECK("bench_w4", w4_lm_dls(&lm, data, 64, 42));
     const cf_text_vocab *vocab = cf_text_numericalizer_vocab(lm->text_nz);
     BENCH_CHECK("bench_w4", w4_clas_dls(&clas, topics, vocab, 64, 42));
