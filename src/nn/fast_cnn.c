@@ -3,20 +3,24 @@
  * stem convolution at full resolution on the few input channels (cheap), then convolution
  * groups that pool early, so the costly convolutions run at 14x14 and 7x7:
  *
- *   stem:     Conv2d(c_in, 32, 3, pad 1), BatchNorm2d, ReLU, MaxPool2d(2)          28 -> 14
- *   group 1:  Conv2d(32, 64, 3, pad 1), BatchNorm2d, ReLU, MaxPool2d(2)            14 -> 7
- *   group 2:  Conv2d(64, 128, 3, pad 1), BatchNorm2d, ReLU, MaxPool2d(2)           7 -> 3
- *   head:     fastai's create_head(128, n_out) as the caller asks (the arch's default:
- *             AdaptiveConcatPool2d, Flatten, BatchNorm1d(256), Linear(256, n_out))
+ *   stem:     Conv2d(c_in, 24, 3, pad 1), BatchNorm2d, ReLU, MaxPool2d(2)          28 -> 14
+ *   group 1:  Conv2d(24, 48, 3, pad 1), BatchNorm2d, ReLU, MaxPool2d(2)            14 -> 7
+ *   group 2:  Conv2d(48, 96, 3, pad 1), BatchNorm2d, ReLU, MaxPool2d(2)            7 -> 3
+ *   head:     fastai's create_head(96, n_out) as the caller asks (the arch's default:
+ *             AdaptiveConcatPool2d, Flatten, BatchNorm1d(192), Linear(192, n_out))
  *
- * About 4.1 M multiply-adds per image forward against the mini-resnet's 5.6 M, and fewer,
- * smaller activations. PyTorch's default initialisation (kaiming_uniform_(a=sqrt(5))) for the
- * convolutions, fastai's for the head. The PyTorch twin: bench/fast_torch.py. */
+ * 4.2 M multiply-adds per image forward, as the mini-resnet's 5.6 M less a quarter, but with
+ * far smaller activations: a training epoch costs 0.55 of the mini-resnet's CPU time (measured
+ * single-threaded, bench/README.md "Time to accuracy"), and in that time it learns more (3
+ * epochs of it beat 2 of the mini-resnet). Wider groups (32/64/128) cost 0.85 of the
+ * mini-resnet for less accuracy at equal time. PyTorch's default initialisation
+ * (kaiming_uniform_(a=sqrt(5))) for the convolutions, fastai's for the head. The PyTorch twin:
+ * bench/fast_torch.py. */
 #include "corefit/nn.h"
 
 #include "zoo.h"
 
-static const int fast_widths[] = {32, 64, 128};
+static const int fast_widths[] = {24, 48, 96};
 enum { FAST_GROUPS = sizeof fast_widths / sizeof *fast_widths };
 
 /* Conv2d(ni, nf, 3, pad 1, no bias), BatchNorm2d(nf), ReLU, MaxPool2d(2), appended to seq. */
