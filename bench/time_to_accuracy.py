@@ -40,8 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = "/usr/share/datasets/fashion-mnist"
 # corefit train --recipe fast (tools/recipe.c), spelled out for PyTorch
-FAST = {"epochs": 2, "bs": 64, "lr": 1e-2, "label_smoothing": 0.1, "arch": "fast-cnn", "flip": True,
-        "tta": True}
+FAST = {"epochs": 3, "bs": 64, "lr": None, "label_smoothing": 0.1, "arch": "fast-cnn", "flip": False,
+        "tta": False}
 
 
 def children_cpu():
@@ -65,15 +65,16 @@ def main():
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
-    ap.add_argument("--epochs", type=int, default=None, help="[5; --recipe fast: 4]")
-    ap.add_argument("--bs", type=int, default=None, help="[64; --recipe fast: 128]")
-    ap.add_argument("--lr", type=float, default=None, help="[3e-3 * bs / 64]")
+    ap.add_argument("--epochs", type=int, default=None, help="[5; --recipe fast: 3]")
+    ap.add_argument("--bs", type=int, default=None, help="[64]")
+    ap.add_argument("--lr", type=float, default=None, help="[3e-3 * bs / 64; --recipe fast: 1e-2 * bs / 64]")
     ap.add_argument("--label-smoothing", type=float, default=None, help="[0; --recipe fast: 0.1]")
     ap.add_argument("--recipe", choices=["fast"], default=None, help="corefit train's --recipe")
     ap.add_argument("--arch", choices=["mini-resnet", "fast-cnn"], default=None,
                     help="[mini-resnet; --recipe fast: fast-cnn]")
-    ap.add_argument("--flip", action="store_true", default=None, help="train --flip [--recipe fast: on]")
-    ap.add_argument("--tta", action="store_true", default=None, help="train --tta [--recipe fast: on]")
+    ap.add_argument("--flip", action="store_true", default=None, help="train --flip (both sides)")
+    ap.add_argument("--tta", action="store_true", default=None,
+                    help="train --tta: report the flip-TTA accuracy (both sides)")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--target", type=float, default=0.92)
     ap.add_argument("--only", default="corefit,torch")
@@ -86,7 +87,7 @@ def main():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.lr is None:
-        args.lr = 3e-3 * args.bs / 64
+        args.lr = (1e-2 if args.recipe == "fast" else 3e-3) * args.bs / 64
     if args.arch == "mini-resnet" and (args.flip or args.tta) and "torch" in args.only:
         sys.exit("--flip and --tta need --arch fast-cnn on the PyTorch side (fast_torch.py); w1_torch.py has neither")
     load = os.getloadavg()[0]

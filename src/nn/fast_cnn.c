@@ -9,13 +9,11 @@
  *   head:     fastai's create_head(96, n_out) as the caller asks (the arch's default:
  *             AdaptiveConcatPool2d, Flatten, BatchNorm1d(192), Linear(192, n_out))
  *
- * 4.2 M multiply-adds per image forward, as the mini-resnet's 5.6 M less a quarter, but with
- * far smaller activations: a training epoch costs 0.55 of the mini-resnet's CPU time (measured
- * single-threaded, bench/README.md "Time to accuracy"), and in that time it learns more (3
- * epochs of it beat 2 of the mini-resnet). Wider groups (32/64/128) cost 0.85 of the
- * mini-resnet for less accuracy at equal time. PyTorch's default initialisation
- * (kaiming_uniform_(a=sqrt(5))) for the convolutions, fastai's for the head. The PyTorch twin:
- * bench/fast_torch.py. */
+ * 4.2 M multiply-adds per image forward against the mini-resnet's 5.6 M: a one-epoch corefit
+ * train run costs about 0.76 of the mini-resnet's CPU time and learns more in it (bench/README.md,
+ * "Time to accuracy"); wider groups (32/64/128) or strided residual blocks reached less accuracy
+ * for the same CPU time. PyTorch's default initialisation (kaiming_uniform_(a=sqrt(5))) for the
+ * convolutions, fastai's for the head. The PyTorch twin: bench/fast_torch.py. */
 #include "corefit/nn.h"
 
 #include "zoo.h"
