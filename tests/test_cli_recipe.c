@@ -1,8 +1,9 @@
 /* corefit train --recipe: `fast` trains the very model its options spelled out train (byte for
- * byte: --arch fast-cnn --epochs 3 --bs 64 --lr 1e-2 --label-smoothing 0.1 --checkpoint-every
- * 0), an option given on the command line wins over the recipe's (and --bs rescales the
- * recipe's learning rate), and an unknown name is a usage error naming it. On the first
- * samples of Fashion-MNIST (--limit), one thread, so that each fit takes a second or two. */
+ * byte: --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip --tta
+ * --checkpoint-every 0) and reports the flip-TTA accuracy, an option given on the command line wins
+ * over the recipe's (and --bs rescales the recipe's learning rate), and an unknown name is a usage
+ * error naming it. On the first samples of Fashion-MNIST (--limit), one thread, so that each fit
+ * takes a second or two. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +20,7 @@
 #define COREFIT CF_BUILD_DIR "/corefit"
 #define FIT COREFIT " train --limit 256 --cores 1 --threads 1 --seed 3 --quiet"
 /* the recipe spelled out */
-#define FAST " --arch fast-cnn --epochs 3 --bs 64 --lr 1e-2 --label-smoothing 0.1"
+#define FAST " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip"
 
 static char g_dir[256];
 static char out[1 << 16];
@@ -50,16 +51,22 @@ static void test_fast_is_its_options(void **state) {
         if (strstr(out, "fashion-mnist") || strstr(out, "No such file")) skip();
         fail();
     }
-    assert_int_equal(log_rows("fast.csv"), 3);
+    assert_non_null(strstr(out, "tta: accuracy ")); /* the recipe's --tta */
+    assert_int_equal(log_rows("fast.csv"), 4);
     assert_int_equal(run(FIT FAST " --checkpoint-every 0 --out spelled.st"), 0);
     assert_int_equal(run("cmp fast.st spelled.st"), 0);
     /* the recipe changes the fit: each option of it changes the model */
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 3 --bs 64 --lr 1e-2 --out plain.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --flip --out plain.st"),
+                     0);
     assert_int_not_equal(run("cmp -s fast.st plain.st"), 0);
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 3 --bs 64 --label-smoothing 0.1 "
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --label-smoothing 0.1 --flip "
                              "--out lr.st"),
                      0);
     assert_int_not_equal(run("cmp -s fast.st lr.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 "
+                             "--out nf.st"),
+                     0);
+    assert_int_not_equal(run("cmp -s fast.st nf.st"), 0);
     /* the model file records the recipe's architecture, and eval rebuilds it */
     assert_int_equal(run("head -c 4096 fast.st | grep -ao '\"corefit.arch\":\"[a-z-]*\"'"), 0);
     assert_non_null(strstr(out, "\"corefit.arch\":\"fast-cnn\""));
@@ -75,23 +82,25 @@ static void test_command_line_wins(void **state) {
     }
     assert_int_equal(log_rows("one.csv"), 1);
     assert_int_equal(
-        run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --label-smoothing 0.1 --out o.st"),
+        run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip --out "
+                "o.st"),
         0);
     assert_int_equal(run("cmp one.st o.st"), 0);
     /* --bs 128: the recipe's learning rate scales with it (2e-2) */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --bs 128 --out b128.st"), 0);
     assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 128 --lr 2e-2 --label-smoothing "
-                             "0.1 --out s128.st"),
+                             "0.1 --flip --out s128.st"),
                      0);
     assert_int_equal(run("cmp b128.st s128.st"), 0);
     /* an explicit --label-smoothing 0 is kept */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --label-smoothing 0 --out ls0.st"), 0);
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --out p0.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --flip --out p0.st"),
+                     0);
     assert_int_equal(run("cmp ls0.st p0.st"), 0);
     /* so is another --arch */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --arch mini-resnet --out mr.st"), 0);
     assert_int_equal(run(FIT " --arch mini-resnet --epochs 1 --bs 64 --lr 1e-2 --label-smoothing "
-                             "0.1 --out smr.st"),
+                             "0.1 --flip --out smr.st"),
                      0);
     assert_int_equal(run("cmp mr.st smr.st"), 0);
 }
@@ -107,9 +116,10 @@ static double value_after(const char *from, const char *key) {
  * --tta leaves the model as it is and reports the accuracy of the plain and mirrored images'
  * averaged probabilities, as PyTorch computes it from the same model file
  * (tests/oracle/tta_flip.py, with bench/fast_torch.py's model), and the plain accuracy too. */
+#define TWO " --arch fast-cnn --epochs 2 --bs 64 --lr 1e-2 --label-smoothing 0.1"
 static void test_flip_and_tta(void **state) {
     (void)state;
-    if (run(FIT " --recipe fast --epochs 2 --flip --tta --out tta.st") != 0) {
+    if (run(FIT TWO " --flip --tta --out tta.st") != 0) {
         print_message("%s", out);
         if (strstr(out, "fashion-mnist") || strstr(out, "No such file")) skip();
         fail();
@@ -118,10 +128,10 @@ static void test_flip_and_tta(void **state) {
            tta = value_after("tta:", "tta: accuracy ");
     assert_true(plain >= 0 && plain <= 1);
     assert_true(tta >= 0 && tta <= 1);
-    assert_int_equal(run(FIT " --recipe fast --epochs 2 --flip --out flip.st"), 0);
+    assert_int_equal(run(FIT TWO " --flip --out flip.st"), 0);
     assert_int_equal(run("cmp tta.st flip.st"), 0);
     assert_null(strstr(out, "tta:"));
-    assert_int_equal(run(FIT " --recipe fast --epochs 2 --out noflip.st"), 0);
+    assert_int_equal(run(FIT TWO " --out noflip.st"), 0);
     assert_int_not_equal(run("cmp -s flip.st noflip.st"), 0);
     int rc = run("/usr/bin/python3 " CF_SOURCE_DIR "/tests/oracle/tta_flip.py tta.st "
                  "/usr/share/datasets/fashion-mnist 51");
