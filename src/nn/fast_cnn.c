@@ -10,7 +10,7 @@
  *             AdaptiveConcatPool2d, Flatten, BatchNorm1d(192), Linear(192, n_out))
  *
  * 4.2 M multiply-adds per image forward against the mini-resnet's 5.6 M: a one-epoch corefit
- * train run costs about 0.76 of the mini-resnet's CPU time and learns more in it (bench/README.md,
+ * train run costs about 0.79 of the mini-resnet's CPU time and learns more in it (bench/README.md,
  * "Time to accuracy"); wider groups (32/64/128) or strided residual blocks reached less accuracy
  * for the same CPU time. PyTorch's default initialisation (kaiming_uniform_(a=sqrt(5))) for the
  * convolutions, fastai's for the head. The PyTorch twin: bench/fast_torch.py. */
