@@ -4,27 +4,33 @@ saved model, and the test accuracy (the 10,000 t10k images), over several seeds,
 for PyTorch given the same recipe, on all cores.
 
 usage: time_to_accuracy.py --time-to-accuracy [--build DIR] [--seeds 5] [--cores N] [--epochs E]
-                           [--bs B] [--lr X] [--label-smoothing EPS] [--bf16] [--target 0.92]
-                           [--recipe fast]
+                           [--bs B] [--lr X] [--label-smoothing EPS] [--arch A] [--[no-]flip] [--[no-]tta]
+                           [--bf16] [--target 0.92] [--recipe fast]
 
 --recipe fast: corefit runs `corefit train --recipe fast` (tools/recipe.c) and PyTorch the same
-options spelled out (FAST below: 4 epochs, bs 128 per process, lr 6e-3, label smoothing 0.1);
---epochs, --bs, --lr, --label-smoothing and --bf16 given here still win, on both sides.
+options spelled out (FAST below); --epochs, --bs, --lr, --label-smoothing, --arch and --bf16
+given here still win, on both sides.
 
-  corefit: corefit train --idx DATA --arch mini-resnet --epochs E --bs B --lr X --cores N
-           [--label-smoothing EPS] [--bf16] --seed S --out FILE --quiet
-  PyTorch: w1_torch.py --ddp N (--threads 1 when N is 1) --epochs E --bs B --lr X
-           [--label-smoothing EPS] [--bf16] --seed S --save FILE
+  corefit: corefit train --idx DATA --arch A --epochs E --bs B --lr X --cores N
+           [--label-smoothing EPS] [--flip] [--tta] [--bf16] --seed S --out FILE --quiet
+  PyTorch: w1_torch.py (--arch mini-resnet) or fast_torch.py (--arch fast-cnn) --ddp N
+           (--threads 1 when N is 1) --epochs E --bs B --lr X [--label-smoothing EPS] [--flip]
+           [--tta] [--bf16] --seed S --save FILE
 Both: fit_one_cycle (div 25, div_final 1e5, pct_start 0.25), fastai's Adam, bs per process,
-the run timed from the process's start to its exit (the model written before it exits).
+the run timed from the process's start to its exit (the model written before it exits). With
+--tta the accuracy is the flip-TTA one (corefit train --tta: plain and mirrored test images,
+probabilities averaged), computed inside the timed run.
 
 Prints, for each program, every seed's seconds and accuracy, the mean accuracy, the mean time,
 and whether the mean reached --target. Measure on a quiet machine only (load average under 2):
-the script prints the load average and refuses above --max-load unless --force.
+the script prints the load average and refuses above --max-load unless --force. Each run's CPU
+seconds (user + system, all its processes) are printed too: on a loaded machine they, not the
+wall times, say what a run costs.
 """
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,16 +40,22 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = "/usr/share/datasets/fashion-mnist"
 # corefit train --recipe fast (tools/recipe.c), spelled out for PyTorch
-FAST = {"epochs": 4, "bs": 128, "lr": 6e-3, "label_smoothing": 0.1}
+FAST = {"epochs": 4, "bs": 64, "lr": None, "label_smoothing": 0.1, "arch": "fast-cnn", "flip": True,
+        "tta": True}
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def timed(cmd, env):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
-    took = time.perf_counter() - t0
+    took, cpu = time.perf_counter() - t0, children_cpu() - c0
     if p.returncode != 0:
         sys.exit("failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stderr[-2000:]))
-    return took, p.stdout
+    return took, cpu, p.stdout
 
 
 def main():
@@ -54,22 +66,31 @@ def main():
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     ap.add_argument("--epochs", type=int, default=None, help="[5; --recipe fast: 4]")
-    ap.add_argument("--bs", type=int, default=None, help="[64; --recipe fast: 128]")
-    ap.add_argument("--lr", type=float, default=None, help="[3e-3 * bs / 64]")
+    ap.add_argument("--bs", type=int, default=None, help="[64]")
+    ap.add_argument("--lr", type=float, default=None, help="[3e-3 * bs / 64; --recipe fast: 1e-2 * bs / 64]")
     ap.add_argument("--label-smoothing", type=float, default=None, help="[0; --recipe fast: 0.1]")
     ap.add_argument("--recipe", choices=["fast"], default=None, help="corefit train's --recipe")
+    ap.add_argument("--arch", choices=["mini-resnet", "fast-cnn"], default=None,
+                    help="[mini-resnet; --recipe fast: fast-cnn]")
+    ap.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
+                    help="train --flip (both sides) [--recipe fast: on]")
+    ap.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None,
+                    help="train --tta: report the flip-TTA accuracy (both sides) [--recipe fast: on]")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--target", type=float, default=0.92)
     ap.add_argument("--only", default="corefit,torch")
     ap.add_argument("--max-load", type=float, default=2.0)
     ap.add_argument("--force", action="store_true", help="measure even on a loaded machine")
     args = ap.parse_args()
-    plain = {"epochs": 5, "bs": 64, "lr": None, "label_smoothing": 0.0}
+    plain = {"epochs": 5, "bs": 64, "lr": None, "label_smoothing": 0.0, "arch": "mini-resnet", "flip": False,
+             "tta": False}
     for k, v in (FAST if args.recipe == "fast" else plain).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.lr is None:
-        args.lr = 3e-3 * args.bs / 64
+        args.lr = (1e-2 if args.recipe == "fast" else 3e-3) * args.bs / 64
+    if args.arch == "mini-resnet" and (args.flip or args.tta) and "torch" in args.only:
+        sys.exit("--flip and --tta need --arch fast-cnn on the PyTorch side (fast_torch.py); w1_torch.py has neither")
     load = os.getloadavg()[0]
     print("load average %.1f%s" % (load, "" if load < args.max_load else " (a loaded machine: times are not comparable)"))
     if load >= args.max_load and not args.force:
@@ -80,39 +101,46 @@ def main():
         recipe += ["--label-smoothing", repr(args.label_smoothing)]
     if args.bf16:
         recipe += ["--bf16"]
+    if args.flip:
+        recipe += ["--flip"]
+    if args.tta:
+        recipe += ["--tta"]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for s in range(1, args.seeds + 1):
             if "corefit" in args.only:
                 out = os.path.join(tmp, "cf-%d.safetensors" % s)
-                cmd = [os.path.join(args.build, "corefit"), "train", "--idx", args.data, "--arch", "mini-resnet",
+                cmd = [os.path.join(args.build, "corefit"), "train", "--idx", args.data, "--arch", args.arch,
                        "--cores", str(args.cores), "--seed", str(s), "--out", out, "--quiet"] + recipe
-                if args.recipe:
-                    cmd += ["--recipe", args.recipe]
-                took, text = timed(cmd, env)
-                m = re.search(r"accuracy ([0-9.]+)", text)
+                if args.recipe:  # the recipe's options are all spelled out; --flip and --tta cannot be
+                    # taken back on corefit's command line, so --no-flip/--no-tta leave --recipe out
+                    cmd += ["--checkpoint-every", "0"] + (["--recipe", args.recipe] if args.flip and args.tta else [])
+                took, cpu, text = timed(cmd, env)
+                m = re.search(r"tta: accuracy ([0-9.]+)" if args.tta else r"accuracy ([0-9.]+)", text)
                 if not m or not os.path.exists(out):
                     sys.exit("no accuracy or model from: " + " ".join(cmd) + "\n" + text[-1000:])
-                results.setdefault("corefit", []).append((took, float(m.group(1))))
-                print("corefit seed %d: %.1f s, accuracy %.4f   %s" % (s, took, float(m.group(1)), " ".join(cmd)),
-                      flush=True)
+                results.setdefault("corefit", []).append((took, float(m.group(1)), cpu))
+                print("corefit seed %d: %.1f s (%.1f CPU s), accuracy %.4f   %s" % (
+                    s, took, cpu, float(m.group(1)), " ".join(cmd)), flush=True)
             if "torch" in args.only:
                 out = os.path.join(tmp, "torch-%d.pt" % s)
                 mode = ["--threads", "1"] if args.cores == 1 else ["--ddp", str(args.cores)]
-                cmd = ["/usr/bin/python3", os.path.join(HERE, "w1_torch.py")] + mode + [
+                script = "fast_torch.py" if args.arch == "fast-cnn" else "w1_torch.py"
+                cmd = ["/usr/bin/python3", os.path.join(HERE, script)] + mode + [
                     "--seed", str(s), "--save", out, "--data", args.data] + recipe
-                took, text = timed(cmd, dict(env, OMP_NUM_THREADS="1"))
+                took, cpu, text = timed(cmd, dict(env, OMP_NUM_THREADS="1"))
                 m = re.search(r'"test_acc": ([0-9.]+)', text)
                 if not m or not os.path.exists(out):
                     sys.exit("no accuracy or model from: " + " ".join(cmd) + "\n" + text[-1000:])
-                results.setdefault("torch", []).append((took, float(m.group(1))))
-                print("torch   seed %d: %.1f s, accuracy %.4f   %s" % (s, took, float(m.group(1)), " ".join(cmd)),
-                      flush=True)
+                results.setdefault("torch", []).append((took, float(m.group(1)), cpu))
+                print("torch   seed %d: %.1f s (%.1f CPU s), accuracy %.4f   %s" % (
+                    s, took, cpu, float(m.group(1)), " ".join(cmd)), flush=True)
     for name, rs in results.items():
-        acc = statistics.mean(a for _, a in rs)
-        t = statistics.mean(t for t, _ in rs)
-        print("%-8s mean %.1f s (process start to saved model), mean test accuracy %.4f over %d seeds: %s %.3f" % (
-            name, t, acc, len(rs), "reaches" if acc >= args.target else "misses", args.target))
+        acc = statistics.mean(a for _, a, _ in rs)
+        t = statistics.mean(t for t, _, _ in rs)
+        cpu = statistics.mean(c for _, _, c in rs)
+        print("%-8s mean %.1f s (process start to saved model; %.1f CPU s), mean test accuracy %.4f over %d seeds:"
+              " %s %.3f" % (name, t, cpu, acc, len(rs), "reaches" if acc >= args.target else "misses", args.target))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 /* corefit train --recipe: `fast` trains the very model its options spelled out train (byte for
- * byte), an option given on the command line wins over the recipe's (and --bs rescales the
- * recipe's learning rate), and an unknown name is a usage error naming it. On the first
- * samples of Fashion-MNIST (--limit), one thread, so that each fit takes a second or two. */
+ * byte: --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip --tta
+ * --checkpoint-every 0) and reports the flip-TTA accuracy, an option given on the command line wins
+ * over the recipe's (and --bs rescales the recipe's learning rate), and an unknown name is a usage
+ * error naming it. On the first samples of Fashion-MNIST (--limit), one thread, so that each fit
+ * takes a second or two. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,12 +12,15 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "child.h"
 #include "oracle.h"
 
 #define COREFIT CF_BUILD_DIR "/corefit"
 #define FIT COREFIT " train --limit 256 --cores 1 --threads 1 --seed 3 --quiet"
+/* the recipe spelled out */
+#define FAST " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip"
 
 static char g_dir[256];
 static char out[1 << 16];
@@ -46,14 +51,26 @@ static void test_fast_is_its_options(void **state) {
         if (strstr(out, "fashion-mnist") || strstr(out, "No such file")) skip();
         fail();
     }
+    assert_non_null(strstr(out, "tta: accuracy ")); /* the recipe's --tta */
     assert_int_equal(log_rows("fast.csv"), 4);
-    assert_int_equal(run(FIT " --epochs 4 --bs 128 --lr 6e-3 --label-smoothing 0.1 "
-                             "--checkpoint-every 0 --out spelled.st"),
-                     0);
+    assert_int_equal(run(FIT FAST " --checkpoint-every 0 --out spelled.st"), 0);
     assert_int_equal(run("cmp fast.st spelled.st"), 0);
-    /* the recipe changes the fit: without label smoothing the model differs */
-    assert_int_equal(run(FIT " --epochs 4 --bs 128 --lr 6e-3 --out plain.st"), 0);
+    /* the recipe changes the fit: each option of it changes the model */
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --flip --out plain.st"),
+                     0);
     assert_int_not_equal(run("cmp -s fast.st plain.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --label-smoothing 0.1 --flip "
+                             "--out lr.st"),
+                     0);
+    assert_int_not_equal(run("cmp -s fast.st lr.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 "
+                             "--out nf.st"),
+                     0);
+    assert_int_not_equal(run("cmp -s fast.st nf.st"), 0);
+    /* the model file records the recipe's architecture, and eval rebuilds it */
+    assert_int_equal(run("head -c 4096 fast.st | grep -ao '\"corefit.arch\":\"[a-z-]*\"'"), 0);
+    assert_non_null(strstr(out, "\"corefit.arch\":\"fast-cnn\""));
+    assert_int_equal(run(COREFIT " eval fast.st --limit 256"), 0);
 }
 
 static void test_command_line_wins(void **state) {
@@ -64,17 +81,71 @@ static void test_command_line_wins(void **state) {
         fail();
     }
     assert_int_equal(log_rows("one.csv"), 1);
-    assert_int_equal(run(FIT " --epochs 1 --bs 128 --lr 6e-3 --label-smoothing 0.1 --out o.st"), 0);
+    assert_int_equal(
+        run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip --out "
+                "o.st"),
+        0);
     assert_int_equal(run("cmp one.st o.st"), 0);
-    /* --bs 64: the recipe's learning rate scales with it (3e-3) */
-    assert_int_equal(run(FIT " --recipe fast --epochs 1 --bs 64 --out b64.st"), 0);
-    assert_int_equal(run(FIT " --epochs 1 --bs 64 --lr 3e-3 --label-smoothing 0.1 --out s64.st"),
+    /* --bs 128: the recipe's learning rate scales with it (2e-2) */
+    assert_int_equal(run(FIT " --recipe fast --epochs 1 --bs 128 --out b128.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 128 --lr 2e-2 --label-smoothing "
+                             "0.1 --flip --out s128.st"),
                      0);
-    assert_int_equal(run("cmp b64.st s64.st"), 0);
+    assert_int_equal(run("cmp b128.st s128.st"), 0);
     /* an explicit --label-smoothing 0 is kept */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --label-smoothing 0 --out ls0.st"), 0);
-    assert_int_equal(run(FIT " --epochs 1 --bs 128 --lr 6e-3 --out p0.st"), 0);
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --flip --out p0.st"),
+                     0);
     assert_int_equal(run("cmp ls0.st p0.st"), 0);
+    /* so is another --arch */
+    assert_int_equal(run(FIT " --recipe fast --epochs 1 --arch mini-resnet --out mr.st"), 0);
+    assert_int_equal(run(FIT " --arch mini-resnet --epochs 1 --bs 64 --lr 1e-2 --label-smoothing "
+                             "0.1 --flip --out smr.st"),
+                     0);
+    assert_int_equal(run("cmp mr.st smr.st"), 0);
+}
+
+/* The value after `key` in out, from `from` on (-1 when missing). */
+static double value_after(const char *from, const char *key) {
+    const char *p = strstr(out, from);
+    if (p) p = strstr(p, key);
+    return p ? atof(p + strlen(key)) : -1;
+}
+
+/* --flip changes the fit (and is refused beside --aug, which flips already, and for tables);
+ * --tta leaves the model as it is and reports the accuracy of the plain and mirrored images'
+ * averaged probabilities, as PyTorch computes it from the same model file
+ * (tests/oracle/tta_flip.py, with bench/fast_torch.py's model), and the plain accuracy too. */
+#define TWO " --arch fast-cnn --epochs 2 --bs 64 --lr 1e-2 --label-smoothing 0.1"
+static void test_flip_and_tta(void **state) {
+    (void)state;
+    if (run(FIT TWO " --flip --tta --out tta.st") != 0) {
+        print_message("%s", out);
+        if (strstr(out, "fashion-mnist") || strstr(out, "No such file")) skip();
+        fail();
+    }
+    double plain = value_after("result:", " accuracy "),
+           tta = value_after("tta:", "tta: accuracy ");
+    assert_true(plain >= 0 && plain <= 1);
+    assert_true(tta >= 0 && tta <= 1);
+    assert_int_equal(run(FIT TWO " --flip --out flip.st"), 0);
+    assert_int_equal(run("cmp tta.st flip.st"), 0);
+    assert_null(strstr(out, "tta:"));
+    assert_int_equal(run(FIT TWO " --out noflip.st"), 0);
+    assert_int_not_equal(run("cmp -s flip.st noflip.st"), 0);
+    int rc = run("/usr/bin/python3 " CF_SOURCE_DIR "/tests/oracle/tta_flip.py tta.st "
+                 "/usr/share/datasets/fashion-mnist 51");
+    if (rc != 0) print_message("%s", out);
+    assert_int_equal(rc, 0);
+    assert_true(fabs(value_after("plain ", "plain ") - plain) < 1e-4);
+    assert_true(fabs(value_after("tta ", "tta ") - tta) < 1e-4);
+
+    assert_int_equal(run(FIT " --flip --aug --epochs 1 --out x.st"), 2);
+    assert_non_null(strstr(out, "--flip with --aug"));
+    assert_int_equal(run("printf 'a,y\\n1,0\\n2,1\\n' > t.csv && " COREFIT
+                         " train --csv t.csv --cont a --target y --flip --quiet"),
+                     2);
+    assert_non_null(strstr(out, "--flip is for images"));
 }
 
 static void test_unknown_recipe(void **state) {
@@ -87,6 +158,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_is_its_options),
         cmocka_unit_test(test_command_line_wins),
+        cmocka_unit_test(test_flip_and_tta),
         cmocka_unit_test(test_unknown_recipe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -274,8 +274,11 @@ static int build_learner(const char *cmd, train_args *a, session *s, cf_model_in
         return rc;
     }
     cf_aug_opts aug = cf_aug_transforms_defaults(1.0f);
-    cf_dls_options o = {
-        .bs = d->bs, .seed = d->seed, .n_norm = n_norm, .aug = d->aug && !tabular ? &aug : NULL};
+    cf_dls_options o = {.bs = d->bs,
+                        .seed = d->seed,
+                        .n_norm = n_norm,
+                        .aug = d->aug && !tabular ? &aug : NULL,
+                        .flip = d->flip && !tabular};
     memcpy(o.mean, mean, sizeof o.mean);
     memcpy(o.std, std, sizeof o.std);
     if (cf_dls_new(train, valid, &o, &s->dls)) {

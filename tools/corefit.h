@@ -81,6 +81,7 @@ typedef struct cli_data {
     const cf_item_tfm *model_tfm; /* eval: the model's recorded item transform (photo.c) */
     cli_task_data task;           /* --images-csv's targets: label sets, points (tasks.c) */
     cli_seg_data seg;             /* --masks: segmentation masks beside --images (seg.c) */
+    bool flip;                    /* --flip: fastai's Flip(p=0.5) alone on the training images */
 } cli_data;
 
 /* Column names parsed from a comma list (owned). */

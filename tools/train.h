@@ -22,6 +22,7 @@ typedef struct train_args {
     int checkpoint_every;            /* --checkpoint-every N (batches) */
     int max_restarts, commit_every;  /* --max-restarts N, --commit-every K (fork workers) */
     const char *recipe;              /* --recipe NAME (recipe.c) */
+    bool tta;                        /* --tta: flip test-time augmentation after the fit */
 } train_args;
 
 #define CLI_STR_(x) #x
@@ -92,6 +93,9 @@ int cli_report_stopped_fit(const char *cmd, int argc, char **argv, const train_a
 /* --recipe NAME: sets the recipe's options that opts (parsed) did not see; CLI_USAGE for an
  * unknown name (recipe.c). */
 int cli_apply_recipe(const char *cmd, train_args *a, const cli_opt *opts);
+/* --tta: the validation accuracy of the learner with each image predicted plain and mirrored,
+ * the probabilities averaged (tta_flip.c); CLI_OK or the exit status, with the message printed. */
+int cli_tta_flip(const char *cmd, cf_learner *learn, double *accuracy);
 /* CF_TIMING=1: "timing: WHAT at S s since the start, this process's CPU C s" on stderr
  * (timing.c). */
 void cli_timing(const char *what);

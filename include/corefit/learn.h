@@ -747,9 +747,11 @@ typedef enum cf_arch {
     CF_ARCH_RESNET18, /* torchvision's ResNets (cf_resnet_learner_model), fastai's 3 groups */
     CF_ARCH_RESNET34,
     CF_ARCH_RESNET50,
+    CF_ARCH_FAST_CNN, /* cf_fast_cnn: corefit train --recipe fast's model for 28 px images */
 } cf_arch;
 
-/* "mini-resnet", "simple-cnn", "xresnet18", ..., "resnet50"; and back (-1 when unknown). */
+/* "mini-resnet", "simple-cnn", "xresnet18", ..., "resnet50", "fast-cnn"; and back (-1 when
+ * unknown). */
 const char *cf_arch_name(cf_arch arch);
 int cf_arch_from_name(const char *name);
 

@@ -15,6 +15,7 @@ static const char *const arch_names[] = {
     [CF_ARCH_XRESNET18] = "xresnet18",     [CF_ARCH_XRESNET34] = "xresnet34",
     [CF_ARCH_XRESNET50] = "xresnet50",     [CF_ARCH_RESNET18] = "resnet18",
     [CF_ARCH_RESNET34] = "resnet34",       [CF_ARCH_RESNET50] = "resnet50",
+    [CF_ARCH_FAST_CNN] = "fast-cnn",
 };
 
 static int resnet_depth(cf_arch arch) {
@@ -52,6 +53,7 @@ static cf_head_opts head_options(cf_arch arch, const cf_vision_opts *o) {
         h.ps[0] = 0.25f;
         h.ps[1] = 0.5f;
     }
+    if (arch == CF_ARCH_FAST_CNN) h = cf_fast_cnn_head(); /* a BatchNorm1d and a Linear */
     if (o->n_lin_ftrs > 0) {
         h.n_lin_ftrs = o->n_lin_ftrs;
         memcpy(h.lin_ftrs, o->lin_ftrs, sizeof h.lin_ftrs);
@@ -153,6 +155,9 @@ cf_status cf_vision_learner_(cf_learner **out, cf_dls *dls, cf_arch arch, const 
     switch (arch) {
     case CF_ARCH_MINI_RESNET:
         root = cf_mini_resnet_ex(c_in, n_out, &head);
+        break;
+    case CF_ARCH_FAST_CNN:
+        root = cf_fast_cnn_ex(c_in, n_out, &head);
         break;
     case CF_ARCH_SIMPLE_CNN: {
         int filters[] = {c_in, 16, 32, 64};
