@@ -8,8 +8,10 @@
  *   - the first step's loss agrees to 1e-4 (same weights, same batch: the loss and the data
  *     pipeline: reading, targets, PointScaler, y_range, normalisation), the next two steps'
  *     to 1e-3 (the gradients and fastai's Adam with its one-cycle schedule);
- *   - the last epoch's mean training loss to 10-20% (the whole fit; measured: 0.004-2% apart,
- *     points 9% after its 114 steps; the later steps' rounding depends on the ISA);
+ *   - the last epoch's mean training loss to 10% (points 20%, regression 35%), the whole fit:
+ *     the later steps' rounding, hence where the fit wanders, depends on the ISA; measured
+ *     over CF_ISA=avx512, avx2 and generic: segmentation 0.03%, multi-label and Fashion-MNIST
+ *     up to 3%, points up to 12%, regression up to 18% apart;
  *   - both of those training losses below the best constant prediction's (they learned);
  *   - corefit's trained weights validate to the same loss and metrics (1e-3 relative; the
  *     segmentation metrics 0.005, argmax near-ties) in both (the metrics' code, the eval-mode
@@ -280,7 +282,7 @@ static void test_regression(void **state) {
     for (int64_t i = 0; i < train->n; i++) lo = fminf(lo, train->y[i]), hi = fmaxf(hi, train->y[i]);
     const double pad = 0.05 * ((double)hi - lo);
     task t = {
-        .name = "regression", .data = "pt", .epochs = 4, .bs = 32, .lr = 1e-2, .loss_rtol = 0.15};
+        .name = "regression", .data = "pt", .epochs = 4, .bs = 32, .lr = 1e-2, .loss_rtol = 0.35};
     vision_task(&t, train, valid, true, (float)(lo - pad), (float)(hi + pad));
 }
 
