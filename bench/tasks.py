@@ -8,17 +8,17 @@ and side and whether the two agree within the seeds' noise.
 Tasks (all at one thread per run, fit_one_cycle, fastai's Adam, wd 0.01):
   multi-label    fmnist-tasks multi-label (56x56 mosaics): corefit train --multi-label;
                  BCEWithLogitsLossFlat, accuracy_multi
-  points         fmnist-tasks points (48x48): corefit train --points; MSELossFlat on
-                 PointScaler's -1..1 coordinates, y_range (-1, 1), mae
+  points         fmnist-tasks points (2000 images, 48x48): corefit train --points; MSELossFlat
+                 on PointScaler's -1..1 coordinates, y_range (-1, 1), mae; 12 epochs at bs 32
   regression     the points data's x column as one value: corefit train --regression;
-                 MSELossFlat, y_range the training range + 5%, mae
+                 MSELossFlat, y_range the training range + 5%, mae; 12 epochs at bs 32
   fmnist         Fashion-MNIST, single label, CrossEntropyLossFlat, accuracy
   label-smooth   the same with LabelSmoothingCrossEntropy(eps 0.1) (corefit --label-smoothing 0.1)
   mixup          the same with MixUp(0.4) (corefit --mixup 0.4)
   cutmix         the same with CutMix(1.0) (corefit --cutmix 1.0)
-  segmentation   fmnist-tasks segmentation (32x32 scenes, separate train and valid folders):
-                 build/bench_seg (cf_unet_learner, resnet18 body); CrossEntropyLossFlat(axis=1),
-                 foreground_acc, DiceMulti
+  segmentation   fmnist-tasks segmentation (400 training and 100 validation 32x32 scenes, from
+                 separate seeds): build/bench_seg (cf_unet_learner, resnet18 body);
+                 CrossEntropyLossFlat(axis=1), foreground_acc, DiceMulti; 6 epochs at bs 16
 
 The data is written once under BUILD/tasks-data. Runs go --jobs at a time (the PyTorch and the
 corefit run of a seed side by side); the raw results go to BUILD/tasks-results.json and the
@@ -40,17 +40,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
-# task: the metric compared, lr_max, epochs and batch size (the same on both sides)
+# task: the metric compared, lr_max, epochs and batch size (the same on both sides). Points,
+# regression and segmentation get longer fits on more data than the others so that both sides
+# clearly learn (with 36-48 steps they had barely started: a constant prediction scored as well)
 TASKS = {
     "multi-label": dict(metric="accuracy_multi", lr=3e-3, epochs=4, bs=64),
-    "points": dict(metric="mae", lr=3e-3, epochs=4, bs=64),
-    "regression": dict(metric="mae", lr=3e-3, epochs=4, bs=64),
+    "points": dict(metric="mae", lr=1e-2, epochs=12, bs=32),
+    "regression": dict(metric="mae", lr=3e-3, epochs=12, bs=32),
     "fmnist": dict(metric="accuracy", lr=3e-3, epochs=3, bs=64),
     "label-smooth": dict(metric="accuracy", lr=3e-3, epochs=3, bs=64),
     "mixup": dict(metric="accuracy", lr=3e-3, epochs=3, bs=64),
     "cutmix": dict(metric="accuracy", lr=3e-3, epochs=3, bs=64),
-    "segmentation": dict(metric="dice_multi", lr=3e-3, epochs=3, bs=16),
+    "segmentation": dict(metric="dice_multi", lr=1e-2, epochs=6, bs=16),
 }
+# the data sets: multi-label mosaics; point images (2000 of 48x48, 20% validation) for points and
+# regression; segmentation scenes (training and validation written from different seeds)
+ML_N = 1000
+PT_N, PT_SIZE = 2000, 48
+SEG_TRAIN, SEG_VALID, SEG_SIZE = 400, 100, 32
 FMNIST_LIMIT = 2000
 TRICK = {"fmnist": [], "label-smooth": ["--label-smoothing", "0.1"], "mixup": ["--mixup", "0.4"],
          "cutmix": ["--cutmix", "1.0"]}
@@ -62,37 +69,46 @@ def make_data(corefit, root):
         subprocess.run([corefit, "fmnist-tasks", *a], check=True, stderr=subprocess.DEVNULL)
 
     os.makedirs(root, exist_ok=True)
-    if not os.path.exists(os.path.join(root, "ml", "labels.csv")):
-        run("multi-label", os.path.join(root, "ml"), "--n", "1000", "--seed", "42")
-    if not os.path.exists(os.path.join(root, "pt", "points.csv")):
-        run("points", os.path.join(root, "pt"), "--n", "1000", "--size", "48", "--seed", "42")
-    seg = os.path.join(root, "seg")
+    ml, pt, seg = data_dirs(root)
+    if not os.path.exists(os.path.join(ml, "labels.csv")):
+        run("multi-label", ml, "--n", str(ML_N), "--seed", "42")
+    if not os.path.exists(os.path.join(pt, "points.csv")):
+        run("points", pt, "--n", str(PT_N), "--size", str(PT_SIZE), "--seed", "42")
     os.makedirs(seg, exist_ok=True)
     if not os.path.exists(os.path.join(seg, "valid", "codes.txt")):
-        run("segmentation", os.path.join(seg, "train"), "--n", "200", "--size", "32", "--seed", "42")
-        run("segmentation", os.path.join(seg, "valid"), "--n", "60", "--size", "32", "--seed", "43")
+        run("segmentation", os.path.join(seg, "train"), "--n", str(SEG_TRAIN), "--size", str(SEG_SIZE),
+            "--seed", "42")
+        run("segmentation", os.path.join(seg, "valid"), "--n", str(SEG_VALID), "--size", str(SEG_SIZE),
+            "--seed", "43")
+
+
+def data_dirs(root):
+    """The data sets' folders, named by their sizes so that changed sizes write new ones."""
+    return (os.path.join(root, f"ml{ML_N}"), os.path.join(root, f"pt{PT_N}-{PT_SIZE}"),
+            os.path.join(root, f"seg{SEG_TRAIN}-{SEG_VALID}-{SEG_SIZE}"))
 
 
 def commands(task, seed, build, data, tmp):
     """(corefit argv, torch argv, corefit csv log or None) for one seed."""
     t = TASKS[task]
+    ml, pt, seg = data_dirs(data)
     common = ["--epochs", str(t["epochs"]), "--lr", str(t["lr"]), "--bs", str(t["bs"]), "--seed", str(seed)]
     torch_cmd = [PY, os.path.join(HERE, "tasks_torch.py")]
     if task == "segmentation":
-        c = [os.path.join(build, "bench_seg"), "--data", os.path.join(data, "seg"), *common]
-        return c, torch_cmd + ["segmentation", os.path.join(data, "seg"), *common], None
+        c = [os.path.join(build, "bench_seg"), "--data", seg, *common]
+        return c, torch_cmd + ["segmentation", seg, *common], None
     log = os.path.join(tmp, f"{task}-{seed}.csv")
     c = [os.path.join(build, "corefit"), "train", *common, "--cores", "1", "--threads", "1", "--quiet",
          "--out", os.path.join(tmp, f"{task}-{seed}.safetensors"), "--csv-log", log]
     if task == "multi-label":
-        c += ["--images-csv", os.path.join(data, "ml", "labels.csv"), "--multi-label", "--valid-col",
+        c += ["--images-csv", os.path.join(ml, "labels.csv"), "--multi-label", "--valid-col",
               "is_valid", "--size", "56", "--channels", "1", "--arch", "mini-resnet"]
-        tc = ["multi-label", os.path.join(data, "ml")]
+        tc = ["multi-label", ml]
     elif task in ("points", "regression"):
-        c += ["--images-csv", os.path.join(data, "pt", "points.csv"), "--valid-col", "is_valid", "--size", "48",
+        c += ["--images-csv", os.path.join(pt, "points.csv"), "--valid-col", "is_valid", "--size", str(PT_SIZE),
               "--channels", "1", "--arch", "mini-resnet", "--metrics", "mae"]
         c += ["--points"] if task == "points" else ["--regression", "--label-col", "x"]
-        tc = [task, os.path.join(data, "pt")]
+        tc = [task, pt]
     else:
         c += ["--idx", FMNIST, "--limit", str(FMNIST_LIMIT), "--arch", "mini-resnet", *TRICK[task]]
         tc = ["fmnist", FMNIST, "--limit", str(FMNIST_LIMIT), *TRICK[task]]

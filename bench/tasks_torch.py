@@ -380,14 +380,20 @@ def fit(model, xtr, ytr, args, loss_fn, task):
 
 
 @torch.no_grad()
-def validate(model, xva, yva, loss_fn, task, n_codes=0):
+def validate(model, xva, yva, loss_fn, task, n_codes=0, bs=64):
+    """fastai's validation: batches of bs (the valid loader's bs is the training one), the loss
+    and foreground_acc (an AvgMetric) averaged over the batches weighted by their sizes; the
+    other metrics over the whole set."""
     model.eval()
-    losses, outs = [], []
-    for i in range(0, len(xva), args_bs_valid):
-        xb, yb = torch.from_numpy(xva[i:i + args_bs_valid]), torch.from_numpy(yva[i:i + args_bs_valid])
+    losses, outs, fg_accs = [], [], []
+    for i in range(0, len(xva), bs):
+        xb, yb = torch.from_numpy(xva[i:i + bs]), torch.from_numpy(yva[i:i + bs])
         out = model(xb)
         losses.append((float(loss_fn(out, yb)), len(xb)))
         outs.append(out)
+        if task == "segmentation":
+            fg = yb != 0
+            fg_accs.append((float((out.argmax(1)[fg] == yb[fg]).float().mean()), len(xb)))
     out = torch.cat(outs)
     y = torch.from_numpy(yva)
     res = {"valid_loss": sum(l * n for l, n in losses) / sum(n for _, n in losses)}
@@ -399,8 +405,7 @@ def validate(model, xva, yva, loss_fn, task, n_codes=0):
         res["mae"] = float((out.reshape(-1) - y.reshape(-1)).abs().mean())
     elif task == "segmentation":
         pred = out.argmax(1)
-        fg = y != 0
-        res["foreground_acc"] = float((pred[fg] == y[fg]).float().mean())
+        res["foreground_acc"] = sum(a * n for a, n in fg_accs) / sum(n for _, n in fg_accs)
         dice = []
         for c in range(n_codes):
             p, t = pred == c, y == c
@@ -409,9 +414,6 @@ def validate(model, xva, yva, loss_fn, task, n_codes=0):
                 dice.append(2.0 * int((p & t).sum()) / union)
         res["dice_multi"] = sum(dice) / len(dice)
     return res
-
-
-args_bs_valid = 128
 
 
 def main():
@@ -448,7 +450,7 @@ def main():
     model = unet_resnet18(n_codes, xtr.shape[-1]) if task == "segmentation" else mini_resnet(n_out, y_range)
     loss_fn = make_loss(task, args)
     fit(model, xtr, ytr, args, loss_fn, task)
-    res = validate(model, xva, yva, loss_fn, task, n_codes)
+    res = validate(model, xva, yva, loss_fn, task, n_codes, args.bs)
     res.update({"impl": "torch", "task": task, "seed": args.seed, "epochs": args.epochs, "lr": args.lr,
                 "bs": args.bs, "n_train": len(xtr), "n_valid": len(xva), "seconds": time.time() - t0})
     print(json.dumps(res), flush=True)

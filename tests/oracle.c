@@ -4,7 +4,10 @@
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "corefit/nn.h"
@@ -55,7 +58,70 @@ void oracle_put_values(oracle *o, const char *name, int n, ...) {
     free(v);
 }
 
+/* The persistent oracle of oracle_serve_begin: its script, process and pipes. */
+static struct {
+    char script[128];
+    pid_t pid;
+    FILE *to, *from;
+} served;
+
+void oracle_serve_begin(const char *script) {
+    int in[2], out[2];
+    assert_int_equal(pipe(in), 0);
+    assert_int_equal(pipe(out), 0);
+    /* only the child's ends survive exec, so that no other child holds the requests open */
+    fcntl(in[1], F_SETFD, FD_CLOEXEC);
+    fcntl(out[0], F_SETFD, FD_CLOEXEC);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/oracle/%s", CF_SOURCE_DIR, script);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]);
+        close(out[1]);
+        execl("/usr/bin/python3", "python3", path, "--serve", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    signal(SIGPIPE, SIG_IGN); /* a server that died fails the request instead */
+    snprintf(served.script, sizeof served.script, "%s", script);
+    served.pid = pid;
+    served.to = fdopen(in[1], "w");
+    served.from = fdopen(out[0], "r");
+    assert_non_null(served.to);
+    assert_non_null(served.from);
+}
+
+void oracle_serve_end(void) {
+    if (!served.pid) return;
+    fclose(served.to); /* end of requests: the server exits */
+    fclose(served.from);
+    int status;
+    waitpid(served.pid, &status, 0);
+    memset(&served, 0, sizeof served);
+}
+
+/* One request to the server; fails the test with the server's message on an error. */
+static void oracle_request(oracle *o, const char *script, const char *args) {
+    char reply[4096];
+    if (fprintf(served.to, "'%s' %s\n", o->dir, args ? args : "") < 0 || fflush(served.to) != 0)
+        fail_msg("oracle server %s is gone (request %s)", script, args ? args : "");
+    if (!fgets(reply, sizeof reply, served.from))
+        fail_msg("oracle server %s exited without answering %s", script, args ? args : "");
+    reply[strcspn(reply, "\n")] = 0;
+    if (strcmp(reply, "ok") != 0)
+        fail_msg("oracle %s %s failed: %s", script, args ? args : "", reply);
+}
+
 void oracle_run(oracle *o, const char *script, const char *args) {
+    if (served.pid && strcmp(script, served.script) == 0) {
+        oracle_request(o, script, args);
+        return;
+    }
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/oracle/%s %s %s", CF_SOURCE_DIR, script,
              o->dir, args ? args : "");

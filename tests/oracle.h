@@ -33,6 +33,12 @@ void oracle_put(oracle *o, const char *name, const float *data, cf_shape shape);
 void oracle_put_values(oracle *o, const char *name, int n, ...); /* doubles */
 /* Runs /usr/bin/python3 tests/oracle/<script> <dir> [args]; fails the test on non-zero exit. */
 void oracle_run(oracle *o, const char *script, const char *args);
+/* Starts one /usr/bin/python3 tests/oracle/<script> --serve process (tests/oracle/common.py's
+ * serve) that answers every later oracle_run of that script, so that a test with many oracle
+ * calls imports torch once; the results are the same as separate runs. oracle_serve_end stops it
+ * (the script's requests then run separately again). One server at a time. */
+void oracle_serve_begin(const char *script);
+void oracle_serve_end(void);
 /* Reads <dir>/<name>.f32; the caller frees t.data with free(). Fails the test if missing. */
 cf_tensor oracle_get(oracle *o, const char *name);
 

@@ -5,7 +5,8 @@
  * forward and backward (every parameter gradient and the input gradient) to 1e-4 of the largest
  * value, or PyTorch's own float32 error where that is larger. Shapes are small so that the whole
  * file runs in seconds; each still reaches the code paths of a real size (channel counts not a
- * multiple of the vector width, resizes in both dimensions). */
+ * multiple of the vector width, resizes in both dimensions). The oracle runs as one persistent
+ * process (oracle_serve_begin), so that torch is imported once for all of them. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -494,5 +495,9 @@ int main(void) {
         cmocka_unit_test(test_unet_resnet18_train_oracle),
         cmocka_unit_test(test_unet_resnet18_odd_size_eval_oracle),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* one oracle process for all eight oracle runs: torch and torchvision are imported once */
+    oracle_serve_begin("unet.py");
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    oracle_serve_end();
+    return failed;
 }

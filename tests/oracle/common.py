@@ -34,3 +34,30 @@ def tensor(d, name, requires_grad=False):
 
 def folder():
     return sys.argv[1]
+
+
+def serve(main):
+    """Runs main once per request line on stdin ("DIR ARGS...", as the command line would give
+    them) in this one process, so that a test making many oracle calls imports torch once.
+    Replies one line on stdout per request: "ok", or "error <message>". Anything main prints
+    goes to stderr, so that it cannot be taken for a reply."""
+    import shlex
+    import traceback
+
+    reply = sys.stdout
+    sys.stdout = sys.stderr
+    script = sys.argv[0]
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        sys.argv = [script] + shlex.split(line)
+        try:
+            main()
+            msg = "ok"
+        except SystemExit as e:
+            msg = "ok" if e.code in (None, 0) else "error %s" % e.code
+        except Exception:  # noqa: BLE001 - reported to the test, which fails with it
+            msg = "error " + traceback.format_exc().replace("\n", " | ")
+        sys.stderr.flush()
+        reply.write(msg.replace("\n", " ") + "\n")
+        reply.flush()

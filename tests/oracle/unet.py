@@ -8,6 +8,8 @@ fastai/vision/models/unet.py and fastai/callback/hook.py (fastai itself is not a
                                                self_attention=sa)
     unet.py DIR mode=sa c= train=0|1           SelfAttention(c); also writes the spectral norms'
                                                u and v after the forward (u<k>, v<k>)
+    unet.py --serve                            the above, one request line ("DIR ARGS...") at
+                                               a time from stdin, one reply line each
 
 corefit writes its parameters in state_dict order (p<i>.f32) and their names (names.txt); the
 script checks that the names are fastai's, loads the values, runs x forward in float64 and
@@ -356,4 +358,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--serve"]:  # one process for many requests (oracle_serve_begin)
+        common.serve(main)
+    else:
+        main()
