@@ -240,3 +240,18 @@ void oracle_assert_param_names(oracle *o, const cf_model *m, const char *what) {
     if (n != m->n_params)
         fail_msg("%s: %d parameters in corefit, %d in torch", what, m->n_params, n);
 }
+
+void oracle_put_model_state(oracle *o, const cf_model *m, char prefix) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/names.txt", o->dir);
+    FILE *f = fopen(path, "w");
+    if (!f) fail_msg("cannot write %s", path);
+    for (int i = 0; i < m->n_params; i++) {
+        const cf_param *p = m->params[i];
+        char name[16];
+        snprintf(name, sizeof name, "%c%d", prefix, i);
+        oracle_put(o, name, p->data, cf_shape1((int)p->numel));
+        fprintf(f, "%s\n", p->full_name);
+    }
+    if (fclose(f) != 0) fail_msg("cannot write %s", path);
+}

@@ -81,4 +81,8 @@ void assert_all_finite(const char *what, const float *a, size_t n);
 struct cf_model;
 void oracle_assert_param_names(oracle *o, const struct cf_model *m, const char *what);
 
+/* Puts every state_dict entry of m as <prefix><i> (flat) and writes their names, in order, to the
+ * oracle's names.txt, for a script that loads the same weights into its model. */
+void oracle_put_model_state(oracle *o, const struct cf_model *m, char prefix);
+
 #endif

@@ -110,35 +110,19 @@ typedef struct task {
                                splits at random (masks); NULL: the same order */
 } task;
 
-/* Writes every state_dict entry of the model as <prefix><i> and the names as names.txt. */
-static void put_state(oracle *o, const cf_model *model, char prefix) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/names.txt", o->dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < model->n_params; i++) {
-        const cf_param *p = model->params[i];
-        char name[16];
-        snprintf(name, sizeof name, "%c%d", prefix, i);
-        oracle_put(o, name, p->data, cf_shape1((int)p->numel));
-        fprintf(f, "%s\n", p->full_name);
-    }
-    assert_int_equal(fclose(f), 0);
-}
-
 /* Trains learn (its initial weights go to the oracle first), runs the oracle's fit from them in
  * the same order and compares. */
 static void run_task(cf_learner *learn, const task *t) {
     oracle o;
     oracle_init(&o);
-    put_state(&o, learn->model, 'p');
+    oracle_put_model_state(&o, learn->model, 'p');
     steps *s = NULL;
     assert_int_equal(cf_learner_add_cb(learn, steps_cb(&s)), CF_OK);
     if (cf_fit_one_cycle(learn, t->epochs, .lr_max = CF_LR(t->lr)) != CF_OK)
         fail_msg("%s: fit: %s", t->name, cf_last_error());
     double v[3] = {0};
     if (cf_validate(learn, v) != CF_OK) fail_msg("%s: validate: %s", t->name, cf_last_error());
-    put_state(&o, learn->model, 'f');
+    oracle_put_model_state(&o, learn->model, 'f');
     assert_int_equal(s->n_idx, s->n_loss * (size_t)t->bs);
     if (t->file_of)
         for (size_t k = 0; k < s->n_idx; k++) s->idx[k] = (float)t->file_of[(int64_t)s->idx[k]];

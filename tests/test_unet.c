@@ -39,22 +39,6 @@ static void check(const char *what, const float *a, const float *b, size_t n, do
     assert_close(what, a, b, n, 0.0, fmax(rtol * max_abs(b, n), 4.0 * torch_err));
 }
 
-/* Writes every state_dict entry of model as p<i> and the names as names.txt. */
-static void put_model(oracle *o, const cf_model *model) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/names.txt", o->dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < model->n_params; i++) {
-        const cf_param *p = model->params[i];
-        char name[16];
-        snprintf(name, sizeof name, "p%d", i);
-        oracle_put(o, name, p->data, cf_shape1((int)p->numel));
-        fprintf(f, "%s\n", p->full_name);
-    }
-    fclose(f);
-}
-
 /* Forward x, backward r with the input gradient; compares out, dx and every gradient with the
  * oracle's (the oracle has already run). */
 static void compare_model(oracle *o, cf_model *model, const char *label, cf_tensor *xt,
@@ -209,7 +193,7 @@ static void run_psicnr(bool blur) {
     /* random weights and bias, so that the check does not lean on the init's structure */
     for (size_t i = 0; i < model->n_weights; i++) model->weights[i] = 0;
     fill_uniform(model->weights, model->n_weights, 11, -0.5f, 0.5f);
-    put_model(&o, model);
+    oracle_put_model_state(&o, model, 'p');
     cf_shape xs = cf_shape4(2, ni, 5, 7), ys = cf_shape4(2, nf, 10, 14);
     float *x = malloc(cf_shape_numel(&xs) * sizeof(float));
     float *r = malloc(cf_shape_numel(&ys) * sizeof(float));
@@ -256,7 +240,7 @@ static void test_resblock_oracle(void **state) {
         seq2(cf_residual(convpath, NULL, true), seq2(cf_conv2d(c, 3, 1, 1, 0, true), NULL));
     cf_model *model;
     assert_int_equal(cf_model_new(&model, net, 3), CF_OK);
-    put_model(&o, model);
+    oracle_put_model_state(&o, model, 'p');
     cf_shape xs = cf_shape4(2, c, hh, ww), ys = cf_shape4(2, 3, hh, ww);
     float *x = malloc(cf_shape_numel(&xs) * 4), *r = malloc(cf_shape_numel(&ys) * 4);
     fill_uniform(x, cf_shape_numel(&xs), 41, -1, 1);
@@ -290,7 +274,7 @@ static void run_self_attention(bool train) {
     /* random weights and a gamma away from 0, so that attention counts in the output */
     fill_uniform(model->weights, model->n_weights, 21, -0.5f, 0.5f);
     gamma->data[0] = 0.7f;
-    put_model(&o, model);
+    oracle_put_model_state(&o, model, 'p');
     cf_shape xs = cf_shape4(2, c, 3, 5);
     float *x = malloc(cf_shape_numel(&xs) * sizeof(float));
     float *r = malloc(cf_shape_numel(&xs) * sizeof(float));
@@ -369,7 +353,7 @@ static void run_unet(int h, int w, bool train, bool sa) {
         }
         if (strstr(p->full_name, ".gamma")) p->data[0] = 0.5f; /* attention counts */
     }
-    put_model(&o, model);
+    oracle_put_model_state(&o, model, 'p');
     cf_shape xs = cf_shape4(2, 3, h, w), ys = cf_shape4(2, n_out, h, w);
     float *x = malloc(cf_shape_numel(&xs) * sizeof(float));
     float *r = malloc(cf_shape_numel(&ys) * sizeof(float));

@@ -27,6 +27,14 @@ def put(d, name, array):
         f.write(a.tobytes())
 
 
+def put_state(d, state):
+    """Every entry of a torch state_dict as p_<name>, and their count as n_state, for a test that
+    compares its model's parameters (and their names) with the script's."""
+    for name, t in state.items():
+        put(d, "p_" + name, t.float().numpy())
+    put(d, "n_state", np.array([len(state)], dtype=np.float32))
+
+
 def tensor(d, name, requires_grad=False):
     import torch
     return torch.tensor(get(d, name), requires_grad=requires_grad)

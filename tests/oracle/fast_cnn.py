@@ -11,7 +11,6 @@ mode forward -> eval_logits.
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,9 +27,7 @@ def main():
     torch.manual_seed(int(sys.argv[2]))
     model = fast_torch.build_model()
     state = model.state_dict()
-    for name, t in state.items():
-        common.put(d, "p_" + name, t.to(torch.float32).numpy())
-    common.put(d, "n_state", np.array([len(state)], dtype=np.float32))
+    common.put_state(d, state)
     x = common.tensor(d, "x")
     target = common.tensor(d, "target").long()
     model.train()

@@ -11,7 +11,6 @@ eval_logits, eval_loss, eg_<param>.
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -59,9 +58,7 @@ def main():
     torch.manual_seed(seed)
     model = w1(p1, p2)
     state = model.state_dict()
-    for name, t in state.items():
-        common.put(d, "p_" + name, t.to(torch.float32).numpy())
-    common.put(d, "n_state", np.array([len(state)], dtype=np.float32))
+    common.put_state(d, state)
     x = common.tensor(d, "x")
     target = common.tensor(d, "target").long()
     for mode in ("train", "eval"):
