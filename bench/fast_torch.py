@@ -17,6 +17,7 @@ train --tta).
 Prints one JSON line: test_acc (with --tta, the flip-TTA accuracy), test_acc_plain, train_s,
 cpu_s.
 """
+import functools
 import json
 import os
 import sys
@@ -24,7 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import w1_torch  # noqa: E402  (the shared loop helpers: data, schedule, optimizer, DDP)
+import torch_common  # noqa: E402  (threads before torch, DDP ranks)
+import w1_torch  # noqa: E402  (the shared loop helpers: data, schedule, optimizer)
 
 
 def build_model():
@@ -132,15 +134,6 @@ def evaluate(model, args):
     return right / len(xte), right_plain / len(xte)
 
 
-def worker(rank, world, args, q):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        train(rank, world, args, q)
-    except Exception as e:  # report, don't hang the parent
-        q.put({"rank": rank, "error": repr(e)})
-        raise
-
-
 def main():
     import argparse
 
@@ -161,16 +154,13 @@ def main():
     ap.add_argument("--save", default="")
     ap.add_argument("--limit", type=int, default=0, help="the first N training and N/5 test images (a quick check)")
     args = ap.parse_args()
-    world = args.ddp or 1
-    nthreads = 1 if world > 1 else args.threads
-    os.environ["OMP_NUM_THREADS"] = str(nthreads)
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    world, nthreads = torch_common.set_threads(args)
     import torch
 
     if world == 1:
         ranks = [train(0, 1, args)]
     else:
-        ranks = w1_torch.run_ddp(worker, world, args)
+        ranks = torch_common.run_ddp(functools.partial(torch_common.rank_main, train), world, args)
     r = ranks[0]
     print(json.dumps({"impl": "torch", "torch": torch.__version__, "model": "fast-cnn", "procs": world,
                       "threads": nthreads, "bs": args.bs, "epochs": args.epochs, "test_acc": r["acc"],

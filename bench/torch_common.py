@@ -128,7 +128,10 @@ def finish_rank(world, out, result_q, rss_extra_mb=None):
     return out
 
 
-def _rank_main(train, rank, world, args, q):
+def rank_main(train, rank, world, args, q):
+    """A forked rank: one thread, train(rank, world, args, q), any failure reported on q (so the
+    parent does not wait for a result that never comes). run_ddp's worker, through
+    functools.partial(rank_main, train)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
         train(rank, world, args, q)
@@ -171,7 +174,7 @@ def run(args, train, rss_kids_key=None):
             rss += r[rss_kids_key]
         ranks, pss = [r], r["pss_mb"]
     else:
-        ranks = run_ddp(functools.partial(_rank_main, train), world, args)
+        ranks = run_ddp(functools.partial(rank_main, train), world, args)
         rss = peak_rss_mb()[0] + sum(x["rss_mb"] for x in ranks)
         pss = pss_mb() + sum(x["pss_mb"] for x in ranks)
     return {"world": world, "threads": nthreads, "ranks": ranks, "peak_rss_mb": rss, "pss_mb": pss}
