@@ -221,6 +221,43 @@ static void test_twin_equals_in_process(void **state) {
     cf_dls_free(dls);
 }
 
+/* flip_pass: one pass with every image mirrored left to right, whatever the training loader's
+ * augmentations: aug_only gives each mirrored item's cf_predict, and beta 0.5 the mean of the
+ * plain and mirrored probabilities (flip TTA); the same on 2 fork workers. */
+static void test_flip_pass_is_mirrored_items(void **state) {
+    (void)state;
+    cf_aug_opts aug = cf_aug_transforms_defaults(1.0f);
+    cf_dls *dls = image_dls(&aug);
+    cf_learner *learn = image_learner(dls);
+    const cf_dataset *va = learn->dls->valid_ds;
+    float mirrored[N_VALID * N_CLASSES], plain[N_VALID * N_CLASSES], img[NUMEL];
+    for (int i = 0; i < N_VALID; i++) {
+        const float *x = va->x + (size_t)i * NUMEL;
+        for (int r = 0; r < C * H; r++)
+            for (int j = 0; j < W; j++) img[r * W + j] = x[r * W + (W - 1 - j)];
+        assert_int_equal(cf_predict(learn, img, mirrored + i * N_CLASSES, NULL), CF_OK);
+        assert_int_equal(cf_predict(learn, x, plain + i * N_CLASSES, NULL), CF_OK);
+    }
+    cf_preds only = {0}, avg = {0}, twin = {0};
+    assert_int_equal(cf_tta(learn, &only, .flip_pass = true, .aug_only = true), CF_OK);
+    assert_close("flip pass", only.preds.data, mirrored, N_VALID * N_CLASSES, 1e-5, 1e-6);
+    double d = max_abs_diff(mirrored, plain, N_VALID * N_CLASSES);
+    if (!(d > 1e-4)) fail_msg("mirrored items predicted as the plain ones (difference %.3g)", d);
+    assert_int_equal(cf_tta(learn, &avg, .flip_pass = true, .beta = 0.5), CF_OK);
+    float mean[N_VALID * N_CLASSES];
+    for (int i = 0; i < N_VALID * N_CLASSES; i++) mean[i] = 0.5f * (mirrored[i] + plain[i]);
+    assert_close("flip TTA", avg.preds.data, mean, N_VALID * N_CLASSES, 1e-5, 1e-6);
+    cf_status st = cf_par_tta(learn, &twin, .flip_pass = true, .beta = 0.5, .par.num_cores = 2);
+    if (st != CF_OK) fail_msg("2 workers: %s", cf_last_error());
+    assert_close("flip TTA on 2 workers", twin.preds.data, avg.preds.data, N_VALID * N_CLASSES,
+                 1e-5, 1e-6);
+    cf_preds_free(&only);
+    cf_preds_free(&avg);
+    cf_preds_free(&twin);
+    cf_learner_free(learn);
+    cf_dls_free(dls);
+}
+
 /* Bad options: an error naming the value; out left empty. */
 static void test_bad_options(void **state) {
     (void)state;
@@ -248,6 +285,7 @@ int main(void) {
         cmocka_unit_test(test_one_pass_is_hand_made_blend),
         cmocka_unit_test(test_blend_matches_pytorch),
         cmocka_unit_test(test_twin_equals_in_process),
+        cmocka_unit_test(test_flip_pass_is_mirrored_items),
         cmocka_unit_test(test_bad_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

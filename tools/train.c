@@ -429,7 +429,7 @@ int cmd_train(int argc, char **argv) {
          0, 0, 0},
         {"--tta", OPT_FLAG, &a.tta, NULL,
          "image classifiers: after the fit, also the validation accuracy with each image "
-         "predicted plain and mirrored (probabilities averaged; images held in memory)",
+         "predicted plain and mirrored (probabilities averaged)",
          0, 0, 0},
         {0},
     };

@@ -505,6 +505,7 @@ typedef struct cf_dl_options {
     /* augmentation (image datasets): random crop after zero padding, horizontal flip */
     int crop_pad; /* 0: off */
     bool flip;
+    bool mirror; /* every image mirrored left to right, no draw (flip TTA's pass; beats flip) */
     /* normalisation of image channels: mean/std per channel, n_norm channels (0: none; 1:
      * the same for every channel) */
     int n_norm;

@@ -718,6 +718,8 @@ typedef struct cf_tta_opts {
     bool use_max;
     const cf_aug_opts *aug; /* batch transforms instead of the training loader's (NULL: its
                                crop_pad, flip and aug) */
+    bool flip_pass;         /* the airbench habit: one pass with every image mirrored left to right
+                               instead of n augmented ones (with beta 0.5: plain and mirrored averaged) */
 } cf_tta_opts;
 cf_status cf_tta_(cf_learner *learn, cf_preds *out, const cf_tta_opts *opts);
 #define cf_tta(...) CF_CALL2_(cf_tta_, cf_tta_opts, __VA_ARGS__, )

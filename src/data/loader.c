@@ -209,7 +209,7 @@ cf_status cf_dataloader_new(const cf_dataset *ds, const cf_dl_options *opt, cf_d
         return cf_fail(CF_ERR_INVALID, "cf_dataloader_new: prefetch %d above 64", o.prefetch);
     bool image = ds->sample_shape.ndim == 3;
     int channels = image ? ds->sample_shape.dim[0] : 1;
-    if ((o.crop_pad || o.flip || o.aug) && !image)
+    if ((o.crop_pad || o.flip || o.mirror || o.aug) && !image)
         return cf_fail(CF_ERR_INVALID,
                        "cf_dataloader_new: crop/flip augmentation needs an image dataset (C, H, "
                        "W), %s has %d dims",
@@ -472,6 +472,7 @@ static void draw_crop_flip(const cf_dataloader *dl, int64_t src, int *dx, int *d
         }
         if (dl->opt.flip) *flip = (cf_rng_next(&rng) >> 63) != 0;
     }
+    if (dl->opt.mirror) *flip = true;
     *dx = ox - p;
     *dy = oy - p;
 }
@@ -596,9 +597,10 @@ static void setup_batch(cf_dataloader *dl, int64_t b, slot *s) {
         n_real += !pad;
         memcpy(s->y + (size_t)i * dl->td, dl->ds->y + (size_t)src * dl->td,
                (size_t)dl->td * sizeof(float));
-        if (dl->ds->n_points > 0 && dl->image && (dl->opt.flip || dl->opt.crop_pad > 0))
+        if (dl->ds->n_points > 0 && dl->image &&
+            (dl->opt.flip || dl->opt.mirror || dl->opt.crop_pad > 0))
             move_points(dl, src, s->y + (size_t)i * dl->td);
-        if (dl->ds->masks && dl->image && (dl->opt.flip || dl->opt.crop_pad > 0))
+        if (dl->ds->masks && dl->image && (dl->opt.flip || dl->opt.mirror || dl->opt.crop_pad > 0))
             move_mask(dl, src, s->y + (size_t)i * dl->td);
     }
     cf_batch *bt = &s->batch;

@@ -87,6 +87,7 @@ cf_status cf__run_inference(cf_learner *learn, cf_dataloader *dl, cf_callback **
 typedef struct cf__preds_tfms {
     int crop_pad;
     bool flip;
+    bool mirror; /* every image mirrored (cf_tta's flip_pass) */
     const cf_aug_opts *aug;
     uint64_t seed;
 } cf__preds_tfms;

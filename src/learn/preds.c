@@ -124,6 +124,7 @@ static cf_status ordered_loader(cf_learner *learn, cf_dataloader *like, const cf
     opt.drop_last = false;
     opt.crop_pad = tfms ? tfms->crop_pad : 0;
     opt.flip = tfms && tfms->flip;
+    opt.mirror = tfms && tfms->mirror;
     opt.aug = tfms ? tfms->aug : NULL;
     if (tfms) opt.seed = tfms->seed;
     cf_status st = cf_dataloader_new_like(like, &opt, out);

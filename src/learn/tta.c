@@ -26,7 +26,7 @@ static float lerp_torch(float start, float end, float weight) {
 
 cf_status cf_tta_(cf_learner *learn, cf_preds *out, const cf_tta_opts *o) {
     memset(out, 0, sizeof *out);
-    const int n = o->n ? o->n : 4;
+    const int n = o->flip_pass ? 1 : o->n ? o->n : 4;
     const double beta = o->aug_only ? 0.0 : o->beta != 0 ? o->beta : 0.25;
     cf_status st = CF_OK;
     if (!learn || !learn->dls || !learn->model)
@@ -45,8 +45,8 @@ cf_status cf_tta_(cf_learner *learn, cf_preds *out, const cf_tta_opts *o) {
      * augmentations (or the caller's) act on the items */
     const cf_dataloader *train = learn->dls->train;
     const cf_dl_options *topt = cf_dataloader_options(train ? train : learn->dls->valid);
-    cf__preds_tfms tfms = {.aug = o->aug};
-    if (!o->aug && train) {
+    cf__preds_tfms tfms = {.aug = o->flip_pass ? NULL : o->aug, .mirror = o->flip_pass};
+    if (!o->aug && !o->flip_pass && train) {
         tfms.crop_pad = topt->crop_pad;
         tfms.flip = topt->flip;
         tfms.aug = topt->aug;
