@@ -38,7 +38,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PY = "/usr/bin/python3"
+PY = sys.executable or "/usr/bin/python3"  # the interpreter running this script runs PyTorch's side
 TOPICS = ["people", "definitions", "cookie", "computers", "songs-poems", "politics"]
 PARITY = dict(max_per_topic=500, emb_sz=128, n_hid=384, n_layers=3, bs=32, lm_epochs=4, clas_epochs=2)
 
@@ -67,13 +67,13 @@ def prepare(build):
     return topics, ids
 
 
-def commands(build, seed, topics, ids):
+def commands(build, seed, topics, ids, torch_threads=1):
     p = PARITY
-    common = ["--recipe", "--threads", "1", "--seed", str(seed), "--emb-sz", str(p["emb_sz"]), "--n-hid",
+    common = ["--recipe", "--seed", str(seed), "--emb-sz", str(p["emb_sz"]), "--n-hid",
               str(p["n_hid"]), "--n-layers", str(p["n_layers"]), "--bs", str(p["bs"]), "--lm-epochs",
               str(p["lm_epochs"]), "--clas-epochs", str(p["clas_epochs"])]
-    return {"cf": [os.path.join(build, "bench_w4")] + common + ["--data", topics, "--topics", topics],
-            "torch": [PY, os.path.join(HERE, "w4_torch.py"), "--ids", ids] + common}
+    return {"cf": [os.path.join(build, "bench_w4"), "--threads", "1"] + common + ["--data", topics, "--topics", topics],
+            "torch": [PY, os.path.join(HERE, "w4_torch.py"), "--ids", ids, "--threads", str(torch_threads)] + common}
 
 
 def run_one(cmd, out, err, env):
@@ -88,15 +88,15 @@ def run_one(cmd, out, err, env):
                  f"exit {p.returncode}\n")
 
 
-def run_all(build, seeds, jobs):
+def run_all(build, seeds, jobs, torch_threads=1):
     topics, ids = prepare(build)
     runs_dir = os.path.join(build, "w4p-runs")
     os.makedirs(runs_dir, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS=str(torch_threads), OPENBLAS_NUM_THREADS="1")
     todo = []
     for i, s in enumerate(seeds):
-        cmds = commands(build, s, topics, ids)
+        cmds = commands(build, s, topics, ids, torch_threads)
         order = ["cf", "torch"] if i % 2 == 0 else ["torch", "cf"]
         todo += [(impl, s, cmds[impl]) for impl in order]
     sem = threading.Semaphore(max(1, jobs))
@@ -211,13 +211,19 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each 1 thread)")
     ap.add_argument("--summarize", action="store_true", help="only the table of the runs in BUILD/w4p-runs")
+    ap.add_argument("--lm-epochs", type=int, default=PARITY["lm_epochs"],
+                    help="the language model's epochs (the recipe's one-cycle spans them)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="PyTorch's threads a run (accuracy does not depend on them; on a machine "
+                         "with many cores, 2 shorten its runs to corefit's length)")
     a = ap.parse_args()
+    PARITY["lm_epochs"] = a.lm_epochs
     build = os.path.abspath(a.build)
     seeds = [int(x) for x in a.seeds.split(",") if x]
     if a.summarize:
         summarize(build, seeds)
     else:
-        run_all(build, seeds, a.jobs)
+        run_all(build, seeds, a.jobs, a.torch_threads)
 
 
 if __name__ == "__main__":
