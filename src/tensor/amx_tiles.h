@@ -28,7 +28,9 @@
  *               Row, channel and position-pair edges take narrower tiles.
  *   gemm        A packed in 16-row tiles of 16 k-pairs, B in 32-column panels of 16 k-pairs x
  *               16 columns (zero past the edges), 2 x 2 C tiles per 32 x 32 block of C; edge
- *               blocks go through a small buffer, never past C's edges. */
+ *               blocks go through a small buffer, never past C's edges, with the same sums as
+ *               inside C: an element's value does not depend on the shape around it (a batch's
+ *               size), as the AVX512_BF16 kernel's does not. */
 #ifndef COREFIT_AMX_TILES_H
 #define COREFIT_AMX_TILES_H
 
@@ -301,11 +303,25 @@ static bool amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
                            *bq0 = bp, *bq1 = bp + (size_t)kb * 256;
             float *cij = c + (size_t)i0 * ldc + j0;
             const bool inside = i0 + 32 <= m && j0 + 32 <= n;
+            const int rows = amx_min(32, m - i0), cols = amx_min(32, n - j0);
+            if (!inside && accumulate) { /* C's part of the block, zero around it */
+                memset(edge, 0, sizeof edge);
+                for (int r = 0; r < rows; r++)
+                    for (int j = 0; j < cols; j++)
+                        edge[(r / 16) * 2 + j / 16][(r % 16) * 16 + j % 16] =
+                            cij[(size_t)r * ldc + j];
+            }
             if (inside && accumulate) {
                 AMX_LOAD(0, cij, cstride);
                 AMX_LOAD(1, cij + 16, cstride);
                 AMX_LOAD(2, cij + (size_t)16 * ldc, cstride);
                 AMX_LOAD(3, cij + (size_t)16 * ldc + 16, cstride);
+            } else if (accumulate) { /* the same sums as inside C, so no element depends on
+                                        where the edges fall (a batch's size) */
+                AMX_LOAD(0, edge[0], 64);
+                AMX_LOAD(1, edge[1], 64);
+                AMX_LOAD(2, edge[2], 64);
+                AMX_LOAD(3, edge[3], 64);
             } else {
                 AMX_ZERO(0);
                 AMX_ZERO(1);
@@ -333,13 +349,9 @@ static bool amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
             AMX_STORE(1, edge[1], 64);
             AMX_STORE(2, edge[2], 64);
             AMX_STORE(3, edge[3], 64);
-            const int rows = amx_min(32, m - i0), cols = amx_min(32, n - j0);
             for (int r = 0; r < rows; r++)
-                for (int j = 0; j < cols; j++) {
-                    const float v = edge[(r / 16) * 2 + j / 16][(r % 16) * 16 + j % 16];
-                    float *cv = cij + (size_t)r * ldc + j;
-                    *cv = accumulate ? *cv + v : v;
-                }
+                for (int j = 0; j < cols; j++)
+                    cij[(size_t)r * ldc + j] = edge[(r / 16) * 2 + j / 16][(r % 16) * 16 + j % 16];
         }
     }
     AMX_RELEASE();

@@ -1,8 +1,7 @@
 /* The AMX level's kernels (amx_tiles.h) on the real tile instructions (AMX-TILE, AMX-BF16),
  * compiled with them and with AVX-512 whatever the build's baseline; used only when the CPU
  * reports AMX and the kernel has granted this process the tile state (isa.c). The rest of the
- * level is the AVX512_BF16 one (isa_avx512_bf16.c), and products too small to fill tiles are
- * left to its kernels. */
+ * level is the AVX512_BF16 one (isa_avx512_bf16.c). */
 #if defined(__x86_64__)
 #include "tensor/amx.h"
 
@@ -17,17 +16,10 @@
 #define AMX_TO_BF16(x, y, n) cf_bf16_kernels_avx512.from_fp32(x, y, n)
 #include "tensor/amx_tiles.h"
 
-/* A product with fewer than 16 rows or columns fills less than a tile: the AVX512_BF16 kernel. */
-static bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
-                 const float *b, int ldb, float *c, int ldc, bool accumulate) {
-    if (m < 16 || n < 16)
-        return cf_bf16_kernels_avx512.gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
-                                           accumulate);
-    return amx_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-}
-
 void cf_amx_kernels(cf_bf16_kernels *k) {
-    k->gemm = gemm;
+    /* every shape, thin ones too: a choice by shape would make an image's result depend on the
+     * size of the batch it came in (test_bf16_batch) */
+    k->gemm = amx_gemm;
     k->conv_run = amx_conv_run;
     k->conv_wgrad = amx_conv_wgrad;
     k->conv_order = amx_conv_order;
