@@ -52,3 +52,14 @@ foreach(isa generic avx2 avx512)
   set_tests_properties(test_bf16_shortcut_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
     ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
 endforeach()
+# The amx level sits above avx512_bf16: where the CPU has AMX the plain runs use it, and these
+# keep the avx512_bf16 kernels covered (elsewhere they repeat the plain runs, or the fallback).
+# test_amx_cap_amx: CF_ISA=amx on a CPU without AMX picks the best level it has.
+foreach(name test_bf16 test_bf16_batch test_bf16_par test_bf16_shortcut test_kernels test_amx)
+  add_test(NAME ${name}_avx512_bf16 COMMAND ${name})
+  set_tests_properties(${name}_avx512_bf16 PROPERTIES LABELS "unit;isa" TIMEOUT 300
+    ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=avx512_bf16")
+endforeach()
+add_test(NAME test_amx_cap_amx COMMAND test_amx)
+set_tests_properties(test_amx_cap_amx PROPERTIES LABELS "unit;isa" TIMEOUT 300
+  ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=amx")

@@ -135,21 +135,24 @@ void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *gra
 /* ---- instruction sets (src/tensor/isa.c) --------------------------------------------------- */
 
 /* The hot kernels are compiled for several instruction sets and the best the CPU reports is
- * chosen at load. CF_ISA (generic, avx2, avx512, avx512_bf16, neon) caps the choice. Results
- * agree across sets to float rounding, not bitwise. */
+ * chosen at load. CF_ISA (generic, avx2, avx512, avx512_bf16, amx, neon) caps the choice.
+ * Results agree across sets to float rounding, not bitwise. The x86-64 sets rank generic < avx2
+ * < avx512 < avx512_bf16 < amx; a cap of neon on x86-64 (amx on arm64) caps nothing. */
 typedef enum cf_isa {
     CF_ISA_GENERIC = 0,     /* portable C (and OpenBLAS's own kernels) */
     CF_ISA_AVX2 = 1,        /* x86-64 AVX2 + FMA */
     CF_ISA_AVX512 = 2,      /* x86-64 AVX-512 F/BW/DQ/VL + BMI2 */
     CF_ISA_AVX512_BF16 = 3, /* the AVX-512 kernels plus bfloat16 dot products (vdpbf16ps) */
     CF_ISA_NEON = 4,        /* arm64 Advanced SIMD (every arm64 CPU has it) */
+    CF_ISA_AMX = 5,         /* avx512_bf16 plus Intel AMX tiles (TDPBF16PS) for bf16 products;
+                             * needs the OS to grant the tile state (else avx512_bf16) */
 } cf_isa;
 
 /* The instruction set of the kernels in use. */
 cf_isa cf_isa_active(void);
 /* The best instruction set this CPU supports (and this build contains), ignoring any cap. */
 cf_isa cf_isa_best(void);
-/* "generic", "avx2", "avx512", "avx512_bf16", "neon". */
+/* "generic", "avx2", "avx512", "avx512_bf16", "neon", "amx". */
 const char *cf_isa_name(cf_isa isa);
 /* Parses a name as CF_ISA takes it; false (and *isa untouched) for an unknown name. */
 bool cf_isa_parse(const char *name, cf_isa *isa);
@@ -167,8 +170,8 @@ void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n);
 /* The value of bf16(x) as fp32 (x rounded as cf_fp32_to_bf16). */
 float cf_bf16_round(float x);
 
-/* true when the active kernel table computes in bfloat16 (the avx512_bf16 level; capping CF_ISA
- * below it turns it off). */
+/* true when the active kernel table computes in bfloat16 (avx512_bf16 and amx; capping CF_ISA
+ * below avx512_bf16 turns it off). */
 bool cf_bf16_compute(void);
 
 /* cf_sgemm's product (or += with accumulate) with A and B rounded to bfloat16 and fp32 sums: the
@@ -301,7 +304,8 @@ void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float
  * cf_conv_bf16_packed_floats floats; every call takes cf_conv_bf16_scratch floats of scratch.
  * forward: y (n, out, h, w) = conv(x); dx: dx (n, c, h, w) = the input gradient of dy, both
  * overwritten; wgrad: dw [tap][out][in] = the weight gradient summed over the n images
- * (overwritten). Layouts: docs/api.md. */
+ * (overwritten). Layouts: docs/api.md. The amx level has them too (its tiles' order of the pack:
+ * a pack is for the level active when it is made). */
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels);

@@ -68,6 +68,11 @@ static size_t up(size_t n, size_t m) {
     return (n + m - 1) / m * m;
 }
 
+/* Words of conv_order's scratch: 16 rows of the largest block's taps and pairs. */
+static size_t order_words(const layout *l) {
+    return (size_t)16 * l->taps * (size_t)(l->cp > l->op ? l->cp : l->op);
+}
+
 /* A 1x1 stride-2 layer without padding (a residual shortcut) is the 1x1 stride-1 convolution of
  * the subsampled image x[:, 2i, 2j]: it takes that one's layout, and only its conversions (which
  * read every other row and column of x, and write dx's even rows' even columns) differ. */
@@ -155,8 +160,16 @@ size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
     layout_make(&l, g, out_channels);
     const size_t fwd = up((size_t)l.o, ROWS) * l.taps * l.cp,
                  dx = up((size_t)l.c, ROWS) * l.taps * l.op;
-    /* and the weights rounded to bf16 before they are permuted */
-    return fwd + dx + ((size_t)l.o * l.c * l.taps + 1) / 2;
+    /* and the weights rounded to bf16 before they are permuted, and a level's reordering
+     * (level_order) */
+    return fwd + dx + ((size_t)l.o * l.c * l.taps + 1) / 2 + order_words(&l);
+}
+
+/* A level with its own order of the packed weights (kernel_table.h's conv_order, the AMX
+ * level's tiles) reorders each block after it is packed, through tmp (order_words). */
+static void level_order(uint32_t *block, int taps, int pairs, int rows, uint32_t *tmp) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (k && k->conv_order && taps > 0) k->conv_order(block, taps, pairs, rows, tmp);
 }
 
 /* The pair of bf16 values a and b (either may be absent: zero). */
@@ -170,6 +183,8 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
     uint32_t *fwd = (uint32_t *)packed, *dx = fwd + up((size_t)l.o, ROWS) * l.taps * l.cp;
     uint16_t *wb = (uint16_t *)(dx + up((size_t)l.c, ROWS) * l.taps * l.op);
     const int O = l.o, C = l.c, T = l.taps;
+    uint32_t *order_tmp =
+        (uint32_t *)packed + cf_conv_bf16_packed_floats(g, out_channels) - order_words(&l);
     cf_fp32_to_bf16(w, wb, (size_t)O * C * T);
 #define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
     /* forward: [row block][tap][input pair][8 output channels] */
@@ -180,6 +195,7 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
                 fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
                     in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
             }
+    level_order(fwd, T, l.cp, O, order_tmp);
     if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
         for (int ph = 0; ph < 4; ph++) {
             for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
@@ -191,6 +207,7 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
                             pair_of(in ? W(2 * p, c, t) : NULL,
                                     in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
                     }
+            level_order(dx, l.ntap[ph], l.op, C, order_tmp);
             dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
         }
         return;
@@ -204,6 +221,7 @@ void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, 
                 dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
                     in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
             }
+    level_order(dx, T, l.op, C, order_tmp);
 #undef W
 }
 

@@ -4,12 +4,19 @@
  * (OpenBLAS's threads are set beside the thread pool, src/core/threads.c.)
  */
 #include "corefit/tensor.h"
+#include "tensor/amx.h"
 #include "tensor/kernel_table.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 const cf_kernel_table *cf_active_kernels = &cf_kernels_generic;
 
@@ -17,10 +24,21 @@ const cf_kernel_table *cf_active_kernels = &cf_kernels_generic;
 /* The AVX512_BF16 level: the AVX-512 table with the bf16 kernels added (filled on first use, by
  * the constructor below, before any kernel runs). */
 static cf_kernel_table avx512_bf16_table;
+/* The AMX level: the AVX512_BF16 one with the tile kernels (isa_amx.c) in its bf16 kernels. */
+static cf_kernel_table amx_table;
+static cf_bf16_kernels amx_bf16;
 #endif
 
 static const cf_kernel_table *table_for(cf_isa isa) {
 #if defined(__x86_64__)
+    if (isa == CF_ISA_AMX) {
+        amx_table = cf_kernels_avx512;
+        amx_table.isa = CF_ISA_AMX;
+        amx_bf16 = cf_bf16_kernels_avx512;
+        cf_amx_kernels(&amx_bf16);
+        amx_table.bf16 = &amx_bf16;
+        return &amx_table;
+    }
     if (isa == CF_ISA_AVX512_BF16) {
         avx512_bf16_table = cf_kernels_avx512;
         avx512_bf16_table.isa = CF_ISA_AVX512_BF16;
@@ -37,6 +55,36 @@ static const cf_kernel_table *table_for(cf_isa isa) {
     return &cf_kernels_generic;
 }
 
+#if defined(__x86_64__)
+/* AMX needs the CPU's AMX-TILE and AMX-BF16 (cpuid leaf 7: edx bits 24 and 22) and the
+ * kernel's leave to use the tile data state (Linux 5.16 on: arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA, once per process, inherited by forked workers; without it the first tile
+ * instruction faults). When the CPU has AMX but the request fails, the reason is said once. */
+static bool amx_usable(void) {
+    static int state = -1; /* -1: not asked yet */
+    if (state >= 0) return state;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) {
+        state = 0;
+        return false;
+    }
+    enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    unsigned long perm = 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 ||
+        syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0 ||
+        !(perm & (1ul << XFEATURE_XTILEDATA))) {
+        fprintf(stderr,
+                "corefit: the CPU has AMX but the kernel did not grant the tile state "
+                "(arch_prctl ARCH_REQ_XCOMP_PERM: %s); using avx512_bf16\n",
+                errno ? strerror(errno) : "not in the permitted set");
+        state = 0;
+        return false;
+    }
+    state = 1;
+    return true;
+}
+#endif
+
 cf_isa cf_isa_best(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -45,7 +93,9 @@ cf_isa cf_isa_best(void) {
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("avx2"))
-        return __builtin_cpu_supports("avx512bf16") ? CF_ISA_AVX512_BF16 : CF_ISA_AVX512;
+        return !__builtin_cpu_supports("avx512bf16") ? CF_ISA_AVX512
+               : amx_usable()                        ? CF_ISA_AMX
+                                                     : CF_ISA_AVX512_BF16;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CF_ISA_AVX2;
 #endif
 #if defined(__aarch64__)
@@ -62,6 +112,8 @@ const char *cf_isa_name(cf_isa isa) {
         return "avx512";
     case CF_ISA_AVX512_BF16:
         return "avx512_bf16";
+    case CF_ISA_AMX:
+        return "amx";
     case CF_ISA_AVX2:
         return "avx2";
     case CF_ISA_GENERIC:
@@ -71,8 +123,8 @@ const char *cf_isa_name(cf_isa isa) {
 }
 
 bool cf_isa_parse(const char *name, cf_isa *isa) {
-    static const cf_isa all[] = {CF_ISA_GENERIC, CF_ISA_AVX2, CF_ISA_AVX512, CF_ISA_AVX512_BF16,
-                                 CF_ISA_NEON};
+    static const cf_isa all[] = {CF_ISA_GENERIC,     CF_ISA_AVX2, CF_ISA_AVX512,
+                                 CF_ISA_AVX512_BF16, CF_ISA_NEON, CF_ISA_AMX};
     for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
         if (strcmp(name, cf_isa_name(all[i])) == 0) {
             *isa = all[i];
@@ -117,10 +169,11 @@ static void blas_follow_isa(cf_isa isa) {
     static int own_level = -1; /* of OpenBLAS's own choice, seen at the first call (at load) */
     if (own_level < 0) own_level = blas_core_level(openblas_get_corename());
     /* at avx512_bf16, OpenBLAS's own choice when it is of that level (it never forces one) */
-    const int want = isa == CF_ISA_AVX512_BF16 ? (own_level > 3 ? own_level : 3)
-                     : isa == CF_ISA_AVX512    ? 3
-                     : isa == CF_ISA_AVX2      ? 2
-                                               : 0;
+    const int want = isa == CF_ISA_AVX512_BF16 || isa == CF_ISA_AMX
+                         ? (own_level > 3 ? own_level : 3)
+                     : isa == CF_ISA_AVX512 ? 3
+                     : isa == CF_ISA_AVX2   ? 2
+                                            : 0;
     if (blas_core_level(openblas_get_corename()) == want) return;
     const char *core = want == 3 ? "SkylakeX" : want == 2 ? "Haswell" : "Nehalem";
     if (want != own_level) setenv("OPENBLAS_CORETYPE", core, 1); /* else OpenBLAS chooses again */
@@ -134,9 +187,21 @@ static void blas_follow_isa(cf_isa isa) { /* OpenBLAS's own choice stands elsewh
 }
 #endif
 
+/* The order of caps: the enum's, except for the two levels of the other architecture: on
+ * x86-64 NEON ranks above AMX (a cap of neon caps nothing, as before AMX was appended after it),
+ * and on arm64 AMX ranks as the x86-64 level it extends (below NEON: the portable kernels). */
+static int isa_rank(cf_isa isa) {
+#if defined(__aarch64__)
+    if (isa == CF_ISA_AMX) return CF_ISA_AVX512_BF16;
+#else
+    if (isa == CF_ISA_NEON) return CF_ISA_AMX + 1;
+#endif
+    return (int)isa;
+}
+
 cf_isa cf_set_isa(cf_isa cap) {
     cf_isa best = cf_isa_best();
-    cf_active_kernels = table_for(cap < best ? cap : best);
+    cf_active_kernels = table_for(isa_rank(cap) < isa_rank(best) ? cap : best);
     blas_follow_isa(cf_active_kernels->isa);
     return cf_active_kernels->isa;
 }
@@ -145,12 +210,12 @@ cf_isa cf_set_isa(cf_isa cap) {
  * it): a library cannot report an error here, so an unknown CF_ISA is named on stderr, once,
  * and ignored. */
 __attribute__((constructor)) static void cf_isa_init(void) {
-    const cf_isa no_cap = CF_ISA_NEON; /* the last of cf_isa */
+    const cf_isa no_cap = CF_ISA_NEON; /* the highest rank (isa_rank) */
     cf_isa cap = no_cap;
     const char *env = getenv("CF_ISA");
     if (env && *env && !cf_isa_parse(env, &cap)) {
         fprintf(stderr,
-                "corefit: CF_ISA=%s is not one of generic, avx2, avx512, avx512_bf16, neon; "
+                "corefit: CF_ISA=%s is not one of generic, avx2, avx512, avx512_bf16, amx, neon; "
                 "ignored\n",
                 env);
         cap = no_cap;

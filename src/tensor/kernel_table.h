@@ -162,6 +162,11 @@ typedef struct cf_bf16_kernels {
                            uint32_t *x1, size_t ldb);
     void (*add_even)(const float *a, int n, float *out);
     void (*copy_rows)(const float *src, size_t lds, int h, int w, float *dst);
+    /* NULL: conv_run reads the packed weights as written ([block of 8 rows][tap][pair][8]).
+     * Else cf_conv_bf16_pack calls it on each block of weights it packs (taps, pairs, m rows;
+     * tmp: 16 * taps * pairs words) to put the words in this level's own order, the same size
+     * (the AMX level's tile rows, amx_tiles.h): a pack is for the level active when it is made. */
+    void (*conv_order)(uint32_t *packed, int taps, int pairs, int m, uint32_t *tmp);
 } cf_bf16_kernels;
 
 typedef struct cf_kernel_table {

@@ -1,0 +1,27 @@
+/* The AMX level's kernels (amx_tiles.h) on the real tile instructions (AMX-TILE, AMX-BF16),
+ * compiled with them and with AVX-512 whatever the build's baseline; used only when the CPU
+ * reports AMX and the kernel has granted this process the tile state (isa.c). The rest of the
+ * level is the AVX512_BF16 one (isa_avx512_bf16.c). */
+#if defined(__x86_64__)
+#include "tensor/amx.h"
+
+#include <immintrin.h>
+
+#define AMX_CONFIG(cfg) _tile_loadconfig(cfg)
+#define AMX_ZERO(t) _tile_zero(t)
+#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, (long)(stride))
+#define AMX_STORE(t, base, stride) _tile_stored(t, base, (long)(stride))
+#define AMX_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define AMX_RELEASE() _tile_release()
+#define AMX_TO_BF16(x, y, n) cf_bf16_kernels_avx512.from_fp32(x, y, n)
+#include "tensor/amx_tiles.h"
+
+void cf_amx_kernels(cf_bf16_kernels *k) {
+    /* every shape, thin ones too: a choice by shape would make an image's result depend on the
+     * size of the batch it came in (test_bf16_batch) */
+    k->gemm = amx_gemm;
+    k->conv_run = amx_conv_run;
+    k->conv_wgrad = amx_conv_wgrad;
+    k->conv_order = amx_conv_order;
+}
+#endif
