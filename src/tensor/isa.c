@@ -70,6 +70,7 @@ static bool amx_usable(void) {
     }
     enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     unsigned long perm = 0;
+    errno = 0; /* so that the message below names this request's failure, not an earlier one */
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 ||
         syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0 ||
         !(perm & (1ul << XFEATURE_XTILEDATA))) {
