@@ -300,13 +300,12 @@ void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float
 /* Mixed-precision Conv2d of stride 1 whose output is as large as its input, or of stride 2 on an
  * even-sized image (an odd square kernel above 1x1, padding (k - 1) / 2): bf16 operands, fp32 sums,
  * through the kernel table's bf16 kernels (vdpbf16ps at avx512_bf16, TDPBF16PS tiles at amx).
- * Supported only where the active table has them (those two levels). A pack is made for the level
- * active when cf_conv_bf16_pack ran (amx orders its blocks for tiles). Weights are packed by
- * cf_conv_bf16_pack (both products' orders) into cf_conv_bf16_packed_floats floats; every call
- * takes cf_conv_bf16_scratch floats of scratch. forward: y (n, out, h, w) = conv(x); dx: dx (n, c,
- * h, w) = the input gradient of dy, both overwritten; wgrad: dw [tap][out][in] = the weight
- * gradient summed over the n images (overwritten). Layouts: docs/api.md. The amx level has them too
- * (its tiles' order of the pack: a pack is for the level active when it is made). */
+ * Supported only where the active table has them (those two levels). Weights are packed by
+ * cf_conv_bf16_pack (both products' orders) into cf_conv_bf16_packed_floats floats, for the level
+ * active when it ran (amx orders the blocks for its tiles); every call takes cf_conv_bf16_scratch
+ * floats of scratch. forward: y (n, out, h, w) = conv(x); dx: dx (n, c, h, w) = the input gradient
+ * of dy, both overwritten; wgrad: dw [tap][out][in] = the weight gradient summed over the n images
+ * (overwritten). Layouts: docs/api.md. */
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels);
