@@ -34,7 +34,8 @@ waits for its slowest core while a one-core run does not. So before and after ea
 script times a fixed loop of loads from L1 and multiply-adds on each CPU (--probe-ms each,
 pinned; --no-probe to skip) and prints its rate per CPU-second; a run whose probes show a CPU
 more than --probe-tol below the best rate seen is marked "SLOW CPU": its figures are suspect
-whatever the load average says.
+whatever the load average says, and the medians and ratios are printed again over the runs
+not marked.
 """
 import argparse
 import os
@@ -216,7 +217,7 @@ def main():
                             isa, c.replace("N", str(n)), r + 1,
                             " ".join("cpu%d %.0f" % kv for kv in sorted(before.items())),
                             " ".join("cpu%d %.0f" % kv for kv in sorted(after.items()))), flush=True)
-                        slow_runs.append(((isa, c, r + 1), before, after))
+                        slow_runs.append(((isa, c, r + 1), before, after, wall, cpu))
                     if a.show:
                         print(text.rstrip())
             med = {c: (statistics.median(w for w, _ in v), statistics.median(u for _, u in v))
@@ -235,11 +236,25 @@ def main():
                         isa, c.replace("N", str(n)), rw, a.goal, "met" if good else "missed", ru))
     if best:
         print("probe: best Mfma/CPU-s %s" % " ".join("cpu%d %.0f" % kv for kv in sorted(best.items())))
-        for (isa, c, r), before, after in slow_runs:
+        kept = {}
+        for (isa, c, r), before, after, wall, cpu in slow_runs:
             low = [(k, v) for pr in (before, after) for k, v in pr.items() if v < (1 - a.probe_tol) * best[k]]
             if low:
                 print("%-7s %-3s run %d: SLOW CPU (%s below the best by more than %.0f%%): suspect" % (
                     isa, c.replace("N", str(n)), r, ", ".join("cpu%d %.0f" % kv for kv in low), 100 * a.probe_tol))
+            else:
+                kept.setdefault(isa, {}).setdefault(c, []).append((wall, cpu))
+        # the same medians and ratios over the runs no probe marked
+        for isa, runs in kept.items():
+            med = {c: (statistics.median(w for w, _ in v), statistics.median(u for _, u in v))
+                   for c, v in runs.items()}
+            for c, (w, u) in med.items():
+                print("%-7s %-3s median of %d unmarked: wall %6.2f s  cpu %6.2f s" % (
+                    isa, c.replace("N", str(n)), len(runs[c]), w, u))
+            for c in ("Nc", "Nt"):
+                if c in med and "1t" in med:
+                    print("%-7s %-3s / 1t over unmarked runs: wall %.3f, cpu %.3f" % (
+                        isa, c.replace("N", str(n)), med[c][0] / med["1t"][0], med[c][1] / med["1t"][1]))
     print("load average at the end %.2f" % os.getloadavg()[0])
     return 0 if ok else 1
 
