@@ -26,6 +26,16 @@ in-process thread pool's jobs and sleeps.
 Wall ratios are only meaningful on a quiet machine: the script prints the load average and
 refuses to measure at --max-load (default 2 on a 2-core machine: the number of cores) or above
 unless --force. With --force on a loaded machine, read the CPU seconds rather than the walls.
+
+A quiet guest is not enough on a virtual machine: the host can slow one virtual CPU for seconds
+at a time (its other tenants; seen on the 2-core KVM guest of bench/README.md at 26-39 G
+multiply-adds per CPU-second of a loop that never leaves L1, at any load), and an N-core run then
+waits for its slowest core while a one-core run does not. So before and after each run the
+script times a fixed loop of loads from L1 and multiply-adds on each CPU (--probe-ms each,
+pinned; --no-probe to skip) and prints its rate per CPU-second; a run whose probes show a CPU
+more than --probe-tol below the best rate seen is marked "SLOW CPU": its figures are suspect
+whatever the load average says, and the medians and ratios are printed again over the runs
+not marked.
 """
 import argparse
 import os
@@ -37,6 +47,90 @@ import tempfile
 import time
 
 DATA = "/usr/share/datasets/fashion-mnist"
+
+
+PROBE_C = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+typedef float v8 __attribute__((vector_size(32)));
+static double clk(clockid_t id) { struct timespec t; clock_gettime(id, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char **argv) {
+    const double ms = atof(argv[1]);
+    for (int i = 2; i < argc; i++) {
+        cpu_set_t set; CPU_ZERO(&set); CPU_SET(atoi(argv[i]), &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0) { printf("%s -1\n", argv[i]); continue; }
+        /* 12 independent chains of 8-float multiply-adds, each with a load from a table in L1,
+         * as in the kernels' inner loops: bound by the core's throughput, not by a latency.
+         * Measured on the 2-core KVM guest: the same loop without the loads runs at a steady
+         * rate (55-57 G multiply-adds per CPU-second), with them its rate drifts by 20-40%
+         * over seconds on either CPU, whatever the guest runs on the other (most likely host
+         * work sharing the cores' load ports); the kernels, fed by loads too, drift with it */
+        volatile float seed = 1e-3f;
+        static v8 w[256]; /* 8 KiB: stays in L1 */
+        v8 a = {0}, b = {0};
+        a += 0.999999f;
+        b += seed;
+        for (int q = 0; q < 256; q++) w[q] = a;
+        v8 x0 = b, x1 = b * 2, x2 = b * 3, x3 = b * 4, x4 = b * 5, x5 = b * 6, x6 = b * 7,
+           x7 = b * 8, x8 = b * 9, x9 = b * 10, x10 = b * 11, x11 = b * 12;
+        long n = 0;
+        const double c0 = clk(CLOCK_THREAD_CPUTIME_ID);
+        double c1 = c0;
+        while (c1 - c0 < ms * 1e-3) {
+            for (int k = 0; k < 20000; k++) {
+                x0 = x0 * w[(k + 0) & 255] + b;
+                x1 = x1 * w[(k + 1) & 255] + b;
+                x2 = x2 * w[(k + 2) & 255] + b;
+                x3 = x3 * w[(k + 3) & 255] + b;
+                x4 = x4 * w[(k + 4) & 255] + b;
+                x5 = x5 * w[(k + 5) & 255] + b;
+                x6 = x6 * w[(k + 6) & 255] + b;
+                x7 = x7 * w[(k + 7) & 255] + b;
+                x8 = x8 * w[(k + 8) & 255] + b;
+                x9 = x9 * w[(k + 9) & 255] + b;
+                x10 = x10 * w[(k + 10) & 255] + b;
+                x11 = x11 * w[(k + 11) & 255] + b;
+            }
+            n += 20000L * 12 * 8;
+            c1 = clk(CLOCK_THREAD_CPUTIME_ID);
+        }
+        v8 t = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7 + x8 + x9 + x10 + x11;
+        float s = 0;
+        for (int l = 0; l < 8; l++) s += t[l];
+        printf("%s %.1f %g\n", argv[i], 1e-6 * n / (c1 - c0), s);
+    }
+    return 0;
+}
+"""
+
+
+def build_probe(tmp):
+    """Compiles the CPU-speed probe; None (with a note) where no C compiler works."""
+    src, exe = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe")
+    with open(src, "w") as f:
+        f.write(PROBE_C)
+    for cc in ("cc", "gcc", "clang"):
+        try:
+            if subprocess.run([cc, "-O2", "-march=native", "-o", exe, src], capture_output=True).returncode == 0:
+                return exe
+        except OSError:
+            pass
+    print("no C compiler: running without the CPU-speed probe")
+    return None
+
+
+def probe(exe, cpus, ms):
+    """Million multiply-adds per CPU-second of the probe's L1-bound loop on each CPU."""
+    p = subprocess.run([exe, str(ms)] + [str(c) for c in cpus], capture_output=True, text=True)
+    rates = {}
+    for line in p.stdout.split("\n"):
+        f = line.split()
+        if len(f) >= 2:
+            rates[int(f[0])] = float(f[1])
+    return rates
 
 
 def run(cmd, env, timeout):
@@ -69,6 +163,10 @@ def main():
     ap.add_argument("--force", action="store_true", help="measure even on a loaded machine")
     ap.add_argument("--show", action="store_true", help="print each command's output")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--no-probe", action="store_true", help="skip the per-CPU speed probe")
+    ap.add_argument("--probe-ms", type=float, default=50, help="CPU milliseconds of each probe [50]")
+    ap.add_argument("--probe-tol", type=float, default=0.05,
+                    help="a probe this fraction below the best seen marks the run [0.05]")
     a = ap.parse_args()
     max_load = a.max_load or float(os.cpu_count())
     load = os.getloadavg()[0]
@@ -89,8 +187,12 @@ def main():
     names = [c for c in a.only.split(",") if c in configs]
     corefit = os.path.join(a.build, "corefit")
     ok = True
+    cpus = sorted(os.sched_getaffinity(0))
+    best = {}  # the best probe rate seen per CPU
+    slow_runs = []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "model.safetensors")
+        probe_exe = None if a.no_probe else build_probe(tmp)
         for isa in [x for x in a.isa.split(",") if x]:
             env = dict(base, CF_ISA=isa)
             res = {c: [] for c in names}
@@ -100,11 +202,22 @@ def main():
                            str(a.epochs), "--seed", "42", "--out", out, "--quiet"] + configs[c] + a.args.split()
                     if a.limit:
                         cmd += ["--limit", str(a.limit)]
+                    before = probe(probe_exe, cpus, a.probe_ms) if probe_exe else {}
                     wall, cpu, text = run(cmd, env, a.timeout)
+                    after = probe(probe_exe, cpus, a.probe_ms) if probe_exe else {}
                     res[c].append((wall, cpu))
                     print("%-7s %-3s run %d: wall %6.2f s  cpu %6.2f s  load %.2f   %s" % (
                         isa, c.replace("N", str(n)), r + 1, wall, cpu, os.getloadavg()[0], " ".join(cmd)),
                         flush=True)
+                    if probe_exe:
+                        for pr in (before, after):
+                            for k, v in pr.items():
+                                best[k] = max(best.get(k, 0.0), v)
+                        print("%-7s %-3s run %d: probe Mfma/CPU-s before %s, after %s" % (
+                            isa, c.replace("N", str(n)), r + 1,
+                            " ".join("cpu%d %.0f" % kv for kv in sorted(before.items())),
+                            " ".join("cpu%d %.0f" % kv for kv in sorted(after.items()))), flush=True)
+                        slow_runs.append(((isa, c, r + 1), before, after, wall, cpu))
                     if a.show:
                         print(text.rstrip())
             med = {c: (statistics.median(w for w, _ in v), statistics.median(u for _, u in v))
@@ -121,6 +234,27 @@ def main():
                     ok &= good
                     print("%-7s %-3s / 1t: wall %.3f (goal <= %.2f: %s), cpu %.3f" % (
                         isa, c.replace("N", str(n)), rw, a.goal, "met" if good else "missed", ru))
+    if best:
+        print("probe: best Mfma/CPU-s %s" % " ".join("cpu%d %.0f" % kv for kv in sorted(best.items())))
+        kept = {}
+        for (isa, c, r), before, after, wall, cpu in slow_runs:
+            low = [(k, v) for pr in (before, after) for k, v in pr.items() if v < (1 - a.probe_tol) * best[k]]
+            if low:
+                print("%-7s %-3s run %d: SLOW CPU (%s below the best by more than %.0f%%): suspect" % (
+                    isa, c.replace("N", str(n)), r, ", ".join("cpu%d %.0f" % kv for kv in low), 100 * a.probe_tol))
+            else:
+                kept.setdefault(isa, {}).setdefault(c, []).append((wall, cpu))
+        # the same medians and ratios over the runs no probe marked
+        for isa, runs in kept.items():
+            med = {c: (statistics.median(w for w, _ in v), statistics.median(u for _, u in v))
+                   for c, v in runs.items()}
+            for c, (w, u) in med.items():
+                print("%-7s %-3s median of %d unmarked: wall %6.2f s  cpu %6.2f s" % (
+                    isa, c.replace("N", str(n)), len(runs[c]), w, u))
+            for c in ("Nc", "Nt"):
+                if c in med and "1t" in med:
+                    print("%-7s %-3s / 1t over unmarked runs: wall %.3f, cpu %.3f" % (
+                        isa, c.replace("N", str(n)), med[c][0] / med["1t"][0], med[c][1] / med["1t"][1]))
     print("load average at the end %.2f" % os.getloadavg()[0])
     return 0 if ok else 1
 

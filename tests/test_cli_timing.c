@@ -1,6 +1,7 @@
 /* CF_TIMING=1: corefit train reports its phases, each fork worker its time in barriers, and an
- * in-process fit on two threads its thread pool's jobs and sleeps; without it none of that is
- * printed. On the first 256 samples of Fashion-MNIST, one epoch. */
+ * in-process fit on two threads its thread pool's jobs and sleeps, both sides' parts and the
+ * serial gaps between jobs; without it none of that is printed. On the first 256 samples of
+ * Fashion-MNIST, one epoch. */
 #include <stdlib.h>
 
 #define CLI_FIXTURE_PREFIX "cf_cli_timing_"
@@ -42,6 +43,17 @@ static void test_thread_pool(void **state) {
     const char *at = strstr(out, "timing: thread pool (2 threads): ");
     assert_non_null(at);
     assert_true(atoi(at + strlen("timing: thread pool (2 threads): ")) > 0); /* jobs */
+    /* both sides' parts took time, in wall and in thread CPU seconds; the gaps are reported */
+    double caller, caller_cpu, workers, workers_cpu, gaps;
+    const char *parts = strstr(at, "parts: the caller's ");
+    assert_non_null(parts);
+    assert_int_equal(
+        sscanf(parts,
+               "parts: the caller's %lf s (CPU %lf s), the workers' %lf s (CPU %lf s); "
+               "the caller's serial gaps between jobs (each under 5 ms) %lf s",
+               &caller, &caller_cpu, &workers, &workers_cpu, &gaps),
+        5);
+    assert_true(caller > 0 && caller_cpu > 0 && workers > 0 && workers_cpu > 0 && gaps >= 0);
     assert_null(strstr(out, "timing: worker"));
 }
 

@@ -116,6 +116,34 @@ static double spin_clock(void) {
  * many spins found themselves descheduled (an oversubscribed machine; they back off). */
 static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_caller_wait_ns,
     stat_preempted, stat_crowd_checks, stat_crowded;
+/* With CF_TIMING=1 only (timing_on), where the threads' time went: the caller's own parts and
+ * the workers' parts (summed), in wall and in thread CPU time (a part's wall above its CPU time
+ * is time its thread was descheduled), and the caller's time between one job's end and the next
+ * one's dispatch when under GAP_NS (its serial work inside a step, which the workers spend
+ * waiting). */
+#define GAP_NS 5e6
+static bool timing_on;
+static _Atomic uint64_t stat_caller_part_ns, stat_worker_part_ns, stat_caller_part_cpu_ns,
+    stat_worker_part_cpu_ns, stat_gap_ns;
+
+static double thread_cpu_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
+}
+
+/* Runs fn over [b, e) as thread id's part, timed into *wall_ns and *cpu_ns when timing_on. */
+static void run_part(cf_range_fn fn, void *ctx, int64_t b, int64_t e, int id,
+                     _Atomic uint64_t *wall_ns, _Atomic uint64_t *cpu_ns) {
+    if (!timing_on) {
+        if (b < e) fn(ctx, b, e, id);
+        return;
+    }
+    const double w0 = spin_clock(), c0 = thread_cpu_clock();
+    if (b < e) fn(ctx, b, e, id);
+    atomic_fetch_add_explicit(cpu_ns, (uint64_t)(thread_cpu_clock() - c0), memory_order_relaxed);
+    atomic_fetch_add_explicit(wall_ns, (uint64_t)(spin_clock() - w0), memory_order_relaxed);
+}
 
 /* The change awaited: *u64 != u64_value (a worker waiting for the next job), or *i32 == 0 (the
  * caller waiting for the workers). */
@@ -241,7 +269,7 @@ static void *worker_main(void *arg) {
         if (id < parts) {
             int64_t b, e;
             chunk(n, parts, id, &b, &e);
-            if (b < e) fn(ctx, b, e, id);
+            run_part(fn, ctx, b, e, id, &stat_worker_part_ns, &stat_worker_part_cpu_ns);
         }
         pthread_mutex_lock(&p->lock);
         if (--p->pending == 0) pthread_cond_signal(&p->work_done);
@@ -262,19 +290,25 @@ static void after_fork_in_child(void) {
 
 static void stop_pool(void) {
     pool *p = &the_pool;
-    const char *timing = getenv("CF_TIMING");
-    if (timing && strcmp(timing, "1") == 0 && atomic_load(&stat_jobs))
+    if (timing_on && atomic_load(&stat_jobs))
         fprintf(stderr,
                 "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu caller "
                 "waits past the spin, the caller waited %.3f s after its own part, %llu spins "
-                "descheduled, %llu of %llu checks found the machine crowded\n",
+                "descheduled, %llu of %llu checks found the machine crowded; parts: the caller's "
+                "%.3f s (CPU %.3f s), the workers' %.3f s (CPU %.3f s); the caller's serial gaps "
+                "between jobs (each under %.0f ms) %.3f s\n",
                 p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
                 (unsigned long long)atomic_load(&stat_worker_sleeps),
                 (unsigned long long)atomic_load(&stat_caller_sleeps),
                 (double)atomic_load(&stat_caller_wait_ns) * 1e-9,
                 (unsigned long long)atomic_load(&stat_preempted),
                 (unsigned long long)atomic_load(&stat_crowded),
-                (unsigned long long)atomic_load(&stat_crowd_checks));
+                (unsigned long long)atomic_load(&stat_crowd_checks),
+                (double)atomic_load(&stat_caller_part_ns) * 1e-9,
+                (double)atomic_load(&stat_caller_part_cpu_ns) * 1e-9,
+                (double)atomic_load(&stat_worker_part_ns) * 1e-9,
+                (double)atomic_load(&stat_worker_part_cpu_ns) * 1e-9, GAP_NS * 1e-6,
+                (double)atomic_load(&stat_gap_ns) * 1e-9);
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
     pthread_cond_broadcast(&p->work_ready);
@@ -293,6 +327,8 @@ static void register_atfork(void) {
         const double us = strtod(fixed, &end);
         if (*end == 0 && us >= 0) cf__pool_set_spin(us * 1e3);
     }
+    const char *timing = getenv("CF_TIMING");
+    timing_on = timing && strcmp(timing, "1") == 0;
     pthread_atfork(NULL, NULL, after_fork_in_child);
     atexit(stop_pool);
 }
@@ -334,9 +370,16 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     pthread_cond_broadcast(&p->work_ready);
     pthread_mutex_unlock(&p->lock);
 
+    static double last_done = -1e18; /* callers hold dispatch_lock */
+    if (timing_on) {
+        const double t_start = spin_clock();
+        if (t_start - last_done < GAP_NS)
+            atomic_fetch_add_explicit(&stat_gap_ns, (uint64_t)(t_start - last_done),
+                                      memory_order_relaxed);
+    }
     int64_t b, e;
     chunk(n, parts, 0, &b, &e);
-    if (b < e) fn(ctx, b, e, 0);
+    run_part(fn, ctx, b, e, 0, &stat_caller_part_ns, &stat_caller_part_cpu_ns);
 
     static spinner caller_spin = {.budget_ns = SPIN_MIN_NS}; /* callers hold dispatch_lock */
     const double t_wait = spin_clock();
@@ -346,7 +389,8 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     pthread_mutex_unlock(&p->lock);
     atomic_fetch_add_explicit(&stat_jobs, 1, memory_order_relaxed);
     if (!quick) atomic_fetch_add_explicit(&stat_caller_sleeps, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&stat_caller_wait_ns, (uint64_t)(spin_clock() - t_wait),
+    last_done = spin_clock();
+    atomic_fetch_add_explicit(&stat_caller_wait_ns, (uint64_t)(last_done - t_wait),
                               memory_order_relaxed);
     pthread_mutex_unlock(&dispatch_lock);
 }
