@@ -1,7 +1,8 @@
 /* The 1x1 stride-2 shortcut in bf16 (conv_bf16.c's subsampled layout): cf_conv_bf16_dx_add adds
  * exactly the input gradient cf_conv_bf16_dx writes (zero off the even rows' even columns) and
  * refuses any other geometry; the shortcut paired with a stride-2 layer on the same input
- * (cf_conv_bf16_*_with) gives its own calls' results; and a residual block whose idpath is such a
+ * (cf_conv_bf16_*_with) gives its own calls' results; cf_conv_bf16_backward is bitwise the
+ * separate weight-gradient and dx calls; and a residual block whose idpath is such a
  * shortcut (the input gradient added into the convpath's, the pairing of the two convolutions)
  * gives the output, input gradient and weight gradients of its two convolutions run alone. Its
  * values against PyTorch are test_bf16's (conv cases of the shortcut shapes). Without bf16 kernels
@@ -126,6 +127,17 @@ static void check_pair(int n, int c, int h, int w, int o, int os, int k) {
     if (memcmp(dx, dx2, nx * sizeof(float))) fail_msg("%s: dx differs", what);
     if (memcmp(dw, dw2, nw * sizeof(float))) fail_msg("%s: dW differs", what);
     assert_close(what, dws2, dws, nws, 1e-5, 1e-5);
+    /* the backward in one call: bitwise the paired calls */
+    float *dx3 = malloc(nx * sizeof(float)), *dw3 = malloc(nw * sizeof(float)),
+          *dws3 = malloc(nws * sizeof(float));
+    const cf_conv_shortcut sdw = {.out_channels = os, .dy = dys, .dw = dws3},
+                           sdx = {.out_channels = os, .w = pks, .dy = dys};
+    cf_conv_bf16_backward(&g, o, pk, dy, x, n, dw3, dx3, scratch, &sdw, &sdx);
+    if (memcmp(dx3, dx2, nx * sizeof(float))) fail_msg("%s: backward's dx differs", what);
+    if (memcmp(dw3, dw2, nw * sizeof(float))) fail_msg("%s: backward's dW differs", what);
+    if (memcmp(dws3, dws2, nws * sizeof(float)))
+        fail_msg("%s: backward's shortcut dW differs", what);
+    free(dx3), free(dw3), free(dws3);
     free(x), free(wt), free(ws), free(dy), free(dys), free(pk), free(pks), free(scratch);
     free(scratch_s), free(y), free(ys), free(dx), free(dw), free(dws), free(y2), free(ys2);
     free(dx2), free(dw2), free(dws2);
@@ -147,6 +159,54 @@ static void test_pair_kernels(void **state) {
     assert_false(cf_conv_bf16_pair_fits(&g2, 32, &gs2, 32));
     assert_false(cf_conv_bf16_pair_fits(&g2, 32, &gs, 33));
     assert_false(cf_conv_bf16_pair_fits(&gs, 32, &gs, 32));
+}
+
+/* cf_conv_bf16_backward of one layer (k x k, stride s, or the 1x1 stride-2 shortcut: k = 1)
+ * against cf_conv_bf16_wgrad and cf_conv_bf16_dx: bitwise; and dW alone, dx alone. */
+static void check_backward(int n, int c, int h, int w, int o, int k, int stride) {
+    cf_conv_geom g;
+    const int pad = k == 1 ? 0 : (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, stride, stride, pad, pad));
+    if (!cf_conv_bf16_supported(&g, o)) {
+        assert_false(cf_bf16_compute());
+        return;
+    }
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * o * g.oh * g.ow,
+                 nw = (size_t)o * c * k * k;
+    float *x = malloc(nx * sizeof(float)), *wt = malloc(nw * sizeof(float)),
+          *dy = malloc(ny * sizeof(float));
+    fill_uniform(x, nx, 31, -2, 2);
+    fill_uniform(wt, nw, 32, -1, 1);
+    fill_uniform(dy, ny, 33, -1, 1);
+    float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float)),
+          *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
+    cf_conv_bf16_pack(&g, o, wt, pk);
+    float *dx = malloc(nx * sizeof(float)), *dw = malloc(nw * sizeof(float)),
+          *dx2 = malloc(nx * sizeof(float)), *dw2 = malloc(nw * sizeof(float));
+    cf_conv_bf16_wgrad(&g, o, dy, x, n, dw, scratch);
+    cf_conv_bf16_dx(&g, o, pk, dy, n, dx, scratch);
+    char what[96];
+    snprintf(what, sizeof what, "backward %dx%d/%d %d->%d on %dx%d, %d images", k, k, stride, c, o,
+             h, w, n);
+    cf_conv_bf16_backward(&g, o, pk, dy, x, n, dw2, dx2, scratch, NULL, NULL);
+    if (memcmp(dx, dx2, nx * sizeof(float))) fail_msg("%s: dx differs", what);
+    if (memcmp(dw, dw2, nw * sizeof(float))) fail_msg("%s: dW differs", what);
+    memset(dx2, 0, nx * sizeof(float));
+    cf_conv_bf16_backward(&g, o, pk, dy, x, n, NULL, dx2, scratch, NULL, NULL);
+    if (memcmp(dx, dx2, nx * sizeof(float))) fail_msg("%s: dx alone differs", what);
+    memset(dw2, 0, nw * sizeof(float));
+    cf_conv_bf16_backward(&g, o, pk, dy, x, n, dw2, NULL, scratch, NULL, NULL);
+    if (memcmp(dw, dw2, nw * sizeof(float))) fail_msg("%s: dW alone differs", what);
+    free(x), free(wt), free(dy), free(pk), free(scratch), free(dx), free(dw), free(dx2), free(dw2);
+}
+
+static void test_backward(void **state) {
+    (void)state;
+    check_backward(9, 32, 14, 14, 32, 3, 1); /* W1's 3x3 layers: several blocks, one partial */
+    check_backward(17, 64, 7, 7, 64, 3, 1);
+    check_backward(5, 16, 28, 28, 32, 3, 2);
+    check_backward(5, 16, 28, 28, 32, 1, 2); /* a shortcut alone */
+    check_backward(3, 9, 11, 13, 10, 5, 1);  /* 5x5, odd sizes, half pairs */
 }
 
 /* The forward and backward of model on x (n, c, h, w) with dy of its output's shape. */
@@ -245,9 +305,8 @@ static void test_block_threads(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dx_add),
-        cmocka_unit_test(test_pair_kernels),
-        cmocka_unit_test(test_block),
+        cmocka_unit_test(test_dx_add),        cmocka_unit_test(test_pair_kernels),
+        cmocka_unit_test(test_backward),      cmocka_unit_test(test_block),
         cmocka_unit_test(test_block_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -337,6 +337,14 @@ void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
                              const float *x, int n_images, float *dw, float *scratch,
                              const cf_conv_shortcut *shortcut);
+/* The backward pass in one call: cf_conv_bf16_wgrad into dw (NULL: none) and cf_conv_bf16_dx
+ * into dx (NULL: none), a block of images at a time (each block's dy read twice while it is in
+ * cache), bitwise the two calls'. A paired shortcut (cf_conv_bf16_pair_fits) as in
+ * _wgrad_with (dw_shortcut) and _dx_with (dx_shortcut); NULL: none. */
+void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                           const float *dy, const float *x, int n_images, float *dw, float *dx,
+                           float *scratch, const cf_conv_shortcut *dw_shortcut,
+                           const cf_conv_shortcut *dx_shortcut);
 
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 

@@ -692,6 +692,25 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
+    if (c->want_dw && c->need_dx && !c->add_dx) { /* both in one pass over the blocks */
+        cf_conv_shortcut sdw = {0}, sdx = c->shortcut_dx;
+        if (c->shortcut_dw) {
+            conv_impl *s = c->shortcut_dw->impl;
+            s->ran[thread] = 1;
+            sdw = (cf_conv_shortcut){
+                .out_channels = s->out_c,
+                .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
+                .dw = s->dwt + (size_t)thread * s->dw_stride,
+            };
+        }
+        if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
+        cf_conv_bf16_backward(g, c->out_c, c->bf16_packed, dy, x, count,
+                              c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n,
+                              scratch, sdw.out_channels ? &sdw : NULL,
+                              sdx.out_channels ? &sdx : NULL);
+        if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+        return;
+    }
     if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
         conv_impl *s = c->shortcut_dw->impl;
         s->ran[thread] = 1;

@@ -253,8 +253,8 @@ static size_t wgrad_words_paired(const layout *l) {
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     layout l;
     layout_make(&l, g, out_channels);
-    const size_t run = run_words(&l), wgrad = wgrad_words_paired(&l);
-    return run > wgrad ? run : wgrad;
+    /* both at once: cf_conv_bf16_backward keeps each part's zeros from block to block */
+    return up(run_words(&l), 16) + wgrad_words_paired(&l);
 }
 
 /* Where a row's first and second values go in a stride-2 layer's phase rows: the value at padded
@@ -271,7 +271,7 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
  * channels of oh x ow; packed as the kernel reads it. */
 static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                        const uint32_t *packed, const float *src, int n_images, float *dst,
-                       float *scratch, const cf_conv_shortcut *sc) {
+                       float *scratch, const cf_conv_shortcut *sc, bool zeroed) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = (ch + 1) / 2;
     uint32_t *xp = (uint32_t *)scratch;
@@ -280,7 +280,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
     int off[MAX_TAPS];
     for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
-    memset(xp, 0, l->phases * phase_words * sizeof(uint32_t)); /* the border stays zero */
+    if (!zeroed) /* the border stays zero */
+        memset(xp, 0, l->phases * phase_words * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
         const float *x = src + (size_t)n * in_n;
         for (int p = 0; p < pairs; p++) {
@@ -330,7 +331,7 @@ void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *
                           const float *x, int n_images, float *y, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
-    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL, false);
 }
 
 bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_conv_geom *sg,
@@ -346,7 +347,7 @@ void cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const fl
                                const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g, out_channels);
-    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut, false);
 }
 
 /* Stride 2's dx of n images: per phase (a, b) of the padded input, dxpad[c][2u + a][2v + b] =
@@ -355,7 +356,7 @@ void cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const fl
  * with the phase's taps; the four phases' rows are then interleaved into dx. */
 static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
                        const float *dy, int n_images, float *dx, float *scratch,
-                       const cf_conv_shortcut *sc) {
+                       const cf_conv_shortcut *sc, bool zeroed) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->op, C = l->c, P = l->pad;
     uint32_t *dp = (uint32_t *)scratch;
@@ -368,8 +369,10 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
               ssh = sub_shift(P, l->wd);
     uint32_t *sdp = (uint32_t *)(out + 4 * outw);
     float *sout = (float *)(sdp + (size_t)spairs * l->planed);
-    memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t)); /* the border stays zero */
-    if (sc) memset(sdp, 0, (size_t)spairs * l->planed * sizeof(uint32_t));
+    if (!zeroed) { /* the border stays zero */
+        memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t));
+        if (sc) memset(sdp, 0, (size_t)spairs * l->planed * sizeof(uint32_t));
+    }
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dy + (size_t)n * l->o * plane;
         for (int p = 0; p < pairs; p++) {
@@ -415,13 +418,15 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
 /* A subsampled layer's dx (or dx += it, add): the 1x1 product of dy into out, then dx[c][2i][2j]
  * = out[c][i][j] and zero (or unchanged) elsewhere. */
 static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
-                          const float *dy, int n_images, float *dx, float *scratch, bool add) {
+                          const float *dy, int n_images, float *dx, float *scratch, bool add,
+                          bool zeroed) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->op, C = l->c, off0 = 0;
     uint32_t *dp = (uint32_t *)scratch;
     float *out = (float *)(dp + (size_t)pairs * l->plane);
     const size_t plane = (size_t)g->oh * g->ow, in_n = (size_t)C * g->h * g->w;
-    memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t)); /* positions past oh x ow */
+    if (!zeroed) /* positions past oh x ow */
+        memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dy + (size_t)n * l->o * plane;
         for (int p = 0; p < pairs; p++) {
@@ -451,7 +456,7 @@ bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *p
     layout l;
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true);
+    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true, false);
     return true;
 }
 
@@ -461,11 +466,11 @@ void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packe
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     if (l.sub)
-        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false);
+        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false);
     else if (l.stride == 2)
-        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL);
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false);
     else
-        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
+        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false);
 }
 
 void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
@@ -474,29 +479,34 @@ void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *
     layout l;
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut);
+    dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false);
 }
 
-static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
-                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc);
+static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
+                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
+                  bool accumulate, bool zeroed);
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch) {
-    wgrad(g, out_channels, dy, x, n_images, dw, scratch, NULL);
+    layout l;
+    layout_make(&l, g, out_channels);
+    wgrad(&l, g, dy, x, n_images, dw, scratch, NULL, false, false);
 }
 
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
                              const float *x, int n_images, float *dw, float *scratch,
                              const cf_conv_shortcut *shortcut) {
-    wgrad(g, out_channels, dy, x, n_images, dw, scratch, shortcut);
+    layout l;
+    layout_make(&l, g, out_channels);
+    wgrad(&l, g, dy, x, n_images, dw, scratch, shortcut, false, false);
 }
 
 /* The weight gradient; with a paired shortcut (stride 2), also the shortcut's, one more tap
  * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. */
-static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
-                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc) {
-    layout l;
-    layout_make(&l, g, out_channels);
+static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
+                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
+                  bool accumulate, bool zeroed) {
+    const layout l = *lay;
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     uint16_t *xb = (uint16_t *)scratch; /* C rows of lx: the padded images end to end */
     uint32_t *x0 = (uint32_t *)(xb + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
@@ -509,7 +519,8 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
               shalf = soff / 2;
     const unsigned char sodd = (unsigned char)(soff & 1);
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
-    memset(scratch, 0, (sc ? wgrad_words_paired(&l) : wgrad_words(&l)) * sizeof(uint32_t));
+    if (!zeroed)
+        memset(scratch, 0, (sc ? wgrad_words_paired(&l) : wgrad_words(&l)) * sizeof(uint32_t));
     for (int n0 = 0; n0 < n_images; n0 += l.block) {
         const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
         if (nb < l.block) /* images past the batch: no x for the taps to read (no dy is read) */
@@ -546,10 +557,45 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
         /* X0: the rows' position pairs transposed; X1: the same one position on */
         k->position_pairs(xb, l.lx, l.c, l.rows, x0, x1, l.ldb);
         k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
-                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c, n0 > 0);
+                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c,
+                      accumulate || n0 > 0);
         if (sc)
             k->conv_wgrad(1, &shalf, &sodd, sc->out_channels, l.c, nb * l.s / 2,
                           (const uint32_t *)dys, l.dl / 2, x0, x1, l.ldb, sc->dw, (size_t)l.c,
-                          (size_t)sc->out_channels * l.c, n0 > 0);
+                          (size_t)sc->out_channels * l.c, accumulate || n0 > 0);
+    }
+}
+
+void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                           const float *dy, const float *x, int n_images, float *dw, float *dx,
+                           float *scratch, const cf_conv_shortcut *dw_shortcut,
+                           const cf_conv_shortcut *dx_shortcut) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    float *wscratch = scratch + up(run_words(&l), 16);
+    const size_t in_n = (size_t)l.c * g->h * g->w, out_n = (size_t)l.o * g->oh * g->ow,
+                 plane = (size_t)g->oh * g->ow;
+    /* a block of the weight gradient at a time, then the same images' dx, while their dy is
+     * still in cache; every part's zero borders written once */
+    for (int n0 = 0; n0 < n_images; n0 += l.block) {
+        const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
+        const float *dyn = dy + (size_t)n0 * out_n;
+        if (dw) {
+            cf_conv_shortcut sc = dw_shortcut ? *dw_shortcut : (cf_conv_shortcut){0};
+            if (dw_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            wgrad(&l, g, dyn, x + (size_t)n0 * in_n, nb, dw, wscratch, dw_shortcut ? &sc : NULL,
+                  n0 > 0, n0 > 0);
+        }
+        if (!dx) continue;
+        float *dxn = dx + (size_t)n0 * in_n;
+        if (l.sub)
+            dx_subsampled(&l, g, pdx, dyn, nb, dxn, scratch, false, n0 > 0);
+        else if (l.stride == 2) {
+            cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
+            if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0);
+        } else
+            run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0);
     }
 }
