@@ -322,6 +322,33 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
  * any other geometry. */
 bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *packed,
                          const float *dy, int n_images, float *dx, float *scratch);
+/* A stride-2 layer and a 1x1 stride-2 shortcut on the same input (cf_conv_bf16_pair_fits: the
+ * same channels and output size, the shortcut's outputs at most max(channels, out_channels))
+ * share the conversions of x and of the phase planes: _forward_with also writes the shortcut's
+ * output, _dx_with adds the shortcut's input gradient into dx (written once), _wgrad_with also
+ * writes the shortcut's weight gradient [out][in] (overwritten). shortcut->w is the shortcut's
+ * own cf_conv_bf16_pack; y, dy, dw as in cf_conv_shortcut. The forward and dx are bitwise the
+ * shortcut's own calls; the shortcut's weight gradient sums the same products in the layer's
+ * blocks of images. Same scratch as the layer alone. */
+bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_conv_geom *shortcut_g,
+                            int shortcut_out);
+void cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                               const float *x, int n_images, float *y, float *scratch,
+                               const cf_conv_shortcut *shortcut);
+void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *dy, int n_images, float *dx, float *scratch,
+                          const cf_conv_shortcut *shortcut);
+void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
+                             const float *x, int n_images, float *dw, float *scratch,
+                             const cf_conv_shortcut *shortcut);
+/* The backward pass in one call: cf_conv_bf16_wgrad into dw (NULL: none) and cf_conv_bf16_dx
+ * into dx (NULL: none), a block of images at a time (each block's dy read twice while it is in
+ * cache), bitwise the two calls'. A paired shortcut (cf_conv_bf16_pair_fits) as in
+ * _wgrad_with (dw_shortcut) and _dx_with (dx_shortcut); NULL: none. */
+void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                           const float *dy, const float *x, int n_images, float *dw, float *dx,
+                           float *scratch, const cf_conv_shortcut *dw_shortcut,
+                           const cf_conv_shortcut *dx_shortcut);
 
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 

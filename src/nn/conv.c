@@ -402,9 +402,16 @@ static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int t
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    cf_conv_bf16_forward(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
-                         (int)(end - begin), c->y + (size_t)begin * out_n,
-                         c->scratch + (size_t)thread * c->scratch_stride);
+    if (c->shortcut_call.out_channels) {
+        cf_conv_shortcut sc = c->shortcut_call;
+        sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
+        cf_conv_bf16_forward_with(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
+                                  (int)(end - begin), c->y + (size_t)begin * out_n,
+                                  c->scratch + (size_t)thread * c->scratch_stride, &sc);
+    } else
+        cf_conv_bf16_forward(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
+                             (int)(end - begin), c->y + (size_t)begin * out_n,
+                             c->scratch + (size_t)thread * c->scratch_stride);
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
@@ -442,6 +449,15 @@ static bool shortcut_fits(const conv_impl *c, const cf_module *shortcut, const c
            s->g.oh == c->g.oh && s->g.ow == c->g.ow && c->g.oh * c->g.ow > 16;
 }
 
+/* The same in mixed precision: both layers through cf_conv_bf16_*, which shares x's phase planes
+ * (cf_conv_bf16_pair_fits), the shortcut without bias. */
+static bool shortcut_fits_bf16(const conv_impl *c, const cf_module *shortcut, const cf_tensor *x) {
+    if (!cf_nn_is_conv(shortcut) || c->stride != 2 || !use_bf16_implicit(c)) return false;
+    const conv_impl *s = shortcut->impl;
+    return use_bf16_implicit(s) && !s->has_bias && s->g.h == x->shape.dim[2] &&
+           s->g.w == x->shape.dim[3] && cf_conv_bf16_pair_fits(&c->g, c->out_c, &s->g, s->out_c);
+}
+
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
  * whether it did through *computed). */
 static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_module *shortcut,
@@ -456,12 +472,17 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     c->by_sibling = false;
     c->winograd_call = use_winograd(c);
     c->shortcut_call.out_channels = 0;
-    if (shortcut && shortcut_fits(c, shortcut, x)) {
+    const bool pair_bf16 = shortcut && shortcut_fits_bf16(c, shortcut, x);
+    if (shortcut && (pair_bf16 || shortcut_fits(c, shortcut, x))) {
         conv_impl *s = shortcut->impl;
         cf_tensor *ys = cf_module_output(
             shortcut, &(cf_shape){4, {x->shape.dim[0], s->out_c, s->g.oh, s->g.ow}});
-        c->shortcut_call = (cf_conv_shortcut){
-            .out_channels = s->out_c, .w = shortcut->params[0].data, .y = ys->data};
+        /* bf16: the shortcut's own pack, which its share of the backward reads too */
+        if (pair_bf16) cf_conv_bf16_pack(&s->g, s->out_c, shortcut->params[0].data, s->bf16_packed);
+        c->shortcut_call =
+            (cf_conv_shortcut){.out_channels = s->out_c,
+                               .w = pair_bf16 ? s->bf16_packed : shortcut->params[0].data,
+                               .y = ys->data};
     }
     float *mem = call_begin(c, false);
     if (use_bf16_implicit(c)) {
@@ -671,14 +692,48 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
-    if (c->want_dw)
+    if (c->want_dw && c->need_dx && !c->add_dx) { /* both in one pass over the blocks */
+        cf_conv_shortcut sdw = {0}, sdx = c->shortcut_dx;
+        if (c->shortcut_dw) {
+            conv_impl *s = c->shortcut_dw->impl;
+            s->ran[thread] = 1;
+            sdw = (cf_conv_shortcut){
+                .out_channels = s->out_c,
+                .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
+                .dw = s->dwt + (size_t)thread * s->dw_stride,
+            };
+        }
+        if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
+        cf_conv_bf16_backward(g, c->out_c, c->bf16_packed, dy, x, count,
+                              c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n,
+                              scratch, sdw.out_channels ? &sdw : NULL,
+                              sdx.out_channels ? &sdx : NULL);
+        if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+        return;
+    }
+    if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
+        conv_impl *s = c->shortcut_dw->impl;
+        s->ran[thread] = 1;
+        const cf_conv_shortcut sc = {
+            .out_channels = s->out_c,
+            .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
+            .dw = s->dwt + (size_t)thread * s->dw_stride,
+        };
+        cf_conv_bf16_wgrad_with(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
+                                scratch, &sc);
+    } else if (c->want_dw)
         cf_conv_bf16_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                            scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
     if (c->need_dx && c->add_dx)
         (void)cf_conv_bf16_dx_add(g, c->out_c, c->bf16_packed, dy, count,
                                   c->dx + (size_t)begin * in_n, scratch);
-    else if (c->need_dx)
+    else if (c->need_dx && c->shortcut_dx.out_channels) {
+        cf_conv_shortcut sc = c->shortcut_dx;
+        sc.dy += (size_t)begin * sc.out_channels * g->oh * g->ow;
+        cf_conv_bf16_dx_with(g, c->out_c, c->bf16_packed, dy, count, c->dx + (size_t)begin * in_n,
+                             scratch, &sc);
+    } else if (c->need_dx)
         cf_conv_bf16_dx(g, c->out_c, c->bf16_packed, dy, count, c->dx + (size_t)begin * in_n,
                         scratch);
 }
@@ -826,7 +881,9 @@ bool cf_nn_conv_pair_backward_fits(const cf_module *conv, const cf_module *short
     const conv_impl *c = conv->impl;
     /* the conditions of conv's backward taking the implicit path with dx, and of the forward
      * pair; both inputs the same */
-    return conv->in && shortcut_fits(c, shortcut, conv->in) && !use_winograd(c) &&
+    return conv->in &&
+           ((shortcut_fits(c, shortcut, conv->in) && !use_winograd(c)) ||
+            shortcut_fits_bf16(c, shortcut, conv->in)) &&
            ((const conv_impl *)shortcut->impl)->x == c->x;
 }
 
@@ -835,11 +892,15 @@ void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, cons
     conv_impl *c = shortcut->impl;
     const conv_impl *sib = conv->impl;
     cf_param *wp = &shortcut->params[0];
-    *h = (cf_nn_conv_handover){.sc = {.out_channels = c->out_c, .w = wp->data, .dy = dy->data}};
+    /* in bf16 (both through cf_conv_bf16_*), the sibling reads this layer's pack */
+    const bool bf16 = use_bf16_implicit(c) && use_bf16_implicit(sib);
+    *h = (cf_nn_conv_handover){
+        .sc = {.out_channels = c->out_c, .w = bf16 ? c->bf16_packed : wp->data, .dy = dy->data}};
     /* the weight gradient too, when both go through the implicit kernel: the sibling writes this
      * layer's partial sums, in buffers held until it reduces them */
     bool hand_dw = false;
-    if (wp->trainable && use_implicit_dw(c) && conv->params[0].trainable && sib->pad < sib->k) {
+    if (wp->trainable && (use_implicit_dw(c) || bf16) && conv->params[0].trainable &&
+        sib->pad < sib->k) {
         c->held = cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
         hand_dw = c->held != NULL;
     }

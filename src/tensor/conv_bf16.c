@@ -81,6 +81,22 @@ static bool subsampled(const cf_conv_geom *g) {
            g->oh == (g->h + 1) / 2 && g->ow == (g->w + 1) / 2;
 }
 
+/* Where a stride-2 layer's phase planes hold x[2i][2j], the subsampled image of a 1x1 stride-2
+ * shortcut on the same input: padded (2i + pad, 2j + pad) is in phase (pad % 2, pad % 2), at
+ * (i + pad / 2, j + pad / 2) of rows wq apart (the same for dx's phase rows, wd apart). */
+static int sub_phase(int pad) {
+    return 3 * (pad % 2);
+}
+
+static int sub_shift(int pad, int ld) {
+    return pad / 2 * (ld + 1);
+}
+
+/* The shortcut's pack: its forward's (1 tap, up(o, ROWS) x cp), then its dx's. */
+static const uint32_t *shortcut_dx_pack(const cf_conv_shortcut *sc, int c) {
+    return (const uint32_t *)sc->w + up((size_t)sc->out_channels, ROWS) * (((size_t)c + 1) / 2);
+}
+
 static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
     cf_conv_geom s = *g0;
     l->sub = subsampled(g0);
@@ -230,9 +246,12 @@ static size_t run_words(const layout *l) {
     const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op),
                  rows = up((size_t)(l->c > l->o ? l->c : l->o), ROWS);
     const size_t run = (size_t)l->phases * pairs * l->plane + rows * l->nq;
+    /* stride 2's dx, and a paired shortcut's (at most as many pairs as this layer's largest
+     * side): its dy's pair planes and its 1x1 product */
     const size_t dx2 =
         l->stride == 1 ? 0
-                       : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd;
+                       : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd +
+                             pairs * l->planed + up((size_t)l->c, ROWS) * (size_t)l->nqd;
     return run > dx2 ? run : dx2;
 }
 
@@ -243,11 +262,17 @@ static size_t wgrad_words(const layout *l) {
            up((size_t)l->o, ROWS) * l->dl / 2;
 }
 
+/* ... and at stride 2, a paired shortcut's dy rows (up to max(c, o) output channels). */
+static size_t wgrad_words_paired(const layout *l) {
+    const size_t most = (size_t)(l->c > l->o ? l->c : l->o);
+    return wgrad_words(l) + (l->stride == 2 ? up(most, ROWS) * l->dl / 2 : 0);
+}
+
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     layout l;
     layout_make(&l, g, out_channels);
-    const size_t run = run_words(&l), wgrad = wgrad_words(&l);
-    return run > wgrad ? run : wgrad;
+    /* both at once: cf_conv_bf16_backward keeps each part's zeros from block to block */
+    return up(run_words(&l), 16) + wgrad_words_paired(&l);
 }
 
 /* Where a row's first and second values go in a stride-2 layer's phase rows: the value at padded
@@ -264,7 +289,7 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
  * channels of oh x ow; packed as the kernel reads it. */
 static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                        const uint32_t *packed, const float *src, int n_images, float *dst,
-                       float *scratch) {
+                       float *scratch, const cf_conv_shortcut *sc, bool zeroed) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = (ch + 1) / 2;
     uint32_t *xp = (uint32_t *)scratch;
@@ -273,7 +298,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     const size_t in_n = (size_t)ch * g->h * g->w, out_n = (size_t)rows * g->oh * g->ow;
     int off[MAX_TAPS];
     for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
-    memset(xp, 0, l->phases * phase_words * sizeof(uint32_t)); /* the border stays zero */
+    if (!zeroed) /* the border stays zero */
+        memset(xp, 0, l->phases * phase_words * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
         const float *x = src + (size_t)n * in_n;
         for (int p = 0; p < pairs; p++) {
@@ -306,6 +332,16 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
         for (int r = 0; r < rows; r++)
             k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
                          y + (size_t)r * g->oh * g->ow);
+        if (sc) { /* the shortcut's 1x1 product of the phase plane that holds x[2i][2j] */
+            const int so = sc->out_channels,
+                      soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
+            k->conv_run(1, &soff, pairs, so, (const uint32_t *)sc->w, xp, l->plane, l->nq, out,
+                        (size_t)l->nq);
+            float *ys = sc->y + (size_t)n * so * g->oh * g->ow;
+            for (int r = 0; r < so; r++)
+                k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                             ys + (size_t)r * g->oh * g->ow);
+        }
     }
 }
 
@@ -313,7 +349,23 @@ void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *
                           const float *x, int n_images, float *y, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
-    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL, false);
+}
+
+bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_conv_geom *sg,
+                            int shortcut_out) {
+    return cf_conv_bf16_supported(g, out_channels) && !subsampled(g) && g->sh == 2 &&
+           subsampled(sg) && sg->c == g->c && sg->h == g->h && sg->w == g->w && sg->oh == g->oh &&
+           sg->ow == g->ow && shortcut_out >= 1 &&
+           shortcut_out <= (g->c > out_channels ? g->c : out_channels);
+}
+
+void cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                               const float *x, int n_images, float *y, float *scratch,
+                               const cf_conv_shortcut *shortcut) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut, false);
 }
 
 /* Stride 2's dx of n images: per phase (a, b) of the padded input, dxpad[c][2u + a][2v + b] =
@@ -321,14 +373,24 @@ void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *
  * dy[o][u - ki / 2][v - kj / 2], a stride-1 correlation of dy (padded by pad on every side)
  * with the phase's taps; the four phases' rows are then interleaved into dx. */
 static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
-                       const float *dy, int n_images, float *dx, float *scratch) {
+                       const float *dy, int n_images, float *dx, float *scratch,
+                       const cf_conv_shortcut *sc, bool zeroed) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->op, C = l->c, P = l->pad;
     uint32_t *dp = (uint32_t *)scratch;
     float *out = (float *)(dp + (size_t)pairs * l->planed);
     const size_t outw = up((size_t)C, ROWS) * l->nqd, plane = (size_t)g->oh * g->ow,
                  in_n = (size_t)C * g->h * g->w;
-    memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t)); /* the border stays zero */
+    /* a paired shortcut: its dy's pair planes (rows wd apart, from position 0) and its 1x1
+     * product, added into the phase rows that hold dx[2i][2j] before they are interleaved */
+    const int spairs = sc ? (sc->out_channels + 1) / 2 : 0, szero = 0, sph = sub_phase(P),
+              ssh = sub_shift(P, l->wd);
+    uint32_t *sdp = (uint32_t *)(out + 4 * outw);
+    float *sout = (float *)(sdp + (size_t)spairs * l->planed);
+    if (!zeroed) { /* the border stays zero */
+        memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t));
+        if (sc) memset(sdp, 0, (size_t)spairs * l->planed * sizeof(uint32_t));
+    }
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dy + (size_t)n * l->o * plane;
         for (int p = 0; p < pairs; p++) {
@@ -342,6 +404,22 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp, l->planed, l->nqd,
                         out + ph * outw, (size_t)l->nqd);
             pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
+        }
+        if (sc) {
+            const int so = sc->out_channels;
+            const float *dys = sc->dy + (size_t)n * so * plane;
+            for (int p = 0; p < spairs; p++) {
+                const float *lo = dys + (size_t)2 * p * plane,
+                            *hi = 2 * p + 1 < so ? lo + plane : NULL;
+                k->pairs_rows(lo, hi, g->oh, g->ow, sdp + (size_t)p * l->planed, (size_t)l->wd);
+            }
+            k->conv_run(1, &szero, spairs, C, shortcut_dx_pack(sc, C), sdp, l->planed, l->nqd, sout,
+                        (size_t)l->nqd);
+            for (int c = 0; c < C; c++) {
+                float *dst = out + sph * outw + (size_t)c * l->nqd + ssh;
+                const float *src = sout + (size_t)c * l->nqd;
+                for (int q = 0; q + ssh < l->nqd; q++) dst[q] += src[q];
+            }
         }
         float *dxn = dx + (size_t)n * in_n;
         for (int c = 0; c < C; c++)
@@ -358,13 +436,15 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
 /* A subsampled layer's dx (or dx += it, add): the 1x1 product of dy into out, then dx[c][2i][2j]
  * = out[c][i][j] and zero (or unchanged) elsewhere. */
 static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
-                          const float *dy, int n_images, float *dx, float *scratch, bool add) {
+                          const float *dy, int n_images, float *dx, float *scratch, bool add,
+                          bool zeroed) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->op, C = l->c, off0 = 0;
     uint32_t *dp = (uint32_t *)scratch;
     float *out = (float *)(dp + (size_t)pairs * l->plane);
     const size_t plane = (size_t)g->oh * g->ow, in_n = (size_t)C * g->h * g->w;
-    memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t)); /* positions past oh x ow */
+    if (!zeroed) /* positions past oh x ow */
+        memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dy + (size_t)n * l->o * plane;
         for (int p = 0; p < pairs; p++) {
@@ -394,7 +474,7 @@ bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *p
     layout l;
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true);
+    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true, false);
     return true;
 }
 
@@ -404,25 +484,61 @@ void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packe
     layout_make(&l, g, out_channels);
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     if (l.sub)
-        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false);
+        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false);
     else if (l.stride == 2)
-        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch);
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false);
     else
-        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch);
+        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false);
 }
+
+void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *dy, int n_images, float *dx, float *scratch,
+                          const cf_conv_shortcut *shortcut) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false);
+}
+
+static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
+                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
+                  bool accumulate, bool zeroed);
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
+    wgrad(&l, g, dy, x, n_images, dw, scratch, NULL, false, false);
+}
+
+void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
+                             const float *x, int n_images, float *dw, float *scratch,
+                             const cf_conv_shortcut *shortcut) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    wgrad(&l, g, dy, x, n_images, dw, scratch, shortcut, false, false);
+}
+
+/* The weight gradient; with a paired shortcut (stride 2), also the shortcut's, one more tap
+ * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. */
+static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
+                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
+                  bool accumulate, bool zeroed) {
+    const layout l = *lay;
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     uint16_t *xb = (uint16_t *)scratch; /* C rows of lx: the padded images end to end */
     uint32_t *x0 = (uint32_t *)(xb + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
     uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
+    uint16_t *dys = dyb + up((size_t)l.o, ROWS) * l.dl; /* the shortcut's dy rows */
     const size_t plane = (size_t)g->h * g->w, in_n = (size_t)l.c * plane,
-                 out_n = (size_t)l.o * g->oh * g->ow;
+                 out_n = (size_t)l.o * g->oh * g->ow,
+                 sout_n = sc ? (size_t)sc->out_channels * g->oh * g->ow : 0;
+    const int soff = sc ? (int)(sub_phase(l.pad) * l.lp) + sub_shift(l.pad, l.wq) : 0,
+              shalf = soff / 2;
+    const unsigned char sodd = (unsigned char)(soff & 1);
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
-    memset(scratch, 0, wgrad_words(&l) * sizeof(uint32_t));
+    if (!zeroed)
+        memset(scratch, 0, (sc ? wgrad_words_paired(&l) : wgrad_words(&l)) * sizeof(uint32_t));
     for (int n0 = 0; n0 < n_images; n0 += l.block) {
         const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
         if (nb < l.block) /* images past the batch: no x for the taps to read (no dy is read) */
@@ -452,10 +568,52 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
             for (int o = 0; o < l.o; o++)
                 k->rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
                         dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+            for (int o = 0; sc && o < sc->out_channels; o++)
+                k->rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh,
+                        g->ow, dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
         /* X0: the rows' position pairs transposed; X1: the same one position on */
         k->position_pairs(xb, l.lx, l.c, l.rows, x0, x1, l.ldb);
         k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
-                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c, n0 > 0);
+                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c,
+                      accumulate || n0 > 0);
+        if (sc)
+            k->conv_wgrad(1, &shalf, &sodd, sc->out_channels, l.c, nb * l.s / 2,
+                          (const uint32_t *)dys, l.dl / 2, x0, x1, l.ldb, sc->dw, (size_t)l.c,
+                          (size_t)sc->out_channels * l.c, accumulate || n0 > 0);
+    }
+}
+
+void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                           const float *dy, const float *x, int n_images, float *dw, float *dx,
+                           float *scratch, const cf_conv_shortcut *dw_shortcut,
+                           const cf_conv_shortcut *dx_shortcut) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    float *wscratch = scratch + up(run_words(&l), 16);
+    const size_t in_n = (size_t)l.c * g->h * g->w, out_n = (size_t)l.o * g->oh * g->ow,
+                 plane = (size_t)g->oh * g->ow;
+    /* a block of the weight gradient at a time, then the same images' dx, while their dy is
+     * still in cache; every part's zero borders written once */
+    for (int n0 = 0; n0 < n_images; n0 += l.block) {
+        const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
+        const float *dyn = dy + (size_t)n0 * out_n;
+        if (dw) {
+            cf_conv_shortcut sc = dw_shortcut ? *dw_shortcut : (cf_conv_shortcut){0};
+            if (dw_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            wgrad(&l, g, dyn, x + (size_t)n0 * in_n, nb, dw, wscratch, dw_shortcut ? &sc : NULL,
+                  n0 > 0, n0 > 0);
+        }
+        if (!dx) continue;
+        float *dxn = dx + (size_t)n0 * in_n;
+        if (l.sub)
+            dx_subsampled(&l, g, pdx, dyn, nb, dxn, scratch, false, n0 > 0);
+        else if (l.stride == 2) {
+            cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
+            if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0);
+        } else
+            run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0);
     }
 }
