@@ -72,8 +72,9 @@ static bool inside(int t, const void *p, size_t stride, amx_span s) {
     for (size_t r = 0; r < emul.cfg.rows[t]; r++) {
         const uintptr_t at = (uintptr_t)p + r * stride;
         if (at < base) return false;
-        const size_t off = at - base, row = s.rows > 1 ? off / s.stride : 0,
-                     col = s.rows > 1 ? off % s.stride : off;
+        const bool rows = s.rows > 1 && s.stride > 0; /* else one row */
+        const size_t off = at - base, row = rows ? off / s.stride : 0,
+                     col = rows ? off % s.stride : off;
         if (row >= s.rows || col + emul.cfg.colsb[t] > s.bytes) return false;
     }
     return true;
