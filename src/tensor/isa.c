@@ -80,10 +80,15 @@ static void amx_request(void) {
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 ||
         syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0 ||
         !(perm & (1ul << XFEATURE_XTILEDATA))) {
+        /* ENOSPC: some thread's alternate signal stack (sigaltstack) is smaller than a signal
+         * frame holding the tile state, as in a host program that set one up before loading
+         * the library: the kernel then refuses rather than fail a later signal delivery */
+        const int e = errno;
         fprintf(stderr,
                 "corefit: the CPU has AMX but the kernel did not grant the tile state "
-                "(arch_prctl ARCH_REQ_XCOMP_PERM: %s); using avx512_bf16\n",
-                errno ? strerror(errno) : "not in the permitted set");
+                "(arch_prctl ARCH_REQ_XCOMP_PERM: %s%s); using avx512_bf16\n",
+                e ? strerror(e) : "not in the permitted set",
+                e == ENOSPC ? ": an alternate signal stack is too small for the tile state" : "");
         return;
     }
     amx_granted = true;
