@@ -7,12 +7,17 @@
  * The including file defines, before including this one:
  *   AMX_CONFIG(cfg)              ldtilecfg of an amx_cfg (zeroes every tile)
  *   AMX_ZERO(t)                  tilezero tmm t
- *   AMX_LOAD(t, base, stride)    tileloadd: rows[t] rows of colsb[t] bytes, stride in bytes
- *   AMX_STORE(t, base, stride)   tilestored
+ *   AMX_LOAD(t, base, stride, span)   tileloadd: rows[t] rows of colsb[t] bytes, stride in bytes
+ *   AMX_STORE(t, base, stride, span)  tilestored
  *   AMX_DP(c, a, b)              tdpbf16ps: C[m][n] += sum over k pairs of A[m][k] . B[k][n]
  *   AMX_RELEASE()                tilerelease
  *   AMX_TO_BF16(x, y, n)         y = bf16(x) as cf_fp32_to_bf16 (round to nearest even)
- * Tile numbers are literal constants (the instructions encode them).
+ * Tile numbers are literal constants (the instructions encode them). `span` (amx_span) is the part
+ * of the operand the kernel's contract (kernel_table.h) lets that load or store touch, computed
+ * from the kernel's arguments: the real instructions ignore it; the emulation counts a fault for
+ * any tile row outside it. A tile row reaching past its plane, row or pack would read another
+ * operand's memory inside one scratch buffer (no sanitizer sees that), and on the hardware a
+ * 64-byte row read past a buffer's last page faults where the emulated one need not.
  *
  * Tile configuration is per thread and is loaded by every kernel call on the calling thread (pool
  * threads and fork workers included); each call releases the tiles when it returns.
@@ -104,35 +109,41 @@ static void amx_conv_run(int taps, const int *off, int pairs, int m, const uint3
         AMX_CONFIG(&cfg);
         const uint32_t *blk = packed + (size_t)r0 * taps * pairs;
         float *o = out + (size_t)r0 * ldo;
+        /* the contract: this block's rows of C, q < nq */
+        const amx_span cs = amx_span_of(o, (size_t)rows, (size_t)nq * sizeof(float), cstride);
         for (int q = 0; q < nq; q += 32) {
             const int two = q + 32 <= nq;
             AMX_ZERO(0);
             if (two) AMX_ZERO(1);
             for (int t = 0; t < taps; t++) {
                 const uint32_t *at = blk + (size_t)t * rows * pairs, *xt = x + off[t] + q;
+                /* the tap's weights in the block; planes p < pairs at off[t] + q, q < nq */
+                const amx_span as = amx_span_of(at, 1, (size_t)rows * pairs * sizeof(uint32_t), 0),
+                               bs = amx_span_of(x + off[t], (size_t)pairs,
+                                                (size_t)nq * sizeof(uint32_t), bstride);
                 for (int p0 = 0; p0 < full; p0 += 16) {
                     const uint32_t *xp = xt + (size_t)p0 * plane;
-                    AMX_LOAD(2, at + (size_t)rows * p0, 64);
-                    AMX_LOAD(4, xp, bstride);
+                    AMX_LOAD(2, at + (size_t)rows * p0, 64, as);
+                    AMX_LOAD(4, xp, bstride, bs);
                     AMX_DP(0, 2, 4);
                     if (two) {
-                        AMX_LOAD(5, xp + 16, bstride);
+                        AMX_LOAD(5, xp + 16, bstride, bs);
                         AMX_DP(1, 2, 5);
                     }
                 }
                 if (kr) {
                     const uint32_t *xp = xt + (size_t)full * plane;
-                    AMX_LOAD(3, at + (size_t)rows * full, 4 * kr);
-                    AMX_LOAD(6, xp, bstride);
+                    AMX_LOAD(3, at + (size_t)rows * full, 4 * kr, as);
+                    AMX_LOAD(6, xp, bstride, bs);
                     AMX_DP(0, 3, 6);
                     if (two) {
-                        AMX_LOAD(7, xp + 16, bstride);
+                        AMX_LOAD(7, xp + 16, bstride, bs);
                         AMX_DP(1, 3, 7);
                     }
                 }
             }
-            AMX_STORE(0, o + q, cstride);
-            if (two) AMX_STORE(1, o + q + 16, cstride);
+            AMX_STORE(0, o + q, cstride, cs);
+            if (two) AMX_STORE(1, o + q + 16, cstride, cs);
         }
     }
     AMX_RELEASE();
@@ -147,8 +158,14 @@ static void amx_conv_wgrad(int taps, const int *half, const unsigned char *odd, 
     const size_t astride = lda * sizeof(uint32_t), bstride = ldb * sizeof(uint32_t),
                  cstride = ldo * sizeof(float);
     int cur_rows = 0, cur_cols = 0; /* the loaded configuration's C shape */
+    /* the contract: a's rows r < m, positions q < nq2 */
+    const amx_span as = amx_span_of(a, (size_t)m, (size_t)nq2 * sizeof(uint32_t), astride);
     for (int t = 0; t < taps; t++) {
         const uint32_t *b = (odd[t] ? b1 : b0) + (size_t)half[t] * ldb;
+        /* the tap's rows q < nq2 of X0 or X1 from half[t], channels c < ch; its block of out */
+        const amx_span bs = amx_span_of(b, (size_t)nq2, (size_t)ch * sizeof(uint32_t), bstride),
+                       cs = amx_span_of(out + (size_t)t * tapo, (size_t)m,
+                                        (size_t)ch * sizeof(float), cstride);
         for (int r0 = 0; r0 < m; r0 += 16) {
             const int rows = amx_min(16, m - r0);
             const uint32_t *ar = a + (size_t)r0 * lda;
@@ -171,20 +188,20 @@ static void amx_conv_wgrad(int taps, const int *half, const unsigned char *odd, 
                 float *o = out + (size_t)t * tapo + (size_t)r0 * ldo + c0;
                 const uint32_t *bc = b + c0;
                 if (accumulate)
-                    AMX_LOAD(0, o, cstride);
+                    AMX_LOAD(0, o, cstride, cs);
                 else
                     AMX_ZERO(0);
                 for (int q0 = 0; q0 < full; q0 += 16) {
-                    AMX_LOAD(1, ar + q0, astride);
-                    AMX_LOAD(2, bc + (size_t)q0 * ldb, bstride);
+                    AMX_LOAD(1, ar + q0, astride, as);
+                    AMX_LOAD(2, bc + (size_t)q0 * ldb, bstride, bs);
                     AMX_DP(0, 1, 2);
                 }
                 if (kr) {
-                    AMX_LOAD(3, ar + full, astride);
-                    AMX_LOAD(4, bc + (size_t)full * ldb, bstride);
+                    AMX_LOAD(3, ar + full, astride, as);
+                    AMX_LOAD(4, bc + (size_t)full * ldb, bstride, bs);
                     AMX_DP(0, 3, 4);
                 }
-                AMX_STORE(0, o, cstride);
+                AMX_STORE(0, o, cstride, cs);
             }
         }
     }
@@ -295,6 +312,11 @@ static bool amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
     AMX_CONFIG(&cfg);
     float edge[4][256];
     const size_t cstride = (size_t)ldc * sizeof(float);
+    /* the packed tiles, C's m x n, the edge buffer */
+    const amx_span as = amx_span_of(ap, 1, a_words * sizeof(uint32_t), 0),
+                   bs = amx_span_of(bp, 1, b_words * sizeof(uint32_t), 0),
+                   cs = amx_span_of(c, (size_t)m, (size_t)n * sizeof(float), cstride),
+                   es = amx_span_of(edge, 1, sizeof edge, 0);
     for (int j0 = 0; j0 < n; j0 += 32) {
         amx_pack(b + (trans_b ? (ptrdiff_t)j0 * ldb : j0), b_lane, b_k, 0, amx_min(32, n - j0), 32,
                  k, kb, false, row, bp);
@@ -312,16 +334,16 @@ static bool amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
                             cij[(size_t)r * ldc + j];
             }
             if (inside && accumulate) {
-                AMX_LOAD(0, cij, cstride);
-                AMX_LOAD(1, cij + 16, cstride);
-                AMX_LOAD(2, cij + (size_t)16 * ldc, cstride);
-                AMX_LOAD(3, cij + (size_t)16 * ldc + 16, cstride);
+                AMX_LOAD(0, cij, cstride, cs);
+                AMX_LOAD(1, cij + 16, cstride, cs);
+                AMX_LOAD(2, cij + (size_t)16 * ldc, cstride, cs);
+                AMX_LOAD(3, cij + (size_t)16 * ldc + 16, cstride, cs);
             } else if (accumulate) { /* the same sums as inside C, so no element depends on
                                         where the edges fall (a batch's size) */
-                AMX_LOAD(0, edge[0], 64);
-                AMX_LOAD(1, edge[1], 64);
-                AMX_LOAD(2, edge[2], 64);
-                AMX_LOAD(3, edge[3], 64);
+                AMX_LOAD(0, edge[0], 64, es);
+                AMX_LOAD(1, edge[1], 64, es);
+                AMX_LOAD(2, edge[2], 64, es);
+                AMX_LOAD(3, edge[3], 64, es);
             } else {
                 AMX_ZERO(0);
                 AMX_ZERO(1);
@@ -329,26 +351,26 @@ static bool amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
                 AMX_ZERO(3);
             }
             for (int q = 0; q < kb; q++) {
-                AMX_LOAD(4, a0 + (size_t)q * 256, 64);
-                AMX_LOAD(5, a1 + (size_t)q * 256, 64);
-                AMX_LOAD(6, bq0 + (size_t)q * 256, 64);
-                AMX_LOAD(7, bq1 + (size_t)q * 256, 64);
+                AMX_LOAD(4, a0 + (size_t)q * 256, 64, as);
+                AMX_LOAD(5, a1 + (size_t)q * 256, 64, as);
+                AMX_LOAD(6, bq0 + (size_t)q * 256, 64, bs);
+                AMX_LOAD(7, bq1 + (size_t)q * 256, 64, bs);
                 AMX_DP(0, 4, 6);
                 AMX_DP(1, 4, 7);
                 AMX_DP(2, 5, 6);
                 AMX_DP(3, 5, 7);
             }
             if (inside) {
-                AMX_STORE(0, cij, cstride);
-                AMX_STORE(1, cij + 16, cstride);
-                AMX_STORE(2, cij + (size_t)16 * ldc, cstride);
-                AMX_STORE(3, cij + (size_t)16 * ldc + 16, cstride);
+                AMX_STORE(0, cij, cstride, cs);
+                AMX_STORE(1, cij + 16, cstride, cs);
+                AMX_STORE(2, cij + (size_t)16 * ldc, cstride, cs);
+                AMX_STORE(3, cij + (size_t)16 * ldc + 16, cstride, cs);
                 continue;
             }
-            AMX_STORE(0, edge[0], 64);
-            AMX_STORE(1, edge[1], 64);
-            AMX_STORE(2, edge[2], 64);
-            AMX_STORE(3, edge[3], 64);
+            AMX_STORE(0, edge[0], 64, es);
+            AMX_STORE(1, edge[1], 64, es);
+            AMX_STORE(2, edge[2], 64, es);
+            AMX_STORE(3, edge[3], 64, es);
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < cols; j++)
                     cij[(size_t)r * ldc + j] = edge[(r / 16) * 2 + j / 16][(r % 16) * 16 + j % 16];

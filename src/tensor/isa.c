@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,30 +22,34 @@
 const cf_kernel_table *cf_active_kernels = &cf_kernels_generic;
 
 #if defined(__x86_64__)
-/* The AVX512_BF16 level: the AVX-512 table with the bf16 kernels added (filled on first use, by
- * the constructor below, before any kernel runs). */
+/* The AVX512_BF16 level: the AVX-512 table with the bf16 kernels added. */
 static cf_kernel_table avx512_bf16_table;
-/* The AMX level: the AVX512_BF16 one with the tile kernels (isa_amx.c) in its bf16 kernels. */
+/* The AMX level: the AVX512_BF16 one with the tile kernels (isa_amx.c) in its bf16 kernels
+ * (only made active where cf_isa_best() is CF_ISA_AMX). */
 static cf_kernel_table amx_table;
 static cf_bf16_kernels amx_bf16;
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+/* Filled once (by the constructor below, before any kernel runs) and never written again: a
+ * later cf_set_isa only moves cf_active_kernels, so threads still running kernels from these
+ * tables never see them change under them. */
+static void tables_make(void) {
+    avx512_bf16_table = cf_kernels_avx512;
+    avx512_bf16_table.isa = CF_ISA_AVX512_BF16;
+    avx512_bf16_table.bf16 = &cf_bf16_kernels_avx512;
+    amx_table = avx512_bf16_table;
+    amx_table.isa = CF_ISA_AMX;
+    amx_bf16 = cf_bf16_kernels_avx512;
+    cf_amx_kernels(&amx_bf16);
+    amx_table.bf16 = &amx_bf16;
+}
 #endif
 
 static const cf_kernel_table *table_for(cf_isa isa) {
 #if defined(__x86_64__)
-    if (isa == CF_ISA_AMX) {
-        amx_table = cf_kernels_avx512;
-        amx_table.isa = CF_ISA_AMX;
-        amx_bf16 = cf_bf16_kernels_avx512;
-        cf_amx_kernels(&amx_bf16);
-        amx_table.bf16 = &amx_bf16;
-        return &amx_table;
-    }
-    if (isa == CF_ISA_AVX512_BF16) {
-        avx512_bf16_table = cf_kernels_avx512;
-        avx512_bf16_table.isa = CF_ISA_AVX512_BF16;
-        avx512_bf16_table.bf16 = &cf_bf16_kernels_avx512;
-        return &avx512_bf16_table;
-    }
+    (void)pthread_once(&tables_once, tables_make);
+    if (isa == CF_ISA_AMX) return &amx_table;
+    if (isa == CF_ISA_AVX512_BF16) return &avx512_bf16_table;
     if (isa == CF_ISA_AVX512) return &cf_kernels_avx512;
     if (isa == CF_ISA_AVX2) return &cf_kernels_avx2;
 #endif
@@ -59,30 +64,39 @@ static const cf_kernel_table *table_for(cf_isa isa) {
 /* AMX needs the CPU's AMX-TILE and AMX-BF16 (cpuid leaf 7: edx bits 24 and 22) and the
  * kernel's leave to use the tile data state (Linux 5.16 on: arch_prctl ARCH_REQ_XCOMP_PERM for
  * XFEATURE_XTILEDATA, once per process, inherited by forked workers; without it the first tile
- * instruction faults). When the CPU has AMX but the request fails, the reason is said once. */
-static bool amx_usable(void) {
-    static int state = -1; /* -1: not asked yet */
-    if (state >= 0) return state;
+ * instruction faults). When the CPU has AMX but the request fails, the reason is said once.
+ * Asked once per process through pthread_once: cf_isa_best() may be called from any thread, and
+ * the request and its message must not be made twice, nor the answer read half written. */
+static bool amx_granted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_request(void) {
+    amx_granted = false;
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) {
-        state = 0;
-        return false;
-    }
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return;
     enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     unsigned long perm = 0;
     errno = 0; /* so that the message below names this request's failure, not an earlier one */
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 ||
         syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0 ||
         !(perm & (1ul << XFEATURE_XTILEDATA))) {
+        /* ENOSPC: some thread's alternate signal stack (sigaltstack) is smaller than a signal
+         * frame holding the tile state, as in a host program that set one up before loading
+         * the library: the kernel then refuses rather than fail a later signal delivery */
+        const int e = errno;
         fprintf(stderr,
                 "corefit: the CPU has AMX but the kernel did not grant the tile state "
-                "(arch_prctl ARCH_REQ_XCOMP_PERM: %s); using avx512_bf16\n",
-                errno ? strerror(errno) : "not in the permitted set");
-        state = 0;
-        return false;
+                "(arch_prctl ARCH_REQ_XCOMP_PERM: %s%s); using avx512_bf16\n",
+                e ? strerror(e) : "not in the permitted set",
+                e == ENOSPC ? ": an alternate signal stack is too small for the tile state" : "");
+        return;
     }
-    state = 1;
-    return true;
+    amx_granted = true;
+}
+
+static bool amx_usable(void) {
+    (void)pthread_once(&amx_once, amx_request);
+    return amx_granted;
 }
 #endif
 

@@ -9,8 +9,17 @@
 
 #define AMX_CONFIG(cfg) _tile_loadconfig(cfg)
 #define AMX_ZERO(t) _tile_zero(t)
-#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, (long)(stride))
-#define AMX_STORE(t, base, stride) _tile_stored(t, base, (long)(stride))
+/* the span is the emulation's check (amx_tiles.h) */
+#define AMX_LOAD(t, base, stride, span)                                                            \
+    do {                                                                                           \
+        (void)(span);                                                                              \
+        _tile_loadd(t, base, (long)(stride));                                                      \
+    } while (0)
+#define AMX_STORE(t, base, stride, span)                                                           \
+    do {                                                                                           \
+        (void)(span);                                                                              \
+        _tile_stored(t, base, (long)(stride));                                                     \
+    } while (0)
 #define AMX_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_RELEASE() _tile_release()
 #define AMX_TO_BF16(x, y, n) cf_bf16_kernels_avx512.from_fp32(x, y, n)

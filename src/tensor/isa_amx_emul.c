@@ -6,7 +6,9 @@
  * flushed to zero. A tile's rows past `rows` and bytes past `colsb` read as zero after a load,
  * as the hardware zeroes them. An operation the hardware would refuse (a tile not configured,
  * shapes that do not match: a #UD there) is skipped and counted (cf_amx_emul_faults), so that a
- * test sees it. Compiled with -ffp-contract=off: the two additions must stay two roundings.
+ * test sees it; so is a load or store with a tile row outside the span the kernel's contract
+ * gives that operand (amx_tiles.h), which the hardware would run, reading or writing memory the
+ * kernel does not own. Compiled with -ffp-contract=off: the two additions must stay two roundings.
  * The hardware does not follow the pseudocode's roundings bit for bit: on a Xeon with AMX-BF16,
  * random 16 x 16 x 32 tiles with widely spread exponents came out different in the last bits for
  * about half of the elements (nor did one rounding per pair, or per tile, match). So the
@@ -16,6 +18,7 @@
 #include "tensor/amx.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct emul_state {
@@ -63,8 +66,22 @@ static void emul_zero(int t) {
     memset(emul.data[t], 0, sizeof emul.data[t]);
 }
 
-static void emul_load(int t, const void *base, size_t stride) {
-    if (!usable(t)) {
+/* Whether the rows[t] rows of colsb[t] bytes, stride apart from p, all lie in the span. */
+static bool inside(int t, const void *p, size_t stride, amx_span s) {
+    const uintptr_t base = (uintptr_t)s.base;
+    for (size_t r = 0; r < emul.cfg.rows[t]; r++) {
+        const uintptr_t at = (uintptr_t)p + r * stride;
+        if (at < base) return false;
+        const bool rows = s.rows > 1 && s.stride > 0; /* else one row */
+        const size_t off = at - base, row = rows ? off / s.stride : 0,
+                     col = rows ? off % s.stride : off;
+        if (row >= s.rows || col + emul.cfg.colsb[t] > s.bytes) return false;
+    }
+    return true;
+}
+
+static void emul_load(int t, const void *base, size_t stride, amx_span span) {
+    if (!usable(t) || !inside(t, base, stride, span)) {
         fault();
         return;
     }
@@ -74,8 +91,8 @@ static void emul_load(int t, const void *base, size_t stride) {
                emul.cfg.colsb[t]);
 }
 
-static void emul_store(int t, void *base, size_t stride) {
-    if (!usable(t)) {
+static void emul_store(int t, void *base, size_t stride, amx_span span) {
+    if (!usable(t) || !inside(t, base, stride, span)) {
         fault();
         return;
     }
@@ -147,8 +164,8 @@ static void emul_to_bf16(const float *x, uint16_t *y, size_t n) {
 
 #define AMX_CONFIG(cfg) emul_config(cfg)
 #define AMX_ZERO(t) emul_zero(t)
-#define AMX_LOAD(t, base, stride) emul_load(t, base, stride)
-#define AMX_STORE(t, base, stride) emul_store(t, base, stride)
+#define AMX_LOAD(t, base, stride, span) emul_load(t, base, stride, span)
+#define AMX_STORE(t, base, stride, span) emul_store(t, base, stride, span)
 #define AMX_DP(c, a, b) emul_dp(c, a, b)
 #define AMX_RELEASE() emul_release()
 #define AMX_TO_BF16(x, y, n) emul_to_bf16(x, y, n)
