@@ -63,9 +63,16 @@ static void test_bf16_fit_on_two_workers_equals_one_process(void **state) {
                  first32 = fabs(rb->losses[0] - r32->losses[0]);
     print_message("first loss: 2 workers %.9g, 1 process %.9g, fp32 %.9g\n", ra->losses[0],
                   rb->losses[0], r32->losses[0]);
-    if (!(first <= 2e-4 * (1 + rb->losses[0])))
+    /* At the amx level the tiles' sums differ from vdpbf16ps's in the last bits, and the same
+     * BatchNorm mechanism then moves the first loss by more: 1.05e-3 over the tile emulation
+     * (tests/amx_emul_main.c), against 0 at avx512_bf16 on W1's fixture, with every kernel
+     * batch-independent (test_bf16_batch_amx_emul). Real tiles round a little differently from
+     * the emulation, so their bound is twice that measurement, and the bf16-against-fp32 gap must
+     * still be twice the split's. */
+    const bool tiles = cf_isa_active() == CF_ISA_AMX;
+    if (!(first <= (tiles ? 4e-4 : 2e-4) * (1 + rb->losses[0])))
         fail_msg("first loss: 2 workers %.9g, 1 process %.9g", ra->losses[0], rb->losses[0]);
-    if (bf16 && !(first32 >= 1e-3 && first32 >= 3 * first))
+    if (bf16 && !(first32 >= 1e-3 && first32 >= (tiles ? 2 : 3) * first))
         fail_msg("first loss within %.3g of fp32's: the fit did not compute in bf16", first32);
     if (!bf16) assert_true(e32 == 0); /* to_bf16 changed nothing */
     /* later steps: those fp32 differences move some values across a bf16 rounding boundary
