@@ -148,6 +148,39 @@ static void test_flip_and_tta(void **state) {
     assert_non_null(strstr(out, "--flip is for images"));
 }
 
+/* --valid-every N: validation after every N-th epoch and the last (nan in the CSV log's other
+ * rows), none with 0; the model is the one validated every epoch, byte for byte (validation
+ * changes no weight, buffer or draw). Out of range is a usage error naming the option. */
+static void test_valid_every(void **state) {
+    (void)state;
+    const char *three = FIT " --arch fast-cnn --epochs 3 --bs 64 --lr 1e-2";
+    if (run("%s --out v1.st --csv-log v1.csv", three) != 0) {
+        print_message("%s", out);
+        if (strstr(out, "fashion-mnist") || strstr(out, "No such file")) skip();
+        fail();
+    }
+    assert_int_equal(run("%s --valid-every 2 --out v2.st --csv-log v2.csv", three), 0);
+    assert_int_equal(run("cmp v1.st v2.st"), 0);
+    /* epoch,train_loss,valid_loss,accuracy,time: epoch 0 skipped, 1 (the 2nd) and 2 (the last) run
+     */
+    assert_int_equal(run("cut -d, -f3,4 v2.csv | tail -n +2 | tr '\\n' ' '"), 0);
+    double v1 = -1, a1 = -1, v2 = -1, a2 = -1;
+    char first[64] = "";
+    assert_int_equal(sscanf(out, "%63s %lf,%lf %lf,%lf", first, &v1, &a1, &v2, &a2), 5);
+    assert_string_equal(first, "nan,nan");
+    assert_true(v1 > 0 && a1 > 0 && a1 <= 1 && v2 > 0 && a2 > 0 && a2 <= 1);
+    /* the same rows as the run validated every epoch, where they ran */
+    assert_int_equal(run("tail -n +3 v1.csv | cut -d, -f3,4 > a.txt && tail -n +3 v2.csv | cut "
+                         "-d, -f3,4 > b.txt && cmp a.txt b.txt"),
+                     0);
+    assert_int_equal(run("%s --valid-every 0 --out v0.st --csv-log v0.csv", three), 0);
+    assert_int_equal(run("cmp v1.st v0.st"), 0);
+    assert_int_equal(run("cut -d, -f3,4 v0.csv | tail -n +2 | sort -u"), 0);
+    assert_string_equal(out, "nan,nan\n");
+    assert_int_equal(run("%s --valid-every -1", three), 2);
+    assert_non_null(strstr(out, "--valid-every"));
+}
+
 static void test_unknown_recipe(void **state) {
     (void)state;
     assert_int_equal(run(COREFIT " train --recipe slow --epochs 1"), 2);
@@ -156,9 +189,8 @@ static void test_unknown_recipe(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fast_is_its_options),
-        cmocka_unit_test(test_command_line_wins),
-        cmocka_unit_test(test_flip_and_tta),
+        cmocka_unit_test(test_fast_is_its_options), cmocka_unit_test(test_command_line_wins),
+        cmocka_unit_test(test_flip_and_tta),        cmocka_unit_test(test_valid_every),
         cmocka_unit_test(test_unknown_recipe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

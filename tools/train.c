@@ -351,6 +351,7 @@ static void defaults(train_args *a) {
     a->out = "model.safetensors";
     a->cycle_len = 1;
     a->checkpoint_every = 100; /* about 0.5% of a W1 epoch's time (bench_w1 --checkpoint-every) */
+    a->valid_every = 1;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -431,6 +432,10 @@ int cmd_train(int argc, char **argv) {
          "image classifiers: after the fit, also the validation accuracy with each image "
          "predicted plain and mirrored (probabilities averaged)",
          0, 0, 0},
+        {"--valid-every", OPT_INT, &a.valid_every, "N",
+         "validate after every N-th epoch and the last; 0: no validation during the fit (nan in "
+         "the table; --tta still measures after it) [1]",
+         0, 1 << 30, 0},
         {0},
     };
     const char *pos[1];
@@ -497,10 +502,16 @@ int cmd_train(int argc, char **argv) {
         cli_session_free(&s);
         return cli_lib_error(cmd, "checkpoint callback");
     }
-    cf_callback *call_cbs[] = {ckpt_cb};
+    cf_callback *valid_cb = a.valid_every != 1 ? cli_valid_every_cb(a.valid_every) : NULL;
+    if (a.valid_every != 1 && !valid_cb) {
+        cf_callback_free(ckpt_cb);
+        cli_session_free(&s);
+        return cli_lib_error(cmd, "--valid-every callback");
+    }
+    cf_callback *call_cbs[] = {ckpt_cb, valid_cb};
     cli_catch_sigterm(&sig);
     cli_timing("fit starts");
-    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, 1);
+    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, valid_cb ? 2 : 1);
     cli_timing("fit done (results home)");
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
