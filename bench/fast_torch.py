@@ -2,8 +2,8 @@
 """corefit train --recipe fast in PyTorch: the same model (fast-cnn), data, normalisation and
 recipe, for bench/time_to_accuracy.py.
 
-Model (src/nn/fast_cnn.c): three groups Conv2d(3x3, pad 1, no bias), BatchNorm2d, ReLU,
-MaxPool2d(2) of 24, 48 and 96 channels (28 -> 14 -> 7 -> 3 px), then fastai's
+Model (src/nn/fast_cnn.c): three groups Conv2d(3x3, pad 1, no bias), MaxPool2d(2), BatchNorm2d,
+ReLU of 24, 48 and 96 channels (28 -> 14 -> 7 -> 3 px), then fastai's
 create_head(96, 10, lin_ftrs=[], ps=0): AdaptiveConcatPool2d, Flatten, BatchNorm1d(192),
 Linear(192, 10, bias=False); PyTorch's default init for the body, fastai's for the head.
 Training as w1_torch.py (fastai's Adam, fit_one_cycle, bs per process, drop_last), with
@@ -39,8 +39,8 @@ def build_model():
 
     layers, ni = [], 1
     for nf in (24, 48, 96):
-        layers.append(nn.Sequential(nn.Conv2d(ni, nf, 3, 1, 1, bias=False), nn.BatchNorm2d(nf), nn.ReLU(),
-                                    nn.MaxPool2d(2)))
+        layers.append(nn.Sequential(nn.Conv2d(ni, nf, 3, 1, 1, bias=False), nn.MaxPool2d(2),
+                                    nn.BatchNorm2d(nf), nn.ReLU()))
         ni = nf
     body = nn.Sequential(*layers)
     head = nn.Sequential(ConcatPool(), nn.Flatten(), nn.BatchNorm1d(192), nn.Linear(192, 10, bias=False))
