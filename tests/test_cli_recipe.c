@@ -181,6 +181,100 @@ static void test_valid_every(void **state) {
     assert_non_null(strstr(out, "--valid-every"));
 }
 
+/* An IDX image file of n side x side images at dir/name, each pixel the byte of the image's
+ * 14 x 14 pattern at (row * 14 / side, column * 14 / side): at side 28 every 2x2 block holds one
+ * value, at side 14 that value once. */
+static void write_images(const char *name, int n, int side) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    const unsigned char head[16] = {
+        0, 0, 8, 3, 0, 0, 0, 0, 0, 0, 0, (unsigned char)side, 0, 0, 0, (unsigned char)side};
+    unsigned char h[16];
+    memcpy(h, head, 16);
+    h[4] = (unsigned char)(n >> 24), h[5] = (unsigned char)(n >> 16);
+    h[6] = (unsigned char)(n >> 8), h[7] = (unsigned char)n;
+    fwrite(h, 1, 16, f);
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < side; r++)
+            for (int c = 0; c < side; c++) {
+                const int pr = r * 14 / side, pc = c * 14 / side;
+                /* a bright blob whose place depends on the label (i % 10), and some texture */
+                const int lab = i % 10, cr = 3 + lab % 5 * 2, cc = 3 + lab / 5 * 6;
+                const int d2 = (pr - cr) * (pr - cr) + (pc - cc) * (pc - cc);
+                fputc(d2 < 6 ? 220 : (unsigned char)((pr * 31 + pc * 17 + i * 7) % 60), f);
+            }
+    fclose(f);
+}
+
+static void write_labels(const char *name, int n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    const unsigned char h[8] = {0,
+                                0,
+                                8,
+                                1,
+                                (unsigned char)(n >> 24),
+                                (unsigned char)(n >> 16),
+                                (unsigned char)(n >> 8),
+                                (unsigned char)n};
+    fwrite(h, 1, 8, f);
+    for (int i = 0; i < n; i++) fputc(i % 10, f);
+    fclose(f);
+}
+
+/* --small-epochs K trains the first K epochs on the images at half size, 2x2 averages: on 28 px
+ * images made of 2x2 blocks of one value, a fit whose epochs are all small ends with the weights
+ * of the same fit on the 14 px images (the averages), flips included; the full-size epochs after
+ * them change the model; only training batches are halved (the TTA pass sees 28 px images and
+ * the model is exported for them). */
+static void test_small_epochs(void **state) {
+    (void)state;
+    assert_int_equal(run("mkdir -p big small"), 0);
+    write_images("big/train-images-idx3-ubyte", 320, 28);
+    write_images("big/t10k-images-idx3-ubyte", 60, 28);
+    write_images("small/train-images-idx3-ubyte", 320, 14);
+    write_images("small/t10k-images-idx3-ubyte", 60, 14);
+    write_labels("big/train-labels-idx1-ubyte", 320);
+    write_labels("big/t10k-labels-idx1-ubyte", 60);
+    write_labels("small/train-labels-idx1-ubyte", 320);
+    write_labels("small/t10k-labels-idx1-ubyte", 60);
+    const char *fit = COREFIT " train --cores 1 --threads 1 --seed 5 --quiet --arch fast-cnn --bs "
+                              "32 --lr 1e-2 --flip --valid-every 0 --checkpoint-every 0";
+    if (run("%s --idx big --epochs 1 --small-epochs 1 --tta --out halved.st", fit) != 0) {
+        print_message("%s", out);
+        fail();
+    }
+    assert_non_null(strstr(out, "tta: accuracy "));
+    assert_int_equal(run("%s --idx small --epochs 1 --out small.st", fit), 0);
+    assert_int_equal(run("%s --idx big --epochs 2 --small-epochs 1 --out mixed.st", fit), 0);
+    assert_int_equal(run("%s --idx big --epochs 1 --out full.st", fit), 0);
+    /* the weights, tensor by tensor, the largest difference against the tensor's largest value:
+     * equal to float rounding (the normalisation statistics of the two image sizes are summed in
+     * another order), far from the full-size fit's */
+    const char *cmp =
+        "/usr/bin/python3 -c \"import sys, json, struct\n"
+        "def load(p):\n"
+        "  b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]\n"
+        "  h = json.loads(b[8:8 + n]); h.pop('__metadata__', None)\n"
+        "  return {k: struct.unpack('<%%df' %% ((v['data_offsets'][1] - "
+        "v['data_offsets'][0]) // 4), b[8 + n + v['data_offsets'][0]:8 + n + "
+        "v['data_offsets'][1]]) for k, v in h.items() if v['dtype'] == 'F32'}\n"
+        "a, b = load(sys.argv[1]), load(sys.argv[2])\n"
+        "assert a.keys() == b.keys() and a\n"
+        "print(max(max(abs(x - y) for x, y in zip(a[k], b[k])) / max(1e-6, max(map(abs, "
+        "b[k]))) for k in a))\" %s %s";
+    assert_int_equal(run(cmp, "halved.st", "small.st"), 0);
+    assert_true(atof(out) < 1e-3);
+    assert_int_equal(run(cmp, "halved.st", "full.st"), 0);
+    assert_true(atof(out) > 1e-2);
+    assert_int_equal(run(cmp, "halved.st", "mixed.st"), 0);
+    assert_true(atof(out) > 1e-2);
+}
+
 static void test_unknown_recipe(void **state) {
     (void)state;
     assert_int_equal(run(COREFIT " train --recipe slow --epochs 1"), 2);
@@ -191,7 +285,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_is_its_options), cmocka_unit_test(test_command_line_wins),
         cmocka_unit_test(test_flip_and_tta),        cmocka_unit_test(test_valid_every),
-        cmocka_unit_test(test_unknown_recipe),
+        cmocka_unit_test(test_small_epochs),        cmocka_unit_test(test_unknown_recipe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -436,6 +436,10 @@ int cmd_train(int argc, char **argv) {
          "validate after every N-th epoch and the last; 0: no validation during the fit (nan in "
          "the table; --tta still measures after it) [1]",
          0, 1 << 30, 0},
+        {"--small-epochs", OPT_INT, &a.small_epochs, "K",
+         "images: progressive resizing, the first K epochs on the training images at half size "
+         "(2x2 averages), the rest at full size [0]",
+         0, 100000, 0},
         {0},
     };
     const char *pos[1];
@@ -508,10 +512,20 @@ int cmd_train(int argc, char **argv) {
         cli_session_free(&s);
         return cli_lib_error(cmd, "--valid-every callback");
     }
-    cf_callback *call_cbs[] = {ckpt_cb, valid_cb};
+    cf_callback *small_cb = a.small_epochs > 0 ? cli_small_epochs_cb(a.small_epochs) : NULL;
+    if (a.small_epochs > 0 && !small_cb) {
+        cf_callback_free(ckpt_cb);
+        cf_callback_free(valid_cb);
+        cli_session_free(&s);
+        return cli_lib_error(cmd, "--small-epochs callback");
+    }
+    cf_callback *call_cbs[3] = {ckpt_cb};
+    int n_call_cbs = 1;
+    if (valid_cb) call_cbs[n_call_cbs++] = valid_cb;
+    if (small_cb) call_cbs[n_call_cbs++] = small_cb;
     cli_catch_sigterm(&sig);
     cli_timing("fit starts");
-    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, valid_cb ? 2 : 1);
+    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, n_call_cbs);
     cli_timing("fit done (results home)");
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;
