@@ -1,9 +1,9 @@
 /* corefit train --recipe: `fast` trains the very model its options spelled out train (byte for
- * byte: --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip --tta
- * --checkpoint-every 0) and reports the flip-TTA accuracy, an option given on the command line wins
- * over the recipe's (and --bs rescales the recipe's learning rate), and an unknown name is a usage
- * error naming it. On the first samples of Fashion-MNIST (--limit), one thread, so that each fit
- * takes a second or two. */
+ * byte: --arch fast-cnn --epochs 4 --small-epochs 1 --bs 64 --lr 1e-2 --label-smoothing 0.1
+ * --bf16 --checkpoint-every 0 --valid-every 4) and validates only after its last epoch, an option
+ * given on the command line wins over the recipe's (and --bs rescales the recipe's learning rate),
+ * and an unknown name is a usage error naming it. On the first samples of Fashion-MNIST (--limit),
+ * one thread, so that each fit takes a second or two. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,7 +20,8 @@
 #define COREFIT CF_BUILD_DIR "/corefit"
 #define FIT COREFIT " train --limit 256 --cores 1 --threads 1 --seed 3 --quiet"
 /* the recipe spelled out */
-#define FAST " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip"
+#define FAST                                                                                       \
+    " --arch fast-cnn --epochs 4 --small-epochs 1 --bs 64 --lr 1e-2 --label-smoothing 0.1 --bf16"
 
 static char g_dir[256];
 static char out[1 << 16];
@@ -51,22 +52,39 @@ static void test_fast_is_its_options(void **state) {
         if (strstr(out, "fashion-mnist") || strstr(out, "No such file")) skip();
         fail();
     }
-    assert_non_null(strstr(out, "tta: accuracy ")); /* the recipe's --tta */
+    assert_null(strstr(out, "tta:")); /* no flips, so no flip TTA */
+    assert_non_null(strstr(out, "result: "));
+    assert_null(strstr(out, "accuracy nan")); /* validated after the last epoch */
     assert_int_equal(log_rows("fast.csv"), 4);
-    assert_int_equal(run(FIT FAST " --checkpoint-every 0 --out spelled.st"), 0);
+    /* the epochs before it skip validation (--valid-every 4): nan in the log */
+    assert_int_equal(run("sed -n 2,4p fast.csv | cut -d, -f3,4 | sort -u"), 0);
+    assert_string_equal(out, "nan,nan\n");
+    assert_int_equal(run(FIT FAST " --checkpoint-every 0 --valid-every 4 --out spelled.st"), 0);
     assert_int_equal(run("cmp fast.st spelled.st"), 0);
     /* the recipe changes the fit: each option of it changes the model */
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --flip --out plain.st"),
+    assert_int_equal(run(FIT
+                         " --arch fast-cnn --epochs 4 --small-epochs 1 --bs 64 --lr 1e-2 --bf16 "
+                         "--out plain.st"),
                      0);
     assert_int_not_equal(run("cmp -s fast.st plain.st"), 0);
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --label-smoothing 0.1 --flip "
-                             "--out lr.st"),
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --small-epochs 1 --bs 64 "
+                             "--label-smoothing 0.1 --bf16 --out lr.st"),
                      0);
     assert_int_not_equal(run("cmp -s fast.st lr.st"), 0);
     assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --bs 64 --lr 1e-2 --label-smoothing 0.1 "
-                             "--out nf.st"),
+                             "--bf16 --out big.st"),
                      0);
-    assert_int_not_equal(run("cmp -s fast.st nf.st"), 0);
+    assert_int_not_equal(run("cmp -s fast.st big.st"), 0);
+    /* --bf16 where the kernels compute in bf16; elsewhere it is fp32's fit */
+    assert_int_equal(run(COREFIT " info"), 0);
+    const bool bf16 = strstr(out, "kernels: avx512_bf16") || strstr(out, "kernels: amx");
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 4 --small-epochs 1 --bs 64 --lr 1e-2 "
+                             "--label-smoothing 0.1 --out fp32.st"),
+                     0);
+    if (bf16)
+        assert_int_not_equal(run("cmp -s fast.st fp32.st"), 0);
+    else
+        assert_int_equal(run("cmp fast.st fp32.st"), 0);
     /* the model file records the recipe's architecture, and eval rebuilds it */
     assert_int_equal(run("head -c 4096 fast.st | grep -ao '\"corefit.arch\":\"[a-z-]*\"'"), 0);
     assert_non_null(strstr(out, "\"corefit.arch\":\"fast-cnn\""));
@@ -82,27 +100,40 @@ static void test_command_line_wins(void **state) {
     }
     assert_int_equal(log_rows("one.csv"), 1);
     assert_int_equal(
-        run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --label-smoothing 0.1 --flip --out "
-                "o.st"),
+        run(FIT " --arch fast-cnn --epochs 1 --small-epochs 1 --bs 64 --lr 1e-2 --label-smoothing "
+                "0.1 --bf16 --out o.st"),
         0);
     assert_int_equal(run("cmp one.st o.st"), 0);
     /* --bs 128: the recipe's learning rate scales with it (2e-2) */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --bs 128 --out b128.st"), 0);
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 128 --lr 2e-2 --label-smoothing "
-                             "0.1 --flip --out s128.st"),
+    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --small-epochs 1 --bs 128 --lr 2e-2 "
+                             "--label-smoothing 0.1 --bf16 --out s128.st"),
                      0);
     assert_int_equal(run("cmp b128.st s128.st"), 0);
     /* an explicit --label-smoothing 0 is kept */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --label-smoothing 0 --out ls0.st"), 0);
-    assert_int_equal(run(FIT " --arch fast-cnn --epochs 1 --bs 64 --lr 1e-2 --flip --out p0.st"),
+    assert_int_equal(run(FIT
+                         " --arch fast-cnn --epochs 1 --small-epochs 1 --bs 64 --lr 1e-2 --bf16 "
+                         "--out p0.st"),
                      0);
     assert_int_equal(run("cmp ls0.st p0.st"), 0);
     /* so is another --arch */
     assert_int_equal(run(FIT " --recipe fast --epochs 1 --arch mini-resnet --out mr.st"), 0);
-    assert_int_equal(run(FIT " --arch mini-resnet --epochs 1 --bs 64 --lr 1e-2 --label-smoothing "
-                             "0.1 --flip --out smr.st"),
+    assert_int_equal(run(FIT " --arch mini-resnet --epochs 1 --small-epochs 1 --bs 64 --lr 1e-2 "
+                             "--label-smoothing 0.1 --bf16 --out smr.st"),
                      0);
     assert_int_equal(run("cmp mr.st smr.st"), 0);
+    /* and --valid-every: every epoch of the recipe validated, the same model */
+    assert_int_equal(run(FIT " --recipe fast --valid-every 1 --out v1.st --csv-log v1.csv"), 0);
+    assert_int_equal(run("cut -d, -f3 v1.csv | grep -c nan"), 1); /* grep -c: 0 found, status 1 */
+    assert_string_equal(out, "0\n");
+    assert_int_equal(run("cmp v1.st fast.st"), 0);
+    /* --tta with the recipe: no validation in the fit, the TTA pass measures */
+    assert_int_equal(run(FIT " --recipe fast --epochs 1 --tta --out t.st --csv-log t.csv"), 0);
+    assert_non_null(strstr(out, "tta: accuracy "));
+    assert_int_equal(run("cmp t.st one.st"), 0);
+    assert_int_equal(run("cut -d, -f3 t.csv | tail -n +2"), 0);
+    assert_string_equal(out, "nan\n");
 }
 
 /* The value after `key` in out, from `from` on (-1 when missing). */
