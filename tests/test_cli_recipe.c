@@ -304,6 +304,11 @@ static void test_small_epochs(void **state) {
     assert_true(atof(out) > 1e-2);
     assert_int_equal(run(cmp, "halved.st", "mixed.st"), 0);
     assert_true(atof(out) > 1e-2);
+    /* tables have no images to halve */
+    assert_int_equal(run("printf 'a,y\\n1,0\\n2,1\\n' > s.csv && " COREFIT
+                         " train --csv s.csv --cont a --target y --small-epochs 1 --quiet"),
+                     2);
+    assert_non_null(strstr(out, "--small-epochs is for images"));
 }
 
 static void test_unknown_recipe(void **state) {

@@ -6,7 +6,8 @@
  * CPU-second than the mini-resnet, the fast-cnn (three groups conv-maxpool-BatchNorm-ReLU of 24,
  * 48 and 96 channels, pooled early so the costly convolutions run at 14 and 7 px);
  * fit_one_cycle for 4 epochs of which the first, the warm-up, trains on the images at half size
- * (--small-epochs 1, fastai's progressive resizing: about half an epoch's CPU time); batches of
+ * (--small-epochs 1, fastai's progressive resizing: about half an epoch's CPU time; not for
+ * tables or masks); batches of
  * 64 per core with a high learning rate, 1e-2 (scaled with --bs: 1e-2 * bs / 64); fastai's
  * LabelSmoothingCrossEntropy(0.1); bf16 (--bf16, fastai's to_fp16: the convolutions' products in
  * bfloat16 where the CPU has it, a fifth less CPU time a step at the same accuracy; fp32
@@ -34,7 +35,7 @@ int cli_apply_recipe(const char *cmd, train_args *a, const cli_opt *opts) {
         return cli_error(CLI_USAGE, cmd, "unknown --recipe '%s' (choose fast)", a->recipe);
     if (!given(opts, "--arch")) a->arch = "fast-cnn";
     if (!given(opts, "--epochs")) a->epochs = 4;
-    if (!given(opts, "--small-epochs")) a->small_epochs = 1;
+    if (!given(opts, "--small-epochs") && !a->data.csv && !a->data.seg.masks) a->small_epochs = 1;
     if (!given(opts, "--bs")) a->data.bs = 64;
     /* the learning rate scales with the batch per core (1e-2 at 64) */
     static char lr[32];

@@ -2,8 +2,10 @@
  * epochs train on the images at half size (each 2x2 block of pixels averaged, as PyTorch's
  * avg_pool2d(x, 2); an odd last row or column dropped), the rest and every validation at full
  * size. For a model that takes any image size (convolutions, then an adaptive pool, as the
- * fast-cnn): an epoch at half size costs about a quarter of a full one, so that the fit spends
- * its full-size epochs after the model has learnt the coarse shapes cheaply. A callback that
+ * fast-cnn): at half size the convolutions cost a quarter (a fast-cnn epoch on 2 cores about
+ * half: batching, BatchNorm and the optimizer step do not shrink), so that the fit spends its
+ * full-size epochs after the model has learnt the coarse shapes cheaply. Not for tables or
+ * masks (train refuses both). A callback that
  * trains on its own copy of each batch (as MixUp does); every replica of a parallel fit does
  * the same. */
 #include "train.h"

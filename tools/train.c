@@ -27,6 +27,10 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         return cli_error(CLI_USAGE, cmd,
                          d->csv ? "--flip is for images, not --csv"
                                 : "--flip with --aug: aug_transforms() flips already");
+    if (a->small_epochs > 0 && (d->csv || d->seg.masks))
+        return cli_error(CLI_USAGE, cmd,
+                         d->csv ? "--small-epochs is for images, not --csv"
+                                : "--small-epochs with --masks: the masks would keep their size");
     if (a->arch) {
         bool tab = strcmp(a->arch, "tabular") == 0;
         if (!tab && cf_arch_from_name(a->arch) < 0)
