@@ -104,18 +104,20 @@ def main():
         sys.exit("refusing to measure above load %.1f (--force to measure anyway)" % args.max_load)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     recipe = ["--epochs", str(args.epochs), "--bs", str(args.bs), "--lr", repr(args.lr)]
-    if args.label_smoothing > 0:
-        recipe += ["--label-smoothing", repr(args.label_smoothing)]
     if args.bf16:
         recipe += ["--bf16"]
     if args.flip:
         recipe += ["--flip"]
     if args.tta:
         recipe += ["--tta"]
+    torch_extra = ["--label-smoothing", repr(args.label_smoothing)] if args.label_smoothing > 0 else []
     if args.small_epochs > 0:
-        recipe += ["--small-epochs", str(args.small_epochs)]
-    # corefit validates at the end only, as PyTorch's side (with --tta the TTA pass measures)
-    valid = ["--valid-every", "0" if args.tta else str(args.epochs)]
+        torch_extra += ["--small-epochs", str(args.small_epochs)]
+    # corefit: every value spelled out, 0 too (beside --recipe, a missing option takes the
+    # recipe's), and validation at the end only, as PyTorch's side (with --tta the TTA pass
+    # measures)
+    cf_extra = ["--label-smoothing", repr(args.label_smoothing), "--small-epochs", str(args.small_epochs),
+                "--valid-every", "0" if args.tta else str(args.epochs)]
     # flags of the recipe cannot be taken back on corefit's command line: --recipe only with all on
     all_flags = all(getattr(args, k) for k in ("flip", "tta", "bf16") if FAST[k] is True)
     results = {}
@@ -124,7 +126,7 @@ def main():
             if "corefit" in args.only:
                 out = os.path.join(tmp, "cf-%d.safetensors" % s)
                 cmd = [os.path.join(args.build, "corefit"), "train", "--idx", args.data, "--arch", args.arch,
-                       "--cores", str(args.cores), "--seed", str(s), "--out", out, "--quiet"] + recipe + valid
+                       "--cores", str(args.cores), "--seed", str(s), "--out", out, "--quiet"] + recipe + cf_extra
                 if args.recipe:  # the recipe's options are all spelled out; its flags cannot be taken
                     # back on corefit's command line, so --no-flip/--no-tta/--no-bf16 leave --recipe out
                     cmd += ["--checkpoint-every", "0"] + (["--recipe", args.recipe] if all_flags else [])
@@ -140,7 +142,7 @@ def main():
                 mode = ["--threads", "1"] if args.cores == 1 else ["--ddp", str(args.cores)]
                 script = "fast_torch.py" if args.arch == "fast-cnn" else "w1_torch.py"
                 cmd = ["/usr/bin/python3", os.path.join(HERE, script)] + mode + [
-                    "--seed", str(s), "--save", out, "--data", args.data] + recipe
+                    "--seed", str(s), "--save", out, "--data", args.data] + recipe + torch_extra
                 took, cpu, text = timed(cmd, dict(env, OMP_NUM_THREADS="1"))
                 m = re.search(r'"test_acc": ([0-9.]+)', text)
                 if not m or not os.path.exists(out):
