@@ -2,17 +2,18 @@
 """corefit train --recipe fast in PyTorch: the same model (fast-cnn), data, normalisation and
 recipe, for bench/time_to_accuracy.py.
 
-Model (src/nn/fast_cnn.c): three groups Conv2d(3x3, pad 1, no bias), BatchNorm2d, ReLU,
-MaxPool2d(2) of 24, 48 and 96 channels (28 -> 14 -> 7 -> 3 px), then fastai's
+Model (src/nn/fast_cnn.c): three groups Conv2d(3x3, pad 1, no bias), MaxPool2d(2), BatchNorm2d,
+ReLU of 24, 48 and 96 channels (28 -> 14 -> 7 -> 3 px), then fastai's
 create_head(96, 10, lin_ftrs=[], ps=0): AdaptiveConcatPool2d, Flatten, BatchNorm1d(192),
 Linear(192, 10, bias=False); PyTorch's default init for the body, fastai's for the head.
 Training as w1_torch.py (fastai's Adam, fit_one_cycle, bs per process, drop_last), with
---flip: each training image mirrored left to right with probability 0.5, and --tta: the test
-accuracy with every image predicted plain and mirrored, the probabilities averaged (corefit
-train --tta).
+--flip: each training image mirrored left to right with probability 0.5, --small-epochs K: the
+first K epochs on the training images at half size (avg_pool2d(x, 2), corefit train
+--small-epochs), and --tta: the test accuracy with every image predicted plain and mirrored, the
+probabilities averaged (corefit train --tta).
 
   fast_torch.py --ddp N | --threads N  --epochs E --bs B --lr X [--label-smoothing EPS]
-                [--flip] [--tta] [--bf16] [--seed S] [--save FILE]
+                [--flip] [--tta] [--small-epochs K] [--bf16] [--seed S] [--save FILE]
 
 Prints one JSON line: test_acc (with --tta, the flip-TTA accuracy), test_acc_plain, train_s,
 cpu_s.
@@ -39,8 +40,8 @@ def build_model():
 
     layers, ni = [], 1
     for nf in (24, 48, 96):
-        layers.append(nn.Sequential(nn.Conv2d(ni, nf, 3, 1, 1, bias=False), nn.BatchNorm2d(nf), nn.ReLU(),
-                                    nn.MaxPool2d(2)))
+        layers.append(nn.Sequential(nn.Conv2d(ni, nf, 3, 1, 1, bias=False), nn.MaxPool2d(2),
+                                    nn.BatchNorm2d(nf), nn.ReLU()))
         ni = nf
     body = nn.Sequential(*layers)
     head = nn.Sequential(ConcatPool(), nn.Flatten(), nn.BatchNorm1d(192), nn.Linear(192, 10, bias=False))
@@ -86,6 +87,8 @@ def train(rank, world, args, q=None):
             if args.flip:
                 m = torch.from_numpy(g.random(len(idx)) < 0.5).view(-1, 1, 1, 1)
                 xb = torch.where(m, xb.flip(3), xb)
+            if epoch < args.small_epochs:  # progressive resizing: 2x2 averages, half size
+                xb = nn.functional.avg_pool2d(xb, 2)
             yb = torch.from_numpy(ytr[idx])
             pct = it / total
             for grp in opt.param_groups:
@@ -147,6 +150,8 @@ def main():
     ap.add_argument("--label-smoothing", type=float, default=0.0)
     ap.add_argument("--flip", action="store_true")
     ap.add_argument("--tta", action="store_true")
+    ap.add_argument("--small-epochs", type=int, default=0,
+                    help="the first K epochs on the training images at half size (2x2 averages)")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--data", default=w1_torch.DATA)

@@ -5,17 +5,20 @@ for PyTorch given the same recipe, on all cores.
 
 usage: time_to_accuracy.py --time-to-accuracy [--build DIR] [--seeds 5] [--cores N] [--epochs E]
                            [--bs B] [--lr X] [--label-smoothing EPS] [--arch A] [--[no-]flip] [--[no-]tta]
-                           [--bf16] [--target 0.92] [--recipe fast]
+                           [--small-epochs K] [--[no-]bf16] [--target 0.92] [--recipe fast]
 
 --recipe fast: corefit runs `corefit train --recipe fast` (tools/recipe.c) and PyTorch the same
-options spelled out (FAST below); --epochs, --bs, --lr, --label-smoothing, --arch and --bf16
-given here still win, on both sides.
+options spelled out (FAST below); --epochs, --bs, --lr, --label-smoothing, --arch, --small-epochs
+and --[no-]bf16 given here still win, on both sides.
 
   corefit: corefit train --idx DATA --arch A --epochs E --bs B --lr X --cores N
-           [--label-smoothing EPS] [--flip] [--tta] [--bf16] --seed S --out FILE --quiet
+           [--label-smoothing EPS] [--flip] [--tta] [--small-epochs K] [--bf16] --seed S
+           --valid-every V --out FILE --quiet
   PyTorch: w1_torch.py (--arch mini-resnet) or fast_torch.py (--arch fast-cnn) --ddp N
            (--threads 1 when N is 1) --epochs E --bs B --lr X [--label-smoothing EPS] [--flip]
-           [--tta] [--bf16] --seed S --save FILE
+           [--tta] [--small-epochs K] [--bf16] --seed S --save FILE
+As PyTorch's side, corefit validates only at the end: --valid-every E (after the last epoch)
+without --tta, --valid-every 0 with it (the TTA pass after the fit measures).
 Both: fit_one_cycle (div 25, div_final 1e5, pct_start 0.25), fastai's Adam, bs per process,
 the run timed from the process's start to its exit (the model written before it exits). With
 --tta the accuracy is the flip-TTA one (corefit train --tta: plain and mirrored test images,
@@ -40,8 +43,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = "/usr/share/datasets/fashion-mnist"
 # corefit train --recipe fast (tools/recipe.c), spelled out for PyTorch
-FAST = {"epochs": 4, "bs": 64, "lr": None, "label_smoothing": 0.1, "arch": "fast-cnn", "flip": True,
-        "tta": True}
+FAST = {"epochs": 4, "small_epochs": 1, "bs": 64, "lr": None, "label_smoothing": 0.1, "arch": "fast-cnn",
+        "flip": False, "tta": False, "bf16": True}
 
 
 def children_cpu():
@@ -73,48 +76,60 @@ def main():
     ap.add_argument("--arch", choices=["mini-resnet", "fast-cnn"], default=None,
                     help="[mini-resnet; --recipe fast: fast-cnn]")
     ap.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
-                    help="train --flip (both sides) [--recipe fast: on]")
+                    help="train --flip (both sides) [off]")
     ap.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None,
-                    help="train --tta: report the flip-TTA accuracy (both sides) [--recipe fast: on]")
-    ap.add_argument("--bf16", action="store_true")
+                    help="train --tta: report the flip-TTA accuracy (both sides) [off]")
+    ap.add_argument("--small-epochs", type=int, default=None,
+                    help="train --small-epochs K: the first K epochs at half size (both sides) [0; --recipe fast: 1]")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="train --bf16, PyTorch's CPU autocast in bfloat16 [off; --recipe fast: on]")
     ap.add_argument("--target", type=float, default=0.92)
     ap.add_argument("--only", default="corefit,torch")
     ap.add_argument("--max-load", type=float, default=2.0)
     ap.add_argument("--force", action="store_true", help="measure even on a loaded machine")
     args = ap.parse_args()
     plain = {"epochs": 5, "bs": 64, "lr": None, "label_smoothing": 0.0, "arch": "mini-resnet", "flip": False,
-             "tta": False}
+             "tta": False, "small_epochs": 0, "bf16": False}
     for k, v in (FAST if args.recipe == "fast" else plain).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.lr is None:
         args.lr = (1e-2 if args.recipe == "fast" else 3e-3) * args.bs / 64
-    if args.arch == "mini-resnet" and (args.flip or args.tta) and "torch" in args.only:
-        sys.exit("--flip and --tta need --arch fast-cnn on the PyTorch side (fast_torch.py); w1_torch.py has neither")
+    if args.arch == "mini-resnet" and (args.flip or args.tta or args.small_epochs) and "torch" in args.only:
+        sys.exit("--flip, --tta and --small-epochs need --arch fast-cnn on the PyTorch side (fast_torch.py);"
+                 " w1_torch.py has none of them")
     load = os.getloadavg()[0]
     print("load average %.1f%s" % (load, "" if load < args.max_load else " (a loaded machine: times are not comparable)"))
     if load >= args.max_load and not args.force:
         sys.exit("refusing to measure above load %.1f (--force to measure anyway)" % args.max_load)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     recipe = ["--epochs", str(args.epochs), "--bs", str(args.bs), "--lr", repr(args.lr)]
-    if args.label_smoothing > 0:
-        recipe += ["--label-smoothing", repr(args.label_smoothing)]
     if args.bf16:
         recipe += ["--bf16"]
     if args.flip:
         recipe += ["--flip"]
     if args.tta:
         recipe += ["--tta"]
+    torch_extra = ["--label-smoothing", repr(args.label_smoothing)] if args.label_smoothing > 0 else []
+    if args.small_epochs > 0:
+        torch_extra += ["--small-epochs", str(args.small_epochs)]
+    # corefit: every value spelled out, 0 too (beside --recipe, a missing option takes the
+    # recipe's), and validation at the end only, as PyTorch's side (with --tta the TTA pass
+    # measures)
+    cf_extra = ["--label-smoothing", repr(args.label_smoothing), "--small-epochs", str(args.small_epochs),
+                "--valid-every", "0" if args.tta else str(args.epochs)]
+    # flags of the recipe cannot be taken back on corefit's command line: --recipe only with all on
+    all_flags = all(getattr(args, k) for k in ("flip", "tta", "bf16") if FAST[k] is True)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for s in range(1, args.seeds + 1):
             if "corefit" in args.only:
                 out = os.path.join(tmp, "cf-%d.safetensors" % s)
                 cmd = [os.path.join(args.build, "corefit"), "train", "--idx", args.data, "--arch", args.arch,
-                       "--cores", str(args.cores), "--seed", str(s), "--out", out, "--quiet"] + recipe
-                if args.recipe:  # the recipe's options are all spelled out; --flip and --tta cannot be
-                    # taken back on corefit's command line, so --no-flip/--no-tta leave --recipe out
-                    cmd += ["--checkpoint-every", "0"] + (["--recipe", args.recipe] if args.flip and args.tta else [])
+                       "--cores", str(args.cores), "--seed", str(s), "--out", out, "--quiet"] + recipe + cf_extra
+                if args.recipe:  # the recipe's options are all spelled out; its flags cannot be taken
+                    # back on corefit's command line, so --no-flip/--no-tta/--no-bf16 leave --recipe out
+                    cmd += ["--checkpoint-every", "0"] + (["--recipe", args.recipe] if all_flags else [])
                 took, cpu, text = timed(cmd, env)
                 m = re.search(r"tta: accuracy ([0-9.]+)" if args.tta else r"accuracy ([0-9.]+)", text)
                 if not m or not os.path.exists(out):
@@ -127,7 +142,7 @@ def main():
                 mode = ["--threads", "1"] if args.cores == 1 else ["--ddp", str(args.cores)]
                 script = "fast_torch.py" if args.arch == "fast-cnn" else "w1_torch.py"
                 cmd = ["/usr/bin/python3", os.path.join(HERE, script)] + mode + [
-                    "--seed", str(s), "--save", out, "--data", args.data] + recipe
+                    "--seed", str(s), "--save", out, "--data", args.data] + recipe + torch_extra
                 took, cpu, text = timed(cmd, dict(env, OMP_NUM_THREADS="1"))
                 m = re.search(r'"test_acc": ([0-9.]+)', text)
                 if not m or not os.path.exists(out):

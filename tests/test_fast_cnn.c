@@ -9,7 +9,7 @@
  * Tolerance as test_w1_model: rtol 1e-4 with an absolute floor of 1e-5 of each tensor's largest
  * value (BatchNorm's backward through batch statistics cancels large terms). The BatchNorm
  * weights' gradients, sum(dy * xhat), get a floor of 1e-2 of their largest: in the last group,
- * where ReLU and the 7 -> 3 max pool leave few non-zero dy, the sum cancels to 1e-3 of its terms
+ * where the 7 -> 3 max pool and ReLU leave few non-zero dy, the sum cancels to 1e-3 of its terms
  * and differs from PyTorch's by 1% of its own size (4e-7 at 3.4e-5) while every gradient that
  * flows through it (the convolution's before it) agrees to 4e-6. */
 #include "oracle.h"

@@ -27,6 +27,10 @@ static int check_args(const char *cmd, train_args *a, bool train) {
         return cli_error(CLI_USAGE, cmd,
                          d->csv ? "--flip is for images, not --csv"
                                 : "--flip with --aug: aug_transforms() flips already");
+    if (a->small_epochs > 0 && (d->csv || d->seg.masks))
+        return cli_error(CLI_USAGE, cmd,
+                         d->csv ? "--small-epochs is for images, not --csv"
+                                : "--small-epochs with --masks: the masks would keep their size");
     if (a->arch) {
         bool tab = strcmp(a->arch, "tabular") == 0;
         if (!tab && cf_arch_from_name(a->arch) < 0)
@@ -351,6 +355,7 @@ static void defaults(train_args *a) {
     a->out = "model.safetensors";
     a->cycle_len = 1;
     a->checkpoint_every = 100; /* about 0.5% of a W1 epoch's time (bench_w1 --checkpoint-every) */
+    a->valid_every = 1;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -423,14 +428,22 @@ int cmd_train(int argc, char **argv) {
          "targets' range + 5%; none [auto]",
          0, 0, 0},
         {"--recipe", OPT_STR, &a.recipe, "NAME",
-         "fast: Fashion-MNIST's 92% in the least time (--arch fast-cnn --epochs 4 --bs 64 --lr "
-         "1e-2 --label-smoothing 0.1 --flip --tta --checkpoint-every 0); options given on the "
-         "command line win",
+         "fast: Fashion-MNIST's 92% in the least time (--arch fast-cnn --epochs 4 --small-epochs "
+         "1 --bs 64 --lr 1e-2 --label-smoothing 0.1 --bf16 --valid-every 4 --checkpoint-every "
+         "0); options given on the command line win",
          0, 0, 0},
         {"--tta", OPT_FLAG, &a.tta, NULL,
          "image classifiers: after the fit, also the validation accuracy with each image "
          "predicted plain and mirrored (probabilities averaged)",
          0, 0, 0},
+        {"--valid-every", OPT_INT, &a.valid_every, "N",
+         "validate after every N-th epoch and the last; 0: no validation during the fit (nan in "
+         "the table; --tta still measures after it) [1]",
+         0, 1 << 30, 0},
+        {"--small-epochs", OPT_INT, &a.small_epochs, "K",
+         "images: progressive resizing, the first K epochs on the training images at half size "
+         "(2x2 averages), the rest at full size [0]",
+         0, 100000, 0},
         {0},
     };
     const char *pos[1];
@@ -497,10 +510,26 @@ int cmd_train(int argc, char **argv) {
         cli_session_free(&s);
         return cli_lib_error(cmd, "checkpoint callback");
     }
-    cf_callback *call_cbs[] = {ckpt_cb};
+    cf_callback *valid_cb = a.valid_every != 1 ? cli_valid_every_cb(a.valid_every) : NULL;
+    if (a.valid_every != 1 && !valid_cb) {
+        cf_callback_free(ckpt_cb);
+        cli_session_free(&s);
+        return cli_lib_error(cmd, "--valid-every callback");
+    }
+    cf_callback *small_cb = a.small_epochs > 0 ? cli_small_epochs_cb(a.small_epochs) : NULL;
+    if (a.small_epochs > 0 && !small_cb) {
+        cf_callback_free(ckpt_cb);
+        cf_callback_free(valid_cb);
+        cli_session_free(&s);
+        return cli_lib_error(cmd, "--small-epochs callback");
+    }
+    cf_callback *call_cbs[3] = {ckpt_cb};
+    int n_call_cbs = 1;
+    if (valid_cb) call_cbs[n_call_cbs++] = valid_cb;
+    if (small_cb) call_cbs[n_call_cbs++] = small_cb;
     cli_catch_sigterm(&sig);
     cli_timing("fit starts");
-    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, 1);
+    st = cli_fit(&a, learn, s.parallel, &par, lr, call_cbs, n_call_cbs);
     cli_timing("fit done (results home)");
     double seconds = cf_now() - t0;
     int restarts = s.parallel && s.par.start_method != CF_START_MPI ? cf_par_last_restarts() : 0;

@@ -23,6 +23,8 @@ typedef struct train_args {
     int max_restarts, commit_every;  /* --max-restarts N, --commit-every K (fork workers) */
     const char *recipe;              /* --recipe NAME (recipe.c) */
     bool tta;                        /* --tta: flip test-time augmentation after the fit */
+    int valid_every;                 /* --valid-every N (epochs; 0: no validation in the fit) */
+    int small_epochs;                /* --small-epochs K: the first K epochs at half size */
 } train_args;
 
 #define CLI_STR_(x) #x
@@ -96,6 +98,14 @@ int cli_apply_recipe(const char *cmd, train_args *a, const cli_opt *opts);
 /* --tta: the validation accuracy of the learner with each image predicted plain and mirrored,
  * the probabilities averaged (tta_flip.c); CLI_OK or the exit status, with the message printed. */
 int cli_tta_flip(const char *cmd, cf_learner *learn, double *accuracy);
+
+/* --valid-every N: a callback that lets validation run only after every N-th epoch and the
+ * last (N = 0: none) (valid_every.c); NULL without memory. */
+cf_callback *cli_valid_every_cb(int every);
+
+/* --small-epochs K: a callback that trains the first K epochs of a fit on its images at half
+ * size, 2x2 averages (small_epochs.c); NULL without memory. */
+cf_callback *cli_small_epochs_cb(int epochs);
 /* CF_TIMING=1: "timing: WHAT at S s since the start, this process's CPU C s" on stderr
  * (timing.c). */
 void cli_timing(const char *what);

@@ -326,7 +326,7 @@ cf_module *cf_mini_resnet_ex(int c_in, int n_out, const cf_head_opts *head);
 cf_module *cf_mini_resnet_body(int c_in); /* 64 output channels */
 
 /* "fast-cnn", the model of corefit train --recipe fast: three convolution groups (Conv2d 3x3,
- * BatchNorm2d, ReLU, MaxPool2d(2)) of 24, 48 and 96 channels, then create_head(96, n_out) (head
+ * MaxPool2d(2), BatchNorm2d, ReLU) of 24, 48 and 96 channels, then create_head(96, n_out) (head
  * NULL: cf_fast_cnn_head(), a BatchNorm1d and a Linear, no dropout). Layout: docs/api.md. */
 cf_module *cf_fast_cnn(int c_in, int n_out);
 cf_module *cf_fast_cnn_ex(int c_in, int n_out, const cf_head_opts *head);
