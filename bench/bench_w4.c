@@ -17,6 +17,7 @@
  * The recipe (perplexity and accuracy, one JSON line):
  *   bench_w4 --recipe [--threads N | --cores N] [--seed S] [--lm-epochs E] [--clas-epochs E]
  *            [--data DIR] [--topics DIR] [--emb-sz N] [--n-hid N] [--n-layers N] [--bs N]
+ *            [--bf16]
  *   1. the language model: fit_one_cycle(lm_epochs, 1e-2), wd 0.1; validation loss, accuracy
  *      and perplexity; its encoder saved;
  *   2. the topic classifier (awd_lstm_clas_config, drop_mult 0.5, --topics: the six largest
@@ -27,8 +28,9 @@
  *   --cores N runs every fit as its cf_par_ twin with split batches (one process's result);
  *   --emb-sz, --n-hid and --n-layers change both configs' sizes (dropouts as fastai's) and --bs
  *   both learners' batch size (64), for the
- *   short parity recipe of bench/README.md ("W4 recipe"). Each fit's epoch table (train_loss,
- *   valid_loss, metrics) goes to stdout before the JSON line.
+ *   short parity recipe of bench/README.md ("W4 recipe"); --bf16 runs both learners in mixed
+ *   precision (cf_learner_to_bf16, as the throughput mode's --bf16). Each fit's epoch table
+ * (train_loss, valid_loss, metrics) goes to stdout before the JSON line.
  *
  * FLOPs per row of 72 tokens per training step: 2 per multiply-add of the three LSTMs (input
  * and recurrent products) and the decoder (400 x vocabulary), times 3 (forward, input gradient,
@@ -179,6 +181,7 @@ typedef struct w4_recipe_args {
     int threads, cores, lm_epochs, clas_epochs;
     int emb_sz, n_hid, n_layers; /* 0: awd_lstm_lm_config's (400, 1152, 3) */
     int bs;                      /* both learners' batch size (W4's 64) */
+    bool bf16;                   /* --bf16: both learners in mixed precision */
     uint64_t seed;
 } w4_recipe_args;
 
@@ -211,6 +214,7 @@ static int w4_recipe(const w4_recipe_args *a) {
     BENCH_CHECK(prog, cf_language_model_learner(&lm, dls_lm, .metrics = lm_metrics, .n_metrics = 2,
                                                 .wd = W4_WD, .seed = a->seed, .path = "/tmp",
                                                 .config = &lm_cfg));
+    if (a->bf16) BENCH_CHECK(prog, cf_learner_to_bf16(lm));
     BENCH_CHECK(prog, w4_cycle(lm, a->lm_epochs, CF_LR(W4_LM_LR), a));
     const double lm_loss = lm->final_record[0], lm_acc = lm->final_record[1],
                  lm_ppl = lm->final_record[2];
@@ -230,6 +234,7 @@ static int w4_recipe(const w4_recipe_args *a) {
     cf_status st = cf_learner_load_encoder(clas, encoder);
     unlink(encoder);
     BENCH_CHECK(prog, st);
+    if (a->bf16) BENCH_CHECK(prog, cf_learner_to_bf16(clas));
     const double k = pow(2.6, 4), lr = W4_CLAS_LR;
     const int groups = clas->model->n_groups;
     BENCH_CHECK(prog, w4_cycle(clas, 1, CF_LR(lr), a));
@@ -245,13 +250,13 @@ static int w4_recipe(const w4_recipe_args *a) {
            "\"clas_valid_loss\": %.5f, \"clas_accuracy\": %.5f, \"classes\": %d, "
            "\"lm_s\": %.1f, \"total_s\": %.1f, \"isa\": \"%s\", \"emb_sz\": %d, "
            "\"n_hid\": %d, \"n_layers\": %d, \"lm_train_docs\": %lld, \"clas_train_docs\": %lld, "
-           "\"clas_valid_docs\": %lld, \"bs\": %d}\n",
+           "\"clas_valid_docs\": %lld, \"bs\": %d, \"bf16\": %s, \"bf16_compute\": %s}\n",
            (unsigned long long)a->seed, a->threads, a->cores, a->lm_epochs, a->clas_epochs,
            (long long)cf_text_vocab_len(vocab), lm_loss, lm_acc, lm_ppl, clas->final_record[0],
            clas->final_record[1], dls->train_ds->n_classes, t_lm, cf_now() - t0,
            cf_isa_name(cf_isa_active()), lm_cfg.emb_sz, lm_cfg.n_hid, lm_cfg.n_layers,
            (long long)dls_lm->train_ds->n, (long long)dls->train_ds->n, (long long)dls->valid_ds->n,
-           a->bs);
+           a->bs, a->bf16 ? "true" : "false", a->bf16 && cf_bf16_compute() ? "true" : "false");
     cf_learner_free(clas);
     cf_learner_free(lm);
     cf_dls_free(dls);
@@ -287,6 +292,7 @@ int main(int argc, char **argv) {
             recipe = true;
             continue;
         }
+        if (!strcmp(argv[i], "--bf16")) ra.bf16 = true;
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--export") && v) export_dir = v;
         if (!strcmp(argv[i], "--data") && v) snprintf(data, sizeof data, "%s", v);

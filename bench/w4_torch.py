@@ -24,6 +24,9 @@ Modes:
       the recipe of bench_w4 --recipe (the sizes change both configs, dropouts kept): the language model, then the topic classifier
       (awd_lstm_clas_config with drop_mult 0.5, SentenceEncoder, masked concat pooling,
       PoolingLinearClassifier [1200, 50, n]) from its encoder with gradual unfreezing.
+  --bf16 (any mode): fastai's to_fp16 as PyTorch does it on a CPU, torch.autocast("cpu",
+      dtype=torch.bfloat16) around the forward and the loss (fp32 weights and optimizer; the
+      backward follows the forward's dtypes), as bench_w4 --bf16 (cf_learner_to_bf16).
 Prints one JSON line; "images" are rows of 72 tokens (the fields of w1_torch.py).
 """
 import argparse
@@ -56,6 +59,7 @@ def parse_args():
     ap.add_argument("--skip", type=int, default=5)
     ap.add_argument("--port", type=int, default=29517)
     ap.add_argument("--recipe", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="torch.autocast(\"cpu\", torch.bfloat16) around forward + loss")
     ap.add_argument("--lm-epochs", type=int, default=1)
     ap.add_argument("--clas-epochs", type=int, default=1)
     ap.add_argument("--emb-sz", type=int, default=0, help="--recipe: the configs' emb_sz (0: 400)")
@@ -338,7 +342,7 @@ def lm_loss(model, out, y, training):
 
 
 def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_of, max_steps=0, stamps=None, cpus=None,
-              log_epochs=False):
+              log_epochs=False, bf16=False):
     """fit_one_cycle(epochs): groups_lr holds each parameter group's lr_max. Returns the last
     epoch's validation (loss, metric) or None when stopped by max_steps."""
     import torch
@@ -359,7 +363,8 @@ def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_
             for g, f in zip(opt.param_groups, lr_fs):
                 g["lr"] = f(pct)
                 g["betas"] = (mom_f(pct), 0.99)
-            loss, plain = loss_of(model(torch.from_numpy(x)), torch.from_numpy(y), True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, plain = loss_of(model(torch.from_numpy(x)), torch.from_numpy(y), True)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -371,10 +376,14 @@ def one_cycle(model, opt, groups_lr, n_iter, epochs, batches_of, loss_of, valid_
         if max_steps and it >= max_steps:
             return None
         if log_epochs:  # fastai validates after every epoch; the recipe logs each as its table row
-            res = valid_of()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # MixedPrecision validates so too
+                res = valid_of()
             print(f"epoch {epoch}: train_loss {smooth / (1 - 0.98 ** it):.5f} valid {res[0]:.5f} metric {res[1]:.5f}",
                   file=sys.stderr, flush=True)
-    return res if log_epochs else valid_of()
+    if log_epochs:
+        return res
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        return valid_of()
 
 
 def lm_validate(model, docs, bs):
@@ -433,7 +442,8 @@ def train(rank, world, args, result_q=None):
     t0 = time.perf_counter()
     one_cycle(model, opt, [LM_LR, LM_LR], n_iter, max(args.epochs, math.ceil(args.batches / n_iter)),
               lambda e: lm_batches(docs, args.bs, True, rng, rank, world),
-              lambda out, y, tr: lm_loss(model, out, y, tr), lambda: None, args.batches, stamps, cpus)
+              lambda out, y, tr: lm_loss(model, out, y, tr), lambda: None, args.batches, stamps, cpus,
+              bf16=args.bf16)
     t_end = time.perf_counter()
     pss = w1_torch.pss_mb()
     skip = min(args.skip, len(stamps) - 1)
@@ -477,7 +487,7 @@ def recipe(args):
     lm_loss_v, lm_acc = one_cycle(lm, opt, [LM_LR, LM_LR], n_iter, args.lm_epochs,
                                   lambda e: lm_batches(docs, args.bs, True, rng),
                                   lambda out, y, tr: lm_loss(lm, out, y, tr),
-                                  lambda: lm_validate(lm, vdocs, args.bs), log_epochs=True)
+                                  lambda: lm_validate(lm, vdocs, args.bs), log_epochs=True, bf16=args.bf16)
     t_lm = time.perf_counter() - t0
 
     _, cdocs = read_ids(os.path.join(args.ids, "clas_train.ids"))
@@ -506,7 +516,8 @@ def recipe(args):
         return one_cycle(clas, opt, per_pg, n_iter, epochs,
                          lambda e: clas_batches(cdocs, labels, args.bs, True, rng),
                          lambda out, y, tr: (torch.nn.functional.cross_entropy(out, y),) * 2,
-                         lambda: clas_validate(clas, cvdocs, vlabels, args.bs), log_epochs=True)
+                         lambda: clas_validate(clas, cvdocs, vlabels, args.bs), log_epochs=True,
+                         bf16=args.bf16)
 
     def sl(hi):  # slice(hi / 2.6^4, hi) over the 5 groups (fastai's even_mults)
         lo = hi / 2.6 ** 4
@@ -520,7 +531,7 @@ def recipe(args):
                       "lm_epochs": args.lm_epochs, "clas_epochs": args.clas_epochs, "vocab": vocab,
                       "lm_valid_loss": lm_loss_v, "lm_accuracy": lm_acc, "perplexity": math.exp(lm_loss_v),
                       "clas_valid_loss": c_loss, "clas_accuracy": c_acc, "classes": n_class,
-                      "lm_s": t_lm, "total_s": time.perf_counter() - t0, "emb_sz": lm_cfg["emb_sz"],
+                      "bf16": args.bf16, "lm_s": t_lm, "total_s": time.perf_counter() - t0, "emb_sz": lm_cfg["emb_sz"],
                       "n_hid": lm_cfg["n_hid"], "n_layers": lm_cfg["n_layers"], "lm_train_docs": len(docs),
                       "clas_train_docs": len(cdocs), "clas_valid_docs": len(cvdocs),
                       "unigram_perplexity": unigram_perplexity(docs, vdocs, vocab, args.bs)}), flush=True)
@@ -561,6 +572,7 @@ def main():
         "gflops": ips * mflop / 1e3, "mflop_per_image": mflop, "test_acc": None, "cpu_s": cpu,
         "images_per_cpu_s": rows / cpu if cpu > 0 else 0.0, "train_s": r["train_s"], "peak_rss_mb": rss,
         "pss_mb": pss, "vocab": r["vocab"], "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
+        "bf16": args.bf16,
     }), flush=True)
 
 

@@ -34,7 +34,7 @@ static bool ends_with(const char *s, const char *tail) {
 
 typedef struct text_train_args {
     const char *text, *text_col, *label_col, *valid_col, *encoder, *schedule, *out, *plots;
-    bool lm;
+    bool lm, bf16;
     int epochs, bs, seq_len, cores, min_freq, max_vocab, emb_sz, n_hid, n_layers;
     double lr, valid_pct, drop_mult, wd;
     uint64_t seed;
@@ -219,6 +219,11 @@ int cmd_train_text(int argc, char **argv) {
          "the fit, DIR/loss.png and schedule.png; a classifier also DIR/confusion_matrix.png, "
          "show_results.txt and top_losses.txt (the validation texts with target and prediction)",
          0, 0, 0},
+        {"--bf16", OPT_FLAG, &a.bf16, NULL,
+         "fastai's to_fp16 in bfloat16: the LSTMs' sequence products and the decoder/head in bf16 "
+         "with fp32 sums, weights fp32 (where the CPU has bf16 kernels; elsewhere fp32, said "
+         "once); the saved model is fp32",
+         0, 0, 0},
         {0},
     };
     const char *pos[1];
@@ -307,7 +312,8 @@ int cmd_train_text(int argc, char **argv) {
         cf_dls_free(dls);
         return cli_lib_error(cmd, "making the learner");
     }
-    if (a.encoder) rc = transfer_encoder(cmd, a.encoder, a.out, learn);
+    if (a.bf16 && cf_learner_to_bf16(learn)) rc = cli_lib_error(cmd, "--bf16");
+    if (!rc && a.encoder) rc = transfer_encoder(cmd, a.encoder, a.out, learn);
     if (!rc)
         rc = ulmfit ? ulmfit_schedule(cmd, learn, &a)
                     : fit_stage(cmd, learn, &a, a.epochs, CF_LR(a.lr));

@@ -472,6 +472,12 @@ cf_module *cf_lstm(int input_size, int hidden_size);
 /* fastai's WeightDropout(lstm, weight_p) on weight_hh: takes ownership of the LSTM (child
  * "module"); holds "weight_hh_l0_raw", dropped (scaled) in training forwards. */
 cf_module *cf_weight_dropout(cf_module *lstm, float weight_p);
+/* Mixed precision for every LSTM and LinearDecoder under root (cf_learner_to_bf16): on, the
+ * whole-sequence products (the input projection, dX, dW_ih, dW_hh and the decoder's three) take
+ * bf16 operands with fp32 sums through cf_sgemm_bf16 (fp32 without bf16 kernels); the recurrent
+ * step h W_hh^T and its dh, the gates, cell state, carried state, biases and every reduction stay
+ * fp32. Off: fp32 again. Returns how many layers it set. */
+int cf_lstm_set_bf16(cf_module *root, bool on);
 /* Zeroes the hidden state of every LSTM under m. */
 void cf_rnn_reset(cf_module *m);
 /* fastai's RNNDropout(p): input (B, ..., F), one mask (B, 1, F) per forward, shared over time. */

@@ -20,6 +20,7 @@ cf_status cf_learner_to_bf16(cf_learner *learn) {
     }
     cf_linear_set_bf16(learn->model->root, true);
     cf_conv_set_bf16(learn->model->root, true);
+    cf_lstm_set_bf16(learn->model->root, true);
     return CF_OK;
 }
 
@@ -28,5 +29,6 @@ cf_status cf_learner_to_fp32(cf_learner *learn) {
         return cf_fail(CF_ERR_INVALID, "cf_learner_to_fp32: no learner or model");
     cf_linear_set_bf16(learn->model->root, false);
     cf_conv_set_bf16(learn->model->root, false);
+    cf_lstm_set_bf16(learn->model->root, false);
     return CF_OK;
 }

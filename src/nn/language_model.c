@@ -35,6 +35,7 @@ typedef struct decoder_impl {
     bool bias;
     const cf_module *tied; /* the encoder whose table is the weight (NULL: own "decoder.weight") */
     float ar_alpha, tar_beta; /* fastai's RNNRegularizer, added by training backwards (0: off) */
+    bool bf16;                /* the three products in bf16 with fp32 sums (cf_lstm_set_bf16) */
 } decoder_impl;
 
 static cf_module *dec_dropout(const cf_module *m) {
@@ -94,8 +95,8 @@ static const cf_tensor *dec_forward(cf_module *m, const cf_tensor *x) {
         const float *b = m->params[m->n_params - 1].data;
         for (int r = 0; r < rows; r++) memcpy(y->data + (size_t)r * d->n_out, b, d->n_out * 4);
     }
-    cf_nn_par_sgemm(false, true, rows, d->n_out, d->n_hid, xd->data, d->n_hid, dec_weight(m)->data,
-                    d->n_hid, d->bias ? 1.0f : 0.0f, y->data, d->n_out);
+    cf_nn_par_gemm(d->bf16, false, true, rows, d->n_out, d->n_hid, xd->data, d->n_hid,
+                   dec_weight(m)->data, d->n_hid, d->bias, y->data, d->n_out);
     return y;
 }
 
@@ -106,8 +107,8 @@ static const cf_tensor *dec_backward(cf_module *m, const cf_tensor *dy, bool nee
     const int rows = m->in->shape.dim[0] * m->in->shape.dim[1];
     cf_param *w = dec_weight(m);
     if (w->trainable) /* dW += dy^T x */
-        cf_nn_par_sgemm(true, false, d->n_out, d->n_hid, rows, dy->data, d->n_out, xd->data,
-                        d->n_hid, 1.0f, w->grad, d->n_hid);
+        cf_nn_par_gemm(d->bf16, true, false, d->n_out, d->n_hid, rows, dy->data, d->n_out, xd->data,
+                       d->n_hid, true, w->grad, d->n_hid);
     if (d->bias && m->params[m->n_params - 1].trainable) {
         float *restrict db = m->params[m->n_params - 1].grad;
         for (int r = 0; r < rows; r++) {
@@ -118,8 +119,8 @@ static const cf_tensor *dec_backward(cf_module *m, const cf_tensor *dy, bool nee
     if (!need_dx) return NULL;
     /* dx of the dropped input, then through the dropout */
     cf_tensor *dxd = cf_module_input_grad(m);
-    cf_nn_par_sgemm(false, false, rows, d->n_hid, d->n_out, dy->data, d->n_out, w->data, d->n_hid,
-                    0.0f, dxd->data, d->n_hid);
+    cf_nn_par_gemm(d->bf16, false, false, rows, d->n_hid, d->n_out, dy->data, d->n_out, w->data,
+                   d->n_hid, false, dxd->data, d->n_hid);
     /* AR: alpha * mean(out^2), out the dropped input */
     const bool reg = m->training && (d->ar_alpha != 0.0f || d->tar_beta != 0.0f);
     if (reg && d->ar_alpha != 0.0f) {
@@ -154,6 +155,12 @@ static const cf_module_ops decoder_ops = {
     .forward = dec_forward,
     .backward = dec_backward,
 };
+
+bool cf_nn_linear_decoder_set_bf16(cf_module *m, bool on) {
+    if (!m || m->ops != &decoder_ops) return false;
+    ((decoder_impl *)m->impl)->bf16 = on;
+    return true;
+}
 
 cf_module *cf_linear_decoder(int n_out, int n_hid, float output_p, const cf_module *tied_encoder,
                              bool bias) {

@@ -18,7 +18,7 @@
 /* ---- GEMM with the rows of C split over the pool ------------------------------------------- */
 
 typedef struct par_gemm {
-    bool ta, tb;
+    bool ta, tb, bf16;
     int m, n, k, lda, ldb, ldc;
     const float *a, *b;
     float beta;
@@ -31,17 +31,32 @@ static void par_gemm_range(void *ctx, int64_t lo, int64_t hi, int thread) {
     if (hi <= lo) return;
     /* row i of op(A): row i of A, or column i of A transposed */
     const float *a = g->a + (g->ta ? (size_t)lo : (size_t)lo * g->lda);
+    if (g->bf16) { /* beta is 0 or 1 here */
+        cf_sgemm_bf16(g->ta, g->tb, (int)(hi - lo), g->n, g->k, a, g->lda, g->b, g->ldb,
+                      g->c + (size_t)lo * g->ldc, g->ldc, g->beta != 0.0f);
+        return;
+    }
     cf_sgemm(g->ta, g->tb, (int)(hi - lo), g->n, g->k, 1.0f, a, g->lda, g->b, g->ldb, g->beta,
              g->c + (size_t)lo * g->ldc, g->ldc);
 }
 
-void cf_nn_par_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
-                     const float *b, int ldb, float beta, float *c, int ldc) {
-    par_gemm g = {trans_a, trans_b, m, n, k, lda, ldb, ldc, a, b, beta, c};
+static void par_gemm_run(bool bf16, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                         int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    par_gemm g = {trans_a, trans_b, bf16, m, n, k, lda, ldb, ldc, a, b, beta, c};
     if (cf_get_num_threads() <= 1 || (int64_t)m * n * k < (1 << 20))
         par_gemm_range(&g, 0, m, 0);
     else
         cf_parallel_for(m, par_gemm_range, &g);
+}
+
+void cf_nn_par_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc) {
+    par_gemm_run(false, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+void cf_nn_par_gemm(bool bf16, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                    int lda, const float *b, int ldb, bool accumulate, float *c, int ldc) {
+    par_gemm_run(bf16, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
 }
 
 /* ---- LSTM ---------------------------------------------------------------------------------- */
@@ -53,6 +68,7 @@ typedef struct lstm_impl {
     const float *w_hh; /* set by WeightDropout for each forward (NULL: own parameter) */
     float *dw_hh;      /* where WeightDropout wants dW_hh added (NULL: no gradient) */
     bool wrapped;      /* the weight belongs to a WeightDropout */
+    bool bf16;         /* the whole-sequence products in bf16 with fp32 sums (cf_lstm_set_bf16) */
     /* the carried state (heap: it outlives re-plans), state_rows rows in use */
     float *h, *c;
     int state_rows, state_cap;
@@ -232,8 +248,8 @@ static const cf_tensor *lstm_forward(cf_module *m, const cf_tensor *x) {
         float *g = l->gates + r * 4 * H;
         for (int j = 0; j < 4 * H; j++) g[j] = bih[j] + bhh[j];
     }
-    cf_nn_par_sgemm(false, true, (int)rows, 4 * H, I, x->data, I, m->params[l->p_ih].data, I, 1.0f,
-                    l->gates, 4 * H);
+    cf_nn_par_gemm(l->bf16, false, true, (int)rows, 4 * H, I, x->data, I, m->params[l->p_ih].data,
+                   I, true, l->gates, 4 * H);
     lstm_pass p = {.l = l, .w_hh = lstm_w_hh(m), .y = y->data};
     p.packed = lstm_pack(l, p.w_hh, true);
     if (cf_get_num_threads() <= 1)
@@ -287,7 +303,8 @@ static const cf_tensor *lstm_backward(cf_module *m, const cf_tensor *dy, bool ne
     const int rows = B * T;
     cf_param *wih = &m->params[l->p_ih];
     if (wih->trainable) /* dW_ih += dG^T X */
-        cf_nn_par_sgemm(true, false, 4 * H, I, rows, dg, 4 * H, x->data, I, 1.0f, wih->grad, I);
+        cf_nn_par_gemm(l->bf16, true, false, 4 * H, I, rows, dg, 4 * H, x->data, I, true, wih->grad,
+                       I);
     float *dwhh =
         l->wrapped ? l->dw_hh : (m->params[l->p_hh].trainable ? m->params[l->p_hh].grad : NULL);
     if (dwhh) { /* dW_hh += sum over b, t of dG[b, t]^T h[b, t - 1] */
@@ -299,14 +316,23 @@ static const cf_tensor *lstm_backward(cf_module *m, const cf_tensor *dy, bool ne
         const size_t gs = (size_t)T * 4 * H, hs = (size_t)T * H;
         const float *y = m->out.data;
         float *corr = l->dhr;
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < H; j++)
-                corr[(size_t)b * H + j] =
-                    l->h0[(size_t)b * H + j] - (b > 0 ? y[(size_t)(b - 1) * hs + hs - H + j] : 0);
-        cf_nn_par_sgemm(true, false, 4 * H, H, B, dg, (int)gs, corr, H, 1.0f, dwhh, H);
+        if (l->bf16) {
+            /* bf16(h0 - y) is not bf16(h0) - bf16(y): the t = 0 rows get dG^T h0 and
+             * dG^T (-y[b - 1, T - 1]) as two products, so every term is bf16(dG) bf16(h_prev)
+             * (a product of two bf16 values is exact in fp32: the wrong pairs cancel) */
+            cf_nn_par_gemm(true, true, false, 4 * H, H, B, dg, (int)gs, l->h0, H, true, dwhh, H);
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < H; j++)
+                    corr[(size_t)b * H + j] = b > 0 ? -y[(size_t)(b - 1) * hs + hs - H + j] : 0.0f;
+        } else
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < H; j++)
+                    corr[(size_t)b * H + j] = l->h0[(size_t)b * H + j] -
+                                              (b > 0 ? y[(size_t)(b - 1) * hs + hs - H + j] : 0);
+        cf_nn_par_gemm(l->bf16, true, false, 4 * H, H, B, dg, (int)gs, corr, H, true, dwhh, H);
         if (rows > 1)
-            cf_nn_par_sgemm(true, false, 4 * H, H, rows - 1, dg + 4 * H, 4 * H, y, H, 1.0f, dwhh,
-                            H);
+            cf_nn_par_gemm(l->bf16, true, false, 4 * H, H, rows - 1, dg + 4 * H, 4 * H, y, H, true,
+                           dwhh, H);
     }
     cf_param *bi = &m->params[l->p_bih], *bh = &m->params[l->p_bhh];
     if (bi->trainable || bh->trainable)
@@ -319,7 +345,8 @@ static const cf_tensor *lstm_backward(cf_module *m, const cf_tensor *dy, bool ne
         }
     if (!need_dx) return NULL;
     cf_tensor *dx = cf_module_input_grad(m); /* dX = dG W_ih */
-    cf_nn_par_sgemm(false, false, rows, I, 4 * H, dg, 4 * H, wih->data, I, 0.0f, dx->data, I);
+    cf_nn_par_gemm(l->bf16, false, false, rows, I, 4 * H, dg, 4 * H, wih->data, I, false, dx->data,
+                   I);
     return dx;
 }
 
@@ -342,6 +369,18 @@ static const cf_module_ops lstm_ops = {
 
 bool cf_nn_is_lstm(const cf_module *m) {
     return m && m->ops == &lstm_ops;
+}
+
+int cf_lstm_set_bf16(cf_module *root, bool on) {
+    if (!root) return 0;
+    int count = 0;
+    if (cf_nn_is_lstm(root)) {
+        ((lstm_impl *)root->impl)->bf16 = on;
+        count = 1;
+    } else if (cf_nn_linear_decoder_set_bf16(root, on))
+        count = 1;
+    for (int i = 0; i < root->n_children; i++) count += cf_lstm_set_bf16(root->children[i], on);
+    return count;
 }
 
 cf_module *cf_lstm(int input_size, int hidden_size) {
