@@ -156,10 +156,19 @@ static const cf_module_ops decoder_ops = {
     .backward = dec_backward,
 };
 
-bool cf_nn_linear_decoder_set_bf16(cf_module *m, bool on) {
+static bool linear_decoder_set_bf16(cf_module *m, bool on) {
     if (!m || m->ops != &decoder_ops) return false;
     ((decoder_impl *)m->impl)->bf16 = on;
     return true;
+}
+
+/* Here rather than in lstm.c, so that the LSTM does not depend on the decoder (lstm.c only
+ * switches one LSTM, cf_nn_lstm_set_bf16). */
+int cf_lstm_set_bf16(cf_module *root, bool on) {
+    if (!root) return 0;
+    int count = cf_nn_lstm_set_bf16(root, on) || linear_decoder_set_bf16(root, on) ? 1 : 0;
+    for (int i = 0; i < root->n_children; i++) count += cf_lstm_set_bf16(root->children[i], on);
+    return count;
 }
 
 cf_module *cf_linear_decoder(int n_out, int n_hid, float output_p, const cf_module *tied_encoder,

@@ -371,16 +371,10 @@ bool cf_nn_is_lstm(const cf_module *m) {
     return m && m->ops == &lstm_ops;
 }
 
-int cf_lstm_set_bf16(cf_module *root, bool on) {
-    if (!root) return 0;
-    int count = 0;
-    if (cf_nn_is_lstm(root)) {
-        ((lstm_impl *)root->impl)->bf16 = on;
-        count = 1;
-    } else if (cf_nn_linear_decoder_set_bf16(root, on))
-        count = 1;
-    for (int i = 0; i < root->n_children; i++) count += cf_lstm_set_bf16(root->children[i], on);
-    return count;
+bool cf_nn_lstm_set_bf16(cf_module *m, bool on) {
+    if (!cf_nn_is_lstm(m)) return false;
+    ((lstm_impl *)m->impl)->bf16 = on;
+    return true;
 }
 
 cf_module *cf_lstm(int input_size, int hidden_size) {

@@ -50,9 +50,10 @@ void cf_nn_par_sgemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
                      const float *b, int ldb, float beta, float *c, int ldc);
 /* The same through cf_sgemm_bf16 when bf16 (operands rounded to bfloat16, fp32 sums), else
  * cf_sgemm; accumulate: C += instead of C =. */
-/* Sets a LinearDecoder's products to bf16 (on) or fp32; false when m is not one. */
-bool cf_nn_linear_decoder_set_bf16(cf_module *m, bool on);
 void cf_nn_par_gemm(bool bf16, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
                     int lda, const float *b, int ldb, bool accumulate, float *c, int ldc);
+/* Sets one LSTM's whole-sequence products to bf16 (on) or fp32; false when m is not an LSTM
+ * (cf_lstm_set_bf16, language_model.c, walks a model). */
+bool cf_nn_lstm_set_bf16(cf_module *m, bool on);
 
 #endif

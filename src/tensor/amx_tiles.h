@@ -43,7 +43,6 @@
 #include "tensor/amx.h"
 #include "tensor/kernel_table.h"
 
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -210,50 +209,8 @@ static void amx_conv_wgrad(int taps, const int *half, const unsigned char *odd, 
 
 /* ---- the GEMM ---------------------------------------------------------------------------------
  *
- * The packing scratch of the calling thread, kept between calls and freed when the thread ends
- * (as isa_avx512_bf16.c's). */
-typedef struct amx_scratch {
-    size_t words;
-    uint32_t *data;
-} amx_scratch;
-
-static pthread_key_t amx_scratch_key;
-static pthread_once_t amx_scratch_once = PTHREAD_ONCE_INIT;
-static bool amx_scratch_key_ok;
-
-static void amx_free_scratch(void *p) {
-    amx_scratch *s = p;
-    cf_free(s->data);
-    cf_free(s);
-}
-
-static void amx_make_scratch_key(void) {
-    amx_scratch_key_ok = pthread_key_create(&amx_scratch_key, amx_free_scratch) == 0;
-}
-
-/* At least `words` words of this thread's scratch; NULL when out of memory. */
-static uint32_t *amx_thread_scratch(size_t words) {
-    (void)pthread_once(&amx_scratch_once, amx_make_scratch_key);
-    if (!amx_scratch_key_ok) return NULL;
-    amx_scratch *s = pthread_getspecific(amx_scratch_key);
-    if (!s) {
-        s = cf_malloc(sizeof *s);
-        if (!s) return NULL;
-        *s = (amx_scratch){0, NULL};
-        if (pthread_setspecific(amx_scratch_key, s) != 0) {
-            cf_free(s);
-            return NULL;
-        }
-    }
-    if (s->words < words) {
-        uint32_t *grown = cf_malloc(words * sizeof(uint32_t));
-        if (!grown) return NULL;
-        cf_free(s->data);
-        s->data = grown;
-        s->words = words;
-    }
-    return s->data;
-}
+ * The packing scratch is the calling thread's, shared with the avx512_bf16 GEMM
+ * (cf__bf16_pack_scratch, bf16.c). */
 
 /* Packs `lanes` lanes (rows of A, columns of B) from lane l0, width lanes in all (zero past
  * `lanes`), into tiles of 16 lanes x 16 k-pairs: the word of lane l and pair p at
@@ -299,7 +256,7 @@ static bool amx_gemm(bool trans_a, bool trans_b, int m, int n, int k, const floa
     const int pairs = (k + 1) / 2, kb = (pairs + 15) / 16, mb = (m + 31) / 32 * 32;
     const size_t a_words = (size_t)mb * kb * 16, b_words = (size_t)32 * kb * 16;
     const size_t row_words = (size_t)(kb * 16 > mb ? kb * 16 : mb) + 32;
-    uint32_t *ap = amx_thread_scratch(a_words + b_words + row_words);
+    uint32_t *ap = cf__bf16_pack_scratch(a_words + b_words + row_words);
     if (!ap) return false;
     uint32_t *bp = ap + a_words;
     uint16_t *row = (uint16_t *)(bp + b_words);

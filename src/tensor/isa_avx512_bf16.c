@@ -135,9 +135,10 @@ static void tile(int nq, const uint32_t *ap, const uint32_t *bp, float *c, int l
     }
 }
 
-/* The packing scratch of the calling thread, kept between calls (a layer calls the GEMM once per
- * image group, and allocating per call cost as much as packing a small group) and freed when the
- * thread ends. */
+/* The bf16 GEMMs' packing scratch of the calling thread (this file's and amx_tiles.h's), kept
+ * between calls (a layer calls the GEMM once per image group, and allocating per call cost as
+ * much as packing a small group) and freed when the thread ends. One buffer serves both levels:
+ * a GEMM packs into it and computes without calling another GEMM. */
 typedef struct pack_scratch {
     size_t words; /* capacity of data, in uint32_t */
     uint32_t *data;
@@ -157,8 +158,7 @@ static void make_scratch_key(void) {
     scratch_key_ok = pthread_key_create(&scratch_key, free_scratch) == 0;
 }
 
-/* At least `words` words of this thread's scratch; NULL when out of memory. */
-static uint32_t *thread_scratch(size_t words) {
+uint32_t *cf__bf16_pack_scratch(size_t words) {
     (void)pthread_once(&scratch_once, make_scratch_key);
     if (!scratch_key_ok) return NULL; /* no key: the caller reports out of memory */
     pack_scratch *s = pthread_getspecific(scratch_key);
@@ -189,7 +189,7 @@ static bool bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, const flo
     const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
     const int pairs = (k + 1) / 2, kc2 = pairs < KC2 ? pairs : KC2;
     const size_t a_words = (size_t)row_blocks * MR * pairs, b_words = (size_t)NR * kc2;
-    uint32_t *ap = thread_scratch(a_words + b_words);
+    uint32_t *ap = cf__bf16_pack_scratch(a_words + b_words);
     if (!ap) return false;
     uint32_t *bp = ap + a_words;
     const operand A = {a, trans_a ? 1 : lda, trans_a ? lda : 1};

@@ -169,6 +169,10 @@ typedef struct cf_bf16_kernels {
     void (*conv_order)(uint32_t *packed, int taps, int pairs, int m, uint32_t *tmp);
 } cf_bf16_kernels;
 
+/* At least `words` words of the calling thread's packing scratch for the bf16 GEMMs
+ * (isa_avx512_bf16.c; x86-64), kept between calls; NULL when out of memory. */
+uint32_t *cf__bf16_pack_scratch(size_t words);
+
 typedef struct cf_kernel_table {
     cf_isa isa;
     /* C (+)= A . B as cf_sgemm_strided; false: this shape is left to the reference path */
