@@ -642,6 +642,20 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     }
 }
 
+/* The paired 1x1 shortcut's weight-gradient part for the images from `begin` on, into this
+ * thread's partial sums (the shortcut marked as run on this thread); none (0 outputs) without one.
+ */
+static cf_conv_shortcut shortcut_dw_part(const conv_impl *c, int64_t begin, int thread) {
+    if (!c->shortcut_dw) return (cf_conv_shortcut){0};
+    conv_impl *s = c->shortcut_dw->impl;
+    s->ran[thread] = 1;
+    return (cf_conv_shortcut){
+        .out_channels = s->out_c,
+        .dy = s->dy + (size_t)begin * s->out_c * c->g.oh * c->g.ow,
+        .dw = s->dwt + (size_t)thread * s->dw_stride,
+    };
+}
+
 /* The images [begin, end) without a patch matrix: the weight gradient into this thread's partial
  * sums (Winograd: transformed, [16][in][out]; implicit: [tap][out][in]), dx in one call. */
 static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -657,13 +671,7 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
         cf_conv_winograd_wgrad(g, c->out_c, dy, x, count,
                                c->wino_du + (size_t)thread * c->wino_du_stride, false, scratch);
     else if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
-        conv_impl *s = c->shortcut_dw->impl;
-        s->ran[thread] = 1;
-        const cf_conv_shortcut sc = {
-            .out_channels = s->out_c,
-            .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
-            .dw = s->dwt + (size_t)thread * s->dw_stride,
-        };
+        const cf_conv_shortcut sc = shortcut_dw_part(c, begin, thread);
         cf_conv_implicit_wgrad_with(g, c->out_c, dy, x, count,
                                     c->dwt + (size_t)thread * c->dw_stride, false, scratch, &sc);
     } else if (c->want_dw)
@@ -693,16 +701,7 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
     if (c->want_dw && c->need_dx && !c->add_dx) { /* both in one pass over the blocks */
-        cf_conv_shortcut sdw = {0}, sdx = c->shortcut_dx;
-        if (c->shortcut_dw) {
-            conv_impl *s = c->shortcut_dw->impl;
-            s->ran[thread] = 1;
-            sdw = (cf_conv_shortcut){
-                .out_channels = s->out_c,
-                .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
-                .dw = s->dwt + (size_t)thread * s->dw_stride,
-            };
-        }
+        cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
         if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
         cf_conv_bf16_backward(g, c->out_c, c->bf16_packed, dy, x, count,
                               c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n,
@@ -712,13 +711,7 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
         return;
     }
     if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
-        conv_impl *s = c->shortcut_dw->impl;
-        s->ran[thread] = 1;
-        const cf_conv_shortcut sc = {
-            .out_channels = s->out_c,
-            .dy = s->dy + (size_t)begin * s->out_c * g->oh * g->ow,
-            .dw = s->dwt + (size_t)thread * s->dw_stride,
-        };
+        const cf_conv_shortcut sc = shortcut_dw_part(c, begin, thread);
         cf_conv_bf16_wgrad_with(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                                 scratch, &sc);
     } else if (c->want_dw)
