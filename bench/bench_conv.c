@@ -3,7 +3,11 @@
  * resnet18 at 64 x 64, batch 16: every distinct shape, each once) with `unet`, and prints the
  * achieved GFLOP/s per shape, beside the single-thread SGEMM rate measured in the same run.
  *
- *   bench_conv [threads] [seconds per shape] [w1|vgg|unet] [cpu]  (default: 1 thread, 0.5 s, w1)
+ *   bench_conv [threads] [seconds per shape] [w1|vgg|unet|w3] [cpu|bf16|cpu-bf16]
+ *   (default: 1 thread, 0.5 s, w1)
+ *
+ * w3: resnet18's convolutions at 128 px (W3, batch 64). bf16: the layers in mixed precision
+ * (cf_conv_set_bf16; where the kernel table has bf16 kernels, else fp32 as the level says).
  *
  * cpu: time by the process's CPU time instead of the wall clock (on a machine busy with other
  * work, where a process gets a share of a core; with one thread it is the thread's own time).
@@ -77,6 +81,21 @@ static const conv_shape unet_shapes[] = {
     {"out 99->11 1x1 64x64", 99, 11, 1, 1, 0, 64, true},
 };
 
+/* W3 (bench_images.c): resnet18 at 128 px, every distinct shape once. */
+static const conv_shape w3_shapes[] = {
+    {"stem 3->64 7x7 s2 128x128", 3, 64, 7, 2, 3, 128, false},
+    {"l1 64->64 3x3 32x32", 64, 64, 3, 1, 1, 32, true},
+    {"l2 64->128 3x3 s2 32x32", 64, 128, 3, 2, 1, 32, true},
+    {"l2 128->128 3x3 16x16", 128, 128, 3, 1, 1, 16, true},
+    {"l2 down 64->128 1x1 s2", 64, 128, 1, 2, 0, 32, true},
+    {"l3 128->256 3x3 s2 16x16", 128, 256, 3, 2, 1, 16, true},
+    {"l3 256->256 3x3 8x8", 256, 256, 3, 1, 1, 8, true},
+    {"l3 down 128->256 1x1 s2", 128, 256, 1, 2, 0, 16, true},
+    {"l4 256->512 3x3 s2 8x8", 256, 512, 3, 2, 1, 8, true},
+    {"l4 512->512 3x3 4x4", 512, 512, 3, 1, 1, 4, true},
+    {"l4 down 256->512 1x1 s2", 256, 512, 1, 2, 0, 8, true},
+};
+
 static bool cpu_clock; /* the cpu argument */
 
 /* Seconds of the wall clock, or of the process's CPU time with the cpu argument. */
@@ -115,18 +134,21 @@ int main(int argc, char **argv) {
     double seconds = argc > 2 ? atof(argv[2]) : 0.5;
     const bool vgg = argc > 3 && !strcmp(argv[3], "vgg");
     const bool unet = argc > 3 && !strcmp(argv[3], "unet");
-    const conv_shape *list = vgg ? vgg_shapes : unet ? unet_shapes : shapes;
+    const bool w3 = argc > 3 && !strcmp(argv[3], "w3");
+    const conv_shape *list = vgg ? vgg_shapes : unet ? unet_shapes : w3 ? w3_shapes : shapes;
     const size_t n_shapes = vgg    ? sizeof vgg_shapes / sizeof vgg_shapes[0]
                             : unet ? sizeof unet_shapes / sizeof unet_shapes[0]
+                            : w3   ? sizeof w3_shapes / sizeof w3_shapes[0]
                                    : sizeof shapes / sizeof shapes[0];
-    const char *what = vgg ? "W2" : unet ? "W5" : "W1";
+    const char *what = vgg ? "W2" : unet ? "W5" : w3 ? "W3" : "W1";
     const int batch = unet ? 16 : 64;
-    cpu_clock = argc > 4 && !strcmp(argv[4], "cpu");
+    cpu_clock = argc > 4 && strncmp(argv[4], "cpu", 3) == 0;
+    const bool bf16 = argc > 4 && strstr(argv[4], "bf16") != NULL;
     cf_set_num_threads(threads);
-    printf("corefit Conv2d, batch %d, %d thread(s); kernels %s; OpenBLAS core %s; single-thread "
+    printf("corefit Conv2d%s, batch %d, %d thread(s); kernels %s; OpenBLAS core %s; single-thread "
            "SGEMM 512^3: %.1f GFLOP/s\n",
-           batch, threads, cf_isa_name(cf_isa_active()), openblas_get_corename(),
-           sgemm_rate(512, 0.3));
+           bf16 ? " (bf16)" : "", batch, threads, cf_isa_name(cf_isa_active()),
+           openblas_get_corename(), sgemm_rate(512, 0.3));
     printf("%-28s %9s %9s %9s %9s %9s\n", "shape", "fwd ms", "bwd ms", "fwd GF/s", "bwd GF/s",
            "all GF/s");
     double total_flops = 0, total_time = 0, total_median = 0;
@@ -138,6 +160,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s\n", cf_last_error());
             return 1;
         }
+        if (bf16) cf_conv_set_bf16(model->root, true);
         cf_shape xs = cf_shape4(batch, c->in, c->hw, c->hw);
         float *x = cf_malloc(cf_shape_numel(&xs) * sizeof(float));
         cf_rng rng;

@@ -250,7 +250,8 @@ static double largest(const float *v, size_t n) {
  * compute: within fp32 summation error (1e-6 per term) of conv2d on bf16-rounded x, w and dy summed
  * in float64, and within 2^-7 of the largest value of torch.autocast("cpu", torch.bfloat16) (whose
  * results are rounded to bf16 once more); and visibly not the fp32 result. Capped below
- * avx512_bf16: the fp32 result. */
+ * avx512_bf16, and for layers of fewer than 8 input channels (the stems, which stay fp32 under
+ * to_bf16): the fp32 result. */
 static void test_conv_matches_torch(void **state) {
     (void)state;
     static const conv_case cases[] = {
@@ -261,7 +262,7 @@ static void test_conv_matches_torch(void **state) {
         {7, 64, 7, 7, 64, 3, 1, 1, false},   /* W1 block 2: groups of 5 images, one partial */
         {2, 3, 20, 20, 8, 7, 2, 3, false},   /* W3 stem */
         {4, 24, 9, 9, 40, 1, 1, 0, true},    /* 1x1 read in place, bias */
-        {5, 5, 9, 11, 7, 3, 1, 0, true},     /* no padding, odd sizes, bias */
+        {5, 9, 9, 11, 7, 3, 1, 0, true},     /* no padding, odd sizes, bias (lowered) */
         /* stride 1, output as large as the input: the implicit bf16 kernels (conv_bf16.c) */
         {3, 12, 14, 14, 20, 3, 1, 1, true},  /* blocks of 2 images for dW, one partial; 20 rows */
         {2, 9, 10, 13, 11, 5, 1, 2, true},   /* odd channels (a half pair), 5x5, odd sizes */
@@ -344,8 +345,9 @@ static void test_conv_matches_torch(void **state) {
             const double atol = 1e-6 * outs[j].terms + 1e-6;
             /* a weight gradient of fewer than 16 rows and at most 16 columns (the stem) stays
              * fp32: its bf16 tiles would be mostly padding */
-            const bool few_rows = j == 2 && cc->c * cc->k * cc->k < 16 && cc->o <= 16;
-            if (bf16 && !few_rows) {
+            const bool few_rows = j == 2 && cc->c * cc->k * cc->k < 16 && cc->o <= 16,
+                       stem = cc->c < 8;
+            if (bf16 && !few_rows && !stem) {
                 assert_close(what, outs[j].got, exact.data, outs[j].n, 1e-5, atol);
                 assert_close(what, outs[j].got, autocast.data, outs[j].n, 0,
                              largest(autocast.data, outs[j].n) / 128);

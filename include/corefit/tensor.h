@@ -305,21 +305,30 @@ void cf_lstm_cell_backward(int n, float *gates, const float *c_prev, const float
  * active when it ran (amx orders the blocks for its tiles); every call takes cf_conv_bf16_scratch
  * floats of scratch. forward: y (n, out, h, w) = conv(x); dx: dx (n, c, h, w) = the input gradient
  * of dy, both overwritten; wgrad: dw [tap][out][in] = the weight gradient summed over the n images
- * (overwritten). Layouts: docs/api.md. */
+ * (overwritten). Layouts: docs/api.md.
+ * A pack records the level and the layer it was made for: the calls that read it (forward, dx,
+ * dx_add, the _with calls, backward with dx) return CF_ERR_STATE, computing nothing, for a pack
+ * made at another level (cf_set_isa or CF_ISA changed between the pack and the call) or for
+ * another layer; cf_conv_bf16_pack_current says whether it fits, and cf_conv_bf16_repack reorders
+ * it for the active level from the bf16 weights it keeps (bitwise what cf_conv_bf16_pack of the
+ * same weights gives there; CF_ERR_STATE for a pack of another layer, CF_ERR_UNSUPPORTED where the
+ * active level has no bf16 convolution). */
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels);
 void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed);
-void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
-                          const float *x, int n_images, float *y, float *scratch);
-void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
-                     int n_images, float *dx, float *scratch);
+bool cf_conv_bf16_pack_current(const cf_conv_geom *g, int out_channels, const float *packed);
+cf_status cf_conv_bf16_repack(const cf_conv_geom *g, int out_channels, float *packed);
+cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
+                               const float *x, int n_images, float *y, float *scratch);
+cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *dy, int n_images, float *dx, float *scratch);
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch);
 /* A 1x1 stride-2 layer without padding (a residual shortcut; out (h + 1) / 2 x (w + 1) / 2) is
  * supported too, as the 1x1 convolution of x[:, 2i, 2j]. For it, cf_conv_bf16_dx_add adds the
  * input gradient into dx (each value receives at most one term); false, and dx untouched, for
- * any other geometry. */
+ * any other geometry (or a pack of another level or layer, with cf_last_error set). */
 bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *packed,
                          const float *dy, int n_images, float *dx, float *scratch);
 /* A stride-2 layer and a 1x1 stride-2 shortcut on the same input (cf_conv_bf16_pair_fits: the
@@ -332,12 +341,12 @@ bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *p
  * blocks of images. Same scratch as the layer alone. */
 bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_conv_geom *shortcut_g,
                             int shortcut_out);
-void cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
-                               const float *x, int n_images, float *y, float *scratch,
+cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                                    const float *x, int n_images, float *y, float *scratch,
+                                    const cf_conv_shortcut *shortcut);
+cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                               const float *dy, int n_images, float *dx, float *scratch,
                                const cf_conv_shortcut *shortcut);
-void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
-                          const float *dy, int n_images, float *dx, float *scratch,
-                          const cf_conv_shortcut *shortcut);
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
                              const float *x, int n_images, float *dw, float *scratch,
                              const cf_conv_shortcut *shortcut);
@@ -345,10 +354,10 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
  * into dx (NULL: none), a block of images at a time (each block's dy read twice while it is in
  * cache), bitwise the two calls'. A paired shortcut (cf_conv_bf16_pair_fits) as in
  * _wgrad_with (dw_shortcut) and _dx_with (dx_shortcut); NULL: none. */
-void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
-                           const float *dy, const float *x, int n_images, float *dw, float *dx,
-                           float *scratch, const cf_conv_shortcut *dw_shortcut,
-                           const cf_conv_shortcut *dx_shortcut);
+cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                                const float *dy, const float *x, int n_images, float *dw, float *dx,
+                                float *scratch, const cf_conv_shortcut *dw_shortcut,
+                                const cf_conv_shortcut *dx_shortcut);
 
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 

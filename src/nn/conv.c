@@ -92,6 +92,7 @@ typedef struct conv_impl {
      * the forward pass into bf16_packed (kept for the plan) and read again by the backward */
     bool bf16_implicit;
     float *bf16_packed;
+    bool bf16_fresh; /* bf16_packed holds the weights of the last forward pass */
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -110,6 +111,13 @@ static size_t round16(size_t n) {
  * transforms would be rounded rather than the layer's operands, and it saves multiplications
  * that the bf16 dot products already make cheap. */
 static bool use_bf16(const conv_impl *c) {
+    /* A layer of fewer than 8 input channels (a stem on gray or RGB images) stays in fp32: it has
+     * no implicit bf16 kernel (a channel-pair loop that short does not pay), and lowered its bf16
+     * GEMM loses to fp32's: W1's 1-channel stem (K = 9) took 2.7 ms a step against fp32's 1.6,
+     * W3's 3-channel 7x7 stem (K = 147) 188 ms forward + backward for 64 images against 120
+     * (bench_conv), its weight gradient's transposed bf16 packing 2.5x fp32's SGEMM. Its share of
+     * the FLOPs is small, and its input is the data, where fp32 costs no accuracy either. */
+    if (c->in_c < 8) return false;
     /* A 1x1 stride-2 layer without padding or bias (a residual shortcut) is in bf16 only through
      * cf_conv_bf16_* (the subsampled image's 1x1 product); else it stays on its fp32 paths:
      * lowered in bf16, W1's first shortcut took 4.5 ms of a 27 ms step (bench_step), a few tiny
@@ -479,13 +487,15 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
             shortcut, &(cf_shape){4, {x->shape.dim[0], s->out_c, s->g.oh, s->g.ow}});
         /* bf16: the shortcut's own pack, which its share of the backward reads too */
         if (pair_bf16) cf_conv_bf16_pack(&s->g, s->out_c, shortcut->params[0].data, s->bf16_packed);
+        s->bf16_fresh = pair_bf16;
         c->shortcut_call =
             (cf_conv_shortcut){.out_channels = s->out_c,
                                .w = pair_bf16 ? s->bf16_packed : shortcut->params[0].data,
                                .y = ys->data};
     }
     float *mem = call_begin(c, false);
-    if (use_bf16_implicit(c)) {
+    c->bf16_fresh = use_bf16_implicit(c);
+    if (c->bf16_fresh) {
         cf_conv_bf16_pack(g, c->out_c, m->params[0].data, c->bf16_packed);
         run_batch(c, c->batch, conv_forward_bf16_range, m);
     } else if (c->winograd_call || use_implicit(c)) {
@@ -689,6 +699,18 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     }
 }
 
+/* Before the threads read the pack: one made at another level (cf_set_isa or CF_ISA changed
+ * between forward and backward; the amx order read by the avx512_bf16 kernels, or the reverse,
+ * gives wrong sums) is reordered for the active one, and where the forward did not pack (it ran
+ * at a level without bf16 kernels) the pack is made from the weights, which the forward read. */
+static void bf16_pack_for_level(conv_impl *c, const float *w) {
+    if (!c->bf16_fresh)
+        cf_conv_bf16_pack(&c->g, c->out_c, w, c->bf16_packed);
+    else if (!cf_conv_bf16_pack_current(&c->g, c->out_c, c->bf16_packed))
+        (void)cf_conv_bf16_repack(&c->g, c->out_c, c->bf16_packed);
+    c->bf16_fresh = true;
+}
+
 /* The images [begin, end) through cf_conv_bf16_wgrad (into this thread's partial sums,
  * [tap][out][in]) and cf_conv_bf16_dx, with the weights the forward pass packed. */
 static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -833,6 +855,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
     if (bf16_implicit) {
+        bf16_pack_for_level(c, wp->data);
         c->batch = N;
         run_batch(c, N, conv_backward_bf16_range, m);
     } else if (winograd || implicit) {
@@ -887,6 +910,7 @@ void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, cons
     cf_param *wp = &shortcut->params[0];
     /* in bf16 (both through cf_conv_bf16_*), the sibling reads this layer's pack */
     const bool bf16 = use_bf16_implicit(c) && use_bf16_implicit(sib);
+    if (bf16) bf16_pack_for_level(c, wp->data);
     *h = (cf_nn_conv_handover){
         .sc = {.out_channels = c->out_c, .w = bf16 ? c->bf16_packed : wp->data, .dy = dy->data}};
     /* the weight gradient too, when both go through the implicit kernel: the sibling writes this

@@ -171,14 +171,56 @@ bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     return g->sh == 2 && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h && 2 * g->ow == g->w;
 }
 
+/* A pack ends with its stamp: the level whose kernels it was ordered for and the layout it
+ * holds. A pack made at one level and read at another would be read in the wrong order (amx's
+ * tile rows against avx512_bf16's blocks of 8, or the reverse) and give wrong sums without any
+ * sign: every call checks the stamp, and cf_conv_bf16_repack reorders a pack for the active
+ * level from the bf16 weights it keeps. */
+#define STAMP_WORDS 4
+#define STAMP_MAGIC 0x6b635042u /* "BPck" */
+
+static void stamp_make(const layout *l, uint32_t s[STAMP_WORDS]) {
+    s[0] = STAMP_MAGIC ^ (uint32_t)l->k << 8 ^ (uint32_t)l->stride << 16 ^ (uint32_t)l->sub << 24;
+    s[1] = (uint32_t)l->c;
+    s[2] = (uint32_t)l->o;
+    s[3] = (uint32_t)cf_isa_active();
+}
+
+static size_t pack_words(const layout *l) {
+    const size_t fwd = up((size_t)l->o, ROWS) * l->taps * l->cp,
+                 dx = up((size_t)l->c, ROWS) * l->taps * l->op;
+    /* and the weights rounded to bf16 before they are permuted, a level's reordering
+     * (level_order), the stamp */
+    return fwd + dx + ((size_t)l->o * l->c * l->taps + 1) / 2 + order_words(l) + STAMP_WORDS;
+}
+
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
     layout l;
     layout_make(&l, g, out_channels);
-    const size_t fwd = up((size_t)l.o, ROWS) * l.taps * l.cp,
-                 dx = up((size_t)l.c, ROWS) * l.taps * l.op;
-    /* and the weights rounded to bf16 before they are permuted, and a level's reordering
-     * (level_order) */
-    return fwd + dx + ((size_t)l.o * l.c * l.taps + 1) / 2 + order_words(&l);
+    return pack_words(&l);
+}
+
+static uint32_t *stamp_at(const layout *l, const float *packed) {
+    return (uint32_t *)packed + pack_words(l) - STAMP_WORDS;
+}
+
+/* CF_OK when packed holds this layout's weights for the active level; else CF_ERR_STATE naming
+ * the call, what the pack was made for and what is active. */
+static cf_status pack_check(const layout *l, const float *packed, const char *call) {
+    uint32_t want[STAMP_WORDS];
+    stamp_make(l, want);
+    const uint32_t *have = stamp_at(l, packed);
+    if (memcmp(want, have, STAMP_WORDS * sizeof(uint32_t)) == 0) return CF_OK;
+    if (memcmp(want, have, 3 * sizeof(uint32_t)) != 0)
+        return cf_fail(CF_ERR_STATE,
+                       "%s: the packed weights were not made by cf_conv_bf16_pack for this layer "
+                       "(%d -> %d channels, kernel %d, stride %d)",
+                       call, l->c, l->o, l->k, l->stride);
+    return cf_fail(CF_ERR_STATE,
+                   "%s: the weights were packed for the %s kernels but the active level is %s "
+                   "(cf_set_isa or CF_ISA changed it in between): repack them "
+                   "(cf_conv_bf16_repack or cf_conv_bf16_pack)",
+                   call, cf_isa_name((cf_isa)have[3]), cf_isa_name(cf_isa_active()));
 }
 
 /* A level with its own order of the packed weights (kernel_table.h's conv_order, the AMX
@@ -193,15 +235,52 @@ static uint32_t pair_of(const uint16_t *a, const uint16_t *b) {
     return (uint32_t)(a ? *a : 0) | (uint32_t)(b ? *b : 0) << 16;
 }
 
+/* The bf16 weights a pack keeps ([out][in][tap], before they are permuted). */
+static uint16_t *pack_weights(const layout *l, float *packed) {
+    return (uint16_t *)((uint32_t *)packed + up((size_t)l->o, ROWS) * l->taps * l->cp +
+                        up((size_t)l->c, ROWS) * l->taps * l->op);
+}
+
+static void pack_from_bf16(const layout *lay, float *packed);
+
 void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed) {
     layout l;
     layout_make(&l, g, out_channels);
+    cf_fp32_to_bf16(w, pack_weights(&l, packed), (size_t)l.o * l.c * l.taps);
+    pack_from_bf16(&l, packed);
+}
+
+bool cf_conv_bf16_pack_current(const cf_conv_geom *g, int out_channels, const float *packed) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    uint32_t want[STAMP_WORDS];
+    stamp_make(&l, want);
+    return memcmp(want, stamp_at(&l, packed), sizeof want) == 0;
+}
+
+cf_status cf_conv_bf16_repack(const cf_conv_geom *g, int out_channels, float *packed) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    uint32_t want[STAMP_WORDS];
+    stamp_make(&l, want);
+    if (memcmp(want, stamp_at(&l, packed), 3 * sizeof(uint32_t)) != 0)
+        return pack_check(&l, packed, "cf_conv_bf16_repack");
+    if (!cf_conv_bf16_supported(g, out_channels))
+        return cf_fail(CF_ERR_UNSUPPORTED,
+                       "cf_conv_bf16_repack: the active level (%s) has no bf16 convolution",
+                       cf_isa_name(cf_isa_active()));
+    pack_from_bf16(&l, packed);
+    return CF_OK;
+}
+
+/* The pack's two orders from its bf16 weights, for the active level, and its stamp. */
+static void pack_from_bf16(const layout *lay, float *packed) {
+    const layout l = *lay;
     uint32_t *fwd = (uint32_t *)packed, *dx = fwd + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    uint16_t *wb = (uint16_t *)(dx + up((size_t)l.c, ROWS) * l.taps * l.op);
+    const uint16_t *wb = pack_weights(&l, packed);
     const int O = l.o, C = l.c, T = l.taps;
-    uint32_t *order_tmp =
-        (uint32_t *)packed + cf_conv_bf16_packed_floats(g, out_channels) - order_words(&l);
-    cf_fp32_to_bf16(w, wb, (size_t)O * C * T);
+    uint32_t *order_tmp = stamp_at(&l, packed) - order_words(&l);
+    stamp_make(&l, stamp_at(&l, packed));
 #define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
     /* forward: [row block][tap][input pair][8 output channels] */
     for (int o = 0; o < (int)up((size_t)O, ROWS); o++)
@@ -345,11 +424,26 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     }
 }
 
-void cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
-                          const float *x, int n_images, float *y, float *scratch) {
+/* The pack of a paired shortcut (a 1x1 stride-2 layer on g's input) checked as its own. */
+static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *sc,
+                                const char *call) {
+    cf_conv_geom sg;
+    layout sl;
+    if (!cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0))
+        return cf_fail(CF_ERR_INVALID, "%s: no 1x1 stride-2 shortcut fits a %d x %d input", call,
+                       g->h, g->w);
+    layout_make(&sl, &sg, sc->out_channels);
+    return pack_check(&sl, sc->w, call);
+}
+
+cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
+                               const float *x, int n_images, float *y, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
+    const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward");
+    if (st != CF_OK) return st;
     run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL, false);
+    return CF_OK;
 }
 
 bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_conv_geom *sg,
@@ -360,12 +454,16 @@ bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_co
            shortcut_out <= (g->c > out_channels ? g->c : out_channels);
 }
 
-void cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
-                               const float *x, int n_images, float *y, float *scratch,
-                               const cf_conv_shortcut *shortcut) {
+cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                                    const float *x, int n_images, float *y, float *scratch,
+                                    const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g, out_channels);
+    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_with");
+    if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_with (shortcut)");
+    if (st != CF_OK) return st;
     run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut, false);
+    return CF_OK;
 }
 
 /* Stride 2's dx of n images: per phase (a, b) of the padded input, dxpad[c][2u + a][2v + b] =
@@ -473,15 +571,18 @@ bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *p
     if (!subsampled(g)) return false;
     layout l;
     layout_make(&l, g, out_channels);
+    if (pack_check(&l, packed, "cf_conv_bf16_dx_add") != CF_OK) return false;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true, false);
     return true;
 }
 
-void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed, const float *dy,
-                     int n_images, float *dx, float *scratch) {
+cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *dy, int n_images, float *dx, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
+    const cf_status st = pack_check(&l, packed, "cf_conv_bf16_dx");
+    if (st != CF_OK) return st;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     if (l.sub)
         dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false);
@@ -489,15 +590,20 @@ void cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *packe
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false);
     else
         run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false);
+    return CF_OK;
 }
 
-void cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
-                          const float *dy, int n_images, float *dx, float *scratch,
-                          const cf_conv_shortcut *shortcut) {
+cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const float *packed,
+                               const float *dy, int n_images, float *dx, float *scratch,
+                               const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g, out_channels);
+    cf_status st = pack_check(&l, packed, "cf_conv_bf16_dx_with");
+    if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_dx_with (shortcut)");
+    if (st != CF_OK) return st;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false);
+    return CF_OK;
 }
 
 static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
@@ -584,12 +690,18 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     }
 }
 
-void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
-                           const float *dy, const float *x, int n_images, float *dw, float *dx,
-                           float *scratch, const cf_conv_shortcut *dw_shortcut,
-                           const cf_conv_shortcut *dx_shortcut) {
+cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                                const float *dy, const float *x, int n_images, float *dw, float *dx,
+                                float *scratch, const cf_conv_shortcut *dw_shortcut,
+                                const cf_conv_shortcut *dx_shortcut) {
     layout l;
     layout_make(&l, g, out_channels);
+    if (dx) { /* the weight gradient does not read the pack */
+        cf_status st = pack_check(&l, packed, "cf_conv_bf16_backward");
+        if (st == CF_OK && dx_shortcut)
+            st = shortcut_check(g, dx_shortcut, "cf_conv_bf16_backward (shortcut)");
+        if (st != CF_OK) return st;
+    }
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     float *wscratch = scratch + up(run_words(&l), 16);
     const size_t in_n = (size_t)l.c * g->h * g->w, out_n = (size_t)l.o * g->oh * g->ow,
@@ -616,4 +728,5 @@ void cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float 
         } else
             run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0);
     }
+    return CF_OK;
 }
