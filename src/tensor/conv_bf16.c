@@ -62,6 +62,13 @@ typedef struct layout {
     int wd, nqd;
     size_t planed;
     int ntap[4], dtap[4][MAX_TAPS], doff[4][MAX_TAPS];
+    /* small planes (compact_pays): every tap's inputs gathered to the output positions alone */
+    bool compact;
+    int ohw, ppi; /* output positions per image, and rounded up to even (dW's pairs) */
+    int bf, qf;   /* the forward's images per call of conv_run and positions (of 16s) */
+    int bw, qw;   /* the weight gradient's images per block and positions (bw * ppi) */
+    size_t lxc;   /* uint16 per channel row of the weight gradient's gathered taps */
+    int xrows;    /* rows of its X0 (and X1): taps * qw / 2 */
 } layout;
 
 static size_t up(size_t n, size_t m) {
@@ -95,6 +102,19 @@ static int sub_shift(int pad, int ld) {
 /* The shortcut's pack: its forward's (1 tap, up(o, ROWS) x cp), then its dx's. */
 static const uint32_t *shortcut_dx_pack(const cf_conv_shortcut *sc, int c) {
     return (const uint32_t *)sc->w + up((size_t)sc->out_channels, ROWS) * (((size_t)c + 1) / 2);
+}
+
+/* Whether a layer's output planes are so small that the padded-stride positions waste much of the
+ * kernels' work, so that its taps are better gathered (compact): at stride 1 the kernels compute
+ * oh x wp positions per image, rounded up to 16 (resnet18's 4 x 4 stage at 128 px: 32 for 16
+ * outputs, its weight gradient 30 per image), at stride 2 oh x wq (its 8 -> 4 layer: 32 for 16).
+ * The gather copies each input value once per tap (9x a 3x3 layer's input, in bf16), which pays
+ * where more than a quarter of the positions are waste and the plane is small enough for several
+ * images to share one call (W3's 4 x 4 layers, W1's 7 x 7 ones; not the 8 x 8 and larger, whose
+ * padded rows waste at most 25%). */
+static bool compact_pays(const layout *l, const cf_conv_geom *g) {
+    const int ohw = g->oh * g->ow;
+    return !l->sub && ohw <= 64 && (size_t)l->nq * 4 > (size_t)ohw * 5;
 }
 
 static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
@@ -154,6 +174,24 @@ static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
             l->dtap[ph][l->ntap[ph]] = t;
             l->doff[ph][l->ntap[ph]++] = (l->pad - ki / 2) * l->wd + (l->pad - kj / 2);
         }
+    l->ohw = g->oh * g->ow;
+    l->ppi = (int)up((size_t)l->ohw, 2);
+    l->compact = compact_pays(l, g);
+    if (l->compact) {
+        /* the forward's gathered taps of a call stay in L2 while every block of 8 output rows
+         * sweeps them: 96 positions (two full register tiles), or down to 48 for wide layers */
+        const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op);
+        l->bf = 96 / l->ohw > 1 ? 96 / l->ohw : 1;
+        while (l->bf > 1 && (size_t)l->taps * pairs * l->bf * l->ohw > 131072 &&
+               l->bf * l->ohw > 48)
+            l->bf--;
+        l->qf = (int)up((size_t)l->bf * l->ohw, 16);
+        /* the weight gradient sums about 128 positions per block */
+        l->bw = 128 / l->ppi > 1 ? 128 / l->ppi : 1;
+        l->qw = l->bw * l->ppi;
+        l->xrows = l->taps * l->qw / 2;
+        l->lxc = up(2 * (size_t)l->xrows + 2, 32);
+    }
 }
 
 bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
@@ -331,12 +369,21 @@ static size_t run_words(const layout *l) {
         l->stride == 1 ? 0
                        : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd +
                              pairs * l->planed + up((size_t)l->c, ROWS) * (size_t)l->nqd;
-    return run > dx2 ? run : dx2;
+    size_t most = run > dx2 ? run : dx2;
+    if (l->compact) { /* an image's padded pair planes, the gathered taps, the output rows */
+        const size_t c =
+            (size_t)pairs * l->hp * l->wp + (size_t)l->taps * pairs * l->qf + rows * (size_t)l->qf;
+        if (c > most) most = c;
+    }
+    return most;
 }
 
 /* Words of the weight gradient's scratch: x's padded rows (uint16), X0 and X1, dy's rows
  * (uint16, whole blocks of 8). */
 static size_t wgrad_words(const layout *l) {
+    if (l->compact) /* an image's padded bf16 planes, the gathered rows, X0 and X1, dy's rows */
+        return ((size_t)l->c * l->hp * l->wp + 1) / 2 + (size_t)l->c * l->lxc / 2 +
+               2 * (size_t)l->xrows * l->ldb + up((size_t)l->o, ROWS) * l->qw / 2;
     return (size_t)l->c * l->lx / 2 + 2 * (size_t)l->rows * l->ldb +
            up((size_t)l->o, ROWS) * l->dl / 2;
 }
@@ -344,7 +391,8 @@ static size_t wgrad_words(const layout *l) {
 /* ... and at stride 2, a paired shortcut's dy rows (up to max(c, o) output channels). */
 static size_t wgrad_words_paired(const layout *l) {
     const size_t most = (size_t)(l->c > l->o ? l->c : l->o);
-    return wgrad_words(l) + (l->stride == 2 ? up(most, ROWS) * l->dl / 2 : 0);
+    return wgrad_words(l) +
+           (l->stride == 2 ? up(most, ROWS) * (l->compact ? (size_t)l->qw : l->dl) / 2 : 0);
 }
 
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
@@ -424,6 +472,141 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     }
 }
 
+/* ---- small planes: every tap's inputs gathered to the output positions (layout.compact) -----
+ *
+ * Output position q = i * ow + j of image b of a call is column b * ohw + q (the forward) or
+ * b * ppi + q (the weight gradient) of a row per tap and channel (pair), with no padding between
+ * them: tap (ki, kj) holds the padded image's (s i + ki, s j + kj). The same kernels then run
+ * over the gathered rows (tap t's rows start t rows of pairs apart), so the sums are the
+ * padded-stride layout's, term for term. */
+
+/* to[i * ow + j] = from[s * i * ld + s * j] for i < oh, j < ow. */
+static void gather_words(const uint32_t *from, size_t ld, int s, int oh, int ow, uint32_t *to) {
+    for (int i = 0; i < oh; i++, to += ow) {
+        const uint32_t *r = from + (size_t)s * i * ld;
+        if (s == 1)
+            memcpy(to, r, (size_t)ow * sizeof(uint32_t));
+        else
+            for (int j = 0; j < ow; j++) to[j] = r[2 * j];
+    }
+}
+
+static void gather_halves(const uint16_t *from, size_t ld, int s, int oh, int ow, uint16_t *to) {
+    for (int i = 0; i < oh; i++, to += ow) {
+        const uint16_t *r = from + (size_t)s * i * ld;
+        if (s == 1)
+            memcpy(to, r, (size_t)ow * sizeof(uint16_t));
+        else
+            for (int j = 0; j < ow; j++) to[j] = r[2 * j];
+    }
+}
+
+/* The forward pass (or stride 1's dx) of n images through the gathered taps, bf images per call
+ * of conv_run: src has ch channels of h x w, dst `rows` channels of oh x ow; with a paired
+ * shortcut (stride 2), its 1x1 product of the tap that reads x[2i][2j]. */
+static void run_compact(const layout *l, const cf_conv_geom *g, int ch, int rows,
+                        const uint32_t *packed, const float *src, int n_images, float *dst,
+                        float *scratch, const cf_conv_shortcut *sc) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = (ch + 1) / 2, s = l->stride, Q = l->qf, ohw = l->ohw;
+    const size_t hw = (size_t)l->hp * l->wp, in_plane = (size_t)g->h * g->w,
+                 in_n = (size_t)ch * in_plane, out_n = (size_t)rows * ohw,
+                 tap_words = (size_t)pairs * Q;
+    uint32_t *xp = (uint32_t *)scratch, *xg = xp + (size_t)pairs * hw;
+    float *out = (float *)(xg + (size_t)l->taps * tap_words);
+    int off[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) off[t] = (int)(t * tap_words);
+    memset(xp, 0, (size_t)pairs * hw * sizeof(uint32_t)); /* the border stays zero */
+    /* positions past a call's images (their outputs are dropped) */
+    memset(xg, 0, (size_t)l->taps * tap_words * sizeof(uint32_t));
+    for (int n0 = 0; n0 < n_images; n0 += l->bf) {
+        const int nb = n_images - n0 < l->bf ? n_images - n0 : l->bf;
+        for (int b = 0; b < nb; b++) {
+            const float *x = src + (size_t)(n0 + b) * in_n;
+            for (int p = 0; p < pairs; p++) {
+                const float *lo = x + (size_t)2 * p * in_plane,
+                            *hi = 2 * p + 1 < ch ? lo + in_plane : NULL;
+                k->pairs_rows(lo, hi, g->h, g->w,
+                              xp + (size_t)p * hw + (size_t)l->pad * l->wp + l->pad, (size_t)l->wp);
+            }
+            for (int t = 0; t < l->taps; t++) {
+                const int ki = t / l->k, kj = t % l->k;
+                for (int p = 0; p < pairs; p++)
+                    gather_words(xp + (size_t)p * hw + (size_t)ki * l->wp + kj, (size_t)l->wp, s,
+                                 g->oh, g->ow,
+                                 xg + t * tap_words + (size_t)p * Q + (size_t)b * ohw);
+            }
+        }
+        k->conv_run(l->taps, off, pairs, rows, packed, xg, (size_t)Q, Q, out, (size_t)Q);
+        for (int b = 0; b < nb; b++)
+            k->copy_rows(out + (size_t)b * ohw, (size_t)Q, rows, ohw,
+                         dst + (size_t)(n0 + b) * out_n);
+        if (sc) {
+            const int so = sc->out_channels, tc = l->pad * l->k + l->pad;
+            k->conv_run(1, &off[tc], pairs, so, (const uint32_t *)sc->w, xg, (size_t)Q, Q, out,
+                        (size_t)Q);
+            for (int b = 0; b < nb; b++)
+                k->copy_rows(out + (size_t)b * ohw, (size_t)Q, so, ohw,
+                             sc->y + (size_t)(n0 + b) * so * ohw);
+        }
+    }
+}
+
+/* The weight gradient through the gathered taps, bw images per block (into dw, or added with
+ * accumulate); with a paired shortcut, its own from the tap that reads x[2i][2j]. */
+static void wgrad_compact(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
+                          int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
+                          bool accumulate) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int C = l->c, O = l->o, Q = l->qw, s = l->stride, ohw = l->ohw;
+    const size_t hw = (size_t)l->hp * l->wp, plane = (size_t)g->h * g->w, in_n = (size_t)C * plane,
+                 out_n = (size_t)O * ohw;
+    uint16_t *xpad = (uint16_t *)scratch;                 /* one image's padded bf16 planes */
+    uint16_t *xc = xpad + 2 * (((size_t)C * hw + 1) / 2); /* C rows of lxc: the taps' positions */
+    uint32_t *x0 = (uint32_t *)(xc + (size_t)C * l->lxc), *x1 = x0 + (size_t)l->xrows * l->ldb;
+    uint16_t *dyb = (uint16_t *)(x1 + (size_t)l->xrows * l->ldb); /* O rows of Q */
+    uint16_t *dys = dyb + up((size_t)O, ROWS) * Q;                /* the shortcut's */
+    int half[MAX_TAPS];
+    unsigned char odd[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) {
+        half[t] = t * Q / 2;
+        odd[t] = 0;
+    }
+    /* borders, a position pair's second half past an odd plane, rows past O: zero */
+    memset(scratch, 0, (sc ? wgrad_words_paired(l) : wgrad_words(l)) * sizeof(uint32_t));
+    for (int n0 = 0; n0 < n_images; n0 += l->bw) {
+        const int nb = n_images - n0 < l->bw ? n_images - n0 : l->bw;
+        for (int b = 0; b < nb; b++) {
+            const float *xn = x + (size_t)(n0 + b) * in_n;
+            for (int c = 0; c < C; c++) {
+                uint16_t *pc = xpad + (size_t)c * hw;
+                k->rows(xn + (size_t)c * plane, g->h, g->w, pc + (size_t)l->pad * l->wp + l->pad,
+                        (size_t)l->wp);
+                for (int t = 0; t < l->taps; t++)
+                    gather_halves(pc + (size_t)(t / l->k) * l->wp + t % l->k, (size_t)l->wp, s,
+                                  g->oh, g->ow,
+                                  xc + (size_t)c * l->lxc + (size_t)t * Q + (size_t)b * l->ppi);
+            }
+            k->rows(dy + (size_t)(n0 + b) * out_n, O, ohw, dyb + (size_t)b * l->ppi, (size_t)Q);
+            if (sc)
+                k->rows(sc->dy + (size_t)(n0 + b) * sc->out_channels * ohw, sc->out_channels, ohw,
+                        dys + (size_t)b * l->ppi, (size_t)Q);
+        }
+        /* X0: the gathered rows' position pairs transposed (X1 is not read: every tap starts
+         * on an even position) */
+        k->position_pairs(xc, l->lxc, C, l->xrows, x0, x1, l->ldb);
+        const int nq2 = nb * l->ppi / 2; /* a partial block sums its own images alone */
+        k->conv_wgrad(l->taps, half, odd, O, C, nq2, (const uint32_t *)dyb, (size_t)Q / 2, x0, x1,
+                      l->ldb, dw, (size_t)C, (size_t)O * C, accumulate || n0 > 0);
+        if (sc) {
+            const int tc = l->pad * l->k + l->pad;
+            k->conv_wgrad(1, &half[tc], &odd[tc], sc->out_channels, C, nq2, (const uint32_t *)dys,
+                          (size_t)Q / 2, x0, x1, l->ldb, sc->dw, (size_t)C,
+                          (size_t)sc->out_channels * C, accumulate || n0 > 0);
+        }
+    }
+}
+
 /* The pack of a paired shortcut (a 1x1 stride-2 layer on g's input) checked as its own. */
 static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *sc,
                                 const char *call) {
@@ -442,6 +625,10 @@ cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const fl
     layout_make(&l, g, out_channels);
     const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward");
     if (st != CF_OK) return st;
+    if (l.compact) {
+        run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL);
+        return CF_OK;
+    }
     run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL, false);
     return CF_OK;
 }
@@ -462,7 +649,11 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
     cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_with");
     if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_with (shortcut)");
     if (st != CF_OK) return st;
-    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut, false);
+    if (l.compact)
+        run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
+    else
+        run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut,
+                   false);
     return CF_OK;
 }
 
@@ -588,6 +779,8 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
         dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false);
     else if (l.stride == 2)
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false);
+    else if (l.compact)
+        run_compact(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
     else
         run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false);
     return CF_OK;
@@ -614,7 +807,10 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
                         int n_images, float *dw, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
-    wgrad(&l, g, dy, x, n_images, dw, scratch, NULL, false, false);
+    if (l.compact)
+        wgrad_compact(&l, g, dy, x, n_images, dw, scratch, NULL, false);
+    else
+        wgrad(&l, g, dy, x, n_images, dw, scratch, NULL, false, false);
 }
 
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
@@ -622,7 +818,10 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
                              const cf_conv_shortcut *shortcut) {
     layout l;
     layout_make(&l, g, out_channels);
-    wgrad(&l, g, dy, x, n_images, dw, scratch, shortcut, false, false);
+    if (l.compact)
+        wgrad_compact(&l, g, dy, x, n_images, dw, scratch, shortcut, false);
+    else
+        wgrad(&l, g, dy, x, n_images, dw, scratch, shortcut, false, false);
 }
 
 /* The weight gradient; with a paired shortcut (stride 2), also the shortcut's, one more tap
@@ -706,6 +905,14 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
     float *wscratch = scratch + up(run_words(&l), 16);
     const size_t in_n = (size_t)l.c * g->h * g->w, out_n = (size_t)l.o * g->oh * g->ow,
                  plane = (size_t)g->oh * g->ow;
+    if (l.compact) { /* small planes: the weight gradient, then dx (a batch's dy fits in cache) */
+        if (dw) wgrad_compact(&l, g, dy, x, n_images, dw, wscratch, dw_shortcut, false);
+        if (dx && l.stride == 2)
+            dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, dx_shortcut, false);
+        else if (dx)
+            run_compact(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
+        return CF_OK;
+    }
     /* a block of the weight gradient at a time, then the same images' dx, while their dy is
      * still in cache; every part's zero borders written once */
     for (int n0 = 0; n0 < n_images; n0 += l.block) {
