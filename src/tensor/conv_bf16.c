@@ -108,13 +108,18 @@ static const uint32_t *shortcut_dx_pack(const cf_conv_shortcut *sc, int c) {
  * kernels' work, so that its taps are better gathered (compact): at stride 1 the kernels compute
  * oh x wp positions per image, rounded up to 16 (resnet18's 4 x 4 stage at 128 px: 32 for 16
  * outputs, its weight gradient 30 per image), at stride 2 oh x wq (its 8 -> 4 layer: 32 for 16).
- * The gather copies each input value once per tap (9x a 3x3 layer's input, in bf16), which pays
- * where more than a quarter of the positions are waste and the plane is small enough for several
- * images to share one call (W3's 4 x 4 layers, W1's 7 x 7 ones; not the 8 x 8 and larger, whose
- * padded rows waste at most 25%). */
+ * The gather copies each input value once per tap (9x a 3x3 layer's input, in bf16), a cost per
+ * output channel that pays where at least a fifth of the positions are waste, the planes are
+ * small (at most 64 outputs: a call's images share one run of the kernel) and the layer is wide
+ * (128 channels or more each way). bench_conv w3 cpu-bf16, CPU ms forward + backward of 64
+ * images: the 4 x 4 layer 46.8 + 91.4 -> 28.2 + 62.3, the 8 -> 4 one 24.1 + 48.0 -> 13.8 + 38.2,
+ * the 8 x 8 one 27.9 + 63.1 -> 24.1 + 54.0, the 16 -> 8 one 15.4 + 36.6 -> 13.3 + 32.2; on
+ * W1's 64-channel 7 x 7 layers (64 positions for 49) it lost (1.43 + 3.09 -> 1.66 + 3.93), and
+ * on 16 x 16 planes (12% waste) it was even. */
 static bool compact_pays(const layout *l, const cf_conv_geom *g) {
     const int ohw = g->oh * g->ow;
-    return !l->sub && ohw <= 64 && (size_t)l->nq * 4 > (size_t)ohw * 5;
+    return !l->sub && ohw <= 64 && (size_t)l->nq * 4 >= (size_t)ohw * 5 && l->c >= 128 &&
+           l->o >= 128;
 }
 
 static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
@@ -181,10 +186,13 @@ static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
         /* the forward's gathered taps of a call stay in L2 while every block of 8 output rows
          * sweeps them: 96 positions (two full register tiles), or down to 48 for wide layers */
         const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op);
-        l->bf = 96 / l->ohw > 1 ? 96 / l->ohw : 1;
-        while (l->bf > 1 && (size_t)l->taps * pairs * l->bf * l->ohw > 131072 &&
-               l->bf * l->ohw > 48)
-            l->bf--;
+        /* the fewest positions rounded up to 16 per image (7 x 7: 3 images, 160 for 147), then
+         * the most images, within 192 positions and 512 KB of gathered taps */
+        l->bf = 1;
+        for (int b = 2; b * l->ohw <= 192 && (size_t)l->taps * pairs * b * l->ohw <= 131072; b++) {
+            const size_t q = up((size_t)b * l->ohw, 16), best = up((size_t)l->bf * l->ohw, 16);
+            if (q * l->bf * 1000 / b <= best * 1000) l->bf = b; /* waste per image no higher */
+        }
         l->qf = (int)up((size_t)l->bf * l->ohw, 16);
         /* the weight gradient sums about 128 positions per block */
         l->bw = 128 / l->ppi > 1 ? 128 / l->ppi : 1;
@@ -481,24 +489,25 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
  * padded-stride layout's, term for term. */
 
 /* to[i * ow + j] = from[s * i * ld + s * j] for i < oh, j < ow. */
-static void gather_words(const uint32_t *from, size_t ld, int s, int oh, int ow, uint32_t *to) {
-    for (int i = 0; i < oh; i++, to += ow) {
-        const uint32_t *r = from + (size_t)s * i * ld;
-        if (s == 1)
-            memcpy(to, r, (size_t)ow * sizeof(uint32_t));
-        else
-            for (int j = 0; j < ow; j++) to[j] = r[2 * j];
-    }
+/* (rows of 4 to 8 values: plain loops, not a call of memcpy per row) */
+static void gather_words(const uint32_t *restrict from, size_t ld, int s, int oh, int ow,
+                         uint32_t *restrict to) {
+    if (s == 1)
+        for (int i = 0; i < oh; i++, to += ow, from += ld)
+            for (int j = 0; j < ow; j++) to[j] = from[j];
+    else
+        for (int i = 0; i < oh; i++, to += ow, from += 2 * ld)
+            for (int j = 0; j < ow; j++) to[j] = from[2 * j];
 }
 
-static void gather_halves(const uint16_t *from, size_t ld, int s, int oh, int ow, uint16_t *to) {
-    for (int i = 0; i < oh; i++, to += ow) {
-        const uint16_t *r = from + (size_t)s * i * ld;
-        if (s == 1)
-            memcpy(to, r, (size_t)ow * sizeof(uint16_t));
-        else
-            for (int j = 0; j < ow; j++) to[j] = r[2 * j];
-    }
+static void gather_halves(const uint16_t *restrict from, size_t ld, int s, int oh, int ow,
+                          uint16_t *restrict to) {
+    if (s == 1)
+        for (int i = 0; i < oh; i++, to += ow, from += ld)
+            for (int j = 0; j < ow; j++) to[j] = from[j];
+    else
+        for (int i = 0; i < oh; i++, to += ow, from += 2 * ld)
+            for (int j = 0; j < ow; j++) to[j] = from[2 * j];
 }
 
 /* The forward pass (or stride 1's dx) of n images through the gathered taps, bf images per call
