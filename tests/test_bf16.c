@@ -270,6 +270,11 @@ static void test_conv_matches_torch(void **state) {
         {3, 10, 12, 16, 9, 5, 2, 2, true},   /* stride 2 through the phase planes, 5x5, bias */
         {3, 9, 11, 13, 10, 1, 2, 0, false},  /* a shortcut on odd sizes, a half channel pair */
         {2, 32, 14, 14, 64, 1, 2, 0, false}, /* W1 block 2's shortcut */
+        /* small planes on wide layers: the taps gathered to the output positions (compact) */
+        {7, 128, 4, 4, 130, 3, 1, 1, false}, /* W3's 4x4 stage: a partial call and dW block */
+        {3, 128, 8, 8, 136, 3, 2, 1, true},  /* its 8 -> 4 stride-2 layer, bias */
+        {3, 129, 6, 6, 128, 3, 2, 1, false}, /* 3x3 outputs (odd: a zero position per image) */
+        {2, 128, 8, 8, 128, 3, 1, 1, false}, /* W3's 8x8 stage */
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     const bool bf16 = cf_bf16_compute();

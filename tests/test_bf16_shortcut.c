@@ -145,10 +145,12 @@ static void check_pair(int n, int c, int h, int w, int o, int os, int k) {
 
 static void test_pair_kernels(void **state) {
     (void)state;
-    check_pair(3, 16, 28, 28, 32, 32, 3); /* W1's blocks */
-    check_pair(5, 32, 14, 14, 64, 64, 3); /* several blocks of images in the weight gradient */
-    check_pair(3, 24, 10, 8, 16, 20, 3);  /* the shortcut wider than the layer, half pairs */
-    check_pair(2, 9, 12, 14, 10, 7, 5);   /* padding 2: the shortcut's phase and shift move */
+    check_pair(3, 16, 28, 28, 32, 32, 3);  /* W1's blocks */
+    check_pair(5, 32, 14, 14, 64, 64, 3);  /* several blocks of images in the weight gradient */
+    check_pair(3, 24, 10, 8, 16, 20, 3);   /* the shortcut wider than the layer, half pairs */
+    check_pair(7, 128, 8, 8, 128, 128, 3); /* compact: the shortcut from the gathered taps */
+    check_pair(3, 130, 6, 6, 136, 128, 3);
+    check_pair(2, 9, 12, 14, 10, 7, 5); /* padding 2: the shortcut's phase and shift move */
     /* what does not pair: a stride-1 layer, other input sizes, a shortcut too wide */
     cf_conv_geom g1, g2, gs, gs2;
     assert_true(cf_conv_geom_init(&g1, 16, 28, 28, 3, 3, 1, 1, 1, 1));
@@ -207,6 +209,9 @@ static void test_backward(void **state) {
     check_backward(5, 16, 28, 28, 32, 3, 2);
     check_backward(5, 16, 28, 28, 32, 1, 2); /* a shortcut alone */
     check_backward(3, 9, 11, 13, 10, 5, 1);  /* 5x5, odd sizes, half pairs */
+    check_backward(9, 128, 4, 4, 136, 3, 1); /* small planes (compact): partial blocks */
+    check_backward(7, 130, 8, 8, 128, 3, 2);
+    check_backward(3, 128, 6, 6, 129, 3, 2); /* odd output planes */
 }
 
 /* The forward and backward of model on x (n, c, h, w) with dy of its output's shape. */
