@@ -379,8 +379,11 @@ static size_t run_words(const layout *l) {
                              pairs * l->planed + up((size_t)l->c, ROWS) * (size_t)l->nqd;
     size_t most = run > dx2 ? run : dx2;
     if (l->compact) { /* an image's padded pair planes, the gathered taps, the output rows */
-        const size_t c =
+        size_t c =
             (size_t)pairs * l->hp * l->wp + (size_t)l->taps * pairs * l->qf + rows * (size_t)l->qf;
+        if (l->stride == 2) /* and dx_compact2's: four phases' rows, a shortcut's pairs and rows */
+            c += (size_t)pairs * (l->hq + l->pad) * l->wd + 4 * rows * (size_t)l->qf +
+                 (size_t)pairs * l->qf + rows * (size_t)l->qf;
         if (c > most) most = c;
     }
     return most;
@@ -616,6 +619,98 @@ static void wgrad_compact(const layout *l, const cf_conv_geom *g, const float *d
     }
 }
 
+/* Stride 2's dx through the gathered taps: per phase (a, b) of the padded input, the phase's
+ * taps of dy (padded by pad, as dx_stride2 reads it) gathered to the phase's positions inside the
+ * image, (h / 2) x (w / 2) of them, the same kernel with the phase's pack, and the four phases'
+ * rows interleaved into dx; a paired shortcut's 1x1 product added to the phase that holds
+ * dx[2i][2j]. */
+static void dx_compact2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
+                        const float *dy, int n_images, float *dx, float *scratch,
+                        const cf_conv_shortcut *sc) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->op, C = l->c, P = l->pad, Q = l->qf, ohw = l->ohw, wd = l->wd;
+    const size_t hd = (size_t)g->oh + 2 * P, dplane = hd * wd, tap_words = (size_t)pairs * Q,
+                 outw = up((size_t)C, ROWS) * Q, in_n = (size_t)C * g->h * g->w,
+                 out_n = (size_t)l->o * ohw;
+    uint32_t *dp = (uint32_t *)scratch, *xg = dp + (size_t)pairs * dplane;
+    float *out = (float *)(xg + (size_t)l->taps * tap_words);
+    const size_t swords = (size_t)(l->cp > l->op ? l->cp : l->op) * Q; /* a shortcut's pairs */
+    uint32_t *sdp = (uint32_t *)(out + 4 * outw);
+    float *sout = (float *)(sdp + swords);
+    const int spairs = sc ? (sc->out_channels + 1) / 2 : 0;
+    /* phase ph's taps are rows first[ph] on of the gathered taps */
+    int off[MAX_TAPS], first[4];
+    for (int t = 0; t < l->taps; t++) off[t] = (int)(t * tap_words);
+    for (int ph = 0, sum = 0; ph < 4; sum += l->ntap[ph++]) first[ph] = sum;
+    memset(dp, 0, (size_t)pairs * dplane * sizeof(uint32_t)); /* the border */
+    memset(xg, 0, (size_t)l->taps * tap_words * sizeof(uint32_t));
+    if (sc) memset(sdp, 0, swords * sizeof(uint32_t));
+    /* phase (a, b) holds the padded rows 2u + a, u from u0[a]: image rows 2i + (2 u0 + a - P) */
+    int u0[2], par[2];
+    for (int a = 0; a < 2; a++) {
+        u0[a] = (P - a + 1) / 2;
+        par[a] = 2 * u0[a] + a - P;
+    }
+    for (int n0 = 0; n0 < n_images; n0 += l->bf) {
+        const int nb = n_images - n0 < l->bf ? n_images - n0 : l->bf;
+        for (int i = 0; i < nb; i++) {
+            const float *dyn = dy + (size_t)(n0 + i) * out_n;
+            for (int p = 0; p < pairs; p++) {
+                const float *lo = dyn + (size_t)2 * p * ohw,
+                            *hi = 2 * p + 1 < l->o ? lo + ohw : NULL;
+                k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * dplane + (size_t)P * wd + P,
+                              (size_t)wd);
+            }
+            for (int ph = 0; ph < 4; ph++)
+                for (int j = 0; j < l->ntap[ph]; j++) {
+                    const int t = l->dtap[ph][j], ki = t / l->k, kj = t % l->k;
+                    const size_t from =
+                        (size_t)(u0[ph / 2] + P - ki / 2) * wd + (u0[ph % 2] + P - kj / 2);
+                    for (int p = 0; p < pairs; p++)
+                        gather_words(dp + (size_t)p * dplane + from, (size_t)wd, 1, g->oh, g->ow,
+                                     xg + (first[ph] + j) * tap_words + (size_t)p * Q +
+                                         (size_t)i * ohw);
+                }
+        }
+        const uint32_t *pk = packed;
+        for (int ph = 0; ph < 4; ph++) {
+            k->conv_run(l->ntap[ph], off + first[ph], pairs, C, pk, xg, (size_t)Q, Q,
+                        out + ph * outw, (size_t)Q);
+            pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
+        }
+        if (sc) {
+            const int so = sc->out_channels, zero = 0;
+            for (int i = 0; i < nb; i++) {
+                const float *dys = sc->dy + (size_t)(n0 + i) * so * ohw;
+                for (int p = 0; p < spairs; p++) {
+                    const float *lo = dys + (size_t)2 * p * ohw,
+                                *hi = 2 * p + 1 < so ? lo + ohw : NULL;
+                    k->pairs_rows(lo, hi, 1, ohw, sdp + (size_t)p * Q + (size_t)i * ohw, 0);
+                }
+            }
+            k->conv_run(1, &zero, spairs, C, shortcut_dx_pack(sc, C), sdp, (size_t)Q, Q, sout,
+                        (size_t)Q);
+            /* dx[2i][2j]: the phase whose rows and columns have parity 0 */
+            const int ph0 = (par[0] == 0 ? 0 : 2) + (par[0] == 0 ? 0 : 1);
+            float *dst = out + ph0 * outw;
+            for (size_t q = 0; q < (size_t)C * Q; q++) dst[q] += sout[q];
+        }
+        for (int i = 0; i < nb; i++) {
+            float *dxn = dx + (size_t)(n0 + i) * in_n;
+            for (int c = 0; c < C; c++)
+                for (int a = 0; a < 2; a++) {
+                    /* rows 2r + par[a] from phases (a, 0) and (a, 1), columns by their parity */
+                    const float *s0 = out + (2 * a) * outw + (size_t)c * Q + (size_t)i * ohw,
+                                *s1 = out + (2 * a + 1) * outw + (size_t)c * Q + (size_t)i * ohw;
+                    const float *even = par[0] == 0 ? s0 : s1, *odd = par[0] == 0 ? s1 : s0;
+                    for (int r = 0; r < g->oh; r++)
+                        k->interleave(even + (size_t)r * g->ow, odd + (size_t)r * g->ow, g->w,
+                                      dxn + ((size_t)c * g->h + 2 * r + par[a]) * g->w);
+                }
+        }
+    }
+}
+
 /* The pack of a paired shortcut (a 1x1 stride-2 layer on g's input) checked as its own. */
 static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *sc,
                                 const char *call) {
@@ -786,6 +881,8 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     if (l.sub)
         dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false);
+    else if (l.stride == 2 && l.compact)
+        dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, NULL);
     else if (l.stride == 2)
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false);
     else if (l.compact)
@@ -804,7 +901,10 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
     if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_dx_with (shortcut)");
     if (st != CF_OK) return st;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false);
+    if (l.compact)
+        dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, shortcut);
+    else
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false);
     return CF_OK;
 }
 
@@ -917,7 +1017,7 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
     if (l.compact) { /* small planes: the weight gradient, then dx (a batch's dy fits in cache) */
         if (dw) wgrad_compact(&l, g, dy, x, n_images, dw, wscratch, dw_shortcut, false);
         if (dx && l.stride == 2)
-            dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, dx_shortcut, false);
+            dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, dx_shortcut);
         else if (dx)
             run_compact(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
         return CF_OK;
