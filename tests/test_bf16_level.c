@@ -96,12 +96,16 @@ static void check_stale_pack(int from, int n, int c, int h, int o, int k, int st
     /* a pack of another layer is refused, and not repacked */
     cf_conv_geom g2;
     assert_true(cf_conv_geom_init(&g2, c, h, h, k, k, stride, stride, pad, pad));
-    float *other = malloc(cf_conv_bf16_packed_floats(&g2, o + 2) * sizeof(float));
-    cf_conv_bf16_pack(&g2, o + 2, w, other); /* fewer weights than it packs: only the stamp */
+    const size_t nw2 = (size_t)(o + 2) * c * k * k;
+    float *other = malloc(cf_conv_bf16_packed_floats(&g2, o + 2) * sizeof(float)),
+          *w2 = malloc(nw2 * sizeof(float));
+    fill_uniform(w2, nw2, 44, -1, 1);
+    cf_conv_bf16_pack(&g2, o + 2, w2, other);
     assert_int_equal(cf_conv_bf16_dx(&g, o, other, dy, n, dx, scratch), CF_ERR_STATE);
     if (!strstr(cf_last_error(), "not made by cf_conv_bf16_pack for this layer"))
         fail_msg("another layer's pack: %s", cf_last_error());
-    free(other);
+    assert_int_equal(cf_conv_bf16_repack(&g, o, other), CF_ERR_STATE);
+    free(other), free(w2);
     cf_set_isa(CF_ISA_AVX512_BF16);
     free(x), free(w), free(dy), free(pk), free(fresh), free(scratch), free(dx), free(want);
     free(y), free(ywant);
