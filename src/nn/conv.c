@@ -113,10 +113,10 @@ static size_t round16(size_t n) {
 static bool use_bf16(const conv_impl *c) {
     /* A layer of fewer than 8 input channels (a stem on gray or RGB images) stays in fp32: it has
      * no implicit bf16 kernel (a channel-pair loop that short does not pay), and lowered its bf16
-     * GEMM loses to fp32's: W1's 1-channel stem (K = 9) took 2.7 ms a step against fp32's 1.6,
-     * W3's 3-channel 7x7 stem (K = 147) 188 ms forward + backward for 64 images against 120
-     * (bench_conv), its weight gradient's transposed bf16 packing 2.5x fp32's SGEMM. Its share of
-     * the FLOPs is small, and its input is the data, where fp32 costs no accuracy either. */
+     * GEMM loses to fp32's: the fast recipe's 1-channel stem (K = 9) took 2.7 ms a step against
+     * fp32's 1.6, W3's 3-channel 7x7 stem (K = 147) 188 ms forward + backward for 64 images against
+     * 120 (bench_conv), its weight gradient's transposed bf16 packing 2.5x fp32's SGEMM. Its share
+     * of the FLOPs is small, and its input is the data, where fp32 costs no accuracy either. */
     if (c->in_c < 8) return false;
     /* A 1x1 stride-2 layer without padding or bias (a residual shortcut) is in bf16 only through
      * cf_conv_bf16_* (the subsampled image's 1x1 product); else it stays on its fp32 paths:
@@ -260,6 +260,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     /* and the 1x1 stride-2 shortcuts (the 1x1 product of the subsampled image) */
     if (c->implicit_dw && c->in_c >= 8) c->bf16_implicit = true;
     c->bf16_packed = NULL;
+    c->bf16_fresh = false;
     if (c->bf16_implicit && c->bf16) { /* only a layer switched to bf16 pays for the pack */
         const size_t s = round16(cf_conv_bf16_scratch(&c->g, c->out_c));
         if (s > c->scratch_stride) c->scratch_stride = s;
