@@ -326,7 +326,7 @@ static void test_bf16_fit_trains(void **state) {
                 for (size_t j = 0; j < p->numel; j++) p->data[j] -= lr * p->grad[j];
         }
     }
-    print_message("bf16 fit: loss %.4f -> %.4f\n", first, last);
+    print_message("bf16 fit: loss %.7f -> %.7f\n", first, last);
     if (!(last < 0.5 * first)) fail_msg("the bf16 fit did not train: loss %g -> %g", first, last);
     free(x), free(labels);
     cf_model_free(m);
