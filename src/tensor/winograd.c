@@ -162,11 +162,81 @@ void cf_conv_winograd_pack_dx(const cf_conv_geom *g, int out_channels, const flo
                             u + (size_t)c * K + k, plane);
 }
 
+/* ---- bf16 products -------------------------------------------------------------------------
+ *
+ * A bf16 pack (cf_conv_winograd_pack_bf16, _pack_dx_bf16) holds the fp32 transformed weights
+ * [xi][rows][cols] as the fp32 pack does, then, where the active level's bf16 GEMM takes its A
+ * packed beforehand, each point's matrix packed (rounded to bf16) for it, bound_words(rows, cols)
+ * words per point: the weights are rounded once per pass instead of once per block of images. */
+
+/* Words reserved per point for the packed A of rows x cols (any level's row blocks up to 16). */
+static size_t bound_words(int rows, int cols) {
+    return (size_t)(rows + 15) / 16 * 16 * (size_t)((cols + 1) / 2);
+}
+
+static size_t max_size(size_t a, size_t b) {
+    return a > b ? a : b;
+}
+
+size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels) {
+    const int C = g->c, K = out_channels;
+    return round16(POINTS * (size_t)K * C) +
+           POINTS * max_size(bound_words(K, C), bound_words(C, K));
+}
+
+/* The active level's bf16 kernels when they take A (rows x cols) packed beforehand within the
+ * room reserved for it, else NULL. */
+static const cf_bf16_kernels *prepacked(int rows, int cols) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return k && k->gemm && k->gemm_a_words && k->gemm_pack_a && k->gemm_packed &&
+                   k->gemm_a_words(rows, cols) <= bound_words(rows, cols)
+               ? k
+               : NULL;
+}
+
+/* The packed A of each point after the fp32 planes of u ([xi][rows][cols]). */
+static uint32_t *packed_points(const float *u, int rows, int cols) {
+    return (uint32_t *)(u + round16(POINTS * (size_t)rows * cols));
+}
+
+static void pack_points(int rows, int cols, float *u) {
+    const cf_bf16_kernels *k = prepacked(rows, cols);
+    if (!k) return;
+    uint32_t *p = packed_points(u, rows, cols);
+    for (int xi = 0; xi < POINTS; xi++)
+        k->gemm_pack_a(false, rows, cols, u + (size_t)xi * rows * cols, cols,
+                       p + (size_t)xi * bound_words(rows, cols));
+}
+
+void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u) {
+    cf_conv_winograd_pack(g, out_channels, w, u);
+    pack_points(out_channels, g->c, u);
+}
+
+void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,
+                                   float *u) {
+    cf_conv_winograd_pack_dx(g, out_channels, w, u);
+    pack_points(g->c, out_channels, u);
+}
+
+/* M[xi] (cout x cols, row stride ld) = U[xi] (cout x cin) . V[xi] (cin x cols) in bf16: through
+ * the packed A of a bf16 pack where the level has one, else cf_sgemm_bf16 (bitwise the same). */
+static void point_bf16(const float *u, int cout, int cin, int xi, const float *v, int cols, int ld,
+                       float *m) {
+    const cf_bf16_kernels *k = prepacked(cout, cin);
+    if (k && k->gemm_packed(cout, cols, cin,
+                            packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
+                            false, v, ld, m, ld, false))
+        return;
+    cf_sgemm_bf16(false, false, cout, cols, cin, u + (size_t)xi * cout * cin, cin, v, ld, m, ld,
+                  false);
+}
+
 /* y (n_images x cout x h x w) = the 3x3 "same" convolution of x (cin channels) with the
  * transformed weights u ([xi][cout][cin]), block by block (b: the forward pass's blocking,
  * whichever way the channels run). */
 static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, const float *u,
-                const float *x, int n_images, float *y, float *scratch) {
+                const float *x, int n_images, float *y, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
@@ -179,9 +249,13 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
             const int rows = min_int(b->rows, b->th - ty0), cols = count * rows * b->tw;
             wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, cin * ld, (int)ld, pad);
             for (int xi = 0; xi < POINTS; xi++)
-                cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
-                                 v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
-                                 (int)ld, false);
+                if (bf16)
+                    point_bf16(u, cout, cin, xi, v + (size_t)xi * cin * ld, cols, (int)ld,
+                               m + (size_t)xi * cout * ld);
+                else
+                    cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
+                                     v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
+                                     (int)ld, false);
             wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
         }
     }
@@ -190,18 +264,30 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
 void cf_conv_winograd_forward(const cf_conv_geom *g, int out_channels, const float *u,
                               const float *x, int n_images, float *y, float *scratch) {
     const blocking b = block_of(g, out_channels);
-    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, false);
 }
 
 void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u_dx,
                          const float *dy, int n_images, float *dx, float *scratch) {
     const blocking b = block_of(g, out_channels);
-    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, false);
 }
 
-void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
-                            const float *x, int n_images, float *du, bool accumulate,
-                            float *scratch) {
+void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
+                                   const float *x, int n_images, float *y, float *scratch) {
+    const blocking b = block_of(g, out_channels);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, cf_bf16_compute());
+}
+
+void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                              const float *dy, int n_images, float *dx, float *scratch) {
+    const blocking b = block_of(g, out_channels);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, cf_bf16_compute());
+}
+
+/* The weight gradient in the transformed domain, its per-point products in bf16 or fp32. */
+static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                  int n_images, float *du, bool accumulate, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int C = g->c, K = out_channels, h = g->h, w = g->w;
     const blocking b = block_of(g, K);
@@ -224,11 +310,27 @@ void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float
                       (int)ld, pad);
             wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, ld * K);
             for (int xi = 0; xi < POINTS; xi++)
-                cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
-                                 mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+                if (bf16)
+                    cf_sgemm_bf16(false, false, C, K, cols, v + (size_t)xi * C * ld, (int)ld,
+                                  mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+                else
+                    cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
+                                     mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
             add = true;
         }
     }
+}
+
+void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                            const float *x, int n_images, float *du, bool accumulate,
+                            float *scratch) {
+    wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, false);
+}
+
+void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const float *dy,
+                                 const float *x, int n_images, float *du, bool accumulate,
+                                 float *scratch) {
+    wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, cf_bf16_compute());
 }
 
 /* dw[k0 + l][c] += G^T dU G for the n lanes of output channels from k0 (du is [xi][c][k]). */
