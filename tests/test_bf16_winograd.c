@@ -155,7 +155,9 @@ static run_out run_direct(const wcase *wc, const float *x, const float *wt, cons
     const size_t packed = bf16 ? cf_conv_winograd_packed_size_bf16(&g, wc->k)
                                : cf_conv_winograd_packed_size(&g, wc->k);
     float *u = malloc(packed * sizeof(float)), *du = malloc(16 * (size_t)wc->k * wc->c * 4);
-    float *scratch = malloc(cf_conv_winograd_scratch(&g, wc->k) * sizeof(float));
+    float *scratch = malloc(
+        (bf16 ? cf_conv_winograd_scratch_bf16(&g, wc->k) : cf_conv_winograd_scratch(&g, wc->k)) *
+        sizeof(float));
     if (bf16) {
         cf_conv_winograd_pack_bf16(&g, wc->k, wt, u);
         cf_conv_winograd_forward_bf16(&g, wc->k, u, x, wc->n, o.y, scratch);

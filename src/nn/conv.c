@@ -237,7 +237,8 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->implicit = false;
         c->wino_packed = c->bf16 ? cf_conv_winograd_packed_size_bf16(&c->g, c->out_c)
                                  : cf_conv_winograd_packed_size(&c->g, c->out_c);
-        c->scratch_stride = round16(cf_conv_winograd_scratch(&c->g, c->out_c));
+        c->scratch_stride = round16(c->bf16 ? cf_conv_winograd_scratch_bf16(&c->g, c->out_c)
+                                            : cf_conv_winograd_scratch(&c->g, c->out_c));
         c->wino_du_stride = round16(cf_conv_winograd_packed_size(&c->g, c->out_c));
     }
     if (c->implicit) {

@@ -58,6 +58,8 @@ typedef struct operand {
     ptrdiff_t lane_step, k_step;
 } operand;
 
+static inline void transpose_words(__m512i r[16]);
+
 /* Packs lanes [l0, l0 + nl) (nl <= width, lanes past nl zero) of k-pairs [q0, q0 + nq) into
  * out[q * width + l] = bf16(X(l, 2q)) | bf16(X(l, 2q + 1)) << 16, k past `k` zero. */
 static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int nq, int k,
@@ -78,20 +80,30 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
         return;
     }
     if (x->k_step == 1) { /* k contiguous: 32 values of a lane give its next 16 pairs */
-        for (int l = 0; l < width; l++) {
-            const float *row = x->src + (ptrdiff_t)(l0 + l) * x->lane_step;
+        for (int lb = 0; lb < width; lb += 16) { /* 16 lanes at a time, transposed */
+            const int lanes = width - lb < 16 ? width - lb : 16;
             for (int q = 0; q < nq; q += 16) {
-                const int p = 2 * (q0 + q), left = l < nl ? k - p : 0;
-                const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row + p));
-                const __m512i hi =
-                    round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), row + p + 16));
-                /* 32 bf16 in k order are 16 pairs: lanes 0-7 from lo, 8-15 from hi */
-                const __m256i h0 = _mm512_cvtepi32_epi16(lo), h1 = _mm512_cvtepi32_epi16(hi);
-                uint32_t pairs[16];
-                _mm256_storeu_si256((__m256i *)pairs, h0);
-                _mm256_storeu_si256((__m256i *)(pairs + 8), h1);
+                const int p = 2 * (q0 + q);
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) {
+                    const int l = lb + i, left = l < nl ? k - p : 0;
+                    if (i >= lanes || left <= 0) {
+                        r[i] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const float *row = x->src + (ptrdiff_t)(l0 + l) * x->lane_step + p;
+                    const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row));
+                    const __m512i hi =
+                        round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), row + 16));
+                    /* 32 bf16 in k order are 16 pairs: words 0-7 from lo, 8-15 from hi */
+                    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
+                                              _mm512_cvtepi32_epi16(hi), 1);
+                }
+                transpose_words(r); /* r[t]: pair q + t of the 16 lanes */
                 const int n = nq - q < 16 ? nq - q : 16;
-                for (int t = 0; t < n; t++) out[(size_t)(q + t) * width + l] = pairs[t];
+                for (int t = 0; t < n; t++)
+                    _mm512_mask_storeu_epi32(out + (size_t)(q + t) * width + lb, lanes_below(lanes),
+                                             r[t]);
             }
         }
         return;

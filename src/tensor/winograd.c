@@ -33,14 +33,22 @@ static size_t round16(size_t n) {
  * tiles floats) stay within about 1 MiB, so that the GEMMs read them from L2. A block is
  * `images` whole images, or, when one image has more tiles than that, a band of `rows` tile rows
  * of one image. It depends on the geometry alone. */
+enum { BF16_TILES = 128 };
+
 typedef struct blocking {
     int images, rows, th, tw;
     size_t ld; /* the tiles of a block, rounded up */
 } blocking;
 
-static blocking block_of(const cf_conv_geom *g, int out_channels) {
+static blocking block_of(const cf_conv_geom *g, int out_channels, bool bf16) {
     blocking b = {.th = (g->h + 1) / 2, .tw = (g->w + 1) / 2};
-    const int target = 16384 / (g->c + out_channels), tiles = b.th * b.tw;
+    int target = 16384 / (g->c + out_channels);
+    /* In bf16, at least BF16_TILES tiles: many channels leave blocks of few tiles (16 for 512 x
+     * 512 channels), and then the products stream more weights (forward, dx) and more of the
+     * weight gradient's sums (16 x C x K floats, read and written per block) than they compute
+     * on; the doubled multiply rate made the step bound by that traffic. */
+    if (bf16 && target < BF16_TILES) target = BF16_TILES;
+    const int tiles = b.th * b.tw;
     if (tiles <= target) {
         b.images = target / tiles;
         b.rows = b.th;
@@ -78,12 +86,20 @@ bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels) {
     return C * K * row >= (long)wk->short_row_cost * (C + K);
 }
 
-size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
+static size_t scratch_of(const cf_conv_geom *g, int out_channels, bool bf16) {
     /* the transformed input and output of a block, dy transposed (wgrad: the block's images),
      * the transforms' own */
-    const blocking b = block_of(g, out_channels);
+    const blocking b = block_of(g, out_channels, bf16);
     return POINTS * (size_t)(g->c + out_channels) * b.ld +
            (size_t)b.images * out_channels * g->h * g->w + cf_wino_pad_floats(g->h, g->w);
+}
+
+size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
+    return scratch_of(g, out_channels, false);
+}
+
+size_t cf_conv_winograd_scratch_bf16(const cf_conv_geom *g, int out_channels) {
+    return scratch_of(g, out_channels, true);
 }
 
 size_t cf_conv_winograd_packed_size(const cf_conv_geom *g, int out_channels) {
@@ -263,26 +279,28 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
 
 void cf_conv_winograd_forward(const cf_conv_geom *g, int out_channels, const float *u,
                               const float *x, int n_images, float *y, float *scratch) {
-    const blocking b = block_of(g, out_channels);
+    const blocking b = block_of(g, out_channels, false);
     run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, false);
 }
 
 void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u_dx,
                          const float *dy, int n_images, float *dx, float *scratch) {
-    const blocking b = block_of(g, out_channels);
+    const blocking b = block_of(g, out_channels, false);
     run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, false);
 }
 
 void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
                                    const float *x, int n_images, float *y, float *scratch) {
-    const blocking b = block_of(g, out_channels);
-    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, cf_bf16_compute());
+    const bool bf16 = cf_bf16_compute();
+    const blocking b = block_of(g, out_channels, bf16);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, bf16);
 }
 
 void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
                               const float *dy, int n_images, float *dx, float *scratch) {
-    const blocking b = block_of(g, out_channels);
-    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, cf_bf16_compute());
+    const bool bf16 = cf_bf16_compute();
+    const blocking b = block_of(g, out_channels, bf16);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
 }
 
 /* The weight gradient in the transformed domain, its per-point products in bf16 or fp32. */
@@ -290,7 +308,7 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
                   int n_images, float *du, bool accumulate, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int C = g->c, K = out_channels, h = g->h, w = g->w;
-    const blocking b = block_of(g, K);
+    const blocking b = block_of(g, K, bf16);
     const size_t ld = b.ld, plane = (size_t)h * w;
     /* V as in the forward pass, [xi][c][t]; Mg^T [xi][t][k] from dy transposed image by image
      * (pixel-major), so that dU^T[xi] (C x K) = V[xi] (C x T) . Mg^T[xi] (T x K) reads both in
