@@ -14,10 +14,25 @@
  * In exact arithmetic these equal the direct convolution and its gradients; in float their
  * rounding differs from it by a few units in the last place of the tile's transformed values
  * (F(2x2, 3x3)'s coefficients are 0, +-1 and 1/2). The transforms are the active kernel table's
- * (winograd_loops.h); the GEMMs go through cf_sgemm_strided. Images are taken in
+ * (winograd_loops.h); the fp32 GEMMs go through cf_sgemm_strided. Images are taken in
  * blocks whose size depends on the geometry alone, and every output value comes from its own
  * tile's column of the GEMMs, so the forward pass and dx do not depend on how a batch is split
- * over threads. */
+ * over threads.
+ *
+ * Mixed precision (the _bf16 functions, where the kernel table computes in bf16): the transforms
+ * stay fp32, and the 16 per-point GEMMs take bf16 operands with fp32 sums. Rounded to bf16 (round
+ * to nearest even, cf_fp32_to_bf16's): V and U in the forward pass, the flipped weights' U and
+ * the transformed output gradient in dx, V and Mg in dW; U once per pass (the bf16 pack), V and
+ * Mg as the GEMM packs them. PyTorch's autocast rounds the layer's operands instead (x, w, dy)
+ * and its products of rounded values are exact. Here each product of two rounded transformed
+ * values is off by at most 2u + u^2 (u = 2^-8) of its magnitude, so an output is off by at most
+ * that much of the same computation on absolute values, |A^T| (sum over channels of (|G| |g|
+ * |G^T|) . (|B^T| |d| |B|)) |A|, plus fp32's rounding: the same order as rounding x and w, over
+ * a sum that weighs each tap by up to 2.25 instead of 1. The errors add up as a random walk:
+ * measured against float64 (tests/test_bf16_winograd.c, which checks that bound on every
+ * output), 8e-6 to 8e-5 of that sum on average, a relative error per output comparable to
+ * autocast's. Enough for training, whose gradient noise is far larger (a bf16 fit's accuracy is
+ * in bench/README.md). bf16 blocks hold at least BF16_TILES tiles (block_of). */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
