@@ -278,6 +278,26 @@ void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float
                             float *scratch);
 void cf_conv_winograd_wgrad_add(const cf_conv_geom *g, int out_channels, const float *du,
                                 float *dw);
+/* The same three in mixed precision: the transforms in fp32 as above, the 16 per-point products
+ * in bf16 with fp32 sums (the transformed input, weights and output gradient rounded to bf16;
+ * numerics in winograd.c's header and docs/api.md) where cf_bf16_compute(), else exactly the
+ * fp32 functions. The weights come from cf_conv_winograd_pack_bf16 (_pack_dx_bf16), which also
+ * round them for the level's GEMM once per pass, into cf_conv_winograd_packed_size_bf16 floats;
+ * du as the fp32 functions'. */
+size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels);
+/* Floats of scratch per calling thread for the _bf16 functions (at least the fp32 ones': their
+ * blocks of images are larger in bf16). */
+size_t cf_conv_winograd_scratch_bf16(const cf_conv_geom *g, int out_channels);
+void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u);
+void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,
+                                   float *u);
+void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
+                                   const float *x, int n_images, float *y, float *scratch);
+void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                              const float *dy, int n_images, float *dx, float *scratch);
+void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const float *dy,
+                                 const float *x, int n_images, float *du, bool accumulate,
+                                 float *scratch);
 
 /* dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols (16 x 16 blocks in registers with
  * AVX-512). */

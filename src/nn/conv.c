@@ -66,6 +66,7 @@ typedef struct conv_impl {
     float *wino_du;    /* n_threads x transformed weight-gradient partial sums */
     size_t wino_du_stride;
     bool winograd_call; /* the call in progress goes through cf_conv_winograd_* */
+    bool winograd_bf16; /* ... with its products in bf16 (cf_conv_winograd_*_bf16) */
     float *scratch;     /* n_threads x scratch of cf_conv_implicit_* or cf_conv_winograd_* */
     size_t scratch_stride;
     size_t wino_packed, implicit_packed; /* floats of the packed weights */
@@ -106,10 +107,9 @@ static size_t round16(size_t n) {
 
 /* Whether this call is lowered with its products in bf16: the layer is set to mixed precision and
  * the active kernel table has bf16 kernels (asked per call: CF_ISA or cf_set_isa may change the
- * table after the plan). The implicit and Winograd kernels are fp32 only, so such a call takes
- * the lowered path, whose scratch every plan reserves. Winograd stays out in bf16 on purpose: its
- * transforms would be rounded rather than the layer's operands, and it saves multiplications
- * that the bf16 dot products already make cheap. */
+ * table after the plan). The fp32 implicit kernels are fp32 only, so such a call takes the bf16
+ * implicit kernels or the lowered path, whose scratch every plan reserves; a Winograd layer takes
+ * the bf16 Winograd (use_winograd). */
 static bool use_bf16(const conv_impl *c) {
     /* A layer of fewer than 8 input channels (a stem on gray or RGB images) stays in fp32: it has
      * no implicit bf16 kernel (a channel-pair loop that short does not pay), and lowered its bf16
@@ -136,9 +136,11 @@ static bool bf16_dw_dots(const conv_impl *c) {
 /* Whether this call goes through cf_conv_bf16_* (the kernel table may have changed since the
  * plan; the plan reserved their scratch and packed weights where the geometry fits and the
  * layer was in bf16). */
+static bool use_winograd(const conv_impl *c);
+
 static bool use_bf16_implicit(const conv_impl *c) {
     return c->bf16_implicit && c->bf16_packed && use_bf16(c) && !cf_kernels_reference() &&
-           cf_conv_bf16_supported(&c->g, c->out_c);
+           cf_conv_bf16_supported(&c->g, c->out_c) && !use_winograd(c);
 }
 
 static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
@@ -241,9 +243,11 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->scratch_stride = c->wino_packed = c->wino_du_stride = c->implicit_packed = 0;
     if (c->winograd) {
         c->implicit = false;
-        c->wino_packed = cf_conv_winograd_packed_size(&c->g, c->out_c);
-        c->scratch_stride = round16(cf_conv_winograd_scratch(&c->g, c->out_c));
-        c->wino_du_stride = round16(c->wino_packed);
+        c->wino_packed = c->bf16 ? cf_conv_winograd_packed_size_bf16(&c->g, c->out_c)
+                                 : cf_conv_winograd_packed_size(&c->g, c->out_c);
+        c->scratch_stride = round16(c->bf16 ? cf_conv_winograd_scratch_bf16(&c->g, c->out_c)
+                                            : cf_conv_winograd_scratch(&c->g, c->out_c));
+        c->wino_du_stride = round16(cf_conv_winograd_packed_size(&c->g, c->out_c));
     }
     if (c->implicit) {
         c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g, c->out_c));
@@ -389,10 +393,14 @@ static bool use_implicit_dw(const conv_impl *c) {
 }
 
 /* Whether this call goes through cf_conv_winograd_* (the kernel table may have changed since the
- * plan: then the patch matrix, which every non-direct plan keeps room for). */
+ * plan: then the patch matrix, which every non-direct plan keeps room for). In bf16 too, then with
+ * its 16 per-point products in bf16 (cf_conv_winograd_*_bf16, winograd_bf16): the transformed
+ * tiles are rounded rather than the layer's operands, an error per output of the same order as
+ * rounding x and w (winograd.c's header; tests/test_bf16_winograd.c bounds it), and the 2.25x
+ * fewer multiplications stack on the doubled bf16 rate, where the bf16 implicit kernel's doubled
+ * rate only matched fp32's Winograd. */
 static bool use_winograd(const conv_impl *c) {
-    return c->winograd && !cf_kernels_reference() && !use_bf16(c) &&
-           cf_conv_winograd_supported(&c->g);
+    return c->winograd && !cf_kernels_reference() && cf_conv_winograd_supported(&c->g);
 }
 
 /* Adds the bias to the images [n0, n1) of y. */
@@ -433,7 +441,9 @@ static void conv_forward_in_place_range(void *ctx, int64_t begin, int64_t end, i
     const float *x = c->x + (size_t)begin * in_n;
     float *y = c->y + (size_t)begin * out_n,
           *scratch = c->scratch + (size_t)thread * c->scratch_stride;
-    if (c->winograd_call)
+    if (c->winograd_call && c->winograd_bf16)
+        cf_conv_winograd_forward_bf16(g, c->out_c, c->wino_u, x, (int)(end - begin), y, scratch);
+    else if (c->winograd_call)
         cf_conv_winograd_forward(g, c->out_c, c->wino_u, x, (int)(end - begin), y, scratch);
     else if (c->shortcut_call.out_channels) {
         cf_conv_shortcut sc = c->shortcut_call;
@@ -480,6 +490,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     c->batch = x->shape.dim[0];
     c->by_sibling = false;
     c->winograd_call = use_winograd(c);
+    c->winograd_bf16 = c->winograd_call && use_bf16(c);
     c->shortcut_call.out_channels = 0;
     const bool pair_bf16 = shortcut && shortcut_fits_bf16(c, shortcut, x);
     if (shortcut && (pair_bf16 || shortcut_fits(c, shortcut, x))) {
@@ -500,7 +511,9 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
         cf_conv_bf16_pack(g, c->out_c, m->params[0].data, c->bf16_packed);
         run_batch(c, c->batch, conv_forward_bf16_range, m);
     } else if (c->winograd_call || use_implicit(c)) {
-        if (c->winograd_call)
+        if (c->winograd_bf16)
+            cf_conv_winograd_pack_bf16(g, c->out_c, m->params[0].data, c->wino_u);
+        else if (c->winograd_call)
             cf_conv_winograd_pack(g, c->out_c, m->params[0].data, c->wino_u);
         else
             cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
@@ -678,7 +691,11 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
-    if (c->want_dw && c->winograd_call)
+    if (c->want_dw && c->winograd_call && c->winograd_bf16)
+        cf_conv_winograd_wgrad_bf16(g, c->out_c, dy, x, count,
+                                    c->wino_du + (size_t)thread * c->wino_du_stride, false,
+                                    scratch);
+    else if (c->want_dw && c->winograd_call)
         cf_conv_winograd_wgrad(g, c->out_c, dy, x, count,
                                c->wino_du + (size_t)thread * c->wino_du_stride, false, scratch);
     else if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
@@ -689,7 +706,10 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
         cf_conv_implicit_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                                false, scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
-    if (c->need_dx && c->winograd_call)
+    if (c->need_dx && c->winograd_call && c->winograd_bf16)
+        cf_conv_winograd_dx_bf16(g, c->out_c, c->wino_u_dx, dy, count, c->dx + (size_t)begin * in_n,
+                                 scratch);
+    else if (c->need_dx && c->winograd_call)
         cf_conv_winograd_dx(g, c->out_c, c->wino_u_dx, dy, count, c->dx + (size_t)begin * in_n,
                             scratch);
     else if (c->need_dx) {
@@ -836,6 +856,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     cf_tensor *dx = NULL;
     const bool winograd = use_winograd(c), implicit = !winograd && use_implicit(c);
     c->winograd_call = winograd;
+    c->winograd_bf16 = winograd && use_bf16(c);
     c->add_dx = need_dx && add_into && c->k == 1 && c->stride > 1; /* never implicit */
     if (c->add_dx) {
         c->dx_sum = (cf_tensor){.data = add_into, .shape = m->in->shape};
@@ -860,7 +881,10 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
         c->batch = N;
         run_batch(c, N, conv_backward_bf16_range, m);
     } else if (winograd || implicit) {
-        if (need_dx && winograd) cf_conv_winograd_pack_dx(&c->g, c->out_c, wp->data, c->wino_u_dx);
+        if (need_dx && c->winograd_bf16)
+            cf_conv_winograd_pack_dx_bf16(&c->g, c->out_c, wp->data, c->wino_u_dx);
+        else if (need_dx && winograd)
+            cf_conv_winograd_pack_dx(&c->g, c->out_c, wp->data, c->wino_u_dx);
         if (need_dx && implicit) cf_conv_implicit_pack_dx(&c->g, c->out_c, wp->data, c->wpack_dx);
         c->batch = N;
         run_batch(c, N, conv_backward_in_place_range, m);

@@ -29,6 +29,10 @@ void cf_amx_kernels(cf_bf16_kernels *k) {
     /* every shape, thin ones too: a choice by shape would make an image's result depend on the
      * size of the batch it came in (test_bf16_batch) */
     k->gemm = amx_gemm;
+    /* the tile GEMM packs its own A (the Winograd products call it per product) */
+    k->gemm_a_words = NULL;
+    k->gemm_pack_a = NULL;
+    k->gemm_packed = NULL;
     k->conv_run = amx_conv_run;
     k->conv_wgrad = amx_conv_wgrad;
     k->conv_order = amx_conv_order;

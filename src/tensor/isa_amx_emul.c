@@ -173,6 +173,10 @@ static void emul_to_bf16(const float *x, uint16_t *y, size_t n) {
 
 void cf_amx_emul_kernels(cf_bf16_kernels *k) {
     k->gemm = amx_gemm;
+    /* the tile GEMM packs its own A (the Winograd products call it per product) */
+    k->gemm_a_words = NULL;
+    k->gemm_pack_a = NULL;
+    k->gemm_packed = NULL;
     k->conv_run = amx_conv_run;
     k->conv_wgrad = amx_conv_wgrad;
     k->conv_order = amx_conv_order;

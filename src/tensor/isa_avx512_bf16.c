@@ -58,6 +58,8 @@ typedef struct operand {
     ptrdiff_t lane_step, k_step;
 } operand;
 
+static inline void transpose_words(__m512i r[16]);
+
 /* Packs lanes [l0, l0 + nl) (nl <= width, lanes past nl zero) of k-pairs [q0, q0 + nq) into
  * out[q * width + l] = bf16(X(l, 2q)) | bf16(X(l, 2q + 1)) << 16, k past `k` zero. */
 static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int nq, int k,
@@ -78,20 +80,30 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
         return;
     }
     if (x->k_step == 1) { /* k contiguous: 32 values of a lane give its next 16 pairs */
-        for (int l = 0; l < width; l++) {
-            const float *row = x->src + (ptrdiff_t)(l0 + l) * x->lane_step;
+        for (int lb = 0; lb < width; lb += 16) { /* 16 lanes at a time, transposed */
+            const int lanes = width - lb < 16 ? width - lb : 16;
             for (int q = 0; q < nq; q += 16) {
-                const int p = 2 * (q0 + q), left = l < nl ? k - p : 0;
-                const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row + p));
-                const __m512i hi =
-                    round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), row + p + 16));
-                /* 32 bf16 in k order are 16 pairs: lanes 0-7 from lo, 8-15 from hi */
-                const __m256i h0 = _mm512_cvtepi32_epi16(lo), h1 = _mm512_cvtepi32_epi16(hi);
-                uint32_t pairs[16];
-                _mm256_storeu_si256((__m256i *)pairs, h0);
-                _mm256_storeu_si256((__m256i *)(pairs + 8), h1);
+                const int p = 2 * (q0 + q);
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) {
+                    const int l = lb + i, left = l < nl ? k - p : 0;
+                    if (i >= lanes || left <= 0) {
+                        r[i] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const float *row = x->src + (ptrdiff_t)(l0 + l) * x->lane_step + p;
+                    const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row));
+                    const __m512i hi =
+                        round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), row + 16));
+                    /* 32 bf16 in k order are 16 pairs: words 0-7 from lo, 8-15 from hi */
+                    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
+                                              _mm512_cvtepi32_epi16(hi), 1);
+                }
+                transpose_words(r); /* r[t]: pair q + t of the 16 lanes */
                 const int n = nq - q < 16 ? nq - q : 16;
-                for (int t = 0; t < n; t++) out[(size_t)(q + t) * width + l] = pairs[t];
+                for (int t = 0; t < n; t++)
+                    _mm512_mask_storeu_epi32(out + (size_t)(q + t) * width + lb, lanes_below(lanes),
+                                             r[t]);
             }
         }
         return;
@@ -110,29 +122,44 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
         }
 }
 
-/* C (rows x the columns of cmask, row stride ldc) (+)= the MR x NR tile of packed A and B over
- * nq k-pairs. */
-static void tile(int nq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc, int rows,
-                 const __mmask16 cmask[NV], bool accumulate) {
+/* C (rows x the columns of cmask, row stride ldc) (+)= the MR x (16 nv) tile of packed A and B
+ * over nq k-pairs (B's panel rows NR words apart; nv vectors of columns, the panel's others
+ * padding that is neither computed nor stored). */
+static inline __attribute__((always_inline)) void tile_nv(int nv, int nq, const uint32_t *ap,
+                                                          const uint32_t *bp, float *c, int ldc,
+                                                          int rows, const __mmask16 cmask[NV],
+                                                          bool accumulate) {
     __m512 acc[MR][NV];
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
     for (int q = 0; q < nq; q++, ap += MR, bp += NR) {
         __m512bh b[NV];
-        for (int v = 0; v < NV; v++) b[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
+        for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
         for (int r = 0; r < MR; r++) {
             const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
-            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
         }
     }
     for (int r = 0; r < rows; r++) {
         float *cr = c + (size_t)r * ldc;
-        for (int v = 0; v < NV; v++) {
+        for (int v = 0; v < nv; v++) {
             __m512 s = acc[r][v];
             if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cmask[v], cr + 16 * v));
             _mm512_mask_storeu_ps(cr + 16 * v, cmask[v], s);
         }
     }
+}
+
+/* The tile of the panel's nv vectors of columns that hold some of C's (a column's sums do not
+ * depend on nv: the same products in the same order). */
+static void tile(int nv, int nq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc,
+                 int rows, const __mmask16 cmask[NV], bool accumulate) {
+    if (nv >= 3)
+        tile_nv(3, nq, ap, bp, c, ldc, rows, cmask, accumulate);
+    else if (nv == 2)
+        tile_nv(2, nq, ap, bp, c, ldc, rows, cmask, accumulate);
+    else
+        tile_nv(1, nq, ap, bp, c, ldc, rows, cmask, accumulate);
 }
 
 /* The bf16 GEMMs' packing scratch of the calling thread (this file's and amx_tiles.h's), kept
@@ -181,40 +208,68 @@ uint32_t *cf__bf16_pack_scratch(size_t words) {
     return s->data;
 }
 
-/* A is packed once per call, whole (per k-block, its row blocks); B one NR-column panel at a
- * time, just before the row blocks read it, so the panel (24 KiB) is still in L1 and the k-block
- * of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
-static bool bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
-                      const float *b, int ldb, float *c, int ldc, bool accumulate) {
-    const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
-    const int pairs = (k + 1) / 2, kc2 = pairs < KC2 ? pairs : KC2;
-    const size_t a_words = (size_t)row_blocks * MR * pairs, b_words = (size_t)NR * kc2;
-    uint32_t *ap = cf__bf16_pack_scratch(a_words + b_words);
-    if (!ap) return false;
-    uint32_t *bp = ap + a_words;
+/* Words of A (m x k) packed whole: per k-block of KC2 pairs, its row blocks of MR rows. */
+static size_t gemm_a_words(int m, int k) {
+    return (size_t)(m + MR - 1) / MR * MR * (size_t)((k + 1) / 2);
+}
+
+/* Packs op(A) (m x k) whole into ap (gemm_a_words(m, k) words): per k-block, its row blocks. */
+static void gemm_pack_a(bool trans_a, int m, int k, const float *a, int lda, uint32_t *ap) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2;
     const operand A = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
-    const operand B = {b, trans_b ? ldb : 1, trans_b ? 1 : ldb};
     for (int q0 = 0; q0 < pairs; q0 += KC2) {
         const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
         uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
         for (int i = 0; i < row_blocks; i++)
             pack_pairs(&A, i * MR, m - i * MR, MR, q0, nq, k, ablock + (size_t)i * MR * nq);
     }
+}
+
+/* C (+)= A . op(B) with A packed by gemm_pack_a; B one NR-column panel at a time into bp (NR x
+ * KC2 words), just before the row blocks read it, so the panel (24 KiB) is still in L1 and the
+ * k-block of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
+static void gemm_run(int m, int n, int k, const uint32_t *ap, const operand *B, uint32_t *bp,
+                     float *c, int ldc, bool accumulate) {
+    const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
     for (int q0 = 0; q0 < pairs; q0 += KC2) {
         const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
         const bool add = accumulate || q0 > 0;
         const uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
         for (int j = 0; j < panels; j++) {
-            pack_pairs(&B, j * NR, n - j * NR, NR, q0, nq, k, bp);
+            pack_pairs(B, j * NR, n - j * NR, NR, q0, nq, k, bp);
             __mmask16 cmask[NV];
             for (int v = 0; v < NV; v++) cmask[v] = lanes_below(n - j * NR - 16 * v);
+            const int cols = n - j * NR, nv = cols >= NR ? NV : (cols + 15) / 16;
             for (int i = 0; i < row_blocks; i++) {
                 const int rows = m - i * MR < MR ? m - i * MR : MR;
-                tile(nq, ablock + (size_t)i * MR * nq, bp,
+                tile(nv, nq, ablock + (size_t)i * MR * nq, bp,
                      c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
             }
         }
     }
+}
+
+/* A is packed once per call, whole; then gemm_run. */
+static bool bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                      const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    const int pairs = (k + 1) / 2, kc2 = pairs < KC2 ? pairs : KC2;
+    const size_t a_words = gemm_a_words(m, k), b_words = (size_t)NR * kc2;
+    uint32_t *ap = cf__bf16_pack_scratch(a_words + b_words);
+    if (!ap) return false;
+    gemm_pack_a(trans_a, m, k, a, lda, ap);
+    const operand B = {b, trans_b ? ldb : 1, trans_b ? 1 : ldb};
+    gemm_run(m, n, k, ap, &B, ap + a_words, c, ldc, accumulate);
+    return true;
+}
+
+/* The same with A packed beforehand by gemm_pack_a (bitwise bf16_gemm's result). */
+static bool bf16_gemm_packed(int m, int n, int k, const uint32_t *packed_a, bool trans_b,
+                             const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    const int pairs = (k + 1) / 2, kc2 = pairs < KC2 ? pairs : KC2;
+    uint32_t *bp = cf__bf16_pack_scratch((size_t)NR * kc2);
+    if (!bp) return false;
+    const operand B = {b, trans_b ? ldb : 1, trans_b ? 1 : ldb};
+    gemm_run(m, n, k, packed_a, &B, bp, c, ldc, accumulate);
     return true;
 }
 
@@ -500,6 +555,9 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
 const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .from_fp32 = bf16_from_fp32,
     .gemm = bf16_gemm,
+    .gemm_a_words = gemm_a_words,
+    .gemm_pack_a = gemm_pack_a,
+    .gemm_packed = bf16_gemm_packed,
     .pairs = bf16_pairs,
     .conv_run = bf16_conv_run,
     .conv_wgrad = bf16_conv_wgrad,

@@ -135,6 +135,14 @@ typedef struct cf_bf16_kernels {
     /* as cf_sgemm_bf16 (m, n, k > 0); false (out of memory): left to fp32 */
     bool (*gemm)(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
                  const float *b, int ldb, float *c, int ldc, bool accumulate);
+    /* The GEMM with op(A) packed once for several products (the Winograd convolutions' weights;
+     * NULL: none, cf_sgemm_bf16 per product): gemm_a_words(m, k) words for gemm_pack_a;
+     * gemm_packed(m, n, k, packed_a, ...) is gemm with that A, bitwise (m, n, k > 0); false: out
+     * of memory. */
+    size_t (*gemm_a_words)(int m, int k);
+    void (*gemm_pack_a)(bool trans_a, int m, int k, const float *a, int lda, uint32_t *packed);
+    bool (*gemm_packed)(int m, int n, int k, const uint32_t *packed_a, bool trans_b, const float *b,
+                        int ldb, float *c, int ldc, bool accumulate);
     /* The implicit bf16 convolution's kernels (conv_bf16.c; NULL: none). pairs: out[i] =
      * bf16(lo[i]) | bf16(hi[i]) << 16, i < n (hi NULL: zero). conv_run: out[r * ldo + q] = sum
      * over taps t < taps and channel pairs p < pairs of dot(weight pair (r, t, p), x[p * plane +

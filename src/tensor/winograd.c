@@ -14,10 +14,25 @@
  * In exact arithmetic these equal the direct convolution and its gradients; in float their
  * rounding differs from it by a few units in the last place of the tile's transformed values
  * (F(2x2, 3x3)'s coefficients are 0, +-1 and 1/2). The transforms are the active kernel table's
- * (winograd_loops.h); the GEMMs go through cf_sgemm_strided. Images are taken in
+ * (winograd_loops.h); the fp32 GEMMs go through cf_sgemm_strided. Images are taken in
  * blocks whose size depends on the geometry alone, and every output value comes from its own
  * tile's column of the GEMMs, so the forward pass and dx do not depend on how a batch is split
- * over threads. */
+ * over threads.
+ *
+ * Mixed precision (the _bf16 functions, where the kernel table computes in bf16): the transforms
+ * stay fp32, and the 16 per-point GEMMs take bf16 operands with fp32 sums. Rounded to bf16 (round
+ * to nearest even, cf_fp32_to_bf16's): V and U in the forward pass, the flipped weights' U and
+ * the transformed output gradient in dx, V and Mg in dW; U once per pass (the bf16 pack), V and
+ * Mg as the GEMM packs them. PyTorch's autocast rounds the layer's operands instead (x, w, dy)
+ * and its products of rounded values are exact. Here each product of two rounded transformed
+ * values is off by at most 2u + u^2 (u = 2^-8) of its magnitude, so an output is off by at most
+ * that much of the same computation on absolute values, |A^T| (sum over channels of (|G| |g|
+ * |G^T|) . (|B^T| |d| |B|)) |A|, plus fp32's rounding: the same order as rounding x and w, over
+ * a sum that weighs each tap by up to 2.25 instead of 1. The errors add up as a random walk:
+ * measured against float64 (tests/test_bf16_winograd.c, which checks that bound on every
+ * output), 8e-6 to 8e-5 of that sum on average, a relative error per output comparable to
+ * autocast's. Enough for training, whose gradient noise is far larger (a bf16 fit's accuracy is
+ * in bench/README.md). bf16 blocks hold at least BF16_TILES tiles (block_of). */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
@@ -33,14 +48,22 @@ static size_t round16(size_t n) {
  * tiles floats) stay within about 1 MiB, so that the GEMMs read them from L2. A block is
  * `images` whole images, or, when one image has more tiles than that, a band of `rows` tile rows
  * of one image. It depends on the geometry alone. */
+enum { BF16_TILES = 128 };
+
 typedef struct blocking {
     int images, rows, th, tw;
     size_t ld; /* the tiles of a block, rounded up */
 } blocking;
 
-static blocking block_of(const cf_conv_geom *g, int out_channels) {
+static blocking block_of(const cf_conv_geom *g, int out_channels, bool bf16) {
     blocking b = {.th = (g->h + 1) / 2, .tw = (g->w + 1) / 2};
-    const int target = 16384 / (g->c + out_channels), tiles = b.th * b.tw;
+    int target = 16384 / (g->c + out_channels);
+    /* In bf16, at least BF16_TILES tiles: many channels leave blocks of few tiles (16 for 512 x
+     * 512 channels), and then the products stream more weights (forward, dx) and more of the
+     * weight gradient's sums (16 x C x K floats, read and written per block) than they compute
+     * on; the doubled multiply rate made the step bound by that traffic. */
+    if (bf16 && target < BF16_TILES) target = BF16_TILES;
+    const int tiles = b.th * b.tw;
     if (tiles <= target) {
         b.images = target / tiles;
         b.rows = b.th;
@@ -78,12 +101,20 @@ bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels) {
     return C * K * row >= (long)wk->short_row_cost * (C + K);
 }
 
-size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
+static size_t scratch_of(const cf_conv_geom *g, int out_channels, bool bf16) {
     /* the transformed input and output of a block, dy transposed (wgrad: the block's images),
      * the transforms' own */
-    const blocking b = block_of(g, out_channels);
+    const blocking b = block_of(g, out_channels, bf16);
     return POINTS * (size_t)(g->c + out_channels) * b.ld +
            (size_t)b.images * out_channels * g->h * g->w + cf_wino_pad_floats(g->h, g->w);
+}
+
+size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
+    return scratch_of(g, out_channels, false);
+}
+
+size_t cf_conv_winograd_scratch_bf16(const cf_conv_geom *g, int out_channels) {
+    return scratch_of(g, out_channels, true);
 }
 
 size_t cf_conv_winograd_packed_size(const cf_conv_geom *g, int out_channels) {
@@ -162,11 +193,81 @@ void cf_conv_winograd_pack_dx(const cf_conv_geom *g, int out_channels, const flo
                             u + (size_t)c * K + k, plane);
 }
 
+/* ---- bf16 products -------------------------------------------------------------------------
+ *
+ * A bf16 pack (cf_conv_winograd_pack_bf16, _pack_dx_bf16) holds the fp32 transformed weights
+ * [xi][rows][cols] as the fp32 pack does, then, where the active level's bf16 GEMM takes its A
+ * packed beforehand, each point's matrix packed (rounded to bf16) for it, bound_words(rows, cols)
+ * words per point: the weights are rounded once per pass instead of once per block of images. */
+
+/* Words reserved per point for the packed A of rows x cols (any level's row blocks up to 16). */
+static size_t bound_words(int rows, int cols) {
+    return (size_t)(rows + 15) / 16 * 16 * (size_t)((cols + 1) / 2);
+}
+
+static size_t max_size(size_t a, size_t b) {
+    return a > b ? a : b;
+}
+
+size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels) {
+    const int C = g->c, K = out_channels;
+    return round16(POINTS * (size_t)K * C) +
+           POINTS * max_size(bound_words(K, C), bound_words(C, K));
+}
+
+/* The active level's bf16 kernels when they take A (rows x cols) packed beforehand within the
+ * room reserved for it, else NULL. */
+static const cf_bf16_kernels *prepacked(int rows, int cols) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return k && k->gemm && k->gemm_a_words && k->gemm_pack_a && k->gemm_packed &&
+                   k->gemm_a_words(rows, cols) <= bound_words(rows, cols)
+               ? k
+               : NULL;
+}
+
+/* The packed A of each point after the fp32 planes of u ([xi][rows][cols]). */
+static uint32_t *packed_points(const float *u, int rows, int cols) {
+    return (uint32_t *)(u + round16(POINTS * (size_t)rows * cols));
+}
+
+static void pack_points(int rows, int cols, float *u) {
+    const cf_bf16_kernels *k = prepacked(rows, cols);
+    if (!k) return;
+    uint32_t *p = packed_points(u, rows, cols);
+    for (int xi = 0; xi < POINTS; xi++)
+        k->gemm_pack_a(false, rows, cols, u + (size_t)xi * rows * cols, cols,
+                       p + (size_t)xi * bound_words(rows, cols));
+}
+
+void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u) {
+    cf_conv_winograd_pack(g, out_channels, w, u);
+    pack_points(out_channels, g->c, u);
+}
+
+void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,
+                                   float *u) {
+    cf_conv_winograd_pack_dx(g, out_channels, w, u);
+    pack_points(g->c, out_channels, u);
+}
+
+/* M[xi] (cout x cols, row stride ld) = U[xi] (cout x cin) . V[xi] (cin x cols) in bf16: through
+ * the packed A of a bf16 pack where the level has one, else cf_sgemm_bf16 (bitwise the same). */
+static void point_bf16(const float *u, int cout, int cin, int xi, const float *v, int cols, int ld,
+                       float *m) {
+    const cf_bf16_kernels *k = prepacked(cout, cin);
+    if (k && k->gemm_packed(cout, cols, cin,
+                            packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
+                            false, v, ld, m, ld, false))
+        return;
+    cf_sgemm_bf16(false, false, cout, cols, cin, u + (size_t)xi * cout * cin, cin, v, ld, m, ld,
+                  false);
+}
+
 /* y (n_images x cout x h x w) = the 3x3 "same" convolution of x (cin channels) with the
  * transformed weights u ([xi][cout][cin]), block by block (b: the forward pass's blocking,
  * whichever way the channels run). */
 static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, const float *u,
-                const float *x, int n_images, float *y, float *scratch) {
+                const float *x, int n_images, float *y, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
@@ -179,9 +280,13 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
             const int rows = min_int(b->rows, b->th - ty0), cols = count * rows * b->tw;
             wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, cin * ld, (int)ld, pad);
             for (int xi = 0; xi < POINTS; xi++)
-                cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
-                                 v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
-                                 (int)ld, false);
+                if (bf16)
+                    point_bf16(u, cout, cin, xi, v + (size_t)xi * cin * ld, cols, (int)ld,
+                               m + (size_t)xi * cout * ld);
+                else
+                    cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
+                                     v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
+                                     (int)ld, false);
             wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
         }
     }
@@ -189,22 +294,36 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
 
 void cf_conv_winograd_forward(const cf_conv_geom *g, int out_channels, const float *u,
                               const float *x, int n_images, float *y, float *scratch) {
-    const blocking b = block_of(g, out_channels);
-    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch);
+    const blocking b = block_of(g, out_channels, false);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, false);
 }
 
 void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u_dx,
                          const float *dy, int n_images, float *dx, float *scratch) {
-    const blocking b = block_of(g, out_channels);
-    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch);
+    const blocking b = block_of(g, out_channels, false);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, false);
 }
 
-void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
-                            const float *x, int n_images, float *du, bool accumulate,
-                            float *scratch) {
+void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
+                                   const float *x, int n_images, float *y, float *scratch) {
+    const bool bf16 = cf_bf16_compute();
+    const blocking b = block_of(g, out_channels, bf16);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, bf16);
+}
+
+void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                              const float *dy, int n_images, float *dx, float *scratch) {
+    const bool bf16 = cf_bf16_compute();
+    const blocking b = block_of(g, out_channels, bf16);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
+}
+
+/* The weight gradient in the transformed domain, its per-point products in bf16 or fp32. */
+static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                  int n_images, float *du, bool accumulate, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int C = g->c, K = out_channels, h = g->h, w = g->w;
-    const blocking b = block_of(g, K);
+    const blocking b = block_of(g, K, bf16);
     const size_t ld = b.ld, plane = (size_t)h * w;
     /* V as in the forward pass, [xi][c][t]; Mg^T [xi][t][k] from dy transposed image by image
      * (pixel-major), so that dU^T[xi] (C x K) = V[xi] (C x T) . Mg^T[xi] (T x K) reads both in
@@ -224,11 +343,27 @@ void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float
                       (int)ld, pad);
             wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, ld * K);
             for (int xi = 0; xi < POINTS; xi++)
-                cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
-                                 mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+                if (bf16)
+                    cf_sgemm_bf16(false, false, C, K, cols, v + (size_t)xi * C * ld, (int)ld,
+                                  mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+                else
+                    cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
+                                     mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
             add = true;
         }
     }
+}
+
+void cf_conv_winograd_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                            const float *x, int n_images, float *du, bool accumulate,
+                            float *scratch) {
+    wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, false);
+}
+
+void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const float *dy,
+                                 const float *x, int n_images, float *du, bool accumulate,
+                                 float *scratch) {
+    wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, cf_bf16_compute());
 }
 
 /* dw[k0 + l][c] += G^T dU G for the n lanes of output channels from k0 (du is [xi][c][k]). */
