@@ -45,8 +45,8 @@ line one thread writes and the other reads costs that much more). So beside the 
 script times a cache-line ping-pong between each pair of the CPUs used (two threads pinned to
 the pair, bouncing one atomic counter on its own line; --pingpong-ms per pair; the round trip
 is the fastest of many batches of 1,000, as preemption can only make a batch slower) before and
-after each run, and marks a run whose round trip on any pair exceeded --far-tol times the best
-seen on that pair as "FAR CPUS". The medians and ratios over the unmarked runs leave out runs
+after each run, and marks an N-core run whose round trip on any pair exceeded --far-tol times the
+best seen on that pair as "FAR CPUS" (the one-thread run does not care where the CPUs are). The medians and ratios over the unmarked runs leave out runs
 marked SLOW CPU or FAR CPUS.
 """
 import argparse
@@ -380,8 +380,9 @@ def main():
                 marked = True
                 print("%-7s %-3s run %d: SLOW CPU (%s below the best by more than %.0f%%): suspect" % (
                     isa, c.replace("N", str(n)), r, ", ".join("cpu%d %.0f" % kv for kv in low), 100 * a.probe_tol))
+            # placement matters only to runs on more than one CPU
             far = [(k, v[0]) for tr in trips_of.get((isa, c, r), ()) for k, v in tr.items()
-                   if v[0] > a.far_tol * best_trip[k]]
+                   if c != "1t" and v[0] > a.far_tol * best_trip[k]]
             if far:
                 marked = True
                 print("%-7s %-3s run %d: FAR CPUS (round trip %s ns, above %.1fx the pair's best): suspect" % (
