@@ -37,17 +37,18 @@ more than --probe-tol below the best rate seen is marked "SLOW CPU": its figures
 whatever the load average says, and the medians and ratios are printed again over the runs
 not marked.
 
-The host also decides where the virtual CPUs sit: on the 2-vCPU KVM guest two vCPUs are mostly
-close (a shared L3: a cache line written on one and read on the other costs 54-76 ns round
-trip) but sometimes far apart (another CCD or socket: 325 ns measured right after a slow
-`--threads 2` run, whose pool parts then took 22% more CPU time for the same jobs: every cache
-line one thread writes and the other reads costs that much more). So beside the speed probe the
-script times a cache-line ping-pong between each pair of the CPUs used (two threads pinned to
-the pair, bouncing one atomic counter on its own line; --pingpong-ms per pair; the round trip
-is the fastest of many batches of 1,000, as preemption can only make a batch slower) before and
-after each run, and marks an N-core run whose round trip on any pair exceeded --far-tol times the
-best seen on that pair as "FAR CPUS" (the one-thread run does not care where the CPUs are). The medians and ratios over the unmarked runs leave out runs
-marked SLOW CPU or FAR CPUS.
+The host also decides where the virtual CPUs sit: on the 2-vCPU KVM guest two vCPUs are at
+times close (a shared L3: a cache line written on one and read on the other costs 54-76 ns round
+trip) and at times far apart (another CCD or socket: about 300 ns; on 2026-12-04 it switched
+every few minutes), and a `--threads 2` run on far CPUs took up to 22% more CPU time in its pool
+parts for the same jobs: every cache line one thread writes and the other reads costs that much
+more. So beside the speed probe the script times a cache-line ping-pong between each pair of the
+CPUs used (two threads pinned to the pair, bouncing one atomic counter on its own line;
+--pingpong-ms per pair; the round trip is the fastest of many batches of 1,000, as preemption
+can only make a batch slower) before and after each run, and marks an N-core run whose round
+trip on any pair exceeded --far-tol times the best seen on that pair as "FAR CPUS" (the
+one-thread run does not care where the CPUs are). The medians and ratios over the unmarked runs
+leave out runs marked SLOW CPU or FAR CPUS.
 """
 import argparse
 import os
