@@ -36,6 +36,19 @@ pinned; --no-probe to skip) and prints its rate per CPU-second; a run whose prob
 more than --probe-tol below the best rate seen is marked "SLOW CPU": its figures are suspect
 whatever the load average says, and the medians and ratios are printed again over the runs
 not marked.
+
+The host also decides where the virtual CPUs sit: on the 2-vCPU KVM guest two vCPUs are at
+times close (a shared L3: a cache line written on one and read on the other costs 54-76 ns round
+trip) and at times far apart (another CCD or socket: about 300 ns; on 2026-12-04 it switched
+every few minutes), and a `--threads 2` run on far CPUs took up to 22% more CPU time in its pool
+parts for the same jobs: every cache line one thread writes and the other reads costs that much
+more. So beside the speed probe the script times a cache-line ping-pong between each pair of the
+CPUs used (two threads pinned to the pair, bouncing one atomic counter on its own line;
+--pingpong-ms per pair; the round trip is the fastest of many batches of 1,000, as preemption
+can only make a batch slower) before and after each run, and marks an N-core run whose round
+trip on any pair exceeded --far-tol times the best seen on that pair as "FAR CPUS" (the
+one-thread run does not care where the CPUs are). The medians and ratios over the unmarked runs
+leave out runs marked SLOW CPU or FAR CPUS.
 """
 import argparse
 import os
@@ -107,6 +120,108 @@ int main(int argc, char **argv) {
 """
 
 
+PINGPONG_C = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+/* the counter on a cache line of its own */
+static _Alignas(128) _Atomic long flag;
+static char pad[128] __attribute__((used));
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static int pin(int cpu) { cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu, &s); return pthread_setaffinity_np(pthread_self(), sizeof s, &s); }
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+static int pong_cpu, pong_ok;
+/* answers each odd value with the next even one; stops at -1 */
+static void *pong(void *v) {
+    (void)v;
+    pong_ok = pin(pong_cpu) == 0;
+    long expect = 1;
+    for (;;) {
+        long f;
+        while ((f = atomic_load_explicit(&flag, memory_order_acquire)) != expect) {
+            if (f < 0) return NULL;
+            relax();
+        }
+        atomic_store_explicit(&flag, expect + 1, memory_order_release);
+        expect += 2;
+    }
+}
+static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
+/* argv: ms per pair, then pairs "a:b"; prints "a b fastest-batch-ns median-batch-ns" per pair
+ * (-1 where a CPU cannot be used) */
+int main(int argc, char **argv) {
+    const double budget = atof(argv[1]) * 1e-3;
+    enum { ROUNDS = 1000, MAXB = 4096 };
+    static double ns[MAXB];
+    for (int i = 2; i < argc; i++) {
+        int a, b;
+        if (sscanf(argv[i], "%d:%d", &a, &b) != 2) continue;
+        atomic_store(&flag, 0);
+        pong_cpu = b;
+        pthread_t t;
+        if (pin(a) != 0 || pthread_create(&t, NULL, pong, NULL) != 0) { printf("%d %d -1 -1\n", a, b); continue; }
+        long v = 0;
+        int nb = 0;
+        const double start = now();
+        while (nb < MAXB && (nb < 5 || now() - start < budget)) {
+            const double t0 = now();
+            for (int r = 0; r < ROUNDS; r++) {
+                atomic_store_explicit(&flag, v + 1, memory_order_release);
+                while (atomic_load_explicit(&flag, memory_order_acquire) != v + 2) relax();
+                v += 2;
+            }
+            ns[nb++] = (now() - t0) * 1e9 / ROUNDS;
+        }
+        atomic_store(&flag, -1);
+        pthread_join(t, NULL);
+        qsort(ns, nb, sizeof ns[0], cmp);
+        if (pong_ok) printf("%d %d %.1f %.1f\n", a, b, ns[0], ns[nb / 2]);
+        else printf("%d %d -1 -1\n", a, b);
+    }
+    return 0;
+}
+"""
+
+
+def build_pingpong(tmp):
+    """Compiles the placement probe (cache-line ping-pong); None (with a note) where it cannot."""
+    src, exe = os.path.join(tmp, "pingpong.c"), os.path.join(tmp, "pingpong")
+    with open(src, "w") as f:
+        f.write(PINGPONG_C)
+    for cc in ("cc", "gcc", "clang"):
+        try:
+            if subprocess.run([cc, "-O2", "-pthread", "-o", exe, src], capture_output=True).returncode == 0:
+                return exe
+        except OSError:
+            pass
+    print("no C compiler: running without the placement probe")
+    return None
+
+
+def pingpong(exe, cpus, ms):
+    """Round-trip nanoseconds of a cache line between each pair of CPUs: {(a, b): (fastest, median)}."""
+    pairs = ["%d:%d" % (x, y) for i, x in enumerate(cpus) for y in cpus[i + 1:]]
+    if not pairs:
+        return {}
+    p = subprocess.run([exe, str(ms)] + pairs, capture_output=True, text=True)
+    trips = {}
+    for line in p.stdout.split("\n"):
+        f = line.split()
+        if len(f) >= 4 and float(f[2]) > 0:
+            trips[(int(f[0]), int(f[1]))] = (float(f[2]), float(f[3]))
+    return trips
+
+
 def build_probe(tmp):
     """Compiles the CPU-speed probe; None (with a note) where no C compiler works."""
     src, exe = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe")
@@ -167,6 +282,10 @@ def main():
     ap.add_argument("--probe-ms", type=float, default=50, help="CPU milliseconds of each probe [50]")
     ap.add_argument("--probe-tol", type=float, default=0.05,
                     help="a probe this fraction below the best seen marks the run [0.05]")
+    ap.add_argument("--no-pingpong", action="store_true", help="skip the placement probe")
+    ap.add_argument("--pingpong-ms", type=float, default=20, help="milliseconds of ping-pong per CPU pair [20]")
+    ap.add_argument("--far-tol", type=float, default=2.0,
+                    help="a round trip above this multiple of the pair's best marks the run [2.0]")
     a = ap.parse_args()
     max_load = a.max_load or float(os.cpu_count())
     load = os.getloadavg()[0]
@@ -189,10 +308,13 @@ def main():
     ok = True
     cpus = sorted(os.sched_getaffinity(0))
     best = {}  # the best probe rate seen per CPU
+    best_trip = {}  # the fastest round trip seen per pair of CPUs
     slow_runs = []
+    trips_of = {}  # (isa, config, run) -> (round trips before, after)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "model.safetensors")
         probe_exe = None if a.no_probe else build_probe(tmp)
+        pingpong_exe = None if a.no_pingpong else build_pingpong(tmp)
         for isa in [x for x in a.isa.split(",") if x]:
             env = dict(base, CF_ISA=isa)
             res = {c: [] for c in names}
@@ -203,7 +325,9 @@ def main():
                     if a.limit:
                         cmd += ["--limit", str(a.limit)]
                     before = probe(probe_exe, cpus, a.probe_ms) if probe_exe else {}
+                    trip0 = pingpong(pingpong_exe, cpus, a.pingpong_ms) if pingpong_exe else {}
                     wall, cpu, text = run(cmd, env, a.timeout)
+                    trip1 = pingpong(pingpong_exe, cpus, a.pingpong_ms) if pingpong_exe else {}
                     after = probe(probe_exe, cpus, a.probe_ms) if probe_exe else {}
                     res[c].append((wall, cpu))
                     print("%-7s %-3s run %d: wall %6.2f s  cpu %6.2f s  load %.2f   %s" % (
@@ -217,7 +341,16 @@ def main():
                             isa, c.replace("N", str(n)), r + 1,
                             " ".join("cpu%d %.0f" % kv for kv in sorted(before.items())),
                             " ".join("cpu%d %.0f" % kv for kv in sorted(after.items()))), flush=True)
-                        slow_runs.append(((isa, c, r + 1), before, after, wall, cpu))
+                    slow_runs.append(((isa, c, r + 1), before, after, wall, cpu))
+                    if pingpong_exe:
+                        for tr in (trip0, trip1):
+                            for k, (fast, _) in tr.items():
+                                best_trip[k] = min(best_trip.get(k, fast), fast)
+                        trips_of[(isa, c, r + 1)] = (trip0, trip1)
+                        print("%-7s %-3s run %d: ping-pong round trip ns (fastest/median batch) before %s, after %s" % (
+                            isa, c.replace("N", str(n)), r + 1,
+                            " ".join("cpu%d-%d %.0f/%.0f" % (k + v) for k, v in sorted(trip0.items())),
+                            " ".join("cpu%d-%d %.0f/%.0f" % (k + v) for k, v in sorted(trip1.items()))), flush=True)
                     if a.show:
                         print(text.rstrip())
             med = {c: (statistics.median(w for w, _ in v), statistics.median(u for _, u in v))
@@ -236,13 +369,27 @@ def main():
                         isa, c.replace("N", str(n)), rw, a.goal, "met" if good else "missed", ru))
     if best:
         print("probe: best Mfma/CPU-s %s" % " ".join("cpu%d %.0f" % kv for kv in sorted(best.items())))
+    if best_trip:
+        print("placement: fastest round trip ns %s" % " ".join(
+            "cpu%d-%d %.0f" % (k + (v,)) for k, v in sorted(best_trip.items())))
+    if best or best_trip:
         kept = {}
         for (isa, c, r), before, after, wall, cpu in slow_runs:
+            marked = False
             low = [(k, v) for pr in (before, after) for k, v in pr.items() if v < (1 - a.probe_tol) * best[k]]
             if low:
+                marked = True
                 print("%-7s %-3s run %d: SLOW CPU (%s below the best by more than %.0f%%): suspect" % (
                     isa, c.replace("N", str(n)), r, ", ".join("cpu%d %.0f" % kv for kv in low), 100 * a.probe_tol))
-            else:
+            # placement matters only to runs on more than one CPU
+            far = [(k, v[0]) for tr in trips_of.get((isa, c, r), ()) for k, v in tr.items()
+                   if c != "1t" and v[0] > a.far_tol * best_trip[k]]
+            if far:
+                marked = True
+                print("%-7s %-3s run %d: FAR CPUS (round trip %s ns, above %.1fx the pair's best): suspect" % (
+                    isa, c.replace("N", str(n)), r, ", ".join("cpu%d-%d %.0f" % (k + (v,)) for k, v in far),
+                    a.far_tol))
+            if not marked:
                 kept.setdefault(isa, {}).setdefault(c, []).append((wall, cpu))
         # the same medians and ratios over the runs no probe marked
         for isa, runs in kept.items():

@@ -6,7 +6,7 @@
 # that the user's choice stands).
 # (test_models, minutes of whole-model oracles, runs at the best set only)
 set(CF_ISA_TESTS test_kernels test_layers test_conv_pool test_fusion test_optim test_loss
-  test_w1_model test_alloc test_lstm)
+  test_w1_model test_alloc test_lstm test_bn_split)
 set_tests_properties(test_isa PROPERTIES ENVIRONMENT_MODIFICATION
   "OPENBLAS_NUM_THREADS=unset:;OPENBLAS_CORETYPE=unset:" ENVIRONMENT "")
 add_test(NAME test_isa_user_blas COMMAND test_isa)

@@ -12,7 +12,7 @@ static cf_status same_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
 }
 
 /* Large element-wise loops are split over the thread pool (memory-bound, but the stem's
- * activations are a few MB). Chunks are contiguous, so results do not depend on the split. */
+ * activations are a few MB), by whole images. Results do not depend on the split. */
 #define PAR_MIN (1 << 16)
 
 typedef struct ew_ctx {
@@ -34,10 +34,17 @@ static void ew_range(void *vjob, int64_t begin, int64_t end, int thread) {
     job->kernel(&job->ctx, begin, end);
 }
 
-static void ew_run(ew_kernel kernel, ew_ctx ctx, int64_t n) {
+/* Over the n values of a tensor of the given shape; split by whole images (the batch's first
+ * dimension), as the layers around it split it (cf_nn_parallel_images). */
+static void ew_run(ew_kernel kernel, ew_ctx ctx, const cf_shape *shape) {
+    const int64_t n = (int64_t)cf_shape_numel(shape);
     if (n >= PAR_MIN && cf_get_num_threads() > 1) {
         ew_job job = {ctx, kernel};
-        cf_parallel_for(n, ew_range, &job);
+        const int64_t images = shape->ndim > 1 ? shape->dim[0] : 1;
+        if (images > 1)
+            cf_nn_parallel_images(images, n / images, ew_range, &job);
+        else
+            cf_parallel_for(n, ew_range, &job);
     } else {
         kernel(&ctx, 0, n);
     }
@@ -97,7 +104,7 @@ static const cf_tensor *relu_forward(cf_module *m, const cf_tensor *x) {
         return x;
     }
     cf_tensor *y = cf_module_output(m, &x->shape);
-    ew_run(relu_fwd_k, (ew_ctx){.a = x->data, .out = y->data}, (int64_t)cf_tensor_numel(x));
+    ew_run(relu_fwd_k, (ew_ctx){.a = x->data, .out = y->data}, &x->shape);
     return y;
 }
 
@@ -108,8 +115,7 @@ static const cf_tensor *relu_backward(cf_module *m, const cf_tensor *dy, bool ne
         return dy;
     }
     cf_tensor *dx = cf_module_input_grad(m);
-    ew_run(relu_bwd_k, (ew_ctx){.a = m->out.data, .b = dy->data, .out = dx->data},
-           (int64_t)cf_tensor_numel(dx));
+    ew_run(relu_bwd_k, (ew_ctx){.a = m->out.data, .b = dy->data, .out = dx->data}, &dx->shape);
     return dx;
 }
 
@@ -152,8 +158,7 @@ static const cf_tensor *leaky_forward(cf_module *m, const cf_tensor *x) {
     leaky_impl *l = m->impl;
     m->in = x;
     cf_tensor *y = cf_module_output(m, &x->shape);
-    ew_run(leaky_fwd_k, (ew_ctx){.a = x->data, .out = y->data, .slope = l->slope},
-           (int64_t)cf_tensor_numel(x));
+    ew_run(leaky_fwd_k, (ew_ctx){.a = x->data, .out = y->data, .slope = l->slope}, &x->shape);
     return y;
 }
 
@@ -163,7 +168,7 @@ static const cf_tensor *leaky_backward(cf_module *m, const cf_tensor *dy, bool n
     cf_tensor *dx = cf_module_input_grad(m);
     ew_run(leaky_bwd_k,
            (ew_ctx){.a = m->in->data, .b = dy->data, .out = dx->data, .slope = l->slope},
-           (int64_t)cf_tensor_numel(dx));
+           &dx->shape);
     return dx;
 }
 

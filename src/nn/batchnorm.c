@@ -10,9 +10,10 @@
  *
  * Channel planes (BatchNorm2d, BatchNorm1d on (N, C, L)) go through the tensor layer's plane
  * kernels (cf_bn_plane_*: one-pass shifted sums in vector lanes, then double per plane); rows of
- * features (BatchNorm1d on (N, C)) take two passes in double here. Channels are processed in
- * parallel for large inputs; each channel is computed by one thread in a fixed order, so results
- * do not depend on the thread count.
+ * features (BatchNorm1d on (N, C)) take two passes in double here. Large planes inputs are
+ * split over the threads by images, as the convolutions split them (see "the image split"
+ * below); each channel's sums are added in image order whatever the split, so results do not
+ * depend on the thread count.
  *
  * Fused with a following ReLU (planned by Sequential, see nn_internal.h) the layer writes
  * max(y, 0) and, in backward, uses dy where y > 0 and 0 elsewhere in place of dy, in every path;
@@ -46,6 +47,8 @@ typedef struct bn_impl {
     float *coef;          /* 3C: backward coefficients (1d path) */
     double *acc;          /* 2C: sums */
     float *ss;            /* 2C: scale and shift of the last forward (planes paths) */
+    cf_arena *arena;      /* for the image split's per-image sums (a transient block) */
+    int part_n;           /* images the reserved block has room for */
     /* synchronised statistics (NULL: this replica's own) */
     cf_bn_reduce_fn reduce;
     void *reduce_ctx;
@@ -101,6 +104,9 @@ static void bn_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     b->coef = cf_arena_floats(arena, 3 * c);
     b->acc = cf_arena_bytes(arena, 2 * c * sizeof(double));
     b->ss = cf_arena_floats(arena, 2 * c);
+    b->arena = arena;
+    b->part_n = in->ndim > 2 ? in->dim[0] : 0; /* planes only */
+    if (b->part_n) cf_arena_reserve_transient(arena, 2 * (size_t)b->part_n * c * sizeof(double));
 }
 
 static const cf_module_ops bn1d_ops, bn2d_ops;
@@ -163,11 +169,38 @@ static void bn_prefetch_plane(const float *p, size_t s, bool write) {
     cf_prefetch(p, s * sizeof(float), write, true);
 }
 
-static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
+/* The statistics of channels [c0, c1) from the shifted sums in acc (s1 in acc[0, C), s2 in
+ * acc[C, 2C)): the mean, 1/std, and the biased variance in acc[0, C) for the running statistics. */
+static void bn_finish_stats(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
     const double count = (double)g.n * (double)g.s;
+    const size_t cs = (size_t)g.s;
+    const double *s1 = b->acc, *s2 = b->acc + g.c;
+    for (int64_t c = c0; c < c1; c++) {
+        const double d = s1[c] / count;
+        double v = s2[c] / count - d * d;
+        if (v < 0) v = 0;
+        b->mean[c] = (float)(ctx->x[c * cs] + d);
+        b->acc[c] = v; /* the biased variance, for the running statistics */
+        b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
+    }
+}
+
+/* The forward's per-channel scale and shift (ss) of channels [c0, c1). */
+static void bn_scale_shift(bn_ctx *ctx, int64_t c0, int64_t c1) {
+    bn_impl *b = ctx->m->impl;
     const float *gamma = ctx->m->params[P_WEIGHT].data, *beta = ctx->m->params[P_BIAS].data;
+    float *scale = b->ss, *shift = b->ss + ctx->g.c;
+    for (int64_t c = c0; c < c1; c++) {
+        scale[c] = gamma[c] * b->invstd[c];
+        shift[c] = beta[c] - b->mean[c] * scale[c];
+    }
+}
+
+static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
+    bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
     /* Sample-major: the planes of channels [c0, c1) of one sample are contiguous, so memory is
      * read in order (a channel-major walk jumps a whole sample per plane and defeats the
      * prefetchers). Each plane's sums go into double per channel; the order of the additions
@@ -187,20 +220,10 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
                 s2[c] += a2;
             }
         }
-        for (int64_t c = c0; c < c1; c++) {
-            const double d = s1[c] / count;
-            double v = s2[c] / count - d * d;
-            if (v < 0) v = 0;
-            b->mean[c] = (float)(ctx->x[c * cs] + d);
-            b->acc[c] = v; /* the biased variance, for the running statistics */
-            b->invstd[c] = (float)(1.0 / sqrt(v + b->eps));
-        }
+        bn_finish_stats(ctx, c0, c1);
     }
-    float *scale = b->ss, *shift = b->ss + g.c;
-    for (int64_t c = c0; c < c1; c++) {
-        scale[c] = gamma[c] * b->invstd[c];
-        shift[c] = beta[c] - b->mean[c] * scale[c];
-    }
+    bn_scale_shift(ctx, c0, c1);
+    const float *scale = b->ss, *shift = b->ss + g.c;
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs;
         const bool ahead = n + 1 < g.n;
@@ -277,6 +300,97 @@ static bool worth_threads(const geom *g) {
     return g->c > 1 && (int64_t)g->n * g->c * g->s >= (1 << 15) && cf_get_num_threads() > 1;
 }
 
+/* ---- the image split ------------------------------------------------------------------------
+ * With more than one thread the planes paths split the batch by images, in the contiguous ranges
+ * cf_parallel_for gives the convolutions (conv.c splits its batch the same way, and the pooling
+ * and elementwise layers follow image boundaries: nn_internal.h, cf_nn_parallel_images), so
+ * each thread reads the images it wrote itself in the layer before and writes the ones it will
+ * read in the layer after: no activation crosses between cores at a BatchNorm. A split by
+ * channels would move the whole tensor between the cores twice per pass.
+ *
+ * The statistics then take two jobs: the first takes each image's sums per channel (the plane
+ * kernels' sums, one image at a time, into a transient block of 2 C doubles per image), the
+ * caller adds them per channel in image order, and the second job writes the output (forward)
+ * or dx (backward). The additions and their order are those of the one-thread path (which adds
+ * each image's plane sums in image order too), so results are bitwise the same for every thread
+ * count. One thread keeps the channel-blocked passes above: a block's planes stay in L2 between
+ * the two passes, which a pass over the whole batch cannot do. */
+
+static bool split_images(const geom *g) {
+    return g->n > 1 && (int64_t)g->n * g->c * g->s >= (1 << 15) && cf_get_num_threads() > 1;
+}
+
+typedef struct bn_split {
+    bn_ctx *ctx;
+    double *part; /* per image n: part[2 C n + c] and part[2 C n + C + c], channel c's sums */
+} bn_split;
+
+/* A block for 2 C sums per image, or NULL (the channel-split path is then taken). */
+static double *split_take(const bn_ctx *ctx) {
+    bn_impl *b = ctx->m->impl;
+    if (!b->arena || ctx->g.n > b->part_n) return NULL;
+    return cf_arena_take(b->arena, 2 * (size_t)ctx->g.n * ctx->g.c * sizeof(double), b);
+}
+
+/* Adds each image's sums into acc per channel, in image order. */
+static void split_combine(const bn_ctx *ctx, const double *part) {
+    bn_impl *b = ctx->m->impl;
+    const int nc = 2 * ctx->g.c;
+    double *restrict acc = b->acc;
+    for (int c = 0; c < nc; c++) acc[c] = 0;
+    for (int n = 0; n < ctx->g.n; n++) {
+        const double *restrict p = part + (size_t)n * nc;
+        for (int c = 0; c < nc; c++) acc[c] += p[c];
+    }
+}
+
+/* Forward: the shifted sums of each image's planes (k: the channel's first value, image 0's). */
+static void split_forward_sums(void *v, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const bn_split *sp = v;
+    const bn_ctx *ctx = sp->ctx;
+    const geom g = ctx->g;
+    const size_t cs = (size_t)g.s;
+    for (int64_t n = n0; n < n1; n++) {
+        const float *xn = ctx->x + (size_t)n * g.c * cs;
+        double *p = sp->part + (size_t)n * 2 * g.c;
+        for (int c = 0; c < g.c; c++)
+            cf_bn_plane_sums(xn + c * cs, g.s, ctx->x[c * cs], &p[c], &p[g.c + c]);
+    }
+}
+
+static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const bn_ctx *ctx = v;
+    const bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
+    const size_t cs = (size_t)g.s;
+    const float *scale = b->ss, *shift = b->ss + g.c;
+    for (int64_t n = n0; n < n1; n++) {
+        const size_t at = (size_t)n * g.c * cs;
+        for (int c = 0; c < g.c; c++)
+            cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
+                               ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
+    }
+}
+
+/* The planes forward split by images; false when it cannot take its block (nothing done). */
+static bool bn_forward_split(bn_ctx *ctx) {
+    bn_impl *b = ctx->m->impl;
+    if (ctx->training) {
+        double *part = split_take(ctx);
+        if (!part) return false;
+        bn_split sp = {ctx, part};
+        cf_parallel_for(ctx->g.n, split_forward_sums, &sp);
+        split_combine(ctx, part);
+        cf_arena_give(b->arena, part, NULL);
+        bn_finish_stats(ctx, 0, ctx->g.c);
+    }
+    bn_scale_shift(ctx, 0, ctx->g.c);
+    cf_parallel_for(ctx->g.n, split_forward_out, ctx);
+    return true;
+}
+
 /* Synchronised training forward: this replica's count and sums of x and x^2 per channel,
  * reduced over the group, become the batch statistics (b->mean, b->invstd, the biased variance
  * in b->acc). Returns the total count, or 0 when the reduce failed (local statistics then). */
@@ -287,10 +401,20 @@ static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
     double *buf = b->sync, *sx = buf + 1, *sxx = buf + 1 + g.c;
     const double count = (double)g.n * (double)g.s;
     buf[0] = count;
+    /* the planes' sums split by images where that runs (the same sums, see the image split) */
+    double *part = g.s > 1 && split_images(&g) ? split_take(ctx) : NULL;
+    if (part) {
+        bn_split sp = {(bn_ctx *)ctx, part};
+        cf_parallel_for(g.n, split_forward_sums, &sp);
+    }
     for (int c = 0; c < g.c; c++) {
         double a1 = 0, a2 = 0;
         const float k = g.s > 1 ? ctx->x[c * cs] : 0.0f;
-        for (int n = 0; n < g.n; n++) {
+        for (int n = 0; n < g.n && part; n++) {
+            a1 += part[(size_t)n * 2 * g.c + c];
+            a2 += part[(size_t)n * 2 * g.c + g.c + c];
+        }
+        for (int n = 0; n < g.n && !part; n++) {
             const float *p = ctx->x + ((size_t)n * g.c + c) * cs;
             if (g.s > 1) {
                 double p1, p2;
@@ -304,6 +428,7 @@ static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
         sx[c] = count * k + a1;
         sxx[c] = a2 + 2.0 * k * a1 + count * (double)k * k;
     }
+    if (part) cf_arena_give(b->arena, part, NULL);
     bool ok = b->reduce(buf, 1 + 2 * (size_t)g.c, false, b->reduce_ctx) == CF_OK && buf[0] > 0;
     const double total = ok ? buf[0] : count;
     for (int c = 0; c < g.c; c++) {
@@ -347,6 +472,8 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
     b->fwd_count = count;
     if (ctx.g.s == 1)
         bn_forward_rows(&ctx);
+    else if (split_images(&ctx.g) && bn_forward_split(&ctx))
+        ;
     else if (worth_threads(&ctx.g))
         cf_parallel_for(c, bn_forward_planes, &ctx);
     else
@@ -365,12 +492,34 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
 
 /* ---- backward ------------------------------------------------------------------------------ */
 
-static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
+/* From the gradient sums in acc (sum dy in acc[0, C), sum dy (x - mean) in acc[C, 2C)) of
+ * channels [c0, c1): the weight and bias gradients (ctx->grads) and dx's coefficients k1, k2, k3
+ * (coef). */
+static void bn_backward_coefs(bn_ctx *ctx, int64_t c0, int64_t c1) {
     cf_module *m = ctx->m;
     bn_impl *b = m->impl;
     const geom g = ctx->g;
     const double count = ctx->sums_ready ? ctx->count : (double)g.n * (double)g.s;
     const float *gamma = m->params[P_WEIGHT].data;
+    const double *sdy = b->acc, *sdyx = b->acc + g.c;
+    float *k = b->coef; /* k1, k2, k3 per channel */
+    for (int64_t c = c0; c < c1; c++) {
+        const float invstd = b->invstd[c];
+        if (ctx->grads) {
+            if (m->params[P_WEIGHT].trainable)
+                m->params[P_WEIGHT].grad[c] += (float)(sdyx[c] * invstd);
+            if (m->params[P_BIAS].trainable) m->params[P_BIAS].grad[c] += (float)sdy[c];
+        }
+        const float k1 = gamma[c] * invstd;
+        k[c] = k1;
+        k[g.c + c] = ctx->training ? (float)(-(double)k1 * invstd * invstd * sdyx[c] / count) : 0;
+        k[2 * g.c + c] = ctx->training ? (float)(-(double)k1 * sdy[c] / count) : 0;
+    }
+}
+
+static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
+    bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
     /* sample-major, as the forward pass */
     const size_t cs = (size_t)g.s;
     {
@@ -389,21 +538,9 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
                                     ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
             }
         }
-        float *k = b->coef; /* k1, k2, k3 per channel */
-        for (int64_t c = c0; c < c1; c++) {
-            const float invstd = b->invstd[c];
-            if (ctx->grads) {
-                if (m->params[P_WEIGHT].trainable)
-                    m->params[P_WEIGHT].grad[c] += (float)(sdyx[c] * invstd);
-                if (m->params[P_BIAS].trainable) m->params[P_BIAS].grad[c] += (float)sdy[c];
-            }
-            const float k1 = gamma[c] * invstd;
-            k[c] = k1;
-            k[g.c + c] =
-                ctx->training ? (float)(-(double)k1 * invstd * invstd * sdyx[c] / count) : 0;
-            k[2 * g.c + c] = ctx->training ? (float)(-(double)k1 * sdy[c] / count) : 0;
-        }
+        bn_backward_coefs(ctx, c0, c1);
         if (!ctx->need_dx) return;
+        const float *k = b->coef;
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs;
             const bool ahead = n + 1 < g.n;
@@ -423,6 +560,66 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
     const int64_t cb = bn_block_channels(&ctx->g);
     for (int64_t b0 = c0; b0 < c1; b0 += cb)
         bn_backward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
+}
+
+/* Backward: each image's gradient sums (see cf_bn_plane_dy_sums). */
+static void split_backward_sums(void *v, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const bn_split *sp = v;
+    const bn_ctx *ctx = sp->ctx;
+    const bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
+    const size_t cs = (size_t)g.s;
+    for (int64_t n = n0; n < n1; n++) {
+        const size_t at = (size_t)n * g.c * cs;
+        double *p = sp->part + (size_t)n * 2 * g.c;
+        for (int c = 0; c < g.c; c++) {
+            p[c] = p[g.c + c] = 0;
+            cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
+                                ctx->relu, b->ss[c], b->ss[g.c + c], &p[c], &p[g.c + c]);
+        }
+    }
+}
+
+static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const bn_ctx *ctx = v;
+    const bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
+    const size_t cs = (size_t)g.s;
+    const float *k = b->coef;
+    for (int64_t n = n0; n < n1; n++) {
+        const size_t at = (size_t)n * g.c * cs;
+        for (int c = 0; c < g.c; c++)
+            cf_bn_plane_dx(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs, g.s,
+                           b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu, b->ss[c],
+                           b->ss[g.c + c]);
+    }
+}
+
+/* The planes backward split by images; false when it cannot take its block (nothing done). */
+static bool bn_backward_split(bn_ctx *ctx) {
+    bn_impl *b = ctx->m->impl;
+    if (!ctx->sums_ready) {
+        double *part = split_take(ctx);
+        if (!part) return false;
+        bn_split sp = {ctx, part};
+        cf_parallel_for(ctx->g.n, split_backward_sums, &sp);
+        split_combine(ctx, part);
+        cf_arena_give(b->arena, part, NULL);
+    }
+    bn_backward_coefs(ctx, 0, ctx->g.c);
+    if (ctx->need_dx) cf_parallel_for(ctx->g.n, split_backward_dx, ctx);
+    return true;
+}
+
+/* The planes backward: split by images, or by channels when that cannot run. */
+static void bn_backward_planes_run(bn_ctx *ctx) {
+    if (split_images(&ctx->g) && bn_backward_split(ctx)) return;
+    if (worth_threads(&ctx->g))
+        cf_parallel_for(ctx->g.c, bn_backward_planes, ctx);
+    else
+        bn_backward_planes(ctx, 0, ctx->g.c, 0);
 }
 
 static void bn_backward_rows(bn_ctx *ctx) {
@@ -472,10 +669,8 @@ static double bn_sync_backward_sums(bn_ctx *ctx) {
     local.need_dx = false; /* sums and parameter gradients only */
     if (local.g.s == 1)
         bn_backward_rows(&local);
-    else if (worth_threads(&local.g))
-        cf_parallel_for(c, bn_backward_planes, &local);
     else
-        bn_backward_planes(&local, 0, c, 0);
+        bn_backward_planes_run(&local);
     double *buf = b->sync;
     buf[0] = (double)ctx->g.n * (double)ctx->g.s;
     memcpy(buf + 1, b->acc, 2 * (size_t)c * sizeof(double));
@@ -517,10 +712,8 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
     }
     if (ctx.g.s == 1)
         bn_backward_rows(&ctx);
-    else if (worth_threads(&ctx.g))
-        cf_parallel_for(ctx.g.c, bn_backward_planes, &ctx);
     else
-        bn_backward_planes(&ctx, 0, ctx.g.c, 0);
+        bn_backward_planes_run(&ctx);
     return dx;
 }
 

@@ -135,4 +135,12 @@ bool cf_nn_conv_dw_by_sibling(const cf_module *conv);
  * is bitwise the sum a residual block forms); otherwise its own gradient as usual. */
 const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, float *target);
 
+/* Runs fn over the values [0, n_images * per_image) of a batch (per_image values an image) in the
+ * chunks of cf_parallel_for(n_images, ...) scaled to values: each thread gets whole images, the
+ * same ones the convolutions and BatchNorm give it (both split their batch with
+ * cf_parallel_for over the images), so the layers between them read what the same thread wrote
+ * and no activation crosses between cores (src/nn/split.c). With fewer images than threads, the
+ * values are split as cf_parallel_for(n_images * per_image, ...) would. */
+void cf_nn_parallel_images(int64_t n_images, int64_t per_image, cf_range_fn fn, void *ctx);
+
 #endif

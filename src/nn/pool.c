@@ -207,7 +207,7 @@ static const cf_tensor *pool_forward(cf_module *m, const cf_tensor *x) {
     p->OW = os.dim[3];
     p->x = x->data;
     p->y = y->data;
-    cf_parallel_for((int64_t)x->shape.dim[0] * p->C, pool_forward_range, p);
+    cf_nn_parallel_images(x->shape.dim[0], p->C, pool_forward_range, p);
     return y;
 }
 
@@ -217,7 +217,7 @@ static const cf_tensor *pool_backward(cf_module *m, const cf_tensor *dy, bool ne
     cf_tensor *dx = cf_module_input_grad(m);
     p->dy = dy->data;
     p->dx = dx->data;
-    cf_parallel_for((int64_t)dx->shape.dim[0] * p->C, pool_backward_range, p);
+    cf_nn_parallel_images(dx->shape.dim[0], p->C, pool_backward_range, p);
     return dx;
 }
 
@@ -388,7 +388,7 @@ static const cf_tensor *avgpool_forward(cf_module *m, const cf_tensor *x) {
     cf_tensor *y = cf_module_output(m, &os);
     avgpool_job j = {m->impl,   x->shape.dim[2], x->shape.dim[3], os.dim[2],
                      os.dim[3], x->data,         y->data};
-    cf_parallel_for((int64_t)x->shape.dim[0] * x->shape.dim[1], avgpool_fwd_range, &j);
+    cf_nn_parallel_images(x->shape.dim[0], x->shape.dim[1], avgpool_fwd_range, &j);
     return y;
 }
 
@@ -397,7 +397,7 @@ static const cf_tensor *avgpool_backward(cf_module *m, const cf_tensor *dy, bool
     cf_tensor *dx = cf_module_input_grad(m);
     avgpool_job j = {m->impl,          dx->shape.dim[2], dx->shape.dim[3], dy->shape.dim[2],
                      dy->shape.dim[3], dy->data,         dx->data};
-    cf_parallel_for((int64_t)dx->shape.dim[0] * dx->shape.dim[1], avgpool_bwd_range, &j);
+    cf_nn_parallel_images(dx->shape.dim[0], dx->shape.dim[1], avgpool_bwd_range, &j);
     return dx;
 }
 

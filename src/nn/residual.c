@@ -59,9 +59,16 @@ static void res_ew_range(void *vctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
-static void res_ew_run(res_op op, const float *a, const float *b, float *out, size_t n) {
+/* Over the values of a tensor of the given shape, split by whole images as the layers around it
+ * split the batch (cf_nn_parallel_images). */
+static void res_ew_run(res_op op, const float *a, const float *b, float *out,
+                       const cf_shape *shape) {
     res_ew ctx = {op, a, b, out};
-    if (n >= RES_PAR_MIN && cf_get_num_threads() > 1)
+    const size_t n = cf_shape_numel(shape);
+    const int64_t images = shape->ndim > 1 ? shape->dim[0] : 1;
+    if (n >= RES_PAR_MIN && cf_get_num_threads() > 1 && images > 1)
+        cf_nn_parallel_images(images, (int64_t)n / images, res_ew_range, &ctx);
+    else if (n >= RES_PAR_MIN && cf_get_num_threads() > 1)
         cf_parallel_for((int64_t)n, res_ew_range, &ctx);
     else
         res_ew_range(&ctx, 0, (int64_t)n, 0);
@@ -168,8 +175,7 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
         }
     }
     cf_tensor *y = cf_module_output(m, &a->shape);
-    res_ew_run(r->relu_after ? RES_ADD_RELU : RES_ADD, a->data, b->data, y->data,
-               cf_tensor_numel(y));
+    res_ew_run(r->relu_after ? RES_ADD_RELU : RES_ADD, a->data, b->data, y->data, &y->shape);
     return y;
 }
 
@@ -196,7 +202,7 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
     if (r->relu_after) {
         r->dz.shape = dy->shape;
         r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
-        res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, cf_tensor_numel(dy));
+        res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, &dy->shape);
         dz = &r->dz;
     }
     cf_module *cp = m->children[0];
@@ -234,11 +240,11 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
     if (need_dx && !dx) {
         if (da->data != dy->data && da->data != db->data && da->data != dz->data) {
             r->gx = (cf_tensor){.data = da->data, .shape = m->in->shape};
-            res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, cf_tensor_numel(&r->gx));
+            res_ew_run(RES_ADD_TO, NULL, db->data, r->gx.data, &r->gx.shape);
             dx = &r->gx;
         } else {
             cf_tensor *sum = cf_module_input_grad(m);
-            res_ew_run(RES_ADD, da->data, db->data, sum->data, cf_tensor_numel(sum));
+            res_ew_run(RES_ADD, da->data, db->data, sum->data, &sum->shape);
             dx = sum;
         }
     }

@@ -13,8 +13,13 @@
 
 #include "core/bytes.h"
 
-/* Models smaller than this are stepped on the calling thread. */
-#define CF_OPT_PARALLEL_MIN 65536
+/* Models smaller than this (weights, not bytes) are stepped on the calling thread. The
+ * gradients come from the calling thread (the layers reduce their per-thread partial sums
+ * there) and the next forward packs the weights there, so a parallel step moves the other
+ * threads' shares of both between cores and back each step; below about 2 MB a weight (W1's
+ * mini-resnet: 108,528), that costs about what the split saves, and more where the host places
+ * the cores far apart. */
+#define CF_OPT_PARALLEL_MIN (1 << 19)
 
 typedef struct opt_coef {
     size_t begin, end; /* element range in the weight block */
