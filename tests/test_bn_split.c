@@ -68,7 +68,7 @@ static void test_parallel_images_follows_image_chunks(void **state) {
 
 /* ---- BatchNorm2d across thread counts ------------------------------------------------------- */
 
-enum { ALONE, RELU, RESIDUAL };
+enum { ALONE, RELU, RESIDUAL, BN1D };
 
 typedef struct result {
     float *y, *dx, *grads, *buffers;
@@ -97,6 +97,7 @@ static cf_status reduce_alone(double *buf, size_t n, bool backward, void *ctx) {
 
 static cf_module *build(int kind, int c) {
     if (kind == ALONE) return cf_batchnorm2d(c);
+    if (kind == BN1D) return cf_batchnorm1d(c);
     if (kind == RELU) {
         cf_module *m[] = {cf_batchnorm2d(c), cf_relu()};
         return cf_sequential(2, m);
@@ -109,7 +110,7 @@ static cf_module *build(int kind, int c) {
 
 /* Non-trivial affine parameters on every BatchNorm. */
 static void set_affine(cf_module *m, uint64_t *seed) {
-    if (strcmp(m->ops->kind, "BatchNorm2d") == 0) {
+    if (strcmp(m->ops->kind, "BatchNorm2d") == 0 || strcmp(m->ops->kind, "BatchNorm1d") == 0) {
         fill_uniform(m->params[0].data, m->params[0].numel, (*seed)++, 0.5f, 1.5f);
         fill_uniform(m->params[1].data, m->params[1].numel, (*seed)++, -0.5f, 0.5f);
     }
@@ -197,6 +198,10 @@ static void test_bn_threads_bitwise(void **state) {
     check_threads(RESIDUAL, "residual block folded into its BatchNorm", cf_shape4(7, 24, 15, 14));
     /* more images than channels, W1's stage sizes */
     check_threads(RELU, "BatchNorm2d + ReLU", cf_shape4(64, 8, 14, 14));
+    /* 2 images: fewer than 3 and 4 threads (some threads get none) */
+    check_threads(ALONE, "BatchNorm2d", cf_shape4(2, 40, 21, 20));
+    /* BatchNorm1d on (N, C, L) takes the planes paths too (L = 211: an odd plane) */
+    check_threads(BN1D, "BatchNorm1d", (cf_shape){3, {7, 24, 211}});
     cf_set_num_threads(2);
 }
 
