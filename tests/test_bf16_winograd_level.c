@@ -74,13 +74,16 @@ static void check(int from, bool dx, int n, int c, int h, int w, int k) {
         cf_conv_winograd_forward_bf16(&g, k, stale, in, n, got, scratch);
         cf_conv_winograd_forward_bf16(&g, k, fresh, in, n, want, scratch);
     }
-    for (size_t i = 0; i < nout; i++)
-        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
-            fail_msg("%s of %d -> %d channels, %dx%d: packed at %s, run at avx512_bf16: value %zu "
-                     "is %.9g, a fresh pack gives %.9g",
-                     dx ? "dx" : "forward", c, k, h, w, from == PACK_AMX ? "amx" : "avx512", i,
-                     (double)got[i], (double)want[i]);
+    size_t bad = nout; /* the first value that differs (freed before the test fails) */
+    for (size_t i = 0; i < nout && bad == nout; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0) bad = i;
+    const double g0 = bad < nout ? got[bad] : 0, w0 = bad < nout ? want[bad] : 0;
     free(wt), free(in), free(stale), free(fresh), free(scratch), free(got), free(want);
+    if (bad < nout)
+        fail_msg("%s of %d -> %d channels, %dx%d: packed at %s, run at avx512_bf16: value %zu is "
+                 "%.9g, a fresh pack gives %.9g",
+                 dx ? "dx" : "forward", c, k, h, w, from == PACK_AMX ? "amx" : "avx512", bad, g0,
+                 w0);
 }
 
 static void test_pack_of_another_level(void **state) {
