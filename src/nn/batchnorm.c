@@ -10,7 +10,7 @@
  *
  * Channel planes (BatchNorm2d, BatchNorm1d on (N, C, L)) go through the tensor layer's plane
  * kernels (cf_bn_plane_*: one-pass shifted sums in vector lanes, then double per plane); rows of
- * features (BatchNorm1d on (N, C)) take two passes in double here. Large planes inputs are
+ * features (BatchNorm1d on (N, C)) take two passes in double here. Large inputs of planes are
  * split over the threads by images, as the convolutions split them (see "the image split"
  * below); each channel's sums are added in image order whatever the split, so results do not
  * depend on the thread count.
