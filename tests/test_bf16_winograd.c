@@ -17,6 +17,7 @@
  * itself, far outside it. */
 #include "corefit/nn.h"
 #include "oracle.h"
+#include "tensor/kernel_table.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -365,9 +366,40 @@ static void test_layer(void **state) {
     }
 }
 
+/* The transformed input rounded and paired as the transform computes it (where the level has
+ * cf_wino_kernels.input_pairs and cf_bf16_kernels.gemm_paired) against rounded by the GEMM's
+ * packing: bitwise on every case (odd channel counts: the last pair's high half 0; bands of tile
+ * rows; blocks of several images), forward and dx (dW does not use it). */
+static void test_fused_input(void **state) {
+    (void)state;
+    const cf_kernel_table *kt_now = cf_active_kernels;
+    if (!cf_bf16_compute() || !kt_now->wino || !kt_now->wino->input_pairs || !kt_now->bf16 ||
+        !kt_now->bf16->gemm_paired)
+        printf("no fused input transform at this level: both runs take the packing path\n");
+    static const wcase extra[] = {{2, 3, 6, 6, 5}, {3, 256, 8, 8, 64}, {2, 64, 32, 32, 32}};
+    for (int i = 0; i < N_CASES + 3; i++) {
+        const wcase *wc = i < N_CASES ? &cases[i] : &extra[i - N_CASES];
+        float *x, *wt, *dy;
+        case_inputs(i, wc, &x, &wt, &dy);
+        cf__winograd_set_fused(false);
+        run_out a = run_direct(wc, x, wt, dy, true);
+        cf__winograd_set_fused(true);
+        run_out b = run_direct(wc, x, wt, dy, true);
+        const size_t plane = (size_t)wc->h * wc->w;
+        char what[80];
+        snprintf(what, sizeof what, "case %d y: fused against packed", i);
+        expect_bitwise(what, b.y, a.y, (size_t)wc->n * wc->k * plane);
+        snprintf(what, sizeof what, "case %d dx: fused against packed", i);
+        expect_bitwise(what, b.dx, a.dx, (size_t)wc->n * wc->c * plane);
+        free_out(&a), free_out(&b);
+        free(x), free(wt), free(dy);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64),
+        cmocka_unit_test(test_fused_input),
         cmocka_unit_test(test_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -263,21 +263,53 @@ static void point_bf16(const float *u, int cout, int cin, int xi, const float *v
                   false);
 }
 
+static bool fused = true; /* cf__winograd_set_fused */
+
+void cf__winograd_set_fused(bool on) {
+    fused = on;
+}
+
+/* The row stride, in words, of the bf16 pairs of the transformed input (input_pairs): the block's
+ * tiles rounded up to an odd number of 64-byte lines, so that the rows of pairs a GEMM panel
+ * reads (48 columns, 128 pairs) spread over all the L1 sets instead of falling into a few (rows
+ * 512 bytes apart use 24 sets of 64). */
+static size_t pairs_ld(size_t ld) {
+    return ld / 16 % 2 ? ld : ld + 16;
+}
+
 /* y (n_images x cout x h x w) = the 3x3 "same" convolution of x (cin channels) with the
  * transformed weights u ([xi][cout][cin]), block by block (b: the forward pass's blocking,
- * whichever way the channels run). */
+ * whichever way the channels run). In bf16, where the level has input_pairs and gemm_paired (and
+ * the pairs fit where V would be), V is rounded and paired as the transform computes it and the
+ * GEMM reads it in place: bitwise the same as V in fp32 rounded by the GEMM's packing, without
+ * writing and reading V in fp32. */
 static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, const float *u,
                 const float *x, int n_images, float *y, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
     float *v = scratch, *m = v + POINTS * (size_t)cin * ld, *pad = m + POINTS * (size_t)cout * ld;
+    const cf_bf16_kernels *bk = bf16 && fused && wk->input_pairs ? prepacked(cout, cin) : NULL;
+    const size_t ldp = pairs_ld(ld), vp_xi = (size_t)(cin + 1) / 2 * ldp;
+    if (bk && (!bk->gemm_paired || vp_xi > (size_t)cin * ld)) bk = NULL;
+    uint32_t *vp = (uint32_t *)v;
     for (int n0 = 0; n0 < n_images; n0 += b->images) {
         const int count = min_int(b->images, n_images - n0);
         const float *xb = x + (size_t)n0 * cin * plane;
         float *yb = y + (size_t)n0 * cout * plane;
         for (int ty0 = 0; ty0 < b->th; ty0 += b->rows) {
             const int rows = min_int(b->rows, b->th - ty0), cols = count * rows * b->tw;
+            if (bk) {
+                wk->input_pairs(xb, cin, h, w, count, cin * plane, ty0, rows, vp, vp_xi, (int)ldp,
+                                pad);
+                for (int xi = 0; xi < POINTS; xi++)
+                    bk->gemm_paired(
+                        cout, cols, cin,
+                        packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
+                        vp + (size_t)xi * vp_xi, ldp, m + (size_t)xi * cout * ld, (int)ld, false);
+                wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
+                continue;
+            }
             wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, cin * ld, (int)ld, pad);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)
