@@ -366,18 +366,20 @@ static void test_layer(void **state) {
     }
 }
 
-/* The transformed input rounded and paired as the transform computes it (where the level has
- * cf_wino_kernels.input_pairs and cf_bf16_kernels.gemm_paired) against rounded by the GEMM's
- * packing: bitwise on every case (odd channel counts: the last pair's high half 0; bands of tile
- * rows; blocks of several images), forward and dx (dW does not use it). */
+/* The transformed input and output gradient rounded and paired as the transforms compute them
+ * (where the level has cf_wino_kernels.input_pairs and dy_pairs and cf_bf16_kernels.gemm_paired)
+ * against rounded by the GEMM's packing: bitwise on every case (odd channel counts: the last
+ * pair's high half 0; odd tile counts: the last tile pair's; bands of tile rows; blocks of
+ * several images), forward, dx and dW. */
 static void test_fused_input(void **state) {
     (void)state;
     const cf_kernel_table *kt_now = cf_active_kernels;
-    if (!cf_bf16_compute() || !kt_now->wino || !kt_now->wino->input_pairs || !kt_now->bf16 ||
-        !kt_now->bf16->gemm_paired)
+    if (!cf_bf16_compute() || !kt_now->wino || !kt_now->wino->input_pairs ||
+        !kt_now->wino->dy_pairs || !kt_now->bf16 || !kt_now->bf16->gemm_paired)
         printf("no fused input transform at this level: both runs take the packing path\n");
-    static const wcase extra[] = {{2, 3, 6, 6, 5}, {3, 256, 8, 8, 64}, {2, 64, 32, 32, 32}};
-    for (int i = 0; i < N_CASES + 3; i++) {
+    static const wcase extra[] = {
+        {2, 3, 6, 6, 5}, {3, 256, 8, 8, 64}, {2, 64, 32, 32, 32}, {1, 24, 5, 5, 33}};
+    for (int i = 0; i < N_CASES + 4; i++) {
         const wcase *wc = i < N_CASES ? &cases[i] : &extra[i - N_CASES];
         float *x, *wt, *dy;
         case_inputs(i, wc, &x, &wt, &dy);
@@ -391,6 +393,8 @@ static void test_fused_input(void **state) {
         expect_bitwise(what, b.y, a.y, (size_t)wc->n * wc->k * plane);
         snprintf(what, sizeof what, "case %d dx: fused against packed", i);
         expect_bitwise(what, b.dx, a.dx, (size_t)wc->n * wc->c * plane);
+        snprintf(what, sizeof what, "case %d dW: fused against packed", i);
+        expect_bitwise(what, b.dw, a.dw, (size_t)wc->k * wc->c * 9);
         free_out(&a), free_out(&b);
         free(x), free(wt), free(dy);
     }

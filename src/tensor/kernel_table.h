@@ -102,6 +102,12 @@ typedef struct cf_wino_kernels {
      * bf16(V(xi, 2p + 1, t)) << 16, 0 in the high half past `channels` */
     void (*input_pairs)(const float *x, int channels, int h, int w, int n_images, size_t x_image,
                         int ty0, int th, uint32_t *v, size_t v_xi, int ldv, float *pad);
+    /* NULL where the table has none: Mg^T as dy_nhwc computes it, rounded the same way and paired
+     * over the tiles: the word of point xi, tile pair q, channel k at m + xi * m_xi + q * ldm + k
+     * is bf16(Mg(xi, 2q, k)) | bf16(Mg(xi, 2q + 1, k)) << 16, 0 in the high half past the call's
+     * tiles */
+    void (*dy_pairs)(const float *dyt, int channels, int h, int w, int n_images, int ty0, int th,
+                     uint32_t *m, size_t m_xi, int ldm);
 } cf_wino_kernels;
 
 /* One LSTM step over the n cells of one row (cf_lstm_cell_forward and cf_lstm_cell_backward in

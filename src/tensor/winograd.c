@@ -362,6 +362,17 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
      * place, with the long sum over the tiles inside the register tiles */
     float *v = scratch, *mgt = v + POINTS * (size_t)C * ld, *dyt = mgt + POINTS * (size_t)K * ld;
     float *pad = dyt + (size_t)b.images * K * plane;
+    /* In bf16, where the level has dy_pairs and gemm_paired: Mg^T rounded and paired over the
+     * tiles as it is computed, read in place by the GEMM (V packed as its A per point, as
+     * cf_sgemm_bf16 does): bitwise the same products in the same order, without Mg^T in fp32 */
+    const cf_bf16_kernels *bk = cf_active_kernels->bf16;
+    const size_t ldm = pairs_ld(round16((size_t)K)), mgp_xi = ld / 2 * ldm;
+    uint32_t *ap = NULL, *mgp = (uint32_t *)mgt;
+#if defined(__x86_64__) /* the GEMMs' packing scratch: isa_avx512_bf16.c */
+    if (bf16 && fused && wk->dy_pairs && bk && bk->gemm_paired && bk->gemm_pack_a &&
+        bk->gemm_a_words && mgp_xi <= (size_t)K * ld)
+        ap = cf__bf16_pack_scratch(bk->gemm_a_words(C, (int)ld));
+#endif
     if (n_images <= 0 && !accumulate) memset(du, 0, POINTS * (size_t)K * C * sizeof(float));
     bool add = accumulate;
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
@@ -373,6 +384,16 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
             const int rows = min_int(b.rows, b.th - ty0), cols = count * rows * b.tw;
             wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, C * ld,
                       (int)ld, pad);
+            if (ap) {
+                wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                for (int xi = 0; xi < POINTS; xi++) {
+                    bk->gemm_pack_a(false, C, cols, v + (size_t)xi * C * ld, (int)ld, ap);
+                    bk->gemm_paired(C, K, cols, ap, mgp + (size_t)xi * mgp_xi, ldm,
+                                    du + (size_t)xi * K * C, K, add);
+                }
+                add = true;
+                continue;
+            }
             wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, ld * K);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)
