@@ -17,6 +17,7 @@
  * itself, far outside it. */
 #include "corefit/nn.h"
 #include "oracle.h"
+#include "tensor/kernel_table.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -365,9 +366,44 @@ static void test_layer(void **state) {
     }
 }
 
+/* The transformed input and output gradient rounded and paired as the transforms compute them
+ * (where the level has cf_wino_kernels.input_pairs and dy_pairs and cf_bf16_kernels.gemm_paired)
+ * against rounded by the GEMM's packing: bitwise on every case (odd channel counts: the last
+ * pair's high half 0; odd tile counts: the last tile pair's; bands of tile rows; blocks of
+ * several images), forward, dx and dW. */
+static void test_fused_input(void **state) {
+    (void)state;
+    const cf_kernel_table *kt_now = cf_active_kernels;
+    if (!cf_bf16_compute() || !kt_now->wino || !kt_now->wino->input_pairs ||
+        !kt_now->wino->dy_pairs || !kt_now->bf16 || !kt_now->bf16->gemm_paired)
+        printf("no fused input transform at this level: both runs take the packing path\n");
+    static const wcase extra[] = {
+        {2, 3, 6, 6, 5}, {3, 256, 8, 8, 64}, {2, 64, 32, 32, 32}, {1, 24, 5, 5, 33}};
+    for (int i = 0; i < N_CASES + 4; i++) {
+        const wcase *wc = i < N_CASES ? &cases[i] : &extra[i - N_CASES];
+        float *x, *wt, *dy;
+        case_inputs(i, wc, &x, &wt, &dy);
+        cf__winograd_set_fused(false);
+        run_out a = run_direct(wc, x, wt, dy, true);
+        cf__winograd_set_fused(true);
+        run_out b = run_direct(wc, x, wt, dy, true);
+        const size_t plane = (size_t)wc->h * wc->w;
+        char what[80];
+        snprintf(what, sizeof what, "case %d y: fused against packed", i);
+        expect_bitwise(what, b.y, a.y, (size_t)wc->n * wc->k * plane);
+        snprintf(what, sizeof what, "case %d dx: fused against packed", i);
+        expect_bitwise(what, b.dx, a.dx, (size_t)wc->n * wc->c * plane);
+        snprintf(what, sizeof what, "case %d dW: fused against packed", i);
+        expect_bitwise(what, b.dw, a.dw, (size_t)wc->k * wc->c * 9);
+        free_out(&a), free_out(&b);
+        free(x), free(wt), free(dy);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64),
+        cmocka_unit_test(test_fused_input),
         cmocka_unit_test(test_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

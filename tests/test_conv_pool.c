@@ -252,6 +252,8 @@ static void test_pools_match_pytorch(void **state) {
         {MAXPOOL, 0, 0, 2, 0, 0, false, 2, 2, 7, 7, 0, -1, 1},      /* stride 0 = kernel */
         {MAXPOOL, 0, 0, 3, 1, 0, false, 2, 3, 6, 5, 0.5f, -1, 1},   /* many ties: first max */
         {MAXPOOL, 0, 0, 2, 2, 0, false, 2, 2, 36, 37, 0.5f, -1, 1}, /* 2x2: whole vectors, ties */
+        {MAXPOOL, 0, 0, 3, 2, 1, false, 2, 3, 16, 17, 0.5f, -1, 1}, /* 3x3 s2: unrolled, ties */
+        {MAXPOOL, 0, 0, 3, 2, 0, false, 1, 2, 9, 10, 0.5f, -1, 1},
         {AVGPOOL, 0, 0, 3, 2, 1, false, 2, 3, 9, 7, 0, -1, 1},
         {AVGPOOL, 0, 0, 2, 2, 0, false, 1, 2, 8, 8, 0, -1, 1},
         {AVGPOOL, 0, 0, 3, 1, 1, false, 2, 2, 5, 6, 0, -1, 1},

@@ -123,16 +123,15 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
 }
 
 /* C (rows x the columns of cmask, row stride ldc) (+)= the MR x (16 nv) tile of packed A and B
- * over nq k-pairs (B's panel rows NR words apart; nv vectors of columns, the panel's others
- * padding that is neither computed nor stored). */
-static inline __attribute__((always_inline)) void tile_nv(int nv, int nq, const uint32_t *ap,
-                                                          const uint32_t *bp, float *c, int ldc,
-                                                          int rows, const __mmask16 cmask[NV],
-                                                          bool accumulate) {
+ * over nq k-pairs (B's rows of pairs ldb words apart: NR in a packed panel; nv vectors of
+ * columns, the panel's others padding that is neither computed nor stored). */
+static inline __attribute__((always_inline)) void
+tile_nv(int nv, int nq, const uint32_t *ap, const uint32_t *bp, size_t ldb, float *c, int ldc,
+        int rows, const __mmask16 cmask[NV], bool accumulate) {
     __m512 acc[MR][NV];
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
-    for (int q = 0; q < nq; q++, ap += MR, bp += NR) {
+    for (int q = 0; q < nq; q++, ap += MR, bp += ldb) {
         __m512bh b[NV];
         for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
         for (int r = 0; r < MR; r++) {
@@ -155,11 +154,22 @@ static inline __attribute__((always_inline)) void tile_nv(int nv, int nq, const 
 static void tile(int nv, int nq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc,
                  int rows, const __mmask16 cmask[NV], bool accumulate) {
     if (nv >= 3)
-        tile_nv(3, nq, ap, bp, c, ldc, rows, cmask, accumulate);
+        tile_nv(3, nq, ap, bp, NR, c, ldc, rows, cmask, accumulate);
     else if (nv == 2)
-        tile_nv(2, nq, ap, bp, c, ldc, rows, cmask, accumulate);
+        tile_nv(2, nq, ap, bp, NR, c, ldc, rows, cmask, accumulate);
     else
-        tile_nv(1, nq, ap, bp, c, ldc, rows, cmask, accumulate);
+        tile_nv(1, nq, ap, bp, NR, c, ldc, rows, cmask, accumulate);
+}
+
+/* The same with B's rows of pairs ldb words apart (gemm_paired). */
+static void tile_strided(int nv, int nq, const uint32_t *ap, const uint32_t *bp, size_t ldb,
+                         float *c, int ldc, int rows, const __mmask16 cmask[NV], bool accumulate) {
+    if (nv >= 3)
+        tile_nv(3, nq, ap, bp, ldb, c, ldc, rows, cmask, accumulate);
+    else if (nv == 2)
+        tile_nv(2, nq, ap, bp, ldb, c, ldc, rows, cmask, accumulate);
+    else
+        tile_nv(1, nq, ap, bp, ldb, c, ldc, rows, cmask, accumulate);
 }
 
 /* The bf16 GEMMs' packing scratch of the calling thread (this file's and amx_tiles.h's), kept
@@ -271,6 +281,31 @@ static bool bf16_gemm_packed(int m, int n, int k, const uint32_t *packed_a, bool
     const operand B = {b, trans_b ? ldb : 1, trans_b ? 1 : ldb};
     gemm_run(m, n, k, packed_a, &B, bp, c, ldc, accumulate);
     return true;
+}
+
+/* C (+)= A . B with A packed by gemm_pack_a and B already paired, its rows of pairs ldb words
+ * apart (the Winograd convolutions' transformed input, cf_wino_kernels.input_pairs): gemm_run's
+ * blocks, tiles and order of sums, each panel read in place instead of packed first, so the
+ * result is bitwise gemm_packed's on the same values. */
+static void bf16_gemm_paired(int m, int n, int k, const uint32_t *ap, const uint32_t *b, size_t ldb,
+                             float *c, int ldc, bool accumulate) {
+    const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const bool add = accumulate || q0 > 0;
+        const uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
+        for (int j = 0; j < panels; j++) {
+            const uint32_t *bp = b + (size_t)q0 * ldb + (size_t)j * NR;
+            __mmask16 cmask[NV];
+            for (int v = 0; v < NV; v++) cmask[v] = lanes_below(n - j * NR - 16 * v);
+            const int cols = n - j * NR, nv = cols >= NR ? NV : (cols + 15) / 16;
+            for (int i = 0; i < row_blocks; i++) {
+                const int rows = m - i * MR < MR ? m - i * MR : MR;
+                tile_strided(nv, nq, ablock + (size_t)i * MR * nq, bp, ldb,
+                             c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
+            }
+        }
+    }
 }
 
 /* ---- the implicit bf16 convolution (conv_bf16.c) ---------------------------------------------
@@ -558,6 +593,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm_a_words = gemm_a_words,
     .gemm_pack_a = gemm_pack_a,
     .gemm_packed = bf16_gemm_packed,
+    .gemm_paired = bf16_gemm_paired,
     .pairs = bf16_pairs,
     .conv_run = bf16_conv_run,
     .conv_wgrad = bf16_conv_wgrad,

@@ -96,6 +96,18 @@ typedef struct cf_wino_kernels {
      * channel k at dyt + (n*h*w + p) * channels + k) */
     void (*dy_nhwc)(const float *dyt, int channels, int h, int w, int n_images, int ty0, int th,
                     float *m, size_t m_xi);
+    /* NULL where the table has none: V as `input` computes it, rounded to bf16 (as
+     * cf_fp32_to_bf16) and paired over the channels for cf_bf16_kernels.gemm_paired: the word of
+     * point xi, channel pair p, tile t at v + xi * v_xi + p * ldv + t is bf16(V(xi, 2p, t)) |
+     * bf16(V(xi, 2p + 1, t)) << 16, 0 in the high half past `channels` */
+    void (*input_pairs)(const float *x, int channels, int h, int w, int n_images, size_t x_image,
+                        int ty0, int th, uint32_t *v, size_t v_xi, int ldv, float *pad);
+    /* NULL where the table has none: Mg^T as dy_nhwc computes it, rounded the same way and paired
+     * over the tiles: the word of point xi, tile pair q, channel k at m + xi * m_xi + q * ldm + k
+     * is bf16(Mg(xi, 2q, k)) | bf16(Mg(xi, 2q + 1, k)) << 16, 0 in the high half past the call's
+     * tiles */
+    void (*dy_pairs)(const float *dyt, int channels, int h, int w, int n_images, int ty0, int th,
+                     uint32_t *m, size_t m_xi, int ldm);
 } cf_wino_kernels;
 
 /* One LSTM step over the n cells of one row (cf_lstm_cell_forward and cf_lstm_cell_backward in
@@ -143,6 +155,12 @@ typedef struct cf_bf16_kernels {
     void (*gemm_pack_a)(bool trans_a, int m, int k, const float *a, int lda, uint32_t *packed);
     bool (*gemm_packed)(int m, int n, int k, const uint32_t *packed_a, bool trans_b, const float *b,
                         int ldb, float *c, int ldc, bool accumulate);
+    /* NULL: none. gemm_packed with B (k x n) given already rounded and paired over k: the word
+     * of pair q, column j at b[q * ldb + j] is bf16(B(2q, j)) | bf16(B(2q + 1, j)) << 16 (0 in
+     * the high half past k), readable up to the next multiple of 16 columns (the values there are
+     * never stored). Bitwise gemm_packed on the same values; no scratch. */
+    void (*gemm_paired)(int m, int n, int k, const uint32_t *packed_a, const uint32_t *b,
+                        size_t ldb, float *c, int ldc, bool accumulate);
     /* The implicit bf16 convolution's kernels (conv_bf16.c; NULL: none). pairs: out[i] =
      * bf16(lo[i]) | bf16(hi[i]) << 16, i < n (hi NULL: zero). conv_run: out[r * ldo + q] = sum
      * over taps t < taps and channel pairs p < pairs of dot(weight pair (r, t, p), x[p * plane +
@@ -176,6 +194,11 @@ typedef struct cf_bf16_kernels {
      * (the AMX level's tile rows, amx_tiles.h): a pack is for the level active when it is made. */
     void (*conv_order)(uint32_t *packed, int taps, int pairs, int m, uint32_t *tmp);
 } cf_bf16_kernels;
+
+/* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
+ * (cf_wino_kernels.input_pairs and cf_bf16_kernels.gemm_paired, where the level has both; on by
+ * default) rather than in the GEMM's packing: for tests, which compare the two bitwise. */
+void cf__winograd_set_fused(bool on);
 
 /* At least `words` words of the calling thread's packing scratch for the bf16 GEMMs
  * (isa_avx512_bf16.c; x86-64), kept between calls; NULL when out of memory. */

@@ -23,8 +23,10 @@
  * stay fp32, and the 16 per-point GEMMs take bf16 operands with fp32 sums. Rounded to bf16 (round
  * to nearest even, cf_fp32_to_bf16's): V and U in the forward pass, the flipped weights' U and
  * the transformed output gradient in dx, V and Mg in dW; U once per pass (the bf16 pack), V and
- * Mg as the GEMM packs them. PyTorch's autocast rounds the layer's operands instead (x, w, dy)
- * and its products of rounded values are exact. Here each product of two rounded transformed
+ * Mg as the transforms compute them where the level has input_pairs, dy_pairs and gemm_paired
+ * (AVX512_BF16: pairs in the GEMM's order, read in place), else as the GEMM packs them (the same
+ * values, bitwise the same results). PyTorch's autocast rounds the layer's operands instead (x, w,
+ * dy) and its products of rounded values are exact. Here each product of two rounded transformed
  * values is off by at most 2u + u^2 (u = 2^-8) of its magnitude, so an output is off by at most
  * that much of the same computation on absolute values, |A^T| (sum over channels of (|G| |g|
  * |G^T|) . (|B^T| |d| |B|)) |A|, plus fp32's rounding: the same order as rounding x and w, over
@@ -263,21 +265,53 @@ static void point_bf16(const float *u, int cout, int cin, int xi, const float *v
                   false);
 }
 
+static bool fused = true; /* cf__winograd_set_fused */
+
+void cf__winograd_set_fused(bool on) {
+    fused = on;
+}
+
+/* The row stride, in words, of the bf16 pairs of the transformed input (input_pairs): the block's
+ * tiles rounded up to an odd number of 64-byte lines, so that the rows of pairs a GEMM panel
+ * reads (48 columns, 128 pairs) spread over all the L1 sets instead of falling into a few (rows
+ * 512 bytes apart use 24 sets of 64). */
+static size_t pairs_ld(size_t ld) {
+    return ld / 16 % 2 ? ld : ld + 16;
+}
+
 /* y (n_images x cout x h x w) = the 3x3 "same" convolution of x (cin channels) with the
  * transformed weights u ([xi][cout][cin]), block by block (b: the forward pass's blocking,
- * whichever way the channels run). */
+ * whichever way the channels run). In bf16, where the level has input_pairs and gemm_paired (and
+ * the pairs fit where V would be), V is rounded and paired as the transform computes it and the
+ * GEMM reads it in place: bitwise the same as V in fp32 rounded by the GEMM's packing, without
+ * writing and reading V in fp32. */
 static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, const float *u,
                 const float *x, int n_images, float *y, float *scratch, bool bf16) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
     float *v = scratch, *m = v + POINTS * (size_t)cin * ld, *pad = m + POINTS * (size_t)cout * ld;
+    const cf_bf16_kernels *bk = bf16 && fused && wk->input_pairs ? prepacked(cout, cin) : NULL;
+    const size_t ldp = pairs_ld(ld), vp_xi = (size_t)(cin + 1) / 2 * ldp;
+    if (bk && (!bk->gemm_paired || vp_xi > (size_t)cin * ld)) bk = NULL;
+    uint32_t *vp = (uint32_t *)v;
     for (int n0 = 0; n0 < n_images; n0 += b->images) {
         const int count = min_int(b->images, n_images - n0);
         const float *xb = x + (size_t)n0 * cin * plane;
         float *yb = y + (size_t)n0 * cout * plane;
         for (int ty0 = 0; ty0 < b->th; ty0 += b->rows) {
             const int rows = min_int(b->rows, b->th - ty0), cols = count * rows * b->tw;
+            if (bk) {
+                wk->input_pairs(xb, cin, h, w, count, cin * plane, ty0, rows, vp, vp_xi, (int)ldp,
+                                pad);
+                for (int xi = 0; xi < POINTS; xi++)
+                    bk->gemm_paired(
+                        cout, cols, cin,
+                        packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
+                        vp + (size_t)xi * vp_xi, ldp, m + (size_t)xi * cout * ld, (int)ld, false);
+                wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
+                continue;
+            }
             wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, cin * ld, (int)ld, pad);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)
@@ -330,6 +364,17 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
      * place, with the long sum over the tiles inside the register tiles */
     float *v = scratch, *mgt = v + POINTS * (size_t)C * ld, *dyt = mgt + POINTS * (size_t)K * ld;
     float *pad = dyt + (size_t)b.images * K * plane;
+    /* In bf16, where the level has dy_pairs and gemm_paired: Mg^T rounded and paired over the
+     * tiles as it is computed, read in place by the GEMM (V packed as its A per point, as
+     * cf_sgemm_bf16 does): bitwise the same products in the same order, without Mg^T in fp32 */
+    const cf_bf16_kernels *bk = cf_active_kernels->bf16;
+    const size_t ldm = pairs_ld(round16((size_t)K)), mgp_xi = ld / 2 * ldm;
+    uint32_t *ap = NULL, *mgp = (uint32_t *)mgt;
+#if defined(__x86_64__) /* the GEMMs' packing scratch: isa_avx512_bf16.c */
+    if (bf16 && fused && wk->dy_pairs && bk && bk->gemm_paired && bk->gemm_pack_a &&
+        bk->gemm_a_words && mgp_xi <= (size_t)K * ld)
+        ap = cf__bf16_pack_scratch(bk->gemm_a_words(C, (int)ld));
+#endif
     if (n_images <= 0 && !accumulate) memset(du, 0, POINTS * (size_t)K * C * sizeof(float));
     bool add = accumulate;
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
@@ -341,6 +386,16 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
             const int rows = min_int(b.rows, b.th - ty0), cols = count * rows * b.tw;
             wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, C * ld,
                       (int)ld, pad);
+            if (ap) {
+                wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                for (int xi = 0; xi < POINTS; xi++) {
+                    bk->gemm_pack_a(false, C, cols, v + (size_t)xi * C * ld, (int)ld, ap);
+                    bk->gemm_paired(C, K, cols, ap, mgp + (size_t)xi * mgp_xi, ldm,
+                                    du + (size_t)xi * K * C, K, add);
+                }
+                add = true;
+                continue;
+            }
             wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, ld * K);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)

@@ -227,6 +227,127 @@ static void loops_wino_dy_nhwc(const float *dyt, int channels, int h, int w, int
             }
 }
 
+#ifdef WINO_STORE_PAIRS
+#define POINTS_OF_TILE 16
+/* V as loops_wino_input computes it, two channels at a time, rounded and paired as the bf16 GEMM
+ * reads it (cf_wino_kernels.input_pairs): WINO_STORE_PAIRS(p, n, lo, hi), defined by the
+ * including file, stores the first n (1 to VL) words bf16(lo) | bf16(hi) << 16 at p. Both planes
+ * of a pair are split first, then transformed together: the fp32 V is never written. */
+static void loops_wino_input_pairs(const float *x, int channels, int h, int w, int n_images,
+                                   size_t x_image, int ty0, int th, uint32_t *v, size_t v_xi,
+                                   int ldv, float *pad) {
+    const int tw = (w + 1) / 2, tiles = th * tw;
+    const size_t part = (size_t)(th + 1) * tw + VL, plane = (size_t)h * w;
+    const size_t split = 8 * part + VL; /* one split plane; pad holds two */
+    const float *even0 = pad, *odd0 = pad + 4 * part;
+    const float *even1 = pad + split, *odd1 = even1 + 4 * part;
+    for (int n = 0; n < n_images; n++)
+        for (int c = 0; c < channels; c += 2) {
+            const float *xc = x + (size_t)n * x_image + (size_t)c * plane;
+            const bool two = c + 1 < channels;
+            const float *next = c + 2 < channels   ? xc + 2 * plane
+                                : n + 1 < n_images ? x + (size_t)(n + 1) * x_image
+                                                   : NULL;
+            wino_split_plane(xc, h, w, ty0, th, tw, pad, two ? xc + plane : next);
+            if (two) wino_split_plane(xc + plane, h, w, ty0, th, tw, pad + split, next);
+            uint32_t *out = v + (size_t)(c / 2) * ldv + (size_t)n * tiles;
+            for (int t0 = 0; t0 < tiles; t0 += VL) {
+                const int left = tiles - t0 < VL ? tiles - t0 : VL;
+                vf a1[4], a2[4], b1[4], b2[4]; /* patch rows 1 and 2 of channels c and c + 1 */
+                for (int k = 0; k < 4; k++) {
+                    a1[k] = V_LOADU(odd0 + k * part + t0);
+                    a2[k] = V_LOADU(even0 + k * part + tw + t0);
+                    b1[k] = two ? V_LOADU(odd1 + k * part + t0) : V_ZERO();
+                    b2[k] = two ? V_LOADU(even1 + k * part + tw + t0) : V_ZERO();
+                }
+#define WINO_PAIRS_T_B(i, ta, tb)                                                                  \
+    do {                                                                                           \
+        uint32_t *o_ = out + (size_t)(4 * (i)) * v_xi + t0;                                        \
+        WINO_STORE_PAIRS(o_, left, V_SUB((ta)[0], (ta)[2]), V_SUB((tb)[0], (tb)[2]));              \
+        WINO_STORE_PAIRS(o_ + v_xi, left, V_ADD((ta)[1], (ta)[2]), V_ADD((tb)[1], (tb)[2]));       \
+        WINO_STORE_PAIRS(o_ + 2 * v_xi, left, V_SUB((ta)[2], (ta)[1]), V_SUB((tb)[2], (tb)[1]));   \
+        WINO_STORE_PAIRS(o_ + 3 * v_xi, left, V_SUB((ta)[1], (ta)[3]), V_SUB((tb)[1], (tb)[3]));   \
+    } while (0)
+                vf ta[4], tb[4];
+                for (int k = 0; k < 4; k++) {
+                    ta[k] = V_ADD(a1[k], a2[k]);
+                    tb[k] = V_ADD(b1[k], b2[k]);
+                }
+                WINO_PAIRS_T_B(1, ta, tb);
+                for (int k = 0; k < 4; k++) {
+                    ta[k] = V_SUB(a2[k], a1[k]);
+                    tb[k] = V_SUB(b2[k], b1[k]);
+                }
+                WINO_PAIRS_T_B(2, ta, tb);
+                for (int k = 0; k < 4; k++) {
+                    ta[k] = V_SUB(V_LOADU(even0 + k * part + t0), a2[k]);
+                    tb[k] = two ? V_SUB(V_LOADU(even1 + k * part + t0), b2[k]) : V_ZERO();
+                }
+                WINO_PAIRS_T_B(0, ta, tb);
+                for (int k = 0; k < 4; k++) {
+                    ta[k] = V_SUB(a1[k], V_LOADU(odd0 + k * part + tw + t0));
+                    tb[k] = two ? V_SUB(b1[k], V_LOADU(odd1 + k * part + tw + t0)) : V_ZERO();
+                }
+                WINO_PAIRS_T_B(3, ta, tb);
+#undef WINO_PAIRS_T_B
+            }
+        }
+}
+
+/* The 16 vectors of Mg (xi = 4i + j) of call tile t (numbered image by image, row by row over the
+ * tile rows [ty0, ty0 + th)) for the channels [k0, k0 + nk), as loops_wino_dy_nhwc computes
+ * them; 0 for t past the call's tiles. */
+CF_INLINE void wino_dy_tile(const float *dyt, int K, int h, int w, int ty0, int th, int t,
+                            int tiles, int k0, int nk, vf z[POINTS_OF_TILE]) {
+    if (t >= tiles) {
+        for (int xi = 0; xi < POINTS_OF_TILE; xi++) z[xi] = V_ZERO();
+        return;
+    }
+    const int tw = (w + 1) / 2, per_image = th * tw;
+    const int n = t / per_image, ty = ty0 + t % per_image / tw, tx = t % tw;
+    const float *p00 = dyt + ((size_t)(n * h + 2 * ty) * w + 2 * tx) * K;
+    const bool right = 2 * tx + 1 < w, down = 2 * ty + 1 < h;
+    const vf y00 = wino_load(p00 + k0, nk);
+    const vf y01 = right ? wino_load(p00 + K + k0, nk) : V_ZERO();
+    const vf y10 = down ? wino_load(p00 + (size_t)w * K + k0, nk) : V_ZERO();
+    const vf y11 = right && down ? wino_load(p00 + (size_t)(w + 1) * K + k0, nk) : V_ZERO();
+    const vf r[4][2] = {{y00, y01},
+                        {V_ADD(y00, y10), V_ADD(y01, y11)},
+                        {V_SUB(y00, y10), V_SUB(y01, y11)},
+                        {V_SUB(V_ZERO(), y10), V_SUB(V_ZERO(), y11)}};
+    for (int i = 0; i < 4; i++) {
+        z[4 * i] = r[i][0];
+        z[4 * i + 1] = V_ADD(r[i][0], r[i][1]);
+        z[4 * i + 2] = V_SUB(r[i][0], r[i][1]);
+        z[4 * i + 3] = V_SUB(V_ZERO(), r[i][1]);
+    }
+}
+
+/* Mg^T as loops_wino_dy_nhwc computes it, rounded and paired over the tiles as the bf16 GEMM
+ * reads it (cf_wino_kernels.dy_pairs): the word of point xi, tile pair q, channel k at m + xi *
+ * m_xi + q * ldm + k is bf16(Mg(xi, 2q, k)) | bf16(Mg(xi, 2q + 1, k)) << 16, 0 in the high half
+ * past the call's tiles. */
+static void loops_wino_dy_pairs(const float *dyt, int channels, int h, int w, int n_images, int ty0,
+                                int th, uint32_t *m, size_t m_xi, int ldm) {
+    const int K = channels, tiles = n_images * th * ((w + 1) / 2);
+    for (int t = 0; t < tiles; t += 2)
+        for (int k0 = 0; k0 < K; k0 += VL) {
+            const int nk = K - k0 < VL ? K - k0 : VL;
+            vf a[POINTS_OF_TILE], b[POINTS_OF_TILE];
+            wino_dy_tile(dyt, K, h, w, ty0, th, t, tiles, k0, nk, a);
+            wino_dy_tile(dyt, K, h, w, ty0, th, t + 1, tiles, k0, nk, b);
+            uint32_t *out = m + (size_t)(t / 2) * ldm + k0;
+            for (int xi = 0; xi < POINTS_OF_TILE; xi++)
+                WINO_STORE_PAIRS(out + xi * m_xi, nk, a[xi], b[xi]);
+        }
+}
+#define WINO_INPUT_PAIRS loops_wino_input_pairs
+#define WINO_DY_PAIRS loops_wino_dy_pairs
+#else
+#define WINO_INPUT_PAIRS NULL
+#define WINO_DY_PAIRS NULL
+#endif
+
 #ifndef WINO_SHORT_ROW_COST /* not measured: 4-float vectors waste fewer lanes on short rows */
 #define WINO_SHORT_ROW_COST 64
 #endif
@@ -235,6 +356,8 @@ static const cf_wino_kernels loops_wino = {
     .input = loops_wino_input,
     .output = loops_wino_output,
     .dy_nhwc = loops_wino_dy_nhwc,
+    .input_pairs = WINO_INPUT_PAIRS,
+    .dy_pairs = WINO_DY_PAIRS,
 };
 
 #endif
