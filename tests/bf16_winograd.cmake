@@ -1,8 +1,9 @@
 # The bf16 Winograd convolutions (test_bf16_winograd): plain at the best level, at avx512_bf16
 # (where the CPU has AMX the plain run takes the tiles), at the amx level over the tile emulation
 # (tests/amx_emul_main.c; skipped without AVX512_BF16), and capped at avx512 and avx2, where there
-# are no bf16 kernels and the bf16 functions and layers must be bitwise the fp32 Winograd.
-foreach(isa avx512_bf16 avx512 avx2)
+# are no bf16 kernels and the bf16 functions and layers must be bitwise the fp32 Winograd, and at
+# generic, which has no Winograd transforms (the direct calls are skipped, the layers checked).
+foreach(isa avx512_bf16 avx512 avx2 generic)
   add_test(NAME test_bf16_winograd_${isa} COMMAND test_bf16_winograd)
   set_tests_properties(test_bf16_winograd_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
     ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")

@@ -211,10 +211,22 @@ static size_t max_size(size_t a, size_t b) {
     return a > b ? a : b;
 }
 
+/* Words of the packed A of all points, whichever way the channels run (the same for a pack and
+ * a dx pack of one layer). */
+static size_t points_words(int rows, int cols) {
+    return POINTS * max_size(bound_words(rows, cols), bound_words(cols, rows));
+}
+
+/* After the packed points, a stamp says which level's kernels packed them (the address of its
+ * gemm_pack_a, 0 where the pack holds no packed A) and for which shape: a pack made at one level
+ * and read at another (cf_set_isa in between) takes cf_sgemm_bf16 on the fp32 planes, which every
+ * pack holds, instead of reading another level's layout (bitwise the same where both exist). */
+#define STAMP_MAGIC 0x57b16a5du
+enum { STAMP_WORDS = 8 };
+
 size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels) {
     const int C = g->c, K = out_channels;
-    return round16(POINTS * (size_t)K * C) +
-           POINTS * max_size(bound_words(K, C), bound_words(C, K));
+    return round16(POINTS * (size_t)K * C) + points_words(K, C) + STAMP_WORDS;
 }
 
 /* The active level's bf16 kernels when they take A (rows x cols) packed beforehand within the
@@ -232,13 +244,39 @@ static uint32_t *packed_points(const float *u, int rows, int cols) {
     return (uint32_t *)(u + round16(POINTS * (size_t)rows * cols));
 }
 
+static uint32_t *stamp_of(const float *u, int rows, int cols) {
+    return packed_points(u, rows, cols) + points_words(rows, cols);
+}
+
+static uint64_t packer_id(const cf_bf16_kernels *k) {
+    return k ? (uint64_t)(uintptr_t)k->gemm_pack_a : 0;
+}
+
 static void pack_points(int rows, int cols, float *u) {
     const cf_bf16_kernels *k = prepacked(rows, cols);
+    uint32_t *p = packed_points(u, rows, cols), *stamp = stamp_of(u, rows, cols);
+    const uint64_t id = packer_id(k);
+    stamp[0] = STAMP_MAGIC;
+    stamp[1] = (uint32_t)rows;
+    stamp[2] = (uint32_t)cols;
+    memcpy(stamp + 3, &id, sizeof id);
     if (!k) return;
-    uint32_t *p = packed_points(u, rows, cols);
     for (int xi = 0; xi < POINTS; xi++)
         k->gemm_pack_a(false, rows, cols, u + (size_t)xi * rows * cols, cols,
                        p + (size_t)xi * bound_words(rows, cols));
+}
+
+/* The active level's kernels when u holds the packed A they made for rows x cols, else NULL. */
+static const cf_bf16_kernels *prepacked_in(const float *u, int rows, int cols) {
+    const cf_bf16_kernels *k = prepacked(rows, cols);
+    if (!k) return NULL;
+    const uint32_t *stamp = stamp_of(u, rows, cols);
+    uint64_t id;
+    memcpy(&id, stamp + 3, sizeof id);
+    return stamp[0] == STAMP_MAGIC && stamp[1] == (uint32_t)rows && stamp[2] == (uint32_t)cols &&
+                   id == packer_id(k)
+               ? k
+               : NULL;
 }
 
 void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u) {
@@ -256,7 +294,7 @@ void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, cons
  * the packed A of a bf16 pack where the level has one, else cf_sgemm_bf16 (bitwise the same). */
 static void point_bf16(const float *u, int cout, int cin, int xi, const float *v, int cols, int ld,
                        float *m) {
-    const cf_bf16_kernels *k = prepacked(cout, cin);
+    const cf_bf16_kernels *k = prepacked_in(u, cout, cin);
     if (k && k->gemm_packed(cout, cols, cin,
                             packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
                             false, v, ld, m, ld, false))
@@ -291,7 +329,8 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
     float *v = scratch, *m = v + POINTS * (size_t)cin * ld, *pad = m + POINTS * (size_t)cout * ld;
-    const cf_bf16_kernels *bk = bf16 && fused && wk->input_pairs ? prepacked(cout, cin) : NULL;
+    const cf_bf16_kernels *bk =
+        bf16 && fused && wk->input_pairs ? prepacked_in(u, cout, cin) : NULL;
     const size_t ldp = pairs_ld(ld), vp_xi = (size_t)(cin + 1) / 2 * ldp;
     if (bk && (!bk->gemm_paired || vp_xi > (size_t)cin * ld)) bk = NULL;
     uint32_t *vp = (uint32_t *)v;
