@@ -60,22 +60,12 @@ static inline double avx512_hsum_d(__m512 v) {
 #include "tensor/softmax_loops.h"
 #define WGRAD_NV 4 /* 6 rows x 4 vectors: 24 accumulators, 4 of B, a broadcast (29 of 32) */
 #include "tensor/simd_kernels.h"
-/* The bf16 Winograd's transformed input, rounded as it is computed (input_pairs): the bf16 of
- * each lane as cf_fp32_to_bf16 and isa_avx512_bf16.c's rounding (round to nearest even,
- * subnormals and infinities kept, a NaN quiet of the same sign), in the low 16 bits; AVX-512F
- * alone. */
-static inline __m512i wino_bf16_bits(__m512 x) {
-    const __m512i bits = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_mov_epi32(rounded, nan, quiet);
-}
+#include "tensor/bf16_lanes_avx512.h"
+/* The bf16 Winograd's transformed values, rounded as they are computed (input_pairs, dy_pairs):
+ * n lanes of (lo, hi) pairs, lo in the low 16 bits. */
 static inline void wino_store_pairs(uint32_t *p, int n, __m512 lo, __m512 hi) {
     const __m512i w =
-        _mm512_or_si512(wino_bf16_bits(lo), _mm512_slli_epi32(wino_bf16_bits(hi), 16));
+        _mm512_or_si512(cf__bf16_round_lanes(lo), _mm512_slli_epi32(cf__bf16_round_lanes(hi), 16));
     if (n >= 16)
         _mm512_storeu_si512(p, w);
     else

@@ -23,18 +23,7 @@
 #define NR (16 * NV) /* columns of a register tile */
 #define KC2 128      /* k-pairs per packed block: a B panel of 24 KiB stays in L1 */
 
-/* The bf16 of each fp32 lane (round to nearest even, as PyTorch's c10::BFloat16: subnormals
- * kept, infinities kept, a NaN stays a quiet NaN of the same sign), in the low 16 bits of the
- * lane and zero above. (vcvtneps2bf16 would flush subnormals to zero.) */
-static inline __m512i round_lanes(__m512 x) {
-    const __m512i bits = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_mov_epi32(rounded, nan, quiet);
-}
+#include "tensor/bf16_lanes_avx512.h"
 
 static inline __mmask16 lanes_below(int n) {
     return (__mmask16)(n >= 16 ? 0xffffu : n <= 0 ? 0u : (1u << n) - 1u);
@@ -44,10 +33,11 @@ static void bf16_from_fp32(const float *x, uint16_t *y, size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm256_storeu_si256((__m256i *)(y + i),
-                            _mm512_cvtepi32_epi16(round_lanes(_mm512_loadu_ps(x + i))));
+                            _mm512_cvtepi32_epi16(cf__bf16_round_lanes(_mm512_loadu_ps(x + i))));
     if (i < n) {
         const __mmask16 m = lanes_below((int)(n - i));
-        _mm512_mask_cvtepi32_storeu_epi16(y + i, m, round_lanes(_mm512_maskz_loadu_ps(m, x + i)));
+        _mm512_mask_cvtepi32_storeu_epi16(y + i, m,
+                                          cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 
@@ -70,9 +60,10 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
             const float *r0 = x->src + p * x->k_step + l0, *r1 = r0 + x->k_step;
             for (int l = 0; l < width; l += 16) {
                 const __mmask16 m = lanes_below(nl - l);
-                const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(m, r0 + l));
-                const __m512i hi = p + 1 < k ? round_lanes(_mm512_maskz_loadu_ps(m, r1 + l))
-                                             : _mm512_setzero_si512();
+                const __m512i lo = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m, r0 + l));
+                const __m512i hi = p + 1 < k
+                                       ? cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m, r1 + l))
+                                       : _mm512_setzero_si512();
                 _mm512_mask_storeu_epi32(out + (size_t)q * width + l, lanes_below(width - l),
                                          _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
             }
@@ -92,9 +83,10 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
                         continue;
                     }
                     const float *row = x->src + (ptrdiff_t)(l0 + l) * x->lane_step + p;
-                    const __m512i lo = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row));
-                    const __m512i hi =
-                        round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), row + 16));
+                    const __m512i lo =
+                        cf__bf16_round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), row));
+                    const __m512i hi = cf__bf16_round_lanes(
+                        _mm512_maskz_loadu_ps(lanes_below(left - 16), row + 16));
                     /* 32 bf16 in k order are 16 pairs: words 0-7 from lo, 8-15 from hi */
                     r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
                                               _mm512_cvtepi32_epi16(hi), 1);
@@ -314,9 +306,9 @@ static void bf16_gemm_paired(int m, int n, int k, const uint32_t *ap, const uint
 static void bf16_pairs(const float *lo, const float *hi, uint32_t *out, int n) {
     for (int i = 0; i < n; i += 16) {
         const __mmask16 m = lanes_below(n - i);
-        const __m512i l = round_lanes(_mm512_maskz_loadu_ps(m, lo + i));
+        const __m512i l = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m, lo + i));
         const __m512i h =
-            hi ? round_lanes(_mm512_maskz_loadu_ps(m, hi + i)) : _mm512_setzero_si512();
+            hi ? cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m, hi + i)) : _mm512_setzero_si512();
         _mm512_mask_storeu_epi32(out + i, m, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
     }
 }
@@ -446,8 +438,9 @@ static inline __m512i odd_lanes(__m512i a, __m512i b) {
 static inline void deal_row(const float *x, int n, uint16_t *e, uint16_t *o) {
     for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
         const int left = n - j;
-        const __m512i a = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), x + j));
-        const __m512i b = round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16));
+        const __m512i a = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(lanes_below(left), x + j));
+        const __m512i b =
+            cf__bf16_round_lanes(_mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16));
         _mm512_mask_cvtepi32_storeu_epi16(e, lanes_below((left + 1) / 2), even_lanes(a, b));
         if (o) _mm512_mask_cvtepi32_storeu_epi16(o, lanes_below(left / 2), odd_lanes(a, b));
     }
@@ -459,13 +452,14 @@ static inline void deal_pairs_row(const float *lo, const float *hi, int n, uint3
     for (int j = 0; j < n; j += 32, e += 16, o = o ? o + 16 : NULL) {
         const int left = n - j;
         const __mmask16 m0 = lanes_below(left), m1 = lanes_below(left - 16);
-        __m512i a = round_lanes(_mm512_maskz_loadu_ps(m0, lo + j));
-        __m512i b = round_lanes(_mm512_maskz_loadu_ps(m1, lo + j + 16));
+        __m512i a = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m0, lo + j));
+        __m512i b = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m1, lo + j + 16));
         if (hi) {
             a = _mm512_or_si512(
-                a, _mm512_slli_epi32(round_lanes(_mm512_maskz_loadu_ps(m0, hi + j)), 16));
+                a, _mm512_slli_epi32(cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m0, hi + j)), 16));
             b = _mm512_or_si512(
-                b, _mm512_slli_epi32(round_lanes(_mm512_maskz_loadu_ps(m1, hi + j + 16)), 16));
+                b, _mm512_slli_epi32(cf__bf16_round_lanes(_mm512_maskz_loadu_ps(m1, hi + j + 16)),
+                                     16));
         }
         _mm512_mask_storeu_epi32(e, lanes_below((left + 1) / 2), even_lanes(a, b));
         if (o) _mm512_mask_storeu_epi32(o, lanes_below(left / 2), odd_lanes(a, b));
