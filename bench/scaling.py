@@ -193,19 +193,24 @@ int main(int argc, char **argv) {
 """
 
 
-def build_pingpong(tmp):
-    """Compiles the placement probe (cache-line ping-pong); None (with a note) where it cannot."""
-    src, exe = os.path.join(tmp, "pingpong.c"), os.path.join(tmp, "pingpong")
+def compile_c(tmp, name, code, flags, what):
+    """Compiles a probe's C code into tmp; None (with a note) where no C compiler works."""
+    src, exe = os.path.join(tmp, name + ".c"), os.path.join(tmp, name)
     with open(src, "w") as f:
-        f.write(PINGPONG_C)
+        f.write(code)
     for cc in ("cc", "gcc", "clang"):
         try:
-            if subprocess.run([cc, "-O2", "-pthread", "-o", exe, src], capture_output=True).returncode == 0:
+            if subprocess.run([cc, "-O2"] + flags + ["-o", exe, src], capture_output=True).returncode == 0:
                 return exe
         except OSError:
             pass
-    print("no C compiler: running without the placement probe")
+    print("no C compiler: running without the " + what)
     return None
+
+
+def build_pingpong(tmp):
+    """Compiles the placement probe (cache-line ping-pong)."""
+    return compile_c(tmp, "pingpong", PINGPONG_C, ["-pthread"], "placement probe")
 
 
 def pingpong(exe, cpus, ms):
@@ -223,18 +228,8 @@ def pingpong(exe, cpus, ms):
 
 
 def build_probe(tmp):
-    """Compiles the CPU-speed probe; None (with a note) where no C compiler works."""
-    src, exe = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe")
-    with open(src, "w") as f:
-        f.write(PROBE_C)
-    for cc in ("cc", "gcc", "clang"):
-        try:
-            if subprocess.run([cc, "-O2", "-march=native", "-o", exe, src], capture_output=True).returncode == 0:
-                return exe
-        except OSError:
-            pass
-    print("no C compiler: running without the CPU-speed probe")
-    return None
+    """Compiles the CPU-speed probe."""
+    return compile_c(tmp, "probe", PROBE_C, ["-march=native"], "CPU-speed probe")
 
 
 def probe(exe, cpus, ms):

@@ -491,27 +491,17 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
  * over the gathered rows (tap t's rows start t rows of pairs apart), so the sums are the
  * padded-stride layout's, term for term. */
 
-/* to[i * ow + j] = from[s * i * ld + s * j] for i < oh, j < ow. */
+/* to[i * ow + j] = from[s * i * ld + s * j] for i < oh, j < ow, for words and for halves. */
 /* (rows of 4 to 8 values: plain loops, not a call of memcpy per row) */
-static void gather_words(const uint32_t *restrict from, size_t ld, int s, int oh, int ow,
-                         uint32_t *restrict to) {
-    if (s == 1)
-        for (int i = 0; i < oh; i++, to += ow, from += ld)
-            for (int j = 0; j < ow; j++) to[j] = from[j];
-    else
-        for (int i = 0; i < oh; i++, to += ow, from += 2 * ld)
-            for (int j = 0; j < ow; j++) to[j] = from[2 * j];
-}
-
-static void gather_halves(const uint16_t *restrict from, size_t ld, int s, int oh, int ow,
-                          uint16_t *restrict to) {
-    if (s == 1)
-        for (int i = 0; i < oh; i++, to += ow, from += ld)
-            for (int j = 0; j < ow; j++) to[j] = from[j];
-    else
-        for (int i = 0; i < oh; i++, to += ow, from += 2 * ld)
-            for (int j = 0; j < ow; j++) to[j] = from[2 * j];
-}
+#define GATHER(name, type)                                                                         \
+    static void name(const type *restrict from, size_t ld, int s, int oh, int ow,                  \
+                     type *restrict to) {                                                          \
+        for (int i = 0; i < oh; i++, to += ow, from += (size_t)s * ld)                             \
+            for (int j = 0; j < ow; j++) to[j] = from[s * j];                                      \
+    }
+GATHER(gather_words, uint32_t)
+GATHER(gather_halves, uint16_t)
+#undef GATHER
 
 /* The forward pass (or stride 1's dx) of n images through the gathered taps, bf images per call
  * of conv_run: src has ch channels of h x w, dst `rows` channels of oh x ow; with a paired
