@@ -406,6 +406,13 @@ static size_t wgrad_words_paired(const layout *l) {
            (l->stride == 2 ? up(most, ROWS) * (l->compact ? (size_t)l->qw : l->dl) / 2 : 0);
 }
 
+/* Where wgrad (not compact) keeps dy's bf16 rows in its scratch: after x's rows, X0 and X1. */
+static const uint16_t *wgrad_dy_rows(const layout *l, const float *wscratch) {
+    const uint16_t *xb = (const uint16_t *)wscratch;
+    const uint32_t *x0 = (const uint32_t *)(xb + (size_t)l->c * l->lx);
+    return (const uint16_t *)(x0 + 2 * (size_t)l->rows * l->ldb);
+}
+
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
     layout l;
     layout_make(&l, g, out_channels);
@@ -423,11 +430,23 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
         (o) = (phase0) + (size_t)(((pad) + 1) % 2) * (step) + ((pad) + 1) / 2;                     \
     } while (0)
 
+/* out[q] = lo[q] | hi[q] << 16 for q < n: two bf16 rows paired (already rounded: a copy). */
+static void pair_halves(const uint16_t *restrict lo, const uint16_t *restrict hi, size_t n,
+                        uint32_t *restrict out) {
+    for (size_t q = 0; q < n; q++) out[q] = (uint32_t)lo[q] | (uint32_t)hi[q] << 16;
+}
+
 /* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
- * channels of oh x ow; packed as the kernel reads it. */
+ * channels of oh x ow; packed as the kernel reads it. Stride 1's dx may take its pairs from the
+ * weight gradient's bf16 rows of the same images' dy (dyrows: channel o's row at o * l->dl, image
+ * n at n * l->s, row i at i * wp, zero in the dropped columns and in the rows past the channels):
+ * an image's oh * wp positions from there are its padded plane's from (pad, pad) on, the dropped
+ * columns landing on the pad columns, so one run of pairs per plane replaces the conversion of dy
+ * (bitwise: both are the same bf16 roundings of dy). */
 static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                        const uint32_t *packed, const float *src, int n_images, float *dst,
-                       float *scratch, const cf_conv_shortcut *sc, bool zeroed) {
+                       float *scratch, const cf_conv_shortcut *sc, bool zeroed,
+                       const uint16_t *dyrows) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = (ch + 1) / 2;
     uint32_t *xp = (uint32_t *)scratch;
@@ -440,7 +459,12 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
         memset(xp, 0, l->phases * phase_words * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
         const float *x = src + (size_t)n * in_n;
-        for (int p = 0; p < pairs; p++) {
+        for (int p = 0; p < pairs && dyrows; p++) {
+            const uint16_t *lo = dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s;
+            pair_halves(lo, lo + l->dl, (size_t)g->oh * l->wp,
+                        xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad);
+        }
+        for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = x + (size_t)2 * p * g->h * g->w;
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
@@ -723,7 +747,8 @@ cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const fl
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL);
         return CF_OK;
     }
-    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL, false);
+    run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL, false,
+               NULL);
     return CF_OK;
 }
 
@@ -747,7 +772,7 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
     else
         run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut,
-                   false);
+                   false, NULL);
     return CF_OK;
 }
 
@@ -878,7 +903,7 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
     else if (l.compact)
         run_compact(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
     else
-        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false);
+        run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false, NULL);
     return CF_OK;
 }
 
@@ -1031,8 +1056,9 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
             cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
             if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
             dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0);
-        } else
-            run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0);
+        } else /* stride 1: dy's pairs from the weight gradient's rows of it, when it ran */
+            run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0,
+                       dw ? wgrad_dy_rows(&l, wscratch) : NULL);
     }
     return CF_OK;
 }
