@@ -209,6 +209,7 @@ static void test_backward(void **state) {
     check_backward(5, 16, 28, 28, 32, 3, 2);
     check_backward(5, 16, 28, 28, 32, 1, 2); /* a shortcut alone */
     check_backward(3, 9, 11, 13, 10, 5, 1);  /* 5x5, odd sizes, half pairs */
+    check_backward(11, 10, 9, 9, 11, 3, 1);  /* odd outputs: dx's last pair from a zero row */
     check_backward(9, 128, 4, 4, 136, 3, 1); /* small planes (compact): partial blocks */
     check_backward(7, 130, 8, 8, 128, 3, 2);
     check_backward(3, 128, 6, 6, 129, 3, 2); /* odd output planes */
