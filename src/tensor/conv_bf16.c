@@ -436,6 +436,15 @@ static void pair_halves(const uint16_t *restrict lo, const uint16_t *restrict hi
     for (size_t q = 0; q < n; q++) out[q] = (uint32_t)lo[q] | (uint32_t)hi[q] << 16;
 }
 
+/* Stride 2's dx pairs of two channels of dy from the weight gradient's bf16 rows of them (lo,
+ * and the next channel's l->dl on; an image's row i at i * wq): dst[i * wd + j] for i < oh, j <
+ * ow. */
+static void rows_pairs(const uint16_t *lo, const layout *l, const cf_conv_geom *g, uint32_t *dst) {
+    for (int i = 0; i < g->oh; i++)
+        pair_halves(lo + (size_t)i * l->wq, lo + l->dl + (size_t)i * l->wq, (size_t)g->ow,
+                    dst + (size_t)i * l->wd);
+}
+
 /* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
  * channels of oh x ow; packed as the kernel reads it. Stride 1's dx may take its pairs from the
  * weight gradient's bf16 rows of the same images' dy (dyrows: channel o's row at o * l->dl, image
@@ -782,7 +791,8 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
  * with the phase's taps; the four phases' rows are then interleaved into dx. */
 static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
                        const float *dy, int n_images, float *dx, float *scratch,
-                       const cf_conv_shortcut *sc, bool zeroed) {
+                       const cf_conv_shortcut *sc, bool zeroed, const uint16_t *dyrows,
+                       const uint16_t *sdyrows) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->op, C = l->c, P = l->pad;
     uint32_t *dp = (uint32_t *)scratch;
@@ -801,7 +811,10 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
     }
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dy + (size_t)n * l->o * plane;
-        for (int p = 0; p < pairs; p++) {
+        for (int p = 0; p < pairs && dyrows; p++)
+            rows_pairs(dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
+                       dp + (size_t)p * l->planed + (size_t)P * l->wd + P);
+        for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
             k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->planed + (size_t)P * l->wd + P,
@@ -816,7 +829,10 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         if (sc) {
             const int so = sc->out_channels;
             const float *dys = sc->dy + (size_t)n * so * plane;
-            for (int p = 0; p < spairs; p++) {
+            for (int p = 0; p < spairs && sdyrows; p++)
+                rows_pairs(sdyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
+                           sdp + (size_t)p * l->planed);
+            for (int p = 0; p < spairs && !sdyrows; p++) {
                 const float *lo = dys + (size_t)2 * p * plane,
                             *hi = 2 * p + 1 < so ? lo + plane : NULL;
                 k->pairs_rows(lo, hi, g->oh, g->ow, sdp + (size_t)p * l->planed, (size_t)l->wd);
@@ -899,7 +915,7 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
     else if (l.stride == 2 && l.compact)
         dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, NULL);
     else if (l.stride == 2)
-        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false);
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false, NULL, NULL);
     else if (l.compact)
         run_compact(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
     else
@@ -919,7 +935,7 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
     if (l.compact)
         dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, shortcut);
     else
-        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false);
+        dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false, NULL, NULL);
     return CF_OK;
 }
 
@@ -1055,7 +1071,14 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
         else if (l.stride == 2) {
             cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
             if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
-            dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0);
+            /* dy's pairs (and the shortcut's, when the weight gradient took the same dy) from
+             * the weight gradient's bf16 rows of them, when it ran */
+            const uint16_t *rows = dw ? wgrad_dy_rows(&l, wscratch) : NULL;
+            const bool srows = rows && dx_shortcut && dw_shortcut &&
+                               dw_shortcut->dy == dx_shortcut->dy &&
+                               dw_shortcut->out_channels == dx_shortcut->out_channels;
+            dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0, rows,
+                       srows ? rows + up((size_t)l.o, ROWS) * l.dl : NULL);
         } else /* stride 1: dy's pairs from the weight gradient's rows of it, when it ran */
             run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0,
                        dw ? wgrad_dy_rows(&l, wscratch) : NULL);
