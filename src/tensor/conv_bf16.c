@@ -206,7 +206,7 @@ bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
         !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs || !k->add_even ||
-        !k->copy_rows)
+        !k->copy_rows || !k->halves_rows)
         return false;
     if (g->c < 1 || out_channels < 1) return false;
     if (subsampled(g)) return true;
@@ -430,19 +430,18 @@ size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
         (o) = (phase0) + (size_t)(((pad) + 1) % 2) * (step) + ((pad) + 1) / 2;                     \
     } while (0)
 
-/* out[q] = lo[q] | hi[q] << 16 for q < n: two bf16 rows paired (already rounded: a copy). */
-static void pair_halves(const uint16_t *restrict lo, const uint16_t *restrict hi, size_t n,
-                        uint32_t *restrict out) {
-    for (size_t q = 0; q < n; q++) out[q] = (uint32_t)lo[q] | (uint32_t)hi[q] << 16;
+/* out[i * ldo + j] = lo[i * ldi + j] | hi[i * ldi + j] << 16 for i < h, j < w: two bf16 rows
+ * paired (already rounded: a copy). */
+static void pair_halves(const uint16_t *lo, const uint16_t *hi, size_t ldi, int h, int w,
+                        uint32_t *out, size_t ldo) {
+    cf_active_kernels->bf16->halves_rows(lo, hi, ldi, h, w, out, ldo);
 }
 
 /* Stride 2's dx pairs of two channels of dy from the weight gradient's bf16 rows of them (lo,
  * and the next channel's l->dl on; an image's row i at i * wq): dst[i * wd + j] for i < oh, j <
  * ow. */
 static void rows_pairs(const uint16_t *lo, const layout *l, const cf_conv_geom *g, uint32_t *dst) {
-    for (int i = 0; i < g->oh; i++)
-        pair_halves(lo + (size_t)i * l->wq, lo + l->dl + (size_t)i * l->wq, (size_t)g->ow,
-                    dst + (size_t)i * l->wd);
+    pair_halves(lo, lo + l->dl, (size_t)l->wq, g->oh, g->ow, dst, (size_t)l->wd);
 }
 
 /* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
@@ -470,8 +469,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
         const float *x = src + (size_t)n * in_n;
         for (int p = 0; p < pairs && dyrows; p++) {
             const uint16_t *lo = dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s;
-            pair_halves(lo, lo + l->dl, (size_t)g->oh * l->wp,
-                        xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad);
+            pair_halves(lo, lo + l->dl, 0, 1, g->oh * l->wp,
+                        xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad, 0);
         }
         for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = x + (size_t)2 * p * g->h * g->w;

@@ -535,6 +535,19 @@ static void bf16_copy_rows(const float *src, size_t lds, int h, int w, float *ds
         }
 }
 
+/* out[i * ldo + j] = lo[i * ldi + j] | hi[i * ldi + j] << 16 for i < h, j < w (bf16 rows paired:
+ * stride 1's dx takes one row of a whole plane, stride 2's the short rows of dy). */
+static void bf16_halves_rows(const uint16_t *lo, const uint16_t *hi, size_t ldi, int h, int w,
+                             uint32_t *out, size_t ldo) {
+    for (int i = 0; i < h; i++, lo += ldi, hi += ldi, out += ldo)
+        for (int j = 0; j < w; j += 16) {
+            const __mmask16 m = lanes_below(w - j);
+            const __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + j)),
+                          u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + j));
+            _mm512_mask_storeu_epi32(out + j, m, _mm512_or_si512(l, _mm512_slli_epi32(u, 16)));
+        }
+}
+
 /* The 16 x 16 words of r transposed in place (r[i] lane j <-> r[j] lane i). */
 static inline void transpose_words(__m512i r[16]) {
     __m512i t[16];
@@ -609,5 +622,6 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .position_pairs = bf16_position_pairs,
     .add_even = bf16_add_even,
     .copy_rows = bf16_copy_rows,
+    .halves_rows = bf16_halves_rows,
 };
 #endif

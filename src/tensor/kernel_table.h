@@ -193,6 +193,11 @@ typedef struct cf_bf16_kernels {
      * tmp: 16 * taps * pairs words) to put the words in this level's own order, the same size
      * (the AMX level's tile rows, amx_tiles.h): a pack is for the level active when it is made. */
     void (*conv_order)(uint32_t *packed, int taps, int pairs, int m, uint32_t *tmp);
+    /* out[i * ldo + j] = lo[i * ldi + j] | hi[i * ldi + j] << 16, i < h, j < w: two channels' bf16
+     * rows paired, already rounded (the convolution's dx from the weight gradient's rows of dy;
+     * NULL: no implicit bf16 convolution, as for the kernels above). */
+    void (*halves_rows)(const uint16_t *lo, const uint16_t *hi, size_t ldi, int h, int w,
+                        uint32_t *out, size_t ldo);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
