@@ -516,22 +516,12 @@ static void bf16_add_even(const float *a, int n, float *out) {
 }
 
 /* dst[i * w + j] = src[i * lds + j] for i < h, j < w (the kernels' output rows, computed lds
- * apart, into an image plane). A row's last vector is stored whole while it ends inside the
- * plane: its lanes past the row land on the next rows, which are stored after it (each store
- * 16 lanes from its row's start, so a value's last writer is its own row); only the stores that
- * would pass the plane's end are masked (short rows of 7 and 14 values in W1: one whole store
- * per row instead of a masked one). */
+ * apart, into an image plane). */
 static void bf16_copy_rows(const float *src, size_t lds, int h, int w, float *dst) {
-    const size_t end = (size_t)h * w;
-    for (size_t i = 0; i < (size_t)h; i++, src += lds)
+    for (int i = 0; i < h; i++, src += lds, dst += w)
         for (int j = 0; j < w; j += 16) {
             const __mmask16 m = lanes_below(w - j);
-            const __m512 v = _mm512_maskz_loadu_ps(m, src + j);
-            float *d = dst + i * w + j;
-            if (i * w + j + 16 <= end)
-                _mm512_storeu_ps(d, v);
-            else
-                _mm512_mask_storeu_ps(d, m, v);
+            _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
         }
 }
 
