@@ -23,6 +23,8 @@
  *            xpad[c][2q + 2]), so that a tap with an even offset reads X0 and an odd one X1, each
  *            a whole row of channels per step. A block of small images is laid end to end (each
  *            hp x wp positions), so that a register tile sums hundreds of positions.
+ *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
+ *            (halves_rows) rather than rounding dy from fp32 again.
  *
  * Weights are packed (rounded to bf16, both orders) by cf_conv_bf16_pack, once per forward pass,
  * and the backward pass reads the same pack: once per training step. */
