@@ -42,6 +42,10 @@ int cf__resize_uint8(const unsigned char *in, int in_w, int in_h, int in_stride,
                      int out_w, int out_h, int out_stride, int channels);
 int cf__resize_float_triangle(const float *in, int in_w, int in_h, int in_stride, float *out,
                               int out_w, int out_h, int out_stride);
+/* cf__resize_float_triangle of `planes` planes (in_plane and out_plane floats apart; the output
+ * rows packed), the same pixels, with the filters computed once. 0 when out of memory. */
+int cf__resize_planes_triangle(const float *in, int in_w, int in_h, int in_stride, size_t in_plane,
+                               float *out, int out_w, int out_h, size_t out_plane, int planes);
 
 /* ---- image files (image_decode.c, image_list.c) --------------------------------------------- */
 
