@@ -33,13 +33,6 @@ int cf__resize_uint8(const unsigned char *in, int in_w, int in_h, int in_stride,
     return stbir_resize_uint8(in, in_w, in_h, in_stride, out, out_w, out_h, out_stride, channels);
 }
 
-int cf__resize_float_triangle(const float *in, int in_w, int in_h, int in_stride, float *out,
-                              int out_w, int out_h, int out_stride) {
-    return stbir_resize_float_generic(in, in_w, in_h, in_stride, out, out_w, out_h, out_stride, 1,
-                                      STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP,
-                                      STBIR_FILTER_TRIANGLE, STBIR_COLORSPACE_LINEAR, NULL);
-}
-
 /* ---- one-channel float planes through stb's filters ----------------------------------------
  * stbir_resize_float_generic (one channel, linear, clamped edges) does, per row, a decode of the
  * input row into a margin-padded buffer, the horizontal filter, the vertical filter through a
