@@ -36,12 +36,14 @@ cf_status cf__dataset_copy_meta(cf_dataset *dst, const cf_dataset *src);
 cf_status cf__dataset_set_item_tfm(cf_dataset *ds, const cf_item_tfm *tfm);
 
 /* stb_image_resize without its aborting assertions (resize.c): stbir_resize_uint8, and
- * stbir_resize_float_generic with one channel, the triangle filter and clamped edges. Strides
- * in bytes (0: packed). Nonzero on success. */
+ * stbir_resize_float_generic with one channel, the triangle filter and clamped edges applied to
+ * `planes` planes (in_plane and out_plane floats apart; output rows packed), the filters computed
+ * once: each plane's pixels are those of one stbir_resize_float_generic call. Strides in bytes
+ * (0: packed). Nonzero on success (0: out of memory). */
 int cf__resize_uint8(const unsigned char *in, int in_w, int in_h, int in_stride, unsigned char *out,
                      int out_w, int out_h, int out_stride, int channels);
-int cf__resize_float_triangle(const float *in, int in_w, int in_h, int in_stride, float *out,
-                              int out_w, int out_h, int out_stride);
+int cf__resize_planes_triangle(const float *in, int in_w, int in_h, int in_stride, size_t in_plane,
+                               float *out, int out_w, int out_h, size_t out_plane, int planes);
 
 /* ---- image files (image_decode.c, image_list.c) --------------------------------------------- */
 

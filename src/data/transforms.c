@@ -65,8 +65,9 @@ cf_status cf_crop_pad_resize(const float *img, int c, int h, int w, cf_crop_box 
                        h, w, box.width, box.height, box.left, box.top, out_w, out_h);
     bool inside =
         box.left >= 0 && box.top >= 0 && box.left + box.width <= w && box.top + box.height <= h;
+    /* a region reaching past the image is padded into a copy; one inside is read in place */
     float *region = NULL;
-    if (!inside || (box.width != w && box.width != out_w)) {
+    if (!inside) {
         region = cf_malloc((size_t)c * box.width * box.height * sizeof(float));
         if (!region)
             return cf_fail(CF_ERR_NOMEM, "crop_pad_resize: %dx%d region", box.width, box.height);
@@ -85,17 +86,17 @@ cf_status cf_crop_pad_resize(const float *img, int c, int h, int w, cf_crop_box 
     size_t row_stride = region ? (size_t)box.width : (size_t)w;
     size_t plane = region ? (size_t)box.width * box.height : (size_t)w * h;
     cf_status st = CF_OK;
-    for (int ch = 0; ch < c && st == CF_OK; ch++) {
-        const float *p = src + (size_t)ch * plane;
-        float *o = out + (size_t)ch * out_w * out_h;
-        if (box.width == out_w && box.height == out_h) {
+    if (box.width == out_w && box.height == out_h) {
+        for (int ch = 0; ch < c; ch++)
             for (int y = 0; y < out_h; y++)
-                memcpy(o + (size_t)y * out_w, p + (size_t)y * row_stride, out_w * sizeof(float));
-            continue;
-        }
+                memcpy(out + (size_t)ch * out_w * out_h + (size_t)y * out_w,
+                       src + (size_t)ch * plane + (size_t)y * row_stride, out_w * sizeof(float));
+    } else {
 #ifdef CF_HAVE_STB
-        if (!cf__resize_float_triangle(p, box.width, box.height, (int)(row_stride * sizeof(float)),
-                                       o, out_w, out_h, 0))
+        /* stb_image_resize's triangle filter, plane by plane, its filters computed once */
+        if (!cf__resize_planes_triangle(src, box.width, box.height,
+                                        (int)(row_stride * sizeof(float)), plane, out, out_w, out_h,
+                                        (size_t)out_w * out_h, c))
             st = cf_fail(CF_ERR_NOMEM, "crop_pad_resize: resizing %dx%d to %dx%d", box.width,
                          box.height, out_w, out_h);
 #else
@@ -380,17 +381,103 @@ static float source_coord(float g, int n, cf_pad_mode pad) {
         if (n == 1) return 0.0f;
         float span = (float)(n - 1);
         x = fabsf(x);
-        float extra = fmodf(x, span);
-        int flips = (int)floorf(x / span);
-        x = flips % 2 == 0 ? extra : span - extra;
+        /* inside [0, span] the reflection is x itself (fmodf(x, span) is exact: x below span,
+         * 0 at span with one flip, span - 0); past it, the general arithmetic */
+        if (!(x <= span)) {
+            float extra = fmodf(x, span);
+            int flips = (int)floorf(x / span);
+            x = flips % 2 == 0 ? extra : span - extra;
+        }
     }
     return x < 0 ? 0.0f : x > (float)(n - 1) ? (float)(n - 1) : x;
 }
 
-static float logit(float x) {
+/* The pixels of a row are sampled in chunks: their taps and weights first, then each plane. */
+enum { AUG_CHUNK = 256 };
+
+/* One chunk of output row i, pixels j0 .. j0 + n - 1: the top-left tap's offset, the four
+ * bilinear weights, and whether all four taps lie in the image (else the per-tap checks). */
+typedef struct aug_taps {
+    int x0[AUG_CHUNK], y0[AUG_CHUNK];
+    float wt[4][AUG_CHUNK];
+    bool inside[AUG_CHUNK];
+} aug_taps;
+
+static void chunk_taps(const cf_aug_params *p, cf_pad_mode pad, int h, int w, int i, int j0, int n,
+                       aug_taps *t) {
+    const float yn = h > 1 ? -1.0f + 2.0f * (float)i / (float)(h - 1) : -1.0f;
+    for (int q = 0; q < n; q++) {
+        const int j = j0 + q;
+        const float xn = w > 1 ? -1.0f + 2.0f * (float)j / (float)(w - 1) : -1.0f;
+        float gx = p->mat[0][0] * xn + p->mat[0][1] * yn + p->mat[0][2];
+        float gy = p->mat[1][0] * xn + p->mat[1][1] * yn + p->mat[1][2];
+        if (p->has_warp) {
+            const double *k = p->warp;
+            double X = k[0] * gx + k[1] * gy + k[2], Y = k[3] * gx + k[4] * gy + k[5];
+            double Z = k[6] * gx + k[7] * gy + 1.0;
+            if (Z != 0.0) {
+                gx = (float)(X / Z);
+                gy = (float)(Y / Z);
+            }
+        }
+        const float ix = source_coord(gx, w, pad), iy = source_coord(gy, h, pad);
+        /* floorf, which a non-negative coordinate's truncation equals */
+        const int x0 = ix >= 0.0f ? (int)ix : (int)floorf(ix);
+        const int y0 = iy >= 0.0f ? (int)iy : (int)floorf(iy);
+        const float ax = ix - (float)x0, ay = iy - (float)y0;
+        t->x0[q] = x0;
+        t->y0[q] = y0;
+        t->wt[0][q] = (1 - ax) * (1 - ay);
+        t->wt[1][q] = ax * (1 - ay);
+        t->wt[2][q] = (1 - ax) * ay;
+        t->wt[3][q] = ax * ay;
+        t->inside[q] = x0 >= 0 && x0 < w - 1 && y0 >= 0 && y0 < h - 1;
+    }
+}
+
+/* Samples one plane for a chunk: the taps in the order (x0, y0), (x0 + 1, y0), (x0, y0 + 1),
+ * (x0 + 1, y0 + 1), added to 0 as products with their weights; a tap outside the image adds
+ * nothing (grid_sample's zeros; the padding modes moved the coordinate inside before). */
+static void chunk_sample(const aug_taps *t, const float *src, int h, int w, int n, float *out) {
+    for (int q = 0; q < n; q++) {
+        const int x0 = t->x0[q], y0 = t->y0[q];
+        float v = 0.0f;
+        if (t->inside[q]) {
+            const float *s = src + (size_t)y0 * w + x0;
+            v += s[0] * t->wt[0][q];
+            v += s[1] * t->wt[1][q];
+            v += s[w] * t->wt[2][q];
+            v += s[w + 1] * t->wt[3][q];
+        } else {
+            const int tx[4] = {x0, x0 + 1, x0, x0 + 1}, ty[4] = {y0, y0, y0 + 1, y0 + 1};
+            for (int k = 0; k < 4; k++)
+                if (tx[k] >= 0 && tx[k] < w && ty[k] >= 0 && ty[k] < h)
+                    v += src[(size_t)ty[k] * w + tx[k]] * t->wt[k][q];
+        }
+        out[q] = v;
+    }
+}
+
+static inline float logit_clamp(float x) {
     const float lo = 1e-7f, hi = 1.0f - 1e-7f;
-    x = x < lo ? lo : x > hi ? hi : x;
-    return -logf(1.0f / x - 1.0f);
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* fastai's brightness and contrast on the logits of n values in place:
+ * 1 / (1 + exp(-(logit(x) + lb) k)) with logit(x) = -log(1 / x - 1) of x clamped to
+ * [1e-7, 1 - 1e-7]. The arithmetic around logf and expf is in passes of its own (the
+ * divisions vectorise); every value takes the same operations in the same order. */
+static void lighting(float *x, size_t n, float lb, float k) {
+    float t[AUG_CHUNK];
+    for (size_t i0 = 0; i0 < n; i0 += AUG_CHUNK) {
+        const size_t m = n - i0 < AUG_CHUNK ? n - i0 : AUG_CHUNK;
+        float *v = x + i0;
+        for (size_t i = 0; i < m; i++) t[i] = 1.0f / logit_clamp(v[i]) - 1.0f;
+        for (size_t i = 0; i < m; i++) t[i] = logf(t[i]);
+        for (size_t i = 0; i < m; i++) t[i] = -(-t[i] + lb) * k;
+        for (size_t i = 0; i < m; i++) t[i] = expf(t[i]);
+        for (size_t i = 0; i < m; i++) v[i] = 1.0f / (1.0f + t[i]);
+    }
 }
 
 void cf_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *in, int c, int h, int w,
@@ -399,40 +486,18 @@ void cf_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *in, int 
     if (!p->has_affine && !p->has_warp) {
         memcpy(out, in, (size_t)c * plane * sizeof(float));
     } else {
-        for (int i = 0; i < h; i++) {
-            const float yn = h > 1 ? -1.0f + 2.0f * (float)i / (float)(h - 1) : -1.0f;
-            for (int j = 0; j < w; j++) {
-                const float xn = w > 1 ? -1.0f + 2.0f * (float)j / (float)(w - 1) : -1.0f;
-                float gx = p->mat[0][0] * xn + p->mat[0][1] * yn + p->mat[0][2];
-                float gy = p->mat[1][0] * xn + p->mat[1][1] * yn + p->mat[1][2];
-                if (p->has_warp) {
-                    const double *k = p->warp;
-                    double X = k[0] * gx + k[1] * gy + k[2], Y = k[3] * gx + k[4] * gy + k[5];
-                    double Z = k[6] * gx + k[7] * gy + 1.0;
-                    if (Z != 0.0) {
-                        gx = (float)(X / Z);
-                        gy = (float)(Y / Z);
-                    }
-                }
-                const float ix = source_coord(gx, w, pad), iy = source_coord(gy, h, pad);
-                const int x0 = (int)floorf(ix), y0 = (int)floorf(iy);
-                const float ax = ix - (float)x0, ay = iy - (float)y0;
-                const float wt[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
-                const int tx[4] = {x0, x0 + 1, x0, x0 + 1}, ty[4] = {y0, y0, y0 + 1, y0 + 1};
-                for (int ch = 0; ch < c; ch++) {
-                    const float *src = in + (size_t)ch * plane;
-                    float v = 0.0f;
-                    for (int t = 0; t < 4; t++)
-                        if (tx[t] >= 0 && tx[t] < w && ty[t] >= 0 && ty[t] < h)
-                            v += src[(size_t)ty[t] * w + tx[t]] * wt[t];
-                    out[(size_t)ch * plane + (size_t)i * w + j] = v;
-                }
+        aug_taps t;
+        for (int i = 0; i < h; i++)
+            for (int j0 = 0; j0 < w; j0 += AUG_CHUNK) {
+                const int n = w - j0 < AUG_CHUNK ? w - j0 : AUG_CHUNK;
+                chunk_taps(p, pad, h, w, i, j0, n, &t);
+                for (int ch = 0; ch < c; ch++)
+                    chunk_sample(&t, in + (size_t)ch * plane, h, w, n,
+                                 out + (size_t)ch * plane + (size_t)i * w + j0);
             }
-        }
     }
     if (p->has_lighting) {
-        const float lb = logit(p->brightness), k = p->contrast;
-        const size_t n = (size_t)c * plane;
-        for (size_t i = 0; i < n; i++) out[i] = 1.0f / (1.0f + expf(-(logit(out[i]) + lb) * k));
+        const float lb = -logf(1.0f / logit_clamp(p->brightness) - 1.0f);
+        lighting(out, (size_t)c * plane, lb, p->contrast);
     }
 }
