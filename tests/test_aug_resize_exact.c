@@ -141,6 +141,17 @@ static void test_resize_same_bits_as_stb_per_plane(void **state) {
     /* a region the size of the output, inside and outside */
     check_resize(3, 50, 60, (cf_crop_box){5, 7, 32, 24}, CF_PAD_ZEROS, 32, 24);
     check_resize(3, 50, 60, (cf_crop_box){-5, 30, 32, 24}, CF_PAD_REFLECTION, 32, 24);
+    /* regions read in place that touch the image's last row and column, up and down, and
+     * one-pixel images and regions (the last pixel of the last plane) */
+    check_resize(3, 50, 60, (cf_crop_box){60 - 37, 50 - 21, 37, 21}, CF_PAD_REFLECTION, 16, 16);
+    check_resize(2, 50, 60, (cf_crop_box){60 - 7, 50 - 5, 7, 5}, CF_PAD_REFLECTION, 23, 19);
+    check_resize(5, 50, 60, (cf_crop_box){0, 0, 60, 50}, CF_PAD_ZEROS, 13, 77);
+    check_resize(3, 1, 1, (cf_crop_box){0, 0, 1, 1}, CF_PAD_REFLECTION, 4, 5);
+    check_resize(3, 9, 7, (cf_crop_box){6, 8, 1, 1}, CF_PAD_BORDER, 3, 2);
+    check_resize(1, 9, 7, (cf_crop_box){6, 0, 1, 9}, CF_PAD_ZEROS, 5, 4);
+    check_resize(1, 9, 7, (cf_crop_box){0, 8, 7, 1}, CF_PAD_ZEROS, 2, 6);
+    check_resize(3, 1, 1, (cf_crop_box){-2, -1, 4, 3}, CF_PAD_REFLECTION, 1, 1);
+    check_resize(3, 30, 30, (cf_crop_box){0, 0, 30, 30}, CF_PAD_REFLECTION, 1, 1);
 }
 
 /* ---- reference: cf_aug_apply's per-pixel loop ---------------------------------------------- */
@@ -259,6 +270,8 @@ static void test_aug_same_bits_as_per_pixel_loop(void **state) {
         check_aug(&strong, pads[k], 3, 1, 7, 4, 40 + (uint64_t)k);   /* one row */
         check_aug(&strong, pads[k], 3, 6, 1, 4, 50 + (uint64_t)k);   /* one column */
         check_aug(&def, pads[k], 1, 1, 1, 4, 60 + (uint64_t)k);      /* one pixel */
+        check_aug(&strong, pads[k], 2, 2, 2, 8, 70 + (uint64_t)k);   /* every tap near the edge */
+        check_aug(&strong, pads[k], 1, 3, 257, 4, 80 + (uint64_t)k); /* a one-pixel last chunk */
     }
 }
 

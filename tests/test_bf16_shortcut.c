@@ -213,6 +213,14 @@ static void test_backward(void **state) {
     check_backward(9, 128, 4, 4, 136, 3, 1); /* small planes (compact): partial blocks */
     check_backward(7, 130, 8, 8, 128, 3, 2);
     check_backward(3, 128, 6, 6, 129, 3, 2); /* odd output planes */
+    /* edge shapes of the weight gradient's dy rows taken for dx: odd channels at stride 2
+     * (the last pair's high half from the zero row past the channels), one-pixel and 2 x 2
+     * images, 5x5 on planes smaller than the kernel */
+    check_backward(4, 5, 10, 12, 7, 3, 2);
+    check_backward(3, 4, 1, 1, 5, 3, 1);
+    check_backward(3, 3, 2, 2, 5, 3, 2);
+    check_backward(70, 3, 1, 1, 3, 3, 1); /* many blocks of one-pixel images, one partial */
+    check_backward(2, 5, 3, 2, 3, 5, 1);
 }
 
 /* The forward and backward of model on x (n, c, h, w) with dy of its output's shape. */
@@ -297,6 +305,8 @@ static void test_block(void **state) {
     check_block(3, 16, 28, 28, 32); /* W1's first block */
     check_block(2, 32, 14, 14, 64); /* and its second */
     check_block(3, 24, 10, 8, 20);  /* small images, channels not a multiple of 16 */
+    check_block(3, 24, 6, 10, 23);  /* odd channels: the shortcut's last pair from a zero row */
+    check_block(2, 16, 2, 2, 17);   /* 2 x 2 images to one pixel */
 }
 
 /* The same on two threads (each takes part of the batch: its images' input gradient added by
