@@ -42,13 +42,14 @@ int main(int argc, char **argv) {
     snprintf(data, sizeof data, "%s/w3-images", len > 0 ? dirname(self) : ".");
     const char *dir = data;
     int epochs = 2, threads = 1;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--data"))
-            dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--epochs"))
-            epochs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads"))
-            threads = atoi(argv[i + 1]);
+    for (int i = 1; i < argc; i += 2) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL; /* NULL: an option without its value */
+        if (v && !strcmp(argv[i], "--data"))
+            dir = v;
+        else if (v && !strcmp(argv[i], "--epochs"))
+            epochs = atoi(v);
+        else if (v && !strcmp(argv[i], "--threads"))
+            threads = atoi(v);
         else {
             fprintf(stderr, "usage: bench_w3_pipeline [--data DIR] [--epochs E] [--threads N]\n");
             return 2;
@@ -98,8 +99,13 @@ int main(int argc, char **argv) {
     }
     uint64_t h = 0xcbf29ce484222325ULL;
     if (cf_dataloader_begin_epoch(dls->valid, 0) != CF_OK) return 1;
-    while (cf_dataloader_next(dls->valid, &b) == CF_OK && b)
+    cf_status st;
+    while ((st = cf_dataloader_next(dls->valid, &b)) == CF_OK && b)
         h = hash_words(h, b->x.data, cf_tensor_numel(&b->x) * sizeof(float));
+    if (st != CF_OK) { /* a hash of part of the set would not be the set's */
+        fprintf(stderr, "bench_w3_pipeline: %s\n", cf_last_error());
+        return 1;
+    }
     printf("valid: hash %016llx\n", (unsigned long long)h);
     cf_dls_free(dls);
     return 0;
