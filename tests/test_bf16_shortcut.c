@@ -151,6 +151,7 @@ static void test_pair_kernels(void **state) {
     check_pair(7, 128, 8, 8, 128, 128, 3); /* compact: the shortcut from the gathered taps */
     check_pair(3, 130, 6, 6, 136, 128, 3);
     check_pair(2, 9, 12, 14, 10, 7, 5); /* padding 2: the shortcut's phase and shift move */
+    check_pair(3, 11, 10, 6, 13, 9, 3); /* odd layer and shortcut: both last pairs half zero */
     /* what does not pair: a stride-1 layer, other input sizes, a shortcut too wide */
     cf_conv_geom g1, g2, gs, gs2;
     assert_true(cf_conv_geom_init(&g1, 16, 28, 28, 3, 3, 1, 1, 1, 1));
