@@ -414,6 +414,13 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
         bk->gemm_a_words && mgp_xi <= (size_t)K * ld)
         ap = cf__bf16_pack_scratch(bk->gemm_a_words(C, (int)ld));
 #endif
+    /* Where the level also has input_bf16 and gemm_rows: V rounded to bf16 as the transform
+     * computes it, its rows of tiles read in place as rows of pairs by the GEMM instead of packed
+     * per point (the same words: bitwise the same products). ldh: the row stride in bf16 values,
+     * rows an odd number of cache lines apart. */
+    const size_t ldh = (ld + 31) / 32 % 2 ? (ld + 31) / 32 * 32 : (ld + 31) / 32 * 32 + 32;
+    uint16_t *vh = ap && wk->input_bf16 && bk->gemm_rows && ldh <= 2 * ld ? (uint16_t *)v : NULL;
+    const size_t vh_xi = (size_t)C * ldh;
     if (n_images <= 0 && !accumulate) memset(du, 0, POINTS * (size_t)K * C * sizeof(float));
     bool add = accumulate;
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
@@ -423,6 +430,18 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
                          dyt + (size_t)n * K * plane, K);
         for (int ty0 = 0; ty0 < b.th; ty0 += b.rows) {
             const int rows = min_int(b.rows, b.th - ty0), cols = count * rows * b.tw;
+            if (vh) {
+                wk->input_bf16(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, vh,
+                               vh_xi, (int)ldh, pad);
+                if (cols % 2) /* the last pair's high half */
+                    for (size_t r = 0; r < POINTS * (size_t)C; r++) vh[r * ldh + cols] = 0;
+                wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                for (int xi = 0; xi < POINTS; xi++)
+                    bk->gemm_rows(C, K, cols, (const uint32_t *)(vh + xi * vh_xi), ldh / 2,
+                                  mgp + (size_t)xi * mgp_xi, ldm, du + (size_t)xi * K * C, K, add);
+                add = true;
+                continue;
+            }
             wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, C * ld,
                       (int)ld, pad);
             if (ap) {
