@@ -506,15 +506,19 @@ wgrad_add_n(const float *du, size_t plane, int C, int K, int k0, int c, int n, f
 
 void cf_conv_winograd_wgrad_add(const cf_conv_geom *g, int out_channels, const float *du,
                                 float *dw) {
-    /* lanes over the output channels: each plane of du is read a line at a time */
+    /* lanes over the output channels, the input channels outside: each plane's row of a channel
+     * is read from start to end (16 sequential streams). With the output channels outside, the
+     * planes were read a line at a time 4 C bytes apart (16 strided streams): 6.3 ms a call on 512
+     * x 512 channels, from DRAM, against 0.53 on 256 x 256. The same sums, each value of dw added
+     * once: bitwise either way. */
     const int C = g->c, K = out_channels;
     const size_t plane = (size_t)K * C;
-    for (int k0 = 0; k0 < K; k0 += LANES) {
-        const int n = min_int(LANES, K - k0);
-        for (int c = 0; c < C; c++)
+    for (int c = 0; c < C; c++)
+        for (int k0 = 0; k0 < K; k0 += LANES) {
+            const int n = min_int(LANES, K - k0);
             if (n == LANES)
                 wgrad_add_n(du, plane, C, K, k0, c, LANES, dw);
             else
                 wgrad_add_n(du, plane, C, K, k0, c, n, dw);
-    }
+        }
 }
