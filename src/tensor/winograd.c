@@ -24,8 +24,9 @@
  * to nearest even, cf_fp32_to_bf16's): V and U in the forward pass, the flipped weights' U and
  * the transformed output gradient in dx, V and Mg in dW; U once per pass (the bf16 pack), V and
  * Mg as the transforms compute them where the level has input_pairs, dy_pairs and gemm_paired
- * (AVX512_BF16: pairs in the GEMM's order, read in place), else as the GEMM packs them (the same
- * values, bitwise the same results). PyTorch's autocast rounds the layer's operands instead (x, w,
+ * (AVX512_BF16: pairs in the GEMM's order, read in place; dW's V as bf16 rows of tiles, input_bf16,
+ * read in place by gemm_rows), else as the GEMM packs them (the same values, bitwise the same
+ * results). PyTorch's autocast rounds the layer's operands instead (x, w,
  * dy) and its products of rounded values are exact. Here each product of two rounded transformed
  * values is off by at most 2u + u^2 (u = 2^-8) of its magnitude, so an output is off by at most
  * that much of the same computation on absolute values, |A^T| (sum over channels of (|G| |g|
