@@ -2,6 +2,8 @@
  * the bf16 GEMM's gemm_rows) against scalar references that do the same operations in the same
  * order, bitwise:
  *
+ *   input       V = B^T d B of every tile (the plane split first), rows shorter than a vector
+ *               (several rows a load), as long and longer, odd planes, bands of tile rows
  *   output      Y = A^T M A of every tile, on planes whose rows of tiles fill a vector and on
  *               those shorter than one (2x2 to 16x16 planes, the band of tile rows vectorised
  *               whole), odd planes, bands of tile rows, several images, a band whose tiles end
@@ -82,6 +84,74 @@ static void test_output(void **state) {
                  ty0, ty0 + th - 1);
         expect_bitwise(what, y, want, (size_t)n_images * ch * plane, sizeof(float));
         free(m), free(y), free(want);
+    }
+}
+
+/* V = B^T d B of one tile's patch d[row][column], the sums in loops_wino_input's order. */
+static void input_tile(const float d[4][4], float v[16]) {
+    for (int i = 0; i < 4; i++) {
+        float t[4];
+        for (int k = 0; k < 4; k++)
+            t[k] = i == 0   ? d[0][k] - d[2][k]
+                   : i == 1 ? d[1][k] + d[2][k]
+                   : i == 2 ? d[2][k] - d[1][k]
+                            : d[1][k] - d[3][k];
+        v[4 * i] = t[0] - t[2];
+        v[4 * i + 1] = t[1] + t[2];
+        v[4 * i + 2] = t[2] - t[1];
+        v[4 * i + 3] = t[1] - t[3];
+    }
+}
+
+static void test_input(void **state) {
+    (void)state;
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    if (!wk) {
+        printf("kernels %s: no Winograd transforms\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    /* images, channels, h, w, ty0, th (0: to the last tile row): rows shorter than a vector
+     * (several rows per load), as long as one and longer, odd sizes, bands */
+    static const int cases[][6] = {{3, 2, 4, 4, 0, 0},   {2, 3, 2, 2, 0, 0},   {2, 2, 8, 8, 0, 0},
+                                   {2, 2, 16, 16, 0, 0}, {1, 2, 32, 32, 0, 0}, {2, 2, 6, 4, 0, 0},
+                                   {2, 2, 5, 7, 0, 0},   {1, 2, 16, 16, 2, 3}, {2, 3, 8, 8, 1, 2},
+                                   {2, 2, 12, 8, 0, 0},  {1, 1, 40, 40, 3, 4}, {2, 2, 4, 2, 0, 0},
+                                   {5, 2, 2, 4, 0, 0},   {2, 2, 3, 4, 0, 0},   {2, 2, 7, 8, 1, 3},
+                                   {1, 2, 9, 16, 0, 0},  {1, 1, 34, 30, 0, 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
+        const int tw = (w + 1) / 2, ty0 = cases[ci][4];
+        const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0, tiles = th * tw;
+        const int ldv = n_images * tiles + 3;
+        const size_t v_xi = (size_t)ch * ldv + 5, plane = (size_t)h * w;
+        float *x = malloc((size_t)n_images * ch * plane * sizeof(float));
+        float *v = calloc(16 * v_xi, sizeof(float)), *want = calloc(16 * v_xi, sizeof(float));
+        float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
+        fill_uniform(x, (size_t)n_images * ch * plane, 60 + ci, -2, 2);
+        for (int n = 0; n < n_images; n++)
+            for (int c = 0; c < ch; c++)
+                for (int ty = ty0; ty < ty0 + th; ty++)
+                    for (int tx = 0; tx < tw; tx++) {
+                        float d[4][4], o[16];
+                        for (int i = 0; i < 4; i++)
+                            for (int j = 0; j < 4; j++) {
+                                const int row = 2 * ty - 1 + i, col = 2 * tx - 1 + j;
+                                d[i][j] =
+                                    row >= 0 && row < h && col >= 0 && col < w
+                                        ? x[((size_t)n * ch + c) * plane + (size_t)row * w + col]
+                                        : 0.0f;
+                            }
+                        input_tile(d, o);
+                        const size_t t = (size_t)n * tiles + (size_t)(ty - ty0) * tw + tx;
+                        for (int xi = 0; xi < 16; xi++)
+                            want[xi * v_xi + (size_t)c * ldv + t] = o[xi];
+                    }
+        wk->input(x, ch, h, w, n_images, ch * plane, ty0, th, v, v_xi, ldv, pad);
+        char what[96];
+        snprintf(what, sizeof what, "input %dx%d, %d images, tile rows %d..%d", h, w, n_images, ty0,
+                 ty0 + th - 1);
+        expect_bitwise(what, v, want, 16 * v_xi, sizeof(float));
+        free(x), free(v), free(want), free(pad);
     }
 }
 
@@ -166,6 +236,7 @@ static void test_gemm_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_output),
+        cmocka_unit_test(test_input),
         cmocka_unit_test(test_input_bf16),
         cmocka_unit_test(test_gemm_rows),
     };

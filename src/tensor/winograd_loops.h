@@ -57,6 +57,38 @@ CF_INLINE void wino_split_zero_row(float *q, size_t part, int tw, int r) {
  * tile t = ty * tw + tx is at index t + (r / 2) * tw of parity r % 2 (one walk over all the
  * tiles). The columns are the even and odd lanes of a row read from column 2u0 - 1 and from
  * 2u0 + 1. next: the plane after this one (prefetched), or NULL. */
+/* wino_split_plane's image rows [lo, hi) where a row is shorter than a vector (w = 2 tw, tw
+ * dividing VL / 2): VL / tw rows of one parity at a time, whose arrays' rows are adjacent. A
+ * row's window (its 2 tw values from column -1, or from 1) fills lanes [g w, (g + 1) w) of the
+ * 2 VL values a then b, so the even and odd lanes are G rows of the two column arrays, one store
+ * each: the same values as a vector per row, with VL / w rows per load. */
+CF_INLINE void wino_split_short(const float *x, int w, int xr0, int lo, int hi, int tw, float *q,
+                                size_t part) {
+    const int G = VL / tw;        /* rows per pair of vectors */
+    for (int s = 0; s < 2; s++) { /* the window's first column: -1, then 1 */
+        const int base = 2 * s - 1;
+        const unsigned win = simd_first_lanes(w) & ~(s ? 1u << (w - 1) : 1u); /* columns 0..w-1 */
+        for (int par = 0; par < 2; par++)
+            for (int r = lo + ((lo + par) & 1); r < hi; r += 2 * G) {
+                vf a = V_ZERO(), b = V_ZERO();
+                for (int g = 0; g < G && r + 2 * g < hi; g++) {
+                    const float *src = x + (size_t)(xr0 + r + 2 * g) * w + base;
+                    const int lane0 = g * w;
+                    if (lane0 < VL)
+                        a = V_LOADM(a, V_MASKV((win << lane0) & VMASK_ALL), src - lane0);
+                    else
+                        b = V_LOADM(b, V_MASKV((win << (lane0 - VL)) & VMASK_ALL),
+                                    src - (lane0 - VL));
+                }
+                vf ev, od;
+                V_UNZIP(a, b, ev, od);
+                float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw;
+                V_STOREU(row + (2 * s) * part, ev);
+                V_STOREU(row + (2 * s + 1) * part, od);
+            }
+    }
+}
+
 static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int tw, float *q,
                              const float *next) {
     const size_t part = (size_t)(th + 1) * tw + VL;
@@ -67,6 +99,12 @@ static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int 
         for (int r = lo; r < hi; r++)
             for (int c = 0; c < w; c += 16)
                 __builtin_prefetch(next + (size_t)(xr0 + r) * w + c, 0, 3);
+    if (w == 2 * tw && 2 * tw <= VL && VL % (2 * tw) == 0) {
+        for (int r = 0; r < lo; r++) wino_split_zero_row(q, part, tw, r);
+        wino_split_short(x, w, xr0, lo, hi, tw, q, part);
+        for (int r = hi; r < 2 * th + 2; r++) wino_split_zero_row(q, part, tw, r);
+        return;
+    }
     /* A row's last vector runs into the row after it in its array (the split's row r + 2), so
      * the rows below are written after the rows above them: the zero rows above first, the
      * image's rows with the column chunks from the last (whose lane masks are the same on every
