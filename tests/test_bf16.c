@@ -251,7 +251,8 @@ static double largest(const float *v, size_t n) {
  * in float64, and within 2^-7 of the largest value of torch.autocast("cpu", torch.bfloat16) (whose
  * results are rounded to bf16 once more); and visibly not the fp32 result. Capped below
  * avx512_bf16, and for layers of fewer than 8 input channels (the stems, which stay fp32 under
- * to_bf16): the fp32 result. */
+ * to_bf16, but for the RGB 7x7 stem's forward pass and weight gradient where the level has the
+ * bf16 stem): the fp32 result. */
 static void test_conv_matches_torch(void **state) {
     (void)state;
     static const conv_case cases[] = {
@@ -356,8 +357,13 @@ static void test_conv_matches_torch(void **state) {
             const double atol = 1e-6 * outs[j].terms + 1e-6;
             /* a weight gradient of fewer than 16 rows and at most 16 columns (the stem) stays
              * fp32: its bf16 tiles would be mostly padding */
+            /* a stem (fewer than 8 input channels) stays fp32, but for the forward pass and
+             * weight gradient of a stride-2 one of K >= 64 where the level has the bf16 stem
+             * (cf_conv_stem_bf16_*: the RGB 7x7) */
+            const bool bf16_stem =
+                cc->c * cc->k * cc->k >= 64 && j != 1 && cf_conv_stem_bf16_supported(&g, cc->o);
             const bool few_rows = j == 2 && cc->c * cc->k * cc->k < 16 && cc->o <= 16,
-                       stem = cc->c < 8;
+                       stem = cc->c < 8 && !bf16_stem;
             if (bf16 && !few_rows && !stem) {
                 /* a layer that fp32 takes through Winograd rounds the transformed operands
                  * instead (test_bf16_winograd bounds it against float64) */

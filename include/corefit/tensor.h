@@ -379,6 +379,24 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
                                 float *scratch, const cf_conv_shortcut *dw_shortcut,
                                 const cf_conv_shortcut *dx_shortcut);
 
+/* ---- a bf16 stride-2 stem on a few channels: src/tensor/conv_stem_bf16.c --------------------- */
+
+/* Mixed-precision Conv2d of stride 2 on 1 to 7 input channels (an RGB image's 7x7 stem), an odd
+ * square kernel from 3 to 11, padding (k - 1) / 2, an even-sized image whose output width is even:
+ * bf16(x) and bf16(w) (forward), bf16(x) and bf16(dy) (weight gradient), fp32 sums, through the
+ * level's implicit bf16 kernel and bf16 GEMM (no fp32 patch matrix; layouts in the file's header).
+ * Supported where cf_bf16_compute() and the active level has those kernels (avx512_bf16; amx
+ * keeps the fp32 path: its table has no gemm_rows). forward: y (n, out, oh, ow) overwritten, w
+ * the fp32 weights (out, c, k, k), no bias; wgrad: dwt (c * k * k rows x out, the weight gradient
+ * transposed) overwritten or accumulated into. Each call takes cf_conv_stem_bf16_scratch floats. */
+bool cf_conv_stem_bf16_supported(const cf_conv_geom *g, int out_channels);
+size_t cf_conv_stem_bf16_scratch(const cf_conv_geom *g, int out_channels);
+void cf_conv_stem_bf16_forward(const cf_conv_geom *g, int out_channels, const float *w,
+                               const float *x, int n_images, float *y, float *scratch);
+void cf_conv_stem_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                             const float *x, int n_images, float *dwt, bool accumulate,
+                             float *scratch);
+
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 
 /* The largest of x[0..n) (n >= 1). */

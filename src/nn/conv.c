@@ -128,6 +128,15 @@ static bool use_bf16(const conv_impl *c) {
                                 cf_conv_bf16_supported(&c->g, c->out_c)));
 }
 
+/* Whether this call takes the bf16 stride-2 stem (cf_conv_stem_bf16_*, an RGB 7x7 stem: K = 147)
+ * in the patch matrix's scratch, forward and weight gradient. Below K = 64 (a gray 3x3 stem) the
+ * layer stays fp32 (use_bf16). bench_conv w3 cpu-bf16: bench/README.md (the bf16 stem). */
+static bool use_stem_bf16(const conv_impl *c) {
+    return c->bf16 && c->col && c->in_c * c->k * c->k >= 64 && !cf_kernels_reference() &&
+           cf_conv_stem_bf16_supported(&c->g, c->out_c) &&
+           cf_conv_stem_bf16_scratch(&c->g, c->out_c) <= c->col_stride;
+}
+
 /* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
 static bool bf16_dw_dots(const conv_impl *c) {
     return c->in_c * c->k * c->k < 16 && c->out_c <= 16;
@@ -336,7 +345,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
     const float *b = c->has_bias ? m->params[1].data : NULL;
     float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
     float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
-    const bool bf16 = use_bf16(c);
+    const bool bf16 = use_bf16(c), stem = use_stem_bf16(c);
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
@@ -345,6 +354,13 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
             int64_t m0, m1;
             group_range(c, gi + 1, &m0, &m1);
             prefetch_input(c, m0, m1);
+        }
+        if (stem) {
+            float *yg = c->y + (size_t)n0 * out_n;
+            cf_conv_stem_bf16_forward(g, O, w, c->x + (size_t)n0 * in_n, (int)(n1 - n0), yg, col);
+            for (size_t r = 0; b && r < (size_t)(n1 - n0) * O; r++)
+                for (int p = 0; p < P; p++) yg[r * P + p] += b[r % O];
+            continue;
         }
         const float *patches = c->x + (size_t)n0 * in_n; /* direct: the image itself */
         if (!c->direct) {
@@ -610,7 +626,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
      * K fills the kernel's 48-column tiles where O = 32 or 64 would leave a third of them
      * empty), both read in place (the kernel packs and rounds either layout). The few-row weight
      * gradient of dw_dots stays fp32: its bf16 tiles would be mostly padding. */
-    const bool bf16 = use_bf16(c), dw_bf16 = bf16 && !dw_dots;
+    const bool bf16 = use_bf16(c), dw_bf16 = bf16 && !dw_dots, stem = use_stem_bf16(c);
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -626,7 +642,10 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         }
         const float *dyg = NULL;
         int ldg = 0;
-        if (c->want_dw) {
+        if (c->want_dw && stem) { /* dW^T (K x O), as the fp32 product's */
+            cf_conv_stem_bf16_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
+                                    (int)(n1 - n0), dwt, !first, col);
+        } else if (c->want_dw) {
             const float *patches = c->x + (size_t)n0 * in_n; /* direct: one image, K x P */
             int ldp = P;
             if (!c->direct) {

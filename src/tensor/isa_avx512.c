@@ -72,6 +72,15 @@ static inline void wino_store_pairs(uint32_t *p, int n, __m512 lo, __m512 hi) {
         _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1u), w);
 }
 #define WINO_STORE_PAIRS(p, n, lo, hi) wino_store_pairs(p, n, lo, hi)
+/* n lanes of v rounded to bf16 (input_bf16) */
+static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
+    const __m512i w = cf__bf16_round_lanes(v);
+    if (n >= 16)
+        _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(w));
+    else
+        _mm512_mask_cvtepi32_storeu_epi16(p, (__mmask16)((1u << n) - 1u), w);
+}
+#define WINO_STORE_BF16(p, n, v) wino_store_bf16(p, n, v)
 /* cf_conv_winograd_pays: bench_conv on W1 and W2 */
 #define WINO_SHORT_ROW_COST 224
 #include "tensor/winograd_loops.h"

@@ -114,20 +114,26 @@ static void pack_pairs(const operand *x, int l0, int nl, int width, int q0, int 
         }
 }
 
-/* C (rows x the columns of cmask, row stride ldc) (+)= the MR x (16 nv) tile of packed A and B
- * over nq k-pairs (B's rows of pairs ldb words apart: NR in a packed panel; nv vectors of
- * columns, the panel's others padding that is neither computed nor stored). */
+/* C (rows x the columns of cmask, row stride ldc) (+)= the MR x (16 nv) tile of A and B over nq
+ * k-pairs (B's rows of pairs ldb words apart: NR in a packed panel; nv vectors of columns, the
+ * panel's others padding that is neither computed nor stored). A packed (lda 0): pair q of row r
+ * at ap[q * MR + r]; else rows of pairs lda words apart, ap[r * lda + q], the rows past `rows`
+ * reading the last one (their sums are not stored). */
 static inline __attribute__((always_inline)) void
-tile_nv(int nv, int nq, const uint32_t *ap, const uint32_t *bp, size_t ldb, float *c, int ldc,
-        int rows, const __mmask16 cmask[NV], bool accumulate) {
+tile_nv(int nv, int nq, const uint32_t *ap, size_t lda, const uint32_t *bp, size_t ldb, float *c,
+        int ldc, int rows, const __mmask16 cmask[NV], bool accumulate) {
     __m512 acc[MR][NV];
-    for (int r = 0; r < MR; r++)
+    const uint32_t *ar[MR];
+    for (int r = 0; r < MR; r++) {
+        ar[r] = lda ? ap + (size_t)(r < rows ? r : rows - 1) * lda : ap + r;
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
-    for (int q = 0; q < nq; q++, ap += MR, bp += ldb) {
+    }
+    const size_t a_q = lda ? 1 : MR;
+    for (int q = 0; q < nq; q++, bp += ldb) {
         __m512bh b[NV];
         for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
         for (int r = 0; r < MR; r++) {
-            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ar[r][q * a_q]);
             for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
         }
     }
@@ -146,22 +152,34 @@ tile_nv(int nv, int nq, const uint32_t *ap, const uint32_t *bp, size_t ldb, floa
 static void tile(int nv, int nq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc,
                  int rows, const __mmask16 cmask[NV], bool accumulate) {
     if (nv >= 3)
-        tile_nv(3, nq, ap, bp, NR, c, ldc, rows, cmask, accumulate);
+        tile_nv(3, nq, ap, 0, bp, NR, c, ldc, rows, cmask, accumulate);
     else if (nv == 2)
-        tile_nv(2, nq, ap, bp, NR, c, ldc, rows, cmask, accumulate);
+        tile_nv(2, nq, ap, 0, bp, NR, c, ldc, rows, cmask, accumulate);
     else
-        tile_nv(1, nq, ap, bp, NR, c, ldc, rows, cmask, accumulate);
+        tile_nv(1, nq, ap, 0, bp, NR, c, ldc, rows, cmask, accumulate);
 }
 
 /* The same with B's rows of pairs ldb words apart (gemm_paired). */
 static void tile_strided(int nv, int nq, const uint32_t *ap, const uint32_t *bp, size_t ldb,
                          float *c, int ldc, int rows, const __mmask16 cmask[NV], bool accumulate) {
     if (nv >= 3)
-        tile_nv(3, nq, ap, bp, ldb, c, ldc, rows, cmask, accumulate);
+        tile_nv(3, nq, ap, 0, bp, ldb, c, ldc, rows, cmask, accumulate);
     else if (nv == 2)
-        tile_nv(2, nq, ap, bp, ldb, c, ldc, rows, cmask, accumulate);
+        tile_nv(2, nq, ap, 0, bp, ldb, c, ldc, rows, cmask, accumulate);
     else
-        tile_nv(1, nq, ap, bp, ldb, c, ldc, rows, cmask, accumulate);
+        tile_nv(1, nq, ap, 0, bp, ldb, c, ldc, rows, cmask, accumulate);
+}
+
+/* The same with A's rows of pairs lda words apart (gemm_rows). */
+static void tile_rows(int nv, int nq, const uint32_t *ap, size_t lda, const uint32_t *bp,
+                      size_t ldb, float *c, int ldc, int rows, const __mmask16 cmask[NV],
+                      bool accumulate) {
+    if (nv >= 3)
+        tile_nv(3, nq, ap, lda, bp, ldb, c, ldc, rows, cmask, accumulate);
+    else if (nv == 2)
+        tile_nv(2, nq, ap, lda, bp, ldb, c, ldc, rows, cmask, accumulate);
+    else
+        tile_nv(1, nq, ap, lda, bp, ldb, c, ldc, rows, cmask, accumulate);
 }
 
 /* The bf16 GEMMs' packing scratch of the calling thread (this file's and amx_tiles.h's), kept
@@ -295,6 +313,30 @@ static void bf16_gemm_paired(int m, int n, int k, const uint32_t *ap, const uint
                 const int rows = m - i * MR < MR ? m - i * MR : MR;
                 tile_strided(nv, nq, ablock + (size_t)i * MR * nq, bp, ldb,
                              c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
+            }
+        }
+    }
+}
+
+/* C (+)= A . B with A's rows of pairs lda words apart (the Winograd weight gradient's transformed
+ * input, cf_wino_kernels.input_bf16) and B paired as gemm_paired's: gemm_paired's blocks, tiles
+ * and order of sums with A read in place instead of packed, so the result is bitwise
+ * gemm_pack_a then gemm_paired on the same values. */
+static void bf16_gemm_rows(int m, int n, int k, const uint32_t *a, size_t lda, const uint32_t *b,
+                           size_t ldb, float *c, int ldc, bool accumulate) {
+    const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const bool add = accumulate || q0 > 0;
+        for (int j = 0; j < panels; j++) {
+            const uint32_t *bp = b + (size_t)q0 * ldb + (size_t)j * NR;
+            __mmask16 cmask[NV];
+            for (int v = 0; v < NV; v++) cmask[v] = lanes_below(n - j * NR - 16 * v);
+            const int cols = n - j * NR, nv = cols >= NR ? NV : (cols + 15) / 16;
+            for (int i = 0; i < row_blocks; i++) {
+                const int rows = m - i * MR < MR ? m - i * MR : MR;
+                tile_rows(nv, nq, a + (size_t)i * MR * lda + q0, lda, bp, ldb,
+                          c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
             }
         }
     }
@@ -601,6 +643,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm_pack_a = gemm_pack_a,
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
+    .gemm_rows = bf16_gemm_rows,
     .pairs = bf16_pairs,
     .conv_run = bf16_conv_run,
     .conv_wgrad = bf16_conv_wgrad,

@@ -108,6 +108,12 @@ typedef struct cf_wino_kernels {
      * tiles */
     void (*dy_pairs)(const float *dyt, int channels, int h, int w, int n_images, int ty0, int th,
                      uint32_t *m, size_t m_xi, int ldm);
+    /* NULL where the table has none: V as `input` computes it, rounded the same way and stored as
+     * bf16 in input's layout (element (xi, c, t) at v + xi * v_xi + c * ldv + t, 16-bit): with
+     * v_xi and ldv even, row c's tiles 2q and 2q + 1 form the word q of a row of pairs over the
+     * tiles, the A of cf_bf16_kernels.gemm_rows (the weight gradient's products) */
+    void (*input_bf16)(const float *x, int channels, int h, int w, int n_images, size_t x_image,
+                       int ty0, int th, uint16_t *v, size_t v_xi, int ldv, float *pad);
 } cf_wino_kernels;
 
 /* One LSTM step over the n cells of one row (cf_lstm_cell_forward and cf_lstm_cell_backward in
@@ -198,6 +204,11 @@ typedef struct cf_bf16_kernels {
      * NULL: no implicit bf16 convolution, as for the kernels above). */
     void (*halves_rows)(const uint16_t *lo, const uint16_t *hi, size_t ldi, int h, int w,
                         uint32_t *out, size_t ldo);
+    /* NULL: none. gemm_paired with A (m x k) given as rows of pairs over k instead of packed: the
+     * word of row r, pair q at a[r * lda + q] is bf16(A(r, 2q)) | bf16(A(r, 2q + 1)) << 16 (0 in
+     * the high half past k). Bitwise gemm_paired on the same values; no scratch. */
+    void (*gemm_rows)(int m, int n, int k, const uint32_t *a, size_t lda, const uint32_t *b,
+                      size_t ldb, float *c, int ldc, bool accumulate);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it

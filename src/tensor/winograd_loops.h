@@ -6,6 +6,8 @@
  *   V_UNZIP(a, b, ev, od)   ev = the even lanes of the 2*VL values a then b, od = the odd ones
  *
  *   WINO_SHORT_ROW_COST     (optional) cf_wino_kernels.short_row_cost, measured per set
+ *   WINO_STORE_PAIRS, WINO_STORE_BF16   (optional) the bf16 stores of input_pairs and dy_pairs,
+ *                           and of input_bf16 (see there)
  *
  * Tile (ty, tx) covers output rows 2ty, 2ty+1 and columns 2tx, 2tx+1; its 4x4 input patch
  * starts at row 2ty - 1, column 2tx - 1 (padding 1). A call covers the tile rows [ty0, ty0 +
@@ -55,6 +57,38 @@ CF_INLINE void wino_split_zero_row(float *q, size_t part, int tw, int r) {
  * tile t = ty * tw + tx is at index t + (r / 2) * tw of parity r % 2 (one walk over all the
  * tiles). The columns are the even and odd lanes of a row read from column 2u0 - 1 and from
  * 2u0 + 1. next: the plane after this one (prefetched), or NULL. */
+/* wino_split_plane's image rows [lo, hi) where a row is shorter than a vector (w = 2 tw, tw
+ * dividing VL / 2): VL / tw rows of one parity at a time, whose arrays' rows are adjacent. A
+ * row's window (its 2 tw values from column -1, or from 1) fills lanes [g w, (g + 1) w) of the
+ * 2 VL values a then b, so the even and odd lanes are G rows of the two column arrays, one store
+ * each: the same values as a vector per row, with VL / w rows per load. */
+CF_INLINE void wino_split_short(const float *x, int w, int xr0, int lo, int hi, int tw, float *q,
+                                size_t part) {
+    const int G = VL / tw;        /* rows per pair of vectors */
+    for (int s = 0; s < 2; s++) { /* the window's first column: -1, then 1 */
+        const int base = 2 * s - 1;
+        const unsigned win = simd_first_lanes(w) & ~(s ? 1u << (w - 1) : 1u); /* columns 0..w-1 */
+        for (int par = 0; par < 2; par++)
+            for (int r = lo + ((lo + par) & 1); r < hi; r += 2 * G) {
+                vf a = V_ZERO(), b = V_ZERO();
+                for (int g = 0; g < G && r + 2 * g < hi; g++) {
+                    const float *src = x + (size_t)(xr0 + r + 2 * g) * w + base;
+                    const int lane0 = g * w;
+                    if (lane0 < VL)
+                        a = V_LOADM(a, V_MASKV((win << lane0) & VMASK_ALL), src - lane0);
+                    else
+                        b = V_LOADM(b, V_MASKV((win << (lane0 - VL)) & VMASK_ALL),
+                                    src - (lane0 - VL));
+                }
+                vf ev, od;
+                V_UNZIP(a, b, ev, od);
+                float *row = q + (size_t)(r % 2) * 4 * part + (size_t)(r / 2) * tw;
+                V_STOREU(row + (2 * s) * part, ev);
+                V_STOREU(row + (2 * s + 1) * part, od);
+            }
+    }
+}
+
 static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int tw, float *q,
                              const float *next) {
     const size_t part = (size_t)(th + 1) * tw + VL;
@@ -65,6 +99,12 @@ static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int 
         for (int r = lo; r < hi; r++)
             for (int c = 0; c < w; c += 16)
                 __builtin_prefetch(next + (size_t)(xr0 + r) * w + c, 0, 3);
+    if (w == 2 * tw && 2 * tw <= VL && VL % (2 * tw) == 0) {
+        for (int r = 0; r < lo; r++) wino_split_zero_row(q, part, tw, r);
+        wino_split_short(x, w, xr0, lo, hi, tw, q, part);
+        for (int r = hi; r < 2 * th + 2; r++) wino_split_zero_row(q, part, tw, r);
+        return;
+    }
     /* A row's last vector runs into the row after it in its array (the split's row r + 2), so
      * the rows below are written after the rows above them: the zero rows above first, the
      * image's rows with the column chunks from the last (whose lane masks are the same on every
@@ -101,9 +141,9 @@ static void wino_split_plane(const float *x, int h, int w, int ty0, int th, int 
  * the rows of B^T d (d0 - d2, d1 + d2, d2 - d1, d1 - d3 over the patch rows) for each patch
  * column, then t B (t0 - t2, t1 + t2, t2 - t1, t1 - t3 over the columns), vectors over all the
  * tiles of a plane. */
-static void loops_wino_input(const float *x, int channels, int h, int w, int n_images,
-                             size_t x_image, int ty0, int th, float *v, size_t v_xi, int ldv,
-                             float *pad) {
+CF_INLINE void wino_input_impl(const float *x, int channels, int h, int w, int n_images,
+                               size_t x_image, int ty0, int th, void *v_out, size_t v_xi, int ldv,
+                               float *pad, bool half) {
     const int tw = (w + 1) / 2, tiles = th * tw;
     const size_t part = (size_t)(th + 1) * tw + VL, plane = (size_t)h * w;
     const size_t split = 8 * part + VL; /* one split plane; pad holds two */
@@ -119,7 +159,11 @@ static void loops_wino_input(const float *x, int channels, int h, int w, int n_i
                              pad + (size_t)((i + 1) % 2) * split,
                              i + 2 < planes ? PLANE_AT(i + 2) : NULL);
         const int n = i / channels, c = i % channels;
-        float *out = v + (size_t)c * ldv + (size_t)n * tiles;
+        const size_t at = (size_t)c * ldv + (size_t)n * tiles;
+        float *out = half ? NULL : (float *)v_out + at;
+#ifdef WINO_STORE_BF16
+        uint16_t *out16 = half ? (uint16_t *)v_out + at : NULL;
+#endif
         for (int t0 = 0; t0 < tiles; t0 += VL) {
             const int left = tiles - t0;
             vf d1[4], d2[4]; /* patch rows 1 and 2, columns 0..3 */
@@ -127,13 +171,24 @@ static void loops_wino_input(const float *x, int channels, int h, int w, int n_i
                 d1[k] = V_LOADU(odd + k * part + t0);
                 d2[k] = V_LOADU(even + k * part + tw + t0);
             }
+#ifdef WINO_STORE_BF16
+#define WINO_STORE_V(off, val)                                                                     \
+    do {                                                                                           \
+        if (half)                                                                                  \
+            WINO_STORE_BF16(out16 + (off), left, val);                                             \
+        else                                                                                       \
+            wino_store(out + (off), left, val);                                                    \
+    } while (0)
+#else
+#define WINO_STORE_V(off, val) wino_store(out + (off), left, val)
+#endif
 #define WINO_T_B(i, t)                                                                             \
     do {                                                                                           \
-        float *o_ = out + (size_t)(4 * (i)) * v_xi + t0;                                           \
-        wino_store(o_, left, V_SUB((t)[0], (t)[2]));                                               \
-        wino_store(o_ + v_xi, left, V_ADD((t)[1], (t)[2]));                                        \
-        wino_store(o_ + 2 * v_xi, left, V_SUB((t)[2], (t)[1]));                                    \
-        wino_store(o_ + 3 * v_xi, left, V_SUB((t)[1], (t)[3]));                                    \
+        const size_t o_ = (size_t)(4 * (i)) * v_xi + t0;                                           \
+        WINO_STORE_V(o_, V_SUB((t)[0], (t)[2]));                                                   \
+        WINO_STORE_V(o_ + v_xi, V_ADD((t)[1], (t)[2]));                                            \
+        WINO_STORE_V(o_ + 2 * v_xi, V_SUB((t)[2], (t)[1]));                                        \
+        WINO_STORE_V(o_ + 3 * v_xi, V_SUB((t)[1], (t)[3]));                                        \
     } while (0)
             vf t[4];
             for (int k = 0; k < 4; k++) t[k] = V_ADD(d1[k], d2[k]);
@@ -145,9 +200,74 @@ static void loops_wino_input(const float *x, int channels, int h, int w, int n_i
             for (int k = 0; k < 4; k++) t[k] = V_SUB(d1[k], V_LOADU(odd + k * part + tw + t0));
             WINO_T_B(3, t);
 #undef WINO_T_B
+#undef WINO_STORE_V
         }
     }
 #undef PLANE_AT
+}
+
+static void loops_wino_input(const float *x, int channels, int h, int w, int n_images,
+                             size_t x_image, int ty0, int th, float *v, size_t v_xi, int ldv,
+                             float *pad) {
+    wino_input_impl(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad, false);
+}
+
+#ifdef WINO_STORE_BF16
+/* cf_wino_kernels.input_bf16: V as loops_wino_input computes it, rounded as it is stored
+ * (WINO_STORE_BF16(p, n, v), defined by the including file, stores the first n lanes of v as
+ * bf16 at p), in the same layout at half the width. */
+static void loops_wino_input_bf16(const float *x, int channels, int h, int w, int n_images,
+                                  size_t x_image, int ty0, int th, uint16_t *v, size_t v_xi,
+                                  int ldv, float *pad) {
+    wino_input_impl(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad, true);
+}
+#define WINO_INPUT_BF16 loops_wino_input_bf16
+#else
+#define WINO_INPUT_BF16 NULL
+#endif
+
+/* loops_wino_output on planes whose rows of tiles are shorter than a vector (w = g = 2 tw, h
+ * even, tw dividing VL): vectors over all the band's tiles of an image, VL / tw tile rows at a
+ * time, instead of a vector per tile row. A tile row's two output rows (g floats each) are
+ * adjacent in y, so a vector's outputs are one run of 4 VL floats (fewer at the band's end): the
+ * zipped rows go through a buffer and out by blocks of g. The same sums of the same M. */
+CF_INLINE void wino_output_short(int g, const float *m, size_t m_xi, int ldm, int channels, int h,
+                                 int n_images, int ty0, int th, float *y, size_t y_image) {
+    const int tw = g / 2, band = th * tw;
+    for (int n = 0; n < n_images; n++)
+        for (int k = 0; k < channels; k++) {
+            const float *mk = m + (size_t)k * ldm + (size_t)n * band;
+            float *yk = y + n * y_image + (size_t)k * h * g + (size_t)(2 * ty0) * g;
+            for (int t0 = 0; t0 < band; t0 += VL) {
+                const int n_t = band - t0;
+                vf a[4], b[4];
+                for (int i = 0; i < 4; i++) {
+                    const float *p = mk + (size_t)(4 * i) * m_xi + t0;
+                    const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
+                             m2 = wino_load(p + 2 * m_xi, n_t), m3 = wino_load(p + 3 * m_xi, n_t);
+                    a[i] = V_ADD(V_ADD(m0, m1), m2);
+                    b[i] = V_SUB(V_SUB(m1, m2), m3);
+                }
+                float r0[2 * VL], r1[2 * VL]; /* the zipped first and second output rows */
+                const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
+                const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
+                const vf y10 = V_SUB(V_SUB(a[1], a[2]), a[3]);
+                const vf y11 = V_SUB(V_SUB(b[1], b[2]), b[3]);
+                vf lo, hi;
+                V_ZIP(y00, y01, lo, hi);
+                V_STOREU(r0, lo);
+                V_STOREU(r0 + VL, hi);
+                V_ZIP(y10, y11, lo, hi);
+                V_STOREU(r1, lo);
+                V_STOREU(r1 + VL, hi);
+                float *out = yk + (size_t)(t0 / tw) * 2 * g;
+                const int tile_rows = (n_t < VL ? n_t : VL) / tw;
+                for (int j = 0; j < tile_rows; j++) {
+                    memcpy(out + (size_t)(2 * j) * g, r0 + j * g, (size_t)g * sizeof(float));
+                    memcpy(out + (size_t)(2 * j + 1) * g, r1 + j * g, (size_t)g * sizeof(float));
+                }
+            }
+        }
 }
 
 /* Y from M for n_images images of `channels` planes (image n, channel k at y + n*y_image +
@@ -155,6 +275,21 @@ static void loops_wino_input(const float *x, int channels, int h, int w, int n_i
 static void loops_wino_output(const float *m, size_t m_xi, int ldm, int channels, int h, int w,
                               int n_images, int ty0, int th, float *y, size_t y_image) {
     const int tw = (w + 1) / 2;
+    if (tw < VL && VL % tw == 0 && w == 2 * tw && h % 2 == 0) {
+#define WINO_SHORT(g)                                                                              \
+    case g:                                                                                        \
+        wino_output_short(g, m, m_xi, ldm, channels, h, n_images, ty0, th, y, y_image);            \
+        return
+        switch (w) {
+            WINO_SHORT(2);
+            WINO_SHORT(4);
+            WINO_SHORT(8);
+            WINO_SHORT(16);
+        default:
+            break;
+        }
+#undef WINO_SHORT
+    }
     for (int n = 0; n < n_images; n++)
         for (int k = 0; k < channels; k++) {
             float *yk = y + n * y_image + (size_t)k * h * w;
@@ -358,6 +493,7 @@ static const cf_wino_kernels loops_wino = {
     .dy_nhwc = loops_wino_dy_nhwc,
     .input_pairs = WINO_INPUT_PAIRS,
     .dy_pairs = WINO_DY_PAIRS,
+    .input_bf16 = WINO_INPUT_BF16,
 };
 
 #endif

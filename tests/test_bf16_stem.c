@@ -1,0 +1,124 @@
+/* The bf16 stride-2 stem (cf_conv_stem_bf16_*, src/tensor/conv_stem_bf16.c): forward and weight
+ * gradient against PyTorch's conv2d in float64 (tests/oracle/bf16_stem.py), on RGB 7x7 stems,
+ * 1-, 3- and 7-channel images, kernels 3 to 11, several images, outputs past one band and one
+ * chunk of positions, output channels off the blocks of 8.
+ *
+ * Two bounds per value. Against the float64 result of the rounded operands (x and w; x and dy
+ * rounded to torch.bfloat16): the products of bf16 values are exact in fp32, so only fp32's sums
+ * differ, by at most (terms + 4) 2^-24 of the sum of the absolute products. Against the float64
+ * result of the unrounded operands: each product is off by at most 2u + u^2 (u = 2^-8) of its
+ * magnitude, plus the same fp32 term. A wrong tap, channel or position is off by the size of the
+ * value itself, far outside the first bound. Where the level has no bf16 stem (below
+ * avx512_bf16, and amx, whose table has no gemm_rows) the direct calls are skipped. */
+#include "oracle.h"
+#include "tensor/kernel_table.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct scase {
+    int n, c, h, w, k, o;
+} scase;
+
+static const scase cases[] = {
+    {2, 3, 20, 16, 7, 19}, {1, 1, 12, 12, 3, 8}, {3, 3, 16, 20, 5, 24},
+    {2, 3, 36, 32, 7, 64}, {1, 7, 8, 8, 11, 5},  {1, 3, 64, 64, 7, 64},
+};
+#define N_CASES (int)(sizeof cases / sizeof cases[0])
+
+static void expect_within(const char *what, const float *got, const float *want,
+                          const float *abs_sum, size_t n, double rel) {
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)got[i] - want[i]), bound = rel * abs_sum[i] + 1e-30;
+        if (!(err <= bound))
+            fail_msg("%s: element %zu: %.9g against %.9g (error %.3g, bound %.3g)", what, i, got[i],
+                     want[i], err, bound);
+    }
+}
+
+static void test_matches_float64(void **state) {
+    (void)state;
+    cf_conv_geom g0;
+    cf_conv_geom_init(&g0, 3, 16, 16, 7, 7, 2, 2, 3, 3);
+    if (!cf_conv_stem_bf16_supported(&g0, 64)) {
+        printf("kernels %s: no bf16 stem\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    oracle o;
+    oracle_init(&o);
+    float *xs[N_CASES], *ws[N_CASES], *dys[N_CASES];
+    char args[128] = "", name[16];
+    for (int i = 0; i < N_CASES; i++) {
+        const scase *s = &cases[i];
+        cf_conv_geom g;
+        assert_true(cf_conv_geom_init(&g, s->c, s->h, s->w, s->k, s->k, 2, 2, (s->k - 1) / 2,
+                                      (s->k - 1) / 2));
+        assert_true(cf_conv_stem_bf16_supported(&g, s->o));
+        const size_t nx = (size_t)s->n * s->c * s->h * s->w, nw = (size_t)s->o * s->c * s->k * s->k,
+                     ny = (size_t)s->n * s->o * g.oh * g.ow;
+        xs[i] = malloc(nx * sizeof(float));
+        ws[i] = malloc(nw * sizeof(float));
+        dys[i] = malloc(ny * sizeof(float));
+        fill_uniform(xs[i], nx, 10 + i, -2, 2);
+        fill_uniform(ws[i], nw, 20 + i, -0.3f, 0.3f);
+        fill_uniform(dys[i], ny, 30 + i, -1, 1);
+        snprintf(name, sizeof name, "x%d", i);
+        oracle_put(&o, name, xs[i], cf_shape4(s->n, s->c, s->h, s->w));
+        snprintf(name, sizeof name, "w%d", i);
+        oracle_put(&o, name, ws[i], cf_shape4(s->o, s->c, s->k, s->k));
+        snprintf(name, sizeof name, "dy%d", i);
+        oracle_put(&o, name, dys[i], cf_shape4(s->n, s->o, g.oh, g.ow));
+        snprintf(args + strlen(args), sizeof args - strlen(args), "%s%d", i ? " " : "", s->k);
+    }
+    oracle_run(&o, "bf16_stem.py", args);
+    for (int i = 0; i < N_CASES; i++) {
+        const scase *s = &cases[i];
+        cf_conv_geom g;
+        cf_conv_geom_init(&g, s->c, s->h, s->w, s->k, s->k, 2, 2, (s->k - 1) / 2, (s->k - 1) / 2);
+        const int K = s->c * s->k * s->k, P = g.oh * g.ow;
+        const size_t ny = (size_t)s->n * s->o * P, nw = (size_t)s->o * K;
+        float *scratch = malloc(cf_conv_stem_bf16_scratch(&g, s->o) * sizeof(float));
+        float *y = malloc(ny * sizeof(float)), *dwt = malloc(nw * sizeof(float));
+        float *dw = malloc(nw * sizeof(float)), *acc = malloc(nw * sizeof(float));
+        cf_conv_stem_bf16_forward(&g, s->o, ws[i], xs[i], s->n, y, scratch);
+        cf_conv_stem_bf16_wgrad(&g, s->o, dys[i], xs[i], s->n, dwt, false, scratch);
+        for (int oc = 0; oc < s->o; oc++) /* dwt is K x O */
+            for (int kk = 0; kk < K; kk++) dw[(size_t)oc * K + kk] = dwt[(size_t)kk * s->o + oc];
+        cf_tensor want[6];
+        static const char *names[6] = {"y", "yr", "ya", "gw", "gwr", "gwa"};
+        for (int j = 0; j < 6; j++) {
+            snprintf(name, sizeof name, "%s%d", names[j], i);
+            want[j] = oracle_get(&o, name);
+        }
+        const double u32 = ldexp(1.0, -24), prod = ldexp(1.0, -7) + ldexp(1.0, -16);
+        char what[96];
+        snprintf(what, sizeof what, "case %d y against the rounded operands", i);
+        expect_within(what, y, want[1].data, want[2].data, ny, (K + 4) * u32 * 1.02);
+        snprintf(what, sizeof what, "case %d y against float64", i);
+        expect_within(what, y, want[0].data, want[2].data, ny, prod + (K + 4) * u32 * 1.02);
+        const int terms = s->n * P;
+        snprintf(what, sizeof what, "case %d dW against the rounded operands", i);
+        expect_within(what, dw, want[4].data, want[5].data, nw, (terms + 4) * u32 * 1.02);
+        snprintf(what, sizeof what, "case %d dW against float64", i);
+        expect_within(what, dw, want[3].data, want[5].data, nw, prod + (terms + 4) * u32 * 1.02);
+        /* accumulate: each value plus what the call overwrites with, bitwise */
+        fill_uniform(acc, nw, 50 + i, -1, 1);
+        for (size_t j = 0; j < nw; j++) dw[j] = acc[j] + dwt[j];
+        cf_conv_stem_bf16_wgrad(&g, s->o, dys[i], xs[i], s->n, acc, true, scratch);
+        snprintf(what, sizeof what, "case %d dW accumulated", i);
+        for (size_t j = 0; j < nw; j++)
+            if (memcmp(&acc[j], &dw[j], sizeof(float)) != 0)
+                fail_msg("%s: element %zu: %.9g against %.9g", what, j, acc[j], dw[j]);
+        for (int j = 0; j < 6; j++) free(want[j].data);
+        free(scratch), free(y), free(dwt), free(dw), free(acc);
+        free(xs[i]), free(ws[i]), free(dys[i]);
+    }
+    oracle_cleanup(&o);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matches_float64),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
