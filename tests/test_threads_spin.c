@@ -1,7 +1,8 @@
 /* The thread pool's adaptive spin (core/threads.c): how its threads wait between jobs changes
  * nothing in the results (a 2-thread fit of W1's model with the spin off, fixed and adaptive ends
- * with bitwise the same weights), the counters count, and a pool left idle sleeps: it takes
- * under 0.1 CPU-second in a second of idleness after a burst of jobs. */
+ * with bitwise the same weights), the counters count, a pool left idle sleeps (it takes under 0.1
+ * CPU-second in a second of idleness after a burst of jobs), and the lock-free hand-over of jobs
+ * runs every part once and shows its stores to the caller however the threads wait. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -80,6 +81,54 @@ static void add_range(void *ctx, int64_t begin, int64_t end, int thread) {
     atomic_fetch_add((_Atomic int64_t *)ctx, s);
 }
 
+/* Each part writes its range of slots with the job's number, in plain stores: the caller must
+ * see every slot of every job written once the call returns. */
+typedef struct stamp_job {
+    int64_t *slot;
+    int64_t job;
+    _Atomic int64_t runs; /* parts run */
+} stamp_job;
+
+static void stamp_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    stamp_job *j = ctx;
+    for (int64_t i = begin; i < end; i++) j->slot[i] = j->job;
+    atomic_fetch_add(&j->runs, 1);
+}
+
+/* The hand-over of jobs without the mutex: with the threads always blocking (spin 0), briefly
+ * spinning and adaptive, at 2 and 3 threads, every part of every job runs once, and the caller
+ * sees its stores when cf_parallel_for returns; a lost wake-up would hang the test. */
+static void test_every_part_runs_once_and_is_seen(void **state) {
+    (void)state;
+    enum { N = 257, JOBS = 3000 };
+    static int64_t slot[N];
+    const double spins[] = {0, 20e3, -1};
+    for (int threads = 2; threads <= 3; threads++)
+        for (size_t k = 0; k < sizeof spins / sizeof spins[0]; k++) {
+            cf__pool_set_spin(spins[k]);
+            cf_set_num_threads(threads);
+            const int64_t n_parts = cf_get_num_threads();
+            for (int64_t job = 1; job <= JOBS; job++) {
+                stamp_job j = {.slot = slot, .job = job};
+                /* sizes that vary give some workers no part on some jobs */
+                const int64_t n = job % 5 == 0 ? 1 : N - job % 7;
+                cf_parallel_for(n, stamp_range, &j);
+                for (int64_t i = 0; i < n; i++)
+                    if (slot[i] != job)
+                        fail_msg("%d threads, spin %g: job %lld slot %lld holds %lld", threads,
+                                 spins[k], (long long)job, (long long)i, (long long)slot[i]);
+                const int64_t expect = n < n_parts ? n : n_parts;
+                if (atomic_load(&j.runs) != expect)
+                    fail_msg("%d threads, spin %g: job %lld ran %lld parts, not %lld", threads,
+                             spins[k], (long long)job, (long long)atomic_load(&j.runs),
+                             (long long)expect);
+            }
+        }
+    cf__pool_set_spin(-1);
+    cf_set_num_threads(0);
+}
+
 /* A burst of back-to-back jobs grows the spin's budget to its largest; then the pool is left
  * idle for a second: its worker spins at most that long (a millisecond) before it blocks. */
 static void test_idle_pool_sleeps(void **state) {
@@ -103,6 +152,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_identical_whatever_the_spin),
         cmocka_unit_test(test_idle_pool_sleeps),
+        cmocka_unit_test(test_every_part_runs_once_and_is_seen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
