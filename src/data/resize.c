@@ -56,6 +56,21 @@ static void plane_decode_row(stbir__info *info, int n) {
     for (int x = w; x < w + margin; x++) d[x] = in[w - 1];
 }
 
+/* Drops the ring buffer's first scanline (stb's loops inline this): false when that was its
+ * last one, the ring then empty. */
+static bool ring_pop(stbir__info *info) {
+    if (info->ring_buffer_first_scanline == info->ring_buffer_last_scanline) {
+        info->ring_buffer_begin_index = -1;
+        info->ring_buffer_first_scanline = 0;
+        info->ring_buffer_last_scanline = 0;
+        return false;
+    }
+    info->ring_buffer_first_scanline++;
+    info->ring_buffer_begin_index =
+        (info->ring_buffer_begin_index + 1) % info->ring_buffer_num_entries;
+    return true;
+}
+
 /* stbir__buffer_loop_upsample with the vertical pass of stbir__resample_vertical_upsample
  * adding into the output row. */
 static void plane_loop_upsample(stbir__info *info) {
@@ -70,16 +85,7 @@ static void plane_loop_upsample(stbir__info *info) {
                                                info->vertical_shift, &in_first_scanline,
                                                &in_last_scanline, &in_center_of_out);
         if (info->ring_buffer_begin_index >= 0) {
-            while (in_first_scanline > info->ring_buffer_first_scanline) {
-                if (info->ring_buffer_first_scanline == info->ring_buffer_last_scanline) {
-                    info->ring_buffer_begin_index = -1;
-                    info->ring_buffer_first_scanline = 0;
-                    info->ring_buffer_last_scanline = 0;
-                    break;
-                }
-                info->ring_buffer_first_scanline++;
-                info->ring_buffer_begin_index =
-                    (info->ring_buffer_begin_index + 1) % info->ring_buffer_num_entries;
+            while (in_first_scanline > info->ring_buffer_first_scanline && ring_pop(info)) {
             }
         }
         int next = info->ring_buffer_begin_index < 0 ? in_first_scanline
@@ -120,15 +126,7 @@ static void plane_empty_ring(stbir__info *info, int first_necessary_scanline) {
                    stbir__get_ring_buffer_entry(info->ring_buffer, info->ring_buffer_begin_index,
                                                 ring_length),
                    (size_t)info->output_w * sizeof(float));
-        if (info->ring_buffer_first_scanline == info->ring_buffer_last_scanline) {
-            info->ring_buffer_begin_index = -1;
-            info->ring_buffer_first_scanline = 0;
-            info->ring_buffer_last_scanline = 0;
-            break;
-        }
-        info->ring_buffer_first_scanline++;
-        info->ring_buffer_begin_index =
-            (info->ring_buffer_begin_index + 1) % info->ring_buffer_num_entries;
+        if (!ring_pop(info)) break;
     }
 }
 
