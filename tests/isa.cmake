@@ -13,20 +13,12 @@ add_test(NAME test_isa_user_blas COMMAND test_isa)
 set_tests_properties(test_isa_user_blas PROPERTIES LABELS "unit;isa" TIMEOUT 120
   ENVIRONMENT "OPENBLAS_CORETYPE=Haswell" ENVIRONMENT_MODIFICATION "OPENBLAS_NUM_THREADS=unset:")
 # bf16 compute exists at avx512_bf16 only; every level below runs test_bf16's fp32 fallback
-foreach(isa generic avx2 avx512)
-  add_test(NAME test_bf16_${isa} COMMAND test_bf16)
-  set_tests_properties(test_bf16_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
-    ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
+cf_isa_tests(test_bf16 generic avx2 avx512)
+cf_isa_tests(test_bf16_par avx512)
+foreach(name ${CF_ISA_TESTS})
+  cf_isa_tests(${name} generic avx2)
 endforeach()
-add_test(NAME test_bf16_par_avx512 COMMAND test_bf16_par)
-set_tests_properties(test_bf16_par_avx512 PROPERTIES LABELS "unit;isa" TIMEOUT 300
-  ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=avx512")
 foreach(isa generic avx2)
-  foreach(name ${CF_ISA_TESTS})
-    add_test(NAME ${name}_${isa} COMMAND ${name})
-    set_tests_properties(${name}_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
-      ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
-  endforeach()
   add_test(NAME test_isa_${isa} COMMAND test_isa)
   set_tests_properties(test_isa_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 120
     ENVIRONMENT "CF_ISA=${isa}"
@@ -47,18 +39,12 @@ if(NOT CF_NATIVE AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   endif()
 endif()
 # the bf16 shortcut at every level (below avx512_bf16: unsupported, the block in fp32)
-foreach(isa generic avx2 avx512)
-  add_test(NAME test_bf16_shortcut_${isa} COMMAND test_bf16_shortcut)
-  set_tests_properties(test_bf16_shortcut_${isa} PROPERTIES LABELS "unit;isa" TIMEOUT 300
-    ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=${isa}")
-endforeach()
+cf_isa_tests(test_bf16_shortcut generic avx2 avx512)
 # The amx level sits above avx512_bf16: where the CPU has AMX the plain runs use it, and these
 # keep the avx512_bf16 kernels covered (elsewhere they repeat the plain runs, or the fallback).
 # test_amx_cap_amx: CF_ISA=amx on a CPU without AMX picks the best level it has.
 foreach(name test_bf16 test_bf16_batch test_bf16_par test_bf16_shortcut test_kernels test_amx)
-  add_test(NAME ${name}_avx512_bf16 COMMAND ${name})
-  set_tests_properties(${name}_avx512_bf16 PROPERTIES LABELS "unit;isa" TIMEOUT 300
-    ENVIRONMENT "OPENBLAS_NUM_THREADS=1;CF_ISA=avx512_bf16")
+  cf_isa_tests(${name} avx512_bf16)
 endforeach()
 add_test(NAME test_amx_cap_amx COMMAND test_amx)
 set_tests_properties(test_amx_cap_amx PROPERTIES LABELS "unit;isa" TIMEOUT 300
@@ -68,11 +54,5 @@ set_tests_properties(test_amx_cap_amx PROPERTIES LABELS "unit;isa" TIMEOUT 300
 # against its operand's span, on any CPU with AVX512_BF16 (skipped without). test_bf16_par's
 # split-batch bound is wider at this level (its comment says why).
 foreach(name test_bf16_batch test_bf16_shortcut test_bf16_par)
-  add_executable(${name}_amx_emul ${CMAKE_CURRENT_SOURCE_DIR}/${name}.c
-    ${CMAKE_CURRENT_SOURCE_DIR}/amx_emul_main.c)
-  target_link_libraries(${name}_amx_emul PRIVATE cf_testlib)
-  target_compile_definitions(${name}_amx_emul PRIVATE main=cf_amx_emul_wrapped_main)
-  add_test(NAME ${name}_amx_emul COMMAND ${name}_amx_emul)
-  set_tests_properties(${name}_amx_emul PROPERTIES LABELS "unit;isa" TIMEOUT ${CF_UNIT_TIMEOUT}
-    SKIP_RETURN_CODE 77 ENVIRONMENT "OPENBLAS_NUM_THREADS=1")
+  cf_amx_emul_test(${name})
 endforeach()
