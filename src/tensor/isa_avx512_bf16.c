@@ -245,6 +245,20 @@ static void gemm_pack_a(bool trans_a, int m, int k, const float *a, int lda, uin
     }
 }
 
+/* The part of A at rows r0 .. r0 + nr, columns c0 .. c0 + nc (see kernel_table.h): its pairs
+ * fall in one k-block (KC2 pairs, a multiple of 8) and its rows in whole row blocks (16 a multiple
+ * of MR), so each row block is pack_pairs on the part, the same words as gemm_pack_a's. */
+static void gemm_pack_a_part(int m, int k, int r0, int nr, int c0, int nc, const float *a, int lda,
+                             uint32_t *ap) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, qs = c0 / 2;
+    const int qb0 = qs / KC2 * KC2, nqb = pairs - qb0 < KC2 ? pairs - qb0 : KC2;
+    const operand A = {a, lda, 1};
+    uint32_t *ablock = ap + (size_t)row_blocks * MR * qb0 + (size_t)(qs - qb0) * MR;
+    for (int i = r0 / MR; i * MR < r0 + nr; i++)
+        pack_pairs(&A, i * MR - r0, r0 + nr - i * MR, MR, 0, (nc + 1) / 2, nc,
+                   ablock + (size_t)i * MR * nqb);
+}
+
 /* C (+)= A . op(B) with A packed by gemm_pack_a; B one NR-column panel at a time into bp (NR x
  * KC2 words), just before the row blocks read it, so the panel (24 KiB) is still in L1 and the
  * k-block of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
@@ -641,6 +655,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm = bf16_gemm,
     .gemm_a_words = gemm_a_words,
     .gemm_pack_a = gemm_pack_a,
+    .gemm_pack_a_part = gemm_pack_a_part,
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
     .gemm_rows = bf16_gemm_rows,

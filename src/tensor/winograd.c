@@ -280,13 +280,56 @@ static const cf_bf16_kernels *prepacked_in(const float *u, int rows, int cols) {
                : NULL;
 }
 
+/* The fp32 planes and the packed A of a bf16 pack at once, where the level packs A in parts: the
+ * kernels are transformed 16 rows by 16 columns of the planes at a time into a block of 16 KiB
+ * that stays in L1, copied to the planes and packed from there. Packing the planes afterwards read
+ * 16 MiB back for 512 x 512 channels, its 16 planes a megabyte apart (the same cache sets), from
+ * memory. The kernel of row r, column j is at w + r * rs + j * js (flipped for dx); the same
+ * values and words as cf_conv_winograd_pack(_dx) then pack_points. False: the level has no
+ * packing in parts (nothing written). */
+static bool pack_fused(int rows, int cols, const float *w, size_t rs, size_t js, bool flip,
+                       float *u) {
+    const cf_bf16_kernels *k = prepacked(rows, cols);
+    if (!k || !k->gemm_pack_a_part) return false;
+    const size_t plane = (size_t)rows * cols, bound = bound_words(rows, cols);
+    uint32_t *p = packed_points(u, rows, cols);
+    float block[POINTS][16][LANES];
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        const int nr = min_int(16, rows - r0);
+        for (int j0 = 0; j0 < cols; j0 += LANES) {
+            const int n = min_int(LANES, cols - j0);
+            for (int r = 0; r < nr; r++) {
+                transform_lanes(w + (size_t)(r0 + r) * rs + (size_t)j0 * js, js, flip, n,
+                                &block[0][r][0], (size_t)16 * LANES);
+                float *dst = u + (size_t)(r0 + r) * cols + j0;
+                for (int xi = 0; xi < POINTS; xi++)
+                    memcpy(dst + xi * plane, block[xi][r], (size_t)n * sizeof(float));
+            }
+            for (int xi = 0; xi < POINTS; xi++)
+                k->gemm_pack_a_part(rows, cols, r0, nr, j0, n, &block[xi][0][0], LANES,
+                                    p + xi * bound);
+        }
+    }
+    uint32_t *stamp = stamp_of(u, rows, cols);
+    const uint64_t id = packer_id(k);
+    stamp[0] = STAMP_MAGIC;
+    stamp[1] = (uint32_t)rows;
+    stamp[2] = (uint32_t)cols;
+    memcpy(stamp + 3, &id, sizeof id);
+    return true;
+}
+
 void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u) {
+    /* rows: the output channels, columns: the input channels */
+    if (pack_fused(out_channels, g->c, w, (size_t)g->c * 9, 9, false, u)) return;
     cf_conv_winograd_pack(g, out_channels, w, u);
     pack_points(out_channels, g->c, u);
 }
 
 void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,
                                    float *u) {
+    /* rows: the input channels, columns: the output channels */
+    if (pack_fused(g->c, out_channels, w, 9, (size_t)g->c * 9, true, u)) return;
     cf_conv_winograd_pack_dx(g, out_channels, w, u);
     pack_points(g->c, out_channels, u);
 }
