@@ -245,18 +245,46 @@ static void gemm_pack_a(bool trans_a, int m, int k, const float *a, int lda, uin
     }
 }
 
-/* The part of A at rows r0 .. r0 + nr, columns c0 .. c0 + nc (see kernel_table.h): its pairs
- * fall in one k-block (KC2 pairs, a multiple of 8) and its rows in whole row blocks (16 a multiple
- * of MR), so each row block is pack_pairs on the part, the same words as gemm_pack_a's. */
+/* The part of A at rows r0 .. r0 + nr, columns c0 .. c0 + nc (see kernel_table.h): its rows fall
+ * in whole row blocks (16 a multiple of MR) and its pairs in k-blocks from pair c0 / 2 (KC2 a
+ * multiple of 8), so each row block of each k-block is pack_pairs on the part: gemm_pack_a's
+ * words. */
 static void gemm_pack_a_part(int m, int k, int r0, int nr, int c0, int nc, const float *a, int lda,
                              uint32_t *ap) {
-    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, qs = c0 / 2;
-    const int qb0 = qs / KC2 * KC2, nqb = pairs - qb0 < KC2 ? pairs - qb0 : KC2;
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, qe = (c0 + nc + 1) / 2;
     const operand A = {a, lda, 1};
-    uint32_t *ablock = ap + (size_t)row_blocks * MR * qb0 + (size_t)(qs - qb0) * MR;
-    for (int i = r0 / MR; i * MR < r0 + nr; i++)
-        pack_pairs(&A, i * MR - r0, r0 + nr - i * MR, MR, 0, (nc + 1) / 2, nc,
-                   ablock + (size_t)i * MR * nqb);
+    for (int qs = c0 / 2; qs < qe;) {
+        const int qb0 = qs / KC2 * KC2, nqb = pairs - qb0 < KC2 ? pairs - qb0 : KC2;
+        const int nq = (qb0 + nqb < qe ? qb0 + nqb : qe) - qs;
+        const operand P = {A.src + 2 * (qs - c0 / 2), A.lane_step, 1};
+        uint32_t *ablock = ap + (size_t)row_blocks * MR * qb0 + (size_t)(qs - qb0) * MR;
+        const int left = c0 + nc - 2 * qs; /* columns from pair qs on */
+        for (int i = r0 / MR; i * MR < r0 + nr; i++)
+            pack_pairs(&P, i * MR - r0, r0 + nr - i * MR, MR, 0, nq, left,
+                       ablock + (size_t)i * MR * nqb);
+        qs += nq;
+    }
+}
+
+/* dst[i] = src[i], i < n, with non-temporal stores from dst's first 64-byte boundary on (data
+ * that is not read again soon: it does not evict the caller's working set, and no line is read
+ * before it is written); fenced, so the stores are ordered before the caller's later ones. */
+static void stream_copy(const float *src, size_t n, float *dst) {
+    size_t i = 0;
+    const size_t head = (size_t)(-(uintptr_t)dst / sizeof(float)) & 15;
+    if (head && n) {
+        const size_t h = head < n ? head : n;
+        _mm512_mask_storeu_ps(dst, lanes_below((int)h),
+                              _mm512_maskz_loadu_ps(lanes_below((int)h), src));
+        i = h;
+    }
+    if ((uintptr_t)(dst + i) % 64 == 0)
+        for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+    for (; i < n; i += 16) {
+        const __mmask16 m = lanes_below((int)(n - i < 16 ? n - i : 16));
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+    _mm_sfence();
 }
 
 /* C (+)= A . op(B) with A packed by gemm_pack_a; B one NR-column panel at a time into bp (NR x
@@ -656,6 +684,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm_a_words = gemm_a_words,
     .gemm_pack_a = gemm_pack_a,
     .gemm_pack_a_part = gemm_pack_a_part,
+    .stream_copy = stream_copy,
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
     .gemm_rows = bf16_gemm_rows,

@@ -281,35 +281,40 @@ static const cf_bf16_kernels *prepacked_in(const float *u, int rows, int cols) {
 }
 
 /* The fp32 planes and the packed A of a bf16 pack at once, where the level packs A in parts: the
- * kernels are transformed 16 rows by 16 columns of the planes at a time into a block of 16 KiB
- * that stays in L1, copied to the planes and packed from there. Packing the planes afterwards read
- * 16 MiB back for 512 x 512 channels, its 16 planes a megabyte apart (the same cache sets), from
- * memory. The kernel of row r, column j is at w + r * rs + j * js (flipped for dx); the same
- * values and words as cf_conv_winograd_pack(_dx) then pack_points. False: the level has no
- * packing in parts (nothing written). */
+ * kernels of 16 rows of the planes are transformed into a band of 16 x 16 x cols floats (512 KiB
+ * for 512 channels, contiguous, so it stays in L2), then each point's 16 rows are copied to its
+ * plane and packed from the band. Packing the planes afterwards read them back (16 MiB for 512 x
+ * 512 channels) from memory: their 16 planes lie a megabyte apart, in the same cache sets. The
+ * kernel of row r, column j is at w + r * rs + j * js (flipped for dx); the same values and words
+ * as cf_conv_winograd_pack(_dx) then pack_points. False: not done (the level has no packing in
+ * parts, or no memory for the band; nothing written). */
 static bool pack_fused(int rows, int cols, const float *w, size_t rs, size_t js, bool flip,
                        float *u) {
     const cf_bf16_kernels *k = prepacked(rows, cols);
     if (!k || !k->gemm_pack_a_part) return false;
-    const size_t plane = (size_t)rows * cols, bound = bound_words(rows, cols);
+    const size_t plane = (size_t)rows * cols, bound = bound_words(rows, cols),
+                 band_plane = (size_t)16 * cols;
+    float *band = cf_malloc(POINTS * band_plane * sizeof(float));
+    if (!band) return false;
     uint32_t *p = packed_points(u, rows, cols);
-    float block[POINTS][16][LANES];
     for (int r0 = 0; r0 < rows; r0 += 16) {
         const int nr = min_int(16, rows - r0);
-        for (int j0 = 0; j0 < cols; j0 += LANES) {
-            const int n = min_int(LANES, cols - j0);
-            for (int r = 0; r < nr; r++) {
-                transform_lanes(w + (size_t)(r0 + r) * rs + (size_t)j0 * js, js, flip, n,
-                                &block[0][r][0], (size_t)16 * LANES);
-                float *dst = u + (size_t)(r0 + r) * cols + j0;
-                for (int xi = 0; xi < POINTS; xi++)
-                    memcpy(dst + xi * plane, block[xi][r], (size_t)n * sizeof(float));
-            }
-            for (int xi = 0; xi < POINTS; xi++)
-                k->gemm_pack_a_part(rows, cols, r0, nr, j0, n, &block[xi][0][0], LANES,
-                                    p + xi * bound);
+        for (int r = 0; r < nr; r++)
+            for (int j0 = 0; j0 < cols; j0 += LANES)
+                transform_lanes(w + (size_t)(r0 + r) * rs + (size_t)j0 * js, js, flip,
+                                min_int(LANES, cols - j0), band + (size_t)r * cols + j0,
+                                band_plane);
+        for (int xi = 0; xi < POINTS; xi++) {
+            const float *b = band + xi * band_plane;
+            float *dst = u + xi * plane + (size_t)r0 * cols;
+            if (k->stream_copy) /* the planes are read only where the packed A cannot be */
+                k->stream_copy(b, (size_t)nr * cols, dst);
+            else
+                memcpy(dst, b, (size_t)nr * cols * sizeof(float));
+            k->gemm_pack_a_part(rows, cols, r0, nr, 0, cols, b, cols, p + xi * bound);
         }
     }
+    cf_free(band);
     uint32_t *stamp = stamp_of(u, rows, cols);
     const uint64_t id = packer_id(k);
     stamp[0] = STAMP_MAGIC;
