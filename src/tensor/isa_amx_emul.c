@@ -178,6 +178,7 @@ void cf_amx_emul_kernels(cf_bf16_kernels *k) {
     k->gemm_pack_a = NULL;
     k->gemm_pack_a_part = NULL;
     k->stream_copy = NULL;
+    k->wino_weights = NULL;
     k->gemm_packed = NULL;
     k->gemm_paired = NULL;
     k->gemm_rows = NULL;

@@ -266,6 +266,37 @@ static void gemm_pack_a_part(int m, int k, int r0, int nr, int c0, int nc, const
     }
 }
 
+/* The Winograd weight transform U = G g G^T of the n <= 16 kernels at k + l * lstride (tap t at
+ * k[t], or k[8 - t] when flipped) into u[xi * plane + l], l < n: winograd.c's transform_n with
+ * the lanes in a vector, each tap gathered (the same operations in the same order, bitwise). */
+static void wino_weights(const float *k, size_t lstride, bool flip, int n, float *u, size_t plane) {
+    const __mmask16 m = lanes_below(n);
+    const __m512i idx =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32((int)lstride));
+    __m512 g[9];
+    for (int t = 0; t < 9; t++)
+        g[t] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, k + (flip ? 8 - t : t), 4);
+    const __m512 half = _mm512_set1_ps(0.5f);
+    __m512 a[4][3]; /* G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2 */
+    for (int j = 0; j < 3; j++) {
+        const __m512 g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
+        a[0][j] = g0;
+        a[1][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(g0, g1), g2));
+        a[2][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(g0, g1), g2));
+        a[3][j] = g2;
+    }
+    for (int i = 0; i < 4; i++) { /* then G^T on the right */
+        const __m512 a0 = a[i][0], a1 = a[i][1], a2 = a[i][2];
+        _mm512_mask_storeu_ps(u + (size_t)(4 * i) * plane, m, a0);
+        _mm512_mask_storeu_ps(u + (size_t)(4 * i + 1) * plane, m,
+                              _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(a0, a1), a2)));
+        _mm512_mask_storeu_ps(u + (size_t)(4 * i + 2) * plane, m,
+                              _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(a0, a1), a2)));
+        _mm512_mask_storeu_ps(u + (size_t)(4 * i + 3) * plane, m, a2);
+    }
+}
+
 /* dst[i] = src[i], i < n, with non-temporal stores from dst's first 64-byte boundary on (data
  * that is not read again soon: it does not evict the caller's working set, and no line is read
  * before it is written); fenced, so the stores are ordered before the caller's later ones. */
@@ -685,6 +716,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm_pack_a = gemm_pack_a,
     .gemm_pack_a_part = gemm_pack_a_part,
     .stream_copy = stream_copy,
+    .wino_weights = wino_weights,
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
     .gemm_rows = bf16_gemm_rows,

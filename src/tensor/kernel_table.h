@@ -170,6 +170,10 @@ typedef struct cf_bf16_kernels {
                              uint32_t *packed);
     /* memcpy(dst, src, n floats) with non-temporal stores (NULL: none) */
     void (*stream_copy)(const float *src, size_t n, float *dst);
+    /* NULL: none. The Winograd F(2x2, 3x3) weight transform G g G^T of the n <= 16 kernels at
+     * k + l * lstride (lstride * 15 + 8 < 2^31; tap t at k[t], or k[8 - t] when flipped) into
+     * u[xi * plane + l], bitwise winograd.c's */
+    void (*wino_weights)(const float *k, size_t lstride, bool flip, int n, float *u, size_t plane);
     /* NULL: none. gemm_packed with B (k x n) given already rounded and paired over k: the word
      * of pair q, column j at b[q * ldb + j] is bf16(B(2q, j)) | bf16(B(2q + 1, j)) << 16 (0 in
      * the high half past k), readable up to the next multiple of 16 columns (the values there are

@@ -297,13 +297,19 @@ static bool pack_fused(int rows, int cols, const float *w, size_t rs, size_t js,
     float *band = cf_malloc(POINTS * band_plane * sizeof(float));
     if (!band) return false;
     uint32_t *p = packed_points(u, rows, cols);
+    /* the level's vector transform where its gather indices fit */
+    const bool vec = k->wino_weights && js <= ((size_t)1 << 31) / 16;
     for (int r0 = 0; r0 < rows; r0 += 16) {
         const int nr = min_int(16, rows - r0);
         for (int r = 0; r < nr; r++)
-            for (int j0 = 0; j0 < cols; j0 += LANES)
-                transform_lanes(w + (size_t)(r0 + r) * rs + (size_t)j0 * js, js, flip,
-                                min_int(LANES, cols - j0), band + (size_t)r * cols + j0,
-                                band_plane);
+            for (int j0 = 0; j0 < cols; j0 += LANES) {
+                const float *kr = w + (size_t)(r0 + r) * rs + (size_t)j0 * js;
+                float *dst = band + (size_t)r * cols + j0;
+                if (vec)
+                    k->wino_weights(kr, js, flip, min_int(LANES, cols - j0), dst, band_plane);
+                else
+                    transform_lanes(kr, js, flip, min_int(LANES, cols - j0), dst, band_plane);
+            }
         for (int xi = 0; xi < POINTS; xi++) {
             const float *b = band + xi * band_plane;
             float *dst = u + xi * plane + (size_t)r0 * cols;
