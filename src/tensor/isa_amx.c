@@ -32,9 +32,6 @@ void cf_amx_kernels(cf_bf16_kernels *k) {
     /* the tile GEMM packs its own A (the Winograd products call it per product) */
     k->gemm_a_words = NULL;
     k->gemm_pack_a = NULL;
-    k->gemm_pack_a_part = NULL;
-    k->stream_copy = NULL;
-    k->wino_weights = NULL;
     k->gemm_packed = NULL;
     k->gemm_paired = NULL;
     k->gemm_rows = NULL;

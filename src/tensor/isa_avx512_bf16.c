@@ -245,79 +245,6 @@ static void gemm_pack_a(bool trans_a, int m, int k, const float *a, int lda, uin
     }
 }
 
-/* The part of A at rows r0 .. r0 + nr, columns c0 .. c0 + nc (see kernel_table.h): its rows fall
- * in whole row blocks (16 a multiple of MR) and its pairs in k-blocks from pair c0 / 2 (KC2 a
- * multiple of 8), so each row block of each k-block is pack_pairs on the part: gemm_pack_a's
- * words. */
-static void gemm_pack_a_part(int m, int k, int r0, int nr, int c0, int nc, const float *a, int lda,
-                             uint32_t *ap) {
-    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, qe = (c0 + nc + 1) / 2;
-    const operand A = {a, lda, 1};
-    for (int qs = c0 / 2; qs < qe;) {
-        const int qb0 = qs / KC2 * KC2, nqb = pairs - qb0 < KC2 ? pairs - qb0 : KC2;
-        const int nq = (qb0 + nqb < qe ? qb0 + nqb : qe) - qs;
-        const operand P = {A.src + 2 * (qs - c0 / 2), A.lane_step, 1};
-        uint32_t *ablock = ap + (size_t)row_blocks * MR * qb0 + (size_t)(qs - qb0) * MR;
-        const int left = c0 + nc - 2 * qs; /* columns from pair qs on */
-        for (int i = r0 / MR; i * MR < r0 + nr; i++)
-            pack_pairs(&P, i * MR - r0, r0 + nr - i * MR, MR, 0, nq, left,
-                       ablock + (size_t)i * MR * nqb);
-        qs += nq;
-    }
-}
-
-/* The Winograd weight transform U = G g G^T of the n <= 16 kernels at k + l * lstride (tap t at
- * k[t], or k[8 - t] when flipped) into u[xi * plane + l], l < n: winograd.c's transform_n with
- * the lanes in a vector, each tap gathered (the same operations in the same order, bitwise). */
-static void wino_weights(const float *k, size_t lstride, bool flip, int n, float *u, size_t plane) {
-    const __mmask16 m = lanes_below(n);
-    const __m512i idx =
-        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                           _mm512_set1_epi32((int)lstride));
-    __m512 g[9];
-    for (int t = 0; t < 9; t++)
-        g[t] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, k + (flip ? 8 - t : t), 4);
-    const __m512 half = _mm512_set1_ps(0.5f);
-    __m512 a[4][3]; /* G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2 */
-    for (int j = 0; j < 3; j++) {
-        const __m512 g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
-        a[0][j] = g0;
-        a[1][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(g0, g1), g2));
-        a[2][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(g0, g1), g2));
-        a[3][j] = g2;
-    }
-    for (int i = 0; i < 4; i++) { /* then G^T on the right */
-        const __m512 a0 = a[i][0], a1 = a[i][1], a2 = a[i][2];
-        _mm512_mask_storeu_ps(u + (size_t)(4 * i) * plane, m, a0);
-        _mm512_mask_storeu_ps(u + (size_t)(4 * i + 1) * plane, m,
-                              _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(a0, a1), a2)));
-        _mm512_mask_storeu_ps(u + (size_t)(4 * i + 2) * plane, m,
-                              _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(a0, a1), a2)));
-        _mm512_mask_storeu_ps(u + (size_t)(4 * i + 3) * plane, m, a2);
-    }
-}
-
-/* dst[i] = src[i], i < n, with non-temporal stores from dst's first 64-byte boundary on (data
- * that is not read again soon: it does not evict the caller's working set, and no line is read
- * before it is written); fenced, so the stores are ordered before the caller's later ones. */
-static void stream_copy(const float *src, size_t n, float *dst) {
-    size_t i = 0;
-    const size_t head = (size_t)(-(uintptr_t)dst / sizeof(float)) & 15;
-    if (head && n) {
-        const size_t h = head < n ? head : n;
-        _mm512_mask_storeu_ps(dst, lanes_below((int)h),
-                              _mm512_maskz_loadu_ps(lanes_below((int)h), src));
-        i = h;
-    }
-    if ((uintptr_t)(dst + i) % 64 == 0)
-        for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-    for (; i < n; i += 16) {
-        const __mmask16 m = lanes_below((int)(n - i < 16 ? n - i : 16));
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
-    }
-    _mm_sfence();
-}
-
 /* C (+)= A . op(B) with A packed by gemm_pack_a; B one NR-column panel at a time into bp (NR x
  * KC2 words), just before the row blocks read it, so the panel (24 KiB) is still in L1 and the
  * k-block of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
@@ -714,9 +641,6 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm = bf16_gemm,
     .gemm_a_words = gemm_a_words,
     .gemm_pack_a = gemm_pack_a,
-    .gemm_pack_a_part = gemm_pack_a_part,
-    .stream_copy = stream_copy,
-    .wino_weights = wino_weights,
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
     .gemm_rows = bf16_gemm_rows,

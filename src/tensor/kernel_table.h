@@ -161,19 +161,6 @@ typedef struct cf_bf16_kernels {
     void (*gemm_pack_a)(bool trans_a, int m, int k, const float *a, int lda, uint32_t *packed);
     bool (*gemm_packed)(int m, int n, int k, const uint32_t *packed_a, bool trans_b, const float *b,
                         int ldb, float *c, int ldc, bool accumulate);
-    /* NULL: none. gemm_pack_a's words of the part of A (m x k) at rows r0 .. r0 + nr, columns
-     * c0 .. c0 + nc, given at a (its element (r0, c0); rows lda floats apart), written at their
-     * places in the whole packed A: r0 a multiple of 16 and nr 16 or up to m, c0 a multiple of 16
-     * and nc even or up to k. Packing all parts is bitwise gemm_pack_a (the Winograd weight
-     * transform packs a band of kernels as it makes it, without reading the planes back). */
-    void (*gemm_pack_a_part)(int m, int k, int r0, int nr, int c0, int nc, const float *a, int lda,
-                             uint32_t *packed);
-    /* memcpy(dst, src, n floats) with non-temporal stores (NULL: none) */
-    void (*stream_copy)(const float *src, size_t n, float *dst);
-    /* NULL: none. The Winograd F(2x2, 3x3) weight transform G g G^T of the n <= 16 kernels at
-     * k + l * lstride (lstride * 15 + 8 < 2^31; tap t at k[t], or k[8 - t] when flipped) into
-     * u[xi * plane + l], bitwise winograd.c's */
-    void (*wino_weights)(const float *k, size_t lstride, bool flip, int n, float *u, size_t plane);
     /* NULL: none. gemm_packed with B (k x n) given already rounded and paired over k: the word
      * of pair q, column j at b[q * ldb + j] is bf16(B(2q, j)) | bf16(B(2q + 1, j)) << 16 (0 in
      * the high half past k), readable up to the next multiple of 16 columns (the values there are

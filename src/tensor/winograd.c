@@ -280,67 +280,13 @@ static const cf_bf16_kernels *prepacked_in(const float *u, int rows, int cols) {
                : NULL;
 }
 
-/* The fp32 planes and the packed A of a bf16 pack at once, where the level packs A in parts: the
- * kernels of 16 rows of the planes are transformed into a band of 16 x 16 x cols floats (512 KiB
- * for 512 channels, contiguous, so it stays in L2), then each point's 16 rows are copied to its
- * plane and packed from the band. Packing the planes afterwards read them back (16 MiB for 512 x
- * 512 channels) from memory: their 16 planes lie a megabyte apart, in the same cache sets. The
- * kernel of row r, column j is at w + r * rs + j * js (flipped for dx); the same values and words
- * as cf_conv_winograd_pack(_dx) then pack_points. False: not done (the level has no packing in
- * parts, or no memory for the band; nothing written). */
-static bool pack_fused(int rows, int cols, const float *w, size_t rs, size_t js, bool flip,
-                       float *u) {
-    const cf_bf16_kernels *k = prepacked(rows, cols);
-    if (!k || !k->gemm_pack_a_part) return false;
-    const size_t plane = (size_t)rows * cols, bound = bound_words(rows, cols),
-                 band_plane = (size_t)16 * cols;
-    float *band = cf_malloc(POINTS * band_plane * sizeof(float));
-    if (!band) return false;
-    uint32_t *p = packed_points(u, rows, cols);
-    /* the level's vector transform where its gather indices fit */
-    const bool vec = k->wino_weights && js <= ((size_t)1 << 31) / 16;
-    for (int r0 = 0; r0 < rows; r0 += 16) {
-        const int nr = min_int(16, rows - r0);
-        for (int r = 0; r < nr; r++)
-            for (int j0 = 0; j0 < cols; j0 += LANES) {
-                const float *kr = w + (size_t)(r0 + r) * rs + (size_t)j0 * js;
-                float *dst = band + (size_t)r * cols + j0;
-                if (vec)
-                    k->wino_weights(kr, js, flip, min_int(LANES, cols - j0), dst, band_plane);
-                else
-                    transform_lanes(kr, js, flip, min_int(LANES, cols - j0), dst, band_plane);
-            }
-        for (int xi = 0; xi < POINTS; xi++) {
-            const float *b = band + xi * band_plane;
-            float *dst = u + xi * plane + (size_t)r0 * cols;
-            if (k->stream_copy) /* the planes are read only where the packed A cannot be */
-                k->stream_copy(b, (size_t)nr * cols, dst);
-            else
-                memcpy(dst, b, (size_t)nr * cols * sizeof(float));
-            k->gemm_pack_a_part(rows, cols, r0, nr, 0, cols, b, cols, p + xi * bound);
-        }
-    }
-    cf_free(band);
-    uint32_t *stamp = stamp_of(u, rows, cols);
-    const uint64_t id = packer_id(k);
-    stamp[0] = STAMP_MAGIC;
-    stamp[1] = (uint32_t)rows;
-    stamp[2] = (uint32_t)cols;
-    memcpy(stamp + 3, &id, sizeof id);
-    return true;
-}
-
 void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u) {
-    /* rows: the output channels, columns: the input channels */
-    if (pack_fused(out_channels, g->c, w, (size_t)g->c * 9, 9, false, u)) return;
     cf_conv_winograd_pack(g, out_channels, w, u);
     pack_points(out_channels, g->c, u);
 }
 
 void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,
                                    float *u) {
-    /* rows: the input channels, columns: the output channels */
-    if (pack_fused(g->c, out_channels, w, 9, (size_t)g->c * 9, true, u)) return;
     cf_conv_winograd_pack_dx(g, out_channels, w, u);
     pack_points(g->c, out_channels, u);
 }
