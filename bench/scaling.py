@@ -48,9 +48,13 @@ more. So beside the speed probe the script times a cache-line ping-pong between 
 CPUs used (two threads pinned to the pair, bouncing one atomic counter on its own line;
 --pingpong-ms per pair; the round trip is the fastest of many batches of 1,000, as preemption
 can only make a batch slower) before and after each run, and marks an N-core run whose round
-trip on any pair exceeded --far-tol times the best seen on that pair as "FAR CPUS" (the
-one-thread run does not care where the CPUs are). The medians and ratios over the unmarked runs
-leave out runs marked SLOW CPU or FAR CPUS.
+trip on any pair exceeded --far-tol times the best seen on that pair as "FAR CPUS". On
+2026-12-04 the host also put the two vCPUs on the two hardware threads of one core at times: a
+26 ns round trip against 61, where a run's two halves share one core's vector units. A round
+trip under --shared-ns marks a run "SHARED CORE", and such trips are not the pair's best (one of
+them would mark every other run FAR). The one-thread run does not care where the CPUs are. The
+medians and ratios over the unmarked runs leave out runs marked SLOW CPU, FAR CPUS or SHARED
+CORE.
 """
 import argparse
 import os
@@ -284,6 +288,8 @@ def main():
     ap.add_argument("--pingpong-ms", type=float, default=20, help="milliseconds of ping-pong per CPU pair [20]")
     ap.add_argument("--far-tol", type=float, default=2.0,
                     help="a round trip above this multiple of the pair's best marks the run [2.0]")
+    ap.add_argument("--shared-ns", type=float, default=40.0,
+                    help="a round trip below this many ns: the two CPUs are one core's hardware threads [40]")
     a = ap.parse_args()
     max_load = a.max_load or float(os.cpu_count())
     load = os.getloadavg()[0]
@@ -347,7 +353,8 @@ def main():
                     if pingpong_exe:
                         for tr in (trip0, trip1):
                             for k, (fast, _) in tr.items():
-                                best_trip[k] = min(best_trip.get(k, fast), fast)
+                                if fast >= a.shared_ns:
+                                    best_trip[k] = min(best_trip.get(k, fast), fast)
                         trips_of[(isa, c, r + 1)] = (trip0, trip1)
                         print("%-7s %-3s run %d: ping-pong round trip ns (fastest/median batch) before %s, after %s" % (
                             isa, c.replace("N", str(n)), r + 1,
@@ -387,8 +394,14 @@ def main():
                 print("%-7s %-3s run %d: SLOW CPU (%s below the best by more than %.0f%%): suspect" % (
                     isa, c.replace("N", str(n)), r, ", ".join("cpu%d %.0f" % kv for kv in low), 100 * a.probe_tol))
             # placement matters only to runs on more than one CPU
-            far = [(k, v[0]) for tr in trips_of.get((isa, c, r), ()) for k, v in tr.items()
-                   if c != "1t" and v[0] > a.far_tol * best_trip[k]]
+            trips = [(k, v[0]) for tr in trips_of.get((isa, c, r), ()) for k, v in tr.items()] if c != "1t" else []
+            far = [(k, v) for k, v in trips if k in best_trip and v > a.far_tol * best_trip[k]]
+            shared = [(k, v) for k, v in trips if v < a.shared_ns]
+            if shared:
+                marked = True
+                print("%-7s %-3s run %d: SHARED CORE (round trip %s ns, under %.0f): suspect" % (
+                    isa, c.replace("N", str(n)), r, ", ".join("cpu%d-%d %.0f" % (k + (v,)) for k, v in shared),
+                    a.shared_ns))
             if far:
                 marked = True
                 print("%-7s %-3s run %d: FAR CPUS (round trip %s ns, above %.1fx the pair's best): suspect" % (
