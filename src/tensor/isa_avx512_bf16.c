@@ -293,17 +293,19 @@ static bool bf16_gemm_packed(int m, int n, int k, const uint32_t *packed_a, bool
     return true;
 }
 
-/* C (+)= A . B with A packed by gemm_pack_a and B already paired, its rows of pairs ldb words
- * apart (the Winograd convolutions' transformed input, cf_wino_kernels.input_pairs): gemm_run's
- * blocks, tiles and order of sums, each panel read in place instead of packed first, so the
- * result is bitwise gemm_packed's on the same values. */
-static void bf16_gemm_paired(int m, int n, int k, const uint32_t *ap, const uint32_t *b, size_t ldb,
-                             float *c, int ldc, bool accumulate) {
+/* C (+)= A . B with B already paired, its rows of pairs ldb words apart (the Winograd
+ * convolutions' transformed input, cf_wino_kernels.input_pairs), and A either packed by
+ * gemm_pack_a (lda 0) or given as rows of pairs lda words apart (the Winograd weight gradient's
+ * transformed input, cf_wino_kernels.input_bf16): gemm_run's blocks, tiles and order of sums,
+ * each panel read in place instead of packed first, so the result is bitwise gemm_packed's on
+ * the same values either way. */
+static void gemm_in_place(int m, int n, int k, const uint32_t *a, size_t lda, const uint32_t *b,
+                          size_t ldb, float *c, int ldc, bool accumulate) {
     const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
     for (int q0 = 0; q0 < pairs; q0 += KC2) {
         const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
         const bool add = accumulate || q0 > 0;
-        const uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
+        const uint32_t *ablock = a + (size_t)row_blocks * MR * q0; /* packed A's k-block */
         for (int j = 0; j < panels; j++) {
             const uint32_t *bp = b + (size_t)q0 * ldb + (size_t)j * NR;
             __mmask16 cmask[NV];
@@ -311,35 +313,27 @@ static void bf16_gemm_paired(int m, int n, int k, const uint32_t *ap, const uint
             const int cols = n - j * NR, nv = cols >= NR ? NV : (cols + 15) / 16;
             for (int i = 0; i < row_blocks; i++) {
                 const int rows = m - i * MR < MR ? m - i * MR : MR;
-                tile_strided(nv, nq, ablock + (size_t)i * MR * nq, bp, ldb,
-                             c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
+                float *ct = c + (size_t)i * MR * ldc + (size_t)j * NR;
+                if (lda == 0)
+                    tile_strided(nv, nq, ablock + (size_t)i * MR * nq, bp, ldb, ct, ldc, rows,
+                                 cmask, add);
+                else
+                    tile_rows(nv, nq, a + (size_t)i * MR * lda + q0, lda, bp, ldb, ct, ldc, rows,
+                              cmask, add);
             }
         }
     }
 }
 
-/* C (+)= A . B with A's rows of pairs lda words apart (the Winograd weight gradient's transformed
- * input, cf_wino_kernels.input_bf16) and B paired as gemm_paired's: gemm_paired's blocks, tiles
- * and order of sums with A read in place instead of packed, so the result is bitwise
- * gemm_pack_a then gemm_paired on the same values. */
+static void bf16_gemm_paired(int m, int n, int k, const uint32_t *ap, const uint32_t *b, size_t ldb,
+                             float *c, int ldc, bool accumulate) {
+    gemm_in_place(m, n, k, ap, 0, b, ldb, c, ldc, accumulate);
+}
+
+/* A's rows of pairs lda words apart (lda >= (k + 1) / 2 > 0). */
 static void bf16_gemm_rows(int m, int n, int k, const uint32_t *a, size_t lda, const uint32_t *b,
                            size_t ldb, float *c, int ldc, bool accumulate) {
-    const int row_blocks = (m + MR - 1) / MR, panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
-    for (int q0 = 0; q0 < pairs; q0 += KC2) {
-        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
-        const bool add = accumulate || q0 > 0;
-        for (int j = 0; j < panels; j++) {
-            const uint32_t *bp = b + (size_t)q0 * ldb + (size_t)j * NR;
-            __mmask16 cmask[NV];
-            for (int v = 0; v < NV; v++) cmask[v] = lanes_below(n - j * NR - 16 * v);
-            const int cols = n - j * NR, nv = cols >= NR ? NV : (cols + 15) / 16;
-            for (int i = 0; i < row_blocks; i++) {
-                const int rows = m - i * MR < MR ? m - i * MR : MR;
-                tile_rows(nv, nq, a + (size_t)i * MR * lda + q0, lda, bp, ldb,
-                          c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
-            }
-        }
-    }
+    gemm_in_place(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 /* ---- the implicit bf16 convolution (conv_bf16.c) ---------------------------------------------
