@@ -9,9 +9,7 @@
  * (cf_amx_emul_faults; a forked worker's count stays in the worker, where the skipped operation
  * shows as a wrong result). Exit 77 (skipped) on a CPU without AVX512_BF16, whose table the
  * emulated level extends. */
-#include "corefit/tensor.h"
-#include "tensor/amx.h"
-#include "tensor/kernel_table.h"
+#include "amx_emul.h"
 
 #include <stdio.h>
 
@@ -29,12 +27,7 @@ int main(void) {
                cf_isa_name(best));
         return 77;
     }
-    if (cf_set_isa(CF_ISA_AVX512_BF16) != CF_ISA_AVX512_BF16) return 1;
-    table = *cf_active_kernels;
-    bf16 = *table.bf16;
-    cf_amx_emul_kernels(&bf16);
-    table.bf16 = &bf16;
-    table.isa = CF_ISA_AMX;
+    if (!cf_test_emulated_amx(&table, &bf16)) return 1;
     cf_active_kernels = &table;
     printf("kernels: amx over the tile emulation\n");
     const int rc = cf_amx_emul_wrapped_main();

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "corefit/tensor.h"
+#include "amx_emul.h"
 #include "tensor/amx.h"
 #include "tensor/kernel_table.h"
 
@@ -471,12 +472,7 @@ static void test_whole_convolution(void **state) {
     }
     const cf_isa before = cf_isa_active();
     const unsigned long faults = cf_amx_emul_faults();
-    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
-    emul_table = *cf_active_kernels;
-    emul_bf16 = *emul_table.bf16;
-    cf_amx_emul_kernels(&emul_bf16);
-    emul_table.bf16 = &emul_bf16;
-    emul_table.isa = CF_ISA_AMX;
+    assert_true(cf_test_emulated_amx(&emul_table, &emul_bf16));
     compare_levels(&emul_table, "emulated");
     if (has_amx()) {
         assert_int_equal(cf_set_isa(CF_ISA_AMX), CF_ISA_AMX);

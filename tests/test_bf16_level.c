@@ -15,6 +15,7 @@
 #include "oracle.h"
 
 #include "corefit/nn.h"
+#include "amx_emul.h"
 #include "tensor/amx.h"
 #include "tensor/kernel_table.h"
 
@@ -33,12 +34,7 @@ static bool has_avx512_bf16(void) {
 
 /* The emulated amx level (as amx_emul_main.c), made active. */
 static void use_emulated_amx(void) {
-    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
-    emul_table = *cf_active_kernels;
-    emul_bf16 = *emul_table.bf16;
-    cf_amx_emul_kernels(&emul_bf16);
-    emul_table.bf16 = &emul_bf16;
-    emul_table.isa = CF_ISA_AMX;
+    assert_true(cf_test_emulated_amx(&emul_table, &emul_bf16));
     cf_active_kernels = &emul_table;
     assert_non_null(cf_active_kernels->bf16->conv_order);
 }

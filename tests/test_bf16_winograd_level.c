@@ -12,6 +12,7 @@
  * its tiles (isa_amx_emul.c), so this runs on any CPU with AVX512_BF16 (skipped without). */
 #include "oracle.h"
 
+#include "amx_emul.h"
 #include "tensor/amx.h"
 #include "tensor/kernel_table.h"
 
@@ -24,12 +25,7 @@ static cf_bf16_kernels emul_bf16;
 
 /* The emulated amx table (as amx_emul_main.c), built from the avx512_bf16 one. */
 static const cf_kernel_table *emulated_amx(void) {
-    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
-    emul_table = *cf_active_kernels;
-    emul_bf16 = *emul_table.bf16;
-    cf_amx_emul_kernels(&emul_bf16);
-    emul_table.bf16 = &emul_bf16;
-    emul_table.isa = CF_ISA_AMX;
+    assert_true(cf_test_emulated_amx(&emul_table, &emul_bf16));
     return &emul_table;
 }
 

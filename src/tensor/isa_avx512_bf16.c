@@ -147,19 +147,9 @@ tile_nv(int nv, int nq, const uint32_t *ap, size_t lda, const uint32_t *bp, size
     }
 }
 
-/* The tile of the panel's nv vectors of columns that hold some of C's (a column's sums do not
- * depend on nv: the same products in the same order). */
-static void tile(int nv, int nq, const uint32_t *ap, const uint32_t *bp, float *c, int ldc,
-                 int rows, const __mmask16 cmask[NV], bool accumulate) {
-    if (nv >= 3)
-        tile_nv(3, nq, ap, 0, bp, NR, c, ldc, rows, cmask, accumulate);
-    else if (nv == 2)
-        tile_nv(2, nq, ap, 0, bp, NR, c, ldc, rows, cmask, accumulate);
-    else
-        tile_nv(1, nq, ap, 0, bp, NR, c, ldc, rows, cmask, accumulate);
-}
-
-/* The same with B's rows of pairs ldb words apart (gemm_paired). */
+/* The tile of the panel's nv vectors of columns that hold some of C's, B's rows of pairs ldb
+ * words apart (NR for a packed panel; a column's sums do not depend on nv: the same products in
+ * the same order). */
 static void tile_strided(int nv, int nq, const uint32_t *ap, const uint32_t *bp, size_t ldb,
                          float *c, int ldc, int rows, const __mmask16 cmask[NV], bool accumulate) {
     if (nv >= 3)
@@ -262,8 +252,8 @@ static void gemm_run(int m, int n, int k, const uint32_t *ap, const operand *B, 
             const int cols = n - j * NR, nv = cols >= NR ? NV : (cols + 15) / 16;
             for (int i = 0; i < row_blocks; i++) {
                 const int rows = m - i * MR < MR ? m - i * MR : MR;
-                tile(nv, nq, ablock + (size_t)i * MR * nq, bp,
-                     c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
+                tile_strided(nv, nq, ablock + (size_t)i * MR * nq, bp, NR,
+                             c + (size_t)i * MR * ldc + (size_t)j * NR, ldc, rows, cmask, add);
             }
         }
     }
