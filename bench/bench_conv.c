@@ -154,6 +154,9 @@ int main(int argc, char **argv) {
     double total_flops = 0, total_time = 0, total_median = 0;
     for (size_t s = 0; s < n_shapes; s++) {
         const conv_shape *c = &list[s];
+        /* CF_BENCH_ONLY=text: only the shapes whose name contains text (for profiling one) */
+        const char *only = getenv("CF_BENCH_ONLY");
+        if (only && !strstr(c->name, only)) continue;
         cf_model *model = NULL;
         if (cf_model_new(&model, cf_conv2d(c->in, c->out, c->k, c->stride, c->pad, false), 1) !=
             CF_OK) {
