@@ -6,6 +6,7 @@
  * prefetch thread and under sharding). */
 #include "oracle.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,28 @@ static void test_affine_strong_zeros_and_border(void **state) {
     affine_case(&o, "zeros", CF_PAD_ZEROS, 12);
     affine_case(&o, "border", CF_PAD_BORDER, 13);
     affine_case(&o, "reflection", CF_PAD_REFLECTION, 14);
+}
+
+/* Coordinates far outside the image (a huge scale) or NaN read zero padding: all zeros, and
+ * no float-to-int conversion out of range (the sanitizer build checks float-cast-overflow). */
+static void test_zeros_far_outside_and_nan(void **state) {
+    (void)state;
+    enum { C = 2, H = 4, W = 6 };
+    float img[C * H * W], out[C * H * W];
+    for (int i = 0; i < C * H * W; i++) img[i] = 1.0f + (float)i;
+    const float scales[] = {1e30f, -1e30f, 3e9f, NAN, INFINITY};
+    for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++) {
+        cf_aug_params p;
+        memset(&p, 0, sizeof p);
+        p.brightness = 0.5f;
+        p.contrast = 1.0f;
+        p.mat[0][0] = scales[s];
+        p.mat[1][1] = scales[s];
+        p.has_affine = true;
+        for (int i = 0; i < C * H * W; i++) out[i] = -1.0f;
+        cf_aug_apply(&p, CF_PAD_ZEROS, img, C, H, W, out);
+        for (int i = 0; i < C * H * W; i++) assert_true(out[i] == 0.0f);
+    }
 }
 
 static void test_affine_dihedral(void **state) {
@@ -436,6 +459,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_affine_defaults_reflection),
         cmocka_unit_test(test_affine_strong_zeros_and_border),
+        cmocka_unit_test(test_zeros_far_outside_and_nan),
         cmocka_unit_test(test_affine_dihedral),
         cmocka_unit_test(test_pad_modes_match_torch),
         cmocka_unit_test(test_resize_regions),

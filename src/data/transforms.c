@@ -376,7 +376,10 @@ void cf_aug_draw(const cf_aug_opts *o, uint64_t seed, int epoch, int64_t item, i
 /* grid_sample's source coordinate (align_corners) for a grid value g over n pixels. */
 static float source_coord(float g, int n, cf_pad_mode pad) {
     float x = (g + 1.0f) * 0.5f * (float)(n - 1);
-    if (pad == CF_PAD_ZEROS) return x;
+    /* Past one pixel outside the image every tap reads zero padding, so the coordinate is held
+     * at -2 or n: the same zeros, and no float-to-int conversion out of range (a perspective
+     * warp's divisor near zero, or a NaN, would otherwise reach one). */
+    if (pad == CF_PAD_ZEROS) return x >= -2.0f ? (x <= (float)n ? x : (float)n) : -2.0f;
     if (pad == CF_PAD_REFLECTION) { /* PyTorch's reflect_coordinates(x, 0, 2 (n - 1)) */
         if (n == 1) return 0.0f;
         float span = (float)(n - 1);
