@@ -8,10 +8,13 @@
  * differ, by at most (terms + 4) 2^-24 of the sum of the absolute products. Against the float64
  * result of the unrounded operands: each product is off by at most 2u + u^2 (u = 2^-8) of its
  * magnitude, plus the same fp32 term. A wrong tap, channel or position is off by the size of the
- * value itself, far outside the first bound. Where the level has no bf16 stem (below
- * avx512_bf16, and amx, whose table has no gemm_rows) the direct calls are skipped. */
+ * value itself, far outside the first bound. Both are also compared bitwise with the first
+ * layout of the stem (test_bf16_stem_ref.h), which summed the same products in the same order.
+ * Where the level has no bf16 stem (below avx512_bf16, and amx, whose table has no gemm_rows) the
+ * direct calls are skipped. */
 #include "oracle.h"
 #include "tensor/kernel_table.h"
+#include "test_bf16_stem_ref.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +37,12 @@ static void expect_within(const char *what, const float *got, const float *want,
             fail_msg("%s: element %zu: %.9g against %.9g (error %.3g, bound %.3g)", what, i, got[i],
                      want[i], err, bound);
     }
+}
+
+static void expect_bitwise(const char *what, const float *got, const float *want, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("%s: element %zu: %.9g against %.9g", what, i, got[i], want[i]);
 }
 
 static void test_matches_float64(void **state) {
@@ -101,6 +110,16 @@ static void test_matches_float64(void **state) {
         expect_within(what, dw, want[4].data, want[5].data, nw, (terms + 4) * u32 * 1.02);
         snprintf(what, sizeof what, "case %d dW against float64", i);
         expect_within(what, dw, want[3].data, want[5].data, nw, prod + (terms + 4) * u32 * 1.02);
+        /* bitwise the first layout's results (test_bf16_stem_ref.h), y and dW */
+        float *ref_scratch = malloc(ref_stem_scratch(&g, s->o) * sizeof(float));
+        float *ry = malloc(ny * sizeof(float)), *rdwt = malloc(nw * sizeof(float));
+        ref_stem_forward(&g, s->o, ws[i], xs[i], s->n, ry, ref_scratch);
+        ref_stem_wgrad(&g, s->o, dys[i], xs[i], s->n, rdwt, false, ref_scratch);
+        snprintf(what, sizeof what, "case %d y against the first layout", i);
+        expect_bitwise(what, y, ry, ny);
+        snprintf(what, sizeof what, "case %d dW against the first layout", i);
+        expect_bitwise(what, dwt, rdwt, nw);
+        free(ref_scratch), free(ry), free(rdwt);
         /* accumulate: each value plus what the call overwrites with, bitwise */
         fill_uniform(acc, nw, 50 + i, -1, 1);
         for (size_t j = 0; j < nw; j++) dw[j] = acc[j] + dwt[j];
