@@ -626,8 +626,9 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
  * xv[v] (conv_run's x + q) and stored at ov[v] under mask mk[v]; rows past `rows` not stored.
  * The same products and order of sums as conv_tile. */
 static inline __attribute__((always_inline)) void
-rows_tile(int nv, int taps, const int *off, int pairs, const uint32_t *ap, const uint32_t *xv[NV],
-          size_t plane, float *ov[NV], const __mmask16 mk[NV], size_t ldo, int rows) {
+rows_tile(int nv, bool stream, int taps, const int *off, int pairs, const uint32_t *ap,
+          const uint32_t *xv[NV], size_t plane, float *ov[NV], const __mmask16 mk[NV], size_t ldo,
+          int rows) {
     __m512 acc[MR][NV];
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
@@ -645,7 +646,10 @@ rows_tile(int nv, int taps, const int *off, int pairs, const uint32_t *ap, const
     }
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < nv; v++)
-            _mm512_mask_storeu_ps(ov[v] + (size_t)r * ldo, mk[v], acc[r][v]);
+            if (stream) /* whole aligned lines: no read of y's lines before they are written */
+                _mm512_stream_ps(ov[v] + (size_t)r * ldo, acc[r][v]);
+            else
+                _mm512_mask_storeu_ps(ov[v] + (size_t)r * ldo, mk[v], acc[r][v]);
 }
 
 /* conv_run over h rows of w positions (row i at x + i * ldx), into dense rows: vectors of 16
@@ -656,6 +660,9 @@ static void bf16_conv_rows(int taps, const int *off, int pairs, int m, const uin
                            size_t ldo) {
     const size_t block = (size_t)taps * pairs * MR;
     const int per_row = (w + 15) / 16, vectors = h * per_row;
+    /* y's rows of whole lines (resnet's 64 x 64 outputs): streamed, as y (a batch's outputs, 1
+     * MiB an image at W3) is not read again before it has left the caches */
+    const bool stream = w % 16 == 0 && ldo % 16 == 0 && (uintptr_t)out % 64 == 0;
     for (int v0 = 0; v0 < vectors; v0 += NV) {
         const int nv = vectors - v0 < NV ? vectors - v0 : NV;
         const uint32_t *xv[NV];
@@ -672,14 +679,17 @@ static void bf16_conv_rows(int taps, const int *off, int pairs, int m, const uin
             const int rows = m - r0 < MR ? m - r0 : MR;
             float *o[NV];
             for (int v = 0; v < NV; v++) o[v] = ov[v] + (size_t)r0 * ldo;
-            if (nv == 3)
-                rows_tile(3, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+            if (nv == 3 && stream)
+                rows_tile(3, true, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+            else if (nv == 3)
+                rows_tile(3, false, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
             else if (nv == 2)
-                rows_tile(2, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+                rows_tile(2, stream, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
             else
-                rows_tile(1, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+                rows_tile(1, stream, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
         }
     }
+    if (stream) _mm_sfence(); /* the streamed lines ordered before what the caller does next */
 }
 
 /* b[q * ldb + t * k + kx] = x[off[t] + 4q + kx] | x[off[t] + 4q + kx + 2] << 16 (q < nq, t <
