@@ -213,10 +213,12 @@ typedef struct cf_bf16_kernels {
      * of w positions, row i's positions ldx words apart in x, stored as dense rows: out[r * ldo +
      * i * w + j] = the sum over taps t and pairs p of dot(weight pair (r, t, p), x[p * plane + i *
      * ldx + j + off[t]]) for r < m (packed as conv_run writes them, whatever conv_order), i < h,
-     * j < w, each sum in conv_run's order (bitwise conv_run's value); reads x as conv_run would
-     * over up(h * ldx, 16) positions. stem_pairs: dW's position pairs of one output row, b[q * ldb
-     * + t * k + kx] = x[off[t] + 4 q + kx] | x[off[t] + 4 q + kx + 2] << 16 for q < nq, t < taps,
-     * kx < k <= 14 (16-bit x: the padded rows of a tap at the row's first position). */
+     * j < w, each sum in conv_run's order (bitwise conv_run's value); reads x at j < up(w, 16).
+     * Rows of whole lines (w and ldo multiples of 16, out on a 64-byte line) are written with
+     * streaming stores, fenced before it returns. stem_pairs: dW's position pairs of one output
+     * row, b[q * ldb + t * k + kx] = x[off[t] + 4 q + kx] | x[off[t] + 4 q + kx + 2] << 16 for
+     * q < nq, t < taps, kx < k <= 14 (16-bit x: the padded rows of a tap at the row's first
+     * position). */
     void (*conv_rows)(int taps, const int *off, int pairs, int m, const uint32_t *packed,
                       const uint32_t *x, size_t plane, size_t ldx, int h, int w, float *out,
                       size_t ldo);
