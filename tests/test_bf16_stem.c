@@ -23,9 +23,12 @@ typedef struct scase {
     int n, c, h, w, k, o;
 } scase;
 
-static const scase cases[] = {
-    {2, 3, 20, 16, 7, 19}, {1, 1, 12, 12, 3, 8}, {3, 3, 16, 20, 5, 24},
-    {2, 3, 36, 32, 7, 64}, {1, 7, 8, 8, 11, 5},  {1, 3, 64, 64, 7, 64},
+static const scase
+    cases[] =
+        {
+            {2, 3, 20, 16, 7, 19}, {1, 1, 12, 12, 3, 8}, {3, 3, 16, 20, 5, 24},
+            {2, 3, 36, 32, 7, 64}, {1, 7, 8, 8, 11, 5},  {1, 3, 64, 64, 7, 64},
+            {2, 3, 32, 64, 7, 20}, /* streamed rows, a partial block of 8 output channels */
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -87,7 +90,7 @@ static void test_matches_float64(void **state) {
         const int K = s->c * s->k * s->k, P = g.oh * g.ow;
         const size_t ny = (size_t)s->n * s->o * P, nw = (size_t)s->o * K;
         float *scratch = malloc(cf_conv_stem_bf16_scratch(&g, s->o) * sizeof(float));
-        /* y on whole lines: the rows of 16k outputs (cases 3 and 5) are streamed, the others
+        /* y on whole lines: the rows of 16k outputs (cases 3, 5 and 6) are streamed, the others
          * stored under masks */
         float *y = cf_malloc((ny + 16) * sizeof(float)), *dwt = malloc(nw * sizeof(float));
         float *dw = malloc(nw * sizeof(float)), *acc = malloc(nw * sizeof(float));
