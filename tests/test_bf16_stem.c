@@ -23,12 +23,10 @@ typedef struct scase {
     int n, c, h, w, k, o;
 } scase;
 
-static const scase
-    cases[] =
-        {
-            {2, 3, 20, 16, 7, 19}, {1, 1, 12, 12, 3, 8}, {3, 3, 16, 20, 5, 24},
-            {2, 3, 36, 32, 7, 64}, {1, 7, 8, 8, 11, 5},  {1, 3, 64, 64, 7, 64},
-            {2, 3, 32, 64, 7, 20}, /* streamed rows, a partial block of 8 output channels */
+/* the last: streamed rows with a partial block of 8 output channels */
+static const scase cases[] = {
+    {2, 3, 20, 16, 7, 19}, {1, 1, 12, 12, 3, 8},  {3, 3, 16, 20, 5, 24}, {2, 3, 36, 32, 7, 64},
+    {1, 7, 8, 8, 11, 5},   {1, 3, 64, 64, 7, 64}, {2, 3, 32, 64, 7, 20},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
