@@ -620,6 +620,95 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
     }
 }
 
+/* ---- the stride-2 stem (conv_stem_bf16.c) ------------------------------------------------------
+ *
+ * One tile of conv_rows: 8 rows by nv (1-3) vectors of 16 positions, vector v's positions at
+ * xv[v] (conv_run's x + q) and stored at ov[v] under mask mk[v]; rows past `rows` not stored.
+ * The same products and order of sums as conv_tile. */
+static inline __attribute__((always_inline)) void
+rows_tile(int nv, bool stream, int taps, const int *off, int pairs, const uint32_t *ap,
+          const uint32_t *xv[NV], size_t plane, float *ov[NV], const __mmask16 mk[NV], size_t ldo,
+          int rows) {
+    __m512 acc[MR][NV];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int t = 0; t < taps; t++) {
+        const size_t o = (size_t)off[t];
+        for (int p = 0; p < pairs; p++, ap += MR) {
+            const size_t at = o + (size_t)p * plane;
+            __m512bh b[NV];
+            for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(xv[v] + at);
+            for (int r = 0; r < MR; r++) {
+                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+                for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < nv; v++)
+            if (stream) /* whole aligned lines: no read of y's lines before they are written */
+                _mm512_stream_ps(ov[v] + (size_t)r * ldo, acc[r][v]);
+            else
+                _mm512_mask_storeu_ps(ov[v] + (size_t)r * ldo, mk[v], acc[r][v]);
+}
+
+/* conv_run over h rows of w positions (row i at x + i * ldx), into dense rows: vectors of 16
+ * positions within a row, three to a tile (a tile's vectors may lie in different rows), each
+ * tile computed for every block of 8 rows while its positions are in L1. */
+static void bf16_conv_rows(int taps, const int *off, int pairs, int m, const uint32_t *packed,
+                           const uint32_t *x, size_t plane, size_t ldx, int h, int w, float *out,
+                           size_t ldo) {
+    const size_t block = (size_t)taps * pairs * MR;
+    const int per_row = (w + 15) / 16, vectors = h * per_row;
+    /* y's rows of whole lines (resnet's 64 x 64 outputs): streamed, as y (a batch's outputs, 1
+     * MiB an image at W3) is not read again before it has left the caches */
+    const bool stream = w % 16 == 0 && ldo % 16 == 0 && (uintptr_t)out % 64 == 0;
+    for (int v0 = 0; v0 < vectors; v0 += NV) {
+        const int nv = vectors - v0 < NV ? vectors - v0 : NV;
+        const uint32_t *xv[NV];
+        float *ov[NV];
+        __mmask16 mk[NV];
+        for (int v = 0; v < NV; v++) {
+            const int g = v0 + (v < nv ? v : 0), i = g / per_row, j = 16 * (g % per_row);
+            xv[v] = x + (size_t)i * ldx + j;
+            ov[v] = out + (size_t)i * w + j;
+            mk[v] = lanes_below(w - j);
+        }
+        for (int r0 = 0; r0 < m; r0 += MR) {
+            const uint32_t *ap = packed + (size_t)(r0 / MR) * block;
+            const int rows = m - r0 < MR ? m - r0 : MR;
+            float *o[NV];
+            for (int v = 0; v < NV; v++) o[v] = ov[v] + (size_t)r0 * ldo;
+            if (nv == 3 && stream)
+                rows_tile(3, true, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+            else if (nv == 3)
+                rows_tile(3, false, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+            else if (nv == 2)
+                rows_tile(2, stream, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+            else
+                rows_tile(1, stream, taps, off, pairs, ap, xv, plane, o, mk, ldo, rows);
+        }
+    }
+    if (stream) _mm_sfence(); /* the streamed lines ordered before what the caller does next */
+}
+
+/* b[q * ldb + t * k + kx] = x[off[t] + 4q + kx] | x[off[t] + 4q + kx + 2] << 16 (q < nq, t <
+ * taps, kx < k <= 14): per (q, t) one load of the k + 2 values, one vpermw, one store of k
+ * words. */
+static void bf16_stem_pairs(const uint16_t *x, const int *off, int taps, int k, int nq, uint32_t *b,
+                            size_t ldb) {
+    /* halves (kx, kx + 2) of word kx */
+    const __m512i idx = _mm512_set_epi16(17, 15, 16, 14, 15, 13, 14, 12, 13, 11, 12, 10, 11, 9, 10,
+                                         8, 9, 7, 8, 6, 7, 5, 6, 4, 5, 3, 4, 2, 3, 1, 2, 0);
+    const __mmask32 in = (__mmask32)((1u << (k + 2)) - 1u);
+    const __mmask16 words = lanes_below(k);
+    for (int q = 0; q < nq; q++, x += 4, b += ldb)
+        for (int t = 0; t < taps; t++) {
+            const __m512i r = _mm512_maskz_loadu_epi16(in, x + off[t]);
+            _mm512_mask_storeu_epi32(b + (size_t)t * k, words, _mm512_permutexvar_epi16(idx, r));
+        }
+}
+
 const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .from_fp32 = bf16_from_fp32,
     .gemm = bf16_gemm,
@@ -640,5 +729,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .add_even = bf16_add_even,
     .copy_rows = bf16_copy_rows,
     .halves_rows = bf16_halves_rows,
+    .conv_rows = bf16_conv_rows,
+    .stem_pairs = bf16_stem_pairs,
 };
 #endif

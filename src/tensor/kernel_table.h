@@ -209,6 +209,21 @@ typedef struct cf_bf16_kernels {
      * the high half past k). Bitwise gemm_paired on the same values; no scratch. */
     void (*gemm_rows)(int m, int n, int k, const uint32_t *a, size_t lda, const uint32_t *b,
                       size_t ldb, float *c, int ldc, bool accumulate);
+    /* The stride-2 stem's kernels (conv_stem_bf16.c; NULL: none). conv_rows: conv_run over h rows
+     * of w positions, row i's positions ldx words apart in x, stored as dense rows: out[r * ldo +
+     * i * w + j] = the sum over taps t and pairs p of dot(weight pair (r, t, p), x[p * plane + i *
+     * ldx + j + off[t]]) for r < m (packed as conv_run writes them, whatever conv_order), i < h,
+     * j < w, each sum in conv_run's order (bitwise conv_run's value); reads x at j < up(w, 16).
+     * Rows of whole lines (w and ldo multiples of 16, out on a 64-byte line) are written with
+     * streaming stores, fenced before it returns. stem_pairs: dW's position pairs of one output
+     * row, b[q * ldb + t * k + kx] = x[off[t] + 4 q + kx] | x[off[t] + 4 q + kx + 2] << 16 for
+     * q < nq, t < taps, kx < k <= 14 (16-bit x: the padded rows of a tap at the row's first
+     * position). */
+    void (*conv_rows)(int taps, const int *off, int pairs, int m, const uint32_t *packed,
+                      const uint32_t *x, size_t plane, size_t ldx, int h, int w, float *out,
+                      size_t ldo);
+    void (*stem_pairs)(const uint16_t *x, const int *off, int taps, int k, int nq, uint32_t *b,
+                       size_t ldb);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
