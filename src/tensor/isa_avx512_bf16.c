@@ -235,6 +235,40 @@ static void gemm_pack_a(bool trans_a, int m, int k, const float *a, int lda, uin
     }
 }
 
+/* Rows [r0, r0 + nr) of A (m x k, row r at a + (r - r0) * lda; r0 a multiple of MR, nr too
+ * unless r0 + nr = m) into ap as gemm_pack_a(false, m, k, ...) packs them: the same blocks and the
+ * same pack_pairs calls on the same values, lanes past m zero. */
+static void gemm_pack_a_rows(int m, int k, int r0, int nr, const float *a, int lda, uint32_t *ap) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2;
+    const operand A = {a, lda, 1};
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
+        for (int i = r0 / MR; i * MR < r0 + nr; i++)
+            pack_pairs(&A, i * MR - r0, r0 + nr - i * MR, MR, q0, nq, k,
+                       ablock + (size_t)i * MR * nq);
+    }
+}
+
+/* A (m x k) back from ap (gemm_pack_a's layout) as fp32, row r at a + r * lda. */
+static void gemm_unpack_a(int m, int k, const uint32_t *ap, float *a, int lda) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2;
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
+        for (int r = 0; r < m; r++) {
+            const uint32_t *in = ablock + (size_t)(r / MR) * MR * nq + r % MR;
+            float *out = a + (size_t)r * lda;
+            for (int q = 0; q < nq; q++) {
+                const int p = 2 * (q0 + q);
+                const uint32_t word = in[(size_t)q * MR], lo = word << 16, hi = word & 0xffff0000u;
+                memcpy(out + p, &lo, sizeof lo);
+                if (p + 1 < k) memcpy(out + p + 1, &hi, sizeof hi);
+            }
+        }
+    }
+}
+
 /* C (+)= A . op(B) with A packed by gemm_pack_a; B one NR-column panel at a time into bp (NR x
  * KC2 words), just before the row blocks read it, so the panel (24 KiB) is still in L1 and the
  * k-block of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
@@ -628,6 +662,8 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
     .gemm_rows = bf16_gemm_rows,
+    .gemm_pack_a_rows = gemm_pack_a_rows,
+    .gemm_unpack_a = gemm_unpack_a,
     .pairs = bf16_pairs,
     .conv_run = bf16_conv_run,
     .conv_wgrad = bf16_conv_wgrad,

@@ -209,6 +209,14 @@ typedef struct cf_bf16_kernels {
      * the high half past k). Bitwise gemm_paired on the same values; no scratch. */
     void (*gemm_rows)(int m, int n, int k, const uint32_t *a, size_t lda, const uint32_t *b,
                       size_t ldb, float *c, int ldc, bool accumulate);
+    /* NULL: none (then gemm_pack_a only). A packed piece by piece, and back (the Winograd
+     * weights, packed without a whole fp32 copy). gemm_pack_a_rows: rows [r0, r0 + nr) of A (m x
+     * k; row r at a + (r - r0) * lda) into the packed A ap of the whole matrix, the words
+     * gemm_pack_a(false, m, k, ...) writes for those rows (bitwise); r0 a multiple of 16, nr too
+     * unless r0 + nr = m. gemm_unpack_a: A (m x k) from ap packed by this level, as fp32 (its bf16
+     * values, exact), row r at a + r * lda. */
+    void (*gemm_pack_a_rows)(int m, int k, int r0, int nr, const float *a, int lda, uint32_t *ap);
+    void (*gemm_unpack_a)(int m, int k, const uint32_t *ap, float *a, int lda);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
