@@ -133,8 +133,73 @@ static void test_pack_of_another_level(void **state) {
                       shapes[s][3], shapes[s][4]);
     cf_set_isa(before);
 }
+/* The words of a bf16 pack made at avx512_bf16 (the transform straight into the packed A)
+ * against gemm_pack_a on the fp32 pack's planes, point by point (the pack's first words, each
+ * point's bound of 16-row blocks apart: winograd.c's layout), forward and dx. Some kernels
+ * cancel so that the transform's order of sums shows in bf16: taps B, 1, -B (B = 2^24) down a
+ * column give (B + 1) - B = 0 against (B - B) + 1 = 1, and along a row the same. */
+static void check_words(int c, int k) {
+    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
+    const cf_bf16_kernels *bk = cf_active_kernels->bf16;
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, 8, 8, 3, 3, 1, 1, 1, 1));
+    const size_t nw = (size_t)k * c * 9, np = cf_conv_winograd_packed_size_bf16(&g, k),
+                 planes = cf_conv_winograd_packed_size(&g, k);
+    float *wt = malloc(nw * sizeof(float)), *u = malloc(np * sizeof(float)),
+          *f = malloc(planes * sizeof(float));
+    fill_uniform(wt, nw, 63, -0.3f, 0.3f);
+    static const float cancel[3] = {16777216.0f, 1.0f, -16777216.0f};
+    for (size_t kernel = 0; kernel < (size_t)k * c; kernel += 5)
+        for (int t = 0; t < 9; t++) wt[kernel * 9 + t] = kernel % 2 ? cancel[t / 3] : cancel[t % 3];
+    for (int dx = 0; dx < 2; dx++) {
+        const int rows = dx ? c : k, cols = dx ? k : c;
+        const size_t bound = (size_t)(rows + 15) / 16 * 16 * (size_t)((cols + 1) / 2),
+                     words = bk->gemm_a_words(rows, cols);
+        memset(u, 0xff, np * sizeof(float));
+        if (dx) {
+            cf_conv_winograd_pack_dx_bf16(&g, k, wt, u);
+            cf_conv_winograd_pack_dx(&g, k, wt, f);
+        } else {
+            cf_conv_winograd_pack_bf16(&g, k, wt, u);
+            cf_conv_winograd_pack(&g, k, wt, f);
+        }
+        uint32_t *want = malloc(words * sizeof(uint32_t));
+        for (int xi = 0; xi < 16; xi++) {
+            bk->gemm_pack_a(false, rows, cols, f + (size_t)xi * rows * cols, cols, want);
+            const uint32_t *got = (const uint32_t *)u + (size_t)xi * bound;
+            size_t bad = words;
+            for (size_t i = 0; i < words && bad == words; i++)
+                if (got[i] != want[i]) bad = i;
+            const uint32_t gb = bad < words ? got[bad] : 0, wb = bad < words ? want[bad] : 0;
+            if (bad < words) {
+                free(want), free(wt), free(u), free(f);
+                fail_msg("%s pack of %d -> %d channels, point %d: word %zu is %08x, gemm_pack_a "
+                         "of the planes gives %08x",
+                         dx ? "dx" : "forward", c, k, xi, bad, gb, wb);
+            }
+        }
+        free(want);
+    }
+    free(wt), free(u), free(f);
+}
+
+static void test_pack_words(void **state) {
+    (void)state;
+    const cf_isa best = cf_isa_best();
+    if (best != CF_ISA_AVX512_BF16 && best != CF_ISA_AMX) skip();
+    const cf_isa before = cf_isa_active();
+    check_words(32, 24);
+    check_words(19, 21);
+    check_words(300, 40); /* several k-blocks of pairs */
+    cf_set_isa(before);
+}
 #else
 static void test_pack_of_another_level(void **state) {
+    (void)state;
+    skip();
+}
+
+static void test_pack_words(void **state) {
     (void)state;
     skip();
 }
@@ -143,6 +208,7 @@ static void test_pack_of_another_level(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_of_another_level),
+        cmocka_unit_test(test_pack_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

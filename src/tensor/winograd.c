@@ -320,6 +320,15 @@ static void pack_packed(const cf_bf16_kernels *k, bool dx, int C, int K, const f
     uint32_t *p = packed_points(u, rows, cols);
     float *stage = u + points_words(rows, cols);
     const size_t plane = (size_t)STAGE_ROWS * cols, bw = bound_words(rows, cols);
+    /* row r's kernels: forward, output channel r (lanes over the input channels); dx, input
+     * channel r */
+    const size_t rs = dx ? 9 : (size_t)C * 9, js = dx ? (size_t)C * 9 : 9;
+    if (k->wino_pack_a && rs * 15 + 8 < ((size_t)1 << 31)) { /* its gather offsets fit */
+        for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS)
+            k->wino_pack_a(w, rs, js, dx, rows, cols, r0, p, bw);
+        stamp_write(u, rows, cols, FORM_PACKED, k);
+        return;
+    }
     for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS) {
         const int nr = min_int(STAGE_ROWS, rows - r0);
         for (int r = r0; r < r0 + nr; r++)
