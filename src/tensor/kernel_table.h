@@ -219,7 +219,7 @@ typedef struct cf_bf16_kernels {
     void (*gemm_unpack_a)(int m, int k, const uint32_t *ap, float *a, int lda);
     /* NULL: none. The Winograd F(2x2, 3x3) weight transform straight into the 16 points' packed
      * A (winograd.c's bf16 packs): rows [r0, r0 + 16) of each point's matrix (m x k; r0 a
-     * multiple of 16), the kernel of row r, column j at w + r * rs + j * js (rs * 15 + 8 <
+     * multiple of 16), the kernel of row r0 + i, column j at w + i * rs + j * js (rs * 15 + 8 <
      * 2^31), its tap t at [t], or [8 - t] when flipped; point xi packed at ap + xi *
      * point_words, the words gemm_pack_a(false, m, k, ...) makes from the fp32 matrices
      * (bitwise: the same operations in the same order as winograd.c's transform). */

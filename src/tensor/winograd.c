@@ -320,12 +320,23 @@ static void pack_packed(const cf_bf16_kernels *k, bool dx, int C, int K, const f
     uint32_t *p = packed_points(u, rows, cols);
     float *stage = u + points_words(rows, cols);
     const size_t plane = (size_t)STAGE_ROWS * cols, bw = bound_words(rows, cols);
-    /* row r's kernels: forward, output channel r (lanes over the input channels); dx, input
-     * channel r */
-    const size_t rs = dx ? 9 : (size_t)C * 9, js = dx ? (size_t)C * 9 : 9;
-    if (k->wino_pack_a && rs * 15 + 8 < ((size_t)1 << 31)) { /* its gather offsets fit */
-        for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS)
-            k->wino_pack_a(w, rs, js, dx, rows, cols, r0, p, bw);
+    const size_t js = (size_t)C * 9; /* dx: the next column's (output channel's) kernels */
+    if (k->wino_pack_a) {
+        for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS) {
+            const int nr = min_int(STAGE_ROWS, rows - r0);
+            if (dx) { /* the rows' kernels side by side (input channels r0.. of one kernel row) */
+                k->wino_pack_a(w + (size_t)r0 * 9, 9, js, true, rows, cols, r0, p, bw);
+                continue;
+            }
+            /* the rows' kernels (output channels) are C x 9 floats apart: copied side by side
+             * per column into the staging area, [column][row][tap], so that the level reads each
+             * column's 16 kernels in one run of 144 floats */
+            for (int j = 0; j < cols; j++)
+                for (int i = 0; i < nr; i++)
+                    memcpy(stage + ((size_t)j * STAGE_ROWS + i) * 9,
+                           w + ((size_t)(r0 + i) * C + j) * 9, 9 * sizeof(float));
+            k->wino_pack_a(stage, 9, (size_t)STAGE_ROWS * 9, false, rows, cols, r0, p, bw);
+        }
         stamp_write(u, rows, cols, FORM_PACKED, k);
         return;
     }
