@@ -12,6 +12,9 @@
  *     bitwise (its bf16 values unpacked, which the tile GEMM would round the planes to);
  *   - the same read at avx512 (no bf16 products) gives the fp32 pass on the transformed weights
  *     rounded to bf16, bitwise (the only values the pack holds).
+ * And the words themselves (test_pack_words): gemm_pack_a's of the fp32 planes, bitwise, from the
+ * level's wino_pack_a and from the staging path without it, with kernels that show the
+ * transform's order of sums.
  * Shapes with rows of 16 and with a last part of a staging block (21, 24 rows), odd channel
  * counts (an odd k, padded). The amx level is the scalar emulation of its tiles
  * (isa_amx_emul.c), so this runs on any CPU with AVX512_BF16 (skipped without). */
@@ -138,8 +141,19 @@ static void test_pack_of_another_level(void **state) {
  * point's bound of 16-row blocks apart: winograd.c's layout), forward and dx. Some kernels
  * cancel so that the transform's order of sums shows in bf16: taps B, 1, -B (B = 2^24) down a
  * column give (B + 1) - B = 0 against (B - B) + 1 = 1, and along a row the same. */
-static void check_words(int c, int k) {
+static void check_words(int c, int k, bool staged) {
     assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
+    /* staged: the level without wino_pack_a (the transform through the staging area and
+     * gemm_pack_a_rows) */
+    static cf_kernel_table table;
+    static cf_bf16_kernels staged_bf16;
+    if (staged) {
+        table = *cf_active_kernels;
+        staged_bf16 = *table.bf16;
+        staged_bf16.wino_pack_a = NULL;
+        table.bf16 = &staged_bf16;
+        cf_active_kernels = &table;
+    }
     const cf_bf16_kernels *bk = cf_active_kernels->bf16;
     cf_conv_geom g;
     assert_true(cf_conv_geom_init(&g, c, 8, 8, 3, 3, 1, 1, 1, 1));
@@ -173,9 +187,9 @@ static void check_words(int c, int k) {
             const uint32_t gb = bad < words ? got[bad] : 0, wb = bad < words ? want[bad] : 0;
             if (bad < words) {
                 free(want), free(wt), free(u), free(f);
-                fail_msg("%s pack of %d -> %d channels, point %d: word %zu is %08x, gemm_pack_a "
-                         "of the planes gives %08x",
-                         dx ? "dx" : "forward", c, k, xi, bad, gb, wb);
+                fail_msg("%s pack of %d -> %d channels%s, point %d: word %zu is %08x, "
+                         "gemm_pack_a of the planes gives %08x",
+                         dx ? "dx" : "forward", c, k, staged ? " (staged)" : "", xi, bad, gb, wb);
             }
         }
         free(want);
@@ -188,9 +202,11 @@ static void test_pack_words(void **state) {
     const cf_isa best = cf_isa_best();
     if (best != CF_ISA_AVX512_BF16 && best != CF_ISA_AMX) skip();
     const cf_isa before = cf_isa_active();
-    check_words(32, 24);
-    check_words(19, 21);
-    check_words(300, 40); /* several k-blocks of pairs */
+    for (int staged = 0; staged < 2; staged++) {
+        check_words(32, 24, staged);
+        check_words(19, 21, staged);
+        check_words(300, 40, staged); /* several k-blocks of pairs */
+    }
     cf_set_isa(before);
 }
 #else
