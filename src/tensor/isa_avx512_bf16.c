@@ -270,33 +270,28 @@ static void gemm_unpack_a(int m, int k, const uint32_t *ap, float *a, int lda) {
 }
 
 /* The Winograd F(2x2, 3x3) weight transform U = G g G^T (winograd.c's weight_transform: the same
- * operations in the same order) of the 16 kernels whose taps start at k + l * stride (tap t at
- * [t], or at [8 - t] when flipped), lanes l < n, the others zero: u[xi], one vector per point. */
-static inline void wino_weights16(const float *k, int stride, bool flip, int n, __m512 u[16]) {
+ * operations in the same order) of the 16 kernels side by side at k (kernel l's tap t at
+ * k[9 l + t], or at k[9 l + 8 - t] when flipped), lanes l < n, the others zero: u[xi], one
+ * vector per point. The 144 taps are loaded in a row and dealt out to the taps with permutes
+ * (gathering them took 1.5 times as long). */
+static inline void wino_weights16(const float *k, bool flip, int n, __m512 u[16]) {
     const __mmask16 m = lanes_below(n);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 g[9];
-    if (stride == 9) { /* the 16 kernels' 144 taps in a row: 9 loads, dealt out to the taps */
-        __m512 v[10];
-        for (int i = 0; i < 9; i++)
-            v[i] = _mm512_maskz_loadu_ps(lanes_below(9 * n - 16 * i), k + 16 * i);
-        v[9] = _mm512_setzero_ps();
-        const __m512i nine = _mm512_mullo_epi32(lane, _mm512_set1_epi32(9));
-        for (int t = 0; t < 9; t++) {
-            /* tap t of kernel l is value e = 9 l + t, in the pair of vectors e / 32
-             * (permutex2var reads e's low 5 bits) */
-            const __m512i e = _mm512_add_epi32(nine, _mm512_set1_epi32(flip ? 8 - t : t));
-            const __m512i pair = _mm512_srli_epi32(e, 5);
-            __m512 r = _mm512_permutex2var_ps(v[0], e, v[1]);
-            for (int p = 1; p < 5; p++)
-                r = _mm512_mask_mov_ps(r, _mm512_cmpeq_epi32_mask(pair, _mm512_set1_epi32(p)),
-                                       _mm512_permutex2var_ps(v[2 * p], e, v[2 * p + 1]));
-            g[t] = _mm512_maskz_mov_ps(m, r);
-        }
-    } else {
-        const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(stride));
-        for (int t = 0; t < 9; t++)
-            g[t] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, k + (flip ? 8 - t : t), 4);
+    __m512 g[9], v[10];
+    for (int i = 0; i < 9; i++)
+        v[i] = _mm512_maskz_loadu_ps(lanes_below(9 * n - 16 * i), k + 16 * i);
+    v[9] = _mm512_setzero_ps();
+    const __m512i nine = _mm512_mullo_epi32(lane, _mm512_set1_epi32(9));
+    for (int t = 0; t < 9; t++) {
+        /* tap t of kernel l is value e = 9 l + t, in the pair of vectors e / 32 (permutex2var
+         * reads e's low 5 bits) */
+        const __m512i e = _mm512_add_epi32(nine, _mm512_set1_epi32(flip ? 8 - t : t));
+        const __m512i pair = _mm512_srli_epi32(e, 5);
+        __m512 r = _mm512_permutex2var_ps(v[0], e, v[1]);
+        for (int p = 1; p < 5; p++)
+            r = _mm512_mask_mov_ps(r, _mm512_cmpeq_epi32_mask(pair, _mm512_set1_epi32(p)),
+                                   _mm512_permutex2var_ps(v[2 * p], e, v[2 * p + 1]));
+        g[t] = _mm512_maskz_mov_ps(m, r);
     }
     const __m512 half = _mm512_set1_ps(0.5f);
     __m512 a[4][3]; /* G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2 */
@@ -317,12 +312,13 @@ static inline void wino_weights16(const float *k, int stride, bool flip, int n, 
 }
 
 /* Rows [r0, r0 + 16) (r0 a multiple of 16) of the 16 Winograd points' weight matrices (m x k;
- * the kernel of row r0 + i, column j at w + i * rs + j * js), transformed and packed into point
+ * the kernel of row r0 + i, column j at w + 9 i + j js: each column's 16 side by side),
+ * transformed and packed into point
  * xi's packed A at ap + xi * point_words: per pair of columns, the 16 rows' words (the two columns
  * rounded and paired) stored in their two row blocks. Bitwise gemm_pack_a on the fp32 matrices
  * (the same values, rounded the same way; rows past m and the high half past k zero). */
-static void wino_pack_a(const float *w, size_t rs, size_t js, bool flip, int m, int k, int r0,
-                        uint32_t *ap, size_t point_words) {
+static void wino_pack_a(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
+                        size_t point_words) {
     const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, n = m - r0 < 16 ? m - r0 : 16;
     const int blocks = n > MR ? 2 : 1; /* the row blocks of these rows that exist */
     const float *wr = w;               /* row r0 */
@@ -332,9 +328,9 @@ static void wino_pack_a(const float *w, size_t rs, size_t js, bool flip, int m, 
         for (int q = 0; q < nq; q++) {
             const int j = 2 * (q0 + q);
             __m512 lo[16], hi[16];
-            wino_weights16(wr + (size_t)j * js, (int)rs, flip, n, lo);
+            wino_weights16(wr + (size_t)j * js, flip, n, lo);
             if (j + 1 < k)
-                wino_weights16(wr + (size_t)(j + 1) * js, (int)rs, flip, n, hi);
+                wino_weights16(wr + (size_t)(j + 1) * js, flip, n, hi);
             else
                 for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
             for (int xi = 0; xi < 16; xi++) {

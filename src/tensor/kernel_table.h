@@ -219,12 +219,12 @@ typedef struct cf_bf16_kernels {
     void (*gemm_unpack_a)(int m, int k, const uint32_t *ap, float *a, int lda);
     /* NULL: none. The Winograd F(2x2, 3x3) weight transform straight into the 16 points' packed
      * A (winograd.c's bf16 packs): rows [r0, r0 + 16) of each point's matrix (m x k; r0 a
-     * multiple of 16), the kernel of row r0 + i, column j at w + i * rs + j * js (rs * 15 + 8 <
-     * 2^31), its tap t at [t], or [8 - t] when flipped; point xi packed at ap + xi *
-     * point_words, the words gemm_pack_a(false, m, k, ...) makes from the fp32 matrices
+     * multiple of 16), the kernel of row r0 + i, column j at w + 9 i + j js (each column's 16
+     * kernels side by side), its tap t at [t], or [8 - t] when flipped; point xi packed at ap +
+     * xi * point_words, the words gemm_pack_a(false, m, k, ...) makes from the fp32 matrices
      * (bitwise: the same operations in the same order as winograd.c's transform). */
-    void (*wino_pack_a)(const float *w, size_t rs, size_t js, bool flip, int m, int k, int r0,
-                        uint32_t *ap, size_t point_words);
+    void (*wino_pack_a)(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
+                        size_t point_words);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it

@@ -329,7 +329,7 @@ static void pack_packed(const cf_bf16_kernels *k, bool dx, int C, int K, const f
         for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS) {
             const int nr = min_int(STAGE_ROWS, rows - r0);
             if (dx) { /* the rows' kernels side by side (input channels r0.. of one kernel row) */
-                k->wino_pack_a(w + (size_t)r0 * 9, 9, js, true, rows, cols, r0, p, bw);
+                k->wino_pack_a(w + (size_t)r0 * 9, js, true, rows, cols, r0, p, bw);
                 continue;
             }
             /* the rows' kernels (output channels) are C x 9 floats apart: copied side by side
@@ -339,7 +339,7 @@ static void pack_packed(const cf_bf16_kernels *k, bool dx, int C, int K, const f
                 for (int i = 0; i < nr; i++)
                     memcpy(stage + ((size_t)j * STAGE_ROWS + i) * 9,
                            w + ((size_t)(r0 + i) * C + j) * 9, 9 * sizeof(float));
-            k->wino_pack_a(stage, 9, (size_t)STAGE_ROWS * 9, false, rows, cols, r0, p, bw);
+            k->wino_pack_a(stage, (size_t)STAGE_ROWS * 9, false, rows, cols, r0, p, bw);
         }
         stamp_write(u, rows, cols, FORM_PACKED, k);
         return;
