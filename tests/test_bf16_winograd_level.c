@@ -1,21 +1,30 @@
 /* The bf16 Winograd's weight packs and the level that reads them (src/tensor/winograd.c).
  *
- * cf_conv_winograd_pack_bf16 (and _pack_dx_bf16) write the fp32 transformed weights, then, only
- * where the active level's bf16 GEMM takes a pre-packed A (avx512_bf16's gemm_pack_a), each
- * point's matrix packed for it. The products (point_bf16) read that pre-packed A whenever the
- * level running them has one, without knowing whether the pack holds it: a pack made at the amx
- * level (whose tile GEMM packs its own A) or at a level without bf16 kernels (avx512), then read
- * at avx512_bf16, gave NaN or garbage with no error, the failure cf_conv_bf16_*'s stamped packs
- * refuse (test_bf16_level). Checked here: such a pack, read at avx512_bf16, gives the forward
- * pass and dx of a fresh pack made there (bitwise: the fp32 planes the pack always holds are the
- * same, and gemm_packed is bitwise the GEMM on them). The amx level is the scalar emulation of
- * its tiles (isa_amx_emul.c), so this runs on any CPU with AVX512_BF16 (skipped without). */
+ * cf_conv_winograd_pack_bf16 (and _pack_dx_bf16) write, where the active level's bf16 GEMM takes
+ * a pre-packed A (avx512_bf16's gemm_pack_a, gemm_pack_a_rows), each point's matrix packed for
+ * it and no fp32 planes; elsewhere (the amx level, whose tile GEMM packs its own A; levels
+ * without bf16 kernels) the fp32 planes. A stamp names the form. Checked here, forward and dx:
+ *   - a pack of the planes (made at amx or avx512), read at avx512_bf16, gives the pass of a
+ *     fresh pack made there, bitwise (the packed words are gemm_pack_a's of those planes, and
+ *     gemm_packed is bitwise the GEMM on them): a planes pack was once read as a packed one
+ *     (NaN or garbage, no error);
+ *   - a packed pack (made at avx512_bf16), read at amx, gives the pass of a fresh amx pack,
+ *     bitwise (its bf16 values unpacked, which the tile GEMM would round the planes to);
+ *   - the same read at avx512 (no bf16 products) gives the fp32 pass on the transformed weights
+ *     rounded to bf16, bitwise (the only values the pack holds).
+ * And the words themselves (test_pack_words): gemm_pack_a's of the fp32 planes, bitwise, from the
+ * level's wino_pack_a and from the staging path without it, with kernels that show the
+ * transform's order of sums.
+ * Shapes with rows of 16 and with a last part of a staging block (21, 24 rows), odd channel
+ * counts (an odd k, padded). The amx level is the scalar emulation of its tiles
+ * (isa_amx_emul.c), so this runs on any CPU with AVX512_BF16 (skipped without). */
 #include "oracle.h"
 
 #include "amx_emul.h"
 #include "tensor/amx.h"
 #include "tensor/kernel_table.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,15 +38,26 @@ static const cf_kernel_table *emulated_amx(void) {
     return &emul_table;
 }
 
-enum { PACK_AMX, PACK_AVX512 };
+enum { AT_AMX, AT_AVX512, AT_AVX512_BF16 };
 
-/* Forward (dx: false) or dx (true) of n images at avx512_bf16, with weights packed at `from`
- * and with a fresh pack: the same bits. */
-static void check(int from, bool dx, int n, int c, int h, int w, int k) {
-    const cf_kernel_table *amx = emulated_amx();
-    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
-    const cf_kernel_table *bf16 = cf_active_kernels;
-    assert_non_null(bf16->bf16->gemm_pack_a); /* the level that reads a pre-packed A */
+static const char *level_name(int at) {
+    return at == AT_AMX ? "amx" : at == AT_AVX512 ? "avx512" : "avx512_bf16";
+}
+
+static void set_level(int at) {
+    if (at == AT_AMX)
+        cf_active_kernels = emulated_amx();
+    else if (at == AT_AVX512)
+        assert_int_equal(cf_set_isa(CF_ISA_AVX512), CF_ISA_AVX512);
+    else
+        assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
+}
+
+/* The forward pass (dx: false) or dx of n images at level `to`, with weights packed at `from`,
+ * against what `to` gives on its own pack (at avx512, which has no bf16 products, with the fp32
+ * planes rounded to bf16 when `from` makes packed packs): the same bits. */
+static void check(int from, int to, bool dx, int n, int c, int h, int w, int k) {
+    emulated_amx();
     cf_conv_geom g;
     assert_true(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1));
     assert_true(cf_conv_winograd_supported(&g));
@@ -52,34 +72,49 @@ static void check(int from, bool dx, int n, int c, int h, int w, int k) {
     fill_uniform(in, nin, 62, -1.0f, 1.0f);
     /* what a pack's unwritten part may hold (an arena block is not zeroed) */
     memset(stale, 0xff, np * sizeof(float));
-    if (from == PACK_AMX)
-        cf_active_kernels = amx;
-    else
-        assert_int_equal(cf_set_isa(CF_ISA_AVX512), CF_ISA_AVX512);
+    memset(fresh, 0xff, np * sizeof(float));
+    set_level(from);
     if (dx)
         cf_conv_winograd_pack_dx_bf16(&g, k, wt, stale);
     else
         cf_conv_winograd_pack_bf16(&g, k, wt, stale);
-    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
-    if (dx) {
-        cf_conv_winograd_pack_dx_bf16(&g, k, wt, fresh);
+    set_level(to);
+    if (dx)
         cf_conv_winograd_dx_bf16(&g, k, stale, in, n, got, scratch);
+    else
+        cf_conv_winograd_forward_bf16(&g, k, stale, in, n, got, scratch);
+    if (to == AT_AVX512 && from == AT_AVX512_BF16) {
+        /* the fp32 pass on the fp32 pack's planes rounded */
+        const size_t planes = cf_conv_winograd_packed_size(&g, k);
+        if (dx)
+            cf_conv_winograd_pack_dx(&g, k, wt, fresh);
+        else
+            cf_conv_winograd_pack(&g, k, wt, fresh);
+        for (size_t i = 0; i < planes; i++) fresh[i] = cf_bf16_round(fresh[i]);
+        if (dx)
+            cf_conv_winograd_dx(&g, k, fresh, in, n, want, scratch);
+        else
+            cf_conv_winograd_forward(&g, k, fresh, in, n, want, scratch);
+    } else if (dx) {
+        cf_conv_winograd_pack_dx_bf16(&g, k, wt, fresh);
         cf_conv_winograd_dx_bf16(&g, k, fresh, in, n, want, scratch);
     } else {
         cf_conv_winograd_pack_bf16(&g, k, wt, fresh);
-        cf_conv_winograd_forward_bf16(&g, k, stale, in, n, got, scratch);
         cf_conv_winograd_forward_bf16(&g, k, fresh, in, n, want, scratch);
     }
     size_t bad = nout; /* the first value that differs (freed before the test fails) */
-    for (size_t i = 0; i < nout && bad == nout; i++)
-        if (memcmp(&got[i], &want[i], sizeof(float)) != 0) bad = i;
+    bool finite = true;
+    for (size_t i = 0; i < nout; i++) {
+        if (bad == nout && memcmp(&got[i], &want[i], sizeof(float)) != 0) bad = i;
+        if (!isfinite(want[i])) finite = false;
+    }
     const double g0 = bad < nout ? got[bad] : 0, w0 = bad < nout ? want[bad] : 0;
     free(wt), free(in), free(stale), free(fresh), free(scratch), free(got), free(want);
+    if (!finite) fail_msg("%s: a value of the fresh pass is not finite", dx ? "dx" : "forward");
     if (bad < nout)
-        fail_msg("%s of %d -> %d channels, %dx%d: packed at %s, run at avx512_bf16: value %zu is "
-                 "%.9g, a fresh pack gives %.9g",
-                 dx ? "dx" : "forward", c, k, h, w, from == PACK_AMX ? "amx" : "avx512", bad, g0,
-                 w0);
+        fail_msg("%s of %d -> %d channels, %dx%d: packed at %s, run at %s: value %zu is %.9g, "
+                 "its own pack gives %.9g",
+                 dx ? "dx" : "forward", c, k, h, w, level_name(from), level_name(to), bad, g0, w0);
 }
 
 static void test_pack_of_another_level(void **state) {
@@ -87,9 +122,90 @@ static void test_pack_of_another_level(void **state) {
     const cf_isa best = cf_isa_best();
     if (best != CF_ISA_AVX512_BF16 && best != CF_ISA_AMX) skip();
     const cf_isa before = cf_isa_active();
-    for (int from = PACK_AMX; from <= PACK_AVX512; from++) {
-        check(from, false, 2, 32, 28, 28, 24);
-        check(from, true, 2, 32, 28, 28, 24);
+    static const struct {
+        int from, to;
+    } pairs[] = {{AT_AMX, AT_AVX512_BF16},
+                 {AT_AVX512, AT_AVX512_BF16},
+                 {AT_AVX512_BF16, AT_AMX},
+                 {AT_AVX512_BF16, AT_AVX512}};
+    static const int shapes[][5] = {{2, 32, 28, 28, 24}, {1, 19, 9, 11, 21}, {1, 40, 6, 6, 33}};
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int dx = 0; dx < 2; dx++)
+                check(pairs[p].from, pairs[p].to, dx, shapes[s][0], shapes[s][1], shapes[s][2],
+                      shapes[s][3], shapes[s][4]);
+    cf_set_isa(before);
+}
+/* The words of a bf16 pack made at avx512_bf16 (the transform straight into the packed A)
+ * against gemm_pack_a on the fp32 pack's planes, point by point (the pack's first words, each
+ * point's bound of 16-row blocks apart: winograd.c's layout), forward and dx. Some kernels
+ * cancel so that the transform's order of sums shows in bf16: taps B, 1, -B (B = 2^24) down a
+ * column give (B + 1) - B = 0 against (B - B) + 1 = 1, and along a row the same. */
+static void check_words(int c, int k, bool staged) {
+    assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
+    /* staged: the level without wino_pack_a (the transform through the staging area and
+     * gemm_pack_a_rows) */
+    static cf_kernel_table table;
+    static cf_bf16_kernels staged_bf16;
+    if (staged) {
+        table = *cf_active_kernels;
+        staged_bf16 = *table.bf16;
+        staged_bf16.wino_pack_a = NULL;
+        table.bf16 = &staged_bf16;
+        cf_active_kernels = &table;
+    }
+    const cf_bf16_kernels *bk = cf_active_kernels->bf16;
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, 8, 8, 3, 3, 1, 1, 1, 1));
+    const size_t nw = (size_t)k * c * 9, np = cf_conv_winograd_packed_size_bf16(&g, k),
+                 planes = cf_conv_winograd_packed_size(&g, k);
+    float *wt = malloc(nw * sizeof(float)), *u = malloc(np * sizeof(float)),
+          *f = malloc(planes * sizeof(float));
+    fill_uniform(wt, nw, 63, -0.3f, 0.3f);
+    static const float cancel[3] = {16777216.0f, 1.0f, -16777216.0f};
+    for (size_t kernel = 0; kernel < (size_t)k * c; kernel += 5)
+        for (int t = 0; t < 9; t++) wt[kernel * 9 + t] = kernel % 2 ? cancel[t / 3] : cancel[t % 3];
+    for (int dx = 0; dx < 2; dx++) {
+        const int rows = dx ? c : k, cols = dx ? k : c;
+        const size_t bound = (size_t)(rows + 15) / 16 * 16 * (size_t)((cols + 1) / 2),
+                     words = bk->gemm_a_words(rows, cols);
+        memset(u, 0xff, np * sizeof(float));
+        if (dx) {
+            cf_conv_winograd_pack_dx_bf16(&g, k, wt, u);
+            cf_conv_winograd_pack_dx(&g, k, wt, f);
+        } else {
+            cf_conv_winograd_pack_bf16(&g, k, wt, u);
+            cf_conv_winograd_pack(&g, k, wt, f);
+        }
+        uint32_t *want = malloc(words * sizeof(uint32_t));
+        for (int xi = 0; xi < 16; xi++) {
+            bk->gemm_pack_a(false, rows, cols, f + (size_t)xi * rows * cols, cols, want);
+            const uint32_t *got = (const uint32_t *)u + (size_t)xi * bound;
+            size_t bad = words;
+            for (size_t i = 0; i < words && bad == words; i++)
+                if (got[i] != want[i]) bad = i;
+            const uint32_t gb = bad < words ? got[bad] : 0, wb = bad < words ? want[bad] : 0;
+            if (bad < words) {
+                free(want), free(wt), free(u), free(f);
+                fail_msg("%s pack of %d -> %d channels%s, point %d: word %zu is %08x, "
+                         "gemm_pack_a of the planes gives %08x",
+                         dx ? "dx" : "forward", c, k, staged ? " (staged)" : "", xi, bad, gb, wb);
+            }
+        }
+        free(want);
+    }
+    free(wt), free(u), free(f);
+}
+
+static void test_pack_words(void **state) {
+    (void)state;
+    const cf_isa best = cf_isa_best();
+    if (best != CF_ISA_AVX512_BF16 && best != CF_ISA_AMX) skip();
+    const cf_isa before = cf_isa_active();
+    for (int staged = 0; staged < 2; staged++) {
+        check_words(32, 24, staged);
+        check_words(19, 21, staged);
+        check_words(300, 40, staged); /* several k-blocks of pairs */
     }
     cf_set_isa(before);
 }
@@ -98,11 +214,17 @@ static void test_pack_of_another_level(void **state) {
     (void)state;
     skip();
 }
+
+static void test_pack_words(void **state) {
+    (void)state;
+    skip();
+}
 #endif
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_of_another_level),
+        cmocka_unit_test(test_pack_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -283,7 +283,10 @@ void cf_conv_winograd_wgrad_add(const cf_conv_geom *g, int out_channels, const f
  * numerics in winograd.c's header and docs/api.md) where cf_bf16_compute(), else exactly the
  * fp32 functions. The weights come from cf_conv_winograd_pack_bf16 (_pack_dx_bf16), which also
  * round them for the level's GEMM once per pass, into cf_conv_winograd_packed_size_bf16 floats;
- * du as the fp32 functions'. */
+ * du as the fp32 functions'. A pack is for the level active when it is made (where that level's
+ * GEMM takes its weights pre-packed it holds them only in bf16); read at another level it is
+ * unpacked first (at a level without bf16 products, the fp32 products then take the weights
+ * rounded to bf16; out of memory for that, the output is NaN). */
 size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels);
 /* Floats of scratch per calling thread for the _bf16 functions (at least the fp32 ones': their
  * blocks of images are larger in bf16). */

@@ -179,6 +179,9 @@ void cf_amx_emul_kernels(cf_bf16_kernels *k) {
     k->gemm_packed = NULL;
     k->gemm_paired = NULL;
     k->gemm_rows = NULL;
+    k->gemm_pack_a_rows = NULL;
+    k->gemm_unpack_a = NULL;
+    k->wino_pack_a = NULL;
     k->conv_run = amx_conv_run;
     k->conv_wgrad = amx_conv_wgrad;
     k->conv_order = amx_conv_order;

@@ -235,6 +235,118 @@ static void gemm_pack_a(bool trans_a, int m, int k, const float *a, int lda, uin
     }
 }
 
+/* Rows [r0, r0 + nr) of A (m x k, row r at a + (r - r0) * lda; r0 a multiple of MR, nr too
+ * unless r0 + nr = m) into ap as gemm_pack_a(false, m, k, ...) packs them: the same blocks and the
+ * same pack_pairs calls on the same values, lanes past m zero. */
+static void gemm_pack_a_rows(int m, int k, int r0, int nr, const float *a, int lda, uint32_t *ap) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2;
+    const operand A = {a, lda, 1};
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
+        for (int i = r0 / MR; i * MR < r0 + nr; i++)
+            pack_pairs(&A, i * MR - r0, r0 + nr - i * MR, MR, q0, nq, k,
+                       ablock + (size_t)i * MR * nq);
+    }
+}
+
+/* A (m x k) back from ap (gemm_pack_a's layout) as fp32, row r at a + r * lda. */
+static void gemm_unpack_a(int m, int k, const uint32_t *ap, float *a, int lda) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2;
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const uint32_t *ablock = ap + (size_t)row_blocks * MR * q0;
+        for (int r = 0; r < m; r++) {
+            const uint32_t *in = ablock + (size_t)(r / MR) * MR * nq + r % MR;
+            float *out = a + (size_t)r * lda;
+            for (int q = 0; q < nq; q++) {
+                const int p = 2 * (q0 + q);
+                const uint32_t word = in[(size_t)q * MR], lo = word << 16, hi = word & 0xffff0000u;
+                memcpy(out + p, &lo, sizeof lo);
+                if (p + 1 < k) memcpy(out + p + 1, &hi, sizeof hi);
+            }
+        }
+    }
+}
+
+/* The Winograd F(2x2, 3x3) weight transform U = G g G^T (winograd.c's weight_transform: the same
+ * operations in the same order) of the 16 kernels side by side at k (kernel l's tap t at
+ * k[9 l + t], or at k[9 l + 8 - t] when flipped), lanes l < n, the others zero: u[xi], one
+ * vector per point. The 144 taps are loaded in a row and dealt out to the taps with permutes
+ * (gathering them took 1.5 times as long). */
+static inline void wino_weights16(const float *k, bool flip, int n, __m512 u[16]) {
+    const __mmask16 m = lanes_below(n);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 g[9], v[10];
+    for (int i = 0; i < 9; i++)
+        v[i] = _mm512_maskz_loadu_ps(lanes_below(9 * n - 16 * i), k + 16 * i);
+    v[9] = _mm512_setzero_ps();
+    const __m512i nine = _mm512_mullo_epi32(lane, _mm512_set1_epi32(9));
+    for (int t = 0; t < 9; t++) {
+        /* tap t of kernel l is value e = 9 l + t, in the pair of vectors e / 32 (permutex2var
+         * reads e's low 5 bits) */
+        const __m512i e = _mm512_add_epi32(nine, _mm512_set1_epi32(flip ? 8 - t : t));
+        const __m512i pair = _mm512_srli_epi32(e, 5);
+        __m512 r = _mm512_permutex2var_ps(v[0], e, v[1]);
+        for (int p = 1; p < 5; p++)
+            r = _mm512_mask_mov_ps(r, _mm512_cmpeq_epi32_mask(pair, _mm512_set1_epi32(p)),
+                                   _mm512_permutex2var_ps(v[2 * p], e, v[2 * p + 1]));
+        g[t] = _mm512_maskz_mov_ps(m, r);
+    }
+    const __m512 half = _mm512_set1_ps(0.5f);
+    __m512 a[4][3]; /* G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2 */
+    for (int j = 0; j < 3; j++) {
+        const __m512 g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
+        a[0][j] = g0;
+        a[1][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(g0, g1), g2));
+        a[2][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(g0, g1), g2));
+        a[3][j] = g2;
+    }
+    for (int i = 0; i < 4; i++) { /* then G^T on the right, the same over the columns */
+        const __m512 a0 = a[i][0], a1 = a[i][1], a2 = a[i][2];
+        u[4 * i] = a0;
+        u[4 * i + 1] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(a0, a1), a2));
+        u[4 * i + 2] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(a0, a1), a2));
+        u[4 * i + 3] = a2;
+    }
+}
+
+/* Rows [r0, r0 + 16) (r0 a multiple of 16) of the 16 Winograd points' weight matrices (m x k;
+ * the kernel of row r0 + i, column j at w + 9 i + j js: each column's 16 side by side),
+ * transformed and packed into point
+ * xi's packed A at ap + xi * point_words: per pair of columns, the 16 rows' words (the two columns
+ * rounded and paired) stored in their two row blocks. Bitwise gemm_pack_a on the fp32 matrices
+ * (the same values, rounded the same way; rows past m and the high half past k zero). */
+static void wino_pack_a(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
+                        size_t point_words) {
+    const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, n = m - r0 < 16 ? m - r0 : 16;
+    const int blocks = n > MR ? 2 : 1; /* the row blocks of these rows that exist */
+    const float *wr = w;               /* row r0 */
+    for (int q0 = 0; q0 < pairs; q0 += KC2) {
+        const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
+        const size_t base = (size_t)row_blocks * MR * q0 + (size_t)(r0 / MR) * MR * nq;
+        for (int q = 0; q < nq; q++) {
+            const int j = 2 * (q0 + q);
+            __m512 lo[16], hi[16];
+            wino_weights16(wr + (size_t)j * js, flip, n, lo);
+            if (j + 1 < k)
+                wino_weights16(wr + (size_t)(j + 1) * js, flip, n, hi);
+            else
+                for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
+            for (int xi = 0; xi < 16; xi++) {
+                const __m512i word =
+                    _mm512_or_si512(cf__bf16_round_lanes(lo[xi]),
+                                    _mm512_slli_epi32(cf__bf16_round_lanes(hi[xi]), 16));
+                uint32_t *out = ap + (size_t)xi * point_words + base + (size_t)q * MR;
+                _mm256_storeu_si256((__m256i *)out, _mm512_castsi512_si256(word));
+                if (blocks == 2)
+                    _mm256_storeu_si256((__m256i *)(out + (size_t)MR * nq),
+                                        _mm512_extracti64x4_epi64(word, 1));
+            }
+        }
+    }
+}
+
 /* C (+)= A . op(B) with A packed by gemm_pack_a; B one NR-column panel at a time into bp (NR x
  * KC2 words), just before the row blocks read it, so the panel (24 KiB) is still in L1 and the
  * k-block of packed A (m x 2 KC2 bf16) stays in L2 across the panels. */
@@ -717,6 +829,9 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .gemm_packed = bf16_gemm_packed,
     .gemm_paired = bf16_gemm_paired,
     .gemm_rows = bf16_gemm_rows,
+    .gemm_pack_a_rows = gemm_pack_a_rows,
+    .gemm_unpack_a = gemm_unpack_a,
+    .wino_pack_a = wino_pack_a,
     .pairs = bf16_pairs,
     .conv_run = bf16_conv_run,
     .conv_wgrad = bf16_conv_wgrad,

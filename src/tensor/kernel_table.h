@@ -224,6 +224,22 @@ typedef struct cf_bf16_kernels {
                       size_t ldo);
     void (*stem_pairs)(const uint16_t *x, const int *off, int taps, int k, int nq, uint32_t *b,
                        size_t ldb);
+    /* NULL: none (then gemm_pack_a only). A packed piece by piece, and back (the Winograd
+     * weights, packed without a whole fp32 copy). gemm_pack_a_rows: rows [r0, r0 + nr) of A (m x
+     * k; row r at a + (r - r0) * lda) into the packed A ap of the whole matrix, the words
+     * gemm_pack_a(false, m, k, ...) writes for those rows (bitwise); r0 a multiple of 16, nr too
+     * unless r0 + nr = m. gemm_unpack_a: A (m x k) from ap packed by this level, as fp32 (its bf16
+     * values, exact), row r at a + r * lda. */
+    void (*gemm_pack_a_rows)(int m, int k, int r0, int nr, const float *a, int lda, uint32_t *ap);
+    void (*gemm_unpack_a)(int m, int k, const uint32_t *ap, float *a, int lda);
+    /* NULL: none. The Winograd F(2x2, 3x3) weight transform straight into the 16 points' packed
+     * A (winograd.c's bf16 packs): rows [r0, r0 + 16) of each point's matrix (m x k; r0 a
+     * multiple of 16), the kernel of row r0 + i, column j at w + 9 i + j js (each column's 16
+     * kernels side by side), its tap t at [t], or [8 - t] when flipped; point xi packed at ap +
+     * xi * point_words, the words gemm_pack_a(false, m, k, ...) makes from the fp32 matrices
+     * (bitwise: the same operations in the same order as winograd.c's transform). */
+    void (*wino_pack_a)(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
+                        size_t point_words);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it

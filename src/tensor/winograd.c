@@ -39,6 +39,7 @@
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define POINTS 16 /* 4x4 transformed values per tile */
@@ -198,10 +199,27 @@ void cf_conv_winograd_pack_dx(const cf_conv_geom *g, int out_channels, const flo
 
 /* ---- bf16 products -------------------------------------------------------------------------
  *
- * A bf16 pack (cf_conv_winograd_pack_bf16, _pack_dx_bf16) holds the fp32 transformed weights
- * [xi][rows][cols] as the fp32 pack does, then, where the active level's bf16 GEMM takes its A
- * packed beforehand, each point's matrix packed (rounded to bf16) for it, bound_words(rows, cols)
- * words per point: the weights are rounded once per pass instead of once per block of images. */
+ * A bf16 pack (cf_conv_winograd_pack_bf16, _pack_dx_bf16) holds each point's matrix
+ * [rows][cols] in one of two forms, which a stamp at its end names:
+ *   packed  where the active level's bf16 GEMM takes its A packed beforehand (avx512_bf16's
+ *           gemm_pack_a and gemm_pack_a_rows): each point's matrix packed (rounded to bf16) for
+ *           it, bound_words(rows, cols) words per point, and no fp32 planes: the words
+ *           gemm_pack_a makes from the whole fp32 planes, without writing and reading those
+ *           planes (16 x rows x cols floats, 16 MiB for 512 x 512 channels). The level's
+ *           wino_pack_a transforms 16 rows of the 16 points at a time straight into their
+ *           words; without it, the transform writes those rows into a staging area after the
+ *           packed points (kept in L2), which gemm_pack_a_rows packs into place. On 512 x 512
+ *           channels (Zen 4, one core) the pack and the dx pack took 4.5 and 5.1 ms with the
+ *           planes, 1.65 and 1.4 ms straight into the packed words.
+ *   planes  elsewhere, the fp32 transformed weights [xi][rows][cols] as the fp32 pack holds them
+ *           (levels without bf16 products, which take them as they are; the amx level, whose
+ *           tile GEMM rounds them as it packs its own A).
+ * Either way the weights are transformed (and rounded) once per pass instead of once per block.
+ * A packed pack read where its layout is not the active level's (cf_set_isa between the pack
+ * and the call) is unpacked first, each point's bf16 values as fp32 (its packer's
+ * gemm_unpack_a): the products on them at a bf16 level are bitwise those on the fp32 planes,
+ * which the GEMM rounds to the same values; at a level without bf16 products, the products take
+ * the weights rounded to bf16. */
 
 /* Words reserved per point for the packed A of rows x cols (any level's row blocks up to 16). */
 static size_t bound_words(int rows, int cols) {
@@ -218,88 +236,195 @@ static size_t points_words(int rows, int cols) {
     return POINTS * max_size(bound_words(rows, cols), bound_words(cols, rows));
 }
 
-/* After the packed points, a stamp says which level's kernels packed them (the address of its
- * gemm_pack_a, 0 where the pack holds no packed A) and for which shape: a pack made at one level
- * and read at another (cf_set_isa in between) takes cf_sgemm_bf16 on the fp32 planes, which every
- * pack holds, instead of reading another level's layout (bitwise the same where both exist). */
-#define STAMP_MAGIC 0x57b16a5du
-enum { STAMP_WORDS = 8 };
+enum { STAGE_ROWS = 16 }; /* rows of the 16 points transformed before they are packed */
+
+/* The staging area after the packed points: STAGE_ROWS rows of each point's matrix, or one whole
+ * point (as fp32), whichever way the channels run. */
+static size_t stage_floats(int rows, int cols) {
+    return max_size(round16((size_t)POINTS * STAGE_ROWS * (size_t)max_size(rows, cols)),
+                    round16((size_t)rows * cols));
+}
+
+/* The stamp (the last STAMP_WORDS words): the form, the shape, and for a packed pack the packer
+ * (the address of its level's gemm_pack_a, whose layout it holds) and its gemm_unpack_a. */
+#define STAMP_MAGIC 0x57b16a5eu
+enum { STAMP_WORDS = 8, FORM_PLANES = 1, FORM_PACKED = 2 };
+
+typedef struct stamp {
+    uint32_t magic, rows, cols, form;
+    uint64_t packer;
+    void (*unpack)(int m, int k, const uint32_t *ap, float *a, int lda);
+} stamp;
+
+_Static_assert(sizeof(stamp) <= STAMP_WORDS * sizeof(uint32_t), "the stamp fits its words");
+
+/* Floats of a bf16 pack of rows x cols (symmetric: a pack and a dx pack of one layer). */
+static size_t total_floats(int rows, int cols) {
+    return max_size(round16(POINTS * (size_t)rows * cols),
+                    points_words(rows, cols) + stage_floats(rows, cols)) +
+           STAMP_WORDS;
+}
 
 size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels) {
-    const int C = g->c, K = out_channels;
-    return round16(POINTS * (size_t)K * C) + points_words(K, C) + STAMP_WORDS;
+    return total_floats(out_channels, g->c);
+}
+
+static stamp stamp_read(const float *u, int rows, int cols) {
+    stamp s;
+    memcpy(&s, u + total_floats(rows, cols) - STAMP_WORDS, sizeof s);
+    return s;
+}
+
+static void stamp_write(float *u, int rows, int cols, int form, const cf_bf16_kernels *k) {
+    stamp s = {.magic = STAMP_MAGIC,
+               .rows = (uint32_t)rows,
+               .cols = (uint32_t)cols,
+               .form = (uint32_t)form};
+    if (k) {
+        s.packer = (uint64_t)(uintptr_t)k->gemm_pack_a;
+        s.unpack = k->gemm_unpack_a;
+    }
+    memcpy(u + total_floats(rows, cols) - STAMP_WORDS, &s, sizeof s);
 }
 
 /* The active level's bf16 kernels when they take A (rows x cols) packed beforehand within the
- * room reserved for it, else NULL. */
+ * room reserved for it, packed piece by piece, else NULL. */
 static const cf_bf16_kernels *prepacked(int rows, int cols) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     return k && k->gemm && k->gemm_a_words && k->gemm_pack_a && k->gemm_packed &&
+                   k->gemm_pack_a_rows && k->gemm_unpack_a &&
                    k->gemm_a_words(rows, cols) <= bound_words(rows, cols)
                ? k
                : NULL;
 }
 
-/* The packed A of each point after the fp32 planes of u ([xi][rows][cols]). */
+/* The packed A of each point of rows x cols, at the start of a packed pack. */
 static uint32_t *packed_points(const float *u, int rows, int cols) {
-    return (uint32_t *)(u + round16(POINTS * (size_t)rows * cols));
+    (void)rows, (void)cols;
+    return (uint32_t *)u;
 }
 
-static uint32_t *stamp_of(const float *u, int rows, int cols) {
-    return packed_points(u, rows, cols) + points_words(rows, cols);
-}
-
-static uint64_t packer_id(const cf_bf16_kernels *k) {
-    return k ? (uint64_t)(uintptr_t)k->gemm_pack_a : 0;
-}
-
-static void pack_points(int rows, int cols, float *u) {
-    const cf_bf16_kernels *k = prepacked(rows, cols);
-    uint32_t *p = packed_points(u, rows, cols), *stamp = stamp_of(u, rows, cols);
-    const uint64_t id = packer_id(k);
-    stamp[0] = STAMP_MAGIC;
-    stamp[1] = (uint32_t)rows;
-    stamp[2] = (uint32_t)cols;
-    memcpy(stamp + 3, &id, sizeof id);
-    if (!k) return;
-    for (int xi = 0; xi < POINTS; xi++)
-        k->gemm_pack_a(false, rows, cols, u + (size_t)xi * rows * cols, cols,
-                       p + (size_t)xi * bound_words(rows, cols));
-}
-
-/* The active level's kernels when u holds the packed A they made for rows x cols, else NULL. */
+/* The active level's kernels when u is packed in their layout for rows x cols, else NULL. */
 static const cf_bf16_kernels *prepacked_in(const float *u, int rows, int cols) {
     const cf_bf16_kernels *k = prepacked(rows, cols);
     if (!k) return NULL;
-    const uint32_t *stamp = stamp_of(u, rows, cols);
-    uint64_t id;
-    memcpy(&id, stamp + 3, sizeof id);
-    return stamp[0] == STAMP_MAGIC && stamp[1] == (uint32_t)rows && stamp[2] == (uint32_t)cols &&
-                   id == packer_id(k)
+    const stamp s = stamp_read(u, rows, cols);
+    return s.magic == STAMP_MAGIC && s.rows == (uint32_t)rows && s.cols == (uint32_t)cols &&
+                   s.form == FORM_PACKED && s.packer == (uint64_t)(uintptr_t)k->gemm_pack_a
                ? k
                : NULL;
 }
 
+/* The packed form: the weights w (K x C x 3 x 3) transformed STAGE_ROWS rows at a time into the
+ * staging area ([xi][row][cols]; dx: rows over the input channels, the kernels flipped, as
+ * cf_conv_winograd_pack_dx), then those rows of each point packed into place. The same values as
+ * the fp32 pack's planes, packed as gemm_pack_a packs the planes: bitwise the same words. */
+static void pack_packed(const cf_bf16_kernels *k, bool dx, int C, int K, const float *w, float *u) {
+    const int rows = dx ? C : K, cols = dx ? K : C;
+    uint32_t *p = packed_points(u, rows, cols);
+    float *stage = u + points_words(rows, cols);
+    const size_t plane = (size_t)STAGE_ROWS * cols, bw = bound_words(rows, cols);
+    const size_t js = (size_t)C * 9; /* dx: the next column's (output channel's) kernels */
+    if (k->wino_pack_a) {
+        for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS) {
+            const int nr = min_int(STAGE_ROWS, rows - r0);
+            if (dx) { /* the rows' kernels side by side (input channels r0.. of one kernel row) */
+                k->wino_pack_a(w + (size_t)r0 * 9, js, true, rows, cols, r0, p, bw);
+                continue;
+            }
+            /* the rows' kernels (output channels) are C x 9 floats apart: copied side by side
+             * per column into the staging area, [column][row][tap], so that the level reads each
+             * column's 16 kernels in one run of 144 floats */
+            for (int j = 0; j < cols; j++)
+                for (int i = 0; i < nr; i++)
+                    memcpy(stage + ((size_t)j * STAGE_ROWS + i) * 9,
+                           w + ((size_t)(r0 + i) * C + j) * 9, 9 * sizeof(float));
+            k->wino_pack_a(stage, (size_t)STAGE_ROWS * 9, false, rows, cols, r0, p, bw);
+        }
+        stamp_write(u, rows, cols, FORM_PACKED, k);
+        return;
+    }
+    for (int r0 = 0; r0 < rows; r0 += STAGE_ROWS) {
+        const int nr = min_int(STAGE_ROWS, rows - r0);
+        for (int r = r0; r < r0 + nr; r++)
+            for (int j = 0; j < cols; j += LANES) {
+                float *at = stage + (size_t)(r - r0) * cols + j;
+                if (dx) /* row r: input channel r, lanes over the output channels */
+                    transform_lanes(w + ((size_t)j * C + r) * 9, (size_t)C * 9, true,
+                                    min_int(LANES, cols - j), at, plane);
+                else
+                    transform_lanes(w + ((size_t)r * C + j) * 9, 9, false, min_int(LANES, cols - j),
+                                    at, plane);
+            }
+        for (int xi = 0; xi < POINTS; xi++)
+            k->gemm_pack_a_rows(rows, cols, r0, nr, stage + xi * plane, cols, p + xi * bw);
+    }
+    stamp_write(u, rows, cols, FORM_PACKED, k);
+}
+
 void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u) {
+    const cf_bf16_kernels *k = prepacked(out_channels, g->c);
+    if (k) {
+        pack_packed(k, false, g->c, out_channels, w, u);
+        return;
+    }
     cf_conv_winograd_pack(g, out_channels, w, u);
-    pack_points(out_channels, g->c, u);
+    stamp_write(u, out_channels, g->c, FORM_PLANES, NULL);
 }
 
 void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,
                                    float *u) {
+    const cf_bf16_kernels *k = prepacked(g->c, out_channels);
+    if (k) {
+        pack_packed(k, true, g->c, out_channels, w, u);
+        return;
+    }
     cf_conv_winograd_pack_dx(g, out_channels, w, u);
-    pack_points(g->c, out_channels, u);
+    stamp_write(u, g->c, out_channels, FORM_PLANES, NULL);
+}
+
+/* u itself where the active level reads it as it is (its own packed form, or fp32 planes), else
+ * a pack in the planes form made from it (*made: free it after the call; NULL: out of memory).
+ * A pack without a stamp of this shape is taken as planes (an fp32 pack, as before stamps). */
+static const float *readable(const float *u, int rows, int cols, bool bf16, float **made) {
+    *made = NULL;
+    const stamp s = stamp_read(u, rows, cols);
+    if (s.magic != STAMP_MAGIC || s.rows != (uint32_t)rows || s.cols != (uint32_t)cols ||
+        s.form != FORM_PACKED || (bf16 && prepacked_in(u, rows, cols)))
+        return u;
+    float *planes = malloc(total_floats(rows, cols) * sizeof(float));
+    if (!planes) return NULL;
+    const size_t plane = (size_t)rows * cols, bw = bound_words(rows, cols);
+    for (int xi = 0; xi < POINTS; xi++)
+        s.unpack(rows, cols, packed_points(u, rows, cols) + xi * bw, planes + xi * plane, cols);
+    stamp_write(planes, rows, cols, FORM_PLANES, NULL);
+    *made = planes;
+    return planes;
+}
+
+static void fill_nan(float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = __builtin_nanf("");
 }
 
 /* M[xi] (cout x cols, row stride ld) = U[xi] (cout x cin) . V[xi] (cin x cols) in bf16: through
- * the packed A of a bf16 pack where the level has one, else cf_sgemm_bf16 (bitwise the same). */
+ * the packed A of a packed pack (made for the active level: readable), else cf_sgemm_bf16 on the
+ * planes (bitwise the same). Where gemm_packed refuses (out of memory), the point unpacked. */
 static void point_bf16(const float *u, int cout, int cin, int xi, const float *v, int cols, int ld,
                        float *m) {
     const cf_bf16_kernels *k = prepacked_in(u, cout, cin);
-    if (k && k->gemm_packed(cout, cols, cin,
-                            packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
-                            false, v, ld, m, ld, false))
+    if (k) {
+        const uint32_t *a = packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin);
+        if (k->gemm_packed(cout, cols, cin, a, false, v, ld, m, ld, false)) return;
+        float *planes = malloc((size_t)cout * cin * sizeof(float));
+        if (!planes) {
+            for (int r = 0; r < cout; r++) fill_nan(m + (size_t)r * ld, (size_t)cols);
+            return;
+        }
+        k->gemm_unpack_a(cout, cin, a, planes, cin);
+        cf_sgemm_bf16(false, false, cout, cols, cin, planes, cin, v, ld, m, ld, false);
+        free(planes);
         return;
+    }
     cf_sgemm_bf16(false, false, cout, cols, cin, u + (size_t)xi * cout * cin, cin, v, ld, m, ld,
                   false);
 }
@@ -378,18 +503,31 @@ void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u
     run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, false);
 }
 
-void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
-                                   const float *x, int n_images, float *y, float *scratch) {
+/* A bf16 pass (dx: the dx pass, out_channels -> g->c channels) through the pack u (readable:
+ * another level's packed form unpacked first; out of memory for that, y NaN). */
+static void run_bf16(const cf_conv_geom *g, int out_channels, bool dx, const float *u,
+                     const float *x, int n_images, float *y, float *scratch) {
     const bool bf16 = cf_bf16_compute();
     const blocking b = block_of(g, out_channels, bf16);
-    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, bf16);
+    const int cin = dx ? out_channels : g->c, cout = dx ? g->c : out_channels;
+    float *made;
+    const float *uu = readable(u, cout, cin, bf16, &made);
+    if (!uu) {
+        fill_nan(y, (size_t)(n_images > 0 ? n_images : 0) * cout * g->h * g->w);
+        return;
+    }
+    run(g, cin, cout, &b, uu, x, n_images, y, scratch, bf16);
+    free(made);
+}
+
+void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
+                                   const float *x, int n_images, float *y, float *scratch) {
+    run_bf16(g, out_channels, false, u, x, n_images, y, scratch);
 }
 
 void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
                               const float *dy, int n_images, float *dx, float *scratch) {
-    const bool bf16 = cf_bf16_compute();
-    const blocking b = block_of(g, out_channels, bf16);
-    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
+    run_bf16(g, out_channels, true, u_dx, dy, n_images, dx, scratch);
 }
 
 /* The weight gradient in the transformed domain, its per-point products in bf16 or fp32. */
