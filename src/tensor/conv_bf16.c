@@ -221,7 +221,7 @@ bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
         !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs || !k->add_even ||
-        !k->copy_rows || !k->halves_rows)
+        !k->copy_rows || !k->halves_rows || !k->interleave_rows)
         return false;
     if (g->c < 1 || out_channels < 1) return false;
     if (subsampled(g)) return true;
@@ -861,14 +861,15 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         }
         float *dxn = dx + (size_t)n * in_n;
         for (int c = 0; c < C; c++)
-            for (int r = 0; r < g->h; r++) {
-                /* the row's even columns from phase (a, pad % 2), its odd ones from (a, (pad +
-                 * 1) % 2): both start at the row's first position, u - u0 rows in */
-                const int a = (r + P) % 2, u = (r + P) / 2;
-                const float *src =
-                    out + a * 2 * outw + (size_t)c * l->nqd + (size_t)(u - l->du0[a]) * l->wd;
-                k->interleave(src + (P % 2) * outw, src + ((P + 1) % 2) * outw, g->w,
-                              dxn + ((size_t)c * g->h + r) * g->w);
+            /* dx's rows r0, r0 + 2, ... with (r + pad) % 2 = a are the consecutive rows of
+             * phases (a, *) from their first positions: the even columns from (a, pad % 2), the
+             * odd ones from (a, (pad + 1) % 2) */
+            for (int a = 0; a < 2; a++) {
+                const int r0 = ((a - P) % 2 + 2) % 2;
+                const float *src = out + a * 2 * outw + (size_t)c * l->nqd;
+                k->interleave_rows(src + (P % 2) * outw, src + ((P + 1) % 2) * outw, (size_t)l->wd,
+                                   (g->h - r0 + 1) / 2, g->w, dxn + ((size_t)c * g->h + r0) * g->w,
+                                   (size_t)2 * g->w);
             }
     }
 }

@@ -224,6 +224,10 @@ typedef struct cf_bf16_kernels {
                       size_t ldo);
     void (*stem_pairs)(const uint16_t *x, const int *off, int taps, int k, int nq, uint32_t *b,
                        size_t ldb);
+    /* NULL: interleave row by row. h rows of interleave: out[i * ldo + j] = (j even ? a : b)[i *
+     * lds + j / 2] for i < h, j < n (b NULL: zero; stride 2's dx, a row parity of a channel). */
+    void (*interleave_rows)(const float *a, const float *b, size_t lds, int h, int n, float *out,
+                            size_t ldo);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
