@@ -278,6 +278,10 @@ static void test_conv_matches_torch(void **state) {
         {2, 128, 8, 8, 128, 3, 1, 1, false}, /* W3's 8x8 stage */
         /* case 10's dW blocks in the implicit bf16 kernel (15 channels: no Winograd) */
         {2, 15, 28, 28, 24, 3, 1, 1, false},
+        /* stride 2's dx phases, each computed from its first value: W1 block 2's (7 x 7 phases,
+         * pad 1) and a 7x7 kernel (pad 3: the phases start at rows and columns 1 and 2) */
+        {2, 32, 14, 14, 64, 3, 2, 1, false},
+        {2, 10, 14, 18, 12, 7, 2, 3, true},
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     const bool bf16 = cf_bf16_compute();

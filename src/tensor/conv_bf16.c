@@ -64,6 +64,9 @@ typedef struct layout {
     int wd, nqd;
     size_t planed;
     int ntap[4], dtap[4][MAX_TAPS], doff[4][MAX_TAPS];
+    int dbase[4]; /* where phase ph's first position of dx (its row u0, column v0) is in dy's
+                   * planes: its nqd positions are computed from there, oh rows of wd */
+    int du0[2];   /* u0 by the phase's row parity */
     /* small planes (compact_pays): every tap's inputs gathered to the output positions alone */
     bool compact;
     int ohw, ppi; /* output positions per image, and rounded up to even (dW's pairs) */
@@ -171,9 +174,19 @@ static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
     l->ldb = up((size_t)l->c, 16);
     l->dl = positions;
     l->wd = g->ow + 2 * l->pad;
-    l->nqd = (int)up((size_t)l->hq * l->wd, 16);
-    const size_t dreach = (size_t)l->pad * (l->wd + 1), hd = (size_t)g->oh + 2 * l->pad;
-    l->planed = up(l->nqd + dreach > hd * l->wd ? l->nqd + dreach : hd * l->wd, 16);
+    /* a phase of dx holds oh x ow values from (u0, v0): dx's rows r with (r + pad) % 2 = a at
+     * u = (r + pad) / 2 (and the same for the columns), so u0 = (r0 + pad) / 2 for its first
+     * row r0; the positions from there to its last value, rounded up to 16 */
+    l->nqd = (int)up((size_t)(g->oh - 1) * l->wd + g->ow, 16);
+    int dbase_most = 0;
+    for (int a = 0; a < 2; a++) l->du0[a] = (((a - l->pad) % 2 + 2) % 2 + l->pad) / 2;
+    for (int ph = 0; ph < 4; ph++) {
+        l->dbase[ph] = l->du0[ph / 2] * l->wd + l->du0[ph % 2];
+        if (l->dbase[ph] > dbase_most) dbase_most = l->dbase[ph];
+    }
+    const size_t dreach = (size_t)l->pad * (l->wd + 1), hd = (size_t)g->oh + 2 * l->pad,
+                 dread = (size_t)dbase_most + l->nqd + dreach;
+    l->planed = up(dread > hd * l->wd ? dread : hd * l->wd, 16);
     for (int ph = 0; ph < 4; ph++) l->ntap[ph] = 0;
     if (l->stride == 2)
         for (int t = 0; t < l->taps; t++) {
@@ -208,7 +221,7 @@ bool cf_conv_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!k || !k->conv_run || !k->conv_wgrad || !k->pairs || !k->rows || !k->pairs_rows ||
         !k->deal || !k->deal_pairs || !k->interleave || !k->position_pairs || !k->add_even ||
-        !k->copy_rows || !k->halves_rows)
+        !k->copy_rows || !k->halves_rows || !k->interleave_rows)
         return false;
     if (g->c < 1 || out_channels < 1) return false;
     if (subsampled(g)) return true;
@@ -802,8 +815,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
                  in_n = (size_t)C * g->h * g->w;
     /* a paired shortcut: its dy's pair planes (rows wd apart, from position 0) and its 1x1
      * product, added into the phase rows that hold dx[2i][2j] before they are interleaved */
-    const int spairs = sc ? (sc->out_channels + 1) / 2 : 0, szero = 0, sph = sub_phase(P),
-              ssh = sub_shift(P, l->wd);
+    const int spairs = sc ? (sc->out_channels + 1) / 2 : 0, szero = 0, sph = sub_phase(P);
     uint32_t *sdp = (uint32_t *)(out + 4 * outw);
     float *sout = (float *)(sdp + (size_t)spairs * l->planed);
     if (!zeroed) { /* the border stays zero */
@@ -823,8 +835,8 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         }
         const uint32_t *pk = packed;
         for (int ph = 0; ph < 4; ph++) {
-            k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp, l->planed, l->nqd,
-                        out + ph * outw, (size_t)l->nqd);
+            k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp + l->dbase[ph], l->planed,
+                        l->nqd, out + ph * outw, (size_t)l->nqd);
             pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
         }
         if (sc) {
@@ -840,20 +852,24 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             }
             k->conv_run(1, &szero, spairs, C, shortcut_dx_pack(sc, C), sdp, l->planed, l->nqd, sout,
                         (size_t)l->nqd);
+            /* dx[2i][2j] is at i * wd + j of its phase, as the product's (i, j) */
             for (int c = 0; c < C; c++) {
-                float *dst = out + sph * outw + (size_t)c * l->nqd + ssh;
+                float *dst = out + sph * outw + (size_t)c * l->nqd;
                 const float *src = sout + (size_t)c * l->nqd;
-                for (int q = 0; q + ssh < l->nqd; q++) dst[q] += src[q];
+                for (int q = 0; q < l->nqd; q++) dst[q] += src[q];
             }
         }
         float *dxn = dx + (size_t)n * in_n;
         for (int c = 0; c < C; c++)
-            for (int r = 0; r < g->h; r++) {
-                const int a = (r + P) % 2, u = (r + P) / 2;
-                const float *src = out + a * 2 * outw + (size_t)c * l->nqd + (size_t)u * l->wd, *e,
-                            *o;
-                DEAL_DEST(P, src, outw, e, o);
-                k->interleave(e, o, g->w, dxn + ((size_t)c * g->h + r) * g->w);
+            /* dx's rows r0, r0 + 2, ... with (r + pad) % 2 = a are the consecutive rows of
+             * phases (a, *) from their first positions: the even columns from (a, pad % 2), the
+             * odd ones from (a, (pad + 1) % 2) */
+            for (int a = 0; a < 2; a++) {
+                const int r0 = ((a - P) % 2 + 2) % 2;
+                const float *src = out + a * 2 * outw + (size_t)c * l->nqd;
+                k->interleave_rows(src + (P % 2) * outw, src + ((P + 1) % 2) * outw, (size_t)l->wd,
+                                   (g->h - r0 + 1) / 2, g->w, dxn + ((size_t)c * g->h + r0) * g->w,
+                                   (size_t)2 * g->w);
             }
     }
 }
