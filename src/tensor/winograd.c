@@ -494,6 +494,38 @@ void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const 
     wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, cf_bf16_compute());
 }
 
+/* wgrad, then dx, block of images by block (the blocks both take): dx's input transform reads the
+ * block of dy that wgrad's transposition has just read, from the caches, instead of all of dy again
+ * after the whole weight gradient. Bitwise the two calls: the same blocks, and the weight
+ * gradient's sums in the same order. */
+static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx, const float *dy,
+                     const float *x, int n_images, float *du, bool accumulate, float *dx,
+                     float *scratch, bool bf16) {
+    const blocking b = block_of(g, out_channels, bf16);
+    const size_t x_image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * g->h * g->w;
+    if (n_images <= 0) wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
+    for (int n0 = 0; n0 < n_images; n0 += b.images) {
+        const int count = min_int(b.images, n_images - n0);
+        wgrad(g, out_channels, dy + n0 * y_image, x + n0 * x_image, count, du, accumulate || n0 > 0,
+              scratch, bf16);
+        run(g, out_channels, g->c, &b, u_dx, dy + n0 * y_image, count, dx + n0 * x_image, scratch,
+            bf16);
+    }
+}
+
+void cf_conv_winograd_backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                               const float *dy, const float *x, int n_images, float *du,
+                               bool accumulate, float *dx, float *scratch) {
+    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch, false);
+}
+
+void cf_conv_winograd_backward_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                                    const float *dy, const float *x, int n_images, float *du,
+                                    bool accumulate, float *dx, float *scratch) {
+    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch,
+             cf_bf16_compute());
+}
+
 /* dw[k0 + l][c] += G^T dU G for the n lanes of output channels from k0 (du is [xi][c][k]). */
 static inline __attribute__((always_inline)) void
 wgrad_add_n(const float *du, size_t plane, int C, int K, int k0, int c, int n, float *dw) {
