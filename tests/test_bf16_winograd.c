@@ -425,8 +425,9 @@ static void test_backward_fused(void **state) {
         printf("kernels %s: no Winograd transforms\n", cf_isa_name(cf_isa_active()));
         skip();
     }
-    static const wcase extra[] = {{9, 40, 7, 7, 48}, {5, 24, 12, 10, 20}};
-    for (int i = 0; i < N_CASES + 2; i++) {
+    /* the last: C K over BACKWARD_BLOCKS_MAX, the two calls in turn */
+    static const wcase extra[] = {{9, 40, 7, 7, 48}, {5, 24, 12, 10, 20}, {3, 257, 2, 2, 256}};
+    for (int i = 0; i < N_CASES + 3; i++) {
         const wcase *wc = i < N_CASES ? &cases[i] : &extra[i - N_CASES];
         float *x, *wt, *dy;
         case_inputs(i, wc, &x, &wt, &dy);

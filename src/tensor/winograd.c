@@ -498,12 +498,23 @@ void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const 
  * block of dy that wgrad's transposition has just read, from the caches, instead of all of dy again
  * after the whole weight gradient. Bitwise the two calls: the same blocks, and the weight
  * gradient's sums in the same order. */
+enum { BACKWARD_BLOCKS_MAX = 256 * 256 }; /* C K: 4 MiB of du in fp32 */
+
 static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx, const float *dy,
                      const float *x, int n_images, float *du, bool accumulate, float *dx,
                      float *scratch, bool bf16) {
     const blocking b = block_of(g, out_channels, bf16);
     const size_t x_image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * g->h * g->w;
     if (n_images <= 0) wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
+    /* Many channels: each block's products stream all of du (16 C K floats) in wgrad and all of
+     * the transformed weights in dx, 32 MiB in fp32 for 512 x 512 channels; taken in turns they
+     * evicted each other from L3 (bench_conv's 512->512 4x4 fp32 backward 80 -> 92 ms), and there
+     * the calls one after the other. */
+    if ((size_t)g->c * out_channels > BACKWARD_BLOCKS_MAX) {
+        wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
+        run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
+        return;
+    }
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
         const int count = min_int(b.images, n_images - n0);
         wgrad(g, out_channels, dy + n0 * y_image, x + n0 * x_image, count, du, accumulate || n0 > 0,
