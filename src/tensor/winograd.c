@@ -498,7 +498,7 @@ void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const 
  * block of dy that wgrad's transposition has just read, from the caches, instead of all of dy again
  * after the whole weight gradient. Bitwise the two calls: the same blocks, and the weight
  * gradient's sums in the same order. */
-enum { BACKWARD_BLOCKS_MAX = 256 * 256 }; /* C K: 4 MiB of du in fp32 */
+enum { BACKWARD_BLOCKS_MAX = 128 * 128 }; /* C K: 1 MiB of du in fp32 */
 
 static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx, const float *dy,
                      const float *x, int n_images, float *du, bool accumulate, float *dx,
@@ -508,8 +508,8 @@ static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
     if (n_images <= 0) wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
     /* Many channels: each block's products stream all of du (16 C K floats) in wgrad and all of
      * the transformed weights in dx, 32 MiB in fp32 for 512 x 512 channels; taken in turns they
-     * evicted each other from L3 (bench_conv's 512->512 4x4 fp32 backward 80 -> 92 ms), and there
-     * the calls one after the other. */
+     * evicted each other from the caches (bench_conv's 512->512 4x4 fp32 backward 65-74 -> 86-91
+     * ms, 256->256 8x8 bf16 26.8 -> 28.8), and there the calls one after the other. */
     if ((size_t)g->c * out_channels > BACKWARD_BLOCKS_MAX) {
         wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
         run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
