@@ -4,7 +4,8 @@
  * bf16's unit roundoff, on W1- and W3-like shapes, odd sizes, one image, channel counts that are
  * not multiples of 16, images in row bands; the layer's dispatch in bf16 (bitwise the direct
  * calls), forward and dx independent of the threads and of the batch split (bitwise), dW
- * deterministic; below avx512_bf16 (CF_ISA=avx512, avx2), bitwise the fp32 Winograd.
+ * deterministic; below avx512_bf16 (CF_ISA=avx512, avx2), bitwise the fp32 Winograd; the backward
+ * block by block (cf_conv_winograd_backward, _bf16) bitwise the two calls.
  *
  * The bound: an output sums products of transformed values, each rounded to bf16 (relative error
  * at most u = 2^-8 per operand), so a product is off by at most (2u + u^2) times its magnitude, and
@@ -415,11 +416,77 @@ static void test_fused_input(void **state) {
     }
 }
 
+/* cf_conv_winograd_backward (_bf16): wgrad then dx block by block, against the two calls, bitwise:
+ * du overwritten and accumulated, dx, on every case (blocks of several images, bands of tile
+ * rows, one image), in fp32 and bf16, and no images (du zeroed). */
+static void test_backward_fused(void **state) {
+    (void)state;
+    if (!winograd_here()) {
+        printf("kernels %s: no Winograd transforms\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    /* the last: C K over BACKWARD_BLOCKS_MAX, the two calls in turn */
+    static const wcase extra[] = {{9, 40, 7, 7, 48}, {5, 24, 12, 10, 20}, {3, 129, 2, 2, 128}};
+    for (int i = 0; i < N_CASES + 3; i++) {
+        const wcase *wc = i < N_CASES ? &cases[i] : &extra[i - N_CASES];
+        float *x, *wt, *dy;
+        case_inputs(i, wc, &x, &wt, &dy);
+        cf_conv_geom g;
+        assert_true(cf_conv_geom_init(&g, wc->c, wc->h, wc->w, 3, 3, 1, 1, 1, 1));
+        const size_t plane = (size_t)wc->h * wc->w, nx = (size_t)wc->n * wc->c * plane;
+        const size_t ndu = cf_conv_winograd_packed_size(&g, wc->k);
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            float *u = malloc((bf16 ? cf_conv_winograd_packed_size_bf16(&g, wc->k) : ndu) * 4);
+            float *scratch = malloc((bf16 ? cf_conv_winograd_scratch_bf16(&g, wc->k)
+                                          : cf_conv_winograd_scratch(&g, wc->k)) *
+                                    sizeof(float));
+            float *du1 = malloc(ndu * 4), *du2 = malloc(ndu * 4);
+            float *dx1 = malloc(nx * 4), *dx2 = malloc(nx * 4);
+            if (bf16)
+                cf_conv_winograd_pack_dx_bf16(&g, wc->k, wt, u);
+            else
+                cf_conv_winograd_pack_dx(&g, wc->k, wt, u);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                fill_uniform(du1, ndu, 600 + i, -1, 1);
+                memcpy(du2, du1, ndu * 4);
+                if (bf16) {
+                    cf_conv_winograd_wgrad_bf16(&g, wc->k, dy, x, wc->n, du1, accumulate, scratch);
+                    cf_conv_winograd_dx_bf16(&g, wc->k, u, dy, wc->n, dx1, scratch);
+                    cf_conv_winograd_backward_bf16(&g, wc->k, u, dy, x, wc->n, du2, accumulate, dx2,
+                                                   scratch);
+                } else {
+                    cf_conv_winograd_wgrad(&g, wc->k, dy, x, wc->n, du1, accumulate, scratch);
+                    cf_conv_winograd_dx(&g, wc->k, u, dy, wc->n, dx1, scratch);
+                    cf_conv_winograd_backward(&g, wc->k, u, dy, x, wc->n, du2, accumulate, dx2,
+                                              scratch);
+                }
+                char what[80];
+                snprintf(what, sizeof what, "case %d %s%s du: block by block against the calls", i,
+                         bf16 ? "bf16" : "fp32", accumulate ? " accumulate" : "");
+                expect_bitwise(what, du2, du1, ndu);
+                snprintf(what, sizeof what, "case %d %s dx: block by block against the calls", i,
+                         bf16 ? "bf16" : "fp32");
+                expect_bitwise(what, dx2, dx1, nx);
+            }
+            fill_uniform(du2, ndu, 700 + i, -1, 1);
+            if (bf16)
+                cf_conv_winograd_backward_bf16(&g, wc->k, u, dy, x, 0, du2, false, dx2, scratch);
+            else
+                cf_conv_winograd_backward(&g, wc->k, u, dy, x, 0, du2, false, dx2, scratch);
+            for (size_t j = 0; j < ndu; j++)
+                if (du2[j] != 0.0f) fail_msg("case %d: no images, du[%zu] = %g", i, j, du2[j]);
+            free(u), free(scratch), free(du1), free(du2), free(dx1), free(dx2);
+        }
+        free(x), free(wt), free(dy);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64),
         cmocka_unit_test(test_fused_input),
         cmocka_unit_test(test_layer),
+        cmocka_unit_test(test_backward_fused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
  *               whole), odd planes, bands of tile rows, several images, a band whose tiles end
  *               inside a vector
  *   input_bf16  V = B^T d B rounded to bf16 (cf_fp32_to_bf16) against `input` rounded after
+ *   bf16 stores input_pairs, dy_pairs and input_bf16 on values that round apart (subnormals, NaNs,
+ *               infinities, ties) against `input` and dy_nhwc rounded after
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -23,7 +25,11 @@ static void expect_bitwise(const char *what, const void *a, const void *b, size_
     const unsigned char *pa = a, *pb = b;
     for (size_t i = 0; i < n; i++)
         if (memcmp(pa + i * size, pb + i * size, size) != 0)
-            fail_msg("%s: element %zu differs", what, i);
+            fail_msg("%s: element %zu differs (%#x against %#x)", what, i,
+                     size == 4 ? *(const unsigned *)(pa + i * size)
+                               : *(const unsigned short *)(pa + i * size),
+                     size == 4 ? *(const unsigned *)(pb + i * size)
+                               : *(const unsigned short *)(pb + i * size));
 }
 
 /* Y of one tile from its 16 values m[xi], the sums in loops_wino_output's order. */
@@ -185,6 +191,122 @@ static void test_input_bf16(void **state) {
     }
 }
 
+/* x (n floats) drawn from: 0 (more than half: patches of zeros keep a special value whole in the
+ * transformed values), uniform values, and the values bf16 rounding treats apart: subnormals of
+ * both signs (which the AVX512_BF16 level's conversion instructions would flush to zero), ties (to
+ * even, both ways), the largest float (rounds to infinity), -0, and either infinities of both
+ * signs (nan 0) or one NaN, `nan`: the transforms' sums pick one of two NaN operands as the
+ * compiler orders them, so a case never holds two different NaNs (infinities make the default
+ * one). */
+static void fill_specials(float *x, size_t n, unsigned seed, uint32_t nan) {
+    uint32_t specials[] = {0x00000001u, 0x007fffffu, 0x80400000u, 0x00008000u, 0x0000c000u,
+                           0x80018000u, 0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x80000000u,
+                           0x00800000u, 0x0080ffffu, 0x7f800000u, 0xff800000u};
+    enum { N_SPECIALS = sizeof specials / sizeof specials[0] };
+    if (nan) specials[N_SPECIALS - 2] = specials[N_SPECIALS - 1] = nan;
+    fill_uniform(x, n, seed, -2, 2);
+    uint32_t r = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        const uint32_t pick = r >> 24;
+        if (pick < 150)
+            x[i] = 0.0f;
+        else if (pick < 215)
+            memcpy(&x[i], &specials[(r >> 8) % N_SPECIALS], 4);
+    }
+}
+
+/* bf16(lo) | bf16(hi) << 16 as cf_fp32_to_bf16 rounds (hi NULL: 0) */
+static uint32_t pair_word(const float *lo, const float *hi) {
+    uint16_t a, b = 0;
+    cf_fp32_to_bf16(lo, &a, 1);
+    if (hi) cf_fp32_to_bf16(hi, &b, 1);
+    return (uint32_t)a | (uint32_t)b << 16;
+}
+
+/* input_pairs, dy_pairs and input_bf16 (the level's bf16 stores) against the fp32 transforms
+ * (input, dy_nhwc) rounded by cf_fp32_to_bf16, on values that round apart (fill_specials):
+ * bitwise, and nothing written outside the call's tiles and channels. */
+static void test_bf16_stores(void **state) {
+    (void)state;
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    if (!wk || (!wk->input_pairs && !wk->dy_pairs && !wk->input_bf16)) {
+        printf("kernels %s: no bf16 transforms\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    /* images, channels, h, w */
+    static const int cases[][4] = {{2, 3, 8, 8}, {1, 5, 32, 32}, {2, 4, 7, 9}, {3, 17, 4, 4}};
+    /* infinities, a quiet NaN with a payload, a signalling one (negative), another signalling */
+    static const uint32_t nans[] = {0, 0x7fc00001u, 0xffa00000u, 0x7f800001u};
+    for (size_t vi = 0; vi < 4 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 4;
+        const uint32_t nan = nans[vi % 4];
+        const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
+        const int th = (h + 1) / 2, tw = (w + 1) / 2, tiles = n_images * th * tw;
+        const int ldv = (tiles + 15) / 16 * 16 + 2, pairs = (ch + 1) / 2;
+        const size_t v_xi = (size_t)ch * ldv + 6, p_xi = (size_t)pairs * ldv + 6;
+        const size_t plane = (size_t)h * w, nx = (size_t)n_images * ch * plane;
+        float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
+        float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
+        fill_specials(x, nx, 300 + (unsigned)vi, nan);
+        wk->input(x, ch, h, w, n_images, ch * plane, 0, th, v, v_xi, ldv, pad);
+        char what[80];
+        if (wk->input_pairs) {
+            uint32_t *got = malloc(16 * p_xi * sizeof(uint32_t));
+            uint32_t *want = malloc(16 * p_xi * sizeof(uint32_t));
+            memset(got, 0x5a, 16 * p_xi * sizeof(uint32_t));
+            memset(want, 0x5a, 16 * p_xi * sizeof(uint32_t));
+            for (int xi = 0; xi < 16; xi++)
+                for (int p = 0; p < pairs; p++)
+                    for (int t = 0; t < tiles; t++) {
+                        const float *lo = v + xi * v_xi + (size_t)(2 * p) * ldv + t;
+                        want[xi * p_xi + (size_t)p * ldv + t] =
+                            pair_word(lo, 2 * p + 1 < ch ? lo + ldv : NULL);
+                    }
+            wk->input_pairs(x, ch, h, w, n_images, ch * plane, 0, th, got, p_xi, ldv, pad);
+            snprintf(what, sizeof what, "input_pairs %dx%d, %d channels, NaN %#x", h, w, ch, nan);
+            expect_bitwise(what, got, want, 16 * p_xi, sizeof(uint32_t));
+            free(got), free(want);
+        }
+        if (wk->input_bf16) {
+            uint16_t *got = malloc(16 * v_xi * sizeof(uint16_t));
+            uint16_t *want = malloc(16 * v_xi * sizeof(uint16_t));
+            memset(got, 0x5a, 16 * v_xi * sizeof(uint16_t));
+            memset(want, 0x5a, 16 * v_xi * sizeof(uint16_t));
+            for (int xi = 0; xi < 16; xi++)
+                for (int c = 0; c < ch; c++)
+                    cf_fp32_to_bf16(v + xi * v_xi + (size_t)c * ldv,
+                                    want + xi * v_xi + (size_t)c * ldv, (size_t)tiles);
+            wk->input_bf16(x, ch, h, w, n_images, ch * plane, 0, th, got, v_xi, ldv, pad);
+            snprintf(what, sizeof what, "input_bf16 %dx%d, %d channels, NaN %#x", h, w, ch, nan);
+            expect_bitwise(what, got, want, 16 * v_xi, sizeof(uint16_t));
+            free(got), free(want);
+        }
+        if (wk->dy_pairs) { /* x as dy, pixel-major: K = ch channels */
+            const int K = ch, ldm = (K + 15) / 16 * 16 + 3, tpairs = (tiles + 1) / 2;
+            const size_t m_xi = (size_t)tiles * K + 5, q_xi = (size_t)tpairs * ldm + 7;
+            float *mg = malloc(16 * m_xi * sizeof(float));
+            uint32_t *got = malloc(16 * q_xi * sizeof(uint32_t));
+            uint32_t *want = malloc(16 * q_xi * sizeof(uint32_t));
+            memset(got, 0x5a, 16 * q_xi * sizeof(uint32_t));
+            memset(want, 0x5a, 16 * q_xi * sizeof(uint32_t));
+            wk->dy_nhwc(x, K, h, w, n_images, 0, th, mg, m_xi);
+            for (int xi = 0; xi < 16; xi++)
+                for (int q = 0; q < tpairs; q++)
+                    for (int k = 0; k < K; k++) {
+                        const float *lo = mg + xi * m_xi + (size_t)(2 * q) * K + k;
+                        want[xi * q_xi + (size_t)q * ldm + k] =
+                            pair_word(lo, 2 * q + 1 < tiles ? lo + K : NULL);
+                    }
+            wk->dy_pairs(x, K, h, w, n_images, 0, th, got, q_xi, ldm);
+            snprintf(what, sizeof what, "dy_pairs %dx%d, %d channels, NaN %#x", h, w, K, nan);
+            expect_bitwise(what, got, want, 16 * q_xi, sizeof(uint32_t));
+            free(mg), free(got), free(want);
+        }
+        free(x), free(v), free(pad);
+    }
+}
+
 static void test_gemm_rows(void **state) {
     (void)state;
     const cf_bf16_kernels *bk = cf_active_kernels->bf16;
@@ -235,9 +357,8 @@ static void test_gemm_rows(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_output),
-        cmocka_unit_test(test_input),
-        cmocka_unit_test(test_input_bf16),
+        cmocka_unit_test(test_output),     cmocka_unit_test(test_input),
+        cmocka_unit_test(test_input_bf16), cmocka_unit_test(test_bf16_stores),
         cmocka_unit_test(test_gemm_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

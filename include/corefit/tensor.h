@@ -301,6 +301,15 @@ void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const flo
 void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const float *dy,
                                  const float *x, int n_images, float *du, bool accumulate,
                                  float *scratch);
+/* wgrad then dx of the same images (bitwise the two calls, the same scratch), block of images by
+ * block, so that dx reads each block of dy again while it is in the caches; _bf16: the _bf16
+ * functions'. */
+void cf_conv_winograd_backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                               const float *dy, const float *x, int n_images, float *du,
+                               bool accumulate, float *dx, float *scratch);
+void cf_conv_winograd_backward_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                                    const float *dy, const float *x, int n_images, float *du,
+                                    bool accumulate, float *dx, float *scratch);
 
 /* dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols (16 x 16 blocks in registers with
  * AVX-512). */

@@ -715,6 +715,18 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
+    if (c->want_dw && c->need_dx && c->winograd_call) { /* both, block by block */
+        float *du = c->wino_du + (size_t)thread * c->wino_du_stride,
+              *dx = c->dx + (size_t)begin * in_n;
+        if (c->winograd_bf16)
+            cf_conv_winograd_backward_bf16(g, c->out_c, c->wino_u_dx, dy, x, count, du, false, dx,
+                                           scratch);
+        else
+            cf_conv_winograd_backward(g, c->out_c, c->wino_u_dx, dy, x, count, du, false, dx,
+                                      scratch);
+        if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+        return;
+    }
     if (c->want_dw && c->winograd_call && c->winograd_bf16)
         cf_conv_winograd_wgrad_bf16(g, c->out_c, dy, x, count,
                                     c->wino_du + (size_t)thread * c->wino_du_stride, false,

@@ -22,7 +22,8 @@
 const cf_kernel_table *cf_active_kernels = &cf_kernels_generic;
 
 #if defined(__x86_64__)
-/* The AVX512_BF16 level: the AVX-512 table with the bf16 kernels added. */
+/* The AVX512_BF16 level: the AVX-512 table with the bf16 kernels added, and its Winograd
+ * transforms with the bf16 conversion instructions (isa_avx512_bf16_wino.c). */
 static cf_kernel_table avx512_bf16_table;
 /* The AMX level: the AVX512_BF16 one with the tile kernels (isa_amx.c) in its bf16 kernels
  * (only made active where cf_isa_best() is CF_ISA_AMX). */
@@ -37,6 +38,7 @@ static void tables_make(void) {
     avx512_bf16_table = cf_kernels_avx512;
     avx512_bf16_table.isa = CF_ISA_AVX512_BF16;
     avx512_bf16_table.bf16 = &cf_bf16_kernels_avx512;
+    avx512_bf16_table.wino = cf_wino_avx512_bf16;
     amx_table = avx512_bf16_table;
     amx_table.isa = CF_ISA_AMX;
     amx_bf16 = cf_bf16_kernels_avx512;

@@ -305,6 +305,8 @@ extern const cf_kernel_table cf_kernels_generic;
 extern const cf_kernel_table cf_kernels_avx2;
 extern const cf_kernel_table cf_kernels_avx512;
 extern const cf_bf16_kernels cf_bf16_kernels_avx512; /* the AVX512_BF16 level's additions */
+/* the AVX512_BF16 level's transforms (isa_avx512_bf16_wino.c) */
+extern const cf_wino_kernels *const cf_wino_avx512_bf16;
 #endif
 #if defined(__aarch64__)
 extern const cf_kernel_table cf_kernels_neon;

@@ -105,11 +105,22 @@ bool cf_conv_winograd_pays(const cf_conv_geom *g, int out_channels) {
     return C * K * row >= (long)wk->short_row_cost * (C + K);
 }
 
+/* The distance between two points' planes of n floats (or 4-byte words): n rounded up to an odd
+ * number of 64-byte lines. The transforms read or write one vector of each of the 16 planes in
+ * turn; planes a multiple of 4 KiB apart (64 channels x 128 tiles: 32 KiB) put those 16 lines in
+ * one set of the 8-way L1, which then missed on every access (the output transform of a 64-channel
+ * 32x32 block took 2.5 times as long). An odd number of lines apart, they fall in 16 sets. */
+static size_t point_stride(size_t n) {
+    n = round16(n);
+    return n / 16 % 2 ? n : n + 16;
+}
+
 static size_t scratch_of(const cf_conv_geom *g, int out_channels, bool bf16) {
     /* the transformed input and output of a block, dy transposed (wgrad: the block's images),
      * the transforms' own */
     const blocking b = block_of(g, out_channels, bf16);
-    return POINTS * (size_t)(g->c + out_channels) * b.ld +
+    return POINTS *
+               (point_stride((size_t)g->c * b.ld) + point_stride((size_t)out_channels * b.ld)) +
            (size_t)b.images * out_channels * g->h * g->w + cf_wino_pad_floats(g->h, g->w);
 }
 
@@ -454,11 +465,12 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
-    float *v = scratch, *m = v + POINTS * (size_t)cin * ld, *pad = m + POINTS * (size_t)cout * ld;
+    const size_t v_xi = point_stride((size_t)cin * ld), m_xi = point_stride((size_t)cout * ld);
+    float *v = scratch, *m = v + POINTS * v_xi, *pad = m + POINTS * m_xi;
     const cf_bf16_kernels *bk =
         bf16 && fused && wk->input_pairs ? prepacked_in(u, cout, cin) : NULL;
-    const size_t ldp = pairs_ld(ld), vp_xi = (size_t)(cin + 1) / 2 * ldp;
-    if (bk && (!bk->gemm_paired || vp_xi > (size_t)cin * ld)) bk = NULL;
+    const size_t ldp = pairs_ld(ld), vp_xi = point_stride((size_t)(cin + 1) / 2 * ldp);
+    if (bk && (!bk->gemm_paired || vp_xi > v_xi)) bk = NULL;
     uint32_t *vp = (uint32_t *)v;
     for (int n0 = 0; n0 < n_images; n0 += b->images) {
         const int count = min_int(b->images, n_images - n0);
@@ -470,23 +482,21 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
                 wk->input_pairs(xb, cin, h, w, count, cin * plane, ty0, rows, vp, vp_xi, (int)ldp,
                                 pad);
                 for (int xi = 0; xi < POINTS; xi++)
-                    bk->gemm_paired(
-                        cout, cols, cin,
-                        packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin),
-                        vp + (size_t)xi * vp_xi, ldp, m + (size_t)xi * cout * ld, (int)ld, false);
-                wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
+                    bk->gemm_paired(cout, cols, cin,
+                                    packed_points(u, cout, cin) +
+                                        (size_t)xi * bound_words(cout, cin),
+                                    vp + (size_t)xi * vp_xi, ldp, m + xi * m_xi, (int)ld, false);
+                wk->output(m, m_xi, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
                 continue;
             }
-            wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, cin * ld, (int)ld, pad);
+            wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, v_xi, (int)ld, pad);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)
-                    point_bf16(u, cout, cin, xi, v + (size_t)xi * cin * ld, cols, (int)ld,
-                               m + (size_t)xi * cout * ld);
+                    point_bf16(u, cout, cin, xi, v + xi * v_xi, cols, (int)ld, m + xi * m_xi);
                 else
                     cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
-                                     v + (size_t)xi * cin * ld, (int)ld, m + (size_t)xi * cout * ld,
-                                     (int)ld, false);
-            wk->output(m, cout * ld, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
+                                     v + xi * v_xi, (int)ld, m + xi * m_xi, (int)ld, false);
+            wk->output(m, m_xi, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
         }
     }
 }
@@ -540,17 +550,18 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
     /* V as in the forward pass, [xi][c][t]; Mg^T [xi][t][k] from dy transposed image by image
      * (pixel-major), so that dU^T[xi] (C x K) = V[xi] (C x T) . Mg^T[xi] (T x K) reads both in
      * place, with the long sum over the tiles inside the register tiles */
-    float *v = scratch, *mgt = v + POINTS * (size_t)C * ld, *dyt = mgt + POINTS * (size_t)K * ld;
+    const size_t v_xi = point_stride((size_t)C * ld), mg_xi = point_stride((size_t)K * ld);
+    float *v = scratch, *mgt = v + POINTS * v_xi, *dyt = mgt + POINTS * mg_xi;
     float *pad = dyt + (size_t)b.images * K * plane;
     /* In bf16, where the level has dy_pairs and gemm_paired: Mg^T rounded and paired over the
      * tiles as it is computed, read in place by the GEMM (V packed as its A per point, as
      * cf_sgemm_bf16 does): bitwise the same products in the same order, without Mg^T in fp32 */
     const cf_bf16_kernels *bk = cf_active_kernels->bf16;
-    const size_t ldm = pairs_ld(round16((size_t)K)), mgp_xi = ld / 2 * ldm;
+    const size_t ldm = pairs_ld(round16((size_t)K)), mgp_xi = point_stride(ld / 2 * ldm);
     uint32_t *ap = NULL, *mgp = (uint32_t *)mgt;
 #if defined(__x86_64__) /* the GEMMs' packing scratch: isa_avx512_bf16.c */
     if (bf16 && fused && wk->dy_pairs && bk && bk->gemm_paired && bk->gemm_pack_a &&
-        bk->gemm_a_words && mgp_xi <= (size_t)K * ld)
+        bk->gemm_a_words && mgp_xi <= mg_xi)
         ap = cf__bf16_pack_scratch(bk->gemm_a_words(C, (int)ld));
 #endif
     /* Where the level also has input_bf16 and gemm_rows: V rounded to bf16 as the transform
@@ -558,8 +569,10 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
      * per point (the same words: bitwise the same products). ldh: the row stride in bf16 values,
      * rows an odd number of cache lines apart. */
     const size_t ldh = (ld + 31) / 32 % 2 ? (ld + 31) / 32 * 32 : (ld + 31) / 32 * 32 + 32;
-    uint16_t *vh = ap && wk->input_bf16 && bk->gemm_rows && ldh <= 2 * ld ? (uint16_t *)v : NULL;
-    const size_t vh_xi = (size_t)C * ldh;
+    /* vh_xi: the planes of bf16 values an odd number of lines apart, as point_stride's */
+    const size_t vh_xi = 2 * point_stride(((size_t)C * ldh + 1) / 2);
+    uint16_t *vh =
+        ap && wk->input_bf16 && bk->gemm_rows && vh_xi <= 2 * v_xi ? (uint16_t *)v : NULL;
     if (n_images <= 0 && !accumulate) memset(du, 0, POINTS * (size_t)K * C * sizeof(float));
     bool add = accumulate;
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
@@ -573,7 +586,8 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
                 wk->input_bf16(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, vh,
                                vh_xi, (int)ldh, pad);
                 if (cols % 2) /* the last pair's high half */
-                    for (size_t r = 0; r < POINTS * (size_t)C; r++) vh[r * ldh + cols] = 0;
+                    for (int xi = 0; xi < POINTS; xi++)
+                        for (int c = 0; c < C; c++) vh[xi * vh_xi + (size_t)c * ldh + cols] = 0;
                 wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
                 for (int xi = 0; xi < POINTS; xi++)
                     bk->gemm_rows(C, K, cols, (const uint32_t *)(vh + xi * vh_xi), ldh / 2,
@@ -581,26 +595,26 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
                 add = true;
                 continue;
             }
-            wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, C * ld,
+            wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, v_xi,
                       (int)ld, pad);
             if (ap) {
                 wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
                 for (int xi = 0; xi < POINTS; xi++) {
-                    bk->gemm_pack_a(false, C, cols, v + (size_t)xi * C * ld, (int)ld, ap);
+                    bk->gemm_pack_a(false, C, cols, v + xi * v_xi, (int)ld, ap);
                     bk->gemm_paired(C, K, cols, ap, mgp + (size_t)xi * mgp_xi, ldm,
                                     du + (size_t)xi * K * C, K, add);
                 }
                 add = true;
                 continue;
             }
-            wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, ld * K);
+            wk->dy_nhwc(dyt, K, h, w, count, ty0, rows, mgt, mg_xi);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)
-                    cf_sgemm_bf16(false, false, C, K, cols, v + (size_t)xi * C * ld, (int)ld,
-                                  mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+                    cf_sgemm_bf16(false, false, C, K, cols, v + xi * v_xi, (int)ld,
+                                  mgt + xi * mg_xi, K, du + (size_t)xi * K * C, K, add);
                 else
-                    cf_sgemm_strided(C, K, cols, v + (size_t)xi * C * ld, (ptrdiff_t)ld, 1,
-                                     mgt + (size_t)xi * K * ld, K, du + (size_t)xi * K * C, K, add);
+                    cf_sgemm_strided(C, K, cols, v + xi * v_xi, (ptrdiff_t)ld, 1, mgt + xi * mg_xi,
+                                     K, du + (size_t)xi * K * C, K, add);
             add = true;
         }
     }
@@ -616,6 +630,49 @@ void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const 
                                  const float *x, int n_images, float *du, bool accumulate,
                                  float *scratch) {
     wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, cf_bf16_compute());
+}
+
+/* wgrad, then dx, block of images by block (the blocks both take): dx's input transform reads the
+ * block of dy that wgrad's transposition has just read, from the caches, instead of all of dy again
+ * after the whole weight gradient. Bitwise the two calls: the same blocks, and the weight
+ * gradient's sums in the same order. */
+enum { BACKWARD_BLOCKS_MAX = 128 * 128 }; /* C K: 1 MiB of du in fp32 */
+
+static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx, const float *dy,
+                     const float *x, int n_images, float *du, bool accumulate, float *dx,
+                     float *scratch, bool bf16) {
+    const blocking b = block_of(g, out_channels, bf16);
+    const size_t x_image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * g->h * g->w;
+    if (n_images <= 0) wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
+    /* Many channels: each block's products stream all of du (16 C K floats) in wgrad and all of
+     * the transformed weights in dx, 32 MiB in fp32 for 512 x 512 channels; taken in turns they
+     * evicted each other from the caches (bench_conv's 512->512 4x4 fp32 backward 65-74 -> 86-91
+     * ms, 256->256 8x8 bf16 26.8 -> 28.8), and there the calls one after the other. */
+    if ((size_t)g->c * out_channels > BACKWARD_BLOCKS_MAX) {
+        wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
+        run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
+        return;
+    }
+    for (int n0 = 0; n0 < n_images; n0 += b.images) {
+        const int count = min_int(b.images, n_images - n0);
+        wgrad(g, out_channels, dy + n0 * y_image, x + n0 * x_image, count, du, accumulate || n0 > 0,
+              scratch, bf16);
+        run(g, out_channels, g->c, &b, u_dx, dy + n0 * y_image, count, dx + n0 * x_image, scratch,
+            bf16);
+    }
+}
+
+void cf_conv_winograd_backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                               const float *dy, const float *x, int n_images, float *du,
+                               bool accumulate, float *dx, float *scratch) {
+    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch, false);
+}
+
+void cf_conv_winograd_backward_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
+                                    const float *dy, const float *x, int n_images, float *du,
+                                    bool accumulate, float *dx, float *scratch) {
+    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch,
+             cf_bf16_compute());
 }
 
 /* dw[k0 + l][c] += G^T dU G for the n lanes of output channels from k0 (du is [xi][c][k]). */
