@@ -7,7 +7,7 @@ status=0
 checked=0
 for obj in "$@"; do
   case "$obj" in
-    *isa_avx512.c.o | *isa_avx512_bf16.c.o | *isa_amx.c.o) continue ;;
+    *isa_avx512.c.o | *isa_avx512_bf16.c.o | *isa_avx512_bf16_wino.c.o | *isa_amx.c.o) continue ;;
     *isa_avx2.c.o) pattern='%zmm|%k[0-7]' ;;
     *) pattern='%ymm|%zmm|%k[0-7]' ;;
   esac
