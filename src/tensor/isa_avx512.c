@@ -1,33 +1,15 @@
 /* The AVX-512 kernels (AVX512F/BW/DQ/VL, FMA, BMI2). Compiled with those instruction sets
  * whatever the build's baseline; used only when the CPU reports all of them (isa.c). */
 #if defined(__x86_64__)
+#include "tensor/avx512_vectors.h"
 #include "tensor/kernel_table.h"
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#define VL 16
-#define VMASK_ALL 0xffffu
 #define MR 8
 #define NV_MAX 3
-typedef __m512 vf;
-typedef __mmask16 vmaskv;
-#define V_MASKV(bits) ((__mmask16)(bits))
-#define V_ZERO() _mm512_setzero_ps()
-#define V_SET1(x) _mm512_set1_ps(x)
-#define V_LOADU(p) _mm512_loadu_ps(p)
-#define V_STOREU(p, v) _mm512_storeu_ps((p), (v))
-#define V_ADD(a, b) _mm512_add_ps((a), (b))
-#define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define V_LOADZ(mv, p) _mm512_maskz_loadu_ps((mv), (p))
-#define V_LOADM(src, mv, p) _mm512_mask_loadu_ps((src), (mv), (p))
-#define V_STOREM(p, mv, v) _mm512_mask_storeu_ps((p), (mv), (v))
-#define V_SUB(a, b) _mm512_sub_ps((a), (b))
-#define V_MAX(a, b) _mm512_max_ps((a), (b))
-#define V_ZMASK(mv, v) _mm512_maskz_mov_ps((mv), (v))
-#define V_GT0(v) _mm512_cmp_ps_mask((v), _mm512_setzero_ps(), _CMP_GT_OQ)
-#define V_MASK_AND(a, b) ((__mmask16)((a) & (b)))
 
 static inline double avx512_hsum_d(__m512 v) {
     __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
@@ -35,26 +17,6 @@ static inline double avx512_hsum_d(__m512 v) {
     return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
 }
 #define V_HSUM_D(v) avx512_hsum_d(v)
-/* lo = a0 b0 a1 b1 ... a7 b7, hi = a8 b8 ... a15 b15 */
-#define V_ZIP(a, b, lo, hi)                                                                        \
-    do {                                                                                           \
-        const __m512i zip_lo_ =                                                                    \
-            _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);             \
-        const __m512i zip_hi_ = _mm512_add_epi32(zip_lo_, _mm512_set1_epi32(8));                   \
-        const __m512 zip_a_ = (a), zip_b_ = (b);                                                   \
-        (lo) = _mm512_permutex2var_ps(zip_a_, zip_lo_, zip_b_);                                    \
-        (hi) = _mm512_permutex2var_ps(zip_a_, zip_hi_, zip_b_);                                    \
-    } while (0)
-/* ev = the even lanes of a then b, od = the odd ones */
-#define V_UNZIP(a, b, ev, od)                                                                      \
-    do {                                                                                           \
-        const __m512i unzip_ev_ =                                                                  \
-            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);          \
-        const __m512i unzip_od_ = _mm512_add_epi32(unzip_ev_, _mm512_set1_epi32(1));               \
-        const __m512 unzip_a_ = (a), unzip_b_ = (b);                                               \
-        (ev) = _mm512_permutex2var_ps(unzip_a_, unzip_ev_, unzip_b_);                              \
-        (od) = _mm512_permutex2var_ps(unzip_a_, unzip_od_, unzip_b_);                              \
-    } while (0)
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
 #include "tensor/softmax_loops.h"
