@@ -12,6 +12,9 @@
  *     bitwise (its bf16 values unpacked, which the tile GEMM would round the planes to);
  *   - the same read at avx512 (no bf16 products) gives the fp32 pass on the transformed weights
  *     rounded to bf16, bitwise (the only values the pack holds).
+ * The backward (cf_conv_winograd_backward_bf16, block by block and the two calls in turn) reads
+ * a pack of another level as dx does (test_backward_of_another_level), and where gemm_packed
+ * refuses, the point unpacked into the scratch gives the same bits (test_gemm_packed_refused).
  * And the words themselves (test_pack_words): gemm_pack_a's of the fp32 planes, bitwise, from the
  * level's wino_pack_a and from the staging path without it, with kernels that show the
  * transform's order of sums.
