@@ -282,6 +282,10 @@ static void test_conv_matches_torch(void **state) {
          * pad 1) and a 7x7 kernel (pad 3: the phases start at rows and columns 1 and 2) */
         {2, 32, 14, 14, 64, 3, 2, 1, false},
         {2, 10, 14, 18, 12, 7, 2, 3, true},
+        /* one image, the fewest channels bf16 takes (8 in) and 1 out, rows of dx wider than
+         * interleave_rows' 32 values (34: a tail of 2; 66: two whole vectors and a tail) */
+        {1, 8, 36, 34, 1, 3, 2, 1, false},
+        {1, 8, 10, 66, 3, 5, 2, 2, true},
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     const bool bf16 = cf_bf16_compute();

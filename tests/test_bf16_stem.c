@@ -16,6 +16,7 @@
 #include "tensor/kernel_table.h"
 #include "test_bf16_stem_ref.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -138,9 +139,54 @@ static void test_matches_float64(void **state) {
     oracle_cleanup(&o);
 }
 
+/* The forward pass into an output that is not on a 64-byte line: rows of whole lines (ow a
+ * multiple of 16) are streamed only where y is aligned (a streaming store elsewhere faults), so
+ * y one float off takes the masked stores, bitwise the same values. One image and one channel
+ * (the fewest), and three channels with a partial block of 8 output channels; the weight
+ * gradient of no images is zero (and leaves accumulated sums as they are). */
+static void test_unaligned_and_empty(void **state) {
+    (void)state;
+    static const scase edge[] = {{1, 1, 32, 32, 3, 16}, {2, 3, 64, 64, 7, 13}};
+    for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++) {
+        const scase *s = &edge[e];
+        cf_conv_geom g;
+        assert_true(cf_conv_geom_init(&g, s->c, s->h, s->w, s->k, s->k, 2, 2, (s->k - 1) / 2,
+                                      (s->k - 1) / 2));
+        if (!cf_conv_stem_bf16_supported(&g, s->o)) skip();
+        const size_t nx = (size_t)s->n * s->c * s->h * s->w, nw = (size_t)s->o * s->c * s->k * s->k,
+                     ny = (size_t)s->n * s->o * g.oh * g.ow;
+        float *x = malloc(nx * sizeof(float)), *w = malloc(nw * sizeof(float)),
+              *scratch = malloc(cf_conv_stem_bf16_scratch(&g, s->o) * sizeof(float)),
+              *y = cf_malloc(ny * sizeof(float)), *off = cf_malloc((ny + 16) * sizeof(float)),
+              *dwt = malloc(nw * sizeof(float));
+        assert_true((uintptr_t)y % 64 == 0 && (uintptr_t)off % 64 == 0);
+        fill_uniform(x, nx, 91, -1.0f, 1.0f);
+        fill_uniform(w, nw, 92, -0.3f, 0.3f);
+        cf_conv_stem_bf16_forward(&g, s->o, w, x, s->n, y, scratch);
+        cf_conv_stem_bf16_forward(&g, s->o, w, x, s->n, off + 1, scratch);
+        size_t bad = ny;
+        for (size_t i = 0; i < ny && bad == ny; i++)
+            if (memcmp(&y[i], &off[1 + i], sizeof(float)) != 0) bad = i;
+        for (size_t i = 0; i < nw; i++) dwt[i] = 1.0f;
+        cf_conv_stem_bf16_wgrad(&g, s->o, y, x, 0, dwt, true, scratch);
+        bool kept = true, zero = true;
+        for (size_t i = 0; i < nw; i++) kept = kept && dwt[i] == 1.0f;
+        cf_conv_stem_bf16_wgrad(&g, s->o, y, x, 0, dwt, false, scratch);
+        for (size_t i = 0; i < nw; i++) zero = zero && dwt[i] == 0.0f;
+        const double g0 = bad < ny ? off[1 + bad] : 0, w0 = bad < ny ? y[bad] : 0;
+        free(x), free(w), free(scratch), cf_free(y), cf_free(off), free(dwt);
+        if (bad < ny)
+            fail_msg("case %zu: y one float off the line: value %zu is %.9g, aligned %.9g", e, bad,
+                     g0, w0);
+        if (!kept) fail_msg("case %zu: dW of no images changed the accumulated sums", e);
+        if (!zero) fail_msg("case %zu: dW of no images is not zero", e);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64),
+        cmocka_unit_test(test_unaligned_and_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -362,6 +362,10 @@ static void test_layer(void **state) {
             expect_bitwise("dx: 2 threads against 1", dx2, dx1, nx);
             layer_passes(wc, true, 2, x, dy, 0, wc->n, y2, dx2, dw1);
             expect_bitwise("dW: 2 threads, twice", dw1, dw2, nw);
+            /* 3 threads: a batch split unevenly (5 and 3 images), the backward block by block */
+            layer_passes(wc, true, 3, x, dy, 0, wc->n, y2, dx2, dw2);
+            expect_bitwise("y: 3 threads against 1", y2, y1, ny);
+            expect_bitwise("dx: 3 threads against 1", dx2, dx1, nx);
             const int half = wc->n / 2 + 1;
             layer_passes(wc, true, 2, x, dy, 0, half, y2, dx2, NULL);
             layer_passes(wc, true, 1, x, dy, half, wc->n, y2, dx2, NULL);

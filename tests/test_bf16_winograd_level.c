@@ -12,6 +12,9 @@
  *     bitwise (its bf16 values unpacked, which the tile GEMM would round the planes to);
  *   - the same read at avx512 (no bf16 products) gives the fp32 pass on the transformed weights
  *     rounded to bf16, bitwise (the only values the pack holds).
+ * The backward (cf_conv_winograd_backward_bf16, block by block and the two calls in turn) reads
+ * a pack of another level as dx does (test_backward_of_another_level), and where gemm_packed
+ * refuses, the point unpacked into the scratch gives the same bits (test_gemm_packed_refused).
  * And the words themselves (test_pack_words): gemm_pack_a's of the fp32 planes, bitwise, from the
  * level's wino_pack_a and from the staging path without it, with kernels that show the
  * transform's order of sums.
@@ -136,6 +139,143 @@ static void test_pack_of_another_level(void **state) {
                       shapes[s][3], shapes[s][4]);
     cf_set_isa(before);
 }
+/* cf_conv_winograd_backward_bf16 at level `to` with the dx pack made at `from`: its dx and du
+ * against cf_conv_winograd_dx_bf16 and _wgrad_bf16 at `to` on the same pack (which check()
+ * holds to the pack made at `to`), bitwise. n images of c -> k channels; c k above 128 x 128
+ * takes the two calls in turn, below it block by block. The backward once read another level's
+ * packed words as fp32 planes. */
+static void check_backward(int from, int to, int n, int c, int h, int w, int k) {
+    emulated_amx();
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1));
+    const size_t np = cf_conv_winograd_packed_size_bf16(&g, k), nx = (size_t)n * c * h * w,
+                 ny = (size_t)n * k * h * w, nw = (size_t)k * c * 9, ndu = (size_t)16 * c * k;
+    float *wt = malloc(nw * sizeof(float)), *x = malloc(nx * sizeof(float)),
+          *dy = malloc(ny * sizeof(float)), *u = malloc(np * sizeof(float)),
+          *scratch = malloc(cf_conv_winograd_scratch_bf16(&g, k) * sizeof(float)),
+          *dx = malloc(nx * sizeof(float)), *dx_want = malloc(nx * sizeof(float)),
+          *du = malloc(ndu * sizeof(float)), *du_want = malloc(ndu * sizeof(float));
+    fill_uniform(wt, nw, 71, -0.2f, 0.2f);
+    fill_uniform(x, nx, 72, -1.0f, 1.0f);
+    fill_uniform(dy, ny, 73, -1.0f, 1.0f);
+    memset(u, 0xff, np * sizeof(float));
+    set_level(from);
+    cf_conv_winograd_pack_dx_bf16(&g, k, wt, u);
+    set_level(to);
+    cf_conv_winograd_backward_bf16(&g, k, u, dy, x, n, du, false, dx, scratch);
+    cf_conv_winograd_wgrad_bf16(&g, k, dy, x, n, du_want, false, scratch);
+    cf_conv_winograd_dx_bf16(&g, k, u, dy, n, dx_want, scratch);
+    size_t bad_dx = nx, bad_du = ndu;
+    for (size_t i = 0; i < nx && bad_dx == nx; i++)
+        if (memcmp(&dx[i], &dx_want[i], sizeof(float)) != 0 || !isfinite(dx_want[i])) bad_dx = i;
+    for (size_t i = 0; i < ndu && bad_du == ndu; i++)
+        if (memcmp(&du[i], &du_want[i], sizeof(float)) != 0) bad_du = i;
+    const double gx = bad_dx < nx ? dx[bad_dx] : 0, wx = bad_dx < nx ? dx_want[bad_dx] : 0;
+    free(wt), free(x), free(dy), free(u), free(scratch), free(dx), free(dx_want), free(du),
+        free(du_want);
+    if (bad_dx < nx)
+        fail_msg("backward of %d -> %d channels, %dx%d, %d images: packed at %s, run at %s: dx "
+                 "value %zu is %.9g, cf_conv_winograd_dx_bf16 gives %.9g",
+                 c, k, h, w, n, level_name(from), level_name(to), bad_dx, gx, wx);
+    if (bad_du < ndu)
+        fail_msg("backward of %d -> %d channels: packed at %s, run at %s: du value %zu differs "
+                 "from cf_conv_winograd_wgrad_bf16's",
+                 c, k, level_name(from), level_name(to), bad_du);
+}
+
+static void test_backward_of_another_level(void **state) {
+    (void)state;
+    const cf_isa best = cf_isa_best();
+    if (best != CF_ISA_AVX512_BF16 && best != CF_ISA_AMX) skip();
+    const cf_isa before = cf_isa_active();
+    static const int pairs[][2] = {{AT_AVX512_BF16, AT_AMX},
+                                   {AT_AVX512_BF16, AT_AVX512},
+                                   {AT_AMX, AT_AVX512_BF16},
+                                   {AT_AVX512_BF16, AT_AVX512_BF16}};
+    /* several blocks of images (3 x 16x16), odd channels and sizes, 1 image, c k > 128 x 128 */
+    static const int shapes[][5] = {
+        {3, 24, 16, 16, 16}, {1, 19, 9, 11, 21}, {2, 17, 5, 7, 16}, {1, 129, 4, 4, 128}};
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            check_backward(pairs[p][0], pairs[p][1], shapes[s][0], shapes[s][1], shapes[s][2],
+                           shapes[s][3], shapes[s][4]);
+    cf_set_isa(before);
+}
+
+static int refusals;
+
+/* gemm_packed as when its panel scratch cannot be had (out of memory) */
+static bool gemm_packed_refused(int m, int n, int k, const uint32_t *packed_a, bool trans_b,
+                                const float *b, int ldb, float *c, int ldc, bool accumulate) {
+    (void)m, (void)n, (void)k, (void)packed_a, (void)trans_b, (void)b, (void)ldb, (void)c,
+        (void)ldc, (void)accumulate;
+    refusals++;
+    return false;
+}
+
+/* Where gemm_packed refuses, the forward pass and dx unpack the point into the scratch and take
+ * cf_sgemm_bf16: bitwise the pass through gemm_packed (the products once went NaN when a
+ * further allocation failed; now nothing is allocated). The fused path (input_pairs) does not
+ * call gemm_packed, so it is turned off here. */
+static void test_gemm_packed_refused(void **state) {
+    (void)state;
+    const cf_isa best = cf_isa_best();
+    if (best != CF_ISA_AVX512_BF16 && best != CF_ISA_AMX) skip();
+    const cf_isa before = cf_isa_active();
+    static const int shapes[][5] = {{2, 24, 12, 12, 16}, {1, 19, 9, 11, 21}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int dx = 0; dx < 2; dx++) {
+            const int n = shapes[s][0], c = shapes[s][1], h = shapes[s][2], w = shapes[s][3],
+                      k = shapes[s][4];
+            assert_int_equal(cf_set_isa(CF_ISA_AVX512_BF16), CF_ISA_AVX512_BF16);
+            cf__winograd_set_fused(false);
+            cf_conv_geom g;
+            assert_true(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1));
+            const int cin = dx ? k : c, cout = dx ? c : k;
+            const size_t np = cf_conv_winograd_packed_size_bf16(&g, k),
+                         nin = (size_t)n * cin * h * w, nout = (size_t)n * cout * h * w,
+                         nw = (size_t)k * c * 9;
+            float *wt = malloc(nw * sizeof(float)), *in = malloc(nin * sizeof(float)),
+                  *u = malloc(np * sizeof(float)),
+                  *scratch = malloc(cf_conv_winograd_scratch_bf16(&g, k) * sizeof(float)),
+                  *got = malloc(nout * sizeof(float)), *want = malloc(nout * sizeof(float));
+            fill_uniform(wt, nw, 81, -0.2f, 0.2f);
+            fill_uniform(in, nin, 82, -1.0f, 1.0f);
+            if (dx) {
+                cf_conv_winograd_pack_dx_bf16(&g, k, wt, u);
+                cf_conv_winograd_dx_bf16(&g, k, u, in, n, want, scratch);
+            } else {
+                cf_conv_winograd_pack_bf16(&g, k, wt, u);
+                cf_conv_winograd_forward_bf16(&g, k, u, in, n, want, scratch);
+            }
+            static cf_kernel_table table;
+            static cf_bf16_kernels refusing;
+            table = *cf_active_kernels;
+            refusing = *table.bf16;
+            refusing.gemm_packed = gemm_packed_refused;
+            table.bf16 = &refusing;
+            cf_active_kernels = &table;
+            refusals = 0;
+            if (dx)
+                cf_conv_winograd_dx_bf16(&g, k, u, in, n, got, scratch);
+            else
+                cf_conv_winograd_forward_bf16(&g, k, u, in, n, got, scratch);
+            cf__winograd_set_fused(true);
+            cf_set_isa(before);
+            size_t bad = nout;
+            for (size_t i = 0; i < nout && bad == nout; i++)
+                if (memcmp(&got[i], &want[i], sizeof(float)) != 0 || !isfinite(want[i])) bad = i;
+            const double g0 = bad < nout ? got[bad] : 0, w0 = bad < nout ? want[bad] : 0;
+            free(wt), free(in), free(u), free(scratch), free(got), free(want);
+            if (refusals == 0) fail_msg("gemm_packed was not called: the path is not covered");
+            if (bad < nout)
+                fail_msg("%s of %d -> %d channels with gemm_packed refusing: value %zu is %.9g, "
+                         "against %.9g",
+                         dx ? "dx" : "forward", c, k, bad, g0, w0);
+        }
+    cf_set_isa(before);
+}
+
 /* The words of a bf16 pack made at avx512_bf16 (the transform straight into the packed A)
  * against gemm_pack_a on the fp32 pack's planes, point by point (the pack's first words, each
  * point's bound of 16-row blocks apart: winograd.c's layout), forward and dx. Some kernels
@@ -215,6 +355,16 @@ static void test_pack_of_another_level(void **state) {
     skip();
 }
 
+static void test_backward_of_another_level(void **state) {
+    (void)state;
+    skip();
+}
+
+static void test_gemm_packed_refused(void **state) {
+    (void)state;
+    skip();
+}
+
 static void test_pack_words(void **state) {
     (void)state;
     skip();
@@ -225,6 +375,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_of_another_level),
         cmocka_unit_test(test_pack_words),
+        cmocka_unit_test(test_backward_of_another_level),
+        cmocka_unit_test(test_gemm_packed_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

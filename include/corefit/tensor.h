@@ -284,12 +284,14 @@ void cf_conv_winograd_wgrad_add(const cf_conv_geom *g, int out_channels, const f
  * fp32 functions. The weights come from cf_conv_winograd_pack_bf16 (_pack_dx_bf16), which also
  * round them for the level's GEMM once per pass, into cf_conv_winograd_packed_size_bf16 floats;
  * du as the fp32 functions'. A pack is for the level active when it is made (where that level's
- * GEMM takes its weights pre-packed it holds them only in bf16); read at another level it is
- * unpacked first (at a level without bf16 products, the fp32 products then take the weights
- * rounded to bf16; out of memory for that, the output is NaN). */
+ * GEMM takes its weights pre-packed it holds them only in bf16); read at another level (the
+ * forward, dx and backward functions alike) each point is unpacked into the scratch first, no
+ * allocation (at a level without bf16 products, the fp32 products then take the weights rounded
+ * to bf16). */
 size_t cf_conv_winograd_packed_size_bf16(const cf_conv_geom *g, int out_channels);
 /* Floats of scratch per calling thread for the _bf16 functions (at least the fp32 ones': their
- * blocks of images are larger in bf16). */
+ * blocks of images are larger in bf16; and room for one point's weights, in_c x out_c floats,
+ * unpacked from a pack made at another level). */
 size_t cf_conv_winograd_scratch_bf16(const cf_conv_geom *g, int out_channels);
 void cf_conv_winograd_pack_bf16(const cf_conv_geom *g, int out_channels, const float *w, float *u);
 void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, const float *w,

@@ -240,7 +240,8 @@ typedef struct cf_bf16_kernels {
      * (bitwise: the same operations in the same order as winograd.c's transform). */
     void (*wino_pack_a)(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
                         size_t point_words);
-    /* NULL: interleave row by row. h rows of interleave: out[i * ldo + j] = (j even ? a : b)[i *
+    /* NULL: no bf16 implicit convolutions (cf_conv_bf16_supported requires it: stride 2's dx
+     * has no row-by-row fallback). h rows of interleave: out[i * ldo + j] = (j even ? a : b)[i *
      * lds + j / 2] for i < h, j < n (b NULL: zero; stride 2's dx, a row parity of a channel). */
     void (*interleave_rows)(const float *a, const float *b, size_t lds, int h, int n, float *out,
                             size_t ldo);

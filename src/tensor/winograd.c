@@ -39,7 +39,6 @@
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #define POINTS 16 /* 4x4 transformed values per tile */
@@ -128,8 +127,15 @@ size_t cf_conv_winograd_scratch(const cf_conv_geom *g, int out_channels) {
     return scratch_of(g, out_channels, false);
 }
 
+/* The _bf16 functions' scratch: the bf16 blocks' (the larger), then one point's fp32 weights
+ * (C x K floats) where a pack made at another level is unpacked point by point. */
 size_t cf_conv_winograd_scratch_bf16(const cf_conv_geom *g, int out_channels) {
-    return scratch_of(g, out_channels, true);
+    return scratch_of(g, out_channels, true) + round16((size_t)g->c * out_channels);
+}
+
+/* Where in a _bf16 function's scratch a point's weights are unpacked. */
+static float *unpack_area(const cf_conv_geom *g, int out_channels, float *scratch) {
+    return scratch + scratch_of(g, out_channels, true);
 }
 
 size_t cf_conv_winograd_packed_size(const cf_conv_geom *g, int out_channels) {
@@ -227,10 +233,11 @@ void cf_conv_winograd_pack_dx(const cf_conv_geom *g, int out_channels, const flo
  *           tile GEMM rounds them as it packs its own A).
  * Either way the weights are transformed (and rounded) once per pass instead of once per block.
  * A packed pack read where its layout is not the active level's (cf_set_isa between the pack
- * and the call) is unpacked first, each point's bf16 values as fp32 (its packer's
- * gemm_unpack_a): the products on them at a bf16 level are bitwise those on the fp32 planes,
- * which the GEMM rounds to the same values; at a level without bf16 products, the products take
- * the weights rounded to bf16. */
+ * and the call) is unpacked point by point, each point's bf16 values as fp32 (its packer's
+ * gemm_unpack_a) into the unpack area at the end of the _bf16 functions' scratch (no
+ * allocation, so no error to report): the products on them at a bf16 level are bitwise those
+ * on the fp32 planes, which the GEMM rounds to the same values; at a level without bf16
+ * products, the products take the weights rounded to bf16. */
 
 /* Words reserved per point for the packed A of rows x cols (any level's row blocks up to 16). */
 static size_t bound_words(int rows, int cols) {
@@ -394,50 +401,44 @@ void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, cons
     stamp_write(u, g->c, out_channels, FORM_PLANES, NULL);
 }
 
-/* u itself where the active level reads it as it is (its own packed form, or fp32 planes), else
- * a pack in the planes form made from it (*made: free it after the call; NULL: out of memory).
- * A pack without a stamp of this shape is taken as planes (an fp32 pack, as before stamps). */
-static const float *readable(const float *u, int rows, int cols, bool bf16, float **made) {
-    *made = NULL;
+/* Whether u (rows x cols) holds a packed form that the active level does not read as it is (a
+ * pack made at another level: cf_set_isa between the pack and the call), whose points are then
+ * unpacked one at a time (point_planes). A pack without a stamp of this shape is taken as
+ * planes (an fp32 pack, as before stamps). */
+static bool foreign(const float *u, int rows, int cols, bool bf16) {
     const stamp s = stamp_read(u, rows, cols);
-    if (s.magic != STAMP_MAGIC || s.rows != (uint32_t)rows || s.cols != (uint32_t)cols ||
-        s.form != FORM_PACKED || (bf16 && prepacked_in(u, rows, cols)))
-        return u;
-    float *planes = malloc(total_floats(rows, cols) * sizeof(float));
-    if (!planes) return NULL;
-    const size_t plane = (size_t)rows * cols, bw = bound_words(rows, cols);
-    for (int xi = 0; xi < POINTS; xi++)
-        s.unpack(rows, cols, packed_points(u, rows, cols) + xi * bw, planes + xi * plane, cols);
-    stamp_write(planes, rows, cols, FORM_PLANES, NULL);
-    *made = planes;
-    return planes;
+    return s.magic == STAMP_MAGIC && s.rows == (uint32_t)rows && s.cols == (uint32_t)cols &&
+           s.form == FORM_PACKED && !(bf16 && prepacked_in(u, rows, cols));
 }
 
-static void fill_nan(float *y, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = __builtin_nanf("");
+/* Point xi's fp32 weights (rows x cols, row stride cols) of a pack: in place in the planes form,
+ * else (foreign) its packer's bf16 values unpacked into area (rows x cols floats). */
+static const float *point_planes(const float *u, int rows, int cols, int xi, bool unpack,
+                                 float *area) {
+    if (!unpack) return u + (size_t)xi * rows * cols;
+    const stamp s = stamp_read(u, rows, cols);
+    s.unpack(rows, cols, packed_points(u, rows, cols) + (size_t)xi * bound_words(rows, cols), area,
+             cols);
+    return area;
 }
 
 /* M[xi] (cout x cols, row stride ld) = U[xi] (cout x cin) . V[xi] (cin x cols) in bf16: through
- * the packed A of a packed pack (made for the active level: readable), else cf_sgemm_bf16 on the
- * planes (bitwise the same). Where gemm_packed refuses (out of memory), the point unpacked. */
+ * the packed A of a packed pack made for the active level, else cf_sgemm_bf16 on the planes
+ * (unpack: a foreign pack's point unpacked into area first; bitwise the same). Where
+ * gemm_packed refuses (its panel scratch out of memory), the point unpacked into area and
+ * cf_sgemm_bf16 (which takes fp32 products where it has no scratch either): no allocation here. */
 static void point_bf16(const float *u, int cout, int cin, int xi, const float *v, int cols, int ld,
-                       float *m) {
-    const cf_bf16_kernels *k = prepacked_in(u, cout, cin);
+                       float *m, bool unpack, float *area) {
+    const cf_bf16_kernels *k = unpack ? NULL : prepacked_in(u, cout, cin);
     if (k) {
         const uint32_t *a = packed_points(u, cout, cin) + (size_t)xi * bound_words(cout, cin);
         if (k->gemm_packed(cout, cols, cin, a, false, v, ld, m, ld, false)) return;
-        float *planes = malloc((size_t)cout * cin * sizeof(float));
-        if (!planes) {
-            for (int r = 0; r < cout; r++) fill_nan(m + (size_t)r * ld, (size_t)cols);
-            return;
-        }
-        k->gemm_unpack_a(cout, cin, a, planes, cin);
-        cf_sgemm_bf16(false, false, cout, cols, cin, planes, cin, v, ld, m, ld, false);
-        free(planes);
+        k->gemm_unpack_a(cout, cin, a, area, cin);
+        cf_sgemm_bf16(false, false, cout, cols, cin, area, cin, v, ld, m, ld, false);
         return;
     }
-    cf_sgemm_bf16(false, false, cout, cols, cin, u + (size_t)xi * cout * cin, cin, v, ld, m, ld,
-                  false);
+    cf_sgemm_bf16(false, false, cout, cols, cin, point_planes(u, cout, cin, xi, unpack, area), cin,
+                  v, ld, m, ld, false);
 }
 
 static bool fused = true; /* cf__winograd_set_fused */
@@ -461,7 +462,7 @@ static size_t pairs_ld(size_t ld) {
  * GEMM reads it in place: bitwise the same as V in fp32 rounded by the GEMM's packing, without
  * writing and reading V in fp32. */
 static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, const float *u,
-                const float *x, int n_images, float *y, float *scratch, bool bf16) {
+                const float *x, int n_images, float *y, float *scratch, bool bf16, float *area) {
     const cf_wino_kernels *wk = cf_active_kernels->wino;
     const int h = g->h, w = g->w;
     const size_t plane = (size_t)h * w, ld = b->ld;
@@ -472,6 +473,8 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
     const size_t ldp = pairs_ld(ld), vp_xi = point_stride((size_t)(cin + 1) / 2 * ldp);
     if (bk && (!bk->gemm_paired || vp_xi > v_xi)) bk = NULL;
     uint32_t *vp = (uint32_t *)v;
+    /* area: a _bf16 function's (a pack with a stamp; NULL: an fp32 pack) */
+    const bool unpack = area && foreign(u, cout, cin, bf16);
     for (int n0 = 0; n0 < n_images; n0 += b->images) {
         const int count = min_int(b->images, n_images - n0);
         const float *xb = x + (size_t)n0 * cin * plane;
@@ -492,10 +495,11 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
             wk->input(xb, cin, h, w, count, cin * plane, ty0, rows, v, v_xi, (int)ld, pad);
             for (int xi = 0; xi < POINTS; xi++)
                 if (bf16)
-                    point_bf16(u, cout, cin, xi, v + xi * v_xi, cols, (int)ld, m + xi * m_xi);
+                    point_bf16(u, cout, cin, xi, v + xi * v_xi, cols, (int)ld, m + xi * m_xi,
+                               unpack, area);
                 else
-                    cf_sgemm_strided(cout, cols, cin, u + (size_t)xi * cout * cin, cin, 1,
-                                     v + xi * v_xi, (int)ld, m + xi * m_xi, (int)ld, false);
+                    cf_sgemm_strided(cout, cols, cin, point_planes(u, cout, cin, xi, unpack, area),
+                                     cin, 1, v + xi * v_xi, (int)ld, m + xi * m_xi, (int)ld, false);
             wk->output(m, m_xi, (int)ld, cout, h, w, count, ty0, rows, yb, cout * plane);
         }
     }
@@ -504,30 +508,23 @@ static void run(const cf_conv_geom *g, int cin, int cout, const blocking *b, con
 void cf_conv_winograd_forward(const cf_conv_geom *g, int out_channels, const float *u,
                               const float *x, int n_images, float *y, float *scratch) {
     const blocking b = block_of(g, out_channels, false);
-    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, false);
+    run(g, g->c, out_channels, &b, u, x, n_images, y, scratch, false, NULL);
 }
 
 void cf_conv_winograd_dx(const cf_conv_geom *g, int out_channels, const float *u_dx,
                          const float *dy, int n_images, float *dx, float *scratch) {
     const blocking b = block_of(g, out_channels, false);
-    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, false);
+    run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, false, NULL);
 }
 
-/* A bf16 pass (dx: the dx pass, out_channels -> g->c channels) through the pack u (readable:
- * another level's packed form unpacked first; out of memory for that, y NaN). */
+/* A bf16 pass (dx: the dx pass, out_channels -> g->c channels) through the pack u (another
+ * level's packed form unpacked point by point into the scratch's unpack area). */
 static void run_bf16(const cf_conv_geom *g, int out_channels, bool dx, const float *u,
                      const float *x, int n_images, float *y, float *scratch) {
     const bool bf16 = cf_bf16_compute();
     const blocking b = block_of(g, out_channels, bf16);
     const int cin = dx ? out_channels : g->c, cout = dx ? g->c : out_channels;
-    float *made;
-    const float *uu = readable(u, cout, cin, bf16, &made);
-    if (!uu) {
-        fill_nan(y, (size_t)(n_images > 0 ? n_images : 0) * cout * g->h * g->w);
-        return;
-    }
-    run(g, cin, cout, &b, uu, x, n_images, y, scratch, bf16);
-    free(made);
+    run(g, cin, cout, &b, u, x, n_images, y, scratch, bf16, unpack_area(g, out_channels, scratch));
 }
 
 void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
@@ -640,7 +637,7 @@ enum { BACKWARD_BLOCKS_MAX = 128 * 128 }; /* C K: 1 MiB of du in fp32 */
 
 static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx, const float *dy,
                      const float *x, int n_images, float *du, bool accumulate, float *dx,
-                     float *scratch, bool bf16) {
+                     float *scratch, bool bf16, float *area) {
     const blocking b = block_of(g, out_channels, bf16);
     const size_t x_image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * g->h * g->w;
     if (n_images <= 0) wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
@@ -650,7 +647,7 @@ static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
      * ms, 256->256 8x8 bf16 26.8 -> 28.8), and there the calls one after the other. */
     if ((size_t)g->c * out_channels > BACKWARD_BLOCKS_MAX) {
         wgrad(g, out_channels, dy, x, n_images, du, accumulate, scratch, bf16);
-        run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16);
+        run(g, out_channels, g->c, &b, u_dx, dy, n_images, dx, scratch, bf16, area);
         return;
     }
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
@@ -658,21 +655,23 @@ static void backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
         wgrad(g, out_channels, dy + n0 * y_image, x + n0 * x_image, count, du, accumulate || n0 > 0,
               scratch, bf16);
         run(g, out_channels, g->c, &b, u_dx, dy + n0 * y_image, count, dx + n0 * x_image, scratch,
-            bf16);
+            bf16, area);
     }
 }
 
 void cf_conv_winograd_backward(const cf_conv_geom *g, int out_channels, const float *u_dx,
                                const float *dy, const float *x, int n_images, float *du,
                                bool accumulate, float *dx, float *scratch) {
-    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch, false);
+    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch, false, NULL);
 }
 
 void cf_conv_winograd_backward_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
                                     const float *dy, const float *x, int n_images, float *du,
                                     bool accumulate, float *dx, float *scratch) {
-    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch,
-             cf_bf16_compute());
+    /* the pack through the unpack area as cf_conv_winograd_dx_bf16 reads it (one made at another
+     * level: its points unpacked) */
+    backward(g, out_channels, u_dx, dy, x, n_images, du, accumulate, dx, scratch, cf_bf16_compute(),
+             unpack_area(g, out_channels, scratch));
 }
 
 /* dw[k0 + l][c] += G^T dU G for the n lanes of output channels from k0 (du is [xi][c][k]). */
