@@ -8,6 +8,7 @@
 #define CF_TENSOR_BF16_LANES_AVX512_H
 
 #include <immintrin.h>
+#include <stdint.h>
 
 static inline __m512i cf__bf16_round_lanes(__m512 x) {
     const __m512i bits = _mm512_castps_si512(x);
@@ -17,6 +18,14 @@ static inline __m512i cf__bf16_round_lanes(__m512 x) {
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
     return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+
+/* The first n (at most 16) 32-bit words of w stored at p: the bf16 Winograd's pair stores. */
+static inline void cf__store_words(uint32_t *p, int n, __m512i w) {
+    if (n >= 16)
+        _mm512_storeu_si512(p, w);
+    else
+        _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1u), w);
 }
 
 #endif

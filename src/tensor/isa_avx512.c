@@ -28,10 +28,7 @@ static inline double avx512_hsum_d(__m512 v) {
 static inline void wino_store_pairs(uint32_t *p, int n, __m512 lo, __m512 hi) {
     const __m512i w =
         _mm512_or_si512(cf__bf16_round_lanes(lo), _mm512_slli_epi32(cf__bf16_round_lanes(hi), 16));
-    if (n >= 16)
-        _mm512_storeu_si512(p, w);
-    else
-        _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1u), w);
+    cf__store_words(p, n, w);
 }
 #define WINO_STORE_PAIRS(p, n, lo, hi) wino_store_pairs(p, n, lo, hi)
 /* n lanes of v rounded to bf16 (input_bf16) */

@@ -44,10 +44,7 @@ static inline __m512i pairs_of(__m512 lo, __m512 hi) {
 
 static inline void wino_store_pairs(uint32_t *p, int n, __m512 lo, __m512 hi) {
     const __m512i w = pairs_of(lo, hi);
-    if (n >= 16)
-        _mm512_storeu_si512(p, w);
-    else
-        _mm512_mask_storeu_epi32(p, (__mmask16)((1u << n) - 1u), w);
+    cf__store_words(p, n, w);
 }
 #define WINO_STORE_PAIRS(p, n, lo, hi) wino_store_pairs(p, n, lo, hi)
 
