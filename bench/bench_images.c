@@ -30,8 +30,7 @@
  * stem's input gradient, which is never computed; element-wise layers (BatchNorm, ReLU, pools,
  * the residual adds, Adam) and the data pipeline are not counted. */
 #include "bench_common.h"
-
-#include <libgen.h>
+#include "bench_path.h"
 
 #define W3_SIZE 128
 #define W3_MIN_SCALE 0.5f
@@ -134,10 +133,7 @@ static void w3_json(FILE *f, const cf_dls *dls) {
 int main(int argc, char **argv) {
     /* the folder run.py makes: BUILD/w3-images beside BUILD/bench_images */
     static char data[4096];
-    char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[len > 0 ? len : 0] = '\0';
-    snprintf(data, sizeof data, "%s/w3-images", len > 0 ? dirname(self) : ".");
+    bench_beside_self("w3-images", data, sizeof data);
     const bench_workload w3 = {.prog = "bench_images",
                                .train_flop_per_image = w3_train_flop_per_image(),
                                .lr_max = W3_BASE_LR / 2,

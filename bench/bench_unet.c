@@ -30,8 +30,7 @@
  * stem's input gradient, which is never computed; element-wise layers (BatchNorm, ReLU, shuffles,
  * concatenations, resizes, the loss, Adam) are not counted. */
 #include "bench_common.h"
-
-#include <libgen.h>
+#include "bench_path.h"
 
 #define W5_SIZE 64 /* the scenes' side (a multiple of 32) */
 #define W5_BS 16
@@ -128,10 +127,7 @@ static void w5_json(FILE *f, const cf_dls *dls) {
 int main(int argc, char **argv) {
     /* the folder run.py makes: BUILD/w5-seg beside BUILD/bench_unet */
     static char data[4096];
-    char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[len > 0 ? len : 0] = '\0';
-    snprintf(data, sizeof data, "%s/w5-seg", len > 0 ? dirname(self) : ".");
+    bench_beside_self("w5-seg", data, sizeof data);
     const bench_workload w5 = {.prog = "bench_unet",
                                .train_flop_per_image = w5_train_flop_per_image(),
                                .lr_max = W5_LR,

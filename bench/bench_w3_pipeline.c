@@ -9,8 +9,8 @@
  *
  * --data defaults to w3-images next to this program (bench/make_images.py writes it). */
 #include <corefit.h>
+#include "bench_path.h"
 
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,10 +36,7 @@ static double cpu_seconds(void) {
 
 int main(int argc, char **argv) {
     static char data[4096];
-    char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[len > 0 ? len : 0] = '\0';
-    snprintf(data, sizeof data, "%s/w3-images", len > 0 ? dirname(self) : ".");
+    bench_beside_self("w3-images", data, sizeof data);
     const char *dir = data;
     int epochs = 2, threads = 1;
     for (int i = 1; i < argc; i += 2) {

@@ -37,8 +37,8 @@
  * weight gradient; the embedding's lookup is not a product). Gates, dropouts, the softmax and
  * Adam are not counted. */
 #include "bench_common.h"
+#include "bench_path.h"
 
-#include <libgen.h>
 #include <sys/stat.h>
 
 #define W4_SEQ_LEN 72
@@ -267,12 +267,8 @@ static int w4_recipe(const w4_recipe_args *a) {
 int main(int argc, char **argv) {
     /* the folders run.py makes: BUILD/w4-fortunes and BUILD/w4-topics beside BUILD/bench_w4 */
     static char data[4096];
-    char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[len > 0 ? len : 0] = '\0';
-    const char *dir = len > 0 ? dirname(self) : ".";
-    snprintf(data, sizeof data, "%s/w4-fortunes", dir);
-    snprintf(w4_topics, sizeof w4_topics, "%s/w4-topics", dir);
+    bench_beside_self("w4-fortunes", data, sizeof data);
+    bench_beside_self("w4-topics", w4_topics, sizeof w4_topics);
     w4 = (bench_workload){.prog = "bench_w4",
                           .lr_max = W4_LM_LR,
                           .make_learner = w4_lm_learner,

@@ -16,22 +16,7 @@
 #include "corefit/data.h"
 
 #ifdef CF_HAVE_STB
-#define STB_IMAGE_RESIZE_STATIC
-#define STB_IMAGE_RESIZE_IMPLEMENTATION
-#define STBIR_ASSERT(x) ((void)0) /* as src/data/resize.c: Debian's copy asserts on shrinking */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
-#pragma GCC diagnostic ignored "-Wunused-variable"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#endif
-#include <stb_image_resize.h>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+#include "data/stb_resize.h" /* stb_image_resize as src/data/resize.c compiles it */
 #endif
 
 static uint64_t rng_state;
