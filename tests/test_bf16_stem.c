@@ -12,6 +12,7 @@
  * layout of the stem (test_bf16_stem_ref.h), which summed the same products in the same order.
  * Where the level has no bf16 stem (below avx512_bf16, and amx, whose table has no gemm_rows) the
  * direct calls are skipped. */
+#include "corefit/nn.h"
 #include "oracle.h"
 #include "tensor/kernel_table.h"
 #include "test_bf16_stem_ref.h"
@@ -183,10 +184,56 @@ static void test_unaligned_and_empty(void **state) {
     }
 }
 
+/* The stem through Conv2d (src/nn/conv.c, the layer in bf16 mode): each thread's images in one
+ * call. The output is bitwise one cf_conv_stem_bf16_forward over the whole batch plus the bias, at
+ * 1, 2 and 3 threads (5 images: ranges of unequal length), and not fp32's (the path is taken). */
+static void test_conv2d_layer(void **state) {
+    (void)state;
+    enum { N = 5, C = 3, O = 64, K = 7, HW = 64 };
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, C, HW, HW, K, K, 2, 2, K / 2, K / 2));
+    if (!cf_conv_stem_bf16_supported(&g, O)) skip();
+    const size_t nx = (size_t)N * C * HW * HW, ny = (size_t)N * O * g.oh * g.ow;
+    float *x = malloc(nx * sizeof(float)), *want = cf_malloc(ny * sizeof(float));
+    float *scratch = malloc(cf_conv_stem_bf16_scratch(&g, O) * sizeof(float));
+    fill_uniform(x, nx, 93, -1.0f, 1.0f);
+    const cf_tensor xt = cf_tensor_view(x, cf_shape4(N, C, HW, HW));
+    const int threads0 = cf_get_num_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        cf_set_num_threads(threads);
+        cf_model *m16 = NULL, *m32 = NULL;
+        assert_int_equal(cf_model_new(&m16, cf_conv2d(C, O, K, 2, K / 2, true), 7), CF_OK);
+        assert_int_equal(cf_model_new(&m32, cf_conv2d(C, O, K, 2, K / 2, true), 7), CF_OK);
+        float *bias = m16->root->params[1].data;
+        for (int o = 0; o < O; o++)
+            bias[o] = m32->root->params[1].data[o] = 0.01f * (float)(o - 30);
+        assert_int_equal(cf_conv_set_bf16(m16->root, true), 1);
+        const cf_tensor *y16 = NULL, *y32 = NULL;
+        assert_int_equal(cf_model_forward(m16, &xt, &y16), CF_OK);
+        assert_int_equal(cf_model_forward(m32, &xt, &y32), CF_OK);
+        cf_conv_stem_bf16_forward(&g, O, m16->root->params[0].data, x, N, want, scratch);
+        const size_t plane = (size_t)g.oh * g.ow;
+        for (size_t r = 0; r < (size_t)N * O; r++)
+            for (size_t p = 0; p < plane; p++) want[r * plane + p] += bias[r % O];
+        const bool same = memcmp(y16->data, want, ny * sizeof(float)) == 0;
+        const bool fp32 = memcmp(y16->data, y32->data, ny * sizeof(float)) == 0;
+        cf_model_free(m16), cf_model_free(m32);
+        if (!same || fp32) {
+            cf_set_num_threads(threads0);
+            free(x), cf_free(want), free(scratch);
+            fail_msg("%d threads: Conv2d's stem output %s", threads,
+                     !same ? "is not the stem's own forward pass" : "is fp32's (stem not taken)");
+        }
+    }
+    cf_set_num_threads(threads0);
+    free(x), cf_free(want), free(scratch);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64),
         cmocka_unit_test(test_unaligned_and_empty),
+        cmocka_unit_test(test_conv2d_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

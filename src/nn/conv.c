@@ -346,6 +346,16 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
     float *col = c->col ? c->col + (size_t)thread * c->col_stride : NULL;
     float *buf = c->buf ? c->buf + (size_t)thread * c->buf_stride : NULL;
     const bool bf16 = use_bf16(c), stem = use_stem_bf16(c);
+    if (stem && begin < end) { /* the thread's images in one call: its weights rounded once */
+        int64_t n0, n1, last0;
+        group_range(c, begin, &n0, &n1);
+        group_range(c, end - 1, &last0, &n1);
+        float *yg = c->y + (size_t)n0 * out_n;
+        cf_conv_stem_bf16_forward(g, O, w, c->x + (size_t)n0 * in_n, (int)(n1 - n0), yg, col);
+        for (size_t r = 0; b && r < (size_t)(n1 - n0) * O; r++)
+            for (int p = 0; p < P; p++) yg[r * P + p] += b[r % O];
+        return;
+    }
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
         group_range(c, gi, &n0, &n1);
@@ -354,13 +364,6 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
             int64_t m0, m1;
             group_range(c, gi + 1, &m0, &m1);
             prefetch_input(c, m0, m1);
-        }
-        if (stem) {
-            float *yg = c->y + (size_t)n0 * out_n;
-            cf_conv_stem_bf16_forward(g, O, w, c->x + (size_t)n0 * in_n, (int)(n1 - n0), yg, col);
-            for (size_t r = 0; b && r < (size_t)(n1 - n0) * O; r++)
-                for (int p = 0; p < P; p++) yg[r * P + p] += b[r % O];
-            continue;
         }
         const float *patches = c->x + (size_t)n0 * in_n; /* direct: the image itself */
         if (!c->direct) {
