@@ -175,8 +175,9 @@ float cf_bf16_round(float x);
 bool cf_bf16_compute(void);
 
 /* cf_sgemm's product (or += with accumulate) with A and B rounded to bfloat16 and fp32 sums: the
- * GEMM of mixed-precision training. Falls back to fp32 cf_sgemm without bf16 kernels (or memory
- * for the packed operands). Runs on the calling thread. */
+ * GEMM of mixed-precision training. Falls back to fp32 cf_sgemm without bf16 kernels, and where
+ * the level's kernel cannot allocate its packing scratch (out of memory), which it then says once
+ * per process on stderr. Runs on the calling thread. */
 void cf_sgemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
                    const float *b, int ldb, float *c, int ldc, bool accumulate);
 

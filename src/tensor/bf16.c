@@ -3,6 +3,8 @@
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 /* PyTorch's round_to_nearest_even (c10/util/BFloat16.h): add 0x7fff plus the lowest kept bit,
@@ -51,7 +53,18 @@ void cf_sgemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float 
         return;
     }
     const cf_bf16_kernels *kt = cf_active_kernels->bf16;
-    if (kt && kt->gemm && kt->gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate))
-        return;
+    if (kt && kt->gemm) {
+        if (kt->gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate)) return;
+        /* The level's kernel refused: its packing scratch (cf__bf16_pack_scratch) could not be
+         * allocated. fp32's product is valid and more precise, but not what was asked for: said
+         * once per process on stderr, as to_bf16 says it on a CPU without bf16 kernels. */
+        static atomic_bool said;
+        if (!atomic_exchange(&said, true))
+            fprintf(stderr,
+                    "corefit: the bf16 GEMM (%s level) could not allocate its packing scratch "
+                    "for a %d x %d x %d product (out of memory); that product and any later one "
+                    "in the same case are computed in fp32\n",
+                    cf_isa_name(cf_isa_active()), m, n, k);
+    }
     cf_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
 }
