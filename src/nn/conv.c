@@ -90,7 +90,8 @@ typedef struct conv_impl {
     bool bf16;
     /* ... and of those, a stride-1 layer with the output as large as the input (k > 1, at least
      * 8 input channels) goes through cf_conv_bf16_* (no patch matrix), its weights packed by
-     * the forward pass into bf16_packed (kept for the plan) and read again by the backward */
+     * the forward pass into bf16_packed (kept for the plan; none for a Winograd layer) and read
+     * again by the backward */
     bool bf16_implicit;
     float *bf16_packed;
     bool bf16_fresh; /* bf16_packed holds the weights of the last forward pass */
@@ -279,7 +280,10 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     if (c->implicit_dw && c->in_c >= 8) c->bf16_implicit = true;
     c->bf16_packed = NULL;
     c->bf16_fresh = false;
-    if (c->bf16_implicit && c->bf16) { /* only a layer switched to bf16 pays for the pack */
+    /* Only a layer switched to bf16 pays for the pack, and not a Winograd one: its bf16 calls
+     * take the bf16 Winograd (use_winograd holds wherever a level has bf16 kernels; without the
+     * pack, use_bf16_implicit is false anyway). */
+    if (c->bf16_implicit && c->bf16 && !c->winograd) {
         const size_t s = round16(cf_conv_bf16_scratch(&c->g, c->out_c));
         if (s > c->scratch_stride) c->scratch_stride = s;
         c->bf16_packed = cf_arena_floats(arena, cf_conv_bf16_packed_floats(&c->g, c->out_c));
