@@ -116,6 +116,15 @@ cf_tensor *cf_module_input_grad(cf_module *m);
  * once a child's gradient is read. Non-block pointers are ignored; never give back your own dy. */
 void cf_module_give_grad(const cf_module *m, const float *p, const float *keep);
 
+/* For a layer's forward or backward that could not compute its result (they return no
+ * status): records status and the printf-style message (cf_last_error) as the pass's error, the
+ * first one of the pass kept. The pass runs on to its end (containers do not check), and
+ * cf_model_forward / cf_model_backward then return that status with that message, so the
+ * Learner's fit stops with it before the optimizer step. Per thread: call it on the thread that
+ * runs the forward or backward (not from a cf_parallel_for range). Returns status. */
+cf_status cf_module_fail(cf_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* Appends a named child (custom containers); takes ownership, also on failure. An empty name
  * makes the child transparent in state_dict names (its parameters keep the parent's prefix). */
 cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *name);
@@ -206,9 +215,11 @@ void cf_model_set_draw_key(cf_model *model, uint64_t key, const int64_t *ids, in
 /* Train (batch statistics, dropout) or eval mode for every module. */
 void cf_model_train(cf_model *model, bool training);
 /* Runs the forward pass; *y is valid until the next forward. Plans the arena on the first
- * batch (or a larger one) and checks the input shape. */
+ * batch (or a larger one) and checks the input shape. A layer's failure (cf_module_fail) is
+ * returned once the pass is over; *y is then not valid. */
 cf_status cf_model_forward(cf_model *model, const cf_tensor *x, const cf_tensor **y);
-/* Backward from dL/dy of the last forward; accumulates into model->grads. */
+/* Backward from dL/dy of the last forward; accumulates into model->grads. A layer's failure
+ * (cf_module_fail) is returned once the pass is over; the gradients are then not valid. */
 cf_status cf_model_backward(cf_model *model, const cf_tensor *dy);
 void cf_model_zero_grad(cf_model *model);
 /* Looks up a parameter by state_dict name; NULL when absent. */

@@ -95,6 +95,10 @@ typedef struct conv_impl {
     bool bf16_implicit;
     float *bf16_packed;
     bool bf16_fresh; /* bf16_packed holds the weights of the last forward pass */
+    /* the first failed cf_conv_bf16_* status of the call in progress (CF_OK: none) and its
+     * message, noted by whichever thread made the call (bf16_note), reported by conv_report */
+    atomic_int bf16_status;
+    char bf16_error[512];
     /* the call in progress */
     const float *x, *dy;
     float *y, *dx;
@@ -104,6 +108,23 @@ typedef struct conv_impl {
 
 static size_t round16(size_t n) {
     return (n + 15) & ~(size_t)15;
+}
+
+static cf_status (*bf16_fault)(cf_status status, const char *call);
+
+void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
+    bf16_fault = fn;
+}
+
+/* Notes the status of a cf_conv_bf16_* call (call: its name), on any thread: they cannot fail
+ * for the packs conv.c makes, but a failure would leave the output or gradient unwritten. The
+ * first failure of the call in progress is kept, with the message its thread recorded. */
+static void bf16_note(conv_impl *c, cf_status st, const char *call) {
+    if (bf16_fault) st = bf16_fault(st, call);
+    if (st == CF_OK) return;
+    int none = CF_OK;
+    if (atomic_compare_exchange_strong(&c->bf16_status, &none, (int)st))
+        snprintf(c->bf16_error, sizeof c->bf16_error, "%s", cf_last_error());
 }
 
 /* Whether this call is lowered with its products in bf16: the layer is set to mixed precision and
@@ -157,6 +178,19 @@ static const char *conv_repr(const conv_impl *c, char *buf, size_t size) {
     snprintf(buf, size, "Conv2d(%d, %d, kernel_size=%d, stride=%d, padding=%d, bias=%s)", c->in_c,
              c->out_c, c->k, c->stride, c->pad, c->has_bias ? "True" : "False");
     return buf;
+}
+
+/* On the thread that runs the pass, once the call's threads are done: a noted failure becomes
+ * the pass's error (cf_module_fail), which cf_model_forward / cf_model_backward return. */
+static void conv_report(conv_impl *c, const char *pass) {
+    const cf_status st = (cf_status)atomic_exchange(&c->bf16_status, CF_OK);
+    char r[128];
+    if (st != CF_OK)
+        cf_module_fail(st, "%s %s: %s", conv_repr(c, r, sizeof r), pass, c->bf16_error);
+}
+
+const float *cf__conv_bf16_packed(const cf_module *conv) {
+    return cf_nn_is_conv(conv) ? ((const conv_impl *)conv->impl)->bf16_packed : NULL;
 }
 
 static cf_status conv_out_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
@@ -450,13 +484,18 @@ static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int t
     if (c->shortcut_call.out_channels) {
         cf_conv_shortcut sc = c->shortcut_call;
         sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
-        cf_conv_bf16_forward_with(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
-                                  (int)(end - begin), c->y + (size_t)begin * out_n,
-                                  c->scratch + (size_t)thread * c->scratch_stride, &sc);
+        bf16_note(c,
+                  cf_conv_bf16_forward_with(g, c->out_c, c->bf16_packed,
+                                            c->x + (size_t)begin * in_n, (int)(end - begin),
+                                            c->y + (size_t)begin * out_n,
+                                            c->scratch + (size_t)thread * c->scratch_stride, &sc),
+                  "cf_conv_bf16_forward_with");
     } else
-        cf_conv_bf16_forward(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
-                             (int)(end - begin), c->y + (size_t)begin * out_n,
-                             c->scratch + (size_t)thread * c->scratch_stride);
+        bf16_note(c,
+                  cf_conv_bf16_forward(g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n,
+                                       (int)(end - begin), c->y + (size_t)begin * out_n,
+                                       c->scratch + (size_t)thread * c->scratch_stride),
+                  "cf_conv_bf16_forward");
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
@@ -549,6 +588,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     } else
         run_groups(c, c->batch, conv_forward_range, m);
     call_end(c, mem);
+    conv_report(c, "forward");
     if (computed) *computed = c->shortcut_call.out_channels != 0;
     c->shortcut_call.out_channels = 0;
     return y;
@@ -771,7 +811,7 @@ static void bf16_pack_for_level(conv_impl *c, const float *w) {
     if (!c->bf16_fresh)
         cf_conv_bf16_pack(&c->g, c->out_c, w, c->bf16_packed);
     else if (!cf_conv_bf16_pack_current(&c->g, c->out_c, c->bf16_packed))
-        (void)cf_conv_bf16_repack(&c->g, c->out_c, c->bf16_packed);
+        bf16_note(c, cf_conv_bf16_repack(&c->g, c->out_c, c->bf16_packed), "cf_conv_bf16_repack");
     c->bf16_fresh = true;
 }
 
@@ -789,10 +829,12 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     if (c->want_dw && c->need_dx && !c->add_dx) { /* both in one pass over the blocks */
         cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
         if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
-        cf_conv_bf16_backward(g, c->out_c, c->bf16_packed, dy, x, count,
-                              c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n,
-                              scratch, sdw.out_channels ? &sdw : NULL,
-                              sdx.out_channels ? &sdx : NULL);
+        bf16_note(c,
+                  cf_conv_bf16_backward(
+                      g, c->out_c, c->bf16_packed, dy, x, count,
+                      c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n, scratch,
+                      sdw.out_channels ? &sdw : NULL, sdx.out_channels ? &sdx : NULL),
+                  "cf_conv_bf16_backward");
         if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
         return;
     }
@@ -805,16 +847,24 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
                            scratch);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
     if (c->need_dx && c->add_dx)
-        (void)cf_conv_bf16_dx_add(g, c->out_c, c->bf16_packed, dy, count,
-                                  c->dx + (size_t)begin * in_n, scratch);
+        bf16_note(c,
+                  cf_conv_bf16_dx_add(g, c->out_c, c->bf16_packed, dy, count,
+                                      c->dx + (size_t)begin * in_n, scratch)
+                      ? CF_OK
+                      : CF_ERR_STATE, /* its message recorded (cf_last_error) */
+                  "cf_conv_bf16_dx_add");
     else if (c->need_dx && c->shortcut_dx.out_channels) {
         cf_conv_shortcut sc = c->shortcut_dx;
         sc.dy += (size_t)begin * sc.out_channels * g->oh * g->ow;
-        cf_conv_bf16_dx_with(g, c->out_c, c->bf16_packed, dy, count, c->dx + (size_t)begin * in_n,
-                             scratch, &sc);
+        bf16_note(c,
+                  cf_conv_bf16_dx_with(g, c->out_c, c->bf16_packed, dy, count,
+                                       c->dx + (size_t)begin * in_n, scratch, &sc),
+                  "cf_conv_bf16_dx_with");
     } else if (c->need_dx)
-        cf_conv_bf16_dx(g, c->out_c, c->bf16_packed, dy, count, c->dx + (size_t)begin * in_n,
-                        scratch);
+        bf16_note(c,
+                  cf_conv_bf16_dx(g, c->out_c, c->bf16_packed, dy, count,
+                                  c->dx + (size_t)begin * in_n, scratch),
+                  "cf_conv_bf16_dx");
 }
 
 /* The weight gradient alone of the images [begin, end) of an implicit_dw layer, into this
@@ -912,6 +962,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     if (!need_dx && !c->want_dw && !c->want_db) {
         c->shortcut_dx.out_channels = 0;
         finish_shortcut_dw(c);
+        conv_report(c, "backward"); /* a repack for a sibling (cf_nn_conv_shortcut_backward) */
         return NULL;
     }
     float *mem = call_begin(c, true);
@@ -949,6 +1000,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
                     use_bf16(c) && !bf16_dw_dots(c));
     finish_shortcut_dw(c);
     call_end(c, mem);
+    conv_report(c, "backward");
     c->shortcut_dx.out_channels = 0;
     return dx;
 }

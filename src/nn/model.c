@@ -170,16 +170,18 @@ cf_status cf_model_forward(cf_model *model, const cf_tensor *x, const cf_tensor 
         if (st != CF_OK) return st;
     }
     model->root->in = x;
+    cf__nn_pass_begin();
     *y = model->root->ops->forward(model->root, x);
-    return CF_OK;
+    return cf__nn_pass_end();
 }
 
 cf_status cf_model_backward(cf_model *model, const cf_tensor *dy) {
     if (!model->root->in) return cf_fail(CF_ERR_STATE, "backward before forward");
     /* a container that does not give its children's gradients back holds them until here */
     cf_arena_give_all(&model->arena);
+    cf__nn_pass_begin();
     model->root->ops->backward(model->root, dy, false);
-    return CF_OK;
+    return cf__nn_pass_end();
 }
 
 void cf_model_zero_grad(cf_model *model) {

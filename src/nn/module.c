@@ -3,6 +3,8 @@
 #include "corefit/nn.h"
 #include "nn_internal.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 cf_module *cf_module_new(const cf_module_ops *ops, void *impl) {
@@ -106,4 +108,36 @@ cf_status cf_module_add_child(cf_module *parent, cf_module *child, const char *n
     parent->child_names = names;
     parent->n_children = n + 1;
     return CF_OK;
+}
+
+/* ---- errors of a pass ----------------------------------------------------------------------
+ * forward and backward return no status (containers run their children without checking), so a
+ * layer that could not compute its result records the failure here and the pass runs to its end;
+ * cf_model_forward / cf_model_backward return the first one. Per thread: a model's pass runs its
+ * modules on the thread that called it (their own threads report through the layer, which
+ * records the failure once they are done). */
+static _Thread_local cf_status pass_status;
+static _Thread_local char pass_message[1024];
+
+cf_status cf_module_fail(cf_status status, const char *fmt, ...) {
+    char msg[sizeof pass_message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (status != CF_OK && pass_status == CF_OK) {
+        pass_status = status;
+        memcpy(pass_message, msg, sizeof msg);
+    }
+    return cf_fail(status, "%s", msg);
+}
+
+void cf__nn_pass_begin(void) {
+    pass_status = CF_OK;
+}
+
+cf_status cf__nn_pass_end(void) {
+    const cf_status st = pass_status;
+    pass_status = CF_OK;
+    return st == CF_OK ? CF_OK : cf_fail(st, "%s", pass_message);
 }

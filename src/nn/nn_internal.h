@@ -57,6 +57,18 @@ void cf_nn_residual_set_fusion(cf_module *block, const cf_nn_res_fusion *f);
 /* Whether a residual block applies ReLU after the sum. */
 bool cf_nn_residual_relu_after(const cf_module *block);
 
+/* A model's pass (module.c): begin forgets the errors of an earlier pass on this thread; end
+ * returns the first cf_module_fail of the pass (CF_OK when none), with its message. */
+void cf__nn_pass_begin(void);
+cf_status cf__nn_pass_end(void);
+
+/* For tests (conv.c): fn (NULL: none) sees the status of every cf_conv_bf16_* call a Conv2d
+ * makes (call: the function's name) and returns the one the layer acts on, so that a test can
+ * make one fail as a future kernel might. Set only while no pass runs. */
+void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call));
+/* The bf16 convolution's packed weights a Conv2d's plan reserved (NULL: none). */
+const float *cf__conv_bf16_packed(const cf_module *conv);
+
 /* cf_module's out_shape and plan (the default plan when a layer has none) (module.c). */
 cf_status cf_nn_module_out_shape(cf_module *m, const cf_shape *in, cf_shape *out);
 void cf_nn_module_plan(cf_module *m, const cf_shape *in, cf_arena *arena);
