@@ -56,3 +56,7 @@ set_tests_properties(test_amx_cap_amx PROPERTIES LABELS "unit;isa" TIMEOUT 300
 foreach(name test_bf16_batch test_bf16_shortcut test_bf16_par)
   cf_amx_emul_test(${name})
 endforeach()
+# What the bf16 paths do when a kernel fails, and the pack a bf16 Winograd layer does not plan:
+# at every level (below avx512_bf16: nothing to fail, nothing said) and over the tile emulation.
+cf_isa_tests(test_bf16_faults generic avx2 avx512 avx512_bf16)
+cf_amx_emul_test(test_bf16_faults)
