@@ -62,8 +62,8 @@ void cf_sgemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float 
         if (!atomic_exchange(&said, true))
             fprintf(stderr,
                     "corefit: the bf16 GEMM (%s level) could not allocate its packing scratch "
-                    "for a %d x %d x %d product (out of memory); that product and any later one "
-                    "in the same case are computed in fp32\n",
+                    "for a %d x %d x %d product (out of memory): computed in fp32, as is any "
+                    "later product in that case (said once)\n",
                     cf_isa_name(cf_isa_active()), m, n, k);
     }
     cf_sgemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
