@@ -8,7 +8,10 @@
  * against a double-precision sum of the same bf16 operands. Cases: W1's four 3x3 layers and two
  * shortcuts, odd channel counts (a channel pair's high half zero), output channels that are not a
  * multiple of 16, a 5x5 kernel, image counts that end a call of several images early, the
- * shortcut paired with a stride-2 layer, and planes too narrow or too large for the path. Without
+ * shortcut paired with a stride-2 layer, and planes too narrow or too large for the path. The
+ * input's pairs of that path (fwd_pairs_rows, fwd_deal_pairs: the conversion instructions, with
+ * cf__bf16_round_lanes for a vector that holds a subnormal) are compared with pairs_rows' and
+ * deal_pairs' words on subnormals, NaNs, infinities and ties. Without
  * bf16 kernels (CF_ISA below avx512_bf16) the layout is unsupported and the test has nothing to
  * compare; at the amx level (its tile conv_run is the forward's kernel) the table has no
  * conv_cols. */
@@ -228,11 +231,65 @@ static void test_elsewhere(void **state) {
     check_case(2, 16, 32, 32, 3, 2, 32, true);  /* 256 positions: still */
 }
 
+/* Values that take each branch of the conversions: subnormals (the conversion instruction would
+ * read them as zero), NaNs of both signs and payloads, infinities, ties to even, the largest
+ * finite values (rounding up to infinity), zeros of both signs, ordinary values. */
+static void fill_special(float *x, size_t n, unsigned seed) {
+    static const uint32_t bits[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x7fc00001u,
+                                    0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
+                                    0x00000000u, 0x80000000u, 0x3f7fffffu, 0x00800000u};
+    fill_uniform(x, n, seed, -3, 3);
+    for (size_t i = 0; i < n; i += 7) memcpy(&x[i], &bits[(i / 7) % 16], sizeof(float));
+}
+
+/* fwd_pairs_rows and fwd_deal_pairs write pairs_rows' and deal_pairs' words, on rows of every
+ * width up to 70 (vector tails), with and without hi and o, vectors with and without a subnormal
+ * (the odd rows hold only ordinary values: the conversion instruction's own path). */
+static void test_input_pairs(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    assert_non_null(k->fwd_pairs_rows);
+    assert_non_null(k->fwd_deal_pairs);
+    enum { H = 5, W = 70, LD = 80 };
+    float lo[H * W], hi[H * W];
+    uint32_t a[H * LD], b[H * LD], ao[H * LD], bo[H * LD];
+    fill_special(lo, H * W, 21);
+    fill_special(hi, H * W, 22);
+    for (int i = 1; i < H; i += 2) { /* rows without special values */
+        fill_uniform(lo + i * W, W, 23 + i, -1, 1);
+        fill_uniform(hi + i * W, W, 33 + i, -1, 1);
+    }
+    for (int w = 1; w <= W; w++)
+        for (int with_hi = 0; with_hi < 2; with_hi++) {
+            const float *h = with_hi ? hi : NULL;
+            memset(a, 0xa5, sizeof a);
+            memset(b, 0xa5, sizeof b);
+            k->pairs_rows(lo, h, H, w, a, LD);
+            k->fwd_pairs_rows(lo, h, H, w, b, LD);
+            if (memcmp(a, b, sizeof a) != 0)
+                fail_msg("fwd_pairs_rows: rows of %d (hi %d) differ from pairs_rows'", w, with_hi);
+            for (int with_o = 0; with_o < 2; with_o++) {
+                memset(a, 0xa5, sizeof a);
+                memset(b, 0xa5, sizeof b);
+                memset(ao, 0x5a, sizeof ao);
+                memset(bo, 0x5a, sizeof bo);
+                k->deal_pairs(lo, h, W, H, w, a, with_o ? ao : NULL, LD);
+                k->fwd_deal_pairs(lo, h, W, H, w, b, with_o ? bo : NULL, LD);
+                if (memcmp(a, b, sizeof a) != 0 || memcmp(ao, bo, sizeof ao) != 0)
+                    fail_msg("fwd_deal_pairs: rows of %d (hi %d, o %d) differ from deal_pairs'", w,
+                             with_hi, with_o);
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_w1_layers),
         cmocka_unit_test(test_other_shapes),
         cmocka_unit_test(test_elsewhere),
+        cmocka_unit_test(test_input_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

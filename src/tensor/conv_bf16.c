@@ -833,6 +833,11 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
                          const float *src, int n_images, float *dst, float *scratch,
                          const cf_conv_shortcut *sc, const layout *sl) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    /* the input's pairs: the level's faster conversions where it has them (the same words) */
+    void (*const pairs_rows)(const float *, const float *, int, int, uint32_t *, size_t) =
+        k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
+    void (*const deal_pairs)(const float *, const float *, size_t, int, int, uint32_t *, uint32_t *,
+                             size_t) = k->fwd_deal_pairs ? k->fwd_deal_pairs : k->deal_pairs;
     const int pairs = l->cp, ohw = g->oh * g->ow;
     const size_t phase_words = (size_t)pairs * l->cplane, image_words = l->phases * phase_words,
                  in_n = (size_t)l->c * g->h * g->w, out_n = (size_t)l->o * ohw;
@@ -852,13 +857,13 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
                 const float *hi = 2 * p + 1 < l->c ? lo + (size_t)g->h * g->w : NULL;
                 uint32_t *plane = xp + (size_t)b * image_words + (size_t)p * l->cplane;
                 if (l->sub) { /* the even columns of the even rows */
-                    k->deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
-                                  (size_t)l->wq);
+                    deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
+                               (size_t)l->wq);
                     continue;
                 }
                 if (l->stride == 1) {
-                    k->pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
-                                  (size_t)l->wp);
+                    pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
+                               (size_t)l->wp);
                     continue;
                 }
                 for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* stride 2: as run_images */
@@ -867,8 +872,8 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
                                     (size_t)(r / 2) * l->wq,
                              *e, *o;
                     DEAL_DEST(l->pad, row, phase_words, e, o);
-                    k->deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
-                                  (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
+                    deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
+                               (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
                 }
             }
         }

@@ -535,9 +535,10 @@ static void cols_tile2(int n1, int taps, const int *off, int pairs, const uint32
                        size_t ldt) {
     switch (n1) {
         COLS_CASE(2, 12, 1)
-        COLS_CASE(2, 12, 2) COLS_CASE(2, 12, 3) COLS_CASE(2, 12, 4) COLS_CASE(2, 12, 5)
-            COLS_CASE(2, 12, 6) COLS_CASE(2, 12, 7) COLS_CASE(2, 12, 8) COLS_CASE(2, 12, 9)
-                COLS_CASE(2, 12, 10) COLS_CASE(2, 12, 11) default
+        COLS_CASE(2, 12, 2)
+        COLS_CASE(2, 12, 3) COLS_CASE(2, 12, 4) COLS_CASE(2, 12, 5) COLS_CASE(2, 12, 6)
+            COLS_CASE(2, 12, 7) COLS_CASE(2, 12, 8) COLS_CASE(2, 12, 9) COLS_CASE(2, 12, 10)
+                COLS_CASE(2, 12, 11) default
             : cols_tile(2, 12, 12, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
@@ -546,8 +547,9 @@ static void cols_tile3(int n1, int taps, const int *off, int pairs, const uint32
                        size_t ldt) {
     switch (n1) {
         COLS_CASE(3, 8, 1)
-        COLS_CASE(3, 8, 2) COLS_CASE(3, 8, 3) COLS_CASE(3, 8, 4) COLS_CASE(3, 8, 5)
-            COLS_CASE(3, 8, 6) COLS_CASE(3, 8, 7) default
+        COLS_CASE(3, 8, 2)
+        COLS_CASE(3, 8, 3) COLS_CASE(3, 8, 4) COLS_CASE(3, 8, 5) COLS_CASE(3, 8, 6)
+            COLS_CASE(3, 8, 7) default
             : cols_tile(3, 8, 8, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
@@ -556,7 +558,8 @@ static void cols_tile4(int n1, int taps, const int *off, int pairs, const uint32
                        size_t ldt) {
     switch (n1) {
         COLS_CASE(4, 6, 1)
-        COLS_CASE(4, 6, 2) COLS_CASE(4, 6, 3) COLS_CASE(4, 6, 4) COLS_CASE(4, 6, 5) default
+        COLS_CASE(4, 6, 2)
+        COLS_CASE(4, 6, 3) COLS_CASE(4, 6, 4) COLS_CASE(4, 6, 5) default
             : cols_tile(4, 6, 6, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
@@ -605,6 +608,69 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
             cols_out(tmp + (size_t)done * hw * ldt, ldt, m, hw, out + (size_t)done * ldoimg, ldo);
     }
 #undef ROW_AT
+}
+
+/* The forward's input pairs (forward_cols) on the conversion instructions, as
+ * isa_avx512_bf16_wino.c's pairs_of: vcvtne2ps2bf16 rounds two vectors in one, to nearest even,
+ * and makes a NaN quiet as cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector
+ * pair that holds one (vfpclassps) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and
+ * bf16_deal_pairs' words (test_bf16_cols), in about a quarter of the instructions. */
+#define SUBNORMAL_LANES 0x20
+
+static inline bool any_subnormal(__m512 a, __m512 b) {
+    return __builtin_expect((_mm512_fpclass_ps_mask(a, SUBNORMAL_LANES) |
+                             _mm512_fpclass_ps_mask(b, SUBNORMAL_LANES)) != 0,
+                            0);
+}
+
+/* The 32 values a then b as bf16 words, in order. */
+static inline __m512i ne_words(__m512 a, __m512 b) {
+    if (any_subnormal(a, b))
+        return _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm512_cvtepi32_epi16(cf__bf16_round_lanes(a))),
+            _mm512_cvtepi32_epi16(cf__bf16_round_lanes(b)), 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+
+/* As bf16_pairs_rows (kernel_table.h's fwd_pairs_rows). */
+static void bf16_fwd_pairs_rows(const float *lo, const float *hi, int h, int w, uint32_t *out,
+                                size_t ldo) {
+    /* lo's words in the low half, hi's in the high half, interleaved into pairs */
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int i = 0; i < h; i++, lo += w, hi = hi ? hi + w : NULL, out += ldo)
+        for (int j = 0; j < w; j += 16) {
+            const __mmask16 m = lanes_below(w - j);
+            const __m512 l = _mm512_maskz_loadu_ps(m, lo + j),
+                         u = hi ? _mm512_maskz_loadu_ps(m, hi + j) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(out + j, m, _mm512_permutexvar_epi16(zip, ne_words(l, u)));
+        }
+}
+
+/* As bf16_deal_pairs (kernel_table.h's fwd_deal_pairs). */
+static void bf16_fwd_deal_pairs(const float *lo, const float *hi, size_t ldx, int h, int n,
+                                uint32_t *e, uint32_t *o, size_t ld) {
+    /* pair v of the even values: words 2v of lo's and hi's 32; of the odd ones, words 2v + 1 */
+    const __m512i even = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18,
+                                          48, 16, 46, 14, 44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34,
+                                          2, 32, 0),
+                  odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    for (int i = 0; i < h;
+         i++, lo += ldx, hi = hi ? hi + ldx : NULL, e += ld, o = o ? o + ld : NULL)
+        for (int j = 0; j < n; j += 32) {
+            const int left = n - j;
+            const __mmask16 m0 = lanes_below(left), m1 = lanes_below(left - 16);
+            const __m512i l =
+                ne_words(_mm512_maskz_loadu_ps(m0, lo + j), _mm512_maskz_loadu_ps(m1, lo + j + 16));
+            const __m512i u = hi ? ne_words(_mm512_maskz_loadu_ps(m0, hi + j),
+                                            _mm512_maskz_loadu_ps(m1, hi + j + 16))
+                                 : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(e + j / 2, lanes_below((left + 1) / 2),
+                                     _mm512_permutex2var_epi16(l, even, u));
+            if (o)
+                _mm512_mask_storeu_epi32(o + j / 2, lanes_below(left / 2),
+                                         _mm512_permutex2var_epi16(l, odd, u));
+        }
 }
 
 /* One tile of conv_wgrad: 8 rows of a by nv (1-3) vectors of 16 columns of b from c0. */
@@ -988,5 +1054,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .stem_pairs = bf16_stem_pairs,
     .interleave_rows = bf16_interleave_rows,
     .conv_cols = bf16_conv_cols,
+    .fwd_pairs_rows = bf16_fwd_pairs_rows,
+    .fwd_deal_pairs = bf16_fwd_deal_pairs,
 };
 #endif

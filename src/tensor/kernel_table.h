@@ -257,6 +257,13 @@ typedef struct cf_bf16_kernels {
     void (*conv_cols)(int taps, const int *off, int pairs, int m, const uint32_t *w,
                       const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                       int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp);
+    /* NULL: none (then pairs_rows and deal_pairs). The same words as pairs_rows and deal_pairs
+     * (bitwise), faster where the level has conversion instructions: the forward's input pairs
+     * (forward_cols). */
+    void (*fwd_pairs_rows)(const float *lo, const float *hi, int h, int w, uint32_t *out,
+                           size_t ldo);
+    void (*fwd_deal_pairs)(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
+                           uint32_t *o, size_t ld);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
