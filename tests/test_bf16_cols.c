@@ -29,14 +29,17 @@ static cf_bf16_kernels without_bf16;
 static cf_kernel_table counting_table; /* ... with conv_cols counted */
 static cf_bf16_kernels counting_bf16;
 static void (*real_cols)(int, const int *, int, int, const uint32_t *, const uint32_t *, size_t,
-                         size_t, size_t, int, int, int, float *, size_t, size_t, float *);
+                         size_t, size_t, int, int, int, float *, size_t, size_t, float *,
+                         const void *, size_t);
 static int cols_calls;
 
 static void counted_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
                          const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
-                         int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp) {
+                         int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                         const void *next, size_t next_bytes) {
     cols_calls++;
-    real_cols(taps, off, pairs, m, w, x, plane, ldx, ldimg, h, wd, n_images, out, ldo, ldoimg, tmp);
+    real_cols(taps, off, pairs, m, w, x, plane, ldx, ldimg, h, wd, n_images, out, ldo, ldoimg, tmp,
+              next, next_bytes);
 }
 
 /* Whether the active level has conv_cols; then both table copies made. */

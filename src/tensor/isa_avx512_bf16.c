@@ -526,6 +526,7 @@ static inline __attribute__((always_inline)) void cols_tile(int nv, int np, int 
 
 /* The tile of np positions (np = 24 / nv) for the tile's n1 (1..np), each its own code (the
  * positions' offsets constant). */
+/* clang-format off */
 #define COLS_CASE(NV, NP, N1)                                                                      \
     case N1:                                                                                       \
         cols_tile(NV, NP, N1, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);                  \
@@ -536,10 +537,17 @@ static void cols_tile2(int n1, int taps, const int *off, int pairs, const uint32
     switch (n1) {
         COLS_CASE(2, 12, 1)
         COLS_CASE(2, 12, 2)
-        COLS_CASE(2, 12, 3) COLS_CASE(2, 12, 4) COLS_CASE(2, 12, 5) COLS_CASE(2, 12, 6)
-            COLS_CASE(2, 12, 7) COLS_CASE(2, 12, 8) COLS_CASE(2, 12, 9) COLS_CASE(2, 12, 10)
-                COLS_CASE(2, 12, 11) default
-            : cols_tile(2, 12, 12, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
+        COLS_CASE(2, 12, 3)
+        COLS_CASE(2, 12, 4)
+        COLS_CASE(2, 12, 5)
+        COLS_CASE(2, 12, 6)
+        COLS_CASE(2, 12, 7)
+        COLS_CASE(2, 12, 8)
+        COLS_CASE(2, 12, 9)
+        COLS_CASE(2, 12, 10)
+        COLS_CASE(2, 12, 11)
+    default:
+        cols_tile(2, 12, 12, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
 static void cols_tile3(int n1, int taps, const int *off, int pairs, const uint32_t *w, size_t ldw,
@@ -548,9 +556,13 @@ static void cols_tile3(int n1, int taps, const int *off, int pairs, const uint32
     switch (n1) {
         COLS_CASE(3, 8, 1)
         COLS_CASE(3, 8, 2)
-        COLS_CASE(3, 8, 3) COLS_CASE(3, 8, 4) COLS_CASE(3, 8, 5) COLS_CASE(3, 8, 6)
-            COLS_CASE(3, 8, 7) default
-            : cols_tile(3, 8, 8, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
+        COLS_CASE(3, 8, 3)
+        COLS_CASE(3, 8, 4)
+        COLS_CASE(3, 8, 5)
+        COLS_CASE(3, 8, 6)
+        COLS_CASE(3, 8, 7)
+    default:
+        cols_tile(3, 8, 8, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
 static void cols_tile4(int n1, int taps, const int *off, int pairs, const uint32_t *w, size_t ldw,
@@ -559,11 +571,15 @@ static void cols_tile4(int n1, int taps, const int *off, int pairs, const uint32
     switch (n1) {
         COLS_CASE(4, 6, 1)
         COLS_CASE(4, 6, 2)
-        COLS_CASE(4, 6, 3) COLS_CASE(4, 6, 4) COLS_CASE(4, 6, 5) default
-            : cols_tile(4, 6, 6, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
+        COLS_CASE(4, 6, 3)
+        COLS_CASE(4, 6, 4)
+        COLS_CASE(4, 6, 5)
+    default:
+        cols_tile(4, 6, 6, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
 #undef COLS_CASE
+/* clang-format on */
 
 /* out[r * ldo + q] = tmp[q * ldt + r] for r < m, q < n: 16 x 16 blocks transposed in registers. */
 static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, size_t ldo) {
@@ -589,14 +605,20 @@ static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, siz
  * past the last image continue the order into the rows below it (read, not stored). */
 static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
                            const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
-                           int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp) {
+                           int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                           const void *next, size_t next_bytes) {
     const int nv = (m + 15) / 16, np = 24 / nv, hw = h * wd, n = n_images * hw;
-    const size_t ldw = (size_t)16 * nv, ldt = ldw;
+    const size_t ldw = (size_t)16 * nv, ldt = ldw, tiles = (size_t)(n + np - 1) / np;
+    /* next's lines towards L2, a few per tile while the tiles compute */
+    const char *pf = next, *pf_end = pf ? pf + next_bytes : NULL;
+    const size_t pf_step = 64 * ((next_bytes / 64 + tiles - 1) / tiles);
 #define ROW_AT(R) (x + (size_t)((R) / h) * ldimg + (size_t)((R) % h) * ldx)
     for (int q0 = 0, done = 0; q0 < n; q0 += np) {
         const int r0 = q0 / wd, j0 = q0 % wd, n1 = wd - j0 < np ? wd - j0 : np;
         const uint32_t *xa = ROW_AT(r0) + j0, *xb = ROW_AT(r0 + 1) - n1;
         float *tt = tmp + (size_t)q0 * ldt;
+        for (const char *e = pf + pf_step; pf && pf < pf_end && pf < e; pf += 64)
+            _mm_prefetch(pf, _MM_HINT_T1);
         if (nv == 2)
             cols_tile2(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);
         else if (nv == 3)

@@ -253,10 +253,12 @@ typedef struct cf_bf16_kernels {
      * at w[(t * pairs + p) * up(m, 16) + r], zero past m. Positions go in tiles of np = 12, 8 or
      * 6 (m up to 32, 48, 64; w >= np) in row-major order over the images, so after the last
      * image x is read at up to np - 1 more positions in its rows past h; tmp: up(n_images * h *
-     * w, np) * up(m, 16) floats. */
+     * w, np) * up(m, 16) floats. next (NULL: none): next_bytes that the caller reads next (the
+     * next images' input), prefetched towards L2 as the tiles compute (a hint). */
     void (*conv_cols)(int taps, const int *off, int pairs, int m, const uint32_t *w,
                       const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
-                      int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp);
+                      int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                      const void *next, size_t next_bytes);
     /* NULL: none (then pairs_rows and deal_pairs). The same words as pairs_rows and deal_pairs
      * (bitwise), faster where the level has conversion instructions: the forward's input pairs
      * (forward_cols). */
