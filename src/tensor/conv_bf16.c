@@ -346,20 +346,22 @@ static uint32_t *pack_cols(const layout *l, const float *packed) {
     return (uint32_t *)pack_weights(l, (float *)packed) + ((size_t)l->o * l->c * l->taps + 1) / 2;
 }
 
-/* conv_cols' weights from the pack's bf16 ones: pair (o, t, p) at [(t * cp + p) * up(o, 16) +
- * o], zero past O (the level's order does not apply: only conv_cols reads them). */
-static void pack_cols_fill(const layout *l, float *packed) {
+/* conv_cols' weights, pair (o, t, p) at [(t * cp + p) * up(o, 16) + o], zero past O, from the
+ * forward's blocks before the level orders them (fwd: [block of 8 rows][tap][pair][8], rows past
+ * O zero): per tap and pair, each block's 8 words side by side. */
+static void pack_cols_fill(const layout *l, const uint32_t *fwd, float *packed) {
     if (!l->cols) return;
-    const uint16_t *wb = pack_weights(l, packed);
     uint32_t *cols = pack_cols(l, packed);
-    const int O = l->o, C = l->c, T = l->taps, ld = (int)up((size_t)O, 16);
+    const int T = l->taps, blocks = (int)(up((size_t)l->o, ROWS) / ROWS);
+    const size_t ld = up((size_t)l->o, 16);
     for (int t = 0; t < T; t++)
-        for (int p = 0; p < l->cp; p++)
-            for (int o = 0; o < ld; o++) {
-                const uint16_t *w = o < O ? &wb[((size_t)o * C + 2 * p) * T + t] : NULL;
-                cols[((size_t)t * l->cp + p) * ld + o] =
-                    pair_of(w, w && 2 * p + 1 < C ? w + T : NULL);
-            }
+        for (int p = 0; p < l->cp; p++) {
+            uint32_t *row = cols + ((size_t)t * l->cp + p) * ld;
+            for (int b = 0; b < blocks; b++)
+                memcpy(row + (size_t)b * ROWS, fwd + (((size_t)b * T + t) * l->cp + p) * ROWS,
+                       ROWS * sizeof(uint32_t));
+            memset(row + (size_t)blocks * ROWS, 0, (ld - (size_t)blocks * ROWS) * sizeof(uint32_t));
+        }
 }
 
 void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed) {
@@ -400,7 +402,6 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     const int O = l.o, C = l.c, T = l.taps;
     uint32_t *order_tmp = stamp_at(&l, packed) - order_words(&l);
     stamp_make(&l, stamp_at(&l, packed));
-    pack_cols_fill(&l, packed);
 #define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
     /* forward: [row block][tap][input pair][8 output channels] */
     for (int o = 0; o < (int)up((size_t)O, ROWS); o++)
@@ -410,6 +411,7 @@ static void pack_from_bf16(const layout *lay, float *packed) {
                 fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
                     in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
             }
+    pack_cols_fill(&l, fwd, packed);
     level_order(fwd, T, l.cp, O, order_tmp);
     if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
         for (int ph = 0; ph < 4; ph++) {
