@@ -150,6 +150,7 @@ static void cols_make(layout *l, const cf_conv_geom *g) {
     const int nv = (l->o + 15) / 16, np = nv >= 2 && nv <= 4 ? 24 / nv : 0, ohw = g->oh * g->ow;
     l->cols = !l->compact && np && g->ow >= np && ohw <= COLS_POSITIONS;
     l->cplane = l->plane;
+    l->cnb = 1;
     if (!l->cols) return;
     const int reach = (l->k - 1) / l->stride * (l->wq + 1);
     const size_t last = (size_t)(ohw + COLS_TILE - 2) / g->ow * l->wq + g->ow + reach;
