@@ -404,14 +404,19 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     uint32_t *order_tmp = stamp_at(&l, packed) - order_words(&l);
     stamp_make(&l, stamp_at(&l, packed));
 #define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
-    /* forward: [row block][tap][input pair][8 output channels] */
-    for (int o = 0; o < (int)up((size_t)O, ROWS); o++)
-        for (int t = 0; t < T; t++)
-            for (int p = 0; p < l.cp; p++) {
-                const bool in = o < O;
-                fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
-                    in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
-            }
+    /* forward: [row block][tap][input pair][8 output channels], a row's taps read in order
+     * (once per forward pass: a loop without branches per word) */
+    for (int o = 0; o < (int)up((size_t)O, ROWS); o++) {
+        uint32_t *blk = fwd + (size_t)(o / ROWS) * T * l.cp * ROWS + o % ROWS;
+        const uint16_t *row = wb + (size_t)(o < O ? o : 0) * C * T;
+        for (int p = 0; p < l.cp; p++) {
+            const uint16_t *lo = row + (size_t)2 * p * T, *hi = lo + T;
+            const uint32_t keep = o < O ? 0xffffffffu : 0, keep_hi = 2 * p + 1 < C ? keep : 0;
+            for (int t = 0; t < T; t++)
+                blk[((size_t)t * l.cp + p) * ROWS] =
+                    ((uint32_t)lo[t] | (uint32_t)(keep_hi ? hi[t] : 0) << 16) & keep;
+        }
+    }
     pack_cols_fill(&l, fwd, packed);
     level_order(fwd, T, l.cp, O, order_tmp);
     if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
