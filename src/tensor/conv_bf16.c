@@ -26,8 +26,14 @@
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
  *            (halves_rows) rather than rounding dy from fp32 again.
  *
- * Weights are packed (rounded to bf16, both orders) by cf_conv_bf16_pack, once per forward pass,
- * and the backward pass reads the same pack: once per training step. */
+ * The forward of W1-sized layers (17 to 64 output channels, planes of at most 256 positions:
+ * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
+ * image's own positions alone (no dropped columns) and writes y's planes directly; the sums are
+ * conv_run's, term for term.
+ *
+ * Weights are packed (rounded to bf16, both orders, and the forward's columns for conv_cols) by
+ * cf_conv_bf16_pack, once per forward pass, and the backward pass reads the same pack: once per
+ * training step. */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
