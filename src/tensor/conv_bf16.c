@@ -26,8 +26,14 @@
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
  *            (halves_rows) rather than rounding dy from fp32 again.
  *
- * Weights are packed (rounded to bf16, both orders) by cf_conv_bf16_pack, once per forward pass,
- * and the backward pass reads the same pack: once per training step. */
+ * The forward of W1-sized layers (17 to 64 output channels, planes of at most 256 positions:
+ * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
+ * image's own positions alone (no dropped columns) and writes y's planes directly; the sums are
+ * conv_run's, term for term.
+ *
+ * Weights are packed (rounded to bf16, both orders, and the forward's columns for conv_cols) by
+ * cf_conv_bf16_pack, once per forward pass, and the backward pass reads the same pack: once per
+ * training step. */
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
@@ -74,6 +80,12 @@ typedef struct layout {
     int bw, qw;   /* the weight gradient's images per block and positions (bw * ppi) */
     size_t lxc;   /* uint16 per channel row of the weight gradient's gathered taps */
     int xrows;    /* rows of its X0 (and X1): taps * qw / 2 */
+    /* the forward over output positions (cols_make): whether it applies, its words per pair
+     * plane (plane, or more for the last tile's positions past the image) and images per call
+     * of conv_cols */
+    bool cols;
+    size_t cplane;
+    int cnb;
 } layout;
 
 static size_t up(size_t n, size_t m) {
@@ -125,6 +137,31 @@ static bool compact_pays(const layout *l, const cf_conv_geom *g) {
     const int ohw = g->oh * g->ow;
     return !l->sub && ohw <= 64 && (size_t)l->nq * 4 >= (size_t)ohw * 5 && l->c >= 128 &&
            l->o >= 128;
+}
+
+#define COLS_POSITIONS 256 /* the most output positions per image of the forward's cols path */
+#define COLS_TILE 12       /* the most positions of conv_cols' tiles (kernel_table.h) */
+#define COLS_CALL 400      /* about the most positions per call of conv_cols */
+
+/* Whether the forward takes conv_cols (where the level has it): 17 to 64 output channels, planes
+ * of at most COLS_POSITIONS positions at least a tile wide, not compact. conv_run computes the
+ * padded rows' positions, the dropped columns too (and rounds them up to 16): 64 for W1's 7 x 7
+ * planes' 49, 224 for the 14 x 14 ones' 196; conv_cols computes the image's positions alone and
+ * writes them into y's planes (no copy_rows). A call takes as many images as fit in COLS_CALL
+ * positions, its tiles running on from one image's positions to the next's (W1's 7 x 7 planes:
+ * 8 images, 392 positions in 66 tiles of 6, where one image alone would take 9 tiles for 49).
+ * Its last tile reads past the last image, as far as COLS_TILE - 1 positions on in row-major
+ * order: the pair planes are made long enough. */
+static void cols_make(layout *l, const cf_conv_geom *g) {
+    const int nv = (l->o + 15) / 16, np = nv >= 2 && nv <= 4 ? 24 / nv : 0, ohw = g->oh * g->ow;
+    l->cols = !l->compact && np && g->ow >= np && ohw <= COLS_POSITIONS;
+    l->cplane = l->plane;
+    l->cnb = 1;
+    if (!l->cols) return;
+    const int reach = (l->k - 1) / l->stride * (l->wq + 1);
+    const size_t last = (size_t)(ohw + COLS_TILE - 2) / g->ow * l->wq + g->ow + reach;
+    if (last > l->cplane) l->cplane = up(last, 16);
+    l->cnb = COLS_CALL / ohw > 1 ? COLS_CALL / ohw : 1;
 }
 
 static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
@@ -197,6 +234,7 @@ static void layout_make(layout *l, const cf_conv_geom *g0, int out_channels) {
     l->ohw = g->oh * g->ow;
     l->ppi = (int)up((size_t)l->ohw, 2);
     l->compact = compact_pays(l, g);
+    cols_make(l, g);
     if (l->compact) {
         /* the forward's gathered taps of a call stay in L2 while every block of 8 output rows
          * sweeps them: 96 positions (two full register tiles), or down to 48 for wide layers */
@@ -247,12 +285,18 @@ static void stamp_make(const layout *l, uint32_t s[STAMP_WORDS]) {
     s[3] = (uint32_t)cf_isa_active();
 }
 
+/* Words of the forward's weights as columns (conv_cols), where cols_make chose it. */
+static size_t cols_words(const layout *l) {
+    return l->cols ? (size_t)l->taps * l->cp * up((size_t)l->o, 16) : 0;
+}
+
 static size_t pack_words(const layout *l) {
     const size_t fwd = up((size_t)l->o, ROWS) * l->taps * l->cp,
                  dx = up((size_t)l->c, ROWS) * l->taps * l->op;
-    /* and the weights rounded to bf16 before they are permuted, a level's reordering
-     * (level_order), the stamp */
-    return fwd + dx + ((size_t)l->o * l->c * l->taps + 1) / 2 + order_words(l) + STAMP_WORDS;
+    /* and the weights rounded to bf16 before they are permuted, the forward's columns, a level's
+     * reordering (level_order), the stamp */
+    return fwd + dx + ((size_t)l->o * l->c * l->taps + 1) / 2 + cols_words(l) + order_words(l) +
+           STAMP_WORDS;
 }
 
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
@@ -304,6 +348,29 @@ static uint16_t *pack_weights(const layout *l, float *packed) {
 
 static void pack_from_bf16(const layout *lay, float *packed);
 
+/* The forward's columns in a pack (cols_words; after its bf16 weights). */
+static uint32_t *pack_cols(const layout *l, const float *packed) {
+    return (uint32_t *)pack_weights(l, (float *)packed) + ((size_t)l->o * l->c * l->taps + 1) / 2;
+}
+
+/* conv_cols' weights, pair (o, t, p) at [(t * cp + p) * up(o, 16) + o], zero past O, from the
+ * forward's blocks before the level orders them (fwd: [block of 8 rows][tap][pair][8], rows past
+ * O zero): per tap and pair, each block's 8 words side by side. */
+static void pack_cols_fill(const layout *l, const uint32_t *fwd, float *packed) {
+    if (!l->cols) return;
+    uint32_t *cols = pack_cols(l, packed);
+    const int T = l->taps, blocks = (int)(up((size_t)l->o, ROWS) / ROWS);
+    const size_t ld = up((size_t)l->o, 16);
+    for (int t = 0; t < T; t++)
+        for (int p = 0; p < l->cp; p++) {
+            uint32_t *row = cols + ((size_t)t * l->cp + p) * ld;
+            for (int b = 0; b < blocks; b++)
+                memcpy(row + (size_t)b * ROWS, fwd + (((size_t)b * T + t) * l->cp + p) * ROWS,
+                       ROWS * sizeof(uint32_t));
+            memset(row + (size_t)blocks * ROWS, 0, (ld - (size_t)blocks * ROWS) * sizeof(uint32_t));
+        }
+}
+
 void cf_conv_bf16_pack(const cf_conv_geom *g, int out_channels, const float *w, float *packed) {
     layout l;
     layout_make(&l, g, out_channels);
@@ -343,14 +410,20 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     uint32_t *order_tmp = stamp_at(&l, packed) - order_words(&l);
     stamp_make(&l, stamp_at(&l, packed));
 #define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
-    /* forward: [row block][tap][input pair][8 output channels] */
-    for (int o = 0; o < (int)up((size_t)O, ROWS); o++)
-        for (int t = 0; t < T; t++)
-            for (int p = 0; p < l.cp; p++) {
-                const bool in = o < O;
-                fwd[(((size_t)(o / ROWS) * T + t) * l.cp + p) * ROWS + o % ROWS] = pair_of(
-                    in ? W(o, 2 * p, t) : NULL, in && 2 * p + 1 < C ? W(o, 2 * p + 1, t) : NULL);
-            }
+    /* forward: [row block][tap][input pair][8 output channels], a row's taps read in order
+     * (once per forward pass: a loop without branches per word) */
+    for (int o = 0; o < (int)up((size_t)O, ROWS); o++) {
+        uint32_t *blk = fwd + (size_t)(o / ROWS) * T * l.cp * ROWS + o % ROWS;
+        const uint16_t *row = wb + (size_t)(o < O ? o : 0) * C * T;
+        for (int p = 0; p < l.cp; p++) {
+            const uint16_t *lo = row + (size_t)2 * p * T, *hi = lo + T;
+            const uint32_t keep = o < O ? 0xffffffffu : 0, keep_hi = 2 * p + 1 < C ? keep : 0;
+            for (int t = 0; t < T; t++)
+                blk[((size_t)t * l.cp + p) * ROWS] =
+                    ((uint32_t)lo[t] | (uint32_t)(keep_hi ? hi[t] : 0) << 16) & keep;
+        }
+    }
+    pack_cols_fill(&l, fwd, packed);
     level_order(fwd, T, l.cp, O, order_tmp);
     if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
         for (int ph = 0; ph < 4; ph++) {
@@ -393,6 +466,11 @@ static size_t run_words(const layout *l) {
                        : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd +
                              pairs * l->planed + up((size_t)l->c, ROWS) * (size_t)l->nqd;
     size_t most = run > dx2 ? run : dx2;
+    if (l->cols) { /* forward_cols: the pair planes, conv_cols' tiles of any m up to 64 */
+        const size_t c = (size_t)l->cnb * l->phases * l->cp * l->cplane +
+                         up((size_t)l->cnb * l->ohw, COLS_TILE) * 64;
+        if (c > most) most = c;
+    }
     if (l->compact) { /* an image's padded pair planes, the gathered taps, the output rows */
         size_t c =
             (size_t)pairs * l->hp * l->wp + (size_t)l->taps * pairs * l->qf + rows * (size_t)l->qf;
@@ -760,12 +838,92 @@ static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *s
     return pack_check(&sl, sc->w, call);
 }
 
+/* The forward pass of n images through conv_cols (l->cols), cnb images per call: x's pair
+ * planes as run_images makes them (cplane words each; image b's from b * image_words), then the
+ * images' positions alone straight into y's planes; with a paired shortcut (its layout sl, cols
+ * too), its 1x1 product of the phase plane that holds x[2i][2j], the same way. Bitwise
+ * run_images' outputs: the same pairs in the planes, the same sums. */
+static void forward_cols(const layout *l, const cf_conv_geom *g, const float *packed,
+                         const float *src, int n_images, float *dst, float *scratch,
+                         const cf_conv_shortcut *sc, const layout *sl) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    /* the input's pairs: the level's faster conversions where it has them (the same words) */
+    void (*const pairs_rows)(const float *, const float *, int, int, uint32_t *, size_t) =
+        k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
+    void (*const deal_pairs)(const float *, const float *, size_t, int, int, uint32_t *, uint32_t *,
+                             size_t) = k->fwd_deal_pairs ? k->fwd_deal_pairs : k->deal_pairs;
+    const int pairs = l->cp, ohw = g->oh * g->ow;
+    const size_t phase_words = (size_t)pairs * l->cplane, image_words = l->phases * phase_words,
+                 in_n = (size_t)l->c * g->h * g->w, out_n = (size_t)l->o * ohw;
+    uint32_t *xp = (uint32_t *)scratch;
+    float *tmp = (float *)(xp + (size_t)l->cnb * image_words);
+    const uint32_t *wcols = pack_cols(l, packed);
+    int off[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
+    /* the borders stay zero */
+    memset(xp, 0, (size_t)(n_images < l->cnb ? n_images : l->cnb) * image_words * sizeof(uint32_t));
+    for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
+        const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
+        for (int b = 0; b < nb; b++) {
+            const float *x = src + (size_t)(n0 + b) * in_n;
+            for (int p = 0; p < pairs; p++) {
+                const float *lo = x + (size_t)2 * p * g->h * g->w;
+                const float *hi = 2 * p + 1 < l->c ? lo + (size_t)g->h * g->w : NULL;
+                uint32_t *plane = xp + (size_t)b * image_words + (size_t)p * l->cplane;
+                if (l->sub) { /* the even columns of the even rows */
+                    deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
+                               (size_t)l->wq);
+                    continue;
+                }
+                if (l->stride == 1) {
+                    pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
+                               (size_t)l->wp);
+                    continue;
+                }
+                for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* stride 2: as run_images */
+                    const int r = i0 + l->pad;
+                    uint32_t *row = plane + (size_t)(r % 2 * 2) * phase_words +
+                                    (size_t)(r / 2) * l->wq,
+                             *e, *o;
+                    DEAL_DEST(l->pad, row, phase_words, e, o);
+                    deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
+                               (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
+                }
+            }
+        }
+        /* the next call's images, prefetched while this one computes (x comes at memory speed:
+         * 3.2 MB a batch at W1's first stride-2 layer) */
+        const int next = n_images - n0 - nb < l->cnb ? n_images - n0 - nb : l->cnb;
+        const float *xnext = next ? src + (size_t)(n0 + nb) * in_n : NULL;
+        k->conv_cols(l->taps, off, pairs, l->o, wcols, xp, l->cplane, (size_t)l->wq, image_words,
+                     g->oh, g->ow, nb, dst + (size_t)n0 * out_n, (size_t)ohw, out_n, tmp, xnext,
+                     (size_t)next * in_n * sizeof(float));
+        if (sc) {
+            const int so = sc->out_channels,
+                      soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
+            k->conv_cols(1, &soff, pairs, so, pack_cols(sl, sc->w), xp, l->cplane, (size_t)l->wq,
+                         image_words, g->oh, g->ow, nb, sc->y + (size_t)n0 * so * ohw, (size_t)ohw,
+                         (size_t)so * ohw, tmp, NULL, 0);
+        }
+    }
+}
+
+/* Whether the forward takes forward_cols at the active level. */
+static bool cols_active(const layout *l) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return l->cols && k && k->conv_cols;
+}
+
 cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                                const float *x, int n_images, float *y, float *scratch) {
     layout l;
     layout_make(&l, g, out_channels);
     const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward");
     if (st != CF_OK) return st;
+    if (cols_active(&l)) {
+        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL);
+        return CF_OK;
+    }
     if (l.compact) {
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, NULL);
         return CF_OK;
@@ -791,7 +949,13 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
     cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_with");
     if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_with (shortcut)");
     if (st != CF_OK) return st;
-    if (l.compact)
+    cf_conv_geom sg; /* the shortcut's layout: shortcut_check made the same geometry */
+    layout sl;
+    cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
+    layout_make(&sl, &sg, shortcut->out_channels);
+    if (cols_active(&l) && sl.cols)
+        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl);
+    else if (l.compact)
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
     else
         run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut,

@@ -185,5 +185,6 @@ void cf_amx_emul_kernels(cf_bf16_kernels *k) {
     k->conv_run = amx_conv_run;
     k->conv_wgrad = amx_conv_wgrad;
     k->conv_order = amx_conv_order;
+    k->conv_cols = NULL; /* the tiles' conv_run is the forward's kernel */
 }
 #endif

@@ -490,6 +490,211 @@ static void bf16_conv_run(int taps, const int *off, int pairs, int m, const uint
     }
 }
 
+/* ---- the forward over output positions (conv_bf16.c's cols path) -----------------------------
+ *
+ * conv_run's sums with the roles turned: a register tile is np output positions by nv vectors of
+ * 16 output channels, each position's input pair broadcast and each weight pair (16 channels)
+ * loaded as a vector, so only the image's own positions are computed (conv_run computes the
+ * padded rows' dropped columns too: 64 positions for a 7 x 7 plane's 49) and the channels need
+ * no blocks of 8 rows. Every sum is conv_run's: the same dot products, weight pair as the first
+ * operand, in the same order of taps and pairs from zero. */
+
+/* One tile: positions k < n1 at xa + k, the others at xb + k (the tile's part in the next row,
+ * offset by -n1), their sums stored at tmp + k * ldt (nv vectors). */
+static inline __attribute__((always_inline)) void cols_tile(int nv, int np, int n1, int taps,
+                                                            const int *off, int pairs,
+                                                            const uint32_t *w, size_t ldw,
+                                                            const uint32_t *xa, const uint32_t *xb,
+                                                            size_t plane, float *tmp, size_t ldt) {
+    __m512 acc[12][4];
+    for (int k = 0; k < np; k++)
+        for (int v = 0; v < nv; v++) acc[k][v] = _mm512_setzero_ps();
+    for (int t = 0; t < taps; t++) {
+        const uint32_t *a = xa + off[t], *b = xb + off[t], *wt = w + (size_t)t * pairs * ldw;
+        for (int p = 0; p < pairs; p++, wt += ldw, a += plane, b += plane) {
+            __m512bh wv[4];
+            for (int v = 0; v < nv; v++) wv[v] = (__m512bh)_mm512_loadu_si512(wt + 16 * v);
+            for (int k = 0; k < np; k++) {
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)(k < n1 ? a[k] : b[k]));
+                for (int v = 0; v < nv; v++) acc[k][v] = _mm512_dpbf16_ps(acc[k][v], wv[v], xv);
+            }
+        }
+    }
+    for (int k = 0; k < np; k++)
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(tmp + (size_t)k * ldt + 16 * v, acc[k][v]);
+}
+
+/* The tile of np positions (np = 24 / nv) for the tile's n1 (1..np), each its own code (the
+ * positions' offsets constant). */
+/* clang-format off */
+#define COLS_CASE(NV, NP, N1)                                                                      \
+    case N1:                                                                                       \
+        cols_tile(NV, NP, N1, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);                  \
+        break;
+static void cols_tile2(int n1, int taps, const int *off, int pairs, const uint32_t *w, size_t ldw,
+                       const uint32_t *xa, const uint32_t *xb, size_t plane, float *tmp,
+                       size_t ldt) {
+    switch (n1) {
+        COLS_CASE(2, 12, 1)
+        COLS_CASE(2, 12, 2)
+        COLS_CASE(2, 12, 3)
+        COLS_CASE(2, 12, 4)
+        COLS_CASE(2, 12, 5)
+        COLS_CASE(2, 12, 6)
+        COLS_CASE(2, 12, 7)
+        COLS_CASE(2, 12, 8)
+        COLS_CASE(2, 12, 9)
+        COLS_CASE(2, 12, 10)
+        COLS_CASE(2, 12, 11)
+    default:
+        cols_tile(2, 12, 12, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
+    }
+}
+static void cols_tile3(int n1, int taps, const int *off, int pairs, const uint32_t *w, size_t ldw,
+                       const uint32_t *xa, const uint32_t *xb, size_t plane, float *tmp,
+                       size_t ldt) {
+    switch (n1) {
+        COLS_CASE(3, 8, 1)
+        COLS_CASE(3, 8, 2)
+        COLS_CASE(3, 8, 3)
+        COLS_CASE(3, 8, 4)
+        COLS_CASE(3, 8, 5)
+        COLS_CASE(3, 8, 6)
+        COLS_CASE(3, 8, 7)
+    default:
+        cols_tile(3, 8, 8, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
+    }
+}
+static void cols_tile4(int n1, int taps, const int *off, int pairs, const uint32_t *w, size_t ldw,
+                       const uint32_t *xa, const uint32_t *xb, size_t plane, float *tmp,
+                       size_t ldt) {
+    switch (n1) {
+        COLS_CASE(4, 6, 1)
+        COLS_CASE(4, 6, 2)
+        COLS_CASE(4, 6, 3)
+        COLS_CASE(4, 6, 4)
+        COLS_CASE(4, 6, 5)
+    default:
+        cols_tile(4, 6, 6, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
+    }
+}
+#undef COLS_CASE
+/* clang-format on */
+
+/* out[r * ldo + q] = tmp[q * ldt + r] for r < m, q < n: 16 x 16 blocks transposed in registers. */
+static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, size_t ldo) {
+    for (int q0 = 0; q0 < n; q0 += 16) {
+        const int nq = n - q0 < 16 ? n - q0 : 16;
+        const __mmask16 mq = lanes_below(nq);
+        for (int r0 = 0; r0 < m; r0 += 16) {
+            const int nr = m - r0 < 16 ? m - r0 : 16;
+            __m512i v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = i < nq ? _mm512_loadu_si512(tmp + (size_t)(q0 + i) * ldt + r0)
+                              : _mm512_setzero_si512();
+            transpose_words(v);
+            for (int j = 0; j < nr; j++)
+                _mm512_mask_storeu_epi32(out + (size_t)(r0 + j) * ldo + q0, mq, v[j]);
+        }
+    }
+}
+
+/* kernel_table.h's conv_cols: the images' h x w positions in tiles of np (12, 8 or 6 for m up to
+ * 32, 48 or 64), in row-major order over the images, a tile's positions in at most two rows
+ * (w >= np; the row after an image's last is the next image's first); the last tile's positions
+ * past the last image continue the order into the rows below it (read, not stored). */
+static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
+                           const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
+                           int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                           const void *next, size_t next_bytes) {
+    const int nv = (m + 15) / 16, np = 24 / nv, hw = h * wd, n = n_images * hw;
+    const size_t ldw = (size_t)16 * nv, ldt = ldw, tiles = (size_t)(n + np - 1) / np;
+    /* next's lines towards L2, a few per tile while the tiles compute */
+    const char *pf = next, *pf_end = pf ? pf + next_bytes : NULL;
+    const size_t pf_step = 64 * ((next_bytes / 64 + tiles - 1) / tiles);
+#define ROW_AT(R) (x + (size_t)((R) / h) * ldimg + (size_t)((R) % h) * ldx)
+    for (int q0 = 0, done = 0; q0 < n; q0 += np) {
+        const int r0 = q0 / wd, j0 = q0 % wd, n1 = wd - j0 < np ? wd - j0 : np;
+        const uint32_t *xa = ROW_AT(r0) + j0, *xb = ROW_AT(r0 + 1) - n1;
+        float *tt = tmp + (size_t)q0 * ldt;
+        for (const char *e = pf + pf_step; pf && pf < pf_end && pf < e; pf += 64)
+            _mm_prefetch(pf, _MM_HINT_T1);
+        if (nv == 2)
+            cols_tile2(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);
+        else if (nv == 3)
+            cols_tile3(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);
+        else
+            cols_tile4(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);
+        /* the images whose sums are complete, into their planes while tmp's rows are in L1 */
+        for (; done < n_images && (done + 1) * hw <= q0 + np; done++)
+            cols_out(tmp + (size_t)done * hw * ldt, ldt, m, hw, out + (size_t)done * ldoimg, ldo);
+    }
+#undef ROW_AT
+}
+
+/* The forward's input pairs (forward_cols) on the conversion instructions, as
+ * isa_avx512_bf16_wino.c's pairs_of: vcvtne2ps2bf16 rounds two vectors in one, to nearest even,
+ * and makes a NaN quiet as cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector
+ * pair that holds one (vfpclassps) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and
+ * bf16_deal_pairs' words (test_bf16_cols), in about a quarter of the instructions. */
+#define SUBNORMAL_LANES 0x20
+
+static inline bool any_subnormal(__m512 a, __m512 b) {
+    return __builtin_expect((_mm512_fpclass_ps_mask(a, SUBNORMAL_LANES) |
+                             _mm512_fpclass_ps_mask(b, SUBNORMAL_LANES)) != 0,
+                            0);
+}
+
+/* The 32 values a then b as bf16 words, in order. */
+static inline __m512i ne_words(__m512 a, __m512 b) {
+    if (any_subnormal(a, b))
+        return _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm512_cvtepi32_epi16(cf__bf16_round_lanes(a))),
+            _mm512_cvtepi32_epi16(cf__bf16_round_lanes(b)), 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+
+/* As bf16_pairs_rows (kernel_table.h's fwd_pairs_rows). */
+static void bf16_fwd_pairs_rows(const float *lo, const float *hi, int h, int w, uint32_t *out,
+                                size_t ldo) {
+    /* lo's words in the low half, hi's in the high half, interleaved into pairs */
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int i = 0; i < h; i++, lo += w, hi = hi ? hi + w : NULL, out += ldo)
+        for (int j = 0; j < w; j += 16) {
+            const __mmask16 m = lanes_below(w - j);
+            const __m512 l = _mm512_maskz_loadu_ps(m, lo + j),
+                         u = hi ? _mm512_maskz_loadu_ps(m, hi + j) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(out + j, m, _mm512_permutexvar_epi16(zip, ne_words(l, u)));
+        }
+}
+
+/* As bf16_deal_pairs (kernel_table.h's fwd_deal_pairs). */
+static void bf16_fwd_deal_pairs(const float *lo, const float *hi, size_t ldx, int h, int n,
+                                uint32_t *e, uint32_t *o, size_t ld) {
+    /* pair v of the even values: words 2v of lo's and hi's 32; of the odd ones, words 2v + 1 */
+    const __m512i even = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18,
+                                          48, 16, 46, 14, 44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34,
+                                          2, 32, 0),
+                  odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    for (int i = 0; i < h;
+         i++, lo += ldx, hi = hi ? hi + ldx : NULL, e += ld, o = o ? o + ld : NULL)
+        for (int j = 0; j < n; j += 32) {
+            const int left = n - j;
+            const __mmask16 m0 = lanes_below(left), m1 = lanes_below(left - 16);
+            const __m512i l =
+                ne_words(_mm512_maskz_loadu_ps(m0, lo + j), _mm512_maskz_loadu_ps(m1, lo + j + 16));
+            const __m512i u = hi ? ne_words(_mm512_maskz_loadu_ps(m0, hi + j),
+                                            _mm512_maskz_loadu_ps(m1, hi + j + 16))
+                                 : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(e + j / 2, lanes_below((left + 1) / 2),
+                                     _mm512_permutex2var_epi16(l, even, u));
+            if (o)
+                _mm512_mask_storeu_epi32(o + j / 2, lanes_below(left / 2),
+                                         _mm512_permutex2var_epi16(l, odd, u));
+        }
+}
+
 /* One tile of conv_wgrad: 8 rows of a by nv (1-3) vectors of 16 columns of b from c0. */
 static inline __attribute__((always_inline)) void wgrad_tile(int nv, int nq2, const uint32_t *a,
                                                              size_t lda, const uint32_t *b,
@@ -870,5 +1075,8 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .conv_rows = bf16_conv_rows,
     .stem_pairs = bf16_stem_pairs,
     .interleave_rows = bf16_interleave_rows,
+    .conv_cols = bf16_conv_cols,
+    .fwd_pairs_rows = bf16_fwd_pairs_rows,
+    .fwd_deal_pairs = bf16_fwd_deal_pairs,
 };
 #endif

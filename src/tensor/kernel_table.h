@@ -245,6 +245,27 @@ typedef struct cf_bf16_kernels {
      * lds + j / 2] for i < h, j < n (b NULL: zero; stride 2's dx, a row parity of a channel). */
     void (*interleave_rows)(const float *a, const float *b, size_t lds, int h, int n, float *out,
                             size_t ldo);
+    /* NULL: none (conv_run, then copy_rows). The forward over output positions, into planes,
+     * of n_images images (image b's pair planes from x + b * ldimg, its output planes from out +
+     * b * ldoimg): out[r * ldo + i * w + j] = the sum over taps t and pairs p of dot(weight pair
+     * (r, t, p), x[p * plane + i * ldx + j + off[t]]) for r < m (17 to 64), i < h, j < w, each
+     * sum in conv_run's order (bitwise conv_run's value); the weights as columns, pair (r, t, p)
+     * at w[(t * pairs + p) * up(m, 16) + r], zero past m. Positions go in tiles of np = 12, 8 or
+     * 6 (m up to 32, 48, 64; w >= np) in row-major order over the images, so after the last
+     * image x is read at up to np - 1 more positions in its rows past h; tmp: up(n_images * h *
+     * w, np) * up(m, 16) floats. next (NULL: none): next_bytes that the caller reads next (the
+     * next images' input), prefetched towards L2 as the tiles compute (a hint). */
+    void (*conv_cols)(int taps, const int *off, int pairs, int m, const uint32_t *w,
+                      const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
+                      int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                      const void *next, size_t next_bytes);
+    /* NULL: none (then pairs_rows and deal_pairs). The same words as pairs_rows and deal_pairs
+     * (bitwise), faster where the level has conversion instructions: the forward's input pairs
+     * (forward_cols). */
+    void (*fwd_pairs_rows)(const float *lo, const float *hi, int h, int w, uint32_t *out,
+                           size_t ldo);
+    void (*fwd_deal_pairs)(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
+                           uint32_t *o, size_t ld);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it

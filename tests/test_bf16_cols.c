@@ -1,0 +1,298 @@
+/* The implicit bf16 forward over output positions (conv_bf16.c's cols path, the kernel table's
+ * conv_cols): cf_conv_bf16_forward and cf_conv_bf16_forward_with give bitwise the outputs of the
+ * path it replaced (conv_run over the padded rows, then copy_rows), which the same level runs when
+ * its table has no conv_cols: each case runs once with the active table and once with a copy of it
+ * without conv_cols, and compares every value. A counting wrapper around conv_cols checks that the
+ * path is taken where it applies (17 to 64 output channels, planes of at most 256 positions at
+ * least a tile wide: W1's layers and shortcuts) and nowhere else; the values are also checked
+ * against a double-precision sum of the same bf16 operands. Cases: W1's four 3x3 layers and two
+ * shortcuts, odd channel counts (a channel pair's high half zero), output channels that are not a
+ * multiple of 16, a 5x5 kernel, image counts that end a call of several images early, the
+ * shortcut paired with a stride-2 layer, and planes too narrow or too large for the path. The
+ * input's pairs of that path (fwd_pairs_rows, fwd_deal_pairs: the conversion instructions, with
+ * cf__bf16_round_lanes for a vector that holds a subnormal) are compared with pairs_rows' and
+ * deal_pairs' words on subnormals, NaNs, infinities and ties. Without
+ * bf16 kernels (CF_ISA below avx512_bf16) the layout is unsupported and the test has nothing to
+ * compare; at the amx level (its tile conv_run is the forward's kernel) the table has no
+ * conv_cols. */
+#include "oracle.h"
+
+#include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static cf_kernel_table without_table; /* the active table, its bf16 kernels without conv_cols */
+static cf_bf16_kernels without_bf16;
+static cf_kernel_table counting_table; /* ... with conv_cols counted */
+static cf_bf16_kernels counting_bf16;
+static void (*real_cols)(int, const int *, int, int, const uint32_t *, const uint32_t *, size_t,
+                         size_t, size_t, int, int, int, float *, size_t, size_t, float *,
+                         const void *, size_t);
+static int cols_calls;
+
+static void counted_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
+                         const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
+                         int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                         const void *next, size_t next_bytes) {
+    cols_calls++;
+    real_cols(taps, off, pairs, m, w, x, plane, ldx, ldimg, h, wd, n_images, out, ldo, ldoimg, tmp,
+              next, next_bytes);
+}
+
+/* Whether the active level has conv_cols; then both table copies made. */
+static bool tables_make(void) {
+    const cf_kernel_table *active = cf_active_kernels;
+    if (!active->bf16 || !active->bf16->conv_cols) return false;
+    without_bf16 = *active->bf16;
+    without_bf16.conv_cols = NULL;
+    without_table = *active;
+    without_table.bf16 = &without_bf16;
+    counting_bf16 = *active->bf16;
+    real_cols = counting_bf16.conv_cols;
+    counting_bf16.conv_cols = counted_cols;
+    counting_table = *active;
+    counting_table.bf16 = &counting_bf16;
+    return true;
+}
+
+/* The bf16 values of x (as fp32, exact). */
+static float *bf16_values(const float *x, size_t n) {
+    uint16_t *b = malloc((n + 1) * sizeof(uint16_t));
+    float *v = malloc((n + 1) * sizeof(float));
+    cf_fp32_to_bf16(x, b, n);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)b[i] << 16;
+        memcpy(&v[i], &u, sizeof(float));
+    }
+    free(b);
+    return v;
+}
+
+/* |y - the double sum of the bf16 operands| within a bound of the sum of the terms' magnitudes,
+ * on the first two images (the others are compared bitwise only). */
+static void check_values(const cf_conv_geom *g, int o, const float *w32, const float *x32, int n,
+                         const float *y, const char *what) {
+    const size_t nw = (size_t)o * g->c * g->kh * g->kw, nx = (size_t)n * g->c * g->h * g->w;
+    float *w = bf16_values(w32, nw), *x = bf16_values(x32, nx);
+    for (int im = 0; im < n && im < 2; im++)
+        for (int r = 0; r < o; r++)
+            for (int i = 0; i < g->oh; i++)
+                for (int j = 0; j < g->ow; j++) {
+                    double sum = 0, mag = 0;
+                    for (int c = 0; c < g->c; c++)
+                        for (int ki = 0; ki < g->kh; ki++)
+                            for (int kj = 0; kj < g->kw; kj++) {
+                                const int u = i * g->sh + ki - g->ph, v = j * g->sw + kj - g->pw;
+                                if (u < 0 || v < 0 || u >= g->h || v >= g->w) continue;
+                                const double t =
+                                    (double)w[(((size_t)r * g->c + c) * g->kh + ki) * g->kw + kj] *
+                                    x[(((size_t)im * g->c + c) * g->h + u) * g->w + v];
+                                sum += t;
+                                mag += fabs(t);
+                            }
+                    const double got = y[(((size_t)im * o + r) * g->oh + i) * g->ow + j];
+                    if (fabs(got - sum) > 1e-5 * mag + 1e-6)
+                        fail_msg("%s: image %d channel %d (%d, %d): %.9g, the sum is %.9g", what,
+                                 im, r, i, j, got, sum);
+                }
+    free(w);
+    free(x);
+}
+
+static void same_bits(const float *a, const float *b, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            fail_msg("%s: value %zu is %.9g through conv_cols, %.9g through conv_run", what, i,
+                     (double)a[i], (double)b[i]);
+}
+
+/* A forward of n images of c -> o channels, k x k kernel, stride s (k = 1: the 1x1 stride-2
+ * shortcut), on h x h images; cols: whether the path must be taken. With so > 0, the layer is a
+ * stride-2 one paired with a shortcut of so channels (cf_conv_bf16_forward_with); cols then says
+ * whether the pair takes it. */
+static void check_case(int n, int c, int o, int h, int k, int s, int so, bool cols) {
+    cf_conv_geom g, sg;
+    const int pad = k == 1 ? 0 : (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, s, s, pad, pad));
+    assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
+    char what[96];
+    snprintf(what, sizeof what, "%d images %d -> %d %dx%d stride %d %dx%d, shortcut %d", n, c, o, k,
+             k, s, h, h, so);
+    assert_true(cf_conv_bf16_supported(&g, o));
+    if (so) assert_true(cf_conv_bf16_pair_fits(&g, o, &sg, so));
+    const size_t nw = (size_t)o * c * k * k, nx = (size_t)n * c * h * h,
+                 ny = (size_t)n * o * g.oh * g.ow, nsy = (size_t)n * so * g.oh * g.ow;
+    float *w = malloc(nw * sizeof(float)), *x = malloc(nx * sizeof(float));
+    float *sw = malloc(((size_t)so * c + 1) * sizeof(float));
+    float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
+    float *sy0 = malloc((nsy + 1) * sizeof(float)), *sy1 = malloc((nsy + 1) * sizeof(float));
+    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float));
+    float *spacked = malloc(cf_conv_bf16_packed_floats(&sg, so ? so : 1) * sizeof(float));
+    float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
+    fill_uniform(w, nw, 11, -1, 1);
+    fill_uniform(x, nx, 12, -1, 1);
+    fill_uniform(sw, (size_t)so * c, 13, -1, 1);
+    const cf_kernel_table *active = cf_active_kernels;
+    for (int pass = 0; pass < 2; pass++) { /* counting conv_cols, then without it */
+        cf_active_kernels = pass == 0 ? &counting_table : &without_table;
+        float *y = pass == 0 ? y0 : y1, *sy = pass == 0 ? sy0 : sy1;
+        for (size_t i = 0; i < ny; i++) y[i] = 1e30f; /* every value written */
+        for (size_t i = 0; i < nsy; i++) sy[i] = 1e30f;
+        cf_conv_bf16_pack(&g, o, w, packed);
+        cols_calls = 0;
+        if (so) {
+            cf_conv_bf16_pack(&sg, so, sw, spacked);
+            const cf_conv_shortcut sc = {.out_channels = so, .w = spacked, .y = sy};
+            assert_int_equal(cf_conv_bf16_forward_with(&g, o, packed, x, n, y, scratch, &sc),
+                             CF_OK);
+        } else
+            assert_int_equal(cf_conv_bf16_forward(&g, o, packed, x, n, y, scratch), CF_OK);
+        if (pass == 0 && cols != (cols_calls > 0))
+            fail_msg("%s: conv_cols called %d times, expected %s", what, cols_calls,
+                     cols ? "some" : "none");
+    }
+    cf_active_kernels = active;
+    same_bits(y0, y1, ny, what);
+    same_bits(sy0, sy1, nsy, what);
+    check_values(&g, o, w, x, n, y0, what);
+    if (so) check_values(&sg, so, sw, x, n, sy0, what);
+    free(w);
+    free(x);
+    free(sw);
+    free(y0);
+    free(y1);
+    free(sy0);
+    free(sy1);
+    free(packed);
+    free(spacked);
+    free(scratch);
+}
+
+static bool level_ready(void) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, 32, 14, 14, 3, 3, 1, 1, 1, 1));
+    if (!cf_conv_bf16_supported(&g, 32)) {
+        assert_false(cf_bf16_compute()); /* only a table without bf16 kernels refuses it */
+        printf("level %s: no bf16 convolution, nothing to compare\n", cf_isa_name(cf_isa_active()));
+        return false;
+    }
+    if (!tables_make()) {
+        /* a level with bf16 convolutions and no conv_cols: the amx tiles */
+        assert_int_equal(cf_isa_active(), CF_ISA_AMX);
+        printf("level amx: no conv_cols (its tile conv_run is the forward's kernel)\n");
+        return false;
+    }
+    return true;
+}
+
+/* W1's layers and shortcuts, 64 images as a batch and 11 (a call of 8 7x7 images, then 3). */
+static void test_w1_layers(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    const int counts[] = {64, 11, 1};
+    for (int i = 0; i < 3; i++) {
+        const int n = counts[i];
+        check_case(n, 16, 32, 28, 3, 2, 0, true);
+        check_case(n, 32, 32, 14, 3, 1, 0, true);
+        check_case(n, 32, 64, 14, 3, 2, 0, true);
+        check_case(n, 64, 64, 7, 3, 1, 0, true);
+        check_case(n, 16, 32, 28, 1, 2, 0, true);
+        check_case(n, 32, 64, 14, 1, 2, 0, true);
+        check_case(n, 16, 32, 28, 3, 2, 32, true); /* the paired forward of each block */
+        check_case(n, 32, 64, 14, 3, 2, 64, true);
+    }
+}
+
+/* Odd channels, 3 vectors of channels (tiles of 8), 17 channels (2 vectors, the second one
+ * channel), a 5x5 kernel, odd plane sizes, paired shortcuts of other widths. */
+static void test_other_shapes(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    check_case(5, 15, 33, 16, 3, 1, 0, true);
+    check_case(3, 24, 17, 12, 3, 1, 0, true);
+    check_case(4, 8, 48, 10, 5, 1, 0, true);
+    check_case(7, 9, 40, 16, 3, 2, 0, true);
+    check_case(3, 20, 24, 26, 1, 2, 0, true); /* 13 x 13 outputs */
+    check_case(9, 17, 64, 13, 3, 1, 0, true);
+    check_case(6, 15, 33, 16, 3, 2, 33, true);
+    check_case(2, 24, 64, 24, 3, 2, 48, true);
+}
+
+/* Where the path does not apply: 16 or 65 channels and more, planes narrower than a tile or of
+ * more than 256 positions, and a pair whose shortcut's plane is too narrow for its tile. */
+static void test_elsewhere(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    check_case(3, 16, 16, 14, 3, 1, 0, false);
+    check_case(2, 16, 80, 14, 3, 1, 0, false);
+    check_case(3, 9, 40, 12, 3, 2, 0, false);   /* 6 x 6 outputs, tiles of 8 */
+    check_case(2, 16, 32, 20, 3, 1, 0, false);  /* 400 positions */
+    check_case(3, 15, 33, 16, 3, 2, 20, false); /* the shortcut's tiles of 12 on 8 x 8 */
+    check_case(2, 16, 32, 32, 3, 2, 32, true);  /* 256 positions: still */
+}
+
+/* Values that take each branch of the conversions: subnormals (the conversion instruction would
+ * read them as zero), NaNs of both signs and payloads, infinities, ties to even, the largest
+ * finite values (rounding up to infinity), zeros of both signs, ordinary values. */
+static void fill_special(float *x, size_t n, unsigned seed) {
+    static const uint32_t bits[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x7fc00001u,
+                                    0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
+                                    0x00000000u, 0x80000000u, 0x3f7fffffu, 0x00800000u};
+    fill_uniform(x, n, seed, -3, 3);
+    for (size_t i = 0; i < n; i += 7) memcpy(&x[i], &bits[(i / 7) % 16], sizeof(float));
+}
+
+/* fwd_pairs_rows and fwd_deal_pairs write pairs_rows' and deal_pairs' words, on rows of every
+ * width up to 70 (vector tails), with and without hi and o, vectors with and without a subnormal
+ * (the odd rows hold only ordinary values: the conversion instruction's own path). */
+static void test_input_pairs(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    assert_non_null(k->fwd_pairs_rows);
+    assert_non_null(k->fwd_deal_pairs);
+    enum { H = 5, W = 70, LD = 80 };
+    float lo[H * W], hi[H * W];
+    uint32_t a[H * LD], b[H * LD], ao[H * LD], bo[H * LD];
+    fill_special(lo, H * W, 21);
+    fill_special(hi, H * W, 22);
+    for (int i = 1; i < H; i += 2) { /* rows without special values */
+        fill_uniform(lo + i * W, W, 23 + i, -1, 1);
+        fill_uniform(hi + i * W, W, 33 + i, -1, 1);
+    }
+    for (int w = 1; w <= W; w++)
+        for (int with_hi = 0; with_hi < 2; with_hi++) {
+            const float *h = with_hi ? hi : NULL;
+            memset(a, 0xa5, sizeof a);
+            memset(b, 0xa5, sizeof b);
+            k->pairs_rows(lo, h, H, w, a, LD);
+            k->fwd_pairs_rows(lo, h, H, w, b, LD);
+            if (memcmp(a, b, sizeof a) != 0)
+                fail_msg("fwd_pairs_rows: rows of %d (hi %d) differ from pairs_rows'", w, with_hi);
+            for (int with_o = 0; with_o < 2; with_o++) {
+                memset(a, 0xa5, sizeof a);
+                memset(b, 0xa5, sizeof b);
+                memset(ao, 0x5a, sizeof ao);
+                memset(bo, 0x5a, sizeof bo);
+                k->deal_pairs(lo, h, W, H, w, a, with_o ? ao : NULL, LD);
+                k->fwd_deal_pairs(lo, h, W, H, w, b, with_o ? bo : NULL, LD);
+                if (memcmp(a, b, sizeof a) != 0 || memcmp(ao, bo, sizeof ao) != 0)
+                    fail_msg("fwd_deal_pairs: rows of %d (hi %d, o %d) differ from deal_pairs'", w,
+                             with_hi, with_o);
+            }
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_w1_layers),
+        cmocka_unit_test(test_other_shapes),
+        cmocka_unit_test(test_elsewhere),
+        cmocka_unit_test(test_input_pairs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
