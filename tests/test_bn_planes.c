@@ -128,7 +128,7 @@ static void test_planes_affine_dx(void **state) {
             const float *a = mode == 2 ? add : NULL;
             memset(y, 0xff, n * sizeof(float));
             memset(ref, 0xff, n * sizeof(float));
-            cf_bn_planes_affine(x, a, y, s, NC, scale, shift, relu);
+            cf_bn_planes_affine(x, a, y, s, NC, scale, shift, relu, mode == 1 ? (ptrdiff_t)s : 0);
             for (int i = 0; i < NC; i++) {
                 const size_t at = (size_t)i * (size_t)s;
                 cf_bn_plane_affine(x + at, a ? a + at : NULL, ref + at, s, scale[i], shift[i],
@@ -140,7 +140,7 @@ static void test_planes_affine_dx(void **state) {
             if (mode == 2) continue;
             memset(y, 0xff, n * sizeof(float));
             memset(ref, 0xff, n * sizeof(float));
-            cf_bn_planes_dx(dy, x, y, s, NC, mean, k1, k2, k3, relu, scale, shift);
+            cf_bn_planes_dx(dy, x, y, s, NC, mean, k1, k2, k3, relu, scale, shift, relu ? s : 0);
             for (int i = 0; i < NC; i++) {
                 const size_t at = (size_t)i * (size_t)s;
                 cf_bn_plane_dx(dy + at, x + at, ref + at, s, mean[i], k1[i], k2[i], k3[i], relu,

@@ -113,12 +113,13 @@ void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float
                     float k2, float k3, bool relu, float scale, float shift);
 /* cf_bn_plane_affine and cf_bn_plane_dx over nc consecutive planes of s values (plane i at
  * x + i * s, ...; its constants at scale[i], shift[i], mean[i], k1[i], ...), bitwise the
- * one-plane calls: a sample's block of channels in one call. */
+ * one-plane calls: a sample's block of channels in one call. ahead (0: none): before each
+ * plane, the output's (and add's) plane `ahead` floats on is prefetched (the next sample's). */
 void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
-                         const float *scale, const float *shift, bool relu);
+                         const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
 void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
                      const float *mean, const float *k1, const float *k2, const float *k3,
-                     bool relu, const float *scale, const float *shift);
+                     bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
 
 /* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
 

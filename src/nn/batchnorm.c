@@ -262,14 +262,9 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     const int nc = (int)(c1 - c0);
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
-        if (n + 1 < g.n)
-            for (int64_t c = c0; c < c1; c++) {
-                const size_t next = (size_t)(n + 1) * g.c * cs + (size_t)c * cs;
-                bn_prefetch_plane(ctx->y + next, cs, true);
-                if (ctx->add) bn_prefetch_plane(ctx->add + next, cs, false);
-            }
+        const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
         cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, nc,
-                            scale + c0, shift + c0, ctx->relu);
+                            scale + c0, shift + c0, ctx->relu, ahead);
     }
 }
 
@@ -412,7 +407,7 @@ static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
         cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, g.c,
-                            scale, shift, ctx->relu);
+                            scale, shift, ctx->relu, 0);
     }
 }
 
@@ -594,11 +589,10 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         const int nc = (int)(c1 - c0);
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
-            if (n + 1 < g.n)
-                bn_prefetch_plane(ctx->dx + at + (size_t)g.c * cs, (size_t)nc * cs, true);
+            const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0;
             cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0, k + c0,
-                            k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0,
-                            b->ss + g.c + c0);
+                            k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0, b->ss + g.c + c0,
+                            ahead);
         }
     }
 }
@@ -649,7 +643,7 @@ static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
         cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, g.c, b->mean, k, k + g.c,
-                        k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c);
+                        k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
     }
 }
 

@@ -82,12 +82,14 @@ typedef struct cf_bn_kernels {
     /* affine and dx over nc consecutive planes of s values (x + i * s, ...), plane i with its
      * channel's scale[i], shift[i] (and mean[i], k1[i], k2[i], k3[i]): one call for a sample's
      * block of channels, where one call per plane costs as much as a small plane's work.
-     * Element-wise, so bitwise the one-plane kernels'. NULL: those, one plane at a time. */
+     * Element-wise, so bitwise the one-plane kernels'. ahead (not 0): before each plane, its
+     * plane `ahead` floats on in y / dx (for writing) and add is prefetched into L1, the next
+     * sample's as the one-plane passes did beside each call. NULL: the one-plane kernels. */
     void (*affine_n)(const float *x, const float *add, float *y, int64_t s, int nc,
-                     const float *scale, const float *shift, bool relu);
+                     const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
     void (*dx_n)(const float *dy, const float *x, float *dx, int64_t s, int nc, const float *mean,
                  const float *k1, const float *k2, const float *k3, bool relu, const float *scale,
-                 const float *shift);
+                 const float *shift, ptrdiff_t ahead);
 } cf_bn_kernels;
 
 typedef struct cf_optim_kernels {

@@ -241,28 +241,33 @@ void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float
 }
 
 void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
-                         const float *scale, const float *shift, bool relu) {
+                         const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
     const cf_bn_kernels *bn = cf_active_kernels->bn;
     if (bn->affine_n) {
-        bn->affine_n(x, add, y, s, nc, scale, shift, relu);
+        bn->affine_n(x, add, y, s, nc, scale, shift, relu, ahead);
         return;
     }
     for (int i = 0; i < nc; i++) {
         const size_t at = (size_t)i * (size_t)s;
+        if (ahead) {
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            if (add) cf_prefetch(add + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
         bn->affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
     }
 }
 
 void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
                      const float *mean, const float *k1, const float *k2, const float *k3,
-                     bool relu, const float *scale, const float *shift) {
+                     bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
     const cf_bn_kernels *bn = cf_active_kernels->bn;
     if (bn->dx_n) {
-        bn->dx_n(dy, x, dx, s, nc, mean, k1, k2, k3, relu, scale, shift);
+        bn->dx_n(dy, x, dx, s, nc, mean, k1, k2, k3, relu, scale, shift, ahead);
         return;
     }
     for (int i = 0; i < nc; i++) {
         const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dx + at + ahead, (size_t)s * sizeof(float), true, true);
         bn->dx(dy + at, x + at, dx + at, s, mean[i], k1[i], k2[i], k3[i], relu, scale[i], shift[i]);
     }
 }

@@ -848,18 +848,23 @@ static void simd_bn_dy_sums_n(int np, const float *const *dy, const float *const
 }
 
 static void simd_bn_affine_n(const float *x, const float *add, float *y, int64_t s, int nc,
-                             const float *scale, const float *shift, bool relu) {
+                             const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
     for (int i = 0; i < nc; i++) {
         const size_t at = (size_t)i * (size_t)s;
+        if (ahead) { /* one plane at a time, beside the work (see batchnorm.c) */
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            if (add) cf_prefetch(add + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
         simd_bn_affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
     }
 }
 
 static void simd_bn_dx_n(const float *dy, const float *x, float *dx, int64_t s, int nc,
                          const float *mean, const float *k1, const float *k2, const float *k3,
-                         bool relu, const float *scale, const float *shift) {
+                         bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
     for (int i = 0; i < nc; i++) {
         const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dx + at + ahead, (size_t)s * sizeof(float), true, true);
         simd_bn_dx(dy + at, x + at, dx + at, s, mean[i], k1[i], k2[i], k3[i], relu, scale[i],
                    shift[i]);
     }
