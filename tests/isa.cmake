@@ -40,6 +40,8 @@ if(NOT CF_NATIVE AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
 endif()
 # the bf16 shortcut at every level (below avx512_bf16: unsupported, the block in fp32)
 cf_isa_tests(test_bf16_shortcut generic avx2 avx512)
+# BatchNorm's several-plane kernels against the one-plane ones, at every table
+cf_isa_tests(test_bn_planes generic avx2 avx512)
 # The amx level sits above avx512_bf16: where the CPU has AMX the plain runs use it, and these
 # keep the avx512_bf16 kernels covered (elsewhere they repeat the plain runs, or the fallback).
 # test_amx_cap_amx: CF_ISA=amx on a CPU without AMX picks the best level it has.

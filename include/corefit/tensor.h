@@ -96,9 +96,30 @@ void cf_bn_plane_affine(const float *x, const float *add, float *y, int64_t s, f
  * x * scale + shift > 0, recomputed exactly as cf_bn_plane_affine computed it, and 0 elsewhere. */
 void cf_bn_plane_dy_sums(const float *dy, const float *x, int64_t s, float mean, bool relu,
                          float scale, float shift, double *sdy, double *sdyx);
+/* Up to CF_BN_PLANES planes of s values in one call, plane i from x[i] (and dy[i]): the same
+ * sums as the one-plane calls above, bitwise (each plane's lanes add in the same order; the
+ * planes only interleave, which hides the additions' latency on small planes).
+ * cf_bn_planes_sums sets s1[i], s2[i] as cf_bn_plane_sums(x[i], s, k[i], &s1[i], &s2[i]) does;
+ * cf_bn_planes_dy_sums adds to *sdy[i], *sdyx[i] as cf_bn_plane_dy_sums would, in the order
+ * i = 0, 1, ... (pointers may repeat: a channel's planes of several images). */
+#define CF_BN_PLANES 4
+void cf_bn_planes_sums(int np, const float *const *x, int64_t s, const float *k, double *s1,
+                       double *s2);
+void cf_bn_planes_dy_sums(int np, const float *const *dy, const float *const *x, int64_t s,
+                          const float *mean, bool relu, const float *scale, const float *shift,
+                          double *const *sdy, double *const *sdyx);
 /* dx = k1 * g + k2 * (x - mean) + k3, g as in cf_bn_plane_dy_sums. */
 void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
                     float k2, float k3, bool relu, float scale, float shift);
+/* cf_bn_plane_affine and cf_bn_plane_dx over nc consecutive planes of s values (plane i at
+ * x + i * s, ...; its constants at scale[i], shift[i], mean[i], k1[i], ...), bitwise the
+ * one-plane calls: a sample's block of channels in one call. ahead (0: none): before each
+ * plane, the output's (and add's) plane `ahead` floats on is prefetched (the next sample's). */
+void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
+                         const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
+void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                     const float *mean, const float *k1, const float *k2, const float *k3,
+                     bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
 
 /* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
 

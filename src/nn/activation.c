@@ -284,6 +284,20 @@ static void dropout_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     d->mask = cf_arena_bytes(arena, cf_shape_numel(in));
 }
 
+/* y = x * scale where the mask is set, else +0, as mask ? x * scale : 0.0f gives it: the product's
+ * bits kept or cleared. A branch on a random mask mispredicts about half the time (p = 0.5), and
+ * the compiler does not vectorise the select from bytes; this loop it does. */
+static void dropout_apply(const uint8_t *restrict mask, const float *restrict x, float scale,
+                          float *restrict y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const float v = x[i] * scale;
+        uint32_t b;
+        memcpy(&b, &v, sizeof b);
+        b &= 0u - (uint32_t)mask[i]; /* mask[i] is 0 or 1 */
+        memcpy(&y[i], &b, sizeof b);
+    }
+}
+
 static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
     dropout_impl *d = m->impl;
     m->in = x;
@@ -310,9 +324,7 @@ static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
         }
     }
     const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
-    const float *restrict xd = x->data;
-    float *restrict yd = y->data;
-    for (size_t i = 0; i < n; i++) yd[i] = mask[i] ? xd[i] * scale : 0.0f;
+    dropout_apply(mask, x->data, scale, y->data, n);
     return y;
 }
 
@@ -326,13 +338,7 @@ static const cf_tensor *dropout_backward(cf_module *m, const cf_tensor *dy, bool
         return dx;
     }
     const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
-    const uint8_t *restrict mask = d->mask;
-    const float *restrict g = dy->data;
-    float *restrict o = dx->data;
-    for (size_t i = 0; i < n; i++) {
-        const float gi = g[i] * scale; /* unconditional, so that the select vectorises */
-        o[i] = mask[i] ? gi : 0.0f;
-    }
+    dropout_apply(d->mask, dy->data, scale, dx->data, n);
     return dx;
 }
 

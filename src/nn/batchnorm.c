@@ -169,6 +169,38 @@ static void bn_prefetch_plane(const float *p, size_t s, bool write) {
     cf_prefetch(p, s * sizeof(float), write, true);
 }
 
+/* The one-thread passes' planes, CF_BN_PLANES at a time in one kernel call (see
+ * cf_bn_planes_sums): consecutive planes in the order of the pass, sample-major, whether they
+ * are channels of one sample or, where a block holds fewer channels, one channel of several
+ * samples. Each plane's sums are added to its channel's in that order, as one call per plane
+ * added them. */
+typedef struct plane_queue {
+    int np;
+    int64_t s;
+    const float *x[CF_BN_PLANES], *dy[CF_BN_PLANES];
+    float k[CF_BN_PLANES], scale[CF_BN_PLANES], shift[CF_BN_PLANES];
+    double *s1[CF_BN_PLANES], *s2[CF_BN_PLANES];
+} plane_queue;
+
+/* Forward: shifted sums (k: the shift), added to *s1[i], *s2[i] in order. */
+static void queue_sums(plane_queue *q) {
+    if (!q->np) return;
+    double a1[CF_BN_PLANES], a2[CF_BN_PLANES];
+    cf_bn_planes_sums(q->np, q->x, q->s, q->k, a1, a2);
+    for (int i = 0; i < q->np; i++) {
+        *q->s1[i] += a1[i];
+        *q->s2[i] += a2[i];
+    }
+    q->np = 0;
+}
+
+/* Backward: gradient sums (k: the mean), added to *s1[i], *s2[i] in order. */
+static void queue_dy_sums(plane_queue *q, bool relu) {
+    if (!q->np) return;
+    cf_bn_planes_dy_sums(q->np, q->dy, q->x, q->s, q->k, relu, q->scale, q->shift, q->s1, q->s2);
+    q->np = 0;
+}
+
 /* The statistics of channels [c0, c1) from the shifted sums in acc (s1 in acc[0, C), s2 in
  * acc[C, 2C)): the mean, 1/std, and the biased variance in acc[0, C) for the running statistics. */
 static void bn_finish_stats(bn_ctx *ctx, int64_t c0, int64_t c1) {
@@ -209,32 +241,30 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     if (ctx->training) {
         double *s1 = b->acc, *s2 = b->acc + g.c;
         for (int64_t c = c0; c < c1; c++) s1[c] = s2[c] = 0;
+        plane_queue q = {.s = g.s};
         for (int n = 0; n < g.n; n++) {
             const float *xn = ctx->x + (size_t)n * g.c * cs;
             const bool ahead = n + 1 < g.n;
             for (int64_t c = c0; c < c1; c++) {
                 if (ahead) bn_prefetch_plane(xn + ((size_t)g.c + c) * cs, cs, false);
-                double a1, a2;
-                cf_bn_plane_sums(xn + c * cs, g.s, ctx->x[c * cs], &a1, &a2);
-                s1[c] += a1;
-                s2[c] += a2;
+                q.x[q.np] = xn + c * cs;
+                q.k[q.np] = ctx->x[c * cs];
+                q.s1[q.np] = &s1[c];
+                q.s2[q.np] = &s2[c];
+                if (++q.np == CF_BN_PLANES) queue_sums(&q);
             }
         }
+        queue_sums(&q);
         bn_finish_stats(ctx, c0, c1);
     }
     bn_scale_shift(ctx, c0, c1);
     const float *scale = b->ss, *shift = b->ss + g.c;
+    const int nc = (int)(c1 - c0);
     for (int n = 0; n < g.n; n++) {
-        const size_t at = (size_t)n * g.c * cs;
-        const bool ahead = n + 1 < g.n;
-        for (int64_t c = c0; c < c1; c++) {
-            if (ahead) {
-                bn_prefetch_plane(ctx->y + at + ((size_t)g.c + c) * cs, cs, true);
-                if (ctx->add) bn_prefetch_plane(ctx->add + at + ((size_t)g.c + c) * cs, cs, false);
-            }
-            cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
-                               ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
-        }
+        const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
+        const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
+        cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, nc,
+                            scale + c0, shift + c0, ctx->relu, ahead);
     }
 }
 
@@ -354,8 +384,16 @@ static void split_forward_sums(void *v, int64_t n0, int64_t n1, int thread) {
     for (int64_t n = n0; n < n1; n++) {
         const float *xn = ctx->x + (size_t)n * g.c * cs;
         double *p = sp->part + (size_t)n * 2 * g.c;
-        for (int c = 0; c < g.c; c++)
-            cf_bn_plane_sums(xn + c * cs, g.s, ctx->x[c * cs], &p[c], &p[g.c + c]);
+        for (int c = 0; c < g.c; c += CF_BN_PLANES) {
+            const int np = g.c - c < CF_BN_PLANES ? g.c - c : CF_BN_PLANES;
+            const float *xs[CF_BN_PLANES];
+            float ks[CF_BN_PLANES];
+            for (int i = 0; i < np; i++) {
+                xs[i] = xn + (c + i) * cs;
+                ks[i] = ctx->x[(c + i) * cs];
+            }
+            cf_bn_planes_sums(np, xs, g.s, ks, &p[c], &p[g.c + c]);
+        }
     }
 }
 
@@ -368,9 +406,8 @@ static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
     const float *scale = b->ss, *shift = b->ss + g.c;
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        for (int c = 0; c < g.c; c++)
-            cf_bn_plane_affine(ctx->x + at + c * cs, ctx->add ? ctx->add + at + c * cs : NULL,
-                               ctx->y + at + c * cs, g.s, scale[c], shift[c], ctx->relu);
+        cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, g.c,
+                            scale, shift, ctx->relu, 0);
     }
 }
 
@@ -526,6 +563,7 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         double *sdy = b->acc, *sdyx = b->acc + g.c;
         if (!ctx->sums_ready)
             for (int64_t c = c0; c < c1; c++) sdy[c] = sdyx[c] = 0;
+        plane_queue q = {.s = g.s};
         for (int n = 0; n < g.n && !ctx->sums_ready; n++) {
             const size_t at = (size_t)n * g.c * cs;
             const bool ahead = n + 1 < g.n;
@@ -534,22 +572,27 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
                     bn_prefetch_plane(ctx->dy + at + ((size_t)g.c + c) * cs, cs, false);
                     bn_prefetch_plane(ctx->x + at + ((size_t)g.c + c) * cs, cs, false);
                 }
-                cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
-                                    ctx->relu, b->ss[c], b->ss[g.c + c], &sdy[c], &sdyx[c]);
+                q.dy[q.np] = ctx->dy + at + c * cs;
+                q.x[q.np] = ctx->x + at + c * cs;
+                q.k[q.np] = b->mean[c];
+                q.scale[q.np] = b->ss[c];
+                q.shift[q.np] = b->ss[g.c + c];
+                q.s1[q.np] = &sdy[c];
+                q.s2[q.np] = &sdyx[c];
+                if (++q.np == CF_BN_PLANES) queue_dy_sums(&q, ctx->relu);
             }
         }
+        queue_dy_sums(&q, ctx->relu);
         bn_backward_coefs(ctx, c0, c1);
         if (!ctx->need_dx) return;
         const float *k = b->coef;
+        const int nc = (int)(c1 - c0);
         for (int n = 0; n < g.n; n++) {
-            const size_t at = (size_t)n * g.c * cs;
-            const bool ahead = n + 1 < g.n;
-            for (int64_t c = c0; c < c1; c++) {
-                if (ahead) bn_prefetch_plane(ctx->dx + at + ((size_t)g.c + c) * cs, cs, true);
-                cf_bn_plane_dx(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs,
-                               g.s, b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu,
-                               b->ss[c], b->ss[g.c + c]);
-            }
+            const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
+            const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0;
+            cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0, k + c0,
+                            k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0, b->ss + g.c + c0,
+                            ahead);
         }
     }
 }
@@ -573,10 +616,19 @@ static void split_backward_sums(void *v, int64_t n0, int64_t n1, int thread) {
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
         double *p = sp->part + (size_t)n * 2 * g.c;
-        for (int c = 0; c < g.c; c++) {
-            p[c] = p[g.c + c] = 0;
-            cf_bn_plane_dy_sums(ctx->dy + at + c * cs, ctx->x + at + c * cs, g.s, b->mean[c],
-                                ctx->relu, b->ss[c], b->ss[g.c + c], &p[c], &p[g.c + c]);
+        for (int c = 0; c < g.c; c++) p[c] = p[g.c + c] = 0;
+        for (int c = 0; c < g.c; c += CF_BN_PLANES) {
+            const int np = g.c - c < CF_BN_PLANES ? g.c - c : CF_BN_PLANES;
+            const float *dys[CF_BN_PLANES], *xs[CF_BN_PLANES];
+            double *s1[CF_BN_PLANES], *s2[CF_BN_PLANES];
+            for (int i = 0; i < np; i++) {
+                dys[i] = ctx->dy + at + (c + i) * cs;
+                xs[i] = ctx->x + at + (c + i) * cs;
+                s1[i] = &p[c + i];
+                s2[i] = &p[g.c + c + i];
+            }
+            cf_bn_planes_dy_sums(np, dys, xs, g.s, b->mean + c, ctx->relu, b->ss + c,
+                                 b->ss + g.c + c, s1, s2);
         }
     }
 }
@@ -590,10 +642,8 @@ static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
     const float *k = b->coef;
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        for (int c = 0; c < g.c; c++)
-            cf_bn_plane_dx(ctx->dy + at + c * cs, ctx->x + at + c * cs, ctx->dx + at + c * cs, g.s,
-                           b->mean[c], k[c], k[g.c + c], k[2 * g.c + c], ctx->relu, b->ss[c],
-                           b->ss[g.c + c]);
+        cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, g.c, b->mean, k, k + g.c,
+                        k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
     }
 }
 

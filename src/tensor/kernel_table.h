@@ -70,6 +70,26 @@ typedef struct cf_bn_kernels {
     /* dx = k1 * g + k2 * (x - mean) + k3 (g as in dy_sums) */
     void (*dx)(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
                float k2, float k3, bool relu, float scale, float shift);
+    /* Up to CF_BN_PLANES planes at once, each exactly as its one-plane kernel above (the same
+     * lanes and order), into s1[i], s2[i] / sdy[i], sdyx[i] (set: sdy[i] is what dy_sums adds
+     * to *sdy): the planes' sums are independent chains of additions, so interleaving them hides
+     * the adds' latency, which bounds one plane. NULL: the one-plane kernels, one at a time. */
+    void (*shifted_sums_n)(int np, const float *const *x, int64_t s, const float *k, double *s1,
+                           double *s2);
+    void (*dy_sums_n)(int np, const float *const *dy, const float *const *x, int64_t s,
+                      const float *mean, bool relu, const float *scale, const float *shift,
+                      double *sdy, double *sdyx);
+    /* affine and dx over nc consecutive planes of s values (x + i * s, ...), plane i with its
+     * channel's scale[i], shift[i] (and mean[i], k1[i], k2[i], k3[i]): one call for a sample's
+     * block of channels, where one call per plane costs as much as a small plane's work.
+     * Element-wise, so bitwise the one-plane kernels'. ahead (not 0): before each plane, its
+     * plane `ahead` floats on in y / dx (for writing) and add is prefetched into L1, the next
+     * sample's as the one-plane passes did beside each call. NULL: the one-plane kernels. */
+    void (*affine_n)(const float *x, const float *add, float *y, int64_t s, int nc,
+                     const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
+    void (*dx_n)(const float *dy, const float *x, float *dx, int64_t s, int nc, const float *mean,
+                 const float *k1, const float *k2, const float *k3, bool relu, const float *scale,
+                 const float *shift, ptrdiff_t ahead);
 } cf_bn_kernels;
 
 typedef struct cf_optim_kernels {

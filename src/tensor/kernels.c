@@ -203,9 +203,73 @@ void cf_bn_plane_dy_sums(const float *dy, const float *x, int64_t s, float mean,
     cf_active_kernels->bn->dy_sums(dy, x, s, mean, relu, scale, shift, sdy, sdyx);
 }
 
+void cf_bn_planes_sums(int np, const float *const *x, int64_t s, const float *k, double *s1,
+                       double *s2) {
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    for (int i0 = 0; i0 < np; i0 += CF_BN_PLANES) {
+        const int n = np - i0 < CF_BN_PLANES ? np - i0 : CF_BN_PLANES;
+        if (bn->shifted_sums_n)
+            bn->shifted_sums_n(n, x + i0, s, k + i0, s1 + i0, s2 + i0);
+        else
+            for (int i = i0; i < i0 + n; i++) bn->shifted_sums(x[i], s, k[i], &s1[i], &s2[i]);
+    }
+}
+
+void cf_bn_planes_dy_sums(int np, const float *const *dy, const float *const *x, int64_t s,
+                          const float *mean, bool relu, const float *scale, const float *shift,
+                          double *const *sdy, double *const *sdyx) {
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (!bn->dy_sums_n) {
+        for (int i = 0; i < np; i++)
+            bn->dy_sums(dy[i], x[i], s, mean[i], relu, scale[i], shift[i], sdy[i], sdyx[i]);
+        return;
+    }
+    for (int i0 = 0; i0 < np; i0 += CF_BN_PLANES) {
+        const int n = np - i0 < CF_BN_PLANES ? np - i0 : CF_BN_PLANES;
+        double a[CF_BN_PLANES], b[CF_BN_PLANES];
+        bn->dy_sums_n(n, dy + i0, x + i0, s, mean + i0, relu, scale + i0, shift + i0, a, b);
+        for (int i = 0; i < n; i++) { /* in order: a channel's images add in image order */
+            *sdy[i0 + i] += a[i];
+            *sdyx[i0 + i] += b[i];
+        }
+    }
+}
+
 void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
                     float k2, float k3, bool relu, float scale, float shift) {
     cf_active_kernels->bn->dx(dy, x, dx, s, mean, k1, k2, k3, relu, scale, shift);
+}
+
+void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
+                         const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->affine_n) {
+        bn->affine_n(x, add, y, s, nc, scale, shift, relu, ahead);
+        return;
+    }
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) {
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            if (add) cf_prefetch(add + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
+        bn->affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
+    }
+}
+
+void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                     const float *mean, const float *k1, const float *k2, const float *k3,
+                     bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->dx_n) {
+        bn->dx_n(dy, x, dx, s, nc, mean, k1, k2, k3, relu, scale, shift, ahead);
+        return;
+    }
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dx + at + ahead, (size_t)s * sizeof(float), true, true);
+        bn->dx(dy + at, x + at, dx + at, s, mean[i], k1[i], k2[i], k3[i], relu, scale[i], shift[i]);
+    }
 }
 
 void cf_sgd_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg, size_t n) {

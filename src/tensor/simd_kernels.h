@@ -760,11 +760,125 @@ static void simd_bn_dx(const float *dy, const float *x, float *dx, int64_t s, fl
     }
 }
 
+/* np planes side by side: each plane's lanes take its values in the order of
+ * simd_bn_shifted_sums / simd_bn_dy_sums, with the same operations, so each plane's sums are
+ * bitwise the one-plane kernel's (s1[i] is the sum that kernel's caller gets in *s1; sdy[i] is
+ * what the one-plane kernel adds to *sdy). Only the planes' independent chains interleave. */
+CF_INLINE void bn_sums_planes(int np, const float *const *x, int64_t s, const float *k, double *s1,
+                              double *s2) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    vf kk[CF_BN_PLANES], a1[CF_BN_PLANES], a2[CF_BN_PLANES];
+    _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+        kk[i] = V_SET1(k[i]);
+        a1[i] = a2[i] = V_ZERO();
+    }
+    for (int64_t j = 0; j < full; j += VL) _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+            const vf d = V_SUB(V_LOADU(x[i] + j), kk[i]);
+            a1[i] = V_ADD(a1[i], d);
+            a2[i] = V_FMA(d, d, a2[i]);
+        }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+            const vf d = V_ZMASK(tm, V_SUB(V_LOADZ(tm, x[i] + full), kk[i]));
+            a1[i] = V_ADD(a1[i], d);
+            a2[i] = V_FMA(d, d, a2[i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+        s1[i] = V_HSUM_D(a1[i]);
+        s2[i] = V_HSUM_D(a2[i]);
+    }
+}
+
+static void simd_bn_shifted_sums_n(int np, const float *const *x, int64_t s, const float *k,
+                                   double *s1, double *s2) {
+    if (np == CF_BN_PLANES)
+        bn_sums_planes(CF_BN_PLANES, x, s, k, s1, s2);
+    else
+        for (int i = 0; i < np; i++) bn_sums_planes(1, x + i, s, k + i, s1 + i, s2 + i);
+}
+
+CF_INLINE void bn_dy_sums_planes(int np, const float *const *dy, const float *const *x, int64_t s,
+                                 const float *mean, bool relu, const float *scale,
+                                 const float *shift, double *sdy, double *sdyx) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    vf m[CF_BN_PLANES], sa[CF_BN_PLANES], sb[CF_BN_PLANES], a1[CF_BN_PLANES], a2[CF_BN_PLANES];
+    _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+        m[i] = V_SET1(mean[i]);
+        sa[i] = V_SET1(scale[i]);
+        sb[i] = V_SET1(shift[i]);
+        a1[i] = a2[i] = V_ZERO();
+    }
+    for (int64_t j = 0; j < full; j += VL) _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+            const vf xv = V_LOADU(x[i] + j);
+            const vf g =
+                relu ? V_LOADZ_READABLE(simd_relu_lanes(all, true, xv, sa[i], sb[i]), dy[i] + j)
+                     : V_LOADU(dy[i] + j);
+            a1[i] = V_ADD(a1[i], g);
+            a2[i] = V_FMA(g, V_SUB(xv, m[i]), a2[i]);
+        }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+            const vf xv = V_LOADZ(tm, x[i] + full);
+            const vf g = V_LOADZ(simd_relu_lanes(tm, relu, xv, sa[i], sb[i]), dy[i] + full);
+            a1[i] = V_ADD(a1[i], g);
+            a2[i] = V_FMA(g, V_SUB(xv, m[i]), a2[i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
+        sdy[i] = V_HSUM_D(a1[i]);
+        sdyx[i] = V_HSUM_D(a2[i]);
+    }
+}
+
+static void simd_bn_dy_sums_n(int np, const float *const *dy, const float *const *x, int64_t s,
+                              const float *mean, bool relu, const float *scale, const float *shift,
+                              double *sdy, double *sdyx) {
+    if (np == CF_BN_PLANES)
+        bn_dy_sums_planes(CF_BN_PLANES, dy, x, s, mean, relu, scale, shift, sdy, sdyx);
+    else
+        for (int i = 0; i < np; i++)
+            bn_dy_sums_planes(1, dy + i, x + i, s, mean + i, relu, scale + i, shift + i, sdy + i,
+                              sdyx + i);
+}
+
+static void simd_bn_affine_n(const float *x, const float *add, float *y, int64_t s, int nc,
+                             const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) { /* one plane at a time, beside the work (see batchnorm.c) */
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            if (add) cf_prefetch(add + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
+        simd_bn_affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
+    }
+}
+
+static void simd_bn_dx_n(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                         const float *mean, const float *k1, const float *k2, const float *k3,
+                         bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dx + at + ahead, (size_t)s * sizeof(float), true, true);
+        simd_bn_dx(dy + at, x + at, dx + at, s, mean[i], k1[i], k2[i], k3[i], relu, scale[i],
+                   shift[i]);
+    }
+}
+
 static const cf_bn_kernels simd_bn_kernels = {
     .shifted_sums = simd_bn_shifted_sums,
     .affine = simd_bn_affine,
     .dy_sums = simd_bn_dy_sums,
     .dx = simd_bn_dx,
+    .shifted_sums_n = simd_bn_shifted_sums_n,
+    .dy_sums_n = simd_bn_dy_sums_n,
+    .affine_n = simd_bn_affine_n,
+    .dx_n = simd_bn_dx_n,
 };
 
 #endif
