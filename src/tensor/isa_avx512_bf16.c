@@ -543,6 +543,100 @@ static void bf16_conv_wgrad(int taps, const int *half, const unsigned char *odd,
     }
 }
 
+/* One tile of conv_wgrad_runs: R rows of a by nv vectors of 16 columns of b, for tt taps at once
+ * (b's rows of tap i from bt[i], the sums into out[i]), over the runs of q. Each tap's dy row
+ * value (broadcast) is shared by the taps and vectors of the tile, so a tile of 3 taps loads
+ * fewer operands per product than conv_wgrad's 8 x nv one; each sum still adds its products
+ * in q's order. */
+static inline __attribute__((always_inline)) void
+wgrad_runs_tile(int R, int nv, int tt, const uint32_t *a, size_t lda, const uint32_t *const *bt,
+                size_t ldb, int images, int istep, int runs, const int *run_at, const int *run_len,
+                float *const *out, size_t ldo, int rows, int cols, bool accumulate) {
+    __m512 acc[MR][3][NV];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < tt; i++)
+            for (int v = 0; v < nv; v++) acc[r][i][v] = _mm512_setzero_ps();
+    for (int n = 0; n < images; n++)
+        for (int j = 0; j < runs; j++) {
+            const size_t q0 = (size_t)n * istep + run_at[j];
+            const uint32_t *ap = a + q0, *bp[3];
+            for (int i = 0; i < tt; i++) bp[i] = bt[i] + q0 * ldb;
+            for (int q = 0; q < run_len[j]; q++, ap++) {
+                __m512bh bv[3][NV];
+                for (int i = 0; i < tt; i++)
+                    for (int v = 0; v < nv; v++)
+                        bv[i][v] = (__m512bh)_mm512_loadu_si512(bp[i] + (size_t)q * ldb + 16 * v);
+                for (int r = 0; r < R; r++) {
+                    const __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[(size_t)r * lda]);
+                    for (int i = 0; i < tt; i++)
+                        for (int v = 0; v < nv; v++)
+                            acc[r][i][v] = _mm512_dpbf16_ps(acc[r][i][v], av, bv[i][v]);
+                }
+            }
+        }
+    for (int i = 0; i < tt; i++)
+        for (int r = 0; r < rows; r++) {
+            float *o = out[i] + (size_t)r * ldo;
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 m = lanes_below(cols - 16 * v);
+                __m512 s = acc[r][i][v];
+                if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, o + 16 * v));
+                _mm512_mask_storeu_ps(o + 16 * v, m, s);
+            }
+        }
+}
+
+/* conv_wgrad with the sum over q restricted to the runs q = n * istep + run_at[j] + i, i <
+ * run_len[j], for n < images and j < runs (increasing, within istep): the pairs between the runs
+ * are left out. Bitwise conv_wgrad over all images * istep pairs where every pair left out has
+ * a zero dy word (a zero product adds nothing to a sum). Taps go three at a time: 4 rows by 2
+ * vectors, or 8 rows by 1 vector on a last 16 columns; the taps past a multiple of 3 as
+ * conv_wgrad's tiles. */
+static void bf16_conv_wgrad_runs(int taps, const int *half, const unsigned char *odd, int m, int ch,
+                                 int images, int istep, int runs, const int *run_at,
+                                 const int *run_len, const uint32_t *a, size_t lda,
+                                 const uint32_t *b0, const uint32_t *b1, size_t ldb, float *out,
+                                 size_t ldo, size_t tapo, bool accumulate) {
+    for (int t = 0; t < taps;) {
+        const int tt = taps - t >= 3 ? 3 : 1;
+        const uint32_t *bt[3];
+        for (int i = 0; i < tt; i++) bt[i] = (odd[t + i] ? b1 : b0) + (size_t)half[t + i] * ldb;
+        for (int c0 = 0; c0 < ch;) {
+            const int left = ch - c0, nv = tt == 3 ? (left > 16 ? 2 : 1)
+                                                   : (left > 32   ? 3
+                                                      : left > 16 ? 2
+                                                                  : 1);
+            const int cols = left < 16 * nv ? left : 16 * nv, R = tt == 3 && nv == 2 ? 4 : MR;
+            const uint32_t *bc[3];
+            for (int i = 0; i < tt; i++) bc[i] = bt[i] + c0;
+            for (int r0 = 0; r0 < m; r0 += R) {
+                const int rows = m - r0 < R ? m - r0 : R;
+                const uint32_t *ar = a + (size_t)r0 * lda;
+                float *o[3];
+                for (int i = 0; i < tt; i++)
+                    o[i] = out + (size_t)(t + i) * tapo + (size_t)r0 * ldo + c0;
+                if (tt == 3 && nv == 2)
+                    wgrad_runs_tile(4, 2, 3, ar, lda, bc, ldb, images, istep, runs, run_at, run_len,
+                                    o, ldo, rows, cols, accumulate);
+                else if (tt == 3)
+                    wgrad_runs_tile(MR, 1, 3, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+                else if (nv == 3)
+                    wgrad_runs_tile(MR, 3, 1, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+                else if (nv == 2)
+                    wgrad_runs_tile(MR, 2, 1, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+                else
+                    wgrad_runs_tile(MR, 1, 1, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+            }
+            c0 += 16 * nv;
+        }
+        t += tt;
+    }
+}
+
 /* ---- the convolution's conversions and layouts (conv_bf16.c) ---------------------------------
  *
  * y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w: a plane's rows into padded rows, one call
@@ -870,5 +964,6 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .conv_rows = bf16_conv_rows,
     .stem_pairs = bf16_stem_pairs,
     .interleave_rows = bf16_interleave_rows,
+    .conv_wgrad_runs = bf16_conv_wgrad_runs,
 };
 #endif

@@ -245,6 +245,16 @@ typedef struct cf_bf16_kernels {
      * lds + j / 2] for i < h, j < n (b NULL: zero; stride 2's dx, a row parity of a channel). */
     void (*interleave_rows)(const float *a, const float *b, size_t lds, int h, int n, float *out,
                             size_t ldo);
+    /* NULL: none (conv_wgrad over every pair). conv_wgrad with the sum over q restricted to
+     * the runs q = n * istep + run_at[j] + i, i < run_len[j], n < images, j < runs (increasing,
+     * within istep), each sum's products added in q's order: bitwise conv_wgrad over images *
+     * istep pairs where the pairs left out have zero words of a (the weight gradient's dy
+     * pairs that lie wholly in pad rows or dropped columns). A level with its own conv_wgrad
+     * (amx) sets it NULL. */
+    void (*conv_wgrad_runs)(int taps, const int *half, const unsigned char *odd, int m, int ch,
+                            int images, int istep, int runs, const int *run_at, const int *run_len,
+                            const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
+                            size_t ldb, float *out, size_t ldo, size_t tapo, bool accumulate);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
