@@ -1068,7 +1068,11 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             for (int c = 0; c < l.c; c++) {
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const float *src = xn + c * plane;
-                if (l.sub) { /* the even columns of the even rows */
+                if (l.sub && k->even_rows) { /* the even columns of the even rows */
+                    k->even_rows(src, (size_t)2 * g->w, g->oh, g->ow, row, (size_t)l.wq);
+                    continue;
+                }
+                if (l.sub) {
                     k->deal(src, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, row, NULL, (size_t)l.wq);
                     continue;
                 }

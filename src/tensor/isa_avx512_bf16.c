@@ -637,6 +637,20 @@ static void bf16_conv_wgrad_runs(int taps, const int *half, const unsigned char 
     }
 }
 
+/* y[i * ldy + j] = bf16(x[i * ldx + 2 j]) for i < h, j < n: the even values of h rows (a 1x1
+ * stride-2 layer's subsampled image), picked before they are rounded, 16 per rounding. */
+static void bf16_even_rows(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy) {
+    const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int i = 0; i < h; i++, x += ldx, y += ldy)
+        for (int j = 0; j < n; j += 16) {
+            const int left = 2 * (n - j) - 1; /* values from x[2j] to the last even one */
+            const __m512 a = _mm512_maskz_loadu_ps(lanes_below(left), x + 2 * j),
+                         b = _mm512_maskz_loadu_ps(lanes_below(left - 16), x + 2 * j + 16);
+            _mm512_mask_cvtepi32_storeu_epi16(
+                y + j, lanes_below(n - j), cf__bf16_round_lanes(_mm512_permutex2var_ps(a, idx, b)));
+        }
+}
+
 /* ---- the convolution's conversions and layouts (conv_bf16.c) ---------------------------------
  *
  * y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w: a plane's rows into padded rows, one call
@@ -965,5 +979,6 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .stem_pairs = bf16_stem_pairs,
     .interleave_rows = bf16_interleave_rows,
     .conv_wgrad_runs = bf16_conv_wgrad_runs,
+    .even_rows = bf16_even_rows,
 };
 #endif

@@ -255,6 +255,9 @@ typedef struct cf_bf16_kernels {
                             int images, int istep, int runs, const int *run_at, const int *run_len,
                             const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
                             size_t ldb, float *out, size_t ldo, size_t tapo, bool accumulate);
+    /* NULL: none (deal's even values). y[i * ldy + j] = bf16(x[i * ldx + 2 j]), i < h, j < n
+     * (bitwise deal's e). */
+    void (*even_rows)(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
