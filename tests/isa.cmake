@@ -56,3 +56,8 @@ set_tests_properties(test_amx_cap_amx PROPERTIES LABELS "unit;isa" TIMEOUT 300
 foreach(name test_bf16_batch test_bf16_shortcut test_bf16_par)
   cf_amx_emul_test(${name})
 endforeach()
+# The bf16 weight gradient's runs of position pairs against conv_wgrad over every pair: at the
+# best level, capped to avx512_bf16 (where the CPU has AMX), over the amx emulation (which has
+# no runs entry) and below (no bf16 convolution: nothing to compare)
+cf_isa_tests(test_bf16_wgrad_runs generic avx2 avx512 avx512_bf16)
+cf_amx_emul_test(test_bf16_wgrad_runs)
