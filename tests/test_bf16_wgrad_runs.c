@@ -89,8 +89,10 @@ static void check_kernel(int taps, int m, int ch, int images, int istep, int run
     uint32_t *a = calloc((size_t)mr * lda, sizeof(uint32_t)),
              *b0 = calloc(brows * ldb, sizeof(uint32_t)),
              *b1 = calloc(brows * ldb, sizeof(uint32_t));
-    float *v = malloc(4 * brows * ldb * sizeof(float));
+    float *v = malloc(4 * brows * ldb * sizeof(float)),
+          *va = malloc(2 * (size_t)mr * lda * sizeof(float));
     fill_uniform(v, 4 * brows * ldb, 71, -2, 2);
+    fill_uniform(va, 2 * (size_t)mr * lda, 73, -2, 2);
     bool *in_run = calloc((size_t)nq2, sizeof(bool));
     for (int n = 0; n < images; n++)
         for (int j = 0; j < runs; j++)
@@ -98,7 +100,7 @@ static void check_kernel(int taps, int m, int ch, int images, int istep, int run
     for (int r = 0; r < m; r++)
         for (int q = 0; q < nq2; q++)
             if (in_run[q])
-                a[r * lda + q] = pair_word(v[2 * (r * lda + q)], v[2 * (r * lda + q) + 1]);
+                a[r * lda + q] = pair_word(va[2 * (r * lda + q)], va[2 * (r * lda + q) + 1]);
     for (size_t q = 0; q < brows; q++)
         for (int c = 0; c < ch; c++) {
             const size_t at = q * ldb + c;
@@ -121,7 +123,7 @@ static void check_kernel(int taps, int m, int ch, int images, int istep, int run
                          taps, m, ch, images, istep, acc ? "accumulated" : "overwritten", i,
                          (double)got[i], (double)want[i]);
     }
-    free(a), free(b0), free(b1), free(v), free(in_run), free(want), free(got);
+    free(a), free(b0), free(b1), free(v), free(va), free(in_run), free(want), free(got);
 }
 
 static void test_kernel(void **state) {
