@@ -22,7 +22,9 @@
  *            rows X0[q][c] = (xpad[c][2q], xpad[c][2q + 1]) and X1[q][c] = (xpad[c][2q + 1],
  *            xpad[c][2q + 2]), so that a tap with an even offset reads X0 and an odd one X1, each
  *            a whole row of channels per step. A block of small images is laid end to end (each
- *            hp x wp positions), so that a register tile sums hundreds of positions.
+ *            hp x wp positions), so that a register tile sums hundreds of positions. Where the
+ *            level has conv_wgrad_runs, the sums skip the position pairs whose dy words are both
+ *            zero (pad rows, dropped columns: dy_runs), adding the same products in the same order.
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
  *            (halves_rows) rather than rounding dy from fp32 again.
  *

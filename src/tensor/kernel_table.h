@@ -249,8 +249,8 @@ typedef struct cf_bf16_kernels {
      * the runs q = n * istep + run_at[j] + i, i < run_len[j], n < images, j < runs (increasing,
      * within istep), each sum's products added in q's order: bitwise conv_wgrad over images *
      * istep pairs where the pairs left out have zero words of a (the weight gradient's dy
-     * pairs that lie wholly in pad rows or dropped columns). A level with its own conv_wgrad
-     * (amx) sets it NULL. */
+     * pairs that lie wholly in pad rows or dropped columns), for finite b (zero times an
+     * infinity would have made the sum NaN). A level with its own conv_wgrad (amx) sets it NULL. */
     void (*conv_wgrad_runs)(int taps, const int *half, const unsigned char *odd, int m, int ch,
                             int images, int istep, int runs, const int *run_at, const int *run_len,
                             const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
