@@ -999,21 +999,19 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
 static int dy_runs(const layout *l, const cf_conv_geom *g, int *run_at, int *run_len) {
     int runs = 0, first = -1, last = -1;
     bool over = false;
-    for (int q = 0; q < l->s / 2; q++) {
-        bool held = false;
-        for (int p = 2 * q; p < 2 * q + 2; p++)
-            held = held || (p / l->wq < g->oh && p % l->wq < g->ow);
-        if (!held) continue;
-        if (first < 0) first = q;
-        if (runs > 0 && last == q - 1) {
-            run_len[runs - 1]++;
+    /* row i's values are positions [i wq, i wq + ow): pairs i wq / 2 to (i wq + ow - 1) / 2 */
+    for (int i = 0; i < g->oh && g->ow > 0; i++) {
+        const int q0 = i * l->wq / 2, q1 = (i * l->wq + g->ow - 1) / 2;
+        if (first < 0) first = q0;
+        if (runs > 0 && q0 <= last + 1) {
+            run_len[runs - 1] = q1 - run_at[runs - 1] + 1;
         } else if (runs < MAX_RUNS) {
-            run_at[runs] = q;
-            run_len[runs++] = 1;
+            run_at[runs] = q0;
+            run_len[runs++] = q1 - q0 + 1;
         } else {
             over = true;
         }
-        last = q;
+        last = q1;
     }
     if (over || runs == 0) {
         run_at[0] = first < 0 ? 0 : first;
