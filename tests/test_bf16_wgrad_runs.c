@@ -1,13 +1,14 @@
 /* The bf16 weight gradient's runs of position pairs (cf_bf16_kernels.conv_wgrad_runs: only the
- * pairs of dy's rows that hold values, three taps per register tile) and the 1x1 stride-2
- * layer's even values (even_rows) against the paths they replaced, which conv_bf16.c keeps for a
- * level without them (conv_wgrad over every pair of every image, deal's even half): bitwise,
- * kernel against kernel on operands whose pairs outside the runs are zero, and whole layers
- * (cf_conv_bf16_wgrad, _wgrad_with, _backward with and without a paired shortcut) run with the
- * active table and with a copy of it without the two entries. A copy whose entries count their
- * calls shows that the new ones ran. At avx512_bf16 both entries must be there; the amx level
- * (its tiles sum every pair in their own order) must have neither; below avx512_bf16 there is
- * no bf16 convolution and nothing to compare (test_bf16 runs the fp32 fallback there). */
+ * pairs of dy's rows that hold values, three taps per register tile) and its conversions (the
+ * 1x1 stride-2 layer's even values, even_rows; short rows two at a time, rows_short and
+ * deal_short) against the paths they replaced, which conv_bf16.c keeps for a level without them
+ * (conv_wgrad over every pair of every image, rows, deal): bitwise, kernel against kernel on
+ * operands whose pairs outside the runs are zero, and whole layers (cf_conv_bf16_wgrad,
+ * _wgrad_with, _backward with and without a paired shortcut) run with the active table and with
+ * a copy of it without those entries. A copy whose entries count their calls shows that the new
+ * ones ran. At avx512_bf16 all four must be there; the amx level (its tiles sum every pair in
+ * their own order) has no runs entry and keeps the conversions; below avx512_bf16 there is no
+ * bf16 convolution and nothing to compare (test_bf16 runs the fp32 fallback there). */
 #include "oracle.h"
 
 #include "corefit/tensor.h"
@@ -19,7 +20,7 @@
 static const cf_kernel_table *active;
 static cf_kernel_table plain, counting;
 static cf_bf16_kernels plain_bf16, counting_bf16;
-static int runs_calls, even_calls;
+static int runs_calls, even_calls, short_calls;
 
 static void count_runs(int taps, const int *half, const unsigned char *odd, int m, int ch,
                        int images, int istep, int runs, const int *run_at, const int *run_len,
@@ -35,6 +36,17 @@ static void count_even(const float *x, size_t ldx, int h, int n, uint16_t *y, si
     active->bf16->even_rows(x, ldx, h, n, y, ldy);
 }
 
+static void count_rows_short(const float *x, int h, int w, uint16_t *y, size_t ldy) {
+    short_calls++;
+    active->bf16->rows_short(x, h, w, y, ldy);
+}
+
+static void count_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                             size_t ld) {
+    short_calls++;
+    active->bf16->deal_short(x, ldx, h, n, e, o, ld);
+}
+
 /* The active table's copies: plain without the two entries, counting with them wrapped. False
  * where the level has no bf16 convolution; fails where an entry is missing or present against
  * the level's rule. */
@@ -45,18 +57,23 @@ static bool make_tables(void) {
         printf("level %s: no bf16 convolution, nothing to compare\n", cf_isa_name(active->isa));
         return false;
     }
-    if (active->isa == CF_ISA_AMX) {
+    if (active->isa == CF_ISA_AMX)
         assert_null(k->conv_wgrad_runs);
-        return false;
-    }
-    assert_non_null(k->conv_wgrad_runs);
+    else
+        assert_non_null(k->conv_wgrad_runs);
     assert_non_null(k->even_rows);
+    assert_non_null(k->rows_short);
+    assert_non_null(k->deal_short);
     plain = counting = *active;
     plain_bf16 = counting_bf16 = *k;
     plain_bf16.conv_wgrad_runs = NULL;
     plain_bf16.even_rows = NULL;
-    counting_bf16.conv_wgrad_runs = count_runs;
+    plain_bf16.rows_short = NULL;
+    plain_bf16.deal_short = NULL;
+    counting_bf16.conv_wgrad_runs = k->conv_wgrad_runs ? count_runs : NULL;
     counting_bf16.even_rows = count_even;
+    counting_bf16.rows_short = count_rows_short;
+    counting_bf16.deal_short = count_deal_short;
     plain.bf16 = &plain_bf16;
     counting.bf16 = &counting_bf16;
     return true;
@@ -128,7 +145,7 @@ static void check_kernel(int taps, int m, int ch, int images, int istep, int run
 
 static void test_kernel(void **state) {
     (void)state;
-    if (!make_tables()) return;
+    if (!make_tables() || !active->bf16->conv_wgrad_runs) return;
     const int at1[] = {0}, len1[] = {20}, at3[] = {1, 8, 12}, len3[] = {5, 3, 7};
     const int taps[] = {1, 2, 3, 4, 9}, ms[] = {8, 12, 32, 64, 5},
               chs[] = {16, 20, 32, 40, 48, 64, 80, 7};
@@ -183,7 +200,7 @@ static void check_layer(int n, int c, int h, int w, int o, int k, int stride, in
         if (call == 1 && !so) continue;
         for (int i = 0; i < 2; i++) {
             cf_active_kernels = i == 0 ? &counting : &plain;
-            runs_calls = even_calls = 0;
+            runs_calls = even_calls = short_calls = 0;
             for (size_t j = 0; j < nw; j++) dw[i][j] = 1e30f; /* overwritten */
             memset(dx[i], 0, nx * sizeof(float));
             memset(sdw[i], 0, (nsw + 1) * sizeof(float));
@@ -197,11 +214,13 @@ static void check_layer(int n, int c, int h, int w, int o, int k, int stride, in
                 assert_int_equal(cf_conv_bf16_backward(&g, o, pk, dy, x, n, dw[i], dx[i], scratch,
                                                        so ? &sdw_sc : NULL, so ? &sdx_sc : NULL),
                                  CF_OK);
-            if (i == 0 && runs_calls == 0)
+            if (i == 0 && runs_calls == 0 && active->bf16->conv_wgrad_runs)
                 fail_msg("%s, call %d: conv_wgrad_runs was not called", what, call);
             if (i == 0 && sub && even_calls == 0)
                 fail_msg("%s, call %d: even_rows was not called", what, call);
-            if (i == 1 && (runs_calls || even_calls))
+            if (i == 0 && !sub && short_calls == 0)
+                fail_msg("%s, call %d: rows_short / deal_short were not called", what, call);
+            if (i == 1 && (runs_calls || even_calls || short_calls))
                 fail_msg("%s, call %d: the plain table called a counting entry", what, call);
         }
         cf_active_kernels = active;

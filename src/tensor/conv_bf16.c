@@ -1056,6 +1056,11 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     const unsigned char sodd = (unsigned char)(soff & 1);
     int run_at[MAX_RUNS], run_len[MAX_RUNS];
     const int runs = dy_runs(&l, g, run_at, run_len);
+    /* rows and deal, or their short-row forms where the level has them (bitwise the same) */
+    void (*const rows)(const float *, int, int, uint16_t *, size_t) =
+        k->rows_short ? k->rows_short : k->rows;
+    void (*const deal)(const float *, size_t, int, int, uint16_t *, uint16_t *, size_t) =
+        k->deal_short ? k->deal_short : k->deal;
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
     if (!zeroed)
         memset(scratch, 0, (sc ? wgrad_words_paired(&l) : wgrad_words(&l)) * sizeof(uint32_t));
@@ -1077,7 +1082,7 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
                     continue;
                 }
                 if (l.stride == 1) {
-                    k->rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
+                    rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
                     continue;
                 }
                 for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* stride 2: to the phase rows */
@@ -1085,19 +1090,19 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
                     uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq, *e,
                              *od;
                     DEAL_DEST(l.pad, prow, l.lp, e, od);
-                    k->deal(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e,
-                            od, (size_t)l.wq);
+                    deal(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e,
+                         od, (size_t)l.wq);
                 }
             }
             for (int o = 0; o < l.o && l.sub; o++) /* rows of ow = wq: the plane in one run */
                 k->from_fp32(dyn + (size_t)o * g->oh * g->ow,
                              dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)g->oh * g->ow);
             for (int o = 0; o < l.o && !l.sub; o++)
-                k->rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
-                        dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+                rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                     dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
             for (int o = 0; sc && o < sc->out_channels; o++)
-                k->rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh,
-                        g->ow, dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+                rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                     dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
         /* X0: the rows' position pairs transposed; X1: the same one position on */
         k->position_pairs(xb, l.lx, l.c, l.rows, x0, x1, l.ldb);

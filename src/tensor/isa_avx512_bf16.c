@@ -863,6 +863,53 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
     }
 }
 
+/* As rows, y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w, for short rows: where two rows
+ * fit in a vector (w <= 8, W1's 7 x 7 planes), both are rounded at once and stored to their
+ * own rows. */
+static void bf16_rows_short(const float *x, int h, int w, uint16_t *y, size_t ldy) {
+    if (w > 8) {
+        bf16_rows(x, h, w, y, ldy);
+        return;
+    }
+    const __mmask16 first = lanes_below(w), second = (__mmask16)(lanes_below(2 * w) & ~first);
+    int i = 0;
+    for (; i + 2 <= h; i += 2, x += 2 * w, y += 2 * ldy) {
+        const __m512i v = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(lanes_below(2 * w), x));
+        _mm512_mask_cvtepi32_storeu_epi16(y, first, v);
+        _mm512_mask_cvtepi32_storeu_epi16(y + ldy - w, second, v); /* lane w at y + ldy */
+    }
+    if (i < h)
+        _mm512_mask_cvtepi32_storeu_epi16(y, first,
+                                          cf__bf16_round_lanes(_mm512_maskz_loadu_ps(first, x)));
+}
+
+/* As deal, h rows' even and odd values to e and o (i * ld on), for rows of at most 16 values:
+ * two rows (ldx apart) rounded in one pair of vectors, the first row's values in the low 16
+ * lanes, the second's in the high 16, so that the even (odd) lanes of the pair hold the first
+ * row's even (odd) values, then the second's from lane 8. Longer rows: deal. */
+static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                            size_t ld) {
+    if (n > 16) {
+        bf16_deal(x, ldx, h, n, e, o, ld);
+        return;
+    }
+    const __mmask16 in = lanes_below(n), ne = lanes_below((n + 1) / 2), no = lanes_below(n / 2);
+    int i = 0;
+    for (; i + 2 <= h; i += 2, x += 2 * ldx, e += 2 * ld, o = o ? o + 2 * ld : NULL) {
+        const __m512i a = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(in, x)),
+                      b = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(in, x + ldx));
+        const __m512i ev = even_lanes(a, b);
+        _mm512_mask_cvtepi32_storeu_epi16(e, ne, ev);
+        _mm512_mask_cvtepi32_storeu_epi16(e + ld - 8, (__mmask16)(ne << 8), ev);
+        if (o) {
+            const __m512i od = odd_lanes(a, b);
+            _mm512_mask_cvtepi32_storeu_epi16(o, no, od);
+            _mm512_mask_cvtepi32_storeu_epi16(o + ld - 8, (__mmask16)(no << 8), od);
+        }
+    }
+    if (i < h) bf16_deal(x, ldx, h - i, n, e, o, ld);
+}
+
 /* ---- the stride-2 stem (conv_stem_bf16.c) ------------------------------------------------------
  *
  * One tile of conv_rows: 8 rows by nv (1-3) vectors of 16 positions, vector v's positions at
@@ -980,5 +1027,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .interleave_rows = bf16_interleave_rows,
     .conv_wgrad_runs = bf16_conv_wgrad_runs,
     .even_rows = bf16_even_rows,
+    .rows_short = bf16_rows_short,
+    .deal_short = bf16_deal_short,
 };
 #endif

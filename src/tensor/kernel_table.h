@@ -258,6 +258,11 @@ typedef struct cf_bf16_kernels {
     /* NULL: none (deal's even values). y[i * ldy + j] = bf16(x[i * ldx + 2 j]), i < h, j < n
      * (bitwise deal's e). */
     void (*even_rows)(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy);
+    /* NULL: none. rows and deal (bitwise), faster on short rows (two rows per vector: rows of
+     * at most 8 values, deal's rows of at most 16). */
+    void (*rows_short)(const float *x, int h, int w, uint16_t *y, size_t ldy);
+    void (*deal_short)(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                       size_t ld);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
