@@ -62,3 +62,8 @@ endforeach()
 # at every level (below avx512_bf16: nothing to fail, nothing said) and over the tile emulation.
 cf_isa_tests(test_bf16_faults generic avx2 avx512 avx512_bf16)
 cf_amx_emul_test(test_bf16_faults)
+# The bf16 weight gradient's runs of position pairs against conv_wgrad over every pair: at the
+# best level, capped to avx512_bf16 (where the CPU has AMX), over the amx emulation (which has
+# no runs entry) and below (no bf16 convolution: nothing to compare)
+cf_isa_tests(test_bf16_wgrad_runs generic avx2 avx512 avx512_bf16)
+cf_amx_emul_test(test_bf16_wgrad_runs)

@@ -22,7 +22,9 @@
  *            rows X0[q][c] = (xpad[c][2q], xpad[c][2q + 1]) and X1[q][c] = (xpad[c][2q + 1],
  *            xpad[c][2q + 2]), so that a tap with an even offset reads X0 and an odd one X1, each
  *            a whole row of channels per step. A block of small images is laid end to end (each
- *            hp x wp positions), so that a register tile sums hundreds of positions.
+ *            hp x wp positions), so that a register tile sums hundreds of positions. Where the
+ *            level has conv_wgrad_runs, the sums skip the position pairs whose dy words are both
+ *            zero (pad rows, dropped columns: dy_runs), adding the same products in the same order.
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
  *            (halves_rows) rather than rounding dy from fp32 again.
  *
@@ -1039,10 +1041,12 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
 }
 
 /* A subsampled layer's dx (or dx += it, add): the 1x1 product of dy into out, then dx[c][2i][2j]
- * = out[c][i][j] and zero (or unchanged) elsewhere. */
+ * = out[c][i][j] and zero (or unchanged) elsewhere. dy's pairs from the weight gradient's bf16
+ * rows of the same images (dyrows, wgrad's layout: each plane's oh * ow values in one run), when
+ * given, rather than rounding dy again (the same roundings). */
 static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
                           const float *dy, int n_images, float *dx, float *scratch, bool add,
-                          bool zeroed) {
+                          bool zeroed, const uint16_t *dyrows) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->op, C = l->c, off0 = 0;
     uint32_t *dp = (uint32_t *)scratch;
@@ -1052,7 +1056,11 @@ static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t
         memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dy + (size_t)n * l->o * plane;
-        for (int p = 0; p < pairs; p++) {
+        for (int p = 0; p < pairs && dyrows; p++) { /* the rows past the channels are zero */
+            const uint16_t *lo = dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s;
+            k->halves_rows(lo, lo + l->dl, 0, 1, (int)plane, dp + (size_t)p * l->plane, 0);
+        }
+        for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
             k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
@@ -1080,7 +1088,7 @@ bool cf_conv_bf16_dx_add(const cf_conv_geom *g, int out_channels, const float *p
     layout_make(&l, g, out_channels);
     if (pack_check(&l, packed, "cf_conv_bf16_dx_add") != CF_OK) return false;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
-    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true, false);
+    dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, true, false, NULL);
     return true;
 }
 
@@ -1092,7 +1100,7 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
     if (st != CF_OK) return st;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     if (l.sub)
-        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false);
+        dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false, NULL);
     else if (l.stride == 2 && l.compact)
         dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, NULL);
     else if (l.stride == 2)
@@ -1145,6 +1153,54 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
         wgrad(&l, g, dy, x, n_images, dw, scratch, shortcut, false, false);
 }
 
+#define MAX_RUNS 64
+
+/* The runs of dW's position pairs (q, the pair of positions 2q and 2q + 1 of an image's s) that
+ * hold a value of dy: dy's rows are wq apart, oh rows of ow values, the rest zero (pad rows,
+ * dropped columns). Their count; past MAX_RUNS, one run from the first such pair to the last
+ * (the pairs between hold zeros too). Stride 1's 14 x 14 planes: 14 runs of 7 of 120 pairs
+ * (rows of 16, the dropped columns a whole pair), 7 x 7: one of 32 of 36 (the pad row). */
+static int dy_runs(const layout *l, const cf_conv_geom *g, int *run_at, int *run_len) {
+    int runs = 0, first = -1, last = -1;
+    bool over = false;
+    /* row i's values are positions [i wq, i wq + ow): pairs i wq / 2 to (i wq + ow - 1) / 2 */
+    for (int i = 0; i < g->oh && g->ow > 0; i++) {
+        const int q0 = i * l->wq / 2, q1 = (i * l->wq + g->ow - 1) / 2;
+        if (first < 0) first = q0;
+        if (runs > 0 && q0 <= last + 1) {
+            run_len[runs - 1] = q1 - run_at[runs - 1] + 1;
+        } else if (runs < MAX_RUNS) {
+            run_at[runs] = q0;
+            run_len[runs++] = q1 - q0 + 1;
+        } else {
+            over = true;
+        }
+        last = q1;
+    }
+    if (over || runs == 0) {
+        run_at[0] = first < 0 ? 0 : first;
+        run_len[0] = first < 0 ? 0 : last - first + 1;
+        runs = 1;
+    }
+    return runs;
+}
+
+/* dW's products over a block of nb images: conv_wgrad_runs where the level has it (only the
+ * pairs that hold dy), else conv_wgrad over every pair; bitwise the same. */
+static void wgrad_block(const layout *l, int taps, const int *half, const unsigned char *odd, int m,
+                        int nb, int runs, const int *run_at, const int *run_len,
+                        const uint16_t *dyrows, const uint32_t *x0, const uint32_t *x1, float *dw,
+                        bool accumulate) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (k->conv_wgrad_runs)
+        k->conv_wgrad_runs(taps, half, odd, m, l->c, nb, l->s / 2, runs, run_at, run_len,
+                           (const uint32_t *)dyrows, l->dl / 2, x0, x1, l->ldb, dw, (size_t)l->c,
+                           (size_t)m * l->c, accumulate);
+    else
+        k->conv_wgrad(taps, half, odd, m, l->c, nb * l->s / 2, (const uint32_t *)dyrows, l->dl / 2,
+                      x0, x1, l->ldb, dw, (size_t)l->c, (size_t)m * l->c, accumulate);
+}
+
 /* The weight gradient; with a paired shortcut (stride 2), also the shortcut's, one more tap
  * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. */
 static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
@@ -1162,6 +1218,13 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     const int soff = sc ? (int)(sub_phase(l.pad) * l.lp) + sub_shift(l.pad, l.wq) : 0,
               shalf = soff / 2;
     const unsigned char sodd = (unsigned char)(soff & 1);
+    int run_at[MAX_RUNS], run_len[MAX_RUNS];
+    const int runs = dy_runs(&l, g, run_at, run_len);
+    /* rows and deal, or their short-row forms where the level has them (bitwise the same) */
+    void (*const rows)(const float *, int, int, uint16_t *, size_t) =
+        k->rows_short ? k->rows_short : k->rows;
+    void (*const deal)(const float *, size_t, int, int, uint16_t *, uint16_t *, size_t) =
+        k->deal_short ? k->deal_short : k->deal;
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
     if (!zeroed)
         memset(scratch, 0, (sc ? wgrad_words_paired(&l) : wgrad_words(&l)) * sizeof(uint32_t));
@@ -1174,12 +1237,16 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             for (int c = 0; c < l.c; c++) {
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const float *src = xn + c * plane;
-                if (l.sub) { /* the even columns of the even rows */
+                if (l.sub && k->even_rows) { /* the even columns of the even rows */
+                    k->even_rows(src, (size_t)2 * g->w, g->oh, g->ow, row, (size_t)l.wq);
+                    continue;
+                }
+                if (l.sub) {
                     k->deal(src, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, row, NULL, (size_t)l.wq);
                     continue;
                 }
                 if (l.stride == 1) {
-                    k->rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
+                    rows(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
                     continue;
                 }
                 for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* stride 2: to the phase rows */
@@ -1187,26 +1254,27 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
                     uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq, *e,
                              *od;
                     DEAL_DEST(l.pad, prow, l.lp, e, od);
-                    k->deal(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e,
-                            od, (size_t)l.wq);
+                    deal(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e,
+                         od, (size_t)l.wq);
                 }
             }
-            for (int o = 0; o < l.o; o++)
-                k->rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
-                        dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+            for (int o = 0; o < l.o && l.sub; o++) /* rows of ow = wq: the plane in one run */
+                k->from_fp32(dyn + (size_t)o * g->oh * g->ow,
+                             dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)g->oh * g->ow);
+            for (int o = 0; o < l.o && !l.sub; o++)
+                rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                     dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
             for (int o = 0; sc && o < sc->out_channels; o++)
-                k->rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh,
-                        g->ow, dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+                rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                     dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
         /* X0: the rows' position pairs transposed; X1: the same one position on */
         k->position_pairs(xb, l.lx, l.c, l.rows, x0, x1, l.ldb);
-        k->conv_wgrad(l.taps, l.half, l.odd, l.o, l.c, nb * l.s / 2, (const uint32_t *)dyb,
-                      l.dl / 2, x0, x1, l.ldb, dw, (size_t)l.c, (size_t)l.o * l.c,
-                      accumulate || n0 > 0);
+        wgrad_block(&l, l.taps, l.half, l.odd, l.o, nb, runs, run_at, run_len, dyb, x0, x1, dw,
+                    accumulate || n0 > 0);
         if (sc)
-            k->conv_wgrad(1, &shalf, &sodd, sc->out_channels, l.c, nb * l.s / 2,
-                          (const uint32_t *)dys, l.dl / 2, x0, x1, l.ldb, sc->dw, (size_t)l.c,
-                          (size_t)sc->out_channels * l.c, accumulate || n0 > 0);
+            wgrad_block(&l, 1, &shalf, &sodd, sc->out_channels, nb, runs, run_at, run_len, dys, x0,
+                        x1, sc->dw, accumulate || n0 > 0);
     }
 }
 
@@ -1248,7 +1316,8 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
         if (!dx) continue;
         float *dxn = dx + (size_t)n0 * in_n;
         if (l.sub)
-            dx_subsampled(&l, g, pdx, dyn, nb, dxn, scratch, false, n0 > 0);
+            dx_subsampled(&l, g, pdx, dyn, nb, dxn, scratch, false, n0 > 0,
+                          dw ? wgrad_dy_rows(&l, wscratch) : NULL);
         else if (l.stride == 2) {
             cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
             if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;

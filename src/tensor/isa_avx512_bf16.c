@@ -748,6 +748,114 @@ static void bf16_conv_wgrad(int taps, const int *half, const unsigned char *odd,
     }
 }
 
+/* One tile of conv_wgrad_runs: R rows of a by nv vectors of 16 columns of b, for tt taps at once
+ * (b's rows of tap i from bt[i], the sums into out[i]), over the runs of q. Each tap's dy row
+ * value (broadcast) is shared by the taps and vectors of the tile, so a tile of 3 taps loads
+ * fewer operands per product than conv_wgrad's 8 x nv one; each sum still adds its products
+ * in q's order. */
+static inline __attribute__((always_inline)) void
+wgrad_runs_tile(int R, int nv, int tt, const uint32_t *a, size_t lda, const uint32_t *const *bt,
+                size_t ldb, int images, int istep, int runs, const int *run_at, const int *run_len,
+                float *const *out, size_t ldo, int rows, int cols, bool accumulate) {
+    __m512 acc[MR][3][NV];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < tt; i++)
+            for (int v = 0; v < nv; v++) acc[r][i][v] = _mm512_setzero_ps();
+    for (int n = 0; n < images; n++)
+        for (int j = 0; j < runs; j++) {
+            const size_t q0 = (size_t)n * istep + run_at[j];
+            const uint32_t *ap = a + q0, *bp[3];
+            for (int i = 0; i < tt; i++) bp[i] = bt[i] + q0 * ldb;
+            for (int q = 0; q < run_len[j]; q++, ap++) {
+                __m512bh bv[3][NV];
+                for (int i = 0; i < tt; i++)
+                    for (int v = 0; v < nv; v++)
+                        bv[i][v] = (__m512bh)_mm512_loadu_si512(bp[i] + (size_t)q * ldb + 16 * v);
+                for (int r = 0; r < R; r++) {
+                    const __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[(size_t)r * lda]);
+                    for (int i = 0; i < tt; i++)
+                        for (int v = 0; v < nv; v++)
+                            acc[r][i][v] = _mm512_dpbf16_ps(acc[r][i][v], av, bv[i][v]);
+                }
+            }
+        }
+    for (int i = 0; i < tt; i++)
+        for (int r = 0; r < rows; r++) {
+            float *o = out[i] + (size_t)r * ldo;
+            for (int v = 0; v < nv; v++) {
+                const __mmask16 m = lanes_below(cols - 16 * v);
+                __m512 s = acc[r][i][v];
+                if (accumulate) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, o + 16 * v));
+                _mm512_mask_storeu_ps(o + 16 * v, m, s);
+            }
+        }
+}
+
+/* conv_wgrad with the sum over q restricted to the runs q = n * istep + run_at[j] + i, i <
+ * run_len[j], for n < images and j < runs (increasing, within istep): the pairs between the runs
+ * are left out. Bitwise conv_wgrad over all images * istep pairs where every pair left out has
+ * a zero dy word (a zero product adds nothing to a sum). Taps go three at a time: 4 rows by 2
+ * vectors, or 8 rows by 1 vector on a last 16 columns; the taps past a multiple of 3 as
+ * conv_wgrad's tiles. */
+static void bf16_conv_wgrad_runs(int taps, const int *half, const unsigned char *odd, int m, int ch,
+                                 int images, int istep, int runs, const int *run_at,
+                                 const int *run_len, const uint32_t *a, size_t lda,
+                                 const uint32_t *b0, const uint32_t *b1, size_t ldb, float *out,
+                                 size_t ldo, size_t tapo, bool accumulate) {
+    for (int t = 0; t < taps;) {
+        const int tt = taps - t >= 3 ? 3 : 1;
+        const uint32_t *bt[3];
+        for (int i = 0; i < tt; i++) bt[i] = (odd[t + i] ? b1 : b0) + (size_t)half[t + i] * ldb;
+        for (int c0 = 0; c0 < ch;) {
+            const int left = ch - c0, nv = tt == 3 ? (left > 16 ? 2 : 1)
+                                                   : (left > 32   ? 3
+                                                      : left > 16 ? 2
+                                                                  : 1);
+            const int cols = left < 16 * nv ? left : 16 * nv, R = tt == 3 && nv == 2 ? 4 : MR;
+            const uint32_t *bc[3];
+            for (int i = 0; i < tt; i++) bc[i] = bt[i] + c0;
+            for (int r0 = 0; r0 < m; r0 += R) {
+                const int rows = m - r0 < R ? m - r0 : R;
+                const uint32_t *ar = a + (size_t)r0 * lda;
+                float *o[3];
+                for (int i = 0; i < tt; i++)
+                    o[i] = out + (size_t)(t + i) * tapo + (size_t)r0 * ldo + c0;
+                if (tt == 3 && nv == 2)
+                    wgrad_runs_tile(4, 2, 3, ar, lda, bc, ldb, images, istep, runs, run_at, run_len,
+                                    o, ldo, rows, cols, accumulate);
+                else if (tt == 3)
+                    wgrad_runs_tile(MR, 1, 3, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+                else if (nv == 3)
+                    wgrad_runs_tile(MR, 3, 1, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+                else if (nv == 2)
+                    wgrad_runs_tile(MR, 2, 1, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+                else
+                    wgrad_runs_tile(MR, 1, 1, ar, lda, bc, ldb, images, istep, runs, run_at,
+                                    run_len, o, ldo, rows, cols, accumulate);
+            }
+            c0 += 16 * nv;
+        }
+        t += tt;
+    }
+}
+
+/* y[i * ldy + j] = bf16(x[i * ldx + 2 j]) for i < h, j < n: the even values of h rows (a 1x1
+ * stride-2 layer's subsampled image), picked before they are rounded, 16 per rounding. */
+static void bf16_even_rows(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy) {
+    const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int i = 0; i < h; i++, x += ldx, y += ldy)
+        for (int j = 0; j < n; j += 16) {
+            const int left = 2 * (n - j) - 1; /* values from x[2j] to the last even one */
+            const __m512 a = _mm512_maskz_loadu_ps(lanes_below(left), x + 2 * j),
+                         b = _mm512_maskz_loadu_ps(lanes_below(left - 16), x + 2 * j + 16);
+            _mm512_mask_cvtepi32_storeu_epi16(
+                y + j, lanes_below(n - j), cf__bf16_round_lanes(_mm512_permutex2var_ps(a, idx, b)));
+        }
+}
+
 /* ---- the convolution's conversions and layouts (conv_bf16.c) ---------------------------------
  *
  * y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w: a plane's rows into padded rows, one call
@@ -960,6 +1068,53 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
     }
 }
 
+/* As rows, y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w, for short rows: where two rows
+ * fit in a vector (w <= 8, W1's 7 x 7 planes), both are rounded at once and stored to their
+ * own rows. */
+static void bf16_rows_short(const float *x, int h, int w, uint16_t *y, size_t ldy) {
+    if (w > 8) {
+        bf16_rows(x, h, w, y, ldy);
+        return;
+    }
+    const __mmask16 first = lanes_below(w), second = (__mmask16)(lanes_below(2 * w) & ~first);
+    int i = 0;
+    for (; i + 2 <= h; i += 2, x += 2 * w, y += 2 * ldy) {
+        const __m512i v = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(lanes_below(2 * w), x));
+        _mm512_mask_cvtepi32_storeu_epi16(y, first, v);
+        _mm512_mask_cvtepi32_storeu_epi16(y + ldy - w, second, v); /* lane w at y + ldy */
+    }
+    if (i < h)
+        _mm512_mask_cvtepi32_storeu_epi16(y, first,
+                                          cf__bf16_round_lanes(_mm512_maskz_loadu_ps(first, x)));
+}
+
+/* As deal, h rows' even and odd values to e and o (i * ld on), for rows of at most 16 values:
+ * two rows (ldx apart) rounded in one pair of vectors, the first row's values in the low 16
+ * lanes, the second's in the high 16, so that the even (odd) lanes of the pair hold the first
+ * row's even (odd) values, then the second's from lane 8. Longer rows: deal. */
+static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                            size_t ld) {
+    if (n > 16) {
+        bf16_deal(x, ldx, h, n, e, o, ld);
+        return;
+    }
+    const __mmask16 in = lanes_below(n), ne = lanes_below((n + 1) / 2), no = lanes_below(n / 2);
+    int i = 0;
+    for (; i + 2 <= h; i += 2, x += 2 * ldx, e += 2 * ld, o = o ? o + 2 * ld : NULL) {
+        const __m512i a = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(in, x)),
+                      b = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(in, x + ldx));
+        const __m512i ev = even_lanes(a, b);
+        _mm512_mask_cvtepi32_storeu_epi16(e, ne, ev);
+        _mm512_mask_cvtepi32_storeu_epi16(e + ld - 8, (__mmask16)(ne << 8), ev);
+        if (o) {
+            const __m512i od = odd_lanes(a, b);
+            _mm512_mask_cvtepi32_storeu_epi16(o, no, od);
+            _mm512_mask_cvtepi32_storeu_epi16(o + ld - 8, (__mmask16)(no << 8), od);
+        }
+    }
+    if (i < h) bf16_deal(x, ldx, h - i, n, e, o, ld);
+}
+
 /* ---- the stride-2 stem (conv_stem_bf16.c) ------------------------------------------------------
  *
  * One tile of conv_rows: 8 rows by nv (1-3) vectors of 16 positions, vector v's positions at
@@ -1078,5 +1233,9 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .conv_cols = bf16_conv_cols,
     .fwd_pairs_rows = bf16_fwd_pairs_rows,
     .fwd_deal_pairs = bf16_fwd_deal_pairs,
+    .conv_wgrad_runs = bf16_conv_wgrad_runs,
+    .even_rows = bf16_even_rows,
+    .rows_short = bf16_rows_short,
+    .deal_short = bf16_deal_short,
 };
 #endif

@@ -286,6 +286,24 @@ typedef struct cf_bf16_kernels {
                            size_t ldo);
     void (*fwd_deal_pairs)(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
                            uint32_t *o, size_t ld);
+    /* NULL: none (conv_wgrad over every pair). conv_wgrad with the sum over q restricted to
+     * the runs q = n * istep + run_at[j] + i, i < run_len[j], n < images, j < runs (increasing,
+     * within istep), each sum's products added in q's order: bitwise conv_wgrad over images *
+     * istep pairs where the pairs left out have zero words of a (the weight gradient's dy
+     * pairs that lie wholly in pad rows or dropped columns), for finite b (zero times an
+     * infinity would have made the sum NaN). A level with its own conv_wgrad (amx) sets it NULL. */
+    void (*conv_wgrad_runs)(int taps, const int *half, const unsigned char *odd, int m, int ch,
+                            int images, int istep, int runs, const int *run_at, const int *run_len,
+                            const uint32_t *a, size_t lda, const uint32_t *b0, const uint32_t *b1,
+                            size_t ldb, float *out, size_t ldo, size_t tapo, bool accumulate);
+    /* NULL: none (deal's even values). y[i * ldy + j] = bf16(x[i * ldx + 2 j]), i < h, j < n
+     * (bitwise deal's e). */
+    void (*even_rows)(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy);
+    /* NULL: none. rows and deal (bitwise), faster on short rows (two rows per vector: rows of
+     * at most 8 values, deal's rows of at most 16). */
+    void (*rows_short)(const float *x, int h, int w, uint16_t *y, size_t ldy);
+    void (*deal_short)(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                       size_t ld);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
