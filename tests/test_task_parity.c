@@ -246,8 +246,12 @@ static void test_points(void **state) {
     if (cf_datasets_from_image_points_csv(csv, NULL, "fname", "x", "y", "is_valid", &gray, &train,
                                           &valid) != CF_OK)
         fail_msg("%s", cf_last_error());
-    /* finding a garment takes more steps than the other tasks: 120 of 16 images */
-    task t = {.name = "points", .data = "pt", .epochs = 6, .bs = 16, .lr = 1e-2, .loss_rtol = 0.2};
+    /* finding a garment takes more steps than the other tasks: 120 of 16 images. The last
+     * epoch's loss is small (chance 0.033) and moves with rounding: on a Zen 5 EPYC, PyTorch's
+     * own fit gave 0.0114, 0.0136 and 0.0144 in three runs (OPENBLAS_CORETYPE Haswell or
+     * OpenBLAS's choice), corefit's 0.0124 and 0.0149; 0.35 covers that spread, as for
+     * regression below. Steps 0-2 above are the tight comparison. */
+    task t = {.name = "points", .data = "pt", .epochs = 6, .bs = 16, .lr = 1e-2, .loss_rtol = 0.35};
     vision_task(&t, train, valid, true, -1, 1);
 }
 
