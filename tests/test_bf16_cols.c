@@ -11,15 +11,28 @@
  * shortcut paired with a stride-2 layer, and planes too narrow or too large for the path. The
  * input's pairs of that path (fwd_pairs_rows, fwd_deal_pairs: the conversion instructions, with
  * cf__bf16_round_lanes for a vector that holds a subnormal) are compared with pairs_rows' and
- * deal_pairs' words on subnormals, NaNs, infinities and ties. Without
- * bf16 kernels (CF_ISA below avx512_bf16) the layout is unsupported and the test has nothing to
- * compare; at the amx level (its tile conv_run is the forward's kernel) the table has no
- * conv_cols. */
+ * deal_pairs' words on subnormals, NaNs, infinities and ties.
+ *
+ * Stride 1's dx takes the same kernel over dy's pairs with the dx order's columns (dx_cols):
+ * cf_conv_bf16_dx, and cf_conv_bf16_backward with the weight gradient (dy's pairs from its bf16
+ * rows) and without, give bitwise the dx of the path it replaced (run_images), which the same
+ * level runs without conv_cols, and each other's; the path is taken for 17 to 64 input channels
+ * on planes it fits, and not for stride 2, the 1x1 shortcut or planes it does not fit; values
+ * against a double sum of the same bf16 operands. W1's two stride-1 layers also run as Conv2d
+ * layers on 1, 2 and 3 threads with batches that do not divide among them, every dx bitwise the
+ * same with and without conv_cols.
+ *
+ * Without bf16 kernels (CF_ISA below avx512_bf16) the layout is unsupported and the test has
+ * nothing to compare; at the amx level (its tile conv_run is the forward's kernel) the table has
+ * no conv_cols, and its dx (the pack now holds dx's columns too) is checked against the double
+ * sums alone. */
 #include "oracle.h"
 
+#include "corefit/nn.h"
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,7 +44,7 @@ static cf_bf16_kernels counting_bf16;
 static void (*real_cols)(int, const int *, int, int, const uint32_t *, const uint32_t *, size_t,
                          size_t, size_t, int, int, int, float *, size_t, size_t, float *,
                          const void *, size_t);
-static int cols_calls;
+static atomic_int cols_calls; /* Conv2d's threads call it too */
 
 static void counted_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
                          const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
@@ -151,7 +164,7 @@ static void check_case(int n, int c, int o, int h, int k, int s, int so, bool co
         } else
             assert_int_equal(cf_conv_bf16_forward(&g, o, packed, x, n, y, scratch), CF_OK);
         if (pass == 0 && cols != (cols_calls > 0))
-            fail_msg("%s: conv_cols called %d times, expected %s", what, cols_calls,
+            fail_msg("%s: conv_cols called %d times, expected %s", what, atomic_load(&cols_calls),
                      cols ? "some" : "none");
     }
     cf_active_kernels = active;
@@ -234,6 +247,225 @@ static void test_elsewhere(void **state) {
     check_case(2, 16, 32, 32, 3, 2, 32, true);  /* 256 positions: still */
 }
 
+/* dx against the double sum of the bf16 operands of a stride-1 layer (dx[c][u][v] = the sum over o
+ * and taps of w[o][c][ki][kj] dy[o][u + pad - ki][v + pad - kj]), on the first two images. */
+static void check_dx_values(const cf_conv_geom *g, int o, const float *w32, const float *dy32,
+                            int n, const float *dx, const char *what) {
+    const size_t nw = (size_t)o * g->c * g->kh * g->kw, ndy = (size_t)n * o * g->oh * g->ow;
+    float *w = bf16_values(w32, nw), *dy = bf16_values(dy32, ndy);
+    for (int im = 0; im < n && im < 2; im++)
+        for (int c = 0; c < g->c; c++)
+            for (int u = 0; u < g->h; u++)
+                for (int v = 0; v < g->w; v++) {
+                    double sum = 0, mag = 0;
+                    for (int r = 0; r < o; r++)
+                        for (int ki = 0; ki < g->kh; ki++)
+                            for (int kj = 0; kj < g->kw; kj++) {
+                                const int i = u + g->ph - ki, j = v + g->pw - kj;
+                                if (i < 0 || j < 0 || i >= g->oh || j >= g->ow) continue;
+                                const double t =
+                                    (double)w[(((size_t)r * g->c + c) * g->kh + ki) * g->kw + kj] *
+                                    dy[(((size_t)im * o + r) * g->oh + i) * g->ow + j];
+                                sum += t;
+                                mag += fabs(t);
+                            }
+                    const double got = dx[(((size_t)im * g->c + c) * g->h + u) * g->w + v];
+                    if (fabs(got - sum) > 1e-5 * mag + 1e-6)
+                        fail_msg("%s: dx of image %d channel %d (%d, %d): %.9g, the sum is %.9g",
+                                 what, im, c, u, v, got, sum);
+                }
+    free(w);
+    free(dy);
+}
+
+/* dx of n images of a stride-1 layer c -> o, k x k, on h x h images (or of the 1x1 stride-2
+ * shortcut, k = 1), three ways: cf_conv_bf16_dx (dy rounded from fp32), cf_conv_bf16_backward
+ * with dW (dy's pairs from dW's bf16 rows) and without; each with the active table, then without
+ * conv_cols, every dx (and dW) compared bitwise. cols: whether dx must take conv_cols (counted
+ * over dx's calls alone: no forward runs here). tables: false at a level without conv_cols
+ * (amx), which checks the values alone. */
+static void check_dx_case(int n, int c, int o, int h, int k, bool cols, bool tables) {
+    cf_conv_geom g;
+    const bool sub = k == 1;
+    const int pad = sub ? 0 : (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, sub ? 2 : 1, sub ? 2 : 1, pad, pad));
+    char what[96];
+    snprintf(what, sizeof what, "dx of %d images %d -> %d %dx%d %s %dx%d", n, c, o, k, k,
+             sub ? "stride 2" : "stride 1", h, h);
+    assert_true(cf_conv_bf16_supported(&g, o));
+    const size_t nw = (size_t)o * c * k * k, nx = (size_t)n * c * h * h,
+                 ndy = (size_t)n * o * g.oh * g.ow;
+    float *w = malloc(nw * sizeof(float)), *x = malloc(nx * sizeof(float)),
+          *dy = malloc(ndy * sizeof(float));
+    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float));
+    float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
+    float *dx[2][3], *dw[2];
+    fill_uniform(w, nw, 41, -1, 1);
+    fill_uniform(x, nx, 42, -1, 1);
+    fill_uniform(dy, ndy, 43, -1, 1);
+    const cf_kernel_table *active = cf_active_kernels;
+    for (int pass = 0; pass < (tables ? 2 : 1); pass++) { /* counting conv_cols, then without */
+        if (tables) cf_active_kernels = pass == 0 ? &counting_table : &without_table;
+        dw[pass] = malloc(nw * sizeof(float));
+        cf_conv_bf16_pack(&g, o, w, packed);
+        for (int way = 0; way < 3; way++) {
+            float *d = dx[pass][way] = malloc(nx * sizeof(float));
+            for (size_t i = 0; i < nx; i++) d[i] = 1e30f; /* every value written */
+            atomic_store(&cols_calls, 0);
+            if (way == 0)
+                assert_int_equal(cf_conv_bf16_dx(&g, o, packed, dy, n, d, scratch), CF_OK);
+            else
+                assert_int_equal(cf_conv_bf16_backward(&g, o, packed, dy, x, n,
+                                                       way == 1 ? dw[pass] : NULL, d, scratch, NULL,
+                                                       NULL),
+                                 CF_OK);
+            if (tables && pass == 0 && cols != (atomic_load(&cols_calls) > 0))
+                fail_msg("%s (way %d): conv_cols called %d times, expected %s", what, way,
+                         atomic_load(&cols_calls), cols ? "some" : "none");
+        }
+    }
+    cf_active_kernels = active;
+    for (int way = 0; way < 3; way++) {
+        if (tables) same_bits(dx[0][way], dx[1][way], nx, what);
+        if (way) same_bits(dx[0][way], dx[0][0], nx, what); /* the three ways agree */
+    }
+    if (tables) same_bits(dw[0], dw[1], nw, what);
+    if (!sub) check_dx_values(&g, o, w, dy, n, dx[0][1], what);
+    for (int pass = 0; pass < (tables ? 2 : 1); pass++) {
+        for (int way = 0; way < 3; way++) free(dx[pass][way]);
+        free(dw[pass]);
+    }
+    free(w);
+    free(x);
+    free(dy);
+    free(packed);
+    free(scratch);
+}
+
+/* W1's stride-1 layers (32 -> 32 on 14 x 14: calls of 2 images, blocks of 2; 64 -> 64 on 7 x 7:
+ * calls of up to 8, blocks of 7), batches of 64 and counts that end calls and blocks early; odd
+ * channels both ways (a pair's high half zero), 3 vectors of input channels (tiles of 8), 17
+ * (the second vector one channel), 5x5 and 7x7 kernels, odd planes; and where dx does not take
+ * it: 16 or 65 input channels and more (whatever o), planes narrower than a tile or of more than
+ * 256 positions, stride 2 and the 1x1 shortcut (their own dx). */
+static void test_dx_shapes(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    const int counts[] = {64, 11, 1};
+    for (int i = 0; i < 3; i++) {
+        check_dx_case(counts[i], 32, 32, 14, 3, true, true);
+        check_dx_case(counts[i], 64, 64, 7, 3, true, true);
+    }
+    check_dx_case(5, 33, 15, 16, 3, true, true);
+    check_dx_case(3, 17, 24, 12, 3, true, true);
+    check_dx_case(4, 48, 8, 10, 5, true, true);
+    check_dx_case(9, 64, 17, 13, 3, true, true);
+    check_dx_case(3, 41, 9, 9, 3, true, true);
+    check_dx_case(2, 24, 30, 15, 7, true, true);
+    check_dx_case(3, 16, 32, 14, 3, false, true);
+    check_dx_case(2, 80, 16, 14, 3, false, true);
+    check_dx_case(3, 40, 9, 6, 3, false, true);   /* 6 wide, tiles of 8 */
+    check_dx_case(2, 32, 16, 20, 3, false, true); /* 400 positions */
+    /* stride 2 and the shortcut: dx_stride2 and dx_subsampled, with or without conv_cols */
+    check_dx_case(3, 32, 64, 14, 1, false, true);
+}
+
+/* Stride 2's dx of a layer whose forward takes conv_cols: its own path, never conv_cols. */
+static void test_dx_stride2(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, 32, 14, 14, 3, 3, 2, 2, 1, 1));
+    const int n = 3, o = 64;
+    const size_t nw = (size_t)o * 32 * 9, nx = (size_t)n * 32 * 14 * 14, ndy = (size_t)n * o * 49;
+    float *w = malloc(nw * 4), *dy = malloc(ndy * 4), *dx0 = malloc(nx * 4), *dx1 = malloc(nx * 4);
+    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * 4);
+    float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * 4);
+    fill_uniform(w, nw, 51, -1, 1);
+    fill_uniform(dy, ndy, 52, -1, 1);
+    const cf_kernel_table *active = cf_active_kernels;
+    for (int pass = 0; pass < 2; pass++) {
+        cf_active_kernels = pass == 0 ? &counting_table : &without_table;
+        cf_conv_bf16_pack(&g, o, w, packed);
+        atomic_store(&cols_calls, 0);
+        assert_int_equal(cf_conv_bf16_dx(&g, o, packed, dy, n, pass ? dx1 : dx0, scratch), CF_OK);
+        if (pass == 0) assert_int_equal(atomic_load(&cols_calls), 0);
+    }
+    cf_active_kernels = active;
+    same_bits(dx0, dx1, nx, "stride 2's dx");
+    free(w), free(dy), free(dx0), free(dx1), free(packed), free(scratch);
+}
+
+/* dx of a Conv2d layer in bf16 (forward, then backward with dx) on `threads` threads with the
+ * given table; the number of conv_cols calls in its backward. */
+static int layer_dx(int n, int c, int h, int threads, const cf_kernel_table *table, const float *x,
+                    const float *dy, float *dx) {
+    const cf_kernel_table *active = cf_active_kernels;
+    cf_active_kernels = table;
+    cf_set_num_threads(threads);
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, cf_conv2d(c, c, 3, 1, 1, false), 3), CF_OK);
+    assert_int_equal(cf_conv_set_bf16(model->root, true), 1);
+    cf_model_train(model, true);
+    cf_model_zero_grad(model);
+    const cf_tensor tx = cf_tensor_view((float *)x, cf_shape4(n, c, h, h));
+    const cf_tensor *ty;
+    assert_int_equal(cf_model_forward(model, &tx, &ty), CF_OK);
+    const cf_tensor tdy = cf_tensor_view((float *)dy, ty->shape);
+    atomic_store(&cols_calls, 0);
+    const cf_tensor *tdx = model->root->ops->backward(model->root, &tdy, true);
+    const int calls = atomic_load(&cols_calls);
+    assert_non_null(tdx);
+    memcpy(dx, tdx->data, cf_tensor_numel(&tx) * sizeof(float));
+    cf_model_free(model);
+    cf_set_num_threads(0);
+    cf_active_kernels = active;
+    return calls;
+}
+
+/* W1's two stride-1 layers as Conv2d layers on 1, 2 and 3 threads, batches that split unevenly
+ * (blocks and calls ending early): dx bitwise the same on every thread count, with conv_cols
+ * (which its backward must call) and without. */
+static void test_dx_threads(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    static const int cases[][3] = {{11, 32, 14}, {13, 64, 7}, {2, 32, 14}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int n = cases[i][0], c = cases[i][1], h = cases[i][2];
+        const size_t nx = (size_t)n * c * h * h;
+        float *x = malloc(nx * 4), *dy = malloc(nx * 4), *ref = malloc(nx * 4),
+              *dx = malloc(nx * 4);
+        fill_uniform(x, nx, 60 + i, -2, 2);
+        fill_uniform(dy, nx, 70 + i, -1, 1);
+        layer_dx(n, c, h, 1, &without_table, x, dy, ref);
+        for (int threads = 1; threads <= 3; threads++)
+            for (int pass = 0; pass < 2; pass++) {
+                char what[96];
+                snprintf(what, sizeof what, "Conv2d %d -> %d %dx%d, %d images, %d threads%s", c, c,
+                         h, h, n, threads, pass ? ", without conv_cols" : "");
+                const int calls =
+                    layer_dx(n, c, h, threads, pass ? &without_table : &counting_table, x, dy, dx);
+                if (pass == 0 && calls == 0)
+                    fail_msg("%s: its backward did not call conv_cols", what);
+                same_bits(dx, ref, nx, what);
+            }
+        free(x), free(dy), free(ref), free(dx);
+    }
+}
+
+/* At a level with bf16 convolutions and no conv_cols (amx), stride 1's dx of W1's layers and of
+ * odd shapes through conv_run, with the pack that now holds dx's columns: the three ways agree
+ * and the values are the double sums'. */
+static void test_dx_without_cols(void **state) {
+    (void)state;
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, 32, 14, 14, 3, 3, 1, 1, 1, 1));
+    if (!cf_conv_bf16_supported(&g, 32) || cf_active_kernels->bf16->conv_cols) return;
+    check_dx_case(11, 32, 32, 14, 3, false, false);
+    check_dx_case(9, 64, 64, 7, 3, false, false);
+    check_dx_case(5, 33, 15, 16, 3, false, false);
+}
+
 /* Values that take each branch of the conversions: subnormals (the conversion instruction would
  * read them as zero), NaNs of both signs and payloads, infinities, ties to even, the largest
  * finite values (rounding up to infinity), zeros of both signs, ordinary values. */
@@ -289,10 +521,10 @@ static void test_input_pairs(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_w1_layers),
-        cmocka_unit_test(test_other_shapes),
-        cmocka_unit_test(test_elsewhere),
-        cmocka_unit_test(test_input_pairs),
+        cmocka_unit_test(test_w1_layers),  cmocka_unit_test(test_other_shapes),
+        cmocka_unit_test(test_elsewhere),  cmocka_unit_test(test_input_pairs),
+        cmocka_unit_test(test_dx_shapes),  cmocka_unit_test(test_dx_stride2),
+        cmocka_unit_test(test_dx_threads), cmocka_unit_test(test_dx_without_cols),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,9 +31,10 @@
  * The forward of W1-sized layers (17 to 64 output channels, planes of at most 256 positions:
  * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
  * image's own positions alone (no dropped columns) and writes y's planes directly; the sums are
- * conv_run's, term for term.
+ * conv_run's, term for term. Stride 1's dx of such layers (17 to 64 input channels) takes the
+ * same kernel over dy's pair planes with the dx order's columns (dx_cols).
  *
- * Weights are packed (rounded to bf16, both orders, and the forward's columns for conv_cols) by
+ * Weights are packed (rounded to bf16, both orders, and the columns of each for conv_cols) by
  * cf_conv_bf16_pack, once per forward pass, and the backward pass reads the same pack: once per
  * training step. */
 #include "corefit/tensor.h"
@@ -82,10 +83,10 @@ typedef struct layout {
     int bw, qw;   /* the weight gradient's images per block and positions (bw * ppi) */
     size_t lxc;   /* uint16 per channel row of the weight gradient's gathered taps */
     int xrows;    /* rows of its X0 (and X1): taps * qw / 2 */
-    /* the forward over output positions (cols_make): whether it applies, its words per pair
-     * plane (plane, or more for the last tile's positions past the image) and images per call
-     * of conv_cols */
-    bool cols;
+    /* the forward over output positions (cols_make): whether it applies, whether stride 1's dx
+     * takes the same kernel (dcols), their words per pair plane (plane, or more for the last
+     * tile's positions past the image) and images per call of conv_cols */
+    bool cols, dcols;
     size_t cplane;
     int cnb;
 } layout;
@@ -154,12 +155,21 @@ static bool compact_pays(const layout *l, const cf_conv_geom *g) {
  * 8 images, 392 positions in 66 tiles of 6, where one image alone would take 9 tiles for 49).
  * Its last tile reads past the last image, as far as COLS_TILE - 1 positions on in row-major
  * order: the pair planes are made long enough. */
+static bool cols_fit(int m, const cf_conv_geom *g) {
+    const int nv = (m + 15) / 16, np = nv >= 2 && nv <= 4 ? 24 / nv : 0;
+    return np && g->ow >= np && g->oh * g->ow <= COLS_POSITIONS;
+}
+
+/* ... and whether stride 1's dx does (dcols): a stride-1 convolution of dy's op pairs into c
+ * channels, the same planes (padded by pad around dy's oh x ow, rows wp apart) with the dx
+ * order's taps, so the same rule on c; not the subsampled layer (its own dx_subsampled). */
 static void cols_make(layout *l, const cf_conv_geom *g) {
-    const int nv = (l->o + 15) / 16, np = nv >= 2 && nv <= 4 ? 24 / nv : 0, ohw = g->oh * g->ow;
-    l->cols = !l->compact && np && g->ow >= np && ohw <= COLS_POSITIONS;
+    const int ohw = g->oh * g->ow;
+    l->cols = !l->compact && cols_fit(l->o, g);
+    l->dcols = !l->compact && !l->sub && l->stride == 1 && cols_fit(l->c, g);
     l->cplane = l->plane;
     l->cnb = 1;
-    if (!l->cols) return;
+    if (!l->cols && !l->dcols) return;
     const int reach = (l->k - 1) / l->stride * (l->wq + 1);
     const size_t last = (size_t)(ohw + COLS_TILE - 2) / g->ow * l->wq + g->ow + reach;
     if (last > l->cplane) l->cplane = up(last, 16);
@@ -292,13 +302,18 @@ static size_t cols_words(const layout *l) {
     return l->cols ? (size_t)l->taps * l->cp * up((size_t)l->o, 16) : 0;
 }
 
+/* ... and of dx's (stride 1: dy's op pairs into c channels), where it chose dcols. */
+static size_t dcols_words(const layout *l) {
+    return l->dcols ? (size_t)l->taps * l->op * up((size_t)l->c, 16) : 0;
+}
+
 static size_t pack_words(const layout *l) {
     const size_t fwd = up((size_t)l->o, ROWS) * l->taps * l->cp,
                  dx = up((size_t)l->c, ROWS) * l->taps * l->op;
-    /* and the weights rounded to bf16 before they are permuted, the forward's columns, a level's
-     * reordering (level_order), the stamp */
-    return fwd + dx + ((size_t)l->o * l->c * l->taps + 1) / 2 + cols_words(l) + order_words(l) +
-           STAMP_WORDS;
+    /* and the weights rounded to bf16 before they are permuted, the forward's and dx's columns,
+     * a level's reordering (level_order), the stamp */
+    return fwd + dx + ((size_t)l->o * l->c * l->taps + 1) / 2 + cols_words(l) + dcols_words(l) +
+           order_words(l) + STAMP_WORDS;
 }
 
 size_t cf_conv_bf16_packed_floats(const cf_conv_geom *g, int out_channels) {
@@ -355,21 +370,25 @@ static uint32_t *pack_cols(const layout *l, const float *packed) {
     return (uint32_t *)pack_weights(l, (float *)packed) + ((size_t)l->o * l->c * l->taps + 1) / 2;
 }
 
-/* conv_cols' weights, pair (o, t, p) at [(t * cp + p) * up(o, 16) + o], zero past O, from the
- * forward's blocks before the level orders them (fwd: [block of 8 rows][tap][pair][8], rows past
- * O zero): per tap and pair, each block's 8 words side by side. */
-static void pack_cols_fill(const layout *l, const uint32_t *fwd, float *packed) {
-    if (!l->cols) return;
-    uint32_t *cols = pack_cols(l, packed);
-    const int T = l->taps, blocks = (int)(up((size_t)l->o, ROWS) / ROWS);
-    const size_t ld = up((size_t)l->o, 16);
-    for (int t = 0; t < T; t++)
-        for (int p = 0; p < l->cp; p++) {
-            uint32_t *row = cols + ((size_t)t * l->cp + p) * ld;
-            for (int b = 0; b < blocks; b++)
-                memcpy(row + (size_t)b * ROWS, fwd + (((size_t)b * T + t) * l->cp + p) * ROWS,
+/* dx's columns (dcols_words; after the forward's). */
+static uint32_t *pack_dcols(const layout *l, const float *packed) {
+    return pack_cols(l, packed) + cols_words(l);
+}
+
+/* conv_cols' weights of m rows, pair (r, t, p) at cols[(t * pairs + p) * up(m, 16) + r], zero
+ * past m, from a pack's blocks before the level orders them (blocks: [block of 8 rows][tap][pair]
+ * [8], rows past m zero; the forward's, r an output channel, or dx's, r an input channel): per
+ * tap and pair, each block's 8 words side by side. */
+static void cols_fill(const uint32_t *blocks, int taps, int pairs, int m, uint32_t *cols) {
+    const int nb = (int)(up((size_t)m, ROWS) / ROWS);
+    const size_t ld = up((size_t)m, 16);
+    for (int t = 0; t < taps; t++)
+        for (int p = 0; p < pairs; p++) {
+            uint32_t *row = cols + ((size_t)t * pairs + p) * ld;
+            for (int b = 0; b < nb; b++)
+                memcpy(row + (size_t)b * ROWS, blocks + (((size_t)b * taps + t) * pairs + p) * ROWS,
                        ROWS * sizeof(uint32_t));
-            memset(row + (size_t)blocks * ROWS, 0, (ld - (size_t)blocks * ROWS) * sizeof(uint32_t));
+            memset(row + (size_t)nb * ROWS, 0, (ld - (size_t)nb * ROWS) * sizeof(uint32_t));
         }
 }
 
@@ -425,7 +444,7 @@ static void pack_from_bf16(const layout *lay, float *packed) {
                     ((uint32_t)lo[t] | (uint32_t)(keep_hi ? hi[t] : 0) << 16) & keep;
         }
     }
-    pack_cols_fill(&l, fwd, packed);
+    if (l.cols) cols_fill(fwd, T, l.cp, O, pack_cols(&l, packed));
     level_order(fwd, T, l.cp, O, order_tmp);
     if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
         for (int ph = 0; ph < 4; ph++) {
@@ -452,6 +471,7 @@ static void pack_from_bf16(const layout *lay, float *packed) {
                 dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
                     in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
             }
+    if (l.dcols) cols_fill(dx, T, l.op, C, pack_dcols(&l, packed));
     level_order(dx, T, l.op, C, order_tmp);
 #undef W
 }
@@ -471,6 +491,13 @@ static size_t run_words(const layout *l) {
     if (l->cols) { /* forward_cols: the pair planes, conv_cols' tiles of any m up to 64 */
         const size_t c = (size_t)l->cnb * l->phases * l->cp * l->cplane +
                          up((size_t)l->cnb * l->ohw, COLS_TILE) * 64;
+        if (c > most) most = c;
+    }
+    if (l->dcols) { /* dx_cols: dy's pair planes, then the tiles, at least an image's planes
+                     * long (a last tile that runs past the call's last image reads there) */
+        const size_t image = (size_t)l->op * l->cplane,
+                     tiles = up((size_t)l->cnb * l->ohw, COLS_TILE) * 64,
+                     c = (size_t)l->cnb * image + (tiles > image ? tiles : image);
         if (c > most) most = c;
     }
     if (l->compact) { /* an image's padded pair planes, the gathered taps, the output rows */
@@ -916,6 +943,63 @@ static bool cols_active(const layout *l) {
     return l->cols && k && k->conv_cols;
 }
 
+/* Stride 1's dx of n images through conv_cols (l->dcols), cnb images per call: dy's pair planes
+ * as run_images makes them for dx (op pairs, the image's oh x ow values from (pad, pad) of a
+ * padded plane, rows wp apart; cplane words each, image b's from b * image_words), then the
+ * images' positions alone straight into dx's planes, with the dx order's columns (its taps
+ * reversed and weights transposed: the same offsets as the forward's). Bitwise run_images' dx:
+ * the same words in the planes (from dyrows, run_images' layout of them, or rounded from dy), the
+ * same sums in conv_run's order; no dropped columns computed and no copy_rows. zeroed: the
+ * planes' borders are zero from an earlier call on the same scratch (its first min(n, cnb)
+ * images' planes). */
+static void dx_cols(const layout *l, const cf_conv_geom *g, const float *packed, const float *dy,
+                    int n_images, float *dx, float *scratch, bool zeroed, const uint16_t *dyrows) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    void (*const pairs_rows)(const float *, const float *, int, int, uint32_t *, size_t) =
+        k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
+    const int pairs = l->op, ohw = g->oh * g->ow;
+    const size_t image_words = (size_t)pairs * l->cplane, in_n = (size_t)l->c * g->h * g->w,
+                 out_n = (size_t)l->o * ohw, at = (size_t)l->pad * l->wp + l->pad;
+    uint32_t *dp = (uint32_t *)scratch;
+    float *tmp = (float *)(dp + (size_t)l->cnb * image_words);
+    const uint32_t *wcols = pack_dcols(l, packed);
+    int off[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) off[t] = l->shift[t];
+    if (!zeroed) /* the borders stay zero */
+        memset(dp, 0,
+               (size_t)(n_images < l->cnb ? n_images : l->cnb) * image_words * sizeof(uint32_t));
+    for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
+        const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
+        for (int b = 0; b < nb; b++) {
+            uint32_t *planes = dp + (size_t)b * image_words + at;
+            /* the weight gradient's rows: oh rows of wp from there, zero in the dropped columns
+             * (which land on the pad columns) and in the row past an odd o */
+            for (int p = 0; p < pairs && dyrows; p++) {
+                const uint16_t *lo = dyrows + (size_t)2 * p * l->dl + (size_t)(n0 + b) * l->s;
+                k->halves_rows(lo, lo + l->dl, 0, 1, g->oh * l->wp, planes + (size_t)p * l->cplane,
+                               0);
+            }
+            for (int p = 0; p < pairs && !dyrows; p++) {
+                const float *lo = dy + (size_t)(n0 + b) * out_n + (size_t)2 * p * ohw;
+                pairs_rows(lo, 2 * p + 1 < l->o ? lo + ohw : NULL, g->oh, g->ow,
+                           planes + (size_t)p * l->cplane, (size_t)l->wp);
+            }
+        }
+        /* the next call's dy (when it is read from fp32), prefetched as the tiles compute */
+        const int left = n_images - n0 - nb, next = dyrows ? 0 : left < l->cnb ? left : l->cnb;
+        const float *dnext = next ? dy + (size_t)(n0 + nb) * out_n : NULL;
+        k->conv_cols(l->taps, off, pairs, l->c, wcols, dp, l->cplane, (size_t)l->wp, image_words,
+                     g->oh, g->ow, nb, dx + (size_t)n0 * in_n, (size_t)ohw, in_n, tmp, dnext,
+                     dnext ? (size_t)next * out_n * sizeof(float) : 0);
+    }
+}
+
+/* Whether stride 1's dx takes dx_cols at the active level. */
+static bool dcols_active(const layout *l) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return l->dcols && k && k->conv_cols;
+}
+
 cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const float *packed,
                                const float *x, int n_images, float *y, float *scratch) {
     layout l;
@@ -1107,6 +1191,8 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false, NULL, NULL);
     else if (l.compact)
         run_compact(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL);
+    else if (dcols_active(&l))
+        dx_cols(&l, g, packed, dy, n_images, dx, scratch, false, NULL);
     else
         run_images(&l, g, l.o, l.c, pdx, dy, n_images, dx, scratch, NULL, false, NULL);
     return CF_OK;
@@ -1329,7 +1415,10 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
                                dw_shortcut->out_channels == dx_shortcut->out_channels;
             dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0, rows,
                        srows ? rows + up((size_t)l.o, ROWS) * l.dl : NULL);
-        } else /* stride 1: dy's pairs from the weight gradient's rows of it, when it ran */
+        } else if (dcols_active(&l)) /* stride 1, the same rows of dy, over dx's positions */
+            dx_cols(&l, g, packed, dyn, nb, dxn, scratch, n0 > 0,
+                    dw ? wgrad_dy_rows(&l, wscratch) : NULL);
+        else /* stride 1: dy's pairs from the weight gradient's rows of it, when it ran */
             run_images(&l, g, l.o, l.c, pdx, dyn, nb, dxn, scratch, NULL, n0 > 0,
                        dw ? wgrad_dy_rows(&l, wscratch) : NULL);
     }
