@@ -121,3 +121,14 @@ void test_write_in(const char *dir, const char *name, const char *text) {
     fputs(text, f);
     assert_int_equal(fclose(f), 0);
 }
+
+long test_vm_size_bytes(void) {
+
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %ld", &kib) == 1) break;
+    if (f) fclose(f);
+    return kib * 1024;
+}

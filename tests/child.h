@@ -40,4 +40,8 @@ char *test_read_in(const char *dir, const char *name, size_t *n);
 void test_stderr_capture(void);
 char *test_stderr_release(void);
 
+/* The calling process's virtual memory size (VmSize of /proc/self/status) in bytes; -1024 when
+ * unreadable. For address-space limits (RLIMIT_AS) a little above what is mapped already. */
+long test_vm_size_bytes(void);
+
 #endif

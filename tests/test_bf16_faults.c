@@ -47,16 +47,6 @@ static int occurrences(const char *text, const char *needle) {
 
 /* ---- cf_sgemm_bf16 without its packing scratch ----------------------------------------------- */
 
-static long vm_size_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %ld", &kib) == 1) break;
-    if (f) fclose(f);
-    return kib * 1024;
-}
-
 /* In a child: a 2 x 2 x 2^22 product whose packed A (8 or 32 rows of pairs: 64 or 256 MiB) cannot
  * be allocated under an address-space limit 24 MiB above what the process maps, twice, with
  * stderr in a file: both products fp32's bitwise, the file one line saying so. */
@@ -78,7 +68,7 @@ static void scratch_refused_child(const char *dir, test_outcome *out) {
         out->status = 1;
         return;
     }
-    const rlim_t limit = (rlim_t)(vm_size_bytes() + (24l << 20));
+    const rlim_t limit = (rlim_t)(test_vm_size_bytes() + (24l << 20));
     struct rlimit rl = {limit, limit};
     if (setrlimit(RLIMIT_AS, &rl) != 0) {
         dup2(saved, 2);

@@ -7,6 +7,7 @@
  *   hit, the error is the format error and not out-of-memory;
  * - a diverging fit (the loss becomes infinite, then NaN) stops with TerminateOnNaN, a clear
  *   message and the last good weights, in one process and on several cores. */
+#include "child.h"
 #include "learn_fixture.h"
 
 #include <errno.h>
@@ -41,19 +42,9 @@ static bool can_limit_address_space(void) {
     return !LIMITS_ASAN && !(pre && strstr(pre, "vgpreload"));
 }
 
-static long vm_size_bytes(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %ld", &kib) == 1) break;
-    if (f) fclose(f);
-    return kib * 1024;
-}
-
 static void limit_address_space(long extra_bytes) {
-    struct rlimit rl = {(rlim_t)(vm_size_bytes() + extra_bytes),
-                        (rlim_t)(vm_size_bytes() + extra_bytes)};
+    struct rlimit rl = {(rlim_t)(test_vm_size_bytes() + extra_bytes),
+                        (rlim_t)(test_vm_size_bytes() + extra_bytes)};
     assert_int_equal(setrlimit(RLIMIT_AS, &rl), 0);
 }
 
