@@ -218,11 +218,128 @@ static void test_bn_forward_jobs(void **state) {
     cf_set_num_threads(2);
 }
 
+/* ---- a synchronised reduce that fails ------------------------------------------------------ */
+
+typedef struct failing {
+    int fail_forward, fail_backward; /* the call (1-based) of each kind that fails, 0: none */
+    bool zero_count;                 /* fail by returning CF_OK with a count of 0 */
+    int forwards, backwards;
+} failing;
+
+/* Scribbles over buf before it fails, as a collective that broke part way might. */
+static cf_status reduce_failing(double *buf, size_t n, bool backward, void *ctx) {
+    failing *f = ctx;
+    const int call = backward ? ++f->backwards : ++f->forwards;
+    if (call != (backward ? f->fail_backward : f->fail_forward)) return CF_OK;
+    for (size_t i = 0; i < n; i++) buf[i] = f->zero_count ? 0.0 : 1e30;
+    if (f->zero_count) return CF_OK;
+    return cf_fail(CF_ERR_WORKER, "peer 1 went away");
+}
+
+/* ReLU (the identity on positive inputs; it makes the model ask BatchNorm for dx), then
+ * BatchNorm2d(5) and ReLU. */
+static cf_module *bn_between(void) {
+    cf_module *m[] = {cf_relu(), cf_batchnorm2d(5), cf_relu()};
+    return cf_sequential(3, m);
+}
+
+/* One training forward and backward through cf_model_forward and cf_model_backward; returns
+ * their statuses and copies out y and BatchNorm's dx. */
+static void sync_step(cf_model *model, const float *x, const float *dy, cf_shape xs, float *y,
+                      float *dx, cf_status *fwd, cf_status *bwd, char *msg, size_t msg_size) {
+    cf_tensor tx = cf_tensor_view((float *)x, xs), tdy = cf_tensor_view((float *)dy, xs);
+    const cf_tensor *out = NULL;
+    msg[0] = 0;
+    *fwd = cf_model_forward(model, &tx, &out);
+    if (*fwd != CF_OK) snprintf(msg, msg_size, "%s", cf_last_error());
+    memcpy(y, out->data, cf_shape_numel(&xs) * sizeof(float));
+    *bwd = cf_model_backward(model, &tdy);
+    if (*bwd != CF_OK) snprintf(msg, msg_size, "%s", cf_last_error());
+    memcpy(dx, model->root->children[1]->dx.data, cf_shape_numel(&xs) * sizeof(float));
+}
+
+/* A failed reduce (an error status, or a count that is not positive) is the pass's error, named
+ * after the layer and the pass, and the layer goes on with this replica's own statistics, so
+ * the outputs are those of the layer without synchronisation (not the scribbled sums). The next
+ * pass whose reduces succeed returns CF_OK again. */
+static void test_bn_reduce_failure_reported(void **state) {
+    (void)state;
+    cf_set_num_threads(1);
+    const cf_shape xs = cf_shape4(3, 5, 6, 7);
+    const size_t n = cf_shape_numel(&xs);
+    float *x = malloc(n * sizeof(float)), *dy = malloc(n * sizeof(float));
+    float *y0 = malloc(n * sizeof(float)), *dx0 = malloc(n * sizeof(float));
+    float *y = malloc(n * sizeof(float)), *dx = malloc(n * sizeof(float));
+    fill_uniform(x, n, 77, 2.0f, 4.0f);
+    fill_uniform(dy, n, 78, -1.0f, 1.0f);
+    char msg[1024];
+    cf_status fwd, bwd;
+
+    /* the reference: no synchronisation */
+    cf_model *plain;
+    assert_int_equal(cf_model_new(&plain, bn_between(), 5), CF_OK);
+    cf_model_train(plain, true);
+    sync_step(plain, x, dy, xs, y0, dx0, &fwd, &bwd, msg, sizeof msg);
+    assert_int_equal(fwd, CF_OK);
+    assert_int_equal(bwd, CF_OK);
+    cf_model_free(plain);
+
+    const struct {
+        failing f;
+        cf_status fwd, bwd;
+        const char *says;
+    } cases[] = {
+        {{.fail_forward = 1},
+         CF_ERR_WORKER,
+         CF_OK,
+         "BatchNorm2d(5) forward: the synchronised reduce failed"},
+        {{.fail_backward = 1},
+         CF_OK,
+         CF_ERR_WORKER,
+         "BatchNorm2d(5) backward: the synchronised reduce failed"},
+        {{.fail_forward = 1, .zero_count = true},
+         CF_ERR_STATE,
+         CF_OK,
+         "BatchNorm2d(5) forward: the synchronised reduce gave a count of 0"},
+        {{.fail_backward = 1, .zero_count = true},
+         CF_OK,
+         CF_ERR_STATE,
+         "BatchNorm2d(5) backward: the synchronised reduce gave a count of 0"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        failing f = cases[k].f;
+        cf_model *model;
+        assert_int_equal(cf_model_new(&model, bn_between(), 5), CF_OK);
+        assert_int_equal(cf_model_set_bn_reduce(model, reduce_failing, &f), CF_OK);
+        cf_model_train(model, true);
+        sync_step(model, x, dy, xs, y, dx, &fwd, &bwd, msg, sizeof msg);
+        if (fwd != cases[k].fwd || bwd != cases[k].bwd)
+            fail_msg("case %zu: forward %s, backward %s; expected %s, %s", k, cf_status_str(fwd),
+                     cf_status_str(bwd), cf_status_str(cases[k].fwd), cf_status_str(cases[k].bwd));
+        if (!strstr(msg, cases[k].says)) fail_msg("case %zu: message \"%s\"", k, msg);
+        if (!cases[k].f.zero_count && !strstr(msg, "peer 1 went away"))
+            fail_msg("case %zu: the reduce's own message is missing: \"%s\"", k, msg);
+        /* a group of one with this replica's sums: the unsynchronised layer's values */
+        if (memcmp(y, y0, n * sizeof(float))) fail_msg("case %zu: y is not the local one", k);
+        if (memcmp(dx, dx0, n * sizeof(float))) fail_msg("case %zu: dx is not the local one", k);
+        assert_int_equal(f.forwards, 1);
+        assert_int_equal(f.backwards, 1);
+        /* the next step's reduces succeed: no error left over */
+        sync_step(model, x, dy, xs, y, dx, &fwd, &bwd, msg, sizeof msg);
+        assert_int_equal(fwd, CF_OK);
+        assert_int_equal(bwd, CF_OK);
+        cf_model_free(model);
+    }
+    free(x), free(dy), free(y0), free(dx0), free(y), free(dx);
+    cf_set_num_threads(2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parallel_images_follows_image_chunks),
         cmocka_unit_test(test_bn_threads_bitwise),
         cmocka_unit_test(test_bn_forward_jobs),
+        cmocka_unit_test(test_bn_reduce_failure_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

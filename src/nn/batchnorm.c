@@ -428,9 +428,34 @@ static bool bn_forward_split(bn_ctx *ctx) {
     return true;
 }
 
+/* Calls the synchronised reduce on buf (n doubles, buf[0] the count). A failed reduce, or one
+ * that leaves no positive count, is the pass's error (cf_module_fail, which cf_model_forward /
+ * cf_model_backward return): the layer then goes on with this replica's own sums so that its
+ * outputs stay finite, but they are not the group's. Returns whether the reduce succeeded. */
+static bool bn_reduce_checked(cf_module *m, double *buf, size_t n, bool backward,
+                              const char *pass) {
+    bn_impl *b = m->impl;
+    const double own = buf[0];
+    const cf_status st = b->reduce(buf, n, backward, b->reduce_ctx);
+    if (st != CF_OK) {
+        cf_module_fail(st, "%s(%d) %s: the synchronised reduce failed (%s): %s", bn_name(m),
+                       b->features, pass, cf_status_str(st), cf_last_error());
+        return false;
+    }
+    if (!(buf[0] > 0)) {
+        cf_module_fail(CF_ERR_STATE,
+                       "%s(%d) %s: the synchronised reduce gave a count of %g values per channel "
+                       "(this replica's %g); it must be > 0",
+                       bn_name(m), b->features, pass, buf[0], own);
+        return false;
+    }
+    return true;
+}
+
 /* Synchronised training forward: this replica's count and sums of x and x^2 per channel,
  * reduced over the group, become the batch statistics (b->mean, b->invstd, the biased variance
- * in b->acc). Returns the total count, or 0 when the reduce failed (local statistics then). */
+ * in b->acc). Returns the total count; a failed reduce is the pass's error, and this replica's
+ * count and statistics are used then. */
 static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
     bn_impl *b = m->impl;
     const geom g = ctx->g;
@@ -466,7 +491,10 @@ static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
         sxx[c] = a2 + 2.0 * k * a1 + count * (double)k * k;
     }
     if (part) cf_arena_give(b->arena, part, NULL);
-    bool ok = b->reduce(buf, 1 + 2 * (size_t)g.c, false, b->reduce_ctx) == CF_OK && buf[0] > 0;
+    /* this replica's sums, kept in acc (2C doubles) in case the reduce fails part way */
+    memcpy(b->acc, sx, 2 * (size_t)g.c * sizeof(double));
+    const bool ok = bn_reduce_checked(m, buf, 1 + 2 * (size_t)g.c, false, "forward");
+    if (!ok) memcpy(sx, b->acc, 2 * (size_t)g.c * sizeof(double));
     const double total = ok ? buf[0] : count;
     for (int c = 0; c < g.c; c++) {
         const double mean = sx[c] / total;
@@ -711,7 +739,8 @@ static void bn_backward_rows(bn_ctx *ctx) {
 }
 
 /* Synchronised backward sums: this replica's (its weight and bias gradients come from these),
- * then reduced into acc for dx. Returns the total count, or 0 when the reduce failed. */
+ * then reduced into acc for dx. Returns the total count, or 0 when the reduce failed (the pass's
+ * error; dx is then formed from this replica's sums). */
 static double bn_sync_backward_sums(bn_ctx *ctx) {
     bn_impl *b = ctx->m->impl;
     const int c = ctx->g.c;
@@ -724,7 +753,7 @@ static double bn_sync_backward_sums(bn_ctx *ctx) {
     double *buf = b->sync;
     buf[0] = (double)ctx->g.n * (double)ctx->g.s;
     memcpy(buf + 1, b->acc, 2 * (size_t)c * sizeof(double));
-    if (b->reduce(buf, 1 + 2 * (size_t)c, true, b->reduce_ctx) != CF_OK || !(buf[0] > 0)) return 0;
+    if (!bn_reduce_checked(ctx->m, buf, 1 + 2 * (size_t)c, true, "backward")) return 0;
     memcpy(b->acc, buf + 1, 2 * (size_t)c * sizeof(double));
     return buf[0];
 }
