@@ -55,6 +55,48 @@ static void counted_cols(int taps, const int *off, int pairs, int m, const uint3
               next, next_bytes);
 }
 
+/* ---- where conv_cols reads ----------------------------------------------------------------
+ * A call's last tile reads past its last image (kernel_table.h). The bounding wrapper works out
+ * every word the kernel reads, as its tiles walk the positions (a tile's positions in at most two
+ * rows, the rows of image b from x + b * ldimg), and checks that they lie in the scratch the test
+ * handed the call: [bound_lo, bound_hi), the forward's part of the scratch alone
+ * (cf__conv_bf16_run_scratch, malloc'd to that size, so that ASan sees a read past it too). */
+size_t cf__conv_bf16_run_scratch(const cf_conv_geom *g, int out_channels);
+static cf_kernel_table bounding_table;
+static cf_bf16_kernels bounding_bf16;
+static const uint32_t *bound_lo, *bound_hi;
+static size_t bound_past;   /* the furthest word read in the slot after a call's last image */
+static ptrdiff_t bound_gap; /* the fewest words left between a read and bound_hi */
+
+static void bounded_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
+                         const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
+                         int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
+                         const void *next, size_t next_bytes) {
+    const int nv = (m + 15) / 16, np = 24 / nv, n = n_images * h * wd;
+    int lo_off = off[0], hi_off = off[0];
+    for (int t = 1; t < taps; t++) {
+        if (off[t] < lo_off) lo_off = off[t];
+        if (off[t] > hi_off) hi_off = off[t];
+    }
+    const uint32_t *first = NULL, *last = NULL;
+    for (int q = 0; q < (n + np - 1) / np * np; q++) { /* every position of every tile */
+        const int r = q / wd, j = q % wd;
+        const uint32_t *at = x + (size_t)(r / h) * ldimg + (size_t)(r % h) * ldx + j;
+        if (!first || at < first) first = at;
+        if (!last || at > last) last = at;
+    }
+    const uint32_t *lo = first + lo_off, *end = last + hi_off + (size_t)(pairs - 1) * plane + 1;
+    if (lo < bound_lo || end > bound_hi)
+        fail_msg("conv_cols reads words [%td, %td) of a scratch of %td", lo - bound_lo,
+                 end - bound_lo, bound_hi - bound_lo);
+    const uint32_t *slot_end = x + (size_t)n_images * ldimg;
+    if (end > slot_end && (size_t)(end - slot_end) > bound_past)
+        bound_past = (size_t)(end - slot_end);
+    if (bound_hi - end < bound_gap) bound_gap = bound_hi - end;
+    real_cols(taps, off, pairs, m, w, x, plane, ldx, ldimg, h, wd, n_images, out, ldo, ldoimg, tmp,
+              next, next_bytes);
+}
+
 /* Whether the active level has conv_cols; then both table copies made. */
 static bool tables_make(void) {
     const cf_kernel_table *active = cf_active_kernels;
@@ -68,6 +110,10 @@ static bool tables_make(void) {
     counting_bf16.conv_cols = counted_cols;
     counting_table = *active;
     counting_table.bf16 = &counting_bf16;
+    bounding_bf16 = *active->bf16;
+    bounding_bf16.conv_cols = bounded_cols;
+    bounding_table = *active;
+    bounding_table.bf16 = &bounding_bf16;
     return true;
 }
 
@@ -245,6 +291,77 @@ static void test_elsewhere(void **state) {
     check_case(2, 16, 32, 20, 3, 1, 0, false);  /* 400 positions */
     check_case(3, 15, 33, 16, 3, 2, 20, false); /* the shortcut's tiles of 12 on 8 x 8 */
     check_case(2, 16, 32, 32, 3, 2, 32, true);  /* 256 positions: still */
+}
+
+/* n images of a forward (so > 0: paired with a shortcut of so channels) with the forward's
+ * part of the scratch alone, its reads bounded; returns the most words a call's last tile read
+ * past its last image's slot, and checks the outputs against a run with the whole scratch. */
+static size_t bounded_forward(int n, int c, int o, int h, int k, int s, int so) {
+    cf_conv_geom g, sg;
+    const int pad = k == 1 ? 0 : (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, s, s, pad, pad));
+    assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
+    assert_true(cf_conv_bf16_supported(&g, o));
+    const size_t nw = (size_t)o * c * k * k, nx = (size_t)n * c * h * h,
+                 ny = (size_t)n * o * g.oh * g.ow, nsy = (size_t)n * so * g.oh * g.ow,
+                 words = cf__conv_bf16_run_scratch(&g, o);
+    assert_true(words <= cf_conv_bf16_scratch(&g, o));
+    float *w = malloc(nw * sizeof(float)), *x = malloc(nx * sizeof(float));
+    float *sw = malloc(((size_t)so * c + 1) * sizeof(float));
+    float *y0 = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
+    float *sy0 = malloc((nsy + 1) * sizeof(float)), *sy1 = malloc((nsy + 1) * sizeof(float));
+    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float));
+    float *spacked = malloc(cf_conv_bf16_packed_floats(&sg, so ? so : 1) * sizeof(float));
+    float *part = malloc(words * sizeof(float));
+    float *whole = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
+    fill_uniform(w, nw, 21, -1, 1);
+    fill_uniform(x, nx, 22, -1, 1);
+    fill_uniform(sw, (size_t)so * c, 23, -1, 1);
+    const cf_kernel_table *active = cf_active_kernels;
+    cf_conv_bf16_pack(&g, o, w, packed);
+    if (so) cf_conv_bf16_pack(&sg, so, sw, spacked);
+    const cf_conv_shortcut sc0 = {.out_channels = so, .w = spacked, .y = sy0},
+                           sc1 = {.out_channels = so, .w = spacked, .y = sy1};
+    bound_lo = (const uint32_t *)part;
+    bound_hi = bound_lo + words;
+    bound_past = 0;
+    bound_gap = (ptrdiff_t)words;
+    cf_active_kernels = &bounding_table;
+    assert_int_equal(so ? cf_conv_bf16_forward_with(&g, o, packed, x, n, y0, part, &sc0)
+                        : cf_conv_bf16_forward(&g, o, packed, x, n, y0, part),
+                     CF_OK);
+    cf_active_kernels = active;
+    assert_int_equal(so ? cf_conv_bf16_forward_with(&g, o, packed, x, n, y1, whole, &sc1)
+                        : cf_conv_bf16_forward(&g, o, packed, x, n, y1, whole),
+                     CF_OK);
+    same_bits(y0, y1, ny, "the forward's part of the scratch alone");
+    same_bits(sy0, sy1, nsy, "the forward's part of the scratch alone (shortcut)");
+    printf("%d images %d -> %d %dx%d stride %d %dx%d, shortcut %d: the last tiles read up to word "
+           "%zu of the next slot, "
+           "past the last image, %td words before the end of the forward's %zu\n",
+           n, c, o, k, k, s, h, h, so, bound_past, bound_gap, words);
+    free(w), free(x), free(sw), free(y0), free(y1), free(sy0), free(sy1);
+    free(packed), free(spacked), free(part), free(whole);
+    return bound_past;
+}
+
+/* Shapes whose input's pair planes (a slot of the call) are longer than the tiles' buffer that
+ * follows the call's slots: wide inputs into 17-64 channels, whole calls (the last one's over-read
+ * goes past the slots). Before conv_bf16.c sized that buffer as at least one slot, these reads ran
+ * past the forward's part of the scratch (into the weight gradient's; ASan flags it here, where the
+ * part is its own allocation). Each must read past its last image, or it tests nothing. */
+static void test_cols_scratch_bounds(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    assert_true(bounded_forward(4, 64, 17, 28, 3, 2, 0) > 0);  /* 2 images a call */
+    assert_true(bounded_forward(2, 256, 33, 13, 3, 1, 0) > 0); /* tiles of 8 */
+    assert_true(bounded_forward(4, 64, 64, 20, 7, 2, 0) > 0);  /* 10 x 10: 4 a call, pad 3 */
+    assert_true(bounded_forward(8, 256, 64, 7, 3, 1, 0) > 0);  /* 7 x 7: 8 a call */
+    assert_true(bounded_forward(2, 256, 32, 28, 1, 2, 0) > 0); /* the 1x1 stride-2 shortcut */
+    assert_true(bounded_forward(4, 96, 48, 28, 3, 2, 32) > 0); /* paired with a shortcut */
+    /* W1's own layers: the same bound */
+    assert_true(bounded_forward(2, 16, 32, 28, 3, 2, 32) > 0);
+    assert_true(bounded_forward(8, 64, 64, 7, 3, 1, 0) > 0);
 }
 
 /* dx against the double sum of the bf16 operands of a stride-1 layer (dx[c][u][v] = the sum over o
@@ -521,10 +638,11 @@ static void test_input_pairs(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_w1_layers),  cmocka_unit_test(test_other_shapes),
-        cmocka_unit_test(test_elsewhere),  cmocka_unit_test(test_input_pairs),
-        cmocka_unit_test(test_dx_shapes),  cmocka_unit_test(test_dx_stride2),
-        cmocka_unit_test(test_dx_threads), cmocka_unit_test(test_dx_without_cols),
+        cmocka_unit_test(test_w1_layers),           cmocka_unit_test(test_other_shapes),
+        cmocka_unit_test(test_elsewhere),           cmocka_unit_test(test_input_pairs),
+        cmocka_unit_test(test_dx_shapes),           cmocka_unit_test(test_dx_stride2),
+        cmocka_unit_test(test_dx_threads),          cmocka_unit_test(test_dx_without_cols),
+        cmocka_unit_test(test_cols_scratch_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

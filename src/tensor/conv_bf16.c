@@ -154,7 +154,8 @@ static bool compact_pays(const layout *l, const cf_conv_geom *g) {
  * positions, its tiles running on from one image's positions to the next's (W1's 7 x 7 planes:
  * 8 images, 392 positions in 66 tiles of 6, where one image alone would take 9 tiles for 49).
  * Its last tile reads past the last image, as far as COLS_TILE - 1 positions on in row-major
- * order: the pair planes are made long enough. */
+ * order, in the next image's slot: the scratch keeps a slot's words after the call's slots
+ * (run_words). */
 static bool cols_fit(int m, const cf_conv_geom *g) {
     const int nv = (m + 15) / 16, np = nv >= 2 && nv <= 4 ? 24 / nv : 0;
     return np && g->ow >= np && g->oh * g->ow <= COLS_POSITIONS;
@@ -488,9 +489,17 @@ static size_t run_words(const layout *l) {
                        : (size_t)l->op * l->planed + 4 * up((size_t)l->c, ROWS) * (size_t)l->nqd +
                              pairs * l->planed + up((size_t)l->c, ROWS) * (size_t)l->nqd;
     size_t most = run > dx2 ? run : dx2;
+    /* conv_cols' last tile of a call reads up to np - 1 <= ow - 1 positions past the call's
+     * last image, in the next image's slot: its first row, at every tap and pair, so below
+     * (slot words - plane) + largest shift + np - 1 < slot words from the slot's start (a
+     * plane holds at least oh x wq + reach >= np + reach words). With a whole call that slot is
+     * the tiles' buffer after the cnb slots; it is at least a slot long, so the read stays in
+     * this part of the scratch for every shape (before, the tiles alone: wide inputs such as
+     * 64 -> 32 channels at stride 2 on 28 x 28 read on into the weight gradient's part). */
     if (l->cols) { /* forward_cols: the pair planes, conv_cols' tiles of any m up to 64 */
-        const size_t c = (size_t)l->cnb * l->phases * l->cp * l->cplane +
-                         up((size_t)l->cnb * l->ohw, COLS_TILE) * 64;
+        const size_t image = (size_t)l->phases * l->cp * l->cplane,
+                     tiles = up((size_t)l->cnb * l->ohw, COLS_TILE) * 64,
+                     c = (size_t)l->cnb * image + (tiles > image ? tiles : image);
         if (c > most) most = c;
     }
     if (l->dcols) { /* dx_cols: dy's pair planes, then the tiles, at least an image's planes
@@ -533,6 +542,15 @@ static const uint16_t *wgrad_dy_rows(const layout *l, const float *wscratch) {
     const uint16_t *xb = (const uint16_t *)wscratch;
     const uint32_t *x0 = (const uint32_t *)(xb + (size_t)l->c * l->lx);
     return (const uint16_t *)(x0 + 2 * (size_t)l->rows * l->ldb);
+}
+
+/* Floats at the scratch's start that the forward and dx use (the rest is the weight
+ * gradient's): test_bf16_cols gives a forward no more, to check conv_cols' reads. */
+size_t cf__conv_bf16_run_scratch(const cf_conv_geom *g, int out_channels);
+size_t cf__conv_bf16_run_scratch(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    return run_words(&l);
 }
 
 size_t cf_conv_bf16_scratch(const cf_conv_geom *g, int out_channels) {
