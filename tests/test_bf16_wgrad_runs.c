@@ -1,14 +1,15 @@
 /* The bf16 weight gradient's runs of position pairs (cf_bf16_kernels.conv_wgrad_runs: only the
  * pairs of dy's rows that hold values, three taps per register tile) and its conversions (the
- * 1x1 stride-2 layer's even values, even_rows; short rows two at a time, rows_short and
- * deal_short) against the paths they replaced, which conv_bf16.c keeps for a level without them
- * (conv_wgrad over every pair of every image, rows, deal): bitwise, kernel against kernel on
- * operands whose pairs outside the runs are zero, and whole layers (cf_conv_bf16_wgrad,
- * _wgrad_with, _backward with and without a paired shortcut) run with the active table and with
- * a copy of it without those entries. A copy whose entries count their calls shows that the new
- * ones ran. At avx512_bf16 all four must be there; the amx level (its tiles sum every pair in
- * their own order) has no runs entry and keeps the conversions; below avx512_bf16 there is no
- * bf16 convolution and nothing to compare (test_bf16 runs the fp32 fallback there). */
+ * 1x1 stride-2 layer's even values, even_rows; rows and deals on the conversion instruction,
+ * short rows two at a time, rows_short and deal_short) against the paths they replaced, which
+ * conv_bf16.c keeps for a level without them (conv_wgrad over every pair of every image, rows,
+ * deal): bitwise, kernel against kernel on operands whose pairs outside the runs are zero, and
+ * whole layers (cf_conv_bf16_wgrad, _wgrad_with, _backward with and without a paired shortcut) run
+ * with the active table and with a copy of it without those entries. A copy whose entries count
+ * their calls shows that the new ones ran. At avx512_bf16 all four must be there; the amx level
+ * (its tiles sum every pair in their own order) has no runs entry and keeps the conversions; below
+ * avx512_bf16 there is no bf16 convolution and nothing to compare (test_bf16 runs the fp32 fallback
+ * there). */
 #include "oracle.h"
 
 #include "corefit/tensor.h"
@@ -261,10 +262,61 @@ static void test_layers(void **state) {
     check_layer(3, 4, 1, 1, 5, 3, 1, 0);
 }
 
+/* Random values with the bf16 rounding's special cases every 7th: subnormals (the conversion
+ * instruction reads them as zero, so the kernels take the lanes' rounding for a vector that holds
+ * one), NaNs (quieted), infinities, ties to even, the largest finite values, zeros. */
+static void fill_special(float *x, size_t n, unsigned seed) {
+    static const uint32_t bits[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x7fc00001u,
+                                    0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
+                                    0x00000000u, 0x80000000u, 0x3f7fffffu, 0x00800000u};
+    fill_uniform(x, n, seed, -3, 3);
+    for (size_t i = 0; i < n; i += 7) memcpy(&x[i], &bits[(i / 7) % 16], sizeof(float));
+}
+
+/* rows_short and deal_short write rows' and deal's words (bitwise, and no word outside the rows:
+ * the rest keeps its fill) for rows of every width up to 70 (two short rows a vector, vector
+ * tails, 32 values at a time), 1 to 5 rows (an odd last row), deal with and without o, on rows
+ * with special values and rows of ordinary ones (the conversion instruction's own path). */
+static void test_short_conversions(void **state) {
+    (void)state;
+    if (!make_tables()) return;
+    const cf_bf16_kernels *k = active->bf16;
+    enum { H = 5, W = 70, LD = 80, LDX = 2 * W + 3 };
+    static float x[H * LDX];
+    static uint16_t a[H * LD], b[H * LD], ao[H * LD], bo[H * LD];
+    fill_special(x, H * LDX, 51);
+    for (int i = 1; i < H; i += 2) fill_uniform(x + i * LDX, LDX, 52 + (unsigned)i, -1, 1);
+    for (int h = 1; h <= H; h++)
+        for (int w = 1; w <= W; w++) {
+            for (int from = 0; from < 2;
+                 from++) { /* rows from a plane with special values, or not */
+                const float *src = x + from * LDX;
+                memset(a, 0xa5, sizeof a);
+                memset(b, 0xa5, sizeof b);
+                k->rows(src, h, w, a, LD);
+                k->rows_short(src, h, w, b, LD);
+                if (memcmp(a, b, sizeof a) != 0)
+                    fail_msg("rows_short: %d rows of %d (plane %d) differ from rows'", h, w, from);
+            }
+            for (int with_o = 0; with_o < 2; with_o++) {
+                memset(a, 0xa5, sizeof a);
+                memset(b, 0xa5, sizeof b);
+                memset(ao, 0x5a, sizeof ao);
+                memset(bo, 0x5a, sizeof bo);
+                k->deal(x, LDX, h, w, a, with_o ? ao : NULL, LD);
+                k->deal_short(x, LDX, h, w, b, with_o ? bo : NULL, LD);
+                if (memcmp(a, b, sizeof a) != 0 || memcmp(ao, bo, sizeof ao) != 0)
+                    fail_msg("deal_short: %d rows of %d (o %d) differ from deal's", h, w, with_o);
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel),
         cmocka_unit_test(test_layers),
+        cmocka_unit_test(test_short_conversions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1068,51 +1068,82 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
     }
 }
 
-/* As rows, y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w, for short rows: where two rows
- * fit in a vector (w <= 8, W1's 7 x 7 planes), both are rounded at once and stored to their
- * own rows. */
-static void bf16_rows_short(const float *x, int h, int w, uint16_t *y, size_t ldy) {
-    if (w > 8) {
-        bf16_rows(x, h, w, y, ldy);
-        return;
-    }
-    const __mmask16 first = lanes_below(w), second = (__mmask16)(lanes_below(2 * w) & ~first);
-    int i = 0;
-    for (; i + 2 <= h; i += 2, x += 2 * w, y += 2 * ldy) {
-        const __m512i v = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(lanes_below(2 * w), x));
-        _mm512_mask_cvtepi32_storeu_epi16(y, first, v);
-        _mm512_mask_cvtepi32_storeu_epi16(y + ldy - w, second, v); /* lane w at y + ldy */
-    }
-    if (i < h)
-        _mm512_mask_cvtepi32_storeu_epi16(y, first,
-                                          cf__bf16_round_lanes(_mm512_maskz_loadu_ps(first, x)));
+/* The 32 words of a mask that holds the first n (at most 32). */
+static inline __mmask32 words_below(int n) {
+    return n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (__mmask32)((1u << n) - 1u);
 }
 
-/* As deal, h rows' even and odd values to e and o (i * ld on), for rows of at most 16 values:
- * two rows (ldx apart) rounded in one pair of vectors, the first row's values in the low 16
- * lanes, the second's in the high 16, so that the even (odd) lanes of the pair hold the first
- * row's even (odd) values, then the second's from lane 8. Longer rows: deal. */
-static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
-                            size_t ld) {
-    if (n > 16) {
-        bf16_deal(x, ldx, h, n, e, o, ld);
+/* As rows, y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w, on the conversion
+ * instruction (ne_words: vcvtne2ps2bf16, cf__bf16_round_lanes for a vector pair that holds a
+ * subnormal, so bitwise rows' words). Rows of at most 16 values (W1's 7 x 7 and 14 x 14
+ * planes) go two at a time, the first row's words in the low half of the vector and the
+ * second's in the high half, each stored to its own row; longer rows 32 values at a time. */
+static void bf16_rows_short(const float *x, int h, int w, uint16_t *y, size_t ldy) {
+    if (w <= 16) {
+        const __mmask16 in = lanes_below(w);
+        int i = 0;
+        for (; i + 2 <= h; i += 2, x += 2 * w, y += 2 * ldy) {
+            const __m512i v =
+                ne_words(_mm512_maskz_loadu_ps(in, x), _mm512_maskz_loadu_ps(in, x + w));
+            _mm256_mask_storeu_epi16(y, in, _mm512_castsi512_si256(v));
+            _mm256_mask_storeu_epi16(y + ldy, in, _mm512_extracti64x4_epi64(v, 1));
+        }
+        if (i < h)
+            _mm256_mask_storeu_epi16(y, in,
+                                     _mm512_castsi512_si256(ne_words(_mm512_maskz_loadu_ps(in, x),
+                                                                     _mm512_setzero_ps())));
         return;
     }
-    const __mmask16 in = lanes_below(n), ne = lanes_below((n + 1) / 2), no = lanes_below(n / 2);
-    int i = 0;
-    for (; i + 2 <= h; i += 2, x += 2 * ldx, e += 2 * ld, o = o ? o + 2 * ld : NULL) {
-        const __m512i a = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(in, x)),
-                      b = cf__bf16_round_lanes(_mm512_maskz_loadu_ps(in, x + ldx));
-        const __m512i ev = even_lanes(a, b);
-        _mm512_mask_cvtepi32_storeu_epi16(e, ne, ev);
-        _mm512_mask_cvtepi32_storeu_epi16(e + ld - 8, (__mmask16)(ne << 8), ev);
-        if (o) {
-            const __m512i od = odd_lanes(a, b);
-            _mm512_mask_cvtepi32_storeu_epi16(o, no, od);
-            _mm512_mask_cvtepi32_storeu_epi16(o + ld - 8, (__mmask16)(no << 8), od);
+    for (int i = 0; i < h; i++, x += w, y += ldy)
+        for (int j = 0; j < w; j += 32) {
+            const int left = w - j;
+            _mm512_mask_storeu_epi16(
+                y + j, words_below(left),
+                ne_words(_mm512_maskz_loadu_ps(lanes_below(left), x + j),
+                         _mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16)));
         }
+}
+
+/* As deal, h rows' even and odd values to e and o (i * ld on; o NULL: the even ones alone), on
+ * the conversion instruction as rows_short (bitwise deal's words). Rows of at most 16 values go
+ * two at a time (ldx apart): the first row's words in the low half, the second's in the high
+ * half, permuted to [first's even | second's even | first's odd | second's odd], 8 words each,
+ * each quarter stored to its row. Longer rows 32 values at a time, permuted to [even | odd]. */
+static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                            size_t ld) {
+    /* the even words of the 32, then the odd ones: [first's even | second's even | first's odd |
+     * second's odd] for two short rows, [even | odd] for 32 values of one row */
+    const __m512i evens_odds =
+        _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
+                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    if (n <= 16) {
+        const __mmask16 in = lanes_below(n);
+        const __mmask8 ne = (__mmask8)lanes_below((n + 1) / 2), no = (__mmask8)lanes_below(n / 2);
+        for (int i = 0; i < h; i += 2, x += 2 * ldx, e += 2 * ld, o = o ? o + 2 * ld : NULL) {
+            const bool two = i + 1 < h;
+            const __m512i v = _mm512_permutexvar_epi16(
+                evens_odds,
+                ne_words(_mm512_maskz_loadu_ps(in, x),
+                         two ? _mm512_maskz_loadu_ps(in, x + ldx) : _mm512_setzero_ps()));
+            _mm_mask_storeu_epi16(e, ne, _mm512_castsi512_si128(v));
+            if (two) _mm_mask_storeu_epi16(e + ld, ne, _mm512_extracti32x4_epi32(v, 1));
+            if (o) _mm_mask_storeu_epi16(o, no, _mm512_extracti32x4_epi32(v, 2));
+            if (o && two) _mm_mask_storeu_epi16(o + ld, no, _mm512_extracti32x4_epi32(v, 3));
+        }
+        return;
     }
-    if (i < h) bf16_deal(x, ldx, h - i, n, e, o, ld);
+    for (int i = 0; i < h; i++, x += ldx, e += ld, o = o ? o + ld : NULL)
+        for (int j = 0; j < n; j += 32) {
+            const int left = n - j;
+            const __m512i v = _mm512_permutexvar_epi16(
+                evens_odds, ne_words(_mm512_maskz_loadu_ps(lanes_below(left), x + j),
+                                     _mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16)));
+            _mm256_mask_storeu_epi16(e + j / 2, lanes_below((left + 1) / 2),
+                                     _mm512_castsi512_si256(v));
+            if (o)
+                _mm256_mask_storeu_epi16(o + j / 2, lanes_below(left / 2),
+                                         _mm512_extracti64x4_epi64(v, 1));
+        }
 }
 
 /* ---- the stride-2 stem (conv_stem_bf16.c) ------------------------------------------------------

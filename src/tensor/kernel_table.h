@@ -300,8 +300,9 @@ typedef struct cf_bf16_kernels {
     /* NULL: none (deal's even values). y[i * ldy + j] = bf16(x[i * ldx + 2 j]), i < h, j < n
      * (bitwise deal's e). */
     void (*even_rows)(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy);
-    /* NULL: none. rows and deal (bitwise), faster on short rows (two rows per vector: rows of
-     * at most 8 values, deal's rows of at most 16). */
+    /* NULL: none. rows and deal (bitwise), faster: on the conversion instructions where the
+     * level has them, two rows per vector where they are short (rows_short: at most 16 values,
+     * deal_short: at most 16; the weight gradient's rows of x and dy). */
     void (*rows_short)(const float *x, int h, int w, uint16_t *y, size_t ldy);
     void (*deal_short)(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
                        size_t ld);
