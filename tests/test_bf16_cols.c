@@ -22,6 +22,11 @@
  * layers on 1, 2 and 3 threads with batches that do not divide among them, every dx bitwise the
  * same with and without conv_cols.
  *
+ * A call's last tile reads past its last image, in the next image's slot: a bounding wrapper
+ * works out every word conv_cols reads and checks that it lies in the forward's part of the
+ * scratch, which the test allocates alone (so ASan sees an overrun too), on shapes whose input
+ * slot is longer than the tiles' buffer after the call's slots (wide inputs, whole calls).
+ *
  * Without bf16 kernels (CF_ISA below avx512_bf16) the layout is unsupported and the test has
  * nothing to compare; at the amx level (its tile conv_run is the forward's kernel) the table has
  * no conv_cols, and its dx (the pack now holds dx's columns too) is checked against the double
