@@ -11,8 +11,9 @@
  *   input_bf16  V = B^T d B rounded to bf16 (cf_fp32_to_bf16) against `input` rounded after
  *   bf16 stores input_pairs, dy_pairs and input_bf16 on values that round apart (subnormals, NaNs,
  *               infinities, ties) against `input` and dy_nhwc rounded after
- *   direct      input_pairs and input_bf16 on planes of 32k columns (the AVX512_BF16 level's
- *               transform from the image's rows, no split) against `input` rounded after
+ *   direct      input_pairs and input_bf16 on planes of 32k columns and of 16, 8 and 4 (the
+ *               AVX512_BF16 level's transform from the image's rows, no split) against `input`
+ *               rounded after
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -309,8 +310,9 @@ static void test_bf16_stores(void **state) {
     }
 }
 
-/* input_pairs and input_bf16 on planes of 32k columns, which the AVX512_BF16 level (and AMX,
- * which shares its transforms) computes from the image's rows without the split: against
+/* input_pairs and input_bf16 on planes of 32k columns or of 16, 8 or 4, which the AVX512_BF16
+ * level (and AMX, which shares its transforms) computes from the image's rows without the
+ * split: against
  * `input` rounded after, bitwise, on values that round apart, with bands of tile rows, odd
  * heights, rows of one to three vectors of tiles, odd channel counts and several images, and
  * nothing written past the call's tiles. There the calls get no pad (NULL): the split's path
@@ -324,9 +326,25 @@ static void test_bf16_direct(void **state) {
     }
     const bool direct = cf_isa_active() == CF_ISA_AVX512_BF16 || cf_isa_active() == CF_ISA_AMX;
     /* images, channels, h, w, ty0, th (0: to the last tile row) */
-    static const int cases[][6] = {{2, 3, 32, 32, 0, 0}, {1, 4, 33, 32, 0, 0}, {1, 3, 32, 64, 0, 0},
-                                   {1, 3, 32, 32, 3, 5}, {3, 1, 31, 96, 2, 0}, {2, 2, 2, 32, 0, 0},
-                                   {1, 5, 7, 64, 1, 2},  {1, 2, 1, 32, 0, 0}};
+    static const int cases[][6] = {{2, 3, 32, 32, 0, 0},
+                                   {1, 4, 33, 32, 0, 0},
+                                   {1, 3, 32, 64, 0, 0},
+                                   {1, 3, 32, 32, 3, 5},
+                                   {3, 1, 31, 96, 2, 0},
+                                   {2, 2, 2, 32, 0, 0},
+                                   {1, 5, 7, 64, 1, 2},
+                                   {1, 2, 1, 32, 0, 0},
+                                   /* rows of 8, 4 and 2 tiles: several tile rows a vector */
+                                   {2, 3, 16, 16, 0, 0},
+                                   {1, 3, 15, 16, 0, 0},
+                                   {2, 2, 16, 16, 2, 3},
+                                   {3, 5, 8, 8, 0, 0},
+                                   {2, 2, 7, 8, 1, 2},
+                                   {1, 3, 8, 8, 1, 0},
+                                   {5, 3, 4, 4, 0, 0},
+                                   {3, 2, 3, 4, 0, 0},
+                                   {2, 1, 12, 4, 1, 3},
+                                   {1, 2, 10, 8, 0, 0}};
     static const uint32_t nans[] = {0, 0x7fc00001u};
     for (size_t vi = 0; vi < 2 * sizeof cases / sizeof cases[0]; vi++) {
         const size_t ci = vi / 2;

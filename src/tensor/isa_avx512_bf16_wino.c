@@ -127,16 +127,74 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
     out[3] = _mm512_sub_ps(ev, col3);
 }
 
-static bool direct_fits(int w) {
-    return w >= 32 && w % 32 == 0;
+/* Planes whose rows are shorter than a vector of tiles (w = 2 tw, tw = 2, 4 or 8: W3's 16 x 16,
+ * 8 x 8 and 4 x 4 layers): a vector's 16 tiles are G = 16 / tw tile rows, whose G row sums of w
+ * values fill two vectors, G / 2 rows each (masked loads at lane g w, as wino_split_short's);
+ * the unzip gives columns 1 and 2 of every tile, and columns 0 and 3 are those shifted by one
+ * lane within each tile row, 0 at the row's ends (the plane's edges). Tile rows from ty_end on
+ * are +0 (their tiles are not stored). */
+static inline __attribute__((always_inline)) void short_points(const float *p, int h, int w, int ty,
+                                                               int ty_end, int i, __m512 out[4]) {
+    const int tw = w / 2, half = 8 / tw; /* tile rows per vector of row sums */
+    /* the two patch rows of row sum i (d0 .. d3 = rows 2ty - 1 .. 2ty + 2), as row_sum's */
+    static const int first[4] = {0, 1, 2, 1}, second[4] = {2, 2, 1, 3};
+    const __mmask16 row = (__mmask16)((1u << w) - 1u);
+    __m512 r[2];
+    for (int v = 0; v < 2; v++) {
+        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+        for (int g = 0; g < half; g++) {
+            const int t = ty + v * half + g, lane = g * w;
+            if (t >= ty_end) break;
+            const int ra = 2 * t - 1 + first[i], rb = 2 * t - 1 + second[i];
+            if (ra >= 0 && ra < h)
+                a = _mm512_mask_loadu_ps(a, (__mmask16)(row << lane), p + (size_t)ra * w - lane);
+            if (rb >= 0 && rb < h)
+                b = _mm512_mask_loadu_ps(b, (__mmask16)(row << lane), p + (size_t)rb * w - lane);
+        }
+        r[v] = i == 1 ? _mm512_add_ps(a, b) : _mm512_sub_ps(a, b);
+    }
+    __m512 ev, od;
+    V_UNZIP(r[0], r[1], ev, od);
+    /* lane l - 1 into lane l (0 where l starts a tile row), lane l + 1 into lane l (0 where l
+     * ends one) */
+    const __m512i down = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+    const __m512i up = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 15);
+    __mmask16 starts = 0;
+    for (int l = 0; l < 16; l += tw) starts |= (__mmask16)(1u << l);
+    const __mmask16 ends = (__mmask16)(starts >> 1 | 1u << 15);
+    const __m512 col0 = _mm512_maskz_permutexvar_ps((__mmask16)~starts, down, od);
+    const __m512 col3 = _mm512_maskz_permutexvar_ps((__mmask16)~ends, up, ev);
+    out[0] = _mm512_sub_ps(col0, od);
+    out[1] = _mm512_add_ps(ev, od);
+    out[2] = _mm512_sub_ps(od, ev);
+    out[3] = _mm512_sub_ps(ev, col3);
 }
 
-/* The rows of the next tile row of both planes into L1 (the row sums read them several times;
- * the hardware prefetcher follows one plane's rows but not the jump to the next plane's). */
-static inline void direct_prefetch(const float *p, int h, int w, int ty) {
-    for (int r = 2 * ty + 3; r <= 2 * ty + 4 && r < h; r++)
+/* Planes the direct transforms take: rows of whole vectors of tiles, or of 2, 4 or 8 tiles */
+static bool direct_fits(int w) {
+    return w >= 4 && w % 2 == 0 && ((w / 2) % 16 == 0 || 16 % (w / 2) == 0);
+}
+
+/* V's points 4i .. 4i + 3 of the vector of tiles from t0 (a multiple of 16) of one plane's band
+ * of tile rows [ty0, ty0 + th) */
+static inline __attribute__((always_inline)) void
+direct_vector(const float *p, int h, int w, int ty0, int th, int t0, int i, __m512 out[4]) {
+    const int tw = w / 2;
+    if (tw % 16 == 0)
+        direct_points(p, h, w, ty0 + t0 / tw, t0 % tw / 16, i, out);
+    else
+        short_points(p, h, w, ty0 + t0 / tw, ty0 + th, i, out);
+}
+
+/* The band's rows of the next plane into the caches, as wino_split_plane does: the hardware
+ * prefetcher follows one plane's rows but not the jump to the next plane. */
+static void direct_prefetch(const float *next, int h, int w, int ty0, int th) {
+    if (!next) return;
+    const int lo = 2 * ty0 - 1 < 0 ? 0 : 2 * ty0 - 1;
+    const int hi = 2 * (ty0 + th) + 1 < h ? 2 * (ty0 + th) + 1 : h;
+    for (int r = lo; r < hi; r++)
         for (int c = 0; c < w; c += 16)
-            _mm_prefetch((const char *)(p + (size_t)r * w + c), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + (size_t)r * w + c), _MM_HINT_T0);
 }
 
 static void input_pairs(const float *x, int channels, int h, int w, int n_images, size_t x_image,
@@ -145,26 +203,27 @@ static void input_pairs(const float *x, int channels, int h, int w, int n_images
         loops_wino_input_pairs(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad);
         return;
     }
-    const int tw = w / 2, tiles = th * tw;
+    const int tiles = th * (w / 2);
     const size_t plane = (size_t)h * w;
     for (int n = 0; n < n_images; n++)
         for (int c = 0; c < channels; c += 2) {
             const float *p0 = x + (size_t)n * x_image + (size_t)c * plane, *p1 = p0 + plane;
             const bool two = c + 1 < channels;
+            const float *next = c + 2 < channels   ? p0 + 2 * plane
+                                : n + 1 < n_images ? x + (size_t)(n + 1) * x_image
+                                                   : NULL;
+            direct_prefetch(next, h, w, ty0, th);
+            if (next && c + 3 < channels) direct_prefetch(next + plane, h, w, ty0, th);
             uint32_t *out = v + (size_t)(c / 2) * ldv + (size_t)n * tiles;
-            for (int ty = ty0; ty < ty0 + th; ty++) {
-                direct_prefetch(p0, h, w, ty);
-                if (two) direct_prefetch(p1, h, w, ty);
-                for (int j = 0; j < tw / 16; j++) {
-                    uint32_t *o = out + (size_t)(ty - ty0) * tw + 16 * j;
-                    for (int i = 0; i < 4; i++) {
-                        __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
-                                             _mm512_setzero_ps(), _mm512_setzero_ps()};
-                        direct_points(p0, h, w, ty, j, i, a);
-                        if (two) direct_points(p1, h, w, ty, j, i, b);
-                        for (int k = 0; k < 4; k++)
-                            wino_store_pairs(o + (size_t)(4 * i + k) * v_xi, 16, a[k], b[k]);
-                    }
+            for (int t0 = 0; t0 < tiles; t0 += 16) {
+                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
+                for (int i = 0; i < 4; i++) {
+                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    direct_vector(p0, h, w, ty0, th, t0, i, a);
+                    if (two) direct_vector(p1, h, w, ty0, th, t0, i, b);
+                    for (int k = 0; k < 4; k++)
+                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k], b[k]);
                 }
             }
         }
@@ -176,22 +235,23 @@ static void input_bf16(const float *x, int channels, int h, int w, int n_images,
         loops_wino_input_bf16(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad);
         return;
     }
-    const int tw = w / 2, tiles = th * tw;
+    const int tiles = th * (w / 2);
     const size_t plane = (size_t)h * w;
     for (int n = 0; n < n_images; n++)
         for (int c = 0; c < channels; c++) {
             const float *p = x + (size_t)n * x_image + (size_t)c * plane;
+            const float *next = c + 1 < channels   ? p + plane
+                                : n + 1 < n_images ? x + (size_t)(n + 1) * x_image
+                                                   : NULL;
+            direct_prefetch(next, h, w, ty0, th);
             uint16_t *out = v + (size_t)c * ldv + (size_t)n * tiles;
-            for (int ty = ty0; ty < ty0 + th; ty++) {
-                direct_prefetch(p, h, w, ty);
-                for (int j = 0; j < tw / 16; j++) {
-                    uint16_t *o = out + (size_t)(ty - ty0) * tw + 16 * j;
-                    for (int i = 0; i < 4; i++) {
-                        __m512 a[4];
-                        direct_points(p, h, w, ty, j, i, a);
-                        for (int k = 0; k < 4; k++)
-                            wino_store_bf16(o + (size_t)(4 * i + k) * v_xi, 16, a[k]);
-                    }
+            for (int t0 = 0; t0 < tiles; t0 += 16) {
+                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
+                for (int i = 0; i < 4; i++) {
+                    __m512 a[4];
+                    direct_vector(p, h, w, ty0, th, t0, i, a);
+                    for (int k = 0; k < 4; k++)
+                        wino_store_bf16(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k]);
                 }
             }
         }
