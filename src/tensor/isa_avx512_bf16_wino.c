@@ -80,8 +80,9 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
 
 /* 16 values of x's row r (0 <= r < h; else +0) from column c0, the lanes of `lanes` only */
 static inline __m512 row_lanes(const float *p, int h, int w, int r, int c0, __mmask16 lanes) {
-    return r >= 0 && r < h ? _mm512_maskz_loadu_ps(lanes, p + (size_t)r * w + c0)
-                           : _mm512_setzero_ps();
+    if (r < 0 || r >= h) return _mm512_setzero_ps();
+    return lanes == 0xffff ? _mm512_loadu_ps(p + (size_t)r * w + c0)
+                           : _mm512_maskz_loadu_ps(lanes, p + (size_t)r * w + c0);
 }
 
 /* B^T's row sum i of the patch rows 2ty - 1 .. 2ty + 2 (d0 .. d3), in loops_wino_input's
@@ -127,8 +128,8 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
     out[3] = _mm512_sub_ps(ev, col3);
 }
 
-/* Planes whose rows are shorter than a vector of tiles (w = 2 tw, tw = 2, 4 or 8: W3's 16 x 16,
- * 8 x 8 and 4 x 4 layers): a vector's 16 tiles are G = 16 / tw tile rows, whose G row sums of w
+/* Planes whose rows are shorter than a vector of tiles (w = 2 tw, tw = 2 or 4: W3's 8 x 8 and
+ * 4 x 4 layers): a vector's 16 tiles are G = 16 / tw tile rows, whose G row sums of w
  * values fill two vectors, G / 2 rows each (masked loads at lane g w, as wino_split_short's);
  * the unzip gives columns 1 and 2 of every tile, and columns 0 and 3 are those shifted by one
  * lane within each tile row, 0 at the row's ends (the plane's edges). Tile rows from ty_end on
@@ -146,10 +147,13 @@ static inline __attribute__((always_inline)) void short_points(const float *p, i
             const int t = ty + v * half + g, lane = g * w;
             if (t >= ty_end) break;
             const int ra = 2 * t - 1 + first[i], rb = 2 * t - 1 + second[i];
+            /* zero-masked loads or'ed in: merge-masked ones wait on the register they merge
+             * into (on Zen 5 a first 16 x 16 version ran 3x slower with them) */
+            const __mmask16 m = (__mmask16)(row << lane);
             if (ra >= 0 && ra < h)
-                a = _mm512_mask_loadu_ps(a, (__mmask16)(row << lane), p + (size_t)ra * w - lane);
+                a = _mm512_or_ps(a, _mm512_maskz_loadu_ps(m, p + (size_t)ra * w - lane));
             if (rb >= 0 && rb < h)
-                b = _mm512_mask_loadu_ps(b, (__mmask16)(row << lane), p + (size_t)rb * w - lane);
+                b = _mm512_or_ps(b, _mm512_maskz_loadu_ps(m, p + (size_t)rb * w - lane));
         }
         r[v] = i == 1 ? _mm512_add_ps(a, b) : _mm512_sub_ps(a, b);
     }
@@ -170,9 +174,12 @@ static inline __attribute__((always_inline)) void short_points(const float *p, i
     out[3] = _mm512_sub_ps(ev, col3);
 }
 
-/* Planes the direct transforms take: rows of whole vectors of tiles, or of 2, 4 or 8 tiles */
+/* Planes the direct transforms take: rows of whole vectors of tiles, or of 2 or 4 tiles. Rows of
+ * 8 tiles (16 x 16 planes) keep the split: there the direct form measured slower (input_pairs on
+ * 64 images of 128 channels, Zen 5, loaded: 1.4 against 1.05-1.15 ms; 32 x 32 x 64: 1.45 against
+ * 2.1; 4 x 4 x 512: 1.5 against 1.9; 8 x 8 x 256 level; not explained). */
 static bool direct_fits(int w) {
-    return w >= 4 && w % 2 == 0 && ((w / 2) % 16 == 0 || 16 % (w / 2) == 0);
+    return w >= 4 && w % 2 == 0 && ((w / 2) % 16 == 0 || w / 2 == 2 || w / 2 == 4);
 }
 
 /* V's points 4i .. 4i + 3 of the vector of tiles from t0 (a multiple of 16) of one plane's band
