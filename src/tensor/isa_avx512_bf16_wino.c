@@ -67,8 +67,8 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
  * (wino_split_plane: four loads, two unzips and four stores per image row, into eight arrays),
  * then load 16 vectors of those arrays per vector of tiles. On planes whose rows are a whole
  * number of vectors of tiles (w = 2 tw, tw a multiple of 16: W3's 32 x 32 layers, 64 x 64 ...)
- * the columns are taken from registers instead: B^T's row
- * sums (d0 - d2, d1 + d2, d2 - d1, d1 - d3) are formed on whole image rows first, then each such
+ * the columns are taken from registers instead: B^T's row sums (d0 - d2, d1 + d2, d2 - d1,
+ * d1 - d3) are formed on whole image rows first, then each such
  * row R is unzipped into its even and odd lanes, R[2u] (patch column 1) and R[2u + 1] (column
  * 2), and columns 0 and 3, R[2u - 1] and R[2u + 2], are those shifted by one lane (valignd), the
  * lane that crosses into the next 32 columns taken from the image too (0 at the plane's edges).
@@ -128,69 +128,21 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
     out[3] = _mm512_sub_ps(ev, col3);
 }
 
-/* Planes whose rows are shorter than a vector of tiles (w = 2 tw, tw = 2 or 4: W3's 8 x 8 and
- * 4 x 4 layers): a vector's 16 tiles are G = 16 / tw tile rows, whose G row sums of w
- * values fill two vectors, G / 2 rows each (masked loads at lane g w, as wino_split_short's);
- * the unzip gives columns 1 and 2 of every tile, and columns 0 and 3 are those shifted by one
- * lane within each tile row, 0 at the row's ends (the plane's edges). Tile rows from ty_end on
- * are +0 (their tiles are not stored). */
-static inline __attribute__((always_inline)) void short_points(const float *p, int h, int w, int ty,
-                                                               int ty_end, int i, __m512 out[4]) {
-    const int tw = w / 2, half = 8 / tw; /* tile rows per vector of row sums */
-    /* the two patch rows of row sum i (d0 .. d3 = rows 2ty - 1 .. 2ty + 2), as row_sum's */
-    static const int first[4] = {0, 1, 2, 1}, second[4] = {2, 2, 1, 3};
-    const __mmask16 row = (__mmask16)((1u << w) - 1u);
-    __m512 r[2];
-    for (int v = 0; v < 2; v++) {
-        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-        for (int g = 0; g < half; g++) {
-            const int t = ty + v * half + g, lane = g * w;
-            if (t >= ty_end) break;
-            const int ra = 2 * t - 1 + first[i], rb = 2 * t - 1 + second[i];
-            /* zero-masked loads or'ed in: merge-masked ones wait on the register they merge
-             * into (on Zen 5 a first 16 x 16 version ran 3x slower with them) */
-            const __mmask16 m = (__mmask16)(row << lane);
-            if (ra >= 0 && ra < h)
-                a = _mm512_or_ps(a, _mm512_maskz_loadu_ps(m, p + (size_t)ra * w - lane));
-            if (rb >= 0 && rb < h)
-                b = _mm512_or_ps(b, _mm512_maskz_loadu_ps(m, p + (size_t)rb * w - lane));
-        }
-        r[v] = i == 1 ? _mm512_add_ps(a, b) : _mm512_sub_ps(a, b);
-    }
-    __m512 ev, od;
-    V_UNZIP(r[0], r[1], ev, od);
-    /* lane l - 1 into lane l (0 where l starts a tile row), lane l + 1 into lane l (0 where l
-     * ends one) */
-    const __m512i down = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
-    const __m512i up = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 15);
-    __mmask16 starts = 0;
-    for (int l = 0; l < 16; l += tw) starts |= (__mmask16)(1u << l);
-    const __mmask16 ends = (__mmask16)(starts >> 1 | 1u << 15);
-    const __m512 col0 = _mm512_maskz_permutexvar_ps((__mmask16)~starts, down, od);
-    const __m512 col3 = _mm512_maskz_permutexvar_ps((__mmask16)~ends, up, ev);
-    out[0] = _mm512_sub_ps(col0, od);
-    out[1] = _mm512_add_ps(ev, od);
-    out[2] = _mm512_sub_ps(od, ev);
-    out[3] = _mm512_sub_ps(ev, col3);
-}
-
-/* Planes the direct transforms take: rows of whole vectors of tiles, or of 2 or 4 tiles. Rows of
- * 8 tiles (16 x 16 planes) keep the split: there the direct form measured slower (input_pairs on
- * 64 images of 128 channels, Zen 5, loaded: 1.4 against 1.05-1.15 ms; 32 x 32 x 64: 1.45 against
- * 2.1; 4 x 4 x 512: 1.5 against 1.9; 8 x 8 x 256 level; not explained). */
+/* Planes the direct transforms take: rows of whole vectors of tiles. Rows of 2, 4 and 8 tiles
+ * (4 x 4 to 16 x 16 planes) keep the split: a form with several tile rows' row sums in a vector
+ * (masked loads at lane g w, shifts within tile rows; in this branch's history) measured slower
+ * there on Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward /
+ * backward, 16 x 16 input_pairs 1.05 -> 1.4 ms on 64 images of 128 channels). */
 static bool direct_fits(int w) {
-    return w >= 4 && w % 2 == 0 && ((w / 2) % 16 == 0 || w / 2 == 2 || w / 2 == 4);
+    return w >= 32 && w % 32 == 0;
 }
 
 /* V's points 4i .. 4i + 3 of the vector of tiles from t0 (a multiple of 16) of one plane's band
- * of tile rows [ty0, ty0 + th) */
+ * of tile rows from ty0 */
 static inline __attribute__((always_inline)) void
-direct_vector(const float *p, int h, int w, int ty0, int th, int t0, int i, __m512 out[4]) {
+direct_vector(const float *p, int h, int w, int ty0, int t0, int i, __m512 out[4]) {
     const int tw = w / 2;
-    if (tw % 16 == 0)
-        direct_points(p, h, w, ty0 + t0 / tw, t0 % tw / 16, i, out);
-    else
-        short_points(p, h, w, ty0 + t0 / tw, ty0 + th, i, out);
+    direct_points(p, h, w, ty0 + t0 / tw, t0 % tw / 16, i, out);
 }
 
 /* The band's rows of the next plane into the caches, as wino_split_plane does: the hardware
@@ -227,8 +179,8 @@ static void input_pairs(const float *x, int channels, int h, int w, int n_images
                 for (int i = 0; i < 4; i++) {
                     __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
                                          _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    direct_vector(p0, h, w, ty0, th, t0, i, a);
-                    if (two) direct_vector(p1, h, w, ty0, th, t0, i, b);
+                    direct_vector(p0, h, w, ty0, t0, i, a);
+                    if (two) direct_vector(p1, h, w, ty0, t0, i, b);
                     for (int k = 0; k < 4; k++)
                         wino_store_pairs(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k], b[k]);
                 }
@@ -256,7 +208,7 @@ static void input_bf16(const float *x, int channels, int h, int w, int n_images,
                 const int left = tiles - t0 < 16 ? tiles - t0 : 16;
                 for (int i = 0; i < 4; i++) {
                     __m512 a[4];
-                    direct_vector(p, h, w, ty0, th, t0, i, a);
+                    direct_vector(p, h, w, ty0, t0, i, a);
                     for (int k = 0; k < 4; k++)
                         wino_store_bf16(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k]);
                 }
