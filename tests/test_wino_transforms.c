@@ -11,6 +11,9 @@
  *   input_bf16  V = B^T d B rounded to bf16 (cf_fp32_to_bf16) against `input` rounded after
  *   bf16 stores input_pairs, dy_pairs and input_bf16 on values that round apart (subnormals, NaNs,
  *               infinities, ties) against `input` and dy_nhwc rounded after
+ *   direct      input_pairs and input_bf16 on planes of 32k columns (the
+ *               AVX512_BF16 level's transform from the image's rows, no split) against `input`
+ *               rounded after
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -307,6 +310,97 @@ static void test_bf16_stores(void **state) {
     }
 }
 
+/* input_pairs and input_bf16 on planes of 32k columns, which the AVX512_BF16 level (and AMX,
+ * which shares its transforms) computes from the image's rows without the split (and on planes
+ * of 16, 8 and 4 columns, which keep the split, beside them): against
+ * `input` rounded after, bitwise, on values that round apart, with bands of tile rows, odd
+ * heights, rows of one to three vectors of tiles, odd channel counts and several images, and
+ * nothing written past the call's tiles. There the calls get no pad (NULL): the split's path
+ * would write to it, so the case fails if the direct path is not taken. */
+static void test_bf16_direct(void **state) {
+    (void)state;
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    if (!wk || (!wk->input_pairs && !wk->input_bf16)) {
+        printf("kernels %s: no bf16 transforms\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    const bool direct = cf_isa_active() == CF_ISA_AVX512_BF16 || cf_isa_active() == CF_ISA_AMX;
+    /* images, channels, h, w, ty0, th (0: to the last tile row) */
+    static const int cases[][6] = {{2, 3, 32, 32, 0, 0},
+                                   {1, 4, 33, 32, 0, 0},
+                                   {1, 3, 32, 64, 0, 0},
+                                   {1, 3, 32, 32, 3, 5},
+                                   {3, 1, 31, 96, 2, 0},
+                                   {2, 2, 2, 32, 0, 0},
+                                   {1, 5, 7, 64, 1, 2},
+                                   {1, 2, 1, 32, 0, 0},
+                                   /* rows of 8, 4 and 2 tiles (the split's path) */
+                                   {2, 3, 16, 16, 0, 0},
+                                   {1, 3, 15, 16, 0, 0},
+                                   {2, 2, 16, 16, 2, 3},
+                                   {3, 5, 8, 8, 0, 0},
+                                   {2, 2, 7, 8, 1, 2},
+                                   {1, 3, 8, 8, 1, 0},
+                                   {5, 3, 4, 4, 0, 0},
+                                   {3, 2, 3, 4, 0, 0},
+                                   {2, 1, 12, 4, 1, 3},
+                                   {1, 2, 10, 8, 0, 0}};
+    static const uint32_t nans[] = {0, 0x7fc00001u};
+    for (size_t vi = 0; vi < 2 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 2;
+        const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
+        const int tw = (w + 1) / 2, ty0 = cases[ci][4];
+        const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0;
+        const int tiles = n_images * th * tw, pairs = (ch + 1) / 2;
+        const int ldv = (tiles + 15) / 16 * 16 + 2;
+        const size_t v_xi = (size_t)ch * ldv + 6, p_xi = (size_t)pairs * ldv + 6;
+        const size_t plane = (size_t)h * w, nx = (size_t)n_images * ch * plane;
+        float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
+        float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
+        fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 2]);
+        if (vi % 4 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
+        wk->input(x, ch, h, w, n_images, ch * plane, ty0, th, v, v_xi, ldv, pad);
+        /* the planes the level takes directly: rows of 16k tiles */
+        const bool taken = direct && tw % 16 == 0;
+        float *call_pad = taken ? NULL : pad;
+        char what[96];
+        if (wk->input_pairs) {
+            uint32_t *got = malloc(16 * p_xi * sizeof(uint32_t));
+            uint32_t *want = malloc(16 * p_xi * sizeof(uint32_t));
+            memset(got, 0x5a, 16 * p_xi * sizeof(uint32_t));
+            memset(want, 0x5a, 16 * p_xi * sizeof(uint32_t));
+            for (int xi = 0; xi < 16; xi++)
+                for (int p = 0; p < pairs; p++)
+                    for (int t = 0; t < tiles; t++) {
+                        const float *lo = v + xi * v_xi + (size_t)(2 * p) * ldv + t;
+                        want[xi * p_xi + (size_t)p * ldv + t] =
+                            pair_word(lo, 2 * p + 1 < ch ? lo + ldv : NULL);
+                    }
+            wk->input_pairs(x, ch, h, w, n_images, ch * plane, ty0, th, got, p_xi, ldv, call_pad);
+            snprintf(what, sizeof what, "input_pairs %dx%d, %d images, %d channels, rows %d+%d", h,
+                     w, n_images, ch, ty0, th);
+            expect_bitwise(what, got, want, 16 * p_xi, sizeof(uint32_t));
+            free(got), free(want);
+        }
+        if (wk->input_bf16) {
+            uint16_t *got = malloc(16 * v_xi * sizeof(uint16_t));
+            uint16_t *want = malloc(16 * v_xi * sizeof(uint16_t));
+            memset(got, 0x5a, 16 * v_xi * sizeof(uint16_t));
+            memset(want, 0x5a, 16 * v_xi * sizeof(uint16_t));
+            for (int xi = 0; xi < 16; xi++)
+                for (int c = 0; c < ch; c++)
+                    cf_fp32_to_bf16(v + xi * v_xi + (size_t)c * ldv,
+                                    want + xi * v_xi + (size_t)c * ldv, (size_t)tiles);
+            wk->input_bf16(x, ch, h, w, n_images, ch * plane, ty0, th, got, v_xi, ldv, call_pad);
+            snprintf(what, sizeof what, "input_bf16 %dx%d, %d images, %d channels, rows %d+%d", h,
+                     w, n_images, ch, ty0, th);
+            expect_bitwise(what, got, want, 16 * v_xi, sizeof(uint16_t));
+            free(got), free(want);
+        }
+        free(x), free(v), free(pad);
+    }
+}
+
 static void test_gemm_rows(void **state) {
     (void)state;
     const cf_bf16_kernels *bk = cf_active_kernels->bf16;
@@ -359,7 +453,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_output),     cmocka_unit_test(test_input),
         cmocka_unit_test(test_input_bf16), cmocka_unit_test(test_bf16_stores),
-        cmocka_unit_test(test_gemm_rows),
+        cmocka_unit_test(test_gemm_rows),  cmocka_unit_test(test_bf16_direct),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

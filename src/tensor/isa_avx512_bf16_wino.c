@@ -61,5 +61,171 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
 #define WINO_SHORT_ROW_COST 224 /* isa_avx512.c's */
 #include "tensor/winograd_loops.h"
 
-const cf_wino_kernels *const cf_wino_avx512_bf16 = &loops_wino;
+/* ---- input_pairs and input_bf16 straight from the image, on planes of 32k columns ----------
+ *
+ * loops_wino_input_pairs and _input_bf16 split each plane into its tiles' four patch columns
+ * (wino_split_plane: four loads, two unzips and four stores per image row, into eight arrays),
+ * then load 16 vectors of those arrays per vector of tiles. On planes whose rows are a whole
+ * number of vectors of tiles (w = 2 tw, tw a multiple of 16: W3's 32 x 32 layers, 64 x 64 ...)
+ * the columns are taken from registers instead: B^T's row sums (d0 - d2, d1 + d2, d2 - d1,
+ * d1 - d3) are formed on whole image rows first, then each such
+ * row R is unzipped into its even and odd lanes, R[2u] (patch column 1) and R[2u + 1] (column
+ * 2), and columns 0 and 3, R[2u - 1] and R[2u + 2], are those shifted by one lane (valignd), the
+ * lane that crosses into the next 32 columns taken from the image too (0 at the plane's edges).
+ * Each value is the same float operation on the same operands as the split's path (splitting
+ * is a permutation; a row sum of two columns is the column of the row sum; rows and columns
+ * outside the image are +0 both ways and go through the same additions), so the words are
+ * bitwise the same (test_wino_transforms' direct cases; the NaN an operation returns among two
+ * NaN operands is the compiler's choice in both, as the test notes). */
+
+/* 16 values of x's row r (0 <= r < h; else +0) from column c0, the lanes of `lanes` only */
+static inline __m512 row_lanes(const float *p, int h, int w, int r, int c0, __mmask16 lanes) {
+    if (r < 0 || r >= h) return _mm512_setzero_ps();
+    return lanes == 0xffff ? _mm512_loadu_ps(p + (size_t)r * w + c0)
+                           : _mm512_maskz_loadu_ps(lanes, p + (size_t)r * w + c0);
+}
+
+/* B^T's row sum i of the patch rows 2ty - 1 .. 2ty + 2 (d0 .. d3), in loops_wino_input's
+ * operand order: d0 - d2, d1 + d2, d2 - d1, d1 - d3 */
+static inline __m512 row_sum(const float *p, int h, int w, int ty, int i, int c0, __mmask16 lanes) {
+    const int r = 2 * ty - 1;
+    switch (i) {
+    case 0:
+        return _mm512_sub_ps(row_lanes(p, h, w, r, c0, lanes),
+                             row_lanes(p, h, w, r + 2, c0, lanes));
+    case 1:
+        return _mm512_add_ps(row_lanes(p, h, w, r + 1, c0, lanes),
+                             row_lanes(p, h, w, r + 2, c0, lanes));
+    case 2:
+        return _mm512_sub_ps(row_lanes(p, h, w, r + 2, c0, lanes),
+                             row_lanes(p, h, w, r + 1, c0, lanes));
+    default:
+        return _mm512_sub_ps(row_lanes(p, h, w, r + 1, c0, lanes),
+                             row_lanes(p, h, w, r + 3, c0, lanes));
+    }
+}
+
+/* V's points 4i .. 4i + 3 of the 16 tiles from 16 j in tile row ty of plane p (w = 32 k) */
+static inline __attribute__((always_inline)) void
+direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4]) {
+    const int c0 = 32 * j;
+    const __m512 lo = row_sum(p, h, w, ty, i, c0, 0xffff);
+    const __m512 hi = row_sum(p, h, w, ty, i, c0 + 16, 0xffff);
+    /* R[c0 - 1] in lane 15 and R[c0 + 32] in lane 0 (+0 outside the plane) */
+    const __m512 before = c0 > 0 ? row_sum(p, h, w, ty, i, c0 - 16, 0x8000) : _mm512_setzero_ps();
+    const __m512 after =
+        c0 + 32 < w ? row_sum(p, h, w, ty, i, c0 + 32, 0x0001) : _mm512_setzero_ps();
+    __m512 ev, od;
+    V_UNZIP(lo, hi, ev, od);
+    const __m512 col0 = _mm512_castsi512_ps(
+        _mm512_alignr_epi32(_mm512_castps_si512(od), _mm512_castps_si512(before), 15));
+    const __m512 col3 = _mm512_castsi512_ps(
+        _mm512_alignr_epi32(_mm512_castps_si512(after), _mm512_castps_si512(ev), 1));
+    /* t B: t0 - t2, t1 + t2, t2 - t1, t1 - t3 (WINO_T_B) */
+    out[0] = _mm512_sub_ps(col0, od);
+    out[1] = _mm512_add_ps(ev, od);
+    out[2] = _mm512_sub_ps(od, ev);
+    out[3] = _mm512_sub_ps(ev, col3);
+}
+
+/* Planes the direct transforms take: rows of whole vectors of tiles. Rows of 2, 4 and 8 tiles
+ * (4 x 4 to 16 x 16 planes) keep the split: a form with several tile rows' row sums in a vector
+ * (masked loads at lane g w, shifts within tile rows; in this branch's history) measured slower
+ * there on Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward /
+ * backward, 16 x 16 input_pairs 1.05 -> 1.4 ms on 64 images of 128 channels). */
+static bool direct_fits(int w) {
+    return w >= 32 && w % 32 == 0;
+}
+
+/* V's points 4i .. 4i + 3 of the vector of tiles from t0 (a multiple of 16) of one plane's band
+ * of tile rows from ty0 */
+static inline __attribute__((always_inline)) void
+direct_vector(const float *p, int h, int w, int ty0, int t0, int i, __m512 out[4]) {
+    const int tw = w / 2;
+    direct_points(p, h, w, ty0 + t0 / tw, t0 % tw / 16, i, out);
+}
+
+/* The band's rows of the next plane into the caches, as wino_split_plane does: the hardware
+ * prefetcher follows one plane's rows but not the jump to the next plane. */
+static void direct_prefetch(const float *next, int h, int w, int ty0, int th) {
+    if (!next) return;
+    const int lo = 2 * ty0 - 1 < 0 ? 0 : 2 * ty0 - 1;
+    const int hi = 2 * (ty0 + th) + 1 < h ? 2 * (ty0 + th) + 1 : h;
+    for (int r = lo; r < hi; r++)
+        for (int c = 0; c < w; c += 16)
+            _mm_prefetch((const char *)(next + (size_t)r * w + c), _MM_HINT_T0);
+}
+
+static void input_pairs(const float *x, int channels, int h, int w, int n_images, size_t x_image,
+                        int ty0, int th, uint32_t *v, size_t v_xi, int ldv, float *pad) {
+    if (!direct_fits(w)) {
+        loops_wino_input_pairs(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad);
+        return;
+    }
+    const int tiles = th * (w / 2);
+    const size_t plane = (size_t)h * w;
+    for (int n = 0; n < n_images; n++)
+        for (int c = 0; c < channels; c += 2) {
+            const float *p0 = x + (size_t)n * x_image + (size_t)c * plane, *p1 = p0 + plane;
+            const bool two = c + 1 < channels;
+            const float *next = c + 2 < channels   ? p0 + 2 * plane
+                                : n + 1 < n_images ? x + (size_t)(n + 1) * x_image
+                                                   : NULL;
+            direct_prefetch(next, h, w, ty0, th);
+            if (next && c + 3 < channels) direct_prefetch(next + plane, h, w, ty0, th);
+            uint32_t *out = v + (size_t)(c / 2) * ldv + (size_t)n * tiles;
+            for (int t0 = 0; t0 < tiles; t0 += 16) {
+                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
+                for (int i = 0; i < 4; i++) {
+                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    direct_vector(p0, h, w, ty0, t0, i, a);
+                    if (two) direct_vector(p1, h, w, ty0, t0, i, b);
+                    for (int k = 0; k < 4; k++)
+                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k], b[k]);
+                }
+            }
+        }
+}
+
+static void input_bf16(const float *x, int channels, int h, int w, int n_images, size_t x_image,
+                       int ty0, int th, uint16_t *v, size_t v_xi, int ldv, float *pad) {
+    if (!direct_fits(w)) {
+        loops_wino_input_bf16(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad);
+        return;
+    }
+    const int tiles = th * (w / 2);
+    const size_t plane = (size_t)h * w;
+    for (int n = 0; n < n_images; n++)
+        for (int c = 0; c < channels; c++) {
+            const float *p = x + (size_t)n * x_image + (size_t)c * plane;
+            const float *next = c + 1 < channels   ? p + plane
+                                : n + 1 < n_images ? x + (size_t)(n + 1) * x_image
+                                                   : NULL;
+            direct_prefetch(next, h, w, ty0, th);
+            uint16_t *out = v + (size_t)c * ldv + (size_t)n * tiles;
+            for (int t0 = 0; t0 < tiles; t0 += 16) {
+                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
+                for (int i = 0; i < 4; i++) {
+                    __m512 a[4];
+                    direct_vector(p, h, w, ty0, t0, i, a);
+                    for (int k = 0; k < 4; k++)
+                        wino_store_bf16(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k]);
+                }
+            }
+        }
+}
+
+/* winograd_loops.h's table with the two inputs above */
+static const cf_wino_kernels avx512_bf16_wino = {
+    .short_row_cost = WINO_SHORT_ROW_COST,
+    .input = loops_wino_input,
+    .output = loops_wino_output,
+    .dy_nhwc = loops_wino_dy_nhwc,
+    .input_pairs = input_pairs,
+    .dy_pairs = loops_wino_dy_pairs,
+    .input_bf16 = input_bf16,
+};
+
+const cf_wino_kernels *const cf_wino_avx512_bf16 = &avx512_bf16_wino;
 #endif
