@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -208,6 +209,7 @@ static void test_idle_pool_sleeps(void **state) {
 }
 
 int main(void) {
+    unsetenv("CF_POOL_TAKE_OVER"); /* read when the pool starts: these tests need the default */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_identical_whatever_the_spin),
         cmocka_unit_test(test_idle_pool_sleeps),

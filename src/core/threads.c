@@ -135,6 +135,7 @@ static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_
  * waiting). */
 #define GAP_NS 5e6
 static bool timing_on;
+static bool take_over_off; /* CF_POOL_TAKE_OVER=0 */
 static _Atomic uint64_t stat_caller_part_ns, stat_worker_part_ns, stat_caller_part_cpu_ns,
     stat_worker_part_cpu_ns, stat_gap_ns;
 
@@ -442,6 +443,9 @@ static void register_atfork(void) {
     }
     const char *timing = getenv("CF_TIMING");
     timing_on = timing && strcmp(timing, "1") == 0;
+    /* CF_POOL_TAKE_OVER=0: the caller waits for every worker's part (as before), for measuring */
+    const char *take_over = getenv("CF_POOL_TAKE_OVER");
+    take_over_off = take_over && strcmp(take_over, "0") == 0;
     pthread_atfork(NULL, NULL, after_fork_in_child);
     atexit(stop_pool);
 }
@@ -510,7 +514,7 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
      * descheduled: the caller runs that part itself, which ends the job no later than waiting
      * would (the worker would still have the whole part to run). The chunk and the id are the
      * part's own, so every result is the same. */
-    for (int id = 1; id <= p->n_threads; id++) {
+    for (int id = 1; id <= p->n_threads && !take_over_off; id++) {
         if (!claim_part(p, id, gen)) continue;
         if (id < parts) atomic_fetch_add_explicit(&stat_taken_over, 1, memory_order_relaxed);
         run_claimed_part(p, id, &stat_caller_part_ns, &stat_caller_part_cpu_ns);
