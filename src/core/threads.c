@@ -287,18 +287,6 @@ cf__pool_stats cf__pool_get_stats(void) {
                             .preempted_spins = atomic_load(&stat_preempted)};
 }
 
-/* The hand-over of a job takes no lock while the threads spin: the caller writes the job's
- * fields and bumps the generation (seq_cst), a worker that sees the new generation claims its
- * part (claim_part: the caller may have run it already), reads them and, done, decrements
- * pending (seq_cst), and the caller sees pending reach 0. The mutex and
- * the condition variables serve only threads that block, and each side announces that it blocks
- * (sleepers, caller_asleep) before its last look at what it waits for, while the other side
- * looks at that announcement after its own change: of two seq_cst stores each followed by a load
- * of the other's variable, at least one load sees the other's store, so either the blocking
- * thread sees the change or the other side takes the mutex and signals (which cannot come
- * between the blocking thread's last look and its wait, both under the mutex). Measured with
- * the mutex on every job: a thread that saw its change while spinning found the mutex still held
- * at about 1.5% of the jobs and slept on it (bench/README.md, "Two-core scaling"). */
 /* Part id (1..n_threads) of the job of generation gen: true if this thread now owns it (nobody
  * had claimed it for gen; part_generation only grows, and a job ends only when every part was
  * claimed for its generation, so a thread that saw an older job cannot claim a newer one's). */
@@ -318,6 +306,18 @@ static void run_claimed_part(pool *p, int id, _Atomic uint64_t *wall_ns, _Atomic
         atomic_fetch_add_explicit(&p->stat->worker_part_ns, ns, memory_order_relaxed);
 }
 
+/* The hand-over of a job takes no lock while the threads spin: the caller writes the job's
+ * fields and bumps the generation (seq_cst), a worker that sees the new generation claims its
+ * part (claim_part: the caller may have run it already), reads them and, done, decrements
+ * pending (seq_cst), and the caller sees pending reach 0. The mutex and
+ * the condition variables serve only threads that block, and each side announces that it blocks
+ * (sleepers, caller_asleep) before its last look at what it waits for, while the other side
+ * looks at that announcement after its own change: of two seq_cst stores each followed by a load
+ * of the other's variable, at least one load sees the other's store, so either the blocking
+ * thread sees the change or the other side takes the mutex and signals (which cannot come
+ * between the blocking thread's last look and its wait, both under the mutex). Measured with
+ * the mutex on every job: a thread that saw its change while spinning found the mutex still held
+ * at about 1.5% of the jobs and slept on it (bench/README.md, "Two-core scaling"). */
 static void *worker_main(void *arg) {
     int id = (int)(intptr_t)arg; /* 1..n_threads */
     pool *p = &the_pool;
