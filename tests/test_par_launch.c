@@ -1,7 +1,7 @@
 /* par layer: the fork launcher and supervisor — results coming home, and every kind of fault
  * (crash, abort, kill, error return, hang outside and inside a collective, early exit, Ctrl-C,
  * a dead supervisor) returning the right status and message quickly, with no child left and
- * the caller's signal dispositions restored.
+ * the caller's signal dispositions restored; a supervisor that sleeps until its workers end.
  *
  * Workers run in forked children: no cmocka asserts there. A fault's moment is written by the
  * faulting worker into a shared page the test maps itself (the launcher's region is gone after
@@ -363,6 +363,40 @@ static void test_ignored_sigint_stays_ignored(void **state) {
 
 /* If the supervisor dies, its workers die with it (they are left to this test, which makes
  * itself their subreaper for the occasion). */
+/* Workers that finish 0.7 s after their start, noting when. */
+static cf_status late_worker(cf_comm *comm, void *ctx) {
+    (void)ctx;
+    sleep_s(0.7);
+    if (cf_comm_rank(comm) == 0) atomic_store(&page->fault_at, cf_now());
+    return CF_OK;
+}
+
+/* The supervisor sleeps until a worker ends rather than polling: over a 0.7 s launch its thread
+ * makes a few voluntary context switches (naps of a twentieth of the deadline, at most 200 ms;
+ * polling every 10 ms made about 70), and it hands back within a fraction of a nap after the
+ * last worker's end (0.7 s is half-way between two 200 ms naps). */
+static void test_supervisor_sleeps_until_a_worker_ends(void **state) {
+    (void)state;
+    for (int round = 0; round < 3; round++) {
+        memset(page, 0, sizeof *page);
+        cf_launch_options opt = {.num_workers = 2, .deadline_s = 60};
+        struct rusage before, after;
+        getrusage(RUSAGE_THREAD, &before);
+        cf_status st = cf_launch_fork(&opt, late_worker, NULL, NULL);
+        const double done = cf_now();
+        getrusage(RUSAGE_THREAD, &after);
+        if (st != CF_OK) fail_msg("%s", cf_last_error());
+        const long switches = after.ru_nvcsw - before.ru_nvcsw;
+        const double latency = done - atomic_load(&page->fault_at);
+        print_message("round %d: %ld voluntary context switches, back %.4f s after rank 0's "
+                      "end\n",
+                      round, switches, latency);
+        if (switches > 25) fail_msg("the supervisor woke %ld times in 0.7 s", switches);
+        if (!(latency >= 0 && latency < 0.05 * par_time_scale()))
+            fail_msg("the launch returned %.3f s after the workers' end", latency);
+    }
+}
+
 static void test_supervisor_death_kills_workers(void **state) {
     (void)state;
     memset(page, 0, sizeof *page);
@@ -501,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_sigint),
         cmocka_unit_test(test_ignored_sigint_stays_ignored),
         cmocka_unit_test(test_supervisor_death_kills_workers),
+        cmocka_unit_test(test_supervisor_sleeps_until_a_worker_ends),
         cmocka_unit_test(test_pause_of_the_group_is_not_a_hang),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -2,13 +2,16 @@
  * nothing in the results (a 2-thread fit of W1's model with the spin off, fixed and adaptive ends
  * with bitwise the same weights), the counters count, a pool left idle sleeps (it takes under 0.1
  * CPU-second in a second of idleness after a burst of jobs), and the lock-free hand-over of jobs
- * runs every part once and shows its stores to the caller however the threads wait. */
+ * runs every part once and shows its stores to the caller however the threads wait, a late
+ * worker's part running on the caller with its own chunk and id. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -129,6 +132,63 @@ static void test_every_part_runs_once_and_is_seen(void **state) {
     cf_set_num_threads(0);
 }
 
+/* A part records its chunk, its id and the thread that ran it. */
+typedef struct part_record {
+    int64_t begin[4], end[4];
+    pthread_t ran_on[4];
+    _Atomic int runs[4];
+} part_record;
+
+static void record_part(void *ctx, int64_t begin, int64_t end, int thread) {
+    part_record *r = ctx;
+    r->begin[thread] = begin;
+    r->end[thread] = end;
+    r->ran_on[thread] = pthread_self();
+    atomic_fetch_add(&r->runs[thread], 1);
+}
+
+/* A worker that has not started its part when the caller's own part is done (here always
+ * asleep: no spin) has the part run by the caller, with the part's own chunk and id: every id
+ * runs once, over the chunk a fixed split gives it, and some of the workers' parts ran on the
+ * calling thread. (Its effect on a real fit is test_fit_identical_whatever_the_spin's.) */
+static void test_late_workers_part_runs_on_the_caller(void **state) {
+    (void)state;
+    enum { JOBS = 2000 };
+    const double spins[] = {0, -1};
+    for (int threads = 2; threads <= 3; threads++)
+        for (size_t k = 0; k < sizeof spins / sizeof spins[0]; k++) {
+            cf__pool_set_spin(spins[k]);
+            cf_set_num_threads(threads);
+            int taken_over = 0;
+            for (int job = 0; job < JOBS; job++) {
+                part_record r;
+                memset(&r, 0, sizeof r);
+                const int64_t n = 10 + job % 7;
+                cf_parallel_for(n, record_part, &r);
+                for (int id = 0; id < threads; id++) {
+                    const int64_t base = n / threads, extra = n % threads;
+                    const int64_t b = id * base + (id < extra ? id : extra);
+                    const int64_t e = b + base + (id < extra ? 1 : 0);
+                    if (atomic_load(&r.runs[id]) != 1 || r.begin[id] != b || r.end[id] != e)
+                        fail_msg("%d threads, spin %g, job %d: part %d ran %d times over [%lld, "
+                                 "%lld), not once over [%lld, %lld)",
+                                 threads, spins[k], job, id, atomic_load(&r.runs[id]),
+                                 (long long)r.begin[id], (long long)r.end[id], (long long)b,
+                                 (long long)e);
+                    if (id > 0 && pthread_equal(r.ran_on[id], pthread_self())) taken_over++;
+                }
+                if (!pthread_equal(r.ran_on[0], pthread_self()))
+                    fail_msg("job %d: part 0 ran on another thread than the caller's", job);
+            }
+            print_message("%d threads, spin %g: %d of %d workers' parts ran on the caller\n",
+                          threads, spins[k], taken_over, JOBS * (threads - 1));
+            if (spins[k] == 0 && taken_over == 0)
+                fail_msg("%d threads, no spin: no late worker's part ran on the caller", threads);
+        }
+    cf__pool_set_spin(-1);
+    cf_set_num_threads(0);
+}
+
 /* A burst of back-to-back jobs grows the spin's budget to its largest; then the pool is left
  * idle for a second: its worker spins at most that long (a millisecond) before it blocks. */
 static void test_idle_pool_sleeps(void **state) {
@@ -149,10 +209,12 @@ static void test_idle_pool_sleeps(void **state) {
 }
 
 int main(void) {
+    unsetenv("CF_POOL_TAKE_OVER"); /* read when the pool starts: these tests need the default */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_identical_whatever_the_spin),
         cmocka_unit_test(test_idle_pool_sleeps),
         cmocka_unit_test(test_every_part_runs_once_and_is_seen),
+        cmocka_unit_test(test_late_workers_part_runs_on_the_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

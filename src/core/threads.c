@@ -3,6 +3,7 @@
 #include "corefit/core.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,6 +22,8 @@
 
 #define CF_MAX_THREADS 256
 
+typedef struct fn_stat fn_stat;
+
 typedef struct pool {
     pthread_mutex_t lock;
     pthread_cond_t work_ready;
@@ -28,10 +31,14 @@ typedef struct pool {
     pthread_t threads[CF_MAX_THREADS];
     int n_threads;               /* workers started (excluding the caller) */
     _Atomic uint64_t generation; /* bumped for each job, after the job's fields are written */
-    _Atomic int pending;         /* workers still running the current job */
+    _Atomic int pending;         /* the workers' parts of the current job not yet done */
     _Atomic int sleepers;        /* workers blocked, or about to block, on work_ready */
     _Atomic bool caller_asleep;  /* the caller blocked, or about to block, on work_done */
     bool stopping;               /* under lock */
+    /* the generation of the job whose part i (1..n_threads) was last claimed: a part is run by
+     * the thread that moves it to the job's generation, its worker or a caller whose own part
+     * is done while the worker has not started (asleep or descheduled) */
+    _Atomic uint64_t part_generation[CF_MAX_THREADS + 1];
     uint64_t start_generation[CF_MAX_THREADS + 1]; /* the generation a new worker starts from */
     /* the current job: written by the caller before it bumps the generation, read by the
      * workers after they see the new generation, unchanged until pending is back to 0 */
@@ -39,6 +46,7 @@ typedef struct pool {
     void *ctx;
     int64_t n;
     int parts;
+    fn_stat *stat; /* CF_TIMING: the job function's counters */
 } pool;
 
 static pool the_pool = {.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -119,7 +127,7 @@ static double spin_clock(void) {
  * caller's spin ran out waiting for the workers, its seconds waiting after its own part, and how
  * many spins found themselves descheduled (an oversubscribed machine; they back off). */
 static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_caller_wait_ns,
-    stat_preempted, stat_crowd_checks, stat_crowded;
+    stat_preempted, stat_crowd_checks, stat_crowded, stat_taken_over;
 /* With CF_TIMING=1 only (timing_on), where the threads' time went: the caller's own parts and
  * the workers' parts (summed), in wall and in thread CPU time (a part's wall above its CPU time
  * is time its thread was descheduled), and the caller's time between one job's end and the next
@@ -127,8 +135,35 @@ static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_
  * waiting). */
 #define GAP_NS 5e6
 static bool timing_on;
+static bool take_over_off; /* CF_POOL_TAKE_OVER=0 */
 static _Atomic uint64_t stat_caller_part_ns, stat_worker_part_ns, stat_caller_part_cpu_ns,
     stat_worker_part_cpu_ns, stat_gap_ns;
+
+/* With CF_TIMING=1, the same per job function (the first FN_SLOTS functions seen; the rest are
+ * counted together): jobs, the two sides' parts, the caller's wait after its own part, and the
+ * serial gap before the job (under GAP_NS), so that the report names the layers and passes whose
+ * serial work or imbalance costs the most. Written by the caller, which holds dispatch_lock,
+ * except the workers' parts (atomic). */
+#define FN_SLOTS 96
+struct fn_stat {
+    cf_range_fn fn; /* NULL: free */
+    uint64_t jobs, caller_part_ns, wait_ns, gap_ns;
+    _Atomic uint64_t worker_part_ns;
+};
+static fn_stat fn_stats[FN_SLOTS + 1]; /* the last one: every other function */
+
+static fn_stat *fn_stat_for(cf_range_fn fn) {
+    size_t h = ((uintptr_t)fn >> 4) % FN_SLOTS;
+    for (size_t i = 0; i < FN_SLOTS; i++) {
+        fn_stat *f = &fn_stats[(h + i) % FN_SLOTS];
+        if (f->fn == fn) return f;
+        if (!f->fn) {
+            f->fn = fn;
+            return f;
+        }
+    }
+    return &fn_stats[FN_SLOTS];
+}
 
 static double thread_cpu_clock(void) {
     struct timespec ts;
@@ -136,17 +171,20 @@ static double thread_cpu_clock(void) {
     return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
 }
 
-/* Runs fn over [b, e) as thread id's part, timed into *wall_ns and *cpu_ns when timing_on. */
-static void run_part(cf_range_fn fn, void *ctx, int64_t b, int64_t e, int id,
-                     _Atomic uint64_t *wall_ns, _Atomic uint64_t *cpu_ns) {
+/* Runs fn over [b, e) as thread id's part, timed into *wall_ns and *cpu_ns when timing_on;
+ * returns the part's wall nanoseconds (0 without timing). */
+static uint64_t run_part(cf_range_fn fn, void *ctx, int64_t b, int64_t e, int id,
+                         _Atomic uint64_t *wall_ns, _Atomic uint64_t *cpu_ns) {
     if (!timing_on) {
         if (b < e) fn(ctx, b, e, id);
-        return;
+        return 0;
     }
     const double w0 = spin_clock(), c0 = thread_cpu_clock();
     if (b < e) fn(ctx, b, e, id);
+    const uint64_t wall = (uint64_t)(spin_clock() - w0);
     atomic_fetch_add_explicit(cpu_ns, (uint64_t)(thread_cpu_clock() - c0), memory_order_relaxed);
-    atomic_fetch_add_explicit(wall_ns, (uint64_t)(spin_clock() - w0), memory_order_relaxed);
+    atomic_fetch_add_explicit(wall_ns, wall, memory_order_relaxed);
+    return wall;
 }
 
 /* The change awaited: *u64 != u64_value (a worker waiting for the next job), or *i32 == 0 (the
@@ -249,9 +287,29 @@ cf__pool_stats cf__pool_get_stats(void) {
                             .preempted_spins = atomic_load(&stat_preempted)};
 }
 
+/* Part id (1..n_threads) of the job of generation gen: true if this thread now owns it (nobody
+ * had claimed it for gen; part_generation only grows, and a job ends only when every part was
+ * claimed for its generation, so a thread that saw an older job cannot claim a newer one's). */
+static bool claim_part(pool *p, int id, uint64_t gen) {
+    uint64_t old = atomic_load(&p->part_generation[id]);
+    return old < gen && atomic_compare_exchange_strong(&p->part_generation[id], &old, gen);
+}
+
+/* Runs part id of the current job (empty where id >= parts) on this thread, with the part's own
+ * chunk and id: the same call, whichever thread makes it. */
+static void run_claimed_part(pool *p, int id, _Atomic uint64_t *wall_ns, _Atomic uint64_t *cpu_ns) {
+    if (id >= p->parts) return;
+    int64_t b, e;
+    chunk(p->n, p->parts, id, &b, &e);
+    const uint64_t ns = run_part(p->fn, p->ctx, b, e, id, wall_ns, cpu_ns);
+    if (ns && p->stat && wall_ns == &stat_worker_part_ns)
+        atomic_fetch_add_explicit(&p->stat->worker_part_ns, ns, memory_order_relaxed);
+}
+
 /* The hand-over of a job takes no lock while the threads spin: the caller writes the job's
- * fields and bumps the generation (seq_cst), a worker that sees the new generation reads them
- * and, done, decrements pending (seq_cst), and the caller sees pending reach 0. The mutex and
+ * fields and bumps the generation (seq_cst), a worker that sees the new generation claims its
+ * part (claim_part: the caller may have run it already), reads them and, done, decrements
+ * pending (seq_cst), and the caller sees pending reach 0. The mutex and
  * the condition variables serve only threads that block, and each side announces that it blocks
  * (sleepers, caller_asleep) before its last look at what it waits for, while the other side
  * looks at that announcement after its own change: of two seq_cst stores each followed by a load
@@ -279,15 +337,10 @@ static void *worker_main(void *arg) {
             if (stopping) return NULL;
         }
         seen = atomic_load_explicit(&p->generation, memory_order_acquire);
-        cf_range_fn fn = p->fn;
-        void *ctx = p->ctx;
-        int64_t n = p->n;
-        int parts = p->parts;
-        if (id < parts) {
-            int64_t b, e;
-            chunk(n, parts, id, &b, &e);
-            run_part(fn, ctx, b, e, id, &stat_worker_part_ns, &stat_worker_part_cpu_ns);
-        }
+        /* The job's fields are read only once this thread owns its part: the job cannot end,
+         * and the caller cannot write the next one, before the part is done. */
+        if (!claim_part(p, id, seen)) continue; /* the caller ran it */
+        run_claimed_part(p, id, &stat_worker_part_ns, &stat_worker_part_cpu_ns);
         if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep)) {
             pthread_mutex_lock(&p->lock);
             pthread_cond_signal(&p->work_done);
@@ -309,17 +362,56 @@ static void after_fork_in_child(void) {
     the_pool.stopping = false;
 }
 
+/* The job functions whose serial gap before them plus the caller's wait after its part cost the
+ * most, named by their symbol where the dynamic symbol table has it, else as object+offset (for
+ * addr2line -f -e object). */
+static void report_fn_stats(void) {
+    enum { TOP = 12 };
+    fn_stat *top[TOP] = {0};
+    for (int i = 0; i <= FN_SLOTS; i++) {
+        fn_stat *f = &fn_stats[i];
+        if (!f->jobs) continue;
+        const uint64_t cost = f->gap_ns + f->wait_ns;
+        for (int k = 0; k < TOP; k++) {
+            if (!top[k] || cost > top[k]->gap_ns + top[k]->wait_ns) {
+                memmove(top + k + 1, top + k, (size_t)(TOP - 1 - k) * sizeof *top);
+                top[k] = f;
+                break;
+            }
+        }
+    }
+    fprintf(stderr, "timing: pool jobs by function (serial gap before + caller's wait after, "
+                    "jobs, the caller's and the workers' parts, seconds):\n");
+    for (int k = 0; k < TOP && top[k]; k++) {
+        fn_stat *f = top[k];
+        char name[160] = "(others)";
+        Dl_info info;
+        if (f != &fn_stats[FN_SLOTS] && dladdr((void *)(uintptr_t)f->fn, &info)) {
+            if (info.dli_sname && info.dli_saddr == (void *)(uintptr_t)f->fn)
+                snprintf(name, sizeof name, "%s", info.dli_sname);
+            else
+                snprintf(name, sizeof name, "%s+0x%lx", info.dli_fname ? info.dli_fname : "?",
+                         (unsigned long)((uintptr_t)f->fn - (uintptr_t)info.dli_fbase));
+        }
+        fprintf(stderr, "timing:   %-40s gap %.3f wait %.3f jobs %llu parts %.3f %.3f\n", name,
+                (double)f->gap_ns * 1e-9, (double)f->wait_ns * 1e-9, (unsigned long long)f->jobs,
+                (double)f->caller_part_ns * 1e-9, (double)atomic_load(&f->worker_part_ns) * 1e-9);
+    }
+}
+
 static void stop_pool(void) {
     pool *p = &the_pool;
     if (timing_on && atomic_load(&stat_jobs))
         fprintf(stderr,
-                "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu caller "
+                "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu parts the "
+                "caller ran for a worker not yet started, %llu caller "
                 "waits past the spin, the caller waited %.3f s after its own part, %llu spins "
                 "descheduled, %llu of %llu checks found the machine crowded; parts: the caller's "
                 "%.3f s (CPU %.3f s), the workers' %.3f s (CPU %.3f s); the caller's serial gaps "
                 "between jobs (each under %.0f ms) %.3f s\n",
                 p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
                 (unsigned long long)atomic_load(&stat_worker_sleeps),
+                (unsigned long long)atomic_load(&stat_taken_over),
                 (unsigned long long)atomic_load(&stat_caller_sleeps),
                 (double)atomic_load(&stat_caller_wait_ns) * 1e-9,
                 (unsigned long long)atomic_load(&stat_preempted),
@@ -330,6 +422,7 @@ static void stop_pool(void) {
                 (double)atomic_load(&stat_worker_part_ns) * 1e-9,
                 (double)atomic_load(&stat_worker_part_cpu_ns) * 1e-9, GAP_NS * 1e-6,
                 (double)atomic_load(&stat_gap_ns) * 1e-9);
+    if (timing_on && atomic_load(&stat_jobs)) report_fn_stats();
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
     pthread_cond_broadcast(&p->work_ready);
@@ -350,6 +443,9 @@ static void register_atfork(void) {
     }
     const char *timing = getenv("CF_TIMING");
     timing_on = timing && strcmp(timing, "1") == 0;
+    /* CF_POOL_TAKE_OVER=0: the caller waits for every worker's part (as before), for measuring */
+    const char *take_over = getenv("CF_POOL_TAKE_OVER");
+    take_over_off = take_over && strcmp(take_over, "0") == 0;
     pthread_atfork(NULL, NULL, after_fork_in_child);
     atexit(stop_pool);
 }
@@ -390,8 +486,11 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     p->ctx = ctx;
     p->n = n;
     p->parts = parts;
+    fn_stat *fs = timing_on ? fn_stat_for(fn) : NULL;
+    p->stat = fs;
     atomic_store_explicit(&p->pending, p->n_threads, memory_order_relaxed);
-    atomic_fetch_add(&p->generation, 1); /* publishes the fields and pending */
+    /* publishes the fields and pending */
+    const uint64_t gen = atomic_fetch_add(&p->generation, 1) + 1;
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->lock);
         pthread_cond_broadcast(&p->work_ready);
@@ -401,13 +500,26 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     static double last_done = -1e18; /* callers hold dispatch_lock */
     if (timing_on) {
         const double t_start = spin_clock();
-        if (t_start - last_done < GAP_NS)
+        if (t_start - last_done < GAP_NS) {
             atomic_fetch_add_explicit(&stat_gap_ns, (uint64_t)(t_start - last_done),
                                       memory_order_relaxed);
+            fs->gap_ns += (uint64_t)(t_start - last_done);
+        }
     }
     int64_t b, e;
     chunk(n, parts, 0, &b, &e);
-    run_part(fn, ctx, b, e, 0, &stat_caller_part_ns, &stat_caller_part_cpu_ns);
+    const uint64_t own_ns =
+        run_part(fn, ctx, b, e, 0, &stat_caller_part_ns, &stat_caller_part_cpu_ns);
+    /* A worker that has not started its part by now is asleep (its wake-up is on its way) or
+     * descheduled: the caller runs that part itself, which ends the job no later than waiting
+     * would (the worker would still have the whole part to run). The chunk and the id are the
+     * part's own, so every result is the same. */
+    for (int id = 1; id <= p->n_threads && !take_over_off; id++) {
+        if (!claim_part(p, id, gen)) continue;
+        if (id < parts) atomic_fetch_add_explicit(&stat_taken_over, 1, memory_order_relaxed);
+        run_claimed_part(p, id, &stat_caller_part_ns, &stat_caller_part_cpu_ns);
+        atomic_fetch_sub(&p->pending, 1);
+    }
 
     static spinner caller_spin = {.budget_ns = SPIN_MIN_NS}; /* callers hold dispatch_lock */
     const double t_wait = spin_clock();
@@ -424,6 +536,11 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     last_done = spin_clock();
     atomic_fetch_add_explicit(&stat_caller_wait_ns, (uint64_t)(last_done - t_wait),
                               memory_order_relaxed);
+    if (fs) {
+        fs->jobs++;
+        fs->caller_part_ns += own_ns;
+        fs->wait_ns += (uint64_t)(last_done - t_wait);
+    }
     pthread_mutex_unlock(&dispatch_lock);
 }
 

@@ -1,7 +1,8 @@
 /* The fork launcher and supervisor.
  *
- * The caller's process maps the shared region, forks the workers and then only watches them:
- * every 10 ms (or at once on SIGINT) it reaps those that ended and checks the heartbeats. On the
+ * The caller's process maps the shared region, forks the workers and then only watches them: it
+ * sleeps until a worker ends (the worker's end of a pipe closes), SIGINT or a nap of a twentieth
+ * of the deadline (10-200 ms), then reaps those that ended and checks the heartbeats. On the
  * first fault it sets the abort flag, SIGKILLs every other worker, reaps all of them, unmaps the
  * region, restores the signal dispositions it changed and returns an error naming the rank and
  * the cause. On success the results area stays mapped and is handed to the caller. */
@@ -10,6 +11,8 @@
 #include "corefit/tensor.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -27,7 +30,16 @@
 #define CF_MAX_WORKERS 256
 #define CF_DEFAULT_DEADLINE_S 60.0
 #define CF_DEFAULT_COMM_BYTES ((size_t)512 << 10) /* measured best for 1M floats on 2 cores */
-#define POLL_NS (10 * 1000 * 1000)
+/* The supervisor sleeps until a worker ends (its end of a pipe closes), SIGINT, or a nap of
+ * deadline / NAP_PER_DEADLINE (between NAP_MIN_NS and NAP_MAX_NS) for the heartbeat checks. It
+ * used to poll every 10 ms: a thousand wake-ups per 10 s, each preempting whichever worker's
+ * core it woke on (bench/README.md, "The supervisor sleeps on its workers' pipes"). */
+#define NAP_PER_DEADLINE 20
+#define NAP_MIN_NS ((uint64_t)10 * 1000 * 1000)
+#define NAP_MAX_NS ((uint64_t)200 * 1000 * 1000)
+/* after a worker's pipe closed and before it can be reaped (it closes its files before it
+ * becomes a zombie) */
+#define REAP_NAP_NS ((uint64_t)1000 * 1000)
 /* A supervisor nap that lasts this long (or half the deadline, if less) means this process was
  * not running: the whole group was stopped (SIGSTOP/SIGTSTP then SIGCONT, a cgroup freezer). */
 #define PAUSE_GAP_NS ((uint64_t)1000 * 1000 * 1000)
@@ -214,6 +226,8 @@ typedef struct supervisor {
     pid_t pids[CF_MAX_WORKERS];
     bool alive[CF_MAX_WORKERS];
     int n_alive;
+    int ends[CF_MAX_WORKERS]; /* the read end of each worker's pipe (-1: none, or closed) */
+    uint64_t wakes;           /* CF_TIMING: the supervisor's wake-ups */
     struct sigaction old_int, old_chld;
     bool int_changed, chld_changed;
     uint64_t awake_ns;      /* when the supervisor last checked (CLOCK_MONOTONIC) */
@@ -312,7 +326,8 @@ static void describe_wait(supervisor *s, int r, char *buf, size_t cap) {
         snprintf(buf, cap, " (stopped inside %s #%llu, which every worker reached)", op, seq);
 }
 
-/* Notes a pause of the supervisor itself. Its naps are POLL_NS long; one that took far longer
+/* Notes a pause of the supervisor itself. Its naps are at most NAP_MAX_NS long (at most a
+ * twentieth of the deadline, and the gap below is half of it or 1 s); one that took far longer
  * means the process did not run, and when the whole group is stopped the workers did not run
  * either: their heartbeats are old because they were stopped, not because they hang. CLOCK_
  * MONOTONIC keeps counting while stopped (a system suspend stops it, so needs no care). */
@@ -353,8 +368,51 @@ static cf_status check_progress(supervisor *s, uint64_t now) {
     return CF_OK;
 }
 
-static cf_status supervise(supervisor *s) {
-    char fault[CF_SHM_MSG + 64];
+/* Sleeps until a worker's pipe closes (it ended: reaped on the next pass), SIGINT (blocked
+ * outside this sleep, so that a SIGINT after the check of sigint_seen still cuts it short), or
+ * the nap's end. A worker whose pipe closed but which is not yet a zombie is looked at again
+ * after REAP_NAP_NS. */
+static void nap(supervisor *s, const sigset_t *unblocked) {
+    uint64_t ns = (uint64_t)(s->hdr->deadline_s * 1e9 / NAP_PER_DEADLINE);
+    if (ns < NAP_MIN_NS) ns = NAP_MIN_NS;
+    if (ns > NAP_MAX_NS) ns = NAP_MAX_NS;
+    /* and no later than the first moment a worker's silence would outlast the deadline, so that
+     * a hung worker is named after the deadline, not after the deadline and a nap */
+    const uint64_t now = cf_shm_now_ns(), limit = (uint64_t)(s->hdr->deadline_s * 1e9);
+    for (int r = 0; r < s->n; r++) {
+        cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
+        if (!s->alive[r] || atomic_load(&slot->state) != CF_SHM_RUNNING) continue;
+        uint64_t since = atomic_load(&slot->wait_since_ns);
+        if (since == 0) since = atomic_load(&slot->heartbeat_ns);
+        if (since < s->resumed_ns) since = s->resumed_ns;
+        const uint64_t due = since + limit + REAP_NAP_NS; /* just past it */
+        if (due > now && due - now < ns) ns = due - now;
+    }
+    struct pollfd fds[CF_MAX_WORKERS];
+    int nfds = 0;
+    for (int r = 0; r < s->n; r++) {
+        if (!s->alive[r]) continue;
+        if (s->ends[r] < 0) {
+            ns = REAP_NAP_NS; /* its pipe closed: it is about to become a zombie */
+            continue;
+        }
+        fds[nfds++] = (struct pollfd){.fd = s->ends[r], .events = POLLIN};
+    }
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    s->wakes++;
+    if (ppoll(fds, (nfds_t)nfds, &ts, unblocked) <= 0) return; /* the nap's end, or SIGINT */
+    for (int i = 0; i < nfds; i++) {
+        if (!fds[i].revents) continue;
+        for (int r = 0; r < s->n; r++)
+            if (s->ends[r] == fds[i].fd) {
+                close(s->ends[r]); /* nothing is ever written: it closed */
+                s->ends[r] = -1;
+            }
+    }
+}
+
+static cf_status supervise_loop(supervisor *s, char *fault, size_t fault_cap,
+                                const sigset_t *unblocked) {
     for (;;) {
         /* Reap whoever ended. Of several faults seen together, report a cause before a
          * consequence, then the lowest rank. */
@@ -373,7 +431,7 @@ static cf_status supervise(supervisor *s) {
                                  : judge_exit(s, r, ws, &consequence, &what);
             if (st == CF_OK) continue;
             if (!have_fault || (fault_is_consequence && !consequence)) {
-                snprintf(fault, sizeof fault, "%s", cf_last_error());
+                snprintf(fault, fault_cap, "%s", cf_last_error());
                 s->fault = what;
                 fault_is_consequence = consequence;
                 have_fault = true;
@@ -386,9 +444,23 @@ static cf_status supervise(supervisor *s) {
         note_pause(s, now);
         cf_status st = check_progress(s, now);
         if (st != CF_OK) return st;
-        struct timespec ts = {0, POLL_NS};
-        nanosleep(&ts, NULL); /* SIGINT cuts it short */
+        nap(s, unblocked);
     }
+}
+
+static cf_status supervise(supervisor *s) {
+    char fault[CF_SHM_MSG + 64];
+    /* SIGINT reaches the supervisor only inside its sleep (ppoll's mask) */
+    sigset_t int_only, old_mask;
+    sigemptyset(&int_only);
+    sigaddset(&int_only, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &int_only, &old_mask);
+    sigset_t unblocked_set = old_mask;
+    sigdelset(&unblocked_set, SIGINT);
+    const sigset_t *unblocked = &unblocked_set;
+    cf_status result = supervise_loop(s, fault, sizeof fault, unblocked);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    return result;
 }
 
 static cf_status check_options(const cf_launch_options *opt, cf_worker_fn fn) {
@@ -459,14 +531,27 @@ cf_status cf__launch_fork_hooked(const cf_launch_options *opt, cf_worker_fn fn, 
     if (sigaction(SIGCHLD, &sa, &s.old_chld) == 0) s.chld_changed = true;
 
     fflush(NULL); /* so workers do not inherit and repeat buffered output */
+    for (int r = 0; r < n; r++) s.ends[r] = -1;
     for (int r = 0; r < n; r++) {
+        /* Each worker holds the write end of a pipe of its own until it ends, so the supervisor
+         * sleeps until one ends instead of polling (without one it naps and polls). */
+        int ends[2] = {-1, -1};
+        if (pipe2(ends, O_CLOEXEC) != 0) ends[0] = ends[1] = -1;
         pid_t pid = fork();
-        if (pid == 0) worker_main(s.hdr, r, cpus, ncpus, opt->pin_cores, fn, ctx);
+        if (pid == 0) {
+            for (int q = 0; q < r; q++)
+                if (s.ends[q] >= 0) close(s.ends[q]); /* the earlier workers' read ends */
+            if (ends[0] >= 0) close(ends[0]);
+            worker_main(s.hdr, r, cpus, ncpus, opt->pin_cores, fn, ctx);
+        }
+        if (ends[1] >= 0) close(ends[1]);
         if (pid < 0) {
+            if (ends[0] >= 0) close(ends[0]);
             st = cf_fail(CF_ERR_WORKER, "cf_launch_fork: fork of worker %d of %d failed: %s", r, n,
                          strerror(errno));
             break;
         }
+        s.ends[r] = ends[0];
         s.pids[r] = pid;
         s.alive[r] = true;
         s.n_alive++;
@@ -474,8 +559,15 @@ cf_status cf__launch_fork_hooked(const cf_launch_options *opt, cf_worker_fn fn, 
     /* Every worker has its copy of this process now: the caller may release what it will not
      * read before the workers end (its pages stay the workers' until they write them). */
     if (st == CF_OK && forked) forked(forked_ctx);
+    const uint64_t t_supervise = cf_shm_now_ns();
     if (st == CF_OK) st = supervise(&s);
     if (st != CF_OK) stop_all(&s);
+    for (int r = 0; r < n; r++)
+        if (s.ends[r] >= 0) close(s.ends[r]);
+    const char *timing = getenv("CF_TIMING");
+    if (timing && strcmp(timing, "1") == 0)
+        fprintf(stderr, "timing: supervisor: %llu wake-ups in %.3f s\n",
+                (unsigned long long)s.wakes, (double)(cf_shm_now_ns() - t_supervise) * 1e-9);
     last_fault = st == CF_OK ? (cf__launch_fault){CF_FAULT_NONE, -1, 0} : s.fault;
     restore_signals(&s);
 
