@@ -1,0 +1,21 @@
+/* Private to the library: large blocks mapped straight from the kernel (src/core/memory.c).
+ *
+ * From CF_MAP_MIN_BYTES bytes (environment variable, a number of bytes read once; 4 MiB by
+ * default, off under AddressSanitizer unless set), cf_calloc maps fresh anonymous pages, which
+ * read as zero, instead of clearing a heap block; cf_free unmaps them. Mapped blocks must never
+ * reach free() or realloc(). */
+#ifndef CF_CORE_MEMORY_H
+#define CF_CORE_MEMORY_H
+
+#include <stddef.h>
+
+#include "corefit/core.h"
+
+/* Uninitialised memory as cf_malloc gives (64-byte aligned, NULL with CF_ERR_NOMEM recorded;
+ * free with cf_free), for a large long-lived block the caller writes whole, such as a data set
+ * read from a file. From the threshold it is mapped 2 MiB-aligned with transparent huge pages
+ * asked for (madvise MADV_HUGEPAGE; a hint the kernel may ignore), so that filling it costs one
+ * page fault per 2 MiB instead of one per 4 KiB. Pages never written are never backed. */
+void *cf__malloc_huge(size_t bytes);
+
+#endif
