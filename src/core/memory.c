@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -193,6 +194,62 @@ void *cf__malloc_huge(size_t bytes) {
 
 void cf_free(void *ptr) {
     if (ptr && !unmap_block(ptr)) free(ptr);
+}
+
+/* ---- faulting a block in on a helper thread ----------------------------------------------- */
+
+#define PREFAULT_MIN ((size_t)8 << 20)
+#define PREFAULT_PIECE ((size_t)8 << 20)
+
+struct cf__prefault {
+    pthread_t thread;
+    char *lo, *hi;
+    atomic_bool stop;
+};
+
+static void *prefault_run(void *arg) {
+    cf__prefault *pf = arg;
+#ifdef MADV_POPULATE_WRITE
+    for (char *at = pf->lo; at < pf->hi && !atomic_load_explicit(&pf->stop, memory_order_relaxed);
+         at += PREFAULT_PIECE) {
+        size_t len =
+            (size_t)(pf->hi - at) < PREFAULT_PIECE ? (size_t)(pf->hi - at) : PREFAULT_PIECE;
+        /* a simulated write fault: a page already there (the caller got to it first) keeps its
+         * content; unsupported (before Linux 5.14) or out of memory: the caller faults alone */
+        if (madvise(at, len, MADV_POPULATE_WRITE) != 0) break;
+    }
+#endif
+    return NULL;
+}
+
+cf__prefault *cf__prefault_start(void *p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    if (!p || bytes < PREFAULT_MIN || cf_get_num_threads() < 2) return NULL;
+    /* whole pages inside the block only (madvise wants a page-aligned start) */
+    uintptr_t lo = ((uintptr_t)p + 4095) & ~(uintptr_t)4095,
+              hi = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
+    if (hi <= lo) return NULL;
+    cf__prefault *pf = malloc(sizeof *pf);
+    if (!pf) return NULL;
+    pf->lo = (char *)lo;
+    pf->hi = (char *)hi;
+    atomic_init(&pf->stop, false);
+    if (pthread_create(&pf->thread, NULL, prefault_run, pf) != 0) {
+        free(pf);
+        return NULL;
+    }
+    return pf;
+#else
+    (void)p, (void)bytes;
+    return NULL;
+#endif
+}
+
+void cf__prefault_stop(cf__prefault *pf) {
+    if (!pf) return;
+    atomic_store(&pf->stop, true);
+    pthread_join(pf->thread, NULL);
+    free(pf);
 }
 
 char *cf_strdup(const char *s) {

@@ -18,4 +18,14 @@
  * page fault per 2 MiB instead of one per 4 KiB. Pages never written are never backed. */
 void *cf__malloc_huge(size_t bytes);
 
+/* Faults [p, p + bytes) in (madvise MADV_POPULATE_WRITE, Linux 5.14 and later) on a helper
+ * thread, front to back, while the caller fills the block, so that the kernel's clearing of
+ * fresh pages runs beside the caller's work instead of inside its page faults. The memory's
+ * content never changes. NULL (nothing started) for a block under 8 MiB, where this process
+ * runs one thread (cf_get_num_threads), or where unsupported. */
+typedef struct cf__prefault cf__prefault;
+cf__prefault *cf__prefault_start(void *p, size_t bytes);
+/* Stops the helper after its current 8 MiB piece and waits for it; NULL: nothing. */
+void cf__prefault_stop(cf__prefault *pf);
+
 #endif

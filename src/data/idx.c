@@ -2,6 +2,8 @@
  * prod(dims) unsigned bytes. gzip'd or raw files are both read through zlib's gzread. */
 #include "data_internal.h"
 
+#include "core/memory.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -505,7 +507,13 @@ cf_status cf_dataset_from_idx_first(const char *images_path, const char *labels_
         st = alloc_for_images(&im, images_path, &ds);
         if (st) {
             gzclose(x.f);
-        } else if ((st = idx_read_floats(&x, ds->x))) {
+        } else {
+            /* where this run has a second core, its page faults are taken there meanwhile */
+            cf__prefault *pf = cf__prefault_start(ds->x, (size_t)x.keep * sizeof(float));
+            st = idx_read_floats(&x, ds->x);
+            cf__prefault_stop(pf);
+        }
+        if (st) {
             cf_dataset_free(ds);
             ds = NULL;
         }
