@@ -23,9 +23,9 @@
 #include "corefit/core.h"
 #include "corefit/data.h"
 
-/* 1000 images of 28 x 28: 784,000 bytes, 3 chunks of 256 KiB and a part of one; 3.1 MB of
- * floats, more than a huge page. */
-enum { N = 1000, ROWS = 28, COLS = 28, PER = ROWS * COLS };
+/* 3000 images of 28 x 28: 2,352,000 bytes, 8 chunks of 256 KiB and a part of one; 9.4 MB of
+ * floats, several huge pages, and enough for a helper thread to fault them in (8 MiB). */
+enum { N = 3000, ROWS = 28, COLS = 28, PER = ROWS * COLS };
 
 static char dir[64];
 static uint8_t *pixels, labels[N];
@@ -142,25 +142,30 @@ static void expect_decoded(const cf_dataset *ds, int64_t n, const char *what) {
 static void test_files_decode_exactly(void **state) {
     (void)state;
     const char *images[] = {"images.gz", "images2.gz", "images.raw"};
-    for (int k = 0; k < 3; k++) {
-        cf_dataset *ds = NULL;
-        cf_status st = cf_dataset_from_idx(file(images[k]), file("labels.gz"), &ds);
-        if (st) fail_msg("%s: %s", images[k], cf_last_error());
-        expect_decoded(ds, N, images[k]);
-        cf_dataset_free(ds);
-        /* --limit: the first items only, ending inside a chunk and at one */
-        int64_t firsts[] = {1, 7, 334, 669, N - 1};
-        for (int j = 0; j < 5; j++) {
-            ds = NULL;
-            st = cf_dataset_from_idx_first(file(images[k]), file("labels.gz"), firsts[j], &ds);
-            if (st)
-                fail_msg("%s, first %lld: %s", images[k], (long long)firsts[j], cf_last_error());
-            char what[64];
-            snprintf(what, sizeof what, "%s, first %lld", images[k], (long long)firsts[j]);
-            expect_decoded(ds, firsts[j], what);
+    /* one thread reads alone; two fault the pages in on a helper thread meanwhile */
+    for (int t = 1; t <= 2; t++)
+        for (int k = 0; k < 3; k++) {
+            cf_set_num_threads(t);
+            cf_dataset *ds = NULL;
+            cf_status st = cf_dataset_from_idx(file(images[k]), file("labels.gz"), &ds);
+            if (st) fail_msg("%s: %s", images[k], cf_last_error());
+            expect_decoded(ds, N, images[k]);
             cf_dataset_free(ds);
+            /* --limit: the first items only, ending inside a chunk and at one */
+            int64_t firsts[] = {1, 7, 334, 669, 2700, N - 1};
+            for (int j = 0; j < 6; j++) {
+                ds = NULL;
+                st = cf_dataset_from_idx_first(file(images[k]), file("labels.gz"), firsts[j], &ds);
+                if (st)
+                    fail_msg("%s, first %lld: %s", images[k], (long long)firsts[j],
+                             cf_last_error());
+                char what[64];
+                snprintf(what, sizeof what, "%s, first %lld, %d thread(s)", images[k],
+                         (long long)firsts[j], t);
+                expect_decoded(ds, firsts[j], what);
+                cf_dataset_free(ds);
+            }
         }
-    }
     /* the same bytes from memory (cf_idx_parse, then the conversion) */
     size_t isz, lsz;
     uint8_t *im = idx_bytes(3, N, N, pixels, &isz), *lb = idx_bytes(1, N, N, labels, &lsz);
@@ -196,15 +201,18 @@ static void test_damaged_files_same_errors(void **state) {
     uint8_t *im = idx_bytes(3, N, N, pixels, &size);
     /* data cut short: raw, and gzip'd (a complete gzip stream of less data) */
     write_raw(file("short.raw"), im, size - 100);
-    expect_same_error("short.raw", "need 784000 bytes of data, there are 783900");
+    char part[128];
+    snprintf(part, sizeof part, "need %d bytes of data, there are %d", N * PER, N * PER - 100);
+    expect_same_error("short.raw", part);
     write_gz(file("short.gz"), im, size - 100, 1);
-    expect_same_error("short.gz", "truncated: data ends at byte offset 783916");
+    snprintf(part, sizeof part, "truncated: data ends at byte offset %d", 16 + N * PER - 100);
+    expect_same_error("short.gz", part);
     /* a gzip file cut in the middle of its compressed data */
     FILE *f = fopen(file("images.gz"), "rb");
     assert_non_null(f);
-    uint8_t *gz = malloc(2 << 20);
+    uint8_t *gz = malloc(8 << 20);
     assert_non_null(gz);
-    size_t gz_size = fread(gz, 1, 2 << 20, f);
+    size_t gz_size = fread(gz, 1, 8 << 20, f);
     fclose(f);
     write_raw(file("cut.gz"), gz, gz_size / 2);
     expect_same_error("cut.gz", "truncated");
@@ -230,7 +238,8 @@ static void test_damaged_files_same_errors(void **state) {
     memcpy(more, im, size);
     memset(more + size, 7, 5);
     write_gz(file("extra.gz"), more, size + 5, 1);
-    expect_same_error("extra.gz", "unexpected data after byte offset 784016");
+    snprintf(part, sizeof part, "unexpected data after byte offset %d", 16 + N * PER);
+    expect_same_error("extra.gz", part);
     write_raw(file("extra.raw"), more, size + 5);
     expect_same_error("extra.raw", "dimensions say");
     free(more);
