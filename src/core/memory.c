@@ -234,7 +234,15 @@ cf__prefault *cf__prefault_start(void *p, size_t bytes) {
     pf->lo = (char *)lo;
     pf->hi = (char *)hi;
     atomic_init(&pf->stop, false);
-    if (pthread_create(&pf->thread, NULL, prefault_run, pf) != 0) {
+    /* A small stack: glibc keeps a joined thread's stack mapped for the next thread, and fork
+     * workers inherit this process's address space (ulimit -v holds each of them). The helper
+     * never calls malloc, so it adds no malloc arena either. */
+    pthread_attr_t attr;
+    bool made = pthread_attr_init(&attr) == 0;
+    if (made) pthread_attr_setstacksize(&attr, (size_t)64 << 10);
+    int rc = pthread_create(&pf->thread, made ? &attr : NULL, prefault_run, pf);
+    if (made) pthread_attr_destroy(&attr);
+    if (rc != 0) {
         free(pf);
         return NULL;
     }
