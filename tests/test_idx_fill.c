@@ -7,7 +7,8 @@
  *   error, naming file and position, as cf_idx_read on the same file;
  * - cf_calloc's memory is zero and cf_free gives back mapped and heap blocks alike.
  * ctest runs it twice: as is, and with CF_MAP_MIN_BYTES=0 (tests/idx_fill.cmake), where every
- * cf_calloc and every data set is mapped; there it also checks that they were. */
+ * cf_calloc and every data set is mapped; there it also checks that they were (as is, a cf_calloc
+ * of 32 MiB or more and a data set of 4 MiB or more are; not under AddressSanitizer). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +27,18 @@
 /* 3000 images of 28 x 28: 2,352,000 bytes, 8 chunks of 256 KiB and a part of one; 9.4 MB of
  * floats, several huge pages, and enough for a helper thread to fault them in (8 MiB). */
 enum { N = 3000, ROWS = 28, COLS = 28, PER = ROWS * COLS };
+
+/* Under AddressSanitizer nothing is mapped unless CF_MAP_MIN_BYTES says so. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MAPS_BY_DEFAULT 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MAPS_BY_DEFAULT 0
+#endif
+#endif
+#ifndef MAPS_BY_DEFAULT
+#define MAPS_BY_DEFAULT 1
+#endif
 
 static char dir[64];
 static uint8_t *pixels, labels[N];
@@ -249,15 +262,17 @@ static void test_damaged_files_same_errors(void **state) {
 
 static void test_calloc_is_zero(void **state) {
     (void)state;
-    size_t sizes[] = {1, 4096, 100000, (size_t)5 << 20, (size_t)9 << 20};
+    /* 40 MiB: mapped by default too (from 32 MiB) */
+    size_t sizes[] = {1, 4096, 100000, (size_t)5 << 20, (size_t)9 << 20, (size_t)40 << 20};
     for (int round = 0; round < 2; round++) {
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 6; k++) {
             unsigned char *p = cf_calloc(sizes[k], 1);
             assert_non_null(p);
             if (((uintptr_t)p & 63) != 0)
                 fail_msg("cf_calloc(%zu) is not 64-byte aligned", sizes[k]);
-            if (mapped_run() && ((uintptr_t)p & 4095) != 0)
-                fail_msg("CF_MAP_MIN_BYTES=0, but cf_calloc(%zu) is not a mapped block", sizes[k]);
+            bool mapped = mapped_run() || (MAPS_BY_DEFAULT && sizes[k] >= ((size_t)32 << 20));
+            if (mapped && ((uintptr_t)p & 4095) != 0)
+                fail_msg("cf_calloc(%zu) is not a mapped block", sizes[k]);
             for (size_t i = 0; i < sizes[k]; i++)
                 if (p[i]) fail_msg("cf_calloc(%zu)[%zu] = %d (round %d)", sizes[k], i, p[i], round);
             memset(p, 0xA5, sizes[k]); /* what a reused block would hold */

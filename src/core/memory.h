@@ -1,9 +1,10 @@
 /* Private to the library: large blocks mapped straight from the kernel (src/core/memory.c).
  *
- * From CF_MAP_MIN_BYTES bytes (environment variable, a number of bytes read once; 4 MiB by
- * default, off under AddressSanitizer unless set), cf_calloc maps fresh anonymous pages, which
- * read as zero, instead of clearing a heap block; cf_free unmaps them. Mapped blocks must never
- * reach free() or realloc(). */
+ * From 32 MiB (where glibc maps anyway), cf_calloc maps fresh anonymous pages, which read as
+ * zero, instead of clearing a heap block; cf_free unmaps them. cf__malloc_huge maps from 4 MiB.
+ * CF_MAP_MIN_BYTES=n in the environment (a number of bytes, read once) sets both thresholds;
+ * under AddressSanitizer both are off unless it is set. Mapped blocks must never reach free()
+ * or realloc(). */
 #ifndef CF_CORE_MEMORY_H
 #define CF_CORE_MEMORY_H
 
