@@ -41,7 +41,8 @@ void cf_clear_error(void);
 /* ---- memory ------------------------------------------------------------------------------ */
 
 /* Allocation wrappers that record CF_ERR_NOMEM with the size on failure. Memory is 64-byte
- * aligned; free with cf_free. */
+ * aligned; free with cf_free, never free() or realloc(): from 32 MiB (CF_MAP_MIN_BYTES=n in the
+ * environment), cf_calloc maps fresh pages, zero already, instead of clearing a heap block. */
 void *cf_malloc(size_t bytes);
 void *cf_calloc(size_t count, size_t size);
 void cf_free(void *ptr);

@@ -25,6 +25,9 @@ extern const cf_sample_ops cf__image_files_samples;
 /* A dataset with room for n samples of `shape` and target_dim targets (x, y zeroed), or NULL
  * with the error set (sizes are checked for overflow and against a sanity cap). */
 cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim);
+/* The same with x and y not initialised, for a caller that writes every value of both: x is
+ * cf__malloc_huge's (huge pages for a large set, core/memory.h). */
+cf_dataset *cf__dataset_alloc_unset(int64_t n, cf_shape shape, int target_dim);
 /* Copies n strings (NULL entries stay NULL); NULL with the error set on failure. */
 char **cf__strv_dup(const char *const *v, int n);
 void cf__strv_free(char **v, int n);

@@ -1,6 +1,8 @@
 /* In-memory datasets: allocation, copies, subsets, statistics, RandomSplitter. */
 #include "data_internal.h"
 
+#include "core/memory.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,7 +42,7 @@ static bool shape_valid(const cf_shape *s) {
     return true;
 }
 
-cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim) {
+static cf_dataset *dataset_alloc(int64_t n, cf_shape shape, int target_dim, bool zero) {
     char buf[64];
     if (n < 0 || !shape_valid(&shape) || target_dim < 1) {
         cf_fail(CF_ERR_INVALID, "dataset of %lld samples of shape %s with %d targets is invalid",
@@ -67,8 +69,13 @@ cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim) {
     ds->n = n;
     ds->sample_shape = shape;
     ds->target_dim = target_dim;
-    ds->x = cf_calloc((size_t)n * per, sizeof(float));
-    ds->y = cf_calloc((size_t)n * (size_t)target_dim, sizeof(float));
+    if (zero) {
+        ds->x = cf_calloc((size_t)n * per, sizeof(float));
+        ds->y = cf_calloc((size_t)n * (size_t)target_dim, sizeof(float));
+    } else { /* the caller writes every value: no clearing, and huge pages for the samples */
+        ds->x = cf__malloc_huge((size_t)n * per * sizeof(float));
+        ds->y = cf_malloc((size_t)n * (size_t)target_dim * sizeof(float));
+    }
     if (!ds->x || !ds->y || !cf__dataset_set_source(ds, "")) {
         cf_dataset_free(ds);
         cf_fail(CF_ERR_NOMEM, "out of memory for a dataset of %lld samples of shape %s",
@@ -76,6 +83,14 @@ cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim) {
         return NULL;
     }
     return ds;
+}
+
+cf_dataset *cf__dataset_alloc(int64_t n, cf_shape shape, int target_dim) {
+    return dataset_alloc(n, shape, target_dim, true);
+}
+
+cf_dataset *cf__dataset_alloc_unset(int64_t n, cf_shape shape, int target_dim) {
+    return dataset_alloc(n, shape, target_dim, false);
 }
 
 void cf_dataset_free(cf_dataset *ds) {
@@ -107,7 +122,7 @@ cf_status cf_dataset_from_arrays(const float *x, const float *y, int64_t n, cf_s
     if ((n > 0 && (!x || !y)) || n_classes < 0)
         return cf_fail(CF_ERR_INVALID, "cf_dataset_from_arrays: NULL data or n_classes %d < 0",
                        n_classes);
-    cf_dataset *ds = cf__dataset_alloc(n, sample_shape, target_dim);
+    cf_dataset *ds = cf__dataset_alloc_unset(n, sample_shape, target_dim); /* copied whole below */
     if (!ds) return cf_fail_context(CF_ERR_NOMEM, "cf_dataset_from_arrays");
     size_t per = cf_shape_numel(&sample_shape);
     if (n > 0) {

@@ -2,6 +2,8 @@
  * prod(dims) unsigned bytes. gzip'd or raw files are both read through zlib's gzread. */
 #include "data_internal.h"
 
+#include "core/memory.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -175,10 +177,22 @@ static int64_t gz_read_growing(gzFile f, const char *path, uint8_t **buf, int64_
     return done;
 }
 
-/* Reads the file's header and the data of its first max_items items (all when max_items is 0).
- * Only what is kept is decompressed and allocated. */
-static cf_status idx_read(const char *path, int64_t max_items, cf_idx *out) {
-    memset(out, 0, sizeof *out);
+/* An IDX file opened and its header checked, before its data is read. */
+typedef struct idx_file {
+    gzFile f;
+    const char *path;
+    long long fsize;  /* of the file as stored */
+    bool raw;         /* not gzip'd */
+    int64_t hdr_size; /* bytes of header */
+    int64_t numel;    /* data bytes the header promises */
+    int64_t keep;     /* of which the first max_items items are read */
+    cf_idx dims;      /* the header's dimensions, dim[0] cut to max_items; no data */
+} idx_file;
+
+/* Opens path and reads and checks its header: on success x->f is open, on failure closed. */
+static cf_status idx_open(const char *path, int64_t max_items, idx_file *x) {
+    memset(x, 0, sizeof *x);
+    x->path = path;
     struct stat sb;
     if (stat(path, &sb) != 0)
         return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno));
@@ -186,7 +200,6 @@ static cf_status idx_read(const char *path, int64_t max_items, cf_idx *out) {
     gzFile f = gzopen(path, "rb");
     if (!f) return cf_fail(CF_ERR_IO, "cannot open %s: %s", path, strerror(errno ? errno : ENOMEM));
     gzbuffer(f, 1 << 17);
-    cf_idx tmp = {0};
     cf_status st = CF_OK;
     uint8_t hdr[20];
     long long fsize = (long long)sb.st_size;
@@ -194,18 +207,18 @@ static cf_status idx_read(const char *path, int64_t max_items, cf_idx *out) {
     if (got < 4 && !gz_corrupt(f, path, fsize, &st)) {
         st = cf_fail(CF_ERR_FORMAT, "%s: truncated: %lld bytes, the magic number needs 4 (%s)",
                      path, (long long)got, gz_why(f));
-        goto done;
+        goto fail;
     }
-    if (st) goto done;
+    if (st) goto fail;
     int ndim;
-    if ((st = check_magic(hdr, path, &ndim))) goto done;
+    if ((st = check_magic(hdr, path, &ndim))) goto fail;
     int64_t hdr_size = 4 + 4 * (int64_t)ndim;
     got = gz_read_all(f, hdr + 4, hdr_size - 4);
     if (got < hdr_size - 4) {
         if (!gz_corrupt(f, path, fsize, &st))
             st = cf_fail(CF_ERR_FORMAT, "%s: truncated header at byte offset %lld (%s)", path,
                          (long long)(4 + got), gz_why(f));
-        goto done;
+        goto fail;
     }
     int64_t max_bytes;
     const char *why;
@@ -220,62 +233,160 @@ static cf_status idx_read(const char *path, int64_t max_items, cf_idx *out) {
                                           : "above the limit for gzip'd files";
     }
     int64_t numel;
-    if ((st = check_dims(hdr + 4, ndim, path, max_bytes, why, &tmp, &numel))) goto done;
+    if ((st = check_dims(hdr + 4, ndim, path, max_bytes, why, &x->dims, &numel))) goto fail;
     if (raw && numel != max_bytes) {
         st = cf_fail(CF_ERR_FORMAT,
                      "%s: the file has %lld bytes of data after the header, its "
                      "dimensions say %lld",
                      path, (long long)max_bytes, (long long)numel);
-        goto done;
+        goto fail;
     }
     int64_t keep = numel;
-    if (max_items > 0 && max_items < tmp.dim[0]) {
-        keep = numel / tmp.dim[0] * max_items;
-        tmp.dim[0] = max_items;
+    if (max_items > 0 && max_items < x->dims.dim[0]) {
+        keep = numel / x->dims.dim[0] * max_items;
+        x->dims.dim[0] = max_items;
     }
-    if (raw) {
-        if ((st = cf_memory_check((uint64_t)keep, path))) goto done;
-        tmp.data = cf_malloc((size_t)keep);
+    x->f = f;
+    x->fsize = fsize;
+    x->raw = raw;
+    x->hdr_size = hdr_size;
+    x->numel = numel;
+    x->keep = keep;
+    return CF_OK;
+fail:
+    gzclose(f);
+    return st;
+}
+
+/* The error for data that ended after `got` of the x->keep bytes read. */
+static cf_status idx_short(idx_file *x, int64_t got) {
+    cf_status st = CF_OK;
+    if (!gz_corrupt(x->f, x->path, x->fsize, &st))
+        st = cf_fail(CF_ERR_FORMAT,
+                     "%s: truncated: data ends at byte offset %lld%s, the header promises "
+                     "%lld (%s)",
+                     x->path, (long long)(x->hdr_size + got), x->raw ? "" : " (uncompressed)",
+                     (long long)(x->hdr_size + x->numel), gz_why(x->f));
+    return st;
+}
+
+/* After the kept data was read: when that was all of it, that nothing follows (and, in a gzip
+ * file, that its trailer matches). Closes the file. */
+static cf_status idx_close(idx_file *x) {
+    cf_status st = CF_OK;
+    if (x->keep == x->numel) { /* else the rest is neither read nor checked */
+        uint8_t extra;
+        int more = gzread(x->f, &extra, 1);
+        if (more == 1)
+            st = cf_fail(CF_ERR_FORMAT,
+                         "%s: unexpected data after byte offset %lld (the end of the "
+                         "data its header describes)",
+                         x->path, (long long)(x->hdr_size + x->numel));
+        else if (more < 0)
+            gz_corrupt(x->f, x->path, x->fsize, &st);
+    }
+    gzclose(x->f);
+    x->f = NULL;
+    return st;
+}
+
+/* Reads the kept data of an opened file into a new buffer (out->data), and closes it. */
+static cf_status idx_read_bytes(idx_file *x, cf_idx *out) {
+    cf_idx tmp = x->dims;
+    cf_status st = CF_OK;
+    int64_t got;
+    if (x->raw) {
+        if ((st = cf_memory_check((uint64_t)x->keep, x->path))) goto done;
+        tmp.data = cf_malloc((size_t)x->keep);
         if (!tmp.data) {
-            st = cf_fail_context(CF_ERR_NOMEM, "%s", path);
+            st = cf_fail_context(CF_ERR_NOMEM, "%s", x->path);
             goto done;
         }
-        got = gz_read_all(f, tmp.data, keep);
+        got = gz_read_all(x->f, tmp.data, x->keep);
     } else {
-        got = gz_read_growing(f, path, &tmp.data, keep);
+        got = gz_read_growing(x->f, x->path, &tmp.data, x->keep);
         if (got < 0) {
             st = CF_ERR_NOMEM;
             goto done;
         }
     }
-    if (got < keep) {
-        if (!gz_corrupt(f, path, fsize, &st))
-            st = cf_fail(CF_ERR_FORMAT,
-                         "%s: truncated: data ends at byte offset %lld%s, the header promises "
-                         "%lld (%s)",
-                         path, (long long)(hdr_size + got), raw ? "" : " (uncompressed)",
-                         (long long)(hdr_size + numel), gz_why(f));
-        goto done;
-    }
-    if (keep < numel) goto done; /* the rest is neither read nor checked */
-    uint8_t extra;
-    int more = gzread(f, &extra, 1);
-    if (more == 1) {
-        st = cf_fail(CF_ERR_FORMAT,
-                     "%s: unexpected data after byte offset %lld (the end of the "
-                     "data its header describes)",
-                     path, (long long)(hdr_size + numel));
-        goto done;
-    }
-    if (more < 0 && gz_corrupt(f, path, fsize, &st)) goto done;
+    if (got < x->keep) st = idx_short(x, got);
 done:
-    gzclose(f);
+    if (st) {
+        gzclose(x->f);
+        x->f = NULL;
+    } else {
+        st = idx_close(x);
+    }
     if (st) {
         cf_idx_free(&tmp);
         return st;
     }
     *out = tmp;
     return CF_OK;
+}
+
+/* Reads the file's header and the data of its first max_items items (all when max_items is 0).
+ * Only what is kept is decompressed and allocated. */
+static cf_status idx_read(const char *path, int64_t max_items, cf_idx *out) {
+    memset(out, 0, sizeof *out);
+    idx_file x;
+    cf_status st = idx_open(path, max_items, &x);
+    return st ? st : idx_read_bytes(&x, out);
+}
+
+/* byte / 255 rounded once from double, as numpy's uint8 / 255.0 */
+static void byte_lut(float lut[256]) {
+    for (int v = 0; v < 256; v++) lut[v] = (float)(v / 255.0);
+}
+
+/* Bytes of data inflated at a time into floats: at least twice gzbuffer's size, so that zlib
+ * inflates straight into the buffer, and small enough to stay in the cache while converted. */
+#define STREAM_CHUNK ((int64_t)1 << 18)
+
+/* Reads the kept data of an opened file straight into floats (byte / 255), a chunk at a time,
+ * without a buffer for the whole file; closes it. */
+static cf_status idx_read_floats(idx_file *x, float *dst) {
+    uint8_t *buf = cf_malloc((size_t)STREAM_CHUNK);
+    if (!buf) {
+        gzclose(x->f);
+        x->f = NULL;
+        return cf_fail_context(CF_ERR_NOMEM, "%s", x->path);
+    }
+    float lut[256];
+    byte_lut(lut);
+    int64_t done = 0;
+    while (done < x->keep) {
+        int64_t want = x->keep - done < STREAM_CHUNK ? x->keep - done : STREAM_CHUNK;
+        int64_t got = gz_read_all(x->f, buf, want);
+        float *d = dst + done;
+        for (int64_t i = 0; i < got; i++) d[i] = lut[buf[i]];
+        done += got;
+        if (got < want) break;
+    }
+    cf_free(buf);
+    cf_status st = done < x->keep ? idx_short(x, done) : CF_OK;
+    if (st) {
+        gzclose(x->f);
+        x->f = NULL;
+        return st;
+    }
+    return idx_close(x);
+}
+
+/* Whether a gzip file's trailer (ISIZE, the last 4 bytes: the uncompressed size modulo 2^32)
+ * agrees with `size`: then the header's promise is believed and the data set allocated up
+ * front. A file whose trailer disagrees (a lying header, several gzip members) is read through
+ * the growing buffer instead, which costs only what the file holds. */
+static bool gz_size_agrees(const char *path, int64_t size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    uint8_t t[4];
+    bool ok = fseek(f, -4, SEEK_END) == 0 && fread(t, 1, 4, f) == 4;
+    fclose(f);
+    uint32_t isize =
+        (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
+    return ok && isize == (uint32_t)size;
 }
 
 cf_status cf_idx_read(const char *path, cf_idx *out) {
@@ -291,33 +402,58 @@ cf_status cf_idx_read_first(const char *path, int64_t max_items, cf_idx *out) {
     return idx_read(path, max_items, out);
 }
 
-/* Builds a dataset from parsed image and label files. */
-static cf_status dataset_from_parsed(const cf_idx *im, const cf_idx *lb, const char *im_name,
-                                     const char *lb_name, cf_dataset **out) {
-    cf_shape shape;
+/* The sample shape of images with the header `im` (2 or 3 dimensions). */
+static cf_status image_shape(const cf_idx *im, const char *im_name, cf_shape *shape) {
     if (im->ndim == 3)
-        shape = cf_shape_make(3, (int[]){1, (int)im->dim[1], (int)im->dim[2]});
+        *shape = cf_shape_make(3, (int[]){1, (int)im->dim[1], (int)im->dim[2]});
     else if (im->ndim == 2)
-        shape = cf_shape1((int)im->dim[1]);
+        *shape = cf_shape1((int)im->dim[1]);
     else
         return cf_fail(CF_ERR_FORMAT, "%s: expected idx3 images (n, rows, cols), got %d dimensions",
                        im_name, im->ndim);
-    if (lb->ndim != 1)
-        return cf_fail(CF_ERR_FORMAT, "%s: expected idx1 labels (n), got %d dimensions", lb_name,
-                       lb->ndim);
-    if (im->dim[0] != lb->dim[0])
-        return cf_fail(CF_ERR_FORMAT, "%s has %lld images but %s has %lld labels", im_name,
-                       (long long)im->dim[0], lb_name, (long long)lb->dim[0]);
-    int64_t n = im->dim[0];
-    cf_status st = cf_memory_check(
-        ((uint64_t)n * cf_shape_numel(&shape) + (uint64_t)n) * sizeof(float), im_name);
+    return CF_OK;
+}
+
+/* A dataset (x and y not yet written) for the images with the header `im`. */
+static cf_status alloc_for_images(const cf_idx *im, const char *im_name, cf_dataset **out) {
+    cf_shape shape;
+    cf_status st = image_shape(im, im_name, &shape);
     if (st != CF_OK) return st;
-    cf_dataset *ds = cf__dataset_alloc(n, shape, 1);
-    if (!ds) return cf_fail_context(CF_ERR_NOMEM, "%s", im_name);
-    size_t numel = (size_t)n * cf_shape_numel(&shape);
-    float lut[256]; /* byte / 255 rounded once from double, as numpy's uint8 / 255.0 */
-    for (int v = 0; v < 256; v++) lut[v] = (float)(v / 255.0);
-    for (size_t i = 0; i < numel; i++) ds->x[i] = lut[im->data[i]];
+    int64_t n = im->dim[0];
+    st = cf_memory_check(((uint64_t)n * cf_shape_numel(&shape) + (uint64_t)n) * sizeof(float),
+                         im_name);
+    if (st != CF_OK) return st;
+    *out = cf__dataset_alloc_unset(n, shape, 1); /* every value is written */
+    return *out ? CF_OK : cf_fail_context(CF_ERR_NOMEM, "%s", im_name);
+}
+
+/* Builds a dataset from parsed image and label files. `ds`, when given, is the dataset that
+ * alloc_for_images made for im, its x filled already (im has no data then); it is freed on
+ * failure. */
+static cf_status dataset_from_parsed(const cf_idx *im, const cf_idx *lb, const char *im_name,
+                                     const char *lb_name, cf_dataset *ds, cf_dataset **out) {
+    cf_shape shape = {0};
+    cf_status st = image_shape(im, im_name, &shape);
+    if (st == CF_OK && lb->ndim != 1)
+        st = cf_fail(CF_ERR_FORMAT, "%s: expected idx1 labels (n), got %d dimensions", lb_name,
+                     lb->ndim);
+    if (st == CF_OK && im->dim[0] != lb->dim[0])
+        st = cf_fail(CF_ERR_FORMAT, "%s has %lld images but %s has %lld labels", im_name,
+                     (long long)im->dim[0], lb_name, (long long)lb->dim[0]);
+    if (st == CF_OK && !ds) {
+        st = alloc_for_images(im, im_name, &ds);
+        if (st == CF_OK) {
+            size_t numel = (size_t)im->dim[0] * cf_shape_numel(&shape);
+            float lut[256];
+            byte_lut(lut);
+            for (size_t i = 0; i < numel; i++) ds->x[i] = lut[im->data[i]];
+        }
+    }
+    if (st != CF_OK) {
+        cf_dataset_free(ds);
+        return st;
+    }
+    int64_t n = im->dim[0];
     int max_label = 0, n_seen = 0;
     bool seen[256] = {false};
     for (int64_t i = 0; i < n; i++) {
@@ -360,9 +496,35 @@ cf_status cf_dataset_from_idx_first(const char *images_path, const char *labels_
         return cf_fail(CF_ERR_INVALID, "cf_dataset_from_idx_first: max_items = %lld (must be >= 0)",
                        (long long)max_items);
     cf_idx im = {0}, lb = {0};
-    cf_status st = idx_read(images_path, max_items, &im);
+    cf_dataset *ds = NULL;
+    idx_file x;
+    cf_status st = idx_open(images_path, max_items, &x);
+    /* Images whose size is known (a raw file, a gzip trailer that agrees, or the first
+     * max_items) are inflated straight into the dataset's floats: no buffer of bytes. */
+    if (!st && (x.dims.ndim == 2 || x.dims.ndim == 3) &&
+        (x.raw || x.keep < x.numel || gz_size_agrees(images_path, x.hdr_size + x.numel))) {
+        im = x.dims;
+        st = alloc_for_images(&im, images_path, &ds);
+        if (st) {
+            gzclose(x.f);
+        } else {
+            /* where this run has a second core, its page faults are taken there meanwhile */
+            cf__prefault *pf = cf__prefault_start(ds->x, (size_t)x.keep * sizeof(float));
+            st = idx_read_floats(&x, ds->x);
+            cf__prefault_stop(pf);
+        }
+        if (st) {
+            cf_dataset_free(ds);
+            ds = NULL;
+        }
+    } else if (!st) {
+        st = idx_read_bytes(&x, &im);
+    }
     if (!st) st = idx_read(labels_path, max_items, &lb);
-    if (!st) st = dataset_from_parsed(&im, &lb, images_path, labels_path, out);
+    if (!st)
+        st = dataset_from_parsed(&im, &lb, images_path, labels_path, ds, out);
+    else
+        cf_dataset_free(ds);
     cf_idx_free(&im);
     cf_idx_free(&lb);
     return st;
@@ -382,7 +544,7 @@ cf_status cf_dataset_from_idx_memory(const void *images, size_t images_size, con
     cf_idx im = {0}, lb = {0};
     cf_status st = cf_idx_parse(images, images_size, im_name, &im);
     if (!st) st = cf_idx_parse(labels, labels_size, lb_name, &lb);
-    if (!st) st = dataset_from_parsed(&im, &lb, im_name, lb_name, out);
+    if (!st) st = dataset_from_parsed(&im, &lb, im_name, lb_name, NULL, out);
     cf_idx_free(&im);
     cf_idx_free(&lb);
     return st;
