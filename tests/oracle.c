@@ -255,3 +255,12 @@ void oracle_put_model_state(oracle *o, const cf_model *m, char prefix) {
     }
     if (fclose(f) != 0) fail_msg("cannot write %s", path);
 }
+
+void fill_bf16_specials(float *x, size_t n, uint64_t seed) {
+    static const uint32_t bits[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x7fc00001u,
+                                    0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
+                                    0x00000000u, 0x80000000u, 0x3f7fffffu, 0x00800000u};
+    fill_uniform(x, n, seed, -3, 3);
+    for (size_t i = 0; i < n; i += 7) memcpy(&x[i], &bits[(i / 7) % 16], sizeof(float));
+}

@@ -44,6 +44,11 @@ cf_tensor oracle_get(oracle *o, const char *name);
 
 /* Fills with uniform values in [lo, hi) from a seeded generator. */
 void fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* fill_uniform's values in [-3, 3) with the bf16 rounding's special cases every 7th value:
+ * subnormals (the conversion instructions read them as zero), NaNs of both signs and payloads,
+ * infinities, ties to even, the largest finite values (rounding up to infinity), zeros of both
+ * signs. */
+void fill_bf16_specials(float *x, size_t n, uint64_t seed);
 /* Asserts |a-b| <= atol + rtol*|b| elementwise, reporting the worst element. */
 void assert_close(const char *what, const float *a, const float *b, size_t n, double rtol,
                   double atol);

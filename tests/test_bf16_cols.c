@@ -588,18 +588,6 @@ static void test_dx_without_cols(void **state) {
     check_dx_case(5, 33, 15, 16, 3, false, false);
 }
 
-/* Values that take each branch of the conversions: subnormals (the conversion instruction would
- * read them as zero), NaNs of both signs and payloads, infinities, ties to even, the largest
- * finite values (rounding up to infinity), zeros of both signs, ordinary values. */
-static void fill_special(float *x, size_t n, unsigned seed) {
-    static const uint32_t bits[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x7fc00001u,
-                                    0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
-                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
-                                    0x00000000u, 0x80000000u, 0x3f7fffffu, 0x00800000u};
-    fill_uniform(x, n, seed, -3, 3);
-    for (size_t i = 0; i < n; i += 7) memcpy(&x[i], &bits[(i / 7) % 16], sizeof(float));
-}
-
 /* fwd_pairs_rows and fwd_deal_pairs write pairs_rows' and deal_pairs' words, on rows of every
  * width up to 70 (vector tails), with and without hi and o, vectors with and without a subnormal
  * (the odd rows hold only ordinary values: the conversion instruction's own path). */
@@ -612,8 +600,8 @@ static void test_input_pairs(void **state) {
     enum { H = 5, W = 70, LD = 80 };
     float lo[H * W], hi[H * W];
     uint32_t a[H * LD], b[H * LD], ao[H * LD], bo[H * LD];
-    fill_special(lo, H * W, 21);
-    fill_special(hi, H * W, 22);
+    fill_bf16_specials(lo, H * W, 21);
+    fill_bf16_specials(hi, H * W, 22);
     for (int i = 1; i < H; i += 2) { /* rows without special values */
         fill_uniform(lo + i * W, W, 23 + i, -1, 1);
         fill_uniform(hi + i * W, W, 33 + i, -1, 1);

@@ -94,7 +94,7 @@ static void scratch_refused_child(const char *dir, test_outcome *out) {
                !strstr(text, cf_isa_name(cf_isa_active()))) {
         snprintf(out->msg, sizeof out->msg,
                  "two products without their scratch: stderr should say so once, naming the "
-                 "level and fp32; it said: \"%s\"",
+                 "level and fp32; it said: \"%.200s\"",
                  text);
         out->status = 1;
     }

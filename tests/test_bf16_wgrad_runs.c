@@ -262,18 +262,6 @@ static void test_layers(void **state) {
     check_layer(3, 4, 1, 1, 5, 3, 1, 0);
 }
 
-/* Random values with the bf16 rounding's special cases every 7th: subnormals (the conversion
- * instruction reads them as zero, so the kernels take the lanes' rounding for a vector that holds
- * one), NaNs (quieted), infinities, ties to even, the largest finite values, zeros. */
-static void fill_special(float *x, size_t n, unsigned seed) {
-    static const uint32_t bits[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x7fc00001u,
-                                    0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u,
-                                    0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
-                                    0x00000000u, 0x80000000u, 0x3f7fffffu, 0x00800000u};
-    fill_uniform(x, n, seed, -3, 3);
-    for (size_t i = 0; i < n; i += 7) memcpy(&x[i], &bits[(i / 7) % 16], sizeof(float));
-}
-
 /* rows_short and deal_short write rows' and deal's words (bitwise, and no word outside the rows:
  * the rest keeps its fill) for rows of every width up to 70 (two short rows a vector, vector
  * tails, 32 values at a time), 1 to 5 rows (an odd last row), deal with and without o, on rows
@@ -285,7 +273,7 @@ static void test_short_conversions(void **state) {
     enum { H = 5, W = 70, LD = 80, LDX = 2 * W + 3 };
     static float x[H * LDX];
     static uint16_t a[H * LD], b[H * LD], ao[H * LD], bo[H * LD];
-    fill_special(x, H * LDX, 51);
+    fill_bf16_specials(x, H * LDX, 51);
     for (int i = 1; i < H; i += 2) fill_uniform(x + i * LDX, LDX, 52 + (unsigned)i, -1, 1);
     for (int h = 1; h <= H; h++)
         for (int w = 1; w <= W; w++) {

@@ -227,6 +227,58 @@ static uint32_t pair_word(const float *lo, const float *hi) {
     return (uint32_t)a | (uint32_t)b << 16;
 }
 
+/* One input transform's bf16 stores against the fp32 transform v (16 points, v_xi apart, ldv
+ * words a channel) rounded by cf_fp32_to_bf16: input_pairs (channel pairs) and input_bf16, over
+ * images n_images of x, tile rows ty0..ty0+th, bitwise and nothing written outside the call's
+ * tiles and channels. `what` names the case in a failure. */
+typedef struct {
+    const float *x, *v;
+    int ch, h, w, n_images, ty0, th, tiles, ldv;
+    float *pad;
+    const char *what;
+} stores_case;
+
+static void check_input_pairs(const cf_wino_kernels *wk, const stores_case *c) {
+    const int pairs = (c->ch + 1) / 2;
+    const size_t v_xi = (size_t)c->ch * c->ldv + 6, p_xi = (size_t)pairs * c->ldv + 6;
+    const size_t plane = (size_t)c->h * c->w;
+    uint32_t *got = malloc(16 * p_xi * sizeof(uint32_t));
+    uint32_t *want = malloc(16 * p_xi * sizeof(uint32_t));
+    memset(got, 0x5a, 16 * p_xi * sizeof(uint32_t));
+    memset(want, 0x5a, 16 * p_xi * sizeof(uint32_t));
+    for (int xi = 0; xi < 16; xi++)
+        for (int p = 0; p < pairs; p++)
+            for (int t = 0; t < c->tiles; t++) {
+                const float *lo = c->v + xi * v_xi + (size_t)(2 * p) * c->ldv + t;
+                want[xi * p_xi + (size_t)p * c->ldv + t] =
+                    pair_word(lo, 2 * p + 1 < c->ch ? lo + c->ldv : NULL);
+            }
+    wk->input_pairs(c->x, c->ch, c->h, c->w, c->n_images, c->ch * plane, c->ty0, c->th, got, p_xi,
+                    c->ldv, c->pad);
+    char what[128];
+    snprintf(what, sizeof what, "input_pairs %s", c->what);
+    expect_bitwise(what, got, want, 16 * p_xi, sizeof(uint32_t));
+    free(got), free(want);
+}
+
+static void check_input_bf16(const cf_wino_kernels *wk, const stores_case *c) {
+    const size_t v_xi = (size_t)c->ch * c->ldv + 6, plane = (size_t)c->h * c->w;
+    uint16_t *got = malloc(16 * v_xi * sizeof(uint16_t));
+    uint16_t *want = malloc(16 * v_xi * sizeof(uint16_t));
+    memset(got, 0x5a, 16 * v_xi * sizeof(uint16_t));
+    memset(want, 0x5a, 16 * v_xi * sizeof(uint16_t));
+    for (int xi = 0; xi < 16; xi++)
+        for (int ch = 0; ch < c->ch; ch++)
+            cf_fp32_to_bf16(c->v + xi * v_xi + (size_t)ch * c->ldv,
+                            want + xi * v_xi + (size_t)ch * c->ldv, (size_t)c->tiles);
+    wk->input_bf16(c->x, c->ch, c->h, c->w, c->n_images, c->ch * plane, c->ty0, c->th, got, v_xi,
+                   c->ldv, c->pad);
+    char what[128];
+    snprintf(what, sizeof what, "input_bf16 %s", c->what);
+    expect_bitwise(what, got, want, 16 * v_xi, sizeof(uint16_t));
+    free(got), free(want);
+}
+
 /* input_pairs, dy_pairs and input_bf16 (the level's bf16 stores) against the fp32 transforms
  * (input, dy_nhwc) rounded by cf_fp32_to_bf16, on values that round apart (fill_specials):
  * bitwise, and nothing written outside the call's tiles and channels. */
@@ -246,45 +298,18 @@ static void test_bf16_stores(void **state) {
         const uint32_t nan = nans[vi % 4];
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int th = (h + 1) / 2, tw = (w + 1) / 2, tiles = n_images * th * tw;
-        const int ldv = (tiles + 15) / 16 * 16 + 2, pairs = (ch + 1) / 2;
-        const size_t v_xi = (size_t)ch * ldv + 6, p_xi = (size_t)pairs * ldv + 6;
+        const int ldv = (tiles + 15) / 16 * 16 + 2;
+        const size_t v_xi = (size_t)ch * ldv + 6;
         const size_t plane = (size_t)h * w, nx = (size_t)n_images * ch * plane;
         float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
         float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
         fill_specials(x, nx, 300 + (unsigned)vi, nan);
         wk->input(x, ch, h, w, n_images, ch * plane, 0, th, v, v_xi, ldv, pad);
         char what[80];
-        if (wk->input_pairs) {
-            uint32_t *got = malloc(16 * p_xi * sizeof(uint32_t));
-            uint32_t *want = malloc(16 * p_xi * sizeof(uint32_t));
-            memset(got, 0x5a, 16 * p_xi * sizeof(uint32_t));
-            memset(want, 0x5a, 16 * p_xi * sizeof(uint32_t));
-            for (int xi = 0; xi < 16; xi++)
-                for (int p = 0; p < pairs; p++)
-                    for (int t = 0; t < tiles; t++) {
-                        const float *lo = v + xi * v_xi + (size_t)(2 * p) * ldv + t;
-                        want[xi * p_xi + (size_t)p * ldv + t] =
-                            pair_word(lo, 2 * p + 1 < ch ? lo + ldv : NULL);
-                    }
-            wk->input_pairs(x, ch, h, w, n_images, ch * plane, 0, th, got, p_xi, ldv, pad);
-            snprintf(what, sizeof what, "input_pairs %dx%d, %d channels, NaN %#x", h, w, ch, nan);
-            expect_bitwise(what, got, want, 16 * p_xi, sizeof(uint32_t));
-            free(got), free(want);
-        }
-        if (wk->input_bf16) {
-            uint16_t *got = malloc(16 * v_xi * sizeof(uint16_t));
-            uint16_t *want = malloc(16 * v_xi * sizeof(uint16_t));
-            memset(got, 0x5a, 16 * v_xi * sizeof(uint16_t));
-            memset(want, 0x5a, 16 * v_xi * sizeof(uint16_t));
-            for (int xi = 0; xi < 16; xi++)
-                for (int c = 0; c < ch; c++)
-                    cf_fp32_to_bf16(v + xi * v_xi + (size_t)c * ldv,
-                                    want + xi * v_xi + (size_t)c * ldv, (size_t)tiles);
-            wk->input_bf16(x, ch, h, w, n_images, ch * plane, 0, th, got, v_xi, ldv, pad);
-            snprintf(what, sizeof what, "input_bf16 %dx%d, %d channels, NaN %#x", h, w, ch, nan);
-            expect_bitwise(what, got, want, 16 * v_xi, sizeof(uint16_t));
-            free(got), free(want);
-        }
+        snprintf(what, sizeof what, "%dx%d, %d channels, NaN %#x", h, w, ch, nan);
+        const stores_case sc = {x, v, ch, h, w, n_images, 0, th, tiles, ldv, pad, what};
+        if (wk->input_pairs) check_input_pairs(wk, &sc);
+        if (wk->input_bf16) check_input_bf16(wk, &sc);
         if (wk->dy_pairs) { /* x as dy, pixel-major: K = ch channels */
             const int K = ch, ldm = (K + 15) / 16 * 16 + 3, tpairs = (tiles + 1) / 2;
             const size_t m_xi = (size_t)tiles * K + 5, q_xi = (size_t)tpairs * ldm + 7;
@@ -351,9 +376,9 @@ static void test_bf16_direct(void **state) {
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int tw = (w + 1) / 2, ty0 = cases[ci][4];
         const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0;
-        const int tiles = n_images * th * tw, pairs = (ch + 1) / 2;
+        const int tiles = n_images * th * tw;
         const int ldv = (tiles + 15) / 16 * 16 + 2;
-        const size_t v_xi = (size_t)ch * ldv + 6, p_xi = (size_t)pairs * ldv + 6;
+        const size_t v_xi = (size_t)ch * ldv + 6;
         const size_t plane = (size_t)h * w, nx = (size_t)n_images * ch * plane;
         float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
         float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
@@ -364,39 +389,11 @@ static void test_bf16_direct(void **state) {
         const bool taken = direct && tw % 16 == 0;
         float *call_pad = taken ? NULL : pad;
         char what[96];
-        if (wk->input_pairs) {
-            uint32_t *got = malloc(16 * p_xi * sizeof(uint32_t));
-            uint32_t *want = malloc(16 * p_xi * sizeof(uint32_t));
-            memset(got, 0x5a, 16 * p_xi * sizeof(uint32_t));
-            memset(want, 0x5a, 16 * p_xi * sizeof(uint32_t));
-            for (int xi = 0; xi < 16; xi++)
-                for (int p = 0; p < pairs; p++)
-                    for (int t = 0; t < tiles; t++) {
-                        const float *lo = v + xi * v_xi + (size_t)(2 * p) * ldv + t;
-                        want[xi * p_xi + (size_t)p * ldv + t] =
-                            pair_word(lo, 2 * p + 1 < ch ? lo + ldv : NULL);
-                    }
-            wk->input_pairs(x, ch, h, w, n_images, ch * plane, ty0, th, got, p_xi, ldv, call_pad);
-            snprintf(what, sizeof what, "input_pairs %dx%d, %d images, %d channels, rows %d+%d", h,
-                     w, n_images, ch, ty0, th);
-            expect_bitwise(what, got, want, 16 * p_xi, sizeof(uint32_t));
-            free(got), free(want);
-        }
-        if (wk->input_bf16) {
-            uint16_t *got = malloc(16 * v_xi * sizeof(uint16_t));
-            uint16_t *want = malloc(16 * v_xi * sizeof(uint16_t));
-            memset(got, 0x5a, 16 * v_xi * sizeof(uint16_t));
-            memset(want, 0x5a, 16 * v_xi * sizeof(uint16_t));
-            for (int xi = 0; xi < 16; xi++)
-                for (int c = 0; c < ch; c++)
-                    cf_fp32_to_bf16(v + xi * v_xi + (size_t)c * ldv,
-                                    want + xi * v_xi + (size_t)c * ldv, (size_t)tiles);
-            wk->input_bf16(x, ch, h, w, n_images, ch * plane, ty0, th, got, v_xi, ldv, call_pad);
-            snprintf(what, sizeof what, "input_bf16 %dx%d, %d images, %d channels, rows %d+%d", h,
-                     w, n_images, ch, ty0, th);
-            expect_bitwise(what, got, want, 16 * v_xi, sizeof(uint16_t));
-            free(got), free(want);
-        }
+        snprintf(what, sizeof what, "%dx%d, %d images, %d channels, rows %d+%d", h, w, n_images, ch,
+                 ty0, th);
+        const stores_case sc = {x, v, ch, h, w, n_images, ty0, th, tiles, ldv, call_pad, what};
+        if (wk->input_pairs) check_input_pairs(wk, &sc);
+        if (wk->input_bf16) check_input_bf16(wk, &sc);
         free(x), free(v), free(pad);
     }
 }

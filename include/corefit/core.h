@@ -138,10 +138,13 @@ int cf_available_cores(void);
  * spinning on a mapping that cannot succeed). */
 cf_status cf_blas_reserve(int concurrent);
 
-/* Runs fn(ctx, begin, end, thread) over [0, n) split into contiguous chunks, one per thread,
+/* Runs fn(ctx, begin, end, part) over [0, n) split into contiguous chunks, one per thread,
  * on a persistent pool started lazily in the process that uses it (re-created after fork).
- * Chunks are a deterministic function of n and the thread count. */
-typedef void (*cf_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
+ * Chunks are a deterministic function of n and the thread count. `part` is the chunk's number
+ * (0 .. threads-1), for per-part scratch: a part runs once, usually on its own thread, but the
+ * caller, its own part done, runs a part whose thread has not started it yet (docs/api.md,
+ * "How pool threads and fork workers wait"), so fn must not rely on the running thread. */
+typedef void (*cf_range_fn)(void *ctx, int64_t begin, int64_t end, int part);
 void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx);
 
 /* The BLAS kernels in use ("SkylakeX", "Haswell", ...), chosen to match cf_isa_active() unless
