@@ -270,6 +270,12 @@ static cf_status idx_short(idx_file *x, int64_t got) {
     return st;
 }
 
+/* Closes an opened file whose data was not read to its end (an error on the way). */
+static void idx_abandon(idx_file *x) {
+    gzclose(x->f);
+    x->f = NULL;
+}
+
 /* After the kept data was read: when that was all of it, that nothing follows (and, in a gzip
  * file, that its trailer matches). Closes the file. */
 static cf_status idx_close(idx_file *x) {
@@ -312,12 +318,10 @@ static cf_status idx_read_bytes(idx_file *x, cf_idx *out) {
     }
     if (got < x->keep) st = idx_short(x, got);
 done:
-    if (st) {
-        gzclose(x->f);
-        x->f = NULL;
-    } else {
+    if (st)
+        idx_abandon(x);
+    else
         st = idx_close(x);
-    }
     if (st) {
         cf_idx_free(&tmp);
         return st;
@@ -349,8 +353,7 @@ static void byte_lut(float lut[256]) {
 static cf_status idx_read_floats(idx_file *x, float *dst) {
     uint8_t *buf = cf_malloc((size_t)STREAM_CHUNK);
     if (!buf) {
-        gzclose(x->f);
-        x->f = NULL;
+        idx_abandon(x);
         return cf_fail_context(CF_ERR_NOMEM, "%s", x->path);
     }
     float lut[256];
@@ -367,8 +370,7 @@ static cf_status idx_read_floats(idx_file *x, float *dst) {
     cf_free(buf);
     cf_status st = done < x->keep ? idx_short(x, done) : CF_OK;
     if (st) {
-        gzclose(x->f);
-        x->f = NULL;
+        idx_abandon(x);
         return st;
     }
     return idx_close(x);
@@ -506,7 +508,7 @@ cf_status cf_dataset_from_idx_first(const char *images_path, const char *labels_
         im = x.dims;
         st = alloc_for_images(&im, images_path, &ds);
         if (st) {
-            gzclose(x.f);
+            idx_abandon(&x);
         } else {
             /* where this run has a second core, its page faults are taken there meanwhile */
             cf__prefault *pf = cf__prefault_start(ds->x, (size_t)x.keep * sizeof(float));

@@ -124,6 +124,12 @@ static void forward_term(int sig) {
     errno = saved;
 }
 
+/* CF_TIMING=1 in the environment: the workers and the supervisor report where time went. */
+static bool timing_requested(void) {
+    const char *e = getenv("CF_TIMING");
+    return e && strcmp(e, "1") == 0;
+}
+
 /* CF_TIMING=1: where a worker's wall time went, on stderr (bench/scaling.py reads it): from its
  * start to the job (pinning, OpenBLAS's warm-up), the job, and the part of the job spent in
  * barriers (every collective passes one or more), with how many waits outlasted the spin and
@@ -131,8 +137,7 @@ static void forward_term(int sig) {
  * involuntary context switches: a worker whose barriers wait less than its peer's while its CPU
  * seconds match was preempted more (its core shared), not given more work. */
 static void report_timing(const cf_shm_comm *c, int rank, uint64_t t_start, uint64_t t_ready) {
-    const char *e = getenv("CF_TIMING");
-    if (!e || strcmp(e, "1") != 0) return;
+    if (!timing_requested()) return;
     uint64_t now = cf_shm_now_ns();
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
@@ -564,8 +569,7 @@ cf_status cf__launch_fork_hooked(const cf_launch_options *opt, cf_worker_fn fn, 
     if (st != CF_OK) stop_all(&s);
     for (int r = 0; r < n; r++)
         if (s.ends[r] >= 0) close(s.ends[r]);
-    const char *timing = getenv("CF_TIMING");
-    if (timing && strcmp(timing, "1") == 0)
+    if (timing_requested())
         fprintf(stderr, "timing: supervisor: %llu wake-ups in %.3f s\n",
                 (unsigned long long)s.wakes, (double)(cf_shm_now_ns() - t_supervise) * 1e-9);
     last_fault = st == CF_OK ? (cf__launch_fault){CF_FAULT_NONE, -1, 0} : s.fault;
