@@ -80,6 +80,17 @@ typedef struct conv_impl {
     bool dx_by_sibling;             /* the last backward left its input gradient to a sibling */
     bool dw_by_sibling; /* ... and its weight gradient too, into this layer's partial sums */
     float *held;        /* meanwhile, its partial sums (from the arena's transient pool) */
+    /* The weight gradient's partial sums ([tap][out][in]: the implicit and bf16 implicit paths)
+     * are added into the gradient inside the backward's job, not after it (reduce_in_job): a
+     * part that has written its partial sums adds its images to dw_images, and a part that ends
+     * when every image's are written (the last one to end always does) takes slices of the
+     * output channels (dw_next_slice; dw_slices of this layer's, then sc_slices of its paired
+     * shortcut's) and adds them, each element over the threads in thread order as
+     * reduce_partials does: the same sums, no serial pass between the jobs. */
+    bool reduce_in_job;
+    int dw_slices, sc_slices;
+    _Atomic int64_t dw_images;
+    _Atomic int dw_next_slice;
     cf_conv_shortcut shortcut_dx; /* a shortcut's output gradient, for the next backward's dx */
     cf_module *shortcut_dw;       /* ... and the shortcut whose weight gradient it computes */
     /* a 1x1 stride-2 layer without padding or bias: its weight gradient through
@@ -737,6 +748,48 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
     }
 }
 
+/* Adds the threads' implicit-layout partial sums ([tap][out][in]) of output channels [o0, o1)
+ * into m's weight gradient, each element over the threads in thread order. */
+static void reduce_implicit_rows(cf_module *m, int o0, int o1) {
+    conv_impl *c = m->impl;
+    cf_param *wp = &m->params[0];
+    const int O = c->out_c, T = c->k * c->k, I = c->in_c;
+    for (int t = 0; t < c->n_threads; t++) {
+        if (!c->ran[t]) continue;
+        const float *part = c->dwt + (size_t)t * c->dw_stride;
+        for (int o = o0; o < o1; o++)
+            for (int i = 0; i < I; i++) {
+                float *gr = wp->grad + ((size_t)o * I + i) * T;
+                for (int tap = 0; tap < T; tap++) gr[tap] += part[((size_t)tap * O + o) * I + i];
+            }
+    }
+}
+
+/* In a backward job (reduce_in_job): the images [begin, end) have their weight-gradient partial
+ * sums written (this layer's and its paired shortcut's). */
+static void dw_written(conv_impl *c, int64_t begin, int64_t end) {
+    if (c->reduce_in_job) atomic_fetch_add(&c->dw_images, end - begin);
+}
+
+/* At the end of a part of a backward job (reduce_in_job): once every image's partial sums are
+ * written, adds slices of them into the gradients until none is left. A part that ends earlier
+ * leaves them to the others: the part whose check comes last sees every image's (each part
+ * counts its images before its check), so every slice is added before the job ends. */
+static void dw_reduce_slices(cf_module *m) {
+    conv_impl *c = m->impl;
+    if (!c->reduce_in_job || atomic_load(&c->dw_images) < c->batch) return;
+    const int total = c->dw_slices + c->sc_slices;
+    for (;;) {
+        const int s = atomic_fetch_add(&c->dw_next_slice, 1);
+        if (s >= total) return;
+        cf_module *r = s < c->dw_slices ? m : c->shortcut_dw;
+        const int slices = s < c->dw_slices ? c->dw_slices : c->sc_slices,
+                  k = s < c->dw_slices ? s : s - c->dw_slices, O = ((conv_impl *)r->impl)->out_c;
+        reduce_implicit_rows(r, (int)((int64_t)O * k / slices),
+                             (int)((int64_t)O * (k + 1) / slices));
+    }
+}
+
 /* The paired 1x1 shortcut's weight-gradient part for the images from `begin` on, into this
  * thread's partial sums (the shortcut marked as run on this thread); none (0 outputs) without one.
  */
@@ -788,6 +841,7 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
     } else if (c->want_dw)
         cf_conv_implicit_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                                false, scratch);
+    dw_written(c, begin, end);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
     if (c->need_dx && c->winograd_call && c->winograd_bf16)
         cf_conv_winograd_dx_bf16(g, c->out_c, c->wino_u_dx, dy, count, c->dx + (size_t)begin * in_n,
@@ -801,6 +855,7 @@ static void conv_backward_in_place_range(void *ctx, int64_t begin, int64_t end, 
         cf_conv_implicit_dx_with(g, c->out_c, c->wpack_dx, dy, count, c->dx + (size_t)begin * in_n,
                                  scratch, sc.out_channels ? &sc : NULL);
     }
+    dw_reduce_slices(m);
 }
 
 /* Before the threads read the pack: one made at another level (cf_set_isa or CF_ISA changed
@@ -835,7 +890,9 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
                       c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n, scratch,
                       sdw.out_channels ? &sdw : NULL, sdx.out_channels ? &sdx : NULL),
                   "cf_conv_bf16_backward");
+        dw_written(c, begin, end);
         if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
+        dw_reduce_slices(m);
         return;
     }
     if (c->want_dw && c->shortcut_dw) { /* and the shortcut's, from the same blocks */
@@ -845,6 +902,7 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     } else if (c->want_dw)
         cf_conv_bf16_wgrad(g, c->out_c, dy, x, count, c->dwt + (size_t)thread * c->dw_stride,
                            scratch);
+    dw_written(c, begin, end);
     if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
     if (c->need_dx && c->add_dx)
         bf16_note(c,
@@ -865,6 +923,7 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
                   cf_conv_bf16_dx(g, c->out_c, c->bf16_packed, dy, count,
                                   c->dx + (size_t)begin * in_n, scratch),
                   "cf_conv_bf16_dx");
+    dw_reduce_slices(m);
 }
 
 /* The weight gradient alone of the images [begin, end) of an implicit_dw layer, into this
@@ -878,6 +937,8 @@ static void conv_wgrad_range(void *ctx, int64_t begin, int64_t end, int thread) 
     cf_conv_implicit_wgrad(g, c->out_c, c->dy + (size_t)begin * out_n, c->x + (size_t)begin * in_n,
                            (int)(end - begin), c->dwt + (size_t)thread * c->dw_stride, false,
                            c->scratch + (size_t)thread * c->scratch_stride);
+    dw_written(c, begin, end);
+    dw_reduce_slices(m);
 }
 
 /* Adds the threads' partial sums of m's last backward into its gradients, in thread order
@@ -895,14 +956,7 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
             cf_conv_winograd_wgrad_add(&c->g, O, c->wino_du + (size_t)t * c->wino_du_stride,
                                        wp->grad);
         } else if (want_dw && implicit) {
-            const float *part = c->dwt + (size_t)t * c->dw_stride;
-            const int T = c->k * c->k, I = c->in_c;
-            for (int o = 0; o < O; o++)
-                for (int i = 0; i < I; i++) {
-                    float *gr = wp->grad + ((size_t)o * I + i) * T;
-                    for (int tap = 0; tap < T; tap++)
-                        gr[tap] += part[((size_t)tap * O + o) * I + i];
-                }
+            /* after this loop, over every thread (reduce_implicit_rows) */
         } else if (want_dw && out_major) {
             const float *part = c->dwt + (size_t)t * c->dw_stride;
             for (size_t i = 0; i < (size_t)O * K; i++) wp->grad[i] += part[i];
@@ -918,14 +972,15 @@ static void reduce_partials(cf_module *m, bool want_dw, bool want_db, bool winog
             for (size_t i = 0; i < bp->numel; i++) bp->grad[i] += part[i];
         }
     }
+    if (want_dw && implicit && !winograd) reduce_implicit_rows(m, 0, O);
 }
 
 /* Adds the weight gradient of the shortcut whose partial sums c's backward wrote (the threads
  * that ran mark them) into its gradient and gives its partial sums back. */
-static void finish_shortcut_dw(conv_impl *c) {
+static void finish_shortcut_dw(conv_impl *c, bool reduced) {
     if (!c->shortcut_dw) return;
     conv_impl *s = c->shortcut_dw->impl;
-    reduce_partials(c->shortcut_dw, true, false, false, true, false);
+    if (!reduced) reduce_partials(c->shortcut_dw, true, false, false, true, false);
     cf_arena_give(s->arena, s->held, NULL);
     s->held = NULL;
     c->shortcut_dw = NULL;
@@ -961,7 +1016,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     }
     if (!need_dx && !c->want_dw && !c->want_db) {
         c->shortcut_dx.out_channels = 0;
-        finish_shortcut_dw(c);
+        finish_shortcut_dw(c, false);
         conv_report(c, "backward"); /* a repack for a sibling (cf_nn_conv_shortcut_backward) */
         return NULL;
     }
@@ -970,6 +1025,23 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
+    /* the implicit layouts' weight gradient is reduced by the job itself (reduce_in_job); the
+     * two-pass implicit_dw path's second job only */
+    const bool dw_implicit = c->want_dw && !winograd && (bf16_implicit || implicit);
+    const bool dw_second_pass = c->want_dw && !dw_implicit && !winograd && use_implicit_dw(c);
+    c->reduce_in_job = false;
+    if (dw_implicit || dw_second_pass) {
+        const int per = 4 * c->n_threads;
+        c->dw_slices = c->out_c < per ? c->out_c : per;
+        c->sc_slices = 0;
+        if (c->shortcut_dw) {
+            const int so = ((conv_impl *)c->shortcut_dw->impl)->out_c;
+            c->sc_slices = so < per ? so : per;
+        }
+        atomic_store(&c->dw_images, 0);
+        atomic_store(&c->dw_next_slice, 0);
+        c->reduce_in_job = dw_implicit; /* the two-pass path sets it before its second job */
+    }
     if (bf16_implicit) {
         bf16_pack_for_level(c, wp->data);
         c->batch = N;
@@ -991,14 +1063,17 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
         c->want_dw = want_dw;
         memset(c->ran, 0, (size_t)c->n_threads);
         c->batch = N;
+        c->reduce_in_job = true;
         run_batch(c, N, conv_wgrad_range, m);
     } else {
         run_groups(c, N, conv_backward_range, m);
     }
-    reduce_partials(m, c->want_dw, c->want_db, winograd,
+    const bool reduced = c->reduce_in_job;
+    c->reduce_in_job = false;
+    reduce_partials(m, c->want_dw && !reduced, c->want_db, winograd,
                     implicit || use_implicit_dw(c) || bf16_implicit,
                     use_bf16(c) && !bf16_dw_dots(c));
-    finish_shortcut_dw(c);
+    finish_shortcut_dw(c, reduced);
     call_end(c, mem);
     conv_report(c, "backward");
     c->shortcut_dx.out_channels = 0;
