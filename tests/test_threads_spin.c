@@ -3,7 +3,8 @@
  * with bitwise the same weights), the counters count, a pool left idle sleeps (it takes under 0.1
  * CPU-second in a second of idleness after a burst of jobs), and the lock-free hand-over of jobs
  * runs every part once and shows its stores to the caller however the threads wait, a late
- * worker's part running on the caller with its own chunk and id. */
+ * worker's part running on the caller with its own chunk and id; the convolutions' weight gradient,
+ * added inside the backward's job, is the threads' partial sums added in thread order. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -208,6 +209,101 @@ static void test_idle_pool_sleeps(void **state) {
     cf_set_num_threads(0);
 }
 
+/* ---- the convolutions' weight gradient, added inside the backward's job ---------------------
+ * conv.c adds the threads' partial sums of the implicit weight gradient into the gradient inside
+ * the backward's job, in slices of output channels taken by whichever part ends once every
+ * image's partial sums are written. Each thread's partial sum is a one-thread backward over its
+ * chunk of the batch, so the gradient at T threads must be, bitwise, the in-order sum of the T
+ * chunks' one-thread gradients (0 + P_0 + P_1 ...), whatever the spin (no spin: the workers'
+ * parts mostly run on the caller, one after another; 2 ms: the threads run them side by side). */
+typedef struct conv_case {
+    int in, out, k, stride, pad, n, h, w;
+    bool bf16;
+} conv_case;
+
+/* The weight gradient of one backward of the case's layer over images [b, e) of x and dy. */
+static float *conv_wgrad(const conv_case *cc, const float *x, const float *dy, int b, int e,
+                         size_t *numel) {
+    cf_module *layer = cf_conv2d(cc->in, cc->out, cc->k, cc->stride, cc->pad, false);
+    assert_non_null(layer);
+    if (cc->bf16) cf_conv_set_bf16(layer, true);
+    cf_model *model = NULL;
+    assert_int_equal(cf_model_new(&model, layer, 7), CF_OK);
+    const size_t in_n = (size_t)cc->in * cc->h * cc->w;
+    cf_tensor xt =
+        cf_tensor_view((float *)x + (size_t)b * in_n, cf_shape4(e - b, cc->in, cc->h, cc->w));
+    const cf_tensor *y = NULL;
+    if (cf_model_forward(model, &xt, &y) != CF_OK) fail_msg("forward: %s", cf_last_error());
+    const size_t out_n = cf_shape_numel(&y->shape) / (size_t)(e - b);
+    cf_tensor dyt = cf_tensor_view((float *)dy + (size_t)b * out_n, y->shape);
+    cf_model_zero_grad(model);
+    /* with dx, which the parts compute after their partial sums (cf_model_backward asks the
+     * root for none) */
+    assert_non_null(model->root->ops->backward(model->root, &dyt, true));
+    const cf_param *w = cf_model_param(model, "weight");
+    *numel = w->numel;
+    float *g = malloc(w->numel * sizeof(float));
+    memcpy(g, w->grad, w->numel * sizeof(float));
+    cf_model_free(model);
+    return g;
+}
+
+static void test_conv_wgrad_reduced_in_the_job(void **state) {
+    (void)state;
+    const conv_case cases[] = {
+        {16, 20, 3, 2, 1, 7, 14, 14, false}, /* implicit, stride 2 */
+        {8, 12, 3, 1, 1, 5, 9, 7, false},    /* implicit, stride 1 */
+        {16, 24, 1, 2, 0, 6, 10, 10, false}, /* 1x1 stride 2: dx, then the weight gradient */
+        {16, 20, 3, 1, 1, 7, 8, 8, true},    /* bf16 implicit (fp32 where the CPU has no bf16) */
+        {16, 20, 3, 2, 1, 7, 14, 14, true},
+    };
+    const double spins[] = {-1, 0, 2e6};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const conv_case *cc = &cases[ci];
+        const int oh = (cc->h + 2 * cc->pad - cc->k) / cc->stride + 1,
+                  ow = (cc->w + 2 * cc->pad - cc->k) / cc->stride + 1;
+        const size_t nx = (size_t)cc->n * cc->in * cc->h * cc->w,
+                     ny = (size_t)cc->n * cc->out * oh * ow;
+        float *x = malloc(nx * sizeof(float)), *dy = malloc(ny * sizeof(float));
+        fill_uniform(x, nx, 11 + ci, -1, 1);
+        fill_uniform(dy, ny, 21 + ci, -1, 1);
+        for (int threads = 2; threads <= 3; threads++) {
+            /* the expected gradient: the chunks' one-thread gradients added in thread order */
+            cf_set_num_threads(1);
+            size_t numel = 0;
+            float *want = NULL;
+            for (int t = 0; t < threads; t++) {
+                const int base = cc->n / threads, extra = cc->n % threads;
+                const int b = t * base + (t < extra ? t : extra), e = b + base + (t < extra);
+                float *part = conv_wgrad(cc, x, dy, b, e, &numel);
+                if (!want) {
+                    want = calloc(numel, sizeof(float));
+                }
+                for (size_t i = 0; i < numel; i++) want[i] += part[i];
+                free(part);
+            }
+            cf_set_num_threads(threads);
+            for (size_t k = 0; k < sizeof spins / sizeof spins[0]; k++) {
+                cf__pool_set_spin(spins[k]);
+                size_t got_n = 0;
+                float *got = conv_wgrad(cc, x, dy, 0, cc->n, &got_n);
+                assert_int_equal(got_n, numel);
+                for (size_t i = 0; i < numel; i++)
+                    if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                        fail_msg("case %zu, %d threads, spin %g: dW[%zu] = %.9g, the chunks' sum "
+                                 "%.9g",
+                                 ci, threads, spins[k], i, got[i], want[i]);
+                free(got);
+            }
+            free(want);
+        }
+        free(x);
+        free(dy);
+    }
+    cf__pool_set_spin(-1);
+    cf_set_num_threads(0);
+}
+
 int main(void) {
     unsetenv("CF_POOL_TAKE_OVER"); /* read when the pool starts: these tests need the default */
     const struct CMUnitTest tests[] = {
@@ -215,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_idle_pool_sleeps),
         cmocka_unit_test(test_every_part_runs_once_and_is_seen),
         cmocka_unit_test(test_late_workers_part_runs_on_the_caller),
+        cmocka_unit_test(test_conv_wgrad_reduced_in_the_job),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
