@@ -260,6 +260,13 @@ static void test_conv_wgrad_reduced_in_the_job(void **state) {
     const double spins[] = {-1, 0, 2e6};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const conv_case *cc = &cases[ci];
+        cf_conv_geom g;
+        cf_conv_geom_init(&g, cc->in, cc->h, cc->w, cc->k, cc->k, cc->stride, cc->stride, cc->pad,
+                          cc->pad);
+        if (!cf_conv_implicit_supported(&g)) { /* this level lowers: no implicit kernels */
+            print_message("case %zu: no implicit kernels at this level, not checked\n", ci);
+            continue;
+        }
         const int oh = (cc->h + 2 * cc->pad - cc->k) / cc->stride + 1,
                   ow = (cc->w + 2 * cc->pad - cc->k) / cc->stride + 1;
         const size_t nx = (size_t)cc->n * cc->in * cc->h * cc->w,
