@@ -6,8 +6,9 @@
  *               (several rows a load), as long and longer, odd planes, bands of tile rows
  *   output      Y = A^T M A of every tile, on planes whose rows of tiles fill a vector and on
  *               those shorter than one (2x2 to 16x16 planes, the band of tile rows vectorised
- *               whole), odd planes, bands of tile rows, several images, a band whose tiles end
- *               inside a vector
+ *               whole; at AVX512_BF16 a channel's tiles of all the images), odd planes, bands of
+ *               tile rows, several images, a band whose tiles end inside a vector, images that
+ *               change inside a vector
  *   input_bf16  V = B^T d B rounded to bf16 (cf_fp32_to_bf16) against `input` rounded after
  *   bf16 stores input_pairs, dy_pairs and input_bf16 on values that round apart (subnormals, NaNs,
  *               infinities, ties) against `input` and dy_nhwc rounded after
@@ -60,7 +61,14 @@ static void test_output(void **state) {
                                    {2, 3, 16, 16, 0, 0}, {1, 2, 32, 32, 0, 0}, {3, 2, 8, 8, 1, 3},
                                    {2, 3, 4, 8, 0, 0},   {2, 2, 6, 4, 0, 0},   {2, 3, 12, 8, 0, 0},
                                    {2, 2, 5, 7, 0, 0},   {1, 2, 7, 4, 0, 0},   {2, 2, 16, 16, 2, 5},
-                                   {1, 2, 40, 40, 3, 4}, {2, 3, 4, 2, 0, 0},   {5, 2, 2, 4, 0, 0}};
+                                   {1, 2, 40, 40, 3, 4}, {2, 3, 4, 2, 0, 0},   {5, 2, 2, 4, 0, 0},
+                                   /* the AVX512_BF16 level's vectors over the images of 4, 8
+                                    * and 16 column planes: a tail of 12 tiles, bands of odd
+                                    * tile rows whose images change inside a vector (and inside
+                                    * a 128-bit lane pair of 4-column planes) */
+                                   {7, 3, 4, 4, 0, 0},   {9, 2, 6, 4, 0, 0},   {3, 2, 6, 4, 1, 2},
+                                   {5, 2, 10, 8, 1, 3},  {3, 2, 10, 16, 2, 3}, {3, 2, 14, 4, 1, 5},
+                                   {6, 1, 8, 4, 0, 0},   {4, 2, 2, 16, 0, 0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int th_all = (h + 1) / 2, tw = (w + 1) / 2, ty0 = cases[ci][4];

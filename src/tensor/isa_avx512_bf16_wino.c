@@ -216,11 +216,98 @@ static void input_bf16(const float *x, int channels, int h, int w, int n_images,
         }
 }
 
-/* winograd_loops.h's table with the two inputs above */
+/* ---- the output transform on planes of 4, 8 and 16 columns ----------------------------------
+ *
+ * loops_wino_output's short-row form (wino_output_short) runs its vectors over one image's band
+ * of tiles at a time, zips each vector's two output rows into a buffer on the stack and copies
+ * them out a tile row (g = w floats) at a time: 4 x 4 planes fill 4 of 16 lanes (an image's band
+ * is 4 tiles), and every vector went through 4 stores, then 8 to 16 loads and stores of 16 to
+ * 64 bytes. Here the vectors run over all of a channel's tiles of the call, image after image
+ * (M's tiles of a channel are consecutive across the images: t = n * band + local tile), and the
+ * zipped rows are dealt into place with 128-bit lane shuffles: a tile row's two output rows are
+ * 2 g adjacent floats of y (rows 2 ty and 2 ty + 1 of its image), so with w = 2 tw
+ *   g = 16  two tile rows a vector: each row's lo / hi half is a whole output row
+ *   g = 8   four: tile row j's 16 floats are the j-th 256-bit halves of the two rows' zips
+ *   g = 4   eight: tile rows 2m and 2m + 1 are the m-th 128-bit lanes of the two zips
+ * The same sums of the same M as wino_output_short and loops_wino_output (test_wino_transforms:
+ * odd bands, bands crossing images inside a vector, tails). */
+
+/* the 2 g floats of tile row R of the call (image R / th, tile row ty0 + R % th), channel k */
+static inline float *short_rows(float *y, size_t y_image, size_t k_plane, int g, int ty0, int th,
+                                int R) {
+    return y + (size_t)(R / th) * y_image + k_plane + (size_t)(2 * (ty0 + R % th)) * g;
+}
+
+static void output(const float *m, size_t m_xi, int ldm, int channels, int h, int w, int n_images,
+                   int ty0, int th, float *y, size_t y_image) {
+    if (h % 2 || !(w == 4 || w == 8 || w == 16)) {
+        loops_wino_output(m, m_xi, ldm, channels, h, w, n_images, ty0, th, y, y_image);
+        return;
+    }
+    const int g = w, tw = w / 2, tiles = n_images * th * tw;
+    for (int k = 0; k < channels; k++) {
+        const float *mk = m + (size_t)k * ldm;
+        const size_t k_plane = (size_t)k * h * w;
+        for (int t0 = 0; t0 < tiles; t0 += 16) {
+            const int n_t = tiles - t0, R0 = t0 / tw;
+            const int rows = (n_t < 16 ? n_t : 16) / tw; /* tile rows in this vector */
+            vf a[4], b[4];
+            for (int i = 0; i < 4; i++) {
+                const float *p = mk + (size_t)(4 * i) * m_xi + t0;
+                const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
+                         m2 = wino_load(p + 2 * m_xi, n_t), m3 = wino_load(p + 3 * m_xi, n_t);
+                a[i] = V_ADD(V_ADD(m0, m1), m2);
+                b[i] = V_SUB(V_SUB(m1, m2), m3);
+            }
+            const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
+            const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
+            const vf y10 = V_SUB(V_SUB(a[1], a[2]), a[3]);
+            const vf y11 = V_SUB(V_SUB(b[1], b[2]), b[3]);
+            vf lo0, hi0, lo1, hi1; /* the zipped first and second output rows */
+            V_ZIP(y00, y01, lo0, hi0);
+            V_ZIP(y10, y11, lo1, hi1);
+            if (g == 16) {
+                const vf r0[2] = {lo0, hi0}, r1[2] = {lo1, hi1};
+                for (int j = 0; j < rows; j++) {
+                    float *out = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j);
+                    _mm512_storeu_ps(out, r0[j]);
+                    _mm512_storeu_ps(out + 16, r1[j]);
+                }
+            } else if (g == 8) {
+                const vf v[4] = {_mm512_shuffle_f32x4(lo0, lo1, 0x44),
+                                 _mm512_shuffle_f32x4(lo0, lo1, 0xee),
+                                 _mm512_shuffle_f32x4(hi0, hi1, 0x44),
+                                 _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
+                for (int j = 0; j < rows; j++)
+                    _mm512_storeu_ps(short_rows(y, y_image, k_plane, g, ty0, th, R0 + j), v[j]);
+            } else { /* g == 4: 128-bit lanes [r0 2m, r1 2m, r0 2m+1, r1 2m+1] */
+                const vf s[4] = {_mm512_shuffle_f32x4(lo0, lo1, 0x44),
+                                 _mm512_shuffle_f32x4(lo0, lo1, 0xee),
+                                 _mm512_shuffle_f32x4(hi0, hi1, 0x44),
+                                 _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
+                for (int j = 0; j < rows; j += 2) {
+                    const vf v = _mm512_shuffle_f32x4(s[j / 2], s[j / 2], 0xd8);
+                    float *out = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j);
+                    if (j + 1 < rows) {
+                        float *next = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j + 1);
+                        if (next == out + 8) {
+                            _mm512_storeu_ps(out, v);
+                            continue;
+                        }
+                        _mm256_storeu_ps(next, _mm512_extractf32x8_ps(v, 1));
+                    }
+                    _mm256_storeu_ps(out, _mm512_castps512_ps256(v));
+                }
+            }
+        }
+    }
+}
+
+/* winograd_loops.h's table with the two inputs and the output above */
 static const cf_wino_kernels avx512_bf16_wino = {
     .short_row_cost = WINO_SHORT_ROW_COST,
     .input = loops_wino_input,
-    .output = loops_wino_output,
+    .output = output,
     .dy_nhwc = loops_wino_dy_nhwc,
     .input_pairs = input_pairs,
     .dy_pairs = loops_wino_dy_pairs,
