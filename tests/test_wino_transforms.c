@@ -15,6 +15,7 @@
  *   direct      input_pairs and input_bf16 on planes of 32k columns (the
  *               AVX512_BF16 level's transform from the image's rows, no split) against `input`
  *               rounded after
+ *   dy_pairs_nchw  dy_pairs from dy as the layer holds it against dy_pairs on a pixel-major copy
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -343,6 +344,53 @@ static void test_bf16_stores(void **state) {
     }
 }
 
+/* dy_pairs_nchw (the AVX512_BF16 level's dy_pairs from dy as the layer holds it, transposed in
+ * windows) against dy_pairs on a pixel-major copy: bitwise, on values that round apart, with
+ * channel counts off the vector's 16 (the last block's lanes), images wider than a window (its
+ * 128-column pieces) and odd widths whose rows still have an even number of tiles, odd heights
+ * (no second row in the last tile row), bands of tile rows, several images a gap apart, and
+ * nothing written past the call's tile pairs and channels. */
+static void test_dy_pairs_nchw(void **state) {
+    (void)state;
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    if (!wk || !wk->dy_pairs_nchw || !wk->dy_pairs) {
+        printf("kernels %s: no dy_pairs_nchw\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    /* images, channels, h, w, ty0, th (0: to the last tile row) */
+    static const int cases[][6] = {
+        {2, 16, 32, 32, 0, 0}, {1, 64, 32, 32, 0, 8}, {2, 17, 16, 16, 0, 0}, {3, 35, 8, 8, 0, 0},
+        {5, 20, 4, 4, 0, 0},   {2, 9, 7, 7, 0, 0},    {1, 33, 15, 15, 1, 3}, {2, 18, 9, 260, 1, 3},
+        {1, 5, 3, 132, 0, 0},  {2, 31, 12, 24, 2, 3}, {3, 1, 4, 8, 0, 0},    {1, 48, 64, 64, 5, 6}};
+    static const uint32_t nans[] = {0, 0x7fc00001u, 0xffa00000u};
+    for (size_t vi = 0; vi < 3 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 3;
+        const int n_images = cases[ci][0], K = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
+        const int tw = (w + 1) / 2, ty0 = cases[ci][4];
+        const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0, tiles = n_images * th * tw;
+        const size_t plane = (size_t)h * w, dy_image = (size_t)K * plane + 7;
+        const int ldm = (K + 15) / 16 * 16 + 3, tpairs = tiles / 2;
+        const size_t q_xi = (size_t)tpairs * ldm + 7, nx = (size_t)n_images * dy_image;
+        float *dy = malloc(nx * sizeof(float)), *dyt = malloc(n_images * plane * K * sizeof(float));
+        uint32_t *got = malloc(16 * q_xi * sizeof(uint32_t));
+        uint32_t *want = malloc(16 * q_xi * sizeof(uint32_t));
+        fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        for (int n = 0; n < n_images; n++)
+            for (int k = 0; k < K; k++)
+                for (size_t p = 0; p < plane; p++)
+                    dyt[((size_t)n * plane + p) * K + k] = dy[n * dy_image + k * plane + p];
+        memset(got, 0x5a, 16 * q_xi * sizeof(uint32_t));
+        memset(want, 0x5a, 16 * q_xi * sizeof(uint32_t));
+        wk->dy_pairs(dyt, K, h, w, n_images, ty0, th, want, q_xi, ldm);
+        wk->dy_pairs_nchw(dy, dy_image, K, h, w, n_images, ty0, th, got, q_xi, ldm);
+        char what[96];
+        snprintf(what, sizeof what, "dy_pairs_nchw %dx%d, %d channels, %d images, tile rows %d..%d",
+                 h, w, K, n_images, ty0, ty0 + th - 1);
+        expect_bitwise(what, got, want, 16 * q_xi, sizeof(uint32_t));
+        free(dy), free(dyt), free(got), free(want);
+    }
+}
+
 /* input_pairs and input_bf16 on planes of 32k columns, which the AVX512_BF16 level (and AMX,
  * which shares its transforms) computes from the image's rows without the split (and on planes
  * of 16, 8 and 4 columns, which keep the split, beside them): against
@@ -459,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_output),     cmocka_unit_test(test_input),
         cmocka_unit_test(test_input_bf16), cmocka_unit_test(test_bf16_stores),
         cmocka_unit_test(test_gemm_rows),  cmocka_unit_test(test_bf16_direct),
+        cmocka_unit_test(test_dy_pairs_nchw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

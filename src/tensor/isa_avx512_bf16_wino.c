@@ -303,7 +303,126 @@ static void output(const float *m, size_t m_xi, int ldm, int channels, int h, in
     }
 }
 
-/* winograd_loops.h's table with the two inputs and the output above */
+/* ---- dy_pairs from the output gradient as the layer holds it --------------------------------
+ *
+ * The weight gradient's Mg^T pairs (loops_wino_dy_pairs) read dy pixel-major, so winograd.c
+ * transposed each image of dy (K x h w floats, 256 KiB for W3's 64 x 32 x 32) into a copy that
+ * dy_pairs then read back. Here the transposition goes by windows of up to 256 pixels (whole
+ * tile rows' pairs of image rows where the image is at most 128 columns wide, else 128-column
+ * pieces of one) and 16 channels: 16 x 16 blocks transposed in registers into a 16 KiB buffer
+ * on the stack, read at once from L1 by the tiles of the window. Each Mg value is the same
+ * operations on the same dy values as wino_dy_tile's (the copy is a permutation; channels past
+ * the call's are 0 in the buffer and not stored), so the words are bitwise dy_pairs's on the
+ * transposed copy (test_wino_transforms). Tile pairs stay within a window when the rows have an
+ * even number of tiles, which the caller checks. */
+
+enum { DY_WINDOW_COLS = 128, DY_WINDOW_PIXELS = 256 };
+
+/* r[i] lane j -> r[j] lane i (32-bit lanes) */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* u[4 g + c], 128-bit lane L: rows 4 g .. 4 g + 3 of column 4 L + c */
+    for (int g = 0; g < 4; g++) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_f32x4(v0, v1, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v1, 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(w0, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(w0, w1, 0xdd);
+    }
+}
+
+/* n pixels (up to 16) from src of the nk channels (plane floats apart) into buf, pixel-major
+ * (16 floats a pixel, lanes past nk 0) */
+static inline void dy_block(const float *src, size_t plane, int nk, int n, float *buf) {
+    const __mmask16 lanes = (__mmask16)simd_first_lanes(n);
+    __m512 r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = i < nk ? _mm512_maskz_loadu_ps(lanes, src + (size_t)i * plane) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int j = 0; j < n; j++) _mm512_store_ps(buf + (size_t)j * 16, r[j]);
+}
+
+/* wino_dy_tile's 16 vectors of the tile whose pixel (0, 0) is at p00 in a window buffer of rows
+ * of cw pixels */
+static inline __attribute__((always_inline)) void dy_tile_buf(const float *p00, int cw, bool right,
+                                                              bool down, __m512 z[16]) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 y00 = _mm512_load_ps(p00);
+    const __m512 y01 = right ? _mm512_load_ps(p00 + 16) : zero;
+    const __m512 y10 = down ? _mm512_load_ps(p00 + (size_t)cw * 16) : zero;
+    const __m512 y11 = right && down ? _mm512_load_ps(p00 + (size_t)(cw + 1) * 16) : zero;
+    const __m512 r[4][2] = {{y00, y01},
+                            {_mm512_add_ps(y00, y10), _mm512_add_ps(y01, y11)},
+                            {_mm512_sub_ps(y00, y10), _mm512_sub_ps(y01, y11)},
+                            {_mm512_sub_ps(zero, y10), _mm512_sub_ps(zero, y11)}};
+    for (int i = 0; i < 4; i++) {
+        z[4 * i] = r[i][0];
+        z[4 * i + 1] = _mm512_add_ps(r[i][0], r[i][1]);
+        z[4 * i + 2] = _mm512_sub_ps(r[i][0], r[i][1]);
+        z[4 * i + 3] = _mm512_sub_ps(zero, r[i][1]);
+    }
+}
+
+static void dy_pairs_nchw(const float *dy, size_t dy_image, int channels, int h, int w,
+                          int n_images, int ty0, int th, uint32_t *m, size_t m_xi, int ldm) {
+    const int K = channels, tw = (w + 1) / 2;
+    const size_t plane = (size_t)h * w;
+    float buf[DY_WINDOW_PIXELS * 16] __attribute__((aligned(64)));
+    for (int n = 0; n < n_images; n++)
+        for (int cs = 0; cs < w; cs += DY_WINDOW_COLS) {
+            const int cw = w - cs < DY_WINDOW_COLS ? w - cs : DY_WINDOW_COLS;
+            const int per = DY_WINDOW_PIXELS / 2 / cw; /* tile rows a window */
+            const int tx_end = (cs + cw + 1) / 2;
+            for (int ty = ty0; ty < ty0 + th; ty += per) {
+                const int nu = ty0 + th - ty < per ? ty0 + th - ty : per;
+                const int r0 = 2 * ty, nr = h - r0 < 2 * nu ? h - r0 : 2 * nu;
+                for (int k0 = 0; k0 < K; k0 += 16) {
+                    const int nk = K - k0 < 16 ? K - k0 : 16;
+                    const float *src = dy + (size_t)n * dy_image + (size_t)k0 * plane;
+                    if (cw == w) /* the window's rows are one run of dy */
+                        for (int p0 = 0; p0 < nr * w; p0 += 16)
+                            dy_block(src + (size_t)r0 * w + p0, plane, nk,
+                                     nr * w - p0 < 16 ? nr * w - p0 : 16, buf + (size_t)p0 * 16);
+                    else
+                        for (int r = 0; r < nr; r++)
+                            for (int c0 = 0; c0 < cw; c0 += 16)
+                                dy_block(src + (size_t)(r0 + r) * w + cs + c0, plane, nk,
+                                         cw - c0 < 16 ? cw - c0 : 16,
+                                         buf + ((size_t)r * cw + c0) * 16);
+                    for (int u = 0; u < nu; u++) {
+                        const bool down = 2 * (ty + u) + 1 < h;
+                        const size_t t_row = ((size_t)n * th + ty + u - ty0) * tw;
+                        for (int tx = cs / 2; tx < tx_end; tx += 2) {
+                            const float *p00 = buf + ((size_t)(2 * u) * cw + 2 * tx - cs) * 16;
+                            __m512 a[16], b[16];
+                            dy_tile_buf(p00, cw, 2 * tx + 1 < w, down, a);
+                            dy_tile_buf(p00 + 32, cw, 2 * tx + 3 < w, down, b);
+                            uint32_t *out = m + (t_row + tx) / 2 * ldm + k0;
+                            for (int xi = 0; xi < 16; xi++)
+                                wino_store_pairs(out + xi * m_xi, nk, a[xi], b[xi]);
+                        }
+                    }
+                }
+            }
+        }
+}
+
+/* winograd_loops.h's table with the two inputs, the output and dy_pairs_nchw above */
 static const cf_wino_kernels avx512_bf16_wino = {
     .short_row_cost = WINO_SHORT_ROW_COST,
     .input = loops_wino_input,
@@ -312,6 +431,7 @@ static const cf_wino_kernels avx512_bf16_wino = {
     .input_pairs = input_pairs,
     .dy_pairs = loops_wino_dy_pairs,
     .input_bf16 = input_bf16,
+    .dy_pairs_nchw = dy_pairs_nchw,
 };
 
 const cf_wino_kernels *const cf_wino_avx512_bf16 = &avx512_bf16_wino;
