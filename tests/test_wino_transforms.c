@@ -57,19 +57,17 @@ static void test_output(void **state) {
         printf("kernels %s: no Winograd transforms\n", cf_isa_name(cf_isa_active()));
         skip();
     }
-    /* images, channels, h, w, ty0, th (0: to the last tile row) */
-    static const int cases[][6] = {{3, 5, 4, 4, 0, 0},   {2, 3, 2, 2, 0, 0},   {2, 4, 8, 8, 0, 0},
-                                   {2, 3, 16, 16, 0, 0}, {1, 2, 32, 32, 0, 0}, {3, 2, 8, 8, 1, 3},
-                                   {2, 3, 4, 8, 0, 0},   {2, 2, 6, 4, 0, 0},   {2, 3, 12, 8, 0, 0},
-                                   {2, 2, 5, 7, 0, 0},   {1, 2, 7, 4, 0, 0},   {2, 2, 16, 16, 2, 5},
-                                   {1, 2, 40, 40, 3, 4}, {2, 3, 4, 2, 0, 0},   {5, 2, 2, 4, 0, 0},
-                                   /* the AVX512_BF16 level's vectors over the images of 4, 8
-                                    * and 16 column planes: a tail of 12 tiles, bands of odd
-                                    * tile rows whose images change inside a vector (and inside
-                                    * a 128-bit lane pair of 4-column planes) */
-                                   {7, 3, 4, 4, 0, 0},   {9, 2, 6, 4, 0, 0},   {3, 2, 6, 4, 1, 2},
-                                   {5, 2, 10, 8, 1, 3},  {3, 2, 10, 16, 2, 3}, {3, 2, 14, 4, 1, 5},
-                                   {6, 1, 8, 4, 0, 0},   {4, 2, 2, 16, 0, 0}};
+    /* images, channels, h, w, ty0, th (0: to the last tile row); from {7, 3, 4, 4}: the
+     * AVX512_BF16 level's vectors over the images of 4, 8 and 16 column planes (a tail of 12
+     * tiles, bands of odd tile rows whose images change inside a vector and inside a 128-bit
+     * lane pair of 4-column planes) */
+    static const int cases[][6] = {
+        {3, 5, 4, 4, 0, 0},   {2, 3, 2, 2, 0, 0}, {2, 4, 8, 8, 0, 0},  {2, 3, 16, 16, 0, 0},
+        {1, 2, 32, 32, 0, 0}, {3, 2, 8, 8, 1, 3}, {2, 3, 4, 8, 0, 0},  {2, 2, 6, 4, 0, 0},
+        {2, 3, 12, 8, 0, 0},  {2, 2, 5, 7, 0, 0}, {1, 2, 7, 4, 0, 0},  {2, 2, 16, 16, 2, 5},
+        {1, 2, 40, 40, 3, 4}, {2, 3, 4, 2, 0, 0}, {5, 2, 2, 4, 0, 0},  {7, 3, 4, 4, 0, 0},
+        {9, 2, 6, 4, 0, 0},   {3, 2, 6, 4, 1, 2}, {5, 2, 10, 8, 1, 3}, {3, 2, 10, 16, 2, 3},
+        {3, 2, 14, 4, 1, 5},  {6, 1, 8, 4, 0, 0}, {4, 2, 2, 16, 0, 0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int th_all = (h + 1) / 2, tw = (w + 1) / 2, ty0 = cases[ci][4];
@@ -504,9 +502,9 @@ static void test_gemm_rows(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_output),     cmocka_unit_test(test_input),
-        cmocka_unit_test(test_input_bf16), cmocka_unit_test(test_bf16_stores),
-        cmocka_unit_test(test_gemm_rows),  cmocka_unit_test(test_bf16_direct),
+        cmocka_unit_test(test_output),        cmocka_unit_test(test_input),
+        cmocka_unit_test(test_input_bf16),    cmocka_unit_test(test_bf16_stores),
+        cmocka_unit_test(test_gemm_rows),     cmocka_unit_test(test_bf16_direct),
         cmocka_unit_test(test_dy_pairs_nchw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

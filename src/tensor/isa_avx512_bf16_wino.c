@@ -274,17 +274,15 @@ static void output(const float *m, size_t m_xi, int ldm, int channels, int h, in
                     _mm512_storeu_ps(out + 16, r1[j]);
                 }
             } else if (g == 8) {
-                const vf v[4] = {_mm512_shuffle_f32x4(lo0, lo1, 0x44),
-                                 _mm512_shuffle_f32x4(lo0, lo1, 0xee),
-                                 _mm512_shuffle_f32x4(hi0, hi1, 0x44),
-                                 _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
+                const vf v[4] = {
+                    _mm512_shuffle_f32x4(lo0, lo1, 0x44), _mm512_shuffle_f32x4(lo0, lo1, 0xee),
+                    _mm512_shuffle_f32x4(hi0, hi1, 0x44), _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
                 for (int j = 0; j < rows; j++)
                     _mm512_storeu_ps(short_rows(y, y_image, k_plane, g, ty0, th, R0 + j), v[j]);
             } else { /* g == 4: 128-bit lanes [r0 2m, r1 2m, r0 2m+1, r1 2m+1] */
-                const vf s[4] = {_mm512_shuffle_f32x4(lo0, lo1, 0x44),
-                                 _mm512_shuffle_f32x4(lo0, lo1, 0xee),
-                                 _mm512_shuffle_f32x4(hi0, hi1, 0x44),
-                                 _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
+                const vf s[4] = {
+                    _mm512_shuffle_f32x4(lo0, lo1, 0x44), _mm512_shuffle_f32x4(lo0, lo1, 0xee),
+                    _mm512_shuffle_f32x4(hi0, hi1, 0x44), _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
                 for (int j = 0; j < rows; j += 2) {
                     const vf v = _mm512_shuffle_f32x4(s[j / 2], s[j / 2], 0xd8);
                     float *out = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j);
