@@ -305,25 +305,34 @@ static void output(const float *m, size_t m_xi, int ldm, int channels, int h, in
  *
  * The weight gradient's Mg^T pairs (loops_wino_dy_pairs) read dy pixel-major, so winograd.c
  * transposed each image of dy (K x h w floats, 256 KiB for W3's 64 x 32 x 32) into a copy that
- * dy_pairs then read back. Here the transposition goes by windows of up to 256 pixels (whole
- * tile rows' pairs of image rows where the image is at most 128 columns wide, else 128-column
- * pieces of one) and 16 channels: 16 x 16 blocks transposed in registers into a 16 KiB buffer
- * on the stack, read at once from L1 by the tiles of the window. Each Mg value is the same
- * operations on the same dy values as wino_dy_tile's (the copy is a permutation; channels past
+ * dy_pairs then read back. Here the transposition goes by windows: the two image rows of a tile
+ * row (up to 128 columns of them; a few tile rows on planes under 8 wide), with as many channels
+ * as fit a 16 KiB buffer on the stack (W3's four shapes: all of them, but 256 of l4's 512),
+ * transposed in registers 16 x 16 at a time and read at once from L1 by the tiles of the window,
+ * each tile pair's words for all those channels in a row (as dy_pairs writes them: with 16
+ * channels a window over 8 tile rows, the 16 x 16 planes' pairs came out 0.75x as fast as the
+ * transposed copy's, 32 x 32 no faster; measured in a thread-CPU-time loop). Each Mg value is the
+ * same operations on the same dy values as wino_dy_tile's (the copy is a permutation; channels past
  * the call's are 0 in the buffer and not stored), so the words are bitwise dy_pairs's on the
  * transposed copy (test_wino_transforms). Tile pairs stay within a window when the rows have an
  * even number of tiles, which the caller checks. */
 
-enum { DY_WINDOW_COLS = 128, DY_WINDOW_PIXELS = 256 };
+/* a window: up to 128 columns of one tile row's two image rows (of a few tile rows on planes
+ * under 8 wide); its channels in chunks whose transposed pixels fill at most 16 KiB */
+enum { DY_WINDOW_COLS = 128, DY_WINDOW_FLOATS = 4096 };
 
-/* r[i] lane j -> r[j] lane i (32-bit lanes) */
+/* r[i] lane j -> r[j] lane i (32-bit lanes). The loops unrolled (as dy_block's): left as loops,
+ * GCC kept the 16 vectors in a stack array and copied it (rep movs), which made the whole
+ * kernel slower than the transposed copy it replaces. */
 static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
     __m512 t[16], u[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
     /* u[4 g + c], 128-bit lane L: rows 4 g .. 4 g + 3 of column 4 L + c */
+#pragma GCC unroll 16
     for (int g = 0; g < 4; g++) {
         const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
         const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
@@ -332,6 +341,7 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
         u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
         u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
     }
+#pragma GCC unroll 16
     for (int c = 0; c < 4; c++) {
         const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
         const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
@@ -346,13 +356,17 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
 
 /* n pixels (up to 16) from src of the nk channels (plane floats apart) into buf, pixel-major
  * (16 floats a pixel, lanes past nk 0) */
-static inline void dy_block(const float *src, size_t plane, int nk, int n, float *buf) {
+static inline __attribute__((always_inline)) void dy_block(const float *src, size_t plane, int nk,
+                                                           int n, float *buf) {
     const __mmask16 lanes = (__mmask16)simd_first_lanes(n);
     __m512 r[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
-        r[i] = i < nk ? _mm512_maskz_loadu_ps(lanes, src + (size_t)i * plane) : _mm512_setzero_ps();
+        r[i] = _mm512_maskz_loadu_ps(i < nk ? lanes : 0, src + (size_t)(i < nk ? i : 0) * plane);
     transpose16(r);
-    for (int j = 0; j < n; j++) _mm512_store_ps(buf + (size_t)j * 16, r[j]);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        if (j < n) _mm512_store_ps(buf + (size_t)j * 16, r[j]);
 }
 
 /* wino_dy_tile's 16 vectors of the tile whose pixel (0, 0) is at p00 in a window buffer of rows
@@ -380,39 +394,50 @@ static void dy_pairs_nchw(const float *dy, size_t dy_image, int channels, int h,
                           int n_images, int ty0, int th, uint32_t *m, size_t m_xi, int ldm) {
     const int K = channels, tw = (w + 1) / 2;
     const size_t plane = (size_t)h * w;
-    float buf[DY_WINDOW_PIXELS * 16] __attribute__((aligned(64)));
+    float buf[DY_WINDOW_FLOATS] __attribute__((aligned(64)));
     for (int n = 0; n < n_images; n++)
         for (int cs = 0; cs < w; cs += DY_WINDOW_COLS) {
             const int cw = w - cs < DY_WINDOW_COLS ? w - cs : DY_WINDOW_COLS;
-            const int per = DY_WINDOW_PIXELS / 2 / cw; /* tile rows a window */
+            /* tile rows a window: one, or as many as fill 16 pixels on planes under 8 wide */
+            const int per = cw == w && cw < 8 ? 8 / cw : 1;
             const int tx_end = (cs + cw + 1) / 2;
             for (int ty = ty0; ty < ty0 + th; ty += per) {
                 const int nu = ty0 + th - ty < per ? ty0 + th - ty : per;
                 const int r0 = 2 * ty, nr = h - r0 < 2 * nu ? h - r0 : 2 * nu;
-                for (int k0 = 0; k0 < K; k0 += 16) {
-                    const int nk = K - k0 < 16 ? K - k0 : 16;
-                    const float *src = dy + (size_t)n * dy_image + (size_t)k0 * plane;
-                    if (cw == w) /* the window's rows are one run of dy */
-                        for (int p0 = 0; p0 < nr * w; p0 += 16)
-                            dy_block(src + (size_t)r0 * w + p0, plane, nk,
-                                     nr * w - p0 < 16 ? nr * w - p0 : 16, buf + (size_t)p0 * 16);
-                    else
-                        for (int r = 0; r < nr; r++)
-                            for (int c0 = 0; c0 < cw; c0 += 16)
-                                dy_block(src + (size_t)(r0 + r) * w + cs + c0, plane, nk,
-                                         cw - c0 < 16 ? cw - c0 : 16,
-                                         buf + ((size_t)r * cw + c0) * 16);
+                /* P pixels a block of 16 channels in the buffer; chunks of kc channels */
+                const int P = 2 * nu * cw, kc = DY_WINDOW_FLOATS / 16 / P * 16;
+                for (int c0 = 0; c0 < K; c0 += kc) {
+                    const int c1 = K - c0 < kc ? K : c0 + kc;
+                    for (int k0 = c0; k0 < c1; k0 += 16) {
+                        const int nk = K - k0 < 16 ? K - k0 : 16;
+                        const float *src = dy + (size_t)n * dy_image + (size_t)k0 * plane;
+                        float *bk = buf + (size_t)(k0 - c0) * P;
+                        if (cw == w) /* the window's rows are one run of dy */
+                            for (int p0 = 0; p0 < nr * w; p0 += 16)
+                                dy_block(src + (size_t)r0 * w + p0, plane, nk,
+                                         nr * w - p0 < 16 ? nr * w - p0 : 16, bk + (size_t)p0 * 16);
+                        else
+                            for (int r = 0; r < nr; r++)
+                                for (int x0 = 0; x0 < cw; x0 += 16)
+                                    dy_block(src + (size_t)(r0 + r) * w + cs + x0, plane, nk,
+                                             cw - x0 < 16 ? cw - x0 : 16,
+                                             bk + ((size_t)r * cw + x0) * 16);
+                    }
                     for (int u = 0; u < nu; u++) {
                         const bool down = 2 * (ty + u) + 1 < h;
                         const size_t t_row = ((size_t)n * th + ty + u - ty0) * tw;
                         for (int tx = cs / 2; tx < tx_end; tx += 2) {
-                            const float *p00 = buf + ((size_t)(2 * u) * cw + 2 * tx - cs) * 16;
-                            __m512 a[16], b[16];
-                            dy_tile_buf(p00, cw, 2 * tx + 1 < w, down, a);
-                            dy_tile_buf(p00 + 32, cw, 2 * tx + 3 < w, down, b);
-                            uint32_t *out = m + (t_row + tx) / 2 * ldm + k0;
-                            for (int xi = 0; xi < 16; xi++)
-                                wino_store_pairs(out + xi * m_xi, nk, a[xi], b[xi]);
+                            const size_t at = ((size_t)(2 * u) * cw + 2 * tx - cs) * 16;
+                            uint32_t *out = m + (t_row + tx) / 2 * ldm;
+                            for (int k0 = c0; k0 < c1; k0 += 16) {
+                                const int nk = K - k0 < 16 ? K - k0 : 16;
+                                const float *p00 = buf + (size_t)(k0 - c0) * P + at;
+                                __m512 a[16], b[16];
+                                dy_tile_buf(p00, cw, 2 * tx + 1 < w, down, a);
+                                dy_tile_buf(p00 + 32, cw, 2 * tx + 3 < w, down, b);
+                                for (int xi = 0; xi < 16; xi++)
+                                    wino_store_pairs(out + xi * m_xi + k0, nk, a[xi], b[xi]);
+                            }
                         }
                     }
                 }
