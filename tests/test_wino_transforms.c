@@ -6,14 +6,16 @@
  *               (several rows a load), as long and longer, odd planes, bands of tile rows
  *   output      Y = A^T M A of every tile, on planes whose rows of tiles fill a vector and on
  *               those shorter than one (2x2 to 16x16 planes, the band of tile rows vectorised
- *               whole), odd planes, bands of tile rows, several images, a band whose tiles end
- *               inside a vector
+ *               whole; at AVX512_BF16 a channel's tiles of all the images), odd planes, bands of
+ *               tile rows, several images, a band whose tiles end inside a vector, images that
+ *               change inside a vector
  *   input_bf16  V = B^T d B rounded to bf16 (cf_fp32_to_bf16) against `input` rounded after
  *   bf16 stores input_pairs, dy_pairs and input_bf16 on values that round apart (subnormals, NaNs,
  *               infinities, ties) against `input` and dy_nhwc rounded after
  *   direct      input_pairs and input_bf16 on planes of 32k columns (the
  *               AVX512_BF16 level's transform from the image's rows, no split) against `input`
  *               rounded after
+ *   dy_pairs_nchw  dy_pairs from dy as the layer holds it against dy_pairs on a pixel-major copy
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -55,12 +57,17 @@ static void test_output(void **state) {
         printf("kernels %s: no Winograd transforms\n", cf_isa_name(cf_isa_active()));
         skip();
     }
-    /* images, channels, h, w, ty0, th (0: to the last tile row) */
-    static const int cases[][6] = {{3, 5, 4, 4, 0, 0},   {2, 3, 2, 2, 0, 0},   {2, 4, 8, 8, 0, 0},
-                                   {2, 3, 16, 16, 0, 0}, {1, 2, 32, 32, 0, 0}, {3, 2, 8, 8, 1, 3},
-                                   {2, 3, 4, 8, 0, 0},   {2, 2, 6, 4, 0, 0},   {2, 3, 12, 8, 0, 0},
-                                   {2, 2, 5, 7, 0, 0},   {1, 2, 7, 4, 0, 0},   {2, 2, 16, 16, 2, 5},
-                                   {1, 2, 40, 40, 3, 4}, {2, 3, 4, 2, 0, 0},   {5, 2, 2, 4, 0, 0}};
+    /* images, channels, h, w, ty0, th (0: to the last tile row); from {7, 3, 4, 4}: the
+     * AVX512_BF16 level's vectors over the images of 4, 8 and 16 column planes (a tail of 12
+     * tiles, bands of odd tile rows whose images change inside a vector and inside a 128-bit
+     * lane pair of 4-column planes) */
+    static const int cases[][6] = {
+        {3, 5, 4, 4, 0, 0},   {2, 3, 2, 2, 0, 0}, {2, 4, 8, 8, 0, 0},  {2, 3, 16, 16, 0, 0},
+        {1, 2, 32, 32, 0, 0}, {3, 2, 8, 8, 1, 3}, {2, 3, 4, 8, 0, 0},  {2, 2, 6, 4, 0, 0},
+        {2, 3, 12, 8, 0, 0},  {2, 2, 5, 7, 0, 0}, {1, 2, 7, 4, 0, 0},  {2, 2, 16, 16, 2, 5},
+        {1, 2, 40, 40, 3, 4}, {2, 3, 4, 2, 0, 0}, {5, 2, 2, 4, 0, 0},  {7, 3, 4, 4, 0, 0},
+        {9, 2, 6, 4, 0, 0},   {3, 2, 6, 4, 1, 2}, {5, 2, 10, 8, 1, 3}, {3, 2, 10, 16, 2, 3},
+        {3, 2, 14, 4, 1, 5},  {6, 1, 8, 4, 0, 0}, {4, 2, 2, 16, 0, 0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int th_all = (h + 1) / 2, tw = (w + 1) / 2, ty0 = cases[ci][4];
@@ -335,6 +342,53 @@ static void test_bf16_stores(void **state) {
     }
 }
 
+/* dy_pairs_nchw (the AVX512_BF16 level's dy_pairs from dy as the layer holds it, transposed in
+ * windows) against dy_pairs on a pixel-major copy: bitwise, on values that round apart, with
+ * channel counts off the vector's 16 (the last block's lanes), images wider than a window (its
+ * 128-column pieces) and odd widths whose rows still have an even number of tiles, odd heights
+ * (no second row in the last tile row), bands of tile rows, several images a gap apart, and
+ * nothing written past the call's tile pairs and channels. */
+static void test_dy_pairs_nchw(void **state) {
+    (void)state;
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    if (!wk || !wk->dy_pairs_nchw || !wk->dy_pairs) {
+        printf("kernels %s: no dy_pairs_nchw\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    /* images, channels, h, w, ty0, th (0: to the last tile row) */
+    static const int cases[][6] = {
+        {2, 16, 32, 32, 0, 0}, {1, 64, 32, 32, 0, 8}, {2, 17, 16, 16, 0, 0}, {3, 35, 8, 8, 0, 0},
+        {5, 20, 4, 4, 0, 0},   {2, 9, 7, 7, 0, 0},    {1, 33, 15, 15, 1, 3}, {2, 18, 9, 260, 1, 3},
+        {1, 5, 3, 132, 0, 0},  {2, 31, 12, 24, 2, 3}, {3, 1, 4, 8, 0, 0},    {1, 48, 64, 64, 5, 6}};
+    static const uint32_t nans[] = {0, 0x7fc00001u, 0xffa00000u};
+    for (size_t vi = 0; vi < 3 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 3;
+        const int n_images = cases[ci][0], K = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
+        const int tw = (w + 1) / 2, ty0 = cases[ci][4];
+        const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0, tiles = n_images * th * tw;
+        const size_t plane = (size_t)h * w, dy_image = (size_t)K * plane + 7;
+        const int ldm = (K + 15) / 16 * 16 + 3, tpairs = tiles / 2;
+        const size_t q_xi = (size_t)tpairs * ldm + 7, nx = (size_t)n_images * dy_image;
+        float *dy = malloc(nx * sizeof(float)), *dyt = malloc(n_images * plane * K * sizeof(float));
+        uint32_t *got = malloc(16 * q_xi * sizeof(uint32_t));
+        uint32_t *want = malloc(16 * q_xi * sizeof(uint32_t));
+        fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        for (int n = 0; n < n_images; n++)
+            for (int k = 0; k < K; k++)
+                for (size_t p = 0; p < plane; p++)
+                    dyt[((size_t)n * plane + p) * K + k] = dy[n * dy_image + k * plane + p];
+        memset(got, 0x5a, 16 * q_xi * sizeof(uint32_t));
+        memset(want, 0x5a, 16 * q_xi * sizeof(uint32_t));
+        wk->dy_pairs(dyt, K, h, w, n_images, ty0, th, want, q_xi, ldm);
+        wk->dy_pairs_nchw(dy, dy_image, K, h, w, n_images, ty0, th, got, q_xi, ldm);
+        char what[96];
+        snprintf(what, sizeof what, "dy_pairs_nchw %dx%d, %d channels, %d images, tile rows %d..%d",
+                 h, w, K, n_images, ty0, ty0 + th - 1);
+        expect_bitwise(what, got, want, 16 * q_xi, sizeof(uint32_t));
+        free(dy), free(dyt), free(got), free(want);
+    }
+}
+
 /* input_pairs and input_bf16 on planes of 32k columns, which the AVX512_BF16 level (and AMX,
  * which shares its transforms) computes from the image's rows without the split (and on planes
  * of 16, 8 and 4 columns, which keep the split, beside them): against
@@ -448,9 +502,10 @@ static void test_gemm_rows(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_output),     cmocka_unit_test(test_input),
-        cmocka_unit_test(test_input_bf16), cmocka_unit_test(test_bf16_stores),
-        cmocka_unit_test(test_gemm_rows),  cmocka_unit_test(test_bf16_direct),
+        cmocka_unit_test(test_output),        cmocka_unit_test(test_input),
+        cmocka_unit_test(test_input_bf16),    cmocka_unit_test(test_bf16_stores),
+        cmocka_unit_test(test_gemm_rows),     cmocka_unit_test(test_bf16_direct),
+        cmocka_unit_test(test_dy_pairs_nchw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

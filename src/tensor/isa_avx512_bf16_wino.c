@@ -216,15 +216,245 @@ static void input_bf16(const float *x, int channels, int h, int w, int n_images,
         }
 }
 
-/* winograd_loops.h's table with the two inputs above */
+/* ---- the output transform on planes of 4, 8 and 16 columns ----------------------------------
+ *
+ * loops_wino_output's short-row form (wino_output_short) runs its vectors over one image's band
+ * of tiles at a time, zips each vector's two output rows into a buffer on the stack and copies
+ * them out a tile row (g = w floats) at a time: 4 x 4 planes fill 4 of 16 lanes (an image's band
+ * is 4 tiles), and every vector went through 4 stores, then 8 to 16 loads and stores of 16 to
+ * 64 bytes. Here the vectors run over all of a channel's tiles of the call, image after image
+ * (M's tiles of a channel are consecutive across the images: t = n * band + local tile), and the
+ * zipped rows are dealt into place with 128-bit lane shuffles: a tile row's two output rows are
+ * 2 g adjacent floats of y (rows 2 ty and 2 ty + 1 of its image), so with w = 2 tw
+ *   g = 16  two tile rows a vector: each row's lo / hi half is a whole output row
+ *   g = 8   four: tile row j's 16 floats are the j-th 256-bit halves of the two rows' zips
+ *   g = 4   eight: tile rows 2m and 2m + 1 are the m-th 128-bit lanes of the two zips
+ * The same sums of the same M as wino_output_short and loops_wino_output (test_wino_transforms:
+ * odd bands, bands crossing images inside a vector, tails). */
+
+/* the 2 g floats of tile row R of the call (image R / th, tile row ty0 + R % th), channel k */
+static inline float *short_rows(float *y, size_t y_image, size_t k_plane, int g, int ty0, int th,
+                                int R) {
+    return y + (size_t)(R / th) * y_image + k_plane + (size_t)(2 * (ty0 + R % th)) * g;
+}
+
+static void output(const float *m, size_t m_xi, int ldm, int channels, int h, int w, int n_images,
+                   int ty0, int th, float *y, size_t y_image) {
+    if (h % 2 || !(w == 4 || w == 8 || w == 16)) {
+        loops_wino_output(m, m_xi, ldm, channels, h, w, n_images, ty0, th, y, y_image);
+        return;
+    }
+    const int g = w, tw = w / 2, tiles = n_images * th * tw;
+    for (int k = 0; k < channels; k++) {
+        const float *mk = m + (size_t)k * ldm;
+        const size_t k_plane = (size_t)k * h * w;
+        for (int t0 = 0; t0 < tiles; t0 += 16) {
+            const int n_t = tiles - t0, R0 = t0 / tw;
+            const int rows = (n_t < 16 ? n_t : 16) / tw; /* tile rows in this vector */
+            vf a[4], b[4];
+            for (int i = 0; i < 4; i++) {
+                const float *p = mk + (size_t)(4 * i) * m_xi + t0;
+                const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
+                         m2 = wino_load(p + 2 * m_xi, n_t), m3 = wino_load(p + 3 * m_xi, n_t);
+                a[i] = V_ADD(V_ADD(m0, m1), m2);
+                b[i] = V_SUB(V_SUB(m1, m2), m3);
+            }
+            const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
+            const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
+            const vf y10 = V_SUB(V_SUB(a[1], a[2]), a[3]);
+            const vf y11 = V_SUB(V_SUB(b[1], b[2]), b[3]);
+            vf lo0, hi0, lo1, hi1; /* the zipped first and second output rows */
+            V_ZIP(y00, y01, lo0, hi0);
+            V_ZIP(y10, y11, lo1, hi1);
+            if (g == 16) {
+                const vf r0[2] = {lo0, hi0}, r1[2] = {lo1, hi1};
+                for (int j = 0; j < rows; j++) {
+                    float *out = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j);
+                    _mm512_storeu_ps(out, r0[j]);
+                    _mm512_storeu_ps(out + 16, r1[j]);
+                }
+            } else if (g == 8) {
+                const vf v[4] = {
+                    _mm512_shuffle_f32x4(lo0, lo1, 0x44), _mm512_shuffle_f32x4(lo0, lo1, 0xee),
+                    _mm512_shuffle_f32x4(hi0, hi1, 0x44), _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
+                for (int j = 0; j < rows; j++)
+                    _mm512_storeu_ps(short_rows(y, y_image, k_plane, g, ty0, th, R0 + j), v[j]);
+            } else { /* g == 4: 128-bit lanes [r0 2m, r1 2m, r0 2m+1, r1 2m+1] */
+                const vf s[4] = {
+                    _mm512_shuffle_f32x4(lo0, lo1, 0x44), _mm512_shuffle_f32x4(lo0, lo1, 0xee),
+                    _mm512_shuffle_f32x4(hi0, hi1, 0x44), _mm512_shuffle_f32x4(hi0, hi1, 0xee)};
+                for (int j = 0; j < rows; j += 2) {
+                    const vf v = _mm512_shuffle_f32x4(s[j / 2], s[j / 2], 0xd8);
+                    float *out = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j);
+                    if (j + 1 < rows) {
+                        float *next = short_rows(y, y_image, k_plane, g, ty0, th, R0 + j + 1);
+                        if (next == out + 8) {
+                            _mm512_storeu_ps(out, v);
+                            continue;
+                        }
+                        _mm256_storeu_ps(next, _mm512_extractf32x8_ps(v, 1));
+                    }
+                    _mm256_storeu_ps(out, _mm512_castps512_ps256(v));
+                }
+            }
+        }
+    }
+}
+
+/* ---- dy_pairs from the output gradient as the layer holds it --------------------------------
+ *
+ * The weight gradient's Mg^T pairs (loops_wino_dy_pairs) read dy pixel-major, so winograd.c
+ * transposed each image of dy (K x h w floats, 256 KiB for W3's 64 x 32 x 32) into a copy that
+ * dy_pairs then read back. Here the transposition goes by windows: the two image rows of a tile
+ * row (up to 128 columns of them; a few tile rows on planes under 8 wide), with as many channels
+ * as fit a 16 KiB buffer on the stack (W3's four shapes: all of them, but 256 of l4's 512),
+ * transposed in registers 16 x 16 at a time and read at once from L1 by the tiles of the window,
+ * each tile pair's words for all those channels in a row (as dy_pairs writes them: with 16
+ * channels a window over 8 tile rows, the 16 x 16 planes' pairs came out 0.75x as fast as the
+ * transposed copy's, 32 x 32 no faster; measured in a thread-CPU-time loop). Each Mg value is the
+ * same operations on the same dy values as wino_dy_tile's (the copy is a permutation; channels past
+ * the call's are 0 in the buffer and not stored), so the words are bitwise dy_pairs's on the
+ * transposed copy (test_wino_transforms). Tile pairs stay within a window when the rows have an
+ * even number of tiles, which the caller checks. */
+
+/* a window: up to 128 columns of one tile row's two image rows (of a few tile rows on planes
+ * under 8 wide); its channels in chunks whose transposed pixels fill at most 16 KiB */
+enum { DY_WINDOW_COLS = 128, DY_WINDOW_FLOATS = 4096 };
+
+/* r[i] lane j -> r[j] lane i (32-bit lanes). The loops unrolled (as dy_block's): left as loops,
+ * GCC kept the 16 vectors in a stack array and copied it (rep movs), which made the whole
+ * kernel slower than the transposed copy it replaces. */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* u[4 g + c], 128-bit lane L: rows 4 g .. 4 g + 3 of column 4 L + c */
+#pragma GCC unroll 16
+    for (int g = 0; g < 4; g++) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_f32x4(v0, v1, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v1, 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(w0, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(w0, w1, 0xdd);
+    }
+}
+
+/* n pixels (up to 16) from src of the nk channels (plane floats apart) into buf, pixel-major
+ * (16 floats a pixel, lanes past nk 0) */
+static inline __attribute__((always_inline)) void dy_block(const float *src, size_t plane, int nk,
+                                                           int n, float *buf) {
+    const __mmask16 lanes = (__mmask16)simd_first_lanes(n);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_maskz_loadu_ps(i < nk ? lanes : 0, src + (size_t)(i < nk ? i : 0) * plane);
+    transpose16(r);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        if (j < n) _mm512_store_ps(buf + (size_t)j * 16, r[j]);
+}
+
+/* wino_dy_tile's 16 vectors of the tile whose pixel (0, 0) is at p00 in a window buffer of rows
+ * of cw pixels */
+static inline __attribute__((always_inline)) void dy_tile_buf(const float *p00, int cw, bool right,
+                                                              bool down, __m512 z[16]) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 y00 = _mm512_load_ps(p00);
+    const __m512 y01 = right ? _mm512_load_ps(p00 + 16) : zero;
+    const __m512 y10 = down ? _mm512_load_ps(p00 + (size_t)cw * 16) : zero;
+    const __m512 y11 = right && down ? _mm512_load_ps(p00 + (size_t)(cw + 1) * 16) : zero;
+    const __m512 r[4][2] = {{y00, y01},
+                            {_mm512_add_ps(y00, y10), _mm512_add_ps(y01, y11)},
+                            {_mm512_sub_ps(y00, y10), _mm512_sub_ps(y01, y11)},
+                            {_mm512_sub_ps(zero, y10), _mm512_sub_ps(zero, y11)}};
+    for (int i = 0; i < 4; i++) {
+        z[4 * i] = r[i][0];
+        z[4 * i + 1] = _mm512_add_ps(r[i][0], r[i][1]);
+        z[4 * i + 2] = _mm512_sub_ps(r[i][0], r[i][1]);
+        z[4 * i + 3] = _mm512_sub_ps(zero, r[i][1]);
+    }
+}
+
+static void dy_pairs_nchw(const float *dy, size_t dy_image, int channels, int h, int w,
+                          int n_images, int ty0, int th, uint32_t *m, size_t m_xi, int ldm) {
+    const int K = channels, tw = (w + 1) / 2;
+    const size_t plane = (size_t)h * w;
+    float buf[DY_WINDOW_FLOATS] __attribute__((aligned(64)));
+    for (int n = 0; n < n_images; n++)
+        for (int cs = 0; cs < w; cs += DY_WINDOW_COLS) {
+            const int cw = w - cs < DY_WINDOW_COLS ? w - cs : DY_WINDOW_COLS;
+            /* tile rows a window: one, or as many as fill 16 pixels on planes under 8 wide */
+            const int per = cw == w && cw < 8 ? 8 / cw : 1;
+            const int tx_end = (cs + cw + 1) / 2;
+            for (int ty = ty0; ty < ty0 + th; ty += per) {
+                const int nu = ty0 + th - ty < per ? ty0 + th - ty : per;
+                const int r0 = 2 * ty, nr = h - r0 < 2 * nu ? h - r0 : 2 * nu;
+                /* P pixels a block of 16 channels in the buffer; chunks of kc channels */
+                const int P = 2 * nu * cw, kc = DY_WINDOW_FLOATS / 16 / P * 16;
+                for (int c0 = 0; c0 < K; c0 += kc) {
+                    const int c1 = K - c0 < kc ? K : c0 + kc;
+                    for (int k0 = c0; k0 < c1; k0 += 16) {
+                        const int nk = K - k0 < 16 ? K - k0 : 16;
+                        const float *src = dy + (size_t)n * dy_image + (size_t)k0 * plane;
+                        float *bk = buf + (size_t)(k0 - c0) * P;
+                        if (cw == w) /* the window's rows are one run of dy */
+                            for (int p0 = 0; p0 < nr * w; p0 += 16)
+                                dy_block(src + (size_t)r0 * w + p0, plane, nk,
+                                         nr * w - p0 < 16 ? nr * w - p0 : 16, bk + (size_t)p0 * 16);
+                        else
+                            for (int r = 0; r < nr; r++)
+                                for (int x0 = 0; x0 < cw; x0 += 16)
+                                    dy_block(src + (size_t)(r0 + r) * w + cs + x0, plane, nk,
+                                             cw - x0 < 16 ? cw - x0 : 16,
+                                             bk + ((size_t)r * cw + x0) * 16);
+                    }
+                    for (int u = 0; u < nu; u++) {
+                        const bool down = 2 * (ty + u) + 1 < h;
+                        const size_t t_row = ((size_t)n * th + ty + u - ty0) * tw;
+                        for (int tx = cs / 2; tx < tx_end; tx += 2) {
+                            const size_t at = ((size_t)(2 * u) * cw + 2 * tx - cs) * 16;
+                            uint32_t *out = m + (t_row + tx) / 2 * ldm;
+                            for (int k0 = c0; k0 < c1; k0 += 16) {
+                                const int nk = K - k0 < 16 ? K - k0 : 16;
+                                const float *p00 = buf + (size_t)(k0 - c0) * P + at;
+                                __m512 a[16], b[16];
+                                dy_tile_buf(p00, cw, 2 * tx + 1 < w, down, a);
+                                dy_tile_buf(p00 + 32, cw, 2 * tx + 3 < w, down, b);
+                                for (int xi = 0; xi < 16; xi++)
+                                    wino_store_pairs(out + xi * m_xi + k0, nk, a[xi], b[xi]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+}
+
+/* winograd_loops.h's table with the two inputs, the output and dy_pairs_nchw above */
 static const cf_wino_kernels avx512_bf16_wino = {
     .short_row_cost = WINO_SHORT_ROW_COST,
     .input = loops_wino_input,
-    .output = loops_wino_output,
+    .output = output,
     .dy_nhwc = loops_wino_dy_nhwc,
     .input_pairs = input_pairs,
     .dy_pairs = loops_wino_dy_pairs,
     .input_bf16 = input_bf16,
+    .dy_pairs_nchw = dy_pairs_nchw,
 };
 
 const cf_wino_kernels *const cf_wino_avx512_bf16 = &avx512_bf16_wino;

@@ -134,6 +134,12 @@ typedef struct cf_wino_kernels {
      * tiles, the A of cf_bf16_kernels.gemm_rows (the weight gradient's products) */
     void (*input_bf16)(const float *x, int channels, int h, int w, int n_images, size_t x_image,
                        int ty0, int th, uint16_t *v, size_t v_xi, int ldv, float *pad);
+    /* NULL where the table has none: dy_pairs's words from the output gradient as the layer
+     * holds it (image n, channel k at dy + n * dy_image + k * h * w) instead of a pixel-major
+     * copy; only for rows of an even number of tiles ((w + 1) / 2 even), so that no tile pair
+     * crosses a tile row */
+    void (*dy_pairs_nchw)(const float *dy, size_t dy_image, int channels, int h, int w,
+                          int n_images, int ty0, int th, uint32_t *m, size_t m_xi, int ldm);
 } cf_wino_kernels;
 
 /* One LSTM step over the n cells of one row (cf_lstm_cell_forward and cf_lstm_cell_backward in

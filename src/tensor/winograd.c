@@ -570,12 +570,17 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
     const size_t vh_xi = 2 * point_stride(((size_t)C * ldh + 1) / 2);
     uint16_t *vh =
         ap && wk->input_bf16 && bk->gemm_rows && vh_xi <= 2 * v_xi ? (uint16_t *)v : NULL;
+    /* Where the level has dy_pairs_nchw (rows of an even number of tiles): Mg^T's pairs from dy
+     * as it is, transposed in L1-sized windows, instead of each image of dy copied pixel-major
+     * (K x h w floats written, then read back) for dy_pairs: the same words */
+    const bool nchw = ap && wk->dy_pairs_nchw && (w + 1) / 2 % 2 == 0;
     if (n_images <= 0 && !accumulate) memset(du, 0, POINTS * (size_t)K * C * sizeof(float));
     bool add = accumulate;
     for (int n0 = 0; n0 < n_images; n0 += b.images) {
         const int count = min_int(b.images, n_images - n0);
-        for (int n = 0; n < count; n++)
-            cf_transpose(K, (int)plane, dy + (size_t)(n0 + n) * K * plane, (ptrdiff_t)plane,
+        const float *dyb = dy + (size_t)n0 * K * plane;
+        for (int n = 0; n < count && !nchw; n++)
+            cf_transpose(K, (int)plane, dyb + (size_t)n * K * plane, (ptrdiff_t)plane,
                          dyt + (size_t)n * K * plane, K);
         for (int ty0 = 0; ty0 < b.th; ty0 += b.rows) {
             const int rows = min_int(b.rows, b.th - ty0), cols = count * rows * b.tw;
@@ -585,7 +590,11 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
                 if (cols % 2) /* the last pair's high half */
                     for (int xi = 0; xi < POINTS; xi++)
                         for (int c = 0; c < C; c++) vh[xi * vh_xi + (size_t)c * ldh + cols] = 0;
-                wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                if (nchw)
+                    wk->dy_pairs_nchw(dyb, (size_t)K * plane, K, h, w, count, ty0, rows, mgp,
+                                      mgp_xi, (int)ldm);
+                else
+                    wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
                 for (int xi = 0; xi < POINTS; xi++)
                     bk->gemm_rows(C, K, cols, (const uint32_t *)(vh + xi * vh_xi), ldh / 2,
                                   mgp + (size_t)xi * mgp_xi, ldm, du + (size_t)xi * K * C, K, add);
@@ -595,7 +604,11 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
             wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, v_xi,
                       (int)ld, pad);
             if (ap) {
-                wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                if (nchw)
+                    wk->dy_pairs_nchw(dyb, (size_t)K * plane, K, h, w, count, ty0, rows, mgp,
+                                      mgp_xi, (int)ldm);
+                else
+                    wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
                 for (int xi = 0; xi < POINTS; xi++) {
                     bk->gemm_pack_a(false, C, cols, v + xi * v_xi, (int)ld, ap);
                     bk->gemm_paired(C, K, cols, ap, mgp + (size_t)xi * mgp_xi, ldm,
