@@ -164,10 +164,12 @@ static int64_t bn_block_channels(const geom *g) {
 /* The one-thread forward writes its output with non-temporal stores (cf_bn_planes_affine_stream)
  * from BN_STREAM_BYTES of output: the output buffer was last touched a step ago, so a plain store
  * first reads each of its lines from memory, and a perf profile of W3 in bf16 put most of the
- * output pass's samples on its stores. An output this large does not stay in the caches for the
- * next layer anyway (W3's stem and layer1-3 BatchNorms: 64, 16, 8 and 4 MiB); W1's, at most 3.2
- * MB, stay in L3 and keep plain stores. The values are the same either way. */
-#define BN_STREAM_BYTES ((size_t)4 << 20)
+ * output pass's samples on its stores. Only an output far larger than the caches gains: W3's stem
+ * BatchNorm (64 MiB) does; streaming layer1-3's too (16, 8, 4 MiB) made the next convolution's
+ * input transforms, which read them, slower by about what it saved (bench/README.md, "W3's
+ * BatchNorm and residual passes"). W1's outputs, at most 3.2 MB, keep plain stores. The values
+ * are the same either way. */
+#define BN_STREAM_BYTES ((size_t)32 << 20)
 
 static bool bn_stream(const geom *g) {
     return (size_t)g->n * (size_t)g->c * (size_t)g->s * sizeof(float) >= BN_STREAM_BYTES;
