@@ -19,9 +19,9 @@
  * max(y, 0) and, in backward, uses dy where y > 0 and 0 elsewhere in place of dy, in every path;
  * results are bitwise those of BatchNorm then ReLU. The planes path does not read y back: it
  * recomputes x * scale + shift with the forward's per-channel scale and shift (kept in the arena),
- * which gives y's sign exactly. As the last layer of a residual block's idpath it may also be asked
- * to write the block's max(a + y, 0) (cf_nn_bn_forward_add_relu; the backward is then the plain
- * one: the block masks the gradient).
+ * which gives y's sign exactly. As the last layer of a residual block's idpath (or of the convpath
+ * of a block without idpath) it may also be asked to write the block's max(a + y, 0)
+ * (cf_nn_bn_forward_add_relu; the backward is then the plain one: the block masks the gradient).
  *
  * Synchronised (cf_model_set_bn_reduce): a training forward first takes this replica's sums per
  * channel, has the group reduce them, and normalises with the whole batch's statistics through

@@ -12,6 +12,8 @@
  *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double)
  *   V_LOADZ_READABLE(mv, p)  V_LOADZ where all VL lanes at p may be read (optional: a set
  *                        without masked loads defines it as a plain load, then a lane select)
+ *   V_STREAM(p, v) V_SFENCE()  a non-temporal store to p (aligned to a vector) and the fence
+ *                        that orders such stores (optional: without them, plain stores)
  *
  * The tile keeps MR x NV_MAX accumulators in registers: 8 x 3 zmm (24 of 32) with AVX-512,
  * 4 x 3 ymm (12 of 16) with AVX2, 8 x 3 q registers (24 of 32) with NEON. Each step of the
