@@ -8,6 +8,9 @@
  *   ReLU's mask, accumulators that repeat (a channel's planes of several images) and start away
  *   from zero;
  * - cf_bn_planes_affine / cf_bn_planes_dx against one call per plane;
+ * - cf_bn_planes_affine_stream against cf_bn_planes_affine, for outputs at every offset from a
+ *   vector's alignment, planes shorter and longer than a vector, NaN, infinities and zeros of
+ *   both signs among the inputs, with nothing written outside the output;
  * - BatchNorm2d + ReLU and BatchNorm2d as a residual block's last layer, a training forward and
  *   backward on W1's shapes, 1 and 2 threads, against a copy of the layer's former one-thread
  *   passes (one kernel call per plane, channel by channel in image order): output, input
@@ -154,6 +157,62 @@ static void test_planes_affine_dx(void **state) {
         free(dy);
         free(y);
         free(ref);
+    }
+}
+
+/* The streamed affine writes its aligned whole vectors with non-temporal stores, the values
+ * around them with the plain kernel: every offset of y from a 64-byte line (0..15 floats) and
+ * plane sizes around one and two vectors must give cf_bn_planes_affine's words exactly, and no
+ * word outside y may change. */
+static void test_planes_affine_stream(void **state) {
+    (void)state;
+    enum { NC = 5, PAD = 32 };
+    static const int64_t ss[] = {1, 7, 15, 16, 17, 31, 32, 33, 47, 49, 64, 196, 1001};
+    for (size_t si = 0; si < sizeof ss / sizeof *ss; si++) {
+        const int64_t s = ss[si];
+        const size_t n = (size_t)(NC * s);
+        float *x = malloc(n * sizeof(float)), *add = malloc(n * sizeof(float));
+        float *ref = malloc(n * sizeof(float));
+        float *buf = cf_malloc((n + 2 * PAD) * sizeof(float)); /* 64-byte aligned */
+        assert_non_null(buf);
+        fill_uniform(x, n, 71 + si, -2.0f, 2.0f);
+        fill_uniform(add, n, 81 + si, -2.0f, 2.0f);
+        /* specials: NaN, infinities, signed zeros in x and add, and sums that cancel to -0 */
+        const float sp[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -NAN};
+        for (size_t i = 0; i < n; i += 3) x[i] = sp[(i / 3) % 6];
+        for (size_t i = 1; i < n; i += 5) add[i] = sp[(i / 5) % 6];
+        float scale[NC], shift[NC];
+        for (int i = 0; i < NC; i++) {
+            scale[i] = i == 0 ? 0.0f : i == 1 ? -0.5f : 0.75f + 0.1f * (float)i;
+            shift[i] = i == 0 ? -0.0f : 0.2f - 0.15f * (float)i;
+        }
+        for (int mode = 0; mode < 3; mode++) { /* plain, ReLU, a residual add */
+            const bool relu = mode > 0;
+            const float *a = mode == 2 ? add : NULL;
+            memset(ref, 0xff, n * sizeof(float));
+            cf_bn_planes_affine(x, a, ref, s, NC, scale, shift, relu, 0);
+            for (int off = 0; off < 16; off++) {
+                memset(buf, 0x5a, (n + 2 * PAD) * sizeof(float));
+                float *y = buf + PAD + off;
+                cf_bn_planes_affine_stream(x, a, y, s, NC, scale, shift, relu,
+                                           off & 1 ? (ptrdiff_t)s : 0);
+                if (memcmp(y, ref, n * sizeof(float)))
+                    fail_msg("affine stream: s %lld, mode %d, offset %d differs from the plain "
+                             "kernel",
+                             (long long)s, mode, off);
+                const unsigned char *bytes = (const unsigned char *)buf;
+                const size_t lo = (PAD + (size_t)off) * sizeof(float), hi = lo + n * sizeof(float);
+                for (size_t b = 0; b < (n + 2 * PAD) * sizeof(float); b++)
+                    if ((b < lo || b >= hi) && bytes[b] != 0x5a)
+                        fail_msg("affine stream: s %lld, mode %d, offset %d wrote byte %zu outside "
+                                 "y",
+                                 (long long)s, mode, off, b);
+            }
+        }
+        free(x);
+        free(add);
+        free(ref);
+        cf_free(buf);
     }
 }
 
@@ -384,8 +443,11 @@ static void test_dropout_select(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_planes_sums),      cmocka_unit_test(test_planes_dy_sums),
-        cmocka_unit_test(test_planes_affine_dx), cmocka_unit_test(test_layer_against_former_passes),
+        cmocka_unit_test(test_planes_sums),
+        cmocka_unit_test(test_planes_dy_sums),
+        cmocka_unit_test(test_planes_affine_dx),
+        cmocka_unit_test(test_planes_affine_stream),
+        cmocka_unit_test(test_layer_against_former_passes),
         cmocka_unit_test(test_dropout_select),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -50,7 +50,8 @@ static void unwrap_all(void) {
 
 /* Pairs (BatchNorm, ReLU) in a Sequential whose ReLU passed the BatchNorm's output through in
  * the last forward, pairs whose BatchNorm is linked to its ReLU, residual blocks whose output
- * is their idpath's last BatchNorm's (the add and ReLU folded into it), strided 1x1
+ * is their idpath's last BatchNorm's, or without idpath their convpath's (the add and ReLU
+ * folded into it), strided 1x1
  * shortcuts whose output the convpath's first convolution computed, and those whose input
  * gradient (and weight gradient) it computed. */
 static void count_fused(const cf_module *m, int *passing, int *linked, int *folds, int *shortcuts,
@@ -58,8 +59,8 @@ static void count_fused(const cf_module *m, int *passing, int *linked, int *fold
     if (cf_nn_conv_computed_by_sibling(m)) (*shortcuts)++;
     if (cf_nn_conv_dx_by_sibling(m)) (*shortcut_dxs)++;
     if (cf_nn_conv_dw_by_sibling(m)) (*shortcut_dws)++;
-    if (strcmp(m->ops->kind, "ResBlock") == 0 && m->n_children == 2) {
-        const cf_module *last = m->children[1];
+    if (strcmp(m->ops->kind, "ResBlock") == 0) { /* the idpath's, or the only path's */
+        const cf_module *last = m->children[m->n_children - 1];
         if (last->n_children) last = last->children[last->n_children - 1];
         if (m->out.data == last->out.data) (*folds)++;
     }
@@ -121,6 +122,29 @@ static cf_module *net_dense_residual(void) { /* (N, 6): the fold on the rows pat
     cf_module *c[] = {cf_linear(6, 6, true), cf_batchnorm1d(6), cf_relu(),
                       cf_residual(cf_sequential(5, cp), cf_sequential(2, ip), true)};
     return cf_sequential(4, c);
+}
+
+/* (N, 4, H, W): a block without ReLU after the sum (no fold), then torchvision's BasicBlock
+ * without downsample (W3's identity blocks) and a block whose convpath is a bare BatchNorm */
+static cf_module *net_identity(void) {
+    cf_module *cp[] = {cf_conv2d(4, 4, 3, 1, 1, false), cf_batchnorm2d(4), cf_relu(),
+                       cf_conv2d(4, 4, 3, 1, 1, false), cf_batchnorm2d(4)};
+    cf_module *cp2[] = {cf_conv2d(4, 4, 3, 1, 1, false), cf_batchnorm2d(4)};
+    cf_module *c[] = {cf_batchnorm2d(4), cf_relu(), cf_residual(cf_sequential(2, cp2), NULL, false),
+                      cf_residual(cf_sequential(5, cp), NULL, true),
+                      cf_residual(cf_batchnorm2d(4), NULL, true)};
+    return cf_sequential(5, c);
+}
+
+static cf_module *net_dense_identity(void) { /* (N, 6): the identity fold on the rows path */
+    cf_module *cp[] = {cf_linear(6, 6, false), cf_batchnorm1d(6), cf_relu(), cf_linear(6, 6, false),
+                       cf_batchnorm1d(6)};
+    cf_module *c[] = {cf_linear(6, 6, true), cf_residual(cf_sequential(5, cp), NULL, true)};
+    return cf_sequential(2, c);
+}
+
+static cf_module *net_resnet18_body(void) { /* (N, 3, H, W): W3's body, torchvision's resnet18 */
+    return cf_resnet_body(18, 3);
 }
 
 static cf_module *net_w1_body(void) { /* (N, 1, 28, 28): W1's body */
@@ -365,6 +389,33 @@ static void test_residual_and_nan(void **state) {
                                                    .frozen = "3.convpath.0.weight",
                                                    .frozen_siblings = 1,
                                                    .steps = 2});
+    check_spec(
+        "identity blocks",
+        (spec){
+            .build = net_identity, .x = cf_shape4(3, 4, 6, 5), .pairs = 2, .folds = 2, .steps = 2});
+    /* 8 * 4 * 40 * 40 values: split over threads; NaN in one channel's inputs */
+    check_spec("identity blocks 40x40", (spec){.build = net_identity,
+                                               .x = cf_shape4(8, 4, 40, 40),
+                                               .pairs = 2,
+                                               .folds = 2,
+                                               .steps = 1});
+    check_spec("identity blocks, nan input", (spec){.build = net_identity,
+                                                    .x = cf_shape4(2, 4, 7, 3),
+                                                    .pairs = 2,
+                                                    .folds = 2,
+                                                    .steps = 1,
+                                                    .nan_input = true});
+    check_spec(
+        "dense identity",
+        (spec){
+            .build = net_dense_identity, .x = cf_shape2(5, 6), .pairs = 1, .folds = 1, .steps = 2});
+    /* stem, 8 blocks: 5 identity folds and 3 idpath folds (at 64+ channels the shortcuts are
+     * not computed beside their convpath) */
+    check_spec("resnet18 body", (spec){.build = net_resnet18_body,
+                                       .x = cf_shape4(2, 3, 16, 16),
+                                       .pairs = 9,
+                                       .folds = 8,
+                                       .steps = 1});
     check_spec("nan input", (spec){.build = net_conv,
                                    .x = cf_shape4(2, 3, 5, 5),
                                    .pairs = 2,

@@ -117,6 +117,13 @@ void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float
  * plane, the output's (and add's) plane `ahead` floats on is prefetched (the next sample's). */
 void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
                          const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
+/* cf_bn_planes_affine with y's aligned whole vectors written by non-temporal stores where the
+ * instruction set has them (AVX2, AVX-512), so that a large output's lines are not read in from
+ * memory before they are overwritten; y is then not prefetched. The values are bitwise
+ * cf_bn_planes_affine's; the stores are fenced before the call returns. For outputs much larger
+ * than the caches, which the next layer reads from memory anyway. */
+void cf_bn_planes_affine_stream(const float *x, const float *add, float *y, int64_t s, int nc,
+                                const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
 void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
                      const float *mean, const float *k1, const float *k2, const float *k3,
                      bool relu, const float *scale, const float *shift, ptrdiff_t ahead);

@@ -19,9 +19,9 @@
  * max(y, 0) and, in backward, uses dy where y > 0 and 0 elsewhere in place of dy, in every path;
  * results are bitwise those of BatchNorm then ReLU. The planes path does not read y back: it
  * recomputes x * scale + shift with the forward's per-channel scale and shift (kept in the arena),
- * which gives y's sign exactly. As the last layer of a residual block's idpath it may also be asked
- * to write the block's max(a + y, 0) (cf_nn_bn_forward_add_relu; the backward is then the plain
- * one: the block masks the gradient).
+ * which gives y's sign exactly. As the last layer of a residual block's idpath (or of the convpath
+ * of a block without idpath) it may also be asked to write the block's max(a + y, 0)
+ * (cf_nn_bn_forward_add_relu; the backward is then the plain one: the block masks the gradient).
  *
  * Synchronised (cf_model_set_bn_reduce): a training forward first takes this replica's sums per
  * channel, has the group reduce them, and normalises with the whole batch's statistics through
@@ -161,6 +161,20 @@ static int64_t bn_block_channels(const geom *g) {
     return cb > 1 ? (int64_t)cb : 1;
 }
 
+/* The one-thread forward writes its output with non-temporal stores (cf_bn_planes_affine_stream)
+ * from BN_STREAM_BYTES of output: the output buffer was last touched a step ago, so a plain store
+ * first reads each of its lines from memory, and a perf profile of W3 in bf16 put most of the
+ * output pass's samples on its stores. Only an output far larger than the caches gains: W3's stem
+ * BatchNorm (64 MiB) does; streaming layer1-3's too (16, 8, 4 MiB) made the next convolution's
+ * input transforms, which read them, slower by about what it saved (bench/README.md, "W3's
+ * BatchNorm and residual passes"). W1's outputs, at most 3.2 MB, keep plain stores. The values
+ * are the same either way. */
+#define BN_STREAM_BYTES ((size_t)32 << 20)
+
+static bool bn_stream(const geom *g) {
+    return (size_t)g->n * (size_t)g->c * (size_t)g->s * sizeof(float) >= BN_STREAM_BYTES;
+}
+
 /* BatchNorm's passes ask for the next sample's plane (cf_prefetch, into L1) while they process
  * the current one: a pass jumps a whole sample between chunks of a few KB, and the hardware
  * prefetchers, which follow a stream only after a few misses, start each chunk cold. One plane
@@ -260,11 +274,13 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_scale_shift(ctx, c0, c1);
     const float *scale = b->ss, *shift = b->ss + g.c;
     const int nc = (int)(c1 - c0);
+    const bool stream = bn_stream(&g);
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
         const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
-        cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, nc,
-                            scale + c0, shift + c0, ctx->relu, ahead);
+        (stream ? cf_bn_planes_affine_stream
+                : cf_bn_planes_affine)(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at,
+                                       g.s, nc, scale + c0, shift + c0, ctx->relu, ahead);
     }
 }
 

@@ -37,11 +37,18 @@ static void fuse_sequential(cf_module *m, bool enabled) {
 }
 
 /* A block with ReLU after the sum whose idpath ends in a BatchNorm has that BatchNorm write the
- * block's output; a convpath and an idpath that both start with a convolution pair them (the
+ * block's output; so does the convpath's last BatchNorm in a block with ReLU after the sum and no
+ * idpath (torchvision's BasicBlock without downsample), with the block's input as the other
+ * term; a convpath and an idpath that both start with a convolution pair them (the
  * convolution decides at each call whether the pair qualifies); an idpath that starts with a
  * convolution adds its input gradient into the convpath's. */
 static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
     cf_nn_res_fusion f = {0};
+    if (enabled && m->n_children == 1) {
+        cf_module *cp = m->children[0], *last_a = path_last(cp);
+        f.convpath_seq = cf_nn_is_sequential(cp);
+        if (relu_after && cf_nn_is_batchnorm(last_a)) f.fold_a = last_a;
+    }
     if (enabled && m->n_children == 2) {
         cf_module *cp = m->children[0], *ip = m->children[1];
         cf_module *first_a = path_first(cp), *first_b = path_first(ip), *last_b = path_last(ip);

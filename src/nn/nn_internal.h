@@ -5,7 +5,8 @@
  * (cf_nn_res_fusion). The block then calls them explicitly: a strided convpath convolution that
  * computes the idpath's strided 1x1 shortcut from its phase split (forward, and its input and
  * weight gradients backward), a shortcut that adds its input gradient into the convpath's, and
- * an idpath BatchNorm that writes relu(convpath(x) + bn(.)) as the block's output. Every fused
+ * an idpath BatchNorm that writes relu(convpath(x) + bn(.)) as the block's output (in a block
+ * without idpath, the convpath's last BatchNorm writes relu(x + bn(.))). Every fused
  * call is bitwise what the unfused layers compute; a module whose ops are not the layer's own (a
  * wrapper's: timers, hooks) when the model is planned is never fused. */
 #ifndef COREFIT_NN_INTERNAL_H
@@ -45,6 +46,8 @@ void cf_nn_fuse(cf_module *root, bool enabled);
 /* A residual block's fused calls; the modules are the block's own (not owned). */
 typedef struct cf_nn_res_fusion {
     cf_module *fold;     /* the idpath's last BatchNorm, which writes relu(a + bn(.)) */
+    cf_module *fold_a;   /* in a block without idpath, the convpath's last BatchNorm, which
+                            writes relu(x + bn(.)) (x: the block's input) */
     cf_module *pair_a;   /* the convpath's first Conv2d, which may compute ... */
     cf_module *pair_b;   /* ... the idpath's first Conv2d (a strided 1x1 shortcut) */
     cf_module *add_into; /* the idpath's first Conv2d, which may add its input gradient into the

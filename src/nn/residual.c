@@ -4,7 +4,8 @@
  * gradients backward) are memory-bound over the block's activations; large ones are split over
  * the thread pool in contiguous chunks (results do not depend on the split). With ReLU after the
  * sum and an idpath that ends in a BatchNorm, that BatchNorm writes relu(a + bn(.)) itself
- * (nn_internal.h) and its output is the block's output. The fused calls the block makes are
+ * (nn_internal.h) and its output is the block's output; without an idpath, the convpath's last
+ * BatchNorm writes relu(bn(.) + x) the same way. The fused calls the block makes are
  * decided when the model is planned (cf_nn_residual_set_fusion, from fuse.c). The input gradient is
  * summed into the convpath's input gradient in place (that buffer is dead once the convpath's
  * backward has returned, and writing it back where it was just read costs no extra read of a fresh
@@ -109,7 +110,8 @@ static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     for (int i = 0; i < m->n_children; i++) cf_nn_module_plan(m->children[i], in, arena);
     cf_shape out;
     if (res_out_shape(m, in, &out) != CF_OK) return; /* checked before planning */
-    m->out.data = r->fuse.fold ? NULL : cf_arena_floats(arena, cf_shape_numel(&out));
+    m->out.data =
+        r->fuse.fold || r->fuse.fold_a ? NULL : cf_arena_floats(arena, cf_shape_numel(&out));
     m->out.shape = out;
     m->dx.data = NULL;
     m->dx.shape = *in;
@@ -154,6 +156,11 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
         f->pair_a->in = x;
         a = cf_nn_conv_forward_pair(f->pair_a, f->pair_b, x, &shortcut_y);
         a = path_forward(cp, f->convpath_seq, a, 1, path_len(cp, f->convpath_seq));
+    } else if (f->fold_a) { /* relu(convpath(x) + x), written by the convpath's last BatchNorm */
+        a = path_forward(cp, f->convpath_seq, x, 0, path_len(cp, f->convpath_seq) - 1);
+        a = cf_nn_bn_forward_add_relu(f->fold_a, a, x->data);
+        m->out = *a;
+        return &m->out;
     } else {
         a = cp->ops->forward(cp, x);
     }

@@ -46,6 +46,8 @@ static inline double avx2_hsum_d(__m256 v) {
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 #define V_HSUM_D(v) avx2_hsum_d(v)
+#define V_STREAM(p, v) _mm256_stream_ps((p), (v)) /* p 32-byte aligned */
+#define V_SFENCE() _mm_sfence()
 /* lo = a0 b0 a1 b1 a2 b2 a3 b3, hi = a4 b4 ... a7 b7 */
 #define V_ZIP(a, b, lo, hi)                                                                        \
     do {                                                                                           \

@@ -17,6 +17,8 @@ static inline double avx512_hsum_d(__m512 v) {
     return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
 }
 #define V_HSUM_D(v) avx512_hsum_d(v)
+#define V_STREAM(p, v) _mm512_stream_ps((p), (v)) /* p 64-byte aligned */
+#define V_SFENCE() _mm_sfence()
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
 #include "tensor/softmax_loops.h"

@@ -84,9 +84,13 @@ typedef struct cf_bn_kernels {
      * block of channels, where one call per plane costs as much as a small plane's work.
      * Element-wise, so bitwise the one-plane kernels'. ahead (not 0): before each plane, its
      * plane `ahead` floats on in y / dx (for writing) and add is prefetched into L1, the next
-     * sample's as the one-plane passes did beside each call. NULL: the one-plane kernels. */
+     * sample's as the one-plane passes did beside each call. stream (affine_n): y's whole
+     * vectors are written with non-temporal stores where the set has them (the values are the
+     * same; y's lines are not read in before they are written), fenced before the call returns;
+     * y is then not prefetched. NULL: the one-plane kernels. */
     void (*affine_n)(const float *x, const float *add, float *y, int64_t s, int nc,
-                     const float *scale, const float *shift, bool relu, ptrdiff_t ahead);
+                     const float *scale, const float *shift, bool relu, ptrdiff_t ahead,
+                     bool stream);
     void (*dx_n)(const float *dy, const float *x, float *dx, int64_t s, int nc, const float *mean,
                  const float *k1, const float *k2, const float *k3, bool relu, const float *scale,
                  const float *shift, ptrdiff_t ahead);

@@ -240,11 +240,12 @@ void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float
     cf_active_kernels->bn->dx(dy, x, dx, s, mean, k1, k2, k3, relu, scale, shift);
 }
 
-void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
-                         const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
+static void bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
+                             const float *scale, const float *shift, bool relu, ptrdiff_t ahead,
+                             bool stream) {
     const cf_bn_kernels *bn = cf_active_kernels->bn;
     if (bn->affine_n) {
-        bn->affine_n(x, add, y, s, nc, scale, shift, relu, ahead);
+        bn->affine_n(x, add, y, s, nc, scale, shift, relu, ahead, stream);
         return;
     }
     for (int i = 0; i < nc; i++) {
@@ -255,6 +256,17 @@ void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, 
         }
         bn->affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
     }
+}
+
+void cf_bn_planes_affine(const float *x, const float *add, float *y, int64_t s, int nc,
+                         const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
+    bn_planes_affine(x, add, y, s, nc, scale, shift, relu, ahead, false);
+}
+
+void cf_bn_planes_affine_stream(const float *x, const float *add, float *y, int64_t s, int nc,
+                                const float *scale, const float *shift, bool relu,
+                                ptrdiff_t ahead) {
+    bn_planes_affine(x, add, y, s, nc, scale, shift, relu, ahead, true);
 }
 
 void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,

@@ -12,6 +12,8 @@
  *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double)
  *   V_LOADZ_READABLE(mv, p)  V_LOADZ where all VL lanes at p may be read (optional: a set
  *                        without masked loads defines it as a plain load, then a lane select)
+ *   V_STREAM(p, v) V_SFENCE()  a non-temporal store to p (aligned to a vector) and the fence
+ *                        that orders such stores (optional: without them, plain stores)
  *
  * The tile keeps MR x NV_MAX accumulators in registers: 8 x 3 zmm (24 of 32) with AVX-512,
  * 4 x 3 ymm (12 of 16) with AVX2, 8 x 3 q registers (24 of 32) with NEON. Each step of the
@@ -847,16 +849,55 @@ static void simd_bn_dy_sums_n(int np, const float *const *dy, const float *const
                               sdyx + i);
 }
 
+/* simd_bn_affine with y's aligned whole vectors written by non-temporal stores (V_STREAM, where
+ * the set defines it): the values before the first aligned vector and after the last take
+ * simd_bn_affine itself, the vectors between are its loop's expressions, so every value is
+ * bitwise simd_bn_affine's. */
+static void simd_bn_affine_stream(const float *x, const float *add, float *y, int64_t s,
+                                  float scale, float shift, bool relu) {
+#ifdef V_STREAM
+    const uintptr_t vb = VL * sizeof(float);
+    const int64_t head = (int64_t)((vb - (uintptr_t)y % vb) % vb / sizeof(float));
+    if ((uintptr_t)y % sizeof(float) || head + VL > s) {
+        simd_bn_affine(x, add, y, s, scale, shift, relu);
+        return;
+    }
+    if (head) simd_bn_affine(x, add, y, head, scale, shift, relu);
+    const int64_t end = head + ((s - head) & ~(int64_t)(VL - 1));
+    const vf a = V_SET1(scale), b = V_SET1(shift), z = V_ZERO();
+    if (add)
+        for (int64_t i = head; i < end; i += VL)
+            V_STREAM(y + i, V_MAX(V_ADD(V_LOADU(add + i), V_FMA(V_LOADU(x + i), a, b)), z));
+    else if (relu)
+        for (int64_t i = head; i < end; i += VL)
+            V_STREAM(y + i, V_MAX(V_FMA(V_LOADU(x + i), a, b), z));
+    else
+        for (int64_t i = head; i < end; i += VL) V_STREAM(y + i, V_FMA(V_LOADU(x + i), a, b));
+    if (end < s)
+        simd_bn_affine(x + end, add ? add + end : NULL, y + end, s - end, scale, shift, relu);
+#else
+    simd_bn_affine(x, add, y, s, scale, shift, relu);
+#endif
+}
+
 static void simd_bn_affine_n(const float *x, const float *add, float *y, int64_t s, int nc,
-                             const float *scale, const float *shift, bool relu, ptrdiff_t ahead) {
+                             const float *scale, const float *shift, bool relu, ptrdiff_t ahead,
+                             bool stream) {
     for (int i = 0; i < nc; i++) {
         const size_t at = (size_t)i * (size_t)s;
         if (ahead) { /* one plane at a time, beside the work (see batchnorm.c) */
-            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            if (!stream) cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
             if (add) cf_prefetch(add + at + ahead, (size_t)s * sizeof(float), false, true);
         }
-        simd_bn_affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
+        if (stream)
+            simd_bn_affine_stream(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i],
+                                  relu);
+        else
+            simd_bn_affine(x + at, add ? add + at : NULL, y + at, s, scale[i], shift[i], relu);
     }
+#ifdef V_STREAM
+    if (stream) V_SFENCE(); /* the streamed lines ordered before whatever the caller does next */
+#endif
 }
 
 static void simd_bn_dx_n(const float *dy, const float *x, float *dx, int64_t s, int nc,
