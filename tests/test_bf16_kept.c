@@ -3,8 +3,9 @@
  * into the weight gradient's rows): bitwise the same results as the paths that read x in fp32.
  *
  * - the kernels: rows_h and deal_h of bf16(x) against rows and deal of x (the same words, nothing
- *   written outside the rows), and the level's from_fp32 against PyTorch's rounding in scalar C,
- *   on special values (subnormals, NaNs, infinities, ties) and every tail length;
+ *   written outside the rows), the level's from_fp32 and keep_words (streaming stores) against
+ *   PyTorch's rounding in scalar C, on special values (subnormals, NaNs, infinities, ties), every
+ *   tail length and every offset in a line;
  * - whole layers (W1's, odd shapes, a paired shortcut, a compact layer and the 1x1 stride-2 one
  *   alone, which keep nothing): the kept forward's y (and the shortcut's) bitwise the forward's
  *   and its words bitwise bf16(x); the kept backward bitwise cf_conv_bf16_backward with x in
@@ -91,6 +92,35 @@ static void test_from_fp32(void **state) {
                              i, y[i], bf16_ref(x[off + i]), (double)x[off + i]);
             for (int i = n; i < N + 8; i++)
                 if (y[i] != 0xa5a5) fail_msg("from_fp32 of %d from %d wrote [%d]", n, off, i);
+        }
+}
+
+/* keep_words (where the level has it: streaming stores of whole lines) writes from_fp32's
+ * words for every length up to 130 into every 2-byte offset of a line (a head before the first
+ * whole line, whole lines, a tail), and none outside them. */
+static void test_keep_words(void **state) {
+    (void)state;
+    if (!make_tables()) return;
+    const cf_bf16_kernels *k = active->bf16;
+    if (!k->keep_words) {
+        printf("level %s: no keep_words (from_fp32 keeps the words)\n", cf_isa_name(active->isa));
+        return;
+    }
+    enum { N = 136 };
+    static float x[N];
+    _Alignas(64) static uint16_t y[N + 64];
+    fill_bf16_specials(x, N, 73);
+    for (int at = 0; at < 32; at++)
+        for (int n = 1; n <= 130; n++) {
+            memset(y, 0xa5, sizeof y);
+            k->keep_words(x + 1, y + at, (size_t)n);
+            for (int i = 0; i < N + 64; i++) {
+                const bool in = i >= at && i < at + n;
+                const uint16_t want = in ? bf16_ref(x[1 + i - at]) : 0xa5a5;
+                if (y[i] != want)
+                    fail_msg("keep_words of %d at offset %d: [%d] = %04x, want %04x", n, at, i,
+                             y[i], want);
+            }
         }
 }
 
@@ -321,9 +351,8 @@ static void test_conv2d_threads(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_from_fp32),
-        cmocka_unit_test(test_copies),
-        cmocka_unit_test(test_layers),
+        cmocka_unit_test(test_from_fp32),      cmocka_unit_test(test_keep_words),
+        cmocka_unit_test(test_copies),         cmocka_unit_test(test_layers),
         cmocka_unit_test(test_conv2d_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -941,7 +941,9 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
             }
         }
         /* x's words kept for the backward (xh): the call's images, while they are in cache */
-        if (xh) k->from_fp32(src + (size_t)n0 * in_n, xh + (size_t)n0 * in_n, (size_t)nb * in_n);
+        if (xh)
+            (k->keep_words ? k->keep_words : k->from_fp32)(
+                src + (size_t)n0 * in_n, xh + (size_t)n0 * in_n, (size_t)nb * in_n);
         /* the next call's images, prefetched while this one computes (x comes at memory speed:
          * 3.2 MB a batch at W1's first stride-2 layer) */
         const int next = n_images - n0 - nb < l->cnb ? n_images - n0 - nb : l->cnb;

@@ -674,6 +674,24 @@ static void bf16_from_fp32_ne(const float *x, uint16_t *y, size_t n) {
     }
 }
 
+/* As bf16_from_fp32_ne (bitwise), the whole 64-byte lines of y written with streaming stores
+ * (kernel_table.h's keep_words: words read long after, by the backward; a plain store would
+ * first read each line of y from memory), fenced before it returns. */
+static void bf16_keep_words(const float *x, uint16_t *y, size_t n) {
+    size_t i = 0;
+    /* up to y's first whole line (y is 2-byte aligned: a line holds 32 words) */
+    const size_t head = ((64 - ((uintptr_t)y & 63)) & 63) / 2;
+    if (head) {
+        bf16_from_fp32_ne(x, y, head < n ? head : n);
+        i = head < n ? head : n;
+    }
+    for (; i + 32 <= n; i += 32)
+        _mm512_stream_si512((__m512i *)(y + i),
+                            ne_words(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16)));
+    if (i < n) bf16_from_fp32_ne(x + i, y + i, n - i);
+    _mm_sfence();
+}
+
 /* As bf16_pairs_rows (kernel_table.h's fwd_pairs_rows). */
 static void bf16_fwd_pairs_rows(const float *lo, const float *hi, int h, int w, uint32_t *out,
                                 size_t ldo) {
@@ -1316,5 +1334,6 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .deal_short = bf16_deal_short,
     .rows_h = bf16_rows_h,
     .deal_h = bf16_deal_h,
+    .keep_words = bf16_keep_words,
 };
 #endif

@@ -312,6 +312,10 @@ typedef struct cf_bf16_kernels {
     void (*rows_h)(const uint16_t *x, int h, int w, uint16_t *y, size_t ldy);
     void (*deal_h)(const uint16_t *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
                    size_t ld);
+    /* NULL: from_fp32. from_fp32's words (bitwise) written past the caches where the level
+     * can (streaming stores): the forward's kept words of x, which the backward reads long
+     * after (a plain store would first bring each line in from memory). */
+    void (*keep_words)(const float *x, uint16_t *y, size_t n);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
