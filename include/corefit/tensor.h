@@ -421,6 +421,25 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
                                 const float *dy, const float *x, int n_images, float *dw, float *dx,
                                 float *scratch, const cf_conv_shortcut *dw_shortcut,
                                 const cf_conv_shortcut *dx_shortcut);
+/* x's bf16 words kept from the forward pass for the backward's weight gradient (mixed
+ * precision's activations stored for backward in bf16): cf_conv_bf16_forward_keep is
+ * cf_conv_bf16_forward (shortcut NULL) or _forward_with, bitwise, that also writes x_kept = bf16(x)
+ * (cf_fp32_to_bf16 of the n_images images, n x c x h x w halves; NULL: none), converted call by
+ * call while x is in cache. cf_conv_bf16_backward_kept is cf_conv_bf16_backward, bitwise, whose
+ * weight gradient copies x's words from x_kept (those of the same x; NULL: none) instead of
+ * reading x in fp32 and rounding it again: half the bytes, from memory by then. It reads x_kept
+ * where cf_conv_bf16_keeps_input holds (not a compact small-plane layer, nor the 1x1 stride-2
+ * one alone) and the active level has the copies (avx512_bf16, amx); else x, as
+ * cf_conv_bf16_backward. */
+bool cf_conv_bf16_keeps_input(const cf_conv_geom *g, int out_channels);
+cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, const float *packed,
+                                    const float *x, int n_images, float *y, float *scratch,
+                                    const cf_conv_shortcut *shortcut, uint16_t *x_kept);
+cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, const float *packed,
+                                     const float *dy, const float *x, const uint16_t *x_kept,
+                                     int n_images, float *dw, float *dx, float *scratch,
+                                     const cf_conv_shortcut *dw_shortcut,
+                                     const cf_conv_shortcut *dx_shortcut);
 
 /* ---- a bf16 stride-2 stem on a few channels: src/tensor/conv_stem_bf16.c --------------------- */
 

@@ -106,6 +106,12 @@ typedef struct conv_impl {
     bool bf16_implicit;
     float *bf16_packed;
     bool bf16_fresh; /* bf16_packed holds the weights of the last forward pass */
+    /* x's bf16 words kept by a training forward for the backward's weight gradient
+     * (cf_conv_bf16_forward_keep; up to bf16_x_cap images), and whether the last forward
+     * wrote them */
+    uint16_t *bf16_x;
+    int64_t bf16_x_cap;
+    bool bf16_x_kept;
     /* the first failed cf_conv_bf16_* status of the call in progress (CF_OK: none) and its
      * message, noted by whichever thread made the call (bf16_note), reported by conv_report */
     atomic_int bf16_status;
@@ -333,6 +339,15 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         if (s > c->scratch_stride) c->scratch_stride = s;
         c->bf16_packed = cf_arena_floats(arena, cf_conv_bf16_packed_floats(&c->g, c->out_c));
     }
+    c->bf16_x = NULL;
+    c->bf16_x_cap = 0;
+    c->bf16_x_kept = false;
+    /* x's bf16 words for the weight gradient: half of x's bytes, where the layer reads them */
+    if (c->bf16_implicit && c->bf16 && !c->winograd && cf_conv_bf16_keeps_input(&c->g, c->out_c)) {
+        const size_t in_n = (size_t)c->in_c * c->g.h * c->g.w;
+        c->bf16_x = (uint16_t *)cf_arena_floats(arena, ((size_t)in->dim[0] * in_n + 1) / 2);
+        c->bf16_x_cap = in->dim[0];
+    }
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
     cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
@@ -492,7 +507,16 @@ static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int t
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    if (c->shortcut_call.out_channels) {
+    if (c->bf16_x_kept) { /* and x's bf16 words for the backward */
+        cf_conv_shortcut sc = c->shortcut_call;
+        sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
+        bf16_note(c,
+                  cf_conv_bf16_forward_keep(
+                      g, c->out_c, c->bf16_packed, c->x + (size_t)begin * in_n, (int)(end - begin),
+                      c->y + (size_t)begin * out_n, c->scratch + (size_t)thread * c->scratch_stride,
+                      sc.out_channels ? &sc : NULL, c->bf16_x + (size_t)begin * in_n),
+                  "cf_conv_bf16_forward_keep");
+    } else if (c->shortcut_call.out_channels) {
         cf_conv_shortcut sc = c->shortcut_call;
         sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
         bf16_note(c,
@@ -585,6 +609,9 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     }
     float *mem = call_begin(c, false);
     c->bf16_fresh = use_bf16_implicit(c);
+    /* a training forward whose weights learn keeps x's bf16 words (the backward reads them) */
+    c->bf16_x_kept = c->bf16_fresh && c->bf16_x && c->batch <= c->bf16_x_cap && m->training &&
+                     m->params[0].trainable;
     if (c->bf16_fresh) {
         cf_conv_bf16_pack(g, c->out_c, m->params[0].data, c->bf16_packed);
         run_batch(c, c->batch, conv_forward_bf16_range, m);
@@ -885,11 +912,12 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
         cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
         if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
         bf16_note(c,
-                  cf_conv_bf16_backward(
-                      g, c->out_c, c->bf16_packed, dy, x, count,
+                  cf_conv_bf16_backward_kept(
+                      g, c->out_c, c->bf16_packed, dy, x,
+                      c->bf16_x_kept ? c->bf16_x + (size_t)begin * in_n : NULL, count,
                       c->dwt + (size_t)thread * c->dw_stride, c->dx + (size_t)begin * in_n, scratch,
                       sdw.out_channels ? &sdw : NULL, sdx.out_channels ? &sdx : NULL),
-                  "cf_conv_bf16_backward");
+                  "cf_conv_bf16_backward_kept");
         dw_written(c, begin, end);
         if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
         dw_reduce_slices(m);

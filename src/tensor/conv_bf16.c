@@ -26,7 +26,9 @@
  *            level has conv_wgrad_runs, the sums skip the position pairs whose dy words are both
  *            zero (pad rows, dropped columns: dy_runs), adding the same products in the same order.
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
- *            (halves_rows) rather than rounding dy from fp32 again.
+ *            (halves_rows) rather than rounding dy from fp32 again. x's rows are copied from the
+ *            forward's bf16 words of x where it kept them (cf_conv_bf16_forward_keep; rows_h,
+ *            deal_h) rather than read in fp32 and rounded again.
  *
  * The forward of W1-sized layers (17 to 64 output channels, planes of at most 256 positions:
  * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
@@ -892,7 +894,7 @@ static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *s
  * run_images' outputs: the same pairs in the planes, the same sums. */
 static void forward_cols(const layout *l, const cf_conv_geom *g, const float *packed,
                          const float *src, int n_images, float *dst, float *scratch,
-                         const cf_conv_shortcut *sc, const layout *sl) {
+                         const cf_conv_shortcut *sc, const layout *sl, uint16_t *xh) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     /* the input's pairs: the level's faster conversions where it has them (the same words) */
     void (*const pairs_rows)(const float *, const float *, int, int, uint32_t *, size_t) =
@@ -938,6 +940,10 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
                 }
             }
         }
+        /* x's words kept for the backward (xh): the call's images, while they are in cache */
+        if (xh)
+            (k->keep_words ? k->keep_words : k->from_fp32)(
+                src + (size_t)n0 * in_n, xh + (size_t)n0 * in_n, (size_t)nb * in_n);
         /* the next call's images, prefetched while this one computes (x comes at memory speed:
          * 3.2 MB a batch at W1's first stride-2 layer) */
         const int next = n_images - n0 - nb < l->cnb ? n_images - n0 - nb : l->cnb;
@@ -1025,7 +1031,7 @@ cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const fl
     const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward");
     if (st != CF_OK) return st;
     if (cols_active(&l)) {
-        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL);
+        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL, NULL);
         return CF_OK;
     }
     if (l.compact) {
@@ -1058,12 +1064,49 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
     cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
     layout_make(&sl, &sg, shortcut->out_channels);
     if (cols_active(&l) && sl.cols)
-        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl);
+        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl, NULL);
     else if (l.compact)
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
     else
         run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut,
                    false, NULL);
+    return CF_OK;
+}
+
+bool cf_conv_bf16_keeps_input(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    return !l.compact && !l.sub;
+}
+
+cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, const float *packed,
+                                    const float *x, int n_images, float *y, float *scratch,
+                                    const cf_conv_shortcut *shortcut, uint16_t *x_kept) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_keep");
+    if (st == CF_OK && shortcut)
+        st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_keep (shortcut)");
+    if (st != CF_OK) return st;
+    layout sl;
+    if (shortcut) {
+        cf_conv_geom sg;
+        cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
+        layout_make(&sl, &sg, shortcut->out_channels);
+    }
+    const size_t in_n = (size_t)l.c * g->h * g->w;
+    if (cols_active(&l) && (!shortcut || sl.cols)) { /* each call's images while in cache */
+        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
+                     x_kept);
+        return CF_OK;
+    }
+    if (l.compact)
+        run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
+    else
+        run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut,
+                   false, NULL);
+    /* the other paths (amx's tiles, compact layers) round x again afterwards */
+    if (x_kept) cf_fp32_to_bf16(x, x_kept, (size_t)n_images * in_n);
     return CF_OK;
 }
 
@@ -1233,8 +1276,8 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
 }
 
 static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
-                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
-                  bool accumulate, bool zeroed);
+                  const uint16_t *xh, int n_images, float *dw, float *scratch,
+                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed);
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch) {
@@ -1243,7 +1286,7 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, NULL, false);
     else
-        wgrad(&l, g, dy, x, n_images, dw, scratch, NULL, false, false);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false);
 }
 
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
@@ -1254,7 +1297,7 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, shortcut, false);
     else
-        wgrad(&l, g, dy, x, n_images, dw, scratch, shortcut, false, false);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false);
 }
 
 #define MAX_RUNS 64
@@ -1305,13 +1348,25 @@ static void wgrad_block(const layout *l, int taps, const int *half, const unsign
                       x0, x1, l->ldb, dw, (size_t)l->c, (size_t)m * l->c, accumulate);
 }
 
+/* Whether the weight gradient reads the forward's kept bf16 words of x (xh, not NULL) at the
+ * active level: it has their row copies, and the layer takes wgrad's rows (not the gathered taps
+ * of a compact one, nor the subsampled one's even values). */
+static bool kept_active(const layout *l, const uint16_t *xh) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return xh && !l->compact && !l->sub && k && k->rows_h && k->deal_h;
+}
+
 /* The weight gradient; with a paired shortcut (stride 2), also the shortcut's, one more tap
- * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. */
+ * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. xh (NULL: none):
+ * x's bf16 words (image n's at n * in_n, as cf_fp32_to_bf16 of x), copied into the rows instead
+ * of rounding x again: the same words, half the bytes read (x has left the caches since the
+ * forward; the fp32 reads waited on memory). */
 static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
-                  int n_images, float *dw, float *scratch, const cf_conv_shortcut *sc,
-                  bool accumulate, bool zeroed) {
+                  const uint16_t *xh, int n_images, float *dw, float *scratch,
+                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed) {
     const layout l = *lay;
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (!kept_active(&l, xh)) xh = NULL;
     uint16_t *xb = (uint16_t *)scratch; /* C rows of lx: the padded images end to end */
     uint32_t *x0 = (uint32_t *)(xb + (size_t)l.c * l.lx), *x1 = x0 + (size_t)l.rows * l.ldb;
     uint16_t *dyb = (uint16_t *)(x1 + (size_t)l.rows * l.ldb);
@@ -1338,7 +1393,23 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             memset(xb, 0, (size_t)l.c * l.lx * sizeof(uint16_t));
         for (int b = 0; b < nb; b++) {
             const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
-            for (int c = 0; c < l.c; c++) {
+            for (int c = 0; c < l.c && xh; c++) { /* the kept words (not sub: kept_active) */
+                uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
+                const uint16_t *src = xh + (size_t)(n0 + b) * in_n + c * plane;
+                if (l.stride == 1) {
+                    k->rows_h(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
+                    continue;
+                }
+                for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* as below */
+                    const int r = i0 + l.pad;
+                    uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq, *e,
+                             *od;
+                    DEAL_DEST(l.pad, prow, l.lp, e, od);
+                    k->deal_h(src + (size_t)i0 * g->w, (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w,
+                              e, od, (size_t)l.wq);
+                }
+            }
+            for (int c = 0; c < l.c && !xh; c++) {
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const float *src = xn + c * plane;
                 if (l.sub && k->even_rows) { /* the even columns of the even rows */
@@ -1382,14 +1453,14 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     }
 }
 
-cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
-                                const float *dy, const float *x, int n_images, float *dw, float *dx,
-                                float *scratch, const cf_conv_shortcut *dw_shortcut,
-                                const cf_conv_shortcut *dx_shortcut) {
+static cf_status backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                          const float *dy, const float *x, const uint16_t *xh, int n_images,
+                          float *dw, float *dx, float *scratch, const cf_conv_shortcut *dw_shortcut,
+                          const cf_conv_shortcut *dx_shortcut, const char *call) {
     layout l;
     layout_make(&l, g, out_channels);
     if (dx) { /* the weight gradient does not read the pack */
-        cf_status st = pack_check(&l, packed, "cf_conv_bf16_backward");
+        cf_status st = pack_check(&l, packed, call);
         if (st == CF_OK && dx_shortcut)
             st = shortcut_check(g, dx_shortcut, "cf_conv_bf16_backward (shortcut)");
         if (st != CF_OK) return st;
@@ -1414,8 +1485,8 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
         if (dw) {
             cf_conv_shortcut sc = dw_shortcut ? *dw_shortcut : (cf_conv_shortcut){0};
             if (dw_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
-            wgrad(&l, g, dyn, x + (size_t)n0 * in_n, nb, dw, wscratch, dw_shortcut ? &sc : NULL,
-                  n0 > 0, n0 > 0);
+            wgrad(&l, g, dyn, x + (size_t)n0 * in_n, xh ? xh + (size_t)n0 * in_n : NULL, nb, dw,
+                  wscratch, dw_shortcut ? &sc : NULL, n0 > 0, n0 > 0);
         }
         if (!dx) continue;
         float *dxn = dx + (size_t)n0 * in_n;
@@ -1441,4 +1512,21 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
                        dw ? wgrad_dy_rows(&l, wscratch) : NULL);
     }
     return CF_OK;
+}
+
+cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const float *packed,
+                                const float *dy, const float *x, int n_images, float *dw, float *dx,
+                                float *scratch, const cf_conv_shortcut *dw_shortcut,
+                                const cf_conv_shortcut *dx_shortcut) {
+    return backward(g, out_channels, packed, dy, x, NULL, n_images, dw, dx, scratch, dw_shortcut,
+                    dx_shortcut, "cf_conv_bf16_backward");
+}
+
+cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, const float *packed,
+                                     const float *dy, const float *x, const uint16_t *x_kept,
+                                     int n_images, float *dw, float *dx, float *scratch,
+                                     const cf_conv_shortcut *dw_shortcut,
+                                     const cf_conv_shortcut *dx_shortcut) {
+    return backward(g, out_channels, packed, dy, x, x_kept, n_images, dw, dx, scratch, dw_shortcut,
+                    dx_shortcut, "cf_conv_bf16_backward_kept");
 }

@@ -654,6 +654,44 @@ static inline __m512i ne_words(__m512 a, __m512 b) {
     return (__m512i)_mm512_cvtne2ps_pbh(b, a);
 }
 
+/* The 32 words of a mask that holds the first n (at most 32). */
+static inline __mmask32 words_below(int n) {
+    return n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (__mmask32)((1u << n) - 1u);
+}
+
+/* As bf16_from_fp32 (bitwise), 32 values per vcvtne2ps2bf16 (ne_words): the level's from_fp32
+ * (cf_fp32_to_bf16; the forward's kept copy of x, cf_conv_bf16_forward_keep). */
+static void bf16_from_fp32_ne(const float *x, uint16_t *y, size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm512_storeu_si512(y + i, ne_words(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16)));
+    if (i < n) {
+        const int left = (int)(n - i);
+        _mm512_mask_storeu_epi16(
+            y + i, words_below(left),
+            ne_words(_mm512_maskz_loadu_ps(lanes_below(left), x + i),
+                     _mm512_maskz_loadu_ps(lanes_below(left - 16), x + i + 16)));
+    }
+}
+
+/* As bf16_from_fp32_ne (bitwise), the whole 64-byte lines of y written with streaming stores
+ * (kernel_table.h's keep_words: words read long after, by the backward; a plain store would
+ * first read each line of y from memory), fenced before it returns. */
+static void bf16_keep_words(const float *x, uint16_t *y, size_t n) {
+    size_t i = 0;
+    /* up to y's first whole line (y is 2-byte aligned: a line holds 32 words) */
+    const size_t head = ((64 - ((uintptr_t)y & 63)) & 63) / 2;
+    if (head) {
+        bf16_from_fp32_ne(x, y, head < n ? head : n);
+        i = head < n ? head : n;
+    }
+    for (; i + 32 <= n; i += 32)
+        _mm512_stream_si512((__m512i *)(y + i),
+                            ne_words(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16)));
+    if (i < n) bf16_from_fp32_ne(x + i, y + i, n - i);
+    _mm_sfence();
+}
+
 /* As bf16_pairs_rows (kernel_table.h's fwd_pairs_rows). */
 static void bf16_fwd_pairs_rows(const float *lo, const float *hi, int h, int w, uint32_t *out,
                                 size_t ldo) {
@@ -1068,11 +1106,6 @@ static void bf16_position_pairs(const uint16_t *x, size_t lx, int ch, int rows, 
     }
 }
 
-/* The 32 words of a mask that holds the first n (at most 32). */
-static inline __mmask32 words_below(int n) {
-    return n >= 32 ? 0xffffffffu : n <= 0 ? 0u : (__mmask32)((1u << n) - 1u);
-}
-
 /* As rows, y[i * ldy + j] = bf16(x[i * w + j]) for i < h, j < w, on the conversion
  * instruction (ne_words: vcvtne2ps2bf16, cf__bf16_round_lanes for a vector pair that holds a
  * subnormal, so bitwise rows' words). Rows of at most 16 values (W1's 7 x 7 and 14 x 14
@@ -1138,6 +1171,37 @@ static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *
             const __m512i v = _mm512_permutexvar_epi16(
                 evens_odds, ne_words(_mm512_maskz_loadu_ps(lanes_below(left), x + j),
                                      _mm512_maskz_loadu_ps(lanes_below(left - 16), x + j + 16)));
+            _mm256_mask_storeu_epi16(e + j / 2, lanes_below((left + 1) / 2),
+                                     _mm512_castsi512_si256(v));
+            if (o)
+                _mm256_mask_storeu_epi16(o + j / 2, lanes_below(left / 2),
+                                         _mm512_extracti64x4_epi64(v, 1));
+        }
+}
+
+/* As rows, of x already in bf16 (the forward's kept copy, cf_conv_bf16_forward_keep): h rows of
+ * w words copied into rows ldy apart, 32 words per masked load and store. */
+static void bf16_rows_h(const uint16_t *x, int h, int w, uint16_t *y, size_t ldy) {
+    for (int i = 0; i < h; i++, x += w, y += ldy)
+        for (int j = 0; j < w; j += 32) {
+            const __mmask32 m = words_below(w - j);
+            _mm512_mask_storeu_epi16(y + j, m, _mm512_maskz_loadu_epi16(m, x + j));
+        }
+}
+
+/* As deal, of x already in bf16: h rows' even and odd words (row i at x + i * ldx) to e and o
+ * (i * ld on; o NULL: the even ones alone), 32 words of a row per load, permuted to
+ * [even | odd]. */
+static void bf16_deal_h(const uint16_t *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                        size_t ld) {
+    const __m512i evens_odds =
+        _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
+                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int i = 0; i < h; i++, x += ldx, e += ld, o = o ? o + ld : NULL)
+        for (int j = 0; j < n; j += 32) {
+            const int left = n - j;
+            const __m512i v = _mm512_permutexvar_epi16(
+                evens_odds, _mm512_maskz_loadu_epi16(words_below(left), x + j));
             _mm256_mask_storeu_epi16(e + j / 2, lanes_below((left + 1) / 2),
                                      _mm512_castsi512_si256(v));
             if (o)
@@ -1236,7 +1300,7 @@ static void bf16_stem_pairs(const uint16_t *x, const int *off, int taps, int k, 
 }
 
 const cf_bf16_kernels cf_bf16_kernels_avx512 = {
-    .from_fp32 = bf16_from_fp32,
+    .from_fp32 = bf16_from_fp32_ne,
     .gemm = bf16_gemm,
     .gemm_a_words = gemm_a_words,
     .gemm_pack_a = gemm_pack_a,
@@ -1268,5 +1332,8 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .even_rows = bf16_even_rows,
     .rows_short = bf16_rows_short,
     .deal_short = bf16_deal_short,
+    .rows_h = bf16_rows_h,
+    .deal_h = bf16_deal_h,
+    .keep_words = bf16_keep_words,
 };
 #endif

@@ -316,6 +316,16 @@ typedef struct cf_bf16_kernels {
     void (*rows_short)(const float *x, int h, int w, uint16_t *y, size_t ldy);
     void (*deal_short)(const float *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
                        size_t ld);
+    /* NULL: none (the weight gradient rounds x from fp32). rows and deal of x already in bf16
+     * (the forward's kept copy of its input, cf_conv_bf16_forward_keep): the same places, the
+     * words copied, so bitwise rows' and deal's of the fp32 values they were rounded from. */
+    void (*rows_h)(const uint16_t *x, int h, int w, uint16_t *y, size_t ldy);
+    void (*deal_h)(const uint16_t *x, size_t ldx, int h, int n, uint16_t *e, uint16_t *o,
+                   size_t ld);
+    /* NULL: from_fp32. from_fp32's words (bitwise) written past the caches where the level
+     * can (streaming stores): the forward's kept words of x, which the backward reads long
+     * after (a plain store would first bring each line in from memory). */
+    void (*keep_words)(const float *x, uint16_t *y, size_t n);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
