@@ -252,13 +252,7 @@ static void output(const float *m, size_t m_xi, int ldm, int channels, int h, in
             const int n_t = tiles - t0, R0 = t0 / tw;
             const int rows = (n_t < 16 ? n_t : 16) / tw; /* tile rows in this vector */
             vf a[4], b[4];
-            for (int i = 0; i < 4; i++) {
-                const float *p = mk + (size_t)(4 * i) * m_xi + t0;
-                const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
-                         m2 = wino_load(p + 2 * m_xi, n_t), m3 = wino_load(p + 3 * m_xi, n_t);
-                a[i] = V_ADD(V_ADD(m0, m1), m2);
-                b[i] = V_SUB(V_SUB(m1, m2), m3);
-            }
+            wino_out_columns(mk + t0, m_xi, n_t, a, b);
             const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
             const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
             const vf y10 = V_SUB(V_SUB(a[1], a[2]), a[3]);

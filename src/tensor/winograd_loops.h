@@ -35,6 +35,19 @@ CF_INLINE vf wino_load(const float *p, int n) {
     return n >= VL ? V_LOADU(p) : n <= 0 ? V_ZERO() : V_LOADZ(V_MASKV(simd_first_lanes(n)), p);
 }
 
+/* The output transform's first pass (A^T over each row's columns): for the points' rows i = 0..3
+ * of a tile's 4 x 4 products at p (point j of row i at p + (4i + j) m_xi), a[i] = m0 + m1 + m2
+ * and b[i] = m1 - m2 - m3, n lanes. */
+CF_INLINE void wino_out_columns(const float *p, size_t m_xi, int n, vf a[4], vf b[4]) {
+    for (int i = 0; i < 4; i++) {
+        const float *q = p + (size_t)(4 * i) * m_xi;
+        const vf m0 = wino_load(q, n), m1 = wino_load(q + m_xi, n), m2 = wino_load(q + 2 * m_xi, n),
+                 m3 = wino_load(q + 3 * m_xi, n);
+        a[i] = V_ADD(V_ADD(m0, m1), m2);
+        b[i] = V_SUB(V_SUB(m1, m2), m3);
+    }
+}
+
 CF_INLINE void wino_store(float *p, int n, vf v) {
     if (n >= VL)
         V_STOREU(p, v);
@@ -241,13 +254,7 @@ CF_INLINE void wino_output_short(int g, const float *m, size_t m_xi, int ldm, in
             for (int t0 = 0; t0 < band; t0 += VL) {
                 const int n_t = band - t0;
                 vf a[4], b[4];
-                for (int i = 0; i < 4; i++) {
-                    const float *p = mk + (size_t)(4 * i) * m_xi + t0;
-                    const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
-                             m2 = wino_load(p + 2 * m_xi, n_t), m3 = wino_load(p + 3 * m_xi, n_t);
-                    a[i] = V_ADD(V_ADD(m0, m1), m2);
-                    b[i] = V_SUB(V_SUB(m1, m2), m3);
-                }
+                wino_out_columns(mk + t0, m_xi, n_t, a, b);
                 float r0[2 * VL], r1[2 * VL]; /* the zipped first and second output rows */
                 const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
                 const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
@@ -300,14 +307,7 @@ static void loops_wino_output(const float *m, size_t m_xi, int ldm, int channels
                 for (int t0 = 0; t0 < tw; t0 += VL) {
                     const int n_t = tw - t0;
                     vf a[4], b[4]; /* A^T over the columns of each row i */
-                    for (int i = 0; i < 4; i++) {
-                        const float *p = mt + (size_t)(4 * i) * m_xi + t0;
-                        const vf m0 = wino_load(p, n_t), m1 = wino_load(p + m_xi, n_t),
-                                 m2 = wino_load(p + 2 * m_xi, n_t),
-                                 m3 = wino_load(p + 3 * m_xi, n_t);
-                        a[i] = V_ADD(V_ADD(m0, m1), m2);
-                        b[i] = V_SUB(V_SUB(m1, m2), m3);
-                    }
+                    wino_out_columns(mt + t0, m_xi, n_t, a, b);
                     const vf y00 = V_ADD(V_ADD(a[0], a[1]), a[2]);
                     const vf y01 = V_ADD(V_ADD(b[0], b[1]), b[2]);
                     vf lo, hi;
