@@ -107,7 +107,8 @@ typedef cf_status (*cf_worker_fn)(cf_comm *comm, void *ctx);
 typedef struct cf_launch_options {
     int num_workers;      /* 0: cf_available_cores() */
     double deadline_s;    /* a worker making no progress this long is declared hung: no heartbeat
-                             outside a collective, or waiting this long inside one. 0: 60 s */
+                             outside a collective, or waiting inside one this long and an eighth
+                             more (so that a peer silent outside is named first). 0: 60 s */
     size_t comm_bytes;    /* per-rank staging slot for collectives (larger buffers go in chunks);
                              0: 512 KiB; rounded up to 64 bytes */
     size_t results_bytes; /* size of the results area (0: none). Reserved, not committed: pages

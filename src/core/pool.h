@@ -23,6 +23,10 @@ typedef struct cf__pool_stats {
     uint64_t preempted_spins; /* spins that found their thread descheduled (they back off) */
 } cf__pool_stats;
 
+/* CF_TIMING=1 in the environment: the pool, the fork workers and their supervisor report on
+ * stderr where time went (bench/scaling.py reads it). */
+bool cf__timing_requested(void);
+
 /* The counters (process-wide, monotonic; CF_TIMING=1 prints them at exit). */
 cf__pool_stats cf__pool_get_stats(void);
 

@@ -272,6 +272,11 @@ static bool spin_wait(spinner *s, const awaited *w) {
     return got;
 }
 
+bool cf__timing_requested(void) {
+    const char *e = getenv("CF_TIMING");
+    return e && strcmp(e, "1") == 0;
+}
+
 bool cf__machine_crowded(void) {
     return machine_crowded(spin_clock());
 }
@@ -441,8 +446,7 @@ static void register_atfork(void) {
         const double us = strtod(fixed, &end);
         if (*end == 0 && us >= 0) cf__pool_set_spin(us * 1e3);
     }
-    const char *timing = getenv("CF_TIMING");
-    timing_on = timing && strcmp(timing, "1") == 0;
+    timing_on = cf__timing_requested();
     /* CF_POOL_TAKE_OVER=0: the caller waits for every worker's part (as before), for measuring */
     const char *take_over = getenv("CF_POOL_TAKE_OVER");
     take_over_off = take_over && strcmp(take_over, "0") == 0;

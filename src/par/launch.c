@@ -6,6 +6,7 @@
  * first fault it sets the abort flag, SIGKILLs every other worker, reaps all of them, unmaps the
  * region, restores the signal dispositions it changed and returns an error naming the rank and
  * the cause. On success the results area stays mapped and is handed to the caller. */
+#include "core/pool.h"
 #include "par_internal.h"
 
 #include "corefit/tensor.h"
@@ -124,12 +125,6 @@ static void forward_term(int sig) {
     errno = saved;
 }
 
-/* CF_TIMING=1 in the environment: the workers and the supervisor report where time went. */
-static bool timing_requested(void) {
-    const char *e = getenv("CF_TIMING");
-    return e && strcmp(e, "1") == 0;
-}
-
 /* CF_TIMING=1: where a worker's wall time went, on stderr (bench/scaling.py reads it): from its
  * start to the job (pinning, OpenBLAS's warm-up), the job, and the part of the job spent in
  * barriers (every collective passes one or more), with how many waits outlasted the spin and
@@ -137,7 +132,7 @@ static bool timing_requested(void) {
  * involuntary context switches: a worker whose barriers wait less than its peer's while its CPU
  * seconds match was preempted more (its core shared), not given more work. */
 static void report_timing(const cf_shm_comm *c, int rank, uint64_t t_start, uint64_t t_ready) {
-    if (!timing_requested()) return;
+    if (!cf__timing_requested()) return;
     uint64_t now = cf_shm_now_ns();
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
@@ -343,10 +338,19 @@ static void note_pause(supervisor *s, uint64_t now) {
     s->awake_ns = now;
 }
 
+/* How long a rank may wait in a collective before it is named: the deadline and an eighth of it.
+ * A peer that hangs outside the collective right after its last heartbeat, which it gave a little
+ * after this rank began to wait (the two race under load), then crosses its own deadline first
+ * and is named as the cause; the supervisor wakes on the first deadline due, so without the grace
+ * the waiting rank would be named whenever the peer's heartbeat came later. */
+static uint64_t wait_limit(uint64_t limit) {
+    return limit + limit / 8;
+}
+
 /* Checks the deadline. Ranks silent outside a collective are blamed before ranks that wait in
  * one (a wait is usually the consequence of another rank's silence). */
 static cf_status check_progress(supervisor *s, uint64_t now) {
-    uint64_t limit = (uint64_t)(s->hdr->deadline_s * 1e9);
+    const uint64_t limit = (uint64_t)(s->hdr->deadline_s * 1e9), waited = wait_limit(limit);
     for (int pass = 0; pass < 2; pass++) {
         for (int r = 0; r < s->n; r++) {
             if (!s->alive[r]) continue;
@@ -357,12 +361,12 @@ static cf_status check_progress(supervisor *s, uint64_t now) {
             if (hb < s->resumed_ns) hb = s->resumed_ns;
             if (since != 0 && since < s->resumed_ns) since = s->resumed_ns;
             if ((pass == 0 && since == 0 && now > hb && now - hb > limit) ||
-                (pass == 1 && since != 0 && now > since && now - since > limit))
+                (pass == 1 && since != 0 && now > since && now - since > waited))
                 s->fault = (cf__launch_fault){CF_FAULT_HUNG, r, 0};
             if (pass == 0 && since == 0 && now > hb && now - hb > limit)
                 return cf_fail(CF_ERR_WORKER, "worker %d made no progress for %.1f s", r,
                                (double)(now - hb) * 1e-9);
-            if (pass == 1 && since != 0 && now > since && now - since > limit) {
+            if (pass == 1 && since != 0 && now > since && now - since > waited) {
                 char what[256];
                 describe_wait(s, r, what, sizeof what);
                 return cf_fail(CF_ERR_WORKER, "worker %d made no progress for %.1f s%s", r,
@@ -388,9 +392,10 @@ static void nap(supervisor *s, const sigset_t *unblocked) {
         cf_shm_rank *slot = cf_shm_rank_at(s->hdr, r);
         if (!s->alive[r] || atomic_load(&slot->state) != CF_SHM_RUNNING) continue;
         uint64_t since = atomic_load(&slot->wait_since_ns);
+        const uint64_t allowed = since ? wait_limit(limit) : limit;
         if (since == 0) since = atomic_load(&slot->heartbeat_ns);
         if (since < s->resumed_ns) since = s->resumed_ns;
-        const uint64_t due = since + limit + REAP_NAP_NS; /* just past it */
+        const uint64_t due = since + allowed + REAP_NAP_NS; /* just past it */
         if (due > now && due - now < ns) ns = due - now;
     }
     struct pollfd fds[CF_MAX_WORKERS];
@@ -569,7 +574,7 @@ cf_status cf__launch_fork_hooked(const cf_launch_options *opt, cf_worker_fn fn, 
     if (st != CF_OK) stop_all(&s);
     for (int r = 0; r < n; r++)
         if (s.ends[r] >= 0) close(s.ends[r]);
-    if (timing_requested())
+    if (cf__timing_requested())
         fprintf(stderr, "timing: supervisor: %llu wake-ups in %.3f s\n",
                 (unsigned long long)s.wakes, (double)(cf_shm_now_ns() - t_supervise) * 1e-9);
     last_fault = st == CF_OK ? (cf__launch_fault){CF_FAULT_NONE, -1, 0} : s.fault;

@@ -20,6 +20,7 @@
 
 #include "corefit/learn.h"
 #include "corefit/par.h"
+#include "core/pool.h"
 #include "par/par_internal.h"
 #include "par/twin.h"
 
@@ -199,8 +200,7 @@ static void say_restart(const cf__commit_area *area, cf__launch_fault fault, con
  * README.md's memory figures): "timing: supervisor: WHEN: resident R MB (anon A, file F, shmem
  * S), peak P MB". */
 static void report_memory(const char *when) {
-    const char *e = getenv("CF_TIMING");
-    if (!e || strcmp(e, "1") != 0) return;
+    if (!cf__timing_requested()) return;
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return;
     static const char *keys[] = {"VmRSS:", "RssAnon:", "RssFile:", "RssShmem:", "VmHWM:"};
