@@ -537,6 +537,17 @@ void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const flo
     run_bf16(g, out_channels, true, u_dx, dy, n_images, dx, scratch);
 }
 
+/* Mg^T's tile pairs for the images [0, count) of dy's block dyb, rows [ty0, ty0 + rows): from
+ * dy as it is where nchw (dy_pairs_nchw), else from its pixel-major copy dyt (dy_pairs). */
+static void mg_pairs(const cf_wino_kernels *wk, bool nchw, const float *dyb, const float *dyt,
+                     int K, int h, int w, int count, int ty0, int rows, uint32_t *mgp,
+                     size_t mgp_xi, int ldm) {
+    if (nchw)
+        wk->dy_pairs_nchw(dyb, (size_t)K * h * w, K, h, w, count, ty0, rows, mgp, mgp_xi, ldm);
+    else
+        wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, ldm);
+}
+
 /* The weight gradient in the transformed domain, its per-point products in bf16 or fp32. */
 static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                   int n_images, float *du, bool accumulate, float *scratch, bool bf16) {
@@ -590,11 +601,7 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
                 if (cols % 2) /* the last pair's high half */
                     for (int xi = 0; xi < POINTS; xi++)
                         for (int c = 0; c < C; c++) vh[xi * vh_xi + (size_t)c * ldh + cols] = 0;
-                if (nchw)
-                    wk->dy_pairs_nchw(dyb, (size_t)K * plane, K, h, w, count, ty0, rows, mgp,
-                                      mgp_xi, (int)ldm);
-                else
-                    wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                mg_pairs(wk, nchw, dyb, dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
                 for (int xi = 0; xi < POINTS; xi++)
                     bk->gemm_rows(C, K, cols, (const uint32_t *)(vh + xi * vh_xi), ldh / 2,
                                   mgp + (size_t)xi * mgp_xi, ldm, du + (size_t)xi * K * C, K, add);
@@ -604,11 +611,7 @@ static void wgrad(const cf_conv_geom *g, int out_channels, const float *dy, cons
             wk->input(x + (size_t)n0 * C * plane, C, h, w, count, C * plane, ty0, rows, v, v_xi,
                       (int)ld, pad);
             if (ap) {
-                if (nchw)
-                    wk->dy_pairs_nchw(dyb, (size_t)K * plane, K, h, w, count, ty0, rows, mgp,
-                                      mgp_xi, (int)ldm);
-                else
-                    wk->dy_pairs(dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
+                mg_pairs(wk, nchw, dyb, dyt, K, h, w, count, ty0, rows, mgp, mgp_xi, (int)ldm);
                 for (int xi = 0; xi < POINTS; xi++) {
                     bk->gemm_pack_a(false, C, cols, v + xi * v_xi, (int)ld, ap);
                     bk->gemm_paired(C, K, cols, ap, mgp + (size_t)xi * mgp_xi, ldm,
