@@ -459,6 +459,25 @@ void cf_conv_stem_bf16_wgrad(const cf_conv_geom *g, int out_channels, const floa
                              const float *x, int n_images, float *dwt, bool accumulate,
                              float *scratch);
 
+/* ---- which Conv2d computes in bf16 under mixed precision (to_bf16) ------------------------- */
+
+/* The precision a Conv2d switched to bf16 (cf_conv_set_bf16, cf_learner_to_bf16) computes in,
+ * decided by its shape alone, never by a timing at run time, as autocast keeps some ops in fp32:
+ *   CF_CONV_BF16       8 or more input channels: every layer of W1 and W3 past the stem,
+ *                      the 1x1 stride-2 shortcuts included (with their stride-2 sibling they
+ *                      share its bf16 phase planes; alone they are even with fp32).
+ *   CF_CONV_BF16_STEM  1 to 7 input channels with at least 64 weights per output (an RGB 7x7
+ *                      stride-2 stem, K = 147) where the bf16 stem takes the shape
+ *                      (cf_conv_stem_bf16_*).
+ *   CF_CONV_FP32       the other layers of 1 to 7 input channels (W1's gray 3x3 stem, K = 9):
+ *                      bf16 cannot win there (half of each bf16 pair of channels would be zero,
+ *                      and lowered the bf16 GEMM of K = 9 lost to fp32's), and their input is
+ *                      the data itself, where fp32 costs no accuracy either.
+ * A layer computes in bf16 only where the active level has bf16 kernels (cf_bf16_compute());
+ * the rule is the same on every level. bench/README.md has the measurements. */
+typedef enum cf_conv_precision { CF_CONV_FP32, CF_CONV_BF16, CF_CONV_BF16_STEM } cf_conv_precision;
+cf_conv_precision cf_conv_bf16_precision(const cf_conv_geom *g, int out_channels);
+
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 
 /* The largest of x[0..n) (n >= 1). */

@@ -99,6 +99,7 @@ typedef struct conv_impl {
     /* mixed precision (cf_conv_set_bf16): where the kernel table computes in bf16, a call
      * takes the lowered path with its three products through cf_sgemm_bf16 */
     bool bf16;
+    cf_conv_precision precision; /* ... and in which precision (cf_conv_bf16_precision; plan) */
     /* ... and of those, a stride-1 layer with the output as large as the input (k > 1, at least
      * 8 input channels) goes through cf_conv_bf16_* (no patch matrix), its weights packed by
      * the forward pass into bf16_packed (kept for the plan; none for a Winograd layer) and read
@@ -150,13 +151,14 @@ static void bf16_note(conv_impl *c, cf_status st, const char *call) {
  * implicit kernels or the lowered path, whose scratch every plan reserves; a Winograd layer takes
  * the bf16 Winograd (use_winograd). */
 static bool use_bf16(const conv_impl *c) {
-    /* A layer of fewer than 8 input channels (a stem on gray or RGB images) stays in fp32: it has
-     * no implicit bf16 kernel (a channel-pair loop that short does not pay), and lowered its bf16
-     * GEMM loses to fp32's: the fast recipe's 1-channel stem (K = 9) took 2.7 ms a step against
-     * fp32's 1.6, W3's 3-channel 7x7 stem (K = 147) 188 ms forward + backward for 64 images against
-     * 120 (bench_conv), its weight gradient's transposed bf16 packing 2.5x fp32's SGEMM. Its share
-     * of the FLOPs is small, and its input is the data, where fp32 costs no accuracy either. */
-    if (c->in_c < 8) return false;
+    /* The shape's precision (cf_conv_bf16_precision, tensor.h): a layer of fewer than 8 input
+     * channels (a stem on gray or RGB images) stays in fp32 here. It has no implicit bf16
+     * kernel (a channel-pair loop that short does not pay), and lowered its bf16 GEMM loses to
+     * fp32's: the fast recipe's 1-channel stem (K = 9) took 2.7 ms a step against fp32's 1.6,
+     * W3's 3-channel 7x7 stem (K = 147) 188 ms forward + backward for 64 images against 120
+     * (bench_conv), its weight gradient's transposed bf16 packing 2.5x fp32's SGEMM; the RGB
+     * stem's bf16 path is the bf16 stem (use_stem_bf16). */
+    if (c->precision != CF_CONV_BF16) return false;
     /* A 1x1 stride-2 layer without padding or bias (a residual shortcut) is in bf16 only through
      * cf_conv_bf16_* (the subsampled image's 1x1 product); else it stays on its fp32 paths:
      * lowered in bf16, W1's first shortcut took 4.5 ms of a 27 ms step (bench_step), a few tiny
@@ -171,7 +173,7 @@ static bool use_bf16(const conv_impl *c) {
  * in the patch matrix's scratch, forward and weight gradient. Below K = 64 (a gray 3x3 stem) the
  * layer stays fp32 (use_bf16). bench_conv w3 cpu-bf16: bench/README.md (the bf16 stem). */
 static bool use_stem_bf16(const conv_impl *c) {
-    return c->bf16 && c->col && c->in_c * c->k * c->k >= 64 && !cf_kernels_reference() &&
+    return c->bf16 && c->col && c->precision == CF_CONV_BF16_STEM && !cf_kernels_reference() &&
            cf_conv_stem_bf16_supported(&c->g, c->out_c) &&
            cf_conv_stem_bf16_scratch(&c->g, c->out_c) <= c->col_stride;
 }
@@ -279,6 +281,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     cf_module_plan_default(m, in, arena);
     cf_conv_geom_init(&c->g, c->in_c, in->dim[2], in->dim[3], c->k, c->k, c->stride, c->stride,
                       c->pad, c->pad);
+    c->precision = cf_conv_bf16_precision(&c->g, c->out_c);
     size_t K = (size_t)c->in_c * c->k * c->k, P = (size_t)c->g.oh * c->g.ow;
     c->group = c->direct || P >= GROUP_COLS ? 1 : (int)(GROUP_COLS / P);
     if (c->group > in->dim[0]) c->group = in->dim[0];

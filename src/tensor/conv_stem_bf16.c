@@ -75,13 +75,27 @@ static void layout_make(stem_layout *l, const cf_conv_geom *g, int out_channels)
     l->dw_floats = (size_t)l->O * l->K;
 }
 
+/* The stem's shapes, on any level (cf_conv_stem_bf16_supported adds the level's kernels). */
+static bool stem_shape(const cf_conv_geom *g, int out_channels) {
+    return g->c >= 1 && g->c < 8 && out_channels >= 1 && g->kh == g->kw && g->kh % 2 == 1 &&
+           g->kh >= 3 && g->kh <= 11 && g->sh == 2 && g->sw == 2 && g->ph == (g->kh - 1) / 2 &&
+           g->pw == g->ph && g->h % 2 == 0 && g->w % 2 == 0 && 2 * g->oh == g->h &&
+           2 * g->ow == g->w && g->ow % 2 == 0;
+}
+
 bool cf_conv_stem_bf16_supported(const cf_conv_geom *g, int out_channels) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     return cf_bf16_compute() && k && k->conv_rows && k->stem_pairs && k->gemm_rows &&
-           k->from_fp32 && g->c >= 1 && g->c < 8 && out_channels >= 1 && g->kh == g->kw &&
-           g->kh % 2 == 1 && g->kh >= 3 && g->kh <= 11 && g->sh == 2 && g->sw == 2 &&
-           g->ph == (g->kh - 1) / 2 && g->pw == g->ph && g->h % 2 == 0 && g->w % 2 == 0 &&
-           2 * g->oh == g->h && 2 * g->ow == g->w && g->ow % 2 == 0;
+           k->from_fp32 && stem_shape(g, out_channels);
+}
+
+/* The rule of tensor.h, on the shape alone (measured with bench_conv and bench_step: W1's gray
+ * 3x3 stem, K = 9, lost in bf16 on every path tried: lowered 2.7 ms a step against fp32's 1.6;
+ * a pair of input channels per bf16 word leaves half of each dot product zero). */
+cf_conv_precision cf_conv_bf16_precision(const cf_conv_geom *g, int out_channels) {
+    if (g->c >= 8) return CF_CONV_BF16;
+    if (g->c * g->kh * g->kw >= 64 && stem_shape(g, out_channels)) return CF_CONV_BF16_STEM;
+    return CF_CONV_FP32;
 }
 
 size_t cf_conv_stem_bf16_scratch(const cf_conv_geom *g, int out_channels) {
