@@ -43,6 +43,12 @@ static void count_deal_h(const uint16_t *x, size_t ldx, int h, int n, uint16_t *
     active->bf16->deal_h(x, ldx, h, n, e, o, ld);
 }
 
+static void count_deal2_kept(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t *o0,
+                             uint16_t *e1, uint16_t *o1, size_t ld) {
+    atomic_fetch_add(&kept_calls, 1);
+    active->bf16->deal2_h(x, h, w, e0, o0, e1, o1, ld);
+}
+
 /* The active table's copies: plain without the copies, counting with them wrapped. False where
  * the level has no bf16 convolution. */
 static bool make_tables(void) {
@@ -60,6 +66,7 @@ static bool make_tables(void) {
     plain_bf16.deal_h = NULL;
     counting_bf16.rows_h = count_rows_h;
     counting_bf16.deal_h = count_deal_h;
+    if (k->deal2_h) counting_bf16.deal2_h = count_deal2_kept; /* the kept words' stride-2 copy */
     plain.bf16 = &plain_bf16;
     counting.bf16 = &counting_bf16;
     return true;
@@ -349,11 +356,105 @@ static void test_conv2d_threads(void **state) {
     }
 }
 
+/* deal2_h and interleave2_rows (stride 2's layouts of a whole plane in one pass) against
+ * deal_h and interleave_rows twice: the same words, nothing written outside the rows; every
+ * width from 1 to 40 (two rows per vector up to 16, chunks of 32 past it), 1 to 7 rows. */
+static void test_plane_kernels(void **state) {
+    (void)state;
+    if (!make_tables()) return;
+    const cf_bf16_kernels *k = active->bf16;
+    assert_non_null(k->deal2_h);
+    assert_non_null(k->interleave2_rows);
+    enum { H = 7, W = 40, LD = 48, Q = 4 * H * LD };
+    static float x[H * W], src[Q], out0[H * W + 64], out1[H * W + 64];
+    static uint16_t xh[H * W], a[Q], b[Q];
+    fill_bf16_specials(x, H * W, 71);
+    for (size_t i = 0; i < H * W; i++) xh[i] = bf16_ref(x[i]);
+    fill_uniform(src, Q, 72, -3, 3);
+    for (int h = 1; h <= H; h++)
+        for (int w = 1; w <= W; w++) {
+            /* four destinations LD * H words apart, rows ld = LD apart */
+            const size_t q = (size_t)H * LD;
+            memset(a, 0xa5, sizeof a);
+            memset(b, 0xa5, sizeof b);
+            k->deal_h(xh, (size_t)2 * w, (h + 1) / 2, w, a, a + q, LD);
+            if (h > 1) k->deal_h(xh + w, (size_t)2 * w, h / 2, w, a + 2 * q, a + 3 * q, LD);
+            k->deal2_h(xh, h, w, b, b + q, b + 2 * q, b + 3 * q, LD);
+            if (memcmp(a, b, sizeof a) != 0)
+                fail_msg("deal2_h: %d rows of %d differ from deal_h's", h, w);
+            for (size_t i = 0; i < H * W + 64; i++) out0[i] = out1[i] = -7.0f;
+            k->interleave_rows(src, src + q, LD, (h + 1) / 2, w, out0, (size_t)2 * w);
+            if (h > 1)
+                k->interleave_rows(src + 2 * q, src + 3 * q, LD, h / 2, w, out0 + w, (size_t)2 * w);
+            k->interleave2_rows(src, src + q, src + 2 * q, src + 3 * q, LD, h, w, out1);
+            if (memcmp(out0, out1, sizeof out0) != 0)
+                fail_msg("interleave2_rows: %d rows of %d differ from interleave_rows'", h, w);
+        }
+}
+
+static atomic_int plane_calls;
+
+static void count_deal2_h(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t *o0, uint16_t *e1,
+                          uint16_t *o1, size_t ld) {
+    atomic_fetch_add(&plane_calls, 1);
+    active->bf16->deal2_h(x, h, w, e0, o0, e1, o1, ld);
+}
+
+static void count_interleave2_rows(const float *a0, const float *b0, const float *a1,
+                                   const float *b1, size_t lds, int h, int n, float *out) {
+    atomic_fetch_add(&plane_calls, 1 << 16);
+    active->bf16->interleave2_rows(a0, b0, a1, b1, lds, h, n, out);
+}
+
+/* Stride-2 Conv2d layers in bf16 (W1's two, short rows, rows of more than 32 values, 1 and 2
+ * threads): the gradients with the one-pass layouts bitwise those without (deal_h and
+ * interleave_rows twice), both layouts called. */
+static void test_plane_layers(void **state) {
+    (void)state;
+    if (!make_tables()) return;
+    static cf_kernel_table with, without;
+    static cf_bf16_kernels with_bf16, without_bf16;
+    with = without = *active;
+    with_bf16 = without_bf16 = *active->bf16;
+    with_bf16.deal2_h = count_deal2_h;
+    with_bf16.interleave2_rows = count_interleave2_rows;
+    without_bf16.deal2_h = NULL;
+    without_bf16.interleave2_rows = NULL;
+    with.bf16 = &with_bf16;
+    without.bf16 = &without_bf16;
+    static const int cases[][4] = {
+        {11, 16, 32, 28}, {7, 32, 64, 14}, {5, 8, 12, 10}, {3, 8, 8, 36}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int n = cases[i][0], c = cases[i][1], o = cases[i][2], h = cases[i][3], oh = h / 2;
+        const size_t nx = (size_t)n * c * h * h, ny = (size_t)n * o * oh * oh,
+                     nw = (size_t)o * c * 9;
+        float *x = malloc(nx * 4), *dy = malloc(ny * 4), *dx0 = malloc(nx * 4),
+              *dx1 = malloc(nx * 4), *dw0 = malloc(nw * 4), *dw1 = malloc(nw * 4);
+        fill_uniform(x, nx, 200 + i, -2, 2);
+        fill_uniform(dy, ny, 210 + i, -1, 1);
+        for (int threads = 1; threads <= 2; threads++) {
+            char what[96];
+            snprintf(what, sizeof what, "Conv2d %d->%d s2 on %dx%d, %d images, %d threads", c, o, h,
+                     h, n, threads);
+            atomic_store(&plane_calls, 0);
+            layer_grads(n, c, o, h, 2, threads, true, &with, x, dy, dw0, dx0);
+            const int calls = atomic_load(&plane_calls);
+            layer_grads(n, c, o, h, 2, threads, true, &without, x, dy, dw1, dx1);
+            if ((calls & 0xffff) == 0) fail_msg("%s: deal2_h was not called", what);
+            if ((calls >> 16) == 0) fail_msg("%s: interleave2_rows was not called", what);
+            same_bits(dw0, dw1, nw, what, "dW");
+            same_bits(dx0, dx1, nx, what, "dx");
+        }
+        free(x), free(dy), free(dx0), free(dx1), free(dw0), free(dw1);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_from_fp32),      cmocka_unit_test(test_keep_words),
         cmocka_unit_test(test_copies),         cmocka_unit_test(test_layers),
-        cmocka_unit_test(test_conv2d_threads),
+        cmocka_unit_test(test_conv2d_threads), cmocka_unit_test(test_plane_kernels),
+        cmocka_unit_test(test_plane_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1171,7 +1171,14 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             }
         }
         float *dxn = dx + (size_t)n * in_n;
-        for (int c = 0; c < C; c++)
+        for (int c = 0; c < C && k->interleave2_rows; c++) { /* as below, in one pass */
+            const float *s0 = out + (P % 2) * 2 * outw + (size_t)c * l->nqd,
+                        *s1 = out + ((P + 1) % 2) * 2 * outw + (size_t)c * l->nqd;
+            k->interleave2_rows(s0 + (P % 2) * outw, s0 + ((P + 1) % 2) * outw, s1 + (P % 2) * outw,
+                                s1 + ((P + 1) % 2) * outw, (size_t)l->wd, g->h, g->w,
+                                dxn + (size_t)c * g->h * g->w);
+        }
+        for (int c = 0; c < C && !k->interleave2_rows; c++)
             /* dx's rows r0, r0 + 2, ... with (r + pad) % 2 = a are the consecutive rows of
              * phases (a, *) from their first positions: the even columns from (a, pad % 2), the
              * odd ones from (a, (pad + 1) % 2) */
@@ -1398,6 +1405,16 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
                 const uint16_t *src = xh + (size_t)(n0 + b) * in_n + c * plane;
                 if (l.stride == 1) {
                     k->rows_h(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
+                    continue;
+                }
+                if (k->deal2_h) { /* both row parities in one pass over the plane */
+                    uint16_t *d[2][2];
+                    for (int i0 = 0; i0 < 2; i0++) {
+                        const int r = i0 + l.pad;
+                        uint16_t *prow = row + (size_t)(r % 2 * 2) * l.lp + (size_t)(r / 2) * l.wq;
+                        DEAL_DEST(l.pad, prow, l.lp, d[i0][0], d[i0][1]);
+                    }
+                    k->deal2_h(src, g->h, g->w, d[0][0], d[0][1], d[1][0], d[1][1], (size_t)l.wq);
                     continue;
                 }
                 for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) { /* as below */

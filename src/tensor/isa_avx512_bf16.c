@@ -1210,6 +1210,87 @@ static void bf16_deal_h(const uint16_t *x, size_t ldx, int h, int n, uint16_t *e
         }
 }
 
+/* deal_h of a whole plane in one pass (kernel_table.h's deal2_h): rows in order, row r to the
+ * destinations of its parity; rows of at most 16 words two per load (2w contiguous words),
+ * permuted to [row r's even | odd | row r + 1's even | odd] in 8-word quarters. */
+static void bf16_deal2_h(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t *o0, uint16_t *e1,
+                         uint16_t *o1, size_t ld) {
+    if (w <= 16) {
+        /* quarter q, word i: row q / 2's word 2 i + q % 2, rows w words apart */
+        uint16_t idx[32];
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 8; i++) idx[8 * q + i] = (uint16_t)((q / 2) * w + 2 * i + q % 2);
+        const __m512i perm = _mm512_loadu_si512(idx);
+        const __mmask8 ne = (__mmask8)lanes_below((w + 1) / 2), no = (__mmask8)lanes_below(w / 2);
+        for (int r = 0; r < h; r += 2, x += 2 * w, e0 += ld, o0 += ld, e1 += ld, o1 += ld) {
+            const bool two = r + 1 < h;
+            const __m512i v = _mm512_permutexvar_epi16(
+                perm, _mm512_maskz_loadu_epi16(words_below(two ? 2 * w : w), x));
+            _mm_mask_storeu_epi16(e0, ne, _mm512_castsi512_si128(v));
+            _mm_mask_storeu_epi16(o0, no, _mm512_extracti32x4_epi32(v, 1));
+            if (!two) break;
+            _mm_mask_storeu_epi16(e1, ne, _mm512_extracti32x4_epi32(v, 2));
+            _mm_mask_storeu_epi16(o1, no, _mm512_extracti32x4_epi32(v, 3));
+        }
+        return;
+    }
+    const __m512i evens_odds =
+        _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
+                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int r = 0; r < h; r++, x += w) {
+        uint16_t *e = (r % 2 ? e1 : e0) + (size_t)(r / 2) * ld,
+                 *o = (r % 2 ? o1 : o0) + (size_t)(r / 2) * ld;
+        for (int j = 0; j < w; j += 32) {
+            const int left = w - j;
+            const __m512i v = _mm512_permutexvar_epi16(
+                evens_odds, _mm512_maskz_loadu_epi16(words_below(left), x + j));
+            _mm256_mask_storeu_epi16(e + j / 2, lanes_below((left + 1) / 2),
+                                     _mm512_castsi512_si256(v));
+            _mm256_mask_storeu_epi16(o + j / 2, lanes_below(left / 2),
+                                     _mm512_extracti64x4_epi64(v, 1));
+        }
+    }
+}
+
+/* interleave_rows of a whole plane in one pass (kernel_table.h's interleave2_rows): rows in
+ * order; rows of at most 16 values two at a time (2n contiguous values of out): the even row's a
+ * and b values in the low halves of two vectors, the odd row's in the high halves, then two
+ * permutes into out's 2n values. */
+static void bf16_interleave2_rows(const float *a0, const float *b0, const float *a1,
+                                  const float *b1, size_t lds, int h, int n, float *out) {
+    if (n <= 16) {
+        /* out's value j of the pair of rows: row j / n, its value jj = j % n from a (jj even)
+         * or b (16 on in permutex2var's index) at 8 * row + jj / 2 */
+        int32_t idx[32];
+        for (int j = 0; j < 32; j++) {
+            const int row = j / n, jj = j % n;
+            idx[j] = row > 1 ? 0 : (jj % 2 ? 16 : 0) + 8 * row + jj / 2;
+        }
+        const __m512i lo_idx = _mm512_loadu_si512(idx), hi_idx = _mm512_loadu_si512(idx + 16);
+        const __mmask8 na = (__mmask8)lanes_below((n + 1) / 2), nb = (__mmask8)lanes_below(n / 2);
+        for (int r = 0; r < h; r += 2, a0 += lds, b0 += lds, a1 += lds, b1 += lds, out += 2 * n) {
+            const bool two = r + 1 < h;
+            __m512 va = _mm512_castps256_ps512(_mm256_maskz_loadu_ps(na, a0));
+            __m512 vb = _mm512_castps256_ps512(_mm256_maskz_loadu_ps(nb, b0));
+            if (two) {
+                va = _mm512_insertf32x8(va, _mm256_maskz_loadu_ps(na, a1), 1);
+                vb = _mm512_insertf32x8(vb, _mm256_maskz_loadu_ps(nb, b1), 1);
+            }
+            const int left = two ? 2 * n : n;
+            _mm512_mask_storeu_ps(out, lanes_below(left), _mm512_permutex2var_ps(va, lo_idx, vb));
+            if (left > 16)
+                _mm512_mask_storeu_ps(out + 16, lanes_below(left - 16),
+                                      _mm512_permutex2var_ps(va, hi_idx, vb));
+        }
+        return;
+    }
+    for (int r = 0; r < h; r++, out += n) {
+        const size_t at = (size_t)(r / 2) * lds;
+        bf16_interleave_rows((r % 2 ? a1 : a0) + at, (r % 2 ? b1 : b0) + at, lds, 1, n, out,
+                             (size_t)n);
+    }
+}
+
 /* ---- the stride-2 stem (conv_stem_bf16.c) ------------------------------------------------------
  *
  * One tile of conv_rows: 8 rows by nv (1-3) vectors of 16 positions, vector v's positions at
@@ -1335,5 +1416,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .rows_h = bf16_rows_h,
     .deal_h = bf16_deal_h,
     .keep_words = bf16_keep_words,
+    .deal2_h = bf16_deal2_h,
+    .interleave2_rows = bf16_interleave2_rows,
 };
 #endif

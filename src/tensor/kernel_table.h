@@ -326,6 +326,18 @@ typedef struct cf_bf16_kernels {
      * can (streaming stores): the forward's kept words of x, which the backward reads long
      * after (a plain store would first bring each line in from memory). */
     void (*keep_words)(const float *x, uint16_t *y, size_t n);
+    /* NULL: none (deal_h twice, interleave_rows twice). Stride 2's layouts of a whole plane in
+     * one pass, its rows in order, two rows per vector where they are short (w, n <= 16):
+     * deal2_h: deal_h of the even rows (x's rows 0, 2, ... to e0 and o0) and of the odd rows
+     * (rows 1, 3, ... to e1 and o1), row r's values to (e or o)[r % 2] + (r / 2) * ld, of an
+     * h x w plane of bf16 words (bitwise the two deal_h calls; o0 and o1 not NULL).
+     * interleave2_rows: interleave_rows of dx's even rows (from a0 and b0) and odd rows (a1,
+     * b1), row r of the h x n plane out (rows n apart) from (a, b)[r % 2] + (r / 2) * lds
+     * (bitwise the two interleave_rows calls; b0 and b1 not NULL). */
+    void (*deal2_h)(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t *o0, uint16_t *e1,
+                    uint16_t *o1, size_t ld);
+    void (*interleave2_rows)(const float *a0, const float *b0, const float *a1, const float *b1,
+                             size_t lds, int h, int n, float *out);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
