@@ -266,38 +266,47 @@ static inline __attribute__((always_inline)) void short_input(const float *x, in
                                                               int ldv, bool pairs) {
     const int tiles = n_images * th * (w / 2);
     const size_t plane = (size_t)h * w;
-    for (int c = 0; c < channels; c += pairs ? 2 : 1) {
-        const float *x0 = x + (size_t)c * plane, *x1 = x0 + plane;
-        const bool two = pairs && c + 1 < channels;
-        int n = 0, ty = ty0;
-        for (int t0 = 0; t0 < tiles; t0 += 16) {
-            const int left = tiles - t0 < 16 ? tiles - t0 : 16;
-            short_vec s;
-            short_rows_of(h, w, n_images, x_image, ty0, th, &n, &ty, &s);
-            __m512 pa[4][2], pb[4][2];
-            short_load(x0, &s, w, pa);
-            if (!pairs) {
-                uint16_t *out = (uint16_t *)v + (size_t)c * ldv + t0;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4];
-                    short_points(pa, w, i, a);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_bf16(out + (size_t)(4 * i + k) * v_xi, left, a[k]);
+    /* vectors of tiles outside, channels inside: the loads run through each image's channels
+     * in order (with the channels outside, they jumped an image apart, 32 KiB on W3's 512 x 4 x
+     * 4, each a new line); two vectors a group where a vector's stores are half lines (bf16) */
+    const int per = pairs || w == 16 ? 1 : 2;
+    int n = 0, ty = ty0;
+    for (int g0 = 0; g0 < tiles; g0 += 16 * per) {
+        short_vec s[2];
+        for (int u = 0; u < per; u++)
+            short_rows_of(h, w, n_images, x_image, ty0, th, &n, &ty, &s[u]);
+        for (int c = 0; c < channels; c += pairs ? 2 : 1) {
+            const float *x0 = x + (size_t)c * plane, *x1 = x0 + plane;
+            const bool two = pairs && c + 1 < channels;
+            for (int u = 0; u < per; u++) {
+                const int t0 = g0 + 16 * u;
+                if (t0 >= tiles) break;
+                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
+                __m512 pa[4][2], pb[4][2];
+                short_load(x0, &s[u], w, pa);
+                if (!pairs) {
+                    uint16_t *out = (uint16_t *)v + (size_t)c * ldv + t0;
+                    for (int i = 0; i < 4; i++) {
+                        __m512 a[4];
+                        short_points(pa, w, i, a);
+                        for (int k = 0; k < 4; k++)
+                            wino_store_bf16(out + (size_t)(4 * i + k) * v_xi, left, a[k]);
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if (two)
-                short_load(x1, &s, w, pb);
-            else /* channel c + 1 past the call's: its half of the words is +0 */
-                for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
-            uint32_t *out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
-            for (int i = 0; i < 4; i++) {
-                __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                                     _mm512_setzero_ps()};
-                short_points(pa, w, i, a);
-                if (two) short_points(pb, w, i, b);
-                for (int k = 0; k < 4; k++)
-                    wino_store_pairs(out + (size_t)(4 * i + k) * v_xi, left, a[k], b[k]);
+                if (two)
+                    short_load(x1, &s[u], w, pb);
+                else /* channel c + 1 past the call's: its half of the words is +0 */
+                    for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
+                uint32_t *out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
+                for (int i = 0; i < 4; i++) {
+                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    short_points(pa, w, i, a);
+                    if (two) short_points(pb, w, i, b);
+                    for (int k = 0; k < 4; k++)
+                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi, left, a[k], b[k]);
+                }
             }
         }
     }
