@@ -129,10 +129,9 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
 }
 
 /* Planes the direct transforms take: rows of whole vectors of tiles. Rows of 2, 4 and 8 tiles
- * (4 x 4 to 16 x 16 planes) keep the split: a form with several tile rows' row sums in a vector
- * (masked loads at lane g w, shifts within tile rows; in this branch's history) measured slower
- * there on Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward /
- * backward, 16 x 16 input_pairs 1.05 -> 1.4 ms on 64 images of 128 channels). */
+ * (4 x 4 to 16 x 16 planes) take short_input below; a first form of it with masked loads at lane
+ * g w (one plane's band a vector, in this branch's history) measured slower than the split on
+ * Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward / backward). */
 static bool direct_fits(int w) {
     return w >= 32 && w % 32 == 0;
 }
