@@ -12,9 +12,9 @@
  *   input_bf16  V = B^T d B rounded to bf16 (cf_fp32_to_bf16) against `input` rounded after
  *   bf16 stores input_pairs, dy_pairs and input_bf16 on values that round apart (subnormals, NaNs,
  *               infinities, ties) against `input` and dy_nhwc rounded after
- *   direct      input_pairs and input_bf16 on planes of 32k columns (the
- *               AVX512_BF16 level's transform from the image's rows, no split) against `input`
- *               rounded after
+ *   direct      input_pairs and input_bf16 on planes of 32k columns and of 4, 8 and 16 columns
+ *               (the AVX512_BF16 level's transforms from the image's rows, no split; the short
+ *               planes' vectors across tile rows and images) against `input` rounded after
  *   dy_pairs_nchw  dy_pairs from dy as the layer holds it against dy_pairs on a pixel-major copy
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
@@ -389,13 +389,14 @@ static void test_dy_pairs_nchw(void **state) {
     }
 }
 
-/* input_pairs and input_bf16 on planes of 32k columns, which the AVX512_BF16 level (and AMX,
- * which shares its transforms) computes from the image's rows without the split (and on planes
- * of 16, 8 and 4 columns, which keep the split, beside them): against
- * `input` rounded after, bitwise, on values that round apart, with bands of tile rows, odd
- * heights, rows of one to three vectors of tiles, odd channel counts and several images, and
- * nothing written past the call's tiles. There the calls get no pad (NULL): the split's path
- * would write to it, so the case fails if the direct path is not taken. */
+/* input_pairs and input_bf16 on planes of 32k columns and of 16, 8 and 4 columns, which the
+ * AVX512_BF16 level (and AMX, which shares its transforms) computes from the image's rows without
+ * the split (the short planes with vectors over several tile rows, across images), and on other
+ * widths, which keep the split, beside them: against `input` rounded after, bitwise, on values
+ * that round apart, with bands of tile rows (odd ones, so that images change inside a vector),
+ * odd heights, rows of one to three vectors of tiles, odd channel counts, several images, tails
+ * of a vector, and nothing written past the call's tiles. There the calls get no pad (NULL): the
+ * split's path would write to it, so the case fails if the direct path is not taken. */
 static void test_bf16_direct(void **state) {
     (void)state;
     const cf_wino_kernels *wk = cf_active_kernels->wino;
@@ -413,7 +414,7 @@ static void test_bf16_direct(void **state) {
                                    {2, 2, 2, 32, 0, 0},
                                    {1, 5, 7, 64, 1, 2},
                                    {1, 2, 1, 32, 0, 0},
-                                   /* rows of 8, 4 and 2 tiles (the split's path) */
+                                   /* rows of 8, 4 and 2 tiles */
                                    {2, 3, 16, 16, 0, 0},
                                    {1, 3, 15, 16, 0, 0},
                                    {2, 2, 16, 16, 2, 3},
@@ -423,7 +424,17 @@ static void test_bf16_direct(void **state) {
                                    {5, 3, 4, 4, 0, 0},
                                    {3, 2, 3, 4, 0, 0},
                                    {2, 1, 12, 4, 1, 3},
-                                   {1, 2, 10, 8, 0, 0}};
+                                   {1, 2, 10, 8, 0, 0},
+                                   {3, 2, 16, 16, 2, 3},
+                                   {5, 3, 8, 8, 1, 3},
+                                   {7, 3, 9, 4, 2, 1},
+                                   {9, 5, 4, 4, 0, 0},
+                                   {4, 1, 5, 16, 0, 0},
+                                   {3, 4, 11, 8, 0, 0},
+                                   /* rows of 5 and 6 tiles, 1 tile (the split's path) */
+                                   {2, 3, 10, 10, 0, 0},
+                                   {2, 2, 6, 12, 1, 2},
+                                   {3, 3, 4, 2, 0, 0}};
     static const uint32_t nans[] = {0, 0x7fc00001u};
     for (size_t vi = 0; vi < 2 * sizeof cases / sizeof cases[0]; vi++) {
         const size_t ci = vi / 2;
@@ -439,8 +450,8 @@ static void test_bf16_direct(void **state) {
         fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 2]);
         if (vi % 4 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
         wk->input(x, ch, h, w, n_images, ch * plane, ty0, th, v, v_xi, ldv, pad);
-        /* the planes the level takes directly: rows of 16k tiles */
-        const bool taken = direct && tw % 16 == 0;
+        /* the planes the level takes directly: rows of 16k tiles, and of 8, 4 and 2 */
+        const bool taken = direct && (tw % 16 == 0 || w == 16 || w == 8 || w == 4);
         float *call_pad = taken ? NULL : pad;
         char what[96];
         snprintf(what, sizeof what, "%dx%d, %d images, %d channels, rows %d+%d", h, w, n_images, ch,

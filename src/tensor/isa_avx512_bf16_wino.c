@@ -129,10 +129,9 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
 }
 
 /* Planes the direct transforms take: rows of whole vectors of tiles. Rows of 2, 4 and 8 tiles
- * (4 x 4 to 16 x 16 planes) keep the split: a form with several tile rows' row sums in a vector
- * (masked loads at lane g w, shifts within tile rows; in this branch's history) measured slower
- * there on Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward /
- * backward, 16 x 16 input_pairs 1.05 -> 1.4 ms on 64 images of 128 channels). */
+ * (4 x 4 to 16 x 16 planes) take short_input below; a first form of it with masked loads at lane
+ * g w (one plane's band a vector, in this branch's history) measured slower than the split on
+ * Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward / backward). */
 static bool direct_fits(int w) {
     return w >= 32 && w % 32 == 0;
 }
@@ -156,8 +155,192 @@ static void direct_prefetch(const float *next, int h, int w, int ty0, int th) {
             _mm_prefetch((const char *)(next + (size_t)r * w + c), _MM_HINT_T0);
 }
 
+/* ---- input_pairs and input_bf16 on planes of 4, 8 and 16 columns ----------------------------
+ *
+ * These planes took the split (wino_split_plane: per image row masked loads, unzips and stores
+ * into eight column arrays, then 16 loads per vector of tiles), and a vector ran over one plane's
+ * band of tiles: 4 of 16 lanes on a 4 x 4 plane. Here a vector holds 16 / tw consecutive tile
+ * rows of the call (image after image: V's tiles of a channel are consecutive across the images,
+ * t = n * band + local tile) and is formed in registers: patch row a (0..3) of those tile rows,
+ * each row's w values side by side, is two vectors of whole image rows (32 / w row loads, +0 for
+ * rows outside the image or past the call's tiles); B^T's row sums (d0 - d2, d1 + d2, d2 - d1,
+ * d1 - d3) are taken on them, unzipped into patch columns 1 and 2 (R[2u], R[2u + 1]), and
+ * columns 0 and 3 (R[2u - 1], R[2u + 2]) are those moved by one lane within each tile row, +0
+ * at its ends (a zero-masked permute). Each value is the same float operation on the same
+ * operands as the split's path (a permutation of its columns, the same +0 outside the image), so
+ * the words are bitwise the same (test_wino_transforms' direct cases). The form measured slower
+ * with masked loads at lane g w (see direct_fits) is not this one: here the rows come in with
+ * plain loads and inserts, and vectors are full across images. */
+
+enum { SHORT_ROWS = 8 }; /* tile rows a vector at most (w = 4) */
+
+/* a vector's tile rows: the offset of patch row 0 of each from the channel's plane in image 0
+ * (n x_image + (2 ty - 1) w), and which of its four patch rows lie in the image (bit a) */
+typedef struct {
+    ptrdiff_t base[SHORT_ROWS];
+    unsigned valid[SHORT_ROWS];
+} short_vec;
+
+/* patch row a of tile row g (w values; +0 where it is not in the image) */
+static inline __attribute__((always_inline)) __m128 row4(const float *xc, const short_vec *s, int g,
+                                                         int a) {
+    return s->valid[g] >> a & 1 ? _mm_loadu_ps(xc + s->base[g] + 4 * a) : _mm_setzero_ps();
+}
+static inline __attribute__((always_inline)) __m256 row8(const float *xc, const short_vec *s, int g,
+                                                         int a) {
+    return s->valid[g] >> a & 1 ? _mm256_loadu_ps(xc + s->base[g] + 8 * a) : _mm256_setzero_ps();
+}
+
+/* half k (0, 1) of patch row a of the vector's tile rows: tile rows k 16 / w .. (k + 1) 16 / w - 1
+ */
+static inline __attribute__((always_inline)) __m512 short_half(const float *xc, const short_vec *s,
+                                                               int w, int a, int k) {
+    if (w == 16)
+        return s->valid[k] >> a & 1 ? _mm512_loadu_ps(xc + s->base[k] + 16 * a)
+                                    : _mm512_setzero_ps();
+    if (w == 8)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(row8(xc, s, 2 * k, a)),
+                                  row8(xc, s, 2 * k + 1, a), 1);
+    const __m256 lo = _mm256_insertf128_ps(_mm256_castps128_ps256(row4(xc, s, 4 * k, a)),
+                                           row4(xc, s, 4 * k + 1, a), 1);
+    const __m256 hi = _mm256_insertf128_ps(_mm256_castps128_ps256(row4(xc, s, 4 * k + 2, a)),
+                                           row4(xc, s, 4 * k + 3, a), 1);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* patch rows 0..3 of the vector's tile rows of one channel (xc: its plane in image 0), two
+ * vectors each */
+static inline __attribute__((always_inline)) void short_load(const float *xc, const short_vec *s,
+                                                             int w, __m512 p[4][2]) {
+    for (int a = 0; a < 4; a++)
+        for (int k = 0; k < 2; k++) p[a][k] = short_half(xc, s, w, a, k);
+}
+
+/* V's points 4i .. 4i + 3 of the vector's tiles from their patch rows p */
+static inline __attribute__((always_inline)) void short_points(__m512 p[4][2], int w, int i,
+                                                               __m512 out[4]) {
+    const int tw = w / 2;
+    /* lanes L - 1 and L + 1, and the lanes that have them within their tile row */
+    const __m512i prev = _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+    const __m512i next = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 15);
+    const __mmask16 first = tw == 8 ? 0x0101 : tw == 4 ? 0x1111 : 0x5555;
+    const __mmask16 has_prev = (__mmask16)~first, has_next = (__mmask16) ~(first << (tw - 1));
+    __m512 r[2];
+    for (int k = 0; k < 2; k++) /* B^T's row sum i, in loops_wino_input's operand order */
+        r[k] = i == 0   ? _mm512_sub_ps(p[0][k], p[2][k])
+               : i == 1 ? _mm512_add_ps(p[1][k], p[2][k])
+               : i == 2 ? _mm512_sub_ps(p[2][k], p[1][k])
+                        : _mm512_sub_ps(p[1][k], p[3][k]);
+    __m512 ev, od;
+    V_UNZIP(r[0], r[1], ev, od);
+    const __m512 col0 = _mm512_maskz_permutexvar_ps(has_prev, prev, od);
+    const __m512 col3 = _mm512_maskz_permutexvar_ps(has_next, next, ev);
+    /* t B: t0 - t2, t1 + t2, t2 - t1, t1 - t3 (WINO_T_B) */
+    out[0] = _mm512_sub_ps(col0, od);
+    out[1] = _mm512_add_ps(ev, od);
+    out[2] = _mm512_sub_ps(od, ev);
+    out[3] = _mm512_sub_ps(ev, col3);
+}
+
+/* The call's tile rows from (n, ty) on: the vector's 16 / tw of them into s, (n, ty) moved past
+ * them; rows past the call's n_images are all +0. */
+static inline __attribute__((always_inline)) void short_rows_of(int h, int w, int n_images,
+                                                                size_t x_image, int ty0, int th,
+                                                                int *n, int *ty, short_vec *s) {
+    const int per = 32 / w;
+    for (int g = 0; g < per; g++) {
+        const int r0 = 2 * *ty - 1;
+        s->base[g] = (ptrdiff_t)(*n * x_image) + (ptrdiff_t)r0 * w;
+        unsigned bits = 0;
+        if (*n < n_images)
+            for (int a = 0; a < 4; a++) bits |= (unsigned)(r0 + a >= 0 && r0 + a < h) << a;
+        s->valid[g] = bits;
+        if (++*ty == ty0 + th) *ty = ty0, ++*n;
+    }
+}
+
+static inline __attribute__((always_inline)) void short_input(const float *x, int channels, int h,
+                                                              int w, int n_images, size_t x_image,
+                                                              int ty0, int th, void *v, size_t v_xi,
+                                                              int ldv, bool pairs) {
+    const int tiles = n_images * th * (w / 2);
+    const size_t plane = (size_t)h * w;
+    /* vectors of tiles outside, channels inside: the loads run through each image's channels
+     * in order (with the channels outside, they jumped an image apart, 32 KiB on W3's 512 x 4 x
+     * 4, each a new line); two vectors a group where a vector's stores are half lines (bf16) */
+    const int per = pairs || w == 16 ? 1 : 2;
+    int n = 0, ty = ty0;
+    for (int g0 = 0; g0 < tiles; g0 += 16 * per) {
+        short_vec s[2];
+        for (int u = 0; u < per; u++)
+            short_rows_of(h, w, n_images, x_image, ty0, th, &n, &ty, &s[u]);
+        for (int c = 0; c < channels; c += pairs ? 2 : 1) {
+            const float *x0 = x + (size_t)c * plane, *x1 = x0 + plane;
+            const bool two = pairs && c + 1 < channels;
+            for (int u = 0; u < per; u++) {
+                const int t0 = g0 + 16 * u;
+                if (t0 >= tiles) break;
+                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
+                __m512 pa[4][2], pb[4][2];
+                short_load(x0, &s[u], w, pa);
+                if (!pairs) {
+                    uint16_t *out = (uint16_t *)v + (size_t)c * ldv + t0;
+                    for (int i = 0; i < 4; i++) {
+                        __m512 a[4];
+                        short_points(pa, w, i, a);
+                        for (int k = 0; k < 4; k++)
+                            wino_store_bf16(out + (size_t)(4 * i + k) * v_xi, left, a[k]);
+                    }
+                    continue;
+                }
+                if (two)
+                    short_load(x1, &s[u], w, pb);
+                else /* channel c + 1 past the call's: its half of the words is +0 */
+                    for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
+                uint32_t *out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
+                for (int i = 0; i < 4; i++) {
+                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    short_points(pa, w, i, a);
+                    if (two) short_points(pb, w, i, b);
+                    for (int k = 0; k < 4; k++)
+                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi, left, a[k], b[k]);
+                }
+            }
+        }
+    }
+}
+
+/* the planes short_input takes, and the call for each width (w a constant inside) */
+static bool short_fits(int w) {
+    return w == 4 || w == 8 || w == 16;
+}
+
+static void short_input_w(const float *x, int channels, int h, int w, int n_images, size_t x_image,
+                          int ty0, int th, void *v, size_t v_xi, int ldv, bool pairs) {
+#define SHORT_W(W)                                                                                 \
+    case W:                                                                                        \
+        if (pairs)                                                                                 \
+            short_input(x, channels, h, W, n_images, x_image, ty0, th, v, v_xi, ldv, true);        \
+        else                                                                                       \
+            short_input(x, channels, h, W, n_images, x_image, ty0, th, v, v_xi, ldv, false);       \
+        return
+    switch (w) {
+        SHORT_W(4);
+        SHORT_W(8);
+        SHORT_W(16);
+    default:
+        return;
+    }
+#undef SHORT_W
+}
+
 static void input_pairs(const float *x, int channels, int h, int w, int n_images, size_t x_image,
                         int ty0, int th, uint32_t *v, size_t v_xi, int ldv, float *pad) {
+    if (short_fits(w)) {
+        short_input_w(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, true);
+        return;
+    }
     if (!direct_fits(w)) {
         loops_wino_input_pairs(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad);
         return;
@@ -190,6 +373,10 @@ static void input_pairs(const float *x, int channels, int h, int w, int n_images
 
 static void input_bf16(const float *x, int channels, int h, int w, int n_images, size_t x_image,
                        int ty0, int th, uint16_t *v, size_t v_xi, int ldv, float *pad) {
+    if (short_fits(w)) {
+        short_input_w(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, false);
+        return;
+    }
     if (!direct_fits(w)) {
         loops_wino_input_bf16(x, channels, h, w, n_images, x_image, ty0, th, v, v_xi, ldv, pad);
         return;
