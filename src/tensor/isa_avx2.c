@@ -348,6 +348,14 @@ static void avx2_max_pool_3x3_s2_row(const float *x, int w, int y0, int rows, in
                       m_out = avx2_lane_mask(simd_first_lanes(n));
         const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(y0 * w + c0), lane2);
         __m256 best = _mm256_setzero_ps(), arg = _mm256_castsi256_ps(base);
+        /* the input rows 8 output rows on (the next plane's past the end; a prefetch does
+         * not fault): the pass reads a batch's planes from memory, and a profile of W3's stem
+         * pool put most samples on the loads */
+        const uintptr_t ahead = (uintptr_t)(x + (size_t)(y0 + 16) * w + c0);
+        for (int r = 0; r < 2; r++)
+            for (int l = 0; l <= 2 * 8; l += 16)
+                _mm_prefetch((const char *)(ahead + ((size_t)r * w + l) * sizeof(float)),
+                             _MM_HINT_T0);
         for (int r = 0; r < rows; r++) {
             const float *row = x + (size_t)(y0 + r) * w + c0;
             __m256 v[3], unused;
@@ -396,6 +404,14 @@ static void avx2_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx, i
             const __m256i pos_e = _mm256_add_epi32(col, _mm256_set1_epi32(pad)),
                           pos_o = _mm256_add_epi32(col, _mm256_set1_epi32(1 - pad));
             __m256 e = _mm256_setzero_ps(), o = _mm256_setzero_ps();
+            /* dy's and idx's rows 8 output rows on (see the forward) */
+            const size_t far = (size_t)(oy1 + 8) * ow + b;
+            for (int l = 0; l < 8; l += 16) {
+                _mm_prefetch((const char *)((uintptr_t)dy + (far + l) * sizeof(float)),
+                             _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)idx + (far + l) * sizeof(int32_t)),
+                             _MM_HINT_T0);
+            }
             for (int oy = oy0; oy <= oy1; oy++) {
                 const size_t at = (size_t)oy * ow + b;
                 /* E's two windows, left first; O's is the one at k = 0 */

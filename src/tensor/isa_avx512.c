@@ -541,6 +541,14 @@ static void avx512_max_pool_3x3_s2_row(const float *x, int w, int y0, int rows, 
         const __m512i base = _mm512_add_epi32(_mm512_set1_epi32(y0 * w + c0), ev);
         __m512 best = _mm512_setzero_ps();
         __m512i arg = base;
+        /* the input rows 8 output rows on (the next plane's past the end; a prefetch does
+         * not fault): the pass reads a batch's planes from memory, and a profile of W3's stem
+         * pool put most samples on the loads */
+        const uintptr_t ahead = (uintptr_t)(x + (size_t)(y0 + 16) * w + c0);
+        for (int r = 0; r < 2; r++)
+            for (int l = 0; l <= 2 * 16; l += 16)
+                _mm_prefetch((const char *)(ahead + ((size_t)r * w + l) * sizeof(float)),
+                             _MM_HINT_T0);
         for (int r = 0; r < rows; r++) {
             const float *row = x + (size_t)(y0 + r) * w + c0;
             const __m512 a = _mm512_maskz_loadu_ps(m_lo, row),
@@ -596,6 +604,14 @@ static void avx512_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx,
             const __m512i pos_e = _mm512_add_epi32(col, _mm512_set1_epi32(pad)),
                           pos_o = _mm512_add_epi32(col, _mm512_set1_epi32(1 - pad));
             __m512 e = _mm512_setzero_ps(), o = _mm512_setzero_ps();
+            /* dy's and idx's rows 8 output rows on (see the forward) */
+            const size_t far = (size_t)(oy1 + 8) * ow + b;
+            for (int l = 0; l < 16; l += 16) {
+                _mm_prefetch((const char *)((uintptr_t)dy + (far + l) * sizeof(float)),
+                             _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)idx + (far + l) * sizeof(int32_t)),
+                             _MM_HINT_T0);
+            }
             for (int oy = oy0; oy <= oy1; oy++) {
                 const size_t at = (size_t)oy * ow + b;
                 /* E's two windows, left first; O's is the one at k = 0 */
