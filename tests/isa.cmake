@@ -42,6 +42,8 @@ endif()
 cf_isa_tests(test_bf16_shortcut generic avx2 avx512)
 # BatchNorm's several-plane kernels against the one-plane ones, at every table
 cf_isa_tests(test_bn_planes generic avx2 avx512)
+# MaxPool2d(3, stride 2)'s kernels against the scalar loops (the test also walks the levels)
+cf_isa_tests(test_pool_3x3 generic avx2 avx512)
 # The amx level sits above avx512_bf16: where the CPU has AMX the plain runs use it, and these
 # keep the avx512_bf16 kernels covered (elsewhere they repeat the plain runs, or the fallback).
 # test_amx_cap_amx: CF_ISA=amx on a CPU without AMX picks the best level it has.

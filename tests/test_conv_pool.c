@@ -253,6 +253,10 @@ static void test_pools_match_pytorch(void **state) {
         {MAXPOOL, 0, 0, 3, 1, 0, false, 2, 3, 6, 5, 0.5f, -1, 1},   /* many ties: first max */
         {MAXPOOL, 0, 0, 2, 2, 0, false, 2, 2, 36, 37, 0.5f, -1, 1}, /* 2x2: whole vectors, ties */
         {MAXPOOL, 0, 0, 3, 2, 1, false, 2, 3, 16, 17, 0.5f, -1, 1}, /* 3x3 s2: unrolled, ties */
+        /* 3x3 s2 over cf_max_pool_3x3_s2_row's vectors: 16 outputs and a tail (35 a row), and
+         * padding 0 (34); ties */
+        {MAXPOOL, 0, 0, 3, 2, 1, false, 2, 2, 12, 70, 0.5f, -1, 1},
+        {MAXPOOL, 0, 0, 3, 2, 0, false, 2, 2, 11, 69, 0.5f, -1, 1},
         {MAXPOOL, 0, 0, 3, 2, 0, false, 1, 2, 9, 10, 0.5f, -1, 1},
         {AVGPOOL, 0, 0, 3, 2, 1, false, 2, 3, 9, 7, 0, -1, 1},
         {AVGPOOL, 0, 0, 2, 2, 0, false, 1, 2, 8, 8, 0, -1, 1},

@@ -137,6 +137,22 @@ void cf_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float
  * position in the plane of each maximum (the window in row order, a value taken when greater
  * than the best so far or NaN: PyTorch's choice). */
 void cf_max_pool_2x2_plane(const float *x, int h, int w, float *y, int32_t *idx);
+/* MaxPool2d(3, stride 2, padding pad) (resnet's stem pool), outputs ox in [ox0, ox1) of one
+ * output row whose window rows are [y0, y0 + rows) (1 to 3 rows, clipped to the plane) and whose
+ * three window columns 2 ox - pad .. 2 ox - pad + 2 lie inside the row: y[ox] is the window's
+ * maximum and idx[ox] its position in the plane x (row length w). The taps are taken row by row,
+ * a value replacing the best when greater or NaN (the first maximum; the last NaN), as the
+ * layer's general loop, so the results are bitwise those of that loop. */
+void cf_max_pool_3x3_s2_row(const float *x, int w, int y0, int rows, int pad, int ox0, int ox1,
+                            float *y, int32_t *idx);
+/* The backward of MaxPool2d(3, stride 2, padding pad) over one h x w plane: dx (h x w, every
+ * value written) is +0 plus the gradients dy of the outputs whose index idx points at it, added
+ * in output order (bitwise a zeroed dx with dx[idx[o]] += dy[o] for o = 0, 1, ...). The output
+ * plane is ((h + 2 pad - 3) / 2 + 1) x ((w + 2 pad - 3) / 2 + 1); h + 2 pad >= 3, the same for
+ * w, and pad <= 1. stream: dx may be written with non-temporal stores (for a batch's dx far
+ * larger than the caches; the values are the same). */
+void cf_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx, int h, int w, int pad,
+                                 float *dx, bool stream);
 
 /* ---- optimizer updates over a segment of a flat weight block (src/tensor/kernels.c) -------- */
 

@@ -27,7 +27,14 @@ typedef struct pool_impl {
     int C, H, W, OH, OW;
     const float *x, *dy;
     float *y, *dx;
+    bool stream; /* the backward's dx written with non-temporal stores (POOL_STREAM_BYTES) */
 } pool_impl;
+
+/* The 3x3 stride 2 backward writes dx with non-temporal stores from this many bytes of dx (W3's
+ * stem pool: 64 MiB): each plane's dx is written once, in whole lines, and is far larger than the
+ * caches, so plain stores would first read every line from memory. As BatchNorm's
+ * BN_STREAM_BYTES (src/nn/batchnorm.c). */
+#define POOL_STREAM_BYTES ((size_t)32 << 20)
 
 static bool is_max(pool_kind k) {
     return k == POOL_MAX || k == POOL_ADAPTIVE_MAX || k == POOL_CONCAT;
@@ -123,10 +130,11 @@ static inline void max_window(const float *x, int w, int y0, int y1, int x0, int
     *idx = arg;
 }
 
-/* MaxPool2d 3x3, stride 2 (resnet's stem pool, padding 1): the outputs whose window lies inside
- * the image with its nine taps unrolled (bench_images' W3 profile spent 4.7% of a bf16 step in
- * the general loop's window bounds), the others through the general bounds; the same taps in the
- * same order, so bitwise the same values and indices. */
+/* MaxPool2d 3x3, stride 2 (resnet's stem pool, padding 1): the outputs whose three window columns
+ * lie inside the image through cf_max_pool_3x3_s2_row (vectors where the level has them; the
+ * scalar loop unrolled the nine taps before: bench_images' W3 profile spent 4.7% of a bf16 step
+ * in the general loop's window bounds), the others through the general bounds; the same taps in
+ * the same order, so bitwise the same values and indices. */
 static void max_3x3_s2_plane(const pool_impl *p, const float *x, float *y, int32_t *idx) {
     const int W = p->W, OW = p->OW, pad = p->pad;
     /* outputs [lo, hi) have all three columns inside: 2 ox - pad >= 0, 2 ox - pad + 3 <= W */
@@ -138,11 +146,10 @@ static void max_3x3_s2_plane(const pool_impl *p, const float *x, float *y, int32
         window(p, true, oy, &y0, &y1, &sy);
         float *yr = y + (size_t)oy * OW;
         int32_t *ir = idx + (size_t)oy * OW;
-        const bool rows3 = y1 - y0 == 3;
         for (int ox = 0; ox < OW; ox++) {
-            if (rows3 && ox == lo) {
-                for (; ox < hi; ox++)
-                    max_window(x, W, y0, y0 + 3, 2 * ox - pad, 2 * ox - pad + 3, yr + ox, ir + ox);
+            if (ox == lo && hi > lo) {
+                cf_max_pool_3x3_s2_row(x, W, y0, y1 - y0, pad, lo, hi, yr, ir);
+                ox = hi;
                 if (ox >= OW) break;
             }
             int x0, x1, sx;
@@ -214,6 +221,11 @@ static void pool_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             continue;
         }
         const float *dy = p->dy + (size_t)pl * oplane;
+        if (p->kind == POOL_MAX && p->k == 3 && p->stride == 2) {
+            cf_max_pool_3x3_s2_backward(dy, p->idx + (size_t)pl * oplane, p->H, p->W, p->pad, dx,
+                                        p->stream);
+            continue;
+        }
         memset(dx, 0, plane * sizeof(float));
         if (is_max(p->kind)) {
             const int32_t *idx = p->idx + (size_t)pl * oplane;
@@ -257,6 +269,7 @@ static const cf_tensor *pool_backward(cf_module *m, const cf_tensor *dy, bool ne
     cf_tensor *dx = cf_module_input_grad(m);
     p->dy = dy->data;
     p->dx = dx->data;
+    p->stream = cf_shape_numel(&dx->shape) * sizeof(float) >= POOL_STREAM_BYTES;
     cf_nn_parallel_images(dx->shape.dim[0], p->C, pool_backward_range, p);
     return dx;
 }

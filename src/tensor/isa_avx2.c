@@ -331,6 +331,124 @@ static void avx2_max_pool_2x2(const float *x, int h, int w, float *y, int32_t *i
     }
 }
 
+/* ---- MaxPool2d(3, stride 2) ------------------------------------------------------------------ */
+
+/* Vectors of 8 outputs, as the AVX-512 kernel: a window row's taps are the even and odd lanes of
+ * the row from the first window's first column and the even lanes from two columns on. */
+static void avx2_max_pool_3x3_s2_row(const float *x, int w, int y0, int rows, int pad, int ox0,
+                                     int ox1, float *y, int32_t *idx) {
+    const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int ox = ox0; ox < ox1; ox += 8) {
+        const int n = ox1 - ox, c0 = 2 * ox - pad;
+        /* columns c0 .. c0 + 2n (the last output's third), all inside the row */
+        const __m256i m_lo = avx2_lane_mask(simd_first_lanes(2 * n)),
+                      m_hi = avx2_lane_mask(simd_first_lanes(2 * n - 8)),
+                      m2_lo = avx2_lane_mask(simd_first_lanes(2 * n - 1)),
+                      m2_hi = avx2_lane_mask(simd_first_lanes(2 * n - 9)),
+                      m_out = avx2_lane_mask(simd_first_lanes(n));
+        const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(y0 * w + c0), lane2);
+        __m256 best = _mm256_setzero_ps(), arg = _mm256_castsi256_ps(base);
+        /* the input rows 8 output rows on (the next plane's past the end; a prefetch does
+         * not fault): the pass reads a batch's planes from memory, and a profile of W3's stem
+         * pool put most samples on the loads */
+        const uintptr_t ahead = (uintptr_t)(x + (size_t)(y0 + 16) * w + c0);
+        for (int r = 0; r < 2; r++)
+            for (int l = 0; l <= 2 * 8; l += 16)
+                _mm_prefetch((const char *)(ahead + ((size_t)r * w + l) * sizeof(float)),
+                             _MM_HINT_T0);
+        for (int r = 0; r < rows; r++) {
+            const float *row = x + (size_t)(y0 + r) * w + c0;
+            __m256 v[3], unused;
+            V_UNZIP(_mm256_maskload_ps(row, m_lo), _mm256_maskload_ps(row + 8, m_hi), v[0], v[1]);
+            V_UNZIP(_mm256_maskload_ps(row + 2, m2_lo), _mm256_maskload_ps(row + 10, m2_hi), v[2],
+                    unused);
+            (void)unused;
+            for (int c = 0; c < 3; c++) {
+                if (r == 0 && c == 0) { /* the first tap is taken whatever it holds */
+                    best = v[0];
+                    continue;
+                }
+                const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v[c], best, _CMP_GT_OQ),
+                                                 _mm256_cmp_ps(v[c], v[c], _CMP_UNORD_Q));
+                best = _mm256_blendv_ps(best, v[c], take);
+                arg = _mm256_blendv_ps(
+                    arg, _mm256_castsi256_ps(_mm256_add_epi32(base, _mm256_set1_epi32(r * w + c))),
+                    take);
+            }
+        }
+        _mm256_maskstore_ps(y + ox, m_out, best);
+        _mm256_maskstore_ps((float *)(idx + ox), m_out, arg);
+    }
+}
+
+/* The backward as gathers, 16 columns of an input row at a time (see the AVX-512 kernel). */
+static void avx2_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx, int h, int w,
+                                          int pad, float *dx, bool stream) {
+    const int oh = (h + 2 * pad - 3) / 2 + 1, ow = (w + 2 * pad - 3) / 2 + 1;
+    const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    bool streamed = false;
+    for (int iy = 0; iy < h; iy++) {
+        int oy0 = (iy + pad - 1) >> 1, oy1 = (iy + pad) >> 1; /* the output rows [oy0, oy1] */
+        if (oy0 < 0) oy0 = 0;
+        if (oy1 > oh - 1) oy1 = oh - 1;
+        float *dr = dx + (size_t)iy * w;
+        for (int ix0 = 0; ix0 < w; ix0 += 16) {
+            const int b = ix0 / 2;
+            /* lanes t: outputs b + t + k (k = -1, 0, 1) that exist */
+            __m256i ok[3];
+            for (int k = -1; k <= 1; k++)
+                ok[k + 1] =
+                    avx2_lane_mask(simd_first_lanes(ow - b - k) & ~simd_first_lanes(-b - k));
+            /* column ix0 + 2t + pad is in two windows (E), ix0 + 2t + 1 - pad in one (O) */
+            const __m256i col = _mm256_add_epi32(_mm256_set1_epi32(iy * w + ix0), lane2);
+            const __m256i pos_e = _mm256_add_epi32(col, _mm256_set1_epi32(pad)),
+                          pos_o = _mm256_add_epi32(col, _mm256_set1_epi32(1 - pad));
+            __m256 e = _mm256_setzero_ps(), o = _mm256_setzero_ps();
+            /* dy's and idx's rows 8 output rows on (see the forward) */
+            const size_t far = (size_t)(oy1 + 8) * ow + b;
+            for (int l = 0; l < 8; l += 16) {
+                _mm_prefetch((const char *)((uintptr_t)dy + (far + l) * sizeof(float)),
+                             _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)idx + (far + l) * sizeof(int32_t)),
+                             _MM_HINT_T0);
+            }
+            for (int oy = oy0; oy <= oy1; oy++) {
+                const size_t at = (size_t)oy * ow + b;
+                /* E's two windows, left first; O's is the one at k = 0 */
+                for (int k = pad - 1; k <= pad; k++) {
+                    const __m256i m = ok[k + 1];
+                    const __m256i ik = _mm256_maskload_epi32(idx + at + k, m);
+                    const __m256 dk = _mm256_maskload_ps(dy + at + k, m);
+                    const __m256 te =
+                        _mm256_castsi256_ps(_mm256_and_si256(m, _mm256_cmpeq_epi32(ik, pos_e)));
+                    e = _mm256_blendv_ps(e, _mm256_add_ps(e, dk), te);
+                    if (k == 0) {
+                        const __m256 to =
+                            _mm256_castsi256_ps(_mm256_and_si256(m, _mm256_cmpeq_epi32(ik, pos_o)));
+                        o = _mm256_blendv_ps(o, _mm256_add_ps(o, dk), to);
+                    }
+                }
+            }
+            /* columns in order: pad 0 (E, O), pad 1 (O, E) */
+            __m256 lo, hi;
+            if (pad)
+                V_ZIP(o, e, lo, hi);
+            else
+                V_ZIP(e, o, lo, hi);
+            float *p = dr + ix0;
+            if (stream && ix0 + 16 <= w && (uintptr_t)p % 32 == 0) {
+                _mm256_stream_ps(p, lo);
+                _mm256_stream_ps(p + 8, hi);
+                streamed = true;
+            } else {
+                _mm256_maskstore_ps(p, avx2_lane_mask(simd_first_lanes(w - ix0)), lo);
+                _mm256_maskstore_ps(p + 8, avx2_lane_mask(simd_first_lanes(w - ix0 - 8)), hi);
+            }
+        }
+    }
+    if (streamed) _mm_sfence();
+}
+
 /* ---- pooling -------------------------------------------------------------------------------- */
 
 /* AdaptiveConcatPool2d on one plane: the maximum, its first index and the sum, 8 lanes at a
@@ -382,6 +500,8 @@ const cf_kernel_table cf_kernels_avx2 = {
     .optim = &loops_optim,
     .wino = &loops_wino,
     .max_pool_2x2 = avx2_max_pool_2x2,
+    .max_pool_3x3_s2_row = avx2_max_pool_3x3_s2_row,
+    .max_pool_3x3_s2_backward = avx2_max_pool_3x3_s2_backward,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
     .packed_gemm = &simd_packed_gemm,

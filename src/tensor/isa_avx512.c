@@ -521,6 +521,128 @@ static void avx512_max_pool_2x2(const float *x, int h, int w, float *y, int32_t 
     }
 }
 
+/* ---- MaxPool2d(3, stride 2) ------------------------------------------------------------------ */
+
+/* Vectors of 16 outputs: a window row's three taps are the even and odd lanes of the row from the
+ * first window's first column and the even lanes from two columns on; the taps are taken in
+ * cf_max_pool_3x3_s2_row's order, each replacing the best where greater or NaN. */
+static void avx512_max_pool_3x3_s2_row(const float *x, int w, int y0, int rows, int pad, int ox0,
+                                       int ox1, float *y, int32_t *idx) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (int ox = ox0; ox < ox1; ox += 16) {
+        const int n = ox1 - ox, c0 = 2 * ox - pad;
+        /* columns c0 .. c0 + 2n (the last output's third), all inside the row */
+        const __mmask16 m_lo = (__mmask16)simd_first_lanes(2 * n),
+                        m_hi = (__mmask16)simd_first_lanes(2 * n - 16),
+                        m2_lo = (__mmask16)simd_first_lanes(2 * n - 1),
+                        m2_hi = (__mmask16)simd_first_lanes(2 * n - 17),
+                        m_out = (__mmask16)simd_first_lanes(n);
+        const __m512i base = _mm512_add_epi32(_mm512_set1_epi32(y0 * w + c0), ev);
+        __m512 best = _mm512_setzero_ps();
+        __m512i arg = base;
+        /* the input rows 8 output rows on (the next plane's past the end; a prefetch does
+         * not fault): the pass reads a batch's planes from memory, and a profile of W3's stem
+         * pool put most samples on the loads */
+        const uintptr_t ahead = (uintptr_t)(x + (size_t)(y0 + 16) * w + c0);
+        for (int r = 0; r < 2; r++)
+            for (int l = 0; l <= 2 * 16; l += 16)
+                _mm_prefetch((const char *)(ahead + ((size_t)r * w + l) * sizeof(float)),
+                             _MM_HINT_T0);
+        for (int r = 0; r < rows; r++) {
+            const float *row = x + (size_t)(y0 + r) * w + c0;
+            const __m512 a = _mm512_maskz_loadu_ps(m_lo, row),
+                         b = _mm512_maskz_loadu_ps(m_hi, row + 16),
+                         a2 = _mm512_maskz_loadu_ps(m2_lo, row + 2),
+                         b2 = _mm512_maskz_loadu_ps(m2_hi, row + 18);
+            const __m512 v[3] = {_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b),
+                                 _mm512_permutex2var_ps(a2, ev, b2)};
+            for (int c = 0; c < 3; c++) {
+                if (r == 0 && c == 0) { /* the first tap is taken whatever it holds */
+                    best = v[0];
+                    continue;
+                }
+                const __mmask16 take = _mm512_cmp_ps_mask(v[c], best, _CMP_GT_OQ) |
+                                       _mm512_cmp_ps_mask(v[c], v[c], _CMP_UNORD_Q);
+                best = _mm512_mask_mov_ps(best, take, v[c]);
+                arg = _mm512_mask_add_epi32(arg, take, base, _mm512_set1_epi32(r * w + c));
+            }
+        }
+        _mm512_mask_storeu_ps(y + ox, m_out, best);
+        _mm512_mask_storeu_epi32(idx + ox, m_out, arg);
+    }
+}
+
+/* The backward as gathers: 32 columns of an input row at a time, the even and odd columns as two
+ * vectors of 16. A column ix with ix + pad odd lies in one window of an output row (ox = (ix + pad
+ * - 1) / 2), one with ix + pad even in two ((ix + pad) / 2 - 1 and (ix + pad) / 2), and a row in
+ * those of at most two output rows; each column adds, from +0, the gradients of those outputs
+ * whose index is its position, in output order: what the zeroing and the scatter in output order
+ * add to it. */
+static void avx512_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx, int h, int w,
+                                            int pad, float *dx, bool stream) {
+    const int oh = (h + 2 * pad - 3) / 2 + 1, ow = (w + 2 * pad - 3) / 2 + 1;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i lane2 = _mm512_add_epi32(lane, lane);
+    const __m512i zip_lo =
+        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i zip_hi = _mm512_add_epi32(zip_lo, _mm512_set1_epi32(8));
+    bool streamed = false;
+    for (int iy = 0; iy < h; iy++) {
+        int oy0 = (iy + pad - 1) >> 1, oy1 = (iy + pad) >> 1; /* the output rows [oy0, oy1] */
+        if (oy0 < 0) oy0 = 0;
+        if (oy1 > oh - 1) oy1 = oh - 1;
+        float *dr = dx + (size_t)iy * w;
+        for (int ix0 = 0; ix0 < w; ix0 += 32) {
+            const int b = ix0 / 2;
+            /* lanes t: outputs b + t + k (k = -1, 0, 1) that exist */
+            __mmask16 ok[3];
+            for (int k = -1; k <= 1; k++)
+                ok[k + 1] = (__mmask16)(simd_first_lanes(ow - b - k) & ~simd_first_lanes(-b - k));
+            /* column ix0 + 2t + pad is in two windows (E), ix0 + 2t + 1 - pad in one (O) */
+            const __m512i col = _mm512_add_epi32(_mm512_set1_epi32(iy * w + ix0), lane2);
+            const __m512i pos_e = _mm512_add_epi32(col, _mm512_set1_epi32(pad)),
+                          pos_o = _mm512_add_epi32(col, _mm512_set1_epi32(1 - pad));
+            __m512 e = _mm512_setzero_ps(), o = _mm512_setzero_ps();
+            /* dy's and idx's rows 8 output rows on (see the forward) */
+            const size_t far = (size_t)(oy1 + 8) * ow + b;
+            for (int l = 0; l < 16; l += 16) {
+                _mm_prefetch((const char *)((uintptr_t)dy + (far + l) * sizeof(float)),
+                             _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)idx + (far + l) * sizeof(int32_t)),
+                             _MM_HINT_T0);
+            }
+            for (int oy = oy0; oy <= oy1; oy++) {
+                const size_t at = (size_t)oy * ow + b;
+                /* E's two windows, left first; O's is the one at k = 0 */
+                for (int k = pad - 1; k <= pad; k++) {
+                    const __mmask16 m = ok[k + 1];
+                    const __m512i ik = _mm512_maskz_loadu_epi32(m, idx + at + k);
+                    const __m512 dk = _mm512_maskz_loadu_ps(m, dy + at + k);
+                    e = _mm512_mask_add_ps(e, _mm512_mask_cmpeq_epi32_mask(m, ik, pos_e), e, dk);
+                    if (k == 0)
+                        o = _mm512_mask_add_ps(o, _mm512_mask_cmpeq_epi32_mask(m, ik, pos_o), o,
+                                               dk);
+                }
+            }
+            /* columns in order: pad 0 (E, O), pad 1 (O, E) */
+            const __m512 first = pad ? o : e, second = pad ? e : o;
+            const __m512 lo = _mm512_permutex2var_ps(first, zip_lo, second),
+                         hi = _mm512_permutex2var_ps(first, zip_hi, second);
+            float *p = dr + ix0;
+            if (stream && ix0 + 32 <= w && (uintptr_t)p % 64 == 0) {
+                _mm512_stream_ps(p, lo);
+                _mm512_stream_ps(p + 16, hi);
+                streamed = true;
+            } else {
+                _mm512_mask_storeu_ps(p, (__mmask16)simd_first_lanes(w - ix0), lo);
+                _mm512_mask_storeu_ps(p + 16, (__mmask16)simd_first_lanes(w - ix0 - 16), hi);
+            }
+        }
+    }
+    if (streamed) _mm_sfence();
+}
+
 const cf_kernel_table cf_kernels_avx512 = {
     .isa = CF_ISA_AVX512,
     .sgemm_strided = simd_sgemm_strided,
@@ -536,6 +658,8 @@ const cf_kernel_table cf_kernels_avx512 = {
     .optim = &loops_optim,
     .wino = &loops_wino,
     .max_pool_2x2 = avx512_max_pool_2x2,
+    .max_pool_3x3_s2_row = avx512_max_pool_3x3_s2_row,
+    .max_pool_3x3_s2_backward = avx512_max_pool_3x3_s2_backward,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
     .packed_gemm = &simd_packed_gemm,

@@ -383,6 +383,13 @@ typedef struct cf_kernel_table {
     bool (*max_sum_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
     /* cf_max_pool_2x2_plane (NULL: the scalar loop) */
     void (*max_pool_2x2)(const float *x, int h, int w, float *y, int32_t *idx);
+    /* cf_max_pool_3x3_s2_row (NULL: the scalar loop) */
+    void (*max_pool_3x3_s2_row)(const float *x, int w, int y0, int rows, int pad, int ox0, int ox1,
+                                float *y, int32_t *idx);
+    /* cf_max_pool_3x3_s2_backward (NULL: zeros, then each output's gradient added at its
+     * index, in output order) */
+    void (*max_pool_3x3_s2_backward)(const float *dy, const int32_t *idx, int h, int w, int pad,
+                                     float *dx, bool stream);
     const cf_optim_kernels *optim; /* never NULL */
     const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
     const cf_lstm_kernels *lstm;   /* never NULL */

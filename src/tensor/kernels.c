@@ -336,3 +336,36 @@ void cf_max_pool_2x2_plane(const float *x, int h, int w, float *y, int32_t *idx)
         }
     }
 }
+
+void cf_max_pool_3x3_s2_row(const float *x, int w, int y0, int rows, int pad, int ox0, int ox1,
+                            float *y, int32_t *idx) {
+    if (cf_active_kernels->max_pool_3x3_s2_row) {
+        cf_active_kernels->max_pool_3x3_s2_row(x, w, y0, rows, pad, ox0, ox1, y, idx);
+        return;
+    }
+    for (int ox = ox0; ox < ox1; ox++) { /* branch-free, as pool.c's max_window */
+        const int x0 = 2 * ox - pad;
+        float best = -INFINITY;
+        int32_t arg = y0 * w + x0;
+        for (int iy = y0; iy < y0 + rows; iy++)
+            for (int ix = x0; ix < x0 + 3; ix++) {
+                const float v = x[(size_t)iy * w + ix];
+                const bool take = v > best || v != v;
+                best = take ? v : best;
+                arg = take ? iy * w + ix : arg;
+            }
+        y[ox] = best;
+        idx[ox] = arg;
+    }
+}
+
+void cf_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx, int h, int w, int pad,
+                                 float *dx, bool stream) {
+    if (cf_active_kernels->max_pool_3x3_s2_backward) {
+        cf_active_kernels->max_pool_3x3_s2_backward(dy, idx, h, w, pad, dx, stream);
+        return;
+    }
+    const size_t n = (size_t)((h + 2 * pad - 3) / 2 + 1) * (size_t)((w + 2 * pad - 3) / 2 + 1);
+    memset(dx, 0, (size_t)h * (size_t)w * sizeof(float));
+    for (size_t o = 0; o < n; o++) dx[idx[o]] += dy[o];
+}
