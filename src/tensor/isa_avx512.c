@@ -589,9 +589,8 @@ static void avx512_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx,
     const __m512i zip_hi = _mm512_add_epi32(zip_lo, _mm512_set1_epi32(8));
     bool streamed = false;
     for (int iy = 0; iy < h; iy++) {
-        int oy0 = (iy + pad - 1) >> 1, oy1 = (iy + pad) >> 1; /* the output rows [oy0, oy1] */
-        if (oy0 < 0) oy0 = 0;
-        if (oy1 > oh - 1) oy1 = oh - 1;
+        int oy0, oy1;
+        simd_pool3_rows_of(iy, pad, oh, &oy0, &oy1);
         float *dr = dx + (size_t)iy * w;
         for (int ix0 = 0; ix0 < w; ix0 += 32) {
             const int b = ix0 / 2;
@@ -606,12 +605,8 @@ static void avx512_max_pool_3x3_s2_backward(const float *dy, const int32_t *idx,
             __m512 e = _mm512_setzero_ps(), o = _mm512_setzero_ps();
             /* dy's and idx's rows 8 output rows on (see the forward) */
             const size_t far = (size_t)(oy1 + 8) * ow + b;
-            for (int l = 0; l < 16; l += 16) {
-                _mm_prefetch((const char *)((uintptr_t)dy + (far + l) * sizeof(float)),
-                             _MM_HINT_T0);
-                _mm_prefetch((const char *)((uintptr_t)idx + (far + l) * sizeof(int32_t)),
-                             _MM_HINT_T0);
-            }
+            _mm_prefetch((const char *)((uintptr_t)dy + far * sizeof(float)), _MM_HINT_T0);
+            _mm_prefetch((const char *)((uintptr_t)idx + far * sizeof(int32_t)), _MM_HINT_T0);
             for (int oy = oy0; oy <= oy1; oy++) {
                 const size_t at = (size_t)oy * ow + b;
                 /* E's two windows, left first; O's is the one at k = 0 */

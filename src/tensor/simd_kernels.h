@@ -35,6 +35,14 @@ _Static_assert(CF_PACK_ROWS % MR == 0, "the tile height must divide the packed b
 #define V_LOADZ_READABLE(mv, p) V_LOADZ(mv, p)
 #endif
 
+/* The output rows [*first, *last] of MaxPool2d(3, stride 2, pad) (oh rows) whose windows hold
+ * input row iy: the pooling backward gathers dx's row iy from them. */
+static inline void simd_pool3_rows_of(int iy, int pad, int oh, int *first, int *last) {
+    const int oy0 = (iy + pad - 1) >> 1, oy1 = (iy + pad) >> 1;
+    *first = oy0 < 0 ? 0 : oy0;
+    *last = oy1 > oh - 1 ? oh - 1 : oy1;
+}
+
 static inline unsigned simd_first_lanes(int n) { /* lanes [0, n) of a vector, n clamped */
     return n >= VL ? VMASK_ALL : n <= 0 ? 0u : (1u << n) - 1u;
 }
