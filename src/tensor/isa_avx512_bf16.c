@@ -1234,21 +1234,9 @@ static void bf16_deal2_h(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t
         }
         return;
     }
-    const __m512i evens_odds =
-        _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26, 24,
-                         22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    for (int r = 0; r < h; r++, x += w) {
-        uint16_t *e = (r % 2 ? e1 : e0) + (size_t)(r / 2) * ld,
-                 *o = (r % 2 ? o1 : o0) + (size_t)(r / 2) * ld;
-        for (int j = 0; j < w; j += 32) {
-            const int left = w - j;
-            const __m512i v = _mm512_permutexvar_epi16(
-                evens_odds, _mm512_maskz_loadu_epi16(words_below(left), x + j));
-            _mm256_mask_storeu_epi16(e + j / 2, lanes_below((left + 1) / 2),
-                                     _mm512_castsi512_si256(v));
-            _mm256_mask_storeu_epi16(o + j / 2, lanes_below(left / 2),
-                                     _mm512_extracti64x4_epi64(v, 1));
-        }
+    for (int r = 0; r < h; r++, x += w) { /* longer rows: deal_h's, one row at a time */
+        const size_t at = (size_t)(r / 2) * ld;
+        bf16_deal_h(x, (size_t)w, 1, w, (r % 2 ? e1 : e0) + at, (r % 2 ? o1 : o0) + at, ld);
     }
 }
 
