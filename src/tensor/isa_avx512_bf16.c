@@ -346,36 +346,60 @@ static inline void wino_weights16(const float *k, bool flip, int n, __m512 u[16]
     }
 }
 
+/* Column pairs of wino_pack_a's words gathered in a buffer before they are copied out */
+#define WINO_QB 8
+
 /* Rows [r0, r0 + 16) (r0 a multiple of 16) of the 16 Winograd points' weight matrices (m x k;
  * the kernel of row r0 + i, column j at w + 9 i + j js: each column's 16 side by side),
- * transformed and packed into point
- * xi's packed A at ap + xi * point_words: per pair of columns, the 16 rows' words (the two columns
- * rounded and paired, ne_pairs) stored in their two row blocks. Bitwise gemm_pack_a on the fp32
- * matrices (the same values, rounded the same way; rows past m and the high half past k zero). */
+ * transformed and packed into point xi's packed A at ap + xi * point_words: per pair of columns,
+ * the 16 rows' words (the two columns rounded and paired, ne_pairs) of their two row blocks.
+ * Bitwise gemm_pack_a on the fp32 matrices (the same values, rounded the same way; rows past m
+ * and the high half past k zero).
+ * The words of WINO_QB column pairs go to a buffer (8 KiB, in L1) and then out, a point's row
+ * block at a time, WINO_QB x 32 bytes in a row: stored straight (32 bytes per point and block
+ * per column pair), the 32 rows of lines written at once are point_words apart, a multiple of
+ * 4 KiB for the large layers (512 KiB for 512 x 512 channels), so they share the caches' sets and
+ * each half-written line was evicted and fetched again before its second half came (the stores
+ * took 2/3 of the kernel on 512 x 512 channels). */
 static void wino_pack_a(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
                         size_t point_words) {
     const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, n = m - r0 < 16 ? m - r0 : 16;
     const int blocks = n > MR ? 2 : 1; /* the row blocks of these rows that exist */
     const float *wr = w;               /* row r0 */
+    uint32_t buf[16][2][WINO_QB * MR] __attribute__((aligned(64)));
     for (int q0 = 0; q0 < pairs; q0 += KC2) {
         const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
         const size_t base = (size_t)row_blocks * MR * q0 + (size_t)(r0 / MR) * MR * nq;
-        for (int q = 0; q < nq; q++) {
-            const int j = 2 * (q0 + q);
-            __m512 lo[16], hi[16];
-            wino_weights16(wr + (size_t)j * js, flip, n, lo);
-            if (j + 1 < k)
-                wino_weights16(wr + (size_t)(j + 1) * js, flip, n, hi);
-            else
-                for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
-            for (int xi = 0; xi < 16; xi++) {
-                const __m512i word = ne_pairs(lo[xi], hi[xi]);
-                uint32_t *out = ap + (size_t)xi * point_words + base + (size_t)q * MR;
-                _mm256_storeu_si256((__m256i *)out, _mm512_castsi512_si256(word));
-                if (blocks == 2)
-                    _mm256_storeu_si256((__m256i *)(out + (size_t)MR * nq),
-                                        _mm512_extracti64x4_epi64(word, 1));
+        for (int qb = 0; qb < nq; qb += WINO_QB) {
+            const int nb = nq - qb < WINO_QB ? nq - qb : WINO_QB;
+            for (int q = qb; q < qb + nb; q++) {
+                const int j = 2 * (q0 + q);
+                __m512 lo[16], hi[16];
+                wino_weights16(wr + (size_t)j * js, flip, n, lo);
+                if (j + 1 < k)
+                    wino_weights16(wr + (size_t)(j + 1) * js, flip, n, hi);
+                else
+                    for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
+                for (int xi = 0; xi < 16; xi++) {
+                    const __m512i word = ne_pairs(lo[xi], hi[xi]);
+                    _mm256_store_si256((__m256i *)&buf[xi][0][(q - qb) * MR],
+                                       _mm512_castsi512_si256(word));
+                    _mm256_store_si256((__m256i *)&buf[xi][1][(q - qb) * MR],
+                                       _mm512_extracti64x4_epi64(word, 1));
+                }
             }
+            const int words = nb * MR; /* a multiple of 8 */
+            for (int xi = 0; xi < 16; xi++)
+                for (int bl = 0; bl < blocks; bl++) {
+                    uint32_t *out = ap + (size_t)xi * point_words + base + (size_t)bl * MR * nq +
+                                    (size_t)qb * MR;
+                    int i = 0;
+                    for (; i + 16 <= words; i += 16)
+                        _mm512_storeu_si512(out + i, _mm512_load_si512(&buf[xi][bl][i]));
+                    if (i < words)
+                        _mm256_storeu_si256((__m256i *)(out + i),
+                                            _mm256_load_si256((const __m256i *)&buf[xi][bl][i]));
+                }
         }
     }
 }
