@@ -126,6 +126,27 @@ static const uint32_t *shortcut_dx_pack(const cf_conv_shortcut *sc, int c) {
     return (const uint32_t *)sc->w + up((size_t)sc->out_channels, ROWS) * (((size_t)c + 1) / 2);
 }
 
+/* The level's conversions into pair planes and rows on its conversion instructions where it
+ * has them (fwd_pairs_rows, fwd_deal_pairs, rows_short: vcvtne2ps2bf16, with the rounding in
+ * integer operations for a vector that holds a subnormal), else the plain ones: bitwise the same
+ * words (test_bf16_cols, test_bf16_wgrad_runs), in about a third of the instructions. */
+typedef void (*pairs_rows_fn)(const float *, const float *, int, int, uint32_t *, size_t);
+typedef void (*deal_pairs_fn)(const float *, const float *, size_t, int, int, uint32_t *,
+                              uint32_t *, size_t);
+typedef void (*rows_fn)(const float *, int, int, uint16_t *, size_t);
+
+static pairs_rows_fn pairs_rows_of(const cf_bf16_kernels *k) {
+    return k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
+}
+
+static deal_pairs_fn deal_pairs_of(const cf_bf16_kernels *k) {
+    return k->fwd_deal_pairs ? k->fwd_deal_pairs : k->deal_pairs;
+}
+
+static rows_fn rows_of(const cf_bf16_kernels *k) {
+    return k->rows_short ? k->rows_short : k->rows;
+}
+
 /* Whether a layer's output planes are so small that the padded-stride positions waste much of the
  * kernels' work, so that its taps are better gathered (compact): at stride 1 the kernels compute
  * oh x wp positions per image, rounded up to 16 (resnet18's 4 x 4 stage at 128 px: 32 for 16
@@ -619,13 +640,13 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
             if (l->sub) { /* the even columns of the even rows */
-                k->deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
-                              (size_t)l->wq);
+                deal_pairs_of(k)(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
+                                 (size_t)l->wq);
                 continue;
             }
             if (l->stride == 1) {
-                k->pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
-                              (size_t)l->wp);
+                pairs_rows_of(k)(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
+                                 (size_t)l->wp);
                 continue;
             }
             /* stride 2: the rows' even and odd padded columns to their phase planes, the
@@ -635,8 +656,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                 uint32_t *row = plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq,
                          *e, *o;
                 DEAL_DEST(l->pad, row, phase_words, e, o);
-                k->deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
-                              (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
+                deal_pairs_of(k)(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
+                                 (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
             }
         }
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
@@ -702,8 +723,9 @@ static void run_compact(const layout *l, const cf_conv_geom *g, int ch, int rows
             for (int p = 0; p < pairs; p++) {
                 const float *lo = x + (size_t)2 * p * in_plane,
                             *hi = 2 * p + 1 < ch ? lo + in_plane : NULL;
-                k->pairs_rows(lo, hi, g->h, g->w,
-                              xp + (size_t)p * hw + (size_t)l->pad * l->wp + l->pad, (size_t)l->wp);
+                pairs_rows_of(k)(lo, hi, g->h, g->w,
+                                 xp + (size_t)p * hw + (size_t)l->pad * l->wp + l->pad,
+                                 (size_t)l->wp);
             }
             for (int t = 0; t < l->taps; t++) {
                 const int ki = t / l->k, kj = t % l->k;
@@ -756,17 +778,17 @@ static void wgrad_compact(const layout *l, const cf_conv_geom *g, const float *d
             const float *xn = x + (size_t)(n0 + b) * in_n;
             for (int c = 0; c < C; c++) {
                 uint16_t *pc = xpad + (size_t)c * hw;
-                k->rows(xn + (size_t)c * plane, g->h, g->w, pc + (size_t)l->pad * l->wp + l->pad,
-                        (size_t)l->wp);
+                rows_of(k)(xn + (size_t)c * plane, g->h, g->w, pc + (size_t)l->pad * l->wp + l->pad,
+                           (size_t)l->wp);
                 for (int t = 0; t < l->taps; t++)
                     gather_halves(pc + (size_t)(t / l->k) * l->wp + t % l->k, (size_t)l->wp, s,
                                   g->oh, g->ow,
                                   xc + (size_t)c * l->lxc + (size_t)t * Q + (size_t)b * l->ppi);
             }
-            k->rows(dy + (size_t)(n0 + b) * out_n, O, ohw, dyb + (size_t)b * l->ppi, (size_t)Q);
+            rows_of(k)(dy + (size_t)(n0 + b) * out_n, O, ohw, dyb + (size_t)b * l->ppi, (size_t)Q);
             if (sc)
-                k->rows(sc->dy + (size_t)(n0 + b) * sc->out_channels * ohw, sc->out_channels, ohw,
-                        dys + (size_t)b * l->ppi, (size_t)Q);
+                rows_of(k)(sc->dy + (size_t)(n0 + b) * sc->out_channels * ohw, sc->out_channels,
+                           ohw, dys + (size_t)b * l->ppi, (size_t)Q);
         }
         /* X0: the gathered rows' position pairs transposed (X1 is not read: every tap starts
          * on an even position) */
@@ -822,8 +844,8 @@ static void dx_compact2(const layout *l, const cf_conv_geom *g, const uint32_t *
             for (int p = 0; p < pairs; p++) {
                 const float *lo = dyn + (size_t)2 * p * ohw,
                             *hi = 2 * p + 1 < l->o ? lo + ohw : NULL;
-                k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * dplane + (size_t)P * wd + P,
-                              (size_t)wd);
+                pairs_rows_of(k)(lo, hi, g->oh, g->ow, dp + (size_t)p * dplane + (size_t)P * wd + P,
+                                 (size_t)wd);
             }
             for (int ph = 0; ph < 4; ph++)
                 for (int j = 0; j < l->ntap[ph]; j++) {
@@ -849,7 +871,7 @@ static void dx_compact2(const layout *l, const cf_conv_geom *g, const uint32_t *
                 for (int p = 0; p < spairs; p++) {
                     const float *lo = dys + (size_t)2 * p * ohw,
                                 *hi = 2 * p + 1 < so ? lo + ohw : NULL;
-                    k->pairs_rows(lo, hi, 1, ohw, sdp + (size_t)p * Q + (size_t)i * ohw, 0);
+                    pairs_rows_of(k)(lo, hi, 1, ohw, sdp + (size_t)p * Q + (size_t)i * ohw, 0);
                 }
             }
             k->conv_run(1, &zero, spairs, C, shortcut_dx_pack(sc, C), sdp, (size_t)Q, Q, sout,
@@ -1141,8 +1163,8 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
-            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->planed + (size_t)P * l->wd + P,
-                          (size_t)l->wd);
+            pairs_rows_of(k)(lo, hi, g->oh, g->ow,
+                             dp + (size_t)p * l->planed + (size_t)P * l->wd + P, (size_t)l->wd);
         }
         const uint32_t *pk = packed;
         for (int ph = 0; ph < 4; ph++) {
@@ -1159,7 +1181,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             for (int p = 0; p < spairs && !sdyrows; p++) {
                 const float *lo = dys + (size_t)2 * p * plane,
                             *hi = 2 * p + 1 < so ? lo + plane : NULL;
-                k->pairs_rows(lo, hi, g->oh, g->ow, sdp + (size_t)p * l->planed, (size_t)l->wd);
+                pairs_rows_of(k)(lo, hi, g->oh, g->ow, sdp + (size_t)p * l->planed, (size_t)l->wd);
             }
             k->conv_run(1, &szero, spairs, C, shortcut_dx_pack(sc, C), sdp, l->planed, l->nqd, sout,
                         (size_t)l->nqd);
@@ -1215,7 +1237,7 @@ static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t
         for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
-            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
+            pairs_rows_of(k)(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
         }
         k->conv_run(1, &off0, pairs, C, packed, dp, l->plane, l->nq, out, (size_t)l->nq);
         float *dxn = dx + (size_t)n * in_n;

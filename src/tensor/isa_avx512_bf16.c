@@ -930,16 +930,45 @@ static void bf16_conv_wgrad_runs(int taps, const int *half, const unsigned char 
 }
 
 /* y[i * ldy + j] = bf16(x[i * ldx + 2 j]) for i < h, j < n: the even values of h rows (a 1x1
- * stride-2 layer's subsampled image), picked before they are rounded, 16 per rounding. */
+ * stride-2 layer's subsampled image), picked before they are rounded, 32 per vcvtne2ps2bf16
+ * (ne_words: bitwise cf__bf16_round_lanes' words). Rows of at most 16 even values (W3's
+ * downsamples: 16, 8 and 4) go two at a time, the first row's words in the low half and the
+ * second's in the high half. */
 static void bf16_even_rows(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy) {
     const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    if (n <= 16) {
+        /* the values from x[0] to the last even one, x[2 n - 2] */
+        const __mmask16 m0 = lanes_below(2 * n - 1), m1 = lanes_below(2 * n - 17),
+                        out = lanes_below(n);
+        int i = 0;
+        for (; i + 2 <= h; i += 2, x += 2 * ldx, y += 2 * ldy) {
+            const __m512 e0 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, x), idx,
+                                                     _mm512_maskz_loadu_ps(m1, x + 16)),
+                         e1 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, x + ldx), idx,
+                                                     _mm512_maskz_loadu_ps(m1, x + ldx + 16));
+            const __m512i v = ne_words(e0, e1);
+            _mm256_mask_storeu_epi16(y, out, _mm512_castsi512_si256(v));
+            _mm256_mask_storeu_epi16(y + ldy, out, _mm512_extracti64x4_epi64(v, 1));
+        }
+        if (i < h) {
+            const __m512 e0 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, x), idx,
+                                                     _mm512_maskz_loadu_ps(m1, x + 16));
+            _mm256_mask_storeu_epi16(y, out,
+                                     _mm512_castsi512_si256(ne_words(e0, _mm512_setzero_ps())));
+        }
+        return;
+    }
     for (int i = 0; i < h; i++, x += ldx, y += ldy)
-        for (int j = 0; j < n; j += 16) {
+        for (int j = 0; j < n; j += 32) {
             const int left = 2 * (n - j) - 1; /* values from x[2j] to the last even one */
-            const __m512 a = _mm512_maskz_loadu_ps(lanes_below(left), x + 2 * j),
-                         b = _mm512_maskz_loadu_ps(lanes_below(left - 16), x + 2 * j + 16);
-            _mm512_mask_cvtepi32_storeu_epi16(
-                y + j, lanes_below(n - j), cf__bf16_round_lanes(_mm512_permutex2var_ps(a, idx, b)));
+            const float *at = x + 2 * j;
+            const __m512 e0 =
+                _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lanes_below(left), at), idx,
+                                       _mm512_maskz_loadu_ps(lanes_below(left - 16), at + 16));
+            const __m512 e1 =
+                _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lanes_below(left - 32), at + 32), idx,
+                                       _mm512_maskz_loadu_ps(lanes_below(left - 48), at + 48));
+            _mm512_mask_storeu_epi16(y + j, words_below(n - j), ne_words(e0, e1));
         }
 }
 
