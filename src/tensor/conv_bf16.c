@@ -446,6 +446,96 @@ cf_status cf_conv_bf16_repack(const cf_conv_geom *g, int out_channels, float *pa
     return CF_OK;
 }
 
+/* dx's words before the level orders them, [row block of 8 inputs][tap][output pair][8]: per
+ * phase at stride 2 (its taps, the phases one after the other), else every tap reversed. In the
+ * order the bf16 weights lie ([out][in][tap]): per block of 8 input channels and output pair, the
+ * two output rows' 8 kernels (8 x taps halves in a row each) give that pair's words of every tap,
+ * so each line of the weights is read once. (Per tap and input channel over the output pairs, as
+ * dx_plain, the reads were 2 C taps halves apart: 4.6 KiB on W3's l4, 8 of the L1 sets, and each
+ * line was fetched again from L2 for every input channel and tap; 5% of that layer's step.) */
+static void dx_words(const layout *lay, const uint16_t *wb, uint32_t *dx) {
+    const layout l = *lay;
+    const int O = l.o, C = l.c, T = l.taps, blocks = (int)(up((size_t)C, ROWS) / ROWS);
+    uint32_t *at[4]; /* each phase's words (stride 2), or all taps' */
+    int ntap[4] = {T, 0, 0, 0}, tap[4][MAX_TAPS];
+    const int phases = l.stride == 2 ? 4 : 1;
+    for (int ph = 0; ph < phases; ph++) {
+        if (l.stride == 2) ntap[ph] = l.ntap[ph];
+        for (int j = 0; j < ntap[ph]; j++) tap[ph][j] = l.stride == 2 ? l.dtap[ph][j] : T - 1 - j;
+        at[ph] = ph ? at[ph - 1] + up((size_t)C, ROWS) * ntap[ph - 1] * l.op : dx;
+    }
+    for (int cb = 0; cb < blocks; cb++)
+        for (int p = 0; p < l.op; p++) {
+            /* rows 2p and 2p + 1 from input channel 8 cb: channel c's taps at (c - 8 cb) T */
+            const uint16_t *lo = wb + ((size_t)2 * p * C + (size_t)cb * ROWS) * T,
+                           *hi = 2 * p + 1 < O ? lo + (size_t)C * T : NULL;
+            for (int ph = 0; ph < phases; ph++)
+                for (int j = 0; j < ntap[ph]; j++) {
+                    uint32_t *out = at[ph] + (((size_t)cb * ntap[ph] + j) * l.op + p) * ROWS;
+                    const int t = tap[ph][j];
+                    for (int r = 0; r < ROWS; r++) {
+                        const bool in = cb * ROWS + r < C;
+                        out[r] = pair_of(in ? lo + (size_t)r * T + t : NULL,
+                                         in && hi ? hi + (size_t)r * T + t : NULL);
+                    }
+                }
+        }
+}
+
+/* dx_words' words as they were made before, per tap and input channel over the output pairs:
+ * the reference that test_bf16_pack compares dx_words with (cf__conv_bf16_dx_words). */
+static void dx_plain(const layout *lay, const uint16_t *wb, uint32_t *dx) {
+    const layout l = *lay;
+    const int O = l.o, C = l.c, T = l.taps;
+#define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
+    if (l.stride == 2) {
+        for (int ph = 0; ph < 4; ph++) {
+            for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+                for (int j = 0; j < l.ntap[ph]; j++)
+                    for (int p = 0; p < l.op; p++) {
+                        const bool in = c < C;
+                        const int t = l.dtap[ph][j];
+                        dx[(((size_t)(c / ROWS) * l.ntap[ph] + j) * l.op + p) * ROWS + c % ROWS] =
+                            pair_of(in ? W(2 * p, c, t) : NULL,
+                                    in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
+                    }
+            dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
+        }
+        return;
+    }
+    for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < l.op; p++) {
+                const bool in = c < C;
+                const int tf = T - 1 - t;
+                dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
+                    in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
+            }
+#undef W
+}
+
+/* Words of dx's part of a pack (before the level orders them). */
+static size_t dx_part_words(const layout *l) {
+    return up((size_t)l->c, ROWS) * l->taps * l->op;
+}
+
+/* For test_bf16_pack: dx's words of the bf16 weights wb ([out][in][tap]) made by the pack's loop
+ * (plain: false) or by the reference (true) into dx (cf__conv_bf16_dx_words_size words). */
+size_t cf__conv_bf16_dx_words_size(const cf_conv_geom *g, int out_channels);
+size_t cf__conv_bf16_dx_words_size(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    return dx_part_words(&l);
+}
+void cf__conv_bf16_dx_words(const cf_conv_geom *g, int out_channels, const uint16_t *wb,
+                            uint32_t *dx, bool plain);
+void cf__conv_bf16_dx_words(const cf_conv_geom *g, int out_channels, const uint16_t *wb,
+                            uint32_t *dx, bool plain) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    (plain ? dx_plain : dx_words)(&l, wb, dx);
+}
+
 /* The pack's two orders from its bf16 weights, for the active level, and its stamp. */
 static void pack_from_bf16(const layout *lay, float *packed) {
     const layout l = *lay;
@@ -454,7 +544,6 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     const int O = l.o, C = l.c, T = l.taps;
     uint32_t *order_tmp = stamp_at(&l, packed) - order_words(&l);
     stamp_make(&l, stamp_at(&l, packed));
-#define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
     /* forward: [row block][tap][input pair][8 output channels], a row's taps read in order
      * (once per forward pass: a loop without branches per word) */
     for (int o = 0; o < (int)up((size_t)O, ROWS); o++) {
@@ -470,34 +559,16 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     }
     if (l.cols) cols_fill(fwd, T, l.cp, O, pack_cols(&l, packed));
     level_order(fwd, T, l.cp, O, order_tmp);
-    if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
+    dx_words(&l, wb, dx);
+    if (l.stride == 2) { /* each phase's block, ordered on its own */
         for (int ph = 0; ph < 4; ph++) {
-            for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
-                for (int j = 0; j < l.ntap[ph]; j++)
-                    for (int p = 0; p < l.op; p++) {
-                        const bool in = c < C;
-                        const int t = l.dtap[ph][j];
-                        dx[(((size_t)(c / ROWS) * l.ntap[ph] + j) * l.op + p) * ROWS + c % ROWS] =
-                            pair_of(in ? W(2 * p, c, t) : NULL,
-                                    in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
-                    }
             level_order(dx, l.ntap[ph], l.op, C, order_tmp);
             dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
         }
         return;
     }
-    /* dx: [row block][tap][output pair][8 input channels], the taps reversed */
-    for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
-        for (int t = 0; t < T; t++)
-            for (int p = 0; p < l.op; p++) {
-                const bool in = c < C;
-                const int tf = T - 1 - t;
-                dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
-                    in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
-            }
     if (l.dcols) cols_fill(dx, T, l.op, C, pack_dcols(&l, packed));
     level_order(dx, T, l.op, C, order_tmp);
-#undef W
 }
 
 /* Words of the forward's and dx's scratch: the pair planes, then the output rows (fp32). */
