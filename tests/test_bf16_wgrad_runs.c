@@ -262,10 +262,11 @@ static void test_layers(void **state) {
     check_layer(3, 4, 1, 1, 5, 3, 1, 0);
 }
 
-/* rows_short and deal_short write rows' and deal's words (bitwise, and no word outside the rows:
- * the rest keeps its fill) for rows of every width up to 70 (two short rows a vector, vector
- * tails, 32 values at a time), 1 to 5 rows (an odd last row), deal with and without o, on rows
- * with special values and rows of ordinary ones (the conversion instruction's own path). */
+/* rows_short and deal_short write rows' and deal's words, and even_rows deal's even ones
+ * (bitwise, and no word outside the rows: the rest keeps its fill) for rows of every width up to 70
+ * (two short rows a vector, vector tails, 32 values at a time), 1 to 5 rows (an odd last row), deal
+ * with and without o, on rows with special values and rows of ordinary ones (the conversion
+ * instruction's own path). */
 static void test_short_conversions(void **state) {
     (void)state;
     if (!make_tables()) return;
@@ -286,6 +287,17 @@ static void test_short_conversions(void **state) {
                 k->rows_short(src, h, w, b, LD);
                 if (memcmp(a, b, sizeof a) != 0)
                     fail_msg("rows_short: %d rows of %d (plane %d) differ from rows'", h, w, from);
+            }
+            /* even_rows: deal's even values of rows of 2 w - 1 (h of them, two a vector where
+             * w <= 16), both planes */
+            for (int from = 0; from < 2 && from + h <= H; from++) {
+                const float *src = x + from * LDX;
+                memset(a, 0xa5, sizeof a);
+                memset(b, 0xa5, sizeof b);
+                k->deal(src, LDX, h, 2 * w - 1, a, NULL, LD);
+                k->even_rows(src, LDX, h, w, b, LD);
+                if (memcmp(a, b, sizeof a) != 0)
+                    fail_msg("even_rows: %d rows of %d (plane %d) differ from deal's", h, w, from);
             }
             for (int with_o = 0; with_o < 2; with_o++) {
                 memset(a, 0xa5, sizeof a);

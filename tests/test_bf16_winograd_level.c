@@ -305,6 +305,27 @@ static void check_words(int c, int k, bool staged) {
     static const float cancel[3] = {16777216.0f, 1.0f, -16777216.0f};
     for (size_t kernel = 0; kernel < (size_t)k * c; kernel += 5)
         for (int t = 0; t < 9; t++) wt[kernel * 9 + t] = kernel % 2 ? cancel[t / 3] : cancel[t % 3];
+    /* values the rounding treats apart (wino_pack_a rounds on vcvtne2ps2bf16, which reads a
+     * subnormal as zero, and takes cf__bf16_round_lanes where a vector holds one): kernels of
+     * subnormals (their transforms subnormal too), one NaN tap, one infinite tap (one special
+     * a kernel, so that no two NaNs meet and the payload cannot depend on the order of operands) */
+    for (size_t kernel = 3; kernel < (size_t)k * c; kernel += 11) {
+        float *kt = wt + kernel * 9;
+        switch (kernel % 4) {
+        case 0:
+            for (int t = 0; t < 9; t++) kt[t] = (float)(t - 4) * 1e-39f;
+            break;
+        case 1:
+            kt[kernel % 9] = NAN;
+            break;
+        case 2:
+            kt[kernel % 9] = kernel % 8 < 4 ? INFINITY : -INFINITY;
+            break;
+        default:
+            kt[kernel % 9] = 3e-39f;
+            break; /* one subnormal among normal taps */
+        }
+    }
     for (int dx = 0; dx < 2; dx++) {
         const int rows = dx ? c : k, cols = dx ? k : c;
         const size_t bound = (size_t)(rows + 15) / 16 * 16 * (size_t)((cols + 1) / 2),

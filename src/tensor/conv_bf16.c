@@ -126,6 +126,27 @@ static const uint32_t *shortcut_dx_pack(const cf_conv_shortcut *sc, int c) {
     return (const uint32_t *)sc->w + up((size_t)sc->out_channels, ROWS) * (((size_t)c + 1) / 2);
 }
 
+/* The level's conversions into pair planes and rows on its conversion instructions where it
+ * has them (fwd_pairs_rows, fwd_deal_pairs, rows_short: vcvtne2ps2bf16, with the rounding in
+ * integer operations for a vector that holds a subnormal), else the plain ones: bitwise the same
+ * words (test_bf16_cols, test_bf16_wgrad_runs), in about a third of the instructions. */
+typedef void (*pairs_rows_fn)(const float *, const float *, int, int, uint32_t *, size_t);
+typedef void (*deal_pairs_fn)(const float *, const float *, size_t, int, int, uint32_t *,
+                              uint32_t *, size_t);
+typedef void (*rows_fn)(const float *, int, int, uint16_t *, size_t);
+
+static pairs_rows_fn pairs_rows_of(const cf_bf16_kernels *k) {
+    return k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
+}
+
+static deal_pairs_fn deal_pairs_of(const cf_bf16_kernels *k) {
+    return k->fwd_deal_pairs ? k->fwd_deal_pairs : k->deal_pairs;
+}
+
+static rows_fn rows_of(const cf_bf16_kernels *k) {
+    return k->rows_short ? k->rows_short : k->rows;
+}
+
 /* Whether a layer's output planes are so small that the padded-stride positions waste much of the
  * kernels' work, so that its taps are better gathered (compact): at stride 1 the kernels compute
  * oh x wp positions per image, rounded up to 16 (resnet18's 4 x 4 stage at 128 px: 32 for 16
@@ -425,6 +446,96 @@ cf_status cf_conv_bf16_repack(const cf_conv_geom *g, int out_channels, float *pa
     return CF_OK;
 }
 
+/* dx's words before the level orders them, [row block of 8 inputs][tap][output pair][8]: per
+ * phase at stride 2 (its taps, the phases one after the other), else every tap reversed. In the
+ * order the bf16 weights lie ([out][in][tap]): per block of 8 input channels and output pair, the
+ * two output rows' 8 kernels (8 x taps halves in a row each) give that pair's words of every tap,
+ * so each line of the weights is read once. (Per tap and input channel over the output pairs, as
+ * dx_plain, the reads were 2 C taps halves apart: 4.6 KiB on W3's l4, 8 of the L1 sets, and each
+ * line was fetched again from L2 for every input channel and tap; 5% of that layer's step.) */
+static void dx_words(const layout *lay, const uint16_t *wb, uint32_t *dx) {
+    const layout l = *lay;
+    const int O = l.o, C = l.c, T = l.taps, blocks = (int)(up((size_t)C, ROWS) / ROWS);
+    uint32_t *at[4]; /* each phase's words (stride 2), or all taps' */
+    int ntap[4] = {T, 0, 0, 0}, tap[4][MAX_TAPS];
+    const int phases = l.stride == 2 ? 4 : 1;
+    for (int ph = 0; ph < phases; ph++) {
+        if (l.stride == 2) ntap[ph] = l.ntap[ph];
+        for (int j = 0; j < ntap[ph]; j++) tap[ph][j] = l.stride == 2 ? l.dtap[ph][j] : T - 1 - j;
+        at[ph] = ph ? at[ph - 1] + up((size_t)C, ROWS) * ntap[ph - 1] * l.op : dx;
+    }
+    for (int cb = 0; cb < blocks; cb++)
+        for (int p = 0; p < l.op; p++) {
+            /* rows 2p and 2p + 1 from input channel 8 cb: channel c's taps at (c - 8 cb) T */
+            const uint16_t *lo = wb + ((size_t)2 * p * C + (size_t)cb * ROWS) * T,
+                           *hi = 2 * p + 1 < O ? lo + (size_t)C * T : NULL;
+            for (int ph = 0; ph < phases; ph++)
+                for (int j = 0; j < ntap[ph]; j++) {
+                    uint32_t *out = at[ph] + (((size_t)cb * ntap[ph] + j) * l.op + p) * ROWS;
+                    const int t = tap[ph][j];
+                    for (int r = 0; r < ROWS; r++) {
+                        const bool in = cb * ROWS + r < C;
+                        out[r] = pair_of(in ? lo + (size_t)r * T + t : NULL,
+                                         in && hi ? hi + (size_t)r * T + t : NULL);
+                    }
+                }
+        }
+}
+
+/* dx_words' words as they were made before, per tap and input channel over the output pairs:
+ * the reference that test_bf16_pack compares dx_words with (cf__conv_bf16_dx_words). */
+static void dx_plain(const layout *lay, const uint16_t *wb, uint32_t *dx) {
+    const layout l = *lay;
+    const int O = l.o, C = l.c, T = l.taps;
+#define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
+    if (l.stride == 2) {
+        for (int ph = 0; ph < 4; ph++) {
+            for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+                for (int j = 0; j < l.ntap[ph]; j++)
+                    for (int p = 0; p < l.op; p++) {
+                        const bool in = c < C;
+                        const int t = l.dtap[ph][j];
+                        dx[(((size_t)(c / ROWS) * l.ntap[ph] + j) * l.op + p) * ROWS + c % ROWS] =
+                            pair_of(in ? W(2 * p, c, t) : NULL,
+                                    in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
+                    }
+            dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
+        }
+        return;
+    }
+    for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < l.op; p++) {
+                const bool in = c < C;
+                const int tf = T - 1 - t;
+                dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
+                    in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
+            }
+#undef W
+}
+
+/* Words of dx's part of a pack (before the level orders them). */
+static size_t dx_part_words(const layout *l) {
+    return up((size_t)l->c, ROWS) * l->taps * l->op;
+}
+
+/* For test_bf16_pack: dx's words of the bf16 weights wb ([out][in][tap]) made by the pack's loop
+ * (plain: false) or by the reference (true) into dx (cf__conv_bf16_dx_words_size words). */
+size_t cf__conv_bf16_dx_words_size(const cf_conv_geom *g, int out_channels);
+size_t cf__conv_bf16_dx_words_size(const cf_conv_geom *g, int out_channels) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    return dx_part_words(&l);
+}
+void cf__conv_bf16_dx_words(const cf_conv_geom *g, int out_channels, const uint16_t *wb,
+                            uint32_t *dx, bool plain);
+void cf__conv_bf16_dx_words(const cf_conv_geom *g, int out_channels, const uint16_t *wb,
+                            uint32_t *dx, bool plain) {
+    layout l;
+    layout_make(&l, g, out_channels);
+    (plain ? dx_plain : dx_words)(&l, wb, dx);
+}
+
 /* The pack's two orders from its bf16 weights, for the active level, and its stamp. */
 static void pack_from_bf16(const layout *lay, float *packed) {
     const layout l = *lay;
@@ -433,7 +544,6 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     const int O = l.o, C = l.c, T = l.taps;
     uint32_t *order_tmp = stamp_at(&l, packed) - order_words(&l);
     stamp_make(&l, stamp_at(&l, packed));
-#define W(o, c, t) (&wb[((size_t)(o)*C + (c)) * T + (t)])
     /* forward: [row block][tap][input pair][8 output channels], a row's taps read in order
      * (once per forward pass: a loop without branches per word) */
     for (int o = 0; o < (int)up((size_t)O, ROWS); o++) {
@@ -449,34 +559,16 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     }
     if (l.cols) cols_fill(fwd, T, l.cp, O, pack_cols(&l, packed));
     level_order(fwd, T, l.cp, O, order_tmp);
-    if (l.stride == 2) { /* dx: per phase, [row block][its taps][output pair][8 inputs] */
+    dx_words(&l, wb, dx);
+    if (l.stride == 2) { /* each phase's block, ordered on its own */
         for (int ph = 0; ph < 4; ph++) {
-            for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
-                for (int j = 0; j < l.ntap[ph]; j++)
-                    for (int p = 0; p < l.op; p++) {
-                        const bool in = c < C;
-                        const int t = l.dtap[ph][j];
-                        dx[(((size_t)(c / ROWS) * l.ntap[ph] + j) * l.op + p) * ROWS + c % ROWS] =
-                            pair_of(in ? W(2 * p, c, t) : NULL,
-                                    in && 2 * p + 1 < O ? W(2 * p + 1, c, t) : NULL);
-                    }
             level_order(dx, l.ntap[ph], l.op, C, order_tmp);
             dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
         }
         return;
     }
-    /* dx: [row block][tap][output pair][8 input channels], the taps reversed */
-    for (int c = 0; c < (int)up((size_t)C, ROWS); c++)
-        for (int t = 0; t < T; t++)
-            for (int p = 0; p < l.op; p++) {
-                const bool in = c < C;
-                const int tf = T - 1 - t;
-                dx[(((size_t)(c / ROWS) * T + t) * l.op + p) * ROWS + c % ROWS] = pair_of(
-                    in ? W(2 * p, c, tf) : NULL, in && 2 * p + 1 < O ? W(2 * p + 1, c, tf) : NULL);
-            }
     if (l.dcols) cols_fill(dx, T, l.op, C, pack_dcols(&l, packed));
     level_order(dx, T, l.op, C, order_tmp);
-#undef W
 }
 
 /* Words of the forward's and dx's scratch: the pair planes, then the output rows (fp32). */
@@ -619,13 +711,13 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
             const float *hi = 2 * p + 1 < ch ? lo + (size_t)g->h * g->w : NULL;
             uint32_t *plane = xp + (size_t)p * l->plane;
             if (l->sub) { /* the even columns of the even rows */
-                k->deal_pairs(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
-                              (size_t)l->wq);
+                deal_pairs_of(k)(lo, hi, (size_t)2 * g->w, g->oh, 2 * g->ow - 1, plane, NULL,
+                                 (size_t)l->wq);
                 continue;
             }
             if (l->stride == 1) {
-                k->pairs_rows(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
-                              (size_t)l->wp);
+                pairs_rows_of(k)(lo, hi, g->h, g->w, plane + (size_t)l->pad * l->wp + l->pad,
+                                 (size_t)l->wp);
                 continue;
             }
             /* stride 2: the rows' even and odd padded columns to their phase planes, the
@@ -635,8 +727,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                 uint32_t *row = plane + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq,
                          *e, *o;
                 DEAL_DEST(l->pad, row, phase_words, e, o);
-                k->deal_pairs(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
-                              (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
+                deal_pairs_of(k)(lo + (size_t)i0 * g->w, hi ? hi + (size_t)i0 * g->w : NULL,
+                                 (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
             }
         }
         k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
@@ -702,8 +794,9 @@ static void run_compact(const layout *l, const cf_conv_geom *g, int ch, int rows
             for (int p = 0; p < pairs; p++) {
                 const float *lo = x + (size_t)2 * p * in_plane,
                             *hi = 2 * p + 1 < ch ? lo + in_plane : NULL;
-                k->pairs_rows(lo, hi, g->h, g->w,
-                              xp + (size_t)p * hw + (size_t)l->pad * l->wp + l->pad, (size_t)l->wp);
+                pairs_rows_of(k)(lo, hi, g->h, g->w,
+                                 xp + (size_t)p * hw + (size_t)l->pad * l->wp + l->pad,
+                                 (size_t)l->wp);
             }
             for (int t = 0; t < l->taps; t++) {
                 const int ki = t / l->k, kj = t % l->k;
@@ -756,17 +849,17 @@ static void wgrad_compact(const layout *l, const cf_conv_geom *g, const float *d
             const float *xn = x + (size_t)(n0 + b) * in_n;
             for (int c = 0; c < C; c++) {
                 uint16_t *pc = xpad + (size_t)c * hw;
-                k->rows(xn + (size_t)c * plane, g->h, g->w, pc + (size_t)l->pad * l->wp + l->pad,
-                        (size_t)l->wp);
+                rows_of(k)(xn + (size_t)c * plane, g->h, g->w, pc + (size_t)l->pad * l->wp + l->pad,
+                           (size_t)l->wp);
                 for (int t = 0; t < l->taps; t++)
                     gather_halves(pc + (size_t)(t / l->k) * l->wp + t % l->k, (size_t)l->wp, s,
                                   g->oh, g->ow,
                                   xc + (size_t)c * l->lxc + (size_t)t * Q + (size_t)b * l->ppi);
             }
-            k->rows(dy + (size_t)(n0 + b) * out_n, O, ohw, dyb + (size_t)b * l->ppi, (size_t)Q);
+            rows_of(k)(dy + (size_t)(n0 + b) * out_n, O, ohw, dyb + (size_t)b * l->ppi, (size_t)Q);
             if (sc)
-                k->rows(sc->dy + (size_t)(n0 + b) * sc->out_channels * ohw, sc->out_channels, ohw,
-                        dys + (size_t)b * l->ppi, (size_t)Q);
+                rows_of(k)(sc->dy + (size_t)(n0 + b) * sc->out_channels * ohw, sc->out_channels,
+                           ohw, dys + (size_t)b * l->ppi, (size_t)Q);
         }
         /* X0: the gathered rows' position pairs transposed (X1 is not read: every tap starts
          * on an even position) */
@@ -822,8 +915,8 @@ static void dx_compact2(const layout *l, const cf_conv_geom *g, const uint32_t *
             for (int p = 0; p < pairs; p++) {
                 const float *lo = dyn + (size_t)2 * p * ohw,
                             *hi = 2 * p + 1 < l->o ? lo + ohw : NULL;
-                k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * dplane + (size_t)P * wd + P,
-                              (size_t)wd);
+                pairs_rows_of(k)(lo, hi, g->oh, g->ow, dp + (size_t)p * dplane + (size_t)P * wd + P,
+                                 (size_t)wd);
             }
             for (int ph = 0; ph < 4; ph++)
                 for (int j = 0; j < l->ntap[ph]; j++) {
@@ -849,7 +942,7 @@ static void dx_compact2(const layout *l, const cf_conv_geom *g, const uint32_t *
                 for (int p = 0; p < spairs; p++) {
                     const float *lo = dys + (size_t)2 * p * ohw,
                                 *hi = 2 * p + 1 < so ? lo + ohw : NULL;
-                    k->pairs_rows(lo, hi, 1, ohw, sdp + (size_t)p * Q + (size_t)i * ohw, 0);
+                    pairs_rows_of(k)(lo, hi, 1, ohw, sdp + (size_t)p * Q + (size_t)i * ohw, 0);
                 }
             }
             k->conv_run(1, &zero, spairs, C, shortcut_dx_pack(sc, C), sdp, (size_t)Q, Q, sout,
@@ -1141,8 +1234,8 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
-            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->planed + (size_t)P * l->wd + P,
-                          (size_t)l->wd);
+            pairs_rows_of(k)(lo, hi, g->oh, g->ow,
+                             dp + (size_t)p * l->planed + (size_t)P * l->wd + P, (size_t)l->wd);
         }
         const uint32_t *pk = packed;
         for (int ph = 0; ph < 4; ph++) {
@@ -1159,7 +1252,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             for (int p = 0; p < spairs && !sdyrows; p++) {
                 const float *lo = dys + (size_t)2 * p * plane,
                             *hi = 2 * p + 1 < so ? lo + plane : NULL;
-                k->pairs_rows(lo, hi, g->oh, g->ow, sdp + (size_t)p * l->planed, (size_t)l->wd);
+                pairs_rows_of(k)(lo, hi, g->oh, g->ow, sdp + (size_t)p * l->planed, (size_t)l->wd);
             }
             k->conv_run(1, &szero, spairs, C, shortcut_dx_pack(sc, C), sdp, l->planed, l->nqd, sout,
                         (size_t)l->nqd);
@@ -1215,7 +1308,7 @@ static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t
         for (int p = 0; p < pairs && !dyrows; p++) {
             const float *lo = dyn + (size_t)2 * p * plane,
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
-            k->pairs_rows(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
+            pairs_rows_of(k)(lo, hi, g->oh, g->ow, dp + (size_t)p * l->plane, (size_t)g->ow);
         }
         k->conv_run(1, &off0, pairs, C, packed, dp, l->plane, l->nq, out, (size_t)l->nq);
         float *dxn = dx + (size_t)n * in_n;

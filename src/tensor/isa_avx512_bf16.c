@@ -269,29 +269,64 @@ static void gemm_unpack_a(int m, int k, const uint32_t *ap, float *a, int lda) {
     }
 }
 
+/* vfpclassps: a subnormal lane */
+#define SUBNORMAL_LANES 0x20
+
+static inline bool any_subnormal(__m512 a, __m512 b) {
+    return __builtin_expect((_mm512_fpclass_ps_mask(a, SUBNORMAL_LANES) |
+                             _mm512_fpclass_ps_mask(b, SUBNORMAL_LANES)) != 0,
+                            0);
+}
+
+/* The words bf16(lo[i]) | bf16(hi[i]) << 16 (cf__bf16_round_lanes' values) on vcvtne2ps2bf16,
+ * which rounds to nearest even and makes a NaN quiet alike but reads a subnormal as zero: a pair
+ * of vectors that holds one takes cf__bf16_round_lanes. */
+static inline __m512i ne_pairs(__m512 lo, __m512 hi) {
+    if (any_subnormal(lo, hi))
+        return _mm512_or_si512(cf__bf16_round_lanes(lo),
+                               _mm512_slli_epi32(cf__bf16_round_lanes(hi), 16));
+    /* lo's 16 words in the low half, hi's in the high half, then interleaved */
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(zip, both);
+}
+
+/* Every third value of the 48 in a, b, c from the s-th (lane i: value 3 i + s), s = 0, 1, 2:
+ * values below 32 from a and b (vpermt2ps), the rest from c (vpermps merged into those lanes:
+ * the index's low 4 bits are 3 i + s - 32 there). */
+static inline void deal3(__m512 a, __m512 b, __m512 c, __m512 out[3]) {
+    const __m512i idx0 =
+        _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i idx1 = _mm512_add_epi32(idx0, one), idx2 = _mm512_add_epi32(idx1, one);
+    /* the lanes whose value is 32 or more: i >= 11, 11, 10 */
+    out[0] = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(a, idx0, b), 0xf800, idx0, c);
+    out[1] = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(a, idx1, b), 0xf800, idx1, c);
+    out[2] = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(a, idx2, b), 0xfc00, idx2, c);
+}
+
 /* The Winograd F(2x2, 3x3) weight transform U = G g G^T (winograd.c's weight_transform: the same
  * operations in the same order) of the 16 kernels side by side at k (kernel l's tap t at
  * k[9 l + t], or at k[9 l + 8 - t] when flipped), lanes l < n, the others zero: u[xi], one
- * vector per point. The 144 taps are loaded in a row and dealt out to the taps with permutes
- * (gathering them took 1.5 times as long). */
+ * vector per point. The 144 taps are loaded in a row (zero from 9 n on) and dealt out to the
+ * taps in two rounds of every third value (deal3): value e = 9 l + t is 3 f + t % 3 with
+ * f = 3 l + t / 3, so the first round splits the values by t % 3 (each as f in order) and the
+ * second splits those by t / 3. 36 permutes (gathering the taps took 1.5 times as long as the
+ * 117 permutes, compares and blends of one vpermt2ps per vector pair, which this replaces). */
 static inline void wino_weights16(const float *k, bool flip, int n, __m512 u[16]) {
-    const __mmask16 m = lanes_below(n);
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 g[9], v[10];
+    __m512 v[9], f[3][3], g[9];
     for (int i = 0; i < 9; i++)
         v[i] = _mm512_maskz_loadu_ps(lanes_below(9 * n - 16 * i), k + 16 * i);
-    v[9] = _mm512_setzero_ps();
-    const __m512i nine = _mm512_mullo_epi32(lane, _mm512_set1_epi32(9));
-    for (int t = 0; t < 9; t++) {
-        /* tap t of kernel l is value e = 9 l + t, in the pair of vectors e / 32 (permutex2var
-         * reads e's low 5 bits) */
-        const __m512i e = _mm512_add_epi32(nine, _mm512_set1_epi32(flip ? 8 - t : t));
-        const __m512i pair = _mm512_srli_epi32(e, 5);
-        __m512 r = _mm512_permutex2var_ps(v[0], e, v[1]);
-        for (int p = 1; p < 5; p++)
-            r = _mm512_mask_mov_ps(r, _mm512_cmpeq_epi32_mask(pair, _mm512_set1_epi32(p)),
-                                   _mm512_permutex2var_ps(v[2 * p], e, v[2 * p + 1]));
-        g[t] = _mm512_maskz_mov_ps(m, r);
+    for (int c = 0; c < 3; c++) { /* f[s][c]: values 48 c + 3 i + s */
+        __m512 d[3];
+        deal3(v[3 * c], v[3 * c + 1], v[3 * c + 2], d);
+        for (int s = 0; s < 3; s++) f[s][c] = d[s];
+    }
+    for (int s = 0; s < 3; s++) { /* taps t = 3 r + s: f's value 3 l + r */
+        __m512 d[3];
+        deal3(f[s][0], f[s][1], f[s][2], d);
+        for (int r = 0; r < 3; r++) g[flip ? 8 - (3 * r + s) : 3 * r + s] = d[r];
     }
     const __m512 half = _mm512_set1_ps(0.5f);
     __m512 a[4][3]; /* G g: rows g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2 */
@@ -311,38 +346,60 @@ static inline void wino_weights16(const float *k, bool flip, int n, __m512 u[16]
     }
 }
 
+/* Column pairs of wino_pack_a's words gathered in a buffer before they are copied out */
+#define WINO_QB 8
+
 /* Rows [r0, r0 + 16) (r0 a multiple of 16) of the 16 Winograd points' weight matrices (m x k;
  * the kernel of row r0 + i, column j at w + 9 i + j js: each column's 16 side by side),
- * transformed and packed into point
- * xi's packed A at ap + xi * point_words: per pair of columns, the 16 rows' words (the two columns
- * rounded and paired) stored in their two row blocks. Bitwise gemm_pack_a on the fp32 matrices
- * (the same values, rounded the same way; rows past m and the high half past k zero). */
+ * transformed and packed into point xi's packed A at ap + xi * point_words: per pair of columns,
+ * the 16 rows' words (the two columns rounded and paired, ne_pairs) of their two row blocks.
+ * Bitwise gemm_pack_a on the fp32 matrices (the same values, rounded the same way; rows past m
+ * and the high half past k zero).
+ * The words of WINO_QB column pairs go to a buffer (8 KiB, in L1) and then out, a point's row
+ * block at a time, WINO_QB x 32 bytes in a row: stored straight (32 bytes per point and block
+ * per column pair), the 32 rows of lines written at once are point_words apart, a multiple of
+ * 4 KiB for the large layers (512 KiB for 512 x 512 channels), so they share the caches' sets and
+ * each half-written line was evicted and fetched again before its second half came (the stores
+ * took 2/3 of the kernel on 512 x 512 channels). */
 static void wino_pack_a(const float *w, size_t js, bool flip, int m, int k, int r0, uint32_t *ap,
                         size_t point_words) {
     const int row_blocks = (m + MR - 1) / MR, pairs = (k + 1) / 2, n = m - r0 < 16 ? m - r0 : 16;
     const int blocks = n > MR ? 2 : 1; /* the row blocks of these rows that exist */
     const float *wr = w;               /* row r0 */
+    uint32_t buf[16][2][WINO_QB * MR] __attribute__((aligned(64)));
     for (int q0 = 0; q0 < pairs; q0 += KC2) {
         const int nq = pairs - q0 < KC2 ? pairs - q0 : KC2;
         const size_t base = (size_t)row_blocks * MR * q0 + (size_t)(r0 / MR) * MR * nq;
-        for (int q = 0; q < nq; q++) {
-            const int j = 2 * (q0 + q);
-            __m512 lo[16], hi[16];
-            wino_weights16(wr + (size_t)j * js, flip, n, lo);
-            if (j + 1 < k)
-                wino_weights16(wr + (size_t)(j + 1) * js, flip, n, hi);
-            else
-                for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
-            for (int xi = 0; xi < 16; xi++) {
-                const __m512i word =
-                    _mm512_or_si512(cf__bf16_round_lanes(lo[xi]),
-                                    _mm512_slli_epi32(cf__bf16_round_lanes(hi[xi]), 16));
-                uint32_t *out = ap + (size_t)xi * point_words + base + (size_t)q * MR;
-                _mm256_storeu_si256((__m256i *)out, _mm512_castsi512_si256(word));
-                if (blocks == 2)
-                    _mm256_storeu_si256((__m256i *)(out + (size_t)MR * nq),
-                                        _mm512_extracti64x4_epi64(word, 1));
+        for (int qb = 0; qb < nq; qb += WINO_QB) {
+            const int nb = nq - qb < WINO_QB ? nq - qb : WINO_QB;
+            for (int q = qb; q < qb + nb; q++) {
+                const int j = 2 * (q0 + q);
+                __m512 lo[16], hi[16];
+                wino_weights16(wr + (size_t)j * js, flip, n, lo);
+                if (j + 1 < k)
+                    wino_weights16(wr + (size_t)(j + 1) * js, flip, n, hi);
+                else
+                    for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
+                for (int xi = 0; xi < 16; xi++) {
+                    const __m512i word = ne_pairs(lo[xi], hi[xi]);
+                    _mm256_store_si256((__m256i *)&buf[xi][0][(q - qb) * MR],
+                                       _mm512_castsi512_si256(word));
+                    _mm256_store_si256((__m256i *)&buf[xi][1][(q - qb) * MR],
+                                       _mm512_extracti64x4_epi64(word, 1));
+                }
             }
+            const int words = nb * MR; /* a multiple of 8 */
+            for (int xi = 0; xi < 16; xi++)
+                for (int bl = 0; bl < blocks; bl++) {
+                    uint32_t *out = ap + (size_t)xi * point_words + base + (size_t)bl * MR * nq +
+                                    (size_t)qb * MR;
+                    int i = 0;
+                    for (; i + 16 <= words; i += 16)
+                        _mm512_storeu_si512(out + i, _mm512_load_si512(&buf[xi][bl][i]));
+                    if (i < words)
+                        _mm256_storeu_si256((__m256i *)(out + i),
+                                            _mm256_load_si256((const __m256i *)&buf[xi][bl][i]));
+                }
         }
     }
 }
@@ -637,14 +694,6 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
  * and makes a NaN quiet as cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector
  * pair that holds one (vfpclassps) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and
  * bf16_deal_pairs' words (test_bf16_cols), in about a quarter of the instructions. */
-#define SUBNORMAL_LANES 0x20
-
-static inline bool any_subnormal(__m512 a, __m512 b) {
-    return __builtin_expect((_mm512_fpclass_ps_mask(a, SUBNORMAL_LANES) |
-                             _mm512_fpclass_ps_mask(b, SUBNORMAL_LANES)) != 0,
-                            0);
-}
-
 /* The 32 values a then b as bf16 words, in order. */
 static inline __m512i ne_words(__m512 a, __m512 b) {
     if (any_subnormal(a, b))
@@ -881,16 +930,45 @@ static void bf16_conv_wgrad_runs(int taps, const int *half, const unsigned char 
 }
 
 /* y[i * ldy + j] = bf16(x[i * ldx + 2 j]) for i < h, j < n: the even values of h rows (a 1x1
- * stride-2 layer's subsampled image), picked before they are rounded, 16 per rounding. */
+ * stride-2 layer's subsampled image), picked before they are rounded, 32 per vcvtne2ps2bf16
+ * (ne_words: bitwise cf__bf16_round_lanes' words). Rows of at most 16 even values (W3's
+ * downsamples: 16, 8 and 4) go two at a time, the first row's words in the low half and the
+ * second's in the high half. */
 static void bf16_even_rows(const float *x, size_t ldx, int h, int n, uint16_t *y, size_t ldy) {
     const __m512i idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    if (n <= 16) {
+        /* the values from x[0] to the last even one, x[2 n - 2] */
+        const __mmask16 m0 = lanes_below(2 * n - 1), m1 = lanes_below(2 * n - 17),
+                        out = lanes_below(n);
+        int i = 0;
+        for (; i + 2 <= h; i += 2, x += 2 * ldx, y += 2 * ldy) {
+            const __m512 e0 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, x), idx,
+                                                     _mm512_maskz_loadu_ps(m1, x + 16)),
+                         e1 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, x + ldx), idx,
+                                                     _mm512_maskz_loadu_ps(m1, x + ldx + 16));
+            const __m512i v = ne_words(e0, e1);
+            _mm256_mask_storeu_epi16(y, out, _mm512_castsi512_si256(v));
+            _mm256_mask_storeu_epi16(y + ldy, out, _mm512_extracti64x4_epi64(v, 1));
+        }
+        if (i < h) {
+            const __m512 e0 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, x), idx,
+                                                     _mm512_maskz_loadu_ps(m1, x + 16));
+            _mm256_mask_storeu_epi16(y, out,
+                                     _mm512_castsi512_si256(ne_words(e0, _mm512_setzero_ps())));
+        }
+        return;
+    }
     for (int i = 0; i < h; i++, x += ldx, y += ldy)
-        for (int j = 0; j < n; j += 16) {
+        for (int j = 0; j < n; j += 32) {
             const int left = 2 * (n - j) - 1; /* values from x[2j] to the last even one */
-            const __m512 a = _mm512_maskz_loadu_ps(lanes_below(left), x + 2 * j),
-                         b = _mm512_maskz_loadu_ps(lanes_below(left - 16), x + 2 * j + 16);
-            _mm512_mask_cvtepi32_storeu_epi16(
-                y + j, lanes_below(n - j), cf__bf16_round_lanes(_mm512_permutex2var_ps(a, idx, b)));
+            const float *at = x + 2 * j;
+            const __m512 e0 =
+                _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lanes_below(left), at), idx,
+                                       _mm512_maskz_loadu_ps(lanes_below(left - 16), at + 16));
+            const __m512 e1 =
+                _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lanes_below(left - 32), at + 32), idx,
+                                       _mm512_maskz_loadu_ps(lanes_below(left - 48), at + 48));
+            _mm512_mask_storeu_epi16(y + j, words_below(n - j), ne_words(e0, e1));
         }
 }
 

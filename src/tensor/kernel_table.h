@@ -291,8 +291,8 @@ typedef struct cf_bf16_kernels {
                       int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
                       const void *next, size_t next_bytes);
     /* NULL: none (then pairs_rows and deal_pairs). The same words as pairs_rows and deal_pairs
-     * (bitwise), faster where the level has conversion instructions: the forward's input pairs
-     * (forward_cols). */
+     * (bitwise), faster where the level has conversion instructions: wherever conv_bf16.c makes
+     * pair planes (the forward's input pairs, dx's dy pairs). */
     void (*fwd_pairs_rows)(const float *lo, const float *hi, int h, int w, uint32_t *out,
                            size_t ldo);
     void (*fwd_deal_pairs)(const float *lo, const float *hi, size_t ldx, int h, int n, uint32_t *e,
