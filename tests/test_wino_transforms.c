@@ -226,6 +226,35 @@ static void fill_specials(float *x, size_t n, unsigned seed, uint32_t nan) {
     }
 }
 
+/* x (n floats) for the AVX512_BF16 level's stores without a subnormal test (where no input of
+ * a window or vector is 0 < |x| < 2^-100): uniform values, zeros, the values of fill_specials
+ * that are neither subnormal nor under 2^-100 (ties, the largest float, -0, infinities or the
+ * NaN `nan`), values at the limit (2^-100 itself and just above, whose differences are normal:
+ * 2^-123), and in the first `tiny_upto` values only, every third value a normal under 2^-100
+ * (2^-126 and a few last places above it, of both signs, and just under 2^-100): their
+ * differences are subnormal, which the conversion instruction would flush to zero. Windows
+ * without those take the plain stores, windows with them the tested ones. */
+static void fill_rare_tiny(float *x, size_t n, unsigned seed, uint32_t nan, size_t tiny_upto) {
+    uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x80000000u, 0x0d800000u,
+                           0x0d800001u, 0x8d800003u, 0x7f800000u, 0xff800000u};
+    static const uint32_t tiny[] = {0x00800000u, 0x00800003u, 0x80800001u, 0x0080ffffu,
+                                    0x0d7fffffu};
+    enum { N_SPECIALS = sizeof specials / sizeof specials[0], N_TINY = sizeof tiny / 4 };
+    if (nan) specials[N_SPECIALS - 2] = specials[N_SPECIALS - 1] = nan;
+    fill_uniform(x, n, seed, -2, 2);
+    uint32_t r = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        const uint32_t pick = r >> 24;
+        if (i < tiny_upto && i % 3 == 0)
+            memcpy(&x[i], &tiny[(r >> 8) % N_TINY], 4);
+        else if (pick < 100)
+            x[i] = 0.0f;
+        else if (pick < 140)
+            memcpy(&x[i], &specials[(r >> 8) % N_SPECIALS], 4);
+    }
+}
+
 /* bf16(lo) | bf16(hi) << 16 as cf_fp32_to_bf16 rounds (hi NULL: 0) */
 static uint32_t pair_word(const float *lo, const float *hi) {
     uint16_t a, b = 0;
@@ -361,8 +390,8 @@ static void test_dy_pairs_nchw(void **state) {
         {5, 20, 4, 4, 0, 0},   {2, 9, 7, 7, 0, 0},    {1, 33, 15, 15, 1, 3}, {2, 18, 9, 260, 1, 3},
         {1, 5, 3, 132, 0, 0},  {2, 31, 12, 24, 2, 3}, {3, 1, 4, 8, 0, 0},    {1, 48, 64, 64, 5, 6}};
     static const uint32_t nans[] = {0, 0x7fc00001u, 0xffa00000u};
-    for (size_t vi = 0; vi < 3 * sizeof cases / sizeof cases[0]; vi++) {
-        const size_t ci = vi / 3;
+    for (size_t vi = 0; vi < 4 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 4;
         const int n_images = cases[ci][0], K = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int tw = (w + 1) / 2, ty0 = cases[ci][4];
         const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0, tiles = n_images * th * tw;
@@ -372,7 +401,11 @@ static void test_dy_pairs_nchw(void **state) {
         float *dy = malloc(nx * sizeof(float)), *dyt = malloc(n_images * plane * K * sizeof(float));
         uint32_t *got = malloc(16 * q_xi * sizeof(uint32_t));
         uint32_t *want = malloc(16 * q_xi * sizeof(uint32_t));
-        fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        /* the last variant: values under 2^-100 in image 0 only (or in none) */
+        if (vi % 4 == 3)
+            fill_rare_tiny(dy, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? dy_image : 0);
+        else
+            fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 4]);
         for (int n = 0; n < n_images; n++)
             for (int k = 0; k < K; k++)
                 for (size_t p = 0; p < plane; p++)
