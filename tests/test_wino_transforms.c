@@ -14,8 +14,10 @@
  *               infinities, ties) against `input` and dy_nhwc rounded after
  *   direct      input_pairs and input_bf16 on planes of 32k columns and of 4, 8 and 16 columns
  *               (the AVX512_BF16 level's transforms from the image's rows, no split; the short
- *               planes' vectors across tile rows and images) against `input` rounded after
+ *               planes' vectors across tile rows and images, their stores without the subnormal
+ *               test where the inputs allow) against `input` rounded after
  *   dy_pairs_nchw  dy_pairs from dy as the layer holds it against dy_pairs on a pixel-major copy
+ *               (its stores without the subnormal test where a window's inputs allow)
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -469,8 +471,8 @@ static void test_bf16_direct(void **state) {
                                    {2, 2, 6, 12, 1, 2},
                                    {3, 3, 4, 2, 0, 0}};
     static const uint32_t nans[] = {0, 0x7fc00001u};
-    for (size_t vi = 0; vi < 2 * sizeof cases / sizeof cases[0]; vi++) {
-        const size_t ci = vi / 2;
+    for (size_t vi = 0; vi < 3 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 3;
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int tw = (w + 1) / 2, ty0 = cases[ci][4];
         const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0;
@@ -480,8 +482,14 @@ static void test_bf16_direct(void **state) {
         const size_t plane = (size_t)h * w, nx = (size_t)n_images * ch * plane;
         float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
         float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
-        fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 2]);
-        if (vi % 4 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
+        /* the third variant: normals under 2^-100 (whose differences are subnormal) in image 0
+         * only, or none (the AVX512_BF16 level's short planes store the vectors of tiles whose
+         * patch rows hold none without the subnormal test) */
+        if (vi % 3 == 2)
+            fill_rare_tiny(x, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? (size_t)ch * plane : 0);
+        else
+            fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        if (vi % 6 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
         wk->input(x, ch, h, w, n_images, ch * plane, ty0, th, v, v_xi, ldv, pad);
         /* the planes the level takes directly: rows of 16k tiles, and of 8, 4 and 2 */
         const bool taken = direct && (tw % 16 == 0 || w == 16 || w == 8 || w == 4);

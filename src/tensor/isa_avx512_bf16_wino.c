@@ -66,6 +66,58 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
 #define WINO_SHORT_ROW_COST 224 /* isa_avx512.c's */
 #include "tensor/winograd_loops.h"
 
+/* ---- the pair stores without a subnormal test per vector -----------------------------------
+ *
+ * pairs_of tests both vectors for subnormal lanes (which vcvtne2ps2bf16 reads as zero) before
+ * every store: two vfpclassps, a mask or and a branch for 16 words. The transforms' values are
+ * sums and differences (no products) of the layer's values and +0. A finite value that is 0 or
+ * at least 2^-103 in magnitude is a multiple of 2^-126, and so is every sum or difference of two
+ * such: the exact result is one; under 2^-102 in magnitude it has at most 24 significant bits
+ * and is the float result, and a float of 2^-102 or more has its last place at 2^-125 or above.
+ * A nonzero multiple of 2^-126 is normal, so no value computed from such inputs is subnormal
+ * (infinities and NaNs give infinities and NaNs). Where the inputs of a window (dy_pairs_nchw:
+ * checked as they are loaded for the transposition) or of a vector of tiles (short_input: its
+ * patch rows, in registers) hold no value with 0 < |x| < 2^-100, the words are stored with
+ * pairs_plain or vcvtneps2bf16 alone, which then make pairs_of's and wino_store_bf16's words;
+ * elsewhere every vector is tested as before (test_wino_transforms: inputs of 2^-126 .. 2^-100
+ * whose differences are subnormal, and subnormal inputs). A separate pass over the rows that a
+ * call or a plane reads, before the 32k-column planes' direct transforms, cost more than it
+ * saved (perf: 0.18 -> 0.20 of the products' samples for all the input transforms): those keep
+ * the test per vector. */
+enum { TINY_BITS = 0x0d800000 }; /* 2^-100 */
+
+/* acc lane by lane the smaller with 2 |v| - 1 (v's bits without the sign, then 1 less): after
+ * all the inputs, some lane is under 2 TINY_BITS - 1 iff one was 0 < |x| < 2^-100 (0 gives
+ * 2^32 - 1; infinities and NaNs are above) */
+static inline __m512i tiny_acc(__m512i acc, __m512 v) {
+    return _mm512_min_epu32(
+        acc, _mm512_sub_epi32(_mm512_slli_epi32(_mm512_castps_si512(v), 1), _mm512_set1_epi32(1)));
+}
+
+static inline bool tiny_any(__m512i acc) {
+    return _mm512_cmplt_epu32_mask(acc, _mm512_set1_epi32(2 * TINY_BITS - 1)) != 0;
+}
+
+/* the first n words bf16(lo) | bf16(hi) << 16 at p; plain: no subnormal can be among them */
+static inline __attribute__((always_inline)) void store_pairs_as(uint32_t *p, int n, bool plain,
+                                                                 __m512 lo, __m512 hi) {
+    cf__store_words(p, n, plain ? pairs_plain(lo, hi) : pairs_of(lo, hi));
+}
+
+/* the first n values bf16(v) at p; plain: no subnormal can be among them */
+static inline __attribute__((always_inline)) void store_bf16_as(uint16_t *p, int n, bool plain,
+                                                                __m512 v) {
+    if (!plain) {
+        wino_store_bf16(p, n, v);
+        return;
+    }
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    if (n >= 16)
+        _mm256_storeu_si256((__m256i *)p, h);
+    else
+        _mm256_mask_storeu_epi16(p, (__mmask16)((1u << n) - 1u), h);
+}
+
 /* ---- input_pairs and input_bf16 straight from the image, on planes of 32k columns ----------
  *
  * loops_wino_input_pairs and _input_bf16 split each plane into its tiles' four patch columns
@@ -264,6 +316,33 @@ static inline __attribute__((always_inline)) void short_rows_of(int h, int w, in
     }
 }
 
+/* whether a vector's patch rows p hold a value 0 < |x| < 2^-100 (tiny_acc) */
+static inline __attribute__((always_inline)) __m512i short_tiny(__m512i acc, __m512 p[4][2]) {
+    for (int a = 0; a < 4; a++)
+        for (int k = 0; k < 2; k++) acc = tiny_acc(acc, p[a][k]);
+    return acc;
+}
+
+/* V's 16 points of a vector of tiles from its patch rows, stored: bf16 values at out (pb NULL),
+ * else pairs with pb's channel (two: pb holds one) */
+static inline __attribute__((always_inline)) void short_stores(__m512 pa[4][2], __m512 pb[4][2],
+                                                               bool two, int w, void *out,
+                                                               size_t v_xi, int left, bool plain) {
+    for (int i = 0; i < 4; i++) {
+        __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                             _mm512_setzero_ps()};
+        short_points(pa, w, i, a);
+        if (!pb) {
+            for (int k = 0; k < 4; k++)
+                store_bf16_as((uint16_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k]);
+            continue;
+        }
+        if (two) short_points(pb, w, i, b);
+        for (int k = 0; k < 4; k++)
+            store_pairs_as((uint32_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k], b[k]);
+    }
+}
+
 static inline __attribute__((always_inline)) void short_input(const float *x, int channels, int h,
                                                               int w, int n_images, size_t x_image,
                                                               int ty0, int th, void *v, size_t v_xi,
@@ -288,29 +367,22 @@ static inline __attribute__((always_inline)) void short_input(const float *x, in
                 const int left = tiles - t0 < 16 ? tiles - t0 : 16;
                 __m512 pa[4][2], pb[4][2];
                 short_load(x0, &s[u], w, pa);
+                __m512i tiny = short_tiny(_mm512_set1_epi32(-1), pa);
+                void *out;
                 if (!pairs) {
-                    uint16_t *out = (uint16_t *)v + (size_t)c * ldv + t0;
-                    for (int i = 0; i < 4; i++) {
-                        __m512 a[4];
-                        short_points(pa, w, i, a);
-                        for (int k = 0; k < 4; k++)
-                            wino_store_bf16(out + (size_t)(4 * i + k) * v_xi, left, a[k]);
-                    }
-                    continue;
+                    out = (uint16_t *)v + (size_t)c * ldv + t0;
+                } else {
+                    if (two) {
+                        short_load(x1, &s[u], w, pb);
+                        tiny = short_tiny(tiny, pb);
+                    } else /* channel c + 1 past the call's: its half of the words is +0 */
+                        for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
+                    out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
                 }
-                if (two)
-                    short_load(x1, &s[u], w, pb);
-                else /* channel c + 1 past the call's: its half of the words is +0 */
-                    for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
-                uint32_t *out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
-                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    short_points(pa, w, i, a);
-                    if (two) short_points(pb, w, i, b);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi, left, a[k], b[k]);
-                }
+                if (tiny_any(tiny))
+                    short_stores(pa, pairs ? pb : NULL, two, w, out, v_xi, left, false);
+                else
+                    short_stores(pa, pairs ? pb : NULL, two, w, out, v_xi, left, true);
             }
         }
     }
@@ -538,39 +610,6 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
         r[4 + c] = _mm512_shuffle_f32x4(w0, w1, 0x88);
         r[12 + c] = _mm512_shuffle_f32x4(w0, w1, 0xdd);
     }
-}
-
-/* ---- the pair stores without a subnormal test per vector -----------------------------------
- *
- * pairs_of tests both vectors for subnormal lanes (which vcvtne2ps2bf16 reads as zero) before
- * every store: two vfpclassps, a mask or and a branch for 16 words. The transforms' values are
- * sums and differences (no products) of the layer's values and +0. A finite value that is 0 or
- * at least 2^-103 in magnitude is a multiple of 2^-126, and so is every sum or difference of two
- * such: the exact result is one; under 2^-102 in magnitude it has at most 24 significant bits
- * and is the float result, and a float of 2^-102 or more has its last place at 2^-125 or above.
- * A nonzero multiple of 2^-126 is normal, so no value computed from such inputs is subnormal
- * (infinities and NaNs give infinities and NaNs). Where a window's inputs hold no value with
- * 0 < |x| < 2^-100, its words are stored with pairs_plain, which then makes pairs_of's words;
- * elsewhere pairs_of tests every vector as before (test_wino_transforms: inputs of 2^-126 ..
- * 2^-100 whose differences are subnormal, and subnormal inputs). */
-enum { TINY_BITS = 0x0d800000 }; /* 2^-100 */
-
-/* acc lane by lane the smaller with 2 |v| - 1 (v's bits without the sign, then 1 less): after
- * all the inputs, some lane is under 2 TINY_BITS - 1 iff one was 0 < |x| < 2^-100 (0 gives
- * 2^32 - 1; infinities and NaNs are above) */
-static inline __m512i tiny_acc(__m512i acc, __m512 v) {
-    return _mm512_min_epu32(
-        acc, _mm512_sub_epi32(_mm512_slli_epi32(_mm512_castps_si512(v), 1), _mm512_set1_epi32(1)));
-}
-
-static inline bool tiny_any(__m512i acc) {
-    return _mm512_cmplt_epu32_mask(acc, _mm512_set1_epi32(2 * TINY_BITS - 1)) != 0;
-}
-
-/* the first n words bf16(lo) | bf16(hi) << 16 at p; plain: no subnormal can be among them */
-static inline __attribute__((always_inline)) void store_pairs_as(uint32_t *p, int n, bool plain,
-                                                                 __m512 lo, __m512 hi) {
-    cf__store_words(p, n, plain ? pairs_plain(lo, hi) : pairs_of(lo, hi));
 }
 
 /* n pixels (up to 16) from src of the nk channels (plane floats apart) into buf, pixel-major
