@@ -162,12 +162,38 @@ static inline __m512 row_sum(const float *p, int h, int w, int ty, int i, int c0
     }
 }
 
-/* V's points 4i .. 4i + 3 of the 16 tiles from 16 j in tile row ty of plane p (w = 32 k) */
+/* The patch rows 2ty - 1 .. 2ty + 2 of the 16 tiles from 16 j in tile row ty of plane p: r[a][0]
+ * and r[a][1], columns c0 .. c0 + 31 (c0 = 32 j; +0 for rows outside the image), loaded once for
+ * the four row sums; into *tiny (tiny_acc) with the lanes before and after them that the row
+ * sums also read (columns c0 - 1 and c0 + 32, where in the plane) */
 static inline __attribute__((always_inline)) void
-direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4]) {
+direct_load(const float *p, int h, int w, int ty, int j, __m512 r[4][2], __m512i *tiny) {
+    const int c0 = 32 * j, r0 = 2 * ty - 1;
+    __m512i acc = *tiny;
+    for (int a = 0; a < 4; a++) {
+        r[a][0] = row_lanes(p, h, w, r0 + a, c0, 0xffff);
+        r[a][1] = row_lanes(p, h, w, r0 + a, c0 + 16, 0xffff);
+        acc = tiny_acc(tiny_acc(acc, r[a][0]), r[a][1]);
+        if (c0 > 0) acc = tiny_acc(acc, row_lanes(p, h, w, r0 + a, c0 - 16, 0x8000));
+        if (c0 + 32 < w) acc = tiny_acc(acc, row_lanes(p, h, w, r0 + a, c0 + 32, 0x0001));
+    }
+    *tiny = acc;
+}
+
+/* row_sum i of the loaded patch rows r, half k */
+static inline __attribute__((always_inline)) __m512 loaded_sum(__m512 r[4][2], int i, int k) {
+    return i == 0   ? _mm512_sub_ps(r[0][k], r[2][k])
+           : i == 1 ? _mm512_add_ps(r[1][k], r[2][k])
+           : i == 2 ? _mm512_sub_ps(r[2][k], r[1][k])
+                    : _mm512_sub_ps(r[1][k], r[3][k]);
+}
+
+/* V's points 4i .. 4i + 3 of the 16 tiles from 16 j in tile row ty of plane p (w = 32 k), from
+ * their patch rows r (direct_load; the lanes before and after them loaded here) */
+static inline __attribute__((always_inline)) void
+direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 r[4][2], __m512 out[4]) {
     const int c0 = 32 * j;
-    const __m512 lo = row_sum(p, h, w, ty, i, c0, 0xffff);
-    const __m512 hi = row_sum(p, h, w, ty, i, c0 + 16, 0xffff);
+    const __m512 lo = loaded_sum(r, i, 0), hi = loaded_sum(r, i, 1);
     /* R[c0 - 1] in lane 15 and R[c0 + 32] in lane 0 (+0 outside the plane) */
     const __m512 before = c0 > 0 ? row_sum(p, h, w, ty, i, c0 - 16, 0x8000) : _mm512_setzero_ps();
     const __m512 after =
@@ -185,20 +211,54 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
     out[3] = _mm512_sub_ps(ev, col3);
 }
 
+/* V's 16 points of a vector of tiles (tile row ty, columns from 32 j) of the planes p0 and p1
+ * (pairs; two: p1 is the call's, else +0) from their loaded patch rows ra and rb, stored at out:
+ * pairs, or bf16 values of p0 (p1 NULL); plain: no subnormal can be among them */
+static inline __attribute__((always_inline)) void
+direct_emit(const float *p0, const float *p1, bool two, int h, int w, int ty, int j,
+            __m512 ra[4][2], __m512 rb[4][2], void *out, size_t v_xi, int left, bool plain) {
+    for (int i = 0; i < 4; i++) {
+        __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                             _mm512_setzero_ps()};
+        direct_points(p0, h, w, ty, j, i, ra, a);
+        if (!p1) {
+            for (int k = 0; k < 4; k++)
+                store_bf16_as((uint16_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k]);
+            continue;
+        }
+        if (two) direct_points(p1, h, w, ty, j, i, rb, b);
+        for (int k = 0; k < 4; k++)
+            store_pairs_as((uint32_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k], b[k]);
+    }
+}
+
+/* The vector of tiles from t0 of one plane's band (p0, and p1 for pairs) as direct_emit stores
+ * it: the patch rows loaded once and checked, so that the stores go without the subnormal test
+ * where they allow */
+static inline __attribute__((always_inline)) void direct_stores(const float *p0, const float *p1,
+                                                                bool two, int h, int w, int ty0,
+                                                                int t0, void *out, size_t v_xi,
+                                                                int left) {
+    const int tw = w / 2, ty = ty0 + t0 / tw, j = t0 % tw / 16;
+    __m512 ra[4][2], rb[4][2];
+    __m512i tiny = _mm512_set1_epi32(-1);
+    direct_load(p0, h, w, ty, j, ra, &tiny);
+    if (two)
+        direct_load(p1, h, w, ty, j, rb, &tiny);
+    else /* not read */
+        for (int a = 0; a < 4; a++) rb[a][0] = rb[a][1] = _mm512_setzero_ps();
+    if (tiny_any(tiny))
+        direct_emit(p0, p1, two, h, w, ty, j, ra, rb, out, v_xi, left, false);
+    else
+        direct_emit(p0, p1, two, h, w, ty, j, ra, rb, out, v_xi, left, true);
+}
+
 /* Planes the direct transforms take: rows of whole vectors of tiles. Rows of 2, 4 and 8 tiles
  * (4 x 4 to 16 x 16 planes) take short_input below; a first form of it with masked loads at lane
  * g w (one plane's band a vector, in this branch's history) measured slower than the split on
  * Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward / backward). */
 static bool direct_fits(int w) {
     return w >= 32 && w % 32 == 0;
-}
-
-/* V's points 4i .. 4i + 3 of the vector of tiles from t0 (a multiple of 16) of one plane's band
- * of tile rows from ty0 */
-static inline __attribute__((always_inline)) void
-direct_vector(const float *p, int h, int w, int ty0, int t0, int i, __m512 out[4]) {
-    const int tw = w / 2;
-    direct_points(p, h, w, ty0 + t0 / tw, t0 % tw / 16, i, out);
 }
 
 /* The band's rows of the next plane into the caches, as wino_split_plane does: the hardware
@@ -434,17 +494,9 @@ static void input_pairs(const float *x, int channels, int h, int w, int n_images
             direct_prefetch(next, h, w, ty0, th);
             if (next && c + 3 < channels) direct_prefetch(next + plane, h, w, ty0, th);
             uint32_t *out = v + (size_t)(c / 2) * ldv + (size_t)n * tiles;
-            for (int t0 = 0; t0 < tiles; t0 += 16) {
-                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
-                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    direct_vector(p0, h, w, ty0, t0, i, a);
-                    if (two) direct_vector(p1, h, w, ty0, t0, i, b);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k], b[k]);
-                }
-            }
+            for (int t0 = 0; t0 < tiles; t0 += 16)
+                direct_stores(p0, p1, two, h, w, ty0, t0, out + t0, v_xi,
+                              tiles - t0 < 16 ? tiles - t0 : 16);
         }
 }
 
@@ -468,15 +520,9 @@ static void input_bf16(const float *x, int channels, int h, int w, int n_images,
                                                    : NULL;
             direct_prefetch(next, h, w, ty0, th);
             uint16_t *out = v + (size_t)c * ldv + (size_t)n * tiles;
-            for (int t0 = 0; t0 < tiles; t0 += 16) {
-                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4];
-                    direct_vector(p, h, w, ty0, t0, i, a);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_bf16(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k]);
-                }
-            }
+            for (int t0 = 0; t0 < tiles; t0 += 16)
+                direct_stores(p, NULL, false, h, w, ty0, t0, out + t0, v_xi,
+                              tiles - t0 < 16 ? tiles - t0 : 16);
         }
 }
 
