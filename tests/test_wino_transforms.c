@@ -14,8 +14,10 @@
  *               infinities, ties) against `input` and dy_nhwc rounded after
  *   direct      input_pairs and input_bf16 on planes of 32k columns and of 4, 8 and 16 columns
  *               (the AVX512_BF16 level's transforms from the image's rows, no split; the short
- *               planes' vectors across tile rows and images) against `input` rounded after
+ *               planes' vectors across tile rows and images, their stores without the subnormal
+ *               test where the inputs allow) against `input` rounded after
  *   dy_pairs_nchw  dy_pairs from dy as the layer holds it against dy_pairs on a pixel-major copy
+ *               (its stores without the subnormal test where a window's inputs allow)
  *   gemm_rows   A as rows of pairs against the same A packed (gemm_pack_a, gemm_paired): partial
  *               row blocks, partial panels, odd k, several k-blocks
  *
@@ -226,6 +228,35 @@ static void fill_specials(float *x, size_t n, unsigned seed, uint32_t nan) {
     }
 }
 
+/* x (n floats) for the AVX512_BF16 level's stores without a subnormal test (where no input of
+ * a window or vector is 0 < |x| < 2^-100): uniform values, zeros, the values of fill_specials
+ * that are neither subnormal nor under 2^-100 (ties, the largest float, -0, infinities or the
+ * NaN `nan`), values at the limit (2^-100 itself and just above, whose differences are normal:
+ * 2^-123), and in the first `tiny_upto` values only, every third value a normal under 2^-100
+ * (2^-126 and a few last places above it, of both signs, and just under 2^-100): their
+ * differences are subnormal, which the conversion instruction would flush to zero. Windows
+ * without those take the plain stores, windows with them the tested ones. */
+static void fill_rare_tiny(float *x, size_t n, unsigned seed, uint32_t nan, size_t tiny_upto) {
+    uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x80000000u, 0x0d800000u,
+                           0x0d800001u, 0x8d800003u, 0x7f800000u, 0xff800000u};
+    static const uint32_t tiny[] = {0x00800000u, 0x00800003u, 0x80800001u, 0x0080ffffu,
+                                    0x0d7fffffu};
+    enum { N_SPECIALS = sizeof specials / sizeof specials[0], N_TINY = sizeof tiny / 4 };
+    if (nan) specials[N_SPECIALS - 2] = specials[N_SPECIALS - 1] = nan;
+    fill_uniform(x, n, seed, -2, 2);
+    uint32_t r = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        const uint32_t pick = r >> 24;
+        if (i < tiny_upto && i % 3 == 0)
+            memcpy(&x[i], &tiny[(r >> 8) % N_TINY], 4);
+        else if (pick < 100)
+            x[i] = 0.0f;
+        else if (pick < 140)
+            memcpy(&x[i], &specials[(r >> 8) % N_SPECIALS], 4);
+    }
+}
+
 /* bf16(lo) | bf16(hi) << 16 as cf_fp32_to_bf16 rounds (hi NULL: 0) */
 static uint32_t pair_word(const float *lo, const float *hi) {
     uint16_t a, b = 0;
@@ -361,8 +392,8 @@ static void test_dy_pairs_nchw(void **state) {
         {5, 20, 4, 4, 0, 0},   {2, 9, 7, 7, 0, 0},    {1, 33, 15, 15, 1, 3}, {2, 18, 9, 260, 1, 3},
         {1, 5, 3, 132, 0, 0},  {2, 31, 12, 24, 2, 3}, {3, 1, 4, 8, 0, 0},    {1, 48, 64, 64, 5, 6}};
     static const uint32_t nans[] = {0, 0x7fc00001u, 0xffa00000u};
-    for (size_t vi = 0; vi < 3 * sizeof cases / sizeof cases[0]; vi++) {
-        const size_t ci = vi / 3;
+    for (size_t vi = 0; vi < 4 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 4;
         const int n_images = cases[ci][0], K = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int tw = (w + 1) / 2, ty0 = cases[ci][4];
         const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0, tiles = n_images * th * tw;
@@ -372,7 +403,11 @@ static void test_dy_pairs_nchw(void **state) {
         float *dy = malloc(nx * sizeof(float)), *dyt = malloc(n_images * plane * K * sizeof(float));
         uint32_t *got = malloc(16 * q_xi * sizeof(uint32_t));
         uint32_t *want = malloc(16 * q_xi * sizeof(uint32_t));
-        fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        /* the last variant: values under 2^-100 in image 0 only (or in none) */
+        if (vi % 4 == 3)
+            fill_rare_tiny(dy, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? dy_image : 0);
+        else
+            fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 4]);
         for (int n = 0; n < n_images; n++)
             for (int k = 0; k < K; k++)
                 for (size_t p = 0; p < plane; p++)
@@ -436,8 +471,8 @@ static void test_bf16_direct(void **state) {
                                    {2, 2, 6, 12, 1, 2},
                                    {3, 3, 4, 2, 0, 0}};
     static const uint32_t nans[] = {0, 0x7fc00001u};
-    for (size_t vi = 0; vi < 2 * sizeof cases / sizeof cases[0]; vi++) {
-        const size_t ci = vi / 2;
+    for (size_t vi = 0; vi < 3 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 3;
         const int n_images = cases[ci][0], ch = cases[ci][1], h = cases[ci][2], w = cases[ci][3];
         const int tw = (w + 1) / 2, ty0 = cases[ci][4];
         const int th = cases[ci][5] ? cases[ci][5] : (h + 1) / 2 - ty0;
@@ -447,8 +482,14 @@ static void test_bf16_direct(void **state) {
         const size_t plane = (size_t)h * w, nx = (size_t)n_images * ch * plane;
         float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
         float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
-        fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 2]);
-        if (vi % 4 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
+        /* the third variant: normals under 2^-100 (whose differences are subnormal) in image 0
+         * only, or none (the AVX512_BF16 level's short planes store the vectors of tiles whose
+         * patch rows hold none without the subnormal test) */
+        if (vi % 3 == 2)
+            fill_rare_tiny(x, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? (size_t)ch * plane : 0);
+        else
+            fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        if (vi % 6 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
         wk->input(x, ch, h, w, n_images, ch * plane, ty0, th, v, v_xi, ldv, pad);
         /* the planes the level takes directly: rows of 16k tiles, and of 8, 4 and 2 */
         const bool taken = direct && (tw % 16 == 0 || w == 16 || w == 8 || w == 4);
@@ -457,6 +498,42 @@ static void test_bf16_direct(void **state) {
         snprintf(what, sizeof what, "%dx%d, %d images, %d channels, rows %d+%d", h, w, n_images, ch,
                  ty0, th);
         const stores_case sc = {x, v, ch, h, w, n_images, ty0, th, tiles, ldv, call_pad, what};
+        if (wk->input_pairs) check_input_pairs(wk, &sc);
+        if (wk->input_bf16) check_input_bf16(wk, &sc);
+        free(x), free(v), free(pad);
+    }
+}
+
+/* input_pairs and input_bf16 on planes of 64 and 96 columns whose only values under 2^-100
+ * are in one column (31, 32, 63 or 64: the last or first column of a vector of 16 tiles), on
+ * every row, alternately 2^-126 and 1.5 2^-126, so that row sums there are 2^-127 (subnormal,
+ * and not 0 in bf16): the vector of tiles beside the column reads it through its lane before or
+ * after, which its own check must cover (the AVX512_BF16 level's stores without the subnormal
+ * test), against `input` rounded after, bitwise. */
+static void test_bf16_tiny_column(void **state) {
+    (void)state;
+    const cf_wino_kernels *wk = cf_active_kernels->wino;
+    if (!wk || (!wk->input_pairs && !wk->input_bf16)) {
+        printf("kernels %s: no bf16 transforms\n", cf_isa_name(cf_isa_active()));
+        skip();
+    }
+    static const int cases[][2] = {{64, 31}, {64, 32}, {96, 63}, {96, 64}, {96, 32}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n_images = 2, ch = 3, h = 6, w = cases[ci][0], col = cases[ci][1];
+        const int th = h / 2, tiles = n_images * th * (w / 2), ldv = (tiles + 15) / 16 * 16 + 2;
+        const size_t v_xi = (size_t)ch * ldv + 6, plane = (size_t)h * w;
+        const size_t nx = (size_t)n_images * ch * plane;
+        float *x = malloc(nx * sizeof(float)), *v = calloc(16 * v_xi, sizeof(float));
+        float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
+        fill_rare_tiny(x, nx, 900 + (unsigned)ci, 0, 0);
+        for (size_t r = 0; r < nx / w; r++) {
+            const uint32_t bits = r % 2 ? 0x00c00000u : 0x00800000u;
+            memcpy(&x[r * w + col], &bits, 4);
+        }
+        wk->input(x, ch, h, w, n_images, ch * plane, 0, th, v, v_xi, ldv, pad);
+        char what[64];
+        snprintf(what, sizeof what, "%dx%d, tiny column %d", h, w, col);
+        const stores_case sc = {x, v, ch, h, w, n_images, 0, th, tiles, ldv, pad, what};
         if (wk->input_pairs) check_input_pairs(wk, &sc);
         if (wk->input_bf16) check_input_bf16(wk, &sc);
         free(x), free(v), free(pad);
@@ -516,7 +593,7 @@ int main(void) {
         cmocka_unit_test(test_output),        cmocka_unit_test(test_input),
         cmocka_unit_test(test_input_bf16),    cmocka_unit_test(test_bf16_stores),
         cmocka_unit_test(test_gemm_rows),     cmocka_unit_test(test_bf16_direct),
-        cmocka_unit_test(test_dy_pairs_nchw),
+        cmocka_unit_test(test_dy_pairs_nchw), cmocka_unit_test(test_bf16_tiny_column),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,15 @@ static inline unsigned simd_first_lanes(int n) { /* lanes [0, n) of a vector, n 
 /* vfpclassps: a subnormal lane */
 #define SUBNORMAL 0x20
 
+/* The words bf16(lo[i]) | bf16(hi[i]) << 16 where no lane of lo or hi is subnormal. */
+static inline __m512i pairs_plain(__m512 lo, __m512 hi) {
+    /* lo's 16 values in the low half, hi's in the high half, then interleaved */
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(zip, both);
+}
+
 /* The words bf16(lo[i]) | bf16(hi[i]) << 16. */
 static inline __m512i pairs_of(__m512 lo, __m512 hi) {
     if (__builtin_expect(
@@ -35,11 +44,7 @@ static inline __m512i pairs_of(__m512 lo, __m512 hi) {
             0))
         return _mm512_or_si512(cf__bf16_round_lanes(lo),
                                _mm512_slli_epi32(cf__bf16_round_lanes(hi), 16));
-    /* lo's 16 values in the low half, hi's in the high half, then interleaved */
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    return _mm512_permutexvar_epi16(zip, both);
+    return pairs_plain(lo, hi);
 }
 
 static inline void wino_store_pairs(uint32_t *p, int n, __m512 lo, __m512 hi) {
@@ -60,6 +65,58 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
 #define WINO_STORE_BF16(p, n, v) wino_store_bf16(p, n, v)
 #define WINO_SHORT_ROW_COST 224 /* isa_avx512.c's */
 #include "tensor/winograd_loops.h"
+
+/* ---- the pair stores without a subnormal test per vector -----------------------------------
+ *
+ * pairs_of tests both vectors for subnormal lanes (which vcvtne2ps2bf16 reads as zero) before
+ * every store: two vfpclassps, a mask or and a branch for 16 words. The transforms' values are
+ * sums and differences (no products) of the layer's values and +0. A finite value that is 0 or
+ * at least 2^-103 in magnitude is a multiple of 2^-126, and so is every sum or difference of two
+ * such: the exact result is one; under 2^-102 in magnitude it has at most 24 significant bits
+ * and is the float result, and a float of 2^-102 or more has its last place at 2^-125 or above.
+ * A nonzero multiple of 2^-126 is normal, so no value computed from such inputs is subnormal
+ * (infinities and NaNs give infinities and NaNs). Where the inputs of a window (dy_pairs_nchw:
+ * checked as they are loaded for the transposition) or of a vector of tiles (short_input: its
+ * patch rows, in registers) hold no value with 0 < |x| < 2^-100, the words are stored with
+ * pairs_plain or vcvtneps2bf16 alone, which then make pairs_of's and wino_store_bf16's words;
+ * elsewhere every vector is tested as before (test_wino_transforms: inputs of 2^-126 .. 2^-100
+ * whose differences are subnormal, and subnormal inputs). A separate pass over the rows that a
+ * call or a plane reads, before the 32k-column planes' direct transforms, cost more than it
+ * saved (perf: 0.18 -> 0.20 of the products' samples for all the input transforms): those keep
+ * the test per vector. */
+enum { TINY_BITS = 0x0d800000 }; /* 2^-100 */
+
+/* acc lane by lane the smaller with 2 |v| - 1 (v's bits without the sign, then 1 less): after
+ * all the inputs, some lane is under 2 TINY_BITS - 1 iff one was 0 < |x| < 2^-100 (0 gives
+ * 2^32 - 1; infinities and NaNs are above) */
+static inline __m512i tiny_acc(__m512i acc, __m512 v) {
+    return _mm512_min_epu32(
+        acc, _mm512_sub_epi32(_mm512_slli_epi32(_mm512_castps_si512(v), 1), _mm512_set1_epi32(1)));
+}
+
+static inline bool tiny_any(__m512i acc) {
+    return _mm512_cmplt_epu32_mask(acc, _mm512_set1_epi32(2 * TINY_BITS - 1)) != 0;
+}
+
+/* the first n words bf16(lo) | bf16(hi) << 16 at p; plain: no subnormal can be among them */
+static inline __attribute__((always_inline)) void store_pairs_as(uint32_t *p, int n, bool plain,
+                                                                 __m512 lo, __m512 hi) {
+    cf__store_words(p, n, plain ? pairs_plain(lo, hi) : pairs_of(lo, hi));
+}
+
+/* the first n values bf16(v) at p; plain: no subnormal can be among them */
+static inline __attribute__((always_inline)) void store_bf16_as(uint16_t *p, int n, bool plain,
+                                                                __m512 v) {
+    if (!plain) {
+        wino_store_bf16(p, n, v);
+        return;
+    }
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    if (n >= 16)
+        _mm256_storeu_si256((__m256i *)p, h);
+    else
+        _mm256_mask_storeu_epi16(p, (__mmask16)((1u << n) - 1u), h);
+}
 
 /* ---- input_pairs and input_bf16 straight from the image, on planes of 32k columns ----------
  *
@@ -105,12 +162,38 @@ static inline __m512 row_sum(const float *p, int h, int w, int ty, int i, int c0
     }
 }
 
-/* V's points 4i .. 4i + 3 of the 16 tiles from 16 j in tile row ty of plane p (w = 32 k) */
+/* The patch rows 2ty - 1 .. 2ty + 2 of the 16 tiles from 16 j in tile row ty of plane p: r[a][0]
+ * and r[a][1], columns c0 .. c0 + 31 (c0 = 32 j; +0 for rows outside the image), loaded once for
+ * the four row sums; into *tiny (tiny_acc) with the lanes before and after them that the row
+ * sums also read (columns c0 - 1 and c0 + 32, where in the plane) */
 static inline __attribute__((always_inline)) void
-direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4]) {
+direct_load(const float *p, int h, int w, int ty, int j, __m512 r[4][2], __m512i *tiny) {
+    const int c0 = 32 * j, r0 = 2 * ty - 1;
+    __m512i acc = *tiny;
+    for (int a = 0; a < 4; a++) {
+        r[a][0] = row_lanes(p, h, w, r0 + a, c0, 0xffff);
+        r[a][1] = row_lanes(p, h, w, r0 + a, c0 + 16, 0xffff);
+        acc = tiny_acc(tiny_acc(acc, r[a][0]), r[a][1]);
+        if (c0 > 0) acc = tiny_acc(acc, row_lanes(p, h, w, r0 + a, c0 - 16, 0x8000));
+        if (c0 + 32 < w) acc = tiny_acc(acc, row_lanes(p, h, w, r0 + a, c0 + 32, 0x0001));
+    }
+    *tiny = acc;
+}
+
+/* row_sum i of the loaded patch rows r, half k */
+static inline __attribute__((always_inline)) __m512 loaded_sum(__m512 r[4][2], int i, int k) {
+    return i == 0   ? _mm512_sub_ps(r[0][k], r[2][k])
+           : i == 1 ? _mm512_add_ps(r[1][k], r[2][k])
+           : i == 2 ? _mm512_sub_ps(r[2][k], r[1][k])
+                    : _mm512_sub_ps(r[1][k], r[3][k]);
+}
+
+/* V's points 4i .. 4i + 3 of the 16 tiles from 16 j in tile row ty of plane p (w = 32 k), from
+ * their patch rows r (direct_load; the lanes before and after them loaded here) */
+static inline __attribute__((always_inline)) void
+direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 r[4][2], __m512 out[4]) {
     const int c0 = 32 * j;
-    const __m512 lo = row_sum(p, h, w, ty, i, c0, 0xffff);
-    const __m512 hi = row_sum(p, h, w, ty, i, c0 + 16, 0xffff);
+    const __m512 lo = loaded_sum(r, i, 0), hi = loaded_sum(r, i, 1);
     /* R[c0 - 1] in lane 15 and R[c0 + 32] in lane 0 (+0 outside the plane) */
     const __m512 before = c0 > 0 ? row_sum(p, h, w, ty, i, c0 - 16, 0x8000) : _mm512_setzero_ps();
     const __m512 after =
@@ -128,20 +211,54 @@ direct_points(const float *p, int h, int w, int ty, int j, int i, __m512 out[4])
     out[3] = _mm512_sub_ps(ev, col3);
 }
 
+/* V's 16 points of a vector of tiles (tile row ty, columns from 32 j) of the planes p0 and p1
+ * (pairs; two: p1 is the call's, else +0) from their loaded patch rows ra and rb, stored at out:
+ * pairs, or bf16 values of p0 (p1 NULL); plain: no subnormal can be among them */
+static inline __attribute__((always_inline)) void
+direct_emit(const float *p0, const float *p1, bool two, int h, int w, int ty, int j,
+            __m512 ra[4][2], __m512 rb[4][2], void *out, size_t v_xi, int left, bool plain) {
+    for (int i = 0; i < 4; i++) {
+        __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                             _mm512_setzero_ps()};
+        direct_points(p0, h, w, ty, j, i, ra, a);
+        if (!p1) {
+            for (int k = 0; k < 4; k++)
+                store_bf16_as((uint16_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k]);
+            continue;
+        }
+        if (two) direct_points(p1, h, w, ty, j, i, rb, b);
+        for (int k = 0; k < 4; k++)
+            store_pairs_as((uint32_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k], b[k]);
+    }
+}
+
+/* The vector of tiles from t0 of one plane's band (p0, and p1 for pairs) as direct_emit stores
+ * it: the patch rows loaded once and checked, so that the stores go without the subnormal test
+ * where they allow */
+static inline __attribute__((always_inline)) void direct_stores(const float *p0, const float *p1,
+                                                                bool two, int h, int w, int ty0,
+                                                                int t0, void *out, size_t v_xi,
+                                                                int left) {
+    const int tw = w / 2, ty = ty0 + t0 / tw, j = t0 % tw / 16;
+    __m512 ra[4][2], rb[4][2];
+    __m512i tiny = _mm512_set1_epi32(-1);
+    direct_load(p0, h, w, ty, j, ra, &tiny);
+    if (two)
+        direct_load(p1, h, w, ty, j, rb, &tiny);
+    else /* not read */
+        for (int a = 0; a < 4; a++) rb[a][0] = rb[a][1] = _mm512_setzero_ps();
+    if (tiny_any(tiny))
+        direct_emit(p0, p1, two, h, w, ty, j, ra, rb, out, v_xi, left, false);
+    else
+        direct_emit(p0, p1, two, h, w, ty, j, ra, rb, out, v_xi, left, true);
+}
+
 /* Planes the direct transforms take: rows of whole vectors of tiles. Rows of 2, 4 and 8 tiles
  * (4 x 4 to 16 x 16 planes) take short_input below; a first form of it with masked loads at lane
  * g w (one plane's band a vector, in this branch's history) measured slower than the split on
  * Zen 5 (bench_conv's 256 -> 256 8 x 8 layer 7.3 / 19.7 -> 8.7 / 22.6 ms forward / backward). */
 static bool direct_fits(int w) {
     return w >= 32 && w % 32 == 0;
-}
-
-/* V's points 4i .. 4i + 3 of the vector of tiles from t0 (a multiple of 16) of one plane's band
- * of tile rows from ty0 */
-static inline __attribute__((always_inline)) void
-direct_vector(const float *p, int h, int w, int ty0, int t0, int i, __m512 out[4]) {
-    const int tw = w / 2;
-    direct_points(p, h, w, ty0 + t0 / tw, t0 % tw / 16, i, out);
 }
 
 /* The band's rows of the next plane into the caches, as wino_split_plane does: the hardware
@@ -259,6 +376,33 @@ static inline __attribute__((always_inline)) void short_rows_of(int h, int w, in
     }
 }
 
+/* whether a vector's patch rows p hold a value 0 < |x| < 2^-100 (tiny_acc) */
+static inline __attribute__((always_inline)) __m512i short_tiny(__m512i acc, __m512 p[4][2]) {
+    for (int a = 0; a < 4; a++)
+        for (int k = 0; k < 2; k++) acc = tiny_acc(acc, p[a][k]);
+    return acc;
+}
+
+/* V's 16 points of a vector of tiles from its patch rows, stored: bf16 values at out (pb NULL),
+ * else pairs with pb's channel (two: pb holds one) */
+static inline __attribute__((always_inline)) void short_stores(__m512 pa[4][2], __m512 pb[4][2],
+                                                               bool two, int w, void *out,
+                                                               size_t v_xi, int left, bool plain) {
+    for (int i = 0; i < 4; i++) {
+        __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                             _mm512_setzero_ps()};
+        short_points(pa, w, i, a);
+        if (!pb) {
+            for (int k = 0; k < 4; k++)
+                store_bf16_as((uint16_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k]);
+            continue;
+        }
+        if (two) short_points(pb, w, i, b);
+        for (int k = 0; k < 4; k++)
+            store_pairs_as((uint32_t *)out + (size_t)(4 * i + k) * v_xi, left, plain, a[k], b[k]);
+    }
+}
+
 static inline __attribute__((always_inline)) void short_input(const float *x, int channels, int h,
                                                               int w, int n_images, size_t x_image,
                                                               int ty0, int th, void *v, size_t v_xi,
@@ -283,29 +427,22 @@ static inline __attribute__((always_inline)) void short_input(const float *x, in
                 const int left = tiles - t0 < 16 ? tiles - t0 : 16;
                 __m512 pa[4][2], pb[4][2];
                 short_load(x0, &s[u], w, pa);
+                __m512i tiny = short_tiny(_mm512_set1_epi32(-1), pa);
+                void *out;
                 if (!pairs) {
-                    uint16_t *out = (uint16_t *)v + (size_t)c * ldv + t0;
-                    for (int i = 0; i < 4; i++) {
-                        __m512 a[4];
-                        short_points(pa, w, i, a);
-                        for (int k = 0; k < 4; k++)
-                            wino_store_bf16(out + (size_t)(4 * i + k) * v_xi, left, a[k]);
-                    }
-                    continue;
+                    out = (uint16_t *)v + (size_t)c * ldv + t0;
+                } else {
+                    if (two) {
+                        short_load(x1, &s[u], w, pb);
+                        tiny = short_tiny(tiny, pb);
+                    } else /* channel c + 1 past the call's: its half of the words is +0 */
+                        for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
+                    out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
                 }
-                if (two)
-                    short_load(x1, &s[u], w, pb);
-                else /* channel c + 1 past the call's: its half of the words is +0 */
-                    for (int a = 0; a < 4; a++) pb[a][0] = pb[a][1] = _mm512_setzero_ps();
-                uint32_t *out = (uint32_t *)v + (size_t)(c / 2) * ldv + t0;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
-                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    short_points(pa, w, i, a);
-                    if (two) short_points(pb, w, i, b);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi, left, a[k], b[k]);
-                }
+                if (tiny_any(tiny))
+                    short_stores(pa, pairs ? pb : NULL, two, w, out, v_xi, left, false);
+                else
+                    short_stores(pa, pairs ? pb : NULL, two, w, out, v_xi, left, true);
             }
         }
     }
@@ -357,17 +494,9 @@ static void input_pairs(const float *x, int channels, int h, int w, int n_images
             direct_prefetch(next, h, w, ty0, th);
             if (next && c + 3 < channels) direct_prefetch(next + plane, h, w, ty0, th);
             uint32_t *out = v + (size_t)(c / 2) * ldv + (size_t)n * tiles;
-            for (int t0 = 0; t0 < tiles; t0 += 16) {
-                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4], b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
-                                         _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    direct_vector(p0, h, w, ty0, t0, i, a);
-                    if (two) direct_vector(p1, h, w, ty0, t0, i, b);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_pairs(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k], b[k]);
-                }
-            }
+            for (int t0 = 0; t0 < tiles; t0 += 16)
+                direct_stores(p0, p1, two, h, w, ty0, t0, out + t0, v_xi,
+                              tiles - t0 < 16 ? tiles - t0 : 16);
         }
 }
 
@@ -391,15 +520,9 @@ static void input_bf16(const float *x, int channels, int h, int w, int n_images,
                                                    : NULL;
             direct_prefetch(next, h, w, ty0, th);
             uint16_t *out = v + (size_t)c * ldv + (size_t)n * tiles;
-            for (int t0 = 0; t0 < tiles; t0 += 16) {
-                const int left = tiles - t0 < 16 ? tiles - t0 : 16;
-                for (int i = 0; i < 4; i++) {
-                    __m512 a[4];
-                    direct_vector(p, h, w, ty0, t0, i, a);
-                    for (int k = 0; k < 4; k++)
-                        wino_store_bf16(out + (size_t)(4 * i + k) * v_xi + t0, left, a[k]);
-                }
-            }
+            for (int t0 = 0; t0 < tiles; t0 += 16)
+                direct_stores(p, NULL, false, h, w, ty0, t0, out + t0, v_xi,
+                              tiles - t0 < 16 ? tiles - t0 : 16);
         }
 }
 
@@ -536,94 +659,167 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
 }
 
 /* n pixels (up to 16) from src of the nk channels (plane floats apart) into buf, pixel-major
- * (16 floats a pixel, lanes past nk 0) */
+ * (16 floats a pixel, lanes past nk 0); their values into *tiny (tiny_acc) */
 static inline __attribute__((always_inline)) void dy_block(const float *src, size_t plane, int nk,
-                                                           int n, float *buf) {
+                                                           int n, float *buf, __m512i *tiny) {
     const __mmask16 lanes = (__mmask16)simd_first_lanes(n);
     __m512 r[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
         r[i] = _mm512_maskz_loadu_ps(i < nk ? lanes : 0, src + (size_t)(i < nk ? i : 0) * plane);
+    __m512i acc = *tiny;
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) acc = tiny_acc(acc, r[i]);
+    *tiny = acc;
     transpose16(r);
 #pragma GCC unroll 16
     for (int j = 0; j < 16; j++)
         if (j < n) _mm512_store_ps(buf + (size_t)j * 16, r[j]);
 }
 
-/* wino_dy_tile's 16 vectors of the tile whose pixel (0, 0) is at p00 in a window buffer of rows
- * of cw pixels */
-static inline __attribute__((always_inline)) void dy_tile_buf(const float *p00, int cw, bool right,
-                                                              bool down, __m512 z[16]) {
+/* The Mg values of the tile pair whose first tile's pixel (0, 0) is at p00 in a window buffer of
+ * rows of cw pixels (the second's 2 pixels on), as wino_dy_tile computes them (the same
+ * operations on the same values), stored as pairs: out + xi m_xi, nk words. Row i of the 4 x 4
+ * at a time, so that the two tiles' 32 vectors are not all live at once (GCC spilled them). */
+static inline __attribute__((always_inline)) void dy_pair_tiles(const float *p00, int cw,
+                                                                bool right_a, bool right_b,
+                                                                bool down, uint32_t *out,
+                                                                size_t m_xi, int nk, bool plain) {
     const __m512 zero = _mm512_setzero_ps();
-    const __m512 y00 = _mm512_load_ps(p00);
-    const __m512 y01 = right ? _mm512_load_ps(p00 + 16) : zero;
-    const __m512 y10 = down ? _mm512_load_ps(p00 + (size_t)cw * 16) : zero;
-    const __m512 y11 = right && down ? _mm512_load_ps(p00 + (size_t)(cw + 1) * 16) : zero;
-    const __m512 r[4][2] = {{y00, y01},
-                            {_mm512_add_ps(y00, y10), _mm512_add_ps(y01, y11)},
-                            {_mm512_sub_ps(y00, y10), _mm512_sub_ps(y01, y11)},
-                            {_mm512_sub_ps(zero, y10), _mm512_sub_ps(zero, y11)}};
+    __m512 y[2][4]; /* each tile's dY00, dY01, dY10, dY11 */
+    for (int t = 0; t < 2; t++) {
+        const float *p = p00 + 32 * t;
+        const bool right = t ? right_b : right_a;
+        y[t][0] = _mm512_load_ps(p);
+        y[t][1] = right ? _mm512_load_ps(p + 16) : zero;
+        y[t][2] = down ? _mm512_load_ps(p + (size_t)cw * 16) : zero;
+        y[t][3] = right && down ? _mm512_load_ps(p + (size_t)(cw + 1) * 16) : zero;
+    }
     for (int i = 0; i < 4; i++) {
-        z[4 * i] = r[i][0];
-        z[4 * i + 1] = _mm512_add_ps(r[i][0], r[i][1]);
-        z[4 * i + 2] = _mm512_sub_ps(r[i][0], r[i][1]);
-        z[4 * i + 3] = _mm512_sub_ps(zero, r[i][1]);
+        __m512 z[2][4];
+        for (int t = 0; t < 2; t++) {
+            /* A dY's row i: dY0, dY0 + dY1, dY0 - dY1, -dY1; then the same over its columns */
+            const __m512 y0 = y[t][0], y1 = y[t][1], y2 = y[t][2], y3 = y[t][3];
+            const __m512 r0 = i == 0   ? y0
+                              : i == 1 ? _mm512_add_ps(y0, y2)
+                              : i == 2 ? _mm512_sub_ps(y0, y2)
+                                       : _mm512_sub_ps(zero, y2);
+            const __m512 r1 = i == 0   ? y1
+                              : i == 1 ? _mm512_add_ps(y1, y3)
+                              : i == 2 ? _mm512_sub_ps(y1, y3)
+                                       : _mm512_sub_ps(zero, y3);
+            z[t][0] = r0;
+            z[t][1] = _mm512_add_ps(r0, r1);
+            z[t][2] = _mm512_sub_ps(r0, r1);
+            z[t][3] = _mm512_sub_ps(zero, r1);
+        }
+        for (int j = 0; j < 4; j++)
+            store_pairs_as(out + (size_t)(4 * i + j) * m_xi, nk, plain, z[0][j], z[1][j]);
+    }
+}
+
+/* the pairs of a window's chunk of channels [c0, c1) from its transposed pixels in buf (P
+ * pixels a block of 16 channels): nu tile rows from ty, columns [cs, cs + cw) */
+static inline __attribute__((always_inline)) void
+dy_window_pairs(const float *buf, int P, int cw, int cs, int w, int h, int n, int ty, int nu,
+                int ty0, int th, int c0, int c1, int K, uint32_t *m, size_t m_xi, int ldm,
+                bool plain) {
+    const int tw = (w + 1) / 2, tx_end = (cs + cw + 1) / 2;
+    for (int u = 0; u < nu; u++) {
+        const bool down = 2 * (ty + u) + 1 < h;
+        const size_t t_row = ((size_t)n * th + ty + u - ty0) * tw;
+        for (int tx = cs / 2; tx < tx_end; tx += 2) {
+            const size_t at = ((size_t)(2 * u) * cw + 2 * tx - cs) * 16;
+            uint32_t *out = m + (t_row + tx) / 2 * ldm;
+            for (int k0 = c0; k0 < c1; k0 += 16)
+                dy_pair_tiles(buf + (size_t)(k0 - c0) * P + at, cw, 2 * tx + 1 < w, 2 * tx + 3 < w,
+                              down, out + k0, m_xi, K - k0 < 16 ? K - k0 : 16, plain);
+        }
+    }
+}
+
+/* a window of dy_pairs_nchw's walk (image n, columns [cs, cs + cw), nu tile rows from ty: image
+ * rows [r0, r0 + nr)) */
+typedef struct {
+    int n, cs, cw, ty, nu, r0, nr;
+} dy_window;
+
+static inline dy_window dy_window_at(int h, int w, int ty0, int th, int n, int cs, int ty) {
+    dy_window d = {.n = n, .cs = cs, .ty = ty};
+    d.cw = w - cs < DY_WINDOW_COLS ? w - cs : DY_WINDOW_COLS;
+    /* tile rows a window: one, or as many as fill 16 pixels on planes under 8 wide */
+    const int per = d.cw == w && d.cw < 8 ? 8 / d.cw : 1;
+    d.nu = ty0 + th - ty < per ? ty0 + th - ty : per;
+    d.r0 = 2 * ty;
+    d.nr = h - d.r0 < 2 * d.nu ? h - d.r0 : 2 * d.nu;
+    return d;
+}
+
+/* The lines of window d's channels [k0, k0 + nk) into the caches (dy: image 0, channel 0), while
+ * the window before it is transposed: its channels' rows are a plane apart (4 KiB on 32 x 32),
+ * streams the hardware prefetcher did not follow (perf annotate: most of the kernel's samples
+ * were on those loads). */
+static inline void dy_prefetch(const float *dy, size_t dy_image, size_t plane, int w,
+                               const dy_window *d, int k0, int nk) {
+    for (int k = k0; k < k0 + nk; k++) {
+        const float *src = dy + (size_t)d->n * dy_image + (size_t)k * plane;
+        for (int r = 0; r < d->nr; r++) {
+            const float *row = src + (size_t)(d->r0 + r) * w + d->cs;
+            const uintptr_t end = (uintptr_t)(row + d->cw);
+            for (uintptr_t l = (uintptr_t)row & ~(uintptr_t)63; l < end; l += 64)
+                _mm_prefetch((const char *)l, _MM_HINT_T0);
+        }
     }
 }
 
 static void dy_pairs_nchw(const float *dy, size_t dy_image, int channels, int h, int w,
                           int n_images, int ty0, int th, uint32_t *m, size_t m_xi, int ldm) {
-    const int K = channels, tw = (w + 1) / 2;
+    const int K = channels;
     const size_t plane = (size_t)h * w;
     float buf[DY_WINDOW_FLOATS] __attribute__((aligned(64)));
     for (int n = 0; n < n_images; n++)
-        for (int cs = 0; cs < w; cs += DY_WINDOW_COLS) {
-            const int cw = w - cs < DY_WINDOW_COLS ? w - cs : DY_WINDOW_COLS;
-            /* tile rows a window: one, or as many as fill 16 pixels on planes under 8 wide */
-            const int per = cw == w && cw < 8 ? 8 / cw : 1;
-            const int tx_end = (cs + cw + 1) / 2;
-            for (int ty = ty0; ty < ty0 + th; ty += per) {
-                const int nu = ty0 + th - ty < per ? ty0 + th - ty : per;
-                const int r0 = 2 * ty, nr = h - r0 < 2 * nu ? h - r0 : 2 * nu;
+        for (int cs = 0; cs < w; cs += DY_WINDOW_COLS)
+            for (int ty = ty0; ty < ty0 + th;) {
+                const dy_window d = dy_window_at(h, w, ty0, th, n, cs, ty);
+                const int cw = d.cw, nu = d.nu, r0 = d.r0, nr = d.nr;
+                /* the window after this one, prefetched while this one is transposed */
+                const bool more = ty + nu < ty0 + th || cs + DY_WINDOW_COLS < w || n + 1 < n_images;
+                const dy_window next =
+                    ty + nu < ty0 + th ? dy_window_at(h, w, ty0, th, n, cs, ty + nu)
+                    : cs + DY_WINDOW_COLS < w
+                        ? dy_window_at(h, w, ty0, th, n, cs + DY_WINDOW_COLS, ty0)
+                        : dy_window_at(h, w, ty0, th, n + 1, 0, ty0);
                 /* P pixels a block of 16 channels in the buffer; chunks of kc channels */
                 const int P = 2 * nu * cw, kc = DY_WINDOW_FLOATS / 16 / P * 16;
                 for (int c0 = 0; c0 < K; c0 += kc) {
                     const int c1 = K - c0 < kc ? K : c0 + kc;
+                    __m512i tiny = _mm512_set1_epi32(-1);
                     for (int k0 = c0; k0 < c1; k0 += 16) {
                         const int nk = K - k0 < 16 ? K - k0 : 16;
                         const float *src = dy + (size_t)n * dy_image + (size_t)k0 * plane;
                         float *bk = buf + (size_t)(k0 - c0) * P;
+                        if (more) dy_prefetch(dy, dy_image, plane, w, &next, k0, nk);
                         if (cw == w) /* the window's rows are one run of dy */
                             for (int p0 = 0; p0 < nr * w; p0 += 16)
                                 dy_block(src + (size_t)r0 * w + p0, plane, nk,
-                                         nr * w - p0 < 16 ? nr * w - p0 : 16, bk + (size_t)p0 * 16);
+                                         nr * w - p0 < 16 ? nr * w - p0 : 16, bk + (size_t)p0 * 16,
+                                         &tiny);
                         else
                             for (int r = 0; r < nr; r++)
                                 for (int x0 = 0; x0 < cw; x0 += 16)
                                     dy_block(src + (size_t)(r0 + r) * w + cs + x0, plane, nk,
                                              cw - x0 < 16 ? cw - x0 : 16,
-                                             bk + ((size_t)r * cw + x0) * 16);
+                                             bk + ((size_t)r * cw + x0) * 16, &tiny);
                     }
-                    for (int u = 0; u < nu; u++) {
-                        const bool down = 2 * (ty + u) + 1 < h;
-                        const size_t t_row = ((size_t)n * th + ty + u - ty0) * tw;
-                        for (int tx = cs / 2; tx < tx_end; tx += 2) {
-                            const size_t at = ((size_t)(2 * u) * cw + 2 * tx - cs) * 16;
-                            uint32_t *out = m + (t_row + tx) / 2 * ldm;
-                            for (int k0 = c0; k0 < c1; k0 += 16) {
-                                const int nk = K - k0 < 16 ? K - k0 : 16;
-                                const float *p00 = buf + (size_t)(k0 - c0) * P + at;
-                                __m512 a[16], b[16];
-                                dy_tile_buf(p00, cw, 2 * tx + 1 < w, down, a);
-                                dy_tile_buf(p00 + 32, cw, 2 * tx + 3 < w, down, b);
-                                for (int xi = 0; xi < 16; xi++)
-                                    wino_store_pairs(out + xi * m_xi + k0, nk, a[xi], b[xi]);
-                            }
-                        }
-                    }
+                    if (tiny_any(tiny))
+                        dy_window_pairs(buf, P, cw, cs, w, h, n, ty, nu, ty0, th, c0, c1, K, m,
+                                        m_xi, ldm, false);
+                    else
+                        dy_window_pairs(buf, P, cw, cs, w, h, n, ty, nu, ty0, th, c0, c1, K, m,
+                                        m_xi, ldm, true);
                 }
+                ty += nu;
             }
-        }
 }
 
 /* winograd_loops.h's table with the two inputs, the output and dy_pairs_nchw above */
