@@ -11,6 +11,7 @@
  * instructions' own path and the fallback for a vector that holds a subnormal both run. At the
  * amx level (the tile emulation) the same; below avx512_bf16 there is no bf16 convolution and
  * nothing to compare. */
+#include "bf16_layer_fixture.h"
 #include "oracle.h"
 
 #include "corefit/tensor.h"
@@ -78,25 +79,11 @@ static void same(const float *a, const float *b, size_t n, const char *what, con
  */
 static void check_layer(int n, int c, int h, int o, int k, int s, int so, bool want_pairs,
                         bool want_deal, bool want_rows) {
-    cf_conv_geom g, sg;
-    const int pad = k == 1 ? 0 : (k - 1) / 2;
-    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, s, s, pad, pad));
-    assert_true(cf_conv_bf16_supported(&g, o));
-    if (so) {
-        assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
-        assert_true(cf_conv_bf16_pair_fits(&g, o, &sg, so));
-    }
-    const size_t nx = (size_t)n * c * h * h, ny = (size_t)n * o * g.oh * g.ow,
-                 nw = (size_t)o * c * k * k, nsy = (size_t)n * so * g.oh * g.ow,
-                 nsw = (size_t)so * c;
-    float *x = malloc(nx * sizeof(float)), *wt = malloc(nw * sizeof(float)),
-          *dy = malloc(ny * sizeof(float)), *sw = malloc((nsw + 1) * sizeof(float)),
-          *sdy = malloc((nsy + 1) * sizeof(float));
-    fill_uniform(x, nx, 91, -2, 2);
-    fill_uniform(wt, nw, 92, -1, 1);
-    fill_uniform(dy, ny, 93, -1, 1);
-    fill_uniform(sw, nsw + 1, 94, -1, 1);
-    fill_uniform(sdy, nsy + 1, 95, -1, 1);
+    bf16_layer_case t;
+    bf16_layer_case_init(&t, n, c, h, h, o, k, s, so, 91);
+    const cf_conv_geom g = t.g;
+    const size_t nx = t.nx, ny = t.ny, nw = t.nw, nsy = t.nsy, nsw = t.nsw;
+    float *x = t.x, *dy = t.dy, *sdy = t.sdy, *pk = t.pk, *spk = t.spk, *scratch = t.scratch;
     /* special values in the first image's first planes of x and dy (and the shortcut's dy):
      * subnormals take the integer rounding inside the new entries too */
     fill_bf16_specials(x, (size_t)h * h * (c < 3 ? c : 3), 96);
@@ -110,11 +97,6 @@ static void check_layer(int n, int c, int h, int o, int k, int s, int so, bool w
         if (!isfinite(dy[i])) dy[i] = -0.75f;
     for (size_t i = 0; i < nsy; i++)
         if (!isfinite(sdy[i])) sdy[i] = 0.25f;
-    float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float)),
-          *spk = so ? malloc(cf_conv_bf16_packed_floats(&sg, so) * sizeof(float)) : NULL,
-          *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
-    cf_conv_bf16_pack(&g, o, wt, pk);
-    if (so) cf_conv_bf16_pack(&sg, so, sw, spk);
     float *y[2], *sy[2], *dx[2], *dx1[2], *dw[2], *sdw[2];
     for (int i = 0; i < 2; i++) {
         y[i] = malloc(ny * sizeof(float));
@@ -175,7 +157,7 @@ static void check_layer(int n, int c, int h, int o, int k, int s, int so, bool w
     assert_true(largest > 0.5); /* the sums are there */
     for (int i = 0; i < 2; i++)
         free(y[i]), free(sy[i]), free(dx[i]), free(dx1[i]), free(dw[i]), free(sdw[i]);
-    free(x), free(wt), free(dy), free(sw), free(sdy), free(pk), free(spk), free(scratch);
+    bf16_layer_case_free(&t);
 }
 
 /* W3's stride-2 layers on small planes (compact: at least 128 channels each way, at most 64

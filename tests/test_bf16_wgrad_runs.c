@@ -10,6 +10,7 @@
  * (its tiles sum every pair in their own order) has no runs entry and keeps the conversions; below
  * avx512_bf16 there is no bf16 convolution and nothing to compare (test_bf16 runs the fp32 fallback
  * there). */
+#include "bf16_layer_fixture.h"
 #include "oracle.h"
 
 #include "corefit/tensor.h"
@@ -162,31 +163,13 @@ static void test_kernel(void **state) {
  * paired shortcut of so outputs where so > 0) through the counting table and the plain one:
  * cf_conv_bf16_wgrad, _wgrad_with, _backward; bitwise, and the new entries called. */
 static void check_layer(int n, int c, int h, int w, int o, int k, int stride, int so) {
-    cf_conv_geom g, sg;
-    const int pad = k == 1 ? 0 : (k - 1) / 2;
-    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, stride, stride, pad, pad));
-    assert_true(cf_conv_bf16_supported(&g, o));
+    bf16_layer_case t;
+    bf16_layer_case_init(&t, n, c, h, w, o, k, stride, so, 81);
+    const cf_conv_geom g = t.g;
     const bool sub = k == 1;
-    if (so) {
-        assert_true(cf_conv_geom_init(&sg, c, h, w, 1, 1, 2, 2, 0, 0));
-        assert_true(cf_conv_bf16_pair_fits(&g, o, &sg, so));
-    }
-    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * o * g.oh * g.ow,
-                 nw = (size_t)o * c * k * k, nsy = (size_t)n * so * g.oh * g.ow,
-                 nsw = (size_t)so * c;
-    float *x = malloc(nx * sizeof(float)), *wt = malloc(nw * sizeof(float)),
-          *dy = malloc(ny * sizeof(float)), *sw = malloc((nsw + 1) * sizeof(float)),
-          *sdy = malloc((nsy + 1) * sizeof(float));
-    fill_uniform(x, nx, 81, -2, 2);
-    fill_uniform(wt, nw, 82, -1, 1);
-    fill_uniform(dy, ny, 83, -1, 1);
-    fill_uniform(sw, nsw + 1, 84, -1, 1);
-    fill_uniform(sdy, nsy + 1, 85, -1, 1);
-    float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float)),
-          *spk = so ? malloc(cf_conv_bf16_packed_floats(&sg, so) * sizeof(float)) : NULL,
-          *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
-    cf_conv_bf16_pack(&g, o, wt, pk);
-    if (so) cf_conv_bf16_pack(&sg, so, sw, spk);
+    const size_t nx = t.nx, nw = t.nw, nsw = t.nsw;
+    const float *x = t.x, *dy = t.dy, *sdy = t.sdy, *pk = t.pk, *spk = t.spk;
+    float *scratch = t.scratch;
     /* [0]: the new path (counting table), [1]: the old one (plain) */
     float *dw[2], *dx[2], *sdw[2];
     for (int i = 0; i < 2; i++) {
@@ -237,7 +220,7 @@ static void check_layer(int n, int c, int h, int w, int o, int k, int stride, in
         assert_true(largest > 0.5); /* the sums are there */
     }
     for (int i = 0; i < 2; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
-    free(x), free(wt), free(dy), free(sw), free(sdy), free(pk), free(spk), free(scratch);
+    bf16_layer_case_free(&t);
 }
 
 static void test_layers(void **state) {
