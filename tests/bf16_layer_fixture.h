@@ -1,16 +1,39 @@
-/* One bf16 convolution layer's case for the tests that run a layer through two kernel tables
- * and compare bit for bit (test_bf16_ne_paths, test_bf16_wgrad_runs): the geometry (k x k,
- * stride s, pad (k - 1) / 2; k = 1 is the 1x1 stride-2 shortcut alone, unpadded), with a paired
- * 1x1 stride-2 shortcut of so outputs where so > 0; x, the weights, dy and the shortcut's weights
- * and dy filled from seeds seed .. seed + 4; both packs and the scratch. */
+/* For the tests that run bf16 convolution layers through two copies of the kernel table and
+ * compare bit for bit (test_bf16_kept, test_bf16_ne_paths, test_bf16_wgrad_runs): the copies
+ * (bf16_tables_copy), and one layer's case (bf16_layer_case): the geometry (k x k, stride s, pad
+ * (k - 1) / 2; k = 1 is the 1x1 stride-2 shortcut alone, unpadded), with a paired 1x1 stride-2
+ * shortcut of so outputs where so > 0; x, the weights, dy and the shortcut's weights and dy
+ * filled from seeds seed .. seed + 4; both packs and the scratch. */
 #ifndef CF_TESTS_BF16_LAYER_FIXTURE_H
 #define CF_TESTS_BF16_LAYER_FIXTURE_H
 
 #include "oracle.h"
 
 #include "corefit/tensor.h"
+#include "tensor/kernel_table.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+
+/* Two copies of the active kernel table for comparing a level's bf16 entries with what runs
+ * without them: *plain and *counting, each pointing at its own copy of the bf16 part, which the
+ * caller then edits (entries taken out of plain_bf16, wrapped to count their calls in
+ * counting_bf16). False, and says so, where the level has no bf16 convolution. */
+static inline bool bf16_tables_copy(const cf_kernel_table **active, cf_kernel_table *plain,
+                                    cf_kernel_table *counting, cf_bf16_kernels *plain_bf16,
+                                    cf_bf16_kernels *counting_bf16) {
+    *active = cf_active_kernels;
+    const cf_bf16_kernels *k = (*active)->bf16;
+    if (!k || !k->conv_run) {
+        printf("level %s: no bf16 convolution, nothing to compare\n", cf_isa_name((*active)->isa));
+        return false;
+    }
+    *plain = *counting = **active;
+    *plain_bf16 = *counting_bf16 = *k;
+    plain->bf16 = plain_bf16;
+    counting->bf16 = counting_bf16;
+    return true;
+}
 
 typedef struct bf16_layer_case {
     cf_conv_geom g, sg; /* the layer's and its shortcut's (sg only where so > 0) */

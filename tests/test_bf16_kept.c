@@ -16,6 +16,7 @@
  *   forward.
  * At avx512_bf16 and over the amx emulation (which inherits the copies); below avx512_bf16 there
  * is no bf16 convolution and nothing to compare. */
+#include "bf16_layer_fixture.h"
 #include "oracle.h"
 
 #include "corefit/nn.h"
@@ -52,23 +53,15 @@ static void count_deal2_kept(const uint16_t *x, int h, int w, uint16_t *e0, uint
 /* The active table's copies: plain without the copies, counting with them wrapped. False where
  * the level has no bf16 convolution. */
 static bool make_tables(void) {
-    active = cf_active_kernels;
+    if (!bf16_tables_copy(&active, &plain, &counting, &plain_bf16, &counting_bf16)) return false;
     const cf_bf16_kernels *k = active->bf16;
-    if (!k || !k->conv_run) {
-        printf("level %s: no bf16 convolution, nothing to compare\n", cf_isa_name(active->isa));
-        return false;
-    }
     assert_non_null(k->rows_h);
     assert_non_null(k->deal_h);
-    plain = counting = *active;
-    plain_bf16 = counting_bf16 = *k;
     plain_bf16.rows_h = NULL;
     plain_bf16.deal_h = NULL;
     counting_bf16.rows_h = count_rows_h;
     counting_bf16.deal_h = count_deal_h;
     if (k->deal2_h) counting_bf16.deal2_h = count_deal2_kept; /* the kept words' stride-2 copy */
-    plain.bf16 = &plain_bf16;
-    counting.bf16 = &counting_bf16;
     return true;
 }
 

@@ -44,25 +44,17 @@ static void count_rows_short(const float *x, int h, int w, uint16_t *y, size_t l
 }
 
 static bool make_tables(void) {
-    active = cf_active_kernels;
+    if (!bf16_tables_copy(&active, &plain, &counting, &plain_bf16, &counting_bf16)) return false;
     const cf_bf16_kernels *k = active->bf16;
-    if (!k || !k->conv_run) {
-        printf("level %s: no bf16 convolution, nothing to compare\n", cf_isa_name(active->isa));
-        return false;
-    }
     assert_non_null(k->fwd_pairs_rows);
     assert_non_null(k->fwd_deal_pairs);
     assert_non_null(k->rows_short);
-    plain = counting = *active;
-    plain_bf16 = counting_bf16 = *k;
     plain_bf16.fwd_pairs_rows = NULL;
     plain_bf16.fwd_deal_pairs = NULL;
     plain_bf16.rows_short = NULL;
     counting_bf16.fwd_pairs_rows = count_pairs_rows;
     counting_bf16.fwd_deal_pairs = count_deal_pairs;
     counting_bf16.rows_short = count_rows_short;
-    plain.bf16 = &plain_bf16;
-    counting.bf16 = &counting_bf16;
     return true;
 }
 

@@ -53,12 +53,8 @@ static void count_deal_short(const float *x, size_t ldx, int h, int n, uint16_t 
  * where the level has no bf16 convolution; fails where an entry is missing or present against
  * the level's rule. */
 static bool make_tables(void) {
-    active = cf_active_kernels;
+    if (!bf16_tables_copy(&active, &plain, &counting, &plain_bf16, &counting_bf16)) return false;
     const cf_bf16_kernels *k = active->bf16;
-    if (!k || !k->conv_run) {
-        printf("level %s: no bf16 convolution, nothing to compare\n", cf_isa_name(active->isa));
-        return false;
-    }
     if (active->isa == CF_ISA_AMX)
         assert_null(k->conv_wgrad_runs);
     else
@@ -66,8 +62,6 @@ static bool make_tables(void) {
     assert_non_null(k->even_rows);
     assert_non_null(k->rows_short);
     assert_non_null(k->deal_short);
-    plain = counting = *active;
-    plain_bf16 = counting_bf16 = *k;
     plain_bf16.conv_wgrad_runs = NULL;
     plain_bf16.even_rows = NULL;
     plain_bf16.rows_short = NULL;
@@ -76,8 +70,6 @@ static bool make_tables(void) {
     counting_bf16.even_rows = count_even;
     counting_bf16.rows_short = count_rows_short;
     counting_bf16.deal_short = count_deal_short;
-    plain.bf16 = &plain_bf16;
-    counting.bf16 = &counting_bf16;
     return true;
 }
 
