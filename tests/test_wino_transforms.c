@@ -257,6 +257,19 @@ static void fill_rare_tiny(float *x, size_t n, unsigned seed, uint32_t nan, size
     }
 }
 
+/* Keeps fill_rare_tiny's values under 2^-100 in image 0 (ch planes of `plane` values at x) only
+ * in channels [c_lo, c_hi) and from value p_lo of each plane on; the others become 1. Tiny
+ * values alone in a pair's second channel, a later block of 16 channels or a later window: a
+ * check that looked only at the first channel, block or window would miss them. */
+static void tiny_only_in(float *x, int ch, size_t plane, int c_lo, int c_hi, size_t p_lo) {
+    for (int c = 0; c < ch; c++)
+        for (size_t p = 0; p < plane; p++) {
+            float *v = &x[(size_t)c * plane + p];
+            const float a = fabsf(*v);
+            if (a > 0 && a < 0x1p-100f && (c < c_lo || c >= c_hi || p < p_lo)) *v = 1.0f;
+        }
+}
+
 /* bf16(lo) | bf16(hi) << 16 as cf_fp32_to_bf16 rounds (hi NULL: 0) */
 static uint32_t pair_word(const float *lo, const float *hi) {
     uint16_t a, b = 0;
@@ -406,6 +419,10 @@ static void test_dy_pairs_nchw(void **state) {
         /* the last variant: values under 2^-100 in image 0 only (or in none) */
         if (vi % 4 == 3)
             fill_rare_tiny(dy, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? dy_image : 0);
+        /* the 48 channels of 64 x 64: tiny values only in the second block of 16 channels, in
+         * a later window */
+        if (vi % 4 == 3 && K == 48)
+            tiny_only_in(dy, K, plane, 16, 32, (size_t)2 * (ty0 + 3) * w);
         else
             fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 4]);
         for (int n = 0; n < n_images; n++)
@@ -487,6 +504,9 @@ static void test_bf16_direct(void **state) {
          * patch rows hold none without the subnormal test) */
         if (vi % 3 == 2)
             fill_rare_tiny(x, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? (size_t)ch * plane : 0);
+        /* every other such case: tiny values only in channel 1, a pair's second */
+        if (vi % 3 == 2 && ci % 4 == 1 && ch >= 2)
+            tiny_only_in(x, ch, plane, 1, 2, 0);
         else
             fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 3]);
         if (vi % 6 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
@@ -506,10 +526,11 @@ static void test_bf16_direct(void **state) {
 
 /* input_pairs and input_bf16 on planes of 64 and 96 columns whose only values under 2^-100
  * are in one column (31, 32, 63 or 64: the last or first column of a vector of 16 tiles), on
- * every row, alternately 2^-126 and 1.5 2^-126, so that row sums there are 2^-127 (subnormal,
- * and not 0 in bf16): the vector of tiles beside the column reads it through its lane before or
- * after, which its own check must cover (the AVX512_BF16 level's stores without the subnormal
- * test), against `input` rounded after, bitwise. */
+ * every row of every channel or of channel 1 only (a pair's second), alternately 2^-126 and 1.5
+ * 2^-126, so that row sums there are 2^-127 (subnormal, and not 0 in bf16): the vector of tiles
+ * beside the column reads it through its lane before or after, which its own check must cover (the
+ * AVX512_BF16 level's stores without the subnormal test), against `input` rounded after, bitwise.
+ */
 static void test_bf16_tiny_column(void **state) {
     (void)state;
     const cf_wino_kernels *wk = cf_active_kernels->wino;
@@ -518,7 +539,9 @@ static void test_bf16_tiny_column(void **state) {
         skip();
     }
     static const int cases[][2] = {{64, 31}, {64, 32}, {96, 63}, {96, 64}, {96, 32}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    for (size_t vi = 0; vi < 2 * sizeof cases / sizeof cases[0]; vi++) {
+        const size_t ci = vi / 2;
+        const bool second_only = vi % 2; /* the column in channel 1 only, a pair's second */
         const int n_images = 2, ch = 3, h = 6, w = cases[ci][0], col = cases[ci][1];
         const int th = h / 2, tiles = n_images * th * (w / 2), ldv = (tiles + 15) / 16 * 16 + 2;
         const size_t v_xi = (size_t)ch * ldv + 6, plane = (size_t)h * w;
@@ -527,12 +550,14 @@ static void test_bf16_tiny_column(void **state) {
         float *pad = malloc(cf_wino_pad_floats(h, w) * sizeof(float));
         fill_rare_tiny(x, nx, 900 + (unsigned)ci, 0, 0);
         for (size_t r = 0; r < nx / w; r++) {
+            if (second_only && (r / h) % ch != 1) continue;
             const uint32_t bits = r % 2 ? 0x00c00000u : 0x00800000u;
             memcpy(&x[r * w + col], &bits, 4);
         }
         wk->input(x, ch, h, w, n_images, ch * plane, 0, th, v, v_xi, ldv, pad);
         char what[64];
-        snprintf(what, sizeof what, "%dx%d, tiny column %d", h, w, col);
+        snprintf(what, sizeof what, "%dx%d, tiny column %d%s", h, w, col,
+                 second_only ? " in channel 1" : "");
         const stores_case sc = {x, v, ch, h, w, n_images, 0, th, tiles, ldv, pad, what};
         if (wk->input_pairs) check_input_pairs(wk, &sc);
         if (wk->input_bf16) check_input_bf16(wk, &sc);

@@ -129,7 +129,8 @@ static const uint32_t *shortcut_dx_pack(const cf_conv_shortcut *sc, int c) {
 /* The level's conversions into pair planes and rows on its conversion instructions where it
  * has them (fwd_pairs_rows, fwd_deal_pairs, rows_short: vcvtne2ps2bf16, with the rounding in
  * integer operations for a vector that holds a subnormal), else the plain ones: bitwise the same
- * words (test_bf16_cols, test_bf16_wgrad_runs), in about a third of the instructions. */
+ * words (test_bf16_ne_paths runs every path with and without them; test_bf16_cols,
+ * test_bf16_wgrad_runs), in about a third of the instructions. */
 typedef void (*pairs_rows_fn)(const float *, const float *, int, int, uint32_t *, size_t);
 typedef void (*deal_pairs_fn)(const float *, const float *, size_t, int, int, uint32_t *,
                               uint32_t *, size_t);

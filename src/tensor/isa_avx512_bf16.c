@@ -689,11 +689,12 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
 #undef ROW_AT
 }
 
-/* The forward's input pairs (forward_cols) on the conversion instructions, as
- * isa_avx512_bf16_wino.c's pairs_of: vcvtne2ps2bf16 rounds two vectors in one, to nearest even,
- * and makes a NaN quiet as cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector
- * pair that holds one (vfpclassps) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and
- * bf16_deal_pairs' words (test_bf16_cols), in about a quarter of the instructions. */
+/* The pair planes and rows of the forward, dx and dW (forward_cols, fwd_pairs_rows,
+ * fwd_deal_pairs, rows_short) on the conversion instructions, as isa_avx512_bf16_wino.c's
+ * pairs_of: vcvtne2ps2bf16 rounds two vectors in one, to nearest even, and makes a NaN quiet as
+ * cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector pair that holds one
+ * (any_subnormal) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and bf16_deal_pairs'
+ * words (test_bf16_cols, test_bf16_ne_paths), in about a quarter of the instructions. */
 /* The 32 values a then b as bf16 words, in order. */
 static inline __m512i ne_words(__m512 a, __m512 b) {
     if (any_subnormal(a, b))

@@ -76,14 +76,15 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
  * and is the float result, and a float of 2^-102 or more has its last place at 2^-125 or above.
  * A nonzero multiple of 2^-126 is normal, so no value computed from such inputs is subnormal
  * (infinities and NaNs give infinities and NaNs). Where the inputs of a window (dy_pairs_nchw:
- * checked as they are loaded for the transposition) or of a vector of tiles (short_input: its
- * patch rows, in registers) hold no value with 0 < |x| < 2^-100, the words are stored with
- * pairs_plain or vcvtneps2bf16 alone, which then make pairs_of's and wino_store_bf16's words;
- * elsewhere every vector is tested as before (test_wino_transforms: inputs of 2^-126 .. 2^-100
- * whose differences are subnormal, and subnormal inputs). A separate pass over the rows that a
- * call or a plane reads, before the 32k-column planes' direct transforms, cost more than it
- * saved (perf: 0.18 -> 0.20 of the products' samples for all the input transforms): those keep
- * the test per vector. */
+ * checked as they are loaded for the transposition) or of a vector of tiles (short_input and
+ * the 32k-column planes' direct transforms: its patch rows, in registers, with the lanes before
+ * and after them that the row sums read) hold no value with 0 < |x| < 2^-100, the words are
+ * stored with pairs_plain or vcvtneps2bf16 alone, which then make pairs_of's and
+ * wino_store_bf16's words; elsewhere every vector is tested as before (test_wino_transforms:
+ * inputs of 2^-126 .. 2^-100 whose differences are subnormal, alone in a pair's second channel
+ * or a later block of channels, and subnormal inputs). A separate pass over the rows that a call
+ * or a plane reads, before the transforms, cost more than it saved (perf: 0.18 -> 0.20 of the
+ * products' samples for all the input transforms). */
 enum { TINY_BITS = 0x0d800000 }; /* 2^-100 */
 
 /* acc lane by lane the smaller with 2 |v| - 1 (v's bits without the sign, then 1 less): after
