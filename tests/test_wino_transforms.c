@@ -419,12 +419,11 @@ static void test_dy_pairs_nchw(void **state) {
         /* the last variant: values under 2^-100 in image 0 only (or in none) */
         if (vi % 4 == 3)
             fill_rare_tiny(dy, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? dy_image : 0);
-        /* the 48 channels of 64 x 64: tiny values only in the second block of 16 channels, in
-         * a later window */
-        if (vi % 4 == 3 && K == 48)
-            tiny_only_in(dy, K, plane, 16, 32, (size_t)2 * (ty0 + 3) * w);
         else
             fill_specials(dy, nx, 500 + (unsigned)vi, nans[vi % 4]);
+        /* the 48 channels of 64 x 64: tiny values only in the second block of 16 channels, in
+         * a later window */
+        if (vi % 4 == 3 && K == 48) tiny_only_in(dy, K, plane, 16, 32, (size_t)2 * (ty0 + 3) * w);
         for (int n = 0; n < n_images; n++)
             for (int k = 0; k < K; k++)
                 for (size_t p = 0; p < plane; p++)
@@ -504,11 +503,10 @@ static void test_bf16_direct(void **state) {
          * patch rows hold none without the subnormal test) */
         if (vi % 3 == 2)
             fill_rare_tiny(x, nx, 500 + (unsigned)vi, 0x7fc00001u, ci % 2 ? (size_t)ch * plane : 0);
-        /* every other such case: tiny values only in channel 1, a pair's second */
-        if (vi % 3 == 2 && ci % 4 == 1 && ch >= 2)
-            tiny_only_in(x, ch, plane, 1, 2, 0);
         else
             fill_specials(x, nx, 500 + (unsigned)vi, nans[vi % 3]);
+        /* every other such case: tiny values only in channel 1, a pair's second */
+        if (vi % 3 == 2 && ci % 4 == 1 && ch >= 2) tiny_only_in(x, ch, plane, 1, 2, 0);
         if (vi % 6 == 0) fill_uniform(x, nx, 500 + (unsigned)vi, -2, 2);
         wk->input(x, ch, h, w, n_images, ch * plane, ty0, th, v, v_xi, ldv, pad);
         /* the planes the level takes directly: rows of 16k tiles, and of 8, 4 and 2 */
