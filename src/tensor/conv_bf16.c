@@ -991,10 +991,8 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
                          const cf_conv_shortcut *sc, const layout *sl, uint16_t *xh) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     /* the input's pairs: the level's faster conversions where it has them (the same words) */
-    void (*const pairs_rows)(const float *, const float *, int, int, uint32_t *, size_t) =
-        k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
-    void (*const deal_pairs)(const float *, const float *, size_t, int, int, uint32_t *, uint32_t *,
-                             size_t) = k->fwd_deal_pairs ? k->fwd_deal_pairs : k->deal_pairs;
+    const pairs_rows_fn pairs_rows = pairs_rows_of(k);
+    const deal_pairs_fn deal_pairs = deal_pairs_of(k);
     const int pairs = l->cp, ohw = g->oh * g->ow;
     const size_t phase_words = (size_t)pairs * l->cplane, image_words = l->phases * phase_words,
                  in_n = (size_t)l->c * g->h * g->w, out_n = (size_t)l->o * ohw;
@@ -1073,8 +1071,7 @@ static bool cols_active(const layout *l) {
 static void dx_cols(const layout *l, const cf_conv_geom *g, const float *packed, const float *dy,
                     int n_images, float *dx, float *scratch, bool zeroed, const uint16_t *dyrows) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
-    void (*const pairs_rows)(const float *, const float *, int, int, uint32_t *, size_t) =
-        k->fwd_pairs_rows ? k->fwd_pairs_rows : k->pairs_rows;
+    const pairs_rows_fn pairs_rows = pairs_rows_of(k);
     const int pairs = l->op, ohw = g->oh * g->ow;
     const size_t image_words = (size_t)pairs * l->cplane, in_n = (size_t)l->c * g->h * g->w,
                  out_n = (size_t)l->o * ohw, at = (size_t)l->pad * l->wp + l->pad;
@@ -1265,14 +1262,15 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             }
         }
         float *dxn = dx + (size_t)n * in_n;
-        for (int c = 0; c < C && k->interleave2_rows; c++) { /* as below, in one pass */
-            const float *s0 = out + (P % 2) * 2 * outw + (size_t)c * l->nqd,
-                        *s1 = out + ((P + 1) % 2) * 2 * outw + (size_t)c * l->nqd;
-            k->interleave2_rows(s0 + (P % 2) * outw, s0 + ((P + 1) % 2) * outw, s1 + (P % 2) * outw,
-                                s1 + ((P + 1) % 2) * outw, (size_t)l->wd, g->h, g->w,
-                                dxn + (size_t)c * g->h * g->w);
-        }
-        for (int c = 0; c < C && !k->interleave2_rows; c++)
+        for (int c = 0; c < C; c++) {
+            if (k->interleave2_rows) { /* as below, both row parities in one pass */
+                const float *s0 = out + (P % 2) * 2 * outw + (size_t)c * l->nqd,
+                            *s1 = out + ((P + 1) % 2) * 2 * outw + (size_t)c * l->nqd;
+                k->interleave2_rows(s0 + (P % 2) * outw, s0 + ((P + 1) % 2) * outw,
+                                    s1 + (P % 2) * outw, s1 + ((P + 1) % 2) * outw, (size_t)l->wd,
+                                    g->h, g->w, dxn + (size_t)c * g->h * g->w);
+                continue;
+            }
             /* dx's rows r0, r0 + 2, ... with (r + pad) % 2 = a are the consecutive rows of
              * phases (a, *) from their first positions: the even columns from (a, pad % 2), the
              * odd ones from (a, (pad + 1) % 2) */
@@ -1283,6 +1281,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
                                    (g->h - r0 + 1) / 2, g->w, dxn + ((size_t)c * g->h + r0) * g->w,
                                    (size_t)2 * g->w);
             }
+        }
     }
 }
 
@@ -1481,8 +1480,7 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     int run_at[MAX_RUNS], run_len[MAX_RUNS];
     const int runs = dy_runs(&l, g, run_at, run_len);
     /* rows and deal, or their short-row forms where the level has them (bitwise the same) */
-    void (*const rows)(const float *, int, int, uint16_t *, size_t) =
-        k->rows_short ? k->rows_short : k->rows;
+    const rows_fn rows = rows_of(k);
     void (*const deal)(const float *, size_t, int, int, uint16_t *, uint16_t *, size_t) =
         k->deal_short ? k->deal_short : k->deal;
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */

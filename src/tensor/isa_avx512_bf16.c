@@ -278,20 +278,6 @@ static inline bool any_subnormal(__m512 a, __m512 b) {
                             0);
 }
 
-/* The words bf16(lo[i]) | bf16(hi[i]) << 16 (cf__bf16_round_lanes' values) on vcvtne2ps2bf16,
- * which rounds to nearest even and makes a NaN quiet alike but reads a subnormal as zero: a pair
- * of vectors that holds one takes cf__bf16_round_lanes. */
-static inline __m512i ne_pairs(__m512 lo, __m512 hi) {
-    if (any_subnormal(lo, hi))
-        return _mm512_or_si512(cf__bf16_round_lanes(lo),
-                               _mm512_slli_epi32(cf__bf16_round_lanes(hi), 16));
-    /* lo's 16 words in the low half, hi's in the high half, then interleaved */
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    return _mm512_permutexvar_epi16(zip, both);
-}
-
 /* Every third value of the 48 in a, b, c from the s-th (lane i: value 3 i + s), s = 0, 1, 2:
  * values below 32 from a and b (vpermt2ps), the rest from c (vpermps merged into those lanes:
  * the index's low 4 bits are 3 i + s - 32 there). */
@@ -352,7 +338,7 @@ static inline void wino_weights16(const float *k, bool flip, int n, __m512 u[16]
 /* Rows [r0, r0 + 16) (r0 a multiple of 16) of the 16 Winograd points' weight matrices (m x k;
  * the kernel of row r0 + i, column j at w + 9 i + j js: each column's 16 side by side),
  * transformed and packed into point xi's packed A at ap + xi * point_words: per pair of columns,
- * the 16 rows' words (the two columns rounded and paired, ne_pairs) of their two row blocks.
+ * the 16 rows' words (the two columns rounded and paired, cf__bf16_pairs) of their two row blocks.
  * Bitwise gemm_pack_a on the fp32 matrices (the same values, rounded the same way; rows past m
  * and the high half past k zero).
  * The words of WINO_QB column pairs go to a buffer (8 KiB, in L1) and then out, a point's row
@@ -381,7 +367,7 @@ static void wino_pack_a(const float *w, size_t js, bool flip, int m, int k, int 
                 else
                     for (int xi = 0; xi < 16; xi++) hi[xi] = _mm512_setzero_ps();
                 for (int xi = 0; xi < 16; xi++) {
-                    const __m512i word = ne_pairs(lo[xi], hi[xi]);
+                    const __m512i word = cf__bf16_pairs(lo[xi], hi[xi]);
                     _mm256_store_si256((__m256i *)&buf[xi][0][(q - qb) * MR],
                                        _mm512_castsi512_si256(word));
                     _mm256_store_si256((__m256i *)&buf[xi][1][(q - qb) * MR],
@@ -690,10 +676,10 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
 }
 
 /* The pair planes and rows of the forward, dx and dW (forward_cols, fwd_pairs_rows,
- * fwd_deal_pairs, rows_short) on the conversion instructions, as isa_avx512_bf16_wino.c's
- * pairs_of: vcvtne2ps2bf16 rounds two vectors in one, to nearest even, and makes a NaN quiet as
- * cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector pair that holds one
- * (any_subnormal) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and bf16_deal_pairs'
+ * fwd_deal_pairs, rows_short) on the conversion instructions, as cf__bf16_pairs
+ * (bf16_lanes_avx512.h): vcvtne2ps2bf16 rounds two vectors in one, to nearest even, and makes a NaN
+ * quiet as cf__bf16_round_lanes does, but reads a subnormal as zero, so a vector pair that holds
+ * one (any_subnormal) takes cf__bf16_round_lanes. Bitwise bf16_pairs_rows' and bf16_deal_pairs'
  * words (test_bf16_cols, test_bf16_ne_paths), in about a quarter of the instructions. */
 /* The 32 values a then b as bf16 words, in order. */
 static inline __m512i ne_words(__m512 a, __m512 b) {

@@ -28,27 +28,8 @@ static inline unsigned simd_first_lanes(int n) { /* lanes [0, n) of a vector, n 
 /* vfpclassps: a subnormal lane */
 #define SUBNORMAL 0x20
 
-/* The words bf16(lo[i]) | bf16(hi[i]) << 16 where no lane of lo or hi is subnormal. */
-static inline __m512i pairs_plain(__m512 lo, __m512 hi) {
-    /* lo's 16 values in the low half, hi's in the high half, then interleaved */
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    return _mm512_permutexvar_epi16(zip, both);
-}
-
-/* The words bf16(lo[i]) | bf16(hi[i]) << 16. */
-static inline __m512i pairs_of(__m512 lo, __m512 hi) {
-    if (__builtin_expect(
-            (_mm512_fpclass_ps_mask(lo, SUBNORMAL) | _mm512_fpclass_ps_mask(hi, SUBNORMAL)) != 0,
-            0))
-        return _mm512_or_si512(cf__bf16_round_lanes(lo),
-                               _mm512_slli_epi32(cf__bf16_round_lanes(hi), 16));
-    return pairs_plain(lo, hi);
-}
-
 static inline void wino_store_pairs(uint32_t *p, int n, __m512 lo, __m512 hi) {
-    const __m512i w = pairs_of(lo, hi);
+    const __m512i w = cf__bf16_pairs(lo, hi);
     cf__store_words(p, n, w);
 }
 #define WINO_STORE_PAIRS(p, n, lo, hi) wino_store_pairs(p, n, lo, hi)
@@ -68,7 +49,7 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
 
 /* ---- the pair stores without a subnormal test per vector -----------------------------------
  *
- * pairs_of tests both vectors for subnormal lanes (which vcvtne2ps2bf16 reads as zero) before
+ * cf__bf16_pairs tests both vectors for subnormal lanes (which vcvtne2ps2bf16 reads as zero) before
  * every store: two vfpclassps, a mask or and a branch for 16 words. The transforms' values are
  * sums and differences (no products) of the layer's values and +0. A finite value that is 0 or
  * at least 2^-103 in magnitude is a multiple of 2^-126, and so is every sum or difference of two
@@ -79,7 +60,7 @@ static inline void wino_store_bf16(uint16_t *p, int n, __m512 v) {
  * checked as they are loaded for the transposition) or of a vector of tiles (short_input and
  * the 32k-column planes' direct transforms: its patch rows, in registers, with the lanes before
  * and after them that the row sums read) hold no value with 0 < |x| < 2^-100, the words are
- * stored with pairs_plain or vcvtneps2bf16 alone, which then make pairs_of's and
+ * stored with cf__bf16_pairs_plain or vcvtneps2bf16 alone, which then make cf__bf16_pairs's and
  * wino_store_bf16's words; elsewhere every vector is tested as before (test_wino_transforms:
  * inputs of 2^-126 .. 2^-100 whose differences are subnormal, alone in a pair's second channel
  * or a later block of channels, and subnormal inputs). A separate pass over the rows that a call
@@ -102,7 +83,7 @@ static inline bool tiny_any(__m512i acc) {
 /* the first n words bf16(lo) | bf16(hi) << 16 at p; plain: no subnormal can be among them */
 static inline __attribute__((always_inline)) void store_pairs_as(uint32_t *p, int n, bool plain,
                                                                  __m512 lo, __m512 hi) {
-    cf__store_words(p, n, plain ? pairs_plain(lo, hi) : pairs_of(lo, hi));
+    cf__store_words(p, n, plain ? cf__bf16_pairs_plain(lo, hi) : cf__bf16_pairs(lo, hi));
 }
 
 /* the first n values bf16(v) at p; plain: no subnormal can be among them */
