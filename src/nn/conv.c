@@ -622,6 +622,12 @@ bool cf_nn_conv_read_words(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->from_words;
 }
 
+const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n) {
+    const conv_impl *c = cf_nn_is_conv(conv) ? conv->impl : NULL;
+    *n = c && c->bf16_x_kept ? (size_t)c->batch * c->g.c * c->g.h * c->g.w : 0;
+    return *n ? c->bf16_x : NULL;
+}
+
 void cf__nn_set_words_link(bool on) {
     words_link_on = on;
 }

@@ -184,6 +184,8 @@ void cf_nn_conv_words_written(cf_module *conv, const float *x);
  * wrote words instead of its output; and the link's switch (on by default, read at each call:
  * off, every BatchNorm writes its fp32 output). */
 bool cf_nn_conv_read_words(const cf_module *conv);
+/* Tests: the bf16 words of x conv's last forward kept for its backward (NULL: none), *n of them. */
+const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n);
 bool cf_nn_bn_wrote_words(const cf_module *bn);
 void cf__nn_set_words_link(bool on);
 
