@@ -58,6 +58,7 @@ typedef struct bn_impl {
      * ReLU), and whether the last forward wrote that convolution's bf16 input words instead of
      * its output */
     cf_module *feed_conv;
+    const cf_module_ops *feed_relu_ops; /* the fused ReLU's ops when linked (NULL: no ReLU) */
     bool fwd_words;
 } bn_impl;
 
@@ -569,7 +570,9 @@ static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
 }
 
 void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv) {
-    ((bn_impl *)bn->impl)->feed_conv = conv;
+    bn_impl *b = bn->impl;
+    b->feed_conv = conv;
+    b->feed_relu_ops = conv && b->relu ? b->relu->ops : NULL;
 }
 
 bool cf_nn_bn_wrote_words(const cf_module *bn) {
@@ -579,14 +582,16 @@ bool cf_nn_bn_wrote_words(const cf_module *bn) {
 /* Where this forward writes its output as the linked convolution's bf16 input words (NULL:
  * y in fp32, as always): a training forward of planes (the rows path reads y back in backward)
  * without a residual sum, whose own ops and ReLU's (when fused: the ReLU passes y through) are
- * their layers' (a wrapper could read y), when the convolution's next forward reads its input
+ * their layers' (a wrapper could read y; the ReLU's are those it had when linked, ReLU's own),
+ * when the convolution's next forward reads its input
  * as words only (cf_nn_conv_words_target). Otherwise the convolution is told that no words were
  * written, so that it never takes stale ones. */
 static uint16_t *bn_words_target(cf_module *m, const cf_tensor *x, const float *add) {
     bn_impl *b = m->impl;
     if (!b->feed_conv) return NULL;
     const geom g = geometry(&x->shape);
-    const bool own = cf_nn_is_batchnorm(m) && (!b->relu || cf_nn_is_relu(b->relu));
+    const bool own =
+        cf_nn_is_batchnorm(m) && (b->relu ? b->relu->ops == b->feed_relu_ops : !b->feed_relu_ops);
     uint16_t *words = own && m->training && !add && g.s > 1 && g.n > 0
                           ? cf_nn_conv_words_target(b->feed_conv, &x->shape)
                           : NULL;

@@ -174,6 +174,8 @@ void cf_nn_parallel_images(int64_t n_images, int64_t per_image, cf_range_fn fn, 
  * words path does not take) the BatchNorm writes y as before. The BatchNorm's own backward never
  * reads y on its planes path (it recomputes the ReLU's mask from x), which is the only path a
  * convolution's input takes (more than one value per channel and image). */
+/* Links bn (a BatchNorm, after cf_nn_bn_fuse_relu) to conv (NULL: unlinks); a ReLU bn is fused
+ * with must have ReLU's own ops then. */
 void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv);
 /* Where conv's next forward on an input of shape `in` reads its input's bf16 words from (NULL:
  * it reads x in fp32 this time); cf_nn_conv_words_written then tells it they were written for
