@@ -24,6 +24,7 @@
 
 #include "corefit/nn.h"
 #include "nn/nn_internal.h"
+#include "tensor/kernel_table.h"
 
 #define STEPS 3
 
@@ -259,6 +260,40 @@ static void test_not_taken(void **state) {
     check_case(&odd, true, false, 1);
 }
 
+/* A backward after a linked forward at a level without bf16 kernels (the table changed in
+ * between, which cf_set_isa forbids) cannot read the words: the pass fails, it does not read the
+ * unwritten fp32 input. */
+static void test_level_changed(void **state) {
+    (void)state;
+#if defined(__x86_64__)
+    if (!cf_bf16_compute()) return;
+    cf_model *model;
+    const net_case *k = &cases[0];
+    assert_int_equal(cf_model_new(&model, build(k), 21), CF_OK);
+    cf_conv_set_bf16(model->root, true);
+    const size_t nx = (size_t)k->n * k->c * k->h * k->w;
+    float *x = malloc(nx * sizeof(float));
+    fill_uniform(x, nx, 5, -2, 2);
+    cf_model_train(model, true);
+    cf_model_zero_grad(model);
+    cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    assert_true(cf_nn_conv_read_words(model->root->children[3]));
+    const size_t ny = cf_tensor_numel(y);
+    float *dy = calloc(ny, sizeof(float));
+    cf_tensor tdy = cf_tensor_view(dy, y->shape);
+    const cf_kernel_table *level = cf_active_kernels; /* the amx emulation's too */
+    cf_active_kernels = &cf_kernels_avx512;
+    const cf_status st = cf_model_backward(model, &tdy);
+    cf_active_kernels = level;
+    assert_int_equal(st, CF_ERR_STATE);
+    assert_non_null(strstr(cf_last_error(), "bf16 words"));
+    free(x), free(dy);
+    cf_model_free(model);
+#endif
+}
+
 /* cf_conv_bf16_forward_from_kept against cf_conv_bf16_forward_keep on the same x: bitwise the
  * same output, and the words forward_keep kept are the ones from_kept read (cf_fp32_to_bf16's);
  * a layer the words path does not take is refused with nothing written. */
@@ -314,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_linked_equals_unlinked),
         cmocka_unit_test(test_linked_equals_unlinked_threads),
         cmocka_unit_test(test_not_taken),
+        cmocka_unit_test(test_level_changed),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(hook_seen);

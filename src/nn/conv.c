@@ -1116,6 +1116,12 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
+    /* after a forward from a BatchNorm's words (x itself unwritten), only the bf16 pass that
+     * copies them may take the weight gradient: the table or the precision changed since */
+    if (c->from_words && c->want_dw && !(bf16_implicit && need_dx && !c->add_dx))
+        cf_module_fail(CF_ERR_STATE, "Conv2d backward: the forward read its input as bf16 words, "
+                                     "which this backward (its level or precision changed since) "
+                                     "cannot read");
     /* the implicit layouts' weight gradient is reduced by the job itself (reduce_in_job); the
      * two-pass implicit_dw path's second job only */
     const bool dw_implicit = c->want_dw && !winograd && (bf16_implicit || implicit);
