@@ -8,14 +8,16 @@
  * default) and without it (cf__nn_set_words_link(false)): the outputs, input gradients, every
  * parameter gradient, the running statistics and the updated weights of every step, then an eval
  * forward, must be equal (memcmp), with 1 and 2 threads (BatchNorm's channel blocks and its split
- * by images). The networks: Sequentials conv-BN-ReLU-conv-BN on W1's 14 x 14 and 7 x 7 planes
- * (the convolution's cols path), conv-BN-conv (no ReLU), 48 x 48 planes (run_images' path,
- * BatchNorm's planes longer than its buffer), W1's residual block, and W1 itself. The link must be
- * taken where the level has bf16 kernels (cf_nn_bn_wrote_words, cf_nn_conv_read_words), and not
- * in eval, with a wrapped ReLU (a hook that records the ReLU's output, which must be the same
- * values as unlinked), with the convolution in fp32, with an odd number of channels (no words
- * path), or at a level without bf16 kernels (tests/bf16_bn_words.cmake runs this under every
- * CF_ISA cap and over the amx tile emulation). */
+ * by images), and with synchronised BatchNorm statistics (cf_model_set_bn_reduce). The networks:
+ * Sequentials conv-BN-ReLU-conv-BN on W1's 14 x 14 and 7 x 7 planes (the convolution's cols path),
+ * conv-BN-conv (no ReLU), 48 x 48 planes (run_images' path, BatchNorm's planes longer than its
+ * buffer), W1's residual block, and W1 itself. The link must be taken where the level has bf16
+ * kernels (cf_nn_bn_wrote_words, cf_nn_conv_read_words), and not in eval, with a wrapped ReLU (a
+ * hook that records the ReLU's output, which must be the same values as unlinked), with the
+ * convolution in fp32, with an odd number of channels (no words path), or at a level without bf16
+ * kernels (tests/bf16_bn_words.cmake runs this under every CF_ISA cap and over the amx tile
+ * emulation). A backward at another level than its forward's fails rather than read the input the
+ * BatchNorm did not write. */
 #include "oracle.h"
 
 #include <stdio.h>
@@ -143,8 +145,16 @@ static void put_kept(record *r, const cf_module *m) {
 
 typedef struct run_opts {
     bool link, bf16, hook;
+    bool sync; /* synchronised BatchNorm (two identical replicas: every sum doubled) */
     int threads;
 } run_opts;
+
+/* The group's reduce of two replicas that saw the same batch. */
+static cf_status twin_reduce(double *buf, size_t n, bool backward, void *ctx) {
+    (void)backward, (void)ctx;
+    for (size_t i = 0; i < n; i++) buf[i] *= 2;
+    return CF_OK;
+}
 
 /* STEPS training steps (forward, backward, w -= 0.05 grad) and an eval forward of case k; the
  * links taken by each training forward must be `expect_links` (and none in eval). */
@@ -154,6 +164,7 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
     cf_model *model;
     assert_int_equal(cf_model_new(&model, build(k), 21), CF_OK);
     cf_conv_set_bf16(model->root, o.bf16);
+    if (o.sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
     if (k->kind == NET_SEQ || k->kind == NET_SEQ_NORELU) {
         /* channel 1 of the first BatchNorm's output subnormal (its words rounded as such) */
         cf_param *gamma = cf_model_param(model, "1.weight"),
@@ -212,12 +223,12 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
 
 /* Case k with and without the link must agree bitwise; the link taken `links` times a step
  * where the level has bf16 kernels (and bf16 on), never otherwise (nor once a ReLU is hooked). */
-static void check_case(const net_case *k, bool bf16, bool hook, int threads) {
+static void check_case_sync(const net_case *k, bool bf16, bool hook, int threads, bool sync) {
     const int links = bf16 && cf_bf16_compute() ? k->links : 0;
-    record a = run_case(k, (run_opts){.link = true, .bf16 = bf16, .hook = hook, .threads = threads},
-                        links);
-    record b =
-        run_case(k, (run_opts){.link = false, .bf16 = bf16, .hook = hook, .threads = threads}, 0);
+    run_opts o = {.link = true, .bf16 = bf16, .hook = hook, .sync = sync, .threads = threads};
+    record a = run_case(k, o, links);
+    o.link = false;
+    record b = run_case(k, o, 0);
     assert_int_equal(a.n, b.n);
     for (size_t i = 0; i < a.n; i++)
         if (memcmp(&a.v[i], &b.v[i], sizeof(float)) != 0)
@@ -225,6 +236,10 @@ static void check_case(const net_case *k, bool bf16, bool hook, int threads) {
                      "unlinked",
                      k->name, bf16, hook, threads, i, a.n, (double)a.v[i], (double)b.v[i]);
     free(a.v), free(b.v);
+}
+
+static void check_case(const net_case *k, bool bf16, bool hook, int threads) {
+    check_case_sync(k, bf16, hook, threads, false);
 }
 
 static const net_case cases[] = {
@@ -245,6 +260,15 @@ static void test_linked_equals_unlinked(void **state) {
 static void test_linked_equals_unlinked_threads(void **state) {
     (void)state;
     for (int i = 0; i < N_CASES; i++) check_case(&cases[i], true, false, 2);
+}
+
+/* Synchronised BatchNorm (cf_model_set_bn_reduce: the group's statistics, then the same output
+ * pass), linked as the plain one. */
+static void test_linked_sync(void **state) {
+    (void)state;
+    check_case_sync(&cases[0], true, false, 1, true);
+    check_case_sync(&cases[3], true, false, 2, true);
+    check_case_sync(&cases[5], true, false, 2, true);
 }
 
 /* A hook on the ReLU installed after the plan (as a callback would, after the first step) must
@@ -348,6 +372,7 @@ int main(void) {
         cmocka_unit_test(test_from_kept),
         cmocka_unit_test(test_linked_equals_unlinked),
         cmocka_unit_test(test_linked_equals_unlinked_threads),
+        cmocka_unit_test(test_linked_sync),
         cmocka_unit_test(test_not_taken),
         cmocka_unit_test(test_level_changed),
     };
