@@ -456,6 +456,20 @@ cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, co
                                      int n_images, float *dw, float *dx, float *scratch,
                                      const cf_conv_shortcut *dw_shortcut,
                                      const cf_conv_shortcut *dx_shortcut);
+/* The forward pass from x's bf16 words alone (mixed precision's activations written in bf16 by
+ * the layer before: a BatchNorm whose output only this convolution reads, src/nn/batchnorm.c):
+ * x_kept holds bf16(x) of the n_images images (cf_fp32_to_bf16's words, n x c x h x w halves, as
+ * cf_conv_bf16_forward_keep writes them), and y is bitwise cf_conv_bf16_forward_keep's on that x
+ * (its pair planes are the same words, paired here rather than rounded from fp32). x itself is
+ * never read, so neither may the backward: cf_conv_bf16_backward_kept with the same x_kept reads
+ * no fp32 x where this fits. cf_conv_bf16_forward_from_kept_fits: whether it runs this layer at
+ * the active level (a stride-1 layer of an even number of input channels that keeps its input,
+ * cf_conv_bf16_keeps_input, at a level whose weight gradient copies the kept words); elsewhere
+ * the call fails (CF_ERR_INVALID) and writes nothing. */
+bool cf_conv_bf16_forward_from_kept_fits(const cf_conv_geom *g, int out_channels);
+cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels,
+                                         const float *packed, const uint16_t *x_kept, int n_images,
+                                         float *y, float *scratch);
 
 /* ---- a bf16 stride-2 stem on a few channels: src/tensor/conv_stem_bf16.c --------------------- */
 

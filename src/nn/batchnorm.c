@@ -54,6 +54,12 @@ typedef struct bn_impl {
     void *reduce_ctx;
     double *sync;     /* 1 + 2C doubles for reduce (allocated when reduce is set) */
     double fwd_count; /* values per channel the last training forward normalised over */
+    /* the forward link (nn_internal.h): the Conv2d planned right after this layer (and its
+     * ReLU), and whether the last forward wrote that convolution's bf16 input words instead of
+     * its output */
+    cf_module *feed_conv;
+    const cf_module_ops *feed_relu_ops; /* the fused ReLU's ops when linked (NULL: no ReLU) */
+    bool fwd_words;
 } bn_impl;
 
 /* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
@@ -147,6 +153,7 @@ typedef struct bn_ctx {
     const float *add; /* forward: y = max(add + bn(x), 0) (a residual block's sum) */
     bool sums_ready;  /* backward: acc holds the (reduced) sums; count is their total */
     double count;
+    uint16_t *words; /* forward: bf16(y) written here instead of y (the forward link) */
 } bn_ctx;
 
 /* Channels per block of the two passes over planes (statistics, then output; or the gradient
@@ -244,6 +251,38 @@ static void bn_scale_shift(bn_ctx *ctx, int64_t c0, int64_t c1) {
     }
 }
 
+/* Planes of the forward link's output written through an L1 buffer, BN_WORDS_CHUNK floats. */
+#define BN_WORDS_CHUNK 2048
+
+/* The forward link's output (nn_internal.h): the nc planes of s values from offset at, as bf16
+ * words at ctx->words + at in place of y. cf_bn_planes_affine computes them into a buffer in L1
+ * (a few planes, or part of a plane, at a time: the values do not depend on the grouping, each
+ * is its own x * scale + shift), cf_fp32_to_bf16 rounds them: the words the convolution would
+ * have rounded y to, and the cold fp32 output is neither read for ownership nor written. */
+static void bn_affine_words(const bn_ctx *ctx, size_t at, int nc, const float *scale,
+                            const float *shift) {
+    float buf[BN_WORDS_CHUNK];
+    const int64_t s = ctx->g.s;
+    if (s > BN_WORDS_CHUNK) {
+        for (int i = 0; i < nc; i++)
+            for (int64_t j = 0; j < s; j += BN_WORDS_CHUNK) {
+                const int64_t len = s - j < BN_WORDS_CHUNK ? s - j : BN_WORDS_CHUNK;
+                const size_t p = at + (size_t)i * (size_t)s + (size_t)j;
+                cf_bn_planes_affine(ctx->x + p, NULL, buf, len, 1, scale + i, shift + i, ctx->relu,
+                                    0);
+                cf_fp32_to_bf16(buf, ctx->words + p, (size_t)len);
+            }
+        return;
+    }
+    const int per = (int)(BN_WORDS_CHUNK / s);
+    for (int i = 0; i < nc; i += per) {
+        const int np = nc - i < per ? nc - i : per;
+        const size_t p = at + (size_t)i * (size_t)s;
+        cf_bn_planes_affine(ctx->x + p, NULL, buf, s, np, scale + i, shift + i, ctx->relu, 0);
+        cf_fp32_to_bf16(buf, ctx->words + p, (size_t)np * (size_t)s);
+    }
+}
+
 static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
@@ -278,6 +317,10 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
         const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
+        if (ctx->words) {
+            bn_affine_words(ctx, at, nc, scale + c0, shift + c0);
+            continue;
+        }
         (stream ? cf_bn_planes_affine_stream
                 : cf_bn_planes_affine)(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at,
                                        g.s, nc, scale + c0, shift + c0, ctx->relu, ahead);
@@ -422,8 +465,11 @@ static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
     const float *scale = b->ss, *shift = b->ss + g.c;
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, g.c,
-                            scale, shift, ctx->relu, 0);
+        if (ctx->words)
+            bn_affine_words(ctx, at, g.c, scale, shift);
+        else
+            cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, g.c,
+                                scale, shift, ctx->relu, 0);
     }
 }
 
@@ -523,6 +569,36 @@ static double bn_sync_stats(cf_module *m, const bn_ctx *ctx) {
     return total;
 }
 
+void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv) {
+    bn_impl *b = bn->impl;
+    b->feed_conv = conv;
+    b->feed_relu_ops = conv && b->relu ? b->relu->ops : NULL;
+}
+
+bool cf_nn_bn_wrote_words(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->fwd_words;
+}
+
+/* Where this forward writes its output as the linked convolution's bf16 input words (NULL:
+ * y in fp32, as always): a training forward of planes (the rows path reads y back in backward)
+ * without a residual sum, whose own ops and ReLU's (when fused: the ReLU passes y through) are
+ * their layers' (a wrapper could read y; the ReLU's are those it had when linked, ReLU's own),
+ * when the convolution's next forward reads its input
+ * as words only (cf_nn_conv_words_target). Otherwise the convolution is told that no words were
+ * written, so that it never takes stale ones. */
+static uint16_t *bn_words_target(cf_module *m, const cf_tensor *x, const float *add) {
+    bn_impl *b = m->impl;
+    if (!b->feed_conv) return NULL;
+    const geom g = geometry(&x->shape);
+    const bool own =
+        cf_nn_is_batchnorm(m) && (b->relu ? b->relu->ops == b->feed_relu_ops : !b->feed_relu_ops);
+    uint16_t *words = own && m->training && !add && g.s > 1 && g.n > 0
+                          ? cf_nn_conv_words_target(b->feed_conv, &x->shape)
+                          : NULL;
+    cf_nn_conv_words_written(b->feed_conv, NULL);
+    return words;
+}
+
 /* add: NULL, or a residual block's other path: y = max(add + bn(x), 0). */
 static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const float *add) {
     bn_impl *b = m->impl;
@@ -538,6 +614,8 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
     const int c = ctx.g.c;
     b->fwd_training = m->training;
     b->fwd_relu = ctx.relu;
+    ctx.words = bn_words_target(m, x, add);
+    b->fwd_words = ctx.words != NULL;
     if (!m->training) {
         const float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
         for (int f = 0; f < c; f++) {
@@ -559,6 +637,7 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
         cf_parallel_for(c, bn_forward_planes, &ctx);
     else
         bn_forward_planes(&ctx, 0, c, 0);
+    if (ctx.words) cf_nn_conv_words_written(b->feed_conv, y->data);
     if (m->training) {
         const double unbias = count > 1 ? count / (count - 1) : 1.0, mom = b->momentum;
         float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;

@@ -122,6 +122,11 @@ typedef struct conv_impl {
     float *y, *dx;
     int64_t batch;
     bool need_dx, want_dw, want_db;
+    /* The forward link (nn_internal.h, cf_nn_conv_words_target): words_for is the input whose
+     * bf16 words the BatchNorm before wrote into bf16_x instead of its fp32 values (NULL: none;
+     * the next forward consumes it), and whether the last forward read them (from_words). */
+    const float *words_for;
+    bool from_words;
 } conv_impl;
 
 static size_t round16(size_t n) {
@@ -129,6 +134,8 @@ static size_t round16(size_t n) {
 }
 
 static cf_status (*bf16_fault)(cf_status status, const char *call);
+/* The forward link's switch (cf__nn_set_words_link: tests compare with and without it). */
+static bool words_link_on = true;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -345,6 +352,8 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->bf16_x = NULL;
     c->bf16_x_cap = 0;
     c->bf16_x_kept = false;
+    c->words_for = NULL;
+    c->from_words = false;
     /* x's bf16 words for the weight gradient: half of x's bytes, where the layer reads them */
     if (c->bf16_implicit && c->bf16 && !c->winograd && cf_conv_bf16_keeps_input(&c->g, c->out_c)) {
         const size_t in_n = (size_t)c->in_c * c->g.h * c->g.w;
@@ -510,7 +519,14 @@ static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int t
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    if (c->bf16_x_kept) { /* and x's bf16 words for the backward */
+    if (c->from_words) /* from the words the BatchNorm before wrote (x was not written) */
+        bf16_note(c,
+                  cf_conv_bf16_forward_from_kept(g, c->out_c, c->bf16_packed,
+                                                 c->bf16_x + (size_t)begin * in_n,
+                                                 (int)(end - begin), c->y + (size_t)begin * out_n,
+                                                 c->scratch + (size_t)thread * c->scratch_stride),
+                  "cf_conv_bf16_forward_from_kept");
+    else if (c->bf16_x_kept) { /* and x's bf16 words for the backward */
         cf_conv_shortcut sc = c->shortcut_call;
         sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
         bf16_note(c,
@@ -582,6 +598,40 @@ static bool shortcut_fits_bf16(const conv_impl *c, const cf_module *shortcut, co
            s->g.w == x->shape.dim[3] && cf_conv_bf16_pair_fits(&c->g, c->out_c, &s->g, s->out_c);
 }
 
+/* Whether m's next forward on an input of shape `in` (alone, not paired) keeps x's bf16 words
+ * and can compute from them alone, the backward reading them too (the forward link,
+ * nn_internal.h): the conditions of conv_forward_call's bf16_x_kept, asked before the call. */
+static bool words_link_fits(const cf_module *m, const cf_shape *in) {
+    if (!cf_nn_is_conv(m)) return false; /* a wrapper's ops may read x */
+    const conv_impl *c = m->impl;
+    return words_link_on && in->ndim == 4 && in->dim[1] == c->g.c && in->dim[2] == c->g.h &&
+           in->dim[3] == c->g.w && use_bf16_implicit(c) && c->bf16_x &&
+           in->dim[0] <= c->bf16_x_cap && m->training && m->params[0].trainable &&
+           cf_conv_bf16_forward_from_kept_fits(&c->g, c->out_c);
+}
+
+uint16_t *cf_nn_conv_words_target(cf_module *conv, const cf_shape *in) {
+    return words_link_fits(conv, in) ? ((conv_impl *)conv->impl)->bf16_x : NULL;
+}
+
+void cf_nn_conv_words_written(cf_module *conv, const float *x) {
+    if (cf_nn_is_conv(conv)) ((conv_impl *)conv->impl)->words_for = x;
+}
+
+bool cf_nn_conv_read_words(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->from_words;
+}
+
+const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n) {
+    const conv_impl *c = cf_nn_is_conv(conv) ? conv->impl : NULL;
+    *n = c && c->bf16_x_kept ? (size_t)c->batch * c->g.c * c->g.h * c->g.w : 0;
+    return *n ? c->bf16_x : NULL;
+}
+
+void cf__nn_set_words_link(bool on) {
+    words_link_on = on;
+}
+
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
  * whether it did through *computed). */
 static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_module *shortcut,
@@ -615,6 +665,16 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     /* a training forward whose weights learn keeps x's bf16 words (the backward reads them) */
     c->bf16_x_kept = c->bf16_fresh && c->bf16_x && c->batch <= c->bf16_x_cap && m->training &&
                      m->params[0].trainable;
+    /* x's words written by the BatchNorm before in place of x (its fp32 values were not) */
+    c->from_words = c->words_for && c->words_for == x->data;
+    c->words_for = NULL;
+    if (c->from_words &&
+        !(words_link_fits(m, &x->shape) && c->bf16_x_kept && !c->shortcut_call.out_channels)) {
+        /* the BatchNorm asked words_link_fits just before: this cannot happen */
+        c->from_words = false;
+        cf_module_fail(CF_ERR_STATE, "Conv2d forward: its input was written as bf16 words the "
+                                     "layer cannot read");
+    }
     if (c->bf16_fresh) {
         cf_conv_bf16_pack(g, c->out_c, m->params[0].data, c->bf16_packed);
         run_batch(c, c->batch, conv_forward_bf16_range, m);
@@ -1056,6 +1116,12 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
+    /* after a forward from a BatchNorm's words (x itself unwritten), only the bf16 pass that
+     * copies them may take the weight gradient: the table or the precision changed since */
+    if (c->from_words && c->want_dw && !(bf16_implicit && need_dx && !c->add_dx))
+        cf_module_fail(CF_ERR_STATE, "Conv2d backward: the forward read its input as bf16 words, "
+                                     "which this backward (its level or precision changed since) "
+                                     "cannot read");
     /* the implicit layouts' weight gradient is reduced by the job itself (reduce_in_job); the
      * two-pass implicit_dw path's second job only */
     const bool dw_implicit = c->want_dw && !winograd && (bf16_implicit || implicit);

@@ -15,15 +15,33 @@ static cf_module *path_last(cf_module *path) {
                                                          : path;
 }
 
+/* The forward link (nn_internal.h): each BatchNorm child whose output goes straight to a Conv2d
+ * child, either right after it or through the ReLU it was just fused with (which passes it
+ * through), writes that convolution's bf16 input words where the call allows. Only within one
+ * Sequential, whose forward runs the three in order (a residual block's ranges of its paths
+ * never start or end between them: the pair's range starts after the first convolution, the
+ * fold's ends before the last BatchNorm), and only a stride-1 convolution (the words path's
+ * only stride): no size changes after it, where a U-Net takes the output before as a skip. */
+static void link_words(cf_module *m) {
+    for (int i = 0; i + 1 < m->n_children; i++) {
+        cf_module *bn = m->children[i], *next = m->children[i + 1];
+        if (!cf_nn_is_batchnorm(bn)) continue;
+        if (cf_nn_is_relu(next) && cf_nn_bn_fused_with(bn, next))
+            next = i + 2 < m->n_children ? m->children[i + 2] : NULL;
+        if (cf_nn_is_conv(next)) cf_nn_bn_feed_conv(bn, next);
+    }
+}
+
 /* Links each BatchNorm child to a ReLU child right after it. Every link from an earlier plan is
  * dropped first (a child that is no longer its layer's own keeps what it had: a BatchNorm that
  * still writes max(y, 0) before a ReLU of its own is exact). */
 static void fuse_sequential(cf_module *m, bool enabled) {
     for (int i = 0; i < m->n_children; i++) {
         cf_module *c = m->children[i];
-        if (cf_nn_is_batchnorm(c))
+        if (cf_nn_is_batchnorm(c)) {
             cf_nn_bn_fuse_relu(c, NULL);
-        else if (cf_nn_is_relu(c))
+            cf_nn_bn_feed_conv(c, NULL);
+        } else if (cf_nn_is_relu(c))
             cf_nn_relu_follow_bn(c, NULL);
     }
     if (!enabled) return;
@@ -34,6 +52,7 @@ static void fuse_sequential(cf_module *m, bool enabled) {
             cf_nn_relu_follow_bn(relu, bn);
         }
     }
+    link_words(m);
 }
 
 /* A block with ReLU after the sum whose idpath ends in a BatchNorm has that BatchNorm write the

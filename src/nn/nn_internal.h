@@ -158,4 +158,37 @@ const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, f
  * values are split as cf_parallel_for(n_images * per_image, ...) would. */
 void cf_nn_parallel_images(int64_t n_images, int64_t per_image, cf_range_fn fn, void *ctx);
 
+/* ---- the forward link: a BatchNorm writing the next convolution's bf16 input words ----
+ *
+ * In a Sequential, a BatchNorm (with its fused ReLU, or none) followed right away by a Conv2d is
+ * linked to it when the model is planned (cf_nn_bn_feed_conv, fuse.c). At each forward the
+ * BatchNorm asks the convolution (cf_nn_conv_words_target) whether that call will read its
+ * input only as bf16 words: a training forward of a layer in mixed precision at a level with bf16
+ * kernels, whose weights learn, on at most the planned batch, whose forward runs from the words
+ * and whose weight gradient copies them (cf_conv_bf16_forward_from_kept_fits), the ops of the
+ * BatchNorm, the ReLU and the convolution their layers' own (no wrapper that could read the
+ * output). Then it writes bf16(y) there, round to nearest even as cf_fp32_to_bf16 (the words
+ * the convolution would have rounded y to), and not y itself; the convolution's forward pairs
+ * those words into its planes and its backward copies them. Results are bitwise the unlinked
+ * layers'. Elsewhere (eval, a hook, fp32, a level without bf16 kernels, a layer or batch the
+ * words path does not take) the BatchNorm writes y as before. The BatchNorm's own backward never
+ * reads y on its planes path (it recomputes the ReLU's mask from x), which is the only path a
+ * convolution's input takes (more than one value per channel and image). */
+/* Links bn (a BatchNorm, after cf_nn_bn_fuse_relu) to conv (NULL: unlinks); a ReLU bn is fused
+ * with must have ReLU's own ops then. */
+void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv);
+/* Where conv's next forward on an input of shape `in` reads its input's bf16 words from (NULL:
+ * it reads x in fp32 this time); cf_nn_conv_words_written then tells it they were written for
+ * the input tensor x (its data, which was not), consumed by that next forward. */
+uint16_t *cf_nn_conv_words_target(cf_module *conv, const cf_shape *in);
+void cf_nn_conv_words_written(cf_module *conv, const float *x);
+/* Tests: whether conv's last forward read the words a BatchNorm wrote; whether bn's last forward
+ * wrote words instead of its output; and the link's switch (on by default, read at each call:
+ * off, every BatchNorm writes its fp32 output). */
+bool cf_nn_conv_read_words(const cf_module *conv);
+/* Tests: the bf16 words of x conv's last forward kept for its backward (NULL: none), *n of them. */
+const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n);
+bool cf_nn_bn_wrote_words(const cf_module *bn);
+void cf__nn_set_words_link(bool on);
+
 #endif

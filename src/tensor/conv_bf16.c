@@ -985,10 +985,13 @@ static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *s
  * planes as run_images makes them (cplane words each; image b's from b * image_words), then the
  * images' positions alone straight into y's planes; with a paired shortcut (its layout sl, cols
  * too), its 1x1 product of the phase plane that holds x[2i][2j], the same way. Bitwise
- * run_images' outputs: the same pairs in the planes, the same sums. */
+ * run_images' outputs: the same pairs in the planes, the same sums. xw (NULL: none; stride 1
+ * alone, an even number of channels): x's bf16 words in place of src, paired into the same
+ * planes (halves_rows) rather than rounded from fp32 (cf_conv_bf16_forward_from_kept). */
 static void forward_cols(const layout *l, const cf_conv_geom *g, const float *packed,
                          const float *src, int n_images, float *dst, float *scratch,
-                         const cf_conv_shortcut *sc, const layout *sl, uint16_t *xh) {
+                         const cf_conv_shortcut *sc, const layout *sl, uint16_t *xh,
+                         const uint16_t *xw) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     /* the input's pairs: the level's faster conversions where it has them (the same words) */
     const pairs_rows_fn pairs_rows = pairs_rows_of(k);
@@ -1005,7 +1008,15 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
     memset(xp, 0, (size_t)(n_images < l->cnb ? n_images : l->cnb) * image_words * sizeof(uint32_t));
     for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
         const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
-        for (int b = 0; b < nb; b++) {
+        for (int b = 0; b < nb && xw; b++) /* the words, two channels' rows to a plane */
+            for (int p = 0; p < pairs; p++) {
+                const uint16_t *lo = xw + (size_t)(n0 + b) * in_n + (size_t)2 * p * g->h * g->w;
+                k->halves_rows(lo, lo + (size_t)g->h * g->w, (size_t)g->w, g->h, g->w,
+                               xp + (size_t)b * image_words + (size_t)p * l->cplane +
+                                   (size_t)l->pad * l->wp + l->pad,
+                               (size_t)l->wp);
+            }
+        for (int b = 0; b < nb && !xw; b++) {
             const float *x = src + (size_t)(n0 + b) * in_n;
             for (int p = 0; p < pairs; p++) {
                 const float *lo = x + (size_t)2 * p * g->h * g->w;
@@ -1039,10 +1050,12 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
         /* the next call's images, prefetched while this one computes (x comes at memory speed:
          * 3.2 MB a batch at W1's first stride-2 layer) */
         const int next = n_images - n0 - nb < l->cnb ? n_images - n0 - nb : l->cnb;
-        const float *xnext = next ? src + (size_t)(n0 + nb) * in_n : NULL;
+        const void *xnext = !next ? NULL
+                            : xw  ? (const void *)(xw + (size_t)(n0 + nb) * in_n)
+                                  : (const void *)(src + (size_t)(n0 + nb) * in_n);
         k->conv_cols(l->taps, off, pairs, l->o, wcols, xp, l->cplane, (size_t)l->wq, image_words,
                      g->oh, g->ow, nb, dst + (size_t)n0 * out_n, (size_t)ohw, out_n, tmp, xnext,
-                     (size_t)next * in_n * sizeof(float));
+                     (size_t)next * in_n * (xw ? sizeof(uint16_t) : sizeof(float)));
         if (sc) {
             const int so = sc->out_channels,
                       soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
@@ -1122,7 +1135,7 @@ cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const fl
     const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward");
     if (st != CF_OK) return st;
     if (cols_active(&l)) {
-        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL, NULL);
+        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL, NULL, NULL);
         return CF_OK;
     }
     if (l.compact) {
@@ -1155,7 +1168,7 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
     cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
     layout_make(&sl, &sg, shortcut->out_channels);
     if (cols_active(&l) && sl.cols)
-        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl, NULL);
+        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl, NULL, NULL);
     else if (l.compact)
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
     else
@@ -1188,7 +1201,7 @@ cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, con
     const size_t in_n = (size_t)l.c * g->h * g->w;
     if (cols_active(&l) && (!shortcut || sl.cols)) { /* each call's images while in cache */
         forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
-                     x_kept);
+                     x_kept, NULL);
         return CF_OK;
     }
     if (l.compact)
@@ -1198,6 +1211,63 @@ cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, con
                    false, NULL);
     /* the other paths (amx's tiles, compact layers) round x again afterwards */
     if (x_kept) cf_fp32_to_bf16(x, x_kept, (size_t)n_images * in_n);
+    return CF_OK;
+}
+
+/* run_images' forward at stride 1 (no shortcut) from x's bf16 words (xw, an even number of
+ * channels): each pair plane from two channels' words (halves_rows), then the same conv_run and
+ * copy_rows; bitwise run_images on the fp32 values the words were rounded from. */
+static void run_images_words(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
+                             const uint16_t *xw, int n_images, float *dst, float *scratch) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->cp;
+    uint32_t *xp = (uint32_t *)scratch;
+    const size_t phase_words = (size_t)pairs * l->plane, plane = (size_t)g->h * g->w,
+                 in_n = (size_t)l->c * plane, out_n = (size_t)l->o * g->oh * g->ow;
+    float *out = (float *)(xp + phase_words);
+    int off[MAX_TAPS];
+    for (int t = 0; t < l->taps; t++) off[t] = l->shift[t]; /* one phase */
+    memset(xp, 0, phase_words * sizeof(uint32_t));          /* the border stays zero */
+    for (int n = 0; n < n_images; n++) {
+        for (int p = 0; p < pairs; p++) {
+            const uint16_t *lo = xw + (size_t)n * in_n + (size_t)2 * p * plane;
+            k->halves_rows(lo, lo + plane, (size_t)g->w, g->h, g->w,
+                           xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad,
+                           (size_t)l->wp);
+        }
+        k->conv_run(l->taps, off, pairs, l->o, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
+        float *y = dst + (size_t)n * out_n;
+        for (int r = 0; r < l->o; r++)
+            k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                         y + (size_t)r * g->oh * g->ow);
+    }
+}
+
+bool cf_conv_bf16_forward_from_kept_fits(const cf_conv_geom *g, int out_channels) {
+    if (!cf_conv_bf16_supported(g, out_channels)) return false;
+    layout l;
+    layout_make(&l, g, out_channels);
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    /* the backward's weight gradient must copy the words too (kept_active), never read x */
+    return !l.compact && !l.sub && l.stride == 1 && l.c % 2 == 0 && k->rows_h && k->deal_h;
+}
+
+cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels,
+                                         const float *packed, const uint16_t *x_kept, int n_images,
+                                         float *y, float *scratch) {
+    if (!cf_conv_bf16_forward_from_kept_fits(g, out_channels))
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_conv_bf16_forward_from_kept: a %d -> %d channel %dx%d layer of stride "
+                       "%d on %d x %d images does not run from bf16 words at this level",
+                       g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
+    layout l;
+    layout_make(&l, g, out_channels);
+    const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_from_kept");
+    if (st != CF_OK) return st;
+    if (cols_active(&l))
+        forward_cols(&l, g, packed, NULL, n_images, y, scratch, NULL, NULL, NULL, x_kept);
+    else
+        run_images_words(&l, g, (const uint32_t *)packed, x_kept, n_images, y, scratch);
     return CF_OK;
 }
 
