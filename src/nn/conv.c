@@ -122,6 +122,17 @@ typedef struct conv_impl {
     float *y, *dx;
     int64_t batch;
     bool need_dx, want_dw, want_db;
+    /* dy as bf16 words (cf_nn_conv_dy_words): a BatchNorm right after this layer in a Sequential
+     * (linked when the model is planned, dyw_linked; never the first conv of a residual idpath,
+     * dyw_veto: its shortcut and add-into calls read dy in fp32) writes bf16(dx) into dyw (up to
+     * dyw_cap images) in place of its fp32 dx, for the backward that gets dyw_for as dy; that
+     * backward reads the words alone (cf_conv_bf16_backward_words). dyw_used: the last backward
+     * read them (tests). */
+    bool dyw_linked, dyw_veto;
+    uint16_t *dyw;
+    int64_t dyw_cap;
+    const float *dyw_for;
+    bool dyw_call, dyw_used;
 } conv_impl;
 
 static size_t round16(size_t n) {
@@ -350,6 +361,18 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         const size_t in_n = (size_t)c->in_c * c->g.h * c->g.w;
         c->bf16_x = (uint16_t *)cf_arena_floats(arena, ((size_t)in->dim[0] * in_n + 1) / 2);
         c->bf16_x_cap = in->dim[0];
+    }
+    /* dy's bf16 words from the BatchNorm after it: half of dy's bytes, where the layer may read
+     * them (a bf16 layer without bias on cf_conv_bf16_*, linked; cf_nn_conv_dy_words decides
+     * per call) */
+    c->dyw = NULL;
+    c->dyw_cap = 0;
+    c->dyw_for = NULL;
+    if (c->dyw_linked && !c->dyw_veto && c->bf16_implicit && c->bf16 && !c->winograd &&
+        !c->has_bias) {
+        const size_t out_n = (size_t)c->out_c * c->g.oh * c->g.ow;
+        c->dyw = (uint16_t *)cf_arena_floats(arena, ((size_t)in->dim[0] * out_n + 1) / 2);
+        c->dyw_cap = in->dim[0];
     }
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
@@ -594,6 +617,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     c->y = y->data;
     c->batch = x->shape.dim[0];
     c->by_sibling = false;
+    c->dyw_for = NULL; /* words written for an earlier pass are stale */
     c->winograd_call = use_winograd(c);
     c->winograd_bf16 = c->winograd_call && use_bf16(c);
     c->shortcut_call.out_channels = 0;
@@ -911,6 +935,21 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
+    if (c->dyw_call) { /* dy as bf16 words (the weight gradient always; dx when asked) */
+        cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
+        if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
+        bf16_note(c,
+                  cf_conv_bf16_backward_words(
+                      g, c->out_c, c->bf16_packed, c->dyw + (size_t)begin * out_n, x,
+                      c->bf16_x_kept ? c->bf16_x + (size_t)begin * in_n : NULL, count,
+                      c->dwt + (size_t)thread * c->dw_stride,
+                      c->need_dx ? c->dx + (size_t)begin * in_n : NULL, scratch,
+                      sdw.out_channels ? &sdw : NULL, c->need_dx && sdx.out_channels ? &sdx : NULL),
+                  "cf_conv_bf16_backward_words");
+        dw_written(c, begin, end);
+        dw_reduce_slices(m);
+        return;
+    }
     if (c->want_dw && c->need_dx && !c->add_dx) { /* both in one pass over the blocks */
         cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
         if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
@@ -1017,6 +1056,28 @@ static void finish_shortcut_dw(conv_impl *c, bool reduced) {
     c->shortcut_dw = NULL;
 }
 
+/* Whether this backward reads dy as the bf16 words a linked BatchNorm wrote for it (sets
+ * c->dyw_call). Words written for this dy (c->dyw_for) that this call cannot read (its
+ * conditions are cf_nn_conv_dy_words', which the BatchNorm asked just before) would leave it
+ * reading an fp32 dy that nobody wrote: the pass fails instead (false). */
+static bool dy_words_call(cf_module *m, const cf_tensor *dy, bool bf16_implicit) {
+    conv_impl *c = m->impl;
+    const bool armed = c->dyw_for && c->dyw_for == dy->data;
+    c->dyw_for = NULL;
+    c->dyw_call = armed && bf16_implicit && c->want_dw && !c->add_dx && !c->want_db &&
+                  dy->shape.dim[0] <= c->dyw_cap && cf_conv_bf16_takes_dy_words(&c->g, c->out_c);
+    c->dyw_used = c->dyw_call;
+    if (armed && !c->dyw_call) {
+        char r[128];
+        cf_module_fail(CF_ERR_STATE,
+                       "%s backward: its output gradient was left as bf16 words by the "
+                       "BatchNorm after it, but this call cannot read them (internal error)",
+                       conv_repr(c, r, sizeof r));
+        return false;
+    }
+    return true;
+}
+
 /* The backward pass. add_into: add the input gradient into it when that is exact (a 1x1 layer
  * with stride above 1: each input value receives at most one term) and return a tensor over it.
  * hand_dw: the weight gradient was handed to a sibling (cf_nn_conv_shortcut_backward). A
@@ -1046,6 +1107,8 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
         c->dx = dx->data;
     }
     if (!need_dx && !c->want_dw && !c->want_db) {
+        c->dyw_for = NULL;
+        c->dyw_used = false;
         c->shortcut_dx.out_channels = 0;
         finish_shortcut_dw(c, false);
         conv_report(c, "backward"); /* a repack for a sibling (cf_nn_conv_shortcut_backward) */
@@ -1056,6 +1119,13 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
      * its first image; threads without a chunk keep their flag clear. */
     memset(c->ran, 0, (size_t)c->n_threads);
     const bool bf16_implicit = use_bf16_implicit(c);
+    if (!dy_words_call(m, dy, bf16_implicit)) { /* dy was left unwritten: nothing to compute */
+        call_end(c, mem);
+        conv_report(c, "backward");
+        c->shortcut_dx.out_channels = 0;
+        finish_shortcut_dw(c, false);
+        return dx;
+    }
     /* the implicit layouts' weight gradient is reduced by the job itself (reduce_in_job); the
      * two-pass implicit_dw path's second job only */
     const bool dw_implicit = c->want_dw && !winograd && (bf16_implicit || implicit);
@@ -1180,6 +1250,45 @@ bool cf_nn_conv_dx_by_sibling(const cf_module *conv) {
 
 bool cf_nn_conv_dw_by_sibling(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dw_by_sibling;
+}
+
+void cf_nn_conv_link_dy_words(cf_module *conv, bool linked) {
+    ((conv_impl *)conv->impl)->dyw_linked = linked;
+}
+
+void cf_nn_conv_veto_dy_words(cf_module *conv, bool veto) {
+    ((conv_impl *)conv->impl)->dyw_veto = veto;
+}
+
+bool cf_nn_conv_dy_words_vetoed(const cf_module *conv) {
+    return ((const conv_impl *)conv->impl)->dyw_veto;
+}
+
+static atomic_bool dy_words_off;
+
+void cf__nn_dy_words_enable(bool on) {
+    atomic_store(&dy_words_off, !on);
+}
+
+uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want) {
+    if (!cf_nn_is_conv(conv)) return NULL; /* wrapped since the plan: never linked */
+    conv_impl *c = conv->impl;
+    c->dyw_for = NULL;
+    if (atomic_load(&dy_words_off)) return NULL;
+    /* what conv_backward_call will check (dy_words_call), as far as it is known here: the
+     * backward goes through cf_conv_bf16_* at this level with the weight gradient and no bias
+     * gradient, the layer takes dy as words, and the batch fits */
+    if (!want || !dy || !c->dyw || c->dyw_veto || !conv->training || !conv->params[0].trainable ||
+        c->has_bias || !use_bf16_implicit(c) || !cf_conv_bf16_takes_dy_words(&c->g, c->out_c) ||
+        dy->shape.ndim != 4 || dy->shape.dim[0] > c->dyw_cap || dy->shape.dim[1] != c->out_c ||
+        dy->shape.dim[2] != c->g.oh || dy->shape.dim[3] != c->g.ow)
+        return NULL;
+    c->dyw_for = dy->data;
+    return c->dyw;
+}
+
+bool cf_nn_conv_read_dy_words(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dyw_used;
 }
 
 static const cf_module_ops conv_ops = {

@@ -34,6 +34,15 @@ static void fuse_sequential(cf_module *m, bool enabled) {
             cf_nn_relu_follow_bn(relu, bn);
         }
     }
+    /* a Conv2d's output gradient written as bf16 words by the BatchNorm after it (unlinked by
+     * unlink_dy_words first; the idpath's first conv vetoed by its block, fused before) */
+    for (int i = 0; i + 1 < m->n_children; i++) {
+        cf_module *conv = m->children[i], *bn = m->children[i + 1];
+        if (cf_nn_is_conv(conv) && cf_nn_is_batchnorm(bn) && !cf_nn_conv_dy_words_vetoed(conv)) {
+            cf_nn_bn_link_conv(bn, conv);
+            cf_nn_conv_link_dy_words(conv, true);
+        }
+    }
 }
 
 /* A block with ReLU after the sum whose idpath ends in a BatchNorm has that BatchNorm write the
@@ -56,6 +65,7 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
         f.idpath_seq = cf_nn_is_sequential(ip);
         if (relu_after && cf_nn_is_batchnorm(last_b)) f.fold = last_b;
         if (cf_nn_is_conv(first_b)) {
+            cf_nn_conv_veto_dy_words(first_b, true); /* its dy is read in fp32 (above) */
             f.add_into = first_b;
             if (cf_nn_is_conv(first_a)) {
                 f.pair_a = first_a;
@@ -72,6 +82,18 @@ static void fuse_tree(cf_module *m, bool enabled) {
     for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled);
 }
 
+/* Drops every Conv2d -> BatchNorm dy-words link and veto of an earlier plan. */
+static void unlink_dy_words(cf_module *m) {
+    if (cf_nn_is_batchnorm(m)) cf_nn_bn_link_conv(m, NULL);
+    if (cf_nn_is_conv(m)) {
+        cf_nn_conv_link_dy_words(m, false);
+        cf_nn_conv_veto_dy_words(m, false);
+    }
+    for (int i = 0; i < m->n_children; i++) unlink_dy_words(m->children[i]);
+}
+
 void cf_nn_fuse(cf_module *root, bool enabled) {
-    if (root) fuse_tree(root, enabled);
+    if (!root) return;
+    unlink_dy_words(root);
+    fuse_tree(root, enabled);
 }

@@ -150,6 +150,31 @@ bool cf_nn_conv_dw_by_sibling(const cf_module *conv);
  * is bitwise the sum a residual block forms); otherwise its own gradient as usual. */
 const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, float *target);
 
+/* Conv2d -> BatchNorm2d, backward: the BatchNorm's input gradient as the bf16 words the
+ * convolution reads. A BatchNorm right after a Conv2d in a Sequential (both layers' own ops when
+ * planned) is linked to it (cf_nn_bn_link_conv, cf_nn_conv_link_dy_words); the first conv of a
+ * residual block's idpath is never linked (cf_nn_conv_veto_dy_words: the block's shortcut and
+ * add-into calls read its dy in fp32). At each backward the BatchNorm (a training forward, the
+ * planes path) asks cf_nn_conv_dy_words, which holds only where the convolution's next backward
+ * reads dy only as bf16 words (cf_conv_bf16_backward_words: bf16 at this level, the weight
+ * gradient, no bias, a layer that takes dy words, the batch within the plan's); the BatchNorm
+ * then writes bf16(dx) there (cf_bn_planes_dx_bf16) and leaves its fp32 dx unwritten, and the
+ * convolution's backward on that dx reads the words. Bitwise what the unlinked layers compute:
+ * the convolution rounded the same fp32 dx with the same rounding. */
+void cf_nn_bn_link_conv(cf_module *bn, cf_module *conv);
+void cf_nn_conv_link_dy_words(cf_module *conv, bool linked);
+void cf_nn_conv_veto_dy_words(cf_module *conv, bool veto);
+bool cf_nn_conv_dy_words_vetoed(const cf_module *conv);
+/* The words to write for dy (the BatchNorm's dx tensor, the convolution's next dy), or NULL:
+ * then the BatchNorm writes dy in fp32. want false (or NULL returned) disarms the convolution. */
+uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want);
+/* Tests: whether conv's last backward read its dy as words; whether bn's last backward wrote
+ * its dx as words. */
+bool cf_nn_conv_read_dy_words(const cf_module *conv);
+bool cf_nn_bn_wrote_dx_words(const cf_module *bn);
+/* Tests: off, no BatchNorm writes words (the unlinked layers, to compare with); on by default. */
+void cf__nn_dy_words_enable(bool on);
+
 /* Runs fn over the values [0, n_images * per_image) of a batch (per_image values an image) in the
  * chunks of cf_parallel_for(n_images, ...) scaled to values: each thread gets whole images, the
  * same ones the convolutions and BatchNorm give it (both split their batch with
