@@ -128,9 +128,10 @@ void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int 
                      const float *mean, const float *k1, const float *k2, const float *k3,
                      bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
 /* cf_bn_planes_dx writing bf16 words instead: dxh[i] = the words cf_fp32_to_bf16 makes of the
- * dx cf_bn_planes_dx computes (bitwise; n x s halves, ahead in values as there), each plane
- * computed a chunk at a time into a buffer on the stack and rounded at the active level: no fp32
- * dx is written (a bf16 convolution that reads its dy only as bf16 words, conv.c). */
+ * dx cf_bn_planes_dx computes (bitwise; nc x s halves, ahead in values as there), rounded in
+ * registers where the level has it (avx512, avx512_bf16, amx), else a chunk at a time through a
+ * buffer on the stack: no fp32 dx is written (for a bf16 convolution that reads its dy only as
+ * bf16 words, conv.c). */
 void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
                           const float *mean, const float *k1, const float *k2, const float *k3,
                           bool relu, const float *scale, const float *shift, ptrdiff_t ahead);

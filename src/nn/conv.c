@@ -124,13 +124,13 @@ typedef struct conv_impl {
     bool need_dx, want_dw, want_db;
     /* dy as bf16 words (cf_nn_conv_dy_words): a BatchNorm right after this layer in a Sequential
      * (linked when the model is planned, dyw_linked; never the first conv of a residual idpath,
-     * dyw_veto: its shortcut and add-into calls read dy in fp32) writes bf16(dx) into dyw (up to
-     * dyw_cap images) in place of its fp32 dx, for the backward that gets dyw_for as dy; that
-     * backward reads the words alone (cf_conv_bf16_backward_words). dyw_used: the last backward
-     * read them (tests). */
+     * dyw_veto: its shortcut and add-into calls read dy in fp32) writes bf16(dx) as n x c x h x w
+     * words at the start of its own dx buffer (dyw_for), in place of its fp32 values, for the
+     * backward that gets that buffer as dy; that backward reads the words alone
+     * (cf_conv_bf16_backward_words). The buffer is the gradients' (recycled, still in cache),
+     * where one of the layer's own would come from memory. dyw_used: the last backward read them
+     * (tests). */
     bool dyw_linked, dyw_veto;
-    uint16_t *dyw;
-    int64_t dyw_cap;
     const float *dyw_for;
     bool dyw_call, dyw_used;
 } conv_impl;
@@ -362,18 +362,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->bf16_x = (uint16_t *)cf_arena_floats(arena, ((size_t)in->dim[0] * in_n + 1) / 2);
         c->bf16_x_cap = in->dim[0];
     }
-    /* dy's bf16 words from the BatchNorm after it: half of dy's bytes, where the layer may read
-     * them (a bf16 layer without bias on cf_conv_bf16_*, linked; cf_nn_conv_dy_words decides
-     * per call) */
-    c->dyw = NULL;
-    c->dyw_cap = 0;
     c->dyw_for = NULL;
-    if (c->dyw_linked && !c->dyw_veto && c->bf16_implicit && c->bf16 && !c->winograd &&
-        !c->has_bias) {
-        const size_t out_n = (size_t)c->out_c * c->g.oh * c->g.ow;
-        c->dyw = (uint16_t *)cf_arena_floats(arena, ((size_t)in->dim[0] * out_n + 1) / 2);
-        c->dyw_cap = in->dim[0];
-    }
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
     cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
@@ -940,8 +929,8 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
         if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
         bf16_note(c,
                   cf_conv_bf16_backward_words(
-                      g, c->out_c, c->bf16_packed, c->dyw + (size_t)begin * out_n, x,
-                      c->bf16_x_kept ? c->bf16_x + (size_t)begin * in_n : NULL, count,
+                      g, c->out_c, c->bf16_packed, (const uint16_t *)c->dy + (size_t)begin * out_n,
+                      x, c->bf16_x_kept ? c->bf16_x + (size_t)begin * in_n : NULL, count,
                       c->dwt + (size_t)thread * c->dw_stride,
                       c->need_dx ? c->dx + (size_t)begin * in_n : NULL, scratch,
                       sdw.out_channels ? &sdw : NULL, c->need_dx && sdx.out_channels ? &sdx : NULL),
@@ -1065,7 +1054,7 @@ static bool dy_words_call(cf_module *m, const cf_tensor *dy, bool bf16_implicit)
     const bool armed = c->dyw_for && c->dyw_for == dy->data;
     c->dyw_for = NULL;
     c->dyw_call = armed && bf16_implicit && c->want_dw && !c->add_dx && !c->want_db &&
-                  dy->shape.dim[0] <= c->dyw_cap && cf_conv_bf16_takes_dy_words(&c->g, c->out_c);
+                  cf_conv_bf16_takes_dy_words(&c->g, c->out_c);
     c->dyw_used = c->dyw_call;
     if (armed && !c->dyw_call) {
         char r[128];
@@ -1277,14 +1266,14 @@ uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want) {
     if (atomic_load(&dy_words_off)) return NULL;
     /* what conv_backward_call will check (dy_words_call), as far as it is known here: the
      * backward goes through cf_conv_bf16_* at this level with the weight gradient and no bias
-     * gradient, the layer takes dy as words, and the batch fits */
-    if (!want || !dy || !c->dyw || c->dyw_veto || !conv->training || !conv->params[0].trainable ||
-        c->has_bias || !use_bf16_implicit(c) || !cf_conv_bf16_takes_dy_words(&c->g, c->out_c) ||
-        dy->shape.ndim != 4 || dy->shape.dim[0] > c->dyw_cap || dy->shape.dim[1] != c->out_c ||
-        dy->shape.dim[2] != c->g.oh || dy->shape.dim[3] != c->g.ow)
+     * gradient, the layer takes dy as words, dy has its output's shape */
+    if (!want || !dy || !c->dyw_linked || c->dyw_veto || !conv->training ||
+        !conv->params[0].trainable || c->has_bias || !use_bf16_implicit(c) ||
+        !cf_conv_bf16_takes_dy_words(&c->g, c->out_c) || dy->shape.ndim != 4 ||
+        dy->shape.dim[1] != c->out_c || dy->shape.dim[2] != c->g.oh || dy->shape.dim[3] != c->g.ow)
         return NULL;
     c->dyw_for = dy->data;
-    return c->dyw;
+    return (uint16_t *)dy->data; /* the words in dy's own buffer (half its bytes) */
 }
 
 bool cf_nn_conv_read_dy_words(const cf_module *conv) {

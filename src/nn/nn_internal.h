@@ -165,8 +165,9 @@ void cf_nn_bn_link_conv(cf_module *bn, cf_module *conv);
 void cf_nn_conv_link_dy_words(cf_module *conv, bool linked);
 void cf_nn_conv_veto_dy_words(cf_module *conv, bool veto);
 bool cf_nn_conv_dy_words_vetoed(const cf_module *conv);
-/* The words to write for dy (the BatchNorm's dx tensor, the convolution's next dy), or NULL:
- * then the BatchNorm writes dy in fp32. want false (or NULL returned) disarms the convolution. */
+/* Where to write dy's words (the start of dy's own buffer: the BatchNorm's dx tensor, the
+ * convolution's next dy, then holds n x c x h x w bf16 words and no fp32 value), or NULL: then
+ * the BatchNorm writes dy in fp32. want false (or NULL returned) disarms the convolution. */
 uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want);
 /* Tests: whether conv's last backward read its dy as words; whether bn's last backward wrote
  * its dx as words. */

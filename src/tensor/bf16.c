@@ -34,6 +34,10 @@ void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_
     enum { CHUNK = 512 };
     _Alignas(64) float buf[CHUNK];
     const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->dx_bf16_n) { /* rounded in registers */
+        bn->dx_bf16_n(dy, x, dxh, s, nc, mean, k1, k2, k3, relu, scale, shift, ahead);
+        return;
+    }
     for (int i = 0; i < nc; i++) {
         const size_t at = (size_t)i * (size_t)s;
         if (ahead) cf_prefetch(dxh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
