@@ -28,7 +28,9 @@
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
  *            (halves_rows) rather than rounding dy from fp32 again. x's rows are copied from the
  *            forward's bf16 words of x where it kept them (cf_conv_bf16_forward_keep; rows_h,
- *            deal_h) rather than read in fp32 and rounded again.
+ *            deal_h) rather than read in fp32 and rounded again; dy's rows likewise from the bf16
+ *            words a BatchNorm wrote in place of dy (cf_conv_bf16_backward_words; rows_h), where
+ *            dx reads dy only through those rows.
  *
  * The forward of W1-sized layers (17 to 64 output channels, planes of at most 256 positions:
  * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
