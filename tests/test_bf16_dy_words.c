@@ -107,7 +107,7 @@ static void check_layer(int n, int c, int h, int o, int k, int stride, int so) {
                  nsw = (size_t)so * c + 1;
     float *x = malloc(nx * 4), *wt = malloc(nw * 4), *dy = malloc(ny * 4), *sw = malloc(nsw * 4),
           *sdy = malloc((nsy + 1) * 4);
-    uint16_t *dyh = malloc(ny * 2), *xk = malloc(nx * 2);
+    uint16_t *dyh = malloc(ny * 2), *xk = malloc(nx * 2), *sdyh = malloc((nsy + 1) * 2);
     fill_uniform(x, nx, 41, -2, 2);
     fill_uniform(wt, nw, 42, -1, 1);
     fill_bf16_specials(dy, ny, 43);
@@ -116,6 +116,7 @@ static void check_layer(int n, int c, int h, int o, int k, int stride, int so) {
     fill_uniform(sw, nsw, 44, -1, 1);
     fill_uniform(sdy, nsy + 1, 45, -1, 1);
     for (size_t i = 0; i < ny; i++) dyh[i] = bf16_ref(dy[i]);
+    for (size_t i = 0; i < nsy; i++) sdyh[i] = bf16_ref(sdy[i]);
     cf_fp32_to_bf16(x, xk, nx);
     float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * 4),
           *spk = so ? malloc(cf_conv_bf16_packed_floats(&sg, so) * 4) : NULL,
@@ -123,47 +124,67 @@ static void check_layer(int n, int c, int h, int o, int k, int stride, int so) {
     cf_conv_bf16_pack(&g, o, wt, pk);
     if (so) cf_conv_bf16_pack(&sg, so, sw, spk);
     const bool keeps = cf_conv_bf16_keeps_input(&g, o);
-    for (int with_dx = 1; with_dx >= 0; with_dx--) {
-        float *dw[2], *dx[2], *sdw[2];
-        for (int i = 0; i < 2; i++) {
-            dw[i] = malloc(nw * 4), dx[i] = malloc(nx * 4), sdw[i] = malloc(nsw * 4);
-            for (size_t j = 0; j < nw; j++) dw[i][j] = 1e30f; /* overwritten */
-            for (size_t j = 0; j < nx; j++) dx[i][j] = 7.0f;
-            memset(sdw[i], 0, nsw * 4);
-            cf_conv_shortcut sdw_sc = {.out_channels = so, .w = spk, .dy = sdy, .dw = sdw[i]},
-                             sdx_sc = sdw_sc;
-            const cf_conv_shortcut *a = so ? &sdw_sc : NULL, *b = so && with_dx ? &sdx_sc : NULL;
-            if (i == 0)
-                assert_int_equal(cf_conv_bf16_backward_words(&g, o, pk, dyh, x, keeps ? xk : NULL,
-                                                             n, dw[i], with_dx ? dx[i] : NULL,
-                                                             scratch, a, b),
-                                 CF_OK);
-            else
-                assert_int_equal(cf_conv_bf16_backward_kept(&g, o, pk, dy, x, keeps ? xk : NULL, n,
-                                                            dw[i], with_dx ? dx[i] : NULL, scratch,
-                                                            a, b),
-                                 CF_OK);
+    /* words: dy's (own), the shortcut's, or both; with dx and without */
+    for (int words = 1; words <= (so ? 3 : 1); words++)
+        for (int with_dx = 1; with_dx >= 0; with_dx--) {
+            const bool own = words & 1, shortcut = words & 2;
+            char of[64];
+            snprintf(of, sizeof of, "%s%s%s", own ? "dy words" : "dy fp32",
+                     shortcut ? ", shortcut words" : "", with_dx ? "" : ", no dx");
+            float *dw[2], *dx[2], *sdw[2];
+            for (int i = 0; i < 2; i++) {
+                dw[i] = malloc(nw * 4), dx[i] = malloc(nx * 4), sdw[i] = malloc(nsw * 4);
+                for (size_t j = 0; j < nw; j++) dw[i][j] = 1e30f; /* overwritten */
+                for (size_t j = 0; j < nx; j++) dx[i][j] = 7.0f;
+                memset(sdw[i], 0, nsw * 4);
+                /* the words' fp32 pointers NULL: never read */
+                cf_conv_shortcut sdw_sc = {.out_channels = so,
+                                           .w = spk,
+                                           .dy = i == 0 && shortcut ? NULL : sdy,
+                                           .dw = sdw[i]},
+                                 sdx_sc = sdw_sc;
+                const cf_conv_shortcut *a = so ? &sdw_sc : NULL,
+                                       *b = so && with_dx ? &sdx_sc : NULL;
+                if (i == 0)
+                    assert_int_equal(cf_conv_bf16_backward_words(
+                                         &g, o, pk, own ? NULL : dy, own ? dyh : NULL, x,
+                                         keeps ? xk : NULL, n, dw[i], with_dx ? dx[i] : NULL,
+                                         scratch, a, b, shortcut ? sdyh : NULL),
+                                     CF_OK);
+                else
+                    assert_int_equal(cf_conv_bf16_backward_kept(&g, o, pk, dy, x, keeps ? xk : NULL,
+                                                                n, dw[i], with_dx ? dx[i] : NULL,
+                                                                scratch, a, b),
+                                     CF_OK);
+            }
+            char w2[256];
+            snprintf(w2, sizeof w2, "%s, %s", what, of);
+            same_bits(dw[0], dw[1], nw, w2, "dW");
+            same_bits(dx[0], dx[1], nx, w2, "dx");
+            same_bits(sdw[0], sdw[1], nsw, w2, "the shortcut's dW");
+            double largest = 0, slargest = 0;
+            for (size_t j = 0; j < nw; j++) largest = fmax(largest, fabs(dw[0][j]));
+            for (size_t j = 0; j + 1 < nsw; j++) slargest = fmax(slargest, fabs(sdw[0][j]));
+            assert_true(largest > 0.1); /* the sums are there */
+            assert_true(!so || slargest > 0.1);
+            for (int i = 0; i < 2; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
         }
-        same_bits(dw[0], dw[1], nw, what, with_dx ? "dW" : "dW (no dx)");
-        same_bits(dx[0], dx[1], nx, what, "dx");
-        same_bits(sdw[0], sdw[1], nsw, what, "the shortcut's dW");
-        double largest = 0;
-        for (size_t j = 0; j < nw; j++) largest = fmax(largest, fabs(dw[0][j]));
-        assert_true(largest > 0.1); /* the sums are there */
-        for (int i = 0; i < 2; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
-    }
-    /* refused: no weight gradient, or no words */
+    /* refused: no weight gradient, no dy, the shortcut's words without its weight gradient */
     float *dxr = malloc(nx * 4);
-    assert_int_equal(
-        cf_conv_bf16_backward_words(&g, o, pk, dyh, x, NULL, n, NULL, dxr, scratch, NULL, NULL),
-        CF_ERR_INVALID);
+    assert_int_equal(cf_conv_bf16_backward_words(&g, o, pk, NULL, dyh, x, NULL, n, NULL, dxr,
+                                                 scratch, NULL, NULL, NULL),
+                     CF_ERR_INVALID);
     assert_non_null(strstr(cf_last_error(), "weight gradient"));
-    assert_int_equal(
-        cf_conv_bf16_backward_words(&g, o, pk, NULL, x, NULL, n, dxr, dxr, scratch, NULL, NULL),
-        CF_ERR_INVALID);
+    assert_int_equal(cf_conv_bf16_backward_words(&g, o, pk, NULL, NULL, x, NULL, n, dxr, dxr,
+                                                 scratch, NULL, NULL, NULL),
+                     CF_ERR_INVALID);
+    assert_int_equal(cf_conv_bf16_backward_words(&g, o, pk, NULL, dyh, x, NULL, n, dxr, dxr,
+                                                 scratch, NULL, NULL, sdyh),
+                     CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "dw_shortcut"));
     free(dxr);
-    free(x), free(wt), free(dy), free(sw), free(sdy), free(dyh), free(xk), free(pk), free(spk),
-        free(scratch);
+    free(x), free(wt), free(dy), free(sw), free(sdy), free(dyh), free(sdyh), free(xk), free(pk),
+        free(spk), free(scratch);
 }
 
 static void test_conv_words(void **state) {
@@ -187,8 +208,9 @@ static void test_conv_words(void **state) {
         uint16_t *words = calloc(ny, 2);
         float *pk = malloc(cf_conv_bf16_packed_floats(&g, 16) * 4);
         cf_conv_bf16_pack(&g, 16, buf, pk);
-        assert_int_equal(cf_conv_bf16_backward_words(&g, 16, pk, words, buf, NULL, 2, buf + nx,
-                                                     NULL, buf + nx + ny, NULL, NULL),
+        assert_int_equal(cf_conv_bf16_backward_words(&g, 16, pk, NULL, words, buf, NULL, 2,
+                                                     buf + nx, NULL, buf + nx + ny, NULL, NULL,
+                                                     NULL),
                          CF_ERR_INVALID);
         assert_non_null(strstr(cf_last_error(), "cf_conv_bf16_takes_dy_words"));
         free(buf), free(words), free(pk);
@@ -246,7 +268,7 @@ static void unwrap_all(void) {
     n_wraps = 0;
 }
 
-enum { SEQ, SEQ_NO_DX, BODY };
+enum { SEQ, SEQ_NO_DX, BODY, RES_ADD, BLOCK, BLOCK_NO_DX };
 enum { MAX_PAIRS = 8 };
 
 /* A model of kind and its (conv, BatchNorm) pairs, with whether each takes the link at a level
@@ -258,6 +280,7 @@ typedef struct model_case {
     bool takes[MAX_PAIRS];
     cf_conv_geom g[MAX_PAIRS]; /* the conv's geometry and outputs */
     int o[MAX_PAIRS];
+    int kind;
     int c, h;
 } model_case;
 
@@ -296,6 +319,21 @@ static void model_make(model_case *mc, int kind) {
         root = seq_of(5, (cf_module *[]){cf_conv2d(16, 32, 3, 2, 1, false), cf_batchnorm2d(32),
                                          cf_relu(), cf_conv2d(32, 64, 3, 1, 1, false),
                                          cf_batchnorm2d(64)});
+    } else if (kind == BLOCK || kind == BLOCK_NO_DX) { /* W1's first block alone */
+        mc->c = 16, mc->h = 28;
+        root = cf_residual(
+            seq_of(5,
+                   (cf_module *[]){cf_conv2d(16, 32, 3, 2, 1, false), cf_batchnorm2d(32), cf_relu(),
+                                   cf_conv2d(32, 32, 3, 1, 1, false), cf_batchnorm2d(32)}),
+            seq_of(2, (cf_module *[]){cf_conv2d(16, 32, 1, 2, 0, false), cf_batchnorm2d(32)}),
+            true);
+    } else if (kind == RES_ADD) { /* an idpath conv whose dx is added into the convpath's */
+        mc->c = 16, mc->h = 28;
+        root = cf_residual(
+            seq_of(3, (cf_module *[]){cf_relu(), cf_conv2d(16, 32, 3, 2, 1, false),
+                                      cf_batchnorm2d(32)}),
+            seq_of(2, (cf_module *[]){cf_conv2d(16, 32, 1, 2, 0, false), cf_batchnorm2d(32)}),
+            true);
     } else {
         mc->c = 1, mc->h = 28;
         root = cf_mini_resnet_body(1);
@@ -309,6 +347,17 @@ static void model_make(model_case *mc, int kind) {
     } else if (kind == SEQ_NO_DX) {
         pair(mc, r->children[0], r->children[1], true, 16, 28, 32, 3, 2);
         pair(mc, r->children[3], r->children[4], true, 32, 14, 64, 3, 1);
+    } else if (kind == BLOCK || kind == BLOCK_NO_DX) {
+        /* without the block's input gradient the pair is not taken: the idpath's conv reads
+         * its words in its own backward */
+        cf_module *cp = r->children[0], *ip = r->children[1];
+        pair(mc, cp->children[0], cp->children[1], true, 16, 28, 32, 3, 2);
+        pair(mc, cp->children[3], cp->children[4], true, 32, 14, 32, 3, 1);
+        pair(mc, ip->children[0], ip->children[1], true, 16, 28, 32, 1, 2);
+    } else if (kind == RES_ADD) {
+        cf_module *cp = r->children[0], *ip = r->children[1];
+        pair(mc, cp->children[1], cp->children[2], true, 16, 28, 32, 3, 2);
+        pair(mc, ip->children[0], ip->children[1], false, 16, 28, 32, 1, 2); /* vetoed */
     } else {
         pair(mc, r->children[0], r->children[1], false, 1, 28, 16, 3, 1); /* the stem: fp32 */
         for (int b = 3; b <= 4; b++) {
@@ -316,10 +365,15 @@ static void model_make(model_case *mc, int kind) {
             cf_module *cp = r->children[b]->children[0], *ip = r->children[b]->children[1];
             pair(mc, cp->children[0], cp->children[1], true, c, h, 2 * c, 3, 2);
             pair(mc, cp->children[3], cp->children[4], true, 2 * c, h / 2, 2 * c, 3, 1);
-            pair(mc, ip->children[0], ip->children[1], false, c, h, 2 * c, 1, 2); /* vetoed */
+            /* its words go to the convpath's first conv with the handover */
+            pair(mc, ip->children[0], ip->children[1], true, c, h, 2 * c, 1, 2);
         }
     }
-    assert_int_equal(cf_conv_set_bf16(r, true), kind == BODY ? 7 : kind == SEQ ? 3 : 2);
+    assert_int_equal(cf_conv_set_bf16(r, true),
+                     kind == BODY                                          ? 7
+                     : kind == SEQ || kind == BLOCK || kind == BLOCK_NO_DX ? 3
+                                                                           : 2);
+    mc->kind = kind;
 }
 
 typedef struct step_out {
@@ -396,7 +450,7 @@ static void compare(int kind, int n, int threads, int steps, bool training,
     model_case mc[2];
     model_make(&mc[0], kind);
     model_make(&mc[1], kind);
-    const bool need_dx = kind != SEQ_NO_DX;
+    const bool need_dx = kind != SEQ_NO_DX && kind != BLOCK_NO_DX;
     for (int i = 0; i < 2; i++) {
         cf_model_train(mc[i].model, training);
         if (setup) setup(&mc[i], false);
@@ -441,7 +495,28 @@ static void test_models(void **state) {
         compare(SEQ, 5, threads, 3, true, NULL, ~0u);
         compare(SEQ_NO_DX, 6, threads, 3, true, NULL, ~0u);
         compare(BODY, 7, threads, 3, true, NULL, ~0u);
+        compare(RES_ADD, 5, threads, 3, true, NULL, ~0u);
+        compare(BLOCK, 5, threads, 2, true, NULL, ~0u);
+        compare(BLOCK_NO_DX, 5, threads, 2, true, NULL, ~0u);
     }
+}
+
+/* W1's body with the convpath's first convs frozen: no words for their own dy (no weight
+ * gradient), and the idpath's words no longer handed with the weight gradient: the shortcut's own
+ * weight gradient reads them, and they are made fp32 again for the sibling's dx. */
+static void freeze_siblings(model_case *mc, bool after_plan) {
+    if (after_plan) return;
+    for (int i = 0; i < mc->n_pairs; i++)
+        if (mc->g[i].sh == 2 && mc->g[i].kh == 3) {
+            mc->conv[i]->params[0].trainable = false;
+            mc->takes[i] = false;
+        }
+}
+
+static void test_frozen_sibling(void **state) {
+    (void)state;
+    compare(BODY, 5, 1, 3, true, freeze_siblings, ~0u);
+    compare(BODY, 6, 2, 2, true, freeze_siblings, ~0u);
 }
 
 /* In eval mode (a backward after an eval forward) the link is not taken. */
@@ -496,9 +571,10 @@ static void test_wrapped(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bn_dx_words), cmocka_unit_test(test_conv_words),
-        cmocka_unit_test(test_models),      cmocka_unit_test(test_eval),
-        cmocka_unit_test(test_fp32),        cmocka_unit_test(test_wrapped),
+        cmocka_unit_test(test_bn_dx_words),    cmocka_unit_test(test_conv_words),
+        cmocka_unit_test(test_models),         cmocka_unit_test(test_eval),
+        cmocka_unit_test(test_fp32),           cmocka_unit_test(test_wrapped),
+        cmocka_unit_test(test_frozen_sibling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,8 @@ static void fuse_sequential(cf_module *m, bool enabled) {
         }
     }
     /* a Conv2d's output gradient written as bf16 words by the BatchNorm after it (unlinked by
-     * unlink_dy_words first; the idpath's first conv vetoed by its block, fused before) */
+     * unlink_dy_words first; an idpath's first conv added into the convpath's alone vetoed by
+     * its block, fused before) */
     for (int i = 0; i + 1 < m->n_children; i++) {
         cf_module *conv = m->children[i], *bn = m->children[i + 1];
         if (cf_nn_is_conv(conv) && cf_nn_is_batchnorm(bn) && !cf_nn_conv_dy_words_vetoed(conv)) {
@@ -65,11 +66,13 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
         f.idpath_seq = cf_nn_is_sequential(ip);
         if (relu_after && cf_nn_is_batchnorm(last_b)) f.fold = last_b;
         if (cf_nn_is_conv(first_b)) {
-            cf_nn_conv_veto_dy_words(first_b, true); /* its dy is read in fp32 (above) */
             f.add_into = first_b;
             if (cf_nn_is_conv(first_a)) {
                 f.pair_a = first_a;
                 f.pair_b = first_b;
+                cf_nn_conv_dy_words_sibling(first_b, first_a); /* its dy words to the pair */
+            } else {
+                cf_nn_conv_veto_dy_words(first_b, true); /* dx_add reads its dy in fp32 */
             }
         }
     }
@@ -88,6 +91,7 @@ static void unlink_dy_words(cf_module *m) {
     if (cf_nn_is_conv(m)) {
         cf_nn_conv_link_dy_words(m, false);
         cf_nn_conv_veto_dy_words(m, false);
+        cf_nn_conv_dy_words_sibling(m, NULL);
     }
     for (int i = 0; i < m->n_children; i++) unlink_dy_words(m->children[i]);
 }

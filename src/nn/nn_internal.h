@@ -131,8 +131,10 @@ bool cf_nn_conv_computed_by_sibling(const cf_module *conv);
  * computes alone (a 1x1 stride-2 layer takes its weight gradient through the implicit kernel
  * wherever that runs). The shortcut's output gradient must stay alive until conv's backward. */
 typedef struct cf_nn_conv_handover {
-    cf_conv_shortcut sc; /* the shortcut's weights and output gradient */
-    cf_module *dw;       /* the shortcut, when conv computes its weight gradient; else NULL */
+    cf_conv_shortcut sc;      /* the shortcut's weights and output gradient */
+    cf_module *dw;            /* the shortcut, when conv computes its weight gradient; else NULL */
+    const uint16_t *sc_words; /* the output gradient as the bf16 words its BatchNorm wrote (with
+                                 dw only; NULL: sc.dy in fp32) */
 } cf_nn_conv_handover;
 bool cf_nn_conv_pair_backward_fits(const cf_module *conv, const cf_module *shortcut);
 void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, const cf_module *conv,
@@ -153,8 +155,9 @@ const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, f
 /* Conv2d -> BatchNorm2d, backward: the BatchNorm's input gradient as the bf16 words the
  * convolution reads. A BatchNorm right after a Conv2d in a Sequential (both layers' own ops when
  * planned) is linked to it (cf_nn_bn_link_conv, cf_nn_conv_link_dy_words); the first conv of a
- * residual block's idpath is never linked (cf_nn_conv_veto_dy_words: the block's shortcut and
- * add-into calls read its dy in fp32). At each backward the BatchNorm (a training forward, the
+ * residual block's idpath is linked only when paired with the convpath's (its words then go to
+ * that sibling), never when its dx is added into the convpath's alone (cf_nn_conv_veto_dy_words:
+ * that call reads its dy in fp32). At each backward the BatchNorm (a training forward, the
  * planes path) asks cf_nn_conv_dy_words, which holds only where the convolution's next backward
  * reads dy only as bf16 words (cf_conv_bf16_backward_words: bf16 at this level, the weight
  * gradient, no bias, a layer that takes dy words, the batch within the plan's); the BatchNorm
@@ -164,6 +167,10 @@ const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, f
 void cf_nn_bn_link_conv(cf_module *bn, cf_module *conv);
 void cf_nn_conv_link_dy_words(cf_module *conv, bool linked);
 void cf_nn_conv_veto_dy_words(cf_module *conv, bool veto);
+/* The first conv of a residual idpath paired with the convpath's first (sibling; NULL: none):
+ * its dy words are linked where the block pairs the two, and go to the sibling with the
+ * handover (cf_nn_conv_handover.sc_words). */
+void cf_nn_conv_dy_words_sibling(cf_module *conv, cf_module *sibling);
 bool cf_nn_conv_dy_words_vetoed(const cf_module *conv);
 /* Where to write dy's words (the start of dy's own buffer: the BatchNorm's dx tensor, the
  * convolution's next dy, then holds n x c x h x w bf16 words and no fp32 value), or NULL: then

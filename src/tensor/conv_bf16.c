@@ -1245,7 +1245,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         }
         if (sc) {
             const int so = sc->out_channels;
-            const float *dys = sc->dy + (size_t)n * so * plane;
+            const float *dys = sdyrows ? NULL : sc->dy + (size_t)n * so * plane;
             for (int p = 0; p < spairs && sdyrows; p++)
                 rows_pairs(sdyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
                            sdp + (size_t)p * l->planed);
@@ -1379,7 +1379,8 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
 
 static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
-                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh);
+                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
+                  const uint16_t *sdyh);
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch) {
@@ -1388,7 +1389,7 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, NULL, false);
     else
-        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false, NULL);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false, NULL, NULL);
 }
 
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
@@ -1399,7 +1400,7 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, shortcut, false);
     else
-        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false, NULL);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false, NULL, NULL);
 }
 
 #define MAX_RUNS 64
@@ -1464,10 +1465,12 @@ static bool kept_active(const layout *l, const uint16_t *xh) {
  * of rounding x again: the same words, half the bytes read (x has left the caches since the
  * forward; the fp32 reads waited on memory). dyh (NULL: none; then dy is not read and may be
  * NULL): dy's bf16 words (n x o x oh x ow, as cf_fp32_to_bf16 of dy), copied into dy's rows
- * (rows_h, which the caller checked the level has) instead of rounding dy. */
+ * (rows_h, which the caller checked the level has) instead of rounding dy; sdyh (NULL: none)
+ * the same of the paired shortcut's dy (sc->dy is then not read). */
 static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
-                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh) {
+                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
+                  const uint16_t *sdyh) {
     const layout l = *lay;
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!kept_active(&l, xh)) xh = NULL;
@@ -1561,7 +1564,10 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             for (int o = 0; o < l.o && !dhn && !l.sub; o++)
                 rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
                      dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
-            for (int o = 0; sc && o < sc->out_channels; o++)
+            for (int o = 0; sc && o < sc->out_channels && sdyh; o++)
+                k->rows_h(sdyh + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh,
+                          g->ow, dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+            for (int o = 0; sc && o < sc->out_channels && !sdyh; o++)
                 rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh, g->ow,
                      dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
@@ -1576,12 +1582,14 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
 }
 
 /* dyh (NULL: none): dy as bf16 words (cf_conv_bf16_backward_words; then dy is NULL and never
- * read: dw is given and the layer takes dy words, dy_words_fit). */
+ * read: dw is given and the layer takes dy words, dy_words_fit); sdyh (NULL: none) the paired
+ * shortcut's, with dw_shortcut and, with dx, dx_shortcut of the same dy (dx's shortcut pairs
+ * then come from the weight gradient's rows). */
 static cf_status backward(const cf_conv_geom *g, int out_channels, const float *packed,
                           const float *dy, const float *x, const uint16_t *xh, int n_images,
                           float *dw, float *dx, float *scratch, const cf_conv_shortcut *dw_shortcut,
                           const cf_conv_shortcut *dx_shortcut, const char *call,
-                          const uint16_t *dyh) {
+                          const uint16_t *dyh, const uint16_t *sdyh) {
     layout l;
     layout_make(&l, g, out_channels);
     if (dx) { /* the weight gradient does not read the pack */
@@ -1609,10 +1617,11 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
         const float *dyn = dyh ? NULL : dy + (size_t)n0 * out_n;
         if (dw) {
             cf_conv_shortcut sc = dw_shortcut ? *dw_shortcut : (cf_conv_shortcut){0};
-            if (dw_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            if (sc.dy) sc.dy += (size_t)n0 * sc.out_channels * plane; /* NULL: sdyh */
             wgrad(&l, g, dyn, x + (size_t)n0 * in_n, xh ? xh + (size_t)n0 * in_n : NULL, nb, dw,
                   wscratch, dw_shortcut ? &sc : NULL, n0 > 0, n0 > 0,
-                  dyh ? dyh + (size_t)n0 * out_n : NULL);
+                  dyh ? dyh + (size_t)n0 * out_n : NULL,
+                  sdyh ? sdyh + (size_t)n0 * sc.out_channels * plane : NULL);
         }
         if (!dx) continue;
         float *dxn = dx + (size_t)n0 * in_n;
@@ -1621,7 +1630,7 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
                           dw ? wgrad_dy_rows(&l, wscratch) : NULL);
         else if (l.stride == 2) {
             cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
-            if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            if (sc.dy) sc.dy += (size_t)n0 * sc.out_channels * plane;
             /* dy's pairs (and the shortcut's, when the weight gradient took the same dy) from
              * the weight gradient's bf16 rows of them, when it ran */
             const uint16_t *rows = dw ? wgrad_dy_rows(&l, wscratch) : NULL;
@@ -1645,7 +1654,7 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
                                 float *scratch, const cf_conv_shortcut *dw_shortcut,
                                 const cf_conv_shortcut *dx_shortcut) {
     return backward(g, out_channels, packed, dy, x, NULL, n_images, dw, dx, scratch, dw_shortcut,
-                    dx_shortcut, "cf_conv_bf16_backward", NULL);
+                    dx_shortcut, "cf_conv_bf16_backward", NULL, NULL);
 }
 
 cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, const float *packed,
@@ -1654,7 +1663,7 @@ cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, co
                                      const cf_conv_shortcut *dw_shortcut,
                                      const cf_conv_shortcut *dx_shortcut) {
     return backward(g, out_channels, packed, dy, x, x_kept, n_images, dw, dx, scratch, dw_shortcut,
-                    dx_shortcut, "cf_conv_bf16_backward_kept", NULL);
+                    dx_shortcut, "cf_conv_bf16_backward_kept", NULL, NULL);
 }
 
 /* Whether the backward takes dy as words at the active level: the rows' copy (rows_h), and the
@@ -1674,20 +1683,30 @@ bool cf_conv_bf16_takes_dy_words(const cf_conv_geom *g, int out_channels) {
 }
 
 cf_status cf_conv_bf16_backward_words(const cf_conv_geom *g, int out_channels, const float *packed,
-                                      const uint16_t *dy_words, const float *x,
+                                      const float *dy, const uint16_t *dy_words, const float *x,
                                       const uint16_t *x_kept, int n_images, float *dw, float *dx,
                                       float *scratch, const cf_conv_shortcut *dw_shortcut,
-                                      const cf_conv_shortcut *dx_shortcut) {
-    if (!dy_words || !dw || !cf_conv_bf16_takes_dy_words(g, out_channels))
+                                      const cf_conv_shortcut *dx_shortcut,
+                                      const uint16_t *shortcut_dy_words) {
+    const char *bad =
+        !dy && !dy_words ? "no dy given (fp32 or words)"
+        : !dw            ? "the weight gradient is required (dx is made from its rows of dy)"
+        : !cf_conv_bf16_takes_dy_words(g, out_channels)
+            ? "this layer does not take dy as words here (cf_conv_bf16_takes_dy_words)"
+        : shortcut_dy_words && !dw_shortcut
+            ? "the shortcut's dy words need its weight gradient (dw_shortcut)"
+        : shortcut_dy_words && dx && dx_shortcut &&
+                (dx_shortcut->dy != dw_shortcut->dy ||
+                 dx_shortcut->out_channels != dw_shortcut->out_channels)
+            ? "the shortcut's dy words need dx_shortcut to be dw_shortcut's output gradient"
+            : NULL;
+    if (bad)
         return cf_fail(CF_ERR_INVALID,
                        "cf_conv_bf16_backward_words: %s (a %dx%d stride-%d layer of %d -> %d "
                        "channels on %dx%d at level %s)",
-                       !dy_words ? "no dy words given"
-                       : !dw ? "the weight gradient is required (dx is made from its rows of dy)"
-                             : "this layer does not take dy as words here "
-                               "(cf_conv_bf16_takes_dy_words)",
-                       g->kh, g->kw, g->sh, g->c, out_channels, g->h, g->w,
+                       bad, g->kh, g->kw, g->sh, g->c, out_channels, g->h, g->w,
                        cf_isa_name(cf_active_kernels->isa));
-    return backward(g, out_channels, packed, NULL, x, x_kept, n_images, dw, dx, scratch,
-                    dw_shortcut, dx_shortcut, "cf_conv_bf16_backward_words", dy_words);
+    return backward(g, out_channels, packed, dy_words ? NULL : dy, x, x_kept, n_images, dw, dx,
+                    scratch, dw_shortcut, dx_shortcut, "cf_conv_bf16_backward_words", dy_words,
+                    shortcut_dy_words);
 }
