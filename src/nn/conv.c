@@ -123,13 +123,13 @@ typedef struct conv_impl {
     int64_t batch;
     bool need_dx, want_dw, want_db;
     /* dy as bf16 words (cf_nn_conv_dy_words): a BatchNorm right after this layer in a Sequential
-     * (linked when the model is planned, dyw_linked; never the first conv of a residual idpath,
-     * dyw_veto: its shortcut and add-into calls read dy in fp32) writes bf16(dx) as n x c x h x w
-     * words at the start of its own dx buffer (dyw_for), in place of its fp32 values, for the
-     * backward that gets that buffer as dy; that backward reads the words alone
-     * (cf_conv_bf16_backward_words). The buffer is the gradients' (recycled, still in cache),
-     * where one of the layer's own would come from memory. dyw_used: the last backward read them
-     * (tests). */
+     * (linked when the model is planned, dyw_linked; never an idpath's first conv whose dx its
+     * block adds into the convpath's alone, dyw_veto: that call reads dy in fp32) writes
+     * bf16(dx) as n x c x h x w words at the start of its own dx buffer (dyw_for), in place of
+     * its fp32 values, for the backward that gets that buffer as dy; that backward reads the
+     * words alone (cf_conv_bf16_backward_words). The buffer is the gradients' (recycled, still
+     * in cache), where one of the layer's own would come from memory. dyw_used: the last
+     * backward read them (tests). */
     bool dyw_linked, dyw_veto;
     const float *dyw_for;
     bool dyw_call, dyw_used;
