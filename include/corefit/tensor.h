@@ -127,6 +127,14 @@ void cf_bn_planes_affine_stream(const float *x, const float *add, float *y, int6
 void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
                      const float *mean, const float *k1, const float *k2, const float *k3,
                      bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
+/* cf_bn_planes_dx writing bf16 words instead: dxh[i] = the words cf_fp32_to_bf16 makes of the
+ * dx cf_bn_planes_dx computes (bitwise; nc x s halves, ahead in values as there), rounded in
+ * registers where the level has it (avx512, avx512_bf16, amx), else a chunk at a time through a
+ * buffer on the stack: no fp32 dx is written (for a bf16 convolution that reads its dy only as
+ * bf16 words, conv.c). */
+void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                          const float *mean, const float *k1, const float *k2, const float *k3,
+                          bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
 
 /* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
 
@@ -470,6 +478,25 @@ bool cf_conv_bf16_forward_from_kept_fits(const cf_conv_geom *g, int out_channels
 cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels,
                                          const float *packed, const uint16_t *x_kept, int n_images,
                                          float *y, float *scratch);
+/* dy given as its bf16 words (n x out x oh x ow halves, cf_fp32_to_bf16 of dy: what a BatchNorm
+ * linked to this layer writes in place of its fp32 input gradient): cf_conv_bf16_backward_words
+ * is cf_conv_bf16_backward_kept, bitwise, whose weight gradient copies dy's words into its rows
+ * instead of rounding dy (dy_words; NULL: dy in fp32), and the paired shortcut's likewise
+ * (shortcut_dy_words, the shortcut's dy as words; NULL: dw_shortcut->dy in fp32), dx pairing those
+ * rows as it does anyway; what is given as words is never read in fp32 (its fp32 pointer may be
+ * NULL). The weight gradient is required (dx is made from its rows; dw NULL is an error); the
+ * shortcut's words need dw_shortcut, and with dx a dx_shortcut with the same dy; and the layer must
+ * take dy as words at the active level (cf_conv_bf16_takes_dy_words: the level has the rows' copy,
+ * and dx reads dy only through those rows: stride 2, the 1x1 stride-2 layer, or stride 1 over
+ * conv_cols; not a compact small-plane layer, whose dx gathers dy from fp32); else
+ * CF_ERR_INVALID. */
+bool cf_conv_bf16_takes_dy_words(const cf_conv_geom *g, int out_channels);
+cf_status cf_conv_bf16_backward_words(const cf_conv_geom *g, int out_channels, const float *packed,
+                                      const float *dy, const uint16_t *dy_words, const float *x,
+                                      const uint16_t *x_kept, int n_images, float *dw, float *dx,
+                                      float *scratch, const cf_conv_shortcut *dw_shortcut,
+                                      const cf_conv_shortcut *dx_shortcut,
+                                      const uint16_t *shortcut_dy_words);
 
 /* ---- a bf16 stride-2 stem on a few channels: src/tensor/conv_stem_bf16.c --------------------- */
 

@@ -60,6 +60,10 @@ typedef struct bn_impl {
     cf_module *feed_conv;
     const cf_module_ops *feed_relu_ops; /* the fused ReLU's ops when linked (NULL: no ReLU) */
     bool fwd_words;
+    /* the Conv2d before this layer in a Sequential, which may read this layer's dx as bf16
+     * words (nn_internal.h, cf_nn_bn_link_conv), and whether the last backward wrote them */
+    cf_module *dy_conv;
+    bool dxw_wrote;
 } bn_impl;
 
 /* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
@@ -125,6 +129,14 @@ void cf_nn_bn_fuse_relu(cf_module *bn, const cf_module *relu) {
     ((bn_impl *)bn->impl)->relu = relu;
 }
 
+void cf_nn_bn_link_conv(cf_module *bn, cf_module *conv) {
+    ((bn_impl *)bn->impl)->dy_conv = conv;
+}
+
+bool cf_nn_bn_wrote_dx_words(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->dxw_wrote;
+}
+
 bool cf_nn_bn_fused_with(const cf_module *bn, const cf_module *relu) {
     return relu && ((const bn_impl *)bn->impl)->relu == relu;
 }
@@ -154,6 +166,7 @@ typedef struct bn_ctx {
     bool sums_ready;  /* backward: acc holds the (reduced) sums; count is their total */
     double count;
     uint16_t *words; /* forward: bf16(y) written here instead of y (the forward link) */
+    uint16_t *dxh; /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
 } bn_ctx;
 
 /* Channels per block of the two passes over planes (statistics, then output; or the gradient
@@ -713,9 +726,14 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
             const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0;
-            cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0, k + c0,
-                            k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0, b->ss + g.c + c0,
-                            ahead);
+            if (ctx->dxh)
+                cf_bn_planes_dx_bf16(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc,
+                                     b->mean + c0, k + c0, k + g.c + c0, k + 2 * g.c + c0,
+                                     ctx->relu, b->ss + c0, b->ss + g.c + c0, ahead);
+            else
+                cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0,
+                                k + c0, k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0,
+                                b->ss + g.c + c0, ahead);
         }
     }
 }
@@ -765,8 +783,12 @@ static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
     const float *k = b->coef;
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, g.c, b->mean, k, k + g.c,
-                        k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
+        if (ctx->dxh)
+            cf_bn_planes_dx_bf16(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, g.c, b->mean, k,
+                                 k + g.c, k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
+        else
+            cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, g.c, b->mean, k, k + g.c,
+                            k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
     }
 }
 
@@ -865,8 +887,18 @@ const cf_tensor *cf_nn_bn_forward_add_relu(cf_module *bn, const cf_tensor *x, co
 static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     bn_impl *b = m->impl;
     bool grads = m->params[P_WEIGHT].trainable || m->params[P_BIAS].trainable;
+    b->dxw_wrote = false;
+    if (!need_dx && b->dy_conv) cf_nn_conv_dy_words(b->dy_conv, NULL, false); /* no dx to link */
     if (!grads && !need_dx) return NULL;
     cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;
+    /* dx as the linked convolution's bf16 words where its next backward reads only those (a
+     * training forward's planes; the convolution decides the rest, cf_nn_conv_dy_words) */
+    uint16_t *dxh = NULL;
+    if (dx && b->dy_conv)
+        dxh = cf_nn_conv_dy_words(b->dy_conv, dx,
+                                  b->fwd_training && m->training && cf_nn_is_batchnorm(m) &&
+                                      geometry(&m->in->shape).s > 1);
+    b->dxw_wrote = dxh != NULL;
     bn_ctx ctx = {.m = m,
                   .x = m->in->data,
                   .dy = dy->data,
@@ -876,7 +908,8 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                   .need_dx = need_dx,
                   .grads = grads,
                   .relu = b->fwd_relu,
-                  .y = b->fwd_relu ? m->out.data : NULL};
+                  .y = b->fwd_relu ? m->out.data : NULL,
+                  .dxh = dxh};
     if (b->reduce && ctx.training) {
         double total = bn_sync_backward_sums(&ctx);
         if (!need_dx) return dx;

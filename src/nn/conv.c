@@ -127,6 +127,22 @@ typedef struct conv_impl {
      * the next forward consumes it), and whether the last forward read them (from_words). */
     const float *words_for;
     bool from_words;
+    /* dy as bf16 words (cf_nn_conv_dy_words): a BatchNorm right after this layer in a Sequential
+     * (linked when the model is planned, dyw_linked; never an idpath's first conv whose dx its
+     * block adds into the convpath's alone, dyw_veto: that call reads dy in fp32) writes
+     * bf16(dx) as n x c x h x w words at the start of its own dx buffer (dyw_for), in place of
+     * its fp32 values, for the backward that gets that buffer as dy; that backward reads the
+     * words alone (cf_conv_bf16_backward_words). The buffer is the gradients' (recycled, still
+     * in cache), where one of the layer's own would come from memory. dyw_used: the last
+     * backward read them (tests). */
+    bool dyw_linked, dyw_veto;
+    const float *dyw_for;
+    bool dyw_call, dyw_used;
+    /* a residual idpath's first conv paired with the convpath's (dyw_sibling): its dy words go
+     * to the sibling with the handover (cf_nn_conv_shortcut_backward), whose backward reads them
+     * as its shortcut's dy (shortcut_words, for the call in progress) */
+    cf_module *dyw_sibling;
+    const uint16_t *shortcut_words;
 } conv_impl;
 
 static size_t round16(size_t n) {
@@ -360,6 +376,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->bf16_x = (uint16_t *)cf_arena_floats(arena, ((size_t)in->dim[0] * in_n + 1) / 2);
         c->bf16_x_cap = in->dim[0];
     }
+    c->dyw_for = NULL;
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
     cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
@@ -644,6 +661,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     c->y = y->data;
     c->batch = x->shape.dim[0];
     c->by_sibling = false;
+    c->dyw_for = NULL; /* words written for an earlier pass are stale */
     c->winograd_call = use_winograd(c);
     c->winograd_bf16 = c->winograd_call && use_bf16(c);
     c->shortcut_call.out_channels = 0;
@@ -971,6 +989,24 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
     const float *x = c->x + (size_t)begin * in_n, *dy = c->dy + (size_t)begin * out_n;
     float *scratch = c->scratch + (size_t)thread * c->scratch_stride;
     c->ran[thread] = 1;
+    if (c->dyw_call || c->shortcut_words) { /* dy (or the shortcut's) as bf16 words */
+        cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
+        const size_t so_n = (size_t)sdx.out_channels * g->oh * g->ow;
+        if (sdx.out_channels) sdx.dy += (size_t)begin * so_n;
+        bf16_note(c,
+                  cf_conv_bf16_backward_words(
+                      g, c->out_c, c->bf16_packed, dy,
+                      c->dyw_call ? (const uint16_t *)c->dy + (size_t)begin * out_n : NULL, x,
+                      c->bf16_x_kept ? c->bf16_x + (size_t)begin * in_n : NULL, count,
+                      c->dwt + (size_t)thread * c->dw_stride,
+                      c->need_dx ? c->dx + (size_t)begin * in_n : NULL, scratch,
+                      sdw.out_channels ? &sdw : NULL, c->need_dx && sdx.out_channels ? &sdx : NULL,
+                      c->shortcut_words ? c->shortcut_words + (size_t)begin * so_n : NULL),
+                  "cf_conv_bf16_backward_words");
+        dw_written(c, begin, end);
+        dw_reduce_slices(m);
+        return;
+    }
     if (c->want_dw && c->need_dx && !c->add_dx) { /* both in one pass over the blocks */
         cf_conv_shortcut sdw = shortcut_dw_part(c, begin, thread), sdx = c->shortcut_dx;
         if (sdx.out_channels) sdx.dy += (size_t)begin * sdx.out_channels * g->oh * g->ow;
@@ -1077,6 +1113,28 @@ static void finish_shortcut_dw(conv_impl *c, bool reduced) {
     c->shortcut_dw = NULL;
 }
 
+/* Whether this backward reads dy as the bf16 words a linked BatchNorm wrote for it (sets
+ * c->dyw_call). Words written for this dy (c->dyw_for) that this call cannot read (its
+ * conditions are cf_nn_conv_dy_words', which the BatchNorm asked just before) would leave it
+ * reading an fp32 dy that nobody wrote: the pass fails instead (false). */
+static bool dy_words_call(cf_module *m, const cf_tensor *dy, bool bf16_implicit) {
+    conv_impl *c = m->impl;
+    const bool armed = c->dyw_for && c->dyw_for == dy->data;
+    c->dyw_for = NULL;
+    c->dyw_call = armed && bf16_implicit && c->want_dw && !c->add_dx && !c->want_db &&
+                  cf_conv_bf16_takes_dy_words(&c->g, c->out_c);
+    c->dyw_used = c->dyw_call;
+    if (armed && !c->dyw_call) {
+        char r[128];
+        cf_module_fail(CF_ERR_STATE,
+                       "%s backward: its output gradient was left as bf16 words by the "
+                       "BatchNorm after it, but this call cannot read them (internal error)",
+                       conv_repr(c, r, sizeof r));
+        return false;
+    }
+    return true;
+}
+
 /* The backward pass. add_into: add the input gradient into it when that is exact (a 1x1 layer
  * with stride above 1: each input value receives at most one term) and return a tensor over it.
  * hand_dw: the weight gradient was handed to a sibling (cf_nn_conv_shortcut_backward). A
@@ -1106,6 +1164,9 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
         c->dx = dx->data;
     }
     if (!need_dx && !c->want_dw && !c->want_db) {
+        c->dyw_for = NULL;
+        c->dyw_used = false;
+        c->shortcut_words = NULL;
         c->shortcut_dx.out_channels = 0;
         finish_shortcut_dw(c, false);
         conv_report(c, "backward"); /* a repack for a sibling (cf_nn_conv_shortcut_backward) */
@@ -1122,6 +1183,24 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
         cf_module_fail(CF_ERR_STATE, "Conv2d backward: the forward read its input as bf16 words, "
                                      "which this backward (its level or precision changed since) "
                                      "cannot read");
+    /* a shortcut's dy handed as words is read by the combined bf16 call alone */
+    const bool sc_words_ok = !c->shortcut_words || (bf16_implicit && c->want_dw && need_dx &&
+                                                    !c->add_dx && c->shortcut_dw);
+    if (!sc_words_ok) {
+        char r[128];
+        cf_module_fail(CF_ERR_STATE,
+                       "%s backward: its shortcut's output gradient was handed as bf16 words, but "
+                       "this call cannot read them (internal error)",
+                       conv_repr(c, r, sizeof r));
+    }
+    if (!dy_words_call(m, dy, bf16_implicit) || !sc_words_ok) { /* dy unwritten: nothing to do */
+        call_end(c, mem);
+        conv_report(c, "backward");
+        c->shortcut_dx.out_channels = 0;
+        c->shortcut_words = NULL;
+        finish_shortcut_dw(c, false);
+        return dx;
+    }
     /* the implicit layouts' weight gradient is reduced by the job itself (reduce_in_job); the
      * two-pass implicit_dw path's second job only */
     const bool dw_implicit = c->want_dw && !winograd && (bf16_implicit || implicit);
@@ -1174,6 +1253,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     call_end(c, mem);
     conv_report(c, "backward");
     c->shortcut_dx.out_channels = 0;
+    c->shortcut_words = NULL;
     return dx;
 }
 
@@ -1195,10 +1275,23 @@ bool cf_nn_conv_pair_backward_fits(const cf_module *conv, const cf_module *short
            ((const conv_impl *)shortcut->impl)->x == c->x;
 }
 
+/* dy's n values made fp32 again from the bf16 words at its start, in place (from the last:
+ * value i's bytes hold words 2i and 2i + 1, already read): exactly the values the words hold,
+ * which a reader that rounds them to bf16 again turns into the same words. */
+static void words_to_fp32(const cf_tensor *dy) {
+    const uint16_t *w = (const uint16_t *)dy->data;
+    for (size_t i = cf_tensor_numel(dy); i-- > 0;) {
+        const uint32_t bits = (uint32_t)w[i] << 16;
+        memcpy(&dy->data[i], &bits, sizeof bits);
+    }
+}
+
 void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, const cf_module *conv,
                                   cf_nn_conv_handover *h) {
     conv_impl *c = shortcut->impl;
     const conv_impl *sib = conv->impl;
+    /* dy as the words its BatchNorm wrote (cf_nn_conv_dy_words), for the sibling */
+    const bool words = c->dyw_for && c->dyw_for == dy->data;
     cf_param *wp = &shortcut->params[0];
     /* in bf16 (both through cf_conv_bf16_*), the sibling reads this layer's pack */
     const bool bf16 = use_bf16_implicit(c) && use_bf16_implicit(sib);
@@ -1220,6 +1313,15 @@ void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, cons
     }
     conv_backward_call(shortcut, dy, false, NULL, hand_dw);
     c->dx_by_sibling = true;
+    /* handed with the weight gradient, the sibling makes the rows from the words; else this
+     * layer's own weight gradient read them (dy_words_call) and the sibling's dx reads dy in
+     * fp32: the words' values, exact (a fallback: the weight gradient is handed wherever the
+     * transient pool lends its partial sums and the sibling's weights learn) */
+    if (words && hand_dw)
+        h->sc_words = (const uint16_t *)dy->data;
+    else if (words)
+        words_to_fp32(dy);
+    c->dyw_used = words;
 }
 
 const cf_tensor *cf_nn_conv_backward_with_shortcut(cf_module *conv, const cf_tensor *dy,
@@ -1227,6 +1329,7 @@ const cf_tensor *cf_nn_conv_backward_with_shortcut(cf_module *conv, const cf_ten
     conv_impl *c = conv->impl;
     c->shortcut_dx = h->sc;
     c->shortcut_dw = h->dw;
+    c->shortcut_words = h->sc_words;
     return conv_backward_call(conv, dy, true, NULL, false);
 }
 
@@ -1246,6 +1349,61 @@ bool cf_nn_conv_dx_by_sibling(const cf_module *conv) {
 
 bool cf_nn_conv_dw_by_sibling(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dw_by_sibling;
+}
+
+void cf_nn_conv_link_dy_words(cf_module *conv, bool linked) {
+    ((conv_impl *)conv->impl)->dyw_linked = linked;
+}
+
+void cf_nn_conv_veto_dy_words(cf_module *conv, bool veto) {
+    ((conv_impl *)conv->impl)->dyw_veto = veto;
+}
+
+void cf_nn_conv_dy_words_sibling(cf_module *conv, cf_module *sibling) {
+    ((conv_impl *)conv->impl)->dyw_sibling = sibling;
+}
+
+bool cf_nn_conv_dy_words_vetoed(const cf_module *conv) {
+    return ((const conv_impl *)conv->impl)->dyw_veto;
+}
+
+static atomic_bool dy_words_off;
+
+void cf__nn_dy_words_enable(bool on) {
+    atomic_store(&dy_words_off, !on);
+}
+
+uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want) {
+    if (!cf_nn_is_conv(conv)) return NULL; /* wrapped since the plan: never linked */
+    conv_impl *c = conv->impl;
+    c->dyw_for = NULL;
+    if (atomic_load(&dy_words_off)) return NULL;
+    /* what conv_backward_call will check (dy_words_call), as far as it is known here: the
+     * backward goes through cf_conv_bf16_* at this level with the weight gradient and no bias
+     * gradient, the layer takes dy as words, dy has its output's shape */
+    if (!want || !dy || !c->dyw_linked || c->dyw_veto || !conv->training ||
+        !conv->params[0].trainable || c->has_bias || !use_bf16_implicit(c) ||
+        !cf_conv_bf16_takes_dy_words(&c->g, c->out_c) || dy->shape.ndim != 4 ||
+        dy->shape.dim[1] != c->out_c || dy->shape.dim[2] != c->g.oh || dy->shape.dim[3] != c->g.ow)
+        return NULL;
+    /* a paired shortcut: only where its block pairs the two (cf_nn_conv_pair_backward_fits, as
+     * the block asks before the idpath's backward; else the block adds this layer's dx into the
+     * convpath's, reading dy in fp32). The sibling then reads the words through its stride-2
+     * rows; a block whose input gradient was not asked calls this layer's own backward (the
+     * words path without dx) */
+    cf_module *sib = c->dyw_sibling;
+    if (sib) {
+        if (!cf_nn_is_conv(sib) || !sib->training || !cf_nn_conv_pair_backward_fits(sib, conv))
+            return NULL;
+        const conv_impl *s = sib->impl;
+        if (!use_bf16_implicit(s) || !cf_conv_bf16_takes_dy_words(&s->g, s->out_c)) return NULL;
+    }
+    c->dyw_for = dy->data;
+    return (uint16_t *)dy->data; /* the words in dy's own buffer (half its bytes) */
+}
+
+bool cf_nn_conv_read_dy_words(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dyw_used;
 }
 
 static const cf_module_ops conv_ops = {

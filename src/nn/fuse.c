@@ -53,6 +53,16 @@ static void fuse_sequential(cf_module *m, bool enabled) {
         }
     }
     link_words(m);
+    /* a Conv2d's output gradient written as bf16 words by the BatchNorm after it (unlinked by
+     * unlink_dy_words first; an idpath's first conv added into the convpath's alone vetoed by
+     * its block, fused before) */
+    for (int i = 0; i + 1 < m->n_children; i++) {
+        cf_module *conv = m->children[i], *bn = m->children[i + 1];
+        if (cf_nn_is_conv(conv) && cf_nn_is_batchnorm(bn) && !cf_nn_conv_dy_words_vetoed(conv)) {
+            cf_nn_bn_link_conv(bn, conv);
+            cf_nn_conv_link_dy_words(conv, true);
+        }
+    }
 }
 
 /* A block with ReLU after the sum whose idpath ends in a BatchNorm has that BatchNorm write the
@@ -79,6 +89,9 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
             if (cf_nn_is_conv(first_a)) {
                 f.pair_a = first_a;
                 f.pair_b = first_b;
+                cf_nn_conv_dy_words_sibling(first_b, first_a); /* its dy words to the pair */
+            } else {
+                cf_nn_conv_veto_dy_words(first_b, true); /* dx_add reads its dy in fp32 */
             }
         }
     }
@@ -91,6 +104,19 @@ static void fuse_tree(cf_module *m, bool enabled) {
     for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled);
 }
 
+/* Drops every Conv2d -> BatchNorm dy-words link and veto of an earlier plan. */
+static void unlink_dy_words(cf_module *m) {
+    if (cf_nn_is_batchnorm(m)) cf_nn_bn_link_conv(m, NULL);
+    if (cf_nn_is_conv(m)) {
+        cf_nn_conv_link_dy_words(m, false);
+        cf_nn_conv_veto_dy_words(m, false);
+        cf_nn_conv_dy_words_sibling(m, NULL);
+    }
+    for (int i = 0; i < m->n_children; i++) unlink_dy_words(m->children[i]);
+}
+
 void cf_nn_fuse(cf_module *root, bool enabled) {
-    if (root) fuse_tree(root, enabled);
+    if (!root) return;
+    unlink_dy_words(root);
+    fuse_tree(root, enabled);
 }

@@ -131,8 +131,10 @@ bool cf_nn_conv_computed_by_sibling(const cf_module *conv);
  * computes alone (a 1x1 stride-2 layer takes its weight gradient through the implicit kernel
  * wherever that runs). The shortcut's output gradient must stay alive until conv's backward. */
 typedef struct cf_nn_conv_handover {
-    cf_conv_shortcut sc; /* the shortcut's weights and output gradient */
-    cf_module *dw;       /* the shortcut, when conv computes its weight gradient; else NULL */
+    cf_conv_shortcut sc;      /* the shortcut's weights and output gradient */
+    cf_module *dw;            /* the shortcut, when conv computes its weight gradient; else NULL */
+    const uint16_t *sc_words; /* the output gradient as the bf16 words its BatchNorm wrote (with
+                                 dw only; NULL: sc.dy in fp32) */
 } cf_nn_conv_handover;
 bool cf_nn_conv_pair_backward_fits(const cf_module *conv, const cf_module *shortcut);
 void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, const cf_module *conv,
@@ -149,6 +151,37 @@ bool cf_nn_conv_dw_by_sibling(const cf_module *conv);
  * (a 1x1 layer with stride above 1: each input value receives at most one term, so target + term
  * is bitwise the sum a residual block forms); otherwise its own gradient as usual. */
 const cf_tensor *cf_nn_conv_backward_add(cf_module *conv, const cf_tensor *dy, float *target);
+
+/* Conv2d -> BatchNorm2d, backward: the BatchNorm's input gradient as the bf16 words the
+ * convolution reads. A BatchNorm right after a Conv2d in a Sequential (both layers' own ops when
+ * planned) is linked to it (cf_nn_bn_link_conv, cf_nn_conv_link_dy_words); the first conv of a
+ * residual block's idpath is linked only when paired with the convpath's (its words then go to
+ * that sibling), never when its dx is added into the convpath's alone (cf_nn_conv_veto_dy_words:
+ * that call reads its dy in fp32). At each backward the BatchNorm (a training forward, the
+ * planes path) asks cf_nn_conv_dy_words, which holds only where the convolution's next backward
+ * reads dy only as bf16 words (cf_conv_bf16_backward_words: bf16 at this level, the weight
+ * gradient, no bias, a layer that takes dy words, the batch within the plan's); the BatchNorm
+ * then writes bf16(dx) there (cf_bn_planes_dx_bf16) and leaves its fp32 dx unwritten, and the
+ * convolution's backward on that dx reads the words. Bitwise what the unlinked layers compute:
+ * the convolution rounded the same fp32 dx with the same rounding. */
+void cf_nn_bn_link_conv(cf_module *bn, cf_module *conv);
+void cf_nn_conv_link_dy_words(cf_module *conv, bool linked);
+void cf_nn_conv_veto_dy_words(cf_module *conv, bool veto);
+/* The first conv of a residual idpath paired with the convpath's first (sibling; NULL: none):
+ * its dy words are linked where the block pairs the two, and go to the sibling with the
+ * handover (cf_nn_conv_handover.sc_words). */
+void cf_nn_conv_dy_words_sibling(cf_module *conv, cf_module *sibling);
+bool cf_nn_conv_dy_words_vetoed(const cf_module *conv);
+/* Where to write dy's words (the start of dy's own buffer: the BatchNorm's dx tensor, the
+ * convolution's next dy, then holds n x c x h x w bf16 words and no fp32 value), or NULL: then
+ * the BatchNorm writes dy in fp32. want false (or NULL returned) disarms the convolution. */
+uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want);
+/* Tests: whether conv's last backward read its dy as words; whether bn's last backward wrote
+ * its dx as words. */
+bool cf_nn_conv_read_dy_words(const cf_module *conv);
+bool cf_nn_bn_wrote_dx_words(const cf_module *bn);
+/* Tests: off, no BatchNorm writes words (the unlinked layers, to compare with); on by default. */
+void cf__nn_dy_words_enable(bool on);
 
 /* Runs fn over the values [0, n_images * per_image) of a batch (per_image values an image) in the
  * chunks of cf_parallel_for(n_images, ...) scaled to values: each thread gets whole images, the

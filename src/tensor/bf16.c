@@ -25,6 +25,31 @@ void cf_fp32_to_bf16(const float *x, uint16_t *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = bf16_of(x[i]);
 }
 
+/* BatchNorm's dx pass in bf16 words (tensor.h): here beside the rounding it applies. */
+void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                          const float *mean, const float *k1, const float *k2, const float *k3,
+                          bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
+    /* a chunk of a plane in fp32 (in L1), then its words: the one-plane kernel is elementwise,
+     * so a chunk's values are bitwise those of the whole plane's call (chunks of whole vectors) */
+    enum { CHUNK = 512 };
+    _Alignas(64) float buf[CHUNK];
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->dx_bf16_n) { /* rounded in registers */
+        bn->dx_bf16_n(dy, x, dxh, s, nc, mean, k1, k2, k3, relu, scale, shift, ahead);
+        return;
+    }
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dxh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        for (int64_t j = 0; j < s; j += CHUNK) {
+            const int64_t n = s - j < CHUNK ? s - j : CHUNK;
+            bn->dx(dy + at + j, x + at + j, buf, n, mean[i], k1[i], k2[i], k3[i], relu, scale[i],
+                   shift[i]);
+            cf_fp32_to_bf16(buf, dxh + at + j, (size_t)n);
+        }
+    }
+}
+
 void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const uint32_t bits = (uint32_t)x[i] << 16;

@@ -28,7 +28,9 @@
  *            cf_conv_bf16_backward then pairs the same bf16 rows of dy into dx's pair planes
  *            (halves_rows) rather than rounding dy from fp32 again. x's rows are copied from the
  *            forward's bf16 words of x where it kept them (cf_conv_bf16_forward_keep; rows_h,
- *            deal_h) rather than read in fp32 and rounded again.
+ *            deal_h) rather than read in fp32 and rounded again; dy's rows likewise from the bf16
+ *            words a BatchNorm wrote in place of dy (cf_conv_bf16_backward_words; rows_h), where
+ *            dx reads dy only through those rows.
  *
  * The forward of W1-sized layers (17 to 64 output channels, planes of at most 256 positions:
  * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
@@ -1295,7 +1297,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         if (sc) memset(sdp, 0, (size_t)spairs * l->planed * sizeof(uint32_t));
     }
     for (int n = 0; n < n_images; n++) {
-        const float *dyn = dy + (size_t)n * l->o * plane;
+        const float *dyn = dyrows ? NULL : dy + (size_t)n * l->o * plane; /* dy NULL: dyrows */
         for (int p = 0; p < pairs && dyrows; p++)
             rows_pairs(dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
                        dp + (size_t)p * l->planed + (size_t)P * l->wd + P);
@@ -1313,7 +1315,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         }
         if (sc) {
             const int so = sc->out_channels;
-            const float *dys = sc->dy + (size_t)n * so * plane;
+            const float *dys = sdyrows ? NULL : sc->dy + (size_t)n * so * plane;
             for (int p = 0; p < spairs && sdyrows; p++)
                 rows_pairs(sdyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
                            sdp + (size_t)p * l->planed);
@@ -1370,7 +1372,7 @@ static void dx_subsampled(const layout *l, const cf_conv_geom *g, const uint32_t
     if (!zeroed) /* positions past oh x ow */
         memset(dp, 0, (size_t)pairs * l->plane * sizeof(uint32_t));
     for (int n = 0; n < n_images; n++) {
-        const float *dyn = dy + (size_t)n * l->o * plane;
+        const float *dyn = dyrows ? NULL : dy + (size_t)n * l->o * plane; /* dy NULL: dyrows */
         for (int p = 0; p < pairs && dyrows; p++) { /* the rows past the channels are zero */
             const uint16_t *lo = dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s;
             k->halves_rows(lo, lo + l->dl, 0, 1, (int)plane, dp + (size_t)p * l->plane, 0);
@@ -1447,7 +1449,8 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
 
 static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
-                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed);
+                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
+                  const uint16_t *sdyh);
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch) {
@@ -1456,7 +1459,7 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, NULL, false);
     else
-        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false, NULL, NULL);
 }
 
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
@@ -1467,7 +1470,7 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, shortcut, false);
     else
-        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false, NULL, NULL);
 }
 
 #define MAX_RUNS 64
@@ -1530,10 +1533,14 @@ static bool kept_active(const layout *l, const uint16_t *xh) {
  * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. xh (NULL: none):
  * x's bf16 words (image n's at n * in_n, as cf_fp32_to_bf16 of x), copied into the rows instead
  * of rounding x again: the same words, half the bytes read (x has left the caches since the
- * forward; the fp32 reads waited on memory). */
+ * forward; the fp32 reads waited on memory). dyh (NULL: none; then dy is not read and may be
+ * NULL): dy's bf16 words (n x o x oh x ow, as cf_fp32_to_bf16 of dy), copied into dy's rows
+ * (rows_h, which the caller checked the level has) instead of rounding dy; sdyh (NULL: none)
+ * the same of the paired shortcut's dy (sc->dy is then not read). */
 static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
-                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed) {
+                  const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
+                  const uint16_t *sdyh) {
     const layout l = *lay;
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!kept_active(&l, xh)) xh = NULL;
@@ -1561,7 +1568,9 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
         if (nb < l.block) /* images past the batch: no x for the taps to read (no dy is read) */
             memset(xb, 0, (size_t)l.c * l.lx * sizeof(uint16_t));
         for (int b = 0; b < nb; b++) {
-            const float *xn = x + (size_t)(n0 + b) * in_n, *dyn = dy + (size_t)(n0 + b) * out_n;
+            const float *xn = x + (size_t)(n0 + b) * in_n,
+                        *dyn = dyh ? NULL : dy + (size_t)(n0 + b) * out_n;
+            const uint16_t *dhn = dyh ? dyh + (size_t)(n0 + b) * out_n : NULL;
             for (int c = 0; c < l.c && xh; c++) { /* the kept words (not sub: kept_active) */
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const uint16_t *src = xh + (size_t)(n0 + b) * in_n + c * plane;
@@ -1612,13 +1621,23 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
                          od, (size_t)l.wq);
                 }
             }
-            for (int o = 0; o < l.o && l.sub; o++) /* rows of ow = wq: the plane in one run */
+            for (int o = 0; o < l.o && dhn && l.sub; o++) /* dy's words: the same places */
+                memcpy(dyb + (size_t)o * l.dl + (size_t)b * l.s, dhn + (size_t)o * g->oh * g->ow,
+                       (size_t)g->oh * g->ow * sizeof(uint16_t));
+            for (int o = 0; o < l.o && dhn && !l.sub; o++)
+                k->rows_h(dhn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
+                          dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+            /* rows of ow = wq: the plane in one run */
+            for (int o = 0; o < l.o && !dhn && l.sub; o++)
                 k->from_fp32(dyn + (size_t)o * g->oh * g->ow,
                              dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)g->oh * g->ow);
-            for (int o = 0; o < l.o && !l.sub; o++)
+            for (int o = 0; o < l.o && !dhn && !l.sub; o++)
                 rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
                      dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
-            for (int o = 0; sc && o < sc->out_channels; o++)
+            for (int o = 0; sc && o < sc->out_channels && sdyh; o++)
+                k->rows_h(sdyh + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh,
+                          g->ow, dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+            for (int o = 0; sc && o < sc->out_channels && !sdyh; o++)
                 rows(sc->dy + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh, g->ow,
                      dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
         }
@@ -1632,10 +1651,15 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     }
 }
 
+/* dyh (NULL: none): dy as bf16 words (cf_conv_bf16_backward_words; then dy is NULL and never
+ * read: dw is given and the layer takes dy words, dy_words_fit); sdyh (NULL: none) the paired
+ * shortcut's, with dw_shortcut and, with dx, dx_shortcut of the same dy (dx's shortcut pairs
+ * then come from the weight gradient's rows). */
 static cf_status backward(const cf_conv_geom *g, int out_channels, const float *packed,
                           const float *dy, const float *x, const uint16_t *xh, int n_images,
                           float *dw, float *dx, float *scratch, const cf_conv_shortcut *dw_shortcut,
-                          const cf_conv_shortcut *dx_shortcut, const char *call) {
+                          const cf_conv_shortcut *dx_shortcut, const char *call,
+                          const uint16_t *dyh, const uint16_t *sdyh) {
     layout l;
     layout_make(&l, g, out_channels);
     if (dx) { /* the weight gradient does not read the pack */
@@ -1660,12 +1684,14 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
      * still in cache; every part's zero borders written once */
     for (int n0 = 0; n0 < n_images; n0 += l.block) {
         const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
-        const float *dyn = dy + (size_t)n0 * out_n;
+        const float *dyn = dyh ? NULL : dy + (size_t)n0 * out_n;
         if (dw) {
             cf_conv_shortcut sc = dw_shortcut ? *dw_shortcut : (cf_conv_shortcut){0};
-            if (dw_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            if (sc.dy) sc.dy += (size_t)n0 * sc.out_channels * plane; /* NULL: sdyh */
             wgrad(&l, g, dyn, x + (size_t)n0 * in_n, xh ? xh + (size_t)n0 * in_n : NULL, nb, dw,
-                  wscratch, dw_shortcut ? &sc : NULL, n0 > 0, n0 > 0);
+                  wscratch, dw_shortcut ? &sc : NULL, n0 > 0, n0 > 0,
+                  dyh ? dyh + (size_t)n0 * out_n : NULL,
+                  sdyh ? sdyh + (size_t)n0 * sc.out_channels * plane : NULL);
         }
         if (!dx) continue;
         float *dxn = dx + (size_t)n0 * in_n;
@@ -1674,7 +1700,7 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
                           dw ? wgrad_dy_rows(&l, wscratch) : NULL);
         else if (l.stride == 2) {
             cf_conv_shortcut sc = dx_shortcut ? *dx_shortcut : (cf_conv_shortcut){0};
-            if (dx_shortcut) sc.dy += (size_t)n0 * sc.out_channels * plane;
+            if (sc.dy) sc.dy += (size_t)n0 * sc.out_channels * plane;
             /* dy's pairs (and the shortcut's, when the weight gradient took the same dy) from
              * the weight gradient's bf16 rows of them, when it ran */
             const uint16_t *rows = dw ? wgrad_dy_rows(&l, wscratch) : NULL;
@@ -1698,7 +1724,7 @@ cf_status cf_conv_bf16_backward(const cf_conv_geom *g, int out_channels, const f
                                 float *scratch, const cf_conv_shortcut *dw_shortcut,
                                 const cf_conv_shortcut *dx_shortcut) {
     return backward(g, out_channels, packed, dy, x, NULL, n_images, dw, dx, scratch, dw_shortcut,
-                    dx_shortcut, "cf_conv_bf16_backward");
+                    dx_shortcut, "cf_conv_bf16_backward", NULL, NULL);
 }
 
 cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, const float *packed,
@@ -1707,5 +1733,50 @@ cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, co
                                      const cf_conv_shortcut *dw_shortcut,
                                      const cf_conv_shortcut *dx_shortcut) {
     return backward(g, out_channels, packed, dy, x, x_kept, n_images, dw, dx, scratch, dw_shortcut,
-                    dx_shortcut, "cf_conv_bf16_backward_kept");
+                    dx_shortcut, "cf_conv_bf16_backward_kept", NULL, NULL);
+}
+
+/* Whether the backward takes dy as words at the active level: the rows' copy (rows_h), and the
+ * layouts whose dx reads dy only through the weight gradient's rows of it, with no fp32 fallback
+ * left (not the compact small planes, which gather dy from fp32; stride 1's dx over conv_cols or
+ * stride 2's or the subsampled one's, not run_images, which also makes the forward's pairs). */
+static bool dy_words_fit(const layout *l) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return k && k->rows_h && !l->compact && (l->sub || l->stride == 2 || dcols_active(l));
+}
+
+bool cf_conv_bf16_takes_dy_words(const cf_conv_geom *g, int out_channels) {
+    if (!cf_conv_bf16_supported(g, out_channels)) return false;
+    layout l;
+    layout_make(&l, g, out_channels);
+    return dy_words_fit(&l);
+}
+
+cf_status cf_conv_bf16_backward_words(const cf_conv_geom *g, int out_channels, const float *packed,
+                                      const float *dy, const uint16_t *dy_words, const float *x,
+                                      const uint16_t *x_kept, int n_images, float *dw, float *dx,
+                                      float *scratch, const cf_conv_shortcut *dw_shortcut,
+                                      const cf_conv_shortcut *dx_shortcut,
+                                      const uint16_t *shortcut_dy_words) {
+    const char *bad =
+        !dy && !dy_words ? "no dy given (fp32 or words)"
+        : !dw            ? "the weight gradient is required (dx is made from its rows of dy)"
+        : !cf_conv_bf16_takes_dy_words(g, out_channels)
+            ? "this layer does not take dy as words here (cf_conv_bf16_takes_dy_words)"
+        : shortcut_dy_words && !dw_shortcut
+            ? "the shortcut's dy words need its weight gradient (dw_shortcut)"
+        : shortcut_dy_words && dx && dx_shortcut &&
+                (dx_shortcut->dy != dw_shortcut->dy ||
+                 dx_shortcut->out_channels != dw_shortcut->out_channels)
+            ? "the shortcut's dy words need dx_shortcut to be dw_shortcut's output gradient"
+            : NULL;
+    if (bad)
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_conv_bf16_backward_words: %s (a %dx%d stride-%d layer of %d -> %d "
+                       "channels on %dx%d at level %s)",
+                       bad, g->kh, g->kw, g->sh, g->c, out_channels, g->h, g->w,
+                       cf_isa_name(cf_active_kernels->isa));
+    return backward(g, out_channels, packed, dy_words ? NULL : dy, x, x_kept, n_images, dw, dx,
+                    scratch, dw_shortcut, dx_shortcut, "cf_conv_bf16_backward_words", dy_words,
+                    shortcut_dy_words);
 }

@@ -94,6 +94,13 @@ typedef struct cf_bn_kernels {
     void (*dx_n)(const float *dy, const float *x, float *dx, int64_t s, int nc, const float *mean,
                  const float *k1, const float *k2, const float *k3, bool relu, const float *scale,
                  const float *shift, ptrdiff_t ahead);
+    /* NULL: dx a chunk at a time, then cf_fp32_to_bf16 (cf_bn_planes_dx_bf16). dx_n writing the
+     * bf16 words of its values instead (dxh, ahead in values as there): each vector rounded as it
+     * is computed (round to nearest even, subnormals kept, a NaN quiet: cf_fp32_to_bf16's
+     * words), no fp32 written. */
+    void (*dx_bf16_n)(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                      const float *mean, const float *k1, const float *k2, const float *k3,
+                      bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
 } cf_bn_kernels;
 
 typedef struct cf_optim_kernels {

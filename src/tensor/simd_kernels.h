@@ -14,6 +14,8 @@
  *                        without masked loads defines it as a plain load, then a lane select)
  *   V_STREAM(p, v) V_SFENCE()  a non-temporal store to p (aligned to a vector) and the fence
  *                        that orders such stores (optional: without them, plain stores)
+ *   V_STORE_BF16(p, mv, v)  the lanes in mv of v as bf16 words at p, cf_fp32_to_bf16's
+ *                        rounding (optional: without it, BatchNorm's dx in bf16 goes through fp32)
  *
  * The tile keeps MR x NV_MAX accumulators in registers: 8 x 3 zmm (24 of 32) with AVX-512,
  * 4 x 3 ymm (12 of 16) with AVX2, 8 x 3 q registers (24 of 32) with NEON. Each step of the
@@ -919,6 +921,44 @@ static void simd_bn_dx_n(const float *dy, const float *x, float *dx, int64_t s, 
     }
 }
 
+#ifdef V_STORE_BF16
+/* simd_bn_dx's values, each vector stored as its bf16 words (V_STORE_BF16: cf_fp32_to_bf16's
+ * rounding), bitwise simd_bn_dx then the conversion. */
+static void simd_bn_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_t s, float mean,
+                            float k1, float k2, float k3, bool relu, float scale, float shift) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf m = V_SET1(mean), a = V_SET1(k1), b = V_SET1(k2), c = V_SET1(k3), sa = V_SET1(scale),
+             sb = V_SET1(shift);
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf xv = V_LOADU(x + i);
+        const vf g = relu ? V_LOADZ_READABLE(simd_relu_lanes(all, true, xv, sa, sb), dy + i)
+                          : V_LOADU(dy + i);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STORE_BF16(dxh + i, all, V_FMA(a, g, t));
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf xv = V_LOADZ(tm, x + full);
+        const vf g = V_LOADZ(simd_relu_lanes(tm, relu, xv, sa, sb), dy + full);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STORE_BF16(dxh + full, tm, V_FMA(a, g, t));
+    }
+}
+
+static void simd_bn_dx_bf16_n(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                              const float *mean, const float *k1, const float *k2, const float *k3,
+                              bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dxh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        simd_bn_dx_bf16(dy + at, x + at, dxh + at, s, mean[i], k1[i], k2[i], k3[i], relu, scale[i],
+                        shift[i]);
+    }
+}
+#endif
+
 static const cf_bn_kernels simd_bn_kernels = {
     .shifted_sums = simd_bn_shifted_sums,
     .affine = simd_bn_affine,
@@ -928,6 +968,9 @@ static const cf_bn_kernels simd_bn_kernels = {
     .dy_sums_n = simd_bn_dy_sums_n,
     .affine_n = simd_bn_affine_n,
     .dx_n = simd_bn_dx_n,
+#ifdef V_STORE_BF16
+    .dx_bf16_n = simd_bn_dx_bf16_n,
+#endif
 };
 
 #endif

@@ -1,0 +1,114 @@
+/* W1's step with and without the Conv2d -> BatchNorm2d bf16 dy words (nn_internal.h,
+ * cf_nn_conv_dy_words), in one process, alternating step by step: on a machine shared with
+ * other work, whole-process A/B runs of bench_step drift by more than the difference, while
+ * the two modes of one process see the same load within a few milliseconds.
+ *
+ *   bench_dy_words [--steps N] [--threads T] [--batch B] [--fp32]
+ *
+ * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
+ * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
+ * unless --fp32; the mode alternates every step (the first of each pair alternating too). Prints
+ * the CPU time of the process per forward + backward and of the backward alone, medians over the
+ * steps of each mode, and their ratio (with the link / without). */
+#include <corefit.h>
+
+#include "nn/nn_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double cpu_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int main(int argc, char **argv) {
+    int steps = 200, threads = 1, batch = 64;
+    bool bf16 = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fp32"))
+            bf16 = false;
+        else {
+            fprintf(stderr, "usage: %s [--steps N] [--threads T] [--batch B] [--fp32]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (steps < 2 || threads < 1 || batch < 1) {
+        fprintf(stderr, "bench_dy_words: steps >= 2, threads and batch >= 1\n");
+        return 2;
+    }
+    cf_set_num_threads(threads);
+    cf_model *model;
+    if (cf_model_new(&model, cf_mini_resnet(1, 10), 1) != CF_OK) {
+        fprintf(stderr, "bench_dy_words: %s\n", cf_last_error());
+        return 1;
+    }
+    if (bf16) cf_conv_set_bf16(model->root, true);
+    cf_model_train(model, true);
+    const size_t nx = (size_t)batch * 28 * 28;
+    float *x = malloc(nx * sizeof(float)), *dy = malloc((size_t)batch * 10 * sizeof(float));
+    cf_rng rng;
+    cf_rng_seed(&rng, 7);
+    for (size_t i = 0; i < nx; i++) x[i] = (float)(2 * cf_rng_uniform(&rng) - 1);
+    for (int i = 0; i < batch * 10; i++) dy[i] = (float)(cf_rng_uniform(&rng) - 0.5) / batch;
+    const cf_tensor tx = cf_tensor_view(x, cf_shape4(batch, 1, 28, 28));
+    const cf_tensor tdy = cf_tensor_view(dy, cf_shape2(batch, 10));
+    double *step_ms[2], *bwd_ms[2];
+    for (int m = 0; m < 2; m++) {
+        step_ms[m] = malloc((size_t)steps * sizeof(double));
+        bwd_ms[m] = malloc((size_t)steps * sizeof(double));
+    }
+    int n[2] = {0, 0};
+    for (int s = -4; s < 2 * steps; s++) {                /* 4 warm-up steps */
+        const int mode = s < 0 ? s & 1 : (s / 2 + s) & 1; /* on, off / off, on alternately */
+        cf__nn_dy_words_enable(mode == 1);
+        const cf_tensor *y;
+        const double t0 = cpu_ms();
+        if (cf_model_forward(model, &tx, &y) != CF_OK) {
+            fprintf(stderr, "bench_dy_words: forward: %s\n", cf_last_error());
+            return 1;
+        }
+        const double t1 = cpu_ms();
+        if (cf_model_backward(model, &tdy) != CF_OK) {
+            fprintf(stderr, "bench_dy_words: backward: %s\n", cf_last_error());
+            return 1;
+        }
+        const double t2 = cpu_ms();
+        cf_model_zero_grad(model);
+        if (s < 0) continue;
+        step_ms[mode][n[mode]] = t2 - t0;
+        bwd_ms[mode][n[mode]++] = t2 - t1;
+    }
+    cf__nn_dy_words_enable(true);
+    const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
+                 b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
+    printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
+           "per mode\n",
+           batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1]);
+    printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
+           "with %.3f (ratio %.3f)\n",
+           s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
+    for (int m = 0; m < 2; m++) free(step_ms[m]), free(bwd_ms[m]);
+    free(x), free(dy);
+    cf_model_free(model);
+    return 0;
+}
