@@ -166,7 +166,7 @@ typedef struct bn_ctx {
     bool sums_ready;  /* backward: acc holds the (reduced) sums; count is their total */
     double count;
     uint16_t *words; /* forward: bf16(y) written here instead of y (the forward link) */
-    uint16_t *dxh; /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
+    uint16_t *dxh;   /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
 } bn_ctx;
 
 /* Channels per block of the two passes over planes (statistics, then output; or the gradient
