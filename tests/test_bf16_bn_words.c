@@ -5,7 +5,7 @@
  * words. Everything must stay bitwise what the unlinked layers compute.
  *
  * Each network runs the same training steps twice from the same seed, with the link (the
- * default) and without it (cf__nn_set_words_link(false)): the outputs, input gradients, every
+ * default) and without it (cf__nn_set_x_words_link(false)): the outputs, input gradients, every
  * parameter gradient, the running statistics and the updated weights of every step, then an eval
  * forward, must be equal (memcmp), with 1 and 2 threads (BatchNorm's channel blocks and its split
  * by images), and with synchronised BatchNorm statistics (cf_model_set_bn_reduce). The networks:
@@ -160,7 +160,7 @@ static cf_status twin_reduce(double *buf, size_t n, bool backward, void *ctx) {
  * links taken by each training forward must be `expect_links` (and none in eval). */
 static record run_case(const net_case *k, run_opts o, int expect_links) {
     cf_set_num_threads(o.threads);
-    cf__nn_set_words_link(o.link);
+    cf__nn_set_x_words_link(o.link);
     cf_model *model;
     assert_int_equal(cf_model_new(&model, build(k), 21), CF_OK);
     cf_conv_set_bf16(model->root, o.bf16);
@@ -216,7 +216,7 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
     }
     free(x);
     cf_model_free(model);
-    cf__nn_set_words_link(true);
+    cf__nn_set_x_words_link(true);
     cf_set_num_threads(1);
     return r;
 }

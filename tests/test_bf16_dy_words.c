@@ -461,13 +461,13 @@ static void compare(int kind, int n, int threads, int steps, bool training,
         snprintf(what, sizeof what, "model %d, %d images, %d threads, %s, step %d", kind, n,
                  threads, training ? "training" : "eval", s);
         step_out o[2];
-        cf__nn_dy_words_enable(true);
+        cf__nn_set_dy_words_link(true);
         step(&mc[0], n, 100 + (uint64_t)s, need_dx, &o[0]);
         const unsigned got = taken(&mc[0], what);
-        cf__nn_dy_words_enable(false);
+        cf__nn_set_dy_words_link(false);
         step(&mc[1], n, 100 + (uint64_t)s, need_dx, &o[1]);
         if (taken(&mc[1], what)) fail_msg("%s: the link was taken while switched off", what);
-        cf__nn_dy_words_enable(true);
+        cf__nn_set_dy_words_link(true);
         if (got != wanted)
             fail_msg("%s: the link taken at pairs %#x, expected %#x", what, got, wanted);
         same_bits(o[0].y, o[1].y, o[0].ny, what, "y");

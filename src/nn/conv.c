@@ -150,8 +150,9 @@ static size_t round16(size_t n) {
 }
 
 static cf_status (*bf16_fault)(cf_status status, const char *call);
-/* The forward link's switch (cf__nn_set_words_link: tests compare with and without it). */
-static bool words_link_on = true;
+/* The two links' switches (cf__nn_set_x_words_link, cf__nn_set_dy_words_link: tests and
+ * bench_bf16_links compare with and without them); on by default. */
+static atomic_bool x_words_link_off, dy_words_link_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -621,8 +622,8 @@ static bool shortcut_fits_bf16(const conv_impl *c, const cf_module *shortcut, co
 static bool words_link_fits(const cf_module *m, const cf_shape *in) {
     if (!cf_nn_is_conv(m)) return false; /* a wrapper's ops may read x */
     const conv_impl *c = m->impl;
-    return words_link_on && in->ndim == 4 && in->dim[1] == c->g.c && in->dim[2] == c->g.h &&
-           in->dim[3] == c->g.w && use_bf16_implicit(c) && c->bf16_x &&
+    return !atomic_load(&x_words_link_off) && in->ndim == 4 && in->dim[1] == c->g.c &&
+           in->dim[2] == c->g.h && in->dim[3] == c->g.w && use_bf16_implicit(c) && c->bf16_x &&
            in->dim[0] <= c->bf16_x_cap && m->training && m->params[0].trainable &&
            cf_conv_bf16_forward_from_kept_fits(&c->g, c->out_c);
 }
@@ -645,8 +646,8 @@ const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n) {
     return *n ? c->bf16_x : NULL;
 }
 
-void cf__nn_set_words_link(bool on) {
-    words_link_on = on;
+void cf__nn_set_x_words_link(bool on) {
+    atomic_store(&x_words_link_off, !on);
 }
 
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
@@ -1367,17 +1368,15 @@ bool cf_nn_conv_dy_words_vetoed(const cf_module *conv) {
     return ((const conv_impl *)conv->impl)->dyw_veto;
 }
 
-static atomic_bool dy_words_off;
-
-void cf__nn_dy_words_enable(bool on) {
-    atomic_store(&dy_words_off, !on);
+void cf__nn_set_dy_words_link(bool on) {
+    atomic_store(&dy_words_link_off, !on);
 }
 
 uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want) {
     if (!cf_nn_is_conv(conv)) return NULL; /* wrapped since the plan: never linked */
     conv_impl *c = conv->impl;
     c->dyw_for = NULL;
-    if (atomic_load(&dy_words_off)) return NULL;
+    if (atomic_load(&dy_words_link_off)) return NULL;
     /* what conv_backward_call will check (dy_words_call), as far as it is known here: the
      * backward goes through cf_conv_bf16_* at this level with the weight gradient and no bias
      * gradient, the layer takes dy as words, dy has its output's shape */

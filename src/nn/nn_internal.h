@@ -181,7 +181,7 @@ uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want);
 bool cf_nn_conv_read_dy_words(const cf_module *conv);
 bool cf_nn_bn_wrote_dx_words(const cf_module *bn);
 /* Tests: off, no BatchNorm writes words (the unlinked layers, to compare with); on by default. */
-void cf__nn_dy_words_enable(bool on);
+void cf__nn_set_dy_words_link(bool on);
 
 /* Runs fn over the values [0, n_images * per_image) of a batch (per_image values an image) in the
  * chunks of cf_parallel_for(n_images, ...) scaled to values: each thread gets whole images, the
@@ -222,6 +222,6 @@ bool cf_nn_conv_read_words(const cf_module *conv);
 /* Tests: the bf16 words of x conv's last forward kept for its backward (NULL: none), *n of them. */
 const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n);
 bool cf_nn_bn_wrote_words(const cf_module *bn);
-void cf__nn_set_words_link(bool on);
+void cf__nn_set_x_words_link(bool on);
 
 #endif

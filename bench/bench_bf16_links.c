@@ -1,15 +1,17 @@
-/* W1's step with and without the Conv2d -> BatchNorm2d bf16 dy words (nn_internal.h,
- * cf_nn_conv_dy_words), in one process, alternating step by step: on a machine shared with
- * other work, whole-process A/B runs of bench_step drift by more than the difference, while
- * the two modes of one process see the same load within a few milliseconds.
+/* W1's step with and without mixed precision's bf16 words links (nn_internal.h): a BatchNorm
+ * writing the next Conv2d's input words (x, the forward link) and the previous Conv2d's output
+ * gradient words (dy, the backward link), in one process, alternating step by step: on a machine
+ * shared with other work, whole-process A/B runs of bench_step drift by more than the
+ * difference, while the two modes of one process see the same load within a few milliseconds.
  *
- *   bench_dy_words [--steps N] [--threads T] [--batch B] [--fp32]
+ *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
  * unless --fp32; the mode alternates every step (the first of each pair alternating too). Prints
  * the CPU time of the process per forward + backward and of the backward alone, medians over the
- * steps of each mode, and their ratio (with the link / without). */
+ * steps of each mode, and their ratio (with the link(s) / without). --link picks which links the
+ * mode switches (both by default); the others stay on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -37,7 +39,7 @@ static double median(double *v, int n) {
 
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
-    bool bf16 = true;
+    bool bf16 = true, link_x = true, link_dy = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -47,19 +49,27 @@ int main(int argc, char **argv) {
             batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fp32"))
             bf16 = false;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "x"))
+            link_dy = false, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "dy"))
+            link_x = false, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "both"))
+            i++;
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--threads T] [--batch B] [--fp32]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both]\n",
+                    argv[0]);
             return 2;
         }
     }
     if (steps < 2 || threads < 1 || batch < 1) {
-        fprintf(stderr, "bench_dy_words: steps >= 2, threads and batch >= 1\n");
+        fprintf(stderr, "bench_bf16_links: steps >= 2, threads and batch >= 1\n");
         return 2;
     }
     cf_set_num_threads(threads);
     cf_model *model;
     if (cf_model_new(&model, cf_mini_resnet(1, 10), 1) != CF_OK) {
-        fprintf(stderr, "bench_dy_words: %s\n", cf_last_error());
+        fprintf(stderr, "bench_bf16_links: %s\n", cf_last_error());
         return 1;
     }
     if (bf16) cf_conv_set_bf16(model->root, true);
@@ -80,16 +90,17 @@ int main(int argc, char **argv) {
     int n[2] = {0, 0};
     for (int s = -4; s < 2 * steps; s++) {                /* 4 warm-up steps */
         const int mode = s < 0 ? s & 1 : (s / 2 + s) & 1; /* on, off / off, on alternately */
-        cf__nn_dy_words_enable(mode == 1);
+        if (link_x) cf__nn_set_x_words_link(mode == 1);
+        if (link_dy) cf__nn_set_dy_words_link(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
-            fprintf(stderr, "bench_dy_words: forward: %s\n", cf_last_error());
+            fprintf(stderr, "bench_bf16_links: forward: %s\n", cf_last_error());
             return 1;
         }
         const double t1 = cpu_ms();
         if (cf_model_backward(model, &tdy) != CF_OK) {
-            fprintf(stderr, "bench_dy_words: backward: %s\n", cf_last_error());
+            fprintf(stderr, "bench_bf16_links: backward: %s\n", cf_last_error());
             return 1;
         }
         const double t2 = cpu_ms();
@@ -98,12 +109,16 @@ int main(int argc, char **argv) {
         step_ms[mode][n[mode]] = t2 - t0;
         bwd_ms[mode][n[mode]++] = t2 - t1;
     }
-    cf__nn_dy_words_enable(true);
+    cf__nn_set_x_words_link(true);
+    cf__nn_set_dy_words_link(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
-           "per mode\n",
-           batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1]);
+           "per mode, switching the %s link(s)\n",
+           batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
+           link_x && link_dy ? "x and dy"
+           : link_x          ? "x"
+                             : "dy");
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
