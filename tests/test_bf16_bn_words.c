@@ -299,13 +299,20 @@ static void test_level_changed(void **state) {
     float *x = malloc(nx * sizeof(float));
     fill_uniform(x, nx, 5, -2, 2);
     cf_model_train(model, true);
-    cf_model_zero_grad(model);
     cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
     const cf_tensor *y;
+    /* an unlinked forward first: the BatchNorm's fp32 output then holds values (a backward that
+     * read them would sum a weight gradient from them) */
+    cf__nn_set_x_words_link(false);
     assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
-    assert_true(cf_nn_conv_read_words(model->root->children[3]));
+    cf__nn_set_x_words_link(true);
+    cf_model_zero_grad(model);
+    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    cf_module *conv = model->root->children[3];
+    assert_true(cf_nn_conv_read_words(conv));
     const size_t ny = cf_tensor_numel(y);
-    float *dy = calloc(ny, sizeof(float));
+    float *dy = malloc(ny * sizeof(float));
+    fill_uniform(dy, ny, 6, -1, 1); /* nonzero: a weight gradient summed from x would show */
     cf_tensor tdy = cf_tensor_view(dy, y->shape);
     const cf_kernel_table *level = cf_active_kernels; /* the amx emulation's too */
     cf_active_kernels = &cf_kernels_avx512;
@@ -313,6 +320,12 @@ static void test_level_changed(void **state) {
     cf_active_kernels = level;
     assert_int_equal(st, CF_ERR_STATE);
     assert_non_null(strstr(cf_last_error(), "bf16 words"));
+    /* the failed pass left that convolution's weight gradient as it was (zero), not summed from
+     * the input the BatchNorm did not write */
+    for (size_t i = 0; i < conv->params[0].numel; i++)
+        if (conv->params[0].grad[i] != 0.0f)
+            fail_msg("the weight gradient [%zu] = %g after the failed pass", i,
+                     (double)conv->params[0].grad[i]);
     free(x), free(dy);
     cf_model_free(model);
 #endif

@@ -268,7 +268,7 @@ static void unwrap_all(void) {
     n_wraps = 0;
 }
 
-enum { SEQ, SEQ_NO_DX, BODY, RES_ADD, BLOCK, BLOCK_NO_DX };
+enum { SEQ, SEQ_NO_DX, BODY, RES_ADD, BLOCK, BLOCK_NO_DX, BLOCK_BIAS };
 enum { MAX_PAIRS = 8 };
 
 /* A model of kind and its (conv, BatchNorm) pairs, with whether each takes the link at a level
@@ -327,6 +327,14 @@ static void model_make(model_case *mc, int kind) {
                                    cf_conv2d(32, 32, 3, 1, 1, false), cf_batchnorm2d(32)}),
             seq_of(2, (cf_module *[]){cf_conv2d(16, 32, 1, 2, 0, false), cf_batchnorm2d(32)}),
             true);
+    } else if (kind == BLOCK_BIAS) { /* W1's first block, the convpath's first conv biased */
+        mc->c = 16, mc->h = 28;
+        root = cf_residual(
+            seq_of(5,
+                   (cf_module *[]){cf_conv2d(16, 32, 3, 2, 1, true), cf_batchnorm2d(32), cf_relu(),
+                                   cf_conv2d(32, 32, 3, 1, 1, false), cf_batchnorm2d(32)}),
+            seq_of(2, (cf_module *[]){cf_conv2d(16, 32, 1, 2, 0, false), cf_batchnorm2d(32)}),
+            true);
     } else if (kind == RES_ADD) { /* an idpath conv whose dx is added into the convpath's */
         mc->c = 16, mc->h = 28;
         root = cf_residual(
@@ -354,6 +362,13 @@ static void model_make(model_case *mc, int kind) {
         pair(mc, cp->children[0], cp->children[1], true, 16, 28, 32, 3, 2);
         pair(mc, cp->children[3], cp->children[4], true, 32, 14, 32, 3, 1);
         pair(mc, ip->children[0], ip->children[1], true, 16, 28, 32, 1, 2);
+    } else if (kind == BLOCK_BIAS) {
+        /* the biased conv reads its own dy in fp32 (its bias gradient sums it); the idpath's
+         * words still go to it with the handover, and its bias gradient must not be lost */
+        cf_module *cp = r->children[0], *ip = r->children[1];
+        pair(mc, cp->children[0], cp->children[1], false, 16, 28, 32, 3, 2);
+        pair(mc, cp->children[3], cp->children[4], true, 32, 14, 32, 3, 1);
+        pair(mc, ip->children[0], ip->children[1], true, 16, 28, 32, 1, 2);
     } else if (kind == RES_ADD) {
         cf_module *cp = r->children[0], *ip = r->children[1];
         pair(mc, cp->children[1], cp->children[2], true, 16, 28, 32, 3, 2);
@@ -370,9 +385,10 @@ static void model_make(model_case *mc, int kind) {
         }
     }
     assert_int_equal(cf_conv_set_bf16(r, true),
-                     kind == BODY                                          ? 7
-                     : kind == SEQ || kind == BLOCK || kind == BLOCK_NO_DX ? 3
-                                                                           : 2);
+                     kind == BODY ? 7
+                     : kind == SEQ || kind == BLOCK || kind == BLOCK_NO_DX || kind == BLOCK_BIAS
+                         ? 3
+                         : 2);
     mc->kind = kind;
 }
 
@@ -498,6 +514,7 @@ static void test_models(void **state) {
         compare(RES_ADD, 5, threads, 3, true, NULL, ~0u);
         compare(BLOCK, 5, threads, 2, true, NULL, ~0u);
         compare(BLOCK_NO_DX, 5, threads, 2, true, NULL, ~0u);
+        compare(BLOCK_BIAS, 5, threads, 2, true, NULL, ~0u);
     }
 }
 

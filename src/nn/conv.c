@@ -1005,6 +1005,9 @@ static void conv_backward_bf16_range(void *ctx, int64_t begin, int64_t end, int 
                       c->shortcut_words ? c->shortcut_words + (size_t)begin * so_n : NULL),
                   "cf_conv_bf16_backward_words");
         dw_written(c, begin, end);
+        /* only with the shortcut's words: dy itself is then fp32 (dy_words_call never takes
+         * words for a layer with a bias gradient), as backward_kept's branch sums it */
+        if (c->want_db) bias_grad(c, begin, end, c->db + (size_t)thread * c->db_stride, true);
         dw_reduce_slices(m);
         return;
     }
@@ -1180,10 +1183,14 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     const bool bf16_implicit = use_bf16_implicit(c);
     /* after a forward from a BatchNorm's words (x itself unwritten), only the bf16 pass that
      * copies them may take the weight gradient: the table or the precision changed since */
-    if (c->from_words && c->want_dw && !(bf16_implicit && need_dx && !c->add_dx))
+    if (c->from_words && c->want_dw && !(bf16_implicit && need_dx && !c->add_dx)) {
         cf_module_fail(CF_ERR_STATE, "Conv2d backward: the forward read its input as bf16 words, "
                                      "which this backward (its level or precision changed since) "
                                      "cannot read");
+        /* the pass fails; the weight gradient is left as it was rather than summed from the
+         * unwritten x (dx, from the weights and dy, is still made for the layers before) */
+        c->want_dw = false;
+    }
     /* a shortcut's dy handed as words is read by the combined bf16 call alone */
     const bool sc_words_ok = !c->shortcut_words || (bf16_implicit && c->want_dw && need_dx &&
                                                     !c->add_dx && c->shortcut_dw);
