@@ -60,9 +60,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "bn"))
             link_x = link_dy = false, bn_passes = true, i++;
         else {
-            fprintf(stderr,
-                    "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both|bn]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both|bn]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -122,7 +123,7 @@ int main(int argc, char **argv) {
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching the %s link(s)\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           bn_passes         ? "BatchNorm passes' (both words links on)"
+           bn_passes           ? "BatchNorm passes' (both words links on)"
            : link_x && link_dy ? "x and dy"
            : link_x            ? "x"
                                : "dy");

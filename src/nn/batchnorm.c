@@ -186,7 +186,7 @@ typedef struct bn_ctx {
     /* forward, the fold: the other term computed here as x2 * ss2[c] + ss2[C + c] (the deferred
      * BatchNorm's input, scale and shift) in place of add (NULL: add) */
     const float *x2, *ss2;
-    uint16_t *dxh;   /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
+    uint16_t *dxh; /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
 } bn_ctx;
 
 /* Channels per block of the two passes over planes (statistics, then output; or the gradient
@@ -698,7 +698,8 @@ static void bn_fold_take(cf_module *m, const cf_tensor *x, const float *add, bn_
     bn_impl *ab = a->impl;
     if (!ab->pending) return;
     ab->pending = false;
-    if (add && add == a->out.data && cf_shape_equal(&a->in->shape, &x->shape) && x->shape.ndim > 2) {
+    if (add && add == a->out.data && cf_shape_equal(&a->in->shape, &x->shape) &&
+        x->shape.ndim > 2) {
         ctx->x2 = a->in->data;
         ctx->ss2 = ab->ss;
     } else {
