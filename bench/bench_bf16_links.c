@@ -121,12 +121,12 @@ int main(int argc, char **argv) {
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
-           "per mode, switching the %s link(s)\n",
+           "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           bn_passes           ? "BatchNorm passes' (both words links on)"
-           : link_x && link_dy ? "x and dy"
-           : link_x            ? "x"
-                               : "dy");
+           bn_passes           ? "BatchNorm's fused passes (both words links on)"
+           : link_x && link_dy ? "the x and dy links"
+           : link_x            ? "the x link"
+                               : "the dy link");
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);

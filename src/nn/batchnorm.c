@@ -22,6 +22,8 @@
  * which gives y's sign exactly. As the last layer of a residual block's idpath (or of the convpath
  * of a block without idpath) it may also be asked to write the block's max(a + y, 0)
  * (cf_nn_bn_forward_add_relu; the backward is then the plain one: the block masks the gradient).
+ * As that fold it may compute its a, the convpath's last BatchNorm's output, itself: that layer
+ * then writes no output (nn_internal.h, cf_nn_bn_fold_addend).
  *
  * Synchronised (cf_model_set_bn_reduce): a training forward first takes this replica's sums per
  * channel, has the group reduce them, and normalises with the whole batch's statistics through
