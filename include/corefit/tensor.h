@@ -136,6 +136,21 @@ void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_
                           const float *mean, const float *k1, const float *k2, const float *k3,
                           bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
 
+/* cf_bn_planes_affine without add writing bf16 words instead: yh[i] = the words cf_fp32_to_bf16
+ * makes of the y cf_bn_planes_affine computes (bitwise; nc x s halves, ahead in values), rounded
+ * in registers where the level has it (avx512, avx512_bf16, amx), else a chunk at a time through
+ * a buffer on the stack: no fp32 y is written (a BatchNorm writing the next bf16 convolution's
+ * input words, nn_internal.h). */
+void cf_bn_planes_affine_bf16(const float *x, uint16_t *yh, int64_t s, int nc, const float *scale,
+                              const float *shift, bool relu, ptrdiff_t ahead);
+/* y = max((x2 * scale2[i] + shift2[i]) + (x * scale[i] + shift[i]), 0) over nc planes: bitwise
+ * cf_bn_planes_affine of x2 (no add, no ReLU) into a buffer, then cf_bn_planes_affine of x with
+ * that buffer as add (a residual block's relu(bn_a(x2) + bn_b(x)) without bn_a's output written:
+ * its statistics' scale and shift applied here). ahead as cf_bn_planes_affine's, for y and x2. */
+void cf_bn_planes_affine_add2(const float *x, const float *x2, float *y, int64_t s, int nc,
+                              const float *scale, const float *shift, const float *scale2,
+                              const float *shift2, ptrdiff_t ahead);
+
 /* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
 
 /* The maximum of x[0..n) and its first position (a NaN wins, at its first position), and the

@@ -22,6 +22,8 @@
  * which gives y's sign exactly. As the last layer of a residual block's idpath (or of the convpath
  * of a block without idpath) it may also be asked to write the block's max(a + y, 0)
  * (cf_nn_bn_forward_add_relu; the backward is then the plain one: the block masks the gradient).
+ * As that fold it may compute its a, the convpath's last BatchNorm's output, itself: that layer
+ * then writes no output (nn_internal.h, cf_nn_bn_fold_addend).
  *
  * Synchronised (cf_model_set_bn_reduce): a training forward first takes this replica's sums per
  * channel, has the group reduce them, and normalises with the whole batch's statistics through
@@ -31,6 +33,7 @@
 #include "nn_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 enum { P_WEIGHT, P_BIAS, P_RMEAN, P_RVAR, P_COUNT };
@@ -64,7 +67,22 @@ typedef struct bn_impl {
      * words (nn_internal.h, cf_nn_bn_link_conv), and whether the last backward wrote them */
     cf_module *dy_conv;
     bool dxw_wrote;
+    /* the residual fold (nn_internal.h, cf_nn_bn_fold_addend): on the fold, the convpath's last
+     * BatchNorm whose output it may compute itself (addend); on that BatchNorm, the fold that
+     * armed its next forward (armed), and whether its last forward left its output to the fold
+     * (deferred: statistics, scale and shift set, y not written) */
+    cf_module *addend;
+    cf_module *armed;
+    bool deferred, pending; /* pending: deferred and not yet computed by the fold */
 } bn_impl;
+
+/* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
+ * through an fp32 buffer and no output is left to a fold, as before both existed. */
+static atomic_bool fused_passes_off;
+
+void cf__nn_set_bn_fused_passes(bool on) {
+    atomic_store(&fused_passes_off, !on);
+}
 
 /* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
  * output is y, dy where y > 0 and 0 elsewhere (ReLU's backward). */
@@ -166,7 +184,11 @@ typedef struct bn_ctx {
     bool sums_ready;  /* backward: acc holds the (reduced) sums; count is their total */
     double count;
     uint16_t *words; /* forward: bf16(y) written here instead of y (the forward link) */
-    uint16_t *dxh;   /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
+    bool defer;      /* forward: statistics, scale and shift only, y left to the fold */
+    /* forward, the fold: the other term computed here as x2 * ss2[c] + ss2[C + c] (the deferred
+     * BatchNorm's input, scale and shift) in place of add (NULL: add) */
+    const float *x2, *ss2;
+    uint16_t *dxh; /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
 } bn_ctx;
 
 /* Channels per block of the two passes over planes (statistics, then output; or the gradient
@@ -268,14 +290,21 @@ static void bn_scale_shift(bn_ctx *ctx, int64_t c0, int64_t c1) {
 #define BN_WORDS_CHUNK 2048
 
 /* The forward link's output (nn_internal.h): the nc planes of s values from offset at, as bf16
- * words at ctx->words + at in place of y. cf_bn_planes_affine computes them into a buffer in L1
- * (a few planes, or part of a plane, at a time: the values do not depend on the grouping, each
- * is its own x * scale + shift), cf_fp32_to_bf16 rounds them: the words the convolution would
- * have rounded y to, and the cold fp32 output is neither read for ownership nor written. */
+ * words at ctx->words + at in place of y: the words the convolution would have rounded y to, and
+ * the cold fp32 output is neither read for ownership nor written. cf_bn_planes_affine_bf16 rounds
+ * each vector as it computes it; with the passes' test switch off, cf_bn_planes_affine computes
+ * them into a buffer in L1 (a few planes, or part of a plane, at a time: the values do not depend
+ * on the grouping, each is its own x * scale + shift) and cf_fp32_to_bf16 rounds them. */
 static void bn_affine_words(const bn_ctx *ctx, size_t at, int nc, const float *scale,
-                            const float *shift) {
-    float buf[BN_WORDS_CHUNK];
+                            const float *shift, ptrdiff_t ahead) {
     const int64_t s = ctx->g.s;
+    if (!atomic_load_explicit(&fused_passes_off, memory_order_relaxed)) {
+        /* each vector rounded in registers where the level has it (no buffer) */
+        cf_bn_planes_affine_bf16(ctx->x + at, ctx->words + at, s, nc, scale, shift, ctx->relu,
+                                 ahead);
+        return;
+    }
+    float buf[BN_WORDS_CHUNK];
     if (s > BN_WORDS_CHUNK) {
         for (int i = 0; i < nc; i++)
             for (int64_t j = 0; j < s; j += BN_WORDS_CHUNK) {
@@ -324,6 +353,7 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         bn_finish_stats(ctx, c0, c1);
     }
     bn_scale_shift(ctx, c0, c1);
+    if (ctx->defer) return; /* the fold writes the output */
     const float *scale = b->ss, *shift = b->ss + g.c;
     const int nc = (int)(c1 - c0);
     const bool stream = bn_stream(&g);
@@ -331,7 +361,12 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
         const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
         if (ctx->words) {
-            bn_affine_words(ctx, at, nc, scale + c0, shift + c0);
+            bn_affine_words(ctx, at, nc, scale + c0, shift + c0, ahead);
+            continue;
+        }
+        if (ctx->x2) { /* never streamed: a deferring layer's output is not (bn_defer) */
+            cf_bn_planes_affine_add2(ctx->x + at, ctx->x2 + at, ctx->y + at, g.s, nc, scale + c0,
+                                     shift + c0, ctx->ss2 + c0, ctx->ss2 + g.c + c0, ahead);
             continue;
         }
         (stream ? cf_bn_planes_affine_stream
@@ -479,7 +514,10 @@ static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
         if (ctx->words)
-            bn_affine_words(ctx, at, g.c, scale, shift);
+            bn_affine_words(ctx, at, g.c, scale, shift, 0);
+        else if (ctx->x2)
+            cf_bn_planes_affine_add2(ctx->x + at, ctx->x2 + at, ctx->y + at, g.s, g.c, scale, shift,
+                                     ctx->ss2, ctx->ss2 + g.c, 0);
         else
             cf_bn_planes_affine(ctx->x + at, ctx->add ? ctx->add + at : NULL, ctx->y + at, g.s, g.c,
                                 scale, shift, ctx->relu, 0);
@@ -499,7 +537,7 @@ static bool bn_forward_split(bn_ctx *ctx) {
         bn_finish_stats(ctx, 0, ctx->g.c);
     }
     bn_scale_shift(ctx, 0, ctx->g.c);
-    cf_parallel_for(ctx->g.n, split_forward_out, ctx);
+    if (!ctx->defer) cf_parallel_for(ctx->g.n, split_forward_out, ctx);
     return true;
 }
 
@@ -612,6 +650,65 @@ static uint16_t *bn_words_target(cf_module *m, const cf_tensor *x, const float *
     return words;
 }
 
+void cf_nn_bn_fold_addend(cf_module *fold, cf_module *bn) {
+    bn_impl *f = fold->impl;
+    f->addend = bn && cf_nn_is_batchnorm(bn) ? bn : NULL;
+    f->armed = NULL;
+}
+
+void cf_nn_bn_fold_arm(cf_module *fold) {
+    if (!cf_nn_is_batchnorm(fold)) return; /* wrapped since the plan: no deferral */
+    cf_module *a = ((bn_impl *)fold->impl)->addend;
+    if (a && cf_nn_is_batchnorm(a)) ((bn_impl *)a->impl)->armed = fold;
+}
+
+bool cf_nn_bn_deferred(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->deferred;
+}
+
+/* Whether this forward leaves its output to the fold that armed it (cf_nn_bn_fold_arm, once):
+ * planes whose output would not be streamed, no fused ReLU, no residual sum of its own, no words,
+ * both layers' ops their own (a wrapper could read y), and the fold still linked to this layer. */
+static bool bn_defer(cf_module *m, const cf_tensor *x, const float *add, const uint16_t *words) {
+    bn_impl *b = m->impl;
+    cf_module *fold = b->armed;
+    b->armed = NULL;
+    if (!fold || atomic_load_explicit(&fused_passes_off, memory_order_relaxed)) return false;
+    const geom g = geometry(&x->shape);
+    return cf_nn_is_batchnorm(m) && cf_nn_is_batchnorm(fold) &&
+           ((const bn_impl *)fold->impl)->addend == m && !b->relu && !add && !words && g.s > 1 &&
+           g.n > 0 && !bn_stream(&g);
+}
+
+/* A deferred layer's output written after all (the fold's add was not its output). */
+static void bn_write_deferred(cf_module *a) {
+    const bn_impl *ab = a->impl;
+    const geom g = geometry(&a->in->shape);
+    const size_t per = (size_t)g.c * (size_t)g.s;
+    for (int n = 0; n < g.n; n++)
+        cf_bn_planes_affine(a->in->data + n * per, NULL, a->out.data + n * per, g.s, g.c, ab->ss,
+                            ab->ss + g.c, false, 0);
+}
+
+/* The fold (add: the convpath's output) computes its addend's output itself where that layer
+ * deferred it and add is that output: ctx's x2 and ss2. */
+static void bn_fold_take(cf_module *m, const cf_tensor *x, const float *add, bn_ctx *ctx) {
+    bn_impl *b = m->impl;
+    cf_module *a = b->addend;
+    if (!a) return;
+    ((bn_impl *)a->impl)->armed = NULL;
+    bn_impl *ab = a->impl;
+    if (!ab->pending) return;
+    ab->pending = false;
+    if (add && add == a->out.data && cf_shape_equal(&a->in->shape, &x->shape) &&
+        x->shape.ndim > 2) {
+        ctx->x2 = a->in->data;
+        ctx->ss2 = ab->ss;
+    } else {
+        bn_write_deferred(a);
+    }
+}
+
 /* add: NULL, or a residual block's other path: y = max(add + bn(x), 0). */
 static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const float *add) {
     bn_impl *b = m->impl;
@@ -629,6 +726,9 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
     b->fwd_relu = ctx.relu;
     ctx.words = bn_words_target(m, x, add);
     b->fwd_words = ctx.words != NULL;
+    ctx.defer = bn_defer(m, x, add, ctx.words);
+    b->deferred = b->pending = ctx.defer;
+    bn_fold_take(m, x, add, &ctx);
     if (!m->training) {
         const float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
         for (int f = 0; f < c; f++) {

@@ -84,6 +84,7 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
         f.convpath_seq = cf_nn_is_sequential(cp);
         f.idpath_seq = cf_nn_is_sequential(ip);
         if (relu_after && cf_nn_is_batchnorm(last_b)) f.fold = last_b;
+        if (f.fold) cf_nn_bn_fold_addend(f.fold, path_last(cp)); /* a BatchNorm, or none */
         if (cf_nn_is_conv(first_b)) {
             f.add_into = first_b;
             if (cf_nn_is_conv(first_a)) {
@@ -104,9 +105,13 @@ static void fuse_tree(cf_module *m, bool enabled) {
     for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled);
 }
 
-/* Drops every Conv2d -> BatchNorm dy-words link and veto of an earlier plan. */
+/* Drops every Conv2d -> BatchNorm dy-words link and veto, and every fold's addend, of an
+ * earlier plan. */
 static void unlink_dy_words(cf_module *m) {
-    if (cf_nn_is_batchnorm(m)) cf_nn_bn_link_conv(m, NULL);
+    if (cf_nn_is_batchnorm(m)) {
+        cf_nn_bn_link_conv(m, NULL);
+        cf_nn_bn_fold_addend(m, NULL);
+    }
     if (cf_nn_is_conv(m)) {
         cf_nn_conv_link_dy_words(m, false);
         cf_nn_conv_veto_dy_words(m, false);

@@ -224,4 +224,27 @@ const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n);
 bool cf_nn_bn_wrote_words(const cf_module *bn);
 void cf__nn_set_x_words_link(bool on);
 
+/* ---- the residual fold computing the convpath's last BatchNorm's output ----
+ *
+ * In a block whose idpath's last BatchNorm writes relu(a + bn(.)) (the fold), a is the
+ * convpath's output; where the convpath ends in a BatchNorm, that layer's output is read by the
+ * fold only. The block links the two when the model is planned (cf_nn_bn_fold_addend, fuse.c)
+ * and arms the link at each forward before its convpath runs (cf_nn_bn_fold_arm); that
+ * BatchNorm's next forward then takes its statistics, scale and shift and writes no output
+ * (planes not streamed, no ReLU, both layers' ops their own), and the fold computes a from that
+ * layer's input, scale and shift as it writes its own output (cf_bn_planes_affine_add2: bitwise
+ * the two passes). A fold given some other add writes the deferred output first. The deferring
+ * layer's backward never reads its output (planes, no ReLU). */
+/* Links fold (a BatchNorm) to bn, the BatchNorm whose output is its add (NULL, or a module that
+ * is not a BatchNorm: unlinks). */
+void cf_nn_bn_fold_addend(cf_module *fold, cf_module *bn);
+/* Arms fold's link for its addend's next forward (nothing when either is no longer a BatchNorm's
+ * own ops). */
+void cf_nn_bn_fold_arm(cf_module *fold);
+/* Tests: whether bn's last forward left its output to the fold; the passes' switch (on by
+ * default, read at each call: off, no output is deferred and the forward link's words go through
+ * an fp32 buffer, as before cf_bn_planes_affine_bf16). */
+bool cf_nn_bn_deferred(const cf_module *bn);
+void cf__nn_set_bn_fused_passes(bool on);
+
 #endif

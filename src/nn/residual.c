@@ -150,6 +150,7 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     m->in = x;
     cf_module *cp = m->children[0];
     cp->in = x;
+    if (f->fold) cf_nn_bn_fold_arm(f->fold); /* the convpath's last BatchNorm's output to it */
     /* a strided convpath conv may compute the idpath's strided 1x1 conv from its phase split */
     const cf_tensor *a, *shortcut_y = NULL;
     if (f->pair_a) {

@@ -50,6 +50,27 @@ void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_
     }
 }
 
+/* BatchNorm's output pass in bf16 words (tensor.h), as cf_bn_planes_dx_bf16. */
+void cf_bn_planes_affine_bf16(const float *x, uint16_t *yh, int64_t s, int nc, const float *scale,
+                              const float *shift, bool relu, ptrdiff_t ahead) {
+    enum { CHUNK = 2048 };
+    _Alignas(64) float buf[CHUNK];
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->affine_bf16_n) { /* rounded in registers */
+        bn->affine_bf16_n(x, yh, s, nc, scale, shift, relu, ahead);
+        return;
+    }
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(yh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        for (int64_t j = 0; j < s; j += CHUNK) {
+            const int64_t n = s - j < CHUNK ? s - j : CHUNK;
+            bn->affine(x + at + j, NULL, buf, n, scale[i], shift[i], relu);
+            cf_fp32_to_bf16(buf, yh + at + j, (size_t)n);
+        }
+    }
+}
+
 void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const uint32_t bits = (uint32_t)x[i] << 16;

@@ -101,6 +101,18 @@ typedef struct cf_bn_kernels {
     void (*dx_bf16_n)(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
                       const float *mean, const float *k1, const float *k2, const float *k3,
                       bool relu, const float *scale, const float *shift, ptrdiff_t ahead);
+    /* NULL: x2's plane through affine into a buffer, then affine with it as add. y =
+     * max((x2 * scale2 + shift2) + (x * scale + shift), 0) over nc planes (the residual fold
+     * computing the other BatchNorm's output in registers), bitwise those two affine calls;
+     * ahead as affine_n's, for y and x2. */
+    void (*affine_add2_n)(const float *x, const float *x2, float *y, int64_t s, int nc,
+                          const float *scale, const float *shift, const float *scale2,
+                          const float *shift2, ptrdiff_t ahead);
+    /* NULL: affine a chunk at a time, then cf_fp32_to_bf16. affine_n without add writing the
+     * bf16 words of its values (yh, ahead in values), each vector rounded as it is computed
+     * (cf_fp32_to_bf16's words), no fp32 written. */
+    void (*affine_bf16_n)(const float *x, uint16_t *yh, int64_t s, int nc, const float *scale,
+                          const float *shift, bool relu, ptrdiff_t ahead);
 } cf_bn_kernels;
 
 typedef struct cf_optim_kernels {

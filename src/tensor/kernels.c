@@ -269,6 +269,32 @@ void cf_bn_planes_affine_stream(const float *x, const float *add, float *y, int6
     bn_planes_affine(x, add, y, s, nc, scale, shift, relu, ahead, true);
 }
 
+void cf_bn_planes_affine_add2(const float *x, const float *x2, float *y, int64_t s, int nc,
+                              const float *scale, const float *shift, const float *scale2,
+                              const float *shift2, ptrdiff_t ahead) {
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->affine_add2_n) {
+        bn->affine_add2_n(x, x2, y, s, nc, scale, shift, scale2, shift2, ahead);
+        return;
+    }
+    /* x2's term a chunk at a time in L1, then the add: the one-plane kernel is element-wise, so
+     * a chunk's values are the whole plane's (chunks of whole vectors) */
+    enum { CHUNK = 512 };
+    _Alignas(64) float buf[CHUNK];
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) {
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            cf_prefetch(x2 + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
+        for (int64_t j = 0; j < s; j += CHUNK) {
+            const int64_t n = s - j < CHUNK ? s - j : CHUNK;
+            bn->affine(x2 + at + j, NULL, buf, n, scale2[i], shift2[i], false);
+            bn->affine(x + at + j, buf, y + at + j, n, scale[i], shift[i], false);
+        }
+    }
+}
+
 void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int nc,
                      const float *mean, const float *k1, const float *k2, const float *k3,
                      bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {

@@ -910,6 +910,39 @@ static void simd_bn_affine_n(const float *x, const float *add, float *y, int64_t
 #endif
 }
 
+/* y = max((x2 * scale2 + shift2) + (x * scale + shift), 0): the residual fold's output where
+ * its other term is a BatchNorm's output it computes itself (batchnorm.c). Both terms are
+ * simd_bn_affine's expressions (x2's without ReLU, then the add branch with it as add), so the
+ * values are bitwise those two calls'. */
+static void simd_bn_affine_add2(const float *x, const float *x2, float *y, int64_t s, float scale,
+                                float shift, float scale2, float shift2) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf a = V_SET1(scale), b = V_SET1(shift), a2 = V_SET1(scale2), b2 = V_SET1(shift2),
+             z = V_ZERO();
+    for (int64_t i = 0; i < full; i += VL)
+        V_STOREU(y + i,
+                 V_MAX(V_ADD(V_FMA(V_LOADU(x2 + i), a2, b2), V_FMA(V_LOADU(x + i), a, b)), z));
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
+        V_STOREM(y + full, tm, V_MAX(V_ADD(V_FMA(V_LOADZ(tm, x2 + full), a2, b2), t), z));
+    }
+}
+
+static void simd_bn_affine_add2_n(const float *x, const float *x2, float *y, int64_t s, int nc,
+                                  const float *scale, const float *shift, const float *scale2,
+                                  const float *shift2, ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) { /* as simd_bn_affine_n prefetches y and add */
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            cf_prefetch(x2 + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
+        simd_bn_affine_add2(x + at, x2 + at, y + at, s, scale[i], shift[i], scale2[i], shift2[i]);
+    }
+}
+
 static void simd_bn_dx_n(const float *dy, const float *x, float *dx, int64_t s, int nc,
                          const float *mean, const float *k1, const float *k2, const float *k3,
                          bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
@@ -947,6 +980,37 @@ static void simd_bn_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int6
     }
 }
 
+/* simd_bn_affine's values without add (relu: max(., 0)), each vector stored as its bf16 words:
+ * bitwise simd_bn_affine then cf_fp32_to_bf16, without the fp32 values' trip through memory. */
+static void simd_bn_affine_bf16(const float *x, uint16_t *yh, int64_t s, float scale, float shift,
+                                bool relu) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf a = V_SET1(scale), b = V_SET1(shift), z = V_ZERO();
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    if (relu)
+        for (int64_t i = 0; i < full; i += VL)
+            V_STORE_BF16(yh + i, all, V_MAX(V_FMA(V_LOADU(x + i), a, b), z));
+    else
+        for (int64_t i = 0; i < full; i += VL)
+            V_STORE_BF16(yh + i, all, V_FMA(V_LOADU(x + i), a, b));
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
+        V_STORE_BF16(yh + full, tm, relu ? V_MAX(t, z) : t);
+    }
+}
+
+static void simd_bn_affine_bf16_n(const float *x, uint16_t *yh, int64_t s, int nc,
+                                  const float *scale, const float *shift, bool relu,
+                                  ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(yh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        simd_bn_affine_bf16(x + at, yh + at, s, scale[i], shift[i], relu);
+    }
+}
+
 static void simd_bn_dx_bf16_n(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
                               const float *mean, const float *k1, const float *k2, const float *k3,
                               bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
@@ -968,8 +1032,10 @@ static const cf_bn_kernels simd_bn_kernels = {
     .dy_sums_n = simd_bn_dy_sums_n,
     .affine_n = simd_bn_affine_n,
     .dx_n = simd_bn_dx_n,
+    .affine_add2_n = simd_bn_affine_add2_n,
 #ifdef V_STORE_BF16
     .dx_bf16_n = simd_bn_dx_bf16_n,
+    .affine_bf16_n = simd_bn_affine_bf16_n,
 #endif
 };
 
