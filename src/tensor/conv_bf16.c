@@ -36,7 +36,8 @@
  * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
  * image's own positions alone (no dropped columns) and writes y's planes directly; the sums are
  * conv_run's, term for term. Stride 1's dx of such layers (17 to 64 input channels) takes the
- * same kernel over dy's pair planes with the dx order's columns (dx_cols).
+ * same kernel over dy's pair planes with the dx order's columns (dx_cols), and so does each phase
+ * of stride 2's dx (dx2_cols, with each phase's columns), a paired shortcut's 1x1 dx too.
  *
  * Weights are packed (rounded to bf16, both orders, and the columns of each for conv_cols) by
  * cf_conv_bf16_pack, once per forward pass, and the backward pass reads the same pack: once per
@@ -44,6 +45,7 @@
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1475,12 +1477,18 @@ static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed
     }
 }
 
+static atomic_bool dx2_cols_on = true; /* cf__conv_bf16_set_dx2_cols */
+
+void cf__conv_bf16_set_dx2_cols(bool on) {
+    atomic_store(&dx2_cols_on, on);
+}
+
 /* Whether stride 2's dx takes dx2_cols at the active level (and with a paired shortcut of layout
  * sl, NULL: none, whether the shortcut's pack holds its columns too). */
 static bool d2cols_active(const layout *l, const layout *sl) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
-    return l->d2cols && l->stride == 2 && (!sl || sl->d2cols) && k && k->conv_cols &&
-           k->interleave2_rows;
+    return atomic_load(&dx2_cols_on) && l->d2cols && l->stride == 2 && (!sl || sl->d2cols) && k &&
+           k->conv_cols && k->interleave2_rows;
 }
 
 /* The 1x1 stride-2 shortcut's layout beside a stride-2 layer's input. */

@@ -353,6 +353,12 @@ typedef struct cf_bf16_kernels {
  * default) rather than in the GEMM's packing: for tests, which compare the two bitwise. */
 void cf__winograd_set_fused(bool on);
 
+/* Whether stride 2's bf16 dx runs over its phases' own positions through conv_cols where the
+ * level and the layer allow (conv_bf16.c's dx2_cols; on by default) rather than conv_run over
+ * dy's padded rows (dx_stride2): bitwise the same, for benchmarks that switch the two in one
+ * process. */
+void cf__conv_bf16_set_dx2_cols(bool on);
+
 /* At least `words` words of the calling thread's packing scratch for the bf16 GEMMs
  * (isa_avx512_bf16.c; x86-64), kept between calls; NULL when out of memory. */
 uint32_t *cf__bf16_pack_scratch(size_t words);
