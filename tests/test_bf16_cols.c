@@ -23,7 +23,7 @@
  * same with and without conv_cols.
  *
  * Stride 2's dx takes it per phase of dx (dx2_cols: 17 to 64 input channels, phases at least 6
- * wide, with conv_cols' tiles of 6 positions on phases narrower than its usual tile), with and
+ * wide, with conv_cols' tiles of a row on phases narrower than its usual tile), with and
  * without a paired shortcut, and gives bitwise dx_stride2's dx (the same level without conv_cols)
  * three ways, and the double sums.
  *
@@ -82,7 +82,7 @@ static void bounded_cols(int taps, const int *off, int pairs, int m, const uint3
                          const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                          int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
                          const void *next, size_t next_bytes) {
-    const int nv = (m + 15) / 16, np0 = 24 / nv, np = wd < np0 ? 6 : np0, n = n_images * h * wd;
+    const int nv = (m + 15) / 16, np0 = 24 / nv, np = wd < np0 ? wd : np0, n = n_images * h * wd;
     int lo_off = off[0], hi_off = off[0];
     for (int t = 1; t < taps; t++) {
         if (off[t] < lo_off) lo_off = off[t];
@@ -638,11 +638,11 @@ static void check_dx2_case(int n, int c, int o, int h, int k, int so, bool cols)
 }
 
 /* Stride 2's dx over its phases' own positions (dx2_cols): W1's second block (32 -> 64 on 14 x 14,
- * 7 x 7 phases: conv_cols' tiles of 6; calls and blocks of 8 images, batches that end them early)
- * alone and paired with its shortcut; phases 14 wide (tiles of 12), 3 and 4 vectors of channels,
- * 17 channels, odd channels both ways, a shortcut of odd channels, 5x5 and 7x7 kernels; and where
- * it does not apply: W1's first block (16 input channels), more than 64, phases 5 wide or of
- * more than 256 positions. */
+ * 7 x 7 phases: conv_cols' tiles of a row, 7; calls and blocks of 8 images, batches that end them
+ * early) alone and paired with its shortcut; phases 14 wide (tiles of 12), 3 and 4 vectors of
+ * channels, 17 channels, odd channels both ways, a shortcut of odd channels, 5x5 and 7x7 kernels;
+ * and where it does not apply: W1's first block (16 input channels), more than 64, phases 5 wide or
+ * of more than 256 positions. */
 static void test_dx_stride2(void **state) {
     (void)state;
     if (!level_ready()) return;
@@ -652,10 +652,12 @@ static void test_dx_stride2(void **state) {
         check_dx2_case(counts[i], 32, 64, 14, 3, 64, true);
     }
     check_dx2_case(5, 24, 16, 28, 3, 24, true); /* 14 wide: tiles of 12 */
-    check_dx2_case(3, 40, 24, 14, 3, 40, true); /* 3 vectors, 7 wide: tiles of 6 */
+    check_dx2_case(3, 40, 24, 14, 3, 40, true); /* 3 vectors, 7 wide: tiles of 7 */
     check_dx2_case(4, 48, 7, 16, 3, 9, true);   /* 3 vectors, 8 wide: tiles of 8; odd o */
     check_dx2_case(3, 64, 64, 14, 3, 64, true); /* 4 vectors: tiles of 6 */
-    check_dx2_case(3, 17, 33, 22, 3, 17, true); /* 11 wide: tiles of 6 */
+    check_dx2_case(3, 17, 33, 22, 3, 17, true); /* 11 wide: tiles of 11 */
+    check_dx2_case(2, 36, 20, 12, 3, 0, true);  /* 3 vectors, 6 wide: tiles of 6 */
+    check_dx2_case(3, 30, 12, 16, 3, 0, true);  /* 8 wide: tiles of 8 */
     check_dx2_case(2, 33, 10, 24, 5, 0, true);
     check_dx2_case(2, 20, 12, 28, 7, 5, true);
     check_dx2_case(3, 16, 32, 28, 3, 32, false); /* W1's first block */

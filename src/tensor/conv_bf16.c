@@ -196,7 +196,7 @@ static bool cols_fit(int m, const cf_conv_geom *g) {
  * pair planes into c channels over oh x ow positions (dx_stride2). conv_run computes them in
  * dy's padded rows, (oh - 1) x wd + ow rounded up to 16 per phase: 224 for W1's 14 x 14 phases'
  * 196, 64 for the 7 x 7 ones' 49. 17 to 64 channels, planes of at most COLS_POSITIONS positions at
- * least 6 wide (conv_cols takes tiles of 6 positions on planes narrower than its usual tile: W1's
+ * least 6 wide (conv_cols takes a row per tile on planes narrower than its usual tile: W1's
  * second block, 7 x 7 phases, where it computes 49 positions for conv_run's 64). Not 16 or fewer
  * (W1's first block): a tile of one vector by 12 positions (13 loads for 12 products) measured
  * its backward 4% slower than conv_run's 8 x 48 tile over 224 positions. */
