@@ -17,10 +17,15 @@
  * cf_conv_bf16_dx, and cf_conv_bf16_backward with the weight gradient (dy's pairs from its bf16
  * rows) and without, give bitwise the dx of the path it replaced (run_images), which the same
  * level runs without conv_cols, and each other's; the path is taken for 17 to 64 input channels
- * on planes it fits, and not for stride 2, the 1x1 shortcut or planes it does not fit; values
+ * on planes it fits, and not for the 1x1 shortcut or planes it does not fit; values
  * against a double sum of the same bf16 operands. W1's two stride-1 layers also run as Conv2d
  * layers on 1, 2 and 3 threads with batches that do not divide among them, every dx bitwise the
  * same with and without conv_cols.
+ *
+ * Stride 2's dx takes it per phase of dx (dx2_cols: 17 to 64 input channels, phases at least 6
+ * wide, with conv_cols' tiles of a row on phases narrower than its usual tile), with and
+ * without a paired shortcut, and gives bitwise dx_stride2's dx (the same level without conv_cols)
+ * three ways, and the double sums.
  *
  * A call's last tile reads past its last image, in the next image's slot: a bounding wrapper
  * works out every word conv_cols reads and checks that it lies in the forward's part of the
@@ -77,7 +82,7 @@ static void bounded_cols(int taps, const int *off, int pairs, int m, const uint3
                          const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                          int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
                          const void *next, size_t next_bytes) {
-    const int nv = (m + 15) / 16, np = 24 / nv, n = n_images * h * wd;
+    const int nv = (m + 15) / 16, np0 = 24 / nv, np = wd < np0 ? wd : np0, n = n_images * h * wd;
     int lo_off = off[0], hi_off = off[0];
     for (int t = 1; t < taps; t++) {
         if (off[t] < lo_off) lo_off = off[t];
@@ -488,34 +493,177 @@ static void test_dx_shapes(void **state) {
     check_dx_case(2, 80, 16, 14, 3, false, true);
     check_dx_case(3, 40, 9, 6, 3, false, true);   /* 6 wide, tiles of 8 */
     check_dx_case(2, 32, 16, 20, 3, false, true); /* 400 positions */
-    /* stride 2 and the shortcut: dx_stride2 and dx_subsampled, with or without conv_cols */
+    /* the shortcut alone: dx_subsampled, with or without conv_cols */
     check_dx_case(3, 32, 64, 14, 1, false, true);
 }
 
-/* Stride 2's dx of a layer whose forward takes conv_cols: its own path, never conv_cols. */
+/* dx against the double sum of the bf16 operands of a stride-2 layer (dx[c][u][v] = the sum over o
+ * and the taps with u + pad - ki = 2i, v + pad - kj = 2j of w[o][c][ki][kj] dy[o][i][j]), plus a
+ * paired shortcut's (so > 0: its sw[r][c] sdy[r][u / 2][v / 2] where u and v are even), on the
+ * first two images. */
+static void check_dx2_values(const cf_conv_geom *g, int o, const float *w32, const float *dy32,
+                             int so, const float *sw32, const float *sdy32, int n, const float *dx,
+                             const char *what) {
+    const size_t nw = (size_t)o * g->c * g->kh * g->kw, ndy = (size_t)n * o * g->oh * g->ow,
+                 nsw = (size_t)so * g->c, nsdy = (size_t)n * so * g->oh * g->ow;
+    float *w = bf16_values(w32, nw), *dy = bf16_values(dy32, ndy);
+    float *sw = so ? bf16_values(sw32, nsw) : NULL, *sdy = so ? bf16_values(sdy32, nsdy) : NULL;
+    for (int im = 0; im < n && im < 2; im++)
+        for (int c = 0; c < g->c; c++)
+            for (int u = 0; u < g->h; u++)
+                for (int v = 0; v < g->w; v++) {
+                    double sum = 0, mag = 0;
+                    for (int r = 0; r < o; r++)
+                        for (int ki = 0; ki < g->kh; ki++)
+                            for (int kj = 0; kj < g->kw; kj++) {
+                                const int a = u + g->ph - ki, b = v + g->pw - kj;
+                                if (a < 0 || b < 0 || a % 2 || b % 2 || a / 2 >= g->oh ||
+                                    b / 2 >= g->ow)
+                                    continue;
+                                const double t =
+                                    (double)w[(((size_t)r * g->c + c) * g->kh + ki) * g->kw + kj] *
+                                    dy[(((size_t)im * o + r) * g->oh + a / 2) * g->ow + b / 2];
+                                sum += t;
+                                mag += fabs(t);
+                            }
+                    for (int r = 0; r < so && u % 2 == 0 && v % 2 == 0; r++) {
+                        const double t =
+                            (double)sw[(size_t)r * g->c + c] *
+                            sdy[(((size_t)im * so + r) * g->oh + u / 2) * g->ow + v / 2];
+                        sum += t;
+                        mag += fabs(t);
+                    }
+                    const double got = dx[(((size_t)im * g->c + c) * g->h + u) * g->w + v];
+                    if (fabs(got - sum) > 1e-5 * mag + 1e-6)
+                        fail_msg("%s: dx of image %d channel %d (%d, %d): %.9g, the sum is %.9g",
+                                 what, im, c, u, v, got, sum);
+                }
+    free(w);
+    free(dy);
+    free(sw);
+    free(sdy);
+}
+
+/* Stride 2's dx of n images of a k x k layer c -> o (pad (k - 1) / 2) on h x h images, with a
+ * paired 1x1 shortcut of so channels (0: none), three ways: cf_conv_bf16_dx (or _dx_with),
+ * cf_conv_bf16_backward with dW and the shortcut's dW (dy's pairs, and the shortcut's, from dW's
+ * bf16 rows) and without either (from fp32); each with the active table, then without conv_cols,
+ * every dx and dW compared bitwise, and the three ways with each other. cols: whether dx must
+ * take conv_cols (dx2_cols: 17 to 64 input channels, phases at least 6 wide, at most 256
+ * positions; no forward runs here). Without a shortcut, one more cf_conv_bf16_dx goes through
+ * the bounding wrapper with the forward's and dx's part of the scratch alone, allocated to its
+ * size. */
+static void check_dx2_case(int n, int c, int o, int h, int k, int so, bool cols) {
+    cf_conv_geom g, sg;
+    const int pad = (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, 2, 2, pad, pad));
+    assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
+    char what[112];
+    snprintf(what, sizeof what, "stride 2's dx of %d images %d -> %d %dx%d %dx%d, shortcut %d", n,
+             c, o, k, k, h, h, so);
+    assert_true(cf_conv_bf16_supported(&g, o));
+    if (so) assert_true(cf_conv_bf16_pair_fits(&g, o, &sg, so));
+    const size_t nw = (size_t)o * c * k * k, nx = (size_t)n * c * h * h,
+                 ndy = (size_t)n * o * g.oh * g.ow, nsw = (size_t)so * c + 1,
+                 nsdy = (size_t)n * so * g.oh * g.ow + 1;
+    float *w = malloc(nw * sizeof(float)), *x = malloc(nx * sizeof(float)),
+          *dy = malloc(ndy * sizeof(float)), *sw = malloc(nsw * sizeof(float)),
+          *sdy = malloc(nsdy * sizeof(float));
+    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float));
+    float *spacked = malloc(cf_conv_bf16_packed_floats(&sg, so ? so : 1) * sizeof(float));
+    float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
+    float *dx[2][3], *dw[2], *sdw[2];
+    fill_uniform(w, nw, 81, -1, 1);
+    fill_uniform(x, nx, 82, -1, 1);
+    fill_uniform(dy, ndy, 83, -1, 1);
+    fill_uniform(sw, nsw, 84, -1, 1);
+    fill_uniform(sdy, nsdy, 85, -1, 1);
+    const cf_kernel_table *active = cf_active_kernels;
+    for (int pass = 0; pass < 2; pass++) { /* counting conv_cols, then without */
+        cf_active_kernels = pass == 0 ? &counting_table : &without_table;
+        dw[pass] = malloc(nw * sizeof(float));
+        sdw[pass] = malloc(nsw * sizeof(float));
+        cf_conv_bf16_pack(&g, o, w, packed);
+        if (so) cf_conv_bf16_pack(&sg, so, sw, spacked);
+        const cf_conv_shortcut sc = {.out_channels = so, .w = spacked, .dy = sdy, .dw = sdw[pass]};
+        for (int way = 0; way < 3; way++) {
+            float *d = dx[pass][way] = malloc(nx * sizeof(float));
+            for (size_t i = 0; i < nx; i++) d[i] = 1e30f; /* every value written */
+            atomic_store(&cols_calls, 0);
+            if (way == 0 && so)
+                assert_int_equal(cf_conv_bf16_dx_with(&g, o, packed, dy, n, d, scratch, &sc),
+                                 CF_OK);
+            else if (way == 0)
+                assert_int_equal(cf_conv_bf16_dx(&g, o, packed, dy, n, d, scratch), CF_OK);
+            else
+                assert_int_equal(
+                    cf_conv_bf16_backward(&g, o, packed, dy, x, n, way == 1 ? dw[pass] : NULL, d,
+                                          scratch, way == 1 && so ? &sc : NULL, so ? &sc : NULL),
+                    CF_OK);
+            if (pass == 0 && cols != (atomic_load(&cols_calls) > 0)) {
+                cf_active_kernels = active;
+                fail_msg("%s (way %d): conv_cols called %d times, expected %s", what, way,
+                         atomic_load(&cols_calls), cols ? "some" : "none");
+            }
+        }
+    }
+    if (!so) { /* conv_cols' reads within the forward's and dx's part of the scratch */
+        const size_t part = cf__conv_bf16_run_scratch(&g, o);
+        float *alone = malloc(part * sizeof(float)), *d = malloc(nx * sizeof(float));
+        cf_active_kernels = &bounding_table;
+        bound_lo = (const uint32_t *)alone;
+        bound_hi = bound_lo + part;
+        cf_conv_bf16_pack(&g, o, w, packed);
+        const cf_status st = cf_conv_bf16_dx(&g, o, packed, dy, n, d, alone);
+        cf_active_kernels = active;
+        assert_int_equal(st, CF_OK);
+        same_bits(d, dx[0][0], nx, what);
+        free(alone);
+        free(d);
+    }
+    cf_active_kernels = active;
+    for (int way = 0; way < 3; way++) {
+        same_bits(dx[0][way], dx[1][way], nx, what);
+        if (way) same_bits(dx[0][way], dx[0][0], nx, what); /* the three ways agree */
+    }
+    same_bits(dw[0], dw[1], nw, what);
+    if (so) same_bits(sdw[0], sdw[1], (size_t)so * c, what);
+    check_dx2_values(&g, o, w, dy, so, sw, sdy, n, dx[0][1], what);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int way = 0; way < 3; way++) free(dx[pass][way]);
+        free(dw[pass]);
+        free(sdw[pass]);
+    }
+    free(w), free(x), free(dy), free(sw), free(sdy), free(packed), free(spacked), free(scratch);
+}
+
+/* Stride 2's dx over its phases' own positions (dx2_cols): W1's second block (32 -> 64 on 14 x 14,
+ * 7 x 7 phases: conv_cols' tiles of a row, 7; calls and blocks of 8 images, batches that end them
+ * early) alone and paired with its shortcut; phases 14 wide (tiles of 12), 3 and 4 vectors of
+ * channels, 17 channels, odd channels both ways, a shortcut of odd channels, 5x5 and 7x7 kernels;
+ * and where it does not apply: W1's first block (16 input channels), more than 64, phases 5 wide or
+ * of more than 256 positions. */
 static void test_dx_stride2(void **state) {
     (void)state;
     if (!level_ready()) return;
-    cf_conv_geom g;
-    assert_true(cf_conv_geom_init(&g, 32, 14, 14, 3, 3, 2, 2, 1, 1));
-    const int n = 3, o = 64;
-    const size_t nw = (size_t)o * 32 * 9, nx = (size_t)n * 32 * 14 * 14, ndy = (size_t)n * o * 49;
-    float *w = malloc(nw * 4), *dy = malloc(ndy * 4), *dx0 = malloc(nx * 4), *dx1 = malloc(nx * 4);
-    float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * 4);
-    float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * 4);
-    fill_uniform(w, nw, 51, -1, 1);
-    fill_uniform(dy, ndy, 52, -1, 1);
-    const cf_kernel_table *active = cf_active_kernels;
-    for (int pass = 0; pass < 2; pass++) {
-        cf_active_kernels = pass == 0 ? &counting_table : &without_table;
-        cf_conv_bf16_pack(&g, o, w, packed);
-        atomic_store(&cols_calls, 0);
-        assert_int_equal(cf_conv_bf16_dx(&g, o, packed, dy, n, pass ? dx1 : dx0, scratch), CF_OK);
-        if (pass == 0) assert_int_equal(atomic_load(&cols_calls), 0);
+    const int counts[] = {64, 11, 1};
+    for (int i = 0; i < 3; i++) {
+        check_dx2_case(counts[i], 32, 64, 14, 3, 0, true);
+        check_dx2_case(counts[i], 32, 64, 14, 3, 64, true);
     }
-    cf_active_kernels = active;
-    same_bits(dx0, dx1, nx, "stride 2's dx");
-    free(w), free(dy), free(dx0), free(dx1), free(packed), free(scratch);
+    check_dx2_case(5, 24, 16, 28, 3, 24, true); /* 14 wide: tiles of 12 */
+    check_dx2_case(3, 40, 24, 14, 3, 40, true); /* 3 vectors, 7 wide: tiles of 7 */
+    check_dx2_case(4, 48, 7, 16, 3, 9, true);   /* 3 vectors, 8 wide: tiles of 8; odd o */
+    check_dx2_case(3, 64, 64, 14, 3, 64, true); /* 4 vectors: tiles of 6 */
+    check_dx2_case(3, 17, 33, 22, 3, 17, true); /* 11 wide: tiles of 11 */
+    check_dx2_case(2, 36, 20, 12, 3, 0, true);  /* 3 vectors, 6 wide: tiles of 6 */
+    check_dx2_case(3, 30, 12, 16, 3, 0, true);  /* 8 wide: tiles of 8 */
+    check_dx2_case(2, 33, 10, 24, 5, 0, true);
+    check_dx2_case(2, 20, 12, 28, 7, 5, true);
+    check_dx2_case(3, 16, 32, 28, 3, 32, false); /* W1's first block */
+    check_dx2_case(2, 80, 16, 14, 3, 0, false);
+    check_dx2_case(2, 32, 16, 10, 3, 0, false); /* 5 wide */
+    check_dx2_case(2, 32, 16, 34, 3, 0, false); /* 289 positions */
 }
 
 /* dx of a Conv2d layer in bf16 (forward, then backward with dx) on `threads` threads with the

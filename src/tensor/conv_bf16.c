@@ -36,7 +36,8 @@
  * cols_make) reads the same pair planes through the table's conv_cols instead, which computes the
  * image's own positions alone (no dropped columns) and writes y's planes directly; the sums are
  * conv_run's, term for term. Stride 1's dx of such layers (17 to 64 input channels) takes the
- * same kernel over dy's pair planes with the dx order's columns (dx_cols).
+ * same kernel over dy's pair planes with the dx order's columns (dx_cols), and so does each phase
+ * of stride 2's dx (dx2_cols, with each phase's columns), a paired shortcut's 1x1 dx too.
  *
  * Weights are packed (rounded to bf16, both orders, and the columns of each for conv_cols) by
  * cf_conv_bf16_pack, once per forward pass, and the backward pass reads the same pack: once per
@@ -44,6 +45,7 @@
 #include "corefit/tensor.h"
 #include "tensor/kernel_table.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -93,6 +95,9 @@ typedef struct layout {
     bool cols, dcols;
     size_t cplane;
     int cnb;
+    /* stride 2's dx over its phases' own positions (d2cols; a subsampled layer: its 1x1 dx paired
+     * with such a layer's), through conv_cols with dx's columns of each phase */
+    bool d2cols;
 } layout;
 
 static size_t up(size_t n, size_t m) {
@@ -187,6 +192,18 @@ static bool cols_fit(int m, const cf_conv_geom *g) {
     return np && g->ow >= np && g->oh * g->ow <= COLS_POSITIONS;
 }
 
+/* ... and whether stride 2's dx does (d2cols): each phase of dx is a stride-1 correlation of dy's
+ * pair planes into c channels over oh x ow positions (dx_stride2). conv_run computes them in
+ * dy's padded rows, (oh - 1) x wd + ow rounded up to 16 per phase: 224 for W1's 14 x 14 phases'
+ * 196, 64 for the 7 x 7 ones' 49. 17 to 64 channels, planes of at most COLS_POSITIONS positions at
+ * least 6 wide (conv_cols takes a row per tile on planes narrower than its usual tile: W1's
+ * second block, 7 x 7 phases, where it computes 49 positions for conv_run's 64). Not 16 or fewer
+ * (W1's first block): a tile of one vector by 12 positions (13 loads for 12 products) measured
+ * its backward 4% slower than conv_run's 8 x 48 tile over 224 positions. */
+static bool d2cols_fit(int c, const cf_conv_geom *g) {
+    return c >= 17 && c <= 64 && g->ow >= 6 && g->oh * g->ow <= COLS_POSITIONS;
+}
+
 /* ... and whether stride 1's dx does (dcols): a stride-1 convolution of dy's op pairs into c
  * channels, the same planes (padded by pad around dy's oh x ow, rows wp apart) with the dx
  * order's taps, so the same rule on c; not the subsampled layer (its own dx_subsampled). */
@@ -194,8 +211,10 @@ static void cols_make(layout *l, const cf_conv_geom *g) {
     const int ohw = g->oh * g->ow;
     l->cols = !l->compact && cols_fit(l->o, g);
     l->dcols = !l->compact && !l->sub && l->stride == 1 && cols_fit(l->c, g);
+    l->d2cols = !l->compact && (l->stride == 2 || l->sub) && d2cols_fit(l->c, g);
     l->cplane = l->plane;
     l->cnb = 1;
+    if (l->d2cols) l->cnb = COLS_CALL / ohw > 1 ? COLS_CALL / ohw : 1;
     if (!l->cols && !l->dcols) return;
     const int reach = (l->k - 1) / l->stride * (l->wq + 1);
     const size_t last = (size_t)(ohw + COLS_TILE - 2) / g->ow * l->wq + g->ow + reach;
@@ -329,9 +348,10 @@ static size_t cols_words(const layout *l) {
     return l->cols ? (size_t)l->taps * l->cp * up((size_t)l->o, 16) : 0;
 }
 
-/* ... and of dx's (stride 1: dy's op pairs into c channels), where it chose dcols. */
+/* ... and of dx's (dy's op pairs into c channels), where it chose dcols or d2cols (stride 2: the
+ * phases' one after the other, each phase's taps in dx_stride2's order). */
 static size_t dcols_words(const layout *l) {
-    return l->dcols ? (size_t)l->taps * l->op * up((size_t)l->c, 16) : 0;
+    return l->dcols || l->d2cols ? (size_t)l->taps * l->op * up((size_t)l->c, 16) : 0;
 }
 
 static size_t pack_words(const layout *l) {
@@ -564,14 +584,28 @@ static void pack_from_bf16(const layout *lay, float *packed) {
     level_order(fwd, T, l.cp, O, order_tmp);
     dx_words(&l, wb, dx);
     if (l.stride == 2) { /* each phase's block, ordered on its own */
+        uint32_t *dc = pack_dcols(&l, packed);
         for (int ph = 0; ph < 4; ph++) {
+            if (l.d2cols) cols_fill(dx, l.ntap[ph], l.op, C, dc);
+            dc += (size_t)l.ntap[ph] * l.op * up((size_t)C, 16);
             level_order(dx, l.ntap[ph], l.op, C, order_tmp);
             dx += up((size_t)C, ROWS) * l.ntap[ph] * l.op; /* the next phase's */
         }
         return;
     }
-    if (l.dcols) cols_fill(dx, T, l.op, C, pack_dcols(&l, packed));
+    if (l.dcols || l.d2cols) cols_fill(dx, T, l.op, C, pack_dcols(&l, packed));
     level_order(dx, T, l.op, C, order_tmp);
+}
+
+/* dx2_cols' scratch: cnb + 1 slots of dy's pair planes and of a paired shortcut's (up to the
+ * layer's largest side of pairs; the last tile of a call reads on into the slot after its last
+ * image), the four phases' dense planes and the shortcut's product (cnb images of c x oh x ow
+ * each), conv_cols' tiles. */
+static size_t d2_words(const layout *l) {
+    const size_t pairs = (size_t)(l->cp > l->op ? l->cp : l->op), slots = (size_t)l->cnb + 1,
+                 planes = (size_t)l->cnb * l->c * l->ohw;
+    return slots * ((size_t)l->op + pairs) * l->planed + 5 * planes +
+           up((size_t)l->cnb * l->ohw, COLS_TILE) * 64;
 }
 
 /* Words of the forward's and dx's scratch: the pair planes, then the output rows (fp32). */
@@ -604,6 +638,10 @@ static size_t run_words(const layout *l) {
         const size_t image = (size_t)l->op * l->cplane,
                      tiles = up((size_t)l->cnb * l->ohw, COLS_TILE) * 64,
                      c = (size_t)l->cnb * image + (tiles > image ? tiles : image);
+        if (c > most) most = c;
+    }
+    if (l->d2cols && l->stride == 2) { /* dx2_cols: d2_words */
+        const size_t c = d2_words(l);
         if (c > most) most = c;
     }
     if (l->compact) { /* an image's padded pair planes, the gathered taps, the output rows */
@@ -1357,6 +1395,109 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
     }
 }
 
+/* Stride 2's dx through conv_cols (l->d2cols), cnb images per call: dy's pair planes as
+ * dx_stride2 makes them (planed words each, image b's from b * image_words), then each phase's
+ * oh x ow values of dx alone (conv_cols over the phase's taps from its first position dbase[ph],
+ * rows wd apart, with the phase's columns of the pack) into dense planes, which interleave2_rows
+ * puts into dx's rows; with a paired shortcut (its layout sl, d2cols too), its 1x1 product over
+ * its dy's planes (rows wd apart from position 0) the same way, added into the phase that holds
+ * dx[2i][2j]. Bitwise dx_stride2's dx: the same words in the planes, each sum conv_run's, the
+ * same add; but no dropped positions computed (dx_stride2: 224 for W1's 14 x 14 phases' 196,
+ * 64 for the 7 x 7 ones' 49). zeroed: as dx_stride2's (the slots' borders are zero from an
+ * earlier call on the same scratch). */
+static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed, const float *dy,
+                     int n_images, float *dx, float *scratch, const cf_conv_shortcut *sc,
+                     const layout *sl, bool zeroed, const uint16_t *dyrows,
+                     const uint16_t *sdyrows) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const int pairs = l->op, C = l->c, P = l->pad, ohw = g->oh * g->ow;
+    const int spairs = sc ? (sc->out_channels + 1) / 2 : 0, sph = sub_phase(P), szero = 0;
+    const size_t most = (size_t)(l->cp > l->op ? l->cp : l->op), slots = (size_t)l->cnb + 1,
+                 image_words = (size_t)pairs * l->planed, simage_words = (size_t)spairs * l->planed,
+                 plane = (size_t)ohw, in_n = (size_t)C * g->h * g->w, cplane = (size_t)C * plane,
+                 pst = (size_t)l->cnb * cplane; /* a phase's planes */
+    uint32_t *dp = (uint32_t *)scratch, *sdp = dp + slots * image_words;
+    float *outs = (float *)(sdp + slots * most * l->planed), *sout = outs + 4 * pst,
+          *tmp = sout + pst;
+    if (!zeroed) { /* the borders stay zero */
+        memset(dp, 0, slots * image_words * sizeof(uint32_t));
+        if (sc) memset(sdp, 0, slots * simage_words * sizeof(uint32_t));
+    }
+    for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
+        const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
+        for (int b = 0; b < nb; b++) {
+            const int n = n0 + b;
+            uint32_t *planes = dp + (size_t)b * image_words + (size_t)P * l->wd + P;
+            for (int p = 0; p < pairs && dyrows; p++)
+                rows_pairs(dyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
+                           planes + (size_t)p * l->planed);
+            for (int p = 0; p < pairs && !dyrows; p++) {
+                const float *lo = dy + (size_t)n * l->o * plane + (size_t)2 * p * plane,
+                            *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
+                pairs_rows_of(k)(lo, hi, g->oh, g->ow, planes + (size_t)p * l->planed,
+                                 (size_t)l->wd);
+            }
+            uint32_t *splanes = sdp + (size_t)b * simage_words;
+            for (int p = 0; p < spairs && sdyrows; p++)
+                rows_pairs(sdyrows + (size_t)2 * p * l->dl + (size_t)n * l->s, l, g,
+                           splanes + (size_t)p * l->planed);
+            for (int p = 0; p < spairs && !sdyrows; p++) {
+                const int so = sc->out_channels;
+                const float *lo = sc->dy + (size_t)n * so * plane + (size_t)2 * p * plane,
+                            *hi = 2 * p + 1 < so ? lo + plane : NULL;
+                pairs_rows_of(k)(lo, hi, g->oh, g->ow, splanes + (size_t)p * l->planed,
+                                 (size_t)l->wd);
+            }
+        }
+        const uint32_t *wc = pack_dcols(l, packed);
+        for (int ph = 0; ph < 4; ph++) {
+            int off[MAX_TAPS];
+            for (int j = 0; j < l->ntap[ph]; j++) off[j] = l->dbase[ph] + l->doff[ph][j];
+            k->conv_cols(l->ntap[ph], off, pairs, C, wc, dp, l->planed, (size_t)l->wd, image_words,
+                         g->oh, g->ow, nb, outs + ph * pst, plane, cplane, tmp, NULL, 0);
+            wc += (size_t)l->ntap[ph] * pairs * up((size_t)C, 16);
+        }
+        if (sc) { /* dx[2i][2j] is at (i, j) of its phase, as the product's (i, j) */
+            k->conv_cols(1, &szero, spairs, C, pack_dcols(sl, sc->w), sdp, l->planed, (size_t)l->wd,
+                         simage_words, g->oh, g->ow, nb, sout, plane, cplane, tmp, NULL, 0);
+            float *dst = outs + sph * pst;
+            for (size_t q = 0; q < (size_t)nb * cplane; q++) dst[q] += sout[q];
+        }
+        for (int b = 0; b < nb; b++) {
+            float *dxn = dx + (size_t)(n0 + b) * in_n;
+            for (int c = 0; c < C; c++) {
+                const float *s0 = outs + (P % 2) * 2 * pst + (size_t)b * cplane + (size_t)c * plane,
+                            *s1 = outs + ((P + 1) % 2) * 2 * pst + (size_t)b * cplane +
+                                  (size_t)c * plane;
+                k->interleave2_rows(s0 + (P % 2) * pst, s0 + ((P + 1) % 2) * pst,
+                                    s1 + (P % 2) * pst, s1 + ((P + 1) % 2) * pst, (size_t)g->ow,
+                                    g->h, g->w, dxn + (size_t)c * g->h * g->w);
+            }
+        }
+    }
+}
+
+static atomic_bool dx2_cols_on = true; /* cf__conv_bf16_set_dx2_cols */
+
+void cf__conv_bf16_set_dx2_cols(bool on) {
+    atomic_store(&dx2_cols_on, on);
+}
+
+/* Whether stride 2's dx takes dx2_cols at the active level (and with a paired shortcut of layout
+ * sl, NULL: none, whether the shortcut's pack holds its columns too). */
+static bool d2cols_active(const layout *l, const layout *sl) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    return atomic_load(&dx2_cols_on) && l->d2cols && l->stride == 2 && (!sl || sl->d2cols) && k &&
+           k->conv_cols && k->interleave2_rows;
+}
+
+/* The 1x1 stride-2 shortcut's layout beside a stride-2 layer's input. */
+static void shortcut_layout(const cf_conv_geom *g, int out_channels, layout *sl) {
+    cf_conv_geom sg;
+    cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
+    layout_make(sl, &sg, out_channels);
+}
+
 /* A subsampled layer's dx (or dx += it, add): the 1x1 product of dy into out, then dx[c][2i][2j]
  * = out[c][i][j] and zero (or unchanged) elsewhere. dy's pairs from the weight gradient's bf16
  * rows of the same images (dyrows, wgrad's layout: each plane's oh * ow values in one run), when
@@ -1420,6 +1561,8 @@ cf_status cf_conv_bf16_dx(const cf_conv_geom *g, int out_channels, const float *
         dx_subsampled(&l, g, pdx, dy, n_images, dx, scratch, false, false, NULL);
     else if (l.stride == 2 && l.compact)
         dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, NULL);
+    else if (l.stride == 2 && d2cols_active(&l, NULL))
+        dx2_cols(&l, g, packed, dy, n_images, dx, scratch, NULL, NULL, false, NULL, NULL);
     else if (l.stride == 2)
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, NULL, false, NULL, NULL);
     else if (l.compact)
@@ -1440,8 +1583,12 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
     if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_dx_with (shortcut)");
     if (st != CF_OK) return st;
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
+    layout sl;
+    shortcut_layout(g, shortcut->out_channels, &sl);
     if (l.compact)
         dx_compact2(&l, g, pdx, dy, n_images, dx, scratch, shortcut);
+    else if (d2cols_active(&l, &sl))
+        dx2_cols(&l, g, packed, dy, n_images, dx, scratch, shortcut, &sl, false, NULL, NULL);
     else
         dx_stride2(&l, g, pdx, dy, n_images, dx, scratch, shortcut, false, NULL, NULL);
     return CF_OK;
@@ -1670,6 +1817,8 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
     }
     const uint32_t *pdx = (const uint32_t *)packed + up((size_t)l.o, ROWS) * l.taps * l.cp;
     float *wscratch = scratch + up(run_words(&l), 16);
+    layout sl; /* a paired shortcut's, for its dx */
+    if (dx && dx_shortcut) shortcut_layout(g, dx_shortcut->out_channels, &sl);
     const size_t in_n = (size_t)l.c * g->h * g->w, out_n = (size_t)l.o * g->oh * g->ow,
                  plane = (size_t)g->oh * g->ow;
     if (l.compact) { /* small planes: the weight gradient, then dx (a batch's dy fits in cache) */
@@ -1707,8 +1856,13 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
             const bool srows = rows && dx_shortcut && dw_shortcut &&
                                dw_shortcut->dy == dx_shortcut->dy &&
                                dw_shortcut->out_channels == dx_shortcut->out_channels;
-            dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0, rows,
-                       srows ? rows + up((size_t)l.o, ROWS) * l.dl : NULL);
+            const uint16_t *sdrows = srows ? rows + up((size_t)l.o, ROWS) * l.dl : NULL;
+            if (d2cols_active(&l, dx_shortcut ? &sl : NULL))
+                dx2_cols(&l, g, packed, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, &sl,
+                         n0 > 0, rows, sdrows);
+            else
+                dx_stride2(&l, g, pdx, dyn, nb, dxn, scratch, dx_shortcut ? &sc : NULL, n0 > 0,
+                           rows, sdrows);
         } else if (dcols_active(&l)) /* stride 1, the same rows of dy, over dx's positions */
             dx_cols(&l, g, packed, dyn, nb, dxn, scratch, n0 > 0,
                     dw ? wgrad_dy_rows(&l, wscratch) : NULL);

@@ -621,6 +621,34 @@ static void cols_tile4(int n1, int taps, const int *off, int pairs, const uint32
         cols_tile(4, 6, 6, taps, off, pairs, w, ldw, xa, xb, plane, tmp, ldt);
     }
 }
+/* Planes narrower than the usual tile (6 to 11 wide for 17 to 32 channels, 6 or 7 for 33 to 48;
+ * stride 2's dx of W1's second block: 7 x 7 phases): a tile is a whole row (np = w), so every
+ * tile starts a row and none runs past the last image. */
+#define ROW_CASE(NV, W)                                                                            \
+    case W:                                                                                        \
+        cols_tile(NV, W, W, taps, off, pairs, w, ldw, xa, xa, plane, tmp, ldt);                    \
+        break;
+static void cols_tile_row(int nv, int wd, int taps, const int *off, int pairs, const uint32_t *w,
+                          size_t ldw, const uint32_t *xa, size_t plane, float *tmp, size_t ldt) {
+    if (nv == 3) {
+        switch (wd) {
+            ROW_CASE(3, 6)
+        default:
+            cols_tile(3, 7, 7, taps, off, pairs, w, ldw, xa, xa, plane, tmp, ldt);
+        }
+        return;
+    }
+    switch (wd) {
+        ROW_CASE(2, 6)
+        ROW_CASE(2, 7)
+        ROW_CASE(2, 8)
+        ROW_CASE(2, 9)
+        ROW_CASE(2, 10)
+    default:
+        cols_tile(2, 11, 11, taps, off, pairs, w, ldw, xa, xa, plane, tmp, ldt);
+    }
+}
+#undef ROW_CASE
 #undef COLS_CASE
 /* clang-format on */
 
@@ -643,14 +671,16 @@ static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, siz
 }
 
 /* kernel_table.h's conv_cols: the images' h x w positions in tiles of np (12, 8 or 6 for m up to
- * 32, 48 or 64), in row-major order over the images, a tile's positions in at most two rows
- * (w >= np; the row after an image's last is the next image's first); the last tile's positions
- * past the last image continue the order into the rows below it (read, not stored). */
+ * 32, 48 or 64; w where w is below that np: a row), in row-major
+ * order over the images, a tile's positions in at most two rows (w >= np; the row after an image's
+ * last is the next image's first); the last tile's positions past the last image continue the order
+ * into the rows below it (read, not stored). */
 static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uint32_t *w,
                            const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                            int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
                            const void *next, size_t next_bytes) {
-    const int nv = (m + 15) / 16, np = 24 / nv, hw = h * wd, n = n_images * hw;
+    const int nv = (m + 15) / 16, np0 = 24 / nv, np = wd < np0 ? wd : np0, hw = h * wd,
+              n = n_images * hw;
     const size_t ldw = (size_t)16 * nv, ldt = ldw, tiles = (size_t)(n + np - 1) / np;
     /* next's lines towards L2, a few per tile while the tiles compute */
     const char *pf = next, *pf_end = pf ? pf + next_bytes : NULL;
@@ -662,7 +692,9 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
         float *tt = tmp + (size_t)q0 * ldt;
         for (const char *e = pf + pf_step; pf && pf < pf_end && pf < e; pf += 64)
             _mm_prefetch(pf, _MM_HINT_T1);
-        if (nv == 2)
+        if (np < np0)
+            cols_tile_row(nv, wd, taps, off, pairs, w, ldw, xa, plane, tt, ldt);
+        else if (nv == 2)
             cols_tile2(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);
         else if (nv == 3)
             cols_tile3(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);

@@ -300,11 +300,12 @@ typedef struct cf_bf16_kernels {
      * (r, t, p), x[p * plane + i * ldx + j + off[t]]) for r < m (17 to 64), i < h, j < w, each
      * sum in conv_run's order (bitwise conv_run's value); the weights as columns, pair (r, t, p)
      * at w[(t * pairs + p) * up(m, 16) + r], zero past m. Positions go in tiles of np = 12, 8 or
-     * 6 (m up to 32, 48, 64; w >= np) in row-major order over the images, so the last tile may
-     * read up to np - 1 positions past the last image: in the next image's slot (x + n_images *
-     * ldimg, its first row and taps), which the caller keeps readable; tmp: up(n_images * h *
-     * w, np) * up(m, 16) floats. next (NULL: none): next_bytes that the caller reads next (the
-     * next images' input), prefetched towards L2 as the tiles compute (a hint). */
+     * 6 (m up to 32, 48, 64), or of w (a row) where w is below that np (w >= 6), in row-major order
+     * over the images, so the last tile may read up to np - 1 positions past the last image: in the
+     * next image's slot (x + n_images * ldimg, its first row and taps), which the caller keeps
+     * readable; tmp: up(n_images * h * w, np) * up(m, 16) floats. next (NULL: none): next_bytes
+     * that the caller reads next (the next images' input), prefetched towards L2 as the tiles
+     * compute (a hint). */
     void (*conv_cols)(int taps, const int *off, int pairs, int m, const uint32_t *w,
                       const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                       int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
@@ -363,6 +364,12 @@ typedef struct cf_bf16_kernels {
  * (cf_wino_kernels.input_pairs and cf_bf16_kernels.gemm_paired, where the level has both; on by
  * default) rather than in the GEMM's packing: for tests, which compare the two bitwise. */
 void cf__winograd_set_fused(bool on);
+
+/* Whether stride 2's bf16 dx runs over its phases' own positions through conv_cols where the
+ * level and the layer allow (conv_bf16.c's dx2_cols; on by default) rather than conv_run over
+ * dy's padded rows (dx_stride2): bitwise the same, for benchmarks that switch the two in one
+ * process. */
+void cf__conv_bf16_set_dx2_cols(bool on);
 
 /* At least `words` words of the calling thread's packing scratch for the bf16 GEMMs
  * (isa_avx512_bf16.c; x86-64), kept between calls; NULL when out of memory. */
