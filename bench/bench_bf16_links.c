@@ -4,8 +4,7 @@
  * shared with other work, whole-process A/B runs of bench_step drift by more than the
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
- *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--link
- * x|dy|both|bn|mask|stats]
+ *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both|bn|mask]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -17,8 +16,7 @@
  * residual fold, the forward link's words rounded in registers), both words links on; --link mask
  * switches the residual blocks' ReLU mask bits (cf__nn_set_res_mask_bits: the fold writes the
  * mask as bits and the last BatchNorms apply them to dy, against the block's mask pass), every
- * other link and pass on; --link stats switches the fold taking the deferring BatchNorm's
- * statistics in its channel blocks (cf__nn_set_bn_fold_stats), every other link and pass on. */
+ * other link and pass on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -46,8 +44,7 @@ static double median(double *v, int n) {
 
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
-    bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, mask_bits = false,
-         fold_stats = false;
+    bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, mask_bits = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -67,12 +64,10 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, bn_passes = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "mask"))
             link_x = link_dy = false, mask_bits = true, i++;
-        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "stats"))
-            link_x = link_dy = false, fold_stats = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] [--link "
-                    "x|dy|both|bn|mask|stats]\n",
+                    "x|dy|both|bn|mask]\n",
                     argv[0]);
             return 2;
         }
@@ -109,7 +104,6 @@ int main(int argc, char **argv) {
         if (link_dy) cf__nn_set_dy_words_link(mode == 1);
         if (bn_passes) cf__nn_set_bn_fused_passes(mode == 1);
         if (mask_bits) cf__nn_set_res_mask_bits(mode == 1);
-        if (fold_stats) cf__nn_set_bn_fold_stats(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -131,14 +125,12 @@ int main(int argc, char **argv) {
     cf__nn_set_dy_words_link(true);
     cf__nn_set_bn_fused_passes(true);
     cf__nn_set_res_mask_bits(true);
-    cf__nn_set_bn_fold_stats(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           fold_stats          ? "the fold taking BN 2's statistics (every other link on)"
-           : mask_bits         ? "the residual blocks' mask bits (every other link on)"
+           mask_bits           ? "the residual blocks' mask bits (every other link on)"
            : bn_passes         ? "BatchNorm's fused passes (both words links on)"
            : link_x && link_dy ? "the x and dy links"
            : link_x            ? "the x link"

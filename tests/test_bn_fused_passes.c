@@ -1,10 +1,9 @@
 /* BatchNorm's fused passes (src/nn/nn_internal.h, src/nn/batchnorm.c): a residual block's
  * convpath's last BatchNorm leaves its output to the block's fold (the idpath's last BatchNorm,
  * which writes relu(a + bn(.))), which computes a in registers from that layer's input, scale and
- * shift (cf_bn_planes_affine_add2), on one thread taking that layer's statistics in its own
- * channel blocks too (cf__nn_set_bn_fold_stats); and a BatchNorm linked to the next bf16
- * convolution rounds its words in registers (cf_bn_planes_affine_bf16). Both must stay bitwise what
- * the separate passes compute.
+ * shift (cf_bn_planes_affine_add2); and a BatchNorm linked to the next bf16 convolution rounds its
+ * words in registers (cf_bn_planes_affine_bf16). Both must stay bitwise what the separate passes
+ * compute.
  *
  * The kernels against the passes they replace (cf_bn_planes_affine into a buffer, then
  * cf_fp32_to_bf16 or cf_bn_planes_affine with that buffer as add) on special values (NaN,

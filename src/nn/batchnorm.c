@@ -78,7 +78,6 @@ typedef struct bn_impl {
      * the last forward wrote it; and the mask the next backward applies to its dy (dy_mask_for:
      * the block's gradient it was armed with) */
     bool fwd_mask;
-    bool stats_pending; /* deferred with its statistics, which the fold takes in its blocks */
     const uint16_t *dy_mask;
     const float *dy_mask_for;
 } bn_impl;
@@ -89,13 +88,6 @@ static atomic_bool fused_passes_off;
 
 void cf__nn_set_bn_fused_passes(bool on) {
     atomic_store(&fused_passes_off, !on);
-}
-
-/* The fold taking its addend's statistics in its channel blocks (cf__nn_set_bn_fold_stats). */
-static atomic_bool fold_stats_off;
-
-void cf__nn_set_bn_fold_stats(bool on) {
-    atomic_store(&fold_stats_off, !on);
 }
 
 /* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
@@ -202,9 +194,8 @@ typedef struct bn_ctx {
     /* forward, the fold: the other term computed here as x2 * ss2[c] + ss2[C + c] (the deferred
      * BatchNorm's input, scale and shift) in place of add (NULL: add) */
     const float *x2, *ss2;
-    cf_module *a2;   /* the fold: the deferred layer whose statistics it takes in its blocks */
-    uint16_t *dxh;   /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
-    uint16_t *omask; /* forward, the fold: y > 0 as bits (CF_MASK_WORDS layout) */
+    uint16_t *dxh;         /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
+    uint16_t *omask;       /* forward, the fold: y > 0 as bits (CF_MASK_WORDS layout) */
     const uint16_t *gmask; /* backward: g = dy where these bits are set, +0 elsewhere */
 } bn_ctx;
 
@@ -359,30 +350,6 @@ static void bn_fold_mask_out(const bn_ctx *ctx, size_t at, size_t p, int nc, int
         ctx->x2 ? ctx->ss2 + g.c + c0 : NULL, ctx->omask + p * CF_MASK_WORDS((size_t)g.s), ahead);
 }
 
-/* The training statistics of channels [c0, c1) (see bn_forward_block). */
-static void bn_block_stats(bn_ctx *ctx, int64_t c0, int64_t c1) {
-    bn_impl *b = ctx->m->impl;
-    const geom g = ctx->g;
-    const size_t cs = (size_t)g.s;
-    double *s1 = b->acc, *s2 = b->acc + g.c;
-    for (int64_t c = c0; c < c1; c++) s1[c] = s2[c] = 0;
-    plane_queue q = {.s = g.s};
-    for (int n = 0; n < g.n; n++) {
-        const float *xn = ctx->x + (size_t)n * g.c * cs;
-        const bool ahead = n + 1 < g.n;
-        for (int64_t c = c0; c < c1; c++) {
-            if (ahead) bn_prefetch_plane(xn + ((size_t)g.c + c) * cs, cs, false);
-            q.x[q.np] = xn + c * cs;
-            q.k[q.np] = ctx->x[c * cs];
-            q.s1[q.np] = &s1[c];
-            q.s2[q.np] = &s2[c];
-            if (++q.np == CF_BN_PLANES) queue_sums(&q);
-        }
-    }
-    queue_sums(&q);
-    bn_finish_stats(ctx, c0, c1);
-}
-
 static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
@@ -391,12 +358,25 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
      * prefetchers). Each plane's sums go into double per channel; the order of the additions
      * per channel is fixed (sample 0, 1, ...), whatever the channel split. */
     const size_t cs = (size_t)g.s;
-    if (ctx->a2) { /* the addend's statistics first: its x2 then stays in L2 for the output */
-        bn_ctx ac = {.m = ctx->a2, .x = ctx->x2, .g = g, .training = true, .defer = true};
-        bn_block_stats(&ac, c0, c1);
-        bn_scale_shift(&ac, c0, c1);
+    if (ctx->training) {
+        double *s1 = b->acc, *s2 = b->acc + g.c;
+        for (int64_t c = c0; c < c1; c++) s1[c] = s2[c] = 0;
+        plane_queue q = {.s = g.s};
+        for (int n = 0; n < g.n; n++) {
+            const float *xn = ctx->x + (size_t)n * g.c * cs;
+            const bool ahead = n + 1 < g.n;
+            for (int64_t c = c0; c < c1; c++) {
+                if (ahead) bn_prefetch_plane(xn + ((size_t)g.c + c) * cs, cs, false);
+                q.x[q.np] = xn + c * cs;
+                q.k[q.np] = ctx->x[c * cs];
+                q.s1[q.np] = &s1[c];
+                q.s2[q.np] = &s2[c];
+                if (++q.np == CF_BN_PLANES) queue_sums(&q);
+            }
+        }
+        queue_sums(&q);
+        bn_finish_stats(ctx, c0, c1);
     }
-    if (ctx->training) bn_block_stats(ctx, c0, c1);
     bn_scale_shift(ctx, c0, c1);
     if (ctx->defer) return; /* the fold writes the output */
     const float *scale = b->ss, *shift = b->ss + g.c;
@@ -731,11 +711,8 @@ static bool bn_defer(cf_module *m, const cf_tensor *x, const float *add, const u
            g.n > 0 && !bn_stream(&g);
 }
 
-static void bn_take_pending_stats(cf_module *a);
-
 /* A deferred layer's output written after all (the fold's add was not its output). */
 static void bn_write_deferred(cf_module *a) {
-    bn_take_pending_stats(a);
     const bn_impl *ab = a->impl;
     const geom g = geometry(&a->in->shape);
     const size_t per = (size_t)g.c * (size_t)g.s;
@@ -758,38 +735,9 @@ static void bn_fold_take(cf_module *m, const cf_tensor *x, const float *add, bn_
         x->shape.ndim > 2) {
         ctx->x2 = a->in->data;
         ctx->ss2 = ab->ss;
-        if (ab->stats_pending) ctx->a2 = a;
     } else {
         bn_write_deferred(a);
     }
-}
-
-/* The running statistics moved towards the last training forward's (count values a channel). */
-static void bn_update_running(cf_module *m, double count) {
-    const bn_impl *b = m->impl;
-    const double unbias = count > 1 ? count / (count - 1) : 1.0, mom = b->momentum;
-    float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
-    for (int f = 0; f < b->features; f++) {
-        rm[f] = (float)((1 - mom) * rm[f] + mom * b->mean[f]);
-        rv[f] = (float)((1 - mom) * rv[f] + mom * b->acc[f] * unbias);
-    }
-    m->params[P_COUNT].data[0] += 1.0f;
-}
-
-/* Whether the planes forward of g takes the one-thread channel blocks (bn_forward_planes). */
-static bool bn_one_thread_blocks(const geom *g) {
-    return g->s > 1 && !split_images(g) && !worth_threads(g);
-}
-
-/* A deferred layer's statistics taken now, whole (the fold does not take them in its blocks). */
-static void bn_take_pending_stats(cf_module *a) {
-    bn_impl *ab = a->impl;
-    if (!ab->stats_pending) return;
-    ab->stats_pending = false;
-    bn_ctx ac = {
-        .m = a, .x = a->in->data, .g = geometry(&a->in->shape), .training = true, .defer = true};
-    bn_forward_planes(&ac, 0, ac.g.c, 0);
-    bn_update_running(a, (double)ac.g.n * (double)ac.g.s);
 }
 
 /* add: NULL, or a residual block's other path: y = max(add + bn(x), 0). */
@@ -830,16 +778,6 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
         ctx.training = false; /* normalise with the statistics just set, as eval does */
     }
     b->fwd_count = count;
-    /* a deferring layer in the one-thread blocks leaves its statistics to the fold too, which
-     * takes them in the same blocks (the same sums in the same order, bitwise) so that its
-     * output pass reads x2 from L2 */
-    b->stats_pending = ctx.defer && m->training && !b->reduce && bn_one_thread_blocks(&ctx.g) &&
-                       !atomic_load_explicit(&fold_stats_off, memory_order_relaxed);
-    if (b->stats_pending) return y;
-    if (ctx.a2 && !bn_one_thread_blocks(&ctx.g)) { /* the fold runs otherwise: whole, first */
-        bn_take_pending_stats(ctx.a2);
-        ctx.a2 = NULL;
-    }
     if (ctx.g.s == 1)
         bn_forward_rows(&ctx);
     else if (split_images(&ctx.g) && bn_forward_split(&ctx))
@@ -849,11 +787,15 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
     else
         bn_forward_planes(&ctx, 0, c, 0);
     if (ctx.words) cf_nn_conv_words_written(b->feed_conv, y->data);
-    if (ctx.a2) { /* the addend's statistics were taken in the blocks above */
-        ((bn_impl *)ctx.a2->impl)->stats_pending = false;
-        bn_update_running(ctx.a2, count);
+    if (m->training) {
+        const double unbias = count > 1 ? count / (count - 1) : 1.0, mom = b->momentum;
+        float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
+        for (int f = 0; f < c; f++) {
+            rm[f] = (float)((1 - mom) * rm[f] + mom * b->mean[f]);
+            rv[f] = (float)((1 - mom) * rv[f] + mom * b->acc[f] * unbias);
+        }
+        m->params[P_COUNT].data[0] += 1.0f;
     }
-    if (m->training) bn_update_running(m, count);
     return y;
 }
 
@@ -1133,7 +1075,6 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                        bn_name(m), b->features);
     b->dy_mask = NULL;
     b->dy_mask_for = NULL;
-    if (b->stats_pending) bn_take_pending_stats(m); /* never left so by a block's forward */
     if (!need_dx && b->dy_conv) cf_nn_conv_dy_words(b->dy_conv, NULL, false); /* no dx to link */
     if (!grads && !need_dx) return NULL;
     cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;

@@ -246,11 +246,6 @@ void cf_nn_bn_fold_arm(cf_module *fold);
  * an fp32 buffer, as before cf_bn_planes_affine_bf16). */
 bool cf_nn_bn_deferred(const cf_module *bn);
 void cf__nn_set_bn_fused_passes(bool on);
-/* On one thread (the channel-blocked passes) the deferring layer leaves its statistics to the
- * fold too, which takes them block by block just before its own (the same sums in the same
- * order: bitwise), so that its output pass reads that layer's input from L2. Tests: the switch
- * (on by default; off, the deferring layer takes its statistics in its own forward). */
-void cf__nn_set_bn_fold_stats(bool on);
 
 /* ---- a residual block's ReLU mask as bits ----
  *
