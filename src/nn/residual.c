@@ -5,7 +5,9 @@
  * the thread pool in contiguous chunks (results do not depend on the split). With ReLU after the
  * sum and an idpath that ends in a BatchNorm, that BatchNorm writes relu(a + bn(.)) itself
  * (nn_internal.h) and its output is the block's output; without an idpath, the convpath's last
- * BatchNorm writes relu(bn(.) + x) the same way. The fused calls the block makes are
+ * BatchNorm writes relu(bn(.) + x) the same way; the idpath's fold also keeps the ReLU's mask as
+ * bits, which both paths' last BatchNorms apply to dy in backward, so that the masked gradient is
+ * never written (nn_internal.h). The fused calls the block makes are
  * decided when the model is planned (cf_nn_residual_set_fusion, from fuse.c). The input gradient is
  * summed into the convpath's input gradient in place (that buffer is dead once the convpath's
  * backward has returned, and writing it back where it was just read costs no extra read of a fresh
