@@ -4,7 +4,7 @@
  * shared with other work, whole-process A/B runs of bench_step drift by more than the
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
- *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both|dx2]
+ *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both|bn|dx2|mask]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -15,7 +15,9 @@
  * passes instead (cf__nn_set_bn_fused_passes: the convpath's last BatchNorm's output left to the
  * residual fold, the forward link's words rounded in registers), both words links on; --link dx2
  * switches stride 2's dx over its phases' own positions (cf__conv_bf16_set_dx2_cols,
- * kernel_table.h), both words links on. */
+ * kernel_table.h), both words links on; --link mask switches the residual blocks' ReLU mask bits
+ * (cf__nn_set_res_mask_bits: the fold writes the mask as bits and the last BatchNorms apply them
+ * to dy, against the block's mask pass), every other link and pass on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -44,7 +46,8 @@ static double median(double *v, int n) {
 
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
-    bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false;
+    bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
+         mask_bits = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -64,10 +67,12 @@ int main(int argc, char **argv) {
             i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "bn"))
             link_x = link_dy = false, bn_passes = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "mask"))
+            link_x = link_dy = false, mask_bits = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
-                    "[--link x|dy|both|bn|dx2]\n",
+                    "[--link x|dy|both|bn|dx2|mask]\n",
                     argv[0]);
             return 2;
         }
@@ -104,6 +109,7 @@ int main(int argc, char **argv) {
         if (link_dy) cf__nn_set_dy_words_link(mode == 1);
         if (bn_passes) cf__nn_set_bn_fused_passes(mode == 1);
         if (dx2) cf__conv_bf16_set_dx2_cols(mode == 1);
+        if (mask_bits) cf__nn_set_res_mask_bits(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -125,12 +131,14 @@ int main(int argc, char **argv) {
     cf__nn_set_dy_words_link(true);
     cf__nn_set_bn_fused_passes(true);
     cf__conv_bf16_set_dx2_cols(true);
+    cf__nn_set_res_mask_bits(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           bn_passes           ? "BatchNorm's fused passes (both words links on)"
+           mask_bits           ? "the residual blocks' mask bits (every other link on)"
+           : bn_passes         ? "BatchNorm's fused passes (both words links on)"
            : dx2               ? "stride 2's dx path (dx2_cols; both words links on)"
            : link_x && link_dy ? "the x and dy links"
            : link_x            ? "the x link"

@@ -15,7 +15,8 @@
  *                   against the convolution, its adjoint and its weight gradient in double
  *   transpose       bitwise, padding untouched
  *   bn              the four plane kernels against the portable table's, NaN and -0 under the
- *                   fused ReLU bitwise
+ *                   fused ReLU bitwise; a residual block's mask kernels (the bits) bitwise
+ *                   against NEON's own affine, dy_sums and dx given the masked gradient
  *   max_sum_plane   against the scalar loop (NaN planes left to it)
  *   optim           SGD and Adam in every variant, bitwise equal to the portable table
  *
@@ -500,8 +501,52 @@ static void check_bn_special(void) {
         }
 }
 
+/* The mask kernels: the fold's output and bits against affine's add branch and y > 0, the
+ * masked gradient kernels against dy_sums and dx given dz = bit ? dy : 0, bitwise. */
+static void check_bn_mask(int64_t s) {
+    const cf_bn_kernels *nb = cf_kernels_neon.bn;
+    const size_t mw = CF_MASK_WORDS((size_t)s);
+    const float scale = uniform(-2.0f, 2.0f), shift = uniform(-1.0f, 1.0f);
+    const float mean = uniform(-0.3f, 0.3f), k1 = uniform(-1, 1), k2 = uniform(-1, 1),
+                k3 = uniform(-1, 1);
+    fenced fx = fenced_alloc(s, true), fdy = fenced_alloc(s, true), fadd = fenced_alloc(s, true);
+    fenced fy1 = fenced_alloc(s, true), fy2 = fenced_alloc(s, true);
+    float *x = fx.p, *dy = fdy.p, *add = fadd.p, *y1 = fy1.p, *y2 = fy2.p;
+    fill(x, s);
+    fill(dy, s);
+    fill(add, s);
+    uint16_t mask[96];
+    float dz[1300];
+    nb->affine(x, add, y1, s, scale, shift, false);
+    nb->fold_mask_n(x, add, NULL, y2, s, 1, &scale, &shift, NULL, NULL, mask, 0);
+    int bad = 0;
+    for (int64_t i = 0; i < s; i++) {
+        bad += memcmp(&y1[i], &y2[i], sizeof(float)) != 0;
+        bad += ((mask[i / 16] >> (i % 16)) & 1u) != (y1[i] > 0.0f);
+        dz[i] = y1[i] > 0.0f ? dy[i] : 0.0f;
+    }
+    for (int64_t i = s; i < (int64_t)mw * 16; i++) bad += (mask[i / 16] >> (i % 16)) & 1u;
+    CHECK(bad == 0, "fold_mask s=%lld: %d values or bits off", (long long)s, bad);
+    double a1 = 0, a2 = 0, b1[1], b2[1];
+    const float *dys[1] = {dy}, *xs[1] = {x};
+    const uint16_t *ms[1] = {mask};
+    nb->dy_sums(dz, x, s, mean, false, scale, shift, &a1, &a2);
+    nb->dy_sums_mask_n(1, dys, xs, s, &mean, ms, b1, b2);
+    CHECK(a1 == b1[0] && a2 == b2[0], "dy_sums_mask s=%lld: (%g, %g), want (%g, %g)", (long long)s,
+          b1[0], b2[0], a1, a2);
+    nb->dx(dz, x, y1, s, mean, k1, k2, k3, false, scale, shift);
+    nb->dx_mask_n(dy, x, y2, s, 1, &mean, &k1, &k2, &k3, mask, 0);
+    CHECK(memcmp(y1, y2, (size_t)s * sizeof(float)) == 0, "dx_mask s=%lld", (long long)s);
+    fenced_free(&fx);
+    fenced_free(&fdy);
+    fenced_free(&fadd);
+    fenced_free(&fy1);
+    fenced_free(&fy2);
+}
+
 static void test_bn(void) {
-    for (int64_t s = 1; s <= 40; s++) check_bn(s);
+    for (int64_t s = 1; s <= 40; s++) check_bn(s), check_bn_mask(s);
+    for (int t = 0; t < 30; t++) check_bn_mask(41 + rnd(1200));
     for (int t = 0; t < 30; t++) check_bn(41 + rnd(1200));
     check_bn_special();
 }

@@ -151,6 +151,32 @@ void cf_bn_planes_affine_add2(const float *x, const float *x2, float *y, int64_t
                               const float *scale, const float *shift, const float *scale2,
                               const float *shift2, ptrdiff_t ahead);
 
+/* A residual block's ReLU mask kept as bits, one a value, for planes of s values: plane p's value
+ * j is bit j % 16 of word p * CF_MASK_WORDS(s) + j / 16 (the bits past s are zero). Written by
+ * the block's fold as it writes the block's output, read by the BatchNorms whose backward takes
+ * the block's gradient, so that the masked gradient (dy where the output is > 0, +0 elsewhere)
+ * is never written. */
+#define CF_MASK_WORDS(s) (((s) + 15) / 16)
+/* y = max(add + (x * scale[i] + shift[i]), 0) (x2 NULL: cf_bn_planes_affine's add branch) or
+ * cf_bn_planes_affine_add2's y (x2 not NULL; add unused), bitwise, and mask's bits y > 0 for
+ * the nc planes (plane i's words at mask + i * CF_MASK_WORDS(s)). ahead as there. */
+void cf_bn_planes_fold_mask(const float *x, const float *add, const float *x2, float *y, int64_t s,
+                            int nc, const float *scale, const float *shift, const float *scale2,
+                            const float *shift2, uint16_t *mask, ptrdiff_t ahead);
+/* cf_bn_planes_dy_sums, cf_bn_planes_dx and cf_bn_planes_dx_bf16 without a fused ReLU, given dy
+ * masked by bits: g = dy where the value's bit is set and +0 elsewhere, bitwise those kernels
+ * given that masked gradient. mask[i] (dy_sums): plane i's words; mask (dx): the first plane's,
+ * plane i's at mask + i * CF_MASK_WORDS(s). */
+void cf_bn_planes_dy_sums_mask(int np, const float *const *dy, const float *const *x, int64_t s,
+                               const float *mean, const uint16_t *const *mask, double *const *sdy,
+                               double *const *sdyx);
+void cf_bn_planes_dx_mask(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                          const float *mean, const float *k1, const float *k2, const float *k3,
+                          const uint16_t *mask, ptrdiff_t ahead);
+void cf_bn_planes_dx_bf16_mask(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                               const float *mean, const float *k1, const float *k2, const float *k3,
+                               const uint16_t *mask, ptrdiff_t ahead);
+
 /* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
 
 /* The maximum of x[0..n) and its first position (a NaN wins, at its first position), and the

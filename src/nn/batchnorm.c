@@ -74,6 +74,12 @@ typedef struct bn_impl {
     cf_module *addend;
     cf_module *armed;
     bool deferred, pending; /* pending: deferred and not yet computed by the fold */
+    /* a residual block's ReLU mask as bits (nn_internal.h, cf_nn_bn_forward_fold_mask): whether
+     * the last forward wrote it; and the mask the next backward applies to its dy (dy_mask_for:
+     * the block's gradient it was armed with) */
+    bool fwd_mask;
+    const uint16_t *dy_mask;
+    const float *dy_mask_for;
 } bn_impl;
 
 /* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
@@ -188,7 +194,9 @@ typedef struct bn_ctx {
     /* forward, the fold: the other term computed here as x2 * ss2[c] + ss2[C + c] (the deferred
      * BatchNorm's input, scale and shift) in place of add (NULL: add) */
     const float *x2, *ss2;
-    uint16_t *dxh; /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
+    uint16_t *dxh;         /* backward (NULL: none): dx as bf16 words instead (dx is not written) */
+    uint16_t *omask;       /* forward, the fold: y > 0 as bits (CF_MASK_WORDS layout) */
+    const uint16_t *gmask; /* backward: g = dy where these bits are set, +0 elsewhere */
 } bn_ctx;
 
 /* Channels per block of the two passes over planes (statistics, then output; or the gradient
@@ -234,6 +242,7 @@ typedef struct plane_queue {
     int np;
     int64_t s;
     const float *x[CF_BN_PLANES], *dy[CF_BN_PLANES];
+    const uint16_t *mask[CF_BN_PLANES]; /* backward with a block's mask */
     float k[CF_BN_PLANES], scale[CF_BN_PLANES], shift[CF_BN_PLANES];
     double *s1[CF_BN_PLANES], *s2[CF_BN_PLANES];
 } plane_queue;
@@ -251,9 +260,13 @@ static void queue_sums(plane_queue *q) {
 }
 
 /* Backward: gradient sums (k: the mean), added to *s1[i], *s2[i] in order. */
-static void queue_dy_sums(plane_queue *q, bool relu) {
+static void queue_dy_sums(plane_queue *q, bool relu, bool masked) {
     if (!q->np) return;
-    cf_bn_planes_dy_sums(q->np, q->dy, q->x, q->s, q->k, relu, q->scale, q->shift, q->s1, q->s2);
+    if (masked)
+        cf_bn_planes_dy_sums_mask(q->np, q->dy, q->x, q->s, q->k, q->mask, q->s1, q->s2);
+    else
+        cf_bn_planes_dy_sums(q->np, q->dy, q->x, q->s, q->k, relu, q->scale, q->shift, q->s1,
+                             q->s2);
     q->np = 0;
 }
 
@@ -325,6 +338,18 @@ static void bn_affine_words(const bn_ctx *ctx, size_t at, int nc, const float *s
     }
 }
 
+/* The fold's output with the block's mask bits: nc planes from offset at (plane index p), the
+ * channels' constants from c0. */
+static void bn_fold_mask_out(const bn_ctx *ctx, size_t at, size_t p, int nc, int64_t c0,
+                             ptrdiff_t ahead) {
+    const bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
+    cf_bn_planes_fold_mask(
+        ctx->x + at, ctx->x2 ? NULL : ctx->add + at, ctx->x2 ? ctx->x2 + at : NULL, ctx->y + at,
+        g.s, nc, b->ss + c0, b->ss + g.c + c0, ctx->x2 ? ctx->ss2 + c0 : NULL,
+        ctx->x2 ? ctx->ss2 + g.c + c0 : NULL, ctx->omask + p * CF_MASK_WORDS((size_t)g.s), ahead);
+}
+
 static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
@@ -362,6 +387,10 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
         if (ctx->words) {
             bn_affine_words(ctx, at, nc, scale + c0, shift + c0, ahead);
+            continue;
+        }
+        if (ctx->omask) { /* never streamed either (bn_forward_with) */
+            bn_fold_mask_out(ctx, at, (size_t)n * g.c + (size_t)c0, nc, c0, ahead);
             continue;
         }
         if (ctx->x2) { /* never streamed: a deferring layer's output is not (bn_defer) */
@@ -515,6 +544,8 @@ static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
         const size_t at = (size_t)n * g.c * cs;
         if (ctx->words)
             bn_affine_words(ctx, at, g.c, scale, shift, 0);
+        else if (ctx->omask)
+            bn_fold_mask_out(ctx, at, (size_t)n * g.c, g.c, 0, 0);
         else if (ctx->x2)
             cf_bn_planes_affine_add2(ctx->x + at, ctx->x2 + at, ctx->y + at, g.s, g.c, scale, shift,
                                      ctx->ss2, ctx->ss2 + g.c, 0);
@@ -710,7 +741,8 @@ static void bn_fold_take(cf_module *m, const cf_tensor *x, const float *add, bn_
 }
 
 /* add: NULL, or a residual block's other path: y = max(add + bn(x), 0). */
-static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const float *add) {
+static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const float *add,
+                                        uint16_t *mask) {
     bn_impl *b = m->impl;
     m->in = x;
     cf_tensor *y = cf_module_output(m, &x->shape);
@@ -729,6 +761,10 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
     ctx.defer = bn_defer(m, x, add, ctx.words);
     b->deferred = b->pending = ctx.defer;
     bn_fold_take(m, x, add, &ctx);
+    /* the block's mask: planes whose output is not streamed (the masked kernel stores plainly) */
+    ctx.omask =
+        mask && add && !ctx.words && ctx.g.s > 1 && ctx.g.n > 0 && !bn_stream(&ctx.g) ? mask : NULL;
+    b->fwd_mask = ctx.omask != NULL;
     if (!m->training) {
         const float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;
         for (int f = 0; f < c; f++) {
@@ -794,7 +830,7 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
     /* sample-major, as the forward pass */
-    const size_t cs = (size_t)g.s;
+    const size_t cs = (size_t)g.s, mw = CF_MASK_WORDS(cs);
     {
         double *sdy = b->acc, *sdyx = b->acc + g.c;
         if (!ctx->sums_ready)
@@ -810,15 +846,16 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
                 }
                 q.dy[q.np] = ctx->dy + at + c * cs;
                 q.x[q.np] = ctx->x + at + c * cs;
+                if (ctx->gmask) q.mask[q.np] = ctx->gmask + ((size_t)n * g.c + c) * mw;
                 q.k[q.np] = b->mean[c];
                 q.scale[q.np] = b->ss[c];
                 q.shift[q.np] = b->ss[g.c + c];
                 q.s1[q.np] = &sdy[c];
                 q.s2[q.np] = &sdyx[c];
-                if (++q.np == CF_BN_PLANES) queue_dy_sums(&q, ctx->relu);
+                if (++q.np == CF_BN_PLANES) queue_dy_sums(&q, ctx->relu, ctx->gmask);
             }
         }
-        queue_dy_sums(&q, ctx->relu);
+        queue_dy_sums(&q, ctx->relu, ctx->gmask);
         bn_backward_coefs(ctx, c0, c1);
         if (!ctx->need_dx) return;
         const float *k = b->coef;
@@ -826,7 +863,15 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         for (int n = 0; n < g.n; n++) {
             const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
             const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0;
-            if (ctx->dxh)
+            const uint16_t *gm = ctx->gmask ? ctx->gmask + ((size_t)n * g.c + c0) * mw : NULL;
+            if (gm && ctx->dxh)
+                cf_bn_planes_dx_bf16_mask(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc,
+                                          b->mean + c0, k + c0, k + g.c + c0, k + 2 * g.c + c0, gm,
+                                          ahead);
+            else if (gm)
+                cf_bn_planes_dx_mask(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0,
+                                     k + c0, k + g.c + c0, k + 2 * g.c + c0, gm, ahead);
+            else if (ctx->dxh)
                 cf_bn_planes_dx_bf16(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc,
                                      b->mean + c0, k + c0, k + g.c + c0, k + 2 * g.c + c0,
                                      ctx->relu, b->ss + c0, b->ss + g.c + c0, ahead);
@@ -861,15 +906,21 @@ static void split_backward_sums(void *v, int64_t n0, int64_t n1, int thread) {
         for (int c = 0; c < g.c; c += CF_BN_PLANES) {
             const int np = g.c - c < CF_BN_PLANES ? g.c - c : CF_BN_PLANES;
             const float *dys[CF_BN_PLANES], *xs[CF_BN_PLANES];
+            const uint16_t *ms[CF_BN_PLANES];
             double *s1[CF_BN_PLANES], *s2[CF_BN_PLANES];
             for (int i = 0; i < np; i++) {
                 dys[i] = ctx->dy + at + (c + i) * cs;
                 xs[i] = ctx->x + at + (c + i) * cs;
+                ms[i] =
+                    ctx->gmask ? ctx->gmask + ((size_t)n * g.c + c + i) * CF_MASK_WORDS(cs) : NULL;
                 s1[i] = &p[c + i];
                 s2[i] = &p[g.c + c + i];
             }
-            cf_bn_planes_dy_sums(np, dys, xs, g.s, b->mean + c, ctx->relu, b->ss + c,
-                                 b->ss + g.c + c, s1, s2);
+            if (ctx->gmask)
+                cf_bn_planes_dy_sums_mask(np, dys, xs, g.s, b->mean + c, ms, s1, s2);
+            else
+                cf_bn_planes_dy_sums(np, dys, xs, g.s, b->mean + c, ctx->relu, b->ss + c,
+                                     b->ss + g.c + c, s1, s2);
         }
     }
 }
@@ -883,7 +934,14 @@ static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
     const float *k = b->coef;
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        if (ctx->dxh)
+        const uint16_t *gm = ctx->gmask ? ctx->gmask + (size_t)n * g.c * CF_MASK_WORDS(cs) : NULL;
+        if (gm && ctx->dxh)
+            cf_bn_planes_dx_bf16_mask(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, g.c, b->mean,
+                                      k, k + g.c, k + 2 * g.c, gm, 0);
+        else if (gm)
+            cf_bn_planes_dx_mask(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, g.c, b->mean, k,
+                                 k + g.c, k + 2 * g.c, gm, 0);
+        else if (ctx->dxh)
             cf_bn_planes_dx_bf16(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, g.c, b->mean, k,
                                  k + g.c, k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
         else
@@ -976,18 +1034,47 @@ static double bn_sync_backward_sums(bn_ctx *ctx) {
 }
 
 static const cf_tensor *bn_forward(cf_module *m, const cf_tensor *x) {
-    return bn_forward_with(m, x, NULL);
+    return bn_forward_with(m, x, NULL, NULL);
 }
 
 const cf_tensor *cf_nn_bn_forward_add_relu(cf_module *bn, const cf_tensor *x, const float *add) {
     bn->in = x;
-    return bn_forward_with(bn, x, add);
+    return bn_forward_with(bn, x, add, NULL);
+}
+
+const cf_tensor *cf_nn_bn_forward_fold_mask(cf_module *bn, const cf_tensor *x, const float *add,
+                                            uint16_t *mask) {
+    bn->in = x;
+    return bn_forward_with(bn, x, add, mask);
+}
+
+bool cf_nn_bn_wrote_mask(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->fwd_mask;
+}
+
+bool cf_nn_bn_mask_dy(cf_module *bn, const uint16_t *mask, const float *dy) {
+    if (!cf_nn_is_batchnorm(bn) || !bn->in) return false;
+    bn_impl *b = bn->impl;
+    const geom g = geometry(&bn->in->shape);
+    const bool ok = mask && dy && !b->fwd_relu && bn->in->shape.ndim > 2 && g.s > 1;
+    b->dy_mask = ok ? mask : NULL;
+    b->dy_mask_for = ok ? dy : NULL;
+    return ok;
 }
 
 static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     bn_impl *b = m->impl;
     bool grads = m->params[P_WEIGHT].trainable || m->params[P_BIAS].trainable;
     b->dxw_wrote = false;
+    /* the block's mask, armed for the gradient its block was given (once) */
+    const uint16_t *gmask = b->dy_mask && dy->data == b->dy_mask_for ? b->dy_mask : NULL;
+    if (b->dy_mask && !gmask)
+        cf_module_fail(CF_ERR_STATE,
+                       "%s(%d) backward: the block's mask was armed for another "
+                       "gradient (internal)",
+                       bn_name(m), b->features);
+    b->dy_mask = NULL;
+    b->dy_mask_for = NULL;
     if (!need_dx && b->dy_conv) cf_nn_conv_dy_words(b->dy_conv, NULL, false); /* no dx to link */
     if (!grads && !need_dx) return NULL;
     cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;
@@ -1009,7 +1096,8 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                   .grads = grads,
                   .relu = b->fwd_relu,
                   .y = b->fwd_relu ? m->out.data : NULL,
-                  .dxh = dxh};
+                  .dxh = dxh,
+                  .gmask = gmask};
     if (b->reduce && ctx.training) {
         double total = bn_sync_backward_sums(&ctx);
         if (!need_dx) return dx;

@@ -247,4 +247,25 @@ void cf_nn_bn_fold_arm(cf_module *fold);
 bool cf_nn_bn_deferred(const cf_module *bn);
 void cf__nn_set_bn_fused_passes(bool on);
 
+/* ---- a residual block's ReLU mask as bits ----
+ *
+ * The fold also writes the block's mask, y > 0 as one bit a value (CF_MASK_WORDS layout,
+ * tensor.h), as it writes the block's output (cf_nn_bn_forward_fold_mask: planes whose output is
+ * not streamed; cf_nn_bn_wrote_mask says whether it did). In backward the block then gives its
+ * gradient dy unmasked to both paths' last BatchNorms, each armed with the bits for that dy
+ * (cf_nn_bn_mask_dy), whose gradient sums and dx passes take g = dy where the bit is set and +0
+ * elsewhere: the masked gradient, bitwise, is never written and the block's output is not read
+ * back. Only where each path's last module is a BatchNorm that takes dy straight from the block
+ * (a Sequential of its own ops, or the path itself); otherwise the block masks as before. */
+/* cf_nn_bn_forward_add_relu, also writing the mask where the call allows. */
+const cf_tensor *cf_nn_bn_forward_fold_mask(cf_module *bn, const cf_tensor *x, const float *add,
+                                            uint16_t *mask);
+bool cf_nn_bn_wrote_mask(const cf_module *bn);
+/* Arms bn's next backward to mask dy (the tensor data it will be given) with mask (NULL:
+ * disarms). Returns whether it will (a BatchNorm's own ops, planes, no fused ReLU). */
+bool cf_nn_bn_mask_dy(cf_module *bn, const uint16_t *mask, const float *dy);
+/* Tests: the blocks' mask bits (on by default, read at each forward: off, the block masks its
+ * gradient in a pass of its own, as before). */
+void cf__nn_set_res_mask_bits(bool on);
+
 #endif

@@ -5,7 +5,9 @@
  * the thread pool in contiguous chunks (results do not depend on the split). With ReLU after the
  * sum and an idpath that ends in a BatchNorm, that BatchNorm writes relu(a + bn(.)) itself
  * (nn_internal.h) and its output is the block's output; without an idpath, the convpath's last
- * BatchNorm writes relu(bn(.) + x) the same way. The fused calls the block makes are
+ * BatchNorm writes relu(bn(.) + x) the same way; the idpath's fold also keeps the ReLU's mask as
+ * bits, which both paths' last BatchNorms apply to dy in backward, so that the masked gradient is
+ * never written (nn_internal.h). The fused calls the block makes are
  * decided when the model is planned (cf_nn_residual_set_fusion, from fuse.c). The input gradient is
  * summed into the convpath's input gradient in place (that buffer is dead once the convpath's
  * backward has returned, and writing it back where it was just read costs no extra read of a fresh
@@ -15,13 +17,24 @@
 #include "corefit/nn.h"
 #include "nn_internal.h"
 
+#include <stdatomic.h>
+
 typedef struct residual_impl {
     bool relu_after;
     bool has_idpath;
     cf_nn_res_fusion fuse; /* the fused calls, planned (nn_internal.h) */
     cf_tensor dz;          /* gradient after the activation */
     cf_tensor gx;          /* the input gradient when summed into the convpath's */
+    uint16_t *mask;        /* the fold's ReLU mask as bits (nn_internal.h), NULL: none */
+    bool mask_valid;       /* the last forward wrote it */
 } residual_impl;
+
+/* The mask bits' test switch (cf__nn_set_res_mask_bits). */
+static atomic_bool mask_bits_off;
+
+void cf__nn_set_res_mask_bits(bool on) {
+    atomic_store(&mask_bits_off, !on);
+}
 
 #define RES_PAR_MIN (1 << 16)
 
@@ -119,6 +132,14 @@ static void res_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     m->grad_arena = arena;
     r->dz.data = NULL;
     if (r->relu_after) cf_arena_reserve_transient(arena, cf_shape_numel(&out) * sizeof(float));
+    r->mask = NULL;
+    r->mask_valid = false;
+    if (r->fuse.fold && r->relu_after && out.ndim > 2) {
+        size_t s = 1;
+        for (int i = 2; i < out.ndim; i++) s *= (size_t)out.dim[i];
+        const size_t words = (size_t)out.dim[0] * (size_t)out.dim[1] * CF_MASK_WORDS(s);
+        r->mask = cf_arena_bytes(arena, words * sizeof(uint16_t));
+    }
 }
 
 /* The steps of a path: its children when it was a Sequential at the plan (seq), else the path
@@ -148,6 +169,7 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     residual_impl *r = m->impl;
     const cf_nn_res_fusion *f = &r->fuse;
     m->in = x;
+    r->mask_valid = false;
     cf_module *cp = m->children[0];
     cp->in = x;
     if (f->fold) cf_nn_bn_fold_arm(f->fold); /* the convpath's last BatchNorm's output to it */
@@ -176,8 +198,12 @@ static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
             b = path_forward(ip, f->idpath_seq, x, 0, end);
         else
             b = ip->ops->forward(ip, x);
-        if (f->fold) { /* relu(a + idpath(x)), written by its last BatchNorm */
-            b = cf_nn_bn_forward_add_relu(f->fold, b, a->data);
+        if (f->fold) { /* relu(a + idpath(x)), written by its last BatchNorm (and the mask) */
+            const bool bits =
+                r->mask && !atomic_load_explicit(&mask_bits_off, memory_order_relaxed);
+            b = bits ? cf_nn_bn_forward_fold_mask(f->fold, b, a->data, r->mask)
+                     : cf_nn_bn_forward_add_relu(f->fold, b, a->data);
+            r->mask_valid = bits && cf_nn_bn_wrote_mask(f->fold);
             m->out = *b;
             return &m->out;
         }
@@ -203,11 +229,35 @@ static const cf_tensor *idpath_backward_add(cf_module *ip, bool seq, cf_module *
     return db;
 }
 
+/* The module of a path that takes the block's gradient first: the last child of a Sequential
+ * whose ops are its own, else the path itself. */
+static cf_module *path_taker(cf_module *path) {
+    return cf_nn_is_sequential(path) && path->n_children ? path->children[path->n_children - 1]
+                                                         : path;
+}
+
+/* Arms both paths' last BatchNorms with the forward's mask bits for dy; false (neither armed)
+ * where either cannot take it (nn_internal.h). */
+static bool res_arm_mask(cf_module *m, const cf_tensor *dy) {
+    residual_impl *r = m->impl;
+    if (!r->mask_valid || !r->has_idpath) return false;
+    cf_module *ta = path_taker(m->children[0]), *tb = path_taker(m->children[1]);
+    const bool fits = ta != tb && cf_nn_is_batchnorm(ta) && cf_nn_is_batchnorm(tb) && ta->in &&
+                      tb->in && cf_shape_equal(&ta->in->shape, &dy->shape) &&
+                      cf_shape_equal(&tb->in->shape, &dy->shape);
+    if (fits && cf_nn_bn_mask_dy(ta, r->mask, dy->data) && cf_nn_bn_mask_dy(tb, r->mask, dy->data))
+        return true;
+    if (cf_nn_is_batchnorm(ta)) cf_nn_bn_mask_dy(ta, NULL, NULL);
+    if (cf_nn_is_batchnorm(tb)) cf_nn_bn_mask_dy(tb, NULL, NULL);
+    return false;
+}
+
 static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     residual_impl *r = m->impl;
     const cf_nn_res_fusion *f = &r->fuse;
     const cf_tensor *dz = dy;
-    if (r->relu_after) {
+    /* with the mask's bits the last BatchNorms mask dy themselves: dz is dy, never written */
+    if (r->relu_after && !res_arm_mask(m, dy)) {
         r->dz.shape = dy->shape;
         r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
         res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, &dy->shape);

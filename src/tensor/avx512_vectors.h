@@ -27,6 +27,7 @@ typedef __mmask16 vmaskv;
 #define V_ZMASK(mv, v) _mm512_maskz_mov_ps((mv), (v))
 #define V_GT0(v) _mm512_cmp_ps_mask((v), _mm512_setzero_ps(), _CMP_GT_OQ)
 #define V_MASK_AND(a, b) ((__mmask16)((a) & (b)))
+#define V_MASK_BITS(mv) ((unsigned)(mv))
 /* the lanes in mv of v as bf16 words at p (uint16_t *): cf_fp32_to_bf16's rounding */
 #define V_STORE_BF16(p, mv, v)                                                                     \
     _mm256_mask_storeu_epi16((p), (mv), _mm512_cvtepi32_epi16(cf__bf16_round_lanes(v)))

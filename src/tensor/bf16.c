@@ -50,6 +50,30 @@ void cf_bn_planes_dx_bf16(const float *dy, const float *x, uint16_t *dxh, int64_
     }
 }
 
+/* The masked form (tensor.h), as cf_bn_planes_dx_bf16: chunks of whole mask words. */
+void cf_bn_planes_dx_bf16_mask(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                               const float *mean, const float *k1, const float *k2, const float *k3,
+                               const uint16_t *mask, ptrdiff_t ahead) {
+    enum { CHUNK = 512 };
+    _Alignas(64) float buf[CHUNK];
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->dx_mask_bf16_n) {
+        bn->dx_mask_bf16_n(dy, x, dxh, s, nc, mean, k1, k2, k3, mask, ahead);
+        return;
+    }
+    const size_t words = CF_MASK_WORDS((size_t)s);
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dxh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        for (int64_t j = 0; j < s; j += CHUNK) {
+            const int64_t n = s - j < CHUNK ? s - j : CHUNK;
+            bn->dx_mask_n(dy + at + j, x + at + j, buf, n, 1, mean + i, k1 + i, k2 + i, k3 + i,
+                          mask + (size_t)i * words + (size_t)j / 16, 0);
+            cf_fp32_to_bf16(buf, dxh + at + j, (size_t)n);
+        }
+    }
+}
+
 /* BatchNorm's output pass in bf16 words (tensor.h), as cf_bn_planes_dx_bf16. */
 void cf_bn_planes_affine_bf16(const float *x, uint16_t *yh, int64_t s, int nc, const float *scale,
                               const float *shift, bool relu, ptrdiff_t ahead) {

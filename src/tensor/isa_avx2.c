@@ -38,6 +38,7 @@ static inline __m256i avx2_lane_mask(unsigned bits) { /* bit i -> lane i all one
 #define V_ZMASK(mv, v) _mm256_and_ps((v), _mm256_castsi256_ps(mv))
 #define V_GT0(v) _mm256_castps_si256(_mm256_cmp_ps((v), _mm256_setzero_ps(), _CMP_GT_OQ))
 #define V_MASK_AND(a, b) _mm256_and_si256((a), (b))
+#define V_MASK_BITS(mv) ((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mv)))
 
 static inline double avx2_hsum_d(__m256 v) {
     const __m256d s = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),

@@ -7,6 +7,8 @@
 #include "tensor/lstm_loops.h"
 #include "tensor/softmax_loops.h"
 
+#include <string.h>
+
 #define LANES 16
 
 /* ---- BatchNorm over one channel plane (the algorithm of cf_bn_kernels, in float lanes) ------ */
@@ -86,11 +88,94 @@ static void generic_bn_dx(const float *restrict dy, const float *restrict x, flo
 }
 #undef GRAD_AT
 
+/* ---- a residual block's ReLU mask as bits (CF_MASK_WORDS layout) ---- */
+
+static bool mask_bit(const uint16_t *w, int64_t j) {
+    return (w[j >> 4] >> (j & 15)) & 1u;
+}
+
+/* generic_bn_affine's add branch, with add = x2 * scale2 + shift2 where x2 is given (the values
+ * generic_bn_affine without add gives), and each value's bit y > 0 */
+static void generic_bn_fold_mask(const float *x, const float *add, const float *x2, float *y,
+                                 int64_t s, float scale, float shift, float scale2, float shift2,
+                                 uint16_t *mask) {
+    memset(mask, 0, (size_t)CF_MASK_WORDS(s) * sizeof *mask);
+    for (int64_t i = 0; i < s; i++) {
+        const float a = x2 ? x2[i] * scale2 + shift2 : add[i];
+        const float v = a + (x[i] * scale + shift);
+        y[i] = v > 0.0f ? v : 0.0f;
+        if (v > 0.0f) mask[i >> 4] |= (uint16_t)(1u << (i & 15));
+    }
+}
+
+static void generic_bn_fold_mask_n(const float *x, const float *add, const float *x2, float *y,
+                                   int64_t s, int nc, const float *scale, const float *shift,
+                                   const float *scale2, const float *shift2, uint16_t *mask,
+                                   ptrdiff_t ahead) {
+    (void)ahead;
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        generic_bn_fold_mask(x + at, add ? add + at : NULL, x2 ? x2 + at : NULL, y + at, s,
+                             scale[i], shift[i], x2 ? scale2[i] : 0.0f, x2 ? shift2[i] : 0.0f,
+                             mask + (size_t)i * CF_MASK_WORDS(s));
+    }
+}
+
+#define MASKED_AT(i) (mask_bit(w, i) ? dy[i] : 0.0f)
+
+static void generic_bn_dy_sums_mask_n(int np, const float *const *dys, const float *const *xs,
+                                      int64_t s, const float *means, const uint16_t *const *masks,
+                                      double *sdy, double *sdyx) {
+    for (int p = 0; p < np; p++) { /* generic_bn_dy_sums's lanes, given the masked gradient */
+        const float *restrict dy = dys[p], *restrict x = xs[p];
+        const uint16_t *w = masks[p];
+        const float mean = means[p];
+        float l1[LANES] = {0}, l2[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= s; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                const float g = MASKED_AT(i + j);
+                l1[j] += g;
+                l2[j] += g * (x[i + j] - mean);
+            }
+        for (int j = 0; i + j < s; j++) {
+            const float g = MASKED_AT(i + j);
+            l1[j] += g;
+            l2[j] += g * (x[i + j] - mean);
+        }
+        double t1 = 0, t2 = 0;
+        for (int j = 0; j < LANES; j++) {
+            t1 += l1[j];
+            t2 += l2[j];
+        }
+        sdy[p] = t1;
+        sdyx[p] = t2;
+    }
+}
+
+static void generic_bn_dx_mask_n(const float *dy0, const float *x0, float *dx0, int64_t s, int nc,
+                                 const float *mean, const float *k1, const float *k2,
+                                 const float *k3, const uint16_t *mask, ptrdiff_t ahead) {
+    (void)ahead;
+    for (int p = 0; p < nc; p++) {
+        const size_t at = (size_t)p * (size_t)s;
+        const float *restrict dy = dy0 + at, *restrict x = x0 + at;
+        float *restrict dx = dx0 + at;
+        const uint16_t *w = mask + (size_t)p * CF_MASK_WORDS(s);
+        for (int64_t i = 0; i < s; i++)
+            dx[i] = k1[p] * MASKED_AT(i) + (k2[p] * (x[i] - mean[p]) + k3[p]);
+    }
+}
+#undef MASKED_AT
+
 static const cf_bn_kernels generic_bn = {
     .shifted_sums = generic_bn_shifted_sums,
     .affine = generic_bn_affine,
     .dy_sums = generic_bn_dy_sums,
     .dx = generic_bn_dx,
+    .fold_mask_n = generic_bn_fold_mask_n,
+    .dy_sums_mask_n = generic_bn_dy_sums_mask_n,
+    .dx_mask_n = generic_bn_dx_mask_n,
 };
 
 const cf_kernel_table cf_kernels_generic = {.isa = CF_ISA_GENERIC,

@@ -67,6 +67,12 @@ static inline float32x4_t neon_zero_outside(uint32x4_t m, float32x4_t v) {
 #define V_ZMASK(mv, v) neon_zero_outside((mv), (v))
 #define V_GT0(v) vcgtq_f32((v), vdupq_n_f32(0.0f))
 #define V_MASK_AND(a, b) vandq_u32((a), (b))
+#define V_MASK_BITS(mv) neon_mask_bits(mv)
+
+static inline unsigned neon_mask_bits(uint32x4_t m) { /* lane i all ones -> bit i */
+    const uint32x4_t lane_bit = {1, 2, 4, 8};
+    return vaddvq_u32(vandq_u32(m, lane_bit));
+}
 
 static inline float32x4_t neon_max_second(float32x4_t a, float32x4_t b) {
     return vbslq_f32(vcgtq_f32(a, b), a, b);

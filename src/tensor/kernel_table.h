@@ -113,6 +113,25 @@ typedef struct cf_bn_kernels {
      * (cf_fp32_to_bf16's words), no fp32 written. */
     void (*affine_bf16_n)(const float *x, uint16_t *yh, int64_t s, int nc, const float *scale,
                           const float *shift, bool relu, ptrdiff_t ahead);
+    /* A residual block's ReLU mask as bits (CF_MASK_WORDS layout, tensor.h). Required in a table
+     * with BatchNorm kernels. fold_mask_n: affine_n's add branch (x2 NULL) or affine_add2_n (x2
+     * not NULL, add unused), bitwise, and each value's bit y > 0 into mask (plane i's words at
+     * mask + i * CF_MASK_WORDS(s), the bits past s zero). dy_sums_mask_n and dx_mask_n:
+     * dy_sums_n (setting sdy[i], sdyx[i]) and dx_n without relu with g = dy where the plane's bit
+     * is set and +0 elsewhere (bitwise those kernels given that masked gradient). dx_mask_bf16_n
+     * as dx_bf16_n (NULL: through fp32 a chunk at a time). */
+    void (*fold_mask_n)(const float *x, const float *add, const float *x2, float *y, int64_t s,
+                        int nc, const float *scale, const float *shift, const float *scale2,
+                        const float *shift2, uint16_t *mask, ptrdiff_t ahead);
+    void (*dy_sums_mask_n)(int np, const float *const *dy, const float *const *x, int64_t s,
+                           const float *mean, const uint16_t *const *mask, double *sdy,
+                           double *sdyx);
+    void (*dx_mask_n)(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                      const float *mean, const float *k1, const float *k2, const float *k3,
+                      const uint16_t *mask, ptrdiff_t ahead);
+    void (*dx_mask_bf16_n)(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
+                           const float *mean, const float *k1, const float *k2, const float *k3,
+                           const uint16_t *mask, ptrdiff_t ahead);
 } cf_bn_kernels;
 
 typedef struct cf_optim_kernels {

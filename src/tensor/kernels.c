@@ -310,6 +310,34 @@ void cf_bn_planes_dx(const float *dy, const float *x, float *dx, int64_t s, int 
     }
 }
 
+void cf_bn_planes_fold_mask(const float *x, const float *add, const float *x2, float *y, int64_t s,
+                            int nc, const float *scale, const float *shift, const float *scale2,
+                            const float *shift2, uint16_t *mask, ptrdiff_t ahead) {
+    cf_active_kernels->bn->fold_mask_n(x, add, x2, y, s, nc, scale, shift, scale2, shift2, mask,
+                                       ahead);
+}
+
+void cf_bn_planes_dy_sums_mask(int np, const float *const *dy, const float *const *x, int64_t s,
+                               const float *mean, const uint16_t *const *mask, double *const *sdy,
+                               double *const *sdyx) {
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    for (int i0 = 0; i0 < np; i0 += CF_BN_PLANES) {
+        const int n = np - i0 < CF_BN_PLANES ? np - i0 : CF_BN_PLANES;
+        double a[CF_BN_PLANES], b[CF_BN_PLANES];
+        bn->dy_sums_mask_n(n, dy + i0, x + i0, s, mean + i0, mask + i0, a, b);
+        for (int i = 0; i < n; i++) { /* in order, as cf_bn_planes_dy_sums */
+            *sdy[i0 + i] += a[i];
+            *sdyx[i0 + i] += b[i];
+        }
+    }
+}
+
+void cf_bn_planes_dx_mask(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                          const float *mean, const float *k1, const float *k2, const float *k3,
+                          const uint16_t *mask, ptrdiff_t ahead) {
+    cf_active_kernels->bn->dx_mask_n(dy, x, dx, s, nc, mean, k1, k2, k3, mask, ahead);
+}
+
 void cf_sgd_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg, size_t n) {
     cf_active_kernels->optim->sgd(u, w, g, grad_avg, n);
 }

@@ -9,7 +9,7 @@
  *   V_LOADM(src, mv, p)  lanes in mv from p, others from src (src is 0 in mv's lanes)
  *   V_STOREM(p, mv, v)   lanes in mv to p
  *   V_SUB(a, b) V_MAX(a, b) V_ZMASK(mv, v) (lanes outside mv zeroed) V_GT0(v) (mask of v > 0)
- *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double)
+ *   V_MASK_AND(m1, m2) V_HSUM_D(v) (the lanes' sum, in double) V_MASK_BITS(mv) (mv -> bits)
  *   V_LOADZ_READABLE(mv, p)  V_LOADZ where all VL lanes at p may be read (optional: a set
  *                        without masked loads defines it as a plain load, then a lane select)
  *   V_STREAM(p, v) V_SFENCE()  a non-temporal store to p (aligned to a vector) and the fence
@@ -812,9 +812,17 @@ static void simd_bn_shifted_sums_n(int np, const float *const *x, int64_t s, con
         for (int i = 0; i < np; i++) bn_sums_planes(1, x + i, s, k + i, s1 + i, s2 + i);
 }
 
+/* The lanes of the vector at value j (a multiple of VL) of a plane whose mask words are w
+ * (CF_MASK_WORDS layout; VL divides 16). */
+CF_INLINE unsigned simd_mask_bits(const uint16_t *w, int64_t j) {
+    return VL == 16 ? (unsigned)w[j >> 4] : ((unsigned)w[j >> 4] >> (j & 15)) & VMASK_ALL;
+}
+
+/* mask (not NULL, relu then false): g = dy where plane i's bit in mask[i] is set, +0 elsewhere */
 CF_INLINE void bn_dy_sums_planes(int np, const float *const *dy, const float *const *x, int64_t s,
                                  const float *mean, bool relu, const float *scale,
-                                 const float *shift, double *sdy, double *sdyx) {
+                                 const float *shift, const uint16_t *const *mask, double *sdy,
+                                 double *sdyx) {
     const int64_t full = s & ~(int64_t)(VL - 1);
     const unsigned tail = simd_tail(s);
     const vmaskv all = V_MASKV(VMASK_ALL);
@@ -828,8 +836,9 @@ CF_INLINE void bn_dy_sums_planes(int np, const float *const *dy, const float *co
     for (int64_t j = 0; j < full; j += VL) _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
             const vf xv = V_LOADU(x[i] + j);
             const vf g =
-                relu ? V_LOADZ_READABLE(simd_relu_lanes(all, true, xv, sa[i], sb[i]), dy[i] + j)
-                     : V_LOADU(dy[i] + j);
+                mask   ? V_LOADZ_READABLE(V_MASKV(simd_mask_bits(mask[i], j)), dy[i] + j)
+                : relu ? V_LOADZ_READABLE(simd_relu_lanes(all, true, xv, sa[i], sb[i]), dy[i] + j)
+                       : V_LOADU(dy[i] + j);
             a1[i] = V_ADD(a1[i], g);
             a2[i] = V_FMA(g, V_SUB(xv, m[i]), a2[i]);
         }
@@ -837,7 +846,8 @@ CF_INLINE void bn_dy_sums_planes(int np, const float *const *dy, const float *co
         const vmaskv tm = V_MASKV(tail);
         _Pragma("GCC unroll 4") for (int i = 0; i < np; i++) {
             const vf xv = V_LOADZ(tm, x[i] + full);
-            const vf g = V_LOADZ(simd_relu_lanes(tm, relu, xv, sa[i], sb[i]), dy[i] + full);
+            const vf g = mask ? V_LOADZ(V_MASKV(simd_mask_bits(mask[i], full) & tail), dy[i] + full)
+                              : V_LOADZ(simd_relu_lanes(tm, relu, xv, sa[i], sb[i]), dy[i] + full);
             a1[i] = V_ADD(a1[i], g);
             a2[i] = V_FMA(g, V_SUB(xv, m[i]), a2[i]);
         }
@@ -852,11 +862,22 @@ static void simd_bn_dy_sums_n(int np, const float *const *dy, const float *const
                               const float *mean, bool relu, const float *scale, const float *shift,
                               double *sdy, double *sdyx) {
     if (np == CF_BN_PLANES)
-        bn_dy_sums_planes(CF_BN_PLANES, dy, x, s, mean, relu, scale, shift, sdy, sdyx);
+        bn_dy_sums_planes(CF_BN_PLANES, dy, x, s, mean, relu, scale, shift, NULL, sdy, sdyx);
     else
         for (int i = 0; i < np; i++)
-            bn_dy_sums_planes(1, dy + i, x + i, s, mean + i, relu, scale + i, shift + i, sdy + i,
-                              sdyx + i);
+            bn_dy_sums_planes(1, dy + i, x + i, s, mean + i, relu, scale + i, shift + i, NULL,
+                              sdy + i, sdyx + i);
+}
+
+static void simd_bn_dy_sums_mask_n(int np, const float *const *dy, const float *const *x, int64_t s,
+                                   const float *mean, const uint16_t *const *mask, double *sdy,
+                                   double *sdyx) {
+    if (np == CF_BN_PLANES)
+        bn_dy_sums_planes(CF_BN_PLANES, dy, x, s, mean, false, mean, mean, mask, sdy, sdyx);
+    else
+        for (int i = 0; i < np; i++)
+            bn_dy_sums_planes(1, dy + i, x + i, s, mean + i, false, mean + i, mean + i, mask + i,
+                              sdy + i, sdyx + i);
 }
 
 /* simd_bn_affine with y's aligned whole vectors written by non-temporal stores (V_STREAM, where
@@ -943,6 +964,86 @@ static void simd_bn_affine_add2_n(const float *x, const float *x2, float *y, int
     }
 }
 
+/* The fold's output (affine's add branch, or affine_add2 with x2) and its ReLU's mask: each
+ * value's bit v > 0, which is y > 0 (y = max(v, 0) is v where v > 0 and +0 elsewhere). */
+static void simd_bn_fold_mask(const float *x, const float *add, const float *x2, float *y,
+                              int64_t s, float scale, float shift, float scale2, float shift2,
+                              uint16_t *mask) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf a = V_SET1(scale), b = V_SET1(shift), a2 = V_SET1(scale2), b2 = V_SET1(shift2),
+             z = V_ZERO();
+    unsigned word = 0;
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf t2 = x2 ? V_FMA(V_LOADU(x2 + i), a2, b2) : V_LOADU(add + i);
+        const vf v = V_ADD(t2, V_FMA(V_LOADU(x + i), a, b));
+        V_STOREU(y + i, V_MAX(v, z));
+        word |= V_MASK_BITS(V_GT0(v)) << (i & 15);
+        if (((i + VL) & 15) == 0) {
+            mask[i >> 4] = (uint16_t)word;
+            word = 0;
+        }
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
+        const vf t2 = x2 ? V_FMA(V_LOADZ(tm, x2 + full), a2, b2) : V_LOADZ(tm, add + full);
+        const vf v = V_ADD(t2, t);
+        V_STOREM(y + full, tm, V_MAX(v, z));
+        word |= (V_MASK_BITS(V_GT0(v)) & tail) << (full & 15);
+    }
+    if (s & 15) mask[s >> 4] = (uint16_t)word; /* the last word, partly filled */
+}
+
+static void simd_bn_fold_mask_n(const float *x, const float *add, const float *x2, float *y,
+                                int64_t s, int nc, const float *scale, const float *shift,
+                                const float *scale2, const float *shift2, uint16_t *mask,
+                                ptrdiff_t ahead) {
+    const float *other = x2 ? x2 : add;
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) { /* as simd_bn_affine_n prefetches y and add */
+            cf_prefetch(y + at + ahead, (size_t)s * sizeof(float), true, true);
+            cf_prefetch(other + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
+        simd_bn_fold_mask(x + at, x2 ? NULL : add + at, x2 ? x2 + at : NULL, y + at, s, scale[i],
+                          shift[i], x2 ? scale2[i] : 0.0f, x2 ? shift2[i] : 0.0f,
+                          mask + (size_t)i * CF_MASK_WORDS(s));
+    }
+}
+
+/* simd_bn_dx without relu, g = dy masked by the plane's bits */
+static void simd_bn_dx_mask(const float *dy, const float *x, float *dx, int64_t s, float mean,
+                            float k1, float k2, float k3, const uint16_t *w) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf m = V_SET1(mean), a = V_SET1(k1), b = V_SET1(k2), c = V_SET1(k3);
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf xv = V_LOADU(x + i);
+        const vf g = V_LOADZ_READABLE(V_MASKV(simd_mask_bits(w, i)), dy + i);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STOREU(dx + i, V_FMA(a, g, t));
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf xv = V_LOADZ(tm, x + full);
+        const vf g = V_LOADZ(V_MASKV(simd_mask_bits(w, full) & tail), dy + full);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STOREM(dx + full, tm, V_FMA(a, g, t));
+    }
+}
+
+static void simd_bn_dx_mask_n(const float *dy, const float *x, float *dx, int64_t s, int nc,
+                              const float *mean, const float *k1, const float *k2, const float *k3,
+                              const uint16_t *mask, ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dx + at + ahead, (size_t)s * sizeof(float), true, true);
+        simd_bn_dx_mask(dy + at, x + at, dx + at, s, mean[i], k1[i], k2[i], k3[i],
+                        mask + (size_t)i * CF_MASK_WORDS(s));
+    }
+}
+
 static void simd_bn_dx_n(const float *dy, const float *x, float *dx, int64_t s, int nc,
                          const float *mean, const float *k1, const float *k2, const float *k3,
                          bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
@@ -1011,6 +1112,38 @@ static void simd_bn_affine_bf16_n(const float *x, uint16_t *yh, int64_t s, int n
     }
 }
 
+static void simd_bn_dx_mask_bf16(const float *dy, const float *x, uint16_t *dxh, int64_t s,
+                                 float mean, float k1, float k2, float k3, const uint16_t *w) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf m = V_SET1(mean), a = V_SET1(k1), b = V_SET1(k2), c = V_SET1(k3);
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf xv = V_LOADU(x + i);
+        const vf g = V_LOADZ_READABLE(V_MASKV(simd_mask_bits(w, i)), dy + i);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STORE_BF16(dxh + i, all, V_FMA(a, g, t));
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf xv = V_LOADZ(tm, x + full);
+        const vf g = V_LOADZ(V_MASKV(simd_mask_bits(w, full) & tail), dy + full);
+        const vf t = V_FMA(b, V_SUB(xv, m), c);
+        V_STORE_BF16(dxh + full, tm, V_FMA(a, g, t));
+    }
+}
+
+static void simd_bn_dx_mask_bf16_n(const float *dy, const float *x, uint16_t *dxh, int64_t s,
+                                   int nc, const float *mean, const float *k1, const float *k2,
+                                   const float *k3, const uint16_t *mask, ptrdiff_t ahead) {
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(dxh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        simd_bn_dx_mask_bf16(dy + at, x + at, dxh + at, s, mean[i], k1[i], k2[i], k3[i],
+                             mask + (size_t)i * CF_MASK_WORDS(s));
+    }
+}
+
 static void simd_bn_dx_bf16_n(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
                               const float *mean, const float *k1, const float *k2, const float *k3,
                               bool relu, const float *scale, const float *shift, ptrdiff_t ahead) {
@@ -1033,9 +1166,13 @@ static const cf_bn_kernels simd_bn_kernels = {
     .affine_n = simd_bn_affine_n,
     .dx_n = simd_bn_dx_n,
     .affine_add2_n = simd_bn_affine_add2_n,
+    .fold_mask_n = simd_bn_fold_mask_n,
+    .dy_sums_mask_n = simd_bn_dy_sums_mask_n,
+    .dx_mask_n = simd_bn_dx_mask_n,
 #ifdef V_STORE_BF16
     .dx_bf16_n = simd_bn_dx_bf16_n,
     .affine_bf16_n = simd_bn_affine_bf16_n,
+    .dx_mask_bf16_n = simd_bn_dx_mask_bf16_n,
 #endif
 };
 
