@@ -248,7 +248,7 @@ static const net_case cases[] = {
     {"conv-BN-conv-BN 32ch 14x14", NET_SEQ_NORELU, 6, 16, 14, 14, 32, 1},
     {"conv-BN-ReLU-conv-BN 8ch 48x48", NET_SEQ, 2, 8, 48, 48, 8, 1},
     {"W1's first block", NET_BLOCK, 6, 16, 28, 28, 32, 1},
-    {"W1", NET_W1, 4, 1, 28, 28, 0, 2},
+    {"W1", NET_W1, 4, 1, 28, 28, 0, 3},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
