@@ -66,6 +66,47 @@ static void unhook_relus(cf_module *m) {
     for (int i = 0; i < m->n_children; i++) unhook_relus(m->children[i]);
 }
 
+/* A hook on W1's first residual block (installed after the plan): its forward records the input
+ * it gets, the stem BatchNorm's output, which it must see as unlinked (no link through a wrapped
+ * block). */
+static const cf_module_ops *bhook_orig;
+static cf_module_ops bhook_ops;
+
+static const cf_tensor *bhook_forward(cf_module *m, const cf_tensor *x) {
+    const size_t n = cf_tensor_numel(x);
+    if (hook_n + n > hook_cap) {
+        hook_cap = 2 * (hook_n + n);
+        hook_seen = realloc(hook_seen, hook_cap * sizeof(float));
+        assert_non_null(hook_seen);
+    }
+    memcpy(hook_seen + hook_n, x->data, n * sizeof(float));
+    hook_n += n;
+    return bhook_orig->forward(m, x);
+}
+
+static cf_module *first_block(cf_module *m) {
+    if (cf_nn_is_residual(m)) return m;
+    for (int i = 0; i < m->n_children; i++) {
+        cf_module *b = first_block(m->children[i]);
+        if (b) return b;
+    }
+    return NULL;
+}
+
+static void hook_block(cf_module *root) {
+    cf_module *b = first_block(root);
+    assert_non_null(b);
+    bhook_orig = b->ops;
+    bhook_ops = *b->ops;
+    bhook_ops.forward = bhook_forward;
+    b->ops = &bhook_ops;
+}
+
+static void unhook_block(cf_module *root) {
+    cf_module *b = first_block(root);
+    if (b && b->ops == &bhook_ops) b->ops = bhook_orig;
+}
+
 /* ---- networks ------------------------------------------------------------------------------- */
 
 typedef enum { NET_SEQ, NET_SEQ_NORELU, NET_BLOCK, NET_W1 } net_kind;
@@ -145,7 +186,8 @@ static void put_kept(record *r, const cf_module *m) {
 
 typedef struct run_opts {
     bool link, bf16, hook;
-    bool sync; /* synchronised BatchNorm (two identical replicas: every sum doubled) */
+    bool sync;   /* synchronised BatchNorm (two identical replicas: every sum doubled) */
+    bool hblock; /* W1's first block hooked after the first step (its stem link dropped) */
     int threads;
 } run_opts;
 
@@ -184,12 +226,15 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
         cf_model_zero_grad(model);
         /* the hook after the first step (a callback's, installed after the plan) */
         if (o.hook && step == 1) hook_relus(model->root);
+        if (o.hblock && step == 1) hook_block(model->root);
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
         int wrote = 0, read = 0;
         count_links(model->root, &wrote, &read);
-        const int want = training && !(o.hook && step >= 1) ? expect_links : 0;
+        const int want = !training || (o.hook && step >= 1)      ? 0
+                         : o.hblock && step >= 1 && expect_links ? expect_links - 1
+                                                                 : expect_links;
         if (wrote != want || read != want)
             fail_msg("%s (link %d, bf16 %d, hook %d, %d threads) step %d: %d BatchNorms wrote "
                      "words and %d Conv2ds read them, expected %d",
@@ -210,9 +255,10 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
         put(&r, model->weights, model->n_weights);
         free(dy);
     }
-    if (o.hook) {
+    if (o.hook || o.hblock) {
         put(&r, hook_seen, hook_n); /* what the hook saw: the ReLU's real outputs */
         unhook_relus(model->root);
+        unhook_block(model->root);
     }
     free(x);
     cf_model_free(model);
@@ -282,6 +328,27 @@ static void test_not_taken(void **state) {
     /* an odd number of channels between: no words path */
     const net_case odd = {"conv-BN-ReLU-conv-BN 31ch 14x14", NET_SEQ, 4, 16, 14, 14, 31, 0};
     check_case(&odd, true, false, 1);
+}
+
+/* W1's stem BatchNorm into its first block (a stride-2 pair): a hook on the block (installed
+ * after the plan) sees the BatchNorm's real output, unlinked from then on; and a hooked ReLU
+ * drops it as well. */
+static void test_block_not_taken(void **state) {
+    (void)state;
+    const net_case *k = &cases[5];
+    const int links = cf_bf16_compute() ? k->links : 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        run_opts o = {.link = true, .bf16 = true, .hblock = true, .threads = threads};
+        record a = run_case(k, o, links);
+        o.link = false;
+        record b = run_case(k, o, 0);
+        assert_int_equal(a.n, b.n);
+        if (memcmp(a.v, b.v, a.n * sizeof(float)) != 0)
+            fail_msg("W1 with its first block hooked (%d threads): linked is not unlinked",
+                     threads);
+        free(a.v), free(b.v);
+    }
+    check_case(k, true, true, 1);
 }
 
 /* A backward after a linked forward at a level without bf16 kernels (the table changed in
@@ -438,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_linked_equals_unlinked_threads),
         cmocka_unit_test(test_linked_sync),
         cmocka_unit_test(test_not_taken),
+        cmocka_unit_test(test_block_not_taken),
         cmocka_unit_test(test_level_changed),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
