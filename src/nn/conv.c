@@ -161,7 +161,7 @@ static size_t round16(size_t n) {
 static cf_status (*bf16_fault)(cf_status status, const char *call);
 /* The two links' switches (cf__nn_set_x_words_link, cf__nn_set_dy_words_link: tests and
  * bench_bf16_links compare with and without them); on by default. */
-static atomic_bool x_words_link_off, dy_words_link_off;
+static atomic_bool x_words_link_off, dy_words_link_off, x_pair_link_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -656,8 +656,9 @@ static bool words_link_fits(const cf_module *m, const cf_shape *in) {
 static bool words_pair_fits(const cf_module *m, const cf_shape *in) {
     if (!words_fits(m, in)) return false;
     const conv_impl *c = m->impl;
-    return c->words_shortcut && c->words_block && c->words_block->ops == c->words_block_ops &&
-           c->words_shortcut->training && shortcut_fits_bf16_shape(c, c->words_shortcut, in);
+    return !atomic_load(&x_pair_link_off) && c->words_shortcut && c->words_block &&
+           c->words_block->ops == c->words_block_ops && c->words_shortcut->training &&
+           shortcut_fits_bf16_shape(c, c->words_shortcut, in);
 }
 
 uint16_t *cf_nn_conv_words_target(cf_module *conv, const cf_shape *in) {
@@ -691,6 +692,10 @@ const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n) {
 
 void cf__nn_set_x_words_link(bool on) {
     atomic_store(&x_words_link_off, !on);
+}
+
+void cf__nn_set_x_pair_link(bool on) {
+    atomic_store(&x_pair_link_off, !on);
 }
 
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns

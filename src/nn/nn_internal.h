@@ -230,6 +230,9 @@ bool cf_nn_conv_read_words(const cf_module *conv);
 const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n);
 bool cf_nn_bn_wrote_words(const cf_module *bn);
 void cf__nn_set_x_words_link(bool on);
+/* Tests and benchmarks: the link through a residual block's pair alone (cf_nn_conv_words_pair;
+ * on by default, read at each call; the x link off turns it off too). */
+void cf__nn_set_x_pair_link(bool on);
 
 /* ---- the residual fold computing the convpath's last BatchNorm's output ----
  *
