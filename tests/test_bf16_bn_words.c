@@ -109,7 +109,7 @@ static void unhook_block(cf_module *root) {
 
 /* ---- networks ------------------------------------------------------------------------------- */
 
-typedef enum { NET_SEQ, NET_SEQ_NORELU, NET_BLOCK, NET_W1 } net_kind;
+typedef enum { NET_SEQ, NET_SEQ_NORELU, NET_BLOCK, NET_W1, NET_UNET } net_kind;
 
 typedef struct net_case {
     const char *name;
@@ -142,6 +142,8 @@ static cf_module *build(const net_case *k) {
     }
     case NET_W1:
         return cf_mini_resnet(k->c, 10);
+    case NET_UNET: /* W1's body as a U-Net's encoder: the stem's output is a skip */
+        return cf_dynamic_unet(cf_mini_resnet_body(k->c), k->c, 3, k->h, k->w, NULL);
     }
     return NULL;
 }
@@ -328,6 +330,10 @@ static void test_not_taken(void **state) {
     /* an odd number of channels between: no words path */
     const net_case odd = {"conv-BN-ReLU-conv-BN 31ch 14x14", NET_SEQ, 4, 16, 14, 14, 31, 0};
     check_case(&odd, true, false, 1);
+    /* W1's body in a U-Net: the blocks' own links only, never the stem's through block 0.3
+     * (the U-Net keeps the stem's output as a skip) */
+    const net_case unet = {"U-Net on W1's body", NET_UNET, 2, 1, 28, 28, 0, 2};
+    check_case(&unet, true, false, 1);
 }
 
 /* W1's stem BatchNorm into its first block (a stride-2 pair): a hook on the block (installed
