@@ -4,7 +4,8 @@
  * shared with other work, whole-process A/B runs of bench_step drift by more than the
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
- *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--link x|dy|both|bn|dx2|mask]
+ *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
+ *                    [--link x|xpair|dy|both|bn|dx2|mask]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -17,7 +18,9 @@
  * switches stride 2's dx over its phases' own positions (cf__conv_bf16_set_dx2_cols,
  * kernel_table.h), both words links on; --link mask switches the residual blocks' ReLU mask bits
  * (cf__nn_set_res_mask_bits: the fold writes the mask as bits and the last BatchNorms apply them
- * to dy, against the block's mask pass), every other link and pass on. */
+ * to dy, against the block's mask pass), every other link and pass on; --link xpair switches the
+ * x link through a residual block's stride-2 pair alone (cf__nn_set_x_pair_link: W1's stem
+ * BatchNorm into block 0.3), both words links on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -47,7 +50,7 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
-         mask_bits = false;
+         mask_bits = false, xpair = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -63,6 +66,8 @@ int main(int argc, char **argv) {
             link_x = false, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "dx2"))
             link_x = link_dy = false, dx2 = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "xpair"))
+            link_x = link_dy = false, xpair = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "both"))
             i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "bn"))
@@ -72,7 +77,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
-                    "[--link x|dy|both|bn|dx2|mask]\n",
+                    "[--link x|xpair|dy|both|bn|dx2|mask]\n",
                     argv[0]);
             return 2;
         }
@@ -110,6 +115,7 @@ int main(int argc, char **argv) {
         if (bn_passes) cf__nn_set_bn_fused_passes(mode == 1);
         if (dx2) cf__conv_bf16_set_dx2_cols(mode == 1);
         if (mask_bits) cf__nn_set_res_mask_bits(mode == 1);
+        if (xpair) cf__nn_set_x_pair_link(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -132,14 +138,16 @@ int main(int argc, char **argv) {
     cf__nn_set_bn_fused_passes(true);
     cf__conv_bf16_set_dx2_cols(true);
     cf__nn_set_res_mask_bits(true);
+    cf__nn_set_x_pair_link(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           mask_bits           ? "the residual blocks' mask bits (every other link on)"
-           : bn_passes         ? "BatchNorm's fused passes (both words links on)"
-           : dx2               ? "stride 2's dx path (dx2_cols; both words links on)"
+           mask_bits   ? "the residual blocks' mask bits (every other link on)"
+           : bn_passes ? "BatchNorm's fused passes (both words links on)"
+           : dx2       ? "stride 2's dx path (dx2_cols; both words links on)"
+           : xpair     ? "the x link through block 0.3's pair (both words links on otherwise)"
            : link_x && link_dy ? "the x and dy links"
            : link_x            ? "the x link"
                                : "the dy link");

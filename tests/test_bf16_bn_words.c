@@ -66,9 +66,50 @@ static void unhook_relus(cf_module *m) {
     for (int i = 0; i < m->n_children; i++) unhook_relus(m->children[i]);
 }
 
+/* A hook on W1's first residual block (installed after the plan): its forward records the input
+ * it gets, the stem BatchNorm's output, which it must see as unlinked (no link through a wrapped
+ * block). */
+static const cf_module_ops *bhook_orig;
+static cf_module_ops bhook_ops;
+
+static const cf_tensor *bhook_forward(cf_module *m, const cf_tensor *x) {
+    const size_t n = cf_tensor_numel(x);
+    if (hook_n + n > hook_cap) {
+        hook_cap = 2 * (hook_n + n);
+        hook_seen = realloc(hook_seen, hook_cap * sizeof(float));
+        assert_non_null(hook_seen);
+    }
+    memcpy(hook_seen + hook_n, x->data, n * sizeof(float));
+    hook_n += n;
+    return bhook_orig->forward(m, x);
+}
+
+static cf_module *first_block(cf_module *m) {
+    if (cf_nn_is_residual(m)) return m;
+    for (int i = 0; i < m->n_children; i++) {
+        cf_module *b = first_block(m->children[i]);
+        if (b) return b;
+    }
+    return NULL;
+}
+
+static void hook_block(cf_module *root) {
+    cf_module *b = first_block(root);
+    assert_non_null(b);
+    bhook_orig = b->ops;
+    bhook_ops = *b->ops;
+    bhook_ops.forward = bhook_forward;
+    b->ops = &bhook_ops;
+}
+
+static void unhook_block(cf_module *root) {
+    cf_module *b = first_block(root);
+    if (b && b->ops == &bhook_ops) b->ops = bhook_orig;
+}
+
 /* ---- networks ------------------------------------------------------------------------------- */
 
-typedef enum { NET_SEQ, NET_SEQ_NORELU, NET_BLOCK, NET_W1 } net_kind;
+typedef enum { NET_SEQ, NET_SEQ_NORELU, NET_BLOCK, NET_W1, NET_UNET } net_kind;
 
 typedef struct net_case {
     const char *name;
@@ -101,6 +142,8 @@ static cf_module *build(const net_case *k) {
     }
     case NET_W1:
         return cf_mini_resnet(k->c, 10);
+    case NET_UNET: /* W1's body as a U-Net's encoder: the stem's output is a skip */
+        return cf_dynamic_unet(cf_mini_resnet_body(k->c), k->c, 3, k->h, k->w, NULL);
     }
     return NULL;
 }
@@ -145,7 +188,8 @@ static void put_kept(record *r, const cf_module *m) {
 
 typedef struct run_opts {
     bool link, bf16, hook;
-    bool sync; /* synchronised BatchNorm (two identical replicas: every sum doubled) */
+    bool sync;   /* synchronised BatchNorm (two identical replicas: every sum doubled) */
+    bool hblock; /* W1's first block hooked after the first step (its stem link dropped) */
     int threads;
 } run_opts;
 
@@ -184,12 +228,15 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
         cf_model_zero_grad(model);
         /* the hook after the first step (a callback's, installed after the plan) */
         if (o.hook && step == 1) hook_relus(model->root);
+        if (o.hblock && step == 1) hook_block(model->root);
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
         int wrote = 0, read = 0;
         count_links(model->root, &wrote, &read);
-        const int want = training && !(o.hook && step >= 1) ? expect_links : 0;
+        const int want = !training || (o.hook && step >= 1)      ? 0
+                         : o.hblock && step >= 1 && expect_links ? expect_links - 1
+                                                                 : expect_links;
         if (wrote != want || read != want)
             fail_msg("%s (link %d, bf16 %d, hook %d, %d threads) step %d: %d BatchNorms wrote "
                      "words and %d Conv2ds read them, expected %d",
@@ -210,9 +257,10 @@ static record run_case(const net_case *k, run_opts o, int expect_links) {
         put(&r, model->weights, model->n_weights);
         free(dy);
     }
-    if (o.hook) {
+    if (o.hook || o.hblock) {
         put(&r, hook_seen, hook_n); /* what the hook saw: the ReLU's real outputs */
         unhook_relus(model->root);
+        unhook_block(model->root);
     }
     free(x);
     cf_model_free(model);
@@ -248,7 +296,7 @@ static const net_case cases[] = {
     {"conv-BN-conv-BN 32ch 14x14", NET_SEQ_NORELU, 6, 16, 14, 14, 32, 1},
     {"conv-BN-ReLU-conv-BN 8ch 48x48", NET_SEQ, 2, 8, 48, 48, 8, 1},
     {"W1's first block", NET_BLOCK, 6, 16, 28, 28, 32, 1},
-    {"W1", NET_W1, 4, 1, 28, 28, 0, 2},
+    {"W1", NET_W1, 4, 1, 28, 28, 0, 3},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -282,6 +330,31 @@ static void test_not_taken(void **state) {
     /* an odd number of channels between: no words path */
     const net_case odd = {"conv-BN-ReLU-conv-BN 31ch 14x14", NET_SEQ, 4, 16, 14, 14, 31, 0};
     check_case(&odd, true, false, 1);
+    /* W1's body in a U-Net: the blocks' own links only, never the stem's through block 0.3
+     * (the U-Net keeps the stem's output as a skip) */
+    const net_case unet = {"U-Net on W1's body", NET_UNET, 2, 1, 28, 28, 0, 2};
+    check_case(&unet, true, false, 1);
+}
+
+/* W1's stem BatchNorm into its first block (a stride-2 pair): a hook on the block (installed
+ * after the plan) sees the BatchNorm's real output, unlinked from then on; and a hooked ReLU
+ * drops it as well. */
+static void test_block_not_taken(void **state) {
+    (void)state;
+    const net_case *k = &cases[5];
+    const int links = cf_bf16_compute() ? k->links : 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        run_opts o = {.link = true, .bf16 = true, .hblock = true, .threads = threads};
+        record a = run_case(k, o, links);
+        o.link = false;
+        record b = run_case(k, o, 0);
+        assert_int_equal(a.n, b.n);
+        if (memcmp(a.v, b.v, a.n * sizeof(float)) != 0)
+            fail_msg("W1 with its first block hooked (%d threads): linked is not unlinked",
+                     threads);
+        free(a.v), free(b.v);
+    }
+    check_case(k, true, true, 1);
 }
 
 /* A backward after a linked forward at a level without bf16 kernels (the table changed in
@@ -331,34 +404,72 @@ static void test_level_changed(void **state) {
 #endif
 }
 
-/* cf_conv_bf16_forward_from_kept against cf_conv_bf16_forward_keep on the same x: bitwise the
- * same output, and the words forward_keep kept are the ones from_kept read (cf_fp32_to_bf16's);
- * a layer the words path does not take is refused with nothing written. */
-static void check_from_kept(int n, int c, int h, int w, int o) {
-    cf_conv_geom g;
-    assert_true(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1));
+/* cf_conv_bf16_forward_from_kept(_with) against cf_conv_bf16_forward_keep on the same x: bitwise
+ * the same output (and a paired shortcut's, so > 0: stride 2 with a 1x1 stride-2 shortcut of so
+ * channels), and the words forward_keep kept are the ones from_kept read (cf_fp32_to_bf16's);
+ * with the level's conv_cols (the cols path where the layer takes it) and without it (run_images'
+ * path, as at amx). A layer the words path does not take is refused with nothing written. */
+static void check_from_kept_pair(int n, int c, int h, int w, int o, int k, int s, int pad, int so) {
+    cf_conv_geom g, sg;
+    assert_true(cf_conv_geom_init(&g, c, h, w, k, k, s, s, pad, pad));
+    assert_true(cf_conv_geom_init(&sg, c, h, w, 1, 1, 2, 2, 0, 0));
     if (!cf_conv_bf16_forward_from_kept_fits(&g, o)) {
-        assert_false(cf_bf16_compute() && c % 2 == 0);
+        if (cf_conv_bf16_supported(&g, o) && c % 2 == 0 && cf_conv_bf16_keeps_input(&g, o))
+            fail_msg("from_kept %d -> %d %dx%d stride %d pad %d on %dx%d: refused", c, o, k, k, s,
+                     pad, h, w);
         return;
     }
-    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * o * h * w, nw = (size_t)o * c * 9;
+    if (so) assert_true(cf_conv_bf16_pair_fits(&g, o, &sg, so));
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * o * g.oh * g.ow,
+                 nw = (size_t)o * c * k * k, nsy = (size_t)n * so * g.oh * g.ow;
     float *x = malloc(nx * sizeof(float)), *wt = malloc(nw * sizeof(float));
+    float *sw = malloc(((size_t)so * c + 1) * sizeof(float));
     float *y1 = malloc(ny * sizeof(float)), *y2 = malloc(ny * sizeof(float));
+    float *sy1 = malloc((nsy + 1) * sizeof(float)), *sy2 = malloc((nsy + 1) * sizeof(float));
     uint16_t *kept = malloc(nx * sizeof(uint16_t)), *words = malloc(nx * sizeof(uint16_t));
     float *packed = malloc(cf_conv_bf16_packed_floats(&g, o) * sizeof(float));
+    float *spacked = malloc(cf_conv_bf16_packed_floats(&sg, so ? so : 1) * sizeof(float));
     float *scratch = malloc(cf_conv_bf16_scratch(&g, o) * sizeof(float));
     fill_bf16_specials(x, nx, 7);
     fill_uniform(wt, nw, 8, -1, 1);
-    cf_conv_bf16_pack(&g, o, wt, packed);
-    assert_int_equal(cf_conv_bf16_forward_keep(&g, o, packed, x, n, y1, scratch, NULL, kept),
-                     CF_OK);
-    cf_fp32_to_bf16(x, words, nx);
-    assert_memory_equal(kept, words, nx * sizeof(uint16_t));
-    for (size_t i = 0; i < ny; i++) y2[i] = 1e30f;
-    assert_int_equal(cf_conv_bf16_forward_from_kept(&g, o, packed, words, n, y2, scratch), CF_OK);
-    if (memcmp(y1, y2, ny * sizeof(float)) != 0)
-        fail_msg("from_kept %d -> %d on %dx%d: not bitwise forward_keep's", c, o, h, w);
-    free(x), free(wt), free(y1), free(y2), free(kept), free(words), free(packed), free(scratch);
+    fill_uniform(sw, (size_t)so * c, 9, -1, 1);
+    const cf_kernel_table *level = cf_active_kernels;
+    cf_kernel_table without = *level; /* run_images' path: no conv_cols */
+    cf_bf16_kernels without_bf16 = *level->bf16;
+    without_bf16.conv_cols = NULL;
+    without.bf16 = &without_bf16;
+    for (int pass = 0; pass < 2; pass++) {
+        cf_active_kernels = pass ? &without : level;
+        cf_conv_bf16_pack(&g, o, wt, packed);
+        if (so) cf_conv_bf16_pack(&sg, so, sw, spacked);
+        const cf_conv_shortcut sc1 = {.out_channels = so, .w = spacked, .y = sy1},
+                               sc2 = {.out_channels = so, .w = spacked, .y = sy2};
+        for (size_t i = 0; i < nsy; i++) sy2[i] = 1e30f;
+        assert_int_equal(
+            cf_conv_bf16_forward_keep(&g, o, packed, x, n, y1, scratch, so ? &sc1 : NULL, kept),
+            CF_OK);
+        cf_fp32_to_bf16(x, words, nx);
+        assert_memory_equal(kept, words, nx * sizeof(uint16_t));
+        for (size_t i = 0; i < ny; i++) y2[i] = 1e30f;
+        if (so)
+            assert_int_equal(
+                cf_conv_bf16_forward_from_kept_with(&g, o, packed, words, n, y2, scratch, &sc2),
+                CF_OK);
+        else
+            assert_int_equal(cf_conv_bf16_forward_from_kept(&g, o, packed, words, n, y2, scratch),
+                             CF_OK);
+        if (memcmp(y1, y2, ny * sizeof(float)) != 0 || memcmp(sy1, sy2, nsy * sizeof(float)) != 0)
+            fail_msg("from_kept %d -> %d %dx%d stride %d pad %d on %dx%d, shortcut %d (%s): not "
+                     "bitwise forward_keep's",
+                     c, o, k, k, s, pad, h, w, so, pass ? "without conv_cols" : "the level's");
+    }
+    cf_active_kernels = level;
+    free(x), free(wt), free(sw), free(y1), free(y2), free(sy1), free(sy2), free(kept), free(words),
+        free(packed), free(spacked), free(scratch);
+}
+
+static void check_from_kept(int n, int c, int h, int w, int o) {
+    check_from_kept_pair(n, c, h, w, o, 3, 1, 1, 0);
 }
 
 static void test_from_kept(void **state) {
@@ -367,15 +478,28 @@ static void test_from_kept(void **state) {
     check_from_kept(9, 64, 7, 7, 64);
     check_from_kept(3, 16, 20, 20, 24); /* run_images */
     check_from_kept(2, 24, 9, 13, 40);  /* odd sizes */
-    /* refused: stride 2 (no words path) and an odd number of channels */
+    /* stride 2: W1's block 0.3 (28 x 28, 16 -> 32, its 1x1 shortcut) and block 1's, alone and
+     * paired; 5 x 5 (pad 2: the phase planes' other
+     * parities), wide rows (more than a vector of words) */
+    check_from_kept_pair(6, 16, 28, 28, 32, 3, 2, 1, 0);
+    check_from_kept_pair(6, 16, 28, 28, 32, 3, 2, 1, 32);
+    check_from_kept_pair(5, 32, 14, 14, 64, 3, 2, 1, 64);
+    check_from_kept_pair(3, 8, 26, 24, 16, 3, 2, 1, 16);
+    check_from_kept_pair(3, 8, 12, 10, 16, 3, 2, 1, 16); /* compact: refused */
+    check_from_kept_pair(2, 6, 18, 16, 10, 5, 2, 2, 0);
+    check_from_kept_pair(2, 6, 18, 16, 10, 5, 2, 2, 8);
+    check_from_kept_pair(2, 4, 10, 70, 8, 3, 2, 1, 8);
+    /* refused: an odd number of channels */
     cf_conv_geom g;
     float y = 1.0f;
-    assert_true(cf_conv_geom_init(&g, 16, 14, 14, 3, 3, 2, 2, 1, 1));
+    assert_true(cf_conv_geom_init(&g, 15, 14, 14, 3, 3, 1, 1, 1, 1));
     assert_false(cf_conv_bf16_forward_from_kept_fits(&g, 32));
     assert_int_equal(cf_conv_bf16_forward_from_kept(&g, 32, NULL, NULL, 1, &y, NULL),
                      CF_ERR_INVALID);
-    assert_true(cf_conv_geom_init(&g, 15, 14, 14, 3, 3, 1, 1, 1, 1));
+    assert_true(cf_conv_geom_init(&g, 15, 14, 14, 3, 3, 2, 2, 1, 1));
     assert_false(cf_conv_bf16_forward_from_kept_fits(&g, 32));
+    assert_int_equal(cf_conv_bf16_forward_from_kept_with(&g, 32, NULL, NULL, 1, &y, NULL, NULL),
+                     CF_ERR_INVALID);
     assert_true(y == 1.0f);
 }
 
@@ -387,6 +511,7 @@ int main(void) {
         cmocka_unit_test(test_linked_equals_unlinked_threads),
         cmocka_unit_test(test_linked_sync),
         cmocka_unit_test(test_not_taken),
+        cmocka_unit_test(test_block_not_taken),
         cmocka_unit_test(test_level_changed),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -512,13 +512,20 @@ cf_status cf_conv_bf16_backward_kept(const cf_conv_geom *g, int out_channels, co
  * (its pair planes are the same words, paired here rather than rounded from fp32). x itself is
  * never read, so neither may the backward: cf_conv_bf16_backward_kept with the same x_kept reads
  * no fp32 x where this fits. cf_conv_bf16_forward_from_kept_fits: whether it runs this layer at
- * the active level (a stride-1 layer of an even number of input channels that keeps its input,
- * cf_conv_bf16_keeps_input, at a level whose weight gradient copies the kept words); elsewhere
- * the call fails (CF_ERR_INVALID) and writes nothing. */
+ * the active level (a stride-1 or stride-2 layer of an even number of input channels that keeps
+ * its input, cf_conv_bf16_keeps_input, at a level whose weight gradient copies the kept words and,
+ * at stride 2, that deals bf16 words into its phase planes: avx512_bf16 and amx); elsewhere the
+ * call fails (CF_ERR_INVALID) and writes nothing. cf_conv_bf16_forward_from_kept_with: the same
+ * with a paired 1x1 stride-2 shortcut (cf_conv_bf16_forward_with's, from the same phase planes),
+ * bitwise cf_conv_bf16_forward_keep's y and shortcut->y on that x. */
 bool cf_conv_bf16_forward_from_kept_fits(const cf_conv_geom *g, int out_channels);
 cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels,
                                          const float *packed, const uint16_t *x_kept, int n_images,
                                          float *y, float *scratch);
+cf_status cf_conv_bf16_forward_from_kept_with(const cf_conv_geom *g, int out_channels,
+                                              const float *packed, const uint16_t *x_kept,
+                                              int n_images, float *y, float *scratch,
+                                              const cf_conv_shortcut *shortcut);
 /* dy given as its bf16 words (n x out x oh x ow halves, cf_fp32_to_bf16 of dy: what a BatchNorm
  * linked to this layer writes in place of its fp32 input gradient): cf_conv_bf16_backward_words
  * is cf_conv_bf16_backward_kept, bitwise, whose weight gradient copies dy's words into its rows

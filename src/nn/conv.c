@@ -127,6 +127,15 @@ typedef struct conv_impl {
      * the next forward consumes it), and whether the last forward read them (from_words). */
     const float *words_for;
     bool from_words;
+    /* ... through a residual block (cf_nn_conv_words_pair): words_shortcut is the idpath's 1x1
+     * stride-2 conv this one computes with (the pair's forward from the words), words_block the
+     * block and words_block_ops its ops when linked (a wrapper's may read x: no link then).
+     * words_src (the shortcut's): the sibling whose kept words hold the input the shortcut's
+     * last forward (by_sibling) read, for a weight gradient of its own (words_restore). */
+    cf_module *words_shortcut;
+    const cf_module *words_block;
+    const cf_module_ops *words_block_ops;
+    const void *words_src;
     /* dy as bf16 words (cf_nn_conv_dy_words): a BatchNorm right after this layer in a Sequential
      * (linked when the model is planned, dyw_linked; never an idpath's first conv whose dx its
      * block adds into the convpath's alone, dyw_veto: that call reads dy in fp32) writes
@@ -152,7 +161,7 @@ static size_t round16(size_t n) {
 static cf_status (*bf16_fault)(cf_status status, const char *call);
 /* The two links' switches (cf__nn_set_x_words_link, cf__nn_set_dy_words_link: tests and
  * bench_bf16_links compare with and without them); on by default. */
-static atomic_bool x_words_link_off, dy_words_link_off;
+static atomic_bool x_words_link_off, dy_words_link_off, x_pair_link_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -537,14 +546,17 @@ static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int t
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    if (c->from_words) /* from the words the BatchNorm before wrote (x was not written) */
+    if (c->from_words) { /* from the words the BatchNorm before wrote (x was not written) */
+        cf_conv_shortcut sc = c->shortcut_call;
+        sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
         bf16_note(c,
-                  cf_conv_bf16_forward_from_kept(g, c->out_c, c->bf16_packed,
-                                                 c->bf16_x + (size_t)begin * in_n,
-                                                 (int)(end - begin), c->y + (size_t)begin * out_n,
-                                                 c->scratch + (size_t)thread * c->scratch_stride),
+                  cf_conv_bf16_forward_from_kept_with(
+                      g, c->out_c, c->bf16_packed, c->bf16_x + (size_t)begin * in_n,
+                      (int)(end - begin), c->y + (size_t)begin * out_n,
+                      c->scratch + (size_t)thread * c->scratch_stride,
+                      sc.out_channels ? &sc : NULL),
                   "cf_conv_bf16_forward_from_kept");
-    else if (c->bf16_x_kept) { /* and x's bf16 words for the backward */
+    } else if (c->bf16_x_kept) { /* and x's bf16 words for the backward */
         cf_conv_shortcut sc = c->shortcut_call;
         sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
         bf16_note(c,
@@ -609,17 +621,22 @@ static bool shortcut_fits(const conv_impl *c, const cf_module *shortcut, const c
 
 /* The same in mixed precision: both layers through cf_conv_bf16_*, which shares x's phase planes
  * (cf_conv_bf16_pair_fits), the shortcut without bias. */
-static bool shortcut_fits_bf16(const conv_impl *c, const cf_module *shortcut, const cf_tensor *x) {
+static bool shortcut_fits_bf16_shape(const conv_impl *c, const cf_module *shortcut,
+                                     const cf_shape *in) {
     if (!cf_nn_is_conv(shortcut) || c->stride != 2 || !use_bf16_implicit(c)) return false;
     const conv_impl *s = shortcut->impl;
-    return use_bf16_implicit(s) && !s->has_bias && s->g.h == x->shape.dim[2] &&
-           s->g.w == x->shape.dim[3] && cf_conv_bf16_pair_fits(&c->g, c->out_c, &s->g, s->out_c);
+    return use_bf16_implicit(s) && !s->has_bias && s->g.h == in->dim[2] && s->g.w == in->dim[3] &&
+           cf_conv_bf16_pair_fits(&c->g, c->out_c, &s->g, s->out_c);
+}
+
+static bool shortcut_fits_bf16(const conv_impl *c, const cf_module *shortcut, const cf_tensor *x) {
+    return shortcut_fits_bf16_shape(c, shortcut, &x->shape);
 }
 
 /* Whether m's next forward on an input of shape `in` (alone, not paired) keeps x's bf16 words
  * and can compute from them alone, the backward reading them too (the forward link,
  * nn_internal.h): the conditions of conv_forward_call's bf16_x_kept, asked before the call. */
-static bool words_link_fits(const cf_module *m, const cf_shape *in) {
+static bool words_fits(const cf_module *m, const cf_shape *in) {
     if (!cf_nn_is_conv(m)) return false; /* a wrapper's ops may read x */
     const conv_impl *c = m->impl;
     return !atomic_load(&x_words_link_off) && in->ndim == 4 && in->dim[1] == c->g.c &&
@@ -628,8 +645,35 @@ static bool words_link_fits(const cf_module *m, const cf_shape *in) {
            cf_conv_bf16_forward_from_kept_fits(&c->g, c->out_c);
 }
 
+/* Alone: stride 1 only (fuse.c: a size change is where a U-Net takes the output before). */
+static bool words_link_fits(const cf_module *m, const cf_shape *in) {
+    return words_fits(m, in) && ((const conv_impl *)m->impl)->stride == 1;
+}
+
+/* ... and paired with its block's shortcut (cf_nn_conv_words_pair): the block's forward pairs
+ * the two (shortcut_fits_bf16, whose output this call computes from the same phase planes), the
+ * block's ops its own (nothing else reads x: the idpath runs from the pair's output on). */
+static bool words_pair_fits(const cf_module *m, const cf_shape *in) {
+    if (!words_fits(m, in)) return false;
+    const conv_impl *c = m->impl;
+    return !atomic_load(&x_pair_link_off) && c->words_shortcut && c->words_block &&
+           c->words_block->ops == c->words_block_ops && c->words_shortcut->training &&
+           shortcut_fits_bf16_shape(c, c->words_shortcut, in);
+}
+
 uint16_t *cf_nn_conv_words_target(cf_module *conv, const cf_shape *in) {
-    return words_link_fits(conv, in) ? ((conv_impl *)conv->impl)->bf16_x : NULL;
+    if (!cf_nn_is_conv(conv)) return NULL;
+    const conv_impl *c = conv->impl;
+    const bool fits = c->words_shortcut ? words_pair_fits(conv, in) : words_link_fits(conv, in);
+    return fits ? c->bf16_x : NULL;
+}
+
+void cf_nn_conv_words_pair(cf_module *conv, cf_module *shortcut, const cf_module *block) {
+    if (!cf_nn_is_conv(conv)) return;
+    conv_impl *c = conv->impl;
+    c->words_shortcut = shortcut && cf_nn_is_conv(shortcut) ? shortcut : NULL;
+    c->words_block = c->words_shortcut ? block : NULL;
+    c->words_block_ops = c->words_block ? block->ops : NULL;
 }
 
 void cf_nn_conv_words_written(cf_module *conv, const float *x) {
@@ -650,12 +694,17 @@ void cf__nn_set_x_words_link(bool on) {
     atomic_store(&x_words_link_off, !on);
 }
 
+void cf__nn_set_x_pair_link(bool on) {
+    atomic_store(&x_pair_link_off, !on);
+}
+
 /* The forward pass; with shortcut, also shortcut's output when the pair qualifies (returns
  * whether it did through *computed). */
 static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_module *shortcut,
                                           bool *computed) {
     conv_impl *c = m->impl;
     m->in = x;
+    c->words_src = NULL;
     const cf_conv_geom *g = &c->g;
     cf_tensor *y = cf_module_output(m, &(cf_shape){4, {x->shape.dim[0], c->out_c, g->oh, g->ow}});
     c->x = x->data; /* backward reads them */
@@ -687,8 +736,11 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     /* x's words written by the BatchNorm before in place of x (its fp32 values were not) */
     c->from_words = c->words_for && c->words_for == x->data;
     c->words_for = NULL;
-    if (c->from_words &&
-        !(words_link_fits(m, &x->shape) && c->bf16_x_kept && !c->shortcut_call.out_channels)) {
+    const bool words_ok =
+        c->shortcut_call.out_channels
+            ? pair_bf16 && shortcut == c->words_shortcut && words_pair_fits(m, &x->shape)
+            : !c->words_shortcut && words_link_fits(m, &x->shape);
+    if (c->from_words && !(words_ok && c->bf16_x_kept)) {
         /* the BatchNorm asked words_link_fits just before: this cannot happen */
         c->from_words = false;
         cf_module_fail(CF_ERR_STATE, "Conv2d forward: its input was written as bf16 words the "
@@ -730,6 +782,7 @@ const cf_tensor *cf_nn_conv_forward_pair(cf_module *conv, cf_module *shortcut, c
         s->y = shortcut->out.data;
         s->batch = x->shape.dim[0];
         s->by_sibling = true;
+        s->words_src = ((conv_impl *)conv->impl)->from_words ? conv->impl : NULL;
         *shortcut_y = &shortcut->out;
     }
     return y;
@@ -1143,6 +1196,18 @@ static bool dy_words_call(cf_module *m, const cf_tensor *dy, bool bf16_implicit)
  * with stride above 1: each input value receives at most one term) and return a tensor over it.
  * hand_dw: the weight gradient was handed to a sibling (cf_nn_conv_shortcut_backward). A
  * sibling's shortcut (c->shortcut_dx, c->shortcut_dw) is the caller's to set. */
+/* A shortcut computed by its sibling from the words a BatchNorm wrote (x itself unwritten) whose
+ * weight gradient it sums itself (the sibling did not take it over: the block's backward without
+ * dx, or no partial sums lent): x made fp32 again from the sibling's kept words, in x's own
+ * buffer (the BatchNorm's output, which nothing reads in fp32 when linked), exactly the values
+ * the words hold, which the weight gradient rounds to the same words. */
+static void words_restore(conv_impl *c) {
+    const conv_impl *src = c->words_src;
+    c->words_src = NULL;
+    if (!src || !c->want_dw || !src->from_words || src->x != c->x) return;
+    cf_bf16_to_fp32(src->bf16_x, (float *)c->x, (size_t)c->batch * c->g.c * c->g.h * c->g.w);
+}
+
 static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bool need_dx,
                                            float *add_into, bool hand_dw) {
     conv_impl *c = m->impl;
@@ -1176,6 +1241,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
         conv_report(c, "backward"); /* a repack for a sibling (cf_nn_conv_shortcut_backward) */
         return NULL;
     }
+    words_restore(c);
     float *mem = call_begin(c, true);
     /* Each thread that gets a chunk of the batch sets its flag and starts its partial sums from
      * its first image; threads without a chunk keep their flag clear. */

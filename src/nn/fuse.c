@@ -22,20 +22,33 @@ static cf_module *path_last(cf_module *path) {
  * never start or end between them: the pair's range starts after the first convolution, the
  * fold's ends before the last BatchNorm), and only a stride-1 convolution (the words path's
  * only stride): no size changes after it, where a U-Net takes the output before as a skip. */
-static void link_words(cf_module *m) {
+static void link_words(cf_module *m, bool through_blocks) {
     for (int i = 0; i + 1 < m->n_children; i++) {
         cf_module *bn = m->children[i], *next = m->children[i + 1];
         if (!cf_nn_is_batchnorm(bn)) continue;
         if (cf_nn_is_relu(next) && cf_nn_bn_fused_with(bn, next))
             next = i + 2 < m->n_children ? m->children[i + 2] : NULL;
         if (cf_nn_is_conv(next)) cf_nn_bn_feed_conv(bn, next);
+        /* a residual block whose convpath's first conv computes its idpath's first (the pair,
+         * as fuse_residual makes it): that conv, which takes the words only where the block pairs
+         * the two at that call (a stride-2 layer: the block is the size change). Only where
+         * the Sequential's own forward (or a block's) runs the children: a U-Net runs its
+         * encoder's children itself and keeps the output before each size change as a skip */
+        if (through_blocks && cf_nn_is_residual(next) && next->n_children == 2) {
+            cf_module *first_a = path_first(next->children[0]),
+                      *first_b = path_first(next->children[1]);
+            if (cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b)) {
+                cf_nn_bn_feed_conv(bn, first_a);
+                cf_nn_conv_words_pair(first_a, first_b, next);
+            }
+        }
     }
 }
 
 /* Links each BatchNorm child to a ReLU child right after it. Every link from an earlier plan is
  * dropped first (a child that is no longer its layer's own keeps what it had: a BatchNorm that
  * still writes max(y, 0) before a ReLU of its own is exact). */
-static void fuse_sequential(cf_module *m, bool enabled) {
+static void fuse_sequential(cf_module *m, bool enabled, bool through_blocks) {
     for (int i = 0; i < m->n_children; i++) {
         cf_module *c = m->children[i];
         if (cf_nn_is_batchnorm(c)) {
@@ -52,7 +65,7 @@ static void fuse_sequential(cf_module *m, bool enabled) {
             cf_nn_relu_follow_bn(relu, bn);
         }
     }
-    link_words(m);
+    link_words(m, through_blocks);
     /* a Conv2d's output gradient written as bf16 words by the BatchNorm after it (unlinked by
      * unlink_dy_words first; an idpath's first conv added into the convpath's alone vetoed by
      * its block, fused before) */
@@ -99,10 +112,13 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
     cf_nn_residual_set_fusion(m, &f);
 }
 
-static void fuse_tree(cf_module *m, bool enabled) {
-    if (cf_nn_is_sequential(m)) fuse_sequential(m, enabled);
+/* through_blocks: m's parent (if any) is a Sequential or a residual block, which run m's
+ * forward as a whole. */
+static void fuse_tree(cf_module *m, bool enabled, bool through_blocks) {
+    if (cf_nn_is_sequential(m)) fuse_sequential(m, enabled, through_blocks);
     if (cf_nn_is_residual(m)) fuse_residual(m, cf_nn_residual_relu_after(m), enabled);
-    for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled);
+    const bool runs_whole = cf_nn_is_sequential(m) || cf_nn_is_residual(m);
+    for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled, runs_whole);
 }
 
 /* Drops every Conv2d -> BatchNorm dy-words link and veto, and every fold's addend, of an
@@ -116,6 +132,7 @@ static void unlink_dy_words(cf_module *m) {
         cf_nn_conv_link_dy_words(m, false);
         cf_nn_conv_veto_dy_words(m, false);
         cf_nn_conv_dy_words_sibling(m, NULL);
+        cf_nn_conv_words_pair(m, NULL, NULL);
     }
     for (int i = 0; i < m->n_children; i++) unlink_dy_words(m->children[i]);
 }
@@ -123,5 +140,5 @@ static void unlink_dy_words(cf_module *m) {
 void cf_nn_fuse(cf_module *root, bool enabled) {
     if (!root) return;
     unlink_dy_words(root);
-    fuse_tree(root, enabled);
+    fuse_tree(root, enabled, true);
 }

@@ -215,6 +215,13 @@ void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv);
  * the input tensor x (its data, which was not), consumed by that next forward. */
 uint16_t *cf_nn_conv_words_target(cf_module *conv, const cf_shape *in);
 void cf_nn_conv_words_written(cf_module *conv, const float *x);
+/* Through a residual block (fuse.c): a BatchNorm whose output is the input of block, whose
+ * convpath's first conv (a stride-2 bf16 layer) computes its idpath's first (shortcut, a 1x1
+ * stride-2 conv) from the same phase planes, is linked to conv; conv then takes the words only
+ * where the block pairs the two at that call (its ops its own), computing both outputs from the
+ * words; its weight gradient and the shortcut's (taken over by conv) copy them, and a shortcut
+ * that sums its own reads x made fp32 again from them (the same words). NULL: unlinked. */
+void cf_nn_conv_words_pair(cf_module *conv, cf_module *shortcut, const cf_module *block);
 /* Tests: whether conv's last forward read the words a BatchNorm wrote; whether bn's last forward
  * wrote words instead of its output; and the link's switch (on by default, read at each call:
  * off, every BatchNorm writes its fp32 output). */
@@ -223,6 +230,9 @@ bool cf_nn_conv_read_words(const cf_module *conv);
 const uint16_t *cf__conv_bf16_kept(const cf_module *conv, size_t *n);
 bool cf_nn_bn_wrote_words(const cf_module *bn);
 void cf__nn_set_x_words_link(bool on);
+/* Tests and benchmarks: the link through a residual block's pair alone (cf_nn_conv_words_pair;
+ * on by default, read at each call; the x link off turns it off too). */
+void cf__nn_set_x_pair_link(bool on);
 
 /* ---- the residual fold computing the convpath's last BatchNorm's output ----
  *

@@ -790,6 +790,34 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
     }
 }
 
+/* An image's pair planes from x's bf16 words (xw: its ch = 2 * pairs channels of h x w, an
+ * even count), where run_images puts the pairs it rounds from fp32: stride 1's padded planes
+ * (halves_rows), stride 2's phase planes (deal_pairs_h, as run_images' deal; never the
+ * subsampled layer, which keeps no words). planes: pair p's at p * plane, a phase's phase_words
+ * apart. Bitwise run_images' words for the fp32 values the words were rounded from. */
+static void words_planes(const layout *l, const cf_conv_geom *g, const uint16_t *xw, int pairs,
+                         uint32_t *planes, size_t plane, size_t phase_words) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    const size_t hw = (size_t)g->h * g->w;
+    for (int p = 0; p < pairs; p++) {
+        const uint16_t *lo = xw + (size_t)2 * p * hw, *hi = lo + hw;
+        uint32_t *pl = planes + (size_t)p * plane;
+        if (l->stride == 1) {
+            k->halves_rows(lo, hi, (size_t)g->w, g->h, g->w, pl + (size_t)l->pad * l->wp + l->pad,
+                           (size_t)l->wp);
+            continue;
+        }
+        for (int i0 = 0; i0 < 2 && i0 < g->h; i0++) {
+            const int r = i0 + l->pad;
+            uint32_t *row = pl + (size_t)(r % 2 * 2) * phase_words + (size_t)(r / 2) * l->wq, *e,
+                     *o;
+            DEAL_DEST(l->pad, row, phase_words, e, o);
+            k->deal_pairs_h(lo + (size_t)i0 * g->w, hi + (size_t)i0 * g->w, (size_t)2 * g->w,
+                            (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
+        }
+    }
+}
+
 /* ---- small planes: every tap's inputs gathered to the output positions (layout.compact) -----
  *
  * Output position q = i * ow + j of image b of a call is column b * ohw + q (the forward) or
@@ -1025,9 +1053,9 @@ static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *s
  * planes as run_images makes them (cplane words each; image b's from b * image_words), then the
  * images' positions alone straight into y's planes; with a paired shortcut (its layout sl, cols
  * too), its 1x1 product of the phase plane that holds x[2i][2j], the same way. Bitwise
- * run_images' outputs: the same pairs in the planes, the same sums. xw (NULL: none; stride 1
- * alone, an even number of channels): x's bf16 words in place of src, paired into the same
- * planes (halves_rows) rather than rounded from fp32 (cf_conv_bf16_forward_from_kept). */
+ * run_images' outputs: the same pairs in the planes, the same sums. xw (NULL: none; an even
+ * number of channels): x's bf16 words in place of src, paired into the same planes
+ * (words_planes) rather than rounded from fp32 (cf_conv_bf16_forward_from_kept). */
 static void forward_cols(const layout *l, const cf_conv_geom *g, const float *packed,
                          const float *src, int n_images, float *dst, float *scratch,
                          const cf_conv_shortcut *sc, const layout *sl, uint16_t *xh,
@@ -1049,13 +1077,8 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
     for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
         const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
         for (int b = 0; b < nb && xw; b++) /* the words, two channels' rows to a plane */
-            for (int p = 0; p < pairs; p++) {
-                const uint16_t *lo = xw + (size_t)(n0 + b) * in_n + (size_t)2 * p * g->h * g->w;
-                k->halves_rows(lo, lo + (size_t)g->h * g->w, (size_t)g->w, g->h, g->w,
-                               xp + (size_t)b * image_words + (size_t)p * l->cplane +
-                                   (size_t)l->pad * l->wp + l->pad,
-                               (size_t)l->wp);
-            }
+            words_planes(l, g, xw + (size_t)(n0 + b) * in_n, pairs, xp + (size_t)b * image_words,
+                         l->cplane, phase_words);
         for (int b = 0; b < nb && !xw; b++) {
             const float *x = src + (size_t)(n0 + b) * in_n;
             for (int p = 0; p < pairs; p++) {
@@ -1254,32 +1277,38 @@ cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, con
     return CF_OK;
 }
 
-/* run_images' forward at stride 1 (no shortcut) from x's bf16 words (xw, an even number of
- * channels): each pair plane from two channels' words (halves_rows), then the same conv_run and
+/* run_images' forward (and a paired shortcut's) from x's bf16 words (xw, an even number of
+ * channels): each image's pair planes from the words (words_planes), then the same conv_run and
  * copy_rows; bitwise run_images on the fp32 values the words were rounded from. */
 static void run_images_words(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
-                             const uint16_t *xw, int n_images, float *dst, float *scratch) {
+                             const uint16_t *xw, int n_images, float *dst, float *scratch,
+                             const cf_conv_shortcut *sc) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     const int pairs = l->cp;
     uint32_t *xp = (uint32_t *)scratch;
-    const size_t phase_words = (size_t)pairs * l->plane, plane = (size_t)g->h * g->w,
-                 in_n = (size_t)l->c * plane, out_n = (size_t)l->o * g->oh * g->ow;
-    float *out = (float *)(xp + phase_words);
+    const size_t phase_words = (size_t)pairs * l->plane, in_n = (size_t)l->c * g->h * g->w,
+                 out_n = (size_t)l->o * g->oh * g->ow;
+    float *out = (float *)(xp + l->phases * phase_words);
     int off[MAX_TAPS];
-    for (int t = 0; t < l->taps; t++) off[t] = l->shift[t]; /* one phase */
-    memset(xp, 0, phase_words * sizeof(uint32_t));          /* the border stays zero */
+    for (int t = 0; t < l->taps; t++) off[t] = (int)(l->phase[t] * phase_words) + l->shift[t];
+    memset(xp, 0, l->phases * phase_words * sizeof(uint32_t)); /* the border stays zero */
     for (int n = 0; n < n_images; n++) {
-        for (int p = 0; p < pairs; p++) {
-            const uint16_t *lo = xw + (size_t)n * in_n + (size_t)2 * p * plane;
-            k->halves_rows(lo, lo + plane, (size_t)g->w, g->h, g->w,
-                           xp + (size_t)p * l->plane + (size_t)l->pad * l->wp + l->pad,
-                           (size_t)l->wp);
-        }
+        words_planes(l, g, xw + (size_t)n * in_n, pairs, xp, l->plane, phase_words);
         k->conv_run(l->taps, off, pairs, l->o, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
         float *y = dst + (size_t)n * out_n;
         for (int r = 0; r < l->o; r++)
             k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
                          y + (size_t)r * g->oh * g->ow);
+        if (sc) { /* the shortcut's 1x1 product of the phase plane that holds x[2i][2j] */
+            const int so = sc->out_channels,
+                      soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
+            k->conv_run(1, &soff, pairs, so, (const uint32_t *)sc->w, xp, l->plane, l->nq, out,
+                        (size_t)l->nq);
+            float *ys = sc->y + (size_t)n * so * g->oh * g->ow;
+            for (int r = 0; r < so; r++)
+                k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                             ys + (size_t)r * g->oh * g->ow);
+        }
     }
 }
 
@@ -1289,12 +1318,21 @@ bool cf_conv_bf16_forward_from_kept_fits(const cf_conv_geom *g, int out_channels
     layout_make(&l, g, out_channels);
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     /* the backward's weight gradient must copy the words too (kept_active), never read x */
-    return !l.compact && !l.sub && l.stride == 1 && l.c % 2 == 0 && k->rows_h && k->deal_h;
+    return !l.compact && !l.sub && l.c % 2 == 0 && k->rows_h && k->deal_h &&
+           (l.stride == 1 || k->deal_pairs_h);
 }
 
 cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels,
                                          const float *packed, const uint16_t *x_kept, int n_images,
                                          float *y, float *scratch) {
+    return cf_conv_bf16_forward_from_kept_with(g, out_channels, packed, x_kept, n_images, y,
+                                               scratch, NULL);
+}
+
+cf_status cf_conv_bf16_forward_from_kept_with(const cf_conv_geom *g, int out_channels,
+                                              const float *packed, const uint16_t *x_kept,
+                                              int n_images, float *y, float *scratch,
+                                              const cf_conv_shortcut *shortcut) {
     if (!cf_conv_bf16_forward_from_kept_fits(g, out_channels))
         return cf_fail(CF_ERR_INVALID,
                        "cf_conv_bf16_forward_from_kept: a %d -> %d channel %dx%d layer of stride "
@@ -1302,12 +1340,21 @@ cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels
                        g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
     layout l;
     layout_make(&l, g, out_channels);
-    const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_from_kept");
+    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_from_kept");
+    if (st == CF_OK && shortcut)
+        st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_from_kept (shortcut)");
     if (st != CF_OK) return st;
-    if (cols_active(&l))
-        forward_cols(&l, g, packed, NULL, n_images, y, scratch, NULL, NULL, NULL, x_kept);
+    layout sl;
+    if (shortcut) { /* the shortcut's layout: shortcut_check made the same geometry */
+        cf_conv_geom sg;
+        cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
+        layout_make(&sl, &sg, shortcut->out_channels);
+    }
+    if (cols_active(&l) && (!shortcut || sl.cols))
+        forward_cols(&l, g, packed, NULL, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
+                     NULL, x_kept);
     else
-        run_images_words(&l, g, (const uint32_t *)packed, x_kept, n_images, y, scratch);
+        run_images_words(&l, g, (const uint32_t *)packed, x_kept, n_images, y, scratch, shortcut);
     return CF_OK;
 }
 

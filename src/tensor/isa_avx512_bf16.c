@@ -1307,6 +1307,27 @@ static void bf16_deal_h(const uint16_t *x, size_t ldx, int h, int n, uint16_t *e
         }
 }
 
+/* As deal_pairs, of two channels' rows already in bf16 (kernel_table.h's deal_pairs_h): each
+ * 32-bit lane of a row's 32 words holds an even word low and an odd one high, so the even pairs
+ * are lo's low halves with hi's low halves shifted up, the odd ones lo's high halves shifted down
+ * with hi's high halves (two blends, no rounding). */
+static void bf16_deal_pairs_h(const uint16_t *lo, const uint16_t *hi, size_t ldx, int h, int n,
+                              uint32_t *e, uint32_t *o, size_t ld) {
+    const __mmask32 high = 0xAAAAAAAAu; /* the high word of each lane */
+    for (int i = 0; i < h; i++, lo += ldx, hi += ldx, e += ld, o = o ? o + ld : NULL)
+        for (int j = 0; j < n; j += 32) {
+            const int left = n - j;
+            const __m512i a = _mm512_maskz_loadu_epi16(words_below(left), lo + j),
+                          b = _mm512_maskz_loadu_epi16(words_below(left), hi + j);
+            _mm512_mask_storeu_epi32(e + j / 2, lanes_below((left + 1) / 2),
+                                     _mm512_mask_blend_epi16(high, a, _mm512_slli_epi32(b, 16)));
+            if (o)
+                _mm512_mask_storeu_epi32(
+                    o + j / 2, lanes_below(left / 2),
+                    _mm512_mask_blend_epi16(high, _mm512_srli_epi32(a, 16), b));
+        }
+}
+
 /* deal_h of a whole plane in one pass (kernel_table.h's deal2_h): rows in order, row r to the
  * destinations of its parity; rows of at most 16 words two per load (2w contiguous words),
  * permuted to [row r's even | odd | row r + 1's even | odd] in 8-word quarters. */
@@ -1503,5 +1524,6 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .keep_words = bf16_keep_words,
     .deal2_h = bf16_deal2_h,
     .interleave2_rows = bf16_interleave2_rows,
+    .deal_pairs_h = bf16_deal_pairs_h,
 };
 #endif

@@ -377,6 +377,13 @@ typedef struct cf_bf16_kernels {
                     uint16_t *o1, size_t ld);
     void (*interleave2_rows)(const float *a0, const float *b0, const float *a1, const float *b1,
                              size_t lds, int h, int n, float *out);
+    /* NULL: none (stride 2's forward does not run from bf16 words). deal_pairs of two channels'
+     * rows already in bf16 (hi not NULL): e[i * ld + j] = lo[i * ldx + 2 j] | hi[i * ldx + 2 j]
+     * << 16 and o[i * ld + j] the same of the odd values (o NULL: the even ones alone), i < h,
+     * 2 j (+ 1) < n: the words copied, so bitwise deal_pairs of the values they were rounded
+     * from (the forward link's words into a stride-2 layer's phase planes). */
+    void (*deal_pairs_h)(const uint16_t *lo, const uint16_t *hi, size_t ldx, int h, int n,
+                         uint32_t *e, uint32_t *o, size_t ld);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
