@@ -719,6 +719,28 @@ static void rows_pairs(const uint16_t *lo, const layout *l, const cf_conv_geom *
     pair_halves(lo, lo + l->dl, (size_t)l->wq, g->oh, g->ow, dst, (size_t)l->wd);
 }
 
+/* One image's products from its pair planes xp (phase_words a phase): `rows` output channels
+ * through conv_run into out (l->nq a row), copied to y without the dropped columns, and with a
+ * paired shortcut its 1x1 product of the phase plane that holds x[2i][2j] into image n of sc->y. */
+static void image_products(const cf_bf16_kernels *k, const layout *l, const cf_conv_geom *g,
+                           const int *off, int pairs, int rows, const uint32_t *packed,
+                           const uint32_t *xp, size_t phase_words, float *out, float *y,
+                           const cf_conv_shortcut *sc, int n) {
+    k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
+    for (int r = 0; r < rows; r++)
+        k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                     y + (size_t)r * g->oh * g->ow);
+    if (!sc) return;
+    const int so = sc->out_channels,
+              soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
+    k->conv_run(1, &soff, pairs, so, (const uint32_t *)sc->w, xp, l->plane, l->nq, out,
+                (size_t)l->nq);
+    float *ys = sc->y + (size_t)n * so * g->oh * g->ow;
+    for (int r = 0; r < so; r++)
+        k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
+                     ys + (size_t)r * g->oh * g->ow);
+}
+
 /* The forward pass (or stride 1's dx) of n images: src has `ch` channels of h x w, dst rows
  * channels of oh x ow; packed as the kernel reads it. Stride 1's dx may take its pairs from the
  * weight gradient's bf16 rows of the same images' dy (dyrows: channel o's row at o * l->dl, image
@@ -772,21 +794,8 @@ static void run_images(const layout *l, const cf_conv_geom *g, int ch, int rows,
                                  (size_t)2 * g->w, (g->h - i0 + 1) / 2, g->w, e, o, (size_t)l->wq);
             }
         }
-        k->conv_run(l->taps, off, pairs, rows, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
-        float *y = dst + (size_t)n * out_n;
-        for (int r = 0; r < rows; r++)
-            k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
-                         y + (size_t)r * g->oh * g->ow);
-        if (sc) { /* the shortcut's 1x1 product of the phase plane that holds x[2i][2j] */
-            const int so = sc->out_channels,
-                      soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
-            k->conv_run(1, &soff, pairs, so, (const uint32_t *)sc->w, xp, l->plane, l->nq, out,
-                        (size_t)l->nq);
-            float *ys = sc->y + (size_t)n * so * g->oh * g->ow;
-            for (int r = 0; r < so; r++)
-                k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
-                             ys + (size_t)r * g->oh * g->ow);
-        }
+        image_products(k, l, g, off, pairs, rows, packed, xp, phase_words, out,
+                       dst + (size_t)n * out_n, sc, n);
     }
 }
 
@@ -1294,21 +1303,8 @@ static void run_images_words(const layout *l, const cf_conv_geom *g, const uint3
     memset(xp, 0, l->phases * phase_words * sizeof(uint32_t)); /* the border stays zero */
     for (int n = 0; n < n_images; n++) {
         words_planes(l, g, xw + (size_t)n * in_n, pairs, xp, l->plane, phase_words);
-        k->conv_run(l->taps, off, pairs, l->o, packed, xp, l->plane, l->nq, out, (size_t)l->nq);
-        float *y = dst + (size_t)n * out_n;
-        for (int r = 0; r < l->o; r++)
-            k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
-                         y + (size_t)r * g->oh * g->ow);
-        if (sc) { /* the shortcut's 1x1 product of the phase plane that holds x[2i][2j] */
-            const int so = sc->out_channels,
-                      soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
-            k->conv_run(1, &soff, pairs, so, (const uint32_t *)sc->w, xp, l->plane, l->nq, out,
-                        (size_t)l->nq);
-            float *ys = sc->y + (size_t)n * so * g->oh * g->ow;
-            for (int r = 0; r < so; r++)
-                k->copy_rows(out + (size_t)r * l->nq, (size_t)l->wq, g->oh, g->ow,
-                             ys + (size_t)r * g->oh * g->ow);
-        }
+        image_products(k, l, g, off, pairs, l->o, packed, xp, phase_words, out,
+                       dst + (size_t)n * out_n, sc, n);
     }
 }
 
