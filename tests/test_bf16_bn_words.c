@@ -18,6 +18,7 @@
  * kernels (tests/bf16_bn_words.cmake runs this under every CF_ISA cap and over the amx tile
  * emulation). A backward at another level than its forward's fails rather than read the input the
  * BatchNorm did not write. */
+#include "block_nets.h"
 #include "oracle.h"
 
 #include <stdio.h>
@@ -84,15 +85,6 @@ static const cf_tensor *bhook_forward(cf_module *m, const cf_tensor *x) {
     return bhook_orig->forward(m, x);
 }
 
-static cf_module *first_block(cf_module *m) {
-    if (cf_nn_is_residual(m)) return m;
-    for (int i = 0; i < m->n_children; i++) {
-        cf_module *b = first_block(m->children[i]);
-        if (b) return b;
-    }
-    return NULL;
-}
-
 static void hook_block(cf_module *root) {
     cf_module *b = first_block(root);
     assert_non_null(b);
@@ -157,21 +149,6 @@ static void count_links(const cf_module *m, int *wrote, int *read) {
 
 /* What a run leaves: every step's output, input gradient, gradients, buffers and weights, then
  * an eval output, end to end. */
-typedef struct record {
-    float *v;
-    size_t n, cap;
-} record;
-
-static void put(record *r, const float *x, size_t n) {
-    if (r->n + n > r->cap) {
-        r->cap = 2 * (r->n + n);
-        r->v = realloc(r->v, r->cap * sizeof(float));
-        assert_non_null(r->v);
-    }
-    memcpy(r->v + r->n, x, n * sizeof(float));
-    r->n += n;
-}
-
 /* Puts the words each Conv2d under m kept in its last forward (the link's, or forward_keep's)
  * into r, two to a float's bytes. */
 static void put_kept(record *r, const cf_module *m) {
@@ -192,13 +169,6 @@ typedef struct run_opts {
     bool hblock; /* W1's first block hooked after the first step (its stem link dropped) */
     int threads;
 } run_opts;
-
-/* The group's reduce of two replicas that saw the same batch. */
-static cf_status twin_reduce(double *buf, size_t n, bool backward, void *ctx) {
-    (void)backward, (void)ctx;
-    for (size_t i = 0; i < n; i++) buf[i] *= 2;
-    return CF_OK;
-}
 
 /* STEPS training steps (forward, backward, w -= 0.05 grad) and an eval forward of case k; the
  * links taken by each training forward must be `expect_links` (and none in eval). */

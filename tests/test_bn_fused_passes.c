@@ -17,6 +17,7 @@
  * convpath runs outside its block, and a fold given another add writes the deferred output
  * first. tests/bn_fused_passes.cmake runs this under every CF_ISA cap and over the amx tile
  * emulation. */
+#include "block_nets.h"
 #include "oracle.h"
 
 #include <math.h>
@@ -127,72 +128,10 @@ static const cf_tensor *hook_forward(cf_module *m, const cf_tensor *x) {
 
 /* ---- networks ------------------------------------------------------------------------------- */
 
-typedef enum { NET_BLOCK, NET_BLOCK_S1, NET_BLOCK_BN_ID, NET_W1 } net_kind;
-
-typedef struct net_case {
-    const char *name;
-    net_kind kind;
-    int n, c, h, w, o;
-    int defers; /* blocks whose convpath's last BatchNorm defers, each forward */
-} net_case;
-
-static cf_module *build(const net_case *k) {
-    switch (k->kind) {
-    case NET_BLOCK: { /* W1's: 3x3 stride 2, BN, ReLU, 3x3, BN; shortcut 1x1 stride 2, BN */
-        cf_module *cp[] = {cf_conv2d(k->c, k->o, 3, 2, 1, false), cf_batchnorm2d(k->o), cf_relu(),
-                           cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
-        cf_module *ip[] = {cf_conv2d(k->c, k->o, 1, 2, 0, false), cf_batchnorm2d(k->o)};
-        return cf_residual(cf_sequential(5, cp), cf_sequential(2, ip), true);
-    }
-    case NET_BLOCK_S1: { /* stride 1 throughout: no paired shortcut */
-        cf_module *cp[] = {cf_conv2d(k->c, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o), cf_relu(),
-                           cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
-        cf_module *ip[] = {cf_conv2d(k->c, k->o, 1, 1, 0, false), cf_batchnorm2d(k->o)};
-        return cf_residual(cf_sequential(5, cp), cf_sequential(2, ip), true);
-    }
-    case NET_BLOCK_BN_ID: { /* a conv stem, then a block whose idpath is a lone BatchNorm */
-        cf_module *cp[] = {cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o), cf_relu(),
-                           cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
-        cf_module *ip[] = {cf_batchnorm2d(k->o)};
-        cf_module *m[] = {cf_conv2d(k->c, k->o, 3, 1, 1, false),
-                          cf_residual(cf_sequential(5, cp), cf_sequential(1, ip), true)};
-        return cf_sequential(2, m);
-    }
-    case NET_W1:
-        return cf_mini_resnet(k->c, 10);
-    }
-    return NULL;
-}
-
 static int count_defers(const cf_module *m) {
     int n = cf_nn_bn_deferred(m);
     for (int i = 0; i < m->n_children; i++) n += count_defers(m->children[i]);
     return n;
-}
-
-/* The first residual block under m (NULL: none). */
-static cf_module *first_block(cf_module *m) {
-    if (cf_nn_is_residual(m)) return m;
-    for (int i = 0; i < m->n_children; i++) {
-        cf_module *b = first_block(m->children[i]);
-        if (b) return b;
-    }
-    return NULL;
-}
-
-typedef struct record {
-    float *v;
-    size_t n, cap;
-} record;
-
-static void put(record *r, const float *x, size_t n) {
-    if (r->n + n > r->cap) {
-        r->cap = 2 * (r->n + n);
-        r->v = realloc(r->v, r->cap * sizeof(float));
-        assert_non_null(r->v);
-    }
-    memcpy(r->v + r->n, x, n * sizeof(float));
-    r->n += n;
 }
 
 typedef struct run_opts {
@@ -200,19 +139,13 @@ typedef struct run_opts {
     int threads;
 } run_opts;
 
-static cf_status twin_reduce(double *buf, size_t n, bool backward, void *ctx) {
-    (void)backward, (void)ctx;
-    for (size_t i = 0; i < n; i++) buf[i] *= 2;
-    return CF_OK;
-}
-
 /* STEPS training steps (forward, backward, w -= 0.05 grad) and an eval forward; each forward must
  * defer `expect` outputs (none once the hook is on). */
-static record run_case(const net_case *k, run_opts o, int expect) {
+static record run_case(const block_net *k, run_opts o, int expect) {
     cf_set_num_threads(o.threads);
     cf__nn_set_bn_fused_passes(o.fused);
     cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(k), 21), CF_OK);
+    assert_int_equal(cf_model_new(&model, block_net_build(k), 21), CF_OK);
     cf_conv_set_bf16(model->root, o.bf16);
     if (o.sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
@@ -268,9 +201,9 @@ static record run_case(const net_case *k, run_opts o, int expect) {
     return r;
 }
 
-static void check_case(const net_case *k, run_opts o) {
+static void check_case(const block_net *k, run_opts o) {
     o.fused = true;
-    record a = run_case(k, o, k->defers);
+    record a = run_case(k, o, k->blocks);
     o.fused = false;
     record b = run_case(k, o, 0);
     assert_int_equal(a.n, b.n);
@@ -283,11 +216,11 @@ static void check_case(const net_case *k, run_opts o) {
     free(a.v), free(b.v);
 }
 
-static const net_case cases[] = {
-    {"W1's first block", NET_BLOCK, 6, 16, 28, 28, 32, 1},
-    {"W1", NET_W1, 4, 1, 28, 28, 0, 2},
-    {"a stride-1 block 16ch 14x14", NET_BLOCK_S1, 5, 16, 14, 14, 16, 1},
-    {"a block with a BatchNorm idpath 8ch 48x48", NET_BLOCK_BN_ID, 2, 3, 48, 48, 8, 1},
+static const block_net cases[] = {
+    {"W1's first block", BNET_BLOCK, 6, 16, 28, 28, 32, 1},
+    {"W1", BNET_W1, 4, 1, 28, 28, 0, 2},
+    {"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1},
+    {"a block with a BatchNorm idpath 8ch 48x48", BNET_BLOCK_BN_ID, 2, 3, 48, 48, 8, 1},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -317,9 +250,9 @@ static void test_hooked(void **state) {
  * add than the deferred output writes that output first. */
 static void test_outside_the_block(void **state) {
     (void)state;
-    const net_case *k = &cases[0];
+    const block_net *k = &cases[0];
     cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(k), 21), CF_OK);
+    assert_int_equal(cf_model_new(&model, block_net_build(k), 21), CF_OK);
     cf_model_train(model, false); /* eval: the statistics stay as they are between the calls */
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));

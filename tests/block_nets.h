@@ -1,0 +1,85 @@
+/* What the tests of W1's fused BatchNorm and residual passes share (test_bf16_bn_words,
+ * test_bn_fused_passes, test_res_mask_bits): the small residual networks they run, a growing
+ * record of every value a run produced (compared with memcmp between a run with the fused path
+ * and one without), and the reduce of a synchronised BatchNorm over two identical replicas.
+ * Static inline, so that a test that uses a part only compiles without warnings. */
+#ifndef CF_TESTS_BLOCK_NETS_H
+#define CF_TESTS_BLOCK_NETS_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "corefit/nn.h"
+#include "nn/nn_internal.h"
+#include "oracle.h"
+
+typedef enum { BNET_BLOCK, BNET_BLOCK_S1, BNET_BLOCK_BN_ID, BNET_W1 } block_net_kind;
+
+typedef struct block_net {
+    const char *name;
+    block_net_kind kind;
+    int n, c, h, w, o;
+    int blocks; /* the blocks the path under test acts on, each training forward */
+} block_net;
+
+static inline cf_module *block_net_build(const block_net *k) {
+    switch (k->kind) {
+    case BNET_BLOCK: { /* W1's: 3x3 stride 2, BN, ReLU, 3x3, BN; shortcut 1x1 stride 2, BN */
+        cf_module *cp[] = {cf_conv2d(k->c, k->o, 3, 2, 1, false), cf_batchnorm2d(k->o), cf_relu(),
+                           cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
+        cf_module *ip[] = {cf_conv2d(k->c, k->o, 1, 2, 0, false), cf_batchnorm2d(k->o)};
+        return cf_residual(cf_sequential(5, cp), cf_sequential(2, ip), true);
+    }
+    case BNET_BLOCK_S1: { /* stride 1 throughout: no paired shortcut */
+        cf_module *cp[] = {cf_conv2d(k->c, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o), cf_relu(),
+                           cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
+        cf_module *ip[] = {cf_conv2d(k->c, k->o, 1, 1, 0, false), cf_batchnorm2d(k->o)};
+        return cf_residual(cf_sequential(5, cp), cf_sequential(2, ip), true);
+    }
+    case BNET_BLOCK_BN_ID: { /* a conv stem, then a block whose idpath is a lone BatchNorm */
+        cf_module *cp[] = {cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o), cf_relu(),
+                           cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
+        cf_module *ip[] = {cf_batchnorm2d(k->o)};
+        cf_module *m[] = {cf_conv2d(k->c, k->o, 3, 1, 1, false),
+                          cf_residual(cf_sequential(5, cp), cf_sequential(1, ip), true)};
+        return cf_sequential(2, m);
+    }
+    case BNET_W1:
+        return cf_mini_resnet(k->c, 10);
+    }
+    return NULL;
+}
+
+/* The first residual block under m (NULL: none). */
+static inline cf_module *first_block(cf_module *m) {
+    if (cf_nn_is_residual(m)) return m;
+    for (int i = 0; i < m->n_children; i++) {
+        cf_module *b = first_block(m->children[i]);
+        if (b) return b;
+    }
+    return NULL;
+}
+
+typedef struct record {
+    float *v;
+    size_t n, cap;
+} record;
+
+static inline void put(record *r, const float *x, size_t n) {
+    if (r->n + n > r->cap) {
+        r->cap = 2 * (r->n + n);
+        r->v = realloc(r->v, r->cap * sizeof(float));
+        assert_non_null(r->v);
+    }
+    memcpy(r->v + r->n, x, n * sizeof(float));
+    r->n += n;
+}
+
+/* The group's reduce of two replicas that saw the same batch: every sum doubled. */
+static inline cf_status twin_reduce(double *buf, size_t n, bool backward, void *ctx) {
+    (void)backward, (void)ctx;
+    for (size_t i = 0; i < n; i++) buf[i] *= 2;
+    return CF_OK;
+}
+
+#endif
