@@ -108,6 +108,10 @@ void cf_bn_planes_sums(int np, const float *const *x, int64_t s, const float *k,
 void cf_bn_planes_dy_sums(int np, const float *const *dy, const float *const *x, int64_t s,
                           const float *mean, bool relu, const float *scale, const float *shift,
                           double *const *sdy, double *const *sdyx);
+/* One image's c consecutive planes of s values (x: plane i at i * s) in groups of CF_BN_PLANES
+ * through cf_bn_planes_sums, plane i's shift k[i]: s1[i], s2[i] set for i < c. BatchNorm's
+ * per-image statistics (src/nn/batchnorm.c), the same calls wherever they are taken. */
+void cf_bn_image_sums(const float *x, int c, int64_t s, const float *k, double *s1, double *s2);
 /* dx = k1 * g + k2 * (x - mean) + k3, g as in cf_bn_plane_dy_sums. */
 void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
                     float k2, float k3, bool relu, float scale, float shift);

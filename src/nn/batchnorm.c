@@ -80,23 +80,12 @@ typedef struct bn_impl {
     bool fwd_mask;
     const uint16_t *dy_mask;
     const float *dy_mask_for;
-    /* the statistics link (nn_internal.h, cf_nn_bn_stats_target): the Conv2d planned right
-     * before this layer (stats_from), the per-image sums it writes (stats_part: part_n images),
-     * the input they were written for (stats_for, stats_n images; NULL: none), and whether the
-     * last forward took them */
-    const cf_module *stats_from;
-    double *stats_part;
-    const float *stats_for;
-    int stats_n;
+    /* the statistics link (nn_internal.h, cf_nn_conv_stats_bn): the Conv2d planned right before
+     * this layer, whose forward may take its per-image sums (NULL: none), and whether the last
+     * forward took them */
+    cf_module *stats_from;
     bool fwd_stats;
 } bn_impl;
-
-/* The statistics link's switch (cf__nn_set_stats_link). */
-static atomic_bool stats_link_off;
-
-void cf__nn_set_stats_link(bool on) {
-    atomic_store(&stats_link_off, !on);
-}
 
 /* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
  * through an fp32 buffer and no output is left to a fold, as before both existed. */
@@ -157,33 +146,10 @@ static void bn_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     b->arena = arena;
     b->part_n = in->ndim > 2 ? in->dim[0] : 0; /* planes only */
     if (b->part_n) cf_arena_reserve_transient(arena, 2 * (size_t)b->part_n * c * sizeof(double));
-    /* the statistics link's sums: only behind a linked convolution */
-    b->stats_part = b->part_n && b->spatial && b->stats_from
-                        ? cf_arena_bytes(arena, 2 * (size_t)b->part_n * c * sizeof(double))
-                        : NULL;
-    b->stats_for = NULL;
 }
 
-void cf_nn_bn_stats_from(cf_module *bn, const cf_module *conv) {
+void cf_nn_bn_stats_from(cf_module *bn, cf_module *conv) {
     if (cf_nn_is_batchnorm(bn)) ((bn_impl *)bn->impl)->stats_from = conv;
-}
-
-double *cf_nn_bn_stats_target(cf_module *bn, const cf_shape *in) {
-    if (!cf_nn_is_batchnorm(bn)) return NULL; /* a wrapper's ops: none */
-    bn_impl *b = bn->impl;
-    b->stats_for = NULL;
-    const bool fits = !atomic_load_explicit(&stats_link_off, memory_order_relaxed) &&
-                      b->stats_part && bn->training && !b->reduce && in->ndim == 4 &&
-                      in->dim[1] == b->features && in->dim[0] >= 1 && in->dim[0] <= b->part_n &&
-                      (int64_t)in->dim[2] * in->dim[3] > 1;
-    return fits ? b->stats_part : NULL;
-}
-
-void cf_nn_bn_stats_written(cf_module *bn, const cf_tensor *y) {
-    if (!cf_nn_is_batchnorm(bn)) return;
-    bn_impl *b = bn->impl;
-    b->stats_for = y ? y->data : NULL;
-    b->stats_n = y ? y->shape.dim[0] : 0;
 }
 
 bool cf_nn_bn_took_stats(const cf_module *bn) {
@@ -580,16 +546,6 @@ static void split_forward_sums(void *v, int64_t n0, int64_t n1, int thread) {
     }
 }
 
-void cf_nn_bn_image_sums(const float *x, int c, int64_t s, const float *k, double *part) {
-    /* split_forward_sums' calls, plane group by plane group */
-    for (int c0 = 0; c0 < c; c0 += CF_BN_PLANES) {
-        const int np = c - c0 < CF_BN_PLANES ? c - c0 : CF_BN_PLANES;
-        const float *xs[CF_BN_PLANES];
-        for (int i = 0; i < np; i++) xs[i] = x + (size_t)(c0 + i) * (size_t)s;
-        cf_bn_planes_sums(np, xs, s, k + c0, &part[c0], &part[c + c0]);
-    }
-}
-
 static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
     (void)thread;
     const bn_ctx *ctx = v;
@@ -835,14 +791,15 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
         ctx.training = false; /* normalise with the statistics just set, as eval does */
     }
     b->fwd_count = count;
-    /* the sums the linked convolution wrote for x (the statistics link): only the output pass
-     * is left, as eval's */
-    b->fwd_stats = ctx.training && b->stats_for && b->stats_for == x->data && b->stats_part &&
-                   x->shape.ndim == 4 && ctx.g.s > 1 && ctx.g.n == b->stats_n &&
-                   cf_nn_is_batchnorm(m) && b->stats_from && cf_nn_is_conv(b->stats_from);
-    b->stats_for = NULL;
+    /* the sums the linked convolution's forward took of x (the statistics link): only the
+     * output pass is left, as eval's. Whether this layer could take them, for its next forward. */
+    const bool can_take = !b->reduce && cf_nn_is_batchnorm(m) && ctx.g.s > 1 &&
+                          x->shape.ndim == 4 && ctx.g.n <= b->part_n;
+    const double *part = b->stats_from ? cf_nn_conv_stats_sums(b->stats_from, x) : NULL;
+    b->fwd_stats = ctx.training && can_take && part;
+    if (b->stats_from) cf_nn_conv_stats_want(b->stats_from, can_take || !m->training);
     if (b->fwd_stats) {
-        split_combine(&ctx, b->stats_part);
+        split_combine(&ctx, part);
         bn_finish_stats(&ctx, 0, c);
         ctx.training = false;
     }

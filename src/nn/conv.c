@@ -153,17 +153,23 @@ typedef struct conv_impl {
     cf_module *dyw_sibling;
     const uint16_t *shortcut_words;
     /* the statistics link (nn_internal.h, cf_nn_conv_stats_bn): the BatchNorm right after this
-     * layer (stats_bn); room for the shift per channel (stats_k) and a flag per image
-     * (stats_done, stats_cap images) from the plan; for the forward in progress, the BatchNorm's
-     * sums (stats_part; NULL: none this call) of the output stats_y, the shift set once image
-     * 0's output is written (stats_k_ready), and whether the last forward wrote them */
+     * layer (stats_bn) and whether it can take the sums (stats_want); from the plan, the sums'
+     * block (stats_part, 2 out_c doubles an image), the shift per channel (stats_k) and a flag per
+     * image (stats_done), for up to stats_cap images; for the forward in progress, whether it
+     * takes them (stats_on) of the output stats_y, the shift set once image 0's output is written
+     * (stats_k_ready); the output the last forward took them of (stats_for, stats_n images; NULL:
+     * none, or taken by the BatchNorm) and whether it did (stats_wrote) */
     cf_module *stats_bn;
+    bool stats_want;
+    double *stats_part;
     float *stats_k;
     unsigned char *stats_done;
     int64_t stats_cap;
-    double *stats_part;
+    bool stats_on;
     const float *stats_y;
     atomic_int stats_k_ready;
+    const float *stats_for;
+    int64_t stats_n;
     bool stats_wrote;
     struct conv_impl *shortcut_impl; /* the shortcut computed by the forward in progress */
 } conv_impl;
@@ -176,6 +182,8 @@ static cf_status (*bf16_fault)(cf_status status, const char *call);
 /* The two links' switches (cf__nn_set_x_words_link, cf__nn_set_dy_words_link: tests and
  * bench_bf16_links compare with and without them); on by default. */
 static atomic_bool x_words_link_off, dy_words_link_off, x_pair_link_off;
+/* The statistics link's switch (cf__nn_set_stats_link). */
+static atomic_bool stats_link_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -401,15 +409,18 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->bf16_x_cap = in->dim[0];
     }
     c->dyw_for = NULL;
-    /* the statistics link's shift and image flags (the bf16 forwards only) */
+    /* the statistics link's sums, shift and image flags (the bf16 forwards only) */
+    c->stats_part = NULL;
     c->stats_k = NULL;
     c->stats_done = NULL;
     c->stats_cap = 0;
-    c->stats_part = NULL;
+    c->stats_on = c->stats_wrote = false;
+    c->stats_for = NULL;
     if (c->stats_bn && c->bf16_implicit && c->bf16 && !c->winograd) {
-        c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
-        c->stats_done = cf_arena_bytes(arena, (size_t)in->dim[0]);
         c->stats_cap = in->dim[0];
+        c->stats_part = cf_arena_bytes(arena, 2 * (size_t)c->stats_cap * c->out_c * sizeof(double));
+        c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
+        c->stats_done = cf_arena_bytes(arena, (size_t)c->stats_cap);
     }
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
@@ -579,7 +590,8 @@ static void stats_image(conv_impl *c, int64_t n) {
     } else if (!atomic_load_explicit(&c->stats_k_ready, memory_order_acquire)) {
         return;
     }
-    cf_nn_bn_image_sums(yn, O, P, c->stats_k, c->stats_part + (size_t)n * 2 * O);
+    double *part = c->stats_part + (size_t)n * 2 * O;
+    cf_bn_image_sums(yn, O, P, c->stats_k, part, part + O);
     c->stats_done[n] = 1;
 }
 
@@ -592,43 +604,65 @@ typedef struct stats_call {
 static void stats_epilogue(void *v, bool shortcut, int n0, int count) {
     const stats_call *sc = v;
     conv_impl *c = shortcut ? sc->s : sc->c;
-    if (!c || !c->stats_part) return;
+    if (!c || !c->stats_on) return;
     for (int64_t n = sc->begin + n0; n < sc->begin + n0 + count; n++) stats_image(c, n);
 }
 
-/* Arms c's forward in progress (output y) for the link where its BatchNorm takes the sums. */
+/* Arms c's forward in progress (m's, output y) to take the sums where its BatchNorm can use them:
+ * a training forward of the layer's own ops, at most the planned batch, planes of more than one
+ * value. */
 static void stats_begin(const cf_module *m, conv_impl *c, const cf_tensor *y) {
-    c->stats_part = NULL;
+    c->stats_for = NULL;
     c->stats_wrote = false;
-    if (!c->stats_bn) return;
-    double *part = cf_nn_bn_stats_target(c->stats_bn, &y->shape); /* forgets older sums */
-    if (!part || !cf_nn_is_conv(m) || !c->stats_k || y->shape.dim[0] > c->stats_cap) return;
-    c->stats_part = part;
+    c->stats_on = c->stats_part && c->stats_want && cf_nn_is_conv(m) && m->training &&
+                  y->shape.dim[0] <= c->stats_cap && (int64_t)c->g.oh * c->g.ow > 1 &&
+                  !atomic_load_explicit(&stats_link_off, memory_order_relaxed);
+    if (!c->stats_on) return;
     c->stats_y = y->data;
     atomic_store_explicit(&c->stats_k_ready, 0, memory_order_relaxed);
     memset(c->stats_done, 0, (size_t)y->shape.dim[0]);
 }
 
-/* No sums this call: the BatchNorm forgets any written before. */
+/* No sums this call. */
 static void stats_clear(conv_impl *c) {
-    c->stats_part = NULL;
-    c->stats_wrote = false;
-    if (c->stats_bn) cf_nn_bn_stats_written(c->stats_bn, NULL);
+    c->stats_on = c->stats_wrote = false;
+    c->stats_for = NULL;
 }
 
 /* After the call: the images left (their thread got there before image 0's output), then the
- * BatchNorm told (nothing after a failed call). */
+ * sums kept for y (none after a failed call). */
 static void stats_finish(conv_impl *c, const cf_tensor *y, bool ok) {
-    if (!c->stats_part) return;
+    if (!c->stats_on) return;
     for (int64_t n = 0; ok && n < y->shape.dim[0]; n++)
         if (!c->stats_done[n]) stats_image(c, n);
-    if (ok) cf_nn_bn_stats_written(c->stats_bn, y);
+    c->stats_for = ok ? y->data : NULL;
+    c->stats_n = y->shape.dim[0];
     c->stats_wrote = ok;
-    c->stats_part = NULL;
+    c->stats_on = false;
 }
 
 void cf_nn_conv_stats_bn(cf_module *conv, cf_module *bn) {
-    if (cf_nn_is_conv(conv)) ((conv_impl *)conv->impl)->stats_bn = bn;
+    if (!cf_nn_is_conv(conv)) return;
+    conv_impl *c = conv->impl;
+    c->stats_bn = bn;
+    c->stats_want = true;
+}
+
+void cf_nn_conv_stats_want(cf_module *conv, bool want) {
+    if (cf_nn_is_conv(conv)) ((conv_impl *)conv->impl)->stats_want = want;
+}
+
+const double *cf_nn_conv_stats_sums(cf_module *conv, const cf_tensor *y) {
+    if (!cf_nn_is_conv(conv)) return NULL; /* a wrapper's ops may have changed y */
+    conv_impl *c = conv->impl;
+    const bool ok = c->stats_for && c->stats_for == y->data && y->shape.ndim == 4 &&
+                    c->stats_n == y->shape.dim[0] && y->shape.dim[1] == c->out_c;
+    c->stats_for = NULL; /* once */
+    return ok ? c->stats_part : NULL;
+}
+
+void cf__nn_set_stats_link(bool on) {
+    atomic_store(&stats_link_off, !on);
 }
 
 bool cf_nn_conv_wrote_stats(const cf_module *conv) {
@@ -661,7 +695,7 @@ static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int t
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    if (c->stats_part || (c->shortcut_impl && c->shortcut_impl->stats_part)) {
+    if (c->stats_on || (c->shortcut_impl && c->shortcut_impl->stats_on)) {
         conv_forward_stats_range(c, begin, end, thread);
     } else if (c->from_words) { /* from the words the BatchNorm before wrote (x was not written) */
         cf_conv_shortcut sc = c->shortcut_call;
