@@ -177,9 +177,16 @@ typedef struct net {
     block_net k;
     int links; /* BatchNorms taking the link each training forward at a bf16 level */
     bool unet; /* the body of W1 as a U-Net's encoder (k's c, h, w) */
+    bool bias; /* a Sequential conv(bias) - BN - ReLU - conv - BN (k's c, h, w, o) */
 } net;
 
 static cf_module *net_build(const net *t) {
+    if (t->bias) {
+        const block_net *k = &t->k;
+        cf_module *m[] = {cf_conv2d(k->c, k->o, 3, 1, 1, true), cf_batchnorm2d(k->o), cf_relu(),
+                          cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
+        return cf_sequential(5, m);
+    }
     return t->unet ? cf_dynamic_unet(cf_mini_resnet_body(t->k.c), t->k.c, 3, t->k.h, t->k.w, NULL)
                    : block_net_build(&t->k);
 }
@@ -275,13 +282,16 @@ static void check_case(const net *t, run_opts o) {
 
 static const net cases[] = {
     /* convpath.0 and its paired shortcut, convpath.3 */
-    {{"W1's first block", BNET_BLOCK, 7, 16, 28, 28, 32, 1}, 3, false},
+    {{"W1's first block", BNET_BLOCK, 7, 16, 28, 28, 32, 1}, 3, false, false},
     /* both blocks' (the stem conv, 1 -> 16, is not a bf16 one) */
-    {{"W1", BNET_W1, 7, 1, 28, 28, 0, 2}, 6, false},
+    {{"W1", BNET_W1, 7, 1, 28, 28, 0, 2}, 6, false, false},
     /* the convpath's two (16 outputs: run_images' path); the 1x1 stride-1 idpath is no bf16 one */
-    {{"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1}, 2, false},
+    {{"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1}, 2, false, false},
     /* the convpath's two (8 channels of 48 x 48); the stem (3 -> 8) is no bf16 one */
-    {{"a block with a BatchNorm idpath 8ch 48x48", BNET_BLOCK_BN_ID, 3, 3, 48, 48, 8, 1}, 2, false},
+    {{"a block with a BatchNorm idpath 8ch 48x48", BNET_BLOCK_BN_ID, 3, 3, 48, 48, 8, 1},
+     2,
+     false,
+     false},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -291,10 +301,18 @@ static void test_linked_equals_unlinked(void **state) {
         for (int t = 1; t <= 3; t++) check_case(&cases[i], (run_opts){.bf16 = true, .threads = t});
 }
 
-/* Not taken: fp32 convolutions, synchronised statistics, and a BatchNorm behind a Conv2d hooked
- * after the plan (whose hook changes the output the BatchNorm must normalise). */
+/* Not taken: a biased convolution, fp32 convolutions, synchronised statistics, and a BatchNorm
+ * behind a Conv2d hooked after the plan (whose hook changes the output the BatchNorm must
+ * normalise). */
 static void test_not_taken(void **state) {
     (void)state;
+    /* a biased convolution (its bias is added after the call): the second conv's link only */
+    const net bias = {
+        {"conv(bias)-BN-ReLU-conv-BN 16 -> 32ch 14x14", BNET_BLOCK, 5, 16, 14, 14, 32, 0},
+        1,
+        false,
+        true};
+    for (int t = 1; t <= 3; t++) check_case(&bias, (run_opts){.bf16 = true, .threads = t});
     check_case(&cases[0], (run_opts){.bf16 = false, .threads = 1});
     check_case(&cases[1], (run_opts){.bf16 = true, .sync = true, .threads = 2});
     check_case(&cases[0], (run_opts){.bf16 = true, .hook = true, .threads = 1});
@@ -305,7 +323,7 @@ static void test_not_taken(void **state) {
  * but never changes them), bitwise the unlinked run. */
 static void test_unet(void **state) {
     (void)state;
-    const net unet = {{"U-Net on W1's body", BNET_W1, 3, 1, 28, 28, 0, 2}, 6, true};
+    const net unet = {{"U-Net on W1's body", BNET_W1, 3, 1, 28, 28, 0, 2}, 6, true, false};
     check_case(&unet, (run_opts){.bf16 = true, .threads = 1});
     check_case(&unet, (run_opts){.bf16 = true, .threads = 2});
 }
