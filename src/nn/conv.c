@@ -416,9 +416,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->stats_cap = 0;
     c->stats_on = c->stats_wrote = false;
     c->stats_for = NULL;
-    /* the bf16 forwards' epilogue, or the lowered path's group loop (fp32 and bf16 GEMMs) */
-    if (c->stats_bn &&
-        ((c->bf16_implicit && c->bf16 && !c->winograd) || (!c->implicit && !c->winograd))) {
+    if (c->stats_bn && c->bf16_implicit && c->bf16 && !c->winograd) {
         c->stats_cap = in->dim[0];
         c->stats_part = cf_arena_bytes(arena, 2 * (size_t)c->stats_cap * c->out_c * sizeof(double));
         c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
@@ -475,8 +473,6 @@ static void group_range(const conv_impl *c, int64_t gi, int64_t *n0, int64_t *n1
     *n1 = *n0 + c->group < c->batch ? *n0 + c->group : c->batch;
 }
 
-static void stats_image(conv_impl *c, int64_t n); /* the statistics link, below */
-
 static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
@@ -525,7 +521,6 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                     float *row = yn + (size_t)o * P, bo = b[o];
                     for (int p = 0; p < P; p++) row[p] += bo;
                 }
-            for (int64_t n = n0; n < n1 && c->stats_on; n++) stats_image(c, n); /* in cache */
             continue;
         }
         if (bf16)
@@ -540,7 +535,6 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
                 for (int p = 0; p < P; p++) row[p] = src[p] + bo;
             }
         }
-        for (int64_t n = n0; n < n1 && c->stats_on; n++) stats_image(c, n); /* in cache */
     }
 }
 
@@ -929,15 +923,8 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
         else
             cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
         run_batch(c, c->batch, conv_forward_in_place_range, m);
-    } else {
-        /* the lowered path's groups, but a bf16 stem's (its whole range in one call) */
-        if (!use_stem_bf16(c))
-            stats_begin(m, c, y);
-        else
-            stats_clear(c);
+    } else
         run_groups(c, c->batch, conv_forward_range, m);
-        stats_finish(c, y, true);
-    }
     call_end(c, mem);
     conv_report(c, "forward");
     if (computed) *computed = c->shortcut_call.out_channels != 0;
