@@ -5,7 +5,7 @@
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
- *                    [--link x|xpair|dy|both|bn|dx2|mask]
+ *                    [--link x|xpair|dy|both|bn|dx2|mask|stats]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -20,7 +20,10 @@
  * (cf__nn_set_res_mask_bits: the fold writes the mask as bits and the last BatchNorms apply them
  * to dy, against the block's mask pass), every other link and pass on; --link xpair switches the
  * x link through a residual block's stride-2 pair alone (cf__nn_set_x_pair_link: W1's stem
- * BatchNorm into block 0.3), both words links on. */
+ * BatchNorm into block 0.3), both words links on; --link stats switches the statistics link
+ * (cf__nn_set_stats_link: each bf16 Conv2d's epilogue takes the next BatchNorm's per-image sums
+ * while its output is in cache, the BatchNorm skips its statistics pass), every other link and
+ * pass on, and also prints the forward's medians and how many BatchNorms took the sums. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -47,10 +50,16 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+static int count_took(const cf_module *m) {
+    int k = cf_nn_bn_took_stats(m);
+    for (int i = 0; i < m->n_children; i++) k += count_took(m->children[i]);
+    return k;
+}
+
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
-         mask_bits = false, xpair = false;
+         mask_bits = false, xpair = false, stats = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -74,10 +83,12 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, bn_passes = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "mask"))
             link_x = link_dy = false, mask_bits = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "stats"))
+            link_x = link_dy = false, stats = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
-                    "[--link x|xpair|dy|both|bn|dx2|mask]\n",
+                    "[--link x|xpair|dy|both|bn|dx2|mask|stats]\n",
                     argv[0]);
             return 2;
         }
@@ -102,10 +113,12 @@ int main(int argc, char **argv) {
     for (int i = 0; i < batch * 10; i++) dy[i] = (float)(cf_rng_uniform(&rng) - 0.5) / batch;
     const cf_tensor tx = cf_tensor_view(x, cf_shape4(batch, 1, 28, 28));
     const cf_tensor tdy = cf_tensor_view(dy, cf_shape2(batch, 10));
-    double *step_ms[2], *bwd_ms[2];
+    double *step_ms[2], *bwd_ms[2], *fwd_ms[2];
+    int took = 0; /* BatchNorms that took the linked sums, the last step with the link */
     for (int m = 0; m < 2; m++) {
         step_ms[m] = malloc((size_t)steps * sizeof(double));
         bwd_ms[m] = malloc((size_t)steps * sizeof(double));
+        fwd_ms[m] = malloc((size_t)steps * sizeof(double));
     }
     int n[2] = {0, 0};
     for (int s = -4; s < 2 * steps; s++) {                /* 4 warm-up steps */
@@ -116,6 +129,7 @@ int main(int argc, char **argv) {
         if (dx2) cf__conv_bf16_set_dx2_cols(mode == 1);
         if (mask_bits) cf__nn_set_res_mask_bits(mode == 1);
         if (xpair) cf__nn_set_x_pair_link(mode == 1);
+        if (stats) cf__nn_set_stats_link(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -123,6 +137,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         const double t1 = cpu_ms();
+        if (stats && mode == 1) took = count_took(model->root);
         if (cf_model_backward(model, &tdy) != CF_OK) {
             fprintf(stderr, "bench_bf16_links: backward: %s\n", cf_last_error());
             return 1;
@@ -131,6 +146,7 @@ int main(int argc, char **argv) {
         cf_model_zero_grad(model);
         if (s < 0) continue;
         step_ms[mode][n[mode]] = t2 - t0;
+        fwd_ms[mode][n[mode]] = t1 - t0;
         bwd_ms[mode][n[mode]++] = t2 - t1;
     }
     cf__nn_set_x_words_link(true);
@@ -139,12 +155,14 @@ int main(int argc, char **argv) {
     cf__conv_bf16_set_dx2_cols(true);
     cf__nn_set_res_mask_bits(true);
     cf__nn_set_x_pair_link(true);
+    cf__nn_set_stats_link(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           mask_bits   ? "the residual blocks' mask bits (every other link on)"
+           stats       ? "the statistics link (every other link on)"
+           : mask_bits ? "the residual blocks' mask bits (every other link on)"
            : bn_passes ? "BatchNorm's fused passes (both words links on)"
            : dx2       ? "stride 2's dx path (dx2_cols; both words links on)"
            : xpair     ? "the x link through block 0.3's pair (both words links on otherwise)"
@@ -154,7 +172,13 @@ int main(int argc, char **argv) {
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
-    for (int m = 0; m < 2; m++) free(step_ms[m]), free(bwd_ms[m]);
+    if (stats) {
+        const double f_off = median(fwd_ms[0], n[0]), f_on = median(fwd_ms[1], n[1]);
+        printf("forward without %.3f, with %.3f (ratio %.3f); %d BatchNorms took the linked "
+               "sums\n",
+               f_off, f_on, f_on / f_off, took);
+    }
+    for (int m = 0; m < 2; m++) free(step_ms[m]), free(bwd_ms[m]), free(fwd_ms[m]);
     free(x), free(dy);
     cf_model_free(model);
     return 0;

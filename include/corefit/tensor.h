@@ -108,6 +108,10 @@ void cf_bn_planes_sums(int np, const float *const *x, int64_t s, const float *k,
 void cf_bn_planes_dy_sums(int np, const float *const *dy, const float *const *x, int64_t s,
                           const float *mean, bool relu, const float *scale, const float *shift,
                           double *const *sdy, double *const *sdyx);
+/* One image's c consecutive planes of s values (x: plane i at i * s) in groups of CF_BN_PLANES
+ * through cf_bn_planes_sums, plane i's shift k[i]: s1[i], s2[i] set for i < c. BatchNorm's
+ * per-image statistics (src/nn/batchnorm.c), the same calls wherever they are taken. */
+void cf_bn_image_sums(const float *x, int c, int64_t s, const float *k, double *s1, double *s2);
 /* dx = k1 * g + k2 * (x - mean) + k3, g as in cf_bn_plane_dy_sums. */
 void cf_bn_plane_dx(const float *dy, const float *x, float *dx, int64_t s, float mean, float k1,
                     float k2, float k3, bool relu, float scale, float shift);
@@ -526,6 +530,25 @@ cf_status cf_conv_bf16_forward_from_kept_with(const cf_conv_geom *g, int out_cha
                                               const float *packed, const uint16_t *x_kept,
                                               int n_images, float *y, float *scratch,
                                               const cf_conv_shortcut *shortcut);
+/* A per-image epilogue of cf_conv_bf16_forward_each: fn(ctx, shortcut, n0, count) runs on the
+ * calling thread as soon as images [n0, n0 + count) of the call (counted from its first image)
+ * have their whole output written, the layer's (shortcut false) or the paired shortcut's (true),
+ * while those values are still in cache (a few images at a time: W1's 14 x 14 planes two, its
+ * 7 x 7 ones eight). It reads them and must not write them (the statistics link: a BatchNorm's
+ * per-image sums, src/nn/batchnorm.c). */
+typedef struct cf_conv_epilogue {
+    void (*fn)(void *ctx, bool shortcut, int n0, int count);
+    void *ctx;
+} cf_conv_epilogue;
+/* The bf16 forward with an epilogue (ep; NULL or no fn: none): x in fp32 (x_words NULL) as
+ * cf_conv_bf16_forward_keep (x_kept: its words, NULL: none), or x's bf16 words alone (x_words;
+ * x and x_kept NULL) as cf_conv_bf16_forward_from_kept_with; shortcut: a paired 1x1 stride-2
+ * layer as there (NULL: none). y and shortcut->y are bitwise those calls'; they fail as those do
+ * (CF_ERR_INVALID), and on x and x_words both given or neither. */
+cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, const float *packed,
+                                    const float *x, const uint16_t *x_words, int n_images, float *y,
+                                    float *scratch, const cf_conv_shortcut *shortcut,
+                                    uint16_t *x_kept, const cf_conv_epilogue *ep);
 /* dy given as its bf16 words (n x out x oh x ow halves, cf_fp32_to_bf16 of dy: what a BatchNorm
  * linked to this layer writes in place of its fp32 input gradient): cf_conv_bf16_backward_words
  * is cf_conv_bf16_backward_kept, bitwise, whose weight gradient copies dy's words into its rows

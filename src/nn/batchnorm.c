@@ -80,6 +80,11 @@ typedef struct bn_impl {
     bool fwd_mask;
     const uint16_t *dy_mask;
     const float *dy_mask_for;
+    /* the statistics link (nn_internal.h, cf_nn_conv_stats_bn): the Conv2d planned right before
+     * this layer, whose forward may take its per-image sums (NULL: none), and whether the last
+     * forward took them */
+    cf_module *stats_from;
+    bool fwd_stats;
 } bn_impl;
 
 /* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
@@ -141,6 +146,14 @@ static void bn_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     b->arena = arena;
     b->part_n = in->ndim > 2 ? in->dim[0] : 0; /* planes only */
     if (b->part_n) cf_arena_reserve_transient(arena, 2 * (size_t)b->part_n * c * sizeof(double));
+}
+
+void cf_nn_bn_stats_from(cf_module *bn, cf_module *conv) {
+    if (cf_nn_is_batchnorm(bn)) ((bn_impl *)bn->impl)->stats_from = conv;
+}
+
+bool cf_nn_bn_took_stats(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->fwd_stats;
 }
 
 static const cf_module_ops bn1d_ops, bn2d_ops;
@@ -778,6 +791,18 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
         ctx.training = false; /* normalise with the statistics just set, as eval does */
     }
     b->fwd_count = count;
+    /* the sums the linked convolution's forward took of x (the statistics link): only the
+     * output pass is left, as eval's. Whether this layer could take them, for its next forward. */
+    const bool can_take = !b->reduce && cf_nn_is_batchnorm(m) && ctx.g.s > 1 &&
+                          x->shape.ndim == 4 && ctx.g.n <= b->part_n;
+    const double *part = b->stats_from ? cf_nn_conv_stats_sums(b->stats_from, x) : NULL;
+    b->fwd_stats = ctx.training && can_take && part;
+    if (b->stats_from) cf_nn_conv_stats_want(b->stats_from, can_take || !m->training);
+    if (b->fwd_stats) {
+        split_combine(&ctx, part);
+        bn_finish_stats(&ctx, 0, c);
+        ctx.training = false;
+    }
     if (ctx.g.s == 1)
         bn_forward_rows(&ctx);
     else if (split_images(&ctx.g) && bn_forward_split(&ctx))

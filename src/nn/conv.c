@@ -152,6 +152,26 @@ typedef struct conv_impl {
      * as its shortcut's dy (shortcut_words, for the call in progress) */
     cf_module *dyw_sibling;
     const uint16_t *shortcut_words;
+    /* the statistics link (nn_internal.h, cf_nn_conv_stats_bn): the BatchNorm right after this
+     * layer (stats_bn) and whether it can take the sums (stats_want); from the plan, the sums'
+     * block (stats_part, 2 out_c doubles an image), the shift per channel (stats_k) and a flag per
+     * image (stats_done), for up to stats_cap images; for the forward in progress, whether it
+     * takes them (stats_on) of the output stats_y, the shift set once image 0's output is written
+     * (stats_k_ready); the output the last forward took them of (stats_for, stats_n images; NULL:
+     * none, or taken by the BatchNorm) and whether it did (stats_wrote) */
+    cf_module *stats_bn;
+    bool stats_want;
+    double *stats_part;
+    float *stats_k;
+    unsigned char *stats_done;
+    int64_t stats_cap;
+    bool stats_on;
+    const float *stats_y;
+    atomic_int stats_k_ready;
+    const float *stats_for;
+    int64_t stats_n;
+    bool stats_wrote;
+    struct conv_impl *shortcut_impl; /* the shortcut computed by the forward in progress */
 } conv_impl;
 
 static size_t round16(size_t n) {
@@ -162,6 +182,8 @@ static cf_status (*bf16_fault)(cf_status status, const char *call);
 /* The two links' switches (cf__nn_set_x_words_link, cf__nn_set_dy_words_link: tests and
  * bench_bf16_links compare with and without them); on by default. */
 static atomic_bool x_words_link_off, dy_words_link_off, x_pair_link_off;
+/* The statistics link's switch (cf__nn_set_stats_link). */
+static atomic_bool stats_link_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -387,6 +409,19 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->bf16_x_cap = in->dim[0];
     }
     c->dyw_for = NULL;
+    /* the statistics link's sums, shift and image flags (the bf16 forwards only) */
+    c->stats_part = NULL;
+    c->stats_k = NULL;
+    c->stats_done = NULL;
+    c->stats_cap = 0;
+    c->stats_on = c->stats_wrote = false;
+    c->stats_for = NULL;
+    if (c->stats_bn && c->bf16_implicit && c->bf16 && !c->winograd) {
+        c->stats_cap = in->dim[0];
+        c->stats_part = cf_arena_bytes(arena, 2 * (size_t)c->stats_cap * c->out_c * sizeof(double));
+        c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
+        c->stats_done = cf_arena_bytes(arena, (size_t)c->stats_cap);
+    }
     c->arena = arena;
     cf_arena_reserve_transient(arena, call_buffers(c, false, NULL) * sizeof(float));
     cf_arena_reserve_transient(arena, call_buffers(c, true, NULL) * sizeof(float));
@@ -540,13 +575,130 @@ static void add_bias(const conv_impl *c, const float *b, int64_t n0, int64_t n1)
         }
 }
 
+/* ---- the statistics link (nn_internal.h) ---- */
+
+/* Image n's sums into the BatchNorm's block, once the shift is known: image 0 sets it from its
+ * own output (its planes' first values, as the BatchNorm takes them); an image whose thread gets
+ * there before is left to stats_finish. */
+static void stats_image(conv_impl *c, int64_t n) {
+    const int O = c->out_c;
+    const int64_t P = (int64_t)c->g.oh * c->g.ow;
+    const float *yn = c->stats_y + (size_t)n * O * P;
+    if (n == 0) {
+        for (int o = 0; o < O; o++) c->stats_k[o] = yn[(size_t)o * P];
+        atomic_store_explicit(&c->stats_k_ready, 1, memory_order_release);
+    } else if (!atomic_load_explicit(&c->stats_k_ready, memory_order_acquire)) {
+        return;
+    }
+    double *part = c->stats_part + (size_t)n * 2 * O;
+    cf_bn_image_sums(yn, O, P, c->stats_k, part, part + O);
+    c->stats_done[n] = 1;
+}
+
+typedef struct stats_call {
+    conv_impl *c, *s; /* the layer and its paired shortcut (NULL: none) */
+    int64_t begin;    /* the call's first image */
+} stats_call;
+
+/* cf_conv_bf16_forward_each's epilogue: the images' sums while their output is in cache. */
+static void stats_epilogue(void *v, bool shortcut, int n0, int count) {
+    const stats_call *sc = v;
+    conv_impl *c = shortcut ? sc->s : sc->c;
+    if (!c || !c->stats_on) return;
+    for (int64_t n = sc->begin + n0; n < sc->begin + n0 + count; n++) stats_image(c, n);
+}
+
+/* Arms c's forward in progress (m's, output y) to take the sums where its BatchNorm can use them:
+ * a training forward of the layer's own ops, at most the planned batch, planes of more than one
+ * value, no bias (added after the call, when the epilogue has run). */
+static void stats_begin(const cf_module *m, conv_impl *c, const cf_tensor *y) {
+    c->stats_for = NULL;
+    c->stats_wrote = false;
+    c->stats_on = c->stats_part && c->stats_want && !c->has_bias && cf_nn_is_conv(m) &&
+                  m->training && y->shape.dim[0] <= c->stats_cap &&
+                  (int64_t)c->g.oh * c->g.ow > 1 &&
+                  !atomic_load_explicit(&stats_link_off, memory_order_relaxed);
+    if (!c->stats_on) return;
+    c->stats_y = y->data;
+    atomic_store_explicit(&c->stats_k_ready, 0, memory_order_relaxed);
+    memset(c->stats_done, 0, (size_t)y->shape.dim[0]);
+}
+
+/* No sums this call. */
+static void stats_clear(conv_impl *c) {
+    c->stats_on = c->stats_wrote = false;
+    c->stats_for = NULL;
+}
+
+/* After the call: the images left (their thread got there before image 0's output), then the
+ * sums kept for y (none after a failed call). */
+static void stats_finish(conv_impl *c, const cf_tensor *y, bool ok) {
+    if (!c->stats_on) return;
+    for (int64_t n = 0; ok && n < y->shape.dim[0]; n++)
+        if (!c->stats_done[n]) stats_image(c, n);
+    c->stats_for = ok ? y->data : NULL;
+    c->stats_n = y->shape.dim[0];
+    c->stats_wrote = ok;
+    c->stats_on = false;
+}
+
+void cf_nn_conv_stats_bn(cf_module *conv, cf_module *bn) {
+    if (!cf_nn_is_conv(conv)) return;
+    conv_impl *c = conv->impl;
+    c->stats_bn = bn;
+    c->stats_want = true;
+}
+
+void cf_nn_conv_stats_want(cf_module *conv, bool want) {
+    if (cf_nn_is_conv(conv)) ((conv_impl *)conv->impl)->stats_want = want;
+}
+
+const double *cf_nn_conv_stats_sums(cf_module *conv, const cf_tensor *y) {
+    if (!cf_nn_is_conv(conv)) return NULL; /* a wrapper's ops may have changed y */
+    conv_impl *c = conv->impl;
+    const bool ok = c->stats_for && c->stats_for == y->data && y->shape.ndim == 4 &&
+                    c->stats_n == y->shape.dim[0] && y->shape.dim[1] == c->out_c;
+    c->stats_for = NULL; /* once */
+    return ok ? c->stats_part : NULL;
+}
+
+void cf__nn_set_stats_link(bool on) {
+    atomic_store(&stats_link_off, !on);
+}
+
+bool cf_nn_conv_wrote_stats(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->stats_wrote;
+}
+
+/* The images [begin, end) through cf_conv_bf16_forward_each, with the statistics link's
+ * epilogue. */
+static void conv_forward_stats_range(conv_impl *c, int64_t begin, int64_t end, int thread) {
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    cf_conv_shortcut sc = c->shortcut_call;
+    sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
+    stats_call call = {c, NULL, begin};
+    if (sc.out_channels && c->shortcut_impl) call.s = c->shortcut_impl;
+    const cf_conv_epilogue ep = {stats_epilogue, &call};
+    bf16_note(c,
+              cf_conv_bf16_forward_each(
+                  g, c->out_c, c->bf16_packed, c->from_words ? NULL : c->x + (size_t)begin * in_n,
+                  c->from_words ? c->bf16_x + (size_t)begin * in_n : NULL, (int)(end - begin),
+                  c->y + (size_t)begin * out_n, c->scratch + (size_t)thread * c->scratch_stride,
+                  sc.out_channels ? &sc : NULL,
+                  !c->from_words && c->bf16_x_kept ? c->bf16_x + (size_t)begin * in_n : NULL, &ep),
+              "cf_conv_bf16_forward_each");
+}
+
 /* The images [begin, end) through cf_conv_bf16_forward. */
 static void conv_forward_bf16_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
     const cf_conv_geom *g = &c->g;
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
-    if (c->from_words) { /* from the words the BatchNorm before wrote (x was not written) */
+    if (c->stats_on || (c->shortcut_impl && c->shortcut_impl->stats_on)) {
+        conv_forward_stats_range(c, begin, end, thread);
+    } else if (c->from_words) { /* from the words the BatchNorm before wrote (x was not written) */
         cf_conv_shortcut sc = c->shortcut_call;
         sc.y += (size_t)begin * sc.out_channels * g->oh * g->ow;
         bf16_note(c,
@@ -715,6 +867,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     c->winograd_call = use_winograd(c);
     c->winograd_bf16 = c->winograd_call && use_bf16(c);
     c->shortcut_call.out_channels = 0;
+    c->shortcut_impl = NULL;
     const bool pair_bf16 = shortcut && shortcut_fits_bf16(c, shortcut, x);
     if (shortcut && (pair_bf16 || shortcut_fits(c, shortcut, x))) {
         conv_impl *s = shortcut->impl;
@@ -727,6 +880,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
             (cf_conv_shortcut){.out_channels = s->out_c,
                                .w = pair_bf16 ? s->bf16_packed : shortcut->params[0].data,
                                .y = ys->data};
+        c->shortcut_impl = s;
     }
     float *mem = call_begin(c, false);
     c->bf16_fresh = use_bf16_implicit(c);
@@ -746,9 +900,21 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
         cf_module_fail(CF_ERR_STATE, "Conv2d forward: its input was written as bf16 words the "
                                      "layer cannot read");
     }
+    /* the statistics link: the next BatchNorms' sums from the bf16 call's epilogue */
+    conv_impl *sci = c->shortcut_impl;
+    if (c->bf16_fresh) {
+        stats_begin(m, c, y);
+        if (sci) stats_begin(shortcut, sci, &shortcut->out);
+    } else {
+        stats_clear(c);
+        if (sci) stats_clear(sci);
+    }
     if (c->bf16_fresh) {
         cf_conv_bf16_pack(g, c->out_c, m->params[0].data, c->bf16_packed);
         run_batch(c, c->batch, conv_forward_bf16_range, m);
+        const bool ok = atomic_load(&c->bf16_status) == CF_OK;
+        stats_finish(c, y, ok);
+        if (sci) stats_finish(sci, &shortcut->out, ok);
     } else if (c->winograd_call || use_implicit(c)) {
         if (c->winograd_bf16)
             cf_conv_winograd_pack_bf16(g, c->out_c, m->params[0].data, c->wino_u);

@@ -71,6 +71,11 @@ static void fuse_sequential(cf_module *m, bool enabled, bool through_blocks) {
      * its block, fused before) */
     for (int i = 0; i + 1 < m->n_children; i++) {
         cf_module *conv = m->children[i], *bn = m->children[i + 1];
+        /* the statistics link: bn's per-image sums from conv's epilogue */
+        if (cf_nn_is_conv(conv) && cf_nn_is_batchnorm(bn)) {
+            cf_nn_conv_stats_bn(conv, bn);
+            cf_nn_bn_stats_from(bn, conv);
+        }
         if (cf_nn_is_conv(conv) && cf_nn_is_batchnorm(bn) && !cf_nn_conv_dy_words_vetoed(conv)) {
             cf_nn_bn_link_conv(bn, conv);
             cf_nn_conv_link_dy_words(conv, true);
@@ -127,12 +132,14 @@ static void unlink_dy_words(cf_module *m) {
     if (cf_nn_is_batchnorm(m)) {
         cf_nn_bn_link_conv(m, NULL);
         cf_nn_bn_fold_addend(m, NULL);
+        cf_nn_bn_stats_from(m, NULL);
     }
     if (cf_nn_is_conv(m)) {
         cf_nn_conv_link_dy_words(m, false);
         cf_nn_conv_veto_dy_words(m, false);
         cf_nn_conv_dy_words_sibling(m, NULL);
         cf_nn_conv_words_pair(m, NULL, NULL);
+        cf_nn_conv_stats_bn(m, NULL);
     }
     for (int i = 0; i < m->n_children; i++) unlink_dy_words(m->children[i]);
 }

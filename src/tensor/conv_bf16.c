@@ -1068,7 +1068,7 @@ static cf_status shortcut_check(const cf_conv_geom *g, const cf_conv_shortcut *s
 static void forward_cols(const layout *l, const cf_conv_geom *g, const float *packed,
                          const float *src, int n_images, float *dst, float *scratch,
                          const cf_conv_shortcut *sc, const layout *sl, uint16_t *xh,
-                         const uint16_t *xw) {
+                         const uint16_t *xw, const cf_conv_epilogue *ep) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     /* the input's pairs: the level's faster conversions where it has them (the same words) */
     const pairs_rows_fn pairs_rows = pairs_rows_of(k);
@@ -1128,12 +1128,14 @@ static void forward_cols(const layout *l, const cf_conv_geom *g, const float *pa
         k->conv_cols(l->taps, off, pairs, l->o, wcols, xp, l->cplane, (size_t)l->wq, image_words,
                      g->oh, g->ow, nb, dst + (size_t)n0 * out_n, (size_t)ohw, out_n, tmp, xnext,
                      (size_t)next * in_n * (xw ? sizeof(uint16_t) : sizeof(float)));
+        if (ep) ep->fn(ep->ctx, false, n0, nb);
         if (sc) {
             const int so = sc->out_channels,
                       soff = (int)(sub_phase(l->pad) * phase_words) + sub_shift(l->pad, l->wq);
             k->conv_cols(1, &soff, pairs, so, pack_cols(sl, sc->w), xp, l->cplane, (size_t)l->wq,
                          image_words, g->oh, g->ow, nb, sc->y + (size_t)n0 * so * ohw, (size_t)ohw,
                          (size_t)so * ohw, tmp, NULL, 0);
+            if (ep) ep->fn(ep->ctx, true, n0, nb);
         }
     }
 }
@@ -1207,7 +1209,7 @@ cf_status cf_conv_bf16_forward(const cf_conv_geom *g, int out_channels, const fl
     const cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward");
     if (st != CF_OK) return st;
     if (cols_active(&l)) {
-        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL, NULL, NULL);
+        forward_cols(&l, g, packed, x, n_images, y, scratch, NULL, NULL, NULL, NULL, NULL);
         return CF_OK;
     }
     if (l.compact) {
@@ -1240,7 +1242,7 @@ cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, con
     cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
     layout_make(&sl, &sg, shortcut->out_channels);
     if (cols_active(&l) && sl.cols)
-        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl, NULL, NULL);
+        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl, NULL, NULL, NULL);
     else if (l.compact)
         run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x, n_images, y, scratch, shortcut);
     else
@@ -1273,7 +1275,7 @@ cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, con
     const size_t in_n = (size_t)l.c * g->h * g->w;
     if (cols_active(&l) && (!shortcut || sl.cols)) { /* each call's images while in cache */
         forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
-                     x_kept, NULL);
+                     x_kept, NULL, NULL);
         return CF_OK;
     }
     if (l.compact)
@@ -1348,9 +1350,75 @@ cf_status cf_conv_bf16_forward_from_kept_with(const cf_conv_geom *g, int out_cha
     }
     if (cols_active(&l) && (!shortcut || sl.cols))
         forward_cols(&l, g, packed, NULL, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
-                     NULL, x_kept);
+                     NULL, x_kept, NULL);
     else
         run_images_words(&l, g, (const uint32_t *)packed, x_kept, n_images, y, scratch, shortcut);
+    return CF_OK;
+}
+
+cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, const float *packed,
+                                    const float *x, const uint16_t *x_words, int n_images, float *y,
+                                    float *scratch, const cf_conv_shortcut *shortcut,
+                                    uint16_t *x_kept, const cf_conv_epilogue *ep) {
+    if (!ep || !ep->fn) ep = NULL;
+    if (!x_words && !ep)
+        return cf_conv_bf16_forward_keep(g, out_channels, packed, x, n_images, y, scratch, shortcut,
+                                         x_kept);
+    if (x_words && !ep)
+        return cf_conv_bf16_forward_from_kept_with(g, out_channels, packed, x_words, n_images, y,
+                                                   scratch, shortcut);
+    if ((x == NULL) == (x_words == NULL) || (x_words && x_kept))
+        return cf_fail(CF_ERR_INVALID, "cf_conv_bf16_forward_each: give x or x_words (one of "
+                                       "them), and x_kept only with x");
+    if (x_words && !cf_conv_bf16_forward_from_kept_fits(g, out_channels))
+        return cf_fail(CF_ERR_INVALID,
+                       "cf_conv_bf16_forward_each: a %d -> %d channel %dx%d layer of stride %d on "
+                       "%d x %d images does not run from bf16 words at this level",
+                       g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
+    layout l;
+    layout_make(&l, g, out_channels);
+    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_each");
+    if (st == CF_OK && shortcut)
+        st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_each (shortcut)");
+    if (st != CF_OK) return st;
+    layout sl;
+    if (shortcut) { /* the shortcut's layout: shortcut_check made the same geometry */
+        cf_conv_geom sg;
+        cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
+        layout_make(&sl, &sg, shortcut->out_channels);
+    }
+    if (cols_active(&l) && (!shortcut || sl.cols)) { /* the epilogue after each conv_cols call */
+        forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
+                     x_kept, x_words, ep);
+        return CF_OK;
+    }
+    /* the other paths a few images a call (the calls' own groups of images: the same sums),
+     * the epilogue after each */
+    const size_t in_n = (size_t)l.c * g->h * g->w, out_n = (size_t)l.o * g->oh * g->ow;
+    const size_t so_n = shortcut ? (size_t)shortcut->out_channels * g->oh * g->ow : 0;
+    const int step = !x_words && l.compact ? l.bf : 1;
+    for (int n0 = 0; n0 < n_images; n0 += step) {
+        const int nb = n_images - n0 < step ? n_images - n0 : step;
+        cf_conv_shortcut sc;
+        if (shortcut) {
+            sc = *shortcut;
+            sc.y += (size_t)n0 * so_n;
+        }
+        float *yn = y + (size_t)n0 * out_n;
+        if (x_words)
+            run_images_words(&l, g, (const uint32_t *)packed, x_words + (size_t)n0 * in_n, nb, yn,
+                             scratch, shortcut ? &sc : NULL);
+        else if (l.compact)
+            run_compact(&l, g, l.c, l.o, (const uint32_t *)packed, x + (size_t)n0 * in_n, nb, yn,
+                        scratch, shortcut ? &sc : NULL);
+        else
+            run_images(&l, g, l.c, l.o, (const uint32_t *)packed, x + (size_t)n0 * in_n, nb, yn,
+                       scratch, shortcut ? &sc : NULL, n0 > 0, NULL);
+        if (x_kept)
+            cf_fp32_to_bf16(x + (size_t)n0 * in_n, x_kept + (size_t)n0 * in_n, (size_t)nb * in_n);
+        ep->fn(ep->ctx, false, n0, nb);
+        if (shortcut) ep->fn(ep->ctx, true, n0, nb);
+    }
     return CF_OK;
 }
 

@@ -215,6 +215,15 @@ void cf_bn_planes_sums(int np, const float *const *x, int64_t s, const float *k,
     }
 }
 
+void cf_bn_image_sums(const float *x, int c, int64_t s, const float *k, double *s1, double *s2) {
+    for (int c0 = 0; c0 < c; c0 += CF_BN_PLANES) {
+        const int np = c - c0 < CF_BN_PLANES ? c - c0 : CF_BN_PLANES;
+        const float *xs[CF_BN_PLANES];
+        for (int i = 0; i < np; i++) xs[i] = x + (size_t)(c0 + i) * (size_t)s;
+        cf_bn_planes_sums(np, xs, s, k + c0, s1 + c0, s2 + c0);
+    }
+}
+
 void cf_bn_planes_dy_sums(int np, const float *const *dy, const float *const *x, int64_t s,
                           const float *mean, bool relu, const float *scale, const float *shift,
                           double *const *sdy, double *const *sdyx) {
