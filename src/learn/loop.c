@@ -46,19 +46,24 @@ static bool inner_event(cf_event ev) {
 }
 
 cf_status cf__event(cf_learner *learn, cf_event ev) {
+    const cf__phase_mark m = cf__phase_begin();
+    cf_status st = CF_OK;
     for (int i = 0; i < learn->n_active; i++) {
         cf_callback *cb = learn->active[i];
         if (!cb->on[ev] || !cb->running) continue;
         if (inner_event(ev) &&
             ((learn->training && cb->skip_train) || (!learn->training && cb->skip_valid)))
             continue;
-        cf_status st = cb->on[ev](cb, learn);
-        if (st != CF_OK)
-            return cf_fail_context(st, "callback %s at %s", cb->name ? cb->name : "?",
-                                   cf_event_name(ev));
+        st = cb->on[ev](cb, learn);
+        if (st != CF_OK) {
+            st = cf_fail_context(st, "callback %s at %s", cb->name ? cb->name : "?",
+                                 cf_event_name(ev));
+            break;
+        }
         if (learn->cancel != CF_CANCEL_NONE) break; /* like an exception: skip the rest */
     }
-    return CF_OK;
+    cf__phase_end(learn, m, CF__PH_COUNT + (int)ev);
+    return st;
 }
 
 /* fastai's _with_events: before_X; f(); on the matching cancellation after_cancel_X; then
@@ -100,8 +105,17 @@ cf_status cf__ensure_scratch(cf_learner *learn, const cf_shape *pred_shape) {
     return CF_OK;
 }
 
+static cf_status do_backward_body(cf_learner *learn);
+
 static cf_status do_backward(cf_learner *learn, void *ctx) {
     (void)ctx;
+    const cf__phase_mark m = cf__phase_begin();
+    cf_status st = do_backward_body(learn);
+    cf__phase_end(learn, m, CF__PH_BACKWARD);
+    return st;
+}
+
+static cf_status do_backward_body(cf_learner *learn) {
     cf_loss_backward(&learn->loss, learn->pred, &learn->batch->y, &learn->dpred);
     float scale = learn->loss_grad_scale; /* fastai's loss_grad scaling (GradientAccumulation) */
     if (scale != 0.0f && scale != 1.0f) {
@@ -113,19 +127,25 @@ static cf_status do_backward(cf_learner *learn, void *ctx) {
 
 static cf_status do_step(cf_learner *learn, void *ctx) {
     (void)ctx;
+    const cf__phase_mark m = cf__phase_begin();
     cf_optimizer_step(learn->opt);
+    cf__phase_end(learn, m, CF__PH_STEP);
     return CF_OK;
 }
 
 static cf_status do_one_batch(cf_learner *learn, void *ctx) {
     (void)ctx;
     const cf_batch *b = learn->batch;
+    cf__phase_mark m = cf__phase_begin();
     cf_status st = cf_model_forward(learn->model, &b->x, &learn->pred);
+    cf__phase_end(learn, m, CF__PH_FORWARD);
     if (st != CF_OK) return st;
     if ((st = cf__event(learn, CF_EV_AFTER_PRED)) != CF_OK || learn->cancel) return st;
+    m = cf__phase_begin();
     if ((st = cf__ensure_scratch(learn, &learn->pred->shape)) != CF_OK) return st;
     float mean = 0;
     st = cf_loss_forward(&learn->loss, learn->pred, &b->y, &mean, learn->per_item_loss);
+    cf__phase_end(learn, m, CF__PH_LOSS);
     if (st != CF_OK) return st;
     learn->loss_value = mean;
     learn->loss_grad_scale = 1.0f;
@@ -137,12 +157,18 @@ static cf_status do_one_batch(cf_learner *learn, void *ctx) {
     st = with_events(learn, CF_EV_BEFORE_STEP, do_step, NULL, CF_CANCEL_STEP,
                      CF_EV_AFTER_CANCEL_STEP, CF_EV_AFTER_STEP);
     if (st != CF_OK || learn->cancel) return st;
+    m = cf__phase_begin();
     cf_optimizer_zero_grad(learn->opt);
+    cf__phase_end(learn, m, CF__PH_STEP);
     return CF_OK;
 }
 
 static cf_status sync_cancel(cf_learner *learn) {
-    return learn->replica.sync_cancel ? learn->replica.sync_cancel(learn) : CF_OK;
+    if (!learn->replica.sync_cancel) return CF_OK;
+    const cf__phase_mark m = cf__phase_begin();
+    cf_status st = learn->replica.sync_cancel(learn);
+    cf__phase_end(learn, m, CF__PH_SYNC);
+    return st;
 }
 
 static cf_status all_batches(cf_learner *learn, void *ctx) {
@@ -152,7 +178,9 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     /* training continues the stream of earlier fits; validation, get_preds and tta keep the
      * fit's own epoch */
     int epoch = learn->training ? cf__data_epoch(learn) : learn->epoch;
+    cf__phase_mark m = cf__phase_begin();
     cf_status st = cf_dataloader_begin_epoch(dl, epoch);
+    cf__phase_end(learn, m, CF__PH_DATA);
     if (st != CF_OK) return st;
     int64_t first = 0;
     if (learn->resume && learn->training) { /* a resumed fit continues at its checkpoint */
@@ -161,7 +189,10 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     }
     for (int64_t i = first;; i++) {
         const cf_batch *b = NULL;
-        if ((st = cf_dataloader_next(dl, &b)) != CF_OK) break;
+        m = cf__phase_begin();
+        st = cf_dataloader_next(dl, &b);
+        cf__phase_end(learn, m, CF__PH_DATA);
+        if (st != CF_OK) break;
         if (!b) break;
         learn->iter = i;
         learn->batch = b;
@@ -369,6 +400,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
     learn->validating = false;
     cf_clear_error();
     int begun = 0;
+    cf__phases_reset();
+    const cf__phase_mark fit_mark = cf__phase_begin();
     st = with_events(learn, CF_EV_BEFORE_FIT, do_fit, &begun, CF_CANCEL_FIT, CF_EV_AFTER_CANCEL_FIT,
                      CF_EV_AFTER_FIT);
     /* A cancellation nobody caught ends the fit like CancelFit. */
@@ -378,6 +411,7 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         if (st == CF_OK) st = cf__event(learn, CF_EV_AFTER_FIT);
     }
     learn->cancel = CF_CANCEL_NONE;
+    cf__phases_report(learn, fit_mark);
     /* the next fit draws fresh shuffles (a resumed fit's count came back with its state) */
     learn->data_epochs += begun;
     cf__checkpoint_fit_ended();
