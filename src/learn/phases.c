@@ -3,6 +3,7 @@
  * seconds and in this process's CPU seconds (every thread: the pool's parts count), for the
  * training and the validation batches apart. Printed on stderr at the end of each fit (each fork
  * worker prints its own); bench/scaling.py --env CF_TIMING=1 --show shows it. Off: one branch. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -51,6 +52,21 @@ void cf__phases_reset(void) {
 static const char *const phase_names[CF__PH_COUNT] = {"data",     "forward", "loss",
                                                       "backward", "step",    "sync"};
 
+/* Appends to the report (whole lines, written at once: fork workers print side by side). */
+typedef struct report {
+    char text[8192];
+    size_t len;
+} report;
+
+static void add(report *r, const char *fmt, ...) {
+    if (r->len >= sizeof r->text) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(r->text + r->len, sizeof r->text - r->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) r->len += (size_t)n < sizeof r->text - r->len ? (size_t)n : sizeof r->text - r->len;
+}
+
 void cf__phases_report(const cf_learner *learn, cf__phase_mark fit) {
     if (!cf__phases_on()) return;
     const double wall = clock_s(CLOCK_MONOTONIC) - fit.wall;
@@ -58,34 +74,37 @@ void cf__phases_report(const cf_learner *learn, cf__phase_mark fit) {
     double timed_wall = 0, timed_cpu = 0;
     char who[32] = "";
     if (learn->replica.world > 1) snprintf(who, sizeof who, " (rank %d)", learn->replica.rank);
-    fprintf(stderr, "timing: fit%s: wall %.3f s, CPU %.3f s\n", who, wall, cpu);
+    static report r; /* 8 KiB: not on a worker's stack */
+    r.len = 0;
+    add(&r, "timing: fit%s: wall %.3f s, CPU %.3f s\n", who, wall, cpu);
     for (int t = 1; t >= 0; t--) {
-        fprintf(stderr, "timing: fit%s %s (wall/CPU s, calls):", who, t ? "train" : "valid");
+        add(&r, "timing: fit%s %s (wall/CPU s, calls):", who, t ? "train" : "valid");
         double w = 0, c = 0;
         for (int i = 0; i < SLOTS; i++) {
             const phase_sum *s = &sums[t][i];
             w += s->wall;
             c += s->cpu;
             if (i < CF__PH_COUNT)
-                fprintf(stderr, " %s %.3f/%.3f %ld,", phase_names[i], s->wall, s->cpu, s->n);
+                add(&r, " %s %.3f/%.3f %ld,", phase_names[i], s->wall, s->cpu, s->n);
         }
         double ew = 0, ec = 0;
         for (int i = CF__PH_COUNT; i < SLOTS; i++) {
             ew += sums[t][i].wall;
             ec += sums[t][i].cpu;
         }
-        fprintf(stderr, " events %.3f/%.3f; all %.3f/%.3f\n", ew, ec, w, c);
+        add(&r, " events %.3f/%.3f; all %.3f/%.3f\n", ew, ec, w, c);
         for (int i = CF__PH_COUNT; i < SLOTS; i++) {
             const phase_sum *s = &sums[t][i];
             if (s->wall >= 1e-3)
-                fprintf(stderr, "timing: fit%s %s event %s: %.3f/%.3f s, %ld calls\n", who,
-                        t ? "train" : "valid", cf_event_name((cf_event)(i - CF__PH_COUNT)), s->wall,
-                        s->cpu, s->n);
+                add(&r, "timing: fit%s %s event %s: %.3f/%.3f s, %ld calls\n", who,
+                    t ? "train" : "valid", cf_event_name((cf_event)(i - CF__PH_COUNT)), s->wall,
+                    s->cpu, s->n);
         }
         timed_wall += w;
         timed_cpu += c;
     }
-    fprintf(stderr, "timing: fit%s untimed (the loop itself, epoch set-up): %.3f/%.3f s\n", who,
-            wall - timed_wall, cpu - timed_cpu);
+    add(&r, "timing: fit%s untimed (the loop itself, epoch set-up): %.3f/%.3f s\n", who,
+        wall - timed_wall, cpu - timed_cpu);
+    fwrite(r.text, 1, r.len, stderr);
     cf__phases_reset();
 }
