@@ -69,27 +69,6 @@ int64_t cf__resume_apply_position(cf_learner *learn);
 void cf__resume_free(struct cf__resume *r);
 /* Grows the recorder's arrays to hold a whole fit, keeping what they hold. */
 cf_status cf__recorder_reserve_keep(cf_recorder *rec, int64_t batches, int epochs);
-/* CF_TIMING=1's per-phase account of a fit (phases.c): marks taken with cf__phase_begin and
- * summed by cf__phase_end into a phase (or an event: CF__PH_COUNT + the event), kept apart for
- * training and validation batches (learn->training); cf__phases_report prints them since the
- * fit's mark and clears them. Without CF_TIMING=1 every call returns at once. */
-enum {
-    CF__PH_DATA,
-    CF__PH_FORWARD,
-    CF__PH_LOSS,
-    CF__PH_BACKWARD,
-    CF__PH_STEP,
-    CF__PH_SYNC,
-    CF__PH_COUNT
-};
-typedef struct cf__phase_mark {
-    double wall, cpu;
-} cf__phase_mark;
-bool cf__phases_on(void);
-cf__phase_mark cf__phase_begin(void);
-void cf__phase_end(const cf_learner *learn, cf__phase_mark m, int phase);
-void cf__phases_report(const cf_learner *learn, cf__phase_mark fit);
-void cf__phases_reset(void);
 /* Raises one event on the active callbacks. */
 cf_status cf__event(cf_learner *learn, cf_event ev);
 /* Per-group lr of the optimizer after setting it from an lr spec (creating the optimizer). */
