@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,8 @@ typedef struct phase_sum {
     long n;
 } phase_sum;
 
-static int on = -1;              /* -1: not read yet */
+/* Process-wide: fits running on several threads at once (with CF_TIMING=1) mix their sums. */
+static _Atomic int on = -1;      /* -1: not read yet */
 static phase_sum sums[2][SLOTS]; /* [training][slot] */
 
 static double clock_s(clockid_t id) {
