@@ -591,6 +591,7 @@ int cmd_train(int argc, char **argv) {
     cli_figures_free(&figs);
     cf_preds_free(&preds);
     cli_session_free(&s);
+    if (s.master) cli_timing("session freed");
     return CLI_OK;
 }
 

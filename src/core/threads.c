@@ -137,7 +137,7 @@ static _Atomic uint64_t stat_jobs, stat_worker_sleeps, stat_caller_sleeps, stat_
 static bool timing_on;
 static bool take_over_off; /* CF_POOL_TAKE_OVER=0 */
 static _Atomic uint64_t stat_caller_part_ns, stat_worker_part_ns, stat_caller_part_cpu_ns,
-    stat_worker_part_cpu_ns, stat_gap_ns;
+    stat_worker_part_cpu_ns, stat_gap_ns, stat_gap_cpu_ns;
 
 /* With CF_TIMING=1, the same per job function (the first FN_SLOTS functions seen; the rest are
  * counted together): jobs, the two sides' parts, the caller's wait after its own part, and the
@@ -147,7 +147,7 @@ static _Atomic uint64_t stat_caller_part_ns, stat_worker_part_ns, stat_caller_pa
 #define FN_SLOTS 96
 struct fn_stat {
     cf_range_fn fn; /* NULL: free */
-    uint64_t jobs, caller_part_ns, wait_ns, gap_ns;
+    uint64_t jobs, caller_part_ns, wait_ns, gap_ns, gap_cpu_ns;
     _Atomic uint64_t worker_part_ns;
 };
 static fn_stat fn_stats[FN_SLOTS + 1]; /* the last one: every other function */
@@ -386,7 +386,7 @@ static void report_fn_stats(void) {
         }
     }
     fprintf(stderr, "timing: pool jobs by function (serial gap before + caller's wait after, "
-                    "jobs, the caller's and the workers' parts, seconds):\n");
+                    "jobs, the caller's and the workers' parts, the gap's caller CPU, seconds):\n");
     for (int k = 0; k < TOP && top[k]; k++) {
         fn_stat *f = top[k];
         char name[160] = "(others)";
@@ -398,35 +398,38 @@ static void report_fn_stats(void) {
                 snprintf(name, sizeof name, "%s+0x%lx", info.dli_fname ? info.dli_fname : "?",
                          (unsigned long)((uintptr_t)f->fn - (uintptr_t)info.dli_fbase));
         }
-        fprintf(stderr, "timing:   %-40s gap %.3f wait %.3f jobs %llu parts %.3f %.3f\n", name,
+        fprintf(stderr,
+                "timing:   %-40s gap %.3f wait %.3f jobs %llu parts %.3f %.3f gap-cpu %.3f\n", name,
                 (double)f->gap_ns * 1e-9, (double)f->wait_ns * 1e-9, (unsigned long long)f->jobs,
-                (double)f->caller_part_ns * 1e-9, (double)atomic_load(&f->worker_part_ns) * 1e-9);
+                (double)f->caller_part_ns * 1e-9, (double)atomic_load(&f->worker_part_ns) * 1e-9,
+                (double)f->gap_cpu_ns * 1e-9);
     }
 }
 
 static void stop_pool(void) {
     pool *p = &the_pool;
     if (timing_on && atomic_load(&stat_jobs))
-        fprintf(stderr,
-                "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu parts the "
-                "caller ran for a worker not yet started, %llu caller "
-                "waits past the spin, the caller waited %.3f s after its own part, %llu spins "
-                "descheduled, %llu of %llu checks found the machine crowded; parts: the caller's "
-                "%.3f s (CPU %.3f s), the workers' %.3f s (CPU %.3f s); the caller's serial gaps "
-                "between jobs (each under %.0f ms) %.3f s\n",
-                p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
-                (unsigned long long)atomic_load(&stat_worker_sleeps),
-                (unsigned long long)atomic_load(&stat_taken_over),
-                (unsigned long long)atomic_load(&stat_caller_sleeps),
-                (double)atomic_load(&stat_caller_wait_ns) * 1e-9,
-                (unsigned long long)atomic_load(&stat_preempted),
-                (unsigned long long)atomic_load(&stat_crowded),
-                (unsigned long long)atomic_load(&stat_crowd_checks),
-                (double)atomic_load(&stat_caller_part_ns) * 1e-9,
-                (double)atomic_load(&stat_caller_part_cpu_ns) * 1e-9,
-                (double)atomic_load(&stat_worker_part_ns) * 1e-9,
-                (double)atomic_load(&stat_worker_part_cpu_ns) * 1e-9, GAP_NS * 1e-6,
-                (double)atomic_load(&stat_gap_ns) * 1e-9);
+        fprintf(
+            stderr,
+            "timing: thread pool (%d threads): %llu jobs, %llu worker sleeps, %llu parts the "
+            "caller ran for a worker not yet started, %llu caller "
+            "waits past the spin, the caller waited %.3f s after its own part, %llu spins "
+            "descheduled, %llu of %llu checks found the machine crowded; parts: the caller's "
+            "%.3f s (CPU %.3f s), the workers' %.3f s (CPU %.3f s); the caller's serial gaps "
+            "between jobs (each under %.0f ms) %.3f s (CPU, each under as much CPU time: %.3f s)\n",
+            p->n_threads + 1, (unsigned long long)atomic_load(&stat_jobs),
+            (unsigned long long)atomic_load(&stat_worker_sleeps),
+            (unsigned long long)atomic_load(&stat_taken_over),
+            (unsigned long long)atomic_load(&stat_caller_sleeps),
+            (double)atomic_load(&stat_caller_wait_ns) * 1e-9,
+            (unsigned long long)atomic_load(&stat_preempted),
+            (unsigned long long)atomic_load(&stat_crowded),
+            (unsigned long long)atomic_load(&stat_crowd_checks),
+            (double)atomic_load(&stat_caller_part_ns) * 1e-9,
+            (double)atomic_load(&stat_caller_part_cpu_ns) * 1e-9,
+            (double)atomic_load(&stat_worker_part_ns) * 1e-9,
+            (double)atomic_load(&stat_worker_part_cpu_ns) * 1e-9, GAP_NS * 1e-6,
+            (double)atomic_load(&stat_gap_ns) * 1e-9, (double)atomic_load(&stat_gap_cpu_ns) * 1e-9);
     if (timing_on && atomic_load(&stat_jobs)) report_fn_stats();
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
@@ -502,12 +505,20 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     }
 
     static double last_done = -1e18; /* callers hold dispatch_lock */
+    static double last_done_cpu;     /* the caller's thread CPU clock then */
     if (timing_on) {
         const double t_start = spin_clock();
         if (t_start - last_done < GAP_NS) {
             atomic_fetch_add_explicit(&stat_gap_ns, (uint64_t)(t_start - last_done),
                                       memory_order_relaxed);
             fs->gap_ns += (uint64_t)(t_start - last_done);
+        }
+        /* in CPU time too: the serial work itself, whatever the machine's load (a gap whose
+         * wall passed GAP_NS while its thread was descheduled still counts) */
+        const double gap_cpu = thread_cpu_clock() - last_done_cpu;
+        if (gap_cpu < GAP_NS) {
+            atomic_fetch_add_explicit(&stat_gap_cpu_ns, (uint64_t)gap_cpu, memory_order_relaxed);
+            fs->gap_cpu_ns += (uint64_t)gap_cpu;
         }
     }
     int64_t b, e;
@@ -538,6 +549,7 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     atomic_fetch_add_explicit(&stat_jobs, 1, memory_order_relaxed);
     if (!quick) atomic_fetch_add_explicit(&stat_caller_sleeps, 1, memory_order_relaxed);
     last_done = spin_clock();
+    if (timing_on) last_done_cpu = thread_cpu_clock();
     atomic_fetch_add_explicit(&stat_caller_wait_ns, (uint64_t)(last_done - t_wait),
                               memory_order_relaxed);
     if (fs) {

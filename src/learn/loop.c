@@ -2,11 +2,136 @@
 #include "corefit/learn.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/pool.h"
 #include "learn/internal.h"
+
+/* ---- CF_TIMING=1: the fit phase by phase -------------------------------------------------- */
+
+/* CF_TIMING=1: where a fit's time goes, phase by phase (the loader's batches, forward, loss,
+ * backward, the optimizer step, each event's callbacks, the replicas' cancel agreement), in wall
+ * seconds and in this process's CPU seconds (every thread: the pool's parts count), for the
+ * training and the validation batches apart: marks taken with cf__phase_begin and summed by
+ * cf__phase_end into a phase (or an event: CF__PH_COUNT + the event); cf__phases_report prints
+ * them on stderr at the end of each fit (each fork worker its own) and clears them.
+ * bench/scaling.py --env CF_TIMING=1 --show shows them. Off: one branch a mark. */
+enum {
+    CF__PH_DATA,
+    CF__PH_FORWARD,
+    CF__PH_LOSS,
+    CF__PH_BACKWARD,
+    CF__PH_STEP,
+    CF__PH_SYNC,
+    CF__PH_COUNT
+};
+typedef struct cf__phase_mark {
+    double wall, cpu;
+} cf__phase_mark;
+enum { SLOTS = CF__PH_COUNT + CF_EV_COUNT };
+
+typedef struct phase_sum {
+    double wall, cpu;
+    long n;
+} phase_sum;
+
+/* Process-wide: fits running on several threads at once (with CF_TIMING=1) mix their sums. */
+static _Atomic int on = -1;      /* -1: not read yet */
+static phase_sum sums[2][SLOTS]; /* [training][slot] */
+
+static double clock_s(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool cf__phases_on(void) {
+    if (on < 0) on = cf__timing_requested();
+    return on;
+}
+
+static cf__phase_mark cf__phase_begin(void) {
+    if (!cf__phases_on()) return (cf__phase_mark){0, 0};
+    return (cf__phase_mark){clock_s(CLOCK_MONOTONIC), clock_s(CLOCK_PROCESS_CPUTIME_ID)};
+}
+
+static void cf__phase_end(const cf_learner *learn, cf__phase_mark m, int slot) {
+    if (!cf__phases_on() || slot < 0 || slot >= SLOTS) return;
+    phase_sum *s = &sums[learn->training ? 1 : 0][slot];
+    s->wall += clock_s(CLOCK_MONOTONIC) - m.wall;
+    s->cpu += clock_s(CLOCK_PROCESS_CPUTIME_ID) - m.cpu;
+    s->n++;
+}
+
+static void cf__phases_reset(void) {
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < SLOTS; i++) sums[t][i] = (phase_sum){0, 0, 0};
+}
+
+static const char *const phase_names[CF__PH_COUNT] = {"data",     "forward", "loss",
+                                                      "backward", "step",    "sync"};
+
+/* Appends to the report (whole lines, written at once: fork workers print side by side). */
+typedef struct report {
+    char text[8192];
+    size_t len;
+} report;
+
+static void add(report *r, const char *fmt, ...) {
+    if (r->len >= sizeof r->text) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(r->text + r->len, sizeof r->text - r->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) r->len += (size_t)n < sizeof r->text - r->len ? (size_t)n : sizeof r->text - r->len;
+}
+
+static void cf__phases_report(const cf_learner *learn, cf__phase_mark fit) {
+    if (!cf__phases_on()) return;
+    const double wall = clock_s(CLOCK_MONOTONIC) - fit.wall;
+    const double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - fit.cpu;
+    double timed_wall = 0, timed_cpu = 0;
+    char who[32] = "";
+    if (learn->replica.world > 1) snprintf(who, sizeof who, " (rank %d)", learn->replica.rank);
+    static report r; /* 8 KiB: not on a worker's stack */
+    r.len = 0;
+    add(&r, "timing: fit%s: wall %.3f s, CPU %.3f s\n", who, wall, cpu);
+    for (int t = 1; t >= 0; t--) {
+        add(&r, "timing: fit%s %s (wall/CPU s, calls):", who, t ? "train" : "valid");
+        double w = 0, c = 0;
+        for (int i = 0; i < SLOTS; i++) {
+            const phase_sum *s = &sums[t][i];
+            w += s->wall;
+            c += s->cpu;
+            if (i < CF__PH_COUNT)
+                add(&r, " %s %.3f/%.3f %ld,", phase_names[i], s->wall, s->cpu, s->n);
+        }
+        double ew = 0, ec = 0;
+        for (int i = CF__PH_COUNT; i < SLOTS; i++) {
+            ew += sums[t][i].wall;
+            ec += sums[t][i].cpu;
+        }
+        add(&r, " events %.3f/%.3f; all %.3f/%.3f\n", ew, ec, w, c);
+        for (int i = CF__PH_COUNT; i < SLOTS; i++) {
+            const phase_sum *s = &sums[t][i];
+            if (s->wall >= 1e-3)
+                add(&r, "timing: fit%s %s event %s: %.3f/%.3f s, %ld calls\n", who,
+                    t ? "train" : "valid", cf_event_name((cf_event)(i - CF__PH_COUNT)), s->wall,
+                    s->cpu, s->n);
+        }
+        timed_wall += w;
+        timed_cpu += c;
+    }
+    add(&r, "timing: fit%s untimed (the loop itself, epoch set-up): %.3f/%.3f s\n", who,
+        wall - timed_wall, cpu - timed_cpu);
+    fwrite(r.text, 1, r.len, stderr);
+    cf__phases_reset();
+}
 
 static const char *const event_names[CF_EV_COUNT] = {
     "after_create",
@@ -46,19 +171,24 @@ static bool inner_event(cf_event ev) {
 }
 
 cf_status cf__event(cf_learner *learn, cf_event ev) {
+    const cf__phase_mark m = cf__phase_begin();
+    cf_status st = CF_OK;
     for (int i = 0; i < learn->n_active; i++) {
         cf_callback *cb = learn->active[i];
         if (!cb->on[ev] || !cb->running) continue;
         if (inner_event(ev) &&
             ((learn->training && cb->skip_train) || (!learn->training && cb->skip_valid)))
             continue;
-        cf_status st = cb->on[ev](cb, learn);
-        if (st != CF_OK)
-            return cf_fail_context(st, "callback %s at %s", cb->name ? cb->name : "?",
-                                   cf_event_name(ev));
+        st = cb->on[ev](cb, learn);
+        if (st != CF_OK) {
+            st = cf_fail_context(st, "callback %s at %s", cb->name ? cb->name : "?",
+                                 cf_event_name(ev));
+            break;
+        }
         if (learn->cancel != CF_CANCEL_NONE) break; /* like an exception: skip the rest */
     }
-    return CF_OK;
+    cf__phase_end(learn, m, CF__PH_COUNT + (int)ev);
+    return st;
 }
 
 /* fastai's _with_events: before_X; f(); on the matching cancellation after_cancel_X; then
@@ -100,8 +230,17 @@ cf_status cf__ensure_scratch(cf_learner *learn, const cf_shape *pred_shape) {
     return CF_OK;
 }
 
+static cf_status do_backward_body(cf_learner *learn);
+
 static cf_status do_backward(cf_learner *learn, void *ctx) {
     (void)ctx;
+    const cf__phase_mark m = cf__phase_begin();
+    cf_status st = do_backward_body(learn);
+    cf__phase_end(learn, m, CF__PH_BACKWARD);
+    return st;
+}
+
+static cf_status do_backward_body(cf_learner *learn) {
     cf_loss_backward(&learn->loss, learn->pred, &learn->batch->y, &learn->dpred);
     float scale = learn->loss_grad_scale; /* fastai's loss_grad scaling (GradientAccumulation) */
     if (scale != 0.0f && scale != 1.0f) {
@@ -113,19 +252,25 @@ static cf_status do_backward(cf_learner *learn, void *ctx) {
 
 static cf_status do_step(cf_learner *learn, void *ctx) {
     (void)ctx;
+    const cf__phase_mark m = cf__phase_begin();
     cf_optimizer_step(learn->opt);
+    cf__phase_end(learn, m, CF__PH_STEP);
     return CF_OK;
 }
 
 static cf_status do_one_batch(cf_learner *learn, void *ctx) {
     (void)ctx;
     const cf_batch *b = learn->batch;
+    cf__phase_mark m = cf__phase_begin();
     cf_status st = cf_model_forward(learn->model, &b->x, &learn->pred);
+    cf__phase_end(learn, m, CF__PH_FORWARD);
     if (st != CF_OK) return st;
     if ((st = cf__event(learn, CF_EV_AFTER_PRED)) != CF_OK || learn->cancel) return st;
+    m = cf__phase_begin();
     if ((st = cf__ensure_scratch(learn, &learn->pred->shape)) != CF_OK) return st;
     float mean = 0;
     st = cf_loss_forward(&learn->loss, learn->pred, &b->y, &mean, learn->per_item_loss);
+    cf__phase_end(learn, m, CF__PH_LOSS);
     if (st != CF_OK) return st;
     learn->loss_value = mean;
     learn->loss_grad_scale = 1.0f;
@@ -137,12 +282,18 @@ static cf_status do_one_batch(cf_learner *learn, void *ctx) {
     st = with_events(learn, CF_EV_BEFORE_STEP, do_step, NULL, CF_CANCEL_STEP,
                      CF_EV_AFTER_CANCEL_STEP, CF_EV_AFTER_STEP);
     if (st != CF_OK || learn->cancel) return st;
+    m = cf__phase_begin();
     cf_optimizer_zero_grad(learn->opt);
+    cf__phase_end(learn, m, CF__PH_STEP);
     return CF_OK;
 }
 
 static cf_status sync_cancel(cf_learner *learn) {
-    return learn->replica.sync_cancel ? learn->replica.sync_cancel(learn) : CF_OK;
+    if (!learn->replica.sync_cancel) return CF_OK;
+    const cf__phase_mark m = cf__phase_begin();
+    cf_status st = learn->replica.sync_cancel(learn);
+    cf__phase_end(learn, m, CF__PH_SYNC);
+    return st;
 }
 
 static cf_status all_batches(cf_learner *learn, void *ctx) {
@@ -152,7 +303,9 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     /* training continues the stream of earlier fits; validation, get_preds and tta keep the
      * fit's own epoch */
     int epoch = learn->training ? cf__data_epoch(learn) : learn->epoch;
+    cf__phase_mark m = cf__phase_begin();
     cf_status st = cf_dataloader_begin_epoch(dl, epoch);
+    cf__phase_end(learn, m, CF__PH_DATA);
     if (st != CF_OK) return st;
     int64_t first = 0;
     if (learn->resume && learn->training) { /* a resumed fit continues at its checkpoint */
@@ -161,7 +314,10 @@ static cf_status all_batches(cf_learner *learn, void *ctx) {
     }
     for (int64_t i = first;; i++) {
         const cf_batch *b = NULL;
-        if ((st = cf_dataloader_next(dl, &b)) != CF_OK) break;
+        m = cf__phase_begin();
+        st = cf_dataloader_next(dl, &b);
+        cf__phase_end(learn, m, CF__PH_DATA);
+        if (st != CF_OK) break;
         if (!b) break;
         learn->iter = i;
         learn->batch = b;
@@ -369,6 +525,8 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
     learn->validating = false;
     cf_clear_error();
     int begun = 0;
+    cf__phases_reset();
+    const cf__phase_mark fit_mark = cf__phase_begin();
     st = with_events(learn, CF_EV_BEFORE_FIT, do_fit, &begun, CF_CANCEL_FIT, CF_EV_AFTER_CANCEL_FIT,
                      CF_EV_AFTER_FIT);
     /* A cancellation nobody caught ends the fit like CancelFit. */
@@ -378,6 +536,7 @@ cf_status cf__fit(cf_learner *learn, int n_epoch, cf_lr lr, double wd, cf_callba
         if (st == CF_OK) st = cf__event(learn, CF_EV_AFTER_FIT);
     }
     learn->cancel = CF_CANCEL_NONE;
+    cf__phases_report(learn, fit_mark);
     /* the next fit draws fresh shuffles (a resumed fit's count came back with its state) */
     learn->data_epochs += begun;
     cf__checkpoint_fit_ended();
