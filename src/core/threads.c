@@ -505,7 +505,11 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     }
 
     static double last_done = -1e18; /* callers hold dispatch_lock */
-    static double last_done_cpu;     /* the caller's thread CPU clock then */
+    /* the caller's thread CPU clock then, and which thread of which process read it: another
+     * thread's clock (a second caller, a fork child's restarted one) is not comparable */
+    static double last_done_cpu;
+    static pthread_t last_cpu_thread;
+    static pid_t last_cpu_pid;
     if (timing_on) {
         const double t_start = spin_clock();
         if (t_start - last_done < GAP_NS) {
@@ -516,7 +520,9 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
         /* in CPU time too: the serial work itself, whatever the machine's load (a gap whose
          * wall passed GAP_NS while its thread was descheduled still counts) */
         const double gap_cpu = thread_cpu_clock() - last_done_cpu;
-        if (gap_cpu < GAP_NS) {
+        const bool same_caller =
+            last_cpu_pid == getpid() && pthread_equal(last_cpu_thread, pthread_self());
+        if (same_caller && gap_cpu >= 0 && gap_cpu < GAP_NS) {
             atomic_fetch_add_explicit(&stat_gap_cpu_ns, (uint64_t)gap_cpu, memory_order_relaxed);
             fs->gap_cpu_ns += (uint64_t)gap_cpu;
         }
@@ -549,7 +555,11 @@ void cf_parallel_for(int64_t n, cf_range_fn fn, void *ctx) {
     atomic_fetch_add_explicit(&stat_jobs, 1, memory_order_relaxed);
     if (!quick) atomic_fetch_add_explicit(&stat_caller_sleeps, 1, memory_order_relaxed);
     last_done = spin_clock();
-    if (timing_on) last_done_cpu = thread_cpu_clock();
+    if (timing_on) {
+        last_done_cpu = thread_cpu_clock();
+        last_cpu_thread = pthread_self();
+        last_cpu_pid = getpid();
+    }
     atomic_fetch_add_explicit(&stat_caller_wait_ns, (uint64_t)(last_done - t_wait),
                               memory_order_relaxed);
     if (fs) {
