@@ -132,6 +132,13 @@ static void check_epilogue(int n, int c, int h, int w, int o, int k, int s, int 
     assert_int_equal(
         cf_conv_bf16_forward_each(&g, o, packed, NULL, NULL, n, y2, scratch, NULL, NULL, &ep),
         CF_ERR_INVALID);
+    /* ... with no epilogue too */
+    assert_int_equal(
+        cf_conv_bf16_forward_each(&g, o, packed, x, kept1, n, y2, scratch, NULL, NULL, NULL),
+        CF_ERR_INVALID);
+    assert_int_equal(
+        cf_conv_bf16_forward_each(&g, o, packed, NULL, NULL, n, y2, scratch, NULL, NULL, NULL),
+        CF_ERR_INVALID);
     assert_int_equal(e.calls, 0);
     free(x), free(wt), free(sw), free(y1), free(y2), free(sy1), free(sy2), free(kept1), free(kept2),
         free(packed), free(spacked), free(scratch), free(seen), free(sseen);

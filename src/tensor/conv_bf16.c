@@ -1361,15 +1361,15 @@ cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, con
                                     float *scratch, const cf_conv_shortcut *shortcut,
                                     uint16_t *x_kept, const cf_conv_epilogue *ep) {
     if (!ep || !ep->fn) ep = NULL;
+    if ((x == NULL) == (x_words == NULL) || (x_words && x_kept))
+        return cf_fail(CF_ERR_INVALID, "cf_conv_bf16_forward_each: give x or x_words (one of "
+                                       "them), and x_kept only with x");
     if (!x_words && !ep)
         return cf_conv_bf16_forward_keep(g, out_channels, packed, x, n_images, y, scratch, shortcut,
                                          x_kept);
     if (x_words && !ep)
         return cf_conv_bf16_forward_from_kept_with(g, out_channels, packed, x_words, n_images, y,
                                                    scratch, shortcut);
-    if ((x == NULL) == (x_words == NULL) || (x_words && x_kept))
-        return cf_fail(CF_ERR_INVALID, "cf_conv_bf16_forward_each: give x or x_words (one of "
-                                       "them), and x_kept only with x");
     if (x_words && !cf_conv_bf16_forward_from_kept_fits(g, out_channels))
         return cf_fail(CF_ERR_INVALID,
                        "cf_conv_bf16_forward_each: a %d -> %d channel %dx%d layer of stride %d on "
