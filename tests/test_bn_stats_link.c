@@ -326,6 +326,37 @@ static void test_not_taken(void **state) {
     check_case(&cases[1], (run_opts){.bf16 = true, .hook = true, .threads = 3});
 }
 
+/* A frozen BatchNorm (eval while the Conv2d before it trains: it keeps its running statistics)
+ * never takes the sums, so the convolution must not compute them either. */
+static void test_frozen_bn(void **state) {
+    (void)state;
+    if (!cf_bf16_compute()) skip();
+    cf_module *mods[] = {cf_conv2d(16, 32, 3, 1, 1, false), cf_batchnorm2d(32)};
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, cf_sequential(2, mods), 1), CF_OK);
+    cf_conv_set_bf16(model->root, true);
+    const size_t nx = (size_t)8 * 16 * 14 * 14;
+    float *x = malloc(nx * sizeof(float));
+    fill_uniform(x, nx, 5, -1, 1);
+    cf_tensor tx = cf_tensor_view(x, cf_shape4(8, 16, 14, 14));
+    const cf_tensor *y;
+    for (int step = 0; step < 3; step++) {
+        cf_model_train(model, true);
+        const bool frozen = step != 1; /* the link is taken when the BatchNorm trains */
+        if (frozen) model->root->children[1]->training = false;
+        assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+        if (cf_nn_conv_wrote_stats(model->root->children[0]) == frozen ||
+            cf_nn_bn_took_stats(model->root->children[1]) == frozen)
+            fail_msg("step %d (BatchNorm %s): the Conv2d wrote the sums %d, the BatchNorm took "
+                     "them %d",
+                     step, frozen ? "frozen" : "training",
+                     cf_nn_conv_wrote_stats(model->root->children[0]),
+                     cf_nn_bn_took_stats(model->root->children[1]));
+    }
+    free(x);
+    cf_model_free(model);
+}
+
 /* W1's body as a U-Net's encoder: the blocks' links as in W1 (the U-Net keeps outputs as skips
  * but never changes them), bitwise the unlinked run. */
 static void test_unet(void **state) {
@@ -338,10 +369,9 @@ static void test_unet(void **state) {
 int main(void) {
     printf("level %s, bf16 compute %d\n", cf_isa_name(cf_isa_active()), cf_bf16_compute());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_epilogue),
-        cmocka_unit_test(test_linked_equals_unlinked),
-        cmocka_unit_test(test_not_taken),
-        cmocka_unit_test(test_unet),
+        cmocka_unit_test(test_epilogue),  cmocka_unit_test(test_linked_equals_unlinked),
+        cmocka_unit_test(test_not_taken), cmocka_unit_test(test_unet),
+        cmocka_unit_test(test_frozen_bn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -609,14 +609,15 @@ static void stats_epilogue(void *v, bool shortcut, int n0, int count) {
 }
 
 /* Arms c's forward in progress (m's, output y) to take the sums where its BatchNorm can use them:
- * a training forward of the layer's own ops, at most the planned batch, planes of more than one
+ * a training forward of the layer's own ops into a BatchNorm that trains (a frozen one keeps its
+ * running statistics and never takes them), at most the planned batch, planes of more than one
  * value, no bias (added after the call, when the epilogue has run). */
 static void stats_begin(const cf_module *m, conv_impl *c, const cf_tensor *y) {
     c->stats_for = NULL;
     c->stats_wrote = false;
     c->stats_on = c->stats_part && c->stats_want && !c->has_bias && cf_nn_is_conv(m) &&
-                  m->training && y->shape.dim[0] <= c->stats_cap &&
-                  (int64_t)c->g.oh * c->g.ow > 1 &&
+                  m->training && c->stats_bn && c->stats_bn->training &&
+                  y->shape.dim[0] <= c->stats_cap && (int64_t)c->g.oh * c->g.ow > 1 &&
                   !atomic_load_explicit(&stats_link_off, memory_order_relaxed);
     if (!c->stats_on) return;
     c->stats_y = y->data;
