@@ -1229,18 +1229,32 @@ bool cf_conv_bf16_pair_fits(const cf_conv_geom *g, int out_channels, const cf_co
            shortcut_out <= (g->c > out_channels ? g->c : out_channels);
 }
 
+/* The forward entries' common start: l for the layer, the pack checked, and where a shortcut is
+ * given, it checked and sl its layout (shortcut_check made the same geometry); who names the
+ * entry in an error. */
+static cf_status forward_layouts(const cf_conv_geom *g, int out_channels, const float *packed,
+                                 const cf_conv_shortcut *shortcut, const char *who,
+                                 const char *who_shortcut, layout *l, layout *sl) {
+    layout_make(l, g, out_channels);
+    cf_status st = pack_check(l, packed, who);
+    if (st == CF_OK && shortcut) st = shortcut_check(g, shortcut, who_shortcut);
+    if (st != CF_OK || !shortcut) return st;
+    cf_conv_geom sg;
+    cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
+    layout_make(sl, &sg, shortcut->out_channels);
+    return CF_OK;
+}
+
 cf_status cf_conv_bf16_forward_with(const cf_conv_geom *g, int out_channels, const float *packed,
                                     const float *x, int n_images, float *y, float *scratch,
                                     const cf_conv_shortcut *shortcut) {
-    layout l;
-    layout_make(&l, g, out_channels);
-    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_with");
-    if (st == CF_OK) st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_with (shortcut)");
+    if (!shortcut)
+        return cf_fail(CF_ERR_INVALID, "cf_conv_bf16_forward_with (shortcut): none given");
+    layout l, sl;
+    const cf_status st =
+        forward_layouts(g, out_channels, packed, shortcut, "cf_conv_bf16_forward_with",
+                        "cf_conv_bf16_forward_with (shortcut)", &l, &sl);
     if (st != CF_OK) return st;
-    cf_conv_geom sg; /* the shortcut's layout: shortcut_check made the same geometry */
-    layout sl;
-    cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
-    layout_make(&sl, &sg, shortcut->out_channels);
     if (cols_active(&l) && sl.cols)
         forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, &sl, NULL, NULL, NULL);
     else if (l.compact)
@@ -1260,18 +1274,11 @@ bool cf_conv_bf16_keeps_input(const cf_conv_geom *g, int out_channels) {
 cf_status cf_conv_bf16_forward_keep(const cf_conv_geom *g, int out_channels, const float *packed,
                                     const float *x, int n_images, float *y, float *scratch,
                                     const cf_conv_shortcut *shortcut, uint16_t *x_kept) {
-    layout l;
-    layout_make(&l, g, out_channels);
-    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_keep");
-    if (st == CF_OK && shortcut)
-        st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_keep (shortcut)");
+    layout l, sl;
+    const cf_status st =
+        forward_layouts(g, out_channels, packed, shortcut, "cf_conv_bf16_forward_keep",
+                        "cf_conv_bf16_forward_keep (shortcut)", &l, &sl);
     if (st != CF_OK) return st;
-    layout sl;
-    if (shortcut) {
-        cf_conv_geom sg;
-        cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
-        layout_make(&sl, &sg, shortcut->out_channels);
-    }
     const size_t in_n = (size_t)l.c * g->h * g->w;
     if (cols_active(&l) && (!shortcut || sl.cols)) { /* each call's images while in cache */
         forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
@@ -1336,18 +1343,11 @@ cf_status cf_conv_bf16_forward_from_kept_with(const cf_conv_geom *g, int out_cha
                        "cf_conv_bf16_forward_from_kept: a %d -> %d channel %dx%d layer of stride "
                        "%d on %d x %d images does not run from bf16 words at this level",
                        g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
-    layout l;
-    layout_make(&l, g, out_channels);
-    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_from_kept");
-    if (st == CF_OK && shortcut)
-        st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_from_kept (shortcut)");
+    layout l, sl;
+    const cf_status st =
+        forward_layouts(g, out_channels, packed, shortcut, "cf_conv_bf16_forward_from_kept",
+                        "cf_conv_bf16_forward_from_kept (shortcut)", &l, &sl);
     if (st != CF_OK) return st;
-    layout sl;
-    if (shortcut) { /* the shortcut's layout: shortcut_check made the same geometry */
-        cf_conv_geom sg;
-        cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
-        layout_make(&sl, &sg, shortcut->out_channels);
-    }
     if (cols_active(&l) && (!shortcut || sl.cols))
         forward_cols(&l, g, packed, NULL, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
                      NULL, x_kept, NULL);
@@ -1375,18 +1375,11 @@ cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, con
                        "cf_conv_bf16_forward_each: a %d -> %d channel %dx%d layer of stride %d on "
                        "%d x %d images does not run from bf16 words at this level",
                        g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
-    layout l;
-    layout_make(&l, g, out_channels);
-    cf_status st = pack_check(&l, packed, "cf_conv_bf16_forward_each");
-    if (st == CF_OK && shortcut)
-        st = shortcut_check(g, shortcut, "cf_conv_bf16_forward_each (shortcut)");
+    layout l, sl;
+    const cf_status st =
+        forward_layouts(g, out_channels, packed, shortcut, "cf_conv_bf16_forward_each",
+                        "cf_conv_bf16_forward_each (shortcut)", &l, &sl);
     if (st != CF_OK) return st;
-    layout sl;
-    if (shortcut) { /* the shortcut's layout: shortcut_check made the same geometry */
-        cf_conv_geom sg;
-        cf_conv_geom_init(&sg, g->c, g->h, g->w, 1, 1, 2, 2, 0, 0);
-        layout_make(&sl, &sg, shortcut->out_channels);
-    }
     if (cols_active(&l) && (!shortcut || sl.cols)) { /* the epilogue after each conv_cols call */
         forward_cols(&l, g, packed, x, n_images, y, scratch, shortcut, shortcut ? &sl : NULL,
                      x_kept, x_words, ep);
