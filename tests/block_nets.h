@@ -75,6 +75,26 @@ static inline void put(record *r, const float *x, size_t n) {
     r->n += n;
 }
 
+/* A training step's backward and update, recorded: dy uniform in [-1, 1) from the step's seed,
+ * the model's backward (nx input gradient values), its gradients and buffers, then
+ * w -= 0.05 grad and the weights. */
+static inline void record_backward_step(record *r, cf_model *model, const cf_tensor *y, size_t nx,
+                                        int step) {
+    const size_t ny = cf_tensor_numel(y);
+    float *dy = malloc(ny * sizeof(float));
+    assert_non_null(dy);
+    fill_uniform(dy, ny, 200 + (uint64_t)step, -1, 1);
+    cf_tensor tdy = cf_tensor_view(dy, y->shape);
+    const cf_tensor *dx = model->root->ops->backward(model->root, &tdy, true);
+    assert_non_null(dx);
+    put(r, dx->data, nx);
+    put(r, model->grads, model->n_weights);
+    put(r, model->buffers, model->n_buffers);
+    for (size_t i = 0; i < model->n_weights; i++) model->weights[i] -= 0.05f * model->grads[i];
+    put(r, model->weights, model->n_weights);
+    free(dy);
+}
+
 /* The group's reduce of two replicas that saw the same batch: every sum doubled. */
 static inline cf_status twin_reduce(double *buf, size_t n, bool backward, void *ctx) {
     (void)backward, (void)ctx;

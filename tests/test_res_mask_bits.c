@@ -204,17 +204,7 @@ static record run_case(const block_net *k, run_opts o) {
         const size_t ny = cf_tensor_numel(y);
         put(&r, y->data, ny);
         if (!training) break;
-        float *dy = malloc(ny * sizeof(float));
-        fill_uniform(dy, ny, 200 + (uint64_t)step, -1, 1);
-        cf_tensor tdy = cf_tensor_view(dy, y->shape);
-        const cf_tensor *dx = model->root->ops->backward(model->root, &tdy, true);
-        assert_non_null(dx);
-        put(&r, dx->data, nx);
-        put(&r, model->grads, model->n_weights);
-        put(&r, model->buffers, model->n_buffers);
-        for (size_t i = 0; i < model->n_weights; i++) model->weights[i] -= 0.05f * model->grads[i];
-        put(&r, model->weights, model->n_weights);
-        free(dy);
+        record_backward_step(&r, model, y, nx, step);
     }
     if (hooked) hooked->ops = hook_orig;
     free(x);
