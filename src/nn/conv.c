@@ -658,7 +658,8 @@ const double *cf_nn_conv_stats_sums(cf_module *conv, const cf_tensor *y) {
     if (!cf_nn_is_conv(conv)) return NULL; /* a wrapper's ops may have changed y */
     conv_impl *c = conv->impl;
     const bool ok = c->stats_for && c->stats_for == y->data && y->shape.ndim == 4 &&
-                    c->stats_n == y->shape.dim[0] && y->shape.dim[1] == c->out_c;
+                    c->stats_n == y->shape.dim[0] && y->shape.dim[1] == c->out_c &&
+                    y->shape.dim[2] == c->g.oh && y->shape.dim[3] == c->g.ow;
     c->stats_for = NULL; /* once */
     return ok ? c->stats_part : NULL;
 }
