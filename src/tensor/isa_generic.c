@@ -53,30 +53,50 @@ static void generic_bn_affine(const float *restrict x, const float *restrict add
         for (int64_t i = 0; i < s; i++) y[i] = x[i] * scale + shift;
 }
 
-/* the upstream gradient at i: dy, or with a fused ReLU 0 where x * scale + shift <= 0 */
-#define GRAD_AT(i) (relu && !(x[i] * scale + shift > 0.0f) ? 0.0f : dy[i])
+static bool mask_bit(const uint16_t *w, int64_t j) {
+    return (w[j >> 4] >> (j & 15)) & 1u;
+}
 
-static void generic_bn_dy_sums(const float *restrict dy, const float *restrict x, int64_t s,
-                               float mean, bool relu, float scale, float shift, double *sdy,
-                               double *sdyx) {
+/* the upstream gradient at i: dy where the block's mask bit is set (w given; +0 elsewhere), or
+ * dy with a fused ReLU's 0 where x * scale + shift <= 0 */
+static inline float grad_at(const float *dy, const float *x, int64_t i, bool relu, float scale,
+                            float shift, const uint16_t *w) {
+    if (w) return mask_bit(w, i) ? dy[i] : 0.0f;
+    return relu && !(x[i] * scale + shift > 0.0f) ? 0.0f : dy[i];
+}
+
+/* A plane's sums of g and g (x - mean) over LANES lanes, then the lanes in order, in double. One
+ * body for the masked and unmasked callers (not inlined into either): the same instructions, so a
+ * NaN's sign comes out the same whichever rule zeroed the gradient. */
+static __attribute__((noinline)) void lane_dy_sums(const float *restrict dy,
+                                                   const float *restrict x, int64_t s, float mean,
+                                                   bool relu, float scale, float shift,
+                                                   const uint16_t *w, double *t1, double *t2) {
     float l1[LANES] = {0}, l2[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= s; i += LANES)
         for (int j = 0; j < LANES; j++) {
-            const float g = GRAD_AT(i + j);
+            const float g = grad_at(dy, x, i + j, relu, scale, shift, w);
             l1[j] += g;
             l2[j] += g * (x[i + j] - mean);
         }
     for (int j = 0; i + j < s; j++) {
-        const float g = GRAD_AT(i + j);
+        const float g = grad_at(dy, x, i + j, relu, scale, shift, w);
         l1[j] += g;
         l2[j] += g * (x[i + j] - mean);
     }
-    double t1 = 0, t2 = 0;
+    *t1 = *t2 = 0;
     for (int j = 0; j < LANES; j++) {
-        t1 += l1[j];
-        t2 += l2[j];
+        *t1 += l1[j];
+        *t2 += l2[j];
     }
+}
+
+static void generic_bn_dy_sums(const float *restrict dy, const float *restrict x, int64_t s,
+                               float mean, bool relu, float scale, float shift, double *sdy,
+                               double *sdyx) {
+    double t1, t2;
+    lane_dy_sums(dy, x, s, mean, relu, scale, shift, NULL, &t1, &t2);
     *sdy += t1;
     *sdyx += t2;
 }
@@ -84,15 +104,11 @@ static void generic_bn_dy_sums(const float *restrict dy, const float *restrict x
 static void generic_bn_dx(const float *restrict dy, const float *restrict x, float *restrict dx,
                           int64_t s, float mean, float k1, float k2, float k3, bool relu,
                           float scale, float shift) {
-    for (int64_t i = 0; i < s; i++) dx[i] = k1 * GRAD_AT(i) + (k2 * (x[i] - mean) + k3);
+    for (int64_t i = 0; i < s; i++)
+        dx[i] = k1 * grad_at(dy, x, i, relu, scale, shift, NULL) + (k2 * (x[i] - mean) + k3);
 }
-#undef GRAD_AT
 
 /* ---- a residual block's ReLU mask as bits (CF_MASK_WORDS layout) ---- */
-
-static bool mask_bit(const uint16_t *w, int64_t j) {
-    return (w[j >> 4] >> (j & 15)) & 1u;
-}
 
 /* generic_bn_affine's add branch, with add = x2 * scale2 + shift2 where x2 is given (the values
  * generic_bn_affine without add gives), and each value's bit y > 0 */
@@ -121,36 +137,11 @@ static void generic_bn_fold_mask_n(const float *x, const float *add, const float
     }
 }
 
-#define MASKED_AT(i) (mask_bit(w, i) ? dy[i] : 0.0f)
-
 static void generic_bn_dy_sums_mask_n(int np, const float *const *dys, const float *const *xs,
                                       int64_t s, const float *means, const uint16_t *const *masks,
                                       double *sdy, double *sdyx) {
-    for (int p = 0; p < np; p++) { /* generic_bn_dy_sums's lanes, given the masked gradient */
-        const float *restrict dy = dys[p], *restrict x = xs[p];
-        const uint16_t *w = masks[p];
-        const float mean = means[p];
-        float l1[LANES] = {0}, l2[LANES] = {0};
-        int64_t i = 0;
-        for (; i + LANES <= s; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                const float g = MASKED_AT(i + j);
-                l1[j] += g;
-                l2[j] += g * (x[i + j] - mean);
-            }
-        for (int j = 0; i + j < s; j++) {
-            const float g = MASKED_AT(i + j);
-            l1[j] += g;
-            l2[j] += g * (x[i + j] - mean);
-        }
-        double t1 = 0, t2 = 0;
-        for (int j = 0; j < LANES; j++) {
-            t1 += l1[j];
-            t2 += l2[j];
-        }
-        sdy[p] = t1;
-        sdyx[p] = t2;
-    }
+    for (int p = 0; p < np; p++)
+        lane_dy_sums(dys[p], xs[p], s, means[p], false, 0.0f, 0.0f, masks[p], &sdy[p], &sdyx[p]);
 }
 
 static void generic_bn_dx_mask_n(const float *dy0, const float *x0, float *dx0, int64_t s, int nc,
@@ -163,10 +154,10 @@ static void generic_bn_dx_mask_n(const float *dy0, const float *x0, float *dx0, 
         float *restrict dx = dx0 + at;
         const uint16_t *w = mask + (size_t)p * CF_MASK_WORDS(s);
         for (int64_t i = 0; i < s; i++)
-            dx[i] = k1[p] * MASKED_AT(i) + (k2[p] * (x[i] - mean[p]) + k3[p]);
+            dx[i] = k1[p] * grad_at(dy, x, i, false, 0.0f, 0.0f, w) +
+                    (k2[p] * (x[i] - mean[p]) + k3[p]);
     }
 }
-#undef MASKED_AT
 
 static const cf_bn_kernels generic_bn = {
     .shifted_sums = generic_bn_shifted_sums,
