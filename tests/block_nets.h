@@ -6,6 +6,7 @@
 #ifndef CF_TESTS_BLOCK_NETS_H
 #define CF_TESTS_BLOCK_NETS_H
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,18 @@ static inline void record_backward_step(record *r, cf_model *model, const cf_ten
     for (size_t i = 0; i < model->n_weights; i++) model->weights[i] -= 0.05f * model->grads[i];
     put(r, model->weights, model->n_weights);
     free(dy);
+}
+
+/* The two runs' records must be equal value for value (memcmp: a NaN equals only itself, bit for
+ * bit); case_name names the run, on and off the two sides. Frees both. */
+static inline void records_equal(record a, record b, const char *case_name, const char *on,
+                                 const char *off) {
+    assert_int_equal(a.n, b.n);
+    for (size_t i = 0; i < a.n; i++)
+        if (memcmp(&a.v[i], &b.v[i], sizeof(float)) != 0)
+            fail_msg("%s: value %zu of %zu is %.9g %s, %.9g %s", case_name, i, a.n, (double)a.v[i],
+                     on, (double)b.v[i], off);
+    free(a.v), free(b.v);
 }
 
 /* The group's reduce of two replicas that saw the same batch: every sum doubled. */

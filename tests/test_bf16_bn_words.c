@@ -237,13 +237,9 @@ static void check_case_sync(const net_case *k, bool bf16, bool hook, int threads
     record a = run_case(k, o, links);
     o.link = false;
     record b = run_case(k, o, 0);
-    assert_int_equal(a.n, b.n);
-    for (size_t i = 0; i < a.n; i++)
-        if (memcmp(&a.v[i], &b.v[i], sizeof(float)) != 0)
-            fail_msg("%s (bf16 %d, hook %d, %d threads): value %zu of %zu is %.9g linked, %.9g "
-                     "unlinked",
-                     k->name, bf16, hook, threads, i, a.n, (double)a.v[i], (double)b.v[i]);
-    free(a.v), free(b.v);
+    char name[160];
+    snprintf(name, sizeof name, "%s (bf16 %d, hook %d, %d threads)", k->name, bf16, hook, threads);
+    records_equal(a, b, name, "linked", "unlinked");
 }
 
 static void check_case(const net_case *k, bool bf16, bool hook, int threads) {
