@@ -104,20 +104,15 @@ static const cf_tensor *linear_backward(cf_module *m, const cf_tensor *dy, bool 
     const cf_tensor *x = m->in;
     const int n = x->shape.dim[0], in = l->in_features, out = l->out_features;
     cf_param *w = &m->params[0];
-    if (w->trainable && need_dx && cf_get_num_threads() >= 2 &&
-        (double)n * in * out >= LINEAR_PAIR_MIN) {
-        cf_tensor *dx = cf_module_input_grad(m);
-        backward_pair p = {l, n, in, out, dy->data, x->data, w->data, w->grad, dx->data};
+    cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;
+    backward_pair p = {l, n, in, out, dy->data, x->data, w->data, w->grad, dx ? dx->data : NULL};
+    /* product 0 is dW (when the weight trains), product 1 dx (when wanted) */
+    const int64_t first = w->trainable ? 0 : 1, last = need_dx ? 2 : 1;
+    if (last - first == 2 && cf_get_num_threads() >= 2 && (double)n * in * out >= LINEAR_PAIR_MIN)
         cf_parallel_for(2, backward_pair_range, &p);
-        add_bias_grad(m, dy, n, out);
-        return dx;
-    }
-    if (w->trainable) /* dW += dy^T x */
-        linear_gemm(l, true, false, out, in, n, dy->data, out, x->data, in, w->grad, in, true);
+    else
+        backward_pair_range(&p, first, last, 0);
     add_bias_grad(m, dy, n, out);
-    if (!need_dx) return NULL;
-    cf_tensor *dx = cf_module_input_grad(m); /* dx = dy W */
-    linear_gemm(l, false, false, n, in, out, dy->data, out, w->data, in, dx->data, in, false);
     return dx;
 }
 
