@@ -1581,16 +1581,6 @@ static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed
     }
 }
 
-static atomic_bool cols_prefetch_on = true; /* cf__conv_bf16_set_cols_prefetch */
-
-void cf__conv_bf16_set_cols_prefetch(bool on) {
-    atomic_store(&cols_prefetch_on, on);
-}
-
-bool cf__conv_bf16_cols_prefetch(void) {
-    return atomic_load_explicit(&cols_prefetch_on, memory_order_relaxed);
-}
-
 static atomic_bool dx2_cols_on = true; /* cf__conv_bf16_set_dx2_cols */
 
 void cf__conv_bf16_set_dx2_cols(bool on) {

@@ -1556,3 +1556,18 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .deal_pairs_h = bf16_deal_pairs_h,
 };
 #endif
+
+/* conv_cols' prefetch of its output planes (kernel_table.h), here on every architecture so that
+ * the switch links wherever the tests and benchmarks do; only this file's conv_cols reads it. */
+#include <stdatomic.h>
+#include <stdbool.h>
+
+static atomic_bool cols_prefetch_on = true;
+
+void cf__conv_bf16_set_cols_prefetch(bool on) {
+    atomic_store(&cols_prefetch_on, on);
+}
+
+bool cf__conv_bf16_cols_prefetch(void) {
+    return atomic_load_explicit(&cols_prefetch_on, memory_order_relaxed);
+}
