@@ -777,13 +777,114 @@ static void test_input_pairs(void **state) {
         }
 }
 
+/* ---- conv_cols' output prefetch ------------------------------------------------------------
+ * The level's conv_cols called directly, with its prefetch of the output planes' lines for
+ * writing (cf__conv_bf16_set_cols_prefetch) and without: the planes memcmp-equal, gaps
+ * included, and each value against a double sum of the same bf16 words. out's rows lie ldo =
+ * h w + 3 apart and its images m ldo + 5 apart, the gaps filled with a pattern that must stay (a
+ * prefetch for writing must not write). 3 x 3 taps over 3 channel pairs; planes 28 x 28, 14 x 14
+ * and 7 x 7, and rows 6 to 11 wide (tiles of a row where the row is narrower than the usual tile:
+ * 17 to 32 channels below 12, 33 to 48 below 8), m = 17, 32, 33, 48 and 64 (conv_cols' range:
+ * 16 channels or fewer never take it), 1 and 3 images (an image's end inside a tile). */
+static uint32_t random_pair(uint32_t *state) {
+    uint32_t word = 0;
+    for (int half = 0; half < 2; half++) {
+        *state = *state * 1664525u + 1013904223u;
+        const float v = ((float)(*state >> 8) / 16777216.0f) * 2.0f - 1.0f;
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        word |= (bits >> 16) << (16 * half);
+    }
+    return word;
+}
+
+static double pair_dot(uint32_t a, uint32_t b) {
+    double sum = 0;
+    for (int half = 0; half < 2; half++) {
+        const uint32_t ab = (a >> (16 * half) & 0xffffu) << 16, bb = (b >> (16 * half) & 0xffffu)
+                                                                     << 16;
+        float av, bv;
+        memcpy(&av, &ab, sizeof av);
+        memcpy(&bv, &bb, sizeof bv);
+        sum += (double)av * bv;
+    }
+    return sum;
+}
+
+static void check_out_prefetch(int m, int h, int wd, int n_images) {
+    enum { PAIRS = 3, TAPS = 9 };
+    const int nv = (m + 15) / 16, np0 = 24 / nv, np = wd < np0 ? wd : np0, hw = h * wd;
+    const size_t ldx = (size_t)wd + 2, plane = (h + 2) * ldx + 16, ldimg = PAIRS * plane,
+                 ldw = (size_t)16 * nv, ldo = (size_t)hw + 3, ldoimg = (size_t)m * ldo + 5,
+                 nout = (size_t)n_images * ldoimg,
+                 ntmp = (size_t)((n_images * hw + np - 1) / np * np) * ldw;
+    uint32_t *x = malloc((size_t)(n_images + 1) * ldimg * sizeof(uint32_t));
+    uint32_t *w = calloc((size_t)TAPS * PAIRS * ldw, sizeof(uint32_t));
+    float *out[2] = {malloc(nout * sizeof(float)), malloc(nout * sizeof(float))};
+    float *tmp = malloc(ntmp * sizeof(float));
+    uint32_t state = (uint32_t)(m * 1000 + h * 37 + wd * 7 + n_images);
+    for (size_t i = 0; i < (size_t)(n_images + 1) * ldimg; i++) x[i] = random_pair(&state);
+    for (int tp = 0; tp < TAPS * PAIRS; tp++)
+        for (int r = 0; r < m; r++) w[(size_t)tp * ldw + r] = random_pair(&state);
+    int off[TAPS];
+    for (int t = 0; t < TAPS; t++) off[t] = (int)((size_t)(t / 3) * ldx) + t % 3;
+    char what[96];
+    snprintf(what, sizeof what, "conv_cols of %d images, %d channels, %d x %d", n_images, m, h, wd);
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    for (int pass = 0; pass < 2; pass++) { /* without the prefetch, then with it */
+        for (size_t i = 0; i < nout; i++) out[pass][i] = -7.5e29f;
+        cf__conv_bf16_set_cols_prefetch(pass == 1);
+        k->conv_cols(TAPS, off, PAIRS, m, w, x, plane, ldx, ldimg, h, wd, n_images, out[pass], ldo,
+                     ldoimg, tmp, pass ? x : NULL, pass ? ldimg * sizeof(uint32_t) : 0);
+    }
+    cf__conv_bf16_set_cols_prefetch(true);
+    if (memcmp(out[0], out[1], nout * sizeof(float)) != 0) same_bits(out[1], out[0], nout, what);
+    for (int b = 0; b < n_images; b++)
+        for (int r = 0; r < m; r++) {
+            const float *o = out[1] + (size_t)b * ldoimg + (size_t)r * ldo;
+            for (size_t q = (size_t)hw; q < (r + 1 < m ? ldo : ldo + 5); q++)
+                if (o[q] != -7.5e29f)
+                    fail_msg("%s: a gap after image %d row %d written", what, b, r);
+            for (int q = 0; q < hw; q++) {
+                const uint32_t *xq = x + (size_t)b * ldimg + (size_t)(q / wd) * ldx + q % wd;
+                double sum = 0, mag = 0;
+                for (int t = 0; t < TAPS; t++)
+                    for (int p = 0; p < PAIRS; p++) {
+                        const double d = pair_dot(w[(size_t)(t * PAIRS + p) * ldw + r],
+                                                  xq[(size_t)p * plane + off[t]]);
+                        sum += d;
+                        mag += fabs(d);
+                    }
+                if (fabs(o[q] - sum) > 1e-5 * mag + 1e-6)
+                    fail_msg("%s: image %d channel %d position %d: %.9g, the sum is %.9g", what, b,
+                             r, q, (double)o[q], sum);
+            }
+        }
+    free(x);
+    free(w);
+    free(out[0]);
+    free(out[1]);
+    free(tmp);
+}
+
+static void test_out_prefetch(void **state) {
+    (void)state;
+    if (!level_ready()) return;
+    static const int ms[] = {17, 32, 33, 48, 64};
+    static const int sizes[][2] = {{28, 28}, {14, 14}, {7, 7},  {5, 6}, {4, 7},
+                                   {3, 8},   {5, 9},   {4, 10}, {3, 11}};
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 9; j++)
+            for (int n = 1; n <= 3; n += 2) check_out_prefetch(ms[i], sizes[j][0], sizes[j][1], n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_w1_layers),           cmocka_unit_test(test_other_shapes),
         cmocka_unit_test(test_elsewhere),           cmocka_unit_test(test_input_pairs),
         cmocka_unit_test(test_dx_shapes),           cmocka_unit_test(test_dx_stride2),
         cmocka_unit_test(test_dx_threads),          cmocka_unit_test(test_dx_without_cols),
-        cmocka_unit_test(test_cols_scratch_bounds),
+        cmocka_unit_test(test_cols_scratch_bounds), cmocka_unit_test(test_out_prefetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -670,6 +670,30 @@ static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, siz
     }
 }
 
+/* The line at p fetched towards L1 for writing (prefetchw: every CPU with AVX512_BF16 has it). */
+static inline void prefetch_w(const char *p) {
+    __asm__ volatile("prefetchw %0" ::"m"(*p));
+}
+
+/* The lines of the planes that positions [q, q + np) write (clipped to n; image b's planes from
+ * out + b * ldoimg, hw positions each, row r of a plane at r * ldo), m rows each, fetched for
+ * writing; a line that the position before q (in its image) also writes is left out (the tile
+ * before fetched it). A tile's positions lie in at most two images, at most 48 bytes of a row in
+ * each: two lines. */
+static void cols_prefetch_out(float *out, size_t ldo, size_t ldoimg, int hw, int m, int q, int np,
+                              int n) {
+    for (const int e = q + np < n ? q + np : n; q < e;) {
+        const int b = q / hw, i = q - b * hw, c = hw - i < e - q ? hw - i : e - q;
+        const char *p = (const char *)(out + (size_t)b * ldoimg + i);
+        const size_t last = (size_t)(c - 1) * sizeof(float), bytes = ldo * sizeof(float);
+        for (int r = 0; r < m; r++, p += bytes) {
+            if (!i || ((uintptr_t)p & 63) < sizeof(float)) prefetch_w(p);
+            if (((uintptr_t)p ^ (uintptr_t)(p + last)) >= 64) prefetch_w(p + last);
+        }
+        q += c;
+    }
+}
+
 /* kernel_table.h's conv_cols: the images' h x w positions in tiles of np (12, 8 or 6 for m up to
  * 32, 48 or 64; w where w is below that np: a row), in row-major
  * order over the images, a tile's positions in at most two rows (w >= np; the row after an image's
@@ -685,6 +709,10 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
     /* next's lines towards L2, a few per tile while the tiles compute */
     const char *pf = next, *pf_end = pf ? pf + next_bytes : NULL;
     const size_t pf_step = 64 * ((next_bytes / 64 + tiles - 1) / tiles);
+    /* each tile's lines of the planes, fetched for writing before it computes: W1's layers'
+     * planes (1.6 MB a batch) are out of L2, and the stores of an image's transposition stalled
+     * on them (cf__conv_bf16_set_cols_prefetch) */
+    const bool pw = cf__conv_bf16_cols_prefetch();
 #define ROW_AT(R) (x + (size_t)((R) / h) * ldimg + (size_t)((R) % h) * ldx)
     for (int q0 = 0, done = 0; q0 < n; q0 += np) {
         const int r0 = q0 / wd, j0 = q0 % wd, n1 = wd - j0 < np ? wd - j0 : np;
@@ -692,6 +720,7 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
         float *tt = tmp + (size_t)q0 * ldt;
         for (const char *e = pf + pf_step; pf && pf < pf_end && pf < e; pf += 64)
             _mm_prefetch(pf, _MM_HINT_T1);
+        if (pw) cols_prefetch_out(out, ldo, ldoimg, hw, m, q0, np, n);
         if (np < np0)
             cols_tile_row(nv, wd, taps, off, pairs, w, ldw, xa, plane, tt, ldt);
         else if (nv == 2)
@@ -1527,3 +1556,18 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .deal_pairs_h = bf16_deal_pairs_h,
 };
 #endif
+
+/* conv_cols' prefetch of its output planes (kernel_table.h), here on every architecture so that
+ * the switch links wherever the tests and benchmarks do; only this file's conv_cols reads it. */
+#include <stdatomic.h>
+#include <stdbool.h>
+
+static atomic_bool cols_prefetch_on = true;
+
+void cf__conv_bf16_set_cols_prefetch(bool on) {
+    atomic_store(&cols_prefetch_on, on);
+}
+
+bool cf__conv_bf16_cols_prefetch(void) {
+    return atomic_load_explicit(&cols_prefetch_on, memory_order_relaxed);
+}

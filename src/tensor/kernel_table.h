@@ -324,7 +324,8 @@ typedef struct cf_bf16_kernels {
      * next image's slot (x + n_images * ldimg, its first row and taps), which the caller keeps
      * readable; tmp: up(n_images * h * w, np) * up(m, 16) floats. next (NULL: none): next_bytes
      * that the caller reads next (the next images' input), prefetched towards L2 as the tiles
-     * compute (a hint). */
+     * compute (a hint); out's lines of each tile's positions are fetched for writing as the tile
+     * starts (cf__conv_bf16_set_cols_prefetch). */
     void (*conv_cols)(int taps, const int *off, int pairs, int m, const uint32_t *w,
                       const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                       int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
@@ -396,6 +397,12 @@ void cf__winograd_set_fused(bool on);
  * dy's padded rows (dx_stride2): bitwise the same, for benchmarks that switch the two in one
  * process. */
 void cf__conv_bf16_set_dx2_cols(bool on);
+
+/* Whether conv_cols fetches the lines of each tile's output planes for writing before the tile
+ * computes (on by default): bitwise the same, for tests and benchmarks that switch the two in one
+ * process. conv_cols reads it through cf__conv_bf16_cols_prefetch. */
+void cf__conv_bf16_set_cols_prefetch(bool on);
+bool cf__conv_bf16_cols_prefetch(void);
 
 /* At least `words` words of the calling thread's packing scratch for the bf16 GEMMs
  * (isa_avx512_bf16.c; x86-64), kept between calls; NULL when out of memory. */
