@@ -621,8 +621,9 @@ cf_conv_precision cf_conv_bf16_precision(const cf_conv_geom *g, int out_channels
 #define CF_STEM_MAX_CHANNELS 4
 #define CF_STEM_MAX_PLANE 4096
 bool cf_conv_stem_supported(const cf_conv_geom *g, int out_channels);
-/* Whether the active level has vector kernels for the shape (the portable loops lose to the
- * lowered product, whose GEMM is OpenBLAS's at any level): where a layer takes the direct stem. */
+/* Whether the active level's kernels for the shape measured faster than the lowered product
+ * (AVX-512 and up; at AVX2 and with the portable loops they lose to it, its GEMM being
+ * OpenBLAS's at any level): where a Conv2d takes the direct stem. */
 bool cf_conv_stem_pays(const cf_conv_geom *g, int out_channels);
 /* y (n x O x h x w) of x (n x C x h x w) and w (O x C x 3 x 3); ep (NULL or no fn: none) is
  * called after each image's output is written, with (ctx, false, image, 1). */

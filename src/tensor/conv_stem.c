@@ -12,10 +12,10 @@ bool cf_conv_stem_supported(const cf_conv_geom *g, int out_channels) {
 }
 
 bool cf_conv_stem_pays(const cf_conv_geom *g, int out_channels) {
-    /* bench: the generic loops took 1.5 ms forward and 1.3 ms dW for W1's 64 images, the lowered
-     * product 0.26 and 0.25 */
+    /* the generic loops took 1.5 ms forward and 1.3 ms dW for W1's 64 images, the lowered
+     * product 0.26 and 0.25 (its GEMM is OpenBLAS's at any level); the AVX2 kernels: isa_avx2.c */
     return cf_conv_stem_supported(g, out_channels) && cf_active_kernels->stem_forward &&
-           cf_active_kernels->stem_wgrad;
+           cf_active_kernels->stem_wgrad && cf_active_kernels->stem_pays;
 }
 
 /* The output rows [*y0, *y1) and columns [*x0, *x1) whose tap t reads inside the image. */

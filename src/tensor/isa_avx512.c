@@ -661,6 +661,7 @@ const cf_kernel_table cf_kernels_avx512 = {
     .merge_phases = simd_merge_phases,
     .stem_forward = simd_stem_forward,
     .stem_wgrad = simd_stem_wgrad,
+    .stem_pays = true,
     .bn = &simd_bn_kernels,
     .max_sum_plane = avx512_max_sum_plane,
     .optim = &loops_optim,

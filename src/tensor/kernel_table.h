@@ -454,6 +454,9 @@ typedef struct cf_kernel_table {
                          int n_images, float *y, const cf_conv_epilogue *ep);
     void (*stem_wgrad)(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                        int n_images, float *dwt, bool accumulate);
+    /* whether Conv2d layers take them (cf_conv_stem_pays): where they measured faster than the
+     * lowered product */
+    bool stem_pays;
     const cf_bn_kernels *bn; /* never NULL */
     /* cf_max_sum_plane (NULL, or false for a plane holding a NaN: the scalar loop) */
     bool (*max_sum_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);
