@@ -5,7 +5,7 @@
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
- *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf]
+ *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -26,7 +26,10 @@
  * pass on, and also prints the forward's medians and how many BatchNorms took the sums; --link
  * outpf switches conv_cols' prefetch of its output planes' lines for writing
  * (cf__conv_bf16_set_cols_prefetch, kernel_table.h), every link and pass on, and prints the
- * forward's medians too. */
+ * forward's medians too; --link stem
+ * switches the direct stem (cf__nn_set_stem_direct: W1's gray stem per image, without the patch
+ * matrix and GEMM, its BatchNorm's sums from its epilogue) against the lowered product, every
+ * link and pass on, with the forward's medians and the sums taken too. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -62,7 +65,7 @@ static int count_took(const cf_module *m) {
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
-         mask_bits = false, xpair = false, stats = false, outpf = false;
+         mask_bits = false, xpair = false, stats = false, outpf = false, stem = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -90,10 +93,12 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, stats = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "outpf"))
             link_x = link_dy = false, outpf = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "stem"))
+            link_x = link_dy = false, stem = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
-                    "[--link x|xpair|dy|both|bn|dx2|mask|stats|outpf]\n",
+                    "[--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem]\n",
                     argv[0]);
             return 2;
         }
@@ -136,6 +141,7 @@ int main(int argc, char **argv) {
         if (xpair) cf__nn_set_x_pair_link(mode == 1);
         if (stats) cf__nn_set_stats_link(mode == 1);
         if (outpf) cf__conv_bf16_set_cols_prefetch(mode == 1);
+        if (stem) cf__nn_set_stem_direct(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -143,7 +149,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         const double t1 = cpu_ms();
-        if (stats && mode == 1) took = count_took(model->root);
+        if ((stats || stem) && mode == 1) took = count_took(model->root);
         if (cf_model_backward(model, &tdy) != CF_OK) {
             fprintf(stderr, "bench_bf16_links: backward: %s\n", cf_last_error());
             return 1;
@@ -163,12 +169,14 @@ int main(int argc, char **argv) {
     cf__nn_set_x_pair_link(true);
     cf__nn_set_stats_link(true);
     cf__conv_bf16_set_cols_prefetch(true);
+    cf__nn_set_stem_direct(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
            outpf       ? "conv_cols' output prefetch (every link on)"
+           : stem      ? "the direct stem (every link on)"
            : stats     ? "the statistics link (every other link on)"
            : mask_bits ? "the residual blocks' mask bits (every other link on)"
            : bn_passes ? "BatchNorm's fused passes (both words links on)"
@@ -180,10 +188,10 @@ int main(int argc, char **argv) {
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
-    if (stats || outpf) {
+    if (stats || outpf || stem) {
         const double f_off = median(fwd_ms[0], n[0]), f_on = median(fwd_ms[1], n[1]);
         printf("forward without %.3f, with %.3f (ratio %.3f)", f_off, f_on, f_on / f_off);
-        if (stats) printf("; %d BatchNorms took the linked sums", took);
+        if (stats || stem) printf("; %d BatchNorms took the linked sums", took);
         printf("\n");
     }
     for (int m = 0; m < 2; m++) free(step_ms[m]), free(bwd_ms[m]), free(fwd_ms[m]);

@@ -12,8 +12,9 @@
  * without: every output, input gradient, gradient, buffer and weight equal (memcmp), on 1, 2 and
  * 3 threads, and the link taken by exactly the expected BatchNorms each training forward
  * (cf_nn_bn_took_stats; none in eval, in fp32, with synchronised statistics, or behind a Conv2d
- * hooked after the plan whose hook changes its output). tests/bn_stats_link.cmake runs this
- * under every CF_ISA cap and over the amx tile emulation. */
+ * hooked after the plan whose hook changes its output), W1's gray stem's BatchNorm too, fp32 or
+ * bf16, where the level has the direct stem (cf_conv_stem_pays; tests/test_conv_stem.c).
+ * tests/bn_stats_link.cmake runs this under every CF_ISA cap and over the amx tile emulation. */
 #include "block_nets.h"
 #include "oracle.h"
 
@@ -183,8 +184,10 @@ typedef struct run_opts {
 typedef struct net {
     block_net k;
     int links; /* BatchNorms taking the link each training forward at a bf16 level */
-    bool unet; /* the body of W1 as a U-Net's encoder (k's c, h, w) */
+    bool unet;
     bool bias; /* a Sequential conv(bias) - BN - ReLU - conv - BN (k's c, h, w, o) */
+    bool stem; /* W1's gray stem: its BatchNorm takes the direct stem's sums, fp32 or bf16, where
+                  the level has the direct stem's kernels (cf_conv_stem_pays) */ /* the body of W1 as a U-Net's encoder (k's c, h, w) */
 } net;
 
 static cf_module *net_build(const net *t) {
@@ -243,7 +246,9 @@ static record run_case(const net *t, run_opts o, int expect) {
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
         const int got = count_took(model->root);
-        const int want = !training || !o.link ? 0 : hooked && expect ? expect - 1 : expect;
+        /* the hooked conv (a bf16 one) had its link where the level computes in bf16 */
+        const bool hook_linked = hooked && o.bf16 && !o.sync && cf_bf16_compute();
+        const int want = !training || !o.link ? 0 : hook_linked && expect ? expect - 1 : expect;
         if (got != want)
             fail_msg("%s (link %d, bf16 %d, hook %d, sync %d, %d threads) step %d: %d BatchNorms "
                      "took the linked sums, expected %d",
@@ -261,8 +266,16 @@ static record run_case(const net *t, run_opts o, int expect) {
     return r;
 }
 
+/* Whether the level takes W1's 1 -> 16 stem on 28 x 28 through the direct stem. */
+static bool stem_direct(void) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, 1, 28, 28, 3, 3, 1, 1, 1, 1));
+    return cf_conv_stem_pays(&g, 16) && !cf_kernels_reference();
+}
+
 static void check_case(const net *t, run_opts o) {
-    const int links = o.bf16 && !o.sync && cf_bf16_compute() ? t->links : 0;
+    const int links = (o.bf16 && !o.sync && cf_bf16_compute() ? t->links : 0) +
+                      (t->stem && !o.sync && stem_direct() ? 1 : 0);
     o.link = true;
     record a = run_case(t, o, links);
     o.link = false;
@@ -275,14 +288,16 @@ static void check_case(const net *t, run_opts o) {
 
 static const net cases[] = {
     /* convpath.0 and its paired shortcut, convpath.3 */
-    {{"W1's first block", BNET_BLOCK, 7, 16, 28, 28, 32, 1}, 3, false, false},
-    /* both blocks' (the stem conv, 1 -> 16, is not a bf16 one) */
-    {{"W1", BNET_W1, 7, 1, 28, 28, 0, 2}, 6, false, false},
+    {{"W1's first block", BNET_BLOCK, 7, 16, 28, 28, 32, 1}, 3, false, false, false},
+    /* both blocks' (the stem conv, 1 -> 16, is not a bf16 one: its BatchNorm's link is the
+     * direct stem's) */
+    {{"W1", BNET_W1, 7, 1, 28, 28, 0, 2}, 6, false, false, true},
     /* the convpath's two (16 outputs: run_images' path); the 1x1 stride-1 idpath is no bf16 one */
-    {{"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1}, 2, false, false},
+    {{"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1}, 2, false, false, false},
     /* the convpath's two (8 channels of 48 x 48); the stem (3 -> 8) is no bf16 one */
     {{"a block with a BatchNorm idpath 8ch 48x48", BNET_BLOCK_BN_ID, 3, 3, 48, 48, 8, 1},
      2,
+     false,
      false,
      false},
 };
@@ -304,7 +319,8 @@ static void test_not_taken(void **state) {
         {"conv(bias)-BN-ReLU-conv-BN 16 -> 32ch 14x14", BNET_BLOCK, 5, 16, 14, 14, 32, 0},
         1,
         false,
-        true};
+        true,
+        false};
     for (int t = 1; t <= 3; t++) check_case(&bias, (run_opts){.bf16 = true, .threads = t});
     check_case(&cases[0], (run_opts){.bf16 = false, .threads = 1});
     check_case(&cases[1], (run_opts){.bf16 = true, .sync = true, .threads = 2});
@@ -347,7 +363,7 @@ static void test_frozen_bn(void **state) {
  * but never changes them), bitwise the unlinked run. */
 static void test_unet(void **state) {
     (void)state;
-    const net unet = {{"U-Net on W1's body", BNET_W1, 3, 1, 28, 28, 0, 2}, 6, true, false};
+    const net unet = {{"U-Net on W1's body", BNET_W1, 3, 1, 28, 28, 0, 2}, 6, true, false, true};
     check_case(&unet, (run_opts){.bf16 = true, .threads = 1});
     check_case(&unet, (run_opts){.bf16 = true, .threads = 2});
 }

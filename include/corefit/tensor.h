@@ -606,6 +606,35 @@ void cf_conv_stem_bf16_wgrad(const cf_conv_geom *g, int out_channels, const floa
 typedef enum cf_conv_precision { CF_CONV_FP32, CF_CONV_BF16, CF_CONV_BF16_STEM } cf_conv_precision;
 cf_conv_precision cf_conv_bf16_precision(const cf_conv_geom *g, int out_channels);
 
+/* ---- the direct stem: 3x3 stride-1 convolutions on few channels (src/tensor/conv_stem.c) ---- */
+
+/* A Conv2d of 1 to CF_STEM_MAX_CHANNELS input channels, 3x3, stride 1, padding 1 (W1's gray
+ * stem), computed per image from the image itself: no patch matrix, no GEMM. Each output vector
+ * of positions sums its K = 9 C taps with FMAs from zero in tap order (channel, ky, kx) over the
+ * flat positions p = oy * w + ox, a tap outside the image reading zero: at the vector levels,
+ * bitwise the lowered product (cf_im2col, then cf_sgemm_strided). The weight gradient sums each
+ * (output, tap) over the image's positions in lanes (position p in lane p mod VL), then the lanes
+ * as the lowered product's weight gradient does at that level (cf_sgemm_nt's: AVX-512 as
+ * OpenBLAS 0.3.21's SkylakeX small-matrix kernel, AVX2 as its own dot kernel), so it is bitwise
+ * that product wherever that kernel takes the shape. The portable loops (the generic level) sum
+ * in the same order without FMAs. Planes of up to CF_STEM_MAX_PLANE positions. */
+#define CF_STEM_MAX_CHANNELS 4
+#define CF_STEM_MAX_PLANE 4096
+bool cf_conv_stem_supported(const cf_conv_geom *g, int out_channels);
+/* Whether the active level's kernels for the shape measured faster than the lowered product
+ * (AVX-512 and up; at AVX2 and with the portable loops they lose to it, its GEMM being
+ * OpenBLAS's at any level): where a Conv2d takes the direct stem. */
+bool cf_conv_stem_pays(const cf_conv_geom *g, int out_channels);
+/* y (n x O x h x w) of x (n x C x h x w) and w (O x C x 3 x 3); ep (NULL or no fn: none) is
+ * called after each image's output is written, with (ctx, false, image, 1). */
+void cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const float *w, const float *x,
+                          int n_images, float *y, const cf_conv_epilogue *ep);
+/* dwt (K x O: dwt[k * O + o], the lowered weight gradient's transposed layout) = (accumulate:
+ * dwt +) the sum over the n images, each image's sums added in image order, of dy (n x O x h x w)
+ * times x's taps. */
+void cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                        int n_images, float *dwt, bool accumulate);
+
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 
 /* The largest of x[0..n) (n >= 1). */

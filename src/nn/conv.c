@@ -172,6 +172,11 @@ typedef struct conv_impl {
     int64_t stats_n;
     bool stats_wrote;
     struct conv_impl *shortcut_impl; /* the shortcut computed by the forward in progress */
+    /* a 3x3 stride-1 layer on 1 to 4 channels whose images are not grouped (W1's stem): the
+     * forward and the weight gradient through cf_conv_stem_* (no patch matrix, no GEMM; bitwise
+     * the lowered ones at the vector levels, tensor.h), the forward with the statistics link's
+     * epilogue; stem_call: the forward in progress takes it */
+    bool stem, stem_call;
 } conv_impl;
 
 static size_t round16(size_t n) {
@@ -184,6 +189,8 @@ static cf_status (*bf16_fault)(cf_status status, const char *call);
 static atomic_bool x_words_link_off, dy_words_link_off, x_pair_link_off;
 /* The statistics link's switch (cf__nn_set_stats_link). */
 static atomic_bool stats_link_off;
+/* The direct stem's switch (cf__nn_set_stem_direct). */
+static atomic_bool stem_direct_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -231,6 +238,17 @@ static bool use_stem_bf16(const conv_impl *c) {
     return c->bf16 && c->col && c->precision == CF_CONV_BF16_STEM && !cf_kernels_reference() &&
            cf_conv_stem_bf16_supported(&c->g, c->out_c) &&
            cf_conv_stem_bf16_scratch(&c->g, c->out_c) <= c->col_stride;
+}
+
+/* Whether this call takes the direct stem (cf_conv_stem_*) rather than the lowered product. */
+static bool use_stem_direct(const conv_impl *c) {
+    return c->stem && !cf_kernels_reference() && !use_bf16(c) && !use_stem_bf16(c) &&
+           cf_conv_stem_pays(&c->g, c->out_c) &&
+           !atomic_load_explicit(&stem_direct_off, memory_order_relaxed);
+}
+
+void cf__nn_set_stem_direct(bool on) {
+    atomic_store(&stem_direct_off, !on);
 }
 
 /* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
@@ -377,6 +395,8 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->scratch_stride = round16(cf_conv_implicit_scratch(&c->g, c->out_c));
         c->implicit_packed = cf_conv_implicit_packed_size(&c->g, c->out_c);
     }
+    c->stem = !c->direct && c->group == 1 && cf_conv_stem_supported(&c->g, c->out_c);
+    c->stem_call = false;
     c->implicit_dw = !c->implicit && !c->winograd && c->k == 1 && c->stride == 2 && c->pad == 0 &&
                      !c->has_bias && cf_conv_implicit_supported(&c->g);
     if (c->implicit_dw) c->scratch_stride = round16(cf_conv_implicit_wgrad_scratch(&c->g));
@@ -416,7 +436,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->stats_cap = 0;
     c->stats_on = c->stats_wrote = false;
     c->stats_for = NULL;
-    if (c->stats_bn && c->bf16_implicit && c->bf16 && !c->winograd) {
+    if (c->stats_bn && ((c->bf16_implicit && c->bf16 && !c->winograd) || c->stem)) {
         c->stats_cap = in->dim[0];
         c->stats_part = cf_arena_bytes(arena, 2 * (size_t)c->stats_cap * c->out_c * sizeof(double));
         c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
@@ -672,6 +692,21 @@ bool cf_nn_conv_wrote_stats(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->stats_wrote;
 }
 
+/* The images [begin, end) through cf_conv_stem_forward, with the statistics link's epilogue. */
+static void conv_forward_stem_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    cf_module *m = ctx;
+    conv_impl *c = m->impl;
+    const cf_conv_geom *g = &c->g;
+    const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
+    stats_call call = {c, NULL, begin};
+    const cf_conv_epilogue ep = {stats_epilogue, &call};
+    cf_conv_stem_forward(g, c->out_c, m->params[0].data, c->x + (size_t)begin * in_n,
+                         (int)(end - begin), c->y + (size_t)begin * out_n,
+                         c->stats_on ? &ep : NULL);
+    if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
+}
+
 /* The images [begin, end) through cf_conv_bf16_forward_each, with the statistics link's
  * epilogue. */
 static void conv_forward_stats_range(conv_impl *c, int64_t begin, int64_t end, int thread) {
@@ -904,7 +939,9 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     }
     /* the statistics link: the next BatchNorms' sums from the bf16 call's epilogue */
     conv_impl *sci = c->shortcut_impl;
-    if (c->bf16_fresh) {
+    c->stem_call = !c->bf16_fresh && !c->winograd_call && !use_implicit(c) &&
+                   !c->shortcut_call.out_channels && use_stem_direct(c);
+    if (c->bf16_fresh || c->stem_call) {
         stats_begin(m, c, y);
         if (sci) stats_begin(shortcut, sci, &shortcut->out);
     } else {
@@ -925,6 +962,9 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
         else
             cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
         run_batch(c, c->batch, conv_forward_in_place_range, m);
+    } else if (c->stem_call) {
+        run_batch(c, c->batch, conv_forward_stem_range, m);
+        stats_finish(c, y, true);
     } else
         run_groups(c, c->batch, conv_forward_range, m);
     call_end(c, mem);
@@ -1015,6 +1055,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
      * empty), both read in place (the kernel packs and rounds either layout). The few-row weight
      * gradient of dw_dots stays fp32: its bf16 tiles would be mostly padding. */
     const bool bf16 = use_bf16(c), dw_bf16 = bf16 && !dw_dots, stem = use_stem_bf16(c);
+    const bool stem_direct = use_stem_direct(c);
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -1030,7 +1071,14 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
         }
         const float *dyg = NULL;
         int ldg = 0;
-        if (c->want_dw && stem) { /* dW^T (K x O), as the fp32 product's */
+        if (c->want_dw && stem_direct) { /* dW^T (K x O) of the range, at its first group */
+            if (first) {
+                int64_t m0, m1;
+                group_range(c, end - 1, &m0, &m1);
+                cf_conv_stem_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
+                                   (int)(m1 - n0), dwt, false);
+            }
+        } else if (c->want_dw && stem) { /* dW^T (K x O), as the fp32 product's */
             cf_conv_stem_bf16_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
                                     (int)(n1 - n0), dwt, !first, col);
         } else if (c->want_dw) {

@@ -266,6 +266,9 @@ void cf_nn_conv_stats_want(cf_module *conv, bool want);
 bool cf_nn_bn_took_stats(const cf_module *bn);
 bool cf_nn_conv_wrote_stats(const cf_module *conv);
 void cf__nn_set_stats_link(bool on);
+/* The direct stem's switch (conv.c, cf_conv_stem_*: on by default, read at each call; off, such
+ * a layer takes the lowered product): tests and bench_bf16_links compare the two. */
+void cf__nn_set_stem_direct(bool on);
 
 /* ---- the residual fold computing the convpath's last BatchNorm's output ----
  *

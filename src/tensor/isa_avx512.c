@@ -22,6 +22,17 @@ static inline double avx512_hsum_d(__m512 v) {
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
 #include "tensor/softmax_loops.h"
+/* The 16 lanes' sum as OpenBLAS 0.3.21's SkylakeX small-matrix kernel (sgemm_small_kernel_tn,
+ * the stem's lowered weight gradient) takes it: (l0 + l1) + (l2 + l3) within each 128-bit lane,
+ * then (q0 + q1) + (q2 + q3) across them. */
+static inline float avx512_stem_sum(__m512 v) {
+    const __m512 a = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1)); /* l0 + l1, l2 + l3 */
+    const __m512 b = _mm512_add_ps(a, _mm512_permute_ps(a, 0x4E)); /* (l0 + l1) + (l2 + l3) */
+    const __m128 q0 = _mm512_castps512_ps128(b), q1 = _mm512_extractf32x4_ps(b, 1),
+                 q2 = _mm512_extractf32x4_ps(b, 2), q3 = _mm512_extractf32x4_ps(b, 3);
+    return _mm_cvtss_f32(_mm_add_ss(_mm_add_ss(q0, q1), _mm_add_ss(q2, q3)));
+}
+#define V_STEM_SUM(v) avx512_stem_sum(v)
 #define WGRAD_NV 4 /* 6 rows x 4 vectors: 24 accumulators, 4 of B, a broadcast (29 of 32) */
 #include "tensor/simd_kernels.h"
 #include "tensor/bf16_lanes_avx512.h"
@@ -648,6 +659,9 @@ const cf_kernel_table cf_kernels_avx512 = {
     .implicit_wgrad = simd_implicit_wgrad,
     .split_phases = simd_split_phases,
     .merge_phases = simd_merge_phases,
+    .stem_forward = simd_stem_forward,
+    .stem_wgrad = simd_stem_wgrad,
+    .stem_pays = true,
     .bn = &simd_bn_kernels,
     .max_sum_plane = avx512_max_sum_plane,
     .optim = &loops_optim,

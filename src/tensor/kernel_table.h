@@ -37,6 +37,24 @@ static inline void cf_conv_valid_rows(const cf_conv_geom *g, int i, int *lo, int
     *hi = h;
 }
 
+/* ---- the direct stem's lane masks (cf_conv_stem_*) ----------------------------------------- */
+
+/* masks[v * 9 + t]: bit l set when flat position p = v * vl + l (< h * w) reads inside the image
+ * at tap t = ky * 3 + kx of a 3x3 stride-1 layer with padding 1, for v < ceil(h * w / vl). */
+static inline void cf_stem_masks(const cf_conv_geom *g, int vl, unsigned *masks) {
+    const int P = g->h * g->w, nv = (P + vl - 1) / vl;
+    for (int v = 0, oy = 0, ox = 0; v < nv; v++) {         /* (oy, ox): position v * vl + l */
+        unsigned rows[3] = {0, 0, 0}, cols[3] = {0, 0, 0}; /* lanes whose row (column) ky is in */
+        for (int l = 0; l < vl && v * vl + l < P; l++) {
+            const unsigned bit = 1u << l;
+            rows[0] |= oy > 0 ? bit : 0u, rows[1] |= bit, rows[2] |= oy < g->h - 1 ? bit : 0u;
+            cols[0] |= ox > 0 ? bit : 0u, cols[1] |= bit, cols[2] |= ox < g->w - 1 ? bit : 0u;
+            if (++ox == g->w) ox = 0, oy++;
+        }
+        for (int t = 0; t < 9; t++) masks[v * 9 + t] = rows[t / 3] & cols[t % 3];
+    }
+}
+
 /* ---- the implicit convolutions' tap lists (ISA-independent, built by conv_implicit.c) ----- */
 
 #define CF_TAPS_ROW_BYTES ((CF_IMPLICIT_MAX_PLANE + 16) / 8 + 8)
@@ -437,6 +455,15 @@ typedef struct cf_kernel_table {
     /* Stride 2's phase planes (NULL: the portable loops); see conv_implicit.c. */
     void (*split_phases)(const cf_conv_geom *g, const float *x, float *xs, unsigned used);
     void (*merge_phases)(const cf_conv_geom *g, const float *xs, float *x);
+    /* cf_conv_stem_forward and cf_conv_stem_wgrad on a supported shape (NULL: the portable
+     * loops of conv_stem.c) */
+    void (*stem_forward)(const cf_conv_geom *g, int out_channels, const float *w, const float *x,
+                         int n_images, float *y, const cf_conv_epilogue *ep);
+    void (*stem_wgrad)(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
+                       int n_images, float *dwt, bool accumulate);
+    /* whether Conv2d layers take them (cf_conv_stem_pays): where they measured faster than the
+     * lowered product */
+    bool stem_pays;
     const cf_bn_kernels *bn; /* never NULL */
     /* cf_max_sum_plane (NULL, or false for a plane holding a NaN: the scalar loop) */
     bool (*max_sum_plane)(const float *x, size_t n, float *best, int32_t *arg, float *sum);

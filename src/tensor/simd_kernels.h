@@ -256,6 +256,141 @@ static inline bool simd_sgemm_nt(int m, int n, int k, const float *a, int lda, c
 #undef DOT_MAX_TILES
 #undef DOT_CHUNK_BYTES
 
+/* ---- the direct stem (cf_conv_stem_*, tensor.h) ------------------------------------------- */
+
+/* A level that defines V_STEM_SUM(v) (its lanes' sum as the lowered weight gradient's kernel
+ * takes it, to float) gets simd_stem_forward and simd_stem_wgrad. Positions run flat over the
+ * plane (p = oy * w + ox) in vectors of VL, each tap's lanes loaded from x at p + (ky - 1) w +
+ * kx - 1 under the tap's lane mask (cf_stem_masks: masked lanes read zero, and are never
+ * touched), which is the patch matrix's row segment, zeros included: so the sums are the
+ * lowered product's, term for term. */
+#ifdef V_STEM_SUM
+#define STEM_MAX_VECTORS ((CF_STEM_MAX_PLANE + VL - 1) / VL)
+#define STEM_FWD_OB 8 /* output channels a forward vector of taps serves */
+/* a weight-gradient block, output channels x taps: its accumulators, a vector of dy per output
+ * channel and one of x within the registers (29 of 32 zmm, 13 of 16 ymm), a tap's x load serving
+ * ob FMAs (most of them cross a cache line) */
+#define STEM_DW_OB (VL == 16 ? 4 : 3)
+#define STEM_DW_TB (VL == 16 ? 6 : 3)
+#define STEM_DW_TAIL (9 % STEM_DW_TB ? 9 % STEM_DW_TB : STEM_DW_TB) /* the last block's taps */
+
+static inline ptrdiff_t stem_tap_offset(int w, int t) {
+    return (ptrdiff_t)(t / 3 - 1) * w + t % 3 - 1;
+}
+
+/* ob output channels' vector of positions at x (the first channel's plane, at the vector's
+ * first position), each summed over the C x 9 taps in order from zero. */
+CF_INLINE void stem_fwd_block(int ob, int C, int P, const float *x, const ptrdiff_t *off,
+                              const unsigned *mk, const float *w, float *y, unsigned last) {
+    const int K = 9 * C;
+    vf acc[STEM_FWD_OB];
+    _Pragma("GCC unroll 9") for (int j = 0; j < STEM_FWD_OB; j++) acc[j] = V_ZERO();
+    for (int c = 0; c < C; c++) {
+        const float *xc = x + (size_t)c * P;
+        _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+            /* the pointer may lie outside the plane: only its masked lanes are read */
+            const vf xv = V_LOADZ(V_MASKV(mk[t]), xc + off[t]);
+            _Pragma("GCC unroll 9") for (int j = 0; j < ob; j++) acc[j] =
+                V_FMA(V_SET1(w[(size_t)j * K + c * 9 + t]), xv, acc[j]);
+        }
+    }
+    _Pragma("GCC unroll 9") for (int j = 0; j < ob; j++)
+        simd_store(y + (size_t)j * P, last, acc[j]);
+}
+
+/* ob output channels' sums over one image's positions of dy times taps [t0, t0 + tb) of a
+ * channel (x: its plane), lane l over the positions p = l (mod VL) in order, then the lanes'
+ * sums into d[t * O + j] (dwt's rows of the taps; add: added to it). */
+CF_INLINE void stem_dw_block(int ob, int tb, int t0, int O, int P, int nv, const float *dy,
+                             const float *x, const ptrdiff_t *off, const unsigned *masks, float *d,
+                             bool add) {
+    vf acc[STEM_DW_OB][STEM_DW_TB];
+    _Pragma("GCC unroll 9") for (int j = 0; j < STEM_DW_OB; j++)
+        _Pragma("GCC unroll 9") for (int t = 0; t < STEM_DW_TB; t++) acc[j][t] = V_ZERO();
+    for (int v = 0; v < nv; v++) {
+        const int p0 = v * VL;
+        const unsigned *mk = masks + (size_t)v * 9 + t0;
+        const vmaskv lastv = V_MASKV(simd_first_lanes(P - p0));
+        vf dv[STEM_DW_OB];
+        _Pragma("GCC unroll 9") for (int j = 0; j < ob; j++) dv[j] =
+            V_LOADZ(lastv, dy + (size_t)j * P + p0);
+        _Pragma("GCC unroll 9") for (int t = 0; t < tb; t++) {
+            const vf xv = V_LOADZ(V_MASKV(mk[t]), x + p0 + off[t0 + t]);
+            _Pragma("GCC unroll 9") for (int j = 0; j < ob; j++) acc[j][t] =
+                V_FMA(dv[j], xv, acc[j][t]);
+        }
+    }
+    _Pragma("GCC unroll 9") for (int j = 0; j < ob; j++)
+        _Pragma("GCC unroll 9") for (int t = 0; t < tb; t++) {
+        const float s = V_STEM_SUM(acc[j][t]);
+        float *dj = d + (size_t)t * O + j;
+        *dj = add ? *dj + s : s;
+    }
+}
+
+static void simd_stem_forward(const cf_conv_geom *g, int O, const float *w, const float *x,
+                              int n_images, float *y, const cf_conv_epilogue *ep) {
+    const int C = g->c, K = 9 * C, P = g->h * g->w, nv = (P + VL - 1) / VL;
+    unsigned masks[STEM_MAX_VECTORS * 9];
+    cf_stem_masks(g, VL, masks);
+    ptrdiff_t off[9];
+    for (int t = 0; t < 9; t++) off[t] = stem_tap_offset(g->w, t);
+    for (int i = 0; i < n_images; i++) {
+        const float *xi = x + (size_t)i * C * P;
+        float *yi = y + (size_t)i * O * P;
+        for (int v = 0; v < nv; v++) {
+            const int p0 = v * VL;
+            const unsigned *mk = masks + (size_t)v * 9, last = simd_first_lanes(P - p0);
+            for (int o0 = 0; o0 < O; o0 += STEM_FWD_OB) {
+                const float *wo = w + (size_t)o0 * K;
+                float *yo = yi + (size_t)o0 * P + p0;
+                if (O - o0 >= STEM_FWD_OB)
+                    stem_fwd_block(STEM_FWD_OB, C, P, xi + p0, off, mk, wo, yo, last);
+                else
+                    stem_fwd_block(O - o0, C, P, xi + p0, off, mk, wo, yo, last);
+            }
+        }
+        if (ep && ep->fn) ep->fn(ep->ctx, false, i, 1);
+    }
+}
+
+static void simd_stem_wgrad(const cf_conv_geom *g, int O, const float *dy, const float *x,
+                            int n_images, float *dwt, bool accumulate) {
+    const int C = g->c, P = g->h * g->w, nv = (P + VL - 1) / VL;
+    unsigned masks[STEM_MAX_VECTORS * 9];
+    cf_stem_masks(g, VL, masks);
+    ptrdiff_t off[9];
+    for (int t = 0; t < 9; t++) off[t] = stem_tap_offset(g->w, t);
+    for (int i = 0; i < n_images; i++) {
+        const bool add = accumulate || i > 0;
+        for (int c = 0; c < C; c++) {
+            const float *xc = x + ((size_t)i * C + c) * P;
+            for (int o0 = 0; o0 < O; o0 += STEM_DW_OB) {
+                const int ob = O - o0 < STEM_DW_OB ? O - o0 : STEM_DW_OB;
+                const float *dyo = dy + ((size_t)i * O + o0) * P;
+                for (int t0 = 0; t0 < 9; t0 += STEM_DW_TB) {
+                    const int tb = 9 - t0 < STEM_DW_TB ? 9 - t0 : STEM_DW_TB;
+                    float *d = dwt + (size_t)(c * 9 + t0) * O + o0;
+                    if (ob == STEM_DW_OB && tb == STEM_DW_TB)
+                        stem_dw_block(STEM_DW_OB, STEM_DW_TB, t0, O, P, nv, dyo, xc, off, masks, d,
+                                      add);
+                    else if (ob == STEM_DW_OB && tb == STEM_DW_TAIL)
+                        stem_dw_block(STEM_DW_OB, STEM_DW_TAIL, t0, O, P, nv, dyo, xc, off, masks,
+                                      d, add);
+                    else
+                        stem_dw_block(ob, tb, t0, O, P, nv, dyo, xc, off, masks, d, add);
+                }
+            }
+        }
+    }
+}
+#undef STEM_MAX_VECTORS
+#undef STEM_FWD_OB
+#undef STEM_DW_OB
+#undef STEM_DW_TB
+#undef STEM_DW_TAIL
+#endif
+
 /* ---- implicit convolutions ----------------------------------------------------------------- */
 
 static inline unsigned simd_valid_bits(const cf_implicit_taps *tp, int t, int p) {

@@ -1,0 +1,307 @@
+/* The direct stem (cf_conv_stem_*, tensor.h), which conv.c takes for a 3x3 stride-1 layer on 1 to
+ * 4 channels (W1's gray stem) where the level's kernels pay (cf_conv_stem_pays: AVX-512 and up;
+ * the AVX2 kernels are tested here but lose to the lowered product):
+ *
+ * - the kernels against the lowered product they replace (cf_im2col, then cf_sgemm_strided and
+ *   cf_sgemm_nt) on W1's shape and the edges (1 to 4 channels, output counts off the kernels'
+ *   blocks, odd and tiny planes, the largest plane): the forward bitwise wherever the level has
+ *   the vector kernels, the weight gradient bitwise on W1's shape there (both accumulating and
+ *   not), close at the generic level; the epilogue reports every image once, in order, with its
+ *   output final;
+ * - both against PyTorch in float64, to fp32's rounding bounds (from the sums of the absolute
+ *   values);
+ * - Conv2d -> BatchNorm2d -> ReLU, fp32 and bf16 (cf_conv_set_bf16), on 1, 2 and 3 threads:
+ *   training steps and an eval forward with the direct stem and without (cf__nn_set_stem_direct),
+ *   and with the BatchNorm's statistics link and without (cf__nn_set_stats_link), every output,
+ *   gradient, buffer and weight bitwise the same; the link taken on each training forward exactly
+ *   where the direct stem runs; the outputs, the weight gradient and the running statistics
+ *   against PyTorch.
+ *
+ * tests/conv_stem.cmake runs this under every CF_ISA cap and over the amx tile emulation. */
+#include "block_nets.h"
+#include "oracle.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "corefit/nn.h"
+#include "nn/nn_internal.h"
+#include "tensor/kernel_table.h"
+
+static cf_conv_geom stem_geom(int c, int h, int w) {
+    cf_conv_geom g;
+    assert_true(cf_conv_geom_init(&g, c, h, w, 3, 3, 1, 1, 1, 1));
+    return g;
+}
+
+/* ---- the kernels ----------------------------------------------------------------------------- */
+
+typedef struct ep_check {
+    int n, next;
+    size_t out_n;
+    const float *y, *ref;
+} ep_check;
+
+static void ep_fn(void *v, bool shortcut, int n0, int count) {
+    ep_check *e = v;
+    assert_false(shortcut);
+    if (n0 != e->next || count != 1)
+        fail_msg("epilogue: images [%d, %d) reported, image %d expected", n0, n0 + count, e->next);
+    if (memcmp(e->y + (size_t)n0 * e->out_n, e->ref + (size_t)n0 * e->out_n,
+               e->out_n * sizeof(float)) != 0)
+        fail_msg("epilogue: image %d reported before its output was final", n0);
+    e->next++;
+}
+
+typedef struct kcase {
+    int n, c, o, h, w;
+    bool dw_bitwise; /* the lowered weight gradient's kernel takes the shape (W1's) */
+} kcase;
+
+static const kcase kcases[] = {
+    {4, 1, 16, 28, 28, true}, /* W1's stem */
+    {3, 1, 5, 28, 28, false},  {2, 2, 16, 17, 13, false}, {3, 3, 33, 20, 20, false},
+    {2, 4, 8, 9, 31, false},   {3, 1, 3, 5, 3, false}, /* 15 positions: less than a vector */
+    {2, 2, 17, 64, 64, false},                         /* the largest plane */
+};
+#define N_KCASES (int)(sizeof kcases / sizeof kcases[0])
+
+static bool same(const float *a, const float *b, size_t n) {
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* |got - want| <= rel * bound + tiny, element by element. */
+static void within(const char *what, const float *got, const float *want, const float *bound,
+                   size_t n, double rel) {
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)got[i] - (double)want[i]);
+        if (!(err <= rel * bound[i] + 1e-30))
+            fail_msg("%s: element %zu is %.9g, PyTorch %.9g (bound %.3g)", what, i, (double)got[i],
+                     (double)want[i], rel * bound[i]);
+    }
+}
+
+static void test_kernels(void **state) {
+    (void)state;
+    oracle orc;
+    oracle_init(&orc);
+    float *gy[N_KCASES], *gdw[N_KCASES];
+    for (int i = 0; i < N_KCASES; i++) {
+        const kcase *k = &kcases[i];
+        const cf_conv_geom g = stem_geom(k->c, k->h, k->w);
+        assert_true(cf_conv_stem_supported(&g, k->o));
+        const int K = 9 * k->c, P = k->h * k->w, O = k->o, n = k->n;
+        const size_t nx = (size_t)n * k->c * P, ny = (size_t)n * O * P, nw = (size_t)O * K;
+        float *x = malloc(nx * 4), *w = malloc(nw * 4), *dy = malloc(ny * 4);
+        float *y = malloc(ny * 4), *yl = malloc(ny * 4), *col = malloc((size_t)K * P * 4);
+        float *dw = malloc(nw * 4), *dwl = malloc(nw * 4), *dwa = malloc(nw * 4),
+              *dwla = malloc(nw * 4);
+        fill_uniform(x, nx, 10 + i, -2, 2);
+        fill_uniform(w, nw, 20 + i, -1, 1);
+        fill_uniform(dy, ny, 30 + i, -1, 1);
+        /* the lowered product, as conv.c's lowered path computes it */
+        fill_uniform(dwla, nw, 40 + i, -1, 1);
+        memcpy(dwa, dwla, nw * 4);
+        for (int j = 0; j < n; j++) {
+            cf_im2col(&g, x + (size_t)j * k->c * P, col, P);
+            cf_sgemm_strided(O, P, K, w, K, 1, col, P, yl + (size_t)j * O * P, P, false);
+            cf_sgemm_nt(K, O, P, col, P, dy + (size_t)j * O * P, P, dwl, O, j > 0);
+            cf_sgemm_nt(K, O, P, col, P, dy + (size_t)j * O * P, P, dwla, O, true);
+        }
+        /* the epilogue against the same call's output without one */
+        float *yref = malloc(ny * 4);
+        cf_conv_stem_forward(&g, O, w, x, n, yref, NULL);
+        for (size_t j = 0; j < ny; j++) y[j] = -7.0f; /* every value must be written */
+        ep_check e = {.n = n, .out_n = (size_t)O * P, .y = y, .ref = yref};
+        const cf_conv_epilogue ep = {ep_fn, &e};
+        cf_conv_stem_forward(&g, O, w, x, n, y, &ep);
+        assert_int_equal(e.next, n);
+        free(yref);
+        cf_conv_stem_wgrad(&g, O, dy, x, n, dw, false);
+        cf_conv_stem_wgrad(&g, O, dy, x, n, dwa, true);
+        const bool pays = cf_active_kernels->stem_forward != NULL; /* vector kernels */
+        printf("%d x %d -> %d on %dx%d (%d images): %s; y %s, dW %s, accumulated %s\n", k->c, 3, O,
+               k->h, k->w, n, pays ? "vector kernels" : "portable loops",
+               same(y, yl, ny) ? "bitwise" : "differs", same(dw, dwl, nw) ? "bitwise" : "differs",
+               same(dwa, dwla, nw) ? "bitwise" : "differs");
+        if (pays && !same(y, yl, ny))
+            fail_msg("case %d: the forward is not bitwise the lowered product's", i);
+        if (pays && k->dw_bitwise && (!same(dw, dwl, nw) || !same(dwa, dwla, nw)))
+            fail_msg("case %d: the weight gradient is not bitwise the lowered product's", i);
+        assert_rel_err_within("y against the lowered product", y, yl, ny, 1.0, 1e-5);
+        assert_rel_err_within("dW against the lowered product", dw, dwl, nw, 10.0, 1e-4);
+        assert_rel_err_within("accumulated dW against the lowered product", dwa, dwla, nw, 10.0,
+                              1e-4);
+        char name[16];
+        snprintf(name, sizeof name, "x%d", i);
+        oracle_put(&orc, name, x, cf_shape4(n, k->c, k->h, k->w));
+        snprintf(name, sizeof name, "w%d", i);
+        oracle_put(&orc, name, w, cf_shape4(O, k->c, 3, 3));
+        snprintf(name, sizeof name, "dy%d", i);
+        oracle_put(&orc, name, dy, cf_shape4(n, O, k->h, k->w));
+        gy[i] = y;
+        gdw[i] = dw;
+        free(x), free(w), free(dy), free(yl), free(col), free(dwl), free(dwa), free(dwla);
+    }
+    char args[16];
+    snprintf(args, sizeof args, "%d", N_KCASES);
+    oracle_run(&orc, "conv_stem.py", args);
+    for (int i = 0; i < N_KCASES; i++) {
+        const kcase *k = &kcases[i];
+        const int K = 9 * k->c, O = k->o;
+        char name[16];
+        snprintf(name, sizeof name, "y%d", i);
+        cf_tensor ry = oracle_get(&orc, name);
+        snprintf(name, sizeof name, "ya%d", i);
+        cf_tensor ra = oracle_get(&orc, name);
+        within("y against PyTorch", gy[i], ry.data, ra.data, cf_tensor_numel(&ry), 1e-5);
+        snprintf(name, sizeof name, "gw%d", i);
+        cf_tensor rg = oracle_get(&orc, name);
+        snprintf(name, sizeof name, "gwa%d", i);
+        cf_tensor rga = oracle_get(&orc, name);
+        float *dw = malloc((size_t)O * K * 4); /* dwt (K x O) -> O x K */
+        for (int o = 0; o < O; o++)
+            for (int j = 0; j < K; j++) dw[o * K + j] = gdw[i][j * O + o];
+        within("dW against PyTorch", dw, rg.data, rga.data, (size_t)O * K, 1e-4);
+        free(dw), free(ry.data), free(ra.data), free(rg.data), free(rga.data);
+        free(gy[i]), free(gdw[i]);
+    }
+    oracle_cleanup(&orc);
+}
+
+/* ---- Conv2d -> BatchNorm2d -> ReLU ------------------------------------------------------------
+ */
+
+#define STEPS 2
+
+typedef struct run_opts {
+    bool bf16, direct, link;
+    int threads;
+} run_opts;
+
+static cf_module *stem_net(int c) {
+    cf_module *m[] = {cf_conv2d(c, 16, 3, 1, 1, false), cf_batchnorm2d(16), cf_relu()};
+    return cf_sequential(3, m);
+}
+
+/* STEPS training steps and an eval forward of the stem on n images of c x hw x hw. */
+static record run_net(int n, int c, int hw, run_opts o) {
+    cf_set_num_threads(o.threads);
+    cf__nn_set_stem_direct(o.direct);
+    cf__nn_set_stats_link(o.link);
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, stem_net(c), 7), CF_OK);
+    cf_conv_set_bf16(model->root, o.bf16);
+    const cf_conv_geom g = stem_geom(c, hw, hw);
+    /* the link where the direct stem runs (the lowered fp32 path has no epilogue) */
+    const bool linked = o.direct && o.link && cf_conv_stem_pays(&g, 16) && !cf_kernels_reference();
+    const size_t nx = (size_t)n * c * hw * hw;
+    float *x = malloc(nx * sizeof(float));
+    record r = {0};
+    for (int step = 0; step <= STEPS; step++) {
+        const bool training = step < STEPS;
+        fill_uniform(x, nx, 300 + (uint64_t)step, -2, 2);
+        cf_model_train(model, training);
+        cf_model_zero_grad(model);
+        cf_tensor tx = cf_tensor_view(x, cf_shape4(n, c, hw, hw));
+        const cf_tensor *y;
+        assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+        const bool took = cf_nn_bn_took_stats(model->root->children[1]);
+        if (took != (training && linked))
+            fail_msg("%d -> 16 on %dx%d (bf16 %d, direct %d, link %d, %d threads) step %d: the "
+                     "BatchNorm took the linked sums %d",
+                     c, hw, hw, o.bf16, o.direct, o.link, o.threads, step, took);
+        put(&r, y->data, cf_tensor_numel(y));
+        if (!training) break;
+        record_backward_step(&r, model, y, nx, step);
+    }
+    free(x);
+    cf_model_free(model);
+    cf__nn_set_stem_direct(true);
+    cf__nn_set_stats_link(true);
+    cf_set_num_threads(1);
+    return r;
+}
+
+static void test_direct_equals_lowered(void **state) {
+    (void)state;
+    static const struct { int n, c, hw; } shapes[] = {{12, 1, 28}, {5, 3, 20}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int bf16 = 0; bf16 <= 1; bf16++)
+            for (int t = 1; t <= 3; t++) {
+                const int n = shapes[s].n, c = shapes[s].c, hw = shapes[s].hw;
+                const record base = run_net(n, c, hw, (run_opts){bf16, false, false, t});
+                char name[160];
+                snprintf(name, sizeof name, "%d -> 16 on %dx%d (bf16 %d, %d threads)", c, hw, hw,
+                         bf16, t);
+                for (int v = 0; v < 3; v++) { /* direct and linked, direct alone, linked alone */
+                    const run_opts o = {bf16, v != 2, v != 1, t};
+                    record copy = {0};
+                    put(&copy, base.v, base.n);
+                    /* W1's shape: bitwise; the 3-channel one's weight gradient only where the
+                     * lowered product's kernel reproduces (checked by test_kernels) */
+                    if (c == 1)
+                        records_equal(run_net(n, c, hw, o), copy, name,
+                                      v == 2 ? "linked" : "direct", "lowered");
+                    else {
+                        record got = run_net(n, c, hw, o);
+                        assert_int_equal(got.n, copy.n);
+                        assert_rel_err_within(name, got.v, copy.v, got.n, 1.0, 1e-4);
+                        free(got.v), free(copy.v);
+                    }
+                }
+                free(base.v);
+            }
+}
+
+/* One training forward and backward of W1's stem against PyTorch: the ReLU's output, the
+ * convolution's weight gradient, the BatchNorm's running statistics. */
+static void test_net_oracle(void **state) {
+    (void)state;
+    const int n = 16, hw = 28;
+    for (int t = 1; t <= 3; t += 2) {
+        cf_set_num_threads(t);
+        cf_model *model;
+        assert_int_equal(cf_model_new(&model, stem_net(1), 9), CF_OK);
+        cf_model_train(model, true);
+        cf_model_zero_grad(model);
+        const size_t nx = (size_t)n * hw * hw, ny = (size_t)n * 16 * hw * hw;
+        float *x = malloc(nx * 4), *dy = malloc(ny * 4);
+        fill_uniform(x, nx, 61, -1, 3);
+        fill_uniform(dy, ny, 62, -1, 1);
+        cf_tensor tx = cf_tensor_view(x, cf_shape4(n, 1, hw, hw));
+        const cf_tensor *y;
+        assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+        cf_tensor tdy = cf_tensor_view(dy, y->shape);
+        model->root->ops->backward(model->root, &tdy, false);
+        cf_module *conv = model->root->children[0], *bn = model->root->children[1];
+        oracle orc;
+        oracle_init(&orc);
+        oracle_put(&orc, "net_x", x, tx.shape);
+        oracle_put(&orc, "net_w", conv->params[0].data, cf_shape4(16, 1, 3, 3));
+        oracle_put(&orc, "net_dy", dy, y->shape);
+        oracle_run(&orc, "conv_stem.py", "0");
+        cf_tensor out = oracle_get(&orc, "net_out"), gw = oracle_get(&orc, "net_gw"),
+                  rm = oracle_get(&orc, "net_rmean"), rv = oracle_get(&orc, "net_rvar");
+        assert_close("the ReLU's output", y->data, out.data, ny, 1e-4, 1e-5);
+        assert_close("the weight gradient", conv->params[0].grad, gw.data, 16 * 9, 1e-3, 1e-3);
+        assert_close("running_mean", bn->params[2].data, rm.data, 16, 1e-5, 1e-6);
+        assert_close("running_var", bn->params[3].data, rv.data, 16, 1e-5, 1e-6);
+        free(out.data), free(gw.data), free(rm.data), free(rv.data);
+        oracle_cleanup(&orc);
+        free(x), free(dy);
+        cf_model_free(model);
+    }
+    cf_set_num_threads(1);
+}
+
+int main(void) {
+    printf("level %s\n", cf_isa_name(cf_isa_active()));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_direct_equals_lowered),
+        cmocka_unit_test(test_net_oracle),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
