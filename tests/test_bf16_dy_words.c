@@ -217,6 +217,82 @@ static void test_conv_words(void **state) {
     }
 }
 
+/* The weight gradient with and without its fetch of the next image's words
+ * (cf__conv_bf16_set_wgrad_prefetch): dW, dx and the shortcut's dW memcmp-equal, through the
+ * words (x kept, dy and the shortcut's dy as words) where the layer takes them, else through
+ * cf_conv_bf16_backward_kept (x kept, dy in fp32). */
+static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
+    cf_conv_geom g, sg;
+    const int pad = k == 1 ? 0 : (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, stride, stride, pad, pad));
+    if (!cf_conv_bf16_supported(&g, o)) return;
+    if (so) assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
+    const bool words = cf_conv_bf16_takes_dy_words(&g, o);
+    const size_t nx = (size_t)n * c * h * h, ny = (size_t)n * o * g.oh * g.ow,
+                 nw = (size_t)o * c * k * k, nsy = (size_t)n * so * g.oh * g.ow,
+                 nsw = (size_t)so * c + 1;
+    float *x = malloc(nx * 4), *wt = malloc(nw * 4), *dy = malloc(ny * 4), *sw = malloc(nsw * 4),
+          *sdy = malloc((nsy + 1) * 4);
+    uint16_t *dyh = malloc(ny * 2), *xk = malloc(nx * 2), *sdyh = malloc((nsy + 1) * 2);
+    fill_uniform(x, nx, 51, -2, 2);
+    fill_uniform(wt, nw, 52, -1, 1);
+    fill_uniform(dy, ny, 53, -1, 1);
+    fill_uniform(sw, nsw, 54, -1, 1);
+    fill_uniform(sdy, nsy + 1, 55, -1, 1);
+    for (size_t i = 0; i < ny; i++) dyh[i] = bf16_ref(dy[i]);
+    for (size_t i = 0; i < nsy; i++) sdyh[i] = bf16_ref(sdy[i]);
+    cf_fp32_to_bf16(x, xk, nx);
+    float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * 4),
+          *spk = so ? malloc(cf_conv_bf16_packed_floats(&sg, so) * 4) : NULL,
+          *scratch = malloc(cf_conv_bf16_scratch(&g, o) * 4);
+    cf_conv_bf16_pack(&g, o, wt, pk);
+    if (so) cf_conv_bf16_pack(&sg, so, sw, spk);
+    const uint16_t *kept = cf_conv_bf16_keeps_input(&g, o) ? xk : NULL;
+    char what[128];
+    snprintf(what, sizeof what, "%dx%d/%d %d->%d (shortcut %d) on %dx%d, %d images, %s", k, k,
+             stride, c, o, so, h, h, n, words ? "dy words" : "dy fp32");
+    float *dw[2], *dx[2], *sdw[2];
+    for (int i = 0; i < 2; i++) {
+        cf__conv_bf16_set_wgrad_prefetch(i == 0);
+        dw[i] = malloc(nw * 4), dx[i] = malloc(nx * 4), sdw[i] = malloc(nsw * 4);
+        memset(sdw[i], 0, nsw * 4);
+        cf_conv_shortcut sdw_sc = {.out_channels = so, .w = spk, .dy = sdy, .dw = sdw[i]},
+                         sdx_sc = sdw_sc;
+        const cf_conv_shortcut *a = so ? &sdw_sc : NULL, *b = so ? &sdx_sc : NULL;
+        if (words)
+            assert_int_equal(cf_conv_bf16_backward_words(&g, o, pk, NULL, dyh, x, kept, n, dw[i],
+                                                         dx[i], scratch, a, b, so ? sdyh : NULL),
+                             CF_OK);
+        else
+            assert_int_equal(
+                cf_conv_bf16_backward_kept(&g, o, pk, dy, x, kept, n, dw[i], dx[i], scratch, a, b),
+                CF_OK);
+    }
+    cf__conv_bf16_set_wgrad_prefetch(true);
+    same_bits(dw[0], dw[1], nw, what, "dW (fetch on / off)");
+    same_bits(dx[0], dx[1], nx, what, "dx (fetch on / off)");
+    same_bits(sdw[0], sdw[1], nsw, what, "the shortcut's dW (fetch on / off)");
+    double largest = 0;
+    for (size_t j = 0; j < nw; j++) largest = fmax(largest, fabs(dw[0][j]));
+    assert_true(largest > 0.01); /* the sums are there */
+    for (int i = 0; i < 2; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
+    free(x), free(wt), free(dy), free(sw), free(sdy), free(dyh), free(sdyh), free(xk), free(pk),
+        free(spk), free(scratch);
+}
+
+static void test_wgrad_fetch(void **state) {
+    (void)state;
+    check_fetch(5, 16, 28, 32, 3, 2, 32); /* W1's layers, partial blocks */
+    check_fetch(9, 32, 14, 32, 3, 1, 0);
+    check_fetch(5, 32, 14, 64, 3, 2, 64);
+    check_fetch(17, 64, 7, 64, 3, 1, 0);
+    check_fetch(3, 16, 28, 32, 1, 2, 0);  /* the 1x1 stride-2 layer */
+    check_fetch(1, 8, 9, 12, 3, 2, 11);   /* an odd plane, one image, odd channels */
+    check_fetch(3, 24, 13, 40, 3, 1, 0);  /* odd planes, 3 images, m not a multiple of 16 */
+    check_fetch(3, 18, 15, 23, 3, 2, 21); /* the same at stride 2 */
+    check_fetch(1, 32, 11, 17, 3, 1, 0);
+}
+
 /* ---- models ---------------------------------------------------------------------------------- */
 
 /* A convolution whose ops are wrapped as bench_step's timers wrap them (the original ops
@@ -591,7 +667,7 @@ int main(void) {
         cmocka_unit_test(test_bn_dx_words),    cmocka_unit_test(test_conv_words),
         cmocka_unit_test(test_models),         cmocka_unit_test(test_eval),
         cmocka_unit_test(test_fp32),           cmocka_unit_test(test_wrapped),
-        cmocka_unit_test(test_frozen_sibling),
+        cmocka_unit_test(test_frozen_sibling), cmocka_unit_test(test_wgrad_fetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1780,6 +1780,19 @@ static bool kept_active(const layout *l, const uint16_t *xh) {
     return xh && !l->compact && !l->sub && k && k->rows_h && k->deal_h;
 }
 
+static atomic_bool wgrad_fetch_on = true; /* cf__conv_bf16_set_wgrad_prefetch */
+
+void cf__conv_bf16_set_wgrad_prefetch(bool on) {
+    atomic_store(&wgrad_fetch_on, on);
+}
+
+/* The lines of bytes at p fetched towards the core (to L2: an image's words overflow L1). */
+static inline void fetch_lines(const void *p, size_t bytes) {
+    const uintptr_t end = (uintptr_t)p + bytes;
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a < end; a += 64)
+        __builtin_prefetch((const void *)a, 0, 2);
+}
+
 /* The weight gradient; with a paired shortcut (stride 2), also the shortcut's, one more tap
  * that reads the phase rows holding x[2i][2j], its dy laid out as this layer's. xh (NULL: none):
  * x's bf16 words (image n's at n * in_n, as cf_fp32_to_bf16 of x), copied into the rows instead
@@ -1814,6 +1827,9 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
     /* zero once: borders, dropped columns, channels past C and rows past O stay zero */
     if (!zeroed)
         memset(scratch, 0, (sc ? wgrad_words_paired(&l) : wgrad_words(&l)) * sizeof(uint32_t));
+    /* the words were written long before (the forward's, a BatchNorm's) and are read from L3 or
+     * memory: each plane's next image is fetched while this image's is copied */
+    const bool fetch = atomic_load(&wgrad_fetch_on);
     for (int n0 = 0; n0 < n_images; n0 += l.block) {
         const int nb = n_images - n0 < l.block ? n_images - n0 : l.block;
         if (nb < l.block) /* images past the batch: no x for the taps to read (no dy is read) */
@@ -1822,9 +1838,11 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             const float *xn = x + (size_t)(n0 + b) * in_n,
                         *dyn = dyh ? NULL : dy + (size_t)(n0 + b) * out_n;
             const uint16_t *dhn = dyh ? dyh + (size_t)(n0 + b) * out_n : NULL;
+            const bool ahead = fetch && n0 + b + 1 < n_images;
             for (int c = 0; c < l.c && xh; c++) { /* the kept words (not sub: kept_active) */
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const uint16_t *src = xh + (size_t)(n0 + b) * in_n + c * plane;
+                if (ahead) fetch_lines(src + in_n, plane * sizeof(uint16_t));
                 if (l.stride == 1) {
                     k->rows_h(src, g->h, g->w, row + (size_t)l.pad * l.wp + l.pad, (size_t)l.wp);
                     continue;
@@ -1872,6 +1890,9 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
                          od, (size_t)l.wq);
                 }
             }
+            for (int o = 0; o < l.o && dhn && ahead; o++)
+                fetch_lines(dhn + out_n + (size_t)o * g->oh * g->ow,
+                            (size_t)g->oh * g->ow * sizeof(uint16_t));
             for (int o = 0; o < l.o && dhn && l.sub; o++) /* dy's words: the same places */
                 memcpy(dyb + (size_t)o * l.dl + (size_t)b * l.s, dhn + (size_t)o * g->oh * g->ow,
                        (size_t)g->oh * g->ow * sizeof(uint16_t));
@@ -1885,6 +1906,9 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             for (int o = 0; o < l.o && !dhn && !l.sub; o++)
                 rows(dyn + (size_t)o * g->oh * g->ow, g->oh, g->ow,
                      dyb + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);
+            for (int o = 0; sc && o < sc->out_channels && sdyh && ahead; o++)
+                fetch_lines(sdyh + (size_t)(n0 + b + 1) * sout_n + (size_t)o * g->oh * g->ow,
+                            (size_t)g->oh * g->ow * sizeof(uint16_t));
             for (int o = 0; sc && o < sc->out_channels && sdyh; o++)
                 k->rows_h(sdyh + (size_t)(n0 + b) * sout_n + (size_t)o * g->oh * g->ow, g->oh,
                           g->ow, dys + (size_t)o * l.dl + (size_t)b * l.s, (size_t)l.wq);

@@ -416,6 +416,11 @@ void cf__winograd_set_fused(bool on);
  * process. */
 void cf__conv_bf16_set_dx2_cols(bool on);
 
+/* Whether the bf16 weight gradient fetches the next image's bf16 words of x and dy (to L2)
+ * while it copies this image's into its rows (conv_bf16.c's wgrad; on by default): bitwise the
+ * same, for tests and benchmarks that switch the two in one process. */
+void cf__conv_bf16_set_wgrad_prefetch(bool on);
+
 /* Whether conv_cols fetches the lines of each tile's output planes for writing before the tile
  * computes (on by default): bitwise the same, for tests and benchmarks that switch the two in one
  * process. conv_cols reads it through cf__conv_bf16_cols_prefetch. */
