@@ -184,10 +184,10 @@ typedef struct run_opts {
 typedef struct net {
     block_net k;
     int links; /* BatchNorms taking the link each training forward at a bf16 level */
-    bool unet;
+    bool unet; /* the body of W1 as a U-Net's encoder (k's c, h, w) */
     bool bias; /* a Sequential conv(bias) - BN - ReLU - conv - BN (k's c, h, w, o) */
     bool stem; /* W1's gray stem: its BatchNorm takes the direct stem's sums, fp32 or bf16, where
-                  the level has the direct stem's kernels (cf_conv_stem_pays) */ /* the body of W1 as a U-Net's encoder (k's c, h, w) */
+                  the level has the direct stem's kernels (cf_conv_stem_pays) */
 } net;
 
 static cf_module *net_build(const net *t) {

@@ -614,26 +614,37 @@ cf_conv_precision cf_conv_bf16_precision(const cf_conv_geom *g, int out_channels
  * flat positions p = oy * w + ox, a tap outside the image reading zero: at the vector levels,
  * bitwise the lowered product (cf_im2col, then cf_sgemm_strided). The weight gradient sums each
  * (output, tap) over the image's positions in lanes (position p in lane p mod VL), then the lanes
- * as the lowered product's weight gradient does at that level (cf_sgemm_nt's: AVX-512 as
- * OpenBLAS 0.3.21's SkylakeX small-matrix kernel, AVX2 as its own dot kernel), so it is bitwise
- * that product wherever that kernel takes the shape. The portable loops (the generic level) sum
- * in the same order without FMAs. Planes of up to CF_STEM_MAX_PLANE positions. */
+ * as OpenBLAS 0.3.21's SkylakeX small-matrix kernel does at AVX-512 (AVX2: as simd_sgemm_nt's
+ * dot kernel), and adds the images in order: its result is fixed by the shape alone, whatever
+ * OpenBLAS core is loaded, and it is bitwise cf_sgemm_nt over the lowered patches, image by
+ * image, only where cf_conv_stem_wgrad_as_nt says so and cf_sgemm_nt runs that kernel (a
+ * SkylakeX-family core: SkylakeX, Cooperlake, SapphireRapids; OPENBLAS_CORETYPE=Haswell or Zen
+ * gives other roundings). Elsewhere it differs from the lowered weight gradient in the last
+ * bits. The portable loops (the generic level) sum in the same order without FMAs. */
 #define CF_STEM_MAX_CHANNELS 4
 #define CF_STEM_MAX_PLANE 4096
+/* Whether the direct stem takes the shape: 1 to CF_STEM_MAX_CHANNELS channels, 3x3, stride 1,
+ * padding 1, planes of at most CF_STEM_MAX_PLANE positions, at least one output. */
 bool cf_conv_stem_supported(const cf_conv_geom *g, int out_channels);
+/* Whether the shape's weight gradient is one that the direct stem reproduces bit for bit from
+ * the lowered cf_sgemm_nt product with a SkylakeX-family OpenBLAS (above): one channel, 4, 8, 12
+ * or 16 outputs, planes of at least 32 positions (W1's 1 -> 16 on 28x28). Conv2d takes the
+ * direct weight gradient only there, so that its fp32 results stay the lowered ones. */
+bool cf_conv_stem_wgrad_as_nt(const cf_conv_geom *g, int out_channels);
 /* Whether the active level's kernels for the shape measured faster than the lowered product
  * (AVX-512 and up; at AVX2 and with the portable loops they lose to it, its GEMM being
  * OpenBLAS's at any level): where a Conv2d takes the direct stem. */
 bool cf_conv_stem_pays(const cf_conv_geom *g, int out_channels);
 /* y (n x O x h x w) of x (n x C x h x w) and w (O x C x 3 x 3); ep (NULL or no fn: none) is
- * called after each image's output is written, with (ctx, false, image, 1). */
-void cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const float *w, const float *x,
-                          int n_images, float *y, const cf_conv_epilogue *ep);
+ * called after each image's output is written, with (ctx, false, image, 1). CF_ERR_INVALID,
+ * nothing written, where cf_conv_stem_supported refuses the shape or n_images < 0. */
+cf_status cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const float *w,
+                               const float *x, int n_images, float *y, const cf_conv_epilogue *ep);
 /* dwt (K x O: dwt[k * O + o], the lowered weight gradient's transposed layout) = (accumulate:
  * dwt +) the sum over the n images, each image's sums added in image order, of dy (n x O x h x w)
- * times x's taps. */
-void cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
-                        int n_images, float *dwt, bool accumulate);
+ * times x's taps. CF_ERR_INVALID, nothing written, as cf_conv_stem_forward. */
+cf_status cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                             const float *x, int n_images, float *dwt, bool accumulate);
 
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 

@@ -173,9 +173,10 @@ typedef struct conv_impl {
     bool stats_wrote;
     struct conv_impl *shortcut_impl; /* the shortcut computed by the forward in progress */
     /* a 3x3 stride-1 layer on 1 to 4 channels whose images are not grouped (W1's stem): the
-     * forward and the weight gradient through cf_conv_stem_* (no patch matrix, no GEMM; bitwise
-     * the lowered ones at the vector levels, tensor.h), the forward with the statistics link's
-     * epilogue; stem_call: the forward in progress takes it */
+     * forward through cf_conv_stem_forward (no patch matrix, no GEMM; bitwise the lowered one at
+     * the vector levels), with the statistics link's epilogue, and the weight gradient through
+     * cf_conv_stem_wgrad only where it reproduces the lowered cf_sgemm_nt product
+     * (use_stem_direct_dw, tensor.h); stem_call: the forward in progress takes it */
     bool stem, stem_call;
 } conv_impl;
 
@@ -254,6 +255,14 @@ void cf__nn_set_stem_direct(bool on) {
 /* Whether the lowered weight gradient is the few-row dot-product case (conv_backward_range). */
 static bool bf16_dw_dots(const conv_impl *c) {
     return c->in_c * c->k * c->k < 16 && c->out_c <= 16;
+}
+
+/* Whether this backward's weight gradient takes cf_conv_stem_wgrad: only where the lowered one
+ * is the cf_sgemm_nt product (bf16_dw_dots) of a shape the direct sums reproduce bit for bit
+ * (cf_conv_stem_wgrad_as_nt); on other shapes the lowered product (transpose_dy and
+ * cf_sgemm_strided, or cf_sgemm_nt's other edges) adds the positions in another order. */
+static bool use_stem_direct_dw(const conv_impl *c) {
+    return use_stem_direct(c) && bf16_dw_dots(c) && cf_conv_stem_wgrad_as_nt(&c->g, c->out_c);
 }
 
 /* Whether this call goes through cf_conv_bf16_* (the kernel table may have changed since the
@@ -429,14 +438,16 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
         c->bf16_x_cap = in->dim[0];
     }
     c->dyw_for = NULL;
-    /* the statistics link's sums, shift and image flags (the bf16 forwards only) */
+    /* the statistics link's sums, shift and image flags (the bf16 forwards and the direct stem,
+     * where the level's kernels take it: cf_conv_stem_pays) */
     c->stats_part = NULL;
     c->stats_k = NULL;
     c->stats_done = NULL;
     c->stats_cap = 0;
     c->stats_on = c->stats_wrote = false;
     c->stats_for = NULL;
-    if (c->stats_bn && ((c->bf16_implicit && c->bf16 && !c->winograd) || c->stem)) {
+    if (c->stats_bn && ((c->bf16_implicit && c->bf16 && !c->winograd) ||
+                        (c->stem && cf_conv_stem_pays(&c->g, c->out_c)))) {
         c->stats_cap = in->dim[0];
         c->stats_part = cf_arena_bytes(arena, 2 * (size_t)c->stats_cap * c->out_c * sizeof(double));
         c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
@@ -701,9 +712,10 @@ static void conv_forward_stem_range(void *ctx, int64_t begin, int64_t end, int t
     const size_t in_n = (size_t)g->c * g->h * g->w, out_n = (size_t)c->out_c * g->oh * g->ow;
     stats_call call = {c, NULL, begin};
     const cf_conv_epilogue ep = {stats_epilogue, &call};
-    cf_conv_stem_forward(g, c->out_c, m->params[0].data, c->x + (size_t)begin * in_n,
-                         (int)(end - begin), c->y + (size_t)begin * out_n,
-                         c->stats_on ? &ep : NULL);
+    /* cannot fail: c->stem holds only where cf_conv_stem_supported takes the shape */
+    (void)cf_conv_stem_forward(g, c->out_c, m->params[0].data, c->x + (size_t)begin * in_n,
+                               (int)(end - begin), c->y + (size_t)begin * out_n,
+                               c->stats_on ? &ep : NULL);
     if (c->has_bias) add_bias(c, m->params[1].data, begin, end);
 }
 
@@ -937,7 +949,8 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
         cf_module_fail(CF_ERR_STATE, "Conv2d forward: its input was written as bf16 words the "
                                      "layer cannot read");
     }
-    /* the statistics link: the next BatchNorms' sums from the bf16 call's epilogue */
+    /* the statistics link: the next BatchNorms' sums from the bf16 call's or the direct stem's
+     * epilogue */
     conv_impl *sci = c->shortcut_impl;
     c->stem_call = !c->bf16_fresh && !c->winograd_call && !use_implicit(c) &&
                    !c->shortcut_call.out_channels && use_stem_direct(c);
@@ -1055,7 +1068,7 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
      * empty), both read in place (the kernel packs and rounds either layout). The few-row weight
      * gradient of dw_dots stays fp32: its bf16 tiles would be mostly padding. */
     const bool bf16 = use_bf16(c), dw_bf16 = bf16 && !dw_dots, stem = use_stem_bf16(c);
-    const bool stem_direct = use_stem_direct(c);
+    const bool stem_direct = use_stem_direct_dw(c);
     c->ran[thread] = 1;
     for (int64_t gi = begin; gi < end; gi++) {
         int64_t n0, n1;
@@ -1075,8 +1088,8 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             if (first) {
                 int64_t m0, m1;
                 group_range(c, end - 1, &m0, &m1);
-                cf_conv_stem_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
-                                   (int)(m1 - n0), dwt, false);
+                (void)cf_conv_stem_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
+                                         (int)(m1 - n0), dwt, false);
             }
         } else if (c->want_dw && stem) { /* dW^T (K x O), as the fp32 product's */
             cf_conv_stem_bf16_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,

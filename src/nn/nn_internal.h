@@ -234,12 +234,13 @@ void cf__nn_set_x_words_link(bool on);
  * on by default, read at each call; the x link off turns it off too). */
 void cf__nn_set_x_pair_link(bool on);
 
-/* ---- the statistics link: a bf16 convolution taking the next BatchNorm's per-image sums ----
+/* ---- the statistics link: a convolution taking the next BatchNorm's per-image sums ---------
  *
  * In a Sequential, a Conv2d followed right away by a BatchNorm is linked to it when the model is
  * planned (cf_nn_conv_stats_bn and cf_nn_bn_stats_from, fuse.c). A training forward of the
  * convolution that goes through cf_conv_bf16_forward_each (a layer in mixed precision at a level
- * with bf16 kernels, its ops its own, at most the planned batch) then computes each image's
+ * with bf16 kernels) or through the fp32 direct stem (cf_conv_stem_forward, where
+ * cf_conv_stem_pays), its ops its own, at most the planned batch, then computes each image's
  * shifted sums per channel in its epilogue (cf_bn_image_sums: the BatchNorm's own kernel calls,
  * with the same shift, the channel's first value of image 0) while the image's output is in
  * cache, into a block of its own. The BatchNorm's next training forward on exactly that output
@@ -247,10 +248,10 @@ void cf__nn_set_x_pair_link(bool on);
  * wrapper that could change y in between) adds them per channel in image order and skips its
  * own statistics pass: bitwise the same statistics, output and running statistics for every
  * thread count. So does a residual idpath's 1x1 shortcut computed by its sibling (the pair):
- * its own link, its output's sums from the pair's epilogue. Elsewhere (eval, hooks, fp32, a
- * level or layer without the bf16 path, synchronised statistics) the BatchNorm takes its sums
- * itself as before; one that cannot take them tells the convolution not to compute them
- * (cf_nn_conv_stats_want) from its next forward on. */
+ * its own link, its output's sums from the pair's epilogue. Elsewhere (eval, hooks, the lowered
+ * fp32 paths, a level or layer without the bf16 path or the direct stem, synchronised
+ * statistics) the BatchNorm takes its sums itself as before; one that cannot take them tells the
+ * convolution not to compute them (cf_nn_conv_stats_want) from its next forward on. */
 /* Links conv to bn, the BatchNorm right after it, and bn to conv (NULL: unlinks). */
 void cf_nn_conv_stats_bn(cf_module *conv, cf_module *bn);
 void cf_nn_bn_stats_from(cf_module *bn, cf_module *conv);

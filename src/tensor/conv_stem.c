@@ -11,6 +11,14 @@ bool cf_conv_stem_supported(const cf_conv_geom *g, int out_channels) {
            (int64_t)g->h * g->w <= CF_STEM_MAX_PLANE && out_channels >= 1;
 }
 
+bool cf_conv_stem_wgrad_as_nt(const cf_conv_geom *g, int out_channels) {
+    /* found by comparing every plane up to 64x64 with 1 to 16 outputs (OpenBLAS 0.3.21, SkylakeX):
+     * below 32 positions, or with an output count off the multiples of 4, the small-matrix
+     * kernel's edge sums its lanes otherwise */
+    return cf_conv_stem_supported(g, out_channels) && g->c == 1 && out_channels <= 16 &&
+           out_channels % 4 == 0 && g->h * g->w >= 32;
+}
+
 bool cf_conv_stem_pays(const cf_conv_geom *g, int out_channels) {
     /* the generic loops took 1.5 ms forward and 1.3 ms dW for W1's 64 images, the lowered
      * product 0.26 and 0.25 (its GEMM is OpenBLAS's at any level); the AVX2 kernels: isa_avx2.c */
@@ -82,18 +90,36 @@ static void loops_wgrad(const cf_conv_geom *g, int O, const float *dy, const flo
         }
 }
 
-void cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const float *w, const float *x,
-                          int n_images, float *y, const cf_conv_epilogue *ep) {
+/* The refusal of a shape or image count the kernels do not take (their lane masks and the
+ * portable loops' sums are sized by CF_STEM_MAX_PLANE). */
+static cf_status check_call(const char *fn, const cf_conv_geom *g, int out_channels, int n_images) {
+    if (cf_conv_stem_supported(g, out_channels) && n_images >= 0) return CF_OK;
+    return cf_fail(CF_ERR_INVALID,
+                   "%s: %d images of %d channels, %dx%d, kernel %dx%d, stride %dx%d, padding "
+                   "%dx%d, %d outputs: the direct stem takes 1 to %d channels, 3x3, stride 1, "
+                   "padding 1, planes of at most %d positions",
+                   fn, n_images, g->c, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                   out_channels, CF_STEM_MAX_CHANNELS, CF_STEM_MAX_PLANE);
+}
+
+cf_status cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const float *w,
+                               const float *x, int n_images, float *y, const cf_conv_epilogue *ep) {
+    const cf_status st = check_call("cf_conv_stem_forward", g, out_channels, n_images);
+    if (st != CF_OK) return st;
     if (cf_active_kernels->stem_forward)
         cf_active_kernels->stem_forward(g, out_channels, w, x, n_images, y, ep);
     else
         loops_forward(g, out_channels, w, x, n_images, y, ep);
+    return CF_OK;
 }
 
-void cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
-                        int n_images, float *dwt, bool accumulate) {
+cf_status cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
+                             const float *x, int n_images, float *dwt, bool accumulate) {
+    const cf_status st = check_call("cf_conv_stem_wgrad", g, out_channels, n_images);
+    if (st != CF_OK) return st;
     if (cf_active_kernels->stem_wgrad)
         cf_active_kernels->stem_wgrad(g, out_channels, dy, x, n_images, dwt, accumulate);
     else
         loops_wgrad(g, out_channels, dy, x, n_images, dwt, accumulate);
+    return CF_OK;
 }

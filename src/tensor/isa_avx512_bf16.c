@@ -670,7 +670,8 @@ static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, siz
     }
 }
 
-/* The line at p fetched towards L1 for writing (prefetchw: every CPU with AVX512_BF16 has it). */
+/* The line at p fetched for writing (prefetchw: every CPU with AVX512_BF16 has it), owned; one
+ * not written soon after leaves L1 for L2 and is still owned there. */
 static inline void prefetch_w(const char *p) {
     __asm__ volatile("prefetchw %0" ::"m"(*p));
 }
@@ -709,9 +710,11 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
     /* next's lines towards L2, a few per tile while the tiles compute */
     const char *pf = next, *pf_end = pf ? pf + next_bytes : NULL;
     const size_t pf_step = 64 * ((next_bytes / 64 + tiles - 1) / tiles);
-    /* each tile's lines of the planes, fetched for writing before it computes: W1's layers'
-     * planes (1.6 MB a batch) are out of L2, and the stores of an image's transposition stalled
-     * on them (cf__conv_bf16_set_cols_prefetch) */
+    /* each tile's lines of the planes, fetched for writing as the tile starts. cols_out writes
+     * an image's planes only once all of its tiles are done (some 130 tiles later for a 28x28
+     * plane of 64 channels: 200 KB against a 32 KB L1), so by then most of the lines have left
+     * L1 and wait in L2, owned; that still spares the transposition's stores the trip to memory
+     * (W1's layers' planes, 1.6 MB a batch, are out of L2; cf__conv_bf16_set_cols_prefetch) */
     const bool pw = cf__conv_bf16_cols_prefetch();
 #define ROW_AT(R) (x + (size_t)((R) / h) * ldimg + (size_t)((R) % h) * ldx)
     for (int q0 = 0, done = 0; q0 < n; q0 += np) {
