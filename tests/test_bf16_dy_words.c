@@ -80,11 +80,57 @@ static void test_bn_dx_words(void **state) {
 
 /* ---- the convolution's entry ---------------------------------------------------------------- */
 
+/* A layer's data for the backward entries: x, the weights, dy (and its words), a paired
+ * shortcut's weights and dy (so outputs; 1x1 stride 2), x's kept words, the packed weights and
+ * the scratch. specials: dy holds subnormals and ties (no NaN, infinity or overflow); else
+ * uniform. Seeds seed .. seed + 4. */
+typedef struct layer_data {
+    cf_conv_geom sg;
+    size_t nx, ny, nw, nsy, nsw;
+    float *x, *wt, *dy, *sw, *sdy, *pk, *spk, *scratch;
+    uint16_t *dyh, *xk, *sdyh;
+} layer_data;
+
+static void layer_data_make(layer_data *d, const cf_conv_geom *g, int n, int c, int h, int o, int k,
+                            int so, uint64_t seed, bool specials) {
+    if (so) assert_true(cf_conv_geom_init(&d->sg, c, h, h, 1, 1, 2, 2, 0, 0));
+    d->nx = (size_t)n * c * h * h, d->ny = (size_t)n * o * g->oh * g->ow;
+    d->nw = (size_t)o * c * k * k, d->nsy = (size_t)n * so * g->oh * g->ow;
+    d->nsw = (size_t)so * c + 1;
+    d->x = malloc(d->nx * 4), d->wt = malloc(d->nw * 4), d->dy = malloc(d->ny * 4);
+    d->sw = malloc(d->nsw * 4), d->sdy = malloc((d->nsy + 1) * 4);
+    d->dyh = malloc(d->ny * 2), d->xk = malloc(d->nx * 2), d->sdyh = malloc((d->nsy + 1) * 2);
+    fill_uniform(d->x, d->nx, seed, -2, 2);
+    fill_uniform(d->wt, d->nw, seed + 1, -1, 1);
+    if (specials) {
+        fill_bf16_specials(d->dy, d->ny, seed + 2);
+        for (size_t i = 0; i < d->ny; i++)
+            if (!(fabsf(d->dy[i]) < 1e4f)) d->dy[i] = i % 2 ? 3.0e-39f : -1.5f;
+    } else {
+        fill_uniform(d->dy, d->ny, seed + 2, -1, 1);
+    }
+    fill_uniform(d->sw, d->nsw, seed + 3, -1, 1);
+    fill_uniform(d->sdy, d->nsy + 1, seed + 4, -1, 1);
+    for (size_t i = 0; i < d->ny; i++) d->dyh[i] = bf16_ref(d->dy[i]);
+    for (size_t i = 0; i < d->nsy; i++) d->sdyh[i] = bf16_ref(d->sdy[i]);
+    cf_fp32_to_bf16(d->x, d->xk, d->nx);
+    d->pk = malloc(cf_conv_bf16_packed_floats(g, o) * 4);
+    d->spk = so ? malloc(cf_conv_bf16_packed_floats(&d->sg, so) * 4) : NULL;
+    d->scratch = malloc(cf_conv_bf16_scratch(g, o) * 4);
+    cf_conv_bf16_pack(g, o, d->wt, d->pk);
+    if (so) cf_conv_bf16_pack(&d->sg, so, d->sw, d->spk);
+}
+
+static void layer_data_free(layer_data *d) {
+    free(d->x), free(d->wt), free(d->dy), free(d->sw), free(d->sdy), free(d->dyh), free(d->sdyh);
+    free(d->xk), free(d->pk), free(d->spk), free(d->scratch);
+}
+
 /* A layer (k x k, stride s, pad (k - 1) / 2; k = 1: the 1x1 stride-2 one) of c -> o channels on
  * h x h, n images, a paired shortcut of so outputs: cf_conv_bf16_backward_words from bf16(dy)
  * bitwise cf_conv_bf16_backward_kept from dy, with dx and without. */
 static void check_layer(int n, int c, int h, int o, int k, int stride, int so) {
-    cf_conv_geom g, sg;
+    cf_conv_geom g;
     const int pad = k == 1 ? 0 : (k - 1) / 2;
     assert_true(cf_conv_geom_init(&g, c, h, h, k, k, stride, stride, pad, pad));
     char what[96];
@@ -101,28 +147,12 @@ static void check_layer(int n, int c, int h, int o, int k, int stride, int so) {
                cf_isa_name(cf_active_kernels->isa));
         return;
     }
-    if (so) assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
-    const size_t nx = (size_t)n * c * h * h, ny = (size_t)n * o * g.oh * g.ow,
-                 nw = (size_t)o * c * k * k, nsy = (size_t)n * so * g.oh * g.ow,
-                 nsw = (size_t)so * c + 1;
-    float *x = malloc(nx * 4), *wt = malloc(nw * 4), *dy = malloc(ny * 4), *sw = malloc(nsw * 4),
-          *sdy = malloc((nsy + 1) * 4);
-    uint16_t *dyh = malloc(ny * 2), *xk = malloc(nx * 2), *sdyh = malloc((nsy + 1) * 2);
-    fill_uniform(x, nx, 41, -2, 2);
-    fill_uniform(wt, nw, 42, -1, 1);
-    fill_bf16_specials(dy, ny, 43);
-    for (size_t i = 0; i < ny; i++) /* subnormals and ties kept; no NaN, infinity or overflow */
-        if (!(fabsf(dy[i]) < 1e4f)) dy[i] = i % 2 ? 3.0e-39f : -1.5f;
-    fill_uniform(sw, nsw, 44, -1, 1);
-    fill_uniform(sdy, nsy + 1, 45, -1, 1);
-    for (size_t i = 0; i < ny; i++) dyh[i] = bf16_ref(dy[i]);
-    for (size_t i = 0; i < nsy; i++) sdyh[i] = bf16_ref(sdy[i]);
-    cf_fp32_to_bf16(x, xk, nx);
-    float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * 4),
-          *spk = so ? malloc(cf_conv_bf16_packed_floats(&sg, so) * 4) : NULL,
-          *scratch = malloc(cf_conv_bf16_scratch(&g, o) * 4);
-    cf_conv_bf16_pack(&g, o, wt, pk);
-    if (so) cf_conv_bf16_pack(&sg, so, sw, spk);
+    layer_data d;
+    layer_data_make(&d, &g, n, c, h, o, k, so, 41, true);
+    float *const x = d.x, *const dy = d.dy, *const sdy = d.sdy, *const pk = d.pk,
+                 *const spk = d.spk, *const scratch = d.scratch;
+    uint16_t *const dyh = d.dyh, *const xk = d.xk, *const sdyh = d.sdyh;
+    const size_t nx = d.nx, nw = d.nw, nsw = d.nsw;
     const bool keeps = cf_conv_bf16_keeps_input(&g, o);
     /* words: dy's (own), the shortcut's, or both; with dx and without */
     for (int words = 1; words <= (so ? 3 : 1); words++)
@@ -183,8 +213,7 @@ static void check_layer(int n, int c, int h, int o, int k, int stride, int so) {
                      CF_ERR_INVALID);
     assert_non_null(strstr(cf_last_error(), "dw_shortcut"));
     free(dxr);
-    free(x), free(wt), free(dy), free(sw), free(sdy), free(dyh), free(sdyh), free(xk), free(pk),
-        free(spk), free(scratch);
+    layer_data_free(&d);
 }
 
 static void test_conv_words(void **state) {
@@ -222,31 +251,17 @@ static void test_conv_words(void **state) {
  * words (x kept, dy and the shortcut's dy as words) where the layer takes them, else through
  * cf_conv_bf16_backward_kept (x kept, dy in fp32). */
 static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
-    cf_conv_geom g, sg;
+    cf_conv_geom g;
     const int pad = k == 1 ? 0 : (k - 1) / 2;
     assert_true(cf_conv_geom_init(&g, c, h, h, k, k, stride, stride, pad, pad));
     if (!cf_conv_bf16_supported(&g, o)) return;
-    if (so) assert_true(cf_conv_geom_init(&sg, c, h, h, 1, 1, 2, 2, 0, 0));
     const bool words = cf_conv_bf16_takes_dy_words(&g, o);
-    const size_t nx = (size_t)n * c * h * h, ny = (size_t)n * o * g.oh * g.ow,
-                 nw = (size_t)o * c * k * k, nsy = (size_t)n * so * g.oh * g.ow,
-                 nsw = (size_t)so * c + 1;
-    float *x = malloc(nx * 4), *wt = malloc(nw * 4), *dy = malloc(ny * 4), *sw = malloc(nsw * 4),
-          *sdy = malloc((nsy + 1) * 4);
-    uint16_t *dyh = malloc(ny * 2), *xk = malloc(nx * 2), *sdyh = malloc((nsy + 1) * 2);
-    fill_uniform(x, nx, 51, -2, 2);
-    fill_uniform(wt, nw, 52, -1, 1);
-    fill_uniform(dy, ny, 53, -1, 1);
-    fill_uniform(sw, nsw, 54, -1, 1);
-    fill_uniform(sdy, nsy + 1, 55, -1, 1);
-    for (size_t i = 0; i < ny; i++) dyh[i] = bf16_ref(dy[i]);
-    for (size_t i = 0; i < nsy; i++) sdyh[i] = bf16_ref(sdy[i]);
-    cf_fp32_to_bf16(x, xk, nx);
-    float *pk = malloc(cf_conv_bf16_packed_floats(&g, o) * 4),
-          *spk = so ? malloc(cf_conv_bf16_packed_floats(&sg, so) * 4) : NULL,
-          *scratch = malloc(cf_conv_bf16_scratch(&g, o) * 4);
-    cf_conv_bf16_pack(&g, o, wt, pk);
-    if (so) cf_conv_bf16_pack(&sg, so, sw, spk);
+    layer_data d;
+    layer_data_make(&d, &g, n, c, h, o, k, so, 51, false);
+    float *const x = d.x, *const dy = d.dy, *const sdy = d.sdy, *const pk = d.pk,
+                 *const spk = d.spk, *const scratch = d.scratch;
+    uint16_t *const dyh = d.dyh, *const xk = d.xk, *const sdyh = d.sdyh;
+    const size_t nx = d.nx, nw = d.nw, nsw = d.nsw;
     const uint16_t *kept = cf_conv_bf16_keeps_input(&g, o) ? xk : NULL;
     char what[128];
     snprintf(what, sizeof what, "%dx%d/%d %d->%d (shortcut %d) on %dx%d, %d images, %s", k, k,
@@ -276,8 +291,7 @@ static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
     for (size_t j = 0; j < nw; j++) largest = fmax(largest, fabs(dw[0][j]));
     assert_true(largest > 0.01); /* the sums are there */
     for (int i = 0; i < 2; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
-    free(x), free(wt), free(dy), free(sw), free(sdy), free(dyh), free(sdyh), free(xk), free(pk),
-        free(spk), free(scratch);
+    layer_data_free(&d);
 }
 
 static void test_wgrad_fetch(void **state) {
