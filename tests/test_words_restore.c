@@ -18,11 +18,14 @@
  * At a level with bf16 kernels the linked run must have read the words and restored x once a
  * training step (cf__nn_words_restored); at one without (tests/words_restore.cmake caps CF_ISA
  * at each level) the link is off: the test says it is skipped there and still checks that the
- * two runs agree and nothing was restored. Without words_restore's conversion the shortcut's
- * weight gradient is summed from the unwritten x and differs. */
+ * two runs agree and nothing was restored. Against PyTorch (tests/oracle/words_restore.py, the
+ * model in fp32 from the same weights, x and dy) the restored shortcut's weight gradient is within
+ * bf16 rounding of the products' magnitudes. Without words_restore's conversion the shortcut's
+ * weight gradient is summed from the unwritten x and all three checks fail. */
 #include "block_nets.h"
 #include "oracle.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,11 +191,92 @@ static void test_lent_not_restored(void **state) {
     cf_model_free(model);
 }
 
+/* PyTorch (tests/oracle/words_restore.py): the same model in fp32 from the same weights, x and dy;
+ * the restored shortcut's weight gradient (and its sibling's) to bf16 tolerance, no partial sums
+ * lent, 2 threads (fp32 at a level without bf16 kernels, to fp32 rounding). */
+static void put_param(oracle *o, const char *name, const cf_param *p) {
+    oracle_put(o, name, p->data, p->shape);
+}
+
+static void test_oracle(void **state) {
+    (void)state;
+    cf_set_num_threads(2);
+    cf__nn_set_shortcut_dw_lend(false);
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, build(), 33), CF_OK);
+    cf_conv_set_bf16(model->root, true);
+    cf_module *root = model->root, *cp = root->children[1]->children[0],
+              *ip = root->children[1]->children[1];
+    /* BatchNorms' affine parameters away from 1 and 0 */
+    const cf_module *bns[] = {root->children[0], cp->children[1], cp->children[4], ip->children[1]};
+    for (int b = 0; b < 4; b++) {
+        fill_uniform(bns[b]->params[0].data, bns[b]->params[0].numel, 50 + (uint64_t)b, 0.5f, 1.5f);
+        fill_uniform(bns[b]->params[1].data, bns[b]->params[1].numel, 60 + (uint64_t)b, -0.5f,
+                     0.5f);
+    }
+    oracle o;
+    oracle_init(&o);
+    const char *bn_names[] = {"bn0", "bna", "bnb", "bns"};
+    for (int b = 0; b < 4; b++) {
+        char w[16], bi[16];
+        snprintf(w, sizeof w, "%s_w", bn_names[b]);
+        snprintf(bi, sizeof bi, "%s_b", bn_names[b]);
+        put_param(&o, w, &bns[b]->params[0]);
+        put_param(&o, bi, &bns[b]->params[1]);
+    }
+    put_param(&o, "ca", &cp->children[0]->params[0]);
+    put_param(&o, "cb", &cp->children[3]->params[0]);
+    put_param(&o, "cs", &ip->children[0]->params[0]);
+    const size_t nx = (size_t)N * C * H * W;
+    float *x = malloc(nx * sizeof(float));
+    assert_non_null(x);
+    fill_uniform(x, nx, 300, -2, 2);
+    cf_model_train(model, true);
+    cf_model_zero_grad(model);
+    cf_tensor tx = cf_tensor_view(x, cf_shape4(N, C, H, W));
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    const size_t ny = cf_tensor_numel(y);
+    float *dy = malloc(ny * sizeof(float)), *yc = malloc(ny * sizeof(float));
+    assert_non_null(dy), assert_non_null(yc);
+    memcpy(yc, y->data, ny * sizeof(float));
+    fill_uniform(dy, ny, 400, -1, 1);
+    cf_tensor tdy = cf_tensor_view(dy, y->shape);
+    const unsigned long before = cf__nn_words_restored();
+    assert_int_equal(cf_model_backward(model, &tdy), CF_OK);
+    assert_int_equal(cf__nn_words_restored() - before, cf_bf16_compute() ? 1 : 0);
+    oracle_put(&o, "x", x, tx.shape);
+    oracle_put(&o, "dy", dy, tdy.shape);
+    oracle_run(&o, "words_restore.py", "");
+    cf_tensor ry = oracle_get(&o, "y"), gcs = oracle_get(&o, "gcs");
+    const cf_param *scw = &ip->children[0]->params[0];
+    assert_int_equal(cf_tensor_numel(&gcs), scw->numel);
+    /* bf16 operands (8 significant bits) and a dy that went through bf16 layers: the error
+     * against the sum of the products' magnitudes (the weight gradient cancels itself: the
+     * BatchNorm after makes the output blind to the weights' scale) */
+    cf_tensor gabs = oracle_get(&o, "gcs_abs");
+    assert_int_equal(cf_tensor_numel(&gabs), scw->numel);
+    double worst = 0;
+    for (size_t i = 0; i < scw->numel; i++)
+        worst = fmax(worst, fabs(scw->grad[i] - gcs.data[i]) / gabs.data[i]);
+    printf("the shortcut's weight gradient: worst error %.3g of its products' magnitudes\n", worst);
+    assert_true(worst < (cf_bf16_compute() ? 1.0 / 64 : 1e-5));
+    assert_close("y", yc, ry.data, ny, 3e-2, 3e-2);
+    free(gabs.data);
+    free(ry.data), free(gcs.data);
+    oracle_cleanup(&o);
+    free(x), free(dy), free(yc);
+    cf_model_free(model);
+    cf__nn_set_shortcut_dw_lend(true);
+    cf_set_num_threads(1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_lend),
         cmocka_unit_test(test_frozen_sibling),
         cmocka_unit_test(test_lent_not_restored),
+        cmocka_unit_test(test_oracle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
