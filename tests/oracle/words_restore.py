@@ -3,7 +3,8 @@ training mode, one backward.
 
 usage: words_restore.py DIR   x, dy, bn0_w, bn0_b, ca, bna_w, bna_b, cb, bnb_w, bnb_b, cs,
                               bns_w, bns_b -> y, gcs (the shortcut's weight gradient),
-                              gcs_abs (gcs from |x| and |dy|: its products' magnitudes)
+                              gcs_abs (the sum of the magnitudes of gcs's products: |its
+                              input| and |its output gradient|)
 """
 import os
 import sys
