@@ -188,6 +188,9 @@ static cf_status (*bf16_fault)(cf_status status, const char *call);
 /* The two links' switches (cf__nn_set_x_words_link, cf__nn_set_dy_words_link: tests and
  * bench_bf16_links compare with and without them); on by default. */
 static atomic_bool x_words_link_off, dy_words_link_off, x_pair_link_off;
+/* tests: a shortcut's weight gradient never handed to its sibling; words_restore's conversions */
+static atomic_bool shortcut_dw_lend_off;
+static atomic_ulong words_restored;
 /* The statistics link's switch (cf__nn_set_stats_link). */
 static atomic_bool stats_link_off;
 /* The direct stem's switch (cf__nn_set_stem_direct). */
@@ -1435,6 +1438,15 @@ static void words_restore(conv_impl *c) {
     c->words_src = NULL;
     if (!src || !c->want_dw || !src->from_words || src->x != c->x) return;
     cf_bf16_to_fp32(src->bf16_x, (float *)c->x, (size_t)c->batch * c->g.c * c->g.h * c->g.w);
+    atomic_fetch_add_explicit(&words_restored, 1, memory_order_relaxed);
+}
+
+unsigned long cf__nn_words_restored(void) {
+    return atomic_load(&words_restored);
+}
+
+void cf__nn_set_shortcut_dw_lend(bool on) {
+    atomic_store(&shortcut_dw_lend_off, !on);
 }
 
 static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bool need_dx,
@@ -1604,8 +1616,8 @@ void cf_nn_conv_shortcut_backward(cf_module *shortcut, const cf_tensor *dy, cons
     /* the weight gradient too, when both go through the implicit kernel: the sibling writes this
      * layer's partial sums, in buffers held until it reduces them */
     bool hand_dw = false;
-    if (wp->trainable && (use_implicit_dw(c) || bf16) && conv->params[0].trainable &&
-        sib->pad < sib->k) {
+    if (!atomic_load(&shortcut_dw_lend_off) && wp->trainable && (use_implicit_dw(c) || bf16) &&
+        conv->params[0].trainable && sib->pad < sib->k) {
         c->held = cf_arena_take(c->arena, (size_t)c->n_threads * c->dw_stride * sizeof(float), c);
         hand_dw = c->held != NULL;
     }

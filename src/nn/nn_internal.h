@@ -233,6 +233,12 @@ void cf__nn_set_x_words_link(bool on);
 /* Tests and benchmarks: the link through a residual block's pair alone (cf_nn_conv_words_pair;
  * on by default, read at each call; the x link off turns it off too). */
 void cf__nn_set_x_pair_link(bool on);
+/* Tests: how many times a shortcut summing its own weight gradient made its input fp32 again from
+ * its sibling's kept words (words_restore in conv.c) since the start; and the switch that makes
+ * every shortcut sum its own (on by default: off, cf_nn_conv_shortcut_backward lends no partial
+ * sums to the sibling, as when the transient pool has none). */
+unsigned long cf__nn_words_restored(void);
+void cf__nn_set_shortcut_dw_lend(bool on);
 
 /* ---- the statistics link: a convolution taking the next BatchNorm's per-image sums ---------
  *
