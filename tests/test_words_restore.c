@@ -79,6 +79,14 @@ static void backward_step(record *r, cf_model *model, const cf_tensor *y, int st
     free(dy);
 }
 
+/* The model in bf16 (seed 33). */
+static cf_model *new_bf16_model(void) {
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, build(), 33), CF_OK);
+    cf_conv_set_bf16(model->root, true);
+    return model;
+}
+
 /* One run; *restored: how many times words_restore converted x, *read: the training forwards
  * whose sibling read the BatchNorm's words. */
 static record run_case(restore_way way, bool link, int threads, unsigned long *restored,
@@ -86,9 +94,7 @@ static record run_case(restore_way way, bool link, int threads, unsigned long *r
     cf_set_num_threads(threads);
     cf__nn_set_x_pair_link(link);
     cf__nn_set_shortcut_dw_lend(way != NO_LEND);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
+    cf_model *model = new_bf16_model();
     const size_t nx = (size_t)N * C * H * W;
     float *x = malloc(nx * sizeof(float));
     assert_non_null(x);
@@ -163,23 +169,29 @@ static void test_frozen_sibling(void **state) {
     for (int t = 1; t <= 3; t++) check(FROZEN_SIBLING, t);
 }
 
+/* A training forward of x (seed 300, N x C x H x W, which *x holds; *tx views it and must
+ * outlive the backward). */
+static void train_forward(cf_model *model, float **x, cf_tensor *tx, const cf_tensor **y) {
+    const size_t nx = (size_t)N * C * H * W;
+    *x = malloc(nx * sizeof(float));
+    assert_non_null(*x);
+    fill_uniform(*x, nx, 300, -2, 2);
+    cf_model_train(model, true);
+    cf_model_zero_grad(model);
+    *tx = cf_tensor_view(*x, cf_shape4(N, C, H, W));
+    assert_int_equal(cf_model_forward(model, tx, y), CF_OK);
+}
+
 /* Lent partial sums (the default): the sibling takes the shortcut's weight gradient over and
  * nothing is restored, linked or not. */
 static void test_lent_not_restored(void **state) {
     (void)state;
     cf__nn_set_shortcut_dw_lend(true);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
-    const size_t nx = (size_t)N * C * H * W;
-    float *x = malloc(nx * sizeof(float));
-    assert_non_null(x);
-    fill_uniform(x, nx, 300, -2, 2);
-    cf_model_train(model, true);
-    cf_model_zero_grad(model);
-    cf_tensor tx = cf_tensor_view(x, cf_shape4(N, C, H, W));
+    cf_model *model = new_bf16_model();
+    float *x;
+    cf_tensor tx;
     const cf_tensor *y;
-    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    train_forward(model, &x, &tx, &y);
     const unsigned long before = cf__nn_words_restored();
     record r = {0};
     backward_step(&r, model, y, 0);
@@ -202,9 +214,7 @@ static void test_oracle(void **state) {
     (void)state;
     cf_set_num_threads(2);
     cf__nn_set_shortcut_dw_lend(false);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
+    cf_model *model = new_bf16_model();
     cf_module *root = model->root, *cp = root->children[1]->children[0],
               *ip = root->children[1]->children[1];
     /* BatchNorms' affine parameters away from 1 and 0 */
@@ -227,15 +237,10 @@ static void test_oracle(void **state) {
     put_param(&o, "ca", &cp->children[0]->params[0]);
     put_param(&o, "cb", &cp->children[3]->params[0]);
     put_param(&o, "cs", &ip->children[0]->params[0]);
-    const size_t nx = (size_t)N * C * H * W;
-    float *x = malloc(nx * sizeof(float));
-    assert_non_null(x);
-    fill_uniform(x, nx, 300, -2, 2);
-    cf_model_train(model, true);
-    cf_model_zero_grad(model);
-    cf_tensor tx = cf_tensor_view(x, cf_shape4(N, C, H, W));
+    float *x;
+    cf_tensor tx;
     const cf_tensor *y;
-    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    train_forward(model, &x, &tx, &y);
     const size_t ny = cf_tensor_numel(y);
     float *dy = malloc(ny * sizeof(float)), *yc = malloc(ny * sizeof(float));
     assert_non_null(dy), assert_non_null(yc);
