@@ -163,7 +163,7 @@ static void check_values(const cf_conv_geom *g, int o, const float *w32, const f
                                 mag += fabs(t);
                             }
                     const double got = y[(((size_t)im * o + r) * g->oh + i) * g->ow + j];
-                    if (fabs(got - sum) > 1e-5 * mag + 1e-6)
+                    if (!(fabs(got - sum) <= 1e-5 * mag + 1e-6))
                         fail_msg("%s: image %d channel %d (%d, %d): %.9g, the sum is %.9g", what,
                                  im, r, i, j, got, sum);
                 }
@@ -397,7 +397,7 @@ static void check_dx_values(const cf_conv_geom *g, int o, const float *w32, cons
                                 mag += fabs(t);
                             }
                     const double got = dx[(((size_t)im * g->c + c) * g->h + u) * g->w + v];
-                    if (fabs(got - sum) > 1e-5 * mag + 1e-6)
+                    if (!(fabs(got - sum) <= 1e-5 * mag + 1e-6))
                         fail_msg("%s: dx of image %d channel %d (%d, %d): %.9g, the sum is %.9g",
                                  what, im, c, u, v, got, sum);
                 }
@@ -534,7 +534,7 @@ static void check_dx2_values(const cf_conv_geom *g, int o, const float *w32, con
                         mag += fabs(t);
                     }
                     const double got = dx[(((size_t)im * g->c + c) * g->h + u) * g->w + v];
-                    if (fabs(got - sum) > 1e-5 * mag + 1e-6)
+                    if (!(fabs(got - sum) <= 1e-5 * mag + 1e-6))
                         fail_msg("%s: dx of image %d channel %d (%d, %d): %.9g, the sum is %.9g",
                                  what, im, c, u, v, got, sum);
                 }
@@ -855,7 +855,7 @@ static void check_out_prefetch(int m, int h, int wd, int n_images) {
                         sum += d;
                         mag += fabs(d);
                     }
-                if (fabs(o[q] - sum) > 1e-5 * mag + 1e-6)
+                if (!(fabs(o[q] - sum) <= 1e-5 * mag + 1e-6))
                     fail_msg("%s: image %d channel %d position %d: %.9g, the sum is %.9g", what, b,
                              r, q, (double)o[q], sum);
             }

@@ -1334,15 +1334,20 @@ cf_status cf_conv_bf16_forward_from_kept(const cf_conv_geom *g, int out_channels
                                                scratch, NULL);
 }
 
+/* The refusal of a layer that does not run from bf16 words at this level. */
+static cf_status words_unfit(const cf_conv_geom *g, int out_channels, const char *fn) {
+    return cf_fail(CF_ERR_INVALID,
+                   "%s: a %d -> %d channel %dx%d layer of stride %d on %d x %d images does not run "
+                   "from bf16 words at this level",
+                   fn, g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
+}
+
 cf_status cf_conv_bf16_forward_from_kept_with(const cf_conv_geom *g, int out_channels,
                                               const float *packed, const uint16_t *x_kept,
                                               int n_images, float *y, float *scratch,
                                               const cf_conv_shortcut *shortcut) {
     if (!cf_conv_bf16_forward_from_kept_fits(g, out_channels))
-        return cf_fail(CF_ERR_INVALID,
-                       "cf_conv_bf16_forward_from_kept: a %d -> %d channel %dx%d layer of stride "
-                       "%d on %d x %d images does not run from bf16 words at this level",
-                       g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
+        return words_unfit(g, out_channels, "cf_conv_bf16_forward_from_kept");
     layout l, sl;
     const cf_status st =
         forward_layouts(g, out_channels, packed, shortcut, "cf_conv_bf16_forward_from_kept",
@@ -1371,10 +1376,7 @@ cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, con
         return cf_conv_bf16_forward_from_kept_with(g, out_channels, packed, x_words, n_images, y,
                                                    scratch, shortcut);
     if (x_words && !cf_conv_bf16_forward_from_kept_fits(g, out_channels))
-        return cf_fail(CF_ERR_INVALID,
-                       "cf_conv_bf16_forward_each: a %d -> %d channel %dx%d layer of stride %d on "
-                       "%d x %d images does not run from bf16 words at this level",
-                       g->c, out_channels, g->kh, g->kw, g->sh, g->h, g->w);
+        return words_unfit(g, out_channels, "cf_conv_bf16_forward_each");
     layout l, sl;
     const cf_status st =
         forward_layouts(g, out_channels, packed, shortcut, "cf_conv_bf16_forward_each",
