@@ -408,8 +408,9 @@ typedef struct cf_bf16_kernels {
      * offsets off[f] and weights packed[f] (conv_run's packing); its value at row r < m, phase
      * row i < h, column j is conv_rows' sum (bitwise conv_run's) over x[p * plane + i * ldx + j +
      * off[f][t]], plus add[f][r * lda + i * ldx + j] where add[f] is not NULL, stored at
-     * out[r * ldo + i * ldr + 2 j + f] for 2 j + f < n. Reads x at j < up((n + 1) / 2, 16). A
-     * level whose conv_run sums otherwise (amx) sets it NULL. */
+     * out[r * ldo + i * ldr + 2 j + f] for 2 j + f < n (out's lines fetched for writing as
+     * each tile starts, a hint). Reads x at j < up((n + 1) / 2, 16). A level whose conv_run sums
+     * otherwise (amx) sets it NULL. */
     void (*conv_spread)(const int taps[2], const int *const off[2], const uint32_t *packed[2],
                         int pairs, int m, const uint32_t *x, size_t plane, size_t ldx, int h, int n,
                         const float *const add[2], size_t lda, float *out, size_t ldo, size_t ldr);
