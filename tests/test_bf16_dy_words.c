@@ -16,7 +16,9 @@
  *   those with the link switched off, and the link taken exactly at the layers expected (each
  *   BatchNorm says it wrote words, each convolution that it read them) and nowhere else: not the
  *   idpath's first conv, not in eval mode, not with a wrapped convolution (before or after the
- *   plan), not where the convolutions are fp32.
+ *   plan), not where the convolutions are fp32;
+ * - stride 2's dx stored straight into dx's rows (conv_spread) against the phase planes and their
+ *   interleave, memcmp-equal, and against double sums of the rounded products.
  * Under every CF_ISA cap (avx2 and avx512 have no bf16 convolution: the link stays off, results
  * as the fp32 paths give them) and over the amx emulation. */
 #include "oracle.h"
@@ -310,6 +312,127 @@ static void test_wgrad_fetch(void **state) {
     check_fetch(3, 24, 13, 40, 3, 1, 0);  /* odd planes, 3 images, m not a multiple of 16 */
     check_fetch(3, 18, 15, 23, 3, 2, 21); /* the same at stride 2 */
     check_fetch(1, 32, 11, 17, 3, 1, 0);
+}
+
+/* The float that bf16_ref's word stands for. */
+static float bf16_value(float x) {
+    const uint32_t bits = (uint32_t)bf16_ref(x) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Stride 2's dx stored straight into dx's rows (conv_spread, cf__conv_bf16_set_dx_spread) and
+ * through phase planes and interleave2_rows: dx memcmp-equal (prefilled differently, so a place
+ * that either leaves unwritten fails), through cf_conv_bf16_dx_with / cf_conv_bf16_dx, the
+ * backward's words (dy and the shortcut's dy as words, x kept) and its fp32 dy; dx2_cols off, so
+ * that every stride-2 shape takes dx_stride2 (and on, as the layers run). And dx against a double
+ * sum of the same bf16-rounded products (PyTorch's bf16 convolution with fp32 sums), to fp32
+ * summation's bound. */
+static void check_spread(int n, int c, int h, int o, int k, int so) {
+    cf_conv_geom g;
+    const int pad = (k - 1) / 2;
+    assert_true(cf_conv_geom_init(&g, c, h, h, k, k, 2, 2, pad, pad));
+    if (!cf_conv_bf16_supported(&g, o)) return;
+    const bool words = cf_conv_bf16_takes_dy_words(&g, o);
+    layer_data d;
+    layer_data_make(&d, &g, n, c, h, o, k, so, 61, false);
+    const size_t nx = d.nx, nw = d.nw, nsw = d.nsw;
+    const uint16_t *kept = cf_conv_bf16_keeps_input(&g, o) ? d.xk : NULL;
+    char what[128];
+    snprintf(what, sizeof what, "%dx%d/2 %d->%d (shortcut %d) on %dx%d, %d images", k, k, c, o, so,
+             h, h, n);
+    float *dx[2], *dw = malloc(nw * 4), *sdw = malloc(nsw * 4);
+    for (int i = 0; i < 2; i++) dx[i] = malloc(nx * 4);
+    for (int entry = 0; entry < 3; entry++)
+        for (int d2 = 0; d2 < 2; d2++) {
+            if (entry == 1 && !words) continue;
+            cf__conv_bf16_set_dx2_cols(d2 == 1);
+            for (int i = 0; i < 2; i++) { /* i = 1: conv_spread */
+                cf__conv_bf16_set_dx_spread(i == 1);
+                for (size_t j = 0; j < nx; j++) dx[i][j] = i ? 7.0f : -3.0f;
+                memset(sdw, 0, nsw * 4);
+                cf_conv_shortcut sw_sc = {.out_channels = so, .w = d.spk, .dy = d.sdy, .dw = sdw},
+                                 sx_sc = sw_sc;
+                const cf_conv_shortcut *a = so ? &sw_sc : NULL, *b = so ? &sx_sc : NULL;
+                if (entry == 0 && so)
+                    assert_int_equal(
+                        cf_conv_bf16_dx_with(&g, o, d.pk, d.dy, n, dx[i], d.scratch, b), CF_OK);
+                else if (entry == 0)
+                    assert_int_equal(cf_conv_bf16_dx(&g, o, d.pk, d.dy, n, dx[i], d.scratch),
+                                     CF_OK);
+                else if (entry == 1)
+                    assert_int_equal(cf_conv_bf16_backward_words(&g, o, d.pk, NULL, d.dyh, d.x,
+                                                                 kept, n, dw, dx[i], d.scratch, a,
+                                                                 b, so ? d.sdyh : NULL),
+                                     CF_OK);
+                else
+                    assert_int_equal(cf_conv_bf16_backward_kept(&g, o, d.pk, d.dy, d.x, kept, n, dw,
+                                                                dx[i], d.scratch, a, b),
+                                     CF_OK);
+            }
+            char of[96];
+            snprintf(of, sizeof of, "dx (%s, dx2_cols %s; spread / planes)",
+                     entry == 0   ? "dx entry"
+                     : entry == 1 ? "dy words"
+                                  : "dy fp32",
+                     d2 ? "on" : "off");
+            same_bits(dx[1], dx[0], nx, what, of);
+        }
+    cf__conv_bf16_set_dx2_cols(true);
+    cf__conv_bf16_set_dx_spread(true);
+    /* dx[1] (the last: fp32 dy, spread) against the double sums of the rounded products */
+    const int oh = g.oh, ow = g.ow;
+    double worst = 0;
+    for (int b = 0; b < n; b++)
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < h; y++)
+                for (int x = 0; x < h; x++) {
+                    double sum = 0, mag = 0;
+                    for (int oc = 0; oc < o; oc++)
+                        for (int ki = 0; ki < k; ki++)
+                            for (int kj = 0; kj < k; kj++) {
+                                const int ty = y + pad - ki, tx = x + pad - kj;
+                                if (ty < 0 || tx < 0 || ty % 2 || tx % 2 || ty / 2 >= oh ||
+                                    tx / 2 >= ow)
+                                    continue;
+                                const double t =
+                                    (double)bf16_value(
+                                        d.wt[((size_t)oc * c + ch) * k * k + ki * k + kj]) *
+                                    bf16_value(
+                                        d.dy[(((size_t)b * o + oc) * oh + ty / 2) * ow + tx / 2]);
+                                sum += t, mag += fabs(t);
+                            }
+                    for (int oc = 0; oc < so && y % 2 == 0 && x % 2 == 0; oc++) {
+                        const double t =
+                            (double)bf16_value(d.sw[(size_t)oc * c + ch]) *
+                            bf16_value(d.sdy[(((size_t)b * so + oc) * oh + y / 2) * ow + x / 2]);
+                        sum += t, mag += fabs(t);
+                    }
+                    const double got = dx[1][(((size_t)b * c + ch) * h + y) * h + x];
+                    const double err = fabs(got - sum), bound = 4e-5 * mag + 1e-30;
+                    if (!(err <= bound))
+                        fail_msg("%s: dx[%d][%d][%d][%d] %.9g, double sum %.9g (bound %.3g)", what,
+                                 b, ch, y, x, got, sum, bound);
+                    worst = nan_max(worst, err / (mag + 1e-30));
+                }
+    printf("%s: dx within %.2g of the sums' magnitude\n", what, worst);
+    for (int i = 0; i < 2; i++) free(dx[i]);
+    free(dw), free(sdw);
+    layer_data_free(&d);
+}
+
+static void test_dx_spread(void **state) {
+    (void)state;
+    check_spread(5, 16, 28, 32, 3, 32); /* W1's stride-2 layers with their shortcuts */
+    check_spread(5, 32, 14, 64, 3, 64);
+    check_spread(3, 16, 28, 32, 3, 0);  /* without */
+    check_spread(1, 8, 10, 12, 3, 11);  /* 5 x 5 phases, one image, odd channels */
+    check_spread(3, 18, 30, 23, 3, 21); /* 18 channels (a last block of 2 rows), 15 x 15 phases */
+    check_spread(2, 12, 40, 16, 3, 0);  /* phase rows of 20: two vectors a row */
+    check_spread(2, 8, 12, 10, 5, 0);   /* 5x5, pad 2 */
+    check_spread(2, 6, 20, 8, 7, 5);    /* 7x7, pad 3 */
+    check_spread(2, 40, 8, 24, 3, 24);  /* 40 channels, 4 x 4 phases */
 }
 
 /* ---- models ---------------------------------------------------------------------------------- */
@@ -687,6 +810,7 @@ int main(void) {
         cmocka_unit_test(test_models),         cmocka_unit_test(test_eval),
         cmocka_unit_test(test_fp32),           cmocka_unit_test(test_wrapped),
         cmocka_unit_test(test_frozen_sibling), cmocka_unit_test(test_wgrad_fetch),
+        cmocka_unit_test(test_dx_spread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

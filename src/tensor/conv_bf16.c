@@ -1417,10 +1417,48 @@ cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, con
     return CF_OK;
 }
 
+static atomic_bool dx_spread_on = true; /* cf__conv_bf16_set_dx_spread */
+
+void cf__conv_bf16_set_dx_spread(bool on) {
+    atomic_store(&dx_spread_on, on);
+}
+
+/* Phase ph's values in dx (stride 2): rows r0, r0 + 2, ... (nr of them) at columns c0, c0 + 2,
+ * ... (nc), where (r0 + pad) % 2 is the phase's row parity and (c0 + pad) % 2 its column's. */
+static void phase_place(const layout *l, const cf_conv_geom *g, int ph, int *r0, int *c0, int *nr,
+                        int *nc) {
+    *r0 = ((ph / 2 - l->pad) % 2 + 2) % 2;
+    *c0 = ((ph % 2 - l->pad) % 2 + 2) % 2;
+    *nr = (g->h - *r0 + 1) / 2;
+    *nc = (g->w - *c0 + 1) / 2;
+}
+
+/* Whether dx_stride2 stores through conv_spread: the level has it, and its reads (whole vectors
+ * of 16 from each phase row's first position, up((w + 1) / 2, 16) of them, at each tap) stay
+ * inside a pair plane. */
+static bool spread_fits(const layout *l, const cf_conv_geom *g) {
+    const cf_bf16_kernels *k = cf_active_kernels->bf16;
+    if (!k || !k->conv_spread || !atomic_load(&dx_spread_on)) return false;
+    for (int ph = 0; ph < 4; ph++) {
+        int r0, c0, nr, nc, reach = 0;
+        phase_place(l, g, ph, &r0, &c0, &nr, &nc);
+        for (int j = 0; j < l->ntap[ph]; j++)
+            if (l->doff[ph][j] > reach) reach = l->doff[ph][j];
+        if (nr > g->oh || (g->w + 1) / 2 > g->ow ||
+            (size_t)l->dbase[ph] + reach + (size_t)(nr - 1) * l->wd +
+                    up((size_t)(g->w + 1) / 2, 16) >
+                l->planed)
+            return false;
+    }
+    return true;
+}
+
 /* Stride 2's dx of n images: per phase (a, b) of the padded input, dxpad[c][2u + a][2v + b] =
  * sum over the taps (ki, kj) of that phase and the output channels o of w[o][c][ki][kj] *
  * dy[o][u - ki / 2][v - kj / 2], a stride-1 correlation of dy (padded by pad on every side)
- * with the phase's taps; the four phases' rows are then interleaved into dx. */
+ * with the phase's taps; the four phases' rows are then interleaved into dx, or each row
+ * parity's two phases computed together and stored interleaved straight into dx's rows
+ * (conv_spread; a paired shortcut's product added as its phase is stored: the same add). */
 static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *packed,
                        const float *dy, int n_images, float *dx, float *scratch,
                        const cf_conv_shortcut *sc, bool zeroed, const uint16_t *dyrows,
@@ -1440,6 +1478,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         memset(dp, 0, (size_t)pairs * l->planed * sizeof(uint32_t));
         if (sc) memset(sdp, 0, (size_t)spairs * l->planed * sizeof(uint32_t));
     }
+    const bool spread = spread_fits(l, g);
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dyrows ? NULL : dy + (size_t)n * l->o * plane; /* dy NULL: dyrows */
         for (int p = 0; p < pairs && dyrows; p++)
@@ -1450,12 +1489,6 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
                         *hi = 2 * p + 1 < l->o ? lo + plane : NULL;
             pairs_rows_of(k)(lo, hi, g->oh, g->ow,
                              dp + (size_t)p * l->planed + (size_t)P * l->wd + P, (size_t)l->wd);
-        }
-        const uint32_t *pk = packed;
-        for (int ph = 0; ph < 4; ph++) {
-            k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp + l->dbase[ph], l->planed,
-                        l->nqd, out + ph * outw, (size_t)l->nqd);
-            pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
         }
         if (sc) {
             const int so = sc->out_channels;
@@ -1470,14 +1503,43 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
             }
             k->conv_run(1, &szero, spairs, C, shortcut_dx_pack(sc, C), sdp, l->planed, l->nqd, sout,
                         (size_t)l->nqd);
-            /* dx[2i][2j] is at i * wd + j of its phase, as the product's (i, j) */
+        }
+        float *dxn = dx + (size_t)n * in_n;
+        if (spread) { /* a row parity's two phases at once, interleaved in registers */
+            for (int a = 0; a < 2; a++) {
+                int taps[2], offs[2][MAX_TAPS], r0, c0, nr, nc;
+                const int *off[2] = {offs[0], offs[1]};
+                const uint32_t *pks[2];
+                const float *add[2];
+                for (int f = 0; f < 2; f++) {
+                    const int ph = a * 2 + (P + f) % 2; /* f: dx's even or odd columns */
+                    taps[f] = l->ntap[ph];
+                    for (int j = 0; j < taps[f]; j++) offs[f][j] = l->dbase[ph] + l->doff[ph][j];
+                    pks[f] = packed;
+                    for (int q = 0; q < ph; q++) pks[f] += up((size_t)C, ROWS) * l->ntap[q] * pairs;
+                    /* dx[2i][2j] is at i * wd + j of its phase, as the product's (i, j) */
+                    add[f] = sc && ph == sph ? sout : NULL;
+                }
+                phase_place(l, g, a * 2, &r0, &c0, &nr, &nc);
+                k->conv_spread(taps, off, pks, pairs, C, dp, l->planed, (size_t)l->wd, nr, g->w,
+                               add, (size_t)l->nqd, dxn + (size_t)r0 * g->w, (size_t)g->h * g->w,
+                               (size_t)2 * g->w);
+            }
+            continue;
+        }
+        const uint32_t *pk = packed;
+        for (int ph = 0; ph < 4; ph++) {
+            k->conv_run(l->ntap[ph], l->doff[ph], pairs, C, pk, dp + l->dbase[ph], l->planed,
+                        l->nqd, out + ph * outw, (size_t)l->nqd);
+            pk += up((size_t)C, ROWS) * l->ntap[ph] * pairs;
+        }
+        if (sc) { /* dx[2i][2j] is at i * wd + j of its phase, as the product's (i, j) */
             for (int c = 0; c < C; c++) {
                 float *dst = out + sph * outw + (size_t)c * l->nqd;
                 const float *src = sout + (size_t)c * l->nqd;
                 for (int q = 0; q < l->nqd; q++) dst[q] += src[q];
             }
         }
-        float *dxn = dx + (size_t)n * in_n;
         for (int c = 0; c < C; c++) {
             if (k->interleave2_rows) { /* as below, both row parities in one pass */
                 const float *s0 = out + (P % 2) * 2 * outw + (size_t)c * l->nqd,

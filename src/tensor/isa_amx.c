@@ -42,6 +42,7 @@ void cf_amx_kernels(cf_bf16_kernels *k) {
     k->conv_wgrad = amx_conv_wgrad;
     k->conv_wgrad_runs = NULL; /* the tiles sum every pair in their own order */
     k->conv_order = amx_conv_order;
-    k->conv_cols = NULL; /* the tiles' conv_run is the forward's kernel */
+    k->conv_cols = NULL;   /* the tiles' conv_run is the forward's kernel */
+    k->conv_spread = NULL; /* conv_run's sums are the tiles' */
 }
 #endif

@@ -1501,6 +1501,121 @@ static void bf16_conv_rows(int taps, const int *off, int pairs, int m, const uin
     if (stream) _mm_sfence(); /* the streamed lines ordered before what the caller does next */
 }
 
+#define SR MR /* conv_spread's tile: 8 rows by NV vectors, one phase after the other */
+
+/* One phase's share of a conv_spread tile: rows_tile's sums (conv_tile's, term for term) of the
+ * block of 8 rows at ap over nv vectors at xv[v] + off[t]. */
+static inline __attribute__((always_inline)) void spread_sums(int nv, int taps, const int *off,
+                                                              int pairs, const uint32_t *ap,
+                                                              const uint32_t *xv[NV], size_t plane,
+                                                              __m512 acc[SR][NV]) {
+    for (int r = 0; r < SR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int t = 0; t < taps; t++) {
+        const size_t o = (size_t)off[t];
+        for (int p = 0; p < pairs; p++, ap += MR) {
+            const size_t at = o + (size_t)p * plane;
+            __m512bh b[NV];
+            for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(xv[v] + at);
+            for (int r = 0; r < SR; r++) {
+                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+                for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+            }
+        }
+    }
+}
+
+/* One tile of conv_spread: the even phase's sums, set aside in L1 (both phases' accumulators
+ * at once would not fit the registers), then the odd phase's; per row and vector the two
+ * phases' 16 values (each plus its addend where given) interleaved in registers into 32 places
+ * of out from ov[v], stored under mk[v][0] and mk[v][1]. */
+static inline __attribute__((always_inline)) void
+spread_tile(int nv, const int taps[2], const int *const off[2], int pairs, const uint32_t *ap[2],
+            const uint32_t *xv[NV], size_t plane, const float *av[2][NV], const __mmask16 ak[2][NV],
+            size_t lda, float *ov[NV], const __mmask16 mk[NV][2], size_t ldo, int rows) {
+    __m512 acc[SR][NV];
+    float even[SR][NV][16] __attribute__((aligned(64)));
+    spread_sums(nv, taps[0], off[0], pairs, ap[0], xv, plane, acc);
+    for (int r = 0; r < SR; r++)
+        for (int v = 0; v < nv; v++) _mm512_store_ps(even[r][v], acc[r][v]);
+    spread_sums(nv, taps[1], off[1], pairs, ap[1], xv, plane, acc);
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0),
+                  hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    /* unrolled, so that the accumulators stay in registers (a loop to rows spills them) */
+#pragma GCC unroll 8
+    for (int r = 0; r < SR; r++) {
+        if (r >= rows) break;
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++) {
+            __m512 e = _mm512_load_ps(even[r][v]), o = acc[r][v];
+            if (av[0][v]) e = _mm512_add_ps(e, _mm512_maskz_loadu_ps(ak[0][v], av[0][v] + r * lda));
+            if (av[1][v]) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(ak[1][v], av[1][v] + r * lda));
+            float *d = ov[v] + (size_t)r * ldo;
+            _mm512_mask_storeu_ps(d, mk[v][0], _mm512_permutex2var_ps(e, lo, o));
+            if (mk[v][1]) _mm512_mask_storeu_ps(d + 16, mk[v][1], _mm512_permutex2var_ps(e, hi, o));
+        }
+    }
+}
+
+/* kernel_table.h's conv_spread: conv_rows' vectors (16 positions within a row), three to a tile,
+ * each tile computed for every block of 8 rows of m while its positions are in L1; out's lines of a
+ * tile fetched for writing as it starts (out, stride 2's dx, has left the caches since the last
+ * step, and a store that waits for its line stalls the tile). */
+static void bf16_conv_spread(const int taps[2], const int *const off[2], const uint32_t *packed[2],
+                             int pairs, int m, const uint32_t *x, size_t plane, size_t ldx, int h,
+                             int n, const float *const add[2], size_t lda, float *out, size_t ldo,
+                             size_t ldr) {
+    const int per_row = ((n + 1) / 2 + 15) / 16, vectors = h * per_row;
+    const size_t block[2] = {(size_t)taps[0] * pairs * MR, (size_t)taps[1] * pairs * MR};
+    for (int v0 = 0; v0 < vectors; v0 += NV) {
+        const int nv = vectors - v0 < NV ? vectors - v0 : NV;
+        const uint32_t *xv[NV];
+        const float *av[2][NV];
+        float *ov[NV];
+        __mmask16 ak[2][NV], mk[NV][2];
+        for (int v = 0; v < NV; v++) {
+            const int g = v0 + (v < nv ? v : 0), i = g / per_row, j = 16 * (g % per_row);
+            const int left = n - 2 * j; /* out's places from the vector's first */
+            xv[v] = x + (size_t)i * ldx + j;
+            for (int ph = 0; ph < 2; ph++) {
+                av[ph][v] = add[ph] ? add[ph] + (size_t)i * ldx + j : NULL;
+                ak[ph][v] = lanes_below((left - ph + 1) / 2); /* the phase's values */
+            }
+            ov[v] = out + (size_t)i * ldr + 2 * (size_t)j;
+            mk[v][0] = lanes_below(left);
+            mk[v][1] = lanes_below(left - 16);
+        }
+        for (int r0 = 0; r0 < m; r0 += SR) {
+            const int rows = m - r0 < SR ? m - r0 : SR;
+            const uint32_t *ap[2];
+            for (int ph = 0; ph < 2; ph++)
+                ap[ph] = packed[ph] + (size_t)(r0 / MR) * block[ph] + r0 % MR;
+            const float *a[2][NV];
+            float *o[NV];
+            for (int v = 0; v < NV; v++) {
+                for (int ph = 0; ph < 2; ph++) a[ph][v] = av[ph][v] ? av[ph][v] + r0 * lda : NULL;
+                o[v] = ov[v] + (size_t)r0 * ldo;
+            }
+            for (int v = 0; v < nv; v++) {
+                const int left = n - 32 * ((v0 + v) % per_row);
+                const size_t last = (size_t)(left < 32 ? left : 32) - 1;
+                for (int r = 0; r < rows; r++) {
+                    const float *f = o[v] + (size_t)r * ldo;
+                    for (uintptr_t p = (uintptr_t)f & ~(uintptr_t)63; p <= (uintptr_t)(f + last);
+                         p += 64)
+                        prefetch_w((const char *)p);
+                }
+            }
+            if (nv == 3)
+                spread_tile(3, taps, off, pairs, ap, xv, plane, a, ak, lda, o, mk, ldo, rows);
+            else if (nv == 2)
+                spread_tile(2, taps, off, pairs, ap, xv, plane, a, ak, lda, o, mk, ldo, rows);
+            else
+                spread_tile(1, taps, off, pairs, ap, xv, plane, a, ak, lda, o, mk, ldo, rows);
+        }
+    }
+}
+
 /* b[q * ldb + t * k + kx] = x[off[t] + 4q + kx] | x[off[t] + 4q + kx + 2] << 16 (q < nq, t <
  * taps, kx < k <= 14): per (q, t) one load of the k + 2 values, one vpermw, one store of k
  * words. */
@@ -1557,6 +1672,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .deal2_h = bf16_deal2_h,
     .interleave2_rows = bf16_interleave2_rows,
     .deal_pairs_h = bf16_deal_pairs_h,
+    .conv_spread = bf16_conv_spread,
 };
 #endif
 

@@ -403,6 +403,17 @@ typedef struct cf_bf16_kernels {
      * from (the forward link's words into a stride-2 layer's phase planes). */
     void (*deal_pairs_h)(const uint16_t *lo, const uint16_t *hi, size_t ldx, int h, int n,
                          uint32_t *e, uint32_t *o, size_t ld);
+    /* NULL: none (conv_run into phase planes, then interleave2_rows). Two phases of stride 2's
+     * dx straight into dx's rows: phase f (0: the even places, 1: the odd ones) has taps[f]
+     * offsets off[f] and weights packed[f] (conv_run's packing); its value at row r < m, phase
+     * row i < h, column j is conv_rows' sum (bitwise conv_run's) over x[p * plane + i * ldx + j +
+     * off[f][t]], plus add[f][r * lda + i * ldx + j] where add[f] is not NULL, stored at
+     * out[r * ldo + i * ldr + 2 j + f] for 2 j + f < n (out's lines fetched for writing as
+     * each tile starts, a hint). Reads x at j < up((n + 1) / 2, 16). A level whose conv_run sums
+     * otherwise (amx) sets it NULL. */
+    void (*conv_spread)(const int taps[2], const int *const off[2], const uint32_t *packed[2],
+                        int pairs, int m, const uint32_t *x, size_t plane, size_t ldx, int h, int n,
+                        const float *const add[2], size_t lda, float *out, size_t ldo, size_t ldr);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
@@ -415,6 +426,12 @@ void cf__winograd_set_fused(bool on);
  * dy's padded rows (dx_stride2): bitwise the same, for benchmarks that switch the two in one
  * process. */
 void cf__conv_bf16_set_dx2_cols(bool on);
+
+/* Whether stride 2's bf16 dx over dy's padded rows (dx_stride2) stores each phase's values
+ * straight into dx's rows through conv_spread where the level has it (on by default) rather than
+ * into phase planes that interleave2_rows then interleaves: bitwise the same, for tests and
+ * benchmarks that switch the two in one process. */
+void cf__conv_bf16_set_dx_spread(bool on);
 
 /* Whether the bf16 weight gradient fetches the next image's bf16 words of x and dy (to L2)
  * while it copies this image's into its rows (conv_bf16.c's wgrad; on by default): bitwise the
