@@ -435,15 +435,18 @@ static record run_unasked(cf_module *root, int n, int c, int h, int w, int out, 
 
 static void test_dx_link(void **state) {
     (void)state;
-    /* W1's stem (12 images: even splits, 7: uneven), W1 itself, and stems whose weight gradient
-     * stays lowered (no link) */
+    /* W1's stem (12 images: even splits, 7: uneven), W1 itself, a stride-1 residual block whose
+     * convpath starts with W1's stem shape (its Sequential inside the block), and stems whose
+     * weight gradient stays lowered (no link) */
+    enum { STEM, W1, BLOCK };
     static const struct {
-        int n, c, o, h, w;
-        bool w1;
+        int n, c, o, h, w, kind;
     } cases[] = {
-        {12, 1, 16, 28, 28, false}, {7, 1, 16, 28, 28, false}, {6, 1, 16, 28, 28, true},
-        {3, 1, 32, 28, 28, false},  {2, 3, 16, 12, 12, false}, {2, 1, 8, 5, 5, false},
+        {12, 1, 16, 28, 28, STEM}, {7, 1, 16, 28, 28, STEM}, {6, 1, 16, 28, 28, W1},
+        {5, 1, 16, 28, 28, BLOCK}, {3, 1, 32, 28, 28, STEM}, {2, 3, 16, 12, 12, STEM},
+        {2, 1, 8, 5, 5, STEM},
     };
+    static const char *kinds[] = {"stem", "W1,", "a block on"};
     for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++)
         for (int bf16 = 0; bf16 <= 1; bf16++)
             for (int t = 1; t <= 3; t++) {
@@ -455,11 +458,15 @@ static void test_dx_link(void **state) {
                                     cf_conv_stem_wgrad_as_nt(&g, co);
                 char name[160];
                 snprintf(name, sizeof name, "%s %d -> %d on %dx%d, %d images (bf16 %d)",
-                         cases[s].w1 ? "W1," : "stem", c, co, h, w, n, bf16);
-                record on = run_unasked(cases[s].w1 ? cf_mini_resnet(c, 10) : stem_net(c, co), n, c,
-                                        h, w, co, bf16, true, t, expect, name);
-                record off = run_unasked(cases[s].w1 ? cf_mini_resnet(c, 10) : stem_net(c, co), n,
-                                         c, h, w, co, bf16, false, t, expect, name);
+                         kinds[cases[s].kind], c, co, h, w, n, bf16);
+                const block_net bk = {"block", BNET_BLOCK_S1, n, c, h, w, co, 1};
+                cf_module *nets[2];
+                for (int i = 0; i < 2; i++)
+                    nets[i] = cases[s].kind == W1      ? cf_mini_resnet(c, 10)
+                              : cases[s].kind == BLOCK ? block_net_build(&bk)
+                                                       : stem_net(c, co);
+                record on = run_unasked(nets[0], n, c, h, w, co, bf16, true, t, expect, name);
+                record off = run_unasked(nets[1], n, c, h, w, co, bf16, false, t, expect, name);
                 records_equal(on, off, name, "linked", "unlinked");
             }
     /* the input gradient asked after all: the BatchNorm's dx written by the fill before the

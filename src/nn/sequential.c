@@ -60,7 +60,9 @@ const cf_tensor *cf_nn_seq_backward_range(cf_module *m, const cf_tensor *dy, int
             cf_module_give_grad(m, dy->data, dx ? dx->data : NULL);
         dy = dx;
     }
-    if (held) cf_module_give_grad(m, held, dy ? dy->data : NULL);
+    /* a BatchNorm first in the range (a residual path's, whose first convolution its block runs
+     * after this range): its dy stays taken until the next backward's start gives every block
+     * back, for that convolution's fill (its dx) */
     return need_dx ? dy : NULL;
 }
 
