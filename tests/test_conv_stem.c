@@ -19,7 +19,13 @@
  *   channel and output counts, thin planes; W1's weight gradient, the one shape of these that
  *   takes the direct one, only close where OpenBLAS's core is not of the SkylakeX family); the link
  * taken on each training forward exactly where the direct stem runs; the outputs, the weight
- * gradient and the running statistics against PyTorch.
+ * gradient and the running statistics against PyTorch;
+ * - the stem dx link (cf__nn_set_stem_dx_link): cf_conv_stem_wgrad_each's prologue against
+ *   cf_conv_stem_wgrad (bitwise, called once per image in order); the stem and W1 trained without
+ *   the stem's dx (cf_model_backward), linked against unlinked, every gradient, buffer and weight
+ *   memcmp-equal on 1 to 3 threads, fp32 and bf16, the link taken exactly where the direct weight
+ *   gradient runs, and the BatchNorm's dx written after all when the input gradient is asked;
+ *   PyTorch's weight gradient above comes from the linked path.
  *
  * tests/conv_stem.cmake runs this under every CF_ISA cap and over the amx tile emulation. */
 #include "block_nets.h"
@@ -229,6 +235,60 @@ static void test_refuses(void **state) {
     }
 }
 
+/* cf_conv_stem_wgrad_each's prologue: image i's dy copied into a buffer (the rest poisoned), the
+ * images asked once each, in order. */
+typedef struct pro_check {
+    const float *dy;
+    float *buf;
+    size_t per;
+    int next;
+} pro_check;
+
+static const float *pro_fn(void *v, int i) {
+    pro_check *p = v;
+    if (i != p->next) fail_msg("prologue: image %d asked, image %d expected", i, p->next);
+    p->next++;
+    memcpy(p->buf, p->dy + (size_t)i * p->per, p->per * sizeof(float));
+    return p->buf;
+}
+
+static void test_prologue(void **state) {
+    (void)state;
+    for (int i = 0; i < N_KCASES; i++) {
+        const kcase *k = &kcases[i];
+        const cf_conv_geom g = stem_geom(k->c, k->h, k->w);
+        const int K = 9 * k->c, P = k->h * k->w, O = k->o, n = k->n;
+        const size_t nx = (size_t)n * k->c * P, ny = (size_t)n * O * P, nw = (size_t)O * K;
+        float *x = malloc(nx * 4), *dy = malloc(ny * 4), *buf = malloc((size_t)O * P * 4);
+        float *dw = malloc(nw * 4), *dwp = malloc(nw * 4);
+        fill_uniform(x, nx, 50 + i, -2, 2);
+        fill_uniform(dy, ny, 60 + i, -1, 1);
+        for (int acc = 0; acc <= 1; acc++) {
+            fill_uniform(dw, nw, 70 + i, -1, 1);
+            memcpy(dwp, dw, nw * 4);
+            assert_int_equal(cf_conv_stem_wgrad(&g, O, dy, x, n, dw, acc), CF_OK);
+            pro_check pc = {dy, buf, (size_t)O * P, 0};
+            const cf_conv_prologue pro = {pro_fn, &pc};
+            assert_int_equal(cf_conv_stem_wgrad_each(&g, O, NULL, &pro, x, n, dwp, acc), CF_OK);
+            assert_int_equal(pc.next, n);
+            if (memcmp(dw, dwp, nw * 4) != 0)
+                fail_msg("case %d (accumulate %d): the prologue's dW differs from dy's", i, acc);
+        }
+        /* without fn: dy read in place */
+        const cf_conv_prologue none = {NULL, NULL};
+        assert_int_equal(cf_conv_stem_wgrad_each(&g, O, dy, &none, x, n, dwp, false), CF_OK);
+        assert_int_equal(cf_conv_stem_wgrad(&g, O, dy, x, n, dw, false), CF_OK);
+        assert_memory_equal(dw, dwp, nw * 4);
+        free(x), free(dy), free(buf), free(dw), free(dwp);
+    }
+    cf_conv_geom bad;
+    assert_true(cf_conv_geom_init(&bad, 1, 8, 8, 3, 3, 2, 2, 1, 1));
+    float dw[16 * 9];
+    assert_int_equal(cf_conv_stem_wgrad_each(&bad, 16, NULL, NULL, dw, 1, dw, false),
+                     CF_ERR_INVALID);
+    assert_non_null(strstr(cf_last_error(), "cf_conv_stem_wgrad_each"));
+}
+
 /* ---- Conv2d -> BatchNorm2d -> ReLU ------------------------------------------------------------
  */
 
@@ -325,6 +385,121 @@ static void test_direct_equals_lowered(void **state) {
             }
 }
 
+/* STEPS training steps of root (its first child, or its first child's, a Conv2d on c x h x w, the
+ * next the BatchNorm)
+ * through cf_model_backward (no input gradient), the link on or off; every gradient, buffer and
+ * weight recorded. The link must be taken each step exactly where `expect`. */
+static record run_unasked(cf_module *root, int n, int c, int h, int w, int out, bool bf16,
+                          bool link, int threads, bool expect, const char *name) {
+    cf_set_num_threads(threads);
+    cf__nn_set_stem_dx_link(link);
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, root, 7), CF_OK);
+    cf_conv_set_bf16(model->root, bf16);
+    cf_model_train(model, true);
+    cf_module *stem = model->root; /* W1: its body's first children */
+    while (!cf_nn_is_conv(stem->children[0])) stem = stem->children[0];
+    cf_module *conv = stem->children[0], *bn = stem->children[1];
+    const size_t nx = (size_t)n * c * h * w;
+    float *x = malloc(nx * sizeof(float));
+    record r = {0};
+    for (int step = 0; step < STEPS; step++) {
+        fill_uniform(x, nx, 400 + (uint64_t)step, -2, 2);
+        cf_model_zero_grad(model);
+        cf_tensor tx = cf_tensor_view(x, cf_shape4(n, c, h, w));
+        const cf_tensor *y;
+        assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+        const size_t ny = cf_tensor_numel(y);
+        float *dy = malloc(ny * sizeof(float));
+        fill_uniform(dy, ny, 500 + (uint64_t)step, -1, 1);
+        cf_tensor tdy = cf_tensor_view(dy, y->shape);
+        assert_int_equal(cf_model_backward(model, &tdy), CF_OK);
+        free(dy);
+        const bool took = cf_nn_conv_filled_dy(conv), left = cf_nn_bn_left_dx(bn);
+        if (took != (link && expect) || left != took)
+            fail_msg("%s (link %d, %d threads) step %d: the convolution filled its dy %d, the "
+                     "BatchNorm left its dx %d, %d expected",
+                     name, link, threads, step, took, left, link && expect);
+        put(&r, model->grads, model->n_weights);
+        put(&r, model->buffers, model->n_buffers);
+        for (size_t i = 0; i < model->n_weights; i++) model->weights[i] -= 0.05f * model->grads[i];
+        put(&r, model->weights, model->n_weights);
+    }
+    (void)out;
+    free(x);
+    cf_model_free(model);
+    cf__nn_set_stem_dx_link(true);
+    cf_set_num_threads(1);
+    return r;
+}
+
+static void test_dx_link(void **state) {
+    (void)state;
+    /* W1's stem (12 images: even splits, 7: uneven), W1 itself, a stride-1 residual block whose
+     * convpath starts with W1's stem shape (its Sequential inside the block), and stems whose
+     * weight gradient stays lowered (no link) */
+    enum { STEM, W1, BLOCK };
+    static const struct {
+        int n, c, o, h, w, kind;
+    } cases[] = {
+        {12, 1, 16, 28, 28, STEM}, {7, 1, 16, 28, 28, STEM}, {6, 1, 16, 28, 28, W1},
+        {5, 1, 16, 28, 28, BLOCK}, {3, 1, 32, 28, 28, STEM}, {2, 3, 16, 12, 12, STEM},
+        {2, 1, 8, 5, 5, STEM},
+    };
+    static const char *kinds[] = {"stem", "W1,", "a block on"};
+    for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++)
+        for (int bf16 = 0; bf16 <= 1; bf16++)
+            for (int t = 1; t <= 3; t++) {
+                const int n = cases[s].n, c = cases[s].c, co = cases[s].o, h = cases[s].h,
+                          w = cases[s].w;
+                const cf_conv_geom g = stem_geom(c, h, w);
+                /* the direct weight gradient: conv.c's use_stem_direct_dw */
+                const bool expect = cf_conv_stem_pays(&g, co) && !cf_kernels_reference() &&
+                                    cf_conv_stem_wgrad_as_nt(&g, co);
+                char name[160];
+                snprintf(name, sizeof name, "%s %d -> %d on %dx%d, %d images (bf16 %d)",
+                         kinds[cases[s].kind], c, co, h, w, n, bf16);
+                const block_net bk = {"block", BNET_BLOCK_S1, n, c, h, w, co, 1};
+                cf_module *nets[2];
+                for (int i = 0; i < 2; i++)
+                    nets[i] = cases[s].kind == W1      ? cf_mini_resnet(c, 10)
+                              : cases[s].kind == BLOCK ? block_net_build(&bk)
+                                                       : stem_net(c, co);
+                record on = run_unasked(nets[0], n, c, h, w, co, bf16, true, t, expect, name);
+                record off = run_unasked(nets[1], n, c, h, w, co, bf16, false, t, expect, name);
+                records_equal(on, off, name, "linked", "unlinked");
+            }
+    /* the input gradient asked after all: the BatchNorm's dx written by the fill before the
+     * convolution's backward, every value as unlinked */
+    for (int t = 1; t <= 2; t++) {
+        cf_set_num_threads(t);
+        record r[2];
+        for (int link = 0; link <= 1; link++) {
+            cf__nn_set_stem_dx_link(link);
+            cf_model *model;
+            assert_int_equal(cf_model_new(&model, stem_net(1, 16), 7), CF_OK);
+            cf_model_train(model, true);
+            const size_t nx = 5 * 28 * 28;
+            float *x = malloc(nx * 4);
+            fill_uniform(x, nx, 77, -2, 2);
+            cf_tensor tx = cf_tensor_view(x, cf_shape4(5, 1, 28, 28));
+            const cf_tensor *y;
+            assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+            r[link] = (record){0};
+            record_backward_step(&r[link], model, y, nx, 0);
+            const cf_conv_geom g = stem_geom(1, 28, 28);
+            const bool armed = link && cf_conv_stem_pays(&g, 16) && !cf_kernels_reference();
+            assert_false(cf_nn_conv_filled_dy(model->root->children[0]));
+            assert_int_equal(cf_nn_bn_left_dx(model->root->children[1]), armed);
+            free(x);
+            cf_model_free(model);
+        }
+        records_equal(r[1], r[0], "the stem with its input gradient", "linked", "unlinked");
+    }
+    cf__nn_set_stem_dx_link(true);
+    cf_set_num_threads(1);
+}
+
 /* One training forward and backward of W1's stem against PyTorch: the ReLU's output, the
  * convolution's weight gradient, the BatchNorm's running statistics. */
 static void test_net_oracle(void **state) {
@@ -346,6 +521,10 @@ static void test_net_oracle(void **state) {
         cf_tensor tdy = cf_tensor_view(dy, y->shape);
         model->root->ops->backward(model->root, &tdy, false);
         cf_module *conv = model->root->children[0], *bn = model->root->children[1];
+        /* the weight gradient below through the stem dx link where the direct one runs */
+        const cf_conv_geom g = stem_geom(1, hw, hw);
+        assert_int_equal(cf_nn_conv_filled_dy(conv),
+                         cf_conv_stem_pays(&g, 16) && !cf_kernels_reference());
         oracle orc;
         oracle_init(&orc);
         oracle_put(&orc, "net_x", x, tx.shape);
@@ -373,6 +552,8 @@ int main(void) {
         cmocka_unit_test(test_refuses),
         cmocka_unit_test(test_direct_equals_lowered),
         cmocka_unit_test(test_net_oracle),
+        cmocka_unit_test(test_prologue),
+        cmocka_unit_test(test_dx_link),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -645,6 +645,19 @@ cf_status cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const fl
  * times x's taps. CF_ERR_INVALID, nothing written, as cf_conv_stem_forward. */
 cf_status cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                              const float *x, int n_images, float *dwt, bool accumulate);
+/* Where each image's output gradient comes from: fn(ctx, i) returns image i's O planes of h x w
+ * (O h w floats, read until the next call), called once per image in order just before its sums
+ * are taken, on the calling thread: a layer after the convolution can write one image's dy into
+ * a buffer that stays in cache instead of the whole batch's into memory. */
+typedef struct cf_conv_prologue {
+    const float *(*fn)(void *ctx, int image);
+    void *ctx;
+} cf_conv_prologue;
+/* cf_conv_stem_wgrad with dy from pro (pro NULL or without fn: dy as there; with one, dy is not
+ * read and may be NULL): bitwise cf_conv_stem_wgrad over the same values. Fails as it does. */
+cf_status cf_conv_stem_wgrad_each(const cf_conv_geom *g, int out_channels, const float *dy,
+                                  const cf_conv_prologue *pro, const float *x, int n_images,
+                                  float *dwt, bool accumulate);
 
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 

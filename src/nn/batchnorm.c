@@ -85,6 +85,10 @@ typedef struct bn_impl {
      * forward took them */
     cf_module *stats_from;
     bool fwd_stats;
+    /* the stem dx link (nn_internal.h, cf_nn_conv_dy_fill): the dy of the last backward, whose
+     * dx it left to dy_conv's fill (dx_left) */
+    const float *fill_dy;
+    bool dx_left;
 } bn_impl;
 
 /* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
@@ -1073,6 +1077,23 @@ const cf_tensor *cf_nn_bn_forward_fold_mask(cf_module *bn, const cf_tensor *x, c
     return bn_forward_with(bn, x, add, mask);
 }
 
+/* The stem dx link's fill (cf_nn_conv_dy_fill): image n's dx planes into dst, the dx pass's
+ * values (cf_bn_planes_dx with the last backward's coefficients, as bn_backward_block and
+ * split_backward_dx call it; each value depends on its own position's alone). */
+static void bn_fill_dx(void *ctx, int64_t n, float *dst) {
+    const cf_module *m = ctx;
+    const bn_impl *b = m->impl;
+    const geom g = geometry(&m->in->shape);
+    const size_t at = (size_t)n * g.c * (size_t)g.s;
+    const float *k = b->coef;
+    cf_bn_planes_dx(b->fill_dy + at, m->in->data + at, dst, g.s, g.c, b->mean, k, k + g.c,
+                    k + 2 * g.c, b->fwd_relu, b->ss, b->ss + g.c, 0);
+}
+
+bool cf_nn_bn_left_dx(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->dx_left;
+}
+
 bool cf_nn_bn_wrote_mask(const cf_module *bn) {
     return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->fwd_mask;
 }
@@ -1100,7 +1121,11 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                        bn_name(m), b->features);
     b->dy_mask = NULL;
     b->dy_mask_for = NULL;
-    if (!need_dx && b->dy_conv) cf_nn_conv_dy_words(b->dy_conv, NULL, false); /* no dx to link */
+    b->dx_left = false;
+    if (!need_dx && b->dy_conv) { /* no dx to link */
+        cf_nn_conv_dy_words(b->dy_conv, NULL, false);
+        cf_nn_conv_dy_fill(b->dy_conv, NULL, false, NULL, NULL);
+    }
     if (!grads && !need_dx) return NULL;
     cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;
     /* dx as the linked convolution's bf16 words where its next backward reads only those (a
@@ -1111,13 +1136,22 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
                                   b->fwd_training && m->training && cf_nn_is_batchnorm(m) &&
                                       geometry(&m->in->shape).s > 1);
     b->dxw_wrote = dxh != NULL;
+    /* dx left to the convolution's fill, image by image (the stem dx link), where its next
+     * backward takes it: the sums and coefficients here, no dx pass */
+    if (dx && b->dy_conv) {
+        const bool want = !dxh && !gmask && !b->reduce && b->fwd_training && m->training &&
+                          cf_nn_is_batchnorm(m) && m->in->shape.ndim == 4 &&
+                          geometry(&m->in->shape).s > 1;
+        b->fill_dy = dy->data;
+        b->dx_left = cf_nn_conv_dy_fill(b->dy_conv, dx, want, bn_fill_dx, m);
+    }
     bn_ctx ctx = {.m = m,
                   .x = m->in->data,
                   .dy = dy->data,
                   .dx = dx ? dx->data : NULL,
                   .g = geometry(&m->in->shape),
                   .training = b->fwd_training,
-                  .need_dx = need_dx,
+                  .need_dx = need_dx && !b->dx_left,
                   .grads = grads,
                   .relu = b->fwd_relu,
                   .y = b->fwd_relu ? m->out.data : NULL,

@@ -178,6 +178,14 @@ typedef struct conv_impl {
      * cf_conv_stem_wgrad only where it reproduces the lowered cf_sgemm_nt product
      * (use_stem_direct_dw, tensor.h); stem_call: the forward in progress takes it */
     bool stem, stem_call;
+    /* dy made image by image by the BatchNorm after this layer (cf_nn_conv_dy_fill): the dx
+     * buffer it left unwritten (dyf_for) and its fill; for the backward in progress, whether the
+     * direct weight gradient takes each image's dy from the fill (dyf_call); dyf_used: the last
+     * backward did (tests) */
+    const float *dyf_for;
+    cf_nn_dy_fill_fn dyf_fn;
+    void *dyf_ctx;
+    bool dyf_call, dyf_used;
 } conv_impl;
 
 static size_t round16(size_t n) {
@@ -195,6 +203,8 @@ static atomic_ulong words_restored;
 static atomic_bool stats_link_off;
 /* The direct stem's switch (cf__nn_set_stem_direct). */
 static atomic_bool stem_direct_off;
+/* The stem dx link's switch (cf__nn_set_stem_dx_link). */
+static atomic_bool stem_dx_link_off;
 
 void cf__conv_bf16_set_fault(cf_status (*fn)(cf_status status, const char *call)) {
     bf16_fault = fn;
@@ -1051,6 +1061,19 @@ static void bias_grad(const conv_impl *c, int64_t n0, int64_t n1, float *db, boo
     }
 }
 
+/* The direct weight gradient's prologue (cf_nn_conv_dy_fill): image n0 + i's dy into buf. */
+typedef struct dy_fill_image_ctx {
+    const conv_impl *c;
+    int64_t n0;
+    float *buf;
+} dy_fill_image_ctx;
+
+static const float *dy_fill_image(void *ctx, int i) {
+    const dy_fill_image_ctx *f = ctx;
+    f->c->dyf_fn(f->c->dyf_ctx, f->n0 + i, f->buf);
+    return f->buf;
+}
+
 static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cf_module *m = ctx;
     conv_impl *c = m->impl;
@@ -1082,8 +1105,9 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             int64_t m0, m1;
             group_range(c, gi + 1, &m0, &m1);
             if (c->want_dw) prefetch_input(c, m0, m1);
-            cf_prefetch(c->dy + (size_t)m0 * out_n, (size_t)(m1 - m0) * out_n * sizeof(float),
-                        false, false);
+            if (!c->dyf_call) /* else dy is made image by image */
+                cf_prefetch(c->dy + (size_t)m0 * out_n, (size_t)(m1 - m0) * out_n * sizeof(float),
+                            false, false);
         }
         const float *dyg = NULL;
         int ldg = 0;
@@ -1091,8 +1115,12 @@ static void conv_backward_range(void *ctx, int64_t begin, int64_t end, int threa
             if (first) {
                 int64_t m0, m1;
                 group_range(c, end - 1, &m0, &m1);
-                (void)cf_conv_stem_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
-                                         (int)(m1 - n0), dwt, false);
+                /* dy from the BatchNorm's fill, one image at a time into this thread's dyt */
+                dy_fill_image_ctx fc = {c, n0, dyt};
+                const cf_conv_prologue pro = {dy_fill_image, &fc};
+                (void)cf_conv_stem_wgrad_each(g, O, c->dyf_call ? NULL : c->dy + (size_t)n0 * out_n,
+                                              c->dyf_call ? &pro : NULL, c->x + (size_t)n0 * in_n,
+                                              (int)(m1 - n0), dwt, false);
             }
         } else if (c->want_dw && stem) { /* dW^T (K x O), as the fp32 product's */
             cf_conv_stem_bf16_wgrad(g, O, c->dy + (size_t)n0 * out_n, c->x + (size_t)n0 * in_n,
@@ -1424,6 +1452,24 @@ static bool dy_words_call(cf_module *m, const cf_tensor *dy, bool bf16_implicit)
     return true;
 }
 
+/* Whether this backward takes dy image by image from the BatchNorm's fill (sets c->dyf_call):
+ * the direct weight gradient alone (no dx, no bias gradient, conv_backward_range's direct
+ * branch). A fill armed for this dy that this call cannot take writes the whole dy first, every
+ * image as the BatchNorm would have: never a dy that nobody wrote. */
+static void dy_fill_call(cf_module *m, const cf_tensor *dy, bool need_dx, bool other_path) {
+    conv_impl *c = m->impl;
+    const bool armed = c->dyf_for && c->dyf_for == dy->data;
+    c->dyf_for = NULL;
+    c->dyf_call = armed && !need_dx && c->want_dw && !c->want_db && !other_path &&
+                  !use_implicit_dw(c) && use_stem_direct_dw(c);
+    c->dyf_used = c->dyf_call;
+    if (armed && !c->dyf_call) {
+        const int64_t n = dy->shape.dim[0];
+        const size_t per = (size_t)c->out_c * c->g.oh * c->g.ow;
+        for (int64_t i = 0; i < n; i++) c->dyf_fn(c->dyf_ctx, i, dy->data + (size_t)i * per);
+    }
+}
+
 /* The backward pass. add_into: add the input gradient into it when that is exact (a 1x1 layer
  * with stride above 1: each input value receives at most one term) and return a tensor over it.
  * hand_dw: the weight gradient was handed to a sibling (cf_nn_conv_shortcut_backward). A
@@ -1476,6 +1522,8 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
     if (!need_dx && !c->want_dw && !c->want_db) {
         c->dyw_for = NULL;
         c->dyw_used = false;
+        c->dyf_for = NULL; /* nothing reads dy */
+        c->dyf_used = false;
         c->shortcut_words = NULL;
         c->shortcut_dx.out_channels = 0;
         finish_shortcut_dw(c, false);
@@ -1508,6 +1556,7 @@ static const cf_tensor *conv_backward_call(cf_module *m, const cf_tensor *dy, bo
                        "this call cannot read them (internal error)",
                        conv_repr(c, r, sizeof r));
     }
+    dy_fill_call(m, dy, need_dx, winograd || implicit || bf16_implicit);
     if (!dy_words_call(m, dy, bf16_implicit) || !sc_words_ok) { /* dy unwritten: nothing to do */
         call_end(c, mem);
         conv_report(c, "backward");
@@ -1713,6 +1762,33 @@ uint16_t *cf_nn_conv_dy_words(cf_module *conv, const cf_tensor *dy, bool want) {
     }
     c->dyw_for = dy->data;
     return (uint16_t *)dy->data; /* the words in dy's own buffer (half its bytes) */
+}
+
+void cf__nn_set_stem_dx_link(bool on) {
+    atomic_store(&stem_dx_link_off, !on);
+}
+
+bool cf_nn_conv_dy_fill(cf_module *conv, const cf_tensor *dy, bool want, cf_nn_dy_fill_fn fn,
+                        void *ctx) {
+    if (!cf_nn_is_conv(conv)) return false; /* wrapped since the plan: never linked */
+    conv_impl *c = conv->impl;
+    c->dyf_for = NULL;
+    /* what dy_fill_call will check, as far as it is known here: the direct weight gradient
+     * (W1's stem), its weights learning, no bias, dy of its output's shape, the call's need_dx
+     * (known there: a layer whose input is the data needs none) */
+    if (!want || !fn || !dy || atomic_load(&stem_dx_link_off) || !conv->training ||
+        !conv->params[0].trainable || c->has_bias || !use_stem_direct_dw(c) ||
+        dy->shape.ndim != 4 || dy->shape.dim[1] != c->out_c || dy->shape.dim[2] != c->g.oh ||
+        dy->shape.dim[3] != c->g.ow)
+        return false;
+    c->dyf_for = dy->data;
+    c->dyf_fn = fn;
+    c->dyf_ctx = ctx;
+    return true;
+}
+
+bool cf_nn_conv_filled_dy(const cf_module *conv) {
+    return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->dyf_used;
 }
 
 bool cf_nn_conv_read_dy_words(const cf_module *conv) {

@@ -44,14 +44,25 @@ static const cf_tensor *seq_forward(cf_module *m, const cf_tensor *x) {
 const cf_tensor *cf_nn_seq_backward_range(cf_module *m, const cf_tensor *dy, int lo, int hi,
                                           bool need_dx) {
     const float *given = dy->data; /* the caller's */
+    /* a BatchNorm's upstream gradient that the convolution before it still reads, making the
+     * BatchNorm's dx from it in its own backward (the stem dx link, nn_internal.h) */
+    const float *held = NULL;
     for (int i = hi - 1; i >= lo; i--) {
         cf_module *c = m->children[i];
         const cf_tensor *dx = c->ops->backward(c, dy, i > lo || need_dx);
+        if (held) cf_module_give_grad(m, held, dx ? dx->data : NULL);
+        held = NULL;
         /* the child has read its upstream gradient: a block a later child returned is dead
          * unless it passed through (the same memory) */
-        if (dy->data != given) cf_module_give_grad(m, dy->data, dx ? dx->data : NULL);
+        if (dy->data != given && cf_nn_bn_left_dx(c))
+            held = dy->data;
+        else if (dy->data != given)
+            cf_module_give_grad(m, dy->data, dx ? dx->data : NULL);
         dy = dx;
     }
+    /* a BatchNorm first in the range (a residual path's, whose first convolution its block runs
+     * after this range): its dy stays taken until the next backward's start gives every block
+     * back, for that convolution's fill (its dx) */
     return need_dx ? dy : NULL;
 }
 

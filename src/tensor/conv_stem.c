@@ -62,15 +62,16 @@ static void loops_forward(const cf_conv_geom *g, int O, const float *w, const fl
 
 /* Each (output, tap) summed per column over the rows (a vectorised loop), then over the
  * columns. */
-static void loops_wgrad(const cf_conv_geom *g, int O, const float *dy, const float *x, int n_images,
-                        float *dwt, bool accumulate) {
+static void loops_wgrad(const cf_conv_geom *g, int O, const float *dy, const cf_conv_prologue *pro,
+                        const float *x, int n_images, float *dwt, bool accumulate) {
     const int C = g->c, W = g->w, P = g->h * W;
     float cols[CF_STEM_MAX_PLANE];
-    for (int i = 0; i < n_images; i++)
+    for (int i = 0; i < n_images; i++) {
+        const float *dyi = pro ? pro->fn(pro->ctx, i) : dy + (size_t)i * O * P;
         for (int c = 0; c < C; c++) {
             const float *xc = x + ((size_t)i * C + c) * P;
             for (int o = 0; o < O; o++) {
-                const float *dyo = dy + ((size_t)i * O + o) * P;
+                const float *dyo = dyi + (size_t)o * P;
                 for (int t = 0; t < 9; t++) {
                     const float *xs = xc + (t / 3 - 1) * W + t % 3 - 1;
                     int y0, y1, x0, x1;
@@ -88,6 +89,7 @@ static void loops_wgrad(const cf_conv_geom *g, int O, const float *dy, const flo
                 }
             }
         }
+    }
 }
 
 /* The refusal of a shape or image count the kernels do not take (their lane masks and the
@@ -113,13 +115,28 @@ cf_status cf_conv_stem_forward(const cf_conv_geom *g, int out_channels, const fl
     return CF_OK;
 }
 
+static cf_status wgrad_call(const char *fn, const cf_conv_geom *g, int out_channels,
+                            const float *dy, const cf_conv_prologue *pro, const float *x,
+                            int n_images, float *dwt, bool accumulate) {
+    const cf_status st = check_call(fn, g, out_channels, n_images);
+    if (st != CF_OK) return st;
+    if (pro && !pro->fn) pro = NULL;
+    if (cf_active_kernels->stem_wgrad)
+        cf_active_kernels->stem_wgrad(g, out_channels, dy, pro, x, n_images, dwt, accumulate);
+    else
+        loops_wgrad(g, out_channels, dy, pro, x, n_images, dwt, accumulate);
+    return CF_OK;
+}
+
 cf_status cf_conv_stem_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                              const float *x, int n_images, float *dwt, bool accumulate) {
-    const cf_status st = check_call("cf_conv_stem_wgrad", g, out_channels, n_images);
-    if (st != CF_OK) return st;
-    if (cf_active_kernels->stem_wgrad)
-        cf_active_kernels->stem_wgrad(g, out_channels, dy, x, n_images, dwt, accumulate);
-    else
-        loops_wgrad(g, out_channels, dy, x, n_images, dwt, accumulate);
-    return CF_OK;
+    return wgrad_call("cf_conv_stem_wgrad", g, out_channels, dy, NULL, x, n_images, dwt,
+                      accumulate);
+}
+
+cf_status cf_conv_stem_wgrad_each(const cf_conv_geom *g, int out_channels, const float *dy,
+                                  const cf_conv_prologue *pro, const float *x, int n_images,
+                                  float *dwt, bool accumulate) {
+    return wgrad_call("cf_conv_stem_wgrad_each", g, out_channels, dy, pro, x, n_images, dwt,
+                      accumulate);
 }

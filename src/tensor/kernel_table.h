@@ -477,12 +477,13 @@ typedef struct cf_kernel_table {
     /* Stride 2's phase planes (NULL: the portable loops); see conv_implicit.c. */
     void (*split_phases)(const cf_conv_geom *g, const float *x, float *xs, unsigned used);
     void (*merge_phases)(const cf_conv_geom *g, const float *xs, float *x);
-    /* cf_conv_stem_forward and cf_conv_stem_wgrad on a supported shape (NULL: the portable
-     * loops of conv_stem.c) */
+    /* cf_conv_stem_forward and cf_conv_stem_wgrad_each on a supported shape (NULL: the portable
+     * loops of conv_stem.c); pro: NULL or with fn (the caller's check) */
     void (*stem_forward)(const cf_conv_geom *g, int out_channels, const float *w, const float *x,
                          int n_images, float *y, const cf_conv_epilogue *ep);
-    void (*stem_wgrad)(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
-                       int n_images, float *dwt, bool accumulate);
+    void (*stem_wgrad)(const cf_conv_geom *g, int out_channels, const float *dy,
+                       const cf_conv_prologue *pro, const float *x, int n_images, float *dwt,
+                       bool accumulate);
     /* whether Conv2d layers take them (cf_conv_stem_pays): where they measured faster than the
      * lowered product */
     bool stem_pays;

@@ -354,8 +354,9 @@ static void simd_stem_forward(const cf_conv_geom *g, int O, const float *w, cons
     }
 }
 
-static void simd_stem_wgrad(const cf_conv_geom *g, int O, const float *dy, const float *x,
-                            int n_images, float *dwt, bool accumulate) {
+static void simd_stem_wgrad(const cf_conv_geom *g, int O, const float *dy,
+                            const cf_conv_prologue *pro, const float *x, int n_images, float *dwt,
+                            bool accumulate) {
     const int C = g->c, P = g->h * g->w, nv = (P + VL - 1) / VL;
     unsigned masks[STEM_MAX_VECTORS * 9];
     cf_stem_masks(g, VL, masks);
@@ -363,11 +364,12 @@ static void simd_stem_wgrad(const cf_conv_geom *g, int O, const float *dy, const
     for (int t = 0; t < 9; t++) off[t] = stem_tap_offset(g->w, t);
     for (int i = 0; i < n_images; i++) {
         const bool add = accumulate || i > 0;
+        const float *dyi = pro ? pro->fn(pro->ctx, i) : dy + (size_t)i * O * P;
         for (int c = 0; c < C; c++) {
             const float *xc = x + ((size_t)i * C + c) * P;
             for (int o0 = 0; o0 < O; o0 += STEM_DW_OB) {
                 const int ob = O - o0 < STEM_DW_OB ? O - o0 : STEM_DW_OB;
-                const float *dyo = dy + ((size_t)i * O + o0) * P;
+                const float *dyo = dyi + (size_t)o0 * P;
                 for (int t0 = 0; t0 < 9; t0 += STEM_DW_TB) {
                     const int tb = 9 - t0 < STEM_DW_TB ? 9 - t0 : STEM_DW_TB;
                     float *d = dwt + (size_t)(c * 9 + t0) * O + o0;
