@@ -5,7 +5,7 @@
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
- *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf]
+ *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|bnpair]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -31,7 +31,8 @@
  * matrix and GEMM, its BatchNorm's sums from its epilogue) against the lowered product, every
  * link and pass on, with the forward's medians and the sums taken too; wgpf switches the weight
  * gradient's fetch of the next image's bf16 words of x and dy while it copies this image's
- * (cf__conv_bf16_set_wgrad_prefetch), every link and pass on. */
+ * (cf__conv_bf16_set_wgrad_prefetch), every link and pass on; bnpair switches the residual
+ * blocks' two last BatchNorms' backward in one (cf__nn_set_bn_pair_backward), all else on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -67,7 +68,8 @@ static int count_took(const cf_module *m) {
 int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
-         mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false;
+         mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
+         bnpair = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -99,10 +101,12 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, stem = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "wgpf"))
             link_x = link_dy = false, wgpf = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "bnpair"))
+            link_x = link_dy = false, bnpair = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
-                    "[--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf]\n",
+                    "[--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|bnpair]\n",
                     argv[0]);
             return 2;
         }
@@ -147,6 +151,7 @@ int main(int argc, char **argv) {
         if (outpf) cf__conv_bf16_set_cols_prefetch(mode == 1);
         if (stem) cf__nn_set_stem_direct(mode == 1);
         if (wgpf) cf__conv_bf16_set_wgrad_prefetch(mode == 1);
+        if (bnpair) cf__nn_set_bn_pair_backward(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -176,12 +181,14 @@ int main(int argc, char **argv) {
     cf__conv_bf16_set_cols_prefetch(true);
     cf__nn_set_stem_direct(true);
     cf__conv_bf16_set_wgrad_prefetch(true);
+    cf__nn_set_bn_pair_backward(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           wgpf        ? "the weight gradient's prefetch of the next image's words (every link on)"
+           bnpair      ? "the blocks' last BatchNorms' backward in one (every link on)"
+           : wgpf      ? "the weight gradient's prefetch of the next image's words (every link on)"
            : outpf     ? "conv_cols' output prefetch (every link on)"
            : stem      ? "the direct stem (every link on)"
            : stats     ? "the statistics link (every other link on)"
