@@ -938,13 +938,15 @@ static void bn_backward_planes(void *vctx, int64_t c0, int64_t c1, int thread) {
         bn_backward_block(ctx, b0, b0 + cb < c1 ? b0 + cb : c1);
 }
 
-/* Backward: image n's gradient sums (see cf_bn_plane_dy_sums). */
-static void split_sums_image(const bn_split *sp, int64_t n) {
+/* Backward: each image's gradient sums (see cf_bn_plane_dy_sums). */
+static void split_backward_sums(void *v, int64_t n0, int64_t n1, int thread) {
+    (void)thread;
+    const bn_split *sp = v;
     const bn_ctx *ctx = sp->ctx;
     const bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
     const size_t cs = (size_t)g.s;
-    {
+    for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
         double *p = sp->part + (size_t)n * 2 * g.c;
         for (int c = 0; c < g.c; c++) p[c] = p[g.c + c] = 0;
@@ -970,18 +972,14 @@ static void split_sums_image(const bn_split *sp, int64_t n) {
     }
 }
 
-static void split_backward_sums(void *v, int64_t n0, int64_t n1, int thread) {
+static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
     (void)thread;
-    for (int64_t n = n0; n < n1; n++) split_sums_image(v, n);
-}
-
-/* Backward: image n's dx from the coefficients. */
-static void split_dx_image(const bn_ctx *ctx, int64_t n) {
+    const bn_ctx *ctx = v;
     const bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
     const size_t cs = (size_t)g.s;
     const float *k = b->coef;
-    {
+    for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
         const uint16_t *gm = ctx->gmask ? ctx->gmask + (size_t)n * g.c * CF_MASK_WORDS(cs) : NULL;
         if (gm && ctx->dxh)
@@ -997,11 +995,6 @@ static void split_dx_image(const bn_ctx *ctx, int64_t n) {
             cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, g.c, b->mean, k, k + g.c,
                             k + 2 * g.c, ctx->relu, b->ss, b->ss + g.c, 0);
     }
-}
-
-static void split_backward_dx(void *v, int64_t n0, int64_t n1, int thread) {
-    (void)thread;
-    for (int64_t n = n0; n < n1; n++) split_dx_image(v, n);
 }
 
 /* The planes backward split by images; false when it cannot take its block (nothing done). */
@@ -1182,33 +1175,11 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
 
 /* ---- a residual block's two last BatchNorms (cf_nn_bn_backward_pair) ----------------------
  * Both take the block's gradient dy, masked by the same bits, with inputs of the same shape:
- * each channel block's sums pass reads dy (and the bits) once for both layers' planes, and their
- * dx passes follow while the block is in L2 (one thread), or each image's sums and dx are taken
- * for both layers in one job (the image split), where two layers each read dy from L3 or
- * memory. Every plane's sums and every value are those of each layer's own backward. */
-
-typedef struct bn_pair {
-    bn_split a, b;
-    bn_ctx *ca, *cb;
-} bn_pair;
-
-static void pair_split_sums(void *v, int64_t n0, int64_t n1, int thread) {
-    (void)thread;
-    const bn_pair *p = v;
-    for (int64_t n = n0; n < n1; n++) {
-        split_sums_image(&p->a, n);
-        split_sums_image(&p->b, n);
-    }
-}
-
-static void pair_split_dx(void *v, int64_t n0, int64_t n1, int thread) {
-    (void)thread;
-    const bn_pair *p = v;
-    for (int64_t n = n0; n < n1; n++) {
-        split_dx_image(p->ca, n);
-        split_dx_image(p->cb, n);
-    }
-}
+ * on one thread each channel block's sums pass reads dy (and the bits) once for both layers'
+ * planes, and their dx passes follow while the block is in L2, where two layers each read dy
+ * from L3 or memory. Every plane's sums and every value are those of each layer's own backward.
+ * With more threads (the image split) the same pairing per image measured neutral
+ * (bench/README.md), so the pair declines there and each layer runs its own passes. */
 
 /* Channels [c0, c1) of both layers on one thread: the sums of their planes through one queue,
  * each channel's planes of a and b side by side (the same dy and bits), then both layers' dx. */
@@ -1265,7 +1236,7 @@ static bool pair_fits(const cf_module *bn, const cf_tensor *dy) {
 bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy, const cf_tensor **dxa,
                             const cf_tensor **dxb) {
     if (atomic_load_explicit(&pair_backward_off, memory_order_relaxed) || a == b ||
-        !pair_fits(a, dy) || !pair_fits(b, dy) ||
+        cf_get_num_threads() > 1 || !pair_fits(a, dy) || !pair_fits(b, dy) ||
         ((bn_impl *)a->impl)->dy_mask != ((bn_impl *)b->impl)->dy_mask)
         return false;
     bn_ctx ca, cb;
@@ -1276,27 +1247,6 @@ bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy, con
     *dxb = tb;
     ((bn_impl *)a->impl)->paired = ((bn_impl *)b->impl)->paired = true;
     const geom g = ca.g;
-    if (split_images(&g)) {
-        double *pa = split_take(&ca), *pb = pa ? split_take(&cb) : NULL;
-        if (pb) {
-            bn_pair p = {{&ca, pa}, {&cb, pb}, &ca, &cb};
-            cf_parallel_for(g.n, pair_split_sums, &p);
-            split_combine(&ca, pa);
-            split_combine(&cb, pb);
-            cf_arena_give(((bn_impl *)b->impl)->arena, pb, NULL);
-            cf_arena_give(((bn_impl *)a->impl)->arena, pa, NULL);
-            bn_backward_coefs(&ca, 0, g.c);
-            bn_backward_coefs(&cb, 0, g.c);
-            cf_parallel_for(g.n, pair_split_dx, &p);
-            return true;
-        }
-        if (pa) cf_arena_give(((bn_impl *)a->impl)->arena, pa, NULL);
-    }
-    if (cf_get_num_threads() > 1) { /* each layer's own threaded passes */
-        bn_backward_planes_run(&cb);
-        bn_backward_planes_run(&ca);
-        return true;
-    }
     const int64_t cbk = bn_pair_block_channels(&g);
     for (int64_t c0 = 0; c0 < g.c; c0 += cbk)
         pair_block(&ca, &cb, c0, c0 + cbk < g.c ? c0 + cbk : g.c);

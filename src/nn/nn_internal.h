@@ -324,9 +324,9 @@ void cf__nn_set_res_mask_bits(bool on);
  * b, the idpath's, for the same dy) backward in one: their sums passes read dy and the bits once
  * for both, each channel block's dx passes following while it is in L2 (batchnorm.c). Each
  * layer's gradients, dx and dx words are bitwise those of its own backward (need_dx true).
- * False, nothing done (each then runs its own backward): a switched off, either layer not a
- * training BatchNorm of planes armed for dy, their inputs' shapes not dy's, synchronised
- * statistics. cf_nn_bn_paired: whether bn's last backward ran in a pair (tests). */
+ * False, nothing done (each then runs its own backward): switched off, more than one thread,
+ * either layer not a training BatchNorm of planes armed for dy, their inputs' shapes not dy's,
+ * synchronised statistics. cf_nn_bn_paired: whether bn's last backward ran in a pair (tests). */
 bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy,
                             const cf_tensor **dxa, const cf_tensor **dxb);
 bool cf_nn_bn_paired(const cf_module *bn);
