@@ -224,8 +224,9 @@ static void res_give(const cf_module *m, const cf_tensor *t, const cf_tensor *dy
 static const cf_tensor *path_backward_rest(cf_module *path, const cf_tensor *t, int lo, int hi) {
     for (int i = hi - 1; i >= lo; i--) {
         const cf_tensor *d = cf_nn_seq_backward_range(path, t, i, i + 1, true);
-        cf_module_give_grad(path, t->data, d->data);
+        cf_module_give_grad(path, t->data, d ? d->data : NULL);
         t = d;
+        if (!t) break; /* a failed step (the pass's error, as the Sequential's) */
     }
     return t;
 }
