@@ -89,6 +89,7 @@ typedef struct bn_impl {
      * dx it left to dy_conv's fill (dx_left) */
     const float *fill_dy;
     bool dx_left;
+    bool paired; /* the last backward ran beside its block's other BatchNorm (backward_pair) */
 } bn_impl;
 
 /* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
@@ -97,6 +98,13 @@ static atomic_bool fused_passes_off;
 
 void cf__nn_set_bn_fused_passes(bool on) {
     atomic_store(&fused_passes_off, !on);
+}
+
+/* The pair's test switch (cf__nn_set_bn_pair_backward): off, cf_nn_bn_backward_pair declines. */
+static atomic_bool pair_backward_off;
+
+void cf__nn_set_bn_pair_backward(bool on) {
+    atomic_store(&pair_backward_off, !on);
 }
 
 /* The upstream gradient at i in the rows path: dy, or, with a fused ReLU whose
@@ -225,6 +233,14 @@ typedef struct bn_ctx {
 static int64_t bn_block_channels(const geom *g) {
     const size_t per_channel = (size_t)g->n * (size_t)g->s * sizeof(float);
     const size_t cb = BN_BLOCK_BYTES / (per_channel ? per_channel : 1);
+    return cb > 1 ? (int64_t)cb : 1;
+}
+
+/* A pair's blocks (cf_nn_bn_backward_pair) read three arrays (dy and both inputs): the same
+ * 2 BN_BLOCK_BYTES in L2 between the passes, a third of it each. */
+static int64_t bn_pair_block_channels(const geom *g) {
+    const size_t per_channel = (size_t)g->n * (size_t)g->s * sizeof(float);
+    const size_t cb = 2 * BN_BLOCK_BYTES / 3 / (per_channel ? per_channel : 1);
     return cb > 1 ? (int64_t)cb : 1;
 }
 
@@ -855,6 +871,33 @@ static void bn_backward_coefs(bn_ctx *ctx, int64_t c0, int64_t c1) {
     }
 }
 
+/* dx of sample n's channels [c0, c1) from the coefficients (coef); the next sample's planes are
+ * fetched beside the work. */
+static void bn_dx_sample(const bn_ctx *ctx, int n, int64_t c0, int64_t c1) {
+    const bn_impl *b = ctx->m->impl;
+    const geom g = ctx->g;
+    const size_t cs = (size_t)g.s, mw = CF_MASK_WORDS(cs);
+    const float *k = b->coef;
+    const int nc = (int)(c1 - c0);
+    const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
+    const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0;
+    const uint16_t *gm = ctx->gmask ? ctx->gmask + ((size_t)n * g.c + c0) * mw : NULL;
+    if (gm && ctx->dxh)
+        cf_bn_planes_dx_bf16_mask(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc, b->mean + c0,
+                                  k + c0, k + g.c + c0, k + 2 * g.c + c0, gm, ahead);
+    else if (gm)
+        cf_bn_planes_dx_mask(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0, k + c0,
+                             k + g.c + c0, k + 2 * g.c + c0, gm, ahead);
+    else if (ctx->dxh)
+        cf_bn_planes_dx_bf16(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc, b->mean + c0,
+                             k + c0, k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0,
+                             b->ss + g.c + c0, ahead);
+    else
+        cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0, k + c0,
+                        k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0, b->ss + g.c + c0,
+                        ahead);
+}
+
 static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
@@ -887,28 +930,7 @@ static void bn_backward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
         queue_dy_sums(&q, ctx->relu, ctx->gmask);
         bn_backward_coefs(ctx, c0, c1);
         if (!ctx->need_dx) return;
-        const float *k = b->coef;
-        const int nc = (int)(c1 - c0);
-        for (int n = 0; n < g.n; n++) {
-            const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
-            const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0;
-            const uint16_t *gm = ctx->gmask ? ctx->gmask + ((size_t)n * g.c + c0) * mw : NULL;
-            if (gm && ctx->dxh)
-                cf_bn_planes_dx_bf16_mask(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc,
-                                          b->mean + c0, k + c0, k + g.c + c0, k + 2 * g.c + c0, gm,
-                                          ahead);
-            else if (gm)
-                cf_bn_planes_dx_mask(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0,
-                                     k + c0, k + g.c + c0, k + 2 * g.c + c0, gm, ahead);
-            else if (ctx->dxh)
-                cf_bn_planes_dx_bf16(ctx->dy + at, ctx->x + at, ctx->dxh + at, g.s, nc,
-                                     b->mean + c0, k + c0, k + g.c + c0, k + 2 * g.c + c0,
-                                     ctx->relu, b->ss + c0, b->ss + g.c + c0, ahead);
-            else
-                cf_bn_planes_dx(ctx->dy + at, ctx->x + at, ctx->dx + at, g.s, nc, b->mean + c0,
-                                k + c0, k + g.c + c0, k + 2 * g.c + c0, ctx->relu, b->ss + c0,
-                                b->ss + g.c + c0, ahead);
-        }
+        for (int n = 0; n < g.n; n++) bn_dx_sample(ctx, n, c0, c1);
     }
 }
 
@@ -1108,10 +1130,14 @@ bool cf_nn_bn_mask_dy(cf_module *bn, const uint16_t *mask, const float *dy) {
     return ok;
 }
 
-static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+/* The backward's set-up: the block's mask taken (once), dx and its words asked for, ctx filled.
+ * *dxp: dx (NULL without need_dx). False: nothing to compute (no gradients, no dx). */
+static bool bn_backward_begin(cf_module *m, const cf_tensor *dy, bool need_dx, bn_ctx *ctx,
+                              cf_tensor **dxp) {
     bn_impl *b = m->impl;
     bool grads = m->params[P_WEIGHT].trainable || m->params[P_BIAS].trainable;
     b->dxw_wrote = false;
+    b->paired = false;
     /* the block's mask, armed for the gradient its block was given (once) */
     const uint16_t *gmask = b->dy_mask && dy->data == b->dy_mask_for ? b->dy_mask : NULL;
     if (b->dy_mask && !gmask)
@@ -1126,8 +1152,10 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
         cf_nn_conv_dy_words(b->dy_conv, NULL, false);
         cf_nn_conv_dy_fill(b->dy_conv, NULL, false, NULL, NULL);
     }
-    if (!grads && !need_dx) return NULL;
+    *dxp = NULL;
+    if (!grads && !need_dx) return false;
     cf_tensor *dx = need_dx ? cf_module_input_grad(m) : NULL;
+    *dxp = dx;
     /* dx as the linked convolution's bf16 words where its next backward reads only those (a
      * training forward's planes; the convolution decides the rest, cf_nn_conv_dy_words) */
     uint16_t *dxh = NULL;
@@ -1145,18 +1173,26 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
         b->fill_dy = dy->data;
         b->dx_left = cf_nn_conv_dy_fill(b->dy_conv, dx, want, bn_fill_dx, m);
     }
-    bn_ctx ctx = {.m = m,
-                  .x = m->in->data,
-                  .dy = dy->data,
-                  .dx = dx ? dx->data : NULL,
-                  .g = geometry(&m->in->shape),
-                  .training = b->fwd_training,
-                  .need_dx = need_dx && !b->dx_left,
-                  .grads = grads,
-                  .relu = b->fwd_relu,
-                  .y = b->fwd_relu ? m->out.data : NULL,
-                  .dxh = dxh,
-                  .gmask = gmask};
+    *ctx = (bn_ctx){.m = m,
+                    .x = m->in->data,
+                    .dy = dy->data,
+                    .dx = dx ? dx->data : NULL,
+                    .g = geometry(&m->in->shape),
+                    .training = b->fwd_training,
+                    .need_dx = need_dx && !b->dx_left,
+                    .grads = grads,
+                    .relu = b->fwd_relu,
+                    .y = b->fwd_relu ? m->out.data : NULL,
+                    .dxh = dxh,
+                    .gmask = gmask};
+    return true;
+}
+
+static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
+    bn_impl *b = m->impl;
+    bn_ctx ctx;
+    cf_tensor *dx;
+    if (!bn_backward_begin(m, dy, need_dx, &ctx, &dx)) return NULL;
     if (b->reduce && ctx.training) {
         double total = bn_sync_backward_sums(&ctx);
         if (!need_dx) return dx;
@@ -1169,6 +1205,90 @@ static const cf_tensor *bn_backward(cf_module *m, const cf_tensor *dy, bool need
     else
         bn_backward_planes_run(&ctx);
     return dx;
+}
+
+/* ---- a residual block's two last BatchNorms (cf_nn_bn_backward_pair) ----------------------
+ * Both take the block's gradient dy, masked by the same bits, with inputs of the same shape:
+ * on one thread each channel block's sums pass reads dy (and the bits) once for both layers'
+ * planes, and their dx passes follow while the block is in L2, where two layers each read dy
+ * from L3 or memory. Every plane's sums and every value are those of each layer's own backward.
+ * With more threads (the image split) the same pairing per image measured neutral
+ * (bench/README.md), so the pair declines there and each layer runs its own passes. */
+
+/* Channels [c0, c1) of both layers on one thread: the sums of their planes through one queue,
+ * each channel's planes of a and b side by side (the same dy and bits), then both layers' dx. */
+static void pair_block(bn_ctx *ca, bn_ctx *cb, int64_t c0, int64_t c1) {
+    const geom g = ca->g;
+    const size_t cs = (size_t)g.s, mw = CF_MASK_WORDS(cs);
+    bn_ctx *both[2] = {ca, cb};
+    for (int k = 0; k < 2; k++) {
+        bn_impl *b = both[k]->m->impl;
+        for (int64_t c = c0; c < c1; c++) b->acc[c] = b->acc[g.c + c] = 0;
+    }
+    plane_queue q = {.s = g.s};
+    for (int n = 0; n < g.n; n++) {
+        const size_t at = (size_t)n * g.c * cs;
+        const bool ahead = n + 1 < g.n;
+        for (int64_t c = c0; c < c1; c++) {
+            if (ahead) {
+                const size_t next = at + ((size_t)g.c + c) * cs;
+                bn_prefetch_plane(ca->dy + next, cs, false);
+                bn_prefetch_plane(ca->x + next, cs, false);
+                bn_prefetch_plane(cb->x + next, cs, false);
+            }
+            for (int k = 0; k < 2; k++) {
+                bn_impl *b = both[k]->m->impl;
+                q.dy[q.np] = both[k]->dy + at + c * cs;
+                q.x[q.np] = both[k]->x + at + c * cs;
+                q.mask[q.np] = both[k]->gmask + ((size_t)n * g.c + c) * mw;
+                q.k[q.np] = b->mean[c];
+                q.s1[q.np] = &b->acc[c];
+                q.s2[q.np] = &b->acc[g.c + c];
+                if (++q.np == CF_BN_PLANES) queue_dy_sums(&q, false, true);
+            }
+        }
+    }
+    queue_dy_sums(&q, false, true);
+    bn_backward_coefs(ca, c0, c1);
+    bn_backward_coefs(cb, c0, c1);
+    for (int n = 0; n < g.n; n++) {
+        bn_dx_sample(ca, n, c0, c1);
+        bn_dx_sample(cb, n, c0, c1);
+    }
+}
+
+/* Whether bn's next backward can run in a pair for dy: a BatchNorm's own ops after a training
+ * forward of planes, armed with the block's mask for this dy, its statistics its own. */
+static bool pair_fits(const cf_module *bn, const cf_tensor *dy) {
+    if (!cf_nn_is_batchnorm(bn) || !bn->in || !bn->training) return false;
+    const bn_impl *b = bn->impl;
+    return b->fwd_training && !b->fwd_relu && !b->reduce && b->dy_mask &&
+           b->dy_mask_for == dy->data && bn->in->shape.ndim == 4 &&
+           cf_shape_equal(&bn->in->shape, &dy->shape) && geometry(&bn->in->shape).s > 1;
+}
+
+bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy, const cf_tensor **dxa,
+                            const cf_tensor **dxb) {
+    if (atomic_load_explicit(&pair_backward_off, memory_order_relaxed) || a == b ||
+        cf_get_num_threads() > 1 || !pair_fits(a, dy) || !pair_fits(b, dy) ||
+        ((bn_impl *)a->impl)->dy_mask != ((bn_impl *)b->impl)->dy_mask)
+        return false;
+    bn_ctx ca, cb;
+    cf_tensor *ta, *tb;
+    bn_backward_begin(a, dy, true, &ca, &ta);
+    bn_backward_begin(b, dy, true, &cb, &tb);
+    *dxa = ta;
+    *dxb = tb;
+    ((bn_impl *)a->impl)->paired = ((bn_impl *)b->impl)->paired = true;
+    const geom g = ca.g;
+    const int64_t cbk = bn_pair_block_channels(&g);
+    for (int64_t c0 = 0; c0 < g.c; c0 += cbk)
+        pair_block(&ca, &cb, c0, c0 + cbk < g.c ? c0 + cbk : g.c);
+    return true;
+}
+
+bool cf_nn_bn_paired(const cf_module *bn) {
+    return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->paired;
 }
 
 static void bn_destroy(cf_module *m);

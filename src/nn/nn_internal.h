@@ -343,5 +343,17 @@ bool cf_nn_bn_mask_dy(cf_module *bn, const uint16_t *mask, const float *dy);
 /* Tests: the blocks' mask bits (on by default, read at each forward: off, the block masks its
  * gradient in a pass of its own, as before). */
 void cf__nn_set_res_mask_bits(bool on);
+/* Both paths' last BatchNorms of a block whose mask they were armed with (a, the convpath's, and
+ * b, the idpath's, for the same dy) backward in one: their sums passes read dy and the bits once
+ * for both, each channel block's dx passes following while it is in L2 (batchnorm.c). Each
+ * layer's gradients, dx and dx words are bitwise those of its own backward (need_dx true).
+ * False, nothing done (each then runs its own backward): switched off, more than one thread,
+ * either layer not a training BatchNorm of planes armed for dy, their inputs' shapes not dy's,
+ * synchronised statistics. cf_nn_bn_paired: whether bn's last backward ran in a pair (tests). */
+bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy,
+                            const cf_tensor **dxa, const cf_tensor **dxb);
+bool cf_nn_bn_paired(const cf_module *bn);
+/* Tests and benchmarks: the pair (on by default, read at each backward). */
+void cf__nn_set_bn_pair_backward(bool on);
 
 #endif

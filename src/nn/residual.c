@@ -219,6 +219,18 @@ static void res_give(const cf_module *m, const cf_tensor *t, const cf_tensor *dy
     if (t && t->data != dy->data && t->data != keep) cf_module_give_grad(m, t->data, keep);
 }
 
+/* Steps [lo, hi) of a Sequential path backward from t, the gradient of step hi's output that
+ * the path took itself (given back once read, as the Sequential gives its steps' back). */
+static const cf_tensor *path_backward_rest(cf_module *path, const cf_tensor *t, int lo, int hi) {
+    for (int i = hi - 1; i >= lo; i--) {
+        const cf_tensor *d = cf_nn_seq_backward_range(path, t, i, i + 1, true);
+        cf_module_give_grad(path, t->data, d ? d->data : NULL);
+        t = d;
+        if (!t) break; /* a failed step (the pass's error, as the Sequential's) */
+    }
+    return t;
+}
+
 /* The idpath's backward with its first conv's input gradient added into target (in place when
  * exact): the steps after it as the path runs them, then that conv. */
 static const cf_tensor *idpath_backward_add(cf_module *ip, bool seq, cf_module *conv,
@@ -257,7 +269,8 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
     const cf_nn_res_fusion *f = &r->fuse;
     const cf_tensor *dz = dy;
     /* with the mask's bits the last BatchNorms mask dy themselves: dz is dy, never written */
-    if (r->relu_after && !res_arm_mask(m, dy)) {
+    const bool masked = r->relu_after && res_arm_mask(m, dy);
+    if (r->relu_after && !masked) {
         r->dz.shape = dy->shape;
         r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
         res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, &dy->shape);
@@ -269,12 +282,18 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
      * dead once the convpath has run */
     if (f->pair_a && need_dx && cf_nn_conv_pair_backward_fits(f->pair_a, f->pair_b)) {
         cf_module *ip = m->children[1];
-        const cf_tensor *handed =
-            path_backward(ip, f->idpath_seq, dz, 1, path_len(ip, f->idpath_seq), true);
+        const int ni = path_len(ip, f->idpath_seq), nc = path_len(cp, f->convpath_seq);
+        /* both paths' last BatchNorms, masked alike, in one backward (dy read once) */
+        const cf_tensor *ta = NULL, *tb = NULL;
+        const bool pair =
+            masked && f->idpath_seq && f->convpath_seq && ni > 1 && nc > 1 &&
+            cf_nn_bn_backward_pair(cp->children[nc - 1], ip->children[ni - 1], dz, &ta, &tb);
+        const cf_tensor *handed = pair ? path_backward_rest(ip, tb, 1, ni - 1)
+                                       : path_backward(ip, f->idpath_seq, dz, 1, ni, true);
         cf_nn_conv_handover h;
         cf_nn_conv_shortcut_backward(f->pair_b, handed, f->pair_a, &h);
-        const cf_tensor *da =
-            path_backward(cp, f->convpath_seq, dz, 1, path_len(cp, f->convpath_seq), true);
+        const cf_tensor *da = pair ? path_backward_rest(cp, ta, 1, nc - 1)
+                                   : path_backward(cp, f->convpath_seq, dz, 1, nc, true);
         const cf_tensor *dx = cf_nn_conv_backward_with_shortcut(f->pair_a, da, &h);
         if (da->data != dz->data) cf_module_give_grad(cp, da->data, dx->data);
         res_give(m, handed, dy, dx->data);
