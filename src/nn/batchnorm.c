@@ -89,6 +89,7 @@ typedef struct bn_impl {
      * dx it left to dy_conv's fill (dx_left) */
     const float *fill_dy;
     bool dx_left;
+    const cf_module *held_by; /* cf_nn_bn_dy_held: the child run next, holding dy until then */
     bool paired; /* the last backward ran beside its block's other BatchNorm (backward_pair) */
 } bn_impl;
 
@@ -1112,6 +1113,10 @@ static void bn_fill_dx(void *ctx, int64_t n, float *dst) {
                     k + 2 * g.c, b->fwd_relu, b->ss, b->ss + g.c, 0);
 }
 
+void cf_nn_bn_dy_held(cf_module *bn, const cf_module *prev) {
+    if (cf_nn_is_batchnorm(bn)) ((bn_impl *)bn->impl)->held_by = prev;
+}
+
 bool cf_nn_bn_left_dx(const cf_module *bn) {
     return cf_nn_is_batchnorm(bn) && ((const bn_impl *)bn->impl)->dx_left;
 }
@@ -1148,6 +1153,9 @@ static bool bn_backward_begin(cf_module *m, const cf_tensor *dy, bool need_dx, b
     b->dy_mask = NULL;
     b->dy_mask_for = NULL;
     b->dx_left = false;
+    /* dy outlives the linked convolution's backward only where the caller said so */
+    const bool held = b->held_by && b->held_by == b->dy_conv;
+    b->held_by = NULL;
     if (!need_dx && b->dy_conv) { /* no dx to link */
         cf_nn_conv_dy_words(b->dy_conv, NULL, false);
         cf_nn_conv_dy_fill(b->dy_conv, NULL, false, NULL, NULL);
@@ -1167,7 +1175,7 @@ static bool bn_backward_begin(cf_module *m, const cf_tensor *dy, bool need_dx, b
     /* dx left to the convolution's fill, image by image (the stem dx link), where its next
      * backward takes it: the sums and coefficients here, no dx pass */
     if (dx && b->dy_conv) {
-        const bool want = !dxh && !gmask && !b->reduce && b->fwd_training && m->training &&
+        const bool want = held && !dxh && !gmask && !b->reduce && b->fwd_training && m->training &&
                           cf_nn_is_batchnorm(m) && m->in->shape.ndim == 4 &&
                           geometry(&m->in->shape).s > 1;
         b->fill_dy = dy->data;

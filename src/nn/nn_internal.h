@@ -293,6 +293,15 @@ void cf__nn_set_stem_direct(bool on);
 typedef void (*cf_nn_dy_fill_fn)(void *ctx, int64_t image, float *dy);
 bool cf_nn_conv_dy_fill(cf_module *conv, const cf_tensor *dy, bool want, cf_nn_dy_fill_fn fn,
                         void *ctx);
+/* The link's lifetime promise: the BatchNorm's upstream gradient must outlive the convolution's
+ * backward, which reads it through fn. Only cf_nn_seq_backward_range keeps that promise (it
+ * holds the gradient until the child before the BatchNorm, run next in the same call, has
+ * returned), and says so before each child's backward: prev is the child it runs next, NULL
+ * when the range ends there (the caller may give the gradient back at once: a U-Net's encoder
+ * stepping child by child, a residual path's single-child ranges). A BatchNorm leaves its dx
+ * only when prev is its linked convolution; the promise lasts one backward. A no-op on other
+ * modules. */
+void cf_nn_bn_dy_held(cf_module *bn, const cf_module *prev);
 /* Tests: whether conv's last backward took its dy from the fill; whether bn's last backward left
  * its dx to it; the link's switch (on by default, read at each backward: off, the BatchNorm
  * writes its dx). */
@@ -350,8 +359,8 @@ void cf__nn_set_res_mask_bits(bool on);
  * False, nothing done (each then runs its own backward): switched off, more than one thread,
  * either layer not a training BatchNorm of planes armed for dy, their inputs' shapes not dy's,
  * synchronised statistics. cf_nn_bn_paired: whether bn's last backward ran in a pair (tests). */
-bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy,
-                            const cf_tensor **dxa, const cf_tensor **dxb);
+bool cf_nn_bn_backward_pair(cf_module *a, cf_module *b, const cf_tensor *dy, const cf_tensor **dxa,
+                            const cf_tensor **dxb);
 bool cf_nn_bn_paired(const cf_module *bn);
 /* Tests and benchmarks: the pair (on by default, read at each backward). */
 void cf__nn_set_bn_pair_backward(bool on);

@@ -49,6 +49,7 @@ const cf_tensor *cf_nn_seq_backward_range(cf_module *m, const cf_tensor *dy, int
     const float *held = NULL;
     for (int i = hi - 1; i >= lo; i--) {
         cf_module *c = m->children[i];
+        cf_nn_bn_dy_held(c, i > lo ? m->children[i - 1] : NULL); /* held below until then */
         const cf_tensor *dx = c->ops->backward(c, dy, i > lo || need_dx);
         if (held) cf_module_give_grad(m, held, dx ? dx->data : NULL);
         held = NULL;
@@ -60,9 +61,6 @@ const cf_tensor *cf_nn_seq_backward_range(cf_module *m, const cf_tensor *dy, int
             cf_module_give_grad(m, dy->data, dx ? dx->data : NULL);
         dy = dx;
     }
-    /* a BatchNorm first in the range (a residual path's, whose first convolution its block runs
-     * after this range): its dy stays taken until the next backward's start gives every block
-     * back, for that convolution's fill (its dx) */
     return need_dx ? dy : NULL;
 }
 
