@@ -5,7 +5,7 @@
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
- *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx]
+ *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|d2sp]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -32,7 +32,8 @@
  * link and pass on, with the forward's medians and the sums taken too; wgpf switches the weight
  * gradient's fetch of the next image's bf16 words of x and dy while it copies this image's
  * (cf__conv_bf16_set_wgrad_prefetch), every link and pass on; s2dx switches stride 2's dx stored
- * straight into dx's rows (cf__conv_bf16_set_dx_spread), every link and pass on. */
+ * straight into dx's rows (cf__conv_bf16_set_dx_spread), every link and pass on; d2sp the same
+ * of dx2_cols' phases (cf__conv_bf16_set_dx2_spread). */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -69,7 +70,7 @@ int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false;
-    bool s2dx = false;
+    bool s2dx = false, d2sp = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -103,10 +104,12 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, wgpf = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "s2dx"))
             link_x = link_dy = false, s2dx = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "d2sp"))
+            link_x = link_dy = false, d2sp = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
-                    "[--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx]\n",
+                    "[--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|d2sp]\n",
                     argv[0]);
             return 2;
         }
@@ -152,6 +155,7 @@ int main(int argc, char **argv) {
         if (stem) cf__nn_set_stem_direct(mode == 1);
         if (wgpf) cf__conv_bf16_set_wgrad_prefetch(mode == 1);
         if (s2dx) cf__conv_bf16_set_dx_spread(mode == 1);
+        if (d2sp) cf__conv_bf16_set_dx2_spread(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -182,12 +186,14 @@ int main(int argc, char **argv) {
     cf__nn_set_stem_direct(true);
     cf__conv_bf16_set_wgrad_prefetch(true);
     cf__conv_bf16_set_dx_spread(true);
+    cf__conv_bf16_set_dx2_spread(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           s2dx        ? "stride 2's dx stored into dx's rows (every link on)"
+           d2sp        ? "dx2_cols' phases stored into dx's rows (every link on)"
+           : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"
            : wgpf      ? "the weight gradient's prefetch of the next image's words (every link on)"
            : outpf     ? "conv_cols' output prefetch (every link on)"
            : stem      ? "the direct stem (every link on)"
