@@ -670,6 +670,12 @@ static void cols_out(const float *tmp, size_t ldt, int m, int n, float *out, siz
     }
 }
 
+/* The line at p fetched for writing (prefetchw: every CPU with AVX512_BF16 has it), owned; one
+ * not written soon after leaves L1 for L2 and is still owned there. */
+static inline void prefetch_w(const char *p) {
+    __asm__ volatile("prefetchw %0" ::"m"(*p));
+}
+
 /* kernel_table.h's cols_spread: two phases' sums as conv_cols leaves them in tmp (position q at
  * t[f][q * ldt + r]) into out's rows, interleaved: 16 of a row's places at a time, each place's
  * position (from t[0] or t[1], plus add[f]'s value where add[f] is not NULL) loaded as a vector of
@@ -683,6 +689,17 @@ static void bf16_cols_spread(const float *const t[2], const float *const add[2],
         for (int i = 0; i < h; i++) {
             const size_t q = ((size_t)b * h + i) * half;
             float *row = out + (size_t)b * ldoimg + (size_t)i * ldr;
+            /* the next phase row's lines fetched for writing (dx has left the caches) */
+            const int nb_ = i + 1 < h ? b : b + 1;
+            if (nb_ < n_images) {
+                const char *nx = (const char *)(out + (size_t)nb_ * ldoimg +
+                                                (size_t)(i + 1 < h ? i + 1 : 0) * ldr);
+                for (int r = 0; r < m; r++, nx += ldo * sizeof(float)) {
+                    prefetch_w(nx);
+                    if ((((uintptr_t)nx & 63) + (size_t)(n - 1) * sizeof(float)) >= 64)
+                        prefetch_w(nx + (size_t)(n - 1) * sizeof(float));
+                }
+            }
             for (int j0 = 0; j0 < n; j0 += 16) {
                 const int nj = n - j0 < 16 ? n - j0 : 16;
                 const __mmask16 mj = lanes_below(nj);
@@ -706,12 +723,6 @@ static void bf16_cols_spread(const float *const t[2], const float *const add[2],
                 }
             }
         }
-}
-
-/* The line at p fetched for writing (prefetchw: every CPU with AVX512_BF16 has it), owned; one
- * not written soon after leaves L1 for L2 and is still owned there. */
-static inline void prefetch_w(const char *p) {
-    __asm__ volatile("prefetchw %0" ::"m"(*p));
 }
 
 /* The lines of the planes that positions [q, q + np) write (clipped to n; image b's planes from
