@@ -1577,8 +1577,10 @@ void cf__conv_bf16_set_dx2_spread(bool on) {
  * its dy's planes (rows wd apart from position 0) the same way, added into the phase that holds
  * dx[2i][2j]. Bitwise dx_stride2's dx: the same words in the planes, each sum conv_run's, the
  * same add; but no dropped positions computed (dx_stride2: 224 for W1's 14 x 14 phases' 196,
- * 64 for the 7 x 7 ones' 49). zeroed: as dx_stride2's (the slots' borders are zero from an
- * earlier call on the same scratch). */
+ * 64 for the 7 x 7 ones' 49). Where the level has cols_spread, each row parity's two phases
+ * (and the shortcut's product) are left in conv_cols' tmp instead and stored interleaved into dx's
+ * rows from there (the same sums and add: no dense planes, no interleave pass). zeroed: as
+ * dx_stride2's (the slots' borders are zero from an earlier call on the same scratch). */
 static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed, const float *dy,
                      int n_images, float *dx, float *scratch, const cf_conv_shortcut *sc,
                      const layout *sl, bool zeroed, const uint16_t *dyrows,
