@@ -329,7 +329,7 @@ static float bf16_value(float x) {
  * that every stride-2 shape takes dx_stride2 (and on, as the layers run). And dx against a double
  * sum of the same bf16-rounded products (PyTorch's bf16 convolution with fp32 sums), to fp32
  * summation's bound. */
-static void check_spread(int n, int c, int h, int o, int k, int so) {
+static void check_spread_as(bool d2s, int n, int c, int h, int o, int k, int so) {
     cf_conv_geom g;
     const int pad = (k - 1) / 2;
     assert_true(cf_conv_geom_init(&g, c, h, h, k, k, 2, 2, pad, pad));
@@ -340,16 +340,19 @@ static void check_spread(int n, int c, int h, int o, int k, int so) {
     const size_t nx = d.nx, nw = d.nw, nsw = d.nsw;
     const uint16_t *kept = cf_conv_bf16_keeps_input(&g, o) ? d.xk : NULL;
     char what[128];
-    snprintf(what, sizeof what, "%dx%d/2 %d->%d (shortcut %d) on %dx%d, %d images", k, k, c, o, so,
-             h, h, n);
+    snprintf(what, sizeof what, "%dx%d/2 %d->%d (shortcut %d) on %dx%d, %d images%s", k, k, c, o,
+             so, h, h, n, d2s ? " (dx2_cols' cols_spread)" : "");
     float *dx[2], *dw = malloc(nw * 4), *sdw = malloc(nsw * 4);
     for (int i = 0; i < 2; i++) dx[i] = malloc(nx * 4);
     for (int entry = 0; entry < 3; entry++)
         for (int d2 = 0; d2 < 2; d2++) {
-            if (entry == 1 && !words) continue;
+            if ((entry == 1 && !words) || (d2s && !d2)) continue;
             cf__conv_bf16_set_dx2_cols(d2 == 1);
-            for (int i = 0; i < 2; i++) { /* i = 1: conv_spread */
-                cf__conv_bf16_set_dx_spread(i == 1);
+            for (int i = 0; i < 2; i++) { /* i = 1: conv_spread (d2s: cols_spread) */
+                if (d2s)
+                    cf__conv_bf16_set_dx2_spread(i == 1);
+                else
+                    cf__conv_bf16_set_dx_spread(i == 1);
                 for (size_t j = 0; j < nx; j++) dx[i][j] = i ? 7.0f : -3.0f;
                 memset(sdw, 0, nsw * 4);
                 cf_conv_shortcut sw_sc = {.out_channels = so, .w = d.spk, .dy = d.sdy, .dw = sdw},
@@ -381,6 +384,7 @@ static void check_spread(int n, int c, int h, int o, int k, int so) {
         }
     cf__conv_bf16_set_dx2_cols(true);
     cf__conv_bf16_set_dx_spread(true);
+    cf__conv_bf16_set_dx2_spread(true);
     /* dx[1] (the last: fp32 dy, spread) against the double sums of the rounded products */
     const int oh = g.oh, ow = g.ow;
     double worst = 0;
@@ -422,6 +426,10 @@ static void check_spread(int n, int c, int h, int o, int k, int so) {
     layer_data_free(&d);
 }
 
+static void check_spread(int n, int c, int h, int o, int k, int so) {
+    check_spread_as(false, n, c, h, o, k, so);
+}
+
 static void test_dx_spread(void **state) {
     (void)state;
     check_spread(5, 16, 28, 32, 3, 32); /* W1's stride-2 layers with their shortcuts */
@@ -433,6 +441,22 @@ static void test_dx_spread(void **state) {
     check_spread(2, 8, 12, 10, 5, 0);   /* 5x5, pad 2 */
     check_spread(2, 6, 20, 8, 7, 5);    /* 7x7, pad 3 */
     check_spread(2, 40, 8, 24, 3, 24);  /* 40 channels, 4 x 4 phases */
+}
+
+/* Stride 2's dx through conv_cols (dx2_cols) with each row parity's two phases stored
+ * interleaved into dx's rows (cols_spread, cf__conv_bf16_set_dx2_spread) and through dense
+ * phase planes and interleave2_rows: dx memcmp-equal, each entry (as check_spread), and against
+ * the double sums. Shapes that take dx2_cols (17 to 64 input channels, phases 6 to 16 wide). */
+static void test_dx2_spread(void **state) {
+    (void)state;
+    check_spread_as(true, 5, 32, 14, 64, 3, 64);  /* W1's second block, a part of a call */
+    check_spread_as(true, 17, 32, 14, 64, 3, 64); /* two whole calls of 8 and one image */
+    check_spread_as(true, 3, 32, 14, 64, 3, 0);   /* without the shortcut */
+    check_spread_as(true, 3, 18, 30, 23, 3, 21);  /* 18 channels, rows of 30: two blocks */
+    check_spread_as(true, 2, 40, 12, 24, 3, 24);  /* 40 channels (tiles of 8), 6 x 6 phases */
+    check_spread_as(true, 3, 17, 24, 20, 5, 9);   /* 5x5, pad 2: the phases' columns swapped */
+    check_spread_as(true, 2, 64, 20, 16, 7, 16);  /* 7x7, pad 3, 64 channels, rows of 20 */
+    check_spread_as(true, 9, 24, 12, 8, 3, 0);    /* 24 channels, 6 x 6 phases, 9 images */
 }
 
 /* ---- models ---------------------------------------------------------------------------------- */
@@ -810,7 +834,7 @@ int main(void) {
         cmocka_unit_test(test_models),         cmocka_unit_test(test_eval),
         cmocka_unit_test(test_fp32),           cmocka_unit_test(test_wrapped),
         cmocka_unit_test(test_frozen_sibling), cmocka_unit_test(test_wgrad_fetch),
-        cmocka_unit_test(test_dx_spread),
+        cmocka_unit_test(test_dx_spread),      cmocka_unit_test(test_dx2_spread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1563,6 +1563,12 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
     }
 }
 
+static atomic_bool dx2_spread_on = true; /* cf__conv_bf16_set_dx2_spread */
+
+void cf__conv_bf16_set_dx2_spread(bool on) {
+    atomic_store(&dx2_spread_on, on);
+}
+
 /* Stride 2's dx through conv_cols (l->d2cols), cnb images per call: dy's pair planes as
  * dx_stride2 makes them (planed words each, image b's from b * image_words), then each phase's
  * oh x ow values of dx alone (conv_cols over the phase's taps from its first position dbase[ph],
@@ -1571,8 +1577,10 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
  * its dy's planes (rows wd apart from position 0) the same way, added into the phase that holds
  * dx[2i][2j]. Bitwise dx_stride2's dx: the same words in the planes, each sum conv_run's, the
  * same add; but no dropped positions computed (dx_stride2: 224 for W1's 14 x 14 phases' 196,
- * 64 for the 7 x 7 ones' 49). zeroed: as dx_stride2's (the slots' borders are zero from an
- * earlier call on the same scratch). */
+ * 64 for the 7 x 7 ones' 49). Where the level has cols_spread, each row parity's two phases
+ * (and the shortcut's product) are left in conv_cols' tmp instead and stored interleaved into dx's
+ * rows from there (the same sums and add: no dense planes, no interleave pass). zeroed: as
+ * dx_stride2's (the slots' borders are zero from an earlier call on the same scratch). */
 static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed, const float *dy,
                      int n_images, float *dx, float *scratch, const cf_conv_shortcut *sc,
                      const layout *sl, bool zeroed, const uint16_t *dyrows,
@@ -1591,6 +1599,13 @@ static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed
         memset(dp, 0, slots * image_words * sizeof(uint32_t));
         if (sc) memset(sdp, 0, slots * simage_words * sizeof(uint32_t));
     }
+    /* cols_spread: conv_cols' sums of two phases (and the shortcut's) left in tq, each
+     * up(positions, tile) x up(C, 16) floats, in place of the dense planes and conv_cols' tiles */
+    const int nv = (C + 15) / 16, np = g->ow < 24 / nv ? g->ow : 24 / nv;
+    const size_t tqf = up((size_t)l->cnb * ohw, (size_t)np) * up((size_t)C, 16);
+    float *tq[3] = {outs, outs + tqf, outs + 2 * tqf};
+    const bool spread = k->cols_spread && atomic_load(&dx2_spread_on) &&
+                        (size_t)(tq[2] + tqf - scratch) <= d2_words(l);
     for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
         const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
         for (int b = 0; b < nb; b++) {
@@ -1616,6 +1631,32 @@ static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed
                 pairs_rows_of(k)(lo, hi, g->oh, g->ow, splanes + (size_t)p * l->planed,
                                  (size_t)l->wd);
             }
+        }
+        if (spread) { /* a row parity's two phases left in tq, then into dx's rows */
+            if (sc)   /* dx[2i][2j] is at (i, j) of its phase, as the product's (i, j) */
+                k->conv_cols(1, &szero, spairs, C, pack_dcols(sl, sc->w), sdp, l->planed,
+                             (size_t)l->wd, simage_words, g->oh, g->ow, nb, NULL, 0, 0, tq[2], NULL,
+                             0);
+            for (int a = 0; a < 2; a++) {
+                const float *t[2], *add[2];
+                for (int f = 0; f < 2; f++) {
+                    const int ph = a * 2 + (P + f) % 2; /* f: dx's even or odd columns */
+                    const uint32_t *wc = pack_dcols(l, packed);
+                    for (int q = 0; q < ph; q++)
+                        wc += (size_t)l->ntap[q] * pairs * up((size_t)C, 16);
+                    int off[MAX_TAPS];
+                    for (int j = 0; j < l->ntap[ph]; j++) off[j] = l->dbase[ph] + l->doff[ph][j];
+                    k->conv_cols(l->ntap[ph], off, pairs, C, wc, dp, l->planed, (size_t)l->wd,
+                                 image_words, g->oh, g->ow, nb, NULL, 0, 0, tq[f], NULL, 0);
+                    t[f] = tq[f];
+                    add[f] = sc && ph == sph ? tq[2] : NULL;
+                }
+                const int r0 = ((a - P) % 2 + 2) % 2; /* dx's first row of parity a */
+                k->cols_spread(t, add, up((size_t)C, 16), C, g->oh, g->w, nb,
+                               dx + (size_t)n0 * in_n + (size_t)r0 * g->w, (size_t)g->h * g->w,
+                               (size_t)2 * g->w, in_n);
+            }
+            continue;
         }
         const uint32_t *wc = pack_dcols(l, packed);
         for (int ph = 0; ph < 4; ph++) {

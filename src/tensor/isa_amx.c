@@ -44,5 +44,6 @@ void cf_amx_kernels(cf_bf16_kernels *k) {
     k->conv_order = amx_conv_order;
     k->conv_cols = NULL;   /* the tiles' conv_run is the forward's kernel */
     k->conv_spread = NULL; /* conv_run's sums are the tiles' */
+    k->cols_spread = NULL; /* no conv_cols */
 }
 #endif

@@ -676,6 +676,55 @@ static inline void prefetch_w(const char *p) {
     __asm__ volatile("prefetchw %0" ::"m"(*p));
 }
 
+/* kernel_table.h's cols_spread: two phases' sums as conv_cols leaves them in tmp (position q at
+ * t[f][q * ldt + r]) into out's rows, interleaved: 16 of a row's places at a time, each place's
+ * position (from t[0] or t[1], plus add[f]'s value where add[f] is not NULL) loaded as a vector of
+ * 16 rows, the 16 x 16 block transposed in registers (cols_out's transposition with the loads'
+ * positions interleaved), each row's 16 places stored under a mask. */
+static void bf16_cols_spread(const float *const t[2], const float *const add[2], size_t ldt, int m,
+                             int h, int n, int n_images, float *out, size_t ldo, size_t ldr,
+                             size_t ldoimg) {
+    const int half = (n + 1) / 2; /* positions a phase row: t[0]'s; t[1]'s n / 2 of them */
+    for (int b = 0; b < n_images; b++)
+        for (int i = 0; i < h; i++) {
+            const size_t q = ((size_t)b * h + i) * half;
+            float *row = out + (size_t)b * ldoimg + (size_t)i * ldr;
+            /* the next phase row's lines fetched for writing (dx has left the caches) */
+            const int nb_ = i + 1 < h ? b : b + 1;
+            if (nb_ < n_images) {
+                const char *nx = (const char *)(out + (size_t)nb_ * ldoimg +
+                                                (size_t)(i + 1 < h ? i + 1 : 0) * ldr);
+                for (int r = 0; r < m; r++, nx += ldo * sizeof(float)) {
+                    prefetch_w(nx);
+                    if ((((uintptr_t)nx & 63) + (size_t)(n - 1) * sizeof(float)) >= 64)
+                        prefetch_w(nx + (size_t)(n - 1) * sizeof(float));
+                }
+            }
+            for (int j0 = 0; j0 < n; j0 += 16) {
+                const int nj = n - j0 < 16 ? n - j0 : 16;
+                const __mmask16 mj = lanes_below(nj);
+                for (int r0 = 0; r0 < m; r0 += 16) {
+                    const int nr = m - r0 < 16 ? m - r0 : 16;
+                    __m512i v[16];
+                    for (int k = 0; k < 16; k++) {
+                        const int j = j0 + k, f = j & 1;
+                        const size_t at = (q + (size_t)(j >> 1)) * ldt + r0;
+                        if (k >= nj) {
+                            v[k] = _mm512_setzero_si512();
+                            continue;
+                        }
+                        __m512 x = _mm512_loadu_ps(t[f] + at);
+                        if (add[f]) x = _mm512_add_ps(x, _mm512_loadu_ps(add[f] + at));
+                        v[k] = _mm512_castps_si512(x);
+                    }
+                    transpose_words(v);
+                    for (int j = 0; j < nr; j++)
+                        _mm512_mask_storeu_epi32(row + (size_t)(r0 + j) * ldo + j0, mj, v[j]);
+                }
+            }
+        }
+}
+
 /* The lines of the planes that positions [q, q + np) write (clipped to n; image b's planes from
  * out + b * ldoimg, hw positions each, row r of a plane at r * ldo), m rows each, fetched for
  * writing; a line that the position before q (in its image) also writes is left out (the tile
@@ -723,7 +772,7 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
         float *tt = tmp + (size_t)q0 * ldt;
         for (const char *e = pf + pf_step; pf && pf < pf_end && pf < e; pf += 64)
             _mm_prefetch(pf, _MM_HINT_T1);
-        if (pw) cols_prefetch_out(out, ldo, ldoimg, hw, m, q0, np, n);
+        if (pw && out) cols_prefetch_out(out, ldo, ldoimg, hw, m, q0, np, n);
         if (np < np0)
             cols_tile_row(nv, wd, taps, off, pairs, w, ldw, xa, plane, tt, ldt);
         else if (nv == 2)
@@ -733,7 +782,7 @@ static void bf16_conv_cols(int taps, const int *off, int pairs, int m, const uin
         else
             cols_tile4(n1, taps, off, pairs, w, ldw, xa, xb, plane, tt, ldt);
         /* the images whose sums are complete, into their planes while tmp's rows are in L1 */
-        for (; done < n_images && (done + 1) * hw <= q0 + np; done++)
+        for (; out && done < n_images && (done + 1) * hw <= q0 + np; done++)
             cols_out(tmp + (size_t)done * hw * ldt, ldt, m, hw, out + (size_t)done * ldoimg, ldo);
     }
 #undef ROW_AT
@@ -1671,6 +1720,7 @@ const cf_bf16_kernels cf_bf16_kernels_avx512 = {
     .keep_words = bf16_keep_words,
     .deal2_h = bf16_deal2_h,
     .interleave2_rows = bf16_interleave2_rows,
+    .cols_spread = bf16_cols_spread,
     .deal_pairs_h = bf16_deal_pairs_h,
     .conv_spread = bf16_conv_spread,
 };

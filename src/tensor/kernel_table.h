@@ -343,7 +343,9 @@ typedef struct cf_bf16_kernels {
      * readable; tmp: up(n_images * h * w, np) * up(m, 16) floats. next (NULL: none): next_bytes
      * that the caller reads next (the next images' input), prefetched towards L2 as the tiles
      * compute (a hint); out's lines of each tile's positions are fetched for writing as the tile
-     * starts (cf__conv_bf16_set_cols_prefetch). */
+     * starts (cf__conv_bf16_set_cols_prefetch). out NULL (at a level with cols_spread): nothing
+     * stored, the sums left in tmp, position q of the call (q = (b * h + i) * w + j) at
+     * tmp[q * up(m, 16) + r]. */
     void (*conv_cols)(int taps, const int *off, int pairs, int m, const uint32_t *w,
                       const uint32_t *x, size_t plane, size_t ldx, size_t ldimg, int h, int wd,
                       int n_images, float *out, size_t ldo, size_t ldoimg, float *tmp,
@@ -414,6 +416,15 @@ typedef struct cf_bf16_kernels {
     void (*conv_spread)(const int taps[2], const int *const off[2], const uint32_t *packed[2],
                         int pairs, int m, const uint32_t *x, size_t plane, size_t ldx, int h, int n,
                         const float *const add[2], size_t lda, float *out, size_t ldo, size_t ldr);
+    /* NULL: none (conv_cols into dense phase planes, then interleave2_rows). Two phases of stride
+     * 2's dx as conv_cols leaves their sums in tmp (out NULL) straight into dx's rows: phase f's
+     * value at row r < m, image b, phase row i < h, column j is t[f][q * ldt + r] (q = (b * h +
+     * i) * up(n, 2) / 2 + j), plus add[f] at the same place where add[f] is not NULL, stored at
+     * out[b * ldoimg + r * ldo + i * ldr + 2 j + f] for 2 j + f < n: bitwise conv_cols' planes
+     * interleaved (the same fp32 add). Reads up(m, 16) values at each place. */
+    void (*cols_spread)(const float *const t[2], const float *const add[2], size_t ldt, int m,
+                        int h, int n, int n_images, float *out, size_t ldo, size_t ldr,
+                        size_t ldoimg);
 } cf_bf16_kernels;
 
 /* Whether the bf16 Winograd convolutions convert their transformed input as they compute it
@@ -432,6 +443,12 @@ void cf__conv_bf16_set_dx2_cols(bool on);
  * into phase planes that interleave2_rows then interleaves: bitwise the same, for tests and
  * benchmarks that switch the two in one process. */
 void cf__conv_bf16_set_dx_spread(bool on);
+
+/* Whether stride 2's bf16 dx through conv_cols (dx2_cols) stores each row parity's two phases
+ * interleaved straight into dx's rows through cols_spread where the level has it (on by default)
+ * rather than into dense phase planes that interleave2_rows then interleaves: bitwise the same,
+ * for tests and benchmarks that switch the two in one process. */
+void cf__conv_bf16_set_dx2_spread(bool on);
 
 /* Whether the bf16 weight gradient fetches the next image's bf16 words of x and dy (to L2)
  * while it copies this image's into its rows (conv_bf16.c's wgrad; on by default): bitwise the
