@@ -217,11 +217,42 @@ static void test_oracle(void **state) {
     cf_set_num_threads(1);
 }
 
+/* cf_bn_planes_fold_mask_bf16 is cf_bn_planes_fold_mask then cf_fp32_to_bf16, with the same
+ * mask bits (memcmp), with and without x2, on planes shorter and longer than the fallback's chunk
+ * and not a multiple of 16, x with the bf16 rounding's special cases (at every level: the
+ * fallback where the level has no kernel). */
+static void test_kernel(void **state) {
+    (void)state;
+    const int64_t sizes[] = {49, 196, 2500};
+    const int nc = 3;
+    for (int si = 0; si < 3; si++)
+        for (int with_x2 = 0; with_x2 < 2; with_x2++) {
+            const int64_t s = sizes[si];
+            const size_t n = (size_t)nc * (size_t)s, nw = (size_t)nc * CF_MASK_WORDS((size_t)s);
+            float *x = malloc(n * sizeof(float)), *other = malloc(n * sizeof(float)),
+                  *y = malloc(n * sizeof(float)), ss[4 * 3];
+            uint16_t *want = malloc(n * 2), *got = malloc(n * 2), *mw = calloc(nw, 2),
+                     *mg = calloc(nw, 2);
+            assert_true(x && other && y && want && got && mw && mg);
+            fill_bf16_specials(x, n, 11 + (uint64_t)si);
+            fill_uniform(other, n, 12 + (uint64_t)si, -3, 3);
+            fill_uniform(ss, 12, 13, -1.5f, 1.5f);
+            const float *add = with_x2 ? NULL : other, *x2 = with_x2 ? other : NULL;
+            cf_bn_planes_fold_mask(x, add, x2, y, s, nc, ss, ss + 3, ss + 6, ss + 9, mw, 0);
+            cf_fp32_to_bf16(y, want, n);
+            cf_bn_planes_fold_mask_bf16(x, add, x2, got, s, nc, ss, ss + 3, ss + 6, ss + 9, mg,
+                                        (ptrdiff_t)s);
+            if (memcmp(want, got, n * 2) != 0 || memcmp(mw, mg, nw * 2) != 0)
+                fail_msg("fold_mask_bf16, s %lld, x2 %d: not fold_mask's rounded words and bits",
+                         (long long)s, with_x2);
+            free(x), free(other), free(y), free(want), free(got), free(mw), free(mg);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_two_blocks),
-        cmocka_unit_test(test_w1),
-        cmocka_unit_test(test_no_mask_bits_declines),
+        cmocka_unit_test(test_kernel), cmocka_unit_test(test_two_blocks),
+        cmocka_unit_test(test_w1),     cmocka_unit_test(test_no_mask_bits_declines),
         cmocka_unit_test(test_oracle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
