@@ -13,7 +13,9 @@
  * must have written the words and the pair read them every training step (none in the other run);
  * at one without (tests/fold_words.cmake caps CF_ISA at each level) the link stays off: the test
  * says so and still checks the two runs agree. With the mask bits off (cf__nn_set_res_mask_bits)
- * the fold declines (it writes fp32, the block's mask pass reads it). Against PyTorch
+ * the fold declines (it writes fp32, the block's mask pass reads it). A backward that cannot arm
+ * the mask after a linked forward (a wrapper installed in between) fails rather than read the
+ * unwritten output. Against PyTorch
  * (tests/oracle/fold_words.py, the two blocks in fp32 from the same weights, x and dy) the output
  * and the input gradient are within bf16 tolerance. Without the words the linked pair reads
  * bf16_x unwritten, and the equality checks fail. */
@@ -142,6 +144,47 @@ static void test_no_mask_bits_declines(void **state) {
     check(&two_blocks, false, 1);
 }
 
+/* A wrapper installed on block 0.3's convpath's last BatchNorm between a linked forward and its
+ * backward: the block cannot arm the mask bits there, and its output was never written, so the
+ * backward fails with an error (at a level without bf16 kernels nothing was linked: it runs). */
+static cf_module_ops wrapped_ops;
+
+static void test_backward_without_mask_fails(void **state) {
+    (void)state;
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, build(&two_blocks), 33), CF_OK);
+    cf_conv_set_bf16(model->root, true);
+    const size_t nx = (size_t)N * 16 * 28 * 28;
+    float *x = malloc(nx * sizeof(float));
+    assert_non_null(x);
+    fill_uniform(x, nx, 300, -2, 2);
+    cf_model_train(model, true);
+    cf_tensor tx = cf_tensor_view(x, cf_shape4(N, 16, 28, 28));
+    const cf_tensor *y;
+    assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+    const bool linked = cf_nn_bn_wrote_words(fold_of(model));
+    assert_int_equal(linked, cf_bf16_compute());
+    cf_module *ta = model->root->children[0]->children[0]->children[4];
+    const cf_module_ops *own = ta->ops;
+    wrapped_ops = *own;
+    ta->ops = &wrapped_ops;
+    const size_t ny = cf_tensor_numel(y);
+    float *dy = malloc(ny * sizeof(float));
+    assert_non_null(dy);
+    fill_uniform(dy, ny, 400, -1, 1);
+    cf_tensor tdy = cf_tensor_view(dy, y->shape);
+    const cf_status st = cf_model_backward(model, &tdy);
+    if (linked) {
+        assert_int_not_equal(st, CF_OK);
+        assert_non_null(strstr(cf_last_error(), "mask"));
+    } else {
+        assert_int_equal(st, CF_OK);
+    }
+    ta->ops = own;
+    free(x), free(dy);
+    cf_model_free(model);
+}
+
 /* PyTorch (tests/oracle/fold_words.py): the two blocks in fp32 from the same weights, x and dy,
  * one training step at 2 threads; y and dx to bf16 tolerance (fp32's at a level without). */
 static void test_oracle(void **state) {
@@ -251,8 +294,11 @@ static void test_kernel(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kernel), cmocka_unit_test(test_two_blocks),
-        cmocka_unit_test(test_w1),     cmocka_unit_test(test_no_mask_bits_declines),
+        cmocka_unit_test(test_kernel),
+        cmocka_unit_test(test_two_blocks),
+        cmocka_unit_test(test_w1),
+        cmocka_unit_test(test_no_mask_bits_declines),
+        cmocka_unit_test(test_backward_without_mask_fails),
         cmocka_unit_test(test_oracle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
