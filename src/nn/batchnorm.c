@@ -725,7 +725,8 @@ bool cf_nn_bn_wrote_words(const cf_module *bn) {
 
 /* Where this forward writes its output as the linked convolution's bf16 input words (NULL:
  * y in fp32, as always): a training forward of planes (the rows path reads y back in backward)
- * without a residual sum, whose own ops and ReLU's (when fused: the ReLU passes y through) are
+ * without a residual sum (but a fold linked to the next block, writing the mask bits, its
+ * block's ops its own), whose own ops and ReLU's (when fused: the ReLU passes y through) are
  * their layers' (a wrapper could read y; the ReLU's are those it had when linked, ReLU's own),
  * when the convolution's next forward reads its input
  * as words only (cf_nn_conv_words_target). Otherwise the convolution is told that no words were
