@@ -6,7 +6,7 @@
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
  *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|
- *                            bnpair|d2sp]
+ *                            bnpair|d2sp|foldw]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -37,7 +37,8 @@
  * the stem BatchNorm's dx made image by image inside the direct stem's weight gradient
  * (cf__nn_set_stem_dx_link); bnpair switches the residual blocks' two last BatchNorms' backward in
  * one (cf__nn_set_bn_pair_backward), all else on; d2sp switches dx2_cols' phases stored into dx's
- * rows (cf__conv_bf16_set_dx2_spread). */
+ * rows (cf__conv_bf16_set_dx2_spread); foldw switches block 0.3's fold writing block
+ * 0.4's pair its words (cf__nn_set_fold_words_link), all else on, with the forward's medians. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -74,7 +75,7 @@ int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
-         s2dx = false, stemdx = false, bnpair = false, d2sp = false;
+         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -114,11 +115,14 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, bnpair = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "d2sp"))
             link_x = link_dy = false, d2sp = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "foldw"))
+            link_x = link_dy = false, foldw = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
                     "[--link "
-                    "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp]\n",
+                    "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp|"
+                    "foldw]\n",
                     argv[0]);
             return 2;
         }
@@ -167,6 +171,7 @@ int main(int argc, char **argv) {
         if (stemdx) cf__nn_set_stem_dx_link(mode == 1);
         if (bnpair) cf__nn_set_bn_pair_backward(mode == 1);
         if (d2sp) cf__conv_bf16_set_dx2_spread(mode == 1);
+        if (foldw) cf__nn_set_fold_words_link(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -200,12 +205,14 @@ int main(int argc, char **argv) {
     cf__nn_set_stem_dx_link(true);
     cf__nn_set_bn_pair_backward(true);
     cf__conv_bf16_set_dx2_spread(true);
+    cf__nn_set_fold_words_link(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           s2dx        ? "stride 2's dx stored into dx's rows (every link on)"
+           foldw       ? "block 0.3's fold writing block 0.4's words (every link on)"
+           : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"
            : stemdx    ? "the stem BatchNorm's dx in the stem's weight gradient (every link on)"
            : bnpair    ? "the blocks' last BatchNorms' backward in one (every link on)"
            : d2sp      ? "dx2_cols' phases stored into dx's rows (every link on)"
@@ -223,7 +230,7 @@ int main(int argc, char **argv) {
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
-    if (stats || outpf || stem) {
+    if (stats || outpf || stem || foldw) {
         const double f_off = median(fwd_ms[0], n[0]), f_on = median(fwd_ms[1], n[1]);
         printf("forward without %.3f, with %.3f (ratio %.3f)", f_off, f_on, f_on / f_off);
         if (stats || stem) printf("; %d BatchNorms took the linked sums", took);

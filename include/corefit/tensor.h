@@ -167,6 +167,14 @@ void cf_bn_planes_affine_add2(const float *x, const float *x2, float *y, int64_t
 void cf_bn_planes_fold_mask(const float *x, const float *add, const float *x2, float *y, int64_t s,
                             int nc, const float *scale, const float *shift, const float *scale2,
                             const float *shift2, uint16_t *mask, ptrdiff_t ahead);
+/* cf_bn_planes_fold_mask writing bf16 words instead of y: yh[i] = the words cf_fp32_to_bf16
+ * makes of its y (bitwise), the same mask bits, no fp32 y written (a residual block's fold
+ * writing the next block's bf16 convolution's input words, nn_internal.h); rounded in registers
+ * where the level has it, else a chunk at a time through a buffer on the stack. */
+void cf_bn_planes_fold_mask_bf16(const float *x, const float *add, const float *x2, uint16_t *yh,
+                                 int64_t s, int nc, const float *scale, const float *shift,
+                                 const float *scale2, const float *shift2, uint16_t *mask,
+                                 ptrdiff_t ahead);
 /* cf_bn_planes_dy_sums, cf_bn_planes_dx and cf_bn_planes_dx_bf16 without a fused ReLU, given dy
  * masked by bits: g = dy where the value's bit is set and +0 elsewhere, bitwise those kernels
  * given that masked gradient. mask[i] (dy_sums): plane i's words; mask (dx): the first plane's,

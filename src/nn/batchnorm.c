@@ -63,6 +63,10 @@ typedef struct bn_impl {
     cf_module *feed_conv;
     const cf_module_ops *feed_relu_ops; /* the fused ReLU's ops when linked (NULL: no ReLU) */
     bool fwd_words;
+    /* a residual fold linked to the next block's pair (cf_nn_bn_fold_feed_conv): the fold's
+     * block and its ops when linked */
+    const cf_module *feed_block;
+    const cf_module_ops *feed_block_ops;
     /* the Conv2d before this layer in a Sequential, which may read this layer's dx as bf16
      * words (nn_internal.h, cf_nn_bn_link_conv), and whether the last backward wrote them */
     cf_module *dy_conv;
@@ -96,6 +100,13 @@ typedef struct bn_impl {
 /* The passes' test switch (cf__nn_set_bn_fused_passes): off, a linked forward writes its words
  * through an fp32 buffer and no output is left to a fold, as before both existed. */
 static atomic_bool fused_passes_off;
+
+/* The fold's words link's switch (cf__nn_set_fold_words_link). */
+static atomic_bool fold_words_off;
+
+void cf__nn_set_fold_words_link(bool on) {
+    atomic_store(&fold_words_off, !on);
+}
 
 void cf__nn_set_bn_fused_passes(bool on) {
     atomic_store(&fused_passes_off, !on);
@@ -378,6 +389,14 @@ static void bn_fold_mask_out(const bn_ctx *ctx, size_t at, size_t p, int nc, int
                              ptrdiff_t ahead) {
     const bn_impl *b = ctx->m->impl;
     const geom g = ctx->g;
+    if (ctx->words) { /* the next block's words in place of y (cf_nn_bn_fold_feed_conv) */
+        cf_bn_planes_fold_mask_bf16(ctx->x + at, ctx->x2 ? NULL : ctx->add + at,
+                                    ctx->x2 ? ctx->x2 + at : NULL, ctx->words + at, g.s, nc,
+                                    b->ss + c0, b->ss + g.c + c0, ctx->x2 ? ctx->ss2 + c0 : NULL,
+                                    ctx->x2 ? ctx->ss2 + g.c + c0 : NULL,
+                                    ctx->omask + p * CF_MASK_WORDS((size_t)g.s), ahead);
+        return;
+    }
     cf_bn_planes_fold_mask(
         ctx->x + at, ctx->x2 ? NULL : ctx->add + at, ctx->x2 ? ctx->x2 + at : NULL, ctx->y + at,
         g.s, nc, b->ss + c0, b->ss + g.c + c0, ctx->x2 ? ctx->ss2 + c0 : NULL,
@@ -419,12 +438,12 @@ static void bn_forward_block(bn_ctx *ctx, int64_t c0, int64_t c1) {
     for (int n = 0; n < g.n; n++) {
         const size_t at = (size_t)n * g.c * cs + (size_t)c0 * cs;
         const ptrdiff_t ahead = n + 1 < g.n ? (ptrdiff_t)(g.c * cs) : 0; /* the next sample's */
-        if (ctx->words) {
-            bn_affine_words(ctx, at, nc, scale + c0, shift + c0, ahead);
+        if (ctx->omask) { /* never streamed either (bn_forward_with); the fold's words too */
+            bn_fold_mask_out(ctx, at, (size_t)n * g.c + (size_t)c0, nc, c0, ahead);
             continue;
         }
-        if (ctx->omask) { /* never streamed either (bn_forward_with) */
-            bn_fold_mask_out(ctx, at, (size_t)n * g.c + (size_t)c0, nc, c0, ahead);
+        if (ctx->words) {
+            bn_affine_words(ctx, at, nc, scale + c0, shift + c0, ahead);
             continue;
         }
         if (ctx->x2) { /* never streamed: a deferring layer's output is not (bn_defer) */
@@ -576,10 +595,10 @@ static void split_forward_out(void *v, int64_t n0, int64_t n1, int thread) {
     const float *scale = b->ss, *shift = b->ss + g.c;
     for (int64_t n = n0; n < n1; n++) {
         const size_t at = (size_t)n * g.c * cs;
-        if (ctx->words)
-            bn_affine_words(ctx, at, g.c, scale, shift, 0);
-        else if (ctx->omask)
+        if (ctx->omask)
             bn_fold_mask_out(ctx, at, (size_t)n * g.c, g.c, 0, 0);
+        else if (ctx->words)
+            bn_affine_words(ctx, at, g.c, scale, shift, 0);
         else if (ctx->x2)
             cf_bn_planes_affine_add2(ctx->x + at, ctx->x2 + at, ctx->y + at, g.s, g.c, scale, shift,
                                      ctx->ss2, ctx->ss2 + g.c, 0);
@@ -689,6 +708,16 @@ void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv) {
     bn_impl *b = bn->impl;
     b->feed_conv = conv;
     b->feed_relu_ops = conv && b->relu ? b->relu->ops : NULL;
+    b->feed_block = NULL;
+    b->feed_block_ops = NULL;
+}
+
+void cf_nn_bn_fold_feed_conv(cf_module *fold, cf_module *conv, const cf_module *block) {
+    if (!cf_nn_is_batchnorm(fold)) return;
+    bn_impl *b = fold->impl;
+    cf_nn_bn_feed_conv(fold, conv && block && !b->relu ? conv : NULL);
+    b->feed_block = b->feed_conv ? block : NULL;
+    b->feed_block_ops = b->feed_block ? block->ops : NULL;
 }
 
 bool cf_nn_bn_wrote_words(const cf_module *bn) {
@@ -697,18 +726,24 @@ bool cf_nn_bn_wrote_words(const cf_module *bn) {
 
 /* Where this forward writes its output as the linked convolution's bf16 input words (NULL:
  * y in fp32, as always): a training forward of planes (the rows path reads y back in backward)
- * without a residual sum, whose own ops and ReLU's (when fused: the ReLU passes y through) are
+ * without a residual sum (but a fold linked to the next block, writing the mask bits, its
+ * block's ops its own), whose own ops and ReLU's (when fused: the ReLU passes y through) are
  * their layers' (a wrapper could read y; the ReLU's are those it had when linked, ReLU's own),
  * when the convolution's next forward reads its input
  * as words only (cf_nn_conv_words_target). Otherwise the convolution is told that no words were
  * written, so that it never takes stale ones. */
-static uint16_t *bn_words_target(cf_module *m, const cf_tensor *x, const float *add) {
+static uint16_t *bn_words_target(cf_module *m, const cf_tensor *x, const float *add,
+                                 const uint16_t *mask) {
     bn_impl *b = m->impl;
     if (!b->feed_conv) return NULL;
     const geom g = geometry(&x->shape);
     const bool own =
         cf_nn_is_batchnorm(m) && (b->relu ? b->relu->ops == b->feed_relu_ops : !b->feed_relu_ops);
-    uint16_t *words = own && m->training && !add && g.s > 1 && g.n > 0
+    /* a fold (cf_nn_bn_fold_feed_conv): only with the mask bits (bn_forward_with's omask) */
+    const bool fold = b->feed_block && b->feed_block->ops == b->feed_block_ops && add && mask &&
+                      !b->relu && !bn_stream(&g) &&
+                      !atomic_load_explicit(&fold_words_off, memory_order_relaxed);
+    uint16_t *words = own && m->training && (b->feed_block ? fold : !add) && g.s > 1 && g.n > 0
                           ? cf_nn_conv_words_target(b->feed_conv, &x->shape)
                           : NULL;
     cf_nn_conv_words_written(b->feed_conv, NULL);
@@ -790,14 +825,13 @@ static const cf_tensor *bn_forward_with(cf_module *m, const cf_tensor *x, const 
     const int c = ctx.g.c;
     b->fwd_training = m->training;
     b->fwd_relu = ctx.relu;
-    ctx.words = bn_words_target(m, x, add);
+    ctx.words = bn_words_target(m, x, add, mask);
     b->fwd_words = ctx.words != NULL;
     ctx.defer = bn_defer(m, x, add, ctx.words);
     b->deferred = b->pending = ctx.defer;
     bn_fold_take(m, x, add, &ctx);
     /* the block's mask: planes whose output is not streamed (the masked kernel stores plainly) */
-    ctx.omask =
-        mask && add && !ctx.words && ctx.g.s > 1 && ctx.g.n > 0 && !bn_stream(&ctx.g) ? mask : NULL;
+    ctx.omask = mask && add && ctx.g.s > 1 && ctx.g.n > 0 && !bn_stream(&ctx.g) ? mask : NULL;
     b->fwd_mask = ctx.omask != NULL;
     if (!m->training) {
         const float *rm = m->params[P_RMEAN].data, *rv = m->params[P_RVAR].data;

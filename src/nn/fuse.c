@@ -117,6 +117,23 @@ static void fuse_residual(cf_module *m, bool relu_after, bool enabled) {
     cf_nn_residual_set_fusion(m, &f);
 }
 
+/* The forward link from one residual block's fold to the next block's pair (nn_internal.h,
+ * cf_nn_bn_fold_feed_conv): after the blocks' own plans (the idpath's Sequential drops every
+ * link of its BatchNorms first), and only where this Sequential runs the two blocks in order. */
+static void link_folds(cf_module *m, bool through_blocks) {
+    for (int i = 0; through_blocks && i + 1 < m->n_children; i++) {
+        cf_module *block = m->children[i], *next = m->children[i + 1];
+        cf_module *fold = cf_nn_residual_fold(block);
+        if (!fold || !cf_nn_is_residual(next) || next->n_children != 2) continue;
+        cf_module *first_a = path_first(next->children[0]),
+                  *first_b = path_first(next->children[1]);
+        if (cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b)) {
+            cf_nn_bn_fold_feed_conv(fold, first_a, block);
+            cf_nn_conv_words_pair(first_a, first_b, next);
+        }
+    }
+}
+
 /* through_blocks: m's parent (if any) is a Sequential or a residual block, which run m's
  * forward as a whole. */
 static void fuse_tree(cf_module *m, bool enabled, bool through_blocks) {
@@ -124,12 +141,14 @@ static void fuse_tree(cf_module *m, bool enabled, bool through_blocks) {
     if (cf_nn_is_residual(m)) fuse_residual(m, cf_nn_residual_relu_after(m), enabled);
     const bool runs_whole = cf_nn_is_sequential(m) || cf_nn_is_residual(m);
     for (int i = 0; i < m->n_children; i++) fuse_tree(m->children[i], enabled, runs_whole);
+    if (enabled && cf_nn_is_sequential(m)) link_folds(m, through_blocks);
 }
 
 /* Drops every Conv2d -> BatchNorm dy-words link and veto, and every fold's addend, of an
  * earlier plan. */
 static void unlink_dy_words(cf_module *m) {
     if (cf_nn_is_batchnorm(m)) {
+        cf_nn_bn_feed_conv(m, NULL);
         cf_nn_bn_link_conv(m, NULL);
         cf_nn_bn_fold_addend(m, NULL);
         cf_nn_bn_stats_from(m, NULL);

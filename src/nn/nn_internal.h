@@ -233,6 +233,19 @@ void cf__nn_set_x_words_link(bool on);
 /* Tests and benchmarks: the link through a residual block's pair alone (cf_nn_conv_words_pair;
  * on by default, read at each call; the x link off turns it off too). */
 void cf__nn_set_x_pair_link(bool on);
+/* From one residual block to the next (fuse.c): the fold of block (its idpath's last BatchNorm,
+ * writing relu(a + bn(.)) and the mask bits, cf_nn_residual_fold) whose output is the input of
+ * the next block whose pair conv computes its shortcut (cf_nn_conv_words_pair) is linked to conv
+ * (NULL: unlinked). It writes that conv's words (the same rounding) and the mask bits in place of
+ * its fp32 output where the call writes the mask and conv takes the words (the ops of the fold
+ * and of block their own: a wrapper could read the output); the block's backward reads the mask
+ * alone (a backward that cannot apply it fails with an error instead of reading the output). */
+void cf_nn_bn_fold_feed_conv(cf_module *fold, cf_module *conv, const cf_module *block);
+/* The fold block's forward makes (NULL: none). */
+cf_module *cf_nn_residual_fold(const cf_module *block);
+/* Tests and benchmarks: the fold's link alone (on by default, read at each call; the x link and
+ * the pair link off turn it off too). */
+void cf__nn_set_fold_words_link(bool on);
 /* Tests: how many times a shortcut summing its own weight gradient made its input fp32 again from
  * its sibling's kept words (words_restore in conv.c) since the start; and the switch that makes
  * every shortcut sum its own (on by default: off, cf_nn_conv_shortcut_backward lends no partial

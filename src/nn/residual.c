@@ -165,6 +165,12 @@ static const cf_tensor *path_backward(cf_module *path, bool seq, const cf_tensor
     return path->ops->backward(path, dy, need_dx);
 }
 
+cf_module *cf_nn_residual_fold(const cf_module *block) {
+    if (!cf_nn_is_residual(block)) return NULL;
+    const residual_impl *r = block->impl;
+    return r->fuse.fold;
+}
+
 static const cf_tensor *res_forward(cf_module *m, const cf_tensor *x) {
     residual_impl *r = m->impl;
     const cf_nn_res_fusion *f = &r->fuse;
@@ -270,6 +276,12 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
     const cf_tensor *dz = dy;
     /* with the mask's bits the last BatchNorms mask dy themselves: dz is dy, never written */
     const bool masked = r->relu_after && res_arm_mask(m, dy);
+    if (r->relu_after && !masked && f->fold && cf_nn_bn_wrote_words(f->fold)) {
+        /* the fold wrote the next block's words in place of the output (nn_internal.h) */
+        cf_module_fail(CF_ERR_STATE, "residual block backward: the forward kept only the mask, "
+                                     "which this backward cannot apply");
+        return NULL;
+    }
     if (r->relu_after && !masked) {
         r->dz.shape = dy->shape;
         r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);

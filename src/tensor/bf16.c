@@ -95,6 +95,33 @@ void cf_bn_planes_affine_bf16(const float *x, uint16_t *yh, int64_t s, int nc, c
     }
 }
 
+/* The fold's output in bf16 words (tensor.h), as cf_bn_planes_affine_bf16; the chunks are a
+ * multiple of 16 values, so that each starts a mask word. */
+void cf_bn_planes_fold_mask_bf16(const float *x, const float *add, const float *x2, uint16_t *yh,
+                                 int64_t s, int nc, const float *scale, const float *shift,
+                                 const float *scale2, const float *shift2, uint16_t *mask,
+                                 ptrdiff_t ahead) {
+    enum { CHUNK = 2048 };
+    _Alignas(64) float buf[CHUNK];
+    const cf_bn_kernels *bn = cf_active_kernels->bn;
+    if (bn->fold_mask_bf16_n) { /* rounded in registers */
+        bn->fold_mask_bf16_n(x, add, x2, yh, s, nc, scale, shift, scale2, shift2, mask, ahead);
+        return;
+    }
+    const size_t words = CF_MASK_WORDS((size_t)s);
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) cf_prefetch(yh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+        for (int64_t j = 0; j < s; j += CHUNK) {
+            const int64_t n = s - j < CHUNK ? s - j : CHUNK;
+            bn->fold_mask_n(x + at + j, x2 ? NULL : add + at + j, x2 ? x2 + at + j : NULL, buf, n,
+                            1, scale + i, shift + i, x2 ? scale2 + i : NULL, x2 ? shift2 + i : NULL,
+                            mask + (size_t)i * words + (size_t)j / 16, 0);
+            cf_fp32_to_bf16(buf, yh + at + j, (size_t)n);
+        }
+    }
+}
+
 void cf_bf16_to_fp32(const uint16_t *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const uint32_t bits = (uint32_t)x[i] << 16;

@@ -150,6 +150,13 @@ typedef struct cf_bn_kernels {
     void (*dx_mask_bf16_n)(const float *dy, const float *x, uint16_t *dxh, int64_t s, int nc,
                            const float *mean, const float *k1, const float *k2, const float *k3,
                            const uint16_t *mask, ptrdiff_t ahead);
+    /* NULL: fold_mask_n a chunk at a time, then cf_fp32_to_bf16. fold_mask_n writing the bf16
+     * words of its values (yh, ahead in values), each vector rounded as it is computed
+     * (cf_fp32_to_bf16's words), and the same mask bits; no fp32 written. */
+    void (*fold_mask_bf16_n)(const float *x, const float *add, const float *x2, uint16_t *yh,
+                             int64_t s, int nc, const float *scale, const float *shift,
+                             const float *scale2, const float *shift2, uint16_t *mask,
+                             ptrdiff_t ahead);
 } cf_bn_kernels;
 
 typedef struct cf_optim_kernels {

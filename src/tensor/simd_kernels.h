@@ -1249,6 +1249,55 @@ static void simd_bn_affine_bf16_n(const float *x, uint16_t *yh, int64_t s, int n
     }
 }
 
+/* simd_bn_fold_mask's values stored as their bf16 words (the fold writing the next block's
+ * convolution's input words, no fp32 written), and the same mask bits. */
+static void simd_bn_fold_mask_bf16(const float *x, const float *add, const float *x2, uint16_t *yh,
+                                   int64_t s, float scale, float shift, float scale2, float shift2,
+                                   uint16_t *mask) {
+    const int64_t full = s & ~(int64_t)(VL - 1);
+    const unsigned tail = simd_tail(s);
+    const vf a = V_SET1(scale), b = V_SET1(shift), a2 = V_SET1(scale2), b2 = V_SET1(shift2),
+             z = V_ZERO();
+    const vmaskv all = V_MASKV(VMASK_ALL);
+    unsigned word = 0;
+    for (int64_t i = 0; i < full; i += VL) {
+        const vf t2 = x2 ? V_FMA(V_LOADU(x2 + i), a2, b2) : V_LOADU(add + i);
+        const vf v = V_ADD(t2, V_FMA(V_LOADU(x + i), a, b));
+        V_STORE_BF16(yh + i, all, V_MAX(v, z));
+        word |= V_MASK_BITS(V_GT0(v)) << (i & 15);
+        if (((i + VL) & 15) == 0) {
+            mask[i >> 4] = (uint16_t)word;
+            word = 0;
+        }
+    }
+    if (tail) {
+        const vmaskv tm = V_MASKV(tail);
+        const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
+        const vf t2 = x2 ? V_FMA(V_LOADZ(tm, x2 + full), a2, b2) : V_LOADZ(tm, add + full);
+        const vf v = V_ADD(t2, t);
+        V_STORE_BF16(yh + full, tm, V_MAX(v, z));
+        word |= (V_MASK_BITS(V_GT0(v)) & tail) << (full & 15);
+    }
+    if (s & 15) mask[s >> 4] = (uint16_t)word;
+}
+
+static void simd_bn_fold_mask_bf16_n(const float *x, const float *add, const float *x2,
+                                     uint16_t *yh, int64_t s, int nc, const float *scale,
+                                     const float *shift, const float *scale2, const float *shift2,
+                                     uint16_t *mask, ptrdiff_t ahead) {
+    const float *other = x2 ? x2 : add;
+    for (int i = 0; i < nc; i++) {
+        const size_t at = (size_t)i * (size_t)s;
+        if (ahead) {
+            cf_prefetch(yh + at + ahead, (size_t)s * sizeof(uint16_t), true, true);
+            cf_prefetch(other + at + ahead, (size_t)s * sizeof(float), false, true);
+        }
+        simd_bn_fold_mask_bf16(x + at, x2 ? NULL : add + at, x2 ? x2 + at : NULL, yh + at, s,
+                               scale[i], shift[i], x2 ? scale2[i] : 0.0f, x2 ? shift2[i] : 0.0f,
+                               mask + (size_t)i * CF_MASK_WORDS(s));
+    }
+}
+
 static void simd_bn_dx_mask_bf16(const float *dy, const float *x, uint16_t *dxh, int64_t s,
                                  float mean, float k1, float k2, float k3, const uint16_t *w) {
     const int64_t full = s & ~(int64_t)(VL - 1);
@@ -1310,6 +1359,7 @@ static const cf_bn_kernels simd_bn_kernels = {
     .dx_bf16_n = simd_bn_dx_bf16_n,
     .affine_bf16_n = simd_bn_affine_bf16_n,
     .dx_mask_bf16_n = simd_bn_dx_mask_bf16_n,
+    .fold_mask_bf16_n = simd_bn_fold_mask_bf16_n,
 #endif
 };
 
