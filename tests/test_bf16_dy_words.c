@@ -354,6 +354,7 @@ static void check_spread_as(bool d2s, int n, int c, int h, int o, int k, int so)
                 else
                     cf__conv_bf16_set_dx_spread(i == 1);
                 for (size_t j = 0; j < nx; j++) dx[i][j] = i ? 7.0f : -3.0f;
+                const unsigned long spread_before = cf__conv_bf16_spread_calls();
                 memset(sdw, 0, nsw * 4);
                 cf_conv_shortcut sw_sc = {.out_channels = so, .w = d.spk, .dy = d.sdy, .dw = sdw},
                                  sx_sc = sw_sc;
@@ -373,6 +374,16 @@ static void check_spread_as(bool d2s, int n, int c, int h, int o, int k, int so)
                     assert_int_equal(cf_conv_bf16_backward_kept(&g, o, d.pk, d.dy, d.x, kept, n, dw,
                                                                 dx[i], d.scratch, a, b),
                                      CF_OK);
+                /* the way under test ran where the level has its kernel (each shape here fits
+                 * it), and not when switched off: dx2_cols off takes dx_stride2 (conv_spread),
+                 * d2s's shapes dx2_cols (cols_spread); with dx2_cols on and conv_spread under
+                 * test, a shape may take either, so nothing is asserted there */
+                const cf_bf16_kernels *bk = cf_active_kernels->bf16;
+                const bool has = bk && (d2s ? bk->cols_spread != NULL : bk->conv_spread != NULL);
+                const bool ran = cf__conv_bf16_spread_calls() != spread_before;
+                if ((d2s || d2 == 0) && ran != (i == 1 && has))
+                    fail_msg("%s: entry %d, dx2_cols %d, way %d: spread ran %d", what, entry, d2, i,
+                             ran);
             }
             char of[96];
             snprintf(of, sizeof of, "dx (%s, dx2_cols %s; spread / planes)",

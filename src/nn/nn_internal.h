@@ -294,15 +294,16 @@ void cf__nn_set_stem_direct(bool on);
  *
  * A BatchNorm right after a Conv2d in a Sequential (cf_nn_bn_link_conv, fuse.c) whose backward
  * is the direct stem's weight gradient alone (W1's stem: its input is the data, so no dx; no
- * bias) does not write its dx. At each backward the BatchNorm (a training forward of planes,
- * its ops its own, no block mask, no synchronised statistics, dx not taken as bf16 words) takes
- * its gradient sums and coefficients, then asks cf_nn_conv_dy_fill; where that holds, the
- * convolution's next backward on that dx calls fn(ctx, n, buf) for each image n on the thread
- * that sums it, into a buffer of its own that stays in cache, just before the image's weight
- * gradient (cf_conv_stem_wgrad_each), and fn writes there the values the BatchNorm's dx pass
- * would have written (cf_bn_planes_dx over that image's planes): bitwise the unlinked layers. A
- * backward that cannot take them (dx or a bias gradient asked after all, another path) has fn
- * write the whole dx first. want false (or false returned) disarms the convolution. */
+ * bias) does not write its dx. At each backward that its Sequential runs with the convolution next
+ * in the same call (cf_nn_bn_dy_held below) the BatchNorm (a training forward of planes, its ops
+ * its own, no block mask, no synchronised statistics, dx not taken as bf16 words) takes its
+ * gradient sums and coefficients, then asks cf_nn_conv_dy_fill; where that holds, the convolution's
+ * next backward on that dx calls fn(ctx, n, buf) for each image n on the thread that sums it, into
+ * a buffer of its own that stays in cache, just before the image's weight gradient
+ * (cf_conv_stem_wgrad_each), and fn writes there the values the BatchNorm's dx pass would have
+ * written (cf_bn_planes_dx over that image's planes): bitwise the unlinked layers. A backward that
+ * cannot take them (dx or a bias gradient asked after all, another path) has fn write the whole dx
+ * first. want false (or false returned) disarms the convolution. */
 typedef void (*cf_nn_dy_fill_fn)(void *ctx, int64_t image, float *dy);
 bool cf_nn_conv_dy_fill(cf_module *conv, const cf_tensor *dy, bool want, cf_nn_dy_fill_fn fn,
                         void *ctx);

@@ -1418,6 +1418,11 @@ cf_status cf_conv_bf16_forward_each(const cf_conv_geom *g, int out_channels, con
 }
 
 static atomic_bool dx_spread_on = true; /* cf__conv_bf16_set_dx_spread */
+static atomic_ulong spread_calls;       /* cf__conv_bf16_spread_calls */
+
+unsigned long cf__conv_bf16_spread_calls(void) {
+    return atomic_load(&spread_calls);
+}
 
 void cf__conv_bf16_set_dx_spread(bool on) {
     atomic_store(&dx_spread_on, on);
@@ -1479,6 +1484,7 @@ static void dx_stride2(const layout *l, const cf_conv_geom *g, const uint32_t *p
         if (sc) memset(sdp, 0, (size_t)spairs * l->planed * sizeof(uint32_t));
     }
     const bool spread = spread_fits(l, g);
+    if (spread) atomic_fetch_add_explicit(&spread_calls, 1, memory_order_relaxed);
     for (int n = 0; n < n_images; n++) {
         const float *dyn = dyrows ? NULL : dy + (size_t)n * l->o * plane; /* dy NULL: dyrows */
         for (int p = 0; p < pairs && dyrows; p++)
@@ -1606,6 +1612,7 @@ static void dx2_cols(const layout *l, const cf_conv_geom *g, const float *packed
     float *tq[3] = {outs, outs + tqf, outs + 2 * tqf};
     const bool spread = k->cols_spread && atomic_load(&dx2_spread_on) &&
                         (size_t)(tq[2] + tqf - scratch) <= d2_words(l);
+    if (spread) atomic_fetch_add_explicit(&spread_calls, 1, memory_order_relaxed);
     for (int n0 = 0; n0 < n_images; n0 += l->cnb) {
         const int nb = n_images - n0 < l->cnb ? n_images - n0 : l->cnb;
         for (int b = 0; b < nb; b++) {

@@ -457,6 +457,10 @@ void cf__conv_bf16_set_dx_spread(bool on);
  * for tests and benchmarks that switch the two in one process. */
 void cf__conv_bf16_set_dx2_spread(bool on);
 
+/* Tests: how many stride-2 dx calls (dx_stride2 or dx2_cols) have stored through conv_spread or
+ * cols_spread in this process, so that a test comparing the two ways can tell the new one ran. */
+unsigned long cf__conv_bf16_spread_calls(void);
+
 /* Whether the bf16 weight gradient fetches the next image's bf16 words of x and dy (to L2)
  * while it copies this image's into its rows (conv_bf16.c's wgrad; on by default): bitwise the
  * same, for tests and benchmarks that switch the two in one process. */
