@@ -146,25 +146,28 @@ static void test_no_mask_bits_declines(void **state) {
 
 /* A wrapper installed on block 0.3's convpath's last BatchNorm between a linked forward and its
  * backward: the block cannot arm the mask bits there, and its output was never written, so the
- * backward fails with an error (at a level without bf16 kernels nothing was linked: it runs). */
+ * backward fails with an error (at a level without bf16 kernels nothing was linked: it runs), on
+ * the two blocks alone and inside W1 (where the stem's ReLU runs after the block's backward: the
+ * pass must run to its end, not stop with a NULL gradient). */
 static cf_module_ops wrapped_ops;
 
-static void test_backward_without_mask_fails(void **state) {
-    (void)state;
+static void backward_without_mask(const block_net *k) {
     cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(&two_blocks), 33), CF_OK);
+    assert_int_equal(cf_model_new(&model, build(k), 33), CF_OK);
     cf_conv_set_bf16(model->root, true);
-    const size_t nx = (size_t)N * 16 * 28 * 28;
+    const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     assert_non_null(x);
     fill_uniform(x, nx, 300, -2, 2);
     cf_model_train(model, true);
-    cf_tensor tx = cf_tensor_view(x, cf_shape4(N, 16, 28, 28));
+    cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
     const cf_tensor *y;
     assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
     const bool linked = cf_nn_bn_wrote_words(fold_of(model));
     assert_int_equal(linked, cf_bf16_compute());
-    cf_module *ta = model->root->children[0]->children[0]->children[4];
+    int at;
+    cf_module *ta = blocks_of(model, &at)->children[at]->children[0]->children[4];
+    assert_true(cf_nn_is_batchnorm(ta));
     const cf_module_ops *own = ta->ops;
     wrapped_ops = *own;
     ta->ops = &wrapped_ops;
@@ -183,6 +186,65 @@ static void test_backward_without_mask_fails(void **state) {
     ta->ops = own;
     free(x), free(dy);
     cf_model_free(model);
+}
+
+static void test_backward_without_mask_fails(void **state) {
+    (void)state;
+    backward_without_mask(&two_blocks);
+    backward_without_mask(&w1);
+}
+
+/* A first block whose backward can never take the mask bits (its convpath ends in a Conv2d, not
+ * a BatchNorm; or its convpath's last BatchNorm wrapped before the first forward): the fold keeps
+ * writing its fp32 output, and training runs as with the link off. */
+static void test_unmaskable_block_declines(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 2; kind++) {
+        record r[2];
+        for (int link = 0; link <= 1; link++) {
+            cf__nn_set_fold_words_link(link);
+            cf_module *cp[] = {cf_conv2d(16, 32, 3, 2, 1, false), cf_batchnorm2d(32), cf_relu(),
+                               cf_conv2d(32, 32, 3, 1, 1, false), cf_batchnorm2d(32)};
+            cf_module *ip[] = {cf_conv2d(16, 32, 1, 2, 0, false), cf_batchnorm2d(32)};
+            block_net b2 = two_blocks;
+            b2.c = 32, b2.o = 64;
+            if (kind == 0) cf_module_free(cp[4]);
+            cf_module *blocks[] = {
+                cf_residual(cf_sequential(kind == 0 ? 4 : 5, cp), cf_sequential(2, ip), true),
+                block_net_build(&b2)};
+            cf_model *model;
+            assert_int_equal(cf_model_new(&model, cf_sequential(2, blocks), 33), CF_OK);
+            cf_conv_set_bf16(model->root, true);
+            cf_module *ta = model->root->children[0]->children[0]->children[3 + kind];
+            const cf_module_ops *own = ta->ops;
+            wrapped_ops = *own;
+            if (kind == 1) ta->ops = &wrapped_ops;
+            const size_t nx = (size_t)N * 16 * 28 * 28;
+            float *x = malloc(nx * sizeof(float));
+            assert_non_null(x);
+            r[link] = (record){0};
+            for (int step = 0; step < STEPS; step++) {
+                fill_uniform(x, nx, 300 + (uint64_t)step, -2, 2);
+                cf_model_train(model, true);
+                cf_model_zero_grad(model);
+                cf_tensor tx = cf_tensor_view(x, cf_shape4(N, 16, 28, 28));
+                const cf_tensor *y;
+                assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
+                assert_false(
+                    cf_nn_bn_wrote_words(model->root->children[0]->children[1]->children[1]));
+                put(&r[link], y->data, cf_tensor_numel(y));
+                record_backward_step(&r[link], model, y, nx, step);
+            }
+            ta->ops = own;
+            free(x);
+            cf_model_free(model);
+        }
+        cf__nn_set_fold_words_link(true);
+        records_equal(r[1], r[0],
+                      kind == 0 ? "a convpath ending in a Conv2d"
+                                : "a convpath whose last BatchNorm is wrapped",
+                      "linked", "fold link off");
+    }
 }
 
 /* PyTorch (tests/oracle/fold_words.py): the two blocks in fp32 from the same weights, x and dy,
@@ -299,6 +361,7 @@ int main(void) {
         cmocka_unit_test(test_w1),
         cmocka_unit_test(test_no_mask_bits_declines),
         cmocka_unit_test(test_backward_without_mask_fails),
+        cmocka_unit_test(test_unmaskable_block_declines),
         cmocka_unit_test(test_oracle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

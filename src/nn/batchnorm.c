@@ -67,6 +67,9 @@ typedef struct bn_impl {
      * block and its ops when linked */
     const cf_module *feed_block;
     const cf_module_ops *feed_block_ops;
+    /* ... and the block's other mask taker, its convpath's last BatchNorm, with its ops then */
+    const cf_module *feed_taker;
+    const cf_module_ops *feed_taker_ops;
     /* the Conv2d before this layer in a Sequential, which may read this layer's dx as bf16
      * words (nn_internal.h, cf_nn_bn_link_conv), and whether the last backward wrote them */
     cf_module *dy_conv;
@@ -710,14 +713,19 @@ void cf_nn_bn_feed_conv(cf_module *bn, cf_module *conv) {
     b->feed_relu_ops = conv && b->relu ? b->relu->ops : NULL;
     b->feed_block = NULL;
     b->feed_block_ops = NULL;
+    b->feed_taker = NULL;
+    b->feed_taker_ops = NULL;
 }
 
-void cf_nn_bn_fold_feed_conv(cf_module *fold, cf_module *conv, const cf_module *block) {
+void cf_nn_bn_fold_feed_conv(cf_module *fold, cf_module *conv, const cf_module *block,
+                             const cf_module *taker) {
     if (!cf_nn_is_batchnorm(fold)) return;
     bn_impl *b = fold->impl;
-    cf_nn_bn_feed_conv(fold, conv && block && !b->relu ? conv : NULL);
+    cf_nn_bn_feed_conv(fold, conv && block && cf_nn_is_batchnorm(taker) && !b->relu ? conv : NULL);
     b->feed_block = b->feed_conv ? block : NULL;
     b->feed_block_ops = b->feed_block ? block->ops : NULL;
+    b->feed_taker = b->feed_conv ? taker : NULL;
+    b->feed_taker_ops = b->feed_taker ? taker->ops : NULL;
 }
 
 bool cf_nn_bn_wrote_words(const cf_module *bn) {
@@ -741,7 +749,7 @@ static uint16_t *bn_words_target(cf_module *m, const cf_tensor *x, const float *
         cf_nn_is_batchnorm(m) && (b->relu ? b->relu->ops == b->feed_relu_ops : !b->feed_relu_ops);
     /* a fold (cf_nn_bn_fold_feed_conv): only with the mask bits (bn_forward_with's omask) */
     const bool fold = b->feed_block && b->feed_block->ops == b->feed_block_ops && add && mask &&
-                      !b->relu && !bn_stream(&g) &&
+                      b->feed_taker->ops == b->feed_taker_ops && !b->relu && !bn_stream(&g) &&
                       !atomic_load_explicit(&fold_words_off, memory_order_relaxed);
     uint16_t *words = own && m->training && (b->feed_block ? fold : !add) && g.s > 1 && g.n > 0
                           ? cf_nn_conv_words_target(b->feed_conv, &x->shape)

@@ -127,8 +127,10 @@ static void link_folds(cf_module *m, bool through_blocks) {
         if (!fold || !cf_nn_is_residual(next) || next->n_children != 2) continue;
         cf_module *first_a = path_first(next->children[0]),
                   *first_b = path_first(next->children[1]);
-        if (cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b)) {
-            cf_nn_bn_fold_feed_conv(fold, first_a, block);
+        /* only where the block's backward can take the mask bits in place of the output */
+        if (cf_nn_is_conv(first_a) && cf_nn_is_conv(first_b) &&
+            cf_nn_residual_masks_itself(block)) {
+            cf_nn_bn_fold_feed_conv(fold, first_a, block, path_last(block->children[0]));
             cf_nn_conv_words_pair(first_a, first_b, next);
         }
     }

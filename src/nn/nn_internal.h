@@ -240,9 +240,17 @@ void cf__nn_set_x_pair_link(bool on);
  * its fp32 output where the call writes the mask and conv takes the words (the ops of the fold
  * and of block their own: a wrapper could read the output); the block's backward reads the mask
  * alone (a backward that cannot apply it fails with an error instead of reading the output). */
-void cf_nn_bn_fold_feed_conv(cf_module *fold, cf_module *conv, const cf_module *block);
+void cf_nn_bn_fold_feed_conv(cf_module *fold, cf_module *conv, const cf_module *block,
+                             const cf_module *taker);
 /* The fold block's forward makes (NULL: none). */
 cf_module *cf_nn_residual_fold(const cf_module *block);
+/* Whether block's backward can take the forward's mask bits in place of its output: a ReLU after
+ * the sum, an idpath, each path's last module a distinct BatchNorm with its own ops. fuse.c links
+ * a fold only then (taker: the convpath's last BatchNorm, whose ops the fold checks again at each
+ * forward): a convpath ending in a Conv, a ReLU, a Dropout or a wrapped BatchNorm needs the
+ * output. A wrapper installed between a forward and its backward still reaches the backward's
+ * error above, which then runs to the pass's end from a zero gradient. */
+bool cf_nn_residual_masks_itself(const cf_module *block);
 /* Tests and benchmarks: the fold's link alone (on by default, read at each call; the x link and
  * the pair link off turn it off too). */
 void cf__nn_set_fold_words_link(bool on);

@@ -18,6 +18,7 @@
 #include "nn_internal.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 typedef struct residual_impl {
     bool relu_after;
@@ -270,6 +271,14 @@ static bool res_arm_mask(cf_module *m, const cf_tensor *dy) {
     return false;
 }
 
+bool cf_nn_residual_masks_itself(const cf_module *block) {
+    if (!cf_nn_is_residual(block)) return false;
+    const residual_impl *r = block->impl;
+    if (!r->relu_after || !r->has_idpath) return false;
+    const cf_module *ta = path_taker(block->children[0]), *tb = path_taker(block->children[1]);
+    return ta != tb && cf_nn_is_batchnorm(ta) && cf_nn_is_batchnorm(tb);
+}
+
 static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool need_dx) {
     residual_impl *r = m->impl;
     const cf_nn_res_fusion *f = &r->fuse;
@@ -280,12 +289,14 @@ static const cf_tensor *res_backward(cf_module *m, const cf_tensor *dy, bool nee
         /* the fold wrote the next block's words in place of the output (nn_internal.h) */
         cf_module_fail(CF_ERR_STATE, "residual block backward: the forward kept only the mask, "
                                      "which this backward cannot apply");
-        return NULL;
     }
     if (r->relu_after && !masked) {
         r->dz.shape = dy->shape;
         r->dz.data = cf_arena_take(m->grad_arena, cf_tensor_numel(dy) * sizeof(float), &r->dz);
-        res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, &dy->shape);
+        if (f->fold && cf_nn_bn_wrote_words(f->fold)) /* failed above: the pass runs to its end */
+            memset(r->dz.data, 0, cf_tensor_numel(dy) * sizeof(float));
+        else
+            res_ew_run(RES_MASK, m->out.data, dy->data, r->dz.data, &dy->shape);
         dz = &r->dz;
     }
     cf_module *cp = m->children[0];
