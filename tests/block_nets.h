@@ -53,6 +53,13 @@ static inline cf_module *block_net_build(const block_net *k) {
     return NULL;
 }
 
+/* How many modules under m (m included) have is (a BatchNorm's per-pass state, say). */
+static inline int count_modules(const cf_module *m, bool (*is)(const cf_module *)) {
+    int n = is(m);
+    for (int i = 0; i < m->n_children; i++) n += count_modules(m->children[i], is);
+    return n;
+}
+
 /* The first residual block under m (NULL: none). */
 static inline cf_module *first_block(cf_module *m) {
     if (cf_nn_is_residual(m)) return m;

@@ -128,12 +128,6 @@ static const cf_tensor *hook_forward(cf_module *m, const cf_tensor *x) {
 
 /* ---- networks ------------------------------------------------------------------------------- */
 
-static int count_defers(const cf_module *m) {
-    int n = cf_nn_bn_deferred(m);
-    for (int i = 0; i < m->n_children; i++) n += count_defers(m->children[i]);
-    return n;
-}
-
 typedef struct run_opts {
     bool fused, bf16, hook, sync;
     int threads;
@@ -162,7 +156,7 @@ static record run_case(const block_net *k, run_opts o, int expect) {
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
-        const int got = count_defers(model->root);
+        const int got = count_modules(model->root, cf_nn_bn_deferred);
         const int want = !o.fused ? 0 : hooked ? expect - 1 : expect;
         if (got != want)
             fail_msg("%s (fused %d, bf16 %d, hook %d, %d threads) step %d: %d outputs deferred, "

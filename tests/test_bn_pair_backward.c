@@ -25,12 +25,6 @@
 
 #define STEPS 3
 
-static int count_paired(const cf_module *m) {
-    int n = cf_nn_bn_paired(m);
-    for (int i = 0; i < m->n_children; i++) n += count_paired(m->children[i]);
-    return n;
-}
-
 typedef struct run_opts {
     bool pair, bf16, sync, no_bits;
     int hook; /* a wrapper on the first block's 1: convpath's, 2: idpath's last BatchNorm */
@@ -68,7 +62,7 @@ static record run_case(const block_net *k, run_opts o) {
         put(&r, y->data, cf_tensor_numel(y));
         if (!training) break;
         record_backward_step(&r, model, y, nx, step);
-        const int got = count_paired(model->root);
+        const int got = count_modules(model->root, cf_nn_bn_paired);
         /* the portable level's convolutions take no stride-2 pair, whose branch of the block's
          * backward is the one that pairs the BatchNorms (residual.c): none paired there */
         const bool portable = !strcmp(cf_isa_name(cf_isa_active()), "generic");

@@ -170,12 +170,6 @@ static const cf_tensor *hook_forward(cf_module *m, const cf_tensor *x) {
 
 /* ---- networks ------------------------------------------------------------------------------- */
 
-static int count_took(const cf_module *m) {
-    int n = cf_nn_bn_took_stats(m);
-    for (int i = 0; i < m->n_children; i++) n += count_took(m->children[i]);
-    return n;
-}
-
 typedef struct run_opts {
     bool link, bf16, hook, sync;
     int threads;
@@ -238,7 +232,7 @@ static record run_case(const net *t, run_opts o, int expect) {
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
-        const int got = count_took(model->root);
+        const int got = count_modules(model->root, cf_nn_bn_took_stats);
         /* the hooked conv (a bf16 one) had its link where the level computes in bf16 */
         const bool hook_linked = hooked && o.bf16 && !o.sync && cf_bf16_compute();
         const int want = !training || !o.link ? 0 : hook_linked && expect ? expect - 1 : expect;
