@@ -1,7 +1,9 @@
-/* What the tests of W1's fused BatchNorm and residual passes share (test_bf16_bn_words,
- * test_bn_fused_passes, test_res_mask_bits): the small residual networks they run, a growing
- * record of every value a run produced (compared with memcmp between a run with the fused path
- * and one without), and the reduce of a synchronised BatchNorm over two identical replicas.
+/* What the tests of W1's fused BatchNorm and residual passes and bf16 links share
+ * (test_bf16_bn_words, test_bn_fused_passes, test_res_mask_bits, test_bn_pair_backward,
+ * test_bn_stats_link, test_fold_words, test_words_restore, test_conv_stem): the small residual
+ * networks they run, a growing record of every value a run produced (compared with memcmp
+ * between a run with the fused path and one without), the reduce of a synchronised BatchNorm
+ * over two identical replicas, and a training loop's model, step start and wrapped ops.
  * Static inline, so that a test that uses a part only compiles without warnings. */
 #ifndef CF_TESTS_BLOCK_NETS_H
 #define CF_TESTS_BLOCK_NETS_H
@@ -49,6 +51,13 @@ static inline cf_module *block_net_build(const block_net *k) {
         return cf_mini_resnet(k->c, 10);
     }
     return NULL;
+}
+
+/* How many modules under m (m included) have is (a BatchNorm's per-pass state, say). */
+static inline int count_modules(const cf_module *m, bool (*is)(const cf_module *)) {
+    int n = is(m);
+    for (int i = 0; i < m->n_children; i++) n += count_modules(m->children[i], is);
+    return n;
 }
 
 /* The first residual block under m (NULL: none). */
@@ -113,6 +122,32 @@ static inline cf_status twin_reduce(double *buf, size_t n, bool backward, void *
     (void)backward, (void)ctx;
     for (size_t i = 0; i < n; i++) buf[i] *= 2;
     return CF_OK;
+}
+
+/* A model of net (seed: its weights' draw), its convolutions in bf16 where bf16 and its
+ * BatchNorms synchronised over two identical replicas (twin_reduce) where sync. */
+static inline cf_model *block_model(cf_module *net, uint64_t seed, bool bf16, bool sync) {
+    cf_model *model;
+    assert_int_equal(cf_model_new(&model, net, seed), CF_OK);
+    cf_conv_set_bf16(model->root, bf16);
+    if (sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
+    return model;
+}
+
+/* A step's start: x's nx values uniform in [-2, 2) from seed, the model training or in eval,
+ * its gradients zeroed. */
+static inline void step_start(cf_model *model, float *x, size_t nx, uint64_t seed, bool training) {
+    fill_uniform(x, nx, seed, -2, 2);
+    cf_model_train(model, training);
+    cf_model_zero_grad(model);
+}
+
+/* m runs a copy of its ops (*copy), its own kept at *orig: the test then changes an entry of
+ * the copy to wrap that call. */
+static inline void wrap_ops(cf_module *m, const cf_module_ops **orig, cf_module_ops *copy) {
+    *orig = m->ops;
+    *copy = *m->ops;
+    m->ops = copy;
 }
 
 #endif

@@ -128,12 +128,6 @@ static const cf_tensor *hook_forward(cf_module *m, const cf_tensor *x) {
 
 /* ---- networks ------------------------------------------------------------------------------- */
 
-static int count_defers(const cf_module *m) {
-    int n = cf_nn_bn_deferred(m);
-    for (int i = 0; i < m->n_children; i++) n += count_defers(m->children[i]);
-    return n;
-}
-
 typedef struct run_opts {
     bool fused, bf16, hook, sync;
     int threads;
@@ -144,10 +138,7 @@ typedef struct run_opts {
 static record run_case(const block_net *k, run_opts o, int expect) {
     cf_set_num_threads(o.threads);
     cf__nn_set_bn_fused_passes(o.fused);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, block_net_build(k), 21), CF_OK);
-    cf_conv_set_bf16(model->root, o.bf16);
-    if (o.sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
+    cf_model *model = block_model(block_net_build(k), 21, o.bf16, o.sync);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     record r = {0};
@@ -155,21 +146,17 @@ static record run_case(const block_net *k, run_opts o, int expect) {
     cf_module *hooked = NULL;
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 100 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 100 + (uint64_t)step, training);
         if (o.hook && step == 1) { /* the first block's convpath's last BatchNorm, after the plan */
             cf_module *cp = first_block(model->root)->children[0];
             hooked = cp->children[cp->n_children - 1];
-            hook_orig = hooked->ops;
-            hook_ops = *hooked->ops;
+            wrap_ops(hooked, &hook_orig, &hook_ops);
             hook_ops.forward = hook_forward;
-            hooked->ops = &hook_ops;
         }
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
-        const int got = count_defers(model->root);
+        const int got = count_modules(model->root, cf_nn_bn_deferred);
         const int want = !o.fused ? 0 : hooked ? expect - 1 : expect;
         if (got != want)
             fail_msg("%s (fused %d, bf16 %d, hook %d, %d threads) step %d: %d outputs deferred, "

@@ -25,12 +25,6 @@
 
 #define STEPS 3
 
-static int count_paired(const cf_module *m) {
-    int n = cf_nn_bn_paired(m);
-    for (int i = 0; i < m->n_children; i++) n += count_paired(m->children[i]);
-    return n;
-}
-
 typedef struct run_opts {
     bool pair, bf16, sync, no_bits;
     int hook; /* a wrapper on the first block's 1: convpath's, 2: idpath's last BatchNorm */
@@ -48,26 +42,19 @@ static record run_case(const block_net *k, run_opts o) {
     cf_set_num_threads(o.threads);
     cf__nn_set_bn_pair_backward(o.pair);
     cf__nn_set_res_mask_bits(!o.no_bits);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, block_net_build(k), 21), CF_OK);
-    cf_conv_set_bf16(model->root, o.bf16);
-    if (o.sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
+    cf_model *model = block_model(block_net_build(k), 21, o.bf16, o.sync);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     record r = {0};
     cf_module *hooked = NULL;
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 100 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 100 + (uint64_t)step, training);
         if (o.hook && step == 1) { /* after the plan */
             cf_module *path = first_block(model->root)->children[o.hook - 1];
             hooked = path->children[path->n_children - 1];
-            hook_orig = hooked->ops;
-            hook_ops = *hooked->ops;
+            wrap_ops(hooked, &hook_orig, &hook_ops);
             hook_ops.backward = hook_backward;
-            hooked->ops = &hook_ops;
         }
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
@@ -75,7 +62,7 @@ static record run_case(const block_net *k, run_opts o) {
         put(&r, y->data, cf_tensor_numel(y));
         if (!training) break;
         record_backward_step(&r, model, y, nx, step);
-        const int got = count_paired(model->root);
+        const int got = count_modules(model->root, cf_nn_bn_paired);
         /* the portable level's convolutions take no stride-2 pair, whose branch of the block's
          * backward is the one that pairs the BatchNorms (residual.c): none paired there */
         const bool portable = !strcmp(cf_isa_name(cf_isa_active()), "generic");

@@ -170,12 +170,6 @@ static const cf_tensor *hook_forward(cf_module *m, const cf_tensor *x) {
 
 /* ---- networks ------------------------------------------------------------------------------- */
 
-static int count_took(const cf_module *m) {
-    int n = cf_nn_bn_took_stats(m);
-    for (int i = 0; i < m->n_children; i++) n += count_took(m->children[i]);
-    return n;
-}
-
 typedef struct run_opts {
     bool link, bf16, hook, sync;
     int threads;
@@ -220,32 +214,25 @@ static record run_case(const net *t, run_opts o, int expect) {
     const block_net *k = &t->k;
     cf_set_num_threads(o.threads);
     cf__nn_set_stats_link(o.link);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, net_build(t), 21), CF_OK);
-    cf_conv_set_bf16(model->root, o.bf16);
-    if (o.sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
+    cf_model *model = block_model(net_build(t), 21, o.bf16, o.sync);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     record r = {0};
     cf_module *hooked = NULL;
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 100 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 100 + (uint64_t)step, training);
         if (o.hook && step == 1) { /* a linked Conv2d hooked after the plan */
             /* in the first residual block: a linked one (W1's stem conv is not bf16) */
             hooked = first_conv(first_block(model->root));
             assert_non_null(hooked);
-            hook_orig = hooked->ops;
-            hook_ops = *hooked->ops;
+            wrap_ops(hooked, &hook_orig, &hook_ops);
             hook_ops.forward = hook_forward;
-            hooked->ops = &hook_ops;
         }
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
-        const int got = count_took(model->root);
+        const int got = count_modules(model->root, cf_nn_bn_took_stats);
         /* the hooked conv (a bf16 one) had its link where the level computes in bf16 */
         const bool hook_linked = hooked && o.bf16 && !o.sync && cf_bf16_compute();
         const int want = !training || !o.link ? 0 : hook_linked && expect ? expect - 1 : expect;

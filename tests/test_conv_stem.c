@@ -318,9 +318,7 @@ static record run_net(int n, int c, int co, int h, int w, run_opts o) {
     cf_set_num_threads(o.threads);
     cf__nn_set_stem_direct(o.direct);
     cf__nn_set_stats_link(o.link);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, stem_net(c, co), 7), CF_OK);
-    cf_conv_set_bf16(model->root, o.bf16);
+    cf_model *model = block_model(stem_net(c, co), 7, o.bf16, false);
     const cf_conv_geom g = stem_geom(c, h, w);
     /* the link where the direct stem runs (the lowered fp32 path has no epilogue) */
     const bool linked = o.direct && o.link && cf_conv_stem_pays(&g, co) && !cf_kernels_reference();
@@ -329,9 +327,7 @@ static record run_net(int n, int c, int co, int h, int w, run_opts o) {
     record r = {0};
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 300 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 300 + (uint64_t)step, training);
         cf_tensor tx = cf_tensor_view(x, cf_shape4(n, c, h, w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
@@ -402,9 +398,7 @@ static record run_unasked(cf_module *root, int n, int c, int h, int w, int out, 
                           bool link, int threads, bool expect, const char *name) {
     cf_set_num_threads(threads);
     cf__nn_set_stem_dx_link(link);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, root, 7), CF_OK);
-    cf_conv_set_bf16(model->root, bf16);
+    cf_model *model = block_model(root, 7, bf16, false);
     cf_model_train(model, true);
     cf_module *stem = model->root; /* W1: its body's first children */
     while (!cf_nn_is_conv(stem->children[0])) stem = stem->children[0];

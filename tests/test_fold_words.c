@@ -73,9 +73,7 @@ static record run_case(const block_net *k, bool link, bool bits, int threads, in
     cf_set_num_threads(threads);
     cf__nn_set_fold_words_link(link);
     cf__nn_set_res_mask_bits(bits);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(k), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
+    cf_model *model = block_model(build(k), 33, true, false);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     assert_non_null(x);
@@ -83,9 +81,7 @@ static record run_case(const block_net *k, bool link, bool bits, int threads, in
     *wrote = *read = 0;
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 300 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 300 + (uint64_t)step, training);
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
@@ -152,9 +148,7 @@ static void test_no_mask_bits_declines(void **state) {
 static cf_module_ops wrapped_ops;
 
 static void backward_without_mask(const block_net *k) {
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(k), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
+    cf_model *model = block_model(build(k), 33, true, false);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     assert_non_null(x);
@@ -168,9 +162,8 @@ static void backward_without_mask(const block_net *k) {
     int at;
     cf_module *ta = blocks_of(model, &at)->children[at]->children[0]->children[4];
     assert_true(cf_nn_is_batchnorm(ta));
-    const cf_module_ops *own = ta->ops;
-    wrapped_ops = *own;
-    ta->ops = &wrapped_ops;
+    const cf_module_ops *own;
+    wrap_ops(ta, &own, &wrapped_ops);
     const size_t ny = cf_tensor_numel(y);
     float *dy = malloc(ny * sizeof(float));
     assert_non_null(dy);
@@ -212,9 +205,7 @@ static void test_unmaskable_block_declines(void **state) {
             cf_module *blocks[] = {
                 cf_residual(cf_sequential(kind == 0 ? 4 : 5, cp), cf_sequential(2, ip), true),
                 block_net_build(&b2)};
-            cf_model *model;
-            assert_int_equal(cf_model_new(&model, cf_sequential(2, blocks), 33), CF_OK);
-            cf_conv_set_bf16(model->root, true);
+            cf_model *model = block_model(cf_sequential(2, blocks), 33, true, false);
             cf_module *ta = model->root->children[0]->children[0]->children[3 + kind];
             const cf_module_ops *own = ta->ops;
             wrapped_ops = *own;
@@ -224,9 +215,7 @@ static void test_unmaskable_block_declines(void **state) {
             assert_non_null(x);
             r[link] = (record){0};
             for (int step = 0; step < STEPS; step++) {
-                fill_uniform(x, nx, 300 + (uint64_t)step, -2, 2);
-                cf_model_train(model, true);
-                cf_model_zero_grad(model);
+                step_start(model, x, nx, 300 + (uint64_t)step, true);
                 cf_tensor tx = cf_tensor_view(x, cf_shape4(N, 16, 28, 28));
                 const cf_tensor *y;
                 assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
@@ -252,9 +241,7 @@ static void test_unmaskable_block_declines(void **state) {
 static void test_oracle(void **state) {
     (void)state;
     cf_set_num_threads(2);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(&two_blocks), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
+    cf_model *model = block_model(build(&two_blocks), 33, true, false);
     oracle o;
     oracle_init(&o);
     /* per block: ca, bna, cb, bnb (convpath), cs, bns (idpath); BatchNorms away from 1 and 0 */
@@ -282,9 +269,7 @@ static void test_oracle(void **state) {
     const size_t nx = (size_t)N * 16 * 28 * 28;
     float *x = malloc(nx * sizeof(float));
     assert_non_null(x);
-    fill_uniform(x, nx, 300, -2, 2);
-    cf_model_train(model, true);
-    cf_model_zero_grad(model);
+    step_start(model, x, nx, 300, true);
     cf_tensor tx = cf_tensor_view(x, cf_shape4(N, 16, 28, 28));
     const cf_tensor *y;
     assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);

@@ -170,26 +170,19 @@ static const cf_tensor *hook_backward(cf_module *m, const cf_tensor *dy, bool ne
 static record run_case(const block_net *k, run_opts o) {
     cf_set_num_threads(o.threads);
     cf__nn_set_res_mask_bits(o.bits);
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, block_net_build(k), 21), CF_OK);
-    cf_conv_set_bf16(model->root, o.bf16);
-    if (o.sync) assert_int_equal(cf_model_set_bn_reduce(model, twin_reduce, NULL), CF_OK);
+    cf_model *model = block_model(block_net_build(k), 21, o.bf16, o.sync);
     const size_t nx = (size_t)k->n * k->c * k->h * k->w;
     float *x = malloc(nx * sizeof(float));
     record r = {0};
     cf_module *hooked = NULL;
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 100 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 100 + (uint64_t)step, training);
         if (o.hook && step == 1) { /* after the plan */
             cf_module *path = first_block(model->root)->children[o.hook - 1];
             hooked = path->children[path->n_children - 1];
-            hook_orig = hooked->ops;
-            hook_ops = *hooked->ops;
+            wrap_ops(hooked, &hook_orig, &hook_ops);
             hook_ops.backward = hook_backward;
-            hooked->ops = &hook_ops;
         }
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;

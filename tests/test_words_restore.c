@@ -81,10 +81,7 @@ static void backward_step(record *r, cf_model *model, const cf_tensor *y, int st
 
 /* The model in bf16 (seed 33). */
 static cf_model *new_bf16_model(void) {
-    cf_model *model;
-    assert_int_equal(cf_model_new(&model, build(), 33), CF_OK);
-    cf_conv_set_bf16(model->root, true);
-    return model;
+    return block_model(build(), 33, true, false);
 }
 
 /* One run; *restored: how many times words_restore converted x, *read: the training forwards
@@ -103,9 +100,7 @@ static record run_case(restore_way way, bool link, int threads, unsigned long *r
     *read = 0;
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
-        fill_uniform(x, nx, 300 + (uint64_t)step, -2, 2);
-        cf_model_train(model, training);
-        cf_model_zero_grad(model);
+        step_start(model, x, nx, 300 + (uint64_t)step, training);
         cf_tensor tx = cf_tensor_view(x, cf_shape4(N, C, H, W));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
@@ -175,9 +170,7 @@ static void train_forward(cf_model *model, float **x, cf_tensor *tx, const cf_te
     const size_t nx = (size_t)N * C * H * W;
     *x = malloc(nx * sizeof(float));
     assert_non_null(*x);
-    fill_uniform(*x, nx, 300, -2, 2);
-    cf_model_train(model, true);
-    cf_model_zero_grad(model);
+    step_start(model, *x, nx, 300, true);
     *tx = cf_tensor_view(*x, cf_shape4(N, C, H, W));
     assert_int_equal(cf_model_forward(model, tx, y), CF_OK);
 }

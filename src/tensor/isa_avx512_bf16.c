@@ -1480,14 +1480,12 @@ static void bf16_interleave2_rows(const float *a0, const float *b0, const float 
 
 /* ---- the stride-2 stem (conv_stem_bf16.c) ------------------------------------------------------
  *
- * One tile of conv_rows: 8 rows by nv (1-3) vectors of 16 positions, vector v's positions at
- * xv[v] (conv_run's x + q) and stored at ov[v] under mask mk[v]; rows past `rows` not stored.
- * The same products and order of sums as conv_tile. */
-static inline __attribute__((always_inline)) void
-rows_tile(int nv, bool stream, int taps, const int *off, int pairs, const uint32_t *ap,
-          const uint32_t *xv[NV], size_t plane, float *ov[NV], const __mmask16 mk[NV], size_t ldo,
-          int rows) {
-    __m512 acc[MR][NV];
+ * The sums of one tile of 8 rows (the block at ap) by nv vectors at xv[v] + off[t]: conv_tile's
+ * products and order of sums, term for term; rows_tile's and each conv_spread phase's. */
+static inline __attribute__((always_inline)) void tile_sums(int nv, int taps, const int *off,
+                                                            int pairs, const uint32_t *ap,
+                                                            const uint32_t *xv[NV], size_t plane,
+                                                            __m512 acc[MR][NV]) {
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
     for (int t = 0; t < taps; t++) {
@@ -1502,6 +1500,17 @@ rows_tile(int nv, bool stream, int taps, const int *off, int pairs, const uint32
             }
         }
     }
+}
+
+/* One tile of conv_rows: 8 rows by nv (1-3) vectors of 16 positions, vector v's positions at
+ * xv[v] (conv_run's x + q) and stored at ov[v] under mask mk[v]; rows past `rows` not stored.
+ * The same products and order of sums as conv_tile. */
+static inline __attribute__((always_inline)) void
+rows_tile(int nv, bool stream, int taps, const int *off, int pairs, const uint32_t *ap,
+          const uint32_t *xv[NV], size_t plane, float *ov[NV], const __mmask16 mk[NV], size_t ldo,
+          int rows) {
+    __m512 acc[MR][NV];
+    tile_sums(nv, taps, off, pairs, ap, xv, plane, acc);
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < nv; v++)
             if (stream) /* whole aligned lines: no read of y's lines before they are written */
@@ -1552,28 +1561,6 @@ static void bf16_conv_rows(int taps, const int *off, int pairs, int m, const uin
 
 #define SR MR /* conv_spread's tile: 8 rows by NV vectors, one phase after the other */
 
-/* One phase's share of a conv_spread tile: rows_tile's sums (conv_tile's, term for term) of the
- * block of 8 rows at ap over nv vectors at xv[v] + off[t]. */
-static inline __attribute__((always_inline)) void spread_sums(int nv, int taps, const int *off,
-                                                              int pairs, const uint32_t *ap,
-                                                              const uint32_t *xv[NV], size_t plane,
-                                                              __m512 acc[SR][NV]) {
-    for (int r = 0; r < SR; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
-    for (int t = 0; t < taps; t++) {
-        const size_t o = (size_t)off[t];
-        for (int p = 0; p < pairs; p++, ap += MR) {
-            const size_t at = o + (size_t)p * plane;
-            __m512bh b[NV];
-            for (int v = 0; v < nv; v++) b[v] = (__m512bh)_mm512_loadu_si512(xv[v] + at);
-            for (int r = 0; r < SR; r++) {
-                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[r]);
-                for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
-            }
-        }
-    }
-}
-
 /* One tile of conv_spread: the even phase's sums, set aside in L1 (both phases' accumulators
  * at once would not fit the registers), then the odd phase's; per row and vector the two
  * phases' 16 values (each plus its addend where given) interleaved in registers into 32 places
@@ -1584,10 +1571,10 @@ spread_tile(int nv, const int taps[2], const int *const off[2], int pairs, const
             size_t lda, float *ov[NV], const __mmask16 mk[NV][2], size_t ldo, int rows) {
     __m512 acc[SR][NV];
     float even[SR][NV][16] __attribute__((aligned(64)));
-    spread_sums(nv, taps[0], off[0], pairs, ap[0], xv, plane, acc);
+    tile_sums(nv, taps[0], off[0], pairs, ap[0], xv, plane, acc);
     for (int r = 0; r < SR; r++)
         for (int v = 0; v < nv; v++) _mm512_store_ps(even[r][v], acc[r][v]);
-    spread_sums(nv, taps[1], off[1], pairs, ap[1], xv, plane, acc);
+    tile_sums(nv, taps[1], off[1], pairs, ap[1], xv, plane, acc);
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0),
                   hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
     /* unrolled, so that the accumulators stay in registers (a loop to rows spills them) */

@@ -1102,19 +1102,29 @@ static void simd_bn_affine_add2_n(const float *x, const float *x2, float *y, int
 }
 
 /* The fold's output (affine's add branch, or affine_add2 with x2) and its ReLU's mask: each
- * value's bit v > 0, which is y > 0 (y = max(v, 0) is v where v > 0 and +0 elsewhere). */
-static void simd_bn_fold_mask(const float *x, const float *add, const float *x2, float *y,
-                              int64_t s, float scale, float shift, float scale2, float shift2,
-                              uint16_t *mask) {
+ * value's bit v > 0, which is y > 0 (y = max(v, 0) is v where v > 0 and +0 elsewhere). Stored
+ * as fp32 at y or, where words, as bf16 words at yh: each caller passes words as a constant, so
+ * the choice folds away when the body is inlined. */
+CF_INLINE void bn_fold_mask_body(const float *x, const float *add, const float *x2, float *y,
+                                 uint16_t *yh, bool words, int64_t s, float scale, float shift,
+                                 float scale2, float shift2, uint16_t *mask) {
     const int64_t full = s & ~(int64_t)(VL - 1);
     const unsigned tail = simd_tail(s);
     const vf a = V_SET1(scale), b = V_SET1(shift), a2 = V_SET1(scale2), b2 = V_SET1(shift2),
              z = V_ZERO();
+#ifndef V_STORE_BF16
+    (void)yh, (void)words;
+#endif
     unsigned word = 0;
     for (int64_t i = 0; i < full; i += VL) {
         const vf t2 = x2 ? V_FMA(V_LOADU(x2 + i), a2, b2) : V_LOADU(add + i);
         const vf v = V_ADD(t2, V_FMA(V_LOADU(x + i), a, b));
-        V_STOREU(y + i, V_MAX(v, z));
+#ifdef V_STORE_BF16
+        if (words)
+            V_STORE_BF16(yh + i, V_MASKV(VMASK_ALL), V_MAX(v, z));
+        else
+#endif
+            V_STOREU(y + i, V_MAX(v, z));
         word |= V_MASK_BITS(V_GT0(v)) << (i & 15);
         if (((i + VL) & 15) == 0) {
             mask[i >> 4] = (uint16_t)word;
@@ -1126,10 +1136,21 @@ static void simd_bn_fold_mask(const float *x, const float *add, const float *x2,
         const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
         const vf t2 = x2 ? V_FMA(V_LOADZ(tm, x2 + full), a2, b2) : V_LOADZ(tm, add + full);
         const vf v = V_ADD(t2, t);
-        V_STOREM(y + full, tm, V_MAX(v, z));
+#ifdef V_STORE_BF16
+        if (words)
+            V_STORE_BF16(yh + full, tm, V_MAX(v, z));
+        else
+#endif
+            V_STOREM(y + full, tm, V_MAX(v, z));
         word |= (V_MASK_BITS(V_GT0(v)) & tail) << (full & 15);
     }
     if (s & 15) mask[s >> 4] = (uint16_t)word; /* the last word, partly filled */
+}
+
+static void simd_bn_fold_mask(const float *x, const float *add, const float *x2, float *y,
+                              int64_t s, float scale, float shift, float scale2, float shift2,
+                              uint16_t *mask) {
+    bn_fold_mask_body(x, add, x2, y, NULL, false, s, scale, shift, scale2, shift2, mask);
 }
 
 static void simd_bn_fold_mask_n(const float *x, const float *add, const float *x2, float *y,
@@ -1254,31 +1275,7 @@ static void simd_bn_affine_bf16_n(const float *x, uint16_t *yh, int64_t s, int n
 static void simd_bn_fold_mask_bf16(const float *x, const float *add, const float *x2, uint16_t *yh,
                                    int64_t s, float scale, float shift, float scale2, float shift2,
                                    uint16_t *mask) {
-    const int64_t full = s & ~(int64_t)(VL - 1);
-    const unsigned tail = simd_tail(s);
-    const vf a = V_SET1(scale), b = V_SET1(shift), a2 = V_SET1(scale2), b2 = V_SET1(shift2),
-             z = V_ZERO();
-    const vmaskv all = V_MASKV(VMASK_ALL);
-    unsigned word = 0;
-    for (int64_t i = 0; i < full; i += VL) {
-        const vf t2 = x2 ? V_FMA(V_LOADU(x2 + i), a2, b2) : V_LOADU(add + i);
-        const vf v = V_ADD(t2, V_FMA(V_LOADU(x + i), a, b));
-        V_STORE_BF16(yh + i, all, V_MAX(v, z));
-        word |= V_MASK_BITS(V_GT0(v)) << (i & 15);
-        if (((i + VL) & 15) == 0) {
-            mask[i >> 4] = (uint16_t)word;
-            word = 0;
-        }
-    }
-    if (tail) {
-        const vmaskv tm = V_MASKV(tail);
-        const vf t = V_FMA(V_LOADZ(tm, x + full), a, b);
-        const vf t2 = x2 ? V_FMA(V_LOADZ(tm, x2 + full), a2, b2) : V_LOADZ(tm, add + full);
-        const vf v = V_ADD(t2, t);
-        V_STORE_BF16(yh + full, tm, V_MAX(v, z));
-        word |= (V_MASK_BITS(V_GT0(v)) & tail) << (full & 15);
-    }
-    if (s & 15) mask[s >> 4] = (uint16_t)word;
+    bn_fold_mask_body(x, add, x2, NULL, yh, true, s, scale, shift, scale2, shift2, mask);
 }
 
 static void simd_bn_fold_mask_bf16_n(const float *x, const float *add, const float *x2,
