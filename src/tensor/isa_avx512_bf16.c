@@ -676,6 +676,12 @@ static inline void prefetch_w(const char *p) {
     __asm__ volatile("prefetchw %0" ::"m"(*p));
 }
 
+/* Every line of the bytes [p, p + bytes) fetched for writing. */
+static inline void prefetch_w_span(const void *p, size_t bytes) {
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a < (uintptr_t)p + bytes; a += 64)
+        prefetch_w((const char *)a);
+}
+
 /* kernel_table.h's cols_spread: two phases' sums as conv_cols leaves them in tmp (position q at
  * t[f][q * ldt + r]) into out's rows, interleaved: 16 of a row's places at a time, each place's
  * position (from t[0] or t[1], plus add[f]'s value where add[f] is not NULL) loaded as a vector of
@@ -692,13 +698,10 @@ static void bf16_cols_spread(const float *const t[2], const float *const add[2],
             /* the next phase row's lines fetched for writing (dx has left the caches) */
             const int nb_ = i + 1 < h ? b : b + 1;
             if (nb_ < n_images) {
-                const char *nx = (const char *)(out + (size_t)nb_ * ldoimg +
-                                                (size_t)(i + 1 < h ? i + 1 : 0) * ldr);
-                for (int r = 0; r < m; r++, nx += ldo * sizeof(float)) {
-                    prefetch_w(nx);
-                    if ((((uintptr_t)nx & 63) + (size_t)(n - 1) * sizeof(float)) >= 64)
-                        prefetch_w(nx + (size_t)(n - 1) * sizeof(float));
-                }
+                const float *nx =
+                    out + (size_t)nb_ * ldoimg + (size_t)(i + 1 < h ? i + 1 : 0) * ldr;
+                for (int r = 0; r < m; r++, nx += ldo)
+                    prefetch_w_span(nx, (size_t)n * sizeof(float));
             }
             for (int j0 = 0; j0 < n; j0 += 16) {
                 const int nj = n - j0 < 16 ? n - j0 : 16;
@@ -1634,13 +1637,9 @@ static void bf16_conv_spread(const int taps[2], const int *const off[2], const u
             }
             for (int v = 0; v < nv; v++) {
                 const int left = n - 32 * ((v0 + v) % per_row);
-                const size_t last = (size_t)(left < 32 ? left : 32) - 1;
-                for (int r = 0; r < rows; r++) {
-                    const float *f = o[v] + (size_t)r * ldo;
-                    for (uintptr_t p = (uintptr_t)f & ~(uintptr_t)63; p <= (uintptr_t)(f + last);
-                         p += 64)
-                        prefetch_w((const char *)p);
-                }
+                const size_t count = (size_t)(left < 32 ? left : 32);
+                for (int r = 0; r < rows; r++)
+                    prefetch_w_span(o[v] + (size_t)r * ldo, count * sizeof(float));
             }
             if (nv == 3)
                 spread_tile(3, taps, off, pairs, ap, xv, plane, a, ak, lda, o, mk, ldo, rows);
