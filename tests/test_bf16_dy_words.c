@@ -744,7 +744,7 @@ static void compare(int kind, int n, int threads, int steps, bool training,
         same_bits(o[0].grads, o[1].grads, mc[0].model->n_weights, what, "the gradients");
         double largest = 0;
         for (size_t j = 0; j < mc[0].model->n_weights; j++)
-            largest = fmax(largest, fabs(o[0].grads[j]));
+            largest = nan_max(largest, fabs(o[0].grads[j]));
         assert_true(largest > 1e-3);
         for (int i = 0; i < 2; i++) { /* the same SGD step on both */
             cf_model *m = mc[i].model;
