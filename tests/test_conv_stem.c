@@ -440,8 +440,8 @@ static void test_dx_link(void **state) {
     (void)state;
     /* W1's stem (12 images: even splits, 7: uneven), W1 itself, a stride-1 residual block whose
      * convpath starts with W1's stem shape (its Sequential inside the block), a U-Net whose
-     * encoder starts with the stem (the encoder's backward runs child by child and gives each
-     * gradient back at once: no link, or the convolution would read a reused block), and stems
+     * encoder starts with the stem (its encoder's backward runs span by span between the skip
+     * joins, so the stem's span holds the BatchNorm's gradient for the convolution), and stems
      * whose weight gradient stays lowered (no link) */
     enum { STEM, W1, BLOCK, UNET };
     static const struct {
@@ -460,7 +460,7 @@ static void test_dx_link(void **state) {
                 const cf_conv_geom g = stem_geom(c, h, w);
                 /* the direct weight gradient: conv.c's use_stem_direct_dw */
                 const bool expect = cf_conv_stem_pays(&g, co) && !cf_kernels_reference() &&
-                                    cf_conv_stem_wgrad_as_nt(&g, co) && cases[s].kind != UNET;
+                                    cf_conv_stem_wgrad_as_nt(&g, co);
                 char name[160];
                 snprintf(name, sizeof name, "%s %d -> %d on %dx%d, %d images (bf16 %d)",
                          kinds[cases[s].kind], c, co, h, w, n, bf16);

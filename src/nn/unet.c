@@ -458,9 +458,23 @@ static const cf_tensor *unet_backward(cf_module *m, const cf_tensor *dy, bool ne
     g = back(m, m->children[u->c_middle], g, dy, true);
     g = back(m, m->children[u->c_relu], g, dy, true);
     g = back(m, m->children[u->c_bn], g, dy, true);
+    /* The encoder backward one span at a time between the children whose output a skip
+     * gradient joins, each span through cf_nn_seq_backward_range: it holds a BatchNorm's
+     * upstream gradient until the convolution before it has run (the stem dx link). */
     cf_module *enc = m->children[u->c_enc];
-    for (int i = u->n_enc - 1; i >= 0; i--) {
-        for (int k = 0; k < u->n_skips; k++) { /* the hooked output's gradient joins here */
+    int hi = u->n_enc;
+    for (int i = u->n_enc - 1; i >= -1; i--) {
+        bool joins = false;
+        for (int k = 0; k < u->n_skips && i >= 0; k++) joins |= u->skip_idx[k] == i;
+        if (!joins && i >= 0) continue;
+        if (i + 1 < hi) { /* children i + 1 .. hi - 1 */
+            const bool want = i + 1 > 0 || need_dx;
+            const cf_tensor *ng = cf_nn_seq_backward_range(enc, g, i + 1, hi, want);
+            give(m, g, dy, ng ? ng->data : NULL);
+            g = ng;
+        }
+        hi = i + 1;
+        for (int k = 0; k < u->n_skips && i >= 0; k++) { /* the hooked output's gradient */
             if (u->skip_idx[k] != i) continue;
             const cf_tensor *ds = &((ublock_impl *)m->children[u->c_block0 + k]->impl)->dskip;
             cf_tensor *sum = &u->gsum[k];
@@ -470,7 +484,6 @@ static const cf_tensor *unet_backward(cf_module *m, const cf_tensor *dy, bool ne
             give(m, g, dy, NULL);
             g = sum;
         }
-        g = back(m, enc->children[i], g, dy, i > 0 || need_dx);
     }
     if (!need_dx) return NULL;
     if (!u->last_cross) return g;
