@@ -4,9 +4,14 @@
  * shared with other work, whole-process A/B runs of bench_step drift by more than the
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
- *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
+ *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--model w1|w3]
  *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|
- *                            bnpair|d2sp|foldw]
+ *                            bnpair|d2sp|foldw|statsw3]
+ *
+ * --model w3: W3's resnet18 (cf_resnet(18, 3, 10)) on RGB 128 x 128 images instead of W1 (a
+ * step is about 70 times W1's: take --steps 10 or so); --link statsw3 switches the statistics
+ * link through the bf16 Winograd and the bf16 RGB stem alone (cf__nn_set_stats_link_w3), every
+ * other link and pass on, with the forward's medians and the sums taken.
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -75,7 +80,8 @@ int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
-         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false;
+         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, statsw3 = false,
+         w3 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -85,6 +91,12 @@ int main(int argc, char **argv) {
             batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fp32"))
             bf16 = false;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc && !strcmp(argv[i + 1], "w3"))
+            w3 = true, i++;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc && !strcmp(argv[i + 1], "w1"))
+            w3 = false, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "statsw3"))
+            link_x = link_dy = false, statsw3 = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "x"))
             link_dy = false, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "dy"))
@@ -122,7 +134,7 @@ int main(int argc, char **argv) {
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
                     "[--link "
                     "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp|"
-                    "foldw]\n",
+                    "foldw|statsw3] [--model w1|w3]\n",
                     argv[0]);
             return 2;
         }
@@ -133,19 +145,20 @@ int main(int argc, char **argv) {
     }
     cf_set_num_threads(threads);
     cf_model *model;
-    if (cf_model_new(&model, cf_mini_resnet(1, 10), 1) != CF_OK) {
+    const int ch = w3 ? 3 : 1, side = w3 ? 128 : 28;
+    if (cf_model_new(&model, w3 ? cf_resnet(18, 3, 10) : cf_mini_resnet(1, 10), 1) != CF_OK) {
         fprintf(stderr, "bench_bf16_links: %s\n", cf_last_error());
         return 1;
     }
     if (bf16) cf_conv_set_bf16(model->root, true);
     cf_model_train(model, true);
-    const size_t nx = (size_t)batch * 28 * 28;
+    const size_t nx = (size_t)batch * ch * side * side;
     float *x = malloc(nx * sizeof(float)), *dy = malloc((size_t)batch * 10 * sizeof(float));
     cf_rng rng;
     cf_rng_seed(&rng, 7);
     for (size_t i = 0; i < nx; i++) x[i] = (float)(2 * cf_rng_uniform(&rng) - 1);
     for (int i = 0; i < batch * 10; i++) dy[i] = (float)(cf_rng_uniform(&rng) - 0.5) / batch;
-    const cf_tensor tx = cf_tensor_view(x, cf_shape4(batch, 1, 28, 28));
+    const cf_tensor tx = cf_tensor_view(x, cf_shape4(batch, ch, side, side));
     const cf_tensor tdy = cf_tensor_view(dy, cf_shape2(batch, 10));
     double *step_ms[2], *bwd_ms[2], *fwd_ms[2];
     int took = 0; /* BatchNorms that took the linked sums, the last step with the link */
@@ -172,6 +185,7 @@ int main(int argc, char **argv) {
         if (bnpair) cf__nn_set_bn_pair_backward(mode == 1);
         if (d2sp) cf__conv_bf16_set_dx2_spread(mode == 1);
         if (foldw) cf__nn_set_fold_words_link(mode == 1);
+        if (statsw3) cf__nn_set_stats_link_w3(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -179,7 +193,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         const double t1 = cpu_ms();
-        if ((stats || stem) && mode == 1) took = count_took(model->root);
+        if ((stats || stem || statsw3) && mode == 1) took = count_took(model->root);
         if (cf_model_backward(model, &tdy) != CF_OK) {
             fprintf(stderr, "bench_bf16_links: backward: %s\n", cf_last_error());
             return 1;
@@ -206,12 +220,15 @@ int main(int argc, char **argv) {
     cf__nn_set_bn_pair_backward(true);
     cf__conv_bf16_set_dx2_spread(true);
     cf__nn_set_fold_words_link(true);
+    cf__nn_set_stats_link_w3(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
-    printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
+    printf("%s forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
-           batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           foldw       ? "block 0.3's fold writing block 0.4's words (every link on)"
+           w3 ? "W3 (resnet18, 3 x 128 x 128)" : "W1", batch, threads, bf16 ? "bf16" : "fp32",
+           cf_isa_name(cf_isa_active()), n[1],
+           statsw3     ? "the statistics link through the bf16 Winograd and RGB stem (all else on)"
+           : foldw     ? "block 0.3's fold writing block 0.4's words (every link on)"
            : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"
            : stemdx    ? "the stem BatchNorm's dx in the stem's weight gradient (every link on)"
            : bnpair    ? "the blocks' last BatchNorms' backward in one (every link on)"
@@ -230,10 +247,10 @@ int main(int argc, char **argv) {
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
-    if (stats || outpf || stem || foldw) {
+    if (stats || outpf || stem || foldw || statsw3) {
         const double f_off = median(fwd_ms[0], n[0]), f_on = median(fwd_ms[1], n[1]);
         printf("forward without %.3f, with %.3f (ratio %.3f)", f_off, f_on, f_on / f_off);
-        if (stats || stem) printf("; %d BatchNorms took the linked sums", took);
+        if (stats || stem || statsw3) printf("; %d BatchNorms took the linked sums", took);
         printf("\n");
     }
     for (int m = 0; m < 2; m++) free(step_ms[m]), free(bwd_ms[m]), free(fwd_ms[m]);

@@ -201,6 +201,7 @@ static atomic_bool shortcut_dw_lend_off;
 static atomic_ulong words_restored;
 /* The statistics link's switch (cf__nn_set_stats_link). */
 static atomic_bool stats_link_off;
+static atomic_bool stats_w3_off; /* cf__nn_set_stats_link_w3 */
 /* The direct stem's switch (cf__nn_set_stem_direct). */
 static atomic_bool stem_direct_off;
 /* The stem dx link's switch (cf__nn_set_stem_dx_link). */
@@ -718,6 +719,10 @@ void cf__nn_set_stats_link(bool on) {
     atomic_store(&stats_link_off, !on);
 }
 
+void cf__nn_set_stats_link_w3(bool on) {
+    atomic_store(&stats_w3_off, !on);
+}
+
 bool cf_nn_conv_wrote_stats(const cf_module *conv) {
     return cf_nn_is_conv(conv) && ((const conv_impl *)conv->impl)->stats_wrote;
 }
@@ -980,7 +985,9 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
      * stem: their BatchNorms' statistics passes read 111 and 67 MB a batch from memory) */
     const bool stem_bf16 = !c->bf16_fresh && !c->winograd_call && !use_implicit(c) &&
                            !c->stem_call && use_stem_bf16(c);
-    if (c->bf16_fresh || c->stem_call || c->winograd_bf16 || stem_bf16) {
+    const bool w3_link = (c->winograd_bf16 || stem_bf16) &&
+                         !atomic_load_explicit(&stats_w3_off, memory_order_relaxed);
+    if (c->bf16_fresh || c->stem_call || w3_link) {
         stats_begin(m, c, y);
         if (sci) stats_begin(shortcut, sci, &shortcut->out);
     } else {
