@@ -6,12 +6,10 @@
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--model w1|w3]
  *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|
- *                            bnpair|d2sp|foldw|statsw3]
+ *                            bnpair|d2sp|foldw]
  *
  * --model w3: W3's resnet18 (cf_resnet(18, 3, 10)) on RGB 128 x 128 images instead of W1 (a
- * step is about 70 times W1's: take --steps 10 or so); --link statsw3 switches the statistics
- * link through the bf16 Winograd and the bf16 RGB stem alone (cf__nn_set_stats_link_w3), every
- * other link and pass on, with the forward's medians and the sums taken.
+ * step is about 70 times W1's: take --steps 10 or so).
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -80,8 +78,7 @@ int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
-         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, statsw3 = false,
-         w3 = false;
+         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, w3 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -95,8 +92,6 @@ int main(int argc, char **argv) {
             w3 = true, i++;
         else if (!strcmp(argv[i], "--model") && i + 1 < argc && !strcmp(argv[i + 1], "w1"))
             w3 = false, i++;
-        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "statsw3"))
-            link_x = link_dy = false, statsw3 = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "x"))
             link_dy = false, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "dy"))
@@ -134,7 +129,7 @@ int main(int argc, char **argv) {
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
                     "[--link "
                     "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp|"
-                    "foldw|statsw3] [--model w1|w3]\n",
+                    "foldw] [--model w1|w3]\n",
                     argv[0]);
             return 2;
         }
@@ -185,7 +180,6 @@ int main(int argc, char **argv) {
         if (bnpair) cf__nn_set_bn_pair_backward(mode == 1);
         if (d2sp) cf__conv_bf16_set_dx2_spread(mode == 1);
         if (foldw) cf__nn_set_fold_words_link(mode == 1);
-        if (statsw3) cf__nn_set_stats_link_w3(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -193,7 +187,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         const double t1 = cpu_ms();
-        if ((stats || stem || statsw3) && mode == 1) took = count_took(model->root);
+        if ((stats || stem) && mode == 1) took = count_took(model->root);
         if (cf_model_backward(model, &tdy) != CF_OK) {
             fprintf(stderr, "bench_bf16_links: backward: %s\n", cf_last_error());
             return 1;
@@ -220,15 +214,13 @@ int main(int argc, char **argv) {
     cf__nn_set_bn_pair_backward(true);
     cf__conv_bf16_set_dx2_spread(true);
     cf__nn_set_fold_words_link(true);
-    cf__nn_set_stats_link_w3(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("%s forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            w3 ? "W3 (resnet18, 3 x 128 x 128)" : "W1", batch, threads, bf16 ? "bf16" : "fp32",
            cf_isa_name(cf_isa_active()), n[1],
-           statsw3     ? "the statistics link through the bf16 Winograd and RGB stem (all else on)"
-           : foldw     ? "block 0.3's fold writing block 0.4's words (every link on)"
+           foldw       ? "block 0.3's fold writing block 0.4's words (every link on)"
            : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"
            : stemdx    ? "the stem BatchNorm's dx in the stem's weight gradient (every link on)"
            : bnpair    ? "the blocks' last BatchNorms' backward in one (every link on)"
@@ -247,10 +239,10 @@ int main(int argc, char **argv) {
     printf("CPU ms, medians: fwd+bwd without %.3f, with %.3f (ratio %.3f); bwd without %.3f, "
            "with %.3f (ratio %.3f)\n",
            s_off, s_on, s_on / s_off, b_off, b_on, b_on / b_off);
-    if (stats || outpf || stem || foldw || statsw3) {
+    if (stats || outpf || stem || foldw) {
         const double f_off = median(fwd_ms[0], n[0]), f_on = median(fwd_ms[1], n[1]);
         printf("forward without %.3f, with %.3f (ratio %.3f)", f_off, f_on, f_on / f_off);
-        if (stats || stem || statsw3) printf("; %d BatchNorms took the linked sums", took);
+        if (stats || stem) printf("; %d BatchNorms took the linked sums", took);
         printf("\n");
     }
     for (int m = 0; m < 2; m++) free(step_ms[m]), free(bwd_ms[m]), free(fwd_ms[m]);

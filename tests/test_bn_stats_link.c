@@ -182,20 +182,9 @@ typedef struct net {
     bool bias; /* a Sequential conv(bias) - BN - ReLU - conv - BN (k's c, h, w, o) */
     bool stem; /* W1's gray stem: its BatchNorm takes the direct stem's sums, fp32 or bf16, where
                   the level has the direct stem's kernels (cf_conv_stem_pays) */
-    bool w3;   /* W3's layer kinds: an RGB 7x7 stride-2 stem (3 -> k's o), BN, ReLU, then two 3x3
-                  stride-1 convs of o channels (Winograd where it pays), each with its BN; the
-                  links: the stem's where the level has the bf16 stem, the two others where the
-                  level takes them through the bf16 Winograd (w3_links) */
 } net;
 
 static cf_module *net_build(const net *t) {
-    if (t->w3) {
-        const block_net *k = &t->k;
-        cf_module *m[] = {cf_conv2d(k->c, k->o, 7, 2, 3, false), cf_batchnorm2d(k->o), cf_relu(),
-                          cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o), cf_relu(),
-                          cf_conv2d(k->o, k->o, 3, 1, 1, false), cf_batchnorm2d(k->o)};
-        return cf_sequential(8, m);
-    }
     if (t->bias) {
         const block_net *k = &t->k;
         cf_module *m[] = {cf_conv2d(k->c, k->o, 3, 1, 1, true), cf_batchnorm2d(k->o), cf_relu(),
@@ -271,22 +260,9 @@ static bool stem_direct(void) {
     return cf_conv_stem_pays(&g, 16) && !cf_kernels_reference();
 }
 
-/* The W3 net's links at this level (in bf16): the stem's where it takes the bf16 stem, the two
- * 3x3 layers' where they take the bf16 Winograd. */
-static int w3_links(const net *t) {
-    cf_conv_geom gs, gw;
-    const block_net *k = &t->k;
-    assert_true(cf_conv_geom_init(&gs, k->c, k->h, k->w, 7, 7, 2, 2, 3, 3));
-    assert_true(cf_conv_geom_init(&gw, k->o, k->h / 2, k->w / 2, 3, 3, 1, 1, 1, 1));
-    const bool stem = cf_conv_stem_bf16_supported(&gs, k->o) && !cf_kernels_reference();
-    const bool wino = cf_conv_winograd_pays(&gw, k->o) && !cf_kernels_reference();
-    return (stem ? 1 : 0) + (wino ? 2 : 0);
-}
-
 static void check_case(const net *t, run_opts o) {
-    const int links =
-        (o.bf16 && !o.sync && cf_bf16_compute() ? t->w3 ? w3_links(t) : t->links : 0) +
-        (t->stem && !o.sync && stem_direct() ? 1 : 0);
+    const int links = (o.bf16 && !o.sync && cf_bf16_compute() ? t->links : 0) +
+                      (t->stem && !o.sync && stem_direct() ? 1 : 0);
     o.link = true;
     record a = run_case(t, o, links);
     o.link = false;
@@ -299,32 +275,18 @@ static void check_case(const net *t, run_opts o) {
 
 static const net cases[] = {
     /* convpath.0 and its paired shortcut, convpath.3 */
-    {{"W1's first block", BNET_BLOCK, 7, 16, 28, 28, 32, 1}, 3, false, false, false, false},
+    {{"W1's first block", BNET_BLOCK, 7, 16, 28, 28, 32, 1}, 3, false, false, false},
     /* both blocks' (the stem conv, 1 -> 16, is not a bf16 one: its BatchNorm's link is the
      * direct stem's) */
-    {{"W1", BNET_W1, 7, 1, 28, 28, 0, 2}, 6, false, false, true, false},
+    {{"W1", BNET_W1, 7, 1, 28, 28, 0, 2}, 6, false, false, true},
     /* the convpath's two (16 outputs: run_images' path); the 1x1 stride-1 idpath is no bf16 one */
-    {{"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1},
-     2,
-     false,
-     false,
-     false,
-     false},
+    {{"a stride-1 block 16ch 14x14", BNET_BLOCK_S1, 5, 16, 14, 14, 16, 1}, 2, false, false, false},
     /* the convpath's two (8 channels of 48 x 48); the stem (3 -> 8) is no bf16 one */
     {{"a block with a BatchNorm idpath 8ch 48x48", BNET_BLOCK_BN_ID, 3, 3, 48, 48, 8, 1},
      2,
      false,
      false,
-     false,
      false},
-    /* W3's kinds: the RGB stem's BatchNorm (the bf16 stem's epilogue, an image at a time) and
-     * the two 3x3 layers' (the bf16 Winograd's, a block of images at a time) */
-    {{"W3's RGB stem and two Winograd layers 16ch 32x32", BNET_BLOCK, 5, 3, 64, 64, 16, 1},
-     0,
-     false,
-     false,
-     false,
-     true},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -345,7 +307,6 @@ static void test_not_taken(void **state) {
         1,
         false,
         true,
-        false,
         false};
     for (int t = 1; t <= 3; t++) check_case(&bias, (run_opts){.bf16 = true, .threads = t});
     check_case(&cases[0], (run_opts){.bf16 = false, .threads = 1});
@@ -389,8 +350,7 @@ static void test_frozen_bn(void **state) {
  * but never changes them), bitwise the unlinked run. */
 static void test_unet(void **state) {
     (void)state;
-    const net unet = {
-        {"U-Net on W1's body", BNET_W1, 3, 1, 28, 28, 0, 2}, 6, true, false, true, false};
+    const net unet = {{"U-Net on W1's body", BNET_W1, 3, 1, 28, 28, 0, 2}, 6, true, false, true};
     check_case(&unet, (run_opts){.bf16 = true, .threads = 1});
     check_case(&unet, (run_opts){.bf16 = true, .threads = 2});
 }

@@ -404,13 +404,6 @@ void cf_conv_winograd_pack_dx_bf16(const cf_conv_geom *g, int out_channels, cons
                                    float *u);
 void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, const float *u,
                                    const float *x, int n_images, float *y, float *scratch);
-struct cf_conv_epilogue;
-/* cf_conv_winograd_forward_bf16 (y bitwise the same) with an epilogue (cf_conv_epilogue, below;
- * ep NULL or without fn: none), called on the calling thread after each block of images the call
- * takes (1 to 32 images: as many as the products take together), its images' output final. */
-void cf_conv_winograd_forward_bf16_each(const cf_conv_geom *g, int out_channels, const float *u,
-                                        const float *x, int n_images, float *y, float *scratch,
-                                        const struct cf_conv_epilogue *ep);
 void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
                               const float *dy, int n_images, float *dx, float *scratch);
 void cf_conv_winograd_wgrad_bf16(const cf_conv_geom *g, int out_channels, const float *dy,
@@ -598,11 +591,6 @@ bool cf_conv_stem_bf16_supported(const cf_conv_geom *g, int out_channels);
 size_t cf_conv_stem_bf16_scratch(const cf_conv_geom *g, int out_channels);
 void cf_conv_stem_bf16_forward(const cf_conv_geom *g, int out_channels, const float *w,
                                const float *x, int n_images, float *y, float *scratch);
-/* cf_conv_stem_bf16_forward (y bitwise the same) with an epilogue (ep NULL or without fn: none)
- * called after each image, on the calling thread. */
-void cf_conv_stem_bf16_forward_each(const cf_conv_geom *g, int out_channels, const float *w,
-                                    const float *x, int n_images, float *y, float *scratch,
-                                    const cf_conv_epilogue *ep);
 void cf_conv_stem_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy,
                              const float *x, int n_images, float *dwt, bool accumulate,
                              float *scratch);

@@ -201,7 +201,6 @@ static atomic_bool shortcut_dw_lend_off;
 static atomic_ulong words_restored;
 /* The statistics link's switch (cf__nn_set_stats_link). */
 static atomic_bool stats_link_off;
-static atomic_bool stats_w3_off; /* cf__nn_set_stats_link_w3 */
 /* The direct stem's switch (cf__nn_set_stem_direct). */
 static atomic_bool stem_direct_off;
 /* The stem dx link's switch (cf__nn_set_stem_dx_link). */
@@ -461,8 +460,7 @@ static void conv_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
     c->stats_on = c->stats_wrote = false;
     c->stats_for = NULL;
     if (c->stats_bn && ((c->bf16_implicit && c->bf16 && !c->winograd) ||
-                        (c->stem && cf_conv_stem_pays(&c->g, c->out_c)) ||
-                        (c->bf16 && (c->winograd || c->precision == CF_CONV_BF16_STEM)))) {
+                        (c->stem && cf_conv_stem_pays(&c->g, c->out_c)))) {
         c->stats_cap = in->dim[0];
         c->stats_part = cf_arena_bytes(arena, 2 * (size_t)c->stats_cap * c->out_c * sizeof(double));
         c->stats_k = cf_arena_floats(arena, (size_t)c->out_c);
@@ -513,13 +511,6 @@ static void prefetch_input(const conv_impl *c, int64_t n0, int64_t n1) {
                         false, false);
 }
 
-typedef struct stats_call {
-    conv_impl *c, *s; /* the layer and its paired shortcut (NULL: none) */
-    int64_t begin;    /* the call's first image */
-} stats_call;
-
-static void stats_epilogue(void *v, bool shortcut, int n0, int count);
-
 /* The images [*n0, *n1) of group gi. */
 static void group_range(const conv_impl *c, int64_t gi, int64_t *n0, int64_t *n1) {
     *n0 = gi * c->group;
@@ -542,10 +533,7 @@ static void conv_forward_range(void *ctx, int64_t begin, int64_t end, int thread
         group_range(c, begin, &n0, &n1);
         group_range(c, end - 1, &last0, &n1);
         float *yg = c->y + (size_t)n0 * out_n;
-        stats_call call = {c, NULL, n0};
-        const cf_conv_epilogue ep = {stats_epilogue, &call};
-        cf_conv_stem_bf16_forward_each(g, O, w, c->x + (size_t)n0 * in_n, (int)(n1 - n0), yg, col,
-                                       c->stats_on ? &ep : NULL);
+        cf_conv_stem_bf16_forward(g, O, w, c->x + (size_t)n0 * in_n, (int)(n1 - n0), yg, col);
         for (size_t r = 0; b && r < (size_t)(n1 - n0) * O; r++)
             for (int p = 0; p < P; p++) yg[r * P + p] += b[r % O];
         return;
@@ -651,6 +639,11 @@ static void stats_image(conv_impl *c, int64_t n) {
     c->stats_done[n] = 1;
 }
 
+typedef struct stats_call {
+    conv_impl *c, *s; /* the layer and its paired shortcut (NULL: none) */
+    int64_t begin;    /* the call's first image */
+} stats_call;
+
 /* cf_conv_bf16_forward_each's epilogue: the images' sums while their output is in cache. */
 static void stats_epilogue(void *v, bool shortcut, int n0, int count) {
     const stats_call *sc = v;
@@ -717,10 +710,6 @@ const double *cf_nn_conv_stats_sums(cf_module *conv, const cf_tensor *y) {
 
 void cf__nn_set_stats_link(bool on) {
     atomic_store(&stats_link_off, !on);
-}
-
-void cf__nn_set_stats_link_w3(bool on) {
-    atomic_store(&stats_w3_off, !on);
 }
 
 bool cf_nn_conv_wrote_stats(const cf_module *conv) {
@@ -817,12 +806,9 @@ static void conv_forward_in_place_range(void *ctx, int64_t begin, int64_t end, i
     const float *x = c->x + (size_t)begin * in_n;
     float *y = c->y + (size_t)begin * out_n,
           *scratch = c->scratch + (size_t)thread * c->scratch_stride;
-    if (c->winograd_call && c->winograd_bf16) {
-        stats_call call = {c, NULL, begin};
-        const cf_conv_epilogue ep = {stats_epilogue, &call};
-        cf_conv_winograd_forward_bf16_each(g, c->out_c, c->wino_u, x, (int)(end - begin), y,
-                                           scratch, c->stats_on ? &ep : NULL);
-    } else if (c->winograd_call)
+    if (c->winograd_call && c->winograd_bf16)
+        cf_conv_winograd_forward_bf16(g, c->out_c, c->wino_u, x, (int)(end - begin), y, scratch);
+    else if (c->winograd_call)
         cf_conv_winograd_forward(g, c->out_c, c->wino_u, x, (int)(end - begin), y, scratch);
     else if (c->shortcut_call.out_channels) {
         cf_conv_shortcut sc = c->shortcut_call;
@@ -981,13 +967,7 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
     conv_impl *sci = c->shortcut_impl;
     c->stem_call = !c->bf16_fresh && !c->winograd_call && !use_implicit(c) &&
                    !c->shortcut_call.out_channels && use_stem_direct(c);
-    /* the bf16 Winograd's and the bf16 RGB stem's epilogues too (W3's 3x3 stride-1 layers and its
-     * stem: their BatchNorms' statistics passes read 111 and 67 MB a batch from memory) */
-    const bool stem_bf16 = !c->bf16_fresh && !c->winograd_call && !use_implicit(c) &&
-                           !c->stem_call && use_stem_bf16(c);
-    const bool w3_link = (c->winograd_bf16 || stem_bf16) &&
-                         !atomic_load_explicit(&stats_w3_off, memory_order_relaxed);
-    if (c->bf16_fresh || c->stem_call || w3_link) {
+    if (c->bf16_fresh || c->stem_call) {
         stats_begin(m, c, y);
         if (sci) stats_begin(shortcut, sci, &shortcut->out);
     } else {
@@ -1008,14 +988,11 @@ static const cf_tensor *conv_forward_call(cf_module *m, const cf_tensor *x, cf_m
         else
             cf_conv_implicit_pack(g, c->out_c, m->params[0].data, c->wpack);
         run_batch(c, c->batch, conv_forward_in_place_range, m);
-        if (c->winograd_bf16) stats_finish(c, y, true);
     } else if (c->stem_call) {
         run_batch(c, c->batch, conv_forward_stem_range, m);
         stats_finish(c, y, true);
-    } else {
+    } else
         run_groups(c, c->batch, conv_forward_range, m);
-        if (stem_bf16) stats_finish(c, y, true);
-    }
     call_end(c, mem);
     conv_report(c, "forward");
     if (computed) *computed = c->shortcut_call.out_channels != 0;

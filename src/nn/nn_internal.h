@@ -294,10 +294,6 @@ void cf_nn_conv_stats_want(cf_module *conv, bool want);
 bool cf_nn_bn_took_stats(const cf_module *bn);
 bool cf_nn_conv_wrote_stats(const cf_module *conv);
 void cf__nn_set_stats_link(bool on);
-/* The statistics link through the bf16 Winograd and the bf16 RGB stem alone (W3's 3x3 stride-1
- * layers and stem; on by default, read at each forward: off, those layers' BatchNorms take their
- * own sums): bench_bf16_links --model w3 --link statsw3 compares the two. */
-void cf__nn_set_stats_link_w3(bool on);
 /* The direct stem's switch (conv.c, cf_conv_stem_*: on by default, read at each call; off, such
  * a layer takes the lowered product): tests and bench_bf16_links compare the two. */
 void cf__nn_set_stem_direct(bool on);

@@ -137,12 +137,6 @@ static void tap_offsets(const stem_layout *l, int *off) {
 
 void cf_conv_stem_bf16_forward(const cf_conv_geom *g, int out_channels, const float *w,
                                const float *x, int n_images, float *y, float *scratch) {
-    cf_conv_stem_bf16_forward_each(g, out_channels, w, x, n_images, y, scratch, NULL);
-}
-
-void cf_conv_stem_bf16_forward_each(const cf_conv_geom *g, int out_channels, const float *w,
-                                    const float *x, int n_images, float *y, float *scratch,
-                                    const cf_conv_epilogue *ep) {
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     stem_layout l;
     layout_make(&l, g, out_channels);
@@ -170,7 +164,6 @@ void cf_conv_stem_bf16_forward_each(const cf_conv_geom *g, int out_channels, con
         pad_image(&l, g, x + (size_t)n * in_n, (uint16_t *)pad);
         k->conv_rows(l.taps, off, l.kxp, l.O, packed, pad, 1, l.wp, l.oh, l.ow,
                      y + (size_t)n * out_n, (size_t)l.P);
-        if (ep && ep->fn) ep->fn(ep->ctx, false, n, 1);
     }
 }
 

@@ -532,24 +532,6 @@ void cf_conv_winograd_forward_bf16(const cf_conv_geom *g, int out_channels, cons
     run_bf16(g, out_channels, false, u, x, n_images, y, scratch);
 }
 
-void cf_conv_winograd_forward_bf16_each(const cf_conv_geom *g, int out_channels, const float *u,
-                                        const float *x, int n_images, float *y, float *scratch,
-                                        const struct cf_conv_epilogue *ep) {
-    if (!ep || !ep->fn) {
-        run_bf16(g, out_channels, false, u, x, n_images, y, scratch);
-        return;
-    }
-    /* a call per block of images (the blocks run_bf16 takes anyway, so the same products and the
-     * same weight traffic), each block's output reported while it is in cache */
-    const blocking b = block_of(g, out_channels, cf_bf16_compute());
-    const size_t x_image = (size_t)g->c * g->h * g->w, y_image = (size_t)out_channels * g->h * g->w;
-    for (int n0 = 0; n0 < n_images; n0 += b.images) {
-        const int count = min_int(b.images, n_images - n0);
-        run_bf16(g, out_channels, false, u, x + n0 * x_image, count, y + n0 * y_image, scratch);
-        ep->fn(ep->ctx, false, n0, count);
-    }
-}
-
 void cf_conv_winograd_dx_bf16(const cf_conv_geom *g, int out_channels, const float *u_dx,
                               const float *dy, int n_images, float *dx, float *scratch) {
     run_bf16(g, out_channels, true, u_dx, dy, n_images, dx, scratch);
