@@ -4,9 +4,12 @@
  * shared with other work, whole-process A/B runs of bench_step drift by more than the
  * difference, while the two modes of one process see the same load within a few milliseconds.
  *
- *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
+ *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--model w1|w3]
  *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|
  *                            bnpair|d2sp|foldw]
+ *
+ * --model w3: W3's resnet18 (cf_resnet(18, 3, 10)) on RGB 128 x 128 images instead of W1 (a
+ * step is about 70 times W1's: take --steps 10 or so).
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -75,7 +78,7 @@ int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
-         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false;
+         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, w3 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -85,6 +88,10 @@ int main(int argc, char **argv) {
             batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fp32"))
             bf16 = false;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc && !strcmp(argv[i + 1], "w3"))
+            w3 = true, i++;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc && !strcmp(argv[i + 1], "w1"))
+            w3 = false, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "x"))
             link_dy = false, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "dy"))
@@ -122,7 +129,7 @@ int main(int argc, char **argv) {
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
                     "[--link "
                     "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp|"
-                    "foldw]\n",
+                    "foldw] [--model w1|w3]\n",
                     argv[0]);
             return 2;
         }
@@ -133,19 +140,20 @@ int main(int argc, char **argv) {
     }
     cf_set_num_threads(threads);
     cf_model *model;
-    if (cf_model_new(&model, cf_mini_resnet(1, 10), 1) != CF_OK) {
+    const int ch = w3 ? 3 : 1, side = w3 ? 128 : 28;
+    if (cf_model_new(&model, w3 ? cf_resnet(18, 3, 10) : cf_mini_resnet(1, 10), 1) != CF_OK) {
         fprintf(stderr, "bench_bf16_links: %s\n", cf_last_error());
         return 1;
     }
     if (bf16) cf_conv_set_bf16(model->root, true);
     cf_model_train(model, true);
-    const size_t nx = (size_t)batch * 28 * 28;
+    const size_t nx = (size_t)batch * ch * side * side;
     float *x = malloc(nx * sizeof(float)), *dy = malloc((size_t)batch * 10 * sizeof(float));
     cf_rng rng;
     cf_rng_seed(&rng, 7);
     for (size_t i = 0; i < nx; i++) x[i] = (float)(2 * cf_rng_uniform(&rng) - 1);
     for (int i = 0; i < batch * 10; i++) dy[i] = (float)(cf_rng_uniform(&rng) - 0.5) / batch;
-    const cf_tensor tx = cf_tensor_view(x, cf_shape4(batch, 1, 28, 28));
+    const cf_tensor tx = cf_tensor_view(x, cf_shape4(batch, ch, side, side));
     const cf_tensor tdy = cf_tensor_view(dy, cf_shape2(batch, 10));
     double *step_ms[2], *bwd_ms[2], *fwd_ms[2];
     int took = 0; /* BatchNorms that took the linked sums, the last step with the link */
@@ -208,9 +216,10 @@ int main(int argc, char **argv) {
     cf__nn_set_fold_words_link(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
-    printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
+    printf("%s forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
-           batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
+           w3 ? "W3 (resnet18, 3 x 128 x 128)" : "W1", batch, threads, bf16 ? "bf16" : "fp32",
+           cf_isa_name(cf_isa_active()), n[1],
            foldw       ? "block 0.3's fold writing block 0.4's words (every link on)"
            : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"
            : stemdx    ? "the stem BatchNorm's dx in the stem's weight gradient (every link on)"

@@ -4,7 +4,7 @@
  * else is identical between workloads, so that bench/run.py reads every workload's line alike.
  *
  *   PROG [--threads N | --cores N | --mpi] [--batches B | --epochs E] [--skip S]
- *        [--data DIR] [--seed S] [--checkpoint-every K] [--bf16] [workload options]
+ *        [--data DIR] [--seed S] [--checkpoint-every K] [--bf16] [--check] [workload options]
  *
  *   --threads N   one process, N threads (cf_set_num_threads)            (default: 1)
  *   --cores N     cf_par_fit_one_cycle over N forked workers, bs 64 each
@@ -17,6 +17,10 @@
  *                 /tmp removed at the end (0, the default: no checkpoint callback at all)
  *   --bf16        cf_learner_to_bf16 before the fit (mixed precision; the JSON line's bf16_compute
  *                 says whether the kernel level computed in bf16)
+ *   --check       the determinism check: after the fit, print the last training batch's loss and
+ *                 a hash of the model's weights and buffers (one process only; with --batches B,
+ *                 B steps from the seed's start: the same line on every run of one build and
+ *                 thread count, so a change that should be bitwise can be checked against it)
  *
  * What is measured: a callback on every replica takes a timestamp at the end of each training
  * batch (after_batch: forward, loss, backward, gradient all-reduce, optimizer step and the
@@ -85,6 +89,7 @@ typedef struct bench_report {
     double cpu_s;  /* sum over replicas of CPU seconds (user + system) in the timed window */
     double rss_kb; /* sum over replicas of their peak RSS (KiB) */
     double pss_kb; /* sum over replicas of their PSS at the end of training (KiB) */
+    float loss;    /* the last training batch's loss (--check) */
     int done;
 } bench_report;
 
@@ -94,6 +99,7 @@ typedef struct bench_timing {
     int steps;
     double t_skip, t_last;
     double cpu_skip, cpu_last;
+    float loss; /* the last training batch's */
     bool done;
     bench_report *out;
 } bench_timing;
@@ -142,6 +148,7 @@ static cf_status bench_finish(bench_timing *t, cf_learner *learn) {
         r->rss_kb = sums[0];
         r->pss_kb = sums[1];
         r->cpu_s = sums[2];
+        r->loss = t->loss;
         r->world = learn->replica.comm ? cf_comm_size(learn->replica.comm) : 1;
         r->done = 1;
     }
@@ -153,6 +160,7 @@ static cf_status bench_timing_after_batch(cf_callback *cb, cf_learner *learn) {
     if (!learn->training) return CF_OK;
     double now = cf_now();
     t->steps++;
+    t->loss = learn->loss_value;
     double cpu = bench_cpu_s_self();
     if (t->steps == t->skip) {
         t->t_skip = now;
@@ -185,7 +193,7 @@ static cf_status bench_timing_before_validate(cf_callback *cb, cf_learner *learn
 static void bench_usage(const bench_workload *w) {
     fprintf(stderr,
             "usage: %s [--threads N | --cores N | --mpi] [--batches B | --epochs E] "
-            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K] [--bf16]%s%s\n",
+            "[--skip S] [--data DIR] [--seed S] [--checkpoint-every K] [--bf16] [--check]%s%s\n",
             w->prog, w->usage_extra ? " " : "", w->usage_extra ? w->usage_extra : "");
 }
 
@@ -213,7 +221,8 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
     bench_mode md = BENCH_THREADS;
     int n = 1, batches = 0, epochs = 1, skip = 5, ckpt_every = 0;
     unsigned long long seed = 42;
-    bool bf16 = false; /* --bf16: cf_learner_to_bf16 before the fit */
+    bool bf16 = false;  /* --bf16: cf_learner_to_bf16 before the fit */
+    bool check = false; /* --check: the loss and the weights' hash after the fit */
     const char *data = w->default_data ? w->default_data : "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -224,6 +233,10 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
         }
         if (!strcmp(a, "--bf16")) {
             bf16 = true;
+            continue;
+        }
+        if (!strcmp(a, "--check")) {
+            check = true;
             continue;
         }
         if (!v) {
@@ -260,6 +273,10 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
     }
     if (n < 1 || epochs < 1 || batches < 0 || skip < 1 || (batches && batches <= skip)) {
         fprintf(stderr, "%s: need N >= 1, E >= 1, 1 <= S < B\n", prog);
+        return 2;
+    }
+    if (check && md != BENCH_THREADS) {
+        fprintf(stderr, "%s: --check runs in one process (--threads N)\n", prog);
         return 2;
     }
     const int bs = w->bs > 0 ? w->bs : 64;
@@ -364,6 +381,23 @@ static int bench_main(int argc, char **argv, const bench_workload *w) {
                t_end - t_fit, t_fit - t0, rss_kb / 1024, pss_kb / 1024, cf_blas_core(),
                cf_isa_name(cf_isa_active()), bf16 ? "true" : "false",
                bf16 && cf_bf16_compute() ? "true" : "false");
+        if (check) {
+            /* FNV-1a over the fp32 words, as bench_step --check */
+            const cf_model *m = learn->model;
+            uint64_t h = 1469598103934665603ULL;
+            for (size_t i = 0; i < m->n_weights; i++) {
+                uint32_t u;
+                memcpy(&u, &m->weights[i], 4);
+                h = (h ^ u) * 1099511628211ULL;
+            }
+            for (size_t i = 0; i < m->n_buffers; i++) {
+                uint32_t u;
+                memcpy(&u, &m->buffers[i], 4);
+                h = (h ^ u) * 1099511628211ULL;
+            }
+            printf("check: %d steps, loss %.7f, weights+buffers hash %016llx\n", rep->steps,
+                   (double)rep->loss, (unsigned long long)h);
+        }
         fflush(stdout);
     }
     cf_learner_free(learn);
