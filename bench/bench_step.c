@@ -4,7 +4,7 @@
  * in the same run, then a per-layer breakdown.
  *
  *   bench_step [--threads N] [--steps S] [--reps R] [--batch B] [--no-breakdown] [--check]
- *              [--bf16] [--ab CHANGE]
+ *              [--bf16]
  *
  *   --threads N      cf_set_num_threads(N)                                      (default 1)
  *   --steps S        steps per timed repetition                                 (default 20)
@@ -17,12 +17,6 @@
  *                    --bf16, in mixed precision too)
  *   --bf16           the convolutions and Linear layers in mixed precision (cf_conv_set_bf16,
  *                    cf_linear_set_bf16) where the kernel level computes in bf16
- *   --ab CHANGE      an in-process A/B of one serial-work change: the repetitions alternate
- *                    without it (A) and with it (B) as A B B A ..., and both medians (wall and
- *                    CPU) and their ratios B / A are printed. CHANGE: `opt` (Adam and zero_grad
- *                    on the calling thread (A) or over the pool (B) at every model size,
- *                    cf__opt_set_parallel_min), `dropout` (the keyed Dropouts' rows on the
- *                    calling thread or over the pool, cf__nn_set_dropout_min)
  *
  * Times: the median and best wall time per step over the repetitions, and the median CPU time per
  * step (process CPU time, all threads): on a machine shared with other jobs the one-thread CPU
@@ -41,9 +35,6 @@
 #include <time.h>
 
 #include <cblas.h>
-
-#include "nn/nn_internal.h"
-#include "optim/optim_internal.h"
 
 /* ---- per-module timers ---------------------------------------------------------------------- */
 
@@ -292,21 +283,9 @@ static void print_breakdown(bench *b, int steps, double step_ms) {
            100 * sum / step_ms);
 }
 
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* --ab's switch: A serial at every size, B over the pool at every size */
-static void ab_set(const char *what, bool on) {
-    if (strcmp(what, "opt") == 0) cf__opt_set_parallel_min(on ? 0 : INT64_MAX);
-    if (strcmp(what, "dropout") == 0) cf__nn_set_dropout_min(on ? 0 : INT64_MAX);
-}
-
 int main(int argc, char **argv) {
     int threads = 1, steps = 20, reps = 7, batch = 64;
     bool breakdown = true, check = false, bf16 = false;
-    const char *ab = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -322,19 +301,13 @@ int main(int argc, char **argv) {
             check = true;
         else if (strcmp(argv[i], "--bf16") == 0)
             bf16 = true;
-        else if (strcmp(argv[i], "--ab") == 0 && i + 1 < argc)
-            ab = argv[++i];
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--steps S] [--reps R] [--batch B] "
-                    "[--no-breakdown] [--check] [--bf16] [--ab opt|dropout]\n",
+                    "[--no-breakdown] [--check] [--bf16]\n",
                     argv[0]);
             return 2;
         }
-    }
-    if (ab && strcmp(ab, "opt") != 0 && strcmp(ab, "dropout") != 0) {
-        fprintf(stderr, "bench_step: --ab takes opt or dropout, not %s\n", ab);
-        return 2;
     }
     if (threads < 1 || steps < 1 || reps < 1 || reps > 1000 || batch < 2) {
         fprintf(stderr, "bench_step: bad arguments\n");
@@ -363,35 +336,6 @@ int main(int argc, char **argv) {
     count_flops(b.model->root, &f);
 
     double per_step[1000], cpu_step[1000];
-    if (ab) { /* A B B A: repetition r runs B when (r + 1) / 2 is odd */
-        int64_t ids[1024];
-        if (strcmp(ab, "dropout") == 0 && batch <= 1024) { /* the keyed draws of a fit */
-            for (int i = 0; i < batch; i++) ids[i] = i;
-            cf_model_set_draw_key(b.model, 0, ids, batch);
-        }
-        double wall[2][500], cpu[2][500];
-        int nr[2] = {0, 0};
-        for (int r = 0; r < reps; r++) {
-            const int side = ((r + 1) / 2) % 2;
-            ab_set(ab, side);
-            double t0 = cf_now(), c0 = cpu_now();
-            for (int s = 0; s < steps; s++) train_step(&b, false);
-            wall[side][nr[side]] = (cf_now() - t0) / steps;
-            cpu[side][nr[side]++] = (cpu_now() - c0) / steps;
-        }
-        ab_set(ab, false);
-        double mw[2], mc[2];
-        for (int k = 0; k < 2; k++) {
-            mw[k] = median(wall[k], nr[k]);
-            mc[k] = median(cpu[k], nr[k]);
-        }
-        printf("ab %s, %d thread(s), kernels %s, %d reps of %d steps a side: A (without) wall %.3f "
-               "CPU %.3f ms/step, B (with) wall %.3f CPU %.3f ms/step; B / A wall %.4f CPU %.4f\n",
-               ab, threads, cf_isa_name(cf_isa_active()), nr[1], steps, mw[0] * 1e3, mc[0] * 1e3,
-               mw[1] * 1e3, mc[1] * 1e3, mw[1] / mw[0], mc[1] / mc[0]);
-        teardown(&b);
-        return 0;
-    }
     for (int r = 0; r < reps; r++) {
         double t0 = cf_now(), c0 = cpu_now();
         for (int s = 0; s < steps; s++) train_step(&b, false);

@@ -3,7 +3,6 @@
 #include "nn_internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 static cf_status same_shape(cf_module *m, const cf_shape *in, cf_shape *out) {
@@ -263,36 +262,17 @@ static inline uint64_t dropout_mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* The keyed rows [b0, b1) of `per` values, row b keyed by ids[b]: its draws and its product
- * (cf_dropout_keyed_row, the tensor layer's). */
-static void dropout_keyed_rows(uint64_t seed, const cf_draw_key *k, int b0, int b1, size_t per,
-                               uint64_t threshold, float scale, const float *x, uint8_t *mask,
-                               float *y) {
+/* The keyed rows of `per` values, row b keyed by ids[b]: its draws and its product in one call
+ * of the tensor layer's cf_dropout_keyed_row (vectorised where the level has it). */
+static void dropout_keyed_rows(uint64_t seed, const cf_draw_key *k, size_t per, uint64_t threshold,
+                               float scale, const float *x, uint8_t *mask, float *y) {
     const uint64_t base = dropout_mix(seed ^ dropout_mix(k->key + 0x9e3779b97f4a7c15ULL));
-    for (int b = b0; b < b1; b++) {
+    for (int b = 0; b < k->n; b++) {
         const uint64_t row =
             dropout_mix(base ^ dropout_mix((uint64_t)k->ids[b] + 0x632be59bd9b4e019ULL));
         const size_t at = (size_t)b * per;
         cf_dropout_keyed_row(row, per, threshold, scale, x + at, mask + at, y + at);
     }
-}
-
-/* Keyed Dropouts of at least this many values split their rows over the pool (the draws of a
- * row are its own, so the split changes no bit); below it a pool job costs more than it saves.
- * Measured on W1's head (bench/README.md, 2026-12-06). */
-#define CF_DROPOUT_PARALLEL_MIN 4096
-
-static _Atomic int64_t dropout_parallel_min = CF_DROPOUT_PARALLEL_MIN;
-
-void cf__nn_set_dropout_min(int64_t n) {
-    atomic_store_explicit(&dropout_parallel_min, n < 0 ? CF_DROPOUT_PARALLEL_MIN : n,
-                          memory_order_relaxed);
-}
-
-static bool dropout_split(size_t n, int64_t rows) {
-    const int threads = cf_get_num_threads();
-    return threads > 1 && rows >= threads && /* whole rows a thread (cf_nn_parallel_images) */
-           (int64_t)n >= atomic_load_explicit(&dropout_parallel_min, memory_order_relaxed);
 }
 
 static void dropout_plan(cf_module *m, const cf_shape *in, cf_arena *arena) {
@@ -315,25 +295,6 @@ static void dropout_apply(const uint8_t *restrict mask, const float *restrict x,
     }
 }
 
-/* A keyed forward's rows [b0, b1): their draws, then the product. (The backward's product alone
- * is a few microseconds at W1's sizes, about a pool job's cost: it stays on the caller.) */
-typedef struct dropout_job {
-    uint64_t seed, threshold;
-    cf_draw_key key;
-    size_t per; /* values a row */
-    uint8_t *mask;
-    const float *x;
-    float *y;
-    float scale;
-} dropout_job;
-
-static void dropout_rows(void *ctx, int64_t v0, int64_t v1, int thread) {
-    (void)thread;
-    const dropout_job *j = ctx;
-    dropout_keyed_rows(j->seed, &j->key, (int)((size_t)v0 / j->per), (int)((size_t)v1 / j->per),
-                       j->per, j->threshold, j->scale, j->x, j->mask, j->y);
-}
-
 static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
     dropout_impl *d = m->impl;
     m->in = x;
@@ -352,12 +313,7 @@ static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
         /* the module's seed is its stream's state, which keyed draws never advance (so a
          * checkpoint, which keeps the streams, keeps it) */
         const uint64_t seed = dropout_mix(m->rng.s[0] ^ dropout_mix(m->rng.s[1]));
-        const size_t per = n / (size_t)k->n;
-        if (per > 0 && dropout_split(n, k->n)) { /* whole rows a thread: every draw as below */
-            dropout_job j = {seed, threshold, *k, per, mask, x->data, y->data, scale};
-            cf_nn_parallel_images(k->n, (int64_t)per, dropout_rows, &j);
-        } else
-            dropout_keyed_rows(seed, k, 0, k->n, per, threshold, scale, x->data, mask, y->data);
+        dropout_keyed_rows(seed, k, n / (size_t)k->n, threshold, scale, x->data, mask, y->data);
         return y;
     }
     for (size_t i = 0; i < n; i += 2) {

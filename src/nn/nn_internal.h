@@ -191,11 +191,6 @@ void cf__nn_set_dy_words_link(bool on);
  * values are split as cf_parallel_for(n_images * per_image, ...) would. */
 void cf_nn_parallel_images(int64_t n_images, int64_t per_image, cf_range_fn fn, void *ctx);
 
-/* Tests and benches: keyed Dropouts (inside a fit) of at least n values split their rows over the
- * pool, the mask and the product alike; n < 0 restores the default (CF_DROPOUT_PARALLEL_MIN in
- * activation.c). Each row's draws are its own, so no result changes. */
-void cf__nn_set_dropout_min(int64_t n);
-
 /* ---- the forward link: a BatchNorm writing the next convolution's bf16 input words ----
  *
  * In a Sequential, a BatchNorm (with its fused ReLU, or none) followed right away by a Conv2d is

@@ -8,12 +8,10 @@
 #include "corefit/optim.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/bytes.h"
-#include "optim/optim_internal.h"
 
 /* Models smaller than this (weights, not bytes) are stepped on the calling thread. The
  * gradients come from the calling thread (the layers reduce their per-thread partial sums
@@ -21,14 +19,7 @@
  * threads' shares of both between cores and back each step; below about 2 MB a weight (W1's
  * mini-resnet: 108,528), that costs about what the split saves, and more where the host places
  * the cores far apart. */
-#define CF_OPT_PARALLEL_MIN (1 << 16)
-
-/* The threshold in force: CF_OPT_PARALLEL_MIN, or cf__opt_set_parallel_min's (tests, benches). */
-static _Atomic int64_t parallel_min = CF_OPT_PARALLEL_MIN;
-
-void cf__opt_set_parallel_min(int64_t n) {
-    atomic_store_explicit(&parallel_min, n < 0 ? CF_OPT_PARALLEL_MIN : n, memory_order_relaxed);
-}
+#define CF_OPT_PARALLEL_MIN (1 << 19)
 
 typedef struct opt_coef {
     size_t begin, end; /* element range in the weight block */
@@ -217,26 +208,14 @@ void cf_optimizer_step(cf_optimizer *opt) {
     prepare_step(opt);
     step_ctx ctx = {opt};
     int64_t n = (int64_t)opt->model->n_weights;
-    if (n < atomic_load_explicit(&parallel_min, memory_order_relaxed))
+    if (n < CF_OPT_PARALLEL_MIN)
         step_range(&ctx, 0, n, 0);
     else
         cf_parallel_for(n, step_range, &ctx);
 }
 
-static void zero_range(void *ctx, int64_t begin, int64_t end, int thread) {
-    (void)thread;
-    float *g = ((cf_optimizer *)ctx)->model->grads;
-    memset(g + begin, 0, (size_t)(end - begin) * sizeof(float));
-}
-
 void cf_optimizer_zero_grad(cf_optimizer *opt) {
-    if (!opt) return;
-    /* the same split as the step's: each thread zeroes the gradients it stepped */
-    const int64_t n = (int64_t)opt->model->n_weights;
-    if (n < atomic_load_explicit(&parallel_min, memory_order_relaxed))
-        cf_model_zero_grad(opt->model);
-    else
-        cf_parallel_for(n, zero_range, opt);
+    if (opt) cf_model_zero_grad(opt->model);
 }
 
 void cf_optimizer_clear_state(cf_optimizer *opt) {
