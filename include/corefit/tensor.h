@@ -189,6 +189,15 @@ void cf_bn_planes_dx_bf16_mask(const float *dy, const float *x, uint16_t *dxh, i
                                const float *mean, const float *k1, const float *k2, const float *k3,
                                const uint16_t *mask, ptrdiff_t ahead);
 
+/* ---- dropout (src/tensor/kernels.c) ------------------------------------------------------- */
+
+/* One row of a keyed Dropout (nn's cf_dropout inside a fit): the mask of `per` values from the
+ * row's key, pair j (values 2j and 2j + 1) from the 64-bit word splitmix64_finaliser(row + (j +
+ * 1) * 0x9e3779b97f4a7c15), its low and high 32 bits each kept (mask 1) when >= threshold
+ * (p * 2^32); then y = mask ? x * scale : +0. Every kernel level gives the same bytes and bits. */
+void cf_dropout_keyed_row(uint64_t row, size_t per, uint64_t threshold, float scale, const float *x,
+                          uint8_t *mask, float *y);
+
 /* ---- pooling (src/tensor/kernels.c) ------------------------------------------------------- */
 
 /* The maximum of x[0..n) and its first position (a NaN wins, at its first position), and the

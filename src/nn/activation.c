@@ -262,19 +262,16 @@ static inline uint64_t dropout_mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* The keyed mask: rows of `per` values, row b keyed by ids[b]. */
-static void dropout_keyed_mask(uint64_t seed, const cf_draw_key *k, size_t per, uint64_t threshold,
-                               uint8_t *restrict mask) {
+/* The keyed rows of `per` values, row b keyed by ids[b]: its draws and its product in one call
+ * of the tensor layer's cf_dropout_keyed_row (vectorised where the level has it). */
+static void dropout_keyed_rows(uint64_t seed, const cf_draw_key *k, size_t per, uint64_t threshold,
+                               float scale, const float *x, uint8_t *mask, float *y) {
     const uint64_t base = dropout_mix(seed ^ dropout_mix(k->key + 0x9e3779b97f4a7c15ULL));
     for (int b = 0; b < k->n; b++) {
         const uint64_t row =
             dropout_mix(base ^ dropout_mix((uint64_t)k->ids[b] + 0x632be59bd9b4e019ULL));
-        uint8_t *restrict mr = mask + (size_t)b * per;
-        for (size_t i = 0; i < per; i += 2) {
-            uint64_t r = dropout_mix(row + (uint64_t)(i / 2 + 1) * 0x9e3779b97f4a7c15ULL);
-            mr[i] = (r & 0xffffffffu) >= threshold;
-            if (i + 1 < per) mr[i + 1] = (r >> 32) >= threshold;
-        }
+        const size_t at = (size_t)b * per;
+        cf_dropout_keyed_row(row, per, threshold, scale, x + at, mask + at, y + at);
     }
 }
 
@@ -309,21 +306,21 @@ static const cf_tensor *dropout_forward(cf_module *m, const cf_tensor *x) {
         return y;
     }
     const uint64_t threshold = (uint64_t)llround((double)d->p * 4294967296.0);
+    const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
     uint8_t *restrict mask = d->mask;
     const cf_draw_key *k = m->draw_key;
     if (k && k->ids && x->shape.ndim > 0 && x->shape.dim[0] == k->n && k->n > 0) {
         /* the module's seed is its stream's state, which keyed draws never advance (so a
          * checkpoint, which keeps the streams, keeps it) */
         const uint64_t seed = dropout_mix(m->rng.s[0] ^ dropout_mix(m->rng.s[1]));
-        dropout_keyed_mask(seed, k, n / (size_t)k->n, threshold, mask);
-    } else {
-        for (size_t i = 0; i < n; i += 2) {
-            uint64_t r = cf_rng_next(&m->rng);
-            mask[i] = (r & 0xffffffffu) >= threshold;
-            if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold;
-        }
+        dropout_keyed_rows(seed, k, n / (size_t)k->n, threshold, scale, x->data, mask, y->data);
+        return y;
     }
-    const float scale = d->p < 1.0f ? 1.0f / (1.0f - d->p) : 0.0f;
+    for (size_t i = 0; i < n; i += 2) {
+        uint64_t r = cf_rng_next(&m->rng);
+        mask[i] = (r & 0xffffffffu) >= threshold;
+        if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold;
+    }
     dropout_apply(mask, x->data, scale, y->data, n);
     return y;
 }

@@ -66,6 +66,7 @@ static inline double avx2_hsum_d(__m256 v) {
             _mm256_castps_pd(_mm256_shuffle_ps(unzip_a_, unzip_b_, 0xdd)), 0xd8));                 \
     } while (0)
 #include "tensor/optim_loops.h"
+#include "tensor/dropout_loops.h"
 #include "tensor/lstm_loops.h"
 #include "tensor/softmax_loops.h"
 /* the lanes' sum as simd_sgemm_nt takes it (the stem's lowered weight gradient at this level) */
@@ -501,6 +502,7 @@ const cf_kernel_table cf_kernels_avx2 = {
     .stem_pays = false,
     .bn = &simd_bn_kernels,
     .max_sum_plane = avx2_max_sum_plane,
+    .dropout_keyed_row = loops_dropout_keyed_row,
     .optim = &loops_optim,
     .wino = &loops_wino,
     .max_pool_2x2 = avx2_max_pool_2x2,

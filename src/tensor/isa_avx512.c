@@ -20,6 +20,7 @@ static inline double avx512_hsum_d(__m512 v) {
 #define V_STREAM(p, v) _mm512_stream_ps((p), (v)) /* p 64-byte aligned */
 #define V_SFENCE() _mm_sfence()
 #include "tensor/optim_loops.h"
+#include "tensor/dropout_loops.h"
 #include "tensor/lstm_loops.h"
 #include "tensor/softmax_loops.h"
 /* The 16 lanes' sum as OpenBLAS 0.3.21's SkylakeX small-matrix kernel (sgemm_small_kernel_tn,
@@ -664,6 +665,7 @@ const cf_kernel_table cf_kernels_avx512 = {
     .stem_pays = true,
     .bn = &simd_bn_kernels,
     .max_sum_plane = avx512_max_sum_plane,
+    .dropout_keyed_row = loops_dropout_keyed_row,
     .optim = &loops_optim,
     .wino = &loops_wino,
     .max_pool_2x2 = avx512_max_pool_2x2,

@@ -527,6 +527,9 @@ typedef struct cf_kernel_table {
      * index, in output order) */
     void (*max_pool_3x3_s2_backward)(const float *dy, const int32_t *idx, int h, int w, int pad,
                                      float *dx, bool stream);
+    /* cf_dropout_keyed_row (NULL: the baseline loop of dropout_loops.h) */
+    void (*dropout_keyed_row)(uint64_t row, size_t per, uint64_t threshold, float scale,
+                              const float *x, uint8_t *mask, float *y);
     const cf_optim_kernels *optim; /* never NULL */
     const cf_wino_kernels *wino;   /* NULL: 3x3 layers stay on the implicit or im2col path */
     const cf_lstm_kernels *lstm;   /* never NULL */

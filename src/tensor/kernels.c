@@ -3,6 +3,7 @@
  * with cf_parallel_for. The portable code lives here; the vectorised kernels are in the active
  * kernel table (kernel_table.h), which these functions consult first. */
 #include "corefit/tensor.h"
+#include "tensor/dropout_loops.h"
 #include "tensor/kernel_table.h"
 
 #include <cblas.h>
@@ -354,6 +355,14 @@ void cf_sgd_update(const cf_opt_update *u, float *w, const float *g, float *grad
 void cf_adam_update(const cf_opt_update *u, float *w, const float *g, float *grad_avg,
                     float *sqr_avg, size_t n) {
     cf_active_kernels->optim->adam(u, w, g, grad_avg, sqr_avg, n);
+}
+
+void cf_dropout_keyed_row(uint64_t row, size_t per, uint64_t threshold, float scale, const float *x,
+                          uint8_t *mask, float *y) {
+    if (cf_active_kernels->dropout_keyed_row)
+        cf_active_kernels->dropout_keyed_row(row, per, threshold, scale, x, mask, y);
+    else
+        loops_dropout_keyed_row(row, per, threshold, scale, x, mask, y);
 }
 
 void cf_max_sum_plane(const float *x, size_t n, float *best, int32_t *arg, float *sum) {
