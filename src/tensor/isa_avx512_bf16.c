@@ -1436,6 +1436,32 @@ static void bf16_deal2_h(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t
         }
         return;
     }
+    if (w <= 32 && cf__bf16_deal2_rows_take()) {
+        /* rows of 17 to 32 words (W1's 28 x 28 planes): one load a row, permuted to [even | odd]
+         * as deal_h's, the masks made once, a row pair per step (deal_h a call a row made the
+         * masks again for every row) */
+        const __m512i evens_odds =
+            _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26,
+                             24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __mmask32 in = words_below(w);
+        const __mmask16 ne = lanes_below((w + 1) / 2), no = lanes_below(w / 2);
+        int r = 0;
+        for (; r + 2 <= h; r += 2, x += 2 * w, e0 += ld, o0 += ld, e1 += ld, o1 += ld) {
+            const __m512i a = _mm512_permutexvar_epi16(evens_odds, _mm512_maskz_loadu_epi16(in, x)),
+                          b = _mm512_permutexvar_epi16(evens_odds,
+                                                       _mm512_maskz_loadu_epi16(in, x + w));
+            _mm256_mask_storeu_epi16(e0, ne, _mm512_castsi512_si256(a));
+            _mm256_mask_storeu_epi16(o0, no, _mm512_extracti64x4_epi64(a, 1));
+            _mm256_mask_storeu_epi16(e1, ne, _mm512_castsi512_si256(b));
+            _mm256_mask_storeu_epi16(o1, no, _mm512_extracti64x4_epi64(b, 1));
+        }
+        if (r < h) {
+            const __m512i a = _mm512_permutexvar_epi16(evens_odds, _mm512_maskz_loadu_epi16(in, x));
+            _mm256_mask_storeu_epi16(e0, ne, _mm512_castsi512_si256(a));
+            _mm256_mask_storeu_epi16(o0, no, _mm512_extracti64x4_epi64(a, 1));
+        }
+        return;
+    }
     for (int r = 0; r < h; r++, x += w) { /* longer rows: deal_h's, one row at a time */
         const size_t at = (size_t)(r / 2) * ld;
         bf16_deal_h(x, (size_t)w, 1, w, (r % 2 ? e1 : e0) + at, (r % 2 ? o1 : o0) + at, ld);
@@ -1725,4 +1751,23 @@ void cf__conv_bf16_set_cols_prefetch(bool on) {
 
 bool cf__conv_bf16_cols_prefetch(void) {
     return atomic_load_explicit(&cols_prefetch_on, memory_order_relaxed);
+}
+
+/* deal2_h's own loop for rows of 17 to 32 words (kernel_table.h), here on every architecture as
+ * the switch above; only this file's deal2_h reads it. */
+static atomic_bool deal2_rows_on = true;
+static atomic_ulong deal2_rows_calls;
+
+void cf__bf16_set_deal2_rows(bool on) {
+    atomic_store(&deal2_rows_on, on);
+}
+
+bool cf__bf16_deal2_rows_take(void) {
+    if (!atomic_load_explicit(&deal2_rows_on, memory_order_relaxed)) return false;
+    atomic_fetch_add_explicit(&deal2_rows_calls, 1, memory_order_relaxed);
+    return true;
+}
+
+unsigned long cf__bf16_deal2_rows_calls(void) {
+    return atomic_load(&deal2_rows_calls);
 }
