@@ -6,7 +6,7 @@
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32]
  *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|
- *                            bnpair|d2sp|foldw|wgnext|d2rows]
+ *                            bnpair|d2sp|foldw|wgnext|wloops]
  *
  * Each step is a training forward and backward of W1 (mini-resnet, the Fashion-MNIST shape,
  * random inputs and upstream gradient, no optimizer step: the weights stay as they are), in bf16
@@ -40,9 +40,9 @@
  * rows (cf__conv_bf16_set_dx2_spread); foldw switches block 0.3's fold writing block
  * 0.4's pair its words (cf__nn_set_fold_words_link), all else on, with the forward's medians;
  * wgnext switches the weight gradient's fetch across its blocks (the block's last image fetching
- * the next block's first, cf__conv_bf16_set_wgrad_fetch_next), all else on; d2rows switches
- * deal2_h's own loop for rows of 17 to 32 words (cf__bf16_set_deal2_rows: block 0.3's kept words
- * into its weight gradient's phase rows), all else on. */
+ * the next block's first, cf__conv_bf16_set_wgrad_fetch_next), all else on; wloops switches
+ * the weight gradient's word copies' own loops for short rows (cf__bf16_set_words_loops: rows_h
+ * up to 32 words, deal2_h 17 to 32, a row pair a step with the masks made once), all else on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
          s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, wgnext = false,
-         d2rows = false;
+         wloops = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -124,14 +124,14 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, foldw = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "wgnext"))
             link_x = link_dy = false, wgnext = true, i++;
-        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "d2rows"))
-            link_x = link_dy = false, d2rows = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "wloops"))
+            link_x = link_dy = false, wloops = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
                     "[--link "
                     "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp|"
-                    "foldw|wgnext|d2rows]\n",
+                    "foldw|wgnext|wloops]\n",
                     argv[0]);
             return 2;
         }
@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
         if (d2sp) cf__conv_bf16_set_dx2_spread(mode == 1);
         if (foldw) cf__nn_set_fold_words_link(mode == 1);
         if (wgnext) cf__conv_bf16_set_wgrad_fetch_next(mode == 1);
-        if (d2rows) cf__bf16_set_deal2_rows(mode == 1);
+        if (wloops) cf__bf16_set_words_loops(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -218,13 +218,13 @@ int main(int argc, char **argv) {
     cf__conv_bf16_set_dx2_spread(true);
     cf__nn_set_fold_words_link(true);
     cf__conv_bf16_set_wgrad_fetch_next(true);
-    cf__bf16_set_deal2_rows(true);
+    cf__bf16_set_words_loops(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("W1 forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            batch, threads, bf16 ? "bf16" : "fp32", cf_isa_name(cf_isa_active()), n[1],
-           d2rows      ? "deal2_h's loop for rows of 17 to 32 words (every link on)"
+           wloops      ? "rows_h's and deal2_h's short rows' loops (every link on)"
            : wgnext    ? "the weight gradient's fetch across its blocks (every link on)"
            : foldw     ? "block 0.3's fold writing block 0.4's words (every link on)"
            : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"

@@ -1363,6 +1363,20 @@ static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *
 /* As rows, of x already in bf16 (the forward's kept copy, cf_conv_bf16_forward_keep): h rows of
  * w words copied into rows ldy apart, 32 words per masked load and store. */
 static void bf16_rows_h(const uint16_t *x, int h, int w, uint16_t *y, size_t ldy) {
+    if (w <= 32 && cf__bf16_words_loops_take()) {
+        /* rows of at most 32 words (W1's 14 x 14 and 7 x 7 planes): the mask made once, a row
+         * pair a step */
+        const __mmask32 in = words_below(w);
+        int i = 0;
+        for (; i + 2 <= h; i += 2, x += 2 * w, y += 2 * ldy) {
+            const __m512i a = _mm512_maskz_loadu_epi16(in, x),
+                          b = _mm512_maskz_loadu_epi16(in, x + w);
+            _mm512_mask_storeu_epi16(y, in, a);
+            _mm512_mask_storeu_epi16(y + ldy, in, b);
+        }
+        if (i < h) _mm512_mask_storeu_epi16(y, in, _mm512_maskz_loadu_epi16(in, x));
+        return;
+    }
     for (int i = 0; i < h; i++, x += w, y += ldy)
         for (int j = 0; j < w; j += 32) {
             const __mmask32 m = words_below(w - j);
@@ -1436,7 +1450,7 @@ static void bf16_deal2_h(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t
         }
         return;
     }
-    if (w <= 32 && cf__bf16_deal2_rows_take()) {
+    if (w <= 32 && cf__bf16_words_loops_take()) {
         /* rows of 17 to 32 words (W1's 28 x 28 planes): one load a row, permuted to [even | odd]
          * as deal_h's, the masks made once, a row pair per step (deal_h a call a row made the
          * masks again for every row) */
@@ -1753,21 +1767,21 @@ bool cf__conv_bf16_cols_prefetch(void) {
     return atomic_load_explicit(&cols_prefetch_on, memory_order_relaxed);
 }
 
-/* deal2_h's own loop for rows of 17 to 32 words (kernel_table.h), here on every architecture as
- * the switch above; only this file's deal2_h reads it. */
-static atomic_bool deal2_rows_on = true;
-static atomic_ulong deal2_rows_calls;
+/* rows_h's and deal2_h's own loops for short rows (kernel_table.h), here on every architecture
+ * as the switch above; only this file's rows_h and deal2_h read it. */
+static atomic_bool words_loops_on = true;
+static atomic_ulong words_loops_calls;
 
-void cf__bf16_set_deal2_rows(bool on) {
-    atomic_store(&deal2_rows_on, on);
+void cf__bf16_set_words_loops(bool on) {
+    atomic_store(&words_loops_on, on);
 }
 
-bool cf__bf16_deal2_rows_take(void) {
-    if (!atomic_load_explicit(&deal2_rows_on, memory_order_relaxed)) return false;
-    atomic_fetch_add_explicit(&deal2_rows_calls, 1, memory_order_relaxed);
+bool cf__bf16_words_loops_take(void) {
+    if (!atomic_load_explicit(&words_loops_on, memory_order_relaxed)) return false;
+    atomic_fetch_add_explicit(&words_loops_calls, 1, memory_order_relaxed);
     return true;
 }
 
-unsigned long cf__bf16_deal2_rows_calls(void) {
-    return atomic_load(&deal2_rows_calls);
+unsigned long cf__bf16_words_loops_calls(void) {
+    return atomic_load(&words_loops_calls);
 }

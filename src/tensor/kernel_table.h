@@ -473,14 +473,15 @@ void cf__conv_bf16_set_wgrad_prefetch(bool on);
 void cf__conv_bf16_set_wgrad_fetch_next(bool on);
 unsigned long cf__conv_bf16_wgrad_next_fetches(void);
 
-/* Whether the avx512_bf16 level's deal2_h takes rows of 17 to 32 words (W1's 28 x 28 planes) in
- * its own loop, a row pair a step with the masks made once (on by default), rather than deal_h's
- * loop a row at a time: the same words. cf__bf16_deal2_rows_take says whether it is on and
- * counts the planes that took it (cf__bf16_deal2_rows_calls, in this process), so that a test
- * can tell the loop ran. */
-void cf__bf16_set_deal2_rows(bool on);
-bool cf__bf16_deal2_rows_take(void);
-unsigned long cf__bf16_deal2_rows_calls(void);
+/* Whether the avx512_bf16 level's copies of bf16 words into the weight gradient's rows take
+ * short rows in their own loops (on by default): rows_h rows of at most 32 words (W1's 14 x 14
+ * and 7 x 7 planes) and deal2_h rows of 17 to 32 (its 28 x 28 ones), a row pair a step with the
+ * masks made once, rather than a row at a time making them again for each: the same words.
+ * cf__bf16_words_loops_take says whether it is on and counts the calls that took a loop
+ * (cf__bf16_words_loops_calls, in this process), so that a test can tell the loops ran. */
+void cf__bf16_set_words_loops(bool on);
+bool cf__bf16_words_loops_take(void);
+unsigned long cf__bf16_words_loops_calls(void);
 
 /* Whether conv_cols fetches the lines of each tile's output planes for writing before the tile
  * computes (on by default): bitwise the same, for tests and benchmarks that switch the two in one
