@@ -1922,7 +1922,9 @@ static inline void fetch_lines(const void *p, size_t bytes) {
  * forward; the fp32 reads waited on memory). dyh (NULL: none; then dy is not read and may be
  * NULL): dy's bf16 words (n x o x oh x ow, as cf_fp32_to_bf16 of dy), copied into dy's rows
  * (rows_h, which the caller checked the level has) instead of rounding dy; sdyh (NULL: none)
- * the same of the paired shortcut's dy (sc->dy is then not read). */
+ * the same of the paired shortcut's dy (sc->dy is then not read). next_follows: the words of a
+ * next image follow the call's last in xh, dyh and sdyh (the backward's next block), so that the
+ * last image's copy may fetch them. */
 static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
                   const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
