@@ -6,7 +6,7 @@
  *
  *   bench_bf16_links [--steps N] [--threads T] [--batch B] [--fp32] [--model w1|w3]
  *                    [--link x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|
- *                            bnpair|d2sp|foldw]
+ *                            bnpair|d2sp|foldw|wgnext|wloops]
  *
  * --model w3: W3's resnet18 (cf_resnet(18, 3, 10)) on RGB 128 x 128 images instead of W1 (a
  * step is about 70 times W1's: take --steps 10 or so).
@@ -41,7 +41,11 @@
  * (cf__nn_set_stem_dx_link); bnpair switches the residual blocks' two last BatchNorms' backward in
  * one (cf__nn_set_bn_pair_backward), all else on; d2sp switches dx2_cols' phases stored into dx's
  * rows (cf__conv_bf16_set_dx2_spread); foldw switches block 0.3's fold writing block
- * 0.4's pair its words (cf__nn_set_fold_words_link), all else on, with the forward's medians. */
+ * 0.4's pair its words (cf__nn_set_fold_words_link), all else on, with the forward's medians;
+ * wgnext switches the weight gradient's fetch across its blocks (the block's last image fetching
+ * the next block's first, cf__conv_bf16_set_wgrad_fetch_next), all else on; wloops switches
+ * the weight gradient's word copies' own loops for short rows (cf__bf16_set_words_loops: rows_h
+ * up to 32 words, deal2_h 17 to 32, a row pair a step with the masks made once), all else on. */
 #include <corefit.h>
 
 #include "nn/nn_internal.h"
@@ -78,7 +82,8 @@ int main(int argc, char **argv) {
     int steps = 200, threads = 1, batch = 64;
     bool bf16 = true, link_x = true, link_dy = true, bn_passes = false, dx2 = false,
          mask_bits = false, xpair = false, stats = false, outpf = false, stem = false, wgpf = false,
-         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, w3 = false;
+         s2dx = false, stemdx = false, bnpair = false, d2sp = false, foldw = false, w3 = false,
+         wgnext = false, wloops = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -124,12 +129,16 @@ int main(int argc, char **argv) {
             link_x = link_dy = false, d2sp = true, i++;
         else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "foldw"))
             link_x = link_dy = false, foldw = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "wgnext"))
+            link_x = link_dy = false, wgnext = true, i++;
+        else if (!strcmp(argv[i], "--link") && i + 1 < argc && !strcmp(argv[i + 1], "wloops"))
+            link_x = link_dy = false, wloops = true, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--steps N] [--threads T] [--batch B] [--fp32] "
                     "[--link "
                     "x|xpair|dy|both|bn|dx2|mask|stats|outpf|stem|wgpf|s2dx|stemdx|bnpair|d2sp|"
-                    "foldw] [--model w1|w3]\n",
+                    "foldw|wgnext|wloops] [--model w1|w3]\n",
                     argv[0]);
             return 2;
         }
@@ -180,6 +189,8 @@ int main(int argc, char **argv) {
         if (bnpair) cf__nn_set_bn_pair_backward(mode == 1);
         if (d2sp) cf__conv_bf16_set_dx2_spread(mode == 1);
         if (foldw) cf__nn_set_fold_words_link(mode == 1);
+        if (wgnext) cf__conv_bf16_set_wgrad_fetch_next(mode == 1);
+        if (wloops) cf__bf16_set_words_loops(mode == 1);
         const cf_tensor *y;
         const double t0 = cpu_ms();
         if (cf_model_forward(model, &tx, &y) != CF_OK) {
@@ -214,13 +225,17 @@ int main(int argc, char **argv) {
     cf__nn_set_bn_pair_backward(true);
     cf__conv_bf16_set_dx2_spread(true);
     cf__nn_set_fold_words_link(true);
+    cf__conv_bf16_set_wgrad_fetch_next(true);
+    cf__bf16_set_words_loops(true);
     const double s_off = median(step_ms[0], n[0]), s_on = median(step_ms[1], n[1]),
                  b_off = median(bwd_ms[0], n[0]), b_on = median(bwd_ms[1], n[1]);
     printf("%s forward + backward (no optimizer), batch %d, %d thread(s), %s, kernels %s, %d steps "
            "per mode, switching %s\n",
            w3 ? "W3 (resnet18, 3 x 128 x 128)" : "W1", batch, threads, bf16 ? "bf16" : "fp32",
            cf_isa_name(cf_isa_active()), n[1],
-           foldw       ? "block 0.3's fold writing block 0.4's words (every link on)"
+           wloops      ? "rows_h's and deal2_h's short rows' loops (every link on)"
+           : wgnext    ? "the weight gradient's fetch across its blocks (every link on)"
+           : foldw     ? "block 0.3's fold writing block 0.4's words (every link on)"
            : s2dx      ? "stride 2's dx stored into dx's rows (every link on)"
            : stemdx    ? "the stem BatchNorm's dx in the stem's weight gradient (every link on)"
            : bnpair    ? "the blocks' last BatchNorms' backward in one (every link on)"

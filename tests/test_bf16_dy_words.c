@@ -254,10 +254,13 @@ static void test_conv_words(void **state) {
 }
 
 /* The weight gradient with and without its fetch of the next image's words
- * (cf__conv_bf16_set_wgrad_prefetch): dW, dx and the shortcut's dW memcmp-equal, through the
+ * (cf__conv_bf16_set_wgrad_prefetch), and with the fetch but not across the backward's blocks
+ * (cf__conv_bf16_set_wgrad_fetch_next): dW, dx and the shortcut's dW memcmp-equal, through the
  * words (x kept, dy and the shortcut's dy as words) where the layer takes them, else through
- * cf_conv_bf16_backward_kept (x kept, dy in fp32). */
-static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
+ * cf_conv_bf16_backward_kept (x kept, dy in fp32). across 1: the shape spans several of the
+ * weight gradient's blocks, so the fetch across them must have run (and only when on); 0: one
+ * block, it must not; -1: not asserted. */
+static void check_fetch_across(int n, int c, int h, int o, int k, int stride, int so, int across) {
     cf_conv_geom g;
     const int pad = k == 1 ? 0 : (k - 1) / 2;
     assert_true(cf_conv_geom_init(&g, c, h, h, k, k, stride, stride, pad, pad));
@@ -273,9 +276,11 @@ static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
     char what[128];
     snprintf(what, sizeof what, "%dx%d/%d %d->%d (shortcut %d) on %dx%d, %d images, %s", k, k,
              stride, c, o, so, h, h, n, words ? "dy words" : "dy fp32");
-    float *dw[2], *dx[2], *sdw[2];
-    for (int i = 0; i < 2; i++) {
-        cf__conv_bf16_set_wgrad_prefetch(i == 0);
+    float *dw[3], *dx[3], *sdw[3];
+    for (int i = 0; i < 3; i++) { /* on, off, on but not across the blocks */
+        cf__conv_bf16_set_wgrad_prefetch(i != 1);
+        cf__conv_bf16_set_wgrad_fetch_next(i != 2);
+        const unsigned long next_before = cf__conv_bf16_wgrad_next_fetches();
         dw[i] = malloc(nw * 4), dx[i] = malloc(nx * 4), sdw[i] = malloc(nsw * 4);
         memset(sdw[i], 0, nsw * 4);
         cf_conv_shortcut sdw_sc = {.out_channels = so, .w = spk, .dy = sdy, .dw = sdw[i]},
@@ -289,20 +294,41 @@ static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
             assert_int_equal(
                 cf_conv_bf16_backward_kept(&g, o, pk, dy, x, kept, n, dw[i], dx[i], scratch, a, b),
                 CF_OK);
+        const bool ran = cf__conv_bf16_wgrad_next_fetches() != next_before;
+        if (across >= 0 && ran != (across == 1 && i == 0))
+            fail_msg("%s: fetch across the blocks ran %d in mode %d", what, ran, i);
     }
     cf__conv_bf16_set_wgrad_prefetch(true);
-    same_bits(dw[0], dw[1], nw, what, "dW (fetch on / off)");
-    same_bits(dx[0], dx[1], nx, what, "dx (fetch on / off)");
-    same_bits(sdw[0], sdw[1], nsw, what, "the shortcut's dW (fetch on / off)");
+    cf__conv_bf16_set_wgrad_fetch_next(true);
+    for (int i = 1; i < 3; i++) {
+        const char *how = i == 1 ? "on / off" : "on / not across the blocks";
+        char of[80];
+        snprintf(of, sizeof of, "dW (fetch %s)", how);
+        same_bits(dw[0], dw[i], nw, what, of);
+        snprintf(of, sizeof of, "dx (fetch %s)", how);
+        same_bits(dx[0], dx[i], nx, what, of);
+        snprintf(of, sizeof of, "the shortcut's dW (fetch %s)", how);
+        same_bits(sdw[0], sdw[i], nsw, what, of);
+    }
     double largest = 0;
     for (size_t j = 0; j < nw; j++) largest = nan_max(largest, fabs(dw[0][j]));
     assert_true(largest > 0.01); /* the sums are there */
-    for (int i = 0; i < 2; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
+    for (int i = 0; i < 3; i++) free(dw[i]), free(dx[i]), free(sdw[i]);
     layer_data_free(&d);
+}
+
+static void check_fetch(int n, int c, int h, int o, int k, int stride, int so) {
+    check_fetch_across(n, c, h, o, k, stride, so, -1);
 }
 
 static void test_wgrad_fetch(void **state) {
     (void)state;
+    /* W1's first stride-2 layer with its shortcut (2 images a block) and its 7 x 7 stride-1
+     * layer (7 a block) over several blocks: the words of the next block's first image fetched
+     * while the block's last is copied; one image: no next block */
+    check_fetch_across(9, 16, 28, 32, 3, 2, 32, 1);
+    check_fetch_across(17, 64, 7, 64, 3, 1, 0, 1);
+    check_fetch_across(1, 16, 28, 32, 3, 2, 32, 0);
     check_fetch(5, 16, 28, 32, 3, 2, 32); /* W1's layers, partial blocks */
     check_fetch(9, 32, 14, 32, 3, 1, 0);
     check_fetch(5, 32, 14, 64, 3, 2, 64);

@@ -125,8 +125,9 @@ static void test_keep_words(void **state) {
 }
 
 /* rows_h and deal_h of bf16(x) write rows' and deal's words of x (bitwise; no word outside the
- * rows: the rest keeps its fill) for rows of every width up to 70, 1 to 5 rows, deal with and
- * without o, on rows with special values and rows of ordinary ones. */
+ * rows: the rest keeps its fill) for rows of every width up to 70 (rows_h's own loop for rows of
+ * at most 32 on and off), 1 to 5 rows, deal with and without o, on rows with special values and
+ * rows of ordinary ones. */
 static void test_copies(void **state) {
     (void)state;
     if (!make_tables()) return;
@@ -140,11 +141,20 @@ static void test_copies(void **state) {
     for (int h = 1; h <= H; h++)
         for (int w = 1; w <= W; w++) {
             memset(a, 0xa5, sizeof a);
-            memset(b, 0xa5, sizeof b);
             k->rows(x, h, w, a, LD);
-            k->rows_h(xh, h, w, b, LD);
-            if (memcmp(a, b, sizeof a) != 0)
-                fail_msg("rows_h: %d rows of %d differ from rows'", h, w);
+            for (int own = 0; own < 2; own++) { /* short rows' own loop off and on */
+                cf__bf16_set_words_loops(own == 1);
+                memset(b, 0xa5, sizeof b);
+                const unsigned long before = cf__bf16_words_loops_calls();
+                k->rows_h(xh, h, w, b, LD);
+                const bool took = cf__bf16_words_loops_calls() != before;
+                if (took != (own == 1 && w <= 32))
+                    fail_msg("rows_h: %d rows of %d took the short rows' loop %d (on %d)", h, w,
+                             took, own);
+                if (memcmp(a, b, sizeof a) != 0)
+                    fail_msg("rows_h: %d rows of %d differ from rows' (short rows' loop %d)", h, w,
+                             own);
+            }
             for (int with_o = 0; with_o < 2; with_o++) {
                 memset(a, 0xa5, sizeof a);
                 memset(b, 0xa5, sizeof b);
@@ -351,7 +361,8 @@ static void test_conv2d_threads(void **state) {
 
 /* deal2_h and interleave2_rows (stride 2's layouts of a whole plane in one pass) against
  * deal_h and interleave_rows twice: the same words, nothing written outside the rows; every
- * width from 1 to 40 (two rows per vector up to 16, chunks of 32 past it), 1 to 7 rows. */
+ * width from 1 to 40 (two rows per vector up to 16, its own loop from 17 to 32 and deal_h's
+ * with that loop switched off: cf__bf16_set_words_loops, chunks of 32 past it), 1 to 7 rows. */
 static void test_plane_kernels(void **state) {
     (void)state;
     if (!make_tables()) return;
@@ -372,9 +383,19 @@ static void test_plane_kernels(void **state) {
             memset(b, 0xa5, sizeof b);
             k->deal_h(xh, (size_t)2 * w, (h + 1) / 2, w, a, a + q, LD);
             if (h > 1) k->deal_h(xh + w, (size_t)2 * w, h / 2, w, a + 2 * q, a + 3 * q, LD);
-            k->deal2_h(xh, h, w, b, b + q, b + 2 * q, b + 3 * q, LD);
-            if (memcmp(a, b, sizeof a) != 0)
-                fail_msg("deal2_h: %d rows of %d differ from deal_h's", h, w);
+            for (int own = 0; own < 2; own++) {
+                cf__bf16_set_words_loops(own == 1);
+                memset(b, 0xa5, sizeof b);
+                const unsigned long before = cf__bf16_words_loops_calls();
+                k->deal2_h(xh, h, w, b, b + q, b + 2 * q, b + 3 * q, LD);
+                const bool took = cf__bf16_words_loops_calls() != before;
+                if (took != (own == 1 && w > 16 && w <= 32))
+                    fail_msg("deal2_h: %d rows of %d took the 17-32 loop %d (on %d)", h, w, took,
+                             own);
+                if (memcmp(a, b, sizeof a) != 0)
+                    fail_msg("deal2_h: %d rows of %d differ from deal_h's (17-32 loop %d)", h, w,
+                             own);
+            }
             for (size_t i = 0; i < H * W + 64; i++) out0[i] = out1[i] = -7.0f;
             k->interleave_rows(src, src + q, LD, (h + 1) / 2, w, out0, (size_t)2 * w);
             if (h > 1)

@@ -1813,7 +1813,7 @@ cf_status cf_conv_bf16_dx_with(const cf_conv_geom *g, int out_channels, const fl
 static void wgrad(const layout *l, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
                   const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
-                  const uint16_t *sdyh);
+                  const uint16_t *sdyh, bool next_follows);
 
 void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy, const float *x,
                         int n_images, float *dw, float *scratch) {
@@ -1822,7 +1822,7 @@ void cf_conv_bf16_wgrad(const cf_conv_geom *g, int out_channels, const float *dy
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, NULL, false);
     else
-        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false, NULL, NULL);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, NULL, false, false, NULL, NULL, false);
 }
 
 void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const float *dy,
@@ -1833,7 +1833,7 @@ void cf_conv_bf16_wgrad_with(const cf_conv_geom *g, int out_channels, const floa
     if (l.compact)
         wgrad_compact(&l, g, dy, x, n_images, dw, scratch, shortcut, false);
     else
-        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false, NULL, NULL);
+        wgrad(&l, g, dy, x, NULL, n_images, dw, scratch, shortcut, false, false, NULL, NULL, false);
 }
 
 #define MAX_RUNS 64
@@ -1893,9 +1893,19 @@ static bool kept_active(const layout *l, const uint16_t *xh) {
 }
 
 static atomic_bool wgrad_fetch_on = true; /* cf__conv_bf16_set_wgrad_prefetch */
+static atomic_bool wgrad_next_on = true;  /* cf__conv_bf16_set_wgrad_fetch_next */
+static atomic_ulong wgrad_next_fetches;   /* cf__conv_bf16_wgrad_next_fetches */
 
 void cf__conv_bf16_set_wgrad_prefetch(bool on) {
     atomic_store(&wgrad_fetch_on, on);
+}
+
+void cf__conv_bf16_set_wgrad_fetch_next(bool on) {
+    atomic_store(&wgrad_next_on, on);
+}
+
+unsigned long cf__conv_bf16_wgrad_next_fetches(void) {
+    return atomic_load(&wgrad_next_fetches);
 }
 
 /* The lines of bytes at p fetched towards the core (to L2: an image's words overflow L1). */
@@ -1912,11 +1922,13 @@ static inline void fetch_lines(const void *p, size_t bytes) {
  * forward; the fp32 reads waited on memory). dyh (NULL: none; then dy is not read and may be
  * NULL): dy's bf16 words (n x o x oh x ow, as cf_fp32_to_bf16 of dy), copied into dy's rows
  * (rows_h, which the caller checked the level has) instead of rounding dy; sdyh (NULL: none)
- * the same of the paired shortcut's dy (sc->dy is then not read). */
+ * the same of the paired shortcut's dy (sc->dy is then not read). next_follows: the words of a
+ * next image follow the call's last in xh, dyh and sdyh (the backward's next block), so that the
+ * last image's copy may fetch them. */
 static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, const float *x,
                   const uint16_t *xh, int n_images, float *dw, float *scratch,
                   const cf_conv_shortcut *sc, bool accumulate, bool zeroed, const uint16_t *dyh,
-                  const uint16_t *sdyh) {
+                  const uint16_t *sdyh, bool next_follows) {
     const layout l = *lay;
     const cf_bf16_kernels *k = cf_active_kernels->bf16;
     if (!kept_active(&l, xh)) xh = NULL;
@@ -1950,7 +1962,12 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
             const float *xn = x + (size_t)(n0 + b) * in_n,
                         *dyn = dyh ? NULL : dy + (size_t)(n0 + b) * out_n;
             const uint16_t *dhn = dyh ? dyh + (size_t)(n0 + b) * out_n : NULL;
-            const bool ahead = fetch && n0 + b + 1 < n_images;
+            /* the last image's copy fetches the next call's first image (next_follows): the
+             * caller's dx of these images runs before that one is copied */
+            const bool ahead =
+                fetch && (n0 + b + 1 < n_images || (next_follows && atomic_load(&wgrad_next_on)));
+            if (ahead && n0 + b + 1 == n_images)
+                atomic_fetch_add_explicit(&wgrad_next_fetches, 1, memory_order_relaxed);
             for (int c = 0; c < l.c && xh; c++) { /* the kept words (not sub: kept_active) */
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;
                 const uint16_t *src = xh + (size_t)(n0 + b) * in_n + c * plane;
@@ -2080,7 +2097,7 @@ static cf_status backward(const cf_conv_geom *g, int out_channels, const float *
             wgrad(&l, g, dyn, x + (size_t)n0 * in_n, xh ? xh + (size_t)n0 * in_n : NULL, nb, dw,
                   wscratch, dw_shortcut ? &sc : NULL, n0 > 0, n0 > 0,
                   dyh ? dyh + (size_t)n0 * out_n : NULL,
-                  sdyh ? sdyh + (size_t)n0 * sc.out_channels * plane : NULL);
+                  sdyh ? sdyh + (size_t)n0 * sc.out_channels * plane : NULL, n0 + nb < n_images);
         }
         if (!dx) continue;
         float *dxn = dx + (size_t)n0 * in_n;

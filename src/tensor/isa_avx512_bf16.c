@@ -1363,6 +1363,20 @@ static void bf16_deal_short(const float *x, size_t ldx, int h, int n, uint16_t *
 /* As rows, of x already in bf16 (the forward's kept copy, cf_conv_bf16_forward_keep): h rows of
  * w words copied into rows ldy apart, 32 words per masked load and store. */
 static void bf16_rows_h(const uint16_t *x, int h, int w, uint16_t *y, size_t ldy) {
+    if (w <= 32 && cf__bf16_words_loops_take()) {
+        /* rows of at most 32 words (W1's 14 x 14 and 7 x 7 planes): the mask made once, a row
+         * pair a step */
+        const __mmask32 in = words_below(w);
+        int i = 0;
+        for (; i + 2 <= h; i += 2, x += 2 * w, y += 2 * ldy) {
+            const __m512i a = _mm512_maskz_loadu_epi16(in, x),
+                          b = _mm512_maskz_loadu_epi16(in, x + w);
+            _mm512_mask_storeu_epi16(y, in, a);
+            _mm512_mask_storeu_epi16(y + ldy, in, b);
+        }
+        if (i < h) _mm512_mask_storeu_epi16(y, in, _mm512_maskz_loadu_epi16(in, x));
+        return;
+    }
     for (int i = 0; i < h; i++, x += w, y += ldy)
         for (int j = 0; j < w; j += 32) {
             const __mmask32 m = words_below(w - j);
@@ -1433,6 +1447,32 @@ static void bf16_deal2_h(const uint16_t *x, int h, int w, uint16_t *e0, uint16_t
             if (!two) break;
             _mm_mask_storeu_epi16(e1, ne, _mm512_extracti32x4_epi32(v, 2));
             _mm_mask_storeu_epi16(o1, no, _mm512_extracti32x4_epi32(v, 3));
+        }
+        return;
+    }
+    if (w <= 32 && cf__bf16_words_loops_take()) {
+        /* rows of 17 to 32 words (W1's 28 x 28 planes): one load a row, permuted to [even | odd]
+         * as deal_h's, the masks made once, a row pair per step (deal_h a call a row made the
+         * masks again for every row) */
+        const __m512i evens_odds =
+            _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26,
+                             24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __mmask32 in = words_below(w);
+        const __mmask16 ne = lanes_below((w + 1) / 2), no = lanes_below(w / 2);
+        int r = 0;
+        for (; r + 2 <= h; r += 2, x += 2 * w, e0 += ld, o0 += ld, e1 += ld, o1 += ld) {
+            const __m512i a = _mm512_permutexvar_epi16(evens_odds, _mm512_maskz_loadu_epi16(in, x)),
+                          b = _mm512_permutexvar_epi16(evens_odds,
+                                                       _mm512_maskz_loadu_epi16(in, x + w));
+            _mm256_mask_storeu_epi16(e0, ne, _mm512_castsi512_si256(a));
+            _mm256_mask_storeu_epi16(o0, no, _mm512_extracti64x4_epi64(a, 1));
+            _mm256_mask_storeu_epi16(e1, ne, _mm512_castsi512_si256(b));
+            _mm256_mask_storeu_epi16(o1, no, _mm512_extracti64x4_epi64(b, 1));
+        }
+        if (r < h) {
+            const __m512i a = _mm512_permutexvar_epi16(evens_odds, _mm512_maskz_loadu_epi16(in, x));
+            _mm256_mask_storeu_epi16(e0, ne, _mm512_castsi512_si256(a));
+            _mm256_mask_storeu_epi16(o0, no, _mm512_extracti64x4_epi64(a, 1));
         }
         return;
     }
@@ -1725,4 +1765,23 @@ void cf__conv_bf16_set_cols_prefetch(bool on) {
 
 bool cf__conv_bf16_cols_prefetch(void) {
     return atomic_load_explicit(&cols_prefetch_on, memory_order_relaxed);
+}
+
+/* rows_h's and deal2_h's own loops for short rows (kernel_table.h), here on every architecture
+ * as the switch above; only this file's rows_h and deal2_h read it. */
+static atomic_bool words_loops_on = true;
+static atomic_ulong words_loops_calls;
+
+void cf__bf16_set_words_loops(bool on) {
+    atomic_store(&words_loops_on, on);
+}
+
+bool cf__bf16_words_loops_take(void) {
+    if (!atomic_load_explicit(&words_loops_on, memory_order_relaxed)) return false;
+    atomic_fetch_add_explicit(&words_loops_calls, 1, memory_order_relaxed);
+    return true;
+}
+
+unsigned long cf__bf16_words_loops_calls(void) {
+    return atomic_load(&words_loops_calls);
 }

@@ -466,6 +466,23 @@ unsigned long cf__conv_bf16_spread_calls(void);
  * same, for tests and benchmarks that switch the two in one process. */
 void cf__conv_bf16_set_wgrad_prefetch(bool on);
 
+/* Whether that fetch also runs across the backward's blocks (on by default): the block's last
+ * image fetches the next block's first, which would otherwise be copied cold after the block's
+ * dx. Bitwise the same; cf__conv_bf16_wgrad_next_fetches counts the blocks that fetched their
+ * successor's image in this process, so that a test can tell the way ran. */
+void cf__conv_bf16_set_wgrad_fetch_next(bool on);
+unsigned long cf__conv_bf16_wgrad_next_fetches(void);
+
+/* Whether the avx512_bf16 level's copies of bf16 words into the weight gradient's rows take
+ * short rows in their own loops (on by default): rows_h rows of at most 32 words (W1's 14 x 14
+ * and 7 x 7 planes) and deal2_h rows of 17 to 32 (its 28 x 28 ones), a row pair a step with the
+ * masks made once, rather than a row at a time making them again for each: the same words.
+ * cf__bf16_words_loops_take says whether it is on and counts the calls that took a loop
+ * (cf__bf16_words_loops_calls, in this process), so that a test can tell the loops ran. */
+void cf__bf16_set_words_loops(bool on);
+bool cf__bf16_words_loops_take(void);
+unsigned long cf__bf16_words_loops_calls(void);
+
 /* Whether conv_cols fetches the lines of each tile's output planes for writing before the tile
  * computes (on by default): bitwise the same, for tests and benchmarks that switch the two in one
  * process. conv_cols reads it through cf__conv_bf16_cols_prefetch. */
