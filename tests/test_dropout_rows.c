@@ -55,6 +55,7 @@ static void test_keyed_row(void **state) {
     uint8_t mask[1001], mr[1001];
     fill_uniform(x, 1001, 99, -3, 3);
     x[5] = -0.0f, x[6] = 1e-40f; /* a negative zero and a subnormal keep their bits */
+    x[7] = NAN, x[8] = -NAN, x[9] = INFINITY, x[10] = -INFINITY; /* dropped: +0; kept: as x * s */
     for (size_t a = 0; a < sizeof pers / sizeof pers[0]; a++)
         for (size_t b = 0; b < sizeof ps / sizeof ps[0]; b++) {
             const uint64_t threshold = (uint64_t)llround(ps[b] * 4294967296.0);
@@ -66,7 +67,9 @@ static void test_keyed_row(void **state) {
             if (memcmp(mask, mr, pers[a]) || memcmp(y, yr, pers[a] * 4))
                 fail_msg("%s: keyed row of %zu at p = %g differs from the scalar draws",
                          cf_isa_name(isa), pers[a], ps[b]);
-            if (mask[pers[a]] != 7) fail_msg("row of %zu: wrote past its end", pers[a]);
+            const uint32_t untouched = 0x55555555u;
+            if (mask[pers[a]] != 7 || memcmp(&y[pers[a]], &untouched, 4))
+                fail_msg("row of %zu: wrote past its end", pers[a]);
         }
 }
 

@@ -319,8 +319,9 @@ bool cf_nn_conv_dy_fill(cf_module *conv, const cf_tensor *dy, bool want, cf_nn_d
  * backward, which reads it through fn. Only cf_nn_seq_backward_range keeps that promise (it
  * holds the gradient until the child before the BatchNorm, run next in the same call, has
  * returned), and says so before each child's backward: prev is the child it runs next, NULL
- * when the range ends there (the caller may give the gradient back at once: a U-Net's encoder
- * stepping child by child, a residual path's single-child ranges). A BatchNorm leaves its dx
+ * when the range ends there (the caller may give the gradient back at once: a residual path's
+ * single-child ranges, the first child of a U-Net encoder's span between skip joins). A
+ * BatchNorm leaves its dx
  * only when prev is its linked convolution; the promise lasts one backward. A no-op on other
  * modules. */
 void cf_nn_bn_dy_held(cf_module *bn, const cf_module *prev);

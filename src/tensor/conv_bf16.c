@@ -1966,7 +1966,7 @@ static void wgrad(const layout *lay, const cf_conv_geom *g, const float *dy, con
              * caller's dx of these images runs before that one is copied */
             const bool ahead =
                 fetch && (n0 + b + 1 < n_images || (next_follows && atomic_load(&wgrad_next_on)));
-            if (ahead && n0 + b + 1 == n_images)
+            if (ahead && n0 + b + 1 == n_images && (xh || dhn || sdyh))
                 atomic_fetch_add_explicit(&wgrad_next_fetches, 1, memory_order_relaxed);
             for (int c = 0; c < l.c && xh; c++) { /* the kept words (not sub: kept_active) */
                 uint16_t *row = xb + (size_t)c * l.lx + (size_t)b * l.s;

@@ -478,7 +478,8 @@ unsigned long cf__conv_bf16_wgrad_next_fetches(void);
  * and 7 x 7 planes) and deal2_h rows of 17 to 32 (its 28 x 28 ones), a row pair a step with the
  * masks made once, rather than a row at a time making them again for each: the same words.
  * cf__bf16_words_loops_take says whether it is on and counts the calls that took a loop
- * (cf__bf16_words_loops_calls, in this process), so that a test can tell the loops ran. */
+ * (cf__bf16_words_loops_calls, in this process, from its first call on: the first read starts
+ * the count, which the kernels skip until then), so that a test can tell the loops ran. */
 void cf__bf16_set_words_loops(bool on);
 bool cf__bf16_words_loops_take(void);
 unsigned long cf__bf16_words_loops_calls(void);
