@@ -9,6 +9,7 @@
  * difference fails. */
 #include "oracle.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,8 +150,8 @@ static float ref_source_coord(float g, int n, cf_pad_mode pad) {
         float span = (float)(n - 1);
         x = fabsf(x);
         float extra = fmodf(x, span);
-        int flips = (int)floorf(x / span);
-        x = flips % 2 == 0 ? extra : span - extra;
+        float flips = floorf(x / span); /* past int's range or infinite (extra NaN): even */
+        x = !(flips < 2147483648.0f) || (int)flips % 2 == 0 ? extra : span - extra;
     }
     return x < 0 ? 0.0f : x > (float)(n - 1) ? (float)(n - 1) : x;
 }
@@ -183,7 +184,9 @@ static void ref_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *
                     }
                 }
                 const float ix = ref_source_coord(gx, w, pad), iy = ref_source_coord(gy, h, pad);
-                const int x0 = (int)floorf(ix), y0 = (int)floorf(iy);
+                /* a coordinate past int's range, or NaN, has every tap outside */
+                const int x0 = fabsf(ix) < 1e9f ? (int)floorf(ix) : INT_MIN / 2,
+                          y0 = fabsf(iy) < 1e9f ? (int)floorf(iy) : INT_MIN / 2;
                 const float ax = ix - (float)x0, ay = iy - (float)y0;
                 const float wt[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
                 const int tx[4] = {x0, x0 + 1, x0, x0 + 1}, ty[4] = {y0, y0, y0 + 1, y0 + 1};
@@ -301,9 +304,17 @@ static void test_aug_random_params_same_bits(void **state) {
         p.has_warp = below(2);
         for (int k = 0; k < 8; k++)
             p.warp[k] = ((double)below(1 << 16) / (1 << 16) - 0.5) * (k < 6 ? 2.0 : 4.0);
-        if (p.has_warp && below(4) == 0) { /* a divisor of exactly zero at the image's centre */
-            p.mat[0][2] = p.mat[1][2] = 0.0f;
-            p.warp[6] = p.warp[7] = 0.0;
+        if (p.has_warp && below(4) == 0) {
+            /* a divisor of exactly zero on the last column: gx = xn = 1 there, Z = 1 - gx */
+            p.mat[0][0] = p.mat[1][1] = 1.0f;
+            p.mat[0][1] = p.mat[1][0] = p.mat[0][2] = p.mat[1][2] = 0.0f;
+            p.warp[6] = -1.0;
+            p.warp[7] = 0.0;
+            /* or nearly zero, with a large numerator: coordinates past float's range */
+            if (below(2)) {
+                p.warp[6] = -(1.0 - 0x1p-52);
+                p.warp[0] = 1e30;
+            }
         }
         p.brightness = 0.5f;
         p.contrast = 1.0f;

@@ -18,8 +18,10 @@
 static float grid_reflect_far(float x, int n) {
     const float span = (float)(n - 1);
     const float extra = fmodf(x, span);
-    const int flips = (int)floorf(x / span);
-    x = flips % 2 == 0 ? extra : span - extra;
+    /* the parity of the flips; past int's range (or for an infinite x, whose extra is NaN)
+     * even, as x86's conversion of such a value to INT_MIN made it */
+    const float flips = floorf(x / span);
+    x = !(flips < 2147483648.0f) || (int)flips % 2 == 0 ? extra : span - extra;
     return x < 0 ? 0.0f : x > span ? span : x;
 }
 
@@ -104,7 +106,8 @@ static void loops_grid_taps(const float mat[2][3], const double *warp, int pad, 
     int32_t *i0 = idx, *i1 = idx + n, *i2 = idx + 2 * n, *i3 = idx + 3 * n;
     float *w0 = wt, *w1 = wt + n, *w2 = wt + 2 * n, *w3 = wt + 3 * n;
     for (int q = 0; q < n; q++) {
-        const float ix = ixs[q], iy = iys[q];
+        /* a NaN coordinate (the reflection of an infinite one) has every tap outside: -2 */
+        const float ix = ixs[q] == ixs[q] ? ixs[q] : -2.0f, iy = iys[q] == iys[q] ? iys[q] : -2.0f;
         /* floor: the truncation, less one where it rounded up (a negative fraction) */
         const int32_t tx = (int32_t)ix, ty = (int32_t)iy;
         const int32_t x0 = tx - ((float)tx > ix), y0 = ty - ((float)ty > iy);
