@@ -9,6 +9,7 @@
  * difference fails. */
 #include "oracle.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,8 +150,8 @@ static float ref_source_coord(float g, int n, cf_pad_mode pad) {
         float span = (float)(n - 1);
         x = fabsf(x);
         float extra = fmodf(x, span);
-        int flips = (int)floorf(x / span);
-        x = flips % 2 == 0 ? extra : span - extra;
+        float flips = floorf(x / span); /* past int's range or infinite (extra NaN): even */
+        x = !(flips < 2147483648.0f) || (int)flips % 2 == 0 ? extra : span - extra;
     }
     return x < 0 ? 0.0f : x > (float)(n - 1) ? (float)(n - 1) : x;
 }
@@ -183,7 +184,9 @@ static void ref_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *
                     }
                 }
                 const float ix = ref_source_coord(gx, w, pad), iy = ref_source_coord(gy, h, pad);
-                const int x0 = (int)floorf(ix), y0 = (int)floorf(iy);
+                /* a coordinate past int's range, or NaN, has every tap outside */
+                const int x0 = fabsf(ix) < 1e9f ? (int)floorf(ix) : INT_MIN / 2,
+                          y0 = fabsf(iy) < 1e9f ? (int)floorf(iy) : INT_MIN / 2;
                 const float ax = ix - (float)x0, ay = iy - (float)y0;
                 const float wt[4] = {(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay};
                 const int tx[4] = {x0, x0 + 1, x0, x0 + 1}, ty[4] = {y0, y0, y0 + 1, y0 + 1};
@@ -260,10 +263,90 @@ static void test_aug_same_bits_as_per_pixel_loop(void **state) {
     }
 }
 
+/* Affine and perspective parameters drawn at random rather than by cf_aug_draw: rotations of
+ * any angle, zooms out to a quarter (coordinates several image widths outside, reflected many
+ * times), translations, perspectives whose divisor crosses zero (coordinates far outside or
+ * infinite), with and without the lighting, on odd sizes. The kernel table in use is whatever
+ * CF_ISA caps it to (the test runs at every level, tests/grid_sample.cmake). */
+static void test_aug_random_params_same_bits(void **state) {
+    (void)state;
+    rng_state = 0x5eed;
+    const cf_pad_mode pads[] = {CF_PAD_REFLECTION, CF_PAD_ZEROS, CF_PAD_BORDER};
+    int far = 0, lit = 0, warped = 0;
+    for (int trial = 0; trial < 600; trial++) {
+        const cf_pad_mode pad = pads[trial % 3];
+        const int c = 1 + below(3), h = 1 + below(trial < 60 ? 4 : 41),
+                  w = 1 + below(trial < 60 ? 4 : 300);
+        const size_t per = (size_t)c * h * w;
+        float *img = malloc(per * sizeof(float)), *got = malloc(per * sizeof(float)),
+              *want = malloc(per * sizeof(float));
+        assert_true(img && got && want);
+        fill_uniform(img, per, 1000 + (uint64_t)trial, -0.05f, 1.05f);
+        cf_aug_params p;
+        memset(&p, 0, sizeof p);
+        const double th = (double)below(1 << 16) / (1 << 16) * 2 * M_PI;
+        const double zoom = 0.25 + 2.0 * (double)below(1 << 16) / (1 << 16);
+        const double tx = ((double)below(1 << 16) / (1 << 16) - 0.5) * 6,
+                     ty = ((double)below(1 << 16) / (1 << 16) - 0.5) * 6;
+        p.mat[0][0] = (float)(cos(th) * zoom);
+        p.mat[0][1] = (float)(sin(th) * zoom * h / w);
+        p.mat[0][2] = (float)tx;
+        p.mat[1][0] = (float)(-sin(th) * zoom * w / h);
+        p.mat[1][1] = (float)(cos(th) * zoom);
+        p.mat[1][2] = (float)ty;
+        if (below(8) == 0) { /* the identity with a shift of whole or half pixels */
+            p.mat[0][0] = p.mat[1][1] = 1.0f;
+            p.mat[0][1] = p.mat[1][0] = 0.0f;
+            p.mat[0][2] = (float)(below(5) - 2) / (float)(w > 1 ? w - 1 : 1);
+            p.mat[1][2] = (float)(below(5) - 2) * 0.5f / (float)(h > 1 ? h - 1 : 1);
+        }
+        p.has_affine = true;
+        p.has_warp = below(2);
+        for (int k = 0; k < 8; k++)
+            p.warp[k] = ((double)below(1 << 16) / (1 << 16) - 0.5) * (k < 6 ? 2.0 : 4.0);
+        if (p.has_warp && below(4) == 0) {
+            /* a divisor of exactly zero on the last column: gx = xn = 1 there, Z = 1 - gx */
+            p.mat[0][0] = p.mat[1][1] = 1.0f;
+            p.mat[0][1] = p.mat[1][0] = p.mat[0][2] = p.mat[1][2] = 0.0f;
+            p.warp[6] = -1.0;
+            p.warp[7] = 0.0;
+            /* or nearly zero, with a large numerator: coordinates past float's range */
+            if (below(2)) {
+                p.warp[6] = -(1.0 - 0x1p-52);
+                p.warp[0] = 1e30;
+            }
+        }
+        p.brightness = 0.5f;
+        p.contrast = 1.0f;
+        if (below(2)) {
+            p.brightness = 0.3f + 0.4f * (float)below(1000) / 1000.0f;
+            p.contrast = 0.6f + 0.8f * (float)below(1000) / 1000.0f;
+            p.has_lighting = true;
+        }
+        far += zoom > 1.5 || fabs(tx) > 2;
+        lit += p.has_lighting;
+        warped += p.has_warp;
+        cf_aug_apply(&p, pad, img, c, h, w, got);
+        ref_aug_apply(&p, pad, img, c, h, w, want);
+        if (memcmp(got, want, per * sizeof(float)) != 0) {
+            size_t i = 0;
+            while (i < per && memcmp(got + i, want + i, sizeof(float)) == 0) i++;
+            fail_msg("trial %d %dx%dx%d pad %d warp %d: value %zu is %.9g, the per-pixel loop "
+                     "gives %.9g",
+                     trial, c, h, w, (int)pad, (int)p.has_warp, i, (double)got[i], (double)want[i]);
+        }
+        free(img);
+        free(got);
+        free(want);
+    }
+    assert_true(far > 50 && lit > 100 && warped > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resize_same_bits_as_stb_per_plane),
         cmocka_unit_test(test_aug_same_bits_as_per_pixel_loop),
+        cmocka_unit_test(test_aug_random_params_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

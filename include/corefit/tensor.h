@@ -676,6 +676,32 @@ cf_status cf_conv_stem_wgrad_each(const cf_conv_geom *g, int out_channels, const
                                   const cf_conv_prologue *pro, const float *x, int n_images,
                                   float *dwt, bool accumulate);
 
+/* ---- grid_sample's bilinear sampling (src/tensor/grid_sample.c, the active kernel table) ---- */
+
+/* Padding of the sampled source: zeros outside, the edge pixel repeated, or mirrored without
+ * repeating the edge (PyTorch's grid_sample padding_mode with align_corners=True). */
+typedef enum cf_grid_pad { CF_GRID_ZEROS, CF_GRID_BORDER, CF_GRID_REFLECTION } cf_grid_pad;
+
+/* The most pixels one cf_grid_sample_taps call takes. */
+enum { CF_GRID_CHUNK = 256 };
+
+/* The bilinear taps of pixels j0 .. j0 + n - 1 (1 <= n <= CF_GRID_CHUNK, j0 + n <= w) of row i
+ * of an h x w output sampling an h x w source through the affine grid mat (gx = mat[0][0] xn +
+ * mat[0][1] yn + mat[0][2], gy likewise from mat[1], with xn, yn the
+ * pixel's position in [-1, 1]) and, where warp is not NULL, the perspective warp[0..8) in double
+ * ((k0 gx + k1 gy + k2) / (k6 gx + k7 gy + 1), likewise for y; a zero divisor leaves the point),
+ * then grid_sample's source coordinate (align_corners) under pad; zeros hold it at -2 or n past
+ * one pixel outside. idx[k n + q] is the source offset y w + x of pixel q's tap k, in the order
+ * (x0, y0), (x0 + 1, y0), (x0, y0 + 1), (x0 + 1, y0 + 1), or -1 for a tap outside the source;
+ * wt[k n + q] its weight. Float arithmetic in the order of that definition, without fused
+ * multiply-adds: the same bits on every instruction set. */
+void cf_grid_sample_taps(const float mat[2][3], const double *warp, cf_grid_pad pad, int h, int w,
+                         int i, int j0, int n, int32_t *idx, float *wt);
+/* out[q] = 0 + the taps' src[idx] * wt in tap order for q < n (cf_grid_sample_taps' layout; a
+ * tap of index -1 adds nothing), one plane of the source at a time. */
+void cf_grid_sample_gather(int n, const int32_t *idx, const float *wt, const float *src,
+                           float *out);
+
 /* ---- the softmax's reductions (src/tensor/softmax.c, the active kernel table) --------------- */
 
 /* The largest of x[0..n) (n >= 1). */

@@ -373,94 +373,6 @@ void cf_aug_draw(const cf_aug_opts *o, uint64_t seed, int epoch, int64_t item, i
     p->has_lighting = p->brightness != 0.5f || p->contrast != 1.0f;
 }
 
-/* grid_sample's source coordinate (align_corners) for a grid value g over n pixels. */
-static float source_coord(float g, int n, cf_pad_mode pad) {
-    float x = (g + 1.0f) * 0.5f * (float)(n - 1);
-    /* Past one pixel outside the image every tap reads zero padding, so the coordinate is held
-     * at -2 or n: the same zeros, and no float-to-int conversion out of range (a perspective
-     * warp's divisor near zero, or a NaN, would otherwise reach one). */
-    if (pad == CF_PAD_ZEROS) return x >= -2.0f ? (x <= (float)n ? x : (float)n) : -2.0f;
-    if (pad == CF_PAD_REFLECTION) { /* PyTorch's reflect_coordinates(x, 0, 2 (n - 1)) */
-        if (n == 1) return 0.0f;
-        float span = (float)(n - 1);
-        x = fabsf(x);
-        /* inside [0, span] the reflection is x itself (fmodf(x, span) is exact: x below span,
-         * 0 at span with one flip, span - 0); past it, the general arithmetic */
-        if (!(x <= span)) {
-            float extra = fmodf(x, span);
-            int flips = (int)floorf(x / span);
-            x = flips % 2 == 0 ? extra : span - extra;
-        }
-    }
-    return x < 0 ? 0.0f : x > (float)(n - 1) ? (float)(n - 1) : x;
-}
-
-/* The pixels of a row are sampled in chunks: their taps and weights first, then each plane. */
-enum { AUG_CHUNK = 256 };
-
-/* One chunk of output row i, pixels j0 .. j0 + n - 1: the top-left tap's offset, the four
- * bilinear weights, and whether all four taps lie in the image (else the per-tap checks). */
-typedef struct aug_taps {
-    int x0[AUG_CHUNK], y0[AUG_CHUNK];
-    float wt[4][AUG_CHUNK];
-    bool inside[AUG_CHUNK];
-} aug_taps;
-
-static void chunk_taps(const cf_aug_params *p, cf_pad_mode pad, int h, int w, int i, int j0, int n,
-                       aug_taps *t) {
-    const float yn = h > 1 ? -1.0f + 2.0f * (float)i / (float)(h - 1) : -1.0f;
-    for (int q = 0; q < n; q++) {
-        const int j = j0 + q;
-        const float xn = w > 1 ? -1.0f + 2.0f * (float)j / (float)(w - 1) : -1.0f;
-        float gx = p->mat[0][0] * xn + p->mat[0][1] * yn + p->mat[0][2];
-        float gy = p->mat[1][0] * xn + p->mat[1][1] * yn + p->mat[1][2];
-        if (p->has_warp) {
-            const double *k = p->warp;
-            double X = k[0] * gx + k[1] * gy + k[2], Y = k[3] * gx + k[4] * gy + k[5];
-            double Z = k[6] * gx + k[7] * gy + 1.0;
-            if (Z != 0.0) {
-                gx = (float)(X / Z);
-                gy = (float)(Y / Z);
-            }
-        }
-        const float ix = source_coord(gx, w, pad), iy = source_coord(gy, h, pad);
-        /* floorf, which a non-negative coordinate's truncation equals */
-        const int x0 = ix >= 0.0f ? (int)ix : (int)floorf(ix);
-        const int y0 = iy >= 0.0f ? (int)iy : (int)floorf(iy);
-        const float ax = ix - (float)x0, ay = iy - (float)y0;
-        t->x0[q] = x0;
-        t->y0[q] = y0;
-        t->wt[0][q] = (1 - ax) * (1 - ay);
-        t->wt[1][q] = ax * (1 - ay);
-        t->wt[2][q] = (1 - ax) * ay;
-        t->wt[3][q] = ax * ay;
-        t->inside[q] = x0 >= 0 && x0 < w - 1 && y0 >= 0 && y0 < h - 1;
-    }
-}
-
-/* Samples one plane for a chunk: the taps in the order (x0, y0), (x0 + 1, y0), (x0, y0 + 1),
- * (x0 + 1, y0 + 1), added to 0 as products with their weights; a tap outside the image adds
- * nothing (grid_sample's zeros; the padding modes moved the coordinate inside before). */
-static void chunk_sample(const aug_taps *t, const float *src, int h, int w, int n, float *out) {
-    for (int q = 0; q < n; q++) {
-        const int x0 = t->x0[q], y0 = t->y0[q];
-        float v = 0.0f;
-        if (t->inside[q]) {
-            const float *s = src + (size_t)y0 * w + x0;
-            v += s[0] * t->wt[0][q];
-            v += s[1] * t->wt[1][q];
-            v += s[w] * t->wt[2][q];
-            v += s[w + 1] * t->wt[3][q];
-        } else {
-            const int tx[4] = {x0, x0 + 1, x0, x0 + 1}, ty[4] = {y0, y0, y0 + 1, y0 + 1};
-            for (int k = 0; k < 4; k++)
-                if (tx[k] >= 0 && tx[k] < w && ty[k] >= 0 && ty[k] < h)
-                    v += src[(size_t)ty[k] * w + tx[k]] * t->wt[k][q];
-        }
-        out[q] = v;
-    }
-}
-
 static inline float logit_clamp(float x) {
     const float lo = 1e-7f, hi = 1.0f - 1e-7f;
     return x < lo ? lo : x > hi ? hi : x;
@@ -471,9 +383,10 @@ static inline float logit_clamp(float x) {
  * [1e-7, 1 - 1e-7]. The arithmetic around logf and expf is in passes of its own (the
  * divisions vectorise); every value takes the same operations in the same order. */
 static void lighting(float *x, size_t n, float lb, float k) {
-    float t[AUG_CHUNK];
-    for (size_t i0 = 0; i0 < n; i0 += AUG_CHUNK) {
-        const size_t m = n - i0 < AUG_CHUNK ? n - i0 : AUG_CHUNK;
+    enum { LIGHT_CHUNK = 256 };
+    float t[LIGHT_CHUNK];
+    for (size_t i0 = 0; i0 < n; i0 += LIGHT_CHUNK) {
+        const size_t m = n - i0 < LIGHT_CHUNK ? n - i0 : LIGHT_CHUNK;
         float *v = x + i0;
         for (size_t i = 0; i < m; i++) t[i] = 1.0f / logit_clamp(v[i]) - 1.0f;
         for (size_t i = 0; i < m; i++) t[i] = logf(t[i]);
@@ -489,14 +402,21 @@ void cf_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *in, int 
     if (!p->has_affine && !p->has_warp) {
         memcpy(out, in, (size_t)c * plane * sizeof(float));
     } else {
-        aug_taps t;
+        /* a chunk of a row at a time: its taps and weights (the tensor layer's grid_sample),
+         * then each plane */
+        const cf_grid_pad gp = pad == CF_PAD_ZEROS    ? CF_GRID_ZEROS
+                               : pad == CF_PAD_BORDER ? CF_GRID_BORDER
+                                                      : CF_GRID_REFLECTION;
+        int32_t idx[4 * CF_GRID_CHUNK];
+        float wt[4 * CF_GRID_CHUNK];
         for (int i = 0; i < h; i++)
-            for (int j0 = 0; j0 < w; j0 += AUG_CHUNK) {
-                const int n = w - j0 < AUG_CHUNK ? w - j0 : AUG_CHUNK;
-                chunk_taps(p, pad, h, w, i, j0, n, &t);
+            for (int j0 = 0; j0 < w; j0 += CF_GRID_CHUNK) {
+                const int n = w - j0 < CF_GRID_CHUNK ? w - j0 : CF_GRID_CHUNK;
+                cf_grid_sample_taps(p->mat, p->has_warp ? p->warp : NULL, gp, h, w, i, j0, n, idx,
+                                    wt);
                 for (int ch = 0; ch < c; ch++)
-                    chunk_sample(&t, in + (size_t)ch * plane, h, w, n,
-                                 out + (size_t)ch * plane + (size_t)i * w + j0);
+                    cf_grid_sample_gather(n, idx, wt, in + (size_t)ch * plane,
+                                          out + (size_t)ch * plane + (size_t)i * w + j0);
             }
     }
     if (p->has_lighting) {

@@ -68,6 +68,7 @@ static inline double avx2_hsum_d(__m256 v) {
 #include "tensor/optim_loops.h"
 #include "tensor/dropout_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/grid_sample_loops.h"
 #include "tensor/softmax_loops.h"
 /* the lanes' sum as simd_sgemm_nt takes it (the stem's lowered weight gradient at this level) */
 #define V_STEM_SUM(v) ((float)avx2_hsum_d(v))
@@ -510,6 +511,7 @@ const cf_kernel_table cf_kernels_avx2 = {
     .max_pool_3x3_s2_backward = avx2_max_pool_3x3_s2_backward,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
+    .grid_sample = &loops_grid_sample,
     .packed_gemm = &simd_packed_gemm,
 };
 #endif

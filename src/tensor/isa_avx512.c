@@ -22,6 +22,7 @@ static inline double avx512_hsum_d(__m512 v) {
 #include "tensor/optim_loops.h"
 #include "tensor/dropout_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/grid_sample_loops.h"
 #include "tensor/softmax_loops.h"
 /* The 16 lanes' sum as OpenBLAS 0.3.21's SkylakeX small-matrix kernel (sgemm_small_kernel_tn,
  * the stem's lowered weight gradient) takes it: (l0 + l1) + (l2 + l3) within each 128-bit lane,
@@ -673,6 +674,7 @@ const cf_kernel_table cf_kernels_avx512 = {
     .max_pool_3x3_s2_backward = avx512_max_pool_3x3_s2_backward,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
+    .grid_sample = &loops_grid_sample,
     .packed_gemm = &simd_packed_gemm,
 };
 #endif

@@ -5,6 +5,7 @@
 #include "tensor/kernel_table.h"
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/grid_sample_loops.h"
 #include "tensor/softmax_loops.h"
 
 #include <string.h>
@@ -173,4 +174,5 @@ const cf_kernel_table cf_kernels_generic = {.isa = CF_ISA_GENERIC,
                                             .bn = &generic_bn,
                                             .optim = &loops_optim,
                                             .lstm = &loops_lstm,
-                                            .softmax = &loops_softmax};
+                                            .softmax = &loops_softmax,
+                                            .grid_sample = &loops_grid_sample};

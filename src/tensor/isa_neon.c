@@ -85,6 +85,7 @@ static inline double neon_hsum_d(float32x4_t v) {
 #define V_HSUM_D(v) neon_hsum_d(v)
 #include "tensor/optim_loops.h"
 #include "tensor/lstm_loops.h"
+#include "tensor/grid_sample_loops.h"
 #include "tensor/softmax_loops.h"
 /* lo = a0 b0 a1 b1, hi = a2 b2 a3 b3; ev = a0 a2 b0 b2, od = a1 a3 b1 b3 */
 #define V_ZIP(a, b, lo, hi)                                                                        \
@@ -172,5 +173,6 @@ const cf_kernel_table cf_kernels_neon = {
     .wino = &loops_wino,
     .lstm = &loops_lstm,
     .softmax = &loops_softmax,
+    .grid_sample = &loops_grid_sample,
 };
 #endif

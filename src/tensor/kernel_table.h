@@ -224,6 +224,14 @@ typedef struct cf_softmax_kernels {
     double (*exp_shift_sum)(int n, const float *x, float shift, float *y);
 } cf_softmax_kernels;
 
+/* grid_sample's bilinear taps and gathers (cf_grid_sample_taps and cf_grid_sample_gather in
+ * corefit/tensor.h; the loops are tensor/grid_sample_loops.h). */
+typedef struct cf_grid_sample_kernels {
+    void (*taps)(const float mat[2][3], const double *warp, int pad, int h, int w, int i, int j0,
+                 int n, int32_t *idx, float *wt);
+    void (*gather)(int n, const int32_t *idx, const float *wt, const float *src, float *out);
+} cf_grid_sample_kernels;
+
 /* Products on a packed B operand (cf_sgemm_packed in corefit/tensor.h; the loops are
  * tensor/lstm_gemm_loops.h): run is C (+)= A op(B) with op(B) packed in panels of nr columns. */
 typedef struct cf_packed_gemm_kernels {
@@ -557,6 +565,8 @@ typedef struct cf_kernel_table {
     const cf_softmax_kernels *softmax;
     /* NULL: the portable loops of lstm_gemm.c */
     const cf_packed_gemm_kernels *packed_gemm;
+    /* never NULL */
+    const cf_grid_sample_kernels *grid_sample;
 } cf_kernel_table;
 
 extern const cf_kernel_table cf_kernels_generic;
