@@ -208,6 +208,21 @@ static void ref_aug_apply(const cf_aug_params *p, cf_pad_mode pad, const float *
     }
 }
 
+/* The augmentation of img against the per-pixel reference, value for value; `what` names the
+ * case in the failure. */
+static void expect_same_aug(const cf_aug_params *p, cf_pad_mode pad, const float *img, int c, int h,
+                            int w, float *got, float *want, const char *what) {
+    const size_t per = (size_t)c * h * w;
+    cf_aug_apply(p, pad, img, c, h, w, got);
+    ref_aug_apply(p, pad, img, c, h, w, want);
+    if (memcmp(got, want, per * sizeof(float)) != 0) {
+        size_t i = 0;
+        while (i < per && memcmp(got + i, want + i, sizeof(float)) == 0) i++;
+        fail_msg("%s %dx%dx%d pad %d warp %d: value %zu is %.9g, the per-pixel loop gives %.9g",
+                 what, c, h, w, (int)pad, (int)p->has_warp, i, (double)got[i], (double)want[i]);
+    }
+}
+
 static void check_aug(const cf_aug_opts *o, cf_pad_mode pad, int c, int h, int w, int items,
                       uint64_t seed) {
     const size_t per = (size_t)c * h * w;
@@ -224,14 +239,9 @@ static void check_aug(const cf_aug_opts *o, cf_pad_mode pad, int c, int h, int w
         cf_aug_draw(o, seed, 1, it, h, w, &p);
         warped += p.has_warp;
         lit += p.has_lighting;
-        cf_aug_apply(&p, pad, img, c, h, w, got);
-        ref_aug_apply(&p, pad, img, c, h, w, want);
-        if (memcmp(got, want, per * sizeof(float)) != 0) {
-            size_t i = 0;
-            while (i < per && memcmp(got + i, want + i, sizeof(float)) == 0) i++;
-            fail_msg("%dx%dx%d item %d pad %d: value %zu is %.9g, the per-pixel loop gives %.9g", c,
-                     h, w, it, (int)pad, i, (double)got[i], (double)want[i]);
-        }
+        char what[32];
+        snprintf(what, sizeof what, "item %d", it);
+        expect_same_aug(&p, pad, img, c, h, w, got, want, what);
     }
     /* the draws exercised the perspective and the lighting */
     if (items >= 8 && o->max_warp > 0) assert_true(warped > 0);
@@ -326,15 +336,9 @@ static void test_aug_random_params_same_bits(void **state) {
         far += zoom > 1.5 || fabs(tx) > 2;
         lit += p.has_lighting;
         warped += p.has_warp;
-        cf_aug_apply(&p, pad, img, c, h, w, got);
-        ref_aug_apply(&p, pad, img, c, h, w, want);
-        if (memcmp(got, want, per * sizeof(float)) != 0) {
-            size_t i = 0;
-            while (i < per && memcmp(got + i, want + i, sizeof(float)) == 0) i++;
-            fail_msg("trial %d %dx%dx%d pad %d warp %d: value %zu is %.9g, the per-pixel loop "
-                     "gives %.9g",
-                     trial, c, h, w, (int)pad, (int)p.has_warp, i, (double)got[i], (double)want[i]);
-        }
+        char what[32];
+        snprintf(what, sizeof what, "trial %d", trial);
+        expect_same_aug(&p, pad, img, c, h, w, got, want, what);
         free(img);
         free(got);
         free(want);
