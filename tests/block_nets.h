@@ -150,4 +150,16 @@ static inline void wrap_ops(cf_module *m, const cf_module_ops **orig, cf_module_
     m->ops = copy;
 }
 
+/* The last child of the first residual block's child `path` under root (0: its convpath), its
+ * backward wrapped by `backward` (wrap_ops: the module's own ops kept at *orig). */
+static inline cf_module *
+hook_path_end(cf_module *root, int path, const cf_module_ops **orig, cf_module_ops *copy,
+              const cf_tensor *(*backward)(cf_module *, const cf_tensor *, bool)) {
+    cf_module *p = first_block(root)->children[path];
+    cf_module *end = p->children[p->n_children - 1];
+    wrap_ops(end, orig, copy);
+    copy->backward = backward;
+    return end;
+}
+
 #endif

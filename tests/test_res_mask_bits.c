@@ -178,12 +178,8 @@ static record run_case(const block_net *k, run_opts o) {
     for (int step = 0; step <= STEPS; step++) {
         const bool training = step < STEPS;
         step_start(model, x, nx, 100 + (uint64_t)step, training);
-        if (o.hook && step == 1) { /* after the plan */
-            cf_module *path = first_block(model->root)->children[o.hook - 1];
-            hooked = path->children[path->n_children - 1];
-            wrap_ops(hooked, &hook_orig, &hook_ops);
-            hook_ops.backward = hook_backward;
-        }
+        if (o.hook && step == 1) /* after the plan */
+            hooked = hook_path_end(model->root, o.hook - 1, &hook_orig, &hook_ops, hook_backward);
         cf_tensor tx = cf_tensor_view(x, cf_shape4(k->n, k->c, k->h, k->w));
         const cf_tensor *y;
         assert_int_equal(cf_model_forward(model, &tx, &y), CF_OK);
